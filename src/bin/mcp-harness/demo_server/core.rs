@@ -1,0 +1,354 @@
+//! The demo server's transport-independent part: method dispatch, era rules,
+//! validation of the modern envelope, and the request log.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use mcp_harness::protocol::error::{
+    INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION,
+};
+use mcp_harness::protocol::meta::{
+    KEY_CLIENT_CAPABILITIES, KEY_PROTOCOL_VERSION, KEY_SERVER_INFO, LEGACY_VERSIONS,
+};
+use mcp_harness::protocol::{Message, Notification, Request, RequestId, RpcError};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{DemoServerArgs, OnDiscover, tools};
+
+/// Which era the demo server speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServeEra {
+    /// 2026-07-28 only: no handshake; `initialize` gets -32022.
+    Modern,
+    /// 2025-11-25 / 2025-06-18 only: `initialize` first; discover per `--on-discover`.
+    Legacy,
+    /// Both: answers discover, and `initialize` starts a legacy session.
+    Dual,
+}
+
+/// What the server does about one request.
+pub enum Action {
+    /// Send this response.
+    Reply(Result<Value, RpcError>),
+    /// Never answer.
+    NoReply,
+    /// Write bytes that are not JSON-RPC instead of an answer.
+    Garbage,
+    /// Write one line (or body) of this many bytes instead of an answer.
+    Oversize(usize),
+    /// Exit the process with this code, without answering.
+    Exit(i32),
+    /// Close stdout and keep running (stdio); on HTTP, the HTTP-only faults below.
+    CloseStdout,
+    /// HTTP only: answer with this status and no body.
+    HttpStatus(u16),
+    /// HTTP only: answer 200 with a content type that is neither JSON nor SSE.
+    WrongContentType,
+    /// HTTP only: an event stream that never ends and never answers.
+    EndlessStream,
+    /// Answer `{}`-like success, then forget the legacy HTTP session (stdio: just answer).
+    ExpireSession,
+}
+
+/// Something the server writes: a message, raw bytes (faults), or the end of stdout.
+pub enum Out {
+    Message(Message),
+    Raw(Vec<u8>),
+    CloseStdout,
+}
+
+/// The client as seen from one request: notifications and (legacy) requests to it.
+#[derive(Clone)]
+pub struct Peer {
+    tx: mpsc::UnboundedSender<Out>,
+    pending: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>,
+    next_id: Arc<AtomicI64>,
+}
+
+impl Peer {
+    pub fn new(
+        tx: mpsc::UnboundedSender<Out>,
+        pending: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>,
+    ) -> Peer {
+        Peer {
+            tx,
+            pending,
+            next_id: Arc::new(AtomicI64::new(1)),
+        }
+    }
+
+    pub fn notify(&self, method: &str, params: Value) {
+        let n = Notification {
+            method: method.into(),
+            params: Some(params),
+        };
+        let _ = self.tx.send(Out::Message(Message::Notification(n)));
+    }
+
+    /// Sends a server-to-client request (legacy era) and waits for the answer.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let id = RequestId::String(format!(
+            "srv-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        ));
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(id.clone(), tx);
+        let request = Request {
+            id,
+            method: method.into(),
+            params: Some(params),
+        };
+        let _ = self.tx.send(Out::Message(Message::Request(request)));
+        rx.await
+            .unwrap_or_else(|_| Err(RpcError::new(-32603, "client went away")))
+    }
+
+    /// Routes a client's answer to the request that waits for it.
+    pub fn deliver(
+        pending: &Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>,
+        id: &RequestId,
+        outcome: Result<Value, RpcError>,
+    ) {
+        if let Some(tx) = pending.lock().remove(id) {
+            let _ = tx.send(outcome);
+        }
+    }
+}
+
+/// One request's context.
+pub struct Ctx {
+    pub peer: Peer,
+    /// The request belongs to a legacy session (after `initialize`).
+    pub legacy: bool,
+    /// HTTP request headers, lower-cased names; empty on stdio.
+    pub headers: BTreeMap<String, String>,
+    /// A legacy HTTP session's standalone GET streams, if any are open.
+    pub broadcast: Option<Peer>,
+}
+
+impl Ctx {
+    /// The client capabilities this request declared (modern `_meta`).
+    pub fn capabilities<'a>(&self, request: &'a Request) -> Option<&'a Value> {
+        request
+            .params
+            .as_ref()?
+            .get("_meta")?
+            .get(KEY_CLIENT_CAPABILITIES)
+    }
+}
+
+pub struct DemoServer {
+    pub args: DemoServerArgs,
+    calls: AtomicU64,
+    record: Option<Mutex<std::fs::File>>,
+}
+
+impl DemoServer {
+    pub fn new(args: DemoServerArgs) -> anyhow::Result<Arc<DemoServer>> {
+        let record = match &args.record {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
+        };
+        Ok(Arc::new(DemoServer {
+            args,
+            calls: AtomicU64::new(0),
+            record,
+        }))
+    }
+
+    fn log(&self, request: &Request, ctx: &Ctx) {
+        if let Some(file) = &self.record {
+            let line = json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers});
+            let _ = writeln!(file.lock(), "{line}");
+        }
+    }
+
+    pub fn server_info(&self) -> Value {
+        json!({"name": self.args.name, "version": env!("CARGO_PKG_VERSION")})
+    }
+
+    fn hints(&self) -> (Value, Value) {
+        (json!(self.args.ttl_ms), json!(self.args.cache_scope))
+    }
+
+    /// Handles one request.
+    pub async fn handle(self: &Arc<Self>, request: Request, ctx: Ctx) -> Action {
+        self.log(&request, &ctx);
+        let modern_request = !ctx.legacy;
+        match request.method.as_str() {
+            "ping" => return Action::Reply(Ok(json!({}))),
+            "initialize" => return Action::Reply(self.initialize(&request)),
+            "server/discover" if self.args.era == ServeEra::Legacy => {
+                return match self.args.on_discover {
+                    OnDiscover::Error => {
+                        Action::Reply(Err(RpcError::new(METHOD_NOT_FOUND, "Method not found")))
+                    }
+                    OnDiscover::Ignore => Action::NoReply,
+                    OnDiscover::Exit => Action::Exit(1),
+                };
+            }
+            _ => {}
+        }
+        if self.args.era == ServeEra::Legacy && !ctx.legacy {
+            return Action::Reply(Err(RpcError::new(
+                INVALID_REQUEST,
+                "server not initialized",
+            )));
+        }
+        if modern_request && let Err(e) = self.check_envelope(&request, &ctx) {
+            return Action::Reply(Err(e));
+        }
+        let action = match request.method.as_str() {
+            "server/discover" => Action::Reply(Ok(self.discover())),
+            "tools/list" => Action::Reply(self.list_tools(&request)),
+            "tools/call" => {
+                let n = self.calls.fetch_add(1, Ordering::SeqCst);
+                if self.args.crash_after.is_some_and(|limit| n >= limit) {
+                    return Action::Exit(1);
+                }
+                tools::call(self, &request, &ctx).await
+            }
+            "prompts/list" => Action::Reply(Ok(
+                json!({"prompts": [{"name": "greet", "description": "Greets someone", "arguments": [{"name": "who", "required": true}]}]}),
+            )),
+            "prompts/get" => Action::Reply(tools::get_prompt(&request)),
+            "resources/list" => Action::Reply(Ok(
+                json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
+            )),
+            "resources/read" => Action::Reply(tools::read_resource(&request)),
+            other => Action::Reply(Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("Method not found: {other}"),
+            ))),
+        };
+        match action {
+            Action::Reply(Ok(result)) if modern_request => {
+                Action::Reply(Ok(self.finish_modern(&request.method, result)))
+            }
+            other => other,
+        }
+    }
+
+    /// Adds `resultType`, the server info, and cache hints to a modern result.
+    fn finish_modern(&self, method: &str, mut result: Value) -> Value {
+        if let Value::Object(map) = &mut result {
+            map.entry("resultType").or_insert_with(|| json!("complete"));
+            let meta = map.entry("_meta").or_insert_with(|| json!({}));
+            if let Value::Object(meta) = meta {
+                meta.insert(KEY_SERVER_INFO.into(), self.server_info());
+            }
+            let cacheable = matches!(
+                method,
+                "tools/list"
+                    | "prompts/list"
+                    | "resources/list"
+                    | "resources/read"
+                    | "server/discover"
+            );
+            if cacheable && map.get("resultType") == Some(&json!("complete")) {
+                let (ttl, scope) = self.hints();
+                map.entry("ttlMs").or_insert(ttl);
+                map.entry("cacheScope").or_insert(scope);
+            }
+        }
+        result
+    }
+
+    /// What a 2026-07-28 server must check on every request (and on HTTP, its headers).
+    fn check_envelope(&self, request: &Request, ctx: &Ctx) -> Result<(), RpcError> {
+        let meta = request.params.as_ref().and_then(|p| p.get("_meta"));
+        let version = meta
+            .and_then(|m| m.get(KEY_PROTOCOL_VERSION))
+            .and_then(Value::as_str);
+        let caps = meta.and_then(|m| m.get(KEY_CLIENT_CAPABILITIES));
+        let (Some(version), Some(Value::Object(_))) = (version, caps) else {
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "missing _meta protocolVersion or clientCapabilities",
+            ));
+        };
+        if !self.args.versions.iter().any(|v| v == version) {
+            return Err(RpcError::new(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                "unsupported protocol version",
+            )
+            .with_data(json!({"supported": self.args.versions, "requested": version})));
+        }
+        if !ctx.headers.is_empty() {
+            super::http::check_headers(request, version, &ctx.headers, &self.args)?;
+        }
+        Ok(())
+    }
+
+    fn discover(&self) -> Value {
+        let mut versions = self.args.versions.clone();
+        if self.args.era == ServeEra::Dual {
+            versions.extend(LEGACY_VERSIONS.iter().map(|v| v.to_string()));
+        }
+        json!({
+            "supportedVersions": versions,
+            "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
+            "instructions": format!("{}: a demo MCP server shipped with mcp-harness", self.args.name),
+        })
+    }
+
+    fn initialize(&self, request: &Request) -> Result<Value, RpcError> {
+        let requested = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("protocolVersion"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if self.args.era == ServeEra::Modern {
+            return Err(RpcError::new(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                "this server has no initialize handshake",
+            )
+            .with_data(json!({"supported": self.args.versions, "requested": requested})));
+        }
+        let version = if LEGACY_VERSIONS.contains(&requested) {
+            requested
+        } else {
+            LEGACY_VERSIONS[0]
+        };
+        Ok(json!({
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
+            "serverInfo": self.server_info(),
+            "instructions": format!("{}: a demo MCP server shipped with mcp-harness (legacy)", self.args.name),
+        }))
+    }
+
+    fn list_tools(&self, request: &Request) -> Result<Value, RpcError> {
+        let all = tools::catalog(&self.args);
+        let start = match request.params.as_ref().and_then(|p| p.get("cursor")) {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => c
+                .strip_prefix("page-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n <= all.len())
+                .ok_or_else(|| RpcError::new(INVALID_PARAMS, "invalid cursor"))?,
+            Some(_) => return Err(RpcError::new(INVALID_PARAMS, "invalid cursor")),
+        };
+        let size = if self.args.page_size == 0 {
+            all.len()
+        } else {
+            self.args.page_size
+        };
+        let end = (start + size).min(all.len());
+        let mut result = json!({"tools": all[start..end]});
+        if end < all.len() {
+            result["nextCursor"] = json!(format!("page-{end}"));
+        }
+        Ok(result)
+    }
+}

@@ -1,0 +1,460 @@
+//! The demo server over Streamable HTTP on loopback (hyper, HTTP/1.1).
+//!
+//! Modern requests are checked like a 2026-07-28 server must (headers against body);
+//! legacy requests need the `Mcp-Session-Id` that `initialize` handed out (404 for an
+//! unknown one). Tools that send messages before their result answer with an event
+//! stream; `--sse` makes every answer one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Method, StatusCode};
+use mcp_harness::protocol::error::{HEADER_MISMATCH, METHOD_NOT_FOUND, PARSE_ERROR};
+use mcp_harness::protocol::{Message, Request, RequestId, Response, RpcError};
+use mcp_harness::transport::http::headers::{mcp_name, param_headers, param_value};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::DemoServerArgs;
+use super::core::{Action, Ctx, DemoServer, Out, Peer, ServeEra};
+use super::tools;
+
+type HttpBody = BoxBody<Bytes, Infallible>;
+type HttpResponse = hyper::Response<HttpBody>;
+type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>;
+
+#[derive(Default)]
+struct Session {
+    pending: Pending,
+    streams: Vec<mpsc::UnboundedSender<Out>>,
+}
+
+struct State {
+    server: Arc<DemoServer>,
+    sessions: Mutex<HashMap<String, Session>>,
+    next_session: AtomicU64,
+}
+
+/// A response body fed by a channel: one SSE frame per message.
+struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening http://{local}/mcp")?;
+        out.flush()?;
+    }
+    if !server.args.ignore_sigterm {
+        // The parent stops us by closing our stdin.
+        tokio::spawn(async {
+            let mut sink = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+            std::process::exit(0);
+        });
+    }
+    let state = Arc::new(State {
+        server,
+        sessions: Mutex::new(HashMap::new()),
+        next_session: AtomicU64::new(1),
+    });
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> HttpResponse {
+    let mut r = hyper::Response::new(Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    if !content_type.is_empty()
+        && let Ok(v) = content_type.parse()
+    {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn json_message(status: StatusCode, message: &Message) -> HttpResponse {
+    let mut body = Vec::new();
+    message.write_json(&mut body);
+    full(status, "application/json", body)
+}
+
+fn sse_frame(message: &Message, event_id: u64) -> Bytes {
+    let mut data = Vec::new();
+    message.write_json(&mut data);
+    let mut frame = format!("id: {event_id}\ndata: ").into_bytes();
+    frame.extend_from_slice(&data);
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
+}
+
+fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>) -> HttpResponse {
+    let mut r = hyper::Response::new(ChannelBody(rx).boxed());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// Forwards `Out` messages as SSE frames until the sender side closes.
+fn pump_sse(mut out: mpsc::UnboundedReceiver<Out>) -> mpsc::UnboundedReceiver<Bytes> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut n = 0;
+        // A priming event with only an id, as servers send so clients can resume.
+        let _ = tx.send(Bytes::from_static(b"id: 0\ndata:\n\n"));
+        while let Some(o) = out.recv().await {
+            if let Out::Message(m) = o {
+                n += 1;
+                if tx.send(sse_frame(&m, n)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
+    let headers: BTreeMap<String, String> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let session_id = headers.get("mcp-session-id").cloned();
+    let known_session = session_id
+        .as_ref()
+        .map(|id| state.sessions.lock().contains_key(id));
+    if known_session == Some(false) {
+        return full(StatusCode::NOT_FOUND, "", "unknown session");
+    }
+    match *req.method() {
+        Method::POST => {}
+        Method::GET if known_session == Some(true) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            if let Some(s) = session_id.as_ref().and_then(|id| {
+                state
+                    .sessions
+                    .lock()
+                    .get_mut(id)
+                    .map(|s| s.streams.push(tx))
+            }) {
+                let _ = s;
+            }
+            return sse_response(pump_sse(rx));
+        }
+        Method::DELETE if known_session == Some(true) => {
+            if let Some(id) = &session_id {
+                state.sessions.lock().remove(id);
+            }
+            return full(StatusCode::OK, "", "");
+        }
+        _ => return full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+    }
+    let accept = headers.get("accept").cloned().unwrap_or_default();
+    if !(accept.contains("application/json") && accept.contains("text/event-stream")) {
+        return full(
+            StatusCode::NOT_ACCEPTABLE,
+            "",
+            "Accept must list application/json and text/event-stream",
+        );
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return full(StatusCode::BAD_REQUEST, "", "unreadable body"),
+    };
+    let message = match Message::parse(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            let error = Message::Response(Response {
+                id: None,
+                outcome: Err(RpcError::new(PARSE_ERROR, e.to_string())),
+            });
+            return json_message(StatusCode::BAD_REQUEST, &error);
+        }
+    };
+    let request = match message {
+        Message::Request(r) => r,
+        Message::Notification(_) => return full(StatusCode::ACCEPTED, "", ""),
+        Message::Response(Response {
+            id: Some(id),
+            outcome,
+        }) => {
+            if let Some(pending) = session_id
+                .as_ref()
+                .and_then(|s| state.sessions.lock().get(s).map(|s| s.pending.clone()))
+            {
+                Peer::deliver(&pending, &id, outcome);
+            }
+            return full(StatusCode::ACCEPTED, "", "");
+        }
+        Message::Response(_) => return full(StatusCode::ACCEPTED, "", ""),
+    };
+    let era = state.server.args.era;
+    if request.method == "initialize" && era != ServeEra::Modern {
+        return initialize(&state, request, headers).await;
+    }
+    let legacy = known_session == Some(true);
+    if era == ServeEra::Legacy && !legacy && request.method != "server/discover" {
+        let error = RpcError::new(-32600, "Bad Request: no valid session ID");
+        return json_message(
+            StatusCode::BAD_REQUEST,
+            &Message::Response(Response {
+                id: Some(request.id),
+                outcome: Err(error),
+            }),
+        );
+    }
+    let (pending, broadcast) = match session_id.as_ref().and_then(|s| {
+        state
+            .sessions
+            .lock()
+            .get(s)
+            .map(|s| (s.pending.clone(), s.streams.first().cloned()))
+    }) {
+        Some((pending, stream)) => (pending, stream.map(|tx| Peer::new(tx, Pending::default()))),
+        None => (Pending::default(), None),
+    };
+    let tool = request
+        .params
+        .as_ref()
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let streaming = state.server.args.sse
+        || (request.method == "tools/call" && tools::STREAMING_TOOLS.contains(&tool));
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let ctx = Ctx {
+        peer: Peer::new(out_tx.clone(), pending),
+        legacy,
+        headers,
+        broadcast,
+    };
+    let id = request.id.clone();
+    if streaming {
+        let (server, state2, sid) = (state.server.clone(), state.clone(), session_id.clone());
+        tokio::spawn(async move {
+            let action = server.handle(request, ctx).await;
+            match action {
+                Action::Reply(outcome) => {
+                    let _ = out_tx.send(Out::Message(Message::Response(Response {
+                        id: Some(id),
+                        outcome,
+                    })));
+                }
+                Action::EndlessStream | Action::NoReply => {
+                    // Hold the stream open, answering nothing, until the client leaves.
+                    while !out_tx.is_closed() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Action::Exit(code) => std::process::exit(code),
+                other => {
+                    let resp = other_to_result(other, &state2, sid.as_deref());
+                    let _ = out_tx.send(Out::Message(Message::Response(Response {
+                        id: Some(id),
+                        outcome: resp,
+                    })));
+                }
+            }
+        });
+        return sse_response(pump_sse(out_rx));
+    }
+    drop(out_rx);
+    let action = state.server.handle(request, ctx).await;
+    match action {
+        Action::Reply(outcome) => reply_status(id, outcome),
+        Action::NoReply => std::future::pending().await,
+        Action::Garbage => full(StatusCode::OK, "application/json", "this is {not json"),
+        Action::Oversize(bytes) => {
+            let result = json!({"content": [{"type": "text", "text": "x".repeat(bytes)}]});
+            json_message(
+                StatusCode::OK,
+                &Message::Response(Response {
+                    id: Some(id),
+                    outcome: Ok(result),
+                }),
+            )
+        }
+        Action::Exit(code) => std::process::exit(code),
+        Action::HttpStatus(status) => full(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            "",
+            "",
+        ),
+        Action::WrongContentType => full(StatusCode::OK, "text/html", "<html>not MCP</html>"),
+        Action::EndlessStream => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while tx.send(Bytes::from_static(b": keep-alive\n\n")).is_ok() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            sse_response(rx)
+        }
+        other => reply_status(id, other_to_result(other, &state, session_id.as_deref())),
+    }
+}
+
+/// The result of the actions that have no HTTP-specific form.
+fn other_to_result(
+    action: Action,
+    state: &State,
+    session: Option<&str>,
+) -> Result<Value, RpcError> {
+    if let (Action::ExpireSession, Some(s)) = (&action, session) {
+        state.sessions.lock().remove(s);
+    }
+    Ok(json!({"content": [{"type": "text", "text": "done"}], "isError": false}))
+}
+
+/// A JSON reply with the status a modern server uses for it.
+fn reply_status(id: RequestId, outcome: Result<Value, RpcError>) -> HttpResponse {
+    let status = match &outcome {
+        Err(e) if matches!(e.code, -32020 | -32021 | -32022) => StatusCode::BAD_REQUEST,
+        Err(e) if e.code == -32602 && e.message.contains("_meta") => StatusCode::BAD_REQUEST,
+        Err(e) if e.code == METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        _ => StatusCode::OK,
+    };
+    json_message(
+        status,
+        &Message::Response(Response {
+            id: Some(id),
+            outcome,
+        }),
+    )
+}
+
+async fn initialize(
+    state: &State,
+    request: Request,
+    headers: BTreeMap<String, String>,
+) -> HttpResponse {
+    let sid = format!(
+        "demo-session-{}-{}",
+        std::process::id(),
+        state.next_session.fetch_add(1, Ordering::Relaxed)
+    );
+    let ctx = Ctx {
+        peer: Peer::new(mpsc::unbounded_channel().0, Pending::default()),
+        legacy: true,
+        headers,
+        broadcast: None,
+    };
+    let id = request.id.clone();
+    let Action::Reply(outcome) = state.server.handle(request, ctx).await else {
+        return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");
+    };
+    let ok = outcome.is_ok();
+    let mut response = json_message(
+        StatusCode::OK,
+        &Message::Response(Response {
+            id: Some(id),
+            outcome,
+        }),
+    );
+    if ok {
+        state
+            .sessions
+            .lock()
+            .insert(sid.clone(), Session::default());
+        if let Ok(v) = sid.parse() {
+            response.headers_mut().insert("mcp-session-id", v);
+        }
+    }
+    response
+}
+
+/// What a 2026-07-28 server checks of the headers: they must repeat the body.
+pub fn check_headers(
+    request: &Request,
+    version: &str,
+    headers: &BTreeMap<String, String>,
+    args: &DemoServerArgs,
+) -> Result<(), RpcError> {
+    let mismatch = |what: &str| {
+        Err(RpcError::new(
+            HEADER_MISMATCH,
+            format!("header mismatch: {what}"),
+        ))
+    };
+    if headers.get("mcp-protocol-version").map(String::as_str) != Some(version) {
+        return mismatch("MCP-Protocol-Version");
+    }
+    if headers.get("mcp-method") != Some(&request.method) {
+        return mismatch("Mcp-Method");
+    }
+    if let Some(name) = mcp_name(&request.method, request.params.as_ref())
+        && headers.get("mcp-name") != Some(&name)
+    {
+        return mismatch("Mcp-Name");
+    }
+    if request.method == "tools/call" {
+        let params = request.params.as_ref();
+        let tool = params
+            .and_then(|p| p.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let arguments = params
+            .and_then(|p| p.get("arguments"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let schema = tools::catalog(args)
+            .into_iter()
+            .find(|t| t["name"] == tool)
+            .map(|t| t["inputSchema"].clone());
+        for h in schema
+            .and_then(|s| param_headers(&s).ok())
+            .unwrap_or_default()
+        {
+            let expected = param_value(&arguments, &h.path);
+            let got = headers.get(&format!("mcp-param-{}", h.name.to_ascii_lowercase()));
+            if expected.as_ref() != got {
+                return mismatch(&format!("Mcp-Param-{}", h.name));
+            }
+        }
+    }
+    Ok(())
+}

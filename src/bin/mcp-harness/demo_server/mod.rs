@@ -1,0 +1,108 @@
+//! `mcp-harness demo-server`: an MCP server that ships inside the binary, for the demo,
+//! the tests and the benchmarks.
+//!
+//! It speaks either era (or both), over stdio or Streamable HTTP on loopback, and has
+//! fault knobs: tools that hang, answer slowly, write garbage or oversized lines, crash,
+//! ask for input forever or need a client capability; flags that crash it on start or
+//! after N calls, make it ignore SIGTERM, or start a grandchild process. In modern mode
+//! it checks what a 2026-07-28 server must check (the `_meta` envelope, the protocol
+//! version, the HTTP headers), so a client that passes against it sends them right.
+//! `--record FILE` appends every request it receives (with HTTP headers) as JSON lines.
+
+mod core;
+mod http;
+mod stdio;
+mod tools;
+
+use std::path::PathBuf;
+
+pub use core::{DemoServer, ServeEra};
+
+/// What `--on-discover` makes a legacy server do with `server/discover`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnDiscover {
+    /// Answer with a JSON-RPC error (-32601), as legacy TypeScript servers do.
+    Error,
+    /// Never answer.
+    Ignore,
+    /// Exit the process, as old rmcp servers do.
+    Exit,
+}
+
+/// Command-line options of `mcp-harness demo-server`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DemoServerArgs {
+    /// The server's name in `serverInfo` and in its tool descriptions.
+    #[arg(default_value = "demo")]
+    pub name: String,
+    /// Which era to speak.
+    #[arg(long, value_enum, default_value = "modern")]
+    pub era: ServeEra,
+    /// Serve Streamable HTTP on this loopback address (port 0 picks one) instead of
+    /// stdio; the first line on stdout is `listening URL`.
+    #[arg(long)]
+    pub http: Option<String>,
+    /// Modern versions this server supports (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "2026-07-28")]
+    pub versions: Vec<String>,
+    /// What a legacy server does with `server/discover`.
+    #[arg(long, value_enum, default_value = "error")]
+    pub on_discover: OnDiscover,
+    /// `ttlMs` on list results and discover.
+    #[arg(long, default_value_t = 60_000)]
+    pub ttl_ms: i64,
+    /// `cacheScope` on list results and discover (`public` or `private`).
+    #[arg(long, default_value = "public")]
+    pub cache_scope: String,
+    /// Serve this many extra generated tools (`gen_0` …) besides the built-in ones.
+    #[arg(long, default_value_t = 0)]
+    pub extra_tools: usize,
+    /// Tools per `tools/list` page (0: one page).
+    #[arg(long, default_value_t = 0)]
+    pub page_size: usize,
+    /// Serve N `tools/call` requests, then exit(1) on the next one without answering.
+    #[arg(long)]
+    pub crash_after: Option<u64>,
+    /// Exit(1) at once, before reading anything.
+    #[arg(long)]
+    pub crash_on_start: bool,
+    /// Ignore SIGTERM and stdin EOF (only SIGKILL stops it).
+    #[arg(long)]
+    pub ignore_sigterm: bool,
+    /// Start a grandchild process (`sleep`) in the same process group.
+    #[arg(long)]
+    pub spawn_child: bool,
+    /// On HTTP, answer every request with an event stream instead of JSON.
+    #[arg(long)]
+    pub sse: bool,
+    /// Append every request received (method, params, HTTP headers) to this file.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+}
+
+/// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).
+pub async fn run(args: DemoServerArgs) -> anyhow::Result<()> {
+    if args.crash_on_start {
+        eprintln!("demo-server {}: crashing on start as asked", args.name);
+        std::process::exit(1);
+    }
+    if args.ignore_sigterm {
+        // Keep a SIGTERM listener alive so the default action (exit) never runs.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::spawn(async move { while term.recv().await.is_some() {} });
+    }
+    if args.spawn_child {
+        // Inherits our process group; detached from our stdio so it holds no pipes.
+        std::process::Command::new("sleep")
+            .arg("3600")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+    }
+    let server = DemoServer::new(args.clone())?;
+    match &args.http {
+        Some(addr) => http::serve(server, addr).await,
+        None => stdio::serve(server, args.ignore_sigterm).await,
+    }
+}

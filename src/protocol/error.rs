@@ -1,0 +1,200 @@
+//! JSON-RPC error objects and the MCP error codes the harness acts on.
+//!
+//! [`RpcError`] is the wire object, kept whole (a gateway passes `data` along);
+//! [`RpcError::kind`] is the typed view: -32020 header mismatch, -32021 missing client
+//! capability (`data.requiredCapabilities`), -32022 unsupported protocol version
+//! (`data.supported`, `data.requested`), -32602 invalid params, -32601 method not found.
+//! Spec: section E.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// -32700: the peer could not parse what it received.
+pub const PARSE_ERROR: i64 = -32700;
+/// -32600: not a valid request object.
+pub const INVALID_REQUEST: i64 = -32600;
+/// -32601: unknown method (HTTP 404 on modern servers).
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// -32602: bad parameters, including a malformed `_meta`; also "resource not found".
+pub const INVALID_PARAMS: i64 = -32602;
+/// -32603: internal error.
+pub const INTERNAL_ERROR: i64 = -32603;
+/// -32020 `HeaderMismatch`: HTTP headers missing or different from the body.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// -32021 `MissingRequiredClientCapability`.
+pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
+/// -32022 `UnsupportedProtocolVersion`.
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
+/// A JSON-RPC error object as it travels on the wire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("{} ({code}): {message}", self.kind().label())]
+pub struct RpcError {
+    /// The numeric code.
+    pub code: i64,
+    /// The peer's message, for people.
+    pub message: String,
+    /// Structured detail, passed along untouched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// The typed meaning of an [`RpcError`]'s code and data.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RpcErrorKind {
+    /// -32020: fix the request's headers; no fallback to legacy.
+    HeaderMismatch,
+    /// -32021: the server needs capabilities the client did not declare. A configuration
+    /// error: retrying the same request cannot succeed.
+    MissingClientCapability {
+        /// `data.requiredCapabilities`, a `ClientCapabilities`-shaped object.
+        required: Value,
+    },
+    /// -32022: the server does not speak the requested version.
+    UnsupportedProtocolVersion {
+        /// `data.supported`.
+        supported: Vec<String>,
+        /// `data.requested`.
+        requested: String,
+    },
+    /// -32602.
+    InvalidParams,
+    /// -32601.
+    MethodNotFound,
+    /// Any other code, including -32001..-32004 from pre-release servers, which carry no
+    /// meaning here.
+    Other,
+}
+
+impl RpcErrorKind {
+    fn label(&self) -> &'static str {
+        match self {
+            RpcErrorKind::HeaderMismatch => "header mismatch",
+            RpcErrorKind::MissingClientCapability { .. } => "missing client capability",
+            RpcErrorKind::UnsupportedProtocolVersion { .. } => "unsupported protocol version",
+            RpcErrorKind::InvalidParams => "invalid params",
+            RpcErrorKind::MethodNotFound => "method not found",
+            RpcErrorKind::Other => "server error",
+        }
+    }
+}
+
+impl RpcError {
+    /// An error with no `data`.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// The same error with `data` set.
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    /// The typed view of this error. A -32021 or -32022 whose `data` lacks its required
+    /// fields still maps to its kind, with the missing parts empty.
+    pub fn kind(&self) -> RpcErrorKind {
+        let data = self.data.as_ref();
+        match self.code {
+            HEADER_MISMATCH => RpcErrorKind::HeaderMismatch,
+            MISSING_CLIENT_CAPABILITY => RpcErrorKind::MissingClientCapability {
+                required: data
+                    .and_then(|d| d.get("requiredCapabilities"))
+                    .cloned()
+                    .unwrap_or(Value::Null),
+            },
+            UNSUPPORTED_PROTOCOL_VERSION => RpcErrorKind::UnsupportedProtocolVersion {
+                supported: data
+                    .and_then(|d| d.get("supported"))
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                requested: data
+                    .and_then(|d| d.get("requested"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            },
+            INVALID_PARAMS => RpcErrorKind::InvalidParams,
+            METHOD_NOT_FOUND => RpcErrorKind::MethodNotFound,
+            _ => RpcErrorKind::Other,
+        }
+    }
+
+    /// True for the errors only a modern (2026-07-28) server sends: -32020, -32021, and a
+    /// -32022 that names its supported versions. Era detection treats only these as
+    /// evidence of a modern server.
+    pub fn is_modern(&self) -> bool {
+        match self.kind() {
+            RpcErrorKind::HeaderMismatch | RpcErrorKind::MissingClientCapability { .. } => true,
+            RpcErrorKind::UnsupportedProtocolVersion { supported, .. } => !supported.is_empty(),
+            _ => false,
+        }
+    }
+}
+
+/// A message that is not valid JSON-RPC, or a result that breaks the MCP schema.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProtocolError {
+    /// Not JSON at all.
+    #[error("invalid JSON: {0}")]
+    InvalidJson(String),
+    /// A JSON array: batches are not part of MCP.
+    #[error("JSON-RPC batches are not supported by MCP")]
+    Batch,
+    /// JSON, but not a JSON-RPC 2.0 message.
+    #[error("malformed JSON-RPC message: {0}")]
+    Malformed(String),
+    /// A `resultType` this client does not know; the spec says to treat it as invalid.
+    #[error("unknown resultType {0:?}")]
+    UnknownResultType(String),
+    /// A result that lacks what its method requires.
+    #[error("invalid result: {0}")]
+    InvalidResult(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn modern_error_codes_have_typed_data() {
+        let e = RpcError::new(-32022, "no")
+            .with_data(json!({"supported":["2026-07-28"],"requested":"2099-01-01"}));
+        assert_eq!(
+            e.kind(),
+            RpcErrorKind::UnsupportedProtocolVersion {
+                supported: vec!["2026-07-28".into()],
+                requested: "2099-01-01".into()
+            }
+        );
+        assert!(e.is_modern());
+        let e = RpcError::new(-32021, "cap")
+            .with_data(json!({"requiredCapabilities":{"elicitation":{}}}));
+        assert_eq!(
+            e.kind(),
+            RpcErrorKind::MissingClientCapability {
+                required: json!({"elicitation":{}})
+            }
+        );
+        assert!(e.to_string().contains("missing client capability"));
+    }
+
+    #[test]
+    fn legacy_errors_are_not_evidence_of_a_modern_server() {
+        for code in [-32601, -32602, -32600, -32004, -32001] {
+            assert!(!RpcError::new(code, "x").is_modern(), "code {code}");
+        }
+        // A -32022 without a supported list tells us nothing we can act on.
+        assert!(!RpcError::new(-32022, "x").is_modern());
+    }
+}

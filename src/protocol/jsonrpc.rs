@@ -1,0 +1,332 @@
+//! JSON-RPC 2.0 messages: parsing one line or body into a [`Message`], and writing one.
+//!
+//! Parsing is strict about shape (a message with both `result` and `error` is
+//! malformed, a batch array is rejected) and lenient about what it passes along
+//! (`params` and `result` stay raw [`Value`]s).
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use super::error::{ProtocolError, RpcError};
+
+/// A JSON-RPC request id: a string or an integer, never `null`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestId {
+    /// An integer id; the harness numbers its own requests this way.
+    Number(i64),
+    /// A string id, as some servers use for their own requests.
+    String(String),
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestId::Number(n) => write!(f, "{n}"),
+            RequestId::String(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// A request: expects exactly one response with the same id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// Correlates the response.
+    pub id: RequestId,
+    /// The method, for example `tools/call`.
+    pub method: String,
+    /// Parameters as sent; `None` when the message had none.
+    pub params: Option<Value>,
+}
+
+/// A notification: no id, no response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notification {
+    /// The method, for example `notifications/tools/list_changed`.
+    pub method: String,
+    /// Parameters as sent.
+    pub params: Option<Value>,
+}
+
+/// A response: the result of a request, or its error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    /// The id of the request this answers; `None` only for an error about a request the
+    /// peer could not parse.
+    pub id: Option<RequestId>,
+    /// `Ok(result)` or `Err(error)`.
+    pub outcome: Result<Value, RpcError>,
+}
+
+/// Any one JSON-RPC message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    /// See [`Request`].
+    Request(Request),
+    /// See [`Notification`].
+    Notification(Notification),
+    /// See [`Response`].
+    Response(Response),
+}
+
+/// The wire shape before it is checked: every field optional, `null` kept apart from absent.
+#[derive(Deserialize)]
+struct RawMessage {
+    jsonrpc: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    id: Option<Value>,
+    method: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    params: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    result: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    error: Option<Value>,
+}
+
+/// Maps a present field (even `null`) to `Some`, so that absence stays distinguishable.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
+    match id {
+        Value::Null => Ok(None),
+        Value::Number(n) => n
+            .as_i64()
+            .map(|n| Some(RequestId::Number(n)))
+            .ok_or_else(|| ProtocolError::Malformed(format!("id {n} is not an integer"))),
+        Value::String(s) => Ok(Some(RequestId::String(s))),
+        other => Err(ProtocolError::Malformed(format!(
+            "id must be a string or an integer, got {other}"
+        ))),
+    }
+}
+
+impl Message {
+    /// Parses one message from one line (stdio) or one body / SSE event (HTTP).
+    pub fn parse(bytes: &[u8]) -> Result<Message, ProtocolError> {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if first == Some(&b'[') {
+            return Err(ProtocolError::Batch);
+        }
+        let raw: RawMessage =
+            serde_json::from_slice(bytes).map_err(|e| ProtocolError::InvalidJson(e.to_string()))?;
+        if raw.jsonrpc.as_deref() != Some("2.0") {
+            return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
+        }
+        let params = raw.params;
+        match (raw.method, raw.id, raw.result, raw.error) {
+            (Some(_), _, Some(_), _) | (Some(_), _, _, Some(_)) => Err(ProtocolError::Malformed(
+                "a message with a method cannot carry result or error".into(),
+            )),
+            (Some(method), Some(id), None, None) => {
+                let id = parse_id(id)?.ok_or_else(|| {
+                    ProtocolError::Malformed("a request id cannot be null".into())
+                })?;
+                Ok(Message::Request(Request { id, method, params }))
+            }
+            (Some(method), None, None, None) => {
+                Ok(Message::Notification(Notification { method, params }))
+            }
+            (None, _, Some(_), Some(_)) => Err(ProtocolError::Malformed(
+                "a response cannot carry both result and error".into(),
+            )),
+            (None, Some(id), Some(result), None) => {
+                let id = parse_id(id)?.ok_or_else(|| {
+                    ProtocolError::Malformed("a result response needs an id".into())
+                })?;
+                Ok(Message::Response(Response {
+                    id: Some(id),
+                    outcome: Ok(result),
+                }))
+            }
+            (None, id, None, Some(error)) => {
+                let id = match id {
+                    Some(id) => parse_id(id)?,
+                    None => None,
+                };
+                let error: RpcError = serde_json::from_value(error)
+                    .map_err(|e| ProtocolError::Malformed(format!("error object: {e}")))?;
+                Ok(Message::Response(Response {
+                    id,
+                    outcome: Err(error),
+                }))
+            }
+            (None, None, Some(_), None) => Err(ProtocolError::Malformed(
+                "a result response needs an id".into(),
+            )),
+            (None, _, None, None) => Err(ProtocolError::Malformed(
+                "neither a method nor a result or error".into(),
+            )),
+        }
+    }
+
+    /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        self.write_json(out);
+        out.push(b'\n');
+    }
+
+    /// Appends this message as JSON (no newline) to `out`.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
+        let _ = serde_json::to_writer(out, &WireOut::Other(self));
+    }
+
+    /// Appends `request` as one JSON line without wrapping it in a [`Message`] (the hot
+    /// path: no clone of its params).
+    pub fn write_request_line(request: &Request, out: &mut Vec<u8>) {
+        // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
+        let _ = serde_json::to_writer(&mut *out, &WireOut::Request(request));
+        out.push(b'\n');
+    }
+
+    /// `request` as a JSON body.
+    pub fn request_json(request: &Request) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        let _ = serde_json::to_writer(&mut out, &WireOut::Request(request));
+        out
+    }
+
+    /// The message as a JSON value (for tests and records).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(WireOut::Other(self)).unwrap_or(Value::Null)
+    }
+}
+
+/// Serializes a message in the wire shape, borrowing from it.
+enum WireOut<'a> {
+    Request(&'a Request),
+    Other(&'a Message),
+}
+
+impl Serialize for WireOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("jsonrpc", "2.0")?;
+        let message = match self {
+            WireOut::Request(r) => {
+                map.serialize_entry("id", &r.id)?;
+                map.serialize_entry("method", &r.method)?;
+                if let Some(p) = &r.params {
+                    map.serialize_entry("params", p)?;
+                }
+                return map.end();
+            }
+            WireOut::Other(m) => m,
+        };
+        match message {
+            Message::Request(r) => {
+                map.serialize_entry("id", &r.id)?;
+                map.serialize_entry("method", &r.method)?;
+                if let Some(p) = &r.params {
+                    map.serialize_entry("params", p)?;
+                }
+            }
+            Message::Notification(n) => {
+                map.serialize_entry("method", &n.method)?;
+                if let Some(p) = &n.params {
+                    map.serialize_entry("params", p)?;
+                }
+            }
+            Message::Response(r) => {
+                // A response to an unparseable request carries `"id": null`.
+                map.serialize_entry("id", &r.id)?;
+                match &r.outcome {
+                    Ok(v) => map.serialize_entry("result", v)?,
+                    Err(e) => map.serialize_entry("error", e)?,
+                }
+            }
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: &str) -> Result<Message, ProtocolError> {
+        Message::parse(v.as_bytes())
+    }
+
+    #[test]
+    fn requests_notifications_and_responses_parse_by_shape() {
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#),
+            Ok(Message::Request(Request {
+                id: RequestId::String(_),
+                ..
+            }))
+        ));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","method":"notifications/x","params":{}}"#),
+            Ok(Message::Notification(_))
+        ));
+        let Ok(Message::Response(r)) = parse(r#"{"jsonrpc":"2.0","id":3,"result":null}"#) else {
+            panic!("a null result is still a result");
+        };
+        assert_eq!(r.outcome, Ok(Value::Null));
+        let Ok(Message::Response(r)) =
+            parse(r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#)
+        else {
+            panic!("an error with a null id is a response");
+        };
+        assert_eq!(r.id, None);
+    }
+
+    #[test]
+    fn result_and_error_together_is_malformed() {
+        let e = parse(r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":""}}"#);
+        assert!(matches!(e, Err(ProtocolError::Malformed(_))));
+    }
+
+    #[test]
+    fn batches_bad_json_and_bad_ids_are_rejected() {
+        assert_eq!(
+            parse(r#" [{"jsonrpc":"2.0","id":1,"result":{}}]"#),
+            Err(ProtocolError::Batch)
+        );
+        assert!(matches!(parse("{nope"), Err(ProtocolError::InvalidJson(_))));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#),
+            Err(ProtocolError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse(r#"{"jsonrpc":"1.0","id":1,"result":{}}"#),
+            Err(ProtocolError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn written_messages_parse_back_unchanged() {
+        let msgs = [
+            Message::Request(Request {
+                id: RequestId::Number(7),
+                method: "tools/call".into(),
+                params: Some(json!({"name":"echo","arguments":{"text":"hi\nthere"}})),
+            }),
+            Message::Notification(Notification {
+                method: "n".into(),
+                params: None,
+            }),
+            Message::Response(Response {
+                id: None,
+                outcome: Err(RpcError::new(-32700, "bad")),
+            }),
+        ];
+        for m in msgs {
+            let mut line = Vec::new();
+            m.write_line(&mut line);
+            assert_eq!(
+                line.iter().filter(|b| **b == b'\n').count(),
+                1,
+                "one line per message"
+            );
+            assert_eq!(Message::parse(&line), Ok(m));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Protocol versions and the per-request `_meta` envelope (spec section A).
+//!
+//! Revision 2026-07-28 is stateless: every request carries the protocol version, the
+//! client's capabilities for that request, and the client's identity in
+//! `params._meta`. The harness puts the envelope on every request it sends, to servers
+//! of both eras (legacy servers ignore keys they do not know).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The modern protocol revision.
+pub const MODERN: &str = "2026-07-28";
+/// The newest legacy revision (handshake era).
+pub const LEGACY_2025_11_25: &str = "2025-11-25";
+/// The oldest legacy revision the harness speaks.
+pub const LEGACY_2025_06_18: &str = "2025-06-18";
+/// Legacy revisions the harness accepts from `initialize`, newest first.
+pub const LEGACY_VERSIONS: &[&str] = &[LEGACY_2025_11_25, LEGACY_2025_06_18];
+
+/// `_meta` key: the protocol version of this one request.
+pub const KEY_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// `_meta` key: the client capabilities that apply to this one request.
+pub const KEY_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` key: the client's self-reported identity.
+pub const KEY_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// Result `_meta` key: the server's self-reported identity.
+pub const KEY_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// True when `version` is a modern revision (2026-07-28 or later; dates compare as text).
+pub fn is_modern_version(version: &str) -> bool {
+    version >= MODERN
+}
+
+/// An MCP `Implementation`: a name and a version, plus optional display fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Implementation {
+    /// Program name.
+    pub name: String,
+    /// Program version.
+    pub version: String,
+    /// Optional fields (`title`, `description`, `websiteUrl`, `icons`), kept as sent.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Implementation {
+    /// An implementation with just a name and a version.
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Implementation {
+            name: name.into(),
+            version: version.into(),
+            extra: Map::new(),
+        }
+    }
+
+    /// This crate, as it introduces itself to servers by default.
+    pub fn harness() -> Self {
+        Implementation::new("mcp-harness", env!("CARGO_PKG_VERSION"))
+    }
+}
+
+/// The envelope stamped into `params._meta` of every request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetaEnvelope {
+    /// Sent as `io.modelcontextprotocol/protocolVersion` (and on HTTP as
+    /// `MCP-Protocol-Version`).
+    pub protocol_version: String,
+    /// Sent as `io.modelcontextprotocol/clientCapabilities`; `{}` declares none.
+    pub client_capabilities: Value,
+    /// Sent as `io.modelcontextprotocol/clientInfo`.
+    pub client_info: Implementation,
+}
+
+impl MetaEnvelope {
+    /// Returns `params` (created as `{}` when absent) with the envelope's keys in its
+    /// `_meta`. Other `_meta` keys the caller set (a `progressToken`, trace context) stay.
+    pub fn stamp(&self, params: Option<Value>) -> Value {
+        let mut params = match params {
+            Some(Value::Object(map)) => map,
+            // Params that are not an object cannot carry `_meta`; MCP params always are.
+            Some(other) => return other,
+            None => Map::new(),
+        };
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !meta.is_object() {
+            *meta = Value::Object(Map::new());
+        }
+        if let Value::Object(meta) = meta {
+            meta.insert(
+                KEY_PROTOCOL_VERSION.into(),
+                Value::String(self.protocol_version.clone()),
+            );
+            meta.insert(
+                KEY_CLIENT_CAPABILITIES.into(),
+                self.client_capabilities.clone(),
+            );
+            meta.insert(
+                KEY_CLIENT_INFO.into(),
+                serde_json::to_value(&self.client_info).unwrap_or(Value::Null),
+            );
+        }
+        Value::Object(params)
+    }
+}
+
+/// The protocol version a request's `_meta` names, if any.
+pub fn requested_version(params: Option<&Value>) -> Option<&str> {
+    params?.get("_meta")?.get(KEY_PROTOCOL_VERSION)?.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stamping_keeps_the_callers_params_and_meta_keys() {
+        let env = MetaEnvelope {
+            protocol_version: MODERN.into(),
+            client_capabilities: json!({"elicitation":{}}),
+            client_info: Implementation::new("t", "1"),
+        };
+        let p = env.stamp(Some(json!({"name":"x","_meta":{"progressToken":5}})));
+        assert_eq!(p["name"], "x");
+        assert_eq!(p["_meta"]["progressToken"], 5);
+        assert_eq!(p["_meta"][KEY_PROTOCOL_VERSION], MODERN);
+        assert_eq!(
+            p["_meta"][KEY_CLIENT_CAPABILITIES],
+            json!({"elicitation":{}})
+        );
+        assert_eq!(p["_meta"][KEY_CLIENT_INFO]["name"], "t");
+        assert_eq!(requested_version(Some(&p)), Some(MODERN));
+        // A request with no params still gets `params._meta`.
+        assert!(env.stamp(None)["_meta"].is_object());
+    }
+
+    #[test]
+    fn versions_compare_by_date() {
+        assert!(is_modern_version(MODERN));
+        assert!(is_modern_version("2027-01-01"));
+        assert!(!is_modern_version(LEGACY_2025_11_25));
+    }
+}

@@ -1,0 +1,137 @@
+//! Errors of the transport layer and of one connection to one server.
+//!
+//! [`TransportError`] says what happened to the bytes; [`RequestError`] adds the
+//! server's own answer (a JSON-RPC error, or a result that breaks the schema);
+//! [`ConnectError`] covers era detection and the handshake. "Never sent"
+//! ([`TransportError::NotSent`]) stays apart from "sent, no answer": only the first
+//! is safe to re-send elsewhere.
+
+use std::time::Duration;
+
+use crate::protocol::{ProtocolError, RpcError};
+
+/// What went wrong moving messages to or from one server.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TransportError {
+    /// The server process could not be started.
+    #[error("could not start `{command}`: {reason}")]
+    Spawn {
+        /// The command as configured.
+        command: String,
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// The connection ended (process exit, stdout closed, stream broken); requests in
+    /// flight on it get this at once.
+    #[error("transport closed{}", exit.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    Closed {
+        /// How the process ended, when it did.
+        exit: Option<String>,
+    },
+    /// The request was not written: the connection was already closed or refused.
+    /// Safe to send elsewhere.
+    #[error("request not sent: {0}")]
+    NotSent(String),
+    /// No answer within the request's deadline; the request was cancelled.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The server wrote a line longer than the configured limit.
+    #[error("server wrote a line longer than {limit} bytes")]
+    LineTooLong {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// An HTTP reply larger than the configured limit.
+    #[error("HTTP reply larger than {limit} bytes")]
+    ResponseTooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// HTTP 401 or 403: credentials are missing or not accepted.
+    #[error("not authorized by the server (HTTP {status})")]
+    Unauthorized {
+        /// 401 or 403.
+        status: u16,
+    },
+    /// Any other HTTP status the request could not succeed with.
+    #[error("HTTP {status}: {body}")]
+    HttpStatus {
+        /// The status code.
+        status: u16,
+        /// The start of the body, for the operator.
+        body: String,
+    },
+    /// A legacy HTTP session the server no longer knows (404 with a session id).
+    #[error("the server ended the HTTP session")]
+    SessionExpired,
+    /// A network failure after the request may have been sent.
+    #[error("network error: {0}")]
+    Network(String),
+    /// An HTTP reply that is neither JSON nor an event stream.
+    #[error("unexpected content type {0:?}")]
+    UnexpectedContentType(String),
+    /// An SSE reply that ended before its response arrived.
+    #[error("event stream ended before the response")]
+    StreamEnded,
+    /// A message that breaks JSON-RPC or MCP, where the request needed it.
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] ProtocolError),
+}
+
+impl TransportError {
+    /// True when the request provably never reached the server.
+    pub fn never_sent(&self) -> bool {
+        matches!(
+            self,
+            TransportError::NotSent(_) | TransportError::Spawn { .. }
+        )
+    }
+}
+
+/// One request to a connected server, failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// The bytes did not make it, or no answer came.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The server answered with a JSON-RPC error.
+    #[error("server error {0}")]
+    Rpc(RpcError),
+    /// The server answered with a result that breaks the schema.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+}
+
+/// Connecting to a server (spawn, era detection, handshake) failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConnectError {
+    /// The transport failed before the server could be identified.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// A modern server that speaks none of the versions this client offers.
+    #[error("no common protocol version: server supports {server:?}, client offers {client:?}")]
+    NoCommonVersion {
+        /// `supportedVersions` (or -32022 `data.supported`).
+        server: Vec<String>,
+        /// The client's preferred versions.
+        client: Vec<String>,
+    },
+    /// The server refused the probe with a modern error (-32020 or -32021), or refused
+    /// the legacy `initialize`.
+    #[error("server refused {method}: {error}")]
+    Refused {
+        /// `server/discover` or `initialize`.
+        method: &'static str,
+        /// The server's error.
+        error: RpcError,
+    },
+    /// The server was configured as modern but did not answer `server/discover` as one.
+    #[error("not a modern MCP server: {0}")]
+    NotModern(String),
+    /// A legacy server chose a version this client does not speak.
+    #[error("legacy server chose unsupported protocol version {0:?}")]
+    UnsupportedLegacyVersion(String),
+    /// The discover or initialize result broke the schema.
+    #[error("invalid handshake result: {0}")]
+    Protocol(#[from] ProtocolError),
+}
