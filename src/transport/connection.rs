@@ -634,7 +634,9 @@ async fn probe(
                             });
                         }
                         None => {
-                            return Ok(Probe::Legacy("server supports only legacy versions".into()));
+                            return Ok(Probe::Legacy(
+                                "server supports only legacy versions".into(),
+                            ));
                         }
                     }
                 }

@@ -61,19 +61,19 @@ pub enum Out {
     CloseStdout,
 }
 
+/// Requests this server sent to the client, waiting for their answers.
+pub type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>;
+
 /// The client as seen from one request: notifications and (legacy) requests to it.
 #[derive(Clone)]
 pub struct Peer {
     tx: mpsc::UnboundedSender<Out>,
-    pending: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>,
+    pending: Pending,
     next_id: Arc<AtomicI64>,
 }
 
 impl Peer {
-    pub fn new(
-        tx: mpsc::UnboundedSender<Out>,
-        pending: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>,
-    ) -> Peer {
+    pub fn new(tx: mpsc::UnboundedSender<Out>, pending: Pending) -> Peer {
         Peer {
             tx,
             pending,
@@ -166,8 +166,12 @@ impl DemoServer {
     }
 
     fn log(&self, request: &Request, ctx: &Ctx) {
+        self.record(json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers}));
+    }
+
+    /// Appends one line to the `--record` file, if there is one.
+    pub fn record(&self, line: Value) {
         if let Some(file) = &self.record {
-            let line = json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers});
             let _ = writeln!(file.lock(), "{line}");
         }
     }

@@ -22,15 +22,14 @@ use mcp_harness::protocol::{Message, Request, RequestId, Response, RpcError};
 use mcp_harness::transport::http::headers::{mcp_name, param_headers, param_value};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::DemoServerArgs;
-use super::core::{Action, Ctx, DemoServer, Out, Peer, ServeEra};
+use super::core::{Action, Ctx, DemoServer, Out, Peer, Pending, ServeEra};
 use super::tools;
 
 type HttpBody = BoxBody<Bytes, Infallible>;
 type HttpResponse = hyper::Response<HttpBody>;
-type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, RpcError>>>>>;
 
 #[derive(Default)]
 struct Session {
@@ -173,19 +172,21 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     match *req.method() {
         Method::POST => {}
         Method::GET if known_session == Some(true) => {
+            state
+                .server
+                .record(json!({"method": "GET", "headers": headers}));
             let (tx, rx) = mpsc::unbounded_channel();
-            if let Some(s) = session_id.as_ref().and_then(|id| {
-                state
-                    .sessions
-                    .lock()
-                    .get_mut(id)
-                    .map(|s| s.streams.push(tx))
-            }) {
-                let _ = s;
+            if let Some(id) = &session_id
+                && let Some(session) = state.sessions.lock().get_mut(id)
+            {
+                session.streams.push(tx);
             }
             return sse_response(pump_sse(rx));
         }
         Method::DELETE if known_session == Some(true) => {
+            state
+                .server
+                .record(json!({"method": "DELETE", "headers": headers}));
             if let Some(id) = &session_id {
                 state.sessions.lock().remove(id);
             }
@@ -353,7 +354,7 @@ fn other_to_result(
 /// A JSON reply with the status a modern server uses for it.
 fn reply_status(id: RequestId, outcome: Result<Value, RpcError>) -> HttpResponse {
     let status = match &outcome {
-        Err(e) if matches!(e.code, -32020 | -32021 | -32022) => StatusCode::BAD_REQUEST,
+        Err(e) if (-32022..=-32020).contains(&e.code) => StatusCode::BAD_REQUEST,
         Err(e) if e.code == -32602 && e.message.contains("_meta") => StatusCode::BAD_REQUEST,
         Err(e) if e.code == METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
         _ => StatusCode::OK,

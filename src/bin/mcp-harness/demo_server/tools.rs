@@ -380,12 +380,10 @@ async fn rounds(request: &Request, ctx: &Ctx) -> Action {
                 .map(|r| r.split('\u{1f}').map(String::from).collect())
                 .unwrap_or_default();
             let key = format!("q{k}");
-            match params_field(request, "inputResponses").and_then(|r| r.get(&key)) {
-                Some(a) => {
-                    answers.push(pick(a));
-                    k += 1;
-                }
-                None => {} // ask the same question again
+            // Without an answer the same question is asked again.
+            if let Some(a) = params_field(request, "inputResponses").and_then(|r| r.get(&key)) {
+                answers.push(pick(a));
+                k += 1;
             }
         }
         if k < n {

@@ -1,0 +1,340 @@
+//! The Streamable HTTP transport and era detection against real servers on loopback.
+
+mod support;
+
+use std::time::Duration;
+
+use mcp_harness::protocol::meta::KEY_PROTOCOL_VERSION;
+use mcp_harness::transport::{
+    ConnectOptions, Connection, Era, RequestError, ServerEvent, TransportError, TransportSpec,
+};
+use serde_json::{Value, json};
+use support::*;
+
+#[tokio::test]
+async fn a_modern_http_server_gets_headers_that_match_every_body() {
+    let record = temp_file("http-headers");
+    let server = HttpServer::demo(&["gamma", "--record", &record.to_string_lossy()]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Modern);
+    let list = conn.request("tools/list", None).await.expect("list");
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"echo"));
+    assert!(
+        !names.contains(&"bad_header"),
+        "a tool with an invalid x-mcp-header is dropped"
+    );
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "über"})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "über");
+    conn.request(
+        "prompts/get",
+        Some(json!({"name": "greet", "arguments": {}})),
+    )
+    .await
+    .expect("prompt");
+    conn.request("resources/read", Some(json!({"uri": "demo://readme"})))
+        .await
+        .expect("resource");
+    conn.shutdown().await;
+    // The server rejects a mismatch with -32020, so success above already says the
+    // headers were right; the record shows them.
+    let requests = recorded(&record);
+    assert_eq!(requests.len(), 5);
+    for r in &requests {
+        let h = &r["headers"];
+        assert_eq!(
+            h["mcp-protocol-version"], r["params"]["_meta"][KEY_PROTOCOL_VERSION],
+            "{r}"
+        );
+        assert_eq!(h["mcp-method"], r["method"], "{r}");
+        assert!(
+            h["accept"]
+                .as_str()
+                .is_some_and(|a| a.contains("application/json") && a.contains("text/event-stream"))
+        );
+    }
+    let call = requests
+        .iter()
+        .find(|r| r["method"] == "tools/call")
+        .expect("call recorded");
+    assert_eq!(call["headers"]["mcp-name"], "echo");
+    let read = requests
+        .iter()
+        .find(|r| r["method"] == "resources/read")
+        .expect("read recorded");
+    assert_eq!(read["headers"]["mcp-name"], "demo://readme");
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn x_mcp_header_arguments_are_mirrored_with_the_base64_sentinel_when_unsafe() {
+    let server = HttpServer::demo(&["gamma"]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    conn.request("tools/list", None)
+        .await
+        .expect("list teaches the annotations");
+    let r = conn
+        .request(
+            "tools/call",
+            call("region_echo", json!({"region": "eu-west-1"})),
+        )
+        .await
+        .expect("plain");
+    assert_eq!(text(&r), "eu-west-1");
+    let r = conn
+        .request(
+            "tools/call",
+            call("region_echo", json!({"region": "zürich"})),
+        )
+        .await
+        .expect("unsafe");
+    assert_eq!(text(&r), "=?base64?esO8cmljaA==?=");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn event_stream_replies_deliver_notifications_before_the_result() {
+    let server = HttpServer::demo(&["gamma", "--sse"]).await;
+    let (conn, mut events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    let params =
+        json!({"name": "progress", "arguments": {"steps": 3}, "_meta": {"progressToken": "p1"}});
+    let r = conn
+        .request("tools/call", Some(params))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "3 steps done");
+    let mut progress = Vec::new();
+    while let Ok(Some(ServerEvent::Notification(n))) =
+        tokio::time::timeout(Duration::from_millis(500), events.recv()).await
+    {
+        progress.push(n.params.expect("params")["progress"].clone());
+    }
+    assert_eq!(progress, vec![json!(1), json!(2), json!(3)]);
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
+    let record = temp_file("http-legacy");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let (conn, mut events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    // The standalone GET stream is opened after initialize.
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["method"] == "GET"))
+        .await
+    );
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "legacy"})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "legacy");
+
+    // A server request on the POST's event stream; our answer is POSTed back.
+    let call_fut = conn.request("tools/call", call("confirm", json!({"message": "Go?"})));
+    let answer = async {
+        loop {
+            match events.recv().await {
+                Some(ServerEvent::Request(req)) => {
+                    assert_eq!(req.method, "elicitation/create");
+                    req.respond(Ok(json!({"action": "decline"})));
+                    return;
+                }
+                Some(_) => continue,
+                None => panic!("events ended"),
+            }
+        }
+    };
+    let (r, ()) = tokio::join!(call_fut, answer);
+    assert_eq!(text(&r.expect("confirm")), "not approved (decline)");
+
+    // A notification on the standalone GET stream.
+    conn.request("tools/call", call("notify_changed", json!({})))
+        .await
+        .expect("notify");
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(ServerEvent::Notification(n)) = events.recv().await
+                && n.method == "notifications/tools/list_changed"
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "list_changed arrived on the GET stream");
+
+    // The server forgets the session: the next request gets 404, and the connection
+    // initializes again and retries.
+    conn.request("tools/call", call("expire_session", json!({})))
+        .await
+        .expect("expire");
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "again"})))
+        .await
+        .expect("after re-initialize");
+    assert_eq!(text(&r), "again");
+
+    conn.shutdown().await;
+    let requests = recorded(&record);
+    let inits = requests
+        .iter()
+        .filter(|r| r["method"] == "initialize")
+        .count();
+    assert_eq!(inits, 2, "initialized twice");
+    let session_of = |r: &Value| r["headers"]["mcp-session-id"].as_str().map(String::from);
+    let calls: Vec<_> = requests
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert!(
+        calls.iter().all(|r| session_of(r).is_some()),
+        "every legacy call carries the session"
+    );
+    assert!(
+        calls
+            .iter()
+            .all(|r| r["headers"]["mcp-protocol-version"] == "2025-11-25")
+    );
+    assert!(
+        requests.iter().any(|r| r["method"] == "DELETE"),
+        "the session is deleted on shutdown"
+    );
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_legacy_http_server_that_rejects_discover_falls_back() {
+    let server = HttpServer::demo(&["delta", "--era", "legacy", "--on-discover", "error"]).await;
+    let (conn, _events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_faults_are_typed_errors() {
+    let server = HttpServer::demo(&["gamma"]).await;
+    let opts = ConnectOptions {
+        max_message_bytes: 64 * 1024,
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("gamma", server.spec(), opts)
+        .await
+        .expect("connect");
+    let short = Duration::from_millis(400);
+    let err = |r: Result<Value, RequestError>| match r {
+        Err(RequestError::Transport(e)) => e,
+        other => panic!("expected a transport error, got {other:?}"),
+    };
+    let status = |s: u16| call("http_status", json!({"status": s}));
+    assert!(matches!(
+        err(conn.request("tools/call", status(503)).await),
+        TransportError::HttpStatus { status: 503, .. }
+    ));
+    assert_eq!(
+        err(conn.request("tools/call", status(401)).await),
+        TransportError::Unauthorized { status: 401 }
+    );
+    assert_eq!(
+        err(conn.request("tools/call", status(403)).await),
+        TransportError::Unauthorized { status: 403 }
+    );
+    assert!(matches!(
+        err(conn
+            .request("tools/call", call("wrong_content_type", json!({})))
+            .await),
+        TransportError::UnexpectedContentType(_)
+    ));
+    assert!(matches!(
+        err(conn.request("tools/call", call("garbage", json!({}))).await),
+        TransportError::Protocol(_)
+    ));
+    assert_eq!(
+        err(conn
+            .request("tools/call", call("oversize", json!({"bytes": 200_000})))
+            .await),
+        TransportError::ResponseTooLarge { limit: 64 * 1024 }
+    );
+    assert_eq!(
+        err(conn
+            .request_with_timeout("tools/call", call("hang", json!({})), short)
+            .await),
+        TransportError::Timeout(short)
+    );
+    assert_eq!(
+        err(conn
+            .request_with_timeout("tools/call", call("endless_stream", json!({})), short)
+            .await),
+        TransportError::Timeout(short)
+    );
+    // Still serving after all of that.
+    assert_eq!(
+        text(
+            &conn
+                .request("tools/call", call("echo", json!({"text": "ok"})))
+                .await
+                .expect("ok")
+        ),
+        "ok"
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_is_gone_means_the_request_was_never_sent() {
+    let mut server = HttpServer::demo(&["gamma"]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    server.child.kill().await.expect("kill");
+    let e = conn.request("tools/list", None).await.expect_err("gone");
+    let RequestError::Transport(e) = e else {
+        panic!("{e}")
+    };
+    assert!(e.never_sent(), "{e}");
+}
+
+#[tokio::test]
+async fn nobody_listening_at_connect_is_a_transport_error() {
+    let err = Connection::connect(
+        "nobody",
+        TransportSpec::http("http://127.0.0.1:9/mcp"),
+        options(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            mcp_harness::transport::ConnectError::Transport(TransportError::NotSent(_))
+        ),
+        "{err}"
+    );
+}

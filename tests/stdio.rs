@@ -1,0 +1,499 @@
+//! The stdio transport and era detection against real server processes.
+
+mod support;
+
+use std::time::Duration;
+
+use mcp_harness::protocol::meta::{KEY_CLIENT_CAPABILITIES, KEY_CLIENT_INFO, KEY_PROTOCOL_VERSION};
+use mcp_harness::protocol::{ResultType, RpcErrorKind};
+use mcp_harness::transport::{
+    ConnectError, ConnectOptions, Connection, Era, EraPreference, RequestError, ServerEvent,
+    TransportError,
+};
+use serde_json::json;
+use support::*;
+
+#[tokio::test]
+async fn a_modern_server_is_discovered_listed_and_called() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Modern);
+    assert_eq!(conn.protocol_version(), "2026-07-28");
+    assert!(
+        conn.profile()
+            .instructions()
+            .is_some_and(|i| i.contains("alpha"))
+    );
+    assert_eq!(
+        conn.profile().server_info().expect("server info")["name"],
+        "alpha"
+    );
+    let list = conn.request("tools/list", None).await.expect("tools/list");
+    assert!(
+        list["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == "echo"))
+    );
+    assert_eq!(list["ttlMs"], 60000);
+    let r = conn
+        .request("tools/call", call("add", json!({"a": 2, "b": 40})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "42");
+    assert_eq!(ResultType::of(&r), Ok(ResultType::Complete));
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn legacy_servers_that_error_ignore_or_exit_on_discover_fall_back_to_initialize() {
+    for behaviour in ["error", "ignore", "exit"] {
+        let spec = demo_stdio(&["beta", "--era", "legacy", "--on-discover", behaviour]);
+        let opts = ConnectOptions {
+            probe_timeout: Duration::from_millis(400),
+            ..options()
+        };
+        let (conn, _events) = Connection::connect("beta", spec, opts)
+            .await
+            .expect(behaviour);
+        assert_eq!(conn.era(), Era::Legacy, "{behaviour}");
+        assert_eq!(conn.protocol_version(), "2025-11-25");
+        let r = conn
+            .request("tools/call", call("echo", json!({"text": behaviour})))
+            .await
+            .expect("call");
+        assert_eq!(text(&r), behaviour);
+        let pid = conn.pid().expect("pid");
+        conn.shutdown().await;
+        assert!(
+            group_members(pid).is_empty(),
+            "{behaviour}: process group {pid} survived shutdown"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unsupported_version_is_renegotiated_from_the_servers_list() {
+    let opts = ConnectOptions {
+        preferred_versions: vec!["2099-01-01".into(), "2026-07-28".into()],
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), opts)
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Modern);
+    assert_eq!(conn.protocol_version(), "2026-07-28");
+    conn.request("tools/list", None)
+        .await
+        .expect("the renegotiated version works");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_modern_server_with_no_common_version_is_an_error_not_a_fallback() {
+    let err = Connection::connect(
+        "future",
+        demo_stdio(&["future", "--versions", "2099-01-01"]),
+        options(),
+    )
+    .await
+    .expect_err("no common version");
+    match err {
+        ConnectError::NoCommonVersion { server, .. } => {
+            assert_eq!(server, vec!["2099-01-01".to_string()])
+        }
+        other => panic!("expected NoCommonVersion, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_modern_only_preference_refuses_a_legacy_server() {
+    let opts = ConnectOptions {
+        era: EraPreference::Modern,
+        ..options()
+    };
+    let err = Connection::connect("beta", demo_stdio(&["beta", "--era", "legacy"]), opts)
+        .await
+        .expect_err("legacy");
+    assert!(matches!(err, ConnectError::NotModern(_)), "{err}");
+}
+
+#[tokio::test]
+async fn every_modern_request_carries_the_full_meta_envelope() {
+    let record = temp_file("meta");
+    let rec = record.to_string_lossy().to_string();
+    let (conn, _events) =
+        Connection::connect("alpha", demo_stdio(&["alpha", "--record", &rec]), options())
+            .await
+            .expect("connect");
+    conn.request("tools/list", None).await.expect("list");
+    conn.request("tools/call", call("echo", json!({"text": "x"})))
+        .await
+        .expect("call");
+    conn.request(
+        "prompts/get",
+        Some(json!({"name": "greet", "arguments": {"who": "y"}})),
+    )
+    .await
+    .expect("prompt");
+    conn.request("resources/read", Some(json!({"uri": "demo://readme"})))
+        .await
+        .expect("read");
+    conn.shutdown().await;
+    let requests = recorded(&record);
+    assert_eq!(requests.len(), 5, "discover + 4 requests: {requests:?}");
+    for r in &requests {
+        let meta = &r["params"]["_meta"];
+        assert_eq!(meta[KEY_PROTOCOL_VERSION], "2026-07-28", "{r}");
+        assert!(
+            meta[KEY_CLIENT_CAPABILITIES]["elicitation"].is_object(),
+            "{r}"
+        );
+        assert_eq!(meta[KEY_CLIENT_INFO]["name"], "mcp-harness", "{r}");
+    }
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_legacy_elicitation_request_is_answered_and_the_call_completes() {
+    let (conn, mut events) =
+        Connection::connect("beta", demo_stdio(&["beta", "--era", "legacy"]), options())
+            .await
+            .expect("connect");
+    let answerer = tokio::spawn(async move {
+        let Some(ServerEvent::Request(req)) = events.recv().await else {
+            panic!("expected a server request")
+        };
+        assert_eq!(req.method, "elicitation/create");
+        assert_eq!(req.params["message"], "Ship it?");
+        req.respond(Ok(
+            json!({"action": "accept", "content": {"approved": true}}),
+        ));
+    });
+    let r = conn
+        .request(
+            "tools/call",
+            call("confirm", json!({"message": "Ship it?"})),
+        )
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "approved: true");
+    answerer.await.expect("answerer");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn legacy_list_changed_reaches_the_layer_above() {
+    let (conn, mut events) =
+        Connection::connect("beta", demo_stdio(&["beta", "--era", "legacy"]), options())
+            .await
+            .expect("connect");
+    conn.request("tools/call", call("notify_changed", json!({})))
+        .await
+        .expect("call");
+    let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("in time");
+    assert!(
+        matches!(event, Some(ServerEvent::Notification(n)) if n.method == "notifications/tools/list_changed")
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_modern_mrtr_round_keeps_keys_and_echoes_request_state_exactly() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let params = json!({"name": "confirm", "arguments": {"message": "ok?"}});
+    let first = conn
+        .request("tools/call", Some(params.clone()))
+        .await
+        .expect("first");
+    assert_eq!(ResultType::of(&first), Ok(ResultType::InputRequired));
+    let input = mcp_harness::protocol::InputRequired::from_value(&first).expect("input required");
+    assert!(input.input_requests.contains_key("confirm"));
+    let mut retry = params;
+    retry["inputResponses"] =
+        json!({"confirm": {"action": "accept", "content": {"approved": true}}});
+    retry["requestState"] = json!(input.request_state.expect("state"));
+    let done = conn
+        .request("tools/call", Some(retry))
+        .await
+        .expect("retry");
+    assert_eq!(
+        text(&done),
+        "approved: true",
+        "the server checks the state byte for byte"
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_missing_client_capability_is_a_typed_error_with_the_required_capabilities() {
+    let opts = ConnectOptions {
+        capabilities: json!({}),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), opts)
+        .await
+        .expect("connect");
+    let err = conn
+        .request("tools/call", call("confirm", json!({})))
+        .await
+        .expect_err("-32021");
+    let RequestError::Rpc(e) = err else {
+        panic!("expected an rpc error, got {err}")
+    };
+    assert_eq!(
+        e.kind(),
+        RpcErrorKind::MissingClientCapability {
+            required: json!({"elicitation": {}})
+        }
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn input_required_forever_keeps_answering_input_required() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    for _ in 0..3 {
+        let r = conn
+            .request("tools/call", call("forever", json!({})))
+            .await
+            .expect("call");
+        assert_eq!(ResultType::of(&r), Ok(ResultType::InputRequired));
+    }
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hung_request_times_out_and_the_connection_keeps_serving() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let err = conn
+        .request_with_timeout(
+            "tools/call",
+            call("hang", json!({})),
+            Duration::from_millis(200),
+        )
+        .await
+        .expect_err("hang");
+    assert_eq!(
+        err,
+        RequestError::Transport(TransportError::Timeout(Duration::from_millis(200)))
+    );
+    let r = conn
+        .request(
+            "tools/call",
+            call("slow", json!({"ms": 50, "text": "still here"})),
+        )
+        .await
+        .expect("after");
+    assert_eq!(text(&r), "still here");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_garbage_line_is_skipped_and_its_request_ends_at_its_deadline() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let err = conn
+        .request_with_timeout(
+            "tools/call",
+            call("garbage", json!({})),
+            Duration::from_millis(300),
+        )
+        .await
+        .expect_err("garbage");
+    assert!(
+        matches!(err, RequestError::Transport(TransportError::Timeout(_))),
+        "{err}"
+    );
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "fine"})))
+        .await
+        .expect("after garbage");
+    assert_eq!(text(&r), "fine");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_line_past_the_limit_closes_the_transport_with_a_typed_error() {
+    let opts = ConnectOptions {
+        max_message_bytes: 64 * 1024,
+        ..options()
+    };
+    let (conn, mut events) = Connection::connect("alpha", demo_stdio(&["alpha"]), opts)
+        .await
+        .expect("connect");
+    let err = conn
+        .request("tools/call", call("oversize", json!({"bytes": 200_000})))
+        .await
+        .expect_err("too long");
+    assert_eq!(
+        err,
+        RequestError::Transport(TransportError::LineTooLong { limit: 64 * 1024 })
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("in time");
+    assert!(matches!(
+        closed,
+        Some(ServerEvent::Closed(TransportError::LineTooLong { .. }))
+    ));
+    let after = conn.request("tools/list", None).await.expect_err("closed");
+    assert!(
+        matches!(after, RequestError::Transport(TransportError::NotSent(_))),
+        "{after}"
+    );
+    let pid = conn.pid().expect("pid");
+    conn.shutdown().await;
+    assert!(group_members(pid).is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_fails_every_request_in_flight_at_once() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let conn = std::sync::Arc::new(conn);
+    // Requests whose own deadline is minutes away.
+    let hung: Vec<_> = (0..5)
+        .map(|_| {
+            let c = conn.clone();
+            tokio::spawn(async move {
+                c.request_with_timeout(
+                    "tools/call",
+                    call("hang", json!({})),
+                    Duration::from_secs(300),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let crash = conn
+        .request("tools/call", call("crash", json!({})))
+        .await
+        .expect_err("crash");
+    assert!(
+        matches!(&crash, RequestError::Transport(TransportError::Closed { exit: Some(e) }) if e.contains('3')),
+        "{crash}"
+    );
+    for h in hung {
+        let r = tokio::time::timeout(Duration::from_secs(20), h)
+            .await
+            .expect("no hang")
+            .expect("join");
+        assert!(
+            matches!(
+                r,
+                Err(RequestError::Transport(TransportError::Closed { .. }))
+            ),
+            "{r:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "failed fast, not at the 300 s deadline"
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_exits_after_n_calls_fails_the_next_call() {
+    let (conn, _events) = Connection::connect(
+        "alpha",
+        demo_stdio(&["alpha", "--crash-after", "2"]),
+        options(),
+    )
+    .await
+    .expect("connect");
+    for _ in 0..2 {
+        conn.request("tools/call", call("echo", json!({"text": "ok"})))
+            .await
+            .expect("served");
+    }
+    let err = conn
+        .request("tools/call", call("echo", json!({"text": "no"})))
+        .await
+        .expect_err("exits");
+    assert!(
+        matches!(err, RequestError::Transport(TransportError::Closed { .. })),
+        "{err}"
+    );
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_closes_stdout_but_keeps_running_is_closed_and_killed() {
+    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let pid = conn.pid().expect("pid");
+    let err = conn
+        .request("tools/call", call("close_stdout", json!({})))
+        .await
+        .expect_err("closed");
+    assert!(
+        matches!(err, RequestError::Transport(TransportError::Closed { .. })),
+        "{err}"
+    );
+    assert!(alive(pid), "the process itself is still running");
+    conn.shutdown().await;
+    assert!(group_members(pid).is_empty(), "shutdown stopped it");
+}
+
+#[tokio::test]
+async fn shutdown_escalates_to_sigkill_and_takes_grandchildren_with_it() {
+    let spec = demo_stdio(&["alpha", "--ignore-sigterm", "--spawn-child"]);
+    let (conn, _events) = Connection::connect("alpha", spec, options())
+        .await
+        .expect("connect");
+    let pid = conn.pid().expect("pid");
+    assert!(
+        eventually(Duration::from_secs(10), || group_members(pid).len() >= 2).await,
+        "server and its child run"
+    );
+    conn.shutdown().await;
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(pid).is_empty()).await,
+        "group {pid} survived"
+    );
+}
+
+#[tokio::test]
+async fn dropping_a_connection_kills_its_process_group() {
+    let spec = demo_stdio(&["alpha", "--ignore-sigterm", "--spawn-child"]);
+    let (conn, _events) = Connection::connect("alpha", spec, options())
+        .await
+        .expect("connect");
+    let pid = conn.pid().expect("pid");
+    assert!(eventually(Duration::from_secs(10), || group_members(pid).len() >= 2).await);
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(pid).is_empty()).await,
+        "group {pid} survived the drop"
+    );
+}
+
+#[tokio::test]
+async fn a_command_that_does_not_exist_is_a_spawn_error() {
+    let spec = mcp_harness::transport::TransportSpec::stdio(
+        "/nonexistent/mcp-server",
+        Vec::<String>::new(),
+    );
+    let err = Connection::connect("ghost", spec, options())
+        .await
+        .expect_err("spawn");
+    assert!(
+        matches!(err, ConnectError::Transport(TransportError::Spawn { .. })),
+        "{err}"
+    );
+}
