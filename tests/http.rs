@@ -189,6 +189,14 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
     .await;
     assert!(got.is_ok(), "list_changed arrived on the GET stream");
 
+    // The server breaks the call's event stream before answering; the call resumes it
+    // with a GET carrying Last-Event-ID after the server's retry delay.
+    let r = conn
+        .request("tools/call", call("broken_stream", json!({})))
+        .await
+        .expect("resumed");
+    assert_eq!(text(&r), "resumed");
+
     // The server forgets the session: the next request gets 404, and the connection
     // initializes again and retries.
     conn.request("tools/call", call("expire_session", json!({})))

@@ -270,8 +270,29 @@ async fn input_required_forever_keeps_answering_input_required() {
 }
 
 #[tokio::test]
-async fn a_hung_request_times_out_and_the_connection_keeps_serving() {
+async fn a_modern_server_sending_a_request_is_refused_and_the_connection_stays() {
     let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
+        .await
+        .expect("connect");
+    let r = conn
+        .request("tools/call", call("rogue_request", json!({})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "client refused: -32600");
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "still up"})))
+        .await
+        .expect("after");
+    assert_eq!(text(&r), "still up");
+    conn.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hung_request_times_out_is_cancelled_and_the_connection_keeps_serving() {
+    let record = temp_file("cancel");
+    let rec = record.to_string_lossy().to_string();
+    let spec = demo_stdio(&["alpha", "--record", &rec]);
+    let (conn, _events) = Connection::connect("alpha", spec, options())
         .await
         .expect("connect");
     let err = conn
@@ -295,6 +316,20 @@ async fn a_hung_request_times_out_and_the_connection_keeps_serving() {
         .expect("after");
     assert_eq!(text(&r), "still here");
     conn.shutdown().await;
+    let lines = recorded(&record);
+    let hang_id = lines
+        .iter()
+        .find(|l| l["params"]["name"] == "hang")
+        .expect("hang recorded")["id"]
+        .clone();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["notification"] == "notifications/cancelled"
+                && l["params"]["requestId"] == hang_id),
+        "the server was told the request was cancelled: {lines:?}"
+    );
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

@@ -50,6 +50,9 @@ pub enum Action {
     WrongContentType,
     /// HTTP only: an event stream that never ends and never answers.
     EndlessStream,
+    /// HTTP legacy only: end the event stream before the response, which a resuming GET
+    /// (`Last-Event-ID`) then delivers.
+    BrokenStream,
     /// Answer `{}`-like success, then forget the legacy HTTP session (stdio: just answer).
     ExpireSession,
 }

@@ -35,6 +35,8 @@ type HttpResponse = hyper::Response<HttpBody>;
 struct Session {
     pending: Pending,
     streams: Vec<mpsc::UnboundedSender<Out>>,
+    /// The response a broken stream did not deliver; a GET with `Last-Event-ID` gets it.
+    resume: Option<Message>,
 }
 
 struct State {
@@ -138,7 +140,7 @@ fn pump_sse(mut out: mpsc::UnboundedReceiver<Out>) -> mpsc::UnboundedReceiver<By
     tokio::spawn(async move {
         let mut n = 0;
         // A priming event with only an id, as servers send so clients can resume.
-        let _ = tx.send(Bytes::from_static(b"id: 0\ndata:\n\n"));
+        let _ = tx.send(Bytes::from_static(b"id: 0\nretry: 200\ndata:\n\n"));
         while let Some(o) = out.recv().await {
             if let Out::Message(m) = o {
                 n += 1;
@@ -179,7 +181,15 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             if let Some(id) = &session_id
                 && let Some(session) = state.sessions.lock().get_mut(id)
             {
-                session.streams.push(tx);
+                match (headers.contains_key("last-event-id"), session.resume.take()) {
+                    (true, Some(message)) => {
+                        let _ = tx.send(Out::Message(message));
+                    }
+                    (_, resume) => {
+                        session.resume = resume;
+                        session.streams.push(tx);
+                    }
+                }
             }
             return sse_response(pump_sse(rx));
         }
@@ -292,6 +302,21 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                     }
                 }
                 Action::Exit(code) => std::process::exit(code),
+                Action::BrokenStream => {
+                    // End the stream without the response; keep it for the resumption.
+                    let ok = Ok(
+                        json!({"content": [{"type": "text", "text": "resumed"}], "isError": false}),
+                    );
+                    let message = Message::Response(Response {
+                        id: Some(id),
+                        outcome: ok,
+                    });
+                    if let Some(sid) = &sid
+                        && let Some(session) = state2.sessions.lock().get_mut(sid)
+                    {
+                        session.resume = Some(message);
+                    }
+                }
                 other => {
                     let resp = other_to_result(other, &state2, sid.as_deref());
                     let _ = out_tx.send(Out::Message(Message::Response(Response {

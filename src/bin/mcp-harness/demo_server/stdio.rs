@@ -51,7 +51,10 @@ pub async fn serve(server: Arc<DemoServer>, ignore_eof: bool) -> anyhow::Result<
                 id: Some(id),
                 outcome,
             })) => Peer::deliver(&pending, &id, outcome),
-            Ok(_) => {} // notifications: initialized, cancelled
+            Ok(Message::Notification(n)) => {
+                server.record(json!({"notification": n.method, "params": n.params}));
+            }
+            Ok(Message::Response(_)) => {}
             Err(e) => {
                 let error = RpcError::new(PARSE_ERROR, e.to_string());
                 let _ = tx.send(Out::Message(Message::Response(Response {
@@ -94,7 +97,10 @@ fn perform(action: Action, id: RequestId, tx: &mpsc::UnboundedSender<Out>) {
         Action::CloseStdout => {
             let _ = tx.send(Out::CloseStdout);
         }
-        Action::HttpStatus(_) | Action::WrongContentType | Action::EndlessStream => {
+        Action::HttpStatus(_)
+        | Action::WrongContentType
+        | Action::EndlessStream
+        | Action::BrokenStream => {
             respond(Err(RpcError::new(-32000, "this fault exists only on HTTP")));
         }
     }

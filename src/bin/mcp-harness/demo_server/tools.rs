@@ -16,6 +16,7 @@ pub const STREAMING_TOOLS: &[&str] = &[
     "rounds",
     "notify_changed",
     "endless_stream",
+    "broken_stream",
 ];
 
 fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> Value {
@@ -260,6 +261,15 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
         ),
         "wrong_content_type" => Action::WrongContentType,
         "endless_stream" => Action::EndlessStream,
+        "broken_stream" => Action::BrokenStream,
+        "rogue_request" => {
+            // A modern server must not send requests; this one does, to test clients.
+            let verdict = match ctx.peer.request("roots/list", json!({})).await {
+                Ok(_) => "client answered".to_string(),
+                Err(e) => format!("client refused: {}", e.code),
+            };
+            reply(Ok(text(verdict)))
+        }
         "expire_session" => Action::ExpireSession,
         n if n.starts_with("gen_")
             && n[4..]
