@@ -16,5 +16,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod config;
+pub mod harness;
 pub mod protocol;
+pub mod server;
 pub mod transport;
+
+pub use config::{HarnessConfig, ServerConfig, TransportConfig};
+pub use harness::{Harness, HarnessError, HarnessHandle};
+pub use server::{RestartConfig, RestartPolicy, ServerError, ServerState, ServerStatus};

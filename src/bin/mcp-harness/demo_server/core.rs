@@ -168,7 +168,9 @@ impl DemoServer {
         }))
     }
 
-    fn log(&self, request: &Request, ctx: &Ctx) {
+    /// Records a request as it arrives (before it is handled, so the log keeps the
+    /// order of arrival even when handlers run concurrently).
+    pub fn log(&self, request: &Request, ctx: &Ctx) {
         self.record(json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers}));
     }
 
@@ -189,7 +191,6 @@ impl DemoServer {
 
     /// Handles one request.
     pub async fn handle(self: &Arc<Self>, request: Request, ctx: Ctx) -> Action {
-        self.log(&request, &ctx);
         let modern_request = !ctx.legacy;
         match request.method.as_str() {
             "ping" => return Action::Reply(Ok(json!({}))),

@@ -283,6 +283,7 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         headers,
         broadcast,
     };
+    state.server.log(&request, &ctx);
     let id = request.id.clone();
     if streaming {
         let (server, state2, sid) = (state.server.clone(), state.clone(), session_id.clone());
@@ -409,6 +410,7 @@ async fn initialize(
         headers,
         broadcast: None,
     };
+    state.server.log(&request, &ctx);
     let id = request.id.clone();
     let Action::Reply(outcome) = state.server.handle(request, ctx).await else {
         return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");

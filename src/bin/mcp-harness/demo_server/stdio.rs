@@ -40,6 +40,7 @@ pub async fn serve(server: Arc<DemoServer>, ignore_eof: bool) -> anyhow::Result<
                     headers: BTreeMap::new(),
                     broadcast: None,
                 };
+                server.log(&request, &ctx);
                 let (server, tx) = (server.clone(), tx.clone());
                 tokio::spawn(async move {
                     let id = request.id.clone();

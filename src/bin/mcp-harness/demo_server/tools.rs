@@ -63,7 +63,7 @@ pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
         tool(
             "crash",
             "Exits the server process without answering",
-            json!({}),
+            json!({"code": i("exit status (default 3)")}),
             &[],
         ),
         tool(
@@ -213,7 +213,7 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
                 .and_then(Value::as_u64)
                 .unwrap_or(1 << 20) as usize,
         ),
-        "crash" => Action::Exit(3),
+        "crash" => Action::Exit(arg(request, "code").and_then(Value::as_i64).unwrap_or(3) as i32),
         "close_stdout" => Action::CloseStdout,
         "confirm" => confirm(request, ctx).await,
         "rounds" => rounds(request, ctx).await,

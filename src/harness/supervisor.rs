@@ -1,0 +1,274 @@
+//! `HarnessSupervisor`: the root of the harness's actor tree. It starts one
+//! `ServerActor` per enabled server, rebuilds a server actor from its spec when the
+//! actor itself dies (killed, or a panic), and never stops because a child did.
+//!
+//! The server table it keeps is shared with every [`super::HarnessHandle`]: lookups
+//! read it without going through this actor's mailbox; only this actor writes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use super::error::HarnessError;
+use crate::config::ServerConfig;
+use crate::server::{ServerActor, ServerArgs, ServerMsg, ServerSpec, ServerState, ServerStatus};
+use crate::transport::ConnectOptions;
+
+/// One server as the harness knows it.
+#[derive(Clone)]
+pub struct ServerEntry {
+    /// The server's current actor.
+    pub actor: ActorRef<ServerMsg>,
+    /// Its status, written by the actor.
+    pub status: Arc<RwLock<ServerStatus>>,
+    /// What it was built from.
+    pub spec: ServerSpec,
+}
+
+/// The servers, by id, in config order.
+#[derive(Default)]
+pub struct ServerTable {
+    pub(crate) entries: HashMap<String, ServerEntry>,
+    pub(crate) order: Vec<String>,
+}
+
+impl ServerTable {
+    /// The entries in config order.
+    pub fn in_order(&self) -> impl Iterator<Item = &ServerEntry> {
+        self.order.iter().filter_map(|id| self.entries.get(id))
+    }
+
+    fn id_of(&self, cell: &ActorCell) -> Option<String> {
+        self.entries
+            .iter()
+            .find(|(_, e)| e.actor.get_id() == cell.get_id())
+            .map(|(id, _)| id.clone())
+    }
+}
+
+/// Messages of the harness supervisor.
+pub enum HarnessMsg {
+    /// Start a new server.
+    AddServer(Box<ServerConfig>, RpcReplyPort<Result<(), HarnessError>>),
+    /// Stop a server gracefully and forget it.
+    RemoveServer(String, RpcReplyPort<Result<(), HarnessError>>),
+    /// Restart a server now, forgetting its restart history.
+    RestartServer(String, RpcReplyPort<Result<(), HarnessError>>),
+    /// Stop every server gracefully, then the supervisor.
+    Shutdown(RpcReplyPort<()>),
+}
+
+/// What the supervisor is started with.
+pub struct SupervisorArgs {
+    pub(crate) servers: Vec<ServerConfig>,
+    pub(crate) options: ConnectOptions,
+    pub(crate) table: Arc<RwLock<ServerTable>>,
+}
+
+/// The supervisor's state.
+pub struct SupervisorState {
+    options: ConnectOptions,
+    table: Arc<RwLock<ServerTable>>,
+    shutting_down: bool,
+}
+
+/// The root actor; see the module docs.
+pub struct HarnessSupervisor;
+
+impl Actor for HarnessSupervisor {
+    type Msg = HarnessMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<HarnessMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            options: args.options,
+            table: args.table,
+            shutting_down: false,
+        };
+        for config in args.servers {
+            state.add(&myself, config).await?;
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<HarnessMsg>,
+        msg: HarnessMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HarnessMsg::AddServer(config, reply) => {
+                let _ = reply.send(state.add(&myself, *config).await);
+            }
+            HarnessMsg::RemoveServer(id, reply) => {
+                let _ = reply.send(state.remove(&id).await);
+            }
+            HarnessMsg::RestartServer(id, reply) => {
+                let actor = state.table.read().entries.get(&id).map(|e| e.actor.clone());
+                let result = match actor {
+                    Some(actor) => actor
+                        .call(ServerMsg::Restart, Some(Duration::from_secs(30)))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| HarnessError::Spawn(e.to_string())),
+                    None => Err(HarnessError::UnknownServer(id)),
+                };
+                let _ = reply.send(result);
+            }
+            HarnessMsg::Shutdown(reply) => {
+                state.shutdown().await;
+                let _ = reply.send(());
+                myself.stop(None);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<HarnessMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Overrides ractor's default, which would stop the whole harness with one server.
+        let cell = match &event {
+            SupervisionEvent::ActorFailed(cell, _)
+            | SupervisionEvent::ActorTerminated(cell, _, _) => cell,
+            _ => return Ok(()),
+        };
+        if state.shutting_down {
+            return Ok(());
+        }
+        let Some(id) = state.table.read().id_of(cell) else {
+            return Ok(());
+        };
+        tracing::warn!(server = %id, ?event, "server actor died; rebuilding it from its config");
+        state.rebuild(&myself, &id).await;
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<HarnessMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shutdown().await;
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    async fn spawn_server(
+        &self,
+        myself: &ActorRef<HarnessMsg>,
+        spec: ServerSpec,
+        status: Arc<RwLock<ServerStatus>>,
+    ) -> Result<ActorRef<ServerMsg>, HarnessError> {
+        let args = ServerArgs { spec, status };
+        Actor::spawn_linked(None, ServerActor, args, myself.get_cell())
+            .await
+            .map(|(actor, _)| actor)
+            .map_err(|e| HarnessError::Spawn(e.to_string()))
+    }
+
+    async fn add(
+        &mut self,
+        myself: &ActorRef<HarnessMsg>,
+        config: ServerConfig,
+    ) -> Result<(), HarnessError> {
+        super::validate_server(&config)?;
+        if self.table.read().entries.contains_key(&config.id) {
+            return Err(HarnessError::DuplicateServer(config.id));
+        }
+        let id = config.id.clone();
+        let spec = ServerSpec {
+            config,
+            options: self.options.clone(),
+        };
+        let status = Arc::new(RwLock::new(ServerStatus::starting(&id)));
+        let actor = self
+            .spawn_server(myself, spec.clone(), status.clone())
+            .await?;
+        let mut table = self.table.write();
+        table.order.push(id.clone());
+        table.entries.insert(
+            id,
+            ServerEntry {
+                actor,
+                status,
+                spec,
+            },
+        );
+        Ok(())
+    }
+
+    async fn rebuild(&mut self, myself: &ActorRef<HarnessMsg>, id: &str) {
+        let Some(entry) = self.table.read().entries.get(id).cloned() else {
+            return;
+        };
+        if !entry.spec.config.enabled || entry.status.read().state == ServerState::Stopped {
+            return;
+        }
+        {
+            let mut s = entry.status.write();
+            s.actor_rebuilds += 1;
+            s.state = ServerState::Starting;
+        }
+        match self
+            .spawn_server(myself, entry.spec.clone(), entry.status.clone())
+            .await
+        {
+            Ok(actor) => {
+                if let Some(e) = self.table.write().entries.get_mut(id) {
+                    e.actor = actor;
+                }
+            }
+            Err(e) => {
+                tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
+                let mut s = entry.status.write();
+                s.state = ServerState::Failed;
+                s.last_error = Some(e.to_string());
+            }
+        }
+    }
+
+    async fn remove(&mut self, id: &str) -> Result<(), HarnessError> {
+        let entry = {
+            let mut table = self.table.write();
+            table.order.retain(|o| o != id);
+            table.entries.remove(id)
+        };
+        let entry = entry.ok_or_else(|| HarnessError::UnknownServer(id.to_string()))?;
+        stop_server(&entry).await;
+        Ok(())
+    }
+
+    async fn shutdown(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        let entries: Vec<ServerEntry> = self.table.read().in_order().cloned().collect();
+        // Concurrently: one server slow to die must not hold the others up.
+        let mut stops = tokio::task::JoinSet::new();
+        for entry in entries.into_iter().rev() {
+            stops.spawn(async move { stop_server(&entry).await });
+        }
+        while stops.join_next().await.is_some() {}
+    }
+}
+
+async fn stop_server(entry: &ServerEntry) {
+    let limit = entry.spec.options.shutdown_grace * 2 + Duration::from_secs(15);
+    let _ = entry.actor.call(ServerMsg::Shutdown, Some(limit)).await;
+    entry.actor.kill();
+}

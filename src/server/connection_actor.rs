@@ -1,0 +1,158 @@
+//! `ConnectionActor`: the live connection of one server (a stdio child process or an
+//! HTTP client), owned by an actor that fails when the transport breaks.
+//!
+//! Lifecycle: spawned by its `ServerActor` (one per connection attempt, tagged with a
+//! generation); connects in `post_start` (spawn, probe, handshake) and reports
+//! `ServerMsg::ConnectionUp`, or fails with the [`ConnectionFailure`]. It forwards the
+//! server's own traffic (legacy requests, notifications) to its parent and fails when the
+//! transport reports its end, which is how the parent learns of a crash.
+//!
+//! Guarantees: a graceful stop shuts the connection down (stdin EOF, SIGTERM, SIGKILL,
+//! reap); a kill, or a failure, drops the state, whose [`KillOnDrop`] SIGKILLs the
+//! process group synchronously: no path leaves the process behind.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::actor::ServerMsg;
+use crate::transport::{
+    ConnectError, ConnectOptions, Connection, ServerEvent, TransportError, TransportSpec,
+};
+
+/// Why a connection actor failed; its parent reads it to choose restart or failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionFailure {
+    /// Connecting failed.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The transport ended after the connection was up.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// Messages of a connection actor.
+pub enum ConnMsg {
+    /// Traffic from the server (forwarded up) or the transport's end (fails the actor).
+    Event(ServerEvent),
+    /// Shut the connection down gracefully, then stop.
+    Shutdown(RpcReplyPort<()>),
+}
+
+/// What a connection actor is started with.
+pub struct ConnArgs {
+    pub(crate) server: String,
+    pub(crate) spec: TransportSpec,
+    pub(crate) options: ConnectOptions,
+    pub(crate) parent: ActorRef<ServerMsg>,
+    pub(crate) generation: u64,
+}
+
+/// SIGKILLs a stdio connection's process group when dropped, unless disarmed.
+struct KillOnDrop {
+    conn: Arc<Connection>,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.kill();
+        }
+    }
+}
+
+/// The state of a connection actor: empty until connected.
+pub struct ConnState {
+    args: ConnArgs,
+    live: Option<KillOnDrop>,
+}
+
+/// Owns one connection; see the module docs.
+pub struct ConnectionActor;
+
+impl Actor for ConnectionActor {
+    type Msg = ConnMsg;
+    type State = ConnState;
+    type Arguments = ConnArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ConnMsg>,
+        args: ConnArgs,
+    ) -> Result<ConnState, ActorProcessingErr> {
+        // Connecting happens in post_start so that spawning returns at once.
+        Ok(ConnState { args, live: None })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<ConnMsg>,
+        state: &mut ConnState,
+    ) -> Result<(), ActorProcessingErr> {
+        let a = &state.args;
+        let (conn, mut events) = Connection::connect(&a.server, a.spec.clone(), a.options.clone())
+            .await
+            .map_err(ConnectionFailure::from)?;
+        let conn = Arc::new(conn);
+        state.live = Some(KillOnDrop {
+            conn: conn.clone(),
+            armed: true,
+        });
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if myself.send_message(ConnMsg::Event(event)).is_err() {
+                    return;
+                }
+            }
+        });
+        let _ = a.parent.send_message(ServerMsg::ConnectionUp {
+            generation: a.generation,
+            conn,
+        });
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ConnMsg>,
+        msg: ConnMsg,
+        state: &mut ConnState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ConnMsg::Event(ServerEvent::Closed(error)) => {
+                Err(ConnectionFailure::Transport(error).into())
+            }
+            ConnMsg::Event(event) => {
+                let _ = state.args.parent.send_message(ServerMsg::Inbound {
+                    generation: state.args.generation,
+                    event,
+                });
+                Ok(())
+            }
+            ConnMsg::Shutdown(reply) => {
+                shut_down(state).await;
+                let _ = reply.send(());
+                myself.stop(None);
+                Ok(())
+            }
+        }
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ConnMsg>,
+        state: &mut ConnState,
+    ) -> Result<(), ActorProcessingErr> {
+        shut_down(state).await;
+        Ok(())
+    }
+}
+
+async fn shut_down(state: &mut ConnState) {
+    if let Some(mut live) = state.live.take() {
+        live.conn.shutdown().await;
+        // The group is reaped and swept; its id may now be reused.
+        live.armed = false;
+    }
+}

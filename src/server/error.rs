@@ -1,0 +1,140 @@
+//! Errors of one supervised server, as callers see them: the transport's errors with
+//! the server's id added, and the states of the supervisor (restarting, failed,
+//! stopped, overloaded).
+
+use serde_json::Value;
+
+use crate::protocol::{ProtocolError, RpcError, RpcErrorKind};
+use crate::transport::{RequestError, TransportError};
+
+/// A request to one supervised server failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ServerError {
+    /// The connection ended while the request was in flight (process exit, broken
+    /// link); the server is being restarted per its policy.
+    #[error("server {server}: connection closed: {source}")]
+    TransportClosed {
+        /// Server id.
+        server: String,
+        /// What the transport saw.
+        source: TransportError,
+    },
+    /// Any other transport failure (timeout, HTTP status, refused, too large).
+    #[error("server {server}: {source}")]
+    Transport {
+        /// Server id.
+        server: String,
+        /// What the transport saw.
+        source: TransportError,
+    },
+    /// The server is restarting and did not become ready before the request's deadline.
+    #[error("server {server} is restarting ({reason}); not ready before the deadline")]
+    Restarting {
+        /// Server id.
+        server: String,
+        /// Why it is restarting.
+        reason: String,
+    },
+    /// The server is past its restart limit (or cannot work with this client) and is
+    /// not being restarted; `restart_server` or `add_server` brings it back.
+    #[error("server {server} has failed: {reason}")]
+    Failed {
+        /// Server id.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server was stopped (temporary or transient policy, removal, shutdown).
+    #[error("server {server} is stopped")]
+    Stopped {
+        /// Server id.
+        server: String,
+    },
+    /// Too many requests are waiting for the server to come back.
+    #[error("server {server} is overloaded: {capacity} requests already wait for it")]
+    Overloaded {
+        /// Server id.
+        server: String,
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The server's actor went away with the request (it is being rebuilt).
+    #[error("server {server} is unavailable: its actor stopped")]
+    Unavailable {
+        /// Server id.
+        server: String,
+    },
+    /// The server needs client capabilities this client did not declare (-32021): a
+    /// configuration problem, not worth retrying.
+    #[error("server {server} requires client capabilities {required}")]
+    MissingCapability {
+        /// Server id.
+        server: String,
+        /// `data.requiredCapabilities`.
+        required: Value,
+    },
+    /// The server answered with a JSON-RPC error.
+    #[error("server {server} answered {error}")]
+    Rpc {
+        /// Server id.
+        server: String,
+        /// The error as sent.
+        error: RpcError,
+    },
+    /// The server's answer broke the protocol.
+    #[error("server {server}: {source}")]
+    Protocol {
+        /// Server id.
+        server: String,
+        /// What was wrong.
+        source: ProtocolError,
+    },
+}
+
+impl ServerError {
+    /// Adds the server's id to a connection-level error.
+    pub fn from_request(server: &str, error: RequestError) -> ServerError {
+        let server = server.to_string();
+        match error {
+            RequestError::Transport(source @ TransportError::Closed { .. }) => {
+                ServerError::TransportClosed { server, source }
+            }
+            RequestError::Transport(source) => ServerError::Transport { server, source },
+            RequestError::Rpc(error) => match error.kind() {
+                RpcErrorKind::MissingClientCapability { required } => {
+                    ServerError::MissingCapability { server, required }
+                }
+                _ => ServerError::Rpc { server, error },
+            },
+            RequestError::Protocol(source) => ServerError::Protocol { server, source },
+        }
+    }
+
+    /// True when the request provably never reached the server: safe to send elsewhere.
+    pub fn never_sent(&self) -> bool {
+        match self {
+            ServerError::Transport { source, .. } => source.never_sent(),
+            ServerError::Restarting { .. }
+            | ServerError::Failed { .. }
+            | ServerError::Stopped { .. }
+            | ServerError::Overloaded { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The id of the server the error is about.
+    pub fn server(&self) -> &str {
+        match self {
+            ServerError::TransportClosed { server, .. }
+            | ServerError::Transport { server, .. }
+            | ServerError::Restarting { server, .. }
+            | ServerError::Failed { server, .. }
+            | ServerError::Stopped { server }
+            | ServerError::Overloaded { server, .. }
+            | ServerError::Unavailable { server }
+            | ServerError::MissingCapability { server, .. }
+            | ServerError::Rpc { server, .. }
+            | ServerError::Protocol { server, .. } => server,
+        }
+    }
+}

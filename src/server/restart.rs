@@ -1,0 +1,228 @@
+//! Restart policy in the OTP sense, as plain values that take `now`: which exits are
+//! restarted, how long to wait (exponential backoff with jitter, from `backon`), when the
+//! backoff resets (after a healthy period), and when to give up (more than N restarts
+//! within T: the server is marked `failed`).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use serde::{Deserialize, Serialize};
+
+use crate::config::duration;
+
+/// Which exits of a server's connection are restarted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartPolicy {
+    /// Always restarted (the default): a server is expected to stay up.
+    #[default]
+    Permanent,
+    /// Restarted only when it ends abnormally (a crash, a non-zero exit, a broken link);
+    /// a clean exit (status 0) leaves it `stopped`.
+    Transient,
+    /// Never restarted: when it ends, it is `stopped`.
+    Temporary,
+}
+
+/// Timing of restarts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestartConfig {
+    /// Which exits are restarted.
+    pub policy: RestartPolicy,
+    /// First backoff delay.
+    #[serde(with = "duration")]
+    pub min_delay: Duration,
+    /// Largest backoff delay before jitter (jitter adds up to the same again).
+    #[serde(with = "duration")]
+    pub max_delay: Duration,
+    /// A connection up this long resets the backoff to `min_delay`.
+    #[serde(with = "duration")]
+    pub healthy_after: Duration,
+    /// The window of the intensity limit (`max_retries` restarts within it).
+    #[serde(with = "duration")]
+    pub within: Duration,
+}
+
+impl Default for RestartConfig {
+    fn default() -> Self {
+        RestartConfig {
+            policy: RestartPolicy::Permanent,
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(30),
+            healthy_after: Duration::from_secs(60),
+            within: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// The server exited cleanly (status 0).
+    Normal,
+    /// Anything else.
+    Abnormal,
+}
+
+/// What to do after a connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Start again after this delay.
+    Restart(Duration),
+    /// Past the intensity limit: mark the server `failed` with this reason.
+    GiveUp(String),
+    /// The policy does not restart this exit: mark the server `stopped`.
+    Stop,
+}
+
+/// The restart history of one server.
+#[derive(Debug)]
+pub struct RestartTracker {
+    config: RestartConfig,
+    max_restarts: u32,
+    recent: VecDeque<Instant>,
+    backoff: ExponentialBackoff,
+}
+
+impl RestartTracker {
+    /// A tracker allowing `max_restarts` restarts within `config.within`.
+    pub fn new(config: RestartConfig, max_restarts: u32) -> RestartTracker {
+        let backoff = Self::backoff(&config);
+        RestartTracker {
+            config,
+            max_restarts,
+            recent: VecDeque::new(),
+            backoff,
+        }
+    }
+
+    fn backoff(config: &RestartConfig) -> ExponentialBackoff {
+        ExponentialBuilder::new()
+            .with_min_delay(config.min_delay)
+            .with_max_delay(config.max_delay.max(config.min_delay))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+
+    /// Decides what follows a connection that ended at `now`, having been up since
+    /// `up_since` (`None` if it never got ready).
+    pub fn on_exit(&mut self, now: Instant, up_since: Option<Instant>, exit: ExitKind) -> Decision {
+        match (self.config.policy, exit) {
+            (RestartPolicy::Temporary, _) | (RestartPolicy::Transient, ExitKind::Normal) => {
+                return Decision::Stop;
+            }
+            _ => {}
+        }
+        if up_since.is_some_and(|t| now.saturating_duration_since(t) >= self.config.healthy_after) {
+            self.backoff = Self::backoff(&self.config);
+        }
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > self.config.within)
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() as u32 >= self.max_restarts {
+            return Decision::GiveUp(format!(
+                "more than {} restarts within {:?}",
+                self.max_restarts, self.config.within
+            ));
+        }
+        self.recent.push_back(now);
+        Decision::Restart(self.backoff.next().unwrap_or(self.config.max_delay))
+    }
+
+    /// Forgets the history (an explicit restart by the operator).
+    pub fn reset(&mut self) {
+        self.recent.clear();
+        self.backoff = Self::backoff(&self.config);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(policy: RestartPolicy) -> RestartConfig {
+        RestartConfig {
+            policy,
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+            healthy_after: Duration::from_secs(10),
+            within: Duration::from_secs(5),
+        }
+    }
+
+    fn delay(d: Decision) -> Duration {
+        match d {
+            Decision::Restart(d) => d,
+            other => panic!("expected a restart, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_stays_bounded() {
+        let mut t = RestartTracker::new(config(RestartPolicy::Permanent), 100);
+        let now = Instant::now();
+        let delays: Vec<Duration> = (0..8)
+            .map(|i| delay(t.on_exit(now + Duration::from_secs(i * 10), None, ExitKind::Abnormal)))
+            .collect();
+        assert!(delays[0] >= Duration::from_millis(100) && delays[0] <= Duration::from_millis(200));
+        assert!(delays[2] >= Duration::from_millis(400), "{delays:?}");
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_secs(2)),
+            "max delay plus jitter: {delays:?}"
+        );
+    }
+
+    #[test]
+    fn a_healthy_period_resets_the_backoff() {
+        let mut t = RestartTracker::new(config(RestartPolicy::Permanent), 100);
+        let start = Instant::now();
+        for i in 0..5 {
+            t.on_exit(start + Duration::from_secs(i * 6), None, ExitKind::Abnormal);
+        }
+        let later = start + Duration::from_secs(100);
+        let d = delay(t.on_exit(
+            later,
+            Some(later - Duration::from_secs(11)),
+            ExitKind::Abnormal,
+        ));
+        assert!(
+            d <= Duration::from_millis(200),
+            "back to the first delay: {d:?}"
+        );
+    }
+
+    #[test]
+    fn more_than_n_restarts_within_t_gives_up_and_old_ones_expire() {
+        let mut t = RestartTracker::new(config(RestartPolicy::Permanent), 3);
+        let now = Instant::now();
+        for _ in 0..3 {
+            delay(t.on_exit(now, None, ExitKind::Abnormal));
+        }
+        assert!(matches!(
+            t.on_exit(now, None, ExitKind::Abnormal),
+            Decision::GiveUp(_)
+        ));
+        // Outside the window the history no longer counts.
+        delay(t.on_exit(now + Duration::from_secs(6), None, ExitKind::Abnormal));
+    }
+
+    #[test]
+    fn temporary_never_restarts_and_transient_only_after_a_crash() {
+        let now = Instant::now();
+        let mut temp = RestartTracker::new(config(RestartPolicy::Temporary), 3);
+        assert_eq!(temp.on_exit(now, None, ExitKind::Abnormal), Decision::Stop);
+        let mut trans = RestartTracker::new(config(RestartPolicy::Transient), 3);
+        assert_eq!(trans.on_exit(now, None, ExitKind::Normal), Decision::Stop);
+        delay(trans.on_exit(now, None, ExitKind::Abnormal));
+        let mut perm = RestartTracker::new(config(RestartPolicy::Permanent), 3);
+        delay(perm.on_exit(now, None, ExitKind::Normal));
+    }
+}

@@ -1,0 +1,76 @@
+//! What a server looks like from outside: its state, era, restarts, last error, pid.
+//! The server actor writes it; readers take a snapshot without touching the actor's
+//! mailbox.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::transport::{Era, ServerProfile};
+
+/// The lifecycle state of a supervised server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerState {
+    /// Connecting for the first time (spawn, probe, handshake).
+    Starting,
+    /// Connected; requests go straight through.
+    Ready,
+    /// The connection ended; waiting out the backoff or reconnecting.
+    Restarting,
+    /// Past its restart limit, or unable to work with this client; not restarted.
+    Failed,
+    /// Stopped by policy, removal or shutdown.
+    Stopped,
+}
+
+/// A snapshot of one server's status.
+#[derive(Clone, Debug)]
+pub struct ServerStatus {
+    /// Server id.
+    pub id: String,
+    /// Lifecycle state.
+    pub state: ServerState,
+    /// The era of the current (or last) connection.
+    pub era: Option<Era>,
+    /// The protocol version in use.
+    pub protocol_version: Option<String>,
+    /// Connection restarts so far.
+    pub restarts: u32,
+    /// Times the server's actor itself was rebuilt by the supervisor.
+    pub actor_rebuilds: u32,
+    /// The last error that ended a connection or failed the server.
+    pub last_error: Option<String>,
+    /// The stdio server's pid (and process group), while connected.
+    pub pid: Option<u32>,
+    /// When the current connection became ready.
+    pub ready_at: Option<Instant>,
+    /// What the server said about itself (discover result or `initialize` result).
+    pub profile: Option<ServerProfile>,
+}
+
+impl ServerStatus {
+    /// A server that has not connected yet.
+    pub fn starting(id: &str) -> ServerStatus {
+        ServerStatus {
+            id: id.to_string(),
+            state: ServerState::Starting,
+            era: None,
+            protocol_version: None,
+            restarts: 0,
+            actor_rebuilds: 0,
+            last_error: None,
+            pid: None,
+            ready_at: None,
+            profile: None,
+        }
+    }
+
+    /// How long the current connection has been ready.
+    pub fn uptime(&self) -> Option<Duration> {
+        match self.state {
+            ServerState::Ready => self.ready_at.map(|t| t.elapsed()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The supervision tree under faults, on real server processes.
+
+mod support;
+
+use std::time::Duration;
+
+use mcp_harness::{
+    Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, RestartPolicy,
+    ServerConfig, ServerError, ServerState,
+};
+use serde_json::json;
+use support::*;
+
+fn demo(id: &str, args: &[&str]) -> ServerConfig {
+    let mut all = vec!["demo-server".to_string(), id.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let mut c = ServerConfig::stdio(id, harness_exe(), all);
+    c.restart = RestartConfig {
+        min_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(400),
+        ..RestartConfig::default()
+    };
+    c
+}
+
+async fn harness(servers: Vec<ServerConfig>) -> HarnessHandle {
+    Harness::spawn(HarnessConfig {
+        servers,
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn")
+}
+
+async fn wait_state(h: &HarnessHandle, id: &str, state: ServerState) -> bool {
+    let limit = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < limit {
+        if h.server_status(id).is_some_and(|s| s.state == state) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+fn pid(h: &HarnessHandle, id: &str) -> u32 {
+    h.server_status(id)
+        .and_then(|s| s.pid)
+        .expect("a running server has a pid")
+}
+
+fn sigkill(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+async fn echo(h: &HarnessHandle, id: &str, text_: &str) -> Result<String, HarnessError> {
+    let r = h
+        .request(id, "tools/call", call("echo", json!({"text": text_})))
+        .await?;
+    Ok(text(&r).to_string())
+}
+
+#[tokio::test]
+async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_comes_back() {
+    let h = harness(vec![demo("alpha", &[])]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let first_pid = pid(&h, "alpha");
+    let hung: Vec<_> = (0..8)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                h.request_with_timeout(
+                    "alpha",
+                    "tools/call",
+                    call("hang", json!({})),
+                    Some(Duration::from_secs(300)),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed_at = std::time::Instant::now();
+    sigkill(first_pid);
+    for task in hung {
+        let r = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("no hang")
+            .expect("join");
+        assert!(
+            matches!(
+                r,
+                Err(HarnessError::Server(ServerError::TransportClosed { .. }))
+            ),
+            "{r:?}"
+        );
+    }
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "long before the 300 s deadline"
+    );
+    assert!(
+        wait_state(&h, "alpha", ServerState::Ready).await,
+        "ready again after the backoff"
+    );
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!(status.restarts, 1);
+    assert!(status.last_error.is_some());
+    assert_ne!(pid(&h, "alpha"), first_pid);
+    assert_eq!(echo(&h, "alpha", "back").await.expect("served"), "back");
+    assert!(group_members(first_pid).is_empty());
+    let second = pid(&h, "alpha");
+    h.shutdown().await;
+    assert!(
+        group_members(second).is_empty(),
+        "no process left after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
+    let h = harness(vec![demo("alpha", &[])]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let old_pid = pid(&h, "alpha");
+    let old_actor = h.server_actor("alpha").expect("actor");
+    old_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("alpha")
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the killed one"
+    );
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    assert_eq!(
+        echo(&h, "alpha", "rebuilt").await.expect("served"),
+        "rebuilt"
+    );
+    assert_eq!(h.server_status("alpha").expect("status").actor_rebuilds, 1);
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
+        "the old process died with its actor"
+    );
+    let new_pid = pid(&h, "alpha");
+    h.shutdown().await;
+    assert!(group_members(new_pid).is_empty());
+}
+
+#[tokio::test]
+async fn a_server_that_crashes_on_start_backs_off_then_fails_and_the_others_keep_working() {
+    let mut crashy = demo("crashy", &["--crash-on-start"]);
+    crashy.max_retries = 3;
+    let h = harness(vec![crashy, demo("alpha", &[])]).await;
+    assert!(
+        wait_state(&h, "crashy", ServerState::Failed).await,
+        "{:?}",
+        h.server_status("crashy")
+    );
+    let status = h.server_status("crashy").expect("status");
+    assert_eq!(status.restarts, 3, "restarted up to the limit");
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("restarts within")),
+        "{:?}",
+        status.last_error
+    );
+    let err = echo(&h, "crashy", "x").await.expect_err("failed");
+    assert!(
+        matches!(&err, HarnessError::Server(ServerError::Failed { server, .. }) if server == "crashy"),
+        "{err}"
+    );
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    assert_eq!(
+        echo(&h, "alpha", "fine").await.expect("alpha unaffected"),
+        "fine"
+    );
+    // An explicit restart tries again (and, this server being what it is, fails again).
+    h.restart_server("crashy").await.expect("restart");
+    assert!(wait_state(&h, "crashy", ServerState::Failed).await);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_policies_behave_as_in_otp() {
+    let mut temporary = demo("temp", &[]);
+    temporary.restart.policy = RestartPolicy::Temporary;
+    let mut transient = demo("trans", &[]);
+    transient.restart.policy = RestartPolicy::Transient;
+    let mut permanent = demo("perm", &[]);
+    permanent.restart.policy = RestartPolicy::Permanent;
+    let h = harness(vec![temporary, transient, permanent]).await;
+    for id in ["temp", "trans", "perm"] {
+        assert!(wait_state(&h, id, ServerState::Ready).await, "{id}");
+    }
+    let crash = |code: i32| call("crash", json!({"code": code}));
+
+    // temporary: never restarted.
+    let _ = h.request("temp", "tools/call", crash(3)).await;
+    assert!(wait_state(&h, "temp", ServerState::Stopped).await);
+    assert!(matches!(
+        echo(&h, "temp", "x").await,
+        Err(HarnessError::Server(ServerError::Stopped { .. }))
+    ));
+
+    // transient: a crash is restarted, a clean exit is not.
+    let _ = h.request("trans", "tools/call", crash(3)).await;
+    assert!(wait_state(&h, "trans", ServerState::Ready).await);
+    assert_eq!(h.server_status("trans").expect("status").restarts, 1);
+    let _ = h.request("trans", "tools/call", crash(0)).await;
+    assert!(wait_state(&h, "trans", ServerState::Stopped).await);
+
+    // permanent: even a clean exit is restarted.
+    let _ = h.request("perm", "tools/call", crash(0)).await;
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("perm")
+            .is_some_and(|s| s.restarts == 1 && s.state == ServerState::Ready))
+        .await
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_during_a_restart_wait_in_a_bounded_queue_and_are_released_in_order() {
+    let record = temp_file("queue");
+    let rec = record.to_string_lossy().to_string();
+    let mut alpha = demo("alpha", &["--record", &rec]);
+    alpha.queue_capacity = 3;
+    alpha.restart = RestartConfig {
+        min_delay: Duration::from_millis(1500),
+        max_delay: Duration::from_millis(1500),
+        ..RestartConfig::default()
+    };
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    sigkill(pid(&h, "alpha"));
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let mut waiting = Vec::new();
+    for n in 0..3 {
+        let h = h.clone();
+        waiting.push(tokio::spawn(async move {
+            echo(&h, "alpha", &format!("queued-{n}")).await
+        }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let overflow = echo(&h, "alpha", "one too many")
+        .await
+        .expect_err("queue full");
+    assert!(
+        matches!(
+            overflow,
+            HarnessError::Server(ServerError::Overloaded { capacity: 3, .. })
+        ),
+        "{overflow}"
+    );
+    for (n, task) in waiting.into_iter().enumerate() {
+        let r = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("released")
+            .expect("join");
+        assert_eq!(r.expect("served after the restart"), format!("queued-{n}"));
+    }
+    let order: Vec<String> = recorded(&record)
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .filter_map(|r| r["params"]["arguments"]["text"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        order,
+        vec!["queued-0", "queued-1", "queued-2"],
+        "released in arrival order"
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_queued_request_fails_with_restarting_at_its_deadline() {
+    let mut alpha = demo("alpha", &[]);
+    alpha.restart = RestartConfig {
+        min_delay: Duration::from_secs(20),
+        max_delay: Duration::from_secs(20),
+        ..RestartConfig::default()
+    };
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    sigkill(pid(&h, "alpha"));
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let started = std::time::Instant::now();
+    let err = h
+        .request_with_timeout(
+            "alpha",
+            "tools/call",
+            call("echo", json!({"text": "late"})),
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .expect_err("deadline");
+    assert!(
+        matches!(err, HarnessError::Server(ServerError::Restarting { .. })),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_modern_server_with_no_common_version_is_failed_without_retrying() {
+    let h = harness(vec![demo("future", &["--versions", "2099-01-01"])]).await;
+    assert!(wait_state(&h, "future", ServerState::Failed).await);
+    let s = h.server_status("future").expect("status");
+    assert_eq!(s.restarts, 0);
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no common protocol version")),
+        "{:?}",
+        s.last_error
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn servers_are_added_removed_and_disabled_at_run_time() {
+    let h = harness(vec![]).await;
+    h.add_server(demo("alpha", &[])).await.expect("add");
+    assert!(matches!(
+        h.add_server(demo("alpha", &[])).await,
+        Err(HarnessError::DuplicateServer(_))
+    ));
+    assert!(matches!(
+        h.add_server(demo("bad__id", &[])).await,
+        Err(HarnessError::Config(_))
+    ));
+    let mut off = demo("off", &[]);
+    off.enabled = false;
+    h.add_server(off).await.expect("add disabled");
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    assert_eq!(
+        h.server_status("off").expect("listed").state,
+        ServerState::Stopped
+    );
+    let alpha_pid = pid(&h, "alpha");
+    h.remove_server("alpha").await.expect("remove");
+    assert!(
+        group_members(alpha_pid).is_empty(),
+        "removal stops the process"
+    );
+    assert!(matches!(
+        echo(&h, "alpha", "x").await,
+        Err(HarnessError::UnknownServer(_))
+    ));
+    h.restart_server("off")
+        .await
+        .expect("start the disabled one");
+    assert!(wait_state(&h, "off", ServerState::Ready).await);
+    let status = h.status();
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0].era, Some(mcp_harness::transport::Era::Modern));
+    assert!(
+        status[0]
+            .profile
+            .as_ref()
+            .and_then(|p| p.instructions())
+            .is_some()
+    );
+    assert!(status[0].uptime().is_some());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_kills_every_server_process() {
+    let h = harness(vec![
+        demo("alpha", &["--ignore-sigterm", "--spawn-child"]),
+        demo("beta", &["--era", "legacy"]),
+    ])
+    .await;
+    assert!(
+        wait_state(&h, "alpha", ServerState::Ready).await
+            && wait_state(&h, "beta", ServerState::Ready).await
+    );
+    let pids = [pid(&h, "alpha"), pid(&h, "beta")];
+    assert!(
+        eventually(Duration::from_secs(10), || group_members(pids[0]).len()
+            >= 2)
+        .await
+    );
+    drop(h);
+    for p in pids {
+        assert!(
+            eventually(Duration::from_secs(10), || group_members(p).is_empty()).await,
+            "group {p} survived"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_harness_under_an_embedders_supervisor_stops_with_it() {
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+    struct Embedder;
+    impl Actor for Embedder {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+    let (embedder, join) = Actor::spawn(None, Embedder, ()).await.expect("embedder");
+    let config = HarnessConfig {
+        servers: vec![demo("alpha", &[])],
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn_linked(config, embedder.get_cell())
+        .await
+        .expect("linked");
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let p = pid(&h, "alpha");
+    embedder.stop(None);
+    join.await.expect("embedder stopped");
+    assert!(
+        eventually(Duration::from_secs(10), || group_members(p).is_empty()).await,
+        "the server died with the embedder"
+    );
+    drop(h);
+}
+
+#[test]
+fn the_embedding_example_recovers_both_servers_and_leaves_nothing_behind() {
+    let mut exe = std::env::current_exe().expect("test path");
+    exe.pop();
+    exe.pop();
+    let exe = exe.join("examples").join("embed_subtree");
+    assert!(exe.exists(), "{} is built by `cargo test`", exe.display());
+    let out = std::process::Command::new(&exe)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("echo -> \"recovered\"").count(),
+        2,
+        "{stdout}"
+    );
+    assert!(stdout.contains("rebuilds=1"), "{stdout}");
+    assert!(!stdout.contains("STILL ALIVE"), "{stdout}");
+}
