@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::audit::AuditConfig;
+use crate::permission::Grants;
 use crate::protocol::Implementation;
 use crate::server::RestartConfig;
 use crate::transport::{EraPreference, HttpSpec, StdioSpec, TransportSpec};
 
 /// The whole harness: its servers and how it introduces itself.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HarnessConfig {
     /// The servers, in config order (the tie-breaker of routing).
@@ -24,6 +26,62 @@ pub struct HarnessConfig {
     /// `clientInfo` sent to servers; this crate's name and version when absent.
     #[serde(default)]
     pub client_info: Option<Implementation>,
+    /// Grants: agent id → server id, `tag:NAME` or `*` → tool names or `*`.
+    #[serde(default)]
+    pub permissions: Grants,
+    /// The schema cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// The audit trail.
+    #[serde(default)]
+    pub audit: AuditConfig,
+    /// Most `input_required` rounds of one call (failover included).
+    #[serde(default = "default_round_cap")]
+    pub round_cap: usize,
+    /// Deadline of one input handler's answer.
+    #[serde(default = "default_input_timeout", with = "duration")]
+    pub input_timeout: Duration,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        HarnessConfig {
+            servers: Vec::new(),
+            client_info: None,
+            permissions: Grants::new(),
+            cache: CacheConfig::default(),
+            audit: AuditConfig::default(),
+            round_cap: default_round_cap(),
+            input_timeout: default_input_timeout(),
+        }
+    }
+}
+
+fn default_round_cap() -> usize {
+    10
+}
+fn default_input_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// The schema cache's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Directory of the disk layer (L2); memory only when `None`.
+    pub dir: Option<PathBuf>,
+    /// Freshness of results that carry no `ttlMs` (legacy servers).
+    #[serde(with = "duration")]
+    pub default_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            dir: None,
+            default_ttl: Duration::from_secs(300),
+        }
+    }
 }
 
 /// How to reach a server.
@@ -111,6 +169,10 @@ pub struct ServerConfig {
     /// Requests held while the server (re)starts; more fail with `Overloaded`.
     #[serde(default = "default_queue")]
     pub queue_capacity: usize,
+    /// Believe this server's `idempotentHint` / `readOnlyHint`: such calls may be
+    /// re-sent to another server even when they may have reached this one.
+    #[serde(default)]
+    pub trust_annotations: bool,
 }
 
 fn yes() -> bool {
@@ -141,6 +203,7 @@ impl ServerConfig {
             restart: RestartConfig::default(),
             era: EraPreference::Auto,
             queue_capacity: default_queue(),
+            trust_annotations: false,
         }
     }
 

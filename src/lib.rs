@@ -16,12 +16,18 @@
 //! # Ok(()) }
 //! ```
 
+pub mod audit;
+pub mod call;
 pub mod config;
 pub mod harness;
+pub mod permission;
 pub mod protocol;
+pub mod registry;
 pub mod server;
 pub mod transport;
 
+pub use call::handler::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
+pub use call::{Caller, ToolInfo};
 pub use config::{HarnessConfig, ServerConfig, TransportConfig};
 pub use harness::{Harness, HarnessError, HarnessHandle};
 pub use server::{RestartConfig, RestartPolicy, ServerError, ServerState, ServerStatus};

@@ -12,8 +12,20 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::core::Services;
 use super::error::HarnessError;
+use crate::audit::{AuditActor, AuditConfig, AuditMsg};
+use crate::call::handler::{InputHandler, InputHandlerActor, InputHandlerArgs, capability_name};
 use crate::config::ServerConfig;
+use crate::permission::{PermissionActor, Policy};
+use crate::registry::cache::SchemaCache;
+use crate::registry::{HarnessEvent, RegistryActor, RegistryArgs, RegistryMsg};
+use crate::server::ServerHooks;
 use crate::server::{ServerActor, ServerArgs, ServerMsg, ServerSpec, ServerState, ServerStatus};
 use crate::transport::ConnectOptions;
 
@@ -57,7 +69,13 @@ pub enum HarnessMsg {
     RemoveServer(String, RpcReplyPort<Result<(), HarnessError>>),
     /// Restart a server now, forgetting its restart history.
     RestartServer(String, RpcReplyPort<Result<(), HarnessError>>),
-    /// Stop every server gracefully, then the supervisor.
+    /// Start an input handler for `method` and declare its capability.
+    RegisterHandler(
+        String,
+        Arc<dyn InputHandler>,
+        RpcReplyPort<Result<(), HarnessError>>,
+    ),
+    /// Stop every server gracefully, flush the audit trail and the cache, then stop.
     Shutdown(RpcReplyPort<()>),
 }
 
@@ -66,12 +84,25 @@ pub struct SupervisorArgs {
     pub(crate) servers: Vec<ServerConfig>,
     pub(crate) options: ConnectOptions,
     pub(crate) table: Arc<RwLock<ServerTable>>,
+    pub(crate) hooks: ServerHooks,
+    pub(crate) cache: Arc<SchemaCache>,
+    pub(crate) policy: Arc<RwLock<Policy>>,
+    pub(crate) audit: AuditConfig,
+    pub(crate) input_timeout: Duration,
+    pub(crate) events: broadcast::Sender<HarnessEvent>,
+    /// Filled in `pre_start` with the service actors.
+    pub(crate) services: Arc<OnceLock<Services>>,
 }
 
 /// The supervisor's state.
 pub struct SupervisorState {
     options: ConnectOptions,
     table: Arc<RwLock<ServerTable>>,
+    hooks: ServerHooks,
+    services: Services,
+    input_timeout: Duration,
+    /// Registered handlers by method, and the capability each declares.
+    handlers: HashMap<String, Arc<dyn InputHandler>>,
     shutting_down: bool,
 }
 
@@ -88,9 +119,30 @@ impl Actor for HarnessSupervisor {
         myself: ActorRef<HarnessMsg>,
         args: SupervisorArgs,
     ) -> Result<SupervisorState, ActorProcessingErr> {
+        let cell = myself.get_cell();
+        let registry_args = RegistryArgs {
+            cache: args.cache,
+            events: args.events,
+        };
+        let (registry, _) =
+            Actor::spawn_linked(None, RegistryActor, registry_args, cell.clone()).await?;
+        let (permissions, _) =
+            Actor::spawn_linked(None, PermissionActor, args.policy, cell.clone()).await?;
+        let (audit, _) = Actor::spawn_linked(None, AuditActor, args.audit, cell).await?;
+        let services = Services {
+            registry: registry.clone(),
+            permissions,
+            audit,
+        };
+        let _ = args.hooks.registry.set(registry);
+        let _ = args.services.set(services.clone());
         let mut state = SupervisorState {
             options: args.options,
             table: args.table,
+            hooks: args.hooks,
+            services,
+            input_timeout: args.input_timeout,
+            handlers: HashMap::new(),
             shutting_down: false,
         };
         for config in args.servers {
@@ -123,6 +175,9 @@ impl Actor for HarnessSupervisor {
                     None => Err(HarnessError::UnknownServer(id)),
                 };
                 let _ = reply.send(result);
+            }
+            HarnessMsg::RegisterHandler(method, handler, reply) => {
+                let _ = reply.send(state.register(&myself, method, handler).await);
             }
             HarnessMsg::Shutdown(reply) => {
                 state.shutdown().await;
@@ -193,6 +248,7 @@ impl SupervisorState {
         let spec = ServerSpec {
             config,
             options: self.options.clone(),
+            hooks: self.hooks.clone(),
         };
         let status = Arc::new(RwLock::new(ServerStatus::starting(&id)));
         let actor = self
@@ -249,6 +305,10 @@ impl SupervisorState {
         };
         let entry = entry.ok_or_else(|| HarnessError::UnknownServer(id.to_string()))?;
         stop_server(&entry).await;
+        let _ = self
+            .services
+            .registry
+            .send_message(RegistryMsg::Invalidate(id.to_string()));
         Ok(())
     }
 
@@ -264,6 +324,50 @@ impl SupervisorState {
             stops.spawn(async move { stop_server(&entry).await });
         }
         while stops.join_next().await.is_some() {}
+        // Everything already sent is now handled: records written, cache entries stored.
+        let _ = self
+            .services
+            .registry
+            .call(RegistryMsg::Flush, Some(Duration::from_secs(30)))
+            .await;
+        let _ = self
+            .services
+            .audit
+            .call(AuditMsg::Flush, Some(Duration::from_secs(30)))
+            .await;
+    }
+
+    async fn register(
+        &mut self,
+        myself: &ActorRef<HarnessMsg>,
+        method: String,
+        handler: Arc<dyn InputHandler>,
+    ) -> Result<(), HarnessError> {
+        let Some(capability) = capability_name(&method) else {
+            return Err(HarnessError::Config(format!(
+                "no input method {method:?}; use elicitation/create, sampling/createMessage or roots/list"
+            )));
+        };
+        let args = InputHandlerArgs {
+            handler: handler.clone(),
+            timeout: self.input_timeout,
+        };
+        let (actor, _) = Actor::spawn_linked(None, InputHandlerActor, args, myself.get_cell())
+            .await
+            .map_err(|e| HarnessError::Spawn(e.to_string()))?;
+        if let Some(old) = self.hooks.handlers.write().insert(method.clone(), actor) {
+            old.stop(None);
+        }
+        self.handlers.insert(method, handler.clone());
+        let mut caps = serde_json::Map::new();
+        for (m, h) in &self.handlers {
+            if let Some(name) = capability_name(m) {
+                caps.insert(name.to_string(), h.capability());
+            }
+        }
+        tracing::info!(capability, "input handler registered");
+        *self.hooks.capabilities.write() = Value::Object(caps);
+        Ok(())
     }
 }
 

@@ -75,6 +75,12 @@ impl MetaEnvelope {
     /// Returns `params` (created as `{}` when absent) with the envelope's keys in its
     /// `_meta`. Other `_meta` keys the caller set (a `progressToken`, trace context) stay.
     pub fn stamp(&self, params: Option<Value>) -> Value {
+        self.stamp_with(params, None)
+    }
+
+    /// [`MetaEnvelope::stamp`], declaring `capabilities` for this request instead of the
+    /// envelope's own (capabilities are per request in 2026-07-28).
+    pub fn stamp_with(&self, params: Option<Value>, capabilities: Option<&Value>) -> Value {
         let mut params = match params {
             Some(Value::Object(map)) => map,
             // Params that are not an object cannot carry `_meta`; MCP params always are.
@@ -92,10 +98,8 @@ impl MetaEnvelope {
                 KEY_PROTOCOL_VERSION.into(),
                 Value::String(self.protocol_version.clone()),
             );
-            meta.insert(
-                KEY_CLIENT_CAPABILITIES.into(),
-                self.client_capabilities.clone(),
-            );
+            let capabilities = capabilities.unwrap_or(&self.client_capabilities);
+            meta.insert(KEY_CLIENT_CAPABILITIES.into(), capabilities.clone());
             meta.insert(
                 KEY_CLIENT_INFO.into(),
                 serde_json::to_value(&self.client_info).unwrap_or(Value::Null),

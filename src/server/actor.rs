@@ -20,18 +20,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
+use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
 
 use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFailure};
 use super::error::ServerError;
+use super::hooks::ServerHooks;
 use super::restart::{Decision, ExitKind, RestartTracker};
 use super::status::{ServerState, ServerStatus};
+use crate::call::handler::{InputMsg, InputRequestContext};
 use crate::config::ServerConfig;
 use crate::protocol::RpcError;
-use crate::protocol::error::METHOD_NOT_FOUND;
+use crate::protocol::error::{INTERNAL_ERROR, METHOD_NOT_FOUND};
+use crate::registry::RegistryMsg;
 use crate::transport::{
-    ConnectError, ConnectOptions, Connection, RequestError, ServerEvent, TransportError,
+    ConnectError, ConnectOptions, Connection, RequestError, ServerEvent, ServerRequest,
+    TransportError,
 };
 
 /// A reply port for one request.
@@ -48,6 +53,8 @@ pub enum ServerMsg {
         params: Option<Value>,
         /// Deadline of this request; the server's `timeout` when `None`.
         timeout: Option<Duration>,
+        /// `clientCapabilities` for this request; the connection's own when `None`.
+        capabilities: Option<Value>,
         /// Where the result goes.
         reply: RequestReply,
     },
@@ -92,6 +99,8 @@ pub struct ServerSpec {
     pub config: ServerConfig,
     /// How its connections are opened.
     pub options: ConnectOptions,
+    /// Capabilities, input handlers, registry.
+    pub hooks: ServerHooks,
 }
 
 /// What a server actor is started with.
@@ -102,10 +111,16 @@ pub struct ServerArgs {
     pub status: Arc<RwLock<ServerStatus>>,
 }
 
-struct Queued {
-    key: u64,
+/// A request on its way to the server.
+struct Outgoing {
     method: String,
     params: Option<Value>,
+    capabilities: Option<Value>,
+}
+
+struct Queued {
+    key: u64,
+    outgoing: Outgoing,
     timeout: Duration,
     deadline: Instant,
     reply: RequestReply,
@@ -176,11 +191,15 @@ impl Actor for ServerActor {
                 method,
                 params,
                 timeout,
+                capabilities,
                 reply,
             } => {
-                state
-                    .on_request(&myself, method, params, timeout, reply)
-                    .await
+                let outgoing = Outgoing {
+                    method,
+                    params,
+                    capabilities,
+                };
+                state.on_request(&myself, outgoing, timeout, reply).await
             }
             ServerMsg::Restart(reply) => {
                 state.restarts.reset();
@@ -284,7 +303,10 @@ async fn start_connection(myself: &ActorRef<ServerMsg>, state: &mut ServerActorS
     let args = ConnArgs {
         server: state.spec.config.id.clone(),
         spec: state.spec.config.transport.to_spec(),
-        options: state.spec.options.clone(),
+        options: ConnectOptions {
+            capabilities: state.spec.hooks.capabilities.read().clone(),
+            ..state.spec.options.clone()
+        },
         parent: myself.clone(),
         generation: state.generation,
     };
@@ -333,8 +355,7 @@ impl ServerActorState {
     async fn on_request(
         &mut self,
         myself: &ActorRef<ServerMsg>,
-        method: String,
-        params: Option<Value>,
+        outgoing: Outgoing,
         timeout: Option<Duration>,
         reply: RequestReply,
     ) {
@@ -347,8 +368,7 @@ impl ServerActorState {
                         myself,
                         conn.clone(),
                         self.generation,
-                        method,
-                        params,
+                        outgoing,
                         timeout,
                         reply,
                     )
@@ -368,8 +388,7 @@ impl ServerActorState {
                 let deadline = Instant::now() + timeout;
                 self.queue.push_back(Queued {
                     key,
-                    method,
-                    params,
+                    outgoing,
                     timeout,
                     deadline,
                     reply,
@@ -401,8 +420,7 @@ impl ServerActorState {
                     myself,
                     conn.clone(),
                     self.generation,
-                    q.method,
-                    q.params,
+                    q.outgoing,
                     remaining.min(q.timeout),
                     q.reply,
                 )
@@ -485,16 +503,62 @@ impl ServerActorState {
 
     fn on_inbound(&mut self, event: ServerEvent) {
         match event {
-            ServerEvent::Request(request) => {
-                tracing::debug!(server = %self.id(), method = %request.method, "no input handler for a server request");
-                let message = format!("no handler for {} in this client", request.method);
-                request.respond(Err(RpcError::new(METHOD_NOT_FOUND, message)));
-            }
+            ServerEvent::Request(request) => self.on_server_request(request),
             ServerEvent::Notification(n) => {
-                tracing::debug!(server = %self.id(), method = %n.method, "server notification")
+                tracing::debug!(server = %self.id(), method = %n.method, "server notification");
+                let lists_changed = matches!(
+                    n.method.as_str(),
+                    "notifications/tools/list_changed"
+                        | "notifications/prompts/list_changed"
+                        | "notifications/resources/list_changed"
+                );
+                if lists_changed && let Some(registry) = self.spec.hooks.registry.get() {
+                    let _ = registry.send_message(RegistryMsg::Invalidate(self.id().to_string()));
+                }
             }
             ServerEvent::Closed(_) => {}
         }
+    }
+
+    /// A legacy server asks the client something: the input handler of its method
+    /// answers, in its own task (the handler may wait on a person).
+    fn on_server_request(&mut self, request: ServerRequest) {
+        let handler = self
+            .spec
+            .hooks
+            .handlers
+            .read()
+            .get(&request.method)
+            .cloned();
+        let Some(handler) = handler else {
+            tracing::debug!(server = %self.id(), method = %request.method, "no input handler for a server request");
+            let message = format!("no handler for {} in this client", request.method);
+            request.respond(Err(RpcError::new(METHOD_NOT_FOUND, message)));
+            return;
+        };
+        let context = InputRequestContext {
+            server: self.id().to_string(),
+            method: request.method.clone(),
+            params: request.params.clone(),
+            agent_id: None,
+            key: String::new(),
+        };
+        tokio::spawn(async move {
+            let answer = handler
+                .call(|port| InputMsg::Answer(context, port), None)
+                .await;
+            let outcome = match answer {
+                Ok(CallResult::Success(Ok(value))) => Ok(value),
+                Ok(CallResult::Success(Err(e))) => {
+                    Err(RpcError::new(INTERNAL_ERROR, e.to_string()))
+                }
+                _ => Err(RpcError::new(
+                    INTERNAL_ERROR,
+                    "the input handler is unavailable",
+                )),
+            };
+            request.respond(outcome);
+        });
     }
 
     async fn on_shutdown(&mut self) {
@@ -523,14 +587,20 @@ async fn dispatch(
     myself: &ActorRef<ServerMsg>,
     conn: Arc<Connection>,
     generation: u64,
-    method: String,
-    params: Option<Value>,
+    outgoing: Outgoing,
     timeout: Duration,
     reply: RequestReply,
 ) {
     let myself = myself.clone();
     let mut call = Box::pin(async move {
-        let result = conn.request_with_timeout(&method, params, timeout).await;
+        let Outgoing {
+            method,
+            params,
+            capabilities,
+        } = outgoing;
+        let result = conn
+            .request_with(&method, params, timeout, capabilities.as_ref())
+            .await;
         if conn.pid().is_none()
             && let Err(RequestError::Transport(TransportError::NotSent(e))) = &result
         {

@@ -8,10 +8,12 @@
 pub mod actor;
 pub mod connection_actor;
 pub mod error;
+pub mod hooks;
 pub mod restart;
 pub mod status;
 
 pub use actor::{ServerActor, ServerArgs, ServerMsg, ServerSpec};
 pub use error::ServerError;
+pub use hooks::ServerHooks;
 pub use restart::{RestartConfig, RestartPolicy};
 pub use status::{ServerState, ServerStatus};

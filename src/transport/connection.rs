@@ -402,9 +402,21 @@ impl Connection {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, RequestError> {
+        self.request_with(method, params, timeout, None).await
+    }
+
+    /// [`Connection::request_with_timeout`], declaring `capabilities` for this one
+    /// request (modern servers; legacy servers took theirs at `initialize`).
+    pub async fn request_with(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        capabilities: Option<&Value>,
+    ) -> Result<Value, RequestError> {
         let extra = self.header_params(method, params.as_ref());
         let params = match self.era() {
-            Era::Modern => Some(self.envelope.read().stamp(params)),
+            Era::Modern => Some(self.envelope.read().stamp_with(params, capabilities)),
             Era::Legacy => params,
         };
         let mut request = Request {
@@ -419,7 +431,11 @@ impl Connection {
                 Ok(Err(error)) => {
                     if !retried && let Some(version) = self.renegotiate(&error) {
                         tracing::info!(server = %self.server, %version, "server changed versions; renegotiated");
-                        request.params = Some(self.envelope.read().stamp(request.params.take()));
+                        request.params = Some(
+                            self.envelope
+                                .read()
+                                .stamp_with(request.params.take(), capabilities),
+                        );
                         request.id = self.new_id();
                         retried = true;
                         continue;
