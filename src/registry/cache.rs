@@ -160,9 +160,8 @@ impl SchemaCache {
             }
         }
         self.l1_counts.misses.fetch_add(1, Ordering::Relaxed);
-        if self.dir.is_none() {
-            return None;
-        }
+        // Without a disk layer there is nothing more to ask.
+        self.dir.as_ref()?;
         let found = {
             let l2 = self.l2.read();
             keys.iter()

@@ -24,6 +24,11 @@ fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> 
            "inputSchema": {"type": "object", "properties": properties, "required": required}})
 }
 
+fn annotated(mut tool: Value, annotations: Value) -> Value {
+    tool["annotations"] = annotations;
+    tool
+}
+
 /// Every tool, in a deterministic order.
 pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
     let s = |d: &str| json!({"type": "string", "description": d});
@@ -41,11 +46,29 @@ pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
             json!({"a": i("first"), "b": i("second")}),
             &["a", "b"],
         ),
+        annotated(
+            tool(
+                "slow",
+                "Echoes text after a delay (read-only)",
+                json!({"ms": i("delay in milliseconds"), "text": s("text")}),
+                &["ms"],
+            ),
+            json!({"readOnlyHint": true}),
+        ),
+        annotated(
+            tool(
+                "server_name",
+                "Returns this server's name (read-only)",
+                json!({}),
+                &[],
+            ),
+            json!({"readOnlyHint": true, "idempotentHint": true}),
+        ),
         tool(
-            "slow",
-            "Echoes text after a delay",
-            json!({"ms": i("delay in milliseconds"), "text": s("text")}),
-            &["ms"],
+            "rogue_request",
+            "Sends a request to the client, even in modern mode",
+            json!({}),
+            &[],
         ),
         tool("hang", "Never answers", json!({}), &[]),
         tool(
@@ -262,6 +285,7 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
         "wrong_content_type" => Action::WrongContentType,
         "endless_stream" => Action::EndlessStream,
         "broken_stream" => Action::BrokenStream,
+        "server_name" => reply(Ok(text(server.args.name.clone()))),
         "rogue_request" => {
             // A modern server must not send requests; this one does, to test clients.
             let verdict = match ctx.peer.request("roots/list", json!({})).await {
