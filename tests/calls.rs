@@ -9,8 +9,8 @@ use std::time::Duration;
 use mcp_harness::audit::{AuditConfig, Redaction};
 use mcp_harness::config::CacheConfig;
 use mcp_harness::{
-    ApprovalQueue, Caller, FixedAnswers, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig,
-    ServerConfig, ServerError, ServerState,
+    ApprovalQueue, Caller, FixedAnswers, Harness, HarnessConfig, HarnessError, HarnessHandle,
+    RestartConfig, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -19,33 +19,60 @@ fn demo(id: &str, args: &[&str]) -> ServerConfig {
     let mut all = vec!["demo-server".to_string(), id.to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
     let mut c = ServerConfig::stdio(id, harness_exe(), all);
-    c.restart = RestartConfig { min_delay: Duration::from_secs(30), max_delay: Duration::from_secs(30), ..RestartConfig::default() };
+    c.restart = RestartConfig {
+        min_delay: Duration::from_secs(30),
+        max_delay: Duration::from_secs(30),
+        ..RestartConfig::default()
+    };
     c
 }
 
 fn everyone(agents: &[&str]) -> mcp_harness::permission::Grants {
-    agents.iter().map(|a| (a.to_string(), [("*".to_string(), vec!["*".to_string()])].into())).collect()
+    agents
+        .iter()
+        .map(|a| {
+            (
+                a.to_string(),
+                [("*".to_string(), vec!["*".to_string()])].into(),
+            )
+        })
+        .collect()
 }
 
 async fn harness(config: HarnessConfig) -> HarnessHandle {
     let h = Harness::spawn(config).await.expect("spawn");
     let ids: Vec<String> = h.status().iter().map(|s| s.id.clone()).collect();
     for id in ids {
-        assert!(eventually(Duration::from_secs(30), || h.server_status(&id).is_some_and(|s| s.state == ServerState::Ready)).await, "{id} ready");
+        assert!(
+            eventually(Duration::from_secs(30), || h
+                .server_status(&id)
+                .is_some_and(|s| s.state == ServerState::Ready))
+            .await,
+            "{id} ready"
+        );
     }
     h
 }
 
 fn config(servers: Vec<ServerConfig>, agents: &[&str]) -> HarnessConfig {
-    HarnessConfig { servers, permissions: everyone(agents), ..HarnessConfig::default() }
+    HarnessConfig {
+        servers,
+        permissions: everyone(agents),
+        ..HarnessConfig::default()
+    }
 }
 
 fn tool_calls(record: &std::path::PathBuf, method: &str) -> usize {
-    recorded(record).iter().filter(|r| r["method"] == method).count()
+    recorded(record)
+        .iter()
+        .filter(|r| r["method"] == method)
+        .count()
 }
 
 fn accept_all() -> Arc<FixedAnswers> {
-    Arc::new(FixedAnswers::from_fn(|req| json!({"action": "accept", "content": {"approved": true, "answer": format!("a-{}", req.key)}})))
+    Arc::new(FixedAnswers::from_fn(
+        |req| json!({"action": "accept", "content": {"approved": true, "answer": format!("a-{}", req.key)}}),
+    ))
 }
 
 #[tokio::test]
@@ -56,26 +83,53 @@ async fn the_same_tool_on_two_servers_routes_by_priority_and_falls_back_when_the
     let backup = demo("backup", &[]);
     let h = harness(config(vec![backup, primary], &["a"])).await;
     let a = Caller::agent("a");
-    let r = h.call_tool(&a, "server_name", json!({})).await.expect("call");
-    assert_eq!(text(&r), "primary", "higher priority first, whatever the config order");
-    let r = h.call_tool(&a, "backup__server_name", json!({})).await.expect("qualified");
+    let r = h
+        .call_tool(&a, "server_name", json!({}))
+        .await
+        .expect("call");
+    assert_eq!(
+        text(&r),
+        "primary",
+        "higher priority first, whatever the config order"
+    );
+    let r = h
+        .call_tool(&a, "backup__server_name", json!({}))
+        .await
+        .expect("qualified");
     assert_eq!(text(&r), "backup");
 
     // A read-only call in flight on a trusted server whose process dies is re-sent.
     let slow = {
         let (h, a) = (h.clone(), a.clone());
-        tokio::spawn(async move { h.call_tool(&a, "slow", json!({"ms": 2000, "text": "done"})).await })
+        tokio::spawn(async move {
+            h.call_tool(&a, "slow", json!({"ms": 2000, "text": "done"}))
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
-    let r = tokio::time::timeout(Duration::from_secs(20), slow).await.expect("no hang").expect("join");
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    let r = tokio::time::timeout(Duration::from_secs(20), slow)
+        .await
+        .expect("no hang")
+        .expect("join");
     assert_eq!(text(&r.expect("failed over")), "done");
 
     // With the first server down (restarting for 30 s), calls go to the other at once.
-    assert!(eventually(Duration::from_secs(10), || h.server_status("primary").is_some_and(|s| s.state == ServerState::Restarting)).await);
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("primary")
+            .is_some_and(|s| s.state == ServerState::Restarting))
+        .await
+    );
     let started = std::time::Instant::now();
-    let r = h.call_tool(&a, "server_name", json!({})).await.expect("fallback");
+    let r = h
+        .call_tool(&a, "server_name", json!({}))
+        .await
+        .expect("fallback");
     assert_eq!(text(&r), "backup");
     assert!(started.elapsed() < Duration::from_secs(10));
     h.shutdown().await;
@@ -93,17 +147,45 @@ async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
-    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
-    let r = tokio::time::timeout(Duration::from_secs(20), slow).await.expect("no hang").expect("join");
-    assert!(matches!(r, Err(HarnessError::Server(ServerError::TransportClosed { .. }))), "{r:?}");
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    let r = tokio::time::timeout(Duration::from_secs(20), slow)
+        .await
+        .expect("no hang")
+        .expect("join");
+    assert!(
+        matches!(
+            r,
+            Err(HarnessError::Server(ServerError::TransportClosed { .. }))
+        ),
+        "{r:?}"
+    );
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn private_lists_stay_within_an_auth_context_and_public_lists_are_shared() {
     let (rec_private, rec_public) = (temp_file("private"), temp_file("public"));
-    let private = demo("priv", &["--cache-scope", "private", "--record", &rec_private.to_string_lossy()]);
-    let public = demo("pub", &["--cache-scope", "public", "--record", &rec_public.to_string_lossy()]);
+    let private = demo(
+        "priv",
+        &[
+            "--cache-scope",
+            "private",
+            "--record",
+            &rec_private.to_string_lossy(),
+        ],
+    );
+    let public = demo(
+        "pub",
+        &[
+            "--cache-scope",
+            "public",
+            "--record",
+            &rec_public.to_string_lossy(),
+        ],
+    );
     let h = harness(config(vec![private, public], &["a", "b"])).await;
     let alice = Caller::agent("a").with_auth_context("alice-token");
     let bob = Caller::agent("b").with_auth_context("bob-token");
@@ -111,10 +193,25 @@ async fn private_lists_stay_within_an_auth_context_and_public_lists_are_shared()
     assert!(first.iter().all(|t| !t.from_cache));
     assert!(eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 2).await);
     let again = h.list_tools(&alice).await.expect("list");
-    assert!(again.iter().all(|t| t.from_cache), "alice is served from the cache");
+    assert!(
+        again.iter().all(|t| t.from_cache),
+        "alice is served from the cache"
+    );
     let for_bob = h.list_tools(&bob).await.expect("list");
-    assert!(for_bob.iter().filter(|t| t.server == "priv").all(|t| !t.from_cache), "alice's private list is not bob's");
-    assert!(for_bob.iter().filter(|t| t.server == "pub").all(|t| t.from_cache), "a public list is shared");
+    assert!(
+        for_bob
+            .iter()
+            .filter(|t| t.server == "priv")
+            .all(|t| !t.from_cache),
+        "alice's private list is not bob's"
+    );
+    assert!(
+        for_bob
+            .iter()
+            .filter(|t| t.server == "pub")
+            .all(|t| t.from_cache),
+        "a public list is shared"
+    );
     assert_eq!(tool_calls(&rec_private, "tools/list"), 2);
     assert_eq!(tool_calls(&rec_public, "tools/list"), 1);
     // A private list with no auth context is used once and not stored.
@@ -134,7 +231,10 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let record = temp_file("warm");
     let server = demo("alpha", &["--record", &record.to_string_lossy()]);
     let mut cfg = config(vec![server], &["a"]);
-    cfg.cache = CacheConfig { dir: Some(dir.clone()), ..CacheConfig::default() };
+    cfg.cache = CacheConfig {
+        dir: Some(dir.clone()),
+        ..CacheConfig::default()
+    };
     let a = Caller::agent("a");
 
     let h = harness(cfg.clone()).await;
@@ -147,7 +247,11 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let warm = h.list_tools(&a).await.expect("warm");
     assert_eq!(warm.len(), cold.len());
     assert!(warm.iter().all(|t| t.from_cache));
-    assert_eq!(tool_calls(&record, "tools/list"), 1, "no tools/list to a server whose entries are fresh");
+    assert_eq!(
+        tool_calls(&record, "tools/list"),
+        1,
+        "no tools/list to a server whose entries are fresh"
+    );
     assert_eq!(h.cache_stats().l2.hits, 1);
     h.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -157,48 +261,105 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
 async fn an_mrtr_tool_completes_after_three_rounds_with_keys_and_state_kept() {
     let record = temp_file("rounds");
     let audit = temp_file("rounds-audit");
-    let mut cfg = config(vec![demo("alpha", &["--record", &record.to_string_lossy()])], &["a"]);
-    cfg.audit = AuditConfig { path: Some(audit.clone()), ..AuditConfig::default() };
+    let mut cfg = config(
+        vec![demo("alpha", &["--record", &record.to_string_lossy()])],
+        &["a"],
+    );
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
     let h = harness(cfg).await;
-    h.register_input_handler("elicitation/create", accept_all()).await.expect("register");
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
     let a = Caller::agent("a");
-    let r = h.call_tool(&a, "rounds", json!({"n": 3})).await.expect("rounds");
-    assert_eq!(text(&r), "answers: a-q0,a-q1,a-q2", "each answer went back under its key");
+    let r = h
+        .call_tool(&a, "rounds", json!({"n": 3}))
+        .await
+        .expect("rounds");
+    assert_eq!(
+        text(&r),
+        "answers: a-q0,a-q1,a-q2",
+        "each answer went back under its key"
+    );
     // confirm checks its requestState byte for byte.
-    let r = h.call_tool(&a, "confirm", json!({"message": "Ship?"})).await.expect("confirm");
+    let r = h
+        .call_tool(&a, "confirm", json!({"message": "Ship?"}))
+        .await
+        .expect("confirm");
     assert_eq!(text(&r), "approved: true");
     h.shutdown().await;
-    let calls: Vec<Value> = recorded(&record).into_iter().filter(|r| r["method"] == "tools/call").collect();
+    let calls: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
     assert_eq!(calls.len(), 6, "3 rounds + 1 and 1 round + 1");
-    let ids: std::collections::HashSet<String> = calls.iter().map(|c| c["id"].to_string()).collect();
+    let ids: std::collections::HashSet<String> =
+        calls.iter().map(|c| c["id"].to_string()).collect();
     assert_eq!(ids.len(), 6, "every retry has a new JSON-RPC id");
     assert!(calls[1]["params"]["inputResponses"]["q0"].is_object());
-    assert_eq!(calls[1]["params"]["arguments"], json!({"n": 3}), "the original params on every retry");
-    assert!(calls[0]["params"].get("requestState").is_none(), "no state invented");
-    let finished: Vec<Value> = recorded(&audit).into_iter().filter(|r| r["event"] == "finished").collect();
+    assert_eq!(
+        calls[1]["params"]["arguments"],
+        json!({"n": 3}),
+        "the original params on every retry"
+    );
+    assert!(
+        calls[0]["params"].get("requestState").is_none(),
+        "no state invented"
+    );
+    let finished: Vec<Value> = recorded(&audit)
+        .into_iter()
+        .filter(|r| r["event"] == "finished")
+        .collect();
     assert_eq!(finished[0]["rounds"].as_array().map(Vec::len), Some(3));
-    assert_eq!(finished[0]["rounds"][0]["methods"], json!(["elicitation/create"]));
+    assert_eq!(
+        finished[0]["rounds"][0]["methods"],
+        json!(["elicitation/create"])
+    );
 }
 
 #[tokio::test]
 async fn a_server_asking_for_input_forever_is_stopped_at_the_cap() {
     let record = temp_file("forever");
-    let mut cfg = config(vec![demo("alpha", &["--record", &record.to_string_lossy()])], &["a"]);
+    let mut cfg = config(
+        vec![demo("alpha", &["--record", &record.to_string_lossy()])],
+        &["a"],
+    );
     cfg.round_cap = 4;
     let h = harness(cfg).await;
-    let err = h.call_tool(&Caller::agent("a"), "forever", json!({})).await.expect_err("cap");
-    assert!(matches!(err, HarnessError::RoundCap { cap: 4, .. }), "{err}");
+    let err = h
+        .call_tool(&Caller::agent("a"), "forever", json!({}))
+        .await
+        .expect_err("cap");
+    assert!(
+        matches!(err, HarnessError::RoundCap { cap: 4, .. }),
+        "{err}"
+    );
     h.shutdown().await;
-    assert_eq!(tool_calls(&record, "tools/call"), 5, "the first request and four retries");
+    assert_eq!(
+        tool_calls(&record, "tools/call"),
+        5,
+        "the first request and four retries"
+    );
 }
 
 #[tokio::test]
 async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried() {
     let record = temp_file("cap");
-    let h = harness(config(vec![demo("alpha", &["--record", &record.to_string_lossy()])], &["a"])).await;
-    let err = h.call_tool(&Caller::agent("a"), "confirm", json!({})).await.expect_err("-32021");
+    let h = harness(config(
+        vec![demo("alpha", &["--record", &record.to_string_lossy()])],
+        &["a"],
+    ))
+    .await;
+    let err = h
+        .call_tool(&Caller::agent("a"), "confirm", json!({}))
+        .await
+        .expect_err("-32021");
     match &err {
-        HarnessError::MissingCapability { required, .. } => assert_eq!(required, &json!({"elicitation": {}})),
+        HarnessError::MissingCapability { required, .. } => {
+            assert_eq!(required, &json!({"elicitation": {}}))
+        }
         other => panic!("expected MissingCapability, got {other}"),
     }
     h.shutdown().await;
@@ -209,30 +370,52 @@ async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried(
 async fn a_declined_elicitation_ends_the_call_and_an_approval_queue_can_answer() {
     let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
     let queue = ApprovalQueue::new(Duration::from_secs(30));
-    h.register_input_handler("elicitation/create", Arc::new(queue.clone())).await.expect("register");
+    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
+        .await
+        .expect("register");
     let a = Caller::agent("a");
     let call = {
         let (h, a) = (h.clone(), a.clone());
         tokio::spawn(async move { h.call_tool(&a, "confirm", json!({"message": "Pay?"})).await })
     };
-    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending()).await.expect("asked");
+    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+        .await
+        .expect("asked");
     assert_eq!(pending[0].request.params["message"], "Pay?");
     assert_eq!(pending[0].request.agent_id.as_deref(), Some("a"));
     assert!(queue.answer(pending[0].id, json!({"action": "decline"})));
     let err = call.await.expect("join").expect_err("declined");
-    assert!(matches!(&err, HarnessError::InputDeclined { action, .. } if action == "decline"), "{err}");
+    assert!(
+        matches!(&err, HarnessError::InputDeclined { action, .. } if action == "decline"),
+        "{err}"
+    );
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn legacy_server_requests_go_to_the_same_handlers() {
     let h = Harness::spawn(config(vec![], &["a"])).await.expect("spawn");
-    h.register_input_handler("elicitation/create", accept_all()).await.expect("register");
-    h.add_server(demo("beta", &["--era", "legacy"])).await.expect("add");
-    assert!(eventually(Duration::from_secs(30), || h.server_status("beta").is_some_and(|s| s.state == ServerState::Ready)).await);
-    let r = h.call_tool(&Caller::agent("a"), "confirm", json!({"message": "ok?"})).await.expect("legacy elicitation");
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    h.add_server(demo("beta", &["--era", "legacy"]))
+        .await
+        .expect("add");
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("beta")
+            .is_some_and(|s| s.state == ServerState::Ready))
+        .await
+    );
+    let r = h
+        .call_tool(&Caller::agent("a"), "confirm", json!({"message": "ok?"}))
+        .await
+        .expect("legacy elicitation");
     assert_eq!(text(&r), "approved: true");
-    let r = h.call_tool(&Caller::agent("a"), "rounds", json!({"n": 2})).await.expect("legacy rounds");
+    let r = h
+        .call_tool(&Caller::agent("a"), "rounds", json!({"n": 2}))
+        .await
+        .expect("legacy rounds");
     assert_eq!(text(&r), "answers: a-,a-");
     h.shutdown().await;
 }
@@ -240,14 +423,41 @@ async fn legacy_server_requests_go_to_the_same_handlers() {
 #[tokio::test]
 async fn legacy_list_changed_invalidates_the_cache() {
     let record = temp_file("changed");
-    let h = harness(config(vec![demo("beta", &["--era", "legacy", "--record", &record.to_string_lossy()])], &["a"])).await;
+    let h = harness(config(
+        vec![demo(
+            "beta",
+            &["--era", "legacy", "--record", &record.to_string_lossy()],
+        )],
+        &["a"],
+    ))
+    .await;
     let a = Caller::agent("a").with_auth_context("ctx");
     h.list_tools(&a).await.expect("list");
-    assert!(eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 1).await, "legacy lists use the default ttl");
-    assert!(h.list_tools(&a).await.expect("list").iter().all(|t| t.from_cache));
-    h.call_tool(&a, "notify_changed", json!({})).await.expect("notify");
-    assert!(eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 0).await, "list_changed dropped the entry");
-    assert!(h.list_tools(&a).await.expect("list").iter().all(|t| !t.from_cache));
+    assert!(
+        eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 1).await,
+        "legacy lists use the default ttl"
+    );
+    assert!(
+        h.list_tools(&a)
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache)
+    );
+    h.call_tool(&a, "notify_changed", json!({}))
+        .await
+        .expect("notify");
+    assert!(
+        eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 0).await,
+        "list_changed dropped the entry"
+    );
+    assert!(
+        h.list_tools(&a)
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| !t.from_cache)
+    );
     assert_eq!(tool_calls(&record, "tools/list"), 2);
     h.shutdown().await;
 }
@@ -257,30 +467,85 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
     let record = temp_file("denied");
     let audit = temp_file("denied-audit");
     let mut grants = everyone(&[]);
-    grants.insert("reader".into(), [("alpha".to_string(), vec!["echo".to_string()])].into());
-    let mut cfg = HarnessConfig { servers: vec![demo("alpha", &["--record", &record.to_string_lossy()])], permissions: grants, ..HarnessConfig::default() };
-    cfg.audit = AuditConfig { path: Some(audit.clone()), ..AuditConfig::default() };
+    grants.insert(
+        "reader".into(),
+        [("alpha".to_string(), vec!["echo".to_string()])].into(),
+    );
+    let mut cfg = HarnessConfig {
+        servers: vec![demo("alpha", &["--record", &record.to_string_lossy()])],
+        permissions: grants,
+        ..HarnessConfig::default()
+    };
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
     let h = harness(cfg).await;
     let anonymous = Caller::default();
-    let err = h.call_tool(&anonymous, "echo", json!({"text": "x"})).await.expect_err("anonymous");
-    assert!(matches!(&err, HarnessError::Denied { agent: None, .. }), "{err}");
-    let err = h.call_tool(&Caller::agent("stranger"), "alpha__echo", json!({})).await.expect_err("stranger");
-    assert!(matches!(&err, HarnessError::Denied { agent: Some(a), server: Some(s), tool } if a == "stranger" && s == "alpha" && tool == "echo"), "{err}");
+    let err = h
+        .call_tool(&anonymous, "echo", json!({"text": "x"}))
+        .await
+        .expect_err("anonymous");
+    assert!(
+        matches!(&err, HarnessError::Denied { agent: None, .. }),
+        "{err}"
+    );
+    let err = h
+        .call_tool(&Caller::agent("stranger"), "alpha__echo", json!({}))
+        .await
+        .expect_err("stranger");
+    assert!(
+        matches!(&err, HarnessError::Denied { agent: Some(a), server: Some(s), tool } if a == "stranger" && s == "alpha" && tool == "echo"),
+        "{err}"
+    );
     let reader = Caller::agent("reader");
-    let err = h.call_tool(&reader, "add", json!({"a": 1, "b": 2})).await.expect_err("not granted");
+    let err = h
+        .call_tool(&reader, "add", json!({"a": 1, "b": 2}))
+        .await
+        .expect_err("not granted");
     assert!(matches!(&err, HarnessError::Denied { .. }), "{err}");
-    assert_eq!(text(&h.call_tool(&reader, "echo", json!({"text": "ok"})).await.expect("granted")), "ok");
+    assert_eq!(
+        text(
+            &h.call_tool(&reader, "echo", json!({"text": "ok"}))
+                .await
+                .expect("granted")
+        ),
+        "ok"
+    );
     let visible = h.list_tools(&reader).await.expect("list");
-    assert_eq!(visible.iter().map(|t| t.qualified.as_str()).collect::<Vec<_>>(), ["alpha__echo"]);
+    assert_eq!(
+        visible
+            .iter()
+            .map(|t| t.qualified.as_str())
+            .collect::<Vec<_>>(),
+        ["alpha__echo"]
+    );
     // Grants change at run time.
     h.grant("stranger", "alpha", &["add"]).await.expect("grant");
-    assert_eq!(text(&h.call_tool(&Caller::agent("stranger"), "add", json!({"a": 1, "b": 2})).await.expect("now granted")), "3");
+    assert_eq!(
+        text(
+            &h.call_tool(&Caller::agent("stranger"), "add", json!({"a": 1, "b": 2}))
+                .await
+                .expect("now granted")
+        ),
+        "3"
+    );
     h.revoke("stranger", None).await.expect("revoke");
-    assert!(h.call_tool(&Caller::agent("stranger"), "add", json!({"a": 1, "b": 2})).await.is_err());
+    assert!(
+        h.call_tool(&Caller::agent("stranger"), "add", json!({"a": 1, "b": 2}))
+            .await
+            .is_err()
+    );
     h.shutdown().await;
-    let calls: Vec<Value> = recorded(&record).into_iter().filter(|r| r["method"] == "tools/call").collect();
+    let calls: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
     assert_eq!(calls.len(), 2, "denied calls never reach the server");
-    let denied = recorded(&audit).into_iter().filter(|r| r["error"] == "denied").count();
+    let denied = recorded(&audit)
+        .into_iter()
+        .filter(|r| r["error"] == "denied")
+        .count();
     assert_eq!(denied, 4);
 }
 
@@ -288,7 +553,11 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
 async fn n_calls_leave_exactly_n_started_and_n_finished_records() {
     let audit = temp_file("audit");
     let mut cfg = config(vec![demo("alpha", &[])], &["a"]);
-    cfg.audit = AuditConfig { path: Some(audit.clone()), redaction: Redaction::Full, ..AuditConfig::default() };
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        redaction: Redaction::Full,
+        ..AuditConfig::default()
+    };
     let h = harness(cfg).await;
     let a = Caller::agent("a").with_auth_context("secret-context");
     let mut tasks = Vec::new();
@@ -296,7 +565,10 @@ async fn n_calls_leave_exactly_n_started_and_n_finished_records() {
         let (h, a) = (h.clone(), a.clone());
         tasks.push(tokio::spawn(async move {
             match n % 3 {
-                0 => h.call_tool(&a, "echo", json!({"text": "x", "password": "hunter2"})).await,
+                0 => {
+                    h.call_tool(&a, "echo", json!({"text": "x", "password": "hunter2"}))
+                        .await
+                }
                 1 => h.call_tool(&a, "no_such_tool", json!({})).await,
                 _ => h.call_tool(&Caller::default(), "echo", json!({})).await,
             }
@@ -308,17 +580,33 @@ async fn n_calls_leave_exactly_n_started_and_n_finished_records() {
     h.shutdown().await;
     let records = recorded(&audit);
     let started: Vec<&Value> = records.iter().filter(|r| r["event"] == "started").collect();
-    let finished: Vec<&Value> = records.iter().filter(|r| r["event"] == "finished").collect();
+    let finished: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .collect();
     assert_eq!((started.len(), finished.len()), (30, 30));
-    let mut a: Vec<u64> = started.iter().filter_map(|r| r["call_id"].as_u64()).collect();
-    let mut b: Vec<u64> = finished.iter().filter_map(|r| r["call_id"].as_u64()).collect();
+    let mut a: Vec<u64> = started
+        .iter()
+        .filter_map(|r| r["call_id"].as_u64())
+        .collect();
+    let mut b: Vec<u64> = finished
+        .iter()
+        .filter_map(|r| r["call_id"].as_u64())
+        .collect();
     a.sort();
     b.sort();
     assert_eq!(a, b, "every started call finished");
-    assert!(finished.iter().any(|r| r["outcome"] == "ok" && r["server"] == "alpha"));
+    assert!(
+        finished
+            .iter()
+            .any(|r| r["outcome"] == "ok" && r["server"] == "alpha")
+    );
     assert!(finished.iter().any(|r| r["error"] == "no_route"));
     let text_all = std::fs::read_to_string(&audit).expect("audit");
-    assert!(!text_all.contains("hunter2") && !text_all.contains("secret-context"), "redacted and hashed");
+    assert!(
+        !text_all.contains("hunter2") && !text_all.contains("secret-context"),
+        "redacted and hashed"
+    );
 }
 
 #[tokio::test]
@@ -337,12 +625,54 @@ async fn tools_are_listed_qualified_in_order_filtered_by_tag_and_prompts_and_res
     let core = h.list_tools_tagged(&a, "core").await.expect("tagged");
     assert!(!core.is_empty() && core.iter().all(|t| t.server == "alpha"));
     let schema = h.get_tool_schema(&a, "beta__add").await.expect("schema");
-    assert_eq!(schema.definition["inputSchema"]["required"], json!(["a", "b"]));
-    let p = h.get_prompt(&a, "greet", json!({"who": "Ada"})).await.expect("prompt");
-    assert!(p["messages"][0]["content"]["text"].as_str().is_some_and(|t| t.contains("Ada")));
-    let r = h.read_resource(&a, "demo://readme").await.expect("resource");
-    assert!(r["contents"][0]["text"].as_str().is_some_and(|t| t.contains("mcp-harness")));
+    assert_eq!(
+        schema.definition["inputSchema"]["required"],
+        json!(["a", "b"])
+    );
+    let p = h
+        .get_prompt(&a, "greet", json!({"who": "Ada"}))
+        .await
+        .expect("prompt");
+    assert!(
+        p["messages"][0]["content"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Ada"))
+    );
+    let r = h
+        .read_resource(&a, "demo://readme")
+        .await
+        .expect("resource");
+    assert!(
+        r["contents"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("mcp-harness"))
+    );
     let status = h.status();
-    assert!(status.iter().all(|s| s.profile.as_ref().and_then(|p| p.instructions()).is_some()));
+    assert!(
+        status
+            .iter()
+            .all(|s| s.profile.as_ref().and_then(|p| p.instructions()).is_some())
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_changed_tool_list_emits_a_schema_change_event() {
+    let h = harness(config(vec![demo("beta", &["--era", "legacy"])], &["a"])).await;
+    let mut events = h.subscribe();
+    let a = Caller::agent("a").with_auth_context("ctx");
+    let before = h.list_tools(&a).await.expect("list").len();
+    h.call_tool(&a, "grow", json!({})).await.expect("grow");
+    assert!(eventually(Duration::from_secs(5), || h.cache_stats().l1.entries == 0).await);
+    let after = h.list_tools(&a).await.expect("list");
+    assert_eq!(after.len(), before + 1);
+    let event = tokio::time::timeout(Duration::from_secs(5), events.recv())
+        .await
+        .expect("in time")
+        .expect("event");
+    assert!(
+        matches!(event, mcp_harness::registry::HarnessEvent::ToolsChanged { ref server, .. } if server == "beta"),
+        "{event:?}"
+    );
     h.shutdown().await;
 }

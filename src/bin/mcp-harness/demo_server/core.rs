@@ -148,6 +148,8 @@ pub struct DemoServer {
     pub args: DemoServerArgs,
     calls: AtomicU64,
     record: Option<Mutex<std::fs::File>>,
+    /// Tools added at run time by the `grow` tool (its list changes).
+    pub grown: AtomicU64,
 }
 
 impl DemoServer {
@@ -165,6 +167,7 @@ impl DemoServer {
             args,
             calls: AtomicU64::new(0),
             record,
+            grown: AtomicU64::new(0),
         }))
     }
 
@@ -337,7 +340,10 @@ impl DemoServer {
     }
 
     fn list_tools(&self, request: &Request) -> Result<Value, RpcError> {
-        let all = tools::catalog(&self.args);
+        let mut all = tools::catalog(&self.args);
+        for n in 0..self.grown.load(Ordering::SeqCst) {
+            all.push(json!({"name": format!("grown_{n}"), "inputSchema": {"type": "object"}}));
+        }
         let start = match request.params.as_ref().and_then(|p| p.get("cursor")) {
             None | Some(Value::Null) => 0,
             Some(Value::String(c)) => c

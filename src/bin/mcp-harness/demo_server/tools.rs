@@ -70,6 +70,12 @@ pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
             json!({}),
             &[],
         ),
+        tool(
+            "grow",
+            "Adds a tool to this server's list and sends list_changed (legacy)",
+            json!({}),
+            &[],
+        ),
         tool("hang", "Never answers", json!({}), &[]),
         tool(
             "garbage",
@@ -286,6 +292,15 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
         "endless_stream" => Action::EndlessStream,
         "broken_stream" => Action::BrokenStream,
         "server_name" => reply(Ok(text(server.args.name.clone()))),
+        "grow" => {
+            let n = server
+                .grown
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            ctx.peer
+                .notify("notifications/tools/list_changed", json!({}));
+            reply(Ok(text(format!("{n} tools added"))))
+        }
         "rogue_request" => {
             // A modern server must not send requests; this one does, to test clients.
             let verdict = match ctx.peer.request("roots/list", json!({})).await {
