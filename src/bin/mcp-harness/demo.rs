@@ -1,10 +1,18 @@
-//! `mcp-harness demo`: a readable walk through one harness process talking to the demo
-//! servers that ship in this binary, over stdio and loopback HTTP, in both eras.
+//! `mcp-harness demo`: one harness against the demo servers that ship in this binary
+//! (two over stdio, one on loopback HTTP, both eras), walking through discovery, a
+//! cached listing, priority routing, an `input_required` elicitation, a permission
+//! denial, a crash and its supervised restart, and the audit trail.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use mcp_harness::transport::{ConnectOptions, Connection, ServerEvent, TransportSpec};
+use mcp_harness::audit::AuditConfig;
+use mcp_harness::config::CacheConfig;
+use mcp_harness::{
+    Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle, RestartConfig, ServerConfig,
+    ServerState,
+};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
@@ -20,8 +28,7 @@ fn first_text(result: &Value) -> String {
 }
 
 /// Starts `mcp-harness demo-server ARGS --http 127.0.0.1:0` and returns it with its URL.
-async fn http_server(args: &[&str]) -> anyhow::Result<(tokio::process::Child, String)> {
-    let exe = std::env::current_exe().context("locating this binary")?;
+async fn http_server(exe: &str, args: &[&str]) -> anyhow::Result<(tokio::process::Child, String)> {
     let mut child = tokio::process::Command::new(exe)
         .arg("demo-server")
         .args(args)
@@ -39,165 +46,249 @@ async fn http_server(args: &[&str]) -> anyhow::Result<(tokio::process::Child, St
     let url = line
         .trim()
         .strip_prefix("listening ")
-        .context("demo server did not say where it listens")?;
+        .context("the demo server did not say where it listens")?;
     Ok((child, url.to_string()))
 }
 
+async fn wait_for(h: &HarnessHandle, id: &str, state: ServerState) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if h.server_status(id).is_some_and(|s| s.state == state) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("server {id} did not become {state:?}")
+}
+
 pub async fn run() -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("locating this binary")?;
-    let exe = exe.to_string_lossy().to_string();
-    let options = ConnectOptions {
-        capabilities: json!({"elicitation": {"form": {}}}),
-        request_timeout: Duration::from_secs(10),
-        probe_timeout: Duration::from_secs(2),
-        ..ConnectOptions::default()
+    let exe = std::env::current_exe()
+        .context("locating this binary")?
+        .to_string_lossy()
+        .to_string();
+    let work = std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id()));
+    let audit_path = work.join("audit.jsonl");
+    let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
+
+    let stdio = |id: &str, extra: &[&str]| {
+        let mut args = vec!["demo-server".to_string(), id.to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ServerConfig::stdio(id, &exe, args)
+    };
+    let mut alpha = stdio("alpha", &[]);
+    alpha.priority = 10;
+    alpha.restart = RestartConfig {
+        min_delay: Duration::from_millis(300),
+        ..RestartConfig::default()
+    };
+    let mut beta = stdio("beta", &["--era", "legacy"]);
+    beta.priority = 5;
+    let gamma = ServerConfig::http("gamma", &url);
+    let mut config = HarnessConfig {
+        servers: vec![alpha, beta, gamma],
+        ..HarnessConfig::default()
+    };
+    config
+        .permissions
+        .entry("demo-agent".into())
+        .or_default()
+        .insert("*".into(), vec!["*".into()]);
+    config
+        .permissions
+        .entry("intern".into())
+        .or_default()
+        .insert("beta".into(), vec!["echo".into()]);
+    config.cache = CacheConfig {
+        dir: Some(work.join("cache")),
+        ..CacheConfig::default()
+    };
+    config.audit = AuditConfig {
+        path: Some(audit_path.clone()),
+        ..AuditConfig::default()
     };
 
-    step("1. Connect: probe with server/discover, fall back to initialize for legacy servers");
-    let (alpha, _alpha_events) = Connection::connect(
-        "alpha",
-        TransportSpec::stdio(&exe, ["demo-server", "alpha"]),
-        options.clone(),
-    )
-    .await?;
-    let (beta, mut beta_events) = Connection::connect(
-        "beta",
-        TransportSpec::stdio(
-            &exe,
-            [
-                "demo-server",
-                "beta",
-                "--era",
-                "legacy",
-                "--on-discover",
-                "exit",
-            ],
-        ),
-        options.clone(),
-    )
-    .await?;
-    let (mut http_child, url) = http_server(&["gamma"]).await?;
-    let (gamma, _gamma_events) =
-        Connection::connect("gamma", TransportSpec::http(&url), options.clone()).await?;
-    for c in [&alpha, &beta, &gamma] {
+    step("1. Start: one supervised actor per server; discover, or initialize for legacy servers");
+    let harness = Harness::spawn(config).await?;
+    for id in ["alpha", "beta", "gamma"] {
+        wait_for(&harness, id, ServerState::Ready).await?;
+    }
+    for s in harness.status() {
         println!(
-            "  {:<6} era={:?} version={} pid={} instructions={:?}",
-            c.server(),
-            c.era(),
-            c.protocol_version(),
-            c.pid().map_or("-".to_string(), |p| p.to_string()),
-            c.profile().instructions().unwrap_or("")
+            "  {:<6} {:?} era={:?} version={} pid={}  instructions: {:?}",
+            s.id,
+            s.state,
+            s.era.context("era")?,
+            s.protocol_version.clone().unwrap_or_default(),
+            s.pid.map_or("- (HTTP)".to_string(), |p| p.to_string()),
+            s.profile
+                .as_ref()
+                .and_then(|p| p.instructions())
+                .unwrap_or("")
         );
     }
 
-    step("2. List tools on each server");
-    for c in [&alpha, &beta, &gamma] {
-        let list = c.request("tools/list", None).await?;
-        let names: Vec<&str> = list["tools"]
-            .as_array()
-            .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
-            .unwrap_or_default();
-        println!(
-            "  {:<6} {} tools (ttlMs={}, cacheScope={}): {}",
-            c.server(),
-            names.len(),
-            list["ttlMs"],
-            list["cacheScope"],
-            names[..4.min(names.len())].join(", ")
-        );
-    }
-
-    step("3. Call a tool on each (stdio modern, stdio legacy, HTTP modern)");
-    for c in [&alpha, &beta, &gamma] {
-        let r = c.request("tools/call", Some(json!({"name": "echo", "arguments": {"text": format!("hello from {}", c.server())}}))).await?;
-        println!("  {:<6} echo -> {:?}", c.server(), first_text(&r));
-    }
-
-    step("4. Elicitation, modern style: input_required, answer, retry with requestState");
-    let params = json!({"name": "confirm", "arguments": {"message": "Deploy to prod?"}});
-    let first = alpha.request("tools/call", Some(params.clone())).await?;
-    println!(
-        "  alpha answered resultType={} asking {:?}",
-        first["resultType"], first["inputRequests"]["confirm"]["params"]["message"]
+    step(
+        "2. List tools: fetched once, then served from the cache (by the servers' ttlMs and cacheScope)",
     );
-    let mut retry = params.clone();
-    retry["inputResponses"] =
-        json!({"confirm": {"action": "accept", "content": {"approved": true}}});
-    retry["requestState"] = first["requestState"].clone();
-    let done = alpha.request("tools/call", Some(retry)).await?;
-    println!("  retry -> {:?}", first_text(&done));
+    let agent = Caller::agent("demo-agent").with_auth_context("demo-session");
+    let t = Instant::now();
+    let tools = harness.list_tools(&agent).await?;
+    println!(
+        "  {} tools from 3 servers in {:?} (fetched)",
+        tools.len(),
+        t.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    let again = harness.list_tools(&agent).await?;
+    let cached = again.iter().filter(|t| t.from_cache).count();
+    println!(
+        "  {} tools in {:?} ({cached} from the cache)",
+        again.len(),
+        t.elapsed()
+    );
+    for tool in again.iter().filter(|t| t.name == "echo") {
+        println!("    {:<14} on {}", tool.qualified, tool.server);
+    }
+    let stats = harness.cache_stats();
+    println!(
+        "  cache: {} entries, {} bytes, {} hits, {} misses",
+        stats.l1.entries, stats.l1.bytes, stats.l1.hits, stats.l1.misses
+    );
 
-    step("5. Elicitation, legacy style: the server sends elicitation/create to the client");
-    let answerer = tokio::spawn(async move {
-        while let Some(event) = beta_events.recv().await {
-            if let ServerEvent::Request(req) = event {
-                println!(
-                    "  beta asks {} {:?}; the demo accepts",
-                    req.method, req.params["message"]
-                );
-                req.respond(Ok(
-                    json!({"action": "accept", "content": {"approved": true}}),
-                ));
-            }
-        }
+    step("3. A bare tool name is routed by priority: alpha (10) before beta (5) and gamma (0)");
+    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
+    println!("  server_name -> served by {:?}", first_text(&r));
+    let r = harness
+        .call_tool(&agent, "gamma__echo", json!({"text": "over loopback HTTP"}))
+        .await?;
+    println!("  gamma__echo -> {:?}", first_text(&r));
+
+    step(
+        "4. Elicitation: modern input_required rounds, and a legacy server's request, same handler",
+    );
+    let handler = FixedAnswers::from_fn(|req| {
+        println!(
+            "  [handler] {} asks {:?} (key {:?}); the demo approves",
+            req.server, req.params["message"], req.key
+        );
+        json!({"action": "accept", "content": {"approved": true, "answer": "yes"}})
     });
-    let r = beta
-        .request(
-            "tools/call",
-            Some(json!({"name": "confirm", "arguments": {"message": "Delete the cache?"}})),
+    harness
+        .register_input_handler("elicitation/create", Arc::new(handler))
+        .await?;
+    let r = harness
+        .call_tool(
+            &agent,
+            "alpha__confirm",
+            json!({"message": "Deploy to production?"}),
         )
         .await?;
-    println!("  beta confirm -> {:?}", first_text(&r));
+    println!("  alpha__confirm -> {:?}", first_text(&r));
+    let r = harness
+        .call_tool(&agent, "alpha__rounds", json!({"n": 3}))
+        .await?;
+    println!("  alpha__rounds (3 rounds) -> {:?}", first_text(&r));
+    harness.restart_server("beta").await?; // legacy servers learn the new capability at initialize
+    wait_for(&harness, "beta", ServerState::Ready).await?;
+    let r = harness
+        .call_tool(
+            &agent,
+            "beta__confirm",
+            json!({"message": "Clear the cache?"}),
+        )
+        .await?;
+    println!("  beta__confirm (legacy) -> {:?}", first_text(&r));
 
-    step("6. Faults become typed errors, never hangs");
-    let e = alpha
-        .request_with_timeout(
-            "tools/call",
-            Some(json!({"name": "hang", "arguments": {}})),
-            Duration::from_millis(300),
-        )
-        .await;
-    println!(
-        "  alpha hang    -> {}",
-        e.err().map(|e| e.to_string()).unwrap_or_default()
-    );
-    let e = alpha
-        .request(
-            "tools/call",
-            Some(json!({"name": "crash", "arguments": {}})),
-        )
-        .await;
-    println!(
-        "  alpha crash   -> {}",
-        e.err().map(|e| e.to_string()).unwrap_or_default()
-    );
-    let e = gamma
-        .request(
-            "tools/call",
-            Some(json!({"name": "http_status", "arguments": {"status": 503}})),
-        )
-        .await;
-    println!(
-        "  gamma 503     -> {}",
-        e.err().map(|e| e.to_string()).unwrap_or_default()
-    );
-
-    step("7. Shut down: close stdin, SIGTERM, SIGKILL the process group, reap");
-    let pids: Vec<u32> = [&alpha, &beta].iter().filter_map(|c| c.pid()).collect();
-    for c in [&alpha, &beta, &gamma] {
-        c.shutdown().await;
+    step("5. Permissions: default deny, per agent, per server, per tool");
+    let intern = Caller::agent("intern");
+    let r = harness
+        .call_tool(&intern, "beta__echo", json!({"text": "allowed"}))
+        .await?;
+    println!("  intern beta__echo -> {:?}", first_text(&r));
+    match harness
+        .call_tool(&intern, "alpha__add", json!({"a": 1, "b": 2}))
+        .await
+    {
+        Err(e) => println!("  intern alpha__add -> {e}"),
+        Ok(_) => bail!("the intern should have been denied"),
     }
-    answerer.abort();
+    match harness
+        .call_tool(&Caller::default(), "echo", json!({}))
+        .await
+    {
+        Err(e) => println!("  anonymous echo   -> {e}"),
+        Ok(_) => bail!("an anonymous caller should have been denied"),
+    }
+
+    step("6. A crash: the call fails fast, the supervisor restarts alpha after its backoff");
+    let old_pid = harness
+        .server_status("alpha")
+        .and_then(|s| s.pid)
+        .unwrap_or_default();
+    let t = Instant::now();
+    match harness.call_tool(&agent, "alpha__crash", json!({})).await {
+        Err(e) => println!("  alpha__crash -> {e} (after {:?})", t.elapsed()),
+        Ok(_) => bail!("the crash tool should not answer"),
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
+    println!(
+        "  meanwhile, server_name -> {:?} (alpha is {:?})",
+        first_text(&r),
+        harness.server_status("alpha").map(|s| s.state)
+    );
+    wait_for(&harness, "alpha", ServerState::Ready).await?;
+    let s = harness.server_status("alpha").context("alpha")?;
+    println!(
+        "  alpha is {:?} again: restarts={}, pid {old_pid} -> {}, last error: {}",
+        s.state,
+        s.restarts,
+        s.pid.unwrap_or_default(),
+        s.last_error.unwrap_or_default()
+    );
+    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
+    println!("  server_name -> {:?}", first_text(&r));
+
+    step("7. Shut down: every server stopped, every audit record written");
+    let pids: Vec<u32> = harness.status().iter().filter_map(|s| s.pid).collect();
+    harness.shutdown().await;
     drop(http_child.stdin.take());
     let _ = tokio::time::timeout(Duration::from_secs(5), http_child.wait()).await;
-    for pid in pids {
-        // SAFETY-free check: /proc tells whether the process still exists.
-        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
-        if alive {
+    for pid in &pids {
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
             bail!("server process {pid} is still alive after shutdown");
         }
-        println!("  pid {pid}: gone");
     }
+    println!("  server processes {pids:?}: all gone");
+    let audit = std::fs::read_to_string(&audit_path).context("reading the audit trail")?;
+    let records: Vec<Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let finished: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .collect();
+    println!(
+        "  audit: {} records ({} started, {} finished) in {}",
+        records.len(),
+        records.len() - finished.len(),
+        finished.len(),
+        audit_path.display()
+    );
+    for r in finished.iter().take(12) {
+        println!(
+            "    call {:>2} {:<6} server={:<6} rounds={} hops={} {}",
+            r["call_id"],
+            r["outcome"].as_str().unwrap_or(""),
+            r["server"].as_str().unwrap_or("-"),
+            r["rounds"].as_array().map_or(0, Vec::len),
+            r["hops"].as_array().map_or(0, Vec::len),
+            r["error"].as_str().unwrap_or("")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
     println!("\nDone.");
     Ok(())
 }

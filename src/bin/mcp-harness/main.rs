@@ -1,18 +1,24 @@
 //! The `mcp-harness` command-line program.
 //!
-//! `main` parses arguments, sets up logging (RUST_LOG, on stderr), runs the command and
-//! turns its outcome into an exit code: 0 success, 2 usage or configuration errors.
+//! `main` parses arguments, sets up logging (`RUST_LOG`, on stderr), runs the command and
+//! turns its outcome into an exit code: 0 success, 1 a tool error (`isError`) or a failed
+//! call, 2 a usage or configuration error, 3 no server could serve the call. Ctrl-C
+//! shuts the harness down gracefully (no server process is left).
 
+mod commands;
+mod config_file;
 mod demo;
 mod demo_server;
+mod elicit;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use commands::{ServerArgs, USAGE, UsageError};
 
-/// Run many MCP servers at once, supervised.
+/// Run many MCP servers at once, supervised: list their tools, call them, watch them.
 #[derive(Parser)]
-#[command(name = "mcp-harness", version, about)]
+#[command(name = "mcp-harness", version, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,6 +26,42 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List the tools the agent may call: qualified name, server, era, whether cached.
+    Tools {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// Only servers with this tag.
+        #[arg(long)]
+        tag: Option<String>,
+        /// Print each tool's qualified name, bare name, server and inputSchema as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Call one tool, by qualified name (`server__tool`) or bare name, and print its result.
+    Call {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// The tool.
+        tool: String,
+        /// Its arguments, as a JSON object.
+        args: Option<String>,
+        /// Answers to elicitation, as JSON keyed by input-request key or by field name;
+        /// omitted fields take the schema's defaults ('{}' accepts all defaults).
+        /// Without it, a terminal shows a form and anything else declines.
+        #[arg(long)]
+        answers: Option<String>,
+        /// Print the whole result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show each server's state, era, protocol version, restarts, pid and last error.
+    Status {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Walk through what the harness does, against MCP servers that ship inside this
     /// binary (stdio and loopback HTTP, both protocol eras). Needs no network.
     Demo,
@@ -42,17 +84,89 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let outcome = runtime.block_on(async {
-        match cli.command {
-            Command::Demo => demo::run().await,
-            Command::DemoServer(args) => demo_server::run(args).await,
-        }
-    });
+    let outcome = runtime.block_on(run(cli.command));
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("mcp-harness: {e:#}");
-            ExitCode::from(1)
+            let usage = e.downcast_ref::<UsageError>().is_some();
+            ExitCode::from(if usage { USAGE } else { 1 })
         }
     }
+}
+
+async fn run(command: Command) -> anyhow::Result<u8> {
+    let (servers, action) = match command {
+        Command::Demo => return demo::run().await.map(|()| 0),
+        Command::DemoServer(args) => return demo_server::run(args).await.map(|()| 0),
+        Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
+        Command::Call {
+            servers,
+            tool,
+            args,
+            answers,
+            json,
+        } => (
+            servers,
+            Action::Call {
+                tool,
+                args,
+                answers,
+                json,
+            },
+        ),
+        Command::Status { servers, json } => (servers, Action::Status { json }),
+    };
+    let loaded = commands::load(&servers)?;
+    let harness = commands::start(&loaded, servers.wait).await?;
+    let agent = loaded.agent.clone();
+    let work = async {
+        match &action {
+            Action::Tools { tag, json } => {
+                commands::tools(&harness, &agent, tag.as_deref(), *json).await
+            }
+            Action::Call {
+                tool,
+                args,
+                answers,
+                json,
+            } => {
+                commands::call(
+                    &harness,
+                    &agent,
+                    tool,
+                    args.as_deref(),
+                    answers.as_deref(),
+                    *json,
+                )
+                .await
+            }
+            Action::Status { json } => commands::status(&harness, *json),
+        }
+    };
+    let outcome = tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\nmcp-harness: interrupted; stopping servers");
+            Ok(130)
+        }
+    };
+    harness.shutdown().await;
+    outcome
+}
+
+enum Action {
+    Tools {
+        tag: Option<String>,
+        json: bool,
+    },
+    Call {
+        tool: String,
+        args: Option<String>,
+        answers: Option<String>,
+        json: bool,
+    },
+    Status {
+        json: bool,
+    },
 }

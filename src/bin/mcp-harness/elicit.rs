@@ -1,0 +1,212 @@
+//! How `mcp-harness call` answers elicitation: from `--answers`, from a form on the
+//! terminal, or (neither) by declining. URL-mode requests show the full URL and ask for
+//! consent; the program never opens a URL itself.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use mcp_harness::call::handler::InputFuture;
+use mcp_harness::{InputHandler, InputRequestContext};
+use serde_json::{Map, Value, json};
+
+/// The command line's elicitation handler.
+pub struct CliElicitation {
+    /// `--answers`: keyed by input-request key or by field name.
+    pub answers: Option<Value>,
+}
+
+impl InputHandler for CliElicitation {
+    fn capability(&self) -> Value {
+        json!({"form": {}, "url": {}})
+    }
+
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        let answers = self.answers.clone();
+        Box::pin(async move {
+            let interactive = answers.is_none() && std::io::stdin().is_terminal();
+            tokio::task::spawn_blocking(move || decide(&request, answers.as_ref(), interactive))
+                .await
+                .map_err(|e| mcp_harness::call::handler::InputError::Failed(e.to_string()))
+        })
+    }
+}
+
+fn decline(why: &str) -> Value {
+    eprintln!("mcp-harness: elicitation declined: {why}");
+    json!({"action": "decline"})
+}
+
+fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
+    let p = &request.params;
+    let message = p["message"].as_str().unwrap_or("");
+    if p["mode"] == "url" {
+        let url = p["url"].as_str().unwrap_or("");
+        eprintln!(
+            "Server {} asks you to open this URL yourself:\n  {url}\n  ({message})",
+            request.server
+        );
+        let consent = match answers {
+            Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),
+            None if interactive => ask("Done, and do you consent? [y/N] ")
+                .is_some_and(|l| l.trim().eq_ignore_ascii_case("y")),
+            None => false,
+        };
+        return if consent {
+            json!({"action": "accept"})
+        } else {
+            decline("no consent to the URL")
+        };
+    }
+    let schema = &p["requestedSchema"];
+    let empty = Map::new();
+    let props = schema["properties"].as_object().unwrap_or(&empty);
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(answers) = answers {
+        let source = answers
+            .get(&request.key)
+            .filter(|v| v.is_object())
+            .unwrap_or(answers);
+        let mut content = Map::new();
+        for (field, def) in props {
+            match source.get(field).or_else(|| def.get("default")) {
+                Some(v) => {
+                    content.insert(field.clone(), v.clone());
+                }
+                None if required.contains(&field.as_str()) => {
+                    return decline(&format!(
+                        "--answers has no value for required field {field:?}"
+                    ));
+                }
+                None => {}
+            }
+        }
+        return json!({"action": "accept", "content": content});
+    }
+    if !interactive {
+        return decline(
+            "stdin is not a terminal; pass --answers '{...}' (or '{}' for the defaults)",
+        );
+    }
+    eprintln!("\nServer {} asks: {message}", request.server);
+    eprintln!("(press Enter for the default; type !decline or !cancel to refuse)");
+    let mut content = Map::new();
+    for (field, def) in props {
+        loop {
+            let kind = def["type"].as_str().unwrap_or("string");
+            let options = def["enum"]
+                .as_array()
+                .map(|e| format!(" {}", Value::Array(e.clone())))
+                .unwrap_or_default();
+            let default = def
+                .get("default")
+                .map(|d| format!(" [{d}]"))
+                .unwrap_or_default();
+            let title = def["title"]
+                .as_str()
+                .or(def["description"].as_str())
+                .unwrap_or(field);
+            let star = if required.contains(&field.as_str()) {
+                "*"
+            } else {
+                ""
+            };
+            let Some(line) = ask(&format!("  {title}{star} ({kind}{options}){default}: ")) else {
+                return json!({"action": "cancel"});
+            };
+            let line = line.trim();
+            match line {
+                "!decline" => return json!({"action": "decline"}),
+                "!cancel" => return json!({"action": "cancel"}),
+                "" => {
+                    if let Some(d) = def.get("default") {
+                        content.insert(field.clone(), d.clone());
+                    } else if required.contains(&field.as_str()) {
+                        eprintln!("  {field} is required");
+                        continue;
+                    }
+                    break;
+                }
+                _ => match parse(kind, def, line) {
+                    Ok(v) => {
+                        content.insert(field.clone(), v);
+                        break;
+                    }
+                    Err(e) => eprintln!("  {e}"),
+                },
+            }
+        }
+    }
+    json!({"action": "accept", "content": content})
+}
+
+fn ask(prompt: &str) -> Option<String> {
+    eprint!("{prompt}");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line),
+    }
+}
+
+fn parse(kind: &str, def: &Value, text: &str) -> Result<Value, String> {
+    let value = match kind {
+        "boolean" => match text.to_ascii_lowercase().as_str() {
+            "y" | "yes" | "true" => json!(true),
+            "n" | "no" | "false" => json!(false),
+            _ => return Err("answer yes or no".into()),
+        },
+        "integer" => json!(text.parse::<i64>().map_err(|_| "a whole number, please")?),
+        "number" => json!(text.parse::<f64>().map_err(|_| "a number, please")?),
+        _ => json!(text),
+    };
+    if let Some(options) = def["enum"].as_array()
+        && !options.contains(&value)
+    {
+        return Err(format!("one of {}", Value::Array(options.clone())));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(schema: Value) -> InputRequestContext {
+        InputRequestContext {
+            server: "s".into(),
+            method: "elicitation/create".into(),
+            params: json!({"message": "?", "requestedSchema": schema}),
+            agent_id: None,
+            key: "k".into(),
+        }
+    }
+
+    #[test]
+    fn answers_fill_by_field_or_key_and_defaults_fill_the_rest() {
+        let schema = json!({"properties": {"a": {"type": "boolean", "default": false}, "b": {"type": "string"}}, "required": ["b"]});
+        let by_field = decide(&request(schema.clone()), Some(&json!({"b": "x"})), false);
+        assert_eq!(
+            by_field,
+            json!({"action": "accept", "content": {"a": false, "b": "x"}})
+        );
+        let by_key = decide(
+            &request(schema.clone()),
+            Some(&json!({"k": {"b": "y", "a": true}})),
+            false,
+        );
+        assert_eq!(by_key["content"], json!({"a": true, "b": "y"}));
+        assert_eq!(
+            decide(&request(schema.clone()), Some(&json!({})), false)["action"],
+            "decline",
+            "b is required"
+        );
+        assert_eq!(
+            decide(&request(schema), None, false)["action"],
+            "decline",
+            "no terminal, no answers"
+        );
+    }
+}
