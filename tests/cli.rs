@@ -266,3 +266,15 @@ fn the_demo_runs_every_step() {
         assert!(out.contains(needle), "{needle:?} missing from:\n{out}");
     }
 }
+
+#[test]
+fn the_example_config_in_the_repository_runs() {
+    let o = Command::new(harness_exe())
+        .args(["status", "--config", "examples/harness.toml"])
+        .env("HOME", "/tmp")
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("alpha") && stdout(&o).contains("legacy"), "{}", stdout(&o));
+}
