@@ -276,5 +276,9 @@ fn the_example_config_in_the_repository_runs() {
         .output()
         .expect("run");
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("alpha") && stdout(&o).contains("legacy"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("alpha") && stdout(&o).contains("legacy"),
+        "{}",
+        stdout(&o)
+    );
 }
