@@ -55,6 +55,11 @@ pub enum Action {
     BrokenStream,
     /// Answer `{}`-like success, then forget the legacy HTTP session (stdio: just answer).
     ExpireSession,
+    /// Write this text instead of an answer (`{id}` becomes the request's id); may hold
+    /// several lines, or broken JSON.
+    RawLine(String),
+    /// Write this text without a newline, then exit (a partial line, then EOF).
+    RawThenExit(String),
 }
 
 /// Something the server writes: a message, raw bytes (faults), or the end of stdout.
@@ -150,6 +155,8 @@ pub struct DemoServer {
     record: Option<Mutex<std::fs::File>>,
     /// Tools added at run time by the `grow` tool (its list changes).
     pub grown: AtomicU64,
+    /// While `now` is before this, every request waits (a hung server).
+    pub frozen_until: Mutex<Option<std::time::Instant>>,
 }
 
 impl DemoServer {
@@ -168,6 +175,7 @@ impl DemoServer {
             calls: AtomicU64::new(0),
             record,
             grown: AtomicU64::new(0),
+            frozen_until: Mutex::new(None),
         }))
     }
 
@@ -194,6 +202,10 @@ impl DemoServer {
 
     /// Handles one request.
     pub async fn handle(self: &Arc<Self>, request: Request, ctx: Ctx) -> Action {
+        let frozen = *self.frozen_until.lock();
+        if let Some(until) = frozen {
+            tokio::time::sleep_until(until.into()).await;
+        }
         let modern_request = !ctx.legacy;
         match request.method.as_str() {
             "ping" => return Action::Reply(Ok(json!({}))),
@@ -341,6 +353,10 @@ impl DemoServer {
 
     fn list_tools(&self, request: &Request) -> Result<Value, RpcError> {
         let mut all = tools::catalog(&self.args);
+        if let Some(mib) = self.args.huge_schema {
+            let description = "x".repeat(mib * 1024 * 1024);
+            all.push(json!({"name": "huge", "description": description, "inputSchema": {"type": "object"}}));
+        }
         for n in 0..self.grown.load(Ordering::SeqCst) {
             all.push(json!({"name": format!("grown_{n}"), "inputSchema": {"type": "object"}}));
         }

@@ -335,6 +335,10 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         Action::Reply(outcome) => reply_status(id, outcome),
         Action::NoReply => std::future::pending().await,
         Action::Garbage => full(StatusCode::OK, "application/json", "this is {not json"),
+        Action::RawLine(text) | Action::RawThenExit(text) => {
+            let body = text.replace("{id}", &serde_json::to_string(&id).unwrap_or_default());
+            full(StatusCode::OK, "application/json", body)
+        }
         Action::Oversize(bytes) => {
             let result = json!({"content": [{"type": "text", "text": "x".repeat(bytes)}]});
             json_message(

@@ -57,6 +57,9 @@ pub struct DemoServerArgs {
     /// Serve this many extra generated tools (`gen_0` …) besides the built-in ones.
     #[arg(long, default_value_t = 0)]
     pub extra_tools: usize,
+    /// Add a tool whose schema is this many MiB (a hostile server).
+    #[arg(long)]
+    pub huge_schema: Option<usize>,
     /// Tools per `tools/list` page (0: one page).
     #[arg(long, default_value_t = 0)]
     pub page_size: usize,

@@ -85,6 +85,22 @@ fn perform(action: Action, id: RequestId, tx: &mpsc::UnboundedSender<Out>) {
         Action::Reply(outcome) => respond(outcome),
         Action::ExpireSession => respond(Ok(json!({"content": [], "isError": false}))),
         Action::NoReply => {}
+        Action::RawLine(text) => {
+            let mut bytes = text
+                .replace("{id}", &serde_json::to_string(&id).unwrap_or_default())
+                .into_bytes();
+            bytes.push(b'\n');
+            let _ = tx.send(Out::Raw(bytes));
+        }
+        Action::RawThenExit(text) => {
+            use std::io::Write;
+            // Straight to fd 1, flushed, so the partial line is out before the exit.
+            let text = text.replace("{id}", &serde_json::to_string(&id).unwrap_or_default());
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+            std::process::exit(1);
+        }
         Action::Garbage => {
             let _ = tx.send(Out::Raw(b"this is {not json\n".to_vec()));
         }

@@ -76,6 +76,49 @@ pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
             json!({}),
             &[],
         ),
+        tool(
+            "batch",
+            "Answers with a JSON-RPC batch (an array)",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "wrong_id",
+            "Answers with an id that was never sent",
+            json!({}),
+            &[],
+        ),
+        tool("duplicate", "Answers twice", json!({}), &[]),
+        tool(
+            "both",
+            "Answers with result and error together",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "partial_eof",
+            "Writes half a line, then exits",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "empty_input_required",
+            "input_required with neither inputRequests nor requestState",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "task_result",
+            "Answers with resultType task (not negotiated)",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "freeze",
+            "Stops answering anything for ms milliseconds",
+            json!({"ms": i("how long")}),
+            &[],
+        ),
         tool("hang", "Never answers", json!({}), &[]),
         tool(
             "garbage",
@@ -292,6 +335,29 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
         "endless_stream" => Action::EndlessStream,
         "broken_stream" => Action::BrokenStream,
         "server_name" => reply(Ok(text(server.args.name.clone()))),
+        "batch" => {
+            Action::RawLine(r#"[{"jsonrpc":"2.0","id":{id},"result":{"content":[]}}]"#.into())
+        }
+        "wrong_id" => {
+            Action::RawLine(r#"{"jsonrpc":"2.0","id":987654321,"result":{"content":[]}}"#.into())
+        }
+        "duplicate" => Action::RawLine(
+            r#"{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"once"}]}}
+{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"twice"}]}}"#
+                .into(),
+        ),
+        "both" => Action::RawLine(
+            r#"{"jsonrpc":"2.0","id":{id},"result":{},"error":{"code":1,"message":"both"}}"#.into(),
+        ),
+        "partial_eof" => Action::RawThenExit(r#"{"jsonrpc":"2.0","id":{id},"res"#.into()),
+        "empty_input_required" => reply(Ok(json!({"resultType": "input_required"}))),
+        "task_result" => reply(Ok(json!({"resultType": "task", "taskId": "t1"}))),
+        "freeze" => {
+            let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(1000);
+            *server.frozen_until.lock() =
+                Some(std::time::Instant::now() + Duration::from_millis(ms));
+            reply(Ok(text(format!("frozen for {ms} ms"))))
+        }
         "grow" => {
             let n = server
                 .grown

@@ -1,0 +1,307 @@
+//! The hostile-server corpus: one test per bad behaviour. Each ends in a typed error,
+//! never a panic or a hang, and the harness keeps serving afterwards.
+
+mod support;
+
+use std::time::Duration;
+
+use mcp_harness::protocol::ProtocolError;
+use mcp_harness::transport::TransportError;
+use mcp_harness::{
+    Caller, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, ServerConfig,
+    ServerError, ServerState,
+};
+use serde_json::{Value, json};
+use support::*;
+
+fn demo(id: &str, args: &[&str]) -> ServerConfig {
+    let mut all = vec!["demo-server".to_string(), id.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let mut c = ServerConfig::stdio(id, harness_exe(), all);
+    c.timeout = Duration::from_millis(800);
+    c.restart = RestartConfig {
+        min_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(100),
+        ..RestartConfig::default()
+    };
+    c.max_retries = 50;
+    c
+}
+
+async fn harness(servers: Vec<ServerConfig>) -> HarnessHandle {
+    let mut config = HarnessConfig {
+        servers,
+        ..HarnessConfig::default()
+    };
+    config
+        .permissions
+        .entry("a".into())
+        .or_default()
+        .insert("*".into(), vec!["*".into()]);
+    config.round_cap = 5;
+    let h = Harness::spawn(config).await.expect("spawn");
+    let ids: Vec<String> = h.status().iter().map(|s| s.id.clone()).collect();
+    for id in &ids {
+        assert!(ready(&h, id).await, "{id} ready");
+    }
+    h
+}
+
+async fn ready(h: &HarnessHandle, id: &str) -> bool {
+    eventually(Duration::from_secs(30), || {
+        h.server_status(id)
+            .is_some_and(|s| s.state == ServerState::Ready)
+    })
+    .await
+}
+
+async fn call(h: &HarnessHandle, tool: &str) -> Result<Value, HarnessError> {
+    h.call_tool(&Caller::agent("a"), tool, json!({})).await
+}
+
+/// The harness still serves `server`: its echo answers (after a restart if needed).
+async fn still_serving(h: &HarnessHandle, server: &str) {
+    assert!(ready(h, server).await, "{server} is ready again");
+    let r = h
+        .call_tool(
+            &Caller::agent("a"),
+            &format!("{server}__echo"),
+            json!({"text": "alive"}),
+        )
+        .await;
+    assert_eq!(text(&r.expect("echo after the fault")), "alive");
+}
+
+fn transport(e: &HarnessError) -> &TransportError {
+    match e {
+        HarnessError::Server(
+            ServerError::Transport { source, .. } | ServerError::TransportClosed { source, .. },
+        ) => source,
+        other => panic!("expected a transport error, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn invalid_json_is_skipped_and_its_call_times_out() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__garbage").await.expect_err("garbage");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_batch_array_is_rejected_and_its_call_times_out() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__batch").await.expect_err("batch");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reply_with_an_unknown_id_is_ignored() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__wrong_id").await.expect_err("unknown id");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_reply_is_used_once() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let r = call(&h, "s__duplicate")
+        .await
+        .expect("the first reply counts");
+    assert_eq!(text(&r), "once");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn result_and_error_together_is_rejected() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__both").await.expect_err("malformed");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_line_past_the_size_limit_ends_the_connection_and_the_server_restarts() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = h
+        .call_tool(
+            &Caller::agent("a"),
+            "s__oversize",
+            json!({"bytes": 17 * 1024 * 1024}),
+        )
+        .await
+        .expect_err("too long");
+    assert!(
+        matches!(transport(&e), TransportError::LineTooLong { .. }),
+        "{e}"
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_partial_line_then_eof_is_a_closed_transport() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__partial_eof").await.expect_err("eof");
+    assert!(
+        matches!(transport(&e), TransportError::Closed { .. }),
+        "{e}"
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_modern_server_sending_a_request_is_refused() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let r = call(&h, "s__rogue_request")
+        .await
+        .expect("the tool reports the refusal");
+    assert_eq!(text(&r), "client refused: -32600");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn input_required_forever_stops_at_the_round_cap() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__forever").await.expect_err("cap");
+    assert!(matches!(e, HarnessError::RoundCap { cap: 5, .. }), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn input_required_with_neither_requests_nor_state_is_a_protocol_error() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__empty_input_required")
+        .await
+        .expect_err("invalid");
+    assert!(
+        matches!(
+            e,
+            HarnessError::Server(ServerError::Protocol {
+                source: ProtocolError::InvalidResult(_),
+                ..
+            })
+        ),
+        "{e}"
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unknown_result_type_is_invalid() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__task_result")
+        .await
+        .expect_err("unknown resultType");
+    assert!(
+        matches!(&e, HarnessError::Server(ServerError::Protocol { source: ProtocolError::UnknownResultType(t), .. }) if t == "task"),
+        "{e}"
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn ten_thousand_tools_are_listed_and_a_50_mib_schema_is_refused_without_losing_the_others() {
+    let h = harness(vec![
+        demo("many", &["--extra-tools", "10000", "--page-size", "1000"]),
+        demo("huge", &["--huge-schema", "50"]),
+        demo("s", &[]),
+    ])
+    .await;
+    let tools = h
+        .list_tools(&Caller::agent("a").with_auth_context("x"))
+        .await
+        .expect("list");
+    assert!(
+        tools.iter().filter(|t| t.server == "many").count() > 10_000,
+        "all pages followed"
+    );
+    assert!(
+        tools.iter().all(|t| t.server != "huge"),
+        "the huge list was refused (line too long), not loaded"
+    );
+    assert!(tools.iter().any(|t| t.server == "s"));
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_event_stream_that_never_ends_times_out() {
+    let server = HttpServer::demo(&["web"]).await;
+    let mut web = ServerConfig::http("web", &server.url);
+    web.timeout = Duration::from_millis(500);
+    let h = harness(vec![web]).await;
+    let e = call(&h, "web__endless_stream").await.expect_err("endless");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    still_serving(&h, "web").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_http_reply_with_the_wrong_content_type_is_rejected() {
+    let server = HttpServer::demo(&["web"]).await;
+    let h = harness(vec![ServerConfig::http("web", &server.url)]).await;
+    let e = call(&h, "web__wrong_content_type").await.expect_err("html");
+    assert!(
+        matches!(transport(&e), TransportError::UnexpectedContentType(t) if t.starts_with("text/html")),
+        "{e}"
+    );
+    still_serving(&h, "web").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_closes_stdout_but_keeps_running_is_replaced() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let e = call(&h, "s__close_stdout").await.expect_err("closed");
+    assert!(
+        matches!(transport(&e), TransportError::Closed { .. }),
+        "{e}"
+    );
+    still_serving(&h, "s").await;
+    assert!(
+        eventually(Duration::from_secs(10), || group_members(pid).is_empty()).await,
+        "the old process was killed"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_sigterm_is_killed_at_shutdown() {
+    let mut stubborn = demo("s", &["--ignore-sigterm"]);
+    stubborn.timeout = Duration::from_secs(5);
+    let h = harness(vec![stubborn]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    h.shutdown().await;
+    assert!(
+        group_members(pid).is_empty(),
+        "SIGKILL after SIGTERM was ignored"
+    );
+}
+
+#[tokio::test]
+async fn a_frozen_server_times_out_calls_and_then_recovers() {
+    let h = harness(vec![demo("s", &[])]).await;
+    h.call_tool(&Caller::agent("a"), "s__freeze", json!({"ms": 1500}))
+        .await
+        .expect("freeze");
+    let e = call(&h, "s__echo").await.expect_err("frozen");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
