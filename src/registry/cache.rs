@@ -140,7 +140,18 @@ impl SchemaCache {
         param: Option<&str>,
         auth_context: Option<&str>,
     ) -> Option<Value> {
-        let now = now_ms();
+        self.get_at(now_ms(), server, method, param, auth_context)
+    }
+
+    /// [`SchemaCache::get`] at a given time (unix milliseconds).
+    pub fn get_at(
+        &self,
+        now: u64,
+        server: &str,
+        method: &str,
+        param: Option<&str>,
+        auth_context: Option<&str>,
+    ) -> Option<Value> {
         let keys: Vec<CacheKey> = [CacheScope::Public, CacheScope::Private]
             .into_iter()
             .filter_map(|s| scope_key(s, auth_context))
@@ -217,6 +228,18 @@ impl SchemaCache {
 
     /// Stores a result fetched at `generation` (writer: the registry actor).
     pub(crate) fn put(&self, key: CacheKey, ttl: Duration, value: Value, generation: u64) {
+        self.put_at(now_ms(), key, ttl, value, generation)
+    }
+
+    /// [`SchemaCache::put`] at a given time (unix milliseconds).
+    pub(crate) fn put_at(
+        &self,
+        now: u64,
+        key: CacheKey,
+        ttl: Duration,
+        value: Value,
+        generation: u64,
+    ) {
         if self.generation(&key.server) != generation {
             return; // invalidated while it was being fetched
         }
@@ -224,7 +247,7 @@ impl SchemaCache {
         let entry = Entry {
             key: key.clone(),
             value,
-            expires_unix_ms: now_ms().saturating_add(ttl.as_millis() as u64),
+            expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
             bytes,
         };
         if let Some(dir) = &self.dir {
@@ -413,5 +436,87 @@ mod tests {
         let stats = cache.stats();
         assert_eq!((stats.l1.misses, stats.l2.hits), (1, 1));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Put {
+                ctx: Option<u8>,
+                public: bool,
+                ttl_s: u8,
+                id: u32,
+            },
+            Get {
+                ctx: Option<u8>,
+            },
+            Wait {
+                ms: u16,
+            },
+            Invalidate,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let ctx = proptest::option::of(0u8..3);
+            prop_oneof![
+                (ctx.clone(), any::<bool>(), 0u8..4, any::<u32>()).prop_map(
+                    |(ctx, public, ttl_s, id)| Op::Put {
+                        ctx,
+                        public,
+                        ttl_s,
+                        id
+                    }
+                ),
+                ctx.prop_map(|ctx| Op::Get { ctx }),
+                (0u16..3000).prop_map(|ms| Op::Wait { ms }),
+                Just(Op::Invalidate),
+            ]
+        }
+
+        proptest! {
+            /// A private entry is never served to another auth context, an expired entry
+            /// is never served as fresh, and an invalidated one is never served at all.
+            #[test]
+            fn isolation_and_freshness_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..60)) {
+                let cache = SchemaCache::new(Duration::from_secs(60), None);
+                let mut now = 1_000_000u64;
+                // What was put: id -> (scope ctx (None = public), expires, epoch).
+                let mut puts: HashMap<u32, (Option<Option<u8>>, u64, u32)> = HashMap::new();
+                let mut epoch = 0u32;
+                for op in ops {
+                    match op {
+                        Op::Put { ctx, public, ttl_s, id } => {
+                            let result = json!({"id": id, "ttlMs": u64::from(ttl_s) * 1000, "cacheScope": if public { "public" } else { "private" }});
+                            let context = ctx.map(|c| format!("ctx{c}"));
+                            if let Some((key, ttl)) = cache.key_for("s", "tools/list", None, context.as_deref(), &result) {
+                                cache.put_at(now, key, ttl, result, cache.generation("s"));
+                                let scope = if public { None } else { Some(ctx) };
+                                puts.insert(id, (scope, now + u64::from(ttl_s) * 1000, epoch));
+                            }
+                        }
+                        Op::Get { ctx } => {
+                            let context = ctx.map(|c| format!("ctx{c}"));
+                            if let Some(v) = cache.get_at(now, "s", "tools/list", None, context.as_deref()) {
+                                let id = v["id"].as_u64().unwrap_or_default() as u32;
+                                let (scope, expires, put_epoch) = puts[&id];
+                                if let Some(owner) = scope {
+                                    prop_assert!(owner.is_some() && owner == ctx, "private entry of {owner:?} served to {ctx:?}");
+                                }
+                                prop_assert!(now < expires, "expired entry served");
+                                prop_assert_eq!(put_epoch, epoch, "invalidated entry served");
+                            }
+                        }
+                        Op::Wait { ms } => now += u64::from(ms),
+                        Op::Invalidate => {
+                            cache.invalidate("s");
+                            epoch += 1;
+                        }
+                    }
+                }
+            }
+        }
     }
 }
