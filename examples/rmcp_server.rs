@@ -86,14 +86,19 @@ impl ServerHandler for Interop {
     }
 }
 
+// Unused when benches/harness.rs includes this file for `run`.
+#[allow(dead_code)]
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .try_init();
+    run(std::env::args().skip(1).collect()).await
+}
 
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// Serves as `args` say: `stdio`, or `http [--json]`.
+pub async fn run(args: Vec<String>) -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         // `stdio_pipes` is rmcp's stdio transport on non-blocking pipes (falls back to `stdio()`).
         Some("stdio") => {

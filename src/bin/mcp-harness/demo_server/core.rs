@@ -188,7 +188,10 @@ impl DemoServer {
     /// Appends one line to the `--record` file, if there is one.
     pub fn record(&self, line: Value) {
         if let Some(file) = &self.record {
-            let _ = writeln!(file.lock(), "{line}");
+            // One write per line: several servers may append to the same file.
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            let _ = file.lock().write_all(&bytes);
         }
     }
 

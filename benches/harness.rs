@@ -1,0 +1,633 @@
+//! What a call through mcp-harness costs, side by side with a raw client and rmcp's own
+//! client on the same servers, in one run. `cargo bench` prints one `BENCH name value
+//! unit` line per figure at the end (see BENCHMARKS.md for what each means).
+//!
+//! Servers: an rmcp 3.11 echo server (this binary re-executed with `MCP_BENCH_ROLE`,
+//! running `examples/rmcp_server.rs`) and the demo server of the `mcp-harness` binary.
+//! Clients: `raw` (one writer task, one reader task, ids matched in a map: the floor of
+//! pipes plus JSON), `rmcp` (rmcp's client, modern lifecycle), `harness`
+//! (`HarnessHandle::call_tool` with the permission check, routing, an audit file and the
+//! cache). `MCP_BENCH_QUICK=1` shortens every measurement.
+
+#[path = "../examples/rmcp_server.rs"]
+mod rmcp_server;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mcp_harness::audit::AuditConfig;
+use mcp_harness::config::CacheConfig;
+use mcp_harness::{Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerState};
+use parking_lot::Mutex;
+
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+type Call = Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// One way of calling `echo`.
+#[derive(Clone)]
+enum Client {
+    Raw(Arc<RawStdio>),
+    RawHttp(reqwest::Client, String),
+    Rmcp(Arc<RunningService<RoleClient, ()>>),
+    Harness(HarnessHandle, Caller),
+}
+
+const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"0"}}"#;
+
+fn echo_request(id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hi"}},{META}}}}}"#
+    )
+}
+
+impl Client {
+    fn call(&self) -> Call {
+        match self.clone() {
+            Client::Raw(raw) => Box::pin(async move { raw.call().await }),
+            Client::RawHttp(client, url) => Box::pin(async move {
+                static ID: AtomicU64 = AtomicU64::new(1);
+                let body = echo_request(ID.fetch_add(1, Ordering::Relaxed));
+                let response = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "echo")
+                    .body(body)
+                    .send()
+                    .await;
+                match response {
+                    Ok(r) => r
+                        .bytes()
+                        .await
+                        .is_ok_and(|b| b.windows(6).any(|w| w == b"result")),
+                    Err(_) => false,
+                }
+            }),
+            Client::Rmcp(service) => Box::pin(async move {
+                let mut args = serde_json::Map::new();
+                args.insert("text".into(), json!("hi"));
+                let params = rmcp::model::CallToolRequestParams::new("echo").with_arguments(args);
+                service.peer().call_tool(params).await.is_ok()
+            }),
+            Client::Harness(h, caller) => Box::pin(async move {
+                h.call_tool(&caller, "echo", json!({"text": "hi"}))
+                    .await
+                    .is_ok()
+            }),
+        }
+    }
+}
+
+/// The floor: one writer task, one reader task, ids in a map.
+struct RawStdio {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>,
+    next: AtomicU64,
+    _child: tokio::process::Child,
+}
+
+impl RawStdio {
+    fn spawn(mut cmd: tokio::process::Command) -> Arc<RawStdio> {
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn server");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            while let Some(line) = rx.recv().await {
+                buf.extend_from_slice(&line);
+                while let Ok(more) = rx.try_recv() {
+                    buf.extend_from_slice(&more);
+                }
+                if stdin.write_all(&buf).await.is_err() || stdin.flush().await.is_err() {
+                    return;
+                }
+                buf.clear();
+            }
+        });
+        let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>> = Arc::default();
+        let p = pending.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if let Some(id) = v["id"].as_u64()
+                    && let Some(tx) = p.lock().remove(&id)
+                {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        Arc::new(RawStdio {
+            tx,
+            pending,
+            next: AtomicU64::new(1),
+            _child: child,
+        })
+    }
+
+    async fn call(&self) -> bool {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(id, tx);
+        let mut line = echo_request(id).into_bytes();
+        line.push(b'\n');
+        if self.tx.send(line).is_err() {
+            return false;
+        }
+        rx.await.is_ok()
+    }
+}
+
+struct Bench {
+    lines: Vec<(String, f64, &'static str)>,
+    quick: bool,
+}
+
+impl Bench {
+    fn record(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
+        let name = name.into();
+        eprintln!("  {name:<44} {value:>12.2} {unit}");
+        self.lines.push((name, value, unit));
+    }
+
+    fn get(&self, name: &str) -> f64 {
+        self.lines
+            .iter()
+            .find(|(n, ..)| n == name)
+            .map_or(f64::NAN, |(_, v, _)| *v)
+    }
+
+    fn duration(&self) -> Duration {
+        if self.quick {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_millis(1500)
+        }
+    }
+
+    /// Sequential calls: p50 and p99 latency in microseconds.
+    async fn latency(&mut self, name: &str, client: &Client) {
+        let n = if self.quick { 300 } else { 3000 };
+        for _ in 0..n / 10 {
+            client.call().await;
+        }
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            assert!(client.call().await, "{name}: a call failed");
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        samples.sort_by(f64::total_cmp);
+        self.record(format!("{name}_p50"), samples[n / 2], "us");
+        self.record(format!("{name}_p99"), samples[n * 99 / 100], "us");
+    }
+
+    /// Calls per second with `inflight` callers looping for the measurement time.
+    async fn throughput(&mut self, name: &str, client: &Client, inflight: usize) {
+        let done = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + self.duration();
+        let mut tasks = Vec::new();
+        for _ in 0..inflight {
+            let (client, done) = (client.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    if client.call().await {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        let start = Instant::now();
+        for t in tasks {
+            let _ = t.await;
+        }
+        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(1e-9);
+        self.record(format!("{name}_c{inflight}"), rate, "calls/s");
+    }
+
+    async fn all(&mut self, name: &str, client: &Client) {
+        self.latency(name, client).await;
+        for c in [1, 16, 64] {
+            self.throughput(name, client, c).await;
+        }
+    }
+}
+
+fn harness_bin() -> String {
+    env!("CARGO_BIN_EXE_mcp-harness").to_string()
+}
+
+fn self_cmd(role: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe().expect("bench exe"));
+    cmd.env("MCP_BENCH_ROLE", role);
+    cmd
+}
+
+fn demo_cmd(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(harness_bin());
+    cmd.arg("demo-server").args(args);
+    cmd
+}
+
+fn temp(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mcp-harness-bench-{}-{tag}", std::process::id()))
+}
+
+fn config(server: ServerConfig, audit: bool) -> HarnessConfig {
+    let mut c = HarnessConfig {
+        servers: vec![server],
+        ..HarnessConfig::default()
+    };
+    c.permissions
+        .entry("bench".into())
+        .or_default()
+        .insert("*".into(), vec!["*".into()]);
+    c.cache = CacheConfig {
+        dir: Some(temp("cache")),
+        ..CacheConfig::default()
+    };
+    if audit {
+        c.audit = AuditConfig {
+            path: Some(temp("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+    }
+    c
+}
+
+async fn ready(h: &HarnessHandle) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if h.status().iter().all(|s| s.state == ServerState::Ready) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "servers not ready: {:?}",
+        h.status()
+            .iter()
+            .map(|s| (s.id.clone(), s.state))
+            .collect::<Vec<_>>()
+    );
+}
+
+async fn harness_client(server: ServerConfig, audit: bool) -> (HarnessHandle, Client) {
+    let h = Harness::spawn(config(server, audit))
+        .await
+        .expect("harness");
+    ready(&h).await;
+    let caller = Caller::agent("bench").with_auth_context("bench");
+    (h.clone(), Client::Harness(h, caller))
+}
+
+async fn http_server(mut cmd: tokio::process::Command) -> (tokio::process::Child, String) {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn HTTP server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .await
+        .expect("read");
+    (
+        child,
+        line.trim().trim_start_matches("listening ").to_string(),
+    )
+}
+
+fn rss_kb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn count_lines(path: &std::path::Path, needle: &str) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+async fn stdio_section(b: &mut Bench) {
+    eprintln!("stdio, echo:");
+    for (server, cmd) in [
+        ("rmcp", self_cmd as fn(&str) -> tokio::process::Command),
+        ("demo", |_: &str| demo_cmd(&["bench"])),
+    ] {
+        let raw = Client::Raw(RawStdio::spawn(cmd("stdio")));
+        b.all(&format!("stdio_{server}_raw"), &raw).await;
+        drop(raw);
+        let rmcp = ().serve_with_lifecycle(
+            rmcp::transport::TokioChildProcess::new(cmd("stdio")).expect("child"),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        );
+        let rmcp = Client::Rmcp(Arc::new(rmcp.await.expect("rmcp client")));
+        b.all(&format!("stdio_{server}_rmcp"), &rmcp).await;
+        drop(rmcp);
+        let command = cmd("stdio");
+        let std = command.as_std();
+        let program = std.get_program().to_string_lossy().to_string();
+        let args: Vec<String> = std
+            .get_args()
+            .map(|a| a.to_string_lossy().to_string())
+            .collect();
+        let mut config = ServerConfig::stdio("s", program, args);
+        if server == "rmcp" {
+            config.transport = match config.transport {
+                mcp_harness::TransportConfig::Stdio {
+                    command, args, cwd, ..
+                } => mcp_harness::TransportConfig::Stdio {
+                    command,
+                    args,
+                    cwd,
+                    env: [("MCP_BENCH_ROLE".to_string(), "stdio".to_string())].into(),
+                },
+                other => other,
+            };
+        }
+        let (h, client) = harness_client(config, true).await;
+        b.all(&format!("stdio_{server}_harness"), &client).await;
+        h.shutdown().await;
+    }
+}
+
+async fn http_section(b: &mut Bench) {
+    eprintln!("Streamable HTTP on loopback, echo:");
+    let mut rmcp_cmd = self_cmd("http");
+    rmcp_cmd.arg("--json");
+    for (server, cmd) in [
+        ("rmcp", rmcp_cmd),
+        ("demo", demo_cmd(&["bench", "--http", "127.0.0.1:0"])),
+    ] {
+        let (child, url) = http_server(cmd).await;
+        let raw = Client::RawHttp(
+            reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .build()
+                .expect("client"),
+            url.clone(),
+        );
+        b.all(&format!("http_{server}_raw"), &raw).await;
+        let (h, client) = harness_client(ServerConfig::http("s", &url), true).await;
+        b.all(&format!("http_{server}_harness"), &client).await;
+        h.shutdown().await;
+        drop(child);
+    }
+}
+
+async fn further_section(b: &mut Bench) {
+    eprintln!("cache, restart, audit:");
+    let (h, client) = harness_client(
+        ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
+        true,
+    )
+    .await;
+    let caller = Caller::agent("bench").with_auth_context("bench");
+    h.list_tools(&caller).await.expect("list");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let n = if b.quick { 200 } else { 2000 };
+    let t = Instant::now();
+    for _ in 0..n {
+        h.list_tools(&caller).await.expect("cached list");
+    }
+    let hit = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let t = Instant::now();
+    for _ in 0..n {
+        h.request("s", "tools/list", None)
+            .await
+            .expect("round trip");
+    }
+    let trip = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    b.record("cache_hit_list_tools", hit, "us");
+    b.record("tools_list_round_trip", trip, "us");
+    b.record("cache_hit_speedup", trip / hit, "ratio");
+
+    // SIGKILL to the first successful call, the backoff's first delay beside it.
+    let mut recovery = Vec::new();
+    for _ in 0..if b.quick { 2 } else { 5 } {
+        let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+        let t = Instant::now();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        while !client.call().await || h.server_status("s").and_then(|s| s.pid) == Some(pid) {}
+        recovery.push(t.elapsed().as_secs_f64() * 1e3);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    recovery.sort_by(f64::total_cmp);
+    b.record(
+        "sigkill_to_first_success_median",
+        recovery[recovery.len() / 2],
+        "ms",
+    );
+    b.record(
+        "restart_backoff_first_delay",
+        mcp_harness::RestartConfig::default()
+            .min_delay
+            .as_secs_f64()
+            * 1e3,
+        "ms",
+    );
+    b.throughput("audit_on", &client, 16).await;
+    h.shutdown().await;
+    let (h, client) = harness_client(
+        ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
+        false,
+    )
+    .await;
+    b.throughput("audit_off", &client, 16).await;
+    h.shutdown().await;
+    let ratio = b.get("audit_on_c16") / b.get("audit_off_c16");
+    b.record("audit_on_vs_off", ratio, "ratio");
+}
+
+async fn discovery_section(b: &mut Bench) {
+    let servers = if b.quick { 20 } else { 200 };
+    eprintln!("discovery of {servers} stdio servers:");
+    let record = temp("discovery.jsonl");
+    let cache = temp("discovery-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let mut config = HarnessConfig::default();
+    for i in 0..servers {
+        let id = format!("s{i}");
+        config.servers.push(ServerConfig::stdio(
+            &id,
+            harness_bin(),
+            ["demo-server", &id, "--record", &record.to_string_lossy()],
+        ));
+    }
+    config
+        .permissions
+        .entry("bench".into())
+        .or_default()
+        .insert("*".into(), vec!["*".into()]);
+    config.cache = CacheConfig {
+        dir: Some(cache.clone()),
+        ..CacheConfig::default()
+    };
+    let caller = Caller::agent("bench").with_auth_context("bench");
+    let rss_before = rss_kb();
+    let t = Instant::now();
+    let h = Harness::spawn(config.clone()).await.expect("harness");
+    ready(&h).await;
+    let tools = h.list_tools(&caller).await.expect("cold list");
+    let cold = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_after = rss_kb();
+    b.record(
+        format!("cold_discovery_{servers}_servers_wall"),
+        cold.as_secs_f64() * 1e3,
+        "ms",
+    );
+    b.record("cold_discovery_tools", tools.len() as f64, "tools");
+    b.record(
+        "cold_discovery_tools_list_requests",
+        count_lines(&record, "\"tools/list\"") as f64,
+        "requests",
+    );
+    b.record("harness_rss_with_servers", rss_after, "kB");
+    b.record(
+        "harness_memory_per_idle_server",
+        (rss_after - rss_before) / servers as f64,
+        "kB",
+    );
+    h.shutdown().await;
+    drop(h);
+    let before = count_lines(&record, "\"tools/list\"");
+    let t = Instant::now();
+    let h = Harness::spawn(config).await.expect("harness");
+    ready(&h).await;
+    let warm_tools = h.list_tools(&caller).await.expect("warm list");
+    let warm = t.elapsed();
+    b.record(
+        format!("warm_start_{servers}_servers_wall"),
+        warm.as_secs_f64() * 1e3,
+        "ms",
+    );
+    b.record(
+        "warm_start_tools_list_requests",
+        (count_lines(&record, "\"tools/list\"") - before) as f64,
+        "requests",
+    );
+    assert_eq!(warm_tools.len(), tools.len());
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+/// The harness's single-flight latency on a current-thread runtime (embedders choose).
+fn current_thread_section(b: &mut Bench) {
+    eprintln!("current-thread runtime, stdio demo server:");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut lines = std::mem::take(&mut b.lines);
+    rt.block_on(async {
+        let mut inner = Bench {
+            lines: Vec::new(),
+            quick: b.quick,
+        };
+        let raw = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
+        inner.latency("ct_stdio_demo_raw", &raw).await;
+        let (h, client) = harness_client(
+            ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
+            true,
+        )
+        .await;
+        inner.latency("ct_stdio_demo_harness", &client).await;
+        inner.throughput("ct_stdio_demo_harness", &client, 64).await;
+        h.shutdown().await;
+        lines.extend(inner.lines);
+    });
+    b.lines = lines;
+}
+
+fn ratios(b: &mut Bench) {
+    for server in ["rmcp", "demo"] {
+        let p = |client: &str, what: &str| b.get(&format!("stdio_{server}_{client}_{what}"));
+        let rows = [
+            (
+                format!("stdio_{server}_p50_harness_vs_raw"),
+                p("harness", "p50") / p("raw", "p50"),
+            ),
+            (
+                format!("stdio_{server}_p50_harness_vs_rmcp"),
+                p("harness", "p50") / p("rmcp", "p50"),
+            ),
+            (
+                format!("stdio_{server}_c64_harness_vs_rmcp"),
+                p("harness", "c64") / p("rmcp", "c64"),
+            ),
+            (
+                format!("stdio_{server}_c64_harness_vs_raw"),
+                p("harness", "c64") / p("raw", "c64"),
+            ),
+        ];
+        for (name, v) in rows {
+            b.record(name, v, "ratio");
+        }
+        let h = |client: &str, what: &str| b.get(&format!("http_{server}_{client}_{what}"));
+        let (p50, c64) = (
+            h("harness", "p50") / h("raw", "p50"),
+            h("harness", "c64") / h("raw", "c64"),
+        );
+        b.record(format!("http_{server}_p50_harness_vs_raw"), p50, "ratio");
+        b.record(format!("http_{server}_c64_harness_vs_raw"), c64, "ratio");
+    }
+}
+
+fn main() {
+    if let Ok(role) = std::env::var("MCP_BENCH_ROLE") {
+        // A server process for the benchmark: rmcp's echo server.
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let mut args = vec![role];
+        args.extend(std::env::args().skip(1).filter(|a| a.starts_with("--json")));
+        if let Err(e) = rt.block_on(rmcp_server::run(args)) {
+            eprintln!("rmcp bench server: {e:#}");
+        }
+        return;
+    }
+    let quick = std::env::var("MCP_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let mut b = Bench {
+        lines: Vec::new(),
+        quick,
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        stdio_section(&mut b).await;
+        http_section(&mut b).await;
+        further_section(&mut b).await;
+    });
+    current_thread_section(&mut b);
+    rt.block_on(discovery_section(&mut b));
+    ratios(&mut b);
+    println!();
+    for (name, value, unit) in &b.lines {
+        println!("BENCH {name} {value:.3} {unit}");
+    }
+}
