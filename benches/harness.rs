@@ -618,14 +618,29 @@ fn main() {
         quick,
     };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // MCP_BENCH_ONLY=stdio|http|further|current|discovery runs one section (profiling).
+    let only = std::env::var("MCP_BENCH_ONLY").ok();
+    let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     rt.block_on(async {
-        stdio_section(&mut b).await;
-        http_section(&mut b).await;
-        further_section(&mut b).await;
+        if run("stdio") {
+            stdio_section(&mut b).await;
+        }
+        if run("http") {
+            http_section(&mut b).await;
+        }
+        if run("further") {
+            further_section(&mut b).await;
+        }
     });
-    current_thread_section(&mut b);
-    rt.block_on(discovery_section(&mut b));
-    ratios(&mut b);
+    if run("current") {
+        current_thread_section(&mut b);
+    }
+    if run("discovery") {
+        rt.block_on(discovery_section(&mut b));
+    }
+    if only.is_none() {
+        ratios(&mut b);
+    }
     println!();
     for (name, value, unit) in &b.lines {
         println!("BENCH {name} {value:.3} {unit}");

@@ -31,17 +31,52 @@ pub struct ToolInfo {
     pub from_cache: bool,
 }
 
-/// Every item of one server's list, following `nextCursor` (an empty string is still a
-/// cursor); each page from the cache when fresh, else fetched and offered to it.
+/// The pages of one server's list, if every page is fresh in the cache.
+fn cached_pages(
+    core: &Core,
+    server: &str,
+    kind: CallKind,
+    auth_context: Option<&str>,
+) -> Option<Vec<Arc<Value>>> {
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let page = core
+            .cache
+            .get(server, kind.list_method(), cursor.as_deref(), auth_context)?;
+        let next = next_cursor(&page, cursor.as_deref());
+        pages.push(page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return Some(pages),
+        }
+    }
+    Some(pages)
+}
+
+/// The page's `nextCursor` (an empty string is still a cursor), unless it repeats.
+fn next_cursor(page: &Value, current: Option<&str>) -> Option<String> {
+    match page.get("nextCursor") {
+        Some(Value::String(next)) if Some(next.as_str()) != current => Some(next.clone()),
+        Some(Value::String(_)) => {
+            tracing::warn!("server repeated its cursor; list cut off");
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Every page of one server's list, following `nextCursor`; each page from the cache
+/// when fresh, else fetched and offered to it. `true` when all came from the cache.
 async fn list_server(
     core: &Core,
     server: &str,
     kind: CallKind,
     auth_context: Option<&str>,
-) -> Result<(Vec<Value>, bool), ServerError> {
+) -> Result<(Vec<Arc<Value>>, bool), ServerError> {
     let method = kind.list_method();
     let generation = core.cache.generation(server);
-    let mut items = Vec::new();
+    let mut pages = Vec::new();
     let mut from_cache = true;
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -68,48 +103,71 @@ async fn list_server(
                     };
                     let _ = core.services.registry.send_message(put);
                 }
-                page
+                Arc::new(page)
             }
         };
-        if let Some(list) = page.get(kind.list_key()).and_then(Value::as_array) {
-            items.extend(list.iter().cloned());
-        }
-        match page.get("nextCursor") {
-            Some(Value::String(next)) if Some(next) != cursor.as_ref() => {
-                cursor = Some(next.clone())
-            }
-            Some(Value::String(_)) => {
-                tracing::warn!(server, method, "server repeated its cursor; list cut off");
-                break;
-            }
-            _ => {
-                if kind == CallKind::Tool && !from_cache {
-                    let _ = core
-                        .services
-                        .registry
-                        .send_message(RegistryMsg::ToolsListed {
-                            server: server.to_string(),
-                            tools: items.clone(),
-                        });
-                }
-                return Ok((items, from_cache));
-            }
+        let next = next_cursor(&page, cursor.as_deref());
+        pages.push(page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
         }
     }
-    Ok((items, from_cache))
+    if kind == CallKind::Tool && !from_cache {
+        let tools = items(kind, &pages).cloned().collect();
+        let _ = core
+            .services
+            .registry
+            .send_message(RegistryMsg::ToolsListed {
+                server: server.to_string(),
+                tools,
+            });
+    }
+    Ok((pages, from_cache))
 }
 
-/// The lists of every routable server that offers `kind`, fetched in parallel, in
-/// config order. Servers that fail to list are left out (with a warning).
+/// The items of a list's pages.
+fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
+    pages.iter().flat_map(move |p| {
+        p.get(kind.list_key())
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    })
+}
+
+/// One server's list, as read for a call or a listing.
+struct Listed {
+    view: ServerView,
+    pages: Vec<Arc<Value>>,
+    from_cache: bool,
+}
+
+/// The lists of every routable server that offers `kind`, in config order: from the
+/// cache without leaving this task when all are fresh, else the misses fetched in
+/// parallel. Servers that fail to list are left out (with a warning).
 async fn list_all(
     core: &Arc<Core>,
     caller: &Caller,
     kind: CallKind,
     servers: &[ServerView],
-) -> Vec<(ServerView, Vec<Value>, bool)> {
+) -> Vec<Listed> {
+    let ctx = caller.auth_context.as_deref();
+    let mut lists = Vec::new();
     let mut set = tokio::task::JoinSet::new();
     for (i, view) in servers.iter().enumerate() {
         if !view.routable() || !view.offers(kind.capability()) {
+            continue;
+        }
+        if let Some(pages) = cached_pages(core, &view.id, kind, ctx) {
+            lists.push((
+                i,
+                Listed {
+                    view: view.clone(),
+                    pages,
+                    from_cache: true,
+                },
+            ));
             continue;
         }
         let (core, view, ctx) = (core.clone(), view.clone(), caller.auth_context.clone());
@@ -118,21 +176,24 @@ async fn list_all(
             (i, view, listed)
         });
     }
-    let mut lists = Vec::new();
     while let Some(joined) = set.join_next().await {
         let Ok((i, view, listed)) = joined else {
             continue;
         };
         match listed {
-            Ok((items, from_cache)) => lists.push((i, view, items, from_cache)),
+            Ok((pages, from_cache)) => lists.push((
+                i,
+                Listed {
+                    view,
+                    pages,
+                    from_cache,
+                },
+            )),
             Err(e) => tracing::warn!(server = %view.id, error = %e, "could not list"),
         }
     }
-    lists.sort_by_key(|(i, ..)| *i);
-    lists
-        .into_iter()
-        .map(|(_, v, items, c)| (v, items, c))
-        .collect()
+    lists.sort_by_key(|(i, _)| *i);
+    lists.into_iter().map(|(_, l)| l).collect()
 }
 
 fn item_name(kind: CallKind, item: &Value) -> Option<&str> {
@@ -162,9 +223,10 @@ pub async fn list(
         .filter(|s| core.policy.read().allows_any(agent, &s.id, &s.tags))
         .collect();
     let mut out = Vec::new();
-    for (view, items, from_cache) in list_all(core, caller, kind, &servers).await {
+    for listed in list_all(core, caller, kind, &servers).await {
+        let (view, from_cache) = (&listed.view, listed.from_cache);
         let policy = core.policy.read();
-        for item in items {
+        for item in items(kind, &listed.pages) {
             let Some(name) = item_name(kind, &item) else {
                 continue;
             };
@@ -223,11 +285,10 @@ pub async fn route(
     let lists = list_all(core, caller, kind, &servers).await;
     let offering: Vec<(&ServerView, Option<&Value>)> = lists
         .iter()
-        .filter_map(|(view, items, _)| {
-            items
-                .iter()
+        .filter_map(|l| {
+            items(kind, &l.pages)
                 .find(|i| item_name(kind, i) == Some(name))
-                .map(|i| (view, Some(i)))
+                .map(|i| (&l.view, Some(i)))
         })
         .collect();
     let offering = if offering.is_empty() && kind == CallKind::Resource {

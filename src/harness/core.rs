@@ -48,7 +48,8 @@ pub struct ServerView {
     pub(crate) state: ServerState,
 
     pub(crate) trust_annotations: bool,
-    pub(crate) capabilities: Option<Value>,
+    /// Whether its profile lists tools, prompts, resources (unknown while starting).
+    pub(crate) offered: Option<[bool; 3]>,
 }
 
 impl ServerView {
@@ -60,9 +61,13 @@ impl ServerView {
     /// Whether it offers this kind of list (a known profile without the capability
     /// means no; an unknown profile, while starting, means ask).
     pub fn offers(&self, capability: &str) -> bool {
-        self.capabilities
-            .as_ref()
-            .is_none_or(|c| c.get(capability).is_some())
+        let known = |i: usize| self.offered.is_none_or(|o| o[i]);
+        match capability {
+            "tools" => known(0),
+            "prompts" => known(1),
+            "resources" => known(2),
+            _ => true,
+        }
     }
 }
 
@@ -100,7 +105,14 @@ impl Core {
                     state: status.state,
 
                     trust_annotations: c.trust_annotations,
-                    capabilities: status.profile.as_ref().map(|p| p.capabilities().clone()),
+                    offered: status.profile.as_ref().map(|p| {
+                        let c = p.capabilities();
+                        [
+                            c.get("tools").is_some(),
+                            c.get("prompts").is_some(),
+                            c.get("resources").is_some(),
+                        ]
+                    }),
                 }
             })
             .collect()

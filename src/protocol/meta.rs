@@ -67,8 +67,9 @@ pub struct MetaEnvelope {
     pub protocol_version: String,
     /// Sent as `io.modelcontextprotocol/clientCapabilities`; `{}` declares none.
     pub client_capabilities: Value,
-    /// Sent as `io.modelcontextprotocol/clientInfo`.
-    pub client_info: Implementation,
+    /// Sent as `io.modelcontextprotocol/clientInfo`: an [`Implementation`], serialized
+    /// once per connection rather than on every request.
+    pub client_info: Value,
 }
 
 impl MetaEnvelope {
@@ -100,10 +101,7 @@ impl MetaEnvelope {
             );
             let capabilities = capabilities.unwrap_or(&self.client_capabilities);
             meta.insert(KEY_CLIENT_CAPABILITIES.into(), capabilities.clone());
-            meta.insert(
-                KEY_CLIENT_INFO.into(),
-                serde_json::to_value(&self.client_info).unwrap_or(Value::Null),
-            );
+            meta.insert(KEY_CLIENT_INFO.into(), self.client_info.clone());
         }
         Value::Object(params)
     }
@@ -124,7 +122,7 @@ mod tests {
         let env = MetaEnvelope {
             protocol_version: MODERN.into(),
             client_capabilities: json!({"elicitation":{}}),
-            client_info: Implementation::new("t", "1"),
+            client_info: serde_json::to_value(Implementation::new("t", "1")).unwrap_or_default(),
         };
         let p = env.stamp(Some(json!({"name":"x","_meta":{"progressToken":5}})));
         assert_eq!(p["name"], "x");

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,7 +42,8 @@ pub struct CacheKey {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Entry {
     key: CacheKey,
-    value: Value,
+    /// Shared, so that a hit costs a reference count, not a copy of the list.
+    value: Arc<Value>,
     expires_unix_ms: u64,
     bytes: usize,
 }
@@ -139,7 +141,7 @@ impl SchemaCache {
         method: &str,
         param: Option<&str>,
         auth_context: Option<&str>,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         self.get_at(now_ms(), server, method, param, auth_context)
     }
 
@@ -151,7 +153,7 @@ impl SchemaCache {
         method: &str,
         param: Option<&str>,
         auth_context: Option<&str>,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         let keys: Vec<CacheKey> = [CacheScope::Public, CacheScope::Private]
             .into_iter()
             .filter_map(|s| scope_key(s, auth_context))
@@ -246,7 +248,7 @@ impl SchemaCache {
         let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(0);
         let entry = Entry {
             key: key.clone(),
-            value,
+            value: Arc::new(value),
             expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
             bytes,
         };

@@ -259,7 +259,7 @@ fn envelope(options: &ConnectOptions, version: &str) -> MetaEnvelope {
     MetaEnvelope {
         protocol_version: version.to_string(),
         client_capabilities: options.capabilities.clone(),
-        client_info: options.client_info.clone(),
+        client_info: serde_json::to_value(&options.client_info).unwrap_or(Value::Null),
     }
 }
 
