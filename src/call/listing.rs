@@ -227,7 +227,7 @@ pub async fn list(
         let (view, from_cache) = (&listed.view, listed.from_cache);
         let policy = core.policy.read();
         for item in items(kind, &listed.pages) {
-            let Some(name) = item_name(kind, &item) else {
+            let Some(name) = item_name(kind, item) else {
                 continue;
             };
             if policy.allows(agent, &view.id, &view.tags, name) {
