@@ -17,6 +17,7 @@ use crate::permission::{PermissionMsg, Policy};
 use crate::registry::cache::SchemaCache;
 use crate::registry::route::RouteView;
 use crate::registry::{HarnessEvent, RegistryMsg};
+use crate::server::actor::run_request;
 use crate::server::{ServerError, ServerHooks, ServerMsg, ServerState};
 use crate::transport::TransportError;
 
@@ -127,15 +128,32 @@ impl Core {
         timeout: Option<Duration>,
         capabilities: Option<Value>,
     ) -> Result<Value, ServerError> {
-        let (actor, configured): (ActorRef<ServerMsg>, Duration) = {
+        let (actor, configured, live) = {
             let table = self.table.read();
             let Some(entry) = table.entries.get(server) else {
                 return Err(ServerError::Stopped {
                     server: server.to_string(),
                 });
             };
-            (entry.actor.clone(), entry.spec.config.timeout)
+            (
+                entry.actor.clone(),
+                entry.spec.config.timeout,
+                entry.live.read().clone(),
+            )
         };
+        if let Some(live) = live {
+            // Ready: straight to the connection, no mailbox hop.
+            let timeout = timeout.unwrap_or(configured);
+            return run_request(
+                &live,
+                &actor,
+                method,
+                params,
+                timeout,
+                capabilities.as_ref(),
+            )
+            .await;
+        }
         let (tx, rx) = ractor::concurrency::oneshot();
         let message = ServerMsg::Request {
             method: method.to_string(),

@@ -25,7 +25,7 @@ use crate::config::ServerConfig;
 use crate::permission::{PermissionActor, Policy};
 use crate::registry::cache::SchemaCache;
 use crate::registry::{HarnessEvent, RegistryActor, RegistryArgs, RegistryMsg};
-use crate::server::ServerHooks;
+use crate::server::{LiveSlot, ServerHooks};
 use crate::server::{ServerActor, ServerArgs, ServerMsg, ServerSpec, ServerState, ServerStatus};
 use crate::transport::ConnectOptions;
 
@@ -38,6 +38,8 @@ pub struct ServerEntry {
     pub status: Arc<RwLock<ServerStatus>>,
     /// What it was built from.
     pub spec: ServerSpec,
+    /// Its ready connection, if any (see [`LiveSlot`]).
+    pub live: LiveSlot,
 }
 
 /// The servers, by id, in config order.
@@ -227,8 +229,11 @@ impl SupervisorState {
         myself: &ActorRef<HarnessMsg>,
         spec: ServerSpec,
         status: Arc<RwLock<ServerStatus>>,
+        live: LiveSlot,
     ) -> Result<ActorRef<ServerMsg>, HarnessError> {
-        let args = ServerArgs { spec, status };
+        // A rebuilt actor starts with nothing published.
+        *live.write() = None;
+        let args = ServerArgs { spec, status, live };
         Actor::spawn_linked(None, ServerActor, args, myself.get_cell())
             .await
             .map(|(actor, _)| actor)
@@ -251,8 +256,9 @@ impl SupervisorState {
             hooks: self.hooks.clone(),
         };
         let status = Arc::new(RwLock::new(ServerStatus::starting(&id)));
+        let live = LiveSlot::default();
         let actor = self
-            .spawn_server(myself, spec.clone(), status.clone())
+            .spawn_server(myself, spec.clone(), status.clone(), live.clone())
             .await?;
         let mut table = self.table.write();
         table.order.push(id.clone());
@@ -262,6 +268,7 @@ impl SupervisorState {
                 actor,
                 status,
                 spec,
+                live,
             },
         );
         Ok(())
@@ -280,7 +287,12 @@ impl SupervisorState {
             s.state = ServerState::Starting;
         }
         match self
-            .spawn_server(myself, entry.spec.clone(), entry.status.clone())
+            .spawn_server(
+                myself,
+                entry.spec.clone(),
+                entry.status.clone(),
+                entry.live.clone(),
+            )
             .await
         {
             Ok(actor) => {

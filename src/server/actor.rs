@@ -109,7 +109,23 @@ pub struct ServerArgs {
     pub spec: ServerSpec,
     /// The shared status cell the actor writes.
     pub status: Arc<RwLock<ServerStatus>>,
+    /// The ready connection, published for requests that need no queueing.
+    pub live: LiveSlot,
 }
+
+/// A ready connection, and the attempt it belongs to.
+#[derive(Clone)]
+pub struct LiveConnection {
+    /// The connection.
+    pub conn: Arc<Connection>,
+    /// Its connection attempt.
+    pub generation: u64,
+}
+
+/// Where a server actor publishes its ready connection (`None` while not ready). While a
+/// server is ready, requests run on it straight from the caller's task: the actor's
+/// mailbox is for lifecycle, queueing and failures, not for every call.
+pub type LiveSlot = Arc<RwLock<Option<LiveConnection>>>;
 
 /// A request on its way to the server.
 struct Outgoing {
@@ -130,6 +146,7 @@ struct Queued {
 pub struct ServerActorState {
     spec: ServerSpec,
     status: Arc<RwLock<ServerStatus>>,
+    live: LiveSlot,
     state: ServerState,
     generation: u64,
     conn: Option<Arc<Connection>>,
@@ -159,6 +176,7 @@ impl Actor for ServerActor {
         let mut state = ServerActorState {
             spec: args.spec,
             status: args.status,
+            live: args.live,
             state: ServerState::Starting,
             generation: 0,
             conn: None,
@@ -334,6 +352,13 @@ impl ServerActorState {
 
     fn publish(&mut self, new: ServerState) {
         self.state = new;
+        *self.live.write() = match (&self.conn, new) {
+            (Some(conn), ServerState::Ready) => Some(LiveConnection {
+                conn: conn.clone(),
+                generation: self.generation,
+            }),
+            _ => None,
+        };
         let mut s = self.status.write();
         s.state = new;
         s.last_error = self.last_error.clone();
@@ -598,23 +623,47 @@ async fn dispatch(
             params,
             capabilities,
         } = outgoing;
-        let result = conn
-            .request_with(&method, params, timeout, capabilities.as_ref())
-            .await;
-        if conn.pid().is_none()
-            && let Err(RequestError::Transport(TransportError::NotSent(e))) = &result
-        {
-            // An HTTP server that refuses connections is down: restart it like a crash.
-            let _ = myself.send_message(ServerMsg::ConnectionLost {
-                generation,
-                error: e.clone(),
-            });
-        }
-        let _ = reply.send(result.map_err(|e| ServerError::from_request(conn.server(), e)));
+        let live = LiveConnection { conn, generation };
+        let result = run_request(
+            &live,
+            &myself,
+            &method,
+            params,
+            timeout,
+            capabilities.as_ref(),
+        )
+        .await;
+        let _ = reply.send(result);
     });
     let done =
         std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())).await;
     if !done {
         tokio::spawn(call);
     }
+}
+
+/// One request on a ready connection, with the server's id on its error. An HTTP server
+/// that refuses the connection is reported to the server actor as down.
+pub async fn run_request(
+    live: &LiveConnection,
+    actor: &ActorRef<ServerMsg>,
+    method: &str,
+    params: Option<Value>,
+    timeout: Duration,
+    capabilities: Option<&Value>,
+) -> Result<Value, ServerError> {
+    let conn = &live.conn;
+    let result = conn
+        .request_with(method, params, timeout, capabilities)
+        .await;
+    if conn.pid().is_none()
+        && let Err(RequestError::Transport(TransportError::NotSent(e))) = &result
+    {
+        let lost = ServerMsg::ConnectionLost {
+            generation: live.generation,
+            error: e.clone(),
+        };
+        let _ = actor.send_message(lost);
+    }
+    result.map_err(|e| ServerError::from_request(conn.server(), e))
 }

@@ -12,7 +12,7 @@ pub mod hooks;
 pub mod restart;
 pub mod status;
 
-pub use actor::{ServerActor, ServerArgs, ServerMsg, ServerSpec};
+pub use actor::{LiveConnection, LiveSlot, ServerActor, ServerArgs, ServerMsg, ServerSpec};
 pub use error::ServerError;
 pub use hooks::ServerHooks;
 pub use restart::{RestartConfig, RestartPolicy};
