@@ -37,7 +37,7 @@ enum Client {
     Raw(Arc<RawStdio>),
     RawHttp(reqwest::Client, String),
     Rmcp(Arc<RunningService<RoleClient, ()>>),
-    Harness(HarnessHandle, Caller),
+    Harness(HarnessHandle, Caller, &'static str),
 }
 
 const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"0"}}"#;
@@ -79,8 +79,11 @@ impl Client {
                 let params = rmcp::model::CallToolRequestParams::new("echo").with_arguments(args);
                 service.peer().call_tool(params).await.is_ok()
             }),
-            Client::Harness(h, caller) => Box::pin(async move {
-                h.call_tool(&caller, "echo", json!({"text": "hi"}))
+            // Named as `server__tool`, as the other clients name their one server: a bare
+            // name is routed from the servers' tool lists, which rmcp's server marks
+            // `ttlMs: 0` (re-list on every call); see `bare_name` for that cost.
+            Client::Harness(h, caller, tool) => Box::pin(async move {
+                h.call_tool(&caller, tool, json!({"text": "hi"}))
                     .await
                     .is_ok()
             }),
@@ -294,7 +297,7 @@ async fn harness_client(server: ServerConfig, audit: bool) -> (HarnessHandle, Cl
         .expect("harness");
     ready(&h).await;
     let caller = Caller::agent("bench").with_auth_context("bench");
-    (h.clone(), Client::Harness(h, caller))
+    (h.clone(), Client::Harness(h, caller, "s__echo"))
 }
 
 async fn http_server(mut cmd: tokio::process::Command) -> (tokio::process::Child, String) {
@@ -425,6 +428,10 @@ async fn further_section(b: &mut Bench) {
     b.record("cache_hit_list_tools", hit, "us");
     b.record("tools_list_round_trip", trip, "us");
     b.record("cache_hit_speedup", trip / hit, "ratio");
+    // A bare name is routed from the (cached, ttlMs 60 s) tool lists.
+    let bare = Client::Harness(h.clone(), caller.clone(), "echo");
+    b.latency("bare_name_demo_harness", &bare).await;
+    b.latency("qualified_name_demo_harness", &client).await;
 
     // SIGKILL to the first successful call, the backoff's first delay beside it.
     let mut recovery = Vec::new();
