@@ -108,10 +108,7 @@ async fn the_same_tool_on_two_servers_routes_by_priority_and_falls_back_when_the
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
-    std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill");
+    sigkill(pid);
     let r = tokio::time::timeout(Duration::from_secs(20), slow)
         .await
         .expect("no hang")
@@ -147,10 +144,7 @@ async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
-    std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill");
+    sigkill(pid);
     let r = tokio::time::timeout(Duration::from_secs(20), slow)
         .await
         .expect("no hang")

@@ -216,9 +216,7 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
         let kind = match rng.below(100) {
             0..=29 => {
                 if let Some(pid) = h.server_status(target).and_then(|s| s.pid) {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-KILL", &pid.to_string()])
-                        .status();
+                    sigkill(pid);
                 }
                 "sigkill"
             }

@@ -49,14 +49,6 @@ fn pid(h: &HarnessHandle, id: &str) -> u32 {
         .expect("a running server has a pid")
 }
 
-fn sigkill(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-}
-
 async fn echo(h: &HarnessHandle, id: &str, text_: &str) -> Result<String, HarnessError> {
     let r = h
         .request(id, "tools/call", call("echo", json!({"text": text_})))

@@ -169,3 +169,12 @@ pub fn recorded(path: &PathBuf) -> Vec<Value> {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
+
+/// SIGKILLs one process (a server's, as fault injection).
+pub fn sigkill(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success() || !alive(pid), "kill -KILL {pid} failed");
+}
