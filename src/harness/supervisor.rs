@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
 
 use std::sync::OnceLock;
 
@@ -47,6 +49,9 @@ pub struct ServerEntry {
 pub struct ServerTable {
     pub(crate) entries: HashMap<String, ServerEntry>,
     pub(crate) order: Vec<String>,
+    /// Server id by actor id: every call actor's exit is a supervision event, so the
+    /// lookup must not scan the table.
+    by_actor: HashMap<ActorId, String>,
 }
 
 impl ServerTable {
@@ -56,10 +61,7 @@ impl ServerTable {
     }
 
     fn id_of(&self, cell: &ActorCell) -> Option<String> {
-        self.entries
-            .iter()
-            .find(|(_, e)| e.actor.get_id() == cell.get_id())
-            .map(|(id, _)| id.clone())
+        self.by_actor.get(&cell.get_id()).cloned()
     }
 }
 
@@ -262,6 +264,7 @@ impl SupervisorState {
             .await?;
         let mut table = self.table.write();
         table.order.push(id.clone());
+        table.by_actor.insert(actor.get_id(), id.clone());
         table.entries.insert(
             id,
             ServerEntry {
@@ -296,8 +299,14 @@ impl SupervisorState {
             .await
         {
             Ok(actor) => {
-                if let Some(e) = self.table.write().entries.get_mut(id) {
-                    e.actor = actor;
+                let mut table = self.table.write();
+                let old = table
+                    .entries
+                    .get_mut(id)
+                    .map(|e| std::mem::replace(&mut e.actor, actor.clone()));
+                if let Some(old) = old {
+                    table.by_actor.remove(&old.get_id());
+                    table.by_actor.insert(actor.get_id(), id.to_string());
                 }
             }
             Err(e) => {
@@ -313,7 +322,11 @@ impl SupervisorState {
         let entry = {
             let mut table = self.table.write();
             table.order.retain(|o| o != id);
-            table.entries.remove(id)
+            let entry = table.entries.remove(id);
+            if let Some(e) = &entry {
+                table.by_actor.remove(&e.actor.get_id());
+            }
+            entry
         };
         let entry = entry.ok_or_else(|| HarnessError::UnknownServer(id.to_string()))?;
         stop_server(&entry).await;
