@@ -395,6 +395,17 @@ async fn http_section(b: &mut Bench) {
             url.clone(),
         );
         b.all(&format!("http_{server}_raw"), &raw).await;
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.clone());
+        let modern = ClientLifecycleMode::Discover {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        };
+        let rmcp = Client::Rmcp(Arc::new(
+            ().serve_with_lifecycle(transport, modern)
+                .await
+                .expect("rmcp HTTP client"),
+        ));
+        b.all(&format!("http_{server}_rmcp"), &rmcp).await;
+        drop(rmcp);
         let (h, client) = harness_client(ServerConfig::http("s", &url), true).await;
         b.all(&format!("http_{server}_harness"), &client).await;
         h.shutdown().await;
@@ -599,12 +610,27 @@ fn ratios(b: &mut Bench) {
             b.record(name, v, "ratio");
         }
         let h = |client: &str, what: &str| b.get(&format!("http_{server}_{client}_{what}"));
-        let (p50, c64) = (
-            h("harness", "p50") / h("raw", "p50"),
-            h("harness", "c64") / h("raw", "c64"),
-        );
-        b.record(format!("http_{server}_p50_harness_vs_raw"), p50, "ratio");
-        b.record(format!("http_{server}_c64_harness_vs_raw"), c64, "ratio");
+        let rows = [
+            (
+                format!("http_{server}_p50_harness_vs_raw"),
+                h("harness", "p50") / h("raw", "p50"),
+            ),
+            (
+                format!("http_{server}_p50_harness_vs_rmcp"),
+                h("harness", "p50") / h("rmcp", "p50"),
+            ),
+            (
+                format!("http_{server}_c64_harness_vs_rmcp"),
+                h("harness", "c64") / h("rmcp", "c64"),
+            ),
+            (
+                format!("http_{server}_c64_harness_vs_raw"),
+                h("harness", "c64") / h("raw", "c64"),
+            ),
+        ];
+        for (name, v) in rows {
+            b.record(name, v, "ratio");
+        }
     }
 }
 

@@ -348,6 +348,24 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
     started_ids.sort_unstable();
     finished_ids.sort_unstable();
     assert_eq!(started_ids, finished_ids);
+    // A call that never reached a server was offered to every other candidate before it
+    // failed: never-sent errors end a call only once no server is left to try.
+    let never_sent = [
+        "server_failed",
+        "server_stopped",
+        "overloaded",
+        "restarting",
+    ];
+    for r in records.iter().filter(|r| r["event"] == "finished") {
+        if r["error"].as_str().is_some_and(|e| never_sent.contains(&e)) {
+            let tried = r["hops"].as_array().map_or(0, Vec::len) + 1;
+            assert_eq!(
+                Some(tried as u64),
+                r["candidates"].as_u64(),
+                "a never-sent call skipped a candidate: {r}"
+            );
+        }
+    }
     let failovers = records
         .iter()
         .filter(|r| {

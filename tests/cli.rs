@@ -282,3 +282,56 @@ fn the_example_config_in_the_repository_runs() {
         stdout(&o)
     );
 }
+
+#[test]
+fn ctrl_c_stops_every_server_and_exits() {
+    let pidfile = std::env::temp_dir().join(format!(
+        "mcp-harness-cli-{}-ctrlc.jsonl",
+        std::process::id()
+    ));
+    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
+    let child = Command::new(harness_exe())
+        .args(["call", "--stdio", &server, "hang"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Wait until the call reached the server, then interrupt the program.
+    let start = std::time::Instant::now();
+    while !recorded(&pidfile)
+        .iter()
+        .any(|r| r["params"]["name"] == "hang")
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "the call never reached the server"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The server was a child of the program, in its own process group; none is left.
+    let ours: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains(&pidfile.display().to_string()))
+        })
+        .filter(|pid| alive(*pid))
+        .collect();
+    assert!(ours.is_empty(), "server processes left: {ours:?}");
+    let _ = std::fs::remove_file(pidfile);
+}

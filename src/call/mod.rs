@@ -143,6 +143,8 @@ pub struct Candidate {
 /// What the audit trail says of one call.
 struct CallRecord {
     call_id: u64,
+    /// How many servers the call could have gone to.
+    candidates: usize,
     hops: Vec<Value>,
     rounds: Vec<Value>,
     server: Option<String>,
@@ -176,6 +178,7 @@ pub async fn run(
     })));
     let mut record = CallRecord {
         call_id,
+        candidates: 0,
         hops: Vec::new(),
         rounds: Vec::new(),
         server: None,
@@ -183,6 +186,7 @@ pub async fn run(
     let outcome = tracing::Instrument::instrument(
         async {
             let candidates = authorize_and_route(&core, &caller, kind, &name).await?;
+            record.candidates = candidates.len();
             drive(&core, &caller, kind, &candidates, &args, &mut record).await
         },
         span,
@@ -384,7 +388,7 @@ fn finish(
     };
     let _ = core.services.audit.send_message(AuditMsg::Record(json!({
         "event": "finished", "call_id": record.call_id, "time_ms": unix_ms(),
-        "server": record.server, "hops": record.hops, "rounds": record.rounds,
+        "server": record.server, "candidates": record.candidates, "hops": record.hops, "rounds": record.rounds,
         "outcome": result, "error": code,
         "message": outcome.as_ref().err().map(|e| e.to_string()),
         "latency_us": latency.as_micros() as u64,

@@ -141,8 +141,9 @@ impl Core {
                 entry.live.read().clone(),
             )
         };
-        if let Some(live) = live {
-            // Ready: straight to the connection, no mailbox hop.
+        // Ready and open: straight to the connection, no mailbox hop. A connection that
+        // has just ended goes through the actor, which holds the request for the restart.
+        if let Some(live) = live.filter(|l| !l.conn.is_closed()) {
             let timeout = timeout.unwrap_or(configured);
             return run_request(
                 &live,

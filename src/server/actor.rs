@@ -386,21 +386,14 @@ impl ServerActorState {
     ) {
         let timeout = timeout.unwrap_or(self.spec.config.timeout);
         let server = self.id().to_string();
-        match self.state {
-            ServerState::Ready => {
-                if let Some(conn) = &self.conn {
-                    dispatch(
-                        myself,
-                        conn.clone(),
-                        self.generation,
-                        outgoing,
-                        timeout,
-                        reply,
-                    )
-                    .await;
-                }
+        // A connection can end before this actor hears of it (its child's failure is
+        // still in the mailbox): such a request waits for the restart like any other.
+        let usable = self.conn.as_ref().filter(|c| !c.is_closed()).cloned();
+        match (self.state, usable) {
+            (ServerState::Ready, Some(conn)) => {
+                dispatch(myself, conn, self.generation, outgoing, timeout, reply).await;
             }
-            ServerState::Starting | ServerState::Restarting => {
+            (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
                 if self.queue.len() >= self.spec.config.queue_capacity {
                     let _ = reply.send(Err(ServerError::Overloaded {
                         server,
@@ -420,11 +413,11 @@ impl ServerActorState {
                 });
                 myself.send_after(timeout, move || ServerMsg::ExpireQueued(key));
             }
-            ServerState::Failed => {
+            (ServerState::Failed, _) => {
                 let reason = self.last_error.clone().unwrap_or_default();
                 let _ = reply.send(Err(ServerError::Failed { server, reason }));
             }
-            ServerState::Stopped => {
+            (ServerState::Stopped, _) => {
                 let _ = reply.send(Err(ServerError::Stopped { server }));
             }
         }
