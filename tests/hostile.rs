@@ -305,3 +305,23 @@ async fn a_frozen_server_times_out_calls_and_then_recovers() {
     still_serving(&h, "s").await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_server_that_exits_while_a_child_holds_its_stdout_is_noticed_and_its_group_killed() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let e = call(&h, "s__orphan_stdout").await.expect_err("exited");
+    assert!(
+        matches!(
+            transport(&e),
+            TransportError::Closed { .. } | TransportError::Timeout(_)
+        ),
+        "{e}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || group_members(pid).is_empty()).await,
+        "the child holding stdout was killed"
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}

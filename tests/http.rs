@@ -346,3 +346,21 @@ async fn nobody_listening_at_connect_is_a_transport_error() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn param_headers_are_learned_even_when_the_caller_never_listed_tools() {
+    let server = HttpServer::demo(&["gamma"]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    // No tools/list by the caller (a harness may have served it from its cache).
+    let r = conn
+        .request(
+            "tools/call",
+            call("region_echo", json!({"region": "ap-south-1"})),
+        )
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "ap-south-1");
+    conn.shutdown().await;
+}

@@ -151,6 +151,14 @@ impl AuditState {
     }
 }
 
+impl Drop for AuditState {
+    fn drop(&mut self) {
+        // The actor may be killed (the harness's last handle dropped) without post_stop:
+        // what is buffered is still written.
+        self.write();
+    }
+}
+
 /// Writes the audit trail; see the module docs.
 pub struct AuditActor;
 

@@ -2,6 +2,7 @@
 //! the cache or fetched page by page, filtered by what the caller may use, and the
 //! ordered candidates of one call.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -40,6 +41,7 @@ fn cached_pages(
 ) -> Option<Vec<Arc<Value>>> {
     let mut pages = Vec::new();
     let mut cursor: Option<String> = None;
+    let mut seen = HashSet::new();
     for _ in 0..MAX_PAGES {
         let page = core
             .cache
@@ -47,8 +49,8 @@ fn cached_pages(
         let next = next_cursor(&page, cursor.as_deref());
         pages.push(page);
         match next {
-            Some(c) => cursor = Some(c),
-            None => return Some(pages),
+            Some(c) if seen.insert(c.clone()) => cursor = Some(c),
+            _ => return Some(pages),
         }
     }
     Some(pages)
@@ -79,6 +81,8 @@ async fn list_server(
     let mut pages = Vec::new();
     let mut from_cache = true;
     let mut cursor: Option<String> = None;
+    // A cursor seen before ends the list: a server that cycles is cut off.
+    let mut seen = HashSet::new();
     for _ in 0..MAX_PAGES {
         let page = match core
             .cache
@@ -109,8 +113,8 @@ async fn list_server(
         let next = next_cursor(&page, cursor.as_deref());
         pages.push(page);
         match next {
-            Some(c) => cursor = Some(c),
-            None => break,
+            Some(c) if seen.insert(c.clone()) => cursor = Some(c),
+            _ => break,
         }
     }
     if kind == CallKind::Tool && !from_cache {

@@ -150,6 +150,22 @@ struct CallRecord {
     server: Option<String>,
 }
 
+/// Counts a call as in flight until dropped (also when its actor is killed mid-call).
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> InFlight {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -169,6 +185,7 @@ pub async fn run(
     let call_id = core
         .next_call
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let _inflight = InFlight::enter(&core.inflight);
     let span = tracing::info_span!("call", call_id, agent = ?caller.agent_id, name = %name);
     let _ = core.services.audit.send_message(AuditMsg::Record(json!({
         "event": "started", "call_id": call_id, "time_ms": unix_ms(),
@@ -345,7 +362,13 @@ async fn gather(
     let mut answers = Map::new();
     while let Some(joined) = pending.join_next().await {
         let Ok((key, method, answer)) = joined else {
-            continue;
+            // A lost answer would make the retry incomplete; the spec wants every one.
+            let reason = "an input handler task failed".to_string();
+            return Err(HarnessError::InputFailed {
+                server: server.to_string(),
+                method: "unknown".into(),
+                reason,
+            });
         };
         let failed = |reason: String| HarnessError::InputFailed {
             server: server.to_string(),

@@ -81,6 +81,8 @@ pub struct Core {
     pub(crate) services: Services,
     pub(crate) settings: CallSettings,
     pub(crate) next_call: AtomicU64,
+    /// Calls between their `started` and `finished` records.
+    pub(crate) inflight: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) events: broadcast::Sender<HarnessEvent>,
 }
 
@@ -168,7 +170,9 @@ impl Core {
         };
         actor.send_message(message).map_err(|_| unavailable())?;
         // The server answers by its deadline; the margin only guards against a wedged actor.
-        let limit = timeout.unwrap_or(configured) + Duration::from_secs(5);
+        let limit = timeout
+            .unwrap_or(configured)
+            .saturating_add(Duration::from_secs(5));
         match tokio::time::timeout(limit, rx).await {
             Ok(Ok(result)) => result,
             // The actor died holding the request (it is being rebuilt).

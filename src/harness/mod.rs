@@ -91,6 +91,7 @@ impl Harness {
         let policy = Arc::new(RwLock::new(Policy::new(config.permissions.clone())));
         let (events, _) = broadcast::channel(256);
         let services = Arc::new(OnceLock::new());
+        let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let args = SupervisorArgs {
             servers: config.servers,
             options,
@@ -102,6 +103,7 @@ impl Harness {
             input_timeout: config.input_timeout,
             events: events.clone(),
             services: services.clone(),
+            inflight: inflight.clone(),
         };
         let spawned = match parent {
             Some(parent) => Actor::spawn_linked(None, HarnessSupervisor, args, parent).await,
@@ -124,6 +126,7 @@ impl Harness {
                 audit: config.audit,
             },
             next_call: AtomicU64::new(1),
+            inflight,
             events,
         });
         Ok(HarnessHandle {

@@ -96,6 +96,8 @@ pub struct SupervisorArgs {
     pub(crate) events: broadcast::Sender<HarnessEvent>,
     /// Filled in `pre_start` with the service actors.
     pub(crate) services: Arc<OnceLock<Services>>,
+    /// Calls in flight (shutdown waits for them before the last audit flush).
+    pub(crate) inflight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The supervisor's state.
@@ -107,6 +109,7 @@ pub struct SupervisorState {
     input_timeout: Duration,
     /// Registered handlers by method, and the capability each declares.
     handlers: HashMap<String, Arc<dyn InputHandler>>,
+    inflight: Arc<std::sync::atomic::AtomicUsize>,
     shutting_down: bool,
 }
 
@@ -147,6 +150,7 @@ impl Actor for HarnessSupervisor {
             services,
             input_timeout: args.input_timeout,
             handlers: HashMap::new(),
+            inflight: args.inflight,
             shutting_down: false,
         };
         for config in args.servers {
@@ -281,9 +285,7 @@ impl SupervisorState {
         let Some(entry) = self.table.read().entries.get(id).cloned() else {
             return;
         };
-        if !entry.spec.config.enabled || entry.status.read().state == ServerState::Stopped {
-            return;
-        }
+        // Every listed server keeps a live actor: a dead one could not even be restarted.
         {
             let mut s = entry.status.write();
             s.actor_rebuilds += 1;
@@ -349,6 +351,14 @@ impl SupervisorState {
             stops.spawn(async move { stop_server(&entry).await });
         }
         while stops.join_next().await.is_some() {}
+        // Calls still running end quickly now (their servers are gone); wait for their
+        // `finished` records before the last flush.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.inflight.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // Everything already sent is now handled: records written, cache entries stored.
         let _ = self
             .services

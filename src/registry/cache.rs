@@ -178,6 +178,7 @@ impl SchemaCache {
         self.l1_counts.misses.fetch_add(1, Ordering::Relaxed);
         // Without a disk layer there is nothing more to ask.
         self.dir.as_ref()?;
+        let generation = self.generation(server);
         let found = {
             let l2 = self.l2.read();
             keys.iter()
@@ -189,9 +190,12 @@ impl SchemaCache {
             Some(e) => {
                 self.l2_counts.hits.fetch_add(1, Ordering::Relaxed);
                 let value = e.value.clone();
-                // Promotion is a copy of what L2 holds: it cannot race an invalidation
-                // into serving anything L2 would not.
-                self.l1.write().insert(e.key.clone(), e);
+                // Promoted only if no invalidation came between the read and now: the
+                // L1 write lock is held while the generation is checked.
+                let mut l1 = self.l1.write();
+                if self.generation(server) == generation {
+                    l1.insert(e.key.clone(), e);
+                }
                 Some(value)
             }
             None => {

@@ -236,7 +236,9 @@ impl Actor for ServerActor {
                 let _ = reply.send(());
                 myself.stop(None);
             }
-            ServerMsg::ConnectionUp { generation, conn } if generation == state.generation => {
+            ServerMsg::ConnectionUp { generation, conn }
+                if generation == state.generation && !conn.is_closed() =>
+            {
                 state.on_ready(&myself, conn).await
             }
             ServerMsg::ConnectionLost { generation, error }
@@ -403,7 +405,9 @@ impl ServerActorState {
                 }
                 self.next_key += 1;
                 let key = self.next_key;
-                let deadline = Instant::now() + timeout;
+                let deadline = Instant::now()
+                    .checked_add(timeout)
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
                 self.queue.push_back(Queued {
                     key,
                     outgoing,
@@ -472,6 +476,9 @@ impl ServerActorState {
         let up_since = self.ready_at.take();
         self.conn = None;
         self.last_error = Some(reason.clone());
+        // Whatever that attempt still has in the mailbox (a ConnectionUp sent just before
+        // it failed) is now stale.
+        self.generation += 1;
         let decision = if fatal {
             Decision::GiveUp(reason.clone())
         } else {

@@ -26,9 +26,9 @@
 //! [`Connection::shutdown`] stops it gracefully.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use reqwest::header::{HeaderName, HeaderValue};
@@ -207,6 +207,12 @@ pub struct Connection {
     next_id: AtomicI64,
     /// `x-mcp-header` annotations per tool, from the last `tools/list` (HTTP only).
     param_headers: RwLock<HashMap<String, Vec<ParamHeader>>>,
+    /// Whether this connection has read the tool list (HTTP: for the header table).
+    tools_listed: AtomicBool,
+    /// Renewals of a legacy HTTP session, one at a time.
+    reinit: tokio::sync::Mutex<()>,
+    /// Bumped by every renewal.
+    session_generation: AtomicU64,
     dispatcher: JoinHandle<()>,
 }
 
@@ -329,6 +335,9 @@ impl Connection {
             envelope: RwLock::new(envelope),
             next_id,
             param_headers: RwLock::new(HashMap::new()),
+            tools_listed: AtomicBool::new(false),
+            reinit: tokio::sync::Mutex::new(()),
+            session_generation: AtomicU64::new(0),
             dispatcher,
         };
         Ok((connection, events_rx))
@@ -414,7 +423,15 @@ impl Connection {
         timeout: Duration,
         capabilities: Option<&Value>,
     ) -> Result<Value, RequestError> {
-        let extra = self.header_params(method, params.as_ref());
+        // One deadline for the whole request, retries and re-initialization included.
+        let deadline = Instant::now().checked_add(timeout);
+        let remaining =
+            || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+        let is_http = matches!(&*self.transport, Transport::Http(_));
+        if is_http && method == "tools/call" && !self.tools_listed.load(Ordering::Relaxed) {
+            self.learn_param_headers(remaining()).await;
+        }
+        let mut extra = self.header_params(method, params.as_ref());
         let params = match self.era() {
             Era::Modern => Some(self.envelope.read().stamp_with(params, capabilities)),
             Era::Legacy => params,
@@ -424,38 +441,95 @@ impl Connection {
             method: method.to_string(),
             params,
         };
+        let session = self.session_generation.load(Ordering::SeqCst);
         let mut retried = false;
         loop {
-            match self.transport.request(&request, &extra, timeout).await {
+            match self.transport.request(&request, &extra, remaining()).await {
                 Ok(Ok(result)) => return Ok(self.after_result(method, result)),
-                Ok(Err(error)) => {
-                    if !retried && let Some(version) = self.renegotiate(&error) {
+                Ok(Err(error)) if !retried => {
+                    if let Some(version) = self.renegotiate(&error) {
                         tracing::info!(server = %self.server, %version, "server changed versions; renegotiated");
                         request.params = Some(
                             self.envelope
                                 .read()
                                 .stamp_with(request.params.take(), capabilities),
                         );
-                        request.id = self.new_id();
-                        retried = true;
-                        continue;
+                    } else if is_http
+                        && method == "tools/call"
+                        && error.kind() == RpcErrorKind::HeaderMismatch
+                    {
+                        // The tool's x-mcp-header annotations may have changed: re-learn them.
+                        self.learn_param_headers(remaining()).await;
+                        let original = request.params.as_ref();
+                        extra = self.header_params(method, original);
+                    } else {
+                        return Err(RequestError::Rpc(error));
                     }
-                    return Err(RequestError::Rpc(error));
-                }
-                Err(TransportError::SessionExpired) if !retried => {
-                    tracing::info!(server = %self.server, "HTTP session expired; initializing again");
-                    if let Transport::Http(t) = &*self.transport {
-                        t.clear_session();
-                    }
-                    initialize(&self.transport, &self.next_id, &self.options)
-                        .await
-                        .map_err(|e| {
-                            RequestError::Transport(TransportError::NotSent(e.to_string()))
-                        })?;
                     request.id = self.new_id();
                     retried = true;
                 }
+                Ok(Err(error)) => return Err(RequestError::Rpc(error)),
+                Err(TransportError::SessionExpired) if !retried => {
+                    self.reinitialize(session, remaining()).await?;
+                    request.id = self.new_id();
+                    retried = true;
+                }
+                // The deadline the caller set, not what was left of it at the last step.
+                Err(TransportError::Timeout(_)) => {
+                    return Err(RequestError::Transport(TransportError::Timeout(timeout)));
+                }
                 Err(e) => return Err(RequestError::Transport(e)),
+            }
+        }
+    }
+
+    /// Renews an expired legacy HTTP session, once for all the requests that saw it
+    /// expire: a request whose session was already renewed just retries.
+    async fn reinitialize(&self, seen: u64, timeout: Duration) -> Result<(), RequestError> {
+        let _one_at_a_time = self.reinit.lock().await;
+        if self.session_generation.load(Ordering::SeqCst) != seen {
+            return Ok(());
+        }
+        tracing::info!(server = %self.server, "HTTP session expired; initializing again");
+        if let Transport::Http(t) = &*self.transport {
+            t.clear_session();
+        }
+        let options = ConnectOptions {
+            request_timeout: timeout.min(self.options.request_timeout),
+            ..self.options.clone()
+        };
+        initialize(&self.transport, &self.next_id, &options)
+            .await
+            .map_err(|e| RequestError::Transport(TransportError::NotSent(e.to_string())))?;
+        self.session_generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Reads this server's tool list over this connection (every page) so that
+    /// `tools/call` can carry the `Mcp-Param-*` headers its schemas ask for; the harness's
+    /// cache may have served the list without this connection ever seeing it.
+    async fn learn_param_headers(&self, timeout: Duration) {
+        self.tools_listed.store(true, Ordering::Relaxed);
+        let mut cursor: Option<String> = None;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            let params = cursor.as_ref().map(|c| json!({ "cursor": c }));
+            let params = match self.era() {
+                Era::Modern => Some(self.envelope.read().stamp(params)),
+                Era::Legacy => params,
+            };
+            let request = Request {
+                id: self.new_id(),
+                method: "tools/list".into(),
+                params,
+            };
+            let Ok(Ok(page)) = self.transport.request(&request, &[], timeout).await else {
+                return;
+            };
+            let page = self.after_result("tools/list", page);
+            match page.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if seen.insert(next.to_string()) => cursor = Some(next.to_string()),
+                _ => return,
             }
         }
     }
@@ -519,6 +593,7 @@ impl Connection {
         if method != "tools/list" || !matches!(&*self.transport, Transport::Http(_)) {
             return result;
         }
+        self.tools_listed.store(true, Ordering::Relaxed);
         let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
             return result;
         };
@@ -570,6 +645,10 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.dispatcher.abort();
+        // The legacy GET stream's task holds the HTTP transport: end it with us.
+        if let Transport::Http(t) = &*self.transport {
+            t.stop_get_stream();
+        }
         // The dispatcher holds only a weak reference, so the transport (and a stdio
         // process group's kill guard) drops with this connection.
     }

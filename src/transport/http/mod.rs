@@ -456,6 +456,13 @@ impl HttpTransport {
         }
     }
 
+    /// Stops the legacy GET stream, if one is open.
+    pub(crate) fn stop_get_stream(&self) {
+        if let Some(task) = self.get_stream.lock().take() {
+            task.abort();
+        }
+    }
+
     /// Ends the session: stops the GET stream and DELETEs a legacy session.
     pub(crate) async fn shutdown(&self, timeout: Duration) {
         if let Some(task) = self.get_stream.lock().take() {

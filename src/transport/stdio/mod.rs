@@ -21,6 +21,7 @@ mod process;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -56,9 +57,19 @@ struct Shared {
     pending: Mutex<HashMap<RequestId, Waiter>>,
     /// Set once, when the transport ends; later requests fail with it.
     closed: Mutex<Option<TransportError>>,
+    /// The process group, and whether it may still be signalled (see [`Shared::sweep`]).
+    pgid: u32,
+    armed: Arc<AtomicBool>,
 }
 
 impl Shared {
+    /// Kills what is left of the group once its leader has been reaped, then never
+    /// again: after that its id may belong to someone else.
+    fn sweep(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            process::kill_group(self.pgid);
+        }
+    }
     fn close(&self, error: TransportError) {
         let mut closed = self.closed.lock();
         if closed.is_some() {
@@ -101,6 +112,8 @@ impl StdioTransport {
             server: server.to_string(),
             pending: Mutex::new(HashMap::new()),
             closed: Mutex::new(None),
+            pgid: pid,
+            armed: spawned.group.armed(),
         });
         let (writer, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("stdio", server = %server, pid);
@@ -122,6 +135,7 @@ impl StdioTransport {
             log_stderr(server.to_string(), spawned.stderr),
             span,
         ));
+        tokio::spawn(watch_leader(shared.clone(), spawned.group.exit_watch()));
         tracing::debug!(server, pid, command = %spec.command, "spawned stdio server");
         Ok(StdioTransport {
             shared,
@@ -228,7 +242,9 @@ impl StdioTransport {
 
     /// SIGKILLs the server's process group now (fault injection, forced stop).
     pub fn kill(&self) {
-        process::kill_group(self.pid);
+        if self.shared.armed.load(Ordering::SeqCst) {
+            process::kill_group(self.pid);
+        }
     }
 }
 
@@ -342,16 +358,30 @@ async fn read_loop(
         match read_line_bounded(&mut reader, &mut line, max_line).await {
             Ok(true) => {}
             Ok(false) => {
-                // EOF usually means the process is exiting; give it a moment so the
-                // error can say how it ended.
+                // EOF usually means the process is exiting: requests in flight fail
+                // after a moment that lets the error say how it ended. The restart
+                // policy reads the status too (a clean exit is not a crash), so it gets
+                // a little longer; not much, as a server that closed stdout but lives on
+                // is restarted after this.
                 let _ = tokio::time::timeout(
                     Duration::from_millis(100),
                     exit.wait_for(Option::is_some),
                 )
                 .await;
-                break TransportError::Closed {
+                shared.close(TransportError::Closed {
                     exit: exit.borrow().clone(),
-                };
+                });
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    exit.wait_for(Option::is_some),
+                )
+                .await;
+                let status = exit.borrow().clone();
+                if status.is_some() {
+                    // The leader is reaped: take any descendants with it, while the id is ours.
+                    shared.sweep();
+                }
+                break TransportError::Closed { exit: status };
             }
             Err(e) => break e,
         }
@@ -366,7 +396,11 @@ async fn read_loop(
                 }
             }
             Ok(Message::Notification(n)) => {
-                let _ = inbound.send(Inbound::Notification(n)).await;
+                // Never wait on a full channel here: replies behind it would stall (nobody
+                // drains it during the handshake).
+                if inbound.try_send(Inbound::Notification(n)).is_err() {
+                    tracing::debug!(server = %shared.server, "server notification dropped: channel full");
+                }
             }
             Err(e) => {
                 let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
@@ -407,17 +441,53 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
             Ok(false) => return,
             Err(TransportError::LineTooLong { .. }) => {
                 // Skip the rest of an overlong stderr line; stderr is only logged.
-                let mut sink = Vec::new();
-                if reader
-                    .read_until(b'\n', &mut sink)
-                    .await
-                    .map_or(true, |n| n == 0)
-                {
+                if !skip_line(&mut reader).await {
                     return;
                 }
                 tracing::info!(target: "mcp_harness::server_stderr", server = %server, "(overlong stderr line skipped)");
             }
             Err(_) => return,
+        }
+    }
+}
+
+/// Ends the transport when the server's leader process has exited but stdout stays open
+/// (a descendant inherited it): no EOF would ever come. The rest of the group is
+/// killed, which also ends the descendant and so the reader.
+async fn watch_leader(shared: Arc<Shared>, mut exit: tokio::sync::watch::Receiver<Option<String>>) {
+    if exit.wait_for(Option::is_some).await.is_err() {
+        return;
+    }
+    // Replies written just before the exit are still read in this time.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if shared.closed.lock().is_none() {
+        let status = exit.borrow().clone().unwrap_or_default();
+        tracing::warn!(server = %shared.server, %status, "server exited but its stdout is still open; killing its process group");
+        shared.sweep();
+        shared.close(TransportError::Closed {
+            exit: Some(format!("{status}; stdout held open by a descendant")),
+        });
+    }
+}
+
+/// Discards the rest of a line without holding it; false at EOF or on an error.
+async fn skip_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> bool {
+    loop {
+        let Ok(available) = reader.fill_buf().await else {
+            return false;
+        };
+        if available.is_empty() {
+            return false;
+        }
+        match available.iter().position(|b| *b == b'\n') {
+            Some(n) => {
+                reader.consume(n + 1);
+                return true;
+            }
+            None => {
+                let n = available.len();
+                reader.consume(n);
+            }
         }
     }
 }

@@ -18,6 +18,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
@@ -29,20 +31,22 @@ use crate::transport::error::TransportError;
 #[derive(Debug)]
 pub(crate) struct GroupGuard {
     pgid: libc::pid_t,
-    armed: bool,
+    /// Cleared once the group has been swept: its id may be reused after that.
+    armed: Arc<AtomicBool>,
 }
 
 impl GroupGuard {
+    /// Signals the group unless it was already swept (its id may be reused since).
     fn signal(&self, signal: libc::c_int) {
-        send_group_signal(self.pgid, signal);
+        if self.armed.load(Ordering::SeqCst) {
+            send_group_signal(self.pgid, signal);
+        }
     }
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if self.armed {
-            self.signal(libc::SIGKILL);
-        }
+        self.signal(libc::SIGKILL);
     }
 }
 
@@ -107,7 +111,7 @@ impl ProcessGroup {
             .ok_or_else(|| spawn_err("exited before its pid was read".into()))?;
         let guard = GroupGuard {
             pgid: pid as libc::pid_t,
-            armed: true,
+            armed: Arc::new(AtomicBool::new(true)),
         };
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -140,6 +144,11 @@ impl ProcessGroup {
         self.exit.borrow().clone()
     }
 
+    /// The guard's arming flag, for the reader to disarm after its own sweep.
+    pub(crate) fn armed(&self) -> Arc<AtomicBool> {
+        self.guard.armed.clone()
+    }
+
     /// A receiver that sees the leader's exit.
     pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<String>> {
         self.exit.clone()
@@ -167,8 +176,9 @@ impl ProcessGroup {
             }
         }
         // Grandchildren may outlive the leader; they still hold the group id.
-        self.guard.signal(libc::SIGKILL);
-        self.guard.armed = false;
+        if self.guard.armed.swap(false, Ordering::SeqCst) {
+            send_group_signal(self.guard.pgid, libc::SIGKILL);
+        }
         self.exit_status()
     }
 }

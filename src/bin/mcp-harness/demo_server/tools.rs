@@ -83,6 +83,12 @@ pub fn catalog(args: &DemoServerArgs) -> Vec<Value> {
             &[],
         ),
         tool(
+            "orphan_stdout",
+            "Exits, leaving a child that holds stdout open",
+            json!({}),
+            &[],
+        ),
+        tool(
             "wrong_id",
             "Answers with an id that was never sent",
             json!({}),
@@ -334,6 +340,14 @@ pub async fn call(server: &DemoServer, request: &Request, ctx: &Ctx) -> Action {
         "wrong_content_type" => Action::WrongContentType,
         "endless_stream" => Action::EndlessStream,
         "broken_stream" => Action::BrokenStream,
+        "orphan_stdout" => {
+            // A descendant keeps our stdout open while we exit: no EOF for the client.
+            let child = std::process::Command::new("sleep")
+                .arg("3600")
+                .stdin(std::process::Stdio::null())
+                .spawn();
+            Action::Exit(if child.is_ok() { 0 } else { 1 })
+        }
         "server_name" => reply(Ok(text(server.args.name.clone()))),
         "batch" => {
             Action::RawLine(r#"[{"jsonrpc":"2.0","id":{id},"result":{"content":[]}}]"#.into())
