@@ -1,17 +1,19 @@
 //! The audit trail: one `started` record when a call is admitted or denied, one
 //! `finished` record with its outcome, as JSON Lines in a file.
 //!
-//! [`AuditActor`] buffers records and writes them in batches (every
-//! [`AuditConfig::batch`] records, and on a timer), and always before it answers
-//! `Flush`, which `shutdown()` sends. A write that fails keeps the records buffered
+//! Calls append records to an [`AuditSink`]; the [`AuditActor`] drains it and writes
+//! in batches (every [`AuditConfig::batch`] records, and on a timer), and always before
+//! it answers `Flush`, which `shutdown()` sends, and when it is dropped. A write that fails keeps the records buffered
 //! for the next attempt. Every record is also a `tracing` event (target
 //! `mcp_harness::audit`). Arguments are recorded per [`Redaction`]; auth contexts are
 //! recorded as a SHA-256 prefix, never in clear.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -112,23 +114,69 @@ pub fn hash_context(ctx: Option<&str>) -> Option<String> {
 
 /// Messages of the audit actor.
 pub enum AuditMsg {
-    /// Append one record (a JSON object with at least `event` and `call_id`).
-    Record(Value),
     /// Write everything buffered; answer when it is on disk.
     Flush(RpcReplyPort<()>),
-    /// Timer: write what is buffered.
+    /// A batch is full, or the timer fired: write what is buffered.
     Tick,
+}
+
+/// Records waiting for the audit actor.
+type Pending = Arc<Mutex<Vec<Value>>>;
+
+/// Where calls put their records: a buffer shared with the audit actor, which drains it.
+/// Recording never waits on the actor, and wakes it only when a batch is full (the
+/// actor's timer takes the rest), so the audit trail costs the call path no task switch.
+#[derive(Clone)]
+pub struct AuditSink {
+    pending: Pending,
+    batch: usize,
+    actor: ActorRef<AuditMsg>,
+}
+
+impl AuditSink {
+    /// Appends one record (a JSON object with at least `event` and `call_id`).
+    pub fn record(&self, record: Value) {
+        tracing::info!(target: "mcp_harness::audit", record = %record, "audit");
+        let full = {
+            let mut pending = self.pending.lock();
+            pending.push(record);
+            pending.len() >= self.batch
+        };
+        if full {
+            let _ = self.actor.send_message(AuditMsg::Tick);
+        }
+    }
+}
+
+/// Starts the audit actor under `supervisor` and returns it with its sink.
+pub async fn spawn(
+    config: AuditConfig,
+    supervisor: ractor::ActorCell,
+) -> Result<(ActorRef<AuditMsg>, AuditSink), ractor::SpawnErr> {
+    let pending = Pending::default();
+    let batch = config.batch.max(1);
+    let (actor, _) =
+        Actor::spawn_linked(None, AuditActor, (config, pending.clone()), supervisor).await?;
+    Ok((
+        actor.clone(),
+        AuditSink {
+            pending,
+            batch,
+            actor,
+        },
+    ))
 }
 
 /// The audit actor's state.
 pub struct AuditState {
-    config: AuditConfig,
     file: Option<std::fs::File>,
+    pending: Pending,
     buffer: Vec<Value>,
 }
 
 impl AuditState {
     fn write(&mut self) {
+        self.buffer.append(&mut self.pending.lock());
         if self.buffer.is_empty() {
             return;
         }
@@ -165,12 +213,12 @@ pub struct AuditActor;
 impl Actor for AuditActor {
     type Msg = AuditMsg;
     type State = AuditState;
-    type Arguments = AuditConfig;
+    type Arguments = (AuditConfig, Pending);
 
     async fn pre_start(
         &self,
         myself: ActorRef<AuditMsg>,
-        config: AuditConfig,
+        (config, pending): (AuditConfig, Pending),
     ) -> Result<AuditState, ActorProcessingErr> {
         let file = match &config.path {
             Some(path) => {
@@ -188,8 +236,8 @@ impl Actor for AuditActor {
         };
         myself.send_interval(config.flush_every, || AuditMsg::Tick);
         Ok(AuditState {
-            config,
             file,
+            pending,
             buffer: Vec::new(),
         })
     }
@@ -201,13 +249,6 @@ impl Actor for AuditActor {
         state: &mut AuditState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AuditMsg::Record(record) => {
-                tracing::info!(target: "mcp_harness::audit", record = %record, "audit");
-                state.buffer.push(record);
-                if state.buffer.len() >= state.config.batch {
-                    state.write();
-                }
-            }
             AuditMsg::Flush(reply) => {
                 state.write();
                 let _ = reply.send(());

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use crate::audit::{AuditMsg, hash_context};
+use crate::audit::hash_context;
 use crate::harness::HarnessError;
 use crate::harness::core::Core;
 use crate::protocol::{InputRequest, InputRequired, ResultType};
@@ -187,12 +187,12 @@ pub async fn run(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let _inflight = InFlight::enter(&core.inflight);
     let span = tracing::info_span!("call", call_id, agent = ?caller.agent_id, name = %name);
-    let _ = core.services.audit.send_message(AuditMsg::Record(json!({
+    core.services.audit_sink.record(json!({
         "event": "started", "call_id": call_id, "time_ms": unix_ms(),
         "agent": caller.agent_id, "auth": hash_context(caller.auth_context.as_deref()),
         "kind": format!("{kind:?}").to_lowercase(), "name": name,
         "arguments": core.settings.audit.redact(&args),
-    })));
+    }));
     let mut record = CallRecord {
         call_id,
         candidates: 0,
@@ -409,11 +409,11 @@ fn finish(
         Ok(_) => ("ok", None),
         Err(e) => ("error", Some(e.code())),
     };
-    let _ = core.services.audit.send_message(AuditMsg::Record(json!({
+    core.services.audit_sink.record(json!({
         "event": "finished", "call_id": record.call_id, "time_ms": unix_ms(),
         "server": record.server, "candidates": record.candidates, "hops": record.hops, "rounds": record.rounds,
         "outcome": result, "error": code,
         "message": outcome.as_ref().err().map(|e| e.to_string()),
         "latency_us": latency.as_micros() as u64,
-    })));
+    }));
 }

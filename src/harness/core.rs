@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::supervisor::ServerTable;
-use crate::audit::{AuditConfig, AuditMsg};
+use crate::audit::{AuditConfig, AuditMsg, AuditSink};
 use crate::permission::{PermissionMsg, Policy};
 use crate::registry::cache::SchemaCache;
 use crate::registry::route::RouteView;
@@ -38,6 +38,7 @@ pub struct Services {
     pub(crate) registry: ActorRef<RegistryMsg>,
     pub(crate) permissions: ActorRef<PermissionMsg>,
     pub(crate) audit: ActorRef<AuditMsg>,
+    pub(crate) audit_sink: AuditSink,
 }
 
 /// One server as routing and listing see it.

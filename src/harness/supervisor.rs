@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 
 use super::core::Services;
 use super::error::HarnessError;
-use crate::audit::{AuditActor, AuditConfig, AuditMsg};
+use crate::audit::{AuditConfig, AuditMsg};
 use crate::call::handler::{InputHandler, InputHandlerActor, InputHandlerArgs, capability_name};
 use crate::config::ServerConfig;
 use crate::permission::{PermissionActor, Policy};
@@ -135,11 +135,12 @@ impl Actor for HarnessSupervisor {
             Actor::spawn_linked(None, RegistryActor, registry_args, cell.clone()).await?;
         let (permissions, _) =
             Actor::spawn_linked(None, PermissionActor, args.policy, cell.clone()).await?;
-        let (audit, _) = Actor::spawn_linked(None, AuditActor, args.audit, cell).await?;
+        let (audit, audit_sink) = crate::audit::spawn(args.audit, cell).await?;
         let services = Services {
             registry: registry.clone(),
             permissions,
             audit,
+            audit_sink,
         };
         let _ = args.hooks.registry.set(registry);
         let _ = args.services.set(services.clone());
