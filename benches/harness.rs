@@ -586,50 +586,25 @@ fn current_thread_section(b: &mut Bench) {
 }
 
 fn ratios(b: &mut Bench) {
-    for server in ["rmcp", "demo"] {
-        let p = |client: &str, what: &str| b.get(&format!("stdio_{server}_{client}_{what}"));
-        let rows = [
-            (
-                format!("stdio_{server}_p50_harness_vs_raw"),
-                p("harness", "p50") / p("raw", "p50"),
-            ),
-            (
-                format!("stdio_{server}_p50_harness_vs_rmcp"),
-                p("harness", "p50") / p("rmcp", "p50"),
-            ),
-            (
-                format!("stdio_{server}_c64_harness_vs_rmcp"),
-                p("harness", "c64") / p("rmcp", "c64"),
-            ),
-            (
-                format!("stdio_{server}_c64_harness_vs_raw"),
-                p("harness", "c64") / p("raw", "c64"),
-            ),
-        ];
-        for (name, v) in rows {
-            b.record(name, v, "ratio");
-        }
-        let h = |client: &str, what: &str| b.get(&format!("http_{server}_{client}_{what}"));
-        let rows = [
-            (
-                format!("http_{server}_p50_harness_vs_raw"),
-                h("harness", "p50") / h("raw", "p50"),
-            ),
-            (
-                format!("http_{server}_p50_harness_vs_rmcp"),
-                h("harness", "p50") / h("rmcp", "p50"),
-            ),
-            (
-                format!("http_{server}_c64_harness_vs_rmcp"),
-                h("harness", "c64") / h("rmcp", "c64"),
-            ),
-            (
-                format!("http_{server}_c64_harness_vs_raw"),
-                h("harness", "c64") / h("raw", "c64"),
-            ),
-        ];
-        for (name, v) in rows {
-            b.record(name, v, "ratio");
+    for transport in ["stdio", "http"] {
+        for server in ["rmcp", "demo"] {
+            let get =
+                |client: &str, what: &str| b.get(&format!("{transport}_{server}_{client}_{what}"));
+            let rows: Vec<(String, f64)> = [
+                ("p50", "raw"),
+                ("p50", "rmcp"),
+                ("c64", "rmcp"),
+                ("c64", "raw"),
+            ]
+            .iter()
+            .map(|(what, base)| {
+                let name = format!("{transport}_{server}_{what}_harness_vs_{base}");
+                (name, get("harness", what) / get(base, what))
+            })
+            .collect();
+            for (name, v) in rows {
+                b.record(name, v, "ratio");
+            }
         }
     }
 }
