@@ -144,6 +144,8 @@ struct Queued {
 
 /// The state of a server actor.
 pub struct ServerActorState {
+    /// `server{id, era, pid}`: every event of this server, and its request tasks.
+    span: tracing::Span,
     spec: ServerSpec,
     status: Arc<RwLock<ServerStatus>>,
     live: LiveSlot,
@@ -173,7 +175,9 @@ impl Actor for ServerActor {
     ) -> Result<ServerActorState, ActorProcessingErr> {
         let c = &args.spec.config;
         let restarts = RestartTracker::new(c.restart.clone(), c.max_retries);
+        let span = tracing::info_span!("server", id = %args.spec.config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
         let mut state = ServerActorState {
+            span,
             spec: args.spec,
             status: args.status,
             live: args.live,
@@ -192,7 +196,9 @@ impl Actor for ServerActor {
             state.publish(ServerState::Stopped);
             return Ok(state);
         }
-        tracing::info!(server = %state.spec.config.id, "server starting");
+        state
+            .span
+            .in_scope(|| tracing::info!(server = %state.spec.config.id, "server starting"));
         state.publish(ServerState::Starting);
         start_connection(&myself, &mut state).await;
         Ok(state)
@@ -393,7 +399,16 @@ impl ServerActorState {
         let usable = self.conn.as_ref().filter(|c| !c.is_closed()).cloned();
         match (self.state, usable) {
             (ServerState::Ready, Some(conn)) => {
-                dispatch(myself, conn, self.generation, outgoing, timeout, reply).await;
+                dispatch(
+                    myself,
+                    &self.span,
+                    conn,
+                    self.generation,
+                    outgoing,
+                    timeout,
+                    reply,
+                )
+                .await;
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
                 if self.queue.len() >= self.spec.config.queue_capacity {
@@ -428,7 +443,13 @@ impl ServerActorState {
     }
 
     async fn on_ready(&mut self, myself: &ActorRef<ServerMsg>, conn: Arc<Connection>) {
-        tracing::info!(server = %self.id(), era = ?conn.era(), version = %conn.protocol_version(), pid = ?conn.pid(), "server ready");
+        self.span.record("era", tracing::field::debug(conn.era()));
+        if let Some(pid) = conn.pid() {
+            self.span.record("pid", pid);
+        }
+        self.span.in_scope(|| {
+            tracing::info!(server = %self.id(), era = ?conn.era(), version = %conn.protocol_version(), pid = ?conn.pid(), "server ready")
+        });
         self.ready_at = Some(Instant::now());
         self.conn = Some(conn.clone());
         self.publish(ServerState::Ready);
@@ -440,6 +461,7 @@ impl ServerActorState {
             } else {
                 dispatch(
                     myself,
+                    &self.span,
                     conn.clone(),
                     self.generation,
                     q.outgoing,
@@ -486,14 +508,14 @@ impl ServerActorState {
         };
         match decision {
             Decision::Restart(delay) => {
-                tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff");
+                self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));
                 self.status.write().restarts += 1;
                 self.publish(ServerState::Restarting);
                 let generation = self.generation;
                 myself.send_after(delay, move || ServerMsg::StartConnection { generation });
             }
             Decision::GiveUp(why) => {
-                tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting");
+                self.span.in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));
                 self.last_error = Some(if fatal {
                     why
                 } else {
@@ -503,7 +525,7 @@ impl ServerActorState {
                 self.fail_queue();
             }
             Decision::Stop => {
-                tracing::info!(server = %self.id(), %reason, "server ended; its policy does not restart it");
+                self.span.in_scope(|| tracing::info!(server = %self.id(), %reason, "server ended; its policy does not restart it"));
                 self.publish(ServerState::Stopped);
                 self.fail_queue();
             }
@@ -601,7 +623,8 @@ impl ServerActorState {
             let _ = actor.call(ConnMsg::Shutdown, Some(limit)).await;
             actor.kill();
         }
-        tracing::info!(server = %self.id(), "server stopped");
+        self.span
+            .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
     }
 }
 
@@ -610,6 +633,7 @@ impl ServerActorState {
 /// dispatches; the rest runs in its own task so the actor never waits on a server.
 async fn dispatch(
     myself: &ActorRef<ServerMsg>,
+    span: &tracing::Span,
     conn: Arc<Connection>,
     generation: u64,
     outgoing: Outgoing,
@@ -638,7 +662,7 @@ async fn dispatch(
     let done =
         std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())).await;
     if !done {
-        tokio::spawn(call);
+        tokio::spawn(tracing::Instrument::instrument(call, span.clone()));
     }
 }
 
