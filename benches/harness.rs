@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mcp_harness::audit::AuditConfig;
-use mcp_harness::config::CacheConfig;
+use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::{Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerState};
 use parking_lot::Mutex;
 
@@ -359,18 +359,10 @@ async fn stdio_section(b: &mut Bench) {
             .map(|a| a.to_string_lossy().to_string())
             .collect();
         let mut config = ServerConfig::stdio("s", program, args);
-        if server == "rmcp" {
-            config.transport = match config.transport {
-                mcp_harness::TransportConfig::Stdio {
-                    command, args, cwd, ..
-                } => mcp_harness::TransportConfig::Stdio {
-                    command,
-                    args,
-                    cwd,
-                    env: [("MCP_BENCH_ROLE".to_string(), "stdio".to_string())].into(),
-                },
-                other => other,
-            };
+        if server == "rmcp"
+            && let mcp_harness::TransportSpec::Stdio(s) = &mut config.transport
+        {
+            s.env = [("MCP_BENCH_ROLE".to_string(), "stdio".to_string())].into();
         }
         let (h, client) = harness_client(config, true).await;
         b.all(&format!("stdio_{server}_harness"), &client).await;

@@ -1,20 +1,43 @@
-//! mcp-harness: a runtime for using many Model Context Protocol servers at once.
+//! mcp-harness: a runtime for using many Model Context Protocol servers at once, as a
+//! supervised tree of actors.
 //!
-//! This layer speaks MCP to one server at a time: [`protocol`] holds the wire types,
-//! [`transport`] the stdio and Streamable HTTP transports, and
-//! [`transport::Connection`] ties them together with era detection (a `server/discover`
-//! probe, falling back to the legacy `initialize` handshake) and the per-request `_meta`
-//! envelope.
+//! Spawn a harness on a config, grant agents what they may use, list and call tools,
+//! shut down. Every server runs under its own supervised actor (restarted with backoff,
+//! its process never left behind); calls are authorized, routed by priority with
+//! failover, driven through `input_required` rounds, and audited.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), mcp_harness::transport::ConnectError> {
-//! use mcp_harness::transport::{Connection, ConnectOptions, TransportSpec};
-//! let spec = TransportSpec::stdio("my-mcp-server", ["--flag"]);
-//! let (conn, _inbound) = Connection::connect("files", spec, ConnectOptions::default()).await?;
-//! let tools = conn.request("tools/list", None).await;
-//! conn.shutdown().await;
+//! # async fn run() -> Result<(), mcp_harness::HarnessError> {
+//! use mcp_harness::{Caller, Harness, HarnessConfig, ServerConfig};
+//! use serde_json::json;
+//!
+//! let mut config = HarnessConfig::default();
+//! config.servers.push(ServerConfig::stdio("files", "mcp-server-files", ["/srv"]));
+//! let harness = Harness::spawn(config).await?;
+//! harness.grant("planner", "files", &["read_file"]).await?;
+//!
+//! let planner = Caller::agent("planner");
+//! for tool in harness.list_tools(&planner).await? {
+//!     println!("{}: {}", tool.qualified, tool.definition["description"]);
+//! }
+//! let result = harness
+//!     .call_tool(&planner, "files__read_file", json!({"path": "/srv/a.txt"}))
+//!     .await?;
+//! harness.shutdown().await; // every server stopped, every audit record written
 //! # Ok(()) }
 //! ```
+//!
+//! Layers, top down (each uses only the ones below it): [`harness`] (the tree and the
+//! handle), [`config`] (every layer's settings together, and config files), [`call`]
+//! (one call, step by step; input handlers), [`registry`] (the list cache, names),
+//! [`permission`], [`audit`], [`server`] (a supervised actor per server), [`transport`]
+//! (stdio and Streamable HTTP, era detection), [`protocol`] (the wire types). [`util`]
+//! holds leaves anyone may use.
+//!
+//! Unix only: servers run in process groups, stopped with signals.
+
+#[cfg(not(unix))]
+compile_error!("mcp-harness runs stdio servers in Unix process groups and supports Unix only");
 
 pub mod audit;
 pub mod call;
@@ -25,9 +48,13 @@ pub mod protocol;
 pub mod registry;
 pub mod server;
 pub mod transport;
+pub mod util;
 
-pub use call::handler::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
-pub use call::{Caller, ToolInfo};
-pub use config::{HarnessConfig, ServerConfig, TransportConfig};
-pub use harness::{Harness, HarnessError, HarnessHandle};
-pub use server::{RestartConfig, RestartPolicy, ServerError, ServerState, ServerStatus};
+pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
+pub use call::{CallError, CallKind, Caller, CancelToken, ToolInfo};
+pub use config::{ConfigError, HarnessConfig};
+pub use harness::{CallOptions, Harness, HarnessError, HarnessHandle, Service};
+pub use server::{
+    RestartConfig, RestartPolicy, ServerConfig, ServerError, ServerState, ServerStatus,
+};
+pub use transport::TransportSpec;

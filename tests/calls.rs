@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_harness::audit::{AuditConfig, Redaction};
-use mcp_harness::config::CacheConfig;
+use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::{
-    ApprovalQueue, Caller, FixedAnswers, Harness, HarnessConfig, HarnessError, HarnessHandle,
+    ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
     RestartConfig, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
@@ -152,7 +152,7 @@ async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
     assert!(
         matches!(
             r,
-            Err(HarnessError::Server(ServerError::TransportClosed { .. }))
+            Err(CallError::Server(ServerError::TransportClosed { .. }))
         ),
         "{r:?}"
     );
@@ -326,10 +326,7 @@ async fn a_server_asking_for_input_forever_is_stopped_at_the_cap() {
         .call_tool(&Caller::agent("a"), "forever", json!({}))
         .await
         .expect_err("cap");
-    assert!(
-        matches!(err, HarnessError::RoundCap { cap: 4, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, CallError::RoundCap { cap: 4, .. }), "{err}");
     h.shutdown().await;
     assert_eq!(
         tool_calls(&record, "tools/call"),
@@ -351,7 +348,7 @@ async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried(
         .await
         .expect_err("-32021");
     match &err {
-        HarnessError::MissingCapability { required, .. } => {
+        CallError::MissingCapability { required, .. } => {
             assert_eq!(required, &json!({"elicitation": {}}))
         }
         other => panic!("expected MissingCapability, got {other}"),
@@ -380,7 +377,7 @@ async fn a_declined_elicitation_ends_the_call_and_an_approval_queue_can_answer()
     assert!(queue.answer(pending[0].id, json!({"action": "decline"})));
     let err = call.await.expect("join").expect_err("declined");
     assert!(
-        matches!(&err, HarnessError::InputDeclined { action, .. } if action == "decline"),
+        matches!(&err, CallError::InputDeclined { action, .. } if action == "decline"),
         "{err}"
     );
     h.shutdown().await;
@@ -481,7 +478,7 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
         .await
         .expect_err("anonymous");
     assert!(
-        matches!(&err, HarnessError::Denied { agent: None, .. }),
+        matches!(&err, CallError::Denied { agent: None, .. }),
         "{err}"
     );
     let err = h
@@ -489,7 +486,7 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
         .await
         .expect_err("stranger");
     assert!(
-        matches!(&err, HarnessError::Denied { agent: Some(a), server: Some(s), tool } if a == "stranger" && s == "alpha" && tool == "echo"),
+        matches!(&err, CallError::Denied { agent: Some(a), server: Some(s), tool } if a == "stranger" && s == "alpha" && tool == "echo"),
         "{err}"
     );
     let reader = Caller::agent("reader");
@@ -497,7 +494,7 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
         .call_tool(&reader, "add", json!({"a": 1, "b": 2}))
         .await
         .expect_err("not granted");
-    assert!(matches!(&err, HarnessError::Denied { .. }), "{err}");
+    assert!(matches!(&err, CallError::Denied { .. }), "{err}");
     assert_eq!(
         text(
             &h.call_tool(&reader, "echo", json!({"text": "ok"}))

@@ -61,7 +61,7 @@ fn stdio_server(id: &str, priority: i32, extra: &[&str]) -> ServerConfig {
     let mut c = ServerConfig::stdio(id, harness_exe(), args);
     c.priority = priority;
     c.timeout = Duration::from_secs(2);
-    c.max_retries = 100_000;
+    c.restart.max_restarts = 100_000;
     c.restart = RestartConfig {
         min_delay: Duration::from_millis(20),
         max_delay: Duration::from_millis(300),
@@ -115,7 +115,7 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
         {
             let mut h = ServerConfig::http("h1", &http.url);
             h.timeout = Duration::from_secs(2);
-            h.max_retries = 100_000;
+            h.restart.max_restarts = 100_000;
             h.restart = RestartConfig {
                 min_delay: Duration::from_millis(20),
                 max_delay: Duration::from_millis(300),

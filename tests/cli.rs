@@ -248,14 +248,35 @@ alpha = ["echo"]
 }
 
 #[test]
-fn the_demo_runs_every_step() {
-    let o = run(&["demo"]);
+fn the_demo_runs_every_step_and_reads_cleanly() {
+    let o = Command::new(harness_exe())
+        .arg("demo")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the demo");
     assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
     let out = stdout(&o);
+    // No log lines in the middle of the walk-through, and no Rust Debug formatting.
+    assert_eq!(stderr(&o), "", "the demo logs nothing unless asked");
+    for debug in [
+        "Some(",
+        "None",
+        "String(",
+        "Ready",
+        "Restarting",
+        "Modern",
+        "Legacy",
+        "\\\"",
+    ] {
+        assert!(
+            !out.contains(debug),
+            "Debug formatting {debug:?} in:\n{out}"
+        );
+    }
     for needle in [
-        "era=Legacy",
+        "era=legacy",
         "from the cache",
-        "served by \"alpha\"",
+        "served by alpha",
         "alpha__rounds (3 rounds) -> \"answers: yes,yes,yes\"",
         "beta__confirm (legacy) -> \"approved: true\"",
         "denied",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mcp_harness::protocol::ProtocolError;
 use mcp_harness::transport::TransportError;
 use mcp_harness::{
-    Caller, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, ServerConfig,
+    CallError, Caller, Harness, HarnessConfig, HarnessHandle, RestartConfig, ServerConfig,
     ServerError, ServerState,
 };
 use serde_json::{Value, json};
@@ -24,7 +24,7 @@ fn demo(id: &str, args: &[&str]) -> ServerConfig {
         max_delay: Duration::from_millis(100),
         ..RestartConfig::default()
     };
-    c.max_retries = 50;
+    c.restart.max_restarts = 50;
     c
 }
 
@@ -55,7 +55,7 @@ async fn ready(h: &HarnessHandle, id: &str) -> bool {
     .await
 }
 
-async fn call(h: &HarnessHandle, tool: &str) -> Result<Value, HarnessError> {
+async fn call(h: &HarnessHandle, tool: &str) -> Result<Value, CallError> {
     h.call_tool(&Caller::agent("a"), tool, json!({})).await
 }
 
@@ -72,9 +72,9 @@ async fn still_serving(h: &HarnessHandle, server: &str) {
     assert_eq!(text(&r.expect("echo after the fault")), "alive");
 }
 
-fn transport(e: &HarnessError) -> &TransportError {
+fn transport(e: &CallError) -> &TransportError {
     match e {
-        HarnessError::Server(
+        CallError::Server(
             ServerError::Transport { source, .. } | ServerError::TransportClosed { source, .. },
         ) => source,
         other => panic!("expected a transport error, got {other}"),
@@ -174,7 +174,7 @@ async fn a_modern_server_sending_a_request_is_refused() {
 async fn input_required_forever_stops_at_the_round_cap() {
     let h = harness(vec![demo("s", &[])]).await;
     let e = call(&h, "s__forever").await.expect_err("cap");
-    assert!(matches!(e, HarnessError::RoundCap { cap: 5, .. }), "{e}");
+    assert!(matches!(e, CallError::RoundCap { cap: 5, .. }), "{e}");
     still_serving(&h, "s").await;
     h.shutdown().await;
 }
@@ -188,7 +188,7 @@ async fn input_required_with_neither_requests_nor_state_is_a_protocol_error() {
     assert!(
         matches!(
             e,
-            HarnessError::Server(ServerError::Protocol {
+            CallError::Server(ServerError::Protocol {
                 source: ProtocolError::InvalidResult(_),
                 ..
             })
@@ -206,7 +206,7 @@ async fn an_unknown_result_type_is_invalid() {
         .await
         .expect_err("unknown resultType");
     assert!(
-        matches!(&e, HarnessError::Server(ServerError::Protocol { source: ProtocolError::UnknownResultType(t), .. }) if t == "task"),
+        matches!(&e, CallError::Server(ServerError::Protocol { source: ProtocolError::UnknownResultType(t), .. }) if t == "task"),
         "{e}"
     );
     still_serving(&h, "s").await;

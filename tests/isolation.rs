@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use mcp_harness::{Caller, Harness, HarnessConfig, HarnessError, ServerConfig, ServerState};
+use mcp_harness::{CallError, Caller, Harness, HarnessConfig, ServerConfig, ServerState};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
@@ -113,7 +113,7 @@ fn a_denied_caller_never_reaches_a_server() {
                         prop_assert_eq!(after, before + 1);
                     } else {
                         prop_assert!(
-                            matches!(result, Err(HarnessError::Denied { .. })),
+                            matches!(result, Err(CallError::Denied { .. })),
                             "{agent:?} {name}: {result:?}"
                         );
                         prop_assert_eq!(after, before, "a denied call reached the server");

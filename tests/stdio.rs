@@ -418,7 +418,13 @@ async fn a_crash_fails_every_request_in_flight_at_once() {
         .await
         .expect_err("crash");
     assert!(
-        matches!(&crash, RequestError::Transport(TransportError::Closed { exit: Some(e) }) if e.contains('3')),
+        matches!(
+            &crash,
+            RequestError::Transport(TransportError::Closed {
+                exit: Some(mcp_harness::transport::ExitStatus::Code(3)),
+                ..
+            })
+        ),
         "{crash}"
     );
     for h in hung {

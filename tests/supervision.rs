@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use mcp_harness::{
-    Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, RestartPolicy,
+    CallError, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, RestartPolicy,
     ServerConfig, ServerError, ServerState,
 };
 use serde_json::json;
@@ -86,7 +86,9 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
         assert!(
             matches!(
                 r,
-                Err(HarnessError::Server(ServerError::TransportClosed { .. }))
+                Err(HarnessError::Call(CallError::Server(
+                    ServerError::TransportClosed { .. }
+                )))
             ),
             "{r:?}"
         );
@@ -145,7 +147,7 @@ async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
 #[tokio::test]
 async fn a_server_that_crashes_on_start_backs_off_then_fails_and_the_others_keep_working() {
     let mut crashy = demo("crashy", &["--crash-on-start"]);
-    crashy.max_retries = 3;
+    crashy.restart.max_restarts = 3;
     let h = harness(vec![crashy, demo("alpha", &[])]).await;
     assert!(
         wait_state(&h, "crashy", ServerState::Failed).await,
@@ -164,7 +166,7 @@ async fn a_server_that_crashes_on_start_backs_off_then_fails_and_the_others_keep
     );
     let err = echo(&h, "crashy", "x").await.expect_err("failed");
     assert!(
-        matches!(&err, HarnessError::Server(ServerError::Failed { server, .. }) if server == "crashy"),
+        matches!(&err, HarnessError::Call(CallError::Server(ServerError::Failed { server, .. })) if server == "crashy"),
         "{err}"
     );
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
@@ -197,7 +199,9 @@ async fn restart_policies_behave_as_in_otp() {
     assert!(wait_state(&h, "temp", ServerState::Stopped).await);
     assert!(matches!(
         echo(&h, "temp", "x").await,
-        Err(HarnessError::Server(ServerError::Stopped { .. }))
+        Err(HarnessError::Call(CallError::Server(
+            ServerError::Stopped { .. }
+        )))
     ));
 
     // transient: a crash is restarted, a clean exit is not.
@@ -248,7 +252,10 @@ async fn requests_during_a_restart_wait_in_a_bounded_queue_and_are_released_in_o
     assert!(
         matches!(
             overflow,
-            HarnessError::Server(ServerError::Overloaded { capacity: 3, .. })
+            HarnessError::Call(CallError::Server(ServerError::Overloaded {
+                capacity: 3,
+                ..
+            }))
         ),
         "{overflow}"
     );
@@ -296,7 +303,10 @@ async fn a_queued_request_fails_with_restarting_at_its_deadline() {
         .await
         .expect_err("deadline");
     assert!(
-        matches!(err, HarnessError::Server(ServerError::Restarting { .. })),
+        matches!(
+            err,
+            HarnessError::Call(CallError::Server(ServerError::Restarting { .. }))
+        ),
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(10));

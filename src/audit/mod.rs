@@ -2,24 +2,34 @@
 //! `finished` record with its outcome, as JSON Lines in a file.
 //!
 //! Calls append records to an [`AuditSink`]; the [`AuditActor`] drains it and writes
-//! in batches (every [`AuditConfig::batch`] records, and on a timer), and always before
-//! it answers `Flush`, which `shutdown()` sends, and when it is dropped. A write that fails keeps the records buffered
-//! for the next attempt. Every record is also a `tracing` event (target
-//! `mcp_harness::audit`). Arguments are recorded per [`Redaction`]; auth contexts are
-//! recorded as a SHA-256 prefix, never in clear.
+//! in batches off the async threads (every [`AuditConfig::batch`] records, and on a
+//! timer), and always before it answers a flush, which `shutdown()` sends. Records
+//! accepted into the sink are never lost: a batch that fails to write stays buffered
+//! and is written once the file can be written, never twice and never torn
+//! ([`file`]); the sink writes what is left when the last holder drops it, so a harness
+//! dropped without `shutdown()` keeps its records too. While the file cannot be
+//! written, new calls fail closed ([`AuditFailure::FailClosed`], the default) or keep
+//! serving with the unwritten records counted ([`AuditFailure::KeepServing`]).
+//!
+//! Every record is also a `tracing` event (target `mcp_harness::audit`). Arguments are
+//! recorded per [`Redaction`]; auth contexts as an HMAC-SHA256 under a key kept beside
+//! the audit file, never in clear and never as a plain digest anyone could test a guess
+//! against.
 
-use std::io::Write;
+mod actor;
+mod file;
+mod sink;
+
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::config::duration;
-use crate::registry::cache::sha256_hex;
+use crate::util::duration;
+
+pub use actor::{AuditActor, AuditMsg, AuditRef};
+pub use sink::{AuditHealth, AuditSink, AuditUnavailable};
 
 /// How much of a call's arguments the audit trail keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,8 +40,20 @@ pub enum Redaction {
     /// Argument names only (the default).
     #[default]
     Keys,
-    /// Arguments in full, except the keys in `redact_keys`.
+    /// Arguments in full, except values under keys that look secret.
     Full,
+}
+
+/// What the harness does while the audit file cannot be written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditFailure {
+    /// New calls fail with a typed error until records can be written again (records
+    /// already accepted are kept and written then).
+    #[default]
+    FailClosed,
+    /// Calls go on; records past the buffer's bound are counted as unwritten.
+    KeepServing,
 }
 
 /// Audit settings.
@@ -42,13 +64,17 @@ pub struct AuditConfig {
     pub path: Option<PathBuf>,
     /// How arguments are recorded.
     pub redaction: Redaction,
-    /// Argument keys whose values are always replaced by `"[redacted]"`, at any depth.
+    /// Parts of argument names whose values are always replaced by `"[redacted]"`, at
+    /// any depth. Matching ignores case, `_`, `-` and camelCase: `apiKey`, `API_KEY`
+    /// and `x-api-key` all contain `key`.
     pub redact_keys: Vec<String>,
     /// Records per write.
     pub batch: usize,
     /// Longest a record waits in the buffer.
     #[serde(with = "duration")]
     pub flush_every: Duration,
+    /// What to do while the file cannot be written.
+    pub on_failure: AuditFailure,
 }
 
 impl Default for AuditConfig {
@@ -56,17 +82,29 @@ impl Default for AuditConfig {
         AuditConfig {
             path: None,
             redaction: Redaction::Keys,
-            redact_keys: vec![
-                "password".into(),
-                "token".into(),
-                "secret".into(),
-                "api_key".into(),
-                "authorization".into(),
-            ],
+            redact_keys: [
+                "token",
+                "secret",
+                "password",
+                "key",
+                "authorization",
+                "cookie",
+            ]
+            .map(String::from)
+            .to_vec(),
             batch: 64,
             flush_every: Duration::from_millis(200),
+            on_failure: AuditFailure::FailClosed,
         }
     }
+}
+
+/// A key name folded for matching: lower case, no `_` or `-`.
+fn fold(name: &str) -> String {
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 impl AuditConfig {
@@ -80,191 +118,34 @@ impl AuditConfig {
                 }
                 _ => Value::Null,
             },
-            Redaction::Full => self.scrub(args),
-        }
-    }
-
-    fn scrub(&self, v: &Value) -> Value {
-        match v {
-            Value::Object(map) => {
-                let mut out = Map::new();
-                for (k, v) in map {
-                    let hidden = self.redact_keys.iter().any(|r| r.eq_ignore_ascii_case(k));
-                    out.insert(
-                        k.clone(),
-                        if hidden {
-                            json!("[redacted]")
-                        } else {
-                            self.scrub(v)
-                        },
-                    );
-                }
-                Value::Object(out)
-            }
-            Value::Array(items) => Value::Array(items.iter().map(|i| self.scrub(i)).collect()),
-            other => other.clone(),
-        }
-    }
-}
-
-/// A hashed auth context, as records carry it.
-pub fn hash_context(ctx: Option<&str>) -> Option<String> {
-    ctx.map(|c| sha256_hex(c.as_bytes())[..16].to_string())
-}
-
-/// Messages of the audit actor.
-pub enum AuditMsg {
-    /// Write everything buffered; answer when it is on disk.
-    Flush(RpcReplyPort<()>),
-    /// A batch is full, or the timer fired: write what is buffered.
-    Tick,
-}
-
-/// Records waiting for the audit actor.
-type Pending = Arc<Mutex<Vec<Value>>>;
-
-/// Where calls put their records: a buffer shared with the audit actor, which drains it.
-/// Recording never waits on the actor, and wakes it only when a batch is full (the
-/// actor's timer takes the rest), so the audit trail costs the call path no task switch.
-#[derive(Clone)]
-pub struct AuditSink {
-    pending: Pending,
-    batch: usize,
-    actor: ActorRef<AuditMsg>,
-}
-
-impl AuditSink {
-    /// Appends one record (a JSON object with at least `event` and `call_id`).
-    pub fn record(&self, record: Value) {
-        tracing::info!(target: "mcp_harness::audit", record = %record, "audit");
-        let full = {
-            let mut pending = self.pending.lock();
-            pending.push(record);
-            pending.len() >= self.batch
-        };
-        if full {
-            let _ = self.actor.send_message(AuditMsg::Tick);
-        }
-    }
-}
-
-/// Starts the audit actor under `supervisor` and returns it with its sink.
-pub async fn spawn(
-    config: AuditConfig,
-    supervisor: ractor::ActorCell,
-) -> Result<(ActorRef<AuditMsg>, AuditSink), ractor::SpawnErr> {
-    let pending = Pending::default();
-    let batch = config.batch.max(1);
-    let (actor, _) =
-        Actor::spawn_linked(None, AuditActor, (config, pending.clone()), supervisor).await?;
-    Ok((
-        actor.clone(),
-        AuditSink {
-            pending,
-            batch,
-            actor,
-        },
-    ))
-}
-
-/// The audit actor's state.
-pub struct AuditState {
-    file: Option<std::fs::File>,
-    pending: Pending,
-    buffer: Vec<Value>,
-}
-
-impl AuditState {
-    fn write(&mut self) {
-        self.buffer.append(&mut self.pending.lock());
-        if self.buffer.is_empty() {
-            return;
-        }
-        let Some(file) = self.file.as_mut() else {
-            self.buffer.clear();
-            return;
-        };
-        let mut bytes = Vec::with_capacity(self.buffer.len() * 256);
-        for r in &self.buffer {
-            let _ = serde_json::to_writer(&mut bytes, r);
-            bytes.push(b'\n');
-        }
-        match file.write_all(&bytes).and_then(|_| file.flush()) {
-            Ok(()) => self.buffer.clear(),
-            // Kept for the next attempt: an audit record is never dropped on purpose.
-            Err(e) => {
-                tracing::error!(error = %e, records = self.buffer.len(), "audit write failed; will retry")
+            Redaction::Full => {
+                let secret: Vec<String> = self.redact_keys.iter().map(|k| fold(k)).collect();
+                scrub(args, &secret)
             }
         }
     }
 }
 
-impl Drop for AuditState {
-    fn drop(&mut self) {
-        // The actor may be killed (the harness's last handle dropped) without post_stop:
-        // what is buffered is still written.
-        self.write();
-    }
-}
-
-/// Writes the audit trail; see the module docs.
-pub struct AuditActor;
-
-impl Actor for AuditActor {
-    type Msg = AuditMsg;
-    type State = AuditState;
-    type Arguments = (AuditConfig, Pending);
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<AuditMsg>,
-        (config, pending): (AuditConfig, Pending),
-    ) -> Result<AuditState, ActorProcessingErr> {
-        let file = match &config.path {
-            Some(path) => {
-                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent)?;
-                }
-                Some(
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)?,
-                )
+fn scrub(v: &Value, secret: &[String]) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, v) in map {
+                let folded = fold(k);
+                let hidden = secret.iter().any(|s| !s.is_empty() && folded.contains(s));
+                out.insert(
+                    k.clone(),
+                    if hidden {
+                        json!("[redacted]")
+                    } else {
+                        scrub(v, secret)
+                    },
+                );
             }
-            None => None,
-        };
-        myself.send_interval(config.flush_every, || AuditMsg::Tick);
-        Ok(AuditState {
-            file,
-            pending,
-            buffer: Vec::new(),
-        })
-    }
-
-    async fn handle(
-        &self,
-        _: ActorRef<AuditMsg>,
-        msg: AuditMsg,
-        state: &mut AuditState,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            AuditMsg::Flush(reply) => {
-                state.write();
-                let _ = reply.send(());
-            }
-            AuditMsg::Tick => state.write(),
+            Value::Object(out)
         }
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<AuditMsg>,
-        state: &mut AuditState,
-    ) -> Result<(), ActorProcessingErr> {
-        state.write();
-        Ok(())
+        Value::Array(items) => Value::Array(items.iter().map(|i| scrub(i, secret)).collect()),
+        other => other.clone(),
     }
 }
 
@@ -288,6 +169,35 @@ mod tests {
         assert_eq!(c.redact(&args), json!(["Password", "nested", "path"]));
         c.redaction = Redaction::None;
         assert_eq!(c.redact(&args), Value::Null);
-        assert_eq!(hash_context(Some("x")).map(|h| h.len()), Some(16));
+    }
+
+    #[test]
+    fn redaction_matches_any_spelling_of_a_secret_name() {
+        let c = AuditConfig {
+            redaction: Redaction::Full,
+            ..AuditConfig::default()
+        };
+        let args = json!({
+            "apiKey": 1, "API_KEY": 2, "x-api-key": 3, "accessToken": 4, "ACCESS-TOKEN": 5,
+            "clientSecret": 6, "db_password": 7, "Authorization": 8, "set-cookie": 9,
+            "SessionCookie": 10, "path": "/ok", "count": 11
+        });
+        let out = c.redact(&args);
+        for k in [
+            "apiKey",
+            "API_KEY",
+            "x-api-key",
+            "accessToken",
+            "ACCESS-TOKEN",
+            "clientSecret",
+            "db_password",
+            "Authorization",
+            "set-cookie",
+            "SessionCookie",
+        ] {
+            assert_eq!(out[k], "[redacted]", "{k}");
+        }
+        assert_eq!(out["path"], "/ok");
+        assert_eq!(out["count"], 11);
     }
 }

@@ -1,21 +1,26 @@
-//! Discovery and routing: every server's tools (or prompts, or resources), read from
-//! the cache or fetched page by page, filtered by what the caller may use, and the
-//! ordered candidates of one call.
+//! What the servers offer: each server's list (tools, prompts or resources), page by
+//! page from the cache when fresh, else fetched, walked by one loop ([`list_server`])
+//! under the configured bounds, and filtered by what the caller may use.
+//!
+//! Bounds: past `limits.max_list_bytes` or `limits.max_list_items` across a list's pages
+//! the listing of that server ends with [`CallError::ListTooLarge`] and nothing of it is
+//! cached; the server's calls by qualified name still work. A list is cached whole or
+//! not at all: its pages are stored together once the walk ends. A cached cursor the
+//! server rejects drops that list's cached pages, and the list is read again from the
+//! first page, once.
 
-use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CallKind, Caller, Candidate};
-use crate::harness::HarnessError;
-use crate::harness::core::{Core, ServerView};
-use crate::registry::RegistryMsg;
-use crate::registry::route::{order, qualify, split_qualified};
-use crate::server::ServerError;
-
-/// Most pages read of one list: a server that keeps handing out cursors is cut off.
-const MAX_PAGES: usize = 1000;
+use super::caller::{CallKind, Caller};
+use super::context::CallContext;
+use super::error::{CallError, Unreachable};
+use crate::protocol::{Pager, RpcErrorKind};
+use crate::registry::cache::{ListOf, Page, json_size, scope_key};
+use crate::registry::names::qualify;
+use crate::server::{ServerError, ServerRef};
 
 /// One tool (or prompt, or resource) as a caller sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,106 +37,24 @@ pub struct ToolInfo {
     pub from_cache: bool,
 }
 
-/// The pages of one server's list, if every page is fresh in the cache.
-fn cached_pages(
-    core: &Core,
-    server: &str,
-    kind: CallKind,
-    auth_context: Option<&str>,
-) -> Option<Vec<Arc<Value>>> {
-    let mut pages = Vec::new();
-    let mut cursor: Option<String> = None;
-    let mut seen = HashSet::new();
-    for _ in 0..MAX_PAGES {
-        let page = core
-            .cache
-            .get(server, kind.list_method(), cursor.as_deref(), auth_context)?;
-        let next = next_cursor(&page, cursor.as_deref());
-        pages.push(page);
-        match next {
-            Some(c) if seen.insert(c.clone()) => cursor = Some(c),
-            _ => return Some(pages),
-        }
-    }
-    Some(pages)
+/// What a caller may use, and the servers that could not be listed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listing {
+    /// Sorted by qualified name.
+    pub items: Vec<ToolInfo>,
+    /// Servers the caller may use that could not be listed now, with why.
+    pub unreachable: Vec<(Unreachable, Option<CallError>)>,
 }
 
-/// The page's `nextCursor` (an empty string is still a cursor), unless it repeats.
-fn next_cursor(page: &Value, current: Option<&str>) -> Option<String> {
-    match page.get("nextCursor") {
-        Some(Value::String(next)) if Some(next.as_str()) != current => Some(next.clone()),
-        Some(Value::String(_)) => {
-            tracing::warn!("server repeated its cursor; list cut off");
-            None
-        }
-        _ => None,
-    }
-}
-
-/// Every page of one server's list, following `nextCursor`; each page from the cache
-/// when fresh, else fetched and offered to it. `true` when all came from the cache.
-async fn list_server(
-    core: &Core,
-    server: &str,
-    kind: CallKind,
-    auth_context: Option<&str>,
-) -> Result<(Vec<Arc<Value>>, bool), ServerError> {
-    let method = kind.list_method();
-    let generation = core.cache.generation(server);
-    let mut pages = Vec::new();
-    let mut from_cache = true;
-    let mut cursor: Option<String> = None;
-    // A cursor seen before ends the list: a server that cycles is cut off.
-    let mut seen = HashSet::new();
-    for _ in 0..MAX_PAGES {
-        let page = match core
-            .cache
-            .get(server, method, cursor.as_deref(), auth_context)
-        {
-            Some(page) => page,
-            None => {
-                from_cache = false;
-                let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-                let page = core
-                    .send(server, method, params, None, Some(core.capabilities()))
-                    .await?;
-                if let Some((key, ttl)) =
-                    core.cache
-                        .key_for(server, method, cursor.as_deref(), auth_context, &page)
-                {
-                    let put = RegistryMsg::Put {
-                        key,
-                        ttl,
-                        value: page.clone(),
-                        generation,
-                    };
-                    let _ = core.services.registry.send_message(put);
-                }
-                Arc::new(page)
-            }
-        };
-        let next = next_cursor(&page, cursor.as_deref());
-        pages.push(page);
-        match next {
-            Some(c) if seen.insert(c.clone()) => cursor = Some(c),
-            _ => break,
-        }
-    }
-    if kind == CallKind::Tool && !from_cache {
-        let tools = items(kind, &pages).cloned().collect();
-        let _ = core
-            .services
-            .registry
-            .send_message(RegistryMsg::ToolsListed {
-                server: server.to_string(),
-                tools,
-            });
-    }
-    Ok((pages, from_cache))
+/// One server's list, as read for a call or a listing.
+pub(crate) struct Listed {
+    pub(crate) server: ServerRef,
+    pub(crate) pages: Vec<Arc<Value>>,
+    pub(crate) from_cache: bool,
 }
 
 /// The items of a list's pages.
-fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
+pub(crate) fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
     pages.iter().flat_map(move |p| {
         p.get(kind.list_key())
             .and_then(Value::as_array)
@@ -140,192 +63,309 @@ fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
     })
 }
 
-/// One server's list, as read for a call or a listing.
-struct Listed {
-    view: ServerView,
-    pages: Vec<Arc<Value>>,
-    from_cache: bool,
-}
-
-/// The lists of every routable server that offers `kind`, in config order: from the
-/// cache without leaving this task when all are fresh, else the misses fetched in
-/// parallel. Servers that fail to list are left out (with a warning).
-async fn list_all(
-    core: &Arc<Core>,
-    caller: &Caller,
-    kind: CallKind,
-    servers: &[ServerView],
-) -> Vec<Listed> {
-    let ctx = caller.auth_context.as_deref();
-    let mut lists = Vec::new();
-    let mut set = tokio::task::JoinSet::new();
-    for (i, view) in servers.iter().enumerate() {
-        if !view.routable() || !view.offers(kind.capability()) {
-            continue;
-        }
-        if let Some(pages) = cached_pages(core, &view.id, kind, ctx) {
-            lists.push((
-                i,
-                Listed {
-                    view: view.clone(),
-                    pages,
-                    from_cache: true,
-                },
-            ));
-            continue;
-        }
-        let (core, view, ctx) = (core.clone(), view.clone(), caller.auth_context.clone());
-        set.spawn(async move {
-            let listed = list_server(&core, &view.id, kind, ctx.as_deref()).await;
-            (i, view, listed)
-        });
-    }
-    while let Some(joined) = set.join_next().await {
-        let Ok((i, view, listed)) = joined else {
-            continue;
-        };
-        match listed {
-            Ok((pages, from_cache)) => lists.push((
-                i,
-                Listed {
-                    view,
-                    pages,
-                    from_cache,
-                },
-            )),
-            Err(e) => tracing::warn!(server = %view.id, error = %e, "could not list"),
-        }
-    }
-    lists.sort_by_key(|(i, _)| *i);
-    lists.into_iter().map(|(_, l)| l).collect()
-}
-
-fn item_name(kind: CallKind, item: &Value) -> Option<&str> {
+pub(crate) fn item_name(kind: CallKind, item: &Value) -> Option<&str> {
     item.get(kind.item_key()).and_then(Value::as_str)
 }
 
+fn page_items(kind: CallKind, page: &Value) -> usize {
+    page.get(kind.list_key())
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+/// How one walk of a list ended, short of a list.
+enum Walk {
+    Done(Listed),
+    /// A continuation page was asked for with a cursor from the cache, and refused.
+    RejectedCursor(ServerError),
+    Failed(CallError),
+}
+
+/// Every page of one server's list (see the module docs).
+pub(crate) async fn list_server(
+    ctx: &CallContext,
+    server: &ServerRef,
+    kind: CallKind,
+    auth_context: Option<&str>,
+    timeout: Duration,
+) -> Result<Listed, CallError> {
+    match walk(ctx, server, kind, auth_context, timeout, true).await {
+        Walk::Done(listed) => Ok(listed),
+        Walk::Failed(e) => Err(e),
+        Walk::RejectedCursor(_) => {
+            tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
+            ctx.registry_ref
+                .invalidate_list(server.id(), kind.list_method());
+            match walk(ctx, server, kind, auth_context, timeout, false).await {
+                Walk::Done(listed) => Ok(listed),
+                Walk::Failed(e) => Err(e),
+                Walk::RejectedCursor(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+async fn walk(
+    ctx: &CallContext,
+    server: &ServerRef,
+    kind: CallKind,
+    auth_context: Option<&str>,
+    timeout: Duration,
+    use_cache: bool,
+) -> Walk {
+    let limits = &ctx.settings.limits;
+    let list = ListOf {
+        server: server.id(),
+        fingerprint: server.fingerprint(),
+        method: kind.list_method(),
+    };
+    let cache = &ctx.registry.cache;
+    let generation = cache.generation(server.id());
+    let too_large = |what, limit| {
+        Walk::Failed(CallError::ListTooLarge {
+            server: server.id().to_string(),
+            what,
+            limit,
+        })
+    };
+    let mut pages = Vec::new();
+    let mut fetched: Vec<Page> = Vec::new();
+    let mut from_cache = true;
+    let mut cacheable = true;
+    let (mut bytes, mut count) = (0usize, 0usize);
+    let mut pager = Pager::new(limits.max_list_pages);
+    let mut cursor: Option<String> = None;
+    // Whether the cursor in hand came from a cached page.
+    let mut cursor_cached = false;
+    loop {
+        let hit = if use_cache {
+            cache.get(list, cursor.as_deref(), auth_context)
+        } else {
+            None
+        };
+        let page_cached = hit.is_some();
+        let (page, size) = match hit {
+            Some(hit) => (hit.value, hit.bytes),
+            None => {
+                from_cache = false;
+                let params = cursor.as_ref().map(|c| json!({"cursor": c}));
+                let caps = ctx.inputs.snapshot();
+                let sent = server
+                    .request(
+                        kind.list_method(),
+                        params,
+                        Some(timeout),
+                        Some(caps.capabilities()),
+                    )
+                    .await;
+                let page = match sent {
+                    Ok(page) => page,
+                    Err(e @ ServerError::Rpc { .. }) if cursor_cached && rejects_cursor(&e) => {
+                        return Walk::RejectedCursor(e);
+                    }
+                    Err(e) => return Walk::Failed(e.into()),
+                };
+                let size = json_size(&page);
+                let page = Arc::new(page);
+                match cache.key_for(list, cursor.as_deref(), auth_context, &page) {
+                    Some((key, ttl)) => fetched.push(Page {
+                        key,
+                        ttl,
+                        value: page.clone(),
+                        bytes: size,
+                    }),
+                    None => cacheable = false,
+                }
+                (page, size)
+            }
+        };
+        bytes += size;
+        count += page_items(kind, &page);
+        if bytes > limits.max_list_bytes {
+            return too_large("bytes", limits.max_list_bytes);
+        }
+        if count > limits.max_list_items {
+            return too_large("items", limits.max_list_items);
+        }
+        let next = pager.next(&page);
+        cursor_cached = page_cached;
+        pages.push(page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    if let Some(cutoff) = pager.cutoff() {
+        tracing::warn!(server = %server.id(), ?cutoff, "list cut off");
+    }
+    if !from_cache {
+        if cacheable && !fetched.is_empty() {
+            ctx.registry_ref.put(fetched, generation);
+        }
+        if kind == CallKind::Tool {
+            let scope = pages
+                .first()
+                .map(|p| crate::protocol::CacheHints::of(p).scope)
+                .and_then(|s| scope_key(s, auth_context))
+                .unwrap_or_else(|| "uncached".into());
+            ctx.registry_ref
+                .tools_listed(server.id(), scope, pages.clone());
+        }
+    }
+    Walk::Done(Listed {
+        server: server.clone(),
+        pages,
+        from_cache,
+    })
+}
+
+fn rejects_cursor(error: &ServerError) -> bool {
+    matches!(error, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams)
+}
+
+/// Whether a server is worth listing for `kind`: routable, and (once connected) says it
+/// has such items.
+fn offers(server: &ServerRef, kind: CallKind) -> bool {
+    if !server.state().routable() {
+        return false;
+    }
+    match server.offers() {
+        None => true,
+        Some(o) => match kind {
+            CallKind::Tool => o.tools,
+            CallKind::Prompt => o.prompts,
+            CallKind::Resource => o.resources,
+        },
+    }
+}
+
+/// The lists of `servers` that offer `kind`, in their order: from the cache without
+/// leaving this task when all are fresh, else the misses fetched in parallel. Servers
+/// that cannot be listed are returned apart, with why.
+pub(crate) async fn list_all(
+    ctx: &Arc<CallContext>,
+    caller: &Caller,
+    kind: CallKind,
+    servers: Vec<ServerRef>,
+) -> (Vec<Listed>, Vec<(Unreachable, Option<CallError>)>) {
+    let mut lists = Vec::new();
+    let mut unreachable = Vec::new();
+    let mut set = tokio::task::JoinSet::new();
+    let mut done = Vec::new();
+    for (i, server) in servers.into_iter().enumerate() {
+        if !server.state().routable() {
+            let status = server.status();
+            unreachable.push((
+                Unreachable {
+                    server: server.id().to_string(),
+                    state: status.state,
+                    reason: status.last_error.unwrap_or_else(|| "not running".into()),
+                },
+                None,
+            ));
+            continue;
+        }
+        if !offers(&server, kind) {
+            continue;
+        }
+        let timeout = server.config().timeout;
+        let auth = caller.auth_context.clone();
+        let first_cached = ctx
+            .registry
+            .cache
+            .get(
+                ListOf {
+                    server: server.id(),
+                    fingerprint: server.fingerprint(),
+                    method: kind.list_method(),
+                },
+                None,
+                auth.as_deref(),
+            )
+            .is_some();
+        if first_cached {
+            // Fresh in the cache: walked here, without a task or a round trip.
+            let listed = list_server(ctx, &server, kind, auth.as_deref(), timeout).await;
+            done.push((i, server, listed));
+            continue;
+        }
+        let ctx2 = ctx.clone();
+        set.spawn(async move {
+            let listed = list_server(&ctx2, &server, kind, auth.as_deref(), timeout).await;
+            (i, server, listed)
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        if let Ok(item) = joined {
+            done.push(item);
+        }
+    }
+    done.sort_by_key(|(i, _, _)| *i);
+    for (_, server, listed) in done {
+        match listed {
+            Ok(l) => lists.push(l),
+            Err(e) => {
+                tracing::warn!(server = %server.id(), error = %e, "could not list");
+                let status = server.status();
+                unreachable.push((
+                    Unreachable {
+                        server: server.id().to_string(),
+                        state: status.state,
+                        reason: e.to_string(),
+                    },
+                    Some(e),
+                ));
+            }
+        }
+    }
+    (lists, unreachable)
+}
+
 /// What `caller` may use of `kind`, optionally only on servers tagged `tag`, sorted by
-/// qualified name.
-pub async fn list(
-    core: &Arc<Core>,
+/// qualified name. Only servers on which the caller holds some grant are asked.
+pub(crate) async fn list(
+    ctx: &Arc<CallContext>,
     caller: &Caller,
     kind: CallKind,
     tag: Option<&str>,
-) -> Result<Vec<ToolInfo>, HarnessError> {
+) -> Result<Listing, CallError> {
     let agent = caller.agent_id.as_deref();
     if agent.is_none() {
-        return Err(HarnessError::Denied {
+        return Err(CallError::Denied {
             agent: None,
             server: None,
             tool: "*".into(),
         });
     }
-    let servers: Vec<ServerView> = core
-        .servers()
+    let servers: Vec<ServerRef> = ctx
+        .servers
+        .all()
         .into_iter()
-        .filter(|s| tag.is_none_or(|t| s.tags.iter().any(|x| x == t)))
-        .filter(|s| core.policy.read().allows_any(agent, &s.id, &s.tags))
+        .filter(|s| tag.is_none_or(|t| s.config().tags.iter().any(|x| x == t)))
+        .filter(|s| ctx.allows_any(agent, s))
         .collect();
+    let (lists, unreachable) = list_all(ctx, caller, kind, servers).await;
     let mut out = Vec::new();
-    for listed in list_all(core, caller, kind, &servers).await {
-        let (view, from_cache) = (&listed.view, listed.from_cache);
-        let policy = core.policy.read();
+    for listed in lists {
+        let id = listed.server.id();
         for item in items(kind, &listed.pages) {
             let Some(name) = item_name(kind, item) else {
                 continue;
             };
-            if policy.allows(agent, &view.id, &view.tags, name) {
+            if ctx.allows(agent, &listed.server, name) {
                 out.push(ToolInfo {
-                    qualified: qualify(&view.id, name),
+                    qualified: qualify(id, name),
                     name: name.to_string(),
-                    server: view.id.clone(),
+                    server: id.to_string(),
                     definition: item.clone(),
-                    from_cache,
+                    from_cache: listed.from_cache,
                 });
             }
         }
     }
     out.sort_by(|a, b| a.qualified.cmp(&b.qualified));
-    Ok(out)
-}
-
-fn retry_safe(view: &ServerView, item: Option<&Value>) -> bool {
-    let hint = |h: &str| {
-        item.and_then(|i| i.get("annotations"))
-            .and_then(|a| a.get(h))
-            .and_then(Value::as_bool)
-            == Some(true)
-    };
-    view.trust_annotations && (hint("idempotentHint") || hint("readOnlyHint"))
-}
-
-/// The servers a call to `name` may go to, in order; a denial or no route is an error.
-pub async fn route(
-    core: &Arc<Core>,
-    caller: &Caller,
-    kind: CallKind,
-    name: &str,
-) -> Result<Vec<Candidate>, HarnessError> {
-    let agent = caller.agent_id.as_deref();
-    let servers = core.servers();
-    let denied = |server: &str, tool: &str| HarnessError::Denied {
-        agent: agent.map(String::from),
-        server: Some(server.to_string()),
-        tool: tool.to_string(),
-    };
-    if kind != CallKind::Resource
-        && let Some((server, item)) = split_qualified(name)
-        && let Some(view) = servers.iter().find(|s| s.id == server)
-    {
-        if !core.policy.read().allows(agent, &view.id, &view.tags, item) {
-            return Err(denied(server, item));
-        }
-        return Ok(vec![Candidate {
-            server: server.to_string(),
-            item: item.to_string(),
-            retry_safe: false,
-        }]);
-    }
-    let lists = list_all(core, caller, kind, &servers).await;
-    let offering: Vec<(&ServerView, Option<&Value>)> = lists
-        .iter()
-        .filter_map(|l| {
-            items(kind, &l.pages)
-                .find(|i| item_name(kind, i) == Some(name))
-                .map(|i| (&l.view, Some(i)))
-        })
-        .collect();
-    let offering = if offering.is_empty() && kind == CallKind::Resource {
-        // A uri no list names (a template, say): ask the routable servers in order.
-        servers
-            .iter()
-            .filter(|s| s.routable())
-            .map(|s| (s, None))
-            .collect()
-    } else {
-        offering
-    };
-    let policy = core.policy.read();
-    let allowed: Vec<_> = offering
-        .iter()
-        .filter(|(v, _)| policy.allows(agent, &v.id, &v.tags, name))
-        .collect();
-    if allowed.is_empty() {
-        return Err(match offering.first() {
-            Some((v, _)) => denied(&v.id, name),
-            None => HarnessError::NoRoute {
-                tool: name.to_string(),
-            },
-        });
-    }
-    let ordered = order(allowed.iter().map(|(v, _)| v.route.clone()).collect());
-    Ok(ordered
-        .into_iter()
-        .filter_map(|r| allowed.iter().find(|(v, _)| v.id == r.server))
-        .map(|(v, item)| Candidate {
-            server: v.id.clone(),
-            item: name.to_string(),
-            retry_safe: retry_safe(v, *item),
-        })
-        .collect())
+    Ok(Listing {
+        items: out,
+        unreachable,
+    })
 }

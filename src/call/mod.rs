@@ -2,304 +2,172 @@
 //! send, drive `input_required` rounds through the input handlers under the round cap,
 //! fail over when that is safe, audit the outcome, answer.
 //!
-//! [`run`] is the whole path as one async fn; each step is a named fn below it. It runs
-//! inside a [`actor::CallActor`], one per call.
+//! [`run`] is the whole path as one async fn; each step is a named fn below it, in
+//! order. It runs as a task owned by a call worker ([`pool`]).
 //!
-//! MRTR, as the spec says: each round's input requests go to the handler of their
-//! method in parallel; answers come back under the same keys; the retry is the same
-//! method with the original params plus `inputResponses` and `requestState` echoed as
-//! received (never parsed; absent if the server sent none), under a new JSON-RPC id
-//! (the connection numbers every request). Rounds that carry only `requestState` are
-//! paced 50 ms doubling to 250 ms. The cap counts every round of the logical call,
-//! failover included. A call that fails over starts its rounds afresh: `requestState`
-//! belongs to the server that issued it.
+//! MRTR, as the spec says: each round's input requests are checked against what was
+//! declared ([`rounds::check`]), then go to the handler of their method in parallel;
+//! answers come back under the same keys; the retry is the same method with the original
+//! params plus `inputResponses` and `requestState` echoed as received (never parsed;
+//! absent if the server sent none), under a new JSON-RPC id (the connection numbers
+//! every request). Rounds that carry only `requestState` are paced 50 ms doubling to
+//! 250 ms. The cap counts every round of the logical call, failover included. A call
+//! that fails over starts its rounds afresh: `requestState` belongs to the server that
+//! issued it. A grant revoked while a call waits on input or fails over stops its next
+//! round or hop. One deadline (`call_timeout`, or the call's own) bounds it all.
 
-pub mod actor;
-pub mod handler;
+mod caller;
+mod client_side;
+mod context;
+mod error;
+pub mod input;
 mod listing;
+mod pool;
+mod record;
+mod rounds;
+mod route;
+mod settings;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use crate::audit::hash_context;
-use crate::harness::HarnessError;
-use crate::harness::core::Core;
-use crate::protocol::{InputRequest, InputRequired, ResultType};
+pub use caller::{CallKind, Caller};
+pub use error::{CallError, Unreachable};
+pub use listing::{Listing, ToolInfo};
+pub use pool::{
+    CallJob, CallPool, CallSupervisor, CallSupervisorMsg, CallWorker, CallWorkerMsg, CancelToken,
+};
+pub use settings::{CallConfig, Limits};
+
+pub(crate) use client_side::HarnessClient;
+pub(crate) use context::CallContext;
+pub(crate) use listing::list;
+pub(crate) use route::route;
+
+use crate::protocol::{InputRequired, ProtocolError, ResultType};
 use crate::server::ServerError;
-use handler::{InputMsg, InputRequestContext};
-pub use listing::{ToolInfo, list, route};
+use record::CallRecord;
+use route::Candidate;
 
-/// Who is calling: the agent (required: anonymous callers are denied) and the
-/// authorization context that keys `private` cache entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Caller {
-    /// The agent's id; grants are keyed by it.
-    pub agent_id: Option<String>,
-    /// An opaque identity of the caller's credentials (for example a token's subject).
-    pub auth_context: Option<String>,
+/// One call as asked.
+pub struct CallRequest {
+    /// Who calls.
+    pub caller: Caller,
+    /// Tool, prompt or resource.
+    pub kind: CallKind,
+    /// The name (qualified or bare) or uri.
+    pub name: String,
+    /// The arguments.
+    pub args: Value,
+    /// The call's own deadline, instead of `call_timeout`.
+    pub timeout: Option<Duration>,
 }
 
-impl Caller {
-    /// A caller with an agent id and no auth context.
-    pub fn agent(id: impl Into<String>) -> Caller {
-        Caller {
-            agent_id: Some(id.into()),
-            auth_context: None,
+/// The call's one deadline.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    total: Duration,
+}
+
+impl Deadline {
+    fn after(total: Duration) -> Deadline {
+        let now = Instant::now();
+        Deadline {
+            at: now
+                .checked_add(total)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+            total,
         }
     }
 
-    /// The same caller with an auth context.
-    pub fn with_auth_context(mut self, ctx: impl Into<String>) -> Caller {
-        self.auth_context = Some(ctx.into());
-        self
+    fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
     }
-}
 
-/// What a call asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallKind {
-    /// `tools/call`.
-    Tool,
-    /// `prompts/get`.
-    Prompt,
-    /// `resources/read`.
-    Resource,
-}
-
-impl CallKind {
-    /// The list method that says who offers what.
-    pub fn list_method(self) -> &'static str {
-        match self {
-            CallKind::Tool => "tools/list",
-            CallKind::Prompt => "prompts/list",
-            CallKind::Resource => "resources/list",
+    /// A request's timeout: the server's own, never past the call's deadline.
+    fn for_request(&self, server_timeout: Duration) -> Result<Duration, CallError> {
+        let left = self.remaining();
+        if left.is_zero() {
+            return Err(CallError::DeadlineExceeded(self.total));
         }
-    }
-
-    /// The array in that list's result.
-    pub fn list_key(self) -> &'static str {
-        match self {
-            CallKind::Tool => "tools",
-            CallKind::Prompt => "prompts",
-            CallKind::Resource => "resources",
-        }
-    }
-
-    /// The field that names an item.
-    pub fn item_key(self) -> &'static str {
-        match self {
-            CallKind::Resource => "uri",
-            _ => "name",
-        }
-    }
-
-    /// The server capability that says it has such items.
-    pub fn capability(self) -> &'static str {
-        self.list_key()
-    }
-
-    fn method(self) -> &'static str {
-        match self {
-            CallKind::Tool => "tools/call",
-            CallKind::Prompt => "prompts/get",
-            CallKind::Resource => "resources/read",
-        }
-    }
-
-    fn params(self, item: &str, args: &Value) -> Map<String, Value> {
-        let mut p = Map::new();
-        match self {
-            CallKind::Tool => {
-                p.insert("name".into(), json!(item));
-                p.insert("arguments".into(), args.clone());
-            }
-            CallKind::Prompt => {
-                p.insert("name".into(), json!(item));
-                p.insert("arguments".into(), args.clone());
-            }
-            CallKind::Resource => {
-                p.insert("uri".into(), json!(item));
-            }
-        }
-        p
+        Ok(server_timeout.min(left))
     }
 }
 
-/// One server a call may go to, in order.
-#[derive(Clone, Debug)]
-pub struct Candidate {
-    /// Server id.
-    pub server: String,
-    /// The item's name on that server.
-    pub item: String,
-    /// The request may be re-sent elsewhere even if it reached this server (the tool
-    /// is marked idempotent or read-only by a server whose annotations are trusted).
-    pub retry_safe: bool,
-}
-
-/// What the audit trail says of one call.
-struct CallRecord {
-    call_id: u64,
-    /// How many servers the call could have gone to.
-    candidates: usize,
-    hops: Vec<Value>,
-    rounds: Vec<Value>,
-    server: Option<String>,
-}
-
-/// Counts a call as in flight until dropped (also when its actor is killed mid-call).
-struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
-
-impl InFlight {
-    fn enter(count: &Arc<std::sync::atomic::AtomicUsize>) -> InFlight {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        InFlight(count.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// Runs one call end to end. Exactly one `started` and one `finished` audit record.
-pub async fn run(
-    core: Arc<Core>,
-    caller: Caller,
-    kind: CallKind,
-    name: String,
-    args: Value,
-) -> Result<Value, HarnessError> {
-    let started = Instant::now();
-    let call_id = core
-        .next_call
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let _inflight = InFlight::enter(&core.inflight);
-    let span = tracing::info_span!("call", call_id, agent = ?caller.agent_id, name = %name);
-    core.services.audit_sink.record(json!({
-        "event": "started", "call_id": call_id, "time_ms": unix_ms(),
-        "agent": caller.agent_id, "auth": hash_context(caller.auth_context.as_deref()),
-        "kind": format!("{kind:?}").to_lowercase(), "name": name,
-        "arguments": core.settings.audit.redact(&args),
-    }));
-    let mut record = CallRecord {
+/// Runs one call end to end. Exactly one `started` and one `finished` audit record,
+/// whatever happens (a call dropped half-way records `cancelled`).
+pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<Value, CallError> {
+    ctx.audit.admit()?;
+    let _in_flight = ctx.enter();
+    let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
+    let call_id = ctx.next_call_id();
+    let mut record = CallRecord::start(
+        &ctx.audit,
         call_id,
-        candidates: 0,
-        hops: Vec::new(),
-        rounds: Vec::new(),
-        server: None,
+        &request.caller,
+        request.kind,
+        &request.name,
+        &request.args,
+    );
+    let span = tracing::info_span!("call", call_id, agent = ?request.caller.agent_id, name = %request.name);
+    let work = async {
+        let candidates = route(ctx, &request.caller, request.kind, &request.name).await?;
+        record.candidates = candidates.len();
+        drive(ctx, &request, &candidates, deadline, &mut record).await
     };
-    let outcome = tracing::Instrument::instrument(
-        async {
-            let candidates = authorize_and_route(&core, &caller, kind, &name).await?;
-            record.candidates = candidates.len();
-            drive(&core, &caller, kind, &candidates, &args, &mut record).await
-        },
-        span,
+    let outcome = match tokio::time::timeout_at(
+        deadline.at.into(),
+        tracing::Instrument::instrument(work, span),
     )
-    .await;
-    finish(&core, record, &outcome, started.elapsed());
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => Err(CallError::DeadlineExceeded(deadline.total)),
+    };
+    record.finish(&outcome);
     outcome
 }
 
-async fn authorize_and_route(
-    core: &Arc<Core>,
-    caller: &Caller,
-    kind: CallKind,
-    name: &str,
-) -> Result<Vec<Candidate>, HarnessError> {
-    if caller.agent_id.is_none() {
-        return Err(HarnessError::Denied {
-            agent: None,
-            server: None,
-            tool: name.to_string(),
-        });
-    }
-    route(core, caller, kind, name).await
+/// How one attempt on one server ended, short of a result.
+enum Attempt {
+    /// The call ends with this error.
+    Final(CallError),
+    /// The server failed; another may serve the call if that is safe.
+    ServerFailed(ServerError),
 }
 
-/// Sends the call to each candidate in turn, driving its rounds.
+impl From<CallError> for Attempt {
+    fn from(e: CallError) -> Attempt {
+        Attempt::Final(e)
+    }
+}
+
+/// Sends the call to each candidate in turn, driving its rounds, failing over when
+/// the request provably never reached the server or the tool is retry-safe.
 async fn drive(
-    core: &Arc<Core>,
-    caller: &Caller,
-    kind: CallKind,
+    ctx: &Arc<CallContext>,
+    request: &CallRequest,
     candidates: &[Candidate],
-    args: &Value,
+    deadline: Deadline,
     record: &mut CallRecord,
-) -> Result<Value, HarnessError> {
-    let capabilities = core.capabilities();
+) -> Result<Value, CallError> {
     let mut rounds = 0usize;
     let mut last_error = None;
     for (i, candidate) in candidates.iter().enumerate() {
-        record.server = Some(candidate.server.clone());
-        let mut params = kind.params(&candidate.item, args);
-        let mut state_only_rounds = 0u32;
-        let error = loop {
-            let sent = core
-                .send(
-                    &candidate.server,
-                    kind.method(),
-                    Some(Value::Object(params.clone())),
-                    None,
-                    Some(capabilities.clone()),
-                )
-                .await;
-            let result = match sent {
-                Ok(result) => result,
-                Err(e) => break e,
-            };
-            let protocol = |e: crate::protocol::ProtocolError| ServerError::Protocol {
-                server: candidate.server.clone(),
-                source: e,
-            };
-            match ResultType::of(&result).map_err(protocol)? {
-                ResultType::Complete => return Ok(result),
-                ResultType::InputRequired => {}
-            }
-            rounds += 1;
-            if rounds > core.settings.round_cap {
-                return Err(HarnessError::RoundCap {
-                    cap: core.settings.round_cap,
-                    server: candidate.server.clone(),
-                });
-            }
-            let input = InputRequired::from_value(&result).map_err(protocol)?;
-            let methods: Vec<&str> = input
-                .input_requests
-                .values()
-                .map(|r| r.method.as_str())
-                .collect();
-            record
-                .rounds
-                .push(json!({"server": candidate.server, "methods": methods}));
-            // The retry: original params, this round's answers, the state as received.
-            params = kind.params(&candidate.item, args);
-            if input.input_requests.is_empty() {
-                let pause = Duration::from_millis((50u64 << state_only_rounds.min(3)).min(250));
-                state_only_rounds += 1;
-                tokio::time::sleep(pause).await;
-            } else {
-                state_only_rounds = 0;
-                let answers = gather(core, caller, &candidate.server, input.input_requests).await?;
-                params.insert("inputResponses".into(), Value::Object(answers));
-            }
-            if let Some(state) = input.request_state {
-                params.insert("requestState".into(), Value::String(state));
-            }
+        if i > 0 {
+            still_allowed(ctx, request, candidate)?;
+        }
+        record.server = Some(candidate.server.id().to_string());
+        let error = match attempt(ctx, request, candidate, deadline, &mut rounds, record).await {
+            Ok(result) => return Ok(result),
+            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::ServerFailed(e)) => e,
         };
         if let ServerError::MissingCapability { server, required } = error {
-            return Err(HarnessError::MissingCapability { server, required });
+            return Err(CallError::MissingCapability { server, required });
         }
         let more = i + 1 < candidates.len();
         let safe = error.never_sent()
@@ -311,109 +179,123 @@ async fn drive(
                         | ServerError::Transport { .. }
                 ));
         if more && safe {
-            tracing::info!(server = %candidate.server, error = %error, "failing over to the next server");
+            tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");
             record
                 .hops
-                .push(json!({"server": candidate.server, "error": error.to_string()}));
+                .push(json!({"server": candidate.server.id(), "error": error.to_string()}));
             last_error = Some(error);
             continue;
         }
         return Err(error.into());
     }
     Err(last_error
-        .map(HarnessError::from)
-        .unwrap_or_else(|| HarnessError::NoRoute {
-            tool: String::new(),
+        .map(CallError::from)
+        .unwrap_or_else(|| CallError::NoRoute {
+            tool: request.name.clone(),
+            unreachable: Vec::new(),
         }))
 }
 
-/// Answers one round's input requests in parallel, under the same keys.
-async fn gather(
-    core: &Arc<Core>,
-    caller: &Caller,
-    server: &str,
-    requests: BTreeMap<String, InputRequest>,
-) -> Result<Map<String, Value>, HarnessError> {
-    let mut pending = tokio::task::JoinSet::new();
-    for (key, request) in requests {
-        let handler = core.hooks.handlers.read().get(&request.method).cloned();
-        let Some(handler) = handler else {
-            return Err(HarnessError::NoInputHandler {
-                server: server.to_string(),
-                method: request.method,
-            });
-        };
-        let context = InputRequestContext {
-            server: server.to_string(),
-            method: request.method,
-            params: request.params,
-            agent_id: caller.agent_id.clone(),
-            key: key.clone(),
-        };
-        let limit = core.settings.input_timeout + Duration::from_secs(1);
-        pending.spawn(async move {
-            let method = context.method.clone();
-            let answer = handler
-                .call(|port| InputMsg::Answer(context, port), Some(limit))
-                .await;
-            (key, method, answer)
-        });
+/// A grant revoked while the call waited (on input, or before a hop) stops it here.
+fn still_allowed(
+    ctx: &CallContext,
+    request: &CallRequest,
+    candidate: &Candidate,
+) -> Result<(), CallError> {
+    let agent = request.caller.agent_id.as_deref();
+    if ctx.allows(agent, &candidate.server, &candidate.item) {
+        return Ok(());
     }
-    let mut answers = Map::new();
-    while let Some(joined) = pending.join_next().await {
-        let Ok((key, method, answer)) = joined else {
-            // A lost answer would make the retry incomplete; the spec wants every one.
-            let reason = "an input handler task failed".to_string();
-            return Err(HarnessError::InputFailed {
-                server: server.to_string(),
-                method: "unknown".into(),
-                reason,
-            });
-        };
-        let failed = |reason: String| HarnessError::InputFailed {
-            server: server.to_string(),
-            method: method.clone(),
-            reason,
-        };
-        let value = match answer {
-            Ok(ractor::rpc::CallResult::Success(Ok(v))) => v,
-            Ok(ractor::rpc::CallResult::Success(Err(e))) => return Err(failed(e.to_string())),
-            Ok(ractor::rpc::CallResult::Timeout) => {
-                return Err(failed("the handler did not answer in time".into()));
-            }
-            _ => return Err(failed("the handler is unavailable".into())),
-        };
-        if method == "elicitation/create"
-            && let Some(action @ ("decline" | "cancel")) =
-                value.get("action").and_then(Value::as_str)
-        {
-            return Err(HarnessError::InputDeclined {
-                server: server.to_string(),
-                method,
-                action: action.to_string(),
-            });
-        }
-        answers.insert(key, value);
-    }
-    Ok(answers)
+    Err(CallError::Denied {
+        agent: agent.map(String::from),
+        server: Some(candidate.server.id().to_string()),
+        tool: candidate.item.clone(),
+    })
 }
 
-fn finish(
-    core: &Core,
-    record: CallRecord,
-    outcome: &Result<Value, HarnessError>,
-    latency: Duration,
-) {
-    let (result, code) = match outcome {
-        Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => ("tool_error", None),
-        Ok(_) => ("ok", None),
-        Err(e) => ("error", Some(e.code())),
+/// The call on one server: send, and answer `input_required` rounds until complete.
+async fn attempt(
+    ctx: &Arc<CallContext>,
+    request: &CallRequest,
+    candidate: &Candidate,
+    deadline: Deadline,
+    rounds: &mut usize,
+    record: &mut CallRecord,
+) -> Result<Value, Attempt> {
+    let server = &candidate.server;
+    let id = server.id();
+    let kind = request.kind;
+    let handlers = ctx.inputs.snapshot();
+    let declared = handlers.capabilities();
+    let protocol = |e: ProtocolError| {
+        Attempt::Final(CallError::Server(ServerError::Protocol {
+            server: id.to_string(),
+            source: e,
+        }))
     };
-    core.services.audit_sink.record(json!({
-        "event": "finished", "call_id": record.call_id, "time_ms": unix_ms(),
-        "server": record.server, "candidates": record.candidates, "hops": record.hops, "rounds": record.rounds,
-        "outcome": result, "error": code,
-        "message": outcome.as_ref().err().map(|e| e.to_string()),
-        "latency_us": latency.as_micros() as u64,
-    }));
+    let mut params = kind.params(&candidate.item, &request.args);
+    let mut state_only_rounds = 0u32;
+    loop {
+        let timeout = deadline.for_request(server.config().timeout)?;
+        let result = server
+            .request(
+                kind.method(),
+                Some(Value::Object(params)),
+                Some(timeout),
+                Some(declared),
+            )
+            .await
+            .map_err(Attempt::ServerFailed)?;
+        match ResultType::of(&result).map_err(protocol)? {
+            ResultType::Complete => return Ok(result),
+            ResultType::InputRequired => {}
+        }
+        *rounds += 1;
+        if *rounds > ctx.settings.round_cap {
+            return Err(CallError::RoundCap {
+                cap: ctx.settings.round_cap,
+                server: id.to_string(),
+            }
+            .into());
+        }
+        let input = InputRequired::from_value(&result).map_err(protocol)?;
+        rounds::check(
+            id,
+            &input.input_requests,
+            declared,
+            ctx.settings.limits.max_input_requests,
+        )?;
+        let methods: Vec<&str> = input
+            .input_requests
+            .values()
+            .map(|r| r.method.as_str())
+            .collect();
+        record
+            .rounds
+            .push(json!({"server": id, "methods": methods}));
+        // The retry: original params, this round's answers, the state as received.
+        params = kind.params(&candidate.item, &request.args);
+        if input.input_requests.is_empty() {
+            let pause = Duration::from_millis((50u64 << state_only_rounds.min(3)).min(250));
+            state_only_rounds += 1;
+            tokio::time::sleep(pause.min(deadline.remaining())).await;
+        } else {
+            state_only_rounds = 0;
+            let limit = ctx.settings.input_timeout.min(deadline.remaining());
+            let answers: Map<String, Value> = rounds::gather(
+                &ctx.inputs,
+                &handlers,
+                &request.caller,
+                id,
+                input.input_requests,
+                limit,
+            )
+            .await?;
+            params.insert("inputResponses".into(), Value::Object(answers));
+        }
+        still_allowed(ctx, request, candidate)?;
+        if let Some(state) = input.request_state {
+            params.insert("requestState".into(), Value::String(state));
+        }
+    }
 }

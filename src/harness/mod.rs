@@ -1,55 +1,95 @@
-//! The harness as embedders use it: [`Harness::spawn`] (or [`Harness::spawn_linked`]
-//! under the embedder's own supervisor) starts the actor tree and returns a
-//! [`HarnessHandle`].
+//! The harness as embedders use it: [`Harness::spawn`] (or [`Harness::builder`], or
+//! [`Harness::spawn_linked`] under the embedder's own supervisor) starts the actor tree
+//! and returns a [`HarnessHandle`].
 //!
-//! ```text
-//! HarnessSupervisor            root; rebuilds server actors, never stops for a child
-//! └── ServerActor × servers    stable address; restart policy; request queue; status
-//!     └── ConnectionActor      the live stdio process or HTTP client; fails when it breaks
-//! ```
-//!
-//! Lifecycle: [`HarnessHandle::shutdown`] stops every server gracefully and returns when
-//! no server process is left. Dropping the last handle kills the tree, and with it every
-//! server's process group (synchronously, through each connection's kill guard). When the
-//! harness is spawned under an embedder's supervisor, stopping that supervisor stops the
-//! harness the same way.
+//! Lifecycle: [`HarnessHandle::shutdown`] stops every server gracefully, ends the calls
+//! still running (their records say `cancelled`), writes every audit record and cache
+//! entry, and returns when no server process is left. Dropping the last handle kills
+//! the tree, and with it every server's process group (synchronously, through each
+//! connection's kill guard); records already accepted are still written. When the
+//! harness is spawned under an embedder's supervisor, stopping that supervisor stops
+//! the harness the same way.
 
-pub(crate) mod core;
 mod error;
 mod supervisor;
 
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
 use ractor::{Actor, ActorCell, ActorRef};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
 pub use error::HarnessError;
-pub use supervisor::{HarnessMsg, HarnessSupervisor, ServerEntry, ServerTable};
+use supervisor::HarnessSupervisor;
+pub use supervisor::{HarnessMsg, Service};
 
-use crate::call::actor::{CallActor, CallArgs};
-use crate::call::handler::InputHandler;
-use crate::call::{CallKind, Caller, ToolInfo};
-use crate::config::{HarnessConfig, ServerConfig};
-use crate::permission::{PermissionMsg, Policy};
+use crate::audit::{AuditHealth, AuditRef, AuditSink};
+use crate::call::input::{InputHandler, InputHandlers, InputHandlersArgs};
+use crate::call::{
+    CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken, HarnessClient,
+    Listing, ToolInfo,
+};
+use crate::config::HarnessConfig;
+use crate::permission::{PermissionRef, Policy};
 use crate::protocol::Implementation;
-use crate::registry::HarnessEvent;
-use crate::registry::cache::{CacheStats, SchemaCache};
-use crate::server::{ServerHooks, ServerMsg, ServerStatus};
+use crate::registry::cache::{CacheStats, ListCache};
+use crate::registry::{HarnessEvent, Registry, RegistryRef};
+use crate::server::{Directory, ServerConfig, ServerMsg, ServerStatus, ServersArgs, ServersRef};
 use crate::transport::ConnectOptions;
-use core::{CallSettings, Core};
-use supervisor::SupervisorArgs;
+use supervisor::Services;
 
 /// Starts harnesses.
 pub struct Harness;
 
+/// A harness about to start: its config, and input handlers known before any server
+/// connects (legacy servers learn the client's capabilities at `initialize` only, and
+/// many list some tools only to clients that declared elicitation, sampling or roots).
+pub struct HarnessBuilder {
+    config: HarnessConfig,
+    handlers: Vec<(String, Arc<dyn InputHandler>)>,
+}
+
+impl HarnessBuilder {
+    /// Answers `method` (`elicitation/create`, `sampling/createMessage`, `roots/list`)
+    /// with `handler` from the start.
+    pub fn input_handler(mut self, method: &str, handler: Arc<dyn InputHandler>) -> Self {
+        self.handlers.push((method.to_string(), handler));
+        self
+    }
+
+    /// Starts the harness as a root actor tree.
+    pub async fn spawn(self) -> Result<HarnessHandle, HarnessError> {
+        Harness::start(self, None).await
+    }
+
+    /// Starts the harness as a child of `supervisor`.
+    pub async fn spawn_linked(self, supervisor: ActorCell) -> Result<HarnessHandle, HarnessError> {
+        Harness::start(self, Some(supervisor)).await
+    }
+}
+
+/// How one call runs, beyond its name and arguments.
+#[derive(Clone, Debug, Default)]
+pub struct CallOptions {
+    /// The call's deadline (rounds and failover included) instead of `call_timeout`.
+    pub timeout: Option<Duration>,
+    /// Cancels the call when cancelled (so does dropping the call's future).
+    pub cancel: Option<CancelToken>,
+}
+
 impl Harness {
+    /// A harness to start with `config`.
+    pub fn builder(config: HarnessConfig) -> HarnessBuilder {
+        HarnessBuilder {
+            config,
+            handlers: Vec::new(),
+        }
+    }
+
     /// Starts the harness as a root actor tree.
     pub async fn spawn(config: HarnessConfig) -> Result<HarnessHandle, HarnessError> {
-        Self::start(config, None).await
+        Self::builder(config).spawn().await
     }
 
     /// Starts the harness as a child of `supervisor`: when the embedder stops its actor,
@@ -58,23 +98,15 @@ impl Harness {
         config: HarnessConfig,
         supervisor: ActorCell,
     ) -> Result<HarnessHandle, HarnessError> {
-        Self::start(config, Some(supervisor)).await
+        Self::builder(config).spawn_linked(supervisor).await
     }
 
     async fn start(
-        config: HarnessConfig,
+        builder: HarnessBuilder,
         parent: Option<ActorCell>,
     ) -> Result<HarnessHandle, HarnessError> {
-        let mut seen = std::collections::HashSet::new();
-        for server in &config.servers {
-            validate_server(server)?;
-            if !seen.insert(server.id.as_str()) {
-                return Err(HarnessError::DuplicateServer(server.id.clone()));
-            }
-        }
-        if config.round_cap == 0 {
-            return Err(HarnessError::Config("round_cap must be at least 1".into()));
-        }
+        let HarnessBuilder { config, handlers } = builder;
+        config.validate()?;
         let options = ConnectOptions {
             client_info: config
                 .client_info
@@ -82,95 +114,89 @@ impl Harness {
                 .unwrap_or_else(Implementation::harness),
             ..ConnectOptions::default()
         };
-        let table = Arc::new(RwLock::new(ServerTable::default()));
-        let hooks = ServerHooks::default();
-        let cache = Arc::new(SchemaCache::new(
-            config.cache.default_ttl,
-            config.cache.dir.clone(),
-        ));
-        let policy = Arc::new(RwLock::new(Policy::new(config.permissions.clone())));
+        let inputs = InputHandlers::new(handlers, config.input_timeout).map_err(|e| {
+            HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
+        })?;
+        let cache_config = config.cache.clone();
+        // Reading the disk layer is blocking I/O.
+        let cache = tokio::task::spawn_blocking(move || ListCache::new(cache_config))
+            .await
+            .map_err(|e| HarnessError::Spawn(format!("reading the disk cache: {e}")))?;
         let (events, _) = broadcast::channel(256);
-        let services = Arc::new(OnceLock::new());
-        let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let args = SupervisorArgs {
-            servers: config.servers,
-            options,
-            table: table.clone(),
-            hooks: hooks.clone(),
-            cache: cache.clone(),
-            policy: policy.clone(),
-            audit: config.audit.clone(),
-            input_timeout: config.input_timeout,
-            events: events.clone(),
-            services: services.clone(),
-            inflight: inflight.clone(),
+        let registry = Arc::new(Registry::new(Arc::new(cache), events));
+        let registry_ref = RegistryRef::default();
+        let audit = AuditRef::default();
+        let audit_sink = AuditSink::new(config.audit.clone(), audit.0.clone());
+        let policy = Arc::new(parking_lot::RwLock::new(Policy::new(
+            config.permissions.clone(),
+        )));
+        let directory = Directory::default();
+        let servers = ServersRef::default();
+        let client = Arc::new(HarnessClient {
+            inputs: inputs.clone(),
+            registry: registry_ref.clone(),
+        });
+        let ctx = Arc::new(CallContext::new(
+            directory.clone(),
+            policy.clone(),
+            registry.clone(),
+            registry_ref.clone(),
+            audit_sink.clone(),
+            inputs.clone(),
+            config.call_config(),
+        ));
+        let services = Services {
+            audit_sink,
+            audit,
+            policy,
+            permission: PermissionRef::default(),
+            registry,
+            registry_ref,
+            inputs: InputHandlersArgs {
+                handlers: inputs,
+                servers: servers.clone(),
+            },
+            servers_args: ServersArgs {
+                directory: directory.clone(),
+                client,
+                options,
+            },
+            servers,
+            calls: CallPool::default(),
+            ctx,
         };
         let spawned = match parent {
-            Some(parent) => Actor::spawn_linked(None, HarnessSupervisor, args, parent).await,
-            None => Actor::spawn(None, HarnessSupervisor, args).await,
+            Some(parent) => {
+                Actor::spawn_linked(None, HarnessSupervisor, services.clone(), parent).await
+            }
+            None => Actor::spawn(None, HarnessSupervisor, services.clone()).await,
         };
         let (supervisor, _) = spawned.map_err(|e| HarnessError::Spawn(e.to_string()))?;
-        let services = services
-            .get()
-            .cloned()
-            .ok_or_else(|| HarnessError::Spawn("service actors did not start".into()))?;
-        let core = Arc::new(Core {
-            table,
-            policy,
-            cache,
-            hooks,
-            services,
-            settings: CallSettings {
-                round_cap: config.round_cap,
-                input_timeout: config.input_timeout,
-                audit: config.audit,
-            },
-            next_call: AtomicU64::new(1),
-            inflight,
-            events,
-        });
-        Ok(HarnessHandle {
-            inner: Arc::new(Inner { supervisor, core }),
-        })
+        let handle = HarnessHandle {
+            inner: Arc::new(Inner {
+                supervisor,
+                services,
+                directory,
+            }),
+        };
+        for server in config.servers {
+            handle.add_server(server).await?;
+        }
+        Ok(handle)
     }
-}
-
-/// Checks what the harness relies on in a server's config.
-pub(crate) fn validate_server(config: &ServerConfig) -> Result<(), HarnessError> {
-    let id = &config.id;
-    if id.is_empty()
-        || id == "."
-        || id == ".."
-        || !id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-    {
-        return Err(HarnessError::Config(format!(
-            "server id {id:?} must be non-empty and use only letters, digits, '-', '_' and '.'"
-        )));
-    }
-    if id.contains("__") {
-        return Err(HarnessError::Config(format!(
-            "server id {id:?} must not contain \"__\", which separates server and tool in qualified names"
-        )));
-    }
-    if config.timeout.is_zero() {
-        return Err(HarnessError::Config(format!(
-            "server {id:?}: timeout must be more than zero"
-        )));
-    }
-    Ok(())
 }
 
 struct Inner {
     supervisor: ActorRef<HarnessMsg>,
-    core: Arc<Core>,
+    services: Services,
+    directory: Directory,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Killing the root kills every actor below it; each connection's kill guard then
-        // SIGKILLs its process group synchronously.
+        // SIGKILLs its process group synchronously, and each call still running records
+        // `cancelled` as its task is aborted.
         self.supervisor.kill();
     }
 }
@@ -183,30 +209,23 @@ pub struct HarnessHandle {
 }
 
 impl HarnessHandle {
-    async fn ask<T: Send + 'static>(
-        &self,
-        build: impl FnOnce(ractor::RpcReplyPort<T>) -> HarnessMsg,
-        limit: Duration,
-    ) -> Result<T, HarnessError> {
-        match self.inner.supervisor.call(build, Some(limit)).await {
-            Ok(ractor::rpc::CallResult::Success(v)) => Ok(v),
-            Ok(_) | Err(_) => Err(HarnessError::ShutDown),
-        }
-    }
-
-    fn core(&self) -> &Arc<Core> {
-        &self.inner.core
+    fn ctx(&self) -> &Arc<CallContext> {
+        &self.inner.services.ctx
     }
 
     /// Calls a tool by qualified (`server__tool`) or bare name: authorized, routed by
     /// priority with fallback, `input_required` rounds driven, audited.
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels the call (see [`CallOptions::cancel`]).
     pub async fn call_tool(
         &self,
         caller: &Caller,
         name: &str,
         args: Value,
-    ) -> Result<Value, HarnessError> {
-        self.call(caller, CallKind::Tool, name, args).await
+    ) -> Result<Value, CallError> {
+        self.call(caller, CallKind::Tool, name, args, CallOptions::default())
+            .await
     }
 
     /// Gets a prompt (same path as [`HarnessHandle::call_tool`]).
@@ -215,42 +234,51 @@ impl HarnessHandle {
         caller: &Caller,
         name: &str,
         args: Value,
-    ) -> Result<Value, HarnessError> {
-        self.call(caller, CallKind::Prompt, name, args).await
-    }
-
-    /// Reads a resource by uri, from the servers that list it.
-    pub async fn read_resource(&self, caller: &Caller, uri: &str) -> Result<Value, HarnessError> {
-        self.call(caller, CallKind::Resource, uri, Value::Null)
+    ) -> Result<Value, CallError> {
+        self.call(caller, CallKind::Prompt, name, args, CallOptions::default())
             .await
     }
 
-    async fn call(
+    /// Reads a resource by uri, from the servers that list it.
+    pub async fn read_resource(&self, caller: &Caller, uri: &str) -> Result<Value, CallError> {
+        self.call(
+            caller,
+            CallKind::Resource,
+            uri,
+            Value::Null,
+            CallOptions::default(),
+        )
+        .await
+    }
+
+    /// Any call, with its own deadline or cancellation.
+    pub async fn call(
         &self,
         caller: &Caller,
         kind: CallKind,
         name: &str,
         args: Value,
-    ) -> Result<Value, HarnessError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let args = CallArgs {
-            core: self.core().clone(),
+        options: CallOptions,
+    ) -> Result<Value, CallError> {
+        let request = CallRequest {
             caller: caller.clone(),
             kind,
             name: name.to_string(),
             args,
-            reply,
+            timeout: options.timeout,
         };
-        Actor::spawn_linked(None, CallActor, args, self.inner.supervisor.get_cell())
+        self.inner
+            .services
+            .calls
+            .run(self.ctx().clone(), request, options.cancel)
             .await
-            .map_err(|_| HarnessError::ShutDown)?;
-        answer.await.unwrap_or(Err(HarnessError::ShutDown))
     }
 
     /// The tools `caller` may call, each with its qualified name, bare name, server and
-    /// definition, sorted by qualified name.
-    pub async fn list_tools(&self, caller: &Caller) -> Result<Vec<ToolInfo>, HarnessError> {
-        crate::call::list(self.core(), caller, CallKind::Tool, None).await
+    /// definition, sorted by qualified name. Servers that cannot be listed now are left
+    /// out; [`HarnessHandle::listing`] says which and why.
+    pub async fn list_tools(&self, caller: &Caller) -> Result<Vec<ToolInfo>, CallError> {
+        Ok(self.listing(caller, CallKind::Tool, None).await?.items)
     }
 
     /// [`HarnessHandle::list_tools`], only on servers tagged `tag`.
@@ -258,13 +286,24 @@ impl HarnessHandle {
         &self,
         caller: &Caller,
         tag: &str,
-    ) -> Result<Vec<ToolInfo>, HarnessError> {
-        crate::call::list(self.core(), caller, CallKind::Tool, Some(tag)).await
+    ) -> Result<Vec<ToolInfo>, CallError> {
+        Ok(self.listing(caller, CallKind::Tool, Some(tag)).await?.items)
     }
 
     /// The prompts `caller` may get.
-    pub async fn list_prompts(&self, caller: &Caller) -> Result<Vec<ToolInfo>, HarnessError> {
-        crate::call::list(self.core(), caller, CallKind::Prompt, None).await
+    pub async fn list_prompts(&self, caller: &Caller) -> Result<Vec<ToolInfo>, CallError> {
+        Ok(self.listing(caller, CallKind::Prompt, None).await?.items)
+    }
+
+    /// What `caller` may use of `kind` (optionally on servers tagged `tag`), and the
+    /// servers it may use that could not be listed, with why.
+    pub async fn listing(
+        &self,
+        caller: &Caller,
+        kind: CallKind,
+        tag: Option<&str>,
+    ) -> Result<Listing, CallError> {
+        crate::call::list(self.ctx(), caller, kind, tag).await
     }
 
     /// One tool's definition (`inputSchema` and all), by qualified or bare name; a bare
@@ -273,36 +312,40 @@ impl HarnessHandle {
         &self,
         caller: &Caller,
         name: &str,
-    ) -> Result<ToolInfo, HarnessError> {
-        let candidates = crate::call::route(self.core(), caller, CallKind::Tool, name).await?;
+    ) -> Result<ToolInfo, CallError> {
+        let candidates = crate::call::route(self.ctx(), caller, CallKind::Tool, name).await?;
         let tools = self.list_tools(caller).await?;
         candidates
             .iter()
             .find_map(|c| {
                 tools
                     .iter()
-                    .find(|t| t.server == c.server && t.name == c.item)
+                    .find(|t| t.server == c.server.id() && t.name == c.item)
                     .cloned()
             })
-            .ok_or_else(|| HarnessError::NoRoute {
+            .ok_or_else(|| CallError::NoRoute {
                 tool: name.to_string(),
+                unreachable: Vec::new(),
             })
     }
 
     /// Registers the handler of an input method (`elicitation/create`,
-    /// `sampling/createMessage`, `roots/list`); the harness then declares its capability.
-    /// Legacy servers learn of it when they next connect.
+    /// `sampling/createMessage`, `roots/list`); the harness then declares its capability,
+    /// and connected legacy servers reconnect to learn it (calls in flight finish on
+    /// the old connection). Prefer [`HarnessBuilder::input_handler`] for handlers known
+    /// at start.
     pub async fn register_input_handler(
         &self,
         method: &str,
         handler: Arc<dyn InputHandler>,
     ) -> Result<(), HarnessError> {
-        let method = method.to_string();
-        self.ask(
-            |r| HarnessMsg::RegisterHandler(method, handler, r),
-            Duration::from_secs(30),
-        )
-        .await?
+        self.inner
+            .services
+            .inputs
+            .handlers
+            .register(method, handler)
+            .await
+            .map_err(|e| HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason)))
     }
 
     /// Grants `agent` the `tools` (or `*`) on `selector` (server id, `tag:NAME`, `*`).
@@ -312,110 +355,94 @@ impl HarnessHandle {
         selector: &str,
         tools: &[&str],
     ) -> Result<(), HarnessError> {
-        let (agent, selector) = (agent.to_string(), selector.to_string());
         let tools = tools.iter().map(|t| t.to_string()).collect();
-        let msg = |reply| PermissionMsg::Grant {
-            agent,
-            selector,
-            tools,
-            reply,
-        };
-        self.core()
+        self.inner
             .services
-            .permissions
-            .call(msg, Some(Duration::from_secs(10)))
+            .permission
+            .grant(agent, selector, tools)
             .await
-            .map(|_| ())
             .map_err(|_| HarnessError::ShutDown)
     }
 
-    /// Revokes `agent`'s grant on `selector` (all of them when `None`).
+    /// Revokes `agent`'s grant on `selector` (all of them when `None`). Calls in flight
+    /// stop at their next round or failover hop.
     pub async fn revoke(&self, agent: &str, selector: Option<&str>) -> Result<(), HarnessError> {
-        let (agent, selector) = (agent.to_string(), selector.map(String::from));
-        let msg = |reply| PermissionMsg::Revoke {
-            agent,
-            selector,
-            reply,
-        };
-        self.core()
+        self.inner
             .services
-            .permissions
-            .call(msg, Some(Duration::from_secs(10)))
+            .permission
+            .revoke(agent, selector)
             .await
-            .map(|_| ())
             .map_err(|_| HarnessError::ShutDown)
     }
 
-    /// Entries, bytes, hits and misses of the schema cache, per layer.
+    /// Entries, bytes, hits and misses of the list cache, per layer.
     pub fn cache_stats(&self) -> CacheStats {
-        self.core().cache.stats()
+        self.inner.services.registry.cache.stats()
+    }
+
+    /// The audit trail's state: writable, backlog, records it could not keep.
+    pub fn audit_health(&self) -> AuditHealth {
+        self.inner.services.audit_sink.health()
     }
 
     /// Events such as [`HarnessEvent::ToolsChanged`].
     pub fn subscribe(&self) -> broadcast::Receiver<HarnessEvent> {
-        self.core().events.subscribe()
+        self.inner.services.registry.subscribe()
     }
 
     /// Starts a new server.
     pub async fn add_server(&self, config: ServerConfig) -> Result<(), HarnessError> {
-        self.ask(
-            |r| HarnessMsg::AddServer(Box::new(config), r),
-            Duration::from_secs(60),
-        )
-        .await?
+        config.validate().map_err(|e| {
+            HarnessError::Config(crate::config::ConfigError {
+                file: None,
+                server: Some(config.id.clone()),
+                field: e.field,
+                reason: e.reason,
+            })
+        })?;
+        Ok(self.inner.services.servers.add(config).await?)
     }
 
-    /// Stops a server gracefully and forgets it (and its cache entries).
+    /// Stops a server gracefully and forgets it (and its cache entries, memory and disk).
     pub async fn remove_server(&self, id: &str) -> Result<(), HarnessError> {
-        let id = id.to_string();
-        self.ask(
-            |r| HarnessMsg::RemoveServer(id, r),
-            Duration::from_secs(120),
-        )
-        .await?
+        self.inner.services.servers.remove(id).await?;
+        self.inner.services.registry_ref.remove(id).await;
+        Ok(())
     }
 
     /// Restarts a server now, forgetting its restart history; brings a `failed` (or
     /// disabled) server back.
     pub async fn restart_server(&self, id: &str) -> Result<(), HarnessError> {
-        let id = id.to_string();
-        self.ask(
-            |r| HarnessMsg::RestartServer(id, r),
-            Duration::from_secs(60),
-        )
-        .await?
+        Ok(self.inner.services.servers.restart(id).await?)
     }
 
     /// A snapshot of every server's status (with its discover or `initialize` profile),
     /// in config order. Reads shared state: never waits on an actor.
     pub fn status(&self) -> Vec<ServerStatus> {
-        self.core()
-            .table
-            .read()
-            .in_order()
-            .map(|e| e.status.read().clone())
+        self.inner
+            .directory
+            .all()
+            .iter()
+            .map(|s| s.status())
             .collect()
     }
 
     /// One server's status.
     pub fn server_status(&self, id: &str) -> Option<ServerStatus> {
-        self.core()
-            .table
-            .read()
-            .entries
-            .get(id)
-            .map(|e| e.status.read().clone())
+        self.inner.directory.get(id).map(|s| s.status())
     }
 
     /// The server's current actor (for fault injection and direct messages). After the
     /// actor is rebuilt, this returns the new one.
     pub fn server_actor(&self, id: &str) -> Option<ActorRef<ServerMsg>> {
-        self.core()
-            .table
-            .read()
-            .entries
-            .get(id)
-            .map(|e| e.actor.clone())
+        self.inner.directory.get(id).and_then(|s| s.actor())
+    }
+
+    /// The current actor of one of the harness's services (for fault injection).
+    pub async fn service_actor(&self, service: Service) -> Option<ActorCell> {
+        ractor::call!(self.inner.supervisor, HarnessMsg::Child, service)
+            .ok()
+            .flatten()
     }
 
     /// The harness's root actor.
@@ -424,8 +451,8 @@ impl HarnessHandle {
     }
 
     /// Sends one raw request to one server (the `_meta` envelope is added) and returns
-    /// its result. Waits while the server (re)starts, up to the server's `timeout`.
-    /// No authorization, routing, rounds or audit: this is the operator's tool.
+    /// its result. Waits while the server (re)starts, up to the server's `timeout`. No
+    /// authorization, routing, rounds or audit: this is the operator's tool.
     pub async fn request(
         &self,
         server: &str,
@@ -444,22 +471,23 @@ impl HarnessHandle {
         params: Option<Value>,
         timeout: Option<Duration>,
     ) -> Result<Value, HarnessError> {
-        if !self.core().table.read().entries.contains_key(server) {
+        let Some(server) = self.inner.directory.get(server) else {
             return Err(HarnessError::UnknownServer(server.to_string()));
-        }
-        let caps = Some(self.core().capabilities());
-        self.core()
-            .send(server, method, params, timeout, caps)
-            .await
-            .map_err(HarnessError::Server)
+        };
+        let handlers = self.ctx().inputs.snapshot();
+        Ok(server
+            .request(method, params, timeout, Some(handlers.capabilities()))
+            .await?)
     }
 
-    /// Stops every server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), writes every
-    /// audit record and cache entry, then stops the harness; returns when no server
-    /// process is left.
+    /// Stops every server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), ends the calls
+    /// still running (recorded as `cancelled`), writes every audit record and cache
+    /// entry, then stops the harness; returns when no server process is left.
     pub async fn shutdown(&self) {
         let _ = self
-            .ask(HarnessMsg::Shutdown, Duration::from_secs(120))
+            .inner
+            .supervisor
+            .call(HarnessMsg::Shutdown, Some(Duration::from_secs(180)))
             .await;
     }
 }

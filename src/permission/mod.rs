@@ -3,13 +3,17 @@
 //!
 //! [`Policy`] is plain data, tested without actors. [`PermissionActor`] owns changes at
 //! run time; every check reads the shared snapshot it publishes, so authorization never
-//! waits on a mailbox.
+//! waits on a mailbox. The snapshot lives outside the actor: a rebuilt actor keeps every
+//! grant.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::RwLock;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::util::slot::ActorSlot;
 
 /// Grants: agent id → selector (server id, `tag:NAME` or `*`) → tool names (or `*`).
 pub type Grants = BTreeMap<String, BTreeMap<String, Vec<String>>>;
@@ -18,6 +22,15 @@ pub type Grants = BTreeMap<String, BTreeMap<String, Vec<String>>>;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Policy {
     grants: Grants,
+}
+
+/// Whether a grant's selector (`*`, a server id, or `tag:NAME`) picks this server.
+fn selects(selector: &str, server: &str, tags: &[String]) -> bool {
+    selector == "*"
+        || selector == server
+        || selector
+            .strip_prefix("tag:")
+            .is_some_and(|t| tags.iter().any(|x| x == t))
 }
 
 impl Policy {
@@ -31,34 +44,30 @@ impl Policy {
         &self.grants
     }
 
+    fn tools_on<'a>(
+        &'a self,
+        agent: Option<&str>,
+        server: &'a str,
+        tags: &'a [String],
+    ) -> impl Iterator<Item = &'a Vec<String>> + 'a {
+        agent
+            .and_then(|a| self.grants.get(a))
+            .into_iter()
+            .flatten()
+            .filter(move |(selector, _)| selects(selector, server, tags))
+            .map(|(_, tools)| tools)
+    }
+
     /// Whether `agent` may use `tool` on server `server` (which has `tags`).
     pub fn allows(&self, agent: Option<&str>, server: &str, tags: &[String], tool: &str) -> bool {
-        let Some(by_selector) = agent.and_then(|a| self.grants.get(a)) else {
-            return false;
-        };
-        by_selector.iter().any(|(selector, tools)| {
-            let selected = selector == "*"
-                || selector == server
-                || selector
-                    .strip_prefix("tag:")
-                    .is_some_and(|t| tags.iter().any(|x| x == t));
-            selected && tools.iter().any(|t| t == "*" || t == tool)
-        })
+        self.tools_on(agent, server, tags)
+            .any(|tools| tools.iter().any(|t| t == "*" || t == tool))
     }
 
     /// Whether `agent` may use anything at all on `server`.
     pub fn allows_any(&self, agent: Option<&str>, server: &str, tags: &[String]) -> bool {
-        let Some(by_selector) = agent.and_then(|a| self.grants.get(a)) else {
-            return false;
-        };
-        by_selector.iter().any(|(selector, tools)| {
-            (selector == "*"
-                || selector == server
-                || selector
-                    .strip_prefix("tag:")
-                    .is_some_and(|t| tags.iter().any(|x| x == t)))
-                && !tools.is_empty()
-        })
+        self.tools_on(agent, server, tags)
+            .any(|tools| !tools.is_empty())
     }
 }
 
@@ -84,15 +93,20 @@ pub enum PermissionMsg {
         /// Acknowledgement.
         reply: RpcReplyPort<()>,
     },
+    /// Replaces every grant (a reloaded config).
+    Replace(Grants, RpcReplyPort<()>),
 }
+
+/// The shared snapshot every check reads.
+pub type SharedPolicy = Arc<RwLock<Policy>>;
 
 /// Owns the policy's changes; see the module docs.
 pub struct PermissionActor;
 
 impl Actor for PermissionActor {
     type Msg = PermissionMsg;
-    type State = Arc<RwLock<Policy>>;
-    type Arguments = Arc<RwLock<Policy>>;
+    type State = SharedPolicy;
+    type Arguments = SharedPolicy;
 
     async fn pre_start(
         &self,
@@ -149,8 +163,76 @@ impl Actor for PermissionActor {
                 drop(p);
                 let _ = reply.send(());
             }
+            PermissionMsg::Replace(grants, reply) => {
+                policy.write().grants = grants;
+                let _ = reply.send(());
+            }
         }
         Ok(())
+    }
+}
+
+/// A typed handle on the permission actor (its address changes when it is rebuilt).
+#[derive(Clone, Default)]
+pub struct PermissionRef(pub(crate) ActorSlot<PermissionMsg>);
+
+/// The permission actor could not be reached (the harness is shutting down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the permission actor is not running")]
+pub struct PermissionUnavailable;
+
+const ASK_LIMIT: Duration = Duration::from_secs(10);
+
+impl PermissionRef {
+    /// Adds `tools` to `agent`'s grant on `selector`.
+    pub async fn grant(
+        &self,
+        agent: &str,
+        selector: &str,
+        tools: Vec<String>,
+    ) -> Result<(), PermissionUnavailable> {
+        self.0
+            .ask(
+                |reply| PermissionMsg::Grant {
+                    agent: agent.to_string(),
+                    selector: selector.to_string(),
+                    tools: tools.clone(),
+                    reply,
+                },
+                ASK_LIMIT,
+            )
+            .await
+            .ok_or(PermissionUnavailable)
+    }
+
+    /// Removes `agent`'s grant on `selector` (all of them when `None`).
+    pub async fn revoke(
+        &self,
+        agent: &str,
+        selector: Option<&str>,
+    ) -> Result<(), PermissionUnavailable> {
+        self.0
+            .ask(
+                |reply| PermissionMsg::Revoke {
+                    agent: agent.to_string(),
+                    selector: selector.map(String::from),
+                    reply,
+                },
+                ASK_LIMIT,
+            )
+            .await
+            .ok_or(PermissionUnavailable)
+    }
+
+    /// Replaces every grant.
+    pub async fn replace(&self, grants: Grants) -> Result<(), PermissionUnavailable> {
+        self.0
+            .ask(
+                |reply| PermissionMsg::Replace(grants.clone(), reply),
+                ASK_LIMIT,
+            )
+            .await
+            .ok_or(PermissionUnavailable)
     }
 }
 
@@ -181,6 +263,8 @@ mod tests {
         assert!(p.allows(Some("planner"), "web", &["search".into()], "anything"));
         assert!(!p.allows(Some("planner"), "web", &["other".into()], "anything"));
         assert!(p.allows(Some("root"), "x", none, "y"));
+        assert!(p.allows_any(Some("planner"), "files", none));
+        assert!(!p.allows_any(Some("planner"), "web", none));
     }
 
     #[test]

@@ -13,9 +13,11 @@
 pub mod error;
 pub mod jsonrpc;
 pub mod meta;
+pub mod pagination;
 pub mod views;
 
 pub use error::{ProtocolError, RpcError, RpcErrorKind};
 pub use jsonrpc::{Message, Notification, Request, RequestId, Response};
 pub use meta::{Implementation, MetaEnvelope};
+pub use pagination::{Cutoff, Pager};
 pub use views::{CacheHints, CacheScope, DiscoverResult, InputRequest, InputRequired, ResultType};

@@ -1,30 +1,35 @@
-//! The registry: what the servers offer, cached by their hints, and where a call goes.
+//! The registry: what the servers list, cached by their hints, and what changed.
 //!
 //! Reads never queue behind this actor: lists are read from the shared
-//! [`cache::SchemaCache`] and fetched by the caller's own task on a miss. The
+//! [`cache::ListCache`] and fetched by the caller's own task on a miss. The
 //! [`RegistryActor`] is the cache's one writer (stores, invalidations on
-//! `list_changed`, purges of removed servers) and tracks each server's tool-schema hash
-//! (SHA-256 of canonical JSON), emitting [`HarnessEvent::ToolsChanged`] when it changes.
-//! [`route`] orders the candidates of a call.
+//! `list_changed`, purges of removed servers), doing its disk I/O on blocking threads,
+//! and tracks the hash of each server's tool list per cache scope (SHA-256 of canonical
+//! JSON), emitting [`HarnessEvent::ToolsChanged`] when it changes. Everything it holds
+//! lives in [`Registry`], outside the actor, so a rebuilt actor loses nothing.
+//! [`names`] says how tools are named across servers and in which order candidates go.
 
 pub mod cache;
-pub mod route;
+pub mod names;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use cache::{CacheKey, SchemaCache, sha256_hex};
+use crate::util::hash::sha256_hex;
+use crate::util::slot::ActorSlot;
+use cache::{ListCache, Page};
 
 /// Something an embedder may want to hear about.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HarnessEvent {
-    /// A server's tool schemas changed (the hash of its full tool list differs from the
-    /// last one seen).
+    /// A server's tool schemas changed (the hash of its full tool list, in one cache
+    /// scope, differs from the last one seen in that scope).
     ToolsChanged {
         /// Server id.
         server: String,
@@ -33,100 +38,200 @@ pub enum HarnessEvent {
     },
 }
 
+/// What the registry holds, shared by its actor (the writer) and every reader.
+pub struct Registry {
+    /// The list cache.
+    pub cache: Arc<ListCache>,
+    hashes: Mutex<HashMap<(String, String), String>>,
+    events: broadcast::Sender<HarnessEvent>,
+}
+
+impl Registry {
+    /// A registry over `cache`, announcing changes on `events`.
+    pub fn new(cache: Arc<ListCache>, events: broadcast::Sender<HarnessEvent>) -> Registry {
+        Registry {
+            cache,
+            hashes: Mutex::new(HashMap::new()),
+            events,
+        }
+    }
+
+    /// Subscribes to change events.
+    pub fn subscribe(&self) -> broadcast::Receiver<HarnessEvent> {
+        self.events.subscribe()
+    }
+
+    fn tools_listed(&self, server: String, scope: String, pages: &[Arc<Value>]) {
+        let tools: Vec<&Value> = pages
+            .iter()
+            .filter_map(|p| p.get("tools").and_then(Value::as_array))
+            .flatten()
+            .collect();
+        let mut canonical = String::new();
+        for t in &tools {
+            canonical.push_str(&canonical_json(t));
+            canonical.push('\n');
+        }
+        let hash = sha256_hex(canonical.as_bytes());
+        let previous = self
+            .hashes
+            .lock()
+            .insert((server.clone(), scope), hash.clone());
+        if previous.as_ref().is_some_and(|p| *p != hash) {
+            tracing::info!(server = %server, %hash, "tool schemas changed");
+            let _ = self
+                .events
+                .send(HarnessEvent::ToolsChanged { server, hash });
+        }
+    }
+
+    fn forget(&self, server: &str) {
+        self.hashes.lock().retain(|(s, _), _| s != server);
+    }
+}
+
 /// Messages of the registry actor.
 pub enum RegistryMsg {
-    /// Store a fetched result (dropped when the server was invalidated since
+    /// Store the pages of one list (dropped when the server was invalidated since
     /// `generation`).
     Put {
-        /// Where.
-        key: CacheKey,
-        /// For how long.
-        ttl: Duration,
-        /// The result.
-        value: Value,
+        /// The pages.
+        pages: Vec<Page>,
         /// The server's cache generation when the fetch started.
         generation: u64,
     },
     /// Drop a server's entries (`list_changed`, removal).
     Invalidate(String),
-    /// A server's full tool list was read; compare its hash with the last one.
+    /// Drop one list of a server (its cursor was rejected).
+    InvalidateList {
+        /// Server id.
+        server: String,
+        /// The list method.
+        method: String,
+    },
+    /// Forget a removed server entirely (entries and hashes).
+    Remove(String),
+    /// A server's full tool list was read in `scope`; compare its hash with the last.
     ToolsListed {
         /// Server id.
         server: String,
-        /// The tools, in the server's order.
-        tools: Vec<Value>,
+        /// The cache scope it was read in.
+        scope: String,
+        /// Its pages, in order.
+        pages: Vec<Arc<Value>>,
     },
     /// Answers when every earlier message is handled (and so written to disk).
     Flush(RpcReplyPort<()>),
 }
 
-/// What the registry actor holds.
-pub struct RegistryState {
-    cache: Arc<SchemaCache>,
-    hashes: HashMap<String, String>,
-    events: broadcast::Sender<HarnessEvent>,
-}
-
 /// The cache's writer; see the module docs.
 pub struct RegistryActor;
 
-/// What the registry actor starts with.
-pub struct RegistryArgs {
-    /// The shared cache.
-    pub cache: Arc<SchemaCache>,
-    /// Where events go.
-    pub events: broadcast::Sender<HarnessEvent>,
+/// Runs `work` on a blocking thread (the cache writes files).
+async fn blocking(registry: &Arc<Registry>, work: impl FnOnce(&Registry) + Send + 'static) {
+    let registry = registry.clone();
+    if tokio::task::spawn_blocking(move || work(&registry))
+        .await
+        .is_err()
+    {
+        tracing::error!("a cache write failed");
+    }
 }
 
 impl Actor for RegistryActor {
     type Msg = RegistryMsg;
-    type State = RegistryState;
-    type Arguments = RegistryArgs;
+    type State = Arc<Registry>;
+    type Arguments = Arc<Registry>;
 
     async fn pre_start(
         &self,
         _: ActorRef<RegistryMsg>,
-        args: RegistryArgs,
-    ) -> Result<RegistryState, ActorProcessingErr> {
-        Ok(RegistryState {
-            cache: args.cache,
-            hashes: HashMap::new(),
-            events: args.events,
-        })
+        registry: Arc<Registry>,
+    ) -> Result<Arc<Registry>, ActorProcessingErr> {
+        Ok(registry)
     }
 
     async fn handle(
         &self,
         _: ActorRef<RegistryMsg>,
         msg: RegistryMsg,
-        state: &mut RegistryState,
+        registry: &mut Arc<Registry>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegistryMsg::Put {
-                key,
-                ttl,
-                value,
-                generation,
-            } => state.cache.put(key, ttl, value, generation),
+            RegistryMsg::Put { pages, generation } => {
+                blocking(registry, move |r| r.cache.put(pages, generation)).await;
+            }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
-                state.cache.invalidate(&server);
+                blocking(registry, move |r| r.cache.invalidate(&server)).await;
             }
-            RegistryMsg::ToolsListed { server, tools } => {
-                let hash = sha256_hex(canonical_json(&Value::Array(tools)).as_bytes());
-                let previous = state.hashes.insert(server.clone(), hash.clone());
-                if previous.as_ref().is_some_and(|p| *p != hash) {
-                    tracing::info!(server = %server, %hash, "tool schemas changed");
-                    let _ = state
-                        .events
-                        .send(HarnessEvent::ToolsChanged { server, hash });
-                }
+            RegistryMsg::InvalidateList { server, method } => {
+                blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
             }
+            RegistryMsg::Remove(server) => {
+                blocking(registry, move |r| {
+                    r.cache.invalidate(&server);
+                    r.forget(&server);
+                })
+                .await;
+            }
+            RegistryMsg::ToolsListed {
+                server,
+                scope,
+                pages,
+            } => registry.tools_listed(server, scope, &pages),
             RegistryMsg::Flush(reply) => {
                 let _ = reply.send(());
             }
         }
         Ok(())
+    }
+}
+
+/// A typed handle on the registry actor (its address changes when it is rebuilt).
+/// Sends never wait: a write lost while the actor is rebuilt only costs a cache miss.
+#[derive(Clone, Default)]
+pub struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>);
+
+impl RegistryRef {
+    /// Stores the pages of one list fetched at `generation`.
+    pub fn put(&self, pages: Vec<Page>, generation: u64) {
+        self.0.send(RegistryMsg::Put { pages, generation });
+    }
+
+    /// Drops a server's entries.
+    pub fn invalidate(&self, server: &str) {
+        self.0.send(RegistryMsg::Invalidate(server.to_string()));
+    }
+
+    /// Drops one list of a server.
+    pub fn invalidate_list(&self, server: &str, method: &str) {
+        self.0.send(RegistryMsg::InvalidateList {
+            server: server.to_string(),
+            method: method.to_string(),
+        });
+    }
+
+    /// Forgets a removed server; returns when its entries are gone.
+    pub async fn remove(&self, server: &str) {
+        self.0.send(RegistryMsg::Remove(server.to_string()));
+        self.flush().await;
+    }
+
+    /// A full tool list was read.
+    pub fn tools_listed(&self, server: &str, scope: String, pages: Vec<Arc<Value>>) {
+        self.0.send(RegistryMsg::ToolsListed {
+            server: server.to_string(),
+            scope,
+            pages,
+        });
+    }
+
+    /// Returns when every earlier message is handled.
+    pub async fn flush(&self) {
+        self.0
+            .ask(RegistryMsg::Flush, Duration::from_secs(30))
+            .await;
     }
 }
 

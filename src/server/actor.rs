@@ -1,60 +1,49 @@
 //! `ServerActor`: one per MCP server, with a stable address for its whole life. It
 //! supervises the server's `ConnectionActor`, applies the restart policy when the
-//! connection ends, holds requests while the server (re)starts, and answers
-//! [`ServerStatus`] through a shared cell.
+//! connection ends, holds requests while the server (re)starts, and publishes the
+//! server's status, connection and offers through its [`ServerRef`] (their one writer).
 //!
-//! Requests never wait on the actor: when the server is ready, each request runs in its
-//! own task on the shared connection, so one slow call holds nothing else up. While the
-//! server starts or restarts, requests wait in a bounded queue (released in order when it
-//! is ready, failed with `Restarting` at their deadline, or refused with `Overloaded`
-//! past the bound). A `failed` or `stopped` server answers at once.
+//! Requests never wait on the actor while the server is ready: [`ServerRef::request`]
+//! runs them on the published connection. While the server starts or restarts,
+//! requests wait in a bounded queue (released in order when it is ready, failed with
+//! `Restarting` at their deadline, or refused with `Overloaded` past the bound). A
+//! `failed` or `stopped` server answers at once.
 //!
 //! Failure: a stdio process exit reaches in-flight requests through the transport
-//! (`TransportClosed`, at once) and this actor through its child's failure. An HTTP
-//! server that refuses connections is treated as down the same way. A modern server
-//! that shares no version with us is `failed` at once, not retried in a loop.
+//! (`TransportClosed`, at once) and this actor through its child's failure, typed
+//! ([`ConnectionFailure`]). An HTTP server that refuses connections is treated as down
+//! the same way. A connection that cannot work without a change of configuration (no
+//! common version, a missing command, a refused certificate or credential) makes the
+//! server `failed` at once, not after a backoff loop.
+//!
+//! Capabilities: when the input handlers change, a connected legacy server (which took
+//! our capabilities at `initialize`) gets a new connection; the old one finishes the
+//! requests it has in flight and is then shut down, so no call fails for it.
 
-use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
-use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde_json::Value;
 
+use super::client::{ClientSide, ListsChanged};
 use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFailure};
 use super::error::ServerError;
-use super::hooks::ServerHooks;
-use super::restart::{Decision, ExitKind, RestartTracker};
-use super::status::{ServerState, ServerStatus};
-use crate::call::handler::{InputMsg, InputRequestContext};
-use crate::config::ServerConfig;
-use crate::protocol::RpcError;
-use crate::protocol::error::{INTERNAL_ERROR, METHOD_NOT_FOUND};
-use crate::registry::RegistryMsg;
-use crate::transport::{
-    ConnectError, ConnectOptions, Connection, RequestError, ServerEvent, ServerRequest,
-    TransportError,
-};
+use super::queue::{Outgoing, RequestQueue, RequestReply};
+use super::restart::{Decision, RestartTracker};
+use super::server_ref::{LiveConnection, Offers, ServerRef};
+use super::status::ServerState;
+use crate::transport::{ConnectOptions, Connection, Era, ServerEvent, TransportError};
 
-/// A reply port for one request.
-pub type RequestReply = RpcReplyPort<Result<Value, ServerError>>;
+/// How often a server's `list_changed` notifications are passed on, at most.
+const LISTS_CHANGED_TICK: Duration = Duration::from_millis(100);
 
 /// Messages of a server actor.
 pub enum ServerMsg {
     /// Send one request (the `_meta` envelope is added by the connection) and answer
-    /// through `reply`. `timeout` overrides the server's configured deadline.
+    /// through `reply`; from [`ServerRef::request`] while the server is not ready.
     Request {
-        /// The method.
-        method: String,
-        /// Its params.
-        params: Option<Value>,
-        /// Deadline of this request; the server's `timeout` when `None`.
-        timeout: Option<Duration>,
-        /// `clientCapabilities` for this request; the connection's own when `None`.
-        capabilities: Option<Value>,
+        /// The request.
+        outgoing: Outgoing,
         /// Where the result goes.
         reply: RequestReply,
     },
@@ -62,6 +51,8 @@ pub enum ServerMsg {
     Restart(RpcReplyPort<()>),
     /// Stop gracefully: fail queued requests, shut the connection down, stop.
     Shutdown(RpcReplyPort<()>),
+    /// The client's capabilities changed: a legacy server gets a new connection.
+    CapabilitiesChanged,
     /// From the connection actor: connected.
     ConnectionUp {
         /// Which connection attempt.
@@ -69,12 +60,12 @@ pub enum ServerMsg {
         /// The connection.
         conn: Arc<Connection>,
     },
-    /// From a request task: the server refused the connection (HTTP), so it is down.
+    /// From a request: the server refused the connection (HTTP), so it is down.
     ConnectionLost {
         /// Which connection attempt.
         generation: u64,
         /// What happened.
-        error: String,
+        error: TransportError,
     },
     /// From the connection actor: the server's own traffic.
     Inbound {
@@ -85,79 +76,47 @@ pub enum ServerMsg {
     },
     /// From a backoff timer: start connection attempt `generation + 1`.
     StartConnection {
-        /// The generation the timer was set in; stale timers are ignored.
+        /// The attempt the timer was set in; stale timers are ignored.
         generation: u64,
     },
     /// From a timer: a queued request reached its deadline.
     ExpireQueued(u64),
+    /// From a timer: pass on the `list_changed` notifications gathered since the last.
+    FlushListsChanged,
 }
 
-/// Everything needed to (re)build a server actor.
-#[derive(Clone, Debug)]
-pub struct ServerSpec {
-    /// The server's configuration.
-    pub config: ServerConfig,
-    /// How its connections are opened.
-    pub options: ConnectOptions,
-    /// Capabilities, input handlers, registry.
-    pub hooks: ServerHooks,
-}
-
-/// What a server actor is started with.
-pub struct ServerArgs {
-    /// The spec.
-    pub spec: ServerSpec,
-    /// The shared status cell the actor writes.
-    pub status: Arc<RwLock<ServerStatus>>,
-    /// The ready connection, published for requests that need no queueing.
-    pub live: LiveSlot,
-}
-
-/// A ready connection, and the attempt it belongs to.
+/// What a server actor is started with (and rebuilt from).
 #[derive(Clone)]
-pub struct LiveConnection {
-    /// The connection.
-    pub conn: Arc<Connection>,
-    /// Its connection attempt.
-    pub generation: u64,
+pub struct ServerArgs {
+    pub(crate) server: ServerRef,
+    pub(crate) client: Arc<dyn ClientSide>,
+    pub(crate) options: ConnectOptions,
+    /// True when the actor replaces one that died.
+    pub(crate) rebuilt: bool,
 }
 
-/// Where a server actor publishes its ready connection (`None` while not ready). While a
-/// server is ready, requests run on it straight from the caller's task: the actor's
-/// mailbox is for lifecycle, queueing and failures, not for every call.
-pub type LiveSlot = Arc<RwLock<Option<LiveConnection>>>;
-
-/// A request on its way to the server.
-struct Outgoing {
-    method: String,
-    params: Option<Value>,
-    capabilities: Option<Value>,
-}
-
-struct Queued {
-    key: u64,
-    outgoing: Outgoing,
-    timeout: Duration,
-    deadline: Instant,
-    reply: RequestReply,
+/// The connection attempt in charge.
+struct Attempt {
+    generation: u64,
+    actor: ActorRef<ConnMsg>,
+    conn: Option<Arc<Connection>>,
 }
 
 /// The state of a server actor.
 pub struct ServerActorState {
     /// `server{id, era, pid}`: every event of this server, and its request tasks.
     span: tracing::Span,
-    spec: ServerSpec,
-    status: Arc<RwLock<ServerStatus>>,
-    live: LiveSlot,
+    args: ServerArgs,
     state: ServerState,
     generation: u64,
-    conn: Option<Arc<Connection>>,
-    conn_actor: Option<ActorRef<ConnMsg>>,
+    current: Option<Attempt>,
+    /// A new connection replacing the current one (capabilities changed).
+    handover: Option<Attempt>,
     ready_at: Option<Instant>,
     restarts: RestartTracker,
-    queue: VecDeque<Queued>,
-    next_key: u64,
+    queue: RequestQueue,
     last_error: Option<String>,
+    lists_changed: ListsChanged,
 }
 
 /// One supervised MCP server; see the module docs.
@@ -173,34 +132,37 @@ impl Actor for ServerActor {
         myself: ActorRef<ServerMsg>,
         args: ServerArgs,
     ) -> Result<ServerActorState, ActorProcessingErr> {
-        let c = &args.spec.config;
-        let restarts = RestartTracker::new(c.restart.clone(), c.max_retries);
-        let span = tracing::info_span!("server", id = %args.spec.config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
+        let config = args.server.config();
+        let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
+        let queue = RequestQueue::new(config.queue_capacity);
+        let span = tracing::info_span!("server", id = %config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
+        let enabled = config.enabled;
+        if args.rebuilt {
+            args.server.0.status.write().actor_rebuilds += 1;
+        }
         let mut state = ServerActorState {
             span,
-            spec: args.spec,
-            status: args.status,
-            live: args.live,
+            args,
             state: ServerState::Starting,
             generation: 0,
-            conn: None,
-            conn_actor: None,
+            current: None,
+            handover: None,
             ready_at: None,
             restarts,
-            queue: VecDeque::new(),
-            next_key: 0,
+            queue,
             last_error: None,
+            lists_changed: ListsChanged::default(),
         };
-        if !state.spec.config.enabled {
+        if !enabled {
             // Listed, answering `Stopped`, until `restart_server` starts it.
             state.publish(ServerState::Stopped);
             return Ok(state);
         }
         state
             .span
-            .in_scope(|| tracing::info!(server = %state.spec.config.id, "server starting"));
+            .in_scope(|| tracing::info!(server = %state.id(), "server starting"));
         state.publish(ServerState::Starting);
-        start_connection(&myself, &mut state).await;
+        state.start_connection(&myself).await;
         Ok(state)
     }
 
@@ -211,30 +173,11 @@ impl Actor for ServerActor {
         state: &mut ServerActorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ServerMsg::Request {
-                method,
-                params,
-                timeout,
-                capabilities,
-                reply,
-            } => {
-                let outgoing = Outgoing {
-                    method,
-                    params,
-                    capabilities,
-                };
-                state.on_request(&myself, outgoing, timeout, reply).await
+            ServerMsg::Request { outgoing, reply } => {
+                state.on_request(&myself, outgoing, reply).await
             }
             ServerMsg::Restart(reply) => {
-                state.restarts.reset();
-                if let Some(old) = state.conn_actor.take() {
-                    let _ = old
-                        .send_message(ConnMsg::Shutdown(ractor::concurrency::oneshot().0.into()));
-                }
-                state.conn = None;
-                state.last_error = None;
-                state.publish(ServerState::Starting);
-                start_connection(&myself, state).await;
+                state.on_restart(&myself).await;
                 let _ = reply.send(());
             }
             ServerMsg::Shutdown(reply) => {
@@ -242,30 +185,38 @@ impl Actor for ServerActor {
                 let _ = reply.send(());
                 myself.stop(None);
             }
-            ServerMsg::ConnectionUp { generation, conn }
-                if generation == state.generation && !conn.is_closed() =>
-            {
-                state.on_ready(&myself, conn).await
+            ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself).await,
+            ServerMsg::ConnectionUp { generation, conn } => {
+                state.on_connection_up(generation, conn).await
             }
-            ServerMsg::ConnectionLost { generation, error }
-                if generation == state.generation && state.conn.is_some() =>
-            {
-                if let Some(old) = state.conn_actor.take() {
-                    old.kill();
-                }
-                state.on_connection_lost(&myself, error, ExitKind::Abnormal, false);
-            }
-            ServerMsg::Inbound { event, .. } => state.on_inbound(event),
-            ServerMsg::StartConnection { generation } if generation == state.generation => {
-                if state.state == ServerState::Restarting {
-                    start_connection(&myself, state).await;
+            ServerMsg::ConnectionLost { generation, error } => {
+                if state.current_generation() == Some(generation)
+                    && state.state == ServerState::Ready
+                {
+                    if let Some(old) = state.current.take() {
+                        old.actor.kill();
+                    }
+                    let failure = ConnectionFailure::Transport(error);
+                    state.on_connection_lost(&myself, &failure);
                 }
             }
-            ServerMsg::ExpireQueued(key) => state.on_expire(key),
-            // Stale messages from an earlier connection attempt.
-            ServerMsg::ConnectionUp { .. }
-            | ServerMsg::ConnectionLost { .. }
-            | ServerMsg::StartConnection { .. } => {}
+            ServerMsg::Inbound { event, .. } => state.on_inbound(&myself, event),
+            ServerMsg::StartConnection { generation } => {
+                if generation == state.generation && state.state == ServerState::Restarting {
+                    state.start_connection(&myself).await;
+                }
+            }
+            ServerMsg::ExpireQueued(key) => {
+                if let Some(q) = state.queue.expire(key) {
+                    let _ = q.reply.send(Err(state.restarting_error()));
+                }
+            }
+            ServerMsg::FlushListsChanged => {
+                let changed = std::mem::take(&mut state.lists_changed);
+                if changed.any() {
+                    state.args.client.lists_changed(state.id(), changed);
+                }
+            }
         }
         Ok(())
     }
@@ -277,22 +228,36 @@ impl Actor for ServerActor {
         state: &mut ServerActorState,
     ) -> Result<(), ActorProcessingErr> {
         // Overrides ractor's default, which would stop this actor with its child.
-        let (cell, reason, exit, fatal) = match &event {
+        let (cell, failure) = match &event {
             SupervisionEvent::ActorFailed(cell, err) => {
-                let (exit, fatal) = classify(err.downcast_ref::<ConnectionFailure>());
-                (cell, err.to_string(), exit, fatal)
+                let failure = match err.downcast_ref::<ConnectionFailure>() {
+                    Some(ConnectionFailure::Connect(e)) => ConnectionFailure::Connect(e.clone()),
+                    Some(ConnectionFailure::Transport(e)) => {
+                        ConnectionFailure::Transport(e.clone())
+                    }
+                    None => ConnectionFailure::Transport(TransportError::Closed {
+                        exit: None,
+                        detail: Some(err.to_string()),
+                    }),
+                };
+                (cell, failure)
             }
             SupervisionEvent::ActorTerminated(cell, _, reason) => (
                 cell,
-                reason.clone().unwrap_or_else(|| "connection ended".into()),
-                ExitKind::Abnormal,
-                false,
+                ConnectionFailure::Transport(TransportError::Closed {
+                    exit: None,
+                    detail: Some(reason.clone().unwrap_or_else(|| "connection ended".into())),
+                }),
             ),
             _ => return Ok(()),
         };
-        if state.is_current(cell) {
-            state.conn_actor = None;
-            state.on_connection_lost(&myself, reason, exit, fatal);
+        if is_attempt(&state.handover, cell) {
+            // The replacement failed: keep serving on the current connection.
+            state.handover = None;
+            state.span.in_scope(|| tracing::warn!(server = %state.id(), error = %failure, "reconnecting with new capabilities failed; keeping the current connection"));
+        } else if is_attempt(&state.current, cell) {
+            state.current = None;
+            state.on_connection_lost(&myself, &failure);
         }
         Ok(())
     }
@@ -307,70 +272,44 @@ impl Actor for ServerActor {
     }
 }
 
-/// Whether a connection's failure was a clean exit, and whether it can never succeed.
-fn classify(failure: Option<&ConnectionFailure>) -> (ExitKind, bool) {
-    match failure {
-        Some(ConnectionFailure::Transport(TransportError::Closed { exit: Some(e) }))
-            if e == "exit status: 0" =>
-        {
-            (ExitKind::Normal, false)
-        }
-        Some(ConnectionFailure::Connect(
-            ConnectError::NoCommonVersion { .. }
-            | ConnectError::NotModern(_)
-            | ConnectError::UnsupportedLegacyVersion(_),
-        )) => (ExitKind::Abnormal, true),
-        _ => (ExitKind::Abnormal, false),
-    }
-}
-
-async fn start_connection(myself: &ActorRef<ServerMsg>, state: &mut ServerActorState) {
-    state.generation += 1;
-    let args = ConnArgs {
-        server: state.spec.config.id.clone(),
-        spec: state.spec.config.transport.to_spec(),
-        options: ConnectOptions {
-            capabilities: state.spec.hooks.capabilities.read().clone(),
-            ..state.spec.options.clone()
-        },
-        parent: myself.clone(),
-        generation: state.generation,
-    };
-    match Actor::spawn_linked(None, ConnectionActor, args, myself.get_cell()).await {
-        Ok((actor, _)) => state.conn_actor = Some(actor),
-        Err(e) => state.on_connection_lost(
-            myself,
-            format!("could not start a connection actor: {e}"),
-            ExitKind::Abnormal,
-            false,
-        ),
-    }
+fn is_attempt(attempt: &Option<Attempt>, cell: &ActorCell) -> bool {
+    attempt
+        .as_ref()
+        .is_some_and(|a| a.actor.get_id() == cell.get_id())
 }
 
 impl ServerActorState {
     fn id(&self) -> &str {
-        &self.spec.config.id
+        self.args.server.id()
     }
 
-    fn is_current(&self, cell: &ActorCell) -> bool {
-        self.conn_actor
-            .as_ref()
-            .is_some_and(|a| a.get_id() == cell.get_id())
+    fn current_generation(&self) -> Option<u64> {
+        self.current.as_ref().map(|a| a.generation)
     }
 
+    fn current_conn(&self) -> Option<&Arc<Connection>> {
+        self.current.as_ref().and_then(|a| a.conn.as_ref())
+    }
+
+    /// Writes the server's state, connection and status (the one writer of them).
     fn publish(&mut self, new: ServerState) {
         self.state = new;
-        *self.live.write() = match (&self.conn, new) {
+        let shared = &self.args.server.0;
+        let conn = self.current_conn().cloned();
+        *shared.live.write() = match (&conn, new) {
             (Some(conn), ServerState::Ready) => Some(LiveConnection {
                 conn: conn.clone(),
-                generation: self.generation,
+                generation: self.current_generation().unwrap_or_default(),
             }),
             _ => None,
         };
-        let mut s = self.status.write();
+        if let Some(conn) = &conn {
+            *shared.offers.write() = Some(Offers::of(conn.profile().capabilities()));
+        }
+        let mut s = shared.status.write();
         s.state = new;
         s.last_error = self.last_error.clone();
-        match &self.conn {
+        match &conn {
             Some(conn) => {
                 s.era = Some(conn.era());
                 s.protocol_version = Some(conn.protocol_version());
@@ -385,52 +324,87 @@ impl ServerActorState {
         }
     }
 
+    async fn spawn_attempt(&mut self, myself: &ActorRef<ServerMsg>) -> Result<Attempt, String> {
+        self.generation += 1;
+        let config = self.args.server.config();
+        let args = ConnArgs {
+            server: config.id.clone(),
+            spec: config.transport.clone(),
+            options: ConnectOptions {
+                capabilities: self.args.client.capabilities(),
+                era: config.era,
+                request_timeout: config.timeout,
+                ..self.args.options.clone()
+            },
+            allow_unsolicited_input: config.allow_unsolicited_input,
+            parent: myself.clone(),
+            generation: self.generation,
+        };
+        match Actor::spawn_linked(None, ConnectionActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => Ok(Attempt {
+                generation: self.generation,
+                actor,
+                conn: None,
+            }),
+            Err(e) => Err(format!("could not start a connection actor: {e}")),
+        }
+    }
+
+    async fn start_connection(&mut self, myself: &ActorRef<ServerMsg>) {
+        match self.spawn_attempt(myself).await {
+            Ok(attempt) => self.current = Some(attempt),
+            Err(reason) => {
+                let failure = ConnectionFailure::Transport(TransportError::NotSent(reason));
+                self.on_connection_lost(myself, &failure);
+            }
+        }
+    }
+
+    async fn on_restart(&mut self, myself: &ActorRef<ServerMsg>) {
+        self.restarts.reset();
+        for old in [self.current.take(), self.handover.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = old
+                .actor
+                .send_message(ConnMsg::Shutdown(ractor::concurrency::oneshot().0.into()));
+        }
+        self.last_error = None;
+        self.ready_at = None;
+        self.publish(ServerState::Starting);
+        self.start_connection(myself).await;
+    }
+
     async fn on_request(
         &mut self,
         myself: &ActorRef<ServerMsg>,
         outgoing: Outgoing,
-        timeout: Option<Duration>,
         reply: RequestReply,
     ) {
-        let timeout = timeout.unwrap_or(self.spec.config.timeout);
         let server = self.id().to_string();
         // A connection can end before this actor hears of it (its child's failure is
         // still in the mailbox): such a request waits for the restart like any other.
-        let usable = self.conn.as_ref().filter(|c| !c.is_closed()).cloned();
+        let usable = self.current_conn().filter(|c| !c.is_closed()).cloned();
         match (self.state, usable) {
             (ServerState::Ready, Some(conn)) => {
-                dispatch(
-                    myself,
-                    &self.span,
-                    conn,
-                    self.generation,
-                    outgoing,
-                    timeout,
-                    reply,
-                )
-                .await;
+                let generation = self.current_generation().unwrap_or_default();
+                self.dispatch(LiveConnection { conn, generation }, outgoing, reply)
+                    .await;
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
-                if self.queue.len() >= self.spec.config.queue_capacity {
-                    let _ = reply.send(Err(ServerError::Overloaded {
-                        server,
-                        capacity: self.spec.config.queue_capacity,
-                    }));
-                    return;
+                let timeout = outgoing.timeout;
+                match self.queue.push(Instant::now(), outgoing, reply) {
+                    Ok(key) => {
+                        myself.send_after(timeout, move || ServerMsg::ExpireQueued(key));
+                    }
+                    Err(reply) => {
+                        let _ = reply.send(Err(ServerError::Overloaded {
+                            server,
+                            capacity: self.queue.capacity(),
+                        }));
+                    }
                 }
-                self.next_key += 1;
-                let key = self.next_key;
-                let deadline = Instant::now()
-                    .checked_add(timeout)
-                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
-                self.queue.push_back(Queued {
-                    key,
-                    outgoing,
-                    timeout,
-                    deadline,
-                    reply,
-                });
-                myself.send_after(timeout, move || ServerMsg::ExpireQueued(key));
             }
             (ServerState::Failed, _) => {
                 let reason = self.last_error.clone().unwrap_or_default();
@@ -442,33 +416,96 @@ impl ServerActorState {
         }
     }
 
-    async fn on_ready(&mut self, myself: &ActorRef<ServerMsg>, conn: Arc<Connection>) {
-        self.span.record("era", tracing::field::debug(conn.era()));
-        if let Some(pid) = conn.pid() {
-            self.span.record("pid", pid);
+    /// Runs one request on the connection and answers through `reply`. The request is
+    /// polled once here, which writes it (stdio) or starts it (HTTP) in the order the
+    /// actor releases them; the rest runs in its own task so the actor never waits on
+    /// a server.
+    async fn dispatch(&self, live: LiveConnection, outgoing: Outgoing, reply: RequestReply) {
+        let server = self.args.server.clone();
+        let mut call = Box::pin(async move {
+            let Outgoing {
+                method,
+                params,
+                capabilities,
+                timeout,
+            } = outgoing;
+            let result = server
+                .on_connection(&live, &method, params, timeout, capabilities.as_ref())
+                .await;
+            let _ = reply.send(result);
+        });
+        let done = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx).is_ready())
+        })
+        .await;
+        if !done {
+            tokio::spawn(tracing::Instrument::instrument(call, self.span.clone()));
         }
+    }
+
+    async fn on_connection_up(&mut self, generation: u64, conn: Arc<Connection>) {
+        if conn.is_closed() {
+            return;
+        }
+        if let Some(handover) = self.handover.take_if(|h| h.generation == generation) {
+            // The replacement is up: switch, and let the old connection drain.
+            let old = self.current.replace(Attempt {
+                conn: Some(conn.clone()),
+                ..handover
+            });
+            if let Some(old) = old {
+                drain_and_stop(old, self.args.server.config().timeout);
+            }
+            self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
+            self.record_connection(&conn);
+            self.publish(ServerState::Ready);
+            return;
+        }
+        let Some(current) = self.current.as_mut().filter(|c| c.generation == generation) else {
+            return; // a stale attempt
+        };
+        current.conn = Some(conn.clone());
+        self.record_connection(&conn);
         self.span.in_scope(|| {
-            tracing::info!(server = %self.id(), era = ?conn.era(), version = %conn.protocol_version(), pid = ?conn.pid(), "server ready")
+            tracing::info!(server = %self.id(), era = conn.era().as_str(), version = %conn.protocol_version(), pid = ?conn.pid(), "server ready")
         });
         self.ready_at = Some(Instant::now());
-        self.conn = Some(conn.clone());
         self.publish(ServerState::Ready);
         let now = Instant::now();
-        for q in std::mem::take(&mut self.queue) {
+        let live = LiveConnection { conn, generation };
+        for q in self.queue.drain() {
             let remaining = q.deadline.saturating_duration_since(now);
             if remaining.is_zero() {
                 let _ = q.reply.send(Err(self.restarting_error()));
             } else {
-                dispatch(
-                    myself,
-                    &self.span,
-                    conn.clone(),
-                    self.generation,
-                    q.outgoing,
-                    remaining.min(q.timeout),
-                    q.reply,
-                )
-                .await;
+                let outgoing = Outgoing {
+                    timeout: remaining.min(q.outgoing.timeout),
+                    ..q.outgoing
+                };
+                self.dispatch(live.clone(), outgoing, q.reply).await;
+            }
+        }
+    }
+
+    fn record_connection(&self, conn: &Connection) {
+        self.span.record("era", conn.era().as_str());
+        if let Some(pid) = conn.pid() {
+            self.span.record("pid", pid);
+        }
+    }
+
+    async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>) {
+        let legacy = self.current_conn().is_some_and(|c| c.era() == Era::Legacy);
+        if self.state != ServerState::Ready || !legacy || self.handover.is_some() {
+            // Modern servers take capabilities per request; a server not connected now
+            // takes the new ones when it connects.
+            return;
+        }
+        self.span.in_scope(|| tracing::info!(server = %self.id(), "client capabilities changed; reconnecting this legacy server"));
+        match self.spawn_attempt(myself).await {
+            Ok(attempt) => self.handover = Some(attempt),
+            Err(reason) => {
+                self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, "could not reconnect with new capabilities"));
             }
         }
     }
@@ -480,28 +517,15 @@ impl ServerActorState {
         }
     }
 
-    fn on_expire(&mut self, key: u64) {
-        if let Some(pos) = self.queue.iter().position(|q| q.key == key)
-            && let Some(q) = self.queue.remove(pos)
-        {
-            let _ = q.reply.send(Err(self.restarting_error()));
-        }
-    }
-
-    fn on_connection_lost(
-        &mut self,
-        myself: &ActorRef<ServerMsg>,
-        reason: String,
-        exit: ExitKind,
-        fatal: bool,
-    ) {
+    fn on_connection_lost(&mut self, myself: &ActorRef<ServerMsg>, failure: &ConnectionFailure) {
+        let (exit, cannot_heal) = failure.classify();
+        let reason = failure.to_string();
         let up_since = self.ready_at.take();
-        self.conn = None;
+        self.current = None;
         self.last_error = Some(reason.clone());
-        // Whatever that attempt still has in the mailbox (a ConnectionUp sent just before
-        // it failed) is now stale.
+        // Whatever that attempt still has in the mailbox is now stale.
         self.generation += 1;
-        let decision = if fatal {
+        let decision = if cannot_heal {
             Decision::GiveUp(reason.clone())
         } else {
             self.restarts.on_exit(Instant::now(), up_since, exit)
@@ -509,14 +533,14 @@ impl ServerActorState {
         match decision {
             Decision::Restart(delay) => {
                 self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));
-                self.status.write().restarts += 1;
+                self.args.server.0.status.write().restarts += 1;
                 self.publish(ServerState::Restarting);
                 let generation = self.generation;
                 myself.send_after(delay, move || ServerMsg::StartConnection { generation });
             }
             Decision::GiveUp(why) => {
                 self.span.in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));
-                self.last_error = Some(if fatal {
+                self.last_error = Some(if cannot_heal {
                     why
                 } else {
                     format!("{why}; last error: {reason}")
@@ -534,7 +558,7 @@ impl ServerActorState {
 
     fn fail_queue(&mut self) {
         let server = self.id().to_string();
-        for q in std::mem::take(&mut self.queue) {
+        for q in self.queue.drain() {
             let error = match self.state {
                 ServerState::Failed => ServerError::Failed {
                     server: server.clone(),
@@ -548,146 +572,61 @@ impl ServerActorState {
         }
     }
 
-    fn on_inbound(&mut self, event: ServerEvent) {
+    fn on_inbound(&mut self, myself: &ActorRef<ServerMsg>, event: ServerEvent) {
         match event {
-            ServerEvent::Request(request) => self.on_server_request(request),
+            ServerEvent::Request(request) => {
+                let id = self.id().to_string();
+                self.args.client.answer(&id, request);
+            }
             ServerEvent::Notification(n) => {
                 tracing::debug!(server = %self.id(), method = %n.method, "server notification");
-                let lists_changed = matches!(
-                    n.method.as_str(),
-                    "notifications/tools/list_changed"
-                        | "notifications/prompts/list_changed"
-                        | "notifications/resources/list_changed"
-                );
-                if lists_changed && let Some(registry) = self.spec.hooks.registry.get() {
-                    let _ = registry.send_message(RegistryMsg::Invalidate(self.id().to_string()));
+                let first = !self.lists_changed.any();
+                if self.lists_changed.mark(&n.method) && first {
+                    // A flood of notifications becomes one invalidation per tick.
+                    myself.send_after(LISTS_CHANGED_TICK, || ServerMsg::FlushListsChanged);
                 }
             }
             ServerEvent::Closed(_) => {}
         }
     }
 
-    /// A legacy server asks the client something: the input handler of its method
-    /// answers, in its own task (the handler may wait on a person).
-    fn on_server_request(&mut self, request: ServerRequest) {
-        let handler = self
-            .spec
-            .hooks
-            .handlers
-            .read()
-            .get(&request.method)
-            .cloned();
-        let Some(handler) = handler else {
-            tracing::debug!(server = %self.id(), method = %request.method, "no input handler for a server request");
-            let message = format!("no handler for {} in this client", request.method);
-            request.respond(Err(RpcError::new(METHOD_NOT_FOUND, message)));
-            return;
-        };
-        let context = InputRequestContext {
-            server: self.id().to_string(),
-            method: request.method.clone(),
-            params: request.params.clone(),
-            agent_id: None,
-            key: String::new(),
-        };
-        tokio::spawn(async move {
-            let answer = handler
-                .call(|port| InputMsg::Answer(context, port), None)
-                .await;
-            let outcome = match answer {
-                Ok(CallResult::Success(Ok(value))) => Ok(value),
-                Ok(CallResult::Success(Err(e))) => {
-                    Err(RpcError::new(INTERNAL_ERROR, e.to_string()))
-                }
-                _ => Err(RpcError::new(
-                    INTERNAL_ERROR,
-                    "the input handler is unavailable",
-                )),
-            };
-            request.respond(outcome);
-        });
-    }
-
     async fn on_shutdown(&mut self) {
-        if self.state == ServerState::Stopped && self.conn_actor.is_none() {
+        if self.state == ServerState::Stopped && self.current.is_none() && self.handover.is_none() {
             return;
         }
         self.last_error = None;
-        self.conn = None;
+        let attempts: Vec<Attempt> = [self.current.take(), self.handover.take()]
+            .into_iter()
+            .flatten()
+            .collect();
         self.publish(ServerState::Stopped);
         self.fail_queue();
-        if let Some(actor) = self.conn_actor.take() {
+        for attempt in attempts {
             // The connection's own graceful stop: stdin EOF, SIGTERM, SIGKILL, reap.
-            let grace = self.spec.options.shutdown_grace;
+            let grace = self.args.options.shutdown_grace;
             let limit = grace * 2 + Duration::from_secs(10);
-            let _ = actor.call(ConnMsg::Shutdown, Some(limit)).await;
-            actor.kill();
+            let _ = attempt.actor.call(ConnMsg::Shutdown, Some(limit)).await;
+            attempt.actor.kill();
         }
         self.span
             .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
     }
 }
 
-/// Runs one request on the connection and answers through `reply`. The request is
-/// polled once here, which writes it (stdio) or starts it (HTTP) in the order the actor
-/// dispatches; the rest runs in its own task so the actor never waits on a server.
-async fn dispatch(
-    myself: &ActorRef<ServerMsg>,
-    span: &tracing::Span,
-    conn: Arc<Connection>,
-    generation: u64,
-    outgoing: Outgoing,
-    timeout: Duration,
-    reply: RequestReply,
-) {
-    let myself = myself.clone();
-    let mut call = Box::pin(async move {
-        let Outgoing {
-            method,
-            params,
-            capabilities,
-        } = outgoing;
-        let live = LiveConnection { conn, generation };
-        let result = run_request(
-            &live,
-            &myself,
-            &method,
-            params,
-            timeout,
-            capabilities.as_ref(),
-        )
-        .await;
-        let _ = reply.send(result);
+/// Lets a replaced connection finish what it has in flight (up to `limit`), then stops
+/// it gracefully.
+fn drain_and_stop(old: Attempt, limit: Duration) {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        if let Some(conn) = &old.conn {
+            while conn.in_flight() > 0 && started.elapsed() < limit {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let _ = old
+            .actor
+            .call(ConnMsg::Shutdown, Some(Duration::from_secs(30)))
+            .await;
+        old.actor.kill();
     });
-    let done =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())).await;
-    if !done {
-        tokio::spawn(tracing::Instrument::instrument(call, span.clone()));
-    }
-}
-
-/// One request on a ready connection, with the server's id on its error. An HTTP server
-/// that refuses the connection is reported to the server actor as down.
-pub async fn run_request(
-    live: &LiveConnection,
-    actor: &ActorRef<ServerMsg>,
-    method: &str,
-    params: Option<Value>,
-    timeout: Duration,
-    capabilities: Option<&Value>,
-) -> Result<Value, ServerError> {
-    let conn = &live.conn;
-    let result = conn
-        .request_with(method, params, timeout, capabilities)
-        .await;
-    if conn.pid().is_none()
-        && let Err(RequestError::Transport(TransportError::NotSent(e))) = &result
-    {
-        let lost = ServerMsg::ConnectionLost {
-            generation: live.generation,
-            error: e.clone(),
-        };
-        let _ = actor.send_message(lost);
-    }
-    result.map_err(|e| ServerError::from_request(conn.server(), e))
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::actor::ServerMsg;
+use super::restart::ExitKind;
 use crate::transport::{
     ConnectError, ConnectOptions, Connection, ServerEvent, TransportError, TransportSpec,
 };
@@ -39,11 +40,26 @@ pub enum ConnMsg {
     Shutdown(RpcReplyPort<()>),
 }
 
+impl ConnectionFailure {
+    /// How the connection ended, for the restart policy: a clean exit (status 0) is not
+    /// a crash, and a connect failure that cannot heal must not be retried.
+    pub(crate) fn classify(&self) -> (ExitKind, bool) {
+        match self {
+            ConnectionFailure::Transport(TransportError::Closed {
+                exit: Some(status), ..
+            }) if status.success() => (ExitKind::Normal, false),
+            ConnectionFailure::Connect(e) => (ExitKind::Abnormal, e.cannot_heal()),
+            ConnectionFailure::Transport(_) => (ExitKind::Abnormal, false),
+        }
+    }
+}
+
 /// What a connection actor is started with.
 pub struct ConnArgs {
     pub(crate) server: String,
     pub(crate) spec: TransportSpec,
     pub(crate) options: ConnectOptions,
+    pub(crate) allow_unsolicited_input: bool,
     pub(crate) parent: ActorRef<ServerMsg>,
     pub(crate) generation: u64,
 }
@@ -91,9 +107,14 @@ impl Actor for ConnectionActor {
         state: &mut ConnState,
     ) -> Result<(), ActorProcessingErr> {
         let a = &state.args;
-        let (conn, mut events) = Connection::connect(&a.server, a.spec.clone(), a.options.clone())
-            .await
-            .map_err(ConnectionFailure::from)?;
+        let (conn, mut events) = Connection::connect_with(
+            &a.server,
+            a.spec.clone(),
+            a.options.clone(),
+            a.allow_unsolicited_input,
+        )
+        .await
+        .map_err(ConnectionFailure::from)?;
         let conn = Arc::new(conn);
         state.live = Some(KillOnDrop {
             conn: conn.clone(),

@@ -50,8 +50,8 @@ pub enum ServerError {
         /// Server id.
         server: String,
     },
-    /// Too many requests are waiting for the server to come back.
-    #[error("server {server} is overloaded: {capacity} requests already wait for it")]
+    /// Too many requests are in flight to the server, or wait for it to come back.
+    #[error("server {server} is overloaded: {capacity} requests are already in flight or waiting")]
     Overloaded {
         /// Server id.
         server: String,
@@ -119,6 +119,22 @@ impl ServerError {
             | ServerError::Stopped { .. }
             | ServerError::Overloaded { .. } => true,
             _ => false,
+        }
+    }
+
+    /// A short stable name for audit records and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServerError::TransportClosed { .. } => "transport_closed",
+            ServerError::Transport { .. } => "transport",
+            ServerError::Restarting { .. } => "restarting",
+            ServerError::Failed { .. } => "server_failed",
+            ServerError::Stopped { .. } => "server_stopped",
+            ServerError::Overloaded { .. } => "overloaded",
+            ServerError::Unavailable { .. } => "unavailable",
+            ServerError::MissingCapability { .. } => "missing_capability",
+            ServerError::Rpc { .. } => "rpc_error",
+            ServerError::Protocol { .. } => "protocol",
         }
     }
 

@@ -1,19 +1,33 @@
-//! One supervised actor per MCP server.
+//! One supervised actor per MCP server, and the one way into it.
 //!
-//! [`ServerActor`] has a stable address for the server's whole life and supervises a
-//! [`connection_actor::ConnectionActor`] per connection attempt. The restart policy
-//! ([`restart`]) is plain data that takes `now`, tested without actors. Callers see
-//! [`ServerError`] and [`ServerStatus`].
+//! [`ServersSupervisor`] owns a [`actor::ServerActor`] per server; each has a stable
+//! address for the server's whole life and supervises a
+//! [`connection_actor::ConnectionActor`] per connection attempt. Callers reach a server
+//! through its [`ServerRef`] (found in the [`Directory`]), whose `request()` hides
+//! whether the request runs on the live connection or waits for a restart. The restart
+//! policy ([`restart`]) and the request queue ([`queue`]) are plain data that take
+//! `now`, tested without actors. What a server needs from the layers above (input
+//! handlers, list changes) comes through the [`ClientSide`] trait.
 
 pub mod actor;
+mod client;
+mod config;
 pub mod connection_actor;
+mod directory;
 pub mod error;
-pub mod hooks;
+mod queue;
 pub mod restart;
-pub mod status;
+mod server_ref;
+mod status;
+mod supervisor;
 
-pub use actor::{LiveConnection, LiveSlot, ServerActor, ServerArgs, ServerMsg, ServerSpec};
+pub use actor::{ServerActor, ServerArgs, ServerMsg};
+pub use client::{ClientSide, ListsChanged};
+pub use config::{SEPARATOR, ServerConfig, check_id, id_from_name};
+pub use directory::Directory;
 pub use error::ServerError;
-pub use hooks::ServerHooks;
+pub use queue::Outgoing;
 pub use restart::{RestartConfig, RestartPolicy};
+pub use server_ref::{Offers, ServerRef};
 pub use status::{ServerState, ServerStatus};
+pub use supervisor::{ServersArgs, ServersError, ServersMsg, ServersRef, ServersSupervisor};

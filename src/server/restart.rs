@@ -1,7 +1,7 @@
 //! Restart policy in the OTP sense, as plain values that take `now`: which exits are
 //! restarted, how long to wait (exponential backoff with jitter, from `backon`), when the
-//! backoff resets (after a healthy period), and when to give up (more than N restarts
-//! within T: the server is marked `failed`).
+//! backoff resets (after a healthy period), and when to give up (more than
+//! `max_restarts` restarts within `within`: the server is marked `failed`).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::config::duration;
+use crate::util::duration;
+use crate::util::invalid::Invalid;
 
 /// Which exits of a server's connection are restarted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +41,9 @@ pub struct RestartConfig {
     /// A connection up this long resets the backoff to `min_delay`.
     #[serde(with = "duration")]
     pub healthy_after: Duration,
-    /// The window of the intensity limit (`max_retries` restarts within it).
+    /// Restarts allowed within `within`; one more marks the server `failed`.
+    pub max_restarts: u32,
+    /// The window of the intensity limit.
     #[serde(with = "duration")]
     pub within: Duration,
 }
@@ -52,8 +55,32 @@ impl Default for RestartConfig {
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(30),
             healthy_after: Duration::from_secs(60),
+            max_restarts: 5,
             within: Duration::from_secs(60),
         }
+    }
+}
+
+impl RestartConfig {
+    /// Checks the timings: a backoff whose floor is above its ceiling, or a zero
+    /// window, is a mistake to report, not to clamp.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.min_delay > self.max_delay {
+            return Err(Invalid::new(
+                "min_delay",
+                format!(
+                    "{:?} is more than max_delay {:?}",
+                    self.min_delay, self.max_delay
+                ),
+            ));
+        }
+        if self.within.is_zero() {
+            return Err(Invalid::new("within", "must be more than zero"));
+        }
+        if self.healthy_after.is_zero() {
+            return Err(Invalid::new("healthy_after", "must be more than zero"));
+        }
+        Ok(())
     }
 }
 
@@ -87,7 +114,8 @@ pub struct RestartTracker {
 }
 
 impl RestartTracker {
-    /// A tracker allowing `max_restarts` restarts within `config.within`.
+    /// A tracker allowing `max_restarts` restarts within `config.within` (the caller
+    /// passes the effective limit: `max_retries` in older files overrides it).
     pub fn new(config: RestartConfig, max_restarts: u32) -> RestartTracker {
         let backoff = Self::backoff(&config);
         RestartTracker {
@@ -101,7 +129,7 @@ impl RestartTracker {
     fn backoff(config: &RestartConfig) -> ExponentialBackoff {
         ExponentialBuilder::new()
             .with_min_delay(config.min_delay)
-            .with_max_delay(config.max_delay.max(config.min_delay))
+            .with_max_delay(config.max_delay)
             .with_factor(2.0)
             .with_jitter()
             .without_max_times()
@@ -154,6 +182,7 @@ mod tests {
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
             healthy_after: Duration::from_secs(10),
+            max_restarts: 5,
             within: Duration::from_secs(5),
         }
     }

@@ -24,6 +24,24 @@ pub enum ServerState {
     Stopped,
 }
 
+impl ServerState {
+    /// The state's name, as status output and records show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerState::Starting => "starting",
+            ServerState::Ready => "ready",
+            ServerState::Restarting => "restarting",
+            ServerState::Failed => "failed",
+            ServerState::Stopped => "stopped",
+        }
+    }
+
+    /// Whether calls may be routed to it at all (not `failed`, not `stopped`).
+    pub fn routable(self) -> bool {
+        !matches!(self, ServerState::Failed | ServerState::Stopped)
+    }
+}
+
 /// A snapshot of one server's status.
 #[derive(Clone, Debug)]
 pub struct ServerStatus {

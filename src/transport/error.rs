@@ -3,12 +3,50 @@
 //! [`TransportError`] says what happened to the bytes; [`RequestError`] adds the
 //! server's own answer (a JSON-RPC error, or a result that breaks the schema);
 //! [`ConnectError`] covers era detection and the handshake. "Never sent"
-//! ([`TransportError::NotSent`]) stays apart from "sent, no answer": only the first
-//! is safe to re-send elsewhere.
+//! ([`TransportError::never_sent`]) stays apart from "sent, no answer": only the first
+//! is safe to re-send elsewhere. [`TransportError::cannot_heal`] says which failures no
+//! restart can fix (a missing command, a bad certificate, a refused credential).
 
 use std::time::Duration;
 
+use super::exit::ExitStatus;
 use crate::protocol::{ProtocolError, RpcError};
+
+/// Why a server process could not be started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpawnFailure {
+    /// The command is not on `PATH` (or the path does not exist).
+    NotFound,
+    /// The command exists but is not executable by us.
+    PermissionDenied,
+    /// Anything else (out of processes, a bad working directory, …).
+    Other,
+}
+
+/// What failed in a TLS connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The certificate chain does not lead to a trusted root.
+    UntrustedCertificate,
+    /// The certificate is not valid for the server's host name.
+    NameMismatch,
+    /// The certificate has expired or is not valid yet.
+    Expired,
+    /// Any other handshake failure (protocol versions, ciphers, a bad message).
+    Handshake,
+}
+
+impl TlsFailure {
+    /// Words for people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsFailure::UntrustedCertificate => "certificate not trusted",
+            TlsFailure::NameMismatch => "certificate does not match the host name",
+            TlsFailure::Expired => "certificate expired or not yet valid",
+            TlsFailure::Handshake => "TLS handshake failed",
+        }
+    }
+}
 
 /// What went wrong moving messages to or from one server.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -18,15 +56,19 @@ pub enum TransportError {
     Spawn {
         /// The command as configured.
         command: String,
+        /// What kind of failure.
+        kind: SpawnFailure,
         /// The operating system's reason.
         reason: String,
     },
     /// The connection ended (process exit, stdout closed, stream broken); requests in
     /// flight on it get this at once.
-    #[error("transport closed{}", exit.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    #[error("transport closed{}{}", exit.map(|e| format!(" ({e})")).unwrap_or_default(), detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]
     Closed {
         /// How the process ended, when it did.
-        exit: Option<String>,
+        exit: Option<ExitStatus>,
+        /// More about how it ended (a read error, stdout held open by a descendant).
+        detail: Option<String>,
     },
     /// The request was not written: the connection was already closed or refused.
     /// Safe to send elsewhere.
@@ -53,6 +95,23 @@ pub enum TransportError {
         /// 401 or 403.
         status: u16,
     },
+    /// The server answered with a redirect, which the harness never follows: the
+    /// request's arguments and credentials would go wherever it points.
+    #[error("the server redirected (HTTP {status}) to {location:?}; redirects are not followed")]
+    Redirect {
+        /// The 3xx status.
+        status: u16,
+        /// The `Location` header, as sent (possibly empty).
+        location: String,
+    },
+    /// TLS could not be established.
+    #[error("TLS: {}: {detail}", kind.as_str())]
+    Tls {
+        /// What failed.
+        kind: TlsFailure,
+        /// The TLS library's words.
+        detail: String,
+    },
     /// Any other HTTP status the request could not succeed with.
     #[error("HTTP {status}: {body}")]
     HttpStatus {
@@ -73,6 +132,10 @@ pub enum TransportError {
     /// An SSE reply that ended before its response arrived.
     #[error("event stream ended before the response")]
     StreamEnded,
+    /// The transport's configuration cannot work (a URL or header that does not parse);
+    /// normally caught when the config is read.
+    #[error("invalid transport configuration: {0}")]
+    InvalidConfig(String),
     /// A message that breaks JSON-RPC or MCP, where the request needed it.
     #[error("protocol violation: {0}")]
     Protocol(#[from] ProtocolError),
@@ -83,8 +146,24 @@ impl TransportError {
     pub fn never_sent(&self) -> bool {
         matches!(
             self,
-            TransportError::NotSent(_) | TransportError::Spawn { .. }
+            TransportError::NotSent(_)
+                | TransportError::Spawn { .. }
+                | TransportError::Tls { .. }
+                | TransportError::InvalidConfig(_)
         )
+    }
+
+    /// True for failures that retrying cannot fix: the command is missing or not
+    /// executable, the config is invalid, the certificate is refused, the credentials
+    /// are refused.
+    pub fn cannot_heal(&self) -> bool {
+        match self {
+            TransportError::Spawn { kind, .. } => *kind != SpawnFailure::Other,
+            TransportError::Tls { .. }
+            | TransportError::InvalidConfig(_)
+            | TransportError::Unauthorized { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -134,4 +213,18 @@ pub enum ConnectError {
     /// The discover or initialize result broke the schema.
     #[error("invalid handshake result: {0}")]
     Protocol(#[from] ProtocolError),
+}
+
+impl ConnectError {
+    /// True when connecting again cannot succeed without a change of configuration.
+    pub fn cannot_heal(&self) -> bool {
+        match self {
+            ConnectError::Transport(e) => e.cannot_heal(),
+            ConnectError::NoCommonVersion { .. }
+            | ConnectError::NotModern(_)
+            | ConnectError::UnsupportedLegacyVersion(_) => true,
+            ConnectError::Refused { error, .. } => error.is_modern(),
+            ConnectError::Protocol(_) => false,
+        }
+    }
 }

@@ -12,65 +12,29 @@
 
 mod connection;
 pub mod error;
+mod exit;
 pub mod http;
+mod inbound;
+mod spec;
 pub mod stdio;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 pub use connection::{
     ConnectOptions, Connection, Era, EraPreference, ServerEvent, ServerProfile, ServerRequest,
 };
-pub use error::{ConnectError, RequestError, TransportError};
-pub use http::{HttpSpec, HttpTransport};
-pub use stdio::{StdioSpec, StdioTransport};
+pub use error::{ConnectError, RequestError, SpawnFailure, TlsFailure, TransportError};
+pub use exit::ExitStatus;
+pub use http::HttpTransport;
+pub use spec::{HttpSpec, StdioSpec, TransportSpec};
+pub use stdio::StdioTransport;
 
 use crate::protocol::{Notification, Request, RequestId, RpcError};
-
-/// How to reach one server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TransportSpec {
-    /// A child process speaking newline-delimited JSON-RPC on stdin/stdout.
-    Stdio(StdioSpec),
-    /// A Streamable HTTP endpoint.
-    Http(HttpSpec),
-}
-
-impl TransportSpec {
-    /// A stdio server with no extra environment, in the harness's directory.
-    pub fn stdio<I, S>(command: impl Into<String>, args: I) -> TransportSpec
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        TransportSpec::Stdio(StdioSpec {
-            command: command.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            env: BTreeMap::new(),
-            cwd: None,
-        })
-    }
-
-    /// An HTTP server with no extra headers.
-    pub fn http(url: impl Into<String>) -> TransportSpec {
-        TransportSpec::Http(HttpSpec {
-            url: url.into(),
-            headers: BTreeMap::new(),
-        })
-    }
-}
-
-/// What a transport receives that is not a reply to one of our requests.
-#[derive(Debug)]
-pub(crate) enum Inbound {
-    Request(Request),
-    Notification(Notification),
-    Closed(TransportError),
-}
+use inbound::{Ids, Inbound};
 
 /// One live transport.
 pub(crate) enum Transport {
@@ -79,15 +43,45 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
+    /// Opens the transport `spec` names; what the server sends on its own goes to
+    /// `inbound`.
+    fn open(
+        server: &str,
+        spec: &TransportSpec,
+        max_message_bytes: usize,
+        ids: Ids,
+        inbound: mpsc::Sender<Inbound>,
+    ) -> Result<Transport, TransportError> {
+        Ok(match spec {
+            TransportSpec::Stdio(s) => Transport::Stdio(StdioTransport::spawn(
+                server,
+                s,
+                max_message_bytes,
+                inbound,
+            )?),
+            TransportSpec::Http(h) => Transport::Http(HttpTransport::new(
+                server,
+                h,
+                max_message_bytes,
+                ids,
+                inbound,
+            )?),
+        })
+    }
+
+    /// Whether this is an HTTP transport.
+    fn is_http(&self) -> bool {
+        matches!(self, Transport::Http(_))
+    }
+
     async fn request(
         &self,
         request: &Request,
-        extra: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<Result<Value, RpcError>, TransportError> {
         match self {
             Transport::Stdio(t) => t.request(request, timeout).await,
-            Transport::Http(t) => t.request(request, extra, timeout).await,
+            Transport::Http(t) => t.request(request, timeout).await,
         }
     }
 
@@ -111,6 +105,42 @@ impl Transport {
         match self {
             Transport::Stdio(t) => t.respond(id, outcome),
             Transport::Http(t) => t.respond(id, outcome, timeout).await,
+        }
+    }
+
+    /// After a legacy `initialize`: HTTP keeps the session to renew it and opens the
+    /// standalone GET stream; stdio has nothing to keep.
+    fn begin_legacy_session(&self, version: &str, init: Value) {
+        if let Transport::Http(t) = self {
+            t.begin_legacy_session(version, init);
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Transport::Stdio(t) => Some(t.pid()),
+            Transport::Http(_) => None,
+        }
+    }
+
+    /// Whether a stdio transport has ended (HTTP has no standing link).
+    fn is_closed(&self) -> bool {
+        match self {
+            Transport::Stdio(t) => t.is_closed(),
+            Transport::Http(_) => false,
+        }
+    }
+
+    fn kill(&self) {
+        if let Transport::Stdio(t) = self {
+            t.kill();
+        }
+    }
+
+    /// Stops the background work that holds the transport (the legacy GET stream).
+    fn detach(&self) {
+        if let Transport::Http(t) = self {
+            t.stop_get_stream();
         }
     }
 

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use mcp_harness::config::duration;
-use mcp_harness::{Caller, Harness, HarnessError, HarnessHandle, ServerError, ServerState};
+use mcp_harness::config::file::{self, Loaded};
+use mcp_harness::util::duration;
+use mcp_harness::{CallError, Caller, Harness, HarnessHandle, ServerError, ServerState};
 use serde_json::{Value, json};
 
-use crate::config_file::{self, Loaded};
 use crate::elicit::CliElicitation;
+use crate::terminal::{line, sanitize};
 
 /// Where the servers come from (shared by `tools`, `call`, `status`).
 #[derive(Clone, Debug, clap::Args)]
@@ -46,35 +46,62 @@ pub const NO_SERVER: u8 = 3;
 #[error("{0:#}")]
 pub struct UsageError(pub anyhow::Error);
 
-pub fn load(args: &ServerArgs) -> Result<Loaded, UsageError> {
-    let loaded = match &args.config {
-        Some(path) => {
-            let mut loaded = config_file::load(path, args.agent.clone()).map_err(UsageError)?;
-            let extra =
-                config_file::ad_hoc(&args.stdio, &args.http, &loaded.agent).map_err(UsageError)?;
-            loaded.config.servers.extend(extra.servers);
-            config_file::grant_all_ad_hoc(&mut loaded.config, &loaded.agent);
-            loaded
-        }
-        None => {
-            let agent = args.agent.clone().unwrap_or_else(|| "local".into());
-            let config =
-                config_file::ad_hoc(&args.stdio, &args.http, &agent).map_err(UsageError)?;
-            Loaded { config, agent }
-        }
+/// A config ready to run, with the caller the commands act as.
+pub struct Setup {
+    pub loaded: Loaded,
+    pub agent: String,
+}
+
+pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
+    let usage = |e: mcp_harness::ConfigError| UsageError(e.into());
+    let mut loaded = match &args.config {
+        Some(path) => file::load(path).map_err(usage)?,
+        None => Loaded {
+            config: Default::default(),
+            agent: None,
+            renamed: Vec::new(),
+            imported: false,
+        },
     };
+    for (name, id) in &loaded.renamed {
+        eprintln!(
+            "mcp-harness: server {:?} is named {id:?} here (ids use letters, digits, '-', '_', '.')",
+            line(name)
+        );
+    }
+    let agent = args
+        .agent
+        .clone()
+        .or_else(|| loaded.agent.clone())
+        .unwrap_or_else(|| "local".into());
+    if loaded.imported {
+        // An mcpServers file names servers for whoever runs it; it holds no grants.
+        let ids: Vec<String> = loaded.config.servers.iter().map(|s| s.id.clone()).collect();
+        file::grant_all(&mut loaded.config, &agent, &ids);
+    }
+    // Servers named on the command line are granted to the caller, and nothing else:
+    // a config file's own grants are never widened or replaced.
+    let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
+    file::grant_all(&mut loaded.config, &agent, &ad_hoc);
     if loaded.config.servers.is_empty() {
         return Err(UsageError(anyhow::anyhow!(
             "no servers: pass --config FILE, --stdio 'COMMAND ARGS', or --http URL"
         )));
     }
-    Ok(loaded)
+    Ok(Setup { loaded, agent })
 }
 
-/// Starts the harness and waits until every server is ready, failed or stopped (or
-/// `wait` passes), showing progress on a terminal.
-pub async fn start(loaded: &Loaded, wait: Duration) -> anyhow::Result<HarnessHandle> {
-    let harness = Harness::spawn(loaded.config.clone())
+/// Starts the harness, with the command line's elicitation handler declared from the
+/// start (legacy servers take capabilities at `initialize`), and waits until every
+/// server is ready, failed or stopped (or `wait` passes), showing progress on a terminal.
+pub async fn start(
+    setup: &Setup,
+    wait: Duration,
+    answers: Option<Value>,
+) -> anyhow::Result<HarnessHandle> {
+    let harness = Harness::builder(setup.loaded.config.clone())
+        .input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
+        .spawn()
         .await
         .map_err(|e| UsageError(e.into()))?;
     let progress = std::io::stderr().is_terminal();
@@ -99,6 +126,19 @@ pub async fn start(loaded: &Loaded, wait: Duration) -> anyhow::Result<HarnessHan
     Ok(harness)
 }
 
+/// Prints one line per enabled server that failed to start; true if there was one.
+fn report_failed(harness: &HarnessHandle) -> bool {
+    let mut any = false;
+    for s in harness.status() {
+        if s.state == ServerState::Failed {
+            any = true;
+            let why = s.last_error.as_deref().map(line).unwrap_or_default();
+            eprintln!("mcp-harness: server {} failed: {why}", s.id);
+        }
+    }
+    any
+}
+
 pub async fn tools(
     harness: &HarnessHandle,
     agent: &str,
@@ -106,78 +146,64 @@ pub async fn tools(
     json_out: bool,
 ) -> anyhow::Result<u8> {
     let caller = Caller::agent(agent);
-    let tools = match tag {
-        Some(t) => harness.list_tools_tagged(&caller, t).await,
-        None => harness.list_tools(&caller).await,
+    let listing = match harness
+        .listing(&caller, mcp_harness::CallKind::Tool, tag)
+        .await
+    {
+        Ok(l) => l,
+        Err(e) => return Ok(report(harness, &e)),
     };
-    let tools = match tools {
-        Ok(t) => t,
-        Err(e) => return Ok(report(&e)),
-    };
+    let tools = &listing.items;
     if json_out {
         let out: Vec<Value> = tools
             .iter()
             .map(|t| json!({"qualified": t.qualified, "name": t.name, "server": t.server, "inputSchema": t.definition["inputSchema"]}))
             .collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(OK);
+    } else {
+        let eras: std::collections::HashMap<String, &'static str> = harness
+            .status()
+            .into_iter()
+            .map(|s| (s.id.clone(), s.era.map(|e| e.as_str()).unwrap_or("-")))
+            .collect();
+        for t in tools {
+            let era = eras.get(&t.server).copied().unwrap_or("-");
+            let cached = if t.from_cache { ", cached" } else { "" };
+            let description = line(t.definition["description"].as_str().unwrap_or(""));
+            println!(
+                "{:<32} ({}, {era}{cached})  {description}",
+                line(&t.qualified),
+                t.server
+            );
+        }
     }
-    let eras: std::collections::HashMap<String, String> = harness
-        .status()
-        .into_iter()
-        .map(|s| {
-            (
-                s.id.clone(),
-                s.era
-                    .map(|e| format!("{e:?}").to_lowercase())
-                    .unwrap_or_else(|| "-".into()),
-            )
-        })
-        .collect();
-    for t in &tools {
-        let era = eras.get(&t.server).map(String::as_str).unwrap_or("-");
-        let cached = if t.from_cache { ", cached" } else { "" };
-        let description = t.definition["description"].as_str().unwrap_or("");
-        println!(
-            "{:<32} ({}, {era}{cached})  {description}",
-            t.qualified, t.server
-        );
+    for (unreachable, _) in &listing.unreachable {
+        if unreachable.state != ServerState::Failed {
+            eprintln!(
+                "mcp-harness: could not list {}",
+                line(&unreachable.to_string())
+            );
+        }
     }
-    if tools.is_empty() {
+    let failed = report_failed(harness);
+    if tools.is_empty() && !failed {
         eprintln!(
             "no tools: no server is ready, or agent {agent:?} is granted none (see `mcp-harness status`)"
         );
     }
-    Ok(OK)
+    Ok(if failed { NO_SERVER } else { OK })
 }
 
 pub async fn call(
     harness: &HarnessHandle,
     agent: &str,
     tool: &str,
-    args: Option<&str>,
-    answers: Option<&str>,
+    args: Value,
     json_out: bool,
 ) -> anyhow::Result<u8> {
-    let args: Value = match args {
-        Some(a) => serde_json::from_str(a)
-            .map_err(|e| UsageError(anyhow::anyhow!("ARGS_JSON is not JSON: {e}")))?,
-        None => json!({}),
-    };
-    let answers: Option<Value> = match answers {
-        Some(a) => Some(
-            serde_json::from_str(a)
-                .map_err(|e| UsageError(anyhow::anyhow!("--answers is not JSON: {e}")))?,
-        ),
-        None => None,
-    };
-    harness
-        .register_input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
-        .await
-        .context("registering the elicitation handler")?;
     let result = match harness.call_tool(&Caller::agent(agent), tool, args).await {
         Ok(r) => r,
-        Err(e) => return Ok(report(&e)),
+        Err(e) => return Ok(report(harness, &e)),
     };
     if json_out {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -191,36 +217,47 @@ pub async fn call(
     })
 }
 
+/// Parses a JSON argument given on the command line.
+pub fn json_arg(name: &str, text: Option<&str>) -> Result<Option<Value>, UsageError> {
+    match text {
+        Some(a) => serde_json::from_str(a)
+            .map(Some)
+            .map_err(|e| UsageError(anyhow::anyhow!("{name} is not JSON: {e}"))),
+        None => Ok(None),
+    }
+}
+
 fn print_content(result: &Value) {
     let Some(blocks) = result["content"].as_array() else {
-        println!("{result}");
+        println!("{}", sanitize(&result.to_string(), false));
         return;
     };
     for b in blocks {
         match b["type"].as_str() {
-            Some("text") => println!("{}", b["text"].as_str().unwrap_or("")),
-            Some(other) => println!("[{other} content: use --json to see it]"),
-            None => println!("{b}"),
+            Some("text") => println!("{}", sanitize(b["text"].as_str().unwrap_or(""), true)),
+            Some(other) => println!("[{} content: use --json to see it]", line(other)),
+            None => println!("{}", sanitize(&b.to_string(), false)),
         }
     }
     if let Some(s) = result.get("structuredContent") {
-        println!("{s}");
+        println!("{}", sanitize(&s.to_string(), false));
     }
 }
 
 /// Prints a failed call in one or two lines and picks its exit code.
-fn report(e: &HarnessError) -> u8 {
-    eprintln!("mcp-harness: {e}");
+fn report(harness: &HarnessHandle, e: &CallError) -> u8 {
+    eprintln!("mcp-harness: {}", line(&e.to_string()));
     let (hint, code) = match e {
-        HarnessError::Denied { .. } => (
+        CallError::Denied { .. } => (
             "grant the agent this tool under [permissions], or pick another with --agent",
             NO_SERVER,
         ),
-        HarnessError::NoRoute { .. } => (
+        CallError::NoRoute { unreachable, .. } if unreachable.is_empty() => (
             "run `mcp-harness tools` to see what the servers offer",
             NO_SERVER,
         ),
-        HarnessError::Server(
+        CallError::NoRoute { .. }
+        | CallError::Server(
             ServerError::Failed { .. }
             | ServerError::Stopped { .. }
             | ServerError::Unavailable { .. }
@@ -232,7 +269,7 @@ fn report(e: &HarnessError) -> u8 {
             "run `mcp-harness status` to see why the server is not serving",
             NO_SERVER,
         ),
-        HarnessError::InputDeclined { .. } => (
+        CallError::InputDeclined { .. } => (
             "pass --answers '{...}' (or '{}' to accept the defaults) to answer without a terminal",
             TOOL_ERROR,
         ),
@@ -240,6 +277,9 @@ fn report(e: &HarnessError) -> u8 {
     };
     if !hint.is_empty() {
         eprintln!("  {hint}");
+    }
+    if code == NO_SERVER {
+        report_failed(harness);
     }
     code
 }
@@ -251,7 +291,7 @@ pub fn status(harness: &HarnessHandle, json_out: bool) -> anyhow::Result<u8> {
             .iter()
             .map(|s| {
                 json!({
-                    "id": s.id, "state": s.state, "era": s.era, "protocolVersion": s.protocol_version,
+                    "id": s.id, "state": s.state.as_str(), "era": s.era.map(|e| e.as_str()), "protocolVersion": s.protocol_version,
                     "restarts": s.restarts, "pid": s.pid, "lastError": s.last_error,
                     "uptimeMs": s.uptime().map(|u| u.as_millis() as u64),
                     "instructions": s.profile.as_ref().and_then(|p| p.instructions()),
@@ -259,24 +299,25 @@ pub fn status(harness: &HarnessHandle, json_out: bool) -> anyhow::Result<u8> {
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(OK);
-    }
-    for s in &status {
-        println!(
-            "{:<16} {:<10} era={:<6} version={:<10} restarts={} pid={} {}",
-            s.id,
-            format!("{:?}", s.state).to_lowercase(),
-            s.era
-                .map(|e| format!("{e:?}").to_lowercase())
-                .unwrap_or_else(|| "-".into()),
-            s.protocol_version.as_deref().unwrap_or("-"),
-            s.restarts,
-            s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-            s.last_error
-                .as_deref()
-                .map(|e| format!("last error: {e}"))
-                .unwrap_or_default()
-        );
+    } else {
+        for s in &status {
+            println!(
+                "{:<16} {:<10} era={:<6} version={:<10} restarts={} pid={} {}",
+                s.id,
+                s.state.as_str(),
+                s.era.map(|e| e.as_str()).unwrap_or("-"),
+                s.protocol_version
+                    .as_deref()
+                    .map(line)
+                    .unwrap_or_else(|| "-".into()),
+                s.restarts,
+                s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                s.last_error
+                    .as_deref()
+                    .map(|e| format!("last error: {}", line(e)))
+                    .unwrap_or_default()
+            );
+        }
     }
     Ok(if status.iter().any(|s| s.state == ServerState::Ready) {
         OK

@@ -1,14 +1,16 @@
 //! `mcp-harness demo`: one harness against the demo servers that ship in this binary
 //! (two over stdio, one on loopback HTTP, both eras), walking through discovery, a
 //! cached listing, priority routing, an `input_required` elicitation, a permission
-//! denial, a crash and its supervised restart, and the audit trail.
+//! denial, a crash and its supervised restart, and the audit trail. One function per
+//! step.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use mcp_harness::audit::AuditConfig;
-use mcp_harness::config::CacheConfig;
+use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::{
     Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle, RestartConfig, ServerConfig,
     ServerState,
@@ -58,22 +60,14 @@ async fn wait_for(h: &HarnessHandle, id: &str, state: ServerState) -> anyhow::Re
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    bail!("server {id} did not become {state:?}")
+    bail!("server {id} did not become {}", state.as_str())
 }
 
-pub async fn run() -> anyhow::Result<()> {
-    let exe = std::env::current_exe()
-        .context("locating this binary")?
-        .to_string_lossy()
-        .to_string();
-    let work = std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id()));
-    let audit_path = work.join("audit.jsonl");
-    let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
-
+fn config(exe: &str, url: &str, work: &Path) -> HarnessConfig {
     let stdio = |id: &str, extra: &[&str]| {
         let mut args = vec!["demo-server".to_string(), id.to_string()];
         args.extend(extra.iter().map(|s| s.to_string()));
-        ServerConfig::stdio(id, &exe, args)
+        ServerConfig::stdio(id, exe, args)
     };
     let mut alpha = stdio("alpha", &[]);
     alpha.priority = 10;
@@ -83,7 +77,7 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let mut beta = stdio("beta", &["--era", "legacy"]);
     beta.priority = 5;
-    let gamma = ServerConfig::http("gamma", &url);
+    let gamma = ServerConfig::http("gamma", url);
     let mut config = HarnessConfig {
         servers: vec![alpha, beta, gamma],
         ..HarnessConfig::default()
@@ -103,21 +97,82 @@ pub async fn run() -> anyhow::Result<()> {
         ..CacheConfig::default()
     };
     config.audit = AuditConfig {
-        path: Some(audit_path.clone()),
+        path: Some(work.join("audit.jsonl")),
         ..AuditConfig::default()
     };
+    config
+}
+
+/// The elicitation handler, given at start: legacy servers learn it at `initialize`.
+fn approver() -> Arc<FixedAnswers> {
+    Arc::new(FixedAnswers::from_fn(|req| {
+        println!(
+            "  [handler] {} asks \"{}\" (key \"{}\"); the demo approves",
+            req.server,
+            req.params["message"].as_str().unwrap_or(""),
+            req.key
+        );
+        json!({"action": "accept", "content": {"approved": true, "answer": "yes"}})
+    }))
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let exe = std::env::current_exe()
+        .context("locating this binary")?
+        .to_string_lossy()
+        .to_string();
+    let work = std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id()));
+    let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
 
     step("1. Start: one supervised actor per server; discover, or initialize for legacy servers");
-    let harness = Harness::spawn(config).await?;
+    let harness = Harness::builder(config(&exe, &url, &work))
+        .input_handler("elicitation/create", approver())
+        .spawn()
+        .await?;
+    start(&harness).await?;
+    let agent = Caller::agent("demo-agent").with_auth_context("demo-session");
+    step(
+        "2. List tools: fetched once, then served from the cache (by the servers' ttlMs and cacheScope)",
+    );
+    list(&harness, &agent).await?;
+    step("3. A bare tool name is routed by priority: alpha (10) before beta (5) and gamma (0)");
+    route(&harness, &agent).await?;
+    step(
+        "4. Elicitation: modern input_required rounds, and a legacy server's request, same handler",
+    );
+    elicit(&harness, &agent).await?;
+    step("5. Permissions: default deny, per agent, per server, per tool");
+    permissions(&harness).await?;
+    step("6. A crash: the call fails fast, the supervisor restarts alpha after its backoff");
+    crash(&harness, &agent).await?;
+    step("7. Shut down: every server stopped, every audit record written");
+    let pids: Vec<u32> = harness.status().iter().filter_map(|s| s.pid).collect();
+    harness.shutdown().await;
+    drop(http_child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(5), http_child.wait()).await;
+    for pid in &pids {
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("server process {pid} is still alive after shutdown");
+        }
+    }
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    println!("  server processes {}: all gone", pids.join(", "));
+    audit(&work.join("audit.jsonl"))?;
+    let _ = std::fs::remove_dir_all(&work);
+    println!("\nDone.");
+    Ok(())
+}
+
+async fn start(harness: &HarnessHandle) -> anyhow::Result<()> {
     for id in ["alpha", "beta", "gamma"] {
-        wait_for(&harness, id, ServerState::Ready).await?;
+        wait_for(harness, id, ServerState::Ready).await?;
     }
     for s in harness.status() {
         println!(
-            "  {:<6} {:?} era={:?} version={} pid={}  instructions: {:?}",
+            "  {:<6} {} era={} version={} pid={}  instructions: \"{}\"",
             s.id,
-            s.state,
-            s.era.context("era")?,
+            s.state.as_str(),
+            s.era.map(|e| e.as_str()).unwrap_or("-"),
             s.protocol_version.clone().unwrap_or_default(),
             s.pid.map_or("- (HTTP)".to_string(), |p| p.to_string()),
             s.profile
@@ -126,26 +181,30 @@ pub async fn run() -> anyhow::Result<()> {
                 .unwrap_or("")
         );
     }
+    Ok(())
+}
 
-    step(
-        "2. List tools: fetched once, then served from the cache (by the servers' ttlMs and cacheScope)",
-    );
-    let agent = Caller::agent("demo-agent").with_auth_context("demo-session");
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn list(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let t = Instant::now();
-    let tools = harness.list_tools(&agent).await?;
+    let tools = harness.list_tools(agent).await?;
     println!(
-        "  {} tools from 3 servers in {:?} (fetched)",
+        "  {} tools from 3 servers in {} (fetched)",
         tools.len(),
-        t.elapsed()
+        ms(t.elapsed())
     );
+    // The cache's writer stores what was fetched; a moment later it serves it.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let t = Instant::now();
-    let again = harness.list_tools(&agent).await?;
+    let again = harness.list_tools(agent).await?;
     let cached = again.iter().filter(|t| t.from_cache).count();
     println!(
-        "  {} tools in {:?} ({cached} from the cache)",
+        "  {} tools in {} ({cached} from the cache)",
         again.len(),
-        t.elapsed()
+        ms(t.elapsed())
     );
     for tool in again.iter().filter(|t| t.name == "echo") {
         println!("    {:<14} on {}", tool.qualified, tool.server);
@@ -155,57 +214,49 @@ pub async fn run() -> anyhow::Result<()> {
         "  cache: {} entries, {} bytes, {} hits, {} misses",
         stats.l1.entries, stats.l1.bytes, stats.l1.hits, stats.l1.misses
     );
+    Ok(())
+}
 
-    step("3. A bare tool name is routed by priority: alpha (10) before beta (5) and gamma (0)");
-    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
-    println!("  server_name -> served by {:?}", first_text(&r));
+async fn route(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
+    let r = harness.call_tool(agent, "server_name", json!({})).await?;
+    println!("  server_name -> served by {}", first_text(&r));
     let r = harness
-        .call_tool(&agent, "gamma__echo", json!({"text": "over loopback HTTP"}))
+        .call_tool(agent, "gamma__echo", json!({"text": "over loopback HTTP"}))
         .await?;
-    println!("  gamma__echo -> {:?}", first_text(&r));
+    println!("  gamma__echo -> \"{}\"", first_text(&r));
+    Ok(())
+}
 
-    step(
-        "4. Elicitation: modern input_required rounds, and a legacy server's request, same handler",
-    );
-    let handler = FixedAnswers::from_fn(|req| {
-        println!(
-            "  [handler] {} asks {:?} (key {:?}); the demo approves",
-            req.server, req.params["message"], req.key
-        );
-        json!({"action": "accept", "content": {"approved": true, "answer": "yes"}})
-    });
-    harness
-        .register_input_handler("elicitation/create", Arc::new(handler))
-        .await?;
+async fn elicit(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let r = harness
         .call_tool(
-            &agent,
+            agent,
             "alpha__confirm",
             json!({"message": "Deploy to production?"}),
         )
         .await?;
-    println!("  alpha__confirm -> {:?}", first_text(&r));
+    println!("  alpha__confirm -> \"{}\"", first_text(&r));
     let r = harness
-        .call_tool(&agent, "alpha__rounds", json!({"n": 3}))
+        .call_tool(agent, "alpha__rounds", json!({"n": 3}))
         .await?;
-    println!("  alpha__rounds (3 rounds) -> {:?}", first_text(&r));
-    harness.restart_server("beta").await?; // legacy servers learn the new capability at initialize
-    wait_for(&harness, "beta", ServerState::Ready).await?;
+    println!("  alpha__rounds (3 rounds) -> \"{}\"", first_text(&r));
     let r = harness
         .call_tool(
-            &agent,
+            agent,
             "beta__confirm",
             json!({"message": "Clear the cache?"}),
         )
         .await?;
-    println!("  beta__confirm (legacy) -> {:?}", first_text(&r));
+    println!("  beta__confirm (legacy) -> \"{}\"", first_text(&r));
+    Ok(())
+}
 
-    step("5. Permissions: default deny, per agent, per server, per tool");
+async fn permissions(harness: &HarnessHandle) -> anyhow::Result<()> {
     let intern = Caller::agent("intern");
     let r = harness
         .call_tool(&intern, "beta__echo", json!({"text": "allowed"}))
         .await?;
-    println!("  intern beta__echo -> {:?}", first_text(&r));
+    println!("  intern beta__echo -> \"{}\"", first_text(&r));
     match harness
         .call_tool(&intern, "alpha__add", json!({"a": 1, "b": 2}))
         .await
@@ -220,48 +271,44 @@ pub async fn run() -> anyhow::Result<()> {
         Err(e) => println!("  anonymous echo   -> {e}"),
         Ok(_) => bail!("an anonymous caller should have been denied"),
     }
+    Ok(())
+}
 
-    step("6. A crash: the call fails fast, the supervisor restarts alpha after its backoff");
+async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let old_pid = harness
         .server_status("alpha")
         .and_then(|s| s.pid)
         .unwrap_or_default();
     let t = Instant::now();
-    match harness.call_tool(&agent, "alpha__crash", json!({})).await {
-        Err(e) => println!("  alpha__crash -> {e} (after {:?})", t.elapsed()),
+    match harness.call_tool(agent, "alpha__crash", json!({})).await {
+        Err(e) => println!("  alpha__crash -> {e} (after {})", ms(t.elapsed())),
         Ok(_) => bail!("the crash tool should not answer"),
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
+    let r = harness.call_tool(agent, "server_name", json!({})).await?;
+    let state = harness
+        .server_status("alpha")
+        .map_or("unknown", |s| s.state.as_str());
     println!(
-        "  meanwhile, server_name -> {:?} (alpha is {:?})",
-        first_text(&r),
-        harness.server_status("alpha").map(|s| s.state)
+        "  meanwhile, server_name -> {} (alpha is {state})",
+        first_text(&r)
     );
-    wait_for(&harness, "alpha", ServerState::Ready).await?;
+    wait_for(harness, "alpha", ServerState::Ready).await?;
     let s = harness.server_status("alpha").context("alpha")?;
     println!(
-        "  alpha is {:?} again: restarts={}, pid {old_pid} -> {}, last error: {}",
-        s.state,
+        "  alpha is {} again: restarts={}, pid {old_pid} -> {}, last error: {}",
+        s.state.as_str(),
         s.restarts,
         s.pid.unwrap_or_default(),
         s.last_error.unwrap_or_default()
     );
-    let r = harness.call_tool(&agent, "server_name", json!({})).await?;
-    println!("  server_name -> {:?}", first_text(&r));
+    let r = harness.call_tool(agent, "server_name", json!({})).await?;
+    println!("  server_name -> {}", first_text(&r));
+    Ok(())
+}
 
-    step("7. Shut down: every server stopped, every audit record written");
-    let pids: Vec<u32> = harness.status().iter().filter_map(|s| s.pid).collect();
-    harness.shutdown().await;
-    drop(http_child.stdin.take());
-    let _ = tokio::time::timeout(Duration::from_secs(5), http_child.wait()).await;
-    for pid in &pids {
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            bail!("server process {pid} is still alive after shutdown");
-        }
-    }
-    println!("  server processes {pids:?}: all gone");
-    let audit = std::fs::read_to_string(&audit_path).context("reading the audit trail")?;
+fn audit(path: &Path) -> anyhow::Result<()> {
+    let audit = std::fs::read_to_string(path).context("reading the audit trail")?;
     let records: Vec<Value> = audit
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -275,11 +322,11 @@ pub async fn run() -> anyhow::Result<()> {
         records.len(),
         records.len() - finished.len(),
         finished.len(),
-        audit_path.display()
+        path.display()
     );
     for r in finished.iter().take(12) {
         println!(
-            "    call {:>2} {:<6} server={:<6} rounds={} hops={} {}",
+            "    call {:>2} {:<10} server={:<6} rounds={} hops={} {}",
             r["call_id"],
             r["outcome"].as_str().unwrap_or(""),
             r["server"].as_str().unwrap_or("-"),
@@ -288,7 +335,5 @@ pub async fn run() -> anyhow::Result<()> {
             r["error"].as_str().unwrap_or("")
         );
     }
-    let _ = std::fs::remove_dir_all(&work);
-    println!("\nDone.");
     Ok(())
 }

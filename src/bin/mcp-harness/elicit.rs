@@ -4,9 +4,11 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use mcp_harness::call::handler::InputFuture;
+use mcp_harness::call::input::{InputError, InputFuture};
 use mcp_harness::{InputHandler, InputRequestContext};
 use serde_json::{Map, Value, json};
+
+use crate::terminal::line;
 
 /// The command line's elicitation handler.
 pub struct CliElicitation {
@@ -25,7 +27,7 @@ impl InputHandler for CliElicitation {
             let interactive = answers.is_none() && std::io::stdin().is_terminal();
             tokio::task::spawn_blocking(move || decide(&request, answers.as_ref(), interactive))
                 .await
-                .map_err(|e| mcp_harness::call::handler::InputError::Failed(e.to_string()))
+                .map_err(|e| InputError::Failed(e.to_string()))
         })
     }
 }
@@ -37,9 +39,11 @@ fn decline(why: &str) -> Value {
 
 fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
     let p = &request.params;
-    let message = p["message"].as_str().unwrap_or("");
+    let message = line(p["message"].as_str().unwrap_or(""));
     if p["mode"] == "url" {
-        let url = p["url"].as_str().unwrap_or("");
+        // Server-controlled: printed without escapes, control or bidi characters, so the
+        // URL a person sees is the URL they would open.
+        let url = line(p["url"].as_str().unwrap_or(""));
         eprintln!(
             "Server {} asks you to open this URL yourself:\n  {url}\n  ({message})",
             request.server
@@ -76,7 +80,8 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
                 }
                 None if required.contains(&field.as_str()) => {
                     return decline(&format!(
-                        "--answers has no value for required field {field:?}"
+                        "--answers has no value for required field {:?}",
+                        line(field)
                     ));
                 }
                 None => {}
@@ -95,45 +100,50 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
     for (field, def) in props {
         loop {
             let kind = def["type"].as_str().unwrap_or("string");
+            let shown_kind = line(kind);
             let options = def["enum"]
                 .as_array()
-                .map(|e| format!(" {}", Value::Array(e.clone())))
+                .map(|e| format!(" {}", line(&Value::Array(e.clone()).to_string())))
                 .unwrap_or_default();
             let default = def
                 .get("default")
-                .map(|d| format!(" [{d}]"))
+                .map(|d| format!(" [{}]", line(&d.to_string())))
                 .unwrap_or_default();
-            let title = def["title"]
-                .as_str()
-                .or(def["description"].as_str())
-                .unwrap_or(field);
+            let title = line(
+                def["title"]
+                    .as_str()
+                    .or(def["description"].as_str())
+                    .unwrap_or(field),
+            );
             let star = if required.contains(&field.as_str()) {
                 "*"
             } else {
                 ""
             };
-            let Some(line) = ask(&format!("  {title}{star} ({kind}{options}){default}: ")) else {
+            let Some(typed) = ask(&format!(
+                "  {title}{star} ({shown_kind}{options}){default}: "
+            )) else {
                 return json!({"action": "cancel"});
             };
-            let line = line.trim();
-            match line {
+            let typed = typed.trim();
+            match typed {
                 "!decline" => return json!({"action": "decline"}),
                 "!cancel" => return json!({"action": "cancel"}),
                 "" => {
                     if let Some(d) = def.get("default") {
                         content.insert(field.clone(), d.clone());
                     } else if required.contains(&field.as_str()) {
-                        eprintln!("  {field} is required");
+                        eprintln!("  {} is required", line(field));
                         continue;
                     }
                     break;
                 }
-                _ => match parse(kind, def, line) {
+                _ => match parse(kind, def, typed) {
                     Ok(v) => {
                         content.insert(field.clone(), v);
                         break;
                     }
-                    Err(e) => eprintln!("  {e}"),
+                    Err(e) => eprintln!("  {}", line(&e)),
                 },
             }
         }

@@ -6,10 +6,10 @@
 //! shuts the harness down gracefully (no server process is left).
 
 mod commands;
-mod config_file;
 mod demo;
 mod demo_server;
 mod elicit;
+mod terminal;
 
 use std::process::ExitCode;
 
@@ -71,9 +71,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo is a walk-through: its crashes and restarts are the point, and their log
+    // lines would break it up; RUST_LOG still shows them when asked for.
+    let default_filter = match cli.command {
+        Command::Demo => "off",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -117,29 +124,24 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         ),
         Command::Status { servers, json } => (servers, Action::Status { json }),
     };
-    let loaded = commands::load(&servers)?;
-    let harness = commands::start(&loaded, servers.wait).await?;
-    let agent = loaded.agent.clone();
+    let setup = commands::load(&servers)?;
+    let (answers, args) = match &action {
+        Action::Call { answers, args, .. } => (
+            commands::json_arg("--answers", answers.as_deref())?,
+            commands::json_arg("ARGS_JSON", args.as_deref())?,
+        ),
+        _ => (None, None),
+    };
+    let harness = commands::start(&setup, servers.wait, answers).await?;
+    let agent = setup.agent.clone();
     let work = async {
         match &action {
             Action::Tools { tag, json } => {
                 commands::tools(&harness, &agent, tag.as_deref(), *json).await
             }
-            Action::Call {
-                tool,
-                args,
-                answers,
-                json,
-            } => {
-                commands::call(
-                    &harness,
-                    &agent,
-                    tool,
-                    args.as_deref(),
-                    answers.as_deref(),
-                    *json,
-                )
-                .await
+            Action::Call { tool, json, .. } => {
+                let args = args.clone().unwrap_or_else(|| serde_json::json!({}));
+                commands::call(&harness, &agent, tool, args, *json).await
             }
             Action::Status { json } => commands::status(&harness, *json),
         }

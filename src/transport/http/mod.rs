@@ -2,69 +2,71 @@
 //!
 //! Every POST carries `Accept: application/json, text/event-stream`, the
 //! `MCP-Protocol-Version` of its body's `_meta` (or the legacy session's version),
-//! `Mcp-Method`, `Mcp-Name` where the method has one, and the `Mcp-Param-*` headers the
-//! connection computed from the tool's schema. A reply is either one JSON body or an SSE
-//! stream for that request; on a stream, notifications (and, from legacy servers,
-//! requests) before the response go to the inbound channel, and reading stops as soon
-//! as the response arrives. Every reply is bounded in size.
+//! `Mcp-Method`, `Mcp-Name` where the method has one, and the `Mcp-Param-*` headers of
+//! the tool's schema ([`params`]: learned from this connection's own `tools/list`,
+//! read first when a `tools/call` comes before any listing, and again after a -32020).
+//! A reply is either one JSON body or an SSE stream for that request; on a stream,
+//! notifications (and, from legacy servers, requests) before the response go to the
+//! inbound channel, and reading stops as soon as the response arrives. Every reply is
+//! bounded in size.
+//!
+//! Redirects are never followed: a 3xx is [`TransportError::Redirect`]. Following one
+//! would send the tool's arguments, configured API-key headers and the session id
+//! wherever the server points. HTTPS uses rustls ([`tls`]); its failures are typed.
 //!
 //! Cancellation and timeout drop the response stream, which closes the request's
-//! HTTP connection: that is how 2026-07-28 cancels on HTTP.
+//! HTTP connection: that is how 2026-07-28 cancels on HTTP. One deadline covers a
+//! request with everything it takes (learning headers, renewing a session, retrying).
 //!
-//! Legacy servers (2025-06-18, 2025-11-25) also get: the `Mcp-Session-Id` from the
-//! `initialize` reply on every later message, [`TransportError::SessionExpired`] on a
-//! 404 so the connection can re-initialize, the standalone GET stream (reconnected with
-//! `Last-Event-ID` after the server's `retry` delay), resumption of a broken POST stream
-//! the same way, responses to server requests POSTed back, and a DELETE of the session
-//! on shutdown.
+//! Legacy servers (2025-06-18, 2025-11-25) also get ([`session`]): the
+//! `Mcp-Session-Id` from the `initialize` reply on every later message, a new
+//! `initialize` on a 404 (once for every request that saw it), the standalone GET
+//! stream (reconnected with `Last-Event-ID` after the server's `retry` delay),
+//! resumption of a broken POST stream the same way, responses to server requests
+//! POSTed back, and a DELETE of the session on shutdown.
 //!
-//! Status mapping: 401/403 → [`TransportError::Unauthorized`]; another status with a
-//! JSON-RPC error body → that error (the era probe needs it); 5xx and the rest →
-//! [`TransportError::HttpStatus`]; a refused connection → [`TransportError::NotSent`].
+//! Status mapping: 401/403 → [`TransportError::Unauthorized`]; 3xx →
+//! [`TransportError::Redirect`]; another status with a JSON-RPC error body → that error
+//! (the era probe needs it); 5xx and the rest → [`TransportError::HttpStatus`]; a
+//! refused connection → [`TransportError::NotSent`].
 //! Spec: section F, and H for the legacy session.
 
 pub mod headers;
+mod params;
+mod session;
 pub mod sse;
+mod tls;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use serde_json::Value;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use super::Inbound;
 use super::error::TransportError;
+use super::inbound::{Ids, Inbound};
+use super::spec::HttpSpec;
+use crate::protocol::error::HEADER_MISMATCH;
 use crate::protocol::meta::requested_version;
-use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
-use sse::SseParser;
-
-/// What an HTTP server is: its MCP endpoint and any fixed headers (for example
-/// `Authorization`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HttpSpec {
-    /// The single MCP endpoint.
-    pub url: String,
-    /// Headers sent on every request.
-    pub headers: BTreeMap<String, String>,
-}
+use crate::protocol::views::InitializeResult;
+use crate::protocol::{Message, Notification, Pager, Request, RequestId, Response, RpcError};
+use params::ParamTable;
+use session::Session;
+use sse::{MIN_RETRY, SseParser};
 
 type Reply = Result<Value, RpcError>;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
-const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 /// How often a broken legacy stream is resumed before the request fails.
 const MAX_RESUMES: usize = 3;
-
-#[derive(Default)]
-struct Session {
-    id: Option<String>,
-    version: Option<String>,
-}
+/// Most `tools/list` pages read to learn `Mcp-Param` annotations.
+const MAX_LEARN_PAGES: usize = 100;
 
 /// A connected Streamable HTTP server.
 pub struct HttpTransport {
@@ -73,9 +75,12 @@ pub struct HttpTransport {
     url: reqwest::Url,
     fixed: HeaderMap,
     max_body: usize,
-    session: Arc<Mutex<Session>>,
+    ids: Ids,
+    session: Session,
+    params: ParamTable,
     inbound: mpsc::Sender<Inbound>,
     get_stream: Mutex<Option<JoinHandle<()>>>,
+    this: Weak<HttpTransport>,
 }
 
 impl HttpTransport {
@@ -84,10 +89,10 @@ impl HttpTransport {
         server: &str,
         spec: &HttpSpec,
         max_body: usize,
+        ids: Ids,
         inbound: mpsc::Sender<Inbound>,
-    ) -> Result<HttpTransport, TransportError> {
-        let bad =
-            |what: String| TransportError::NotSent(format!("invalid HTTP server config: {what}"));
+    ) -> Result<Arc<HttpTransport>, TransportError> {
+        let bad = TransportError::InvalidConfig;
         let url =
             reqwest::Url::parse(&spec.url).map_err(|e| bad(format!("url {:?}: {e}", spec.url)))?;
         let mut fixed = HeaderMap::new();
@@ -98,20 +103,27 @@ impl HttpTransport {
                 HeaderValue::from_str(v).map_err(|e| bad(format!("header {k:?} value: {e}")))?;
             fixed.insert(name, value);
         }
+        // reqwest builds a TLS config for every client, plain HTTP included: always hand
+        // it ours, so it never looks for a process-wide provider.
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_backend_preconfigured(tls::client_config(spec.ca_file.as_deref())?)
             .build()
             .map_err(|e| bad(e.to_string()))?;
-        Ok(HttpTransport {
+        Ok(Arc::new_cyclic(|this| HttpTransport {
             server: server.to_string(),
             client,
             url,
             fixed,
             max_body,
-            session: Arc::new(Mutex::new(Session::default())),
+            ids,
+            session: Session::default(),
+            params: ParamTable::default(),
             inbound,
             get_stream: Mutex::new(None),
-        })
+            this: this.clone(),
+        }))
     }
 
     fn post(
@@ -128,21 +140,20 @@ impl HttpTransport {
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
         );
-        let session = self.session.lock();
+        let session_version = self.session.version();
         if let Some(v) = version
-            .or(session.version.as_deref())
+            .or(session_version.as_deref())
             .and_then(|v| HeaderValue::from_str(v).ok())
         {
             headers.insert(VERSION_HEADER, v);
         }
-        if let Some(id) = session
-            .id
-            .as_deref()
-            .and_then(|v| HeaderValue::from_str(v).ok())
+        if let Some(id) = self
+            .session
+            .id()
+            .and_then(|v| HeaderValue::from_str(&v).ok())
         {
             headers.insert(SESSION_HEADER, id);
         }
-        drop(session);
         if !method.is_empty()
             && let Ok(m) = HeaderValue::from_str(method)
         {
@@ -162,45 +173,172 @@ impl HttpTransport {
             .body(body)
     }
 
-    /// Sends a request and reads its reply, within `timeout`.
+    /// Sends a request and reads its reply, within `timeout` for everything it takes:
+    /// reading the `Mcp-Param` annotations first, renewing an expired legacy session,
+    /// re-reading the annotations after a -32020 (each retried once, with a new id).
     ///
     /// # Cancel safety
     /// Dropping the future drops the reply stream, which cancels the request.
     pub(crate) async fn request(
         &self,
         request: &Request,
-        extra: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
-        let version = requested_version(request.params.as_ref()).map(String::from);
-        let is_initialize = request.method == "initialize";
-        let id = &request.id;
-        let exchange = async {
-            let body = Message::request_json(request);
-            let response = self
-                .post(
-                    body,
-                    &request.method,
-                    request.params.as_ref(),
-                    version.as_deref(),
-                    extra,
-                )
-                .send()
-                .await
-                .map_err(send_error)?;
-            if is_initialize {
-                // The legacy session starts with the initialize reply.
-                let sid = response
-                    .headers()
-                    .get(SESSION_HEADER)
-                    .and_then(|v| v.to_str().ok());
-                self.session.lock().id = sid.map(String::from);
+        let deadline = Instant::now() + timeout;
+        let work = async {
+            let mut request = Cow::Borrowed(request);
+            if self.params.needs_learning(&request) {
+                self.learn_params(&request).await;
             }
-            self.read_reply(response, id).await
+            let (mut renewed, mut relearned) = (false, false);
+            loop {
+                let extra = self.params.headers(&request);
+                let seen = self.session.generation();
+                match self.exchange(&request, &extra).await {
+                    Ok(Ok(mut result)) => {
+                        if request.method == "tools/list" {
+                            self.params.absorb(&self.server, &mut result);
+                        }
+                        return Ok(Ok(result));
+                    }
+                    Ok(Err(e))
+                        if e.code == HEADER_MISMATCH
+                            && request.method == "tools/call"
+                            && !relearned =>
+                    {
+                        // The tool's x-mcp-header annotations may have changed.
+                        relearned = true;
+                        self.learn_params(&request).await;
+                    }
+                    Err(TransportError::SessionExpired) if !renewed => {
+                        renewed = true;
+                        self.renew_session(seen).await?;
+                    }
+                    other => return other,
+                }
+                request.to_mut().id = self.ids.next();
+            }
         };
-        tokio::time::timeout(timeout, exchange)
+        match tokio::time::timeout_at(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => Err(TransportError::Timeout(timeout)),
+        }
+    }
+
+    /// One POST and its reply.
+    async fn exchange(
+        &self,
+        request: &Request,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> Result<Reply, TransportError> {
+        let version = requested_version(request.params.as_ref());
+        let body = Message::request_json(request);
+        let response = self
+            .post(
+                body,
+                &request.method,
+                request.params.as_ref(),
+                version,
+                extra,
+            )
+            .send()
             .await
-            .unwrap_or(Err(TransportError::Timeout(timeout)))
+            .map_err(send_error)?;
+        if request.method == "initialize" {
+            // The legacy session starts with the initialize reply.
+            let sid = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok());
+            self.session.set_id(sid.map(String::from));
+        }
+        self.read_reply(response, &request.id).await
+    }
+
+    /// Reads the server's tool list over this connection (every page, within the
+    /// caller's deadline) so that `tools/call` can carry the `Mcp-Param-*` headers its
+    /// schemas ask for. A modern request's `_meta` goes on the listing too.
+    async fn learn_params(&self, request: &Request) {
+        self.params.mark_listed();
+        let meta = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .cloned();
+        let mut cursor: Option<String> = None;
+        let mut pager = Pager::new(MAX_LEARN_PAGES);
+        loop {
+            let mut params = serde_json::Map::new();
+            if let Some(c) = &cursor {
+                params.insert("cursor".into(), json!(c));
+            }
+            if let Some(m) = &meta {
+                params.insert("_meta".into(), m.clone());
+            }
+            let listing = Request {
+                id: self.ids.next(),
+                method: "tools/list".into(),
+                params: (!params.is_empty()).then_some(Value::Object(params)),
+            };
+            let Ok(Ok(mut page)) = self.exchange(&listing, &[]).await else {
+                return;
+            };
+            self.params.absorb(&self.server, &mut page);
+            match pager.next(&page) {
+                Some(next) => cursor = Some(next),
+                None => return,
+            }
+        }
+    }
+
+    /// Renews an expired legacy session, once for all the requests that saw it expire:
+    /// a request whose session was already renewed just retries.
+    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
+        let Some(init) = self.session.init_params() else {
+            return Err(TransportError::SessionExpired);
+        };
+        let Some(_renewing) = self.session.start_renewal(seen).await else {
+            return Ok(());
+        };
+        tracing::info!(server = %self.server, "HTTP session expired; initializing again");
+        let request = Request {
+            id: self.ids.next(),
+            method: "initialize".into(),
+            params: Some(init),
+        };
+        // The request reached the server (it answered 404): never "not sent".
+        let failed = |why: String| TransportError::HttpStatus {
+            status: 404,
+            body: format!("session expired and re-initializing failed: {why}"),
+        };
+        let result = match self.exchange(&request, &[]).await? {
+            Ok(result) => {
+                InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
+            }
+            Err(e) => return Err(failed(e.to_string())),
+        };
+        if Some(&result.protocol_version) != self.session.version().as_ref() {
+            return Err(failed(format!(
+                "the server now chose version {:?}",
+                result.protocol_version
+            )));
+        }
+        let initialized = Notification {
+            method: "notifications/initialized".into(),
+            params: None,
+        };
+        self.post_no_reply(Message::Notification(initialized))
+            .await?;
+        self.open_get_stream();
+        self.session.renewed();
+        Ok(())
+    }
+
+    /// After `initialize`: the version the server chose (sent on every later request)
+    /// and the params to renew the session with; opens the standalone GET stream.
+    pub(crate) fn begin_legacy_session(&self, version: &str, init: Value) {
+        self.session.begin(version, init);
+        self.open_get_stream();
     }
 
     async fn read_reply(
@@ -215,7 +353,10 @@ impl HttpTransport {
                 status: status.as_u16(),
             });
         }
-        if status.as_u16() == 404 && self.session.lock().id.is_some() {
+        if status.is_redirection() {
+            return Err(redirect(&response));
+        }
+        if status.as_u16() == 404 && self.session.has_id() {
             return Err(TransportError::SessionExpired);
         }
         if !status.is_success() {
@@ -239,9 +380,8 @@ impl HttpTransport {
                 Message::Response(r) if r.id.as_ref() == Some(id) || r.id.is_none() => {
                     Ok(r.outcome)
                 }
-                other => Err(crate::protocol::ProtocolError::Malformed(format!(
-                    "expected the response to request {id}, got {}",
-                    other.to_value()
+                _ => Err(crate::protocol::ProtocolError::Malformed(format!(
+                    "expected the response to request {id}, got another message"
                 ))
                 .into()),
             };
@@ -265,12 +405,12 @@ impl HttpTransport {
                 return Ok(reply);
             }
             // The stream ended without our response. Only a legacy session may resume it.
-            let can_resume = self.session.lock().id.is_some() && parser.last_event_id.is_some();
+            let can_resume = self.session.has_id() && parser.last_event_id.is_some();
             if !can_resume || resumes >= MAX_RESUMES {
                 return Err(TransportError::StreamEnded);
             }
             resumes += 1;
-            tokio::time::sleep(parser.retry.unwrap_or(DEFAULT_RETRY)).await;
+            tokio::time::sleep(parser.retry.unwrap_or(MIN_RETRY)).await;
             response = self
                 .get(parser.last_event_id.as_deref())
                 .send()
@@ -314,10 +454,14 @@ impl HttpTransport {
                         tracing::warn!(server = %self.server, id = ?r.id, "response for another request on an event stream ignored");
                     }
                     Ok(Message::Request(r)) => {
-                        let _ = self.inbound.send(Inbound::Request(r)).await;
+                        if self.inbound.try_send(Inbound::Request(r)).is_err() {
+                            tracing::warn!(server = %self.server, "server request dropped: channel full");
+                        }
                     }
                     Ok(Message::Notification(n)) => {
-                        let _ = self.inbound.send(Inbound::Notification(n)).await;
+                        if self.inbound.try_send(Inbound::Notification(n)).is_err() {
+                            tracing::debug!(server = %self.server, "server notification dropped: channel full");
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(server = %self.server, error = %e, "skipping an event that is not JSON-RPC");
@@ -333,11 +477,10 @@ impl HttpTransport {
             .get(self.url.clone())
             .headers(self.fixed.clone())
             .header(ACCEPT, "text/event-stream");
-        let session = self.session.lock();
-        if let Some(id) = &session.id {
+        if let Some(id) = self.session.id() {
             req = req.header(SESSION_HEADER, id);
         }
-        if let Some(v) = &session.version {
+        if let Some(v) = self.session.version() {
             req = req.header(VERSION_HEADER, v);
         }
         if let Some(last) = last_event_id {
@@ -352,8 +495,12 @@ impl HttpTransport {
         notification: Notification,
         timeout: Duration,
     ) -> Result<(), TransportError> {
-        self.post_no_reply(Message::Notification(notification), timeout)
-            .await
+        tokio::time::timeout(
+            timeout,
+            self.post_no_reply(Message::Notification(notification)),
+        )
+        .await
+        .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
     /// POSTs the answer to a request a legacy server sent.
@@ -363,65 +510,46 @@ impl HttpTransport {
         outcome: Reply,
         timeout: Duration,
     ) -> Result<(), TransportError> {
-        self.post_no_reply(
-            Message::Response(Response {
-                id: Some(id),
-                outcome,
-            }),
-            timeout,
-        )
-        .await
+        let message = Message::Response(Response {
+            id: Some(id),
+            outcome,
+        });
+        tokio::time::timeout(timeout, self.post_no_reply(message))
+            .await
+            .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
-    async fn post_no_reply(
-        &self,
-        message: Message,
-        timeout: Duration,
-    ) -> Result<(), TransportError> {
+    async fn post_no_reply(&self, message: Message) -> Result<(), TransportError> {
         let (method, params) = match &message {
             Message::Notification(n) => (n.method.as_str(), n.params.as_ref()),
             _ => ("", None),
         };
         let mut body = Vec::with_capacity(128);
         message.write_json(&mut body);
-        let send = async {
-            let response = self
-                .post(body, method, params, None, &[])
-                .send()
-                .await
-                .map_err(send_error)?;
-            let status = response.status();
-            match status.as_u16() {
-                200..=299 => Ok(()),
-                401 | 403 => Err(TransportError::Unauthorized {
-                    status: status.as_u16(),
-                }),
-                404 if self.session.lock().id.is_some() => Err(TransportError::SessionExpired),
-                code => Err(TransportError::HttpStatus {
-                    status: code,
-                    body: String::new(),
-                }),
-            }
-        };
-        tokio::time::timeout(timeout, send)
+        let response = self
+            .post(body, method, params, None, &[])
+            .send()
             .await
-            .unwrap_or(Err(TransportError::Timeout(timeout)))
-    }
-
-    /// Records the version a legacy server chose; it goes on every later request.
-    pub(crate) fn set_legacy_version(&self, version: &str) {
-        self.session.lock().version = Some(version.to_string());
-    }
-
-    /// Forgets an expired legacy session before re-initializing.
-    pub(crate) fn clear_session(&self) {
-        self.session.lock().id = None;
+            .map_err(send_error)?;
+        let status = response.status();
+        match status.as_u16() {
+            200..=299 => Ok(()),
+            401 | 403 => Err(TransportError::Unauthorized {
+                status: status.as_u16(),
+            }),
+            300..=399 => Err(redirect(&response)),
+            404 if self.session.has_id() => Err(TransportError::SessionExpired),
+            code => Err(TransportError::HttpStatus {
+                status: code,
+                body: String::new(),
+            }),
+        }
     }
 
     /// Opens the legacy standalone GET stream, if the server offers one (405 means it
     /// does not), and keeps it open, resuming with `Last-Event-ID`.
-    pub(crate) fn open_get_stream(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
+    fn open_get_stream(&self) {
+        let weak = self.this.clone();
         let task = tokio::spawn(async move {
             let mut parser = SseParser::default();
             loop {
@@ -446,7 +574,7 @@ impl HttpTransport {
                 if let Err(e) = this.pump(&mut response, &mut parser, None).await {
                     tracing::warn!(server = %this.server, error = %e, "standalone event stream dropped");
                 }
-                let delay = parser.retry.unwrap_or(DEFAULT_RETRY);
+                let delay = parser.retry.unwrap_or(MIN_RETRY);
                 drop(this);
                 tokio::time::sleep(delay).await;
             }
@@ -465,11 +593,8 @@ impl HttpTransport {
 
     /// Ends the session: stops the GET stream and DELETEs a legacy session.
     pub(crate) async fn shutdown(&self, timeout: Duration) {
-        if let Some(task) = self.get_stream.lock().take() {
-            task.abort();
-        }
-        let sid = self.session.lock().id.take();
-        if let Some(sid) = sid {
+        self.stop_get_stream();
+        if let Some(sid) = self.session.take_id() {
             let delete = self
                 .client
                 .delete(self.url.clone())
@@ -483,9 +608,7 @@ impl HttpTransport {
 
 impl Drop for HttpTransport {
     fn drop(&mut self) {
-        if let Some(task) = self.get_stream.lock().take() {
-            task.abort();
-        }
+        self.stop_get_stream();
     }
 }
 
@@ -498,7 +621,23 @@ fn content_type(response: &reqwest::Response) -> String {
         .to_ascii_lowercase()
 }
 
+fn redirect(response: &reqwest::Response) -> TransportError {
+    let location = response
+        .headers()
+        .get(LOCATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    TransportError::Redirect {
+        status: response.status().as_u16(),
+        // Server-controlled: kept short (it is printed escaped).
+        location: location.chars().take(300).collect(),
+    }
+}
+
 fn send_error(e: reqwest::Error) -> TransportError {
+    if let Some(tls) = tls::tls_failure(&e) {
+        return tls;
+    }
     if e.is_connect() {
         TransportError::NotSent(format!("connection failed: {e}"))
     } else {

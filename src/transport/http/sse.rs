@@ -1,8 +1,17 @@
 //! An incremental, bounded parser for `text/event-stream` (the WHATWG framing):
 //! `data:` lines joined by `\n`, `id:` kept for `Last-Event-ID`, `retry:` kept for the
 //! reconnect delay, comment lines (`:` keep-alives) ignored, a blank line dispatches.
+//!
+//! Linear in the bytes fed however they are chunked: the scan for the end of a line
+//! resumes where the last chunk left off. The server's `retry` is kept within
+//! [`MIN_RETRY`]..[`MAX_RETRY`]: `retry: 0` must not make a reconnect loop spin.
 
 use std::time::Duration;
+
+/// The shortest reconnect delay honoured, whatever the server asks.
+pub const MIN_RETRY: Duration = Duration::from_millis(250);
+/// The longest reconnect delay honoured.
+pub const MAX_RETRY: Duration = Duration::from_secs(60);
 
 /// One dispatched event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,12 +26,14 @@ pub struct Event {
 #[derive(Debug, Default)]
 pub struct SseParser {
     buf: Vec<u8>,
+    /// How far into `buf` we know there is no line end.
+    scanned: usize,
     data: String,
     has_data: bool,
     event: Option<String>,
     /// The last `id:` seen, sent back as `Last-Event-ID` when resuming.
     pub last_event_id: Option<String>,
-    /// The last `retry:` seen.
+    /// The last `retry:` seen, kept within [`MIN_RETRY`]..[`MAX_RETRY`].
     pub retry: Option<Duration>,
 }
 
@@ -32,29 +43,38 @@ impl SseParser {
     pub fn feed(&mut self, chunk: &[u8], max: usize) -> Result<Vec<Event>, usize> {
         self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
+        // `start`: where the current line begins; `from`: where to look for its end.
         let mut start = 0;
-        while let Some(pos) = self.buf[start..]
-            .iter()
-            .position(|b| *b == b'\n' || *b == b'\r')
-        {
-            let end = start + pos;
-            let line = String::from_utf8_lossy(&self.buf[start..end]).into_owned();
+        let mut from = self.scanned;
+        loop {
+            let Some(pos) = self.buf[from..]
+                .iter()
+                .position(|b| *b == b'\n' || *b == b'\r')
+            else {
+                from = self.buf.len();
+                break;
+            };
+            let end = from + pos;
             // A \r\n pair ends one line, not two.
             let mut next = end + 1;
             if self.buf[end] == b'\r' {
                 if next == self.buf.len() {
-                    break; // wait: the \n may come in the next chunk
+                    from = end; // the \n may come in the next chunk
+                    break;
                 }
                 if self.buf[next] == b'\n' {
                     next += 1;
                 }
             }
+            let line = String::from_utf8_lossy(&self.buf[start..end]).into_owned();
             start = next;
+            from = next;
             if let Some(e) = self.line(&line) {
                 events.push(e);
             }
         }
         self.buf.drain(..start);
+        self.scanned = from - start;
         if self.buf.len() + self.data.len() > max {
             return Err(max);
         }
@@ -92,7 +112,7 @@ impl SseParser {
             "id" if !value.contains('\0') => self.last_event_id = Some(value.to_string()),
             "retry" => {
                 if let Ok(ms) = value.parse::<u64>() {
-                    self.retry = Some(Duration::from_millis(ms));
+                    self.retry = Some(Duration::from_millis(ms).clamp(MIN_RETRY, MAX_RETRY));
                 }
             }
             _ => {}
@@ -123,6 +143,43 @@ mod tests {
         assert_eq!(out[1].data, "x\ny");
         assert_eq!(p.last_event_id.as_deref(), Some("7"));
         assert_eq!(p.retry, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn retry_zero_is_floored_so_a_reconnect_loop_cannot_spin() {
+        let mut p = SseParser::default();
+        p.feed(b"retry: 0\n\n", 1024).expect("fits");
+        assert_eq!(p.retry, Some(MIN_RETRY));
+        p.feed(b"retry: 99999999999\n\n", 1024).expect("fits");
+        assert_eq!(p.retry, Some(MAX_RETRY));
+    }
+
+    #[test]
+    fn one_long_line_fed_a_byte_at_a_time_is_scanned_once() {
+        // 200 KiB in 1-byte chunks: a parser that rescans its buffer on every chunk
+        // does ~2e10 byte comparisons here and never finishes in time.
+        let mut p = SseParser::default();
+        let n = 200 * 1024;
+        let started = std::time::Instant::now();
+        p.feed(b"data: ", 1 << 20).expect("fits");
+        for _ in 0..n {
+            assert!(p.feed(b"x", 1 << 20).expect("fits").is_empty());
+        }
+        let events = p.feed(b"\n\n", 1 << 20).expect("fits");
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data.len(), n);
+        // Not a timing assertion of speed, only of complexity: linear takes
+        // milliseconds, quadratic takes minutes.
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn crlf_split_across_chunks_is_one_line_end() {
+        let mut p = SseParser::default();
+        assert!(p.feed(b"data: a\r", 1024).expect("fits").is_empty());
+        let out = p.feed(b"\n\r\n", 1024).expect("fits");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].data, "a");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Ownership: the transport owns the process group ([`process`]); a writer task owns
 //! stdin, a reader task owns stdout, a logger task owns stderr. Many requests share the
 //! pipe and are matched by id in a pending map. The writer drains everything queued and
-//! flushes once, so a burst of requests costs one syscall.
+//! flushes once, so a burst of requests costs one syscall. Its queue is bounded: a
+//! server that stops reading its stdin makes requests wait (and time out as never
+//! sent), never grows our memory.
 //!
 //! Lifecycle and failure: the reader ends the transport on EOF, on a read error, or on a
 //! line longer than the limit (the only way to keep memory bounded without losing track
@@ -16,40 +18,32 @@
 //!
 //! Spec: section G (stdio) of `../shared/spec/mcp-2026-07-28.md`.
 
+mod framing;
 mod process;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use super::Inbound;
 use super::error::TransportError;
+use super::exit::ExitStatus;
+use super::inbound::Inbound;
+use super::spec::StdioSpec;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
-use process::ProcessGroup;
-
-/// What a stdio server is: a command, its arguments, environment and directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StdioSpec {
-    /// The program to run (looked up in `PATH`).
-    pub command: String,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// Variables added to the harness's own environment.
-    pub env: BTreeMap<String, String>,
-    /// Working directory; the harness's own when `None`.
-    pub cwd: Option<PathBuf>,
-}
+use framing::{read_line_bounded, skip_line};
+use process::{GroupHandle, ProcessGroup};
 
 type Reply = Result<Value, RpcError>;
 type Waiter = oneshot::Sender<Result<Reply, TransportError>>;
+
+/// Messages the writer holds before requests wait for it to drain.
+const WRITER_QUEUE: usize = 1024;
 
 /// State the reader and the callers share.
 struct Shared {
@@ -57,19 +51,10 @@ struct Shared {
     pending: Mutex<HashMap<RequestId, Waiter>>,
     /// Set once, when the transport ends; later requests fail with it.
     closed: Mutex<Option<TransportError>>,
-    /// The process group, and whether it may still be signalled (see [`Shared::sweep`]).
-    pgid: u32,
-    armed: Arc<AtomicBool>,
+    group: GroupHandle,
 }
 
 impl Shared {
-    /// Kills what is left of the group once its leader has been reaped, then never
-    /// again: after that its id may belong to someone else.
-    fn sweep(&self) {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            process::kill_group(self.pgid);
-        }
-    }
     fn close(&self, error: TransportError) {
         let mut closed = self.closed.lock();
         if closed.is_some() {
@@ -92,7 +77,7 @@ enum WriterCmd {
 /// A connected stdio server.
 pub struct StdioTransport {
     shared: Arc<Shared>,
-    writer: mpsc::UnboundedSender<WriterCmd>,
+    writer: mpsc::Sender<WriterCmd>,
     group: tokio::sync::Mutex<ProcessGroup>,
     pid: u32,
 }
@@ -106,16 +91,15 @@ impl StdioTransport {
         max_line: usize,
         inbound: mpsc::Sender<Inbound>,
     ) -> Result<StdioTransport, TransportError> {
-        let spawned = ProcessGroup::spawn(&spec.command, &spec.args, &spec.env, spec.cwd.as_ref())?;
+        let spawned = ProcessGroup::spawn(spec)?;
         let pid = spawned.group.pid();
         let shared = Arc::new(Shared {
             server: server.to_string(),
             pending: Mutex::new(HashMap::new()),
             closed: Mutex::new(None),
-            pgid: pid,
-            armed: spawned.group.armed(),
+            group: spawned.group.handle(),
         });
-        let (writer, rx) = mpsc::unbounded_channel();
+        let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!("stdio", server = %server, pid);
         tokio::spawn(tracing::Instrument::instrument(
             write_loop(spawned.stdin, rx),
@@ -167,24 +151,35 @@ impl StdioTransport {
         let (tx, rx) = oneshot::channel();
         let id = request.id.clone();
         {
-            // Checked under the pending lock, so `close` cannot miss this waiter.
+            // Checked under the closed lock, so `close` cannot miss this waiter.
             let closed = self.shared.closed.lock();
             if let Some(e) = closed.as_ref() {
                 return Err(TransportError::NotSent(e.to_string()));
             }
             self.shared.pending.lock().insert(id.clone(), tx);
         }
-        let mut in_flight = InFlight {
+        let mut in_flight = PendingRequest {
             transport: self,
             id: Some(id),
+            written: false,
         };
         let mut line = Vec::with_capacity(256);
         Message::write_request_line(request, &mut line);
-        if self.writer.send(WriterCmd::Line(line)).is_err() {
-            in_flight.id = None;
-            return Err(TransportError::NotSent("stdin is closed".into()));
+        let deadline = tokio::time::Instant::now() + timeout;
+        match tokio::time::timeout_at(deadline, self.writer.send(WriterCmd::Line(line))).await {
+            Ok(Ok(())) => in_flight.written = true,
+            Ok(Err(_)) => {
+                in_flight.forget();
+                return Err(TransportError::NotSent("stdin is closed".into()));
+            }
+            Err(_) => {
+                in_flight.forget();
+                return Err(TransportError::NotSent(format!(
+                    "the server did not read its stdin within {timeout:?}"
+                )));
+            }
         }
-        match tokio::time::timeout(timeout, rx).await {
+        match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(reply)) => {
                 in_flight.id = None;
                 reply
@@ -200,7 +195,8 @@ impl StdioTransport {
         }
     }
 
-    /// Sends a notification.
+    /// Sends a notification. Never waits: when the writer's queue is full the
+    /// notification is dropped with a warning (notifications carry no answer).
     pub(crate) fn notify(&self, notification: Notification) -> Result<(), TransportError> {
         self.send_message(Message::Notification(notification))
     }
@@ -220,8 +216,16 @@ impl StdioTransport {
         let mut line = Vec::with_capacity(128);
         message.write_line(&mut line);
         self.writer
-            .send(WriterCmd::Line(line))
-            .map_err(|_| TransportError::NotSent("stdin is closed".into()))
+            .try_send(WriterCmd::Line(line))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    tracing::warn!(server = %self.shared.server, "stdin queue full; message dropped");
+                    TransportError::NotSent("the server's stdin queue is full".into())
+                }
+                mpsc::error::TrySendError::Closed(_) => {
+                    TransportError::NotSent("stdin is closed".into())
+                }
+            })
     }
 
     fn closed_error(&self) -> TransportError {
@@ -229,35 +233,48 @@ impl StdioTransport {
             .closed
             .lock()
             .clone()
-            .unwrap_or(TransportError::Closed { exit: None })
+            .unwrap_or(TransportError::Closed {
+                exit: None,
+                detail: None,
+            })
     }
 
     /// Stops the server: close stdin, wait `grace`, SIGTERM the group, wait `grace`,
     /// SIGKILL, reap. Pending requests fail with [`TransportError::Closed`].
     pub(crate) async fn shutdown(&self, grace: Duration) {
-        let _ = self.writer.send(WriterCmd::Close);
+        // A full queue still closes: the writer ends when this handle's sender drops too.
+        let _ = self.writer.try_send(WriterCmd::Close);
         let exit = self.group.lock().await.terminate(grace).await;
-        self.shared.close(TransportError::Closed { exit });
+        self.shared
+            .close(TransportError::Closed { exit, detail: None });
     }
 
     /// SIGKILLs the server's process group now (fault injection, forced stop).
     pub fn kill(&self) {
-        if self.shared.armed.load(Ordering::SeqCst) {
-            process::kill_group(self.pid);
-        }
+        self.shared.group.kill();
     }
 }
 
-/// A request between being written and being answered; dropping it cancels it.
-struct InFlight<'a> {
+/// A request between being queued and being answered; dropping it cancels it.
+struct PendingRequest<'a> {
     transport: &'a StdioTransport,
     id: Option<RequestId>,
+    /// Whether the line reached the writer (only then is a cancellation worth sending).
+    written: bool,
 }
 
-impl InFlight<'_> {
+impl PendingRequest<'_> {
+    /// Removes the request without telling the server (it never got it).
+    fn forget(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.transport.shared.pending.lock().remove(&id);
+        }
+    }
+
     fn cancel(&mut self, reason: &str) {
         let Some(id) = self.id.take() else { return };
-        if self.transport.shared.pending.lock().remove(&id).is_some() {
+        let removed = self.transport.shared.pending.lock().remove(&id).is_some();
+        if removed && self.written {
             let _ = self.transport.notify(Notification {
                 method: "notifications/cancelled".into(),
                 params: Some(json!({ "requestId": id, "reason": reason })),
@@ -266,13 +283,13 @@ impl InFlight<'_> {
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for PendingRequest<'_> {
     fn drop(&mut self) {
         self.cancel("cancelled by the client");
     }
 }
 
-async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<WriterCmd>) {
+async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>) {
     let mut buf = Vec::with_capacity(8192);
     'outer: while let Some(cmd) = rx.recv().await {
         let mut close = false;
@@ -305,52 +322,12 @@ async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Write
     // Dropping stdin closes the pipe: the server sees EOF.
 }
 
-/// Reads one line into `line` (without the newline). `Ok(false)` at EOF with nothing
-/// read. A line longer than `max` is an error, and no more than `max` bytes are held.
-async fn read_line_bounded<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-    line: &mut Vec<u8>,
-    max: usize,
-) -> Result<bool, TransportError> {
-    line.clear();
-    loop {
-        let available = reader
-            .fill_buf()
-            .await
-            .map_err(|e| TransportError::Closed {
-                exit: Some(format!("read failed: {e}")),
-            })?;
-        if available.is_empty() {
-            // EOF: a partial last line is not a message.
-            return Ok(false);
-        }
-        match available.iter().position(|b| *b == b'\n') {
-            Some(n) => {
-                if line.len() + n > max {
-                    return Err(TransportError::LineTooLong { limit: max });
-                }
-                line.extend_from_slice(&available[..n]);
-                reader.consume(n + 1);
-                return Ok(true);
-            }
-            None => {
-                let n = available.len();
-                if line.len() + n > max {
-                    return Err(TransportError::LineTooLong { limit: max });
-                }
-                line.extend_from_slice(available);
-                reader.consume(n);
-            }
-        }
-    }
-}
-
 async fn read_loop(
     shared: Arc<Shared>,
     stdout: ChildStdout,
     max_line: usize,
     inbound: mpsc::Sender<Inbound>,
-    mut exit: tokio::sync::watch::Receiver<Option<String>>,
+    mut exit: watch::Receiver<Option<ExitStatus>>,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
     let mut line = Vec::with_capacity(4096);
@@ -369,19 +346,23 @@ async fn read_loop(
                 )
                 .await;
                 shared.close(TransportError::Closed {
-                    exit: exit.borrow().clone(),
+                    exit: *exit.borrow(),
+                    detail: None,
                 });
                 let _ = tokio::time::timeout(
                     Duration::from_millis(200),
                     exit.wait_for(Option::is_some),
                 )
                 .await;
-                let status = exit.borrow().clone();
+                let status = *exit.borrow();
                 if status.is_some() {
                     // The leader is reaped: take any descendants with it, while the id is ours.
-                    shared.sweep();
+                    shared.group.sweep();
                 }
-                break TransportError::Closed { exit: status };
+                break TransportError::Closed {
+                    exit: status,
+                    detail: None,
+                };
             }
             Err(e) => break e,
         }
@@ -391,20 +372,19 @@ async fn read_loop(
         match Message::parse(&line) {
             Ok(Message::Response(response)) => route_response(&shared, response),
             Ok(Message::Request(request)) => {
-                if inbound.send(Inbound::Request(request)).await.is_err() {
-                    tracing::debug!("inbound request dropped: nobody listens");
+                // Never wait on a full channel: replies behind it would stall.
+                if inbound.try_send(Inbound::Request(request)).is_err() {
+                    tracing::warn!(server = %shared.server, "server request dropped: channel full");
                 }
             }
             Ok(Message::Notification(n)) => {
-                // Never wait on a full channel here: replies behind it would stall (nobody
-                // drains it during the handshake).
                 if inbound.try_send(Inbound::Notification(n)).is_err() {
                     tracing::debug!(server = %shared.server, "server notification dropped: channel full");
                 }
             }
             Err(e) => {
                 let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
-                tracing::warn!(server = %shared.server, error = %e, line = %sample, "skipping a line that is not JSON-RPC");
+                tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), "skipping a line that is not JSON-RPC");
             }
         }
     };
@@ -436,7 +416,8 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
     loop {
         match read_line_bounded(&mut reader, &mut line, 64 * 1024).await {
             Ok(true) => {
-                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{}", String::from_utf8_lossy(&line));
+                let text = String::from_utf8_lossy(&line);
+                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{}", text.escape_debug());
             }
             Ok(false) => return,
             Err(TransportError::LineTooLong { .. }) => {
@@ -454,69 +435,19 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
 /// Ends the transport when the server's leader process has exited but stdout stays open
 /// (a descendant inherited it): no EOF would ever come. The rest of the group is
 /// killed, which also ends the descendant and so the reader.
-async fn watch_leader(shared: Arc<Shared>, mut exit: tokio::sync::watch::Receiver<Option<String>>) {
+async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<ExitStatus>>) {
     if exit.wait_for(Option::is_some).await.is_err() {
         return;
     }
     // Replies written just before the exit are still read in this time.
     tokio::time::sleep(Duration::from_millis(500)).await;
     if shared.closed.lock().is_none() {
-        let status = exit.borrow().clone().unwrap_or_default();
-        tracing::warn!(server = %shared.server, %status, "server exited but its stdout is still open; killing its process group");
-        shared.sweep();
+        let status = *exit.borrow();
+        tracing::warn!(server = %shared.server, status = ?status, "server exited but its stdout is still open; killing its process group");
+        shared.group.sweep();
         shared.close(TransportError::Closed {
-            exit: Some(format!("{status}; stdout held open by a descendant")),
+            exit: status,
+            detail: Some("stdout held open by a descendant".into()),
         });
-    }
-}
-
-/// Discards the rest of a line without holding it; false at EOF or on an error.
-async fn skip_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> bool {
-    loop {
-        let Ok(available) = reader.fill_buf().await else {
-            return false;
-        };
-        if available.is_empty() {
-            return false;
-        }
-        match available.iter().position(|b| *b == b'\n') {
-            Some(n) => {
-                reader.consume(n + 1);
-                return true;
-            }
-            None => {
-                let n = available.len();
-                reader.consume(n);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn bounded_reader_splits_lines_and_rejects_long_ones() {
-        let data: &[u8] = b"{\"a\":1}\n\nabcdefghij\nxyz";
-        let mut r = BufReader::with_capacity(4, data);
-        let mut line = Vec::new();
-        assert_eq!(read_line_bounded(&mut r, &mut line, 8).await, Ok(true));
-        assert_eq!(line, b"{\"a\":1}");
-        assert_eq!(read_line_bounded(&mut r, &mut line, 8).await, Ok(true));
-        assert!(line.is_empty());
-        assert_eq!(
-            read_line_bounded(&mut r, &mut line, 8).await,
-            Err(TransportError::LineTooLong { limit: 8 })
-        );
-        assert!(line.len() <= 8, "never holds more than the limit");
-    }
-
-    #[tokio::test]
-    async fn a_partial_line_at_eof_is_not_a_message() {
-        let data: &[u8] = b"{\"jsonrpc\":";
-        let mut r = BufReader::new(data);
-        let mut line = Vec::new();
-        assert_eq!(read_line_bounded(&mut r, &mut line, 1024).await, Ok(false));
     }
 }

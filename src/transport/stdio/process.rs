@@ -7,16 +7,18 @@
 //! exit. [`ProcessGroup::terminate`] is the graceful path: the caller has closed stdin;
 //! wait, SIGTERM the group, wait, SIGKILL the group, wait for the reap. A final SIGKILL
 //! to the group after the leader exits sweeps up grandchildren that outlived it.
-//! [`GroupGuard`]'s `Drop` sends SIGKILL to the group synchronously: it covers an
-//! actor killed mid-flight or a transport dropped without `terminate`, and needs no
-//! runtime.
+//! [`GroupHandle`] is the one place that signals the group; the [`ProcessGroup`]'s
+//! `Drop` sends SIGKILL through it synchronously: it covers an actor killed mid-flight
+//! or a transport dropped without `terminate`, and needs no runtime.
+//!
+//! The environment is minimal unless asked otherwise: a server gets `PATH`, `HOME`,
+//! `USER`, `LANG`, `LC_*`, `TERM`, `TMPDIR` and `SHELL` from the harness, plus what its
+//! config sets, so that the harness's own secrets do not leak into every server.
 //!
 //! Caveats: a grandchild that calls `setsid` leaves the group and cannot be reached.
 //! The group id is the leader's pid; once every member is gone the kernel may reuse it,
-//! so the guard disarms after a completed sweep. Unix only.
+//! so the handle disarms after a completed sweep. Unix only.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,44 +27,48 @@ use std::time::Duration;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::watch;
 
-use crate::transport::error::TransportError;
+use crate::transport::error::{SpawnFailure, TransportError};
+use crate::transport::exit::ExitStatus;
+use crate::transport::spec::StdioSpec;
 
-/// Sends SIGKILL to a process group when dropped, unless disarmed.
-#[derive(Debug)]
-pub(crate) struct GroupGuard {
+/// Variables a server gets from the harness's environment by default.
+const PASSED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "SHELL"];
+
+/// The right to signal one process group, shared by everyone who may kill it. Disarmed
+/// once the group has been swept: its id may belong to someone else after that.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupHandle {
     pgid: libc::pid_t,
-    /// Cleared once the group has been swept: its id may be reused after that.
     armed: Arc<AtomicBool>,
 }
 
-impl GroupGuard {
-    /// Signals the group unless it was already swept (its id may be reused since).
+impl GroupHandle {
+    /// Sends `signal` to the group unless it was already swept.
     fn signal(&self, signal: libc::c_int) {
-        if self.armed.load(Ordering::SeqCst) {
-            send_group_signal(self.pgid, signal);
+        if self.pgid > 0 && self.armed.load(Ordering::SeqCst) {
+            // SAFETY: killpg only sends a signal; a group that no longer exists yields
+            // ESRCH, which is harmless and ignored.
+            unsafe {
+                libc::killpg(self.pgid, signal);
+            }
         }
     }
-}
 
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
+    /// SIGKILLs the group now (fault injection, a forced stop); it stays armed.
+    pub(crate) fn kill(&self) {
         self.signal(libc::SIGKILL);
     }
-}
 
-fn send_group_signal(pgid: libc::pid_t, signal: libc::c_int) {
-    if pgid > 0 {
-        // SAFETY: killpg only sends a signal; a pgid that no longer exists yields
-        // ESRCH, which is harmless and ignored.
-        unsafe {
-            libc::killpg(pgid, signal);
+    /// SIGKILLs what is left of the group once its leader has been reaped, then never
+    /// signals it again.
+    pub(crate) fn sweep(&self) {
+        if self.pgid > 0 && self.armed.swap(false, Ordering::SeqCst) {
+            // SAFETY: as in `signal`.
+            unsafe {
+                libc::killpg(self.pgid, libc::SIGKILL);
+            }
         }
     }
-}
-
-/// SIGKILLs the process group `pgid` now.
-pub(crate) fn kill_group(pgid: u32) {
-    send_group_signal(pgid as libc::pid_t, libc::SIGKILL);
 }
 
 /// A running server process and its pipes (taken once by the transport).
@@ -77,57 +83,85 @@ pub(crate) struct Spawned {
 #[derive(Debug)]
 pub(crate) struct ProcessGroup {
     pid: u32,
-    guard: GroupGuard,
-    exit: watch::Receiver<Option<String>>,
+    handle: GroupHandle,
+    exit: watch::Receiver<Option<ExitStatus>>,
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.handle.kill();
+    }
+}
+
+fn spawn_failure(e: &std::io::Error) -> SpawnFailure {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
+        std::io::ErrorKind::PermissionDenied => SpawnFailure::PermissionDenied,
+        _ => SpawnFailure::Other,
+    }
 }
 
 impl ProcessGroup {
-    /// Spawns `command` as the leader of a new process group with piped stdio.
-    pub(crate) fn spawn(
-        command: &str,
-        args: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: Option<&PathBuf>,
-    ) -> Result<Spawned, TransportError> {
-        let mut cmd = Command::new(command);
-        cmd.args(args)
-            .envs(env)
+    /// Spawns the server as the leader of a new process group with piped stdio.
+    pub(crate) fn spawn(spec: &StdioSpec) -> Result<Spawned, TransportError> {
+        let mut cmd = Command::new(&spec.command);
+        cmd.args(&spec.args);
+        if !spec.inherit_env {
+            cmd.env_clear();
+            for (key, value) in std::env::vars_os() {
+                let name = key.to_string_lossy();
+                if PASSED_ENV.contains(&name.as_ref()) || name.starts_with("LC_") {
+                    cmd.env(&key, value);
+                }
+            }
+        }
+        cmd.envs(&spec.env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            // The guard kills the whole group; tokio's kill would reach only the leader.
+            // The group handle kills the whole group; tokio's kill reaches only the leader.
             .kill_on_drop(false);
-        if let Some(cwd) = cwd {
+        if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
-        let spawn_err = |reason: String| TransportError::Spawn {
-            command: command.to_string(),
+        let spawn_err = |kind: SpawnFailure, reason: String| TransportError::Spawn {
+            command: spec.command.clone(),
+            kind,
             reason,
         };
-        let mut child = cmd.spawn().map_err(|e| spawn_err(e.to_string()))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| spawn_err("exited before its pid was read".into()))?;
-        let guard = GroupGuard {
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| spawn_err(spawn_failure(&e), e.to_string()))?;
+        let pid = child.id().ok_or_else(|| {
+            spawn_err(SpawnFailure::Other, "exited before its pid was read".into())
+        })?;
+        let handle = GroupHandle {
             pgid: pid as libc::pid_t,
             armed: Arc::new(AtomicBool::new(true)),
         };
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err(spawn_err("stdio pipes were not created".into()));
+            handle.kill();
+            return Err(spawn_err(
+                SpawnFailure::Other,
+                "stdio pipes were not created".into(),
+            ));
         };
         let (exit_tx, exit) = watch::channel(None);
         tokio::spawn(async move {
             let status = match child.wait().await {
-                Ok(status) => status.to_string(),
-                Err(e) => format!("wait failed: {e}"),
+                Ok(status) => ExitStatus::from(status),
+                Err(e) => {
+                    tracing::warn!(pid, error = %e, "waiting for a server process failed");
+                    ExitStatus::Code(-1)
+                }
             };
             let _ = exit_tx.send(Some(status));
         });
         Ok(Spawned {
-            group: ProcessGroup { pid, guard, exit },
+            group: ProcessGroup { pid, handle, exit },
             stdin,
             stdout,
             stderr,
@@ -139,18 +173,13 @@ impl ProcessGroup {
         self.pid
     }
 
-    /// How the leader exited, once it has.
-    pub(crate) fn exit_status(&self) -> Option<String> {
-        self.exit.borrow().clone()
-    }
-
-    /// The guard's arming flag, for the reader to disarm after its own sweep.
-    pub(crate) fn armed(&self) -> Arc<AtomicBool> {
-        self.guard.armed.clone()
+    /// The group's signalling handle.
+    pub(crate) fn handle(&self) -> GroupHandle {
+        self.handle.clone()
     }
 
     /// A receiver that sees the leader's exit.
-    pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<String>> {
+    pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<ExitStatus>> {
         self.exit.clone()
     }
 
@@ -164,21 +193,19 @@ impl ProcessGroup {
 
     /// Stops the group after the caller closed stdin: wait `grace`, SIGTERM, wait
     /// `grace`, SIGKILL, wait for the reap; then sweep the group with SIGKILL.
-    pub(crate) async fn terminate(&mut self, grace: Duration) -> Option<String> {
+    pub(crate) async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
         if !self.exited_within(grace).await {
             tracing::debug!(pid = self.pid, "server ignored stdin EOF; sending SIGTERM");
-            self.guard.signal(libc::SIGTERM);
+            self.handle.signal(libc::SIGTERM);
             if !self.exited_within(grace).await {
                 tracing::warn!(pid = self.pid, "server ignored SIGTERM; sending SIGKILL");
-                self.guard.signal(libc::SIGKILL);
+                self.handle.kill();
                 // SIGKILL cannot be ignored; the bound only guards against a stuck reap.
                 self.exited_within(Duration::from_secs(5)).await;
             }
         }
         // Grandchildren may outlive the leader; they still hold the group id.
-        if self.guard.armed.swap(false, Ordering::SeqCst) {
-            send_group_signal(self.guard.pgid, libc::SIGKILL);
-        }
-        self.exit_status()
+        self.handle.sweep();
+        *self.exit.borrow()
     }
 }

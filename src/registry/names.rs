@@ -1,16 +1,17 @@
-//! Where a call goes: a qualified name (`server__tool`) names its server; a bare name
-//! goes to every server that offers it, highest priority first, then config order.
-//! Servers that are ready go before servers that are starting or restarting (a call
-//! should not wait out a backoff when another server can serve it now). Plain
-//! functions, tested without actors.
+//! How tools are named across servers, and in which order a call's candidates go.
+//!
+//! A qualified name (`server__tool`) names its server: a name containing `__` is always
+//! read as qualified, split at the first separator, so a hostile server listing a tool
+//! named `bank__transfer` cannot catch a call meant for server `bank`. A bare name goes
+//! to every server that offers it: ready servers before starting or restarting ones (a
+//! call should not wait out a backoff when another server can serve it now), then
+//! highest priority, then config order. Plain functions, tested without actors.
 
-/// The separator of qualified names: `server__tool`. Server ids may not contain it.
-pub const SEPARATOR: &str = "__";
+use crate::server::SEPARATOR;
 
-/// Splits `server__tool` at the first separator.
+/// Splits `server__tool` at the first separator; `None` for a bare name.
 pub fn split_qualified(name: &str) -> Option<(&str, &str)> {
     name.split_once(SEPARATOR)
-        .filter(|(s, t)| !s.is_empty() && !t.is_empty())
 }
 
 /// `server__tool`.
@@ -56,14 +57,15 @@ mod tests {
     }
 
     #[test]
-    fn qualified_names_split_at_the_first_separator() {
+    fn a_name_with_the_separator_is_always_qualified_at_the_first_one() {
         assert_eq!(split_qualified("files__read"), Some(("files", "read")));
         assert_eq!(
             split_qualified("files__read__all"),
             Some(("files", "read__all"))
         );
         assert_eq!(split_qualified("read"), None);
-        assert_eq!(split_qualified("__read"), None);
+        // Never a bare name, even with an empty side: no server is named "".
+        assert_eq!(split_qualified("__read"), Some(("", "read")));
         assert_eq!(qualify("a", "b"), "a__b");
     }
 

@@ -1,0 +1,83 @@
+//! `AuditActor`: drains the [`AuditSink`] into the file in batches, on a timer and when
+//! a batch is full, off the async threads. Its state is the sink: rebuilt after a
+//! crash, it drains the same buffer, so no accepted record is lost.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::sink::AuditSink;
+use crate::util::slot::ActorSlot;
+
+/// Messages of the audit actor.
+pub enum AuditMsg {
+    /// Write everything buffered; answer when it is on disk (or the attempt failed).
+    Flush(RpcReplyPort<()>),
+    /// A batch is full, or the timer fired: write what is buffered.
+    Tick,
+}
+
+/// Writes the audit trail; see the module docs.
+pub struct AuditActor;
+
+/// Drains the sink once, on a blocking thread.
+async fn drain(sink: &AuditSink) {
+    let shared = sink.shared.clone();
+    if tokio::task::spawn_blocking(move || shared.write_pending())
+        .await
+        .is_err()
+    {
+        tracing::error!("the audit writer task failed");
+    }
+}
+
+impl Actor for AuditActor {
+    type Msg = AuditMsg;
+    type State = AuditSink;
+    type Arguments = AuditSink;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AuditMsg>,
+        sink: AuditSink,
+    ) -> Result<AuditSink, ActorProcessingErr> {
+        myself.send_interval(sink.config().flush_every, || AuditMsg::Tick);
+        Ok(sink)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<AuditMsg>,
+        msg: AuditMsg,
+        sink: &mut AuditSink,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AuditMsg::Flush(reply) => {
+                drain(sink).await;
+                let _ = reply.send(());
+            }
+            AuditMsg::Tick => drain(sink).await,
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<AuditMsg>,
+        sink: &mut AuditSink,
+    ) -> Result<(), ActorProcessingErr> {
+        drain(sink).await;
+        Ok(())
+    }
+}
+
+/// A typed handle on the audit actor (its address changes when it is rebuilt).
+#[derive(Clone, Default)]
+pub struct AuditRef(pub(crate) ActorSlot<AuditMsg>);
+
+impl AuditRef {
+    /// Writes everything accepted so far; returns when it is written (or failed).
+    pub async fn flush(&self) {
+        self.0.ask(AuditMsg::Flush, Duration::from_secs(30)).await;
+    }
+}

@@ -1,0 +1,189 @@
+//! The sink calls put records into, shared with the audit actor that drains it.
+//!
+//! Recording never waits on the actor and wakes it only when a batch is full (its timer
+//! takes the rest), so the trail costs the call path no task switch. The buffer and the
+//! file live here, outside the actor: a rebuilt actor drains the same buffer, and the
+//! last holder to drop the sink writes what is left.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::actor::AuditMsg;
+use super::file::{AuditFile, Opener, file_opener, load_or_create_key};
+use super::{AuditConfig, AuditFailure};
+use crate::util::hash::hmac_sha256_hex;
+use crate::util::slot::ActorSlot;
+
+/// Records held while the file cannot be written, in `keep_serving` mode; past it they
+/// are counted as unwritten instead of growing memory.
+const KEEP_SERVING_BOUND: usize = 100_000;
+
+/// Calls are refused: the audit file cannot be written (`on_failure = "fail_closed"`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the audit trail cannot be written ({reason}); calls are refused until it can")]
+pub struct AuditUnavailable {
+    /// The last write error.
+    pub reason: String,
+}
+
+/// The audit trail's state, for status and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditHealth {
+    /// Whether the last write succeeded.
+    pub writable: bool,
+    /// The last write error, while not writable.
+    pub last_error: Option<String>,
+    /// Records accepted and not yet written.
+    pub backlog: usize,
+    /// Records that could not be kept (`keep_serving` past the buffer's bound).
+    pub unwritten: u64,
+}
+
+pub(super) struct Shared {
+    pub(super) config: AuditConfig,
+    key: Vec<u8>,
+    pending: Mutex<Vec<Value>>,
+    /// Drained from `pending`, waiting for a write that succeeds.
+    retry: Mutex<Vec<Value>>,
+    file: Mutex<Option<AuditFile>>,
+    writable: AtomicBool,
+    last_error: Mutex<Option<String>>,
+    unwritten: AtomicU64,
+}
+
+impl Shared {
+    /// Writes everything accepted so far; blocking I/O (run it off the async threads).
+    /// On failure the records stay, in order, for the next attempt.
+    pub(super) fn write_pending(&self) {
+        let mut file = self.file.lock();
+        let mut retry = self.retry.lock();
+        retry.append(&mut self.pending.lock());
+        if retry.is_empty() {
+            return;
+        }
+        let Some(file) = file.as_mut() else {
+            retry.clear();
+            return;
+        };
+        let mut bytes = Vec::with_capacity(retry.len() * 256);
+        for r in retry.iter() {
+            let _ = serde_json::to_writer(&mut bytes, r);
+            bytes.push(b'\n');
+        }
+        match file.write(&bytes) {
+            Ok(()) => {
+                retry.clear();
+                if !self.writable.swap(true, Ordering::SeqCst) {
+                    tracing::info!("audit trail writable again");
+                }
+                *self.last_error.lock() = None;
+            }
+            Err(e) => {
+                if self.writable.swap(false, Ordering::SeqCst) {
+                    tracing::error!(error = %e, records = retry.len(), "audit write failed; records kept for the next attempt");
+                }
+                *self.last_error.lock() = Some(e.to_string());
+                if self.config.on_failure == AuditFailure::KeepServing
+                    && retry.len() > KEEP_SERVING_BOUND
+                {
+                    let over = retry.len() - KEEP_SERVING_BOUND;
+                    retry.drain(..over);
+                    self.unwritten.fetch_add(over as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last holder: what was accepted is still written.
+        self.write_pending();
+    }
+}
+
+/// Where calls put their records; cheap to clone.
+#[derive(Clone)]
+pub struct AuditSink {
+    pub(super) shared: Arc<Shared>,
+    pub(super) actor: ActorSlot<AuditMsg>,
+}
+
+impl AuditSink {
+    /// A sink for `config`, whose actor (woken when a batch is full) will sit in `actor`.
+    pub fn new(config: AuditConfig, actor: ActorSlot<AuditMsg>) -> AuditSink {
+        let opener = config.path.clone().map(file_opener);
+        Self::with_opener(config, opener, actor)
+    }
+
+    pub(super) fn with_opener(
+        config: AuditConfig,
+        opener: Option<Opener>,
+        actor: ActorSlot<AuditMsg>,
+    ) -> AuditSink {
+        let key = load_or_create_key(config.path.as_deref().map(Path::new));
+        AuditSink {
+            shared: Arc::new(Shared {
+                config,
+                key,
+                pending: Mutex::new(Vec::new()),
+                retry: Mutex::new(Vec::new()),
+                file: Mutex::new(opener.map(AuditFile::new)),
+                writable: AtomicBool::new(true),
+                last_error: Mutex::new(None),
+                unwritten: AtomicU64::new(0),
+            }),
+            actor,
+        }
+    }
+
+    /// The settings (redaction) the records follow.
+    pub fn config(&self) -> &AuditConfig {
+        &self.shared.config
+    }
+
+    /// Whether a new call may start: refused while the file cannot be written, in
+    /// `fail_closed` mode.
+    pub fn admit(&self) -> Result<(), AuditUnavailable> {
+        let s = &self.shared;
+        if s.config.on_failure == AuditFailure::FailClosed && !s.writable.load(Ordering::SeqCst) {
+            return Err(AuditUnavailable {
+                reason: s.last_error.lock().clone().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
+    /// An auth context as records carry it: HMAC-SHA256 under the trail's key.
+    pub fn hash_context(&self, ctx: Option<&str>) -> Option<String> {
+        ctx.map(|c| hmac_sha256_hex(&self.shared.key, c.as_bytes())[..32].to_string())
+    }
+
+    /// Appends one record (a JSON object with at least `event` and `call_id`).
+    pub fn record(&self, record: Value) {
+        tracing::info!(target: "mcp_harness::audit", record = %record, "audit");
+        let full = {
+            let mut pending = self.shared.pending.lock();
+            pending.push(record);
+            pending.len() >= self.shared.config.batch.max(1)
+        };
+        if full {
+            self.actor.send(AuditMsg::Tick);
+        }
+    }
+
+    /// The trail's state now.
+    pub fn health(&self) -> AuditHealth {
+        let s = &self.shared;
+        AuditHealth {
+            writable: s.writable.load(Ordering::SeqCst),
+            last_error: s.last_error.lock().clone(),
+            backlog: s.pending.lock().len() + s.retry.lock().len(),
+            unwritten: s.unwritten.load(Ordering::Relaxed),
+        }
+    }
+}

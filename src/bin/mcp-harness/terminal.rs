@@ -1,0 +1,87 @@
+//! Text from servers, made safe to print: a server controls tool results, descriptions,
+//! error messages and the URLs of URL-mode elicitation, and could otherwise move the
+//! cursor, rewrite what was printed, set the window title or disguise a URL with
+//! escape sequences, control characters or bidirectional overrides.
+
+/// `text` without escape sequences, control characters (other than newline and tab,
+/// when `multiline`) or bidirectional formatting characters.
+pub fn sanitize(text: &str, multiline: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => skip_escape(&mut chars),
+            // C1 CSI / OSC introducers.
+            '\u{9b}' => skip_csi(&mut chars),
+            '\u{9d}' => skip_osc(&mut chars),
+            '\n' | '\t' if multiline => out.push(c),
+            c if c.is_control() => {}
+            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One line of server text (a name, a description, a URL).
+pub fn line(text: &str) -> String {
+    sanitize(text, false)
+}
+
+fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    match chars.next() {
+        Some('[') => skip_csi(chars),
+        Some(']' | 'P' | 'X' | '^' | '_') => skip_osc(chars),
+        // A two-character sequence (ESC c, ESC 7, …) or a lone ESC at the end.
+        _ => {}
+    }
+}
+
+fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    // Parameters and intermediates, then one final byte in @..~.
+    for c in chars.by_ref() {
+        if ('@'..='~').contains(&c) {
+            return;
+        }
+    }
+}
+
+fn skip_osc(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    // Ends at BEL or ST (ESC \ or U+009C).
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{7}' | '\u{9c}' => return,
+            '\u{1b}' => {
+                if chars.peek() == Some(&'\\') {
+                    chars.next();
+                }
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_sequences_and_controls_never_reach_the_terminal() {
+        assert_eq!(line("\u{1b}[2J\u{1b}[Hhello"), "hello");
+        assert_eq!(line("a\u{1b}]0;pwned title\u{7}b"), "ab");
+        assert_eq!(
+            line("https://good.example\u{1b}[8m.evil.example"),
+            "https://good.example.evil.example"
+        );
+        assert_eq!(line("x\ry\u{8}z\u{7f}"), "xyz");
+        assert_eq!(line("https://\u{202e}elpmaxe.live"), "https://elpmaxe.live");
+        assert_eq!(line("one\ntwo"), "onetwo");
+        assert_eq!(
+            sanitize("one\ntwo\tthree\u{1b}[31m", true),
+            "one\ntwo\tthree"
+        );
+        assert_eq!(line("\u{9b}31mred"), "red");
+        assert_eq!(line("plain é ü 日本"), "plain é ü 日本");
+    }
+}

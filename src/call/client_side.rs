@@ -1,0 +1,53 @@
+//! The harness as its servers see it: the [`ClientSide`] the server layer asks for
+//! capabilities, for answers to a legacy server's requests (through the same
+//! [`InputHandlers`] as MRTR rounds), and to drop a server's cached lists when they
+//! change.
+
+use serde_json::Value;
+
+use super::input::{InputError, InputHandlers, InputRequestContext};
+use crate::protocol::RpcError;
+use crate::protocol::error::{INTERNAL_ERROR, METHOD_NOT_FOUND};
+use crate::registry::RegistryRef;
+use crate::server::{ClientSide, ListsChanged};
+use crate::transport::ServerRequest;
+
+/// See the module docs.
+pub(crate) struct HarnessClient {
+    pub(crate) inputs: InputHandlers,
+    pub(crate) registry: RegistryRef,
+}
+
+impl ClientSide for HarnessClient {
+    fn capabilities(&self) -> Value {
+        self.inputs.snapshot().capabilities().clone()
+    }
+
+    fn answer(&self, server: &str, request: ServerRequest) {
+        let inputs = self.inputs.clone();
+        let context = InputRequestContext {
+            server: server.to_string(),
+            method: request.method.clone(),
+            params: request.params.clone(),
+            agent_id: None,
+            key: String::new(),
+        };
+        tokio::spawn(async move {
+            let set = inputs.snapshot();
+            let outcome = match inputs.answer(&set, context, inputs.timeout()).await {
+                Ok(value) => Ok(value),
+                Err(InputError::NoHandler(method)) => Err(RpcError::new(
+                    METHOD_NOT_FOUND,
+                    format!("no handler for {method} in this client"),
+                )),
+                Err(e) => Err(RpcError::new(INTERNAL_ERROR, e.to_string())),
+            };
+            request.respond(outcome);
+        });
+    }
+
+    fn lists_changed(&self, server: &str, changed: ListsChanged) {
+        tracing::debug!(server, ?changed, "server lists changed");
+        self.registry.invalidate(server);
+    }
+}

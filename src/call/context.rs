@@ -1,0 +1,93 @@
+//! What every call needs, in one place: the servers, the policy snapshot, the
+//! registry (cache and change events), the audit sink, the input handlers and the
+//! settings. Built once by the harness; reads here never go through a mailbox.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::audit::AuditSink;
+use crate::permission::SharedPolicy;
+use crate::registry::{Registry, RegistryRef};
+use crate::server::{Directory, ServerRef};
+
+use super::input::InputHandlers;
+use super::settings::CallConfig;
+
+/// Shared by every call of one harness.
+pub struct CallContext {
+    pub(crate) servers: Directory,
+    pub(crate) policy: SharedPolicy,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) registry_ref: RegistryRef,
+    pub(crate) audit: AuditSink,
+    pub(crate) inputs: InputHandlers,
+    pub(crate) settings: CallConfig,
+    next_call: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// Counts a call as in flight until dropped.
+pub(crate) struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl CallContext {
+    /// The context of one harness.
+    pub(crate) fn new(
+        servers: Directory,
+        policy: SharedPolicy,
+        registry: Arc<Registry>,
+        registry_ref: RegistryRef,
+        audit: AuditSink,
+        inputs: InputHandlers,
+        settings: CallConfig,
+    ) -> CallContext {
+        CallContext {
+            servers,
+            policy,
+            registry,
+            registry_ref,
+            audit,
+            inputs,
+            settings,
+            next_call: AtomicU64::new(1),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts one call in flight until the guard drops.
+    pub(crate) fn enter(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(&self.in_flight)
+    }
+
+    /// Calls between their `started` and `finished` records now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// A fresh call id.
+    pub(crate) fn next_call_id(&self) -> u64 {
+        self.next_call.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether `agent` may call `tool` on `server`, per the grants now.
+    pub(crate) fn allows(&self, agent: Option<&str>, server: &ServerRef, tool: &str) -> bool {
+        let config = server.config();
+        self.policy
+            .read()
+            .allows(agent, &config.id, &config.tags, tool)
+    }
+
+    /// Whether `agent` may use anything on `server`.
+    pub(crate) fn allows_any(&self, agent: Option<&str>, server: &ServerRef) -> bool {
+        let config = server.config();
+        self.policy
+            .read()
+            .allows_any(agent, &config.id, &config.tags)
+    }
+}

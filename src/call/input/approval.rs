@@ -1,0 +1,128 @@
+//! [`ApprovalQueue`]: elicitation answered by someone else. Requests wait in the queue
+//! until [`ApprovalQueue::answer`] or their timeout; a request whose call goes away
+//! (cancelled, timed out, the harness shut down) leaves the queue at once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::{InputError, InputFuture, InputHandler, InputRequestContext};
+
+/// A request waiting in an [`ApprovalQueue`].
+#[derive(Clone, Debug)]
+pub struct PendingInput {
+    /// Queue-local id, for [`ApprovalQueue::answer`].
+    pub id: u64,
+    /// The request.
+    pub request: InputRequestContext,
+}
+
+/// Elicitation answered by someone else: requests wait until [`ApprovalQueue::answer`]
+/// or their timeout.
+#[derive(Clone)]
+pub struct ApprovalQueue {
+    inner: Arc<QueueInner>,
+}
+
+type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>)>;
+
+struct QueueInner {
+    waiting: Mutex<Waiting>,
+    next: AtomicU64,
+    timeout: Duration,
+    notify: tokio::sync::Notify,
+}
+
+/// Takes a request out of the queue when its answer is no longer awaited.
+struct Withdraw {
+    inner: Arc<QueueInner>,
+    id: u64,
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        self.inner.waiting.lock().remove(&self.id);
+    }
+}
+
+impl ApprovalQueue {
+    /// A queue whose requests fail after `timeout` unanswered.
+    pub fn new(timeout: Duration) -> ApprovalQueue {
+        ApprovalQueue {
+            inner: Arc::new(QueueInner {
+                waiting: Mutex::new(BTreeMap::new()),
+                next: AtomicU64::new(1),
+                timeout,
+                notify: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    /// The requests waiting now, oldest first.
+    pub fn pending(&self) -> Vec<PendingInput> {
+        self.inner
+            .waiting
+            .lock()
+            .iter()
+            .map(|(id, (r, _))| PendingInput {
+                id: *id,
+                request: r.clone(),
+            })
+            .collect()
+    }
+
+    /// Waits until at least one request is pending and returns them.
+    pub async fn next_pending(&self) -> Vec<PendingInput> {
+        loop {
+            let notified = self.inner.notify.notified();
+            let pending = self.pending();
+            if !pending.is_empty() {
+                return pending;
+            }
+            notified.await;
+        }
+    }
+
+    /// Answers request `id`; false when it is no longer waiting.
+    pub fn answer(&self, id: u64, answer: Value) -> bool {
+        match self.inner.waiting.lock().remove(&id) {
+            Some((_, tx)) => tx.send(answer).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Declines request `id`; false when it is no longer waiting.
+    pub fn decline(&self, id: u64) -> bool {
+        self.answer(id, json!({"action": "decline"}))
+    }
+}
+
+impl InputHandler for ApprovalQueue {
+    fn capability(&self) -> Value {
+        json!({"form": {}})
+    }
+
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let id = inner.next.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            inner.waiting.lock().insert(id, (request, tx));
+            let _withdraw = Withdraw {
+                inner: inner.clone(),
+                id,
+            };
+            inner.notify.notify_waiters();
+            match tokio::time::timeout(inner.timeout, rx).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(_)) => Err(InputError::Failed("the approval queue was dropped".into())),
+                Err(_) => Err(InputError::Timeout(inner.timeout)),
+            }
+        })
+    }
+}

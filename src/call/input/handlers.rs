@@ -1,0 +1,205 @@
+//! [`InputHandlers`]: the one owner of the registered handlers. It holds the handler of
+//! each method and the `clientCapabilities` they add up to, published as a snapshot
+//! that calls and servers read without a mailbox; changes go through the
+//! [`InputHandlersActor`], which also tells the servers (a connected legacy server
+//! reconnects to learn them). The snapshot lives outside the actor: a rebuilt actor
+//! keeps every handler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::{Map, Value};
+
+use super::{InputError, InputHandler, InputRequestContext, capability_name};
+use crate::server::ServersRef;
+use crate::util::invalid::Invalid;
+use crate::util::slot::ActorSlot;
+
+/// The handlers at one moment, and the capabilities they declare.
+#[derive(Default)]
+pub struct HandlerSet {
+    by_method: HashMap<String, Arc<dyn InputHandler>>,
+    capabilities: Value,
+}
+
+impl HandlerSet {
+    fn build(by_method: HashMap<String, Arc<dyn InputHandler>>) -> HandlerSet {
+        let mut caps = Map::new();
+        for (method, handler) in &by_method {
+            if let Some(name) = capability_name(method) {
+                caps.insert(name.to_string(), handler.capability());
+            }
+        }
+        HandlerSet {
+            by_method,
+            capabilities: Value::Object(caps),
+        }
+    }
+
+    /// `clientCapabilities` as these handlers declare them.
+    pub fn capabilities(&self) -> &Value {
+        &self.capabilities
+    }
+
+    /// The handler of `method`.
+    pub fn get(&self, method: &str) -> Option<&Arc<dyn InputHandler>> {
+        self.by_method.get(method)
+    }
+}
+
+/// The registered handlers; cheap to clone (every clone sees the same set).
+#[derive(Clone)]
+pub struct InputHandlers {
+    current: Arc<RwLock<Arc<HandlerSet>>>,
+    pub(crate) actor: ActorSlot<InputHandlersMsg>,
+    timeout: Duration,
+}
+
+/// Aborts a handler's task when its answer is no longer awaited.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn check_method(method: &str) -> Result<(), Invalid> {
+    match capability_name(method) {
+        Some(_) => Ok(()),
+        None => Err(Invalid::new(
+            "input_handlers",
+            format!(
+                "no input method {method:?}; use elicitation/create, sampling/createMessage or roots/list"
+            ),
+        )),
+    }
+}
+
+impl InputHandlers {
+    /// Handlers known before any server connects (so that legacy servers learn their
+    /// capabilities at `initialize`), each answer bounded by `timeout`.
+    pub fn new(
+        initial: Vec<(String, Arc<dyn InputHandler>)>,
+        timeout: Duration,
+    ) -> Result<InputHandlers, Invalid> {
+        let mut by_method = HashMap::new();
+        for (method, handler) in initial {
+            check_method(&method)?;
+            by_method.insert(method, handler);
+        }
+        Ok(InputHandlers {
+            current: Arc::new(RwLock::new(Arc::new(HandlerSet::build(by_method)))),
+            actor: ActorSlot::default(),
+            timeout,
+        })
+    }
+
+    /// The handlers now.
+    pub fn snapshot(&self) -> Arc<HandlerSet> {
+        self.current.read().clone()
+    }
+
+    /// The longest one answer may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Registers (or replaces) the handler of `method`; the servers learn the new
+    /// capabilities (a connected legacy server reconnects, without failing a call).
+    pub async fn register(
+        &self,
+        method: &str,
+        handler: Arc<dyn InputHandler>,
+    ) -> Result<(), Invalid> {
+        check_method(method)?;
+        let done = self
+            .actor
+            .ask(
+                |reply| InputHandlersMsg::Register(method.to_string(), handler.clone(), reply),
+                Duration::from_secs(10),
+            )
+            .await;
+        done.ok_or_else(|| Invalid::new("input_handlers", "the harness is shutting down"))
+    }
+
+    fn set(&self, method: String, handler: Arc<dyn InputHandler>) {
+        let mut current = self.current.write();
+        let mut by_method = current.by_method.clone();
+        by_method.insert(method, handler);
+        *current = Arc::new(HandlerSet::build(by_method));
+    }
+
+    /// Answers one request with the handler of its method, in a task of its own,
+    /// within `limit` (and never past the handlers' own timeout). Dropping the future
+    /// aborts the handler (an [`super::ApprovalQueue`] entry leaves the queue).
+    pub async fn answer(
+        &self,
+        set: &HandlerSet,
+        request: InputRequestContext,
+        limit: Duration,
+    ) -> Result<Value, InputError> {
+        let Some(handler) = set.get(&request.method).cloned() else {
+            return Err(InputError::NoHandler(request.method));
+        };
+        let limit = limit.min(self.timeout);
+        let task = tokio::spawn(async move { handler.answer(request).await });
+        let _abort = AbortOnDrop(task.abort_handle());
+        match tokio::time::timeout(limit, task).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) if e.is_panic() => Err(InputError::Failed("the handler panicked".into())),
+            Ok(Err(_)) => Err(InputError::Failed("the handler was stopped".into())),
+            Err(_) => Err(InputError::Timeout(limit)),
+        }
+    }
+}
+
+/// Messages of the input handlers' owner.
+pub enum InputHandlersMsg {
+    /// Register (or replace) the handler of a method.
+    Register(String, Arc<dyn InputHandler>, RpcReplyPort<()>),
+}
+
+/// What the owner actor is started with (and rebuilt from).
+#[derive(Clone)]
+pub struct InputHandlersArgs {
+    pub(crate) handlers: InputHandlers,
+    pub(crate) servers: ServersRef,
+}
+
+/// Owns changes to the handlers; see the module docs.
+pub struct InputHandlersActor;
+
+impl Actor for InputHandlersActor {
+    type Msg = InputHandlersMsg;
+    type State = InputHandlersArgs;
+    type Arguments = InputHandlersArgs;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<InputHandlersMsg>,
+        args: InputHandlersArgs,
+    ) -> Result<InputHandlersArgs, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<InputHandlersMsg>,
+        msg: InputHandlersMsg,
+        state: &mut InputHandlersArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            InputHandlersMsg::Register(method, handler, reply) => {
+                tracing::info!(%method, "input handler registered");
+                state.handlers.set(method, handler);
+                state.servers.capabilities_changed();
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+}

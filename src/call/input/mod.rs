@@ -1,0 +1,93 @@
+//! Input handlers: how the harness answers what servers ask of the client
+//! (`elicitation/create`, `sampling/createMessage`, `roots/list`), whether the question
+//! comes as an MRTR input request (modern) or a server-to-client request (legacy).
+//!
+//! An [`InputHandler`] is registered per method with [`InputHandlers`], their one owner,
+//! which derives the `clientCapabilities` the harness declares from them and tells the
+//! servers when they change. Answering ([`InputHandlers::answer`]) runs the handler in a
+//! task of its own under a deadline: a handler that panics, hangs or fails ends in a
+//! typed error, and dropping the answer (the call was cancelled) aborts it.
+//!
+//! Built in: [`FixedAnswers`] (the same answer every time, for tests and scripts) and
+//! [`ApprovalQueue`] (requests wait until another task, agent or person answers).
+
+mod approval;
+mod fixed;
+mod handlers;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+pub use approval::{ApprovalQueue, PendingInput};
+pub use fixed::FixedAnswers;
+pub use handlers::{
+    HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs, InputHandlersMsg,
+};
+
+/// The boxed future an [`InputHandler`] returns.
+pub type InputFuture = Pin<Box<dyn Future<Output = Result<Value, InputError>> + Send>>;
+
+/// One question from a server.
+#[derive(Clone, Debug)]
+pub struct InputRequestContext {
+    /// The server asking.
+    pub server: String,
+    /// The method, for example `elicitation/create`.
+    pub method: String,
+    /// The request's params, as sent.
+    pub params: Value,
+    /// The agent whose call caused it, if any (legacy requests come outside calls).
+    pub agent_id: Option<String>,
+    /// The MRTR key (empty for legacy requests).
+    pub key: String,
+}
+
+/// A handler could not answer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InputError {
+    /// No answer within the deadline.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The handler failed.
+    #[error("{0}")]
+    Failed(String),
+    /// No handler is registered for the method.
+    #[error("no handler is registered for {0}")]
+    NoHandler(String),
+}
+
+/// Answers one kind of input request.
+pub trait InputHandler: Send + Sync + 'static {
+    /// What this handler adds to `clientCapabilities` under its method's capability
+    /// (for elicitation: `{"form": {}}`, `{"url": {}}` or both).
+    fn capability(&self) -> Value {
+        json!({})
+    }
+
+    /// Answers one request: the bare result (for elicitation `{action, content}`).
+    fn answer(&self, request: InputRequestContext) -> InputFuture;
+}
+
+/// The methods input handlers answer.
+pub const INPUT_METHODS: &[&str] = &["elicitation/create", "sampling/createMessage", "roots/list"];
+
+/// The capability name a method needs.
+pub fn capability_name(method: &str) -> Option<&'static str> {
+    match method {
+        "elicitation/create" => Some("elicitation"),
+        "sampling/createMessage" => Some("sampling"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+/// The elicitation mode a request asks for: `form` unless it says `url`.
+pub fn elicitation_mode(params: &Value) -> &str {
+    match params.get("mode").and_then(Value::as_str) {
+        Some("url") => "url",
+        _ => "form",
+    }
+}

@@ -1,0 +1,225 @@
+//! One `input_required` round: its input requests checked before any handler sees
+//! them, then answered in parallel under the same keys.
+//!
+//! The checks: no more than `limits.max_input_requests` in one round; each method one
+//! the harness declared for this request, and an elicitation only in a mode it declared
+//! (`url` needs `url`; a bare `elicitation: {}` means form only); sampling with tools
+//! only if `sampling.tools` was declared. A server that breaks them ends the call with
+//! [`CallError::InputRejected`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::caller::Caller;
+use super::error::CallError;
+use super::input::{
+    HandlerSet, InputError, InputHandlers, InputRequestContext, capability_name, elicitation_mode,
+};
+use crate::protocol::InputRequest;
+
+/// Checks one round's input requests against what was declared (see the module docs).
+pub(crate) fn check(
+    server: &str,
+    requests: &BTreeMap<String, InputRequest>,
+    declared: &Value,
+    max: usize,
+) -> Result<(), CallError> {
+    let reject = |reason: String| CallError::InputRejected {
+        server: server.to_string(),
+        reason,
+    };
+    if requests.len() > max {
+        return Err(reject(format!(
+            "{} input requests in one round; at most {max} are answered",
+            requests.len()
+        )));
+    }
+    for (key, request) in requests {
+        let Some(capability) = capability_name(&request.method) else {
+            return Err(reject(format!(
+                "input request {key:?} is for {:?}, which is not an input method",
+                request.method
+            )));
+        };
+        let Some(declared) = declared.get(capability) else {
+            return Err(reject(format!(
+                "input request {key:?} needs {capability}, which this client did not declare"
+            )));
+        };
+        if capability == "elicitation" {
+            let mode = elicitation_mode(&request.params);
+            let modes = declared.as_object().filter(|m| !m.is_empty());
+            let allowed = match modes {
+                Some(m) => m.contains_key(mode),
+                None => mode == "form",
+            };
+            if !allowed {
+                return Err(reject(format!(
+                    "input request {key:?} is a {mode}-mode elicitation, which this client did not declare"
+                )));
+            }
+        }
+        if capability == "sampling"
+            && (request.params.get("tools").is_some() || request.params.get("toolChoice").is_some())
+            && declared.get("tools").is_none()
+        {
+            return Err(reject(format!(
+                "input request {key:?} asks for sampling with tools, which this client did not declare"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Answers one round's input requests in parallel, under the same keys. A declined or
+/// cancelled elicitation ends the call; so does any handler that fails.
+pub(crate) async fn gather(
+    inputs: &InputHandlers,
+    set: &HandlerSet,
+    caller: &Caller,
+    server: &str,
+    requests: BTreeMap<String, InputRequest>,
+    limit: Duration,
+) -> Result<Map<String, Value>, CallError> {
+    let mut pending = Vec::with_capacity(requests.len());
+    for (key, request) in requests {
+        let context = InputRequestContext {
+            server: server.to_string(),
+            method: request.method,
+            params: request.params,
+            agent_id: caller.agent_id.clone(),
+            key,
+        };
+        pending.push(context);
+    }
+    // Each answer runs in a task of its own (InputHandlers::answer); polling them together
+    // here lets them run in parallel, and dropping this future aborts them all.
+    let answers = join_all(pending.into_iter().map(|context| {
+        let method = context.method.clone();
+        let key = context.key.clone();
+        async move { (key, method, inputs.answer(set, context, limit).await) }
+    }))
+    .await;
+    let mut out = Map::new();
+    for (key, method, answer) in answers {
+        let value = match answer {
+            Ok(v) => v,
+            Err(InputError::NoHandler(_)) => {
+                return Err(CallError::NoInputHandler {
+                    server: server.to_string(),
+                    method,
+                });
+            }
+            Err(e) => {
+                return Err(CallError::InputFailed {
+                    server: server.to_string(),
+                    method,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        if method == "elicitation/create"
+            && let Some(action @ ("decline" | "cancel")) =
+                value.get("action").and_then(Value::as_str)
+        {
+            return Err(CallError::InputDeclined {
+                server: server.to_string(),
+                method,
+                action: action.to_string(),
+            });
+        }
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+/// Polls every future to completion together; results in their order.
+async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = (0..futures.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, slot) in futures.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        out[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn requests(items: &[(&str, &str, Value)]) -> BTreeMap<String, InputRequest> {
+        items
+            .iter()
+            .map(|(k, m, p)| {
+                (
+                    k.to_string(),
+                    InputRequest {
+                        method: m.to_string(),
+                        params: p.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn undeclared_methods_and_modes_are_rejected_before_any_handler() {
+        let form_only = json!({"elicitation": {}});
+        let ok = requests(&[("a", "elicitation/create", json!({"message": "?"}))]);
+        assert!(check("s", &ok, &form_only, 16).is_ok());
+        let url = requests(&[(
+            "a",
+            "elicitation/create",
+            json!({"mode": "url", "url": "https://x"}),
+        )]);
+        assert!(matches!(
+            check("s", &url, &form_only, 16),
+            Err(CallError::InputRejected { .. })
+        ));
+        assert!(check("s", &url, &json!({"elicitation": {"url": {}}}), 16).is_ok());
+        assert!(check("s", &url, &json!({"elicitation": {"form": {}}}), 16).is_err());
+        let sampling = requests(&[("a", "sampling/createMessage", json!({"messages": []}))]);
+        assert!(
+            check("s", &sampling, &form_only, 16).is_err(),
+            "sampling not declared"
+        );
+        let with_tools = requests(&[("a", "sampling/createMessage", json!({"tools": []}))]);
+        assert!(check("s", &with_tools, &json!({"sampling": {}}), 16).is_err());
+        assert!(check("s", &with_tools, &json!({"sampling": {"tools": {}}}), 16).is_ok());
+        let bogus = requests(&[("a", "tools/call", json!({}))]);
+        assert!(check("s", &bogus, &json!({"elicitation": {}}), 16).is_err());
+    }
+
+    #[test]
+    fn a_round_with_too_many_input_requests_is_rejected() {
+        let many: Vec<(String, &str, Value)> = (0..17)
+            .map(|i| (format!("k{i}"), "elicitation/create", json!({})))
+            .collect();
+        let many: Vec<(&str, &str, Value)> = many
+            .iter()
+            .map(|(k, m, p)| (k.as_str(), *m, p.clone()))
+            .collect();
+        let e = check("s", &requests(&many), &json!({"elicitation": {}}), 16).expect_err("17 > 16");
+        assert!(e.to_string().contains("17 input requests"), "{e}");
+    }
+}

@@ -1,0 +1,146 @@
+//! Where a call goes: the ordered servers it may be sent to.
+//!
+//! A qualified name (`server__tool`, any name with the separator) names its server and
+//! nothing else. A bare name is looked up only on servers where the caller holds some
+//! grant (an ungranted agent calling an unknown name sends nothing to any server), and
+//! goes to those that offer it and allow it, ready ones first, then by priority, then
+//! config order. A name the caller may not call is denied without naming a server the
+//! caller did not name itself.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::caller::{CallKind, Caller};
+use super::context::CallContext;
+use super::error::{CallError, Unreachable};
+use super::listing::{item_name, items, list_all};
+use crate::registry::names::{RouteView, order, split_qualified};
+use crate::server::{ServerRef, ServerState};
+
+/// One server a call may go to, in order.
+#[derive(Clone)]
+pub(crate) struct Candidate {
+    pub(crate) server: ServerRef,
+    /// The item's name on that server.
+    pub(crate) item: String,
+    /// The request may be re-sent elsewhere even if it reached this server (the tool is
+    /// marked idempotent or read-only by a server whose annotations are trusted).
+    pub(crate) retry_safe: bool,
+}
+
+fn retry_safe(server: &ServerRef, item: Option<&Value>) -> bool {
+    let hint = |h: &str| {
+        item.and_then(|i| i.get("annotations"))
+            .and_then(|a| a.get(h))
+            .and_then(Value::as_bool)
+            == Some(true)
+    };
+    server.config().trust_annotations && (hint("idempotentHint") || hint("readOnlyHint"))
+}
+
+/// The servers a call to `name` may go to, in order; a denial or no route is an error.
+pub(crate) async fn route(
+    ctx: &Arc<CallContext>,
+    caller: &Caller,
+    kind: CallKind,
+    name: &str,
+) -> Result<Vec<Candidate>, CallError> {
+    let agent = caller.agent_id.as_deref();
+    let denied = |server: Option<&str>| CallError::Denied {
+        agent: agent.map(String::from),
+        server: server.map(String::from),
+        tool: name.to_string(),
+    };
+    if agent.is_none() {
+        return Err(denied(None));
+    }
+    // Resource uris may contain anything; they are never qualified.
+    if kind != CallKind::Resource
+        && let Some((server_id, item)) = split_qualified(name)
+    {
+        let Some(server) = ctx.servers.get(server_id) else {
+            return Err(CallError::NoRoute {
+                tool: name.to_string(),
+                unreachable: Vec::new(),
+            });
+        };
+        if !ctx.allows(agent, &server, item) {
+            return Err(CallError::Denied {
+                agent: agent.map(String::from),
+                server: Some(server_id.to_string()),
+                tool: item.to_string(),
+            });
+        }
+        return Ok(vec![Candidate {
+            server,
+            item: item.to_string(),
+            retry_safe: false,
+        }]);
+    }
+    let granted: Vec<ServerRef> = ctx
+        .servers
+        .all()
+        .into_iter()
+        .filter(|s| ctx.allows_any(agent, s))
+        .collect();
+    if granted.is_empty() {
+        // Nothing is asked of any server for an agent that may use none.
+        return Err(denied(None));
+    }
+    let (lists, unreachable) = list_all(ctx, caller, kind, granted.clone()).await;
+    let mut offering: Vec<(ServerRef, Option<Value>)> = lists
+        .iter()
+        .filter_map(|l| {
+            items(kind, &l.pages)
+                .find(|i| item_name(kind, i) == Some(name))
+                .map(|i| (l.server.clone(), Some(i.clone())))
+        })
+        .collect();
+    if offering.is_empty() && kind == CallKind::Resource {
+        // A uri no list names (a template, say): ask the routable servers in order.
+        offering = granted
+            .iter()
+            .filter(|s| s.state().routable())
+            .map(|s| (s.clone(), None))
+            .collect();
+    }
+    let allowed: Vec<&(ServerRef, Option<Value>)> = offering
+        .iter()
+        .filter(|(s, _)| ctx.allows(agent, s, name))
+        .collect();
+    if allowed.is_empty() {
+        return Err(if offering.is_empty() {
+            CallError::NoRoute {
+                tool: name.to_string(),
+                unreachable: unreachable
+                    .into_iter()
+                    .map(|(u, _)| u)
+                    .collect::<Vec<Unreachable>>(),
+            }
+        } else {
+            denied(None)
+        });
+    }
+    let views: Vec<RouteView> = allowed
+        .iter()
+        .map(|(s, _)| RouteView {
+            server: s.id().to_string(),
+            priority: s.config().priority,
+            order: granted
+                .iter()
+                .position(|g| g.id() == s.id())
+                .unwrap_or(usize::MAX),
+            ready: s.state() == ServerState::Ready,
+        })
+        .collect();
+    Ok(order(views)
+        .into_iter()
+        .filter_map(|v| allowed.iter().find(|(s, _)| s.id() == v.server))
+        .map(|(s, item)| Candidate {
+            server: s.clone(),
+            item: name.to_string(),
+            retry_safe: retry_safe(s, item.as_ref()),
+        })
+        .collect())
+}

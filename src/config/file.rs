@@ -1,0 +1,309 @@
+//! Config files: TOML in this crate's own shape, or the `mcpServers` JSON people keep
+//! for Claude Desktop, Cursor and `.mcp.json` (or VS Code's `servers`), and servers named
+//! on a command line.
+//!
+//! TOML is read strictly: an unknown key or a bad value is an error naming the key and
+//! the file. `${VAR}` in any string value is replaced by the environment variable (an
+//! unset one is an error). `mcpServers` files are read leniently, since the same file
+//! serves other clients: keys this crate does not use are ignored with a warning, and a
+//! name that is not a valid server id is mapped to one (the mapping is reported).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{ConfigError, HarnessConfig};
+use crate::server::{ServerConfig, id_from_name};
+use crate::transport::{HttpSpec, StdioSpec, TransportSpec};
+
+/// A config read from a file, with what the reading decided.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The configuration.
+    pub config: HarnessConfig,
+    /// The caller a command line acts as (`agent` in the file), if it names one.
+    pub agent: Option<String>,
+    /// `mcpServers` names that were not valid server ids, and the ids they became.
+    pub renamed: Vec<(String, String)>,
+    /// Whether it was an `mcpServers` file (which grants nothing: its servers are meant
+    /// for whoever runs it).
+    pub imported: bool,
+}
+
+/// Replaces `${VAR}` in every string of `v`.
+fn substitute(v: &mut Value, file: &Path) -> Result<(), ConfigError> {
+    match v {
+        Value::String(s) => {
+            let mut out = String::new();
+            let mut rest = s.as_str();
+            while let Some(start) = rest.find("${") {
+                let Some(len) = rest[start..].find('}') else {
+                    break;
+                };
+                let name = &rest[start + 2..start + len];
+                let value = std::env::var(name).map_err(|_| {
+                    ConfigError::new(
+                        format!("${{{name}}}"),
+                        format!("environment variable {name} is not set"),
+                    )
+                    .in_file(file)
+                })?;
+                out.push_str(&rest[..start]);
+                out.push_str(&value);
+                rest = &rest[start + len + 1..];
+            }
+            out.push_str(rest);
+            *s = out;
+        }
+        Value::Array(items) => items.iter_mut().try_for_each(|i| substitute(i, file))?,
+        Value::Object(map) => map.values_mut().try_for_each(|i| substitute(i, file))?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Reads a config file: TOML (`.toml`), or JSON: `mcpServers`, VS Code's `servers`
+/// object, or this crate's own config as JSON. The result is validated.
+pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path))?;
+    parse(&text, path)
+}
+
+/// [`load`] on text already read (`path` names it in errors and picks the format).
+pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
+    let is_toml = path.extension().is_some_and(|e| e == "toml");
+    let mut value: Value = if is_toml {
+        toml::from_str(text).map_err(|e| {
+            ConfigError::new("(syntax)", e.to_string().trim().to_string()).in_file(path)
+        })?
+    } else {
+        serde_json::from_str(text)
+            .map_err(|e| ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path))?
+    };
+    substitute(&mut value, path)?;
+    let servers_object = value
+        .get("mcpServers")
+        .or_else(|| value.get("servers").filter(|s| s.is_object()));
+    if let Some(servers) = servers_object {
+        let (config, renamed) = import_mcp_servers(servers, path)?;
+        config.validate().map_err(|e| e.in_file(path))?;
+        return Ok(Loaded {
+            config,
+            agent: None,
+            renamed,
+            imported: true,
+        });
+    }
+    let agent = value
+        .as_object_mut()
+        .and_then(|m| m.remove("agent"))
+        .and_then(|a| a.as_str().map(String::from));
+    let config: HarnessConfig = serde_json::from_value(value)
+        .map_err(|e| ConfigError::new("(value)", e.to_string()).in_file(path))?;
+    config.validate().map_err(|e| e.in_file(path))?;
+    Ok(Loaded {
+        config,
+        agent,
+        renamed: Vec::new(),
+        imported: false,
+    })
+}
+
+const MCP_SERVERS_KEYS: &[&str] = &[
+    "command", "args", "env", "cwd", "url", "type", "headers", "disabled",
+];
+
+fn import_mcp_servers(
+    servers: &Value,
+    path: &Path,
+) -> Result<(HarnessConfig, Vec<(String, String)>), ConfigError> {
+    let bad = |field: String, reason: &str| ConfigError::new(field, reason).in_file(path);
+    let Some(servers) = servers.as_object() else {
+        return Err(bad("mcpServers".into(), "must be an object"));
+    };
+    let mut config = HarnessConfig::default();
+    let mut renamed = Vec::new();
+    for (name, entry) in servers {
+        let at = |key: &str| format!("mcpServers.{name}.{key}");
+        let Some(entry) = entry.as_object() else {
+            return Err(bad(format!("mcpServers.{name}"), "must be an object"));
+        };
+        let strings = |key: &str| -> Result<BTreeMap<String, String>, ConfigError> {
+            match entry.get(key) {
+                None => Ok(BTreeMap::new()),
+                Some(v) => serde_json::from_value(v.clone())
+                    .map_err(|_| bad(at(key), "must map names to strings")),
+            }
+        };
+        let kind = entry.get("type").and_then(Value::as_str).unwrap_or("");
+        let transport = match (entry.get("command"), entry.get("url")) {
+            (Some(command), _) if kind.is_empty() || kind == "stdio" => {
+                TransportSpec::Stdio(StdioSpec {
+                    command: command
+                        .as_str()
+                        .ok_or_else(|| bad(at("command"), "must be a string"))?
+                        .to_string(),
+                    args: match entry.get("args") {
+                        None => Vec::new(),
+                        Some(a) => serde_json::from_value(a.clone())
+                            .map_err(|_| bad(at("args"), "must be a list of strings"))?,
+                    },
+                    env: strings("env")?,
+                    cwd: entry.get("cwd").and_then(Value::as_str).map(Into::into),
+                    inherit_env: false,
+                })
+            }
+            (_, Some(url)) => {
+                if kind == "sse" {
+                    return Err(bad(
+                        at("type"),
+                        "the HTTP+SSE transport (2024-11-05) is not supported; use a Streamable HTTP endpoint",
+                    ));
+                }
+                TransportSpec::Http(HttpSpec {
+                    url: url
+                        .as_str()
+                        .ok_or_else(|| bad(at("url"), "must be a string"))?
+                        .to_string(),
+                    headers: strings("headers")?,
+                    ..HttpSpec::default()
+                })
+            }
+            _ => {
+                return Err(bad(
+                    format!("mcpServers.{name}"),
+                    "needs `command` (stdio) or `url` (HTTP)",
+                ));
+            }
+        };
+        for key in entry.keys() {
+            if !MCP_SERVERS_KEYS.contains(&key.as_str()) {
+                tracing::warn!(file = %path.display(), server = %name, key = %key, "ignoring a key this program does not use");
+            }
+        }
+        let mut id = id_from_name(name);
+        while config.servers.iter().any(|s| s.id == id) {
+            id.push_str("-2");
+        }
+        if id != *name {
+            renamed.push((name.clone(), id.clone()));
+        }
+        let mut server = ServerConfig::new(id.clone(), transport);
+        server.name = Some(name.clone());
+        server.enabled = !entry
+            .get("disabled")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        config.servers.push(server);
+    }
+    Ok((config, renamed))
+}
+
+/// Grants `agent` every tool of the servers `ids` names, without replacing a grant the
+/// config already has for the agent on one of them.
+pub fn grant_all(config: &mut HarnessConfig, agent: &str, ids: &[String]) {
+    let grants = config.permissions.entry(agent.to_string()).or_default();
+    for id in ids {
+        grants.entry(id.clone()).or_insert_with(|| vec!["*".into()]);
+    }
+}
+
+/// Adds servers named on a command line (`--stdio 'COMMAND ARGS…'`, `--http URL`) to
+/// `config` as `stdio1…`, `http1…` (skipping ids the config uses), and returns their ids.
+pub fn add_ad_hoc(
+    config: &mut HarnessConfig,
+    stdio: &[String],
+    http: &[String],
+) -> Result<Vec<String>, ConfigError> {
+    let mut ids: Vec<String> = Vec::new();
+    let fresh = |prefix: &str, config: &HarnessConfig, ids: &[String]| {
+        (1..)
+            .map(|n| format!("{prefix}{n}"))
+            .find(|id| !config.servers.iter().any(|s| &s.id == id) && !ids.contains(id))
+            .unwrap_or_default()
+    };
+    let mut added = Vec::new();
+    for line in stdio {
+        let mut words = line.split_whitespace().map(String::from);
+        let Some(command) = words.next() else {
+            return Err(ConfigError::new("--stdio", "needs a command"));
+        };
+        let id = fresh("stdio", config, &ids);
+        ids.push(id.clone());
+        added.push(ServerConfig::stdio(id, command, words.collect::<Vec<_>>()));
+    }
+    for url in http {
+        let id = fresh("http", config, &ids);
+        ids.push(id.clone());
+        added.push(ServerConfig::http(id, url.clone()));
+    }
+    for s in &added {
+        s.validate().map_err(|e| ConfigError {
+            file: None,
+            server: Some(s.id.clone()),
+            field: e.field,
+            reason: e.reason,
+        })?;
+    }
+    config.servers.extend(added);
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_servers_names_become_valid_ids_and_the_mapping_is_reported() {
+        let text = r#"{"mcpServers": {"my files": {"command": "srv"}, "bank_": {"url": "http://127.0.0.1:1/mcp"}}}"#;
+        let loaded = parse(text, Path::new("mcp.json")).expect("valid");
+        let ids: Vec<&str> = loaded
+            .config
+            .servers
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(ids, ["bank", "my_files"]);
+        assert_eq!(loaded.renamed.len(), 2);
+    }
+
+    #[test]
+    fn ad_hoc_grants_never_replace_or_widen_a_files_grants() {
+        let text = r#"
+            [[servers]]
+            id = "stdio1"
+            transport = { type = "stdio", command = "srv" }
+            [permissions.local]
+            stdio1 = ["echo"]
+        "#;
+        let mut loaded = parse(text, Path::new("h.toml")).expect("valid");
+        let ids = add_ad_hoc(&mut loaded.config, &["other --flag".into()], &[]).expect("ok");
+        assert_eq!(ids, ["stdio2"], "skips the id the file uses");
+        grant_all(&mut loaded.config, "local", &ids);
+        let grants = &loaded.config.permissions["local"];
+        assert_eq!(
+            grants["stdio1"],
+            vec!["echo".to_string()],
+            "file grant kept as written"
+        );
+        assert_eq!(grants["stdio2"], vec!["*".to_string()]);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let e = parse(
+            "[[servers]]\nid = \"x\"\ntimout = \"5s\"\n",
+            Path::new("h.toml"),
+        )
+        .expect_err("typo");
+        assert!(e.to_string().contains("h.toml"), "{e}");
+        let e = parse(
+            r#"{"mcpServers": {"s": {"url": "http://x/", "type": "sse"}}}"#,
+            Path::new("m.json"),
+        )
+        .expect_err("sse");
+        assert_eq!(e.field, "mcpServers.s.type");
+    }
+}

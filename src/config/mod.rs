@@ -1,0 +1,194 @@
+//! What the harness runs: [`HarnessConfig`], the aggregate of each layer's own settings
+//! (servers, grants, cache, audit, calls), plain structs with serde so that embedders
+//! build them in code and operators write them in files ([`file`]: TOML, or the
+//! `mcpServers` JSON people already keep).
+//!
+//! Durations are written as strings with a unit (`"500ms"`, `"30s"`, `"5m"`) or as a
+//! number of seconds. Unknown keys are rejected, so a typo is an error, not a default.
+//! [`HarnessConfig::validate`] checks everything before anything starts, and its
+//! [`ConfigError`] names the file, the server and the field.
+
+pub mod file;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::audit::AuditConfig;
+use crate::call::{CallConfig, Limits};
+use crate::permission::Grants;
+use crate::protocol::Implementation;
+use crate::registry::cache::CacheConfig;
+use crate::server::ServerConfig;
+use crate::util::duration;
+use crate::util::invalid::Invalid;
+
+/// A configuration that cannot work: where, and what is wrong.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{}{}{}: {reason}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default(), server.as_ref().map(|s| format!("server {s:?}: ")).unwrap_or_default(), field)]
+pub struct ConfigError {
+    /// The file it was read from, if any.
+    pub file: Option<PathBuf>,
+    /// The server whose settings are wrong, if it is one server's.
+    pub server: Option<String>,
+    /// The field, as written in a config file.
+    pub field: String,
+    /// What is wrong and, where it helps, how to fix it.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// An error about `field` (no file, no server).
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: None,
+            server: None,
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn from_invalid(server: Option<&str>, invalid: Invalid) -> ConfigError {
+        ConfigError {
+            file: None,
+            server: server.map(String::from),
+            field: invalid.field,
+            reason: invalid.reason,
+        }
+    }
+
+    /// The same error, read from `file`.
+    pub fn in_file(mut self, file: impl Into<PathBuf>) -> ConfigError {
+        self.file = Some(file.into());
+        self
+    }
+}
+
+/// The whole harness: its servers, who may use them, and how calls run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarnessConfig {
+    /// The servers, in config order (the tie-breaker of routing).
+    #[serde(default)]
+    pub servers: Vec<ServerConfig>,
+    /// `clientInfo` sent to servers; this crate's name and version when absent.
+    #[serde(default)]
+    pub client_info: Option<Implementation>,
+    /// Grants: agent id → server id, `tag:NAME` or `*` → tool names or `*`.
+    #[serde(default)]
+    pub permissions: Grants,
+    /// The list cache.
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// The audit trail.
+    #[serde(default)]
+    pub audit: AuditConfig,
+    /// Most `input_required` rounds of one call (failover included).
+    #[serde(default = "default_round_cap")]
+    pub round_cap: usize,
+    /// Deadline of one input handler's answer.
+    #[serde(default = "default_input_timeout", with = "duration")]
+    pub input_timeout: Duration,
+    /// Deadline of one whole call, rounds and failover included.
+    #[serde(default = "default_call_timeout", with = "duration")]
+    pub call_timeout: Duration,
+    /// Bounds on what one server may make the harness hold.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        HarnessConfig {
+            servers: Vec::new(),
+            client_info: None,
+            permissions: Grants::new(),
+            cache: CacheConfig::default(),
+            audit: AuditConfig::default(),
+            round_cap: default_round_cap(),
+            input_timeout: default_input_timeout(),
+            call_timeout: default_call_timeout(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+fn default_round_cap() -> usize {
+    CallConfig::default().round_cap
+}
+fn default_input_timeout() -> Duration {
+    CallConfig::default().input_timeout
+}
+fn default_call_timeout() -> Duration {
+    CallConfig::default().call_timeout
+}
+
+impl HarnessConfig {
+    /// The call path's settings.
+    pub fn call_config(&self) -> CallConfig {
+        CallConfig {
+            round_cap: self.round_cap,
+            input_timeout: self.input_timeout,
+            call_timeout: self.call_timeout,
+            limits: self.limits.clone(),
+        }
+    }
+
+    /// Checks everything that can be checked before anything starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = HashSet::new();
+        for server in &self.servers {
+            server
+                .validate()
+                .map_err(|e| ConfigError::from_invalid(Some(&server.id), e))?;
+            if !seen.insert(server.id.as_str()) {
+                return Err(ConfigError {
+                    file: None,
+                    server: Some(server.id.clone()),
+                    field: "id".into(),
+                    reason: "another server has the same id".into(),
+                });
+            }
+        }
+        self.call_config()
+            .validate()
+            .map_err(|e| ConfigError::from_invalid(None, e))?;
+        self.cache
+            .validate()
+            .map_err(|e| ConfigError::from_invalid(None, e.under("cache")))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_server_and_the_field() {
+        let mut config = HarnessConfig::default();
+        let mut s = ServerConfig::stdio("files", "srv", Vec::<String>::new());
+        s.restart.within = Duration::ZERO;
+        config.servers.push(s);
+        let e = config.validate().expect_err("zero window");
+        assert_eq!(e.server.as_deref(), Some("files"));
+        assert_eq!(e.field, "restart.within");
+        assert!(
+            e.to_string().contains("server \"files\": restart.within"),
+            "{e}"
+        );
+        let mut config = HarnessConfig::default();
+        config
+            .servers
+            .push(ServerConfig::http("web", "::not a url"));
+        let e = config.validate().expect_err("bad url");
+        assert_eq!(e.field, "transport.url");
+        let config = HarnessConfig {
+            round_cap: 0,
+            ..HarnessConfig::default()
+        };
+        assert_eq!(config.validate().expect_err("cap").field, "round_cap");
+    }
+}

@@ -1,0 +1,421 @@
+//! The list cache: what servers list (`tools/list`, `prompts/list`,
+//! `resources/list`, page by page), kept by the servers' own `ttlMs` / `cacheScope`
+//! hints, in memory (L1) and on disk (L2, [`disk`], survives a restart).
+//!
+//! Key: server, the fingerprint of its configuration (a server changed under the same
+//! id never serves its old entries), method, the cursor (`""` is a cursor too), and
+//! scope: `public`, or `private` plus a hash of the caller's auth context. A `private`
+//! result with no context is used once and never stored; a `public` one is shared by
+//! everyone. Freshness: the result's `ttlMs` when it has one (negative: 0), else the
+//! configured default (legacy servers send no hints), never more than `max_ttl`.
+//! `input_required` results and MRTR retries are never offered to the cache, and calls'
+//! results (`resources/read` included) are not cached at all.
+//!
+//! Reads take a read lock on L1 (and on a miss, L2's index): they never wait on an
+//! actor. Writes come from the `RegistryActor`; a page is held once, behind an `Arc`,
+//! by the caller that fetched it, L1, L2's index and the change hash alike.
+
+mod disk;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::protocol::{CacheHints, CacheScope};
+use crate::util::duration;
+use crate::util::hash::sha256_hex;
+use crate::util::invalid::Invalid;
+
+/// The list cache's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Directory of the disk layer (L2); memory only when `None`.
+    pub dir: Option<PathBuf>,
+    /// Freshness of results that carry no `ttlMs` (legacy servers).
+    #[serde(with = "duration")]
+    pub default_ttl: Duration,
+    /// The longest any entry stays fresh, whatever a server says.
+    #[serde(with = "duration")]
+    pub max_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            dir: None,
+            default_ttl: Duration::from_secs(300),
+            max_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.max_ttl.is_zero() {
+            return Err(Invalid::new("max_ttl", "must be more than zero"));
+        }
+        Ok(())
+    }
+}
+
+/// Where a cached page is looked up.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CacheKey {
+    /// Server id.
+    pub server: String,
+    /// The server's configuration fingerprint.
+    pub fingerprint: String,
+    /// The method, for example `tools/list`.
+    pub method: String,
+    /// The cursor of the page (`""` is a cursor too); `None` for the first page.
+    pub param: Option<String>,
+    /// `public`, or `private:<sha256 of the auth context>`.
+    pub scope: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    key: CacheKey,
+    /// Shared, so that a hit costs a reference count, not a copy of the list.
+    value: Arc<Value>,
+    expires_unix_ms: u64,
+    bytes: usize,
+}
+
+/// A page to store, as the fetcher read it.
+#[derive(Clone, Debug)]
+pub struct Page {
+    /// Where.
+    pub key: CacheKey,
+    /// For how long.
+    pub ttl: Duration,
+    /// The page.
+    pub value: Arc<Value>,
+    /// Its size as JSON.
+    pub bytes: usize,
+}
+
+/// A fresh cached page.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    /// The page.
+    pub value: Arc<Value>,
+    /// Its size as JSON.
+    pub bytes: usize,
+    /// How long it stays fresh.
+    pub remaining: Duration,
+    /// Its scope.
+    pub scope: CacheScope,
+}
+
+/// Counters of one cache layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LayerStats {
+    /// Entries held.
+    pub entries: usize,
+    /// Bytes of the entries' JSON.
+    pub bytes: usize,
+    /// Lookups answered by this layer.
+    pub hits: u64,
+    /// Lookups this layer could not answer.
+    pub misses: u64,
+}
+
+/// Counters of the whole cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    /// Memory.
+    pub l1: LayerStats,
+    /// Disk (all zero when no directory is configured).
+    pub l2: LayerStats,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// The scope part of a key: `public`, or `private:<hash of the context>`.
+pub fn scope_key(scope: CacheScope, auth_context: Option<&str>) -> Option<String> {
+    match (scope, auth_context) {
+        (CacheScope::Public, _) => Some("public".into()),
+        (CacheScope::Private, Some(ctx)) => Some(format!("private:{}", sha256_hex(ctx.as_bytes()))),
+        (CacheScope::Private, None) => None,
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What one server's list request is keyed by, before the cursor and scope.
+#[derive(Clone, Copy, Debug)]
+pub struct ListOf<'a> {
+    /// Server id.
+    pub server: &'a str,
+    /// Its configuration fingerprint.
+    pub fingerprint: &'a str,
+    /// The list method.
+    pub method: &'a str,
+}
+
+/// The cache; see the module docs.
+pub struct ListCache {
+    config: CacheConfig,
+    l1: RwLock<HashMap<CacheKey, Entry>>,
+    l2: RwLock<HashMap<CacheKey, Entry>>,
+    l1_counts: Counters,
+    l2_counts: Counters,
+    /// Bumped on every invalidation of a server; a write from an older fetch is dropped.
+    generations: RwLock<HashMap<String, u64>>,
+}
+
+impl ListCache {
+    /// A cache with these settings; the disk layer is loaded now (blocking I/O: call it
+    /// off the async threads), skipping entries that expired while the harness was down.
+    pub fn new(config: CacheConfig) -> ListCache {
+        let l2 = config.dir.as_deref().map(disk::load).unwrap_or_default();
+        ListCache {
+            config,
+            l1: RwLock::new(HashMap::new()),
+            l2: RwLock::new(l2),
+            l1_counts: Counters::default(),
+            l2_counts: Counters::default(),
+            generations: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// The current invalidation generation of `server`.
+    pub fn generation(&self, server: &str) -> u64 {
+        self.generations.read().get(server).copied().unwrap_or(0)
+    }
+
+    fn keys(list: ListOf<'_>, cursor: Option<&str>, auth_context: Option<&str>) -> Vec<CacheKey> {
+        [CacheScope::Public, CacheScope::Private]
+            .into_iter()
+            .filter_map(|s| scope_key(s, auth_context))
+            .map(|scope| CacheKey {
+                server: list.server.into(),
+                fingerprint: list.fingerprint.into(),
+                method: list.method.into(),
+                param: cursor.map(String::from),
+                scope,
+            })
+            .collect()
+    }
+
+    /// A fresh cached page for this request as `auth_context` may see it: a `public`
+    /// entry, or a `private` one of the same context.
+    pub fn get(
+        &self,
+        list: ListOf<'_>,
+        cursor: Option<&str>,
+        auth_context: Option<&str>,
+    ) -> Option<Hit> {
+        self.get_at(now_ms(), list, cursor, auth_context)
+    }
+
+    /// [`ListCache::get`] at a given time (unix milliseconds).
+    pub fn get_at(
+        &self,
+        now: u64,
+        list: ListOf<'_>,
+        cursor: Option<&str>,
+        auth_context: Option<&str>,
+    ) -> Option<Hit> {
+        let keys = Self::keys(list, cursor, auth_context);
+        let fresh = |e: &Entry| e.expires_unix_ms > now;
+        let hit = |e: &Entry| Hit {
+            value: e.value.clone(),
+            bytes: e.bytes,
+            remaining: Duration::from_millis(e.expires_unix_ms.saturating_sub(now)),
+            scope: if e.key.scope == "public" {
+                CacheScope::Public
+            } else {
+                CacheScope::Private
+            },
+        };
+        {
+            let l1 = self.l1.read();
+            if let Some(e) = keys.iter().filter_map(|k| l1.get(k)).find(|e| fresh(e)) {
+                self.l1_counts.hits.fetch_add(1, Ordering::Relaxed);
+                return Some(hit(e));
+            }
+        }
+        self.l1_counts.misses.fetch_add(1, Ordering::Relaxed);
+        // Without a disk layer there is nothing more to ask.
+        self.config.dir.as_ref()?;
+        let generation = self.generation(list.server);
+        let found = {
+            let l2 = self.l2.read();
+            keys.iter()
+                .filter_map(|k| l2.get(k))
+                .find(|e| fresh(e))
+                .cloned()
+        };
+        match found {
+            Some(e) => {
+                self.l2_counts.hits.fetch_add(1, Ordering::Relaxed);
+                let found = hit(&e);
+                // Promoted only if no invalidation came between the read and now: the
+                // L1 write lock is held while the generation is checked.
+                let mut l1 = self.l1.write();
+                if self.generation(list.server) == generation {
+                    l1.insert(e.key.clone(), e);
+                }
+                Some(found)
+            }
+            None => {
+                self.l2_counts.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Whether a page from this request would be stored, and under which key and TTL.
+    pub fn key_for(
+        &self,
+        list: ListOf<'_>,
+        cursor: Option<&str>,
+        auth_context: Option<&str>,
+        result: &Value,
+    ) -> Option<(CacheKey, Duration)> {
+        let hints = CacheHints::of(result);
+        let ttl = if result.get("ttlMs").is_some() {
+            hints.ttl
+        } else {
+            self.config.default_ttl
+        };
+        let ttl = ttl.min(self.config.max_ttl);
+        if ttl.is_zero() {
+            return None;
+        }
+        let scope = scope_key(hints.scope, auth_context)?;
+        Some((
+            CacheKey {
+                server: list.server.into(),
+                fingerprint: list.fingerprint.into(),
+                method: list.method.into(),
+                param: cursor.map(String::from),
+                scope,
+            },
+            ttl,
+        ))
+    }
+
+    /// Stores the pages of one list fetched at `generation` (writer: the registry
+    /// actor, on a blocking thread: this writes files).
+    pub(crate) fn put(&self, pages: Vec<Page>, generation: u64) {
+        self.put_at(now_ms(), pages, generation)
+    }
+
+    /// [`ListCache::put`] at a given time (unix milliseconds).
+    pub(crate) fn put_at(&self, now: u64, pages: Vec<Page>, generation: u64) {
+        for page in pages {
+            if self.generation(&page.key.server) != generation {
+                return; // invalidated while it was being fetched
+            }
+            let ttl = page.ttl.min(self.config.max_ttl);
+            let entry = Entry {
+                key: page.key.clone(),
+                value: page.value,
+                expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
+                bytes: page.bytes,
+            };
+            if let Some(dir) = &self.config.dir {
+                if let Err(e) = disk::write(dir, &entry) {
+                    tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");
+                }
+                self.l2.write().insert(page.key.clone(), entry.clone());
+            }
+            self.l1.write().insert(page.key, entry);
+        }
+    }
+
+    fn bump(&self, server: &str) {
+        *self
+            .generations
+            .write()
+            .entry(server.to_string())
+            .or_default() += 1;
+    }
+
+    /// Drops every entry of `server` from both layers (list_changed, removal).
+    pub(crate) fn invalidate(&self, server: &str) {
+        self.bump(server);
+        self.l1.write().retain(|k, _| k.server != server);
+        self.l2.write().retain(|k, _| k.server != server);
+        if let Some(dir) = &self.config.dir {
+            disk::remove_server(dir, server);
+        }
+    }
+
+    /// Drops the pages of one list of `server` (every scope): its cursor was rejected.
+    pub(crate) fn invalidate_list(&self, server: &str, method: &str) {
+        self.bump(server);
+        let dropped = |k: &CacheKey| k.server == server && k.method == method;
+        self.l1.write().retain(|k, _| !dropped(k));
+        self.l2.write().retain(|k, _| !dropped(k));
+        if let Some(dir) = &self.config.dir {
+            disk::remove_where(dir, server, dropped);
+        }
+    }
+
+    /// Entry counts, sizes, hits and misses per layer.
+    pub fn stats(&self) -> CacheStats {
+        let layer = |map: &RwLock<HashMap<CacheKey, Entry>>, c: &Counters| {
+            let m = map.read();
+            LayerStats {
+                entries: m.len(),
+                bytes: m.values().map(|e| e.bytes).sum(),
+                hits: c.hits.load(Ordering::Relaxed),
+                misses: c.misses.load(Ordering::Relaxed),
+            }
+        };
+        CacheStats {
+            l1: layer(&self.l1, &self.l1_counts),
+            l2: if self.config.dir.is_some() {
+                layer(&self.l2, &self.l2_counts)
+            } else {
+                LayerStats::default()
+            },
+        }
+    }
+}
+
+/// The size of `value` as compact JSON, counted without building the string.
+pub fn json_size(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+#[cfg(test)]
+mod tests;

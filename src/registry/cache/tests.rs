@@ -1,0 +1,344 @@
+use super::*;
+use serde_json::json;
+
+const LIST: ListOf<'static> = ListOf {
+    server: "s",
+    fingerprint: "fp1",
+    method: "tools/list",
+};
+
+fn config(dir: Option<PathBuf>) -> CacheConfig {
+    CacheConfig {
+        dir,
+        default_ttl: Duration::from_secs(60),
+        ..CacheConfig::default()
+    }
+}
+
+fn page(cache: &ListCache, list: ListOf<'_>, ctx: Option<&str>, result: Value) -> Option<Page> {
+    let (key, ttl) = cache.key_for(list, None, ctx, &result)?;
+    Some(Page {
+        key,
+        ttl,
+        bytes: json_size(&result),
+        value: Arc::new(result),
+    })
+}
+
+fn put(cache: &ListCache, ctx: Option<&str>, result: Value) -> bool {
+    match page(cache, LIST, ctx, result) {
+        Some(p) => {
+            cache.put(vec![p], cache.generation("s"));
+            true
+        }
+        None => false,
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-harness-cache-unit-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn private_entries_stay_within_their_auth_context() {
+    let cache = ListCache::new(config(None));
+    assert!(put(
+        &cache,
+        Some("alice"),
+        json!({"tools": ["a"], "ttlMs": 60000, "cacheScope": "private"})
+    ));
+    assert!(cache.get(LIST, None, Some("alice")).is_some());
+    assert!(cache.get(LIST, None, Some("bob")).is_none());
+    assert!(cache.get(LIST, None, None).is_none());
+}
+
+#[test]
+fn private_results_without_a_context_are_not_stored_and_public_ones_are_shared() {
+    let cache = ListCache::new(config(None));
+    assert!(!put(&cache, None, json!({"tools": [], "ttlMs": 60000})));
+    assert!(put(
+        &cache,
+        None,
+        json!({"tools": [], "ttlMs": 60000, "cacheScope": "public"})
+    ));
+    assert!(cache.get(LIST, None, Some("anyone")).is_some());
+    assert!(cache.get(LIST, None, None).is_some());
+}
+
+#[test]
+fn ttl_comes_from_the_server_else_the_default_and_zero_is_not_stored() {
+    let cache = ListCache::new(config(None));
+    assert!(!put(
+        &cache,
+        None,
+        json!({"ttlMs": 0, "cacheScope": "public"})
+    ));
+    assert!(!put(
+        &cache,
+        None,
+        json!({"ttlMs": -5, "cacheScope": "public"})
+    ));
+    let (_, ttl) = cache
+        .key_for(LIST, None, Some("c"), &json!({}))
+        .expect("default ttl applies");
+    assert_eq!(ttl, Duration::from_secs(60));
+}
+
+#[test]
+fn a_servers_ttl_is_capped_at_max_ttl() {
+    let cache = ListCache::new(CacheConfig {
+        max_ttl: Duration::from_secs(3600),
+        ..config(None)
+    });
+    // A hostile server asks for a year.
+    let (_, ttl) = cache
+        .key_for(
+            LIST,
+            None,
+            None,
+            &json!({"ttlMs": 365u64 * 86_400_000, "cacheScope": "public"}),
+        )
+        .expect("cacheable");
+    assert_eq!(ttl, Duration::from_secs(3600));
+    let p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"ttlMs": 1e15, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    let now = now_ms();
+    cache.put_at(now, vec![p], 0);
+    assert!(cache.get_at(now + 3_599_000, LIST, None, None).is_some());
+    assert!(
+        cache.get_at(now + 3_601_000, LIST, None, None).is_none(),
+        "expired at the cap"
+    );
+}
+
+#[test]
+fn a_server_changed_under_the_same_id_never_serves_its_old_entries() {
+    let cache = ListCache::new(config(None));
+    assert!(put(
+        &cache,
+        None,
+        json!({"tools": ["old"], "ttlMs": 60000, "cacheScope": "public"})
+    ));
+    let changed = ListOf {
+        fingerprint: "fp2",
+        ..LIST
+    };
+    assert!(cache.get(changed, None, None).is_none());
+    assert!(cache.get(LIST, None, None).is_some());
+}
+
+#[test]
+fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
+    let cache = ListCache::new(config(None));
+    let p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"ttlMs": 60000, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    let generation = cache.generation("s");
+    cache.invalidate("s");
+    cache.put(vec![p], generation);
+    assert!(cache.get(LIST, None, None).is_none());
+}
+
+#[test]
+fn the_disk_layer_survives_a_new_cache() {
+    let dir = temp_dir("survive");
+    {
+        let cache = ListCache::new(config(Some(dir.clone())));
+        assert!(put(
+            &cache,
+            None,
+            json!({"tools": ["x"], "ttlMs": 60000, "cacheScope": "public"})
+        ));
+    }
+    let cache = ListCache::new(config(Some(dir.clone())));
+    assert_eq!(
+        cache.get(LIST, None, None).expect("from disk").value["tools"][0],
+        "x"
+    );
+    let stats = cache.stats();
+    assert_eq!((stats.l1.misses, stats.l2.hits), (1, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("trust");
+    {
+        let cache = ListCache::new(config(Some(dir.clone())));
+        assert!(put(
+            &cache,
+            None,
+            json!({"tools": ["real"], "ttlMs": 60000, "cacheScope": "public"})
+        ));
+    }
+    let mode =
+        |p: &std::path::Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("s")), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.join("s"))
+        .expect("server dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(mode(&files[0]), 0o600);
+    // Someone plants an entry for another key under a name that is not its hash, and
+    // one filed under the wrong server's directory.
+    let mut planted: Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).expect("read")).expect("json");
+    planted["value"]["tools"][0] = json!("planted");
+    planted["key"]["param"] = json!("cursor-x");
+    std::fs::write(dir.join("s").join("0000.json"), planted.to_string()).expect("plant");
+    std::fs::create_dir_all(dir.join("other")).expect("dir");
+    std::fs::copy(
+        &files[0],
+        dir.join("other").join(files[0].file_name().expect("name")),
+    )
+    .expect("copy");
+    let cache = ListCache::new(config(Some(dir.clone())));
+    assert_eq!(
+        cache.stats().l2.entries,
+        1,
+        "only the genuine entry is loaded"
+    );
+    assert!(cache.get(LIST, Some("cursor-x"), None).is_none());
+    assert!(
+        !dir.join("s").join("0000.json").exists(),
+        "the planted file is removed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Put {
+            ctx: Option<u8>,
+            public: bool,
+            ttl_s: u8,
+            id: u32,
+            /// Write as a fetch that started this many invalidations ago.
+            stale_by: u8,
+        },
+        Get {
+            ctx: Option<u8>,
+        },
+        Wait {
+            ms: u16,
+        },
+        Invalidate,
+        /// A new process reads the disk layer.
+        Reload,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let ctx = proptest::option::of(0u8..3);
+        prop_oneof![
+            (ctx.clone(), any::<bool>(), 0u8..4, any::<u32>(), 0u8..2).prop_map(
+                |(ctx, public, ttl_s, id, stale_by)| Op::Put {
+                    ctx,
+                    public,
+                    ttl_s,
+                    id,
+                    stale_by
+                }
+            ),
+            ctx.prop_map(|ctx| Op::Get { ctx }),
+            (0u16..3000).prop_map(|ms| Op::Wait { ms }),
+            Just(Op::Invalidate),
+            Just(Op::Reload),
+        ]
+    }
+
+    /// What the model expects to be served to one context.
+    #[derive(Clone, Copy, Debug)]
+    struct Stored {
+        id: u32,
+        /// `None`: public.
+        owner: Option<u8>,
+        expires: u64,
+    }
+
+    proptest! {
+        /// Against a model of what was stored: a private entry is never served to
+        /// another auth context, an expired or invalidated entry never at all, a write
+        /// from a fetch older than the last invalidation is dropped, and (liveness) a
+        /// fresh entry the caller may see is served, from memory or from disk after a
+        /// reload.
+        #[test]
+        fn isolation_freshness_and_liveness_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..60)) {
+            let dir = temp_dir(&format!("prop-{}", std::thread::current().name().unwrap_or("t").replace(':', "_")));
+            let mut cache = ListCache::new(config(Some(dir.clone())));
+            // Far in the future, so that the disk layer (which reads the wall clock) keeps what
+            // the model keeps.
+            let mut now = 4_000_000_000_000u64;
+            // The model: the last valid write per scope (public, or private per context).
+            let mut public: Option<Stored> = None;
+            let mut private: HashMap<u8, Stored> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Put { ctx, public: is_public, ttl_s, id, stale_by } => {
+                        let result = json!({"id": id, "ttlMs": u64::from(ttl_s) * 1000, "cacheScope": if is_public { "public" } else { "private" }});
+                        let context = ctx.map(|c| format!("ctx{c}"));
+                        let generation = cache.generation("s").saturating_sub(u64::from(stale_by));
+                        let stale = generation != cache.generation("s");
+                        if let Some((key, ttl)) = cache.key_for(LIST, None, context.as_deref(), &result) {
+                            let bytes = json_size(&result);
+                            cache.put_at(now, vec![Page { key, ttl, bytes, value: Arc::new(result) }], generation);
+                            if !stale {
+                                let stored = Stored { id, owner: if is_public { None } else { ctx }, expires: now + u64::from(ttl_s) * 1000 };
+                                match stored.owner {
+                                    None => public = Some(stored),
+                                    Some(c) => { private.insert(c, stored); }
+                                }
+                            }
+                        }
+                    }
+                    Op::Get { ctx } => {
+                        let context = ctx.map(|c| format!("ctx{c}"));
+                        let served = cache.get_at(now, LIST, None, context.as_deref()).map(|h| h.value["id"].as_u64().unwrap_or_default() as u32);
+                        let visible: Vec<Stored> = public.iter().copied()
+                            .chain(ctx.and_then(|c| private.get(&c).copied()))
+                            .filter(|s| now < s.expires)
+                            .collect();
+                        match served {
+                            Some(id) => prop_assert!(visible.iter().any(|s| s.id == id), "served {id}, model allows {visible:?}"),
+                            None => prop_assert!(visible.is_empty(), "nothing served, but {visible:?} is fresh and visible"),
+                        }
+                    }
+                    Op::Wait { ms } => now += u64::from(ms),
+                    Op::Invalidate => {
+                        cache.invalidate("s");
+                        public = None;
+                        private.clear();
+                    }
+                    Op::Reload => {
+                        // The disk layer judges freshness by the wall clock; the model's
+                        // clock starts in the far future, so entries stay comparable.
+                        drop(cache);
+                        cache = ListCache::new(config(Some(dir.clone())));
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! What a server needs from the client side of the harness, as a narrow interface the
+//! layer above implements: the capabilities to declare, answers to what a legacy
+//! server asks (`elicitation/create`, `sampling/createMessage`, `roots/list`), and a
+//! place to say that a server's lists changed. The server layer knows nothing else of
+//! the layers above it.
+
+use serde_json::Value;
+
+use crate::transport::ServerRequest;
+
+/// Which of a server's lists changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListsChanged {
+    /// `notifications/tools/list_changed`.
+    pub tools: bool,
+    /// `notifications/prompts/list_changed`.
+    pub prompts: bool,
+    /// `notifications/resources/list_changed`.
+    pub resources: bool,
+}
+
+impl ListsChanged {
+    /// Marks the list a `notifications/*/list_changed` method names; false for any
+    /// other method.
+    pub fn mark(&mut self, method: &str) -> bool {
+        match method {
+            "notifications/tools/list_changed" => self.tools = true,
+            "notifications/prompts/list_changed" => self.prompts = true,
+            "notifications/resources/list_changed" => self.resources = true,
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether any list changed.
+    pub fn any(&self) -> bool {
+        self.tools || self.prompts || self.resources
+    }
+}
+
+/// The client side, as servers see it.
+pub trait ClientSide: Send + Sync + 'static {
+    /// `clientCapabilities` to declare (at a legacy `initialize`, and on modern
+    /// requests that name none of their own).
+    fn capabilities(&self) -> Value;
+
+    /// Answers a legacy server's request; may take as long as a person does, so it
+    /// must not block: answer through `request.respond` from a task of its own.
+    fn answer(&self, server: &str, request: ServerRequest);
+
+    /// A server said its lists changed (coalesced: at most once per server per tick).
+    fn lists_changed(&self, server: &str, changed: ListsChanged);
+}

@@ -1,0 +1,57 @@
+//! The servers of one harness, by id and in config order: a shared snapshot that calls
+//! read without a mailbox. Only the servers' supervisor writes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::server_ref::ServerRef;
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, ServerRef>,
+    order: Vec<String>,
+}
+
+/// The servers; cheap to clone (every clone sees the same table).
+#[derive(Clone, Default)]
+pub struct Directory(Arc<RwLock<Table>>);
+
+impl Directory {
+    /// One server by id.
+    pub fn get(&self, id: &str) -> Option<ServerRef> {
+        self.0.read().by_id.get(id).cloned()
+    }
+
+    /// Whether a server has this id.
+    pub fn contains(&self, id: &str) -> bool {
+        self.0.read().by_id.contains_key(id)
+    }
+
+    /// Every server, in config order.
+    pub fn all(&self) -> Vec<ServerRef> {
+        let t = self.0.read();
+        t.order
+            .iter()
+            .filter_map(|id| t.by_id.get(id).cloned())
+            .collect()
+    }
+
+    pub(super) fn insert(&self, server: ServerRef) -> bool {
+        let mut t = self.0.write();
+        let id = server.id().to_string();
+        if t.by_id.contains_key(&id) {
+            return false;
+        }
+        t.order.push(id.clone());
+        t.by_id.insert(id, server);
+        true
+    }
+
+    pub(super) fn remove(&self, id: &str) -> Option<ServerRef> {
+        let mut t = self.0.write();
+        t.order.retain(|o| o != id);
+        t.by_id.remove(id)
+    }
+}

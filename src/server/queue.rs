@@ -1,0 +1,124 @@
+//! Requests waiting for a server to come back: bounded, released in arrival order,
+//! each failed at its own deadline. Plain data, tested without actors.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ractor::RpcReplyPort;
+use serde_json::Value;
+
+use super::error::ServerError;
+
+/// A reply port for one request.
+pub type RequestReply = RpcReplyPort<Result<Value, ServerError>>;
+
+/// A request on its way to the server.
+pub struct Outgoing {
+    /// The method.
+    pub method: String,
+    /// Its params.
+    pub params: Option<Value>,
+    /// `clientCapabilities` for this request; the connection's own when `None`.
+    pub capabilities: Option<Value>,
+    /// Its deadline, from when it was made.
+    pub timeout: Duration,
+}
+
+/// One waiting request.
+pub(super) struct Queued {
+    pub(super) key: u64,
+    pub(super) outgoing: Outgoing,
+    pub(super) deadline: Instant,
+    pub(super) reply: RequestReply,
+}
+
+/// The queue of one server.
+pub(super) struct RequestQueue {
+    capacity: usize,
+    items: VecDeque<Queued>,
+    next_key: u64,
+}
+
+impl RequestQueue {
+    pub(super) fn new(capacity: usize) -> RequestQueue {
+        RequestQueue {
+            capacity,
+            items: VecDeque::new(),
+            next_key: 0,
+        }
+    }
+
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Queues a request made at `now`; gives its reply port back when the queue is
+    /// full. Returns the key its expiry timer names.
+    pub(super) fn push(
+        &mut self,
+        now: Instant,
+        outgoing: Outgoing,
+        reply: RequestReply,
+    ) -> Result<u64, RequestReply> {
+        if self.items.len() >= self.capacity {
+            return Err(reply);
+        }
+        self.next_key += 1;
+        let deadline = now
+            .checked_add(outgoing.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365));
+        self.items.push_back(Queued {
+            key: self.next_key,
+            outgoing,
+            deadline,
+            reply,
+        });
+        Ok(self.next_key)
+    }
+
+    /// Takes the request with `key` out (its deadline passed).
+    pub(super) fn expire(&mut self, key: u64) -> Option<Queued> {
+        let pos = self.items.iter().position(|q| q.key == key)?;
+        self.items.remove(pos)
+    }
+
+    /// Every waiting request, in arrival order.
+    pub(super) fn drain(&mut self) -> Vec<Queued> {
+        self.items.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outgoing(ms: u64) -> Outgoing {
+        Outgoing {
+            method: "m".into(),
+            params: None,
+            capabilities: None,
+            timeout: Duration::from_millis(ms),
+        }
+    }
+
+    fn port() -> RequestReply {
+        ractor::concurrency::oneshot().0.into()
+    }
+
+    #[test]
+    fn the_queue_is_bounded_ordered_and_expires_by_key() {
+        let mut q = RequestQueue::new(2);
+        let now = Instant::now();
+        let Ok(a) = q.push(now, outgoing(10), port()) else {
+            panic!("room for the first")
+        };
+        let Ok(b) = q.push(now, outgoing(20), port()) else {
+            panic!("room for the second")
+        };
+        assert!(q.push(now, outgoing(30), port()).is_err(), "full");
+        assert_eq!(q.expire(a).map(|x| x.key), Some(a));
+        assert!(q.expire(a).is_none(), "gone already");
+        let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();
+        assert_eq!(rest, vec![b]);
+    }
+}

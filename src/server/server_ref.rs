@@ -1,0 +1,238 @@
+//! [`ServerRef`]: the one way into a server. It holds what the server's actor publishes
+//! (status, the ready connection, what the server offers) and the actor's address, and
+//! its [`ServerRef::request`] hides whether a request runs on the published connection
+//! straight from the caller's task or waits in the actor's queue while the server
+//! (re)starts. The server's default deadline is applied here and nowhere else; so is
+//! its in-flight limit.
+//!
+//! Writers: the server's actor writes status, connection and offers (the one writer of
+//! a server's status); its supervisor writes the actor's address when it rebuilds it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use ractor::ActorRef;
+use serde_json::Value;
+
+use super::actor::ServerMsg;
+use super::config::ServerConfig;
+use super::error::ServerError;
+use super::queue::Outgoing;
+use super::status::{ServerState, ServerStatus};
+use crate::transport::{Connection, RequestError, TransportError};
+
+/// A ready connection, and the connection attempt it belongs to.
+#[derive(Clone)]
+pub(crate) struct LiveConnection {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) generation: u64,
+}
+
+/// Which kinds of items a connected server says it has (from its capabilities).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offers {
+    /// `capabilities.tools`.
+    pub tools: bool,
+    /// `capabilities.prompts`.
+    pub prompts: bool,
+    /// `capabilities.resources`.
+    pub resources: bool,
+}
+
+impl Offers {
+    /// Reads a `ServerCapabilities` object.
+    pub fn of(capabilities: &Value) -> Offers {
+        Offers {
+            tools: capabilities.get("tools").is_some(),
+            prompts: capabilities.get("prompts").is_some(),
+            resources: capabilities.get("resources").is_some(),
+        }
+    }
+}
+
+/// What one server's actor publishes; see the module docs.
+pub(crate) struct ServerShared {
+    config: ServerConfig,
+    fingerprint: String,
+    pub(super) status: RwLock<ServerStatus>,
+    pub(super) live: RwLock<Option<LiveConnection>>,
+    /// `None` until the server has connected once.
+    pub(super) offers: RwLock<Option<Offers>>,
+    pub(super) actor: RwLock<Option<ActorRef<ServerMsg>>>,
+    in_flight: AtomicUsize,
+}
+
+/// The one way into a server; cheap to clone.
+#[derive(Clone)]
+pub struct ServerRef(pub(crate) Arc<ServerShared>);
+
+/// Holds one of a server's in-flight slots.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl ServerRef {
+    /// A server not started yet.
+    pub(crate) fn new(config: ServerConfig) -> ServerRef {
+        let status = ServerStatus::starting(&config.id);
+        let fingerprint = config.transport.fingerprint();
+        ServerRef(Arc::new(ServerShared {
+            config,
+            fingerprint,
+            status: RwLock::new(status),
+            live: RwLock::new(None),
+            offers: RwLock::new(None),
+            actor: RwLock::new(None),
+            in_flight: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The server's id.
+    pub fn id(&self) -> &str {
+        &self.0.config.id
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.0.config
+    }
+
+    /// A digest of how it is reached (see [`crate::transport::TransportSpec::fingerprint`]).
+    pub fn fingerprint(&self) -> &str {
+        &self.0.fingerprint
+    }
+
+    /// A snapshot of its status.
+    pub fn status(&self) -> ServerStatus {
+        self.0.status.read().clone()
+    }
+
+    /// Its lifecycle state.
+    pub fn state(&self) -> ServerState {
+        self.0.status.read().state
+    }
+
+    /// What it offers, once it has connected.
+    pub fn offers(&self) -> Option<Offers> {
+        *self.0.offers.read()
+    }
+
+    /// Its current actor.
+    pub fn actor(&self) -> Option<ActorRef<ServerMsg>> {
+        self.0.actor.read().clone()
+    }
+
+    /// The protocol version of its ready connection.
+    pub fn protocol_version(&self) -> Option<String> {
+        self.0
+            .live
+            .read()
+            .as_ref()
+            .map(|l| l.conn.protocol_version())
+    }
+
+    /// Sends one request (the connection adds the `_meta` envelope) within `timeout`,
+    /// or the server's configured deadline when `None`. While the server is ready the
+    /// request runs on its connection from this task; otherwise it waits in the actor's
+    /// queue for the (re)start, up to its deadline.
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels the request (on the server too, once sent).
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Option<Duration>,
+        capabilities: Option<&Value>,
+    ) -> Result<Value, ServerError> {
+        let timeout = timeout.unwrap_or(self.0.config.timeout);
+        let _slot = self.admit()?;
+        let live = self.0.live.read().clone();
+        // Ready and open: straight to the connection. A connection that has just ended
+        // goes through the actor, which holds the request for the restart.
+        if let Some(live) = live.filter(|l| !l.conn.is_closed()) {
+            return self
+                .on_connection(&live, method, params, timeout, capabilities)
+                .await;
+        }
+        self.through_actor(Outgoing {
+            method: method.to_string(),
+            params,
+            capabilities: capabilities.cloned(),
+            timeout,
+        })
+        .await
+    }
+
+    fn admit(&self) -> Result<Slot<'_>, ServerError> {
+        let limit = self.0.config.max_in_flight;
+        let before = self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(&self.0.in_flight);
+        if before >= limit {
+            return Err(ServerError::Overloaded {
+                server: self.id().to_string(),
+                capacity: limit,
+            });
+        }
+        Ok(slot)
+    }
+
+    /// One request on a ready connection, with the server's id on its error. An HTTP
+    /// server that refuses the connection is reported to the actor as down.
+    pub(super) async fn on_connection(
+        &self,
+        live: &LiveConnection,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        capabilities: Option<&Value>,
+    ) -> Result<Value, ServerError> {
+        let conn = &live.conn;
+        let result = conn
+            .request_with(method, params, timeout, capabilities)
+            .await;
+        if conn.is_http()
+            && let Err(RequestError::Transport(error @ TransportError::NotSent(_))) = &result
+            && let Some(actor) = self.actor()
+        {
+            let lost = ServerMsg::ConnectionLost {
+                generation: live.generation,
+                error: error.clone(),
+            };
+            let _ = actor.send_message(lost);
+        }
+        result.map_err(|e| ServerError::from_request(self.id(), e))
+    }
+
+    async fn through_actor(&self, outgoing: Outgoing) -> Result<Value, ServerError> {
+        let unavailable = || ServerError::Unavailable {
+            server: self.id().to_string(),
+        };
+        let Some(actor) = self.actor() else {
+            return Err(unavailable());
+        };
+        // The server answers by its deadline; the margin only guards against a wedged actor.
+        let limit = outgoing.timeout.saturating_add(Duration::from_secs(5));
+        let (tx, rx) = ractor::concurrency::oneshot();
+        let message = ServerMsg::Request {
+            outgoing,
+            reply: tx.into(),
+        };
+        actor.send_message(message).map_err(|_| unavailable())?;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(result)) => result,
+            // The actor died holding the request (it is being rebuilt).
+            Ok(Err(_)) => Err(unavailable()),
+            Err(_) => Err(ServerError::Transport {
+                server: self.id().to_string(),
+                source: TransportError::Timeout(limit),
+            }),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! `ServersSupervisor`: owns every `ServerActor`. It starts one per server, rebuilds a
+//! server's actor from its arguments when the actor itself dies (killed, or a panic),
+//! and never stops because a child did. It writes the [`Directory`] that calls read.
+//!
+//! It never waits on a slow child inside `handle`: stopping a server (removal, shutdown)
+//! runs in a task that answers the caller's reply port when the server is gone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use super::actor::{ServerActor, ServerArgs, ServerMsg};
+use super::client::ClientSide;
+use super::config::ServerConfig;
+use super::directory::Directory;
+use super::error::ServerError;
+use super::server_ref::ServerRef;
+use super::status::ServerState;
+use crate::transport::ConnectOptions;
+use crate::util::slot::ActorSlot;
+
+/// Why a server could not be added or found.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ServersError {
+    /// A server with this id exists already.
+    #[error("a server named {0:?} exists already")]
+    Duplicate(String),
+    /// No server has this id.
+    #[error("no server named {0:?}")]
+    Unknown(String),
+    /// Its actor could not be started.
+    #[error("could not start server {server:?}: {reason}")]
+    Spawn {
+        /// Server id.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+    /// The supervisor is gone (the harness is shutting down).
+    #[error("the servers' supervisor is not running")]
+    Gone,
+}
+
+/// Messages of the servers' supervisor.
+pub enum ServersMsg {
+    /// Start a new server (validated by the caller).
+    Add(Box<ServerConfig>, RpcReplyPort<Result<(), ServersError>>),
+    /// Stop a server gracefully and forget it; answers when it is stopped.
+    Remove(String, RpcReplyPort<Result<(), ServersError>>),
+    /// Restart a server now, forgetting its restart history.
+    Restart(String, RpcReplyPort<Result<(), ServersError>>),
+    /// The client's capabilities changed: tell every server.
+    CapabilitiesChanged,
+    /// Stop every server gracefully; answers when all are stopped.
+    Shutdown(RpcReplyPort<()>),
+}
+
+/// What the servers' supervisor is started with (and rebuilt from).
+#[derive(Clone)]
+pub struct ServersArgs {
+    pub(crate) directory: Directory,
+    pub(crate) client: Arc<dyn ClientSide>,
+    pub(crate) options: ConnectOptions,
+}
+
+/// The supervisor's state.
+pub struct ServersState {
+    args: ServersArgs,
+    by_actor: HashMap<ActorId, String>,
+    shutting_down: bool,
+}
+
+/// The servers' supervisor; see the module docs.
+pub struct ServersSupervisor;
+
+impl Actor for ServersSupervisor {
+    type Msg = ServersMsg;
+    type State = ServersState;
+    type Arguments = ServersArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ServersMsg>,
+        args: ServersArgs,
+    ) -> Result<ServersState, ActorProcessingErr> {
+        let mut state = ServersState {
+            args,
+            by_actor: HashMap::new(),
+            shutting_down: false,
+        };
+        // A rebuilt supervisor starts the servers it finds in the directory again (their
+        // actors died with the old one).
+        for server in state.args.directory.all() {
+            let rebuilt = server.actor().is_some();
+            if let Err(e) = state.spawn(&myself, server.clone(), rebuilt).await {
+                tracing::error!(server = %server.id(), error = %e, "could not start the server's actor");
+            }
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ServersMsg>,
+        msg: ServersMsg,
+        state: &mut ServersState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ServersMsg::Add(config, reply) => {
+                let _ = reply.send(state.add(&myself, *config).await);
+            }
+            ServersMsg::Remove(id, reply) => match state.args.directory.remove(&id) {
+                Some(server) => {
+                    if let Some(actor) = server.actor() {
+                        state.by_actor.remove(&actor.get_id());
+                    }
+                    tokio::spawn(async move {
+                        stop(&server).await;
+                        let _ = reply.send(Ok(()));
+                    });
+                }
+                None => {
+                    let _ = reply.send(Err(ServersError::Unknown(id)));
+                }
+            },
+            ServersMsg::Restart(id, reply) => {
+                match state.args.directory.get(&id).and_then(|s| s.actor()) {
+                    Some(actor) => {
+                        // The server actor answers when its new attempt is under way.
+                        tokio::spawn(async move {
+                            let done = actor
+                                .call(ServerMsg::Restart, Some(Duration::from_secs(30)))
+                                .await;
+                            let _ = reply.send(done.map(|_| ()).map_err(|_| ServersError::Gone));
+                        });
+                    }
+                    None => {
+                        let _ = reply.send(Err(ServersError::Unknown(id)));
+                    }
+                }
+            }
+            ServersMsg::CapabilitiesChanged => {
+                for server in state.args.directory.all() {
+                    if let Some(actor) = server.actor() {
+                        let _ = actor.send_message(ServerMsg::CapabilitiesChanged);
+                    }
+                }
+            }
+            ServersMsg::Shutdown(reply) => {
+                state.shutting_down = true;
+                let servers = state.args.directory.all();
+                tokio::spawn(async move {
+                    // Concurrently: one server slow to die must not hold the others up.
+                    let mut stops = tokio::task::JoinSet::new();
+                    for server in servers.into_iter().rev() {
+                        stops.spawn(async move { stop(&server).await });
+                    }
+                    while stops.join_next().await.is_some() {}
+                    let _ = reply.send(());
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ServersMsg>,
+        event: SupervisionEvent,
+        state: &mut ServersState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Overrides ractor's default, which would stop every server with one.
+        let cell = match &event {
+            SupervisionEvent::ActorFailed(cell, _)
+            | SupervisionEvent::ActorTerminated(cell, _, _) => cell,
+            _ => return Ok(()),
+        };
+        let Some(id) = state.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        if state.shutting_down {
+            return Ok(());
+        }
+        let Some(server) = state.args.directory.get(&id) else {
+            return Ok(());
+        };
+        tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
+        if let Err(e) = state.spawn(&myself, server.clone(), true).await {
+            tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
+            let mut s = server.0.status.write();
+            s.state = ServerState::Failed;
+            s.last_error = Some(e.to_string());
+        }
+        Ok(())
+    }
+}
+
+impl ServersState {
+    async fn spawn(
+        &mut self,
+        myself: &ActorRef<ServersMsg>,
+        server: ServerRef,
+        rebuilt: bool,
+    ) -> Result<(), ServersError> {
+        // A rebuilt actor starts with nothing published.
+        *server.0.live.write() = None;
+        let args = ServerArgs {
+            server: server.clone(),
+            client: self.args.client.clone(),
+            options: self.args.options.clone(),
+            rebuilt,
+        };
+        let (actor, _) = Actor::spawn_linked(None, ServerActor, args, myself.get_cell())
+            .await
+            .map_err(|e| ServersError::Spawn {
+                server: server.id().to_string(),
+                reason: e.to_string(),
+            })?;
+        self.by_actor
+            .insert(actor.get_id(), server.id().to_string());
+        *server.0.actor.write() = Some(actor);
+        Ok(())
+    }
+
+    async fn add(
+        &mut self,
+        myself: &ActorRef<ServersMsg>,
+        config: ServerConfig,
+    ) -> Result<(), ServersError> {
+        let server = ServerRef::new(config);
+        if !self.args.directory.insert(server.clone()) {
+            return Err(ServersError::Duplicate(server.id().to_string()));
+        }
+        if let Err(e) = self.spawn(myself, server.clone(), false).await {
+            self.args.directory.remove(server.id());
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Stops one server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), then its actor.
+async fn stop(server: &ServerRef) {
+    let Some(actor) = server.actor() else {
+        return;
+    };
+    let limit = Duration::from_secs(30);
+    let _ = actor.call(ServerMsg::Shutdown, Some(limit)).await;
+    actor.kill();
+}
+
+/// A typed handle on the servers' supervisor (its address changes when it is rebuilt).
+#[derive(Clone, Default)]
+pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>);
+
+impl ServersRef {
+    /// Starts a server.
+    pub async fn add(&self, config: ServerConfig) -> Result<(), ServersError> {
+        let config = Box::new(config);
+        self.0
+            .ask(
+                |r| ServersMsg::Add(config.clone(), r),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or(Err(ServersError::Gone))
+    }
+
+    /// Stops a server and forgets it; returns when it is stopped.
+    pub async fn remove(&self, id: &str) -> Result<(), ServersError> {
+        self.0
+            .ask(
+                |r| ServersMsg::Remove(id.to_string(), r),
+                Duration::from_secs(120),
+            )
+            .await
+            .unwrap_or(Err(ServersError::Gone))
+    }
+
+    /// Restarts a server now.
+    pub async fn restart(&self, id: &str) -> Result<(), ServersError> {
+        self.0
+            .ask(
+                |r| ServersMsg::Restart(id.to_string(), r),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or(Err(ServersError::Gone))
+    }
+
+    /// Tells every server that the client's capabilities changed.
+    pub fn capabilities_changed(&self) {
+        self.0.send(ServersMsg::CapabilitiesChanged);
+    }
+
+    /// Stops every server; returns when all are stopped.
+    pub async fn shutdown(&self) {
+        self.0
+            .ask(ServersMsg::Shutdown, Duration::from_secs(120))
+            .await;
+    }
+}
+
+impl From<ServersError> for ServerError {
+    fn from(e: ServersError) -> ServerError {
+        match e {
+            ServersError::Unknown(server) | ServersError::Duplicate(server) => {
+                ServerError::Stopped { server }
+            }
+            ServersError::Spawn { server, .. } => ServerError::Unavailable { server },
+            ServersError::Gone => ServerError::Unavailable {
+                server: String::new(),
+            },
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The server's own traffic: answers `ping`, refuses requests from modern servers, and
+//! hands the rest up as [`ServerEvent`]s without ever blocking on the layer above.
+//!
+//! Legacy server requests are bounded: at most `max_server_requests` wait for an answer
+//! at once (more are refused with a JSON-RPC error), and `elicitation/create` or
+//! `sampling/createMessage` arriving while none of our calls is in flight on this
+//! connection is refused unless the options allow it: a server must not ask a person
+//! or spend model tokens on its own initiative. `roots/list` and `ping` are always
+//! answered.
+
+use std::sync::Arc;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::options::{Era, ServerEvent, ServerRequest};
+use crate::protocol::error::{INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
+use crate::protocol::{Request, RpcError};
+use crate::transport::Transport;
+use crate::transport::inbound::Inbound;
+
+/// What the dispatcher of one connection works with.
+pub(super) struct Dispatch {
+    pub(super) server: String,
+    pub(super) transport: Weak<Transport>,
+    pub(super) events: mpsc::Sender<ServerEvent>,
+    pub(super) era: Era,
+    pub(super) timeout: Duration,
+    /// Our calls in flight on this connection (`tools/call`, `prompts/get`,
+    /// `resources/read`).
+    pub(super) calls_in_flight: Arc<AtomicUsize>,
+    pub(super) answering: Arc<Semaphore>,
+    pub(super) allow_unsolicited_input: bool,
+}
+
+impl Dispatch {
+    pub(super) async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
+        while let Some(message) = inbound.recv().await {
+            match message {
+                Inbound::Request(request) => self.on_request(request).await,
+                Inbound::Notification(n) => {
+                    if self.events.try_send(ServerEvent::Notification(n)).is_err() {
+                        tracing::debug!(
+                            server = %self.server,
+                            "server notification dropped: event channel full or closed"
+                        );
+                    }
+                }
+                Inbound::Closed(error) => {
+                    let _ = self.events.send(ServerEvent::Closed(error)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn refuse(&self, t: &Transport, id: crate::protocol::RequestId, error: RpcError) {
+        let _ = t.respond(id, Err(error), self.timeout).await;
+    }
+
+    async fn on_request(&self, request: Request) {
+        let Some(t) = self.transport.upgrade() else {
+            return;
+        };
+        let Request { id, method, params } = request;
+        let server = &self.server;
+        if self.era == Era::Modern {
+            tracing::warn!(server, %method, "modern server sent a request; refused (2026-07-28 servers must not)");
+            let error = RpcError::new(
+                INVALID_REQUEST,
+                "servers must not send requests in protocol 2026-07-28",
+            );
+            return self.refuse(&t, id, error).await;
+        }
+        if method == "ping" {
+            let _ = t.respond(id, Ok(json!({})), self.timeout).await;
+            return;
+        }
+        let asks_a_person_or_a_model = matches!(
+            method.as_str(),
+            "elicitation/create" | "sampling/createMessage"
+        );
+        if asks_a_person_or_a_model
+            && !self.allow_unsolicited_input
+            && self.calls_in_flight.load(Ordering::SeqCst) == 0
+        {
+            tracing::warn!(server, %method, "server asked for input outside any call; refused");
+            let error = RpcError::new(
+                INVALID_REQUEST,
+                format!("{method} is only answered during a call this client made"),
+            );
+            return self.refuse(&t, id, error).await;
+        }
+        let Ok(permit) = self.answering.clone().try_acquire_owned() else {
+            tracing::warn!(server, %method, "too many server requests waiting for answers; refused");
+            let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
+            return self.refuse(&t, id, error).await;
+        };
+        let (reply, answer) = oneshot::channel();
+        let event = ServerEvent::Request(ServerRequest {
+            method: method.clone(),
+            params: params.unwrap_or(Value::Null),
+            reply,
+        });
+        if self.events.try_send(event).is_err() {
+            tracing::warn!(server, %method, "no capacity to handle a server request; refused");
+            let error = RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("client cannot handle {method} now"),
+            );
+            return self.refuse(&t, id, error).await;
+        }
+        let weak = self.transport.clone();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let outcome = match tokio::time::timeout(timeout, answer).await {
+                Ok(Ok(outcome)) => outcome,
+                _ => Err(RpcError::new(INTERNAL_ERROR, "the client did not answer")),
+            };
+            drop(permit);
+            if let Some(t) = weak.upgrade() {
+                let _ = t.respond(id, outcome, timeout).await;
+            }
+        });
+    }
+}

@@ -1,0 +1,68 @@
+//! The legacy handshake (`initialize`, then `notifications/initialized`), and the
+//! envelope and version choice both eras start from.
+
+use serde_json::{Value, json};
+
+use super::options::ConnectOptions;
+use crate::protocol::meta::{LEGACY_2025_11_25, LEGACY_VERSIONS};
+use crate::protocol::views::InitializeResult;
+use crate::protocol::{MetaEnvelope, Notification, Request};
+use crate::transport::Transport;
+use crate::transport::error::ConnectError;
+use crate::transport::inbound::Ids;
+
+/// The `_meta` envelope for `version` with the options' capabilities and identity.
+pub(super) fn envelope(options: &ConnectOptions, version: &str) -> MetaEnvelope {
+    MetaEnvelope {
+        protocol_version: version.to_string(),
+        client_capabilities: options.capabilities.clone(),
+        client_info: serde_json::to_value(&options.client_info).unwrap_or(Value::Null),
+    }
+}
+
+/// The first of our preferred versions the server supports.
+pub(super) fn pick_version(preferred: &[String], supported: &[String]) -> Option<String> {
+    preferred.iter().find(|v| supported.contains(v)).cloned()
+}
+
+/// Runs the legacy handshake: `initialize` with our capabilities, its reply checked,
+/// `notifications/initialized`.
+pub(super) async fn initialize(
+    transport: &Transport,
+    ids: &Ids,
+    options: &ConnectOptions,
+) -> Result<InitializeResult, ConnectError> {
+    let params = json!({
+        "protocolVersion": LEGACY_2025_11_25,
+        "capabilities": options.capabilities,
+        "clientInfo": options.client_info,
+    });
+    let request = Request {
+        id: ids.next(),
+        method: "initialize".into(),
+        params: Some(params.clone()),
+    };
+    let result = match transport.request(&request, options.request_timeout).await? {
+        Ok(result) => InitializeResult::from_value(&result)?,
+        Err(error) => {
+            return Err(ConnectError::Refused {
+                method: "initialize",
+                error,
+            });
+        }
+    };
+    if !LEGACY_VERSIONS.contains(&result.protocol_version.as_str()) {
+        return Err(ConnectError::UnsupportedLegacyVersion(
+            result.protocol_version,
+        ));
+    }
+    let initialized = Notification {
+        method: "notifications/initialized".into(),
+        params: None,
+    };
+    transport
+        .notify(initialized, options.request_timeout)
+        .await?;
+    transport.begin_legacy_session(&result.protocol_version, params);
+    Ok(result)
+}

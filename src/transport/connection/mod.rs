@@ -1,0 +1,369 @@
+//! One connection to one MCP server: era detection, the `_meta` envelope, and the
+//! server's own traffic.
+//!
+//! [`Connection::connect`] opens the transport and identifies the server ([`probe`],
+//! spec section H), falling back to the legacy handshake ([`handshake`]); a stdio
+//! server that exits on the probe is respawned and goes straight to `initialize`.
+//!
+//! A request reads: stamp, send, renegotiate once. Every request to a modern server
+//! carries the full `_meta` envelope; a -32022 whose `data.supported` names one of our
+//! versions switches to it (or, when it names the version just sent, simply tries
+//! again) and retries once with a new id, within the request's one deadline. Legacy
+//! servers get plain legacy requests: they took our capabilities at `initialize`, and
+//! dual-era servers (rmcp 3.11 among them) treat a request carrying the modern envelope
+//! as a stateless modern request, outside the legacy session. What only HTTP needs
+//! (`Mcp-Param` headers, renewing a legacy session) lives behind the HTTP transport.
+//!
+//! Server-to-client traffic goes up as [`ServerEvent`]s ([`dispatch`]) on a bounded
+//! channel that the caller drains.
+//!
+//! Dropping a [`Connection`] kills a stdio server's process group at once;
+//! [`Connection::shutdown`] stops it gracefully.
+
+mod dispatch;
+mod handshake;
+mod options;
+mod probe;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+
+pub use options::{ConnectOptions, Era, EraPreference, ServerEvent, ServerProfile, ServerRequest};
+
+use super::Transport;
+use super::error::{ConnectError, RequestError, TransportError};
+use super::inbound::{Ids, Inbound};
+use super::spec::TransportSpec;
+use crate::protocol::{MetaEnvelope, Notification, Request, RpcError, RpcErrorKind};
+use dispatch::Dispatch;
+use handshake::{envelope, initialize, pick_version};
+use probe::{Probe, probe};
+
+/// The methods that are calls (they may carry `input_required` rounds and legitimize a
+/// legacy server's questions to the client).
+const CALL_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read"];
+
+/// Requests a legacy server may have waiting for our answers at once.
+const MAX_SERVER_REQUESTS: usize = 4;
+
+/// A connected, identified MCP server.
+pub struct Connection {
+    server: String,
+    transport: Arc<Transport>,
+    options: ConnectOptions,
+    profile: ServerProfile,
+    envelope: RwLock<MetaEnvelope>,
+    ids: Ids,
+    /// Every request in flight on this connection.
+    in_flight: AtomicUsize,
+    /// The calls among them (see [`CALL_METHODS`]).
+    calls_in_flight: Arc<AtomicUsize>,
+    dispatcher: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server", &self.server)
+            .field("era", &self.profile.era())
+            .field("version", &self.profile.protocol_version())
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+/// Counts one request in flight until dropped.
+struct Counted<'a> {
+    all: &'a AtomicUsize,
+    calls: Option<&'a AtomicUsize>,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.all.fetch_sub(1, Ordering::SeqCst);
+        if let Some(c) = self.calls {
+            c.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn open(
+    server: &str,
+    spec: &TransportSpec,
+    options: &ConnectOptions,
+    ids: &Ids,
+) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
+    let (tx, rx) = mpsc::channel(options.event_capacity);
+    let transport = Transport::open(server, spec, options.max_message_bytes, ids.clone(), tx)?;
+    Ok((Arc::new(transport), rx))
+}
+
+impl Connection {
+    /// Opens the transport and identifies the server. Returns the connection and the
+    /// channel of [`ServerEvent`]s, which the caller must drain (or drop).
+    pub async fn connect(
+        server: &str,
+        spec: TransportSpec,
+        options: ConnectOptions,
+    ) -> Result<(Connection, mpsc::Receiver<ServerEvent>), ConnectError> {
+        Self::connect_with(server, spec, options, false).await
+    }
+
+    /// [`Connection::connect`]; `allow_unsolicited_input` lets a legacy server ask for
+    /// elicitation or sampling while none of our calls is in flight.
+    pub async fn connect_with(
+        server: &str,
+        spec: TransportSpec,
+        options: ConnectOptions,
+        allow_unsolicited_input: bool,
+    ) -> Result<(Connection, mpsc::Receiver<ServerEvent>), ConnectError> {
+        let ids = Ids::new();
+        let (mut transport, mut inbound) = open(server, &spec, &options, &ids)?;
+        let probe = match options.era {
+            EraPreference::Legacy => Probe::Legacy("configured as legacy".into()),
+            EraPreference::Auto | EraPreference::Modern => {
+                probe(&transport, &ids, &options).await?
+            }
+        };
+        let profile = match (probe, options.era) {
+            (Probe::Modern { version, discover }, _) => ServerProfile::Modern { version, discover },
+            (Probe::Legacy(reason), EraPreference::Modern) => {
+                transport.shutdown(options.shutdown_grace).await;
+                return Err(ConnectError::NotModern(reason));
+            }
+            (Probe::Exited, EraPreference::Modern) => {
+                transport.shutdown(options.shutdown_grace).await;
+                return Err(ConnectError::NotModern(
+                    "the server exited on server/discover".into(),
+                ));
+            }
+            (Probe::Legacy(reason), _) => {
+                tracing::debug!(server, %reason, "using the legacy handshake");
+                ServerProfile::Legacy(initialize(&transport, &ids, &options).await?)
+            }
+            (Probe::Exited, _) => {
+                tracing::info!(
+                    server,
+                    "server exited on server/discover; respawning for the legacy handshake"
+                );
+                transport.shutdown(options.shutdown_grace).await;
+                (transport, inbound) = open(server, &spec, &options, &ids)?;
+                ServerProfile::Legacy(initialize(&transport, &ids, &options).await?)
+            }
+        };
+        let envelope = envelope(&options, profile.protocol_version());
+        let (events_tx, events_rx) = mpsc::channel(options.event_capacity);
+        let calls_in_flight = Arc::new(AtomicUsize::new(0));
+        let dispatch = Dispatch {
+            server: server.to_string(),
+            transport: Arc::downgrade(&transport),
+            events: events_tx,
+            era: profile.era(),
+            timeout: options.request_timeout,
+            calls_in_flight: calls_in_flight.clone(),
+            answering: Arc::new(Semaphore::new(MAX_SERVER_REQUESTS)),
+            allow_unsolicited_input,
+        };
+        let dispatcher = tokio::spawn(dispatch.run(inbound));
+        tracing::info!(
+            server,
+            era = profile.era().as_str(),
+            version = profile.protocol_version(),
+            "server connected"
+        );
+        let connection = Connection {
+            server: server.to_string(),
+            transport,
+            options,
+            profile,
+            envelope: RwLock::new(envelope),
+            ids,
+            in_flight: AtomicUsize::new(0),
+            calls_in_flight,
+            dispatcher,
+        };
+        Ok((connection, events_rx))
+    }
+
+    /// The server's name, as given to [`Connection::connect`].
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// What the server said about itself.
+    pub fn profile(&self) -> &ServerProfile {
+        &self.profile
+    }
+
+    /// The era the server speaks.
+    pub fn era(&self) -> Era {
+        self.profile.era()
+    }
+
+    /// The protocol version every request names now (it changes after a -32022).
+    pub fn protocol_version(&self) -> String {
+        match self.profile.era() {
+            Era::Modern => self.envelope.read().protocol_version.clone(),
+            Era::Legacy => self.profile.protocol_version().to_string(),
+        }
+    }
+
+    /// Whether the server is reached over HTTP.
+    pub fn is_http(&self) -> bool {
+        self.transport.is_http()
+    }
+
+    /// The stdio server's pid (and process group), if this is a stdio connection.
+    pub fn pid(&self) -> Option<u32> {
+        self.transport.pid()
+    }
+
+    /// Whether a stdio connection's transport has ended (HTTP has no standing link).
+    pub fn is_closed(&self) -> bool {
+        self.transport.is_closed()
+    }
+
+    /// Requests in flight on this connection now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// SIGKILLs a stdio server's process group (fault injection); no-op on HTTP.
+    pub fn kill(&self) {
+        self.transport.kill();
+    }
+
+    /// Sends one request with the default deadline.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Value, RequestError> {
+        self.request_with(method, params, self.options.request_timeout, None)
+            .await
+    }
+
+    /// Sends one request and returns its result within `timeout`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels the request on the server.
+    pub async fn request_with_timeout(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, RequestError> {
+        self.request_with(method, params, timeout, None).await
+    }
+
+    /// Sends one request and returns its result within `timeout`, declaring
+    /// `capabilities` for this one request (modern servers; legacy servers took theirs
+    /// at `initialize`), or the connection's own when `None`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels the request on the server.
+    pub async fn request_with(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        capabilities: Option<&Value>,
+    ) -> Result<Value, RequestError> {
+        let deadline = Instant::now().checked_add(timeout);
+        let remaining =
+            || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+        let is_call = CALL_METHODS.contains(&method);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if is_call {
+            self.calls_in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        let _counted = Counted {
+            all: &self.in_flight,
+            calls: is_call.then_some(&*self.calls_in_flight),
+        };
+        let modern = self.era() == Era::Modern;
+        let stamp = |params| match modern {
+            true => Some(self.envelope.read().stamp_with(params, capabilities)),
+            false => params,
+        };
+        let mut request = Request {
+            id: self.ids.next(),
+            method: method.to_string(),
+            params: stamp(params),
+        };
+        let mut renegotiated = false;
+        loop {
+            match self.transport.request(&request, remaining()).await {
+                Ok(Ok(result)) => return Ok(result),
+                Ok(Err(error)) if !renegotiated && self.renegotiate(&error) => {
+                    renegotiated = true;
+                    request.params = stamp(request.params.take());
+                    request.id = self.ids.next();
+                }
+                Ok(Err(error)) => return Err(RequestError::Rpc(error)),
+                // The deadline the caller set, not what was left of it at the last step.
+                Err(TransportError::Timeout(_)) => {
+                    return Err(RequestError::Transport(TransportError::Timeout(timeout)));
+                }
+                Err(e) => return Err(RequestError::Transport(e)),
+            }
+        }
+    }
+
+    /// After a -32022 from a modern server: switches to a version both speak (which may
+    /// be the one just sent) and says whether to retry.
+    fn renegotiate(&self, error: &RpcError) -> bool {
+        let RpcErrorKind::UnsupportedProtocolVersion { supported, .. } = error.kind() else {
+            return false;
+        };
+        if self.era() != Era::Modern {
+            return false;
+        }
+        let Some(version) = pick_version(&self.options.preferred_versions, &supported) else {
+            return false;
+        };
+        let mut envelope = self.envelope.write();
+        if envelope.protocol_version != version {
+            tracing::info!(server = %self.server, %version, "server changed versions; renegotiated");
+            envelope.protocol_version = version;
+        }
+        true
+    }
+
+    /// Sends a notification (stdio, and legacy HTTP; modern HTTP has none).
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), TransportError> {
+        if self.era() == Era::Modern && self.is_http() {
+            return Ok(());
+        }
+        let notification = Notification {
+            method: method.to_string(),
+            params,
+        };
+        self.transport
+            .notify(notification, self.options.request_timeout)
+            .await
+    }
+
+    /// Stops the server: for stdio, close stdin, wait, SIGTERM the group, wait,
+    /// SIGKILL, reap; for legacy HTTP, DELETE the session.
+    pub async fn shutdown(&self) {
+        self.dispatcher.abort();
+        self.transport.shutdown(self.options.shutdown_grace).await;
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.dispatcher.abort();
+        // The legacy GET stream's task holds the HTTP transport: end it with us.
+        self.transport.detach();
+        // The dispatcher holds only a weak reference, so the transport (and a stdio
+        // process group's kill guard) drops with this connection.
+    }
+}

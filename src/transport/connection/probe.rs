@@ -1,0 +1,148 @@
+//! Era detection (spec section H): probe with `server/discover` and read the answer.
+//!
+//! A discover result sharing a version with us means modern. A -32022 naming one of our
+//! versions means modern, probed again at that version; a -32022 naming the version we
+//! just sent is retried once (some servers reject the first request of a stateless
+//! client whatever it says), and only a second one means no common version. -32020 and
+//! -32021 mean modern and are errors. Anything else (another error, no answer in time, a
+//! 4xx, a reply that is not JSON-RPC) means legacy. A stdio server that dies on the probe
+//! is reported as [`Probe::Exited`]: it is respawned for the handshake.
+
+use serde_json::Value;
+
+use super::handshake::{envelope, pick_version};
+use super::options::ConnectOptions;
+use crate::protocol::meta::is_modern_version;
+use crate::protocol::{DiscoverResult, Request, RpcError, RpcErrorKind};
+use crate::transport::Transport;
+use crate::transport::error::{ConnectError, TransportError};
+use crate::transport::inbound::Ids;
+
+/// What the probe found.
+pub(super) enum Probe {
+    Modern {
+        version: String,
+        discover: DiscoverResult,
+    },
+    Legacy(String),
+    /// The stdio process died on the probe: respawn, then `initialize`.
+    Exited,
+}
+
+/// Where one probe round leads.
+enum Next {
+    Done(Probe),
+    Again(String),
+}
+
+pub(super) async fn probe(
+    transport: &Transport,
+    ids: &Ids,
+    options: &ConnectOptions,
+) -> Result<Probe, ConnectError> {
+    let Some(mut version) = options.preferred_versions.first().cloned() else {
+        return Ok(Probe::Legacy("no modern version offered".into()));
+    };
+    let mut tried: Vec<String> = Vec::new();
+    loop {
+        let params = envelope(options, &version).stamp(None);
+        let request = Request {
+            id: ids.next(),
+            method: "server/discover".into(),
+            params: Some(params),
+        };
+        let answer = transport.request(&request, options.probe_timeout).await;
+        let next = match answer {
+            Ok(Ok(result)) => Next::Done(discovered(&result, options)?),
+            Ok(Err(error)) => rejected(error, &version, &tried, options)?,
+            Err(e) => Next::Done(failed(e, transport.is_http())?),
+        };
+        match next {
+            Next::Done(probe) => return Ok(probe),
+            Next::Again(v) => {
+                tried.push(version);
+                version = v;
+            }
+        }
+    }
+}
+
+/// A discover result: modern at a common version, or legacy if it lists only legacy
+/// versions.
+fn discovered(result: &Value, options: &ConnectOptions) -> Result<Probe, ConnectError> {
+    let discover = match DiscoverResult::from_value(result) {
+        Ok(d) => d,
+        Err(e) => return Ok(Probe::Legacy(format!("discover result unreadable: {e}"))),
+    };
+    match pick_version(&options.preferred_versions, &discover.supported_versions) {
+        Some(version) => Ok(Probe::Modern { version, discover }),
+        None if discover
+            .supported_versions
+            .iter()
+            .any(|v| is_modern_version(v)) =>
+        {
+            Err(ConnectError::NoCommonVersion {
+                server: discover.supported_versions,
+                client: options.preferred_versions.clone(),
+            })
+        }
+        None => Ok(Probe::Legacy("discover lists only legacy versions".into())),
+    }
+}
+
+/// A JSON-RPC error to the probe.
+fn rejected(
+    error: RpcError,
+    sent: &str,
+    tried: &[String],
+    options: &ConnectOptions,
+) -> Result<Next, ConnectError> {
+    match error.kind() {
+        RpcErrorKind::UnsupportedProtocolVersion { supported, .. } if !supported.is_empty() => {
+            let repeated = tried.iter().any(|t| t == sent);
+            if supported.iter().any(|v| v == sent) && !repeated {
+                // It names the version we sent: one more try, under a new id.
+                return Ok(Next::Again(sent.to_string()));
+            }
+            let next = options
+                .preferred_versions
+                .iter()
+                .find(|v| supported.contains(v) && !tried.contains(v) && v.as_str() != sent);
+            match next {
+                Some(v) => Ok(Next::Again(v.clone())),
+                None if supported.iter().any(|v| is_modern_version(v)) => {
+                    Err(ConnectError::NoCommonVersion {
+                        server: supported,
+                        client: options.preferred_versions.clone(),
+                    })
+                }
+                None => Ok(Next::Done(Probe::Legacy(
+                    "server supports only legacy versions".into(),
+                ))),
+            }
+        }
+        _ if error.is_modern() => Err(ConnectError::Refused {
+            method: "server/discover",
+            error,
+        }),
+        _ => Ok(Next::Done(Probe::Legacy(format!(
+            "discover answered with {error}"
+        )))),
+    }
+}
+
+/// A transport failure on the probe: legacy, an exit (stdio), or an error.
+fn failed(error: TransportError, is_http: bool) -> Result<Probe, ConnectError> {
+    match error {
+        TransportError::Timeout(_) => Ok(Probe::Legacy("no answer to server/discover".into())),
+        TransportError::Closed { .. } | TransportError::NotSent(_) if !is_http => Ok(Probe::Exited),
+        TransportError::HttpStatus { status, .. } if (400..500).contains(&status) => {
+            Ok(Probe::Legacy(format!("discover answered HTTP {status}")))
+        }
+        TransportError::Protocol(e) => Ok(Probe::Legacy(format!("discover reply unreadable: {e}"))),
+        TransportError::UnexpectedContentType(t) => Ok(Probe::Legacy(format!(
+            "discover answered with content type {t:?}"
+        ))),
+        e => Err(ConnectError::Transport(e)),
+    }
+}

@@ -1,0 +1,79 @@
+//! A legacy (2025-06-18 / 2025-11-25) HTTP session: the `Mcp-Session-Id` the server
+//! issued, the version it chose, and what renewing it takes. A 404 on a request that
+//! carried the id means the server forgot the session: the transport initializes again
+//! (once for all the requests that saw it expire) and retries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+#[derive(Default)]
+struct State {
+    id: Option<String>,
+    version: Option<String>,
+    /// The `initialize` params the session began with, to begin it again.
+    init: Option<Value>,
+}
+
+/// One connection's legacy session, if it has one.
+#[derive(Default)]
+pub(super) struct Session {
+    state: Mutex<State>,
+    /// Renewals, one at a time.
+    renewing: tokio::sync::Mutex<()>,
+    /// Bumped by every renewal.
+    generation: AtomicU64,
+}
+
+impl Session {
+    pub(super) fn id(&self) -> Option<String> {
+        self.state.lock().id.clone()
+    }
+
+    pub(super) fn has_id(&self) -> bool {
+        self.state.lock().id.is_some()
+    }
+
+    pub(super) fn version(&self) -> Option<String> {
+        self.state.lock().version.clone()
+    }
+
+    pub(super) fn set_id(&self, id: Option<String>) {
+        self.state.lock().id = id;
+    }
+
+    pub(super) fn take_id(&self) -> Option<String> {
+        self.state.lock().id.take()
+    }
+
+    /// The session began: the version the server chose and the params to begin again.
+    pub(super) fn begin(&self, version: &str, init: Value) {
+        let mut s = self.state.lock();
+        s.version = Some(version.to_string());
+        s.init = Some(init);
+    }
+
+    /// The params to re-initialize with, if this is a legacy session.
+    pub(super) fn init_params(&self) -> Option<Value> {
+        self.state.lock().init.clone()
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Takes the renewal lock; `None` when another request renewed since `seen`.
+    pub(super) async fn start_renewal(&self, seen: u64) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let guard = self.renewing.lock().await;
+        if self.generation() != seen {
+            return None;
+        }
+        self.state.lock().id = None;
+        Some(guard)
+    }
+
+    pub(super) fn renewed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}

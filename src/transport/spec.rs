@@ -1,0 +1,211 @@
+//! How to reach one server: the transport layer's own settings, as embedders build them
+//! and config files write them (`{ type = "stdio", command, … }` or
+//! `{ type = "http", url, … }`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::util::hash::Fingerprint;
+use crate::util::invalid::Invalid;
+
+/// How to reach one server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum TransportSpec {
+    /// A child process speaking newline-delimited JSON-RPC on stdin/stdout.
+    Stdio(StdioSpec),
+    /// A Streamable HTTP endpoint.
+    Http(HttpSpec),
+}
+
+/// What a stdio server is: a command, its arguments, environment and directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdioSpec {
+    /// The program to run (looked up in `PATH`).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables set for it, on top of the minimal environment (or of the harness's
+    /// whole environment with `inherit_env`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the harness's own when `None`.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Pass the harness's whole environment (secrets included) instead of the minimal
+    /// one: `PATH`, `HOME`, `USER`, `LANG`, `LC_*`, `TERM`, `TMPDIR`, `SHELL`.
+    #[serde(default)]
+    pub inherit_env: bool,
+}
+
+/// What an HTTP server is: its MCP endpoint, fixed headers, and whom to trust.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSpec {
+    /// The single MCP endpoint (`http://` or `https://`).
+    pub url: String,
+    /// Headers sent on every request (for example an API key).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// A PEM bundle of extra CA certificates to trust for this server, on top of the
+    /// platform's roots (and `SSL_CERT_FILE`).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl TransportSpec {
+    /// A stdio server with no extra environment, in the harness's directory.
+    pub fn stdio<I, S>(command: impl Into<String>, args: I) -> TransportSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        TransportSpec::Stdio(StdioSpec {
+            command: command.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            ..StdioSpec::default()
+        })
+    }
+
+    /// An HTTP server with no extra headers.
+    pub fn http(url: impl Into<String>) -> TransportSpec {
+        TransportSpec::Http(HttpSpec {
+            url: url.into(),
+            ..HttpSpec::default()
+        })
+    }
+
+    /// Whether this is an HTTP transport.
+    pub fn is_http(&self) -> bool {
+        matches!(self, TransportSpec::Http(_))
+    }
+
+    /// Checks what can be checked before connecting: a command, a URL that parses with
+    /// an `http` or `https` scheme, header names and values HTTP can carry.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            TransportSpec::Stdio(s) => {
+                if s.command.trim().is_empty() {
+                    return Err(Invalid::new("transport.command", "must not be empty"));
+                }
+                Ok(())
+            }
+            TransportSpec::Http(h) => {
+                let url = reqwest::Url::parse(&h.url).map_err(|e| {
+                    Invalid::new("transport.url", format!("{:?} is not a URL: {e}", h.url))
+                })?;
+                if !matches!(url.scheme(), "http" | "https") {
+                    return Err(Invalid::new(
+                        "transport.url",
+                        format!("{:?}: the scheme must be http or https", h.url),
+                    ));
+                }
+                for (name, value) in &h.headers {
+                    reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        Invalid::new(
+                            format!("transport.headers.{name}"),
+                            "is not a valid header name",
+                        )
+                    })?;
+                    reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                        Invalid::new(
+                            format!("transport.headers.{name}"),
+                            "the value holds characters a header cannot carry",
+                        )
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A digest of everything that decides what this server is: the transport, the URL
+    /// or the command and its arguments, and the names of its environment variables and
+    /// headers with a hash of their values. Cache keys carry it, so a server changed
+    /// under the same id never serves its old entries.
+    pub fn fingerprint(&self) -> String {
+        let mut f = Fingerprint::default();
+        match self {
+            TransportSpec::Stdio(s) => {
+                f = f.part(b"stdio").part(s.command.as_bytes());
+                for a in &s.args {
+                    f = f.part(a.as_bytes());
+                }
+                f = f.part(b"env");
+                for (k, v) in &s.env {
+                    f = f.part(k.as_bytes()).part(v.as_bytes());
+                }
+                let cwd = s.cwd.as_ref().map(|c| c.to_string_lossy().into_owned());
+                f = f
+                    .part(cwd.unwrap_or_default().as_bytes())
+                    .part(&[u8::from(s.inherit_env)]);
+            }
+            TransportSpec::Http(h) => {
+                f = f.part(b"http").part(h.url.as_bytes()).part(b"headers");
+                for (k, v) in &h.headers {
+                    f = f.part(k.to_ascii_lowercase().as_bytes()).part(v.as_bytes());
+                }
+            }
+        }
+        f.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_files_write_transports_by_type_and_typos_are_errors() {
+        let s: TransportSpec =
+            serde_json::from_str(r#"{"type":"stdio","command":"srv","args":["-v"]}"#)
+                .expect("stdio");
+        assert_eq!(s, TransportSpec::stdio("srv", ["-v"]));
+        let h: TransportSpec =
+            serde_json::from_str(r#"{"type":"http","url":"https://x/mcp","ca_file":"/ca.pem"}"#)
+                .expect("http");
+        assert!(h.is_http());
+        assert!(
+            serde_json::from_str::<TransportSpec>(r#"{"type":"stdio","comand":"srv"}"#).is_err()
+        );
+    }
+
+    #[test]
+    fn bad_urls_and_headers_are_config_errors_naming_the_field() {
+        let bad = TransportSpec::http("not a url")
+            .validate()
+            .expect_err("bad url");
+        assert_eq!(bad.field, "transport.url");
+        let ftp = TransportSpec::http("ftp://x/")
+            .validate()
+            .expect_err("scheme");
+        assert!(ftp.reason.contains("http or https"));
+        let mut spec = HttpSpec {
+            url: "http://127.0.0.1/mcp".into(),
+            ..HttpSpec::default()
+        };
+        spec.headers.insert("X-Key".into(), "line\nbreak".into());
+        let e = TransportSpec::Http(spec).validate().expect_err("header");
+        assert_eq!(e.field, "transport.headers.X-Key");
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_what_makes_the_server() {
+        let a = TransportSpec::stdio("srv", ["a"]).fingerprint();
+        assert_eq!(a, TransportSpec::stdio("srv", ["a"]).fingerprint());
+        assert_ne!(a, TransportSpec::stdio("srv", ["b"]).fingerprint());
+        let mut with_env = StdioSpec {
+            command: "srv".into(),
+            args: vec!["a".into()],
+            ..StdioSpec::default()
+        };
+        with_env.env.insert("TOKEN".into(), "one".into());
+        let one = TransportSpec::Stdio(with_env.clone()).fingerprint();
+        with_env.env.insert("TOKEN".into(), "two".into());
+        assert_ne!(one, TransportSpec::Stdio(with_env).fingerprint());
+    }
+}

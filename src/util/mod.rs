@@ -1,0 +1,7 @@
+//! Small helpers that any layer may use: duration parsing, hashing, invalid settings,
+//! the slot of a rebuilt actor. Leaves: they import nothing else from the crate.
+
+pub mod duration;
+pub mod hash;
+pub mod invalid;
+pub mod slot;

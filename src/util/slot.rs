@@ -1,0 +1,71 @@
+//! The current address of an actor that its supervisor rebuilds: holders keep the slot,
+//! never a stale `ActorRef`. Asking while the actor is being rebuilt waits a moment for
+//! the new one instead of failing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use ractor::{ActorRef, RpcReplyPort};
+
+/// How long an ask waits for a rebuilt actor before giving up.
+const REBUILD_WAIT: Duration = Duration::from_secs(2);
+
+/// The current actor of one service; cheap to clone.
+pub struct ActorSlot<M>(Arc<RwLock<Option<ActorRef<M>>>>);
+
+impl<M> Clone for ActorSlot<M> {
+    fn clone(&self) -> Self {
+        ActorSlot(self.0.clone())
+    }
+}
+
+impl<M> Default for ActorSlot<M> {
+    fn default() -> Self {
+        ActorSlot(Arc::new(RwLock::new(None)))
+    }
+}
+
+impl<M: Send + 'static> ActorSlot<M> {
+    /// Publishes a (re)built actor.
+    pub fn set(&self, actor: ActorRef<M>) {
+        *self.0.write() = Some(actor);
+    }
+
+    /// The current actor.
+    pub fn get(&self) -> Option<ActorRef<M>> {
+        self.0.read().clone()
+    }
+
+    /// Sends a message without waiting; false when no actor takes it.
+    pub fn send(&self, message: M) -> bool {
+        match self.get() {
+            Some(a) => a.send_message(message).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Asks the actor and waits up to `limit` for the answer; while the actor is dead
+    /// and being rebuilt, waits for the new one. `None` when nobody answered.
+    pub async fn ask<T: Send + 'static>(
+        &self,
+        build: impl Fn(RpcReplyPort<T>) -> M,
+        limit: Duration,
+    ) -> Option<T> {
+        let started = Instant::now();
+        loop {
+            if let Some(actor) = self.get() {
+                match actor.call(&build, Some(limit)).await {
+                    Ok(ractor::rpc::CallResult::Success(v)) => return Some(v),
+                    Ok(_) => return None,
+                    // Dead: its supervisor is rebuilding it.
+                    Err(_) => {}
+                }
+            }
+            if started.elapsed() > REBUILD_WAIT {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
