@@ -4,18 +4,11 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use super::msg::AuditMsg;
 use super::sink::AuditSink;
 use crate::util::slot::ActorSlot;
-
-/// Messages of the audit actor.
-pub enum AuditMsg {
-    /// Write everything buffered; answer when it is on disk (or the attempt failed).
-    Flush(RpcReplyPort<()>),
-    /// A batch is full, or the timer fired: write what is buffered.
-    Tick,
-}
 
 /// Writes the audit trail; see the module docs.
 pub struct AuditActor;

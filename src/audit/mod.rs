@@ -18,6 +18,7 @@
 
 mod actor;
 mod file;
+mod msg;
 mod sink;
 
 use std::path::PathBuf;
@@ -28,7 +29,8 @@ use serde_json::{Map, Value, json};
 
 use crate::util::duration;
 
-pub use actor::{AuditActor, AuditMsg, AuditRef};
+pub use actor::{AuditActor, AuditRef};
+pub use msg::AuditMsg;
 pub use sink::{AuditHealth, AuditSink, AuditUnavailable};
 
 /// How much of a call's arguments the audit trail keeps.

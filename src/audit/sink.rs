@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::actor::AuditMsg;
 use super::file::{AuditFile, Opener, file_opener, load_or_create_key};
+use super::msg::AuditMsg;
 use super::{AuditConfig, AuditFailure};
 use crate::util::hash::hmac_sha256_hex;
 use crate::util::slot::ActorSlot;

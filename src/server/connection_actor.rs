@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::actor::ServerMsg;
+use super::msg::ServerMsg;
 use super::restart::ExitKind;
 use crate::transport::{
     ConnectError, ConnectOptions, Connection, ServerEvent, TransportError, TransportSpec,

@@ -16,9 +16,9 @@ use parking_lot::RwLock;
 use ractor::ActorRef;
 use serde_json::Value;
 
-use super::actor::ServerMsg;
 use super::config::ServerConfig;
 use super::error::ServerError;
+use super::msg::ServerMsg;
 use super::queue::Outgoing;
 use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, RequestError, TransportError};

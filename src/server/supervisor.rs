@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::actor::{ServerActor, ServerArgs, ServerMsg};
+use super::actor::{ServerActor, ServerArgs};
 use super::client::ClientSide;
 use super::config::ServerConfig;
 use super::directory::Directory;
 use super::error::ServerError;
+use super::msg::ServerMsg;
 use super::server_ref::ServerRef;
 use super::status::ServerState;
 use crate::transport::ConnectOptions;
