@@ -53,7 +53,7 @@ pub mod util;
 pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
 pub use call::{CallError, CallKind, Caller, CancelToken, ToolInfo};
 pub use config::{ConfigError, HarnessConfig};
-pub use harness::{CallOptions, Harness, HarnessError, HarnessHandle, Service};
+pub use harness::{CallOptions, Harness, HarnessBuilder, HarnessError, HarnessHandle, Service};
 pub use server::{
     RestartConfig, RestartPolicy, ServerConfig, ServerError, ServerState, ServerStatus,
 };

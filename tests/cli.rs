@@ -356,3 +356,181 @@ fn ctrl_c_stops_every_server_and_exits() {
     assert!(ours.is_empty(), "server processes left: {ours:?}");
     let _ = std::fs::remove_file(pidfile);
 }
+
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(harness_exe());
+    c.args(args).env("RUST_LOG", "error");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run mcp-harness")
+}
+
+// Hardening item 12: stdio servers get a minimal environment unless told otherwise.
+#[test]
+fn item_12_stdio_servers_get_a_minimal_environment_unless_inherit_env() {
+    let secret = [("MCP_TEST_SECRET", "hunter2")];
+    let o = run_env(
+        &["call", "--stdio", &demo_cmd("s"), "env", "--json"],
+        &secret,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let env: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let vars = &env["structuredContent"];
+    assert!(vars.get("PATH").is_some(), "PATH is passed: {vars}");
+    assert!(
+        vars.get("MCP_TEST_SECRET").is_none(),
+        "the harness's secrets stay out"
+    );
+    let toml = format!(
+        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"], inherit_env = true, env = {{ EXTRA = \"yes\" }} }}\n[permissions.local]\ns = [\"*\"]\n",
+        harness_exe()
+    );
+    let path = write("inherit.toml", &toml);
+    let o = run_env(
+        &[
+            "call",
+            "--config",
+            &path.to_string_lossy(),
+            "s__env",
+            "--json",
+        ],
+        &secret,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let env: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(env["structuredContent"]["MCP_TEST_SECRET"], "hunter2");
+    assert_eq!(env["structuredContent"]["EXTRA"], "yes");
+    let _ = std::fs::remove_file(path);
+}
+
+// Hardening item 12: server text is printed without escape sequences.
+#[test]
+fn item_12_server_text_reaches_the_terminal_without_escape_sequences() {
+    let o = run(&["call", "--stdio", &demo_cmd("s"), "ansi"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\r'),
+        "{out:?}"
+    );
+    assert!(out.contains("cleared your screen"), "{out:?}");
+    let o = run(&["tools", "--stdio", &demo_cmd("s")]);
+    assert!(!stdout(&o).contains('\u{1b}'), "descriptions too");
+}
+
+// Hardening item 13: the command line never widens a config file's grants.
+#[test]
+fn item_13_ad_hoc_servers_are_granted_and_the_files_own_grants_stay_as_written() {
+    let toml = format!(
+        "[[servers]]\nid = \"files\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"files\"] }}\n[permissions.local]\nfiles = [\"echo\"]\n",
+        harness_exe()
+    );
+    let path = write("grants.toml", &toml);
+    let p = path.to_string_lossy().to_string();
+    let extra = demo_cmd("extra");
+    let o = run(&[
+        "call",
+        "--config",
+        &p,
+        "--stdio",
+        &extra,
+        "files__add",
+        r#"{"a":1,"b":2}"#,
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "not granted by the file: {}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("denied"), "{}", stderr(&o));
+    let o = run(&[
+        "call",
+        "--config",
+        &p,
+        "--stdio",
+        &extra,
+        "stdio1__add",
+        r#"{"a":1,"b":2}"#,
+    ]);
+    assert!(
+        o.status.success(),
+        "the ad hoc server is granted: {}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "call",
+        "--config",
+        &p,
+        "--stdio",
+        &extra,
+        "files__echo",
+        r#"{"text":"ok"}"#,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_file(path);
+}
+
+// Hardening item 17: startup failures are immediate and named.
+#[test]
+fn item_17_a_server_that_cannot_start_makes_the_cli_exit_3_naming_it_and_tools_lists_the_rest() {
+    let o = run(&[
+        "call",
+        "--stdio",
+        "/nonexistent/mcp-server",
+        "echo",
+        r#"{"text":"x"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = stderr(&o);
+    assert!(
+        err.contains("server stdio1 failed") && err.contains("could not start"),
+        "{err}"
+    );
+    assert!(!err.contains("no server offers"), "{err}");
+    let o = run(&[
+        "tools",
+        "--stdio",
+        "/nonexistent/mcp-server",
+        "--stdio",
+        &demo_cmd("ok"),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "non-zero when an enabled server failed"
+    );
+    assert!(
+        stdout(&o).contains("stdio2__echo"),
+        "the others are listed: {}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("server stdio1 failed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["tools", "--http", "not a url"]);
+    assert_eq!(o.status.code(), Some(2), "an invalid URL is a usage error");
+    assert!(stderr(&o).contains("transport.url"), "{}", stderr(&o));
+}
+
+// Hardening item 9: mcpServers names become valid ids, and the mapping is printed.
+#[test]
+fn item_09_mcp_servers_names_are_mapped_to_valid_ids_and_the_mapping_is_printed() {
+    let json = format!(
+        r#"{{"mcpServers": {{"my files_": {{"command": {:?}, "args": ["demo-server", "x"]}}}}}}"#,
+        harness_exe()
+    );
+    let path = write("mapped.json", &json);
+    let o = run(&["tools", "--config", &path.to_string_lossy()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("\"my files_\" is named \"my_files\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).contains("my_files__echo"), "{}", stdout(&o));
+    let _ = std::fs::remove_file(path);
+}

@@ -187,3 +187,44 @@ impl AuditSink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_contexts_are_keyed_hashes_stable_across_restarts_and_not_plain_digests() {
+        let dir = std::env::temp_dir().join(format!("mcp-harness-key-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let one = AuditSink::with_opener(config.clone(), None, ActorSlot::default());
+        let two = AuditSink::with_opener(config, None, ActorSlot::default());
+        let h = one.hash_context(Some("user-42")).expect("hash");
+        assert_eq!(
+            Some(h.clone()),
+            two.hash_context(Some("user-42")),
+            "the key is kept beside the file"
+        );
+        let plain = crate::util::hash::sha256_hex(b"user-42");
+        assert!(
+            !plain.starts_with(&h[..16]),
+            "not a prefix of a plain SHA-256"
+        );
+        let other = AuditSink::with_opener(AuditConfig::default(), None, ActorSlot::default());
+        assert_ne!(
+            other.hash_context(Some("user-42")),
+            Some(h),
+            "another key, another hash"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("audit.jsonl.key"))
+            .expect("key file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -32,12 +32,16 @@ impl std::fmt::Display for Unreachable {
     }
 }
 
-fn unreachable_note(list: &[Unreachable]) -> String {
+/// "no server offers X", unless a server that might is down: then that is what it says.
+fn no_route(tool: &str, list: &[Unreachable]) -> String {
     if list.is_empty() {
-        return String::new();
+        return format!("no server offers {tool:?}");
     }
     let names: Vec<String> = list.iter().map(ToString::to_string).collect();
-    format!("; not reachable now: {}", names.join(", "))
+    format!(
+        "{tool:?} cannot be served now; servers that could not be asked: {}",
+        names.join(", ")
+    )
 }
 
 /// A call failed.
@@ -54,7 +58,7 @@ pub enum CallError {
         tool: String,
     },
     /// No routable server the caller may use offers this tool.
-    #[error("no server offers {tool:?}{}", unreachable_note(unreachable))]
+    #[error("{}", no_route(tool, unreachable))]
     NoRoute {
         /// The name asked for.
         tool: String,

@@ -13,6 +13,7 @@
 mod error;
 mod supervisor;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -214,52 +215,49 @@ impl HarnessHandle {
     }
 
     /// Calls a tool by qualified (`server__tool`) or bare name: authorized, routed by
-    /// priority with fallback, `input_required` rounds driven, audited.
+    /// priority with fallback, `input_required` rounds driven, audited. The future holds
+    /// no handle: it does not keep the harness alive, and it can be spawned as it is.
     ///
     /// # Cancel safety
     /// Dropping the future cancels the call (see [`CallOptions::cancel`]).
-    pub async fn call_tool(
+    pub fn call_tool(
         &self,
         caller: &Caller,
         name: &str,
         args: Value,
-    ) -> Result<Value, CallError> {
+    ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
         self.call(caller, CallKind::Tool, name, args, CallOptions::default())
-            .await
     }
 
     /// Gets a prompt (same path as [`HarnessHandle::call_tool`]).
-    pub async fn get_prompt(
+    pub fn get_prompt(
         &self,
         caller: &Caller,
         name: &str,
         args: Value,
-    ) -> Result<Value, CallError> {
+    ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
         self.call(caller, CallKind::Prompt, name, args, CallOptions::default())
-            .await
     }
 
     /// Reads a resource by uri, from the servers that list it.
-    pub async fn read_resource(&self, caller: &Caller, uri: &str) -> Result<Value, CallError> {
-        self.call(
-            caller,
-            CallKind::Resource,
-            uri,
-            Value::Null,
-            CallOptions::default(),
-        )
-        .await
+    pub fn read_resource(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
+        let options = CallOptions::default();
+        self.call(caller, CallKind::Resource, uri, Value::Null, options)
     }
 
     /// Any call, with its own deadline or cancellation.
-    pub async fn call(
+    pub fn call(
         &self,
         caller: &Caller,
         kind: CallKind,
         name: &str,
         args: Value,
         options: CallOptions,
-    ) -> Result<Value, CallError> {
+    ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
         let request = CallRequest {
             caller: caller.clone(),
             kind,
@@ -267,11 +265,9 @@ impl HarnessHandle {
             args,
             timeout: options.timeout,
         };
-        self.inner
-            .services
-            .calls
-            .run(self.ctx().clone(), request, options.cancel)
-            .await
+        let pool = self.inner.services.calls.clone();
+        let ctx = self.ctx().clone();
+        async move { pool.run(ctx, request, options.cancel).await }
     }
 
     /// The tools `caller` may call, each with its qualified name, bare name, server and

@@ -412,6 +412,14 @@ impl ServerActorState {
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
             self.record_connection(&conn);
             self.publish(ServerState::Ready);
+            // What it lists may depend on what we declared (many legacy servers list
+            // elicitation tools only to clients that can answer them).
+            let all = ListsChanged {
+                tools: true,
+                prompts: true,
+                resources: true,
+            };
+            self.args.client.lists_changed(self.id(), all);
             return;
         }
         let Some(current) = self.current.as_mut().filter(|c| c.generation == generation) else {

@@ -178,3 +178,148 @@ pub fn sigkill(pid: u32) {
         .expect("run kill");
     assert!(status.success() || !alive(pid), "kill -KILL {pid} failed");
 }
+
+/// A stdio demo server named `id` with extra flags, restarted only after a long backoff
+/// (so that a test sees one connection unless it restarts the server itself).
+pub fn demo_server(id: &str, args: &[&str]) -> mcp_harness::ServerConfig {
+    let mut all = vec!["demo-server".to_string(), id.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let mut c = mcp_harness::ServerConfig::stdio(id, harness_exe(), all);
+    c.restart = mcp_harness::RestartConfig {
+        min_delay: Duration::from_secs(30),
+        max_delay: Duration::from_secs(30),
+        ..mcp_harness::RestartConfig::default()
+    };
+    c
+}
+
+/// Grants every agent named everything.
+pub fn grant_everything(agents: &[&str]) -> mcp_harness::permission::Grants {
+    agents
+        .iter()
+        .map(|a| {
+            (
+                a.to_string(),
+                [("*".to_string(), vec!["*".to_string()])].into(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until server `id` is in `state` (up to 30 s).
+pub async fn wait_state(
+    h: &mcp_harness::HarnessHandle,
+    id: &str,
+    state: mcp_harness::ServerState,
+) -> bool {
+    eventually(Duration::from_secs(30), || {
+        h.server_status(id).is_some_and(|s| s.state == state)
+    })
+    .await
+}
+
+/// Starts a harness and waits until every enabled server is ready.
+pub async fn start_ready(config: mcp_harness::HarnessConfig) -> mcp_harness::HarnessHandle {
+    start_ready_with(mcp_harness::Harness::builder(config)).await
+}
+
+/// [`start_ready`] from a builder (with input handlers given at start).
+pub async fn start_ready_with(
+    builder: mcp_harness::harness::HarnessBuilder,
+) -> mcp_harness::HarnessHandle {
+    let h = builder.spawn().await.expect("spawn");
+    let ids: Vec<String> = h.status().iter().map(|s| s.id.clone()).collect();
+    for id in ids {
+        assert!(
+            wait_state(&h, &id, mcp_harness::ServerState::Ready).await,
+            "{id} ready: {:?}",
+            h.server_status(&id).and_then(|s| s.last_error)
+        );
+    }
+    h
+}
+
+/// This process's resident memory, in KiB.
+pub fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The audit records in `path`.
+pub fn audit_records(path: &PathBuf) -> Vec<Value> {
+    recorded(path)
+}
+
+/// A certificate authority made for one test, and certificates it signs, as PEM files.
+pub struct TestCa {
+    pub dir: PathBuf,
+    pub ca_pem: PathBuf,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    /// A new CA; its files go under a fresh temporary directory.
+    pub fn new(tag: &str) -> TestCa {
+        let dir = std::env::temp_dir().join(format!("mcp-harness-ca-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("ca dir");
+        let key = rcgen::KeyPair::generate().expect("ca key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("mcp-harness test CA {tag}"),
+        );
+        let cert = params.self_signed(&key).expect("ca cert");
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, cert.pem()).expect("write ca");
+        TestCa {
+            dir,
+            ca_pem,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A server certificate for `names` (DNS names or IP addresses): (cert, key) paths.
+    pub fn leaf(&self, name: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().expect("leaf key");
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_path, key_path) = (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+}
+
+impl Drop for TestCa {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl HttpServer {
+    /// A demo server over HTTPS with this certificate and key.
+    pub async fn demo_tls(
+        args: &[&str],
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> HttpServer {
+        let (cert, key) = (
+            cert.to_string_lossy().to_string(),
+            key.to_string_lossy().to_string(),
+        );
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--tls-cert", &cert, "--tls-key", &key]);
+        HttpServer::demo(&all).await
+    }
+}

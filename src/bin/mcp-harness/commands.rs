@@ -27,6 +27,10 @@ pub struct ServerArgs {
     /// A Streamable HTTP server's URL (repeatable).
     #[arg(long = "http", value_name = "URL")]
     pub http: Vec<String>,
+    /// A PEM bundle of CA certificates to trust for the `--http` servers (on top of the
+    /// platform's roots and SSL_CERT_FILE).
+    #[arg(long = "ca-file", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// The agent to act as (default: the config's `agent`, else "local").
     #[arg(long)]
     pub agent: Option<String>,
@@ -82,6 +86,15 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     // Servers named on the command line are granted to the caller, and nothing else:
     // a config file's own grants are never widened or replaced.
     let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
+    if let Some(ca) = &args.ca_file {
+        for server in &mut loaded.config.servers {
+            if ad_hoc.contains(&server.id)
+                && let mcp_harness::TransportSpec::Http(http) = &mut server.transport
+            {
+                http.ca_file = Some(ca.clone());
+            }
+        }
+    }
     file::grant_all(&mut loaded.config, &agent, &ad_hoc);
     if loaded.config.servers.is_empty() {
         return Err(UsageError(anyhow::anyhow!(

@@ -136,6 +136,8 @@ pub struct CacheStats {
     pub l1: LayerStats,
     /// Disk (all zero when no directory is configured).
     pub l2: LayerStats,
+    /// Times a server's entries were dropped (list changes, removals, rejected cursors).
+    pub invalidations: u64,
 }
 
 #[derive(Default)]
@@ -178,6 +180,7 @@ pub struct ListCache {
     l2: RwLock<HashMap<CacheKey, Entry>>,
     l1_counts: Counters,
     l2_counts: Counters,
+    invalidations: AtomicU64,
     /// Bumped on every invalidation of a server; a write from an older fetch is dropped.
     generations: RwLock<HashMap<String, u64>>,
 }
@@ -193,6 +196,7 @@ impl ListCache {
             l2: RwLock::new(l2),
             l1_counts: Counters::default(),
             l2_counts: Counters::default(),
+            invalidations: AtomicU64::new(0),
             generations: RwLock::new(HashMap::new()),
         }
     }
@@ -350,6 +354,7 @@ impl ListCache {
     }
 
     fn bump(&self, server: &str) {
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
         *self
             .generations
             .write()
@@ -396,6 +401,7 @@ impl ListCache {
             } else {
                 LayerStats::default()
             },
+            invalidations: self.invalidations.load(Ordering::Relaxed),
         }
     }
 }

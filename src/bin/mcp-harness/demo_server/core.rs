@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use mcp_harness::protocol::error::{
     INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION,
@@ -48,6 +48,8 @@ pub enum Action {
     HttpStatus(u16),
     /// HTTP only: answer 200 with a content type that is neither JSON nor SSE.
     WrongContentType,
+    /// HTTP only: answer 307 to this URL.
+    Redirect(String),
     /// HTTP only: an event stream that never ends and never answers.
     EndlessStream,
     /// HTTP legacy only: end the event stream before the response, which a resuming GET
@@ -157,6 +159,14 @@ pub struct DemoServer {
     pub grown: AtomicU64,
     /// While `now` is before this, every request waits (a hung server).
     pub frozen_until: Mutex<Option<std::time::Instant>>,
+    /// What the client answered to `ask_later`.
+    pub last_ask: Arc<Mutex<Option<String>>>,
+    /// Whether the last `initialize` declared elicitation.
+    client_elicitation: AtomicBool,
+    /// Whether a request was seen yet (for `--reject-first-request`).
+    seen_first: AtomicBool,
+    /// `tools/list` answers so far (for `--alternate-tools`).
+    lists: AtomicU64,
 }
 
 impl DemoServer {
@@ -176,6 +186,10 @@ impl DemoServer {
             record,
             grown: AtomicU64::new(0),
             frozen_until: Mutex::new(None),
+            last_ask: Arc::new(Mutex::new(None)),
+            client_elicitation: AtomicBool::new(false),
+            seen_first: AtomicBool::new(false),
+            lists: AtomicU64::new(0),
         }))
     }
 
@@ -209,63 +223,97 @@ impl DemoServer {
         if let Some(until) = frozen {
             tokio::time::sleep_until(until.into()).await;
         }
+        if let Some(action) = self.before_session(&request, &ctx) {
+            return action;
+        }
         let modern_request = !ctx.legacy;
-        match request.method.as_str() {
-            "ping" => return Action::Reply(Ok(json!({}))),
-            "initialize" => return Action::Reply(self.initialize(&request)),
-            "server/discover" if self.args.era == ServeEra::Legacy => {
-                return match self.args.on_discover {
-                    OnDiscover::Error => {
-                        Action::Reply(Err(RpcError::new(METHOD_NOT_FOUND, "Method not found")))
-                    }
-                    OnDiscover::Ignore => Action::NoReply,
-                    OnDiscover::Exit => Action::Exit(1),
-                };
-            }
-            _ => {}
-        }
-        if self.args.era == ServeEra::Legacy && !ctx.legacy {
-            return Action::Reply(Err(RpcError::new(
-                INVALID_REQUEST,
-                "server not initialized",
-            )));
-        }
         if modern_request && let Err(e) = self.check_envelope(&request, &ctx) {
             return Action::Reply(Err(e));
         }
-        let action = match request.method.as_str() {
-            "server/discover" => Action::Reply(Ok(self.discover())),
-            "tools/list" => Action::Reply(self.list_tools(&request)),
-            "tools/call" => {
-                let n = self.calls.fetch_add(1, Ordering::SeqCst);
-                if self.args.crash_after.is_some_and(|limit| n >= limit) {
-                    return Action::Exit(1);
-                }
-                tools::call(self, &request, &ctx).await
-            }
-            "prompts/list" => Action::Reply(Ok(
-                json!({"prompts": [{"name": "greet", "description": "Greets someone", "arguments": [{"name": "who", "required": true}]}]}),
-            )),
-            "prompts/get" => Action::Reply(tools::get_prompt(&request)),
-            "resources/list" => Action::Reply(Ok(
-                json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
-            )),
-            "resources/read" => Action::Reply(tools::read_resource(&request)),
-            other => Action::Reply(Err(RpcError::new(
-                METHOD_NOT_FOUND,
-                format!("Method not found: {other}"),
-            ))),
-        };
-        match action {
+        match self.method(&request, &ctx).await {
             Action::Reply(Ok(result)) if modern_request => {
-                Action::Reply(Ok(self.finish_modern(&request.method, result)))
+                Action::Reply(Ok(self.finish_modern(&request, result)))
             }
             other => other,
         }
     }
 
+    /// What is answered before any session or envelope rule: `ping`, `initialize`, a
+    /// legacy server's answer to `server/discover`, the first-request quirk.
+    fn before_session(&self, request: &Request, ctx: &Ctx) -> Option<Action> {
+        match request.method.as_str() {
+            "ping" => return Some(Action::Reply(Ok(json!({})))),
+            "initialize" => return Some(Action::Reply(self.initialize(request))),
+            "server/discover" if self.args.era == ServeEra::Legacy => {
+                return Some(match self.args.on_discover {
+                    OnDiscover::Error => {
+                        Action::Reply(Err(RpcError::new(METHOD_NOT_FOUND, "Method not found")))
+                    }
+                    OnDiscover::Ignore => Action::NoReply,
+                    OnDiscover::Exit => Action::Exit(1),
+                });
+            }
+            _ => {}
+        }
+        if self.args.era == ServeEra::Legacy && !ctx.legacy {
+            return Some(Action::Reply(Err(RpcError::new(
+                INVALID_REQUEST,
+                "server not initialized",
+            ))));
+        }
+        if self.args.reject_first_request && !self.seen_first.swap(true, Ordering::SeqCst) {
+            let asked = request
+                .params
+                .as_ref()
+                .and_then(|p| p.get("_meta"))
+                .and_then(|m| m.get(KEY_PROTOCOL_VERSION))
+                .cloned()
+                .unwrap_or(json!(""));
+            return Some(Action::Reply(Err(RpcError::new(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                "not ready for you yet",
+            )
+            .with_data(json!({"supported": [asked], "requested": asked})))));
+        }
+        None
+    }
+
+    /// The method's own work.
+    async fn method(self: &Arc<Self>, request: &Request, ctx: &Ctx) -> Action {
+        match request.method.as_str() {
+            "server/discover" => Action::Reply(Ok(self.discover())),
+            "tools/list" => {
+                if self.args.list_delay_ms > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(self.args.list_delay_ms))
+                        .await;
+                }
+                Action::Reply(self.list_tools(request, ctx))
+            }
+            "tools/call" => {
+                let n = self.calls.fetch_add(1, Ordering::SeqCst);
+                if self.args.crash_after.is_some_and(|limit| n >= limit) {
+                    return Action::Exit(1);
+                }
+                tools::call(self, request, ctx).await
+            }
+            "prompts/list" => Action::Reply(Ok(
+                json!({"prompts": [{"name": "greet", "description": "Greets someone", "arguments": [{"name": "who", "required": true}]}]}),
+            )),
+            "prompts/get" => Action::Reply(tools::get_prompt(request)),
+            "resources/list" => Action::Reply(Ok(
+                json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
+            )),
+            "resources/read" => Action::Reply(tools::read_resource(request)),
+            other => Action::Reply(Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("Method not found: {other}"),
+            ))),
+        }
+    }
+
     /// Adds `resultType`, the server info, and cache hints to a modern result.
-    fn finish_modern(&self, method: &str, mut result: Value) -> Value {
+    fn finish_modern(&self, request: &Request, mut result: Value) -> Value {
+        let method = request.method.as_str();
         if let Value::Object(map) = &mut result {
             map.entry("resultType").or_insert_with(|| json!("complete"));
             let meta = map.entry("_meta").or_insert_with(|| json!({}));
@@ -281,7 +329,12 @@ impl DemoServer {
                     | "server/discover"
             );
             if cacheable && map.get("resultType") == Some(&json!("complete")) {
-                let (ttl, scope) = self.hints();
+                let (mut ttl, scope) = self.hints();
+                if method == "tools/list" && !self.args.page_ttls.is_empty() {
+                    let page = self.page_index(request).unwrap_or(0);
+                    let at = page.min(self.args.page_ttls.len() - 1);
+                    ttl = json!(self.args.page_ttls[at]);
+                }
                 map.entry("ttlMs").or_insert(ttl);
                 map.entry("cacheScope").or_insert(scope);
             }
@@ -346,6 +399,12 @@ impl DemoServer {
         } else {
             LEGACY_VERSIONS[0]
         };
+        let elicitation = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("capabilities"))
+            .is_some_and(|c| c.get("elicitation").is_some());
+        self.client_elicitation.store(elicitation, Ordering::SeqCst);
         Ok(json!({
             "protocolVersion": version,
             "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
@@ -354,8 +413,39 @@ impl DemoServer {
         }))
     }
 
-    fn list_tools(&self, request: &Request) -> Result<Value, RpcError> {
-        let mut all = tools::catalog(&self.args);
+    /// The page a `tools/list` cursor names (`e<epoch>-page-<n>`); an error for a cursor
+    /// that is not one of ours, or of another epoch.
+    fn page_index(&self, request: &Request) -> Result<usize, RpcError> {
+        let bad = || RpcError::new(INVALID_PARAMS, "invalid cursor");
+        match request.params.as_ref().and_then(|p| p.get("cursor")) {
+            None | Some(Value::Null) => Ok(0),
+            Some(Value::String(c)) => {
+                let prefix = format!("e{}-page-", self.args.cursor_epoch);
+                c.strip_prefix(&prefix)
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .ok_or_else(bad)
+            }
+            Some(_) => Err(bad()),
+        }
+    }
+
+    fn list_tools(&self, request: &Request, ctx: &Ctx) -> Result<Value, RpcError> {
+        let start = self.page_index(request)?;
+        if let Some(mib) = self.args.huge_pages {
+            // Hostile: a huge page and a fresh cursor, forever.
+            let description = "x".repeat(mib * 1024 * 1024);
+            return Ok(json!({
+                "tools": [{"name": format!("huge_{start}"), "description": description, "inputSchema": {"type": "object"}}],
+                "nextCursor": format!("e{}-page-{}", self.args.cursor_epoch, start + 1),
+            }));
+        }
+        let elicitation = if ctx.legacy {
+            self.client_elicitation.load(Ordering::SeqCst)
+        } else {
+            ctx.capabilities(request)
+                .is_some_and(|c| c.get("elicitation").is_some())
+        };
+        let mut all = tools::catalog(&self.args, elicitation);
         if let Some(mib) = self.args.huge_schema {
             let description = "x".repeat(mib * 1024 * 1024);
             all.push(json!({"name": "huge", "description": description, "inputSchema": {"type": "object"}}));
@@ -363,15 +453,12 @@ impl DemoServer {
         for n in 0..self.grown.load(Ordering::SeqCst) {
             all.push(json!({"name": format!("grown_{n}"), "inputSchema": {"type": "object"}}));
         }
-        let start = match request.params.as_ref().and_then(|p| p.get("cursor")) {
-            None | Some(Value::Null) => 0,
-            Some(Value::String(c)) => c
-                .strip_prefix("page-")
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n <= all.len())
-                .ok_or_else(|| RpcError::new(INVALID_PARAMS, "invalid cursor"))?,
-            Some(_) => return Err(RpcError::new(INVALID_PARAMS, "invalid cursor")),
-        };
+        if self.args.alternate_tools && self.lists.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+            all.push(json!({"name": "alt", "inputSchema": {"type": "object"}}));
+        }
+        if start > all.len() {
+            return Err(RpcError::new(INVALID_PARAMS, "invalid cursor"));
+        }
         let size = if self.args.page_size == 0 {
             all.len()
         } else {
@@ -380,7 +467,7 @@ impl DemoServer {
         let end = (start + size).min(all.len());
         let mut result = json!({"tools": all[start..end]});
         if end < all.len() {
-            result["nextCursor"] = json!(format!("page-{end}"));
+            result["nextCursor"] = json!(format!("e{}-page-{end}", self.args.cursor_epoch));
         }
         Ok(result)
     }

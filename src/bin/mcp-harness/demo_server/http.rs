@@ -61,13 +61,32 @@ impl Body for ChannelBody {
     }
 }
 
+/// A TLS acceptor for `--tls-cert` / `--tls-key`, if given.
+fn tls_acceptor(args: &DemoServerArgs) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let certs = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(key)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
 pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
+    let tls = tls_acceptor(&server.args)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     {
         use std::io::Write;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut out = std::io::stdout().lock();
-        writeln!(out, "listening http://{local}/mcp")?;
+        writeln!(out, "listening {scheme}://{local}/mcp")?;
         out.flush()?;
     }
     if !server.args.ignore_sigterm {
@@ -87,14 +106,27 @@ pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(state, req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        let _ = http
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                    }
+                }
+                None => {
+                    let _ = http
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                }
+            }
         });
     }
 }
@@ -204,6 +236,23 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         }
         _ => return full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
     }
+    post(state, req, headers, session_id, known_session).await
+}
+
+/// One POST: a request, a notification, or a response to one of our requests.
+async fn post(
+    state: Arc<State>,
+    req: hyper::Request<Incoming>,
+    headers: BTreeMap<String, String>,
+    session_id: Option<String>,
+    known_session: Option<bool>,
+) -> HttpResponse {
+    if let Some(response) = forced_reply(&state.server.args) {
+        state
+            .server
+            .record(json!({"method": "POST", "headers": headers}));
+        return response;
+    }
     let accept = headers.get("accept").cloned().unwrap_or_default();
     if !(accept.contains("application/json") && accept.contains("text/event-stream")) {
         return full(
@@ -284,8 +333,47 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         broadcast,
     };
     state.server.log(&request, &ctx);
-    let id = request.id.clone();
     if streaming {
+        return stream_reply(state, request, ctx, out_tx, out_rx, session_id);
+    }
+    drop(out_rx);
+    json_reply(state, request, ctx, session_id).await
+}
+
+/// `--status-all` and `--redirect-to`: the same answer to every POST.
+fn forced_reply(args: &DemoServerArgs) -> Option<HttpResponse> {
+    if let Some(status) = args.status_all {
+        let mut r = full(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            "",
+            "",
+        );
+        if status == 401
+            && let Ok(v) = "Bearer realm=\"demo\"".parse()
+        {
+            r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
+        }
+        return Some(r);
+    }
+    let to = args.redirect_to.as_ref()?;
+    let mut r = full(StatusCode::TEMPORARY_REDIRECT, "", "");
+    if let Ok(v) = to.parse() {
+        r.headers_mut().insert(hyper::header::LOCATION, v);
+    }
+    Some(r)
+}
+
+/// Answers on an event stream (tools that send messages before their result).
+fn stream_reply(
+    state: Arc<State>,
+    request: Request,
+    ctx: Ctx,
+    out_tx: mpsc::UnboundedSender<Out>,
+    out_rx: mpsc::UnboundedReceiver<Out>,
+    session_id: Option<String>,
+) -> HttpResponse {
+    let id = request.id.clone();
+    {
         let (server, state2, sid) = (state.server.clone(), state.clone(), session_id.clone());
         tokio::spawn(async move {
             let action = server.handle(request, ctx).await;
@@ -327,9 +415,18 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                 }
             }
         });
-        return sse_response(pump_sse(out_rx));
     }
-    drop(out_rx);
+    sse_response(pump_sse(out_rx))
+}
+
+/// Answers with one JSON body (or the HTTP-level fault the tool asks for).
+async fn json_reply(
+    state: Arc<State>,
+    request: Request,
+    ctx: Ctx,
+    session_id: Option<String>,
+) -> HttpResponse {
+    let id = request.id.clone();
     let action = state.server.handle(request, ctx).await;
     match action {
         Action::Reply(outcome) => reply_status(id, outcome),
@@ -356,6 +453,13 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             "",
         ),
         Action::WrongContentType => full(StatusCode::OK, "text/html", "<html>not MCP</html>"),
+        Action::Redirect(to) => {
+            let mut r = full(StatusCode::TEMPORARY_REDIRECT, "", "");
+            if let Ok(v) = to.parse() {
+                r.headers_mut().insert(hyper::header::LOCATION, v);
+            }
+            r
+        }
         Action::EndlessStream => {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(async move {
@@ -473,7 +577,7 @@ pub fn check_headers(
             .and_then(|p| p.get("arguments"))
             .cloned()
             .unwrap_or(Value::Null);
-        let schema = tools::catalog(args)
+        let schema = tools::catalog(args, true)
             .into_iter()
             .find(|t| t["name"] == tool)
             .map(|t| t["inputSchema"].clone());

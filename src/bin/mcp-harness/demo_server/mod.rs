@@ -81,6 +81,54 @@ pub struct DemoServerArgs {
     /// Append every request received (method, params, HTTP headers) to this file.
     #[arg(long)]
     pub record: Option<PathBuf>,
+    /// A hostile list: every `tools/list` page carries a tool this many MiB large and a
+    /// fresh `nextCursor`, forever.
+    #[arg(long)]
+    pub huge_pages: Option<usize>,
+    /// Cursors name this epoch; a cursor of another epoch is refused (-32602), as after
+    /// a server restart that changed its cursor format.
+    #[arg(long, default_value_t = 0)]
+    pub cursor_epoch: u64,
+    /// Cursors name this process (its pid) as their epoch: a restarted server refuses
+    /// the cursors its predecessor handed out.
+    #[arg(long)]
+    pub cursor_epoch_per_process: bool,
+    /// Every other `tools/list` answer has one more tool (`alt`): a list that looks
+    /// different to each of two callers who list in turn.
+    #[arg(long)]
+    pub alternate_tools: bool,
+    /// `ttlMs` per `tools/list` page, by page index (the last repeats).
+    #[arg(long, value_delimiter = ',')]
+    pub page_ttls: Vec<i64>,
+    /// Wait this long before answering `tools/list`.
+    #[arg(long, default_value_t = 0)]
+    pub list_delay_ms: u64,
+    /// Answer the first request with -32022 naming the very version it asked for (some
+    /// servers reject a stateless client's first request whatever it says).
+    #[arg(long)]
+    pub reject_first_request: bool,
+    /// List `confirm` and `rounds` only to clients that declared elicitation (legacy:
+    /// at `initialize`), as many legacy servers do.
+    #[arg(long)]
+    pub tools_need_elicitation: bool,
+    /// Also list a tool with this exact name (it answers with the server's name).
+    #[arg(long)]
+    pub tool_alias: Vec<String>,
+    /// HTTP only: answer every POST with this status.
+    #[arg(long)]
+    pub status_all: Option<u16>,
+    /// HTTP only: answer every POST with a 307 redirect to this URL.
+    #[arg(long)]
+    pub redirect_to: Option<String>,
+    /// HTTP only: serve HTTPS with this PEM certificate chain (and `--tls-key`).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// HTTP only: the PEM private key for `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// stdio only: stop reading stdin after this many messages (the process lives on).
+    #[arg(long)]
+    pub stop_reading_after: Option<u64>,
 }
 
 /// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).
@@ -102,6 +150,10 @@ pub async fn run(args: DemoServerArgs) -> anyhow::Result<()> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()?;
+    }
+    let mut args = args;
+    if args.cursor_epoch_per_process {
+        args.cursor_epoch = u64::from(std::process::id());
     }
     let server = DemoServer::new(args.clone())?;
     match &args.http {

@@ -21,7 +21,13 @@ pub async fn serve(server: Arc<DemoServer>, ignore_eof: bool) -> anyhow::Result<
     let legacy = Arc::new(AtomicBool::new(false));
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut line = Vec::new();
+    let mut read = 0u64;
     loop {
+        if server.args.stop_reading_after.is_some_and(|n| read >= n) {
+            // A server that stops reading its stdin but lives on.
+            std::future::pending::<()>().await;
+        }
+        read += 1;
         line.clear();
         if stdin.read_until(b'\n', &mut line).await? == 0 {
             break;
@@ -115,6 +121,7 @@ fn perform(action: Action, id: RequestId, tx: &mpsc::UnboundedSender<Out>) {
             let _ = tx.send(Out::CloseStdout);
         }
         Action::HttpStatus(_)
+        | Action::Redirect(_)
         | Action::WrongContentType
         | Action::EndlessStream
         | Action::BrokenStream => {

@@ -1,0 +1,183 @@
+//! Tools that work: echo, arithmetic, identity, environment, list changes, progress.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mcp_harness::protocol::Request;
+use serde_json::{Value, json};
+
+use super::{DemoServerArgs, annotated, arg, i, params_field, s, text, tool};
+use crate::demo_server::core::{Action, Ctx, DemoServer};
+
+pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
+    vec![
+        tool(
+            "echo",
+            &format!("Echoes text back ({})", args.name),
+            json!({"text": s("text to echo")}),
+            &["text"],
+        ),
+        tool(
+            "add",
+            "Adds two integers",
+            json!({"a": i("first"), "b": i("second")}),
+            &["a", "b"],
+        ),
+        annotated(
+            tool(
+                "slow",
+                "Echoes text after a delay (read-only)",
+                json!({"ms": i("delay in milliseconds"), "text": s("text")}),
+                &["ms"],
+            ),
+            json!({"readOnlyHint": true}),
+        ),
+        annotated(
+            tool(
+                "server_name",
+                "Returns this server's name (read-only)",
+                json!({}),
+                &[],
+            ),
+            json!({"readOnlyHint": true, "idempotentHint": true}),
+        ),
+        tool(
+            "grow",
+            "Adds a tool to this server's list and sends list_changed",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "notify_changed",
+            "Sends tools/list_changed (legacy)",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "notify_flood",
+            "Sends tools/list_changed n times at once (legacy)",
+            json!({"n": i("how many")}),
+            &["n"],
+        ),
+        tool(
+            "progress",
+            "Sends progress notifications, then answers",
+            json!({"steps": i("how many")}),
+            &[],
+        ),
+        tool(
+            "whoami",
+            "Returns the request's _meta and HTTP headers",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "env",
+            "Returns this process's environment variables",
+            json!({}),
+            &[],
+        ),
+        tool(
+            "region_echo",
+            "Echoes the Mcp-Param-Region header it received",
+            json!({"region": {"type": "string", "x-mcp-header": "Region"}}),
+            &["region"],
+        ),
+        tool(
+            "bad_header",
+            "Has an invalid x-mcp-header annotation (HTTP clients drop it)",
+            json!({"n": {"type": "number", "x-mcp-header": "N"}}),
+            &[],
+        ),
+    ]
+}
+
+pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx) -> Option<Action> {
+    let reply = |r| Some(Action::Reply(Ok(r)));
+    match name {
+        "echo" | "slow" => {
+            if let Some(ms) = arg(request, "ms").and_then(Value::as_u64) {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            reply(text(
+                arg(request, "text").and_then(Value::as_str).unwrap_or(""),
+            ))
+        }
+        "add" => match (
+            arg(request, "a").and_then(Value::as_i64),
+            arg(request, "b").and_then(Value::as_i64),
+        ) {
+            (Some(a), Some(b)) => reply(text(a.saturating_add(b).to_string())),
+            _ => reply(
+                json!({"content": [{"type": "text", "text": "a and b must be integers"}], "isError": true}),
+            ),
+        },
+        "server_name" => reply(text(server.args.name.clone())),
+        n if server.args.tool_alias.iter().any(|a| a == n) => reply(text(server.args.name.clone())),
+        "grow" => {
+            let n = server.grown.fetch_add(1, Ordering::SeqCst) + 1;
+            ctx.peer
+                .notify("notifications/tools/list_changed", json!({}));
+            reply(text(format!("{n} tools added")))
+        }
+        "notify_changed" => {
+            ctx.broadcast
+                .as_ref()
+                .unwrap_or(&ctx.peer)
+                .notify("notifications/tools/list_changed", json!({}));
+            reply(text("sent tools/list_changed"))
+        }
+        "notify_flood" => {
+            let n = arg(request, "n").and_then(Value::as_u64).unwrap_or(100);
+            let peer = ctx.broadcast.as_ref().unwrap_or(&ctx.peer);
+            for _ in 0..n {
+                peer.notify("notifications/tools/list_changed", json!({}));
+            }
+            reply(text(format!("sent {n} list_changed")))
+        }
+        "progress" => {
+            let token = params_field(request, "_meta")
+                .and_then(|m| m.get("progressToken"))
+                .cloned();
+            let steps = arg(request, "steps").and_then(Value::as_u64).unwrap_or(3);
+            if let Some(token) = token {
+                for step in 1..=steps {
+                    ctx.peer.notify(
+                        "notifications/progress",
+                        json!({"progressToken": token, "progress": step, "total": steps}),
+                    );
+                }
+            }
+            reply(text(format!("{steps} steps done")))
+        }
+        "whoami" => {
+            let info = json!({"meta": params_field(request, "_meta"), "headers": ctx.headers});
+            reply(
+                json!({"content": [{"type": "text", "text": info.to_string()}], "structuredContent": info, "isError": false}),
+            )
+        }
+        "env" => {
+            let vars: serde_json::Map<String, Value> =
+                std::env::vars().map(|(k, v)| (k, json!(v))).collect();
+            reply(
+                json!({"content": [{"type": "text", "text": "environment"}], "structuredContent": vars, "isError": false}),
+            )
+        }
+        "region_echo" => reply(text(
+            ctx.headers
+                .get("mcp-param-region")
+                .cloned()
+                .unwrap_or_default(),
+        )),
+        n if n.starts_with("gen_")
+            && n[4..]
+                .parse::<usize>()
+                .is_ok_and(|i| i < server.args.extra_tools) =>
+        {
+            reply(text(
+                arg(request, "text").and_then(Value::as_str).unwrap_or(n),
+            ))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,158 @@
+//! Tools that misbehave on purpose: hang, garbage, oversize lines, crashes, broken
+//! framing, rogue requests, escape sequences, and the HTTP-only faults.
+
+use std::time::Duration;
+
+use mcp_harness::protocol::Request;
+use serde_json::{Value, json};
+
+use super::{arg, i, text, tool};
+use crate::demo_server::core::{Action, Ctx, DemoServer};
+
+fn plain(name: &str, description: &str) -> Value {
+    tool(name, description, json!({}), &[])
+}
+
+pub fn tools() -> Vec<Value> {
+    vec![
+        plain(
+            "rogue_request",
+            "Sends a request to the client, even in modern mode",
+        ),
+        plain("batch", "Answers with a JSON-RPC batch (an array)"),
+        plain(
+            "orphan_stdout",
+            "Exits, leaving a child that holds stdout open",
+        ),
+        plain("wrong_id", "Answers with an id that was never sent"),
+        plain("duplicate", "Answers twice"),
+        plain("both", "Answers with result and error together"),
+        plain("partial_eof", "Writes half a line, then exits"),
+        plain(
+            "empty_input_required",
+            "input_required with neither inputRequests nor requestState",
+        ),
+        plain(
+            "task_result",
+            "Answers with resultType task (not negotiated)",
+        ),
+        tool(
+            "freeze",
+            "Stops answering anything for ms milliseconds",
+            json!({"ms": i("how long")}),
+            &[],
+        ),
+        plain("hang", "Never answers"),
+        plain("garbage", "Answers with bytes that are not JSON-RPC"),
+        tool(
+            "oversize",
+            "Answers with one huge line",
+            json!({"bytes": i("size of the line")}),
+            &["bytes"],
+        ),
+        tool(
+            "crash",
+            "Exits the server process without answering",
+            json!({"code": i("exit status (default 3)")}),
+            &[],
+        ),
+        plain("close_stdout", "Closes stdout and keeps running"),
+        plain(
+            "ansi",
+            "Answers text full of terminal escape sequences \u{1b}[31m(and so is this)\u{1b}[0m",
+        ),
+        tool(
+            "http_status",
+            "HTTP only: answers with this status",
+            json!({"status": i("status")}),
+            &["status"],
+        ),
+        plain("wrong_content_type", "HTTP only: answers text/html"),
+        tool(
+            "redirect",
+            "HTTP only: answers 307 to this URL",
+            json!({"to": {"type": "string"}}),
+            &["to"],
+        ),
+        plain(
+            "endless_stream",
+            "HTTP only: an event stream that never ends",
+        ),
+        plain(
+            "expire_session",
+            "HTTP legacy only: forgets the session after answering",
+        ),
+    ]
+}
+
+pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx) -> Option<Action> {
+    let raw = |s: &str| Some(Action::RawLine(s.into()));
+    Some(match name {
+        "hang" => Action::NoReply,
+        "garbage" => Action::Garbage,
+        "oversize" => Action::Oversize(
+            arg(request, "bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(1 << 20) as usize,
+        ),
+        "crash" => Action::Exit(arg(request, "code").and_then(Value::as_i64).unwrap_or(3) as i32),
+        "close_stdout" => Action::CloseStdout,
+        "http_status" => Action::HttpStatus(
+            arg(request, "status")
+                .and_then(Value::as_u64)
+                .unwrap_or(500) as u16,
+        ),
+        "wrong_content_type" => Action::WrongContentType,
+        "redirect" => Action::Redirect(
+            arg(request, "to")
+                .and_then(Value::as_str)
+                .unwrap_or("http://127.0.0.1:9/")
+                .to_string(),
+        ),
+        "endless_stream" => Action::EndlessStream,
+        "broken_stream" => Action::BrokenStream,
+        "expire_session" => Action::ExpireSession,
+        "orphan_stdout" => {
+            // A descendant keeps our stdout open while we exit: no EOF for the client.
+            let child = std::process::Command::new("sleep")
+                .arg("3600")
+                .stdin(std::process::Stdio::null())
+                .spawn();
+            Action::Exit(if child.is_ok() { 0 } else { 1 })
+        }
+        "batch" => return raw(r#"[{"jsonrpc":"2.0","id":{id},"result":{"content":[]}}]"#),
+        "wrong_id" => return raw(r#"{"jsonrpc":"2.0","id":987654321,"result":{"content":[]}}"#),
+        "duplicate" => {
+            return raw(
+                r#"{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"once"}]}}
+{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"twice"}]}}"#,
+            );
+        }
+        "both" => {
+            return raw(
+                r#"{"jsonrpc":"2.0","id":{id},"result":{},"error":{"code":1,"message":"both"}}"#,
+            );
+        }
+        "partial_eof" => Action::RawThenExit(r#"{"jsonrpc":"2.0","id":{id},"res"#.into()),
+        "empty_input_required" => Action::Reply(Ok(json!({"resultType": "input_required"}))),
+        "task_result" => Action::Reply(Ok(json!({"resultType": "task", "taskId": "t1"}))),
+        "freeze" => {
+            let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(1000);
+            *server.frozen_until.lock() =
+                Some(std::time::Instant::now() + Duration::from_millis(ms));
+            Action::Reply(Ok(text(format!("frozen for {ms} ms"))))
+        }
+        "ansi" => Action::Reply(Ok(text(
+            "\u{1b}[2J\u{1b}[Hcleared your screen\u{1b}]0;pwned\u{7} and \u{1b}[31mred\u{1b}[0m\r\u{8}",
+        ))),
+        "rogue_request" => {
+            // A modern server must not send requests; this one does, to test clients.
+            let verdict = match ctx.peer.request("roots/list", json!({})).await {
+                Ok(_) => "client answered".to_string(),
+                Err(e) => format!("client refused: {}", e.code),
+            };
+            Action::Reply(Ok(text(verdict)))
+        }
+        _ => return None,
+    })
+}

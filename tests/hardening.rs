@@ -1,0 +1,978 @@
+//! The hardening issue, item by item: each test names its item, drives real server
+//! processes, and fails on the first wave's code.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use mcp_harness::audit::{AuditConfig, AuditFailure};
+use mcp_harness::call::input::{InputFuture, InputRequestContext};
+use mcp_harness::registry::cache::CacheConfig;
+use mcp_harness::transport::{Connection, Era, RequestError, TransportError};
+use mcp_harness::{
+    ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, InputHandler,
+    ServerConfig, ServerError, ServerState,
+};
+use serde_json::{Value, json};
+use support::*;
+
+fn config(servers: Vec<ServerConfig>) -> HarnessConfig {
+    HarnessConfig {
+        servers,
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    }
+}
+
+fn a() -> Caller {
+    Caller::agent("a")
+}
+
+/// Counts the requests it answers, answering each with `answer`.
+struct Counting {
+    seen: Arc<AtomicUsize>,
+    answer: Value,
+    capability: Value,
+}
+
+impl InputHandler for Counting {
+    fn capability(&self) -> Value {
+        self.capability.clone()
+    }
+    fn answer(&self, _: InputRequestContext) -> InputFuture {
+        self.seen.fetch_add(1, Ordering::SeqCst);
+        let v = self.answer.clone();
+        Box::pin(async move { Ok(v) })
+    }
+}
+
+fn counting(capability: Value) -> (Arc<Counting>, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let handler = Counting {
+        seen: seen.clone(),
+        answer: json!({"action": "accept", "content": {"x": "y"}}),
+        capability,
+    };
+    (Arc::new(handler), seen)
+}
+
+// 1. Bounded lists.
+#[tokio::test]
+async fn item_01_a_server_paging_huge_pages_forever_is_cut_off_and_memory_stays_bounded() {
+    let h = start_ready(config(vec![demo_server("flood", &["--huge-pages", "4"])])).await;
+    let before = rss_kb();
+    let listing = h
+        .listing(&a(), mcp_harness::CallKind::Tool, None)
+        .await
+        .expect("listing");
+    let grown_mb = rss_kb().saturating_sub(before) / 1024;
+    assert!(listing.items.is_empty());
+    let (_, error) = listing.unreachable.first().expect("the server is reported");
+    assert!(
+        matches!(error, Some(CallError::ListTooLarge { what: "bytes", limit, .. }) if *limit == 32 * 1024 * 1024),
+        "{error:?}"
+    );
+    // One listing held at most 32 MiB of pages plus the page that crossed the line (and
+    // the allocator's slack); the first wave held up to 1,000 pages of 4 MiB each.
+    assert!(grown_mb < 200, "memory grew by {grown_mb} MB");
+    assert_eq!(h.cache_stats().l1.entries, 0, "nothing of it is cached");
+    let echo = h
+        .call_tool(&a(), "flood__echo", json!({"text": "still works"}))
+        .await
+        .expect("calls by qualified name still work");
+    assert_eq!(text(&echo), "still works");
+    h.shutdown().await;
+}
+
+// 1. Bounded lists: the item bound too.
+#[tokio::test]
+async fn item_01_a_list_past_max_list_items_ends_with_a_typed_error() {
+    let mut cfg = config(vec![demo_server(
+        "many",
+        &["--extra-tools", "300", "--page-size", "50"],
+    )]);
+    cfg.limits.max_list_items = 100;
+    let h = start_ready(cfg).await;
+    let listing = h
+        .listing(&a(), mcp_harness::CallKind::Tool, None)
+        .await
+        .expect("listing");
+    assert!(
+        matches!(
+            listing.unreachable.first(),
+            Some((
+                _,
+                Some(CallError::ListTooLarge {
+                    what: "items",
+                    limit: 100,
+                    ..
+                })
+            ))
+        ),
+        "{:?}",
+        listing.unreachable
+    );
+    h.shutdown().await;
+}
+
+// 2. No redirects.
+#[tokio::test]
+async fn item_02_a_redirect_is_never_followed_and_a_call_that_reached_the_server_is_not_failed_over()
+ {
+    let target_record = temp_file("redirect-target");
+    let target = HttpServer::demo(&["target", "--record", &target_record.to_string_lossy()]).await;
+    let redirector = HttpServer::demo(&["redir"]).await;
+    let fallback_record = temp_file("redirect-fallback");
+    let mut web = ServerConfig::http("web", &redirector.url);
+    web.priority = 10;
+    if let mcp_harness::TransportSpec::Http(spec) = &mut web.transport {
+        spec.headers.insert("X-Api-Key".into(), "secret-key".into());
+    }
+    let fallback = demo_server("local", &["--record", &fallback_record.to_string_lossy()]);
+    let h = start_ready(config(vec![web, fallback])).await;
+    let err = h
+        .call_tool(&a(), "redirect", json!({"to": target.url}))
+        .await
+        .expect_err("a redirect is an error");
+    match &err {
+        CallError::Server(ServerError::Transport {
+            source: TransportError::Redirect { status, location },
+            ..
+        }) => {
+            assert_eq!(*status, 307);
+            assert_eq!(location, &target.url);
+        }
+        other => panic!("expected a typed redirect, got {other}"),
+    }
+    assert!(
+        recorded(&target_record).is_empty(),
+        "nothing followed the redirect: no arguments, no API key, no session id"
+    );
+    assert_eq!(
+        recorded(&fallback_record)
+            .iter()
+            .filter(|r| r["method"] == "tools/call")
+            .count(),
+        0,
+        "the request reached a server, so it was not re-sent to another"
+    );
+    h.shutdown().await;
+}
+
+// 3. A disk layer that trusts nothing (TTL cap, permissions and names: unit tests in
+// registry/cache/tests.rs).
+#[tokio::test]
+async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_entries() {
+    let dir = std::env::temp_dir().join(format!("mcp-harness-fp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let record = temp_file("fp");
+    let run = |args: Vec<String>| {
+        let dir = dir.clone();
+        let record = record.clone();
+        async move {
+            let before = recorded(&record).len();
+            let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+            let rec = record.to_string_lossy().to_string();
+            all.extend(["--record", &rec]);
+            let mut cfg = config(vec![demo_server("s", &all)]);
+            cfg.cache = CacheConfig {
+                dir: Some(dir),
+                ..CacheConfig::default()
+            };
+            let h = start_ready(cfg).await;
+            let tools = h.list_tools(&a()).await.expect("list");
+            h.shutdown().await;
+            let fetched = recorded(&record)[before..]
+                .iter()
+                .filter(|r| r["method"] == "tools/list")
+                .count();
+            (tools, fetched)
+        }
+    };
+    let (_, fetched) = run(vec![]).await;
+    assert_eq!(fetched, 1);
+    let (again, fetched) = run(vec![]).await;
+    assert_eq!(fetched, 0, "the same server is served from disk");
+    assert!(again.iter().all(|t| t.from_cache));
+    let (changed, fetched) = run(vec!["--extra-tools".into(), "1".into()]).await;
+    assert_eq!(fetched, 1, "a changed command is a different server");
+    assert!(changed.iter().any(|t| t.name == "gen_0"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// 4. A rejected cursor.
+#[tokio::test]
+async fn item_04_a_rejected_cursor_drops_the_cached_pages_and_the_list_is_read_again_once() {
+    let record = temp_file("cursor");
+    let rec = record.to_string_lossy().to_string();
+    let h = start_ready(config(vec![demo_server(
+        "paged",
+        &[
+            "--extra-tools",
+            "30",
+            "--page-size",
+            "20",
+            "--page-ttls",
+            "600000,1",
+            "--cursor-epoch-per-process",
+            "--record",
+            &rec,
+        ],
+    )]))
+    .await;
+    let first = h.list_tools(&a()).await.expect("list");
+    assert!(first.len() > 60, "several pages");
+    let old_pid = h.server_status("paged").and_then(|s| s.pid);
+    h.restart_server("paged").await.expect("restart");
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("paged")
+            .is_some_and(|s| s.state == ServerState::Ready && s.pid != old_pid))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await; // later pages (1 ms) expired
+    let second = h.list_tools(&a()).await.expect("list");
+    assert_eq!(
+        second.len(),
+        first.len(),
+        "the server does not vanish: its list is read again from page 1"
+    );
+    let lists: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/list")
+        .collect();
+    // The last request with a cursor of the old process went to the new one (refused).
+    let rejected = lists
+        .iter()
+        .rposition(|r| {
+            r["params"]["cursor"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&format!("e{}-", old_pid.unwrap_or(0))))
+        })
+        .expect("a request with the old process's cursor");
+    assert!(
+        lists[rejected + 1..]
+            .first()
+            .is_some_and(|r| r["params"].get("cursor").is_none()),
+        "then page 1 again: {:?}",
+        &lists[rejected..]
+    );
+    h.shutdown().await;
+}
+
+// 5. Bounded queues: the stdio writer.
+#[tokio::test]
+async fn item_05_a_server_that_stops_reading_stdin_fails_requests_as_not_sent_without_growing_memory()
+ {
+    let (conn, _events) = Connection::connect(
+        "deaf",
+        demo_stdio(&["deaf", "--stop-reading-after", "1"]),
+        options(),
+    )
+    .await
+    .expect("connect (the probe is read)");
+    let conn = Arc::new(conn);
+    let started = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..3000 {
+        let conn = conn.clone();
+        calls.spawn(async move {
+            conn.request_with_timeout(
+                "tools/call",
+                call("echo", json!({"text": format!("{i:0>200}")})),
+                Duration::from_secs(3),
+            )
+            .await
+        });
+    }
+    let (mut not_sent, mut timed_out) = (0, 0);
+    while let Some(r) = calls.join_next().await {
+        match r.expect("task") {
+            Err(RequestError::Transport(TransportError::NotSent(why))) => {
+                assert!(why.contains("did not read its stdin"), "{why}");
+                not_sent += 1;
+            }
+            Err(RequestError::Transport(TransportError::Timeout(_))) => timed_out += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Written (in the pipe, or in the writer's bounded queue) and unanswered: timeouts.
+    // The rest never got into the queue: never sent. The first wave queued all 3,000.
+    assert!(
+        not_sent > 500 && timed_out < 2500,
+        "past the writer's bound requests wait, then fail as never sent ({not_sent} not sent, {timed_out} timed out)"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    conn.shutdown().await;
+}
+
+// 5. Bounded queues: the in-flight limit on the direct path.
+#[tokio::test]
+async fn item_05_past_max_in_flight_a_call_is_refused_as_overloaded() {
+    let mut busy = demo_server("busy", &[]);
+    busy.max_in_flight = 2;
+    let h = start_ready(config(vec![busy])).await;
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                h.call_tool(&a(), "busy__slow", json!({"ms": 800, "text": "x"}))
+                    .await
+            })
+        })
+        .collect();
+    let mut overloaded = 0;
+    for c in calls {
+        if let Err(CallError::Server(ServerError::Overloaded { capacity: 2, .. })) =
+            c.await.expect("task")
+        {
+            overloaded += 1;
+        }
+    }
+    assert_eq!(overloaded, 1);
+    h.shutdown().await;
+}
+
+// 5. Bounded queues: a flood of list_changed.
+#[tokio::test]
+async fn item_05_a_flood_of_list_changed_notifications_becomes_one_invalidation_per_tick() {
+    let h = start_ready(config(vec![demo_server("noisy", &["--era", "legacy"])])).await;
+    h.list_tools(&a()).await.expect("list");
+    let before = h.cache_stats().invalidations;
+    h.call_tool(&a(), "noisy__notify_flood", json!({"n": 500}))
+        .await
+        .expect("flood");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dropped = h.cache_stats().invalidations - before;
+    assert!(
+        (1..=3).contains(&dropped),
+        "500 notifications, {dropped} invalidations"
+    );
+    h.shutdown().await;
+}
+
+// 5. Bounded queues: no blocking file I/O on the async threads.
+#[test]
+fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
+    let dir = std::env::temp_dir().join(format!("mcp-harness-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("audit.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let fifo2 = fifo.clone();
+    std::thread::spawn(move || {
+        // One thread runs the whole harness: a blocking open() on it would stall all.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let calls = rt.block_on(async {
+            let mut cfg = config(vec![demo_server("s", &[])]);
+            cfg.audit = AuditConfig {
+                path: Some(fifo2),
+                flush_every: Duration::from_millis(20),
+                on_failure: AuditFailure::KeepServing,
+                ..AuditConfig::default()
+            };
+            let h = start_ready(cfg).await;
+            let mut ok = 0;
+            for _ in 0..20 {
+                if h.call_tool(&a(), "s__echo", json!({"text": "x"}))
+                    .await
+                    .is_ok()
+                {
+                    ok += 1;
+                }
+            }
+            std::mem::forget(h); // the writer is still blocked; do not wait on it
+            ok
+        });
+        let _ = done_tx.send(calls);
+    });
+    let calls = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("calls went on while the audit writer was blocked");
+    assert_eq!(calls, 20);
+    // Unblock the writer's open so its thread can end (a non-blocking reader never
+    // waits for a writer that may not be opening yet).
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// 5. Bounded queues: a legacy server's requests.
+#[tokio::test]
+async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {
+    let queue = ApprovalQueue::new(Duration::from_secs(30));
+    let answerer = queue.clone();
+    tokio::spawn(async move {
+        loop {
+            let pending = answerer.next_pending().await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for p in pending {
+                answerer.answer(p.id, json!({"action": "accept", "content": {"x": "y"}}));
+            }
+        }
+    });
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
+            .input_handler("elicitation/create", Arc::new(queue)),
+    )
+    .await;
+    let r = h
+        .call_tool(&a(), "leg__ask_many", json!({"n": 10}))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "answered 4 refused 6");
+    h.shutdown().await;
+}
+
+// 5. Bounded queues: input a server asks for outside any call.
+#[tokio::test]
+async fn item_05_elicitation_outside_any_call_is_refused_unless_the_config_allows_it() {
+    for allow in [false, true] {
+        let mut leg = demo_server("leg", &["--era", "legacy"]);
+        leg.allow_unsolicited_input = allow;
+        let h = start_ready_with(Harness::builder(config(vec![leg])).input_handler(
+            "elicitation/create",
+            Arc::new(FixedAnswers::new(
+                json!({"action": "accept", "content": {}}),
+            )),
+        ))
+        .await;
+        h.call_tool(&a(), "leg__ask_later", json!({"ms": 100}))
+            .await
+            .expect("call");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let last = loop {
+            let r = h
+                .call_tool(&a(), "leg__last_ask", json!({}))
+                .await
+                .expect("call");
+            let last = text(&r).to_string();
+            if last != "nothing yet" || Instant::now() > deadline {
+                break last;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if allow {
+            assert_eq!(last, "answered accept");
+        } else {
+            assert!(last.starts_with("refused"), "{last}");
+        }
+        h.shutdown().await;
+    }
+}
+
+// 6. MRTR input requests checked before any handler runs.
+#[tokio::test]
+async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handler() {
+    let (handler, seen) = counting(json!({"form": {}}));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("m", &[])]))
+            .input_handler("elicitation/create", handler),
+    )
+    .await;
+    let err = h
+        .call_tool(&a(), "m__many_inputs", json!({"n": 17}))
+        .await
+        .expect_err("17 is too many");
+    assert!(matches!(err, CallError::InputRejected { .. }), "{err}");
+    assert_eq!(seen.load(Ordering::SeqCst), 0, "no handler saw them");
+    let ok = h
+        .call_tool(&a(), "m__many_inputs", json!({"n": 16}))
+        .await
+        .expect("16 is fine");
+    assert_eq!(text(&ok), "got 16 answers");
+    assert_eq!(seen.load(Ordering::SeqCst), 16);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() {
+    let (handler, seen) = counting(json!({"form": {}}));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("m", &[])]))
+            .input_handler("elicitation/create", handler),
+    )
+    .await;
+    for args in [
+        json!({"n": 1, "mode": "url"}),
+        json!({"n": 1, "method": "sampling/createMessage"}),
+        json!({"n": 1, "method": "roots/list"}),
+    ] {
+        let err = h
+            .call_tool(&a(), "m__many_inputs", args.clone())
+            .await
+            .expect_err("undeclared");
+        assert!(
+            matches!(err, CallError::InputRejected { .. }),
+            "{args}: {err}"
+        );
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn item_06_fixed_answers_never_accept_a_url_mode_elicitation_on_their_own() {
+    for (handler, expected) in [
+        (
+            FixedAnswers::new(json!({"action": "accept"}))
+                .with_capability(json!({"form": {}, "url": {}})),
+            None,
+        ),
+        (
+            FixedAnswers::new(json!({"action": "accept"}))
+                .with_capability(json!({"form": {}, "url": {}}))
+                .accepting_url_mode(),
+            Some("got 1 answers"),
+        ),
+    ] {
+        let h = start_ready_with(
+            Harness::builder(config(vec![demo_server("m", &[])]))
+                .input_handler("elicitation/create", Arc::new(handler)),
+        )
+        .await;
+        let r = h
+            .call_tool(&a(), "m__many_inputs", json!({"n": 1, "mode": "url"}))
+            .await;
+        match expected {
+            None => assert!(
+                matches!(&r, Err(CallError::InputDeclined { action, .. }) if action == "decline"),
+                "{r:?}"
+            ),
+            Some(t) => assert_eq!(text(&r.expect("accepted")), t),
+        }
+        h.shutdown().await;
+    }
+}
+
+// 7. Audit that survives disk errors (a torn write cut back and written once: the unit
+// test in audit/file.rs).
+#[tokio::test]
+async fn item_07_an_unwritable_audit_file_fails_new_calls_closed_or_counts_when_told_to_keep_serving()
+ {
+    for mode in [AuditFailure::FailClosed, AuditFailure::KeepServing] {
+        let dir =
+            std::env::temp_dir().join(format!("mcp-harness-full-{}-{mode:?}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("audit.jsonl");
+        std::os::unix::fs::symlink("/dev/full", &path).expect("symlink");
+        let mut cfg = config(vec![demo_server("s", &[])]);
+        cfg.audit = AuditConfig {
+            path: Some(path),
+            flush_every: Duration::from_millis(20),
+            on_failure: mode,
+            ..AuditConfig::default()
+        };
+        let h = start_ready(cfg).await;
+        h.call_tool(&a(), "s__echo", json!({"text": "x"}))
+            .await
+            .expect("admitted before the first write failed");
+        assert!(eventually(Duration::from_secs(5), || !h.audit_health().writable).await);
+        let next = h.call_tool(&a(), "s__echo", json!({"text": "y"})).await;
+        match mode {
+            AuditFailure::FailClosed => assert!(
+                matches!(&next, Err(CallError::AuditUnavailable(e)) if e.reason.contains("space")),
+                "{next:?}"
+            ),
+            AuditFailure::KeepServing => {
+                next.expect("keeps serving");
+                assert!(
+                    h.audit_health().backlog >= 2,
+                    "records are kept, not dropped"
+                );
+            }
+        }
+        h.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn finished_of(records: &[Value]) -> Vec<&Value> {
+    records
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .collect()
+}
+
+#[tokio::test]
+async fn item_07_a_call_waiting_on_a_person_at_shutdown_is_recorded_as_cancelled_before_it_returns()
+{
+    let audit = temp_file("shutdown-audit");
+    let queue = ApprovalQueue::new(Duration::from_secs(600));
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "s__confirm", json!({})).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || !queue.pending().is_empty()).await);
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    let finished = finished_of(&records);
+    assert_eq!(finished.len(), 1, "{records:?}");
+    assert_eq!(finished[0]["outcome"], "cancelled");
+    assert!(
+        queue.pending().is_empty(),
+        "the pending input request was withdrawn"
+    );
+    assert!(call.await.expect("task").is_err());
+}
+
+#[tokio::test]
+async fn item_07_a_call_in_flight_when_the_last_handle_drops_still_gets_its_finished_record() {
+    let audit = temp_file("drop-audit");
+    let queue = ApprovalQueue::new(Duration::from_secs(600));
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    // The call's future holds no handle: dropping `h` drops the last one.
+    let call = tokio::spawn(h.call_tool(&a(), "s__confirm", json!({})));
+    assert!(eventually(Duration::from_secs(10), || !queue.pending().is_empty()).await);
+    drop(h);
+    assert!(
+        call.await.expect("task").is_err(),
+        "the call ends with the harness"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let records = audit_records(&audit);
+            finished_of(&records)
+                .first()
+                .is_some_and(|r| r["outcome"] == "cancelled")
+        })
+        .await,
+        "{:?}",
+        audit_records(&audit)
+    );
+}
+
+// 8. Revocation takes effect during a call.
+#[tokio::test]
+async fn item_08_a_grant_revoked_while_a_call_waits_for_input_stops_its_next_round() {
+    let queue = ApprovalQueue::new(Duration::from_secs(60));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("s", &[])]))
+            .input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    h.grant("b", "s", &["confirm"]).await.expect("grant");
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&Caller::agent("b"), "s__confirm", json!({}))
+                .await
+        })
+    };
+    assert!(eventually(Duration::from_secs(10), || !queue.pending().is_empty()).await);
+    h.revoke("b", None).await.expect("revoke");
+    let id = queue.pending()[0].id;
+    queue.answer(
+        id,
+        json!({"action": "accept", "content": {"approved": true}}),
+    );
+    let r = call.await.expect("task");
+    assert!(matches!(r, Err(CallError::Denied { .. })), "{r:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
+    let mut first = demo_server("first", &[]);
+    first.priority = 10;
+    first.trust_annotations = true;
+    first.timeout = Duration::from_secs(1);
+    let second = demo_server("second", &[]);
+    let h = start_ready(config(vec![first, second])).await;
+    h.grant("b", "*", &["slow"]).await.expect("grant");
+    // Both lists cached: routing needs nothing of the frozen server.
+    h.list_tools(&Caller::agent("b")).await.expect("list");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.call_tool(&a(), "first__freeze", json!({"ms": 3000}))
+        .await
+        .expect("freeze");
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&Caller::agent("b"), "slow", json!({"ms": 1, "text": "x"}))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.revoke("b", Some("*")).await.expect("revoke");
+    h.grant("b", "first", &["slow"]).await.expect("first only");
+    let r = call.await.expect("task");
+    assert!(
+        matches!(&r, Err(CallError::Denied { server: Some(s), .. }) if s == "second"),
+        "{r:?}"
+    );
+    h.shutdown().await;
+}
+
+// 9. Unambiguous names (ids: unit tests in server/config.rs).
+#[tokio::test]
+async fn item_09_a_hostile_tool_named_after_server_bank_cannot_catch_a_call_meant_for_bank() {
+    let h = start_ready(config(vec![
+        demo_server("evil", &["--tool-alias", "bank__transfer"]),
+        demo_server("bank", &["--tool-alias", "transfer"]),
+    ]))
+    .await;
+    let r = h
+        .call_tool(&a(), "bank__transfer", json!({}))
+        .await
+        .expect("bank's transfer");
+    assert_eq!(text(&r), "bank");
+    let tools = h.list_tools(&a()).await.expect("list");
+    assert!(tools.iter().any(|t| t.qualified == "evil__bank__transfer"));
+    let r = h
+        .call_tool(&a(), "evil__bank__transfer", json!({}))
+        .await
+        .expect("evil's, by its full name");
+    assert_eq!(text(&r), "evil");
+    h.shutdown().await;
+}
+
+// 10. Routing does not touch servers the caller may not use.
+#[tokio::test]
+async fn item_10_bare_names_are_looked_up_only_on_servers_the_caller_has_a_grant_on() {
+    let (ra, rb) = (temp_file("route-a"), temp_file("route-b"));
+    let mut cfg = config(vec![
+        demo_server("a", &["--record", &ra.to_string_lossy()]),
+        demo_server("b", &["--record", &rb.to_string_lossy()]),
+    ]);
+    cfg.permissions.insert(
+        "x".into(),
+        [("a".to_string(), vec!["echo".to_string()])].into(),
+    );
+    let h = start_ready(cfg).await;
+    let lists = |p: &std::path::PathBuf| {
+        recorded(p)
+            .iter()
+            .filter(|r| r["method"] == "tools/list")
+            .count()
+    };
+    let err = h
+        .call_tool(&Caller::agent("nobody"), "unknown", json!({}))
+        .await
+        .expect_err("nothing granted");
+    assert!(
+        matches!(err, CallError::Denied { server: None, .. }),
+        "{err}"
+    );
+    assert_eq!((lists(&ra), lists(&rb)), (0, 0), "no server was asked");
+    let err = h
+        .call_tool(&Caller::agent("x"), "add", json!({"a": 1, "b": 2}))
+        .await
+        .expect_err("add is not granted");
+    assert!(
+        matches!(&err, CallError::Denied { server: None, .. }),
+        "the denial names no server: {err}"
+    );
+    assert_eq!(lists(&rb), 0, "b, which x may not use, was never listed");
+    h.shutdown().await;
+}
+
+// 11. Streams (retry floor and a linear SSE parser: unit tests in transport/http/sse.rs).
+#[tokio::test]
+async fn item_11_learning_mcp_param_annotations_stays_within_the_requests_one_deadline() {
+    let server =
+        HttpServer::demo(&["slowlist", "--page-size", "1", "--list-delay-ms", "200"]).await;
+    let mut web = ServerConfig::http("web", &server.url);
+    web.timeout = Duration::from_secs(1);
+    let h = start_ready(config(vec![web])).await;
+    let started = Instant::now();
+    let r = h
+        .call_tool(&a(), "web__region_echo", json!({"region": "eu"}))
+        .await;
+    assert!(r.is_err(), "the ~100 pages cannot be read in 1 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "one deadline for it all: {:?}",
+        started.elapsed()
+    );
+    h.shutdown().await;
+}
+
+// 12. Tool-change hashes per cache scope (keyed audit hashes, redaction and terminal
+// text: unit tests in audit/ and the binary; the minimal environment: tests/cli.rs).
+#[tokio::test]
+async fn item_12_private_lists_of_two_auth_contexts_fire_no_false_tools_changed() {
+    let h = start_ready(config(vec![demo_server(
+        "alt",
+        &["--alternate-tools", "--cache-scope", "private"],
+    )]))
+    .await;
+    let mut events = h.subscribe();
+    let one = Caller::agent("a").with_auth_context("user-1");
+    let two = Caller::agent("a").with_auth_context("user-2");
+    let l1 = h.list_tools(&one).await.expect("list 1");
+    let l2 = h.list_tools(&two).await.expect("list 2");
+    assert_ne!(l1.len(), l2.len(), "the two contexts see different lists");
+    h.list_tools(&one).await.expect("list 1 again");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        matches!(
+            events.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ),
+        "no ToolsChanged: each context's list is compared with its own"
+    );
+    h.shutdown().await;
+}
+
+// 15. Capabilities before the handshake.
+#[tokio::test]
+async fn item_15_handlers_given_at_start_reach_a_legacy_server_at_initialize() {
+    let leg = || demo_server("leg", &["--era", "legacy", "--tools-need-elicitation"]);
+    let without = start_ready(config(vec![leg()])).await;
+    let names: Vec<String> = without
+        .list_tools(&a())
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(!names.contains(&"confirm".to_string()));
+    without.shutdown().await;
+    let with = start_ready_with(Harness::builder(config(vec![leg()])).input_handler(
+        "elicitation/create",
+        Arc::new(FixedAnswers::new(
+            json!({"action": "accept", "content": {"approved": true}}),
+        )),
+    ))
+    .await;
+    let r = with
+        .call_tool(&a(), "confirm", json!({}))
+        .await
+        .expect("listed and callable");
+    assert_eq!(text(&r), "approved: true");
+    with.shutdown().await;
+}
+
+#[tokio::test]
+async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_failing_a_call() {
+    let h = start_ready(config(vec![demo_server(
+        "leg",
+        &["--era", "legacy", "--tools-need-elicitation"],
+    )]))
+    .await;
+    let pid = h.server_status("leg").and_then(|s| s.pid);
+    assert!(
+        h.list_tools(&a())
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.name != "confirm")
+    );
+    let slow = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&a(), "leg__slow", json!({"ms": 1000, "text": "in flight"}))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.register_input_handler(
+        "elicitation/create",
+        Arc::new(FixedAnswers::new(
+            json!({"action": "accept", "content": {"approved": true}}),
+        )),
+    )
+    .await
+    .expect("register");
+    assert_eq!(
+        text(&slow.await.expect("task").expect("the call in flight")),
+        "in flight"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("leg")
+            .is_some_and(|s| s.pid != pid && s.state == ServerState::Ready))
+        .await,
+        "a new connection"
+    );
+    let tools = h.list_tools(&a()).await.expect("list");
+    assert!(
+        tools.iter().any(|t| t.name == "confirm"),
+        "the server now lists it"
+    );
+    h.shutdown().await;
+}
+
+// 16. Renegotiation quirks.
+#[tokio::test]
+async fn item_16_a_first_request_refused_with_its_own_version_is_retried_once() {
+    let (conn, _events) = Connection::connect(
+        "quirky",
+        demo_stdio(&["quirky", "--reject-first-request"]),
+        options(),
+    )
+    .await
+    .expect("connects: the -32022 named the version sent, so one retry");
+    assert_eq!(conn.era(), Era::Modern);
+    conn.shutdown().await;
+}
+
+// 17. Startup failures are immediate and named (the CLI: tests/cli.rs; TLS: tests/tls.rs).
+#[tokio::test]
+async fn item_17_a_missing_command_or_a_401_fails_the_server_at_once_with_its_cause() {
+    let web = HttpServer::demo(&["locked", "--status-all", "401"]).await;
+    let h = Harness::spawn(config(vec![
+        ServerConfig::stdio("ghost", "/nonexistent/mcp-server", Vec::<String>::new()),
+        ServerConfig::http("locked", &web.url),
+        demo_server("fine", &[]),
+    ]))
+    .await
+    .expect("spawn");
+    for (id, cause) in [("ghost", "could not start"), ("locked", "HTTP 401")] {
+        assert!(
+            eventually(Duration::from_secs(5), || h
+                .server_status(id)
+                .is_some_and(|s| s.state == ServerState::Failed))
+            .await,
+            "{id} failed at once"
+        );
+        let s = h.server_status(id).expect("status");
+        assert_eq!(s.restarts, 0, "{id}: no backoff loop");
+        assert!(
+            s.last_error.as_deref().is_some_and(|e| e.contains(cause)),
+            "{id}: {:?}",
+            s.last_error
+        );
+    }
+    let err = h
+        .call_tool(&a(), "ghost__echo", json!({}))
+        .await
+        .expect_err("failed");
+    assert!(
+        matches!(err, CallError::Server(ServerError::Failed { .. })),
+        "{err}"
+    );
+    h.shutdown().await;
+}
