@@ -29,9 +29,9 @@ use serde_json::{Map, Value, json};
 
 use crate::util::duration;
 
-pub use actor::{AuditActor, AuditRef};
-pub use msg::AuditMsg;
-pub use sink::{AuditHealth, AuditSink, AuditUnavailable};
+pub(crate) use actor::{AuditActor, AuditRef};
+pub(crate) use sink::AuditSink;
+pub use sink::{AuditHealth, AuditUnavailable};
 
 /// How much of a call's arguments the audit trail keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -105,6 +105,127 @@ pub(crate) async fn list_server(
     }
 }
 
+/// One walk of one list: the pages read so far, what of them to cache, the bounds.
+struct Walker<'a> {
+    ctx: &'a CallContext,
+    server: &'a ServerRef,
+    kind: CallKind,
+    auth_context: Option<&'a str>,
+    timeout: Duration,
+    use_cache: bool,
+    /// The server's cache epoch when the walk started.
+    epoch: u64,
+    pages: Vec<Arc<Value>>,
+    fetched: Vec<Page>,
+    from_cache: bool,
+    cacheable: bool,
+    bytes: usize,
+    items: usize,
+}
+
+impl<'a> Walker<'a> {
+    fn list(&self) -> ListOf<'a> {
+        ListOf {
+            server: self.server.id(),
+            fingerprint: self.server.fingerprint(),
+            method: self.kind.list_method(),
+        }
+    }
+
+    /// The page at `cursor`: from the cache when fresh, else fetched. `cursor_cached`
+    /// says the cursor came from a cached page (a refusal then drops the list).
+    async fn page(
+        &mut self,
+        cursor: Option<&str>,
+        cursor_cached: bool,
+    ) -> Result<(Arc<Value>, usize, bool), Walk> {
+        let cache = &self.ctx.registry.cache;
+        if self.use_cache
+            && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
+        {
+            return Ok((hit.value, hit.bytes, true));
+        }
+        self.from_cache = false;
+        let params = cursor.map(|c| json!({"cursor": c}));
+        let caps = self.ctx.inputs.snapshot();
+        let sent = self
+            .server
+            .request(
+                self.kind.list_method(),
+                params,
+                Some(self.timeout),
+                Some(caps.capabilities()),
+            )
+            .await;
+        let page = match sent {
+            Ok(page) => page,
+            Err(e @ ServerError::Rpc { .. }) if cursor_cached && rejects_cursor(&e) => {
+                return Err(Walk::RejectedCursor(e));
+            }
+            Err(e) => return Err(Walk::Failed(e.into())),
+        };
+        let size = json_size(&page);
+        let page = Arc::new(page);
+        match cache.key_for(self.list(), cursor, self.auth_context, &page) {
+            Some((key, ttl)) => self.fetched.push(Page {
+                key,
+                ttl,
+                value: page.clone(),
+                bytes: size,
+            }),
+            None => self.cacheable = false,
+        }
+        Ok((page, size, false))
+    }
+
+    /// Counts a page against the bounds.
+    fn account(&mut self, page: &Value, size: usize) -> Result<(), Walk> {
+        let limits = &self.ctx.settings.limits;
+        self.bytes += size;
+        self.items += page_items(self.kind, page);
+        let too_large = |what, limit| {
+            Err(Walk::Failed(CallError::ListTooLarge {
+                server: self.server.id().to_string(),
+                what,
+                limit,
+            }))
+        };
+        if self.bytes > limits.max_list_bytes {
+            return too_large("bytes", limits.max_list_bytes);
+        }
+        if self.items > limits.max_list_items {
+            return too_large("items", limits.max_list_items);
+        }
+        Ok(())
+    }
+
+    /// The list, whole: what was fetched goes to the cache together, and a fetched tool
+    /// list to the change detector.
+    fn finish(self) -> Listed {
+        if !self.from_cache {
+            if self.cacheable && !self.fetched.is_empty() {
+                self.ctx.registry_ref.put(self.fetched, self.epoch);
+            }
+            if self.kind == CallKind::Tool {
+                let scope = self
+                    .pages
+                    .first()
+                    .map(|p| crate::protocol::CacheHints::of(p).scope)
+                    .and_then(|s| scope_key(s, self.auth_context))
+                    .unwrap_or_else(|| "uncached".into());
+                self.ctx
+                    .registry_ref
+                    .tools_listed(self.server.id(), scope, self.pages.clone());
+            }
+        }
+        Listed {
+            server: self.server.clone(),
+            pages: self.pages,
+            from_cache: self.from_cache,
+        }
+    }
+}
+
 async fn walk(
     ctx: &CallContext,
     server: &ServerRef,
@@ -113,110 +234,42 @@ async fn walk(
     timeout: Duration,
     use_cache: bool,
 ) -> Walk {
-    let limits = &ctx.settings.limits;
-    let list = ListOf {
-        server: server.id(),
-        fingerprint: server.fingerprint(),
-        method: kind.list_method(),
+    let mut walker = Walker {
+        ctx,
+        server,
+        kind,
+        auth_context,
+        timeout,
+        use_cache,
+        epoch: ctx.registry.cache.epoch(server.id()),
+        pages: Vec::new(),
+        fetched: Vec::new(),
+        from_cache: true,
+        cacheable: true,
+        bytes: 0,
+        items: 0,
     };
-    let cache = &ctx.registry.cache;
-    let generation = cache.generation(server.id());
-    let too_large = |what, limit| {
-        Walk::Failed(CallError::ListTooLarge {
-            server: server.id().to_string(),
-            what,
-            limit,
-        })
-    };
-    let mut pages = Vec::new();
-    let mut fetched: Vec<Page> = Vec::new();
-    let mut from_cache = true;
-    let mut cacheable = true;
-    let (mut bytes, mut count) = (0usize, 0usize);
-    let mut pager = Pager::new(limits.max_list_pages);
-    let mut cursor: Option<String> = None;
-    // Whether the cursor in hand came from a cached page.
-    let mut cursor_cached = false;
+    let mut pager = Pager::new(ctx.settings.limits.max_list_pages);
+    let (mut cursor, mut cursor_cached) = (None::<String>, false);
     loop {
-        let hit = if use_cache {
-            cache.get(list, cursor.as_deref(), auth_context)
-        } else {
-            None
+        let (page, size, cached) = match walker.page(cursor.as_deref(), cursor_cached).await {
+            Ok(p) => p,
+            Err(end) => return end,
         };
-        let page_cached = hit.is_some();
-        let (page, size) = match hit {
-            Some(hit) => (hit.value, hit.bytes),
-            None => {
-                from_cache = false;
-                let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-                let caps = ctx.inputs.snapshot();
-                let sent = server
-                    .request(
-                        kind.list_method(),
-                        params,
-                        Some(timeout),
-                        Some(caps.capabilities()),
-                    )
-                    .await;
-                let page = match sent {
-                    Ok(page) => page,
-                    Err(e @ ServerError::Rpc { .. }) if cursor_cached && rejects_cursor(&e) => {
-                        return Walk::RejectedCursor(e);
-                    }
-                    Err(e) => return Walk::Failed(e.into()),
-                };
-                let size = json_size(&page);
-                let page = Arc::new(page);
-                match cache.key_for(list, cursor.as_deref(), auth_context, &page) {
-                    Some((key, ttl)) => fetched.push(Page {
-                        key,
-                        ttl,
-                        value: page.clone(),
-                        bytes: size,
-                    }),
-                    None => cacheable = false,
-                }
-                (page, size)
-            }
-        };
-        bytes += size;
-        count += page_items(kind, &page);
-        if bytes > limits.max_list_bytes {
-            return too_large("bytes", limits.max_list_bytes);
-        }
-        if count > limits.max_list_items {
-            return too_large("items", limits.max_list_items);
+        if let Err(end) = walker.account(&page, size) {
+            return end;
         }
         let next = pager.next(&page);
-        cursor_cached = page_cached;
-        pages.push(page);
+        walker.pages.push(page);
         match next {
-            Some(c) => cursor = Some(c),
+            Some(c) => (cursor, cursor_cached) = (Some(c), cached),
             None => break,
         }
     }
     if let Some(cutoff) = pager.cutoff() {
         tracing::warn!(server = %server.id(), ?cutoff, "list cut off");
     }
-    if !from_cache {
-        if cacheable && !fetched.is_empty() {
-            ctx.registry_ref.put(fetched, generation);
-        }
-        if kind == CallKind::Tool {
-            let scope = pages
-                .first()
-                .map(|p| crate::protocol::CacheHints::of(p).scope)
-                .and_then(|s| scope_key(s, auth_context))
-                .unwrap_or_else(|| "uncached".into());
-            ctx.registry_ref
-                .tools_listed(server.id(), scope, pages.clone());
-        }
-    }
-    Walk::Done(Listed {
-        server: server.clone(),
-        pages,
-        from_cache,
-    })
+    Walk::Done(walker.finish())
 }
 
 fn rejects_cursor(error: &ServerError) -> bool {

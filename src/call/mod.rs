@@ -36,9 +36,8 @@ use serde_json::{Map, Value, json};
 pub use caller::{CallKind, Caller};
 pub use error::{CallError, Unreachable};
 pub use listing::{Listing, ToolInfo};
-pub use pool::{
-    CallJob, CallPool, CallSupervisor, CallSupervisorMsg, CallWorker, CallWorkerMsg, CancelToken,
-};
+pub use pool::CancelToken;
+pub(crate) use pool::{CallPool, CallSupervisor};
 pub use settings::{CallConfig, Limits};
 
 pub(crate) use client_side::HarnessClient;
@@ -48,11 +47,12 @@ pub(crate) use route::route;
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
 use crate::server::ServerError;
+use input::HandlerSet;
 use record::CallRecord;
 use route::Candidate;
 
 /// One call as asked.
-pub struct CallRequest {
+pub(crate) struct CallRequest {
     /// Who calls.
     pub caller: Caller,
     /// Tool, prompt or resource.
@@ -223,30 +223,21 @@ async fn attempt(
     record: &mut CallRecord,
 ) -> Result<Value, Attempt> {
     let server = &candidate.server;
-    let id = server.id();
-    let kind = request.kind;
     let handlers = ctx.inputs.snapshot();
-    let declared = handlers.capabilities();
-    let protocol = |e: ProtocolError| {
-        Attempt::Final(CallError::Server(ServerError::Protocol {
-            server: id.to_string(),
-            source: e,
-        }))
-    };
-    let mut params = kind.params(&candidate.item, &request.args);
+    let mut params = request.kind.params(&candidate.item, &request.args);
     let mut state_only_rounds = 0u32;
     loop {
         let timeout = deadline.for_request(server.config().timeout)?;
         let result = server
             .request(
-                kind.method(),
+                request.kind.method(),
                 Some(Value::Object(params)),
                 Some(timeout),
-                Some(declared),
+                Some(handlers.capabilities()),
             )
             .await
             .map_err(Attempt::ServerFailed)?;
-        match ResultType::of(&result).map_err(protocol)? {
+        match ResultType::of(&result).map_err(|e| protocol(server.id(), e))? {
             ResultType::Complete => return Ok(result),
             ResultType::InputRequired => {}
         }
@@ -254,16 +245,57 @@ async fn attempt(
         if *rounds > ctx.settings.round_cap {
             return Err(CallError::RoundCap {
                 cap: ctx.settings.round_cap,
-                server: id.to_string(),
+                server: server.id().to_string(),
             }
             .into());
         }
-        let input = InputRequired::from_value(&result).map_err(protocol)?;
+        let round = Round {
+            ctx,
+            request,
+            candidate,
+            handlers: &handlers,
+            deadline,
+        };
+        params = round
+            .answer(&result, &mut state_only_rounds, record)
+            .await?;
+    }
+}
+
+fn protocol(server: &str, e: ProtocolError) -> Attempt {
+    Attempt::Final(CallError::Server(ServerError::Protocol {
+        server: server.to_string(),
+        source: e,
+    }))
+}
+
+/// One `input_required` round on one server.
+struct Round<'a> {
+    ctx: &'a Arc<CallContext>,
+    request: &'a CallRequest,
+    candidate: &'a Candidate,
+    handlers: &'a HandlerSet,
+    deadline: Deadline,
+}
+
+impl Round<'_> {
+    /// Checks the round's input requests, answers them (or paces a state-only round),
+    /// and builds the retry's params: the original ones, this round's answers, the
+    /// state as received.
+    async fn answer(
+        &self,
+        result: &Value,
+        state_only_rounds: &mut u32,
+        record: &mut CallRecord,
+    ) -> Result<Map<String, Value>, Attempt> {
+        let id = self.candidate.server.id();
+        let input = InputRequired::from_value(result).map_err(|e| protocol(id, e))?;
+        let limits = &self.ctx.settings.limits;
         rounds::check(
             id,
             &input.input_requests,
-            declared,
-            ctx.settings.limits.max_input_requests,
+            self.handlers.capabilities(),
+            limits.max_input_requests,
         )?;
         let methods: Vec<&str> = input
             .input_requests
@@ -273,19 +305,25 @@ async fn attempt(
         record
             .rounds
             .push(json!({"server": id, "methods": methods}));
-        // The retry: original params, this round's answers, the state as received.
-        params = kind.params(&candidate.item, &request.args);
+        let mut params = self
+            .request
+            .kind
+            .params(&self.candidate.item, &self.request.args);
         if input.input_requests.is_empty() {
-            let pause = Duration::from_millis((50u64 << state_only_rounds.min(3)).min(250));
-            state_only_rounds += 1;
-            tokio::time::sleep(pause.min(deadline.remaining())).await;
+            let pause = Duration::from_millis((50u64 << (*state_only_rounds).min(3)).min(250));
+            *state_only_rounds += 1;
+            tokio::time::sleep(pause.min(self.deadline.remaining())).await;
         } else {
-            state_only_rounds = 0;
-            let limit = ctx.settings.input_timeout.min(deadline.remaining());
-            let answers: Map<String, Value> = rounds::gather(
-                &ctx.inputs,
-                &handlers,
-                &request.caller,
+            *state_only_rounds = 0;
+            let limit = self
+                .ctx
+                .settings
+                .input_timeout
+                .min(self.deadline.remaining());
+            let answers = rounds::gather(
+                &self.ctx.inputs,
+                self.handlers,
+                &self.request.caller,
                 id,
                 input.input_requests,
                 limit,
@@ -293,9 +331,10 @@ async fn attempt(
             .await?;
             params.insert("inputResponses".into(), Value::Object(answers));
         }
-        still_allowed(ctx, request, candidate)?;
+        still_allowed(self.ctx, self.request, self.candidate)?;
         if let Some(state) = input.request_state {
             params.insert("requestState".into(), Value::String(state));
         }
+        Ok(params)
     }
 }

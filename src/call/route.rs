@@ -39,6 +39,14 @@ fn retry_safe(server: &ServerRef, item: Option<&Value>) -> bool {
     server.config().trust_annotations && (hint("idempotentHint") || hint("readOnlyHint"))
 }
 
+fn denied(agent: Option<&str>, server: Option<&str>, tool: &str) -> CallError {
+    CallError::Denied {
+        agent: agent.map(String::from),
+        server: server.map(String::from),
+        tool: tool.to_string(),
+    }
+}
+
 /// The servers a call to `name` may go to, in order; a denial or no route is an error.
 pub(crate) async fn route(
     ctx: &Arc<CallContext>,
@@ -47,37 +55,47 @@ pub(crate) async fn route(
     name: &str,
 ) -> Result<Vec<Candidate>, CallError> {
     let agent = caller.agent_id.as_deref();
-    let denied = |server: Option<&str>| CallError::Denied {
-        agent: agent.map(String::from),
-        server: server.map(String::from),
-        tool: name.to_string(),
-    };
     if agent.is_none() {
-        return Err(denied(None));
+        return Err(denied(None, None, name));
     }
     // Resource uris may contain anything; they are never qualified.
-    if kind != CallKind::Resource
-        && let Some((server_id, item)) = split_qualified(name)
-    {
-        let Some(server) = ctx.servers.get(server_id) else {
-            return Err(CallError::NoRoute {
-                tool: name.to_string(),
-                unreachable: Vec::new(),
-            });
-        };
-        if !ctx.allows(agent, &server, item) {
-            return Err(CallError::Denied {
-                agent: agent.map(String::from),
-                server: Some(server_id.to_string()),
-                tool: item.to_string(),
-            });
-        }
-        return Ok(vec![Candidate {
-            server,
-            item: item.to_string(),
-            retry_safe: false,
-        }]);
+    match split_qualified(name).filter(|_| kind != CallKind::Resource) {
+        Some((server, item)) => route_qualified(ctx, agent, server, item),
+        None => route_bare(ctx, caller, kind, name).await,
     }
+}
+
+/// `server__tool`: that server, if the caller may use that tool on it.
+fn route_qualified(
+    ctx: &CallContext,
+    agent: Option<&str>,
+    server_id: &str,
+    item: &str,
+) -> Result<Vec<Candidate>, CallError> {
+    let Some(server) = ctx.servers.get(server_id) else {
+        return Err(CallError::NoRoute {
+            tool: format!("{server_id}__{item}"),
+            unreachable: Vec::new(),
+        });
+    };
+    if !ctx.allows(agent, &server, item) {
+        return Err(denied(agent, Some(server_id), item));
+    }
+    Ok(vec![Candidate {
+        server,
+        item: item.to_string(),
+        retry_safe: false,
+    }])
+}
+
+/// A bare name: the servers the caller may use that offer it and allow it, in order.
+async fn route_bare(
+    ctx: &Arc<CallContext>,
+    caller: &Caller,
+    kind: CallKind,
+    name: &str,
+) -> Result<Vec<Candidate>, CallError> {
+    let agent = caller.agent_id.as_deref();
     let granted: Vec<ServerRef> = ctx
         .servers
         .all()
@@ -86,7 +104,7 @@ pub(crate) async fn route(
         .collect();
     if granted.is_empty() {
         // Nothing is asked of any server for an agent that may use none.
-        return Err(denied(None));
+        return Err(denied(agent, None, name));
     }
     let (lists, unreachable) = list_all(ctx, caller, kind, granted.clone()).await;
     let mut offering: Vec<(ServerRef, Option<Value>)> = lists
@@ -119,9 +137,18 @@ pub(crate) async fn route(
                     .collect::<Vec<Unreachable>>(),
             }
         } else {
-            denied(None)
+            denied(agent, None, name)
         });
     }
+    Ok(in_order(&granted, &allowed, name))
+}
+
+/// The allowed servers as candidates: ready first, then priority, then config order.
+fn in_order(
+    granted: &[ServerRef],
+    allowed: &[&(ServerRef, Option<Value>)],
+    name: &str,
+) -> Vec<Candidate> {
     let views: Vec<RouteView> = allowed
         .iter()
         .map(|(s, _)| RouteView {
@@ -134,7 +161,7 @@ pub(crate) async fn route(
             ready: s.state() == ServerState::Ready,
         })
         .collect();
-    Ok(order(views)
+    order(views)
         .into_iter()
         .filter_map(|v| allowed.iter().find(|(s, _)| s.id() == v.server))
         .map(|(s, item)| Candidate {
@@ -142,5 +169,5 @@ pub(crate) async fn route(
             item: name.to_string(),
             retry_safe: retry_safe(s, item.as_ref()),
         })
-        .collect())
+        .collect()
 }

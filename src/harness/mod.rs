@@ -22,8 +22,9 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 pub use error::HarnessError;
+use supervisor::HarnessMsg;
 use supervisor::HarnessSupervisor;
-pub use supervisor::{HarnessMsg, Service};
+pub use supervisor::Service;
 
 use crate::audit::{AuditHealth, AuditRef, AuditSink};
 use crate::call::input::{InputHandler, InputHandlers, InputHandlersArgs};
@@ -36,7 +37,7 @@ use crate::permission::{PermissionRef, Policy};
 use crate::protocol::Implementation;
 use crate::registry::cache::{CacheStats, ListCache};
 use crate::registry::{HarnessEvent, Registry, RegistryRef};
-use crate::server::{Directory, ServerConfig, ServerMsg, ServerStatus, ServersArgs, ServersRef};
+use crate::server::{Directory, ServerConfig, ServerStatus, ServersArgs, ServersRef};
 use crate::transport::ConnectOptions;
 use supervisor::Services;
 
@@ -371,6 +372,20 @@ impl HarnessHandle {
             .map_err(|_| HarnessError::ShutDown)
     }
 
+    /// Replaces every grant at once (a reloaded config). Calls in flight stop at their
+    /// next round or hop if they lost their grant.
+    pub async fn replace_grants(
+        &self,
+        grants: crate::permission::Grants,
+    ) -> Result<(), HarnessError> {
+        self.inner
+            .services
+            .permission
+            .replace(grants)
+            .await
+            .map_err(|_| HarnessError::ShutDown)
+    }
+
     /// Entries, bytes, hits and misses of the list cache, per layer.
     pub fn cache_stats(&self) -> CacheStats {
         self.inner.services.registry.cache.stats()
@@ -430,8 +445,12 @@ impl HarnessHandle {
 
     /// The server's current actor (for fault injection and direct messages). After the
     /// actor is rebuilt, this returns the new one.
-    pub fn server_actor(&self, id: &str) -> Option<ActorRef<ServerMsg>> {
-        self.inner.directory.get(id).and_then(|s| s.actor())
+    pub fn server_actor(&self, id: &str) -> Option<ActorCell> {
+        self.inner
+            .directory
+            .get(id)
+            .and_then(|s| s.actor())
+            .map(|a| a.get_cell())
     }
 
     /// The current actor of one of the harness's services (for fault injection).
@@ -441,9 +460,9 @@ impl HarnessHandle {
             .flatten()
     }
 
-    /// The harness's root actor.
-    pub fn supervisor(&self) -> ActorRef<HarnessMsg> {
-        self.inner.supervisor.clone()
+    /// The harness's root actor (to link or monitor it from the embedder's tree).
+    pub fn supervisor(&self) -> ActorCell {
+        self.inner.supervisor.get_cell()
     }
 
     /// Sends one raw request to one server (the `_meta` envelope is added) and returns

@@ -67,7 +67,7 @@ pub(crate) struct Services {
 }
 
 /// Messages of the root.
-pub enum HarnessMsg {
+pub(crate) enum HarnessMsg {
     /// Stop every server gracefully, end the calls still running, write every record
     /// and cache entry, then stop.
     Shutdown(RpcReplyPort<()>),

@@ -72,7 +72,7 @@ impl Policy {
 }
 
 /// Messages of the permission actor: changes at run time.
-pub enum PermissionMsg {
+pub(crate) enum PermissionMsg {
     /// Adds tools to `agent`'s grant on `selector`.
     Grant {
         /// Agent id.
@@ -98,10 +98,10 @@ pub enum PermissionMsg {
 }
 
 /// The shared snapshot every check reads.
-pub type SharedPolicy = Arc<RwLock<Policy>>;
+pub(crate) type SharedPolicy = Arc<RwLock<Policy>>;
 
 /// Owns the policy's changes; see the module docs.
-pub struct PermissionActor;
+pub(crate) struct PermissionActor;
 
 impl Actor for PermissionActor {
     type Msg = PermissionMsg;
@@ -174,12 +174,12 @@ impl Actor for PermissionActor {
 
 /// A typed handle on the permission actor (its address changes when it is rebuilt).
 #[derive(Clone, Default)]
-pub struct PermissionRef(pub(crate) ActorSlot<PermissionMsg>);
+pub(crate) struct PermissionRef(pub(crate) ActorSlot<PermissionMsg>);
 
 /// The permission actor could not be reached (the harness is shutting down).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the permission actor is not running")]
-pub struct PermissionUnavailable;
+pub(crate) struct PermissionUnavailable;
 
 const ASK_LIMIT: Duration = Duration::from_secs(10);
 

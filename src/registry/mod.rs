@@ -39,7 +39,7 @@ pub enum HarnessEvent {
 }
 
 /// What the registry holds, shared by its actor (the writer) and every reader.
-pub struct Registry {
+pub(crate) struct Registry {
     /// The list cache.
     pub cache: Arc<ListCache>,
     hashes: Mutex<HashMap<(String, String), String>>,
@@ -91,14 +91,14 @@ impl Registry {
 }
 
 /// Messages of the registry actor.
-pub enum RegistryMsg {
+pub(crate) enum RegistryMsg {
     /// Store the pages of one list (dropped when the server was invalidated since
-    /// `generation`).
+    /// `epoch`).
     Put {
         /// The pages.
         pages: Vec<Page>,
-        /// The server's cache generation when the fetch started.
-        generation: u64,
+        /// The server's cache epoch when the fetch started.
+        epoch: u64,
     },
     /// Drop a server's entries (`list_changed`, removal).
     Invalidate(String),
@@ -125,7 +125,7 @@ pub enum RegistryMsg {
 }
 
 /// The cache's writer; see the module docs.
-pub struct RegistryActor;
+pub(crate) struct RegistryActor;
 
 /// Runs `work` on a blocking thread (the cache writes files).
 async fn blocking(registry: &Arc<Registry>, work: impl FnOnce(&Registry) + Send + 'static) {
@@ -158,8 +158,8 @@ impl Actor for RegistryActor {
         registry: &mut Arc<Registry>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegistryMsg::Put { pages, generation } => {
-                blocking(registry, move |r| r.cache.put(pages, generation)).await;
+            RegistryMsg::Put { pages, epoch } => {
+                blocking(registry, move |r| r.cache.put(pages, epoch)).await;
             }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
@@ -191,12 +191,12 @@ impl Actor for RegistryActor {
 /// A typed handle on the registry actor (its address changes when it is rebuilt).
 /// Sends never wait: a write lost while the actor is rebuilt only costs a cache miss.
 #[derive(Clone, Default)]
-pub struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>);
+pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>);
 
 impl RegistryRef {
-    /// Stores the pages of one list fetched at `generation`.
-    pub fn put(&self, pages: Vec<Page>, generation: u64) {
-        self.0.send(RegistryMsg::Put { pages, generation });
+    /// Stores the pages of one list fetched at `epoch`.
+    pub fn put(&self, pages: Vec<Page>, epoch: u64) {
+        self.0.send(RegistryMsg::Put { pages, epoch });
     }
 
     /// Drops a server's entries.

@@ -50,7 +50,7 @@ pub struct ServerArgs {
 
 /// The connection attempt in charge.
 struct Attempt {
-    generation: u64,
+    attempt: u64,
     actor: ActorRef<ConnMsg>,
     conn: Option<Arc<Connection>>,
 }
@@ -61,7 +61,7 @@ pub struct ServerActorState {
     span: tracing::Span,
     args: ServerArgs,
     state: ServerState,
-    generation: u64,
+    attempt: u64,
     current: Option<Attempt>,
     /// A new connection replacing the current one (capabilities changed).
     handover: Option<Attempt>,
@@ -97,7 +97,7 @@ impl Actor for ServerActor {
             span,
             args,
             state: ServerState::Starting,
-            generation: 0,
+            attempt: 0,
             current: None,
             handover: None,
             ready_at: None,
@@ -139,13 +139,11 @@ impl Actor for ServerActor {
                 myself.stop(None);
             }
             ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself).await,
-            ServerMsg::ConnectionUp { generation, conn } => {
-                state.on_connection_up(generation, conn).await
+            ServerMsg::ConnectionUp { attempt, conn } => {
+                state.on_connection_up(attempt, conn).await
             }
-            ServerMsg::ConnectionLost { generation, error } => {
-                if state.current_generation() == Some(generation)
-                    && state.state == ServerState::Ready
-                {
+            ServerMsg::ConnectionLost { attempt, error } => {
+                if state.current_attempt() == Some(attempt) && state.state == ServerState::Ready {
                     if let Some(old) = state.current.take() {
                         old.actor.kill();
                     }
@@ -154,8 +152,8 @@ impl Actor for ServerActor {
                 }
             }
             ServerMsg::Inbound { event, .. } => state.on_inbound(&myself, event),
-            ServerMsg::StartConnection { generation } => {
-                if generation == state.generation && state.state == ServerState::Restarting {
+            ServerMsg::StartConnection { attempt } => {
+                if attempt == state.attempt && state.state == ServerState::Restarting {
                     state.start_connection(&myself).await;
                 }
             }
@@ -236,8 +234,8 @@ impl ServerActorState {
         self.args.server.id()
     }
 
-    fn current_generation(&self) -> Option<u64> {
-        self.current.as_ref().map(|a| a.generation)
+    fn current_attempt(&self) -> Option<u64> {
+        self.current.as_ref().map(|a| a.attempt)
     }
 
     fn current_conn(&self) -> Option<&Arc<Connection>> {
@@ -252,7 +250,7 @@ impl ServerActorState {
         *shared.live.write() = match (&conn, new) {
             (Some(conn), ServerState::Ready) => Some(LiveConnection {
                 conn: conn.clone(),
-                generation: self.current_generation().unwrap_or_default(),
+                attempt: self.current_attempt().unwrap_or_default(),
             }),
             _ => None,
         };
@@ -278,7 +276,7 @@ impl ServerActorState {
     }
 
     async fn spawn_attempt(&mut self, myself: &ActorRef<ServerMsg>) -> Result<Attempt, String> {
-        self.generation += 1;
+        self.attempt += 1;
         let config = self.args.server.config();
         let args = ConnArgs {
             server: config.id.clone(),
@@ -291,11 +289,11 @@ impl ServerActorState {
             },
             allow_unsolicited_input: config.allow_unsolicited_input,
             parent: myself.clone(),
-            generation: self.generation,
+            attempt: self.attempt,
         };
         match Actor::spawn_linked(None, ConnectionActor, args, myself.get_cell()).await {
             Ok((actor, _)) => Ok(Attempt {
-                generation: self.generation,
+                attempt: self.attempt,
                 actor,
                 conn: None,
             }),
@@ -341,8 +339,8 @@ impl ServerActorState {
         let usable = self.current_conn().filter(|c| !c.is_closed()).cloned();
         match (self.state, usable) {
             (ServerState::Ready, Some(conn)) => {
-                let generation = self.current_generation().unwrap_or_default();
-                self.dispatch(LiveConnection { conn, generation }, outgoing, reply)
+                let attempt = self.current_attempt().unwrap_or_default();
+                self.send_on(LiveConnection { conn, attempt }, outgoing, reply)
                     .await;
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
@@ -373,7 +371,7 @@ impl ServerActorState {
     /// polled once here, which writes it (stdio) or starts it (HTTP) in the order the
     /// actor releases them; the rest runs in its own task so the actor never waits on
     /// a server.
-    async fn dispatch(&self, live: LiveConnection, outgoing: Outgoing, reply: RequestReply) {
+    async fn send_on(&self, live: LiveConnection, outgoing: Outgoing, reply: RequestReply) {
         let server = self.args.server.clone();
         let mut call = Box::pin(async move {
             let Outgoing {
@@ -396,11 +394,11 @@ impl ServerActorState {
         }
     }
 
-    async fn on_connection_up(&mut self, generation: u64, conn: Arc<Connection>) {
+    async fn on_connection_up(&mut self, attempt: u64, conn: Arc<Connection>) {
         if conn.is_closed() {
             return;
         }
-        if let Some(handover) = self.handover.take_if(|h| h.generation == generation) {
+        if let Some(handover) = self.handover.take_if(|h| h.attempt == attempt) {
             // The replacement is up: switch, and let the old connection drain.
             let old = self.current.replace(Attempt {
                 conn: Some(conn.clone()),
@@ -422,7 +420,7 @@ impl ServerActorState {
             self.args.client.lists_changed(self.id(), all);
             return;
         }
-        let Some(current) = self.current.as_mut().filter(|c| c.generation == generation) else {
+        let Some(current) = self.current.as_mut().filter(|c| c.attempt == attempt) else {
             return; // a stale attempt
         };
         current.conn = Some(conn.clone());
@@ -433,7 +431,7 @@ impl ServerActorState {
         self.ready_at = Some(Instant::now());
         self.publish(ServerState::Ready);
         let now = Instant::now();
-        let live = LiveConnection { conn, generation };
+        let live = LiveConnection { conn, attempt };
         for q in self.queue.drain() {
             let remaining = q.deadline.saturating_duration_since(now);
             if remaining.is_zero() {
@@ -443,7 +441,7 @@ impl ServerActorState {
                     timeout: remaining.min(q.outgoing.timeout),
                     ..q.outgoing
                 };
-                self.dispatch(live.clone(), outgoing, q.reply).await;
+                self.send_on(live.clone(), outgoing, q.reply).await;
             }
         }
     }
@@ -485,7 +483,7 @@ impl ServerActorState {
         self.current = None;
         self.last_error = Some(reason.clone());
         // Whatever that attempt still has in the mailbox is now stale.
-        self.generation += 1;
+        self.attempt += 1;
         let decision = if cannot_heal {
             Decision::GiveUp(reason.clone())
         } else {
@@ -496,8 +494,8 @@ impl ServerActorState {
                 self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));
                 self.args.server.0.status.write().restarts += 1;
                 self.publish(ServerState::Restarting);
-                let generation = self.generation;
-                myself.send_after(delay, move || ServerMsg::StartConnection { generation });
+                let attempt = self.attempt;
+                myself.send_after(delay, move || ServerMsg::StartConnection { attempt });
             }
             Decision::GiveUp(why) => {
                 self.span.in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));

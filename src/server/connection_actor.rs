@@ -2,7 +2,7 @@
 //! HTTP client), owned by an actor that fails when the transport breaks.
 //!
 //! Lifecycle: spawned by its `ServerActor` (one per connection attempt, tagged with a
-//! generation); connects in `post_start` (spawn, probe, handshake) and reports
+//! attempt); connects in `post_start` (spawn, probe, handshake) and reports
 //! `ServerMsg::ConnectionUp`, or fails with the [`ConnectionFailure`]. It forwards the
 //! server's own traffic (legacy requests, notifications) to its parent and fails when the
 //! transport reports its end, which is how the parent learns of a crash.
@@ -61,7 +61,7 @@ pub struct ConnArgs {
     pub(crate) options: ConnectOptions,
     pub(crate) allow_unsolicited_input: bool,
     pub(crate) parent: ActorRef<ServerMsg>,
-    pub(crate) generation: u64,
+    pub(crate) attempt: u64,
 }
 
 /// SIGKILLs a stdio connection's process group when dropped, unless disarmed.
@@ -128,7 +128,7 @@ impl Actor for ConnectionActor {
             }
         });
         let _ = a.parent.send_message(ServerMsg::ConnectionUp {
-            generation: a.generation,
+            attempt: a.attempt,
             conn,
         });
         Ok(())
@@ -146,7 +146,7 @@ impl Actor for ConnectionActor {
             }
             ConnMsg::Event(event) => {
                 let _ = state.args.parent.send_message(ServerMsg::Inbound {
-                    generation: state.args.generation,
+                    attempt: state.args.attempt,
                     event,
                 });
                 Ok(())

@@ -9,10 +9,10 @@
 //! `now`, tested without actors. What a server needs from the layers above (input
 //! handlers, list changes) comes through the [`ClientSide`] trait.
 
-pub mod actor;
+pub(crate) mod actor;
 mod client;
 mod config;
-pub mod connection_actor;
+pub(crate) mod connection_actor;
 mod directory;
 pub mod error;
 mod msg;
@@ -28,8 +28,8 @@ pub use config::{SEPARATOR, ServerConfig, check_id, id_from_name};
 pub use directory::Directory;
 pub use error::ServerError;
 pub use msg::ServerMsg;
-pub use queue::Outgoing;
 pub use restart::{RestartConfig, RestartPolicy};
 pub use server_ref::{Offers, ServerRef};
 pub use status::{ServerState, ServerStatus};
-pub use supervisor::{ServersArgs, ServersError, ServersMsg, ServersRef, ServersSupervisor};
+pub use supervisor::ServersError;
+pub(crate) use supervisor::{ServersArgs, ServersRef, ServersSupervisor};

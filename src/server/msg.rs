@@ -27,28 +27,28 @@ pub enum ServerMsg {
     /// From the connection actor: connected.
     ConnectionUp {
         /// Which connection attempt.
-        generation: u64,
+        attempt: u64,
         /// The connection.
         conn: Arc<Connection>,
     },
     /// From a request: the server refused the connection (HTTP), so it is down.
     ConnectionLost {
         /// Which connection attempt.
-        generation: u64,
+        attempt: u64,
         /// What happened.
         error: TransportError,
     },
     /// From the connection actor: the server's own traffic.
     Inbound {
         /// Which connection attempt.
-        generation: u64,
+        attempt: u64,
         /// The event.
         event: ServerEvent,
     },
-    /// From a backoff timer: start connection attempt `generation + 1`.
+    /// From a backoff timer: start connection attempt `attempt + 1`.
     StartConnection {
         /// The attempt the timer was set in; stale timers are ignored.
-        generation: u64,
+        attempt: u64,
     },
     /// From a timer: a queued request reached its deadline.
     ExpireQueued(u64),

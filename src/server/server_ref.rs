@@ -27,7 +27,7 @@ use crate::transport::{Connection, RequestError, TransportError};
 #[derive(Clone)]
 pub(crate) struct LiveConnection {
     pub(crate) conn: Arc<Connection>,
-    pub(crate) generation: u64,
+    pub(crate) attempt: u64,
 }
 
 /// Which kinds of items a connected server says it has (from its capabilities).
@@ -202,7 +202,7 @@ impl ServerRef {
             && let Some(actor) = self.actor()
         {
             let lost = ServerMsg::ConnectionLost {
-                generation: live.generation,
+                attempt: live.attempt,
                 error: error.clone(),
             };
             let _ = actor.send_message(lost);

@@ -29,12 +29,12 @@ pub use connection::{
 };
 pub use error::{ConnectError, RequestError, SpawnFailure, TlsFailure, TransportError};
 pub use exit::ExitStatus;
-pub use http::HttpTransport;
 pub use spec::{HttpSpec, StdioSpec, TransportSpec};
-pub use stdio::StdioTransport;
 
 use crate::protocol::{Notification, Request, RequestId, RpcError};
+use http::HttpTransport;
 use inbound::{Ids, Inbound};
+use stdio::StdioTransport;
 
 /// One live transport.
 pub(crate) enum Transport {

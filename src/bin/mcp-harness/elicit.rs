@@ -39,46 +39,70 @@ fn decline(why: &str) -> Value {
 
 fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
     let p = &request.params;
-    let message = line(p["message"].as_str().unwrap_or(""));
     if p["mode"] == "url" {
-        // Server-controlled: printed without escapes, control or bidi characters, so the
-        // URL a person sees is the URL they would open.
-        let url = line(p["url"].as_str().unwrap_or(""));
-        eprintln!(
-            "Server {} asks you to open this URL yourself:\n  {url}\n  ({message})",
-            request.server
-        );
-        let consent = match answers {
-            Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),
-            None if interactive => ask("Done, and do you consent? [y/N] ")
-                .is_some_and(|l| l.trim().eq_ignore_ascii_case("y")),
-            None => false,
-        };
-        return if consent {
-            json!({"action": "accept"})
-        } else {
-            decline("no consent to the URL")
-        };
+        return url_mode(request, answers, interactive);
     }
     let schema = &p["requestedSchema"];
     let empty = Map::new();
-    let props = schema["properties"].as_object().unwrap_or(&empty);
-    let required: Vec<&str> = schema["required"]
-        .as_array()
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if let Some(answers) = answers {
+    let form = Form {
+        props: schema["properties"].as_object().unwrap_or(&empty),
+        required: schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default(),
+    };
+    match answers {
+        Some(answers) => form.from_answers(request, answers),
+        None if interactive => form.ask(request),
+        None => {
+            decline("stdin is not a terminal; pass --answers '{...}' (or '{}' for the defaults)")
+        }
+    }
+}
+
+/// A URL-mode request: shown in full (without anything that could disguise it), never
+/// opened, accepted only with consent.
+fn url_mode(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
+    let p = &request.params;
+    let message = line(p["message"].as_str().unwrap_or(""));
+    let url = line(p["url"].as_str().unwrap_or(""));
+    eprintln!(
+        "Server {} asks you to open this URL yourself:\n  {url}\n  ({message})",
+        request.server
+    );
+    let consent = match answers {
+        Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),
+        None if interactive => ask("Done, and do you consent? [y/N] ")
+            .is_some_and(|l| l.trim().eq_ignore_ascii_case("y")),
+        None => false,
+    };
+    if consent {
+        json!({"action": "accept"})
+    } else {
+        decline("no consent to the URL")
+    }
+}
+
+/// A form-mode request's fields.
+struct Form<'a> {
+    props: &'a Map<String, Value>,
+    required: Vec<&'a str>,
+}
+
+impl Form<'_> {
+    /// `--answers`: keyed by input-request key or by field name; defaults fill the rest.
+    fn from_answers(&self, request: &InputRequestContext, answers: &Value) -> Value {
         let source = answers
             .get(&request.key)
             .filter(|v| v.is_object())
             .unwrap_or(answers);
         let mut content = Map::new();
-        for (field, def) in props {
+        for (field, def) in self.props {
             match source.get(field).or_else(|| def.get("default")) {
                 Some(v) => {
                     content.insert(field.clone(), v.clone());
                 }
-                None if required.contains(&field.as_str()) => {
+                None if self.required.contains(&field.as_str()) => {
                     return decline(&format!(
                         "--answers has no value for required field {:?}",
                         line(field)
@@ -87,68 +111,65 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
                 None => {}
             }
         }
-        return json!({"action": "accept", "content": content});
+        json!({"action": "accept", "content": content})
     }
-    if !interactive {
-        return decline(
-            "stdin is not a terminal; pass --answers '{...}' (or '{}' for the defaults)",
-        );
-    }
-    eprintln!("\nServer {} asks: {message}", request.server);
-    eprintln!("(press Enter for the default; type !decline or !cancel to refuse)");
-    let mut content = Map::new();
-    for (field, def) in props {
-        loop {
-            let kind = def["type"].as_str().unwrap_or("string");
-            let shown_kind = line(kind);
-            let options = def["enum"]
-                .as_array()
-                .map(|e| format!(" {}", line(&Value::Array(e.clone()).to_string())))
-                .unwrap_or_default();
-            let default = def
-                .get("default")
-                .map(|d| format!(" [{}]", line(&d.to_string())))
-                .unwrap_or_default();
-            let title = line(
-                def["title"]
-                    .as_str()
-                    .or(def["description"].as_str())
-                    .unwrap_or(field),
-            );
-            let star = if required.contains(&field.as_str()) {
-                "*"
-            } else {
-                ""
-            };
-            let Some(typed) = ask(&format!(
-                "  {title}{star} ({shown_kind}{options}){default}: "
-            )) else {
-                return json!({"action": "cancel"});
-            };
-            let typed = typed.trim();
-            match typed {
-                "!decline" => return json!({"action": "decline"}),
-                "!cancel" => return json!({"action": "cancel"}),
-                "" => {
-                    if let Some(d) = def.get("default") {
-                        content.insert(field.clone(), d.clone());
-                    } else if required.contains(&field.as_str()) {
-                        eprintln!("  {} is required", line(field));
-                        continue;
-                    }
-                    break;
+
+    /// On a terminal: one prompt per field.
+    fn ask(&self, request: &InputRequestContext) -> Value {
+        let message = line(request.params["message"].as_str().unwrap_or(""));
+        eprintln!("\nServer {} asks: {message}", request.server);
+        eprintln!("(press Enter for the default; type !decline or !cancel to refuse)");
+        let mut content = Map::new();
+        for (field, def) in self.props {
+            match self.ask_field(field, def) {
+                Ok(Some(v)) => {
+                    content.insert(field.clone(), v);
                 }
-                _ => match parse(kind, def, typed) {
-                    Ok(v) => {
-                        content.insert(field.clone(), v);
-                        break;
-                    }
+                Ok(None) => {}
+                Err(refusal) => return refusal,
+            }
+        }
+        json!({"action": "accept", "content": content})
+    }
+
+    /// One field, asked until it gets a valid value (`Ok(None)`: left out); `Err` is
+    /// the refusal to send.
+    fn ask_field(&self, field: &str, def: &Value) -> Result<Option<Value>, Value> {
+        let kind = def["type"].as_str().unwrap_or("string");
+        let options = def["enum"]
+            .as_array()
+            .map(|e| format!(" {}", line(&Value::Array(e.clone()).to_string())))
+            .unwrap_or_default();
+        let default = def
+            .get("default")
+            .map(|d| format!(" [{}]", line(&d.to_string())))
+            .unwrap_or_default();
+        let title = line(
+            def["title"]
+                .as_str()
+                .or(def["description"].as_str())
+                .unwrap_or(field),
+        );
+        let required = self.required.contains(&field);
+        let star = if required { "*" } else { "" };
+        loop {
+            let prompt = format!("  {title}{star} ({}{options}){default}: ", line(kind));
+            let Some(typed) = ask(&prompt) else {
+                return Err(json!({"action": "cancel"}));
+            };
+            match typed.trim() {
+                "!decline" => return Err(json!({"action": "decline"})),
+                "!cancel" => return Err(json!({"action": "cancel"})),
+                "" if def.get("default").is_some() => return Ok(def.get("default").cloned()),
+                "" if required => eprintln!("  {} is required", line(field)),
+                "" => return Ok(None),
+                typed => match parse(kind, def, typed) {
+                    Ok(v) => return Ok(Some(v)),
                     Err(e) => eprintln!("  {}", line(&e)),
                 },
             }
         }
     }
-    json!({"action": "accept", "content": content})
 }
 
 fn ask(prompt: &str) -> Option<String> {

@@ -23,9 +23,7 @@ use serde_json::{Value, json};
 
 pub use approval::{ApprovalQueue, PendingInput};
 pub use fixed::FixedAnswers;
-pub use handlers::{
-    HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs, InputHandlersMsg,
-};
+pub(crate) use handlers::{HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs};
 
 /// The boxed future an [`InputHandler`] returns.
 pub type InputFuture = Pin<Box<dyn Future<Output = Result<Value, InputError>> + Send>>;

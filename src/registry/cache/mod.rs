@@ -182,7 +182,7 @@ pub struct ListCache {
     l2_counts: Counters,
     invalidations: AtomicU64,
     /// Bumped on every invalidation of a server; a write from an older fetch is dropped.
-    generations: RwLock<HashMap<String, u64>>,
+    epochs: RwLock<HashMap<String, u64>>,
 }
 
 impl ListCache {
@@ -197,7 +197,7 @@ impl ListCache {
             l1_counts: Counters::default(),
             l2_counts: Counters::default(),
             invalidations: AtomicU64::new(0),
-            generations: RwLock::new(HashMap::new()),
+            epochs: RwLock::new(HashMap::new()),
         }
     }
 
@@ -206,9 +206,9 @@ impl ListCache {
         &self.config
     }
 
-    /// The current invalidation generation of `server`.
-    pub fn generation(&self, server: &str) -> u64 {
-        self.generations.read().get(server).copied().unwrap_or(0)
+    /// The current invalidation epoch (bumped by every invalidation) of `server`.
+    pub fn epoch(&self, server: &str) -> u64 {
+        self.epochs.read().get(server).copied().unwrap_or(0)
     }
 
     fn keys(list: ListOf<'_>, cursor: Option<&str>, auth_context: Option<&str>) -> Vec<CacheKey> {
@@ -266,7 +266,7 @@ impl ListCache {
         self.l1_counts.misses.fetch_add(1, Ordering::Relaxed);
         // Without a disk layer there is nothing more to ask.
         self.config.dir.as_ref()?;
-        let generation = self.generation(list.server);
+        let epoch = self.epoch(list.server);
         let found = {
             let l2 = self.l2.read();
             keys.iter()
@@ -279,9 +279,9 @@ impl ListCache {
                 self.l2_counts.hits.fetch_add(1, Ordering::Relaxed);
                 let found = hit(&e);
                 // Promoted only if no invalidation came between the read and now: the
-                // L1 write lock is held while the generation is checked.
+                // L1 write lock is held while the epoch is checked.
                 let mut l1 = self.l1.write();
-                if self.generation(list.server) == generation {
+                if self.epoch(list.server) == epoch {
                     l1.insert(e.key.clone(), e);
                 }
                 Some(found)
@@ -324,16 +324,16 @@ impl ListCache {
         ))
     }
 
-    /// Stores the pages of one list fetched at `generation` (writer: the registry
+    /// Stores the pages of one list fetched at `epoch` (writer: the registry
     /// actor, on a blocking thread: this writes files).
-    pub(crate) fn put(&self, pages: Vec<Page>, generation: u64) {
-        self.put_at(now_ms(), pages, generation)
+    pub(crate) fn put(&self, pages: Vec<Page>, epoch: u64) {
+        self.put_at(now_ms(), pages, epoch)
     }
 
     /// [`ListCache::put`] at a given time (unix milliseconds).
-    pub(crate) fn put_at(&self, now: u64, pages: Vec<Page>, generation: u64) {
+    pub(crate) fn put_at(&self, now: u64, pages: Vec<Page>, epoch: u64) {
         for page in pages {
-            if self.generation(&page.key.server) != generation {
+            if self.epoch(&page.key.server) != epoch {
                 return; // invalidated while it was being fetched
             }
             let ttl = page.ttl.min(self.config.max_ttl);
@@ -355,11 +355,7 @@ impl ListCache {
 
     fn bump(&self, server: &str) {
         self.invalidations.fetch_add(1, Ordering::Relaxed);
-        *self
-            .generations
-            .write()
-            .entry(server.to_string())
-            .or_default() += 1;
+        *self.epochs.write().entry(server.to_string()).or_default() += 1;
     }
 
     /// Drops every entry of `server` from both layers (list_changed, removal).

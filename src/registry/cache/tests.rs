@@ -28,7 +28,7 @@ fn page(cache: &ListCache, list: ListOf<'_>, ctx: Option<&str>, result: Value) -
 fn put(cache: &ListCache, ctx: Option<&str>, result: Value) -> bool {
     match page(cache, LIST, ctx, result) {
         Some(p) => {
-            cache.put(vec![p], cache.generation("s"));
+            cache.put(vec![p], cache.epoch("s"));
             true
         }
         None => false,
@@ -147,9 +147,9 @@ fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
         json!({"ttlMs": 60000, "cacheScope": "public"}),
     )
     .expect("cacheable");
-    let generation = cache.generation("s");
+    let epoch = cache.epoch("s");
     cache.invalidate("s");
-    cache.put(vec![p], generation);
+    cache.put(vec![p], epoch);
     assert!(cache.get(LIST, None, None).is_none());
 }
 
@@ -298,11 +298,11 @@ mod properties {
                     Op::Put { ctx, public: is_public, ttl_s, id, stale_by } => {
                         let result = json!({"id": id, "ttlMs": u64::from(ttl_s) * 1000, "cacheScope": if is_public { "public" } else { "private" }});
                         let context = ctx.map(|c| format!("ctx{c}"));
-                        let generation = cache.generation("s").saturating_sub(u64::from(stale_by));
-                        let stale = generation != cache.generation("s");
+                        let epoch = cache.epoch("s").saturating_sub(u64::from(stale_by));
+                        let stale = epoch != cache.epoch("s");
                         if let Some((key, ttl)) = cache.key_for(LIST, None, context.as_deref(), &result) {
                             let bytes = json_size(&result);
-                            cache.put_at(now, vec![Page { key, ttl, bytes, value: Arc::new(result) }], generation);
+                            cache.put_at(now, vec![Page { key, ttl, bytes, value: Arc::new(result) }], epoch);
                             if !stale {
                                 let stored = Stored { id, owner: if is_public { None } else { ctx }, expires: now + u64::from(ttl_s) * 1000 };
                                 match stored.owner {

@@ -69,7 +69,7 @@ const MAX_RESUMES: usize = 3;
 const MAX_LEARN_PAGES: usize = 100;
 
 /// A connected Streamable HTTP server.
-pub struct HttpTransport {
+pub(crate) struct HttpTransport {
     server: String,
     client: reqwest::Client,
     url: reqwest::Url,
@@ -193,7 +193,7 @@ impl HttpTransport {
             let (mut renewed, mut relearned) = (false, false);
             loop {
                 let extra = self.params.headers(&request);
-                let seen = self.session.generation();
+                let seen = self.session.renewals();
                 match self.exchange(&request, &extra).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {

@@ -23,7 +23,7 @@ pub(super) struct Session {
     /// Renewals, one at a time.
     renewing: tokio::sync::Mutex<()>,
     /// Bumped by every renewal.
-    generation: AtomicU64,
+    renewals: AtomicU64,
 }
 
 impl Session {
@@ -59,14 +59,14 @@ impl Session {
         self.state.lock().init.clone()
     }
 
-    pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
+    pub(super) fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::SeqCst)
     }
 
     /// Takes the renewal lock; `None` when another request renewed since `seen`.
     pub(super) async fn start_renewal(&self, seen: u64) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         let guard = self.renewing.lock().await;
-        if self.generation() != seen {
+        if self.renewals() != seen {
             return None;
         }
         self.state.lock().id = None;
@@ -74,6 +74,6 @@ impl Session {
     }
 
     pub(super) fn renewed(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.renewals.fetch_add(1, Ordering::SeqCst);
     }
 }

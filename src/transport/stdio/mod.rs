@@ -75,7 +75,7 @@ enum WriterCmd {
 }
 
 /// A connected stdio server.
-pub struct StdioTransport {
+pub(crate) struct StdioTransport {
     shared: Arc<Shared>,
     writer: mpsc::Sender<WriterCmd>,
     group: tokio::sync::Mutex<ProcessGroup>,
