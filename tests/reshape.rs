@@ -1,0 +1,241 @@
+//! What the reshaped core promises beyond the first wave: every actor supervised (the
+//! service actors rebuilt when they die, losing nothing), and calls cancellable with one
+//! deadline each.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use mcp_harness::audit::AuditConfig;
+use mcp_harness::{
+    ApprovalQueue, CallError, CallKind, CallOptions, Caller, CancelToken, FixedAnswers, Harness,
+    HarnessConfig, Service,
+};
+use serde_json::json;
+use support::*;
+
+fn config(audit: &std::path::Path) -> HarnessConfig {
+    HarnessConfig {
+        servers: vec![
+            demo_server("s", &[]),
+            demo_server("t", &["--era", "legacy"]),
+        ],
+        permissions: grant_everything(&["a"]),
+        audit: AuditConfig {
+            path: Some(audit.to_path_buf()),
+            flush_every: Duration::from_millis(20),
+            ..AuditConfig::default()
+        },
+        ..HarnessConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn each_service_actor_killed_mid_traffic_is_rebuilt_and_the_audit_count_stays_exact() {
+    let audit = temp_file("services-audit");
+    let h = start_ready_with(Harness::builder(config(&audit)).input_handler(
+        "elicitation/create",
+        Arc::new(FixedAnswers::new(
+            json!({"action": "accept", "content": {"approved": true}}),
+        )),
+    ))
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (made, ok) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut traffic = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let (h, stop, made, ok) = (h.clone(), stop.clone(), made.clone(), ok.clone());
+        traffic.spawn(async move {
+            let tools = ["s__echo", "t__echo", "echo", "s__confirm"];
+            while !stop.load(Ordering::SeqCst) {
+                made.fetch_add(1, Ordering::SeqCst);
+                let tool = tools[n % tools.len()];
+                if h.call_tool(&Caller::agent("a"), tool, json!({"text": "x"}))
+                    .await
+                    .is_ok()
+                {
+                    ok.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    for service in [
+        Service::Audit,
+        Service::Permission,
+        Service::Registry,
+        Service::InputHandlers,
+        Service::Calls,
+    ] {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let before = ok.load(Ordering::SeqCst);
+        let old = h.service_actor(service).await.expect("running");
+        old.kill();
+        let rebuilt = async {
+            loop {
+                if let Some(new) = h.service_actor(service).await
+                    && new.get_id() != old.get_id()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), rebuilt)
+            .await
+            .unwrap_or_else(|_| panic!("{service:?} rebuilt"));
+        assert!(
+            eventually(Duration::from_secs(5), || ok.load(Ordering::SeqCst)
+                > before + 20)
+            .await,
+            "calls keep working after {service:?} was killed"
+        );
+    }
+    // What the rebuilt actors own still works: grants, handlers, the cache's writer.
+    h.grant("late", "s", &["echo"])
+        .await
+        .expect("permission actor rebuilt");
+    h.call_tool(&Caller::agent("late"), "s__echo", json!({"text": "y"}))
+        .await
+        .expect("the new grant applies");
+    h.register_input_handler(
+        "elicitation/create",
+        Arc::new(FixedAnswers::new(
+            json!({"action": "accept", "content": {"approved": false}}),
+        )),
+    )
+    .await
+    .expect("input handlers' owner rebuilt");
+    stop.store(true, Ordering::SeqCst);
+    while traffic.join_next().await.is_some() {}
+    let calls = made.load(Ordering::SeqCst) + 1;
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    let started = records.iter().filter(|r| r["event"] == "started").count() as u64;
+    let finished = records.iter().filter(|r| r["event"] == "finished").count() as u64;
+    assert_eq!(
+        (started, finished),
+        (calls, calls),
+        "one started and one finished per call"
+    );
+    let mut ids: Vec<u64> = records
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .filter_map(|r| r["call_id"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, calls, "no call finished twice");
+}
+
+#[tokio::test]
+async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_cancelled() {
+    let audit = temp_file("drop-cancel-audit");
+    let record = temp_file("drop-cancel-record");
+    let mut cfg = config(&audit);
+    cfg.servers = vec![demo_server("s", &["--record", &record.to_string_lossy()])];
+    let h = start_ready(cfg).await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        h.call_tool(&Caller::agent("a"), "s__hang", json!({})),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the call was still running when its future was dropped"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || recorded(&record)
+            .iter()
+            .any(|r| r["notification"] == "notifications/cancelled"))
+        .await,
+        "the server was told"
+    );
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    let finished: Vec<_> = records
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .collect();
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0]["outcome"], "cancelled");
+}
+
+#[tokio::test]
+async fn cancelling_a_call_through_its_token_withdraws_its_pending_input_request() {
+    let audit = temp_file("token-cancel-audit");
+    let queue = ApprovalQueue::new(Duration::from_secs(600));
+    let h = start_ready_with(
+        Harness::builder(config(&audit))
+            .input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let token = CancelToken::new();
+    let options = CallOptions {
+        cancel: Some(token.clone()),
+        ..CallOptions::default()
+    };
+    let call = tokio::spawn(h.call(
+        &Caller::agent("a"),
+        CallKind::Tool,
+        "s__confirm",
+        json!({}),
+        options,
+    ));
+    assert!(eventually(Duration::from_secs(10), || !queue.pending().is_empty()).await);
+    token.cancel();
+    assert_eq!(call.await.expect("task"), Err(CallError::Cancelled));
+    assert!(
+        eventually(Duration::from_secs(5), || queue.pending().is_empty()).await,
+        "the approval request left the queue"
+    );
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "finished" && r["outcome"] == "cancelled")
+    );
+}
+
+#[tokio::test]
+async fn one_deadline_bounds_all_of_a_calls_rounds() {
+    let audit = temp_file("deadline-audit");
+    let mut cfg = config(&audit);
+    cfg.round_cap = 10_000;
+    cfg.call_timeout = Duration::from_millis(800);
+    let h = start_ready(cfg).await;
+    let started = Instant::now();
+    let r = h
+        .call_tool(&Caller::agent("a"), "s__forever", json!({}))
+        .await;
+    assert_eq!(
+        r,
+        Err(CallError::DeadlineExceeded(Duration::from_millis(800)))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // A call's own deadline overrides the config's.
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(300)),
+        ..CallOptions::default()
+    };
+    let r = h
+        .call(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__forever",
+            json!({}),
+            options,
+        )
+        .await;
+    assert_eq!(
+        r,
+        Err(CallError::DeadlineExceeded(Duration::from_millis(300)))
+    );
+    h.shutdown().await;
+}
