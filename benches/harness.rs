@@ -601,6 +601,33 @@ fn ratios(b: &mut Bench) {
     }
 }
 
+/// `MCP_BENCH_ONLY=profile`: harness calls at 64 in flight on the demo server for
+/// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch.
+async fn profile_section() {
+    let seconds: u64 = std::env::var("MCP_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let command = demo_cmd(&["bench"]);
+    let std = command.as_std();
+    let program = std.get_program().to_string_lossy().to_string();
+    let args: Vec<String> = std
+        .get_args()
+        .map(|a| a.to_string_lossy().to_string())
+        .collect();
+    let audit = std::env::var("MCP_EXPERIMENT_NOAUDIT").is_err();
+    let (h, client) = harness_client(ServerConfig::stdio("s", program, args), audit).await;
+    let mut b = Bench {
+        lines: Vec::new(),
+        quick: false,
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(seconds) {
+        b.throughput("profile_demo_harness", &client, 64).await;
+    }
+    h.shutdown().await;
+}
+
 fn main() {
     if let Ok(role) = std::env::var("MCP_BENCH_ROLE") {
         // A server process for the benchmark: rmcp's echo server.
@@ -622,6 +649,9 @@ fn main() {
     let only = std::env::var("MCP_BENCH_ONLY").ok();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     rt.block_on(async {
+        if run("profile") {
+            profile_section().await;
+        }
         if run("stdio") {
             stdio_section(&mut b).await;
         }

@@ -19,6 +19,7 @@
 mod actor;
 mod file;
 mod msg;
+mod record;
 mod sink;
 
 use std::path::PathBuf;
@@ -31,6 +32,7 @@ use crate::util::duration;
 
 pub(crate) use actor::{AuditActor, AuditRef};
 pub(crate) use sink::AuditSink;
+pub use record::{AuditRecord, Hop, Round};
 pub use sink::{AuditHealth, AuditUnavailable};
 
 /// How much of a call's arguments the audit trail keeps.
@@ -94,7 +96,7 @@ impl Default for AuditConfig {
             ]
             .map(String::from)
             .to_vec(),
-            batch: 64,
+            batch: 256,
             flush_every: Duration::from_millis(200),
             on_failure: AuditFailure::FailClosed,
         }

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use serde_json::Value;
 
 use super::file::{AuditFile, Opener, file_opener, load_or_create_key};
 use super::msg::AuditMsg;
+use super::record::AuditRecord;
 use super::{AuditConfig, AuditFailure};
 use crate::util::hash::hmac_sha256_hex;
 use crate::util::slot::ActorSlot;
@@ -46,9 +46,9 @@ pub struct AuditHealth {
 pub(super) struct Shared {
     pub(super) config: AuditConfig,
     key: Vec<u8>,
-    pending: Mutex<Vec<Value>>,
+    pending: Mutex<Vec<AuditRecord>>,
     /// Drained from `pending`, waiting for a write that succeeds.
-    retry: Mutex<Vec<Value>>,
+    retry: Mutex<Vec<AuditRecord>>,
     file: Mutex<Option<AuditFile>>,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
@@ -163,9 +163,22 @@ impl AuditSink {
         ctx.map(|c| hmac_sha256_hex(&self.shared.key, c.as_bytes())[..32].to_string())
     }
 
-    /// Appends one record (a JSON object with at least `event` and `call_id`).
-    pub fn record(&self, record: Value) {
-        tracing::info!(target: "mcp_harness::audit", record = %record, "audit");
+    /// Whether records go anywhere: a file, or a `tracing` subscriber that listens to
+    /// target `mcp_harness::audit`. When not, the call path builds none.
+    pub fn is_recording(&self) -> bool {
+        self.shared.config.path.is_some()
+            || tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO)
+    }
+
+    /// Appends one record.
+    pub fn record(&self, record: AuditRecord) {
+        if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
+            let line = serde_json::to_string(&record).unwrap_or_default();
+            tracing::info!(target: "mcp_harness::audit", record = %line, "audit");
+        }
+        if self.shared.config.path.is_none() {
+            return;
+        }
         let full = {
             let mut pending = self.shared.pending.lock();
             pending.push(record);

@@ -10,7 +10,7 @@
 //! first page, once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -300,6 +300,7 @@ pub(crate) async fn list_all(
     caller: &Caller,
     kind: CallKind,
     servers: Vec<ServerRef>,
+    deadline: Option<Instant>,
 ) -> (Vec<Listed>, Vec<(Unreachable, Option<CallError>)>) {
     let mut lists = Vec::new();
     let mut unreachable = Vec::new();
@@ -321,7 +322,14 @@ pub(crate) async fn list_all(
         if !offers(&server, kind) {
             continue;
         }
-        let timeout = server.config().timeout;
+        // A call's listing is bounded by the call's deadline too.
+        let timeout = match deadline {
+            Some(d) => server
+                .config()
+                .timeout
+                .min(d.saturating_duration_since(Instant::now())),
+            None => server.config().timeout,
+        };
         let auth = caller.auth_context.clone();
         let first_cached = ctx
             .registry
@@ -397,7 +405,7 @@ pub(crate) async fn list(
         .filter(|s| tag.is_none_or(|t| s.config().tags.iter().any(|x| x == t)))
         .filter(|s| ctx.allows_any(agent, s))
         .collect();
-    let (lists, unreachable) = list_all(ctx, caller, kind, servers).await;
+    let (lists, unreachable) = list_all(ctx, caller, kind, servers, None).await;
     let mut out = Vec::new();
     for listed in lists {
         let id = listed.server.id();

@@ -31,7 +31,7 @@ mod settings;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 pub use caller::{CallKind, Caller};
 pub use error::{CallError, Unreachable};
@@ -47,6 +47,7 @@ pub(crate) use route::route;
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
 use crate::server::ServerError;
+use crate::transport::TransportError;
 use input::HandlerSet;
 use record::CallRecord;
 use route::Candidate;
@@ -113,19 +114,18 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         &request.args,
     );
     let span = tracing::info_span!("call", call_id, agent = ?request.caller.agent_id, name = %request.name);
+    // No timer of its own: every wait below is bounded by what is left of the deadline.
     let work = async {
-        let candidates = route(ctx, &request.caller, request.kind, &request.name).await?;
+        let candidates = route(ctx, &request.caller, request.kind, &request.name, deadline.at).await?;
         record.candidates = candidates.len();
         drive(ctx, &request, &candidates, deadline, &mut record).await
     };
-    let outcome = match tokio::time::timeout_at(
-        deadline.at.into(),
-        tracing::Instrument::instrument(work, span),
-    )
-    .await
-    {
-        Ok(outcome) => outcome,
-        Err(_) => Err(CallError::DeadlineExceeded(deadline.total)),
+    let outcome = match tracing::Instrument::instrument(work, span).await {
+        Err(CallError::Server(ServerError::Transport {
+            source: TransportError::Timeout(_),
+            ..
+        })) if deadline.remaining().is_zero() => Err(CallError::DeadlineExceeded(deadline.total)),
+        outcome => outcome,
     };
     record.finish(&outcome);
     outcome
@@ -180,9 +180,7 @@ async fn drive(
                 ));
         if more && safe {
             tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");
-            record
-                .hops
-                .push(json!({"server": candidate.server.id(), "error": error.to_string()}));
+            record.hop(candidate.server.id(), error.to_string());
             last_error = Some(error);
             continue;
         }
@@ -297,14 +295,12 @@ impl Round<'_> {
             self.handlers.capabilities(),
             limits.max_input_requests,
         )?;
-        let methods: Vec<&str> = input
+        let methods = input
             .input_requests
             .values()
-            .map(|r| r.method.as_str())
+            .map(|r| r.method.clone())
             .collect();
-        record
-            .rounds
-            .push(json!({"server": id, "methods": methods}));
+        record.round(id, methods);
         let mut params = self
             .request
             .kind

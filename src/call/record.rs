@@ -1,15 +1,16 @@
 //! The audit records of one call: `started` when it is admitted (or denied), `finished`
 //! with its outcome. [`CallRecord`] writes `started` when made and `finished` exactly
 //! once: when the call ends, or, if the call is dropped first (cancelled, its worker
-//! killed, the harness shut down), as `cancelled` when it drops.
+//! stopped, the harness shut down), as `cancelled` when it drops. When records go
+//! nowhere (no file, no listener), nothing is built.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::caller::{CallKind, Caller};
 use super::error::CallError;
-use crate::audit::AuditSink;
+use crate::audit::{AuditRecord, AuditSink, Hop, Round};
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -20,13 +21,14 @@ fn unix_ms() -> u64 {
 
 /// What the audit trail says of one call; see the module docs.
 pub(crate) struct CallRecord {
-    sink: AuditSink,
-    pub(crate) call_id: u64,
+    /// `None` when records go nowhere.
+    sink: Option<AuditSink>,
+    call_id: u64,
     started: Instant,
     /// How many servers the call could have gone to.
     pub(crate) candidates: usize,
-    pub(crate) hops: Vec<Value>,
-    pub(crate) rounds: Vec<Value>,
+    hops: Vec<Hop>,
+    rounds: Vec<Round>,
     pub(crate) server: Option<String>,
     finished: bool,
 }
@@ -41,14 +43,20 @@ impl CallRecord {
         name: &str,
         args: &Value,
     ) -> CallRecord {
-        sink.record(json!({
-            "event": "started", "call_id": call_id, "time_ms": unix_ms(),
-            "agent": caller.agent_id, "auth": sink.hash_context(caller.auth_context.as_deref()),
-            "kind": kind.as_str(), "name": name,
-            "arguments": sink.config().redact(args),
-        }));
+        let recording = sink.is_recording();
+        if recording {
+            sink.record(AuditRecord::Started {
+                call_id,
+                time_ms: unix_ms(),
+                agent: caller.agent_id.clone(),
+                auth: sink.hash_context(caller.auth_context.as_deref()),
+                kind: kind.as_str(),
+                name: name.to_string(),
+                arguments: sink.config().redact(args),
+            });
+        }
         CallRecord {
-            sink: sink.clone(),
+            sink: recording.then(|| sink.clone()),
             call_id,
             started: Instant::now(),
             candidates: 0,
@@ -56,6 +64,26 @@ impl CallRecord {
             rounds: Vec::new(),
             server: None,
             finished: false,
+        }
+    }
+
+    /// Notes a failover hop.
+    pub(crate) fn hop(&mut self, server: &str, error: String) {
+        if self.sink.is_some() {
+            self.hops.push(Hop {
+                server: server.to_string(),
+                error,
+            });
+        }
+    }
+
+    /// Notes an `input_required` round.
+    pub(crate) fn round(&mut self, server: &str, methods: Vec<String>) {
+        if self.sink.is_some() {
+            self.rounds.push(Round {
+                server: server.to_string(),
+                methods,
+            });
         }
     }
 
@@ -69,22 +97,32 @@ impl CallRecord {
             Err(CallError::Cancelled) => ("cancelled", Some("cancelled")),
             Err(e) => ("error", Some(e.code())),
         };
-        let message = outcome.as_ref().err().map(|e| e.to_string());
+        let message = match (&self.sink, outcome) {
+            (Some(_), Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
         self.write(result, code, message);
     }
 
-    fn write(&mut self, outcome: &str, code: Option<&str>, message: Option<String>) {
-        if self.finished {
+    fn write(&mut self, outcome: &'static str, code: Option<&'static str>, message: Option<String>) {
+        if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        self.finished = true;
-        let latency: Duration = self.started.elapsed();
-        self.sink.record(json!({
-            "event": "finished", "call_id": self.call_id, "time_ms": unix_ms(),
-            "server": self.server, "candidates": self.candidates, "hops": self.hops, "rounds": self.rounds,
-            "outcome": outcome, "error": code, "message": message,
-            "latency_us": latency.as_micros() as u64,
-        }));
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        sink.record(AuditRecord::Finished {
+            call_id: self.call_id,
+            time_ms: unix_ms(),
+            server: self.server.take(),
+            candidates: self.candidates,
+            hops: std::mem::take(&mut self.hops),
+            rounds: std::mem::take(&mut self.rounds),
+            outcome,
+            error: code,
+            message,
+            latency_us: self.started.elapsed().as_micros() as u64,
+        });
     }
 }
 

@@ -8,6 +8,7 @@
 //! caller did not name itself.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -53,6 +54,7 @@ pub(crate) async fn route(
     caller: &Caller,
     kind: CallKind,
     name: &str,
+    deadline: Instant,
 ) -> Result<Vec<Candidate>, CallError> {
     let agent = caller.agent_id.as_deref();
     if agent.is_none() {
@@ -61,7 +63,7 @@ pub(crate) async fn route(
     // Resource uris may contain anything; they are never qualified.
     match split_qualified(name).filter(|_| kind != CallKind::Resource) {
         Some((server, item)) => route_qualified(ctx, agent, server, item),
-        None => route_bare(ctx, caller, kind, name).await,
+        None => route_bare(ctx, caller, kind, name, deadline).await,
     }
 }
 
@@ -94,6 +96,7 @@ async fn route_bare(
     caller: &Caller,
     kind: CallKind,
     name: &str,
+    deadline: Instant,
 ) -> Result<Vec<Candidate>, CallError> {
     let agent = caller.agent_id.as_deref();
     let granted: Vec<ServerRef> = ctx
@@ -106,7 +109,7 @@ async fn route_bare(
         // Nothing is asked of any server for an agent that may use none.
         return Err(denied(agent, None, name));
     }
-    let (lists, unreachable) = list_all(ctx, caller, kind, granted.clone()).await;
+    let (lists, unreachable) = list_all(ctx, caller, kind, granted.clone(), Some(deadline)).await;
     let mut offering: Vec<(ServerRef, Option<Value>)> = lists
         .iter()
         .filter_map(|l| {

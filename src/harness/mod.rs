@@ -164,7 +164,7 @@ impl Harness {
                 options,
             },
             servers,
-            calls: CallPool::default(),
+            calls: CallPool::new(ctx.clone()),
             ctx,
         };
         let spawned = match parent {
@@ -267,8 +267,7 @@ impl HarnessHandle {
             timeout: options.timeout,
         };
         let pool = self.inner.services.calls.clone();
-        let ctx = self.ctx().clone();
-        async move { pool.run(ctx, request, options.cancel).await }
+        async move { pool.run(request, options.cancel).await }
     }
 
     /// The tools `caller` may call, each with its qualified name, bare name, server and
@@ -310,7 +309,9 @@ impl HarnessHandle {
         caller: &Caller,
         name: &str,
     ) -> Result<ToolInfo, CallError> {
-        let candidates = crate::call::route(self.ctx(), caller, CallKind::Tool, name).await?;
+        let deadline = std::time::Instant::now() + self.ctx().settings.call_timeout;
+        let candidates =
+            crate::call::route(self.ctx(), caller, CallKind::Tool, name, deadline).await?;
         let tools = self.list_tools(caller).await?;
         candidates
             .iter()

@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use super::error::{ProtocolError, RpcError};
+use super::meta::{Stamp, StampedParams};
 
 /// A JSON-RPC request id: a string or an integer, never `null`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -184,8 +185,21 @@ impl Message {
 
     /// `request` as a JSON body.
     pub fn request_json(request: &Request) -> Vec<u8> {
+        Self::stamped_json(request, None)
+    }
+
+    /// Appends `request` as one JSON line, with `stamp`'s envelope merged into
+    /// `params._meta` as it is written.
+    pub fn write_stamped_line(request: &Request, stamp: Option<Stamp<'_>>, out: &mut Vec<u8>) {
+        // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
+        let _ = serde_json::to_writer(&mut *out, &WireOut::Stamped(request, stamp));
+        out.push(b'\n');
+    }
+
+    /// `request` as a JSON body, stamped as [`Message::write_stamped_line`] does.
+    pub fn stamped_json(request: &Request, stamp: Option<Stamp<'_>>) -> Vec<u8> {
         let mut out = Vec::with_capacity(256);
-        let _ = serde_json::to_writer(&mut out, &WireOut::Request(request));
+        let _ = serde_json::to_writer(&mut out, &WireOut::Stamped(request, stamp));
         out
     }
 
@@ -198,6 +212,7 @@ impl Message {
 /// Serializes a message in the wire shape, borrowing from it.
 enum WireOut<'a> {
     Request(&'a Request),
+    Stamped(&'a Request, Option<Stamp<'a>>),
     Other(&'a Message),
 }
 
@@ -207,12 +222,22 @@ impl Serialize for WireOut<'_> {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("jsonrpc", "2.0")?;
         let message = match self {
-            WireOut::Request(r) => {
+            WireOut::Request(r) | WireOut::Stamped(r, None) => {
                 map.serialize_entry("id", &r.id)?;
                 map.serialize_entry("method", &r.method)?;
                 if let Some(p) = &r.params {
                     map.serialize_entry("params", p)?;
                 }
+                return map.end();
+            }
+            WireOut::Stamped(r, Some(stamp)) => {
+                map.serialize_entry("id", &r.id)?;
+                map.serialize_entry("method", &r.method)?;
+                let params = StampedParams {
+                    params: r.params.as_ref(),
+                    stamp: *stamp,
+                };
+                map.serialize_entry("params", &params)?;
                 return map.end();
             }
             WireOut::Other(m) => m,

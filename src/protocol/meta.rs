@@ -107,6 +107,85 @@ impl MetaEnvelope {
     }
 }
 
+/// One request's envelope, by reference: written into `params._meta` while the request
+/// is serialized ([`super::Message::write_stamped_line`]), so that neither the params
+/// nor the envelope is copied per request.
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp<'a> {
+    /// The connection's envelope.
+    pub envelope: &'a MetaEnvelope,
+    /// This request's capabilities, when not the envelope's own.
+    pub capabilities: Option<&'a Value>,
+}
+
+impl Stamp<'_> {
+    /// The protocol version the request names.
+    pub fn version(&self) -> &str {
+        &self.envelope.protocol_version
+    }
+}
+
+/// `params` with the stamp's `_meta` keys merged in, as serialization writes it.
+pub(crate) struct StampedParams<'a> {
+    pub(crate) params: Option<&'a Value>,
+    pub(crate) stamp: Stamp<'a>,
+}
+
+impl Serialize for StampedParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let object = match self.params {
+            None => None,
+            Some(Value::Object(map)) => Some(map),
+            // Params that are not an object cannot carry `_meta`; MCP params always are.
+            Some(other) => return other.serialize(s),
+        };
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in object.into_iter().flatten() {
+            if k != "_meta" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        let existing = object
+            .and_then(|o| o.get("_meta"))
+            .and_then(Value::as_object);
+        map.serialize_entry(
+            "_meta",
+            &StampedMeta {
+                existing,
+                stamp: self.stamp,
+            },
+        )?;
+        map.end()
+    }
+}
+
+struct StampedMeta<'a> {
+    existing: Option<&'a Map<String, Value>>,
+    stamp: Stamp<'a>,
+}
+
+impl Serialize for StampedMeta<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let ours = [KEY_PROTOCOL_VERSION, KEY_CLIENT_CAPABILITIES, KEY_CLIENT_INFO];
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.existing.into_iter().flatten() {
+            if !ours.contains(&k.as_str()) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        let e = self.stamp.envelope;
+        map.serialize_entry(KEY_PROTOCOL_VERSION, &e.protocol_version)?;
+        map.serialize_entry(
+            KEY_CLIENT_CAPABILITIES,
+            self.stamp.capabilities.unwrap_or(&e.client_capabilities),
+        )?;
+        map.serialize_entry(KEY_CLIENT_INFO, &e.client_info)?;
+        map.end()
+    }
+}
+
 /// The protocol version a request's `_meta` names, if any.
 pub fn requested_version(params: Option<&Value>) -> Option<&str> {
     params?.get("_meta")?.get(KEY_PROTOCOL_VERSION)?.as_str()
@@ -136,6 +215,29 @@ mod tests {
         assert_eq!(requested_version(Some(&p)), Some(MODERN));
         // A request with no params still gets `params._meta`.
         assert!(env.stamp(None)["_meta"].is_object());
+    }
+
+    #[test]
+    fn a_stamped_request_serializes_like_a_stamped_value() {
+        let env = MetaEnvelope {
+            protocol_version: MODERN.into(),
+            client_capabilities: json!({"elicitation":{}}),
+            client_info: json!({"name": "t", "version": "1"}),
+        };
+        let params = json!({"name":"x","_meta":{"progressToken":5, KEY_PROTOCOL_VERSION: "old"}});
+        let caps = json!({"roots": {}});
+        let stamp = Stamp {
+            envelope: &env,
+            capabilities: Some(&caps),
+        };
+        let written = serde_json::to_value(StampedParams {
+            params: Some(&params),
+            stamp,
+        })
+        .expect("serializes");
+        assert_eq!(written, env.stamp_with(Some(params), Some(&caps)));
+        let none = serde_json::to_value(StampedParams { params: None, stamp }).expect("none");
+        assert_eq!(none["_meta"][KEY_PROTOCOL_VERSION], MODERN);
     }
 
     #[test]

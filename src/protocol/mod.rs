@@ -18,6 +18,6 @@ pub mod views;
 
 pub use error::{ProtocolError, RpcError, RpcErrorKind};
 pub use jsonrpc::{Message, Notification, Request, RequestId, Response};
-pub use meta::{Implementation, MetaEnvelope};
+pub use meta::{Implementation, MetaEnvelope, Stamp};
 pub use pagination::{Cutoff, Pager};
 pub use views::{CacheHints, CacheScope, DiscoverResult, InputRequest, InputRequired, ResultType};

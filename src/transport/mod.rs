@@ -31,7 +31,7 @@ pub use error::{ConnectError, RequestError, SpawnFailure, TlsFailure, TransportE
 pub use exit::ExitStatus;
 pub use spec::{HttpSpec, StdioSpec, TransportSpec};
 
-use crate::protocol::{Notification, Request, RequestId, RpcError};
+use crate::protocol::{Notification, Request, RequestId, RpcError, Stamp};
 use http::HttpTransport;
 use inbound::{Ids, Inbound};
 use stdio::StdioTransport;
@@ -74,14 +74,17 @@ impl Transport {
         matches!(self, Transport::Http(_))
     }
 
+    /// Sends `request` (with `stamp`'s envelope in its `_meta`, if any) and waits up to
+    /// `timeout` for its answer.
     async fn request(
         &self,
         request: &Request,
+        stamp: Option<Stamp<'_>>,
         timeout: Duration,
     ) -> Result<Result<Value, RpcError>, TransportError> {
         match self {
-            Transport::Stdio(t) => t.request(request, timeout).await,
-            Transport::Http(t) => t.request(request, timeout).await,
+            Transport::Stdio(t) => t.request(request, stamp, timeout).await,
+            Transport::Http(t) => t.request(request, stamp, timeout).await,
         }
     }
 

@@ -40,7 +40,7 @@ use super::Transport;
 use super::error::{ConnectError, RequestError, TransportError};
 use super::inbound::{Ids, Inbound};
 use super::spec::TransportSpec;
-use crate::protocol::{MetaEnvelope, Notification, Request, RpcError, RpcErrorKind};
+use crate::protocol::{MetaEnvelope, Notification, Request, RpcError, RpcErrorKind, Stamp};
 use dispatch::Dispatch;
 use handshake::{envelope, initialize, pick_version};
 use probe::{Probe, probe};
@@ -58,7 +58,7 @@ pub struct Connection {
     transport: Arc<Transport>,
     options: ConnectOptions,
     profile: ServerProfile,
-    envelope: RwLock<MetaEnvelope>,
+    envelope: RwLock<Arc<MetaEnvelope>>,
     ids: Ids,
     /// Every request in flight on this connection.
     in_flight: AtomicUsize,
@@ -182,7 +182,7 @@ impl Connection {
             transport,
             options,
             profile,
-            envelope: RwLock::new(envelope),
+            envelope: RwLock::new(Arc::new(envelope)),
             ids,
             in_flight: AtomicUsize::new(0),
             calls_in_flight,
@@ -287,23 +287,25 @@ impl Connection {
             all: &self.in_flight,
             calls: is_call.then_some(&*self.calls_in_flight),
         };
-        let modern = self.era() == Era::Modern;
-        let stamp = |params| match modern {
-            true => Some(self.envelope.read().stamp_with(params, capabilities)),
-            false => params,
-        };
+        // Modern requests carry the envelope, merged into `_meta` as they are written.
+        let envelope = |c: &Connection| (c.era() == Era::Modern).then(|| c.envelope.read().clone());
+        let mut current = envelope(self);
         let mut request = Request {
             id: self.ids.next(),
             method: method.to_string(),
-            params: stamp(params),
+            params,
         };
         let mut renegotiated = false;
         loop {
-            match self.transport.request(&request, remaining()).await {
+            let stamp = current.as_deref().map(|envelope| Stamp {
+                envelope,
+                capabilities,
+            });
+            match self.transport.request(&request, stamp, remaining()).await {
                 Ok(Ok(result)) => return Ok(result),
                 Ok(Err(error)) if !renegotiated && self.renegotiate(&error) => {
                     renegotiated = true;
-                    request.params = stamp(request.params.take());
+                    current = envelope(self);
                     request.id = self.ids.next();
                 }
                 Ok(Err(error)) => return Err(RequestError::Rpc(error)),
@@ -331,7 +333,9 @@ impl Connection {
         let mut envelope = self.envelope.write();
         if envelope.protocol_version != version {
             tracing::info!(server = %self.server, %version, "server changed versions; renegotiated");
-            envelope.protocol_version = version;
+            let mut changed = MetaEnvelope::clone(&envelope);
+            changed.protocol_version = version;
+            *envelope = Arc::new(changed);
         }
         true
     }

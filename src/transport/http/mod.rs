@@ -54,7 +54,9 @@ use super::spec::HttpSpec;
 use crate::protocol::error::HEADER_MISMATCH;
 use crate::protocol::meta::requested_version;
 use crate::protocol::views::InitializeResult;
-use crate::protocol::{Message, Notification, Pager, Request, RequestId, Response, RpcError};
+use crate::protocol::{
+    Message, Notification, Pager, Request, RequestId, Response, RpcError, Stamp,
+};
 use params::ParamTable;
 use session::Session;
 use sse::{MIN_RETRY, SseParser};
@@ -182,19 +184,20 @@ impl HttpTransport {
     pub(crate) async fn request(
         &self,
         request: &Request,
+        stamp: Option<Stamp<'_>>,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
         let deadline = Instant::now() + timeout;
         let work = async {
             let mut request = Cow::Borrowed(request);
             if self.params.needs_learning(&request) {
-                self.learn_params(&request).await;
+                self.learn_params(stamp).await;
             }
             let (mut renewed, mut relearned) = (false, false);
             loop {
                 let extra = self.params.headers(&request);
                 let seen = self.session.renewals();
-                match self.exchange(&request, &extra).await {
+                match self.exchange(&request, stamp, &extra).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
                             self.params.absorb(&self.server, &mut result);
@@ -208,7 +211,7 @@ impl HttpTransport {
                     {
                         // The tool's x-mcp-header annotations may have changed.
                         relearned = true;
-                        self.learn_params(&request).await;
+                        self.learn_params(stamp).await;
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
@@ -229,10 +232,14 @@ impl HttpTransport {
     async fn exchange(
         &self,
         request: &Request,
+        stamp: Option<Stamp<'_>>,
         extra: &[(HeaderName, HeaderValue)],
     ) -> Result<Reply, TransportError> {
-        let version = requested_version(request.params.as_ref());
-        let body = Message::request_json(request);
+        let version = match &stamp {
+            Some(s) => Some(s.version()),
+            None => requested_version(request.params.as_ref()),
+        };
+        let body = Message::stamped_json(request, stamp);
         let response = self
             .post(
                 body,
@@ -257,30 +264,18 @@ impl HttpTransport {
 
     /// Reads the server's tool list over this connection (every page, within the
     /// caller's deadline) so that `tools/call` can carry the `Mcp-Param-*` headers its
-    /// schemas ask for. A modern request's `_meta` goes on the listing too.
-    async fn learn_params(&self, request: &Request) {
+    /// schemas ask for. A modern request's envelope goes on the listing too.
+    async fn learn_params(&self, stamp: Option<Stamp<'_>>) {
         self.params.mark_listed();
-        let meta = request
-            .params
-            .as_ref()
-            .and_then(|p| p.get("_meta"))
-            .cloned();
         let mut cursor: Option<String> = None;
         let mut pager = Pager::new(MAX_LEARN_PAGES);
         loop {
-            let mut params = serde_json::Map::new();
-            if let Some(c) = &cursor {
-                params.insert("cursor".into(), json!(c));
-            }
-            if let Some(m) = &meta {
-                params.insert("_meta".into(), m.clone());
-            }
             let listing = Request {
                 id: self.ids.next(),
                 method: "tools/list".into(),
-                params: (!params.is_empty()).then_some(Value::Object(params)),
+                params: cursor.as_ref().map(|c| json!({ "cursor": c })),
             };
-            let Ok(Ok(mut page)) = self.exchange(&listing, &[]).await else {
+            let Ok(Ok(mut page)) = self.exchange(&listing, stamp, &[]).await else {
                 return;
             };
             self.params.absorb(&self.server, &mut page);
@@ -311,7 +306,7 @@ impl HttpTransport {
             status: 404,
             body: format!("session expired and re-initializing failed: {why}"),
         };
-        let result = match self.exchange(&request, &[]).await? {
+        let result = match self.exchange(&request, None, &[]).await? {
             Ok(result) => {
                 InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
             }

@@ -35,7 +35,7 @@ use super::error::TransportError;
 use super::exit::ExitStatus;
 use super::inbound::Inbound;
 use super::spec::StdioSpec;
-use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
+use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError, Stamp};
 use framing::{read_line_bounded, skip_line};
 use process::{GroupHandle, ProcessGroup};
 
@@ -146,6 +146,7 @@ impl StdioTransport {
     pub(crate) async fn request(
         &self,
         request: &Request,
+        stamp: Option<Stamp<'_>>,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
         let (tx, rx) = oneshot::channel();
@@ -164,7 +165,7 @@ impl StdioTransport {
             written: false,
         };
         let mut line = Vec::with_capacity(256);
-        Message::write_request_line(request, &mut line);
+        Message::write_stamped_line(request, stamp, &mut line);
         let deadline = tokio::time::Instant::now() + timeout;
         match tokio::time::timeout_at(deadline, self.writer.send(WriterCmd::Line(line))).await {
             Ok(Ok(())) => in_flight.written = true,

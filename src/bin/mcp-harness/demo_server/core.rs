@@ -196,7 +196,9 @@ impl DemoServer {
     /// Records a request as it arrives (before it is handled, so the log keeps the
     /// order of arrival even when handlers run concurrently).
     pub fn log(&self, request: &Request, ctx: &Ctx) {
-        self.record(json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers}));
+        if self.record.is_some() {
+            self.record(json!({"method": request.method, "id": request.id, "params": request.params, "headers": ctx.headers}));
+        }
     }
 
     /// Appends one line to the `--record` file, if there is one.
