@@ -601,31 +601,61 @@ fn ratios(b: &mut Bench) {
     }
 }
 
-/// `MCP_BENCH_ONLY=profile`: harness calls at 64 in flight on the demo server for
-/// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch.
+/// This process's CPU time (user + system), in microseconds.
+fn cpu_us() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(usage.ru_utime) + us(usage.ru_stime)
+}
+
+/// `MCP_BENCH_ONLY=profile`: calls at 64 in flight on the demo server for
+/// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch, with the client's CPU time
+/// per call. `MCP_BENCH_CLIENT=raw` profiles the raw client instead of the harness;
+/// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs.
 async fn profile_section() {
     let seconds: u64 = std::env::var("MCP_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let command = demo_cmd(&["bench"]);
-    let std = command.as_std();
-    let program = std.get_program().to_string_lossy().to_string();
-    let args: Vec<String> = std
-        .get_args()
-        .map(|a| a.to_string_lossy().to_string())
-        .collect();
-    let audit = std::env::var("MCP_EXPERIMENT_NOAUDIT").is_err();
-    let (h, client) = harness_client(ServerConfig::stdio("s", program, args), audit).await;
+    let raw = std::env::var("MCP_BENCH_CLIENT").is_ok_and(|c| c == "raw");
+    let (h, client) = if raw {
+        (None, Client::Raw(RawStdio::spawn(demo_cmd(&["bench"]))))
+    } else {
+        let command = demo_cmd(&["bench"]);
+        let std = command.as_std();
+        let program = std.get_program().to_string_lossy().to_string();
+        let args: Vec<String> = std
+            .get_args()
+            .map(|a| a.to_string_lossy().to_string())
+            .collect();
+        let audit = std::env::var("MCP_BENCH_AUDIT")
+            .ok()
+            .is_none_or(|a| a != "off");
+        let (h, client) = harness_client(ServerConfig::stdio("s", program, args), audit).await;
+        (Some(h), client)
+    };
     let mut b = Bench {
         lines: Vec::new(),
         quick: false,
     };
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(seconds) {
-        b.throughput("profile_demo_harness", &client, 64).await;
+        let cpu = cpu_us();
+        b.throughput("profile", &client, 64).await;
+        let rate = b.lines.last().map_or(0.0, |l| l.1);
+        let calls = rate * b.duration().as_secs_f64();
+        b.record(
+            "profile_client_cpu_per_call",
+            (cpu_us() - cpu) / calls.max(1.0),
+            "us",
+        );
     }
-    h.shutdown().await;
+    if let Some(h) = h {
+        h.shutdown().await;
+    }
 }
 
 fn main() {
@@ -649,7 +679,7 @@ fn main() {
     let only = std::env::var("MCP_BENCH_ONLY").ok();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     rt.block_on(async {
-        if run("profile") {
+        if only.as_deref() == Some("profile") {
             profile_section().await;
         }
         if run("stdio") {

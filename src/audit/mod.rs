@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 use crate::util::duration;
 
 pub(crate) use actor::{AuditActor, AuditRef};
+pub(crate) use record::{Finished, Hop, Redacted, Round, Started};
 pub(crate) use sink::AuditSink;
-pub use record::{AuditRecord, Hop, Round};
 pub use sink::{AuditHealth, AuditUnavailable};
 
 /// How much of a call's arguments the audit trail keeps.
@@ -122,33 +122,29 @@ impl AuditConfig {
                 }
                 _ => Value::Null,
             },
-            Redaction::Full => {
-                let secret: Vec<String> = self.redact_keys.iter().map(|k| fold(k)).collect();
-                scrub(args, &secret)
-            }
+            Redaction::Full => scrub(self, args),
         }
     }
 }
 
-fn scrub(v: &Value, secret: &[String]) -> Value {
+fn scrub(config: &AuditConfig, v: &Value) -> Value {
     match v {
         Value::Object(map) => {
             let mut out = Map::new();
             for (k, v) in map {
-                let folded = fold(k);
-                let hidden = secret.iter().any(|s| !s.is_empty() && folded.contains(s));
+                let hidden = record::is_secret(config, k);
                 out.insert(
                     k.clone(),
                     if hidden {
                         json!("[redacted]")
                     } else {
-                        scrub(v, secret)
+                        scrub(config, v)
                     },
                 );
             }
             Value::Object(out)
         }
-        Value::Array(items) => Value::Array(items.iter().map(|i| scrub(i, secret)).collect()),
+        Value::Array(items) => Value::Array(items.iter().map(|i| scrub(config, i)).collect()),
         other => other.clone(),
     }
 }

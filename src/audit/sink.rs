@@ -5,6 +5,7 @@
 //! file live here, outside the actor: a rebuilt actor drains the same buffer, and the
 //! last holder to drop the sink writes what is left.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,14 +14,24 @@ use parking_lot::Mutex;
 
 use super::file::{AuditFile, Opener, file_opener, load_or_create_key};
 use super::msg::AuditMsg;
-use super::record::AuditRecord;
 use super::{AuditConfig, AuditFailure};
 use crate::util::hash::hmac_sha256_hex;
 use crate::util::slot::ActorSlot;
 
-/// Records held while the file cannot be written, in `keep_serving` mode; past it they
-/// are counted as unwritten instead of growing memory.
-const KEEP_SERVING_BOUND: usize = 100_000;
+/// The keyed hash of an auth context (128 bits of HMAC-SHA256, hex).
+fn keyed(key: &[u8], context: &str) -> String {
+    let mut h = hmac_sha256_hex(key, context.as_bytes());
+    h.truncate(32);
+    h
+}
+
+/// Bytes held while the file cannot be written, in `keep_serving` mode; past it the
+/// oldest records are counted as unwritten instead of growing memory.
+const KEEP_SERVING_BOUND: usize = 64 * 1024 * 1024;
+
+/// Auth contexts whose hashes are remembered (a call's context is hashed once, not
+/// once per record; a flood of distinct contexts only empties the memo).
+const HASH_MEMO: usize = 4096;
 
 /// Calls are refused: the audit file cannot be written (`on_failure = "fail_closed"`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,12 +54,43 @@ pub struct AuditHealth {
     pub unwritten: u64,
 }
 
+/// Serialized records, one JSON line each.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    records: usize,
+}
+
+impl Batch {
+    fn append(&mut self, other: &mut Batch) {
+        self.bytes.append(&mut other.bytes);
+        self.records += std::mem::take(&mut other.records);
+    }
+
+    /// Drops the oldest whole lines until at most `max` bytes are left; how many.
+    fn trim_to(&mut self, max: usize) -> usize {
+        if self.bytes.len() <= max {
+            return 0;
+        }
+        let cut = self.bytes.len() - max;
+        let end = self.bytes[cut..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(self.bytes.len(), |p| cut + p + 1);
+        let dropped = self.bytes[..end].iter().filter(|b| **b == b'\n').count();
+        self.bytes.drain(..end);
+        self.records -= dropped.min(self.records);
+        dropped
+    }
+}
+
 pub(super) struct Shared {
     pub(super) config: AuditConfig,
     key: Vec<u8>,
-    pending: Mutex<Vec<AuditRecord>>,
+    memo: Mutex<HashMap<String, String>>,
+    pending: Mutex<Batch>,
     /// Drained from `pending`, waiting for a write that succeeds.
-    retry: Mutex<Vec<AuditRecord>>,
+    retry: Mutex<Batch>,
     file: Mutex<Option<AuditFile>>,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
@@ -62,21 +104,16 @@ impl Shared {
         let mut file = self.file.lock();
         let mut retry = self.retry.lock();
         retry.append(&mut self.pending.lock());
-        if retry.is_empty() {
+        if retry.records == 0 {
             return;
         }
         let Some(file) = file.as_mut() else {
-            retry.clear();
+            *retry = Batch::default();
             return;
         };
-        let mut bytes = Vec::with_capacity(retry.len() * 256);
-        for r in retry.iter() {
-            let _ = serde_json::to_writer(&mut bytes, r);
-            bytes.push(b'\n');
-        }
-        match file.write(&bytes) {
+        match file.write(&retry.bytes) {
             Ok(()) => {
-                retry.clear();
+                *retry = Batch::default();
                 if !self.writable.swap(true, Ordering::SeqCst) {
                     tracing::info!("audit trail writable again");
                 }
@@ -84,15 +121,12 @@ impl Shared {
             }
             Err(e) => {
                 if self.writable.swap(false, Ordering::SeqCst) {
-                    tracing::error!(error = %e, records = retry.len(), "audit write failed; records kept for the next attempt");
+                    tracing::error!(error = %e, records = retry.records, "audit write failed; records kept for the next attempt");
                 }
                 *self.last_error.lock() = Some(e.to_string());
-                if self.config.on_failure == AuditFailure::KeepServing
-                    && retry.len() > KEEP_SERVING_BOUND
-                {
-                    let over = retry.len() - KEEP_SERVING_BOUND;
-                    retry.drain(..over);
-                    self.unwritten.fetch_add(over as u64, Ordering::Relaxed);
+                if self.config.on_failure == AuditFailure::KeepServing {
+                    let dropped = retry.trim_to(KEEP_SERVING_BOUND);
+                    self.unwritten.fetch_add(dropped as u64, Ordering::Relaxed);
                 }
             }
         }
@@ -130,8 +164,9 @@ impl AuditSink {
             shared: Arc::new(Shared {
                 config,
                 key,
-                pending: Mutex::new(Vec::new()),
-                retry: Mutex::new(Vec::new()),
+                memo: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Batch::default()),
+                retry: Mutex::new(Batch::default()),
                 file: Mutex::new(opener.map(AuditFile::new)),
                 writable: AtomicBool::new(true),
                 last_error: Mutex::new(None),
@@ -159,8 +194,18 @@ impl AuditSink {
     }
 
     /// An auth context as records carry it: HMAC-SHA256 under the trail's key.
-    pub fn hash_context(&self, ctx: Option<&str>) -> Option<String> {
-        ctx.map(|c| hmac_sha256_hex(&self.shared.key, c.as_bytes())[..32].to_string())
+    pub(crate) fn hash_context(&self, ctx: Option<&str>) -> Option<String> {
+        let ctx = ctx?;
+        let mut memo = self.shared.memo.lock();
+        if let Some(h) = memo.get(ctx) {
+            return Some(h.clone());
+        }
+        let h = keyed(&self.shared.key, ctx);
+        if memo.len() >= HASH_MEMO {
+            memo.clear();
+        }
+        memo.insert(ctx.to_string(), h.clone());
+        Some(h)
     }
 
     /// Whether records go anywhere: a file, or a `tracing` subscriber that listens to
@@ -170,10 +215,10 @@ impl AuditSink {
             || tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO)
     }
 
-    /// Appends one record.
-    pub fn record(&self, record: AuditRecord) {
+    /// Appends one record, serialized into the buffer the writer drains.
+    pub(crate) fn record(&self, record: &impl serde::Serialize) {
         if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
-            let line = serde_json::to_string(&record).unwrap_or_default();
+            let line = serde_json::to_string(record).unwrap_or_default();
             tracing::info!(target: "mcp_harness::audit", record = %line, "audit");
         }
         if self.shared.config.path.is_none() {
@@ -181,8 +226,11 @@ impl AuditSink {
         }
         let full = {
             let mut pending = self.shared.pending.lock();
-            pending.push(record);
-            pending.len() >= self.shared.config.batch.max(1)
+            // Serializing our own record into a Vec cannot fail: no I/O, string keys.
+            let _ = serde_json::to_writer(&mut pending.bytes, record);
+            pending.bytes.push(b'\n');
+            pending.records += 1;
+            pending.records >= self.shared.config.batch.max(1)
         };
         if full {
             self.actor.send(AuditMsg::Tick);
@@ -195,7 +243,7 @@ impl AuditSink {
         AuditHealth {
             writable: s.writable.load(Ordering::SeqCst),
             last_error: s.last_error.lock().clone(),
-            backlog: s.pending.lock().len() + s.retry.lock().len(),
+            backlog: s.pending.lock().records + s.retry.lock().records,
             unwritten: s.unwritten.load(Ordering::Relaxed),
         }
     }

@@ -116,7 +116,14 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
     let span = tracing::info_span!("call", call_id, agent = ?request.caller.agent_id, name = %request.name);
     // No timer of its own: every wait below is bounded by what is left of the deadline.
     let work = async {
-        let candidates = route(ctx, &request.caller, request.kind, &request.name, deadline.at).await?;
+        let candidates = route(
+            ctx,
+            &request.caller,
+            request.kind,
+            &request.name,
+            deadline.at,
+        )
+        .await?;
         record.candidates = candidates.len();
         drive(ctx, &request, &candidates, deadline, &mut record).await
     };
@@ -160,7 +167,7 @@ async fn drive(
         if i > 0 {
             still_allowed(ctx, request, candidate)?;
         }
-        record.server = Some(candidate.server.id().to_string());
+        record.server = Some(candidate.server.clone());
         let error = match attempt(ctx, request, candidate, deadline, &mut rounds, record).await {
             Ok(result) => return Ok(result),
             Err(Attempt::Final(e)) => return Err(e),

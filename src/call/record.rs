@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use super::caller::{CallKind, Caller};
 use super::error::CallError;
-use crate::audit::{AuditRecord, AuditSink, Hop, Round};
+use crate::audit::{AuditSink, Finished, Hop, Redacted, Round, Started};
+use crate::server::ServerRef;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -29,7 +30,8 @@ pub(crate) struct CallRecord {
     pub(crate) candidates: usize,
     hops: Vec<Hop>,
     rounds: Vec<Round>,
-    pub(crate) server: Option<String>,
+    /// The server tried last.
+    pub(crate) server: Option<ServerRef>,
     finished: bool,
 }
 
@@ -45,14 +47,19 @@ impl CallRecord {
     ) -> CallRecord {
         let recording = sink.is_recording();
         if recording {
-            sink.record(AuditRecord::Started {
+            let auth = sink.hash_context(caller.auth_context.as_deref());
+            sink.record(&Started {
+                event: "started",
                 call_id,
                 time_ms: unix_ms(),
-                agent: caller.agent_id.clone(),
-                auth: sink.hash_context(caller.auth_context.as_deref()),
+                agent: caller.agent_id.as_deref(),
+                auth: auth.as_deref(),
                 kind: kind.as_str(),
-                name: name.to_string(),
-                arguments: sink.config().redact(args),
+                name,
+                arguments: Redacted {
+                    config: sink.config(),
+                    args,
+                },
             });
         }
         CallRecord {
@@ -101,23 +108,24 @@ impl CallRecord {
             (Some(_), Err(e)) => Some(e.to_string()),
             _ => None,
         };
-        self.write(result, code, message);
+        self.write(result, code, message.as_deref());
     }
 
-    fn write(&mut self, outcome: &'static str, code: Option<&'static str>, message: Option<String>) {
+    fn write(&mut self, outcome: &'static str, code: Option<&'static str>, message: Option<&str>) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        let Some(sink) = self.sink.take() else {
+        let Some(sink) = &self.sink else {
             return;
         };
-        sink.record(AuditRecord::Finished {
+        sink.record(&Finished {
+            event: "finished",
             call_id: self.call_id,
             time_ms: unix_ms(),
-            server: self.server.take(),
+            server: self.server.as_ref().map(|s| s.id()),
             candidates: self.candidates,
-            hops: std::mem::take(&mut self.hops),
-            rounds: std::mem::take(&mut self.rounds),
+            hops: &self.hops,
+            rounds: &self.rounds,
             outcome,
             error: code,
             message,
@@ -131,7 +139,7 @@ impl Drop for CallRecord {
         self.write(
             "cancelled",
             Some("cancelled"),
-            Some("the call ended before it finished (cancelled or shut down)".into()),
+            Some("the call ended before it finished (cancelled or shut down)"),
         );
     }
 }

@@ -168,7 +168,11 @@ struct StampedMeta<'a> {
 impl Serialize for StampedMeta<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let ours = [KEY_PROTOCOL_VERSION, KEY_CLIENT_CAPABILITIES, KEY_CLIENT_INFO];
+        let ours = [
+            KEY_PROTOCOL_VERSION,
+            KEY_CLIENT_CAPABILITIES,
+            KEY_CLIENT_INFO,
+        ];
         let mut map = s.serialize_map(None)?;
         for (k, v) in self.existing.into_iter().flatten() {
             if !ours.contains(&k.as_str()) {
@@ -236,7 +240,11 @@ mod tests {
         })
         .expect("serializes");
         assert_eq!(written, env.stamp_with(Some(params), Some(&caps)));
-        let none = serde_json::to_value(StampedParams { params: None, stamp }).expect("none");
+        let none = serde_json::to_value(StampedParams {
+            params: None,
+            stamp,
+        })
+        .expect("none");
         assert_eq!(none["_meta"][KEY_PROTOCOL_VERSION], MODERN);
     }
 

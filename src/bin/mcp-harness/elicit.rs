@@ -52,7 +52,7 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
             .unwrap_or_default(),
     };
     match answers {
-        Some(answers) => form.from_answers(request, answers),
+        Some(answers) => form.answer_from(request, answers),
         None if interactive => form.ask(request),
         None => {
             decline("stdin is not a terminal; pass --answers '{...}' (or '{}' for the defaults)")
@@ -91,7 +91,7 @@ struct Form<'a> {
 
 impl Form<'_> {
     /// `--answers`: keyed by input-request key or by field name; defaults fill the rest.
-    fn from_answers(&self, request: &InputRequestContext, answers: &Value) -> Value {
+    fn answer_from(&self, request: &InputRequestContext, answers: &Value) -> Value {
         let source = answers
             .get(&request.key)
             .filter(|v| v.is_object())

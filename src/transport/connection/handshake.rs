@@ -42,7 +42,10 @@ pub(super) async fn initialize(
         method: "initialize".into(),
         params: Some(params.clone()),
     };
-    let result = match transport.request(&request, None, options.request_timeout).await? {
+    let result = match transport
+        .request(&request, None, options.request_timeout)
+        .await?
+    {
         Ok(result) => InitializeResult::from_value(&result)?,
         Err(error) => {
             return Err(ConnectError::Refused {

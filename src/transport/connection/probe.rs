@@ -51,7 +51,9 @@ pub(super) async fn probe(
             method: "server/discover".into(),
             params: Some(params),
         };
-        let answer = transport.request(&request, None, options.probe_timeout).await;
+        let answer = transport
+            .request(&request, None, options.probe_timeout)
+            .await;
         let next = match answer {
             Ok(Ok(result)) => Next::Done(discovered(&result, options)?),
             Ok(Err(error)) => rejected(error, &version, &tried, options)?,
