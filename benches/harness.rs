@@ -7,7 +7,9 @@
 //! Clients: `raw` (one writer task, one reader task, ids matched in a map: the floor of
 //! pipes plus JSON), `rmcp` (rmcp's client, modern lifecycle), `harness`
 //! (`HarnessHandle::call_tool` with the permission check, routing, an audit file and the
-//! cache). `MCP_BENCH_QUICK=1` shortens every measurement.
+//! cache). Every client gets a server process of its own; every figure is the median of
+//! several samples, printed with the lowest and highest sample. `MCP_BENCH_QUICK=1`
+//! shortens every measurement.
 
 #[path = "../examples/rmcp_server.rs"]
 mod rmcp_server;
@@ -46,6 +48,20 @@ fn echo_request(id: u64) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hi"}},{META}}}}}"#
     )
+}
+
+fn tools_list_request(id: u64) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list","params":{{{META}}}}}"#)
+}
+
+/// The reqwest client every HTTP client here uses, rmcp's included: pooled
+/// connections with `TCP_NODELAY`, as the harness builds its own.
+fn tuned_reqwest() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("reqwest client")
 }
 
 impl Client {
@@ -145,10 +161,15 @@ impl RawStdio {
     }
 
     async fn call(&self) -> bool {
+        self.send(echo_request).await
+    }
+
+    /// One request built by `request` from its id, and its answer.
+    async fn send(&self, request: fn(u64) -> String) -> bool {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id, tx);
-        let mut line = echo_request(id).into_bytes();
+        let mut line = request(id).into_bytes();
         line.push(b'\n');
         if self.tx.send(line).is_err() {
             return false;
@@ -157,71 +178,121 @@ impl RawStdio {
     }
 }
 
+/// One figure: the median of its samples, and the lowest and highest sample.
+struct Figure {
+    name: String,
+    value: f64,
+    low: f64,
+    high: f64,
+    unit: &'static str,
+}
+
 struct Bench {
-    lines: Vec<(String, f64, &'static str)>,
+    lines: Vec<Figure>,
     quick: bool,
 }
 
 impl Bench {
+    /// A figure measured once.
     fn record(&mut self, name: impl Into<String>, value: f64, unit: &'static str) {
+        self.record_samples(name, vec![value], unit);
+    }
+
+    /// A figure from several samples: their median, with the spread.
+    fn record_samples(
+        &mut self,
+        name: impl Into<String>,
+        mut samples: Vec<f64>,
+        unit: &'static str,
+    ) {
         let name = name.into();
-        eprintln!("  {name:<44} {value:>12.2} {unit}");
-        self.lines.push((name, value, unit));
+        samples.sort_by(f64::total_cmp);
+        let (low, high) = (samples[0], samples[samples.len() - 1]);
+        let value = samples[samples.len() / 2];
+        if samples.len() > 1 {
+            eprintln!("  {name:<44} {value:>12.2} {unit:<8} [{low:.2} … {high:.2}]");
+        } else {
+            eprintln!("  {name:<44} {value:>12.2} {unit}");
+        }
+        self.lines.push(Figure {
+            name,
+            value,
+            low,
+            high,
+            unit,
+        });
     }
 
     fn get(&self, name: &str) -> f64 {
         self.lines
             .iter()
-            .find(|(n, ..)| n == name)
-            .map_or(f64::NAN, |(_, v, _)| *v)
+            .find(|f| f.name == name)
+            .map_or(f64::NAN, |f| f.value)
     }
 
+    /// Samples per figure.
+    fn samples(&self) -> usize {
+        if self.quick { 3 } else { 7 }
+    }
+
+    /// One throughput sample's length.
     fn duration(&self) -> Duration {
         if self.quick {
-            Duration::from_millis(300)
+            Duration::from_millis(200)
         } else {
-            Duration::from_millis(1500)
+            Duration::from_millis(700)
         }
     }
 
-    /// Sequential calls: p50 and p99 latency in microseconds.
+    /// Sequential calls: p50 and p99 latency in microseconds, one of each per sample.
     async fn latency(&mut self, name: &str, client: &Client) {
-        let n = if self.quick { 300 } else { 3000 };
-        for _ in 0..n / 10 {
+        let n = if self.quick { 200 } else { 1000 };
+        for _ in 0..n / 5 {
             client.call().await;
         }
-        let mut samples = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = Instant::now();
-            assert!(client.call().await, "{name}: a call failed");
-            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        let (mut p50, mut p99) = (Vec::new(), Vec::new());
+        for _ in 0..self.samples() {
+            let mut samples = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                assert!(client.call().await, "{name}: a call failed");
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            samples.sort_by(f64::total_cmp);
+            p50.push(samples[n / 2]);
+            p99.push(samples[n * 99 / 100]);
         }
-        samples.sort_by(f64::total_cmp);
-        self.record(format!("{name}_p50"), samples[n / 2], "us");
-        self.record(format!("{name}_p99"), samples[n * 99 / 100], "us");
+        self.record_samples(format!("{name}_p50"), p50, "us");
+        self.record_samples(format!("{name}_p99"), p99, "us");
     }
 
-    /// Calls per second with `inflight` callers looping for the measurement time.
+    /// Calls per second with `inflight` callers looping, one rate per sample.
     async fn throughput(&mut self, name: &str, client: &Client, inflight: usize) {
-        let done = Arc::new(AtomicU64::new(0));
-        let deadline = Instant::now() + self.duration();
-        let mut tasks = Vec::new();
-        for _ in 0..inflight {
-            let (client, done) = (client.clone(), done.clone());
-            tasks.push(tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    if client.call().await {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
+        let mut rates = Vec::new();
+        for _ in 0..self.samples() {
+            rates.push(rate(client, inflight, self.duration()).await);
         }
-        let start = Instant::now();
-        for t in tasks {
-            let _ = t.await;
+        self.record_samples(format!("{name}_c{inflight}"), rates, "calls/s");
+    }
+
+    /// Microseconds per `op`, one mean of `n` sequential runs per sample.
+    async fn per_op<F, Fut>(&mut self, name: &str, n: usize, mut op: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        for _ in 0..n / 5 {
+            op().await;
         }
-        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(1e-9);
-        self.record(format!("{name}_c{inflight}"), rate, "calls/s");
+        let mut samples = Vec::new();
+        for _ in 0..self.samples() {
+            let t = Instant::now();
+            for _ in 0..n {
+                op().await;
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+        self.record_samples(name, samples, "us");
     }
 
     async fn all(&mut self, name: &str, client: &Client) {
@@ -230,6 +301,28 @@ impl Bench {
             self.throughput(name, client, c).await;
         }
     }
+}
+
+/// Calls per second of `inflight` callers looping on `client` for `duration`.
+async fn rate(client: &Client, inflight: usize, duration: Duration) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..inflight {
+        let (client, done) = (client.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                if client.call().await {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        let _ = t.await;
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(1e-9)
 }
 
 fn harness_bin() -> String {
@@ -372,22 +465,31 @@ async fn stdio_section(b: &mut Bench) {
 
 async fn http_section(b: &mut Bench) {
     eprintln!("Streamable HTTP on loopback, echo:");
-    let mut rmcp_cmd = self_cmd("http");
-    rmcp_cmd.arg("--json");
+    let rmcp_cmd = || {
+        let mut cmd = self_cmd("http");
+        cmd.arg("--json");
+        cmd
+    };
+    let demo = || demo_cmd(&["bench", "--http", "127.0.0.1:0"]);
     for (server, cmd) in [
-        ("rmcp", rmcp_cmd),
-        ("demo", demo_cmd(&["bench", "--http", "127.0.0.1:0"])),
+        ("rmcp", &rmcp_cmd as &dyn Fn() -> tokio::process::Command),
+        ("demo", &demo),
     ] {
-        let (child, url) = http_server(cmd).await;
-        let raw = Client::RawHttp(
-            reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .build()
-                .expect("client"),
-            url.clone(),
-        );
+        let (child, url) = http_server(cmd()).await;
+        let raw = Client::RawHttp(tuned_reqwest(), url.clone());
         b.all(&format!("http_{server}_raw"), &raw).await;
-        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.clone());
+        drop(child);
+
+        // rmcp's client on the same tuned reqwest client, allowed as many requests in
+        // flight as the others (its default is 16).
+        let (child, url) = http_server(cmd()).await;
+        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+            tuned_reqwest(),
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                url.clone(),
+            )
+            .max_concurrent_requests(64),
+        );
         let modern = ClientLifecycleMode::Discover {
             preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
         };
@@ -398,6 +500,9 @@ async fn http_section(b: &mut Bench) {
         ));
         b.all(&format!("http_{server}_rmcp"), &rmcp).await;
         drop(rmcp);
+        drop(child);
+
+        let (child, url) = http_server(cmd()).await;
         let (h, client) = harness_client(ServerConfig::http("s", &url), true).await;
         b.all(&format!("http_{server}_harness"), &client).await;
         h.shutdown().await;
@@ -405,33 +510,45 @@ async fn http_section(b: &mut Bench) {
     }
 }
 
+/// The stdio demo server as the harness starts it.
+fn demo_config() -> ServerConfig {
+    ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"])
+}
+
 async fn further_section(b: &mut Bench) {
-    eprintln!("cache, restart, audit:");
-    let (h, client) = harness_client(
-        ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
-        true,
-    )
-    .await;
-    let caller = Caller::agent("bench").with_auth_context("bench");
-    h.list_tools(&caller).await.expect("list");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    eprintln!("cache, names, restart, audit (stdio demo server):");
     let n = if b.quick { 200 } else { 2000 };
-    let t = Instant::now();
-    for _ in 0..n {
+    // The floor of a listing: one tools/list round trip from the raw client.
+    let raw = RawStdio::spawn(demo_cmd(&["bench"]));
+    b.per_op("tools_list_round_trip_raw", n / 4, || async {
+        assert!(raw.send(tools_list_request).await);
+    })
+    .await;
+    drop(raw);
+
+    let (h, client) = harness_client(demo_config(), true).await;
+    let caller = Caller::agent("bench").with_auth_context("bench");
+    let listed = h.list_tools(&caller).await.expect("list").len();
+    b.record("cache_hit_list_tools_size", listed as f64, "tools");
+    b.per_op("cache_hit_list_tools", n, || async {
         h.list_tools(&caller).await.expect("cached list");
-    }
-    let hit = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    let t = Instant::now();
-    for _ in 0..n {
+    })
+    .await;
+    b.per_op("tools_list_round_trip_harness", n / 4, || async {
         h.request("s", "tools/list", None)
             .await
             .expect("round trip");
-    }
-    let trip = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    b.record("cache_hit_list_tools", hit, "us");
-    b.record("tools_list_round_trip", trip, "us");
-    b.record("cache_hit_speedup", trip / hit, "ratio");
-    // A bare name is routed from the (cached, ttlMs 60 s) tool lists.
+    })
+    .await;
+    let hit = b.get("cache_hit_list_tools");
+    let (raw_trip, trip) = (
+        b.get("tools_list_round_trip_raw"),
+        b.get("tools_list_round_trip_harness"),
+    );
+    b.record("cache_hit_vs_raw_round_trip", raw_trip / hit, "ratio");
+    b.record("cache_hit_vs_harness_round_trip", trip / hit, "ratio");
+
+    // A bare name is routed from the tool lists (the demo server's say ttlMs 60 s).
     let bare = Client::Harness(h.clone(), caller.clone(), "echo");
     b.latency("bare_name_demo_harness", &bare).await;
     b.latency("qualified_name_demo_harness", &client).await;
@@ -448,12 +565,7 @@ async fn further_section(b: &mut Bench) {
         recovery.push(t.elapsed().as_secs_f64() * 1e3);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    recovery.sort_by(f64::total_cmp);
-    b.record(
-        "sigkill_to_first_success_median",
-        recovery[recovery.len() / 2],
-        "ms",
-    );
+    b.record_samples("sigkill_to_first_success", recovery, "ms");
     b.record(
         "restart_backoff_first_delay",
         mcp_harness::RestartConfig::default()
@@ -462,22 +574,22 @@ async fn further_section(b: &mut Bench) {
             * 1e3,
         "ms",
     );
+    h.shutdown().await;
+    let (h, client) = harness_client(demo_config(), true).await;
     b.throughput("audit_on", &client, 16).await;
     h.shutdown().await;
-    let (h, client) = harness_client(
-        ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
-        false,
-    )
-    .await;
+    let (h, client) = harness_client(demo_config(), false).await;
     b.throughput("audit_off", &client, 16).await;
     h.shutdown().await;
     let ratio = b.get("audit_on_c16") / b.get("audit_off_c16");
     b.record("audit_on_vs_off", ratio, "ratio");
 }
 
+/// Discovery and memory, in a process of its own (`MCP_BENCH_ROLE=discovery`), so that
+/// the memory figures start from a fresh heap.
 async fn discovery_section(b: &mut Bench) {
     let servers = if b.quick { 20 } else { 200 };
-    eprintln!("discovery of {servers} stdio servers:");
+    eprintln!("discovery of {servers} stdio servers (a fresh process):");
     let record = temp("discovery.jsonl");
     let cache = temp("discovery-cache");
     let _ = std::fs::remove_dir_all(&cache);
@@ -519,6 +631,7 @@ async fn discovery_section(b: &mut Bench) {
         count_lines(&record, "\"tools/list\"") as f64,
         "requests",
     );
+    b.record("fresh_process_rss_before_harness", rss_before, "kB");
     b.record("harness_rss_with_servers", rss_after, "kB");
     b.record(
         "harness_memory_per_idle_server",
@@ -549,54 +662,88 @@ async fn discovery_section(b: &mut Bench) {
     let _ = std::fs::remove_dir_all(cache);
 }
 
-/// The harness's single-flight latency on a current-thread runtime (embedders choose).
+/// Runs the discovery section in a child process and takes its figures.
+fn discovery_in_child(b: &mut Bench) {
+    let out = std::process::Command::new(std::env::current_exe().expect("bench exe"))
+        .env("MCP_BENCH_ROLE", "discovery")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("discovery process");
+    assert!(out.status.success(), "discovery process failed");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut f = line.split_whitespace();
+        if f.next() != Some("BENCH") {
+            continue;
+        }
+        let (Some(name), Some(value), Some(unit)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let unit: &'static str = match unit {
+            "ms" => "ms",
+            "kB" => "kB",
+            "tools" => "tools",
+            _ => "requests",
+        };
+        b.lines.push(Figure {
+            name: name.to_string(),
+            value: value.parse().unwrap_or(f64::NAN),
+            low: f64::NAN,
+            high: f64::NAN,
+            unit,
+        });
+    }
+}
+
+/// Single-flight latency and 64 in flight on a current-thread runtime (embedders
+/// choose), raw and harness, on the stdio demo server.
 fn current_thread_section(b: &mut Bench) {
     eprintln!("current-thread runtime, stdio demo server:");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let mut lines = std::mem::take(&mut b.lines);
+    let mut inner = Bench {
+        lines: Vec::new(),
+        quick: b.quick,
+    };
     rt.block_on(async {
-        let mut inner = Bench {
-            lines: Vec::new(),
-            quick: b.quick,
-        };
         let raw = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
         inner.latency("ct_stdio_demo_raw", &raw).await;
-        let (h, client) = harness_client(
-            ServerConfig::stdio("s", harness_bin(), ["demo-server", "bench"]),
-            true,
-        )
-        .await;
+        inner.throughput("ct_stdio_demo_raw", &raw, 64).await;
+        drop(raw);
+        let (h, client) = harness_client(demo_config(), true).await;
         inner.latency("ct_stdio_demo_harness", &client).await;
         inner.throughput("ct_stdio_demo_harness", &client, 64).await;
         h.shutdown().await;
-        lines.extend(inner.lines);
     });
-    b.lines = lines;
+    b.lines.extend(inner.lines);
 }
 
 fn ratios(b: &mut Bench) {
+    let mut rows = Vec::new();
     for transport in ["stdio", "http"] {
         for server in ["rmcp", "demo"] {
             let get =
                 |client: &str, what: &str| b.get(&format!("{transport}_{server}_{client}_{what}"));
-            let rows: Vec<(String, f64)> = [
+            for (what, base) in [
                 ("p50", "raw"),
                 ("p50", "rmcp"),
-                ("c64", "rmcp"),
                 ("c64", "raw"),
-            ]
-            .iter()
-            .map(|(what, base)| {
+                ("c64", "rmcp"),
+            ] {
                 let name = format!("{transport}_{server}_{what}_harness_vs_{base}");
-                (name, get("harness", what) / get(base, what))
-            })
-            .collect();
-            for (name, v) in rows {
-                b.record(name, v, "ratio");
+                rows.push((name, get("harness", what) / get(base, what)));
             }
+        }
+    }
+    for what in ["p50", "c64"] {
+        let v = b.get(&format!("ct_stdio_demo_harness_{what}"))
+            / b.get(&format!("ct_stdio_demo_raw_{what}"));
+        rows.push((format!("ct_stdio_demo_{what}_harness_vs_raw"), v));
+    }
+    for (name, v) in rows {
+        if v.is_finite() {
+            b.record(name, v, "ratio");
         }
     }
 }
@@ -614,7 +761,8 @@ fn cpu_us() -> f64 {
 /// `MCP_BENCH_ONLY=profile`: calls at 64 in flight on the demo server for
 /// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch, with the client's CPU time
 /// per call. `MCP_BENCH_CLIENT=raw` profiles the raw client instead of the harness;
-/// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs.
+/// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs;
+/// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls.
 async fn profile_section() {
     let seconds: u64 = std::env::var("MCP_BENCH_SECONDS")
         .ok()
@@ -624,17 +772,10 @@ async fn profile_section() {
     let (h, client) = if raw {
         (None, Client::Raw(RawStdio::spawn(demo_cmd(&["bench"]))))
     } else {
-        let command = demo_cmd(&["bench"]);
-        let std = command.as_std();
-        let program = std.get_program().to_string_lossy().to_string();
-        let args: Vec<String> = std
-            .get_args()
-            .map(|a| a.to_string_lossy().to_string())
-            .collect();
         let audit = std::env::var("MCP_BENCH_AUDIT")
             .ok()
             .is_none_or(|a| a != "off");
-        let (h, client) = harness_client(ServerConfig::stdio("s", program, args), audit).await;
+        let (h, client) = harness_client(demo_config(), audit).await;
         (Some(h), client)
     };
     let mut b = Bench {
@@ -642,10 +783,25 @@ async fn profile_section() {
         quick: false,
     };
     let start = Instant::now();
+    if let (Some(h), true) = (
+        &h,
+        std::env::var("MCP_BENCH_PROFILE").is_ok_and(|p| p == "list"),
+    ) {
+        // Cached listings instead of calls.
+        let caller = Caller::agent("bench").with_auth_context("bench");
+        h.list_tools(&caller).await.expect("list");
+        let mut n = 0u64;
+        let cpu = cpu_us();
+        while start.elapsed() < Duration::from_secs(seconds) {
+            h.list_tools(&caller).await.expect("cached list");
+            n += 1;
+        }
+        b.record("profile_cached_list_cpu", (cpu_us() - cpu) / n as f64, "us");
+    }
     while start.elapsed() < Duration::from_secs(seconds) {
         let cpu = cpu_us();
-        b.throughput("profile", &client, 64).await;
-        let rate = b.lines.last().map_or(0.0, |l| l.1);
+        let rate = rate(&client, 64, b.duration()).await;
+        b.record("profile_c64", rate, "calls/s");
         let calls = rate * b.duration().as_secs_f64();
         b.record(
             "profile_client_cpu_per_call",
@@ -659,9 +815,22 @@ async fn profile_section() {
 }
 
 fn main() {
+    // reqwest is built without a default TLS provider (the harness configures its own);
+    // the bench's own HTTP clients use ring, as the harness does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let quick = std::env::var("MCP_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let mut b = Bench {
+        lines: Vec::new(),
+        quick,
+    };
     if let Ok(role) = std::env::var("MCP_BENCH_ROLE") {
-        // A server process for the benchmark: rmcp's echo server.
         let rt = tokio::runtime::Runtime::new().expect("runtime");
+        if role == "discovery" {
+            rt.block_on(discovery_section(&mut b));
+            print_lines(&b);
+            return;
+        }
+        // A server process for the benchmark: rmcp's echo server.
         let mut args = vec![role];
         args.extend(std::env::args().skip(1).filter(|a| a.starts_with("--json")));
         if let Err(e) = rt.block_on(rmcp_server::run(args)) {
@@ -669,19 +838,16 @@ fn main() {
         }
         return;
     }
-    let quick = std::env::var("MCP_BENCH_QUICK").is_ok_and(|v| v == "1");
-    let mut b = Bench {
-        lines: Vec::new(),
-        quick,
-    };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // MCP_BENCH_ONLY=stdio|http|further|current|discovery runs one section (profiling).
+    // MCP_BENCH_ONLY=stdio|http|further|current|discovery runs one section;
+    // MCP_BENCH_ONLY=profile runs the profiling loop (not part of a full run).
     let only = std::env::var("MCP_BENCH_ONLY").ok();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    if only.as_deref() == Some("profile") {
+        rt.block_on(profile_section());
+        return;
+    }
     rt.block_on(async {
-        if only.as_deref() == Some("profile") {
-            profile_section().await;
-        }
         if run("stdio") {
             stdio_section(&mut b).await;
         }
@@ -696,13 +862,23 @@ fn main() {
         current_thread_section(&mut b);
     }
     if run("discovery") {
-        rt.block_on(discovery_section(&mut b));
+        discovery_in_child(&mut b);
     }
-    if only.is_none() {
-        ratios(&mut b);
-    }
+    ratios(&mut b);
+    print_lines(&b);
+}
+
+/// `BENCH name median unit [lowest highest]`, one line per figure.
+fn print_lines(b: &Bench) {
     println!();
-    for (name, value, unit) in &b.lines {
-        println!("BENCH {name} {value:.3} {unit}");
+    for f in &b.lines {
+        if f.low.is_finite() && f.low != f.high {
+            println!(
+                "BENCH {} {:.3} {} [{:.3} {:.3}]",
+                f.name, f.value, f.unit, f.low, f.high
+            );
+        } else {
+            println!("BENCH {} {:.3} {}", f.name, f.value, f.unit);
+        }
     }
 }

@@ -195,14 +195,14 @@ async fn private_lists_stay_within_an_auth_context_and_public_lists_are_shared()
     assert!(
         for_bob
             .iter()
-            .filter(|t| t.server == "priv")
+            .filter(|t| &*t.server == "priv")
             .all(|t| !t.from_cache),
         "alice's private list is not bob's"
     );
     assert!(
         for_bob
             .iter()
-            .filter(|t| t.server == "pub")
+            .filter(|t| &*t.server == "pub")
             .all(|t| t.from_cache),
         "a public list is shared"
     );
@@ -505,10 +505,7 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
     );
     let visible = h.list_tools(&reader).await.expect("list");
     assert_eq!(
-        visible
-            .iter()
-            .map(|t| t.qualified.as_str())
-            .collect::<Vec<_>>(),
+        visible.iter().map(|t| &*t.qualified).collect::<Vec<_>>(),
         ["alpha__echo"]
     );
     // Grants change at run time.
@@ -608,13 +605,13 @@ async fn tools_are_listed_qualified_in_order_filtered_by_tag_and_prompts_and_res
     let h = harness(config(vec![alpha, beta], &["a"])).await;
     let a = Caller::agent("a");
     let all = h.list_tools(&a).await.expect("list");
-    let names: Vec<&str> = all.iter().map(|t| t.qualified.as_str()).collect();
+    let names: Vec<&str> = all.iter().map(|t| &*t.qualified).collect();
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted, "deterministic order");
     assert!(names.contains(&"alpha__echo") && names.contains(&"beta__echo"));
     let core = h.list_tools_tagged(&a, "core").await.expect("tagged");
-    assert!(!core.is_empty() && core.iter().all(|t| t.server == "alpha"));
+    assert!(!core.is_empty() && core.iter().all(|t| &*t.server == "alpha"));
     let schema = h.get_tool_schema(&a, "beta__add").await.expect("schema");
     assert_eq!(
         schema.definition["inputSchema"]["required"],

@@ -198,7 +198,7 @@ async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_e
     assert!(again.iter().all(|t| t.from_cache));
     let (changed, fetched) = run(vec!["--extra-tools".into(), "1".into()]).await;
     assert_eq!(fetched, 1, "a changed command is a different server");
-    assert!(changed.iter().any(|t| t.name == "gen_0"));
+    assert!(changed.iter().any(|t| &*t.name == "gen_0"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -749,7 +749,11 @@ async fn item_09_a_hostile_tool_named_after_server_bank_cannot_catch_a_call_mean
         .expect("bank's transfer");
     assert_eq!(text(&r), "bank");
     let tools = h.list_tools(&a()).await.expect("list");
-    assert!(tools.iter().any(|t| t.qualified == "evil__bank__transfer"));
+    assert!(
+        tools
+            .iter()
+            .any(|t| &*t.qualified == "evil__bank__transfer")
+    );
     let r = h
         .call_tool(&a(), "evil__bank__transfer", json!({}))
         .await
@@ -856,7 +860,7 @@ async fn item_15_handlers_given_at_start_reach_a_legacy_server_at_initialize() {
         .await
         .expect("list")
         .into_iter()
-        .map(|t| t.name)
+        .map(|t| t.name.to_string())
         .collect();
     assert!(!names.contains(&"confirm".to_string()));
     without.shutdown().await;
@@ -888,7 +892,7 @@ async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_fa
             .await
             .expect("list")
             .iter()
-            .all(|t| t.name != "confirm")
+            .all(|t| &*t.name != "confirm")
     );
     let slow = {
         let h = h.clone();
@@ -919,7 +923,7 @@ async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_fa
     );
     let tools = h.list_tools(&a()).await.expect("list");
     assert!(
-        tools.iter().any(|t| t.name == "confirm"),
+        tools.iter().any(|t| &*t.name == "confirm"),
         "the server now lists it"
     );
     h.shutdown().await;

@@ -29,7 +29,7 @@ impl Caller {
 }
 
 /// What a call asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CallKind {
     /// `tools/call`.
     Tool,

@@ -10,6 +10,7 @@ use crate::permission::SharedPolicy;
 use crate::registry::{Registry, RegistryRef};
 use crate::server::{Directory, ServerRef};
 
+use super::catalog::Catalog;
 use super::input::InputHandlers;
 use super::settings::CallConfig;
 
@@ -22,6 +23,7 @@ pub struct CallContext {
     pub(crate) audit: AuditSink,
     pub(crate) inputs: InputHandlers,
     pub(crate) settings: CallConfig,
+    pub(crate) catalog: Catalog,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -54,6 +56,7 @@ impl CallContext {
             audit,
             inputs,
             settings,
+            catalog: Catalog::default(),
             next_call: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
         }

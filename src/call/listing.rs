@@ -15,27 +15,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::caller::{CallKind, Caller};
+use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
 use crate::protocol::{Pager, RpcErrorKind};
 use crate::registry::cache::{ListOf, Page, json_size, scope_key};
-use crate::registry::names::qualify;
 use crate::server::{ServerError, ServerRef};
-
-/// One tool (or prompt, or resource) as a caller sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolInfo {
-    /// `server__name`: unique across servers.
-    pub qualified: String,
-    /// The name on its server (the uri for resources).
-    pub name: String,
-    /// Server id.
-    pub server: String,
-    /// The item exactly as the server sent it (`inputSchema`, annotations, …).
-    pub definition: Value,
-    /// Whether the list came from the cache.
-    pub from_cache: bool,
-}
 
 /// What a caller may use, and the servers that could not be listed.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,20 +36,6 @@ pub(crate) struct Listed {
     pub(crate) server: ServerRef,
     pub(crate) pages: Vec<Arc<Value>>,
     pub(crate) from_cache: bool,
-}
-
-/// The items of a list's pages.
-pub(crate) fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
-    pages.iter().flat_map(move |p| {
-        p.get(kind.list_key())
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-    })
-}
-
-pub(crate) fn item_name(kind: CallKind, item: &Value) -> Option<&str> {
-    item.get(kind.item_key()).and_then(Value::as_str)
 }
 
 fn page_items(kind: CallKind, page: &Value) -> usize {
@@ -408,21 +379,18 @@ pub(crate) async fn list(
     let (lists, unreachable) = list_all(ctx, caller, kind, servers, None).await;
     let mut out = Vec::new();
     for listed in lists {
-        let id = listed.server.id();
-        for item in items(kind, &listed.pages) {
-            let Some(name) = item_name(kind, item) else {
-                continue;
-            };
-            if ctx.allows(agent, &listed.server, name) {
-                out.push(ToolInfo {
-                    qualified: qualify(id, name),
-                    name: name.to_string(),
-                    server: id.to_string(),
-                    definition: item.clone(),
+        let items = ctx.catalog.items(kind, listed.server.id(), &listed.pages);
+        let config = listed.server.config();
+        let policy = ctx.policy.read();
+        out.extend(
+            items
+                .iter()
+                .filter(|t| policy.allows(agent, &config.id, &config.tags, &t.name))
+                .map(|t| ToolInfo {
                     from_cache: listed.from_cache,
-                });
-            }
-        }
+                    ..t.clone()
+                }),
+        );
     }
     out.sort_by(|a, b| a.qualified.cmp(&b.qualified));
     Ok(Listing {

@@ -17,6 +17,7 @@
 //! round or hop. One deadline (`call_timeout`, or the call's own) bounds it all.
 
 mod caller;
+mod catalog;
 mod client_side;
 mod context;
 mod error;
@@ -34,8 +35,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 pub use caller::{CallKind, Caller};
+pub use catalog::ToolInfo;
 pub use error::{CallError, Unreachable};
-pub use listing::{Listing, ToolInfo};
+pub use listing::Listing;
 pub use pool::CancelToken;
 pub(crate) use pool::{CallPool, CallSupervisor};
 pub use settings::{CallConfig, Limits};

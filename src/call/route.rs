@@ -13,9 +13,10 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::caller::{CallKind, Caller};
+use super::catalog::{item_name, items};
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
-use super::listing::{item_name, items, list_all};
+use super::listing::list_all;
 use crate::registry::names::{RouteView, order, split_qualified};
 use crate::server::{ServerRef, ServerState};
 

@@ -318,7 +318,7 @@ impl HarnessHandle {
             .find_map(|c| {
                 tools
                     .iter()
-                    .find(|t| t.server == c.server.id() && t.name == c.item)
+                    .find(|t| *t.server == *c.server.id() && *t.name == *c.item)
                     .cloned()
             })
             .ok_or_else(|| CallError::NoRoute {
@@ -419,6 +419,7 @@ impl HarnessHandle {
     pub async fn remove_server(&self, id: &str) -> Result<(), HarnessError> {
         self.inner.services.servers.remove(id).await?;
         self.inner.services.registry_ref.remove(id).await;
+        self.ctx().catalog.forget(id);
         Ok(())
     }
 

@@ -180,7 +180,7 @@ pub async fn tools(
             .map(|s| (s.id.clone(), s.era.map(|e| e.as_str()).unwrap_or("-")))
             .collect();
         for t in tools {
-            let era = eras.get(&t.server).copied().unwrap_or("-");
+            let era = eras.get(&*t.server).copied().unwrap_or("-");
             let cached = if t.from_cache { ", cached" } else { "" };
             let description = line(t.definition["description"].as_str().unwrap_or(""));
             println!(

@@ -206,7 +206,7 @@ async fn list(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         again.len(),
         ms(t.elapsed())
     );
-    for tool in again.iter().filter(|t| t.name == "echo") {
+    for tool in again.iter().filter(|t| &*t.name == "echo") {
         println!("    {:<14} on {}", tool.qualified, tool.server);
     }
     let stats = harness.cache_stats();

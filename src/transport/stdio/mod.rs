@@ -167,9 +167,19 @@ impl StdioTransport {
         let mut line = Vec::with_capacity(256);
         Message::write_stamped_line(request, stamp, &mut line);
         let deadline = tokio::time::Instant::now() + timeout;
-        match tokio::time::timeout_at(deadline, self.writer.send(WriterCmd::Line(line))).await {
+        // A free slot takes the line at once; only a full queue needs a timer.
+        let queued = match self.writer.try_send(WriterCmd::Line(line)) {
+            Ok(()) => Ok(Ok(())),
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                tokio::time::timeout_at(deadline, self.writer.send(cmd))
+                    .await
+                    .map(|sent| sent.map_err(|_| ()))
+            }
+        };
+        match queued {
             Ok(Ok(())) => in_flight.written = true,
-            Ok(Err(_)) => {
+            Ok(Err(())) => {
                 in_flight.forget();
                 return Err(TransportError::NotSent("stdin is closed".into()));
             }
