@@ -143,6 +143,10 @@ pub enum CallError {
     /// The request failed at the server.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The call worker that owned the call died (it was killed, or panicked); the
+    /// call was cancelled with it. The worker is rebuilt: a new call may succeed.
+    #[error("the call's worker died and the call was cancelled with it")]
+    WorkerDied,
     /// The harness has been shut down.
     #[error("the harness is shut down")]
     ShutDown,
@@ -164,6 +168,7 @@ impl CallError {
             CallError::DeadlineExceeded(_) => "deadline",
             CallError::Cancelled => "cancelled",
             CallError::AuditUnavailable(_) => "audit_unavailable",
+            CallError::WorkerDied => "worker_died",
             CallError::ShutDown => "shut_down",
             CallError::Server(e) => e.code(),
         }

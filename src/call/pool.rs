@@ -5,8 +5,8 @@
 //! throughput), under its worker's cancellation token.
 //!
 //! Lifecycle: a worker that dies takes its calls with it: its token is cancelled as its
-//! state drops, each of its calls ends at once, and each call's record says `cancelled`;
-//! the supervisor rebuilds the worker with a new token. Shutting down cancels every
+//! state drops, each of its calls ends at once with [`CallError::WorkerDied`], and each
+//! call's record says `cancelled`; the supervisor rebuilds the worker with a new token. Shutting down cancels every
 //! worker's token and waits until no call is left in flight (every record written).
 //!
 //! Cancellation: dropping the future of a call, or cancelling its [`CancelToken`], ends
@@ -15,7 +15,7 @@
 //! says `cancelled`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
@@ -77,6 +77,8 @@ struct Worker {
 pub(crate) struct CallPool {
     workers: Arc<RwLock<Vec<Worker>>>,
     next: Arc<AtomicUsize>,
+    /// Set once shutdown begins: a cancelled worker then means the harness is going.
+    closing: Arc<AtomicBool>,
     ctx: Arc<CallContext>,
     pub(crate) supervisor: ActorSlot<CallSupervisorMsg>,
 }
@@ -87,6 +89,7 @@ impl CallPool {
         CallPool {
             workers: Arc::default(),
             next: Arc::default(),
+            closing: Arc::default(),
             ctx,
             supervisor: ActorSlot::default(),
         }
@@ -117,13 +120,18 @@ impl CallPool {
             outcome = call => outcome,
             // The call's future drops here: its request is cancelled on the server and
             // its record says `cancelled`.
-            _ = worker.cancelled() => Err(CallError::ShutDown),
+            _ = worker.cancelled() => Err(if self.closing.load(Ordering::SeqCst) {
+                CallError::ShutDown
+            } else {
+                CallError::WorkerDied
+            }),
             _ = cancelled => Err(CallError::Cancelled),
         }
     }
 
     /// Cancels every call; returns when none is left in flight.
     pub(crate) async fn shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
         self.supervisor
             .ask(CallSupervisorMsg::Shutdown, Duration::from_secs(30))
             .await;

@@ -94,39 +94,45 @@ impl HttpServer {
     }
 }
 
-/// Whether `pid` is a live (not zombie) process.
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+/// A process's state letter, parent and process group, from `/proc/PID/stat`.
+pub fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, ppid, pgrp))
 }
 
-/// Live processes whose process group is `pgid`.
+/// Whether `pid` is still there for this test to worry about: running, or a zombie
+/// this process never reaped (its parent is us). A zombie of another parent is that
+/// parent's to reap.
+pub fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(state, ppid, _)| state != 'Z' || ppid == std::process::id())
+}
+
+/// Processes whose process group is `pgid`, as [`alive`] counts them.
 pub fn group_members(pgid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
+        return Vec::new();
     };
-    for entry in dir.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // fields: state ppid pgrp ...
-        if fields.len() > 2 && fields[0] != "Z" && fields[2].parse::<u32>().ok() == Some(pgid) {
-            found.push(pid);
-        }
-    }
-    found
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| proc_stat(*pid).is_some_and(|(_, _, pgrp)| pgrp == pgid) && alive(*pid))
+        .collect()
+}
+
+/// Children of this process, zombies included.
+pub fn own_children() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| proc_stat(*pid).is_some_and(|(_, ppid, _)| ppid == me))
+        .collect()
 }
 
 /// Polls `check` until it holds or `limit` passes; returns whether it held.

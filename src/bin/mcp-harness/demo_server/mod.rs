@@ -129,10 +129,23 @@ pub struct DemoServerArgs {
     /// stdio only: stop reading stdin after this many messages (the process lives on).
     #[arg(long)]
     pub stop_reading_after: Option<u64>,
+    /// Append this process's pid to this file at startup, before anything else (a
+    /// test's census of the processes it caused; the path doubles as a marker in the
+    /// command line).
+    #[arg(long)]
+    pub census: Option<PathBuf>,
 }
 
 /// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).
 pub async fn run(args: DemoServerArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.census {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(file, "{}", std::process::id())?;
+    }
     if args.crash_on_start {
         eprintln!("demo-server {}: crashing on start as asked", args.name);
         std::process::exit(1);

@@ -43,7 +43,12 @@ pub fn tools() -> Vec<Value> {
             &[],
         ),
         plain("hang", "Never answers"),
-        plain("garbage", "Answers with bytes that are not JSON-RPC"),
+        tool(
+            "garbage",
+            "Answers with bytes that are not JSON-RPC (then, with then_answer, a real answer)",
+            json!({"then_answer": {"type": "boolean"}}),
+            &[],
+        ),
         tool(
             "oversize",
             "Answers with one huge line",
@@ -89,6 +94,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
     let raw = |s: &str| Some(Action::RawLine(s.into()));
     Some(match name {
         "hang" => Action::NoReply,
+        "garbage" if arg(request, "then_answer").and_then(Value::as_bool) == Some(true) => {
+            return raw(r#"this is {not json
+{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"answered after garbage"}]}}"#);
+        }
         "garbage" => Action::Garbage,
         "oversize" => Action::Oversize(
             arg(request, "bytes")
