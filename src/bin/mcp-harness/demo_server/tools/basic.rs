@@ -78,6 +78,12 @@ pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
             &[],
         ),
         tool(
+            "cwd",
+            "Returns this process's working directory",
+            json!({}),
+            &[],
+        ),
+        tool(
             "region_echo",
             "Echoes the Mcp-Param-Region header it received",
             json!({"region": {"type": "string", "x-mcp-header": "Region"}}),
@@ -163,6 +169,11 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 json!({"content": [{"type": "text", "text": "environment"}], "structuredContent": vars, "isError": false}),
             )
         }
+        "cwd" => reply(text(
+            std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+        )),
         "region_echo" => reply(text(
             ctx.headers
                 .get("mcp-param-region")
