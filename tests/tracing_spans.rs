@@ -1,5 +1,7 @@
-//! The harness's logs: a span per server (id, era, pid) around its events, and an event
-//! per audit record.
+//! The harness's logs: a span per server (id, era, pid) around its events, restart and
+//! failure events with their delay and reason, a server's stderr under its own target,
+//! a span per call, and an event per audit record. One test: a process has one global
+//! subscriber.
 
 mod support;
 
@@ -7,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mcp_harness::{Caller, Harness, HarnessConfig, ServerConfig, ServerState};
+use mcp_harness::{Caller, Harness, HarnessConfig, RestartConfig, ServerConfig, ServerState};
 use serde_json::json;
 use support::*;
 
@@ -36,12 +38,27 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
     tracing::subscriber::set_global_default(subscriber)
         .expect("the only subscriber of this test binary");
 
+    let mut crashy = ServerConfig::stdio(
+        "crashy",
+        harness_exe(),
+        ["demo-server", "crashy", "--crash-on-start"],
+    );
+    crashy.restart = RestartConfig {
+        min_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(10),
+        max_restarts: 1,
+        ..RestartConfig::default()
+    };
     let mut config = HarnessConfig {
-        servers: vec![ServerConfig::stdio(
-            "alpha",
-            harness_exe(),
-            ["demo-server", "alpha"],
-        )],
+        servers: vec![
+            ServerConfig::stdio("alpha", harness_exe(), ["demo-server", "alpha"]),
+            ServerConfig::stdio(
+                "broken",
+                harness_exe(),
+                ["demo-server", "broken", "--list-input-required"],
+            ),
+            crashy,
+        ],
         ..HarnessConfig::default()
     };
     config
@@ -56,8 +73,18 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
             .is_some_and(|s| s.state == ServerState::Ready))
         .await
     );
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("crashy")
+            .is_some_and(|s| s.state == ServerState::Failed))
+        .await
+    );
     let pid = h.server_status("alpha").and_then(|s| s.pid).expect("pid");
     h.call_tool(&Caller::agent("a"), "alpha__echo", json!({"text": "x"}))
+        .await
+        .expect("call");
+    // A bare name lists every server; `broken`'s list fails inside the call's span.
+    h.call_tool(&Caller::agent("a"), "echo", json!({"text": "x"}))
         .await
         .expect("call");
     h.shutdown().await;
@@ -65,12 +92,12 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
     let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
     let ready = logs
         .lines()
-        .find(|l| l.contains("server ready"))
+        .find(|l| l.contains("server ready") && l.contains("server=alpha"))
         .expect("a ready event");
     assert!(ready.contains("server{id=alpha"), "{ready}");
     let stopped = logs
         .lines()
-        .find(|l| l.contains("server stopped"))
+        .find(|l| l.contains("server stopped") && l.contains("id=alpha"))
         .expect("a stopped event");
     assert!(
         stopped.contains(&format!("pid={pid}")) && stopped.contains("era=\"modern\"")
@@ -82,4 +109,24 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
             .any(|l| l.contains("mcp_harness::audit") && l.contains("\"event\":\"finished\"")),
         "{logs}"
     );
+    let line = |needle: &str| {
+        logs.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} event in {logs}"))
+            .to_string()
+    };
+    let restart = line("restarting after backoff");
+    assert!(
+        restart.contains("server{id=crashy") && restart.contains("delay="),
+        "{restart}"
+    );
+    let failed = line("server failed; not restarting");
+    assert!(failed.contains("reason="), "{failed}");
+    let stderr = line("crashing on start as asked");
+    assert!(
+        stderr.contains("mcp_harness::server_stderr") && stderr.contains("server=crashy"),
+        "{stderr}"
+    );
+    let in_call = line("could not list");
+    assert!(in_call.contains("call{call_id="), "{in_call}");
 }

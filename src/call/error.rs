@@ -123,14 +123,6 @@ pub enum CallError {
         /// Why.
         reason: String,
     },
-    /// The server asked for input no handler is registered for.
-    #[error("server {server} asked for {method}, which no registered handler answers")]
-    NoInputHandler {
-        /// Server id.
-        server: String,
-        /// The input method.
-        method: String,
-    },
     /// The call's own deadline passed (rounds and failover included).
     #[error("the call did not finish within {0:?}")]
     DeadlineExceeded(Duration),
@@ -164,7 +156,6 @@ impl CallError {
             CallError::InputRejected { .. } => "input_rejected",
             CallError::InputDeclined { .. } => "input_declined",
             CallError::InputFailed { .. } => "input_failed",
-            CallError::NoInputHandler { .. } => "no_input_handler",
             CallError::DeadlineExceeded(_) => "deadline",
             CallError::Cancelled => "cancelled",
             CallError::AuditUnavailable(_) => "audit_unavailable",

@@ -18,9 +18,9 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
-use crate::protocol::{Pager, RpcErrorKind};
+use crate::protocol::{Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{ListOf, Page, json_size, scope_key};
-use crate::server::{ServerError, ServerRef};
+use crate::server::{ServerError, ServerRef, ServerState};
 
 /// What a caller may use, and the servers that could not be listed.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -135,6 +135,18 @@ impl<'a> Walker<'a> {
             }
             Err(e) => return Err(Walk::Failed(e.into())),
         };
+        // Only prompts/get, resources/read and tools/call may ask for input: a list
+        // result that does is the server's error, and nothing of it is kept.
+        match ResultType::of(&page) {
+            Ok(ResultType::Complete) => {}
+            Ok(ResultType::InputRequired) => {
+                return Err(self.protocol(ProtocolError::InvalidResult(format!(
+                    "{} answered input_required, which only calls may",
+                    self.kind.list_method()
+                ))));
+            }
+            Err(e) => return Err(self.protocol(e)),
+        }
         let size = json_size(&page);
         let page = Arc::new(page);
         match cache.key_for(self.list(), cursor, self.auth_context, &page) {
@@ -147,6 +159,13 @@ impl<'a> Walker<'a> {
             None => self.cacheable = false,
         }
         Ok((page, size, false))
+    }
+
+    fn protocol(&self, source: ProtocolError) -> Walk {
+        Walk::Failed(CallError::Server(ServerError::Protocol {
+            server: self.server.id().to_string(),
+            source,
+        }))
     }
 
     /// Counts a page against the bounds.
@@ -315,6 +334,22 @@ pub(crate) async fn list_all(
                 auth.as_deref(),
             )
             .is_some();
+        if !first_cached && server.state() == ServerState::Restarting {
+            // Its list would wait in the restart queue, perhaps for good (a server that
+            // crashes on start): left out until it is back. Qualified calls still queue.
+            unreachable.push((
+                Unreachable {
+                    server: server.id().to_string(),
+                    state: ServerState::Restarting,
+                    reason: server
+                        .status()
+                        .last_error
+                        .unwrap_or_else(|| "restarting".into()),
+                },
+                None,
+            ));
+            continue;
+        }
         if first_cached {
             // Fresh in the cache: walked here, without a task or a round trip.
             let listed = list_server(ctx, &server, kind, auth.as_deref(), timeout).await;

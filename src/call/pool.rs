@@ -103,7 +103,7 @@ impl CallPool {
     ) -> Result<Value, CallError> {
         let worker = {
             let workers = self.workers.read();
-            if workers.is_empty() {
+            if workers.is_empty() || self.closing.load(Ordering::SeqCst) {
                 return Err(CallError::ShutDown);
             }
             let i = self.next.fetch_add(1, Ordering::Relaxed) % workers.len();
@@ -129,9 +129,14 @@ impl CallPool {
         }
     }
 
+    /// Admits no new call (each ends with [`CallError::ShutDown`]); calls in flight go on.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
     /// Cancels every call; returns when none is left in flight.
     pub(crate) async fn shutdown(&self) {
-        self.closing.store(true, Ordering::SeqCst);
+        self.close();
         self.supervisor
             .ask(CallSupervisorMsg::Shutdown, Duration::from_secs(30))
             .await;

@@ -106,10 +106,12 @@ pub(crate) async fn gather(
     for (key, method, answer) in answers {
         let value = match answer {
             Ok(v) => v,
-            Err(InputError::NoHandler(_)) => {
-                return Err(CallError::NoInputHandler {
+            // Cannot happen through `check` (what is declared is what the same set
+            // answers); refused the same way if it ever does.
+            Err(InputError::NoHandler(method)) => {
+                return Err(CallError::InputRejected {
                     server: server.to_string(),
-                    method,
+                    reason: format!("no handler answers {method}"),
                 });
             }
             Err(e) => {

@@ -46,6 +46,8 @@ pub struct CallConfig {
     /// Deadline of one whole call (rounds and failover included), unless a call sets
     /// its own.
     pub call_timeout: Duration,
+    /// How long `shutdown()` lets calls in flight finish before it cancels them.
+    pub shutdown_grace: Duration,
     /// Bounds.
     pub limits: Limits,
 }
@@ -56,6 +58,7 @@ impl Default for CallConfig {
             round_cap: 10,
             input_timeout: Duration::from_secs(300),
             call_timeout: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(5),
             limits: Limits::default(),
         }
     }

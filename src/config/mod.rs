@@ -94,6 +94,9 @@ pub struct HarnessConfig {
     /// Deadline of one whole call, rounds and failover included.
     #[serde(default = "default_call_timeout", with = "duration")]
     pub call_timeout: Duration,
+    /// How long `shutdown()` lets calls in flight finish before it cancels them.
+    #[serde(default = "default_shutdown_grace", with = "duration")]
+    pub shutdown_grace: Duration,
     /// Bounds on what one server may make the harness hold.
     #[serde(default)]
     pub limits: Limits,
@@ -110,6 +113,7 @@ impl Default for HarnessConfig {
             round_cap: default_round_cap(),
             input_timeout: default_input_timeout(),
             call_timeout: default_call_timeout(),
+            shutdown_grace: default_shutdown_grace(),
             limits: Limits::default(),
         }
     }
@@ -124,6 +128,9 @@ fn default_input_timeout() -> Duration {
 fn default_call_timeout() -> Duration {
     CallConfig::default().call_timeout
 }
+fn default_shutdown_grace() -> Duration {
+    CallConfig::default().shutdown_grace
+}
 
 impl HarnessConfig {
     /// The call path's settings.
@@ -132,6 +139,7 @@ impl HarnessConfig {
             round_cap: self.round_cap,
             input_timeout: self.input_timeout,
             call_timeout: self.call_timeout,
+            shutdown_grace: self.shutdown_grace,
             limits: self.limits.clone(),
         }
     }

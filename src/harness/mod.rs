@@ -508,3 +508,41 @@ impl HarnessHandle {
             .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::ServerMsg;
+
+    /// A panic in a server actor (a bug, not a kill) reaches its supervisor as a failure,
+    /// and the actor is rebuilt in place. Only a unit test can make the actor panic.
+    #[tokio::test]
+    async fn a_panicking_server_actor_is_rebuilt() {
+        let config = HarnessConfig {
+            // Nobody listens there: the actor lives, restarting, without a process.
+            servers: vec![ServerConfig::http("s", "http://127.0.0.1:9/mcp")],
+            ..HarnessConfig::default()
+        };
+        let h = Harness::spawn(config).await.expect("spawn");
+        let old = h.server_actor("s").expect("actor");
+        old.send_message::<ServerMsg>(ServerMsg::Panic)
+            .expect("delivered");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let new = loop {
+            if let Some(a) = h.server_actor("s")
+                && a.get_id() != old.get_id()
+            {
+                break a;
+            }
+            assert!(std::time::Instant::now() < deadline, "not rebuilt");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(h.server_status("s").map(|s| s.actor_rebuilds), Some(1));
+        // The new actor answers.
+        h.restart_server("s")
+            .await
+            .expect("the rebuilt actor handles messages");
+        assert_eq!(h.server_actor("s").map(|a| a.get_id()), Some(new.get_id()));
+        h.shutdown().await;
+    }
+}

@@ -217,13 +217,16 @@ impl Actor for HarnessSupervisor {
 
 /// The graceful stop: servers first (calls in flight on them end at once), a moment
 /// for calls to finish, then the rest cancelled, and every record and entry written.
+/// No new calls; the ones in flight get `shutdown_grace` to finish on live servers,
+/// then the rest are cancelled; only then do the servers stop.
 async fn shut_down(services: &Services) {
-    services.servers.shutdown().await;
-    let deadline = Instant::now() + Duration::from_millis(500);
+    services.calls.close();
+    let deadline = Instant::now() + services.ctx.settings.shutdown_grace;
     while services.ctx.in_flight() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     services.calls.shutdown().await;
+    services.servers.shutdown().await;
     services.registry_ref.flush().await;
     services.audit.flush().await;
 }

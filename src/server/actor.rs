@@ -126,6 +126,8 @@ impl Actor for ServerActor {
         state: &mut ServerActorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            #[cfg(test)]
+            ServerMsg::Panic => panic!("a bug in the server actor (injected by a test)"),
             ServerMsg::Request { outgoing, reply } => {
                 state.on_request(&myself, outgoing, reply).await
             }

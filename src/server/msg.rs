@@ -24,6 +24,9 @@ pub enum ServerMsg {
     Shutdown(RpcReplyPort<()>),
     /// The client's capabilities changed: a legacy server gets a new connection.
     CapabilitiesChanged,
+    /// Panics in the handler: a test's stand-in for a bug in the actor.
+    #[cfg(test)]
+    Panic,
     /// From the connection actor: connected.
     ConnectionUp {
         /// Which connection attempt.

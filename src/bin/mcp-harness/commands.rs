@@ -139,6 +139,20 @@ pub async fn start(
     Ok(harness)
 }
 
+/// `--wait` passed: servers still starting are left out (stopped), so that nothing
+/// after waits on them.
+pub async fn go_on_without_unsettled(harness: &HarnessHandle, wait: Duration) {
+    for s in harness.status() {
+        if s.state == ServerState::Starting {
+            eprintln!(
+                "mcp-harness: server {} not ready within --wait {wait:?}; going on without it",
+                line(&s.id)
+            );
+            let _ = harness.remove_server(&s.id).await;
+        }
+    }
+}
+
 /// Prints one line per enabled server that failed to start; true if there was one.
 fn report_failed(harness: &HarnessHandle) -> bool {
     let mut any = false;

@@ -66,7 +66,7 @@ enum Command {
     /// binary (stdio and loopback HTTP, both protocol eras). Needs no network.
     Demo,
     /// Act as a demo MCP server (for the demo, the tests and the benchmarks).
-    DemoServer(demo_server::DemoServerArgs),
+    DemoServer(Box<demo_server::DemoServerArgs>),
 }
 
 fn main() -> ExitCode {
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<u8> {
     let (servers, action) = match command {
         Command::Demo => return demo::run().await.map(|()| 0),
-        Command::DemoServer(args) => return demo_server::run(args).await.map(|()| 0),
+        Command::DemoServer(args) => return demo_server::run(*args).await.map(|()| 0),
         Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
         Command::Call {
             servers,
@@ -133,6 +133,9 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         _ => (None, None),
     };
     let harness = commands::start(&setup, servers.wait, answers).await?;
+    if !matches!(action, Action::Status { .. }) {
+        commands::go_on_without_unsettled(&harness, servers.wait).await;
+    }
     let agent = setup.agent.clone();
     let work = async {
         match &action {

@@ -167,6 +167,10 @@ pub struct DemoServer {
     seen_first: AtomicBool,
     /// `tools/list` answers so far (for `--alternate-tools`).
     lists: AtomicU64,
+    /// Requests handled, `server/discover` aside (for `--retire-version-after`).
+    handled: AtomicU64,
+    /// Calls of `region_echo` (for `--rename-param-header-after`).
+    pub region_calls: AtomicU64,
 }
 
 impl DemoServer {
@@ -190,6 +194,8 @@ impl DemoServer {
             client_elicitation: AtomicBool::new(false),
             seen_first: AtomicBool::new(false),
             lists: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            region_calls: AtomicU64::new(0),
         }))
     }
 
@@ -213,6 +219,32 @@ impl DemoServer {
 
     pub fn server_info(&self) -> Value {
         json!({"name": self.args.name, "version": env!("CARGO_PKG_VERSION")})
+    }
+
+    /// The tools as listed now, given the client's elicitation capability.
+    pub fn catalog(&self, elicitation: bool) -> Vec<Value> {
+        let mut all = tools::catalog(&self.args, elicitation);
+        let renamed = self
+            .args
+            .rename_param_header_after
+            .is_some_and(|n| self.region_calls.load(Ordering::SeqCst) >= n);
+        if renamed && let Some(t) = all.iter_mut().find(|t| t["name"] == "region_echo") {
+            t["inputSchema"]["properties"]["region"]["x-mcp-header"] = json!("Zone");
+        }
+        all
+    }
+
+    /// The modern versions supported now (`--retire-version-after` drops the first).
+    fn versions(&self) -> &[String] {
+        let retired = self
+            .args
+            .retire_version_after
+            .is_some_and(|n| self.handled.load(Ordering::SeqCst) > n);
+        if retired && self.args.versions.len() > 1 {
+            &self.args.versions[1..]
+        } else {
+            &self.args.versions
+        }
     }
 
     fn hints(&self) -> (Value, Value) {
@@ -243,8 +275,24 @@ impl DemoServer {
     /// What is answered before any session or envelope rule: `ping`, `initialize`, a
     /// legacy server's answer to `server/discover`, the first-request quirk.
     fn before_session(&self, request: &Request, ctx: &Ctx) -> Option<Action> {
+        if request.method != "server/discover" {
+            self.handled.fetch_add(1, Ordering::SeqCst);
+        }
         match request.method.as_str() {
             "ping" => return Some(Action::Reply(Ok(json!({})))),
+            "server/discover" if self.args.discover_error.is_some() => {
+                let code = self.args.discover_error.unwrap_or(-32603);
+                let data = match code {
+                    -32021 => json!({"requiredCapabilities": {"sampling": {}}}),
+                    -32022 => json!({"supported": ["1999-01-01"], "requested": "?"}),
+                    _ => Value::Null,
+                };
+                let mut e = RpcError::new(code, "refused at discover");
+                if !data.is_null() {
+                    e = e.with_data(data);
+                }
+                return Some(Action::Reply(Err(e)));
+            }
             "initialize" => return Some(Action::Reply(self.initialize(request))),
             "server/discover" if self.args.era == ServeEra::Legacy => {
                 return Some(match self.args.on_discover {
@@ -357,21 +405,22 @@ impl DemoServer {
                 "missing _meta protocolVersion or clientCapabilities",
             ));
         };
-        if !self.args.versions.iter().any(|v| v == version) {
+        let supported = self.versions();
+        if !supported.iter().any(|v| v == version) {
             return Err(RpcError::new(
                 UNSUPPORTED_PROTOCOL_VERSION,
                 "unsupported protocol version",
             )
-            .with_data(json!({"supported": self.args.versions, "requested": version})));
+            .with_data(json!({"supported": supported, "requested": version})));
         }
         if !ctx.headers.is_empty() {
-            super::http::check_headers(request, version, &ctx.headers, &self.args)?;
+            super::http::check_headers(request, version, &ctx.headers, &self.catalog(true))?;
         }
         Ok(())
     }
 
     fn discover(&self) -> Value {
-        let mut versions = self.args.versions.clone();
+        let mut versions = self.versions().to_vec();
         if self.args.era == ServeEra::Dual {
             versions.extend(LEGACY_VERSIONS.iter().map(|v| v.to_string()));
         }
@@ -432,6 +481,14 @@ impl DemoServer {
     }
 
     fn list_tools(&self, request: &Request, ctx: &Ctx) -> Result<Value, RpcError> {
+        if self.args.list_input_required {
+            return Ok(json!({
+                "resultType": "input_required",
+                "requestState": "list-state",
+                "ttlMs": 600_000,
+                "cacheScope": "public",
+            }));
+        }
         let start = self.page_index(request)?;
         if let Some(mib) = self.args.huge_pages {
             // Hostile: a huge page and a fresh cursor, forever.
@@ -447,7 +504,7 @@ impl DemoServer {
             ctx.capabilities(request)
                 .is_some_and(|c| c.get("elicitation").is_some())
         };
-        let mut all = tools::catalog(&self.args, elicitation);
+        let mut all = self.catalog(elicitation);
         if let Some(mib) = self.args.huge_schema {
             let description = "x".repeat(mib * 1024 * 1024);
             all.push(json!({"name": "huge", "description": description, "inputSchema": {"type": "object"}}));

@@ -293,6 +293,29 @@ async fn post(
         Message::Response(_) => return full(StatusCode::ACCEPTED, "", ""),
     };
     let era = state.server.args.era;
+    if request.method == "server/discover" {
+        let args = &state.server.args;
+        if let Some(status) = args.discover_status {
+            state
+                .server
+                .record(json!({"method": request.method, "id": request.id, "status": status}));
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut r = full(code, "", "");
+            if status == 401
+                && let Ok(v) = "Bearer realm=\"demo\"".parse()
+            {
+                r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
+            }
+            return r;
+        }
+        if args.discover_html {
+            return full(
+                StatusCode::OK,
+                "text/html",
+                "<html><body>Welcome</body></html>",
+            );
+        }
+    }
     if request.method == "initialize" && era != ServeEra::Modern {
         return initialize(&state, request, headers).await;
     }
@@ -548,7 +571,7 @@ pub fn check_headers(
     request: &Request,
     version: &str,
     headers: &BTreeMap<String, String>,
-    args: &DemoServerArgs,
+    catalog: &[Value],
 ) -> Result<(), RpcError> {
     let mismatch = |what: &str| {
         Err(RpcError::new(
@@ -577,8 +600,8 @@ pub fn check_headers(
             .and_then(|p| p.get("arguments"))
             .cloned()
             .unwrap_or(Value::Null);
-        let schema = tools::catalog(args, true)
-            .into_iter()
+        let schema = catalog
+            .iter()
             .find(|t| t["name"] == tool)
             .map(|t| t["inputSchema"].clone());
         for h in schema

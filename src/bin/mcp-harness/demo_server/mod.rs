@@ -134,6 +134,27 @@ pub struct DemoServerArgs {
     /// command line).
     #[arg(long)]
     pub census: Option<PathBuf>,
+    /// Answer `server/discover` with this JSON-RPC error code (-32020, -32021, …).
+    #[arg(long, allow_hyphen_values = true)]
+    pub discover_error: Option<i64>,
+    /// HTTP only: answer `server/discover` (and only it) with this HTTP status.
+    #[arg(long)]
+    pub discover_status: Option<u16>,
+    /// HTTP only: answer `server/discover` with an HTML page (not JSON-RPC).
+    #[arg(long)]
+    pub discover_html: bool,
+    /// After this many requests (`server/discover` not counted), stop supporting the
+    /// first of `--versions`: requests naming it get -32022 with the rest.
+    #[arg(long)]
+    pub retire_version_after: Option<u64>,
+    /// Answer `tools/list` with `input_required` (which only calls may send), with
+    /// cache hints as if it were cacheable.
+    #[arg(long)]
+    pub list_input_required: bool,
+    /// After this many calls of `region_echo`, its argument goes in `Mcp-Param-Zone`
+    /// instead of `Mcp-Param-Region` (a server whose annotations changed).
+    #[arg(long)]
+    pub rename_param_header_after: Option<u64>,
 }
 
 /// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).

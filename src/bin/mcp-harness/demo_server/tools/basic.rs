@@ -174,12 +174,18 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 .map(|d| d.display().to_string())
                 .unwrap_or_default(),
         )),
-        "region_echo" => reply(text(
-            ctx.headers
+        "region_echo" => {
+            // Which header carried it depends on the annotation in force when the call
+            // was checked; report whichever came.
+            server
+                .region_calls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let got = ctx
+                .headers
                 .get("mcp-param-region")
-                .cloned()
-                .unwrap_or_default(),
-        )),
+                .or_else(|| ctx.headers.get("mcp-param-zone"));
+            reply(text(got.cloned().unwrap_or_default()))
+        }
         n if n.starts_with("gen_")
             && n[4..]
                 .parse::<usize>()

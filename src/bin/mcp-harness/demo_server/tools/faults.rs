@@ -15,9 +15,11 @@ fn plain(name: &str, description: &str) -> Value {
 
 pub fn tools() -> Vec<Value> {
     vec![
-        plain(
+        tool(
             "rogue_request",
-            "Sends a request to the client, even in modern mode",
+            "Sends a request (method, params; default roots/list) to the client, even in modern mode",
+            json!({"method": {"type": "string"}, "params": {"type": "object"}}),
+            &[],
         ),
         plain("batch", "Answers with a JSON-RPC batch (an array)"),
         plain(
@@ -156,11 +158,20 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         ))),
         "rogue_request" => {
             // A modern server must not send requests; this one does, to test clients.
-            let verdict = match ctx.peer.request("roots/list", json!({})).await {
-                Ok(_) => "client answered".to_string(),
-                Err(e) => format!("client refused: {}", e.code),
-            };
-            Action::Reply(Ok(text(verdict)))
+            // A legacy server may: this is how tests send `ping`, `sampling/…`, `roots/…`.
+            let method = arg(request, "method")
+                .and_then(Value::as_str)
+                .unwrap_or("roots/list")
+                .to_string();
+            let params = arg(request, "params").cloned().unwrap_or(json!({}));
+            Action::Reply(Ok(match ctx.peer.request(&method, params).await {
+                Ok(answer) => json!({
+                    "content": [{"type": "text", "text": "client answered"}],
+                    "structuredContent": {"answer": answer},
+                    "isError": false,
+                }),
+                Err(e) => text(format!("client refused: {}", e.code)),
+            }))
         }
         _ => return None,
     })
