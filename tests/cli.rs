@@ -534,3 +534,661 @@ fn item_09_mcp_servers_names_are_mapped_to_valid_ids_and_the_mapping_is_printed(
     assert!(stdout(&o).contains("my_files__echo"), "{}", stdout(&o));
     let _ = std::fs::remove_file(path);
 }
+
+// ---------------------------------------------------------------------------------------
+// README promises (numbers from the promises audit): one test each.
+
+/// A TOML `[[servers]]` entry: the demo server named `id` over stdio, with `more` keys.
+fn toml_demo(id: &str, more: &str) -> String {
+    format!(
+        "[[servers]]\nid = {id:?}\n{more}transport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", {id:?}] }}\n",
+        harness_exe()
+    )
+}
+
+/// Writes `text` to a fresh file named `name` (the extension picks the format).
+fn config_file(tag: &str, name: &str, text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "mcp-harness-cli-{}-{tag}-{name}",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// `run` without `RUST_LOG`: the program's default log level (`warn`).
+fn run_default_log(args: &[&str]) -> Output {
+    Command::new(harness_exe())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run mcp-harness")
+}
+
+fn qualified_names(o: &Output) -> Vec<String> {
+    stdout(o)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+// #7: `tools --tag T` lists only the tools of servers tagged T.
+#[test]
+fn promise_07_tools_tag_lists_only_servers_with_that_tag() {
+    let toml = format!(
+        "{}{}[permissions.local]\n\"*\" = [\"*\"]\n",
+        toml_demo("core1", "tags = [\"core\", \"x\"]\n"),
+        toml_demo("other", "tags = [\"extra\"]\n"),
+    );
+    let path = config_file("tag", "tags.toml", &toml);
+    let p = path.to_string_lossy().to_string();
+    let all = run(&["tools", "--config", &p]);
+    assert!(all.status.success(), "{}", stderr(&all));
+    let names = qualified_names(&all);
+    assert!(
+        names.contains(&"core1__echo".to_string()) && names.contains(&"other__echo".to_string()),
+        "without --tag both servers are listed: {names:?}"
+    );
+    let tagged = run(&["tools", "--config", &p, "--tag", "core"]);
+    assert!(tagged.status.success(), "{}", stderr(&tagged));
+    let names = qualified_names(&tagged);
+    assert!(names.contains(&"core1__echo".to_string()), "{names:?}");
+    assert!(
+        names.iter().all(|n| n.starts_with("core1__")),
+        "only servers tagged core: {names:?}"
+    );
+    let json = run(&["tools", "--config", &p, "--tag", "extra", "--json"]);
+    let tools: Vec<Value> = serde_json::from_str(&stdout(&json)).expect("json");
+    assert!(!tools.is_empty(), "{}", stderr(&json));
+    assert!(
+        tools.iter().all(|t| t["server"] == "other"),
+        "only servers tagged extra: {tools:?}"
+    );
+    let none = run(&["tools", "--config", &p, "--tag", "nobody", "--json"]);
+    let tools: Vec<Value> = serde_json::from_str(&stdout(&none)).expect("json");
+    assert!(tools.is_empty(), "no server has the tag: {tools:?}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// `tools/list` asked of a demo server directly: one raw JSON-RPC line on its stdin,
+/// carrying the modern `_meta` envelope, and its reply read from its stdout.
+fn raw_tools_list(args: &[&str]) -> Value {
+    use std::io::{BufRead, Write};
+    let mut child = Command::new(harness_exe())
+        .arg("demo-server")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn demo server");
+    let request = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+        "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}, "url": {}}},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw-test-client", "version": "0"}
+        }}
+    });
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin, "{request}").expect("write request");
+    stdin.flush().expect("flush");
+    let reader = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut reply = Value::Null;
+    for line in reader.lines() {
+        let v: Value = serde_json::from_str(&line.expect("read")).expect("a JSON line");
+        if v["id"] == 1 {
+            reply = v;
+            break;
+        }
+    }
+    drop(stdin); // EOF: the demo server exits.
+    let _ = child.wait();
+    assert!(reply["result"].is_object(), "tools/list answered: {reply}");
+    reply["result"].clone()
+}
+
+// #8: `tools --json` prints each tool's qualified name, bare name, server and
+// `inputSchema` exactly as the server sent it.
+#[test]
+fn promise_08_tools_json_prints_each_input_schema_exactly_as_the_server_sent_it() {
+    let direct = raw_tools_list(&["alpha", "--extra-tools", "2"]);
+    assert!(direct.get("nextCursor").is_none(), "one page: {direct}");
+    let sent = direct["tools"].as_array().expect("tools").clone();
+    assert!(sent.len() > 10, "{sent:?}");
+    let o = run(&[
+        "tools",
+        "--stdio",
+        &demo_cmd("alpha --extra-tools 2"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listed: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("json");
+    let sent_names: std::collections::BTreeSet<&str> =
+        sent.iter().filter_map(|t| t["name"].as_str()).collect();
+    let listed_names: std::collections::BTreeSet<&str> =
+        listed.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(listed_names, sent_names, "every tool the server sent");
+    for tool in &sent {
+        let name = tool["name"].as_str().expect("name");
+        let entry = listed.iter().find(|t| t["name"] == name).expect("listed");
+        assert_eq!(entry["qualified"], format!("stdio1__{name}"), "{entry}");
+        assert_eq!(entry["server"], "stdio1", "{entry}");
+        assert_eq!(
+            entry["inputSchema"], tool["inputSchema"],
+            "{name}: the whole inputSchema, as sent"
+        );
+    }
+    // The nested vendor annotation survives too (not only `required`).
+    let region = listed
+        .iter()
+        .find(|t| t["name"] == "region_echo")
+        .expect("region_echo");
+    assert_eq!(
+        region["inputSchema"]["properties"]["region"]["x-mcp-header"],
+        "Region"
+    );
+}
+
+// #11: URL-mode elicitation prints the full URL and asks for consent; the program never
+// opens it. Without a terminal (and without consent) the request is declined: exit 1.
+#[test]
+fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declines_without_consent()
+{
+    // Anything that would open a URL writes a marker instead.
+    let trap = temp_file("url-trap");
+    std::fs::create_dir_all(&trap).expect("trap dir");
+    let marker = trap.join("opened");
+    for opener in [
+        "xdg-open",
+        "open",
+        "gio",
+        "sensible-browser",
+        "x-www-browser",
+        "www-browser",
+        "firefox",
+        "chromium",
+        "google-chrome",
+    ] {
+        let path = trap.join(opener);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho \"$0 $*\" >> {:?}\n", marker.display()),
+        )
+        .expect("write opener");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let path_env = format!(
+        "{}:{}",
+        trap.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let browser = trap.join("firefox").display().to_string();
+    let env = [("PATH", path_env.as_str()), ("BROWSER", browser.as_str())];
+    let server = demo_cmd("s");
+    let url_args = r#"{"n":1,"mode":"url"}"#;
+    // stdin is not a terminal (Command::output gives it none), and no --answers.
+    for extra in [&[][..], &["--answers", "{}"][..]] {
+        let mut args = vec!["call", "--stdio", &server, "many_inputs", url_args];
+        args.extend_from_slice(extra);
+        let o = run_env(&args, &env);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "declined, {extra:?}: {err}");
+        assert!(
+            err.contains("https://example.com/sign-in"),
+            "the full URL is shown: {err}"
+        );
+        assert!(err.contains("declined"), "{err}");
+        assert!(
+            !stdout(&o).contains("got 1 answers"),
+            "no consent was sent: {}",
+            stdout(&o)
+        );
+    }
+    // On a terminal (a pty from util-linux `script`) the program asks for consent, and
+    // only a yes sends it.
+    let cmd = format!(
+        "{} call --stdio '{server}' many_inputs '{url_args}'",
+        harness_exe()
+    );
+    for (typed, code, answered) in [("y\n", 0, true), ("n\n", 1, false)] {
+        use std::io::Write;
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"])
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c
+            .spawn()
+            .expect("this test needs `script` (util-linux) for a terminal");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(typed.as_bytes())
+            .expect("type the answer");
+        let o = child.wait_with_output().expect("wait");
+        let screen = stdout(&o);
+        assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
+        assert!(
+            screen.contains("https://example.com/sign-in"),
+            "the full URL is shown: {screen}"
+        );
+        assert!(screen.contains("consent? [y/N]"), "asks: {screen}");
+        assert_eq!(screen.contains("got 1 answers"), answered, "{screen}");
+    }
+    assert!(
+        !marker.exists(),
+        "something opened the URL: {:?}",
+        std::fs::read_to_string(&marker)
+    );
+    let _ = std::fs::remove_dir_all(trap);
+}
+
+// #14: `--agent ID` picks the caller whose grants apply (over the file's `agent`).
+#[test]
+fn promise_14_agent_picks_the_caller_whose_grants_apply() {
+    let toml = format!(
+        "agent = \"planner\"\n{}[permissions.planner]\nalpha = [\"echo\"]\n[permissions.other]\nalpha = [\"add\"]\n",
+        toml_demo("alpha", "")
+    );
+    let path = config_file("agent", "agents.toml", &toml);
+    let p = path.to_string_lossy().to_string();
+    let o = run(&[
+        "call",
+        "--config",
+        &p,
+        "--agent",
+        "other",
+        "add",
+        r#"{"a":1,"b":2}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "other may add: {}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "3");
+    let o = run(&[
+        "call",
+        "--config",
+        &p,
+        "--agent",
+        "other",
+        "echo",
+        r#"{"text":"x"}"#,
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "other may not echo: {}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("denied"), "{}", stderr(&o));
+    // The file's agent (planner) is the default, with the opposite grants.
+    let o = run(&["call", "--config", &p, "add", r#"{"a":1,"b":2}"#]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "planner may not add: {}",
+        stderr(&o)
+    );
+    let o = run(&["call", "--config", &p, "echo", r#"{"text":"x"}"#]);
+    assert_eq!(o.status.code(), Some(0), "planner may echo: {}", stderr(&o));
+    // And `tools` shows what the picked agent may use.
+    let o = run(&["tools", "--config", &p, "--agent", "other"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(qualified_names(&o), ["alpha__add"], "{}", stdout(&o));
+    let _ = std::fs::remove_file(path);
+}
+
+// #17: a call that hits the round cap (default 10) fails with exit 1.
+#[test]
+fn promise_17_a_call_that_hits_the_round_cap_exits_1() {
+    let record = temp_file("roundcap");
+    let server = demo_cmd(&format!("s --record {}", record.display()));
+    let o = run(&["call", "--stdio", &server, "forever"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("more than 10 times"),
+        "names the round cap: {err}"
+    );
+    assert!(stdout(&o).trim().is_empty(), "{}", stdout(&o));
+    let calls = recorded(&record)
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .count();
+    assert_eq!(calls, 11, "the first request and 10 rounds");
+    let _ = std::fs::remove_file(record);
+}
+
+// #33: stdio `cwd` (TOML and mcpServers) and mcpServers `env` reach the server.
+#[test]
+fn promise_33_stdio_cwd_and_mcp_servers_env_reach_the_server() {
+    let dir = temp_file("cwd-dir");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let real = std::fs::canonicalize(&dir).expect("canonical");
+    assert_ne!(std::env::current_dir().expect("cwd"), real);
+    let toml = format!(
+        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"], cwd = {:?} }}\n[permissions.local]\ns = [\"*\"]\n",
+        harness_exe(),
+        dir.display().to_string()
+    );
+    let path = config_file("cwd", "cwd.toml", &toml);
+    let o = run(&["call", "--config", &path.to_string_lossy(), "s__cwd"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), real.display().to_string(), "TOML cwd");
+    let json = serde_json::json!({"mcpServers": {"files": {
+        "command": harness_exe(),
+        "args": ["demo-server", "files"],
+        "cwd": dir,
+        "env": {"MCP_HARNESS_FROM_JSON": "yes", "OTHER_ONE": "2"}
+    }}});
+    let json_path = config_file("cwd", "mcp.json", &json.to_string());
+    let jp = json_path.to_string_lossy().to_string();
+    let o = run(&["call", "--config", &jp, "files__cwd"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).trim(),
+        real.display().to_string(),
+        "mcpServers cwd"
+    );
+    let o = run(&["call", "--config", &jp, "files__env", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let result: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let vars = &result["structuredContent"];
+    assert_eq!(vars["MCP_HARNESS_FROM_JSON"], "yes", "{vars}");
+    assert_eq!(vars["OTHER_ONE"], "2", "{vars}");
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(json_path);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// #34: HTTP `headers` reach the server (TOML `transport.headers`, mcpServers `headers`).
+#[tokio::test]
+async fn promise_34_http_headers_reach_the_server_from_toml_and_mcp_servers() {
+    let http = HttpServer::demo(&["web"]).await;
+    let toml = format!(
+        "[[servers]]\nid = \"web\"\ntransport = {{ type = \"http\", url = {:?}, headers = {{ X-Api-Key = \"k-toml\", X-Team = \"blue\" }} }}\n[permissions.local]\nweb = [\"*\"]\n",
+        http.url
+    );
+    let toml_path = config_file("headers", "headers.toml", &toml);
+    let json = serde_json::json!({"mcpServers": {"web": {
+        "type": "http", "url": http.url, "headers": {"X-Api-Key": "k-json"}
+    }}});
+    let json_path = config_file("headers", "mcp.json", &json.to_string());
+    let (tp, jp) = (
+        toml_path.to_string_lossy().to_string(),
+        json_path.to_string_lossy().to_string(),
+    );
+    let (from_toml, from_json) = tokio::task::spawn_blocking(move || {
+        (
+            run(&["call", "--config", &tp, "web__whoami", "--json"]),
+            run(&["call", "--config", &jp, "web__whoami", "--json"]),
+        )
+    })
+    .await
+    .expect("join");
+    assert!(from_toml.status.success(), "{}", stderr(&from_toml));
+    let r: Value = serde_json::from_str(&stdout(&from_toml)).expect("json");
+    let headers = &r["structuredContent"]["headers"];
+    assert_eq!(headers["x-api-key"], "k-toml", "{headers}");
+    assert_eq!(headers["x-team"], "blue", "{headers}");
+    assert!(from_json.status.success(), "{}", stderr(&from_json));
+    let r: Value = serde_json::from_str(&stdout(&from_json)).expect("json");
+    let headers = &r["structuredContent"]["headers"];
+    assert_eq!(headers["x-api-key"], "k-json", "{headers}");
+    let _ = std::fs::remove_file(toml_path);
+    let _ = std::fs::remove_file(json_path);
+}
+
+// #39: mcpServers `"type": "streamable-http"` is an HTTP server.
+#[tokio::test]
+async fn promise_39_mcp_servers_type_streamable_http_works() {
+    let http = HttpServer::demo(&["web"]).await;
+    let json =
+        serde_json::json!({"mcpServers": {"web": {"type": "streamable-http", "url": http.url}}});
+    let path = config_file("streamable", "mcp.json", &json.to_string());
+    let p = path.to_string_lossy().to_string();
+    let (tools, call) = tokio::task::spawn_blocking(move || {
+        (
+            run(&["tools", "--config", &p]),
+            run(&[
+                "call",
+                "--config",
+                &p,
+                "web__echo",
+                r#"{"text":"over streamable http"}"#,
+            ]),
+        )
+    })
+    .await
+    .expect("join");
+    assert!(tools.status.success(), "{}", stderr(&tools));
+    assert!(
+        qualified_names(&tools).contains(&"web__echo".to_string()),
+        "{}",
+        stdout(&tools)
+    );
+    assert!(call.status.success(), "{}", stderr(&call));
+    assert_eq!(stdout(&call).trim(), "over streamable http");
+    let _ = std::fs::remove_file(path);
+}
+
+// #40: mcpServers `"disabled": true`: listed as stopped, no tools, never started.
+#[test]
+fn promise_40_a_disabled_mcp_server_is_stopped_has_no_tools_and_never_starts() {
+    let (record, on_record) = (temp_file("disabled"), temp_file("enabled"));
+    let json = serde_json::json!({"mcpServers": {
+        "off": {"command": harness_exe(), "args": ["demo-server", "off", "--record", record], "disabled": true},
+        "on": {"command": harness_exe(), "args": ["demo-server", "on", "--record", on_record], "disabled": false}
+    }});
+    let path = config_file("disabled", "mcp.json", &json.to_string());
+    let p = path.to_string_lossy().to_string();
+    let o = run(&["status", "--config", &p, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("json");
+    let state = |id: &str| {
+        status
+            .iter()
+            .find(|s| s["id"] == id)
+            .map(|s| s["state"].clone())
+    };
+    assert_eq!(state("off"), Some(Value::from("stopped")), "{status:?}");
+    assert_eq!(state("on"), Some(Value::from("ready")), "{status:?}");
+    let off = status.iter().find(|s| s["id"] == "off").expect("off");
+    assert!(off["pid"].is_null(), "no process: {off}");
+    let o = run(&["tools", "--config", &p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names = qualified_names(&o);
+    assert!(names.contains(&"on__echo".to_string()), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("off__")),
+        "no tools from the disabled server: {names:?}"
+    );
+    assert!(
+        on_record.exists(),
+        "a server that runs creates its --record file"
+    );
+    assert!(
+        !record.exists(),
+        "the disabled server's process ran (its --record file exists)"
+    );
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(on_record);
+}
+
+// #41: VS Code's `servers` object works like `mcpServers`.
+#[tokio::test]
+async fn promise_41_vs_code_servers_object_works() {
+    let http = HttpServer::demo(&["web"]).await;
+    // The shape of a VS Code `.vscode/mcp.json`, `inputs` included.
+    let json = serde_json::json!({
+        "inputs": [{"type": "promptString", "id": "api-key", "description": "API key", "password": true}],
+        "servers": {
+            "files": {"type": "stdio", "command": harness_exe(), "args": ["demo-server", "files"]},
+            "web": {"type": "http", "url": http.url}
+        }
+    });
+    let path = config_file("vscode", "mcp.json", &json.to_string());
+    let p = path.to_string_lossy().to_string();
+    let (tools, call) = tokio::task::spawn_blocking(move || {
+        (
+            run(&["tools", "--config", &p]),
+            run(&[
+                "call",
+                "--config",
+                &p,
+                "files__echo",
+                r#"{"text":"from vs code"}"#,
+            ]),
+        )
+    })
+    .await
+    .expect("join");
+    assert!(tools.status.success(), "{}", stderr(&tools));
+    let names = qualified_names(&tools);
+    for name in ["files__echo", "web__echo"] {
+        assert!(names.contains(&name.to_string()), "{name} in {names:?}");
+    }
+    assert!(call.status.success(), "{}", stderr(&call));
+    assert_eq!(stdout(&call).trim(), "from vs code");
+    let _ = std::fs::remove_file(path);
+}
+
+// #42: other keys in an mcpServers entry are ignored, with a warning naming them.
+#[test]
+fn promise_42_other_mcp_servers_keys_are_ignored_with_a_warning() {
+    let json = serde_json::json!({"mcpServers": {"files": {
+        "command": harness_exe(),
+        "args": ["demo-server", "files"],
+        "autoApprove": ["echo"],
+        "alwaysAllow": []
+    }}});
+    let path = config_file("ignored", "mcp.json", &json.to_string());
+    let o = run_default_log(&[
+        "call",
+        "--config",
+        &path.to_string_lossy(),
+        "files__echo",
+        r#"{"text":"still works"}"#,
+    ]);
+    assert!(o.status.success(), "ignored, not an error: {}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "still works");
+    let err = stderr(&o);
+    assert!(err.contains("ignoring a key"), "a warning: {err}");
+    assert!(
+        err.contains("autoApprove") && err.contains("alwaysAllow"),
+        "naming each key: {err}"
+    );
+    // A file without such keys has no such warning.
+    let clean = serde_json::json!({"mcpServers": {"files": {"command": harness_exe(), "args": ["demo-server", "files"]}}});
+    let clean_path = config_file("ignored", "clean.json", &clean.to_string());
+    let o = run_default_log(&["tools", "--config", &clean_path.to_string_lossy()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("ignoring a key"), "{}", stderr(&o));
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(clean_path);
+}
+
+// #43: the legacy HTTP+SSE transport (`"type": "sse"`) is refused with a message: exit 2.
+#[test]
+fn promise_43_mcp_servers_type_sse_is_refused_with_a_message_and_exit_2() {
+    let json = serde_json::json!({"mcpServers": {
+        "old": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+        "files": {"command": harness_exe(), "args": ["demo-server", "files"]}
+    }});
+    let path = config_file("sse", "mcp.json", &json.to_string());
+    let o = run(&["tools", "--config", &path.to_string_lossy()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("mcpServers.old.type"), "names the key: {err}");
+    assert!(
+        err.contains("SSE") && err.contains("not supported"),
+        "says why: {err}"
+    );
+    assert!(err.contains("mcp.json"), "names the file: {err}");
+    assert!(err.lines().count() <= 2, "{err}");
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let _ = std::fs::remove_file(path);
+}
+
+/// Runs the program and measures how long it took.
+fn timed(args: &[&str]) -> (Output, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let o = run(args);
+    (o, start.elapsed())
+}
+
+// #15: `--wait DURATION` bounds how long startup may take: past it, the command goes on
+// with the servers that are ready.
+#[test]
+fn promise_15_wait_bounds_how_long_startup_may_take() {
+    let (bad, good) = (demo_cmd("a --crash-on-start"), demo_cmd("b"));
+    let servers = ["--stdio", bad.as_str(), "--stdio", good.as_str()];
+    let with = |cmd: &[&str], wait: Option<&str>| {
+        let mut args: Vec<&str> = cmd.to_vec();
+        args.extend_from_slice(&servers);
+        if let Some(w) = wait {
+            args.extend_from_slice(&["--wait", w]);
+        }
+        timed(&args)
+    };
+    // Without --wait (30 s), startup waits until the crashing server is `failed`
+    // (five restarts with backoff).
+    let (o, unbounded) = with(&["status", "--json"], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(status[0]["state"], "failed", "{status:?}");
+    assert_eq!(status[1]["state"], "ready", "{status:?}");
+    // With a short --wait, the command goes on while the first is still restarting.
+    let (o, bounded) = with(&["status", "--json"], Some("200ms"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_ne!(status[0]["state"], "failed", "not waited for: {status:?}");
+    assert_eq!(status[1]["state"], "ready", "{status:?}");
+    assert!(
+        bounded < unbounded / 2,
+        "--wait 200ms took {bounded:?}, without it {unbounded:?}"
+    );
+    // And the good server serves a call.
+    let (o, bounded) = with(&["call", "stdio2__echo", r#"{"text":"hi"}"#], Some("200ms"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "hi");
+    assert!(
+        bounded < unbounded / 2,
+        "--wait 200ms took {bounded:?}, without it {unbounded:?}"
+    );
+}
+
+// #15, for `tools`: past --wait, `tools` should go on without the server that is still
+// starting and list the others. (A bare-name `call echo` waits the same way; a qualified
+// `call stdio2__echo` and `status` do not, see above.)
+#[test]
+#[ignore = "README promise broken: `tools --wait 200ms` with a server crashing on start still waits for that server (its tools/list waits in the restart queue) until it is `failed`, ~5 s like without --wait, then exits 3"]
+fn promise_15_tools_with_wait_goes_on_without_a_server_still_starting() {
+    let (bad, good) = (demo_cmd("a --crash-on-start"), demo_cmd("b"));
+    let args = ["tools", "--stdio", &bad, "--stdio", &good];
+    let (_, unbounded) = timed(&args);
+    let mut waited = args.to_vec();
+    waited.extend_from_slice(&["--wait", "200ms"]);
+    let (o, bounded) = timed(&waited);
+    assert!(
+        qualified_names(&o).contains(&"stdio2__echo".to_string()),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        bounded < unbounded / 2,
+        "--wait 200ms took {bounded:?}, without it {unbounded:?}"
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "no server failed within the wait: {}",
+        stderr(&o)
+    );
+}
