@@ -171,6 +171,10 @@ impl Actor for ServerActor {
                 }
             }
         }
+        let depth = state.queue.len();
+        if state.args.server.0.status.read().queued != depth {
+            state.args.server.0.status.write().queued = depth;
+        }
         Ok(())
     }
 

@@ -52,6 +52,11 @@ impl RequestQueue {
         self.capacity
     }
 
+    /// Requests waiting now.
+    pub(super) fn len(&self) -> usize {
+        self.items.len()
+    }
+
     /// Queues a request made at `now`; gives its reply port back when the queue is
     /// full. Returns the key its expiry timer names.
     pub(super) fn push(

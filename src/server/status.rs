@@ -61,6 +61,8 @@ pub struct ServerStatus {
     pub last_error: Option<String>,
     /// The stdio server's pid (and process group), while connected.
     pub pid: Option<u32>,
+    /// Requests waiting for the server to be ready (at most `queue_capacity`).
+    pub queued: usize,
     /// When the current connection became ready.
     pub ready_at: Option<Instant>,
     /// What the server said about itself (discover result or `initialize` result).
@@ -79,6 +81,7 @@ impl ServerStatus {
             actor_rebuilds: 0,
             last_error: None,
             pid: None,
+            queued: 0,
             ready_at: None,
             profile: None,
         }

@@ -297,7 +297,7 @@ fn report(harness: &HarnessHandle, e: &CallError) -> u8 {
             NO_SERVER,
         ),
         CallError::InputDeclined { .. } => (
-            "pass --answers '{...}' (or '{}' to accept the defaults) to answer without a terminal",
+            "pass --answers '{...}' to answer without a terminal: fields by name ('{}' accepts a form's defaults), or a URL request's key with \"accept\" to consent",
             TOOL_ERROR,
         ),
         _ => ("", TOOL_ERROR),
