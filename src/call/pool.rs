@@ -117,6 +117,10 @@ impl CallPool {
             }
         };
         tokio::select! {
+            // The call first: its first poll writes its `started` record, so that a call
+            // whose worker is already gone still has both records (its drop writes
+            // `finished`).
+            biased;
             outcome = call => outcome,
             // The call's future drops here: its request is cancelled on the server and
             // its record says `cancelled`.
