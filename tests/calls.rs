@@ -77,7 +77,8 @@ fn accept_all() -> Arc<FixedAnswers> {
 
 #[tokio::test]
 async fn the_same_tool_on_two_servers_routes_by_priority_and_falls_back_when_the_first_dies() {
-    let mut primary = demo("primary", &[]);
+    let record = temp_file("trusted-primary");
+    let mut primary = demo("primary", &["--record", &record.to_string_lossy()]);
     primary.priority = 10;
     primary.trust_annotations = true;
     let backup = demo("backup", &[]);
@@ -106,7 +107,13 @@ async fn the_same_tool_on_two_servers_routes_by_priority_and_falls_back_when_the
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // In flight: primary has it (a call not sent yet would fail over as never-sent,
+    // which is not the re-send this checks).
+    let slows = || calls_recorded(&record, "slow");
+    assert!(
+        eventually(Duration::from_secs(10), || slows() == 1).await,
+        "slow reached primary"
+    );
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
     sigkill(pid);
     let r = tokio::time::timeout(Duration::from_secs(20), slow)
@@ -130,11 +137,13 @@ async fn the_same_tool_on_two_servers_routes_by_priority_and_falls_back_when_the
     assert_eq!(text(&r), "backup");
     assert!(started.elapsed() < Duration::from_secs(10));
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]
 async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
-    let mut primary = demo("primary", &[]);
+    let record = temp_file("untrusted-primary");
+    let mut primary = demo("primary", &["--record", &record.to_string_lossy()]);
     primary.priority = 10;
     let h = harness(config(vec![primary, demo("backup", &[])], &["a"])).await;
     let a = Caller::agent("a");
@@ -142,7 +151,12 @@ async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
         let (h, a) = (h.clone(), a.clone());
         tokio::spawn(async move { h.call_tool(&a, "slow", json!({"ms": 2000})).await })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // In flight: primary has it (one not sent yet would fail over to backup).
+    let slows = || calls_recorded(&record, "slow");
+    assert!(
+        eventually(Duration::from_secs(10), || slows() == 1).await,
+        "slow reached primary"
+    );
     let pid = h.server_status("primary").and_then(|s| s.pid).expect("pid");
     sigkill(pid);
     let r = tokio::time::timeout(Duration::from_secs(20), slow)
@@ -157,6 +171,7 @@ async fn a_call_that_may_have_reached_an_untrusted_server_is_not_resent() {
         "{r:?}"
     );
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

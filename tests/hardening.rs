@@ -344,8 +344,15 @@ async fn item_05_a_flood_of_list_changed_notifications_becomes_one_invalidation_
     h.call_tool(&a(), "noisy__notify_flood", json!({"n": 500}))
         .await
         .expect("flood");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let dropped = h.cache_stats().invalidations - before;
+    let invalidations = || h.cache_stats().invalidations - before;
+    assert!(
+        eventually(Duration::from_secs(10), || invalidations() > 0).await,
+        "the flood invalidated the cache"
+    );
+    // One coalescing tick (the server actor's is 100 ms) and a little: notifications
+    // still coming in would show as more invalidations.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let dropped = invalidations();
     assert!(
         (1..=3).contains(&dropped),
         "500 notifications, {dropped} invalidations"
@@ -413,28 +420,68 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
 // 5. Bounded queues: a legacy server's requests.
 #[tokio::test]
 async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {
+    // The refusals are seen in the harness's log: this test's runtime runs on this
+    // thread (the harness's tasks too), so a thread-local subscriber sees only them.
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("mcp_harness=warn")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let refusals = || logs.count("too many server requests waiting for answers; refused");
+
     let queue = ApprovalQueue::new(Duration::from_secs(30));
-    let answerer = queue.clone();
-    tokio::spawn(async move {
-        loop {
-            let pending = answerer.next_pending().await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            for p in pending {
-                answerer.answer(p.id, json!({"action": "accept", "content": {"x": "y"}}));
-            }
-        }
-    });
     let h = start_ready_with(
         Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
-            .input_handler("elicitation/create", Arc::new(queue)),
+            .input_handler("elicitation/create", Arc::new(queue.clone())),
     )
     .await;
-    let r = h
-        .call_tool(&a(), "leg__ask_many", json!({"n": 10}))
-        .await
-        .expect("call");
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "leg__ask_many", json!({"n": 10})).await })
+    };
+    // All 10 dealt with before any is answered (an answer frees a slot): 4 waiting in
+    // the queue, 6 refused.
+    let dealt_with = || queue.pending().len() == 4 && refusals() == 6;
+    assert!(
+        eventually(Duration::from_secs(10), dealt_with).await,
+        "{} pending, {} refused",
+        queue.pending().len(),
+        refusals()
+    );
+    for p in queue.pending() {
+        queue.answer(p.id, json!({"action": "accept", "content": {"x": "y"}}));
+    }
+    let r = call.await.expect("task").expect("call");
     assert_eq!(text(&r), "answered 4 refused 6");
     h.shutdown().await;
+}
+
+/// Log output, kept to be searched.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// How many lines contain `text`.
+    fn count(&self, text: &str) -> usize {
+        let bytes = self.0.lock().expect("logs");
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(text))
+            .count()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 // 5. Bounded queues: input a server asks for outside any call.
@@ -704,7 +751,8 @@ async fn item_08_a_grant_revoked_while_a_call_waits_for_input_stops_its_next_rou
 
 #[tokio::test]
 async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
-    let mut first = demo_server("first", &[]);
+    let record = temp_file("hop-first");
+    let mut first = demo_server("first", &["--record", &record.to_string_lossy()]);
     first.priority = 10;
     first.trust_annotations = true;
     first.timeout = Duration::from_secs(1);
@@ -713,7 +761,10 @@ async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
     h.grant("b", "*", &["slow"]).await.expect("grant");
     // Both lists cached: routing needs nothing of the frozen server.
     h.list_tools(&Caller::agent("b")).await.expect("list");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || h.cache_stats().l1.entries == 2).await,
+        "both lists cached"
+    );
     h.call_tool(&a(), "first__freeze", json!({"ms": 3000}))
         .await
         .expect("freeze");
@@ -724,7 +775,12 @@ async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Sent to the frozen first (recorded on arrival) under the old grants.
+    let slows = || calls_recorded(&record, "slow");
+    assert!(
+        eventually(Duration::from_secs(10), || slows() == 1).await,
+        "slow reached first"
+    );
     h.revoke("b", Some("*")).await.expect("revoke");
     h.grant("b", "first", &["slow"]).await.expect("first only");
     let r = call.await.expect("task");
@@ -733,6 +789,7 @@ async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
         "{r:?}"
     );
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 // 9. Unambiguous names (ids: unit tests in server/config.rs).
@@ -881,9 +938,17 @@ async fn item_15_handlers_given_at_start_reach_a_legacy_server_at_initialize() {
 
 #[tokio::test]
 async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_failing_a_call() {
+    let record = temp_file("reconnect-leg");
+    let rec = record.to_string_lossy().to_string();
     let h = start_ready(config(vec![demo_server(
         "leg",
-        &["--era", "legacy", "--tools-need-elicitation"],
+        &[
+            "--era",
+            "legacy",
+            "--tools-need-elicitation",
+            "--record",
+            &rec,
+        ],
     )]))
     .await;
     let pid = h.server_status("leg").and_then(|s| s.pid);
@@ -901,7 +966,12 @@ async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_fa
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // In flight on the old connection before the handler makes a new one.
+    let slows = || calls_recorded(&record, "slow");
+    assert!(
+        eventually(Duration::from_secs(10), || slows() == 1).await,
+        "slow reached the legacy server"
+    );
     h.register_input_handler(
         "elicitation/create",
         Arc::new(FixedAnswers::new(
@@ -927,6 +997,7 @@ async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_fa
         "the server now lists it"
     );
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 // 16. Renegotiation quirks.

@@ -136,15 +136,18 @@ async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_canc
     let mut cfg = config(&audit);
     cfg.servers = vec![demo_server("s", &["--record", &record.to_string_lossy()])];
     let h = start_ready(cfg).await;
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(300),
-        h.call_tool(&Caller::agent("a"), "s__hang", json!({})),
-    )
-    .await;
+    // Driven until the server has the request (recorded on arrival), then dropped.
+    let mut call = Box::pin(h.call_tool(&Caller::agent("a"), "s__hang", json!({})));
+    let arrived = || calls_recorded(&record, "hang") == 1;
+    let reached = tokio::select! {
+        r = &mut call => Err(r),
+        seen = eventually(Duration::from_secs(10), arrived) => Ok(seen),
+    };
     assert!(
-        dropped.is_err(),
-        "the call was still running when its future was dropped"
+        matches!(reached, Ok(true)),
+        "the call was still running when its future was dropped: {reached:?}"
     );
+    drop(call);
     assert!(
         eventually(Duration::from_secs(5), || recorded(&record)
             .iter()

@@ -393,9 +393,12 @@ async fn a_line_past_the_limit_closes_the_transport_with_a_typed_error() {
 
 #[tokio::test]
 async fn a_crash_fails_every_request_in_flight_at_once() {
-    let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())
-        .await
-        .expect("connect");
+    let record = temp_file("crash-in-flight");
+    let rec = record.to_string_lossy().to_string();
+    let (conn, _events) =
+        Connection::connect("alpha", demo_stdio(&["alpha", "--record", &rec]), options())
+            .await
+            .expect("connect");
     let conn = std::sync::Arc::new(conn);
     // Requests whose own deadline is minutes away.
     let hung: Vec<_> = (0..5)
@@ -411,7 +414,12 @@ async fn a_crash_fails_every_request_in_flight_at_once() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // All 5 written and in flight (one not written yet would fail as never sent).
+    let hangs = || calls_recorded(&record, "hang");
+    assert!(
+        eventually(Duration::from_secs(10), || hangs() == 5).await,
+        "the 5 hang requests reached the server"
+    );
     let started = std::time::Instant::now();
     let crash = conn
         .request("tools/call", call("crash", json!({})))
@@ -445,6 +453,7 @@ async fn a_crash_fails_every_request_in_flight_at_once() {
         "failed fast, not at the 300 s deadline"
     );
     conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

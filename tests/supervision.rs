@@ -58,7 +58,9 @@ async fn echo(h: &HarnessHandle, id: &str, text_: &str) -> Result<String, Harnes
 
 #[tokio::test]
 async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_comes_back() {
-    let h = harness(vec![demo("alpha", &[])]).await;
+    let record = temp_file("sigkill-load");
+    let rec = record.to_string_lossy().to_string();
+    let h = harness(vec![demo("alpha", &["--record", &rec])]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     let first_pid = pid(&h, "alpha");
     let hung: Vec<_> = (0..8)
@@ -75,7 +77,12 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // All 8 in flight (one still queued would be held through the restart instead).
+    let hangs = || calls_recorded(&record, "hang");
+    assert!(
+        eventually(Duration::from_secs(10), || hangs() == 8).await,
+        "the 8 hang requests reached the server"
+    );
     let killed_at = std::time::Instant::now();
     sigkill(first_pid);
     for task in hung {
@@ -113,6 +120,7 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
         group_members(second).is_empty(),
         "no process left after shutdown"
     );
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]
@@ -237,15 +245,22 @@ async fn requests_during_a_restart_wait_in_a_bounded_queue_and_are_released_in_o
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     sigkill(pid(&h, "alpha"));
     assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let queued = |n: usize| {
+        let h = h.clone();
+        eventually(Duration::from_secs(10), move || {
+            h.server_status("alpha").map(|s| s.queued) == Some(n)
+        })
+    };
     let mut waiting = Vec::new();
     for n in 0..3 {
         let h = h.clone();
         waiting.push(tokio::spawn(async move {
             echo(&h, "alpha", &format!("queued-{n}")).await
         }));
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        // In the queue before the next is sent: the arrival order is known.
+        assert!(queued(n + 1).await, "queued-{n} is in the queue");
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The queue is full (3), so the next one overflows.
     let overflow = echo(&h, "alpha", "one too many")
         .await
         .expect_err("queue full");

@@ -176,6 +176,16 @@ pub fn recorded(path: &PathBuf) -> Vec<Value> {
         .collect()
 }
 
+/// How many `tools/call`s of `tool` a `--record` file holds. The demo server records a
+/// request when it arrives, before handling it: a count of n means n such calls
+/// reached the server (and those not answered yet are in flight).
+pub fn calls_recorded(path: &PathBuf, tool: &str) -> usize {
+    recorded(path)
+        .iter()
+        .filter(|r| r["method"] == "tools/call" && r["params"]["name"] == tool)
+        .count()
+}
+
 /// SIGKILLs one process (a server's, as fault injection).
 pub fn sigkill(pid: u32) {
     let status = std::process::Command::new("kill")
