@@ -154,7 +154,7 @@ impl Ctx {
 pub struct DemoServer {
     pub args: DemoServerArgs,
     calls: AtomicU64,
-    record: Option<Mutex<std::fs::File>>,
+    record: Option<Arc<Mutex<std::fs::File>>>,
     /// Tools added at run time by the `grow` tool (its list changes).
     pub grown: AtomicU64,
     /// While `now` is before this, every request waits (a hung server).
@@ -176,12 +176,12 @@ pub struct DemoServer {
 impl DemoServer {
     pub fn new(args: DemoServerArgs) -> anyhow::Result<Arc<DemoServer>> {
         let record = match &args.record {
-            Some(path) => Some(Mutex::new(
+            Some(path) => Some(Arc::new(Mutex::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(path)?,
-            )),
+            ))),
             None => None,
         };
         Ok(Arc::new(DemoServer {
@@ -209,14 +209,26 @@ impl DemoServer {
 
     /// Appends one line to the `--record` file, if there is one.
     pub fn record(&self, line: Value) {
-        if let Some(file) = &self.record {
-            // One write per line: several servers may append to the same file.
-            let mut bytes = line.to_string().into_bytes();
-            bytes.push(b'\n');
-            let _ = file.lock().write_all(&bytes);
-        }
+        record_to(self.record.as_ref(), line);
     }
 
+    /// A handle on the `--record` file for tasks that outlive a request.
+    pub fn recorder(&self) -> impl Fn(Value) + Send + 'static {
+        let file = self.record.clone();
+        move |line| record_to(file.as_ref(), line)
+    }
+}
+
+fn record_to(file: Option<&Arc<Mutex<std::fs::File>>>, line: Value) {
+    if let Some(file) = file {
+        // One write per line: several servers may append to the same file.
+        let mut bytes = line.to_string().into_bytes();
+        bytes.push(b'\n');
+        let _ = file.lock().write_all(&bytes);
+    }
+}
+
+impl DemoServer {
     pub fn server_info(&self) -> Value {
         json!({"name": self.args.name, "version": env!("CARGO_PKG_VERSION")})
     }

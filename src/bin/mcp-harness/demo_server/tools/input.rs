@@ -76,6 +76,7 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(200);
             let peer = ctx.peer.clone();
             let last = server.last_ask.clone();
+            let record = server.recorder();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 let params =
@@ -84,6 +85,7 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                     Ok(v) => format!("answered {}", v["action"].as_str().unwrap_or("?")),
                     Err(e) => format!("refused {}", e.code),
                 };
+                record(json!({"event": "ask_later answered", "outcome": outcome}));
                 *last.lock() = Some(outcome);
             });
             Action::Reply(Ok(text("will ask later")))
