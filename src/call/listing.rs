@@ -126,6 +126,7 @@ impl<'a> Walker<'a> {
                 params,
                 Some(self.timeout),
                 Some(caps.capabilities()),
+                self.auth_context,
             )
             .await;
         let page = match sent {

@@ -241,6 +241,7 @@ async fn attempt(
                 Some(Value::Object(params)),
                 Some(timeout),
                 Some(handlers.capabilities()),
+                request.caller.auth_context.as_deref(),
             )
             .await
             .map_err(Attempt::ServerFailed)?;

@@ -39,6 +39,9 @@ use crate::registry::cache::{CacheStats, ListCache};
 use crate::registry::{HarnessEvent, Registry, RegistryRef};
 use crate::server::{Directory, ServerConfig, ServerStatus, ServersArgs, ServersRef};
 use crate::transport::ConnectOptions;
+use crate::transport::auth::{
+    Authorizer, FileTokenStore, MemoryTokenStore, SignInContext, TokenStore,
+};
 use supervisor::Services;
 
 /// Starts harnesses.
@@ -50,6 +53,8 @@ pub struct Harness;
 pub struct HarnessBuilder {
     config: HarnessConfig,
     handlers: Vec<(String, Arc<dyn InputHandler>)>,
+    authorizer: Option<Arc<dyn Authorizer>>,
+    tokens: Option<Arc<dyn TokenStore>>,
 }
 
 impl HarnessBuilder {
@@ -57,6 +62,20 @@ impl HarnessBuilder {
     /// with `handler` from the start.
     pub fn input_handler(mut self, method: &str, handler: Arc<dyn InputHandler>) -> Self {
         self.handlers.push((method.to_string(), handler));
+        self
+    }
+
+    /// Where people sign in to servers that ask for it (see [`crate::transport::auth`]).
+    /// Without one, a sign-in that needs a person fails, naming `mcp-harness login`.
+    pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+
+    /// Where tokens are kept; the default is files under `cache.dir/tokens` when a cache
+    /// directory is set, else memory.
+    pub fn token_store(mut self, store: Arc<dyn TokenStore>) -> Self {
+        self.tokens = Some(store);
         self
     }
 
@@ -86,6 +105,8 @@ impl Harness {
         HarnessBuilder {
             config,
             handlers: Vec::new(),
+            authorizer: None,
+            tokens: None,
         }
     }
 
@@ -107,13 +128,28 @@ impl Harness {
         builder: HarnessBuilder,
         parent: Option<ActorCell>,
     ) -> Result<HarnessHandle, HarnessError> {
-        let HarnessBuilder { config, handlers } = builder;
+        let HarnessBuilder {
+            config,
+            handlers,
+            authorizer,
+            tokens,
+        } = builder;
         config.validate()?;
+        let store: Arc<dyn TokenStore> = match (tokens, &config.cache.dir) {
+            (Some(store), _) => store,
+            (None, Some(dir)) => Arc::new(FileTokenStore::new(dir.join("tokens"))),
+            (None, None) => Arc::new(MemoryTokenStore::default()),
+        };
         let options = ConnectOptions {
             client_info: config
                 .client_info
                 .clone()
                 .unwrap_or_else(Implementation::harness),
+            sign_in: SignInContext {
+                authorizer,
+                store,
+                ..SignInContext::default()
+            },
             ..ConnectOptions::default()
         };
         let inputs = InputHandlers::new(handlers, config.input_timeout).map_err(|e| {
@@ -493,7 +529,7 @@ impl HarnessHandle {
         };
         let handlers = self.ctx().inputs.snapshot();
         Ok(server
-            .request(method, params, timeout, Some(handlers.capabilities()))
+            .request(method, params, timeout, Some(handlers.capabilities()), None)
             .await?)
     }
 

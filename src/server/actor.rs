@@ -384,10 +384,18 @@ impl ServerActorState {
                 method,
                 params,
                 capabilities,
+                identity,
                 timeout,
             } = outgoing;
             let result = server
-                .on_connection(&live, &method, params, timeout, capabilities.as_ref())
+                .on_connection(
+                    &live,
+                    &method,
+                    params,
+                    timeout,
+                    capabilities.as_ref(),
+                    identity.as_deref(),
+                )
                 .await;
             let _ = reply.send(result);
         });

@@ -20,6 +20,8 @@ pub struct Outgoing {
     pub params: Option<Value>,
     /// `clientCapabilities` for this request; the connection's own when `None`.
     pub capabilities: Option<Value>,
+    /// The caller's auth context, for servers that need sign-in.
+    pub identity: Option<String>,
     /// Its deadline, from when it was made.
     pub timeout: Duration,
 }
@@ -102,6 +104,7 @@ mod tests {
             method: "m".into(),
             params: None,
             capabilities: None,
+            identity: None,
             timeout: Duration::from_millis(ms),
         }
     }

@@ -150,6 +150,7 @@ impl ServerRef {
         params: Option<Value>,
         timeout: Option<Duration>,
         capabilities: Option<&Value>,
+        identity: Option<&str>,
     ) -> Result<Value, ServerError> {
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
@@ -158,13 +159,14 @@ impl ServerRef {
         // goes through the actor, which holds the request for the restart.
         if let Some(live) = live.filter(|l| !l.conn.is_closed()) {
             return self
-                .on_connection(&live, method, params, timeout, capabilities)
+                .on_connection(&live, method, params, timeout, capabilities, identity)
                 .await;
         }
         self.through_actor(Outgoing {
             method: method.to_string(),
             params,
             capabilities: capabilities.cloned(),
+            identity: identity.map(String::from),
             timeout,
         })
         .await
@@ -192,10 +194,11 @@ impl ServerRef {
         params: Option<Value>,
         timeout: Duration,
         capabilities: Option<&Value>,
+        identity: Option<&str>,
     ) -> Result<Value, ServerError> {
         let conn = &live.conn;
         let result = conn
-            .request_with(method, params, timeout, capabilities)
+            .request_as(method, params, timeout, capabilities, identity)
             .await;
         if conn.is_http()
             && let Err(RequestError::Transport(error @ TransportError::NotSent(_))) = &result

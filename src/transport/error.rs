@@ -94,7 +94,12 @@ pub enum TransportError {
     Unauthorized {
         /// 401 or 403.
         status: u16,
+        /// Its `WWW-Authenticate: Bearer` challenge, if it sent one.
+        challenge: Option<crate::transport::auth::Challenge>,
     },
+    /// Signing in failed (which server, which step, why).
+    #[error(transparent)]
+    Auth(#[from] crate::transport::auth::AuthError),
     /// The server answered with a redirect, which the harness never follows: the
     /// request's arguments and credentials would go wherever it points.
     #[error("the server redirected (HTTP {status}) to {location:?}; redirects are not followed")]
@@ -161,7 +166,8 @@ impl TransportError {
             TransportError::Spawn { kind, .. } => *kind != SpawnFailure::Other,
             TransportError::Tls { .. }
             | TransportError::InvalidConfig(_)
-            | TransportError::Unauthorized { .. } => true,
+            | TransportError::Unauthorized { .. }
+            | TransportError::Auth(_) => true,
             _ => false,
         }
     }

@@ -10,6 +10,7 @@
 //! Spec: sections A (envelope), F (HTTP), G (stdio) and H (eras) of
 //! `../shared/spec/mcp-2026-07-28.md`.
 
+pub mod auth;
 mod connection;
 pub mod error;
 mod exit;
@@ -17,6 +18,7 @@ pub mod http;
 mod inbound;
 mod spec;
 pub mod stdio;
+pub(crate) mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +53,7 @@ impl Transport {
         max_message_bytes: usize,
         ids: Ids,
         inbound: mpsc::Sender<Inbound>,
+        sign_in: &auth::SignInContext,
     ) -> Result<Transport, TransportError> {
         Ok(match spec {
             TransportSpec::Stdio(s) => Transport::Stdio(StdioTransport::spawn(
@@ -65,6 +68,7 @@ impl Transport {
                 max_message_bytes,
                 ids,
                 inbound,
+                sign_in,
             )?),
         })
     }
@@ -74,17 +78,18 @@ impl Transport {
         matches!(self, Transport::Http(_))
     }
 
-    /// Sends `request` (with `stamp`'s envelope in its `_meta`, if any) and waits up to
-    /// `timeout` for its answer.
+    /// Sends `request` (with `stamp`'s envelope in its `_meta`, if any) as `identity`
+    /// (HTTP sign-in; stdio has none) and waits up to `timeout` for its answer.
     async fn request(
         &self,
         request: &Request,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
+        identity: Option<&str>,
     ) -> Result<Result<Value, RpcError>, TransportError> {
         match self {
             Transport::Stdio(t) => t.request(request, stamp, timeout).await,
-            Transport::Http(t) => t.request(request, stamp, timeout).await,
+            Transport::Http(t) => t.request(request, stamp, timeout, identity).await,
         }
     }
 

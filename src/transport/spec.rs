@@ -52,9 +52,12 @@ pub struct HttpSpec {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// A PEM bundle of extra CA certificates to trust for this server, on top of the
-    /// platform's roots (and `SSL_CERT_FILE`).
+    /// platform's roots (and `SSL_CERT_FILE`); its authorization server too.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// How to sign in when the server asks (a 401); empty: discovery and registration.
+    #[serde(default)]
+    pub auth: crate::transport::auth::OAuthConfig,
 }
 
 impl TransportSpec {

@@ -1,7 +1,8 @@
 //! Small helpers that any layer may use: duration parsing, hashing, invalid settings,
-//! the slot of a rebuilt actor. Leaves: they import nothing else from the crate.
+//! the slot of a rebuilt actor, outside text made fit for a message. Leaves: they import nothing else from the crate.
 
 pub mod duration;
 pub mod hash;
 pub mod invalid;
 pub mod slot;
+pub mod text;

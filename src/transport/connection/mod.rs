@@ -100,7 +100,14 @@ fn open(
     ids: &Ids,
 ) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
     let (tx, rx) = mpsc::channel(options.event_capacity);
-    let transport = Transport::open(server, spec, options.max_message_bytes, ids.clone(), tx)?;
+    let transport = Transport::open(
+        server,
+        spec,
+        options.max_message_bytes,
+        ids.clone(),
+        tx,
+        &options.sign_in,
+    )?;
     Ok((Arc::new(transport), rx))
 }
 
@@ -275,6 +282,23 @@ impl Connection {
         timeout: Duration,
         capabilities: Option<&Value>,
     ) -> Result<Value, RequestError> {
+        self.request_as(method, params, timeout, capabilities, None)
+            .await
+    }
+
+    /// [`Connection::request_with`] as `identity`: an HTTP server that needs sign-in
+    /// gets that auth context's token (`None`: the connection's own).
+    ///
+    /// # Cancel safety
+    /// Dropping the future cancels the request on the server.
+    pub async fn request_as(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        capabilities: Option<&Value>,
+        identity: Option<&str>,
+    ) -> Result<Value, RequestError> {
         let deadline = Instant::now().checked_add(timeout);
         let remaining =
             || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
@@ -301,7 +325,11 @@ impl Connection {
                 envelope,
                 capabilities,
             });
-            match self.transport.request(&request, stamp, remaining()).await {
+            match self
+                .transport
+                .request(&request, stamp, remaining(), identity)
+                .await
+            {
                 Ok(Ok(result)) => return Ok(result),
                 Ok(Err(error)) if !renegotiated && self.renegotiate(&error) => {
                     renegotiated = true;

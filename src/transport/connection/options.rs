@@ -122,6 +122,8 @@ pub struct ConnectOptions {
     pub shutdown_grace: Duration,
     /// Capacity of the [`ServerEvent`] channel.
     pub event_capacity: usize,
+    /// Sign-in for HTTP servers that ask for it: who signs in, where tokens live.
+    pub sign_in: crate::transport::auth::SignInContext,
 }
 
 impl Default for ConnectOptions {
@@ -136,6 +138,7 @@ impl Default for ConnectOptions {
             max_message_bytes: 16 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(3),
             event_capacity: 256,
+            sign_in: crate::transport::auth::SignInContext::default(),
         }
     }
 }

@@ -25,7 +25,13 @@
 //! resumption of a broken POST stream the same way, responses to server requests
 //! POSTed back, and a DELETE of the session on shutdown.
 //!
-//! Status mapping: 401/403 → [`TransportError::Unauthorized`]; 3xx →
+//! Sign-in ([`crate::transport::auth`]): each request carries the bearer token of its
+//! caller's auth context, if one is held (refreshed first when about to expire). A 401
+//! renews or signs in and retries once; a 403 `insufficient_scope` asks for more scope
+//! and retries, at most [`MAX_STEP_UPS`] times. The sign-in itself is not bounded by the
+//! request's timeout (a person may be typing a password), but by its own.
+//!
+//! Status mapping: 401/403 → [`TransportError::Unauthorized`] (with the challenge); 3xx →
 //! [`TransportError::Redirect`]; another status with a JSON-RPC error body → that error
 //! (the era probe needs it); 5xx and the rest → [`TransportError::HttpStatus`]; a
 //! refused connection → [`TransportError::NotSent`].
@@ -35,7 +41,6 @@ pub mod headers;
 mod params;
 mod session;
 pub mod sse;
-mod tls;
 
 use std::borrow::Cow;
 use std::sync::{Arc, Weak};
@@ -48,9 +53,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::auth::{AuthError, Challenge, MAX_STEP_UPS, SignIn, SignInContext};
 use super::error::TransportError;
 use super::inbound::{Ids, Inbound};
 use super::spec::HttpSpec;
+use super::tls;
 use crate::protocol::error::HEADER_MISMATCH;
 use crate::protocol::meta::requested_version;
 use crate::protocol::views::InitializeResult;
@@ -82,6 +89,7 @@ pub(crate) struct HttpTransport {
     params: ParamTable,
     inbound: mpsc::Sender<Inbound>,
     get_stream: Mutex<Option<JoinHandle<()>>>,
+    sign_in: SignIn,
     this: Weak<HttpTransport>,
 }
 
@@ -93,6 +101,7 @@ impl HttpTransport {
         max_body: usize,
         ids: Ids,
         inbound: mpsc::Sender<Inbound>,
+        sign_in: &SignInContext,
     ) -> Result<Arc<HttpTransport>, TransportError> {
         let bad = TransportError::InvalidConfig;
         let url =
@@ -107,10 +116,13 @@ impl HttpTransport {
         }
         // reqwest builds a TLS config for every client, plain HTTP included: always hand
         // it ours, so it never looks for a process-wide provider.
+        let tls = tls::client_config(spec.ca_file.as_deref())?;
+        let sign_in = SignIn::new(server, &url, spec.auth.clone(), sign_in.clone(), tls.clone())
+            .map_err(bad)?;
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none())
-            .tls_backend_preconfigured(tls::client_config(spec.ca_file.as_deref())?)
+            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| bad(e.to_string()))?;
         Ok(Arc::new_cyclic(|this| HttpTransport {
@@ -124,6 +136,7 @@ impl HttpTransport {
             params: ParamTable::default(),
             inbound,
             get_stream: Mutex::new(None),
+            sign_in,
             this: this.clone(),
         }))
     }
@@ -135,8 +148,10 @@ impl HttpTransport {
         params: Option<&Value>,
         version: Option<&str>,
         extra: &[(HeaderName, HeaderValue)],
+        identity: Option<&str>,
     ) -> reqwest::RequestBuilder {
         let mut headers = self.fixed.clone();
+        self.authorize(&mut headers, identity);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(
             ACCEPT,
@@ -175,9 +190,19 @@ impl HttpTransport {
             .body(body)
     }
 
-    /// Sends a request and reads its reply, within `timeout` for everything it takes:
-    /// reading the `Mcp-Param` annotations first, renewing an expired legacy session,
-    /// re-reading the annotations after a -32020 (each retried once, with a new id).
+    /// The bearer token of `identity`'s sign-in, if one is held.
+    fn authorize(&self, headers: &mut HeaderMap, identity: Option<&str>) {
+        if let Some(token) = self.sign_in.current(identity)
+            && let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {token}"))
+        {
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+    }
+
+    /// Sends a request as `identity` (an auth context; `None` for the connection's own
+    /// requests) and reads its reply; a refusal signs in (see the module docs) and
+    /// retries, each try within `timeout`.
     ///
     /// # Cancel safety
     /// Dropping the future drops the reply stream, which cancels the request.
@@ -186,18 +211,104 @@ impl HttpTransport {
         request: &Request,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
+        identity: Option<&str>,
+    ) -> Result<Reply, TransportError> {
+        let (mut signed_in, mut step_ups) = (false, 0);
+        let mut request = Cow::Borrowed(request);
+        loop {
+            let sent = self
+                .sign_in
+                .bearer(identity)
+                .await
+                .map_err(TransportError::Auth)?;
+            match self.try_request(&request, stamp, timeout, identity).await {
+                Err(TransportError::Unauthorized {
+                    status: 401,
+                    challenge,
+                }) if !signed_in => {
+                    signed_in = true;
+                    let bearer = challenge.is_some();
+                    let asked = challenge.clone().unwrap_or_default();
+                    match self
+                        .sign_in
+                        .on_refused(identity, &asked, sent.as_deref(), false)
+                        .await
+                    {
+                        Ok(()) => {}
+                        // No Bearer challenge and no resource metadata: this server
+                        // does not do MCP authorization; its refusal is the answer.
+                        Err(e) if !bearer && e.is_not_found() => {
+                            return Err(TransportError::Unauthorized {
+                                status: 401,
+                                challenge,
+                            });
+                        }
+                        Err(e) => {
+                            return Err(TransportError::Auth(AuthError {
+                                refused: Some(401),
+                                ..e
+                            }));
+                        }
+                    }
+                }
+                Err(TransportError::Unauthorized {
+                    status: 403,
+                    challenge: Some(challenge),
+                }) if challenge.insufficient_scope() => {
+                    if step_ups >= MAX_STEP_UPS {
+                        return Err(TransportError::Auth(self.sign_in.scope_exhausted(step_ups)));
+                    }
+                    step_ups += 1;
+                    self.sign_in
+                        .on_refused(identity, &challenge, sent.as_deref(), true)
+                        .await
+                        .map_err(|e| {
+                            TransportError::Auth(AuthError {
+                                refused: Some(403),
+                                ..e
+                            })
+                        })?;
+                }
+                other => return other,
+            }
+            request.to_mut().id = self.ids.next();
+        }
+    }
+
+    /// Forces a sign-in for `identity` (the command line's `login`).
+    pub(crate) async fn sign_in(&self, identity: Option<&str>) -> Result<(), TransportError> {
+        self.sign_in
+            .sign_in(identity)
+            .await
+            .map_err(TransportError::Auth)
+    }
+
+    /// Forgets this server's tokens (the command line's `logout`); how many went.
+    pub(crate) fn sign_out(&self) -> Result<usize, TransportError> {
+        self.sign_in.sign_out().map_err(TransportError::Auth)
+    }
+
+    /// One try of a request, within `timeout` for everything it takes: reading the
+    /// `Mcp-Param` annotations first, renewing an expired legacy session, re-reading the
+    /// annotations after a -32020 (each retried once, with a new id).
+    async fn try_request(
+        &self,
+        request: &Request,
+        stamp: Option<Stamp<'_>>,
+        timeout: Duration,
+        identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let deadline = Instant::now() + timeout;
         let work = async {
             let mut request = Cow::Borrowed(request);
             if self.params.needs_learning(&request) {
-                self.learn_params(stamp).await;
+                self.learn_params(stamp, identity).await;
             }
             let (mut renewed, mut relearned) = (false, false);
             loop {
                 let extra = self.params.headers(&request);
                 let seen = self.session.renewals();
-                match self.exchange(&request, stamp, &extra).await {
+                match self.exchange(&request, stamp, &extra, identity).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
                             self.params.absorb(&self.server, &mut result);
@@ -211,11 +322,11 @@ impl HttpTransport {
                     {
                         // The tool's x-mcp-header annotations may have changed.
                         relearned = true;
-                        self.learn_params(stamp).await;
+                        self.learn_params(stamp, identity).await;
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
-                        self.renew_session(seen).await?;
+                        self.renew_session(seen, identity).await?;
                     }
                     other => return other,
                 }
@@ -234,6 +345,7 @@ impl HttpTransport {
         request: &Request,
         stamp: Option<Stamp<'_>>,
         extra: &[(HeaderName, HeaderValue)],
+        identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let version = match &stamp {
             Some(s) => Some(s.version()),
@@ -247,6 +359,7 @@ impl HttpTransport {
                 request.params.as_ref(),
                 version,
                 extra,
+                identity,
             )
             .send()
             .await
@@ -265,7 +378,7 @@ impl HttpTransport {
     /// Reads the server's tool list over this connection (every page, within the
     /// caller's deadline) so that `tools/call` can carry the `Mcp-Param-*` headers its
     /// schemas ask for. A modern request's envelope goes on the listing too.
-    async fn learn_params(&self, stamp: Option<Stamp<'_>>) {
+    async fn learn_params(&self, stamp: Option<Stamp<'_>>, identity: Option<&str>) {
         self.params.mark_listed();
         let mut cursor: Option<String> = None;
         let mut pager = Pager::new(MAX_LEARN_PAGES);
@@ -275,7 +388,7 @@ impl HttpTransport {
                 method: "tools/list".into(),
                 params: cursor.as_ref().map(|c| json!({ "cursor": c })),
             };
-            let Ok(Ok(mut page)) = self.exchange(&listing, stamp, &[]).await else {
+            let Ok(Ok(mut page)) = self.exchange(&listing, stamp, &[], identity).await else {
                 return;
             };
             self.params.absorb(&self.server, &mut page);
@@ -288,7 +401,7 @@ impl HttpTransport {
 
     /// Renews an expired legacy session, once for all the requests that saw it expire:
     /// a request whose session was already renewed just retries.
-    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
+    async fn renew_session(&self, seen: u64, identity: Option<&str>) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
@@ -306,7 +419,7 @@ impl HttpTransport {
             status: 404,
             body: format!("session expired and re-initializing failed: {why}"),
         };
-        let result = match self.exchange(&request, None, &[]).await? {
+        let result = match self.exchange(&request, None, &[], identity).await? {
             Ok(result) => {
                 InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
             }
@@ -344,9 +457,7 @@ impl HttpTransport {
         let status = response.status();
         let content_type = content_type(&response);
         if status.as_u16() == 401 || status.as_u16() == 403 {
-            return Err(TransportError::Unauthorized {
-                status: status.as_u16(),
-            });
+            return Err(unauthorized(&response));
         }
         if status.is_redirection() {
             return Err(redirect(&response));
@@ -467,10 +578,12 @@ impl HttpTransport {
     }
 
     fn get(&self, last_event_id: Option<&str>) -> reqwest::RequestBuilder {
+        let mut headers = self.fixed.clone();
+        self.authorize(&mut headers, None);
         let mut req = self
             .client
             .get(self.url.clone())
-            .headers(self.fixed.clone())
+            .headers(headers)
             .header(ACCEPT, "text/event-stream");
         if let Some(id) = self.session.id() {
             req = req.header(SESSION_HEADER, id);
@@ -522,16 +635,14 @@ impl HttpTransport {
         let mut body = Vec::with_capacity(128);
         message.write_json(&mut body);
         let response = self
-            .post(body, method, params, None, &[])
+            .post(body, method, params, None, &[], None)
             .send()
             .await
             .map_err(send_error)?;
         let status = response.status();
         match status.as_u16() {
             200..=299 => Ok(()),
-            401 | 403 => Err(TransportError::Unauthorized {
-                status: status.as_u16(),
-            }),
+            401 | 403 => Err(unauthorized(&response)),
             300..=399 => Err(redirect(&response)),
             404 if self.session.has_id() => Err(TransportError::SessionExpired),
             code => Err(TransportError::HttpStatus {
@@ -590,10 +701,12 @@ impl HttpTransport {
     pub(crate) async fn shutdown(&self, timeout: Duration) {
         self.stop_get_stream();
         if let Some(sid) = self.session.take_id() {
+            let mut headers = self.fixed.clone();
+            self.authorize(&mut headers, None);
             let delete = self
                 .client
                 .delete(self.url.clone())
-                .headers(self.fixed.clone())
+                .headers(headers)
                 .header(SESSION_HEADER, sid);
             // 405 is allowed: the server does not let clients end sessions.
             let _ = tokio::time::timeout(timeout, delete.send()).await;
@@ -653,4 +766,19 @@ async fn read_body(mut response: reqwest::Response, max: usize) -> Result<Vec<u8
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// A 401 or 403, with the server's Bearer challenge.
+fn unauthorized(response: &reqwest::Response) -> TransportError {
+    let challenge = Challenge::bearer(
+        response
+            .headers()
+            .get_all(reqwest::header::WWW_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
+    TransportError::Unauthorized {
+        status: response.status().as_u16(),
+        challenge,
+    }
 }

@@ -1,0 +1,248 @@
+//! Where a person signs in. An [`Authorizer`] starts a session that says where the
+//! authorization server must send the person back (`redirect_uri`), then is handed the
+//! authorization URL and returns the redirect it received. Built in: a loopback listener
+//! for desktops and the command line ([`LoopbackAuthorizer`], RFC 8252: `127.0.0.1`, a
+//! port of the moment), and [`HeadlessAuthorizer`] for automated tests against an
+//! authorization server that approves without a person.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A boxed future, for the object-safe traits below.
+pub type AuthorizeFuture<T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send>>;
+
+/// Who is signing in, to which server.
+#[derive(Clone, Debug)]
+pub struct SignInRequest {
+    /// The server's id.
+    pub server: String,
+    /// The caller's auth context (`None`: the harness's own sign-in).
+    pub identity: Option<String>,
+    /// The authorization server.
+    pub issuer: String,
+    /// The scopes asked for.
+    pub scopes: Vec<String>,
+}
+
+/// Gets a person's authorization. Implement it to show the URL where your users are
+/// (a chat message, a web page) and to receive the redirect back.
+pub trait Authorizer: Send + Sync + 'static {
+    /// Starts one sign-in (a loopback authorizer binds its port here).
+    fn start(&self, request: &SignInRequest) -> AuthorizeFuture<Box<dyn AuthorizationSession>>;
+}
+
+/// One sign-in in progress.
+pub trait AuthorizationSession: Send {
+    /// Where the authorization server sends the person back; registered with the client.
+    fn redirect_uri(&self) -> String;
+    /// Shows `authorization_url` to the person and returns the full redirect URL (with
+    /// its `code`, `state`, `iss` or `error`) once they are sent back.
+    fn finish(self: Box<Self>, authorization_url: String) -> AuthorizeFuture<String>;
+}
+
+/// Shows the authorization URL: the command line prints it (escaped) on stderr.
+pub type ShowUrl = Arc<dyn Fn(&SignInRequest, &str) + Send + Sync>;
+
+/// A one-shot HTTP listener on `127.0.0.1` at a port of the moment.
+pub struct LoopbackAuthorizer {
+    show: ShowUrl,
+    open_browser: bool,
+}
+
+impl LoopbackAuthorizer {
+    /// Shows each URL with `show`; opens a browser on it too when `open_browser`.
+    pub fn new(show: ShowUrl, open_browser: bool) -> LoopbackAuthorizer {
+        LoopbackAuthorizer { show, open_browser }
+    }
+}
+
+struct LoopbackSession {
+    listener: tokio::net::TcpListener,
+    port: u16,
+    request: SignInRequest,
+    show: ShowUrl,
+    open_browser: bool,
+}
+
+impl Authorizer for LoopbackAuthorizer {
+    fn start(&self, request: &SignInRequest) -> AuthorizeFuture<Box<dyn AuthorizationSession>> {
+        let (show, open_browser, request) = (self.show.clone(), self.open_browser, request.clone());
+        Box::pin(async move {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+            let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+            Ok(Box::new(LoopbackSession {
+                listener,
+                port,
+                request,
+                show,
+                open_browser,
+            }) as Box<dyn AuthorizationSession>)
+        })
+    }
+}
+
+/// The path the loopback listener answers.
+const CALLBACK: &str = "/callback";
+
+impl AuthorizationSession for LoopbackSession {
+    fn redirect_uri(&self) -> String {
+        format!("http://127.0.0.1:{}{CALLBACK}", self.port)
+    }
+
+    fn finish(self: Box<Self>, authorization_url: String) -> AuthorizeFuture<String> {
+        Box::pin(async move {
+            (self.show)(&self.request, &authorization_url);
+            if self.open_browser {
+                open_in_browser(&authorization_url);
+            }
+            loop {
+                let (mut stream, _) = self.listener.accept().await.map_err(|e| e.to_string())?;
+                let Some(target) = read_request_target(&mut stream).await else {
+                    continue;
+                };
+                if !target.starts_with(CALLBACK) {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                    continue;
+                }
+                let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+                return Ok(format!("http://127.0.0.1:{}{target}", self.port));
+            }
+        })
+    }
+}
+
+/// The target of a `GET` request line, read within a bound (8 KiB, 10 s).
+async fn read_request_target(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut buf = Vec::with_capacity(1024);
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+            let n = stream.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Some(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.ok()??;
+    let line = String::from_utf8_lossy(&buf);
+    let mut parts = line.lines().next()?.split_whitespace();
+    (parts.next()? == "GET").then(|| parts.next().map(String::from))?
+}
+
+/// Opens `url` with the desktop's opener, without a shell (the URL is an argument).
+fn open_in_browser(url: &str) {
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return;
+    }
+    let opener = if cfg!(target_os = "macos") { "open" } else { "xdg-open" };
+    if let Err(e) = std::process::Command::new(opener)
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        tracing::warn!(error = %e, "could not open a browser; open the URL yourself");
+    }
+}
+
+/// For automated runs against an authorization server that approves without a person:
+/// requests the authorization URL itself and takes the redirect it answers with (which
+/// must go back to its `redirect_uri`).
+pub struct HeadlessAuthorizer {
+    client: reqwest::Client,
+    redirect_uri: String,
+    identity_header: Option<String>,
+}
+
+impl HeadlessAuthorizer {
+    /// Trusts the platform's roots plus `ca_file`; `redirect_uri` is never contacted.
+    pub fn new(ca_file: Option<&std::path::Path>) -> Result<HeadlessAuthorizer, String> {
+        let tls = crate::transport::tls::client_config(ca_file).map_err(|e| e.to_string())?;
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_backend_preconfigured(tls)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(HeadlessAuthorizer {
+            client,
+            redirect_uri: "http://127.0.0.1:1/callback".into(),
+            identity_header: None,
+        })
+    }
+
+    /// Sends the caller's auth context in this header, for a test authorization server
+    /// that approves as the user it names.
+    pub fn with_identity_header(mut self, name: &str) -> HeadlessAuthorizer {
+        self.identity_header = Some(name.to_string());
+        self
+    }
+}
+
+struct HeadlessSession {
+    client: reqwest::Client,
+    redirect_uri: String,
+    identity: Option<(String, String)>,
+}
+
+impl Authorizer for HeadlessAuthorizer {
+    fn start(&self, request: &SignInRequest) -> AuthorizeFuture<Box<dyn AuthorizationSession>> {
+        let identity = self
+            .identity_header
+            .clone()
+            .zip(request.identity.clone());
+        let session = HeadlessSession {
+            client: self.client.clone(),
+            redirect_uri: self.redirect_uri.clone(),
+            identity,
+        };
+        Box::pin(async move { Ok(Box::new(session) as Box<dyn AuthorizationSession>) })
+    }
+}
+
+impl AuthorizationSession for HeadlessSession {
+    fn redirect_uri(&self) -> String {
+        self.redirect_uri.clone()
+    }
+
+    fn finish(self: Box<Self>, authorization_url: String) -> AuthorizeFuture<String> {
+        Box::pin(async move {
+            let mut get = self.client.get(&authorization_url);
+            if let Some((name, value)) = &self.identity {
+                get = get.header(name.as_str(), value.as_str());
+            }
+            let response = get.send().await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from);
+            match location {
+                Some(l) if status.is_redirection() && l.starts_with(&self.redirect_uri) => Ok(l),
+                Some(l) if status.is_redirection() => Err(format!(
+                    "the authorization server redirected elsewhere ({l:?}), not back"
+                )),
+                _ => Err(format!(
+                    "the authorization server answered {status} instead of redirecting back: it wants a person"
+                )),
+            }
+        })
+    }
+}

@@ -1,0 +1,253 @@
+//! Finding the authorization server (spec: authorization server discovery): the
+//! protected resource metadata (RFC 9728) at the URL the 401 names, else the well-known
+//! locations in the spec's order; then the authorization server's metadata (RFC 8414,
+//! then OpenID discovery, in the spec's order), whose `issuer` must be exactly the one
+//! it was looked up for. Every URL is checked before it is fetched: HTTPS (plain HTTP
+//! only on loopback, for a loopback server), and the resource metadata on the server's
+//! own origin. Nothing here carries a token, and no redirect is followed.
+
+use serde::Deserialize;
+use serde_json::Value;
+use url::Url;
+
+use super::error::AuthFailure;
+
+/// The protected resource's metadata, as far as the client uses it.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct ResourceMetadata {
+    pub(crate) resource: String,
+    #[serde(default)]
+    pub(crate) authorization_servers: Vec<String>,
+    #[serde(default)]
+    pub(crate) scopes_supported: Vec<String>,
+}
+
+/// The authorization server's metadata, as far as the client uses it.
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct ServerMetadata {
+    pub(crate) issuer: String,
+    pub(crate) authorization_endpoint: Option<String>,
+    pub(crate) token_endpoint: String,
+    pub(crate) registration_endpoint: Option<String>,
+    #[serde(default)]
+    pub(crate) response_types_supported: Vec<String>,
+    pub(crate) code_challenge_methods_supported: Option<Vec<String>>,
+    #[serde(default)]
+    pub(crate) scopes_supported: Vec<String>,
+    pub(crate) token_endpoint_auth_methods_supported: Option<Vec<String>>,
+    #[serde(default)]
+    pub(crate) client_id_metadata_document_supported: bool,
+    #[serde(default)]
+    pub(crate) authorization_response_iss_parameter_supported: bool,
+}
+
+/// What discovery found for one server.
+#[derive(Clone, Debug)]
+pub(crate) struct Discovered {
+    pub(crate) resource: ResourceMetadata,
+    pub(crate) server: ServerMetadata,
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+/// A URL the client may fetch or send a person to, for a server at `server`.
+pub(crate) fn checked_url(raw: &str, server: &Url) -> Result<Url, AuthFailure> {
+    let bad = |why: &str| AuthFailure::BadUrl {
+        url: raw.to_string(),
+        why: why.to_string(),
+    };
+    let url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("credentials in the URL"));
+    }
+    match url.scheme() {
+        "https" => Ok(url),
+        "http" if is_loopback(&url) && is_loopback(server) => Ok(url),
+        "http" => Err(bad("not HTTPS")),
+        _ => Err(bad("neither https nor http")),
+    }
+}
+
+/// The well-known URL for `suffix`, inserted between the origin and the path (RFC 8414
+/// section 3.1, RFC 9728 section 3.1): a terminating `/` of the path goes, the query
+/// stays, the fragment goes.
+fn inserted(base: &Url, suffix: &str) -> Url {
+    let mut url = base.clone();
+    let path = base.path().trim_end_matches('/');
+    let path = if path.is_empty() { String::new() } else { path.to_string() };
+    url.set_path(&format!("/.well-known/{suffix}{path}"));
+    url.set_fragment(None);
+    url
+}
+
+/// Where to look for the resource metadata: the challenge's URL, else the path-inserted
+/// and root well-known locations.
+pub(crate) fn resource_metadata_urls(
+    server: &Url,
+    from_challenge: Option<&str>,
+) -> Result<Vec<Url>, AuthFailure> {
+    if let Some(raw) = from_challenge {
+        let url = checked_url(raw, server)?;
+        if url.origin() != server.origin() {
+            return Err(AuthFailure::BadUrl {
+                url: raw.to_string(),
+                why: "the resource metadata is not on the server's own origin".into(),
+            });
+        }
+        return Ok(vec![url]);
+    }
+    let mut urls = Vec::new();
+    let with_path = inserted(server, "oauth-protected-resource");
+    let mut root = server.clone();
+    root.set_path("/.well-known/oauth-protected-resource");
+    root.set_query(None);
+    root.set_fragment(None);
+    if with_path != root {
+        urls.push(with_path);
+    }
+    urls.push(root);
+    Ok(urls)
+}
+
+/// Where to look for an issuer's metadata, in the spec's order.
+pub(crate) fn server_metadata_urls(issuer: &str, server: &Url) -> Result<Vec<Url>, AuthFailure> {
+    let base = checked_url(issuer, server)?;
+    let has_path = !base.path().trim_end_matches('/').is_empty();
+    let mut urls = vec![
+        inserted(&base, "oauth-authorization-server"),
+        inserted(&base, "openid-configuration"),
+    ];
+    if has_path {
+        let mut appended = base.clone();
+        appended.set_path(&format!(
+            "{}/.well-known/openid-configuration",
+            base.path().trim_end_matches('/')
+        ));
+        urls.push(appended);
+    }
+    Ok(urls)
+}
+
+/// Whether metadata naming `resource` may be used for a server at `server`: the same
+/// URL, or the same origin with `resource`'s path a prefix of the server's on a `/`.
+pub(crate) fn resource_matches(resource: &str, server: &Url) -> bool {
+    let Ok(r) = Url::parse(resource) else {
+        return false;
+    };
+    if r.fragment().is_some() || r.origin() != server.origin() {
+        return false;
+    }
+    let (rp, sp) = (r.path().trim_end_matches('/'), server.path().trim_end_matches('/'));
+    rp.is_empty() || sp == rp || sp.starts_with(&format!("{rp}/"))
+}
+
+/// Checks what the authorization code grant needs: `code`, and PKCE with S256 (a server
+/// that does not say it supports S256 is refused, as the spec requires).
+pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure> {
+    if m.authorization_endpoint.is_none() {
+        return Err(AuthFailure::Unsupported("no authorization_endpoint".into()));
+    }
+    if !m.response_types_supported.is_empty()
+        && !m.response_types_supported.iter().any(|t| t == "code")
+    {
+        return Err(AuthFailure::Unsupported("response type code not supported".into()));
+    }
+    let s256 = m
+        .code_challenge_methods_supported
+        .as_ref()
+        .is_some_and(|methods| methods.iter().any(|x| x == "S256"));
+    if !s256 {
+        return Err(AuthFailure::Unsupported(
+            "PKCE with S256 not advertised (code_challenge_methods_supported)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses metadata JSON into `T`.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, AuthFailure> {
+    serde_json::from_value(value).map_err(|e| AuthFailure::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).expect("url")
+    }
+
+    #[test]
+    fn well_known_locations_follow_the_specs_order() {
+        let s = url("https://example.com/public/mcp");
+        let prm: Vec<String> = resource_metadata_urls(&s, None)
+            .expect("urls")
+            .iter()
+            .map(Url::to_string)
+            .collect();
+        assert_eq!(
+            prm,
+            [
+                "https://example.com/.well-known/oauth-protected-resource/public/mcp",
+                "https://example.com/.well-known/oauth-protected-resource"
+            ]
+        );
+        let with_path: Vec<String> = server_metadata_urls("https://auth.example.com/tenant1", &s)
+            .expect("urls")
+            .iter()
+            .map(Url::to_string)
+            .collect();
+        assert_eq!(
+            with_path,
+            [
+                "https://auth.example.com/.well-known/oauth-authorization-server/tenant1",
+                "https://auth.example.com/.well-known/openid-configuration/tenant1",
+                "https://auth.example.com/tenant1/.well-known/openid-configuration"
+            ]
+        );
+        let root: Vec<String> = server_metadata_urls("https://auth.example.com", &s)
+            .expect("urls")
+            .iter()
+            .map(Url::to_string)
+            .collect();
+        assert_eq!(
+            root,
+            [
+                "https://auth.example.com/.well-known/oauth-authorization-server",
+                "https://auth.example.com/.well-known/openid-configuration"
+            ]
+        );
+    }
+
+    #[test]
+    fn urls_are_checked_before_use() {
+        let s = url("https://mcp.example.com/mcp");
+        assert!(checked_url("http://auth.example.com", &s).is_err());
+        assert!(checked_url("https://user:pw@auth.example.com", &s).is_err());
+        assert!(checked_url("file:///etc/passwd", &s).is_err());
+        assert!(checked_url("http://127.0.0.1:9/x", &s).is_err(), "loopback only for a loopback server");
+        assert!(checked_url("http://127.0.0.1:9/x", &url("http://127.0.0.1:8/mcp")).is_ok());
+        assert!(
+            resource_metadata_urls(&s, Some("https://evil.example/.well-known/oauth-protected-resource")).is_err(),
+            "another origin"
+        );
+    }
+
+    #[test]
+    fn a_resource_matches_its_server_or_a_path_prefix_on_a_segment() {
+        let s = url("https://mcp.example.com/api/mcp");
+        assert!(resource_matches("https://mcp.example.com/api/mcp", &s));
+        assert!(resource_matches("https://mcp.example.com/api", &s));
+        assert!(resource_matches("https://mcp.example.com", &s));
+        assert!(!resource_matches("https://mcp.example.com/ap", &s));
+        assert!(!resource_matches("https://other.example.com/api/mcp", &s));
+        assert!(!resource_matches("https://mcp.example.com/api/mcp#x", &s));
+    }
+}

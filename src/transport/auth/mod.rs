@@ -1,0 +1,964 @@
+//! Sign-in for remote servers: the client side of MCP authorization (2026-07-28),
+//! OAuth 2.1 as that spec profiles it, written against the RFCs (no OAuth crate: the
+//! MCP-specific parts are most of it, and owning the HTTP lets every request be bounded,
+//! never redirected, and never carry a token where it should not).
+//!
+//! On a 401 the server's `WWW-Authenticate` leads to its protected resource metadata and
+//! to its authorization server ([`discovery`]). The client identity is, in the spec's
+//! order, a pre-registered one, a Client ID Metadata Document, or Dynamic Client
+//! Registration. The grant is the authorization code with PKCE (S256), `state`, the
+//! `resource` parameter on both legs and the `iss` check on the way back (RFC 9207), or
+//! client credentials for unattended use. Tokens are refreshed before they expire, one
+//! refresh in flight per token, rotated as the server rotates them; a 403
+//! `insufficient_scope` asks again with the union of scopes, a bounded number of times.
+//!
+//! Tokens belong to (server, resource, auth context): two callers signed in as two
+//! people never share one. A token only ever goes to the server's own endpoint (the
+//! transport sends it; redirects are not followed), never to discovery, registration or
+//! token requests, never into a log or an audit record.
+
+pub mod authorizer;
+mod challenge;
+mod discovery;
+mod error;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use url::Url;
+
+pub use authorizer::{
+    AuthorizationSession, Authorizer, AuthorizeFuture, HeadlessAuthorizer, LoopbackAuthorizer,
+    ShowUrl, SignInRequest,
+};
+pub use challenge::Challenge;
+pub use error::{AuthError, AuthFailure, AuthStep};
+pub use store::{
+    ClientAuth, ClientIdentity, FileTokenStore, MemoryTokenStore, Token, TokenKey, TokenStore,
+};
+
+use discovery::{Discovered, ResourceMetadata, ServerMetadata};
+use store::now_ms;
+
+/// Largest metadata, registration or token reply read.
+const MAX_REPLY: usize = 1 << 20;
+/// Refresh this long before a token expires.
+const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+/// Step-ups (403 `insufficient_scope`) per request before giving up.
+pub const MAX_STEP_UPS: usize = 2;
+/// The scope that asks for a refresh token, when the authorization server offers it.
+const OFFLINE_ACCESS: &str = "offline_access";
+
+/// Which grant a server's sign-in uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantKind {
+    /// A person signs in (authorization code with PKCE).
+    #[default]
+    AuthorizationCode,
+    /// Machine to machine, with a pre-registered client id and secret.
+    ClientCredentials,
+}
+
+/// How one server's sign-in is set up. Everything is optional: with nothing set, a
+/// server that answers 401 is signed in to through discovery and registration.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthConfig {
+    /// A pre-registered client id (used first when set).
+    pub client_id: Option<String>,
+    /// Its secret, for a confidential client.
+    pub client_secret: Option<String>,
+    /// The HTTPS URL of a Client ID Metadata Document you host (used as the client id
+    /// when the authorization server supports such documents).
+    pub client_metadata_url: Option<String>,
+    /// The grant.
+    pub grant: GrantKind,
+    /// Scopes to ask for on top of what the server's challenge or metadata names.
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for OAuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthConfig")
+            .field("client_id", &self.client_id)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| "[redacted]"))
+            .field("client_metadata_url", &self.client_metadata_url)
+            .field("grant", &self.grant)
+            .field("scopes", &self.scopes)
+            .finish()
+    }
+}
+
+/// What every server's sign-in shares: where people sign in, where tokens are kept, how
+/// long a sign-in may take, the name registration gives the client.
+#[derive(Clone)]
+pub struct SignInContext {
+    /// Where a person signs in (`None`: a sign-in that needs one fails with
+    /// [`AuthFailure::NeedsPerson`]).
+    pub authorizer: Option<Arc<dyn Authorizer>>,
+    /// Where tokens are kept.
+    pub store: Arc<dyn TokenStore>,
+    /// The longest one sign-in may take, person included.
+    pub timeout: Duration,
+    /// `client_name` in registrations.
+    pub client_name: String,
+}
+
+impl Default for SignInContext {
+    fn default() -> Self {
+        SignInContext {
+            authorizer: None,
+            store: Arc::new(MemoryTokenStore::default()),
+            timeout: Duration::from_secs(300),
+            client_name: "mcp-harness".into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SignInContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignInContext")
+            .field("authorizer", &self.authorizer.is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// One server's sign-in state: discovery, client identity, tokens per auth context.
+pub(crate) struct SignIn {
+    server: String,
+    url: Url,
+    config: OAuthConfig,
+    ctx: SignInContext,
+    http: reqwest::Client,
+    discovered: tokio::sync::Mutex<Option<Discovered>>,
+    /// A registration (DCR) per issuer, reused while the process lives.
+    registered: Mutex<HashMap<String, ClientIdentity>>,
+    /// Tokens read or made, by auth context.
+    tokens: Mutex<HashMap<Option<String>, Token>>,
+    /// One renewal (refresh or sign-in) at a time per auth context.
+    renewing: Mutex<HashMap<Option<String>, Arc<tokio::sync::Mutex<()>>>>,
+    /// Scopes asked for so far per auth context (a step-up asks for their union).
+    asked: Mutex<HashMap<Option<String>, Vec<String>>>,
+}
+
+fn random_b64(bytes: usize) -> Result<String, String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| e.to_string())?;
+    Ok(URL_SAFE_NO_PAD.encode(buf))
+}
+
+/// The S256 code challenge of a verifier (RFC 7636 section 4.2).
+fn code_challenge(verifier: &str) -> String {
+    URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
+}
+
+fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
+    for s in more {
+        if !into.contains(&s) {
+            into.push(s);
+        }
+    }
+}
+
+fn form(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// Reads a bounded reply body.
+async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFailure> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| AuthFailure::Network(e.to_string()))?
+    {
+        if body.len() + chunk.len() > MAX_REPLY {
+            return Err(AuthFailure::Invalid(format!("reply larger than {MAX_REPLY} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The OAuth error of a failed token or registration reply, else the HTTP status.
+fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) if v.get("error").and_then(Value::as_str).is_some() => AuthFailure::Refused {
+            error: v["error"].as_str().unwrap_or_default().to_string(),
+            description: v
+                .get("error_description")
+                .and_then(Value::as_str)
+                .map(|d| crate::util::text::one_line(d, 200)),
+        },
+        _ => AuthFailure::Http {
+            status,
+            body: crate::util::text::one_line(&String::from_utf8_lossy(body), 200),
+        },
+    }
+}
+
+/// A token endpoint's answer.
+#[derive(Deserialize)]
+struct TokenReply {
+    access_token: String,
+    #[serde(default)]
+    token_type: Option<String>,
+    expires_in: Option<u64>,
+    refresh_token: Option<String>,
+    scope: Option<String>,
+}
+
+impl SignIn {
+    /// The sign-in of server `server` at `url` (its MCP endpoint).
+    pub(crate) fn new(
+        server: &str,
+        url: &Url,
+        config: OAuthConfig,
+        ctx: SignInContext,
+        tls: rustls::ClientConfig,
+    ) -> Result<SignIn, String> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_backend_preconfigured(tls)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(SignIn {
+            server: server.to_string(),
+            url: url.clone(),
+            config,
+            ctx,
+            http,
+            discovered: tokio::sync::Mutex::new(None),
+            registered: Mutex::default(),
+            tokens: Mutex::default(),
+            renewing: Mutex::default(),
+            asked: Mutex::default(),
+        })
+    }
+
+    fn err(&self, step: AuthStep, failure: AuthFailure) -> AuthError {
+        AuthError {
+            server: self.server.clone(),
+            step,
+            failure,
+            refused: None,
+        }
+    }
+
+    fn key(&self, identity: Option<&str>) -> TokenKey {
+        TokenKey {
+            server: self.server.clone(),
+            resource: self.url.to_string(),
+            identity: identity.map(String::from),
+        }
+    }
+
+    fn lock_for(&self, identity: Option<&str>) -> Arc<tokio::sync::Mutex<()>> {
+        self.renewing
+            .lock()
+            .entry(identity.map(String::from))
+            .or_default()
+            .clone()
+    }
+
+    /// The token held for `identity`, from memory or the store.
+    fn held(&self, identity: Option<&str>) -> Option<Token> {
+        if let Some(t) = self.tokens.lock().get(&identity.map(String::from)) {
+            return Some(t.clone());
+        }
+        let stored = self.ctx.store.get(&self.key(identity)).ok().flatten()?;
+        self.tokens
+            .lock()
+            .insert(identity.map(String::from), stored.clone());
+        Some(stored)
+    }
+
+    fn keep(&self, identity: Option<&str>, token: Token) -> Result<(), AuthFailure> {
+        // Stored before it is used: a rotated refresh token replaces the old one for good.
+        self.ctx
+            .store
+            .put(&self.key(identity), &token)
+            .map_err(AuthFailure::Store)?;
+        self.tokens.lock().insert(identity.map(String::from), token);
+        Ok(())
+    }
+
+    fn forget(&self, identity: Option<&str>) {
+        self.tokens.lock().remove(&identity.map(String::from));
+        let _ = self.ctx.store.remove(&self.key(identity));
+    }
+
+    /// The token held for `identity` now, as it is (no refresh).
+    pub(crate) fn current(&self, identity: Option<&str>) -> Option<String> {
+        self.held(identity).map(|t| t.access_token)
+    }
+
+    /// The error after too many step-ups.
+    pub(crate) fn scope_exhausted(&self, attempts: usize) -> AuthError {
+        self.err(AuthStep::StepUp, AuthFailure::ScopeRetriesExhausted(attempts))
+    }
+
+    /// The bearer token to send for `identity`, refreshed first when it is about to
+    /// expire; `None` when not signed in (the server's 401 then starts a sign-in).
+    pub(crate) async fn bearer(&self, identity: Option<&str>) -> Result<Option<String>, AuthError> {
+        let Some(token) = self.held(identity) else {
+            return Ok(None);
+        };
+        if !token.expires_within(REFRESH_MARGIN) {
+            return Ok(Some(token.access_token));
+        }
+        let lock = self.lock_for(identity);
+        let _one = lock.lock().await;
+        // Another request may have renewed it while this one waited.
+        if let Some(t) = self.held(identity)
+            && !t.expires_within(REFRESH_MARGIN)
+        {
+            return Ok(Some(t.access_token));
+        }
+        match self.renew_quietly(identity, &token).await {
+            Ok(Some(t)) => Ok(Some(t.access_token)),
+            // Expired and not renewable without a person: send nothing, let the 401 come.
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A refresh, or a new client-credentials token: what needs no person.
+    async fn renew_quietly(
+        &self,
+        identity: Option<&str>,
+        token: &Token,
+    ) -> Result<Option<Token>, AuthError> {
+        if self.config.grant == GrantKind::ClientCredentials {
+            return self.client_credentials(identity, None).await.map(Some);
+        }
+        let Some(refresh) = token.refresh_token.clone() else {
+            return Ok(None);
+        };
+        match self.refresh(identity, token, &refresh).await {
+            Ok(t) => Ok(Some(t)),
+            Err(e) => match &e.failure {
+                // The refresh token is dead: forget it; a full sign-in comes next.
+                AuthFailure::Refused { error, .. } if error == "invalid_grant" => {
+                    tracing::info!(server = %self.server, "refresh token refused; signing in again");
+                    self.forget(identity);
+                    Ok(None)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// After the server refused `refused` (a 401, or a 403 `insufficient_scope` when
+    /// `step_up`): renews the token, signing in again when refreshing cannot help.
+    pub(crate) async fn on_refused(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+        refused: Option<&str>,
+        step_up: bool,
+    ) -> Result<(), AuthError> {
+        let lock = self.lock_for(identity);
+        let _one = lock.lock().await;
+        let current = self.held(identity);
+        if !step_up
+            && let Some(t) = &current
+            && Some(t.access_token.as_str()) != refused
+        {
+            return Ok(()); // renewed meanwhile by another request
+        }
+        if let Some(rm) = challenge.get("resource_metadata") {
+            let mut d = self.discovered.lock().await;
+            // A different metadata URL than the one discovery used means look again.
+            if d.as_ref().is_some_and(|_| rm != self.url.as_str()) && step_up {
+                *d = None;
+            }
+        }
+        {
+            let mut asked = self.asked.lock();
+            let entry = asked.entry(identity.map(String::from)).or_default();
+            if step_up {
+                if let Some(t) = &current {
+                    union(entry, t.scopes.clone());
+                }
+            }
+            union(entry, challenge.scopes());
+        }
+        if !step_up
+            && let Some(t) = &current
+            && let Some(renewed) = self.renew_quietly(identity, t).await?
+            && Some(renewed.access_token.as_str()) != refused
+        {
+            return Ok(());
+        }
+        if self.config.grant == GrantKind::ClientCredentials {
+            let step = if step_up { AuthStep::StepUp } else { AuthStep::ClientCredentials };
+            return self
+                .client_credentials(identity, Some(challenge))
+                .await
+                .map(|_| ())
+                .map_err(|e| AuthError { step, ..e });
+        }
+        self.authorize(identity, challenge).await.map(|_| ())
+    }
+
+    /// Signs `identity` in now (the command line's `login`), whatever is held.
+    pub(crate) async fn sign_in(&self, identity: Option<&str>) -> Result<(), AuthError> {
+        let lock = self.lock_for(identity);
+        let _one = lock.lock().await;
+        let challenge = self.probe_challenge().await;
+        if self.config.grant == GrantKind::ClientCredentials {
+            return self.client_credentials(identity, Some(&challenge)).await.map(|_| ());
+        }
+        self.authorize(identity, &challenge).await.map(|_| ())
+    }
+
+    /// Forgets every token of this server (the command line's `logout`).
+    pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
+        self.tokens.lock().clear();
+        self.ctx
+            .store
+            .remove_server(&self.server)
+            .map_err(|e| self.err(AuthStep::Token, AuthFailure::Store(e)))
+    }
+
+    /// The server's challenge to an unauthenticated request (for `login` before any
+    /// request was refused); empty when it has none.
+    async fn probe_challenge(&self) -> Challenge {
+        let probe = self
+            .http
+            .post(self.url.clone())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
+            .send()
+            .await;
+        match probe {
+            Ok(r) => Challenge::bearer(
+                r.headers()
+                    .get_all(reqwest::header::WWW_AUTHENTICATE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok()),
+            )
+            .unwrap_or_default(),
+            Err(_) => Challenge::default(),
+        }
+    }
+
+    /// GETs metadata: `Some` on 200, `None` when it is not there (a 4xx), an error else.
+    async fn get_json(&self, url: &Url, step: AuthStep) -> Result<Option<Value>, AuthError> {
+        let response = self
+            .http
+            .get(url.clone())
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+        let status = response.status().as_u16();
+        if (400..500).contains(&status) {
+            return Ok(None);
+        }
+        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        if status != 200 {
+            return Err(self.err(step, oauth_error(status, &body)));
+        }
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))
+    }
+
+    /// Discovery (see [`discovery`]), cached for the process's life.
+    async fn discover(&self, challenge: &Challenge) -> Result<Discovered, AuthError> {
+        let mut cached = self.discovered.lock().await;
+        if let Some(d) = cached.as_ref() {
+            return Ok(d.clone());
+        }
+        let step = AuthStep::ResourceMetadata;
+        let urls = discovery::resource_metadata_urls(&self.url, challenge.get("resource_metadata"))
+            .map_err(|f| self.err(step, f))?;
+        let mut found = None;
+        for url in &urls {
+            if let Some(v) = self.get_json(url, step).await? {
+                found = Some(v);
+                break;
+            }
+        }
+        let Some(v) = found else {
+            return Err(self.err(
+                step,
+                AuthFailure::NotFound {
+                    tried: urls.iter().map(Url::to_string).collect(),
+                },
+            ));
+        };
+        let resource: ResourceMetadata = discovery::parse(v).map_err(|f| self.err(step, f))?;
+        if !discovery::resource_matches(&resource.resource, &self.url) {
+            return Err(self.err(
+                step,
+                AuthFailure::ResourceMismatch {
+                    expected: self.url.to_string(),
+                    found: resource.resource.clone(),
+                },
+            ));
+        }
+        let Some(issuer) = resource.authorization_servers.first().cloned() else {
+            return Err(self.err(step, AuthFailure::Invalid("no authorization_servers".into())));
+        };
+        let step = AuthStep::ServerMetadata;
+        let urls = discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
+        let mut server = None;
+        for url in &urls {
+            if let Some(v) = self.get_json(url, step).await? {
+                let m: ServerMetadata = discovery::parse(v).map_err(|f| self.err(step, f))?;
+                // The metadata must be the issuer's own (RFC 8414 section 3.3).
+                if m.issuer != issuer {
+                    return Err(self.err(
+                        step,
+                        AuthFailure::IssuerMismatch {
+                            expected: issuer,
+                            found: m.issuer,
+                        },
+                    ));
+                }
+                server = Some(m);
+                break;
+            }
+        }
+        let Some(server) = server else {
+            return Err(self.err(
+                step,
+                AuthFailure::NotFound {
+                    tried: urls.iter().map(Url::to_string).collect(),
+                },
+            ));
+        };
+        for endpoint in [Some(&server.token_endpoint), server.authorization_endpoint.as_ref(), server.registration_endpoint.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            discovery::checked_url(endpoint, &self.url).map_err(|f| self.err(step, f))?;
+        }
+        let d = Discovered { resource, server };
+        *cached = Some(d.clone());
+        Ok(d)
+    }
+
+    /// The scopes to ask for: what was asked before (a step-up adds), else the
+    /// challenge's, else the resource's `scopes_supported`; the configured ones; and
+    /// `offline_access` for a person's sign-in when the authorization server offers it.
+    fn scopes(&self, identity: Option<&str>, challenge: &Challenge, d: &Discovered) -> Vec<String> {
+        let mut scopes = self
+            .asked
+            .lock()
+            .get(&identity.map(String::from))
+            .cloned()
+            .unwrap_or_default();
+        if scopes.is_empty() {
+            scopes = challenge.scopes();
+        }
+        if scopes.is_empty() {
+            scopes = d.resource.scopes_supported.clone();
+        }
+        union(&mut scopes, self.config.scopes.clone());
+        if self.config.grant == GrantKind::AuthorizationCode
+            && !scopes.is_empty()
+            && d.server.scopes_supported.iter().any(|s| s == OFFLINE_ACCESS)
+        {
+            union(&mut scopes, [OFFLINE_ACCESS.to_string()]);
+        }
+        scopes
+    }
+
+    /// The token endpoint authentication for a client with (or without) a secret, as the
+    /// metadata allows (RFC 8414: absent means `client_secret_basic`).
+    fn auth_method(d: &Discovered, has_secret: bool, preferred: Option<ClientAuth>) -> ClientAuth {
+        let listed = d.server.token_endpoint_auth_methods_supported.as_ref();
+        let allows = |m: &str| listed.is_none_or(|l| l.iter().any(|x| x == m));
+        let name = |a: ClientAuth| match a {
+            ClientAuth::ClientSecretBasic => "client_secret_basic",
+            ClientAuth::ClientSecretPost => "client_secret_post",
+            ClientAuth::None => "none",
+        };
+        if let Some(p) = preferred
+            && listed.is_some_and(|l| l.iter().any(|x| x == name(p)))
+        {
+            return p;
+        }
+        match (has_secret, listed) {
+            (true, None) => ClientAuth::ClientSecretBasic,
+            (false, None) => ClientAuth::None,
+            (true, Some(_)) if allows("client_secret_basic") => ClientAuth::ClientSecretBasic,
+            (true, Some(_)) if allows("client_secret_post") => ClientAuth::ClientSecretPost,
+            (true, Some(_)) => ClientAuth::ClientSecretPost,
+            (false, Some(_)) => ClientAuth::None,
+        }
+    }
+
+    /// The client identity, in the spec's order: pre-registered, a metadata document,
+    /// then registration with `redirect_uri`.
+    async fn client_identity(
+        &self,
+        d: &Discovered,
+        redirect_uri: Option<&str>,
+        scopes: &[String],
+    ) -> Result<ClientIdentity, AuthError> {
+        if let Some(id) = &self.config.client_id {
+            let secret = self.config.client_secret.clone().filter(|s| !s.is_empty());
+            let auth = Self::auth_method(d, secret.is_some(), None);
+            return Ok(ClientIdentity {
+                client_id: id.clone(),
+                client_secret: secret,
+                auth,
+            });
+        }
+        if let Some(doc) = &self.config.client_metadata_url
+            && d.server.client_id_metadata_document_supported
+        {
+            let url = Url::parse(doc).map_err(|e| {
+                self.err(AuthStep::Registration, AuthFailure::BadUrl { url: doc.clone(), why: e.to_string() })
+            })?;
+            if url.scheme() != "https" || url.path() == "/" || url.fragment().is_some() {
+                return Err(self.err(
+                    AuthStep::Registration,
+                    AuthFailure::BadUrl {
+                        url: doc.clone(),
+                        why: "a client metadata document URL is https with a path and no fragment".into(),
+                    },
+                ));
+            }
+            return Ok(ClientIdentity {
+                client_id: doc.clone(),
+                client_secret: None,
+                auth: ClientAuth::None,
+            });
+        }
+        let Some(endpoint) = &d.server.registration_endpoint else {
+            return Err(self.err(AuthStep::Registration, AuthFailure::NoClientIdentity));
+        };
+        if let Some(c) = self.registered.lock().get(&d.server.issuer) {
+            return Ok(c.clone());
+        }
+        let mut request = json!({
+            "client_name": self.ctx.client_name,
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+            "application_type": "native",
+        });
+        if let Some(uri) = redirect_uri {
+            request["redirect_uris"] = json!([uri]);
+        }
+        if !scopes.is_empty() {
+            request["scope"] = json!(scopes.join(" "));
+        }
+        let step = AuthStep::Registration;
+        let response = self
+            .http
+            .post(endpoint)
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .body(request.to_string())
+            .send()
+            .await
+            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+        let status = response.status().as_u16();
+        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        if !(200..300).contains(&status) {
+            return Err(self.err(step, oauth_error(status, &body)));
+        }
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))?;
+        let Some(client_id) = v.get("client_id").and_then(Value::as_str) else {
+            return Err(self.err(step, AuthFailure::Invalid("no client_id".into())));
+        };
+        let secret = v
+            .get("client_secret")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(String::from);
+        let preferred = match v.get("token_endpoint_auth_method").and_then(Value::as_str) {
+            Some("client_secret_basic") => Some(ClientAuth::ClientSecretBasic),
+            Some("client_secret_post") => Some(ClientAuth::ClientSecretPost),
+            Some("none") => Some(ClientAuth::None),
+            _ => None,
+        };
+        let auth = Self::auth_method(d, secret.is_some(), preferred);
+        let client = ClientIdentity {
+            client_id: client_id.to_string(),
+            client_secret: secret,
+            auth,
+        };
+        self.registered
+            .lock()
+            .insert(d.server.issuer.clone(), client.clone());
+        Ok(client)
+    }
+
+    /// POSTs a token request with the client's authentication; the reply as a token.
+    async fn token_request(
+        &self,
+        step: AuthStep,
+        endpoint: &str,
+        client: &ClientIdentity,
+        mut params: Vec<(&str, String)>,
+        issuer: &str,
+        asked: &[String],
+        previous_refresh: Option<String>,
+    ) -> Result<Token, AuthError> {
+        let mut request = self
+            .http
+            .post(endpoint)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("accept", "application/json");
+        match (client.auth, &client.client_secret) {
+            (ClientAuth::ClientSecretBasic, Some(secret)) => {
+                // RFC 6749 section 2.3.1: each form-encoded, then joined.
+                let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                let basic = STANDARD.encode(format!("{}:{}", enc(&client.client_id), enc(secret)));
+                request = request.header("authorization", format!("Basic {basic}"));
+            }
+            (ClientAuth::ClientSecretPost, Some(secret)) => {
+                params.push(("client_id", client.client_id.clone()));
+                params.push(("client_secret", secret.clone()));
+            }
+            _ => params.push(("client_id", client.client_id.clone())),
+        }
+        let pairs: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let response = request
+            .body(form(&pairs))
+            .send()
+            .await
+            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+        let status = response.status().as_u16();
+        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        if status != 200 {
+            return Err(self.err(step, oauth_error(status, &body)));
+        }
+        let reply: TokenReply = serde_json::from_slice(&body).map_err(|_| {
+            // Some servers answer errors with 200.
+            self.err(step, oauth_error(status, &body))
+        })?;
+        if reply
+            .token_type
+            .as_deref()
+            .is_some_and(|t| !t.eq_ignore_ascii_case("bearer"))
+        {
+            return Err(self.err(step, AuthFailure::Invalid("token_type is not Bearer".into())));
+        }
+        Ok(Token {
+            access_token: reply.access_token,
+            refresh_token: reply.refresh_token.or(previous_refresh),
+            expires_at_ms: reply
+                .expires_in
+                .map(|s| now_ms().saturating_add(s.saturating_mul(1000))),
+            scopes: match reply.scope {
+                Some(s) => s.split_whitespace().map(String::from).collect(),
+                None => asked.to_vec(),
+            },
+            issuer: issuer.to_string(),
+            token_endpoint: endpoint.to_string(),
+            client: client.clone(),
+        })
+    }
+
+    async fn refresh(
+        &self,
+        identity: Option<&str>,
+        token: &Token,
+        refresh: &str,
+    ) -> Result<Token, AuthError> {
+        let params = vec![
+            ("grant_type", "refresh_token".to_string()),
+            ("refresh_token", refresh.to_string()),
+            ("resource", self.resource_param().await),
+        ];
+        let renewed = self
+            .token_request(
+                AuthStep::Refresh,
+                &token.token_endpoint,
+                &token.client,
+                params,
+                &token.issuer,
+                &token.scopes,
+                Some(refresh.to_string()),
+            )
+            .await?;
+        self.keep(identity, renewed.clone())
+            .map_err(|f| self.err(AuthStep::Refresh, f))?;
+        tracing::debug!(server = %self.server, "token refreshed");
+        Ok(renewed)
+    }
+
+    /// The `resource` parameter: the resource metadata's `resource`, else this URL.
+    async fn resource_param(&self) -> String {
+        match self.discovered.lock().await.as_ref() {
+            Some(d) => d.resource.resource.clone(),
+            None => self.url.to_string(),
+        }
+    }
+
+    async fn client_credentials(
+        &self,
+        identity: Option<&str>,
+        challenge: Option<&Challenge>,
+    ) -> Result<Token, AuthError> {
+        let step = AuthStep::ClientCredentials;
+        let empty = Challenge::default();
+        let challenge = challenge.unwrap_or(&empty);
+        let d = self.discover(challenge).await?;
+        let Some(id) = self.config.client_id.clone() else {
+            return Err(self.err(step, AuthFailure::NoClientIdentity));
+        };
+        let secret = self.config.client_secret.clone().filter(|s| !s.is_empty());
+        let client = ClientIdentity {
+            client_id: id,
+            auth: Self::auth_method(&d, secret.is_some(), None),
+            client_secret: secret,
+        };
+        let scopes = self.scopes(identity, challenge, &d);
+        let mut params = vec![
+            ("grant_type", "client_credentials".to_string()),
+            ("resource", d.resource.resource.clone()),
+        ];
+        if !scopes.is_empty() {
+            params.push(("scope", scopes.join(" ")));
+        }
+        let token = self
+            .token_request(step, &d.server.token_endpoint, &client, params, &d.server.issuer, &scopes, None)
+            .await?;
+        self.keep(identity, token.clone()).map_err(|f| self.err(step, f))?;
+        Ok(token)
+    }
+
+    /// The authorization code grant with a person (see the module docs).
+    async fn authorize(&self, identity: Option<&str>, challenge: &Challenge) -> Result<Token, AuthError> {
+        let step = AuthStep::Authorization;
+        let d = self.discover(challenge).await?;
+        discovery::check_for_code_grant(&d.server).map_err(|f| self.err(AuthStep::ServerMetadata, f))?;
+        let Some(authorizer) = self.ctx.authorizer.clone() else {
+            return Err(self.err(step, AuthFailure::NeedsPerson(self.server.clone())));
+        };
+        let scopes = self.scopes(identity, challenge, &d);
+        let request = SignInRequest {
+            server: self.server.clone(),
+            identity: identity.map(String::from),
+            issuer: d.server.issuer.clone(),
+            scopes: scopes.clone(),
+        };
+        let timeout = self.ctx.timeout;
+        let session = tokio::time::timeout(timeout, authorizer.start(&request))
+            .await
+            .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
+            .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
+        let redirect_uri = session.redirect_uri();
+        let client = self.client_identity(&d, Some(&redirect_uri), &scopes).await?;
+        let random = |n| random_b64(n).map_err(|e| self.err(step, AuthFailure::Authorizer(e)));
+        let (verifier, state) = (random(32)?, random(32)?);
+        let Some(endpoint) = d.server.authorization_endpoint.as_deref() else {
+            return Err(self.err(AuthStep::ServerMetadata, AuthFailure::Unsupported("no authorization_endpoint".into())));
+        };
+        let mut url = Url::parse(endpoint).map_err(|e| {
+            self.err(step, AuthFailure::BadUrl { url: endpoint.to_string(), why: e.to_string() })
+        })?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("response_type", "code")
+                .append_pair("client_id", &client.client_id)
+                .append_pair("redirect_uri", &redirect_uri)
+                .append_pair("code_challenge", &code_challenge(&verifier))
+                .append_pair("code_challenge_method", "S256")
+                .append_pair("state", &state)
+                .append_pair("resource", &d.resource.resource);
+            if !scopes.is_empty() {
+                q.append_pair("scope", &scopes.join(" "));
+            }
+        }
+        let back = tokio::time::timeout(timeout, session.finish(url.to_string()))
+            .await
+            .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
+            .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
+        let code = self.check_redirect(&back, &state, &d).map_err(|f| self.err(step, f))?;
+        let params = vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("code", code),
+            ("redirect_uri", redirect_uri),
+            ("code_verifier", verifier),
+            ("resource", d.resource.resource.clone()),
+        ];
+        let token = self
+            .token_request(AuthStep::Token, &d.server.token_endpoint, &client, params, &d.server.issuer, &scopes, None)
+            .await?;
+        self.keep(identity, token.clone()).map_err(|f| self.err(AuthStep::Token, f))?;
+        tracing::info!(server = %self.server, identity = ?identity, "signed in");
+        Ok(token)
+    }
+
+    /// The redirect back: its `state` must be ours and its `iss` (RFC 9207) right
+    /// before anything else in it is read; then the code, or the refusal.
+    fn check_redirect(&self, back: &str, state: &str, d: &Discovered) -> Result<String, AuthFailure> {
+        let url = Url::parse(back).map_err(|e| AuthFailure::BadRedirect(e.to_string()))?;
+        let q: HashMap<String, String> = url.query_pairs().into_owned().collect();
+        if q.get("state").map(String::as_str) != Some(state) {
+            return Err(AuthFailure::BadRedirect("its state is not this sign-in's".into()));
+        }
+        match (q.get("iss"), d.server.authorization_response_iss_parameter_supported) {
+            (Some(iss), _) if iss != &d.server.issuer => {
+                return Err(AuthFailure::BadRedirect(format!(
+                    "iss {iss:?} is not the issuer {:?}",
+                    d.server.issuer
+                )));
+            }
+            (None, true) => {
+                return Err(AuthFailure::BadRedirect(
+                    "no iss, which this authorization server promises".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(error) = q.get("error") {
+            return Err(AuthFailure::Refused {
+                error: crate::util::text::one_line(error, 100),
+                description: q
+                    .get("error_description")
+                    .map(|s| crate::util::text::one_line(s, 200)),
+            });
+        }
+        q.get("code")
+            .cloned()
+            .ok_or_else(|| AuthFailure::BadRedirect("no code".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pkce_challenge_is_rfc_7636s() {
+        assert_eq!(
+            code_challenge("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+        );
+    }
+
+    #[test]
+    fn verifiers_and_states_are_43_url_safe_characters() {
+        let v = random_b64(32).expect("random");
+        assert_eq!(v.len(), 43);
+        assert!(v.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        assert_ne!(v, random_b64(32).expect("random"));
+    }
+}
