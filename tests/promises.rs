@@ -659,7 +659,8 @@ async fn prompts_and_resources_are_listed_and_cached_like_tools() {
 #[tokio::test]
 async fn each_page_is_cached_by_its_cursor_and_expires_by_its_own_ttl() {
     let record = temp_file("pages");
-    // 20 tools a page; the first page is fresh for 10 minutes, the others for 1 ms.
+    // 20 tools a page; the first page is fresh for 10 minutes, the others for 1 s (long
+    // enough that a loaded machine still counts them before they expire).
     let s = with_record(
         "s",
         &record,
@@ -669,7 +670,7 @@ async fn each_page_is_cached_by_its_cursor_and_expires_by_its_own_ttl() {
             "--page-size",
             "20",
             "--page-ttls",
-            "600000,1",
+            "600000,1000",
         ],
     );
     let h = start_ready(config(vec![s])).await;
@@ -677,7 +678,7 @@ async fn each_page_is_cached_by_its_cursor_and_expires_by_its_own_ttl() {
     let pages = count(&record, "tools/list");
     assert!(pages >= 4, "{} tools in {pages} pages", all.len());
     assert_eq!(h.cache_stats().l1.entries, pages, "one entry per page");
-    tokio::time::sleep(Duration::from_millis(20)).await; // past the short TTLs (deliberate)
+    tokio::time::sleep(Duration::from_millis(1100)).await; // past the short TTLs (deliberate)
     let again = h.list_tools(&a()).await.expect("list");
     assert_eq!(again.len(), all.len());
     let lists: Vec<Value> = recorded(&record)

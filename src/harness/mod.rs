@@ -491,6 +491,36 @@ impl HarnessHandle {
             .map(|a| a.get_cell())
     }
 
+    /// Whether server `id` holds a token for `identity` (an auth context; `None`: the
+    /// harness's own sign-in).
+    pub fn signed_in(&self, id: &str, identity: Option<&str>) -> bool {
+        self.inner
+            .directory
+            .get(id)
+            .is_some_and(|s| s.signed_in(identity))
+    }
+
+    /// Signs `identity` in to server `id` now, through the authorizer (a user signing
+    /// in ahead of their first call). The server must be connected.
+    pub async fn sign_in(&self, id: &str, identity: Option<&str>) -> Result<(), HarnessError> {
+        let server = self
+            .inner
+            .directory
+            .get(id)
+            .ok_or_else(|| HarnessError::UnknownServer(id.to_string()))?;
+        let conn = server.connection().ok_or_else(|| {
+            HarnessError::Call(CallError::Server(crate::server::ServerError::Unavailable {
+                server: id.to_string(),
+            }))
+        })?;
+        conn.sign_in(identity).await.map_err(|e| {
+            HarnessError::Call(CallError::Server(crate::server::ServerError::from_request(
+                id,
+                crate::transport::RequestError::Transport(e),
+            )))
+        })
+    }
+
     /// The current actor of one of the harness's services (for fault injection).
     pub async fn service_actor(&self, service: Service) -> Option<ActorCell> {
         ractor::call!(self.inner.supervisor, HarnessMsg::Child, service)

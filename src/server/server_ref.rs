@@ -113,6 +113,20 @@ impl ServerRef {
         self.0.status.read().clone()
     }
 
+    /// Whether `identity` holds a token for it (HTTP servers that need sign-in).
+    pub fn signed_in(&self, identity: Option<&str>) -> bool {
+        self.0
+            .live
+            .read()
+            .as_ref()
+            .is_some_and(|l| l.conn.signed_in(identity))
+    }
+
+    /// The live connection, if there is one (sign-in ahead of a call).
+    pub fn connection(&self) -> Option<Arc<Connection>> {
+        self.0.live.read().as_ref().map(|l| l.conn.clone())
+    }
+
     /// Its lifecycle state.
     pub fn state(&self) -> ServerState {
         self.0.status.read().state

@@ -234,3 +234,44 @@ impl ConnectError {
         }
     }
 }
+
+/// The TLS failure somewhere in `error`'s source chain, if there is one. rustls errors
+/// arrive wrapped in `io::Error`s, whose `source()` skips what they wrap: descend through
+/// `get_ref()` instead.
+pub(crate) fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<TransportError> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(classify(tls));
+        }
+        next = match e.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
+fn classify(error: &rustls::Error) -> TransportError {
+    use rustls::CertificateError as C;
+    let kind = match error {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer | C::BadSignature | C::UnknownRevocationStatus => {
+                TlsFailure::UntrustedCertificate
+            }
+            C::NotValidForName | C::NotValidForNameContext { .. } => TlsFailure::NameMismatch,
+            C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. } => TlsFailure::Expired,
+            _ => TlsFailure::UntrustedCertificate,
+        },
+        _ => TlsFailure::Handshake,
+    };
+    TransportError::Tls {
+        kind,
+        detail: error.to_string(),
+    }
+}

@@ -124,6 +124,29 @@ impl Transport {
         }
     }
 
+    fn signed_in(&self, identity: Option<&str>) -> bool {
+        match self {
+            Transport::Http(t) => t.signed_in(identity),
+            Transport::Stdio(_) => false,
+        }
+    }
+
+    async fn sign_in(&self, identity: Option<&str>) -> Result<(), TransportError> {
+        match self {
+            Transport::Http(t) => t.sign_in(identity).await,
+            Transport::Stdio(_) => Err(TransportError::InvalidConfig(
+                "a stdio server has no sign-in".into(),
+            )),
+        }
+    }
+
+    fn sign_out(&self) -> Result<usize, TransportError> {
+        match self {
+            Transport::Http(t) => t.sign_out(),
+            Transport::Stdio(_) => Ok(0),
+        }
+    }
+
     fn pid(&self) -> Option<u32> {
         match self {
             Transport::Stdio(t) => Some(t.pid()),

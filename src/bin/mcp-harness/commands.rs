@@ -37,6 +37,19 @@ pub struct ServerArgs {
     /// How long to wait for servers to start before going on without them.
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     pub wait: Duration,
+    /// A pre-registered OAuth client id for the `--http` servers.
+    #[arg(long = "client-id", value_name = "ID")]
+    pub client_id: Option<String>,
+    /// Its secret, for a confidential client.
+    #[arg(long = "client-secret", value_name = "SECRET")]
+    pub client_secret: Option<String>,
+    /// Where a person signs in when a server asks.
+    #[arg(long = "sign-in", value_enum, default_value = "print")]
+    pub sign_in: crate::sign_in::SignInMode,
+    /// Where tokens are kept (default: the config's cache.dir/tokens, else
+    /// ~/.cache/mcp-harness/tokens).
+    #[arg(long, value_name = "DIR")]
+    pub tokens: Option<PathBuf>,
 }
 
 /// Exit codes.
@@ -86,12 +99,16 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     // Servers named on the command line are granted to the caller, and nothing else:
     // a config file's own grants are never widened or replaced.
     let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
-    if let Some(ca) = &args.ca_file {
-        for server in &mut loaded.config.servers {
-            if ad_hoc.contains(&server.id)
-                && let mcp_harness::TransportSpec::Http(http) = &mut server.transport
-            {
+    for server in &mut loaded.config.servers {
+        if ad_hoc.contains(&server.id)
+            && let mcp_harness::TransportSpec::Http(http) = &mut server.transport
+        {
+            if let Some(ca) = &args.ca_file {
                 http.ca_file = Some(ca.clone());
+            }
+            if let Some(id) = &args.client_id {
+                http.auth.client_id = Some(id.clone());
+                http.auth.client_secret = args.client_secret.clone();
             }
         }
     }
@@ -109,14 +126,18 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
 /// server is ready, failed or stopped (or `wait` passes), showing progress on a terminal.
 pub async fn start(
     setup: &Setup,
-    wait: Duration,
+    args: &ServerArgs,
     answers: Option<Value>,
+    login: bool,
 ) -> anyhow::Result<HarnessHandle> {
-    let harness = Harness::builder(setup.loaded.config.clone())
+    let wait = args.wait;
+    let mut builder = Harness::builder(setup.loaded.config.clone())
         .input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
-        .spawn()
-        .await
-        .map_err(|e| UsageError(e.into()))?;
+        .token_store(crate::sign_in::store(setup, args.tokens.as_ref()));
+    if let Some(authorizer) = crate::sign_in::authorizer(args.sign_in, setup, login)? {
+        builder = builder.authorizer(authorizer);
+    }
+    let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + wait;
     loop {

@@ -7,8 +7,12 @@
 
 mod commands;
 mod demo;
+mod demo_auth;
 mod demo_server;
+mod demo_token;
 mod elicit;
+mod loopback;
+mod sign_in;
 mod terminal;
 
 use std::process::ExitCode;
@@ -62,11 +66,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Sign in to a server ahead of time (it must be one that asks for sign-in).
+    Login {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// The server's id.
+        server: String,
+    },
+    /// Forget a server's tokens.
+    Logout {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// The server's id.
+        server: String,
+    },
     /// Walk through what the harness does, against MCP servers that ship inside this
     /// binary (stdio and loopback HTTP, both protocol eras). Needs no network.
     Demo,
     /// Act as a demo MCP server (for the demo, the tests and the benchmarks).
     DemoServer(Box<demo_server::DemoServerArgs>),
+    /// Act as a demo OAuth authorization server that approves without a person (for
+    /// the sign-in tests).
+    DemoAuthServer(Box<demo_auth::DemoAuthArgs>),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +128,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
     let (servers, action) = match command {
         Command::Demo => return demo::run().await.map(|()| 0),
         Command::DemoServer(args) => return demo_server::run(*args).await.map(|()| 0),
+        Command::DemoAuthServer(args) => return demo_auth::run(*args).await.map(|()| 0),
         Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
         Command::Call {
             servers,
@@ -124,8 +146,25 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             },
         ),
         Command::Status { servers, json } => (servers, Action::Status { json }),
+        Command::Login { servers, server } => (servers, Action::Login { server }),
+        Command::Logout { servers, server } => {
+            let setup = commands::load(&servers)?;
+            let store = sign_in::store(&setup, servers.tokens.as_ref());
+            return sign_in::logout(store.as_ref(), &server);
+        }
     };
-    let setup = commands::load(&servers)?;
+    let mut setup = commands::load(&servers)?;
+    if let Action::Login { server } = &action {
+        // Only the server signed in to is started.
+        setup.loaded.config.servers.retain(|s| &s.id == server);
+        if setup.loaded.config.servers.is_empty() {
+            return Err(UsageError(anyhow::anyhow!(
+                "no server named {:?}",
+                terminal::line(server)
+            ))
+            .into());
+        }
+    }
     let (answers, args) = match &action {
         Action::Call { answers, args, .. } => (
             commands::json_arg("--answers", answers.as_deref())?,
@@ -133,8 +172,9 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         ),
         _ => (None, None),
     };
-    let harness = commands::start(&setup, servers.wait, answers).await?;
-    if !matches!(action, Action::Status { .. }) {
+    let login = matches!(action, Action::Login { .. });
+    let harness = commands::start(&setup, &servers, answers, login).await?;
+    if !matches!(action, Action::Status { .. } | Action::Login { .. }) {
         commands::go_on_without_unsettled(&harness, servers.wait).await;
     }
     let agent = setup.agent.clone();
@@ -148,6 +188,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                 commands::call(&harness, &agent, tool, args, *json).await
             }
             Action::Status { json } => commands::status(&harness, *json),
+            Action::Login { server } => sign_in::login(&harness, server).await,
         }
     };
     let outcome = tokio::select! {
@@ -162,6 +203,9 @@ async fn run(command: Command) -> anyhow::Result<u8> {
 }
 
 enum Action {
+    Login {
+        server: String,
+    },
     Tools {
         tag: Option<String>,
         json: bool,

@@ -138,7 +138,9 @@ async fn read_request_target(stream: &mut tokio::net::TcpStream) -> Option<Strin
         }
         Some(())
     };
-    tokio::time::timeout(Duration::from_secs(10), read).await.ok()??;
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()??;
     let line = String::from_utf8_lossy(&buf);
     let mut parts = line.lines().next()?.split_whitespace();
     (parts.next()? == "GET").then(|| parts.next().map(String::from))?
@@ -149,7 +151,11 @@ fn open_in_browser(url: &str) {
     if !(url.starts_with("https://") || url.starts_with("http://")) {
         return;
     }
-    let opener = if cfg!(target_os = "macos") { "open" } else { "xdg-open" };
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
     if let Err(e) = std::process::Command::new(opener)
         .arg(url)
         .stdin(std::process::Stdio::null())
@@ -173,7 +179,7 @@ pub struct HeadlessAuthorizer {
 impl HeadlessAuthorizer {
     /// Trusts the platform's roots plus `ca_file`; `redirect_uri` is never contacted.
     pub fn new(ca_file: Option<&std::path::Path>) -> Result<HeadlessAuthorizer, String> {
-        let tls = crate::transport::tls::client_config(ca_file).map_err(|e| e.to_string())?;
+        let tls = crate::transport::tls::client_config(ca_file)?;
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(tls)
@@ -203,10 +209,7 @@ struct HeadlessSession {
 
 impl Authorizer for HeadlessAuthorizer {
     fn start(&self, request: &SignInRequest) -> AuthorizeFuture<Box<dyn AuthorizationSession>> {
-        let identity = self
-            .identity_header
-            .clone()
-            .zip(request.identity.clone());
+        let identity = self.identity_header.clone().zip(request.identity.clone());
         let session = HeadlessSession {
             client: self.client.clone(),
             redirect_uri: self.redirect_uri.clone(),

@@ -127,9 +127,7 @@ fn challenges(value: &str) -> Vec<(String, BTreeMap<String, String>)> {
             lx.skip_ws();
             let value = lx.quoted().or_else(|| lx.token()).unwrap_or_default();
             if let Some((_, params)) = out.last_mut() {
-                params
-                    .entry(word.to_ascii_lowercase())
-                    .or_insert(value);
+                params.entry(word.to_ascii_lowercase()).or_insert(value);
             }
         } else {
             out.push((word, BTreeMap::new()));
@@ -168,8 +166,11 @@ mod tests {
             Some("https://a.example/.well-known/oauth-protected-resource/mcp")
         );
         assert_eq!(c.scopes(), ["read", "write"]);
-        let c = Challenge::bearer(["Basic abc==", r#"BEARER Error="insufficient_scope", SCOPE=admin"#])
-            .expect("bearer in a second field");
+        let c = Challenge::bearer([
+            "Basic abc==",
+            r#"BEARER Error="insufficient_scope", SCOPE=admin"#,
+        ])
+        .expect("bearer in a second field");
         assert!(c.insufficient_scope());
         assert_eq!(c.scopes(), ["admin"]);
     }
@@ -181,12 +182,18 @@ mod tests {
         ])
         .expect("bearer");
         assert_eq!(c.scopes(), ["mcp:read"]);
-        assert_eq!(c.get("error_description"), Some(r#"need scope="evil" here"#));
+        assert_eq!(
+            c.get("error_description"),
+            Some(r#"need scope="evil" here"#)
+        );
     }
 
     #[test]
     fn garbage_is_no_challenge_and_no_panic() {
-        assert_eq!(Challenge::bearer(["", ",,,", "=\"", "Bearer \"unterminated"]), Some(Challenge::default()));
+        assert_eq!(
+            Challenge::bearer(["", ",,,", "=\"", "Bearer \"unterminated"]),
+            Some(Challenge::default())
+        );
         assert_eq!(Challenge::bearer(["Basic realm=x"]), None);
     }
 }

@@ -81,7 +81,11 @@ pub(crate) fn checked_url(raw: &str, server: &Url) -> Result<Url, AuthFailure> {
 fn inserted(base: &Url, suffix: &str) -> Url {
     let mut url = base.clone();
     let path = base.path().trim_end_matches('/');
-    let path = if path.is_empty() { String::new() } else { path.to_string() };
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        path.to_string()
+    };
     url.set_path(&format!("/.well-known/{suffix}{path}"));
     url.set_fragment(None);
     url
@@ -144,7 +148,10 @@ pub(crate) fn resource_matches(resource: &str, server: &Url) -> bool {
     if r.fragment().is_some() || r.origin() != server.origin() {
         return false;
     }
-    let (rp, sp) = (r.path().trim_end_matches('/'), server.path().trim_end_matches('/'));
+    let (rp, sp) = (
+        r.path().trim_end_matches('/'),
+        server.path().trim_end_matches('/'),
+    );
     rp.is_empty() || sp == rp || sp.starts_with(&format!("{rp}/"))
 }
 
@@ -157,7 +164,9 @@ pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure
     if !m.response_types_supported.is_empty()
         && !m.response_types_supported.iter().any(|t| t == "code")
     {
-        return Err(AuthFailure::Unsupported("response type code not supported".into()));
+        return Err(AuthFailure::Unsupported(
+            "response type code not supported".into(),
+        ));
     }
     let s256 = m
         .code_challenge_methods_supported
@@ -232,10 +241,17 @@ mod tests {
         assert!(checked_url("http://auth.example.com", &s).is_err());
         assert!(checked_url("https://user:pw@auth.example.com", &s).is_err());
         assert!(checked_url("file:///etc/passwd", &s).is_err());
-        assert!(checked_url("http://127.0.0.1:9/x", &s).is_err(), "loopback only for a loopback server");
+        assert!(
+            checked_url("http://127.0.0.1:9/x", &s).is_err(),
+            "loopback only for a loopback server"
+        );
         assert!(checked_url("http://127.0.0.1:9/x", &url("http://127.0.0.1:8/mcp")).is_ok());
         assert!(
-            resource_metadata_urls(&s, Some("https://evil.example/.well-known/oauth-protected-resource")).is_err(),
+            resource_metadata_urls(
+                &s,
+                Some("https://evil.example/.well-known/oauth-protected-resource")
+            )
+            .is_err(),
             "another origin"
         );
     }

@@ -92,10 +92,14 @@ pub enum AuthFailure {
     BadRedirect(String),
     /// No way to get a client identity: nothing configured, no metadata document
     /// support, no registration endpoint.
-    #[error("no client identity: configure client_id, or client_metadata_url, or use an authorization server that supports registration")]
+    #[error(
+        "no client identity: configure client_id, or client_metadata_url, or use an authorization server that supports registration"
+    )]
     NoClientIdentity,
     /// The sign-in needs a person and nobody was asked (no authorizer).
-    #[error("sign-in needed and no authorizer is set: run `mcp-harness login {0}`, or give the harness an Authorizer")]
+    #[error(
+        "sign-in needed and no authorizer is set: run `mcp-harness login {0}`, or give the harness an Authorizer"
+    )]
     NeedsPerson(String),
     /// A step-up asked for more scope more times than allowed.
     #[error("still insufficient scope after {0} attempts")]
@@ -142,7 +146,8 @@ pub struct AuthError {
 impl AuthError {
     /// Whether the server has no protected resource metadata at all.
     pub fn is_not_found(&self) -> bool {
-        self.step == AuthStep::ResourceMetadata && matches!(self.failure, AuthFailure::NotFound { .. })
+        self.step == AuthStep::ResourceMetadata
+            && matches!(self.failure, AuthFailure::NotFound { .. })
     }
 
     /// Whether signing in again from the start could help (the CLI then says to run

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use url::Url;
 
 pub use authorizer::{
-    AuthorizationSession, Authorizer, AuthorizeFuture, HeadlessAuthorizer, LoopbackAuthorizer,
+    AuthorizationSession, AuthorizeFuture, Authorizer, HeadlessAuthorizer, LoopbackAuthorizer,
     ShowUrl, SignInRequest,
 };
 pub use challenge::Challenge;
@@ -56,6 +56,13 @@ const REFRESH_MARGIN: Duration = Duration::from_secs(30);
 pub const MAX_STEP_UPS: usize = 2;
 /// The scope that asks for a refresh token, when the authorization server offers it.
 const OFFLINE_ACCESS: &str = "offline_access";
+
+/// The TLS client configuration sign-in uses: the platform's roots plus `ca_file` (for
+/// tools that talk to the same servers, such as a test authorization server fetching
+/// client metadata documents).
+pub fn client_tls(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    crate::transport::tls::client_config(ca_file)
+}
 
 /// Which grant a server's sign-in uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +97,10 @@ impl std::fmt::Debug for OAuthConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OAuthConfig")
             .field("client_id", &self.client_id)
-            .field("client_secret", &self.client_secret.as_ref().map(|_| "[redacted]"))
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "[redacted]"),
+            )
             .field("client_metadata_url", &self.client_metadata_url)
             .field("grant", &self.grant)
             .field("scopes", &self.scopes)
@@ -185,7 +195,9 @@ async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFa
         .map_err(|e| AuthFailure::Network(e.to_string()))?
     {
         if body.len() + chunk.len() > MAX_REPLY {
-            return Err(AuthFailure::Invalid(format!("reply larger than {MAX_REPLY} bytes")));
+            return Err(AuthFailure::Invalid(format!(
+                "reply larger than {MAX_REPLY} bytes"
+            )));
         }
         body.extend_from_slice(&chunk);
     }
@@ -207,6 +219,15 @@ fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
             body: crate::util::text::one_line(&String::from_utf8_lossy(body), 200),
         },
     }
+}
+
+/// What a new token records about its issue, besides the reply.
+struct Issued<'a> {
+    issuer: &'a str,
+    /// The scopes asked for (a reply without `scope` granted these).
+    asked: &'a [String],
+    /// A refresh token to keep when the reply has none.
+    previous_refresh: Option<String>,
 }
 
 /// A token endpoint's answer.
@@ -308,7 +329,10 @@ impl SignIn {
 
     /// The error after too many step-ups.
     pub(crate) fn scope_exhausted(&self, attempts: usize) -> AuthError {
-        self.err(AuthStep::StepUp, AuthFailure::ScopeRetriesExhausted(attempts))
+        self.err(
+            AuthStep::StepUp,
+            AuthFailure::ScopeRetriesExhausted(attempts),
+        )
     }
 
     /// The bearer token to send for `identity`, refreshed first when it is about to
@@ -390,10 +414,8 @@ impl SignIn {
         {
             let mut asked = self.asked.lock();
             let entry = asked.entry(identity.map(String::from)).or_default();
-            if step_up {
-                if let Some(t) = &current {
-                    union(entry, t.scopes.clone());
-                }
+            if step_up && let Some(t) = &current {
+                union(entry, t.scopes.clone());
             }
             union(entry, challenge.scopes());
         }
@@ -405,7 +427,11 @@ impl SignIn {
             return Ok(());
         }
         if self.config.grant == GrantKind::ClientCredentials {
-            let step = if step_up { AuthStep::StepUp } else { AuthStep::ClientCredentials };
+            let step = if step_up {
+                AuthStep::StepUp
+            } else {
+                AuthStep::ClientCredentials
+            };
             return self
                 .client_credentials(identity, Some(challenge))
                 .await
@@ -421,7 +447,10 @@ impl SignIn {
         let _one = lock.lock().await;
         let challenge = self.probe_challenge().await;
         if self.config.grant == GrantKind::ClientCredentials {
-            return self.client_credentials(identity, Some(&challenge)).await.map(|_| ());
+            return self
+                .client_credentials(identity, Some(&challenge))
+                .await
+                .map(|_| ());
         }
         self.authorize(identity, &challenge).await.map(|_| ())
     }
@@ -471,7 +500,9 @@ impl SignIn {
         if (400..500).contains(&status) {
             return Ok(None);
         }
-        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        let body = read_bounded(response)
+            .await
+            .map_err(|f| self.err(step, f))?;
         if status != 200 {
             return Err(self.err(step, oauth_error(status, &body)));
         }
@@ -515,10 +546,14 @@ impl SignIn {
             ));
         }
         let Some(issuer) = resource.authorization_servers.first().cloned() else {
-            return Err(self.err(step, AuthFailure::Invalid("no authorization_servers".into())));
+            return Err(self.err(
+                step,
+                AuthFailure::Invalid("no authorization_servers".into()),
+            ));
         };
         let step = AuthStep::ServerMetadata;
-        let urls = discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
+        let urls =
+            discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
         let mut server = None;
         for url in &urls {
             if let Some(v) = self.get_json(url, step).await? {
@@ -545,9 +580,13 @@ impl SignIn {
                 },
             ));
         };
-        for endpoint in [Some(&server.token_endpoint), server.authorization_endpoint.as_ref(), server.registration_endpoint.as_ref()]
-            .into_iter()
-            .flatten()
+        for endpoint in [
+            Some(&server.token_endpoint),
+            server.authorization_endpoint.as_ref(),
+            server.registration_endpoint.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             discovery::checked_url(endpoint, &self.url).map_err(|f| self.err(step, f))?;
         }
@@ -575,7 +614,10 @@ impl SignIn {
         union(&mut scopes, self.config.scopes.clone());
         if self.config.grant == GrantKind::AuthorizationCode
             && !scopes.is_empty()
-            && d.server.scopes_supported.iter().any(|s| s == OFFLINE_ACCESS)
+            && d.server
+                .scopes_supported
+                .iter()
+                .any(|s| s == OFFLINE_ACCESS)
         {
             union(&mut scopes, [OFFLINE_ACCESS.to_string()]);
         }
@@ -628,14 +670,21 @@ impl SignIn {
             && d.server.client_id_metadata_document_supported
         {
             let url = Url::parse(doc).map_err(|e| {
-                self.err(AuthStep::Registration, AuthFailure::BadUrl { url: doc.clone(), why: e.to_string() })
+                self.err(
+                    AuthStep::Registration,
+                    AuthFailure::BadUrl {
+                        url: doc.clone(),
+                        why: e.to_string(),
+                    },
+                )
             })?;
             if url.scheme() != "https" || url.path() == "/" || url.fragment().is_some() {
                 return Err(self.err(
                     AuthStep::Registration,
                     AuthFailure::BadUrl {
                         url: doc.clone(),
-                        why: "a client metadata document URL is https with a path and no fragment".into(),
+                        why: "a client metadata document URL is https with a path and no fragment"
+                            .into(),
                     },
                 ));
             }
@@ -675,7 +724,9 @@ impl SignIn {
             .await
             .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
         let status = response.status().as_u16();
-        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        let body = read_bounded(response)
+            .await
+            .map_err(|f| self.err(step, f))?;
         if !(200..300).contains(&status) {
             return Err(self.err(step, oauth_error(status, &body)));
         }
@@ -714,10 +765,13 @@ impl SignIn {
         endpoint: &str,
         client: &ClientIdentity,
         mut params: Vec<(&str, String)>,
-        issuer: &str,
-        asked: &[String],
-        previous_refresh: Option<String>,
+        issued: Issued<'_>,
     ) -> Result<Token, AuthError> {
+        let Issued {
+            issuer,
+            asked,
+            previous_refresh,
+        } = issued;
         let mut request = self
             .http
             .post(endpoint)
@@ -726,7 +780,9 @@ impl SignIn {
         match (client.auth, &client.client_secret) {
             (ClientAuth::ClientSecretBasic, Some(secret)) => {
                 // RFC 6749 section 2.3.1: each form-encoded, then joined.
-                let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                let enc = |s: &str| {
+                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+                };
                 let basic = STANDARD.encode(format!("{}:{}", enc(&client.client_id), enc(secret)));
                 request = request.header("authorization", format!("Basic {basic}"));
             }
@@ -743,7 +799,9 @@ impl SignIn {
             .await
             .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
         let status = response.status().as_u16();
-        let body = read_bounded(response).await.map_err(|f| self.err(step, f))?;
+        let body = read_bounded(response)
+            .await
+            .map_err(|f| self.err(step, f))?;
         if status != 200 {
             return Err(self.err(step, oauth_error(status, &body)));
         }
@@ -756,7 +814,10 @@ impl SignIn {
             .as_deref()
             .is_some_and(|t| !t.eq_ignore_ascii_case("bearer"))
         {
-            return Err(self.err(step, AuthFailure::Invalid("token_type is not Bearer".into())));
+            return Err(self.err(
+                step,
+                AuthFailure::Invalid("token_type is not Bearer".into()),
+            ));
         }
         Ok(Token {
             access_token: reply.access_token,
@@ -791,9 +852,11 @@ impl SignIn {
                 &token.token_endpoint,
                 &token.client,
                 params,
-                &token.issuer,
-                &token.scopes,
-                Some(refresh.to_string()),
+                Issued {
+                    issuer: &token.issuer,
+                    asked: &token.scopes,
+                    previous_refresh: Some(refresh.to_string()),
+                },
             )
             .await?;
         self.keep(identity, renewed.clone())
@@ -837,17 +900,33 @@ impl SignIn {
             params.push(("scope", scopes.join(" ")));
         }
         let token = self
-            .token_request(step, &d.server.token_endpoint, &client, params, &d.server.issuer, &scopes, None)
+            .token_request(
+                step,
+                &d.server.token_endpoint,
+                &client,
+                params,
+                Issued {
+                    issuer: &d.server.issuer,
+                    asked: &scopes,
+                    previous_refresh: None,
+                },
+            )
             .await?;
-        self.keep(identity, token.clone()).map_err(|f| self.err(step, f))?;
+        self.keep(identity, token.clone())
+            .map_err(|f| self.err(step, f))?;
         Ok(token)
     }
 
     /// The authorization code grant with a person (see the module docs).
-    async fn authorize(&self, identity: Option<&str>, challenge: &Challenge) -> Result<Token, AuthError> {
+    async fn authorize(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+    ) -> Result<Token, AuthError> {
         let step = AuthStep::Authorization;
         let d = self.discover(challenge).await?;
-        discovery::check_for_code_grant(&d.server).map_err(|f| self.err(AuthStep::ServerMetadata, f))?;
+        discovery::check_for_code_grant(&d.server)
+            .map_err(|f| self.err(AuthStep::ServerMetadata, f))?;
         let Some(authorizer) = self.ctx.authorizer.clone() else {
             return Err(self.err(step, AuthFailure::NeedsPerson(self.server.clone())));
         };
@@ -864,14 +943,25 @@ impl SignIn {
             .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
             .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
         let redirect_uri = session.redirect_uri();
-        let client = self.client_identity(&d, Some(&redirect_uri), &scopes).await?;
+        let client = self
+            .client_identity(&d, Some(&redirect_uri), &scopes)
+            .await?;
         let random = |n| random_b64(n).map_err(|e| self.err(step, AuthFailure::Authorizer(e)));
         let (verifier, state) = (random(32)?, random(32)?);
         let Some(endpoint) = d.server.authorization_endpoint.as_deref() else {
-            return Err(self.err(AuthStep::ServerMetadata, AuthFailure::Unsupported("no authorization_endpoint".into())));
+            return Err(self.err(
+                AuthStep::ServerMetadata,
+                AuthFailure::Unsupported("no authorization_endpoint".into()),
+            ));
         };
         let mut url = Url::parse(endpoint).map_err(|e| {
-            self.err(step, AuthFailure::BadUrl { url: endpoint.to_string(), why: e.to_string() })
+            self.err(
+                step,
+                AuthFailure::BadUrl {
+                    url: endpoint.to_string(),
+                    why: e.to_string(),
+                },
+            )
         })?;
         {
             let mut q = url.query_pairs_mut();
@@ -890,7 +980,9 @@ impl SignIn {
             .await
             .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
             .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
-        let code = self.check_redirect(&back, &state, &d).map_err(|f| self.err(step, f))?;
+        let code = self
+            .check_redirect(&back, &state, &d)
+            .map_err(|f| self.err(step, f))?;
         let params = vec![
             ("grant_type", "authorization_code".to_string()),
             ("code", code),
@@ -899,22 +991,43 @@ impl SignIn {
             ("resource", d.resource.resource.clone()),
         ];
         let token = self
-            .token_request(AuthStep::Token, &d.server.token_endpoint, &client, params, &d.server.issuer, &scopes, None)
+            .token_request(
+                AuthStep::Token,
+                &d.server.token_endpoint,
+                &client,
+                params,
+                Issued {
+                    issuer: &d.server.issuer,
+                    asked: &scopes,
+                    previous_refresh: None,
+                },
+            )
             .await?;
-        self.keep(identity, token.clone()).map_err(|f| self.err(AuthStep::Token, f))?;
+        self.keep(identity, token.clone())
+            .map_err(|f| self.err(AuthStep::Token, f))?;
         tracing::info!(server = %self.server, identity = ?identity, "signed in");
         Ok(token)
     }
 
     /// The redirect back: its `state` must be ours and its `iss` (RFC 9207) right
     /// before anything else in it is read; then the code, or the refusal.
-    fn check_redirect(&self, back: &str, state: &str, d: &Discovered) -> Result<String, AuthFailure> {
+    fn check_redirect(
+        &self,
+        back: &str,
+        state: &str,
+        d: &Discovered,
+    ) -> Result<String, AuthFailure> {
         let url = Url::parse(back).map_err(|e| AuthFailure::BadRedirect(e.to_string()))?;
         let q: HashMap<String, String> = url.query_pairs().into_owned().collect();
         if q.get("state").map(String::as_str) != Some(state) {
-            return Err(AuthFailure::BadRedirect("its state is not this sign-in's".into()));
+            return Err(AuthFailure::BadRedirect(
+                "its state is not this sign-in's".into(),
+            ));
         }
-        match (q.get("iss"), d.server.authorization_response_iss_parameter_supported) {
+        match (
+            q.get("iss"),
+            d.server.authorization_response_iss_parameter_supported,
+        ) {
             (Some(iss), _) if iss != &d.server.issuer => {
                 return Err(AuthFailure::BadRedirect(format!(
                     "iss {iss:?} is not the issuer {:?}",
@@ -958,7 +1071,10 @@ mod tests {
     fn verifiers_and_states_are_43_url_safe_characters() {
         let v = random_b64(32).expect("random");
         assert_eq!(v.len(), 43);
-        assert!(v.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        assert!(
+            v.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        );
         assert_ne!(v, random_b64(32).expect("random"));
     }
 }

@@ -50,7 +50,10 @@ impl std::fmt::Debug for ClientIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientIdentity")
             .field("client_id", &self.client_id)
-            .field("client_secret", &self.client_secret.as_ref().map(|_| "[redacted]"))
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "[redacted]"),
+            )
             .field("auth", &self.auth)
             .finish()
     }
@@ -79,7 +82,10 @@ impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Token")
             .field("access_token", &"[redacted]")
-            .field("refresh_token", &self.refresh_token.as_ref().map(|_| "[redacted]"))
+            .field(
+                "refresh_token",
+                &self.refresh_token.as_ref().map(|_| "[redacted]"),
+            )
             .field("expires_at_ms", &self.expires_at_ms)
             .field("scopes", &self.scopes)
             .field("issuer", &self.issuer)
@@ -270,16 +276,33 @@ mod tests {
             resource: "https://s/mcp".into(),
             identity: who.map(String::from),
         };
-        store.put(&key("s", Some("alice")), &token("a")).expect("put");
+        store
+            .put(&key("s", Some("alice")), &token("a"))
+            .expect("put");
         store.put(&key("s", Some("bob")), &token("b")).expect("put");
         store.put(&key("t", None), &token("t")).expect("put");
-        assert_eq!(store.get(&key("s", Some("alice"))).expect("get").map(|t| t.access_token), Some("a".into()));
-        assert_eq!(store.get(&key("s", Some("bob"))).expect("get").map(|t| t.access_token), Some("b".into()));
+        assert_eq!(
+            store
+                .get(&key("s", Some("alice")))
+                .expect("get")
+                .map(|t| t.access_token),
+            Some("a".into())
+        );
+        assert_eq!(
+            store
+                .get(&key("s", Some("bob")))
+                .expect("get")
+                .map(|t| t.access_token),
+            Some("b".into())
+        );
         assert_eq!(store.get(&key("s", None)).expect("get"), None);
         let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         for f in std::fs::read_dir(&dir).expect("dir").flatten() {
-            assert_eq!(f.metadata().expect("meta").permissions().mode() & 0o777, 0o600);
+            assert_eq!(
+                f.metadata().expect("meta").permissions().mode() & 0o777,
+                0o600
+            );
         }
         assert_eq!(store.remove_server("s").expect("remove"), 2);
         assert_eq!(store.get(&key("s", Some("alice"))).expect("get"), None);
@@ -290,6 +313,9 @@ mod tests {
     #[test]
     fn debug_never_shows_a_token_or_a_secret() {
         let shown = format!("{:?}", token("very-secret-access"));
-        assert!(!shown.contains("very-secret-access") && !shown.contains("s3cret"), "{shown}");
+        assert!(
+            !shown.contains("very-secret-access") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 }

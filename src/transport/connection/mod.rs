@@ -226,6 +226,23 @@ impl Connection {
         self.transport.is_http()
     }
 
+    /// Whether `identity` (an auth context; `None`: the connection's own) holds a token
+    /// for this server.
+    pub fn signed_in(&self, identity: Option<&str>) -> bool {
+        self.transport.signed_in(identity)
+    }
+
+    /// Signs `identity` in now, whether or not the server asked yet (an embedder
+    /// signing a user in ahead of their first call). Stdio servers have no sign-in.
+    pub async fn sign_in(&self, identity: Option<&str>) -> Result<(), TransportError> {
+        self.transport.sign_in(identity).await
+    }
+
+    /// Forgets every token of this server; how many there were.
+    pub fn sign_out(&self) -> Result<usize, TransportError> {
+        self.transport.sign_out()
+    }
+
     /// The stdio server's pid (and process group), if this is a stdio connection.
     pub fn pid(&self) -> Option<u32> {
         self.transport.pid()

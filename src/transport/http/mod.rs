@@ -116,9 +116,15 @@ impl HttpTransport {
         }
         // reqwest builds a TLS config for every client, plain HTTP included: always hand
         // it ours, so it never looks for a process-wide provider.
-        let tls = tls::client_config(spec.ca_file.as_deref())?;
-        let sign_in = SignIn::new(server, &url, spec.auth.clone(), sign_in.clone(), tls.clone())
-            .map_err(bad)?;
+        let tls = tls::client_config(spec.ca_file.as_deref()).map_err(bad)?;
+        let sign_in = SignIn::new(
+            server,
+            &url,
+            spec.auth.clone(),
+            sign_in.clone(),
+            tls.clone(),
+        )
+        .map_err(bad)?;
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none())
@@ -275,7 +281,12 @@ impl HttpTransport {
         }
     }
 
-    /// Forces a sign-in for `identity` (the command line's `login`).
+    /// Whether `identity` holds a token.
+    pub(crate) fn signed_in(&self, identity: Option<&str>) -> bool {
+        self.sign_in.current(identity).is_some()
+    }
+
+    /// Forces a sign-in for `identity`.
     pub(crate) async fn sign_in(&self, identity: Option<&str>) -> Result<(), TransportError> {
         self.sign_in
             .sign_in(identity)
@@ -743,7 +754,7 @@ fn redirect(response: &reqwest::Response) -> TransportError {
 }
 
 fn send_error(e: reqwest::Error) -> TransportError {
-    if let Some(tls) = tls::tls_failure(&e) {
+    if let Some(tls) = super::error::tls_failure(&e) {
         return tls;
     }
     if e.is_connect() {

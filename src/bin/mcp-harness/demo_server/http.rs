@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, StatusCode};
 use mcp_harness::protocol::error::{HEADER_MISMATCH, METHOD_NOT_FOUND, PARSE_ERROR};
@@ -28,8 +28,7 @@ use super::DemoServerArgs;
 use super::core::{Action, Ctx, DemoServer, Out, Peer, Pending, ServeEra};
 use super::tools;
 
-type HttpBody = BoxBody<Bytes, Infallible>;
-type HttpResponse = hyper::Response<HttpBody>;
+use crate::loopback::{self, HttpResponse, full};
 
 #[derive(Default)]
 struct Session {
@@ -41,6 +40,8 @@ struct Session {
 
 struct State {
     server: Arc<DemoServer>,
+    /// `http(s)://ADDR`, as announced.
+    base: String,
     sessions: Mutex<HashMap<String, Session>>,
     next_session: AtomicU64,
 }
@@ -61,85 +62,20 @@ impl Body for ChannelBody {
     }
 }
 
-/// A TLS acceptor for `--tls-cert` / `--tls-key`, if given.
-fn tls_acceptor(args: &DemoServerArgs) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
-        return Ok(None);
-    };
-    let certs = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
-    let key = PrivateKeyDer::from_pem_file(key)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
-    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
-}
-
 pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
-    let tls = tls_acceptor(&server.args)?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    {
-        use std::io::Write;
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "listening {scheme}://{local}/mcp")?;
-        out.flush()?;
-    }
-    if !server.args.ignore_sigterm {
-        // The parent stops us by closing our stdin.
-        tokio::spawn(async {
-            let mut sink = Vec::new();
-            let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
-            std::process::exit(0);
-        });
-    }
+    let tls = loopback::tls_acceptor(
+        server.args.tls_cert.as_deref(),
+        server.args.tls_key.as_deref(),
+    )?;
+    let (listener, base) =
+        loopback::bind(addr, tls.is_some(), "/mcp", server.args.ignore_sigterm).await?;
     let state = Arc::new(State {
         server,
+        base,
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),
     });
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
-            });
-            let http = hyper::server::conn::http1::Builder::new();
-            match tls {
-                Some(tls) => {
-                    if let Ok(stream) = tls.accept(stream).await {
-                        let _ = http
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                            .await;
-                    }
-                }
-                None => {
-                    let _ = http
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                }
-            }
-        });
-    }
-}
-
-fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> HttpResponse {
-    let mut r = hyper::Response::new(Full::new(body.into()).boxed());
-    *r.status_mut() = status;
-    if !content_type.is_empty()
-        && let Ok(v) = content_type.parse()
-    {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
+    loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
 }
 
 fn json_message(status: StatusCode, message: &Message) -> HttpResponse {
@@ -196,6 +132,10 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             )
         })
         .collect();
+    let mut headers = headers;
+    if let Some(reply) = oauth_gate(&state, &req, &mut headers) {
+        return reply;
+    }
     let session_id = headers.get("mcp-session-id").cloned();
     let known_session = session_id
         .as_ref()
@@ -237,6 +177,130 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         _ => return full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
     }
     post(state, req, headers, session_id, known_session).await
+}
+
+/// `--oauth-issuer`: serves the protected resource metadata, and answers a request
+/// without a valid token (issuer, audience, expiry, scope) with 401 and a challenge. A
+/// valid token's subject and scopes go on as `x-demo-subject` / `x-demo-scopes`.
+fn oauth_gate(
+    state: &State,
+    req: &hyper::Request<Incoming>,
+    headers: &mut BTreeMap<String, String>,
+) -> Option<HttpResponse> {
+    use super::PrmAt;
+    let args = &state.server.args;
+    let issuer = args.oauth_issuer.as_ref()?;
+    let resource = args
+        .oauth_resource
+        .clone()
+        .unwrap_or_else(|| format!("{}/mcp", state.base));
+    let path_prm = "/.well-known/oauth-protected-resource/mcp";
+    let root_prm = "/.well-known/oauth-protected-resource";
+    let path = req.uri().path();
+    if req.method() == Method::GET && (path == path_prm || path == root_prm) {
+        state
+            .server
+            .record(json!({"method": "GET", "path": path, "headers": headers}));
+        let served = match args.oauth_prm {
+            PrmAt::Header | PrmAt::Path => path == path_prm,
+            PrmAt::Root => path == root_prm,
+        };
+        if !served {
+            return Some(full(StatusCode::NOT_FOUND, "", ""));
+        }
+        let prm = json!({
+            "resource": resource,
+            "authorization_servers": [issuer],
+            "scopes_supported": ["mcp:read", "mcp:write"],
+            "bearer_methods_supported": ["header"],
+        });
+        return Some(full(StatusCode::OK, "application/json", prm.to_string()));
+    }
+    let challenge = |status: StatusCode, error: Option<&str>, scope: &str| {
+        let mut c = String::from("Bearer");
+        let mut params = Vec::new();
+        if let Some(e) = error {
+            params.push(format!("error=\"{e}\""));
+        }
+        if args.oauth_prm == PrmAt::Header {
+            params.push(format!("resource_metadata=\"{}{path_prm}\"", state.base));
+        }
+        if !args.oauth_no_scope_hint || error.is_some() {
+            params.push(format!("scope=\"{scope}\""));
+        }
+        if !params.is_empty() {
+            c.push(' ');
+            c.push_str(&params.join(", "));
+        }
+        let mut r = full(status, "", "");
+        if let Ok(v) = c.parse() {
+            r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
+        }
+        r
+    };
+    let token = headers
+        .get("authorization")
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(String::from);
+    let claims = token.and_then(|t| crate::demo_token::verify(&args.oauth_secret, &t));
+    let valid = claims
+        .filter(|c| &c.iss == issuer && c.aud == resource && c.exp > crate::demo_token::now());
+    let Some(claims) = valid else {
+        state
+            .server
+            .record(json!({"method": req.method().as_str(), "refused": 401, "headers": headers}));
+        return Some(challenge(StatusCode::UNAUTHORIZED, None, &args.oauth_scope));
+    };
+    let scopes: Vec<&str> = claims.scope.split_whitespace().collect();
+    if !scopes.contains(&args.oauth_scope.as_str()) {
+        return Some(challenge(
+            StatusCode::FORBIDDEN,
+            Some("insufficient_scope"),
+            &args.oauth_scope,
+        ));
+    }
+    headers.insert("x-demo-subject".into(), claims.sub.clone());
+    headers.insert("x-demo-scopes".into(), claims.scope.clone());
+    None
+}
+
+/// `--oauth-tool-scope`: the 403 for a tool whose scope the token lacks.
+fn tool_scope_refusal(
+    state: &State,
+    request: &Request,
+    headers: &BTreeMap<String, String>,
+) -> Option<HttpResponse> {
+    let args = &state.server.args;
+    args.oauth_issuer.as_ref()?;
+    if request.method != "tools/call" {
+        return None;
+    }
+    let tool = request.params.as_ref()?.get("name")?.as_str()?;
+    let needed = args
+        .oauth_tool_scope
+        .iter()
+        .filter_map(|t| t.split_once('='))
+        .find(|(t, _)| *t == tool)
+        .map(|(_, s)| s)?;
+    let granted = headers
+        .get("x-demo-scopes")
+        .map(String::as_str)
+        .unwrap_or("");
+    if granted.split_whitespace().any(|s| s == needed) {
+        return None;
+    }
+    state
+        .server
+        .record(json!({"method": "tools/call", "refused": 403, "tool": tool}));
+    let mut r = full(StatusCode::FORBIDDEN, "", "");
+    let c = format!(
+        "Bearer error=\"insufficient_scope\", scope=\"{needed}\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+        state.base
+    );
+    if let Ok(v) = c.parse() {
+        r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
+    }
+    Some(r)
 }
 
 /// One POST: a request, a notification, or a response to one of our requests.
@@ -292,6 +356,9 @@ async fn post(
         }
         Message::Response(_) => return full(StatusCode::ACCEPTED, "", ""),
     };
+    if let Some(refusal) = tool_scope_refusal(&state, &request, &headers) {
+        return refusal;
+    }
     let era = state.server.args.era;
     if request.method == "server/discover" {
         let args = &state.server.args;

@@ -29,6 +29,17 @@ pub enum OnDiscover {
     Exit,
 }
 
+/// Where `--oauth-issuer` servers keep their protected resource metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrmAt {
+    /// At the path-inserted well-known URL, named in the challenge.
+    Header,
+    /// At the path-inserted well-known URL, not named.
+    Path,
+    /// At the root well-known URL only, not named.
+    Root,
+}
+
 /// Command-line options of `mcp-harness demo-server`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct DemoServerArgs {
@@ -151,6 +162,28 @@ pub struct DemoServerArgs {
     /// cache hints as if it were cacheable.
     #[arg(long)]
     pub list_input_required: bool,
+    /// HTTP only: require bearer tokens from this authorization server (its issuer
+    /// URL), checked with `--oauth-secret` (see `demo-auth-server`).
+    #[arg(long)]
+    pub oauth_issuer: Option<String>,
+    /// The secret the authorization server signs its tokens with.
+    #[arg(long, default_value = "")]
+    pub oauth_secret: String,
+    /// The scope every request needs.
+    #[arg(long, default_value = "mcp:read")]
+    pub oauth_scope: String,
+    /// `TOOL=SCOPE`: a tool that also needs this scope (a 403 `insufficient_scope`).
+    #[arg(long)]
+    pub oauth_tool_scope: Vec<String>,
+    /// Where the protected resource metadata is found.
+    #[arg(long, value_enum, default_value = "header")]
+    pub oauth_prm: PrmAt,
+    /// The `resource` the metadata names (default: this server's URL).
+    #[arg(long)]
+    pub oauth_resource: Option<String>,
+    /// Leave `scope` out of the challenge.
+    #[arg(long)]
+    pub oauth_no_scope_hint: bool,
     /// After this many calls of `region_echo`, its argument goes in `Mcp-Param-Zone`
     /// instead of `Mcp-Param-Region` (a server whose annotations changed).
     #[arg(long)]

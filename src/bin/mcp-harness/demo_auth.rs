@@ -1,0 +1,677 @@
+//! `mcp-harness demo-auth-server`: an OAuth 2.1 authorization server for the demo and
+//! the sign-in tests, on loopback (HTTPS with `--tls-cert`/`--tls-key`). It approves
+//! without a person (as the user named by the `X-Demo-User` header, else `demo-user`),
+//! and checks what a strict server checks: a known client and redirect URI, PKCE S256,
+//! `state`, the same `resource` on both legs, the client's authentication method, codes
+//! and refresh tokens used once (refresh tokens rotate). Knobs make it misbehave the
+//! ways clients must notice: metadata at another well-known location, a wrong issuer,
+//! no PKCE advertised, `iss` missing or wrong, scopes it will not grant. `--record FILE`
+//! appends one JSON line per request (secrets as hashes).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Method, StatusCode};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::demo_token::{self, Claims};
+use crate::loopback::{self, HttpResponse, full};
+
+/// Where the metadata is served (the spec's discovery variants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetadataAt {
+    /// `/.well-known/oauth-authorization-server{path}`.
+    Oauth,
+    /// `/.well-known/openid-configuration{path}`.
+    Openid,
+    /// `{path}/.well-known/openid-configuration`.
+    OpenidAppended,
+}
+
+/// What `iss` the redirect back carries, and whether the metadata promises it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Iss {
+    /// Promised and sent.
+    Sent,
+    /// Promised and missing.
+    Missing,
+    /// Promised, and another issuer's.
+    Wrong,
+    /// Not promised, not sent.
+    None,
+}
+
+/// Command-line options of `mcp-harness demo-auth-server`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DemoAuthArgs {
+    /// Listen on this loopback address; the first line on stdout is `listening URL`.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub http: String,
+    /// Serve HTTPS with this PEM certificate chain (and `--tls-key`).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key for `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// The secret the demo server checks tokens with.
+    #[arg(long)]
+    pub secret: String,
+    /// The issuer's path (`/tenant1`), after the origin.
+    #[arg(long, default_value = "")]
+    pub issuer_path: String,
+    /// Where the metadata is served.
+    #[arg(long, value_enum, default_value = "oauth")]
+    pub metadata_at: MetadataAt,
+    /// The metadata names another issuer (a client must refuse it).
+    #[arg(long)]
+    pub wrong_issuer: bool,
+    /// Leave `code_challenge_methods_supported` out (a client must refuse).
+    #[arg(long)]
+    pub no_pkce: bool,
+    /// The `iss` of the redirect back.
+    #[arg(long, value_enum, default_value = "sent")]
+    pub iss: Iss,
+    /// `token_endpoint_auth_methods_supported` (comma-separated); the method a client
+    /// uses must be one of them.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "client_secret_basic,client_secret_post,none"
+    )]
+    pub auth_methods: Vec<String>,
+    /// A pre-registered client, `ID` (public) or `ID:SECRET` (repeatable).
+    #[arg(long)]
+    pub client: Vec<String>,
+    /// Offer Dynamic Client Registration at `/register`.
+    #[arg(long)]
+    pub registration: bool,
+    /// Accept Client ID Metadata Documents (fetched over HTTPS, trusting `--ca-file`).
+    #[arg(long)]
+    pub cimd: bool,
+    /// CA certificates for fetching metadata documents.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// `scopes_supported` (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "mcp:read,mcp:write,offline_access"
+    )]
+    pub scopes: Vec<String>,
+    /// Scopes it never grants (a step-up for them fails).
+    #[arg(long, value_delimiter = ',')]
+    pub deny_scope: Vec<String>,
+    /// Access tokens live this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub token_ttl: u64,
+    /// Refuse every authorization (`access_denied`).
+    #[arg(long)]
+    pub deny: bool,
+    /// Append every request to this file, one JSON line each.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Serve this file at `ISSUER/client-metadata.json` (a client's metadata document,
+    /// hosted here for the tests).
+    #[arg(long)]
+    pub host_document: Option<PathBuf>,
+}
+
+struct Client {
+    secret: Option<String>,
+    redirect_uris: Vec<String>,
+}
+
+struct Grant {
+    client_id: String,
+    redirect_uri: String,
+    challenge: String,
+    resource: String,
+    scope: String,
+    user: String,
+}
+
+struct State {
+    args: DemoAuthArgs,
+    issuer: String,
+    clients: Mutex<HashMap<String, Client>>,
+    codes: Mutex<HashMap<String, Grant>>,
+    refresh: Mutex<HashMap<String, Grant>>,
+    next: AtomicU64,
+    record: Option<Mutex<std::fs::File>>,
+    fetch: reqwest::Client,
+}
+
+fn hash(s: &str) -> String {
+    let digest = Sha256::digest(s.as_bytes());
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl State {
+    fn record(&self, line: Value) {
+        use std::io::Write;
+        if let Some(f) = &self.record {
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            let _ = f.lock().write_all(&bytes);
+        }
+    }
+
+    fn fresh(&self) -> String {
+        let mut buf = [0u8; 18];
+        let _ = getrandom::fill(&mut buf);
+        format!(
+            "{}{}",
+            self.next.fetch_add(1, Ordering::SeqCst),
+            URL_SAFE_NO_PAD.encode(buf)
+        )
+    }
+}
+
+/// Runs the authorization server until stdin closes.
+pub async fn run(args: DemoAuthArgs) -> anyhow::Result<()> {
+    let tls = loopback::tls_acceptor(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let (listener, base) =
+        loopback::bind(&args.http, tls.is_some(), &args.issuer_path, false).await?;
+    let mut clients = HashMap::new();
+    for c in &args.client {
+        let (id, secret) = match c.split_once(':') {
+            Some((id, secret)) => (id.to_string(), Some(secret.to_string())),
+            None => (c.clone(), None),
+        };
+        clients.insert(
+            id,
+            Client {
+                secret,
+                redirect_uris: Vec::new(),
+            },
+        );
+    }
+    let fetch_tls = mcp_harness::transport::auth::client_tls(args.ca_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let fetch = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_backend_preconfigured(fetch_tls)
+        .build()?;
+    let record = match &args.record {
+        Some(p) => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?,
+        )),
+        None => None,
+    };
+    let state = Arc::new(State {
+        issuer: format!("{base}{}", args.issuer_path),
+        args,
+        clients: Mutex::new(clients),
+        codes: Mutex::default(),
+        refresh: Mutex::default(),
+        next: AtomicU64::new(1),
+        record,
+        fetch,
+    });
+    loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
+}
+
+fn json_reply(status: StatusCode, v: Value) -> HttpResponse {
+    full(status, "application/json", v.to_string())
+}
+
+fn oauth_error(status: StatusCode, error: &str, description: &str) -> HttpResponse {
+    json_reply(
+        status,
+        json!({"error": error, "error_description": description}),
+    )
+}
+
+fn redirect(to: String) -> HttpResponse {
+    let mut r = full(StatusCode::FOUND, "", "");
+    if let Ok(v) = to.parse() {
+        r.headers_mut().insert(hyper::header::LOCATION, v);
+    }
+    r
+}
+
+async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
+    let path = req.uri().path().to_string();
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let (authorization, user) = (header("authorization"), header("x-demo-user"));
+    let method = req.method().clone();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return full(StatusCode::BAD_REQUEST, "", ""),
+    };
+    if body.len() > 1 << 20 {
+        return full(StatusCode::PAYLOAD_TOO_LARGE, "", "");
+    }
+    state.record(json!({
+        "method": method.as_str(),
+        "path": path,
+        // A bearer token arriving here would be a client leaking it.
+        "bearer": authorization.as_deref().is_some_and(|a| a.to_ascii_lowercase().starts_with("bearer ")),
+    }));
+    let ip = state.args.issuer_path.clone();
+    let metadata_path = match state.args.metadata_at {
+        MetadataAt::Oauth => format!("/.well-known/oauth-authorization-server{ip}"),
+        MetadataAt::Openid => format!("/.well-known/openid-configuration{ip}"),
+        MetadataAt::OpenidAppended => format!("{ip}/.well-known/openid-configuration"),
+    };
+    let at = |endpoint: &str| path == format!("{ip}/{endpoint}");
+    match method {
+        Method::GET if path == metadata_path => metadata(&state),
+        Method::GET if at("authorize") => authorize(&state, &query, user.as_deref()).await,
+        Method::GET if at("client-metadata.json") => match &state.args.host_document {
+            Some(doc) => match std::fs::read(doc) {
+                Ok(bytes) => full(StatusCode::OK, "application/json", bytes),
+                Err(_) => full(StatusCode::NOT_FOUND, "", ""),
+            },
+            None => full(StatusCode::NOT_FOUND, "", ""),
+        },
+        Method::POST if at("token") => {
+            let form: HashMap<String, String> =
+                url::form_urlencoded::parse(&body).into_owned().collect();
+            token(&state, &form, authorization.as_deref())
+        }
+        Method::POST if at("register") && state.args.registration => register(&state, &body),
+        _ => full(StatusCode::NOT_FOUND, "", ""),
+    }
+}
+
+fn metadata(state: &State) -> HttpResponse {
+    let a = &state.args;
+    let issuer = if a.wrong_issuer {
+        "https://honest.example".to_string()
+    } else {
+        state.issuer.clone()
+    };
+    let mut m = json!({
+        "issuer": issuer,
+        "authorization_endpoint": format!("{}/authorize", state.issuer),
+        "token_endpoint": format!("{}/token", state.issuer),
+        "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
+        "scopes_supported": a.scopes,
+        "token_endpoint_auth_methods_supported": a.auth_methods,
+        "client_id_metadata_document_supported": a.cimd,
+        "authorization_response_iss_parameter_supported": matches!(a.iss, Iss::Sent | Iss::Missing | Iss::Wrong),
+    });
+    if !a.no_pkce {
+        m["code_challenge_methods_supported"] = json!(["S256"]);
+    }
+    if a.registration {
+        m["registration_endpoint"] = json!(format!("{}/register", state.issuer));
+    }
+    json_reply(StatusCode::OK, m)
+}
+
+/// The redirect URIs a client may use: registered ones, any loopback one for a
+/// pre-registered client (RFC 8252), or those its metadata document lists.
+async fn client_redirects(state: &State, client_id: &str) -> Option<Vec<String>> {
+    if let Some(c) = state.clients.lock().get(client_id) {
+        return Some(c.redirect_uris.clone());
+    }
+    if !(state.args.cimd && client_id.starts_with("https://")) {
+        return None;
+    }
+    let bytes = state
+        .fetch
+        .get(client_id)
+        .send()
+        .await
+        .ok()?
+        .bytes()
+        .await
+        .ok()?;
+    let doc: Value = serde_json::from_slice(&bytes).ok()?;
+    state.record(json!({"event": "fetched client metadata document", "client_id": client_id}));
+    if doc["client_id"] != client_id {
+        return None;
+    }
+    let uris: Vec<String> = doc["redirect_uris"]
+        .as_array()?
+        .iter()
+        .filter_map(|u| u.as_str().map(String::from))
+        .collect();
+    state.clients.lock().insert(
+        client_id.to_string(),
+        Client {
+            secret: None,
+            redirect_uris: uris.clone(),
+        },
+    );
+    Some(uris)
+}
+
+fn loopback_redirect(uri: &str) -> bool {
+    uri.starts_with("http://127.0.0.1:") || uri.starts_with("http://127.0.0.1/")
+}
+
+async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str>) -> HttpResponse {
+    let get = |k: &str| q.get(k).cloned().unwrap_or_default();
+    let (client_id, redirect_uri) = (get("client_id"), get("redirect_uri"));
+    state.record(json!({
+        "endpoint": "authorize",
+        "client_id": client_id,
+        "redirect_uri": redirect_uri,
+        "resource": get("resource"),
+        "scope": get("scope"),
+        "code_challenge_method": get("code_challenge_method"),
+        "state": !get("state").is_empty(),
+    }));
+    let Some(allowed) = client_redirects(state, &client_id).await else {
+        return oauth_error(StatusCode::BAD_REQUEST, "invalid_client", "unknown client");
+    };
+    // Registered URIs match exactly; RFC 8252 lets a loopback one take any port.
+    let port_free = |u: &str| {
+        u.split_once("://")
+            .map(|(_, r)| r.split_once('/').map_or(r, |(_, p)| p).to_string())
+    };
+    let ok_uri = allowed.iter().any(|u| {
+        u == &redirect_uri
+            || (loopback_redirect(u)
+                && loopback_redirect(&redirect_uri)
+                && port_free(u) == port_free(&redirect_uri))
+    }) || (allowed.is_empty() && loopback_redirect(&redirect_uri));
+    if !ok_uri {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "redirect_uri not registered",
+        );
+    }
+    if get("response_type") != "code"
+        || get("code_challenge_method") != "S256"
+        || get("code_challenge").is_empty()
+        || get("state").is_empty()
+        || get("resource").is_empty()
+    {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "code, S256 PKCE, state and resource are required",
+        );
+    }
+    let iss = match state.args.iss {
+        Iss::Sent => Some(state.issuer.clone()),
+        Iss::Wrong => Some(format!("{}/", state.issuer)),
+        Iss::Missing | Iss::None => None,
+    };
+    let mut back = match url::Url::parse(&redirect_uri) {
+        Ok(u) => u,
+        Err(_) => {
+            return oauth_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "bad redirect_uri",
+            );
+        }
+    };
+    {
+        let mut pairs = back.query_pairs_mut();
+        if state.args.deny {
+            pairs.append_pair("error", "access_denied");
+        } else {
+            let code = state.fresh();
+            let asked = get("scope");
+            let granted: Vec<&str> = asked
+                .split_whitespace()
+                .filter(|s| !state.args.deny_scope.iter().any(|d| d == s))
+                .collect();
+            state.codes.lock().insert(
+                code.clone(),
+                Grant {
+                    client_id: client_id.clone(),
+                    redirect_uri: redirect_uri.clone(),
+                    challenge: get("code_challenge"),
+                    resource: get("resource"),
+                    scope: granted.join(" "),
+                    user: user.unwrap_or("demo-user").to_string(),
+                },
+            );
+            pairs.append_pair("code", &code);
+        }
+        pairs.append_pair("state", &get("state"));
+        if let Some(iss) = &iss {
+            pairs.append_pair("iss", iss);
+        }
+    }
+    redirect(back.to_string())
+}
+
+/// Which client authenticated, and how; why not, when it did not.
+fn client_auth(
+    state: &State,
+    form: &HashMap<String, String>,
+    authorization: Option<&str>,
+) -> Result<(String, &'static str), String> {
+    let invalid = |why: &str| Err(why.to_string());
+    let (id, secret, method) =
+        if let Some(basic) = authorization.and_then(|a| a.strip_prefix("Basic ")) {
+            let decoded = STANDARD
+                .decode(basic)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_default();
+            let Some((id, secret)) = decoded.split_once(':') else {
+                return invalid("malformed Basic credentials");
+            };
+            let dec = |s: &str| {
+                url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default()
+            };
+            (dec(id), Some(dec(secret)), "client_secret_basic")
+        } else if let Some(secret) = form.get("client_secret") {
+            (
+                form.get("client_id").cloned().unwrap_or_default(),
+                Some(secret.clone()),
+                "client_secret_post",
+            )
+        } else {
+            (
+                form.get("client_id").cloned().unwrap_or_default(),
+                None,
+                "none",
+            )
+        };
+    if !state.args.auth_methods.iter().any(|m| m == method) {
+        return invalid(&format!("{method} is not an allowed authentication method"));
+    }
+    let clients = state.clients.lock();
+    let Some(client) = clients.get(&id) else {
+        return invalid("unknown client");
+    };
+    if client.secret != secret {
+        return invalid("wrong client credentials");
+    }
+    Ok((id, method))
+}
+
+fn mint(state: &State, grant: &Grant, with_refresh: bool) -> HttpResponse {
+    let claims = Claims {
+        sub: grant.user.clone(),
+        aud: grant.resource.clone(),
+        iss: state.issuer.clone(),
+        scope: grant.scope.clone(),
+        exp: demo_token::now() + state.args.token_ttl,
+        jti: state.fresh(),
+    };
+    let mut reply = json!({
+        "access_token": demo_token::issue(&state.args.secret, &claims),
+        "token_type": "Bearer",
+        "expires_in": state.args.token_ttl,
+        "scope": grant.scope,
+    });
+    if with_refresh {
+        let refresh = state.fresh();
+        state.refresh.lock().insert(
+            refresh.clone(),
+            Grant {
+                client_id: grant.client_id.clone(),
+                redirect_uri: grant.redirect_uri.clone(),
+                challenge: String::new(),
+                resource: grant.resource.clone(),
+                scope: grant.scope.clone(),
+                user: grant.user.clone(),
+            },
+        );
+        reply["refresh_token"] = json!(refresh);
+    }
+    json_reply(StatusCode::OK, reply)
+}
+
+fn token(
+    state: &State,
+    form: &HashMap<String, String>,
+    authorization: Option<&str>,
+) -> HttpResponse {
+    let get = |k: &str| form.get(k).cloned().unwrap_or_default();
+    let grant_type = get("grant_type");
+    let auth = client_auth(state, form, authorization);
+    state.record(json!({
+        "endpoint": "token",
+        "grant_type": grant_type,
+        "client_auth": auth.as_ref().map(|(_, m)| *m).unwrap_or("refused"),
+        "resource": get("resource"),
+        "scope": get("scope"),
+        "code_verifier": !get("code_verifier").is_empty(),
+        "refresh_token": form.get("refresh_token").map(|r| hash(r)),
+    }));
+    let (client_id, _) = match auth {
+        Ok(a) => a,
+        Err(why) => return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", &why),
+    };
+    let bad_grant = |why: &str| oauth_error(StatusCode::BAD_REQUEST, "invalid_grant", why);
+    match grant_type.as_str() {
+        "authorization_code" => {
+            let Some(grant) = state.codes.lock().remove(&get("code")) else {
+                return bad_grant("unknown or used code");
+            };
+            let verifier = get("code_verifier");
+            let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
+            if challenge != grant.challenge {
+                return bad_grant("PKCE verification failed");
+            }
+            if grant.client_id != client_id || grant.redirect_uri != get("redirect_uri") {
+                return bad_grant("client or redirect_uri differ from the authorization");
+            }
+            if grant.resource != get("resource") {
+                return oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_target",
+                    "resource differs from the authorization",
+                );
+            }
+            let offline = grant
+                .scope
+                .split_whitespace()
+                .any(|s| s == "offline_access");
+            mint(state, &grant, offline)
+        }
+        "refresh_token" => {
+            // Used once: rotated on every refresh.
+            let Some(grant) = state.refresh.lock().remove(&get("refresh_token")) else {
+                return bad_grant("unknown or used refresh token");
+            };
+            if grant.client_id != client_id || grant.resource != get("resource") {
+                return bad_grant("client or resource differ");
+            }
+            mint(state, &grant, true)
+        }
+        "client_credentials" => {
+            let scope: Vec<String> = get("scope")
+                .split_whitespace()
+                .filter(|s| !state.args.deny_scope.iter().any(|d| d == s))
+                .map(String::from)
+                .collect();
+            let grant = Grant {
+                client_id: client_id.clone(),
+                redirect_uri: String::new(),
+                challenge: String::new(),
+                resource: get("resource"),
+                scope: scope.join(" "),
+                user: client_id,
+            };
+            mint(state, &grant, false)
+        }
+        _ => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            "unsupported grant",
+        ),
+    }
+}
+
+fn register(state: &State, body: &[u8]) -> HttpResponse {
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_client_metadata",
+            "not JSON",
+        );
+    };
+    let uris: Vec<String> = request["redirect_uris"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let method = request["token_endpoint_auth_method"]
+        .as_str()
+        .unwrap_or("client_secret_basic");
+    state.record(json!({
+        "endpoint": "register",
+        "redirect_uris": uris,
+        "application_type": request["application_type"],
+        "token_endpoint_auth_method": method,
+    }));
+    if uris.is_empty() {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_redirect_uri",
+            "redirect_uris required",
+        );
+    }
+    let id = format!("dyn-{}", state.fresh());
+    let secret = (method != "none").then(|| state.fresh());
+    state.clients.lock().insert(
+        id.clone(),
+        Client {
+            secret: secret.clone(),
+            redirect_uris: uris.clone(),
+        },
+    );
+    let mut reply =
+        json!({"client_id": id, "redirect_uris": uris, "token_endpoint_auth_method": method});
+    if let Some(s) = secret {
+        reply["client_secret"] = json!(s);
+        reply["client_secret_expires_at"] = json!(0);
+    }
+    json_reply(StatusCode::CREATED, reply)
+}

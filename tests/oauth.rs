@@ -1,0 +1,648 @@
+//! Sign-in for remote servers, end to end over loopback HTTPS with a CA made here: an
+//! authorization server of our own (`mcp-harness demo-auth-server`, approving without a
+//! person as the user the `X-Demo-User` header names) and the demo server as the
+//! protected MCP server (`--oauth-issuer`), each recording what it received. The
+//! harness signs in through `HeadlessAuthorizer`, which requests the authorization URL
+//! itself, as an automated run would.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_harness::transport::TransportError;
+use mcp_harness::transport::auth::{
+    AuthError, AuthFailure, AuthStep, HeadlessAuthorizer, OAuthConfig,
+};
+use mcp_harness::{
+    CallError, Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerError,
+    ServerState, TransportSpec,
+};
+use serde_json::{Value, json};
+use support::*;
+
+const SECRET: &str = "demo-signing-secret";
+
+/// An authorization server, a protected MCP server, and what each recorded.
+struct World {
+    ca: TestCa,
+    auth: HttpServer,
+    mcp: HttpServer,
+    auth_record: PathBuf,
+    mcp_record: PathBuf,
+}
+
+impl World {
+    async fn new(auth_args: &[&str], mcp_args: &[&str]) -> World {
+        // Tests run in parallel in one process: a CA directory of its own each.
+        static WORLDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let ca = TestCa::new(&format!("oauth-{n}"));
+        let (cert, key) = ca.leaf("loopback", &["127.0.0.1", "localhost"]);
+        let (auth_record, mcp_record) = (temp_file("as-record"), temp_file("rs-record"));
+        let (c, k, ar) = (
+            cert.to_string_lossy().to_string(),
+            key.to_string_lossy().to_string(),
+            auth_record.to_string_lossy().to_string(),
+        );
+        let ca_pem = ca.ca_pem.to_string_lossy().to_string();
+        let mut args = vec![
+            "demo-auth-server",
+            "--tls-cert",
+            &c,
+            "--tls-key",
+            &k,
+            "--secret",
+            SECRET,
+            "--record",
+            &ar,
+            "--ca-file",
+            &ca_pem,
+        ];
+        args.extend_from_slice(auth_args);
+        let auth = HttpServer::start(&harness_exe(), &args).await;
+        let rr = mcp_record.to_string_lossy().to_string();
+        let mut args = vec![
+            "web",
+            "--oauth-issuer",
+            &auth.url,
+            "--oauth-secret",
+            SECRET,
+            "--record",
+            &rr,
+        ];
+        args.extend_from_slice(mcp_args);
+        let mcp = HttpServer::demo_tls(&args, &cert, &key).await;
+        World {
+            ca,
+            auth,
+            mcp,
+            auth_record,
+            mcp_record,
+        }
+    }
+
+    fn server(&self, auth: OAuthConfig) -> ServerConfig {
+        let mut s = ServerConfig::http("web", &self.mcp.url);
+        if let TransportSpec::Http(h) = &mut s.transport {
+            h.ca_file = Some(self.ca.ca_pem.clone());
+            h.auth = auth;
+        }
+        s
+    }
+
+    fn authorizer(&self) -> Arc<HeadlessAuthorizer> {
+        Arc::new(
+            HeadlessAuthorizer::new(Some(&self.ca.ca_pem))
+                .expect("authorizer")
+                .with_identity_header("x-demo-user"),
+        )
+    }
+
+    async fn harness(&self, auth: OAuthConfig) -> HarnessHandle {
+        self.harness_with(vec![self.server(auth)]).await
+    }
+
+    async fn harness_with(&self, servers: Vec<ServerConfig>) -> HarnessHandle {
+        let config = HarnessConfig {
+            servers,
+            permissions: grant_everything(&["a"]),
+            ..HarnessConfig::default()
+        };
+        Harness::builder(config)
+            .authorizer(self.authorizer())
+            .spawn()
+            .await
+            .expect("spawn")
+    }
+
+    /// The authorization server's records of `endpoint` (`authorize`, `token`, …).
+    fn at(&self, endpoint: &str) -> Vec<Value> {
+        recorded(&self.auth_record)
+            .into_iter()
+            .filter(|r| r["endpoint"] == endpoint)
+            .collect()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.auth_record);
+        let _ = std::fs::remove_file(&self.mcp_record);
+    }
+}
+
+fn as_user(who: &str) -> Caller {
+    Caller::agent("a").with_auth_context(who)
+}
+
+/// The subject the protected server saw, from `whoami`.
+async fn subject(h: &HarnessHandle, caller: &Caller) -> Result<String, CallError> {
+    let r = h.call_tool(caller, "web__whoami", json!({})).await?;
+    Ok(r["structuredContent"]["headers"]["x-demo-subject"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The sign-in error inside a call's error, if that is what it is.
+fn auth_error(e: &CallError) -> Option<&AuthError> {
+    match e {
+        CallError::Server(ServerError::Transport {
+            source: TransportError::Auth(a),
+            ..
+        }) => Some(a),
+        _ => None,
+    }
+}
+
+async fn ready(h: &HarnessHandle) {
+    assert!(
+        wait_state(h, "web", ServerState::Ready).await,
+        "{:?}",
+        h.server_status("web").and_then(|s| s.last_error)
+    );
+}
+
+fn registered(pre: &str) -> OAuthConfig {
+    let (id, secret) = pre
+        .split_once(':')
+        .map_or((pre, None), |(i, s)| (i, Some(s)));
+    OAuthConfig {
+        client_id: Some(id.into()),
+        client_secret: secret.map(String::from),
+        ..OAuthConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn each_discovery_variant_leads_to_a_token_and_the_server_checks_pkce_state_and_resource() {
+    for (prm, metadata_at, issuer_path) in [
+        ("header", "oauth", ""),
+        ("path", "openid", "/tenant1"),
+        ("root", "openid-appended", "/tenant1"),
+    ] {
+        let w = World::new(
+            &[
+                "--client",
+                "pre",
+                "--metadata-at",
+                metadata_at,
+                "--issuer-path",
+                issuer_path,
+            ],
+            &["--oauth-prm", prm],
+        )
+        .await;
+        let h = w.harness(registered("pre")).await;
+        ready(&h).await;
+        assert_eq!(
+            subject(&h, &as_user("alice")).await.expect("call"),
+            "alice",
+            "{prm} {metadata_at}"
+        );
+        let authorize = w.at("authorize");
+        assert_eq!(authorize.len(), 2, "the harness's own sign-in and alice's");
+        for a in &authorize {
+            assert_eq!(a["resource"], w.mcp.url.as_str(), "{a}");
+            assert_eq!(a["code_challenge_method"], "S256");
+            assert_eq!(a["state"], true);
+        }
+        for t in w.at("token") {
+            assert_eq!(t["resource"], w.mcp.url.as_str(), "{t}");
+            assert_eq!(t["code_verifier"], true);
+        }
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_pre_registered_client_a_metadata_document_and_registration_each_sign_in() {
+    // Pre-registered, confidential.
+    let w = World::new(&["--client", "pre:s3cret"], &[]).await;
+    let h = w.harness(registered("pre:s3cret")).await;
+    ready(&h).await;
+    assert!(w.at("authorize").iter().all(|a| a["client_id"] == "pre"));
+    assert!(
+        w.at("token")
+            .iter()
+            .all(|t| t["client_auth"] == "client_secret_basic")
+    );
+    h.shutdown().await;
+    drop(w);
+
+    // A Client ID Metadata Document, hosted by the authorization server for the test.
+    let doc = temp_file("cimd");
+    let w = World::new(&["--cimd", "--host-document", &doc.to_string_lossy()], &[]).await;
+    let url = format!("{}/client-metadata.json", w.auth.url);
+    std::fs::write(
+        &doc,
+        json!({"client_id": url, "client_name": "mcp-harness tests",
+               "redirect_uris": ["http://127.0.0.1:1/callback"], "token_endpoint_auth_method": "none"})
+        .to_string(),
+    )
+    .expect("doc");
+    let h = w
+        .harness(OAuthConfig {
+            client_metadata_url: Some(url.clone()),
+            ..OAuthConfig::default()
+        })
+        .await;
+    ready(&h).await;
+    assert!(
+        w.at("authorize")
+            .iter()
+            .all(|a| a["client_id"] == url.as_str())
+    );
+    assert!(w.at("token").iter().all(|t| t["client_auth"] == "none"));
+    h.shutdown().await;
+    drop(w);
+    let _ = std::fs::remove_file(doc);
+
+    // Dynamic Client Registration, the fallback.
+    let w = World::new(&["--registration"], &[]).await;
+    let h = w.harness(OAuthConfig::default()).await;
+    ready(&h).await;
+    let reg = w.at("register");
+    assert_eq!(reg.len(), 1);
+    assert_eq!(reg[0]["application_type"], "native");
+    assert!(w.at("authorize").iter().all(|a| {
+        a["client_id"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("dyn-"))
+    }));
+    h.shutdown().await;
+
+    // Nothing to identify with.
+    let w = World::new(&[], &[]).await;
+    let h = w.harness(OAuthConfig::default()).await;
+    assert!(wait_state(&h, "web", ServerState::Failed).await);
+    let why = h
+        .server_status("web")
+        .and_then(|s| s.last_error)
+        .unwrap_or_default();
+    assert!(why.contains("no client identity"), "{why}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_token_endpoint_sees_the_authentication_method_its_metadata_allows() {
+    for (methods, client, expected) in [
+        ("client_secret_basic", "pre:s3cret", "client_secret_basic"),
+        ("client_secret_post", "pre:s3cret", "client_secret_post"),
+        ("none", "pre", "none"),
+    ] {
+        let w = World::new(&["--client", client, "--auth-methods", methods], &[]).await;
+        let h = w.harness(registered(client)).await;
+        ready(&h).await;
+        let tokens = w.at("token");
+        assert!(!tokens.is_empty());
+        assert!(
+            tokens.iter().all(|t| t["client_auth"] == expected),
+            "{methods}: {tokens:?}"
+        );
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn iss_on_the_redirect_back_is_checked_as_rfc_9207_says() {
+    for (iss, works) in [
+        ("sent", true),
+        ("none", true),
+        ("missing", false),
+        ("wrong", false),
+    ] {
+        let w = World::new(&["--client", "pre", "--iss", iss], &[]).await;
+        let h = w.harness(registered("pre")).await;
+        if works {
+            ready(&h).await;
+            assert_eq!(w.at("token").len(), 1, "{iss}");
+        } else {
+            assert!(wait_state(&h, "web", ServerState::Failed).await, "{iss}");
+            let why = h
+                .server_status("web")
+                .and_then(|s| s.last_error)
+                .unwrap_or_default();
+            assert!(why.contains("rejected the redirect back"), "{iss}: {why}");
+            assert!(w.at("token").is_empty(), "{iss}: the code was never sent");
+        }
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn metadata_that_lies_is_refused_before_any_authorization() {
+    for (auth_args, mcp_args, expect) in [
+        (
+            &["--client", "pre", "--wrong-issuer"][..],
+            &[][..],
+            "issuer mismatch",
+        ),
+        (&["--client", "pre", "--no-pkce"][..], &[][..], "PKCE"),
+        (
+            &["--client", "pre"][..],
+            &["--oauth-resource", "https://127.0.0.1:1/elsewhere"][..],
+            "not this server",
+        ),
+    ] {
+        let w = World::new(auth_args, mcp_args).await;
+        let h = w.harness(registered("pre")).await;
+        assert!(wait_state(&h, "web", ServerState::Failed).await);
+        let why = h
+            .server_status("web")
+            .and_then(|s| s.last_error)
+            .unwrap_or_default();
+        assert!(why.contains(expect), "{expect}: {why}");
+        assert!(
+            w.at("authorize").is_empty(),
+            "{expect}: nobody was sent to sign in"
+        );
+        h.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn scopes_come_from_the_challenge_else_the_metadata_and_a_step_up_asks_for_their_union() {
+    // From the challenge (mcp:read), plus offline_access, which the server offers.
+    let w = World::new(
+        &["--client", "pre"],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    assert_eq!(w.at("authorize")[0]["scope"], "mcp:read offline_access");
+    // `echo` needs mcp:write: a 403, then a sign-in asking for both.
+    let r = h
+        .call_tool(&Caller::agent("a"), "web__echo", json!({"text": "up"}))
+        .await
+        .expect("stepped up");
+    assert_eq!(text(&r), "up");
+    let authorize = w.at("authorize");
+    assert_eq!(authorize.len(), 2);
+    let scopes: Vec<&str> = authorize[1]["scope"]
+        .as_str()
+        .unwrap_or("")
+        .split(' ')
+        .collect();
+    assert!(
+        scopes.contains(&"mcp:read") && scopes.contains(&"mcp:write"),
+        "{scopes:?}"
+    );
+    h.shutdown().await;
+    drop(w);
+
+    // Without a scope in the challenge: the resource's scopes_supported.
+    let w = World::new(&["--client", "pre"], &["--oauth-no-scope-hint"]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    assert_eq!(
+        w.at("authorize")[0]["scope"],
+        "mcp:read mcp:write offline_access"
+    );
+    h.shutdown().await;
+    drop(w);
+
+    // A scope the server never grants: the step-up gives up after its bound.
+    let w = World::new(
+        &["--client", "pre", "--deny-scope", "mcp:write"],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let e = h
+        .call_tool(&Caller::agent("a"), "web__echo", json!({"text": "x"}))
+        .await
+        .expect_err("denied");
+    let a = auth_error(&e).unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(a.step, AuthStep::StepUp);
+    assert!(
+        matches!(a.failure, AuthFailure::ScopeRetriesExhausted(2)),
+        "{a}"
+    );
+    assert_eq!(
+        w.at("authorize").len(),
+        1 + 2,
+        "the first sign-in and two step-ups"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated() {
+    // Tokens live 31 s and are refreshed 30 s before they expire: after a second, every
+    // request wants a fresh one.
+    let w = World::new(&["--client", "pre", "--token-ttl", "31"], &[]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let h = h.clone();
+        set.spawn(async move { subject(&h, &Caller::agent("a")).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(r.expect("join").expect("call"), "demo-user");
+    }
+    let refreshes: Vec<Value> = w
+        .at("token")
+        .into_iter()
+        .filter(|t| t["grant_type"] == "refresh_token")
+        .collect();
+    assert_eq!(
+        refreshes.len(),
+        1,
+        "one refresh in flight for the token: {refreshes:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    subject(&h, &Caller::agent("a")).await.expect("call");
+    let refreshes: Vec<Value> = w
+        .at("token")
+        .into_iter()
+        .filter(|t| t["grant_type"] == "refresh_token")
+        .collect();
+    assert_eq!(refreshes.len(), 2);
+    assert_ne!(
+        refreshes[0]["refresh_token"], refreshes[1]["refresh_token"],
+        "rotated"
+    );
+    assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_credentials_sign_in_without_a_person() {
+    let w = World::new(&["--client", "machine:s3cret"], &[]).await;
+    let config = HarnessConfig {
+        servers: vec![w.server(OAuthConfig {
+            grant: mcp_harness::transport::auth::GrantKind::ClientCredentials,
+            ..registered("machine:s3cret")
+        })],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    };
+    // No authorizer at all.
+    let h = Harness::spawn(config).await.expect("spawn");
+    ready(&h).await;
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "machine"
+    );
+    assert!(w.at("authorize").is_empty());
+    assert!(w.at("token").iter().all(|t| t["grant_type"] == "client_credentials" && t["resource"] == w.mcp.url.as_str()));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_agents_signed_in_as_two_users_never_share_a_token() {
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let (alice, bob) = (as_user("alice"), as_user("bob"));
+    assert_eq!(subject(&h, &alice).await.expect("alice"), "alice");
+    assert_eq!(subject(&h, &bob).await.expect("bob"), "bob");
+    assert_eq!(subject(&h, &alice).await.expect("alice again"), "alice");
+    assert_eq!(
+        w.at("authorize").len(),
+        3,
+        "the harness's own, alice's and bob's"
+    );
+    let tokens: std::collections::HashSet<String> = recorded(&w.mcp_record)
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .filter_map(|r| r["headers"]["authorization"].as_str().map(String::from))
+        .collect();
+    assert_eq!(tokens.len(), 2, "one token each");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_token_never_reaches_another_host_or_the_authorization_server() {
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let other_record = temp_file("other-host");
+    let (cert, key) = w.ca.leaf("other", &["127.0.0.1"]);
+    let other = HttpServer::demo_tls(
+        &["other", "--record", &other_record.to_string_lossy()],
+        &cert,
+        &key,
+    )
+    .await;
+    let mut plain = ServerConfig::http("other", &other.url);
+    if let TransportSpec::Http(h) = &mut plain.transport {
+        h.ca_file = Some(w.ca.ca_pem.clone());
+    }
+    let h = w
+        .harness_with(vec![w.server(registered("pre")), plain])
+        .await;
+    ready(&h).await;
+    assert!(
+        wait_state(&h, "other", ServerState::Ready).await,
+        "{:?}",
+        h.server_status("other").and_then(|s| s.last_error)
+    );
+    subject(&h, &as_user("alice")).await.expect("web");
+    h.call_tool(&as_user("alice"), "other__echo", json!({"text": "x"}))
+        .await
+        .expect("other");
+    h.list_tools(&as_user("alice")).await.expect("list");
+    h.shutdown().await;
+    let leaked: Vec<Value> = recorded(&other_record)
+        .into_iter()
+        .filter(|r| !r["headers"]["authorization"].is_null())
+        .collect();
+    assert!(leaked.is_empty(), "another host got a token: {leaked:?}");
+    assert!(
+        recorded(&w.auth_record).iter().all(|r| r["bearer"] != true),
+        "the authorization server got a bearer token"
+    );
+    let _ = std::fs::remove_file(other_record);
+}
+
+#[tokio::test]
+async fn without_an_authorizer_a_sign_in_that_needs_a_person_says_what_to_do() {
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let config = HarnessConfig {
+        servers: vec![w.server(registered("pre"))],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn(config).await.expect("spawn");
+    assert!(wait_state(&h, "web", ServerState::Failed).await);
+    let why = h
+        .server_status("web")
+        .and_then(|s| s.last_error)
+        .unwrap_or_default();
+    assert!(why.contains("mcp-harness login web"), "{why}");
+    assert_eq!(
+        h.server_status("web").map(|s| s.restarts),
+        Some(0),
+        "no retry loop"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let dir = temp_file("cli-oauth");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = dir.join("harness.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[servers]]\nid = \"web\"\ntransport = {{ type = \"http\", url = \"{}\", ca_file = \"{}\", auth = {{ client_id = \"pre\" }} }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
+            w.mcp.url,
+            w.ca.ca_pem.display()
+        ),
+    )
+    .expect("config");
+    let tokens = dir.join("tokens");
+    let run = |args: &[&str], sign_in: &str| {
+        let mut cmd = std::process::Command::new(harness_exe());
+        cmd.args(args)
+            .args([
+                "--config",
+                &config.to_string_lossy(),
+                "--tokens",
+                &tokens.to_string_lossy(),
+            ])
+            .args(["--sign-in", sign_in])
+            .env("RUST_LOG", "error");
+        cmd.output().expect("run the CLI")
+    };
+    let out = run(&["login", "web"], "headless");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("signed in to web"));
+    assert_eq!(w.at("authorize").len(), 1);
+    // A later run uses the kept token: no new sign-in, and no person needed.
+    let out = run(&["call", "web__whoami", "--json"], "print");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        result["structuredContent"]["headers"]["x-demo-subject"],
+        "demo-user"
+    );
+    assert_eq!(w.at("authorize").len(), 1, "the token was reused");
+    let out = run(&["logout", "web"], "print");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 token(s) forgotten"));
+    // Signed out, with nobody at a terminal: an error that says what to do.
+    let out = run(&["call", "web__whoami"], "print");
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("mcp-harness login web"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
