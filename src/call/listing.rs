@@ -18,7 +18,7 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
-use crate::protocol::{Pager, ProtocolError, ResultType, RpcErrorKind};
+use crate::protocol::{CacheScope, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{ListOf, Page, json_size, scope_key};
 use crate::server::{ServerError, ServerRef, ServerState};
 
@@ -29,6 +29,12 @@ pub struct Listing {
     pub items: Vec<ToolInfo>,
     /// Servers the caller may use that could not be listed now, with why.
     pub unreachable: Vec<(Unreachable, Option<CallError>)>,
+    /// The least freshness left of the pages it was built from (zero: fetched and not
+    /// cacheable).
+    pub fresh_for: Duration,
+    /// Every page it was built from was `public`, and no item was filtered out for the
+    /// caller: anyone may be served the same list.
+    pub public: bool,
 }
 
 /// One server's list, as read for a call or a listing.
@@ -36,6 +42,10 @@ pub(crate) struct Listed {
     pub(crate) server: ServerRef,
     pub(crate) pages: Vec<Arc<Value>>,
     pub(crate) from_cache: bool,
+    /// The least freshness left of its pages.
+    pub(crate) fresh_for: Duration,
+    /// Every page was `public`.
+    pub(crate) public: bool,
 }
 
 fn page_items(kind: CallKind, page: &Value) -> usize {
@@ -92,9 +102,16 @@ struct Walker<'a> {
     cacheable: bool,
     bytes: usize,
     items: usize,
+    fresh_for: Duration,
+    public: bool,
 }
 
 impl<'a> Walker<'a> {
+    fn saw(&mut self, remaining: Duration, scope: CacheScope) {
+        self.fresh_for = self.fresh_for.min(remaining);
+        self.public &= scope == CacheScope::Public;
+    }
+
     fn list(&self) -> ListOf<'a> {
         ListOf {
             server: self.server.id(),
@@ -114,6 +131,7 @@ impl<'a> Walker<'a> {
         if self.use_cache
             && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
         {
+            self.saw(hit.remaining, hit.scope);
             return Ok((hit.value, hit.bytes, true));
         }
         self.from_cache = false;
@@ -150,14 +168,21 @@ impl<'a> Walker<'a> {
         }
         let size = json_size(&page);
         let page = Arc::new(page);
+        let scope = crate::protocol::CacheHints::of(&page).scope;
         match cache.key_for(self.list(), cursor, self.auth_context, &page) {
-            Some((key, ttl)) => self.fetched.push(Page {
-                key,
-                ttl,
-                value: page.clone(),
-                bytes: size,
-            }),
-            None => self.cacheable = false,
+            Some((key, ttl)) => {
+                self.saw(ttl, scope);
+                self.fetched.push(Page {
+                    key,
+                    ttl,
+                    value: page.clone(),
+                    bytes: size,
+                });
+            }
+            None => {
+                self.saw(Duration::ZERO, scope);
+                self.cacheable = false;
+            }
         }
         Ok((page, size, false))
     }
@@ -195,7 +220,13 @@ impl<'a> Walker<'a> {
     fn finish(self) -> Listed {
         if !self.from_cache {
             if self.cacheable && !self.fetched.is_empty() {
-                self.ctx.registry_ref.put(self.fetched, self.epoch);
+                self.ctx
+                    .registry
+                    .cache
+                    .put_memory(&self.fetched, self.epoch);
+                if self.ctx.registry.cache.config().dir.is_some() {
+                    self.ctx.registry_ref.put(self.fetched, self.epoch);
+                }
             }
             if self.kind == CallKind::Tool {
                 let scope = self
@@ -213,6 +244,8 @@ impl<'a> Walker<'a> {
             server: self.server.clone(),
             pages: self.pages,
             from_cache: self.from_cache,
+            fresh_for: self.fresh_for,
+            public: self.public,
         }
     }
 }
@@ -239,6 +272,8 @@ async fn walk(
         cacheable: true,
         bytes: 0,
         items: 0,
+        fresh_for: Duration::MAX,
+        public: true,
     };
     let mut pager = Pager::new(ctx.settings.limits.max_list_pages);
     let (mut cursor, mut cursor_cached) = (None::<String>, false);
@@ -414,10 +449,12 @@ pub(crate) async fn list(
         .collect();
     let (lists, unreachable) = list_all(ctx, caller, kind, servers, None).await;
     let mut out = Vec::new();
+    let (mut fresh_for, mut public) = (Duration::MAX, true);
     for listed in lists {
         let items = ctx.catalog.items(kind, listed.server.id(), &listed.pages);
         let config = listed.server.config();
         let policy = ctx.policy.read();
+        let before = out.len();
         out.extend(
             items
                 .iter()
@@ -427,10 +464,18 @@ pub(crate) async fn list(
                     ..t.clone()
                 }),
         );
+        fresh_for = fresh_for.min(listed.fresh_for);
+        public &= listed.public && out.len() - before == items.len();
     }
     out.sort_by(|a, b| a.qualified.cmp(&b.qualified));
     Ok(Listing {
         items: out,
         unreachable,
+        fresh_for: if fresh_for == Duration::MAX {
+            Duration::ZERO
+        } else {
+            fresh_for
+        },
+        public,
     })
 }

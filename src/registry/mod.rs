@@ -159,7 +159,7 @@ impl Actor for RegistryActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RegistryMsg::Put { pages, epoch } => {
-                blocking(registry, move |r| r.cache.put(pages, epoch)).await;
+                blocking(registry, move |r| r.cache.put_disk(pages, epoch)).await;
             }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
@@ -194,7 +194,8 @@ impl Actor for RegistryActor {
 pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>);
 
 impl RegistryRef {
-    /// Stores the pages of one list fetched at `epoch`.
+    /// Stores the pages of one list fetched at `epoch` on disk (memory is written by
+    /// the listing itself, [`cache::ListCache::put_memory`]).
     pub fn put(&self, pages: Vec<Page>, epoch: u64) {
         self.0.send(RegistryMsg::Put { pages, epoch });
     }

@@ -324,32 +324,73 @@ impl ListCache {
         ))
     }
 
-    /// Stores the pages of one list fetched at `epoch` (writer: the registry
-    /// actor, on a blocking thread: this writes files).
+    /// Stores the pages of one list fetched at `epoch`, in memory and on disk (the
+    /// harness writes the two layers apart: [`ListCache::put_memory`], `put_disk`).
+    #[cfg(test)]
     pub(crate) fn put(&self, pages: Vec<Page>, epoch: u64) {
         self.put_at(now_ms(), pages, epoch)
     }
 
     /// [`ListCache::put`] at a given time (unix milliseconds).
+    #[cfg(test)]
     pub(crate) fn put_at(&self, now: u64, pages: Vec<Page>, epoch: u64) {
+        self.put_memory_at(now, &pages, epoch);
+        self.put_disk_at(now, pages, epoch);
+    }
+
+    /// Stores the pages of one list fetched at `epoch` in memory, at once: the listing
+    /// that fetched them returns after they are in, so the next one is served from
+    /// here. Cheap; the disk goes through the registry actor ([`ListCache::put_disk`]).
+    pub(crate) fn put_memory(&self, pages: &[Page], epoch: u64) {
+        self.put_memory_at(now_ms(), pages, epoch)
+    }
+
+    fn entry(now: u64, page: &Page, max_ttl: Duration) -> Entry {
+        let ttl = page.ttl.min(max_ttl);
+        Entry {
+            key: page.key.clone(),
+            value: page.value.clone(),
+            expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
+            bytes: page.bytes,
+        }
+    }
+
+    fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
+        // The epoch is read under the layer's lock: an invalidation bumps the epoch and
+        // then takes this lock to drop entries, so a stale list either sees the new
+        // epoch here or is dropped right after.
+        let mut l1 = self.l1.write();
         for page in pages {
             if self.epoch(&page.key.server) != epoch {
                 return; // invalidated while it was being fetched
             }
-            let ttl = page.ttl.min(self.config.max_ttl);
-            let entry = Entry {
-                key: page.key.clone(),
-                value: page.value,
-                expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
-                bytes: page.bytes,
-            };
-            if let Some(dir) = &self.config.dir {
-                if let Err(e) = disk::write(dir, &entry) {
-                    tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");
-                }
-                self.l2.write().insert(page.key.clone(), entry.clone());
+            l1.insert(
+                page.key.clone(),
+                Self::entry(now, page, self.config.max_ttl),
+            );
+        }
+    }
+
+    /// The disk layer's part of [`ListCache::put`] (writer: the registry actor, on a
+    /// blocking thread: this writes files).
+    pub(crate) fn put_disk(&self, pages: Vec<Page>, epoch: u64) {
+        self.put_disk_at(now_ms(), pages, epoch)
+    }
+
+    fn put_disk_at(&self, now: u64, pages: Vec<Page>, epoch: u64) {
+        let Some(dir) = &self.config.dir else {
+            return;
+        };
+        let mut l2 = self.l2.write();
+        for page in pages {
+            if self.epoch(&page.key.server) != epoch {
+                return;
             }
-            self.l1.write().insert(page.key, entry);
+            let entry = Self::entry(now, &page, self.config.max_ttl);
+            if let Err(e) = disk::write(dir, &entry) {
+                tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");
+            }
+            l2.insert(page.key, entry);
         }
     }
 
