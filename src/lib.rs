@@ -27,8 +27,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers, top down (each uses only the ones below it): [`harness`] (the tree and the
-//! handle), [`config`] (every layer's settings together, and config files), [`call`]
+//! Layers, top down (each uses only the ones below it): [`gateway`] (the harness served
+//! as one MCP server), [`harness`] (the tree and the handle), [`config`] (every layer's settings together, and config files), [`call`]
 //! (one call, step by step; input handlers), [`registry`] (the list cache, names),
 //! [`permission`], [`audit`], [`server`] (a supervised actor per server), [`transport`]
 //! (stdio and Streamable HTTP, era detection), [`protocol`] (the wire types). [`util`]
@@ -42,6 +42,7 @@ compile_error!("mcp-harness runs stdio servers in Unix process groups and suppor
 pub mod audit;
 pub mod call;
 pub mod config;
+pub mod gateway;
 pub mod harness;
 pub mod permission;
 pub mod protocol;
@@ -51,7 +52,7 @@ pub mod transport;
 pub mod util;
 
 pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
-pub use call::{CallError, CallKind, Caller, CancelToken, ToolInfo};
+pub use call::{Answer, CallError, CallKind, Caller, CancelToken, Delegation, ToolInfo};
 pub use config::{ConfigError, HarnessConfig};
 pub use harness::{CallOptions, Harness, HarnessBuilder, HarnessError, HarnessHandle, Service};
 pub use server::{

@@ -1,7 +1,7 @@
 //! The shape of the crate, checked: module dependencies run one way, and no modules
 //! import each other in a cycle.
 //!
-//! Layers, top down: harness → config → call → (registry, permission, audit) → server →
+//! Layers, top down: gateway → harness → config → call → (registry, permission, audit) → server →
 //! transport → protocol; `util` holds leaves anyone may use. A module may use its own
 //! layer and the layers below it, never one above, and registry, permission and audit
 //! do not use each other. Within the crate no two modules may depend on each other,
@@ -17,6 +17,7 @@ use std::path::Path;
 /// Top-level modules by layer: a module may depend on modules of a layer with a greater
 /// or equal index (its own layer only within its own top-level module).
 const LAYERS: &[&[&str]] = &[
+    &["gateway"],
     &["harness"],
     &["config"],
     &["call"],

@@ -66,6 +66,36 @@ pub(crate) struct CallRequest {
     pub args: Value,
     /// The call's own deadline, instead of `call_timeout`.
     pub timeout: Option<Duration>,
+    /// The caller answers the input rounds itself (a gateway's downstream client).
+    pub delegated: Option<Delegation>,
+}
+
+/// A call whose `input_required` rounds go back to the caller instead of the input
+/// handlers: the first `input_required` result ends the call (as [`Answer::input_required`]),
+/// and the caller continues it with another call carrying the answers.
+#[derive(Clone, Debug, Default)]
+pub struct Delegation {
+    /// What the caller can answer, declared to the server in place of the handlers'.
+    pub capabilities: Value,
+    /// The answers to the previous round, keyed as the server asked.
+    pub input_responses: Option<Map<String, Value>>,
+    /// The previous round's `requestState`, as that server issued it.
+    pub request_state: Option<String>,
+    /// Rounds the logical call has already had (the round cap counts them all).
+    pub rounds: usize,
+}
+
+/// How a call ended, short of an error: its result and the server that gave it.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    /// The server's result, as sent.
+    pub result: Value,
+    /// The server that served the call.
+    pub server: String,
+    /// The result is `input_required` (only for delegated calls; others drive rounds).
+    pub input_required: bool,
+    /// Rounds the logical call has had, this one included.
+    pub rounds: usize,
 }
 
 /// The call's one deadline.
@@ -102,7 +132,7 @@ impl Deadline {
 
 /// Runs one call end to end. Exactly one `started` and one `finished` audit record,
 /// whatever happens (a call dropped half-way records `cancelled`).
-pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<Value, CallError> {
+pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<Answer, CallError> {
     ctx.audit.admit()?;
     let _in_flight = ctx.enter();
     let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
@@ -162,8 +192,8 @@ async fn drive(
     candidates: &[Candidate],
     deadline: Deadline,
     record: &mut CallRecord,
-) -> Result<Value, CallError> {
-    let mut rounds = 0usize;
+) -> Result<Answer, CallError> {
+    let mut rounds = request.delegated.as_ref().map_or(0, |d| d.rounds);
     let mut last_error = None;
     for (i, candidate) in candidates.iter().enumerate() {
         if i > 0 {
@@ -171,7 +201,14 @@ async fn drive(
         }
         record.server = Some(candidate.server.clone());
         let error = match attempt(ctx, request, candidate, deadline, &mut rounds, record).await {
-            Ok(result) => return Ok(result),
+            Ok((result, input_required)) => {
+                return Ok(Answer {
+                    result,
+                    server: candidate.server.id().to_string(),
+                    input_required,
+                    rounds,
+                });
+            }
             Err(Attempt::Final(e)) => return Err(e),
             Err(Attempt::ServerFailed(e)) => e,
         };
@@ -220,7 +257,8 @@ fn still_allowed(
     })
 }
 
-/// The call on one server: send, and answer `input_required` rounds until complete.
+/// The call on one server: send, and answer `input_required` rounds until complete
+/// (or, delegated, until the first round, which goes back to the caller: `true`).
 async fn attempt(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
@@ -228,10 +266,22 @@ async fn attempt(
     deadline: Deadline,
     rounds: &mut usize,
     record: &mut CallRecord,
-) -> Result<Value, Attempt> {
+) -> Result<(Value, bool), Attempt> {
     let server = &candidate.server;
     let handlers = ctx.inputs.snapshot();
     let mut params = request.kind.params(&candidate.item, &request.args);
+    let capabilities = match &request.delegated {
+        Some(d) => {
+            if let Some(answers) = &d.input_responses {
+                params.insert("inputResponses".into(), Value::Object(answers.clone()));
+            }
+            if let Some(state) = &d.request_state {
+                params.insert("requestState".into(), Value::String(state.clone()));
+            }
+            &d.capabilities
+        }
+        None => handlers.capabilities(),
+    };
     let mut state_only_rounds = 0u32;
     loop {
         let timeout = deadline.for_request(server.config().timeout)?;
@@ -240,13 +290,13 @@ async fn attempt(
                 request.kind.method(),
                 Some(Value::Object(params)),
                 Some(timeout),
-                Some(handlers.capabilities()),
+                Some(capabilities),
                 request.caller.auth_context.as_deref(),
             )
             .await
             .map_err(Attempt::ServerFailed)?;
         match ResultType::of(&result).map_err(|e| protocol(server.id(), e))? {
-            ResultType::Complete => return Ok(result),
+            ResultType::Complete => return Ok((result, false)),
             ResultType::InputRequired => {}
         }
         *rounds += 1;
@@ -256,6 +306,24 @@ async fn attempt(
                 server: server.id().to_string(),
             }
             .into());
+        }
+        if request.delegated.is_some() {
+            let input = InputRequired::from_value(&result).map_err(|e| protocol(server.id(), e))?;
+            rounds::check(
+                server.id(),
+                &input.input_requests,
+                capabilities,
+                ctx.settings.limits.max_input_requests,
+            )?;
+            record.round(
+                server.id(),
+                input
+                    .input_requests
+                    .values()
+                    .map(|r| r.method.clone())
+                    .collect(),
+            );
+            return Ok((result, true));
         }
         let round = Round {
             ctx,

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde_json::Value;
 use tokio_util::sync::DropGuard;
 
 pub use tokio_util::sync::CancellationToken as CancelToken;
@@ -100,7 +99,7 @@ impl CallPool {
         &self,
         request: CallRequest,
         cancel: Option<CancelToken>,
-    ) -> Result<Value, CallError> {
+    ) -> Result<super::Answer, CallError> {
         let worker = {
             let workers = self.workers.read();
             if workers.is_empty() || self.closing.load(Ordering::SeqCst) {

@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use super::Answer;
 use super::caller::{CallKind, Caller};
 use super::error::CallError;
 use crate::audit::{AuditSink, Finished, Hop, Redacted, Round, Started};
@@ -95,9 +96,10 @@ impl CallRecord {
     }
 
     /// Writes `finished` with the call's outcome.
-    pub(crate) fn finish(&mut self, outcome: &Result<Value, CallError>) {
+    pub(crate) fn finish(&mut self, outcome: &Result<Answer, CallError>) {
         let (result, code) = match outcome {
-            Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => {
+            Ok(a) if a.input_required => ("input_required", None),
+            Ok(a) if a.result.get("isError").and_then(Value::as_bool) == Some(true) => {
                 ("tool_error", None)
             }
             Ok(_) => ("ok", None),

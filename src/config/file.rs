@@ -29,6 +29,8 @@ pub struct Loaded {
     /// Whether it was an `mcpServers` file (which grants nothing: its servers are meant
     /// for whoever runs it).
     pub imported: bool,
+    /// The `[gateway]` table, as written (read by `gateway::GatewayConfig`).
+    pub gateway: Option<Value>,
 }
 
 /// Replaces `${VAR}` in every string of `v`.
@@ -94,12 +96,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             agent: None,
             renamed,
             imported: true,
+            gateway: None,
         });
     }
     let agent = value
         .as_object_mut()
         .and_then(|m| m.remove("agent"))
         .and_then(|a| a.as_str().map(String::from));
+    // The gateway reads its own table (it is the layer above this one).
+    let gateway = value.as_object_mut().and_then(|m| m.remove("gateway"));
     let config: HarnessConfig = serde_json::from_value(value)
         .map_err(|e| ConfigError::new("(value)", e.to_string()).in_file(path))?;
     config.validate().map_err(|e| e.in_file(path))?;
@@ -108,6 +113,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         agent,
         renamed: Vec::new(),
         imported: false,
+        gateway,
     })
 }
 

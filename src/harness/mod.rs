@@ -29,8 +29,8 @@ pub use supervisor::Service;
 use crate::audit::{AuditHealth, AuditRef, AuditSink};
 use crate::call::input::{InputHandler, InputHandlers, InputHandlersArgs};
 use crate::call::{
-    CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken, HarnessClient,
-    Listing, ToolInfo,
+    Answer, CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken,
+    Delegation, HarnessClient, Listing, ToolInfo,
 };
 use crate::config::HarnessConfig;
 use crate::permission::{PermissionRef, Policy};
@@ -295,12 +295,32 @@ impl HarnessHandle {
         args: Value,
         options: CallOptions,
     ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
+        let answer = self.call_delegated(caller, kind, name, args, None, options);
+        async move { answer.await.map(|a| a.result) }
+    }
+
+    /// A call whose `input_required` rounds the caller answers itself (`delegated`:
+    /// what it can answer, and the previous round's answers): it ends at the server's
+    /// first `input_required` ([`Answer::input_required`]), and the caller continues with
+    /// another call on [`Answer::server`] carrying the answers and the server's
+    /// `requestState`. Everything else is as [`HarnessHandle::call`]; without
+    /// `delegated`, the rounds go to the input handlers.
+    pub fn call_delegated(
+        &self,
+        caller: &Caller,
+        kind: CallKind,
+        name: &str,
+        args: Value,
+        delegated: Option<Delegation>,
+        options: CallOptions,
+    ) -> impl Future<Output = Result<Answer, CallError>> + Send + use<> {
         let request = CallRequest {
             caller: caller.clone(),
             kind,
             name: name.to_string(),
             args,
             timeout: options.timeout,
+            delegated,
         };
         let pool = self.inner.services.calls.clone();
         async move { pool.run(request, options.cancel).await }

@@ -21,8 +21,14 @@ pub struct ServerArgs {
     /// VS Code or `.mcp.json`.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
-    /// A stdio server to run, as one string: 'COMMAND ARGS…' (repeatable).
-    #[arg(long = "stdio", value_name = "COMMAND")]
+    /// A stdio server to run, as one string: 'COMMAND ARGS…' (repeatable). `serve
+    /// --stdio` alone serves one client on stdin/stdout.
+    #[arg(
+        long = "stdio",
+        value_name = "COMMAND",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
     pub stdio: Vec<String>,
     /// A Streamable HTTP server's URL (repeatable).
     #[arg(long = "http", value_name = "URL")]
@@ -78,6 +84,7 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
             agent: None,
             renamed: Vec::new(),
             imported: false,
+            gateway: None,
         },
     };
     for (name, id) in &loaded.renamed {
@@ -98,6 +105,11 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     }
     // Servers named on the command line are granted to the caller, and nothing else:
     // a config file's own grants are never widened or replaced.
+    if args.stdio.iter().any(String::is_empty) {
+        return Err(UsageError(anyhow::anyhow!(
+            "--stdio needs a COMMAND (only `serve --stdio` takes none)"
+        )));
+    }
     let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
     for server in &mut loaded.config.servers {
         if ad_hoc.contains(&server.id)

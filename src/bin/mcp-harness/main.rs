@@ -12,6 +12,7 @@ mod demo_server;
 mod demo_token;
 mod elicit;
 mod loopback;
+mod serve;
 mod sign_in;
 mod terminal;
 
@@ -80,6 +81,9 @@ enum Command {
         /// The server's id.
         server: String,
     },
+    /// Serve every tool the harness governs as one MCP server: Streamable HTTP at
+    /// http://ADDR/mcp (`--listen`), or one client on stdin/stdout (`--stdio` alone).
+    Serve(Box<serve::ServeArgs>),
     /// Walk through what the harness does, against MCP servers that ship inside this
     /// binary (stdio and loopback HTTP, both protocol eras). Needs no network.
     Demo,
@@ -129,6 +133,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::Demo => return demo::run().await.map(|()| 0),
         Command::DemoServer(args) => return demo_server::run(*args).await.map(|()| 0),
         Command::DemoAuthServer(args) => return demo_auth::run(*args).await.map(|()| 0),
+        Command::Serve(args) => return serve::run(*args).await,
         Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
         Command::Call {
             servers,

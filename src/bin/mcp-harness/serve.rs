@@ -1,0 +1,111 @@
+//! `serve`: the harness as one MCP server, over Streamable HTTP (`--listen`) or for one
+//! client on stdin/stdout (`--stdio`).
+
+use std::time::Duration;
+
+use mcp_harness::gateway::{self, Gateway, GatewayConfig, Principal, Sealer};
+use mcp_harness::{Harness, ServerState};
+
+use crate::commands::{self, ServerArgs, UsageError};
+
+/// What `serve` takes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub servers: ServerArgs,
+    /// Serve Streamable HTTP at http://ADDR/mcp (default 127.0.0.1:8800).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Seal requestState with a key made now (development only: rounds do not survive
+    /// a restart, and no other gateway process can continue them).
+    #[arg(long)]
+    pub dev_keys: bool,
+    /// Print a new sealing key line (`KID:BASE64URL`) and exit.
+    #[arg(long)]
+    pub new_key: bool,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
+    if args.new_key {
+        let kid = format!("k{}", std::process::id());
+        println!("{kid}:{}", gateway::seal::new_key()?);
+        return Ok(commands::OK);
+    }
+    let usage = |e: gateway::GatewayError| UsageError(e.into());
+    // `--stdio` without a command: serve one client on stdin/stdout, as the `--agent`.
+    let mut servers = args.servers.clone();
+    let pipe = servers.stdio.iter().any(String::is_empty);
+    servers.stdio.retain(|c| !c.is_empty());
+    let setup = commands::load(&servers)?;
+    let config = GatewayConfig::from_value(setup.loaded.gateway.clone()).map_err(usage)?;
+    let sealer = if args.dev_keys {
+        tracing::warn!("sealing with a key made now (--dev-keys): development only");
+        Sealer::ephemeral(config.state_ttl).map_err(usage)?
+    } else {
+        config.sealer().map_err(usage)?
+    };
+    // No input handlers: the downstream clients answer their calls' input.
+    let mut builder = Harness::builder(setup.loaded.config.clone())
+        .token_store(crate::sign_in::store(&setup, servers.tokens.as_ref()));
+    if let Some(authorizer) = crate::sign_in::authorizer(servers.sign_in, &setup, false)? {
+        builder = builder.authorizer(authorizer);
+    }
+    let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
+    settle(&harness, servers.wait).await;
+    let gateway =
+        Gateway::new(harness.clone(), &setup.loaded.config, config, sealer).map_err(usage)?;
+    if pipe {
+        let principal = Principal {
+            agent: setup.agent.clone(),
+            context: None,
+        };
+        tokio::select! {
+            () = gateway::stdio::serve(gateway, principal, tokio::io::stdin(), tokio::io::stdout()) => {}
+            () = stop_signal() => {}
+        }
+        harness.shutdown().await;
+        return Ok(commands::OK);
+    }
+    let addr = args.listen.as_deref().unwrap_or("127.0.0.1:8800");
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| UsageError(anyhow::anyhow!("cannot listen on {addr}: {e}")))?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening http://{}/mcp", listener.local_addr()?)?;
+        out.flush()?;
+    }
+    gateway::http::serve(gateway, listener, stop_signal()).await?;
+    Ok(commands::OK)
+}
+
+/// Until the servers settle or `wait` passes: the first clients then see every server
+/// that could start (the rest join as they come up).
+async fn settle(harness: &mcp_harness::HarnessHandle, wait: Duration) {
+    let deadline = tokio::time::Instant::now() + wait;
+    while tokio::time::Instant::now() < deadline
+        && harness
+            .status()
+            .iter()
+            .any(|s| matches!(s.state, ServerState::Starting))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,669 @@
+//! The gateway over Streamable HTTP at `/mcp` (hyper, HTTP/1.1).
+//!
+//! Before anything is parsed: `Host` must be a loopback name, the listen address or an
+//! allowed host, and an `Origin`, when present, one of the allowed origins or the host's
+//! own (DNS rebinding, 403); the principal comes from the bearer token (401 with a
+//! `WWW-Authenticate` challenge without one); the body is read up to
+//! `max_body_bytes` (413). 2026-07-28 requests have their headers checked against the
+//! body (-32020, 400). A POST with `Mcp-Session-Id`, or an `initialize`, is legacy: the
+//! session is made at `initialize`, forgotten after `session_idle` (404), has a GET
+//! stream for `notifications/tools/list_changed`, and is ended by DELETE. A legacy call
+//! whose tool asks for input answers with an event stream carrying the gateway's
+//! requests; the client POSTs its answers back on the session.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Method, StatusCode};
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Client, ClientPeer, Gateway, LegacyClient, PeerFuture, Principal};
+use crate::call::CancelToken;
+use crate::protocol::error::{
+    HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+};
+use crate::protocol::meta::KEY_PROTOCOL_VERSION;
+use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
+use crate::transport::http::headers::mcp_name;
+
+type HttpBody = BoxBody<Bytes, Infallible>;
+type HttpResponse = hyper::Response<HttpBody>;
+
+/// Legacy sessions held at once; past it `initialize` gets 503.
+const MAX_SESSIONS: usize = 10_000;
+/// Requests from the gateway to one legacy client waiting for answers at once.
+const MAX_PENDING: usize = 64;
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> HttpResponse {
+    let mut r = hyper::Response::new(Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    if !content_type.is_empty()
+        && let Ok(v) = content_type.parse()
+    {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn json_message(status: StatusCode, message: &Message) -> HttpResponse {
+    let mut body = Vec::new();
+    message.write_json(&mut body);
+    full(status, "application/json", body)
+}
+
+fn error_reply(status: StatusCode, id: Option<RequestId>, error: RpcError) -> HttpResponse {
+    json_message(
+        status,
+        &Message::Response(Response {
+            id,
+            outcome: Err(error),
+        }),
+    )
+}
+
+fn sse_frame(message: &Message) -> Bytes {
+    let mut frame = b"data: ".to_vec();
+    message.write_json(&mut frame);
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
+}
+
+/// A response body fed by a channel: one SSE frame per message.
+struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>) -> HttpResponse {
+    let mut r = hyper::Response::new(ChannelBody(rx).boxed());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// The gateway's requests to one legacy client awaiting answers, by id.
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Result<Value, RpcError>>>>>;
+
+struct Session {
+    principal: Principal,
+    client: LegacyClient,
+    last_seen: Instant,
+    pending: Pending,
+    /// The GET streams, for notifications.
+    streams: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// Requests in flight, for `notifications/cancelled`.
+    calls: HashMap<String, CancelToken>,
+}
+
+struct State {
+    gateway: Gateway,
+    /// `host:port` the listener is bound to.
+    local: String,
+    sessions: Mutex<HashMap<String, Session>>,
+    /// Modern requests in flight, for `notifications/cancelled`.
+    calls: Mutex<HashMap<(Principal, String), CancelToken>>,
+    next_request: AtomicU64,
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves; then stops accepting and
+/// shuts the harness down (calls in flight finish within its grace, their records
+/// written), and returns.
+pub async fn serve(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), super::GatewayError> {
+    let local = listener.local_addr()?.to_string();
+    let state = Arc::new(State {
+        gateway,
+        local,
+        sessions: Mutex::default(),
+        calls: Mutex::default(),
+        next_request: AtomicU64::new(1),
+    });
+    let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+    drop(listener);
+    notifier.abort();
+    let harness = state.gateway.harness().clone();
+    // Streams end: their clients see the gateway go.
+    state.sessions.lock().clear();
+    harness.shutdown().await;
+    Ok(())
+}
+
+/// Sends `notifications/tools/list_changed` to every legacy session's GET stream when
+/// the harness reports a change.
+async fn notify_changes(state: std::sync::Weak<State>) {
+    let Some(mut events) = state.upgrade().map(|s| s.gateway.harness().subscribe()) else {
+        return;
+    };
+    loop {
+        match events.recv().await {
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+        let Some(state) = state.upgrade() else { return };
+        let frame = sse_frame(&Message::Notification(Notification {
+            method: "notifications/tools/list_changed".into(),
+            params: None,
+        }));
+        for session in state.sessions.lock().values_mut() {
+            session.streams.retain(|tx| tx.send(frame.clone()).is_ok());
+        }
+    }
+}
+
+fn header<'a>(req: &'a hyper::Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Whether `Host` and `Origin` name this gateway (see the module docs).
+fn origin_allowed(state: &State, req: &hyper::Request<Incoming>) -> Result<(), &'static str> {
+    let config = state.gateway.config();
+    let host = header(req, "host").unwrap_or("");
+    let host_name = host
+        .rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(h, _)| h);
+    let loopback = matches!(host_name, "localhost" | "127.0.0.1" | "[::1]");
+    if !(loopback || host == state.local || config.allowed_hosts.iter().any(|h| h == host_name)) {
+        return Err("Host is not this gateway");
+    }
+    if let Some(origin) = header(req, "origin") {
+        let own = [format!("http://{host}"), format!("https://{host}")];
+        if !(own.iter().any(|o| o == origin) || config.allowed_origins.iter().any(|o| o == origin))
+        {
+            return Err("Origin is not allowed");
+        }
+    }
+    Ok(())
+}
+
+async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
+    if req.uri().path() != "/mcp" {
+        return full(StatusCode::NOT_FOUND, "", "");
+    }
+    if let Err(why) = origin_allowed(&state, &req) {
+        return full(StatusCode::FORBIDDEN, "text/plain", why);
+    }
+    let principal = match state
+        .gateway
+        .identity()
+        .resolve(header(&req, "authorization"))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let mut r = full(StatusCode::UNAUTHORIZED, "text/plain", e.to_string());
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer realm=\"mcp-harness\""),
+            );
+            return r;
+        }
+    };
+    let session_id = header(&req, "mcp-session-id").map(String::from);
+    match *req.method() {
+        Method::POST => post(state, req, principal, session_id).await,
+        Method::GET => match session_id {
+            Some(id) => open_stream(&state, &id, &principal),
+            None => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+        },
+        Method::DELETE => match session_id {
+            Some(id) => {
+                let mut sessions = state.sessions.lock();
+                match sessions.get(&id) {
+                    Some(s) if s.principal == principal => {
+                        sessions.remove(&id);
+                        full(StatusCode::OK, "", "")
+                    }
+                    _ => full(StatusCode::NOT_FOUND, "", ""),
+                }
+            }
+            None => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+        },
+        _ => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+    }
+}
+
+fn open_stream(state: &State, id: &str, principal: &Principal) -> HttpResponse {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut sessions = state.sessions.lock();
+    match live_session(
+        &mut sessions,
+        id,
+        principal,
+        state.gateway.config().session_idle,
+    ) {
+        Some(session) => {
+            // At most a few streams per session: a client reconnecting replaces them.
+            if session.streams.len() >= 4 {
+                session.streams.remove(0);
+            }
+            session.streams.push(tx);
+            sse_response(rx)
+        }
+        None => full(StatusCode::NOT_FOUND, "", "unknown session"),
+    }
+}
+
+/// The session `id` of `principal`, if it is live (an idle one is forgotten).
+fn live_session<'a>(
+    sessions: &'a mut HashMap<String, Session>,
+    id: &str,
+    principal: &Principal,
+    idle: std::time::Duration,
+) -> Option<&'a mut Session> {
+    let expired = sessions
+        .get(id)
+        .is_some_and(|s| s.last_seen.elapsed() > idle);
+    if expired {
+        sessions.remove(id);
+    }
+    let session = sessions.get_mut(id).filter(|s| s.principal == *principal)?;
+    session.last_seen = Instant::now();
+    Some(session)
+}
+
+fn status_of(error: &RpcError, modern: bool) -> StatusCode {
+    if !modern {
+        return StatusCode::OK;
+    }
+    match error.code {
+        -32022..=-32020 => StatusCode::BAD_REQUEST,
+        INVALID_PARAMS if error.message.contains("_meta") => StatusCode::BAD_REQUEST,
+        METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        _ => StatusCode::OK,
+    }
+}
+
+/// The headers of a 2026-07-28 request must repeat its body.
+fn check_headers(req_headers: &hyper::HeaderMap, request: &Request) -> Result<(), RpcError> {
+    let get = |n: &str| req_headers.get(n).and_then(|v| v.to_str().ok());
+    let mismatch = |what: &str| {
+        Err(RpcError::new(
+            HEADER_MISMATCH,
+            format!("header mismatch: {what}"),
+        ))
+    };
+    let version = request
+        .params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(KEY_PROTOCOL_VERSION))
+        .and_then(Value::as_str);
+    if version.is_some() && get("mcp-protocol-version") != version {
+        return mismatch("MCP-Protocol-Version");
+    }
+    if get("mcp-method") != Some(request.method.as_str()) {
+        return mismatch("Mcp-Method");
+    }
+    if let Some(name) = mcp_name(&request.method, request.params.as_ref())
+        && get("mcp-name") != Some(name.as_str())
+    {
+        return mismatch("Mcp-Name");
+    }
+    Ok(())
+}
+
+async fn post(
+    state: Arc<State>,
+    req: hyper::Request<Incoming>,
+    principal: Principal,
+    session_id: Option<String>,
+) -> HttpResponse {
+    let accept = header(&req, "accept").unwrap_or("");
+    if !(accept.contains("application/json") && accept.contains("text/event-stream")) {
+        return full(
+            StatusCode::NOT_ACCEPTABLE,
+            "text/plain",
+            "Accept must list application/json and text/event-stream",
+        );
+    }
+    if !header(&req, "content-type").is_some_and(|c| c.starts_with("application/json")) {
+        return full(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "text/plain",
+            "Content-Type must be application/json",
+        );
+    }
+    let headers = req.headers().clone();
+    let limit = state.gateway.config().max_body_bytes;
+    let body = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return full(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "text/plain",
+                format!("request bodies are limited to {limit} bytes"),
+            );
+        }
+    };
+    let message = match Message::parse(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            return error_reply(
+                StatusCode::BAD_REQUEST,
+                None,
+                RpcError::new(PARSE_ERROR, e.to_string()),
+            );
+        }
+    };
+    let legacy =
+        session_id.is_some() || matches!(&message, Message::Request(r) if r.method == "initialize");
+    match message {
+        Message::Notification(n) => {
+            cancel_from(&state, &n, &principal, session_id.as_deref());
+            full(StatusCode::ACCEPTED, "", "")
+        }
+        Message::Response(r) => {
+            if let (Some(sid), Some(id)) = (session_id.as_deref(), r.id.as_ref()) {
+                let pending = {
+                    let mut sessions = state.sessions.lock();
+                    live_session(
+                        &mut sessions,
+                        sid,
+                        &principal,
+                        state.gateway.config().session_idle,
+                    )
+                    .map(|s| s.pending.clone())
+                };
+                if let Some(tx) = pending.and_then(|p| p.lock().remove(&id_key(id))) {
+                    let _ = tx.send(r.outcome);
+                }
+            }
+            full(StatusCode::ACCEPTED, "", "")
+        }
+        Message::Request(request) if legacy => {
+            legacy_request(state, request, principal, session_id).await
+        }
+        Message::Request(request) => {
+            if let Err(e) = check_headers(&headers, &request) {
+                // A missing envelope is the envelope's error, not the headers'.
+                let e = super::Gateway::check_envelope(&request).err().unwrap_or(e);
+                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+            }
+            let key = (principal.clone(), id_key(&request.id));
+            let cancel = CancelToken::new();
+            state.calls.lock().insert(key.clone(), cancel.clone());
+            let outcome = state
+                .gateway
+                .handle(&principal, &request, Client::Modern, cancel)
+                .await;
+            state.calls.lock().remove(&key);
+            let status = match &outcome {
+                Ok(_) => StatusCode::OK,
+                Err(e) => status_of(e, true),
+            };
+            json_message(
+                status,
+                &Message::Response(Response {
+                    id: Some(request.id),
+                    outcome,
+                }),
+            )
+        }
+    }
+}
+
+fn id_key(id: &RequestId) -> String {
+    match id {
+        RequestId::Number(n) => format!("n{n}"),
+        RequestId::String(s) => format!("s{s}"),
+    }
+}
+
+/// `notifications/cancelled` cancels the request it names, if it is this principal's.
+fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: Option<&str>) {
+    if n.method != "notifications/cancelled" {
+        return;
+    }
+    let Some(id) = n
+        .params
+        .as_ref()
+        .and_then(|p| p.get("requestId"))
+        .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok())
+    else {
+        return;
+    };
+    let key = id_key(&id);
+    let token = match session {
+        Some(sid) => state
+            .sessions
+            .lock()
+            .get(sid)
+            .filter(|s| s.principal == *principal)
+            .and_then(|s| s.calls.get(&key).cloned()),
+        None => state.calls.lock().get(&(principal.clone(), key)).cloned(),
+    };
+    if let Some(token) = token {
+        token.cancel();
+    }
+}
+
+/// The gateway's requests to a legacy client during one call: frames on the call's
+/// event stream, answers matched by id through the session.
+struct StreamPeer {
+    out: mpsc::UnboundedSender<Bytes>,
+    pending: Pending,
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl ClientPeer for StreamPeer {
+    fn request(&self, method: &str, params: Value) -> PeerFuture {
+        let id = RequestId::String(format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ));
+        let (tx, rx) = oneshot::channel();
+        let sent = {
+            let mut pending = self.pending.lock();
+            if pending.len() >= MAX_PENDING {
+                false
+            } else {
+                pending.insert(id_key(&id), tx);
+                true
+            }
+        };
+        let frame = sse_frame(&Message::Request(Request {
+            id,
+            method: method.to_string(),
+            params: Some(params),
+        }));
+        let delivered = sent && self.out.send(frame).is_ok();
+        Box::pin(async move {
+            if !delivered {
+                return Err(RpcError::new(
+                    INVALID_REQUEST,
+                    "the client's session cannot take more requests",
+                ));
+            }
+            rx.await
+                .unwrap_or_else(|_| Err(RpcError::new(INVALID_REQUEST, "the session ended")))
+        })
+    }
+}
+
+async fn legacy_request(
+    state: Arc<State>,
+    request: Request,
+    principal: Principal,
+    session_id: Option<String>,
+) -> HttpResponse {
+    let idle = state.gateway.config().session_idle;
+    if request.method == "initialize" {
+        let (result, client) = match state.gateway.initialize(request.params.as_ref()) {
+            Ok(r) => r,
+            Err(e) => return error_reply(StatusCode::OK, Some(request.id), e),
+        };
+        let mut sessions = state.sessions.lock();
+        sessions.retain(|_, s| s.last_seen.elapsed() <= idle);
+        if sessions.len() >= MAX_SESSIONS {
+            return full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "too many sessions",
+            );
+        }
+        let id = match new_session_id() {
+            Some(id) => id,
+            None => return full(StatusCode::INTERNAL_SERVER_ERROR, "", ""),
+        };
+        sessions.insert(
+            id.clone(),
+            Session {
+                principal,
+                client,
+                last_seen: Instant::now(),
+                pending: Pending::default(),
+                streams: Vec::new(),
+                calls: HashMap::new(),
+            },
+        );
+        let mut r = json_message(
+            StatusCode::OK,
+            &Message::Response(Response {
+                id: Some(request.id),
+                outcome: Ok(result),
+            }),
+        );
+        if let Ok(v) = id.parse() {
+            r.headers_mut().insert("mcp-session-id", v);
+        }
+        return r;
+    }
+    let Some(sid) = session_id else {
+        return error_reply(
+            StatusCode::BAD_REQUEST,
+            Some(request.id),
+            RpcError::new(INVALID_REQUEST, "no session: initialize first"),
+        );
+    };
+    let found = {
+        let mut sessions = state.sessions.lock();
+        live_session(&mut sessions, &sid, &principal, idle).map(|s| {
+            let cancel = CancelToken::new();
+            s.calls.insert(id_key(&request.id), cancel.clone());
+            (s.client.clone(), s.pending.clone(), cancel)
+        })
+    };
+    let Some((client, pending, cancel)) = found else {
+        return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
+    };
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+    let peer = StreamPeer {
+        out: out_tx.clone(),
+        pending,
+        prefix: format!("g{}", state.next_request.fetch_add(1, Ordering::Relaxed)),
+        next: AtomicU64::new(1),
+    };
+    let id = request.id.clone();
+    let key = id_key(&id);
+    let work = {
+        let state = state.clone();
+        let cancel = cancel.clone();
+        async move {
+            let client = Client::Legacy {
+                client: &client,
+                peer: Some(&peer),
+            };
+            let outcome = state
+                .gateway
+                .handle(&principal, &request, client, cancel)
+                .await;
+            if let Some(s) = state.sessions.lock().get_mut(&sid) {
+                s.calls.remove(&key);
+            }
+            outcome
+        }
+    };
+    let mut work = Box::pin(work);
+    // JSON when the call needs nothing of the client; an event stream from its first
+    // request to the client on.
+    let first = tokio::select! {
+        outcome = &mut work => {
+            return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
+        }
+        frame = out_rx.recv() => frame,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    if let Some(frame) = first {
+        let _ = tx.send(frame);
+    }
+    tokio::spawn(async move {
+        let mut work = work;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut work => break outcome,
+                frame = out_rx.recv() => {
+                    if let Some(frame) = frame
+                        && tx.send(frame).is_err()
+                    {
+                        // The client went away: the call is cancelled with its stream.
+                        cancel.cancel();
+                    }
+                }
+            }
+        };
+        let _ = tx.send(sse_frame(&Message::Response(Response {
+            id: Some(id),
+            outcome,
+        })));
+    });
+    drop(out_tx);
+    sse_response(rx)
+}
+
+fn new_session_id() -> Option<String> {
+    let mut raw = [0u8; 16];
+    getrandom::fill(&mut raw).ok()?;
+    Some(raw.iter().map(|b| format!("{b:02x}")).collect())
+}

@@ -1,0 +1,149 @@
+//! Who a downstream request comes from: a static bearer token (the config holds its
+//! SHA-256, never the token) or the agent named for anonymous callers.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use crate::util::hash::sha256_hex;
+
+/// One static token: its hex SHA-256 and the principal it names.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// Hex SHA-256 of the token (`printf %s TOKEN | sha256sum`).
+    pub sha256: String,
+    /// The agent id its requests act as.
+    pub agent: String,
+    /// The auth context its requests carry (keys `private` cache entries and upstream
+    /// sign-in); none by default.
+    #[serde(default)]
+    pub auth_context: Option<String>,
+}
+
+/// Who a request acts as.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Principal {
+    /// The agent id (grants are keyed by it).
+    pub agent: String,
+    /// The auth context, if any.
+    pub context: Option<String>,
+}
+
+/// Why a request has no principal.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// No credentials, and no agent for anonymous callers.
+    #[error("this gateway needs a bearer token")]
+    Missing,
+    /// A token this gateway does not know.
+    #[error("unknown bearer token")]
+    Unknown,
+}
+
+/// The gateway's identities.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    tokens: HashMap<String, Principal>,
+    anonymous: Option<String>,
+}
+
+impl Identity {
+    /// From the configured tokens and anonymous agent; a hash that is not 64 hex digits
+    /// is an error naming its agent.
+    pub fn new(tokens: &[TokenEntry], anonymous: Option<&str>) -> Result<Identity, String> {
+        let mut map = HashMap::new();
+        for t in tokens {
+            let hash = t.sha256.trim().to_ascii_lowercase();
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "the token of agent {:?}: sha256 must be 64 hex digits",
+                    t.agent
+                ));
+            }
+            map.insert(
+                hash,
+                Principal {
+                    agent: t.agent.clone(),
+                    context: t.auth_context.clone(),
+                },
+            );
+        }
+        Ok(Identity {
+            tokens: map,
+            anonymous: anonymous.map(String::from),
+        })
+    }
+
+    /// The principal of a request with `authorization` (the header's value, if any).
+    pub fn resolve(&self, authorization: Option<&str>) -> Result<Principal, IdentityError> {
+        let token = authorization.and_then(|h| {
+            let (scheme, token) = h.trim().split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim())
+                .filter(|t| !t.is_empty())
+        });
+        match token {
+            // Looked up by its hash: the map never holds a token, and a guess costs a hash.
+            Some(token) => self
+                .tokens
+                .get(&sha256_hex(token.as_bytes()))
+                .cloned()
+                .ok_or(IdentityError::Unknown),
+            None => self
+                .anonymous
+                .as_ref()
+                .map(|agent| Principal {
+                    agent: agent.clone(),
+                    context: None,
+                })
+                .ok_or(IdentityError::Missing),
+        }
+    }
+
+    /// How many distinct agents requests may act as (a list is `public` only when
+    /// there is one).
+    pub fn agents(&self) -> usize {
+        let mut agents: Vec<&str> = self.tokens.values().map(|p| p.agent.as_str()).collect();
+        agents.extend(self.anonymous.as_deref());
+        agents.sort_unstable();
+        agents.dedup();
+        agents.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_matched_by_hash_and_anonymous_callers_need_an_agent() {
+        let entry = TokenEntry {
+            sha256: sha256_hex(b"s3cret"),
+            agent: "planner".into(),
+            auth_context: Some("alice".into()),
+        };
+        let id = Identity::new(std::slice::from_ref(&entry), None).expect("identity");
+        let p = id.resolve(Some("Bearer s3cret")).expect("known");
+        assert_eq!(
+            (p.agent.as_str(), p.context.as_deref()),
+            ("planner", Some("alice"))
+        );
+        assert_eq!(id.resolve(Some("Bearer nope")), Err(IdentityError::Unknown));
+        assert_eq!(id.resolve(None), Err(IdentityError::Missing));
+        assert_eq!(
+            id.resolve(Some("Basic s3cret")),
+            Err(IdentityError::Missing)
+        );
+        let open = Identity::new(&[entry], Some("guest")).expect("identity");
+        assert_eq!(open.resolve(None).expect("anonymous").agent, "guest");
+        assert_eq!(open.agents(), 2);
+        let bad = TokenEntry {
+            sha256: "xyz".into(),
+            agent: "a".into(),
+            auth_context: None,
+        };
+        assert!(Identity::new(&[bad], None).is_err());
+    }
+}

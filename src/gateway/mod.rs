@@ -1,0 +1,767 @@
+//! Gateway mode: the harness's governed aggregate served as one MCP server, so that an
+//! agent in any language points its MCP client at one endpoint and gets every tool the
+//! harness governs, authorized for its principal, cached, audited.
+//!
+//! [`Gateway`] is the protocol core, the same for every listener: it answers one
+//! downstream request for a [`Principal`], in the client's era. Downstream 2026-07-28
+//! clients are served statelessly (the `_meta` envelope checked on every request); an
+//! upstream `input_required` round goes down as an `input_required` result whose
+//! `requestState` is sealed ([`seal`]), so any gateway process holding the same keys can
+//! take the next round. Legacy (2025-11-25 / 2025-06-18) clients get the handshake, and
+//! an upstream round becomes server-to-client requests on their session ([`ClientPeer`]).
+//! [`http`] serves Streamable HTTP at `/mcp`, [`stdio`] one client over a pipe.
+//!
+//! Layer: above [`crate::harness`], which it drives through [`HarnessHandle`] only.
+
+pub mod http;
+pub mod identity;
+pub mod names;
+pub mod seal;
+pub mod stdio;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
+
+use crate::call::{CallError, CallKind, Caller, CancelToken, Delegation, ToolInfo};
+use crate::config::HarnessConfig;
+use crate::harness::{CallOptions, HarnessHandle};
+use crate::protocol::error::{
+    INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION,
+};
+use crate::protocol::meta::{
+    KEY_CLIENT_CAPABILITIES, KEY_PROTOCOL_VERSION, KEY_SERVER_INFO, LEGACY_VERSIONS, MODERN,
+};
+use crate::protocol::{InputRequired, Request, RpcError};
+use crate::server::ServerError;
+use crate::util::duration;
+use crate::util::text::one_line;
+
+pub use identity::{Identity, IdentityError, Principal, TokenEntry};
+pub use names::{Names, Prefix};
+pub use seal::{RoundState, SealError, Sealer};
+
+/// A gateway's settings: the `[gateway]` table of a config file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Whether served names carry their server.
+    #[serde(default)]
+    pub prefix: Prefix,
+    /// Static bearer tokens, by hash.
+    #[serde(default)]
+    pub tokens: Vec<TokenEntry>,
+    /// The agent of requests without credentials (none: they get 401).
+    #[serde(default)]
+    pub anonymous_agent: Option<String>,
+    /// Origins allowed besides the listener's own host (a browser's `Origin`).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Host names accepted in `Host` besides loopback names and the listen address.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body read.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Requests of one principal in flight at once; past it they are refused.
+    #[serde(default = "default_per_principal")]
+    pub max_in_flight_per_principal: usize,
+    /// How long a sealed `requestState` stays valid.
+    #[serde(default = "default_state_ttl", with = "duration")]
+    pub state_ttl: Duration,
+    /// The sealing keys (`KID:BASE64URL` lines, the first seals); else
+    /// `MCP_HARNESS_GATEWAY_KEYS`.
+    #[serde(default)]
+    pub keys_file: Option<PathBuf>,
+    /// Items per page of the lists served.
+    #[serde(default = "default_page_size")]
+    pub page_size: usize,
+    /// A legacy session idle this long is forgotten (its next request gets 404).
+    #[serde(default = "default_session_idle", with = "duration")]
+    pub session_idle: Duration,
+    /// Instructions served in `server/discover` and `initialize`.
+    #[serde(default)]
+    pub instructions: Option<String>,
+}
+
+fn default_max_body() -> usize {
+    4 << 20
+}
+fn default_per_principal() -> usize {
+    64
+}
+fn default_state_ttl() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_page_size() -> usize {
+    500
+}
+fn default_session_idle() -> Duration {
+    Duration::from_secs(1800)
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            prefix: Prefix::default(),
+            tokens: Vec::new(),
+            anonymous_agent: None,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            max_body_bytes: default_max_body(),
+            max_in_flight_per_principal: default_per_principal(),
+            state_ttl: default_state_ttl(),
+            keys_file: None,
+            page_size: default_page_size(),
+            session_idle: default_session_idle(),
+            instructions: None,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Reads the `[gateway]` table (absent: the defaults).
+    pub fn from_value(value: Option<Value>) -> Result<GatewayConfig, GatewayError> {
+        let config: GatewayConfig = match value {
+            None => GatewayConfig::default(),
+            Some(v) => serde_json::from_value(v)
+                .map_err(|e| GatewayError::Config(format!("gateway: {e}")))?,
+        };
+        if config.page_size == 0 || config.max_in_flight_per_principal == 0 {
+            return Err(GatewayError::Config(
+                "gateway: page_size and max_in_flight_per_principal must be at least 1".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The sealing keys: `keys_file`, else `MCP_HARNESS_GATEWAY_KEYS`; neither is an
+    /// error (keys are never made up silently).
+    pub fn sealer(&self) -> Result<Sealer, GatewayError> {
+        if let Some(path) = &self.keys_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| GatewayError::Keys(format!("{}: {e}", path.display())))?;
+            return Sealer::from_text(&text, self.state_ttl);
+        }
+        match std::env::var("MCP_HARNESS_GATEWAY_KEYS") {
+            Ok(text) => Sealer::from_text(&text, self.state_ttl),
+            Err(_) => Err(GatewayError::Keys(
+                "no sealing keys: set gateway.keys_file or MCP_HARNESS_GATEWAY_KEYS (make one with `mcp-harness serve --new-key`), or pass --dev-keys".into(),
+            )),
+        }
+    }
+}
+
+/// What can go wrong setting a gateway up.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The `[gateway]` settings are wrong.
+    #[error("{0}")]
+    Config(String),
+    /// The sealing keys are missing or wrong.
+    #[error("sealing keys: {0}")]
+    Keys(String),
+    /// The listener could not be set up.
+    #[error("listener: {0}")]
+    Listen(#[from] std::io::Error),
+}
+
+/// The boxed future a [`ClientPeer`] returns.
+pub type PeerFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
+
+/// A legacy client's side of its session: the gateway sends it requests
+/// (`elicitation/create`, `sampling/createMessage`, `roots/list`) and waits for answers.
+pub trait ClientPeer: Send + Sync {
+    /// Sends `method` with `params` to the client; its answer.
+    fn request(&self, method: &str, params: Value) -> PeerFuture;
+}
+
+/// A legacy client, as its `initialize` said.
+#[derive(Clone, Debug)]
+pub struct LegacyClient {
+    /// The version agreed.
+    pub version: String,
+    /// What it can answer.
+    pub capabilities: Value,
+}
+
+/// The era and channel of one downstream request.
+pub enum Client<'a> {
+    /// 2026-07-28: everything is in the request.
+    Modern,
+    /// A legacy session, and the way to ask its client things (none: it cannot be asked).
+    Legacy {
+        /// The session's client.
+        client: &'a LegacyClient,
+        /// Requests to the client.
+        peer: Option<&'a dyn ClientPeer>,
+    },
+}
+
+/// The gateway core: see the module docs.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    harness: HarnessHandle,
+    config: GatewayConfig,
+    identity: Identity,
+    sealer: Sealer,
+    names: Names,
+    /// Server id → routing order (priority, then config order), for bare names.
+    order: HashMap<String, usize>,
+    in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
+}
+
+/// Versions served downstream, preferred first.
+pub const VERSIONS: &[&str] = &[MODERN, LEGACY_VERSIONS[0], LEGACY_VERSIONS[1]];
+
+fn invalid(message: impl Into<String>) -> RpcError {
+    RpcError::new(INVALID_PARAMS, message)
+}
+
+impl Gateway {
+    /// A gateway in front of `harness` (started from `harness_config`).
+    pub fn new(
+        harness: HarnessHandle,
+        harness_config: &HarnessConfig,
+        config: GatewayConfig,
+        sealer: Sealer,
+    ) -> Result<Gateway, GatewayError> {
+        let identity = Identity::new(&config.tokens, config.anonymous_agent.as_deref())
+            .map_err(GatewayError::Config)?;
+        let mut servers: Vec<(usize, &crate::server::ServerConfig)> =
+            harness_config.servers.iter().enumerate().collect();
+        servers.sort_by_key(|(i, s)| (std::cmp::Reverse(s.priority), *i));
+        let order = servers
+            .iter()
+            .enumerate()
+            .map(|(rank, (_, s))| (s.id.clone(), rank))
+            .collect();
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                harness,
+                names: Names::new(config.prefix),
+                identity,
+                sealer,
+                order,
+                in_flight: Mutex::default(),
+                config,
+            }),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.inner.config
+    }
+
+    /// Who requests come from.
+    pub fn identity(&self) -> &Identity {
+        &self.inner.identity
+    }
+
+    /// The harness behind it.
+    pub fn harness(&self) -> &HarnessHandle {
+        &self.inner.harness
+    }
+
+    fn server_info() -> Value {
+        json!({"name": "mcp-harness-gateway", "version": env!("CARGO_PKG_VERSION")})
+    }
+
+    /// What the gateway serves (the same in `server/discover` and `initialize`): tools
+    /// with change notifications, prompts, resources.
+    fn capabilities() -> Value {
+        json!({"tools": {"listChanged": true}, "prompts": {}, "resources": {}})
+    }
+
+    /// The answer to a legacy `initialize`, and the session's client.
+    pub fn initialize(&self, params: Option<&Value>) -> Result<(Value, LegacyClient), RpcError> {
+        let asked = params
+            .and_then(|p| p.get("protocolVersion"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid("initialize needs protocolVersion"))?;
+        let version = if LEGACY_VERSIONS.contains(&asked) {
+            asked
+        } else {
+            LEGACY_VERSIONS[0]
+        };
+        let capabilities = params
+            .and_then(|p| p.get("capabilities"))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let mut result = json!({
+            "protocolVersion": version,
+            "capabilities": Self::capabilities(),
+            "serverInfo": Self::server_info(),
+        });
+        if let Some(i) = &self.inner.config.instructions {
+            result["instructions"] = json!(i);
+        }
+        Ok((
+            result,
+            LegacyClient {
+                version: version.to_string(),
+                capabilities,
+            },
+        ))
+    }
+
+    /// Checks a 2026-07-28 request's `_meta` envelope; the client's capabilities.
+    pub fn check_envelope(request: &Request) -> Result<Value, RpcError> {
+        let meta = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid("params._meta is required"))?;
+        let version = meta
+            .get(KEY_PROTOCOL_VERSION)
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(format!("_meta needs {KEY_PROTOCOL_VERSION}")))?;
+        let capabilities = meta
+            .get(KEY_CLIENT_CAPABILITIES)
+            .filter(|c| c.is_object())
+            .ok_or_else(|| invalid(format!("_meta needs {KEY_CLIENT_CAPABILITIES}")))?;
+        if version != MODERN {
+            return Err(RpcError::new(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                format!("unsupported protocol version {}", one_line(version, 40)),
+            )
+            .with_data(json!({"supported": [MODERN], "requested": version})));
+        }
+        Ok(capabilities.clone())
+    }
+
+    /// Answers one request from `principal`. `cancel` cancels the upstream call (a
+    /// downstream `notifications/cancelled`, or the connection gone).
+    pub async fn handle(
+        &self,
+        principal: &Principal,
+        request: &Request,
+        client: Client<'_>,
+        cancel: CancelToken,
+    ) -> Result<Value, RpcError> {
+        let capabilities = match &client {
+            Client::Modern => Some(Self::check_envelope(request)?),
+            Client::Legacy { .. } => None,
+        };
+        let permit = {
+            let sem = self
+                .inner
+                .in_flight
+                .lock()
+                .entry(principal.clone())
+                .or_insert_with(|| {
+                    Arc::new(Semaphore::new(
+                        self.inner.config.max_in_flight_per_principal,
+                    ))
+                })
+                .clone();
+            sem.try_acquire_owned().map_err(|_| {
+                RpcError::new(
+                    -32000,
+                    format!(
+                        "too many requests in flight for agent {} (at most {})",
+                        principal.agent, self.inner.config.max_in_flight_per_principal
+                    ),
+                )
+            })?
+        };
+        let params = request.params.clone().unwrap_or_else(|| json!({}));
+        let answer = match request.method.as_str() {
+            "ping" => Ok(json!({})),
+            "server/discover" => Ok(self.discover()),
+            "tools/list" => self.list(principal, CallKind::Tool, &params).await,
+            "prompts/list" => self.list(principal, CallKind::Prompt, &params).await,
+            "resources/list" => self.list(principal, CallKind::Resource, &params).await,
+            "tools/call" | "prompts/get" | "resources/read" => {
+                let kind = match request.method.as_str() {
+                    "tools/call" => CallKind::Tool,
+                    "prompts/get" => CallKind::Prompt,
+                    _ => CallKind::Resource,
+                };
+                match (&client, capabilities) {
+                    (Client::Modern, Some(caps)) => {
+                        self.call_modern(principal, kind, &request.method, &params, caps, cancel)
+                            .await
+                    }
+                    (Client::Legacy { client, peer }, _) => {
+                        self.call_legacy(principal, kind, &params, client, *peer, cancel)
+                            .await
+                    }
+                    (Client::Modern, None) => Err(invalid("params._meta is required")),
+                }
+            }
+            other => Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("method not found: {}", one_line(other, 80)),
+            )),
+        };
+        drop(permit);
+        let mut result = answer?;
+        match client {
+            Client::Modern => {
+                if let Some(map) = result.as_object_mut() {
+                    map.entry("resultType").or_insert(json!("complete"));
+                    let meta = map.entry("_meta").or_insert_with(|| json!({}));
+                    if let Some(meta) = meta.as_object_mut() {
+                        meta.insert(KEY_SERVER_INFO.into(), Self::server_info());
+                    }
+                }
+            }
+            Client::Legacy { .. } => {
+                if let Some(map) = result.as_object_mut() {
+                    // Legacy results have no resultType (rmcp removes it the same way).
+                    map.remove("resultType");
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    fn discover(&self) -> Value {
+        let mut result = json!({
+            "supportedVersions": VERSIONS,
+            "capabilities": Self::capabilities(),
+            // The same for everyone, and it changes only with the gateway's own config.
+            "ttlMs": 300_000,
+            "cacheScope": "public",
+        });
+        if let Some(i) = &self.inner.config.instructions {
+            result["instructions"] = json!(i);
+        }
+        result
+    }
+
+    fn caller(principal: &Principal) -> Caller {
+        Caller {
+            agent_id: Some(principal.agent.clone()),
+            auth_context: principal.context.clone(),
+        }
+    }
+
+    /// One page of the caller's aggregate, with honest hints: the least freshness left
+    /// of the upstream pages, `public` only when they all were, nothing was filtered for
+    /// the caller and the gateway serves one agent.
+    async fn list(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        params: &Value,
+    ) -> Result<Value, RpcError> {
+        let offset = match params.get("cursor") {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => parse_cursor(c).ok_or_else(|| invalid("invalid cursor"))?,
+            Some(_) => return Err(invalid("invalid cursor")),
+        };
+        let listing = self
+            .inner
+            .harness
+            .listing(&Self::caller(principal), kind, None)
+            .await
+            .map_err(|e| to_rpc(&e))?;
+        let items: Vec<(String, &ToolInfo)> = if kind == CallKind::Resource {
+            // Resources are served by uri, which is never renamed.
+            listing
+                .items
+                .iter()
+                .map(|i| (i.name.to_string(), i))
+                .collect()
+        } else {
+            let order = &self.inner.order;
+            self.inner.names.expose(&listing.items, |s| {
+                order.get(s).copied().unwrap_or(usize::MAX)
+            })
+        };
+        if offset > items.len() {
+            return Err(invalid("invalid cursor"));
+        }
+        let page_size = self.inner.config.page_size;
+        let end = (offset + page_size).min(items.len());
+        let key = kind.item_key();
+        let served: Vec<Value> = items[offset..end]
+            .iter()
+            .map(|(name, item)| {
+                let mut def = (*item.definition).clone();
+                if kind != CallKind::Resource
+                    && let Some(map) = def.as_object_mut()
+                {
+                    map.insert(key.into(), json!(name));
+                }
+                def
+            })
+            .collect();
+        let public = listing.public && self.inner.identity.agents() <= 1;
+        let mut result = json!({
+            kind.list_key(): served,
+            "ttlMs": u64::try_from(listing.fresh_for.as_millis()).unwrap_or(u64::MAX),
+            "cacheScope": if public { "public" } else { "private" },
+        });
+        if end < items.len() {
+            result["nextCursor"] = json!(make_cursor(end));
+        }
+        Ok(result)
+    }
+
+    /// The name a call goes to in the harness, and its arguments.
+    fn target(&self, kind: CallKind, params: &Value) -> Result<(String, Value), RpcError> {
+        let field = if kind == CallKind::Resource {
+            "uri"
+        } else {
+            "name"
+        };
+        let name = params
+            .get(field)
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(format!("params.{field} is required")))?;
+        let args = params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let name = if kind == CallKind::Resource {
+            name.to_string()
+        } else {
+            self.inner.names.resolve(name)
+        };
+        Ok((name, args))
+    }
+
+    /// A 2026-07-28 client's call: one upstream round at a time, the state sealed.
+    async fn call_modern(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        method: &str,
+        params: &Value,
+        capabilities: Value,
+        cancel: CancelToken,
+    ) -> Result<Value, RpcError> {
+        let (mut name, args) = self.target(kind, params)?;
+        let digest = seal::params_digest(params);
+        let mut delegation = Delegation {
+            capabilities,
+            ..Delegation::default()
+        };
+        match params.get("requestState") {
+            None | Some(Value::Null) => {
+                if params.get("inputResponses").is_some() {
+                    return Err(invalid("inputResponses without requestState"));
+                }
+            }
+            Some(Value::String(sealed)) => {
+                let state = self
+                    .inner
+                    .sealer
+                    .open(
+                        sealed,
+                        &principal.agent,
+                        principal.context.as_deref(),
+                        method,
+                        &digest,
+                    )
+                    .map_err(|e| {
+                        tracing::info!(agent = %principal.agent, error = %e, "requestState refused");
+                        invalid(format!("invalid requestState: {e}"))
+                    })?;
+                // The round continues on the server that issued it, whatever the name
+                // routes to now.
+                name = on_server(kind, &name, &state.server);
+                delegation.input_responses = match params.get("inputResponses") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Object(m)) => Some(m.clone()),
+                    Some(_) => return Err(invalid("inputResponses must be an object")),
+                };
+                delegation.request_state = state.upstream;
+                delegation.rounds = state.rounds;
+            }
+            Some(_) => return Err(invalid("requestState must be a string")),
+        }
+        let options = CallOptions {
+            timeout: None,
+            cancel: Some(cancel),
+        };
+        let answer = self
+            .inner
+            .harness
+            .call_delegated(
+                &Self::caller(principal),
+                kind,
+                &name,
+                args,
+                Some(delegation),
+                options,
+            )
+            .await
+            .map_err(|e| to_rpc(&e))?;
+        if !answer.input_required {
+            return Ok(answer.result);
+        }
+        let mut result = answer.result;
+        let upstream = result
+            .get("requestState")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let now = seal::now_ms();
+        let ttl = u64::try_from(self.inner.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+        let state = RoundState {
+            server: answer.server,
+            upstream,
+            agent: principal.agent.clone(),
+            context: principal.context.clone(),
+            method: method.to_string(),
+            digest,
+            issued_ms: now,
+            expires_ms: now.saturating_add(ttl),
+            rounds: answer.rounds,
+        };
+        let sealed = self.inner.sealer.seal(&state).map_err(|e| {
+            tracing::error!(error = %e, "could not seal requestState");
+            RpcError::new(INTERNAL_ERROR, "internal error")
+        })?;
+        if let Some(map) = result.as_object_mut() {
+            map.insert("requestState".into(), json!(sealed));
+        }
+        Ok(result)
+    }
+
+    /// A legacy client's call: upstream rounds become requests on its session, answered
+    /// within the call.
+    async fn call_legacy(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        params: &Value,
+        client: &LegacyClient,
+        peer: Option<&dyn ClientPeer>,
+        cancel: CancelToken,
+    ) -> Result<Value, RpcError> {
+        let (mut name, args) = self.target(kind, params)?;
+        let mut delegation = Delegation {
+            capabilities: if peer.is_some() {
+                client.capabilities.clone()
+            } else {
+                json!({})
+            },
+            ..Delegation::default()
+        };
+        loop {
+            let options = CallOptions {
+                timeout: None,
+                cancel: Some(cancel.clone()),
+            };
+            let answer = self
+                .inner
+                .harness
+                .call_delegated(
+                    &Self::caller(principal),
+                    kind,
+                    &name,
+                    args.clone(),
+                    Some(delegation.clone()),
+                    options,
+                )
+                .await
+                .map_err(|e| to_rpc(&e))?;
+            if !answer.input_required {
+                return Ok(answer.result);
+            }
+            let Some(peer) = peer else {
+                return Err(RpcError::new(
+                    INTERNAL_ERROR,
+                    "the tool asked for input, and this session cannot be asked",
+                ));
+            };
+            let input = InputRequired::from_value(&answer.result)
+                .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+            let mut answers = Map::new();
+            for (key, ask) in input.input_requests {
+                let reply = tokio::select! {
+                    reply = peer.request(&ask.method, ask.params) => reply?,
+                    _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
+                };
+                answers.insert(key, reply);
+            }
+            name = on_server(kind, &name, &answer.server);
+            delegation.input_responses = Some(answers);
+            delegation.request_state = input.request_state;
+            delegation.rounds = answer.rounds;
+        }
+    }
+}
+
+/// `name` on `server`: a round continues on the server that issued it, whatever the
+/// name would route to now (resources go by uri).
+fn on_server(kind: CallKind, name: &str, server: &str) -> String {
+    if kind == CallKind::Resource {
+        return name.to_string();
+    }
+    let bare = crate::registry::names::split_qualified(name).map_or(name, |(_, item)| item);
+    format!("{server}__{bare}")
+}
+
+fn make_cursor(offset: usize) -> String {
+    URL_SAFE_NO_PAD.encode(format!("g1:{offset}"))
+}
+
+fn parse_cursor(cursor: &str) -> Option<usize> {
+    if cursor.len() > 64 {
+        return None;
+    }
+    let raw = URL_SAFE_NO_PAD.decode(cursor).ok()?;
+    let text = std::str::from_utf8(&raw).ok()?;
+    text.strip_prefix("g1:")?.parse().ok()
+}
+
+/// A harness error as the downstream client sees it: what names a tool it may not use
+/// looks like an unknown tool (-32602), a server's own JSON-RPC error passes through
+/// (unless it is one of the gateway's own protocol codes, which mean nothing to the
+/// client), everything else is an internal error with a one-line reason.
+pub fn to_rpc(error: &CallError) -> RpcError {
+    match error {
+        CallError::Denied { tool, .. } => invalid(format!("unknown tool: {}", one_line(tool, 80))),
+        CallError::NoRoute { tool, .. } => invalid(format!("unknown tool: {}", one_line(tool, 80))),
+        CallError::MissingCapability { required, .. } => RpcError::new(
+            crate::protocol::error::MISSING_CLIENT_CAPABILITY,
+            "missing required client capability",
+        )
+        .with_data(json!({"requiredCapabilities": required})),
+        CallError::Server(ServerError::Rpc { error, .. })
+            if !(-32099..=-32020).contains(&error.code) =>
+        {
+            RpcError {
+                code: error.code,
+                message: one_line(&error.message, 400),
+                data: error.data.clone(),
+            }
+        }
+        other => RpcError::new(INTERNAL_ERROR, one_line(&other.to_string(), 400))
+            .with_data(json!({"code": other.code()})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        assert_eq!(parse_cursor(&make_cursor(500)), Some(500));
+        assert_eq!(parse_cursor("nope"), None);
+        assert_eq!(parse_cursor(&"A".repeat(100)), None);
+        assert_eq!(parse_cursor(&URL_SAFE_NO_PAD.encode("g1:-1")), None);
+    }
+}

@@ -1,0 +1,196 @@
+//! The names the gateway serves: `server__tool` by default, bare names when asked, and
+//! always at most 64 characters of `[A-Za-z0-9_.-]`. A name that would not fit is
+//! shortened stably: its first 55 characters (others replaced by `_`), `_`, and the
+//! first 8 hex digits of the SHA-256 of the full name. Shortened names are remembered
+//! so that calls find their way back.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::call::ToolInfo;
+use crate::util::hash::sha256_hex;
+
+/// Longest name served.
+pub const MAX_NAME: usize = 64;
+/// Shortened names remembered (the oldest are forgotten past it; a forgotten one is
+/// learned again on the caller's next list).
+const MAX_RENAMED: usize = 65_536;
+
+/// Whether served names carry their server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefix {
+    /// `server__tool` always.
+    #[default]
+    Always,
+    /// The bare name when no other server the caller sees offers it, else `server__tool`.
+    Conditional,
+    /// Bare names; a name several servers offer is served once and routed by priority
+    /// with failover, as the library routes bare names.
+    Never,
+}
+
+/// Served names and the way back.
+#[derive(Debug, Default)]
+pub struct Names {
+    prefix: Prefix,
+    renamed: Mutex<HashMap<String, String>>,
+}
+
+fn fits(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// `name` made to fit (unchanged when it does).
+pub fn shorten(name: &str) -> String {
+    if fits(name) {
+        return name.to_string();
+    }
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_NAME - 9)
+        .collect();
+    format!("{clean}_{}", &sha256_hex(name.as_bytes())[..8])
+}
+
+impl Names {
+    /// Names served with `prefix`.
+    pub fn new(prefix: Prefix) -> Names {
+        Names {
+            prefix,
+            renamed: Mutex::default(),
+        }
+    }
+
+    /// The items to serve and the name of each, from a caller's listing. `priority`
+    /// orders the servers offering a bare name (first serves it), for `Prefix::Never`.
+    pub fn expose<'a>(
+        &self,
+        items: &'a [ToolInfo],
+        priority: impl Fn(&str) -> usize,
+    ) -> Vec<(String, &'a ToolInfo)> {
+        let mut count: HashMap<&str, usize> = HashMap::new();
+        for item in items {
+            *count.entry(&item.name).or_default() += 1;
+        }
+        let mut out: Vec<(String, &ToolInfo)> = match self.prefix {
+            Prefix::Always => items.iter().map(|i| (i.qualified.to_string(), i)).collect(),
+            Prefix::Conditional => items
+                .iter()
+                .map(|i| {
+                    let name = if count[&*i.name] == 1 {
+                        i.name.to_string()
+                    } else {
+                        i.qualified.to_string()
+                    };
+                    (name, i)
+                })
+                .collect(),
+            Prefix::Never => {
+                let mut best: HashMap<&str, &ToolInfo> = HashMap::new();
+                for item in items {
+                    best.entry(&item.name)
+                        .and_modify(|b| {
+                            if priority(&item.server) < priority(&b.server) {
+                                *b = item;
+                            }
+                        })
+                        .or_insert(item);
+                }
+                let mut v: Vec<(String, &ToolInfo)> =
+                    best.into_iter().map(|(n, i)| (n.to_string(), i)).collect();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v
+            }
+        };
+        let mut renamed = self.renamed.lock();
+        for (name, item) in &mut out {
+            let short = shorten(name);
+            if short != *name {
+                if renamed.len() >= MAX_RENAMED {
+                    renamed.clear();
+                }
+                renamed.insert(short.clone(), name.clone());
+                tracing::debug!(server = %item.server, name = %name, served = %short, "name shortened");
+                *name = short;
+            }
+        }
+        out
+    }
+
+    /// The harness name of a served name.
+    pub fn resolve(&self, served: &str) -> String {
+        self.renamed
+            .lock()
+            .get(served)
+            .cloned()
+            .unwrap_or_else(|| served.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn tool(server: &str, name: &str) -> ToolInfo {
+        ToolInfo {
+            qualified: format!("{server}__{name}").into(),
+            name: name.into(),
+            server: server.into(),
+            definition: Arc::new(json!({"name": name})),
+            from_cache: false,
+        }
+    }
+
+    #[test]
+    fn prefixes_and_shortening() {
+        let items = vec![tool("a", "echo"), tool("b", "echo"), tool("b", "add")];
+        let served = |p: Prefix| -> Vec<String> {
+            Names::new(p)
+                .expose(&items, |s| usize::from(s != "b"))
+                .into_iter()
+                .map(|(n, i)| format!("{n}->{}", i.qualified))
+                .collect()
+        };
+        assert_eq!(
+            served(Prefix::Always),
+            ["a__echo->a__echo", "b__echo->b__echo", "b__add->b__add"]
+        );
+        assert_eq!(
+            served(Prefix::Conditional),
+            ["a__echo->a__echo", "b__echo->b__echo", "add->b__add"]
+        );
+        // `b` comes first by priority, so it serves `echo`.
+        assert_eq!(served(Prefix::Never), ["add->b__add", "echo->b__echo"]);
+
+        let long = "x".repeat(80);
+        let short = shorten(&long);
+        assert_eq!(short.len(), MAX_NAME);
+        assert_eq!(short, shorten(&long), "stable");
+        assert_eq!(
+            shorten("has space/ü"),
+            format!("has_space___{}", &sha256_hex("has space/ü".as_bytes())[..8])
+        );
+        let names = Names::new(Prefix::Always);
+        let items = vec![tool("srv", &long)];
+        let (served, _) = names.expose(&items, |_| 0).remove(0);
+        assert!(served.len() <= MAX_NAME);
+        assert_eq!(names.resolve(&served), format!("srv__{long}"));
+        assert_eq!(names.resolve("srv__other"), "srv__other");
+    }
+}

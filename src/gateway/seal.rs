@@ -1,0 +1,374 @@
+//! Sealed `requestState`: what an upstream server handed out, wrapped so that a
+//! downstream client can carry it but not read, change, reuse elsewhere or keep past its
+//! expiry.
+//!
+//! The envelope is `v1.KID.BASE64URL(nonce ‖ ciphertext ‖ tag)`, ChaCha20-Poly1305 from
+//! `ring` (already in the tree through rustls; no cryptography here beyond calling it),
+//! a random 96-bit nonce per seal, the key id as associated data. Inside: the upstream
+//! server and its state, the principal, the method, a digest of the request's params,
+//! the issue time, the expiry and the rounds so far. Any process holding the same keys
+//! opens it: a round started on one gateway can finish on another.
+
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::GatewayError;
+use crate::util::hash::sha256_hex;
+
+/// Milliseconds since the epoch (0 for a clock before it, so that nothing opens).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Largest sealed state accepted (a bound before any decoding).
+const MAX_SEALED: usize = 256 * 1024;
+
+/// Why a sealed state was refused. The downstream client gets one message for all of
+/// them (invalid params); the log gets the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// Not an envelope of ours, or too large.
+    #[error("not a request state this gateway issued")]
+    Malformed,
+    /// Sealed with a key this gateway does not hold.
+    #[error("sealed with unknown key {0:?}")]
+    UnknownKey(String),
+    /// The tag does not verify: changed, or sealed with another key of the same id.
+    #[error("the request state was altered")]
+    Tampered,
+    /// Past its expiry.
+    #[error("the request state expired")]
+    Expired,
+    /// Issued to another principal.
+    #[error("the request state was issued to another caller")]
+    OtherPrincipal,
+    /// Issued for another method or other params.
+    #[error("the request state was issued for another request")]
+    OtherRequest,
+}
+
+/// What a sealed state holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundState {
+    /// The upstream server that issued the round.
+    pub server: String,
+    /// Its `requestState`, as it sent it (absent if it sent none).
+    pub upstream: Option<String>,
+    /// The principal: agent id and auth context.
+    pub agent: String,
+    /// The auth context, if any.
+    pub context: Option<String>,
+    /// The method (`tools/call`, `prompts/get`, `resources/read`).
+    pub method: String,
+    /// Hex SHA-256 of the request's params without `_meta`, `inputResponses` and
+    /// `requestState`, keys sorted.
+    pub digest: String,
+    /// Issue time, ms since the epoch.
+    pub issued_ms: u64,
+    /// Expiry, ms since the epoch.
+    pub expires_ms: u64,
+    /// Rounds the logical call has had.
+    pub rounds: usize,
+}
+
+/// The keys: several accepted (for rotation), the first one seals.
+pub struct Sealer {
+    keys: Vec<(String, LessSafeKey)>,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        f.debug_struct("Sealer")
+            .field("keys", &ids)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl Sealer {
+    /// Keys from text: one `KID:BASE64URL(32 bytes)` per line or comma-separated; `#`
+    /// starts a comment. The first key seals; all open.
+    pub fn from_text(text: &str, ttl: Duration) -> Result<Sealer, GatewayError> {
+        let bad = |why: String| GatewayError::Keys(why);
+        let mut keys = Vec::new();
+        for item in text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or(""))
+            .flat_map(|l| l.split(','))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+        {
+            let Some((id, key)) = item.split_once(':') else {
+                return Err(bad("each key is KID:BASE64URL".into()));
+            };
+            let id = id.trim();
+            if id.is_empty()
+                || id.len() > 32
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(bad(format!(
+                    "key id {id:?}: 1 to 32 letters, digits, - or _"
+                )));
+            }
+            let bytes = URL_SAFE_NO_PAD
+                .decode(key.trim().trim_end_matches('='))
+                .map_err(|_| bad(format!("key {id:?} is not base64url")))?;
+            if bytes.len() != 32 {
+                return Err(bad(format!(
+                    "key {id:?} must be 32 bytes, not {}",
+                    bytes.len()
+                )));
+            }
+            if keys.iter().any(|(k, _)| k == id) {
+                return Err(bad(format!("key id {id:?} appears twice")));
+            }
+            let key = UnboundKey::new(&CHACHA20_POLY1305, &bytes)
+                .map_err(|_| bad(format!("key {id:?} is unusable")))?;
+            keys.push((id.to_string(), LessSafeKey::new(key)));
+        }
+        if keys.is_empty() {
+            return Err(bad("no keys".into()));
+        }
+        Ok(Sealer { keys, ttl })
+    }
+
+    /// A key made now, for development only (states do not survive a restart and no
+    /// other process can open them).
+    pub fn ephemeral(ttl: Duration) -> Result<Sealer, GatewayError> {
+        Sealer::from_text(&format!("dev:{}", new_key()?), ttl)
+    }
+
+    /// How long a sealed state stays valid.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Seals `state`.
+    pub fn seal(&self, state: &RoundState) -> Result<String, GatewayError> {
+        let (id, key) = &self.keys[0];
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce).map_err(|e| GatewayError::Keys(e.to_string()))?;
+        let mut data = serde_json::to_vec(state).map_err(|e| GatewayError::Keys(e.to_string()))?;
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(id.as_bytes()),
+            &mut data,
+        )
+        .map_err(|_| GatewayError::Keys("sealing failed".into()))?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&data);
+        Ok(format!("v1.{id}.{}", URL_SAFE_NO_PAD.encode(out)))
+    }
+
+    /// Opens a sealed state and checks that it belongs to this request: its principal,
+    /// method and params, and that it has not expired.
+    pub fn open(
+        &self,
+        sealed: &str,
+        agent: &str,
+        context: Option<&str>,
+        method: &str,
+        digest: &str,
+    ) -> Result<RoundState, SealError> {
+        if sealed.len() > MAX_SEALED {
+            return Err(SealError::Malformed);
+        }
+        let mut parts = sealed.splitn(3, '.');
+        let (Some("v1"), Some(id), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(SealError::Malformed);
+        };
+        let Some((_, key)) = self.keys.iter().find(|(k, _)| k == id) else {
+            return Err(SealError::UnknownKey(id.chars().take(32).collect()));
+        };
+        let raw = URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| SealError::Malformed)?;
+        if raw.len() < NONCE_LEN {
+            return Err(SealError::Malformed);
+        }
+        let (nonce, rest) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| SealError::Malformed)?;
+        let mut rest = rest.to_vec();
+        let plain = key
+            .open_in_place(nonce, Aad::from(id.as_bytes()), &mut rest)
+            .map_err(|_| SealError::Tampered)?;
+        let state: RoundState = serde_json::from_slice(plain).map_err(|_| SealError::Malformed)?;
+        if now_ms() >= state.expires_ms {
+            return Err(SealError::Expired);
+        }
+        if state.agent != agent || state.context.as_deref() != context {
+            return Err(SealError::OtherPrincipal);
+        }
+        if state.method != method || state.digest != digest {
+            return Err(SealError::OtherRequest);
+        }
+        Ok(state)
+    }
+}
+
+/// A new random key, base64url: what `mcp-harness serve --new-key` prints.
+pub fn new_key() -> Result<String, GatewayError> {
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| GatewayError::Keys(e.to_string()))?;
+    Ok(URL_SAFE_NO_PAD.encode(key))
+}
+
+/// The digest a sealed state is bound to: the params without what changes between
+/// rounds (`_meta`, `inputResponses`, `requestState`), keys sorted at every level.
+pub fn params_digest(params: &Value) -> String {
+    fn canonical(v: &Value, out: &mut Vec<u8>) {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push(b'{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
+                    out.push(b':');
+                    canonical(&map[k], out);
+                }
+                out.push(b'}');
+            }
+            Value::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(b']');
+            }
+            other => out.extend_from_slice(other.to_string().as_bytes()),
+        }
+    }
+    let mut params = params.clone();
+    if let Some(map) = params.as_object_mut() {
+        for k in ["_meta", "inputResponses", "requestState"] {
+            map.remove(k);
+        }
+    }
+    let mut bytes = Vec::new();
+    canonical(&params, &mut bytes);
+    sha256_hex(&bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn state(sealer: &Sealer) -> RoundState {
+        let now = now_ms();
+        RoundState {
+            server: "s".into(),
+            upstream: Some("up".into()),
+            agent: "a".into(),
+            context: None,
+            method: "tools/call".into(),
+            digest: params_digest(&json!({"name": "t", "arguments": {"x": 1}})),
+            issued_ms: now,
+            expires_ms: now + sealer.ttl().as_millis() as u64,
+            rounds: 1,
+        }
+    }
+
+    #[test]
+    fn a_sealed_state_opens_only_for_its_principal_and_request() {
+        let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("key");
+        let s = state(&sealer);
+        let sealed = sealer.seal(&s).expect("seal");
+        let d = s.digest.clone();
+        assert_eq!(sealer.open(&sealed, "a", None, "tools/call", &d), Ok(s));
+        assert_eq!(
+            sealer.open(&sealed, "b", None, "tools/call", &d),
+            Err(SealError::OtherPrincipal)
+        );
+        assert_eq!(
+            sealer.open(&sealed, "a", Some("x"), "tools/call", &d),
+            Err(SealError::OtherPrincipal)
+        );
+        let other = params_digest(&json!({"name": "t", "arguments": {"x": 2}}));
+        assert_eq!(
+            sealer.open(&sealed, "a", None, "tools/call", &other),
+            Err(SealError::OtherRequest)
+        );
+        // Flip one character of the body.
+        let mut bytes = sealed.into_bytes();
+        let last = bytes.len() - 3;
+        bytes[last] = if bytes[last] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(bytes).expect("ascii");
+        assert_eq!(
+            sealer.open(&tampered, "a", None, "tools/call", &d),
+            Err(SealError::Tampered)
+        );
+        assert_eq!(
+            sealer.open("garbage", "a", None, "tools/call", &d),
+            Err(SealError::Malformed)
+        );
+    }
+
+    #[test]
+    fn keys_rotate_and_expired_states_are_refused() {
+        let (k1, k2) = (new_key().expect("k1"), new_key().expect("k2"));
+        let old = Sealer::from_text(&format!("k1:{k1}"), Duration::from_secs(60)).expect("old");
+        let new =
+            Sealer::from_text(&format!("k2:{k2}\nk1:{k1}"), Duration::from_secs(60)).expect("new");
+        let s = state(&old);
+        let sealed = old.seal(&s).expect("seal");
+        assert!(
+            new.open(&sealed, "a", None, "tools/call", &s.digest)
+                .is_ok()
+        );
+        let only_new = Sealer::from_text(&format!("k2:{k2}"), Duration::from_secs(60)).expect("k2");
+        assert_eq!(
+            only_new.open(&sealed, "a", None, "tools/call", &s.digest),
+            Err(SealError::UnknownKey("k1".into()))
+        );
+        let mut expired = state(&old);
+        expired.expires_ms = now_ms() - 1;
+        let sealed = old.seal(&expired).expect("seal");
+        assert_eq!(
+            old.open(&sealed, "a", None, "tools/call", &expired.digest),
+            Err(SealError::Expired)
+        );
+    }
+
+    #[test]
+    fn the_digest_ignores_key_order_and_what_changes_between_rounds() {
+        let a =
+            params_digest(&json!({"name": "t", "arguments": {"x": 1, "y": [1, {"b": 2, "a": 1}]}}));
+        let b = params_digest(
+            &json!({"arguments": {"y": [1, {"a": 1, "b": 2}], "x": 1}, "name": "t",
+            "_meta": {"k": 1}, "inputResponses": {"q": {}}, "requestState": "s"}),
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn bad_key_text_is_a_clear_error() {
+        for (text, want) in [
+            ("", "no keys"),
+            ("nocolon", "KID:BASE64URL"),
+            ("k:AAAA", "32 bytes"),
+            ("k:!!!", "base64url"),
+        ] {
+            let e = Sealer::from_text(text, Duration::from_secs(1)).expect_err(text);
+            assert!(e.to_string().contains(want), "{text}: {e}");
+        }
+    }
+}

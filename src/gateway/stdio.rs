@@ -1,0 +1,237 @@
+//! The gateway for one client over a pipe (newline-delimited JSON-RPC), for clients that
+//! spawn their servers. The principal is fixed when it starts. Requests with the
+//! 2026-07-28 envelope are served statelessly; after an `initialize` the rest is the
+//! legacy session, whose client the gateway can ask things in the middle of a call.
+//! Requests run concurrently; `notifications/cancelled` cancels one; at end of input
+//! the calls in flight finish, then it returns.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Client, ClientPeer, Gateway, LegacyClient, PeerFuture, Principal};
+use crate::call::CancelToken;
+use crate::protocol::error::{INVALID_REQUEST, PARSE_ERROR};
+use crate::protocol::meta::KEY_PROTOCOL_VERSION;
+use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
+
+/// Longest line read; a longer one ends the session (memory stays bounded).
+const MAX_LINE: usize = 16 << 20;
+/// Requests from the gateway awaiting the client's answers at once.
+const MAX_PENDING: usize = 64;
+
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Result<Value, RpcError>>>>>;
+
+struct Pipe {
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Pending,
+    next: AtomicU64,
+}
+
+impl Pipe {
+    fn send(&self, message: &Message) {
+        let mut line = Vec::new();
+        message.write_line(&mut line);
+        let _ = self.out.send(line);
+    }
+}
+
+impl ClientPeer for Pipe {
+    fn request(&self, method: &str, params: Value) -> PeerFuture {
+        let id = RequestId::String(format!("g-{}", self.next.fetch_add(1, Ordering::Relaxed)));
+        let (tx, rx) = oneshot::channel();
+        let admitted = {
+            let mut pending = self.pending.lock();
+            pending.len() < MAX_PENDING && pending.insert(key(&id), tx).is_none()
+        };
+        if admitted {
+            self.send(&Message::Request(Request {
+                id,
+                method: method.to_string(),
+                params: Some(params),
+            }));
+        }
+        Box::pin(async move {
+            if !admitted {
+                return Err(RpcError::new(
+                    INVALID_REQUEST,
+                    "the client cannot take more requests",
+                ));
+            }
+            rx.await
+                .unwrap_or_else(|_| Err(RpcError::new(INVALID_REQUEST, "the client went away")))
+        })
+    }
+}
+
+fn key(id: &RequestId) -> String {
+    match id {
+        RequestId::Number(n) => format!("n{n}"),
+        RequestId::String(s) => format!("s{s}"),
+    }
+}
+
+/// Serves one client on `input`/`output` as `principal` until the input ends.
+pub async fn serve(
+    gateway: Gateway,
+    principal: Principal,
+    input: impl AsyncRead + Unpin,
+    mut output: impl AsyncWrite + Unpin + Send + 'static,
+) {
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        while let Some(line) = out_rx.recv().await {
+            if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let pipe = Arc::new(Pipe {
+        out: out_tx,
+        pending: Pending::default(),
+        next: AtomicU64::new(1),
+    });
+    let session: Arc<Mutex<Option<LegacyClient>>> = Arc::default();
+    let notifier = tokio::spawn(notify_changes(
+        gateway.clone(),
+        Arc::downgrade(&pipe),
+        session.clone(),
+    ));
+    let calls: Arc<Mutex<HashMap<String, CancelToken>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut reader = BufReader::new(input);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await;
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line.len() > MAX_LINE => {
+                tracing::warn!("a line from the client is too long; ending the session");
+                break;
+            }
+            Ok(_) => {}
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let message = match Message::parse(&line) {
+            Ok(m) => m,
+            Err(e) => {
+                pipe.send(&Message::Response(Response {
+                    id: None,
+                    outcome: Err(RpcError::new(PARSE_ERROR, e.to_string())),
+                }));
+                continue;
+            }
+        };
+        match message {
+            Message::Response(r) => {
+                if let Some(tx) =
+                    r.id.as_ref()
+                        .and_then(|id| pipe.pending.lock().remove(&key(id)))
+                {
+                    let _ = tx.send(r.outcome);
+                }
+            }
+            Message::Notification(n) => cancel(&calls, &n),
+            Message::Request(request) if request.method == "initialize" => {
+                let outcome =
+                    gateway
+                        .initialize(request.params.as_ref())
+                        .map(|(result, client)| {
+                            *session.lock() = Some(client);
+                            result
+                        });
+                pipe.send(&Message::Response(Response {
+                    id: Some(request.id),
+                    outcome,
+                }));
+            }
+            Message::Request(request) => {
+                let modern = request
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.get("_meta"))
+                    .and_then(|m| m.get(KEY_PROTOCOL_VERSION))
+                    .is_some();
+                let legacy = if modern { None } else { session.lock().clone() };
+                let token = CancelToken::new();
+                calls.lock().insert(key(&request.id), token.clone());
+                let (gateway, principal, pipe, calls) = (
+                    gateway.clone(),
+                    principal.clone(),
+                    pipe.clone(),
+                    calls.clone(),
+                );
+                tasks.spawn(async move {
+                    let client = match &legacy {
+                        Some(c) => Client::Legacy {
+                            client: c,
+                            peer: Some(pipe.as_ref()),
+                        },
+                        None => Client::Modern,
+                    };
+                    let outcome = gateway.handle(&principal, &request, client, token).await;
+                    calls.lock().remove(&key(&request.id));
+                    pipe.send(&Message::Response(Response {
+                        id: Some(request.id),
+                        outcome,
+                    }));
+                });
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    // Input ended: the calls in flight finish and answer (their client may still read).
+    while tasks.join_next().await.is_some() {}
+    notifier.abort();
+    pipe.pending.lock().clear();
+    drop(pipe);
+    let _ = writer.await;
+}
+
+/// `notifications/tools/list_changed` to a legacy client when the harness reports a
+/// change (2026-07-28 clients hold no session to notify).
+async fn notify_changes(
+    gateway: Gateway,
+    pipe: std::sync::Weak<Pipe>,
+    session: Arc<Mutex<Option<LegacyClient>>>,
+) {
+    let mut events = gateway.harness().subscribe();
+    loop {
+        match events.recv().await {
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+        let Some(pipe) = pipe.upgrade() else { return };
+        if session.lock().is_some() {
+            pipe.send(&Message::Notification(Notification {
+                method: "notifications/tools/list_changed".into(),
+                params: None,
+            }));
+        }
+    }
+}
+
+fn cancel(calls: &Mutex<HashMap<String, CancelToken>>, n: &Notification) {
+    if n.method != "notifications/cancelled" {
+        return;
+    }
+    let id = n
+        .params
+        .as_ref()
+        .and_then(|p| p.get("requestId"))
+        .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok());
+    if let Some(token) = id.and_then(|id| calls.lock().get(&key(&id)).cloned()) {
+        token.cancel();
+    }
+}

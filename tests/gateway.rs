@@ -1,0 +1,696 @@
+//! Gateway mode (`mcp-harness serve`): real gateway processes fronting demo servers of
+//! both eras, reached by a raw JSON-RPC client over loopback HTTP (for the error paths
+//! and the sealed state), by rmcp 3.11's client in both eras over HTTP and stdio, and
+//! by this crate's own client.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use mcp_harness::util::hash::sha256_hex;
+use rmcp::service::ClientLifecycleMode;
+use rmcp::service::ClientServiceExt;
+use serde_json::{Value, json};
+use support::*;
+
+const MODERN: &str = "2026-07-28";
+
+/// A unique tag for this test's servers, so that a census finds exactly its processes.
+fn tag() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "gw{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+                && alive(*pid)
+        })
+        .collect()
+}
+
+/// A config: `alpha` (modern) and `beta` (legacy) demo servers; agent `a` may use
+/// everything, `b` only `alpha`'s `echo`; tokens `tok-a`, `tok-a2` (agent `a` in auth
+/// context `other`) and `tok-b`.
+struct Setup {
+    tag: String,
+    config: PathBuf,
+    keys: PathBuf,
+    audit: PathBuf,
+}
+
+fn keys_text(ids: &[(&str, &str)]) -> String {
+    ids.iter()
+        .map(|(id, key)| format!("{id}:{key}\n"))
+        .collect()
+}
+
+/// A fixed key per name, so that several gateways can share or not share keys.
+fn key(name: &str) -> String {
+    use base64::Engine;
+    let bytes = sha256_hex(name.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes.as_bytes()[..32])
+}
+
+impl Setup {
+    fn new(gateway_extra: &str, keys: &[(&str, &str)]) -> Setup {
+        let tag = tag();
+        let config = temp_file(&format!("{tag}.toml")).with_extension("toml");
+        let keys_path = temp_file(&format!("{tag}-keys"));
+        let audit = temp_file(&format!("{tag}-audit"));
+        std::fs::write(&keys_path, keys_text(keys)).expect("keys");
+        let exe = harness_exe();
+        let text = format!(
+            r#"
+[[servers]]
+id = "alpha"
+priority = 2
+transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "alpha{tag}"] }}
+
+[[servers]]
+id = "beta"
+transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "beta{tag}", "--era", "legacy"] }}
+
+[permissions.a]
+"*" = ["*"]
+
+[permissions.b]
+alpha = ["echo"]
+
+[audit]
+path = "{audit}"
+flush_every = "10ms"
+
+[gateway]
+keys_file = "{keys}"
+tokens = [
+  {{ sha256 = "{a}", agent = "a" }},
+  {{ sha256 = "{a2}", agent = "a", auth_context = "other" }},
+  {{ sha256 = "{b}", agent = "b" }},
+]
+{gateway_extra}
+"#,
+            audit = audit.display(),
+            keys = keys_path.display(),
+            a = sha256_hex(b"tok-a"),
+            a2 = sha256_hex(b"tok-a2"),
+            b = sha256_hex(b"tok-b"),
+        );
+        std::fs::write(&config, text).expect("config");
+        Setup {
+            tag,
+            config,
+            keys: keys_path,
+            audit,
+        }
+    }
+
+    fn with_keys(&self, keys: &[(&str, &str)]) -> PathBuf {
+        let text = std::fs::read_to_string(&self.config)
+            .expect("config")
+            .replace(&self.keys.display().to_string(), &{
+                let p = temp_file(&format!("{}-keys2", self.tag));
+                std::fs::write(&p, keys_text(keys)).expect("keys");
+                p.display().to_string()
+            });
+        let path = temp_file(&format!("{}-2.toml", self.tag)).with_extension("toml");
+        std::fs::write(&path, text).expect("config");
+        path
+    }
+
+    async fn start(&self) -> Gateway {
+        Gateway::start(&self.config).await
+    }
+
+    /// (started, finished) records in the audit file.
+    fn audit_counts(&self) -> (usize, usize) {
+        let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
+        let count = |e: &str| {
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|r| r["event"] == e)
+                .count()
+        };
+        (count("started"), count("finished"))
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        for p in [&self.config, &self.keys, &self.audit] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+struct Gateway {
+    server: HttpServer,
+    http: reqwest::Client,
+}
+
+impl Gateway {
+    async fn start(config: &Path) -> Gateway {
+        let config = config.display().to_string();
+        let server = HttpServer::start(
+            &harness_exe(),
+            &["serve", "--config", &config, "--listen", "127.0.0.1:0"],
+        )
+        .await;
+        Gateway {
+            server,
+            http: http_client(),
+        }
+    }
+
+    fn url(&self) -> &str {
+        &self.server.url
+    }
+
+    /// A POST with the headers a 2026-07-28 client sends (`headers` added or replacing).
+    async fn post(
+        &self,
+        token: Option<&str>,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let mut req = self
+            .http
+            .post(self.url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        let method = body["method"].as_str().unwrap_or("");
+        let mut all: Vec<(String, String)> = vec![
+            ("mcp-protocol-version".into(), MODERN.into()),
+            ("mcp-method".into(), method.into()),
+        ];
+        if let Some(name) = body["params"]["name"].as_str() {
+            all.push(("mcp-name".into(), name.into()));
+        }
+        for (k, v) in headers {
+            all.retain(|(n, _)| n != k);
+            all.push((k.to_string(), v.to_string()));
+        }
+        for (k, v) in all {
+            if !v.is_empty() {
+                req = req.header(k, v);
+            }
+        }
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.body(body.to_string()).send().await.expect("send");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value, headers)
+    }
+
+    /// A 2026-07-28 request as `token`; the whole JSON-RPC response.
+    async fn modern(&self, token: &str, method: &str, params: Value) -> (u16, Value) {
+        let (status, body, _) = self.post(Some(token), &request(method, params), &[]).await;
+        (status, body)
+    }
+
+    /// SIGTERM, and the exit status once it has stopped.
+    async fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.server.child.id().expect("pid");
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        tokio::time::timeout(Duration::from_secs(20), self.server.child.wait())
+            .await
+            .expect("the gateway stops within 20 s of SIGTERM")
+            .expect("wait")
+    }
+}
+
+/// A plain HTTP client (reqwest is built without a default TLS provider).
+fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+fn request(method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    });
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["result"]["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn result_text(response: &Value) -> &str {
+    text(&response["result"])
+}
+
+#[tokio::test]
+async fn modern_clients_see_one_server_with_both_eras_behind_it_and_only_their_grants() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (status, discover) = gw.modern("tok-a", "server/discover", json!({})).await;
+    assert_eq!(status, 200);
+    let d = &discover["result"];
+    assert_eq!(d["resultType"], "complete");
+    assert!(
+        d["supportedVersions"]
+            .as_array()
+            .expect("versions")
+            .contains(&json!(MODERN))
+    );
+    assert!(d["ttlMs"].is_u64() && d["cacheScope"] == "public", "{d}");
+    assert_eq!(
+        d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "mcp-harness-gateway"
+    );
+
+    let (_, list) = gw.modern("tok-a", "tools/list", json!({})).await;
+    let a = names(&list);
+    assert!(
+        a.contains(&"alpha__echo".into()) && a.contains(&"beta__echo".into()),
+        "{a:?}"
+    );
+    // Two agents are served: no list is public, and the hints are the upstream's.
+    assert_eq!(list["result"]["cacheScope"], "private");
+    assert!(list["result"]["ttlMs"].is_u64());
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+
+    for tool in ["alpha__echo", "beta__echo"] {
+        let (status, r) = gw
+            .modern(
+                "tok-a",
+                "tools/call",
+                json!({"name": tool, "arguments": {"text": "hi"}}),
+            )
+            .await;
+        assert_eq!((status, result_text(&r)), (200, "hi"), "{tool}: {r}");
+        assert_eq!(r["result"]["resultType"], "complete");
+    }
+    // What b may not call looks like a tool that does not exist, and reaches no server.
+    let (status, r) = gw
+        .modern(
+            "tok-b",
+            "tools/call",
+            json!({"name": "beta__echo", "arguments": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, r["error"]["code"].as_i64()),
+        (200, Some(-32602)),
+        "{r}"
+    );
+
+    let status = gw.stop().await;
+    assert!(status.success(), "{status:?}");
+    let (started, finished) = setup.audit_counts();
+    assert_eq!(
+        (started, finished),
+        (3, 3),
+        "every call has both records after shutdown"
+    );
+    assert!(
+        processes_with(&setup.tag).is_empty(),
+        "no server process survives the gateway"
+    );
+}
+
+#[tokio::test]
+async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
+    let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let list = request("tools/list", json!({}));
+    let (status, _, headers) = gw.post(None, &list, &[]).await;
+    assert_eq!(status, 401);
+    assert!(headers.get("www-authenticate").is_some());
+    assert_eq!(gw.post(Some("wrong"), &list, &[]).await.0, 401);
+    // DNS rebinding: a foreign Origin, or a Host that is not the gateway.
+    let (status, _, _) = gw
+        .post(Some("tok-a"), &list, &[("origin", "https://evil.example")])
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        gw.post(Some("tok-a"), &list, &[("host", "evil.example")])
+            .await
+            .0,
+        403
+    );
+
+    let code = |v: &Value| v["error"]["code"].as_i64();
+    let bare = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let (status, r, _) = gw.post(Some("tok-a"), &bare, &[]).await;
+    assert_eq!(
+        (status, code(&r)),
+        (400, Some(-32602)),
+        "missing _meta: {r}"
+    );
+    let (status, r, _) = gw
+        .post(
+            Some("tok-a"),
+            &list,
+            &[("mcp-protocol-version", "2025-11-25")],
+        )
+        .await;
+    assert_eq!((status, code(&r)), (400, Some(-32020)), "{r}");
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &list, &[("mcp-method", "tools/call")])
+        .await;
+    assert_eq!((status, code(&r)), (400, Some(-32020)), "{r}");
+    let call = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x"}}),
+    );
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &call, &[("mcp-name", "alpha__add")])
+        .await;
+    assert_eq!((status, code(&r)), (400, Some(-32020)), "{r}");
+    let mut future = list.clone();
+    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
+    let (status, r, _) = gw
+        .post(
+            Some("tok-a"),
+            &future,
+            &[("mcp-protocol-version", "2099-01-01")],
+        )
+        .await;
+    assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
+    assert_eq!(r["error"]["data"]["requested"], "2099-01-01");
+    let (status, r) = gw.modern("tok-a", "no/such", json!({})).await;
+    assert_eq!((status, code(&r)), (404, Some(-32601)), "{r}");
+    let (status, r) = gw
+        .modern("tok-a", "tools/list", json!({"cursor": "garbage"}))
+        .await;
+    assert_eq!((status, code(&r)), (200, Some(-32602)), "{r}");
+    let big = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(100_000)}}),
+    );
+    assert_eq!(gw.post(Some("tok-a"), &big, &[]).await.0, 413);
+    let get = gw
+        .http
+        .get(gw.url())
+        .bearer_auth("tok-a")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        get.status().as_u16(),
+        405,
+        "no GET stream without a legacy session"
+    );
+    gw.stop().await;
+}
+
+/// Starts `confirm` on `gw`: the `input_required` result.
+async fn start_confirm(gw: &Gateway, token: &str, message: &str) -> Value {
+    let (status, r) = gw
+        .modern(
+            token,
+            "tools/call",
+            json!({"name": "alpha__confirm", "arguments": {"message": message}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    r["result"].clone()
+}
+
+async fn finish_confirm(gw: &Gateway, token: &str, message: &str, state: &Value) -> (u16, Value) {
+    let params = json!({
+        "name": "alpha__confirm",
+        "arguments": {"message": message},
+        "inputResponses": {"confirm": {"action": "accept", "content": {"approved": true}}},
+        "requestState": state,
+    });
+    gw.modern(token, "tools/call", params).await
+}
+
+#[tokio::test]
+async fn input_rounds_go_down_sealed_and_tampered_or_replayed_state_is_refused() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let round = start_confirm(&gw, "tok-a", "ship?").await;
+    assert!(
+        round["inputRequests"]["confirm"]["method"] == "elicitation/create",
+        "{round}"
+    );
+    let state = round["requestState"].as_str().expect("state").to_string();
+    assert!(state.starts_with("v1.k1."), "{state}");
+    assert!(
+        !state.contains("confirm-v1"),
+        "the upstream state is not readable"
+    );
+
+    let refused = |r: &Value| r["error"]["code"] == -32602;
+    let mut tampered = state.clone().into_bytes();
+    let i = tampered.len() - 5;
+    tampered[i] = if tampered[i] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).expect("ascii");
+    let (_, r) = finish_confirm(&gw, "tok-a", "ship?", &json!(tampered)).await;
+    assert!(refused(&r), "tampered: {r}");
+    let (_, r) = finish_confirm(&gw, "tok-a2", "ship?", &json!(state)).await;
+    assert!(
+        refused(&r),
+        "another principal (same agent, other auth context): {r}"
+    );
+    let (_, r) = finish_confirm(&gw, "tok-b", "ship?", &json!(state)).await;
+    assert!(refused(&r), "another agent: {r}");
+    let (_, r) = finish_confirm(&gw, "tok-a", "other args", &json!(state)).await;
+    assert!(refused(&r), "other arguments: {r}");
+    let (_, r) = finish_confirm(&gw, "tok-a", "ship?", &json!("v1.k9.AAAA")).await;
+    assert!(refused(&r), "unknown key: {r}");
+    let (status, r) = finish_confirm(&gw, "tok-a", "ship?", &json!(state)).await;
+    assert_eq!((status, result_text(&r)), (200, "approved: true"), "{r}");
+    gw.stop().await;
+
+    // Expiry: a gateway whose states live 300 ms (time is what is tested here).
+    let short = Setup::new("state_ttl = \"300ms\"", &[("k1", &key("k1"))]);
+    let gw = short.start().await;
+    let round = start_confirm(&gw, "tok-a", "later?").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, r) = finish_confirm(&gw, "tok-a", "later?", &round["requestState"]).await;
+    assert!(
+        refused(&r)
+            && r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("expired"),
+        "{r}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_round_started_on_one_gateway_finishes_on_another_and_keys_rotate() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let (one, two) = (setup.start().await, setup.start().await);
+    let round = start_confirm(&one, "tok-a", "across?").await;
+    let (_, r) = finish_confirm(&two, "tok-a", "across?", &round["requestState"]).await;
+    assert_eq!(result_text(&r), "approved: true", "{r}");
+    one.stop().await;
+    two.stop().await;
+
+    // A new key seals; the old one still opens until it is dropped.
+    let started = setup.start().await;
+    let round = start_confirm(&started, "tok-a", "rotate?").await;
+    started.stop().await;
+    let rotated = Gateway::start(&setup.with_keys(&[("k2", &key("k2")), ("k1", &key("k1"))])).await;
+    let (_, r) = finish_confirm(&rotated, "tok-a", "rotate?", &round["requestState"]).await;
+    assert_eq!(result_text(&r), "approved: true", "{r}");
+    let next = start_confirm(&rotated, "tok-a", "rotate?").await;
+    assert!(
+        next["requestState"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("v1.k2."))
+    );
+    rotated.stop().await;
+    let dropped = Gateway::start(&setup.with_keys(&[("k2", &key("k2"))])).await;
+    let (_, r) = finish_confirm(&dropped, "tok-a", "rotate?", &round["requestState"]).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    dropped.stop().await;
+}
+
+/// An rmcp client that accepts every elicitation, approving.
+#[derive(Clone)]
+struct Approver {
+    asked: Arc<AtomicU32>,
+}
+
+impl rmcp::ClientHandler for Approver {
+    async fn create_elicitation(
+        &self,
+        _request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        Ok(
+            rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+                .with_content(json!({"approved": true})),
+        )
+    }
+
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let caps = serde_json::from_value(json!({"elicitation": {"form": {}}})).expect("caps");
+        rmcp::model::ClientConfig::new(caps, rmcp::model::Implementation::new("rmcp-test", "1"))
+    }
+}
+
+fn modes() -> [(&'static str, ClientLifecycleMode); 2] {
+    [
+        (
+            "modern",
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        ),
+        ("legacy", ClientLifecycleMode::Initialize),
+    ]
+}
+
+/// Lists, calls a tool on each upstream era, and calls `confirm` (an upstream input
+/// round, answered by the client: as MRTR for a modern client, as an elicitation request
+/// on its session for a legacy one).
+async fn exercise_rmcp<S>(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, S>,
+    asked: &AtomicU32,
+    what: &str,
+) where
+    S: rmcp::Service<rmcp::RoleClient>,
+{
+    let tools = client.list_all_tools().await.expect("list");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert!(
+        names.contains(&"alpha__echo") && names.contains(&"beta__add"),
+        "{what}: {names:?}"
+    );
+    for tool in ["alpha__echo", "beta__echo"] {
+        let r = client
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new(tool).with_arguments(
+                    json!({"text": "via rmcp"})
+                        .as_object()
+                        .cloned()
+                        .expect("obj"),
+                ),
+            )
+            .await
+            .expect("call");
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(text(&v), "via rmcp", "{what} {tool}: {v}");
+    }
+    let before = asked.load(Ordering::Relaxed);
+    let r = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("alpha__confirm")
+                .with_arguments(json!({"message": "ok?"}).as_object().cloned().expect("obj")),
+        )
+        .await
+        .expect("confirm");
+    let v = serde_json::to_value(&r).expect("json");
+    assert_eq!(text(&v), "approved: true", "{what}: {v}");
+    assert_eq!(
+        asked.load(Ordering::Relaxed),
+        before + 1,
+        "{what}: the client was asked once"
+    );
+}
+
+#[tokio::test]
+async fn rmcp_clients_of_both_eras_over_http_and_stdio() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    for (era, mode) in modes() {
+        let asked = Arc::new(AtomicU32::new(0));
+        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+            http_client(),
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                gw.url().to_string(),
+            )
+            .auth_header("tok-a"),
+        );
+        let client = Approver {
+            asked: asked.clone(),
+        }
+        .serve_with_lifecycle(transport, mode)
+        .await
+        .expect("rmcp over HTTP");
+        exercise_rmcp(&client, &asked, &format!("{era} over HTTP")).await;
+        client.cancel().await.expect("close");
+    }
+    gw.stop().await;
+
+    for (era, mode) in modes() {
+        let asked = Arc::new(AtomicU32::new(0));
+        let mut cmd = tokio::process::Command::new(harness_exe());
+        cmd.args(["serve", "--stdio", "--agent", "a", "--config"])
+            .arg(&setup.config);
+        let client = Approver {
+            asked: asked.clone(),
+        }
+        .serve_with_lifecycle(
+            rmcp::transport::TokioChildProcess::new(cmd).expect("spawn"),
+            mode,
+        )
+        .await
+        .expect("rmcp over stdio");
+        exercise_rmcp(&client, &asked, &format!("{era} over stdio")).await;
+        client.cancel().await.expect("close");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || processes_with(&setup.tag)
+            .is_empty())
+        .await,
+        "the stdio gateways and their servers are gone once their clients close"
+    );
+}
+
+#[tokio::test]
+async fn bare_names_route_by_priority_and_serve_each_name_once() {
+    let setup = Setup::new("prefix = \"never\"", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-a", "tools/list", json!({})).await;
+    let served = names(&list);
+    assert_eq!(
+        served.iter().filter(|n| *n == "server_name").count(),
+        1,
+        "{served:?}"
+    );
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "server_name", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(
+        result_text(&r),
+        format!("alpha{}", setup.tag),
+        "alpha has the higher priority: {r}"
+    );
+    gw.stop().await;
+}
