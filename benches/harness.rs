@@ -37,7 +37,14 @@ type Call = Pin<Box<dyn Future<Output = bool> + Send>>;
 #[derive(Clone)]
 enum Client {
     Raw(Arc<RawStdio>),
-    RawHttp(reqwest::Client, String),
+    /// Raw stdio to a gateway: `s__echo`.
+    RawGateway(Arc<RawStdio>),
+    /// Raw HTTP: the URL, and the tool and bearer token (a gateway's) if any.
+    RawHttp(
+        reqwest::Client,
+        String,
+        Option<(&'static str, &'static str)>,
+    ),
     Rmcp(Arc<RunningService<RoleClient, ()>>),
     Harness(HarnessHandle, Caller, &'static str),
 }
@@ -47,6 +54,12 @@ const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-0
 fn echo_request(id: u64) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hi"}},{META}}}}}"#
+    )
+}
+
+fn gateway_echo_request(id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"s__echo","arguments":{{"text":"hi"}},{META}}}}}"#
     )
 }
 
@@ -68,19 +81,27 @@ impl Client {
     fn call(&self) -> Call {
         match self.clone() {
             Client::Raw(raw) => Box::pin(async move { raw.call().await }),
-            Client::RawHttp(client, url) => Box::pin(async move {
+            Client::RawGateway(raw) => {
+                Box::pin(async move { raw.send(gateway_echo_request).await })
+            }
+            Client::RawHttp(client, url, gateway) => Box::pin(async move {
                 static ID: AtomicU64 = AtomicU64::new(1);
-                let body = echo_request(ID.fetch_add(1, Ordering::Relaxed));
-                let response = client
+                let id = ID.fetch_add(1, Ordering::Relaxed);
+                let (body, tool) = match gateway {
+                    Some((tool, _)) => (gateway_echo_request(id), tool),
+                    None => (echo_request(id), "echo"),
+                };
+                let mut request = client
                     .post(&url)
                     .header("content-type", "application/json")
                     .header("accept", "application/json, text/event-stream")
                     .header("mcp-protocol-version", "2026-07-28")
                     .header("mcp-method", "tools/call")
-                    .header("mcp-name", "echo")
-                    .body(body)
-                    .send()
-                    .await;
+                    .header("mcp-name", tool);
+                if let Some((_, token)) = gateway {
+                    request = request.bearer_auth(token);
+                }
+                let response = request.body(body).send().await;
                 match response {
                     Ok(r) => r
                         .bytes()
@@ -476,7 +497,7 @@ async fn http_section(b: &mut Bench) {
         ("demo", &demo),
     ] {
         let (child, url) = http_server(cmd()).await;
-        let raw = Client::RawHttp(tuned_reqwest(), url.clone());
+        let raw = Client::RawHttp(tuned_reqwest(), url.clone(), None);
         b.all(&format!("http_{server}_raw"), &raw).await;
         drop(child);
 
@@ -746,6 +767,94 @@ fn ratios(b: &mut Bench) {
             b.record(name, v, "ratio");
         }
     }
+    for transport in ["stdio", "http"] {
+        let get = |client: &str, what: &str| b.get(&format!("gw_{transport}_{client}_{what}"));
+        let overhead = get("gateway", "p50") - get("direct", "p50");
+        let ratio = get("gateway", "c64") / get("direct", "c64");
+        if overhead.is_finite() {
+            b.record(format!("gw_{transport}_p50_overhead"), overhead, "us");
+        }
+        if ratio.is_finite() {
+            b.record(
+                format!("gw_{transport}_c64_gateway_vs_direct"),
+                ratio,
+                "ratio",
+            );
+        }
+    }
+}
+
+/// The bench gateway's token.
+const GATEWAY_TOKEN: &str = "bench-token";
+
+/// A gateway config fronting one server `s` (transport given as TOML), with grants, a
+/// token, sealing keys and the audit file on.
+fn gateway_config(transport: &str, tag: &str) -> std::path::PathBuf {
+    let keys = temp(&format!("gw-{tag}.keys"));
+    let key = mcp_harness::gateway::seal::new_key().expect("key");
+    std::fs::write(&keys, format!("k1:{key}\n")).expect("keys");
+    let path = temp(&format!("gw-{tag}.toml"));
+    let text = format!(
+        r#"
+[[servers]]
+id = "s"
+transport = {transport}
+
+[permissions.bench]
+"*" = ["*"]
+
+[audit]
+path = "{audit}"
+
+[gateway]
+keys_file = "{keys}"
+tokens = [{{ sha256 = "{hash}", agent = "bench" }}]
+"#,
+        audit = temp(&format!("gw-{tag}-audit.jsonl")).display(),
+        keys = keys.display(),
+        hash = mcp_harness::util::hash::sha256_hex(GATEWAY_TOKEN.as_bytes()),
+    );
+    std::fs::write(&path, text).expect("gateway config");
+    path
+}
+
+/// client → gateway → server against client → server: the raw clients, the demo server,
+/// over stdio (`serve --stdio`) and Streamable HTTP (`serve --listen`).
+async fn gateway_section(b: &mut Bench) {
+    eprintln!("gateway, echo (raw client direct, and through `mcp-harness serve`):");
+    let direct = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
+    b.all("gw_stdio_direct", &direct).await;
+    drop(direct);
+    let config = gateway_config(
+        &format!(
+            r#"{{ type = "stdio", command = "{}", args = ["demo-server", "bench"] }}"#,
+            harness_bin()
+        ),
+        "stdio",
+    );
+    let mut cmd = tokio::process::Command::new(harness_bin());
+    cmd.args(["serve", "--stdio", "--agent", "bench", "--config"])
+        .arg(&config);
+    let gateway = Client::RawGateway(RawStdio::spawn(cmd));
+    b.all("gw_stdio_gateway", &gateway).await;
+    drop(gateway);
+
+    let (upstream, url) = http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await;
+    let direct = Client::RawHttp(tuned_reqwest(), url.clone(), None);
+    b.all("gw_http_direct", &direct).await;
+    let config = gateway_config(&format!(r#"{{ type = "http", url = "{url}" }}"#), "http");
+    let mut cmd = tokio::process::Command::new(harness_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config);
+    let (gateway_child, gateway_url) = http_server(cmd).await;
+    let gateway = Client::RawHttp(
+        tuned_reqwest(),
+        gateway_url,
+        Some(("s__echo", GATEWAY_TOKEN)),
+    );
+    b.all("gw_http_gateway", &gateway).await;
+    drop(gateway_child);
+    drop(upstream);
 }
 
 /// This process's CPU time (user + system), in microseconds.
@@ -839,7 +948,7 @@ fn main() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // MCP_BENCH_ONLY=stdio|http|further|current|discovery runs one section;
+    // MCP_BENCH_ONLY=stdio|http|further|gateway|current|discovery runs one section;
     // MCP_BENCH_ONLY=profile runs the profiling loop (not part of a full run).
     let only = std::env::var("MCP_BENCH_ONLY").ok();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
@@ -856,6 +965,9 @@ fn main() {
         }
         if run("further") {
             further_section(&mut b).await;
+        }
+        if run("gateway") {
+            gateway_section(&mut b).await;
         }
     });
     if run("current") {

@@ -85,10 +85,19 @@ pub async fn serve(
 ) {
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
+        // One write and one flush per burst: answers that are ready together go together.
+        let mut buf = Vec::new();
         while let Some(line) = out_rx.recv().await {
-            if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+            buf.extend_from_slice(&line);
+            while buf.len() < (1 << 20)
+                && let Ok(more) = out_rx.try_recv()
+            {
+                buf.extend_from_slice(&more);
+            }
+            if output.write_all(&buf).await.is_err() || output.flush().await.is_err() {
                 return;
             }
+            buf.clear();
         }
     });
     let pipe = Arc::new(Pipe {

@@ -59,8 +59,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             agent: setup.agent.clone(),
             context: None,
         };
+        let served = async {
+            // Pipes are read and written through the reactor; anything else (a file, a
+            // terminal) through tokio's blocking stdin/stdout.
+            match (pipe_in(), pipe_out()) {
+                (Some(input), Some(output)) => {
+                    gateway::stdio::serve(gateway, principal, input, output).await
+                }
+                _ => {
+                    gateway::stdio::serve(
+                        gateway,
+                        principal,
+                        tokio::io::stdin(),
+                        tokio::io::stdout(),
+                    )
+                    .await
+                }
+            }
+        };
         tokio::select! {
-            () = gateway::stdio::serve(gateway, principal, tokio::io::stdin(), tokio::io::stdout()) => {}
+            () = served => {}
             () = stop_signal() => {}
         }
         harness.shutdown().await;
@@ -78,6 +96,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     gateway::http::serve(gateway, listener, stop_signal()).await?;
     Ok(commands::OK)
+}
+
+/// Stdin as a non-blocking pipe, if it is one.
+fn pipe_in() -> Option<tokio::net::unix::pipe::Receiver> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    tokio::net::unix::pipe::Receiver::from_file(std::fs::File::from(fd)).ok()
+}
+
+/// Stdout as a non-blocking pipe, if it is one.
+fn pipe_out() -> Option<tokio::net::unix::pipe::Sender> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    tokio::net::unix::pipe::Sender::from_file(std::fs::File::from(fd)).ok()
 }
 
 /// Until the servers settle or `wait` passes: the first clients then see every server
