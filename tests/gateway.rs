@@ -694,3 +694,87 @@ async fn bare_names_route_by_priority_and_serve_each_name_once() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let write = |text: &str| {
+        let tmp = setup.config.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &setup.config).expect("rename");
+    };
+    let hangup = |gw: &Gateway| {
+        let pid = gw.server.child.id().expect("pid");
+        let _ = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status();
+    };
+    // b gets beta's echo; a new server joins; a new token is accepted.
+    let gamma = format!(
+        "[[servers]]\nid = \"gamma\"\ntransport = {{ type = \"stdio\", command = \"{}\", args = [\"demo-server\", \"gamma{}\"] }}\n",
+        harness_exe(),
+        setup.tag
+    );
+    let changed = original
+        .replace(
+            "alpha = [\"echo\"]",
+            "alpha = [\"echo\"]\nbeta = [\"echo\"]\ngamma = [\"add\"]",
+        )
+        .replace(
+            "tokens = [",
+            &format!(
+                "tokens = [\n  {{ sha256 = \"{}\", agent = \"b\" }},",
+                sha256_hex(b"tok-new")
+            ),
+        )
+        + &gamma;
+    write(&changed);
+    hangup(&gw);
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        let (_, list) = gw.modern("tok-new", "tools/list", json!({})).await;
+        seen = names(&list);
+        if seen.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, ["alpha__echo", "beta__echo", "gamma__add"]);
+
+    // A config that does not parse changes nothing.
+    write("this is [not toml");
+    hangup(&gw);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the reload attempt (deliberate)
+    let (status, list) = gw.modern("tok-new", "tools/list", json!({})).await;
+    assert_eq!((status, names(&list).len()), (200, 3), "{list}");
+
+    // Back to the original: gamma is stopped and forgotten, the new token refused.
+    write(&original);
+    hangup(&gw);
+    assert!(
+        eventually(Duration::from_secs(10), || processes_with(&format!(
+            "gamma{}",
+            setup.tag
+        ))
+        .is_empty())
+        .await,
+        "a removed server's process is gone"
+    );
+    let mut status = 0;
+    for _ in 0..200 {
+        status = gw
+            .post(Some("tok-new"), &request("tools/list", json!({})), &[])
+            .await
+            .0;
+        if status == 401 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 401, "the removed token is refused");
+    gw.stop().await;
+}

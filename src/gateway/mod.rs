@@ -216,13 +216,61 @@ pub struct Gateway {
 
 struct Inner {
     harness: HarnessHandle,
-    config: GatewayConfig,
-    identity: Identity,
+    /// What a reload replaces, swapped whole: a request sees one version of it.
+    current: parking_lot::RwLock<Arc<Current>>,
+    in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// The settings in force.
+struct Current {
+    config: Arc<GatewayConfig>,
+    identity: Arc<Identity>,
     sealer: Sealer,
     names: Names,
     /// Server id → routing order (priority, then config order), for bare names.
     order: HashMap<String, usize>,
-    in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
+    /// The servers as last applied, to tell what a reload changes.
+    servers: Vec<crate::server::ServerConfig>,
+}
+
+impl Current {
+    fn new(
+        harness_config: &HarnessConfig,
+        config: GatewayConfig,
+        sealer: Sealer,
+    ) -> Result<Current, GatewayError> {
+        let identity = Identity::new(&config.tokens, config.anonymous_agent.as_deref())
+            .map_err(GatewayError::Config)?;
+        let mut servers: Vec<(usize, &crate::server::ServerConfig)> =
+            harness_config.servers.iter().enumerate().collect();
+        servers.sort_by_key(|(i, s)| (std::cmp::Reverse(s.priority), *i));
+        let order = servers
+            .iter()
+            .enumerate()
+            .map(|(rank, (_, s))| (s.id.clone(), rank))
+            .collect();
+        Ok(Current {
+            names: Names::new(config.prefix),
+            identity: Arc::new(identity),
+            sealer,
+            order,
+            servers: harness_config.servers.clone(),
+            config: Arc::new(config),
+        })
+    }
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Servers started.
+    pub added: Vec<String>,
+    /// Servers stopped and forgotten.
+    pub removed: Vec<String>,
+    /// Servers whose settings changed, restarted with the new ones.
+    pub restarted: Vec<String>,
 }
 
 /// Versions served downstream, preferred first.
@@ -240,37 +288,83 @@ impl Gateway {
         config: GatewayConfig,
         sealer: Sealer,
     ) -> Result<Gateway, GatewayError> {
-        let identity = Identity::new(&config.tokens, config.anonymous_agent.as_deref())
-            .map_err(GatewayError::Config)?;
-        let mut servers: Vec<(usize, &crate::server::ServerConfig)> =
-            harness_config.servers.iter().enumerate().collect();
-        servers.sort_by_key(|(i, s)| (std::cmp::Reverse(s.priority), *i));
-        let order = servers
-            .iter()
-            .enumerate()
-            .map(|(rank, (_, s))| (s.id.clone(), rank))
-            .collect();
+        let current = Current::new(harness_config, config, sealer)?;
         Ok(Gateway {
             inner: Arc::new(Inner {
                 harness,
-                names: Names::new(config.prefix),
-                identity,
-                sealer,
-                order,
+                current: parking_lot::RwLock::new(Arc::new(current)),
                 in_flight: Mutex::default(),
-                config,
+                reloading: tokio::sync::Mutex::new(()),
             }),
         })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &GatewayConfig {
-        &self.inner.config
+    fn now(&self) -> Arc<Current> {
+        self.inner.current.read().clone()
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        self.now().config.clone()
     }
 
     /// Who requests come from.
-    pub fn identity(&self) -> &Identity {
-        &self.inner.identity
+    pub fn identity(&self) -> Arc<Identity> {
+        self.now().identity.clone()
+    }
+
+    /// Applies a new configuration without a restart: servers added, removed, or (when
+    /// their settings changed) restarted with the new ones; grants replaced; tokens,
+    /// keys and gateway settings swapped. Everything is checked before anything
+    /// changes, so a bad config leaves the running one as it was. Calls in flight on
+    /// servers that stay go on; those on a removed or restarted server end with it.
+    pub async fn reload(
+        &self,
+        harness_config: &HarnessConfig,
+        config: GatewayConfig,
+        sealer: Sealer,
+    ) -> Result<Reloaded, GatewayError> {
+        let _one = self.inner.reloading.lock().await;
+        harness_config
+            .validate()
+            .map_err(|e| GatewayError::Config(e.to_string()))?;
+        let next = Current::new(harness_config, config, sealer)?;
+        let before = self.now().servers.clone();
+        let harness = &self.inner.harness;
+        let failed = |e: crate::harness::HarnessError| GatewayError::Config(e.to_string());
+        let mut report = Reloaded::default();
+        for old in &before {
+            match next.servers.iter().find(|s| s.id == old.id) {
+                None => {
+                    harness.remove_server(&old.id).await.map_err(failed)?;
+                    report.removed.push(old.id.clone());
+                }
+                Some(new) if new != old => {
+                    harness.remove_server(&old.id).await.map_err(failed)?;
+                    harness.add_server(new.clone()).await.map_err(failed)?;
+                    report.restarted.push(old.id.clone());
+                }
+                Some(_) => {}
+            }
+        }
+        for new in &next.servers {
+            if !before.iter().any(|s| s.id == new.id) {
+                harness.add_server(new.clone()).await.map_err(failed)?;
+                report.added.push(new.id.clone());
+            }
+        }
+        harness
+            .replace_grants(harness_config.permissions.clone())
+            .await
+            .map_err(failed)?;
+        *self.inner.current.write() = Arc::new(next);
+        // Limiters of principals with nothing in flight are dropped (new ones start from
+        // the new limit).
+        self.inner
+            .in_flight
+            .lock()
+            .retain(|_, sem| Arc::strong_count(sem) > 1);
+        Ok(report)
     }
 
     /// The harness behind it.
@@ -290,6 +384,7 @@ impl Gateway {
 
     /// The answer to a legacy `initialize`, and the session's client.
     pub fn initialize(&self, params: Option<&Value>) -> Result<(Value, LegacyClient), RpcError> {
+        let now = self.now();
         let asked = params
             .and_then(|p| p.get("protocolVersion"))
             .and_then(Value::as_str)
@@ -308,7 +403,7 @@ impl Gateway {
             "capabilities": Self::capabilities(),
             "serverInfo": Self::server_info(),
         });
-        if let Some(i) = &self.inner.config.instructions {
+        if let Some(i) = &now.config.instructions {
             result["instructions"] = json!(i);
         }
         Ok((
@@ -355,6 +450,7 @@ impl Gateway {
         client: Client<'_>,
         cancel: CancelToken,
     ) -> Result<Value, RpcError> {
+        let now = self.now();
         let capabilities = match &client {
             Client::Modern => Some(Self::check_envelope(request)?),
             Client::Legacy { .. } => None,
@@ -365,18 +461,14 @@ impl Gateway {
                 .in_flight
                 .lock()
                 .entry(principal.clone())
-                .or_insert_with(|| {
-                    Arc::new(Semaphore::new(
-                        self.inner.config.max_in_flight_per_principal,
-                    ))
-                })
+                .or_insert_with(|| Arc::new(Semaphore::new(now.config.max_in_flight_per_principal)))
                 .clone();
             sem.try_acquire_owned().map_err(|_| {
                 RpcError::new(
                     -32000,
                     format!(
                         "too many requests in flight for agent {} (at most {})",
-                        principal.agent, self.inner.config.max_in_flight_per_principal
+                        principal.agent, now.config.max_in_flight_per_principal
                     ),
                 )
             })?
@@ -434,6 +526,7 @@ impl Gateway {
     }
 
     fn discover(&self) -> Value {
+        let now = self.now();
         let mut result = json!({
             "supportedVersions": VERSIONS,
             "capabilities": Self::capabilities(),
@@ -441,7 +534,7 @@ impl Gateway {
             "ttlMs": 300_000,
             "cacheScope": "public",
         });
-        if let Some(i) = &self.inner.config.instructions {
+        if let Some(i) = &now.config.instructions {
             result["instructions"] = json!(i);
         }
         result
@@ -463,6 +556,7 @@ impl Gateway {
         kind: CallKind,
         params: &Value,
     ) -> Result<Value, RpcError> {
+        let now = self.now();
         let offset = match params.get("cursor") {
             None | Some(Value::Null) => 0,
             Some(Value::String(c)) => parse_cursor(c).ok_or_else(|| invalid("invalid cursor"))?,
@@ -482,15 +576,15 @@ impl Gateway {
                 .map(|i| (i.name.to_string(), i))
                 .collect()
         } else {
-            let order = &self.inner.order;
-            self.inner.names.expose(&listing.items, |s| {
+            let order = &now.order;
+            now.names.expose(&listing.items, |s| {
                 order.get(s).copied().unwrap_or(usize::MAX)
             })
         };
         if offset > items.len() {
             return Err(invalid("invalid cursor"));
         }
-        let page_size = self.inner.config.page_size;
+        let page_size = now.config.page_size;
         let end = (offset + page_size).min(items.len());
         let key = kind.item_key();
         let served: Vec<Value> = items[offset..end]
@@ -505,7 +599,7 @@ impl Gateway {
                 def
             })
             .collect();
-        let public = listing.public && self.inner.identity.agents() <= 1;
+        let public = listing.public && now.identity.agents() <= 1;
         let mut result = json!({
             kind.list_key(): served,
             "ttlMs": u64::try_from(listing.fresh_for.as_millis()).unwrap_or(u64::MAX),
@@ -519,6 +613,7 @@ impl Gateway {
 
     /// The name a call goes to in the harness, and its arguments.
     fn target(&self, kind: CallKind, params: &Value) -> Result<(String, Value), RpcError> {
+        let now = self.now();
         let field = if kind == CallKind::Resource {
             "uri"
         } else {
@@ -535,7 +630,7 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            self.inner.names.resolve(name)
+            now.names.resolve(name)
         };
         Ok((name, args))
     }
@@ -550,6 +645,7 @@ impl Gateway {
         capabilities: Value,
         cancel: CancelToken,
     ) -> Result<Value, RpcError> {
+        let now = self.now();
         let (mut name, args) = self.target(kind, params)?;
         let digest = seal::params_digest(params);
         let mut delegation = Delegation {
@@ -563,9 +659,7 @@ impl Gateway {
                 }
             }
             Some(Value::String(sealed)) => {
-                let state = self
-                    .inner
-                    .sealer
+                let state = now.sealer
                     .open(
                         sealed,
                         &principal.agent,
@@ -615,8 +709,8 @@ impl Gateway {
             .get("requestState")
             .and_then(Value::as_str)
             .map(String::from);
-        let now = seal::now_ms();
-        let ttl = u64::try_from(self.inner.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+        let issued = seal::now_ms();
+        let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
         let state = RoundState {
             server: answer.server,
             upstream,
@@ -624,11 +718,11 @@ impl Gateway {
             context: principal.context.clone(),
             method: method.to_string(),
             digest,
-            issued_ms: now,
-            expires_ms: now.saturating_add(ttl),
+            issued_ms: issued,
+            expires_ms: issued.saturating_add(ttl),
             rounds: answer.rounds,
         };
-        let sealed = self.inner.sealer.seal(&state).map_err(|e| {
+        let sealed = now.sealer.seal(&state).map_err(|e| {
             tracing::error!(error = %e, "could not seal requestState");
             RpcError::new(INTERNAL_ERROR, "internal error")
         })?;

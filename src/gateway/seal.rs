@@ -78,9 +78,10 @@ pub struct RoundState {
     pub rounds: usize,
 }
 
-/// The keys: several accepted (for rotation), the first one seals.
+/// The keys: several accepted (for rotation), the first one seals. Cheap to clone.
+#[derive(Clone)]
 pub struct Sealer {
-    keys: Vec<(String, LessSafeKey)>,
+    keys: std::sync::Arc<Vec<(String, LessSafeKey)>>,
     ttl: Duration,
 }
 
@@ -140,7 +141,10 @@ impl Sealer {
         if keys.is_empty() {
             return Err(bad("no keys".into()));
         }
-        Ok(Sealer { keys, ttl })
+        Ok(Sealer {
+            keys: std::sync::Arc::new(keys),
+            ttl,
+        })
     }
 
     /// A key made now, for development only (states do not survive a restart and no

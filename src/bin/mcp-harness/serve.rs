@@ -52,8 +52,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
     settle(&harness, servers.wait).await;
+    let dev_sealer = args.dev_keys.then(|| sealer.clone());
     let gateway =
         Gateway::new(harness.clone(), &setup.loaded.config, config, sealer).map_err(usage)?;
+    let reloader = tokio::spawn(reload_on_change(
+        gateway.clone(),
+        servers.clone(),
+        dev_sealer,
+    ));
     if pipe {
         let principal = Principal {
             agent: setup.agent.clone(),
@@ -81,6 +87,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             () = served => {}
             () = stop_signal() => {}
         }
+        reloader.abort();
         harness.shutdown().await;
         return Ok(commands::OK);
     }
@@ -95,7 +102,64 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         out.flush()?;
     }
     gateway::http::serve(gateway, listener, stop_signal()).await?;
+    reloader.abort();
     Ok(commands::OK)
+}
+
+/// Reloads on SIGHUP, and when the config file's content changes (read every second):
+/// a config that does not load is refused with its error, and the running one kept.
+async fn reload_on_change(gateway: Gateway, servers: ServerArgs, dev_sealer: Option<Sealer>) {
+    let read = |path: &std::path::Path| std::fs::read(path).ok();
+    let mut seen = servers.config.as_deref().and_then(read);
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler; reloading on file changes only");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let signalled = tokio::select! {
+            _ = tick.tick() => false,
+            Some(()) = async {
+                match hangup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => true,
+        };
+        let now = servers.config.as_deref().and_then(read);
+        if !signalled && now == seen {
+            continue;
+        }
+        seen = now;
+        match reload(&gateway, &servers, dev_sealer.as_ref()).await {
+            Ok(r) => tracing::info!(
+                added = ?r.added,
+                removed = ?r.removed,
+                restarted = ?r.restarted,
+                "configuration reloaded"
+            ),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "configuration refused; the running one is kept")
+            }
+        }
+    }
+}
+
+async fn reload(
+    gateway: &Gateway,
+    servers: &ServerArgs,
+    dev_sealer: Option<&Sealer>,
+) -> anyhow::Result<gateway::Reloaded> {
+    let setup = commands::load(servers)?;
+    let config = GatewayConfig::from_value(setup.loaded.gateway.clone())?;
+    let sealer = match dev_sealer {
+        Some(s) => s.clone(),
+        None => config.sealer()?,
+    };
+    Ok(gateway.reload(&setup.loaded.config, config, sealer).await?)
 }
 
 /// Stdin as a non-blocking pipe, if it is one.
