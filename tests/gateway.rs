@@ -778,3 +778,58 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     assert_eq!(status, 401, "the removed token is refused");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_principal_past_its_limit_is_refused_at_once_and_a_cancel_reaches_the_upstream_call() {
+    let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let slow = request(
+        "tools/call",
+        json!({"name": "alpha__slow", "arguments": {"ms": 60_000, "text": "late"}}),
+    );
+    let mut quick = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "now"}}),
+    );
+    quick["id"] = json!(2);
+    let started = std::time::Instant::now();
+    let first = gw.post(Some("tok-a"), &slow, &[]);
+    let rest = async {
+        // The second call is refused while the first holds a's one slot.
+        let mut refused = false;
+        for _ in 0..400 {
+            let (_, r, _) = gw.post(Some("tok-a"), &quick, &[]).await;
+            if r["error"]["code"] == -32000 {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        // Another principal is not limited by a's calls.
+        let (_, other, _) = gw.post(Some("tok-b"), &quick, &[]).await;
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}});
+        let (status, _, _) = gw.post(Some("tok-a"), &cancel, &[]).await;
+        (refused, other, status)
+    };
+    let ((_, first, _), (refused, other, cancel_status)) = tokio::join!(first, rest);
+    assert!(refused, "the second call of a was refused");
+    assert_eq!(result_text(&other), "now", "{other}");
+    assert_eq!(cancel_status, 202);
+    assert!(
+        first["error"].is_object(),
+        "the cancelled call ends with an error: {first}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it did not wait for the tool"
+    );
+    let (_, r, _) = gw.post(Some("tok-a"), &quick, &[]).await;
+    assert_eq!(result_text(&r), "now", "the slot is free again: {r}");
+    gw.stop().await;
+    let text = std::fs::read_to_string(&setup.audit).unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"finished\"") && l.contains("cancelled")),
+        "the cancelled call is audited as cancelled"
+    );
+}

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Client, ClientPeer, Gateway, LegacyClient, PeerFuture, Principal};
+use super::{Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal};
 use crate::call::CancelToken;
 use crate::protocol::error::{
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
@@ -115,7 +115,7 @@ struct Session {
     /// The GET streams, for notifications.
     streams: Vec<mpsc::UnboundedSender<Bytes>>,
     /// Requests in flight, for `notifications/cancelled`.
-    calls: HashMap<String, CancelToken>,
+    calls: InFlight<String>,
 }
 
 struct State {
@@ -124,7 +124,7 @@ struct State {
     local: String,
     sessions: Mutex<HashMap<String, Session>>,
     /// Modern requests in flight, for `notifications/cancelled`.
-    calls: Mutex<HashMap<(Principal, String), CancelToken>>,
+    calls: Mutex<InFlight<(Principal, String)>>,
     next_request: AtomicU64,
 }
 
@@ -431,12 +431,12 @@ async fn post(
             }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
-            state.calls.lock().insert(key.clone(), cancel.clone());
+            let ticket = state.calls.lock().insert(key.clone(), cancel.clone());
             let outcome = state
                 .gateway
                 .handle(&principal, &request, Client::Modern, cancel)
                 .await;
-            state.calls.lock().remove(&key);
+            state.calls.lock().remove(&key, ticket);
             let status = match &outcome {
                 Ok(_) => StatusCode::OK,
                 Err(e) => status_of(e, true),
@@ -473,17 +473,18 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
         return;
     };
     let key = id_key(&id);
-    let token = match session {
-        Some(sid) => state
-            .sessions
-            .lock()
-            .get(sid)
-            .filter(|s| s.principal == *principal)
-            .and_then(|s| s.calls.get(&key).cloned()),
-        None => state.calls.lock().get(&(principal.clone(), key)).cloned(),
-    };
-    if let Some(token) = token {
-        token.cancel();
+    match session {
+        Some(sid) => {
+            if let Some(s) = state
+                .sessions
+                .lock()
+                .get(sid)
+                .filter(|s| s.principal == *principal)
+            {
+                s.calls.cancel(&key);
+            }
+        }
+        None => state.calls.lock().cancel(&(principal.clone(), key)),
     }
 }
 
@@ -565,7 +566,7 @@ async fn legacy_request(
                 last_seen: Instant::now(),
                 pending: Pending::default(),
                 streams: Vec::new(),
-                calls: HashMap::new(),
+                calls: InFlight::default(),
             },
         );
         let mut r = json_message(
@@ -591,11 +592,11 @@ async fn legacy_request(
         let mut sessions = state.sessions.lock();
         live_session(&mut sessions, &sid, &principal, idle).map(|s| {
             let cancel = CancelToken::new();
-            s.calls.insert(id_key(&request.id), cancel.clone());
-            (s.client.clone(), s.pending.clone(), cancel)
+            let ticket = s.calls.insert(id_key(&request.id), cancel.clone());
+            (s.client.clone(), s.pending.clone(), cancel, ticket)
         })
     };
-    let Some((client, pending, cancel)) = found else {
+    let Some((client, pending, cancel, ticket)) = found else {
         return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
     };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
@@ -620,7 +621,7 @@ async fn legacy_request(
                 .handle(&principal, &request, client, cancel)
                 .await;
             if let Some(s) = state.sessions.lock().get_mut(&sid) {
-                s.calls.remove(&key);
+                s.calls.remove(&key, ticket);
             }
             outcome
         }

@@ -807,6 +807,49 @@ fn on_server(kind: CallKind, name: &str, server: &str) -> String {
     format!("{server}__{bare}")
 }
 
+/// Requests in flight by key, for `notifications/cancelled`. Several may share a key
+/// (two clients holding one token pick the same id): a cancel cancels them all, and each
+/// request removes only its own entry.
+pub(crate) struct InFlight<K> {
+    next: u64,
+    map: HashMap<K, Vec<(u64, CancelToken)>>,
+}
+
+impl<K> Default for InFlight<K> {
+    fn default() -> Self {
+        InFlight {
+            next: 0,
+            map: HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> InFlight<K> {
+    /// Adds a request; the ticket removes it.
+    pub(crate) fn insert(&mut self, key: K, token: CancelToken) -> u64 {
+        self.next += 1;
+        self.map.entry(key).or_default().push((self.next, token));
+        self.next
+    }
+
+    /// Removes the request of `ticket`.
+    pub(crate) fn remove(&mut self, key: &K, ticket: u64) {
+        if let Some(list) = self.map.get_mut(key) {
+            list.retain(|(t, _)| *t != ticket);
+            if list.is_empty() {
+                self.map.remove(key);
+            }
+        }
+    }
+
+    /// Cancels every request under `key`.
+    pub(crate) fn cancel(&self, key: &K) {
+        for (_, token) in self.map.get(key).into_iter().flatten() {
+            token.cancel();
+        }
+    }
+}
+
 fn make_cursor(offset: usize) -> String {
     URL_SAFE_NO_PAD.encode(format!("g1:{offset}"))
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Client, ClientPeer, Gateway, LegacyClient, PeerFuture, Principal};
+use super::{Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal};
 use crate::call::CancelToken;
 use crate::protocol::error::{INVALID_REQUEST, PARSE_ERROR};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
@@ -111,7 +111,7 @@ pub async fn serve(
         Arc::downgrade(&pipe),
         session.clone(),
     ));
-    let calls: Arc<Mutex<HashMap<String, CancelToken>>> = Arc::default();
+    let calls: Arc<Mutex<InFlight<String>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
@@ -174,7 +174,7 @@ pub async fn serve(
                     .is_some();
                 let legacy = if modern { None } else { session.lock().clone() };
                 let token = CancelToken::new();
-                calls.lock().insert(key(&request.id), token.clone());
+                let ticket = calls.lock().insert(key(&request.id), token.clone());
                 let (gateway, principal, pipe, calls) = (
                     gateway.clone(),
                     principal.clone(),
@@ -190,7 +190,7 @@ pub async fn serve(
                         None => Client::Modern,
                     };
                     let outcome = gateway.handle(&principal, &request, client, token).await;
-                    calls.lock().remove(&key(&request.id));
+                    calls.lock().remove(&key(&request.id), ticket);
                     pipe.send(&Message::Response(Response {
                         id: Some(request.id),
                         outcome,
@@ -231,7 +231,7 @@ async fn notify_changes(
     }
 }
 
-fn cancel(calls: &Mutex<HashMap<String, CancelToken>>, n: &Notification) {
+fn cancel(calls: &Mutex<InFlight<String>>, n: &Notification) {
     if n.method != "notifications/cancelled" {
         return;
     }
@@ -240,7 +240,7 @@ fn cancel(calls: &Mutex<HashMap<String, CancelToken>>, n: &Notification) {
         .as_ref()
         .and_then(|p| p.get("requestId"))
         .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok());
-    if let Some(token) = id.and_then(|id| calls.lock().get(&key(&id)).cloned()) {
-        token.cancel();
+    if let Some(id) = id {
+        calls.lock().cancel(&key(&id));
     }
 }
