@@ -83,6 +83,9 @@ pub struct Delegation {
     pub request_state: Option<String>,
     /// Rounds the logical call has already had (the round cap counts them all).
     pub rounds: usize,
+    /// The server whose round this continues: the call goes there or nowhere (a
+    /// `requestState` belongs to the server that issued it).
+    pub server: Option<String>,
 }
 
 /// How a call ended, short of an error: its result and the server that gave it.
@@ -156,6 +159,16 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
             deadline.at,
         )
         .await?;
+        let mut candidates = candidates;
+        if let Some(pinned) = request.delegated.as_ref().and_then(|d| d.server.as_deref()) {
+            candidates.retain(|c| c.server.id() == pinned);
+            if candidates.is_empty() {
+                return Err(CallError::NoRoute {
+                    tool: request.name.clone(),
+                    unreachable: Vec::new(),
+                });
+            }
+        }
         record.candidates = candidates.len();
         drive(ctx, &request, &candidates, deadline, &mut record).await
     };
@@ -215,7 +228,12 @@ async fn drive(
         if let ServerError::MissingCapability { server, required } = error {
             return Err(CallError::MissingCapability { server, required });
         }
-        let more = i + 1 < candidates.len();
+        // A continued round never moves: its state and answers are that server's.
+        let continued = request
+            .delegated
+            .as_ref()
+            .is_some_and(|d| d.request_state.is_some() || d.input_responses.is_some());
+        let more = i + 1 < candidates.len() && !continued;
         let safe = error.never_sent()
             || (candidate.retry_safe
                 && matches!(

@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
@@ -30,9 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal};
 use crate::call::CancelToken;
-use crate::protocol::error::{
-    HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-};
+use crate::protocol::error::{HEADER_MISMATCH, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 use crate::transport::http::headers::mcp_name;
@@ -42,8 +40,21 @@ type HttpResponse = hyper::Response<HttpBody>;
 
 /// Legacy sessions held at once; past it `initialize` gets 503.
 const MAX_SESSIONS: usize = 10_000;
+/// Legacy sessions of one principal; past it its `initialize` gets 503.
+const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 /// Requests from the gateway to one legacy client waiting for answers at once.
 const MAX_PENDING: usize = 64;
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 1024;
+/// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
+/// (a client that trickles bytes holds nothing for long).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Notifications queued per GET stream; a stream that does not read loses the extra
+/// ones (list_changed says the same thing twice).
+const STREAM_QUEUE: usize = 8;
+/// How long a shut-down listener waits for responses to be written.
+const DRAIN: Duration = Duration::from_secs(5);
 
 fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> HttpResponse {
     let mut r = hyper::Response::new(Full::new(body.into()).boxed());
@@ -80,7 +91,7 @@ fn sse_frame(message: &Message) -> Bytes {
 }
 
 /// A response body fed by a channel: one SSE frame per message.
-struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
+struct ChannelBody(mpsc::Receiver<Bytes>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
@@ -95,7 +106,7 @@ impl Body for ChannelBody {
     }
 }
 
-fn sse_response(rx: mpsc::UnboundedReceiver<Bytes>) -> HttpResponse {
+fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
     let mut r = hyper::Response::new(ChannelBody(rx).boxed());
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -113,9 +124,33 @@ struct Session {
     last_seen: Instant,
     pending: Pending,
     /// The GET streams, for notifications.
-    streams: Vec<mpsc::UnboundedSender<Bytes>>,
+    streams: Vec<mpsc::Sender<Bytes>>,
     /// Requests in flight, for `notifications/cancelled`.
     calls: InFlight<String>,
+}
+
+impl Session {
+    /// The session is over (DELETE, expiry, shutdown): its calls are cancelled, the
+    /// questions it was asked fail, its streams end.
+    fn end(&mut self) {
+        self.calls.cancel_all();
+        self.pending.lock().clear();
+        self.streams.clear();
+    }
+}
+
+/// Removes a request's entry when its handling ends, however it ends (hyper drops the
+/// handler of a client that went away).
+struct Ticket<'a, K: std::hash::Hash + Eq> {
+    calls: &'a Mutex<InFlight<K>>,
+    key: K,
+    ticket: u64,
+}
+
+impl<K: std::hash::Hash + Eq> Drop for Ticket<'_, K> {
+    fn drop(&mut self) {
+        self.calls.lock().remove(&self.key, self.ticket);
+    }
 }
 
 struct State {
@@ -145,8 +180,17 @@ pub async fn serve(
         next_request: AtomicU64::new(1),
     });
     let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -158,23 +202,33 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let state = state.clone();
+        let service_state = state.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let state = service_state.clone();
+            async move { Ok::<_, Infallible>(handle(state, req).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+            let _ = connection.await;
+            drop(permit);
         });
     }
     drop(listener);
     notifier.abort();
+    // Sessions end (their waits fail, their streams close); calls in flight finish
+    // within the harness's grace or are cancelled, and their answers are written before
+    // the connections close.
+    for session in state.sessions.lock().values_mut() {
+        session.end();
+    }
     let harness = state.gateway.harness().clone();
-    // Streams end: their clients see the gateway go.
-    state.sessions.lock().clear();
     harness.shutdown().await;
+    let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+    state.sessions.lock().clear();
     Ok(())
 }
 
@@ -195,7 +249,12 @@ async fn notify_changes(state: std::sync::Weak<State>) {
             params: None,
         }));
         for session in state.sessions.lock().values_mut() {
-            session.streams.retain(|tx| tx.send(frame.clone()).is_ok());
+            session
+                .streams
+                .retain(|tx| match tx.try_send(frame.clone()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
         }
     }
 }
@@ -233,11 +292,12 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     if let Err(why) = origin_allowed(&state, &req) {
         return full(StatusCode::FORBIDDEN, "text/plain", why);
     }
-    let principal = match state
-        .gateway
-        .identity()
-        .resolve(header(&req, "authorization"))
-    {
+    // A header that is not text is still a header: it is refused, not ignored.
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .map(|v| v.to_str().unwrap_or(""));
+    let principal = match state.gateway.identity().resolve(authorization) {
         Ok(p) => p,
         Err(e) => {
             let mut r = full(StatusCode::UNAUTHORIZED, "text/plain", e.to_string());
@@ -260,7 +320,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                 let mut sessions = state.sessions.lock();
                 match sessions.get(&id) {
                     Some(s) if s.principal == principal => {
-                        sessions.remove(&id);
+                        if let Some(mut s) = sessions.remove(&id) {
+                            s.end();
+                        }
                         full(StatusCode::OK, "", "")
                     }
                     _ => full(StatusCode::NOT_FOUND, "", ""),
@@ -273,7 +335,7 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
 }
 
 fn open_stream(state: &State, id: &str, principal: &Principal) -> HttpResponse {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let mut sessions = state.sessions.lock();
     match live_session(
         &mut sessions,
@@ -303,22 +365,21 @@ fn live_session<'a>(
     let expired = sessions
         .get(id)
         .is_some_and(|s| s.last_seen.elapsed() > idle);
-    if expired {
-        sessions.remove(id);
+    if expired && let Some(mut s) = sessions.remove(id) {
+        s.end();
     }
     let session = sessions.get_mut(id).filter(|s| s.principal == *principal)?;
     session.last_seen = Instant::now();
     Some(session)
 }
 
-fn status_of(error: &RpcError, modern: bool) -> StatusCode {
-    if !modern {
-        return StatusCode::OK;
-    }
+/// The HTTP status of a 2026-07-28 request's error. Envelope and header errors are
+/// answered before this (400); an upstream's error codes pass through as 200, except
+/// the spec's own codes.
+fn status_of(error: &RpcError, method: &str) -> StatusCode {
     match error.code {
         -32022..=-32020 => StatusCode::BAD_REQUEST,
-        INVALID_PARAMS if error.message.contains("_meta") => StatusCode::BAD_REQUEST,
-        METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        METHOD_NOT_FOUND if !super::METHODS.contains(&method) => StatusCode::NOT_FOUND,
         _ => StatusCode::OK,
     }
 }
@@ -375,16 +436,20 @@ async fn post(
     }
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
-    let body = match Limited::new(req.into_body(), limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return full(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "text/plain",
-                format!("request bodies are limited to {limit} bytes"),
-            );
-        }
-    };
+    let body =
+        match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), limit).collect())
+            .await
+        {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
+                return full(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "text/plain",
+                    format!("request bodies are limited to {limit} bytes"),
+                );
+            }
+            Err(_) => return full(StatusCode::REQUEST_TIMEOUT, "text/plain", "body too slow"),
+        };
     let message = match Message::parse(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -395,8 +460,20 @@ async fn post(
             );
         }
     };
-    let legacy =
-        session_id.is_some() || matches!(&message, Message::Request(r) if r.method == "initialize");
+    // The body decides the era: a request with the 2026-07-28 envelope is modern even
+    // when a session header comes along.
+    let legacy = match &message {
+        Message::Request(r) if r.method == "initialize" => true,
+        Message::Request(r) => {
+            session_id.is_some()
+                && r.params
+                    .as_ref()
+                    .and_then(|p| p.get("_meta"))
+                    .and_then(|m| m.get(KEY_PROTOCOL_VERSION))
+                    .is_none()
+        }
+        _ => session_id.is_some(),
+    };
     match message {
         Message::Notification(n) => {
             cancel_from(&state, &n, &principal, session_id.as_deref());
@@ -424,22 +501,27 @@ async fn post(
             legacy_request(state, request, principal, session_id).await
         }
         Message::Request(request) => {
-            if let Err(e) = check_headers(&headers, &request) {
-                // A missing envelope is the envelope's error, not the headers'.
-                let e = super::Gateway::check_envelope(&request).err().unwrap_or(e);
+            // The envelope first (its error is -32602 / 400), then the headers.
+            if let Err(e) = super::Gateway::check_envelope(&request)
+                .and_then(|_| check_headers(&headers, &request))
+            {
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
             let ticket = state.calls.lock().insert(key.clone(), cancel.clone());
+            let _entry = Ticket {
+                calls: &state.calls,
+                key,
+                ticket,
+            };
             let outcome = state
                 .gateway
                 .handle(&principal, &request, Client::Modern, cancel)
                 .await;
-            state.calls.lock().remove(&key, ticket);
             let status = match &outcome {
                 Ok(_) => StatusCode::OK,
-                Err(e) => status_of(e, true),
+                Err(e) => status_of(e, &request.method),
             };
             json_message(
                 status,
@@ -504,23 +586,25 @@ impl ClientPeer for StreamPeer {
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         ));
+        let key = id_key(&id);
         let (tx, rx) = oneshot::channel();
-        let sent = {
+        let admitted = {
             let mut pending = self.pending.lock();
-            if pending.len() >= MAX_PENDING {
-                false
-            } else {
-                pending.insert(id_key(&id), tx);
-                true
-            }
+            pending.len() < MAX_PENDING && pending.insert(key.clone(), tx).is_none()
         };
         let frame = sse_frame(&Message::Request(Request {
             id,
             method: method.to_string(),
             params: Some(params),
         }));
-        let delivered = sent && self.out.send(frame).is_ok();
+        let delivered = admitted && self.out.send(frame).is_ok();
+        let forget = Forget {
+            pending: self.pending.clone(),
+            key,
+        };
         Box::pin(async move {
+            // The question is forgotten however the wait ends (answer, timeout, cancel).
+            let _forget = forget;
             if !delivered {
                 return Err(RpcError::new(
                     INVALID_REQUEST,
@@ -530,6 +614,34 @@ impl ClientPeer for StreamPeer {
             rx.await
                 .unwrap_or_else(|_| Err(RpcError::new(INVALID_REQUEST, "the session ended")))
         })
+    }
+}
+
+/// Drops a question from a session's pending ones.
+struct Forget {
+    pending: Pending,
+    key: String,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.pending.lock().remove(&self.key);
+    }
+}
+
+/// Removes a legacy request's entry from its session when its handling ends.
+struct SessionTicket {
+    state: Arc<State>,
+    session: String,
+    key: String,
+    ticket: u64,
+}
+
+impl Drop for SessionTicket {
+    fn drop(&mut self) {
+        if let Some(s) = self.state.sessions.lock().get_mut(&self.session) {
+            s.calls.remove(&self.key, self.ticket);
+        }
     }
 }
 
@@ -546,8 +658,18 @@ async fn legacy_request(
             Err(e) => return error_reply(StatusCode::OK, Some(request.id), e),
         };
         let mut sessions = state.sessions.lock();
-        sessions.retain(|_, s| s.last_seen.elapsed() <= idle);
-        if sessions.len() >= MAX_SESSIONS {
+        sessions.retain(|_, s| {
+            let live = s.last_seen.elapsed() <= idle;
+            if !live {
+                s.end();
+            }
+            live
+        });
+        let own = sessions
+            .values()
+            .filter(|s| s.principal == principal)
+            .count();
+        if sessions.len() >= MAX_SESSIONS || own >= MAX_SESSIONS_PER_PRINCIPAL {
             return full(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
@@ -599,6 +721,12 @@ async fn legacy_request(
     let Some((client, pending, cancel, ticket)) = found else {
         return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
     };
+    let entry = SessionTicket {
+        state: state.clone(),
+        session: sid,
+        key: id_key(&request.id),
+        ticket,
+    };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let peer = StreamPeer {
         out: out_tx.clone(),
@@ -607,23 +735,19 @@ async fn legacy_request(
         next: AtomicU64::new(1),
     };
     let id = request.id.clone();
-    let key = id_key(&id);
     let work = {
         let state = state.clone();
         let cancel = cancel.clone();
         async move {
+            let _entry = entry;
             let client = Client::Legacy {
                 client: &client,
                 peer: Some(&peer),
             };
-            let outcome = state
+            state
                 .gateway
                 .handle(&principal, &request, client, cancel)
-                .await;
-            if let Some(s) = state.sessions.lock().get_mut(&sid) {
-                s.calls.remove(&key, ticket);
-            }
-            outcome
+                .await
         }
     };
     let mut work = Box::pin(work);
@@ -635,29 +759,39 @@ async fn legacy_request(
         }
         frame = out_rx.recv() => frame,
     };
-    let (tx, rx) = mpsc::unbounded_channel();
+    // Frames are few (at most MAX_PENDING questions and the answer), so a small bound
+    // only makes a stalled client wait.
+    let (tx, rx) = mpsc::channel(MAX_PENDING + 2);
     if let Some(frame) = first {
-        let _ = tx.send(frame);
+        let _ = tx.try_send(frame);
     }
     tokio::spawn(async move {
         let mut work = work;
         let outcome = loop {
             tokio::select! {
-                outcome = &mut work => break outcome,
+                outcome = &mut work => break Some(outcome),
                 frame = out_rx.recv() => {
                     if let Some(frame) = frame
-                        && tx.send(frame).is_err()
+                        && tx.send(frame).await.is_err()
                     {
-                        // The client went away: the call is cancelled with its stream.
                         cancel.cancel();
                     }
                 }
+                // The client went away: the call is cancelled with its stream.
+                () = tx.closed() => {
+                    cancel.cancel();
+                    break None;
+                }
             }
         };
-        let _ = tx.send(sse_frame(&Message::Response(Response {
-            id: Some(id),
-            outcome,
-        })));
+        if let Some(outcome) = outcome {
+            let _ = tx
+                .send(sse_frame(&Message::Response(Response {
+                    id: Some(id),
+                    outcome,
+                })))
+                .await;
+        }
     });
     drop(out_tx);
     sse_response(rx)

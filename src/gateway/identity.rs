@@ -39,6 +39,9 @@ pub enum IdentityError {
     /// A token this gateway does not know.
     #[error("unknown bearer token")]
     Unknown,
+    /// An `Authorization` header that is not `Bearer TOKEN` (never anonymous).
+    #[error("the Authorization header must be `Bearer TOKEN`")]
+    Malformed,
 }
 
 /// The gateway's identities.
@@ -77,13 +80,19 @@ impl Identity {
 
     /// The principal of a request with `authorization` (the header's value, if any).
     pub fn resolve(&self, authorization: Option<&str>) -> Result<Principal, IdentityError> {
-        let token = authorization.and_then(|h| {
-            let (scheme, token) = h.trim().split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| token.trim())
-                .filter(|t| !t.is_empty())
-        });
+        let token = match authorization {
+            None => None,
+            Some(h) => {
+                let token = h.trim().split_once(' ').and_then(|(scheme, token)| {
+                    scheme
+                        .eq_ignore_ascii_case("bearer")
+                        .then(|| token.trim())
+                        .filter(|t| !t.is_empty())
+                });
+                // Credentials that cannot be read are refused, never taken as anonymous.
+                Some(token.ok_or(IdentityError::Malformed)?)
+            }
+        };
         match token {
             // Looked up by its hash: the map never holds a token, and a guess costs a hash.
             Some(token) => self
@@ -134,10 +143,17 @@ mod tests {
         assert_eq!(id.resolve(None), Err(IdentityError::Missing));
         assert_eq!(
             id.resolve(Some("Basic s3cret")),
-            Err(IdentityError::Missing)
+            Err(IdentityError::Malformed)
         );
         let open = Identity::new(&[entry], Some("guest")).expect("identity");
         assert_eq!(open.resolve(None).expect("anonymous").agent, "guest");
+        for bad in ["Basic x", "Bearer ", "", "Bearer"] {
+            assert_eq!(
+                open.resolve(Some(bad)),
+                Err(IdentityError::Malformed),
+                "{bad:?}"
+            );
+        }
         assert_eq!(open.agents(), 2);
         let bad = TokenEntry {
             sha256: "xyz".into(),

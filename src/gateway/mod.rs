@@ -92,6 +92,10 @@ pub struct GatewayConfig {
     /// Instructions served in `server/discover` and `initialize`.
     #[serde(default)]
     pub instructions: Option<String>,
+    /// How long a legacy client may take to answer one question of the gateway's
+    /// (an elicitation on its session) before the call fails.
+    #[serde(default = "default_input_timeout", with = "duration")]
+    pub input_timeout: Duration,
 }
 
 fn default_max_body() -> usize {
@@ -109,6 +113,9 @@ fn default_page_size() -> usize {
 fn default_session_idle() -> Duration {
     Duration::from_secs(1800)
 }
+fn default_input_timeout() -> Duration {
+    Duration::from_secs(300)
+}
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -125,6 +132,7 @@ impl Default for GatewayConfig {
             page_size: default_page_size(),
             session_idle: default_session_idle(),
             instructions: None,
+            input_timeout: default_input_timeout(),
         }
     }
 }
@@ -273,6 +281,19 @@ pub struct Reloaded {
     pub restarted: Vec<String>,
 }
 
+/// The methods the gateway serves (others are -32601 / 404).
+pub const METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/read",
+];
+
 /// Versions served downstream, preferred first.
 pub const VERSIONS: &[&str] = &[MODERN, LEGACY_VERSIONS[0], LEGACY_VERSIONS[1]];
 
@@ -378,8 +399,10 @@ impl Gateway {
 
     /// What the gateway serves (the same in `server/discover` and `initialize`): tools
     /// with change notifications, prompts, resources.
-    fn capabilities() -> Value {
-        json!({"tools": {"listChanged": true}, "prompts": {}, "resources": {}})
+    fn capabilities(legacy: bool) -> Value {
+        // Change notifications reach legacy sessions (their GET stream, or the pipe);
+        // 2026-07-28 clients would need subscriptions/listen, not served yet.
+        json!({"tools": {"listChanged": legacy}, "prompts": {}, "resources": {}})
     }
 
     /// The answer to a legacy `initialize`, and the session's client.
@@ -400,7 +423,7 @@ impl Gateway {
             .unwrap_or_else(|| json!({}));
         let mut result = json!({
             "protocolVersion": version,
-            "capabilities": Self::capabilities(),
+            "capabilities": Self::capabilities(true),
             "serverInfo": Self::server_info(),
         });
         if let Some(i) = &now.config.instructions {
@@ -475,7 +498,8 @@ impl Gateway {
         };
         let params = request.params.clone().unwrap_or_else(|| json!({}));
         let answer = match request.method.as_str() {
-            "ping" => Ok(json!({})),
+            // 2026-07-28 removed ping; legacy sessions still have it.
+            "ping" if matches!(client, Client::Legacy { .. }) => Ok(json!({})),
             "server/discover" => Ok(self.discover()),
             "tools/list" => self.list(principal, CallKind::Tool, &params).await,
             "prompts/list" => self.list(principal, CallKind::Prompt, &params).await,
@@ -509,6 +533,11 @@ impl Gateway {
             Client::Modern => {
                 if let Some(map) = result.as_object_mut() {
                     map.entry("resultType").or_insert(json!("complete"));
+                    // A legacy server's resource has no hints: not to be reused.
+                    if request.method == "resources/read" {
+                        map.entry("ttlMs").or_insert(json!(0));
+                        map.entry("cacheScope").or_insert(json!("private"));
+                    }
                     let meta = map.entry("_meta").or_insert_with(|| json!({}));
                     if let Some(meta) = meta.as_object_mut() {
                         meta.insert(KEY_SERVER_INFO.into(), Self::server_info());
@@ -529,7 +558,7 @@ impl Gateway {
         let now = self.now();
         let mut result = json!({
             "supportedVersions": VERSIONS,
-            "capabilities": Self::capabilities(),
+            "capabilities": Self::capabilities(false),
             // The same for everyone, and it changes only with the gateway's own config.
             "ttlMs": 300_000,
             "cacheScope": "public",
@@ -599,10 +628,16 @@ impl Gateway {
                 def
             })
             .collect();
-        let public = listing.public && now.identity.agents() <= 1;
+        // A list missing a server is not worth keeping: it is fresh for no time.
+        let complete = listing.unreachable.is_empty();
+        let public = complete && listing.public && now.identity.agents() <= 1;
         let mut result = json!({
             kind.list_key(): served,
-            "ttlMs": u64::try_from(listing.fresh_for.as_millis()).unwrap_or(u64::MAX),
+            "ttlMs": if complete {
+                u64::try_from(listing.fresh_for.as_millis()).unwrap_or(u64::MAX)
+            } else {
+                0
+            },
             "cacheScope": if public { "public" } else { "private" },
         });
         if end < items.len() {
@@ -612,7 +647,12 @@ impl Gateway {
     }
 
     /// The name a call goes to in the harness, and its arguments.
-    fn target(&self, kind: CallKind, params: &Value) -> Result<(String, Value), RpcError> {
+    async fn target(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        params: &Value,
+    ) -> Result<(String, Value), RpcError> {
         let now = self.now();
         let field = if kind == CallKind::Resource {
             "uri"
@@ -630,7 +670,24 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            now.names.resolve(name)
+            match now.names.resolve(name) {
+                // A shortened name this process has not served yet (another gateway
+                // served it, or this one restarted): learned from the caller's list.
+                same if same == name && names::looks_shortened(name) => {
+                    let listing = self
+                        .inner
+                        .harness
+                        .listing(&Self::caller(principal), kind, None)
+                        .await
+                        .map_err(|e| to_rpc(&e))?;
+                    let order = &now.order;
+                    now.names.expose(&listing.items, |s| {
+                        order.get(s).copied().unwrap_or(usize::MAX)
+                    });
+                    now.names.resolve(name)
+                }
+                resolved => resolved,
+            }
         };
         Ok((name, args))
     }
@@ -646,7 +703,7 @@ impl Gateway {
         cancel: CancelToken,
     ) -> Result<Value, RpcError> {
         let now = self.now();
-        let (mut name, args) = self.target(kind, params)?;
+        let (mut name, args) = self.target(principal, kind, params).await?;
         let digest = seal::params_digest(params);
         let mut delegation = Delegation {
             capabilities,
@@ -669,7 +726,8 @@ impl Gateway {
                     )
                     .map_err(|e| {
                         tracing::info!(agent = %principal.agent, error = %e, "requestState refused");
-                        invalid(format!("invalid requestState: {e}"))
+                        // One message whatever the reason: a stolen state teaches nothing.
+                        invalid("invalid requestState")
                     })?;
                 // The round continues on the server that issued it, whatever the name
                 // routes to now.
@@ -681,6 +739,7 @@ impl Gateway {
                 };
                 delegation.request_state = state.upstream;
                 delegation.rounds = state.rounds;
+                delegation.server = Some(state.server);
             }
             Some(_) => return Err(invalid("requestState must be a string")),
         }
@@ -743,7 +802,7 @@ impl Gateway {
         peer: Option<&dyn ClientPeer>,
         cancel: CancelToken,
     ) -> Result<Value, RpcError> {
-        let (mut name, args) = self.target(kind, params)?;
+        let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
             capabilities: if peer.is_some() {
                 client.capabilities.clone()
@@ -783,8 +842,15 @@ impl Gateway {
                 .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
             let mut answers = Map::new();
             for (key, ask) in input.input_requests {
+                let limit = self.config().input_timeout;
                 let reply = tokio::select! {
-                    reply = peer.request(&ask.method, ask.params) => reply?,
+                    reply = tokio::time::timeout(limit, peer.request(&ask.method, ask.params)) => match reply {
+                        Ok(reply) => reply?,
+                        Err(_) => return Err(RpcError::new(
+                            INTERNAL_ERROR,
+                            format!("the client did not answer {} within {limit:?}", ask.method),
+                        )),
+                    },
                     _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
                 };
                 answers.insert(key, reply);
@@ -793,6 +859,7 @@ impl Gateway {
             delegation.input_responses = Some(answers);
             delegation.request_state = input.request_state;
             delegation.rounds = answer.rounds;
+            delegation.server = Some(answer.server);
         }
     }
 }
@@ -839,6 +906,13 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
             if list.is_empty() {
                 self.map.remove(key);
             }
+        }
+    }
+
+    /// Cancels every request.
+    pub(crate) fn cancel_all(&self) {
+        for (_, token) in self.map.values().flatten() {
+            token.cancel();
         }
     }
 

@@ -1,8 +1,10 @@
 //! The names the gateway serves: `server__tool` by default, bare names when asked, and
 //! always at most 64 characters of `[A-Za-z0-9_.-]`. A name that would not fit is
-//! shortened stably: its first 55 characters (others replaced by `_`), `_`, and the
-//! first 8 hex digits of the SHA-256 of the full name. Shortened names are remembered
-//! so that calls find their way back.
+//! shortened stably: its first 47 characters (others replaced by `_`), `_`, and the
+//! first 16 hex digits of the SHA-256 of the full name. Shortened names are remembered
+//! so that calls find their way back (a gateway that has not listed for the caller yet
+//! lists first). A bare name with the `__` separator is always served qualified: bare,
+//! it would name another server.
 
 use std::collections::HashMap;
 
@@ -61,9 +63,24 @@ pub fn shorten(name: &str) -> String {
                 '_'
             }
         })
-        .take(MAX_NAME - 9)
+        .take(MAX_NAME - 17)
         .collect();
-    format!("{clean}_{}", &sha256_hex(name.as_bytes())[..8])
+    format!("{clean}_{}", &sha256_hex(name.as_bytes())[..16])
+}
+
+/// Whether `served` has the shape of a shortened name.
+pub fn looks_shortened(served: &str) -> bool {
+    served.len() == MAX_NAME
+        && served.as_bytes()[MAX_NAME - 17] == b'_'
+        && served[MAX_NAME - 16..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// A bare name served as it is: not when it holds the separator (bare, it would be
+/// read as `server__tool` and go to another server).
+fn bare_ok(name: &str) -> bool {
+    !name.contains(crate::server::SEPARATOR)
 }
 
 impl Names {
@@ -91,7 +108,7 @@ impl Names {
             Prefix::Conditional => items
                 .iter()
                 .map(|i| {
-                    let name = if count[&*i.name] == 1 {
+                    let name = if count[&*i.name] == 1 && bare_ok(&i.name) {
                         i.name.to_string()
                     } else {
                         i.qualified.to_string()
@@ -101,7 +118,12 @@ impl Names {
                 .collect(),
             Prefix::Never => {
                 let mut best: HashMap<&str, &ToolInfo> = HashMap::new();
+                let mut out = Vec::new();
                 for item in items {
+                    if !bare_ok(&item.name) {
+                        out.push((item.qualified.to_string(), item));
+                        continue;
+                    }
                     best.entry(&item.name)
                         .and_modify(|b| {
                             if priority(&item.server) < priority(&b.server) {
@@ -110,10 +132,9 @@ impl Names {
                         })
                         .or_insert(item);
                 }
-                let mut v: Vec<(String, &ToolInfo)> =
-                    best.into_iter().map(|(n, i)| (n.to_string(), i)).collect();
-                v.sort_by(|a, b| a.0.cmp(&b.0));
-                v
+                out.extend(best.into_iter().map(|(n, i)| (n.to_string(), i)));
+                out.sort_by(|a, b| a.0.cmp(&b.0));
+                out
             }
         };
         let mut renamed = self.renamed.lock();
@@ -123,7 +144,11 @@ impl Names {
                 if renamed.len() >= MAX_RENAMED {
                     renamed.clear();
                 }
-                renamed.insert(short.clone(), name.clone());
+                if let Some(other) = renamed.insert(short.clone(), name.clone())
+                    && other != *name
+                {
+                    tracing::warn!(served = %short, first = %other, now = %name, "two names shorten alike; the latest wins");
+                }
                 tracing::debug!(server = %item.server, name = %name, served = %short, "name shortened");
                 *name = short;
             }
@@ -177,6 +202,14 @@ mod tests {
         );
         // `b` comes first by priority, so it serves `echo`.
         assert_eq!(served(Prefix::Never), ["add->b__add", "echo->b__echo"]);
+        // A tool named like another server's is never served bare.
+        let hostile = vec![tool("evil", "victim__drop")];
+        for p in [Prefix::Conditional, Prefix::Never] {
+            let (name, _) = Names::new(p).expose(&hostile, |_| 0).remove(0);
+            assert_eq!(name, "evil__victim__drop");
+        }
+        assert!(looks_shortened(&shorten(&"y".repeat(70))));
+        assert!(!looks_shortened("a__b"));
 
         let long = "x".repeat(80);
         let short = shorten(&long);
@@ -184,7 +217,10 @@ mod tests {
         assert_eq!(short, shorten(&long), "stable");
         assert_eq!(
             shorten("has space/ü"),
-            format!("has_space___{}", &sha256_hex("has space/ü".as_bytes())[..8])
+            format!(
+                "has_space___{}",
+                &sha256_hex("has space/ü".as_bytes())[..16]
+            )
         );
         let names = Names::new(Prefix::Always);
         let items = vec![tool("srv", &long)];

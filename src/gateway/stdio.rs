@@ -45,9 +45,10 @@ impl ClientPeer for Pipe {
     fn request(&self, method: &str, params: Value) -> PeerFuture {
         let id = RequestId::String(format!("g-{}", self.next.fetch_add(1, Ordering::Relaxed)));
         let (tx, rx) = oneshot::channel();
+        let k = key(&id);
         let admitted = {
             let mut pending = self.pending.lock();
-            pending.len() < MAX_PENDING && pending.insert(key(&id), tx).is_none()
+            pending.len() < MAX_PENDING && pending.insert(k.clone(), tx).is_none()
         };
         if admitted {
             self.send(&Message::Request(Request {
@@ -56,7 +57,13 @@ impl ClientPeer for Pipe {
                 params: Some(params),
             }));
         }
+        let forget = Forget {
+            pending: self.pending.clone(),
+            key: k,
+        };
         Box::pin(async move {
+            // The question is forgotten however the wait ends (answer, timeout, cancel).
+            let _forget = forget;
             if !admitted {
                 return Err(RpcError::new(
                     INVALID_REQUEST,
@@ -69,6 +76,18 @@ impl ClientPeer for Pipe {
     }
 }
 
+/// Drops a question from the pending ones.
+struct Forget {
+    pending: Pending,
+    key: String,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.pending.lock().remove(&self.key);
+    }
+}
+
 fn key(id: &RequestId) -> String {
     match id {
         RequestId::Number(n) => format!("n{n}"),
@@ -76,13 +95,19 @@ fn key(id: &RequestId) -> String {
     }
 }
 
-/// Serves one client on `input`/`output` as `principal` until the input ends.
+/// Serves one client on `input`/`output` as `principal` until the input ends or
+/// `shutdown` resolves. Either way nothing more is read, the questions put to the client
+/// fail, and the calls in flight finish (a shutdown also shuts the harness down, which
+/// lets them finish within its grace) and are answered before it returns.
 pub async fn serve(
     gateway: Gateway,
     principal: Principal,
     input: impl AsyncRead + Unpin,
     mut output: impl AsyncWrite + Unpin + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut stopping = false;
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
         // One write and one flush per burst: answers that are ready together go together.
@@ -117,10 +142,14 @@ pub async fn serve(
     let mut line = Vec::new();
     loop {
         line.clear();
-        let read = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .await;
+        let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
+        let read = tokio::select! {
+            read = limited.read_until(b'\n', &mut line) => read,
+            () = &mut shutdown => {
+                stopping = true;
+                break;
+            }
+        };
         match read {
             Ok(0) | Err(_) => break,
             Ok(_) if line.len() > MAX_LINE => {
@@ -200,10 +229,16 @@ pub async fn serve(
         }
         while tasks.try_join_next().is_some() {}
     }
-    // Input ended: the calls in flight finish and answer (their client may still read).
-    while tasks.join_next().await.is_some() {}
-    notifier.abort();
+    // Input ended: questions to the client fail at once (nobody can answer them), and
+    // the calls in flight finish and answer (their client may still read).
     pipe.pending.lock().clear();
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if stopping {
+        tokio::join!(drain, gateway.harness().shutdown());
+    } else {
+        drain.await;
+    }
+    notifier.abort();
     drop(pipe);
     let _ = writer.await;
 }

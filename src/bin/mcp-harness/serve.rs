@@ -65,27 +65,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             agent: setup.agent.clone(),
             context: None,
         };
-        let served = async {
-            // Pipes are read and written through the reactor; anything else (a file, a
-            // terminal) through tokio's blocking stdin/stdout.
-            match (pipe_in(), pipe_out()) {
-                (Some(input), Some(output)) => {
-                    gateway::stdio::serve(gateway, principal, input, output).await
-                }
-                _ => {
-                    gateway::stdio::serve(
-                        gateway,
-                        principal,
-                        tokio::io::stdin(),
-                        tokio::io::stdout(),
-                    )
-                    .await
-                }
+        // Pipes are read and written through the reactor; anything else (a file, a
+        // terminal) through tokio's blocking stdin/stdout.
+        match (pipe_in(), pipe_out()) {
+            (Some(input), Some(output)) => {
+                gateway::stdio::serve(gateway, principal, input, output, stop_signal()).await
             }
-        };
-        tokio::select! {
-            () = served => {}
-            () = stop_signal() => {}
+            _ => {
+                gateway::stdio::serve(
+                    gateway,
+                    principal,
+                    tokio::io::stdin(),
+                    tokio::io::stdout(),
+                    stop_signal(),
+                )
+                .await
+            }
         }
         reloader.abort();
         harness.shutdown().await;
