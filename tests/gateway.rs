@@ -971,3 +971,146 @@ async fn list_hints_are_the_least_upstream_freshness_and_public_only_for_one_age
     assert_eq!(list["result"]["cacheScope"], "private");
     gw.stop().await;
 }
+
+/// An ES256 key made here: (PKCS#8 for signing, its JWK).
+fn es256_key(kid: &str) -> (Vec<u8>, Value) {
+    use base64::Engine;
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    let rng = ring::rand::SystemRandom::new();
+    let doc = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref(), &rng)
+        .expect("pair");
+    let point = pair.public_key().as_ref(); // 0x04 ‖ x ‖ y
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let jwk = json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "use": "sig",
+        "x": b64(&point[1..33]), "y": b64(&point[33..65])});
+    (doc.as_ref().to_vec(), jwk)
+}
+
+fn jwt(pkcs8: &[u8], kid: &str, claims: Value) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(kid.into());
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_ec_der(pkcs8),
+    )
+    .expect("sign")
+}
+
+#[tokio::test]
+async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_refused() {
+    const ISS: &str = "https://idp.test";
+    const AUD: &str = "https://gw.test/mcp";
+    let (signing, jwk) = es256_key("k1");
+    let (other_key, _) = es256_key("k1");
+    let jwks = temp_file("jwks");
+    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"] }}",
+            jwks.display()
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp});
+    let good = jwt(&signing, "k1", claims(ISS, AUD, "b", now + 300));
+    let (status, list) = gw.modern(&good, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(
+        names(&list),
+        ["alpha__echo"],
+        "the JWT's sub is agent b, with b's grants"
+    );
+    assert_eq!(
+        list["result"]["cacheScope"], "private",
+        "an issuer vouches for many agents"
+    );
+
+    let tampered = {
+        let mut t = good.clone().into_bytes();
+        let i = t.len() - 3;
+        t[i] = if t[i] == b'A' { b'B' } else { b'A' };
+        String::from_utf8(t).expect("ascii")
+    };
+    let hs256 = {
+        // Algorithm confusion: HMAC with the public key as the secret.
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("k1".into());
+        let secret = std::fs::read(&jwks).expect("jwks");
+        jsonwebtoken::encode(
+            &header,
+            &claims(ISS, AUD, "a", now + 300),
+            &jsonwebtoken::EncodingKey::from_secret(&secret),
+        )
+        .expect("sign")
+    };
+    for (what, token) in [
+        (
+            "wrong audience",
+            jwt(
+                &signing,
+                "k1",
+                claims(ISS, "https://other.test/mcp", "a", now + 300),
+            ),
+        ),
+        (
+            "wrong issuer",
+            jwt(
+                &signing,
+                "k1",
+                claims("https://evil.test", AUD, "a", now + 300),
+            ),
+        ),
+        (
+            "expired",
+            jwt(&signing, "k1", claims(ISS, AUD, "a", now - 120)),
+        ),
+        (
+            "unknown kid",
+            jwt(&signing, "k9", claims(ISS, AUD, "a", now + 300)),
+        ),
+        (
+            "another key under the same kid",
+            jwt(&other_key, "k1", claims(ISS, AUD, "a", now + 300)),
+        ),
+        ("tampered", tampered),
+        ("HS256 with the public key", hs256),
+    ] {
+        let (status, body, headers) = gw
+            .post(Some(&token), &request("tools/list", json!({})), &[])
+            .await;
+        assert_eq!(status, 401, "{what}: {body}");
+        let challenge = headers
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        assert_eq!(
+            challenge,
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\"",
+            "{what}"
+        );
+    }
+    let prm: Value = gw
+        .http
+        .get(
+            gw.url()
+                .replace("/mcp", "/.well-known/oauth-protected-resource/mcp"),
+        )
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(prm["resource"], AUD);
+    assert_eq!(prm["authorization_servers"], json!([ISS]));
+    assert_eq!(prm["scopes_supported"], json!(["mcp"]));
+    gw.stop().await;
+    let _ = std::fs::remove_file(jwks);
+}

@@ -285,26 +285,69 @@ fn origin_allowed(state: &State, req: &hyper::Request<Incoming>) -> Result<(), &
     Ok(())
 }
 
+/// Where the protected resource metadata of `resource` is (RFC 9728: the well-known
+/// path between the origin and the resource's path).
+fn metadata_path(resource: &str) -> String {
+    let path = url::Url::parse(resource)
+        .map(|u| u.path().trim_end_matches('/').to_string())
+        .unwrap_or_default();
+    format!("/.well-known/oauth-protected-resource{path}")
+}
+
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
-    if req.uri().path() != "/mcp" {
-        return full(StatusCode::NOT_FOUND, "", "");
-    }
     if let Err(why) = origin_allowed(&state, &req) {
         return full(StatusCode::FORBIDDEN, "text/plain", why);
+    }
+    let identity = state.gateway.identity();
+    if req
+        .uri()
+        .path()
+        .starts_with("/.well-known/oauth-protected-resource")
+    {
+        // Served when JWTs are accepted: it tells clients where to get one.
+        return match identity.jwt() {
+            Some(jwt)
+                if req.method() == Method::GET
+                    && (req.uri().path() == metadata_path(&jwt.config().audience)
+                        || req.uri().path() == "/.well-known/oauth-protected-resource") =>
+            {
+                full(
+                    StatusCode::OK,
+                    "application/json",
+                    jwt.resource_metadata().to_string(),
+                )
+            }
+            _ => full(StatusCode::NOT_FOUND, "", ""),
+        };
+    }
+    if req.uri().path() != "/mcp" {
+        return full(StatusCode::NOT_FOUND, "", "");
     }
     // A header that is not text is still a header: it is refused, not ignored.
     let authorization = req
         .headers()
         .get("authorization")
         .map(|v| v.to_str().unwrap_or(""));
-    let principal = match state.gateway.identity().resolve(authorization) {
+    let principal = match identity.resolve(authorization) {
         Ok(p) => p,
         Err(e) => {
             let mut r = full(StatusCode::UNAUTHORIZED, "text/plain", e.to_string());
-            r.headers_mut().insert(
-                hyper::header::WWW_AUTHENTICATE,
-                hyper::header::HeaderValue::from_static("Bearer realm=\"mcp-harness\""),
-            );
+            let challenge = match identity.jwt() {
+                Some(jwt) => {
+                    let audience = &jwt.config().audience;
+                    let origin = url::Url::parse(audience)
+                        .map(|u| u.origin().ascii_serialization())
+                        .unwrap_or_default();
+                    format!(
+                        "Bearer resource_metadata=\"{origin}{}\"",
+                        metadata_path(audience)
+                    )
+                }
+                None => "Bearer realm=\"mcp-harness\"".to_string(),
+            };
+            if let Ok(v) = challenge.parse() {
+                r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
+            }
             return r;
         }
     };

@@ -1,10 +1,13 @@
 //! Who a downstream request comes from: a static bearer token (the config holds its
-//! SHA-256, never the token) or the agent named for anonymous callers.
+//! SHA-256, never the token), a JWT of the configured issuer ([`super::jwt`]), or the
+//! agent named for anonymous callers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::jwt::JwtVerifier;
 use crate::util::hash::sha256_hex;
 
 /// One static token: its hex SHA-256 and the principal it names.
@@ -49,12 +52,17 @@ pub enum IdentityError {
 pub struct Identity {
     tokens: HashMap<String, Principal>,
     anonymous: Option<String>,
+    jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Identity {
     /// From the configured tokens and anonymous agent; a hash that is not 64 hex digits
     /// is an error naming its agent.
-    pub fn new(tokens: &[TokenEntry], anonymous: Option<&str>) -> Result<Identity, String> {
+    pub fn new(
+        tokens: &[TokenEntry],
+        anonymous: Option<&str>,
+        jwt: Option<Arc<JwtVerifier>>,
+    ) -> Result<Identity, String> {
         let mut map = HashMap::new();
         for t in tokens {
             let hash = t.sha256.trim().to_ascii_lowercase();
@@ -75,6 +83,7 @@ impl Identity {
         Ok(Identity {
             tokens: map,
             anonymous: anonymous.map(String::from),
+            jwt,
         })
     }
 
@@ -95,11 +104,18 @@ impl Identity {
         };
         match token {
             // Looked up by its hash: the map never holds a token, and a guess costs a hash.
-            Some(token) => self
-                .tokens
-                .get(&sha256_hex(token.as_bytes()))
-                .cloned()
-                .ok_or(IdentityError::Unknown),
+            Some(token) => match self.tokens.get(&sha256_hex(token.as_bytes())) {
+                Some(p) => Ok(p.clone()),
+                None => match &self.jwt {
+                    Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
+                        jwt.verify(token).map_err(|e| {
+                            tracing::info!(error = %e, "bearer JWT refused");
+                            IdentityError::Unknown
+                        })
+                    }
+                    _ => Err(IdentityError::Unknown),
+                },
+            },
             None => self
                 .anonymous
                 .as_ref()
@@ -111,9 +127,17 @@ impl Identity {
         }
     }
 
+    /// The JWT verifier, when JWTs are accepted.
+    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
+        self.jwt.as_ref()
+    }
+
     /// How many distinct agents requests may act as (a list is `public` only when
     /// there is one).
     pub fn agents(&self) -> usize {
+        if self.jwt.is_some() {
+            return usize::MAX; // whoever the issuer vouches for
+        }
         let mut agents: Vec<&str> = self.tokens.values().map(|p| p.agent.as_str()).collect();
         agents.extend(self.anonymous.as_deref());
         agents.sort_unstable();
@@ -133,7 +157,7 @@ mod tests {
             agent: "planner".into(),
             auth_context: Some("alice".into()),
         };
-        let id = Identity::new(std::slice::from_ref(&entry), None).expect("identity");
+        let id = Identity::new(std::slice::from_ref(&entry), None, None).expect("identity");
         let p = id.resolve(Some("Bearer s3cret")).expect("known");
         assert_eq!(
             (p.agent.as_str(), p.context.as_deref()),
@@ -145,7 +169,7 @@ mod tests {
             id.resolve(Some("Basic s3cret")),
             Err(IdentityError::Malformed)
         );
-        let open = Identity::new(&[entry], Some("guest")).expect("identity");
+        let open = Identity::new(&[entry], Some("guest"), None).expect("identity");
         assert_eq!(open.resolve(None).expect("anonymous").agent, "guest");
         for bad in ["Basic x", "Bearer ", "", "Bearer"] {
             assert_eq!(
@@ -160,6 +184,6 @@ mod tests {
             agent: "a".into(),
             auth_context: None,
         };
-        assert!(Identity::new(&[bad], None).is_err());
+        assert!(Identity::new(&[bad], None, None).is_err());
     }
 }

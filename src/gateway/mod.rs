@@ -15,6 +15,7 @@
 
 pub mod http;
 pub mod identity;
+pub mod jwt;
 pub mod names;
 pub mod seal;
 pub mod stdio;
@@ -92,6 +93,9 @@ pub struct GatewayConfig {
     /// Instructions served in `server/discover` and `initialize`.
     #[serde(default)]
     pub instructions: Option<String>,
+    /// JWTs accepted as bearer tokens (besides `tokens`).
+    #[serde(default)]
+    pub jwt: Option<jwt::JwtConfig>,
     /// How long a legacy client may take to answer one question of the gateway's
     /// (an elicitation on its session) before the call fails.
     #[serde(default = "default_input_timeout", with = "duration")]
@@ -133,6 +137,7 @@ impl Default for GatewayConfig {
             session_idle: default_session_idle(),
             instructions: None,
             input_timeout: default_input_timeout(),
+            jwt: None,
         }
     }
 }
@@ -244,12 +249,20 @@ struct Current {
 }
 
 impl Current {
-    fn new(
+    async fn new(
         harness_config: &HarnessConfig,
         config: GatewayConfig,
         sealer: Sealer,
     ) -> Result<Current, GatewayError> {
-        let identity = Identity::new(&config.tokens, config.anonymous_agent.as_deref())
+        let jwt = match &config.jwt {
+            Some(j) => {
+                let verifier = jwt::JwtVerifier::load(j.clone()).await?;
+                verifier.refresh_in_background();
+                Some(verifier)
+            }
+            None => None,
+        };
+        let identity = Identity::new(&config.tokens, config.anonymous_agent.as_deref(), jwt)
             .map_err(GatewayError::Config)?;
         let mut servers: Vec<(usize, &crate::server::ServerConfig)> =
             harness_config.servers.iter().enumerate().collect();
@@ -302,14 +315,15 @@ fn invalid(message: impl Into<String>) -> RpcError {
 }
 
 impl Gateway {
-    /// A gateway in front of `harness` (started from `harness_config`).
-    pub fn new(
+    /// A gateway in front of `harness` (started from `harness_config`); reads the JWT
+    /// issuer's keys when JWTs are configured.
+    pub async fn new(
         harness: HarnessHandle,
         harness_config: &HarnessConfig,
         config: GatewayConfig,
         sealer: Sealer,
     ) -> Result<Gateway, GatewayError> {
-        let current = Current::new(harness_config, config, sealer)?;
+        let current = Current::new(harness_config, config, sealer).await?;
         Ok(Gateway {
             inner: Arc::new(Inner {
                 harness,
@@ -349,7 +363,7 @@ impl Gateway {
         harness_config
             .validate()
             .map_err(|e| GatewayError::Config(e.to_string()))?;
-        let next = Current::new(harness_config, config, sealer)?;
+        let next = Current::new(harness_config, config, sealer).await?;
         let before = self.now().servers.clone();
         let harness = &self.inner.harness;
         let failed = |e: crate::harness::HarnessError| GatewayError::Config(e.to_string());

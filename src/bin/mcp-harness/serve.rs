@@ -53,8 +53,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
     settle(&harness, servers.wait).await;
     let dev_sealer = args.dev_keys.then(|| sealer.clone());
-    let gateway =
-        Gateway::new(harness.clone(), &setup.loaded.config, config, sealer).map_err(usage)?;
+    let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
+        .await
+        .map_err(usage)?;
     let reloader = tokio::spawn(reload_on_change(
         gateway.clone(),
         servers.clone(),

@@ -1,0 +1,260 @@
+//! Bearer JWTs from an authorization server: signature checked against its JWKS (a file,
+//! or a URL fetched at start and every ten minutes), issuer, audience, expiry and
+//! not-before checked, a configured claim as the agent id. Verification is
+//! `jsonwebtoken`'s (on `ring`); only asymmetric algorithms are accepted, and only the
+//! one each key names (no `alg` confusion, no `none`, no HMAC with a public key).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use parking_lot::RwLock;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::GatewayError;
+use super::identity::Principal;
+
+/// Largest JWKS read.
+const MAX_JWKS: usize = 1 << 20;
+/// How often a JWKS URL is read again.
+const REFRESH: Duration = Duration::from_secs(600);
+/// Clock skew allowed on `exp` and `nbf`.
+const LEEWAY_SECS: u64 = 30;
+
+/// `[gateway.jwt]`: who issues the tokens the gateway accepts.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The `iss` required, and the authorization server named in the protected resource
+    /// metadata.
+    pub issuer: String,
+    /// The `aud` required: this gateway's resource URL (also the metadata's `resource`).
+    pub audience: String,
+    /// The issuer's keys, as a JWKS file.
+    #[serde(default)]
+    pub jwks_file: Option<std::path::PathBuf>,
+    /// The issuer's keys, at an HTTPS URL.
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    /// A CA bundle to trust for `jwks_url` (besides the platform's roots).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The claim that names the agent.
+    #[serde(default = "default_agent_claim")]
+    pub agent_claim: String,
+    /// The claim that names the auth context (the user): `private` cache entries and
+    /// upstream sign-in are kept per value.
+    #[serde(default = "default_context_claim")]
+    pub context_claim: String,
+    /// Scopes named in the protected resource metadata.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+fn default_agent_claim() -> String {
+    "sub".into()
+}
+fn default_context_claim() -> String {
+    "sub".into()
+}
+
+/// Why a JWT was refused (logged; the client gets 401).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtError {
+    /// Not a JWT, or its header cannot be read.
+    #[error("not a JWT: {0}")]
+    Malformed(String),
+    /// No key of the issuer has its `kid` (or it names none and there are several).
+    #[error("no key for kid {0:?}")]
+    UnknownKey(Option<String>),
+    /// Its `alg` is not the one its key names, or is not asymmetric.
+    #[error("algorithm {0} is not accepted for this key")]
+    Algorithm(String),
+    /// Signature, issuer, audience, expiry or not-before failed.
+    #[error("{0}")]
+    Invalid(String),
+    /// The agent claim is missing or not a string.
+    #[error("claim {0:?} is missing or not a string")]
+    Claim(String),
+}
+
+/// Verifies JWTs for one issuer.
+pub struct JwtVerifier {
+    config: JwtConfig,
+    keys: RwLock<Arc<JwkSet>>,
+}
+
+impl std::fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("issuer", &self.config.issuer)
+            .field("keys", &self.keys.read().keys.len())
+            .finish()
+    }
+}
+
+fn parse_jwks(bytes: &[u8]) -> Result<JwkSet, GatewayError> {
+    if bytes.len() > MAX_JWKS {
+        return Err(GatewayError::Config(
+            "jwt: the JWKS is larger than 1 MiB".into(),
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| GatewayError::Config(format!("jwt: bad JWKS: {e}")))
+}
+
+impl JwtVerifier {
+    /// Reads the keys (the file, or the URL once) and checks the settings.
+    pub async fn load(config: JwtConfig) -> Result<Arc<JwtVerifier>, GatewayError> {
+        let keys = match (&config.jwks_file, &config.jwks_url) {
+            (Some(path), None) => {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| GatewayError::Config(format!("jwt: {}: {e}", path.display())))?;
+                parse_jwks(&bytes)?
+            }
+            (None, Some(url)) => fetch(url, config.ca_file.as_deref()).await?,
+            _ => {
+                return Err(GatewayError::Config(
+                    "jwt: set exactly one of jwks_file and jwks_url".into(),
+                ));
+            }
+        };
+        Ok(Arc::new(JwtVerifier {
+            config,
+            keys: RwLock::new(Arc::new(keys)),
+        }))
+    }
+
+    /// Reads a JWKS URL again every ten minutes while the verifier lives.
+    pub fn refresh_in_background(self: &Arc<Self>) {
+        let Some(url) = self.config.jwks_url.clone() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REFRESH).await;
+                let Some(me) = weak.upgrade() else { return };
+                match fetch(&url, me.config.ca_file.as_deref()).await {
+                    Ok(keys) => *me.keys.write() = Arc::new(keys),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not refresh the JWKS; keeping the keys held")
+                    }
+                }
+            }
+        });
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &JwtConfig {
+        &self.config
+    }
+
+    /// The principal of a verified token.
+    pub fn verify(&self, token: &str) -> Result<Principal, JwtError> {
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
+        let keys = self.keys.read().clone();
+        let jwk = match &header.kid {
+            Some(kid) => keys.find(kid),
+            None if keys.keys.len() == 1 => keys.keys.first(),
+            None => None,
+        }
+        .ok_or_else(|| JwtError::UnknownKey(header.kid.clone()))?;
+        let expected =
+            key_algorithm(jwk).ok_or_else(|| JwtError::Algorithm(format!("{:?}", header.alg)))?;
+        if header.alg != expected {
+            return Err(JwtError::Algorithm(format!("{:?}", header.alg)));
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| JwtError::Invalid(e.to_string()))?;
+        let mut validation = Validation::new(expected);
+        validation.set_issuer(&[&self.config.issuer]);
+        validation.set_audience(&[&self.config.audience]);
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
+            .map_err(|e| JwtError::Invalid(e.to_string()))?;
+        let claim = |name: &str| {
+            data.claims
+                .get(name)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+        };
+        let agent = claim(&self.config.agent_claim)
+            .ok_or_else(|| JwtError::Claim(self.config.agent_claim.clone()))?;
+        Ok(Principal {
+            agent,
+            context: claim(&self.config.context_claim),
+        })
+    }
+
+    /// The protected resource metadata (RFC 9728) the gateway serves.
+    pub fn resource_metadata(&self) -> Value {
+        let mut m = serde_json::json!({
+            "resource": self.config.audience,
+            "authorization_servers": [self.config.issuer],
+            "bearer_methods_supported": ["header"],
+        });
+        if !self.config.scopes.is_empty() {
+            m["scopes_supported"] = serde_json::json!(self.config.scopes);
+        }
+        m
+    }
+}
+
+/// The one algorithm a key may verify: the one it names, else the one its curve or type
+/// implies; never a symmetric one.
+fn key_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
+    let named = jwk
+        .common
+        .key_algorithm
+        .and_then(|a| a.to_string().parse::<Algorithm>().ok());
+    let asymmetric =
+        |a: Algorithm| !matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
+    match (&jwk.algorithm, named) {
+        (AlgorithmParameters::OctetKey(_), _) => None,
+        (_, Some(a)) => asymmetric(a).then_some(a),
+        (AlgorithmParameters::EllipticCurve(p), None) => match p.curve {
+            jsonwebtoken::jwk::EllipticCurve::P256 => Some(Algorithm::ES256),
+            jsonwebtoken::jwk::EllipticCurve::P384 => Some(Algorithm::ES384),
+            _ => None,
+        },
+        (AlgorithmParameters::OctetKeyPair(_), None) => Some(Algorithm::EdDSA),
+        (AlgorithmParameters::RSA(_), None) => Some(Algorithm::RS256),
+    }
+}
+
+async fn fetch(url: &str, ca_file: Option<&std::path::Path>) -> Result<JwkSet, GatewayError> {
+    let bad = |why: String| GatewayError::Config(format!("jwt: {url}: {why}"));
+    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let loopback = matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+    if parsed.scheme() != "https" && !loopback {
+        return Err(bad("must be https".into()));
+    }
+    let tls = crate::transport::auth::client_tls(ca_file).map_err(bad)?;
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut resp = client
+        .get(parsed)
+        .send()
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(bad(format!("HTTP {}", resp.status().as_u16())));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| bad(e.to_string()))? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_JWKS {
+            return Err(bad("larger than 1 MiB".into()));
+        }
+    }
+    parse_jwks(&body)
+}
