@@ -1114,3 +1114,97 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     gw.stop().await;
     let _ = std::fs::remove_file(jwks);
 }
+
+/// Reads an event stream until `want` appears in it (or 20 s pass); what it read.
+async fn read_until(resp: &mut reqwest::Response, seen: &mut String, want: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !seen.contains(want) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at_shutdown() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    // alpha's tool list changes on every fetch, and is never cached.
+    let text = std::fs::read_to_string(&setup.config)
+        .expect("config")
+        .replace(
+            &format!("\"alpha{}\"]", setup.tag),
+            &format!(
+                "\"alpha{}\", \"--alternate-tools\", \"--ttl-ms\", \"0\"]",
+                setup.tag
+            ),
+        );
+    std::fs::write(&setup.config, text).expect("config");
+    let gw = setup.start().await;
+    let mut listen = request(
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true}}),
+    );
+    listen["id"] = json!("sub-1");
+    let mut resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-a")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("listen");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut seen = String::new();
+    assert!(
+        read_until(&mut resp, &mut seen, "acknowledged").await,
+        "{seen}"
+    );
+    let ack: Value = serde_json::from_str(
+        seen.lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .expect("a data line"),
+    )
+    .expect("json");
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "only what is honoured"
+    );
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "sub-1"
+    );
+    // Two listings: the second finds other tools, which the subscription hears of.
+    for _ in 0..3 {
+        gw.modern("tok-a", "tools/list", json!({})).await;
+    }
+    assert!(
+        read_until(&mut resp, &mut seen, "notifications/tools/list_changed").await,
+        "{seen}"
+    );
+    let change: Value = serde_json::from_str(
+        seen.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .find(|l| l.contains("list_changed"))
+            .expect("a change"),
+    )
+    .expect("json");
+    assert_eq!(
+        change["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "sub-1"
+    );
+    let stopping = tokio::spawn(gw.stop());
+    assert!(
+        read_until(&mut resp, &mut seen, "\"resultType\":\"complete\"").await,
+        "the final result: {seen}"
+    );
+    assert!(stopping.await.expect("stop").success());
+}

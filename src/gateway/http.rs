@@ -161,7 +161,14 @@ struct State {
     /// Modern requests in flight, for `notifications/cancelled`.
     calls: Mutex<InFlight<(Principal, String)>>,
     next_request: AtomicU64,
+    /// `subscriptions/listen` streams open, per principal.
+    listens: Mutex<HashMap<Principal, usize>>,
+    /// Cancelled at shutdown: subscriptions end with their final result.
+    closing: CancelToken,
 }
+
+/// Subscriptions one principal may hold open at once.
+const MAX_LISTENS_PER_PRINCIPAL: usize = 16;
 
 /// Serves the gateway on `listener` until `shutdown` resolves; then stops accepting and
 /// shuts the harness down (calls in flight finish within its grace, their records
@@ -178,6 +185,8 @@ pub async fn serve(
         sessions: Mutex::default(),
         calls: Mutex::default(),
         next_request: AtomicU64::new(1),
+        listens: Mutex::default(),
+        closing: CancelToken::new(),
     });
     let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -219,6 +228,7 @@ pub async fn serve(
     }
     drop(listener);
     notifier.abort();
+    state.closing.cancel();
     // Sessions end (their waits fail, their streams close); calls in flight finish
     // within the harness's grace or are cancelled, and their answers are written before
     // the connections close.
@@ -239,16 +249,24 @@ async fn notify_changes(state: std::sync::Weak<State>) {
         return;
     };
     loop {
-        match events.recv().await {
-            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+        // A lagged receiver lost events: everyone is told, to be safe.
+        let event = match events.recv().await {
+            Ok(e) => Some(e),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        }
+        };
         let Some(state) = state.upgrade() else { return };
         let frame = sse_frame(&Message::Notification(Notification {
             method: "notifications/tools/list_changed".into(),
             params: None,
         }));
         for session in state.sessions.lock().values_mut() {
+            if event
+                .as_ref()
+                .is_some_and(|e| !state.gateway.concerns(&session.principal, e))
+            {
+                continue;
+            }
             session
                 .streams
                 .retain(|tx| match tx.try_send(frame.clone()) {
@@ -550,6 +568,9 @@ async fn post(
             {
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
+            if request.method == "subscriptions/listen" {
+                return listen_stream(state, principal, request);
+            }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
             let ticket = state.calls.lock().insert(key.clone(), cancel.clone());
@@ -575,6 +596,71 @@ async fn post(
             )
         }
     }
+}
+
+/// Counts a principal's open subscription while it lives.
+struct ListenSlot {
+    state: Arc<State>,
+    principal: Principal,
+}
+
+impl Drop for ListenSlot {
+    fn drop(&mut self) {
+        let mut listens = self.state.listens.lock();
+        if let Some(n) = listens.get_mut(&self.principal) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                listens.remove(&self.principal);
+            }
+        }
+    }
+}
+
+/// A `subscriptions/listen`: its own event stream, the acknowledgement first, then the
+/// tool list changes of servers the principal may use, each tagged with the listen's
+/// id; it ends when the client closes it or, at shutdown, with its final result.
+fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> HttpResponse {
+    {
+        let mut listens = state.listens.lock();
+        let n = listens.entry(principal.clone()).or_default();
+        if *n >= MAX_LISTENS_PER_PRINCIPAL {
+            return error_reply(
+                StatusCode::OK,
+                Some(request.id),
+                RpcError::new(-32000, "too many subscriptions open for this agent"),
+            );
+        }
+        *n += 1;
+    }
+    let accepted = Gateway::listen_accepts(request.params.as_ref());
+    let tools = accepted.get("toolsListChanged").is_some();
+    let id = request.id;
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let _ = tx.try_send(sse_frame(&Gateway::listen_ack(&id, accepted)));
+    let mut events = state.gateway.harness().subscribe();
+    tokio::spawn(async move {
+        let slot = ListenSlot { state, principal };
+        let changed = sse_frame(&Gateway::listen_changed(&id));
+        loop {
+            tokio::select! {
+                event = events.recv() => {
+                    let concerns = match &event {
+                        Ok(e) => slot.state.gateway.concerns(&slot.principal, e),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    };
+                    if tools && concerns {
+                        // A full queue already holds a change to report.
+                        let _ = tx.try_send(changed.clone());
+                    }
+                }
+                () = tx.closed() => return,
+                () = slot.state.closing.cancelled() => break,
+            }
+        }
+        let _ = tx.send(sse_frame(&Gateway::listen_end(&id))).await;
+    });
+    sse_response(rx)
 }
 
 fn id_key(id: &RequestId) -> String {

@@ -305,6 +305,7 @@ pub const METHODS: &[&str] = &[
     "prompts/get",
     "resources/list",
     "resources/read",
+    "subscriptions/listen",
 ];
 
 /// Versions served downstream, preferred first.
@@ -413,10 +414,66 @@ impl Gateway {
 
     /// What the gateway serves (the same in `server/discover` and `initialize`): tools
     /// with change notifications, prompts, resources.
-    fn capabilities(legacy: bool) -> Value {
-        // Change notifications reach legacy sessions (their GET stream, or the pipe);
-        // 2026-07-28 clients would need subscriptions/listen, not served yet.
-        json!({"tools": {"listChanged": legacy}, "prompts": {}, "resources": {}})
+    fn capabilities() -> Value {
+        // Tool list changes reach legacy sessions (their GET stream, or the pipe) and
+        // 2026-07-28 clients holding subscriptions/listen.
+        json!({"tools": {"listChanged": true}, "prompts": {}, "resources": {}})
+    }
+
+    /// What a `subscriptions/listen` asked for that the gateway honours (tool list
+    /// changes), as its acknowledgement echoes it.
+    pub fn listen_accepts(params: Option<&Value>) -> Value {
+        let tools = params
+            .and_then(|p| p.get("notifications"))
+            .and_then(|n| n.get("toolsListChanged"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if tools {
+            json!({"toolsListChanged": true})
+        } else {
+            json!({})
+        }
+    }
+
+    /// `_meta` naming subscription `id`.
+    fn subscription_meta(id: &crate::protocol::RequestId) -> Value {
+        json!({"io.modelcontextprotocol/subscriptionId": id})
+    }
+
+    /// The first message of a subscription.
+    pub fn listen_ack(
+        id: &crate::protocol::RequestId,
+        accepted: Value,
+    ) -> crate::protocol::Message {
+        crate::protocol::Message::Notification(crate::protocol::Notification {
+            method: "notifications/subscriptions/acknowledged".into(),
+            params: Some(json!({"notifications": accepted, "_meta": Self::subscription_meta(id)})),
+        })
+    }
+
+    /// A tool list change, on subscription `id`.
+    pub fn listen_changed(id: &crate::protocol::RequestId) -> crate::protocol::Message {
+        crate::protocol::Message::Notification(crate::protocol::Notification {
+            method: "notifications/tools/list_changed".into(),
+            params: Some(json!({"_meta": Self::subscription_meta(id)})),
+        })
+    }
+
+    /// The result that ends subscription `id`.
+    pub fn listen_end(id: &crate::protocol::RequestId) -> crate::protocol::Message {
+        crate::protocol::Message::Response(crate::protocol::Response {
+            id: Some(id.clone()),
+            outcome: Ok(json!({"resultType": "complete", "_meta": Self::subscription_meta(id)})),
+        })
+    }
+
+    /// Whether a change of `event` concerns `principal` (it may use that server).
+    pub fn concerns(&self, principal: &Principal, event: &crate::registry::HarnessEvent) -> bool {
+        match event {
+            crate::registry::HarnessEvent::ToolsChanged { server, .. } => {
+                self.inner.harness.may_use(&principal.agent, server)
+            }
+        }
     }
 
     /// The answer to a legacy `initialize`, and the session's client.
@@ -437,7 +494,7 @@ impl Gateway {
             .unwrap_or_else(|| json!({}));
         let mut result = json!({
             "protocolVersion": version,
-            "capabilities": Self::capabilities(true),
+            "capabilities": Self::capabilities(),
             "serverInfo": Self::server_info(),
         });
         if let Some(i) = &now.config.instructions {
@@ -572,7 +629,7 @@ impl Gateway {
         let now = self.now();
         let mut result = json!({
             "supportedVersions": VERSIONS,
-            "capabilities": Self::capabilities(false),
+            "capabilities": Self::capabilities(),
             // The same for everyone, and it changes only with the gateway's own config.
             "ttlMs": 300_000,
             "cacheScope": "public",

@@ -133,10 +133,13 @@ pub async fn serve(
     let session: Arc<Mutex<Option<LegacyClient>>> = Arc::default();
     let notifier = tokio::spawn(notify_changes(
         gateway.clone(),
+        principal.clone(),
         Arc::downgrade(&pipe),
         session.clone(),
     ));
     let calls: Arc<Mutex<InFlight<String>>> = Arc::default();
+    // Cancelled when input ends: subscriptions send their final result.
+    let closing = CancelToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
@@ -204,6 +207,29 @@ pub async fn serve(
                 let legacy = if modern { None } else { session.lock().clone() };
                 let token = CancelToken::new();
                 let ticket = calls.lock().insert(key(&request.id), token.clone());
+                if modern && request.method == "subscriptions/listen" {
+                    let envelope = Gateway::check_envelope(&request);
+                    let (gateway, principal, pipe, calls, closing) = (
+                        gateway.clone(),
+                        principal.clone(),
+                        pipe.clone(),
+                        calls.clone(),
+                        closing.clone(),
+                    );
+                    tasks.spawn(async move {
+                        match envelope {
+                            Ok(_) => {
+                                listen(&gateway, &principal, &pipe, &request, token, closing).await
+                            }
+                            Err(e) => pipe.send(&Message::Response(Response {
+                                id: Some(request.id.clone()),
+                                outcome: Err(e),
+                            })),
+                        }
+                        calls.lock().remove(&key(&request.id), ticket);
+                    });
+                    continue;
+                }
                 let (gateway, principal, pipe, calls) = (
                     gateway.clone(),
                     principal.clone(),
@@ -229,9 +255,11 @@ pub async fn serve(
         }
         while tasks.try_join_next().is_some() {}
     }
-    // Input ended: questions to the client fail at once (nobody can answer them), and
-    // the calls in flight finish and answer (their client may still read).
+    // Input ended: questions to the client fail at once (nobody can answer them),
+    // subscriptions end, and the calls in flight finish and answer (their client may
+    // still read).
     pipe.pending.lock().clear();
+    closing.cancel();
     let drain = async { while tasks.join_next().await.is_some() {} };
     if stopping {
         tokio::join!(drain, gateway.harness().shutdown());
@@ -243,21 +271,57 @@ pub async fn serve(
     let _ = writer.await;
 }
 
+/// One `subscriptions/listen` on the pipe: acknowledged, then the tool list changes of
+/// servers the principal may use, tagged with its id, until the client cancels it or
+/// the input ends; then its final result.
+async fn listen(
+    gateway: &Gateway,
+    principal: &Principal,
+    pipe: &Pipe,
+    request: &Request,
+    cancelled: CancelToken,
+    closing: CancelToken,
+) {
+    let accepted = Gateway::listen_accepts(request.params.as_ref());
+    let tools = accepted.get("toolsListChanged").is_some();
+    let mut events = gateway.harness().subscribe();
+    pipe.send(&Gateway::listen_ack(&request.id, accepted));
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let concerns = match &event {
+                    Ok(e) => gateway.concerns(principal, e),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
+                if tools && concerns {
+                    pipe.send(&Gateway::listen_changed(&request.id));
+                }
+            }
+            () = cancelled.cancelled() => break,
+            () = closing.cancelled() => break,
+        }
+    }
+    pipe.send(&Gateway::listen_end(&request.id));
+}
+
 /// `notifications/tools/list_changed` to a legacy client when the harness reports a
 /// change (2026-07-28 clients hold no session to notify).
 async fn notify_changes(
     gateway: Gateway,
+    principal: Principal,
     pipe: std::sync::Weak<Pipe>,
     session: Arc<Mutex<Option<LegacyClient>>>,
 ) {
     let mut events = gateway.harness().subscribe();
     loop {
-        match events.recv().await {
-            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+        let concerns = match events.recv().await {
+            Ok(e) => gateway.concerns(&principal, &e),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        }
+        };
         let Some(pipe) = pipe.upgrade() else { return };
-        if session.lock().is_some() {
+        if concerns && session.lock().is_some() {
             pipe.send(&Message::Notification(Notification {
                 method: "notifications/tools/list_changed".into(),
                 params: None,

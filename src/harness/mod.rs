@@ -511,6 +511,14 @@ impl HarnessHandle {
             .map(|a| a.get_cell())
     }
 
+    /// Whether `agent` holds some grant on server `id` (whether it sees anything of it).
+    pub fn may_use(&self, agent: &str, id: &str) -> bool {
+        self.ctx()
+            .servers
+            .get(id)
+            .is_some_and(|s| self.ctx().allows_any(Some(agent), &s))
+    }
+
     /// Whether server `id` holds a token for `identity` (an auth context; `None`: the
     /// harness's own sign-in).
     pub fn signed_in(&self, id: &str, identity: Option<&str>) -> bool {
