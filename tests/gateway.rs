@@ -1208,3 +1208,33 @@ async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at
     );
     assert!(stopping.await.expect("stop").success());
 }
+
+#[tokio::test]
+async fn an_argument_annotated_x_mcp_header_must_come_in_its_mcp_param_header() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let call = request(
+        "tools/call",
+        json!({"name": "alpha__region_echo", "arguments": {"region": "eu"}}),
+    );
+    let (status, r, _) = gw.post(Some("tok-a"), &call, &[]).await;
+    assert_eq!(
+        (status, r["error"]["code"].as_i64()),
+        (400, Some(-32020)),
+        "{r}"
+    );
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &call, &[("mcp-param-region", "us")])
+        .await;
+    assert_eq!(
+        (status, r["error"]["code"].as_i64()),
+        (400, Some(-32020)),
+        "a different value: {r}"
+    );
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &call, &[("mcp-param-region", "eu")])
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["result"].is_object(), "{r}");
+    gw.stop().await;
+}

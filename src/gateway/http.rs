@@ -571,6 +571,19 @@ async fn post(
             if request.method == "subscriptions/listen" {
                 return listen_stream(state, principal, request);
             }
+            let param = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from)
+            };
+            if let Err(e) = state
+                .gateway
+                .check_param_headers(&principal, &request, param)
+                .await
+            {
+                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+            }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
             let ticket = state.calls.lock().insert(key.clone(), cancel.clone());

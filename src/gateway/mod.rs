@@ -535,6 +535,56 @@ impl Gateway {
         Ok(capabilities.clone())
     }
 
+    /// For a `tools/call` over HTTP: each argument whose schema names an `x-mcp-header`
+    /// must be repeated in its `Mcp-Param-*` header (-32020 otherwise), as a 2026-07-28
+    /// server checks. `header` reads a request header by its lower-case name.
+    pub async fn check_param_headers(
+        &self,
+        principal: &Principal,
+        request: &Request,
+        header: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), RpcError> {
+        if request.method != "tools/call" {
+            return Ok(());
+        }
+        let Some(params) = request.params.as_ref() else {
+            return Ok(());
+        };
+        let Some(served) = params.get("name").and_then(Value::as_str) else {
+            return Ok(());
+        };
+        let name = self.now().names.resolve(served);
+        // A tool the caller cannot reach is the call's error, not the headers'.
+        let Ok(tool) = self
+            .inner
+            .harness
+            .get_tool_schema(&Self::caller(principal), &name)
+            .await
+        else {
+            return Ok(());
+        };
+        let schema = tool
+            .definition
+            .get("inputSchema")
+            .cloned()
+            .unwrap_or_default();
+        let Ok(declared) = crate::transport::http::headers::param_headers(&schema) else {
+            return Ok(());
+        };
+        let arguments = params.get("arguments").cloned().unwrap_or(Value::Null);
+        for h in declared {
+            let expected = crate::transport::http::headers::param_value(&arguments, &h.path);
+            let got = header(&format!("mcp-param-{}", h.name.to_ascii_lowercase()));
+            if expected != got {
+                return Err(RpcError::new(
+                    crate::protocol::error::HEADER_MISMATCH,
+                    format!("header mismatch: Mcp-Param-{}", one_line(&h.name, 64)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Answers one request from `principal`. `cancel` cancels the upstream call (a
     /// downstream `notifications/cancelled`, or the connection gone).
     pub async fn handle(
