@@ -1238,3 +1238,69 @@ async fn an_argument_annotated_x_mcp_header_must_come_in_its_mcp_param_header() 
     assert!(r["result"].is_object(), "{r}");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn progress_reaches_the_client_under_its_own_token_before_the_result() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    for tool in ["alpha__progress", "beta__progress"] {
+        let mut call = request(
+            "tools/call",
+            json!({"name": tool, "arguments": {"steps": 3}}),
+        );
+        call["params"]["_meta"]["progressToken"] = json!("mine-7");
+        let resp = gw
+            .http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool)
+            .body(call.to_string())
+            .send()
+            .await
+            .expect("call");
+        let body = resp.text().await.expect("body");
+        let messages: Vec<Value> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let progress: Vec<&Value> = messages
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .collect();
+        assert_eq!(progress.len(), 3, "{tool}: {body}");
+        assert!(
+            progress
+                .iter()
+                .all(|p| p["params"]["progressToken"] == "mine-7"),
+            "{body}"
+        );
+        assert_eq!(
+            progress
+                .iter()
+                .map(|p| p["params"]["progress"].as_u64())
+                .collect::<Vec<_>>(),
+            [Some(1), Some(2), Some(3)]
+        );
+        let last = messages.last().expect("a result");
+        assert_eq!(
+            text(&last["result"]),
+            "3 steps done",
+            "the result comes last: {body}"
+        );
+    }
+    // Without a token, a plain JSON answer.
+    let (status, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "alpha__progress", "arguments": {"steps": 2}}),
+        )
+        .await;
+    assert_eq!((status, result_text(&r)), (200, "2 steps done"));
+    gw.stop().await;
+}

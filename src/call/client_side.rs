@@ -16,6 +16,7 @@ use crate::transport::ServerRequest;
 pub(crate) struct HarnessClient {
     pub(crate) inputs: InputHandlers,
     pub(crate) registry: RegistryRef,
+    pub(crate) progress: std::sync::Arc<super::ProgressRouter>,
 }
 
 impl ClientSide for HarnessClient {
@@ -44,6 +45,10 @@ impl ClientSide for HarnessClient {
             };
             request.respond(outcome);
         });
+    }
+
+    fn progress(&self, _server: &str, params: Option<&Value>) {
+        self.progress.deliver(params);
     }
 
     fn lists_changed(&self, server: &str, changed: ListsChanged) {

@@ -24,6 +24,7 @@ pub struct CallContext {
     pub(crate) inputs: InputHandlers,
     pub(crate) settings: CallConfig,
     pub(crate) catalog: Catalog,
+    pub(crate) progress: Arc<super::ProgressRouter>,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -57,6 +58,7 @@ impl CallContext {
             inputs,
             settings,
             catalog: Catalog::default(),
+            progress: Arc::default(),
             next_call: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
         }

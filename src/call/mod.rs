@@ -24,6 +24,7 @@ mod error;
 pub mod input;
 mod listing;
 mod pool;
+mod progress;
 mod record;
 mod rounds;
 mod route;
@@ -40,6 +41,8 @@ pub use error::{CallError, Unreachable};
 pub use listing::Listing;
 pub use pool::CancelToken;
 pub(crate) use pool::{CallPool, CallSupervisor};
+pub(crate) use progress::ProgressRouter;
+pub use progress::ProgressSender;
 pub use settings::{CallConfig, Limits};
 
 pub(crate) use client_side::HarnessClient;
@@ -86,6 +89,8 @@ pub struct Delegation {
     /// The server whose round this continues: the call goes there or nowhere (a
     /// `requestState` belongs to the server that issued it).
     pub server: Option<String>,
+    /// Where the servers' progress of this call goes, and the caller's token for it.
+    pub progress: Option<(ProgressSender, Value)>,
 }
 
 /// How a call ended, short of an error: its result and the server that gave it.
@@ -288,6 +293,23 @@ async fn attempt(
     let server = &candidate.server;
     let handlers = ctx.inputs.snapshot();
     let mut params = request.kind.params(&candidate.item, &request.args);
+    // The call's progress token, for every request of it (a retry is the same call).
+    let progress = request
+        .delegated
+        .as_ref()
+        .and_then(|d| d.progress.clone())
+        .map(|(to, token)| ctx.progress.register(to, token));
+    let with_token = |params: &mut Map<String, Value>| {
+        if let Some(p) = &progress {
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert("progressToken".into(), Value::String(p.token.clone()));
+            }
+        }
+    };
+    with_token(&mut params);
     let capabilities = match &request.delegated {
         Some(d) => {
             if let Some(answers) = &d.input_responses {
@@ -353,6 +375,7 @@ async fn attempt(
         params = round
             .answer(&result, &mut state_only_rounds, record)
             .await?;
+        with_token(&mut params);
     }
 }
 

@@ -139,18 +139,26 @@ impl Session {
     }
 }
 
-/// Removes a request's entry when its handling ends, however it ends (hyper drops the
-/// handler of a client that went away).
-struct Ticket<'a, K: std::hash::Hash + Eq> {
-    calls: &'a Mutex<InFlight<K>>,
-    key: K,
+/// Removes a modern request's entry when its handling ends, however it ends (hyper
+/// drops the handler of a client that went away).
+struct Ticket {
+    state: Arc<State>,
+    key: (Principal, String),
     ticket: u64,
 }
 
-impl<K: std::hash::Hash + Eq> Drop for Ticket<'_, K> {
+impl Drop for Ticket {
     fn drop(&mut self) {
-        self.calls.lock().remove(&self.key, self.ticket);
+        self.state.calls.lock().remove(&self.key, self.ticket);
     }
+}
+
+/// A `notifications/progress` frame.
+fn progress_frame(params: Value) -> Bytes {
+    sse_frame(&Message::Notification(Notification {
+        method: "notifications/progress".into(),
+        params: Some(params),
+    }))
 }
 
 struct State {
@@ -587,26 +595,84 @@ async fn post(
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
             let ticket = state.calls.lock().insert(key.clone(), cancel.clone());
-            let _entry = Ticket {
-                calls: &state.calls,
+            let entry = Ticket {
+                state: state.clone(),
                 key,
                 ticket,
             };
-            let outcome = state
-                .gateway
-                .handle(&principal, &request, Client::Modern, cancel)
-                .await;
-            let status = match &outcome {
-                Ok(_) => StatusCode::OK,
-                Err(e) => status_of(e, &request.method),
+            let (progress, progress_rx) = if super::wants_progress(&request) {
+                let (tx, rx) = mpsc::channel(32);
+                (Some(tx), Some(rx))
+            } else {
+                (None, None)
             };
-            json_message(
-                status,
-                &Message::Response(Response {
-                    id: Some(request.id),
-                    outcome,
-                }),
-            )
+            let (id, method) = (request.id.clone(), request.method.clone());
+            let work = {
+                let state = state.clone();
+                async move {
+                    let _entry = entry;
+                    state
+                        .gateway
+                        .handle(&principal, &request, Client::Modern, cancel, progress)
+                        .await
+                }
+            };
+            let reply = |outcome: Result<Value, RpcError>| {
+                let status = match &outcome {
+                    Ok(_) => StatusCode::OK,
+                    Err(e) => status_of(e, &method),
+                };
+                json_message(
+                    status,
+                    &Message::Response(Response {
+                        id: Some(id.clone()),
+                        outcome,
+                    }),
+                )
+            };
+            let Some(mut progress_rx) = progress_rx else {
+                return reply(work.await);
+            };
+            // JSON unless progress comes before the result: then an event stream.
+            let mut work = Box::pin(work);
+            let first = tokio::select! {
+                // Progress first: updates queued before the result are not lost.
+                biased;
+                first = progress_rx.recv() => first,
+                outcome = &mut work => return reply(outcome),
+            };
+            let (tx, rx) = mpsc::channel(64);
+            if let Some(p) = first {
+                let _ = tx.try_send(progress_frame(p));
+            }
+            tokio::spawn(async move {
+                let mut open = true;
+                let outcome = loop {
+                    tokio::select! {
+                        outcome = &mut work => break Some(outcome),
+                        p = progress_rx.recv(), if open => match p {
+                            // Progress is advisory: a full stream skips an update.
+                            Some(p) => { let _ = tx.try_send(progress_frame(p)); }
+                            None => open = false,
+                        },
+                        // The client went away: the call is cancelled with its stream.
+                        () = tx.closed() => break None,
+                    }
+                };
+                if let Some(outcome) = outcome {
+                    // What the server sent before its result goes before it.
+                    while let Ok(p) = progress_rx.try_recv() {
+                        let _ = tx.send(progress_frame(p)).await;
+                    }
+                    let _ = tx
+                        .send(sse_frame(&Message::Response(Response {
+                            id: Some(id),
+                            outcome,
+                        })))
+                        .await;
+                }
+            });
+            sse_response(rx)
         }
     }
 }
@@ -877,6 +943,19 @@ async fn legacy_request(
         next: AtomicU64::new(1),
     };
     let id = request.id.clone();
+    // Progress goes on the same stream as the questions.
+    let progress = super::wants_progress(&request).then(|| {
+        let (tx, mut rx) = mpsc::channel::<Value>(32);
+        let out = out_tx.clone();
+        tokio::spawn(async move {
+            while let Some(p) = rx.recv().await {
+                if out.send(progress_frame(p)).is_err() {
+                    return;
+                }
+            }
+        });
+        tx
+    });
     let work = {
         let state = state.clone();
         let cancel = cancel.clone();
@@ -888,7 +967,7 @@ async fn legacy_request(
             };
             state
                 .gateway
-                .handle(&principal, &request, client, cancel)
+                .handle(&principal, &request, client, cancel, progress)
                 .await
         }
     };
@@ -896,10 +975,12 @@ async fn legacy_request(
     // JSON when the call needs nothing of the client; an event stream from its first
     // request to the client on.
     let first = tokio::select! {
+        // Frames first: what was queued before the result is not lost.
+        biased;
+        frame = out_rx.recv() => frame,
         outcome = &mut work => {
             return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
         }
-        frame = out_rx.recv() => frame,
     };
     // Frames are few (at most MAX_PENDING questions and the answer), so a small bound
     // only makes a stalled client wait.
@@ -927,6 +1008,10 @@ async fn legacy_request(
             }
         };
         if let Some(outcome) = outcome {
+            // What was sent before the result goes before it.
+            while let Ok(frame) = out_rx.try_recv() {
+                let _ = tx.send(frame).await;
+            }
             let _ = tx
                 .send(sse_frame(&Message::Response(Response {
                     id: Some(id),

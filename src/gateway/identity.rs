@@ -107,12 +107,13 @@ impl Identity {
             Some(token) => match self.tokens.get(&sha256_hex(token.as_bytes())) {
                 Some(p) => Ok(p.clone()),
                 None => match &self.jwt {
-                    Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
-                        jwt.verify(token).map_err(|e| {
+                    Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => jwt
+                        .verify(token)
+                        .map(|(agent, context)| Principal { agent, context })
+                        .map_err(|e| {
                             tracing::info!(error = %e, "bearer JWT refused");
                             IdentityError::Unknown
-                        })
-                    }
+                        }),
                     _ => Err(IdentityError::Unknown),
                 },
             },

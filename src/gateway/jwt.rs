@@ -14,7 +14,6 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::GatewayError;
-use super::identity::Principal;
 
 /// Largest JWKS read.
 const MAX_JWKS: usize = 1 << 20;
@@ -151,8 +150,8 @@ impl JwtVerifier {
         &self.config
     }
 
-    /// The principal of a verified token.
-    pub fn verify(&self, token: &str) -> Result<Principal, JwtError> {
+    /// The agent and auth context of a verified token.
+    pub fn verify(&self, token: &str) -> Result<(String, Option<String>), JwtError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
         let keys = self.keys.read().clone();
@@ -185,10 +184,7 @@ impl JwtVerifier {
         };
         let agent = claim(&self.config.agent_claim)
             .ok_or_else(|| JwtError::Claim(self.config.agent_claim.clone()))?;
-        Ok(Principal {
-            agent,
-            context: claim(&self.config.context_claim),
-        })
+        Ok((agent, claim(&self.config.context_claim)))
     }
 
     /// The protected resource metadata (RFC 9728) the gateway serves.

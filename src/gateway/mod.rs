@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
-use crate::call::{CallError, CallKind, Caller, CancelToken, Delegation, ToolInfo};
+use crate::call::{CallError, CallKind, Caller, CancelToken, Delegation, ProgressSender, ToolInfo};
 use crate::config::HarnessConfig;
 use crate::harness::{CallOptions, HarnessHandle};
 use crate::protocol::error::{
@@ -593,6 +593,7 @@ impl Gateway {
         request: &Request,
         client: Client<'_>,
         cancel: CancelToken,
+        progress: Option<ProgressSender>,
     ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
@@ -633,12 +634,20 @@ impl Gateway {
                 };
                 match (&client, capabilities) {
                     (Client::Modern, Some(caps)) => {
-                        self.call_modern(principal, kind, &request.method, &params, caps, cancel)
+                        let io = CallIo { cancel, progress };
+                        self.call_modern(principal, kind, &request.method, &params, caps, io)
                             .await
                     }
                     (Client::Legacy { client, peer }, _) => {
-                        self.call_legacy(principal, kind, &params, client, *peer, cancel)
-                            .await
+                        self.call_legacy(
+                            principal,
+                            kind,
+                            &params,
+                            client,
+                            *peer,
+                            CallIo { cancel, progress },
+                        )
+                        .await
                     }
                     (Client::Modern, None) => Err(invalid("params._meta is required")),
                 }
@@ -821,13 +830,15 @@ impl Gateway {
         method: &str,
         params: &Value,
         capabilities: Value,
-        cancel: CancelToken,
+        io: CallIo,
     ) -> Result<Value, RpcError> {
+        let CallIo { cancel, progress } = io;
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         let digest = seal::params_digest(params);
         let mut delegation = Delegation {
             capabilities,
+            progress: progress_of(params, progress),
             ..Delegation::default()
         };
         match params.get("requestState") {
@@ -921,10 +932,12 @@ impl Gateway {
         params: &Value,
         client: &LegacyClient,
         peer: Option<&dyn ClientPeer>,
-        cancel: CancelToken,
+        io: CallIo,
     ) -> Result<Value, RpcError> {
+        let CallIo { cancel, progress } = io;
         let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
+            progress: progress_of(params, progress),
             capabilities: if peer.is_some() {
                 client.capabilities.clone()
             } else {
@@ -983,6 +996,33 @@ impl Gateway {
             delegation.server = Some(answer.server);
         }
     }
+}
+
+/// What ties one downstream call to its client: its cancellation, and where its
+/// progress goes.
+struct CallIo {
+    cancel: CancelToken,
+    progress: Option<ProgressSender>,
+}
+
+/// Whether a downstream request asks for progress (`_meta.progressToken`).
+pub(crate) fn wants_progress(request: &Request) -> bool {
+    request
+        .params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get("progressToken"))
+        .is_some()
+}
+
+/// The caller's `progressToken` (a string or an integer), paired with where its
+/// progress goes, when both are there.
+fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSender, Value)> {
+    let token = params
+        .get("_meta")
+        .and_then(|m| m.get("progressToken"))
+        .filter(|t| t.is_string() || t.is_i64() || t.is_u64())?;
+    Some((to?, token.clone()))
 }
 
 /// `name` on `server`: a round continues on the server that issued it, whatever the

@@ -244,7 +244,30 @@ pub async fn serve(
                         },
                         None => Client::Modern,
                     };
-                    let outcome = gateway.handle(&principal, &request, client, token).await;
+                    let (progress, forwarder) = match super::wants_progress(&request) {
+                        true => {
+                            let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(32);
+                            let pipe = pipe.clone();
+                            let forwarder = tokio::spawn(async move {
+                                while let Some(p) = rx.recv().await {
+                                    pipe.send(&Message::Notification(Notification {
+                                        method: "notifications/progress".into(),
+                                        params: Some(p),
+                                    }));
+                                }
+                            });
+                            (Some(tx), Some(forwarder))
+                        }
+                        false => (None, None),
+                    };
+                    let outcome = gateway
+                        .handle(&principal, &request, client, token, progress)
+                        .await;
+                    // The call is over, so its progress sender is gone: what it sent
+                    // goes out before the result.
+                    if let Some(f) = forwarder {
+                        let _ = f.await;
+                    }
                     calls.lock().remove(&key(&request.id), ticket);
                     pipe.send(&Message::Response(Response {
                         id: Some(request.id),

@@ -170,10 +170,6 @@ impl Harness {
         )));
         let directory = Directory::default();
         let servers = ServersRef::default();
-        let client = Arc::new(HarnessClient {
-            inputs: inputs.clone(),
-            registry: registry_ref.clone(),
-        });
         let ctx = Arc::new(CallContext::new(
             directory.clone(),
             policy.clone(),
@@ -183,6 +179,11 @@ impl Harness {
             inputs.clone(),
             config.call_config(),
         ));
+        let client = Arc::new(HarnessClient {
+            inputs: inputs.clone(),
+            registry: registry_ref.clone(),
+            progress: ctx.progress.clone(),
+        });
         let services = Services {
             audit_sink,
             audit,

@@ -284,6 +284,13 @@ impl ServerActorState {
     async fn spawn_attempt(&mut self, myself: &ActorRef<ServerMsg>) -> Result<Attempt, String> {
         self.attempt += 1;
         let config = self.args.server.config();
+        // Progress goes straight from the transport's reader to the call that asked, in
+        // order with its result (the mailbox would let the result overtake it).
+        let client = self.args.client.clone();
+        let id = config.id.clone();
+        let progress = crate::transport::ProgressHook(std::sync::Arc::new(move |params| {
+            client.progress(&id, params)
+        }));
         let args = ConnArgs {
             server: config.id.clone(),
             spec: config.transport.clone(),
@@ -291,6 +298,7 @@ impl ServerActorState {
                 capabilities: self.args.client.capabilities(),
                 era: config.era,
                 request_timeout: config.timeout,
+                progress: Some(progress),
                 ..self.args.options.clone()
             },
             allow_unsolicited_input: config.allow_unsolicited_input,

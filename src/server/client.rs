@@ -50,4 +50,7 @@ pub trait ClientSide: Send + Sync + 'static {
 
     /// A server said its lists changed (coalesced: at most once per server per tick).
     fn lists_changed(&self, server: &str, changed: ListsChanged);
+
+    /// A server's `notifications/progress` (its params), for the call that asked.
+    fn progress(&self, server: &str, params: Option<&Value>);
 }

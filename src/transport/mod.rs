@@ -24,18 +24,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 pub use connection::{
     ConnectOptions, Connection, Era, EraPreference, ServerEvent, ServerProfile, ServerRequest,
 };
 pub use error::{ConnectError, RequestError, SpawnFailure, TlsFailure, TransportError};
 pub use exit::ExitStatus;
+pub use inbound::ProgressHook;
 pub use spec::{HttpSpec, StdioSpec, TransportSpec};
 
 use crate::protocol::{Notification, Request, RequestId, RpcError, Stamp};
 use http::HttpTransport;
-use inbound::{Ids, Inbound};
+use inbound::{Ids, InboundSink};
 use stdio::StdioTransport;
 
 /// One live transport.
@@ -52,7 +52,7 @@ impl Transport {
         spec: &TransportSpec,
         max_message_bytes: usize,
         ids: Ids,
-        inbound: mpsc::Sender<Inbound>,
+        inbound: InboundSink,
         sign_in: &auth::SignInContext,
     ) -> Result<Transport, TransportError> {
         Ok(match spec {

@@ -105,7 +105,7 @@ fn open(
         spec,
         options.max_message_bytes,
         ids.clone(),
-        tx,
+        crate::transport::inbound::InboundSink::new(tx, options.progress.clone()),
         &options.sign_in,
     )?;
     Ok((Arc::new(transport), rx))

@@ -124,6 +124,9 @@ pub struct ConnectOptions {
     pub event_capacity: usize,
     /// Sign-in for HTTP servers that ask for it: who signs in, where tokens live.
     pub sign_in: crate::transport::auth::SignInContext,
+    /// Where `notifications/progress` go, in order with the replies (without it they
+    /// are [`ServerEvent::Notification`]s like the rest).
+    pub progress: Option<crate::transport::inbound::ProgressHook>,
 }
 
 impl Default for ConnectOptions {
@@ -139,6 +142,7 @@ impl Default for ConnectOptions {
             shutdown_grace: Duration::from_secs(3),
             event_capacity: 256,
             sign_in: crate::transport::auth::SignInContext::default(),
+            progress: None,
         }
     }
 }

@@ -49,13 +49,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::auth::{AuthError, Challenge, MAX_STEP_UPS, SignIn, SignInContext};
 use super::error::TransportError;
-use super::inbound::{Ids, Inbound};
+use super::inbound::{Ids, Inbound, InboundSink};
 use super::spec::HttpSpec;
 use super::tls;
 use crate::protocol::error::HEADER_MISMATCH;
@@ -87,7 +86,7 @@ pub(crate) struct HttpTransport {
     ids: Ids,
     session: Session,
     params: ParamTable,
-    inbound: mpsc::Sender<Inbound>,
+    inbound: InboundSink,
     get_stream: Mutex<Option<JoinHandle<()>>>,
     sign_in: SignIn,
     this: Weak<HttpTransport>,
@@ -100,7 +99,7 @@ impl HttpTransport {
         spec: &HttpSpec,
         max_body: usize,
         ids: Ids,
-        inbound: mpsc::Sender<Inbound>,
+        inbound: InboundSink,
         sign_in: &SignInContext,
     ) -> Result<Arc<HttpTransport>, TransportError> {
         let bad = TransportError::InvalidConfig;

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::error::TransportError;
 use super::exit::ExitStatus;
-use super::inbound::Inbound;
+use super::inbound::{Inbound, InboundSink};
 use super::spec::StdioSpec;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError, Stamp};
 use framing::{read_line_bounded, skip_line};
@@ -89,7 +89,7 @@ impl StdioTransport {
         server: &str,
         spec: &StdioSpec,
         max_line: usize,
-        inbound: mpsc::Sender<Inbound>,
+        inbound: InboundSink,
     ) -> Result<StdioTransport, TransportError> {
         let spawned = ProcessGroup::spawn(spec)?;
         let pid = spawned.group.pid();
@@ -337,7 +337,7 @@ async fn read_loop(
     shared: Arc<Shared>,
     stdout: ChildStdout,
     max_line: usize,
-    inbound: mpsc::Sender<Inbound>,
+    inbound: InboundSink,
     mut exit: watch::Receiver<Option<ExitStatus>>,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
