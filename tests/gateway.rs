@@ -884,6 +884,19 @@ async fn legacy_session(gw: &Gateway) -> String {
     sid.expect("a session id")
 }
 
+/// DELETE of a legacy session as `token`: the status.
+async fn delete_session(gw: &Gateway, token: &str, sid: &str) -> u16 {
+    gw.http
+        .delete(gw.url())
+        .bearer_auth(token)
+        .header("mcp-session-id", sid)
+        .send()
+        .await
+        .expect("delete")
+        .status()
+        .as_u16()
+}
+
 #[tokio::test]
 async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
     let setup = Setup::new("session_idle = \"400ms\"", &[("k1", &key("k1"))]);
@@ -902,27 +915,11 @@ async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
         r["result"].get("resultType").is_none(),
         "legacy results carry no resultType"
     );
-    let deleted = gw
-        .http
-        .delete(gw.url())
-        .bearer_auth("tok-a")
-        .header("mcp-session-id", &sid)
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(deleted.status().as_u16(), 200);
+    assert_eq!(delete_session(&gw, "tok-a", &sid).await, 200);
     assert_eq!(legacy_post(&gw, Some(&sid), list.clone()).await.0, 404);
     // Another principal cannot use or end a session it does not own.
     let other = legacy_session(&gw).await;
-    let foreign = gw
-        .http
-        .delete(gw.url())
-        .bearer_auth("tok-b")
-        .header("mcp-session-id", &other)
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(foreign.status().as_u16(), 404);
+    assert_eq!(delete_session(&gw, "tok-b", &other).await, 404);
     // Idle past session_idle: forgotten (time is what is tested here).
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(legacy_post(&gw, Some(&other), list).await.0, 404);

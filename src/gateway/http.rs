@@ -26,9 +26,11 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::{Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal};
+use super::{
+    Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
+};
 use crate::call::CancelToken;
 use crate::protocol::error::{HEADER_MISMATCH, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
@@ -42,8 +44,6 @@ type HttpResponse = hyper::Response<HttpBody>;
 const MAX_SESSIONS: usize = 10_000;
 /// Legacy sessions of one principal; past it its `initialize` gets 503.
 const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
-/// Requests from the gateway to one legacy client waiting for answers at once.
-const MAX_PENDING: usize = 64;
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
@@ -115,8 +115,8 @@ fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
     r
 }
 
-/// The gateway's requests to one legacy client awaiting answers, by id.
-type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Result<Value, RpcError>>>>>;
+/// The gateway's questions to one legacy client.
+type Pending = Arc<Questions>;
 
 struct Session {
     principal: Principal,
@@ -134,7 +134,7 @@ impl Session {
     /// questions it was asked fail, its streams end.
     fn end(&mut self) {
         self.calls.cancel_all();
-        self.pending.lock().clear();
+        self.pending.clear();
         self.streams.clear();
     }
 }
@@ -560,8 +560,8 @@ async fn post(
                     )
                     .map(|s| s.pending.clone())
                 };
-                if let Some(tx) = pending.and_then(|p| p.lock().remove(&id_key(id))) {
-                    let _ = tx.send(r.outcome);
+                if let Some(p) = pending {
+                    p.answer(id, r.outcome);
                 }
             }
             full(StatusCode::ACCEPTED, "", "")
@@ -742,13 +742,6 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     sse_response(rx)
 }
 
-fn id_key(id: &RequestId) -> String {
-    match id {
-        RequestId::Number(n) => format!("n{n}"),
-        RequestId::String(s) => format!("s{s}"),
-    }
-}
-
 /// `notifications/cancelled` cancels the request it names, if it is this principal's.
 fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: Option<&str>) {
     if n.method != "notifications/cancelled" {
@@ -794,46 +787,9 @@ impl ClientPeer for StreamPeer {
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         ));
-        let key = id_key(&id);
-        let (tx, rx) = oneshot::channel();
-        let admitted = {
-            let mut pending = self.pending.lock();
-            pending.len() < MAX_PENDING && pending.insert(key.clone(), tx).is_none()
-        };
-        let frame = sse_frame(&Message::Request(Request {
-            id,
-            method: method.to_string(),
-            params: Some(params),
-        }));
-        let delivered = admitted && self.out.send(frame).is_ok();
-        let forget = Forget {
-            pending: self.pending.clone(),
-            key,
-        };
-        Box::pin(async move {
-            // The question is forgotten however the wait ends (answer, timeout, cancel).
-            let _forget = forget;
-            if !delivered {
-                return Err(RpcError::new(
-                    INVALID_REQUEST,
-                    "the client's session cannot take more requests",
-                ));
-            }
-            rx.await
-                .unwrap_or_else(|_| Err(RpcError::new(INVALID_REQUEST, "the session ended")))
-        })
-    }
-}
-
-/// Drops a question from a session's pending ones.
-struct Forget {
-    pending: Pending,
-    key: String,
-}
-
-impl Drop for Forget {
-    fn drop(&mut self) {
-        self.pending.lock().remove(&self.key);
+        let out = &self.out;
+        self.pending
+            .ask(id, method, params, |m| out.send(sse_frame(m)).is_ok())
     }
 }
 
@@ -982,9 +938,9 @@ async fn legacy_request(
             return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
         }
     };
-    // Frames are few (at most MAX_PENDING questions and the answer), so a small bound
+    // Frames are few (at most MAX_QUESTIONS questions and the answer), so a small bound
     // only makes a stalled client wait.
-    let (tx, rx) = mpsc::channel(MAX_PENDING + 2);
+    let (tx, rx) = mpsc::channel(super::MAX_QUESTIONS + 2);
     if let Some(frame) = first {
         let _ = tx.try_send(frame);
     }

@@ -199,6 +199,92 @@ pub trait ClientPeer: Send + Sync {
     fn request(&self, method: &str, params: Value) -> PeerFuture;
 }
 
+/// Questions at most awaiting one legacy client's answers at once.
+pub(crate) const MAX_QUESTIONS: usize = 64;
+
+/// The gateway's questions to one legacy client (its session's, or the pipe's) that
+/// await answers, by request id.
+#[derive(Default)]
+pub(crate) struct Questions(
+    Mutex<HashMap<String, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>>,
+);
+
+impl Questions {
+    /// Asks: `send` puts the request on the client's channel (false: it could not).
+    /// The answer, or why there is none; the question is forgotten however the wait
+    /// ends (answer, timeout, cancel).
+    pub(crate) fn ask(
+        self: &Arc<Self>,
+        id: crate::protocol::RequestId,
+        method: &str,
+        params: Value,
+        send: impl FnOnce(&crate::protocol::Message) -> bool,
+    ) -> PeerFuture {
+        let key = id_key(&id);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let admitted = {
+            let mut pending = self.0.lock();
+            pending.len() < MAX_QUESTIONS && pending.insert(key.clone(), tx).is_none()
+        };
+        let sent = admitted
+            && send(&crate::protocol::Message::Request(Request {
+                id,
+                method: method.to_string(),
+                params: Some(params),
+            }));
+        let forget = Forget {
+            questions: self.clone(),
+            key,
+        };
+        Box::pin(async move {
+            let _forget = forget;
+            if !sent {
+                return Err(RpcError::new(
+                    crate::protocol::error::INVALID_REQUEST,
+                    "the client cannot take more requests",
+                ));
+            }
+            rx.await.unwrap_or_else(|_| {
+                Err(RpcError::new(
+                    crate::protocol::error::INVALID_REQUEST,
+                    "the client went away",
+                ))
+            })
+        })
+    }
+
+    /// The client's answer to question `id`.
+    pub(crate) fn answer(&self, id: &crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
+        if let Some(tx) = self.0.lock().remove(&id_key(id)) {
+            let _ = tx.send(outcome);
+        }
+    }
+
+    /// Nobody will answer: every wait ends at once.
+    pub(crate) fn clear(&self) {
+        self.0.lock().clear();
+    }
+}
+
+struct Forget {
+    questions: Arc<Questions>,
+    key: String,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.questions.0.lock().remove(&self.key);
+    }
+}
+
+/// A request id as a map key (numbers and strings never collide).
+pub(crate) fn id_key(id: &crate::protocol::RequestId) -> String {
+    match id {
+        crate::protocol::RequestId::Number(n) => format!("n{n}"),
+        crate::protocol::RequestId::String(s) => format!("s{s}"),
+    }
+}
+
 /// A legacy client, as its `initialize` said.
 #[derive(Clone, Debug)]
 pub struct LegacyClient {
@@ -822,6 +908,34 @@ impl Gateway {
         Ok((name, args))
     }
 
+    /// One upstream step of a downstream call, as the harness runs it.
+    async fn delegated(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        name: &str,
+        args: Value,
+        delegation: Delegation,
+        cancel: CancelToken,
+    ) -> Result<crate::call::Answer, RpcError> {
+        let options = CallOptions {
+            timeout: None,
+            cancel: Some(cancel),
+        };
+        self.inner
+            .harness
+            .call_delegated(
+                &Self::caller(principal),
+                kind,
+                name,
+                args,
+                Some(delegation),
+                options,
+            )
+            .await
+            .map_err(|e| to_rpc(&e))
+    }
+
     /// A 2026-07-28 client's call: one upstream round at a time, the state sealed.
     async fn call_modern(
         &self,
@@ -875,23 +989,9 @@ impl Gateway {
             }
             Some(_) => return Err(invalid("requestState must be a string")),
         }
-        let options = CallOptions {
-            timeout: None,
-            cancel: Some(cancel),
-        };
         let answer = self
-            .inner
-            .harness
-            .call_delegated(
-                &Self::caller(principal),
-                kind,
-                &name,
-                args,
-                Some(delegation),
-                options,
-            )
-            .await
-            .map_err(|e| to_rpc(&e))?;
+            .delegated(principal, kind, &name, args, delegation, cancel)
+            .await?;
         if !answer.input_required {
             return Ok(answer.result);
         }
@@ -946,23 +1046,16 @@ impl Gateway {
             ..Delegation::default()
         };
         loop {
-            let options = CallOptions {
-                timeout: None,
-                cancel: Some(cancel.clone()),
-            };
             let answer = self
-                .inner
-                .harness
-                .call_delegated(
-                    &Self::caller(principal),
+                .delegated(
+                    principal,
                     kind,
                     &name,
                     args.clone(),
-                    Some(delegation.clone()),
-                    options,
+                    delegation.clone(),
+                    cancel.clone(),
                 )
-                .await
-                .map_err(|e| to_rpc(&e))?;
+                .await?;
             if !answer.input_required {
                 return Ok(answer.result);
             }

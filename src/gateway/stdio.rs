@@ -5,27 +5,26 @@
 //! Requests run concurrently; `notifications/cancelled` cancels one; at end of input
 //! the calls in flight finish, then it returns.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::{Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal};
+use super::{
+    Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
+};
 use crate::call::CancelToken;
-use crate::protocol::error::{INVALID_REQUEST, PARSE_ERROR};
+use crate::protocol::error::PARSE_ERROR;
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 
 /// Longest line read; a longer one ends the session (memory stays bounded).
 const MAX_LINE: usize = 16 << 20;
-/// Requests from the gateway awaiting the client's answers at once.
-const MAX_PENDING: usize = 64;
 
-type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Result<Value, RpcError>>>>>;
+type Pending = Arc<Questions>;
 
 struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
@@ -44,54 +43,10 @@ impl Pipe {
 impl ClientPeer for Pipe {
     fn request(&self, method: &str, params: Value) -> PeerFuture {
         let id = RequestId::String(format!("g-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-        let (tx, rx) = oneshot::channel();
-        let k = key(&id);
-        let admitted = {
-            let mut pending = self.pending.lock();
-            pending.len() < MAX_PENDING && pending.insert(k.clone(), tx).is_none()
-        };
-        if admitted {
-            self.send(&Message::Request(Request {
-                id,
-                method: method.to_string(),
-                params: Some(params),
-            }));
-        }
-        let forget = Forget {
-            pending: self.pending.clone(),
-            key: k,
-        };
-        Box::pin(async move {
-            // The question is forgotten however the wait ends (answer, timeout, cancel).
-            let _forget = forget;
-            if !admitted {
-                return Err(RpcError::new(
-                    INVALID_REQUEST,
-                    "the client cannot take more requests",
-                ));
-            }
-            rx.await
-                .unwrap_or_else(|_| Err(RpcError::new(INVALID_REQUEST, "the client went away")))
+        self.pending.ask(id, method, params, |m| {
+            self.send(m);
+            true
         })
-    }
-}
-
-/// Drops a question from the pending ones.
-struct Forget {
-    pending: Pending,
-    key: String,
-}
-
-impl Drop for Forget {
-    fn drop(&mut self) {
-        self.pending.lock().remove(&self.key);
-    }
-}
-
-fn key(id: &RequestId) -> String {
-    match id {
-        RequestId::Number(n) => format!("n{n}"),
-        RequestId::String(s) => format!("s{s}"),
     }
 }
 
@@ -176,11 +131,8 @@ pub async fn serve(
         };
         match message {
             Message::Response(r) => {
-                if let Some(tx) =
-                    r.id.as_ref()
-                        .and_then(|id| pipe.pending.lock().remove(&key(id)))
-                {
-                    let _ = tx.send(r.outcome);
+                if let Some(id) = r.id.as_ref() {
+                    pipe.pending.answer(id, r.outcome);
                 }
             }
             Message::Notification(n) => cancel(&calls, &n),
@@ -206,7 +158,7 @@ pub async fn serve(
                     .is_some();
                 let legacy = if modern { None } else { session.lock().clone() };
                 let token = CancelToken::new();
-                let ticket = calls.lock().insert(key(&request.id), token.clone());
+                let ticket = calls.lock().insert(id_key(&request.id), token.clone());
                 if modern && request.method == "subscriptions/listen" {
                     let envelope = Gateway::check_envelope(&request);
                     let (gateway, principal, pipe, calls, closing) = (
@@ -226,7 +178,7 @@ pub async fn serve(
                                 outcome: Err(e),
                             })),
                         }
-                        calls.lock().remove(&key(&request.id), ticket);
+                        calls.lock().remove(&id_key(&request.id), ticket);
                     });
                     continue;
                 }
@@ -268,7 +220,7 @@ pub async fn serve(
                     if let Some(f) = forwarder {
                         let _ = f.await;
                     }
-                    calls.lock().remove(&key(&request.id), ticket);
+                    calls.lock().remove(&id_key(&request.id), ticket);
                     pipe.send(&Message::Response(Response {
                         id: Some(request.id),
                         outcome,
@@ -281,7 +233,7 @@ pub async fn serve(
     // Input ended: questions to the client fail at once (nobody can answer them),
     // subscriptions end, and the calls in flight finish and answer (their client may
     // still read).
-    pipe.pending.lock().clear();
+    pipe.pending.clear();
     closing.cancel();
     let drain = async { while tasks.join_next().await.is_some() {} };
     if stopping {
@@ -363,6 +315,6 @@ fn cancel(calls: &Mutex<InFlight<String>>, n: &Notification) {
         .and_then(|p| p.get("requestId"))
         .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok());
     if let Some(id) = id {
-        calls.lock().cancel(&key(&id));
+        calls.lock().cancel(&id_key(&id));
     }
 }
