@@ -47,8 +47,8 @@ impl ClientSide for HarnessClient {
         });
     }
 
-    fn progress(&self, _server: &str, params: Option<&Value>) {
-        self.progress.deliver(params);
+    fn progress(&self, server: &str, params: Option<&Value>) {
+        self.progress.deliver(server, params);
     }
 
     fn lists_changed(&self, server: &str, changed: ListsChanged) {

@@ -298,7 +298,7 @@ async fn attempt(
         .delegated
         .as_ref()
         .and_then(|d| d.progress.clone())
-        .map(|(to, token)| ctx.progress.register(to, token));
+        .map(|(to, token)| ctx.progress.register(server.id(), to, token));
     let with_token = |params: &mut Map<String, Value>| {
         if let Some(p) = &progress {
             let meta = params

@@ -176,7 +176,12 @@ struct State {
 }
 
 /// Subscriptions one principal may hold open at once.
-const MAX_LISTENS_PER_PRINCIPAL: usize = 16;
+pub(crate) const MAX_LISTENS_PER_PRINCIPAL: usize = 16;
+/// The longest the `Mcp-Param-*` check may take before the call goes on unchecked (it
+/// then meets its own deadline).
+const PARAM_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an idle subscription stream is written to.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Serves the gateway on `listener` until `shutdown` resolves; then stops accepting and
 /// shuts the harness down (calls in flight finish within its grace, their records
@@ -585,11 +590,11 @@ async fn post(
                     .and_then(|v| v.to_str().ok())
                     .map(String::from)
             };
-            if let Err(e) = state
+            // Bounded: the check reads the tool's schema (cached, or one listing).
+            let check = state
                 .gateway
-                .check_param_headers(&principal, &request, param)
-                .await
-            {
+                .check_param_headers(&principal, &request, param);
+            if let Ok(Err(e)) = tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             let key = (principal.clone(), id_key(&request.id));
@@ -720,6 +725,8 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     tokio::spawn(async move {
         let slot = ListenSlot { state, principal };
         let changed = sse_frame(&Gateway::listen_changed(&id));
+        let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+        keep_alive.tick().await;
         loop {
             tokio::select! {
                 event = events.recv() => {
@@ -735,9 +742,16 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
                 }
                 () = tx.closed() => return,
                 () = slot.state.closing.cancelled() => break,
+                // A comment now and then: a client that vanished without a word is
+                // noticed, and its slot freed.
+                _ = keep_alive.tick() => {
+                    if tx.try_send(Bytes::from_static(b": keep-alive\n\n")).is_err() && tx.is_closed() {
+                        return;
+                    }
+                }
             }
         }
-        let _ = tx.send(sse_frame(&Gateway::listen_end(&id))).await;
+        let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
     });
     sse_response(rx)
 }
@@ -899,19 +913,14 @@ async fn legacy_request(
         next: AtomicU64::new(1),
     };
     let id = request.id.clone();
-    // Progress goes on the same stream as the questions.
-    let progress = super::wants_progress(&request).then(|| {
-        let (tx, mut rx) = mpsc::channel::<Value>(32);
-        let out = out_tx.clone();
-        tokio::spawn(async move {
-            while let Some(p) = rx.recv().await {
-                if out.send(progress_frame(p)).is_err() {
-                    return;
-                }
-            }
-        });
-        tx
-    });
+    // Progress goes on the same stream as the questions, read here directly so that
+    // what the server sent before its result is written before it.
+    let (progress, mut progress_rx) = if super::wants_progress(&request) {
+        let (tx, rx) = mpsc::channel::<Value>(32);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let work = {
         let state = state.clone();
         let cancel = cancel.clone();
@@ -928,19 +937,21 @@ async fn legacy_request(
         }
     };
     let mut work = Box::pin(work);
-    // JSON when the call needs nothing of the client; an event stream from its first
-    // request to the client on.
+    // JSON when the call needs nothing of the client and sends no progress; an event
+    // stream from its first question or update on.
     let first = tokio::select! {
         // Frames first: what was queued before the result is not lost.
         biased;
         frame = out_rx.recv() => frame,
+        Some(p) = recv_some(&mut progress_rx) => Some(progress_frame(p)),
         outcome = &mut work => {
             return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
         }
     };
-    // Frames are few (at most MAX_QUESTIONS questions and the answer), so a small bound
-    // only makes a stalled client wait.
-    let (tx, rx) = mpsc::channel(super::MAX_QUESTIONS + 2);
+    // Frames are few (at most MAX_QUESTIONS questions and the answer; progress is
+    // dropped when the stream is full), so a small bound only makes a stalled client
+    // wait.
+    let (tx, rx) = mpsc::channel(super::MAX_QUESTIONS + 34);
     if let Some(frame) = first {
         let _ = tx.try_send(frame);
     }
@@ -948,7 +959,7 @@ async fn legacy_request(
         let mut work = work;
         let outcome = loop {
             tokio::select! {
-                outcome = &mut work => break Some(outcome),
+                biased;
                 frame = out_rx.recv() => {
                     if let Some(frame) = frame
                         && tx.send(frame).await.is_err()
@@ -956,6 +967,10 @@ async fn legacy_request(
                         cancel.cancel();
                     }
                 }
+                Some(p) = recv_some(&mut progress_rx) => {
+                    let _ = tx.try_send(progress_frame(p));
+                }
+                outcome = &mut work => break Some(outcome),
                 // The client went away: the call is cancelled with its stream.
                 () = tx.closed() => {
                     cancel.cancel();
@@ -968,6 +983,9 @@ async fn legacy_request(
             while let Ok(frame) = out_rx.try_recv() {
                 let _ = tx.send(frame).await;
             }
+            while let Some(p) = progress_rx.as_mut().and_then(|r| r.try_recv().ok()) {
+                let _ = tx.try_send(progress_frame(p));
+            }
             let _ = tx
                 .send(sse_frame(&Message::Response(Response {
                     id: Some(id),
@@ -978,6 +996,17 @@ async fn legacy_request(
     });
     drop(out_tx);
     sse_response(rx)
+}
+
+/// The next item of an optional receiver (never, when there is none or it is closed).
+async fn recv_some<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(v) => Some(v),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 fn new_session_id() -> Option<String> {

@@ -44,7 +44,8 @@ pub struct JwtConfig {
     #[serde(default = "default_agent_claim")]
     pub agent_claim: String,
     /// The claim that names the auth context (the user): `private` cache entries and
-    /// upstream sign-in are kept per value.
+    /// upstream sign-in are kept per value, as `ISSUER#VALUE` (so no issuer's user, and
+    /// no static token's context, can stand for another's).
     #[serde(default = "default_context_claim")]
     pub context_claim: String,
     /// Scopes named in the protected resource metadata.
@@ -83,6 +84,9 @@ pub enum JwtError {
 pub struct JwtVerifier {
     config: JwtConfig,
     keys: RwLock<Arc<JwkSet>>,
+    /// When the JWKS URL was last read again for an unknown `kid` (at most once a
+    /// minute: a rotated key works soon, a flood of bogus kids costs one fetch).
+    refetched: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -122,6 +126,7 @@ impl JwtVerifier {
         Ok(Arc::new(JwtVerifier {
             config,
             keys: RwLock::new(Arc::new(keys)),
+            refetched: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -150,8 +155,29 @@ impl JwtVerifier {
         &self.config
     }
 
+    /// Reads the JWKS URL again in the background, at most once a minute.
+    fn refetch_soon(self: &Arc<Self>) {
+        let Some(url) = self.config.jwks_url.clone() else {
+            return;
+        };
+        {
+            let mut last = self.refetched.lock();
+            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            match fetch(&url, me.config.ca_file.as_deref()).await {
+                Ok(keys) => *me.keys.write() = Arc::new(keys),
+                Err(e) => tracing::warn!(error = %e, "could not read the JWKS again"),
+            }
+        });
+    }
+
     /// The agent and auth context of a verified token.
-    pub fn verify(&self, token: &str) -> Result<(String, Option<String>), JwtError> {
+    pub fn verify(self: &Arc<Self>, token: &str) -> Result<(String, Option<String>), JwtError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
         let keys = self.keys.read().clone();
@@ -160,7 +186,11 @@ impl JwtVerifier {
             None if keys.keys.len() == 1 => keys.keys.first(),
             None => None,
         }
-        .ok_or_else(|| JwtError::UnknownKey(header.kid.clone()))?;
+        .ok_or_else(|| {
+            // Perhaps the issuer rotated its keys: read them again, soon.
+            self.refetch_soon();
+            JwtError::UnknownKey(header.kid.clone())
+        })?;
         let expected =
             key_algorithm(jwk).ok_or_else(|| JwtError::Algorithm(format!("{:?}", header.alg)))?;
         if header.alg != expected {
@@ -184,7 +214,9 @@ impl JwtVerifier {
         };
         let agent = claim(&self.config.agent_claim)
             .ok_or_else(|| JwtError::Claim(self.config.agent_claim.clone()))?;
-        Ok((agent, claim(&self.config.context_claim)))
+        let context = claim(&self.config.context_claim)
+            .map(|value| format!("{}#{value}", self.config.issuer));
+        Ok((agent, context))
     }
 
     /// The protected resource metadata (RFC 9728) the gateway serves.
@@ -204,10 +236,18 @@ impl JwtVerifier {
 /// The one algorithm a key may verify: the one it names, else the one its curve or type
 /// implies; never a symmetric one.
 fn key_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
-    let named = jwk
-        .common
-        .key_algorithm
-        .and_then(|a| a.to_string().parse::<Algorithm>().ok());
+    // An encryption key never verifies a signature.
+    if matches!(
+        jwk.common.public_key_use,
+        Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
+    ) {
+        return None;
+    }
+    // A key naming an algorithm that is not a signature's (RSA-OAEP…) is not used.
+    let named = match jwk.common.key_algorithm {
+        Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
+        None => None,
+    };
     let asymmetric =
         |a: Algorithm| !matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
     match (&jwk.algorithm, named) {

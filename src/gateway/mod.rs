@@ -744,6 +744,16 @@ impl Gateway {
             )),
         };
         drop(permit);
+        {
+            // A principal with nothing in flight keeps no limiter (JWTs name many).
+            let mut in_flight = self.inner.in_flight.lock();
+            if in_flight
+                .get(principal)
+                .is_some_and(|s| Arc::strong_count(s) == 1)
+            {
+                in_flight.remove(principal);
+            }
+        }
         let mut result = answer?;
         match client {
             Client::Modern => {

@@ -93,6 +93,7 @@ pub async fn serve(
         session.clone(),
     ));
     let calls: Arc<Mutex<InFlight<String>>> = Arc::default();
+    let listens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Cancelled when input ends: subscriptions send their final result.
     let closing = CancelToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -160,7 +161,15 @@ pub async fn serve(
                 let token = CancelToken::new();
                 let ticket = calls.lock().insert(id_key(&request.id), token.clone());
                 if modern && request.method == "subscriptions/listen" {
-                    let envelope = Gateway::check_envelope(&request);
+                    let open = listens.fetch_add(1, Ordering::SeqCst);
+                    let envelope = Gateway::check_envelope(&request).and_then(|_| {
+                        if open >= super::http::MAX_LISTENS_PER_PRINCIPAL {
+                            Err(RpcError::new(-32000, "too many subscriptions open"))
+                        } else {
+                            Ok(())
+                        }
+                    });
+                    let listens = listens.clone();
                     let (gateway, principal, pipe, calls, closing) = (
                         gateway.clone(),
                         principal.clone(),
@@ -179,6 +188,7 @@ pub async fn serve(
                             })),
                         }
                         calls.lock().remove(&id_key(&request.id), ticket);
+                        listens.fetch_sub(1, Ordering::SeqCst);
                     });
                     continue;
                 }
@@ -273,7 +283,8 @@ async fn listen(
                     pipe.send(&Gateway::listen_changed(&request.id));
                 }
             }
-            () = cancelled.cancelled() => break,
+            // The client ended it: nothing more is sent for it.
+            () = cancelled.cancelled() => return,
             () = closing.cancelled() => break,
         }
     }
