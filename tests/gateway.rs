@@ -730,8 +730,35 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
             ),
         )
         + &gamma;
+    // b holds a subscription: it hears of the server it may now use.
+    let mut listen = request(
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+    );
+    listen["id"] = json!("b-sub");
+    let mut sub = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-b")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("listen");
+    let mut heard = String::new();
+    assert!(
+        read_until(&mut sub, &mut heard, "acknowledged").await,
+        "{heard}"
+    );
     write(&changed);
     hangup(&gw);
+    assert!(
+        read_until(&mut sub, &mut heard, "notifications/tools/list_changed").await,
+        "a server added by a reload is announced: {heard}"
+    );
     let mut seen = Vec::new();
     for _ in 0..200 {
         let (_, list) = gw.modern("tok-new", "tools/list", json!({})).await;

@@ -16,6 +16,8 @@ use crate::transport::ServerRequest;
 pub(crate) struct HarnessClient {
     pub(crate) inputs: InputHandlers,
     pub(crate) registry: RegistryRef,
+    /// Where change events are announced.
+    pub(crate) events: std::sync::Arc<crate::registry::Registry>,
     pub(crate) progress: std::sync::Arc<super::ProgressRouter>,
 }
 
@@ -54,5 +56,12 @@ impl ClientSide for HarnessClient {
     fn lists_changed(&self, server: &str, changed: ListsChanged) {
         tracing::debug!(server, ?changed, "server lists changed");
         self.registry.invalidate(server);
+        self.events
+            .announce(crate::registry::HarnessEvent::ListsChanged {
+                server: server.to_string(),
+                tools: changed.tools,
+                prompts: changed.prompts,
+                resources: changed.resources,
+            });
     }
 }

@@ -469,16 +469,17 @@ impl Gateway {
                 Some(_) => {}
             }
         }
+        // Grants before additions: who is told of a new server is decided by them.
+        harness
+            .replace_grants(harness_config.permissions.clone())
+            .await
+            .map_err(failed)?;
         for new in &next.servers {
             if !before.iter().any(|s| s.id == new.id) {
                 harness.add_server(new.clone()).await.map_err(failed)?;
                 report.added.push(new.id.clone());
             }
         }
-        harness
-            .replace_grants(harness_config.permissions.clone())
-            .await
-            .map_err(failed)?;
         *self.inner.current.write() = Arc::new(next);
         // Limiters of principals with nothing in flight are dropped (new ones start from
         // the new limit).
@@ -555,10 +556,13 @@ impl Gateway {
 
     /// Whether a change of `event` concerns `principal` (it may use that server).
     pub fn concerns(&self, principal: &Principal, event: &crate::registry::HarnessEvent) -> bool {
+        use crate::registry::HarnessEvent as E;
+        let may_use = |server: &str| self.inner.harness.may_use(&principal.agent, server);
         match event {
-            crate::registry::HarnessEvent::ToolsChanged { server, .. } => {
-                self.inner.harness.may_use(&principal.agent, server)
-            }
+            E::ToolsChanged { server, .. } | E::ServerAdded { server } => may_use(server),
+            E::ListsChanged { server, tools, .. } => *tools && may_use(server),
+            // Gone, so its grants cannot be asked; the notice names no server.
+            E::ServerRemoved { .. } => true,
         }
     }
 

@@ -182,6 +182,7 @@ impl Harness {
         let client = Arc::new(HarnessClient {
             inputs: inputs.clone(),
             registry: registry_ref.clone(),
+            events: registry.clone(),
             progress: ctx.progress.clone(),
         });
         let services = Services {
@@ -469,7 +470,13 @@ impl HarnessHandle {
                 reason: e.reason,
             })
         })?;
-        Ok(self.inner.services.servers.add(config).await?)
+        let id = config.id.clone();
+        self.inner.services.servers.add(config).await?;
+        self.inner
+            .services
+            .registry
+            .announce(HarnessEvent::ServerAdded { server: id });
+        Ok(())
     }
 
     /// Stops a server gracefully and forgets it (and its cache entries, memory and disk).
@@ -477,6 +484,12 @@ impl HarnessHandle {
         self.inner.services.servers.remove(id).await?;
         self.inner.services.registry_ref.remove(id).await;
         self.ctx().catalog.forget(id);
+        self.inner
+            .services
+            .registry
+            .announce(HarnessEvent::ServerRemoved {
+                server: id.to_string(),
+            });
         Ok(())
     }
 

@@ -27,6 +27,7 @@ use cache::{ListCache, Page};
 
 /// Something an embedder may want to hear about.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HarnessEvent {
     /// A server's tool schemas changed (the hash of its full tool list, in one cache
     /// scope, differs from the last one seen in that scope).
@@ -35,6 +36,28 @@ pub enum HarnessEvent {
         server: String,
         /// The new hash.
         hash: String,
+    },
+    /// A server said some of its lists changed (`notifications/*/list_changed`); they
+    /// are read again at the next listing.
+    ListsChanged {
+        /// Server id.
+        server: String,
+        /// Its tool list.
+        tools: bool,
+        /// Its prompt list.
+        prompts: bool,
+        /// Its resource list.
+        resources: bool,
+    },
+    /// A server joined the harness.
+    ServerAdded {
+        /// Server id.
+        server: String,
+    },
+    /// A server left the harness.
+    ServerRemoved {
+        /// Server id.
+        server: String,
     },
 }
 
@@ -59,6 +82,11 @@ impl Registry {
     /// Subscribes to change events.
     pub fn subscribe(&self) -> broadcast::Receiver<HarnessEvent> {
         self.events.subscribe()
+    }
+
+    /// Tells subscribers of `event` (nobody listening is fine).
+    pub fn announce(&self, event: HarnessEvent) {
+        let _ = self.events.send(event);
     }
 
     fn tools_listed(&self, server: String, scope: String, pages: &[Arc<Value>]) {
