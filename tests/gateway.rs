@@ -197,7 +197,12 @@ impl Gateway {
             ("mcp-protocol-version".into(), MODERN.into()),
             ("mcp-method".into(), method.into()),
         ];
-        if let Some(name) = body["params"]["name"].as_str() {
+        let named = match method {
+            "resources/read" => body["params"]["uri"].as_str(),
+            "tools/call" | "prompts/get" => body["params"]["name"].as_str(),
+            _ => None,
+        };
+        if let Some(name) = named {
             all.push(("mcp-name".into(), name.into()));
         }
         for (k, v) in headers {
@@ -1370,4 +1375,199 @@ async fn progress_reaches_the_client_under_its_own_token_before_the_result() {
         .await;
     assert_eq!((status, result_text(&r)), (200, "2 steps done"));
     gw.stop().await;
+}
+
+#[tokio::test]
+async fn anonymous_callers_act_as_the_named_agent_but_a_bad_authorization_header_is_refused() {
+    let setup = Setup::new("anonymous_agent = \"b\"", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let list = request("tools/list", json!({}));
+    let (status, r, _) = gw.post(None, &list, &[]).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(names(&r), ["alpha__echo"], "anonymous is agent b");
+    for bad in ["Basic dG9rLWE=", "Bearer", "tok-a"] {
+        let (status, _, _) = gw.post(None, &list, &[("authorization", bad)]).await;
+        assert_eq!(status, 401, "{bad:?} is refused, never anonymous");
+    }
+    // 2026-07-28 has no ping: an unknown method, 404.
+    let (status, r) = gw.modern("tok-a", "ping", json!({})).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (404, Some(-32601)));
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() {
+    let setup = Setup::new("page_size = 3", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let (_, list) = gw.modern("tok-a", "tools/list", params).await;
+        let page = names(&list);
+        assert!(page.len() <= 3, "{list}");
+        all.extend(page);
+        pages += 1;
+        match list["result"]["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert!(pages > 2, "pages of 3: {pages}");
+    let (_, whole) = gw.modern("tok-a", "tools/list", json!({})).await;
+    let mut sorted = all.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), all.len(), "no tool twice across pages");
+    assert!(all.contains(&"alpha__echo".to_string()) && all.contains(&"beta__echo".to_string()));
+    assert_eq!(whole["result"]["nextCursor"].as_str().map(|_| ()), Some(()));
+
+    let (_, prompts) = gw.modern("tok-a", "prompts/list", json!({})).await;
+    let prompt = prompts["result"]["prompts"][0]["name"]
+        .as_str()
+        .expect("a prompt")
+        .to_string();
+    assert!(
+        prompt.contains("__"),
+        "prompts are named like tools: {prompt}"
+    );
+    let (status, got) = gw
+        .modern(
+            "tok-a",
+            "prompts/get",
+            json!({"name": prompt, "arguments": {}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert!(got["result"]["messages"].is_array(), "{got}");
+    let (_, resources) = gw.modern("tok-a", "resources/list", json!({})).await;
+    assert!(
+        resources["result"]["resources"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["uri"] == "demo://readme")),
+        "{resources}"
+    );
+    let (_, read) = gw
+        .modern("tok-a", "resources/read", json!({"uri": "demo://readme"}))
+        .await;
+    assert!(
+        read["result"]["contents"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("mcp-harness")),
+        "{read}"
+    );
+    assert!(
+        read["result"]["ttlMs"].is_u64() && read["result"]["cacheScope"].is_string(),
+        "hints on every read"
+    );
+    // b may use only alpha's echo: nothing of the prompts or resources.
+    let (_, none) = gw.modern("tok-b", "prompts/list", json!({})).await;
+    assert_eq!(none["result"]["prompts"], json!([]), "{none}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptions_are_capped() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    // The same state twice (a client retry after a lost answer) is served twice.
+    let round = start_confirm(&gw, "tok-a", "twice?").await;
+    for _ in 0..2 {
+        let (_, r) = finish_confirm(&gw, "tok-a", "twice?", &round["requestState"]).await;
+        assert_eq!(result_text(&r), "approved: true", "{r}");
+    }
+    // 64 legacy sessions per principal; the next initialize gets 503.
+    for _ in 0..64 {
+        legacy_session(&gw).await;
+    }
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    assert_eq!(legacy_post(&gw, None, init).await.0, 503);
+    // 16 subscriptions per principal; the next is refused, and one closed frees a slot.
+    let listen = |id: u32| {
+        let mut l = request(
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true}}),
+        );
+        l["id"] = json!(id);
+        l
+    };
+    let open = |body: Value| {
+        gw.http
+            .post(gw.url())
+            .bearer_auth("tok-b")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "subscriptions/listen")
+            .body(body.to_string())
+            .send()
+    };
+    let mut streams = Vec::new();
+    for i in 0..16 {
+        let mut s = open(listen(i)).await.expect("listen");
+        let mut seen = String::new();
+        assert!(read_until(&mut s, &mut seen, "acknowledged").await);
+        streams.push(s);
+    }
+    let refused: Value = open(listen(99))
+        .await
+        .expect("listen")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    drop(streams.pop());
+    let mut freed = false;
+    for _ in 0..100 {
+        let resp = open(listen(100)).await.expect("listen");
+        if resp
+            .headers()
+            .get("content-type")
+            .is_some_and(|c| c.to_str().is_ok_and(|c| c.starts_with("text/event-stream")))
+        {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "a closed subscription frees its slot");
+    drop(streams);
+    gw.stop().await;
+}
+
+#[test]
+fn serve_makes_keys_and_refuses_to_start_without_any() {
+    let out = std::process::Command::new(harness_exe())
+        .args(["serve", "--new-key"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).expect("utf-8");
+    let (kid, made) = line.trim().split_once(':').expect("KID:KEY");
+    assert!(!kid.is_empty() && made.len() == 43, "{line}");
+    // A config with no keys, no MCP_HARNESS_GATEWAY_KEYS and no --dev-keys: exit 2, named.
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let without: String = text
+        .lines()
+        .filter(|l| !l.starts_with("keys_file"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&setup.config, without).expect("config");
+    let out = std::process::Command::new(harness_exe())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&setup.config)
+        .env_remove("MCP_HARNESS_GATEWAY_KEYS")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no sealing keys") && err.contains("--new-key"),
+        "{err}"
+    );
 }

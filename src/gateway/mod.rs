@@ -380,10 +380,10 @@ pub struct Reloaded {
     pub restarted: Vec<String>,
 }
 
-/// The methods the gateway serves (others are -32601 / 404).
+/// The methods the gateway serves to 2026-07-28 clients (others are -32601 / 404;
+/// legacy sessions also get `ping`).
 pub const METHODS: &[&str] = &[
     "initialize",
-    "ping",
     "server/discover",
     "tools/list",
     "tools/call",
