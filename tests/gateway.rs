@@ -736,23 +736,13 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
         )
         + &gamma;
     // b holds a subscription: it hears of the server it may now use.
-    let mut listen = request(
-        "subscriptions/listen",
-        json!({"notifications": {"toolsListChanged": true}}),
-    );
-    listen["id"] = json!("b-sub");
-    let mut sub = gw
-        .http
-        .post(gw.url())
-        .bearer_auth("tok-b")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", "subscriptions/listen")
-        .body(listen.to_string())
-        .send()
-        .await
-        .expect("listen");
+    let mut sub = open_listen(
+        &gw,
+        "tok-b",
+        json!("b-sub"),
+        json!({"toolsListChanged": true}),
+    )
+    .await;
     let mut heard = String::new();
     assert!(
         read_until(&mut sub, &mut heard, "acknowledged").await,
@@ -1187,6 +1177,31 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     let _ = std::fs::remove_file(jwks);
 }
 
+/// Opens a `subscriptions/listen` as `token` with id `id`: the streaming response.
+async fn open_listen(
+    gw: &Gateway,
+    token: &str,
+    id: Value,
+    notifications: Value,
+) -> reqwest::Response {
+    let mut listen = request(
+        "subscriptions/listen",
+        json!({"notifications": notifications}),
+    );
+    listen["id"] = id;
+    gw.http
+        .post(gw.url())
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("listen")
+}
+
 /// Reads an event stream until `want` appears in it (or 20 s pass); what it read.
 async fn read_until(resp: &mut reqwest::Response, seen: &mut String, want: &str) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -1215,23 +1230,13 @@ async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at
         );
     std::fs::write(&setup.config, text).expect("config");
     let gw = setup.start().await;
-    let mut listen = request(
-        "subscriptions/listen",
-        json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true}}),
-    );
-    listen["id"] = json!("sub-1");
-    let mut resp = gw
-        .http
-        .post(gw.url())
-        .bearer_auth("tok-a")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", "subscriptions/listen")
-        .body(listen.to_string())
-        .send()
-        .await
-        .expect("listen");
+    let mut resp = open_listen(
+        &gw,
+        "tok-a",
+        json!("sub-1"),
+        json!({"toolsListChanged": true, "promptsListChanged": true}),
+    )
+    .await;
     assert_eq!(resp.status().as_u16(), 200);
     let mut seen = String::new();
     assert!(
@@ -1487,35 +1492,15 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
     assert_eq!(legacy_post(&gw, None, init).await.0, 503);
     // 16 subscriptions per principal; the next is refused, and one closed frees a slot.
-    let listen = |id: u32| {
-        let mut l = request(
-            "subscriptions/listen",
-            json!({"notifications": {"toolsListChanged": true}}),
-        );
-        l["id"] = json!(id);
-        l
-    };
-    let open = |body: Value| {
-        gw.http
-            .post(gw.url())
-            .bearer_auth("tok-b")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", MODERN)
-            .header("mcp-method", "subscriptions/listen")
-            .body(body.to_string())
-            .send()
-    };
     let mut streams = Vec::new();
     for i in 0..16 {
-        let mut s = open(listen(i)).await.expect("listen");
+        let mut s = open_listen(&gw, "tok-b", json!(i), json!({"toolsListChanged": true})).await;
         let mut seen = String::new();
         assert!(read_until(&mut s, &mut seen, "acknowledged").await);
         streams.push(s);
     }
-    let refused: Value = open(listen(99))
+    let refused: Value = open_listen(&gw, "tok-b", json!(99), json!({"toolsListChanged": true}))
         .await
-        .expect("listen")
         .json()
         .await
         .expect("json");
@@ -1523,7 +1508,7 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
     drop(streams.pop());
     let mut freed = false;
     for _ in 0..100 {
-        let resp = open(listen(100)).await.expect("listen");
+        let resp = open_listen(&gw, "tok-b", json!(100), json!({"toolsListChanged": true})).await;
         if resp
             .headers()
             .get("content-type")

@@ -821,12 +821,7 @@ impl Gateway {
             Some(Value::String(c)) => parse_cursor(c).ok_or_else(|| invalid("invalid cursor"))?,
             Some(_) => return Err(invalid("invalid cursor")),
         };
-        let listing = self
-            .inner
-            .harness
-            .listing(&Self::caller(principal), kind, None)
-            .await
-            .map_err(|e| to_rpc(&e))?;
+        let listing = self.listing(principal, kind).await?;
         let items: Vec<(String, &ToolInfo)> = if kind == CallKind::Resource {
             // Resources are served by uri, which is never renamed.
             listing
@@ -904,12 +899,7 @@ impl Gateway {
                 // A shortened name this process has not served yet (another gateway
                 // served it, or this one restarted): learned from the caller's list.
                 same if same == name && names::looks_shortened(name) => {
-                    let listing = self
-                        .inner
-                        .harness
-                        .listing(&Self::caller(principal), kind, None)
-                        .await
-                        .map_err(|e| to_rpc(&e))?;
+                    let listing = self.listing(principal, kind).await?;
                     let order = &now.order;
                     now.names.expose(&listing.items, |s| {
                         order.get(s).copied().unwrap_or(usize::MAX)
@@ -920,6 +910,19 @@ impl Gateway {
             }
         };
         Ok((name, args))
+    }
+
+    /// What `principal` may use of `kind`.
+    async fn listing(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+    ) -> Result<crate::call::Listing, RpcError> {
+        self.inner
+            .harness
+            .listing(&Self::caller(principal), kind, None)
+            .await
+            .map_err(|e| to_rpc(&e))
     }
 
     /// One upstream step of a downstream call, as the harness runs it.
