@@ -899,18 +899,28 @@ impl SignIn {
         if !scopes.is_empty() {
             params.push(("scope", scopes.join(" ")));
         }
+        self.grant(step, &d, &client, params, &scopes, identity)
+            .await
+    }
+
+    /// A grant's token request (no refresh token to carry over), its token kept for
+    /// `identity`.
+    async fn grant(
+        &self,
+        step: AuthStep,
+        d: &Discovered,
+        client: &ClientIdentity,
+        params: Vec<(&str, String)>,
+        scopes: &[String],
+        identity: Option<&str>,
+    ) -> Result<Token, AuthError> {
+        let issued = Issued {
+            issuer: &d.server.issuer,
+            asked: scopes,
+            previous_refresh: None,
+        };
         let token = self
-            .token_request(
-                step,
-                &d.server.token_endpoint,
-                &client,
-                params,
-                Issued {
-                    issuer: &d.server.issuer,
-                    asked: &scopes,
-                    previous_refresh: None,
-                },
-            )
+            .token_request(step, &d.server.token_endpoint, client, params, issued)
             .await?;
         self.keep(identity, token.clone())
             .map_err(|f| self.err(step, f))?;
@@ -991,20 +1001,8 @@ impl SignIn {
             ("resource", d.resource.resource.clone()),
         ];
         let token = self
-            .token_request(
-                AuthStep::Token,
-                &d.server.token_endpoint,
-                &client,
-                params,
-                Issued {
-                    issuer: &d.server.issuer,
-                    asked: &scopes,
-                    previous_refresh: None,
-                },
-            )
+            .grant(AuthStep::Token, &d, &client, params, &scopes, identity)
             .await?;
-        self.keep(identity, token.clone())
-            .map_err(|f| self.err(AuthStep::Token, f))?;
         tracing::info!(server = %self.server, identity = ?identity, "signed in");
         Ok(token)
     }
