@@ -25,6 +25,8 @@ pub struct CallContext {
     pub(crate) settings: CallConfig,
     pub(crate) catalog: Catalog,
     pub(crate) progress: Arc<super::ProgressRouter>,
+    /// Lists being refreshed ahead of their expiry (server, method, scope).
+    pub(crate) refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -59,6 +61,7 @@ impl CallContext {
             settings,
             catalog: Catalog::default(),
             progress: Arc::default(),
+            refreshing: parking_lot::Mutex::default(),
             next_call: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
         }

@@ -8,6 +8,15 @@
 //! not at all: its pages are stored together once the walk ends. A cached cursor the
 //! server rejects drops that list's cached pages, and the list is read again from the
 //! first page, once.
+//!
+//! Layers: memory and disk first ([`crate::registry::cache::ListCache::get`], without
+//! leaving the task), then the shared layer for servers it shares (bounded by its own
+//! timeout), then the server. A page from the shared layer is kept in memory and on
+//! disk like a fetched one; only pages fetched from the server are written back to it.
+//!
+//! Refresh ahead: a list served from the cache with less than `cache.refresh_ahead`
+//! of freshness left is listed again in the background (once at a time per list and
+//! scope), so a hot list is replaced before it expires and no caller waits on it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +28,7 @@ use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
 use crate::protocol::{CacheScope, Pager, ProtocolError, ResultType, RpcErrorKind};
-use crate::registry::cache::{ListOf, Page, json_size, scope_key};
+use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size, scope_key};
 use crate::server::{ServerError, ServerRef, ServerState};
 
 /// What a caller may use, and the servers that could not be listed.
@@ -46,6 +55,8 @@ pub(crate) struct Listed {
     pub(crate) fresh_for: Duration,
     /// Every page was `public`.
     pub(crate) public: bool,
+    /// Due for a refresh ahead once `fresh_for` is this short or shorter.
+    pub(crate) refresh_window: Duration,
 }
 
 fn page_items(kind: CallKind, page: &Value) -> usize {
@@ -64,14 +75,17 @@ enum Walk {
 
 /// Every page of one server's list (see the module docs).
 pub(crate) async fn list_server(
-    ctx: &CallContext,
+    ctx: &Arc<CallContext>,
     server: &ServerRef,
     kind: CallKind,
     auth_context: Option<&str>,
     timeout: Duration,
 ) -> Result<Listed, CallError> {
     match walk(ctx, server, kind, auth_context, timeout, true).await {
-        Walk::Done(listed) => Ok(listed),
+        Walk::Done(listed) => {
+            refresh_if_due(ctx, &listed, kind, auth_context, timeout);
+            Ok(listed)
+        }
         Walk::Failed(e) => Err(e),
         Walk::RejectedCursor(_) => {
             tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
@@ -86,6 +100,43 @@ pub(crate) async fn list_server(
     }
 }
 
+/// Lists again in the background a list served from the cache close to its expiry.
+fn refresh_if_due(
+    ctx: &Arc<CallContext>,
+    listed: &Listed,
+    kind: CallKind,
+    auth_context: Option<&str>,
+    timeout: Duration,
+) {
+    if !listed.from_cache
+        || listed.refresh_window.is_zero()
+        || listed.fresh_for > listed.refresh_window
+    {
+        return;
+    }
+    let scope = if listed.public {
+        "public".to_string()
+    } else {
+        scope_key(CacheScope::Private, auth_context).unwrap_or_default()
+    };
+    let key = format!("{}\n{}\n{scope}", listed.server.id(), kind.list_method());
+    if !ctx.refreshing.lock().insert(key.clone()) {
+        return; // already under way
+    }
+    let (ctx, server, auth) = (
+        ctx.clone(),
+        listed.server.clone(),
+        auth_context.map(String::from),
+    );
+    tokio::spawn(async move {
+        tracing::debug!(server = %server.id(), method = kind.list_method(), "refreshing a list ahead of its expiry");
+        if let Walk::Failed(e) = walk(&ctx, &server, kind, auth.as_deref(), timeout, false).await {
+            tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
+        }
+        ctx.refreshing.lock().remove(&key);
+    });
+}
+
 /// One walk of one list: the pages read so far, what of them to cache, the bounds.
 struct Walker<'a> {
     ctx: &'a CallContext,
@@ -97,19 +148,30 @@ struct Walker<'a> {
     /// The server's cache epoch when the walk started.
     epoch: u64,
     pages: Vec<Arc<Value>>,
+    /// Pages to keep in memory and on disk: fetched, or read from the shared layer.
     fetched: Vec<Page>,
+    /// Pages fetched from the server, for the shared layer.
+    to_share: Vec<Page>,
     from_cache: bool,
     cacheable: bool,
     bytes: usize,
     items: usize,
     fresh_for: Duration,
     public: bool,
+    refresh_window: Duration,
 }
 
 impl<'a> Walker<'a> {
     fn saw(&mut self, remaining: Duration, scope: CacheScope) {
         self.fresh_for = self.fresh_for.min(remaining);
         self.public &= scope == CacheScope::Public;
+    }
+
+    /// A page from the cache: its freshness, and when its list is due for a refresh.
+    fn saw_cached(&mut self, hit: &Hit) {
+        self.saw(hit.remaining, hit.scope);
+        let ahead = self.ctx.registry.cache.config().refresh_ahead;
+        self.refresh_window = self.refresh_window.min(ahead.min(hit.ttl / 10));
     }
 
     fn list(&self) -> ListOf<'a> {
@@ -131,7 +193,19 @@ impl<'a> Walker<'a> {
         if self.use_cache
             && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
         {
-            self.saw(hit.remaining, hit.scope);
+            self.saw_cached(&hit);
+            return Ok((hit.value, hit.bytes, true));
+        }
+        if self.use_cache
+            && let Some((key, hit)) = self.shared_get(cursor).await
+        {
+            self.saw_cached(&hit);
+            self.fetched.push(Page {
+                key,
+                ttl: hit.remaining,
+                value: hit.value.clone(),
+                bytes: hit.bytes,
+            });
             return Ok((hit.value, hit.bytes, true));
         }
         self.from_cache = false;
@@ -172,12 +246,16 @@ impl<'a> Walker<'a> {
         match cache.key_for(self.list(), cursor, self.auth_context, &page) {
             Some((key, ttl)) => {
                 self.saw(ttl, scope);
-                self.fetched.push(Page {
+                let page = Page {
                     key,
                     ttl,
                     value: page.clone(),
                     bytes: size,
-                });
+                };
+                if self.ctx.registry.shared.is_some() {
+                    self.to_share.push(page.clone());
+                }
+                self.fetched.push(page);
             }
             None => {
                 self.saw(Duration::ZERO, scope);
@@ -185,6 +263,24 @@ impl<'a> Walker<'a> {
             }
         }
         Ok((page, size, false))
+    }
+
+    /// The page at `cursor` from the shared layer, if it shares this server.
+    async fn shared_get(&self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
+        let shared = self.ctx.registry.shared.as_ref()?;
+        if !shared.shares(self.server.id()) {
+            return None;
+        }
+        let protocol = self.server.protocol_version()?;
+        let key = CacheKey {
+            server: self.server.id().into(),
+            fingerprint: self.server.fingerprint().into(),
+            method: self.kind.list_method().into(),
+            param: cursor.map(String::from),
+            scope: "public".into(),
+        };
+        let hit = shared.get(&key, &protocol).await?;
+        Some((key, hit))
     }
 
     fn protocol(&self, source: ProtocolError) -> Walk {
@@ -218,27 +314,30 @@ impl<'a> Walker<'a> {
     /// The list, whole: what was fetched goes to the cache together, and a fetched tool
     /// list to the change detector.
     fn finish(self) -> Listed {
-        if !self.from_cache {
-            if self.cacheable && !self.fetched.is_empty() {
-                self.ctx
-                    .registry
-                    .cache
-                    .put_memory(&self.fetched, self.epoch);
-                if self.ctx.registry.cache.config().dir.is_some() {
-                    self.ctx.registry_ref.put(self.fetched, self.epoch);
-                }
+        let registry = &self.ctx.registry;
+        if self.cacheable && !self.fetched.is_empty() {
+            registry.cache.put_memory(&self.fetched, self.epoch);
+            if let Some(shared) = &registry.shared
+                && !self.to_share.is_empty()
+                && registry.cache.epoch(self.server.id()) == self.epoch
+                && let Some(protocol) = self.server.protocol_version()
+            {
+                shared.put(&self.to_share, &protocol);
             }
-            if self.kind == CallKind::Tool {
-                let scope = self
-                    .pages
-                    .first()
-                    .map(|p| crate::protocol::CacheHints::of(p).scope)
-                    .and_then(|s| scope_key(s, self.auth_context))
-                    .unwrap_or_else(|| "uncached".into());
-                self.ctx
-                    .registry_ref
-                    .tools_listed(self.server.id(), scope, self.pages.clone());
+            if registry.cache.config().dir.is_some() {
+                self.ctx.registry_ref.put(self.fetched, self.epoch);
             }
+        }
+        if !self.from_cache && self.kind == CallKind::Tool {
+            let scope = self
+                .pages
+                .first()
+                .map(|p| crate::protocol::CacheHints::of(p).scope)
+                .and_then(|s| scope_key(s, self.auth_context))
+                .unwrap_or_else(|| "uncached".into());
+            self.ctx
+                .registry_ref
+                .tools_listed(self.server.id(), scope, self.pages.clone());
         }
         Listed {
             server: self.server.clone(),
@@ -246,12 +345,13 @@ impl<'a> Walker<'a> {
             from_cache: self.from_cache,
             fresh_for: self.fresh_for,
             public: self.public,
+            refresh_window: self.refresh_window,
         }
     }
 }
 
 async fn walk(
-    ctx: &CallContext,
+    ctx: &Arc<CallContext>,
     server: &ServerRef,
     kind: CallKind,
     auth_context: Option<&str>,
@@ -268,12 +368,14 @@ async fn walk(
         epoch: ctx.registry.cache.epoch(server.id()),
         pages: Vec::new(),
         fetched: Vec::new(),
+        to_share: Vec::new(),
         from_cache: true,
         cacheable: true,
         bytes: 0,
         items: 0,
         fresh_for: Duration::MAX,
         public: true,
+        refresh_window: Duration::MAX,
     };
     let mut pager = Pager::new(ctx.settings.limits.max_list_pages);
     let (mut cursor, mut cursor_cached) = (None::<String>, false);

@@ -35,6 +35,7 @@ use crate::call::{
 use crate::config::HarnessConfig;
 use crate::permission::{PermissionRef, Policy};
 use crate::protocol::Implementation;
+use crate::registry::cache::shared::SharedCache;
 use crate::registry::cache::{CacheStats, ListCache};
 use crate::registry::{HarnessEvent, Registry, RegistryRef};
 use crate::server::{Directory, ServerConfig, ServerStatus, ServersArgs, ServersRef};
@@ -160,9 +161,22 @@ impl Harness {
         let cache = tokio::task::spawn_blocking(move || ListCache::new(cache_config))
             .await
             .map_err(|e| HarnessError::Spawn(format!("reading the disk cache: {e}")))?;
+        let shared = match config.cache.shared.clone() {
+            Some(shared) => Some(SharedCache::new(shared).map_err(|e| {
+                HarnessError::Config(crate::config::ConfigError::new(
+                    format!("cache.shared.{}", e.0.field),
+                    e.0.reason,
+                ))
+            })?),
+            None => None,
+        };
         let (events, _) = broadcast::channel(256);
-        let registry = Arc::new(Registry::new(Arc::new(cache), events));
+        let registry = Arc::new(Registry::new(Arc::new(cache), shared.clone(), events));
         let registry_ref = RegistryRef::default();
+        if let Some(shared) = &shared {
+            let peers = registry_ref.clone();
+            shared.listen(move |server| peers.peer_changed(server));
+        }
         let audit = AuditRef::default();
         let audit_sink = AuditSink::new(config.audit.clone(), audit.0.clone());
         let policy = Arc::new(parking_lot::RwLock::new(Policy::new(
@@ -447,7 +461,7 @@ impl HarnessHandle {
 
     /// Entries, bytes, hits and misses of the list cache, per layer.
     pub fn cache_stats(&self) -> CacheStats {
-        self.inner.services.registry.cache.stats()
+        self.inner.services.registry.stats()
     }
 
     /// The audit trail's state: writable, backlog, records it could not keep.

@@ -228,5 +228,9 @@ async fn shut_down(services: &Services) {
     services.calls.shutdown().await;
     services.servers.shutdown().await;
     services.registry_ref.flush().await;
+    if let Some(shared) = &services.registry.shared {
+        shared.drain(shared.config().timeout * 4).await;
+        shared.close();
+    }
     services.audit.flush().await;
 }

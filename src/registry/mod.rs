@@ -23,7 +23,8 @@ use tokio::sync::broadcast;
 
 use crate::util::hash::sha256_hex;
 use crate::util::slot::ActorSlot;
-use cache::{ListCache, Page};
+use cache::shared::SharedCache;
+use cache::{CacheStats, ListCache, Page};
 
 /// Something an embedder may want to hear about.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,15 +66,22 @@ pub enum HarnessEvent {
 pub(crate) struct Registry {
     /// The list cache.
     pub cache: Arc<ListCache>,
+    /// The shared layer (L3), when configured.
+    pub shared: Option<Arc<SharedCache>>,
     hashes: Mutex<HashMap<(String, String), String>>,
     events: broadcast::Sender<HarnessEvent>,
 }
 
 impl Registry {
-    /// A registry over `cache`, announcing changes on `events`.
-    pub fn new(cache: Arc<ListCache>, events: broadcast::Sender<HarnessEvent>) -> Registry {
+    /// A registry over `cache` (and `shared` behind it), announcing changes on `events`.
+    pub fn new(
+        cache: Arc<ListCache>,
+        shared: Option<Arc<SharedCache>>,
+        events: broadcast::Sender<HarnessEvent>,
+    ) -> Registry {
         Registry {
             cache,
+            shared,
             hashes: Mutex::new(HashMap::new()),
             events,
         }
@@ -82,6 +90,25 @@ impl Registry {
     /// Subscribes to change events.
     pub fn subscribe(&self) -> broadcast::Receiver<HarnessEvent> {
         self.events.subscribe()
+    }
+
+    /// Counters of every layer.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            l3: self.shared.as_ref().map(|s| s.stats()).unwrap_or_default(),
+            ..self.cache.stats()
+        }
+    }
+
+    /// Publishes that `server`'s lists changed to the other processes sharing L3 (in
+    /// the background; nothing for a server that is not shared).
+    fn tell_peers(&self, server: &str) {
+        if let Some(shared) = self.shared.clone()
+            && shared.shares(server)
+        {
+            let server = server.to_string();
+            tokio::spawn(async move { shared.invalidate(&server).await });
+        }
     }
 
     /// Tells subscribers of `event` (nobody listening is fine).
@@ -130,6 +157,8 @@ pub(crate) enum RegistryMsg {
     },
     /// Drop a server's entries (`list_changed`, removal).
     Invalidate(String),
+    /// Another process sharing L3 dropped a server's entries: drop ours, tell no one.
+    PeerChanged(String),
     /// Drop one list of a server (its cursor was rejected).
     InvalidateList {
         /// Server id.
@@ -191,9 +220,21 @@ impl Actor for RegistryActor {
             }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
+                registry.tell_peers(&server);
                 blocking(registry, move |r| r.cache.invalidate(&server)).await;
             }
+            RegistryMsg::PeerChanged(server) => {
+                let id = server.clone();
+                blocking(registry, move |r| r.cache.invalidate(&id)).await;
+                registry.announce(HarnessEvent::ListsChanged {
+                    server,
+                    tools: true,
+                    prompts: true,
+                    resources: true,
+                });
+            }
             RegistryMsg::InvalidateList { server, method } => {
+                registry.tell_peers(&server);
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
             }
             RegistryMsg::Remove(server) => {
@@ -231,6 +272,11 @@ impl RegistryRef {
     /// Drops a server's entries.
     pub fn invalidate(&self, server: &str) {
         self.0.send(RegistryMsg::Invalidate(server.to_string()));
+    }
+
+    /// Drops a server's entries because a peer said so (not published again).
+    pub fn peer_changed(&self, server: &str) {
+        self.0.send(RegistryMsg::PeerChanged(server.to_string()));
     }
 
     /// Drops one list of a server.

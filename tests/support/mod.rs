@@ -339,3 +339,92 @@ impl HttpServer {
         HttpServer::demo(&all).await
     }
 }
+
+/// A real Redis server on a free loopback port, for the shared cache tests; killed when
+/// dropped. The binary is `redis-server` on PATH (Debian: `apt-get install
+/// redis-server`; `.ci/run` installs it), or `MCP_HARNESS_REDIS_SERVER`.
+pub struct Redis {
+    child: Option<std::process::Child>,
+    pub port: u16,
+}
+
+impl Redis {
+    /// Starts one and waits until it answers.
+    pub async fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut redis = Redis { child: None, port };
+        redis.restart().await;
+        redis
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL: no goodbye to its clients).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let exe =
+            std::env::var("MCP_HARNESS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = std::process::Command::new(&exe)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{exe}: {e}: the shared cache tests need a Redis server (Debian: apt-get install redis-server; .ci/run installs it)"));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut c) = self.connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer on port {}",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A connection of the test's own.
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    /// Every key it holds.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut c = self.connection().await.expect("connect to the test Redis");
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut c)
+            .await
+            .expect("KEYS");
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

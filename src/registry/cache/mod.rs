@@ -16,6 +16,7 @@
 //! by the caller that fetched it, L1, L2's index and the change hash alike.
 
 mod disk;
+pub mod shared;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -44,6 +45,13 @@ pub struct CacheConfig {
     /// The longest any entry stays fresh, whatever a server says.
     #[serde(with = "duration")]
     pub max_ttl: Duration,
+    /// The shared layer (L3) on Redis; none when `None`.
+    pub shared: Option<shared::SharedConfig>,
+    /// Re-list in the background a list used within its last `refresh_ahead` of
+    /// freshness (and its last tenth), so a hot list never makes a caller wait; zero
+    /// turns it off.
+    #[serde(with = "duration")]
+    pub refresh_ahead: Duration,
 }
 
 impl Default for CacheConfig {
@@ -52,6 +60,8 @@ impl Default for CacheConfig {
             dir: None,
             default_ttl: Duration::from_secs(300),
             max_ttl: Duration::from_secs(24 * 3600),
+            shared: None,
+            refresh_ahead: Duration::from_secs(10),
         }
     }
 }
@@ -61,6 +71,9 @@ impl CacheConfig {
     pub fn validate(&self) -> Result<(), Invalid> {
         if self.max_ttl.is_zero() {
             return Err(Invalid::new("max_ttl", "must be more than zero"));
+        }
+        if let Some(shared) = &self.shared {
+            shared.validate().map_err(|e| e.under("shared"))?;
         }
         Ok(())
     }
@@ -87,6 +100,9 @@ struct Entry {
     /// Shared, so that a hit costs a reference count, not a copy of the list.
     value: Arc<Value>,
     expires_unix_ms: u64,
+    /// The freshness it was stored with (0 in files written before it was kept).
+    #[serde(default)]
+    ttl_ms: u64,
     bytes: usize,
 }
 
@@ -112,6 +128,8 @@ pub struct Hit {
     pub bytes: usize,
     /// How long it stays fresh.
     pub remaining: Duration,
+    /// The freshness it was stored with.
+    pub ttl: Duration,
     /// Its scope.
     pub scope: CacheScope,
 }
@@ -136,6 +154,8 @@ pub struct CacheStats {
     pub l1: LayerStats,
     /// Disk (all zero when no directory is configured).
     pub l2: LayerStats,
+    /// Redis (all zero when no shared layer is configured).
+    pub l3: shared::SharedStats,
     /// Times a server's entries were dropped (list changes, removals, rejected cursors).
     pub invalidations: u64,
 }
@@ -250,6 +270,7 @@ impl ListCache {
             value: e.value.clone(),
             bytes: e.bytes,
             remaining: Duration::from_millis(e.expires_unix_ms.saturating_sub(now)),
+            ttl: Duration::from_millis(e.ttl_ms),
             scope: if e.key.scope == "public" {
                 CacheScope::Public
             } else {
@@ -351,6 +372,7 @@ impl ListCache {
             key: page.key.clone(),
             value: page.value.clone(),
             expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
+            ttl_ms: ttl.as_millis() as u64,
             bytes: page.bytes,
         }
     }
@@ -438,6 +460,7 @@ impl ListCache {
             } else {
                 LayerStats::default()
             },
+            l3: shared::SharedStats::default(),
             invalidations: self.invalidations.load(Ordering::Relaxed),
         }
     }

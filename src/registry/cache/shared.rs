@@ -1,0 +1,611 @@
+//! The shared layer (L3): lists kept on Redis, so that several harness processes
+//! (gateways behind one address, workers of one agent system) ask a server once between
+//! them, and hear from each other when a server's lists change.
+//!
+//! Safety rules, because a shared public cache is a poisoning target: only `public`
+//! pages are written, and only for the servers `cache.shared.servers` names; the key
+//! holds the server's configuration fingerprint and negotiated protocol version, so a
+//! process with another configuration of the same id never reads them; a page read back
+//! is used only if it names the same server, fingerprint, version, method and cursor,
+//! is `public`, complete, and within `max_entry_bytes`. Its remaining Redis expiry (set
+//! from the page's TTL) is its freshness.
+//!
+//! Redis is never in a call's way for long: every command is bounded by `timeout`, and
+//! after a failure the layer is skipped for a backoff (`backon`, exponential with
+//! jitter, up to 30 s) before it is tried again; the first failure is logged, and the
+//! recovery. Writes go in the background, at most [`MAX_WRITES_IN_FLIGHT`] at once.
+//!
+//! Invalidation: a process that drops a shared server's entries deletes its Redis keys
+//! and publishes `{origin, server}` on the channel; every other process drops that
+//! server's entries in memory and on disk. A process whose subscription broke drops
+//! every shared server's local entries when it subscribes again (it may have missed a
+//! change), so a Redis restart costs one listing per server, never a stale list.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::{CacheKey, Hit, Page, json_size};
+use crate::protocol::{CacheHints, CacheScope, ResultType};
+use crate::util::duration;
+use crate::util::hash::sha256_hex;
+use crate::util::invalid::Invalid;
+
+/// Background writes to Redis at once; past it a write is dropped (and counted).
+pub const MAX_WRITES_IN_FLIGHT: usize = 32;
+
+/// The longest the layer is skipped after failures.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Settings of the shared layer: `cache.shared = { url = "redis://…", servers = […] }`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedConfig {
+    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path`.
+    pub url: String,
+    /// The servers whose public lists are shared; no other server's entry is written
+    /// or read.
+    pub servers: Vec<String>,
+    /// The bound on one Redis command (a slower Redis is treated as down).
+    #[serde(with = "duration", default = "default_timeout")]
+    pub timeout: Duration,
+    /// The largest page written or used.
+    #[serde(default = "default_max_entry_bytes")]
+    pub max_entry_bytes: usize,
+    /// Prefix of keys and of the invalidation channel, so deployments can share a Redis.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_millis(50)
+}
+
+fn default_max_entry_bytes() -> usize {
+    1 << 20
+}
+
+fn default_prefix() -> String {
+    "mcp-harness".into()
+}
+
+impl SharedConfig {
+    /// Shared layer settings for `url` and `servers`, the rest by default.
+    pub fn new(url: impl Into<String>, servers: Vec<String>) -> SharedConfig {
+        SharedConfig {
+            url: url.into(),
+            servers,
+            timeout: default_timeout(),
+            max_entry_bytes: default_max_entry_bytes(),
+            prefix: default_prefix(),
+        }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !(self.url.starts_with("redis://") || self.url.starts_with("redis+unix://")) {
+            return Err(Invalid::new(
+                "url",
+                format!(
+                    "{:?} is not a redis:// or redis+unix:// URL (TLS to Redis is not supported: keep it on loopback or a private network)",
+                    self.url
+                ),
+            ));
+        }
+        redis::Client::open(self.url.as_str())
+            .map_err(|e| Invalid::new("url", format!("{:?}: {e}", self.url)))?;
+        if self.timeout.is_zero() {
+            return Err(Invalid::new("timeout", "must be more than zero"));
+        }
+        if self.max_entry_bytes == 0 {
+            return Err(Invalid::new("max_entry_bytes", "must be more than zero"));
+        }
+        if self.prefix.is_empty() || self.prefix.contains(['*', '?', '[', ']', '\\']) {
+            return Err(Invalid::new(
+                "prefix",
+                "must be non-empty, without glob characters",
+            ));
+        }
+        Ok(())
+    }
+
+    fn channel(&self) -> String {
+        format!("{}:changed", self.prefix)
+    }
+}
+
+/// Counters of the shared layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SharedStats {
+    /// Lookups answered.
+    pub hits: u64,
+    /// Lookups not answered (absent, expired, refused, or Redis unavailable).
+    pub misses: u64,
+    /// Pages written.
+    pub writes: u64,
+    /// Writes dropped: too large, or too many in flight.
+    pub dropped_writes: u64,
+    /// Entries read back and refused (garbage, another key's page, not public, too large).
+    pub rejected: u64,
+    /// Redis commands that failed or timed out.
+    pub errors: u64,
+    /// Invalidations published.
+    pub published: u64,
+    /// Invalidations heard from other processes.
+    pub received: u64,
+    /// Whether the layer is being used now (false: skipped after a failure).
+    pub available: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    writes: AtomicU64,
+    dropped_writes: AtomicU64,
+    rejected: AtomicU64,
+    errors: AtomicU64,
+    published: AtomicU64,
+    received: AtomicU64,
+}
+
+/// When Redis failed, when to try it again.
+struct Health {
+    skip_until: Option<Instant>,
+    backoff: ExponentialBackoff,
+}
+
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(MAX_BACKOFF)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// What an invalidation message says.
+#[derive(Serialize, Deserialize)]
+struct Changed {
+    origin: String,
+    server: String,
+}
+
+/// What is stored under a key: the page and what it was stored for, checked on read.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    server: String,
+    fingerprint: String,
+    protocol: String,
+    method: String,
+    cursor: Option<String>,
+    page: Value,
+}
+
+/// The shared layer; see the module docs.
+pub struct SharedCache {
+    config: SharedConfig,
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// This process, so that it ignores its own invalidations.
+    origin: String,
+    health: Mutex<Health>,
+    counts: Counters,
+    /// Logged once per warning kind until the layer works again.
+    warned_garbage: AtomicBool,
+    writes: Arc<Semaphore>,
+    listener: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Why the shared layer could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cache.shared: {0}")]
+pub struct SharedError(pub Invalid);
+
+impl SharedCache {
+    /// The layer for `config`; nothing is connected yet (a Redis that is down at start
+    /// only means the layer is skipped until it is up). Call within a tokio runtime.
+    pub fn new(config: SharedConfig) -> Result<Arc<SharedCache>, SharedError> {
+        config.validate().map_err(SharedError)?;
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
+        // The manager reconnects by itself; our own bound (`timeout`) and backoff sit
+        // above it, so its own retries are few and quick.
+        let manager = ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100))
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(config.timeout));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager)
+            .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
+        let mut origin = [0u8; 16];
+        getrandom::fill(&mut origin).map_err(|e| {
+            SharedError(Invalid::new(
+                "url",
+                format!("no randomness for an origin id: {e}"),
+            ))
+        })?;
+        Ok(Arc::new(SharedCache {
+            origin: origin.iter().map(|b| format!("{b:02x}")).collect(),
+            config,
+            client,
+            conn,
+            health: Mutex::new(Health {
+                skip_until: None,
+                backoff: backoff(),
+            }),
+            counts: Counters::default(),
+            warned_garbage: AtomicBool::new(false),
+            writes: Arc::new(Semaphore::new(MAX_WRITES_IN_FLIGHT)),
+            listener: Mutex::new(None),
+        }))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SharedConfig {
+        &self.config
+    }
+
+    /// Whether `server`'s public lists are shared.
+    pub fn shares(&self, server: &str) -> bool {
+        self.config.servers.iter().any(|s| s == server)
+    }
+
+    /// The Redis key of a page (public scope only) under `protocol`.
+    pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
+        let digest = sha256_hex(
+            serde_json::json!([key.fingerprint, protocol, key.method, key.param])
+                .to_string()
+                .as_bytes(),
+        );
+        format!("{}:list:{}:{digest}", self.config.prefix, key.server)
+    }
+
+    fn usable(&self) -> bool {
+        self.health
+            .lock()
+            .skip_until
+            .is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn worked(&self) {
+        let mut health = self.health.lock();
+        if health.skip_until.take().is_some() {
+            tracing::info!(url = %self.config.url, "shared cache reachable again");
+            health.backoff = backoff();
+            self.warned_garbage.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn failed(&self, what: &str, error: &str) {
+        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        let mut health = self.health.lock();
+        let wait = health.backoff.next().unwrap_or(MAX_BACKOFF);
+        if health.skip_until.is_none() {
+            tracing::warn!(url = %self.config.url, what, error, "shared cache unavailable; serving from memory and disk");
+        }
+        health.skip_until = Some(Instant::now() + wait);
+    }
+
+    fn reject(&self, key: &str, why: &str) {
+        self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+        if !self.warned_garbage.swap(true, Ordering::Relaxed) {
+            tracing::warn!(key, why, "refused an entry read from the shared cache");
+        }
+    }
+
+    /// Runs one command (or pipeline) within the bound.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+    ) -> Option<T> {
+        match tokio::time::timeout(self.config.timeout, work(self.conn.clone())).await {
+            Ok(Ok(v)) => {
+                self.worked();
+                Some(v)
+            }
+            Ok(Err(e)) => {
+                self.failed(what, &e.to_string());
+                None
+            }
+            Err(_) => {
+                self.failed(what, "timed out");
+                None
+            }
+        }
+    }
+
+    /// A fresh page for `key` (public scope) under `protocol`, if another process (or
+    /// this one) stored it.
+    pub async fn get(&self, key: &CacheKey, protocol: &str) -> Option<Hit> {
+        let hit = self.lookup(key, protocol).await;
+        let counter = if hit.is_some() {
+            &self.counts.hits
+        } else {
+            &self.counts.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    async fn lookup(&self, key: &CacheKey, protocol: &str) -> Option<Hit> {
+        if key.scope != "public" || !self.shares(&key.server) || !self.usable() {
+            return None;
+        }
+        let redis_key = self.redis_key(key, protocol);
+        let (bytes, pttl): (Option<Vec<u8>>, i64) = self
+            .run("read", async |mut conn| {
+                redis::pipe()
+                    .cmd("GET")
+                    .arg(&redis_key)
+                    .cmd("PTTL")
+                    .arg(&redis_key)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let bytes = bytes?;
+        if pttl <= 0 {
+            return None;
+        }
+        if bytes.len() > self.config.max_entry_bytes + 512 {
+            self.reject(&redis_key, "larger than max_entry_bytes");
+            return None;
+        }
+        let stored: Stored = match serde_json::from_slice(&bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                self.reject(&redis_key, &format!("not an entry: {e}"));
+                return None;
+            }
+        };
+        let same = stored.server == key.server
+            && stored.fingerprint == key.fingerprint
+            && stored.protocol == protocol
+            && stored.method == key.method
+            && stored.cursor == key.param;
+        if !same {
+            self.reject(&redis_key, "stored for another key");
+            return None;
+        }
+        if CacheHints::of(&stored.page).scope != CacheScope::Public
+            || !matches!(ResultType::of(&stored.page), Ok(ResultType::Complete))
+        {
+            self.reject(&redis_key, "not a public, complete page");
+            return None;
+        }
+        let size = json_size(&stored.page);
+        if size > self.config.max_entry_bytes {
+            self.reject(&redis_key, "larger than max_entry_bytes");
+            return None;
+        }
+        Some(Hit {
+            value: Arc::new(stored.page),
+            bytes: size,
+            remaining: Duration::from_millis(pttl.unsigned_abs()),
+            ttl: Duration::from_millis(pttl.unsigned_abs()),
+            scope: CacheScope::Public,
+        })
+    }
+
+    /// Writes the public pages of one list in the background (see the module docs).
+    pub fn put(self: &Arc<Self>, pages: &[Page], protocol: &str) {
+        let mut writes = Vec::new();
+        for page in pages {
+            if page.key.scope != "public" || !self.shares(&page.key.server) {
+                continue;
+            }
+            if page.bytes > self.config.max_entry_bytes {
+                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let stored = Stored {
+                server: page.key.server.clone(),
+                fingerprint: page.key.fingerprint.clone(),
+                protocol: protocol.to_string(),
+                method: page.key.method.clone(),
+                cursor: page.key.param.clone(),
+                page: (*page.value).clone(),
+            };
+            let Ok(body) = serde_json::to_vec(&stored) else {
+                continue;
+            };
+            let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+            writes.push((self.redis_key(&page.key, protocol), body, ms));
+        }
+        if writes.is_empty() || !self.usable() {
+            return;
+        }
+        let Ok(permit) = self.writes.clone().try_acquire_owned() else {
+            self.counts
+                .dropped_writes
+                .fetch_add(writes.len() as u64, Ordering::Relaxed);
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let n = writes.len() as u64;
+            let done: Option<()> = this
+                .run("write", async |mut conn| {
+                    let mut pipe = redis::pipe();
+                    for (key, body, ms) in &writes {
+                        pipe.cmd("SET")
+                            .arg(key)
+                            .arg(body)
+                            .arg("PX")
+                            .arg(*ms)
+                            .ignore();
+                    }
+                    pipe.query_async(&mut conn).await
+                })
+                .await;
+            if done.is_some() {
+                this.counts.writes.fetch_add(n, Ordering::Relaxed);
+            }
+            drop(permit);
+        });
+    }
+
+    /// Deletes `server`'s entries from Redis and tells the other processes to drop
+    /// theirs. Does nothing for a server that is not shared.
+    pub async fn invalidate(&self, server: &str) {
+        if !self.shares(server) {
+            return;
+        }
+        let pattern = format!("{}:list:{server}:*", self.config.prefix);
+        let message = serde_json::to_string(&Changed {
+            origin: self.origin.clone(),
+            server: server.to_string(),
+        })
+        .unwrap_or_default();
+        let channel = self.config.channel();
+        // Not skipped while the layer backs off: a lost invalidation leaves other
+        // processes stale, so it is always tried, within the bound.
+        let published: Option<()> = self
+            .run("invalidate", async |mut conn| {
+                let mut cursor = 0u64;
+                // A SCAN walk is bounded by the keyspace; each round is one command.
+                for _ in 0..10_000 {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .cursor_arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await?;
+                    if !keys.is_empty() {
+                        redis::cmd("DEL")
+                            .arg(&keys)
+                            .query_async::<()>(&mut conn)
+                            .await?;
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+                redis::cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(&message)
+                    .query_async::<()>(&mut conn)
+                    .await
+            })
+            .await;
+        if published.is_some() {
+            self.counts.published.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Listens for other processes' invalidations until the layer is dropped: `changed`
+    /// is called with a server id for each one heard, and with every shared server
+    /// after the subscription was re-established (changes may have been missed).
+    pub fn listen(self: &Arc<Self>, changed: impl Fn(&str) + Send + Sync + 'static) {
+        let client = self.client.clone();
+        let channel = self.config.channel();
+        let origin = self.origin.clone();
+        let servers = self.config.servers.clone();
+        let this = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut waits = backoff();
+            let mut subscribed_before = false;
+            loop {
+                let connected = tokio::time::timeout(Duration::from_secs(2), async {
+                    let mut pubsub = client.get_async_pubsub().await?;
+                    pubsub.subscribe(&channel).await?;
+                    Ok::<_, redis::RedisError>(pubsub)
+                })
+                .await;
+                match connected {
+                    Ok(Ok(mut pubsub)) => {
+                        waits = backoff();
+                        if subscribed_before {
+                            tracing::info!(
+                                "shared cache subscription re-established; shared lists are read again"
+                            );
+                            servers.iter().for_each(|s| changed(s));
+                        }
+                        subscribed_before = true;
+                        let mut messages = pubsub.on_message();
+                        while let Some(msg) = messages.next().await {
+                            let Some(this) = this.upgrade() else { return };
+                            let heard: Option<Changed> = (msg.get_payload_bytes().len() <= 4096)
+                                .then(|| serde_json::from_slice(msg.get_payload_bytes()).ok())
+                                .flatten();
+                            match heard {
+                                Some(c) if c.origin == origin => {}
+                                Some(c) if this.shares(&c.server) => {
+                                    this.counts.received.fetch_add(1, Ordering::Relaxed);
+                                    tracing::debug!(server = %c.server, "a peer dropped a shared server's lists");
+                                    changed(&c.server);
+                                }
+                                Some(_) => {}
+                                None => {
+                                    this.reject(&channel, "an invalidation message that is not one")
+                                }
+                            }
+                        }
+                        tracing::debug!("shared cache subscription ended");
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "shared cache subscription failed"),
+                    Err(_) => tracing::debug!("shared cache subscription timed out"),
+                }
+                if this.strong_count() == 0 {
+                    return;
+                }
+                tokio::time::sleep(waits.next().unwrap_or(MAX_BACKOFF)).await;
+            }
+        });
+        if let Some(old) = self.listener.lock().replace(task.abort_handle()) {
+            old.abort();
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> SharedStats {
+        let c = &self.counts;
+        SharedStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            dropped_writes: c.dropped_writes.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            published: c.published.load(Ordering::Relaxed),
+            received: c.received.load(Ordering::Relaxed),
+            available: self.usable(),
+        }
+    }
+
+    /// Waits (up to `limit`) for the background writes under way: a process that
+    /// exits right after listing still leaves its lists to the others.
+    pub async fn drain(&self, limit: Duration) {
+        let all = MAX_WRITES_IN_FLIGHT as u32;
+        if let Ok(Ok(permits)) = tokio::time::timeout(limit, self.writes.acquire_many(all)).await {
+            drop(permits);
+        }
+    }
+
+    /// Stops listening (the harness is shutting down).
+    pub fn close(&self) {
+        if let Some(task) = self.listener.lock().take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for SharedCache {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,316 @@
+//! The shared cache layer (L3) against a real Redis server started by each test on a
+//! free loopback port: lists shared between processes, only public ones of allow-listed
+//! servers, invalidation heard across processes, and Redis down, killed, restarted or
+//! full of garbage never failing a call.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mcp_harness::registry::cache::shared::SharedConfig;
+use mcp_harness::{Caller, HarnessConfig, HarnessHandle, ServerConfig};
+use serde_json::{Value, json};
+use support::*;
+
+fn a() -> Caller {
+    Caller::agent("a")
+}
+
+fn count(record: &Path, method: &str) -> usize {
+    recorded(&record.to_path_buf())
+        .iter()
+        .filter(|r| r["method"] == method)
+        .count()
+}
+
+fn config(servers: Vec<ServerConfig>, shared: SharedConfig) -> HarnessConfig {
+    let mut c = HarnessConfig {
+        servers,
+        permissions: grant_everything(&["a", "local"]),
+        ..HarnessConfig::default()
+    };
+    c.cache.shared = Some(shared);
+    c
+}
+
+/// A TOML config for the CLI: one stdio demo server recording to `record`, shared.
+fn cli_config(tag: &str, record: &Path, redis: &str) -> PathBuf {
+    let path = temp_file(tag).with_extension("toml");
+    let toml = format!(
+        "[[servers]]\nid = \"pub\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"pub\", \"--record\", {:?}] }}\n[cache.shared]\nurl = {redis:?}\nservers = [\"pub\"]\n[permissions.local]\n\"*\" = [\"*\"]\n",
+        harness_exe(),
+        record.to_string_lossy(),
+    );
+    std::fs::write(&path, toml).expect("write config");
+    path
+}
+
+fn cli_tools(config: &Path) -> Vec<Value> {
+    let out = std::process::Command::new(harness_exe())
+        .args(["tools", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("run mcp-harness tools");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON tool list")
+}
+
+#[tokio::test]
+async fn a_second_process_with_an_empty_disk_serves_the_first_ones_public_lists_without_asking() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-cold");
+    let config = cli_config("l3-cold", &record, &redis.url());
+    let first = cli_tools(&config);
+    assert!(!first.is_empty());
+    assert_eq!(count(&record, "tools/list"), 1, "process A listed once");
+    let keys = redis.keys().await;
+    assert!(
+        keys.iter().any(|k| k.starts_with("mcp-harness:list:pub:")),
+        "A's public list is in Redis: {keys:?}"
+    );
+    // Process B: no disk layer, nothing in memory; the list comes from Redis.
+    let second = cli_tools(&config);
+    assert_eq!(second, first, "the same tools");
+    assert_eq!(
+        count(&record, "tools/list"),
+        1,
+        "process B sent no tools/list to the server"
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn private_entries_and_servers_not_allow_listed_never_reach_redis() {
+    let redis = Redis::start().await;
+    let shared = SharedConfig::new(redis.url(), vec!["pub".into(), "priv".into()]);
+    let h = start_ready(config(
+        vec![
+            demo_server("pub", &[]),
+            demo_server("priv", &["--cache-scope", "private"]),
+            demo_server("other", &[]),
+        ],
+        shared,
+    ))
+    .await;
+    let caller = Caller {
+        agent_id: Some("a".into()),
+        auth_context: Some("alice".into()),
+    };
+    let tools = h.list_tools(&caller).await.expect("list");
+    for server in ["pub", "priv", "other"] {
+        assert!(
+            tools.iter().any(|t| &*t.server == server),
+            "{server} listed"
+        );
+    }
+    // Every list is cached here (the private one under alice's context)...
+    assert_eq!(h.cache_stats().l1.entries, 3);
+    h.shutdown().await; // waits for the background writes
+    // ...and only the public list of an allow-listed server is in Redis.
+    let keys = redis.keys().await;
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k.starts_with("mcp-harness:list:pub:")),
+        "{keys:?}"
+    );
+    let mut c = redis.connection().await.expect("connect");
+    for key in &keys {
+        let body: String = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("GET");
+        assert!(!body.contains("private"), "{body}");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("PTTL");
+        assert!(
+            pttl > 0 && pttl <= 60_000,
+            "the page's ttlMs (60 s) became the expiry: {pttl}"
+        );
+    }
+}
+
+/// One demo server over HTTP, reached by two harnesses (two processes' worth of state:
+/// each has its own caches, connection and subscription).
+async fn two_harnesses(redis: &Redis, server: &HttpServer) -> (HarnessHandle, HarnessHandle) {
+    let spec = ServerConfig::new("web", server.spec());
+    let shared = SharedConfig::new(redis.url(), vec!["web".into()]);
+    let a = start_ready(config(vec![spec.clone()], shared.clone())).await;
+    let b = start_ready(config(vec![spec], shared)).await;
+    (a, b)
+}
+
+#[tokio::test]
+async fn a_list_change_seen_by_one_process_is_dropped_by_the_other_within_two_seconds() {
+    let redis = Redis::start().await;
+    let server = HttpServer::demo(&["web", "--sse"]).await;
+    let (ha, hb) = two_harnesses(&redis, &server).await;
+    let before = ha.list_tools(&a()).await.expect("A lists").len();
+    // A's write to Redis is in the background.
+    assert!(eventually(Duration::from_secs(5), || ha.cache_stats().l3.writes >= 1).await);
+    assert_eq!(hb.list_tools(&a()).await.expect("B lists").len(), before);
+    assert_eq!(hb.cache_stats().l3.hits, 1, "B's list came from Redis");
+    // A's call makes the server add a tool and tell A's session (only A's) so.
+    ha.call_tool(&a(), "web__grow", json!({}))
+        .await
+        .expect("grow");
+    let started = Instant::now();
+    // The bound: B drops its entries within 2 s of A hearing of the change.
+    assert!(
+        eventually(Duration::from_secs(2), || hb.cache_stats().l3.received >= 1).await,
+        "B heard of the change: {:?}",
+        hb.cache_stats()
+    );
+    let heard_in = started.elapsed();
+    let after = hb.list_tools(&a()).await.expect("B lists again");
+    assert_eq!(
+        after.len(),
+        before + 1,
+        "B sees the new tool ({heard_in:?})"
+    );
+    assert!(after.iter().all(|t| !t.from_cache));
+    ha.shutdown().await;
+    hb.shutdown().await;
+}
+
+#[tokio::test]
+async fn redis_killed_and_restarted_mid_traffic_fails_no_call_and_caching_resumes() {
+    let mut redis = Redis::start().await;
+    let record = temp_file("l3-kill");
+    let rec = record.to_string_lossy().into_owned();
+    let shared = SharedConfig::new(redis.url(), vec!["s".into()]);
+    let h = start_ready(config(
+        vec![demo_server("s", &["--record", &rec, "--ttl-ms", "300"])],
+        shared,
+    ))
+    .await;
+    let traffic = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut calls = 0;
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                if let Err(e) = h.list_tools(&a()).await {
+                    failures.push(e.to_string());
+                }
+                if let Err(e) = h.call_tool(&a(), "s__echo", json!({"text": "x"})).await {
+                    failures.push(e.to_string());
+                }
+                calls += 2;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (calls, failures)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(h.cache_stats().l3.writes >= 1, "{:?}", h.cache_stats());
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let down = h.cache_stats().l3;
+    assert!(down.errors >= 1 && !down.available, "{down:?}");
+    redis.restart().await;
+    let (calls, failures) = traffic.await.expect("traffic");
+    assert!(
+        failures.is_empty(),
+        "{} of {calls} failed: {failures:?}",
+        failures.len()
+    );
+    // Caching resumes: the (short-lived) list is written to the new, empty Redis.
+    assert!(
+        eventually(Duration::from_secs(40), || h.cache_stats().l3.available).await,
+        "{:?}",
+        h.cache_stats()
+    );
+    let mut back = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !back && Instant::now() < deadline {
+        h.list_tools(&a()).await.expect("list");
+        back = !redis.keys().await.is_empty();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "the list is in Redis again: {:?}", h.cache_stats());
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_redis_that_is_down_from_the_start_costs_nothing_but_its_counters() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port(); // closed again: nothing listens there
+    let shared = SharedConfig::new(format!("redis://127.0.0.1:{port}"), vec!["s".into()]);
+    let h = start_ready(config(vec![demo_server("s", &[])], shared)).await;
+    for _ in 0..3 {
+        assert!(!h.list_tools(&a()).await.expect("list").is_empty());
+        h.call_tool(&a(), "s__echo", json!({"text": "x"}))
+            .await
+            .expect("call");
+    }
+    let stats = h.cache_stats();
+    assert!(stats.l3.errors >= 1 && stats.l3.hits == 0, "{stats:?}");
+    assert!(stats.l1.hits >= 2, "memory serves as usual: {stats:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server_asked() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-garbage");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let shared = SharedConfig::new(redis.url(), vec!["s".into()]);
+    let first = start_ready(config(vec![server()], shared.clone())).await;
+    let tools = first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let keys = redis.keys().await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let mut c = redis.connection().await.expect("connect");
+    let poisoned = |page: Value| {
+        json!({"server": "s", "fingerprint": "another", "protocol": "2026-07-28",
+               "method": "tools/list", "cursor": null, "page": page})
+        .to_string()
+    };
+    let evil = json!({"resultType": "complete", "cacheScope": "public", "ttlMs": 60000,
+                      "tools": [{"name": "evil", "inputSchema": {"type": "object"}}]});
+    for body in ["\u{0}\u{1}not json".to_string(), poisoned(evil)] {
+        let _: () = redis::cmd("SET")
+            .arg(&keys[0])
+            .arg(&body)
+            .arg("KEEPTTL")
+            .query_async(&mut c)
+            .await
+            .expect("SET");
+        let h = start_ready(config(vec![server()], shared.clone())).await;
+        let listed = h.list_tools(&a()).await.expect("list");
+        assert_eq!(
+            listed,
+            tools
+                .iter()
+                .map(|t| mcp_harness::ToolInfo {
+                    from_cache: false,
+                    ..t.clone()
+                })
+                .collect::<Vec<_>>()
+        );
+        assert!(listed.iter().all(|t| &*t.name != "evil"));
+        assert_eq!(h.cache_stats().l3.rejected, 1, "{:?}", h.cache_stats());
+        h.shutdown().await;
+    }
+    assert_eq!(
+        count(&record, "tools/list"),
+        3,
+        "each refused entry cost one listing"
+    );
+    let _ = std::fs::remove_file(record);
+}
