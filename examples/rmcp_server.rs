@@ -2,7 +2,8 @@
 //! of mcp-harness against the official SDK. `rmcp_server stdio` serves MCP on stdin/stdout;
 //! `rmcp_server http [--json]` prints `listening http://127.0.0.1:PORT/mcp` and serves Streamable
 //! HTTP until killed or stdin reaches EOF (`--json`: per-request POSTs get JSON, not SSE).
-//! Tools: `echo`, `add`, `whoami`. Logs (`RUST_LOG`, default `error`) go to stderr only.
+//! Tools: `echo`, `add`, `whoami`, and `grow`, which adds the tool `extra` and tells every
+//! `subscriptions/listen` subscription that the tool list changed. Logs (`RUST_LOG`, default `error`) go to stderr only.
 
 use std::{convert::Infallible, io::Write, sync::Arc, time::Duration};
 
@@ -12,9 +13,9 @@ use hyper_util::rt::TokioIo;
 use rmcp::{
     RoleServer, ServerHandler, ServiceExt,
     handler::server::{router::tool::ToolRouter, wrapper::Parameters},
-    model::{Implementation, ServerCapabilities, ServerConfig},
+    model::{Implementation, ServerCapabilities, ServerConfig, SubscriptionFilter},
     schemars::JsonSchema,
-    service::RequestContext,
+    service::{RequestContext, SubscriptionContext, SubscriptionSink},
     tool, tool_handler, tool_router,
     transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
@@ -39,15 +40,43 @@ struct AddArgs {
 
 #[derive(Clone)]
 struct Interop {
-    tool_router: ToolRouter<Self>,
+    /// What `tools/list` shows: every tool but `extra` until `grow` is called.
+    tool_router: Arc<parking_lot::RwLock<ToolRouter<Self>>>,
+    /// Open `subscriptions/listen` subscriptions.
+    listeners: Arc<parking_lot::Mutex<Vec<SubscriptionSink>>>,
 }
 
 #[tool_router]
 impl Interop {
     fn new() -> Self {
+        let mut router = Self::tool_router();
+        router.remove_route("extra");
         Self {
-            tool_router: Self::tool_router(),
+            tool_router: Arc::new(parking_lot::RwLock::new(router)),
+            listeners: Arc::default(),
         }
+    }
+
+    fn router(&self) -> ToolRouter<Self> {
+        self.tool_router.read().clone()
+    }
+
+    #[tool(description = "Add the tool `extra` and announce the change to subscribers")]
+    async fn grow(&self) -> String {
+        *self.tool_router.write() = Self::tool_router();
+        let sinks: Vec<SubscriptionSink> = self.listeners.lock().clone();
+        let mut told = 0;
+        for sink in sinks {
+            if sink.notify_tool_list_changed().await.is_ok() {
+                told += 1;
+            }
+        }
+        format!("extra added; {told} subscriptions told")
+    }
+
+    #[tool(description = "A tool that appears only after `grow`")]
+    fn extra(&self) -> String {
+        "extra".into()
     }
 
     #[tool(description = "Return the given text unchanged")]
@@ -74,15 +103,33 @@ impl Interop {
     }
 }
 
-#[tool_handler(router = self.tool_router)]
+#[tool_handler(router = self.router())]
 impl ServerHandler for Interop {
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), rmcp::ErrorData> {
+        self.listeners.lock().push(context.sink().clone());
+        context.cancelled().await;
+        Ok(())
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "rmcp-interop",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions("rmcp interop test server")
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "rmcp-interop",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions("rmcp interop test server")
     }
 }
 

@@ -19,6 +19,9 @@ pub(crate) struct HarnessClient {
     /// Where change events are announced.
     pub(crate) events: std::sync::Arc<crate::registry::Registry>,
     pub(crate) progress: std::sync::Arc<super::ProgressRouter>,
+    /// For reading a changed tool list again (weak: the context holds the servers,
+    /// which hold this).
+    pub(crate) ctx: std::sync::Weak<super::CallContext>,
 }
 
 impl ClientSide for HarnessClient {
@@ -56,6 +59,16 @@ impl ClientSide for HarnessClient {
     fn lists_changed(&self, server: &str, changed: ListsChanged) {
         tracing::debug!(server, ?changed, "server lists changed");
         self.registry.invalidate(server);
+        if changed.tools
+            && let Some(ctx) = self.ctx.upgrade()
+        {
+            // Read again now, so the change is seen (ToolsChanged) without a caller.
+            let (server, registry) = (server.to_string(), self.registry.clone());
+            tokio::spawn(async move {
+                registry.flush().await;
+                super::listing::refetch_tools(&ctx, &server).await;
+            });
+        }
         self.events
             .announce(crate::registry::HarnessEvent::ListsChanged {
                 server: server.to_string(),

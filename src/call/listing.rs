@@ -137,6 +137,21 @@ fn refresh_if_due(
     });
 }
 
+/// Reads a server's tool list again, past the cache (it changed): the new pages are
+/// cached and compared with the last ones, which announces `ToolsChanged`.
+pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
+    let Some(server) = ctx.servers.get(server) else {
+        return;
+    };
+    if !offers(&server, CallKind::Tool) {
+        return;
+    }
+    let timeout = server.config().timeout;
+    if let Walk::Failed(e) = walk(ctx, &server, CallKind::Tool, None, timeout, false).await {
+        tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
+    }
+}
+
 /// One walk of one list: the pages read so far, what of them to cache, the bounds.
 struct Walker<'a> {
     ctx: &'a CallContext,

@@ -198,6 +198,7 @@ impl Harness {
             registry: registry_ref.clone(),
             events: registry.clone(),
             progress: ctx.progress.clone(),
+            ctx: Arc::downgrade(&ctx),
         });
         let services = Services {
             audit_sink,

@@ -53,6 +53,8 @@ struct Attempt {
     attempt: u64,
     actor: ActorRef<ConnMsg>,
     conn: Option<Arc<Connection>>,
+    /// `subscriptions/listen` on this connection; ends with the attempt.
+    listen: Option<super::listen::Listener>,
 }
 
 /// The state of a server actor.
@@ -66,6 +68,9 @@ pub struct ServerActorState {
     /// A new connection replacing the current one (capabilities changed).
     handover: Option<Attempt>,
     ready_at: Option<Instant>,
+    /// Whether a connection of this server listened for changes before (a new one then
+    /// reads its lists again: nothing is replayed).
+    listened: bool,
     restarts: RestartTracker,
     queue: RequestQueue,
     last_error: Option<String>,
@@ -101,6 +106,7 @@ impl Actor for ServerActor {
             current: None,
             handover: None,
             ready_at: None,
+            listened: false,
             restarts,
             queue,
             last_error: None,
@@ -310,6 +316,7 @@ impl ServerActorState {
                 attempt: self.attempt,
                 actor,
                 conn: None,
+                listen: None,
             }),
             Err(e) => Err(format!("could not start a connection actor: {e}")),
         }
@@ -416,17 +423,29 @@ impl ServerActorState {
         }
     }
 
+    /// Starts listening for list changes on a new connection (modern servers that
+    /// announce them).
+    fn listen(&mut self, attempt: u64, conn: &Arc<Connection>) -> Option<super::listen::Listener> {
+        let actor = self.args.server.actor()?;
+        let listener = super::listen::start(actor, attempt, conn.clone(), self.listened)?;
+        self.listened = true;
+        Some(listener)
+    }
+
     async fn on_connection_up(&mut self, attempt: u64, conn: Arc<Connection>) {
         if conn.is_closed() {
             return;
         }
         if let Some(handover) = self.handover.take_if(|h| h.attempt == attempt) {
             // The replacement is up: switch, and let the old connection drain.
+            let listen = self.listen(attempt, &conn);
             let old = self.current.replace(Attempt {
                 conn: Some(conn.clone()),
+                listen,
                 ..handover
             });
-            if let Some(old) = old {
+            if let Some(mut old) = old {
+                old.listen = None;
                 drain_and_stop(old, self.args.server.config().timeout);
             }
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
@@ -446,6 +465,10 @@ impl ServerActorState {
             return; // a stale attempt
         };
         current.conn = Some(conn.clone());
+        let listen = self.listen(attempt, &conn);
+        if let Some(current) = self.current.as_mut() {
+            current.listen = listen;
+        }
         self.record_connection(&conn);
         self.span.in_scope(|| {
             tracing::info!(server = %self.id(), era = conn.era().as_str(), version = %conn.protocol_version(), pid = ?conn.pid(), "server ready")

@@ -15,6 +15,7 @@ mod config;
 pub(crate) mod connection_actor;
 mod directory;
 pub mod error;
+mod listen;
 mod msg;
 mod queue;
 pub mod restart;

@@ -34,6 +34,7 @@ pub(super) struct Dispatch {
     pub(super) calls_in_flight: Arc<AtomicUsize>,
     pub(super) answering: Arc<Semaphore>,
     pub(super) allow_unsolicited_input: bool,
+    pub(super) subscriptions: super::listen::Subscriptions,
 }
 
 impl Dispatch {
@@ -42,6 +43,9 @@ impl Dispatch {
             match message {
                 Inbound::Request(request) => self.on_request(request).await,
                 Inbound::Notification(n) => {
+                    let Err(n) = self.subscriptions.route(n) else {
+                        continue;
+                    };
                     if self.events.try_send(ServerEvent::Notification(n)).is_err() {
                         tracing::debug!(
                             server = %self.server,

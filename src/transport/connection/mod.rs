@@ -22,6 +22,7 @@
 
 mod dispatch;
 mod handshake;
+mod listen;
 mod options;
 mod probe;
 
@@ -64,6 +65,8 @@ pub struct Connection {
     in_flight: AtomicUsize,
     /// The calls among them (see [`CALL_METHODS`]).
     calls_in_flight: Arc<AtomicUsize>,
+    /// Open `subscriptions/listen` requests, whose notifications the dispatcher routes.
+    subscriptions: listen::Subscriptions,
     dispatcher: JoinHandle<()>,
 }
 
@@ -167,7 +170,9 @@ impl Connection {
         let envelope = envelope(&options, profile.protocol_version());
         let (events_tx, events_rx) = mpsc::channel(options.event_capacity);
         let calls_in_flight = Arc::new(AtomicUsize::new(0));
+        let subscriptions = listen::Subscriptions::default();
         let dispatch = Dispatch {
+            subscriptions: subscriptions.clone(),
             server: server.to_string(),
             transport: Arc::downgrade(&transport),
             events: events_tx,
@@ -193,6 +198,7 @@ impl Connection {
             ids,
             in_flight: AtomicUsize::new(0),
             calls_in_flight,
+            subscriptions,
             dispatcher,
         };
         Ok((connection, events_rx))

@@ -91,6 +91,11 @@ impl Peer {
         }
     }
 
+    /// Whether the client is gone (an HTTP stream closed).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     pub fn notify(&self, method: &str, params: Value) {
         let n = Notification {
             method: method.into(),
@@ -157,6 +162,8 @@ pub struct DemoServer {
     record: Option<Arc<Mutex<std::fs::File>>>,
     /// Tools added at run time by the `grow` tool (its list changes).
     pub grown: AtomicU64,
+    /// Open `subscriptions/listen` requests: their ids and streams.
+    listeners: Mutex<Vec<(RequestId, Peer)>>,
     /// While `now` is before this, every request waits (a hung server).
     pub frozen_until: Mutex<Option<std::time::Instant>>,
     /// What the client answered to `ask_later`.
@@ -189,6 +196,7 @@ impl DemoServer {
             calls: AtomicU64::new(0),
             record,
             grown: AtomicU64::new(0),
+            listeners: Mutex::new(Vec::new()),
             frozen_until: Mutex::new(None),
             last_ask: Arc::new(Mutex::new(None)),
             client_elicitation: AtomicBool::new(false),
@@ -358,6 +366,7 @@ impl DemoServer {
                 }
                 tools::call(self, request, ctx).await
             }
+            "subscriptions/listen" => self.listen(request, ctx),
             "prompts/list" => Action::Reply(Ok(
                 json!({"prompts": [{"name": "greet", "description": "Greets someone", "arguments": [{"name": "who", "required": true}]}]}),
             )),
@@ -370,6 +379,47 @@ impl DemoServer {
                 METHOD_NOT_FOUND,
                 format!("Method not found: {other}"),
             ))),
+        }
+    }
+
+    /// Opens a subscription: acknowledges what of the filter it serves (tool list
+    /// changes only), then holds the request open.
+    fn listen(&self, request: &Request, ctx: &Ctx) -> Action {
+        let asked = request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("notifications"))
+            .and_then(|n| n.get("toolsListChanged"))
+            == Some(&json!(true));
+        let id = serde_json::to_value(&request.id).unwrap_or(Value::Null);
+        ctx.peer.notify(
+            "notifications/subscriptions/acknowledged",
+            json!({"notifications": {"toolsListChanged": asked},
+                   "_meta": {"io.modelcontextprotocol/subscriptionId": id}}),
+        );
+        if asked {
+            let mut listeners = self.listeners.lock();
+            listeners.retain(|(_, p)| !p.is_closed());
+            listeners.push((request.id.clone(), ctx.peer.clone()));
+        }
+        Action::NoReply
+    }
+
+    /// Ends a subscription the client cancelled (stdio).
+    pub fn unlisten(&self, id: &RequestId) {
+        self.listeners.lock().retain(|(i, _)| i != id);
+    }
+
+    /// Tells every open subscription that the tool list changed.
+    pub fn tools_changed(&self) {
+        let mut listeners = self.listeners.lock();
+        listeners.retain(|(_, p)| !p.is_closed());
+        for (id, peer) in listeners.iter() {
+            let id = serde_json::to_value(id).unwrap_or(Value::Null);
+            peer.notify(
+                "notifications/tools/list_changed",
+                json!({"_meta": {"io.modelcontextprotocol/subscriptionId": id}}),
+            );
         }
     }
 

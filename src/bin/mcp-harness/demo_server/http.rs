@@ -414,6 +414,7 @@ async fn post(
         .and_then(Value::as_str)
         .unwrap_or("");
     let streaming = state.server.args.sse
+        || request.method == "subscriptions/listen"
         || (request.method == "tools/call" && tools::STREAMING_TOOLS.contains(&tool));
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let ctx = Ctx {

@@ -59,6 +59,12 @@ pub async fn serve(server: Arc<DemoServer>, ignore_eof: bool) -> anyhow::Result<
                 outcome,
             })) => Peer::deliver(&pending, &id, outcome),
             Ok(Message::Notification(n)) => {
+                if n.method == "notifications/cancelled"
+                    && let Some(id) = n.params.as_ref().and_then(|p| p.get("requestId"))
+                    && let Ok(id) = serde_json::from_value::<RequestId>(id.clone())
+                {
+                    server.unlisten(&id);
+                }
                 server.record(json!({"notification": n.method, "params": n.params}));
             }
             Ok(Message::Response(_)) => {}

@@ -122,8 +122,13 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         n if server.args.tool_alias.iter().any(|a| a == n) => reply(text(server.args.name.clone())),
         "grow" => {
             let n = server.grown.fetch_add(1, Ordering::SeqCst) + 1;
-            ctx.peer
-                .notify("notifications/tools/list_changed", json!({}));
+            // Modern servers announce changes on subscriptions only.
+            if ctx.legacy {
+                ctx.peer
+                    .notify("notifications/tools/list_changed", json!({}));
+            } else {
+                server.tools_changed();
+            }
             reply(text(format!("{n} tools added")))
         }
         "notify_changed" => {

@@ -1,0 +1,236 @@
+//! A modern server's change notifications: `subscriptions/listen` held open on each of
+//! its connections for the lists it says change (`capabilities.*.listChanged`).
+//!
+//! The rules a listener keeps: the acknowledgment comes first (within
+//! [`ACK_TIMEOUT`]), for the same subscription, and accepts only what was asked;
+//! otherwise the subscription is closed and the server's lists stay fresh by their TTL
+//! and refresh ahead. Notifications of lists it did not accept are ignored. Change
+//! notifications go to the server actor as inbound events, where they are coalesced
+//! like a legacy server's. A subscription the server ends is opened again after a
+//! pause; one that ends with its connection is opened again on the next connection by
+//! the actor, and the spec promises no replay, so every open after the first says all
+//! its lists changed (they are read again).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::ActorRef;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::client::ListsChanged;
+use super::msg::ServerMsg;
+use crate::protocol::Notification;
+use crate::transport::{Connection, Era, ServerEvent};
+
+/// How long the server has to acknowledge a subscription.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pause before a subscription the server ended is opened again.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
+/// Ends the listener when dropped (its connection attempt ended or was replaced).
+pub(super) struct Listener(tokio::task::AbortHandle);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The lists `capabilities` says change and are announced.
+fn announced(capabilities: &Value) -> ListsChanged {
+    let says = |kind: &str| capabilities[kind]["listChanged"] == json!(true);
+    ListsChanged {
+        tools: says("tools"),
+        prompts: says("prompts"),
+        resources: says("resources"),
+    }
+}
+
+fn filter(lists: ListsChanged) -> Value {
+    json!({
+        "toolsListChanged": lists.tools,
+        "promptsListChanged": lists.prompts,
+        "resourcesListChanged": lists.resources,
+    })
+}
+
+/// What the acknowledgment accepted, if it is one and within what was asked.
+fn accepted(ack: &Notification, asked: ListsChanged) -> Result<ListsChanged, String> {
+    if ack.method != "notifications/subscriptions/acknowledged" {
+        return Err(format!(
+            "the first message was {}, not the acknowledgment",
+            ack.method
+        ));
+    }
+    let params = ack.params.clone().unwrap_or(Value::Null);
+    let agreed = params.get("notifications").unwrap_or(&params);
+    let yes = |k: &str| agreed.get(k) == Some(&json!(true));
+    let got = ListsChanged {
+        tools: yes("toolsListChanged"),
+        prompts: yes("promptsListChanged"),
+        resources: yes("resourcesListChanged"),
+    };
+    let beyond = (got.tools && !asked.tools)
+        || (got.prompts && !asked.prompts)
+        || (got.resources && !asked.resources);
+    if beyond {
+        return Err("the acknowledgment accepts notifications that were not asked for".into());
+    }
+    Ok(got)
+}
+
+/// Starts listening on `conn` for attempt `attempt`, if it is a modern connection whose
+/// server announces list changes; `reopened` says an earlier connection listened
+/// already (its lists are read again once this one is acknowledged).
+pub(super) fn start(
+    actor: ActorRef<ServerMsg>,
+    attempt: u64,
+    conn: Arc<Connection>,
+    reopened: bool,
+) -> Option<Listener> {
+    if conn.era() != Era::Modern {
+        return None;
+    }
+    let asked = announced(conn.profile().capabilities());
+    if !asked.any() {
+        return None;
+    }
+    let task = tokio::spawn(run(actor, attempt, conn, asked, reopened));
+    Some(Listener(task.abort_handle()))
+}
+
+async fn run(
+    actor: ActorRef<ServerMsg>,
+    attempt: u64,
+    conn: Arc<Connection>,
+    asked: ListsChanged,
+    mut reopened: bool,
+) {
+    let server = conn.server().to_string();
+    let tell = |method: &str| {
+        let n = Notification {
+            method: method.into(),
+            params: None,
+        };
+        let event = ServerEvent::Notification(n);
+        let _ = actor.send_message(ServerMsg::Inbound { attempt, event });
+    };
+    loop {
+        let (sink, mut notes) = mpsc::channel(16);
+        let listen = conn.listen(filter(asked), sink);
+        tokio::pin!(listen);
+        let first = tokio::select! {
+            n = notes.recv() => n,
+            ended = &mut listen => {
+                tracing::warn!(server, outcome = ?ended, "subscriptions/listen ended before its acknowledgment; lists stay fresh by TTL");
+                return;
+            }
+            _ = tokio::time::sleep(ACK_TIMEOUT) => None,
+        };
+        let got = match first.as_ref().map(|ack| accepted(ack, asked)) {
+            Some(Ok(got)) => got,
+            Some(Err(why)) => {
+                tracing::warn!(server, %why, "subscriptions/listen refused; lists stay fresh by TTL");
+                return;
+            }
+            None => {
+                tracing::warn!(
+                    server,
+                    "subscriptions/listen was not acknowledged in time; lists stay fresh by TTL"
+                );
+                return;
+            }
+        };
+        tracing::debug!(server, ?got, "listening for list changes");
+        if reopened {
+            // Nothing is replayed: what changed while nobody listened is read again.
+            for (on, method) in [
+                (got.tools, "notifications/tools/list_changed"),
+                (got.prompts, "notifications/prompts/list_changed"),
+                (got.resources, "notifications/resources/list_changed"),
+            ] {
+                if on {
+                    tell(method);
+                }
+            }
+        }
+        reopened = true;
+        loop {
+            tokio::select! {
+                n = notes.recv() => {
+                    let Some(n) = n else { break };
+                    let mut one = ListsChanged::default();
+                    let known = one.mark(&n.method);
+                    let wanted = (one.tools && got.tools) || (one.prompts && got.prompts) || (one.resources && got.resources);
+                    if known && wanted {
+                        tell(&n.method);
+                    } else {
+                        tracing::debug!(server, method = %n.method, "notification not subscribed to; ignored");
+                    }
+                }
+                ended = &mut listen => {
+                    tracing::debug!(server, outcome = ?ended, "subscriptions/listen ended");
+                    break;
+                }
+            }
+        }
+        if conn.is_closed() {
+            return; // the actor listens again on the next connection
+        }
+        tokio::time::sleep(REOPEN_AFTER).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(method: &str, params: Value) -> Notification {
+        Notification {
+            method: method.into(),
+            params: Some(params),
+        }
+    }
+
+    const TOOLS: ListsChanged = ListsChanged {
+        tools: true,
+        prompts: false,
+        resources: false,
+    };
+
+    #[test]
+    fn the_acknowledgment_must_come_first_and_accept_only_what_was_asked() {
+        let ack = |n: Value| {
+            note(
+                "notifications/subscriptions/acknowledged",
+                json!({"notifications": n}),
+            )
+        };
+        assert_eq!(
+            accepted(&ack(json!({"toolsListChanged": true})), TOOLS),
+            Ok(TOOLS)
+        );
+        assert_eq!(
+            accepted(&ack(json!({"toolsListChanged": false})), TOOLS),
+            Ok(ListsChanged::default()),
+            "a server may accept less"
+        );
+        assert!(
+            accepted(
+                &ack(json!({"toolsListChanged": true, "promptsListChanged": true})),
+                TOOLS
+            )
+            .is_err()
+        );
+        assert!(accepted(&note("notifications/tools/list_changed", json!({})), TOOLS).is_err());
+    }
+
+    #[test]
+    fn only_lists_announced_as_changing_are_asked_for() {
+        let caps = json!({"tools": {"listChanged": true}, "prompts": {}, "resources": {"listChanged": false}});
+        assert_eq!(announced(&caps), TOOLS);
+        assert!(!announced(&json!({"tools": {}})).any());
+    }
+}

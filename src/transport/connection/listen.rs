@@ -1,0 +1,114 @@
+//! `subscriptions/listen` on a modern connection: the request is held open, and the
+//! notifications the server tags with its id (`_meta["io.modelcontextprotocol/
+//! subscriptionId"]`) go to the listener that opened it, not to the connection's event
+//! channel. On HTTP they arrive on the request's own event stream, on stdio on the pipe
+//! beside everything else; the dispatcher routes both by the tag.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::{Connection, Era};
+use crate::protocol::{Notification, Request, RequestId, Stamp};
+use crate::transport::error::{RequestError, TransportError};
+
+/// The `_meta` key that ties a notification to its subscription.
+const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// How long a listen request may stay open: as long as the connection lives.
+const HELD_OPEN: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The open subscriptions of one connection, by request id.
+#[derive(Clone, Default)]
+pub(super) struct Subscriptions(Arc<Mutex<HashMap<String, mpsc::Sender<Notification>>>>);
+
+fn key(id: &Value) -> String {
+    id.to_string()
+}
+
+impl Subscriptions {
+    /// Hands `n` to its subscription if it carries a subscription id; `Err(n)` when it
+    /// carries none (the connection's event channel takes it).
+    pub(super) fn route(&self, n: Notification) -> Result<(), Notification> {
+        let Some(id) = n
+            .params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get(SUBSCRIPTION_ID))
+        else {
+            return Err(n);
+        };
+        let sink = self.0.lock().get(&key(id)).cloned();
+        match sink {
+            // Full: the listener has changes pending already, and one more says nothing new.
+            Some(sink) => {
+                let _ = sink.try_send(n);
+            }
+            None => {
+                tracing::debug!(method = %n.method, "notification for a subscription not open; dropped")
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes a subscription when its request ends, however it ends.
+struct Registered<'a>(&'a Subscriptions, String);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.0.lock().remove(&self.1);
+    }
+}
+
+impl Connection {
+    /// Opens `subscriptions/listen` with `notifications` (the filter) and holds it open:
+    /// every notification of the subscription goes to `sink`, the acknowledgment first
+    /// (if the server keeps the rules). Returns when the server ends it (its final
+    /// result) or the connection fails. Dropping the future ends the subscription (HTTP:
+    /// the stream is closed; stdio: `notifications/cancelled`).
+    pub async fn listen(
+        &self,
+        notifications: Value,
+        sink: mpsc::Sender<Notification>,
+    ) -> Result<Value, RequestError> {
+        if self.era() != Era::Modern {
+            return Err(RequestError::Transport(TransportError::NotSent(
+                "subscriptions/listen is a 2026-07-28 request".into(),
+            )));
+        }
+        let id = self.ids.next();
+        let id_value = match &id {
+            RequestId::Number(n) => Value::from(*n),
+            RequestId::String(s) => Value::from(s.clone()),
+        };
+        let _registered = {
+            let k = key(&id_value);
+            self.subscriptions.0.lock().insert(k.clone(), sink);
+            Registered(&self.subscriptions, k)
+        };
+        let request = Request {
+            id,
+            method: "subscriptions/listen".into(),
+            params: Some(serde_json::json!({ "notifications": notifications })),
+        };
+        let envelope = self.envelope.read().clone();
+        let stamp = Stamp {
+            envelope: &envelope,
+            capabilities: None,
+        };
+        match self
+            .transport
+            .request(&request, Some(stamp), HELD_OPEN, None)
+            .await
+        {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(error)) => Err(RequestError::Rpc(error)),
+            Err(e) => Err(RequestError::Transport(e)),
+        }
+    }
+}

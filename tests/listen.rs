@@ -1,0 +1,189 @@
+//! `subscriptions/listen` upstream: for 2026-07-28 servers that announce list changes,
+//! the harness holds a subscription open on each connection (stdio: on the pipe; HTTP:
+//! the long-lived POST), and a tool added upstream appears without waiting for the
+//! TTL (60 s here) and without anyone listing: the change is read at once and
+//! announced as `ToolsChanged`.
+
+mod support;
+
+use std::time::Duration;
+
+use mcp_harness::registry::HarnessEvent;
+use mcp_harness::{Caller, HarnessConfig, HarnessHandle, ServerConfig};
+use serde_json::json;
+use support::*;
+
+fn a() -> Caller {
+    Caller::agent("a")
+}
+
+fn config(server: ServerConfig) -> HarnessConfig {
+    HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    }
+}
+
+/// Calls `grow` on `server` and waits for its `ToolsChanged` (nobody lists meanwhile;
+/// the server's list must have been read once, to have something to differ from);
+/// returns the tool list after it.
+async fn grow_and_hear(h: &HarnessHandle, server: &str, cached: bool) -> Vec<String> {
+    let mut events = h.subscribe();
+    h.call_tool(&a(), &format!("{server}__grow"), json!({}))
+        .await
+        .expect("grow");
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(HarnessEvent::ToolsChanged { server: s, .. }) if s == server => return true,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(heard, Ok(true), "ToolsChanged for {server}");
+    let tools = h.list_tools(&a()).await.expect("list");
+    // The demo server's lists are public, so the list read on the change is cached;
+    // rmcp's carry no hints (private: not cached without an auth context).
+    assert!(
+        tools.iter().all(|t| t.from_cache == cached),
+        "the changed list was read already"
+    );
+    tools.iter().map(|t| t.name.to_string()).collect()
+}
+
+/// Waits until `record` shows `n` `subscriptions/listen` requests.
+async fn listens(record: &std::path::PathBuf, n: usize) -> bool {
+    eventually(Duration::from_secs(10), || {
+        recorded(record)
+            .iter()
+            .filter(|r| r["method"] == "subscriptions/listen")
+            .count()
+            >= n
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_tool_added_to_a_modern_stdio_demo_server_appears_without_waiting_for_the_ttl() {
+    let record = temp_file("listen-stdio");
+    let rec = record.to_string_lossy().into_owned();
+    let h = start_ready(config(demo_server("s", &["--record", &rec]))).await;
+    let before = h.list_tools(&a()).await.expect("list").len();
+    assert!(listens(&record, 1).await, "the harness subscribed");
+    let listen = recorded(&record)
+        .into_iter()
+        .find(|r| r["method"] == "subscriptions/listen")
+        .expect("listen");
+    assert_eq!(
+        listen["params"]["notifications"],
+        json!({"toolsListChanged": true, "promptsListChanged": false, "resourcesListChanged": false}),
+        "only what the server announces is asked for"
+    );
+    let names = grow_and_hear(&h, "s", true).await;
+    assert_eq!(names.len(), before + 1);
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_tool_added_to_a_modern_http_demo_server_appears_over_the_long_lived_post() {
+    let record = temp_file("listen-http");
+    let rec = record.to_string_lossy().into_owned();
+    let server = HttpServer::demo(&["web", "--record", &rec]).await;
+    let h = start_ready(config(ServerConfig::new("web", server.spec()))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await, "the harness subscribed");
+    let names = grow_and_hear(&h, "web", true).await;
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
+    let mut server = ServerConfig::stdio("rm", rmcp_exe(), ["stdio"]);
+    server.restart.min_delay = Duration::from_secs(30);
+    let h = start_ready(config(server)).await;
+    let before: Vec<String> = h
+        .list_tools(&a())
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(!before.iter().any(|n| n == "extra"), "{before:?}");
+    // rmcp acknowledges before its handler keeps the subscription's sink: wait until
+    // the server has a subscriber to tell.
+    let mut events = h.subscribe();
+    let mut told = false;
+    for _ in 0..100 {
+        let out = h
+            .call_tool(&a(), "rm__grow", json!({}))
+            .await
+            .expect("grow");
+        if text(&out).contains("1 subscriptions told") {
+            told = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(told, "the server has the harness's subscription");
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(e) = events.recv().await {
+            if matches!(e, HarnessEvent::ToolsChanged { ref server, .. } if server == "rm") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(heard, Ok(true), "ToolsChanged for rm");
+    let names: Vec<String> = h
+        .list_tools(&a())
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "extra"), "{names:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn after_a_restart_the_subscription_is_opened_again_and_the_lists_read_again() {
+    let record = temp_file("listen-restart");
+    let rec = record.to_string_lossy().into_owned();
+    let h = start_ready(config(demo_server("s", &["--record", &rec]))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await);
+    let lists_before = recorded(&record)
+        .iter()
+        .filter(|r| r["method"] == "tools/list")
+        .count();
+    h.restart_server("s").await.expect("restart");
+    assert!(wait_state(&h, "s", mcp_harness::ServerState::Ready).await);
+    assert!(
+        listens(&record, 2).await,
+        "subscribed again on the new process"
+    );
+    // Nothing is replayed: the list is read again once the new subscription is up.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            recorded(&record)
+                .iter()
+                .filter(|r| r["method"] == "tools/list")
+                .count()
+                > lists_before
+        })
+        .await
+    );
+    let names = grow_and_hear(&h, "s", true).await;
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
