@@ -467,7 +467,9 @@ async fn legacy_list_changed_invalidates_the_cache() {
     // Three reads: the first, the harness's own on the change (so it can announce
     // ToolsChanged; without a context, a private list is not kept), and this caller's.
     assert!(
-        eventually(Duration::from_secs(5), || tool_calls(&record, "tools/list") == 3).await,
+        eventually(Duration::from_secs(5), || tool_calls(&record, "tools/list")
+            == 3)
+        .await,
         "{}",
         tool_calls(&record, "tools/list")
     );

@@ -1556,3 +1556,75 @@ fn serve_makes_keys_and_refuses_to_start_without_any() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn two_gateways_share_the_shared_cache_layer_and_the_sealing_keys() {
+    let redis = Redis::start().await;
+    let tag = tag();
+    let record = temp_file(&format!("{tag}-rec"));
+    let keys = temp_file(&format!("{tag}-keys"));
+    std::fs::write(&keys, keys_text(&[("k1", &key("k1"))])).expect("keys");
+    let config = temp_file(&format!("{tag}.toml")).with_extension("toml");
+    let text = format!(
+        r#"
+[[servers]]
+id = "alpha"
+transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "alpha{tag}", "--record", "{record}"] }}
+
+[permissions.a]
+"*" = ["*"]
+
+[cache.shared]
+url = "{url}"
+servers = ["alpha"]
+
+[gateway]
+keys_file = "{keys}"
+tokens = [{{ sha256 = "{a}", agent = "a" }}]
+"#,
+        exe = harness_exe(),
+        record = record.display(),
+        url = redis.url(),
+        keys = keys.display(),
+        a = sha256_hex(b"tok-a"),
+    );
+    std::fs::write(&config, text).expect("config");
+    let lists = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "tools/list")
+            .count()
+    };
+    let one = Gateway::start(&config).await;
+    let (status, first) = one.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(lists(), 1);
+    let mut shared = false;
+    for _ in 0..250 {
+        shared = redis
+            .keys()
+            .await
+            .iter()
+            .any(|k| k.starts_with("mcp-harness:list:alpha:"));
+        if shared {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(shared, "gateway one's list is in Redis");
+    // Gateway two has its own server process, its own memory, no disk layer.
+    let two = Gateway::start(&config).await;
+    let (status, second) = two.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(names(&second), names(&first));
+    assert_eq!(lists(), 1, "gateway two asked no server for its list");
+    // And a round started on one finishes on the other.
+    let round = start_confirm(&one, "tok-a", "shared?").await;
+    let (_, r) = finish_confirm(&two, "tok-a", "shared?", &round["requestState"]).await;
+    assert_eq!(result_text(&r), "approved: true", "{r}");
+    one.stop().await;
+    two.stop().await;
+    for p in [&record, &keys, &config] {
+        let _ = std::fs::remove_file(p);
+    }
+}

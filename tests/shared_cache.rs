@@ -314,3 +314,51 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
     );
     let _ = std::fs::remove_file(record);
 }
+
+#[tokio::test]
+async fn a_list_in_use_is_read_again_before_it_expires_so_no_caller_waits_for_it() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-refresh");
+    let rec = record.to_string_lossy().into_owned();
+    let shared = SharedConfig::new(redis.url(), vec!["s".into()]);
+    // Fresh for 5 s; refreshed when used in its last tenth (0.5 s).
+    let h = start_ready(config(
+        vec![demo_server("s", &["--record", &rec, "--ttl-ms", "5000"])],
+        shared,
+    ))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    tokio::time::sleep(Duration::from_millis(1000)).await; // well before the window (deliberate)
+    assert!(
+        h.list_tools(&a())
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache)
+    );
+    assert_eq!(count(&record, "tools/list"), 1, "not due yet");
+    tokio::time::sleep(Duration::from_millis(3700)).await; // into the window (deliberate)
+    assert!(
+        h.list_tools(&a())
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache)
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || count(&record, "tools/list") == 2).await,
+        "read again in the background"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await; // past the first expiry (deliberate)
+    assert!(
+        h.list_tools(&a())
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache),
+        "the refreshed list serves past the old one's expiry"
+    );
+    assert_eq!(count(&record, "tools/list"), 2);
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
