@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use mcp_harness::audit::AuditConfig;
 use mcp_harness::registry::cache::CacheConfig;
+use mcp_harness::registry::cache::CacheKey;
+use mcp_harness::registry::cache::shared::{SharedCache, SharedConfig};
 use mcp_harness::{Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerState};
 use parking_lot::Mutex;
 
@@ -663,7 +665,7 @@ async fn discovery_section(b: &mut Bench) {
     drop(h);
     let before = count_lines(&record, "\"tools/list\"");
     let t = Instant::now();
-    let h = Harness::spawn(config).await.expect("harness");
+    let h = Harness::spawn(config.clone()).await.expect("harness");
     ready(&h).await;
     let warm_tools = h.list_tools(&caller).await.expect("warm list");
     let warm = t.elapsed();
@@ -679,8 +681,155 @@ async fn discovery_section(b: &mut Bench) {
     );
     assert_eq!(warm_tools.len(), tools.len());
     h.shutdown().await;
+    shared_layer(b, &config, &record, &caller, servers, tools.len()).await;
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_dir_all(cache);
+}
+
+/// A Redis server on a free loopback port for the shared layer figures; killed on drop.
+struct BenchRedis(std::process::Child, String);
+
+impl BenchRedis {
+    async fn start() -> Option<BenchRedis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .ok()?
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let redis = BenchRedis(child, format!("redis://127.0.0.1:{port}"));
+        for _ in 0..500 {
+            if let Ok(mut c) = redis.connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return Some(redis);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.1.as_str())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+}
+
+impl Drop for BenchRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The shared layer (L3): a second harness with an empty disk and empty memory, over
+/// the same servers, once a first one has filled Redis; and one L3 hit against one
+/// `tools/list` round trip.
+async fn shared_layer(
+    b: &mut Bench,
+    config: &HarnessConfig,
+    record: &std::path::Path,
+    caller: &Caller,
+    servers: usize,
+    tools: usize,
+) {
+    let Some(redis) = BenchRedis::start().await else {
+        eprintln!("redis-server not found: no shared layer figures");
+        return;
+    };
+    let mut config = config.clone();
+    config.cache = CacheConfig {
+        dir: None,
+        shared: Some(SharedConfig::new(
+            redis.1.clone(),
+            (0..servers).map(|i| format!("s{i}")).collect(),
+        )),
+        ..CacheConfig::default()
+    };
+    let first = Harness::spawn(config.clone()).await.expect("harness");
+    ready(&first).await;
+    first.list_tools(caller).await.expect("list");
+    first.shutdown().await; // waits for its writes to Redis
+    let before = count_lines(record, "\"tools/list\"");
+    let t = Instant::now();
+    let h = Harness::spawn(config).await.expect("harness");
+    ready(&h).await;
+    let listed = h.list_tools(caller).await.expect("L3 list");
+    let wall = t.elapsed();
+    assert_eq!(listed.len(), tools);
+    b.record(
+        format!("l3_start_{servers}_servers_wall"),
+        wall.as_secs_f64() * 1e3,
+        "ms",
+    );
+    b.record(
+        "l3_start_tools_list_requests",
+        (count_lines(record, "\"tools/list\"") - before) as f64,
+        "requests",
+    );
+    b.record(
+        "l3_start_vs_disk_warm_start",
+        b.get(&format!("l3_start_{servers}_servers_wall"))
+            / b.get(&format!("warm_start_{servers}_servers_wall")),
+        "ratio",
+    );
+    // One entry as stored, to look it up directly.
+    let mut c = redis.connection().await.expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("mcp-harness:list:s0:*")
+        .query_async(&mut c)
+        .await
+        .expect("KEYS");
+    let stored: Value = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async::<String>(&mut c)
+        .await
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .expect("an entry");
+    let key = CacheKey {
+        server: "s0".into(),
+        fingerprint: stored["fingerprint"].as_str().unwrap_or("").into(),
+        method: "tools/list".into(),
+        param: None,
+        scope: "public".into(),
+    };
+    let protocol = stored["protocol"].as_str().unwrap_or("").to_string();
+    let shared = SharedCache::new(SharedConfig::new(redis.1.clone(), vec!["s0".into()]))
+        .expect("shared layer");
+    let n = if b.quick { 200 } else { 2000 };
+    b.per_op("l3_hit_tools_list", n, || async {
+        assert!(shared.get(&key, &protocol).await.is_some());
+    })
+    .await;
+    b.per_op("l3_tools_list_round_trip_harness", n / 4, || async {
+        h.request("s0", "tools/list", None)
+            .await
+            .expect("round trip");
+    })
+    .await;
+    b.record(
+        "l3_hit_vs_harness_round_trip",
+        b.get("l3_tools_list_round_trip_harness") / b.get("l3_hit_tools_list"),
+        "ratio",
+    );
+    h.shutdown().await;
 }
 
 /// Runs the discovery section in a child process and takes its figures.
@@ -703,6 +852,8 @@ fn discovery_in_child(b: &mut Bench) {
             "ms" => "ms",
             "kB" => "kB",
             "tools" => "tools",
+            "us" => "us",
+            "ratio" => "ratio",
             _ => "requests",
         };
         b.lines.push(Figure {

@@ -13,7 +13,9 @@
 //! Redis is never in a call's way for long: every command is bounded by `timeout`, and
 //! after a failure the layer is skipped for a backoff (`backon`, exponential with
 //! jitter, up to 30 s) before it is tried again; the first failure is logged, and the
-//! recovery. Writes go in the background, at most [`MAX_WRITES_IN_FLIGHT`] at once.
+//! recovery. Writes go in the background through one writer task, which sends what is
+//! queued as one pipeline; at most [`MAX_QUEUED_WRITES`] pages wait (more are dropped
+//! and counted).
 //!
 //! Invalidation: a process that drops a shared server's entries deletes its Redis keys
 //! and publishes `{origin, server}` on the channel; every other process drops that
@@ -31,7 +33,7 @@ use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
 
 use super::{CacheKey, Hit, Page, json_size};
 use crate::protocol::{CacheHints, CacheScope, ResultType};
@@ -39,8 +41,17 @@ use crate::util::duration;
 use crate::util::hash::sha256_hex;
 use crate::util::invalid::Invalid;
 
-/// Background writes to Redis at once; past it a write is dropped (and counted).
-pub const MAX_WRITES_IN_FLIGHT: usize = 32;
+/// Pages waiting to be written to Redis; past it a write is dropped (and counted).
+pub const MAX_QUEUED_WRITES: usize = 4096;
+
+/// Bytes of the pages waiting to be written; past it a write is dropped (and counted).
+pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
+
+/// Pages sent in one pipeline at most.
+const WRITE_BATCH: usize = 256;
+
+/// One page to write: key, body, expiry in milliseconds.
+type Write = (String, Vec<u8>, u64);
 
 /// The longest the layer is skipped after failures.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -201,7 +212,10 @@ pub struct SharedCache {
     counts: Counters,
     /// Logged once per warning kind until the layer works again.
     warned_garbage: AtomicBool,
-    writes: Arc<Semaphore>,
+    writes: mpsc::Sender<Write>,
+    /// Pages queued or being written (for [`SharedCache::drain`]), and their bytes.
+    pending: AtomicU64,
+    pending_bytes: AtomicU64,
     listener: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -227,6 +241,7 @@ impl SharedCache {
             .set_response_timeout(Some(config.timeout));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager)
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
+        let (writes, queue) = mpsc::channel(MAX_QUEUED_WRITES);
         let mut origin = [0u8; 16];
         getrandom::fill(&mut origin).map_err(|e| {
             SharedError(Invalid::new(
@@ -234,7 +249,7 @@ impl SharedCache {
                 format!("no randomness for an origin id: {e}"),
             ))
         })?;
-        Ok(Arc::new(SharedCache {
+        let shared = Arc::new(SharedCache {
             origin: origin.iter().map(|b| format!("{b:02x}")).collect(),
             config,
             client,
@@ -245,9 +260,13 @@ impl SharedCache {
             }),
             counts: Counters::default(),
             warned_garbage: AtomicBool::new(false),
-            writes: Arc::new(Semaphore::new(MAX_WRITES_IN_FLIGHT)),
+            writes,
+            pending: AtomicU64::new(0),
+            pending_bytes: AtomicU64::new(0),
             listener: Mutex::new(None),
-        }))
+        });
+        tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
+        Ok(shared)
     }
 
     /// The settings.
@@ -399,8 +418,10 @@ impl SharedCache {
     }
 
     /// Writes the public pages of one list in the background (see the module docs).
-    pub fn put(self: &Arc<Self>, pages: &[Page], protocol: &str) {
-        let mut writes = Vec::new();
+    pub fn put(&self, pages: &[Page], protocol: &str) {
+        if !self.usable() {
+            return;
+        }
         for page in pages {
             if page.key.scope != "public" || !self.shares(&page.key.server) {
                 continue;
@@ -409,51 +430,63 @@ impl SharedCache {
                 self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let stored = Stored {
-                server: page.key.server.clone(),
-                fingerprint: page.key.fingerprint.clone(),
-                protocol: protocol.to_string(),
-                method: page.key.method.clone(),
-                cursor: page.key.param.clone(),
-                page: (*page.value).clone(),
-            };
-            let Ok(body) = serde_json::to_vec(&stored) else {
-                continue;
+            let full =
+                self.pending_bytes.load(Ordering::Relaxed) + page.bytes as u64 > MAX_QUEUED_BYTES;
+            let stored = serde_json::json!({
+                "server": page.key.server,
+                "fingerprint": page.key.fingerprint,
+                "protocol": protocol,
+                "method": page.key.method,
+                "cursor": page.key.param,
+                "page": &*page.value,
+            });
+            let body = match serde_json::to_vec(&stored) {
+                Ok(body) if !full => body,
+                _ => {
+                    self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             };
             let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-            writes.push((self.redis_key(&page.key, protocol), body, ms));
-        }
-        if writes.is_empty() || !self.usable() {
-            return;
-        }
-        let Ok(permit) = self.writes.clone().try_acquire_owned() else {
-            self.counts
-                .dropped_writes
-                .fetch_add(writes.len() as u64, Ordering::Relaxed);
-            return;
-        };
-        let this = self.clone();
-        tokio::spawn(async move {
-            let n = writes.len() as u64;
-            let done: Option<()> = this
-                .run("write", async |mut conn| {
-                    let mut pipe = redis::pipe();
-                    for (key, body, ms) in &writes {
-                        pipe.cmd("SET")
-                            .arg(key)
-                            .arg(body)
-                            .arg("PX")
-                            .arg(*ms)
-                            .ignore();
-                    }
-                    pipe.query_async(&mut conn).await
-                })
-                .await;
-            if done.is_some() {
-                this.counts.writes.fetch_add(n, Ordering::Relaxed);
+            let size = body.len() as u64;
+            self.pending.fetch_add(1, Ordering::SeqCst);
+            self.pending_bytes.fetch_add(size, Ordering::SeqCst);
+            if self
+                .writes
+                .try_send((self.redis_key(&page.key, protocol), body, ms))
+                .is_err()
+            {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+                self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
+                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
             }
-            drop(permit);
-        });
+        }
+    }
+
+    /// Writes one batch as one pipeline (a failed one is dropped: it is only a cache).
+    async fn write_batch(&self, batch: &[Write]) {
+        let done: Option<()> = self
+            .run("write", async |mut conn| {
+                let mut pipe = redis::pipe();
+                for (key, body, ms) in batch {
+                    pipe.cmd("SET")
+                        .arg(key)
+                        .arg(body)
+                        .arg("PX")
+                        .arg(*ms)
+                        .ignore();
+                }
+                pipe.query_async(&mut conn).await
+            })
+            .await;
+        if done.is_some() {
+            self.counts
+                .writes
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        let bytes: u64 = batch.iter().map(|(_, body, _)| body.len() as u64).sum();
+        self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.pending.fetch_sub(batch.len() as u64, Ordering::SeqCst);
     }
 
     /// Deletes `server`'s entries from Redis and tells the other processes to drop
@@ -590,9 +623,9 @@ impl SharedCache {
     /// Waits (up to `limit`) for the background writes under way: a process that
     /// exits right after listing still leaves its lists to the others.
     pub async fn drain(&self, limit: Duration) {
-        let all = MAX_WRITES_IN_FLIGHT as u32;
-        if let Ok(Ok(permits)) = tokio::time::timeout(limit, self.writes.acquire_many(all)).await {
-            drop(permits);
+        let until = Instant::now() + limit;
+        while self.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 
@@ -601,6 +634,17 @@ impl SharedCache {
         if let Some(task) = self.listener.lock().take() {
             task.abort();
         }
+    }
+}
+
+/// The writer: takes what is queued, up to a batch, and writes it as one pipeline;
+/// ends with the layer.
+async fn write_queue(layer: std::sync::Weak<SharedCache>, mut queue: mpsc::Receiver<Write>) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        let Some(layer) = layer.upgrade() else { return };
+        layer.write_batch(&batch).await;
+        batch.clear();
     }
 }
 
