@@ -1577,6 +1577,7 @@ transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "alpha{
 [cache.shared]
 url = "{url}"
 servers = ["alpha"]
+timeout = "1s"
 
 [gateway]
 keys_file = "{keys}"

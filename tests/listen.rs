@@ -126,7 +126,7 @@ async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
             .call_tool(&a(), "rm__grow", json!({}))
             .await
             .expect("grow");
-        if text(&out).contains("1 subscriptions told") {
+        if text(&out).ends_with("; 1 subscriptions told") {
             told = true;
             break;
         }

@@ -146,10 +146,15 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     if !offers(&server, CallKind::Tool) {
         return;
     }
+    let key = format!("changed\n{}", server.id());
+    if !ctx.refreshing.lock().insert(key.clone()) {
+        return; // one read at a time per server; the next change reads again
+    }
     let timeout = server.config().timeout;
     if let Walk::Failed(e) = walk(ctx, &server, CallKind::Tool, None, timeout, false).await {
         tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
     }
+    ctx.refreshing.lock().remove(&key);
 }
 
 /// One walk of one list: the pages read so far, what of them to cache, the bounds.
@@ -167,6 +172,8 @@ struct Walker<'a> {
     fetched: Vec<Page>,
     /// Pages fetched from the server, for the shared layer.
     to_share: Vec<Page>,
+    /// The shared layer missed once in this walk (it is not asked again).
+    l3_missed: bool,
     from_cache: bool,
     cacheable: bool,
     bytes: usize,
@@ -281,12 +288,24 @@ impl<'a> Walker<'a> {
     }
 
     /// The page at `cursor` from the shared layer, if it shares this server.
-    async fn shared_get(&self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
+    /// What the shared layer keys this server's lists by besides the fingerprint: the
+    /// protocol version and the client capabilities declared (servers may list by them).
+    fn shared_version(&self) -> Option<String> {
+        let protocol = self.server.protocol_version()?;
+        let caps = self.ctx.inputs.snapshot();
+        let caps = crate::util::hash::sha256_hex(caps.capabilities().to_string().as_bytes());
+        Some(format!("{protocol}+{}", &caps[..16]))
+    }
+
+    async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
         let shared = self.ctx.registry.shared.as_ref()?;
         if !shared.shares(self.server.id()) {
             return None;
         }
-        let protocol = self.server.protocol_version()?;
+        if self.l3_missed {
+            return None; // one miss and the rest of the walk asks the server
+        }
+        let protocol = self.shared_version()?;
         let key = CacheKey {
             server: self.server.id().into(),
             fingerprint: self.server.fingerprint().into(),
@@ -294,7 +313,14 @@ impl<'a> Walker<'a> {
             param: cursor.map(String::from),
             scope: "public".into(),
         };
-        let hit = shared.get(&key, &protocol).await?;
+        let Some(mut hit) = shared.get(&key, &protocol).await else {
+            self.l3_missed = true;
+            return None;
+        };
+        // What another process stored is held to this one's ceiling too.
+        let max = self.ctx.registry.cache.config().max_ttl;
+        hit.remaining = hit.remaining.min(max);
+        hit.ttl = hit.ttl.min(max);
         Some((key, hit))
     }
 
@@ -335,7 +361,7 @@ impl<'a> Walker<'a> {
             if let Some(shared) = &registry.shared
                 && !self.to_share.is_empty()
                 && registry.cache.epoch(self.server.id()) == self.epoch
-                && let Some(protocol) = self.server.protocol_version()
+                && let Some(protocol) = self.shared_version()
             {
                 shared.put(&self.to_share, &protocol);
             }
@@ -384,6 +410,7 @@ async fn walk(
         pages: Vec::new(),
         fetched: Vec::new(),
         to_share: Vec::new(),
+        l3_missed: false,
         from_cache: true,
         cacheable: true,
         bytes: 0,

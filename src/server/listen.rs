@@ -26,8 +26,11 @@ use crate::transport::{Connection, Era, ServerEvent};
 /// How long the server has to acknowledge a subscription.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The pause before a subscription the server ended is opened again.
+/// The first pause before a subscription the server ended is opened again; it doubles
+/// up to [`REOPEN_AT_MOST`] while subscriptions keep ending young (a proxy that cuts long
+/// streams must not turn into a storm of re-reads).
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
+const REOPEN_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Ends the listener when dropped (its connection attempt ended or was replaced).
 pub(super) struct Listener(tokio::task::AbortHandle);
@@ -109,6 +112,7 @@ async fn run(
     mut reopened: bool,
 ) {
     let server = conn.server().to_string();
+    let mut pause = REOPEN_AFTER;
     let tell = |method: &str| {
         let n = Notification {
             method: method.into(),
@@ -144,6 +148,7 @@ async fn run(
             }
         };
         tracing::debug!(server, ?got, "listening for list changes");
+        let opened = tokio::time::Instant::now();
         if reopened {
             // Nothing is replayed: what changed while nobody listened is read again.
             for (on, method) in [
@@ -179,7 +184,12 @@ async fn run(
         if conn.is_closed() {
             return; // the actor listens again on the next connection
         }
-        tokio::time::sleep(REOPEN_AFTER).await;
+        pause = if opened.elapsed() > REOPEN_AT_MOST {
+            REOPEN_AFTER
+        } else {
+            (pause * 2).min(REOPEN_AT_MOST)
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 

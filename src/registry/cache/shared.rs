@@ -76,6 +76,16 @@ pub struct SharedConfig {
     pub prefix: String,
 }
 
+/// `url` without its password, for logs and errors.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://[redacted]@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
 fn default_timeout() -> Duration {
     Duration::from_millis(50)
 }
@@ -107,12 +117,12 @@ impl SharedConfig {
                 "url",
                 format!(
                     "{:?} is not a redis:// or redis+unix:// URL (TLS to Redis is not supported: keep it on loopback or a private network)",
-                    self.url
+                    redacted(&self.url)
                 ),
             ));
         }
         redis::Client::open(self.url.as_str())
-            .map_err(|e| Invalid::new("url", format!("{:?}: {e}", self.url)))?;
+            .map_err(|e| Invalid::new("url", format!("{:?}: {e}", redacted(&self.url))))?;
         if self.timeout.is_zero() {
             return Err(Invalid::new("timeout", "must be more than zero"));
         }
@@ -266,6 +276,15 @@ impl SharedCache {
             listener: Mutex::new(None),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
+        // Connect now, off any call's path, so the first lookup does not pay for it.
+        let mut warm = shared.conn.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                redis::cmd("PING").query_async::<()>(&mut warm),
+            )
+            .await;
+        });
         Ok(shared)
     }
 
@@ -279,7 +298,8 @@ impl SharedCache {
         self.config.servers.iter().any(|s| s == server)
     }
 
-    /// The Redis key of a page (public scope only) under `protocol`.
+    /// The Redis key of a page (public scope only) under `protocol` (which also names
+    /// the client capabilities the list was asked with: a server may list by them).
     pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
         let digest = sha256_hex(
             serde_json::json!([key.fingerprint, protocol, key.method, key.param])
@@ -299,7 +319,7 @@ impl SharedCache {
     fn worked(&self) {
         let mut health = self.health.lock();
         if health.skip_until.take().is_some() {
-            tracing::info!(url = %self.config.url, "shared cache reachable again");
+            tracing::info!(url = %redacted(&self.config.url), "shared cache reachable again");
             health.backoff = backoff();
             self.warned_garbage.store(false, Ordering::Relaxed);
         }
@@ -310,7 +330,7 @@ impl SharedCache {
         let mut health = self.health.lock();
         let wait = health.backoff.next().unwrap_or(MAX_BACKOFF);
         if health.skip_until.is_none() {
-            tracing::warn!(url = %self.config.url, what, error, "shared cache unavailable; serving from memory and disk");
+            tracing::warn!(url = %redacted(&self.config.url), what, error, "shared cache unavailable; serving from memory and disk");
         }
         health.skip_until = Some(Instant::now() + wait);
     }
