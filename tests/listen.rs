@@ -25,14 +25,11 @@ fn config(server: ServerConfig) -> HarnessConfig {
     }
 }
 
-/// Calls `grow` on `server` and waits for its `ToolsChanged` (nobody lists meanwhile;
-/// the server's list must have been read once, to have something to differ from);
-/// returns the tool list after it.
-async fn grow_and_hear(h: &HarnessHandle, server: &str, cached: bool) -> Vec<String> {
-    let mut events = h.subscribe();
-    h.call_tool(&a(), &format!("{server}__grow"), json!({}))
-        .await
-        .expect("grow");
+/// Waits (up to 10 s) for `ToolsChanged` of `server` on `events`.
+async fn hear_tools_changed(
+    events: &mut tokio::sync::broadcast::Receiver<HarnessEvent>,
+    server: &str,
+) {
     let heard = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match events.recv().await {
@@ -45,6 +42,17 @@ async fn grow_and_hear(h: &HarnessHandle, server: &str, cached: bool) -> Vec<Str
     })
     .await;
     assert_eq!(heard, Ok(true), "ToolsChanged for {server}");
+}
+
+/// Calls `grow` on `server` and waits for its `ToolsChanged` (nobody lists meanwhile;
+/// the server's list must have been read once, to have something to differ from);
+/// returns the tool list after it.
+async fn grow_and_hear(h: &HarnessHandle, server: &str, cached: bool) -> Vec<String> {
+    let mut events = h.subscribe();
+    h.call_tool(&a(), &format!("{server}__grow"), json!({}))
+        .await
+        .expect("grow");
+    hear_tools_changed(&mut events, server).await;
     let tools = h.list_tools(&a()).await.expect("list");
     // The demo server's lists are public, so the list read on the change is cached;
     // rmcp's carry no hints (private: not cached without an auth context).
@@ -133,16 +141,7 @@ async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(told, "the server has the harness's subscription");
-    let heard = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(e) = events.recv().await {
-            if matches!(e, HarnessEvent::ToolsChanged { ref server, .. } if server == "rm") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(heard, Ok(true), "ToolsChanged for rm");
+    hear_tools_changed(&mut events, "rm").await;
     let names: Vec<String> = h
         .list_tools(&a())
         .await
