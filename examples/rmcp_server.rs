@@ -66,9 +66,19 @@ impl Interop {
         *self.tool_router.write() = Self::tool_router();
         let sinks: Vec<SubscriptionSink> = self.listeners.lock().clone();
         let mut told = 0;
-        for sink in sinks {
+        let mut closed = Vec::new();
+        for (i, sink) in sinks.iter().enumerate() {
             if sink.notify_tool_list_changed().await.is_ok() {
                 told += 1;
+            } else {
+                closed.push(i);
+            }
+        }
+        // Subscriptions that ended are forgotten.
+        let mut listeners = self.listeners.lock();
+        for i in closed.into_iter().rev() {
+            if i < listeners.len() {
+                listeners.remove(i);
             }
         }
         format!("extra added; {told} subscriptions told")

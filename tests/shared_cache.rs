@@ -287,7 +287,7 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
     assert_eq!(keys.len(), 1, "{keys:?}");
     let mut c = redis.connection().await.expect("connect");
     let poisoned = |page: Value| {
-        json!({"server": "s", "fingerprint": "another", "protocol": "2026-07-28",
+        json!({"generation": 0, "server": "s", "fingerprint": "another", "protocol": "2026-07-28",
                "method": "tools/list", "cursor": null, "page": page})
         .to_string()
     };
@@ -326,49 +326,136 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
 }
 
 #[tokio::test]
-async fn a_list_in_use_is_read_again_before_it_expires_so_no_caller_waits_for_it() {
+async fn a_list_in_use_is_read_again_before_it_expires_by_one_of_the_processes_sharing_it() {
     let redis = Redis::start().await;
     let record = temp_file("l3-refresh");
     let rec = record.to_string_lossy().into_owned();
-    let shared = shared(redis.url(), &["s"]);
     // Fresh for 10 s; refreshed when used in its last tenth (1 s).
-    let h = start_ready(config(
-        vec![demo_server("s", &["--record", &rec, "--ttl-ms", "10000"])],
-        shared,
-    ))
-    .await;
+    let server = || demo_server("s", &["--record", &rec, "--ttl-ms", "10000"]);
+    let h = start_ready(config(vec![server()], shared(redis.url(), &["s"]))).await;
     h.list_tools(&a()).await.expect("list");
+    let listed = tokio::time::Instant::now();
+    assert!(eventually(Duration::from_secs(5), || h.cache_stats().l3.writes >= 1).await);
+    // A second process sharing the list (its own server process, the same record).
+    let h2 = start_ready(config(vec![server()], shared(redis.url(), &["s"]))).await;
+    let all_cached = async |h: &HarnessHandle| {
+        h.list_tools(&a())
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache)
+    };
+    assert!(all_cached(&h2).await, "from Redis");
     tokio::time::sleep(Duration::from_millis(1000)).await; // well before the window (deliberate)
-    assert!(
-        h.list_tools(&a())
-            .await
-            .expect("list")
-            .iter()
-            .all(|t| t.from_cache)
-    );
+    assert!(all_cached(&h).await && all_cached(&h2).await);
     assert_eq!(count(&record, "tools/list"), 1, "not due yet");
-    tokio::time::sleep(Duration::from_millis(8400)).await; // into the window (deliberate)
-    assert!(
-        h.list_tools(&a())
-            .await
-            .expect("list")
-            .iter()
-            .all(|t| t.from_cache)
-    );
+    // Into the window, 9.0 to 10 s after the list was read (deliberate).
+    tokio::time::sleep_until(listed + Duration::from_millis(9400)).await;
+    assert!(all_cached(&h).await && all_cached(&h2).await);
     assert!(
         eventually(Duration::from_secs(5), || count(&record, "tools/list") == 2).await,
         "read again in the background"
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await; // past the first expiry (deliberate)
+    tokio::time::sleep(Duration::from_millis(300)).await; // the other claim would show (deliberate)
+    assert_eq!(
+        count(&record, "tools/list"),
+        2,
+        "by one of the two processes"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the first expiry (deliberate)
     assert!(
-        h.list_tools(&a())
-            .await
-            .expect("list")
-            .iter()
-            .all(|t| t.from_cache),
-        "the refreshed list serves past the old one's expiry"
+        all_cached(&h).await && all_cached(&h2).await,
+        "the refreshed list serves both past the old one's expiry"
     );
     assert_eq!(count(&record, "tools/list"), 2);
     h.shutdown().await;
+    h2.shutdown().await;
     let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_page_stored_before_its_servers_generation_moved_is_never_served() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-generation");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let shared = shared(redis.url(), &["s"]);
+    let first = start_ready(config(vec![server()], shared.clone())).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    // Another process saw the list change: the generation moves on, the page stays.
+    let mut c = redis.connection().await.expect("connect");
+    let _: u64 = redis::cmd("INCR")
+        .arg("mcp-harness:gen:s")
+        .query_async(&mut c)
+        .await
+        .expect("INCR");
+    let second = start_ready(config(vec![server()], shared.clone())).await;
+    second.list_tools(&a()).await.expect("list");
+    assert_eq!(second.cache_stats().l3.hits, 0, "the old page is not used");
+    assert_eq!(
+        count(&record, "tools/list"),
+        2,
+        "the server was asked again"
+    );
+    second.shutdown().await;
+    // What the second one fetched was stored in the new generation, and serves.
+    let third = start_ready(config(vec![server()], shared)).await;
+    third.list_tools(&a()).await.expect("list");
+    assert_eq!(third.cache_stats().l3.hits, 1);
+    assert_eq!(count(&record, "tools/list"), 2);
+    third.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn an_invalidation_made_while_redis_is_down_reaches_it_once_it_is_back() {
+    let mut redis = Redis::start().await;
+    let h = start_ready(config(
+        vec![demo_server("s", &[])],
+        shared(redis.url(), &["s"]),
+    ))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    redis.kill();
+    // The server adds a tool and says so on its subscription: an invalidation.
+    let mut events = h.subscribe();
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(e) = events.recv().await {
+            if matches!(e, mcp_harness::registry::HarnessEvent::ToolsChanged { .. }) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        heard,
+        Ok(true),
+        "the change was handled here with Redis down"
+    );
+    assert_eq!(h.cache_stats().l3.published, 0);
+    redis.restart().await;
+    let mut moved = false;
+    for _ in 0..300 {
+        let mut c = redis.connection().await.expect("connect");
+        let generation: Option<u64> = redis::cmd("GET")
+            .arg("mcp-harness:gen:s")
+            .query_async(&mut c)
+            .await
+            .expect("GET");
+        if generation.is_some() {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        moved,
+        "the invalidation was retried until Redis took it: {:?}",
+        h.cache_stats()
+    );
+    assert_eq!(h.cache_stats().l3.published, 1);
+    h.shutdown().await;
 }

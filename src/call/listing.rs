@@ -120,21 +120,54 @@ fn refresh_if_due(
         scope_key(CacheScope::Private, auth_context).unwrap_or_default()
     };
     let key = format!("{}\n{}\n{scope}", listed.server.id(), kind.list_method());
-    if !ctx.refreshing.lock().insert(key.clone()) {
+    let Some(guard) = Refreshing::begin(ctx, key) else {
         return; // already under way
-    }
-    let (ctx, server, auth) = (
-        ctx.clone(),
-        listed.server.clone(),
-        auth_context.map(String::from),
-    );
+    };
+    let (server, auth) = (listed.server.clone(), auth_context.map(String::from));
+    // Among processes sharing a public list, one reads it again; the others find the
+    // new pages in the shared layer when theirs expire.
+    let claim = listed.public.then(|| {
+        let what = format!(
+            "{}\n{}\n{}",
+            server.id(),
+            server.fingerprint(),
+            kind.list_method()
+        );
+        (what, listed.refresh_window)
+    });
     tokio::spawn(async move {
+        let ctx = guard.0.clone();
+        if let (Some(shared), Some((what, hold))) = (&ctx.registry.shared, claim)
+            && shared.shares(server.id())
+            && !shared.claim_refresh(&what, hold).await
+        {
+            return;
+        }
         tracing::debug!(server = %server.id(), method = kind.list_method(), "refreshing a list ahead of its expiry");
         if let Walk::Failed(e) = walk(&ctx, &server, kind, auth.as_deref(), timeout, false).await {
             tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
         }
-        ctx.refreshing.lock().remove(&key);
+        drop(guard);
     });
+}
+
+/// A list being read again in the background; the mark goes when this is dropped,
+/// however the read ends.
+struct Refreshing(Arc<CallContext>, String);
+
+impl Refreshing {
+    fn begin(ctx: &Arc<CallContext>, key: String) -> Option<Refreshing> {
+        ctx.refreshing
+            .lock()
+            .insert(key.clone())
+            .then(|| Refreshing(ctx.clone(), key))
+    }
+}
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        self.0.refreshing.lock().remove(&self.1);
+    }
 }
 
 /// Reads a server's tool list again, past the cache (it changed): the new pages are
@@ -146,15 +179,13 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     if !offers(&server, CallKind::Tool) {
         return;
     }
-    let key = format!("changed\n{}", server.id());
-    if !ctx.refreshing.lock().insert(key.clone()) {
+    let Some(_reading) = Refreshing::begin(ctx, format!("changed\n{}", server.id())) else {
         return; // one read at a time per server; the next change reads again
-    }
+    };
     let timeout = server.config().timeout;
     if let Walk::Failed(e) = walk(ctx, &server, CallKind::Tool, None, timeout, false).await {
         tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
     }
-    ctx.refreshing.lock().remove(&key);
 }
 
 /// One walk of one list: the pages read so far, what of them to cache, the bounds.
@@ -174,6 +205,12 @@ struct Walker<'a> {
     to_share: Vec<Page>,
     /// The shared layer missed once in this walk (it is not asked again).
     l3_missed: bool,
+    /// The server's generation in the shared layer, asked once per walk before the
+    /// first fetch (pages are stored with it), and whether it was asked.
+    l3_generation: Option<u64>,
+    l3_asked: bool,
+    /// Some page came from the shared layer (the list is compared for changes then).
+    from_shared: bool,
     from_cache: bool,
     cacheable: bool,
     bytes: usize,
@@ -231,6 +268,14 @@ impl<'a> Walker<'a> {
             return Ok((hit.value, hit.bytes, true));
         }
         self.from_cache = false;
+        if !self.l3_asked
+            && let Some(shared) = &self.ctx.registry.shared
+            && shared.shares(self.server.id())
+        {
+            // Before the fetch: a change after it must make these pages stale.
+            self.l3_generation = shared.generation(self.server.id()).await;
+            self.l3_asked = true;
+        }
         let params = cursor.map(|c| json!({"cursor": c}));
         let caps = self.ctx.inputs.snapshot();
         let sent = self
@@ -313,10 +358,15 @@ impl<'a> Walker<'a> {
             param: cursor.map(String::from),
             scope: "public".into(),
         };
-        let Some(mut hit) = shared.get(&key, &protocol).await else {
+        let read = shared.get(&key, &protocol).await;
+        if !self.l3_asked {
+            (self.l3_generation, self.l3_asked) = (read.generation, true);
+        }
+        let Some(mut hit) = read.hit else {
             self.l3_missed = true;
             return None;
         };
+        self.from_shared = true;
         // What another process stored is held to this one's ceiling too.
         let max = self.ctx.registry.cache.config().max_ttl;
         hit.remaining = hit.remaining.min(max);
@@ -362,14 +412,15 @@ impl<'a> Walker<'a> {
                 && !self.to_share.is_empty()
                 && registry.cache.epoch(self.server.id()) == self.epoch
                 && let Some(protocol) = self.shared_version()
+                && let Some(generation) = self.l3_generation
             {
-                shared.put(&self.to_share, &protocol);
+                shared.put(&self.to_share, &protocol, generation);
             }
             if registry.cache.config().dir.is_some() {
                 self.ctx.registry_ref.put(self.fetched, self.epoch);
             }
         }
-        if !self.from_cache && self.kind == CallKind::Tool {
+        if (!self.from_cache || self.from_shared) && self.kind == CallKind::Tool {
             let scope = self
                 .pages
                 .first()
@@ -411,6 +462,9 @@ async fn walk(
         fetched: Vec::new(),
         to_share: Vec::new(),
         l3_missed: false,
+        l3_generation: None,
+        l3_asked: false,
+        from_shared: false,
         from_cache: true,
         cacheable: true,
         bytes: 0,

@@ -100,14 +100,13 @@ impl Registry {
         }
     }
 
-    /// Publishes that `server`'s lists changed to the other processes sharing L3 (in
-    /// the background; nothing for a server that is not shared).
-    fn tell_peers(&self, server: &str) {
-        if let Some(shared) = self.shared.clone()
-            && shared.shares(server)
-        {
-            let server = server.to_string();
-            tokio::spawn(async move { shared.invalidate(&server).await });
+    /// Moves `server` to a new generation in the shared layer and tells the other
+    /// processes (nothing for a server that is not shared). Done before this process
+    /// drops its own entries, so that no walk starting after that reads an old page
+    /// back from Redis. Bounded by the shared layer's timeout; retried there if it fails.
+    async fn tell_peers(&self, server: &str) {
+        if let Some(shared) = &self.shared {
+            shared.invalidate(server).await;
         }
     }
 
@@ -220,7 +219,7 @@ impl Actor for RegistryActor {
             }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
-                registry.tell_peers(&server);
+                registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate(&server)).await;
             }
             RegistryMsg::PeerChanged(server) => {
@@ -234,7 +233,7 @@ impl Actor for RegistryActor {
                 });
             }
             RegistryMsg::InvalidateList { server, method } => {
-                registry.tell_peers(&server);
+                registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
             }
             RegistryMsg::Remove(server) => {

@@ -147,6 +147,13 @@ async fn run(
                 return;
             }
         };
+        if !got.any() {
+            tracing::info!(
+                server,
+                "the server accepted none of the list changes asked for; lists stay fresh by TTL"
+            );
+            return;
+        }
         tracing::debug!(server, ?got, "listening for list changes");
         let opened = tokio::time::Instant::now();
         if reopened {

@@ -17,11 +17,16 @@
 //! queued as one pipeline; at most [`MAX_QUEUED_WRITES`] pages wait (more are dropped
 //! and counted).
 //!
-//! Invalidation: a process that drops a shared server's entries deletes its Redis keys
-//! and publishes `{origin, server}` on the channel; every other process drops that
-//! server's entries in memory and on disk. A process whose subscription broke drops
-//! every shared server's local entries when it subscribes again (it may have missed a
-//! change), so a Redis restart costs one listing per server, never a stale list.
+//! Invalidation: each shared server has a generation in Redis (`PREFIX:gen:SERVER`),
+//! read with every lookup and stored with every page; a page of another generation is
+//! not used. A process that drops a shared server's entries increments it and publishes
+//! `{origin, server}` on the channel, in one round trip, before it drops its own; every
+//! other process drops that server's entries in memory and on disk. A page fetched
+//! before an invalidation carries the old generation, so it is never served after it,
+//! whenever it is written. An invalidation that fails is retried with backoff, and until
+//! it goes through the server's shared entries are neither read nor written here. A
+//! process whose subscription broke (it pings it every 15 s) drops every shared server's
+//! local entries when it subscribes again, since it may have missed a change.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,8 +52,14 @@ pub const MAX_QUEUED_WRITES: usize = 4096;
 /// Bytes of the pages waiting to be written; past it a write is dropped (and counted).
 pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 
-/// Pages sent in one pipeline at most.
+/// Pages taken from the queue at once.
 const WRITE_BATCH: usize = 256;
+
+/// Bytes sent in one pipeline at most.
+const PIPELINE_BYTES: usize = 256 << 10;
+
+/// How often the invalidation subscription is pinged.
+const SUBSCRIPTION_PING: Duration = Duration::from_secs(15);
 
 /// One page to write: key, body, expiry in milliseconds.
 type Write = (String, Vec<u8>, u64);
@@ -203,6 +214,8 @@ struct Changed {
 /// What is stored under a key: the page and what it was stored for, checked on read.
 #[derive(Serialize, Deserialize)]
 struct Stored {
+    /// The server's generation when the page was fetched.
+    generation: u64,
     server: String,
     fingerprint: String,
     protocol: String,
@@ -227,6 +240,18 @@ pub struct SharedCache {
     pending: AtomicU64,
     pending_bytes: AtomicU64,
     listener: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Servers whose invalidation has not reached Redis yet (being retried).
+    unsent: Mutex<std::collections::HashSet<String>>,
+}
+
+/// What one lookup learned: the page, if usable, and the server's generation (known
+/// when Redis answered), which a page fetched next must be stored with.
+#[derive(Clone, Debug, Default)]
+pub struct SharedRead {
+    /// The page.
+    pub hit: Option<Hit>,
+    /// The server's generation.
+    pub generation: Option<u64>,
 }
 
 /// Why the shared layer could not be set up.
@@ -274,6 +299,7 @@ impl SharedCache {
             pending: AtomicU64::new(0),
             pending_bytes: AtomicU64::new(0),
             listener: Mutex::new(None),
+            unsent: Mutex::default(),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
         // Connect now, off any call's path, so the first lookup does not pay for it.
@@ -296,6 +322,16 @@ impl SharedCache {
     /// Whether `server`'s public lists are shared.
     pub fn shares(&self, server: &str) -> bool {
         self.config.servers.iter().any(|s| s == server)
+    }
+
+    /// Whether `server`'s entries may be read or written now (no invalidation of it is
+    /// still on its way to Redis).
+    fn in_use(&self, server: &str) -> bool {
+        self.shares(server) && !self.unsent.lock().contains(server)
+    }
+
+    fn generation_key(&self, server: &str) -> String {
+        format!("{}:gen:{server}", self.config.prefix)
     }
 
     /// The Redis key of a page (public scope only) under `protocol` (which also names
@@ -348,7 +384,17 @@ impl SharedCache {
         what: &str,
         work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
     ) -> Option<T> {
-        match tokio::time::timeout(self.config.timeout, work(self.conn.clone())).await {
+        self.run_within(self.config.timeout, what, work).await
+    }
+
+    /// [`SharedCache::run`] within `bound`.
+    async fn run_within<T: redis::FromRedisValue>(
+        &self,
+        bound: Duration,
+        what: &str,
+        work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+    ) -> Option<T> {
+        match tokio::time::timeout(bound, work(self.conn.clone())).await {
             Ok(Ok(v)) => {
                 self.worked();
                 Some(v)
@@ -365,67 +411,112 @@ impl SharedCache {
     }
 
     /// A fresh page for `key` (public scope) under `protocol`, if another process (or
-    /// this one) stored it.
-    pub async fn get(&self, key: &CacheKey, protocol: &str) -> Option<Hit> {
-        let hit = self.lookup(key, protocol).await;
-        let counter = if hit.is_some() {
+    /// this one) stored it in the server's current generation; and that generation.
+    pub async fn get(&self, key: &CacheKey, protocol: &str) -> SharedRead {
+        let read = self.lookup(key, protocol).await;
+        let counter = if read.hit.is_some() {
             &self.counts.hits
         } else {
             &self.counts.misses
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        hit
+        read
     }
 
-    async fn lookup(&self, key: &CacheKey, protocol: &str) -> Option<Hit> {
-        if key.scope != "public" || !self.shares(&key.server) || !self.usable() {
+    /// The current generation of `server` (for a list fetched without a lookup first).
+    pub async fn generation(&self, server: &str) -> Option<u64> {
+        if !self.in_use(server) || !self.usable() {
             return None;
         }
+        let key = self.generation_key(server);
+        let generation: Option<u64> = self
+            .run("read", async |mut conn| {
+                redis::cmd("GET").arg(&key).query_async(&mut conn).await
+            })
+            .await?;
+        Some(generation.unwrap_or(0))
+    }
+
+    async fn lookup(&self, key: &CacheKey, protocol: &str) -> SharedRead {
+        if key.scope != "public" || !self.in_use(&key.server) || !self.usable() {
+            return SharedRead::default();
+        }
         let redis_key = self.redis_key(key, protocol);
-        let (bytes, pttl): (Option<Vec<u8>>, i64) = self
+        // Read no more than an entry may hold: a longer value is cut, and refused.
+        let limit = self.config.max_entry_bytes + 4096;
+        let gen_key = self.generation_key(&key.server);
+        let Some((generation, bytes, pttl)) = self
             .run("read", async |mut conn| {
                 redis::pipe()
                     .cmd("GET")
+                    .arg(&gen_key)
+                    .cmd("GETRANGE")
                     .arg(&redis_key)
+                    .arg(0)
+                    .arg(limit)
                     .cmd("PTTL")
                     .arg(&redis_key)
-                    .query_async(&mut conn)
+                    .query_async::<(Option<u64>, Vec<u8>, i64)>(&mut conn)
                     .await
             })
-            .await?;
-        let bytes = bytes?;
-        if pttl <= 0 {
+            .await
+        else {
+            return SharedRead::default();
+        };
+        let generation = generation.unwrap_or(0);
+        SharedRead {
+            hit: self.check(key, protocol, generation, &redis_key, &bytes, pttl, limit),
+            generation: Some(generation),
+        }
+    }
+
+    /// The page in `bytes`, if it is one this lookup may use.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        &self,
+        key: &CacheKey,
+        protocol: &str,
+        generation: u64,
+        redis_key: &str,
+        bytes: &[u8],
+        pttl: i64,
+        limit: usize,
+    ) -> Option<Hit> {
+        if bytes.is_empty() || pttl <= 0 {
             return None;
         }
-        if bytes.len() > self.config.max_entry_bytes + 512 {
-            self.reject(&redis_key, "larger than max_entry_bytes");
+        if bytes.len() > limit {
+            self.reject(redis_key, "larger than max_entry_bytes");
             return None;
         }
-        let stored: Stored = match serde_json::from_slice(&bytes) {
+        let stored: Stored = match serde_json::from_slice(bytes) {
             Ok(s) => s,
             Err(e) => {
-                self.reject(&redis_key, &format!("not an entry: {e}"));
+                self.reject(redis_key, &format!("not an entry: {e}"));
                 return None;
             }
         };
+        if stored.generation != generation {
+            return None; // from before the server's lists last changed
+        }
         let same = stored.server == key.server
             && stored.fingerprint == key.fingerprint
             && stored.protocol == protocol
             && stored.method == key.method
             && stored.cursor == key.param;
         if !same {
-            self.reject(&redis_key, "stored for another key");
+            self.reject(redis_key, "stored for another key");
             return None;
         }
         if CacheHints::of(&stored.page).scope != CacheScope::Public
             || !matches!(ResultType::of(&stored.page), Ok(ResultType::Complete))
         {
-            self.reject(&redis_key, "not a public, complete page");
+            self.reject(redis_key, "not a public, complete page");
             return None;
         }
         let size = json_size(&stored.page);
         if size > self.config.max_entry_bytes {
-            self.reject(&redis_key, "larger than max_entry_bytes");
+            self.reject(redis_key, "larger than max_entry_bytes");
             return None;
         }
         Some(Hit {
@@ -437,13 +528,14 @@ impl SharedCache {
         })
     }
 
-    /// Writes the public pages of one list in the background (see the module docs).
-    pub fn put(&self, pages: &[Page], protocol: &str) {
+    /// Writes the public pages of one list, fetched in `generation`, in the background
+    /// (see the module docs).
+    pub fn put(&self, pages: &[Page], protocol: &str, generation: u64) {
         if !self.usable() {
             return;
         }
         for page in pages {
-            if page.key.scope != "public" || !self.shares(&page.key.server) {
+            if page.key.scope != "public" || !self.in_use(&page.key.server) {
                 continue;
             }
             if page.bytes > self.config.max_entry_bytes {
@@ -453,6 +545,7 @@ impl SharedCache {
             let full =
                 self.pending_bytes.load(Ordering::Relaxed) + page.bytes as u64 > MAX_QUEUED_BYTES;
             let stored = serde_json::json!({
+                "generation": generation,
                 "server": page.key.server,
                 "fingerprint": page.key.fingerprint,
                 "protocol": protocol,
@@ -483,10 +576,29 @@ impl SharedCache {
         }
     }
 
-    /// Writes one batch as one pipeline (a failed one is dropped: it is only a cache).
+    /// Writes what was taken from the queue, in pipelines of at most
+    /// [`PIPELINE_BYTES`] (a failed one is dropped: it is only a cache).
     async fn write_batch(&self, batch: &[Write]) {
+        let mut start = 0;
+        while start < batch.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < batch.len()
+                && (end == start || bytes + batch[end].1.len() <= PIPELINE_BYTES)
+            {
+                bytes += batch[end].1.len();
+                end += 1;
+            }
+            self.write_pipeline(&batch[start..end]).await;
+            start = end;
+        }
+    }
+
+    async fn write_pipeline(&self, batch: &[Write]) {
+        // Writes are off every caller's path: a slower bound than reads.
+        let bound = self.config.timeout.max(Duration::from_secs(1));
         let done: Option<()> = self
-            .run("write", async |mut conn| {
+            .run_within(bound, "write", async |mut conn| {
                 let mut pipe = redis::pipe();
                 for (key, body, ms) in batch {
                     pipe.cmd("SET")
@@ -509,55 +621,87 @@ impl SharedCache {
         self.pending.fetch_sub(batch.len() as u64, Ordering::SeqCst);
     }
 
-    /// Deletes `server`'s entries from Redis and tells the other processes to drop
-    /// theirs. Does nothing for a server that is not shared.
-    pub async fn invalidate(&self, server: &str) {
-        if !self.shares(server) {
+    /// Moves `server` to a new generation in Redis (every page stored so far is no
+    /// longer used, by any process) and tells the other processes to drop their copies,
+    /// in one round trip. Does nothing for a server that is not shared. If Redis cannot
+    /// be reached, the server's shared entries are left alone here and the invalidation
+    /// is retried in the background until it goes through.
+    pub async fn invalidate(self: &Arc<Self>, server: &str) {
+        if !self.shares(server) || self.send_invalidation(server).await {
             return;
         }
-        let pattern = format!("{}:list:{server}:*", self.config.prefix);
+        if !self.unsent.lock().insert(server.to_string()) {
+            return; // already being retried
+        }
+        let (this, server) = (Arc::downgrade(self), server.to_string());
+        tokio::spawn(async move {
+            let mut waits = backoff();
+            loop {
+                tokio::time::sleep(waits.next().unwrap_or(MAX_BACKOFF)).await;
+                let Some(layer) = this.upgrade() else { return };
+                if layer.send_invalidation(&server).await {
+                    layer.unsent.lock().remove(&server);
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn send_invalidation(&self, server: &str) -> bool {
         let message = serde_json::to_string(&Changed {
             origin: self.origin.clone(),
             server: server.to_string(),
         })
         .unwrap_or_default();
-        let channel = self.config.channel();
+        let (channel, gen_key) = (self.config.channel(), self.generation_key(server));
         // Not skipped while the layer backs off: a lost invalidation leaves other
         // processes stale, so it is always tried, within the bound.
-        let published: Option<()> = self
+        let sent: Option<()> = self
             .run("invalidate", async |mut conn| {
-                let mut cursor = 0u64;
-                // A SCAN walk is bounded by the keyspace; each round is one command.
-                for _ in 0..10_000 {
-                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                        .cursor_arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(1000)
-                        .query_async(&mut conn)
-                        .await?;
-                    if !keys.is_empty() {
-                        redis::cmd("DEL")
-                            .arg(&keys)
-                            .query_async::<()>(&mut conn)
-                            .await?;
-                    }
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
-                }
-                redis::cmd("PUBLISH")
+                redis::pipe()
+                    .cmd("INCR")
+                    .arg(&gen_key)
+                    .ignore()
+                    .cmd("PUBLISH")
                     .arg(&channel)
                     .arg(&message)
-                    .query_async::<()>(&mut conn)
+                    .ignore()
+                    .query_async(&mut conn)
                     .await
             })
             .await;
-        if published.is_some() {
+        if sent.is_some() {
             self.counts.published.fetch_add(1, Ordering::Relaxed);
         }
+        sent.is_some()
+    }
+
+    /// Claims the refresh of one list for `hold` among the processes sharing it (`SET
+    /// NX PX`): true when this process should read it again (claimed, or Redis did not
+    /// say), false when another one is doing it.
+    pub async fn claim_refresh(&self, what: &str, hold: Duration) -> bool {
+        if !self.usable() {
+            return true;
+        }
+        let key = format!(
+            "{}:refresh:{}",
+            self.config.prefix,
+            sha256_hex(what.as_bytes())
+        );
+        let ms = hold.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let claimed: Option<Option<String>> = self
+            .run("claim", async |mut conn| {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&self.origin)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ms)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        !matches!(claimed, Some(None))
     }
 
     /// Listens for other processes' invalidations until the layer is dropped: `changed`
@@ -580,7 +724,7 @@ impl SharedCache {
                 })
                 .await;
                 match connected {
-                    Ok(Ok(mut pubsub)) => {
+                    Ok(Ok(pubsub)) => {
                         waits = backoff();
                         if subscribed_before {
                             tracing::info!(
@@ -589,8 +733,27 @@ impl SharedCache {
                             servers.iter().for_each(|s| changed(s));
                         }
                         subscribed_before = true;
-                        let mut messages = pubsub.on_message();
-                        while let Some(msg) = messages.next().await {
+                        let (mut sink, mut messages) = pubsub.split();
+                        let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
+                        ping.tick().await;
+                        loop {
+                            let msg = tokio::select! {
+                                msg = messages.next() => match msg {
+                                    Some(msg) => msg,
+                                    None => break,
+                                },
+                                _ = ping.tick() => {
+                                    let pong = tokio::time::timeout(
+                                        Duration::from_secs(2),
+                                        sink.ping::<redis::Value>(),
+                                    )
+                                    .await;
+                                    if !matches!(pong, Ok(Ok(_))) {
+                                        break; // half open: subscribe again
+                                    }
+                                    continue;
+                                }
+                            };
                             let Some(this) = this.upgrade() else { return };
                             let heard: Option<Changed> = (msg.get_payload_bytes().len() <= 4096)
                                 .then(|| serde_json::from_slice(msg.get_payload_bytes()).ok())
