@@ -244,6 +244,33 @@ fn chaos_soak() {
 /// Fault counters, bumped where a fault is seen to take effect (some in the background).
 type Faults = Arc<Mutex<BTreeMap<&'static str, u64>>>;
 
+/// The fault kinds, each with the first draw (of 0..100) that picks it.
+const KINDS: [(&str, u64); 9] = [
+    ("sigkill", 0),
+    ("actor_kill", 14),
+    ("service_kill", 24),
+    ("freeze", 33),
+    ("slow", 45),
+    ("garbage", 57),
+    ("remove_readd", 68),
+    ("http_kill", 79),
+    ("restart", 89),
+];
+
+/// The draw of the next fault: random, but in the short soak every other fault goes to
+/// the kind that has taken effect least so far, so that each reaches its minimum
+/// whatever the seed (a short run has few faults to spread by chance alone).
+fn next_fault(rng: &mut Rng, faults: &Faults, long: bool) -> u64 {
+    if long || rng.below(2) == 0 {
+        return rng.below(100);
+    }
+    let taken = faults.lock();
+    KINDS
+        .iter()
+        .min_by_key(|(kind, _)| taken.get(kind).copied().unwrap_or(0))
+        .map_or(0, |(_, first)| *first)
+}
+
 fn effective(faults: &Faults, kind: &'static str) {
     *faults.lock().entry(kind).or_default() += 1;
 }
@@ -365,7 +392,7 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
         .await;
         let target = stdio_ids[rng.below(3) as usize];
         let any = all_ids[rng.below(4) as usize];
-        match rng.below(100) {
+        match next_fault(&mut rng, &faults, long) {
             0..=13 => {
                 let pid = h.server_status(target).and_then(|s| s.pid);
                 // SAFETY: kill(2) with a pid the harness reported and a valid signal.
@@ -595,17 +622,7 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
             "the long soak is at least 100,000 calls and 1,000 faults"
         );
     } else {
-        for kind in [
-            "sigkill",
-            "actor_kill",
-            "service_kill",
-            "freeze",
-            "slow",
-            "garbage",
-            "remove_readd",
-            "http_kill",
-            "restart",
-        ] {
+        for (kind, _) in KINDS {
             let n = faults.get(kind).copied().unwrap_or(0);
             assert!(n >= MIN_PER_KIND, "only {n} {kind} faults took effect");
         }
