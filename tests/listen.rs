@@ -25,6 +25,16 @@ fn config(server: ServerConfig) -> HarnessConfig {
     }
 }
 
+/// The bare names of the tools `h` lists.
+async fn tool_names(h: &HarnessHandle) -> Vec<String> {
+    h.list_tools(&a())
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect()
+}
+
 /// Waits (up to 10 s) for `ToolsChanged` of `server` on `events`.
 async fn hear_tools_changed(
     events: &mut tokio::sync::broadcast::Receiver<HarnessEvent>,
@@ -117,13 +127,7 @@ async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
     let mut server = ServerConfig::stdio("rm", rmcp_exe(), ["stdio"]);
     server.restart.min_delay = Duration::from_secs(30);
     let h = start_ready(config(server)).await;
-    let before: Vec<String> = h
-        .list_tools(&a())
-        .await
-        .expect("list")
-        .iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let before = tool_names(&h).await;
     assert!(!before.iter().any(|n| n == "extra"), "{before:?}");
     // rmcp acknowledges before its handler keeps the subscription's sink: wait until
     // the server has a subscriber to tell.
@@ -142,13 +146,7 @@ async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
     }
     assert!(told, "the server has the harness's subscription");
     hear_tools_changed(&mut events, "rm").await;
-    let names: Vec<String> = h
-        .list_tools(&a())
-        .await
-        .expect("list")
-        .iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = tool_names(&h).await;
     assert!(names.iter().any(|n| n == "extra"), "{names:?}");
     h.shutdown().await;
 }

@@ -814,6 +814,11 @@ impl SharedCache {
 
     /// Stops listening (the harness is shutting down).
     pub fn close(&self) {
+        let unsent = self.unsent.lock();
+        if !unsent.is_empty() {
+            tracing::warn!(servers = ?*unsent, "shutting down with invalidations Redis never took");
+        }
+        drop(unsent);
         if let Some(task) = self.listener.lock().take() {
             task.abort();
         }
