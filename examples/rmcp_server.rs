@@ -67,20 +67,15 @@ impl Interop {
         let sinks: Vec<SubscriptionSink> = self.listeners.lock().clone();
         let mut told = 0;
         let mut closed = Vec::new();
-        for (i, sink) in sinks.iter().enumerate() {
+        for sink in &sinks {
             if sink.notify_tool_list_changed().await.is_ok() {
                 told += 1;
             } else {
-                closed.push(i);
+                closed.push(sink.id().clone());
             }
         }
         // Subscriptions that ended are forgotten.
-        let mut listeners = self.listeners.lock();
-        for i in closed.into_iter().rev() {
-            if i < listeners.len() {
-                listeners.remove(i);
-            }
-        }
+        self.listeners.lock().retain(|s| !closed.contains(s.id()));
         format!("extra added; {told} subscriptions told")
     }
 

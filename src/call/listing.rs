@@ -91,6 +91,9 @@ pub(crate) async fn list_server(
             tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
             ctx.registry_ref
                 .invalidate_list(server.id(), kind.list_method());
+            // Dropped (and the shared generation moved) before the list is read again,
+            // so what is read now is stored in the new generation.
+            ctx.registry_ref.flush().await;
             match walk(ctx, server, kind, auth_context, timeout, false).await {
                 Walk::Done(listed) => Ok(listed),
                 Walk::Failed(e) => Err(e),
@@ -126,21 +129,27 @@ fn refresh_if_due(
     let (server, auth) = (listed.server.clone(), auth_context.map(String::from));
     // Among processes sharing a public list, one reads it again; the others find the
     // new pages in the shared layer when theirs expire.
-    let claim = listed.public.then(|| {
-        let what = format!(
-            "{}\n{}\n{}",
-            server.id(),
-            server.fingerprint(),
-            kind.list_method()
-        );
-        (what, listed.refresh_window)
-    });
+    let claim = listed
+        .public
+        .then(|| shared_version(ctx, &server))
+        .flatten()
+        .map(|version| {
+            let what = format!(
+                "{}\n{}\n{version}\n{}",
+                server.id(),
+                server.fingerprint(),
+                kind.list_method()
+            );
+            (what, listed.refresh_window)
+        });
     tokio::spawn(async move {
         let ctx = guard.0.clone();
         if let (Some(shared), Some((what, hold))) = (&ctx.registry.shared, claim)
             && shared.shares(server.id())
             && !shared.claim_refresh(&what, hold).await
         {
+            // Another process refreshes it: not asked again here for the window.
+            tokio::time::sleep(hold).await;
             return;
         }
         tracing::debug!(server = %server.id(), method = kind.list_method(), "refreshing a list ahead of its expiry");
@@ -149,6 +158,15 @@ fn refresh_if_due(
         }
         drop(guard);
     });
+}
+
+/// What the shared layer keys a server's lists by besides the fingerprint: the protocol
+/// version and the client capabilities declared (servers may list by them).
+fn shared_version(ctx: &CallContext, server: &ServerRef) -> Option<String> {
+    let protocol = server.protocol_version()?;
+    let caps = ctx.inputs.snapshot();
+    let caps = crate::util::hash::sha256_hex(caps.capabilities().to_string().as_bytes());
+    Some(format!("{protocol}+{}", &caps[..16]))
 }
 
 /// A list being read again in the background; the mark goes when this is dropped,
@@ -336,10 +354,7 @@ impl<'a> Walker<'a> {
     /// What the shared layer keys this server's lists by besides the fingerprint: the
     /// protocol version and the client capabilities declared (servers may list by them).
     fn shared_version(&self) -> Option<String> {
-        let protocol = self.server.protocol_version()?;
-        let caps = self.ctx.inputs.snapshot();
-        let caps = crate::util::hash::sha256_hex(caps.capabilities().to_string().as_bytes());
-        Some(format!("{protocol}+{}", &caps[..16]))
+        shared_version(self.ctx, self.server)
     }
 
     async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
@@ -361,6 +376,10 @@ impl<'a> Walker<'a> {
         let read = shared.get(&key, &protocol).await;
         if !self.l3_asked {
             (self.l3_generation, self.l3_asked) = (read.generation, true);
+        } else if read.generation != self.l3_generation {
+            // The list changed during this walk: its pages must not be mixed.
+            self.l3_missed = true;
+            return None;
         }
         let Some(mut hit) = read.hit else {
             self.l3_missed = true;

@@ -52,6 +52,10 @@ pub const MAX_QUEUED_WRITES: usize = 4096;
 /// Bytes of the pages waiting to be written; past it a write is dropped (and counted).
 pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 
+/// The layout of stored entries, part of every key's digest: processes of another
+/// layout (a rolling upgrade) never read each other's pages.
+const SCHEMA: u32 = 2;
+
 /// Pages taken from the queue at once.
 const WRITE_BATCH: usize = 256;
 
@@ -95,6 +99,14 @@ fn redacted(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// A random starting generation (63 bits: INCR stays within a signed integer).
+fn random_generation() -> u64 {
+    let mut bytes = [0u8; 8];
+    // Without randomness the start is 0, as for a server never seen.
+    let _ = getrandom::fill(&mut bytes);
+    u64::from_le_bytes(bytes) >> 1
 }
 
 fn default_timeout() -> Duration {
@@ -273,7 +285,9 @@ impl SharedCache {
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100))
             .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(config.timeout));
+            // No bound of its own: every command is bounded by `run`/`run_within`, and
+            // writes get a longer one than reads.
+            .set_response_timeout(None);
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager)
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
         let (writes, queue) = mpsc::channel(MAX_QUEUED_WRITES);
@@ -338,7 +352,7 @@ impl SharedCache {
     /// the client capabilities the list was asked with: a server may list by them).
     pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
         let digest = sha256_hex(
-            serde_json::json!([key.fingerprint, protocol, key.method, key.param])
+            serde_json::json!([SCHEMA, key.fingerprint, protocol, key.method, key.param])
                 .to_string()
                 .as_bytes(),
         );
@@ -429,12 +443,37 @@ impl SharedCache {
             return None;
         }
         let key = self.generation_key(server);
-        let generation: Option<u64> = self
+        let seed = random_generation();
+        let (_, generation): (redis::Value, redis::Value) = self
             .run("read", async |mut conn| {
-                redis::cmd("GET").arg(&key).query_async(&mut conn).await
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(seed)
+                    .arg("NX")
+                    .cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
             })
             .await?;
-        Some(generation.unwrap_or(0))
+        self.decode_generation(&key, &generation)
+    }
+
+    /// A generation as Redis holds it: an integer (as text); anything else is refused
+    /// for this server only.
+    fn decode_generation(&self, key: &str, value: &redis::Value) -> Option<u64> {
+        let parsed = match value {
+            redis::Value::Int(n) => u64::try_from(*n).ok(),
+            redis::Value::BulkString(bytes) => {
+                std::str::from_utf8(bytes).ok().and_then(|t| t.parse().ok())
+            }
+            _ => None,
+        };
+        if parsed.is_none() {
+            self.reject(key, "a generation that is not an integer");
+        }
+        parsed
     }
 
     async fn lookup(&self, key: &CacheKey, protocol: &str) -> SharedRead {
@@ -445,9 +484,16 @@ impl SharedCache {
         // Read no more than an entry may hold: a longer value is cut, and refused.
         let limit = self.config.max_entry_bytes + 4096;
         let gen_key = self.generation_key(&key.server);
-        let Some((generation, bytes, pttl)) = self
+        // A server without a generation gets a random one (not 0): should Redis lose the
+        // key (eviction, an old snapshot), pages of before are not matched by chance.
+        let seed = random_generation();
+        let Some((_, generation, bytes, pttl)) = self
             .run("read", async |mut conn| {
                 redis::pipe()
+                    .cmd("SET")
+                    .arg(&gen_key)
+                    .arg(seed)
+                    .arg("NX")
                     .cmd("GET")
                     .arg(&gen_key)
                     .cmd("GETRANGE")
@@ -456,14 +502,16 @@ impl SharedCache {
                     .arg(limit)
                     .cmd("PTTL")
                     .arg(&redis_key)
-                    .query_async::<(Option<u64>, Vec<u8>, i64)>(&mut conn)
+                    .query_async::<(redis::Value, redis::Value, Vec<u8>, i64)>(&mut conn)
                     .await
             })
             .await
         else {
             return SharedRead::default();
         };
-        let generation = generation.unwrap_or(0);
+        let Some(generation) = self.decode_generation(&gen_key, &generation) else {
+            return SharedRead::default();
+        };
         SharedRead {
             hit: self.check(key, protocol, generation, &redis_key, &bytes, pttl, limit),
             generation: Some(generation),
@@ -627,7 +675,11 @@ impl SharedCache {
     /// be reached, the server's shared entries are left alone here and the invalidation
     /// is retried in the background until it goes through.
     pub async fn invalidate(self: &Arc<Self>, server: &str) {
-        if !self.shares(server) || self.send_invalidation(server).await {
+        // One being retried covers this one too: its INCR moves past every page so far.
+        if !self.shares(server) || self.unsent.lock().contains(server) {
+            return;
+        }
+        if self.send_invalidation(server).await {
             return;
         }
         if !self.unsent.lock().insert(server.to_string()) {
