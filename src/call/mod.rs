@@ -55,6 +55,8 @@ use crate::server::ServerError;
 use crate::transport::TransportError;
 use input::HandlerSet;
 use record::CallRecord;
+
+mod telemetry;
 use route::Candidate;
 
 /// One call as asked.
@@ -71,6 +73,9 @@ pub(crate) struct CallRequest {
     pub timeout: Option<Duration>,
     /// The caller answers the input rounds itself (a gateway's downstream client).
     pub delegated: Option<Delegation>,
+    /// The caller's span when it asked: the call's span is its child, though the call
+    /// runs on a worker task (so an embedder's or a gateway's trace goes on through it).
+    pub parent: tracing::Span,
 }
 
 /// A call whose `input_required` rounds go back to the caller instead of the input
@@ -153,15 +158,35 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         &request.name,
         &request.args,
     );
-    let span = tracing::info_span!("call", call_id, agent = ?request.caller.agent_id, name = %request.name);
+    let method = request.kind.method();
+    // Named and described by the OpenTelemetry conventions for MCP (exported when an
+    // OpenTelemetry layer is installed; plain fields otherwise).
+    let span = tracing::info_span!(
+        parent: &request.parent,
+        "call",
+        call_id,
+        agent = ?request.caller.agent_id,
+        name = %request.name,
+        otel.name = %format!("{method} {}", request.name),
+        otel.kind = "internal",
+        otel.status_code = tracing::field::Empty,
+        mcp.method.name = method,
+        gen_ai.operation.name = telemetry::operation(request.kind),
+        gen_ai.tool.name = telemetry::tool_name(request.kind, &request.name),
+        error.type = tracing::field::Empty,
+    );
     // No timer of its own: every wait below is bounded by what is left of the deadline.
     let work = async {
-        let candidates = route(
-            ctx,
-            &request.caller,
-            request.kind,
-            &request.name,
-            deadline.at,
+        let routing = tracing::info_span!("route", otel.name = %format!("route {}", request.name));
+        let candidates = tracing::Instrument::instrument(
+            route(
+                ctx,
+                &request.caller,
+                request.kind,
+                &request.name,
+                deadline.at,
+            ),
+            routing,
         )
         .await?;
         let mut candidates = candidates;
@@ -177,13 +202,16 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         record.candidates = candidates.len();
         drive(ctx, &request, &candidates, deadline, &mut record).await
     };
-    let outcome = match tracing::Instrument::instrument(work, span).await {
+    let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
         Err(CallError::Server(ServerError::Transport {
             source: TransportError::Timeout(_),
             ..
         })) if deadline.remaining().is_zero() => Err(CallError::DeadlineExceeded(deadline.total)),
         outcome => outcome,
     };
+    if let Err(e) = &outcome {
+        telemetry::failed(&span, e.code());
+    }
     record.finish(&outcome);
     outcome
 }
@@ -218,7 +246,18 @@ async fn drive(
             still_allowed(ctx, request, candidate)?;
         }
         record.server = Some(candidate.server.clone());
-        let error = match attempt(ctx, request, candidate, deadline, &mut rounds, record).await {
+        let span = telemetry::attempt_span(request.kind, &candidate.item, &candidate.server);
+        let tried = tracing::Instrument::instrument(
+            attempt(ctx, request, candidate, deadline, &mut rounds, record),
+            span.clone(),
+        )
+        .await;
+        if let Err(Attempt::Final(e)) = &tried {
+            telemetry::failed(&span, e.code());
+        } else if let Err(Attempt::ServerFailed(e)) = &tried {
+            telemetry::failed(&span, e.code());
+        }
+        let error = match tried {
             Ok((result, input_required)) => {
                 return Ok(Answer {
                     result,
@@ -372,9 +411,16 @@ async fn attempt(
             handlers: &handlers,
             deadline,
         };
-        params = round
-            .answer(&result, &mut state_only_rounds, record)
-            .await?;
+        let span = tracing::info_span!(
+            "round",
+            otel.name = %format!("input_required {}", server.id()),
+            mcp_harness.round = *rounds,
+        );
+        params = tracing::Instrument::instrument(
+            round.answer(&result, &mut state_only_rounds, record),
+            span,
+        )
+        .await?;
         with_token(&mut params);
     }
 }

@@ -99,7 +99,13 @@ pub(crate) async fn gather(
     let answers = join_all(pending.into_iter().map(|context| {
         let method = context.method.clone();
         let key = context.key.clone();
-        async move { (key, method, inputs.answer(set, context, limit).await) }
+        let span = tracing::info_span!(
+            "input",
+            otel.name = %format!("{method} {key}"),
+            mcp.method.name = %method,
+        );
+        let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
+        async move { (key, method, answer.await) }
     }))
     .await;
     let mut out = Map::new();

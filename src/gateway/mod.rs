@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use crate::call::{CallError, CallKind, Caller, CancelToken, Delegation, ProgressSender, ToolInfo};
 use crate::config::HarnessConfig;
@@ -1008,6 +1009,7 @@ impl Gateway {
         }
         let answer = self
             .delegated(principal, kind, &name, args, delegation, cancel)
+            .instrument(downstream_span(kind, &name, params))
             .await?;
         if !answer.input_required {
             return Ok(answer.result);
@@ -1072,6 +1074,7 @@ impl Gateway {
                     delegation.clone(),
                     cancel.clone(),
                 )
+                .instrument(downstream_span(kind, &name, params))
                 .await?;
             if !answer.input_required {
                 return Ok(answer.result);
@@ -1127,6 +1130,24 @@ pub(crate) fn wants_progress(request: &Request) -> bool {
 
 /// The caller's `progressToken` (a string or an integer), paired with where its
 /// progress goes, when both are there.
+/// The server span of one downstream request: a child of the client's trace context
+/// when its `_meta` carries a well-formed `traceparent`, so the client's trace goes on
+/// through the gateway into the harness's call and on to the upstream server.
+fn downstream_span(kind: CallKind, name: &str, params: &Value) -> tracing::Span {
+    let span = tracing::info_span!(
+        "gateway",
+        otel.name = %format!("{} {name}", kind.method()),
+        otel.kind = "server",
+        mcp.method.name = kind.method(),
+    );
+    if let Some(remote) = crate::util::trace_context::extract(Some(params)) {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    }
+    span
+}
+
 fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSender, Value)> {
     let token = params
         .get("_meta")

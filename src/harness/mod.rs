@@ -338,6 +338,7 @@ impl HarnessHandle {
             args,
             timeout: options.timeout,
             delegated,
+            parent: tracing::Span::current(),
         };
         let pool = self.inner.services.calls.clone();
         async move { pool.run(request, options.cancel).await }

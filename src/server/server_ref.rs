@@ -168,6 +168,9 @@ impl ServerRef {
     ) -> Result<Value, ServerError> {
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
+        // Taken here, on the caller's task, whichever way the request goes next.
+        let mut params = params;
+        crate::util::trace_context::inject(&mut params);
         let live = self.0.live.read().clone();
         // Ready and open: straight to the connection. A connection that has just ended
         // goes through the actor, which holds the request for the restart.

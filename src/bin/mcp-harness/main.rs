@@ -14,6 +14,7 @@ mod elicit;
 mod loopback;
 mod serve;
 mod sign_in;
+mod telemetry;
 mod terminal;
 
 use std::process::ExitCode;
@@ -102,14 +103,6 @@ fn main() -> ExitCode {
         Command::Demo => "off",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -117,7 +110,39 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // The exporter's batch processor runs on the runtime.
+    let entered = runtime.enter();
+    let provider = match telemetry::provider() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mcp-harness: {e:#}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    {
+        use tracing_subscriber::Layer;
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| default_filter.into()),
+            );
+        tracing_subscriber::registry()
+            .with(logs)
+            .with(provider.as_ref().map(telemetry::layer))
+            .init();
+    }
+    drop(entered);
     let outcome = runtime.block_on(run(cli.command));
+    if let Some(provider) = provider {
+        // Every span ended so far goes out before the process does.
+        if let Err(e) = provider.shutdown() {
+            eprintln!("mcp-harness: exporting traces: {e}");
+        }
+    }
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -1,0 +1,125 @@
+//! W3C Trace Context for requests to servers: the `traceparent` (and `tracestate`) of
+//! the current `tracing` span, as OpenTelemetry sees it through `tracing-opentelemetry`,
+//! written into a request's `params._meta` (which the 2026-07-28 revision allows and
+//! legacy servers ignore), so that a server that traces continues the caller's trace.
+//! Without an OpenTelemetry layer installed there is no trace context and nothing is
+//! written: the cost is one lookup on the current span.
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use serde_json::Value;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The `_meta` key of the W3C `traceparent`.
+pub const TRACEPARENT: &str = "traceparent";
+/// The `_meta` key of the W3C `tracestate`.
+pub const TRACESTATE: &str = "tracestate";
+
+/// The current span's context, if it is a valid (sampled or not) OpenTelemetry span.
+fn current() -> Option<SpanContext> {
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| sc.clone())
+}
+
+/// `00-TRACEID-SPANID-FLAGS`.
+fn traceparent(sc: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    )
+}
+
+/// Writes the current trace context into `params._meta` (replacing what the caller put
+/// there: this request is a child of the current span). Leaves `params` alone when there
+/// is no trace context or the params cannot carry `_meta`.
+pub fn inject(params: &mut Option<Value>) {
+    let Some(sc) = current() else { return };
+    let params = params.get_or_insert_with(|| Value::Object(Default::default()));
+    let Some(map) = params.as_object_mut() else {
+        return;
+    };
+    let meta = map
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let Some(meta) = meta.as_object_mut() else {
+        return;
+    };
+    meta.insert(TRACEPARENT.into(), Value::String(traceparent(&sc)));
+    let state = sc.trace_state().header();
+    if state.is_empty() {
+        meta.remove(TRACESTATE);
+    } else {
+        meta.insert(TRACESTATE.into(), Value::String(state));
+    }
+}
+
+/// The remote span context a request's `params._meta` names, if its `traceparent` is
+/// well formed (version 00, non-zero ids, lower-case hex); a malformed one is ignored.
+pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
+    let meta = params?.get("_meta")?;
+    let text = meta.get(TRACEPARENT)?.as_str()?;
+    let parts: Vec<&str> = text.split('-').collect();
+    let [version, trace, span, flags] = parts[..] else {
+        return None;
+    };
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if version != "00" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok()?;
+    let span_id = SpanId::from_hex(span).ok()?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    let state = meta
+        .get(TRACESTATE)
+        .and_then(Value::as_str)
+        .filter(|s| s.len() <= 512)
+        .and_then(|s| s.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    let sc = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);
+    sc.is_valid().then_some(sc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_well_formed_traceparent_is_read_and_anything_else_ignored() {
+        let p = |tp: &str| json!({"_meta": {"traceparent": tp, "tracestate": "a=1"}});
+        let sc = extract(Some(&p(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )))
+        .expect("valid");
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert!(sc.is_remote() && sc.is_sampled());
+        assert_eq!(sc.trace_state().header(), "a=1");
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "\u{1b}[31m",
+        ] {
+            assert!(extract(Some(&p(bad))).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn without_a_trace_context_nothing_is_written() {
+        let mut params = Some(json!({"name": "echo"}));
+        inject(&mut params);
+        assert_eq!(params, Some(json!({"name": "echo"})));
+    }
+}

@@ -1,0 +1,323 @@
+//! OpenTelemetry export from the command line, received by an OTLP collector of the
+//! test's own over loopback (HTTP/protobuf with hyper, gRPC with tonic, the messages
+//! decoded with `opentelemetry-proto`): span names and attributes by the MCP semantic
+//! conventions, their parentage, and the caller's trace context in the `_meta` of the
+//! request the server received.
+
+mod support;
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::Value;
+use support::*;
+
+/// What the collector received: every span, and every resource's `service.name`.
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<(Vec<Span>, Vec<String>)>>);
+
+impl Received {
+    fn take(&self, request: ExportTraceServiceRequest) {
+        let mut got = self.0.lock().expect("lock");
+        for resource in request.resource_spans {
+            if let Some(r) = &resource.resource {
+                got.1.extend(
+                    r.attributes
+                        .iter()
+                        .filter(|kv| kv.key == "service.name")
+                        .filter_map(|kv| text(kv.value.as_ref()?.value.as_ref()?)),
+                );
+            }
+            for scope in resource.scope_spans {
+                got.0.extend(scope.spans);
+            }
+        }
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.0.lock().expect("lock").0.clone()
+    }
+
+    fn services(&self) -> Vec<String> {
+        self.0.lock().expect("lock").1.clone()
+    }
+}
+
+fn text(v: &any_value::Value) -> Option<String> {
+    match v {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        any_value::Value::IntValue(i) => Some(i.to_string()),
+        any_value::Value::BoolValue(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An OTLP/HTTP collector (`POST /v1/traces`, protobuf) on a loopback port.
+async fn http_collector() -> (String, Received) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let received = Received::default();
+    let got = received.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let got = got.clone();
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let got = got.clone();
+                    async move {
+                        let path_ok = req.uri().path() == "/v1/traces";
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let decoded = body
+                            .ok()
+                            .and_then(|b| ExportTraceServiceRequest::decode(b).ok());
+                        let status = match decoded {
+                            Some(request) if path_ok => {
+                                got.take(request);
+                                200
+                            }
+                            _ => 400,
+                        };
+                        let reply = ExportTraceServiceResponse::default().encode_to_vec();
+                        let mut response = hyper::Response::new(Full::new(Bytes::from(reply)));
+                        *response.status_mut() =
+                            hyper::StatusCode::from_u16(status).expect("status");
+                        response.headers_mut().insert(
+                            "content-type",
+                            hyper::header::HeaderValue::from_static("application/x-protobuf"),
+                        );
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (url, received)
+}
+
+struct Collector(Received);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.take(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// An OTLP/gRPC collector (the generated `TraceService`, over HTTP/2) on a loopback port.
+async fn grpc_collector() -> (String, Received) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let received = Received::default();
+    let service = TraceServiceServer::new(Collector(received.clone()));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .http2_only()
+                .serve_connection(io, service)
+                .await;
+            });
+        }
+    });
+    (url, received)
+}
+
+/// A config with one stdio demo server `s` recording its requests to `record`.
+fn config(tag: &str, record: &Path) -> PathBuf {
+    let path = temp_file(tag).with_extension("toml");
+    let toml = format!(
+        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\", \"--record\", {:?}] }}\n[permissions.local]\n\"*\" = [\"*\"]\n",
+        harness_exe(),
+        record.to_string_lossy(),
+    );
+    std::fs::write(&path, toml).expect("write config");
+    path
+}
+
+/// `mcp-harness call --config CONFIG TOOL {}` exporting to `endpoint` over `protocol`.
+async fn traced_call(config: &Path, tool: &str, endpoint: &str, protocol: &str) -> bool {
+    let config = config.to_path_buf();
+    let (tool, endpoint, protocol) = (tool.to_string(), endpoint.to_string(), protocol.to_string());
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(harness_exe())
+            .args(["call", "--config"])
+            .arg(&config)
+            .args([tool.as_str(), r#"{"text": "traced"}"#])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol)
+            .env("OTEL_SERVICE_NAME", "mcp-harness-test")
+            .env_remove("OTEL_SDK_DISABLED")
+            .output()
+            .expect("run mcp-harness call")
+            .status
+            .success()
+    })
+    .await
+    .expect("join")
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+#[tokio::test]
+async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reaches_the_server() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-http");
+    let config = config("otel-http", &record);
+    assert!(traced_call(&config, "s__echo", &endpoint, "http/protobuf").await);
+    assert!(
+        eventually(Duration::from_secs(10), || !named(
+            &received.spans(),
+            "tools/call s__echo"
+        )
+        .is_empty())
+        .await,
+        "the call's span arrived: {:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let spans = received.spans();
+    let call = named(&spans, "tools/call s__echo")[0];
+    assert_eq!(call.kind, 1, "internal");
+    assert_eq!(attr(call, "mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(
+        attr(call, "gen_ai.operation.name").as_deref(),
+        Some("execute_tool")
+    );
+    assert_eq!(attr(call, "gen_ai.tool.name").as_deref(), Some("s__echo"));
+    assert!(attr(call, "error.type").is_none());
+    let route = named(&spans, "route s__echo");
+    assert_eq!(route.len(), 1);
+    assert_eq!(
+        route[0].parent_span_id, call.span_id,
+        "routing is a child of the call"
+    );
+    let attempts = named(&spans, "tools/call echo");
+    assert_eq!(attempts.len(), 1, "one attempt on one server");
+    let attempt = attempts[0];
+    assert_eq!(attempt.kind, 3, "client");
+    assert_eq!(attempt.parent_span_id, call.span_id);
+    assert_eq!(attempt.trace_id, call.trace_id);
+    assert_eq!(attr(attempt, "network.transport").as_deref(), Some("pipe"));
+    assert_eq!(
+        attr(attempt, "mcp.protocol.version").as_deref(),
+        Some("2026-07-28")
+    );
+    assert_eq!(attr(attempt, "gen_ai.tool.name").as_deref(), Some("echo"));
+    assert_eq!(attr(attempt, "mcp_harness.server.id").as_deref(), Some("s"));
+    assert!(received.services().iter().any(|s| s == "mcp-harness-test"));
+    // The server received the attempt's context: same trace, the attempt as parent.
+    let calls: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0]["params"]["_meta"]["traceparent"].as_str(),
+        Some(format!("00-{}-{}-01", hex(&attempt.trace_id), hex(&attempt.span_id)).as_str()),
+        "{}",
+        calls[0]
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn over_grpc_a_failed_call_carries_its_error_type_on_the_call_and_the_attempt() {
+    let (endpoint, received) = grpc_collector().await;
+    let record = temp_file("otel-grpc");
+    let config = config("otel-grpc", &record);
+    // `crash` makes the server exit before it answers: the call fails.
+    assert!(!traced_call(&config, "s__crash", &endpoint, "grpc").await);
+    assert!(
+        eventually(Duration::from_secs(10), || !named(
+            &received.spans(),
+            "tools/call s__crash"
+        )
+        .is_empty())
+        .await,
+        "the call's span arrived over gRPC: {:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let spans = received.spans();
+    let call = named(&spans, "tools/call s__crash")[0];
+    let attempt = named(&spans, "tools/call crash")[0];
+    assert_eq!(attempt.parent_span_id, call.span_id);
+    let error = attr(call, "error.type").expect("error.type on the call");
+    assert_eq!(attr(attempt, "error.type").as_deref(), Some(error.as_str()));
+    assert_eq!(
+        call.status.as_ref().map(|s| s.code),
+        Some(2),
+        "status ERROR"
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent() {
+    let record = temp_file("otel-off");
+    let config = config("otel-off", &record);
+    let out = std::process::Command::new(harness_exe())
+        .args(["call", "--config"])
+        .arg(&config)
+        .args(["s__echo", r#"{"text": "untraced"}"#])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let calls: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert!(
+        calls[0]["params"]["_meta"].get("traceparent").is_none(),
+        "{}",
+        calls[0]
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
