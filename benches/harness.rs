@@ -834,12 +834,18 @@ async fn shared_layer(
 
 /// Runs the discovery section in a child process and takes its figures.
 fn discovery_in_child(b: &mut Bench) {
+    in_child(b, "discovery");
+}
+
+/// Runs the section `role` in a child process (a fresh heap, its own global subscriber)
+/// and takes its figures.
+fn in_child(b: &mut Bench, role: &str) {
     let out = std::process::Command::new(std::env::current_exe().expect("bench exe"))
-        .env("MCP_BENCH_ROLE", "discovery")
+        .env("MCP_BENCH_ROLE", role)
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("discovery process");
-    assert!(out.status.success(), "discovery process failed");
+    assert!(out.status.success(), "{role} process failed");
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let mut f = line.split_whitespace();
         if f.next() != Some("BENCH") {
@@ -854,6 +860,7 @@ fn discovery_in_child(b: &mut Bench) {
             "tools" => "tools",
             "us" => "us",
             "ratio" => "ratio",
+            "calls/s" => "calls/s",
             _ => "requests",
         };
         b.lines.push(Figure {
@@ -863,6 +870,67 @@ fn discovery_in_child(b: &mut Bench) {
             high: f64::NAN,
             unit,
         });
+    }
+}
+
+/// 16 calls in flight on the stdio demo server through the harness, with every span
+/// exported over OTLP/HTTP to a local receiver (`on`) or with no OpenTelemetry layer.
+async fn telemetry_role(b: &mut Bench, on: bool) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = if on {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // A receiver that takes every export and answers 200 (what a collector costs
+        // is not the harness's).
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        use http_body_util::BodyExt;
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::new()),
+                        ))
+                    },
+                );
+                tokio::spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+        });
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(format!("http://{addr}/v1/traces"));
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = exporter.build().expect("exporter");
+        let processor = opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .build();
+        let layer = mcp_harness::util::trace_context::layer(provider.tracer("bench"));
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
+            .expect("subscriber");
+        Some(provider)
+    } else {
+        None
+    };
+    let (h, client) = harness_client(demo_config(), false).await;
+    b.throughput(if on { "otel_on" } else { "otel_off" }, &client, 16)
+        .await;
+    h.shutdown().await;
+    if let Some(provider) = provider {
+        let _ = provider.shutdown();
     }
 }
 
@@ -1090,6 +1158,11 @@ fn main() {
             print_lines(&b);
             return;
         }
+        if let Some(on) = role.strip_prefix("telemetry-") {
+            rt.block_on(telemetry_role(&mut b, on == "on"));
+            print_lines(&b);
+            return;
+        }
         // A server process for the benchmark: rmcp's echo server.
         let mut args = vec![role];
         args.extend(std::env::args().skip(1).filter(|a| a.starts_with("--json")));
@@ -1099,7 +1172,7 @@ fn main() {
         return;
     }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // MCP_BENCH_ONLY=stdio|http|further|gateway|current|discovery runs one section;
+    // MCP_BENCH_ONLY=stdio|http|further|gateway|current|discovery|telemetry runs one section;
     // MCP_BENCH_ONLY=profile runs the profiling loop (not part of a full run).
     let only = std::env::var("MCP_BENCH_ONLY").ok();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
@@ -1126,6 +1199,13 @@ fn main() {
     }
     if run("discovery") {
         discovery_in_child(&mut b);
+    }
+    if run("telemetry") {
+        eprintln!("tracing export on against off, 16 in flight (child processes):");
+        in_child(&mut b, "telemetry-off");
+        in_child(&mut b, "telemetry-on");
+        let ratio = b.get("otel_on_c16") / b.get("otel_off_c16");
+        b.record("otel_on_vs_off_c16", ratio, "ratio");
     }
     ratios(&mut b);
     print_lines(&b);

@@ -321,3 +321,105 @@ async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }
+
+#[tokio::test]
+async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_the_server() {
+    use tokio::io::AsyncBufReadExt;
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-gw");
+    let config = config("otel-gw", &record);
+    let mut text = std::fs::read_to_string(&config).expect("config");
+    text.push_str("[gateway]\nanonymous_agent = \"local\"\n");
+    std::fs::write(&config, text).expect("config");
+    let mut gateway = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--dev-keys", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    let stdout = gateway.stdout.take().expect("stdout");
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .expect("the gateway says where it listens")
+    .expect("read");
+    let url = line
+        .trim()
+        .strip_prefix("listening ")
+        .expect("listening line")
+        .to_string();
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "s__echo", "arguments": {"text": "traced"},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "traceparent": format!("00-{trace}-{parent}-01"),
+    }}});
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let response = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "s__echo")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 200);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.id().expect("pid").to_string()])
+        .status();
+    let _ = tokio::time::timeout(Duration::from_secs(20), gateway.wait()).await;
+    let ours = |s: &&Span| hex(&s.trace_id) == trace;
+    assert!(
+        eventually(Duration::from_secs(10), || received
+            .spans()
+            .iter()
+            .filter(ours)
+            .count()
+            >= 3)
+        .await,
+        "{:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let spans: Vec<Span> = received.spans().into_iter().filter(|s| ours(&s)).collect();
+    let server = spans
+        .iter()
+        .find(|s| s.kind == 2)
+        .expect("the gateway's server span, in the client's trace");
+    assert_eq!(
+        hex(&server.parent_span_id),
+        parent,
+        "a child of the client's span"
+    );
+    let call = spans
+        .iter()
+        .find(|s| s.name == "tools/call s__echo" && s.kind == 1)
+        .expect("the call span");
+    assert_eq!(call.parent_span_id, server.span_id);
+    let attempt = spans
+        .iter()
+        .find(|s| s.name == "tools/call echo")
+        .expect("the attempt span");
+    assert_eq!(attempt.parent_span_id, call.span_id);
+    let sent = recorded(&record)
+        .into_iter()
+        .find(|r| r["method"] == "tools/call")
+        .expect("the upstream call");
+    assert_eq!(
+        sent["params"]["_meta"]["traceparent"].as_str(),
+        Some(format!("00-{trace}-{}-01", hex(&attempt.span_id)).as_str())
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}

@@ -14,6 +14,37 @@ pub const TRACEPARENT: &str = "traceparent";
 /// The `_meta` key of the W3C `tracestate`.
 pub const TRACESTATE: &str = "tracestate";
 
+/// The `tracing` layer that turns the harness's spans into OpenTelemetry spans of
+/// `tracer`, as the binary installs it (an embedder may add it to its own subscriber):
+/// [`export_filter`], and none of the per-span extras (source location, thread, busy
+/// and idle times) that would cost every call without saying more about it.
+pub fn layer<S, T>(tracer: T) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    T: opentelemetry::trace::Tracer + Send + Sync + 'static,
+    T::Span: Send + Sync,
+{
+    use tracing_subscriber::Layer;
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(export_filter())
+}
+
+/// What of the harness's `tracing` output an OpenTelemetry layer should take: its
+/// spans and events at INFO and above, except the audit records (every call's two, which
+/// the audit trail keeps already and which would double the cost of a traced call).
+pub fn export_filter() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_target("mcp_harness", tracing::Level::INFO)
+        .with_target(
+            "mcp_harness::audit",
+            tracing_subscriber::filter::LevelFilter::OFF,
+        )
+}
+
 /// The current span's context, if it is a valid (sampled or not) OpenTelemetry span.
 fn current() -> Option<SpanContext> {
     let cx = tracing::Span::current().context();

@@ -74,10 +74,5 @@ pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    use tracing_subscriber::Layer;
-    let only_ours =
-        tracing_subscriber::filter::Targets::new().with_target("mcp_harness", tracing::Level::INFO);
-    tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("mcp-harness"))
-        .with_filter(only_ours)
+    mcp_harness::util::trace_context::layer(provider.tracer("mcp-harness"))
 }
