@@ -324,36 +324,30 @@ async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent
 
 #[tokio::test]
 async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_the_server() {
-    use tokio::io::AsyncBufReadExt;
     let (endpoint, received) = http_collector().await;
     let record = temp_file("otel-gw");
     let config = config("otel-gw", &record);
     let mut text = std::fs::read_to_string(&config).expect("config");
     text.push_str("[gateway]\nanonymous_agent = \"local\"\n");
     std::fs::write(&config, text).expect("config");
-    let mut gateway = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--dev-keys", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve");
-    let stdout = gateway.stdout.take().expect("stdout");
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    let config_path = config.to_string_lossy().into_owned();
+    let mut gateway = HttpServer::start_with_env(
+        &harness_exe(),
+        &[
+            "serve",
+            "--dev-keys",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            &config_path,
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ],
     )
-    .await
-    .expect("the gateway says where it listens")
-    .expect("read");
-    let url = line
-        .trim()
-        .strip_prefix("listening ")
-        .expect("listening line")
-        .to_string();
+    .await;
+    let url = gateway.url.clone();
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
     "name": "s__echo", "arguments": {"text": "traced"},
@@ -377,9 +371,9 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         .expect("send");
     assert_eq!(response.status().as_u16(), 200);
     let _ = std::process::Command::new("kill")
-        .args(["-TERM", &gateway.id().expect("pid").to_string()])
+        .args(["-TERM", &gateway.child.id().expect("pid").to_string()])
         .status();
-    let _ = tokio::time::timeout(Duration::from_secs(20), gateway.wait()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), gateway.child.wait()).await;
     let ours = |s: &&Span| hex(&s.trace_id) == trace;
     assert!(
         eventually(Duration::from_secs(10), || received

@@ -57,8 +57,14 @@ pub struct HttpServer {
 impl HttpServer {
     /// Starts `program args…` which prints `listening URL` as its first line.
     pub async fn start(program: &str, args: &[&str]) -> HttpServer {
+        HttpServer::start_with_env(program, args, &[]).await
+    }
+
+    /// [`HttpServer::start`] with these environment variables set.
+    pub async fn start_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> HttpServer {
         let mut child = tokio::process::Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
