@@ -29,6 +29,7 @@ mod record;
 mod rounds;
 mod route;
 mod settings;
+mod telemetry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,8 +56,6 @@ use crate::server::ServerError;
 use crate::transport::TransportError;
 use input::HandlerSet;
 use record::CallRecord;
-
-mod telemetry;
 use route::Candidate;
 
 /// One call as asked.
@@ -167,17 +166,18 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         call_id,
         agent = ?request.caller.agent_id,
         name = %request.name,
-        otel.name = %format!("{method} {}", request.name),
+        otel.name = %telemetry::name(request.kind, &request.name),
         otel.kind = "internal",
         otel.status_code = tracing::field::Empty,
         mcp.method.name = method,
-        gen_ai.operation.name = telemetry::operation(request.kind),
-        gen_ai.tool.name = telemetry::tool_name(request.kind, &request.name),
         error.type = tracing::field::Empty,
     );
     // No timer of its own: every wait below is bounded by what is left of the deadline.
     let work = async {
-        let routing = tracing::info_span!("route", otel.name = %format!("route {}", request.name));
+        let routing = tracing::info_span!(
+            "route",
+            otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
+        );
         let candidates = tracing::Instrument::instrument(
             route(
                 ctx,
@@ -209,8 +209,12 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         })) if deadline.remaining().is_zero() => Err(CallError::DeadlineExceeded(deadline.total)),
         outcome => outcome,
     };
-    if let Err(e) = &outcome {
-        telemetry::failed(&span, e.code());
+    match &outcome {
+        Err(e) => telemetry::failed(&span, &telemetry::error_type(e)),
+        Ok(answer) if telemetry::tool_error(&answer.result) => {
+            telemetry::failed(&span, "tool_error")
+        }
+        Ok(_) => {}
     }
     record.finish(&outcome);
     outcome
@@ -252,10 +256,15 @@ async fn drive(
             span.clone(),
         )
         .await;
-        if let Err(Attempt::Final(e)) = &tried {
-            telemetry::failed(&span, e.code());
-        } else if let Err(Attempt::ServerFailed(e)) = &tried {
-            telemetry::failed(&span, e.code());
+        match &tried {
+            Err(Attempt::Final(e)) => telemetry::failed(&span, &telemetry::error_type(e)),
+            Err(Attempt::ServerFailed(e)) => {
+                telemetry::failed(&span, &telemetry::server_error_type(e))
+            }
+            Ok((result, _)) if telemetry::tool_error(result) => {
+                telemetry::failed(&span, "tool_error")
+            }
+            Ok(_) => {}
         }
         let error = match tried {
             Ok((result, input_required)) => {

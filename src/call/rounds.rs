@@ -101,8 +101,9 @@ pub(crate) async fn gather(
         let key = context.key.clone();
         let span = tracing::info_span!(
             "input",
-            otel.name = %format!("{method} {key}"),
+            otel.name = %method,
             mcp.method.name = %method,
+            mcp_harness.input.key = %key,
         );
         let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
         async move { (key, method, answer.await) }

@@ -1,23 +1,25 @@
 //! The call's spans as the OpenTelemetry semantic conventions for MCP and GenAI name
-//! them: one span per call (`{mcp.method.name} {target}`), a child for routing, one per
-//! attempt on a server (a client span with the server's protocol version and transport),
-//! one per `input_required` round and one per input handler. Failovers and restarts are
-//! `tracing` events inside them, which become span events. The spans are ordinary
-//! `tracing` spans: exported only when an OpenTelemetry layer is installed.
+//! them: one span per call (`{mcp.method.name} {target}`, internal), a child for
+//! routing, one client span per attempt on a server (the MCP client span: protocol
+//! version, transport, the GenAI tool or prompt name), one per `input_required` round
+//! and one per input handler. Failovers and restarts are `tracing` events inside them,
+//! which become span events. The spans are ordinary `tracing` spans: exported only when
+//! an OpenTelemetry layer is installed. Names and targets come from callers and servers:
+//! a target is cut short in a span name, and a resource's uri is never in one.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
 
 use super::caller::CallKind;
-use crate::server::ServerRef;
+use super::error::CallError;
+use crate::server::{ServerError, ServerRef};
 use crate::transport::TransportSpec;
+use crate::util::trace_context::span_name;
 
-/// `gen_ai.operation.name`: `execute_tool` for tool calls (the GenAI conventions name
-/// no operation for prompts and resources; the MCP method says what they are).
-pub(super) fn operation(kind: CallKind) -> Option<&'static str> {
-    (kind == CallKind::Tool).then_some("execute_tool")
-}
-
-/// `gen_ai.tool.name`, for tool calls.
-pub(super) fn tool_name(kind: CallKind, name: &str) -> Option<&str> {
-    (kind == CallKind::Tool).then_some(name)
+/// The span name of a call or attempt on `name`.
+pub(super) fn name(kind: CallKind, name: &str) -> String {
+    span_name(kind.method(), kind != CallKind::Resource, name)
 }
 
 /// `network.transport`: `pipe` for stdio servers, `tcp` for HTTP ones.
@@ -31,23 +33,54 @@ fn transport(server: &ServerRef) -> &'static str {
 /// The span of one attempt of a call on one server.
 pub(super) fn attempt_span(kind: CallKind, item: &str, server: &ServerRef) -> tracing::Span {
     let method = kind.method();
+    let (tool, prompt) = match kind {
+        CallKind::Tool => (Some(item), None),
+        CallKind::Prompt => (None, Some(item)),
+        CallKind::Resource => (None, None),
+    };
     tracing::info_span!(
         "attempt",
-        otel.name = %format!("{method} {item}"),
+        otel.name = %name(kind, item),
         otel.kind = "client",
         otel.status_code = tracing::field::Empty,
         mcp.method.name = method,
         mcp.protocol.version = server.protocol_version(),
-        gen_ai.operation.name = operation(kind),
-        gen_ai.tool.name = tool_name(kind, item),
+        gen_ai.operation.name = tool.map(|_| "execute_tool"),
+        gen_ai.tool.name = tool,
+        gen_ai.prompt.name = prompt,
         network.transport = transport(server),
         mcp_harness.server.id = server.id(),
         error.type = tracing::field::Empty,
+        rpc.response.status_code = tracing::field::Empty,
     )
 }
 
+/// `error.type` of a server's failure: a JSON-RPC error's code, else the kind.
+pub(super) fn server_error_type(e: &ServerError) -> Cow<'static, str> {
+    match e {
+        ServerError::Rpc { error, .. } => Cow::Owned(error.code.to_string()),
+        other => Cow::Borrowed(other.code()),
+    }
+}
+
+/// `error.type` of a call's failure.
+pub(super) fn error_type(e: &CallError) -> Cow<'static, str> {
+    match e {
+        CallError::Server(s) => server_error_type(s),
+        other => Cow::Borrowed(other.code()),
+    }
+}
+
+/// Whether a result is a tool's own error (`isError: true`).
+pub(super) fn tool_error(result: &Value) -> bool {
+    result.get("isError") == Some(&Value::Bool(true))
+}
+
 /// Marks `span` as failed with `error.type`.
-pub(super) fn failed(span: &tracing::Span, code: &'static str) {
-    span.record("error.type", code);
+pub(super) fn failed(span: &tracing::Span, error_type: &str) {
+    span.record("error.type", error_type);
+    if error_type.parse::<i64>().is_ok() {
+        span.record("rpc.response.status_code", error_type);
+    }
     span.record("otel.status_code", "ERROR");
 }

@@ -1128,18 +1128,19 @@ pub(crate) fn wants_progress(request: &Request) -> bool {
         .is_some()
 }
 
-/// The caller's `progressToken` (a string or an integer), paired with where its
-/// progress goes, when both are there.
 /// The server span of one downstream request: a child of the client's trace context
 /// when its `_meta` carries a well-formed `traceparent`, so the client's trace goes on
 /// through the gateway into the harness's call and on to the upstream server.
 fn downstream_span(kind: CallKind, name: &str, params: &Value) -> tracing::Span {
     let span = tracing::info_span!(
         "gateway",
-        otel.name = %format!("{} {name}", kind.method()),
+        otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource, name),
         otel.kind = "server",
         mcp.method.name = kind.method(),
     );
+    if span.is_disabled() {
+        return span;
+    }
     if let Some(remote) = crate::util::trace_context::extract(Some(params)) {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -1148,6 +1149,8 @@ fn downstream_span(kind: CallKind, name: &str, params: &Value) -> tracing::Span 
     span
 }
 
+/// The caller's `progressToken` (a string or an integer), paired with where its
+/// progress goes, when both are there.
 fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSender, Value)> {
     let token = params
         .get("_meta")

@@ -30,19 +30,38 @@ where
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        .with_context_activation(false)
         .with_filter(export_filter())
 }
 
 /// What of the harness's `tracing` output an OpenTelemetry layer should take: its
 /// spans and events at INFO and above, except the audit records (every call's two, which
-/// the audit trail keeps already and which would double the cost of a traced call).
+/// the audit trail keeps already and which would double the cost of a traced call) and
+/// servers' stderr (text a server chooses, in bulk, on spans that live as long as the
+/// connection). An embedder adds its own targets to it (`.with_target("my_app", …)`), so
+/// that its spans are the parents of the harness's.
 pub fn export_filter() -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::LevelFilter;
     tracing_subscriber::filter::Targets::new()
         .with_target("mcp_harness", tracing::Level::INFO)
-        .with_target(
-            "mcp_harness::audit",
-            tracing_subscriber::filter::LevelFilter::OFF,
-        )
+        .with_target("mcp_harness::audit", LevelFilter::OFF)
+        .with_target("mcp_harness::server_stderr", LevelFilter::OFF)
+}
+
+/// The longest target kept in a span name (names come from callers and servers).
+const NAME_TARGET_MAX: usize = 96;
+
+/// A span name by the conventions, `{method} {target}`, or `{method}` alone when the
+/// target is not to be named (a resource's uri may hold secrets); the target is cut to
+/// [`NAME_TARGET_MAX`] characters.
+pub fn span_name(method: &str, named: bool, target: &str) -> String {
+    if !named {
+        return method.to_string();
+    }
+    match target.char_indices().nth(NAME_TARGET_MAX) {
+        Some((at, _)) => format!("{method} {}…", &target[..at]),
+        None => format!("{method} {target}"),
+    }
 }
 
 /// The current span's context, if it is a valid (sampled or not) OpenTelemetry span.
@@ -92,6 +111,9 @@ pub fn inject(params: &mut Option<Value>) {
 pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     let meta = params?.get("_meta")?;
     let text = meta.get(TRACEPARENT)?.as_str()?;
+    if text.len() != 55 {
+        return None;
+    }
     let parts: Vec<&str> = text.split('-').collect();
     let [version, trace, span, flags] = parts[..] else {
         return None;
@@ -106,11 +128,12 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     }
     let trace_id = TraceId::from_hex(trace).ok()?;
     let span_id = SpanId::from_hex(span).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
+    // Only the sampled bit is defined; the others are not passed on (W3C: zeroed).
+    let flags = u8::from_str_radix(flags, 16).ok()? & 0x01;
     let state = meta
         .get(TRACESTATE)
         .and_then(Value::as_str)
-        .filter(|s| s.len() <= 512)
+        .filter(|s| s.len() <= 512 && s.bytes().all(|b| (0x20..=0x7e).contains(&b)))
         .and_then(|s| s.parse::<TraceState>().ok())
         .unwrap_or_default();
     let sc = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);

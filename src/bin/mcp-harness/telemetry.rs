@@ -56,7 +56,12 @@ pub fn provider() -> anyhow::Result<Option<SdkTracerProvider>> {
         }
     };
     let mut resource = opentelemetry_sdk::Resource::builder();
-    if var("OTEL_SERVICE_NAME").is_none() {
+    let named = var("OTEL_SERVICE_NAME").is_some()
+        || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|kv| kv.trim_start().starts_with("service.name="))
+        });
+    if !named {
         resource = resource.with_service_name("mcp-harness");
     }
     let processor =
