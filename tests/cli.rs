@@ -1190,3 +1190,34 @@ fn promise_15_tools_with_wait_goes_on_without_a_server_still_starting() {
         stderr(&o)
     );
 }
+
+#[test]
+fn search_prints_the_most_relevant_tools_first_as_text_and_json() {
+    let (modern, legacy) = (demo_cmd("alpha"), demo_cmd("beta --era legacy"));
+    let o = run(&[
+        "search",
+        "--stdio",
+        &modern,
+        "--stdio",
+        &legacy,
+        "adds two integers",
+        "-k",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines.iter().all(|l| l.contains("__add ")), "{out}");
+    let o = run(&[
+        "search",
+        "--stdio",
+        &modern,
+        "environment variables",
+        "--json",
+    ]);
+    let found: Vec<Value> = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(found[0]["qualified"], "stdio1__env", "{found:?}");
+    assert!(found[0]["score"].as_f64().is_some_and(|s| s > 0.0));
+    assert!(found[0]["definition"]["inputSchema"].is_object());
+}

@@ -1629,3 +1629,108 @@ tokens = [{{ sha256 = "{a}", agent = "a" }}]
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// A meta-tool's structured result: the names a search found.
+fn found_names(r: &Value) -> Vec<String> {
+    r["result"]["structuredContent"]["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_within_the_grants() {
+    let setup = Setup::new(r#"tool_exposure = "search""#, &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["search_tools", "describe_tool", "call_tool"]);
+    assert_eq!(list["result"]["cacheScope"], "public");
+
+    let search =
+        |query: &str| json!({"name": "search_tools", "arguments": {"query": query, "limit": 3}});
+    let (_, r) = gw
+        .modern("tok-a", "tools/call", search("adds two integers"))
+        .await;
+    let found = found_names(&r);
+    assert!(found[0].ends_with("__add"), "{r}");
+    assert!(
+        found.len() <= 3 && result_text(&r).contains("Adds two integers"),
+        "{r}"
+    );
+    // b may call alpha's echo only.
+    let (_, r) = gw
+        .modern("tok-b", "tools/call", search("adds two integers"))
+        .await;
+    assert!(found_names(&r).is_empty(), "{r}");
+    let (_, r) = gw
+        .modern("tok-b", "tools/call", search("echoes text back"))
+        .await;
+    assert_eq!(found_names(&r), ["alpha__echo"], "{r}");
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "search_tools", "arguments": {"limit": 3}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+
+    let describe = |name: &str| json!({"name": "describe_tool", "arguments": {"name": name}});
+    let (_, r) = gw
+        .modern("tok-a", "tools/call", describe("alpha__add"))
+        .await;
+    let def = &r["result"]["structuredContent"];
+    assert_eq!(def["name"], "alpha__add", "{r}");
+    assert_eq!(def["inputSchema"]["required"], json!(["a", "b"]), "{r}");
+    let (_, r) = gw
+        .modern("tok-b", "tools/call", describe("alpha__add"))
+        .await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+
+    let call = |name: &str, arguments: Value| json!({"name": "call_tool", "arguments": {"name": name, "arguments": arguments}});
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            call("beta__echo", json!({"text": "via search"})),
+        )
+        .await;
+    assert_eq!(result_text(&r), "via search", "{r}");
+    let (_, r) = gw
+        .modern(
+            "tok-b",
+            "tools/call",
+            call("beta__echo", json!({"text": "x"})),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // A tool found may also be called by its own name.
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": "direct"}}),
+        )
+        .await;
+    assert_eq!(result_text(&r), "direct", "{r}");
+
+    // An input round through call_tool: the sealed state is bound to the inner call.
+    let confirm = call("alpha__confirm", json!({"message": "ok?"}));
+    let (_, r) = gw.modern("tok-a", "tools/call", confirm.clone()).await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let mut again = confirm.clone();
+    again["requestState"] = r["result"]["requestState"].clone();
+    again["inputResponses"] =
+        json!({"confirm": {"action": "accept", "content": {"approved": true}}});
+    let (_, done) = gw.modern("tok-a", "tools/call", again.clone()).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    // The same state on another inner call is refused.
+    again["arguments"]["arguments"]["message"] = json!("something else");
+    let (_, refused) = gw.modern("tok-a", "tools/call", again).await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(gw.stop().await.success());
+}

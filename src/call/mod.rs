@@ -28,6 +28,7 @@ mod progress;
 mod record;
 mod rounds;
 mod route;
+mod search;
 mod settings;
 mod telemetry;
 
@@ -44,6 +45,8 @@ pub use pool::CancelToken;
 pub(crate) use pool::{CallPool, CallSupervisor};
 pub(crate) use progress::ProgressRouter;
 pub use progress::ProgressSender;
+pub(crate) use search::SearchIndex;
+pub use search::ToolMatch;
 pub use settings::{CallConfig, Limits};
 
 pub(crate) use client_side::HarnessClient;

@@ -18,6 +18,7 @@ pub mod identity;
 pub mod jwt;
 pub mod names;
 pub mod seal;
+pub mod search;
 pub mod stdio;
 
 use std::collections::HashMap;
@@ -52,6 +53,7 @@ use crate::util::text::one_line;
 pub use identity::{Identity, IdentityError, Principal, TokenEntry};
 pub use names::{Names, Prefix};
 pub use seal::{RoundState, SealError, Sealer};
+pub use search::ToolExposure;
 
 /// A gateway's settings: the `[gateway]` table of a config file.
 #[derive(Clone, Debug, Deserialize)]
@@ -101,6 +103,9 @@ pub struct GatewayConfig {
     /// (an elicitation on its session) before the call fails.
     #[serde(default = "default_input_timeout", with = "duration")]
     pub input_timeout: Duration,
+    /// What `tools/list` serves: every tool (`full`), or the search meta-tools.
+    #[serde(default)]
+    pub tool_exposure: ToolExposure,
 }
 
 fn default_max_body() -> usize {
@@ -139,6 +144,7 @@ impl Default for GatewayConfig {
             instructions: None,
             input_timeout: default_input_timeout(),
             jwt: None,
+            tool_exposure: ToolExposure::default(),
         }
     }
 }
@@ -709,44 +715,42 @@ impl Gateway {
                 )
             })?
         };
-        let params = request.params.clone().unwrap_or_else(|| json!({}));
-        let answer = match request.method.as_str() {
-            // 2026-07-28 removed ping; legacy sessions still have it.
-            "ping" if matches!(client, Client::Legacy { .. }) => Ok(json!({})),
-            "server/discover" => Ok(self.discover()),
-            "tools/list" => self.list(principal, CallKind::Tool, &params).await,
-            "prompts/list" => self.list(principal, CallKind::Prompt, &params).await,
-            "resources/list" => self.list(principal, CallKind::Resource, &params).await,
-            "tools/call" | "prompts/get" | "resources/read" => {
-                let kind = match request.method.as_str() {
-                    "tools/call" => CallKind::Tool,
-                    "prompts/get" => CallKind::Prompt,
-                    _ => CallKind::Resource,
-                };
-                match (&client, capabilities) {
-                    (Client::Modern, Some(caps)) => {
-                        let io = CallIo { cancel, progress };
-                        self.call_modern(principal, kind, &request.method, &params, caps, io)
-                            .await
-                    }
-                    (Client::Legacy { client, peer }, _) => {
-                        self.call_legacy(
-                            principal,
-                            kind,
-                            &params,
-                            client,
-                            *peer,
-                            CallIo { cancel, progress },
-                        )
-                        .await
-                    }
-                    (Client::Modern, None) => Err(invalid("params._meta is required")),
+        let mut params = request.params.clone().unwrap_or_else(|| json!({}));
+        let searching = now.config.tool_exposure == ToolExposure::Search;
+        let meta_tool = if searching && request.method == "tools/call" {
+            params.get("name").and_then(Value::as_str).map(String::from)
+        } else {
+            None
+        };
+        let answer = match (request.method.as_str(), meta_tool.as_deref()) {
+            ("tools/list", _) if searching => Ok(json!({
+                "tools": search::meta_tools(),
+                // The same three tools for everyone, whatever the grants.
+                "ttlMs": 300_000,
+                "cacheScope": "public",
+            })),
+            ("tools/call", Some(search::SEARCH_TOOLS)) => self.search(principal, &params).await,
+            ("tools/call", Some(search::DESCRIBE_TOOL)) => self.describe(principal, &params).await,
+            ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
+                Ok(inner) => {
+                    params = inner;
+                    let io = CallIo { cancel, progress };
+                    self.answer(
+                        principal,
+                        "tools/call",
+                        &params,
+                        (&client, capabilities),
+                        io,
+                    )
+                    .await
                 }
+                Err(e) => Err(e),
+            },
+            (method, _) => {
+                let io = CallIo { cancel, progress };
+                self.answer(principal, method, &params, (&client, capabilities), io)
+                    .await
             }
-            other => Err(RpcError::new(
-                METHOD_NOT_FOUND,
-                format!("method not found: {}", one_line(other, 80)),
-            )),
         };
         drop(permit);
         {
@@ -783,6 +787,105 @@ impl Gateway {
             }
         }
         Ok(result)
+    }
+
+    /// One request's answer, as `handle` dispatches it (the search meta-tools aside).
+    async fn answer(
+        &self,
+        principal: &Principal,
+        method: &str,
+        params: &Value,
+        (client, capabilities): (&Client<'_>, Option<Value>),
+        io: CallIo,
+    ) -> Result<Value, RpcError> {
+        match method {
+            // 2026-07-28 removed ping; legacy sessions still have it.
+            "ping" if matches!(client, Client::Legacy { .. }) => Ok(json!({})),
+            "server/discover" => Ok(self.discover()),
+            "tools/list" => self.list(principal, CallKind::Tool, params).await,
+            "prompts/list" => self.list(principal, CallKind::Prompt, params).await,
+            "resources/list" => self.list(principal, CallKind::Resource, params).await,
+            "tools/call" | "prompts/get" | "resources/read" => {
+                let kind = match method {
+                    "tools/call" => CallKind::Tool,
+                    "prompts/get" => CallKind::Prompt,
+                    _ => CallKind::Resource,
+                };
+                match (client, capabilities) {
+                    (Client::Modern, Some(caps)) => {
+                        self.call_modern(principal, kind, method, params, caps, io)
+                            .await
+                    }
+                    (Client::Legacy { client, peer }, _) => {
+                        self.call_legacy(principal, kind, params, client, *peer, io)
+                            .await
+                    }
+                    (Client::Modern, None) => Err(invalid("params._meta is required")),
+                }
+            }
+            other => Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!("method not found: {}", one_line(other, 80)),
+            )),
+        }
+    }
+
+    /// `search_tools`: the caller's tools most relevant to the query, by served name.
+    async fn search(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
+        let now = self.now();
+        let arguments = params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let (query, k) = search::search_args(&arguments)?;
+        let listing = self.listing(principal, CallKind::Tool).await?;
+        let served: HashMap<Arc<str>, String> = {
+            let order = &now.order;
+            now.names
+                .expose(&listing.items, |s| {
+                    order.get(s).copied().unwrap_or(usize::MAX)
+                })
+                .into_iter()
+                .map(|(name, item)| (item.qualified.clone(), name))
+                .collect()
+        };
+        let found = self
+            .inner
+            .harness
+            .search_listed(listing.items, &query, k)
+            .await;
+        let found: Vec<(String, &Value)> = found
+            .iter()
+            .map(|m| {
+                let name = served
+                    .get(&m.tool.qualified)
+                    .cloned()
+                    .unwrap_or_else(|| m.tool.qualified.to_string());
+                (name, &*m.tool.definition)
+            })
+            .collect();
+        Ok(search::search_result(&found))
+    }
+
+    /// `describe_tool`: one tool's definition, by the name a search gave.
+    async fn describe(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
+        let now = self.now();
+        let arguments = params
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let name = search::name_arg(search::DESCRIBE_TOOL, &arguments)?;
+        let resolved = now.names.resolve(name);
+        let tool = self
+            .inner
+            .harness
+            .get_tool_schema(&Self::caller(principal), &resolved)
+            .await
+            .ok();
+        Ok(search::describe_result(
+            name,
+            tool.as_ref().map(|t| &*t.definition),
+        ))
     }
 
     fn discover(&self) -> Value {

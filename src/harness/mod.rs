@@ -30,7 +30,7 @@ use crate::audit::{AuditHealth, AuditRef, AuditSink};
 use crate::call::input::{InputHandler, InputHandlers, InputHandlersArgs};
 use crate::call::{
     Answer, CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken,
-    Delegation, HarnessClient, Listing, ToolInfo,
+    Delegation, HarnessClient, Listing, SearchIndex, ToolInfo, ToolMatch,
 };
 use crate::config::HarnessConfig;
 use crate::permission::{PermissionRef, Policy};
@@ -232,6 +232,7 @@ impl Harness {
                 supervisor,
                 services,
                 directory,
+                search: SearchIndex::default(),
             }),
         };
         for server in config.servers {
@@ -245,6 +246,7 @@ struct Inner {
     supervisor: ActorRef<HarnessMsg>,
     services: Services,
     directory: Directory,
+    search: SearchIndex,
 }
 
 impl Drop for Inner {
@@ -374,6 +376,30 @@ impl HarnessHandle {
         tag: Option<&str>,
     ) -> Result<Listing, CallError> {
         crate::call::list(self.ctx(), caller, kind, tag).await
+    }
+
+    /// The `k` tools `caller` may call that are most relevant to `query` (plain words),
+    /// best first: BM25 over each tool's server, name, title, description and
+    /// parameters. Searches the caller's own listing, so a tool its grants do not allow
+    /// is never found, and a server's changed list is searched as changed.
+    pub async fn search_tools(
+        &self,
+        caller: &Caller,
+        query: &str,
+        k: usize,
+    ) -> Result<Vec<ToolMatch>, CallError> {
+        let tools = self.list_tools(caller).await?;
+        Ok(self.search_listed(tools, query, k).await)
+    }
+
+    /// [`HarnessHandle::search_tools`] over a listing the caller already holds.
+    pub(crate) async fn search_listed(
+        &self,
+        tools: Vec<ToolInfo>,
+        query: &str,
+        k: usize,
+    ) -> Vec<ToolMatch> {
+        self.inner.search.search(tools, query, k).await
     }
 
     /// One tool's definition (`inputSchema` and all), by qualified or bare name; a bare

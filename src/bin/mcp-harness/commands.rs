@@ -254,6 +254,41 @@ pub async fn tools(
     Ok(if failed { NO_SERVER } else { OK })
 }
 
+pub async fn search(
+    harness: &HarnessHandle,
+    agent: &str,
+    query: &str,
+    limit: usize,
+    json_out: bool,
+) -> anyhow::Result<u8> {
+    let caller = Caller::agent(agent);
+    let found = match harness.search_tools(&caller, query, limit).await {
+        Ok(found) => found,
+        Err(e) => return Ok(report(harness, &e)),
+    };
+    if json_out {
+        let out: Vec<Value> = found
+            .iter()
+            .map(|m| json!({"qualified": m.tool.qualified, "server": m.tool.server, "score": m.score, "definition": *m.tool.definition}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for m in &found {
+            let description = line(m.tool.definition["description"].as_str().unwrap_or(""));
+            println!(
+                "{:<40} {:>6.2}  {description}",
+                line(&m.tool.qualified),
+                m.score
+            );
+        }
+    }
+    let failed = report_failed(harness);
+    if found.is_empty() && !failed {
+        eprintln!("no tool of agent {agent:?} matches {:?}", line(query));
+    }
+    Ok(if failed { NO_SERVER } else { OK })
+}
+
 pub async fn call(
     harness: &HarnessHandle,
     agent: &str,

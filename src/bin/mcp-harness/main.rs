@@ -43,6 +43,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Find the tools the agent may call that do something, described in plain words
+    /// (BM25 over names, descriptions and parameters), best first.
+    Search {
+        #[command(flatten)]
+        servers: ServerArgs,
+        /// What the tool should do.
+        query: String,
+        /// How many tools to show.
+        #[arg(short = 'k', long, default_value_t = 5)]
+        limit: usize,
+        /// Print each match's qualified name, server, score and definition as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Call one tool, by qualified name (`server__tool`) or bare name, and print its result.
     Call {
         #[command(flatten)]
@@ -171,6 +185,12 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::DemoAuthServer(args) => return demo_auth::run(*args).await.map(|()| 0),
         Command::Serve(args) => return serve::run(*args).await,
         Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
+        Command::Search {
+            servers,
+            query,
+            limit,
+            json,
+        } => (servers, Action::Search { query, limit, json }),
         Command::Call {
             servers,
             tool,
@@ -224,6 +244,9 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             Action::Tools { tag, json } => {
                 commands::tools(&harness, &agent, tag.as_deref(), *json).await
             }
+            Action::Search { query, limit, json } => {
+                commands::search(&harness, &agent, query, *limit, *json).await
+            }
             Action::Call { tool, json, .. } => {
                 let args = args.clone().unwrap_or_else(|| serde_json::json!({}));
                 commands::call(&harness, &agent, tool, args, *json).await
@@ -249,6 +272,11 @@ enum Action {
     },
     Tools {
         tag: Option<String>,
+        json: bool,
+    },
+    Search {
+        query: String,
+        limit: usize,
         json: bool,
     },
     Call {

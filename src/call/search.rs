@@ -1,0 +1,401 @@
+//! Tool search: ranks the tools a caller may use by relevance to a question in plain
+//! words, so an agent can find one among thousands without every schema in its context.
+//!
+//! Ranking is BM25 (the `bm25` crate's embedder and scorer) over each tool's server,
+//! name, title, description and parameter names and descriptions, with the name and
+//! title counted twice. Words are split at `_`, `-`, `.` and camelCase, lowercased,
+//! stripped of common English words and stemmed (Snowball). A query word from a small
+//! table of verbs and nouns that tools name differently ("rename" / "move", "picture" /
+//! "image") also looks for its siblings, at half weight, so a paraphrase still finds
+//! the tool while a literal match ranks first.
+//!
+//! The index is built from the caller's own listing, so it follows every change the
+//! listing follows (`ToolsChanged`, grants) and never holds a tool the caller may not
+//! use. Built indexes are kept for the few most recent distinct listings.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use bm25::{
+    Embedder, EmbedderBuilder, Embedding, Scorer, TokenEmbedder, TokenEmbedding, Tokenizer,
+};
+use rust_stemmers::{Algorithm, Stemmer};
+use serde_json::Value;
+
+use super::catalog::ToolInfo;
+
+/// One tool a search found, with its BM25 score (higher is more relevant; comparable
+/// only within one search).
+#[derive(Clone, Debug)]
+pub struct ToolMatch {
+    /// The tool, as [`list_tools`](crate::HarnessHandle::list_tools) gives it.
+    pub tool: ToolInfo,
+    /// Its relevance to the query.
+    pub score: f32,
+}
+
+/// Indexes kept, one per distinct listing (agents with different grants see different
+/// lists).
+const KEPT: usize = 8;
+/// Text read of one field of a definition: a server's description is not a book.
+const FIELD_CHARS: usize = 4096;
+/// Parameters read of one tool.
+const PARAMS: usize = 64;
+/// Characters read of a query.
+const QUERY_CHARS: usize = 1024;
+/// Weight of a word found only through its siblings in [`SIBLINGS`].
+const SIBLING_WEIGHT: f32 = 0.5;
+
+/// Words that say nothing about which tool is meant.
+const STOP_WORDS: &[&str] = &[
+    "a", "all", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "did", "do",
+    "does", "for", "from", "get", "has", "have", "how", "i", "in", "into", "is", "it", "its",
+    "just", "me", "my", "of", "on", "or", "our", "out", "please", "should", "show", "so", "some",
+    "that", "the", "their", "them", "then", "there", "these", "this", "to", "up", "us", "use",
+    "using", "via", "was", "we", "what", "when", "where", "which", "who", "will", "with", "would",
+    "you", "your",
+];
+
+/// Groups of words that tools and people use for the same thing.
+const SIBLINGS: &[&[&str]] = &[
+    &["create", "add", "new", "make", "file", "open"],
+    &["delete", "remove", "drop", "destroy", "erase"],
+    &["update", "edit", "modify", "change", "set", "patch"],
+    &[
+        "get", "read", "fetch", "retrieve", "show", "view", "load", "look",
+    ],
+    &["list", "enumerate", "browse"],
+    &["search", "find", "query", "lookup", "locate"],
+    &["move", "rename", "relocate", "transition"],
+    &[
+        "run", "execute", "exec", "invoke", "start", "launch", "trigger",
+    ],
+    &["stop", "halt", "kill", "terminate", "cancel"],
+    &[
+        "image",
+        "picture",
+        "photo",
+        "screenshot",
+        "media",
+        "png",
+        "jpg",
+    ],
+    &["folder", "directory", "dir"],
+    &["repo", "repository"],
+    &["pr", "pull"],
+    &["k8s", "kubernetes", "kubectl"],
+    &["doc", "document", "documentation", "docs"],
+    &["link", "relation", "relationship"],
+    &["comment", "reply", "note"],
+    &["issue", "ticket", "bug"],
+    &["upload", "attach"],
+    &["download", "save", "export"],
+    &["children", "child", "nested", "sub", "subpage"],
+    &["structure", "schema", "shape", "layout"],
+    &["height", "elevation", "altitude"],
+];
+
+/// Splits identifiers and prose into lowercase words: `list_allowedDirectories` gives
+/// `list`, `allowed`, `directories`.
+fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if c.is_uppercase() && prev_lower && !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            prev_lower = c.is_lowercase() || c.is_numeric();
+            word.extend(c.to_lowercase());
+        } else {
+            prev_lower = false;
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out.into_iter()
+}
+
+/// Words to index terms: stop words out, the rest stemmed.
+struct Terms {
+    stemmer: Stemmer,
+}
+
+impl Terms {
+    fn new() -> Terms {
+        Terms {
+            stemmer: Stemmer::create(Algorithm::English),
+        }
+    }
+
+    fn term(&self, word: &str) -> Option<String> {
+        if STOP_WORDS.contains(&word) {
+            return None;
+        }
+        Some(self.stemmer.stem(word).into_owned())
+    }
+
+    /// A query's terms, each once, then the terms only its siblings bring.
+    fn query(&self, query: &str) -> (Vec<String>, Vec<String>) {
+        let query: String = query.chars().take(QUERY_CHARS).collect();
+        let mut base = Vec::new();
+        let mut siblings = Vec::new();
+        for word in words(&query) {
+            let Some(term) = self.term(&word) else {
+                continue;
+            };
+            if !base.contains(&term) {
+                base.push(term);
+            }
+            for group in SIBLINGS.iter().filter(|g| g.contains(&word.as_str())) {
+                for sibling in group.iter().filter(|s| **s != word) {
+                    let term = self.stemmer.stem(sibling).into_owned();
+                    if !siblings.contains(&term) {
+                        siblings.push(term);
+                    }
+                }
+            }
+        }
+        siblings.retain(|t| !base.contains(t));
+        (base, siblings)
+    }
+}
+
+impl Tokenizer for Terms {
+    fn tokenize(&self, input_text: &str) -> Vec<String> {
+        words(input_text).filter_map(|w| self.term(&w)).collect()
+    }
+}
+
+/// The text a tool is found by.
+fn document(tool: &ToolInfo) -> String {
+    fn cut(text: &str) -> &str {
+        match text.char_indices().nth(FIELD_CHARS) {
+            Some((end, _)) => &text[..end],
+            None => text,
+        }
+    }
+    fn field(value: Option<&Value>) -> &str {
+        cut(value.and_then(Value::as_str).unwrap_or(""))
+    }
+    let def = &*tool.definition;
+    let head = [
+        &*tool.server,
+        &*tool.name,
+        field(def.get("title")),
+        field(def.get("annotations").and_then(|a| a.get("title"))),
+    ]
+    .join(" ");
+    let mut text = format!("{head} {head} {}", field(def.get("description")));
+    if let Some(props) = def
+        .get("inputSchema")
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object)
+    {
+        for (name, schema) in props.iter().take(PARAMS) {
+            text.push(' ');
+            text.push_str(cut(name));
+            text.push(' ');
+            text.push_str(field(schema.get("description")));
+        }
+    }
+    text
+}
+
+/// One listing, indexed.
+struct Built {
+    fingerprint: u64,
+    /// Held, so that no definition's address is reused while fingerprints are compared.
+    tools: Vec<ToolInfo>,
+    terms: Terms,
+    scorer: Scorer<u32>,
+}
+
+impl Built {
+    fn new(fingerprint: u64, tools: Vec<ToolInfo>) -> Built {
+        let texts: Vec<String> = tools.iter().map(document).collect();
+        let corpus: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let embedder: Embedder<u32, Terms> =
+            EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &corpus).build();
+        let mut scorer = Scorer::new();
+        for (i, text) in (0u32..).zip(&texts) {
+            scorer.upsert(&i, embedder.embed(text));
+        }
+        Built {
+            fingerprint,
+            tools,
+            terms: Terms::new(),
+            scorer,
+        }
+    }
+
+    fn search(&self, query: &str, k: usize) -> Vec<ToolMatch> {
+        fn embedding(terms: &[String]) -> Embedding<u32> {
+            Embedding(
+                terms
+                    .iter()
+                    .map(|t| TokenEmbedding {
+                        index: u32::embed(t),
+                        value: 1.0,
+                    })
+                    .collect(),
+            )
+        }
+        let (base, siblings) = self.terms.query(query);
+        let mut scores: HashMap<u32, f32> = HashMap::new();
+        for m in self.scorer.matches(&embedding(&base)) {
+            *scores.entry(m.id).or_default() += m.score;
+        }
+        for m in self.scorer.matches(&embedding(&siblings)) {
+            *scores.entry(m.id).or_default() += SIBLING_WEIGHT * m.score;
+        }
+        let mut ranked: Vec<(u32, f32)> = scores.into_iter().collect();
+        // Ties go by qualified name, so the same question gets the same answer.
+        ranked.sort_by(|a, b| {
+            b.1.total_cmp(&a.1).then_with(|| {
+                self.tools[a.0 as usize]
+                    .qualified
+                    .cmp(&self.tools[b.0 as usize].qualified)
+            })
+        });
+        ranked
+            .into_iter()
+            .take(k)
+            .filter_map(|(i, score)| {
+                self.tools.get(i as usize).map(|tool| ToolMatch {
+                    tool: tool.clone(),
+                    score,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Which listing this is: its names and the very definitions it holds.
+fn fingerprint(tools: &[ToolInfo]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for t in tools {
+        t.qualified.hash(&mut h);
+        (Arc::as_ptr(&t.definition) as usize).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The indexes of the listings searched last.
+#[derive(Default)]
+pub(crate) struct SearchIndex {
+    built: parking_lot::Mutex<Vec<Arc<Built>>>,
+}
+
+impl SearchIndex {
+    /// The `k` tools of `tools` (a caller's listing) most relevant to `query`, best first.
+    pub(crate) async fn search(
+        &self,
+        tools: Vec<ToolInfo>,
+        query: &str,
+        k: usize,
+    ) -> Vec<ToolMatch> {
+        if k == 0 || tools.is_empty() {
+            return Vec::new();
+        }
+        let fingerprint = fingerprint(&tools);
+        let found = {
+            let mut built = self.built.lock();
+            let at = built.iter().position(|b| b.fingerprint == fingerprint);
+            at.map(|i| {
+                let b = built.remove(i);
+                built.insert(0, b.clone());
+                b
+            })
+        };
+        let index = match found {
+            Some(index) => index,
+            None => {
+                // Stemming a few thousand definitions is CPU work for milliseconds.
+                let index =
+                    match tokio::task::spawn_blocking(move || Built::new(fingerprint, tools)).await
+                    {
+                        Ok(index) => Arc::new(index),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "building the tool search index failed");
+                            return Vec::new();
+                        }
+                    };
+                let mut built = self.built.lock();
+                built.retain(|b| b.fingerprint != fingerprint);
+                built.insert(0, index.clone());
+                built.truncate(KEPT);
+                index
+            }
+        };
+        index.search(query, k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(server: &str, name: &str, description: &str) -> ToolInfo {
+        ToolInfo {
+            qualified: format!("{server}__{name}").into(),
+            name: name.into(),
+            server: server.into(),
+            definition: Arc::new(json!({
+                "name": name,
+                "description": description,
+                "inputSchema": {"type": "object", "properties": {"path": {"type": "string", "description": "Where"}}}
+            })),
+            from_cache: false,
+        }
+    }
+
+    #[test]
+    fn identifiers_split_into_words() {
+        let w: Vec<String> = words("list_allowedDirectories get-file.v2 HTTPServer").collect();
+        assert_eq!(
+            w,
+            [
+                "list",
+                "allowed",
+                "directories",
+                "get",
+                "file",
+                "v2",
+                "httpserver"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn ranks_by_relevance_and_finds_paraphrases() {
+        let tools = vec![
+            tool("fs", "move_file", "Move or rename a file or directory"),
+            tool("fs", "read_file", "Read the contents of a file"),
+            tool("maps", "maps_elevation", "Get the elevation of a location"),
+            tool("db", "query", "Run a read-only SQL query"),
+        ];
+        let index = SearchIndex::default();
+        let found = index
+            .search(tools.clone(), "read the contents of notes.txt", 2)
+            .await;
+        assert_eq!(&*found[0].tool.qualified, "fs__read_file");
+        let found = index
+            .search(tools.clone(), "how high is this point", 1)
+            .await;
+        assert_eq!(&*found[0].tool.qualified, "maps__maps_elevation");
+        assert!(index.search(tools.clone(), "zebra", 5).await.is_empty());
+        assert!(index.search(tools, "", 5).await.is_empty());
+        // Hostile sizes are read only so far.
+        let huge = tool("x", "huge", &"word ".repeat(100_000));
+        let found = index.search(vec![huge], &"word ".repeat(10_000), 1).await;
+        assert_eq!(found.len(), 1);
+    }
+}
