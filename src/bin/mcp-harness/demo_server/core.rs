@@ -160,6 +160,8 @@ pub struct DemoServer {
     pub args: DemoServerArgs,
     calls: AtomicU64,
     record: Option<Arc<Mutex<std::fs::File>>>,
+    /// The tools of `--tools-file`, served instead of the built-in ones.
+    file_tools: Option<Vec<Value>>,
     /// Tools added at run time by the `grow` tool (its list changes).
     pub grown: AtomicU64,
     /// Open `subscriptions/listen` requests: their ids and streams.
@@ -191,7 +193,18 @@ impl DemoServer {
             ))),
             None => None,
         };
+        let file_tools = match &args.tools_file {
+            Some(path) => {
+                let list: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+                match list.get("tools").and_then(Value::as_array) {
+                    Some(tools) => Some(tools.clone()),
+                    None => anyhow::bail!("{}: no tools array", path.display()),
+                }
+            }
+            None => None,
+        };
         Ok(Arc::new(DemoServer {
+            file_tools,
             args,
             calls: AtomicU64::new(0),
             record,
@@ -243,6 +256,9 @@ impl DemoServer {
 
     /// The tools as listed now, given the client's elicitation capability.
     pub fn catalog(&self, elicitation: bool) -> Vec<Value> {
+        if let Some(tools) = &self.file_tools {
+            return tools.clone();
+        }
         let mut all = tools::catalog(&self.args, elicitation);
         let renamed = self
             .args

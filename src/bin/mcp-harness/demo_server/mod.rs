@@ -68,6 +68,11 @@ pub struct DemoServerArgs {
     /// Serve this many extra generated tools (`gen_0` …) besides the built-in ones.
     #[arg(long, default_value_t = 0)]
     pub extra_tools: usize,
+    /// Serve the tools of this file (a `tools/list` result, `{"tools": [...]}`) instead
+    /// of the built-in ones; they can be listed, not called (the search benchmark's
+    /// catalog of real servers' tools).
+    #[arg(long)]
+    pub tools_file: Option<std::path::PathBuf>,
     /// Add a tool whose schema is this many MiB (a hostile server).
     #[arg(long)]
     pub huge_schema: Option<usize>,
