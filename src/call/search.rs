@@ -388,7 +388,7 @@ mod tests {
             .await;
         assert_eq!(&*found[0].tool.qualified, "fs__read_file");
         let found = index
-            .search(tools.clone(), "how high is this point", 1)
+            .search(tools.clone(), "the altitude of this point", 1)
             .await;
         assert_eq!(&*found[0].tool.qualified, "maps__maps_elevation");
         assert!(index.search(tools.clone(), "zebra", 5).await.is_empty());
