@@ -54,7 +54,10 @@ pub mod util;
 pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
 pub use call::{Answer, CallError, CallKind, Caller, CancelToken, Delegation, ToolInfo, ToolMatch};
 pub use config::{ConfigError, HarnessConfig};
-pub use harness::{CallOptions, Harness, HarnessBuilder, HarnessError, HarnessHandle, Service};
+pub use harness::{
+    CallOptions, Harness, HarnessBuilder, HarnessError, HarnessHandle, Metrics, ServerMetrics,
+    Service,
+};
 pub use server::{
     RestartConfig, RestartPolicy, ServerConfig, ServerError, ServerState, ServerStatus,
 };

@@ -1734,3 +1734,95 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
     assert!(gw.stop().await.success());
 }
+
+/// A loopback port free now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+#[tokio::test]
+async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let config = setup.config.display().to_string();
+    let server = HttpServer::start(
+        &harness_exe(),
+        &[
+            "serve",
+            "--config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            &metrics_addr,
+        ],
+    )
+    .await;
+    let gw = Gateway {
+        server,
+        http: http_client(),
+    };
+    for text in ["one", "two"] {
+        let (_, r) = gw
+            .modern(
+                "tok-a",
+                "tools/call",
+                json!({"name": "beta__echo", "arguments": {"text": text}}),
+            )
+            .await;
+        assert_eq!(result_text(&r), text);
+    }
+    let resp = gw
+        .http
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .is_ok_and(|c| c.starts_with("text/plain; version=0.0.4")),
+        "{:?}",
+        resp.headers()
+    );
+    let text = resp.text().await.expect("body");
+    let value = |series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    let ok = r#"{mcp_harness_server_id="beta",mcp_method_name="tools/call",outcome="ok"}"#;
+    assert_eq!(
+        value(&format!("mcp_harness_calls_total{ok}")),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&format!("mcp_client_operation_duration_seconds_count{ok}")),
+        Some(2.0)
+    );
+    for id in ["alpha", "beta"] {
+        assert_eq!(
+            value(&format!(
+                "mcp_harness_server_state{{mcp_harness_server_id=\"{id}\",state=\"ready\"}}"
+            )),
+            Some(1.0),
+            "{text}"
+        );
+    }
+    assert!(text.contains("# TYPE mcp_client_operation_duration_seconds histogram"));
+    assert!(value("mcp_harness_audit_backlog").is_some());
+    // Nothing else is served there, and the MCP listener does not serve metrics.
+    let other = gw
+        .http
+        .get(format!("http://{metrics_addr}/mcp"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(other.status(), 404);
+    assert!(gw.stop().await.success());
+}

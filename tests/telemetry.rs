@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -20,6 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::metrics::v1::{Metric, metric};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::Value;
@@ -27,7 +29,10 @@ use support::*;
 
 /// What the collector received: every span, and every resource's `service.name`.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<(Vec<Span>, Vec<String>)>>);
+struct Received(
+    Arc<Mutex<(Vec<Span>, Vec<String>)>>,
+    Arc<Mutex<Vec<Metric>>>,
+);
 
 impl Received {
     fn take(&self, request: ExportTraceServiceRequest) {
@@ -45,6 +50,19 @@ impl Received {
                 got.0.extend(scope.spans);
             }
         }
+    }
+
+    fn take_metrics(&self, request: ExportMetricsServiceRequest) {
+        let mut got = self.1.lock().expect("lock");
+        for resource in request.resource_metrics {
+            for scope in resource.scope_metrics {
+                got.extend(scope.metrics);
+            }
+        }
+    }
+
+    fn metrics(&self) -> Vec<Metric> {
+        self.1.lock().expect("lock").clone()
     }
 
     fn spans(&self) -> Vec<Span> {
@@ -91,15 +109,24 @@ async fn http_collector() -> (String, Received) {
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let got = got.clone();
                     async move {
-                        let path_ok = req.uri().path() == "/v1/traces";
+                        let path = req.uri().path().to_string();
                         let body = req.into_body().collect().await.map(|b| b.to_bytes());
-                        let decoded = body
-                            .ok()
-                            .and_then(|b| ExportTraceServiceRequest::decode(b).ok());
-                        let status = match decoded {
-                            Some(request) if path_ok => {
-                                got.take(request);
-                                200
+                        let status = match (path.as_str(), body) {
+                            ("/v1/traces", Ok(b)) => match ExportTraceServiceRequest::decode(b) {
+                                Ok(request) => {
+                                    got.take(request);
+                                    200
+                                }
+                                Err(_) => 400,
+                            },
+                            ("/v1/metrics", Ok(b)) => {
+                                match ExportMetricsServiceRequest::decode(b) {
+                                    Ok(request) => {
+                                        got.take_metrics(request);
+                                        200
+                                    }
+                                    Err(_) => 400,
+                                }
                             }
                             _ => 400,
                         };
@@ -328,9 +355,9 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     let (endpoint, received) = http_collector().await;
     let record = temp_file("otel-gw");
     let config = config("otel-gw", &record);
-    let mut text = std::fs::read_to_string(&config).expect("config");
-    text.push_str("[gateway]\nanonymous_agent = \"local\"\n");
-    std::fs::write(&config, text).expect("config");
+    let mut toml = std::fs::read_to_string(&config).expect("config");
+    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
+    std::fs::write(&config, toml).expect("config");
     let config_path = config.to_string_lossy().into_owned();
     let mut gateway = HttpServer::start_with_env(
         &harness_exe(),
@@ -415,6 +442,93 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         sent["params"]["_meta"]["traceparent"].as_str(),
         Some(format!("00-{trace}-{}-01", hex(&attempt.span_id)).as_str())
     );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-table");
+    let config = config("otel-table", &record);
+    let mut toml = std::fs::read_to_string(&config).expect("config");
+    toml.push_str(&format!(
+        "[telemetry]\nendpoint = {endpoint:?}\nservice_name = \"from-the-table\"\nmetrics_interval = \"1h\"\n"
+    ));
+    std::fs::write(&config, toml).expect("config");
+    let out = std::process::Command::new(harness_exe())
+        .args(["call", "--config"])
+        .arg(&config)
+        .args(["s__echo", r#"{"text": "measured"}"#])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_SERVICE_NAME")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The interval is an hour: what arrived was sent at exit.
+    assert!(
+        eventually(Duration::from_secs(10), || received
+            .metrics()
+            .iter()
+            .any(|m| m.name == "mcp.client.operation.duration"))
+        .await,
+        "metrics arrived: {:?}",
+        received
+            .metrics()
+            .iter()
+            .map(|m| &m.name)
+            .collect::<Vec<_>>()
+    );
+    let metrics = received.metrics();
+    let duration = metrics
+        .iter()
+        .find(|m| m.name == "mcp.client.operation.duration")
+        .expect("duration");
+    assert_eq!(duration.unit, "s");
+    let Some(metric::Data::Histogram(h)) = &duration.data else {
+        panic!("a histogram: {duration:?}");
+    };
+    let point = &h.data_points[0];
+    assert_eq!(point.count, 1);
+    assert_eq!(
+        point.explicit_bounds,
+        mcp_harness::call::BUCKETS.to_vec(),
+        "the harness's buckets"
+    );
+    let attr = |key: &str| {
+        point
+            .attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+    };
+    assert_eq!(attr("mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(attr("mcp_harness.server.id").as_deref(), Some("s"));
+    assert_eq!(attr("mcp_harness.outcome").as_deref(), Some("ok"));
+    for name in [
+        "mcp_harness.calls",
+        "mcp_harness.server.restarts",
+        "mcp_harness.server.state",
+        "mcp_harness.cache.hits",
+        "mcp_harness.audit.backlog",
+    ] {
+        assert!(metrics.iter().any(|m| m.name == name), "{name}");
+    }
+    // Traces went to the same endpoint, named by the table.
+    assert!(
+        eventually(Duration::from_secs(10), || !named(
+            &received.spans(),
+            "tools/call s__echo"
+        )
+        .is_empty())
+        .await
+    );
+    assert!(received.services().iter().any(|s| s == "from-the-table"));
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

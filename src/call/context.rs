@@ -24,6 +24,8 @@ pub struct CallContext {
     pub(crate) inputs: InputHandlers,
     pub(crate) settings: CallConfig,
     pub(crate) catalog: Catalog,
+    /// What calls did (durations, outcomes, rounds).
+    pub(crate) metrics: Arc<super::metrics::CallMetrics>,
     pub(crate) progress: Arc<super::ProgressRouter>,
     /// Lists being refreshed ahead of their expiry (server, method, scope).
     pub(crate) refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
@@ -60,6 +62,7 @@ impl CallContext {
             inputs,
             settings,
             catalog: Catalog::default(),
+            metrics: Arc::default(),
             progress: Arc::default(),
             refreshing: parking_lot::Mutex::default(),
             next_call: AtomicU64::new(1),

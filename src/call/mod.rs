@@ -23,6 +23,7 @@ mod context;
 mod error;
 pub mod input;
 mod listing;
+mod metrics;
 mod pool;
 mod progress;
 mod record;
@@ -41,6 +42,7 @@ pub use caller::{CallKind, Caller};
 pub use catalog::ToolInfo;
 pub use error::{CallError, Unreachable};
 pub use listing::Listing;
+pub use metrics::{BUCKETS, CallSeries};
 pub use pool::CancelToken;
 pub(crate) use pool::{CallPool, CallSupervisor};
 pub(crate) use progress::ProgressRouter;
@@ -154,6 +156,7 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
     let call_id = ctx.next_call_id();
     let mut record = CallRecord::start(
         &ctx.audit,
+        &ctx.metrics,
         call_id,
         &request.caller,
         request.kind,

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::Answer;
 use super::caller::{CallKind, Caller};
 use super::error::CallError;
+use super::metrics::CallMetrics;
 use crate::audit::{AuditSink, Finished, Hop, Redacted, Round, Started};
 use crate::server::ServerRef;
 
@@ -34,12 +35,16 @@ pub(crate) struct CallRecord {
     /// The server tried last.
     pub(crate) server: Option<ServerRef>,
     finished: bool,
+    /// Counted whether or not records go anywhere.
+    metrics: std::sync::Arc<CallMetrics>,
+    method: &'static str,
 }
 
 impl CallRecord {
     /// Writes `started` for a call.
     pub(crate) fn start(
         sink: &AuditSink,
+        metrics: &std::sync::Arc<CallMetrics>,
         call_id: u64,
         caller: &Caller,
         kind: CallKind,
@@ -72,6 +77,8 @@ impl CallRecord {
             rounds: Vec::new(),
             server: None,
             finished: false,
+            metrics: metrics.clone(),
+            method: kind.method(),
         }
     }
 
@@ -87,6 +94,7 @@ impl CallRecord {
 
     /// Notes an `input_required` round.
     pub(crate) fn round(&mut self, server: &str, methods: Vec<String>) {
+        self.metrics.round();
         if self.sink.is_some() {
             self.rounds.push(Round {
                 server: server.to_string(),
@@ -117,6 +125,13 @@ impl CallRecord {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
+        self.metrics.finished(
+            self.server.as_ref().map(|s| s.id()),
+            self.method,
+            outcome,
+            code,
+            self.started.elapsed(),
+        );
         let Some(sink) = &self.sink else {
             return;
         };

@@ -31,6 +31,8 @@ pub struct Loaded {
     pub imported: bool,
     /// The `[gateway]` table, as written (read by `gateway::GatewayConfig`).
     pub gateway: Option<Value>,
+    /// The `[telemetry]` table, as written (read by the command line's exporter).
+    pub telemetry: Option<Value>,
 }
 
 /// Replaces `${VAR}` in every string of `v`.
@@ -97,6 +99,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             renamed,
             imported: true,
             gateway: None,
+            telemetry: None,
         });
     }
     let agent = value
@@ -105,6 +108,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         .and_then(|a| a.as_str().map(String::from));
     // The gateway reads its own table (it is the layer above this one).
     let gateway = value.as_object_mut().and_then(|m| m.remove("gateway"));
+    let telemetry = value.as_object_mut().and_then(|m| m.remove("telemetry"));
     let config: HarnessConfig = serde_json::from_value(value)
         .map_err(|e| ConfigError::new("(value)", e.to_string()).in_file(path))?;
     config.validate().map_err(|e| e.in_file(path))?;
@@ -114,6 +118,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         renamed: Vec::new(),
         imported: false,
         gateway,
+        telemetry,
     })
 }
 

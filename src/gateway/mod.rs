@@ -16,6 +16,7 @@
 pub mod http;
 pub mod identity;
 pub mod jwt;
+pub mod metrics;
 pub mod names;
 pub mod seal;
 pub mod search;

@@ -11,6 +11,7 @@
 //! the harness the same way.
 
 mod error;
+mod metrics;
 mod supervisor;
 
 use std::future::Future;
@@ -22,6 +23,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 pub use error::HarnessError;
+pub use metrics::{Metrics, ServerMetrics};
 use supervisor::HarnessMsg;
 use supervisor::HarnessSupervisor;
 pub use supervisor::Service;
@@ -526,6 +528,7 @@ impl HarnessHandle {
         self.inner.services.servers.remove(id).await?;
         self.inner.services.registry_ref.remove(id).await;
         self.ctx().catalog.forget(id);
+        self.ctx().metrics.forget(id);
         self.inner
             .services
             .registry

@@ -85,8 +85,19 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
             renamed: Vec::new(),
             imported: false,
             gateway: None,
+            telemetry: None,
         },
     };
+    // Read at start for the exporters; a mistake in it is the file's error.
+    crate::telemetry::TelemetryConfig::from_value(loaded.telemetry.as_ref()).map_err(|e| {
+        UsageError(anyhow::anyhow!(
+            "{}: {e:#}",
+            args.config
+                .as_deref()
+                .unwrap_or(std::path::Path::new("-"))
+                .display()
+        ))
+    })?;
     for (name, id) in &loaded.renamed {
         eprintln!(
             "mcp-harness: server {:?} is named {id:?} here (ids use letters, digits, '-', '_', '.')",
@@ -150,6 +161,7 @@ pub async fn start(
         builder = builder.authorizer(authorizer);
     }
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
+    crate::telemetry::export_metrics(&harness);
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + wait;
     loop {

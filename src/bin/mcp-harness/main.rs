@@ -132,17 +132,26 @@ fn main() -> ExitCode {
         cli.command,
         Command::DemoServer(_) | Command::DemoAuthServer(_)
     );
-    let wanted = if serves_tests {
-        Ok(None)
+    let (provider, telemetry) = if serves_tests {
+        (None, None)
     } else {
-        telemetry::provider()
-    };
-    let provider = match wanted {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("mcp-harness: traces are not exported: {e:#}");
-            None
+        // The `[telemetry]` table, read before the command runs (its errors are the
+        // command's to report).
+        let config = config_path(&cli.command)
+            .and_then(|p| mcp_harness::config::file::load(p).ok())
+            .and_then(|l| telemetry::TelemetryConfig::from_value(l.telemetry.as_ref()).ok())
+            .unwrap_or_default();
+        let provider = match telemetry::tracer(&config) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("mcp-harness: traces are not exported: {e:#}");
+                None
+            }
+        };
+        if let Err(e) = telemetry::meter(&config) {
+            eprintln!("mcp-harness: metrics are not exported: {e:#}");
         }
+        (provider, Some(()))
     };
     {
         use tracing_subscriber::Layer;
@@ -162,6 +171,9 @@ fn main() -> ExitCode {
     }
     drop(entered);
     let outcome = runtime.block_on(run(cli.command));
+    if telemetry.is_some() {
+        telemetry::shutdown_metrics();
+    }
     if let Some(provider) = provider {
         // Every span ended so far goes out before the process does.
         if let Err(e) = provider.shutdown() {
@@ -176,6 +188,21 @@ fn main() -> ExitCode {
             ExitCode::from(if usage { USAGE } else { 1 })
         }
     }
+}
+
+/// The config file a command reads, if any.
+fn config_path(command: &Command) -> Option<&std::path::Path> {
+    let servers = match command {
+        Command::Tools { servers, .. }
+        | Command::Search { servers, .. }
+        | Command::Call { servers, .. }
+        | Command::Status { servers, .. }
+        | Command::Login { servers, .. }
+        | Command::Logout { servers, .. } => servers,
+        Command::Serve(args) => &args.servers,
+        Command::Demo | Command::DemoServer(_) | Command::DemoAuthServer(_) => return None,
+    };
+    servers.config.as_deref()
 }
 
 async fn run(command: Command) -> anyhow::Result<u8> {
@@ -262,6 +289,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             Ok(130)
         }
     };
+    telemetry::flush_metrics().await;
     harness.shutdown().await;
     outcome
 }

@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// a restart, and no other gateway process can continue them).
     #[arg(long)]
     pub dev_keys: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (a listener of its own, without
+    /// authentication: bind it where only scrapers reach).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Print a new sealing key line (`KID:BASE64URL`) and exit.
     #[arg(long)]
     pub new_key: bool,
@@ -52,6 +56,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
     settle(&harness, servers.wait).await;
+    crate::telemetry::export_metrics(&harness);
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                UsageError(anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))
+            })?;
+            {
+                use std::io::Write;
+                // On stderr: stdout is the MCP pipe with --stdio.
+                let mut err = std::io::stderr().lock();
+                writeln!(err, "metrics http://{}/metrics", listener.local_addr()?)?;
+                err.flush()?;
+            }
+            let served = harness.clone();
+            Some(tokio::spawn(gateway::metrics::serve(
+                served,
+                listener,
+                std::future::pending(),
+            )))
+        }
+        None => None,
+    };
     let dev_sealer = args.dev_keys.then(|| sealer.clone());
     let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
         .await
@@ -84,6 +110,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             }
         }
         reloader.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
+        crate::telemetry::flush_metrics().await;
         harness.shutdown().await;
         return Ok(commands::OK);
     }
@@ -97,8 +127,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         writeln!(out, "listening http://{}/mcp", listener.local_addr()?)?;
         out.flush()?;
     }
-    gateway::http::serve(gateway, listener, stop_signal()).await?;
+    let stop = async {
+        stop_signal().await;
+        // The last metrics go out while the harness still runs.
+        crate::telemetry::flush_metrics().await;
+    };
+    gateway::http::serve(gateway, listener, stop).await?;
     reloader.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     Ok(commands::OK)
 }
 

@@ -1,60 +1,101 @@
-//! OpenTelemetry export for the command line: when the standard `OTEL_*` variables ask
-//! for it (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), the
-//! harness's spans go over OTLP, HTTP/protobuf by default or gRPC
-//! (`OTEL_EXPORTER_OTLP_PROTOCOL` / `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`), named
-//! `OTEL_SERVICE_NAME` (default `mcp-harness`). Off otherwise, and off when
-//! `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. The exporter is the
-//! `opentelemetry-otlp` crate's; it reads the endpoint, headers and timeout variables
-//! itself.
+//! OpenTelemetry export for the command line: the harness's spans and metrics over
+//! OTLP, HTTP/protobuf by default or gRPC, when the standard `OTEL_*` variables or the
+//! config file's `[telemetry]` table name an endpoint. Off otherwise, and off when
+//! `OTEL_SDK_DISABLED=true`; `OTEL_TRACES_EXPORTER=none` / `OTEL_METRICS_EXPORTER=none`
+//! (or `traces = false` / `metrics = false`) turn one signal off. An `OTEL_*` variable
+//! that is set wins over the table. The exporters are the `opentelemetry-otlp` crate's;
+//! they read the headers and timeout variables themselves.
 
-use anyhow::{Context, bail};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::Context;
+use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use serde::Deserialize;
+
+/// The `[telemetry]` table of a config file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's base URL (`OTEL_EXPORTER_OTLP_ENDPOINT`): `http://host:4318` for
+    /// HTTP, `http://host:4317` for gRPC.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// `http/protobuf` (default) or `grpc` (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// `service.name` (`OTEL_SERVICE_NAME`; default `mcp-harness`).
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Export spans (default true when an endpoint is set).
+    #[serde(default)]
+    pub traces: Option<bool>,
+    /// Export metrics (default true when an endpoint is set).
+    #[serde(default)]
+    pub metrics: Option<bool>,
+    /// How often metrics are sent (`OTEL_METRIC_EXPORT_INTERVAL`; default 60 s).
+    #[serde(default, with = "mcp_harness::util::duration::option")]
+    pub metrics_interval: Option<Duration>,
+}
+
+impl TelemetryConfig {
+    /// Reads the table (absent: all defaults).
+    pub fn from_value(value: Option<&serde_json::Value>) -> anyhow::Result<TelemetryConfig> {
+        match value {
+            None => Ok(TelemetryConfig::default()),
+            Some(v) => serde_json::from_value(v.clone()).context("[telemetry]"),
+        }
+    }
+}
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// Whether the environment asks for trace export.
-fn wanted() -> bool {
-    let disabled = var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let none = var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
-    let endpoint = var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
-        || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some();
-    endpoint && !disabled && !none
+fn off(name: &str) -> bool {
+    var(name).is_some_and(|v| v.eq_ignore_ascii_case("none"))
 }
 
-/// The tracer provider the environment asks for, if any. Call within the runtime: the
-/// batch processor runs on it.
-pub fn provider() -> anyhow::Result<Option<SdkTracerProvider>> {
-    if !wanted() {
-        return Ok(None);
+/// One signal's exporter settings, the environment first.
+struct Signal {
+    /// Set only from the table: the exporter reads the variables itself.
+    endpoint: Option<String>,
+    protocol: String,
+}
+
+fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option<Signal> {
+    let upper = name.to_ascii_uppercase();
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || off(&format!("OTEL_{upper}_EXPORTER"))
+        || enabled == Some(false)
+    {
+        return None;
     }
-    let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    let from_env = var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+        || var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")).is_some();
+    let protocol = var(&format!("OTEL_EXPORTER_OTLP_{upper}_PROTOCOL"))
         .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .or_else(|| config.protocol.clone())
         .unwrap_or_else(|| "http/protobuf".into());
-    let exporter = match protocol.as_str() {
-        "grpc" => opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()
-            .context("OTLP/gRPC exporter")?,
-        "http/protobuf" => {
-            // The exporter builds its own reqwest client, which (built without a TLS
-            // provider of its own, as in the library) needs the process default: ring,
-            // the provider the harness's own clients use. The binary may set it.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .build()
-                .context("OTLP/HTTP exporter")?
-        }
-        other => {
-            bail!("OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not supported (grpc or http/protobuf)")
-        }
+    let endpoint = match (&config.endpoint, from_env) {
+        (_, true) => None,
+        (Some(base), false) => Some(match protocol.as_str() {
+            // As the variable does: the signal's path is added for HTTP.
+            "http/protobuf" => format!("{}/v1/{name}", base.trim_end_matches('/')),
+            _ => base.clone(),
+        }),
+        (None, false) => return None,
     };
+    Some(Signal { endpoint, protocol })
+}
+
+fn resource(config: &TelemetryConfig) -> opentelemetry_sdk::Resource {
     let mut resource = opentelemetry_sdk::Resource::builder();
     let named = var("OTEL_SERVICE_NAME").is_some()
         || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
@@ -62,16 +103,133 @@ pub fn provider() -> anyhow::Result<Option<SdkTracerProvider>> {
                 .any(|kv| kv.trim_start().starts_with("service.name="))
         });
     if !named {
-        resource = resource.with_service_name("mcp-harness");
+        resource = resource.with_service_name(
+            config
+                .service_name
+                .clone()
+                .unwrap_or_else(|| "mcp-harness".into()),
+        );
     }
+    resource.build()
+}
+
+fn unsupported(protocol: &str) -> anyhow::Error {
+    anyhow::anyhow!("OTLP protocol {protocol:?} is not supported (grpc or http/protobuf)")
+}
+
+/// The exporter builds its own reqwest client, which (built without a TLS provider of
+/// its own, as in the library) needs the process default: ring, the provider the
+/// harness's own clients use. The binary may set it.
+fn http_ready() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The tracer provider the settings ask for, if any. Call within the runtime: the
+/// batch processor runs on it.
+pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvider>> {
+    let Some(s) = signal(config, "traces", config.traces) else {
+        return Ok(None);
+    };
+    let exporter = match s.protocol.as_str() {
+        "grpc" => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(e) = s.endpoint {
+                b = b.with_endpoint(e);
+            }
+            b.build().context("OTLP/gRPC span exporter")?
+        }
+        "http/protobuf" => {
+            http_ready();
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            if let Some(e) = s.endpoint {
+                b = b.with_endpoint(e);
+            }
+            b.build().context("OTLP/HTTP span exporter")?
+        }
+        other => return Err(unsupported(other)),
+    };
     let processor =
         BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
     Ok(Some(
         SdkTracerProvider::builder()
             .with_span_processor(processor)
-            .with_resource(resource.build())
+            .with_resource(resource(config))
             .build(),
     ))
+}
+
+/// The meter provider the settings ask for, if any (call within the runtime), kept for
+/// [`export_metrics`] and [`shutdown_metrics`].
+pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
+    let Some(s) = signal(config, "metrics", config.metrics) else {
+        return Ok(());
+    };
+    let exporter = match s.protocol.as_str() {
+        "grpc" => {
+            let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
+            if let Some(e) = s.endpoint {
+                b = b.with_endpoint(e);
+            }
+            b.build().context("OTLP/gRPC metric exporter")?
+        }
+        "http/protobuf" => {
+            http_ready();
+            let mut b = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary);
+            if let Some(e) = s.endpoint {
+                b = b.with_endpoint(e);
+            }
+            b.build().context("OTLP/HTTP metric exporter")?
+        }
+        other => return Err(unsupported(other)),
+    };
+    let interval = var("OTEL_METRIC_EXPORT_INTERVAL")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .or(config.metrics_interval)
+        .unwrap_or(Duration::from_secs(60));
+    let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_interval(interval)
+        .build();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource(config))
+        .build();
+    let _ = METERS.set(provider);
+    Ok(())
+}
+
+static METERS: OnceLock<SdkMeterProvider> = OnceLock::new();
+
+/// Exports `harness`'s metrics through the meter provider, when there is one.
+pub fn export_metrics(harness: &mcp_harness::HarnessHandle) {
+    if let Some(p) = METERS.get() {
+        harness.export_metrics(&p.meter("mcp-harness"));
+    }
+}
+
+/// Sends the metrics now, while the harness they observe still runs (call before its
+/// shutdown: once it is gone, its instruments report nothing).
+pub async fn flush_metrics() {
+    if let Some(p) = METERS.get() {
+        // The flush waits for the export; off the async threads.
+        let flushed = tokio::task::spawn_blocking(|| p.force_flush()).await;
+        if let Ok(Err(e)) = flushed {
+            eprintln!("mcp-harness: exporting metrics: {e}");
+        }
+    }
+}
+
+/// Sends the last metrics and stops the meter provider.
+pub fn shutdown_metrics() {
+    if let Some(p) = METERS.get()
+        && let Err(e) = p.shutdown()
+    {
+        eprintln!("mcp-harness: exporting metrics: {e}");
+    }
 }
 
 /// The `tracing` layer that turns the harness's spans into OpenTelemetry spans.

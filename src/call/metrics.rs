@@ -1,0 +1,198 @@
+//! What calls did, counted where each call ends ([`super::record::CallRecord`]): the
+//! duration histogram of the OpenTelemetry MCP conventions
+//! (`mcp.client.operation.duration`, by server, method and outcome), and the
+//! `input_required` rounds driven. Read as a [`CallSeries`] snapshot.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+
+/// Upper bounds of the duration buckets, in seconds: the conventions' advice (10 ms to
+/// 300 s), with six below 10 ms in front, since a local server answers in well under
+/// that.
+pub const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+    10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// One series of the duration histogram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallSeries {
+    /// The server that answered (or was tried last); `none` when none was reached.
+    pub server: Arc<str>,
+    /// `tools/call`, `prompts/get` or `resources/read`.
+    pub method: &'static str,
+    /// As the audit record says: `ok`, `tool_error`, `input_required`, `cancelled`,
+    /// `error`.
+    pub outcome: &'static str,
+    /// The error code when the outcome is `error` or `cancelled` (`error.type`).
+    pub error_type: Option<&'static str>,
+    /// Calls counted in each bucket of [`BUCKETS`] (not cumulative), then above the last.
+    pub buckets: Vec<u64>,
+    /// Calls.
+    pub count: u64,
+    /// Their total duration, in seconds.
+    pub sum: f64,
+}
+
+impl CallSeries {
+    /// An estimate of the median duration from the buckets (the upper bound of the
+    /// bucket holding the middle call), or `None` before any call.
+    pub fn p50(&self) -> Option<Duration> {
+        quantile(&self.buckets, self.count, 0.5)
+    }
+}
+
+/// The `q` quantile of a histogram as the upper bound of its bucket.
+pub fn quantile(buckets: &[u64], count: u64, q: f64) -> Option<Duration> {
+    if count == 0 {
+        return None;
+    }
+    let rank = ((count as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, n) in buckets.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            let bound = BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
+            return Some(Duration::from_secs_f64(bound.min(3600.0)));
+        }
+    }
+    None
+}
+
+type Key = (Arc<str>, &'static str, &'static str, Option<&'static str>);
+
+#[derive(Default)]
+struct Series {
+    buckets: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+/// The calls' counters; one per harness.
+#[derive(Default)]
+pub(crate) struct CallMetrics {
+    series: parking_lot::Mutex<HashMap<Key, Series>>,
+    rounds: AtomicU64,
+    /// The OpenTelemetry histogram each call is also recorded in, once exported.
+    exported: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
+}
+
+impl CallMetrics {
+    /// Counts one finished call.
+    pub(crate) fn finished(
+        &self,
+        server: Option<&str>,
+        method: &'static str,
+        outcome: &'static str,
+        error_type: Option<&'static str>,
+        took: Duration,
+    ) {
+        let seconds = took.as_secs_f64();
+        if let Some(h) = self.exported.get() {
+            let mut attributes = vec![
+                KeyValue::new("mcp.method.name", method),
+                KeyValue::new(
+                    "mcp_harness.server.id",
+                    server.unwrap_or("none").to_string(),
+                ),
+                KeyValue::new("mcp_harness.outcome", outcome),
+            ];
+            if let Some(e) = error_type {
+                attributes.push(KeyValue::new("error.type", e));
+            }
+            h.record(seconds, &attributes);
+        }
+        let bucket = BUCKETS
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(BUCKETS.len());
+        let server: Arc<str> = server.unwrap_or("none").into();
+        let mut series = self.series.lock();
+        // Servers are the configured ones, methods three and outcomes five: bounded.
+        let s = series
+            .entry((server, method, outcome, error_type))
+            .or_default();
+        if s.buckets.is_empty() {
+            s.buckets = vec![0; BUCKETS.len() + 1];
+        }
+        s.buckets[bucket] += 1;
+        s.count += 1;
+        s.sum += seconds;
+    }
+
+    /// Records every call from now on in `histogram` too (the first one given stays).
+    pub(crate) fn export(&self, histogram: opentelemetry::metrics::Histogram<f64>) {
+        let _ = self.exported.set(histogram);
+    }
+
+    /// Counts one `input_required` round.
+    pub(crate) fn round(&self) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forgets a removed server's series.
+    pub(crate) fn forget(&self, server: &str) {
+        self.series.lock().retain(|k, _| &*k.0 != server);
+    }
+
+    /// Every series, sorted, and the rounds so far.
+    pub(crate) fn snapshot(&self) -> (Vec<CallSeries>, u64) {
+        let mut out: Vec<CallSeries> = self
+            .series
+            .lock()
+            .iter()
+            .map(|((server, method, outcome, error_type), s)| CallSeries {
+                server: server.clone(),
+                method,
+                outcome,
+                error_type: *error_type,
+                buckets: s.buckets.clone(),
+                count: s.count,
+                sum: s.sum,
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.server, a.method, a.outcome, a.error_type).cmp(&(
+                &b.server,
+                b.method,
+                b.outcome,
+                b.error_type,
+            ))
+        });
+        (out, self.rounds.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_count_and_the_median_is_the_middle_bucket() {
+        let m = CallMetrics::default();
+        for ms in [0.05, 0.2, 0.2, 3.0, 400_000.0] {
+            m.finished(
+                Some("s"),
+                "tools/call",
+                "ok",
+                None,
+                Duration::from_secs_f64(ms / 1000.0),
+            );
+        }
+        m.round();
+        let (series, rounds) = m.snapshot();
+        assert_eq!((series.len(), rounds), (1, 1));
+        let s = &series[0];
+        assert_eq!(s.count, 5);
+        assert_eq!(s.buckets.iter().sum::<u64>(), 5);
+        assert_eq!(s.buckets[0], 1, "50 µs is in the first bucket");
+        assert_eq!(s.buckets[BUCKETS.len()], 1, "400 s is above the last");
+        assert_eq!(s.p50(), Some(Duration::from_secs_f64(0.00025)));
+        m.forget("s");
+        assert!(m.snapshot().0.is_empty());
+    }
+}

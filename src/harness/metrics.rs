@@ -1,0 +1,393 @@
+//! The harness's metrics in one snapshot ([`Metrics`]): call durations and outcomes,
+//! `input_required` rounds, each server's state and restarts, cache hits and misses per
+//! layer, the audit backlog. Read it with [`HarnessHandle::metrics`], as Prometheus
+//! text with [`Metrics::prometheus`] (the gateway's `/metrics`), or exported through an
+//! OpenTelemetry meter with [`HarnessHandle::export_metrics`].
+//!
+//! Names follow the OpenTelemetry conventions for MCP where they have one
+//! (`mcp.client.operation.duration`, in seconds, with `mcp.method.name` and
+//! `error.type`); the rest are `mcp_harness.*`. Prometheus names are the OpenTelemetry
+//! names with `.` as `_` and the unit or `_total` appended, as the OpenTelemetry to
+//! Prometheus mapping does.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Weak};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+
+use super::{HarnessHandle, Inner};
+use crate::audit::AuditHealth;
+use crate::call::{BUCKETS, CallSeries};
+use crate::registry::cache::CacheStats;
+use crate::server::ServerState;
+
+/// One server's figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerMetrics {
+    /// Server id.
+    pub id: String,
+    /// Its state now.
+    pub state: ServerState,
+    /// Connection restarts so far.
+    pub restarts: u32,
+    /// Requests waiting for it to be ready.
+    pub queued: usize,
+}
+
+/// Everything the harness counts, at one moment.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Call durations by server, method and outcome.
+    pub calls: Vec<CallSeries>,
+    /// `input_required` rounds driven so far (all calls).
+    pub input_rounds: u64,
+    /// Calls running now.
+    pub in_flight: usize,
+    /// Each server, in config order.
+    pub servers: Vec<ServerMetrics>,
+    /// The list cache, per layer.
+    pub cache: CacheStats,
+    /// The audit trail.
+    pub audit: AuditHealth,
+}
+
+const STATES: [ServerState; 5] = [
+    ServerState::Starting,
+    ServerState::Ready,
+    ServerState::Restarting,
+    ServerState::Failed,
+    ServerState::Stopped,
+];
+
+/// A Prometheus label value: `\`, `"` and line breaks escaped, as the text format says.
+fn label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Metrics {
+    /// Calls that ended with `outcome`, over every server and method.
+    pub fn calls_with(&self, outcome: &str) -> u64 {
+        self.calls
+            .iter()
+            .filter(|s| s.outcome == outcome)
+            .map(|s| s.count)
+            .sum()
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+        };
+        family(
+            &mut out,
+            "mcp_client_operation_duration_seconds",
+            "histogram",
+            "Duration of MCP calls as the harness saw them, admission to answer.",
+        );
+        for s in &self.calls {
+            let labels = format!(
+                "mcp_harness_server_id=\"{}\",mcp_method_name=\"{}\",outcome=\"{}\"{}",
+                label(&s.server),
+                s.method,
+                s.outcome,
+                s.error_type
+                    .map(|e| format!(",error_type=\"{}\"", label(e)))
+                    .unwrap_or_default()
+            );
+            let mut cumulative = 0;
+            for (i, bound) in BUCKETS.iter().enumerate() {
+                cumulative += s.buckets.get(i).copied().unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "mcp_client_operation_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "mcp_client_operation_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                s.count
+            );
+            let _ = writeln!(
+                out,
+                "mcp_client_operation_duration_seconds_sum{{{labels}}} {}",
+                s.sum
+            );
+            let _ = writeln!(
+                out,
+                "mcp_client_operation_duration_seconds_count{{{labels}}} {}",
+                s.count
+            );
+        }
+        family(
+            &mut out,
+            "mcp_harness_calls_total",
+            "counter",
+            "Calls by server, method and outcome (ok, tool_error, input_required, cancelled, error).",
+        );
+        for s in &self.calls {
+            let _ = writeln!(
+                out,
+                "mcp_harness_calls_total{{mcp_harness_server_id=\"{}\",mcp_method_name=\"{}\",outcome=\"{}\"}} {}",
+                label(&s.server),
+                s.method,
+                s.outcome,
+                s.count
+            );
+        }
+        family(
+            &mut out,
+            "mcp_harness_input_rounds_total",
+            "counter",
+            "input_required rounds driven.",
+        );
+        let _ = writeln!(out, "mcp_harness_input_rounds_total {}", self.input_rounds);
+        family(
+            &mut out,
+            "mcp_harness_calls_in_flight",
+            "gauge",
+            "Calls running now.",
+        );
+        let _ = writeln!(out, "mcp_harness_calls_in_flight {}", self.in_flight);
+        family(
+            &mut out,
+            "mcp_harness_server_restarts_total",
+            "counter",
+            "Connection restarts per server.",
+        );
+        for s in &self.servers {
+            let _ = writeln!(
+                out,
+                "mcp_harness_server_restarts_total{{mcp_harness_server_id=\"{}\"}} {}",
+                label(&s.id),
+                s.restarts
+            );
+        }
+        family(
+            &mut out,
+            "mcp_harness_server_state",
+            "gauge",
+            "1 for each server's current state, 0 for the others.",
+        );
+        for s in &self.servers {
+            for state in STATES {
+                let _ = writeln!(
+                    out,
+                    "mcp_harness_server_state{{mcp_harness_server_id=\"{}\",state=\"{}\"}} {}",
+                    label(&s.id),
+                    state.as_str(),
+                    u8::from(s.state == state)
+                );
+            }
+        }
+        family(
+            &mut out,
+            "mcp_harness_server_queued",
+            "gauge",
+            "Requests waiting for a server to be ready.",
+        );
+        for s in &self.servers {
+            let _ = writeln!(
+                out,
+                "mcp_harness_server_queued{{mcp_harness_server_id=\"{}\"}} {}",
+                label(&s.id),
+                s.queued
+            );
+        }
+        for (name, help, pick) in [
+            (
+                "mcp_harness_cache_hits_total",
+                "List cache lookups answered, per layer.",
+                true,
+            ),
+            (
+                "mcp_harness_cache_misses_total",
+                "List cache lookups not answered, per layer.",
+                false,
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
+            for (layer, value) in self.cache_layers(pick) {
+                let _ = writeln!(out, "{name}{{layer=\"{layer}\"}} {value}");
+            }
+        }
+        family(
+            &mut out,
+            "mcp_harness_audit_backlog",
+            "gauge",
+            "Audit records accepted and not yet written.",
+        );
+        let _ = writeln!(out, "mcp_harness_audit_backlog {}", self.audit.backlog);
+        family(
+            &mut out,
+            "mcp_harness_audit_unwritten_total",
+            "counter",
+            "Audit records that could not be kept.",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_harness_audit_unwritten_total {}",
+            self.audit.unwritten
+        );
+        out
+    }
+
+    /// Hits (`true`) or misses per cache layer: memory, disk, shared.
+    fn cache_layers(&self, hits: bool) -> [(&'static str, u64); 3] {
+        let c = &self.cache;
+        if hits {
+            [
+                ("memory", c.l1.hits),
+                ("disk", c.l2.hits),
+                ("shared", c.l3.hits),
+            ]
+        } else {
+            [
+                ("memory", c.l1.misses),
+                ("disk", c.l2.misses),
+                ("shared", c.l3.misses),
+            ]
+        }
+    }
+}
+
+impl HarnessHandle {
+    /// Everything the harness counts, now. Reads shared state: never waits on an actor.
+    pub fn metrics(&self) -> Metrics {
+        let (calls, input_rounds) = self.ctx().metrics.snapshot();
+        Metrics {
+            calls,
+            input_rounds,
+            in_flight: self.ctx().in_flight(),
+            servers: self
+                .status()
+                .into_iter()
+                .map(|s| ServerMetrics {
+                    id: s.id,
+                    state: s.state,
+                    restarts: s.restarts,
+                    queued: s.queued,
+                })
+                .collect(),
+            cache: self.cache_stats(),
+            audit: self.audit_health(),
+        }
+    }
+
+    /// Exports the metrics through `meter` (an OpenTelemetry meter of the embedder's
+    /// provider, or the command line's OTLP one): `mcp.client.operation.duration` is
+    /// recorded as each call ends; the rest are observed from [`HarnessHandle::metrics`]
+    /// at each collection. The instruments hold the harness weakly: they report nothing
+    /// once it is gone. Call once per harness.
+    pub fn export_metrics(&self, meter: &Meter) {
+        let histogram = meter
+            .f64_histogram("mcp.client.operation.duration")
+            .with_unit("s")
+            .with_description("Duration of MCP calls as the harness saw them")
+            .with_boundaries(BUCKETS.to_vec())
+            .build();
+        self.ctx().metrics.export(histogram);
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let snapshot = move || {
+            weak.upgrade()
+                .map(|inner| HarnessHandle { inner }.metrics())
+        };
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_counter("mcp_harness.calls")
+            .with_description("Calls by server, method and outcome")
+            .with_callback(move |o| {
+                for s in observe().map(|m| m.calls).unwrap_or_default() {
+                    o.observe(
+                        s.count,
+                        &[
+                            KeyValue::new("mcp_harness.server.id", s.server.to_string()),
+                            KeyValue::new("mcp.method.name", s.method),
+                            KeyValue::new("mcp_harness.outcome", s.outcome),
+                        ],
+                    );
+                }
+            })
+            .build();
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_counter("mcp_harness.input_rounds")
+            .with_description("input_required rounds driven")
+            .with_callback(move |o| {
+                if let Some(m) = observe() {
+                    o.observe(m.input_rounds, &[]);
+                }
+            })
+            .build();
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_counter("mcp_harness.server.restarts")
+            .with_description("Connection restarts per server")
+            .with_callback(move |o| {
+                for s in observe().map(|m| m.servers).unwrap_or_default() {
+                    o.observe(
+                        u64::from(s.restarts),
+                        &[KeyValue::new("mcp_harness.server.id", s.id)],
+                    );
+                }
+            })
+            .build();
+        let observe = snapshot.clone();
+        meter
+            .i64_observable_gauge("mcp_harness.server.state")
+            .with_description("1 for each server's current state, 0 for the others")
+            .with_callback(move |o| {
+                for s in observe().map(|m| m.servers).unwrap_or_default() {
+                    for state in STATES {
+                        o.observe(
+                            i64::from(s.state == state),
+                            &[
+                                KeyValue::new("mcp_harness.server.id", s.id.clone()),
+                                KeyValue::new("mcp_harness.server.state", state.as_str()),
+                            ],
+                        );
+                    }
+                }
+            })
+            .build();
+        for (name, hits) in [
+            ("mcp_harness.cache.hits", true),
+            ("mcp_harness.cache.misses", false),
+        ] {
+            let observe = snapshot.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_description("List cache lookups per layer")
+                .with_callback(move |o| {
+                    if let Some(m) = observe() {
+                        for (layer, value) in m.cache_layers(hits) {
+                            o.observe(value, &[KeyValue::new("mcp_harness.cache.layer", layer)]);
+                        }
+                    }
+                })
+                .build();
+        }
+        let observe = snapshot;
+        meter
+            .u64_observable_gauge("mcp_harness.audit.backlog")
+            .with_description("Audit records accepted and not yet written")
+            .with_callback(move |o| {
+                if let Some(m) = observe() {
+                    o.observe(m.audit.backlog as u64, &[]);
+                }
+            })
+            .build();
+    }
+}

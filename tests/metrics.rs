@@ -1,0 +1,143 @@
+//! Metrics: the snapshot an embedder reads (`HarnessHandle::metrics`), and the same as
+//! Prometheus text, parsed back: durations by server, method and outcome, rounds,
+//! restarts and state per server, cache hits per layer, the audit backlog.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_harness::{Caller, FixedAnswers, Harness, HarnessConfig, ServerState};
+use serde_json::json;
+use support::*;
+
+/// `name{labels}` → value, for every sample line; and the `# TYPE` of each family.
+pub fn parse_prometheus(text: &str) -> (HashMap<String, f64>, HashMap<String, String>) {
+    let mut samples = HashMap::new();
+    let mut types = HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let (name, kind) = (parts.next().expect("name"), parts.next().expect("kind"));
+            types.insert(name.to_string(), kind.to_string());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let value: f64 = value.parse().expect("a number");
+        assert!(
+            samples.insert(series.to_string(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    (samples, types)
+}
+
+#[tokio::test]
+async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says_the_same() {
+    let mut server = demo_server("s", &[]);
+    server.restart = mcp_harness::RestartConfig::default();
+    let config = HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    };
+    let h = Harness::builder(config)
+        .input_handler(
+            "elicitation/create",
+            Arc::new(FixedAnswers::new(
+                json!({"action": "accept", "content": {"approved": true}}),
+            )),
+        )
+        .spawn()
+        .await
+        .expect("spawn");
+    wait_state(&h, "s", ServerState::Ready).await;
+    let a = Caller::agent("a");
+    for _ in 0..3 {
+        h.call_tool(&a, "s__echo", json!({"text": "x"}))
+            .await
+            .expect("echo");
+    }
+    h.call_tool(&a, "s__confirm", json!({"message": "ok?"}))
+        .await
+        .expect("confirm");
+    h.list_tools(&a).await.expect("list");
+    h.list_tools(&a).await.expect("list");
+    let crashed = h.call_tool(&a, "s__crash", json!({})).await;
+    assert!(crashed.is_err());
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .metrics()
+            .servers
+            .iter()
+            .any(|s| s.restarts >= 1))
+        .await,
+        "the crash counted as a restart"
+    );
+
+    let m = h.metrics();
+    assert_eq!(m.calls_with("ok"), 4, "{:?}", m.calls);
+    assert_eq!(m.calls_with("error"), 1);
+    assert_eq!(m.input_rounds, 1);
+    assert_eq!(m.in_flight, 0);
+    let ok = m
+        .calls
+        .iter()
+        .find(|s| &*s.server == "s" && s.outcome == "ok")
+        .expect("ok series");
+    assert_eq!((ok.method, ok.count), ("tools/call", 4));
+    assert_eq!(ok.buckets.iter().sum::<u64>(), 4);
+    assert!(ok.sum > 0.0 && ok.p50().is_some());
+    let failed = m
+        .calls
+        .iter()
+        .find(|s| s.outcome == "error")
+        .expect("error");
+    assert!(failed.error_type.is_some());
+    assert!(m.cache.l1.hits >= 1, "the second listing came from memory");
+
+    let (samples, types) = parse_prometheus(&m.prometheus());
+    assert_eq!(types["mcp_client_operation_duration_seconds"], "histogram");
+    assert_eq!(types["mcp_harness_calls_total"], "counter");
+    assert_eq!(types["mcp_harness_server_state"], "gauge");
+    let labels = r#"mcp_harness_server_id="s",mcp_method_name="tools/call",outcome="ok""#;
+    assert_eq!(
+        samples[&format!("mcp_client_operation_duration_seconds_count{{{labels}}}")],
+        4.0
+    );
+    assert_eq!(
+        samples[&format!("mcp_client_operation_duration_seconds_bucket{{{labels},le=\"+Inf\"}}")],
+        4.0
+    );
+    let buckets: Vec<f64> = mcp_harness::call::BUCKETS
+        .iter()
+        .map(|b| {
+            samples[&format!("mcp_client_operation_duration_seconds_bucket{{{labels},le=\"{b}\"}}")]
+        })
+        .collect();
+    assert!(
+        buckets.windows(2).all(|w| w[0] <= w[1]),
+        "cumulative: {buckets:?}"
+    );
+    assert_eq!(
+        samples[&format!("mcp_harness_calls_total{{{labels}}}")],
+        4.0
+    );
+    assert_eq!(samples["mcp_harness_input_rounds_total"], 1.0);
+    assert!(samples[r#"mcp_harness_server_restarts_total{mcp_harness_server_id="s"}"#] >= 1.0);
+    let states: f64 = ["starting", "ready", "restarting", "failed", "stopped"]
+        .iter()
+        .map(|st| {
+            samples
+                [&format!("mcp_harness_server_state{{mcp_harness_server_id=\"s\",state=\"{st}\"}}")]
+        })
+        .sum();
+    assert_eq!(states, 1.0, "one state at a time");
+    assert!(samples[r#"mcp_harness_cache_hits_total{layer="memory"}"#] >= 1.0);
+    assert_eq!(samples["mcp_harness_audit_backlog"], 0.0);
+    h.shutdown().await;
+}
