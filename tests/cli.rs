@@ -1221,3 +1221,53 @@ fn search_prints_the_most_relevant_tools_first_as_text_and_json() {
     assert!(found[0]["score"].as_f64().is_some_and(|s| s > 0.0));
     assert!(found[0]["definition"]["inputSchema"].is_object());
 }
+
+#[test]
+fn status_watch_redraws_a_table_of_servers_every_second_until_ctrl_c() {
+    use std::io::{BufRead, BufReader};
+    let server = demo_cmd("alpha");
+    let mut child = Command::new(harness_exe())
+        .args(["status", "--watch", "--stdio", &server])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Two tables in which the server is ready (not a terminal: printed one after another).
+    let mut headers = 0;
+    let mut ready = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ready < 2 && std::time::Instant::now() < deadline {
+        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(5)) else {
+            break;
+        };
+        if line.starts_with("SERVER") {
+            assert!(line.contains("RESTARTS") && line.contains("P50"), "{line}");
+            headers += 1;
+        }
+        if line.starts_with("stdio1") && line.contains("ready") {
+            assert!(line.contains("modern"), "{line}");
+            ready += 1;
+        }
+    }
+    assert!(
+        ready >= 2 && headers >= 2,
+        "two refreshes showed the server ready"
+    );
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    let exit = child.wait().expect("wait");
+    assert_eq!(exit.code(), Some(0), "Ctrl-C ends a watch normally");
+}

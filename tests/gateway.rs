@@ -1824,5 +1824,34 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         .await
         .expect("get");
     assert_eq!(other.status(), 404);
+
+    // `status --watch --from` shows the gateway's servers from those metrics.
+    let url = format!("http://{metrics_addr}/metrics");
+    let watched = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(harness_exe())
+            .args(["status", "--watch", "--from", &url])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().expect("stdout");
+        let row = BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("beta "));
+        let _ = child.kill();
+        let _ = child.wait();
+        row
+    })
+    .await
+    .expect("join")
+    .expect("a row for beta");
+    let cells: Vec<&str> = watched.split_whitespace().collect();
+    // SERVER STATE ERA RESTARTS CALLS ERRORS P50…
+    assert_eq!(
+        &cells[..6],
+        ["beta", "ready", "legacy", "0", "2", "0"],
+        "{watched}"
+    );
     assert!(gw.stop().await.success());
 }

@@ -42,7 +42,7 @@ pub use caller::{CallKind, Caller};
 pub use catalog::ToolInfo;
 pub use error::{CallError, Unreachable};
 pub use listing::Listing;
-pub use metrics::{BUCKETS, CallSeries};
+pub use metrics::{BUCKETS, CallSeries, quantile};
 pub use pool::CancelToken;
 pub(crate) use pool::{CallPool, CallSupervisor};
 pub(crate) use progress::ProgressRouter;

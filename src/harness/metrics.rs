@@ -29,6 +29,8 @@ pub struct ServerMetrics {
     pub id: String,
     /// Its state now.
     pub state: ServerState,
+    /// The era of its current (or last) connection: `modern` or `legacy`.
+    pub era: Option<&'static str>,
     /// Connection restarts so far.
     pub restarts: u32,
     /// Requests waiting for it to be ready.
@@ -194,6 +196,20 @@ impl Metrics {
         }
         family(
             &mut out,
+            "mcp_harness_server_info",
+            "gauge",
+            "1 per server, with the era of its connection.",
+        );
+        for s in &self.servers {
+            let _ = writeln!(
+                out,
+                "mcp_harness_server_info{{mcp_harness_server_id=\"{}\",era=\"{}\"}} 1",
+                label(&s.id),
+                s.era.unwrap_or("none")
+            );
+        }
+        family(
+            &mut out,
             "mcp_harness_server_queued",
             "gauge",
             "Requests waiting for a server to be ready.",
@@ -277,6 +293,7 @@ impl HarnessHandle {
                 .map(|s| ServerMetrics {
                     id: s.id,
                     state: s.state,
+                    era: s.era.map(|e| e.as_str()),
                     restarts: s.restarts,
                     queued: s.queued,
                 })

@@ -16,6 +16,7 @@ mod serve;
 mod sign_in;
 mod telemetry;
 mod terminal;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -81,6 +82,14 @@ enum Command {
         /// As JSON.
         #[arg(long)]
         json: bool,
+        /// A live table (state, era, restarts, calls, errors, p50) redrawn every
+        /// second, until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: read a running gateway's metrics (`serve --metrics`) at this
+        /// URL instead of starting the servers (http://ADDR/metrics).
+        #[arg(long, value_name = "URL", requires = "watch")]
+        from: Option<String>,
     },
     /// Sign in to a server ahead of time (it must be one that asks for sign-in).
     Login {
@@ -233,7 +242,15 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                 json,
             },
         ),
-        Command::Status { servers, json } => (servers, Action::Status { json }),
+        Command::Status {
+            from: Some(url), ..
+        } => return watch::watch(watch::Source::Gateway(url)).await,
+        Command::Status {
+            servers,
+            json,
+            watch,
+            from: None,
+        } => (servers, Action::Status { json, watch }),
         Command::Login { servers, server } => (servers, Action::Login { server }),
         Command::Logout { servers, server } => {
             let setup = commands::load(&servers)?;
@@ -278,15 +295,21 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                 let args = args.clone().unwrap_or_else(|| serde_json::json!({}));
                 commands::call(&harness, &agent, tool, args, *json).await
             }
-            Action::Status { json } => commands::status(&harness, *json),
+            Action::Status { watch: true, .. } => watch::watch(watch::Source::Own(&harness)).await,
+            Action::Status { json, .. } => commands::status(&harness, *json),
             Action::Login { server } => sign_in::login(&harness, server).await,
         }
     };
     let outcome = tokio::select! {
         r = work => r,
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("\nmcp-harness: interrupted; stopping servers");
-            Ok(130)
+            if matches!(action, Action::Status { watch: true, .. }) {
+                // Ctrl-C is how a watch ends.
+                Ok(commands::OK)
+            } else {
+                eprintln!("\nmcp-harness: interrupted; stopping servers");
+                Ok(130)
+            }
         }
     };
     telemetry::flush_metrics().await;
@@ -315,5 +338,6 @@ enum Action {
     },
     Status {
         json: bool,
+        watch: bool,
     },
 }

@@ -1,0 +1,283 @@
+//! `status --watch`: a table of servers (state, era, restarts, calls, errors, p50)
+//! redrawn every second, from the harness this command started, or with `--from URL`
+//! from a running gateway's `/metrics`. On a terminal the table is redrawn in place;
+//! elsewhere each refresh is printed after the last. Ctrl-C ends it.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use mcp_harness::call::{BUCKETS, quantile};
+use mcp_harness::{HarnessHandle, Metrics};
+
+use crate::terminal::line;
+
+/// One server's line.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Row {
+    pub state: String,
+    pub era: String,
+    pub restarts: u64,
+    pub calls: u64,
+    pub errors: u64,
+    /// Calls per bucket of [`BUCKETS`] (not cumulative), then above the last.
+    pub buckets: Vec<u64>,
+}
+
+impl Row {
+    fn add_buckets(&mut self, buckets: &[u64]) {
+        if self.buckets.len() < buckets.len() {
+            self.buckets.resize(buckets.len(), 0);
+        }
+        for (into, n) in self.buckets.iter_mut().zip(buckets) {
+            *into += n;
+        }
+    }
+}
+
+/// Outcomes counted as errors: the harness or the server failed the call.
+fn is_error(outcome: &str) -> bool {
+    outcome == "error"
+}
+
+/// The rows of a harness's own snapshot, by server id.
+pub fn rows(metrics: &Metrics) -> BTreeMap<String, Row> {
+    let mut rows: BTreeMap<String, Row> = metrics
+        .servers
+        .iter()
+        .map(|s| {
+            let row = Row {
+                state: s.state.as_str().into(),
+                era: s.era.unwrap_or("-").into(),
+                restarts: u64::from(s.restarts),
+                ..Row::default()
+            };
+            (s.id.clone(), row)
+        })
+        .collect();
+    for series in &metrics.calls {
+        if let Some(row) = rows.get_mut(&*series.server) {
+            row.calls += series.count;
+            if is_error(series.outcome) {
+                row.errors += series.count;
+            }
+            row.add_buckets(&series.buckets);
+        }
+    }
+    rows
+}
+
+/// A sample's labels: `name{k="v",…} value`, the values unescaped.
+fn sample(text: &str) -> Option<(&str, BTreeMap<String, String>, f64)> {
+    let (series, value) = text.rsplit_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let Some((name, rest)) = series.split_once('{') else {
+        return Some((series, BTreeMap::new(), value));
+    };
+    let body = rest.strip_suffix('}')?;
+    let mut labels = BTreeMap::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() {
+            break;
+        }
+        if chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        labels.insert(key.trim_start_matches(',').to_string(), value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    Some((name, labels, value))
+}
+
+/// The rows of a gateway's `/metrics` text.
+pub fn rows_from_prometheus(text: &str) -> BTreeMap<String, Row> {
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    // Cumulative bucket counts per series, to turn back into counts per bucket.
+    let mut cumulative: BTreeMap<(String, String), Vec<(f64, u64)>> = BTreeMap::new();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, labels, value)) = sample(l) else {
+            continue;
+        };
+        let Some(id) = labels.get("mcp_harness_server_id").cloned() else {
+            continue;
+        };
+        let row = rows.entry(id.clone()).or_default();
+        match name {
+            "mcp_harness_server_state" if value == 1.0 => {
+                row.state = labels.get("state").cloned().unwrap_or_default();
+            }
+            "mcp_harness_server_info" => {
+                row.era = labels.get("era").cloned().unwrap_or_default();
+            }
+            "mcp_harness_server_restarts_total" => row.restarts = value as u64,
+            "mcp_harness_calls_total" => {
+                row.calls += value as u64;
+                if labels.get("outcome").is_some_and(|o| is_error(o)) {
+                    row.errors += value as u64;
+                }
+            }
+            "mcp_client_operation_duration_seconds_bucket" => {
+                let le = match labels.get("le").map(String::as_str) {
+                    Some("+Inf") => f64::INFINITY,
+                    Some(b) => b.parse().unwrap_or(f64::INFINITY),
+                    None => continue,
+                };
+                let series: Vec<String> = labels
+                    .iter()
+                    .filter(|(k, _)| *k != "le")
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                cumulative
+                    .entry((id, series.join(",")))
+                    .or_default()
+                    .push((le, value as u64));
+            }
+            _ => {}
+        }
+    }
+    for ((id, _), mut points) in cumulative {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut last = 0;
+        let mut per_bucket = vec![0; BUCKETS.len() + 1];
+        for (le, c) in points {
+            let at = BUCKETS
+                .iter()
+                .position(|b| (b - le).abs() <= b * 1e-9)
+                .unwrap_or(BUCKETS.len());
+            per_bucket[at] += c.saturating_sub(last);
+            last = last.max(c);
+        }
+        if let Some(row) = rows.get_mut(&id) {
+            row.add_buckets(&per_bucket);
+        }
+    }
+    rows
+}
+
+fn p50(row: &Row) -> String {
+    let count: u64 = row.buckets.iter().sum();
+    match quantile(&row.buckets, count, 0.5) {
+        None => "-".into(),
+        Some(d) if d.as_secs_f64() > BUCKETS[BUCKETS.len() - 1] => "> 300 s".into(),
+        Some(d) if d < Duration::from_millis(1) => format!("≤ {} µs", d.as_micros()),
+        Some(d) if d < Duration::from_secs(1) => format!("≤ {} ms", d.as_millis()),
+        Some(d) => format!("≤ {} s", d.as_secs_f64()),
+    }
+}
+
+/// The table, a header and one line per server.
+pub fn render(rows: &BTreeMap<String, Row>) -> String {
+    let mut out = format!(
+        "{:<24} {:<10} {:<7} {:>8} {:>8} {:>7} {:>10}\n",
+        "SERVER", "STATE", "ERA", "RESTARTS", "CALLS", "ERRORS", "P50"
+    );
+    for (id, r) in rows {
+        out.push_str(&format!(
+            "{:<24} {:<10} {:<7} {:>8} {:>8} {:>7} {:>10}\n",
+            line(id),
+            line(&r.state),
+            line(&r.era),
+            r.restarts,
+            r.calls,
+            r.errors,
+            p50(r)
+        ));
+    }
+    out
+}
+
+/// Where the figures come from.
+pub enum Source<'a> {
+    Own(&'a HarnessHandle),
+    Gateway(String),
+}
+
+/// Redraws the table every second until Ctrl-C.
+pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
+    let terminal = std::io::stdout().is_terminal();
+    let http = match &source {
+        Source::Gateway(_) => {
+            // reqwest is built without a TLS provider of its own; the binary sets ring,
+            // the provider the harness uses.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            Some(
+                reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()?,
+            )
+        }
+        Source::Own(_) => None,
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut interrupted => return Ok(crate::commands::OK),
+        }
+        let table = match &source {
+            Source::Own(h) => render(&rows(&h.metrics())),
+            Source::Gateway(url) => match http.as_ref().map(|c| c.get(url).send()) {
+                None => String::new(),
+                Some(sent) => match sent.await {
+                    Ok(r) if r.status().is_success() => {
+                        render(&rows_from_prometheus(&r.text().await.unwrap_or_default()))
+                    }
+                    Ok(r) => format!("{}: HTTP {}\n", line(url), r.status().as_u16()),
+                    Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
+                },
+            },
+        };
+        let mut out = std::io::stdout().lock();
+        if terminal {
+            // Home and clear, then the table: a redraw in place.
+            write!(out, "\x1b[H\x1b[2J{table}")?;
+        } else {
+            writeln!(out, "{table}")?;
+        }
+        out.flush()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_becomes_rows() {
+        let text = r#"# TYPE x gauge
+mcp_harness_server_state{mcp_harness_server_id="a\"b",state="ready"} 1
+mcp_harness_server_state{mcp_harness_server_id="a\"b",state="failed"} 0
+mcp_harness_server_info{mcp_harness_server_id="a\"b",era="legacy"} 1
+mcp_harness_server_restarts_total{mcp_harness_server_id="a\"b"} 2
+mcp_harness_calls_total{mcp_harness_server_id="a\"b",mcp_method_name="tools/call",outcome="ok"} 3
+mcp_harness_calls_total{mcp_harness_server_id="a\"b",mcp_method_name="tools/call",outcome="error"} 1
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcome="ok",le="0.0001"} 0
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcome="ok",le="0.00025"} 3
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcome="ok",le="+Inf"} 3
+"#;
+        let rows = rows_from_prometheus(text);
+        let r = &rows["a\"b"];
+        assert_eq!((r.state.as_str(), r.era.as_str()), ("ready", "legacy"));
+        assert_eq!((r.restarts, r.calls, r.errors), (2, 4, 1));
+        assert_eq!(p50(r), "≤ 250 µs");
+        let table = render(&rows);
+        assert!(table.starts_with("SERVER"));
+        assert!(table.contains("ready") && table.contains("legacy"));
+    }
+}
