@@ -167,23 +167,62 @@ impl TraceService for Collector {
 
 /// An OTLP/gRPC collector (the generated `TraceService`, over HTTP/2) on a loopback port.
 async fn grpc_collector() -> (String, Received) {
+    grpc_collector_on(None).await
+}
+
+/// The same over TLS (ALPN h2) with this certificate.
+fn tls_acceptor(cert: &Path, key: &Path) -> tokio_rustls::TlsAcceptor {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Vec<rustls_pki_types::CertificateDer<'static>> =
+        rustls_pki_types::CertificateDer::pem_file_iter(cert)
+            .expect("cert")
+            .collect::<Result<_, _>>()
+            .expect("certs");
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key).expect("key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("server config");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+async fn grpc_collector_on(tls: Option<tokio_rustls::TlsAcceptor>) -> (String, Received) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let port = listener.local_addr().expect("addr").port();
+    let url = match tls {
+        Some(_) => format!("{scheme}://localhost:{port}"),
+        None => format!("{scheme}://127.0.0.1:{port}"),
+    };
     let received = Received::default();
     let service = TraceServiceServer::new(Collector(received.clone()));
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper_util::server::conn::auto::Builder::new(
+                let builder = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
-                )
-                .http2_only()
-                .serve_connection(io, service)
-                .await;
+                );
+                match tls {
+                    Some(acceptor) => {
+                        let Ok(stream) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.http2_only().serve_connection(io, service).await;
+                    }
+                    None => {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = builder.http2_only().serve_connection(io, service).await;
+                    }
+                }
             });
         }
     });
@@ -286,6 +325,11 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
         Some(format!("00-{}-{}-01", hex(&attempt.trace_id), hex(&attempt.span_id)).as_str()),
         "{}",
         calls[0]
+    );
+    // And the attempt names the JSON-RPC request it sent.
+    assert_eq!(
+        attr(attempt, "jsonrpc.request.id"),
+        calls[0]["id"].as_i64().map(|i| i.to_string())
     );
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
@@ -456,15 +500,21 @@ async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions(
         "[telemetry]\nendpoint = {endpoint:?}\nservice_name = \"from-the-table\"\nmetrics_interval = \"1h\"\n"
     ));
     std::fs::write(&config, toml).expect("config");
-    let out = std::process::Command::new(harness_exe())
-        .args(["call", "--config"])
-        .arg(&config)
-        .args(["s__echo", r#"{"text": "measured"}"#])
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-        .env_remove("OTEL_SERVICE_NAME")
-        .output()
-        .expect("run");
+    let command = config.clone();
+    // Off the test's thread: the collector runs on it.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(harness_exe())
+            .args(["call", "--config"])
+            .arg(&command)
+            .args(["s__echo", r#"{"text": "measured"}"#])
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("OTEL_SERVICE_NAME")
+            .output()
+            .expect("run")
+    })
+    .await
+    .expect("join");
     assert!(
         out.status.success(),
         "{}",
@@ -529,6 +579,49 @@ async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions(
         .await
     );
     assert!(received.services().iter().any(|s| s == "from-the-table"));
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
+    let ca = TestCa::new("otel-tls");
+    let (cert, key) = ca.leaf("collector", &["localhost"]);
+    let (endpoint, received) = grpc_collector_on(Some(tls_acceptor(&cert, &key))).await;
+    let record = temp_file("otel-tls");
+    let config = config("otel-tls", &record);
+    let run = |with_ca: bool| {
+        let (config, endpoint, ca_pem) = (config.clone(), endpoint.clone(), ca.ca_pem.clone());
+        // Off the test's thread: the collector runs on it.
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(harness_exe());
+            cmd.args(["call", "--config"])
+                .arg(&config)
+                .args(["s__echo", r#"{"text": "over tls"}"#])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+                .env("OTEL_METRICS_EXPORTER", "none");
+            if with_ca {
+                cmd.env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_pem);
+            } else {
+                cmd.env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE");
+            }
+            cmd.output().expect("run")
+        })
+    };
+    // Without the CA the collector is not trusted: the call works, nothing arrives.
+    assert!(run(false).await.expect("join").status.success());
+    assert!(received.spans().is_empty());
+    assert!(run(true).await.expect("join").status.success());
+    assert!(
+        eventually(Duration::from_secs(10), || !named(
+            &received.spans(),
+            "tools/call s__echo"
+        )
+        .is_empty())
+        .await,
+        "spans arrived over TLS"
+    );
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

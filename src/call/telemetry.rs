@@ -50,6 +50,7 @@ pub(super) fn attempt_span(kind: CallKind, item: &str, server: &ServerRef) -> tr
         gen_ai.prompt.name = prompt,
         network.transport = transport(server),
         mcp_harness.server.id = server.id(),
+        jsonrpc.request.id = tracing::field::Empty,
         error.type = tracing::field::Empty,
         rpc.response.status_code = tracing::field::Empty,
     )

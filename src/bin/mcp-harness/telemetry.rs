@@ -39,6 +39,10 @@ pub struct TelemetryConfig {
     /// Export metrics (default true when an endpoint is set).
     #[serde(default)]
     pub metrics: Option<bool>,
+    /// A PEM bundle of CAs trusted for an `https` endpoint besides the platform's roots
+    /// (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// How often metrics are sent (`OTEL_METRIC_EXPORT_INTERVAL`; default 60 s).
     #[serde(default, with = "mcp_harness::util::duration::option")]
     pub metrics_interval: Option<Duration>,
@@ -67,6 +71,35 @@ struct Signal {
     /// Set only from the table: the exporter reads the variables itself.
     endpoint: Option<String>,
     protocol: String,
+    /// The CAs trusted besides the platform's.
+    ca_file: Option<std::path::PathBuf>,
+    /// Whether the endpoint (the variable's or the table's) is `https`.
+    https: bool,
+}
+
+impl Signal {
+    /// An HTTP client trusting the platform's roots and `ca_file`, as the harness's own.
+    fn http_client(&self) -> anyhow::Result<reqwest::Client> {
+        let tls = mcp_harness::transport::tls_client_config(self.ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .build()
+            .context("OTLP HTTP client")
+    }
+
+    /// TLS for a gRPC endpoint: the platform's roots and `ca_file`.
+    fn grpc_tls(
+        &self,
+    ) -> anyhow::Result<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig> {
+        use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+        let mut tls = ClientTlsConfig::new().with_native_roots();
+        if let Some(path) = &self.ca_file {
+            let pem = std::fs::read(path).with_context(|| format!("ca_file {}", path.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        Ok(tls)
+    }
 }
 
 fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option<Signal> {
@@ -92,7 +125,19 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         }),
         (None, false) => return None,
     };
-    Some(Signal { endpoint, protocol })
+    let https = var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .or_else(|| config.endpoint.clone())
+        .is_some_and(|e| e.trim_start().to_ascii_lowercase().starts_with("https://"));
+    let ca_file = var("OTEL_EXPORTER_OTLP_CERTIFICATE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| config.ca_file.clone());
+    Some(Signal {
+        endpoint,
+        protocol,
+        ca_file,
+        https,
+    })
 }
 
 fn resource(config: &TelemetryConfig) -> opentelemetry_sdk::Resource {
@@ -117,13 +162,6 @@ fn unsupported(protocol: &str) -> anyhow::Error {
     anyhow::anyhow!("OTLP protocol {protocol:?} is not supported (grpc or http/protobuf)")
 }
 
-/// The exporter builds its own reqwest client, which (built without a TLS provider of
-/// its own, as in the library) needs the process default: ring, the provider the
-/// harness's own clients use. The binary may set it.
-fn http_ready() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The tracer provider the settings ask for, if any. Call within the runtime: the
 /// batch processor runs on it.
 pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvider>> {
@@ -132,18 +170,23 @@ pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvid
     };
     let exporter = match s.protocol.as_str() {
         "grpc" => {
+            use opentelemetry_otlp::WithTonicConfig;
             let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            if let Some(e) = s.endpoint {
+            if s.https {
+                b = b.with_tls_config(s.grpc_tls()?);
+            }
+            if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
             b.build().context("OTLP/gRPC span exporter")?
         }
         "http/protobuf" => {
-            http_ready();
+            use opentelemetry_otlp::WithHttpConfig;
             let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_http_client(s.http_client()?)
                 .with_protocol(Protocol::HttpBinary);
-            if let Some(e) = s.endpoint {
+            if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
             b.build().context("OTLP/HTTP span exporter")?
@@ -168,18 +211,23 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
     };
     let exporter = match s.protocol.as_str() {
         "grpc" => {
+            use opentelemetry_otlp::WithTonicConfig;
             let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
-            if let Some(e) = s.endpoint {
+            if s.https {
+                b = b.with_tls_config(s.grpc_tls()?);
+            }
+            if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
             b.build().context("OTLP/gRPC metric exporter")?
         }
         "http/protobuf" => {
-            http_ready();
+            use opentelemetry_otlp::WithHttpConfig;
             let mut b = opentelemetry_otlp::MetricExporter::builder()
                 .with_http()
+                .with_http_client(s.http_client()?)
                 .with_protocol(Protocol::HttpBinary);
-            if let Some(e) = s.endpoint {
+            if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
             b.build().context("OTLP/HTTP metric exporter")?

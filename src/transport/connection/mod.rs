@@ -344,6 +344,11 @@ impl Connection {
         };
         let mut renegotiated = false;
         loop {
+            // The attempt's span says which request it sent (`jsonrpc.request.id`); a
+            // span without the field ignores it.
+            if let crate::protocol::RequestId::Number(n) = request.id {
+                tracing::Span::current().record("jsonrpc.request.id", n);
+            }
             let stamp = current.as_deref().map(|envelope| Stamp {
                 envelope,
                 capabilities,
