@@ -873,9 +873,10 @@ fn in_child(b: &mut Bench, role: &str) {
     }
 }
 
-/// 16 calls in flight on the stdio demo server through the harness, with every span
-/// exported over OTLP/HTTP to a local receiver (`on`) or with no OpenTelemetry layer.
-async fn telemetry_role(b: &mut Bench, on: bool) {
+/// 16 calls in flight on the stdio demo server through the harness, with spans (every
+/// one, or one trace in `sample`) and metrics (every second) exported over OTLP/HTTP to
+/// a local receiver (`on`), or with no OpenTelemetry layer and no meter.
+async fn telemetry_role(b: &mut Bench, on: bool, sample: f64) {
     use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::layer::SubscriberExt;
     let provider = if on {
@@ -915,22 +916,50 @@ async fn telemetry_role(b: &mut Bench, on: bool) {
             opentelemetry_sdk::runtime::Tokio,
         )
         .build();
+        let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+            opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(sample),
+        ));
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
             .with_span_processor(processor)
+            .with_sampler(sampler)
             .build();
         let layer = mcp_harness::util::trace_context::layer(provider.tracer("bench"));
         tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
             .expect("subscriber");
-        Some(provider)
+        let metrics = opentelemetry_otlp::MetricExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(format!("http://{addr}/v1/metrics"))
+            .build()
+            .expect("metric exporter");
+        let reader = opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
+            metrics,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .with_interval(Duration::from_secs(1))
+        .build();
+        let meters = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader)
+            .build();
+        Some((provider, meters))
     } else {
         None
     };
     let (h, client) = harness_client(demo_config(), false).await;
-    b.throughput(if on { "otel_on" } else { "otel_off" }, &client, 16)
-        .await;
+    if let Some((_, meters)) = &provider {
+        use opentelemetry::metrics::MeterProvider as _;
+        h.export_metrics(&meters.meter("bench"));
+    }
+    let name = match (on, sample < 1.0) {
+        (false, _) => "otel_off",
+        (true, false) => "otel_on",
+        (true, true) => "otel_sampled",
+    };
+    b.throughput(name, &client, 16).await;
     h.shutdown().await;
-    if let Some(provider) = provider {
+    if let Some((provider, meters)) = provider {
         let _ = provider.shutdown();
+        let _ = meters.shutdown();
     }
 }
 
@@ -1159,7 +1188,14 @@ fn main() {
             return;
         }
         if let Some(on) = role.strip_prefix("telemetry-") {
-            rt.block_on(telemetry_role(&mut b, on == "on"));
+            // `sampled`: one trace in ten, as OTEL_TRACES_SAMPLER=parentbased_traceidratio
+            // with OTEL_TRACES_SAMPLER_ARG=0.1 would.
+            let (on, sample) = match on {
+                "on" => (true, 1.0),
+                "sampled" => (true, 0.1),
+                _ => (false, 1.0),
+            };
+            rt.block_on(telemetry_role(&mut b, on, sample));
             print_lines(&b);
             return;
         }
@@ -1204,8 +1240,11 @@ fn main() {
         eprintln!("tracing export on against off, 16 in flight (child processes):");
         in_child(&mut b, "telemetry-off");
         in_child(&mut b, "telemetry-on");
+        in_child(&mut b, "telemetry-sampled");
         let ratio = b.get("otel_on_c16") / b.get("otel_off_c16");
         b.record("otel_on_vs_off_c16", ratio, "ratio");
+        let ratio = b.get("otel_sampled_c16") / b.get("otel_off_c16");
+        b.record("otel_sampled_vs_off_c16", ratio, "ratio");
     }
     ratios(&mut b);
     print_lines(&b);

@@ -31,12 +31,20 @@ impl ClientSide for HarnessClient {
 
     fn answer(&self, server: &str, request: ServerRequest) {
         let inputs = self.inputs.clone();
+        // Whose the request is: the call on that server now, when it is one agent's
+        // (stdio and a legacy session name no call).
+        let (agent_id, call_id) = self
+            .ctx
+            .upgrade()
+            .map(|ctx| ctx.on(server))
+            .unwrap_or((None, None));
         let context = InputRequestContext {
             server: server.to_string(),
             method: request.method.clone(),
             params: request.params.clone(),
-            agent_id: None,
+            agent_id,
             key: String::new(),
+            call_id,
         };
         tokio::spawn(async move {
             let set = inputs.snapshot();
@@ -46,6 +54,8 @@ impl ClientSide for HarnessClient {
                     METHOD_NOT_FOUND,
                     format!("no handler for {method} in this client"),
                 )),
+                // As clients answer a request the user rejected (-1).
+                Err(InputError::Denied(d)) => Err(RpcError::new(-1, format!("refused: {d}"))),
                 Err(e) => Err(RpcError::new(INTERNAL_ERROR, e.to_string())),
             };
             request.respond(outcome);

@@ -31,6 +31,33 @@ pub struct CallContext {
     pub(crate) refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
+    /// The calls on each server now (call id, agent): whose a legacy server's request
+    /// is, when it comes during a call.
+    on_servers: parking_lot::Mutex<std::collections::HashMap<String, Vec<CallOn>>>,
+}
+
+/// A call on a server: its id and agent.
+type CallOn = (u64, Option<String>);
+
+/// A call's attempt on a server, counted there until dropped.
+pub(crate) struct OnServer<'a> {
+    ctx: &'a CallContext,
+    server: String,
+    call: u64,
+}
+
+impl Drop for OnServer<'_> {
+    fn drop(&mut self) {
+        let mut on = self.ctx.on_servers.lock();
+        if let Some(calls) = on.get_mut(&self.server) {
+            if let Some(at) = calls.iter().position(|(id, _)| *id == self.call) {
+                calls.swap_remove(at);
+            }
+            if calls.is_empty() {
+                on.remove(&self.server);
+            }
+        }
+    }
 }
 
 /// Counts a call as in flight until dropped.
@@ -67,7 +94,40 @@ impl CallContext {
             refreshing: parking_lot::Mutex::default(),
             next_call: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
+            on_servers: parking_lot::Mutex::default(),
         }
+    }
+
+    /// Notes call `call` of `agent` on `server` until the guard drops.
+    pub(crate) fn on_server(&self, server: &str, call: u64, agent: Option<String>) -> OnServer<'_> {
+        self.on_servers
+            .lock()
+            .entry(server.to_string())
+            .or_default()
+            .push((call, agent));
+        OnServer {
+            ctx: self,
+            server: server.to_string(),
+            call,
+        }
+    }
+
+    /// Whose a request from `server` is: the agent of every call on it now (if they
+    /// are all one agent's) and the call (if there is one only).
+    pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>) {
+        let on = self.on_servers.lock();
+        let Some(calls) = on.get(server) else {
+            return (None, None);
+        };
+        let agent = match calls.first() {
+            Some((_, first)) if calls.iter().all(|(_, a)| a == first) => first.clone(),
+            _ => None,
+        };
+        let call = match calls.as_slice() {
+            [(id, _)] => Some(*id),
+            _ => None,
+        };
+        (agent, call)
     }
 
     /// Counts one call in flight until the guard drops.

@@ -113,6 +113,17 @@ pub enum CallError {
         /// `decline` or `cancel`.
         action: String,
     },
+    /// An input handler refused the server's request: the agent may not, a person did
+    /// not approve, or the call's budget ran out.
+    #[error("{method} from server {server} was refused: {reason}")]
+    InputDenied {
+        /// Server id.
+        server: String,
+        /// The input method.
+        method: String,
+        /// Why.
+        reason: super::input::Denial,
+    },
     /// An input handler failed or did not answer in time.
     #[error("the handler of {method} (for server {server}) failed: {reason}")]
     InputFailed {
@@ -156,6 +167,7 @@ impl CallError {
             CallError::InputRejected { .. } => "input_rejected",
             CallError::InputDeclined { .. } => "input_declined",
             CallError::InputFailed { .. } => "input_failed",
+            CallError::InputDenied { .. } => "input_denied",
             CallError::DeadlineExceeded(_) => "deadline",
             CallError::Cancelled => "cancelled",
             CallError::AuditUnavailable(_) => "audit_unavailable",

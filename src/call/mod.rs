@@ -346,6 +346,12 @@ async fn attempt(
 ) -> Result<(Value, bool), Attempt> {
     let server = &candidate.server;
     let handlers = ctx.inputs.snapshot();
+    // A legacy server's own requests during this attempt are this call's.
+    let _on = ctx.on_server(
+        server.id(),
+        record.call_id(),
+        request.caller.agent_id.clone(),
+    );
     let mut params = request.kind.params(&candidate.item, &request.args);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
@@ -502,7 +508,7 @@ impl Round<'_> {
                 &self.request.caller,
                 id,
                 input.input_requests,
-                limit,
+                (limit, record.call_id()),
             )
             .await?;
             params.insert("inputResponses".into(), Value::Object(answers));

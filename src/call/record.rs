@@ -82,6 +82,11 @@ impl CallRecord {
         }
     }
 
+    /// The call's id.
+    pub(crate) fn call_id(&self) -> u64 {
+        self.call_id
+    }
+
     /// Notes a failover hop.
     pub(crate) fn hop(&mut self, server: &str, error: String) {
         if self.sink.is_some() {

@@ -81,7 +81,7 @@ pub(crate) async fn gather(
     caller: &Caller,
     server: &str,
     requests: BTreeMap<String, InputRequest>,
-    limit: Duration,
+    (limit, call_id): (Duration, u64),
 ) -> Result<Map<String, Value>, CallError> {
     let mut pending = Vec::with_capacity(requests.len());
     for (key, request) in requests {
@@ -91,6 +91,7 @@ pub(crate) async fn gather(
             params: request.params,
             agent_id: caller.agent_id.clone(),
             key,
+            call_id: Some(call_id),
         };
         pending.push(context);
     }
@@ -119,6 +120,13 @@ pub(crate) async fn gather(
                 return Err(CallError::InputRejected {
                     server: server.to_string(),
                     reason: format!("no handler answers {method}"),
+                });
+            }
+            Err(InputError::Denied(reason)) => {
+                return Err(CallError::InputDenied {
+                    server: server.to_string(),
+                    method,
+                    reason,
                 });
             }
             Err(e) => {

@@ -10,13 +10,14 @@
 
 pub mod file;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::audit::AuditConfig;
+use crate::call::input::{AgentConfig, SamplingConfig};
 use crate::call::{CallConfig, Limits};
 use crate::permission::Grants;
 use crate::protocol::Implementation;
@@ -100,6 +101,13 @@ pub struct HarnessConfig {
     /// Bounds on what one server may make the harness hold.
     #[serde(default)]
     pub limits: Limits,
+    /// The model provider that serves servers' `sampling/createMessage`.
+    #[serde(default)]
+    pub sampling: Option<SamplingConfig>,
+    /// Per agent (`"*"`: every other, and legacy servers' requests): whether its
+    /// servers may sample, and the roots `roots/list` answers.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentConfig>,
 }
 
 impl Default for HarnessConfig {
@@ -115,6 +123,8 @@ impl Default for HarnessConfig {
             call_timeout: default_call_timeout(),
             shutdown_grace: default_shutdown_grace(),
             limits: Limits::default(),
+            sampling: None,
+            agents: BTreeMap::new(),
         }
     }
 }

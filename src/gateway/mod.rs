@@ -13,6 +13,7 @@
 //!
 //! Layer: above [`crate::harness`], which it drives through [`HarnessHandle`] only.
 
+pub mod admin;
 pub mod http;
 pub mod identity;
 pub mod jwt;
@@ -107,6 +108,9 @@ pub struct GatewayConfig {
     /// What `tools/list` serves: every tool (`full`), or the search meta-tools.
     #[serde(default)]
     pub tool_exposure: ToolExposure,
+    /// Bearer tokens (by SHA-256) of the admin endpoint (`serve --admin`).
+    #[serde(default)]
+    pub admin_tokens: Vec<admin::AdminToken>,
 }
 
 fn default_max_body() -> usize {
@@ -146,6 +150,7 @@ impl Default for GatewayConfig {
             input_timeout: default_input_timeout(),
             jwt: None,
             tool_exposure: ToolExposure::default(),
+            admin_tokens: Vec::new(),
         }
     }
 }
@@ -158,6 +163,16 @@ impl GatewayConfig {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| GatewayError::Config(format!("gateway: {e}")))?,
         };
+        if let Some(bad) = config
+            .admin_tokens
+            .iter()
+            .find(|t| t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(GatewayError::Config(format!(
+                "gateway.admin_tokens: {:?} is not a hex SHA-256 (64 hex digits)",
+                one_line(&bad.sha256, 80)
+            )));
+        }
         if config.page_size == 0 || config.max_in_flight_per_principal == 0 {
             return Err(GatewayError::Config(
                 "gateway: page_size and max_in_flight_per_principal must be at least 1".into(),
@@ -482,6 +497,7 @@ impl Gateway {
             .replace_grants(harness_config.permissions.clone())
             .await
             .map_err(failed)?;
+        harness.replace_agents(harness_config.agents.clone()).await;
         for new in &next.servers {
             if !before.iter().any(|s| s.id == new.id) {
                 harness.add_server(new.clone()).await.map_err(failed)?;

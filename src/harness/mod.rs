@@ -29,7 +29,10 @@ use supervisor::HarnessSupervisor;
 pub use supervisor::Service;
 
 use crate::audit::{AuditHealth, AuditRef, AuditSink};
-use crate::call::input::{InputHandler, InputHandlers, InputHandlersArgs};
+use crate::call::input::{
+    ApprovalQueue, InputHandler, InputHandlers, InputHandlersArgs, RootsHandler, SamplingHandler,
+    SharedAgents,
+};
 use crate::call::{
     Answer, CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken,
     Delegation, HarnessClient, Listing, SearchIndex, ToolInfo, ToolMatch,
@@ -58,6 +61,7 @@ pub struct HarnessBuilder {
     handlers: Vec<(String, Arc<dyn InputHandler>)>,
     authorizer: Option<Arc<dyn Authorizer>>,
     tokens: Option<Arc<dyn TokenStore>>,
+    approver: Option<Arc<dyn InputHandler>>,
 }
 
 impl HarnessBuilder {
@@ -72,6 +76,14 @@ impl HarnessBuilder {
     /// Without one, a sign-in that needs a person fails, naming `mcp-harness login`.
     pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
         self.authorizer = Some(authorizer);
+        self
+    }
+
+    /// Who approves the sampling requests of agents whose policy is `approve` (answers
+    /// `{"action": "accept"}` to approve); the default is the harness's own queue,
+    /// [`HarnessHandle::approvals`], which a person answers from `mcp-harness approvals`.
+    pub fn approver(mut self, approver: Arc<dyn InputHandler>) -> Self {
+        self.approver = Some(approver);
         self
     }
 
@@ -110,6 +122,7 @@ impl Harness {
             handlers: Vec::new(),
             authorizer: None,
             tokens: None,
+            approver: None,
         }
     }
 
@@ -133,11 +146,34 @@ impl Harness {
     ) -> Result<HarnessHandle, HarnessError> {
         let HarnessBuilder {
             config,
-            handlers,
+            mut handlers,
             authorizer,
             tokens,
+            approver,
         } = builder;
         config.validate()?;
+        // The built-in handlers the config asks for, unless the embedder brought its own.
+        let agents: SharedAgents = Arc::new(parking_lot::RwLock::new(config.agents.clone()));
+        let approvals = ApprovalQueue::new(config.input_timeout);
+        let approver = approver.unwrap_or_else(|| Arc::new(approvals.clone()));
+        let has = |handlers: &[(String, Arc<dyn InputHandler>)], m: &str| {
+            handlers.iter().any(|(k, _)| k == m)
+        };
+        if let Some(sampling) = &config.sampling
+            && !has(&handlers, "sampling/createMessage")
+        {
+            let handler = SamplingHandler::new(sampling.clone(), agents.clone(), Some(approver))
+                .map_err(|e| {
+                    HarnessError::Config(crate::config::ConfigError::new("sampling", e))
+                })?;
+            handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
+        }
+        if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
+            handlers.push((
+                "roots/list".into(),
+                Arc::new(RootsHandler::new(agents.clone())),
+            ));
+        }
         let store: Arc<dyn TokenStore> = match (tokens, &config.cache.dir) {
             (Some(store), _) => store,
             (None, Some(dir)) => Arc::new(FileTokenStore::new(dir.join("tokens"))),
@@ -235,6 +271,8 @@ impl Harness {
                 services,
                 directory,
                 search: SearchIndex::default(),
+                agents,
+                approvals,
             }),
         };
         for server in config.servers {
@@ -249,6 +287,10 @@ struct Inner {
     services: Services,
     directory: Directory,
     search: SearchIndex,
+    /// The agents' input settings (sampling policy, roots), replaced on reload.
+    agents: SharedAgents,
+    /// Requests waiting for a person (the default approver).
+    approvals: ApprovalQueue,
 }
 
 impl Drop for Inner {
@@ -487,6 +529,48 @@ impl HarnessHandle {
             .replace(grants)
             .await
             .map_err(|_| HarnessError::ShutDown)
+    }
+
+    /// The requests waiting for a person: sampling requests of agents whose policy is
+    /// `approve` (unless the builder set another approver). Answer one with
+    /// `{"action": "accept"}` to approve it, or decline it.
+    pub fn approvals(&self) -> ApprovalQueue {
+        self.inner.approvals.clone()
+    }
+
+    /// Replaces every agent's input settings (a reloaded config). When the roots
+    /// changed, connected legacy servers are sent `notifications/roots/list_changed`
+    /// (modern servers ask for roots in each call's rounds, so they see the change).
+    pub async fn replace_agents(
+        &self,
+        agents: std::collections::BTreeMap<String, crate::call::input::AgentConfig>,
+    ) {
+        let roots_changed = {
+            let mut current = self.inner.agents.write();
+            let roots =
+                |m: &std::collections::BTreeMap<String, crate::call::input::AgentConfig>| {
+                    m.iter()
+                        .map(|(k, a)| (k.clone(), a.roots.clone()))
+                        .collect::<Vec<_>>()
+                };
+            let changed = roots(&current) != roots(&agents);
+            *current = agents;
+            changed
+        };
+        if !roots_changed {
+            return;
+        }
+        for server in self.inner.directory.all() {
+            let Some(conn) = server.connection() else {
+                continue;
+            };
+            if conn.era() != crate::transport::Era::Legacy {
+                continue;
+            }
+            if let Err(e) = conn.notify("notifications/roots/list_changed", None).await {
+                tracing::debug!(server = server.id(), error = %e, "roots list_changed not sent");
+            }
+        }
     }
 
     /// Entries, bytes, hits and misses of the list cache, per layer.

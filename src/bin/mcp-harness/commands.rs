@@ -156,6 +156,9 @@ pub async fn start(
     let wait = args.wait;
     let mut builder = Harness::builder(setup.loaded.config.clone())
         .input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
+        // Sampling (when `[sampling]` is configured) asks on the terminal for the
+        // agents whose policy is `approve`.
+        .approver(Arc::new(crate::elicit::CliApprover))
         .token_store(crate::sign_in::store(setup, args.tokens.as_ref()));
     if let Some(authorizer) = crate::sign_in::authorizer(args.sign_in, setup, login)? {
         builder = builder.authorizer(authorizer);

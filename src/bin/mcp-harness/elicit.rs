@@ -32,6 +32,43 @@ impl InputHandler for CliElicitation {
     }
 }
 
+/// Approves sampling requests on the terminal (the command line's approver): shows who
+/// asks, for how many tokens, and the first message, and asks y/N. Without a terminal
+/// it declines.
+pub struct CliApprover;
+
+impl InputHandler for CliApprover {
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        Box::pin(async move {
+            let interactive = std::io::stdin().is_terminal();
+            tokio::task::spawn_blocking(move || {
+                if !interactive {
+                    eprintln!("mcp-harness: sampling declined: approval needs a terminal");
+                    return json!({"action": "decline"});
+                }
+                let p = &request.params;
+                let first = p
+                    .pointer("/messages/0/content/text")
+                    .or_else(|| p.pointer("/messages/0/content/0/text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                eprintln!(
+                    "server {} asks the model for up to {} tokens: {}",
+                    line(&request.server),
+                    p["maxTokens"].as_u64().unwrap_or(0),
+                    line(first)
+                );
+                match ask("allow? [y/N] ").as_deref().map(str::trim) {
+                    Some("y" | "Y" | "yes") => json!({"action": "accept"}),
+                    _ => json!({"action": "decline"}),
+                }
+            })
+            .await
+            .map_err(|e| InputError::Failed(e.to_string()))
+        })
+    }
+}
+
 fn decline(why: &str) -> Value {
     eprintln!("mcp-harness: elicitation declined: {why}");
     json!({"action": "decline"})
@@ -211,6 +248,7 @@ mod tests {
             method: "elicitation/create".into(),
             params: json!({"message": "?", "requestedSchema": schema}),
             agent_id: None,
+            call_id: None,
             key: "k".into(),
         }
     }

@@ -5,6 +5,7 @@
 //! call, 2 a usage or configuration error, 3 no server could serve the call. Ctrl-C
 //! shuts the harness down gracefully (no server process is left).
 
+mod approvals;
 mod commands;
 mod demo;
 mod demo_auth;
@@ -91,6 +92,9 @@ enum Command {
         #[arg(long, value_name = "URL", requires = "watch")]
         from: Option<String>,
     },
+    /// The requests waiting for a person in a running gateway (`serve --admin`): list
+    /// them, or `accept ID` / `decline ID`.
+    Approvals(approvals::ApprovalsArgs),
     /// Sign in to a server ahead of time (it must be one that asks for sign-in).
     Login {
         #[command(flatten)]
@@ -209,7 +213,10 @@ fn config_path(command: &Command) -> Option<&std::path::Path> {
         | Command::Login { servers, .. }
         | Command::Logout { servers, .. } => servers,
         Command::Serve(args) => &args.servers,
-        Command::Demo | Command::DemoServer(_) | Command::DemoAuthServer(_) => return None,
+        Command::Demo
+        | Command::DemoServer(_)
+        | Command::DemoAuthServer(_)
+        | Command::Approvals(_) => return None,
     };
     servers.config.as_deref()
 }
@@ -220,6 +227,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::DemoServer(args) => return demo_server::run(*args).await.map(|()| 0),
         Command::DemoAuthServer(args) => return demo_auth::run(*args).await.map(|()| 0),
         Command::Serve(args) => return serve::run(*args).await,
+        Command::Approvals(args) => return approvals::run(args).await,
         Command::Tools { servers, tag, json } => (servers, Action::Tools { tag, json }),
         Command::Search {
             servers,

@@ -24,6 +24,11 @@ pub struct ServeArgs {
     /// authentication: bind it where only scrapers reach).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Serve the requests waiting for a person (sampling approvals) at
+    /// http://ADDR/approvals, to holders of `[gateway] admin_tokens`
+    /// (`mcp-harness approvals` is its client).
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
     /// Print a new sealing key line (`KID:BASE64URL`) and exit.
     #[arg(long)]
     pub new_key: bool,
@@ -78,6 +83,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         }
         None => None,
     };
+    let admin = match &args.admin {
+        Some(addr) => {
+            if config.admin_tokens.is_empty() {
+                return Err(UsageError(anyhow::anyhow!(
+                    "--admin needs [gateway] admin_tokens (the SHA-256 of each admin token)"
+                ))
+                .into());
+            }
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                UsageError(anyhow::anyhow!("cannot listen on {addr} for admin: {e}"))
+            })?;
+            {
+                use std::io::Write;
+                let mut err = std::io::stderr().lock();
+                writeln!(err, "admin http://{}/approvals", listener.local_addr()?)?;
+                err.flush()?;
+            }
+            let (queue, tokens) = (harness.approvals(), config.admin_tokens.clone());
+            Some(tokio::spawn(async move {
+                gateway::admin::serve(queue, &tokens, listener, std::future::pending()).await
+            }))
+        }
+        None => None,
+    };
     let dev_sealer = args.dev_keys.then(|| sealer.clone());
     let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
         .await
@@ -110,8 +139,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             }
         }
         reloader.abort();
-        if let Some(m) = metrics {
-            m.abort();
+        for task in [metrics, admin].into_iter().flatten() {
+            task.abort();
         }
         crate::telemetry::flush_metrics().await;
         harness.shutdown().await;
@@ -134,8 +163,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     };
     gateway::http::serve(gateway, listener, stop).await?;
     reloader.abort();
-    if let Some(m) = metrics {
-        m.abort();
+    for task in [metrics, admin].into_iter().flatten() {
+        task.abort();
     }
     Ok(commands::OK)
 }

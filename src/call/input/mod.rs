@@ -14,6 +14,8 @@
 mod approval;
 mod fixed;
 mod handlers;
+mod roots;
+mod sampling;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,6 +26,11 @@ use serde_json::{Value, json};
 pub use approval::{ApprovalQueue, PendingInput};
 pub use fixed::FixedAnswers;
 pub(crate) use handlers::{HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs};
+pub use roots::RootsHandler;
+pub use sampling::{
+    AgentConfig, Provider, SamplingConfig, SamplingHandler, SamplingPolicy, SharedAgents, roots_of,
+    sampling_policy,
+};
 
 /// The boxed future an [`InputHandler`] returns.
 pub type InputFuture = Pin<Box<dyn Future<Output = Result<Value, InputError>> + Send>>;
@@ -37,10 +44,41 @@ pub struct InputRequestContext {
     pub method: String,
     /// The request's params, as sent.
     pub params: Value,
-    /// The agent whose call caused it, if any (legacy requests come outside calls).
+    /// The agent whose call caused it: the caller of an MRTR round; for a legacy
+    /// server's request, the agent of the calls on that server when it came, if they
+    /// are all one agent's (none outside calls).
     pub agent_id: Option<String>,
     /// The MRTR key (empty for legacy requests).
     pub key: String,
+    /// The harness's id of the call it came in (for a legacy server's request, the one
+    /// call on that server when it came, if there was one only).
+    pub call_id: Option<u64>,
+}
+
+/// Why a handler refused to answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    /// The agent's settings do not allow it.
+    #[error("agent {agent} may not use it")]
+    NotAllowed {
+        /// The agent (`(none)` for a request that names none).
+        agent: String,
+    },
+    /// A person (or the approver) did not approve it.
+    #[error("it was not approved")]
+    NotApproved,
+    /// The call's budget would be exceeded.
+    #[error(
+        "the call's budget of {budget} tokens would be exceeded ({spent} spent, {asked} asked)"
+    )]
+    BudgetExceeded {
+        /// The budget.
+        budget: u64,
+        /// Spent so far.
+        spent: u64,
+        /// Asked by this request.
+        asked: u64,
+    },
 }
 
 /// A handler could not answer.
@@ -55,6 +93,9 @@ pub enum InputError {
     /// No handler is registered for the method.
     #[error("no handler is registered for {0}")]
     NoHandler(String),
+    /// The handler refused: policy, approval or budget.
+    #[error("refused: {0}")]
+    Denied(Denial),
 }
 
 /// Answers one kind of input request.

@@ -34,6 +34,18 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
             &[],
         ),
         tool(
+            "summarize",
+            "Asks the client's model to summarize text (sampling), in either era",
+            json!({"text": s("what to summarize"), "max_tokens": i("maxTokens asked"), "hint": s("a model hint")}),
+            &["text"],
+        ),
+        tool(
+            "list_roots",
+            "Asks the client for its roots (roots/list), in either era",
+            json!({}),
+            &[],
+        ),
+        tool(
             "last_ask",
             "What the client answered to ask_later",
             json!({}),
@@ -71,6 +83,8 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             json!({"resultType": "input_required", "requestState": "forever"}),
         )),
         "many_inputs" => many_inputs(request, ctx),
+        "summarize" => summarize(request, ctx).await,
+        "list_roots" => list_roots(request, ctx).await,
         "ask_many" => ask_many(request, ctx).await,
         "ask_later" => {
             let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(200);
@@ -187,6 +201,83 @@ async fn ask_many(request: &Request, ctx: &Ctx) -> Action {
 
 /// The state `confirm` hands out; it has quotes, backslashes and non-ASCII so that an
 /// echo that is not exact shows.
+/// One input request of `method` with `params`: asked on the session (legacy), or as
+/// an `input_required` round keyed `key` (modern); the answer once there is one.
+async fn ask_client(
+    request: &Request,
+    ctx: &Ctx,
+    key: &str,
+    method: &str,
+    params: Value,
+) -> Result<Value, Action> {
+    if ctx.legacy {
+        return ctx
+            .peer
+            .request(method, params)
+            .await
+            .map_err(|e| Action::Reply(Ok(json!({"content": [{"type": "text", "text": format!("refused: {} {}", e.code, e.message)}], "isError": true}))));
+    }
+    match params_field(request, "inputResponses").and_then(|r| r.get(key)) {
+        Some(answer) => Ok(answer.clone()),
+        None => Err(Action::Reply(Ok(json!({"resultType": "input_required",
+            "inputRequests": {key: {"method": method, "params": params}},
+            "requestState": format!("{key}-v1")})))),
+    }
+}
+
+async fn summarize(request: &Request, ctx: &Ctx) -> Action {
+    let text_arg = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+    let max_tokens = arg(request, "max_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(50);
+    let hint = arg(request, "hint")
+        .and_then(Value::as_str)
+        .unwrap_or("claude-3-5-sonnet");
+    let params = json!({
+        "messages": [
+            {"role": "user", "content": {"type": "text", "text": format!("Summarize: {text_arg}")}},
+            {"role": "assistant", "content": {"type": "text", "text": "Sure."}},
+            {"role": "user", "content": [
+                {"type": "text", "text": "And this picture:"},
+                {"type": "image", "data": "aGVsbG8=", "mimeType": "image/png"}
+            ]}
+        ],
+        "systemPrompt": "Be brief.",
+        "maxTokens": max_tokens,
+        "temperature": 0.2,
+        "stopSequences": ["END"],
+        "modelPreferences": {"hints": [{"name": hint}], "intelligencePriority": 0.5},
+    });
+    let answer = match ask_client(request, ctx, "summary", "sampling/createMessage", params).await {
+        Ok(a) => a,
+        Err(action) => return action,
+    };
+    let said = answer
+        .pointer("/content/text")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    Action::Reply(Ok(text(format!(
+        "summary: {said} (role {}, model {}, stop {})",
+        answer["role"].as_str().unwrap_or("?"),
+        answer["model"].as_str().unwrap_or("?"),
+        answer["stopReason"].as_str().unwrap_or("?")
+    ))))
+}
+
+async fn list_roots(request: &Request, ctx: &Ctx) -> Action {
+    let answer = match ask_client(request, ctx, "roots", "roots/list", json!({})).await {
+        Ok(a) => a,
+        Err(action) => return action,
+    };
+    let uris: Vec<&str> = answer["roots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    Action::Reply(Ok(text(format!("roots: {}", uris.join(" ")))))
+}
+
 fn confirm_state(message: &str) -> String {
     format!("confirm-v1|{message}|ünïcode \"quoted\" \\slash")
 }

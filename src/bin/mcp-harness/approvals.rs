@@ -1,0 +1,135 @@
+//! `mcp-harness approvals`: the input requests a running gateway (or an embedded
+//! harness serving `gateway::admin`) holds for a person, and their answers.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::commands::UsageError;
+use crate::terminal::line;
+
+/// What to do.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum ApprovalAction {
+    /// Approve request ID (a sampling request: the model is called).
+    Accept { id: u64 },
+    /// Decline request ID (the server is told it was refused).
+    Decline { id: u64 },
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ApprovalsArgs {
+    /// The admin endpoint: http://ADDR (as `serve --admin ADDR` printed).
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// The admin token (else MCP_HARNESS_ADMIN_TOKEN; a flag is visible to other
+    /// users in the process list, the variable is not).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Print the pending requests as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub action: Option<ApprovalAction>,
+}
+
+/// A request in one line: its first text.
+fn summary(params: &Value) -> String {
+    let text = params
+        .pointer("/messages/0/content/text")
+        .or_else(|| params.pointer("/messages/0/content/0/text"))
+        .or_else(|| params.get("message"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let mut s = line(text);
+    if s.chars().count() > 80 {
+        s = s.chars().take(79).collect::<String>() + "…";
+    }
+    s
+}
+
+pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let base = args
+        .from
+        .trim_end_matches('/')
+        .trim_end_matches("/approvals");
+    let token = match args
+        .token
+        .clone()
+        .or_else(|| std::env::var("MCP_HARNESS_ADMIN_TOKEN").ok())
+    {
+        Some(t) if !t.trim().is_empty() => t,
+        _ => {
+            return Err(UsageError(anyhow::anyhow!(
+                "an admin token is needed: --token or MCP_HARNESS_ADMIN_TOKEN"
+            ))
+            .into());
+        }
+    };
+    let auth = format!("Bearer {}", token.trim());
+    match args.action {
+        None => {
+            let resp = http
+                .get(format!("{base}/approvals"))
+                .header("authorization", &auth)
+                .send()
+                .await
+                .with_context(|| format!("cannot reach {}", line(base)))?;
+            if resp.status() == 401 {
+                return Err(UsageError(anyhow::anyhow!("the admin token was refused")).into());
+            }
+            if !resp.status().is_success() {
+                bail!("{}: HTTP {}", line(base), resp.status().as_u16());
+            }
+            let body: Value =
+                serde_json::from_str(&resp.text().await?).context("the answer is not JSON")?;
+            let pending = body["pending"].as_array().cloned().unwrap_or_default();
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&pending)?);
+            } else if pending.is_empty() {
+                eprintln!("nothing is waiting");
+            } else {
+                for p in &pending {
+                    println!(
+                        "{:<6} {:<16} {:<24} agent={:<12} {}",
+                        p["id"],
+                        line(p["server"].as_str().unwrap_or("-")),
+                        line(p["method"].as_str().unwrap_or("-")),
+                        line(p["agent"].as_str().unwrap_or("-")),
+                        summary(&p["params"])
+                    );
+                }
+            }
+            Ok(crate::commands::OK)
+        }
+        Some(action) => {
+            let (id, answer) = match action {
+                ApprovalAction::Accept { id } => (id, json!({"action": "accept"})),
+                ApprovalAction::Decline { id } => (id, json!({"action": "decline"})),
+            };
+            let resp = http
+                .post(format!("{base}/approvals/{id}"))
+                .header("authorization", &auth)
+                .header("content-type", "application/json")
+                .body(answer.to_string())
+                .send()
+                .await
+                .with_context(|| format!("cannot reach {}", line(base)))?;
+            match resp.status().as_u16() {
+                200 => {
+                    eprintln!("request {id} answered");
+                    Ok(crate::commands::OK)
+                }
+                401 => Err(UsageError(anyhow::anyhow!("the admin token was refused")).into()),
+                404 => Err(UsageError(anyhow::anyhow!("request {id} is not waiting")).into()),
+                other => bail!("{}: HTTP {other}", line(base)),
+            }
+        }
+    }
+}

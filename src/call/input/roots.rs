@@ -1,0 +1,50 @@
+//! [`RootsHandler`]: `roots/list` answered from config, per agent (`[agents.NAME]
+//! roots`, `"*"` for agents not named and for legacy servers, whose requests name no
+//! agent: a legacy connection is shared by every agent's calls).
+
+use serde_json::{Value, json};
+
+use super::sampling::{SharedAgents, roots_of};
+use super::{InputFuture, InputHandler, InputRequestContext};
+
+/// See the module docs.
+pub struct RootsHandler {
+    agents: SharedAgents,
+}
+
+impl RootsHandler {
+    /// Roots read from `agents` at each request (replaced on reload).
+    pub fn new(agents: SharedAgents) -> RootsHandler {
+        RootsHandler { agents }
+    }
+}
+
+/// A root's display name: the last segment of its path.
+fn name_of(uri: &str) -> Option<String> {
+    let path = uri.strip_prefix("file://")?;
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+}
+
+impl InputHandler for RootsHandler {
+    fn capability(&self) -> Value {
+        // Legacy servers are told when the configured roots change.
+        json!({"listChanged": true})
+    }
+
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        let roots: Vec<Value> = {
+            roots_of(&self.agents.read(), request.agent_id.as_deref())
+                .into_iter()
+                .map(|uri| match name_of(&uri) {
+                    Some(name) => json!({"uri": uri, "name": name}),
+                    None => json!({"uri": uri}),
+                })
+                .collect()
+        };
+        Box::pin(async move { Ok(json!({ "roots": roots })) })
+    }
+}

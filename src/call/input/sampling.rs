@@ -1,0 +1,559 @@
+//! [`SamplingHandler`]: `sampling/createMessage` served by calling a model provider on
+//! the server's behalf, an OpenAI-compatible Chat Completions endpoint or the Anthropic
+//! Messages API, under the policy of the agent whose call caused the request
+//! ([`AgentConfig::sampling`]: deny, allow, or ask a person first) and a token budget
+//! per call.
+//!
+//! Mapped: messages (text and image content), `systemPrompt`, `maxTokens` (held to the
+//! configured ceiling), `stopSequences`, `temperature`, and `modelPreferences.hints`
+//! (matched against the configured `models` table, else the default model). Answered:
+//! `role`, `content`, `model`, `stopReason`. Tool use inside sampling is refused: a
+//! model choosing tools on a server's behalf would run them outside any agent's grants.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{Denial, InputError, InputFuture, InputHandler, InputRequestContext};
+use crate::util::duration;
+
+/// Which API shape the provider speaks.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// `POST {base_url}/chat/completions` (OpenAI and the many servers that copy it).
+    Openai,
+    /// `POST {base_url}/v1/messages` (Anthropic's Messages API).
+    Anthropic,
+}
+
+/// The `[sampling]` table: the model provider and what one call may spend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// The API shape.
+    pub provider: Provider,
+    /// The API's base URL (default `https://api.openai.com/v1` or
+    /// `https://api.anthropic.com`); a local model server's works.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The model used unless a hint maps to another.
+    pub model: String,
+    /// The environment variable holding the API key (none: no key is sent).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The most tokens one request may ask for; a larger `maxTokens` is held to it.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u64,
+    /// Tokens (prompt and completion, as the provider counts them) the sampling of one
+    /// call may spend; a legacy server's requests, which name no call, share one
+    /// budget per server per minute.
+    #[serde(default = "default_call_budget")]
+    pub call_budget_tokens: u64,
+    /// `modelPreferences` hints to model names: a hint that contains a key (or is
+    /// contained in it), case-insensitively, picks that model.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
+    /// How long one provider request may take.
+    #[serde(default = "default_timeout", with = "duration")]
+    pub timeout: Duration,
+    /// CAs trusted for the provider besides the platform's roots (PEM).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+fn default_max_tokens() -> u64 {
+    1024
+}
+fn default_call_budget() -> u64 {
+    16_384
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// Whether an agent's servers may sample.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplingPolicy {
+    /// Refused (the default).
+    #[default]
+    Deny,
+    /// Served.
+    Allow,
+    /// Served once a person approves each request (the approver: the harness's
+    /// approval queue, or the command line's terminal).
+    Approve,
+}
+
+/// One agent's input settings: the `[agents.NAME]` table (`"*"` for every agent not
+/// named, and for legacy servers' requests, which name no agent).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Whether its servers may sample (unset: as `"*"` says, else deny).
+    #[serde(default)]
+    pub sampling: Option<SamplingPolicy>,
+    /// The roots `roots/list` answers, `file://` URIs (unset: `"*"`'s, else none).
+    #[serde(default)]
+    pub roots: Option<Vec<String>>,
+}
+
+/// The sampling policy of `agent` (or of requests that name none): its own, else
+/// `"*"`'s, else deny.
+pub fn sampling_policy(
+    agents: &BTreeMap<String, AgentConfig>,
+    agent: Option<&str>,
+) -> SamplingPolicy {
+    agent
+        .and_then(|a| agents.get(a))
+        .and_then(|c| c.sampling)
+        .or_else(|| agents.get("*").and_then(|c| c.sampling))
+        .unwrap_or_default()
+}
+
+/// The roots of `agent` (or of requests that name none): its own, else `"*"`'s.
+pub fn roots_of(agents: &BTreeMap<String, AgentConfig>, agent: Option<&str>) -> Vec<String> {
+    agent
+        .and_then(|a| agents.get(a))
+        .and_then(|c| c.roots.clone())
+        .or_else(|| agents.get("*").and_then(|c| c.roots.clone()))
+        .unwrap_or_default()
+}
+
+/// The agents' settings, shared with the roots handler and replaced on reload.
+pub type SharedAgents = Arc<parking_lot::RwLock<BTreeMap<String, AgentConfig>>>;
+
+/// Largest provider response read.
+const MAX_RESPONSE: usize = 4 << 20;
+/// Budgets remembered at most (calls long over are forgotten first).
+const MAX_BUDGETS: usize = 10_000;
+/// How long a legacy server's budget lasts before it starts again.
+const LEGACY_WINDOW: Duration = Duration::from_secs(60);
+
+/// See the module docs. Cheap to clone.
+#[derive(Clone)]
+pub struct SamplingHandler(Arc<Sampler>);
+
+struct Sampler {
+    config: SamplingConfig,
+    agents: SharedAgents,
+    approver: Option<Arc<dyn InputHandler>>,
+    http: reqwest::Client,
+    key: Option<String>,
+    /// Tokens spent per call (or per legacy server), and when the entry started.
+    spent: parking_lot::Mutex<HashMap<String, (u64, Instant)>>,
+}
+
+impl SamplingHandler {
+    /// A handler for `config`, reading the API key from its variable now; `approver`
+    /// answers the requests of agents whose policy is `approve`.
+    pub fn new(
+        config: SamplingConfig,
+        agents: SharedAgents,
+        approver: Option<Arc<dyn InputHandler>>,
+    ) -> Result<SamplingHandler, String> {
+        let key = match &config.api_key_env {
+            Some(var) => Some(
+                std::env::var(var)
+                    .map_err(|_| format!("sampling.api_key_env: the variable {var} is not set"))?,
+            ),
+            None => None,
+        };
+        if config.max_tokens == 0 || config.call_budget_tokens == 0 {
+            return Err("sampling: max_tokens and call_budget_tokens must be at least 1".into());
+        }
+        let base = base_url(&config);
+        let parsed = url::Url::parse(&base).map_err(|e| format!("sampling.base_url: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err("sampling.base_url: must be http or https".into());
+        }
+        let tls = crate::transport::tls::client_config(config.ca_file.as_deref())
+            .map_err(|e| format!("sampling.{e}"))?;
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            // The provider is the operator's; its redirects are not followed anyway.
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(config.timeout)
+            .build()
+            .map_err(|e| format!("sampling: HTTP client: {e}"))?;
+        Ok(SamplingHandler(Arc::new(Sampler {
+            config,
+            agents,
+            approver,
+            http,
+            key,
+            spent: parking_lot::Mutex::default(),
+        })))
+    }
+}
+
+impl Sampler {
+    /// The budget a request draws on.
+    fn budget_key(request: &InputRequestContext) -> String {
+        match request.call_id {
+            Some(id) => format!("call:{id}"),
+            None => format!("server:{}", request.server),
+        }
+    }
+
+    /// Reserves `asked` tokens of the request's budget, or says why not.
+    fn reserve(&self, key: &str, asked: u64) -> Result<(), Denial> {
+        let budget = self.config.call_budget_tokens;
+        let mut spent = self.spent.lock();
+        let now = Instant::now();
+        if spent.len() >= MAX_BUDGETS {
+            spent.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(600));
+        }
+        let entry = spent.entry(key.to_string()).or_insert((0, now));
+        if key.starts_with("server:") && now.duration_since(entry.1) >= LEGACY_WINDOW {
+            *entry = (0, now);
+        }
+        if entry.0.saturating_add(asked) > budget {
+            return Err(Denial::BudgetExceeded {
+                budget,
+                spent: entry.0,
+                asked,
+            });
+        }
+        entry.0 += asked;
+        Ok(())
+    }
+
+    /// Replaces the reservation with what the provider says was used.
+    fn settle(&self, key: &str, reserved: u64, used: u64) {
+        if let Some(entry) = self.spent.lock().get_mut(key) {
+            entry.0 = entry.0.saturating_sub(reserved).saturating_add(used);
+        }
+    }
+
+    /// The model a request's hints pick.
+    fn model(&self, params: &Value) -> String {
+        let hints = params
+            .pointer("/modelPreferences/hints")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.get("name").and_then(Value::as_str));
+        for hint in hints {
+            let hint = hint.to_lowercase();
+            for (key, model) in &self.config.models {
+                let key = key.to_lowercase();
+                if !key.is_empty() && (hint.contains(&key) || key.contains(&hint)) {
+                    return model.clone();
+                }
+            }
+        }
+        self.config.model.clone()
+    }
+
+    async fn serve(&self, request: InputRequestContext) -> Result<Value, InputError> {
+        let policy = sampling_policy(&self.agents.read(), request.agent_id.as_deref());
+        let agent = request.agent_id.clone().unwrap_or_else(|| "(none)".into());
+        match policy {
+            SamplingPolicy::Deny => {
+                return Err(InputError::Denied(Denial::NotAllowed { agent }));
+            }
+            SamplingPolicy::Approve => {
+                let Some(approver) = &self.approver else {
+                    return Err(InputError::Denied(Denial::NotApproved));
+                };
+                let answer = approver.answer(request.clone()).await?;
+                if answer.get("action").and_then(Value::as_str) != Some("accept") {
+                    return Err(InputError::Denied(Denial::NotApproved));
+                }
+            }
+            SamplingPolicy::Allow => {}
+        }
+        let params = &request.params;
+        if params.get("tools").is_some() || params.get("toolChoice").is_some() {
+            return Err(InputError::Failed(
+                "sampling with tools is not supported by this client".into(),
+            ));
+        }
+        let asked = params
+            .get("maxTokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(self.config.max_tokens)
+            .clamp(1, self.config.max_tokens);
+        let key = Self::budget_key(&request);
+        self.reserve(&key, asked).map_err(InputError::Denied)?;
+        let model = self.model(params);
+        let outcome = match self.config.provider {
+            Provider::Openai => self.openai(params, &model, asked).await,
+            Provider::Anthropic => self.anthropic(params, &model, asked).await,
+        };
+        match outcome {
+            Ok((result, used)) => {
+                self.settle(&key, asked, used.unwrap_or(asked));
+                Ok(result)
+            }
+            Err(e) => {
+                // Nothing was generated: the reservation is returned.
+                self.settle(&key, asked, 0);
+                Err(InputError::Failed(e))
+            }
+        }
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        body: Value,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, String> {
+        let mut req = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut resp = req.send().await.map_err(|e| format!("provider: {e}"))?;
+        let status = resp.status();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("provider: {e}"))? {
+            if bytes.len() + chunk.len() > MAX_RESPONSE {
+                return Err(format!(
+                    "provider: response larger than {MAX_RESPONSE} bytes"
+                ));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("provider: HTTP {}: not JSON: {e}", status.as_u16()))?;
+        if !status.is_success() {
+            let message = value
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            return Err(format!(
+                "provider: HTTP {}: {}",
+                status.as_u16(),
+                crate::util::text::one_line(message, 200)
+            ));
+        }
+        Ok(value)
+    }
+
+    async fn openai(
+        &self,
+        params: &Value,
+        model: &str,
+        max_tokens: u64,
+    ) -> Result<(Value, Option<u64>), String> {
+        let mut messages = Vec::new();
+        if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        for m in messages_of(params)? {
+            let mut parts = Vec::new();
+            for c in &m.content {
+                parts.push(match c {
+                    Part::Text(t) => json!({"type": "text", "text": t}),
+                    Part::Image { data, mime } => json!({
+                        "type": "image_url",
+                        "image_url": {"url": format!("data:{mime};base64,{data}")}
+                    }),
+                });
+            }
+            messages.push(json!({"role": m.role, "content": parts}));
+        }
+        let mut body = json!({"model": model, "messages": messages, "max_tokens": max_tokens});
+        extras(params, &mut body, "stop");
+        let url = format!(
+            "{}/chat/completions",
+            base_url(&self.config).trim_end_matches('/')
+        );
+        let auth = self.key.as_ref().map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        let answer = self.post(&url, body, &headers).await?;
+        let choice = answer
+            .pointer("/choices/0")
+            .ok_or("provider: no choices in the answer")?;
+        let text = choice
+            .pointer("/message/content")
+            .and_then(Value::as_str)
+            .ok_or("provider: the answer has no text")?;
+        let stop = match choice.get("finish_reason").and_then(Value::as_str) {
+            Some("length") => "maxTokens",
+            _ => "endTurn",
+        };
+        let used = answer
+            .pointer("/usage/total_tokens")
+            .and_then(Value::as_u64);
+        Ok((
+            result(
+                text,
+                answer.get("model").and_then(Value::as_str).unwrap_or(model),
+                stop,
+            ),
+            used,
+        ))
+    }
+
+    async fn anthropic(
+        &self,
+        params: &Value,
+        model: &str,
+        max_tokens: u64,
+    ) -> Result<(Value, Option<u64>), String> {
+        let mut messages = Vec::new();
+        for m in messages_of(params)? {
+            let parts: Vec<Value> = m
+                .content
+                .iter()
+                .map(|c| match c {
+                    Part::Text(t) => json!({"type": "text", "text": t}),
+                    Part::Image { data, mime } => json!({
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": mime, "data": data}
+                    }),
+                })
+                .collect();
+            messages.push(json!({"role": m.role, "content": parts}));
+        }
+        let mut body = json!({"model": model, "messages": messages, "max_tokens": max_tokens});
+        if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
+            body["system"] = json!(system);
+        }
+        extras(params, &mut body, "stop_sequences");
+        let url = format!(
+            "{}/v1/messages",
+            base_url(&self.config).trim_end_matches('/')
+        );
+        let mut headers = vec![("anthropic-version", "2023-06-01")];
+        if let Some(k) = &self.key {
+            headers.push(("x-api-key", k.as_str()));
+        }
+        let answer = self.post(&url, body, &headers).await?;
+        let text: String = answer
+            .get("content")
+            .and_then(Value::as_array)
+            .ok_or("provider: the answer has no content")?
+            .iter()
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|c| c.get("text").and_then(Value::as_str))
+            .collect();
+        let stop = match answer.get("stop_reason").and_then(Value::as_str) {
+            Some("max_tokens") => "maxTokens",
+            Some("stop_sequence") => "stopSequence",
+            _ => "endTurn",
+        };
+        let used = match (
+            answer
+                .pointer("/usage/input_tokens")
+                .and_then(Value::as_u64),
+            answer
+                .pointer("/usage/output_tokens")
+                .and_then(Value::as_u64),
+        ) {
+            (Some(i), Some(o)) => Some(i + o),
+            _ => None,
+        };
+        Ok((
+            result(
+                &text,
+                answer.get("model").and_then(Value::as_str).unwrap_or(model),
+                stop,
+            ),
+            used,
+        ))
+    }
+}
+
+impl InputHandler for SamplingHandler {
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        let sampler = self.0.clone();
+        Box::pin(async move { sampler.serve(request).await })
+    }
+}
+
+/// What the provider answered, as `CreateMessageResult`.
+fn result(text: &str, model: &str, stop: &str) -> Value {
+    json!({
+        "role": "assistant",
+        "content": {"type": "text", "text": text},
+        "model": model,
+        "stopReason": stop,
+    })
+}
+
+fn base_url(config: &SamplingConfig) -> String {
+    config.base_url.clone().unwrap_or_else(|| {
+        match config.provider {
+            Provider::Openai => "https://api.openai.com/v1",
+            Provider::Anthropic => "https://api.anthropic.com",
+        }
+        .to_string()
+    })
+}
+
+/// `temperature` and `stopSequences` (under the provider's name), when given.
+fn extras(params: &Value, body: &mut Value, stop_key: &str) {
+    if let Some(t) = params.get("temperature").and_then(Value::as_f64) {
+        body["temperature"] = json!(t);
+    }
+    if let Some(stop) = params.get("stopSequences").and_then(Value::as_array)
+        && !stop.is_empty()
+    {
+        let stop: Vec<&str> = stop.iter().filter_map(Value::as_str).take(16).collect();
+        body[stop_key] = json!(stop);
+    }
+}
+
+/// One content part of a sampling message.
+enum Part {
+    Text(String),
+    Image { data: String, mime: String },
+}
+
+struct Message {
+    role: &'static str,
+    content: Vec<Part>,
+}
+
+/// The request's messages; content may be one block or a list of them.
+fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
+    let messages = params
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or("sampling request without messages")?;
+    let mut out = Vec::new();
+    for m in messages {
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("user") => "user",
+            Some("assistant") => "assistant",
+            other => return Err(format!("sampling message with role {other:?}")),
+        };
+        let blocks: Vec<&Value> = match m.get("content") {
+            Some(Value::Array(list)) => list.iter().collect(),
+            Some(v @ Value::Object(_)) => vec![v],
+            _ => return Err("sampling message without content".into()),
+        };
+        let mut content = Vec::new();
+        for b in blocks {
+            let field = |k: &str| b.get(k).and_then(Value::as_str).map(String::from);
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => content.push(Part::Text(field("text").unwrap_or_default())),
+                Some("image") => content.push(Part::Image {
+                    data: field("data").ok_or("image content without data")?,
+                    mime: field("mimeType").ok_or("image content without mimeType")?,
+                }),
+                other => {
+                    return Err(format!(
+                        "sampling content of type {other:?} is not supported (text and image are)"
+                    ));
+                }
+            }
+        }
+        out.push(Message { role, content });
+    }
+    Ok(out)
+}

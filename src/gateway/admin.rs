@@ -1,0 +1,166 @@
+//! The admin endpoint (`serve --admin ADDR`, or [`serve`] by an embedder over its own
+//! harness's queue): the input requests waiting for a person, and their answers, over
+//! HTTP with a bearer token of `[gateway] admin_tokens` (held as SHA-256, as MCP tokens
+//! are). `mcp-harness approvals` is its client.
+//!
+//! - `GET /approvals`: `{"pending": [{id, server, method, agent, params}]}`, oldest first.
+//! - `POST /approvals/ID` with the answer as the body (`{"action": "accept"}` approves a
+//!   sampling request; an elicitation takes `{action, content}`): 200, or 404 when the
+//!   request is no longer waiting.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::call::input::ApprovalQueue;
+use crate::util::hash::sha256_hex;
+
+/// One admin token, by hash.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+}
+
+/// Largest answer body read.
+const MAX_BODY: usize = 1 << 20;
+/// Connections served at once.
+const MAX_CONNECTIONS: usize = 64;
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn answer(
+    queue: &ApprovalQueue,
+    tokens: &HashSet<String>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let token = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !token.is_some_and(|t| tokens.contains(&sha256_hex(t.trim().as_bytes()))) {
+        let mut r = reply(
+            StatusCode::UNAUTHORIZED,
+            json!({"error": "an admin bearer token is required"}),
+        );
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/approvals") => {
+            let pending: Vec<Value> = queue
+                .pending()
+                .into_iter()
+                .map(|p| {
+                    json!({
+                        "id": p.id,
+                        "server": p.request.server,
+                        "method": p.request.method,
+                        "agent": p.request.agent_id,
+                        "params": p.request.params,
+                    })
+                })
+                .collect();
+            reply(StatusCode::OK, json!({ "pending": pending }))
+        }
+        (Method::POST, p) if p.starts_with("/approvals/") => {
+            let Some(id) = p["/approvals/".len()..].parse::<u64>().ok() else {
+                return reply(StatusCode::NOT_FOUND, json!({"error": "no such request"}));
+            };
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        json!({"error": "body too large"}),
+                    );
+                }
+            };
+            let Ok(answer @ Value::Object(_)) = serde_json::from_slice::<Value>(&body) else {
+                return reply(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": "the answer must be a JSON object"}),
+                );
+            };
+            if queue.answer(id, answer) {
+                reply(StatusCode::OK, json!({"answered": id}))
+            } else {
+                reply(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "no such request waiting"}),
+                )
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, json!({"error": "not found"})),
+    }
+}
+
+/// Serves `queue` on `listener` to holders of `tokens` until `shutdown` resolves.
+pub async fn serve(
+    queue: ApprovalQueue,
+    tokens: &[AdminToken],
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let tokens: std::sync::Arc<HashSet<String>> = std::sync::Arc::new(
+        tokens
+            .iter()
+            .map(|t| t.sha256.to_ascii_lowercase())
+            .collect(),
+    );
+    let connections = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            () = &mut shutdown => return,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin: accept failed");
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let (queue, tokens) = (queue.clone(), tokens.clone());
+        let service = hyper::service::service_fn(move |req| {
+            let (queue, tokens) = (queue.clone(), tokens.clone());
+            async move { Ok::<_, Infallible>(answer(&queue, &tokens, req).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(60), connection).await;
+            drop(permit);
+        });
+    }
+}

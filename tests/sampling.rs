@@ -1,0 +1,514 @@
+//! Built-in input handlers: sampling through a model provider (a fake one of the test's
+//! own over loopback, in both API shapes, checking what it receives) behind a modern
+//! server's `input_required` round and a legacy server's request; the agent's policy,
+//! the call's budget and a person's approval; roots from config, per agent, with
+//! `roots/list_changed` sent to legacy servers when they change.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use mcp_harness::call::input::{AgentConfig, Denial, SamplingConfig, SamplingPolicy};
+use mcp_harness::util::hash::sha256_hex;
+use mcp_harness::{CallError, Caller, HarnessConfig, HarnessHandle};
+use serde_json::{Value, json};
+use support::*;
+
+/// What the provider received: (path, headers, body).
+type Seen = Arc<Mutex<Vec<(String, BTreeMap<String, String>, Value)>>>;
+
+/// A provider on a loopback port answering both API shapes.
+async fn provider() -> (String, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen: Seen = Arc::default();
+    let got = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let got = got.clone();
+            let service = hyper::service::service_fn(
+                move |req: hyper::Request<hyper::body::Incoming>| {
+                    let got = got.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let headers = req
+                            .headers()
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                            .collect();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let model = body["model"].clone();
+                        got.lock()
+                            .expect("lock")
+                            .push((path.clone(), headers, body));
+                        let answer = match path.as_str() {
+                            "/chat/completions" => json!({
+                                "id": "c1", "model": model,
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": "short"}, "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+                            }),
+                            "/v1/messages" => json!({
+                                "id": "m1", "type": "message", "role": "assistant", "model": model,
+                                "content": [{"type": "text", "text": "brief"}],
+                                "stop_reason": "max_tokens",
+                                "usage": {"input_tokens": 12, "output_tokens": 3}
+                            }),
+                            _ => json!({"error": {"message": "no such path"}}),
+                        };
+                        let mut response =
+                            hyper::Response::new(Full::new(Bytes::from(answer.to_string())));
+                        if answer.get("error").is_some() {
+                            *response.status_mut() = hyper::StatusCode::NOT_FOUND;
+                        }
+                        Ok::<_, Infallible>(response)
+                    }
+                },
+            );
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+fn sampling(provider: &str, base_url: &str, key_env: &str) -> SamplingConfig {
+    serde_json::from_value(json!({
+        "provider": provider,
+        "base_url": base_url,
+        "model": "default-model",
+        "api_key_env": key_env,
+        "max_tokens": 40,
+        "call_budget_tokens": 100,
+        "models": {"gpt-4o": "gpt-4o-mini", "claude": "claude-small"},
+    }))
+    .expect("sampling config")
+}
+
+fn agents() -> BTreeMap<String, AgentConfig> {
+    serde_json::from_value(json!({
+        "a": {"sampling": "allow", "roots": ["file:///srv/a"]},
+        "b": {"sampling": "deny"},
+        "c": {"sampling": "approve"},
+        "*": {"roots": ["file:///srv/shared"]},
+    }))
+    .expect("agents")
+}
+
+async fn harness(sampling: Option<SamplingConfig>, extra: &[&str]) -> HarnessHandle {
+    let mut legacy_args = vec!["--era", "legacy"];
+    legacy_args.extend(extra);
+    start_ready(HarnessConfig {
+        servers: vec![demo_server("m", extra), demo_server("l", &legacy_args)],
+        permissions: grant_everything(&["a", "b", "c", "d"]),
+        sampling,
+        agents: agents(),
+        ..HarnessConfig::default()
+    })
+    .await
+}
+
+fn set_key(var: &str, value: &str) {
+    // SAFETY: each test names a variable of its own, set before anything reads it.
+    unsafe { std::env::set_var(var, value) };
+}
+
+#[tokio::test]
+async fn openai_shape_serves_a_modern_round_and_anthropic_shape_a_legacy_request() {
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_OPENAI_KEY", "sk-test-1");
+    let h = harness(
+        Some(sampling("openai", &url, "MCP_HARNESS_TEST_OPENAI_KEY")),
+        &[],
+    )
+    .await;
+    let a = Caller::agent("a");
+    let r = h
+        .call_tool(
+            &a,
+            "m__summarize",
+            json!({"text": "a long story", "max_tokens": 500, "hint": "gpt-4o-2024"}),
+        )
+        .await
+        .expect("modern summarize");
+    assert_eq!(
+        text(&r),
+        "summary: short (role assistant, model gpt-4o-mini, stop endTurn)"
+    );
+    let (path, headers, body) = seen.lock().expect("lock")[0].clone();
+    assert_eq!(path, "/chat/completions");
+    assert_eq!(headers["authorization"], "Bearer sk-test-1");
+    assert_eq!(body["model"], "gpt-4o-mini", "the hint picked the model");
+    assert_eq!(body["max_tokens"], 40, "500 asked, held to the ceiling");
+    assert_eq!(body["temperature"], 0.2);
+    assert_eq!(body["stop"], json!(["END"]));
+    let messages = body["messages"].as_array().expect("messages");
+    assert_eq!(
+        messages[0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(messages[1]["content"][0]["text"], "Summarize: a long story");
+    assert_eq!(messages[2]["role"], "assistant");
+    assert_eq!(
+        messages[3]["content"][1],
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}})
+    );
+    h.shutdown().await;
+
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_ANTHROPIC_KEY", "sk-ant-2");
+    let h = harness(
+        Some(sampling(
+            "anthropic",
+            &url,
+            "MCP_HARNESS_TEST_ANTHROPIC_KEY",
+        )),
+        &[],
+    )
+    .await;
+    let r = h
+        .call_tool(&a, "l__summarize", json!({"text": "legacy story"}))
+        .await
+        .expect("legacy summarize");
+    assert_eq!(
+        text(&r),
+        "summary: brief (role assistant, model claude-small, stop maxTokens)"
+    );
+    let (path, headers, body) = seen.lock().expect("lock")[0].clone();
+    assert_eq!(path, "/v1/messages");
+    assert_eq!(headers["x-api-key"], "sk-ant-2");
+    assert_eq!(headers["anthropic-version"], "2023-06-01");
+    assert_eq!(body["system"], "Be brief.");
+    assert_eq!(body["max_tokens"], 40);
+    assert_eq!(body["stop_sequences"], json!(["END"]));
+    assert_eq!(
+        body["messages"][2]["content"][1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="}})
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_KEY_3", "k3");
+    let mut config = sampling("openai", &url, "MCP_HARNESS_TEST_KEY_3");
+    config.call_budget_tokens = 30;
+    let h = harness(Some(config), &[]).await;
+    let denied = |r: Result<Value, CallError>| match r {
+        Err(CallError::InputDenied { reason, method, .. }) => {
+            assert_eq!(method, "sampling/createMessage");
+            reason
+        }
+        other => panic!("not denied: {other:?}"),
+    };
+    // b may not sample at all; d (not named) falls to "*", which does not allow it.
+    for agent in ["b", "d"] {
+        let reason = denied(
+            h.call_tool(&Caller::agent(agent), "m__summarize", json!({"text": "x"}))
+                .await,
+        );
+        assert_eq!(
+            reason,
+            Denial::NotAllowed {
+                agent: agent.into()
+            }
+        );
+    }
+    // 40 tokens asked, 30 in the call's budget.
+    let reason = denied(
+        h.call_tool(&Caller::agent("a"), "m__summarize", json!({"text": "x"}))
+            .await,
+    );
+    assert_eq!(
+        reason,
+        Denial::BudgetExceeded {
+            budget: 30,
+            spent: 0,
+            asked: 40
+        }
+    );
+    // Within the budget it is served, and what was used is what is counted.
+    let ok = h
+        .call_tool(
+            &Caller::agent("a"),
+            "m__summarize",
+            json!({"text": "x", "max_tokens": 20}),
+        )
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    assert_eq!(
+        seen.lock().expect("lock").len(),
+        1,
+        "only the served request reached the provider"
+    );
+
+    // c needs a person: the request waits in the queue until answered.
+    let queue = h.approvals();
+    let c = Caller::agent("c");
+    let call = tokio::spawn({
+        let h = h.clone();
+        let c = c.clone();
+        async move {
+            h.call_tool(&c, "m__summarize", json!({"text": "x", "max_tokens": 10}))
+                .await
+        }
+    });
+    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+        .await
+        .expect("a request waits");
+    assert_eq!(pending[0].request.method, "sampling/createMessage");
+    assert_eq!(pending[0].request.agent_id.as_deref(), Some("c"));
+    assert!(queue.decline(pending[0].id));
+    assert_eq!(denied(call.await.expect("join")), Denial::NotApproved);
+    // A legacy server's request during c's call is c's: it waits for a person too, and
+    // once approved it is served.
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move {
+            h.call_tool(&c, "l__summarize", json!({"text": "x", "max_tokens": 10}))
+                .await
+        }
+    });
+    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+        .await
+        .expect("the legacy request waits");
+    assert_eq!(pending[0].request.agent_id.as_deref(), Some("c"));
+    assert!(queue.answer(pending[0].id, json!({"action": "accept"})));
+    let r = call.await.expect("join").expect("served");
+    assert_eq!(
+        text(&r),
+        "summary: short (role assistant, model claude-small, stop endTurn)"
+    );
+    // Outside any call a legacy request is "*"'s, which does not allow sampling.
+    assert!(queue.pending().is_empty());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn roots_are_served_per_agent_and_legacy_servers_hear_when_they_change() {
+    let record = temp_file("roots-legacy");
+    let record_arg = record.display().to_string();
+    let h = harness(None, &["--record", &record_arg]).await;
+    let roots = |agent: &str, tool: &str| {
+        let h = h.clone();
+        let (agent, tool) = (agent.to_string(), tool.to_string());
+        async move {
+            let r = h
+                .call_tool(&Caller::agent(agent), &tool, json!({}))
+                .await
+                .expect("list_roots");
+            text(&r).to_string()
+        }
+    };
+    assert_eq!(roots("a", "m__list_roots").await, "roots: file:///srv/a");
+    assert_eq!(
+        roots("b", "m__list_roots").await,
+        "roots: file:///srv/shared"
+    );
+    // A legacy server's request during a's call is a's.
+    assert_eq!(roots("a", "l__list_roots").await, "roots: file:///srv/a");
+    assert_eq!(
+        roots("b", "l__list_roots").await,
+        "roots: file:///srv/shared"
+    );
+
+    let mut next = agents();
+    next.get_mut("*").expect("*").roots = Some(vec!["file:///srv/new".into()]);
+    h.replace_agents(next).await;
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["notification"] == "notifications/roots/list_changed"))
+        .await,
+        "the legacy server was told"
+    );
+    assert_eq!(roots("b", "l__list_roots").await, "roots: file:///srv/new");
+    // Nothing changed: nothing is sent.
+    let before = recorded(&record).len();
+    let same = {
+        let mut s = agents();
+        s.get_mut("*").expect("*").roots = Some(vec!["file:///srv/new".into()]);
+        s.get_mut("a").expect("a").sampling = Some(SamplingPolicy::Deny);
+        s
+    };
+    h.replace_agents(same).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        recorded(&record)
+            .iter()
+            .skip(before)
+            .filter(|r| r["notification"] == "notifications/roots/list_changed")
+            .count(),
+        0
+    );
+    h.shutdown().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+/// `mcp-harness approvals ARGS…` with the admin token in the environment.
+async fn approvals(args: &[&str], token: &str) -> std::process::Output {
+    let (args, token): (Vec<String>, String) = (
+        args.iter().map(|a| a.to_string()).collect(),
+        token.to_string(),
+    );
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(harness_exe())
+            .arg("approvals")
+            .args(&args)
+            .env("MCP_HARNESS_ADMIN_TOKEN", token)
+            .output()
+            .expect("run approvals")
+    })
+    .await
+    .expect("join")
+}
+
+#[tokio::test]
+async fn a_gateway_holds_approvals_that_a_person_answers_with_the_approvals_command() {
+    let (url, seen) = provider().await;
+    let exe = harness_exe();
+    let config = temp_file("approvals-gw").with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[servers]]
+id = "l"
+transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "l", "--era", "legacy"] }}
+
+[permissions.a]
+"*" = ["*"]
+
+[sampling]
+provider = "openai"
+base_url = "{url}"
+model = "local-model"
+
+[agents.a]
+sampling = "approve"
+
+[gateway]
+anonymous_agent = "a"
+admin_tokens = [ {{ sha256 = "{hash}" }} ]
+"#,
+            hash = sha256_hex(b"admin-secret"),
+        ),
+    )
+    .expect("config");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config_arg = config.display().to_string();
+    let gw = HttpServer::start(
+        &exe,
+        &[
+            "serve",
+            "--config",
+            &config_arg,
+            "--listen",
+            "127.0.0.1:0",
+            "--dev-keys",
+            "--admin",
+            &admin,
+        ],
+    )
+    .await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "l__summarize", "arguments": {"text": "gateway story", "max_tokens": 5},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        }
+    }});
+    let call = tokio::spawn({
+        let (http, url) = (http.clone(), gw.url.clone());
+        async move {
+            let resp = http
+                .post(url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", "l__summarize")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("post");
+            let text = resp.text().await.expect("body");
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text))
+        }
+    });
+    let from = format!("http://{admin}");
+    // The request waits for a person: listed by the approvals command.
+    let mut listed = String::new();
+    for _ in 0..100 {
+        let out = approvals(&["--from", &from], "admin-secret").await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !listed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        listed.contains("sampling/createMessage") && listed.contains("agent=a"),
+        "{listed}"
+    );
+    assert!(listed.contains("Summarize: gateway story"), "{listed}");
+    let id = listed.split_whitespace().next().expect("an id").to_string();
+    // A wrong token is refused; the right one answers.
+    let refused = approvals(&["--from", &from, "accept", &id], "wrong").await;
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        seen.lock().expect("lock").is_empty(),
+        "nothing sampled before approval"
+    );
+    let out = approvals(&["--from", &from, "accept", &id], "admin-secret").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the call finished")
+        .expect("join");
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        "summary: short (role assistant, model local-model, stop endTurn)",
+        "{answer}"
+    );
+    assert_eq!(seen.lock().expect("lock").len(), 1);
+    // Answered requests are gone.
+    let again = approvals(&["--from", &from, "accept", &id], "admin-secret").await;
+    assert_eq!(again.status.code(), Some(2));
+    let _ = std::fs::remove_file(config);
+}
