@@ -512,3 +512,66 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
     assert_eq!(again.status.code(), Some(2));
     let _ = std::fs::remove_file(config);
 }
+
+#[tokio::test]
+async fn the_command_lines_call_uses_the_configured_handlers() {
+    let (url, seen) = provider().await;
+    let exe = harness_exe();
+    let config = temp_file("sampling-cli").with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+agent = "planner"
+
+[[servers]]
+id = "m"
+transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "m"] }}
+
+[permissions.planner]
+"*" = ["*"]
+
+[sampling]
+provider = "anthropic"
+base_url = "{url}"
+model = "cli-model"
+max_tokens = 7
+
+[agents.planner]
+sampling = "allow"
+roots = ["file:///srv/planner"]
+"#
+        ),
+    )
+    .expect("config");
+    let run = |tool: &'static str, args: &'static str| {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(harness_exe())
+                .args(["call", "--config"])
+                .arg(&config)
+                .args([tool, args])
+                .output()
+                .expect("run")
+        })
+    };
+    let out = run("m__summarize", r#"{"text": "cli story"}"#)
+        .await
+        .expect("join");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "summary: brief (role assistant, model cli-model, stop maxTokens)"
+    );
+    assert_eq!(seen.lock().expect("lock")[0].2["max_tokens"], 7);
+    let out = run("m__list_roots", "{}").await.expect("join");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "roots: file:///srv/planner"
+    );
+    let _ = std::fs::remove_file(config);
+}
