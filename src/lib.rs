@@ -52,7 +52,10 @@ pub mod transport;
 pub mod util;
 
 pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
-pub use call::{Answer, CallError, CallKind, Caller, CancelToken, Delegation, ToolInfo, ToolMatch};
+pub use call::{
+    Answer, CallError, CallKind, Caller, CancelToken, Delegation, ServerQuestion, ToolInfo,
+    ToolMatch,
+};
 pub use config::{ConfigError, HarnessConfig};
 pub use harness::{
     CallOptions, Harness, HarnessBuilder, HarnessError, HarnessHandle, Metrics, ServerMetrics,

@@ -606,21 +606,25 @@ async fn exercise_rmcp<S>(
         let v = serde_json::to_value(&r).expect("json");
         assert_eq!(text(&v), "via rmcp", "{what} {tool}: {v}");
     }
-    let before = asked.load(Ordering::Relaxed);
-    let r = client
-        .call_tool(
-            rmcp::model::CallToolRequestParams::new("alpha__confirm")
-                .with_arguments(json!({"message": "ok?"}).as_object().cloned().expect("obj")),
-        )
-        .await
-        .expect("confirm");
-    let v = serde_json::to_value(&r).expect("json");
-    assert_eq!(text(&v), "approved: true", "{what}: {v}");
-    assert_eq!(
-        asked.load(Ordering::Relaxed),
-        before + 1,
-        "{what}: the client was asked once"
-    );
+    // A modern server's input_required round, and a legacy server's own elicitation
+    // during the call: either way the client is asked once, in its own era.
+    for tool in ["alpha__confirm", "beta__confirm"] {
+        let before = asked.load(Ordering::Relaxed);
+        let r = client
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new(tool)
+                    .with_arguments(json!({"message": "ok?"}).as_object().cloned().expect("obj")),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what} {tool}: {e:?}"));
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(text(&v), "approved: true", "{what} {tool}: {v}");
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            before + 1,
+            "{what} {tool}: the client was asked once"
+        );
+    }
 }
 
 #[tokio::test]
@@ -1853,5 +1857,29 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         ["beta", "ready", "legacy", "0", "2", "0"],
         "{watched}"
     );
+    assert!(gw.stop().await.success());
+}
+
+#[tokio::test]
+async fn a_legacy_servers_elicitation_is_a_modern_clients_input_round() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let params = json!({"name": "beta__confirm", "arguments": {"message": "ship?"}});
+    let (status, r) = gw.modern("tok-a", "tools/call", params.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    let result = &r["result"];
+    assert_eq!(result["resultType"], "input_required", "{r}");
+    let ask = &result["inputRequests"]["elicitation"];
+    assert_eq!(ask["method"], "elicitation/create", "{r}");
+    assert_eq!(ask["params"]["message"], "ship?", "{r}");
+    let mut again = params.clone();
+    again["requestState"] = result["requestState"].clone();
+    again["inputResponses"] =
+        json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
+    let (_, done) = gw.modern("tok-a", "tools/call", again.clone()).await;
+    assert_eq!(result_text(&done), "approved: true", "{done}");
+    // The round is over: its state cannot be used again, nor by another principal.
+    let (_, replay) = gw.modern("tok-a", "tools/call", again).await;
+    assert_eq!(replay["error"]["code"], -32602, "{replay}");
     assert!(gw.stop().await.success());
 }

@@ -30,6 +30,33 @@ impl ClientSide for HarnessClient {
     }
 
     fn answer(&self, server: &str, request: ServerRequest) {
+        // An elicitation during a delegated call is its caller's to answer.
+        let asker = match request.method.as_str() {
+            "elicitation/create" => self.ctx.upgrade().and_then(|ctx| ctx.questions_for(server)),
+            _ => None,
+        };
+        if let Some(asker) = asker {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let question = super::ServerQuestion {
+                server: server.to_string(),
+                method: request.method.clone(),
+                params: request.params.clone(),
+                reply,
+            };
+            tokio::spawn(async move {
+                let outcome = match asker.send(question).await {
+                    Ok(()) => answer.await.unwrap_or_else(|_| {
+                        Err(RpcError::new(
+                            INTERNAL_ERROR,
+                            "the call ended before it was answered",
+                        ))
+                    }),
+                    Err(_) => Err(RpcError::new(INTERNAL_ERROR, "the call ended")),
+                };
+                request.respond(outcome);
+            });
+            return;
+        }
         let inputs = self.inputs.clone();
         // Whose the request is: the call on that server now, when it is one agent's
         // (stdio and a legacy session name no call).

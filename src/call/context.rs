@@ -36,8 +36,13 @@ pub struct CallContext {
     on_servers: parking_lot::Mutex<std::collections::HashMap<String, Vec<CallOn>>>,
 }
 
-/// A call on a server: its id and agent.
-type CallOn = (u64, Option<String>);
+/// A call on a server: its id, agent, and where its caller answers the server's
+/// questions (delegated calls).
+type CallOn = (
+    u64,
+    Option<String>,
+    Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+);
 
 /// A call's attempt on a server, counted there until dropped.
 pub(crate) struct OnServer<'a> {
@@ -50,7 +55,7 @@ impl Drop for OnServer<'_> {
     fn drop(&mut self) {
         let mut on = self.ctx.on_servers.lock();
         if let Some(calls) = on.get_mut(&self.server) {
-            if let Some(at) = calls.iter().position(|(id, _)| *id == self.call) {
+            if let Some(at) = calls.iter().position(|(id, _, _)| *id == self.call) {
                 calls.swap_remove(at);
             }
             if calls.is_empty() {
@@ -99,12 +104,18 @@ impl CallContext {
     }
 
     /// Notes call `call` of `agent` on `server` until the guard drops.
-    pub(crate) fn on_server(&self, server: &str, call: u64, agent: Option<String>) -> OnServer<'_> {
+    pub(crate) fn on_server(
+        &self,
+        server: &str,
+        call: u64,
+        agent: Option<String>,
+        questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+    ) -> OnServer<'_> {
         self.on_servers
             .lock()
             .entry(server.to_string())
             .or_default()
-            .push((call, agent));
+            .push((call, agent, questions));
         OnServer {
             ctx: self,
             server: server.to_string(),
@@ -120,14 +131,26 @@ impl CallContext {
             return (None, None);
         };
         let agent = match calls.first() {
-            Some((_, first)) if calls.iter().all(|(_, a)| a == first) => first.clone(),
+            Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => first.clone(),
             _ => None,
         };
         let call = match calls.as_slice() {
-            [(id, _)] => Some(*id),
+            [(id, _, _)] => Some(*id),
             _ => None,
         };
         (agent, call)
+    }
+
+    /// Where the caller of the one call on `server` answers its questions, if that
+    /// call is delegated (with several calls on it, whose question it is is unknown).
+    pub(crate) fn questions_for(
+        &self,
+        server: &str,
+    ) -> Option<tokio::sync::mpsc::Sender<super::ServerQuestion>> {
+        match self.on_servers.lock().get(server)?.as_slice() {
+            [(_, _, Some(tx))] => Some(tx.clone()),
+            _ => None,
+        }
     }
 
     /// Counts one call in flight until the guard drops.

@@ -100,6 +100,23 @@ pub struct Delegation {
     pub server: Option<String>,
     /// Where the servers' progress of this call goes, and the caller's token for it.
     pub progress: Option<(ProgressSender, Value)>,
+    /// Where a legacy server's own `elicitation/create` requests during this call go,
+    /// for the caller to answer (a gateway asks its downstream client); without it
+    /// they go to the input handlers.
+    pub questions: Option<tokio::sync::mpsc::Sender<ServerQuestion>>,
+}
+
+/// A legacy server's own request during a delegated call, for the caller to answer.
+#[derive(Debug)]
+pub struct ServerQuestion {
+    /// The server asking.
+    pub server: String,
+    /// The method (`elicitation/create`).
+    pub method: String,
+    /// Its params, as sent.
+    pub params: Value,
+    /// Where the answer goes (an error is sent to the server as its error).
+    pub reply: tokio::sync::oneshot::Sender<Result<Value, crate::protocol::RpcError>>,
 }
 
 /// How a call ended, short of an error: its result and the server that gave it.
@@ -351,6 +368,7 @@ async fn attempt(
         server.id(),
         record.call_id(),
         request.caller.agent_id.clone(),
+        request.delegated.as_ref().and_then(|d| d.questions.clone()),
     );
     let mut params = request.kind.params(&candidate.item, &request.args);
     // The call's progress token, for every request of it (a retry is the same call).

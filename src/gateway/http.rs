@@ -248,6 +248,7 @@ pub async fn serve(
     for session in state.sessions.lock().values_mut() {
         session.end();
     }
+    state.gateway.drop_parked();
     let harness = state.gateway.harness().clone();
     harness.shutdown().await;
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;

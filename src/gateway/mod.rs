@@ -19,6 +19,7 @@ pub mod identity;
 pub mod jwt;
 pub mod metrics;
 pub mod names;
+mod parked;
 pub mod seal;
 pub mod search;
 pub mod stdio;
@@ -343,6 +344,8 @@ struct Inner {
     in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
+    parked: parked::ParkedRounds,
 }
 
 /// The settings in force.
@@ -440,6 +443,7 @@ impl Gateway {
                 current: parking_lot::RwLock::new(Arc::new(current)),
                 in_flight: Mutex::default(),
                 reloading: tokio::sync::Mutex::new(()),
+                parked: parked::ParkedRounds::default(),
             }),
         })
     }
@@ -512,6 +516,11 @@ impl Gateway {
             .lock()
             .retain(|_, sem| Arc::strong_count(sem) > 1);
         Ok(report)
+    }
+
+    /// Drops the parked rounds (shutdown): their upstream calls are cancelled.
+    pub(crate) fn drop_parked(&self) {
+        self.inner.parked.clear();
     }
 
     /// The harness behind it.
@@ -1088,9 +1097,10 @@ impl Gateway {
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         let digest = seal::params_digest(params);
+        let downstream_caps = capabilities.clone();
+        let wants_progress = progress_of(params, progress);
         let mut delegation = Delegation {
             capabilities,
-            progress: progress_of(params, progress),
             ..Delegation::default()
         };
         match params.get("requestState") {
@@ -1127,10 +1137,153 @@ impl Gateway {
             }
             Some(_) => return Err(invalid("requestState must be a string")),
         }
-        let answer = self
-            .delegated(principal, kind, &name, args, delegation, cancel)
-            .instrument(downstream_span(kind, &name, params))
-            .await?;
+        let rounds_before = delegation.rounds;
+        let parked_id = delegation
+            .request_state
+            .as_deref()
+            .and_then(|s| s.strip_prefix(parked::PARKED))
+            .map(String::from);
+        let mut held = match parked_id {
+            // A legacy server's elicitation answered: its call goes on.
+            Some(id) => {
+                let answer = delegation
+                    .input_responses
+                    .as_ref()
+                    .and_then(|r| r.get(parked::KEY))
+                    .cloned()
+                    .ok_or_else(|| invalid("inputResponses.elicitation is required"))?;
+                let held = self
+                    .inner
+                    .parked
+                    .resume(&id, principal, answer)
+                    .ok_or_else(|| invalid("invalid requestState"))?;
+                // The call's progress goes to this request now.
+                *held.progress.lock() = wants_progress;
+                held
+            }
+            None => {
+                // Progress goes through a relay to whichever request waits on the call
+                // (one that parks lets go of it, so that its answer is not held back).
+                let slot: parked::ProgressSlot = Arc::new(Mutex::new(wants_progress));
+                let first_token = slot.lock().as_ref().map(|(_, token)| token.clone());
+                let mut relay_task = None;
+                if let Some(token) = first_token {
+                    let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(32);
+                    let relay = slot.clone();
+                    relay_task = Some(tokio::spawn(async move {
+                        while let Some(mut update) = rx.recv().await {
+                            let to = relay.lock().clone();
+                            if let Some((to, token)) = to {
+                                if let Some(m) = update.as_object_mut() {
+                                    m.insert("progressToken".into(), token);
+                                }
+                                let _ = to.send(update).await;
+                            }
+                        }
+                    }));
+                    delegation.progress = Some((tx, token));
+                }
+                let (tx, rx) = match downstream_caps.get("elicitation") {
+                    Some(_) => {
+                        let (tx, rx) = tokio::sync::mpsc::channel(4);
+                        (Some(tx), Some(rx))
+                    }
+                    None => (None, None),
+                };
+                delegation.questions = tx;
+                // The call may outlive this request (a parked round): its own token.
+                let token = CancelToken::new();
+                let (gw, who, target, ended) =
+                    (self.clone(), principal.clone(), name.clone(), token.clone());
+                let span = downstream_span(kind, &name, params);
+                let call = tokio::spawn(async move {
+                    gw.delegated(&who, kind, &target, args, delegation, ended)
+                        .instrument(span)
+                        .await
+                });
+                parked::Held {
+                    call,
+                    questions: rx,
+                    cancel: token,
+                    progress: slot,
+                    relay: relay_task,
+                }
+            }
+        };
+        let answer = loop {
+            let waited = tokio::select! {
+                w = parked::wait(held) => w,
+                // Dropping the wait drops the call's hold: the call is cancelled.
+                _ = cancel.cancelled() => return Err(to_rpc(&CallError::Cancelled)),
+            };
+            let (h, question) = match waited {
+                parked::Waited::Done(answer, h) => {
+                    h.drain().await;
+                    break answer?;
+                }
+                parked::Waited::Asked(h, question) => (h, question),
+            };
+            let mode = crate::call::input::elicitation_mode(&question.params).to_string();
+            if !elicits(&downstream_caps, &mode) {
+                let _ = question.reply.send(Err(RpcError::new(
+                    crate::protocol::error::INVALID_PARAMS,
+                    format!("the client does not support {mode}-mode elicitation"),
+                )));
+                held = h;
+                continue;
+            }
+            let rounds = rounds_before + 1;
+            let cap = self.inner.harness.round_cap();
+            if rounds > cap {
+                let _ = question
+                    .reply
+                    .send(Err(RpcError::new(INTERNAL_ERROR, "round cap")));
+                return Err(to_rpc(&CallError::RoundCap {
+                    cap,
+                    server: question.server.clone(),
+                }));
+            }
+            let (server, ask) = (
+                question.server.clone(),
+                json!({"method": question.method, "params": question.params}),
+            );
+            let expires = std::time::Instant::now() + now.sealer.ttl();
+            *h.progress.lock() = None;
+            let id = match self.inner.parked.park(principal, h, question, expires) {
+                Ok(id) => id,
+                Err((_, question)) => {
+                    let _ = question
+                        .reply
+                        .send(Err(RpcError::new(INTERNAL_ERROR, "busy")));
+                    return Err(RpcError::new(
+                        -32000,
+                        "too many input rounds are held; try again",
+                    ));
+                }
+            };
+            let issued = seal::now_ms();
+            let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+            let state = RoundState {
+                server,
+                upstream: Some(format!("{}{id}", parked::PARKED)),
+                agent: principal.agent.clone(),
+                context: principal.context.clone(),
+                method: method.to_string(),
+                digest,
+                issued_ms: issued,
+                expires_ms: issued.saturating_add(ttl),
+                rounds,
+            };
+            let sealed = now.sealer.seal(&state).map_err(|e| {
+                tracing::error!(error = %e, "could not seal requestState");
+                RpcError::new(INTERNAL_ERROR, "internal error")
+            })?;
+            return Ok(json!({
+                "resultType": "input_required",
+                "inputRequests": {parked::KEY: ask},
+                "requestState": sealed,
+            }));
+        };
         if !answer.input_required {
             return Ok(answer.result);
         }
@@ -1184,18 +1337,48 @@ impl Gateway {
             },
             ..Delegation::default()
         };
+        // A legacy server's own elicitation during the call is asked on the session.
+        let (questions, mut asked) = tokio::sync::mpsc::channel::<crate::call::ServerQuestion>(4);
+        if peer.is_some() && client.capabilities.get("elicitation").is_some() {
+            delegation.questions = Some(questions);
+        }
         loop {
-            let answer = self
-                .delegated(
-                    principal,
-                    kind,
-                    &name,
-                    args.clone(),
-                    delegation.clone(),
-                    cancel.clone(),
-                )
-                .instrument(downstream_span(kind, &name, params))
-                .await?;
+            let answer = {
+                let call = self
+                    .delegated(
+                        principal,
+                        kind,
+                        &name,
+                        args.clone(),
+                        delegation.clone(),
+                        cancel.clone(),
+                    )
+                    .instrument(downstream_span(kind, &name, params));
+                tokio::pin!(call);
+                loop {
+                    tokio::select! {
+                        answer = &mut call => break answer,
+                        Some(q) = asked.recv() => {
+                            let mode = crate::call::input::elicitation_mode(&q.params).to_string();
+                            let reply = match peer {
+                                Some(peer) if elicits(&client.capabilities, &mode) => {
+                                    let limit = self.config().input_timeout;
+                                    match tokio::time::timeout(limit, peer.request(&q.method, q.params)).await {
+                                        Ok(reply) => reply,
+                                        Err(_) => Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time")),
+                                    }
+                                }
+                                _ => Err(RpcError::new(
+                                    crate::protocol::error::INVALID_PARAMS,
+                                    format!("the client does not support {mode}-mode elicitation"),
+                                )),
+                            };
+                            let _ = q.reply.send(reply);
+                        }
+                    }
+                }
+            };
+            let answer = answer?;
             if !answer.input_required {
                 return Ok(answer.result);
             }
@@ -1228,6 +1411,16 @@ impl Gateway {
             delegation.rounds = answer.rounds;
             delegation.server = Some(answer.server);
         }
+    }
+}
+
+/// Whether a client's capabilities take elicitation in `mode` (`elicitation: {}` is
+/// form only, as the spec reads it).
+fn elicits(capabilities: &Value, mode: &str) -> bool {
+    match capabilities.get("elicitation") {
+        Some(Value::Object(e)) if e.is_empty() => mode == "form",
+        Some(e) => e.get(mode).is_some(),
+        None => false,
     }
 }
 

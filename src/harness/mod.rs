@@ -531,6 +531,11 @@ impl HarnessHandle {
             .map_err(|_| HarnessError::ShutDown)
     }
 
+    /// The most `input_required` rounds one call may have (`round_cap`).
+    pub fn round_cap(&self) -> usize {
+        self.ctx().settings.round_cap
+    }
+
     /// The requests waiting for a person: sampling requests of agents whose policy is
     /// `approve` (unless the builder set another approver). Answer one with
     /// `{"action": "accept"}` to approve it, or decline it.

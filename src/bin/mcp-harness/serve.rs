@@ -34,6 +34,20 @@ pub struct ServeArgs {
     pub new_key: bool,
 }
 
+/// Declares elicitation to legacy servers (so that they ask during calls, which the
+/// gateway routes to the caller's client) and declines what comes outside a call.
+struct DeclineOutsideCalls;
+
+impl mcp_harness::InputHandler for DeclineOutsideCalls {
+    fn capability(&self) -> serde_json::Value {
+        serde_json::json!({"form": {}, "url": {}})
+    }
+
+    fn answer(&self, _: mcp_harness::InputRequestContext) -> mcp_harness::call::input::InputFuture {
+        Box::pin(async { Ok(serde_json::json!({"action": "decline"})) })
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if args.new_key {
         let kid = format!("k{}", std::process::id());
@@ -53,8 +67,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     } else {
         config.sealer().map_err(usage)?
     };
-    // No input handlers: the downstream clients answer their calls' input.
+    // The downstream clients answer their calls' input: a legacy server's elicitation
+    // during a call goes to the caller's client; outside calls it is declined.
     let mut builder = Harness::builder(setup.loaded.config.clone())
+        .input_handler(
+            "elicitation/create",
+            std::sync::Arc::new(DeclineOutsideCalls),
+        )
         .token_store(crate::sign_in::store(&setup, servers.tokens.as_ref()));
     if let Some(authorizer) = crate::sign_in::authorizer(servers.sign_in, &setup, false)? {
         builder = builder.authorizer(authorizer);

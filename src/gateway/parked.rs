@@ -1,0 +1,166 @@
+//! A legacy server's own elicitation during a 2026-07-28 client's call, served as an
+//! `input_required` round: the upstream call cannot be ended and started again (a
+//! legacy server holds the call open while it waits for its answer), so it is held
+//! here, "parked", while the downstream client is asked; its retry, carrying the
+//! answer and the sealed `requestState` that names the parked round, takes it up again.
+//!
+//! A parked round lives in the process that parked it: another gateway process cannot
+//! continue it (its `requestState` is refused there as any unknown state). It is
+//! dropped, and the upstream call cancelled, when its state expires (`state_ttl`) or
+//! when more rounds are parked than [`MAX_PARKED`].
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::Principal;
+use crate::call::{Answer, CancelToken, ServerQuestion};
+use crate::protocol::RpcError;
+use crate::protocol::error::INTERNAL_ERROR;
+
+/// The `requestState` prefix (inside the sealed envelope) of a parked round.
+pub const PARKED: &str = "parked:";
+/// The key of the question in the downstream `inputRequests`.
+pub const KEY: &str = "elicitation";
+/// Parked rounds held at most (all principals).
+pub const MAX_PARKED: usize = 1024;
+
+/// An upstream call in flight on behalf of a downstream client: its task, the
+/// questions its server asks, and the token that ends it (cancelled when this drops).
+pub struct Held {
+    pub call: JoinHandle<Result<Answer, RpcError>>,
+    pub questions: Option<mpsc::Receiver<ServerQuestion>>,
+    pub cancel: CancelToken,
+    /// Where the call's progress goes now: the waiting request's sender and token.
+    pub progress: ProgressSlot,
+    /// The task relaying the call's progress (it ends with the call).
+    pub relay: Option<JoinHandle<()>>,
+}
+
+impl Held {
+    /// Waits until the progress the finished call sent has been passed on, so that it
+    /// reaches the client before the result.
+    pub async fn drain(mut self) {
+        if let Some(relay) = self.relay.take() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), relay).await;
+        }
+    }
+}
+
+/// The progress destination of a held call, swapped as requests take it up.
+pub type ProgressSlot = std::sync::Arc<Mutex<Option<(crate::call::ProgressSender, Value)>>>;
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Whoever let go of the call ends it (finished calls ignore it).
+        self.cancel.cancel();
+    }
+}
+
+/// How waiting on a held call ended.
+pub enum Waited {
+    /// The call finished (its hold is handed back, to drain its progress).
+    Done(Result<Answer, RpcError>, Held),
+    /// Its server asked a question first.
+    Asked(Held, ServerQuestion),
+}
+
+/// Waits until the call finishes or its server asks something.
+pub async fn wait(mut held: Held) -> Waited {
+    loop {
+        let question = async {
+            match held.questions.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = &mut held.call => {
+                let done = done.unwrap_or_else(|_| {
+                    Err(RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly"))
+                });
+                return Waited::Done(done, held);
+            }
+            asked = question => match asked {
+                Some(q) => return Waited::Asked(held, q),
+                // No more questions can come: only the call is left.
+                None => held.questions = None,
+            },
+        }
+    }
+}
+
+/// One parked round.
+struct Parked {
+    principal: Principal,
+    held: Held,
+    pending: ServerQuestion,
+    expires: Instant,
+}
+
+/// The rounds parked in this process.
+#[derive(Default)]
+pub struct ParkedRounds {
+    rounds: Mutex<HashMap<String, Parked>>,
+}
+
+impl ParkedRounds {
+    /// Parks `held` with its unanswered question until `expires`; the id its sealed
+    /// state names, or `None` when too many are parked (the question is then refused).
+    pub fn park(
+        &self,
+        principal: &Principal,
+        held: Held,
+        pending: ServerQuestion,
+        expires: Instant,
+    ) -> Result<String, (Held, ServerQuestion)> {
+        let mut rounds = self.rounds.lock();
+        let now = Instant::now();
+        // Expired rounds go: their calls are cancelled as they drop.
+        rounds.retain(|_, p| p.expires > now);
+        if rounds.len() >= MAX_PARKED {
+            return Err((held, pending));
+        }
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            return Err((held, pending));
+        }
+        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        rounds.insert(
+            id.clone(),
+            Parked {
+                principal: principal.clone(),
+                held,
+                pending,
+                expires,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Takes up parked round `id` of `principal`: answers its question with `answer`
+    /// and hands back the call; `None` if there is no such round (expired, another
+    /// process's, or another principal's).
+    pub fn resume(&self, id: &str, principal: &Principal, answer: Value) -> Option<Held> {
+        let parked = {
+            let mut rounds = self.rounds.lock();
+            match rounds.get(id) {
+                Some(p) if &p.principal == principal && p.expires > Instant::now() => {
+                    rounds.remove(id)
+                }
+                _ => None,
+            }
+        }?;
+        let _ = parked.pending.reply.send(Ok(answer));
+        Some(parked.held)
+    }
+
+    /// Drops every parked round (shutdown): their calls are cancelled.
+    pub fn clear(&self) {
+        self.rounds.lock().clear();
+    }
+}
