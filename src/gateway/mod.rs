@@ -1249,17 +1249,11 @@ impl Gateway {
             );
             let expires = std::time::Instant::now() + now.sealer.ttl();
             *h.progress.lock() = None;
-            let id = match self.inner.parked.park(principal, h, question, expires) {
-                Ok(id) => id,
-                Err((_, question)) => {
-                    let _ = question
-                        .reply
-                        .send(Err(RpcError::new(INTERNAL_ERROR, "busy")));
-                    return Err(RpcError::new(
-                        -32000,
-                        "too many input rounds are held; try again",
-                    ));
-                }
+            let Some(id) = self.inner.parked.park(principal, h, question, expires) else {
+                return Err(RpcError::new(
+                    -32000,
+                    "too many input rounds are held; try again",
+                ));
             };
             let issued = seal::now_ms();
             let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);

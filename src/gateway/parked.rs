@@ -110,24 +110,26 @@ pub struct ParkedRounds {
 
 impl ParkedRounds {
     /// Parks `held` with its unanswered question until `expires`; the id its sealed
-    /// state names, or `None` when too many are parked (the question is then refused).
+    /// state names, or `None` when too many are parked (the question is then refused
+    /// and the call let go).
     pub fn park(
         &self,
         principal: &Principal,
         held: Held,
         pending: ServerQuestion,
         expires: Instant,
-    ) -> Result<String, (Held, ServerQuestion)> {
+    ) -> Option<String> {
         let mut rounds = self.rounds.lock();
         let now = Instant::now();
         // Expired rounds go: their calls are cancelled as they drop.
         rounds.retain(|_, p| p.expires > now);
-        if rounds.len() >= MAX_PARKED {
-            return Err((held, pending));
-        }
         let mut bytes = [0u8; 16];
-        if getrandom::fill(&mut bytes).is_err() {
-            return Err((held, pending));
+        if rounds.len() >= MAX_PARKED || getrandom::fill(&mut bytes).is_err() {
+            let _ = pending.reply.send(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "too many input rounds are held",
+            )));
+            return None;
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         rounds.insert(
@@ -139,7 +141,7 @@ impl ParkedRounds {
                 expires,
             },
         );
-        Ok(id)
+        Some(id)
     }
 
     /// Takes up parked round `id` of `principal`: answers its question with `answer`
