@@ -67,6 +67,20 @@ async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says
         .expect("confirm");
     h.list_tools(&a).await.expect("list");
     h.list_tools(&a).await.expect("list");
+    // Two kinds of error on one server: a deadline, and the server gone.
+    let late = h
+        .call(
+            &a,
+            mcp_harness::CallKind::Tool,
+            "s__slow",
+            json!({"ms": 2000}),
+            mcp_harness::CallOptions {
+                timeout: Some(Duration::from_millis(100)),
+                cancel: None,
+            },
+        )
+        .await;
+    assert!(late.is_err());
     let crashed = h.call_tool(&a, "s__crash", json!({})).await;
     assert!(crashed.is_err());
     assert!(
@@ -81,7 +95,7 @@ async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says
 
     let m = h.metrics();
     assert_eq!(m.calls_with("ok"), 4, "{:?}", m.calls);
-    assert_eq!(m.calls_with("error"), 1);
+    assert_eq!(m.calls_with("error"), 2);
     assert_eq!(m.input_rounds, 1);
     assert_eq!(m.in_flight, 0);
     let ok = m

@@ -95,7 +95,7 @@ fn sampling(provider: &str, base_url: &str, key_env: &str) -> SamplingConfig {
         "model": "default-model",
         "api_key_env": key_env,
         "max_tokens": 40,
-        "call_budget_tokens": 100,
+        "call_budget_tokens": 1000,
         "models": {"gpt-4o": "gpt-4o-mini", "claude": "claude-small"},
     }))
     .expect("sampling config")
@@ -209,7 +209,8 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
     let (url, seen) = provider().await;
     set_key("MCP_HARNESS_TEST_KEY_3", "k3");
     let mut config = sampling("openai", &url, "MCP_HARNESS_TEST_KEY_3");
-    config.call_budget_tokens = 30;
+    config.max_tokens = 1000;
+    config.call_budget_tokens = 600;
     let h = harness(Some(config), &[]).await;
     let denied = |r: Result<Value, CallError>| match r {
         Err(CallError::InputDenied { reason, method, .. }) => {
@@ -231,20 +232,20 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
             }
         );
     }
-    // 40 tokens asked, 30 in the call's budget.
+    // 1000 tokens asked (and the prompt), 600 in the call's budget.
     let reason = denied(
-        h.call_tool(&Caller::agent("a"), "m__summarize", json!({"text": "x"}))
-            .await,
+        h.call_tool(
+            &Caller::agent("a"),
+            "m__summarize",
+            json!({"text": "x", "max_tokens": 1000}),
+        )
+        .await,
     );
-    assert_eq!(
-        reason,
-        Denial::BudgetExceeded {
-            budget: 30,
-            spent: 0,
-            asked: 40
-        }
+    assert!(
+        matches!(reason, Denial::BudgetExceeded { budget: 600, spent: 0, asked } if asked > 1000),
+        "{reason:?}"
     );
-    // Within the budget it is served, and what was used is what is counted.
+    // Within the budget it is served.
     let ok = h
         .call_tool(
             &Caller::agent("a"),
@@ -296,7 +297,6 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
         text(&r),
         "summary: short (role assistant, model claude-small, stop endTurn)"
     );
-    // Outside any call a legacy request is "*"'s, which does not allow sampling.
     assert!(queue.pending().is_empty());
     h.shutdown().await;
 }
@@ -463,6 +463,13 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
         }
     });
     let from = format!("http://{admin}");
+    // No token, no queue.
+    let bare = http
+        .get(format!("{from}/approvals"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(bare.status(), 401);
     // The request waits for a person: listed by the approvals command.
     let mut listed = String::new();
     for _ in 0..100 {

@@ -60,11 +60,11 @@ impl ClientSide for HarnessClient {
         let inputs = self.inputs.clone();
         // Whose the request is: the call on that server now, when it is one agent's
         // (stdio and a legacy session name no call).
-        let (agent_id, call_id) = self
+        let (agent_id, call_id, shared) = self
             .ctx
             .upgrade()
             .map(|ctx| ctx.on(server))
-            .unwrap_or((None, None));
+            .unwrap_or((None, None, false));
         let context = InputRequestContext {
             server: server.to_string(),
             method: request.method.clone(),
@@ -72,10 +72,18 @@ impl ClientSide for HarnessClient {
             agent_id,
             key: String::new(),
             call_id,
+            shared,
         };
+        let mut request = request;
         tokio::spawn(async move {
             let set = inputs.snapshot();
-            let outcome = match inputs.answer(&set, context, inputs.timeout()).await {
+            // Once the server was told the client did not answer, the handler stops
+            // (an approval leaves the queue, a provider request is not made).
+            let answered = tokio::select! {
+                a = inputs.answer(&set, context, inputs.timeout()) => a,
+                () = request.abandoned() => return,
+            };
+            let outcome = match answered {
                 Ok(value) => Ok(value),
                 Err(InputError::NoHandler(method)) => Err(RpcError::new(
                     METHOD_NOT_FOUND,

@@ -124,21 +124,24 @@ impl CallContext {
     }
 
     /// Whose a request from `server` is: the agent of every call on it now (if they
-    /// are all one agent's) and the call (if there is one only).
-    pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>) {
+    /// are all one agent's), the call (if there is one only), and whether calls of
+    /// several agents are on it (then it is no one agent's).
+    pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>, bool) {
         let on = self.on_servers.lock();
         let Some(calls) = on.get(server) else {
-            return (None, None);
+            return (None, None, false);
         };
-        let agent = match calls.first() {
-            Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => first.clone(),
-            _ => None,
+        let (agent, shared) = match calls.first() {
+            Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => {
+                (first.clone(), false)
+            }
+            _ => (None, true),
         };
         let call = match calls.as_slice() {
             [(id, _, _)] => Some(*id),
             _ => None,
         };
-        (agent, call)
+        (agent, call, shared)
     }
 
     /// Where the caller of the one call on `server` answers its questions, if that

@@ -92,6 +92,7 @@ pub(crate) async fn gather(
             agent_id: caller.agent_id.clone(),
             key,
             call_id: Some(call_id),
+            shared: false,
         };
         pending.push(context);
     }

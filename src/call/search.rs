@@ -50,16 +50,15 @@ const SIBLING_WEIGHT: f32 = 0.5;
 /// Words that say nothing about which tool is meant.
 const STOP_WORDS: &[&str] = &[
     "a", "all", "an", "and", "any", "are", "as", "at", "be", "by", "can", "could", "did", "do",
-    "does", "for", "from", "get", "has", "have", "how", "i", "in", "into", "is", "it", "its",
-    "just", "me", "my", "of", "on", "or", "our", "out", "please", "should", "show", "so", "some",
-    "that", "the", "their", "them", "then", "there", "these", "this", "to", "up", "us", "use",
-    "using", "via", "was", "we", "what", "when", "where", "which", "who", "will", "with", "would",
-    "you", "your",
+    "does", "for", "from", "has", "have", "how", "i", "in", "into", "is", "it", "its", "just",
+    "me", "my", "of", "on", "or", "our", "out", "please", "should", "so", "some", "that", "the",
+    "their", "them", "then", "there", "these", "this", "to", "up", "us", "use", "using", "via",
+    "was", "we", "what", "when", "where", "which", "who", "will", "with", "would", "you", "your",
 ];
 
 /// Groups of words that tools and people use for the same thing.
 const SIBLINGS: &[&[&str]] = &[
-    &["create", "add", "new", "make", "file", "open"],
+    &["create", "add", "new", "make", "open"],
     &["delete", "remove", "drop", "destroy", "erase"],
     &["update", "edit", "modify", "change", "set", "patch"],
     &[

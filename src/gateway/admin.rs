@@ -45,11 +45,18 @@ fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     response
 }
 
+/// The admin tokens in force, read at each request (a reload replaces them).
+pub type AdminTokens = std::sync::Arc<dyn Fn() -> Vec<AdminToken> + Send + Sync>;
+
 async fn answer(
     queue: &ApprovalQueue,
-    tokens: &HashSet<String>,
+    tokens: &AdminTokens,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
+    let tokens: HashSet<String> = tokens()
+        .iter()
+        .map(|t| t.sha256.to_ascii_lowercase())
+        .collect();
     let token = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -116,19 +123,14 @@ async fn answer(
     }
 }
 
-/// Serves `queue` on `listener` to holders of `tokens` until `shutdown` resolves.
+/// Serves `queue` on `listener` to holders of the `tokens` in force at each request,
+/// until `shutdown` resolves.
 pub async fn serve(
     queue: ApprovalQueue,
-    tokens: &[AdminToken],
+    tokens: AdminTokens,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
-    let tokens: std::sync::Arc<HashSet<String>> = std::sync::Arc::new(
-        tokens
-            .iter()
-            .map(|t| t.sha256.to_ascii_lowercase())
-            .collect(),
-    );
     let connections = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {

@@ -81,7 +81,8 @@ pub async fn serve(
             .header_read_timeout(Duration::from_secs(10))
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         tokio::spawn(async move {
-            let _ = connection.await;
+            // A scrape is one short request: a connection held longer loses its slot.
+            let _ = tokio::time::timeout(Duration::from_secs(60), connection).await;
             drop(permit);
         });
     }

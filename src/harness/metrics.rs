@@ -10,6 +10,7 @@
 //! names with `.` as `_` and the unit or `_total` appended, as the OpenTelemetry to
 //! Prometheus mapping does.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Weak};
 
@@ -86,6 +87,16 @@ impl Metrics {
             .sum()
     }
 
+    /// Calls by server, method and outcome (the duration series also split by error).
+    pub fn calls_by_outcome(&self) -> BTreeMap<(Arc<str>, &'static str, &'static str), u64> {
+        let mut out = BTreeMap::new();
+        for s in &self.calls {
+            *out.entry((s.server.clone(), s.method, s.outcome))
+                .or_default() += s.count;
+        }
+        out
+    }
+
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
@@ -139,14 +150,11 @@ impl Metrics {
             "counter",
             "Calls by server, method and outcome (ok, tool_error, input_required, cancelled, error).",
         );
-        for s in &self.calls {
+        for ((server, method, outcome), count) in self.calls_by_outcome() {
             let _ = writeln!(
                 out,
-                "mcp_harness_calls_total{{mcp_harness_server_id=\"{}\",mcp_method_name=\"{}\",outcome=\"{}\"}} {}",
-                label(&s.server),
-                s.method,
-                s.outcome,
-                s.count
+                "mcp_harness_calls_total{{mcp_harness_server_id=\"{}\",mcp_method_name=\"{method}\",outcome=\"{outcome}\"}} {count}",
+                label(&server),
             );
         }
         family(
@@ -326,13 +334,16 @@ impl HarnessHandle {
             .u64_observable_counter("mcp_harness.calls")
             .with_description("Calls by server, method and outcome")
             .with_callback(move |o| {
-                for s in observe().map(|m| m.calls).unwrap_or_default() {
+                let Some(m) = observe() else {
+                    return;
+                };
+                for ((server, method, outcome), count) in m.calls_by_outcome() {
                     o.observe(
-                        s.count,
+                        count,
                         &[
-                            KeyValue::new("mcp_harness.server.id", s.server.to_string()),
-                            KeyValue::new("mcp.method.name", s.method),
-                            KeyValue::new("mcp_harness.outcome", s.outcome),
+                            KeyValue::new("mcp_harness.server.id", server.to_string()),
+                            KeyValue::new("mcp.method.name", method),
+                            KeyValue::new("mcp_harness.outcome", outcome),
                         ],
                     );
                 }

@@ -25,11 +25,23 @@ impl InputHandler for CliElicitation {
         let answers = self.answers.clone();
         Box::pin(async move {
             let interactive = answers.is_none() && std::io::stdin().is_terminal();
-            tokio::task::spawn_blocking(move || decide(&request, answers.as_ref(), interactive))
-                .await
-                .map_err(|e| InputError::Failed(e.to_string()))
+            tokio::task::spawn_blocking(move || {
+                let _one_at_a_time = prompt_lock();
+                decide(&request, answers.as_ref(), interactive)
+            })
+            .await
+            .map_err(|e| InputError::Failed(e.to_string()))
         })
     }
+}
+
+/// One question on the terminal at a time: answers typed go to the prompt on screen
+/// (a round's requests are answered concurrently).
+fn prompt_lock() -> std::sync::MutexGuard<'static, ()> {
+    static PROMPT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PROMPT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Approves sampling requests on the terminal (the command line's approver): shows who
@@ -42,6 +54,7 @@ impl InputHandler for CliApprover {
         Box::pin(async move {
             let interactive = std::io::stdin().is_terminal();
             tokio::task::spawn_blocking(move || {
+                let _one_at_a_time = prompt_lock();
                 if !interactive {
                     eprintln!("mcp-harness: sampling declined: approval needs a terminal");
                     return json!({"action": "decline"});
@@ -52,11 +65,11 @@ impl InputHandler for CliApprover {
                     .or_else(|| p.pointer("/messages/0/content/0/text"))
                     .and_then(Value::as_str)
                     .unwrap_or("");
+                let first: String = line(first).chars().take(500).collect();
                 eprintln!(
-                    "server {} asks the model for up to {} tokens: {}",
+                    "server {} asks the model for up to {} tokens: {first}",
                     line(&request.server),
                     p["maxTokens"].as_u64().unwrap_or(0),
-                    line(first)
                 );
                 match ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
@@ -249,6 +262,7 @@ mod tests {
             params: json!({"message": "?", "requestedSchema": schema}),
             agent_id: None,
             call_id: None,
+            shared: false,
             key: "k".into(),
         }
     }

@@ -102,6 +102,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         }
         None => None,
     };
+    // The admin endpoint reads the tokens in force (a reload replaces them) from the
+    // gateway, made just below.
+    let admin_config: std::sync::Arc<std::sync::OnceLock<Gateway>> = std::sync::Arc::default();
     let admin = match &args.admin {
         Some(addr) => {
             if config.admin_tokens.is_empty() {
@@ -119,9 +122,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                 writeln!(err, "admin http://{}/approvals", listener.local_addr()?)?;
                 err.flush()?;
             }
-            let (queue, tokens) = (harness.approvals(), config.admin_tokens.clone());
+            let queue = harness.approvals();
+            let current = admin_config.clone();
+            let tokens: gateway::admin::AdminTokens = std::sync::Arc::new(move || {
+                current
+                    .get()
+                    .map(|g: &Gateway| g.config().admin_tokens.clone())
+                    .unwrap_or_default()
+            });
             Some(tokio::spawn(async move {
-                gateway::admin::serve(queue, &tokens, listener, std::future::pending()).await
+                gateway::admin::serve(queue, tokens, listener, std::future::pending()).await
             }))
         }
         None => None,
@@ -130,6 +140,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
         .await
         .map_err(usage)?;
+    let _ = admin_config.set(gateway.clone());
     let reloader = tokio::spawn(reload_on_change(
         gateway.clone(),
         servers.clone(),

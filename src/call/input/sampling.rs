@@ -145,8 +145,9 @@ struct Sampler {
     approver: Option<Arc<dyn InputHandler>>,
     http: reqwest::Client,
     key: Option<String>,
-    /// Tokens spent per call (or per legacy server), and when the entry started.
-    spent: parking_lot::Mutex<HashMap<String, (u64, Instant)>>,
+    /// Tokens spent per call (or per legacy server): spent, when the entry started,
+    /// when it was last used.
+    spent: parking_lot::Mutex<HashMap<String, (u64, Instant, Instant)>>,
 }
 
 impl SamplingHandler {
@@ -207,12 +208,14 @@ impl Sampler {
         let mut spent = self.spent.lock();
         let now = Instant::now();
         if spent.len() >= MAX_BUDGETS {
-            spent.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(600));
+            // Calls idle this long are over (a running call's entry is used again).
+            spent.retain(|_, (_, _, used)| now.duration_since(*used) < Duration::from_secs(600));
         }
-        let entry = spent.entry(key.to_string()).or_insert((0, now));
+        let entry = spent.entry(key.to_string()).or_insert((0, now, now));
         if key.starts_with("server:") && now.duration_since(entry.1) >= LEGACY_WINDOW {
-            *entry = (0, now);
+            *entry = (0, now, now);
         }
+        entry.2 = now;
         if entry.0.saturating_add(asked) > budget {
             return Err(Denial::BudgetExceeded {
                 budget,
@@ -252,8 +255,16 @@ impl Sampler {
     }
 
     async fn serve(&self, request: InputRequestContext) -> Result<Value, InputError> {
-        let policy = sampling_policy(&self.agents.read(), request.agent_id.as_deref());
-        let agent = request.agent_id.clone().unwrap_or_else(|| "(none)".into());
+        let agent = match (&request.agent_id, request.shared) {
+            (_, true) => "(several)".to_string(),
+            (Some(a), false) => a.clone(),
+            (None, false) => "(none)".to_string(),
+        };
+        // A request several agents' calls may have caused is none of theirs to allow.
+        let policy = match request.shared {
+            true => SamplingPolicy::Deny,
+            false => sampling_policy(&self.agents.read(), request.agent_id.as_deref()),
+        };
         match policy {
             SamplingPolicy::Deny => {
                 return Err(InputError::Denied(Denial::NotAllowed { agent }));
@@ -275,17 +286,32 @@ impl Sampler {
                 "sampling with tools is not supported by this client".into(),
             ));
         }
-        let asked = params
+        // What cannot be sent is said plainly (it is the server's request, not the
+        // provider's failure).
+        messages_of(params).map_err(InputError::Failed)?;
+        let max_tokens = params
             .get("maxTokens")
             .and_then(Value::as_u64)
             .unwrap_or(self.config.max_tokens)
             .clamp(1, self.config.max_tokens);
+        // The prompt counts too: about four bytes a token, before the provider says.
+        let prompt = params
+            .get("messages")
+            .map(|m| m.to_string().len() as u64 / 4)
+            .unwrap_or(0)
+            .saturating_add(
+                params
+                    .get("systemPrompt")
+                    .and_then(Value::as_str)
+                    .map_or(0, |p| p.len() as u64 / 4),
+            );
+        let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
         self.reserve(&key, asked).map_err(InputError::Denied)?;
         let model = self.model(params);
         let outcome = match self.config.provider {
-            Provider::Openai => self.openai(params, &model, asked).await,
-            Provider::Anthropic => self.anthropic(params, &model, asked).await,
+            Provider::Openai => self.openai(params, &model, max_tokens).await,
+            Provider::Anthropic => self.anthropic(params, &model, max_tokens).await,
         };
         match outcome {
             Ok((result, used)) => {
@@ -295,7 +321,10 @@ impl Sampler {
             Err(e) => {
                 // Nothing was generated: the reservation is returned.
                 self.settle(&key, asked, 0);
-                Err(InputError::Failed(e))
+                // The detail may name the provider's address: the log has it, the
+                // server and the downstream client do not.
+                tracing::warn!(server = %request.server, error = %e, "sampling failed");
+                Err(InputError::Failed("the model provider failed".into()))
             }
         }
     }
@@ -454,7 +483,7 @@ impl Sampler {
                 .pointer("/usage/output_tokens")
                 .and_then(Value::as_u64),
         ) {
-            (Some(i), Some(o)) => Some(i + o),
+            (Some(i), Some(o)) => Some(i.saturating_add(o)),
             _ => None,
         };
         Ok((

@@ -174,4 +174,10 @@ impl ServerRequest {
     pub fn respond(self, outcome: Result<Value, RpcError>) {
         let _ = self.reply.send(outcome);
     }
+
+    /// Resolves when the answer is no longer awaited (the server was told the client
+    /// did not answer in time, or the connection ended): the work on it can stop.
+    pub async fn abandoned(&mut self) {
+        self.reply.closed().await;
+    }
 }
