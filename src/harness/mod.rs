@@ -164,7 +164,10 @@ impl Harness {
         {
             let handler = SamplingHandler::new(sampling.clone(), agents.clone(), Some(approver))
                 .map_err(|e| {
-                    HarnessError::Config(crate::config::ConfigError::new("sampling", e))
+                    HarnessError::Config(crate::config::ConfigError::new(
+                        format!("sampling.{}", e.field),
+                        e.reason,
+                    ))
                 })?;
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }

@@ -19,7 +19,7 @@ mod inbound;
 mod spec;
 pub mod stdio;
 pub(crate) mod tls;
-pub use tls::client_config as tls_client_config;
+pub use tls::{TlsConfigError, tls_client_config};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -25,11 +25,20 @@ fn platform_roots() -> &'static [CertificateDer<'static>] {
     })
 }
 
+/// A CA bundle that cannot be used: what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsConfigError(pub String);
+
 /// A rustls client config trusting the platform's roots and the PEM bundle at `ca_file`
-/// (ring, TLS 1.2 and 1.3): the one every HTTPS client of the harness uses, public so
-/// that an embedder's exporters trust the same; the error says what is wrong with the
-/// file.
-pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+/// (ring, TLS 1.2 and 1.3): the one every HTTPS client of the harness uses, for an
+/// embedder's own clients (an OTLP exporter) to trust the same.
+pub fn tls_client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsConfigError> {
+    client_config(ca_file).map_err(TlsConfigError)
+}
+
+/// [`tls_client_config`], its error as text (for the layers' own error types).
+pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     let (_added, _ignored) = roots.add_parsable_certificates(platform_roots().iter().cloned());
     if let Some(path) = ca_file {

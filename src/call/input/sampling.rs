@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::{Denial, InputError, InputFuture, InputHandler, InputRequestContext};
 use crate::util::duration;
+use crate::util::invalid::Invalid;
 
 /// Which API shape the provider speaks.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -157,31 +158,33 @@ impl SamplingHandler {
         config: SamplingConfig,
         agents: SharedAgents,
         approver: Option<Arc<dyn InputHandler>>,
-    ) -> Result<SamplingHandler, String> {
+    ) -> Result<SamplingHandler, Invalid> {
         let key = match &config.api_key_env {
-            Some(var) => Some(
-                std::env::var(var)
-                    .map_err(|_| format!("sampling.api_key_env: the variable {var} is not set"))?,
-            ),
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                Invalid::new("api_key_env", format!("the variable {var} is not set"))
+            })?),
             None => None,
         };
-        if config.max_tokens == 0 || config.call_budget_tokens == 0 {
-            return Err("sampling: max_tokens and call_budget_tokens must be at least 1".into());
+        if config.max_tokens == 0 {
+            return Err(Invalid::new("max_tokens", "must be at least 1"));
+        }
+        if config.call_budget_tokens == 0 {
+            return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
         }
         let base = base_url(&config);
-        let parsed = url::Url::parse(&base).map_err(|e| format!("sampling.base_url: {e}"))?;
+        let parsed = url::Url::parse(&base).map_err(|e| Invalid::new("base_url", e.to_string()))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err("sampling.base_url: must be http or https".into());
+            return Err(Invalid::new("base_url", "must be http or https"));
         }
         let tls = crate::transport::tls::client_config(config.ca_file.as_deref())
-            .map_err(|e| format!("sampling.{e}"))?;
+            .map_err(|e| Invalid::new("ca_file", e))?;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             // The provider is the operator's; its redirects are not followed anyway.
             .redirect(reqwest::redirect::Policy::none())
             .timeout(config.timeout)
             .build()
-            .map_err(|e| format!("sampling: HTTP client: {e}"))?;
+            .map_err(|e| Invalid::new("(client)", e.to_string()))?;
         Ok(SamplingHandler(Arc::new(Sampler {
             config,
             agents,
