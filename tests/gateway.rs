@@ -260,7 +260,12 @@ fn request(method: &str, mut params: Value) -> Value {
 }
 
 fn names(list: &Value) -> Vec<String> {
-    list["result"]["tools"]
+    names_in(&list["result"]["tools"])
+}
+
+/// The `name` of each item of a JSON array.
+fn names_in(items: &Value) -> Vec<String> {
+    items
         .as_array()
         .map(|t| {
             t.iter()
@@ -1636,14 +1641,7 @@ tokens = [{{ sha256 = "{a}", agent = "a" }}]
 
 /// A meta-tool's structured result: the names a search found.
 fn found_names(r: &Value) -> Vec<String> {
-    r["result"]["structuredContent"]["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["name"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
+    names_in(&r["result"]["structuredContent"]["tools"])
 }
 
 #[tokio::test]
@@ -1737,14 +1735,6 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
     let (_, refused) = gw.modern("tok-a", "tools/call", again).await;
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
     assert!(gw.stop().await.success());
-}
-
-/// A loopback port free now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
 }
 
 #[tokio::test]

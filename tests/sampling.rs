@@ -7,12 +7,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use mcp_harness::call::input::{AgentConfig, Denial, SamplingConfig, SamplingPolicy};
 use mcp_harness::util::hash::sha256_hex;
 use mcp_harness::{CallError, Caller, HarnessConfig, HarnessHandle};
@@ -24,67 +21,29 @@ type Seen = Arc<Mutex<Vec<(String, BTreeMap<String, String>, Value)>>>;
 
 /// A provider on a loopback port answering both API shapes.
 async fn provider() -> (String, Seen) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
     let seen: Seen = Arc::default();
     let got = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let got = got.clone();
-            let service = hyper::service::service_fn(
-                move |req: hyper::Request<hyper::body::Incoming>| {
-                    let got = got.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let headers = req
-                            .headers()
-                            .iter()
-                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-                            .collect();
-                        let body = req
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes())
-                            .unwrap_or_default();
-                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let model = body["model"].clone();
-                        got.lock()
-                            .expect("lock")
-                            .push((path.clone(), headers, body));
-                        let answer = match path.as_str() {
-                            "/chat/completions" => json!({
-                                "id": "c1", "model": model,
-                                "choices": [{"index": 0, "message": {"role": "assistant", "content": "short"}, "finish_reason": "stop"}],
-                                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
-                            }),
-                            "/v1/messages" => json!({
-                                "id": "m1", "type": "message", "role": "assistant", "model": model,
-                                "content": [{"type": "text", "text": "brief"}],
-                                "stop_reason": "max_tokens",
-                                "usage": {"input_tokens": 12, "output_tokens": 3}
-                            }),
-                            _ => json!({"error": {"message": "no such path"}}),
-                        };
-                        let mut response =
-                            hyper::Response::new(Full::new(Bytes::from(answer.to_string())));
-                        if answer.get("error").is_some() {
-                            *response.status_mut() = hyper::StatusCode::NOT_FOUND;
-                        }
-                        Ok::<_, Infallible>(response)
-                    }
-                },
-            );
-            tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
+    let url = http_service(move |path, headers, body| {
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let model = body["model"].clone();
+        got.lock().expect("lock").push((path.clone(), headers, body));
+        let (status, answer) = match path.as_str() {
+            "/chat/completions" => (200, json!({
+                "id": "c1", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "short"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+            })),
+            "/v1/messages" => (200, json!({
+                "id": "m1", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": "brief"}],
+                "stop_reason": "max_tokens",
+                "usage": {"input_tokens": 12, "output_tokens": 3}
+            })),
+            _ => (404, json!({"error": {"message": "no such path"}})),
+        };
+        (status, answer.to_string().into_bytes())
+    })
+    .await;
     (url, seen)
 }
 
@@ -359,13 +318,6 @@ async fn roots_are_served_per_agent_and_legacy_servers_hear_when_they_change() {
         0
     );
     h.shutdown().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
 }
 
 /// `mcp-harness approvals ARGS…` with the admin token in the environment.

@@ -6,13 +6,10 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -65,6 +62,14 @@ impl Received {
         self.1.lock().expect("lock").clone()
     }
 
+    /// Whether a span named `name` arrives within 10 s.
+    async fn arrives(&self, name: &str) -> bool {
+        eventually(Duration::from_secs(10), || {
+            !named(&self.spans(), name).is_empty()
+        })
+        .await
+    }
+
     fn spans(&self) -> Vec<Span> {
         self.0.lock().expect("lock").0.clone()
     }
@@ -94,61 +99,35 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// An OTLP/HTTP collector (`POST /v1/traces`, protobuf) on a loopback port.
+/// An OTLP/HTTP collector (`POST /v1/traces` and `/v1/metrics`, protobuf) on a
+/// loopback port.
 async fn http_collector() -> (String, Received) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
     let received = Received::default();
     let got = received.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let got = got.clone();
-            let service =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let got = got.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
-                        let status = match (path.as_str(), body) {
-                            ("/v1/traces", Ok(b)) => match ExportTraceServiceRequest::decode(b) {
-                                Ok(request) => {
-                                    got.take(request);
-                                    200
-                                }
-                                Err(_) => 400,
-                            },
-                            ("/v1/metrics", Ok(b)) => {
-                                match ExportMetricsServiceRequest::decode(b) {
-                                    Ok(request) => {
-                                        got.take_metrics(request);
-                                        200
-                                    }
-                                    Err(_) => 400,
-                                }
-                            }
-                            _ => 400,
-                        };
-                        let reply = ExportTraceServiceResponse::default().encode_to_vec();
-                        let mut response = hyper::Response::new(Full::new(Bytes::from(reply)));
-                        *response.status_mut() =
-                            hyper::StatusCode::from_u16(status).expect("status");
-                        response.headers_mut().insert(
-                            "content-type",
-                            hyper::header::HeaderValue::from_static("application/x-protobuf"),
-                        );
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-            tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
+    let url = http_service(move |path, _, body| {
+        let status = match path.as_str() {
+            "/v1/traces" => match ExportTraceServiceRequest::decode(body) {
+                Ok(request) => {
+                    got.take(request);
+                    200
+                }
+                Err(_) => 400,
+            },
+            "/v1/metrics" => match ExportMetricsServiceRequest::decode(body) {
+                Ok(request) => {
+                    got.take_metrics(request);
+                    200
+                }
+                Err(_) => 400,
+            },
+            _ => 400,
+        };
+        (
+            status,
+            ExportTraceServiceResponse::default().encode_to_vec(),
+        )
+    })
+    .await;
     (url, received)
 }
 
@@ -274,12 +253,7 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
     let config = config("otel-http", &record);
     assert!(traced_call(&config, "s__echo", &endpoint, "http/protobuf").await);
     assert!(
-        eventually(Duration::from_secs(10), || !named(
-            &received.spans(),
-            "tools/call s__echo"
-        )
-        .is_empty())
-        .await,
+        received.arrives("tools/call s__echo").await,
         "the call's span arrived: {:?}",
         received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
     );
@@ -343,12 +317,7 @@ async fn over_grpc_a_failed_call_carries_its_error_type_on_the_call_and_the_atte
     // `crash` makes the server exit before it answers: the call fails.
     assert!(!traced_call(&config, "s__crash", &endpoint, "grpc").await);
     assert!(
-        eventually(Duration::from_secs(10), || !named(
-            &received.spans(),
-            "tools/call s__crash"
-        )
-        .is_empty())
-        .await,
+        received.arrives("tools/call s__crash").await,
         "the call's span arrived over gRPC: {:?}",
         received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
     );
@@ -570,14 +539,7 @@ async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions(
         assert!(metrics.iter().any(|m| m.name == name), "{name}");
     }
     // Traces went to the same endpoint, named by the table.
-    assert!(
-        eventually(Duration::from_secs(10), || !named(
-            &received.spans(),
-            "tools/call s__echo"
-        )
-        .is_empty())
-        .await
-    );
+    assert!(received.arrives("tools/call s__echo").await);
     assert!(received.services().iter().any(|s| s == "from-the-table"));
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
@@ -614,12 +576,7 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
     assert!(received.spans().is_empty());
     assert!(run(true).await.expect("join").status.success());
     assert!(
-        eventually(Duration::from_secs(10), || !named(
-            &received.spans(),
-            "tools/call s__echo"
-        )
-        .is_empty())
-        .await,
+        received.arrives("tools/call s__echo").await,
         "spans arrived over TLS"
     );
     let _ = std::fs::remove_file(record);

@@ -240,10 +240,14 @@ impl AuditSink {
     /// The trail's state now.
     pub fn health(&self) -> AuditHealth {
         let s = &self.shared;
+        // One lock at a time: the writer takes `retry` before `pending`, so holding
+        // `pending` while taking `retry` here would deadlock against it.
+        let pending = s.pending.lock().records;
+        let retried = s.retry.lock().records;
         AuditHealth {
             writable: s.writable.load(Ordering::SeqCst),
             last_error: s.last_error.lock().clone(),
-            backlog: s.pending.lock().records + s.retry.lock().records,
+            backlog: pending + retried,
             unwritten: s.unwritten.load(Ordering::Relaxed),
         }
     }
@@ -286,6 +290,47 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn health_read_while_records_are_written_never_deadlocks() {
+        let dir = std::env::temp_dir().join(format!("mcp-harness-health-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let sink = AuditSink::with_opener(config, None, ActorSlot::default());
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let writer = {
+            let sink = sink.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    sink.record(&serde_json::json!({"i": i}));
+                    sink.shared.write_pending();
+                }
+            })
+        };
+        let reader = {
+            let sink = sink.clone();
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    let _ = sink.health();
+                }
+                let _ = done_tx.send(());
+            })
+        };
+        // A lock-order inversion between the two would hang here, not fail.
+        assert!(
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .is_ok(),
+            "health() and the writer deadlocked"
+        );
+        writer.join().expect("writer");
+        reader.join().expect("reader");
+        assert_eq!(sink.health().backlog, 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -9,9 +9,7 @@
 //!   request is no longer waiting.
 
 use std::collections::HashSet;
-use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -32,8 +30,6 @@ pub struct AdminToken {
 
 /// Largest answer body read.
 const MAX_BODY: usize = 1 << 20;
-/// Connections served at once.
-const MAX_CONNECTIONS: usize = 64;
 
 fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -131,38 +127,9 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
-    let connections = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = connections.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            () = &mut shutdown => return,
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin: accept failed");
-                    continue;
-                }
-            },
-            () = &mut shutdown => return,
-        };
+    super::side::serve("admin", listener, shutdown, move |req| {
         let (queue, tokens) = (queue.clone(), tokens.clone());
-        let service = hyper::service::service_fn(move |req| {
-            let (queue, tokens) = (queue.clone(), tokens.clone());
-            async move { Ok::<_, Infallible>(answer(&queue, &tokens, req).await) }
-        });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(60), connection).await;
-            drop(permit);
-        });
-    }
+        async move { answer(&queue, &tokens, req).await }
+    })
+    .await;
 }

@@ -22,6 +22,7 @@ pub mod names;
 mod parked;
 pub mod seal;
 pub mod search;
+mod side;
 pub mod stdio;
 
 use std::collections::HashMap;
@@ -859,11 +860,7 @@ impl Gateway {
     /// `search_tools`: the caller's tools most relevant to the query, by served name.
     async fn search(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
-        let arguments = params
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let (query, k) = search::search_args(&arguments)?;
+        let (query, k) = search::search_args(&params["arguments"])?;
         let listing = self.listing(principal, CallKind::Tool).await?;
         let served: HashMap<Arc<str>, String> = {
             let order = &now.order;
@@ -896,11 +893,7 @@ impl Gateway {
     /// `describe_tool`: one tool's definition, by the name a search gave.
     async fn describe(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
-        let arguments = params
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let name = search::name_arg(search::DESCRIBE_TOOL, &arguments)?;
+        let name = search::name_arg(search::DESCRIBE_TOOL, &params["arguments"])?;
         let resolved = now.names.resolve(name);
         let tool = self
             .inner

@@ -434,3 +434,66 @@ impl Drop for Redis {
         self.kill();
     }
 }
+
+/// A loopback port free now (for a listener the code under test binds itself).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+/// A plain HTTP/1.1 server of the test's own on a loopback port, each request answered
+/// by `answer` from its path, headers and body: a model provider, a collector. Returns
+/// its `http://ADDR`.
+pub async fn http_service<F>(answer: F) -> String
+where
+    F: Fn(String, std::collections::BTreeMap<String, String>, bytes::Bytes) -> (u16, Vec<u8>)
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let answer = answer.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let headers = req
+                            .headers()
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                            .collect();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let (status, reply) = answer(path, headers, body);
+                        let mut response = hyper::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(reply),
+                        ));
+                        *response.status_mut() =
+                            hyper::StatusCode::from_u16(status).expect("status");
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    url
+}
