@@ -1248,23 +1248,8 @@ impl Gateway {
                     "too many input rounds are held; try again",
                 ));
             };
-            let issued = seal::now_ms();
-            let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
-            let state = RoundState {
-                server,
-                upstream: Some(format!("{}{id}", parked::PARKED)),
-                agent: principal.agent.clone(),
-                context: principal.context.clone(),
-                method: method.to_string(),
-                digest,
-                issued_ms: issued,
-                expires_ms: issued.saturating_add(ttl),
-                rounds,
-            };
-            let sealed = now.sealer.seal(&state).map_err(|e| {
-                tracing::error!(error = %e, "could not seal requestState");
-                RpcError::new(INTERNAL_ERROR, "internal error")
-            })?;
+            let upstream = Some(format!("{}{id}", parked::PARKED));
+            let sealed = seal_round(&now, principal, (method, digest), server, upstream, rounds)?;
             return Ok(json!({
                 "resultType": "input_required",
                 "inputRequests": {parked::KEY: ask},
@@ -1279,23 +1264,14 @@ impl Gateway {
             .get("requestState")
             .and_then(Value::as_str)
             .map(String::from);
-        let issued = seal::now_ms();
-        let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
-        let state = RoundState {
-            server: answer.server,
+        let sealed = seal_round(
+            &now,
+            principal,
+            (method, digest),
+            answer.server,
             upstream,
-            agent: principal.agent.clone(),
-            context: principal.context.clone(),
-            method: method.to_string(),
-            digest,
-            issued_ms: issued,
-            expires_ms: issued.saturating_add(ttl),
-            rounds: answer.rounds,
-        };
-        let sealed = now.sealer.seal(&state).map_err(|e| {
-            tracing::error!(error = %e, "could not seal requestState");
-            RpcError::new(INTERNAL_ERROR, "internal error")
-        })?;
+            answer.rounds,
+        )?;
         if let Some(map) = result.as_object_mut() {
             map.insert("requestState".into(), json!(sealed));
         }
@@ -1399,6 +1375,35 @@ impl Gateway {
             delegation.server = Some(answer.server);
         }
     }
+}
+
+/// A round's state sealed for the downstream client: bound to the principal, the
+/// method and a digest of its params, valid for the sealer's ttl.
+fn seal_round(
+    now: &Current,
+    principal: &Principal,
+    (method, digest): (&str, String),
+    server: String,
+    upstream: Option<String>,
+    rounds: usize,
+) -> Result<String, RpcError> {
+    let issued = seal::now_ms();
+    let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+    let state = RoundState {
+        server,
+        upstream,
+        agent: principal.agent.clone(),
+        context: principal.context.clone(),
+        method: method.to_string(),
+        digest,
+        issued_ms: issued,
+        expires_ms: issued.saturating_add(ttl),
+        rounds,
+    };
+    now.sealer.seal(&state).map_err(|e| {
+        tracing::error!(error = %e, "could not seal requestState");
+        RpcError::new(INTERNAL_ERROR, "internal error")
+    })
 }
 
 /// Whether a client's capabilities take elicitation in `mode` (`elicitation: {}` is
