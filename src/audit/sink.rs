@@ -95,6 +95,8 @@ pub(super) struct Shared {
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
     unwritten: AtomicU64,
+    /// Records in `retry`, readable while a write holds it (health never waits on I/O).
+    retrying: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -104,16 +106,20 @@ impl Shared {
         let mut file = self.file.lock();
         let mut retry = self.retry.lock();
         retry.append(&mut self.pending.lock());
+        self.retrying.store(retry.records, Ordering::SeqCst);
         if retry.records == 0 {
             return;
         }
         let Some(file) = file.as_mut() else {
             *retry = Batch::default();
+            self.retrying.store(0, Ordering::SeqCst);
             return;
         };
-        match file.write(&retry.bytes) {
+        let written = file.write(&retry.bytes);
+        match written {
             Ok(()) => {
                 *retry = Batch::default();
+                self.retrying.store(0, Ordering::SeqCst);
                 if !self.writable.swap(true, Ordering::SeqCst) {
                     tracing::info!("audit trail writable again");
                 }
@@ -128,6 +134,7 @@ impl Shared {
                     let dropped = retry.trim_to(KEEP_SERVING_BOUND);
                     self.unwritten.fetch_add(dropped as u64, Ordering::Relaxed);
                 }
+                self.retrying.store(retry.records, Ordering::SeqCst);
             }
         }
     }
@@ -171,6 +178,7 @@ impl AuditSink {
                 writable: AtomicBool::new(true),
                 last_error: Mutex::new(None),
                 unwritten: AtomicU64::new(0),
+                retrying: std::sync::atomic::AtomicUsize::new(0),
             }),
             actor,
         }
@@ -240,10 +248,10 @@ impl AuditSink {
     /// The trail's state now.
     pub fn health(&self) -> AuditHealth {
         let s = &self.shared;
-        // One lock at a time: the writer takes `retry` before `pending`, so holding
-        // `pending` while taking `retry` here would deadlock against it.
+        // Never `retry`'s lock: the writer holds it during I/O, and takes it before
+        // `pending` (holding `pending` while taking it here deadlocked).
         let pending = s.pending.lock().records;
-        let retried = s.retry.lock().records;
+        let retried = s.retrying.load(Ordering::SeqCst);
         AuditHealth {
             writable: s.writable.load(Ordering::SeqCst),
             last_error: s.last_error.lock().clone(),

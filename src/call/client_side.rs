@@ -43,17 +43,24 @@ impl ClientSide for HarnessClient {
                 params: request.params.clone(),
                 reply,
             };
+            let mut request = request;
             tokio::spawn(async move {
-                let outcome = match asker.send(question).await {
-                    Ok(()) => answer.await.unwrap_or_else(|_| {
-                        Err(RpcError::new(
-                            INTERNAL_ERROR,
-                            "the call ended before it was answered",
-                        ))
-                    }),
-                    Err(_) => Err(RpcError::new(INTERNAL_ERROR, "the call ended")),
+                let asked = async {
+                    match asker.send(question).await {
+                        Ok(()) => answer.await.unwrap_or_else(|_| {
+                            Err(RpcError::new(
+                                INTERNAL_ERROR,
+                                "the call ended before it was answered",
+                            ))
+                        }),
+                        Err(_) => Err(RpcError::new(INTERNAL_ERROR, "the call ended")),
+                    }
                 };
-                request.respond(outcome);
+                // Once the server was told the client did not answer, nobody waits.
+                tokio::select! {
+                    outcome = asked => request.respond(outcome),
+                    () = request.abandoned() => {}
+                }
             });
             return;
         }

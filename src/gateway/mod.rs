@@ -1326,9 +1326,12 @@ impl Gateway {
                             let reply = match peer {
                                 Some(peer) if elicits(&client.capabilities, &mode) => {
                                     let limit = self.config().input_timeout;
-                                    match tokio::time::timeout(limit, peer.request(&q.method, q.params)).await {
-                                        Ok(reply) => reply,
-                                        Err(_) => Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time")),
+                                    let asked = tokio::time::timeout(limit, peer.request(&q.method, q.params));
+                                    tokio::select! {
+                                        reply = asked => reply.unwrap_or_else(|_| {
+                                            Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
+                                        }),
+                                        _ = cancel.cancelled() => Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
                                     }
                                 }
                                 _ => Err(RpcError::new(

@@ -28,6 +28,8 @@ pub const PARKED: &str = "parked:";
 pub const KEY: &str = "elicitation";
 /// Parked rounds held at most (all principals).
 pub const MAX_PARKED: usize = 1024;
+/// Parked rounds one principal may hold: one agent cannot take every slot.
+pub const MAX_PARKED_PER_PRINCIPAL: usize = 16;
 
 /// An upstream call in flight on behalf of a downstream client: its task, the
 /// questions its server asks, and the token that ends it (cancelled when this drops).
@@ -56,8 +58,10 @@ pub type ProgressSlot = std::sync::Arc<Mutex<Option<(crate::call::ProgressSender
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // Whoever let go of the call ends it (finished calls ignore it).
+        // Whoever let go of the call ends it (finished calls ignore it), and its
+        // progress goes nowhere (a waiting request's stream is not held open).
         self.cancel.cancel();
+        *self.progress.lock() = None;
     }
 }
 
@@ -79,6 +83,8 @@ pub async fn wait(mut held: Held) -> Waited {
             }
         };
         tokio::select! {
+            // A call that is done is done, whatever it asked last.
+            biased;
             done = &mut held.call => {
                 let done = done.unwrap_or_else(|_| {
                     Err(RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly"))
@@ -110,8 +116,8 @@ pub struct ParkedRounds {
 
 impl ParkedRounds {
     /// Parks `held` with its unanswered question until `expires`; the id its sealed
-    /// state names, or `None` when too many are parked (the question is then refused
-    /// and the call let go).
+    /// state names, or `None` when too many are parked, in all or by this principal
+    /// (the question is then refused and the call let go).
     pub fn park(
         &self,
         principal: &Principal,
@@ -123,12 +129,20 @@ impl ParkedRounds {
         let now = Instant::now();
         // Expired rounds go: their calls are cancelled as they drop.
         rounds.retain(|_, p| p.expires > now);
+        let by_principal = rounds
+            .values()
+            .filter(|p| &p.principal == principal)
+            .count();
         let mut bytes = [0u8; 16];
-        if rounds.len() >= MAX_PARKED || getrandom::fill(&mut bytes).is_err() {
-            let _ = pending.reply.send(Err(RpcError::new(
-                INTERNAL_ERROR,
-                "too many input rounds are held",
-            )));
+        let refused = if rounds.len() >= MAX_PARKED || by_principal >= MAX_PARKED_PER_PRINCIPAL {
+            Some("too many input rounds are held")
+        } else if getrandom::fill(&mut bytes).is_err() {
+            Some("no randomness for a round id")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            let _ = pending.reply.send(Err(RpcError::new(INTERNAL_ERROR, why)));
             return None;
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -150,6 +164,8 @@ impl ParkedRounds {
     pub fn resume(&self, id: &str, principal: &Principal, answer: Value) -> Option<Held> {
         let parked = {
             let mut rounds = self.rounds.lock();
+            let now = Instant::now();
+            rounds.retain(|_, p| p.expires > now);
             match rounds.get(id) {
                 Some(p) if &p.principal == principal && p.expires > Instant::now() => {
                     rounds.remove(id)
