@@ -47,19 +47,19 @@ type CallOn = (
 /// A call's attempt on a server, counted there until dropped.
 pub(crate) struct OnServer<'a> {
     ctx: &'a CallContext,
-    server: String,
+    server: &'a str,
     call: u64,
 }
 
 impl Drop for OnServer<'_> {
     fn drop(&mut self) {
         let mut on = self.ctx.on_servers.lock();
-        if let Some(calls) = on.get_mut(&self.server) {
+        if let Some(calls) = on.get_mut(self.server) {
             if let Some(at) = calls.iter().position(|(id, _, _)| *id == self.call) {
                 calls.swap_remove(at);
             }
             if calls.is_empty() {
-                on.remove(&self.server);
+                on.remove(self.server);
             }
         }
     }
@@ -104,21 +104,24 @@ impl CallContext {
     }
 
     /// Notes call `call` of `agent` on `server` until the guard drops.
-    pub(crate) fn on_server(
-        &self,
-        server: &str,
+    pub(crate) fn on_server<'a>(
+        &'a self,
+        server: &'a str,
         call: u64,
         agent: Option<String>,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
-    ) -> OnServer<'_> {
-        self.on_servers
-            .lock()
-            .entry(server.to_string())
-            .or_default()
-            .push((call, agent, questions));
+    ) -> OnServer<'a> {
+        let mut on = self.on_servers.lock();
+        // The key is allocated only when the server has no call on it yet.
+        match on.get_mut(server) {
+            Some(calls) => calls.push((call, agent, questions)),
+            None => {
+                on.insert(server.to_string(), vec![(call, agent, questions)]);
+            }
+        }
         OnServer {
             ctx: self,
-            server: server.to_string(),
+            server,
             call,
         }
     }

@@ -63,7 +63,8 @@ pub fn quantile(buckets: &[u64], count: u64, q: f64) -> Option<Duration> {
     None
 }
 
-type Key = (Arc<str>, &'static str, &'static str, Option<&'static str>);
+/// A series of one server: method, outcome, error type.
+type Key = (&'static str, &'static str, Option<&'static str>);
 
 #[derive(Default)]
 struct Series {
@@ -75,7 +76,9 @@ struct Series {
 /// The calls' counters; one per harness.
 #[derive(Default)]
 pub(crate) struct CallMetrics {
-    series: parking_lot::Mutex<HashMap<Key, Series>>,
+    /// By server, then series: a server's map is found by `&str`, so a call allocates
+    /// nothing once its series exists.
+    series: parking_lot::Mutex<HashMap<Arc<str>, HashMap<Key, Series>>>,
     rounds: AtomicU64,
     /// The OpenTelemetry histogram each call is also recorded in, once exported.
     exported: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
@@ -110,12 +113,16 @@ impl CallMetrics {
             .iter()
             .position(|b| seconds <= *b)
             .unwrap_or(BUCKETS.len());
-        let server: Arc<str> = server.unwrap_or("none").into();
-        let mut series = self.series.lock();
+        let server = server.unwrap_or("none");
+        let mut by_server = self.series.lock();
         // Servers are the configured ones, methods three and outcomes five: bounded.
-        let s = series
-            .entry((server, method, outcome, error_type))
-            .or_default();
+        if !by_server.contains_key(server) {
+            by_server.insert(server.into(), HashMap::new());
+        }
+        let Some(series) = by_server.get_mut(server) else {
+            return;
+        };
+        let s = series.entry((method, outcome, error_type)).or_default();
         if s.buckets.is_empty() {
             s.buckets = vec![0; BUCKETS.len() + 1];
         }
@@ -136,7 +143,7 @@ impl CallMetrics {
 
     /// Forgets a removed server's series.
     pub(crate) fn forget(&self, server: &str) {
-        self.series.lock().retain(|k, _| &*k.0 != server);
+        self.series.lock().remove(server);
     }
 
     /// Every series, sorted, and the rounds so far.
@@ -145,14 +152,18 @@ impl CallMetrics {
             .series
             .lock()
             .iter()
-            .map(|((server, method, outcome, error_type), s)| CallSeries {
-                server: server.clone(),
-                method,
-                outcome,
-                error_type: *error_type,
-                buckets: s.buckets.clone(),
-                count: s.count,
-                sum: s.sum,
+            .flat_map(|(server, series)| {
+                series
+                    .iter()
+                    .map(move |((method, outcome, error_type), s)| CallSeries {
+                        server: server.clone(),
+                        method,
+                        outcome,
+                        error_type: *error_type,
+                        buckets: s.buckets.clone(),
+                        count: s.count,
+                        sum: s.sum,
+                    })
             })
             .collect();
         out.sort_by(|a, b| {

@@ -291,7 +291,7 @@ impl Sampler {
         }
         // What cannot be sent is said plainly (it is the server's request, not the
         // provider's failure).
-        messages_of(params).map_err(InputError::Failed)?;
+        let messages = messages_of(params).map_err(InputError::Failed)?;
         let max_tokens = params
             .get("maxTokens")
             .and_then(Value::as_u64)
@@ -313,8 +313,8 @@ impl Sampler {
         self.reserve(&key, asked).map_err(InputError::Denied)?;
         let model = self.model(params);
         let outcome = match self.config.provider {
-            Provider::Openai => self.openai(params, &model, max_tokens).await,
-            Provider::Anthropic => self.anthropic(params, &model, max_tokens).await,
+            Provider::Openai => self.openai(params, &messages, &model, max_tokens).await,
+            Provider::Anthropic => self.anthropic(params, &messages, &model, max_tokens).await,
         };
         match outcome {
             Ok((result, used)) => {
@@ -376,6 +376,7 @@ impl Sampler {
     async fn openai(
         &self,
         params: &Value,
+        asked: &[Message],
         model: &str,
         max_tokens: u64,
     ) -> Result<(Value, Option<u64>), String> {
@@ -383,19 +384,9 @@ impl Sampler {
         if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
             messages.push(json!({"role": "system", "content": system}));
         }
-        for m in messages_of(params)? {
-            let mut parts = Vec::new();
-            for c in &m.content {
-                parts.push(match c {
-                    Part::Text(t) => json!({"type": "text", "text": t}),
-                    Part::Image { data, mime } => json!({
-                        "type": "image_url",
-                        "image_url": {"url": format!("data:{mime};base64,{data}")}
-                    }),
-                });
-            }
-            messages.push(json!({"role": m.role, "content": parts}));
-        }
+        messages.extend(wire(asked, |data, mime| {
+            json!({"type": "image_url", "image_url": {"url": format!("data:{mime};base64,{data}")}})
+        }));
         let mut body = json!({"model": model, "messages": messages, "max_tokens": max_tokens});
         extras(params, &mut body, "stop");
         let url = format!(
@@ -433,24 +424,14 @@ impl Sampler {
     async fn anthropic(
         &self,
         params: &Value,
+        asked: &[Message],
         model: &str,
         max_tokens: u64,
     ) -> Result<(Value, Option<u64>), String> {
-        let mut messages = Vec::new();
-        for m in messages_of(params)? {
-            let parts: Vec<Value> = m
-                .content
-                .iter()
-                .map(|c| match c {
-                    Part::Text(t) => json!({"type": "text", "text": t}),
-                    Part::Image { data, mime } => json!({
-                        "type": "image",
-                        "source": {"type": "base64", "media_type": mime, "data": data}
-                    }),
-                })
-                .collect();
-            messages.push(json!({"role": m.role, "content": parts}));
-        }
+        let messages = wire(
+            asked,
+            |data, mime| json!({"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}),
+        );
         let mut body = json!({"model": model, "messages": messages, "max_tokens": max_tokens});
         if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
             body["system"] = json!(system);
@@ -549,6 +530,24 @@ enum Part {
 struct Message {
     role: &'static str,
     content: Vec<Part>,
+}
+
+/// Messages in a provider's shape: role and content parts, images as `image` says.
+fn wire(messages: &[Message], image: impl Fn(&str, &str) -> Value) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let parts: Vec<Value> = m
+                .content
+                .iter()
+                .map(|c| match c {
+                    Part::Text(t) => json!({"type": "text", "text": t}),
+                    Part::Image { data, mime } => image(data, mime),
+                })
+                .collect();
+            json!({"role": m.role, "content": parts})
+        })
+        .collect()
 }
 
 /// The request's messages; content may be one block or a list of them.
