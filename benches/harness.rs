@@ -916,8 +916,9 @@ async fn telemetry_role(b: &mut Bench, on: bool, sample: f64) {
             opentelemetry_sdk::runtime::Tokio,
         )
         .build();
+        // As the binary does: the harness decides at the root (`trace_sample_ratio`).
         let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
-            opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(sample),
+            opentelemetry_sdk::trace::Sampler::AlwaysOn,
         ));
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
             .with_span_processor(processor)
@@ -945,7 +946,15 @@ async fn telemetry_role(b: &mut Bench, on: bool, sample: f64) {
     } else {
         None
     };
-    let (h, client) = harness_client(demo_config(), false).await;
+    let mut config = config(demo_config(), false);
+    config.trace_sample_ratio = sample;
+    let h = Harness::spawn(config).await.expect("harness");
+    ready(&h).await;
+    let client = Client::Harness(
+        h.clone(),
+        Caller::agent("bench").with_auth_context("bench"),
+        "s__echo",
+    );
     if let Some((_, meters)) = &provider {
         use opentelemetry::metrics::MeterProvider as _;
         h.export_metrics(&meters.meter("bench"));
@@ -1189,7 +1198,7 @@ fn main() {
         }
         if let Some(on) = role.strip_prefix("telemetry-") {
             // `sampled`: one trace in ten, as OTEL_TRACES_SAMPLER=parentbased_traceidratio
-            // with OTEL_TRACES_SAMPLER_ARG=0.1 would.
+            // with OTEL_TRACES_SAMPLER_ARG=0.1 asks of the binary.
             let (on, sample) = match on {
                 "on" => (true, 1.0),
                 "sampled" => (true, 0.1),

@@ -76,7 +76,7 @@ async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says
             json!({"ms": 2000}),
             mcp_harness::CallOptions {
                 timeout: Some(Duration::from_millis(100)),
-                cancel: None,
+                ..Default::default()
             },
         )
         .await;

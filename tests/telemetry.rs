@@ -332,6 +332,17 @@ async fn over_grpc_a_failed_call_carries_its_error_type_on_the_call_and_the_atte
         Some(2),
         "status ERROR"
     );
+    // The server's exit is a span of its own, as it happens (not an event of a span
+    // that lasts as long as the server), with the reason on its event.
+    assert!(
+        received.arrives("restart s").await,
+        "{:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let spans = received.spans();
+    let restart = named(&spans, "restart s")[0];
+    assert_eq!(attr(restart, "mcp_harness.server.id").as_deref(), Some("s"));
+    assert!(!restart.events.is_empty(), "the restart's reason");
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }
@@ -372,6 +383,8 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
     std::fs::write(&config, toml).expect("config");
     let config_path = config.to_string_lossy().into_owned();
+    // No new trace is kept (ratio 0), but a client's sampled trace is: the decision is
+    // parent-based, made once at the gateway and handed to the call.
     let mut gateway = HttpServer::start_with_env(
         &harness_exe(),
         &[
@@ -385,32 +398,45 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0"),
         ],
     )
     .await;
     let url = gateway.url.clone();
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-    "name": "s__echo", "arguments": {"text": "traced"},
-    "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-        "traceparent": format!("00-{trace}-{parent}-01"),
-    }}});
+    let unsampled = "5bf92f3577b34da6a3ce929d0e0e4737";
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let response = reqwest::Client::new()
-        .post(&url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "s__echo")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(response.status().as_u16(), 200);
+    let client = reqwest::Client::new();
+    // The client's sampled trace, its unsampled one, and no trace context at all.
+    for (text, traceparent) in [
+        ("traced", Some(format!("00-{trace}-{parent}-01"))),
+        ("unsampled", Some(format!("00-{unsampled}-{parent}-00"))),
+        ("new", None),
+    ] {
+        let mut meta = serde_json::json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        });
+        if let Some(tp) = traceparent {
+            meta["traceparent"] = tp.into();
+        }
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "s__echo", "arguments": {"text": text}, "_meta": meta}});
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "s__echo")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status().as_u16(), 200);
+    }
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &gateway.child.id().expect("pid").to_string()])
         .status();
@@ -447,14 +473,28 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         .find(|s| s.name == "tools/call echo")
         .expect("the attempt span");
     assert_eq!(attempt.parent_span_id, call.span_id);
-    let sent = recorded(&record)
+    // The gateway flushed its spans before it exited: the two calls not kept built none.
+    let attempts = received
+        .spans()
         .into_iter()
-        .find(|r| r["method"] == "tools/call")
-        .expect("the upstream call");
+        .filter(|s| s.name == "tools/call echo")
+        .count();
+    assert_eq!(attempts, 1, "only the sampled call's attempt was exported");
+    let sent: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(sent.len(), 3);
     assert_eq!(
-        sent["params"]["_meta"]["traceparent"].as_str(),
+        sent[0]["params"]["_meta"]["traceparent"].as_str(),
         Some(format!("00-{trace}-{}-01", hex(&attempt.span_id)).as_str())
     );
+    for untraced in &sent[1..] {
+        assert!(
+            untraced["params"]["_meta"].get("traceparent").is_none(),
+            "{untraced}"
+        );
+    }
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

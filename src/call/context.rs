@@ -23,6 +23,8 @@ pub struct CallContext {
     pub(crate) audit: AuditSink,
     pub(crate) inputs: InputHandlers,
     pub(crate) settings: CallConfig,
+    /// Which calls are traced.
+    pub(crate) sampler: crate::util::trace_context::HeadSampler,
     pub(crate) catalog: Catalog,
     /// What calls did (durations, outcomes, rounds).
     pub(crate) metrics: Arc<super::metrics::CallMetrics>,
@@ -92,6 +94,7 @@ impl CallContext {
             registry_ref,
             audit,
             inputs,
+            sampler: crate::util::trace_context::HeadSampler::new(settings.trace_sample_ratio),
             settings,
             catalog: Catalog::default(),
             metrics: Arc::default(),

@@ -59,6 +59,7 @@ pub(crate) use route::route;
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
 use crate::server::ServerError;
 use crate::transport::TransportError;
+use crate::util::trace_context::call_span;
 use input::HandlerSet;
 use record::CallRecord;
 use route::Candidate;
@@ -80,6 +81,8 @@ pub(crate) struct CallRequest {
     /// The caller's span when it asked: the call's span is its child, though the call
     /// runs on a worker task (so an embedder's or a gateway's trace goes on through it).
     pub parent: tracing::Span,
+    /// Whether the call's spans are exported, when the caller decided it.
+    pub traced: Option<bool>,
 }
 
 /// A call whose `input_required` rounds go back to the caller instead of the input
@@ -183,7 +186,12 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
     let method = request.kind.method();
     // Named and described by the OpenTelemetry conventions for MCP (exported when an
     // OpenTelemetry layer is installed; plain fields otherwise).
-    let span = tracing::info_span!(
+    let traced = request
+        .traced
+        .unwrap_or_else(|| ctx.sampler.under(&request.parent));
+    record.traced = traced;
+    let span = call_span!(
+        traced: traced,
         parent: &request.parent,
         "call",
         call_id,
@@ -197,7 +205,8 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
     );
     // No timer of its own: every wait below is bounded by what is left of the deadline.
     let work = async {
-        let routing = tracing::info_span!(
+        let routing = call_span!(
+            traced: traced,
             "route",
             otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
         );
@@ -273,7 +282,12 @@ async fn drive(
             still_allowed(ctx, request, candidate)?;
         }
         record.server = Some(candidate.server.clone());
-        let span = telemetry::attempt_span(request.kind, &candidate.item, &candidate.server);
+        let span = telemetry::attempt_span(
+            request.kind,
+            &candidate.item,
+            &candidate.server,
+            record.traced,
+        );
         let tried = tracing::Instrument::instrument(
             attempt(ctx, request, candidate, deadline, &mut rounds, record),
             span.clone(),
@@ -450,7 +464,8 @@ async fn attempt(
             handlers: &handlers,
             deadline,
         };
-        let span = tracing::info_span!(
+        let span = call_span!(
+            traced: record.traced,
             "round",
             otel.name = %format!("input_required {}", server.id()),
             mcp_harness.round = *rounds,
@@ -526,7 +541,7 @@ impl Round<'_> {
                 &self.request.caller,
                 id,
                 input.input_requests,
-                (limit, record.call_id()),
+                (limit, record.call_id(), record.traced),
             )
             .await?;
             params.insert("inputResponses".into(), Value::Object(answers));

@@ -34,6 +34,10 @@ pub(crate) struct CallRecord {
     rounds: Vec<Round>,
     /// The server tried last.
     pub(crate) server: Option<ServerRef>,
+    /// Whether the call's spans are exported (its head-sampling decision): the spans
+    /// of an untraced call are disabled, so its children cannot learn it from the
+    /// current span.
+    pub(crate) traced: bool,
     finished: bool,
     /// Counted whether or not records go anywhere.
     metrics: std::sync::Arc<CallMetrics>,
@@ -76,6 +80,7 @@ impl CallRecord {
             hops: Vec::new(),
             rounds: Vec::new(),
             server: None,
+            traced: true,
             finished: false,
             metrics: metrics.clone(),
             method: kind.method(),

@@ -81,7 +81,7 @@ pub(crate) async fn gather(
     caller: &Caller,
     server: &str,
     requests: BTreeMap<String, InputRequest>,
-    (limit, call_id): (Duration, u64),
+    (limit, call_id, traced): (Duration, u64, bool),
 ) -> Result<Map<String, Value>, CallError> {
     let mut pending = Vec::with_capacity(requests.len());
     for (key, request) in requests {
@@ -101,7 +101,8 @@ pub(crate) async fn gather(
     let answers = join_all(pending.into_iter().map(|context| {
         let method = context.method.clone();
         let key = context.key.clone();
-        let span = tracing::info_span!(
+        let span = crate::util::trace_context::call_span!(
+            traced: traced,
             "input",
             otel.name = %method,
             mcp.method.name = %method,

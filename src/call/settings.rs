@@ -48,6 +48,8 @@ pub struct CallConfig {
     pub call_timeout: Duration,
     /// How long `shutdown()` lets calls in flight finish before it cancels them.
     pub shutdown_grace: Duration,
+    /// The share of calls that start a trace and are traced.
+    pub trace_sample_ratio: f64,
     /// Bounds.
     pub limits: Limits,
 }
@@ -59,6 +61,7 @@ impl Default for CallConfig {
             input_timeout: Duration::from_secs(300),
             call_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(5),
+            trace_sample_ratio: 1.0,
             limits: Limits::default(),
         }
     }
@@ -75,6 +78,12 @@ impl CallConfig {
         }
         if self.input_timeout.is_zero() {
             return Err(Invalid::new("input_timeout", "must be more than zero"));
+        }
+        if !(0.0..=1.0).contains(&self.trace_sample_ratio) {
+            return Err(Invalid::new(
+                "trace_sample_ratio",
+                "must be between 0 and 1",
+            ));
         }
         let l = &self.limits;
         for (field, v) in [

@@ -15,7 +15,7 @@ use super::caller::CallKind;
 use super::error::CallError;
 use crate::server::{ServerError, ServerRef};
 use crate::transport::TransportSpec;
-use crate::util::trace_context::span_name;
+use crate::util::trace_context::{call_span, span_name};
 
 /// The span name of a call or attempt on `name`.
 pub(super) fn name(kind: CallKind, name: &str) -> String {
@@ -31,14 +31,20 @@ fn transport(server: &ServerRef) -> &'static str {
 }
 
 /// The span of one attempt of a call on one server.
-pub(super) fn attempt_span(kind: CallKind, item: &str, server: &ServerRef) -> tracing::Span {
+pub(super) fn attempt_span(
+    kind: CallKind,
+    item: &str,
+    server: &ServerRef,
+    traced: bool,
+) -> tracing::Span {
     let method = kind.method();
     let (tool, prompt) = match kind {
         CallKind::Tool => (Some(item), None),
         CallKind::Prompt => (None, Some(item)),
         CallKind::Resource => (None, None),
     };
-    tracing::info_span!(
+    call_span!(
+        traced: traced,
         "attempt",
         otel.name = %name(kind, item),
         otel.kind = "client",

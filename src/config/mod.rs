@@ -98,6 +98,10 @@ pub struct HarnessConfig {
     /// How long `shutdown()` lets calls in flight finish before it cancels them.
     #[serde(default = "default_shutdown_grace", with = "duration")]
     pub shutdown_grace: Duration,
+    /// The share of calls that start a trace and are traced (0 to 1; default 1). Calls
+    /// under a caller's trace follow its sampled flag.
+    #[serde(default = "default_trace_sample_ratio")]
+    pub trace_sample_ratio: f64,
     /// Bounds on what one server may make the harness hold.
     #[serde(default)]
     pub limits: Limits,
@@ -122,6 +126,7 @@ impl Default for HarnessConfig {
             input_timeout: default_input_timeout(),
             call_timeout: default_call_timeout(),
             shutdown_grace: default_shutdown_grace(),
+            trace_sample_ratio: default_trace_sample_ratio(),
             limits: Limits::default(),
             sampling: None,
             agents: BTreeMap::new(),
@@ -141,6 +146,9 @@ fn default_call_timeout() -> Duration {
 fn default_shutdown_grace() -> Duration {
     CallConfig::default().shutdown_grace
 }
+fn default_trace_sample_ratio() -> f64 {
+    CallConfig::default().trace_sample_ratio
+}
 
 impl HarnessConfig {
     /// The call path's settings.
@@ -150,6 +158,7 @@ impl HarnessConfig {
             input_timeout: self.input_timeout,
             call_timeout: self.call_timeout,
             shutdown_grace: self.shutdown_grace,
+            trace_sample_ratio: self.trace_sample_ratio,
             limits: self.limits.clone(),
         }
     }
@@ -183,6 +192,23 @@ impl HarnessConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_sample_ratio_outside_zero_to_one_is_refused() {
+        for bad in [-0.1, 1.5, f64::NAN] {
+            let config = HarnessConfig {
+                trace_sample_ratio: bad,
+                ..HarnessConfig::default()
+            };
+            let e = config.validate().expect_err("out of range");
+            assert_eq!(e.field, "trace_sample_ratio");
+        }
+        let config = HarnessConfig {
+            trace_sample_ratio: 0.25,
+            ..HarnessConfig::default()
+        };
+        assert!(config.validate().is_ok());
+    }
 
     #[test]
     fn errors_name_the_server_and_the_field() {

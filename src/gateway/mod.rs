@@ -53,6 +53,7 @@ use crate::protocol::{InputRequired, Request, RpcError};
 use crate::server::ServerError;
 use crate::util::duration;
 use crate::util::text::one_line;
+use crate::util::trace_context::{HeadSampler, call_span};
 
 pub use identity::{Identity, IdentityError, Principal, TokenEntry};
 pub use names::{Names, Prefix};
@@ -1056,12 +1057,8 @@ impl Gateway {
         name: &str,
         args: Value,
         delegation: Delegation,
-        cancel: CancelToken,
+        options: CallOptions,
     ) -> Result<crate::call::Answer, RpcError> {
-        let options = CallOptions {
-            timeout: None,
-            cancel: Some(cancel),
-        };
         self.inner
             .harness
             .call_delegated(
@@ -1188,9 +1185,15 @@ impl Gateway {
                 let token = CancelToken::new();
                 let (gw, who, target, ended) =
                     (self.clone(), principal.clone(), name.clone(), token.clone());
-                let span = downstream_span(kind, &name, params);
+                let (span, traced) =
+                    downstream_span(self.inner.harness.sampler(), kind, &name, params);
+                let options = CallOptions {
+                    timeout: None,
+                    cancel: Some(ended),
+                    traced: Some(traced),
+                };
                 let call = tokio::spawn(async move {
-                    gw.delegated(&who, kind, &target, args, delegation, ended)
+                    gw.delegated(&who, kind, &target, args, delegation, options)
                         .instrument(span)
                         .await
                 });
@@ -1307,6 +1310,13 @@ impl Gateway {
         }
         loop {
             let answer = {
+                let (span, traced) =
+                    downstream_span(self.inner.harness.sampler(), kind, &name, params);
+                let options = CallOptions {
+                    timeout: None,
+                    cancel: Some(cancel.clone()),
+                    traced: Some(traced),
+                };
                 let call = self
                     .delegated(
                         principal,
@@ -1314,9 +1324,9 @@ impl Gateway {
                         &name,
                         args.clone(),
                         delegation.clone(),
-                        cancel.clone(),
+                        options,
                     )
-                    .instrument(downstream_span(kind, &name, params));
+                    .instrument(span);
                 tokio::pin!(call);
                 loop {
                     tokio::select! {
@@ -1439,22 +1449,32 @@ pub(crate) fn wants_progress(request: &Request) -> bool {
 /// The server span of one downstream request: a child of the client's trace context
 /// when its `_meta` carries a well-formed `traceparent`, so the client's trace goes on
 /// through the gateway into the harness's call and on to the upstream server.
-fn downstream_span(kind: CallKind, name: &str, params: &Value) -> tracing::Span {
-    let span = tracing::info_span!(
+/// Whether it is traced is decided here, at the root (and handed to the call): the
+/// client's sampled flag when it sent a trace context, else the harness's ratio.
+fn downstream_span(
+    sampler: &HeadSampler,
+    kind: CallKind,
+    name: &str,
+    params: &Value,
+) -> (tracing::Span, bool) {
+    let remote = crate::util::trace_context::extract(Some(params));
+    let traced = match &remote {
+        Some(remote) => remote.is_sampled(),
+        None => sampler.root(),
+    };
+    let span = call_span!(
+        traced: traced,
         "gateway",
         otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource, name),
         otel.kind = "server",
         mcp.method.name = kind.method(),
     );
-    if span.is_disabled() {
-        return span;
-    }
-    if let Some(remote) = crate::util::trace_context::extract(Some(params)) {
+    if let (Some(remote), true, false) = (remote, traced, span.is_disabled()) {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
-    span
+    (span, traced)
 }
 
 /// The caller's `progressToken` (a string or an integer), paired with where its

@@ -112,6 +112,10 @@ pub struct CallOptions {
     pub timeout: Option<Duration>,
     /// Cancels the call when cancelled (so does dropping the call's future).
     pub cancel: Option<CancelToken>,
+    /// Whether the call's spans are exported (a decision made above the call, as a
+    /// gateway makes it for its request). `None`: the calling span's trace decides (its
+    /// sampled flag), or `trace_sample_ratio` when the call starts a trace.
+    pub traced: Option<bool>,
 }
 
 impl Harness {
@@ -317,6 +321,11 @@ impl HarnessHandle {
         &self.inner.services.ctx
     }
 
+    /// Which calls are traced (a gateway decides its requests' traces with it).
+    pub(crate) fn sampler(&self) -> &crate::util::trace_context::HeadSampler {
+        &self.ctx().sampler
+    }
+
     /// Calls a tool by qualified (`server__tool`) or bare name: authorized, routed by
     /// priority with fallback, `input_required` rounds driven, audited. The future holds
     /// no handle: it does not keep the harness alive, and it can be spawned as it is.
@@ -388,6 +397,7 @@ impl HarnessHandle {
             timeout: options.timeout,
             delegated,
             parent: tracing::Span::current(),
+            traced: options.traced,
         };
         let pool = self.inner.services.calls.clone();
         async move { pool.run(request, options.cancel).await }

@@ -93,7 +93,9 @@ impl Actor for ServerActor {
         let config = args.server.config();
         let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
         let queue = RequestQueue::new(config.queue_capacity);
-        let span = tracing::info_span!("server", id = %config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
+        // Log context for as long as the server is supervised, not exported as a trace (see
+        // `CONNECTION_SPANS`); what happens to the connection is its own short span.
+        let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "server", id = %config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
         let enabled = config.enabled;
         if args.rebuilt {
             args.server.0.status.write().actor_rebuilds += 1;
@@ -242,6 +244,18 @@ fn is_attempt(attempt: &Option<Attempt>, cell: &ActorCell) -> bool {
 }
 
 impl ServerActorState {
+    /// A short span of its own for one thing that happened to the connection (`restart`,
+    /// `failed`, `stopped`), so that it reaches a trace backend as it happens rather than
+    /// as an event of a span that lasts as long as the server.
+    fn lifecycle_span(&self, what: &str) -> tracing::Span {
+        tracing::info_span!(
+            parent: &self.span,
+            "connection",
+            otel.name = %format!("{what} {}", self.id()),
+            mcp_harness.server.id = %self.id(),
+        )
+    }
+
     fn id(&self) -> &str {
         self.args.server.id()
     }
@@ -536,14 +550,14 @@ impl ServerActorState {
         };
         match decision {
             Decision::Restart(delay) => {
-                self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));
+                self.lifecycle_span("restart").in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));
                 self.args.server.0.status.write().restarts += 1;
                 self.publish(ServerState::Restarting);
                 let attempt = self.attempt;
                 myself.send_after(delay, move || ServerMsg::StartConnection { attempt });
             }
             Decision::GiveUp(why) => {
-                self.span.in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));
+                self.lifecycle_span("failed").in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));
                 self.last_error = Some(if cannot_heal {
                     why
                 } else {
@@ -553,7 +567,7 @@ impl ServerActorState {
                 self.fail_queue();
             }
             Decision::Stop => {
-                self.span.in_scope(|| tracing::info!(server = %self.id(), %reason, "server ended; its policy does not restart it"));
+                self.lifecycle_span("stopped").in_scope(|| tracing::info!(server = %self.id(), %reason, "server ended; its policy does not restart it"));
                 self.publish(ServerState::Stopped);
                 self.fail_queue();
             }

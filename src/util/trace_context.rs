@@ -4,6 +4,14 @@
 //! legacy servers ignore), so that a server that traces continues the caller's trace.
 //! Without an OpenTelemetry layer installed there is no trace context and nothing is
 //! written: the cost is one lookup on the current span.
+//!
+//! Head sampling is decided here too, once per call ([`HeadSampler`]): a call that is
+//! not traced makes its spans on the [`UNTRACED`] target, which [`export_filter`] keeps
+//! from the OpenTelemetry layer, so it builds no OpenTelemetry span at all (log layers
+//! still see those spans). Deciding at the root is what makes an unsampled call cost
+//! nearly nothing: a sampler inside the SDK decides only after the spans are built.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use serde_json::Value;
@@ -34,17 +42,96 @@ where
         .with_filter(export_filter())
 }
 
+/// The target of the spans that last as long as a server or a connection: log context,
+/// not traces (a span is exported when it ends, and each poll of the connection's tasks
+/// would pay for it).
+pub const CONNECTION_SPANS: &str = "mcp_harness::connection";
+
+/// The target of the spans of calls that are not traced (see [`HeadSampler`]).
+pub const UNTRACED: &str = "mcp_harness::untraced";
+
+/// Which calls are traced: a call under a span that carries a trace context follows
+/// that trace's sampled flag (parent-based), and a call that starts a trace is traced
+/// at `ratio` (evenly spread: one call in every ten at 0.1, from a random start). Work that decided above the call (a gateway's request) tells it instead.
+#[derive(Debug)]
+pub struct HeadSampler {
+    ratio: f64,
+    roots: AtomicU64,
+}
+
+impl HeadSampler {
+    /// Traces `ratio` (0 to 1; outside, the nearer bound) of the traces started here.
+    pub fn new(ratio: f64) -> HeadSampler {
+        let ratio = if ratio.is_nan() {
+            1.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
+        // A random start, so that a process that starts few traces (one command, one
+        // call) keeps each with probability `ratio` rather than never.
+        let start = getrandom::u64().unwrap_or(0) % (1 << 32);
+        HeadSampler {
+            ratio,
+            roots: AtomicU64::new(start),
+        }
+    }
+
+    /// The share of new traces that are traced.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// Whether a new trace (no parent context) is traced.
+    pub fn root(&self) -> bool {
+        if self.ratio >= 1.0 {
+            return true;
+        }
+        if self.ratio <= 0.0 {
+            return false;
+        }
+        let n = self.roots.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * self.ratio).floor() > (n * self.ratio).floor()
+    }
+
+    /// Whether work that is a child of `parent` is traced.
+    pub fn under(&self, parent: &tracing::Span) -> bool {
+        let cx = parent.context();
+        let span = cx.span();
+        let sc = span.span_context();
+        if sc.is_valid() {
+            return sc.is_sampled();
+        }
+        self.root()
+    }
+}
+
+/// An INFO span of the call path, on the [`UNTRACED`] target when `$traced` is false.
+/// A call's children are told its decision: an untraced span is disabled (no layer
+/// takes its target), so it is never the current span they could ask.
+macro_rules! call_span {
+    (traced: $traced:expr, $($rest:tt)+) => {
+        if $traced {
+            ::tracing::info_span!($($rest)+)
+        } else {
+            ::tracing::info_span!(target: $crate::util::trace_context::UNTRACED, $($rest)+)
+        }
+    };
+}
+pub(crate) use call_span;
+
 /// What of the harness's `tracing` output an OpenTelemetry layer should take: its
-/// spans and events at INFO and above, except the audit records (every call's two, which
-/// the audit trail keeps already and which would double the cost of a traced call) and
-/// servers' stderr (text a server chooses, in bulk, on spans that live as long as the
-/// connection). An embedder adds its own targets to it (`.with_target("my_app", …)`), so
+/// spans and events at INFO and above, except untraced calls' spans, the spans that last
+/// as long as a connection, the audit records (every call's two, which the audit trail
+/// keeps already and which would double the cost of a traced call) and servers' stderr
+/// (text a server chooses, in bulk). An embedder adds its own targets to it (`.with_target("my_app", …)`), so
 /// that its spans are the parents of the harness's.
 pub fn export_filter() -> tracing_subscriber::filter::Targets {
     use tracing_subscriber::filter::LevelFilter;
     tracing_subscriber::filter::Targets::new()
         .with_target("mcp_harness", tracing::Level::INFO)
         .with_target("mcp_harness::audit", LevelFilter::OFF)
+        .with_target(UNTRACED, LevelFilter::OFF)
+        .with_target(CONNECTION_SPANS, LevelFilter::OFF)
         .with_target("mcp_harness::server_stderr", LevelFilter::OFF)
 }
 
@@ -168,6 +255,21 @@ mod tests {
         ] {
             assert!(extract(Some(&p(bad))).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn new_traces_are_kept_at_the_ratio_evenly() {
+        for (ratio, kept) in [(0.0, 0), (0.1, 10), (0.25, 25), (1.0, 100)] {
+            let sampler = HeadSampler::new(ratio);
+            let decisions: Vec<bool> = (0..100).map(|_| sampler.root()).collect();
+            assert_eq!(decisions.iter().filter(|d| **d).count(), kept, "{ratio}");
+            if ratio > 0.0 && ratio < 1.0 {
+                // Never two kept in a row below one half.
+                assert!(!decisions.windows(2).any(|w| w[0] && w[1]), "{ratio}");
+            }
+        }
+        assert_eq!(HeadSampler::new(f64::NAN).ratio(), 1.0);
+        assert_eq!(HeadSampler::new(7.0).ratio(), 1.0);
     }
 
     #[test]

@@ -98,6 +98,10 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
                 .display()
         ))
     })?;
+    // An OTEL_* variable that is set wins over the file, as for the exporters.
+    if let Some(ratio) = crate::telemetry::sample_ratio() {
+        loaded.config.trace_sample_ratio = ratio;
+    }
     for (name, id) in &loaded.renamed {
         eprintln!(
             "mcp-harness: server {:?} is named {id:?} here (ids use letters, digits, '-', '_', '.')",

@@ -158,6 +158,41 @@ fn resource(config: &TelemetryConfig) -> opentelemetry_sdk::Resource {
     resource.build()
 }
 
+/// The share of new traces kept that `OTEL_TRACES_SAMPLER` (with `OTEL_TRACES_SAMPLER_ARG`)
+/// asks for, when it is set. The harness decides at each trace's root (its
+/// `trace_sample_ratio`) and the SDK's sampler behind it is parent-based always-on, so
+/// that a call that is not kept builds no span; the samplers without `parentbased_` are
+/// read as their parent-based forms (a call under a caller's trace follows it). What the
+/// specification says of bad values holds: an unknown sampler, or a ratio that is not a
+/// number from 0 to 1, is reported and the default (all) used.
+pub fn sample_ratio() -> Option<f64> {
+    let sampler = var("OTEL_TRACES_SAMPLER")?;
+    let ratio = match sampler.trim() {
+        "always_on" | "parentbased_always_on" => 1.0,
+        "always_off" | "parentbased_always_off" => 0.0,
+        "traceidratio" | "parentbased_traceidratio" => {
+            match var("OTEL_TRACES_SAMPLER_ARG").map(|a| a.trim().parse::<f64>()) {
+                None => 1.0,
+                Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
+                Some(_) => {
+                    eprintln!(
+                        "mcp-harness: OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1; every trace is kept"
+                    );
+                    1.0
+                }
+            }
+        }
+        other => {
+            eprintln!(
+                "mcp-harness: OTEL_TRACES_SAMPLER={:?} is not supported (always_on, always_off, traceidratio and their parentbased_ forms); every trace is kept",
+                mcp_harness::util::text::one_line(other, 64)
+            );
+            1.0
+        }
+    };
+    Some(ratio)
+}
+
 fn unsupported(protocol: &str) -> anyhow::Error {
     anyhow::anyhow!("OTLP protocol {protocol:?} is not supported (grpc or http/protobuf)")
 }
@@ -198,6 +233,10 @@ pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvid
     Ok(Some(
         SdkTracerProvider::builder()
             .with_span_processor(processor)
+            // The harness decides at the root (see `sample_ratio`).
+            .with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+                opentelemetry_sdk::trace::Sampler::AlwaysOn,
+            )))
             .with_resource(resource(config))
             .build(),
     ))

@@ -100,7 +100,7 @@ impl StdioTransport {
             group: spawned.group.handle(),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
-        let span = tracing::info_span!("stdio", server = %server, pid);
+        let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
         tokio::spawn(tracing::Instrument::instrument(
             write_loop(spawned.stdin, rx),
             span.clone(),
