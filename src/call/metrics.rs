@@ -71,6 +71,8 @@ struct Series {
     buckets: Vec<u64>,
     count: u64,
     sum: f64,
+    /// The series' attributes on the exported histogram, built on its first call.
+    attributes: Option<Arc<[KeyValue]>>,
 }
 
 /// The calls' counters; one per harness.
@@ -95,20 +97,6 @@ impl CallMetrics {
         took: Duration,
     ) {
         let seconds = took.as_secs_f64();
-        if let Some(h) = self.exported.get() {
-            let mut attributes = vec![
-                KeyValue::new("mcp.method.name", method),
-                KeyValue::new(
-                    "mcp_harness.server.id",
-                    server.unwrap_or("none").to_string(),
-                ),
-                KeyValue::new("mcp_harness.outcome", outcome),
-            ];
-            if let Some(e) = error_type {
-                attributes.push(KeyValue::new("error.type", e));
-            }
-            h.record(seconds, &attributes);
-        }
         let bucket = BUCKETS
             .iter()
             .position(|b| seconds <= *b)
@@ -129,6 +117,27 @@ impl CallMetrics {
         s.buckets[bucket] += 1;
         s.count += 1;
         s.sum += seconds;
+        let Some(h) = self.exported.get() else {
+            return;
+        };
+        let attributes = s
+            .attributes
+            .get_or_insert_with(|| {
+                let mut a = vec![
+                    KeyValue::new("mcp.method.name", method),
+                    KeyValue::new("mcp_harness.server.id", server.to_string()),
+                    KeyValue::new("mcp_harness.outcome", outcome),
+                ];
+                if let Some(e) = error_type {
+                    a.push(KeyValue::new("error.type", e));
+                }
+                a.into()
+            })
+            .clone();
+        // Recorded outside our lock: the SDK's collection calls back into the snapshot,
+        // which takes it.
+        drop(by_server);
+        h.record(seconds, &attributes);
     }
 
     /// Records every call from now on in `histogram` too (the first one given stays).
