@@ -1093,6 +1093,8 @@ impl Gateway {
             capabilities,
             ..Delegation::default()
         };
+        // A legacy server's question this process holds, when the state names one.
+        let mut parked_id = None;
         match params.get("requestState") {
             None | Some(Value::Null) => {
                 if params.get("inputResponses").is_some() {
@@ -1124,15 +1126,11 @@ impl Gateway {
                 delegation.request_state = state.upstream;
                 delegation.rounds = state.rounds;
                 delegation.server = Some(state.server);
+                parked_id = state.parked;
             }
             Some(_) => return Err(invalid("requestState must be a string")),
         }
         let rounds_before = delegation.rounds;
-        let parked_id = delegation
-            .request_state
-            .as_deref()
-            .and_then(|s| s.strip_prefix(parked::PARKED))
-            .map(String::from);
         let mut held = match parked_id {
             // A legacy server's elicitation answered: its call goes on.
             Some(id) => {
@@ -1251,8 +1249,13 @@ impl Gateway {
                     "too many input rounds are held; try again",
                 ));
             };
-            let upstream = Some(format!("{}{id}", parked::PARKED));
-            let sealed = seal_round(&now, principal, (method, digest), server, upstream, rounds)?;
+            let round = Round {
+                server,
+                upstream: None,
+                parked: Some(id),
+                rounds,
+            };
+            let sealed = seal_round(&now, principal, (method, digest), round)?;
             return Ok(json!({
                 "resultType": "input_required",
                 "inputRequests": {parked::KEY: ask},
@@ -1267,14 +1270,13 @@ impl Gateway {
             .get("requestState")
             .and_then(Value::as_str)
             .map(String::from);
-        let sealed = seal_round(
-            &now,
-            principal,
-            (method, digest),
-            answer.server,
+        let round = Round {
+            server: answer.server,
             upstream,
-            answer.rounds,
-        )?;
+            parked: None,
+            rounds: answer.rounds,
+        };
+        let sealed = seal_round(&now, principal, (method, digest), round)?;
         if let Some(map) = result.as_object_mut() {
             map.insert("requestState".into(), json!(sealed));
         }
@@ -1390,21 +1392,35 @@ impl Gateway {
     }
 }
 
+/// The round a sealed state continues: the server whose round it is, its own state or
+/// the question this gateway holds for it, and the rounds so far.
+struct Round {
+    server: String,
+    upstream: Option<String>,
+    parked: Option<String>,
+    rounds: usize,
+}
+
 /// A round's state sealed for the downstream client: bound to the principal, the
 /// method and a digest of its params, valid for the sealer's ttl.
 fn seal_round(
     now: &Current,
     principal: &Principal,
     (method, digest): (&str, String),
-    server: String,
-    upstream: Option<String>,
-    rounds: usize,
+    round: Round,
 ) -> Result<String, RpcError> {
     let issued = seal::now_ms();
     let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+    let Round {
+        server,
+        upstream,
+        parked,
+        rounds,
+    } = round;
     let state = RoundState {
         server,
         upstream,
+        parked,
         agent: principal.agent.clone(),
         context: principal.context.clone(),
         method: method.to_string(),

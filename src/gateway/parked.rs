@@ -22,8 +22,6 @@ use crate::call::{Answer, CancelToken, ServerQuestion};
 use crate::protocol::RpcError;
 use crate::protocol::error::INTERNAL_ERROR;
 
-/// The `requestState` prefix (inside the sealed envelope) of a parked round.
-pub const PARKED: &str = "parked:";
 /// The key of the question in the downstream `inputRequests`.
 pub const KEY: &str = "elicitation";
 /// Parked rounds held at most (all principals).

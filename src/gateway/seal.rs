@@ -61,6 +61,11 @@ pub struct RoundState {
     pub server: String,
     /// Its `requestState`, as it sent it (absent if it sent none).
     pub upstream: Option<String>,
+    /// The id of a legacy server's question held in this gateway process (a parked
+    /// round), apart from `upstream`: whatever state a server issues, it is never
+    /// taken for one of the gateway's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<String>,
     /// The principal: agent id and auth context.
     pub agent: String,
     /// The auth context, if any.
@@ -281,6 +286,7 @@ mod tests {
         RoundState {
             server: "s".into(),
             upstream: Some("up".into()),
+            parked: None,
             agent: "a".into(),
             context: None,
             method: "tools/call".into(),

@@ -199,8 +199,6 @@ async fn ask_many(request: &Request, ctx: &Ctx) -> Action {
     Action::Reply(Ok(text(format!("answered {answered} refused {refused}"))))
 }
 
-/// The state `confirm` hands out; it has quotes, backslashes and non-ASCII so that an
-/// echo that is not exact shows.
 /// One input request of `method` with `params`: asked on the session (legacy), or as
 /// an `input_required` round keyed `key` (modern); the answer once there is one.
 async fn ask_client(
@@ -278,8 +276,11 @@ async fn list_roots(request: &Request, ctx: &Ctx) -> Action {
     Action::Reply(Ok(text(format!("roots: {}", uris.join(" ")))))
 }
 
+/// The state `confirm` hands out; it has quotes, backslashes and non-ASCII so that an
+/// echo that is not exact shows, and starts as a gateway's own marks might (`parked:`),
+/// so that a gateway that reads a server's state as its own shows too.
 fn confirm_state(message: &str) -> String {
-    format!("confirm-v1|{message}|ünïcode \"quoted\" \\slash")
+    format!("parked:confirm-v1|{message}|ünïcode \"quoted\" \\slash")
 }
 
 async fn confirm(request: &Request, ctx: &Ctx) -> Action {
