@@ -64,7 +64,9 @@ pub(crate) async fn route(
     // Resource uris may contain anything; they are never qualified.
     match split_qualified(name).filter(|_| kind != CallKind::Resource) {
         Some((server, item)) => route_qualified(ctx, agent, server, item),
-        None => route_bare(ctx, caller, kind, name, deadline).await,
+        // Boxed: listing every server is a large future, and a qualified name (the
+        // common call) should not carry its size.
+        None => Box::pin(route_bare(ctx, caller, kind, name, deadline)).await,
     }
 }
 

@@ -370,8 +370,10 @@ impl HarnessHandle {
         args: Value,
         options: CallOptions,
     ) -> impl Future<Output = Result<Value, CallError>> + Send + use<> {
-        let answer = self.call_delegated(caller, kind, name, args, None, options);
-        async move { answer.await.map(|a| a.result) }
+        let (pool, request) = self.call_request(caller, kind, name, args, None, &options);
+        // The call's future is made inside this one, not before it and moved in: an
+        // unstarted future kept beside its own await would double the size of this one.
+        async move { pool.run(request, options.cancel).await.map(|a| a.result) }
     }
 
     /// A call whose `input_required` rounds the caller answers itself (`delegated`:
@@ -389,6 +391,21 @@ impl HarnessHandle {
         delegated: Option<Delegation>,
         options: CallOptions,
     ) -> impl Future<Output = Result<Answer, CallError>> + Send + use<> {
+        let (pool, request) = self.call_request(caller, kind, name, args, delegated, &options);
+        async move { pool.run(request, options.cancel).await }
+    }
+
+    /// A call as the pool runs it, made where it is asked (the span current then is
+    /// its parent).
+    fn call_request(
+        &self,
+        caller: &Caller,
+        kind: CallKind,
+        name: &str,
+        args: Value,
+        delegated: Option<Delegation>,
+        options: &CallOptions,
+    ) -> (CallPool, CallRequest) {
         let request = CallRequest {
             caller: caller.clone(),
             kind,
@@ -399,8 +416,7 @@ impl HarnessHandle {
             parent: tracing::Span::current(),
             traced: options.traced,
         };
-        let pool = self.inner.services.calls.clone();
-        async move { pool.run(request, options.cancel).await }
+        (self.inner.services.calls.clone(), request)
     }
 
     /// The tools `caller` may call, each with its qualified name, bare name, server and

@@ -90,7 +90,9 @@ impl Transport {
     ) -> Result<Result<Value, RpcError>, TransportError> {
         match self {
             Transport::Stdio(t) => t.request(request, stamp, timeout).await,
-            Transport::Http(t) => t.request(request, stamp, timeout, identity).await,
+            // Boxed: the HTTP exchange's future is ten times a pipe's, and every future
+            // above this one (the call's, as an embedder spawns it) would carry its size.
+            Transport::Http(t) => Box::pin(t.request(request, stamp, timeout, identity)).await,
         }
     }
 
