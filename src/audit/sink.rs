@@ -232,11 +232,14 @@ impl AuditSink {
         if self.shared.config.path.is_none() {
             return;
         }
+        // Serialized before the lock, so that calls on other threads wait only for a copy.
+        // Serializing our own record into a Vec cannot fail: no I/O, string keys.
+        let mut line = Vec::with_capacity(512);
+        let _ = serde_json::to_writer(&mut line, record);
+        line.push(b'\n');
         let full = {
             let mut pending = self.shared.pending.lock();
-            // Serializing our own record into a Vec cannot fail: no I/O, string keys.
-            let _ = serde_json::to_writer(&mut pending.bytes, record);
-            pending.bytes.push(b'\n');
+            pending.bytes.extend_from_slice(&line);
             pending.records += 1;
             pending.records >= self.shared.config.batch.max(1)
         };
