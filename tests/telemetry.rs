@@ -233,6 +233,8 @@ async fn traced_call(config: &Path, tool: &str, endpoint: &str, protocol: &str) 
             .env("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol)
             .env("OTEL_SERVICE_NAME", "mcp-harness-test")
             .env_remove("OTEL_SDK_DISABLED")
+            .env_remove("OTEL_TRACES_SAMPLER")
+            .env_remove("OTEL_TRACES_SAMPLER_ARG")
             .output()
             .expect("run mcp-harness call")
             .status
@@ -480,6 +482,14 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         .filter(|s| s.name == "tools/call echo")
         .count();
     assert_eq!(attempts, 1, "only the sampled call's attempt was exported");
+    assert!(
+        received
+            .spans()
+            .iter()
+            .filter(|s| s.name == "tools/call s__echo" || s.name.starts_with("route"))
+            .all(|s| ours(&s)),
+        "no gateway, call or route span of the calls not kept"
+    );
     let sent: Vec<Value> = recorded(&record)
         .into_iter()
         .filter(|r| r["method"] == "tools/call")

@@ -78,8 +78,8 @@ pub(crate) struct CallRequest {
     pub timeout: Option<Duration>,
     /// The caller answers the input rounds itself (a gateway's downstream client).
     pub delegated: Option<Delegation>,
-    /// The caller's span when it asked: the call's span is its child, though the call
-    /// runs on a worker task (so an embedder's or a gateway's trace goes on through it).
+    /// The caller's span when it asked: the call's span is its child wherever the call's
+    /// future is polled (so an embedder's or a gateway's trace goes on through it).
     pub parent: tracing::Span,
     /// Whether the call's spans are exported, when the caller decided it.
     pub traced: Option<bool>,

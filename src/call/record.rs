@@ -34,9 +34,9 @@ pub(crate) struct CallRecord {
     rounds: Vec<Round>,
     /// The server tried last.
     pub(crate) server: Option<ServerRef>,
-    /// Whether the call's spans are exported (its head-sampling decision): the spans
-    /// of an untraced call are disabled, so its children cannot learn it from the
-    /// current span.
+    /// Whether the call's spans are exported (its head-sampling decision), told to its
+    /// children: an untraced call's spans are disabled unless a log layer keeps them,
+    /// so the current span cannot say.
     pub(crate) traced: bool,
     finished: bool,
     /// Counted whether or not records go anywhere.

@@ -2,8 +2,8 @@
 //! them: one span per call (`{mcp.method.name} {target}`, internal), a child for
 //! routing, one client span per attempt on a server (the MCP client span: protocol
 //! version, transport, the GenAI tool or prompt name), one per `input_required` round
-//! and one per input handler. Failovers and restarts are `tracing` events inside them,
-//! which become span events. The spans are ordinary `tracing` spans: exported only when
+//! and one per input handler. Failovers are `tracing` events inside them, which become
+//! span events (a server's restart is a short span of the server actor's own). The spans are ordinary `tracing` spans: exported only when
 //! an OpenTelemetry layer is installed. Names and targets come from callers and servers:
 //! a target is cut short in a span name, and a resource's uri is never in one.
 

@@ -1123,7 +1123,7 @@ impl Gateway {
                     Some(Value::Object(m)) => Some(m.clone()),
                     Some(_) => return Err(invalid("inputResponses must be an object")),
                 };
-                delegation.request_state = state.upstream;
+                delegation.request_state = state.upstream.filter(|_| state.parked.is_none());
                 delegation.rounds = state.rounds;
                 delegation.server = Some(state.server);
                 parked_id = state.parked;
@@ -1249,9 +1249,12 @@ impl Gateway {
                     "too many input rounds are held; try again",
                 ));
             };
+            // `upstream` keeps the mark earlier gateway versions read (they then refuse
+            // the state rather than start the call again); this version reads `parked`
+            // and never takes a server's state for its own.
             let round = Round {
                 server,
-                upstream: None,
+                upstream: Some(format!("parked:{id}")),
                 parked: Some(id),
                 rounds,
             };
@@ -1310,10 +1313,11 @@ impl Gateway {
         if peer.is_some() && client.capabilities.get("elicitation").is_some() {
             delegation.questions = Some(questions);
         }
+        // One server span, and one sampling decision, for the request, however many
+        // upstream rounds it takes.
+        let (span, traced) = downstream_span(self.inner.harness.sampler(), kind, &name, params);
         loop {
             let answer = {
-                let (span, traced) =
-                    downstream_span(self.inner.harness.sampler(), kind, &name, params);
                 let options = CallOptions {
                     timeout: None,
                     cancel: Some(cancel.clone()),
@@ -1328,7 +1332,7 @@ impl Gateway {
                         delegation.clone(),
                         options,
                     )
-                    .instrument(span);
+                    .instrument(span.clone());
                 tokio::pin!(call);
                 loop {
                     tokio::select! {

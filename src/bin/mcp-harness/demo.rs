@@ -125,7 +125,11 @@ pub async fn run() -> anyhow::Result<()> {
     let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
 
     step("1. Start: one supervised actor per server; discover, or initialize for legacy servers");
-    let harness = Harness::builder(config(&exe, &url, &work))
+    let mut harness_config = config(&exe, &url, &work);
+    if let Some(ratio) = crate::telemetry::sample_ratio() {
+        harness_config.trace_sample_ratio = ratio;
+    }
+    let harness = Harness::builder(harness_config)
         .input_handler("elicitation/create", approver())
         .spawn()
         .await?;

@@ -155,6 +155,8 @@ fn main() -> ExitCode {
             .and_then(|l| telemetry::TelemetryConfig::from_value(l.telemetry.as_ref()).ok())
             .unwrap_or_default();
         let provider = match telemetry::tracer(&config) {
+            // `always_off` keeps no trace, not even a caller's: nothing is exported.
+            Ok(_) if telemetry::traces_off() => None,
             Ok(p) => p,
             Err(e) => {
                 eprintln!("mcp-harness: traces are not exported: {e:#}");

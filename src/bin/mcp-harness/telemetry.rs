@@ -159,38 +159,48 @@ fn resource(config: &TelemetryConfig) -> opentelemetry_sdk::Resource {
 }
 
 /// The share of new traces kept that `OTEL_TRACES_SAMPLER` (with `OTEL_TRACES_SAMPLER_ARG`)
-/// asks for, when it is set. The harness decides at each trace's root (its
-/// `trace_sample_ratio`) and the SDK's sampler behind it is parent-based always-on, so
-/// that a call that is not kept builds no span; the samplers without `parentbased_` are
-/// read as their parent-based forms (a call under a caller's trace follows it). What the
-/// specification says of bad values holds: an unknown sampler, or a ratio that is not a
-/// number from 0 to 1, is reported and the default (all) used.
+/// asks for, when it is set and understood. The harness decides at each trace's root
+/// (its `trace_sample_ratio`) and the SDK's sampler behind it is parent-based always-on,
+/// so that a call that is not kept builds no span; `traceidratio` is read as its
+/// parent-based form (a call under a caller's trace follows it), and `always_off` turns
+/// trace export off ([`traces_off`]). An unknown sampler, or a ratio that is not a number from 0 to 1, is reported and
+/// ignored: the file's ratio stays.
 pub fn sample_ratio() -> Option<f64> {
     let sampler = var("OTEL_TRACES_SAMPLER")?;
-    let ratio = match sampler.trim() {
-        "always_on" | "parentbased_always_on" => 1.0,
-        "always_off" | "parentbased_always_off" => 0.0,
+    match sampler.trim() {
+        "always_on" | "parentbased_always_on" => Some(1.0),
+        "always_off" | "parentbased_always_off" => Some(0.0),
         "traceidratio" | "parentbased_traceidratio" => {
             match var("OTEL_TRACES_SAMPLER_ARG").map(|a| a.trim().parse::<f64>()) {
-                None => 1.0,
-                Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
+                None => Some(1.0),
+                Some(Ok(r)) if (0.0..=1.0).contains(&r) => Some(r),
                 Some(_) => {
-                    eprintln!(
-                        "mcp-harness: OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1; every trace is kept"
-                    );
-                    1.0
+                    warn_once("OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1; ignored");
+                    None
                 }
             }
         }
         other => {
-            eprintln!(
-                "mcp-harness: OTEL_TRACES_SAMPLER={:?} is not supported (always_on, always_off, traceidratio and their parentbased_ forms); every trace is kept",
+            warn_once(&format!(
+                "OTEL_TRACES_SAMPLER={:?} is not supported (always_on, always_off, traceidratio and their parentbased_ forms); ignored",
                 mcp_harness::util::text::one_line(other, 64)
-            );
-            1.0
+            ));
+            None
         }
-    };
-    Some(ratio)
+    }
+}
+
+/// Whether `OTEL_TRACES_SAMPLER=always_off` asks for no trace at all (its parent-based
+/// form, and a ratio of 0, still follow a caller's sampled trace).
+pub fn traces_off() -> bool {
+    var("OTEL_TRACES_SAMPLER").is_some_and(|s| s.trim() == "always_off")
+}
+
+/// Says `what` on stderr the first time only (the variables are read at start and at
+/// each reload).
+fn warn_once(what: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("mcp-harness: {what}"));
 }
 
 fn unsupported(protocol: &str) -> anyhow::Error {
