@@ -114,7 +114,9 @@ pub struct CallOptions {
     pub cancel: Option<CancelToken>,
     /// Whether the call's spans are exported (a decision made above the call, as a
     /// gateway makes it for its request). `None`: the calling span's trace decides (its
-    /// sampled flag), or `trace_sample_ratio` when the call starts a trace.
+    /// sampled flag), or `trace_sample_ratio` when the call starts a trace. With
+    /// `Some(false)` under a span that is exported, the server may still be sent that
+    /// span's trace context (the call's own spans are not there to replace it).
     pub traced: Option<bool>,
 }
 
