@@ -263,6 +263,11 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
     let call = named(&spans, "tools/call s__echo")[0];
     assert_eq!(call.kind, 1, "internal");
     assert_eq!(attr(call, "mcp.method.name").as_deref(), Some("tools/call"));
+    assert_eq!(
+        attr(call, "agent").as_deref(),
+        Some("local"),
+        "the agent, as text"
+    );
     // The tool's execution is the attempt's (counted once, on the client span).
     assert!(attr(call, "gen_ai.operation.name").is_none());
     assert!(attr(call, "error.type").is_none());

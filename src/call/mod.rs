@@ -195,7 +195,7 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         parent: &request.parent,
         "call",
         call_id,
-        agent = ?request.caller.agent_id,
+        agent = request.caller.agent_id.as_deref(),
         name = %request.name,
         otel.name = %telemetry::name(request.kind, &request.name),
         otel.kind = "internal",
