@@ -205,24 +205,9 @@ pub async fn serve(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = connections.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+    while let Some((stream, permit)) =
+        super::side::accept("mcp", &listener, &connections, &mut shutdown).await
+    {
         let _ = stream.set_nodelay(true);
         let service_state = state.clone();
         let service = hyper::service::service_fn(move |req| {

@@ -1,5 +1,6 @@
 //! The gateway's side listeners (`--metrics`, `--admin`): plain HTTP/1.1, a few
-//! connections at once, each held at most a minute, answered by one async function.
+//! connections at once, each held at most a minute, answered by one async function. The
+//! bounded accept loop is the main listener's too.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,6 +16,30 @@ const MAX_CONNECTIONS: usize = 64;
 /// The longest one connection is held (a slow client loses its slot).
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
+/// The next connection on `listener` with the permit that counts it among
+/// `connections` (a full set waits for one to close), or `None` once `shutdown` resolves.
+/// A failed accept is logged (`what` names the listener) and the next one awaited.
+pub(crate) async fn accept(
+    what: &str,
+    listener: &tokio::net::TcpListener,
+    connections: &Arc<tokio::sync::Semaphore>,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    loop {
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => p.ok()?,
+            () = shutdown.as_mut() => return None,
+        };
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => return Some((stream, permit)),
+                Err(e) => tracing::warn!(listener = what, error = %e, "accept failed"),
+            },
+            () = shutdown.as_mut() => return None,
+        }
+    }
+}
+
 /// Serves `answer` on `listener` until `shutdown` resolves; `what` names the listener
 /// in logs.
 pub(crate) async fn serve<F, Fut>(
@@ -28,24 +53,7 @@ pub(crate) async fn serve<F, Fut>(
 {
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = connections.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            () = &mut shutdown => return,
-        };
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(listener = what, error = %e, "accept failed");
-                    continue;
-                }
-            },
-            () = &mut shutdown => return,
-        };
+    while let Some((stream, permit)) = accept(what, &listener, &connections, &mut shutdown).await {
         let answer = answer.clone();
         let service = hyper::service::service_fn(move |req| {
             let reply = answer(req);
