@@ -364,8 +364,25 @@ fn demo_cmd(args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
+/// This process's scratch directory for audit files, caches, records and configs.
+fn scratch() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mcp-harness-bench-{}", std::process::id()))
+}
+
 fn temp(tag: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mcp-harness-bench-{}-{tag}", std::process::id()))
+    let dir = scratch();
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(tag)
+}
+
+/// Removes the scratch directory when the process's `main` returns: a full run writes
+/// gigabytes of audit records.
+struct RemoveScratch;
+
+impl Drop for RemoveScratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(scratch());
+    }
 }
 
 fn config(server: ServerConfig, audit: bool) -> HarnessConfig {
@@ -1181,6 +1198,7 @@ async fn profile_section() {
 }
 
 fn main() {
+    let _scratch = RemoveScratch;
     // reqwest is built without a default TLS provider (the harness configures its own);
     // the bench's own HTTP clients use ring, as the harness does.
     let _ = rustls::crypto::ring::default_provider().install_default();

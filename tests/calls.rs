@@ -235,7 +235,7 @@ async fn private_lists_stay_within_an_auth_context_and_public_lists_are_shared()
 
 #[tokio::test]
 async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
-    let dir = std::env::temp_dir().join(format!("mcp-harness-warm-{}", std::process::id()));
+    let dir = scratch_dir().join("warm");
     let _ = std::fs::remove_dir_all(&dir);
     let record = temp_file("warm");
     let server = demo("alpha", &["--record", &record.to_string_lossy()]);

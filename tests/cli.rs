@@ -29,7 +29,7 @@ fn demo_cmd(args: &str) -> String {
 }
 
 fn write(name: &str, text: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("mcp-harness-cli-{}-{name}", std::process::id()));
+    let path = scratch_dir().join(name);
     std::fs::write(&path, text).expect("write");
     path
 }
@@ -290,8 +290,23 @@ fn the_demo_runs_every_step_and_reads_cleanly() {
 
 #[test]
 fn the_example_config_in_the_repository_runs() {
+    // The example's cache and audit paths are under /tmp; the test's copy keeps them in
+    // its scratch directory instead.
+    let dir = scratch_dir();
+    let example = std::fs::read_to_string("examples/harness.toml").expect("example config");
+    let text = example
+        .replace(
+            "/tmp/mcp-harness-cache",
+            &dir.join("cache").to_string_lossy(),
+        )
+        .replace(
+            "/tmp/mcp-harness-audit.jsonl",
+            &dir.join("audit.jsonl").to_string_lossy(),
+        );
+    assert_ne!(text, example, "the example's paths moved: update this test");
+    let config = write("example.toml", &text);
     let o = Command::new(harness_exe())
-        .args(["status", "--config", "examples/harness.toml"])
+        .args(["status", "--config", &config.to_string_lossy()])
         .env("HOME", "/tmp")
         .env("RUST_LOG", "error")
         .output()
@@ -306,10 +321,7 @@ fn the_example_config_in_the_repository_runs() {
 
 #[test]
 fn ctrl_c_stops_every_server_and_exits() {
-    let pidfile = std::env::temp_dir().join(format!(
-        "mcp-harness-cli-{}-ctrlc.jsonl",
-        std::process::id()
-    ));
+    let pidfile = scratch_dir().join("ctrlc.jsonl");
     let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
     let child = Command::new(harness_exe())
         .args(["call", "--stdio", &server, "hang"])
@@ -548,10 +560,7 @@ fn toml_demo(id: &str, more: &str) -> String {
 
 /// Writes `text` to a fresh file named `name` (the extension picks the format).
 fn config_file(tag: &str, name: &str, text: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!(
-        "mcp-harness-cli-{}-{tag}-{name}",
-        std::process::id()
-    ));
+    let path = scratch_dir().join(format!("{tag}-{name}"));
     std::fs::write(&path, text).expect("write config");
     path
 }

@@ -165,7 +165,7 @@ async fn item_02_a_redirect_is_never_followed_and_a_call_that_reached_the_server
 // registry/cache/tests.rs).
 #[tokio::test]
 async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_entries() {
-    let dir = std::env::temp_dir().join(format!("mcp-harness-fp-{}", std::process::id()));
+    let dir = scratch_dir().join("fp");
     let _ = std::fs::remove_dir_all(&dir);
     let record = temp_file("fp");
     let run = |args: Vec<String>| {
@@ -363,7 +363,7 @@ async fn item_05_a_flood_of_list_changed_notifications_becomes_one_invalidation_
 // 5. Bounded queues: no blocking file I/O on the async threads.
 #[test]
 fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
-    let dir = std::env::temp_dir().join(format!("mcp-harness-fifo-{}", std::process::id()));
+    let dir = scratch_dir().join("fifo");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let fifo = dir.join("audit.jsonl");
@@ -612,8 +612,7 @@ async fn item_06_fixed_answers_never_accept_a_url_mode_elicitation_on_their_own(
 async fn item_07_an_unwritable_audit_file_fails_new_calls_closed_or_counts_when_told_to_keep_serving()
  {
     for mode in [AuditFailure::FailClosed, AuditFailure::KeepServing] {
-        let dir =
-            std::env::temp_dir().join(format!("mcp-harness-full-{}-{mode:?}", std::process::id()));
+        let dir = scratch_dir().join(format!("full-{mode:?}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("audit.jsonl");

@@ -270,8 +270,7 @@ mod tests {
 
     #[test]
     fn auth_contexts_are_keyed_hashes_stable_across_restarts_and_not_plain_digests() {
-        let dir = std::env::temp_dir().join(format!("mcp-harness-key-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::util::scratch::Scratch::new("key");
         let config = AuditConfig {
             path: Some(dir.join("audit.jsonl")),
             ..AuditConfig::default()
@@ -301,13 +300,11 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn health_read_while_records_are_written_never_deadlocks() {
-        let dir = std::env::temp_dir().join(format!("mcp-harness-health-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::util::scratch::Scratch::new("health");
         let config = AuditConfig {
             path: Some(dir.join("audit.jsonl")),
             ..AuditConfig::default()
@@ -342,6 +339,5 @@ mod tests {
         writer.join().expect("writer");
         reader.join().expect("reader");
         assert_eq!(sink.health().backlog, 0);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

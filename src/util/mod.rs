@@ -5,6 +5,8 @@
 pub mod duration;
 pub mod hash;
 pub mod invalid;
+#[cfg(test)]
+pub(crate) mod scratch;
 pub mod slot;
 pub mod text;
 pub mod trace_context;

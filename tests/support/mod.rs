@@ -163,14 +163,57 @@ pub fn call(name: &str, arguments: Value) -> Option<Value> {
     Some(json!({"name": name, "arguments": arguments}))
 }
 
-/// A fresh file path under the system temp directory, for `--record`.
+/// This test process's scratch directory: made on first use, removed when the process
+/// exits. Directories left by processes that were killed are swept on the way in, so
+/// a run never leaves audit files, keys or records behind in the system temp dir.
+pub fn scratch_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::env::temp_dir();
+        sweep_stale(&root);
+        let dir = root.join(format!("{SCRATCH_PREFIX}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("make the scratch directory");
+        extern "C" fn remove_scratch() {
+            if let Some(dir) = DIR.get() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        // SAFETY: registers a plain function that only removes a directory.
+        unsafe { libc::atexit(remove_scratch) };
+        dir
+    })
+    .clone()
+}
+
+const SCRATCH_PREFIX: &str = "mcp-harness-test-";
+
+/// Removes scratch directories whose process is gone.
+fn sweep_stale(root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A fresh file path in this process's scratch directory, for `--record`, audit files
+/// and configs.
 pub fn temp_file(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "mcp-harness-test-{}-{tag}-{n}.jsonl",
-        std::process::id()
-    ))
+    scratch_dir().join(format!("{tag}-{n}.jsonl"))
 }
 
 /// The requests a `--record` file holds.

@@ -116,12 +116,29 @@ fn approver() -> Arc<FixedAnswers> {
     }))
 }
 
+/// The demo's cache and audit directory, removed when the demo ends, also on an error.
+struct WorkDir(std::path::PathBuf);
+
+impl std::ops::Deref for WorkDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub async fn run() -> anyhow::Result<()> {
     let exe = std::env::current_exe()
         .context("locating this binary")?
         .to_string_lossy()
         .to_string();
-    let work = std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id()));
+    let work =
+        WorkDir(std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id())));
     let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
 
     step("1. Start: one supervised actor per server; discover, or initialize for legacy servers");
@@ -162,7 +179,6 @@ pub async fn run() -> anyhow::Result<()> {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     println!("  server processes {}: all gone", pids.join(", "));
     audit(&work.join("audit.jsonl"))?;
-    let _ = std::fs::remove_dir_all(&work);
     println!("\nDone.");
     Ok(())
 }

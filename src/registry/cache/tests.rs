@@ -35,13 +35,8 @@ fn put(cache: &ListCache, ctx: Option<&str>, result: Value) -> bool {
     }
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "mcp-harness-cache-unit-{tag}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn temp_dir(tag: &str) -> crate::util::scratch::Scratch {
+    crate::util::scratch::Scratch::new(&format!("cache-{tag}"))
 }
 
 #[test]
@@ -157,14 +152,14 @@ fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
 fn the_disk_layer_survives_a_new_cache() {
     let dir = temp_dir("survive");
     {
-        let cache = ListCache::new(config(Some(dir.clone())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf())));
         assert!(put(
             &cache,
             None,
             json!({"tools": ["x"], "ttlMs": 60000, "cacheScope": "public"})
         ));
     }
-    let cache = ListCache::new(config(Some(dir.clone())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf())));
     assert_eq!(
         cache.get(LIST, None, None).expect("from disk").value["tools"][0],
         "x"
@@ -179,7 +174,7 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
     use std::os::unix::fs::PermissionsExt;
     let dir = temp_dir("trust");
     {
-        let cache = ListCache::new(config(Some(dir.clone())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf())));
         assert!(put(
             &cache,
             None,
@@ -210,7 +205,7 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
         dir.join("other").join(files[0].file_name().expect("name")),
     )
     .expect("copy");
-    let cache = ListCache::new(config(Some(dir.clone())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf())));
     assert_eq!(
         cache.stats().l2.entries,
         1,
@@ -286,7 +281,7 @@ mod properties {
         #[test]
         fn isolation_freshness_and_liveness_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..60)) {
             let dir = temp_dir(&format!("prop-{}", std::thread::current().name().unwrap_or("t").replace(':', "_")));
-            let mut cache = ListCache::new(config(Some(dir.clone())));
+            let mut cache = ListCache::new(config(Some(dir.to_path_buf())));
             // Far in the future, so that the disk layer (which reads the wall clock) keeps what
             // the model keeps.
             let mut now = 4_000_000_000_000u64;
@@ -334,7 +329,7 @@ mod properties {
                         // The disk layer judges freshness by the wall clock; the model's
                         // clock starts in the far future, so entries stay comparable.
                         drop(cache);
-                        cache = ListCache::new(config(Some(dir.clone())));
+                        cache = ListCache::new(config(Some(dir.to_path_buf())));
                     }
                 }
             }

@@ -269,8 +269,8 @@ mod tests {
     #[test]
     fn a_file_store_keeps_tokens_per_key_privately_and_forgets_a_server() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("mcp-harness-tokens-{}", std::process::id()));
-        let store = FileTokenStore::new(&dir);
+        let dir = crate::util::scratch::Scratch::new("tokens");
+        let store = FileTokenStore::new(&*dir);
         let key = |server: &str, who: Option<&str>| TokenKey {
             server: server.into(),
             resource: "https://s/mcp".into(),
