@@ -1092,13 +1092,8 @@ tokens = [{{ sha256 = "{hash}", agent = "bench" }}]
     path
 }
 
-/// client → gateway → server against client → server: the raw clients, the demo server,
-/// over stdio (`serve --stdio`) and Streamable HTTP (`serve --listen`).
-async fn gateway_section(b: &mut Bench) {
-    eprintln!("gateway, echo (raw client direct, and through `mcp-harness serve`):");
-    let direct = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
-    b.all("gw_stdio_direct", &direct).await;
-    drop(direct);
+/// The raw client on `serve --stdio` in front of the demo server over stdio.
+fn stdio_gateway() -> Client {
     let config = gateway_config(
         &format!(
             r#"{{ type = "stdio", command = "{}", args = ["demo-server", "bench"] }}"#,
@@ -1109,7 +1104,17 @@ async fn gateway_section(b: &mut Bench) {
     let mut cmd = tokio::process::Command::new(harness_bin());
     cmd.args(["serve", "--stdio", "--agent", "bench", "--config"])
         .arg(&config);
-    let gateway = Client::RawGateway(RawStdio::spawn(cmd));
+    Client::RawGateway(RawStdio::spawn(cmd))
+}
+
+/// client → gateway → server against client → server: the raw clients, the demo server,
+/// over stdio (`serve --stdio`) and Streamable HTTP (`serve --listen`).
+async fn gateway_section(b: &mut Bench) {
+    eprintln!("gateway, echo (raw client direct, and through `mcp-harness serve`):");
+    let direct = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
+    b.all("gw_stdio_direct", &direct).await;
+    drop(direct);
+    let gateway = stdio_gateway();
     b.all("gw_stdio_gateway", &gateway).await;
     drop(gateway);
 
@@ -1143,7 +1148,9 @@ fn cpu_us() -> f64 {
 
 /// `MCP_BENCH_ONLY=profile`: calls at 64 in flight on the demo server for
 /// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch, with the client's CPU time
-/// per call. `MCP_BENCH_CLIENT=raw` profiles the raw client instead of the harness;
+/// per call. `MCP_BENCH_CLIENT=raw` profiles the raw client instead of the harness,
+/// `MCP_BENCH_CLIENT=gateway` the raw client through `serve --stdio` (profile the
+/// `serve` process);
 /// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs;
 /// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls.
 async fn profile_section() {
@@ -1151,9 +1158,11 @@ async fn profile_section() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let raw = std::env::var("MCP_BENCH_CLIENT").is_ok_and(|c| c == "raw");
-    let (h, client) = if raw {
+    let which = std::env::var("MCP_BENCH_CLIENT").unwrap_or_default();
+    let (h, client) = if which == "raw" {
         (None, Client::Raw(RawStdio::spawn(demo_cmd(&["bench"]))))
+    } else if which == "gateway" {
+        (None, stdio_gateway())
     } else {
         let audit = std::env::var("MCP_BENCH_AUDIT")
             .ok()

@@ -604,7 +604,7 @@ async fn post(
                     let _entry = entry;
                     state
                         .gateway
-                        .handle(&principal, &request, Client::Modern, cancel, progress)
+                        .handle(&principal, request, Client::Modern, cancel, progress)
                         .await
                 }
             };
@@ -918,7 +918,7 @@ async fn legacy_request(
             };
             state
                 .gateway
-                .handle(&principal, &request, client, cancel, progress)
+                .handle(&principal, request, client, cancel, progress)
                 .await
         }
     };

@@ -715,24 +715,29 @@ impl Gateway {
     pub async fn handle(
         &self,
         principal: &Principal,
-        request: &Request,
+        request: Request,
         client: Client<'_>,
         cancel: CancelToken,
         progress: Option<ProgressSender>,
     ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
-            Client::Modern => Some(Self::check_envelope(request)?),
+            Client::Modern => Some(Self::check_envelope(&request)?),
             Client::Legacy { .. } => None,
         };
         let permit = {
-            let sem = self
-                .inner
-                .in_flight
-                .lock()
-                .entry(principal.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(now.config.max_in_flight_per_principal)))
-                .clone();
+            let mut in_flight = self.inner.in_flight.lock();
+            // Looked up before it is inserted: the principal is copied only the first time.
+            let sem = match in_flight.get(principal) {
+                Some(sem) => sem.clone(),
+                None => in_flight
+                    .entry(principal.clone())
+                    .or_insert_with(|| {
+                        Arc::new(Semaphore::new(now.config.max_in_flight_per_principal))
+                    })
+                    .clone(),
+            };
+            drop(in_flight);
             sem.try_acquire_owned().map_err(|_| {
                 RpcError::new(
                     -32000,
@@ -743,14 +748,15 @@ impl Gateway {
                 )
             })?
         };
-        let mut params = request.params.clone().unwrap_or_else(|| json!({}));
+        let Request { method, params, .. } = request;
+        let mut params = params.unwrap_or_else(|| json!({}));
         let searching = now.config.tool_exposure == ToolExposure::Search;
-        let meta_tool = if searching && request.method == "tools/call" {
+        let meta_tool = if searching && method == "tools/call" {
             params.get("name").and_then(Value::as_str).map(String::from)
         } else {
             None
         };
-        let answer = match (request.method.as_str(), meta_tool.as_deref()) {
+        let answer = match (method.as_str(), meta_tool.as_deref()) {
             ("tools/list", _) if searching => Ok(json!({
                 "tools": search::meta_tools(),
                 // The same three tools for everyone, whatever the grants.
@@ -797,7 +803,7 @@ impl Gateway {
                 if let Some(map) = result.as_object_mut() {
                     map.entry("resultType").or_insert(json!("complete"));
                     // A legacy server's resource has no hints: not to be reused.
-                    if request.method == "resources/read" {
+                    if method == "resources/read" {
                         map.entry("ttlMs").or_insert(json!(0));
                         map.entry("cacheScope").or_insert(json!("private"));
                     }
@@ -1086,7 +1092,9 @@ impl Gateway {
         let CallIo { cancel, progress } = io;
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
-        let digest = seal::params_digest(params);
+        // Only a state opened or sealed needs the digest, not every call.
+        let digest = std::sync::OnceLock::new();
+        let digest = || digest.get_or_init(|| seal::params_digest(params)).clone();
         let downstream_caps = capabilities.clone();
         let wants_progress = progress_of(params, progress);
         let mut delegation = Delegation {
@@ -1108,7 +1116,7 @@ impl Gateway {
                         &principal.agent,
                         principal.context.as_deref(),
                         method,
-                        &digest,
+                        &digest(),
                     )
                     .map_err(|e| {
                         tracing::info!(agent = %principal.agent, error = %e, "requestState refused");
@@ -1190,7 +1198,7 @@ impl Gateway {
                     cancel: Some(ended),
                     traced: Some(traced),
                 };
-                let call = tokio::spawn(async move {
+                let call = parked::Call::inline(async move {
                     gw.delegated(&who, kind, &target, args, delegation, options)
                         .instrument(span)
                         .await
@@ -1258,7 +1266,7 @@ impl Gateway {
                 parked: Some(id),
                 rounds,
             };
-            let sealed = seal_round(&now, principal, (method, digest), round)?;
+            let sealed = seal_round(&now, principal, (method, digest()), round)?;
             return Ok(json!({
                 "resultType": "input_required",
                 "inputRequests": {parked::KEY: ask},
@@ -1279,7 +1287,7 @@ impl Gateway {
             parked: None,
             rounds: answer.rounds,
         };
-        let sealed = seal_round(&now, principal, (method, digest), round)?;
+        let sealed = seal_round(&now, principal, (method, digest()), round)?;
         if let Some(map) = result.as_object_mut() {
             map.insert("requestState".into(), json!(sealed));
         }

@@ -29,10 +29,53 @@ pub const MAX_PARKED: usize = 1024;
 /// Parked rounds one principal may hold: one agent cannot take every slot.
 pub const MAX_PARKED_PER_PRINCIPAL: usize = 16;
 
-/// An upstream call in flight on behalf of a downstream client: its task, the
+/// The upstream call's future, polled by the request that started it; it becomes a task
+/// of its own only when it parks (a spawn per call cost a copy of the call's future and
+/// a task hand-off on every call, for the rare call that parks).
+pub enum Call {
+    /// Polled where it is awaited.
+    Inline(std::pin::Pin<Box<dyn Future<Output = Result<Answer, RpcError>> + Send>>),
+    /// Running on its own, while no request waits on it.
+    Spawned(JoinHandle<Result<Answer, RpcError>>),
+}
+
+impl Call {
+    /// A call polled by whoever awaits it.
+    pub fn inline(call: impl Future<Output = Result<Answer, RpcError>> + Send + 'static) -> Call {
+        Call::Inline(Box::pin(call))
+    }
+
+    /// Lets the call go on with nobody awaiting it.
+    fn detach(&mut self) {
+        let placeholder = Call::Inline(Box::pin(std::future::pending()));
+        if let Call::Inline(call) = std::mem::replace(self, placeholder) {
+            *self = Call::Spawned(tokio::spawn(call));
+        }
+    }
+}
+
+impl Future for Call {
+    type Output = Result<Answer, RpcError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.get_mut() {
+            Call::Inline(call) => call.as_mut().poll(cx),
+            Call::Spawned(task) => std::pin::Pin::new(task).poll(cx).map(|done| {
+                done.unwrap_or_else(|_| {
+                    Err(RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly"))
+                })
+            }),
+        }
+    }
+}
+
+/// An upstream call in flight on behalf of a downstream client: the call, the
 /// questions its server asks, and the token that ends it (cancelled when this drops).
 pub struct Held {
-    pub call: JoinHandle<Result<Answer, RpcError>>,
+    pub call: Call,
     pub questions: Option<mpsc::Receiver<ServerQuestion>>,
     pub cancel: CancelToken,
     /// Where the call's progress goes now: the waiting request's sender and token.
@@ -83,12 +126,7 @@ pub async fn wait(mut held: Held) -> Waited {
         tokio::select! {
             // A call that is done is done, whatever it asked last.
             biased;
-            done = &mut held.call => {
-                let done = done.unwrap_or_else(|_| {
-                    Err(RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly"))
-                });
-                return Waited::Done(done, held);
-            }
+            done = &mut held.call => return Waited::Done(done, held),
             asked = question => match asked {
                 Some(q) => return Waited::Asked(held, q),
                 // No more questions can come: only the call is left.
@@ -119,7 +157,7 @@ impl ParkedRounds {
     pub fn park(
         &self,
         principal: &Principal,
-        held: Held,
+        mut held: Held,
         pending: ServerQuestion,
         expires: Instant,
     ) -> Option<String> {
@@ -144,6 +182,8 @@ impl ParkedRounds {
             return None;
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        // Nobody awaits a parked call: it waits for its answer on its own.
+        held.call.detach();
         rounds.insert(
             id.clone(),
             Parked {

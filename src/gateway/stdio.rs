@@ -222,17 +222,18 @@ pub async fn serve(
                         }
                         false => (None, None),
                     };
+                    let id = request.id.clone();
                     let outcome = gateway
-                        .handle(&principal, &request, client, token, progress)
+                        .handle(&principal, request, client, token, progress)
                         .await;
                     // The call is over, so its progress sender is gone: what it sent
                     // goes out before the result.
                     if let Some(f) = forwarder {
                         let _ = f.await;
                     }
-                    calls.lock().remove(&id_key(&request.id), ticket);
+                    calls.lock().remove(&id_key(&id), ticket);
                     pipe.send(&Message::Response(Response {
-                        id: Some(request.id),
+                        id: Some(id),
                         outcome,
                     }));
                 });

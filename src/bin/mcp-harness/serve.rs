@@ -152,21 +152,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             context: None,
         };
         // Pipes are read and written through the reactor; anything else (a file, a
-        // terminal) through tokio's blocking stdin/stdout.
-        match (pipe_in(), pipe_out()) {
-            (Some(input), Some(output)) => {
-                gateway::stdio::serve(gateway, principal, input, output, stop_signal()).await
-            }
-            _ => {
-                gateway::stdio::serve(
-                    gateway,
-                    principal,
-                    tokio::io::stdin(),
-                    tokio::io::stdout(),
-                    stop_signal(),
-                )
-                .await
-            }
+        // terminal) through tokio's blocking stdin/stdout. The session runs on a worker
+        // thread, not on the thread that blocks on the runtime: the tasks it spawns per
+        // request then start on its own worker instead of waking another one.
+        let session = match (pipe_in(), pipe_out()) {
+            (Some(input), Some(output)) => tokio::spawn(gateway::stdio::serve(
+                gateway,
+                principal,
+                input,
+                output,
+                stop_signal(),
+            )),
+            _ => tokio::spawn(gateway::stdio::serve(
+                gateway,
+                principal,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+                stop_signal(),
+            )),
+        };
+        if let Err(e) = session.await {
+            tracing::error!(error = %e, "the stdio session ended abnormally");
         }
         reloader.abort();
         for task in [metrics, admin].into_iter().flatten() {
