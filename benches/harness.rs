@@ -375,6 +375,29 @@ fn temp(tag: &str) -> std::path::PathBuf {
     dir.join(tag)
 }
 
+/// Removes the scratch directories of bench processes that are gone (a run stopped
+/// with Ctrl-C leaves its own behind).
+fn sweep_stale_scratch() {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("mcp-harness-bench-"))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Removes the scratch directory when the process's `main` returns: a full run writes
 /// gigabytes of audit records.
 struct RemoveScratch;
@@ -1207,6 +1230,7 @@ async fn profile_section() {
 }
 
 fn main() {
+    sweep_stale_scratch();
     let _scratch = RemoveScratch;
     // reqwest is built without a default TLS provider (the harness configures its own);
     // the bench's own HTTP clients use ring, as the harness does.

@@ -1873,3 +1873,32 @@ async fn a_legacy_servers_elicitation_is_a_modern_clients_input_round() {
     assert_eq!(replay["error"]["code"], -32602, "{replay}");
     assert!(gw.stop().await.success());
 }
+
+#[tokio::test]
+async fn a_legacy_servers_questions_one_after_another_are_rounds_until_the_answer() {
+    // The call parks at the first question and stays on its own task after that: each
+    // later question parks it again, and the last answer finishes it.
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let params = json!({"name": "beta__rounds", "arguments": {"n": 3}});
+    let (status, mut r) = gw.modern("tok-a", "tools/call", params.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    for answer in ["one", "two", "three"] {
+        let result = &r["result"];
+        assert_eq!(result["resultType"], "input_required", "{r}");
+        let mut again = params.clone();
+        again["requestState"] = result["requestState"].clone();
+        again["inputResponses"] =
+            json!({"elicitation": {"action": "accept", "content": {"answer": answer}}});
+        let (status, next) = tokio::time::timeout(
+            Duration::from_secs(20),
+            gw.modern("tok-a", "tools/call", again),
+        )
+        .await
+        .expect("each round answers");
+        assert_eq!(status, 200, "{next}");
+        r = next;
+    }
+    assert_eq!(result_text(&r), "answers: one,two,three", "{r}");
+    assert!(gw.stop().await.success());
+}

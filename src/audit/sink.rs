@@ -251,8 +251,9 @@ impl AuditSink {
             pending.woken |= wake;
             wake
         };
-        if wake {
-            self.actor.send(AuditMsg::Tick);
+        // No actor took the wake-up (it is being rebuilt): the next record tries again.
+        if wake && !self.actor.send(AuditMsg::Tick) {
+            self.shared.pending.lock().woken = false;
         }
     }
 
@@ -352,15 +353,26 @@ mod tests {
         let slot = ActorSlot::default();
         slot.set(actor.clone());
         let sink = AuditSink::with_opener(config, None, slot);
-        let settle = || async {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            count.load(Ordering::SeqCst)
+        // Waits until at least `at_least` wake-ups arrived (or 10 s passed), then a
+        // moment more, so that a spare one would be seen too.
+        let settle = |at_least: u64| {
+            let count = count.clone();
+            async move {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while count.load(Ordering::SeqCst) < at_least
+                    && std::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                count.load(Ordering::SeqCst)
+            }
         };
         for i in 0..40u32 {
             sink.record(&serde_json::json!({"i": i}));
         }
         assert_eq!(
-            settle().await,
+            settle(1).await,
             1,
             "one wake for a batch, not one per record past it"
         );
@@ -368,10 +380,10 @@ mod tests {
         for i in 0..3u32 {
             sink.record(&serde_json::json!({"i": i}));
         }
-        assert_eq!(settle().await, 1, "a batch not yet full wakes nobody");
+        assert_eq!(settle(1).await, 1, "a batch not yet full wakes nobody");
         sink.record(&serde_json::json!({"i": 3}));
         assert_eq!(
-            settle().await,
+            settle(2).await,
             2,
             "the next full batch wakes the writer again"
         );

@@ -1093,8 +1093,12 @@ impl Gateway {
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
-        let digest = std::sync::OnceLock::new();
-        let digest = || digest.get_or_init(|| seal::params_digest(params)).clone();
+        let digest_cell = std::sync::OnceLock::new();
+        let digest = || {
+            digest_cell
+                .get_or_init(|| seal::params_digest(params))
+                .clone()
+        };
         let downstream_caps = capabilities.clone();
         let wants_progress = progress_of(params, progress);
         let mut delegation = Delegation {

@@ -40,17 +40,25 @@ pub enum Call {
 }
 
 impl Call {
-    /// A call polled by whoever awaits it.
+    /// A call polled by whoever awaits it. A panic in it ends the call with an error,
+    /// as it did when every call was a task of its own, not the request that polls it.
     pub fn inline(call: impl Future<Output = Result<Answer, RpcError>> + Send + 'static) -> Call {
-        Call::Inline(Box::pin(call))
+        use futures_util::FutureExt;
+        let contained = std::panic::AssertUnwindSafe(call)
+            .catch_unwind()
+            .map(|done| done.unwrap_or_else(|_| Err(ended())));
+        Call::Inline(Box::pin(contained))
     }
 
-    /// Lets the call go on with nobody awaiting it.
+    /// Lets the call go on with nobody awaiting it; a call already on its own (parked
+    /// before, in an earlier round) stays as it is.
     fn detach(&mut self) {
         let placeholder = Call::Inline(Box::pin(std::future::pending()));
-        if let Call::Inline(call) = std::mem::replace(self, placeholder) {
-            *self = Call::Spawned(tokio::spawn(call));
-        }
+        let task = match std::mem::replace(self, placeholder) {
+            Call::Inline(call) => tokio::spawn(call),
+            Call::Spawned(task) => task,
+        };
+        *self = Call::Spawned(task);
     }
 }
 
@@ -63,13 +71,16 @@ impl Future for Call {
     ) -> std::task::Poll<Self::Output> {
         match self.get_mut() {
             Call::Inline(call) => call.as_mut().poll(cx),
-            Call::Spawned(task) => std::pin::Pin::new(task).poll(cx).map(|done| {
-                done.unwrap_or_else(|_| {
-                    Err(RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly"))
-                })
-            }),
+            Call::Spawned(task) => std::pin::Pin::new(task)
+                .poll(cx)
+                .map(|done| done.unwrap_or_else(|_| Err(ended()))),
         }
     }
+}
+
+/// A call that panicked or whose task was lost.
+fn ended() -> RpcError {
+    RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly")
 }
 
 /// An upstream call in flight on behalf of a downstream client: the call, the

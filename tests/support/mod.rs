@@ -179,17 +179,23 @@ pub fn scratch_dir() -> PathBuf {
                 let _ = std::fs::remove_dir_all(dir);
             }
         }
-        // SAFETY: registers a plain function that only removes a directory.
+        // SAFETY: the handler cannot unwind (remove_dir_all returns its error) and reads
+        // only the OnceLock already set here; an exec'd child does not inherit it.
         unsafe { libc::atexit(remove_scratch) };
         dir
     })
     .clone()
 }
 
+/// The name of a test process's scratch directory, before its pid.
 const SCRATCH_PREFIX: &str = "mcp-harness-test-";
 
-/// Removes scratch directories whose process is gone.
+/// Removes scratch directories whose process is gone. Only where `/proc` shows this
+/// process: without it every directory would look abandoned.
 fn sweep_stale(root: &std::path::Path) {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
     };
@@ -329,7 +335,7 @@ pub struct TestCa {
 impl TestCa {
     /// A new CA; its files go under a fresh temporary directory.
     pub fn new(tag: &str) -> TestCa {
-        let dir = std::env::temp_dir().join(format!("mcp-harness-ca-{}-{tag}", std::process::id()));
+        let dir = scratch_dir().join(format!("ca-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("ca dir");
         let key = rcgen::KeyPair::generate().expect("ca key");

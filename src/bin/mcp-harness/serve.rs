@@ -171,8 +171,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                 stop_signal(),
             )),
         };
-        if let Err(e) = session.await {
-            tracing::error!(error = %e, "the stdio session ended abnormally");
+        if let Err(e) = session.await
+            && e.is_panic()
+        {
+            // As if the session had run on this thread: the panic ends the command.
+            std::panic::resume_unwind(e.into_panic());
         }
         reloader.abort();
         for task in [metrics, admin].into_iter().flatten() {
