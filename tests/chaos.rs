@@ -500,12 +500,15 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
             .call_tool(&check, &format!("{}__echo", s.id), json!({"text": "after"}))
             .await;
         check_calls += 1;
-        assert_eq!(
-            text(&result.expect("serves after the faults")),
-            "after",
-            "{}",
-            s.id
-        );
+        // The server, the error and its status: a rare failure here must say enough.
+        let result = result.unwrap_or_else(|e| {
+            panic!(
+                "{} does not serve after the faults: {e:?}; status {:?}",
+                s.id,
+                h.server_status(&s.id)
+            )
+        });
+        assert_eq!(text(&result), "after", "{}", s.id);
     }
     let status = h.status();
     let restarts: u32 = status.iter().map(|s| s.restarts).sum();
