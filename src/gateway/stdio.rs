@@ -69,6 +69,7 @@ pub async fn serve(
         let mut buf = Vec::new();
         while let Some(line) = out_rx.recv().await {
             buf.extend_from_slice(&line);
+            crate::util::gather_burst().await;
             while buf.len() < (1 << 20)
                 && let Ok(more) = out_rx.try_recv()
             {

@@ -4,6 +4,7 @@
 //! malformed, a batch array is rejected) and lenient about what it passes along
 //! (`params` and `result` stay raw [`Value`]s).
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
@@ -86,8 +87,39 @@ struct RawMessage {
 }
 
 /// Maps a present field (even `null`) to `Some`, so that absence stays distinguishable.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// The shape of a line with nothing but its id built: the fields are checked as
+/// [`RawMessage`]'s are, the bodies skipped.
+#[derive(Deserialize)]
+struct PeekedMessage<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    id: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    method: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    result: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    error: Option<IgnoredAny>,
+}
+
+/// What [`Message::peek`] learned of a line.
+#[derive(Debug, PartialEq)]
+pub enum Peeked {
+    /// A successful response to this id; [`Message::result_of`] builds its result.
+    Result(RequestId),
+    /// Anything else: parse it with [`Message::parse`].
+    Other,
+}
+
+/// The result of a line [`Message::peek`] called a [`Peeked::Result`].
+#[derive(Deserialize)]
+struct ResultOnly {
+    result: Value,
 }
 
 fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
@@ -161,6 +193,42 @@ impl Message {
                 "neither a method nor a result or error".into(),
             )),
         }
+    }
+
+    /// Learns, without building its result, whether a line is a successful response and
+    /// to which id. A line it calls [`Peeked::Result`] is one [`Message::parse`] would
+    /// parse as that response; an error here is the error `parse` would give. This lets a
+    /// reader route a response and leave its result to be built by the thread that uses
+    /// it (a result allocated on one thread and freed on another costs allocator locks).
+    pub fn peek(bytes: &[u8]) -> Result<Peeked, ProtocolError> {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if first == Some(&b'[') {
+            return Err(ProtocolError::Batch);
+        }
+        let raw: PeekedMessage<'_> = match serde_json::from_slice(bytes) {
+            Ok(raw) => raw,
+            // Not a message: the full parse says why, in its words.
+            Err(_) => return Message::parse(bytes).map(|_| Peeked::Other),
+        };
+        if raw.jsonrpc.as_deref() != Some("2.0") {
+            return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
+        }
+        match (raw.method, raw.id, raw.result, raw.error) {
+            (None, Some(id), Some(_), None) => match parse_id(id)? {
+                Some(id) => Ok(Peeked::Result(id)),
+                None => Err(ProtocolError::Malformed(
+                    "a result response needs an id".into(),
+                )),
+            },
+            _ => Ok(Peeked::Other),
+        }
+    }
+
+    /// The result of a line [`Message::peek`] called [`Peeked::Result`].
+    pub fn result_of(bytes: &[u8]) -> Result<Value, ProtocolError> {
+        serde_json::from_slice::<ResultOnly>(bytes)
+            .map(|r| r.result)
+            .map_err(|e| ProtocolError::InvalidJson(e.to_string()))
     }
 
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
@@ -352,6 +420,62 @@ mod tests {
                 "one line per message"
             );
             assert_eq!(Message::parse(&line), Ok(m));
+        }
+    }
+
+    /// A reader routes by `peek` and builds the result later: for every line, `peek`
+    /// must agree with `parse` (the same error, or a response whose result `result_of`
+    /// gives back), so that routing this way changes nothing.
+    #[test]
+    fn peek_agrees_with_parse_on_every_shape() {
+        let lines = [
+            r#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"hi"}]}}"#,
+            r#"{"result":null,"id":"s1","jsonrpc":"2.0"}"#,
+            r#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
+            r#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
+            r#"{"id":7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":8,"result":{},"error":{"code":1,"message":""}}"#,
+            r#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":10,"result":{},"id":11}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
+            r#"{"jsonrpc":"2.0","id":12,"result":{"#,
+            "not json at all",
+            r#"{"jsonrpc":2,"id":13,"result":{}}"#,
+        ];
+        for line in lines {
+            let parsed = Message::parse(line.as_bytes());
+            match Message::peek(line.as_bytes()) {
+                Ok(Peeked::Result(id)) => {
+                    let Ok(Message::Response(r)) = &parsed else {
+                        panic!("{line}: peeked a result, parsed {parsed:?}");
+                    };
+                    assert_eq!(r.id.as_ref(), Some(&id), "{line}");
+                    assert_eq!(
+                        Message::result_of(line.as_bytes()).as_ref(),
+                        r.outcome.as_ref().map_err(|_| &ProtocolError::Batch),
+                        "{line}"
+                    );
+                }
+                // The reader parses these in full: `parse` decides.
+                Ok(Peeked::Other) => {
+                    assert!(
+                        !matches!(
+                            &parsed,
+                            Ok(Message::Response(Response { outcome: Ok(_), .. }))
+                        ),
+                        "{line}: a result left to the full parse"
+                    );
+                }
+                Err(e) => assert_eq!(parsed, Err(e), "{line}"),
+            }
         }
     }
 }

@@ -35,12 +35,33 @@ use super::error::TransportError;
 use super::exit::ExitStatus;
 use super::inbound::{Inbound, InboundSink};
 use super::spec::StdioSpec;
-use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError, Stamp};
+use crate::protocol::{
+    Message, Notification, Peeked, ProtocolError, Request, RequestId, Response, RpcError, Stamp,
+};
 use framing::{read_line_bounded, skip_line};
 use process::{GroupHandle, ProcessGroup};
 
 type Reply = Result<Value, RpcError>;
-type Waiter = oneshot::Sender<Result<Reply, TransportError>>;
+type Waiter = oneshot::Sender<Result<Delivery, TransportError>>;
+
+/// A response as the reader hands it to its request.
+enum Delivery {
+    /// Parsed by the reader (errors, which are rare).
+    Parsed(Reply),
+    /// A successful response's line, routed by its id alone: the result is built on the
+    /// caller's thread, which also frees it (a result built on the reader's thread and
+    /// freed on another made most of the allocator's lock contention).
+    Line(Vec<u8>),
+}
+
+impl Delivery {
+    fn into_reply(self) -> Result<Reply, TransportError> {
+        match self {
+            Delivery::Parsed(reply) => Ok(reply),
+            Delivery::Line(line) => Ok(Ok(Message::result_of(&line)?)),
+        }
+    }
+}
 
 /// Messages the writer holds before requests wait for it to drain.
 const WRITER_QUEUE: usize = 1024;
@@ -191,9 +212,9 @@ impl StdioTransport {
             }
         }
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(reply)) => {
+            Ok(Ok(delivery)) => {
                 in_flight.id = None;
-                reply
+                delivery.and_then(Delivery::into_reply)
             }
             Ok(Err(_)) => {
                 in_flight.id = None;
@@ -308,6 +329,9 @@ async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>) {
             WriterCmd::Line(line) => buf.extend_from_slice(&line),
             WriterCmd::Close => close = true,
         }
+        if !close {
+            crate::util::gather_burst().await;
+        }
         // Take whatever else is queued so the burst goes out in one write.
         while !close && buf.len() < 1 << 20 {
             match rx.try_recv() {
@@ -380,28 +404,42 @@ async fn read_loop(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match Message::parse(&line) {
-            Ok(Message::Response(response)) => route_response(&shared, response),
-            Ok(Message::Request(request)) => {
-                // Never wait on a full channel: replies behind it would stall.
-                if inbound.try_send(Inbound::Request(request)).is_err() {
-                    tracing::warn!(server = %shared.server, "server request dropped: channel full");
-                }
-            }
-            Ok(Message::Notification(n)) => {
-                if inbound.try_send(Inbound::Notification(n)).is_err() {
-                    tracing::debug!(server = %shared.server, "server notification dropped: channel full");
-                }
-            }
-            Err(e) => {
-                let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
-                tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), "skipping a line that is not JSON-RPC");
-            }
+        match Message::peek(&line) {
+            Ok(Peeked::Result(id)) => deliver(&shared, id, Delivery::Line(line.to_vec())),
+            Ok(Peeked::Other) => on_message(&shared, &inbound, Message::parse(&line), &line),
+            Err(e) => on_message(&shared, &inbound, Err(e), &line),
         }
     };
     tracing::debug!(server = %shared.server, reason = %end, "stdio transport ended");
     shared.close(end.clone());
     let _ = inbound.send(Inbound::Closed(end)).await;
+}
+
+/// A line that is not a successful response, parsed; `line` is for the log.
+fn on_message(
+    shared: &Shared,
+    inbound: &InboundSink,
+    message: Result<Message, ProtocolError>,
+    line: &[u8],
+) {
+    match message {
+        Ok(Message::Response(response)) => route_response(shared, response),
+        Ok(Message::Request(request)) => {
+            // Never wait on a full channel: replies behind it would stall.
+            if inbound.try_send(Inbound::Request(request)).is_err() {
+                tracing::warn!(server = %shared.server, "server request dropped: channel full");
+            }
+        }
+        Ok(Message::Notification(n)) => {
+            if inbound.try_send(Inbound::Notification(n)).is_err() {
+                tracing::debug!(server = %shared.server, "server notification dropped: channel full");
+            }
+        }
+        Err(e) => {
+            let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+            tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), "skipping a line that is not JSON-RPC");
+        }
+    }
 }
 
 fn route_response(shared: &Shared, response: Response) {
@@ -411,10 +449,14 @@ fn route_response(shared: &Shared, response: Response) {
         }
         return;
     };
+    deliver(shared, id, Delivery::Parsed(response.outcome));
+}
+
+fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
     let waiter = shared.pending.lock().remove(&id);
     match waiter {
         Some(w) => {
-            let _ = w.send(Ok(response.outcome));
+            let _ = w.send(Ok(delivery));
         }
         // A late answer to a cancelled request, a duplicate, or an id never sent.
         None => tracing::warn!(server = %shared.server, %id, "response with an unknown id ignored"),
