@@ -199,7 +199,9 @@ pub async fn serve(
                     pipe.clone(),
                     calls.clone(),
                 );
-                tasks.spawn(async move {
+                // Boxed: the task then holds a pointer, not the ~8 KB future that tokio
+                // would copy into its cell and again when it finishes.
+                tasks.spawn(Box::pin(async move {
                     let client = match &legacy {
                         Some(c) => Client::Legacy {
                             client: c,
@@ -237,7 +239,7 @@ pub async fn serve(
                         id: Some(id),
                         outcome,
                     }));
-                });
+                }));
             }
         }
         while tasks.try_join_next().is_some() {}
