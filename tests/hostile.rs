@@ -128,6 +128,18 @@ async fn result_and_error_together_is_rejected() {
     h.shutdown().await;
 }
 
+/// The line answers the call by its id, but its result does not parse (nesting past
+/// the parser's limit): the call fails at once with a protocol error, not at its deadline.
+#[tokio::test]
+async fn a_reply_whose_result_does_not_parse_fails_its_call_at_once() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = call(&h, "s__deep_result").await.expect_err("too deep");
+    // A protocol error, not the timeout a skipped line ends in.
+    assert!(matches!(transport(&e), TransportError::Protocol(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_line_past_the_size_limit_ends_the_connection_and_the_server_restarts() {
     // Writing 17 MiB takes a debug-built server a while on a loaded machine: the limit,

@@ -91,16 +91,20 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
-/// The shape of a line with nothing but its id built: the fields are checked as
-/// [`RawMessage`]'s are, the bodies skipped.
+/// The routing fields of a line, its bodies skipped: enough to learn whether it is a
+/// successful response and to which id. The fields are [`RawMessage`]'s, so that a
+/// duplicate is refused alike; `jsonrpc` is borrowed (one with escapes fails here and
+/// is left to the full parse).
 #[derive(Deserialize)]
 struct PeekedMessage<'a> {
     #[serde(borrow)]
-    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    jsonrpc: Option<&'a str>,
     #[serde(default, deserialize_with = "present")]
     id: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
     method: Option<IgnoredAny>,
+    /// Never used: named so that a duplicate is refused.
+    #[serde(rename = "params", default, deserialize_with = "present")]
+    _params: Option<IgnoredAny>,
     #[serde(default, deserialize_with = "present")]
     result: Option<IgnoredAny>,
     #[serde(default, deserialize_with = "present")]
@@ -110,16 +114,10 @@ struct PeekedMessage<'a> {
 /// What [`Message::peek`] learned of a line.
 #[derive(Debug, PartialEq)]
 pub enum Peeked {
-    /// A successful response to this id; [`Message::result_of`] builds its result.
+    /// By its routing fields, a successful response to this id.
     Result(RequestId),
-    /// Anything else: parse it with [`Message::parse`].
+    /// Anything else, bad lines included: [`Message::parse`] decides.
     Other,
-}
-
-/// The result of a line [`Message::peek`] called a [`Peeked::Result`].
-#[derive(Deserialize)]
-struct ResultOnly {
-    result: Value,
 }
 
 fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
@@ -195,40 +193,28 @@ impl Message {
         }
     }
 
-    /// Learns, without building its result, whether a line is a successful response and
-    /// to which id. A line it calls [`Peeked::Result`] is one [`Message::parse`] would
-    /// parse as that response; an error here is the error `parse` would give. This lets a
-    /// reader route a response and leave its result to be built by the thread that uses
-    /// it (a result allocated on one thread and freed on another costs allocator locks).
-    pub fn peek(bytes: &[u8]) -> Result<Peeked, ProtocolError> {
-        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        if first == Some(&b'[') {
-            return Err(ProtocolError::Batch);
+    /// Learns from its routing fields alone (`jsonrpc`, `id`, which of `method`, `result`
+    /// and `error` are present) whether a line is a successful response, and to which
+    /// id; the bodies are skipped, not built. A reader routes by it and leaves the full
+    /// [`Message::parse`] to the thread that uses the result (a result built on one
+    /// thread and freed on another costs the allocator's locks). A line it calls
+    /// [`Peeked::Result`] parses as that response, or fails to parse for its bodies
+    /// (nesting, numbers and strings the skip does not check); never as another message.
+    pub fn peek(bytes: &[u8]) -> Peeked {
+        // A batch would be read as a struct's fields in order; the full parse refuses it.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Peeked::Other;
         }
-        let raw: PeekedMessage<'_> = match serde_json::from_slice(bytes) {
-            Ok(raw) => raw,
-            // Not a message: the full parse says why, in its words.
-            Err(_) => return Message::parse(bytes).map(|_| Peeked::Other),
+        let Ok(raw) = serde_json::from_slice::<PeekedMessage<'_>>(bytes) else {
+            return Peeked::Other;
         };
-        if raw.jsonrpc.as_deref() != Some("2.0") {
-            return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
-        }
-        match (raw.method, raw.id, raw.result, raw.error) {
-            (None, Some(id), Some(_), None) => match parse_id(id)? {
-                Some(id) => Ok(Peeked::Result(id)),
-                None => Err(ProtocolError::Malformed(
-                    "a result response needs an id".into(),
-                )),
+        match (raw.jsonrpc, raw.method, raw.id, raw.result, raw.error) {
+            (Some("2.0"), None, Some(id), Some(_), None) => match parse_id(id) {
+                Ok(Some(id)) => Peeked::Result(id),
+                _ => Peeked::Other,
             },
-            _ => Ok(Peeked::Other),
+            _ => Peeked::Other,
         }
-    }
-
-    /// The result of a line [`Message::peek`] called [`Peeked::Result`].
-    pub fn result_of(bytes: &[u8]) -> Result<Value, ProtocolError> {
-        serde_json::from_slice::<ResultOnly>(bytes)
-            .map(|r| r.result)
-            .map_err(|e| ProtocolError::InvalidJson(e.to_string()))
     }
 
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
@@ -423,59 +409,74 @@ mod tests {
         }
     }
 
-    /// A reader routes by `peek` and builds the result later: for every line, `peek`
-    /// must agree with `parse` (the same error, or a response whose result `result_of`
-    /// gives back), so that routing this way changes nothing.
+    /// A reader routes by `peek` and parses later: a line `peek` calls a result must
+    /// parse as that response or not at all (never as another message, nor for another
+    /// id), and an ordinary successful response must take the fast path.
     #[test]
-    fn peek_agrees_with_parse_on_every_shape() {
-        let lines = [
-            r#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"hi"}]}}"#,
-            r#"{"result":null,"id":"s1","jsonrpc":"2.0"}"#,
-            r#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
-            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
-            r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#,
-            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
-            r#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
-            r#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
-            r#"{"id":7,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":8,"result":{},"error":{"code":1,"message":""}}"#,
-            r#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":10,"result":{},"id":11}"#,
-            r#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
-            r#"{"jsonrpc":"2.0","id":12,"result":{"#,
-            "not json at all",
-            r#"{"jsonrpc":2,"id":13,"result":{}}"#,
+    fn peek_routes_only_what_parse_would_call_that_result() {
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":20,"result":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let mut bad_utf8 = br#"{"jsonrpc":"2.0","id":21,"result":{"text":""#.to_vec();
+        bad_utf8.extend_from_slice(&[0xff, 0xfe]);
+        bad_utf8.extend_from_slice(br#""}}"#);
+        let fast: [&[u8]; 3] = [
+            br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"hi"}]}}"#,
+            br#"{"result":null,"id":"s1","jsonrpc":"2.0"}"#,
+            br#"  {"jsonrpc":"2.0","id":4,"result":{},"method":null}"#,
         ];
-        for line in lines {
-            let parsed = Message::parse(line.as_bytes());
-            match Message::peek(line.as_bytes()) {
-                Ok(Peeked::Result(id)) => {
-                    let Ok(Message::Response(r)) = &parsed else {
-                        panic!("{line}: peeked a result, parsed {parsed:?}");
-                    };
-                    assert_eq!(r.id.as_ref(), Some(&id), "{line}");
-                    assert_eq!(
-                        Message::result_of(line.as_bytes()).as_ref(),
-                        r.outcome.as_ref().map_err(|_| &ProtocolError::Batch),
-                        "{line}"
-                    );
-                }
-                // The reader parses these in full: `parse` decides.
-                Ok(Peeked::Other) => {
-                    assert!(
-                        !matches!(
-                            &parsed,
-                            Ok(Message::Response(Response { outcome: Ok(_), .. }))
-                        ),
-                        "{line}: a result left to the full parse"
-                    );
-                }
-                Err(e) => assert_eq!(parsed, Err(e), "{line}"),
-            }
+        let other: [&[u8]; 22] = [
+            br#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
+            br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
+            br#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#,
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
+            br#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
+            br#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
+            br#"{"id":7,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":8,"result":{},"error":{"code":1,"message":""}}"#,
+            br#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":10,"result":{},"id":11}"#,
+            br#"{"jsonrpc":"2.0","id":12,"result":{},"params":1,"params":2}"#,
+            br#"{"jsonrpc":"2.0","id":13,"result":{},"result":{}}"#,
+            br#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
+            br#"["2.0",14,null,null,{},null]"#,
+            br#"{"jsonrpc":"2.0","id":15,"result":{"#,
+            br#"{"jsonrpc":"2.0","id":16,"result":{}} trailing"#,
+            b"not json at all",
+            br#"{"jsonrpc":2,"id":17,"result":{}}"#,
+        ];
+        let body_only: [&[u8]; 4] = [
+            deep.as_bytes(),
+            &bad_utf8,
+            br#"{"jsonrpc":"2.0","id":22,"result":"\ud800"}"#,
+            br#"{"jsonrpc":"2.0","id":23,"result":1e400}"#,
+        ];
+        for line in fast {
+            let text = String::from_utf8_lossy(line);
+            let Peeked::Result(id) = Message::peek(line) else {
+                panic!("{text}: a successful response left to the full parse");
+            };
+            let Ok(Message::Response(r)) = Message::parse(line) else {
+                panic!("{text}: does not parse as a response");
+            };
+            assert_eq!(r.id, Some(id), "{text}");
+            assert!(r.outcome.is_ok(), "{text}");
+        }
+        for line in other {
+            let text = String::from_utf8_lossy(line);
+            assert_eq!(Message::peek(line), Peeked::Other, "{text}");
+        }
+        // Routed by id, then refused by the full parse: the request fails at once.
+        for line in body_only {
+            let text = String::from_utf8_lossy(&line[..line.len().min(80)]).into_owned();
+            assert!(matches!(Message::peek(line), Peeked::Result(_)), "{text}");
+            assert!(Message::parse(line).is_err(), "{text}");
         }
     }
 }

@@ -12,7 +12,10 @@
 //! of which request the line belonged to). Ending fails every pending request at once
 //! with that [`TransportError`] and reports it on the inbound channel. A line that is
 //! not JSON-RPC is logged and skipped: servers that print stray text to stdout are
-//! common, and the request it might have answered still ends at its deadline.
+//! common, and the request it might have answered still ends at its deadline. A line
+//! whose routing fields answer a request with a result is handed to that request,
+//! which parses it: one whose body does not parse (nesting too deep, a number out of
+//! range) fails it at once with a protocol error.
 //! A request whose deadline passes, or whose future is dropped, is removed and a
 //! `notifications/cancelled` goes to the server.
 //!
@@ -48,9 +51,10 @@ type Waiter = oneshot::Sender<Result<Delivery, TransportError>>;
 enum Delivery {
     /// Parsed by the reader (errors, which are rare).
     Parsed(Reply),
-    /// A successful response's line, routed by its id alone: the result is built on the
-    /// caller's thread, which also frees it (a result built on the reader's thread and
-    /// freed on another made most of the allocator's lock contention).
+    /// A successful response's line, routed by its id alone: the request parses it, so
+    /// that the result is built and freed on one thread (built on the reader's and freed
+    /// on the caller's, results made most of the allocator's lock contention; the line's
+    /// one copy is all that still crosses).
     Line(Vec<u8>),
 }
 
@@ -58,7 +62,11 @@ impl Delivery {
     fn into_reply(self) -> Result<Reply, TransportError> {
         match self {
             Delivery::Parsed(reply) => Ok(reply),
-            Delivery::Line(line) => Ok(Ok(Message::result_of(&line)?)),
+            Delivery::Line(line) => match Message::parse(&line)? {
+                Message::Response(response) => Ok(response.outcome),
+                // `peek` routes only what parses as a response or not at all.
+                _ => Err(ProtocolError::Malformed("not a response".into()).into()),
+            },
         }
     }
 }
@@ -405,9 +413,8 @@ async fn read_loop(
             continue;
         }
         match Message::peek(&line) {
-            Ok(Peeked::Result(id)) => deliver(&shared, id, Delivery::Line(line.to_vec())),
-            Ok(Peeked::Other) => on_message(&shared, &inbound, Message::parse(&line), &line),
-            Err(e) => on_message(&shared, &inbound, Err(e), &line),
+            Peeked::Result(id) => deliver(&shared, id, Delivery::Line(line.to_vec())),
+            Peeked::Other => on_message(&shared, &inbound, Message::parse(&line), &line),
         }
     };
     tracing::debug!(server = %shared.server, reason = %end, "stdio transport ended");

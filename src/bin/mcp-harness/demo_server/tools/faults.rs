@@ -29,6 +29,10 @@ pub fn tools() -> Vec<Value> {
         plain("wrong_id", "Answers with an id that was never sent"),
         plain("duplicate", "Answers twice"),
         plain("both", "Answers with result and error together"),
+        plain(
+            "deep_result",
+            "Answers with a result nested deeper than a JSON parser allows",
+        ),
         plain("partial_eof", "Writes half a line, then exits"),
         plain(
             "empty_input_required",
@@ -143,6 +147,14 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             return raw(
                 r#"{"jsonrpc":"2.0","id":{id},"result":{},"error":{"code":1,"message":"both"}}"#,
             );
+        }
+        "deep_result" => {
+            let deep = format!(
+                r#"{{"jsonrpc":"2.0","id":{{id}},"result":{}{}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            );
+            return raw(&deep);
         }
         "partial_eof" => Action::RawThenExit(r#"{"jsonrpc":"2.0","id":{id},"res"#.into()),
         "empty_input_required" => Action::Reply(Ok(json!({"resultType": "input_required"}))),
