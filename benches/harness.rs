@@ -28,6 +28,13 @@ use mcp_harness::registry::cache::shared::{SharedCache, SharedConfig};
 use mcp_harness::{Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerState};
 use parking_lot::Mutex;
 
+/// The bench's processes (the clients, the harness, rmcp's server) run on the allocator
+/// the binary ships with, as the demo server and `serve` do; `--no-default-features
+/// --features otlp` measures on the system's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
