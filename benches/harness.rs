@@ -28,13 +28,6 @@ use mcp_harness::registry::cache::shared::{SharedCache, SharedConfig};
 use mcp_harness::{Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerState};
 use parking_lot::Mutex;
 
-/// The bench's processes (the clients, the harness, rmcp's server) run on the allocator
-/// the binary ships with, as the demo server and `serve` do; `--no-default-features
-/// --features otlp` measures on the system's.
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -192,6 +185,11 @@ impl RawStdio {
 
     async fn call(&self) -> bool {
         self.send(echo_request).await
+    }
+
+    /// The server process's id.
+    fn pid(&self) -> Option<u32> {
+        self._child.id()
     }
 
     /// One request built by `request` from its id, and its answer.
@@ -1075,8 +1073,16 @@ fn ratios(b: &mut Bench) {
         let get = |client: &str, what: &str| b.get(&format!("gw_{transport}_{client}_{what}"));
         let overhead = get("gateway", "p50") - get("direct", "p50");
         let ratio = get("gateway", "c64") / get("direct", "c64");
+        let beyond_hop = overhead - get("hop", "p50");
         if overhead.is_finite() {
             b.record(format!("gw_{transport}_p50_overhead"), overhead, "us");
+        }
+        if beyond_hop.is_finite() {
+            b.record(
+                format!("gw_{transport}_p50_overhead_beyond_hop"),
+                beyond_hop,
+                "us",
+            );
         }
         if ratio.is_finite() {
             b.record(
@@ -1147,6 +1153,12 @@ async fn gateway_section(b: &mut Bench) {
     let gateway = stdio_gateway();
     b.all("gw_stdio_gateway", &gateway).await;
     drop(gateway);
+    // The floor of one more process on the path: `cat` echoes each request line, which
+    // the raw client takes for its answer (same id). Its round trip is two wake-ups of
+    // processes on other cores, which a gateway adds whatever it does.
+    let hop = Client::Raw(RawStdio::spawn(tokio::process::Command::new("cat")));
+    b.latency("gw_stdio_hop", &hop).await;
+    drop(hop);
 
     let (upstream, url) = http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await;
     let direct = Client::RawHttp(tuned_reqwest(), url.clone(), None);
@@ -1174,6 +1186,19 @@ fn cpu_us() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     us(usage.ru_utime) + us(usage.ru_stime)
+}
+
+/// A process's CPU time (user + system) from `/proc`, in microseconds (10 ms ticks).
+fn process_cpu_us(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): utime and stime are the
+    // 12th and 13th.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut fields = rest.split_whitespace().skip(11);
+    let ticks: f64 = fields.next()?.parse::<f64>().ok()? + fields.next()?.parse::<f64>().ok()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks * 1e6 / hz)
 }
 
 /// `MCP_BENCH_ONLY=profile`: calls at 64 in flight on the demo server for
@@ -1220,8 +1245,14 @@ async fn profile_section() {
         }
         b.record("profile_cached_list_cpu", (cpu_us() - cpu) / n as f64, "us");
     }
+    // Through the gateway, `serve`'s own CPU too.
+    let serve = match &client {
+        Client::RawGateway(raw) => raw.pid(),
+        _ => None,
+    };
     while start.elapsed() < Duration::from_secs(seconds) {
         let cpu = cpu_us();
+        let serve_cpu = serve.and_then(process_cpu_us);
         let rate = rate(&client, 64, b.duration()).await;
         b.record("profile_c64", rate, "calls/s");
         let calls = rate * b.duration().as_secs_f64();
@@ -1230,6 +1261,13 @@ async fn profile_section() {
             (cpu_us() - cpu) / calls.max(1.0),
             "us",
         );
+        if let (Some(before), Some(after)) = (serve_cpu, serve.and_then(process_cpu_us)) {
+            b.record(
+                "profile_serve_cpu_per_call",
+                (after - before) / calls.max(1.0),
+                "us",
+            );
+        }
     }
     if let Some(h) = h {
         h.shutdown().await;
