@@ -850,9 +850,10 @@ impl Gateway {
                         self.call_modern(principal, kind, method, params, caps, io)
                             .await
                     }
+                    // Boxed: its future is twice a modern call's, and every request's
+                    // future (spawned, and copied when it is) would carry its size.
                     (Client::Legacy { client, peer }, _) => {
-                        self.call_legacy(principal, kind, params, client, *peer, io)
-                            .await
+                        Box::pin(self.call_legacy(principal, kind, params, client, *peer, io)).await
                     }
                     (Client::Modern, None) => Err(invalid("params._meta is required")),
                 }
@@ -902,12 +903,14 @@ impl Gateway {
         let now = self.now();
         let name = search::name_arg(search::DESCRIBE_TOOL, &params["arguments"])?;
         let resolved = now.names.resolve(name);
-        let tool = self
-            .inner
-            .harness
-            .get_tool_schema(&Self::caller(principal), &resolved)
-            .await
-            .ok();
+        // Boxed, as listings are: every request's future would carry its size.
+        let tool = Box::pin(
+            self.inner
+                .harness
+                .get_tool_schema(&Self::caller(principal), &resolved),
+        )
+        .await
+        .ok();
         Ok(search::describe_result(
             name,
             tool.as_ref().map(|t| &*t.definition),
@@ -1048,11 +1051,15 @@ impl Gateway {
         principal: &Principal,
         kind: CallKind,
     ) -> Result<crate::call::Listing, RpcError> {
-        self.inner
-            .harness
-            .listing(&Self::caller(principal), kind, None)
-            .await
-            .map_err(|e| to_rpc(&e))
+        // Boxed: a call awaits a listing only to learn a shortened name, and would
+        // otherwise carry the listing's future in its own.
+        Box::pin(
+            self.inner
+                .harness
+                .listing(&Self::caller(principal), kind, None),
+        )
+        .await
+        .map_err(|e| to_rpc(&e))
     }
 
     /// One upstream step of a downstream call, as the harness runs it.
