@@ -1009,7 +1009,17 @@ async fn telemetry_role(b: &mut Bench, on: bool, sample: f64) {
         (true, false) => "otel_on",
         (true, true) => "otel_sampled",
     };
-    b.throughput(name, &client, 16).await;
+    // The rate, and this process's CPU per call (the harness, and the exporter when on):
+    // steadier than the rate on a shared machine.
+    let (mut rates, mut cpu) = (Vec::new(), Vec::new());
+    for _ in 0..b.samples() {
+        let before = cpu_us();
+        let r = rate(&client, 16, b.duration()).await;
+        cpu.push((cpu_us() - before) / (r * b.duration().as_secs_f64()).max(1.0));
+        rates.push(r);
+    }
+    b.record_samples(format!("{name}_c16"), rates, "calls/s");
+    b.record_samples(format!("{name}_cpu_per_call"), cpu, "us");
     h.shutdown().await;
     if let Some((provider, meters)) = provider {
         let _ = provider.shutdown();
@@ -1346,6 +1356,7 @@ fn main() {
         // The three in turn, several rounds, each ratio against the `off` of its own
         // round: on a shared machine the speed drifts over a minute.
         let mut rates: [Vec<f64>; 3] = Default::default();
+        let mut cpu: [Vec<f64>; 3] = Default::default();
         let mut ratios: [Vec<f64>; 2] = Default::default();
         for _ in 0..if b.quick { 1 } else { 5 } {
             let mut round = [0.0; 3];
@@ -1364,6 +1375,8 @@ fn main() {
                 in_child(&mut child, role);
                 round[i] = child.get(name);
                 rates[i].push(round[i]);
+                let per_call = name.replace("_c16", "_cpu_per_call");
+                cpu[i].push(child.get(&per_call));
             }
             ratios[0].push(round[1] / round[0]);
             ratios[1].push(round[2] / round[0]);
@@ -1372,6 +1385,10 @@ fn main() {
         b.record_samples("otel_off_c16", off, "calls/s");
         b.record_samples("otel_on_c16", on, "calls/s");
         b.record_samples("otel_sampled_c16", sampled, "calls/s");
+        let [off, on, sampled] = cpu;
+        b.record_samples("otel_off_cpu_per_call", off, "us");
+        b.record_samples("otel_on_cpu_per_call", on, "us");
+        b.record_samples("otel_sampled_cpu_per_call", sampled, "us");
         let [on, sampled] = ratios;
         b.record_samples("otel_on_vs_off_c16", on, "ratio");
         b.record_samples("otel_sampled_vs_off_c16", sampled, "ratio");
