@@ -626,11 +626,9 @@ async fn post(
             };
             // JSON unless progress comes before the result: then an event stream.
             let mut work = Box::pin(work);
-            let first = tokio::select! {
-                // Progress first: updates queued before the result are not lost.
-                biased;
-                first = progress_rx.recv() => first,
-                outcome = &mut work => return reply(outcome),
+            let (first, done) = match first_update(&mut progress_rx, &mut work).await {
+                Ok(stream) => stream,
+                Err(outcome) => return reply(outcome),
             };
             let (tx, rx) = mpsc::channel(64);
             if let Some(p) = first {
@@ -638,17 +636,21 @@ async fn post(
             }
             tokio::spawn(async move {
                 let mut open = true;
-                let outcome = loop {
-                    tokio::select! {
-                        outcome = &mut work => break Some(outcome),
-                        p = progress_rx.recv(), if open => match p {
-                            // Progress is advisory: a full stream skips an update.
-                            Some(p) => { let _ = tx.try_send(progress_frame(p)); }
-                            None => open = false,
-                        },
-                        // The client went away: the call is cancelled with its stream.
-                        () = tx.closed() => break None,
-                    }
+                let outcome = match done {
+                    // Finished already: never polled again.
+                    Some(outcome) => Some(outcome),
+                    None => loop {
+                        tokio::select! {
+                            outcome = &mut work => break Some(outcome),
+                            p = progress_rx.recv(), if open => match p {
+                                // Progress is advisory: a full stream skips an update.
+                                Some(p) => { let _ = tx.try_send(progress_frame(p)); }
+                                None => open = false,
+                            },
+                            // The client went away: the call is cancelled with its stream.
+                            () = tx.closed() => break None,
+                        }
+                    },
                 };
                 if let Some(outcome) = outcome {
                     // What the server sent before its result goes before it.
@@ -925,14 +927,18 @@ async fn legacy_request(
     let mut work = Box::pin(work);
     // JSON when the call needs nothing of the client and sends no progress; an event
     // stream from its first question or update on.
-    let first = tokio::select! {
+    let (first, done) = tokio::select! {
         // Frames first: what was queued before the result is not lost.
         biased;
-        frame = out_rx.recv() => frame,
-        Some(p) = recv_some(&mut progress_rx) => Some(progress_frame(p)),
-        outcome = &mut work => {
-            return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
-        }
+        frame = out_rx.recv() => (frame, None),
+        Some(p) = recv_some(&mut progress_rx) => (Some(progress_frame(p)), None),
+        // Updates queued on another worker while this poll finished the call go first.
+        outcome = &mut work => match progress_rx.as_mut().map(|r| r.try_recv()) {
+            Some(Ok(p)) => (Some(progress_frame(p)), Some(outcome)),
+            _ => {
+                return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
+            }
+        },
     };
     // Frames are few (at most MAX_QUESTIONS questions and the answer; progress is
     // dropped when the stream is full), so a small bound only makes a stalled client
@@ -943,26 +949,30 @@ async fn legacy_request(
     }
     tokio::spawn(async move {
         let mut work = work;
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                frame = out_rx.recv() => {
-                    if let Some(frame) = frame
-                        && tx.send(frame).await.is_err()
-                    {
+        let outcome = match done {
+            // Finished already: never polled again.
+            Some(outcome) => Some(outcome),
+            None => loop {
+                tokio::select! {
+                    biased;
+                    frame = out_rx.recv() => {
+                        if let Some(frame) = frame
+                            && tx.send(frame).await.is_err()
+                        {
+                            cancel.cancel();
+                        }
+                    }
+                    Some(p) = recv_some(&mut progress_rx) => {
+                        let _ = tx.try_send(progress_frame(p));
+                    }
+                    outcome = &mut work => break Some(outcome),
+                    // The client went away: the call is cancelled with its stream.
+                    () = tx.closed() => {
                         cancel.cancel();
+                        break None;
                     }
                 }
-                Some(p) = recv_some(&mut progress_rx) => {
-                    let _ = tx.try_send(progress_frame(p));
-                }
-                outcome = &mut work => break Some(outcome),
-                // The client went away: the call is cancelled with its stream.
-                () = tx.closed() => {
-                    cancel.cancel();
-                    break None;
-                }
-            }
+            },
         };
         if let Some(outcome) = outcome {
             // What was sent before the result goes before it.
@@ -984,6 +994,25 @@ async fn legacy_request(
     sse_response(rx)
 }
 
+/// How a call that wants progress answers: `Err(outcome)`, as plain JSON, when it
+/// finished with no update queued; otherwise `Ok((first, done))`, as an event stream,
+/// `done` holding the outcome when the call finished already (it is not polled again).
+/// Progress is looked at first, and once more when the call is done: the relay may queue
+/// updates on another worker during the very poll that finishes the call.
+async fn first_update<T>(
+    progress: &mut mpsc::Receiver<Value>,
+    work: &mut (impl Future<Output = T> + Unpin),
+) -> Result<(Option<Value>, Option<T>), T> {
+    tokio::select! {
+        biased;
+        first = progress.recv() => Ok((first, None)),
+        outcome = work => match progress.try_recv() {
+            Ok(p) => Ok((Some(p), Some(outcome))),
+            Err(_) => Err(outcome),
+        },
+    }
+}
+
 /// The next item of an optional receiver (never, when there is none or it is closed).
 async fn recv_some<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
@@ -999,4 +1028,27 @@ fn new_session_id() -> Option<String> {
     let mut raw = [0u8; 16];
     getrandom::fill(&mut raw).ok()?;
     Some(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn an_update_queued_while_the_call_finishes_goes_before_its_result() {
+        // One poll queues an update and finishes the call, as when the relay forwards
+        // on another worker while the request's task finishes the call.
+        let (tx, mut rx) = mpsc::channel(4);
+        let mut work = Box::pin(async move {
+            let _ = tx.try_send(json!({"progress": 1}));
+            "done"
+        });
+        let got = first_update(&mut rx, &mut work).await;
+        assert_eq!(got.ok(), Some((Some(json!({"progress": 1})), Some("done"))));
+        // Nothing queued: the outcome alone, for plain JSON.
+        let (_tx, mut rx) = mpsc::channel::<Value>(4);
+        let mut work = Box::pin(async { "done" });
+        assert_eq!(first_update(&mut rx, &mut work).await.err(), Some("done"));
+    }
 }
