@@ -1009,8 +1009,9 @@ async fn telemetry_role(b: &mut Bench, on: bool, sample: f64) {
         (true, false) => "otel_on",
         (true, true) => "otel_sampled",
     };
-    // The rate, and this process's CPU per call (the harness, and the exporter when on):
-    // steadier than the rate on a shared machine.
+    // The rate, and this process's CPU per call (the harness; when on, the exporter and
+    // the receiver above, a task of this process): steadier than the rate on a shared
+    // machine.
     let (mut rates, mut cpu) = (Vec::new(), Vec::new());
     for _ in 0..b.samples() {
         let before = cpu_us();
@@ -1198,7 +1199,8 @@ fn cpu_us() -> f64 {
     us(usage.ru_utime) + us(usage.ru_stime)
 }
 
-/// A process's CPU time (user + system) from `/proc`, in microseconds (10 ms ticks).
+/// A process's CPU time (user + system) from `/proc`, in microseconds (counted in clock
+/// ticks: 10 ms at USER_HZ = 100).
 fn process_cpu_us(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces): utime and stime are the
@@ -1215,7 +1217,7 @@ fn process_cpu_us(pid: u32) -> Option<f64> {
 /// `MCP_BENCH_SECONDS` (default 10), for a profiler to watch, with the client's CPU time
 /// per call. `MCP_BENCH_CLIENT=raw` profiles the raw client instead of the harness,
 /// `MCP_BENCH_CLIENT=gateway` the raw client through `serve --stdio` (profile the
-/// `serve` process);
+/// `serve` process; its CPU per call is `profile_serve_cpu_per_call`);
 /// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs;
 /// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls.
 async fn profile_section() {

@@ -850,8 +850,8 @@ impl Gateway {
                         self.call_modern(principal, kind, method, params, caps, io)
                             .await
                     }
-                    // Boxed: its future is twice a modern call's, and every request's
-                    // future (spawned, and copied when it is) would carry its size.
+                    // Boxed: its future is several times a modern call's, and every
+                    // request's future (spawned, and copied when it is) would carry its size.
                     (Client::Legacy { client, peer }, _) => {
                         Box::pin(self.call_legacy(principal, kind, params, client, *peer, io)).await
                     }

@@ -21,14 +21,14 @@ mod watch;
 
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+use commands::{ServerArgs, USAGE, UsageError};
+
 /// Allocation-heavy paths (a gateway call's JSON in and out, freed on another worker
 /// than the one that built it) run faster on mimalloc than on glibc's arenas.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use clap::{Parser, Subcommand};
-use commands::{ServerArgs, USAGE, UsageError};
 
 /// Run many MCP servers at once, supervised: list their tools, call them, watch them.
 #[derive(Parser)]
