@@ -6,6 +6,7 @@
 //! of both eras (legacy servers ignore keys they do not know).
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// The modern protocol revision.
@@ -59,20 +60,85 @@ impl Implementation {
     }
 }
 
-/// The envelope stamped into `params._meta` of every request.
-#[derive(Clone, Debug, PartialEq)]
+/// The envelope stamped into `params._meta` of every request. Immutable once made: its
+/// JSON is rendered once, and a request whose `_meta` holds nothing else gets that text
+/// as is (serializing the three keys and the client's identity was most of the cost of
+/// writing a request).
+#[derive(Clone, Debug)]
 pub struct MetaEnvelope {
-    /// Sent as `io.modelcontextprotocol/protocolVersion` (and on HTTP as
-    /// `MCP-Protocol-Version`).
-    pub protocol_version: String,
-    /// Sent as `io.modelcontextprotocol/clientCapabilities`; `{}` declares none.
-    pub client_capabilities: Value,
-    /// Sent as `io.modelcontextprotocol/clientInfo`: an [`Implementation`], serialized
-    /// once per connection rather than on every request.
-    pub client_info: Value,
+    protocol_version: String,
+    client_capabilities: Value,
+    client_info: Value,
+    /// The three keys as one JSON object (`None` only if they would not serialize: then
+    /// each request writes them itself).
+    rendered: Option<Box<RawValue>>,
+}
+
+impl PartialEq for MetaEnvelope {
+    fn eq(&self, other: &MetaEnvelope) -> bool {
+        (
+            &self.protocol_version,
+            &self.client_capabilities,
+            &self.client_info,
+        ) == (
+            &other.protocol_version,
+            &other.client_capabilities,
+            &other.client_info,
+        )
+    }
 }
 
 impl MetaEnvelope {
+    /// An envelope naming `protocol_version` (`io.modelcontextprotocol/protocolVersion`,
+    /// and on HTTP `MCP-Protocol-Version`), declaring `client_capabilities` (`{}`
+    /// declares none) and introducing the client as `client_info` (an
+    /// [`Implementation`] as JSON).
+    pub fn new(
+        protocol_version: impl Into<String>,
+        client_capabilities: Value,
+        client_info: Value,
+    ) -> MetaEnvelope {
+        let protocol_version = protocol_version.into();
+        let mut meta = Map::new();
+        meta.insert(
+            KEY_PROTOCOL_VERSION.into(),
+            Value::String(protocol_version.clone()),
+        );
+        meta.insert(KEY_CLIENT_CAPABILITIES.into(), client_capabilities.clone());
+        meta.insert(KEY_CLIENT_INFO.into(), client_info.clone());
+        let rendered = serde_json::value::to_raw_value(&meta).ok();
+        MetaEnvelope {
+            protocol_version,
+            client_capabilities,
+            client_info,
+            rendered,
+        }
+    }
+
+    /// The same envelope naming `version` instead.
+    pub fn with_protocol_version(&self, version: impl Into<String>) -> MetaEnvelope {
+        MetaEnvelope::new(
+            version,
+            self.client_capabilities.clone(),
+            self.client_info.clone(),
+        )
+    }
+
+    /// The protocol version it names.
+    pub fn protocol_version(&self) -> &str {
+        &self.protocol_version
+    }
+
+    /// The client capabilities it declares.
+    pub fn client_capabilities(&self) -> &Value {
+        &self.client_capabilities
+    }
+
+    /// The client's identity it carries.
+    pub fn client_info(&self) -> &Value {
+        &self.client_info
+    }
+
     /// Returns `params` (created as `{}` when absent) with the envelope's keys in its
     /// `_meta`. Other `_meta` keys the caller set (a `progressToken`, trace context) stay.
     pub fn stamp(&self, params: Option<Value>) -> Value {
@@ -173,13 +239,23 @@ impl Serialize for StampedMeta<'_> {
             KEY_CLIENT_CAPABILITIES,
             KEY_CLIENT_INFO,
         ];
+        let e = self.stamp.envelope;
+        // The call path names its capabilities on every request; they are most often the
+        // envelope's own (a cheap comparison: a few keys).
+        let own_capabilities = self
+            .stamp
+            .capabilities
+            .is_none_or(|c| *c == e.client_capabilities);
+        let nothing_else = self.existing.is_none_or(|m| m.is_empty());
+        if let (true, true, Some(rendered)) = (nothing_else, own_capabilities, &e.rendered) {
+            return rendered.serialize(s);
+        }
         let mut map = s.serialize_map(None)?;
         for (k, v) in self.existing.into_iter().flatten() {
             if !ours.contains(&k.as_str()) {
                 map.serialize_entry(k, v)?;
             }
         }
-        let e = self.stamp.envelope;
         map.serialize_entry(KEY_PROTOCOL_VERSION, &e.protocol_version)?;
         map.serialize_entry(
             KEY_CLIENT_CAPABILITIES,
@@ -202,11 +278,11 @@ mod tests {
 
     #[test]
     fn stamping_keeps_the_callers_params_and_meta_keys() {
-        let env = MetaEnvelope {
-            protocol_version: MODERN.into(),
-            client_capabilities: json!({"elicitation":{}}),
-            client_info: serde_json::to_value(Implementation::new("t", "1")).unwrap_or_default(),
-        };
+        let env = MetaEnvelope::new(
+            MODERN,
+            json!({"elicitation":{}}),
+            serde_json::to_value(Implementation::new("t", "1")).unwrap_or_default(),
+        );
         let p = env.stamp(Some(json!({"name":"x","_meta":{"progressToken":5}})));
         assert_eq!(p["name"], "x");
         assert_eq!(p["_meta"]["progressToken"], 5);
@@ -223,11 +299,11 @@ mod tests {
 
     #[test]
     fn a_stamped_request_serializes_like_a_stamped_value() {
-        let env = MetaEnvelope {
-            protocol_version: MODERN.into(),
-            client_capabilities: json!({"elicitation":{}}),
-            client_info: json!({"name": "t", "version": "1"}),
-        };
+        let env = MetaEnvelope::new(
+            MODERN,
+            json!({"elicitation":{}}),
+            json!({"name": "t", "version": "1"}),
+        );
         let params = json!({"name":"x","_meta":{"progressToken":5, KEY_PROTOCOL_VERSION: "old"}});
         let caps = json!({"roots": {}});
         let stamp = Stamp {
@@ -246,6 +322,50 @@ mod tests {
         })
         .expect("none");
         assert_eq!(none["_meta"][KEY_PROTOCOL_VERSION], MODERN);
+    }
+
+    #[test]
+    fn the_envelope_rendered_once_writes_what_stamping_does() {
+        let env = MetaEnvelope::new(MODERN, json!({}), json!({"name": "t", "version": "1"}));
+        let own = json!({});
+        for stamp in [
+            Stamp {
+                envelope: &env,
+                capabilities: None,
+            },
+            Stamp {
+                envelope: &env,
+                capabilities: Some(&own),
+            },
+        ] {
+            // No other `_meta` key: the rendered text; an empty `_meta` counts as none.
+            for params in [
+                json!({"name": "x", "arguments": {"a": [1]}}),
+                json!({"_meta": {}}),
+            ] {
+                let request = super::super::Request {
+                    id: super::super::RequestId::Number(7),
+                    method: "tools/call".into(),
+                    params: Some(params.clone()),
+                };
+                let mut line = Vec::new();
+                super::super::Message::write_stamped_line(&request, Some(stamp), &mut line);
+                let written: Value = serde_json::from_slice(&line).expect("one JSON line");
+                assert_eq!(written["params"], env.stamp(Some(params)));
+            }
+        }
+        let renamed = env.with_protocol_version(LEGACY_2025_11_25);
+        assert_eq!(renamed.protocol_version(), LEGACY_2025_11_25);
+        let written = serde_json::to_value(StampedParams {
+            params: None,
+            stamp: Stamp {
+                envelope: &renamed,
+                capabilities: None,
+            },
+        })
+        .expect("serializes");
+        assert_eq!(written["_meta"][KEY_PROTOCOL_VERSION], LEGACY_2025_11_25);
+        assert_eq!(written["_meta"][KEY_CLIENT_INFO]["name"], "t");
     }
 
     #[test]

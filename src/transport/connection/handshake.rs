@@ -13,11 +13,11 @@ use crate::transport::inbound::Ids;
 
 /// The `_meta` envelope for `version` with the options' capabilities and identity.
 pub(super) fn envelope(options: &ConnectOptions, version: &str) -> MetaEnvelope {
-    MetaEnvelope {
-        protocol_version: version.to_string(),
-        client_capabilities: options.capabilities.clone(),
-        client_info: serde_json::to_value(&options.client_info).unwrap_or(Value::Null),
-    }
+    MetaEnvelope::new(
+        version,
+        options.capabilities.clone(),
+        serde_json::to_value(&options.client_info).unwrap_or(Value::Null),
+    )
 }
 
 /// The first of our preferred versions the server supports.

@@ -222,7 +222,7 @@ impl Connection {
     /// The protocol version every request names now (it changes after a -32022).
     pub fn protocol_version(&self) -> String {
         match self.profile.era() {
-            Era::Modern => self.envelope.read().protocol_version.clone(),
+            Era::Modern => self.envelope.read().protocol_version().to_string(),
             Era::Legacy => self.profile.protocol_version().to_string(),
         }
     }
@@ -387,11 +387,9 @@ impl Connection {
             return false;
         };
         let mut envelope = self.envelope.write();
-        if envelope.protocol_version != version {
+        if envelope.protocol_version() != version {
             tracing::info!(server = %self.server, %version, "server changed versions; renegotiated");
-            let mut changed = MetaEnvelope::clone(&envelope);
-            changed.protocol_version = version;
-            *envelope = Arc::new(changed);
+            *envelope = Arc::new(envelope.with_protocol_version(version));
         }
         true
     }
