@@ -479,7 +479,7 @@ fn every_call_reaches_exactly_the_server_the_model_picks_and_private_lists_stay_
 
 fn caller(agent: &str, ctx: Option<&str>) -> Caller {
     Caller {
-        agent_id: Some(agent.to_string()),
-        auth_context: ctx.map(String::from),
+        agent_id: Some(agent.into()),
+        auth_context: ctx.map(Into::into),
     }
 }

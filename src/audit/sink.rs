@@ -93,7 +93,7 @@ impl Batch {
 pub(super) struct Shared {
     pub(super) config: AuditConfig,
     key: Vec<u8>,
-    memo: Mutex<HashMap<String, String>>,
+    memo: Mutex<HashMap<String, Arc<str>>>,
     pending: Mutex<Batch>,
     /// Drained from `pending`, waiting for a write that succeeds.
     retry: Mutex<Batch>,
@@ -208,13 +208,13 @@ impl AuditSink {
     }
 
     /// An auth context as records carry it: HMAC-SHA256 under the trail's key.
-    pub(crate) fn hash_context(&self, ctx: Option<&str>) -> Option<String> {
+    pub(crate) fn hash_context(&self, ctx: Option<&str>) -> Option<Arc<str>> {
         let ctx = ctx?;
         let mut memo = self.shared.memo.lock();
         if let Some(h) = memo.get(ctx) {
             return Some(h.clone());
         }
-        let h = keyed(&self.shared.key, ctx);
+        let h: Arc<str> = keyed(&self.shared.key, ctx).into();
         if memo.len() >= HASH_MEMO {
             memo.clear();
         }

@@ -1,20 +1,23 @@
 //! Who calls, and what a call asks for.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value, json};
 
 /// Who is calling: the agent (required: anonymous callers are denied) and the
-/// authorization context that keys `private` cache entries.
+/// authorization context that keys `private` cache entries. Shared strings: a call
+/// keeps a copy of its caller, which costs two reference counts, not two allocations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Caller {
     /// The agent's id; grants are keyed by it.
-    pub agent_id: Option<String>,
+    pub agent_id: Option<Arc<str>>,
     /// An opaque identity of the caller's credentials (for example a token's subject).
-    pub auth_context: Option<String>,
+    pub auth_context: Option<Arc<str>>,
 }
 
 impl Caller {
     /// A caller with an agent id and no auth context.
-    pub fn agent(id: impl Into<String>) -> Caller {
+    pub fn agent(id: impl Into<Arc<str>>) -> Caller {
         Caller {
             agent_id: Some(id.into()),
             auth_context: None,
@@ -22,7 +25,7 @@ impl Caller {
     }
 
     /// The same caller with an auth context.
-    pub fn with_auth_context(mut self, ctx: impl Into<String>) -> Caller {
+    pub fn with_auth_context(mut self, ctx: impl Into<Arc<str>>) -> Caller {
         self.auth_context = Some(ctx.into());
         self
     }

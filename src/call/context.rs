@@ -42,7 +42,7 @@ pub struct CallContext {
 /// questions (delegated calls).
 type CallOn = (
     u64,
-    Option<String>,
+    Option<Arc<str>>,
     Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
 );
 
@@ -111,7 +111,7 @@ impl CallContext {
         &'a self,
         server: &'a str,
         call: u64,
-        agent: Option<String>,
+        agent: Option<Arc<str>>,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
     ) -> OnServer<'a> {
         let mut on = self.on_servers.lock();
@@ -139,7 +139,7 @@ impl CallContext {
         };
         let (agent, shared) = match calls.first() {
             Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => {
-                (first.clone(), false)
+                (first.as_deref().map(String::from), false)
             }
             _ => (None, true),
         };

@@ -89,7 +89,7 @@ pub(crate) async fn gather(
             server: server.to_string(),
             method: request.method,
             params: request.params,
-            agent_id: caller.agent_id.clone(),
+            agent_id: caller.agent_id.as_deref().map(String::from),
             key,
             call_id: Some(call_id),
             shared: false,

@@ -934,8 +934,8 @@ impl Gateway {
 
     fn caller(principal: &Principal) -> Caller {
         Caller {
-            agent_id: Some(principal.agent.clone()),
-            auth_context: principal.context.clone(),
+            agent_id: Some(principal.agent.as_str().into()),
+            auth_context: principal.context.as_deref().map(Arc::from),
         }
     }
 
