@@ -69,8 +69,8 @@ pub struct MetaEnvelope {
     protocol_version: String,
     client_capabilities: Value,
     client_info: Value,
-    /// The three keys as one JSON object (`None` only if they would not serialize: then
-    /// each request writes them itself).
+    /// The three keys as one JSON object. Serializing our own values cannot fail; were
+    /// it `None`, each request would write them itself.
     rendered: Option<Box<RawValue>>,
 }
 
@@ -98,21 +98,24 @@ impl MetaEnvelope {
         client_capabilities: Value,
         client_info: Value,
     ) -> MetaEnvelope {
-        let protocol_version = protocol_version.into();
-        let mut meta = Map::new();
-        meta.insert(
-            KEY_PROTOCOL_VERSION.into(),
-            Value::String(protocol_version.clone()),
-        );
-        meta.insert(KEY_CLIENT_CAPABILITIES.into(), client_capabilities.clone());
-        meta.insert(KEY_CLIENT_INFO.into(), client_info.clone());
-        let rendered = serde_json::value::to_raw_value(&meta).ok();
-        MetaEnvelope {
-            protocol_version,
+        let mut envelope = MetaEnvelope {
+            protocol_version: protocol_version.into(),
             client_capabilities,
             client_info,
-            rendered,
-        }
+            rendered: None,
+        };
+        // Rendered by the path that writes it when there is no rendering, so that both
+        // write the same bytes, keys in the same order.
+        let rendered = serde_json::value::to_raw_value(&StampedMeta {
+            existing: None,
+            stamp: Stamp {
+                envelope: &envelope,
+                capabilities: None,
+            },
+        })
+        .ok();
+        envelope.rendered = rendered;
+        envelope
     }
 
     /// The same envelope naming `version` instead.
@@ -353,6 +356,41 @@ mod tests {
                 let written: Value = serde_json::from_slice(&line).expect("one JSON line");
                 assert_eq!(written["params"], env.stamp(Some(params)));
             }
+        }
+        // The same bytes as the path that writes the keys one by one.
+        let mut unrendered = env.clone();
+        unrendered.rendered = None;
+        let request = super::super::Request {
+            id: super::super::RequestId::Number(1),
+            method: "tools/call".into(),
+            params: Some(json!({"name": "x"})),
+        };
+        let line = |envelope: &MetaEnvelope| {
+            let mut line = Vec::new();
+            let stamp = Stamp {
+                envelope,
+                capabilities: None,
+            };
+            super::super::Message::write_stamped_line(&request, Some(stamp), &mut line);
+            line
+        };
+        assert_eq!(line(&env), line(&unrendered));
+        // A `_meta` holding only our keys (a stale version), or other capabilities: the
+        // request's own values are replaced or kept as stamping does.
+        let caps = json!({"roots": {}});
+        for (params, capabilities) in [
+            (json!({"_meta": {KEY_PROTOCOL_VERSION: "old"}}), None),
+            (json!({"name": "x"}), Some(&caps)),
+        ] {
+            let written = serde_json::to_value(StampedParams {
+                params: Some(&params),
+                stamp: Stamp {
+                    envelope: &env,
+                    capabilities,
+                },
+            })
+            .expect("serializes");
+            assert_eq!(written, env.stamp_with(Some(params), capabilities));
         }
         let renamed = env.with_protocol_version(LEGACY_2025_11_25);
         assert_eq!(renamed.protocol_version(), LEGACY_2025_11_25);
