@@ -17,16 +17,16 @@ pub struct Caller {
 
 impl Caller {
     /// A caller with an agent id and no auth context.
-    pub fn agent(id: impl Into<Arc<str>>) -> Caller {
+    pub fn agent(id: impl AsRef<str>) -> Caller {
         Caller {
-            agent_id: Some(id.into()),
+            agent_id: Some(id.as_ref().into()),
             auth_context: None,
         }
     }
 
     /// The same caller with an auth context.
-    pub fn with_auth_context(mut self, ctx: impl Into<Arc<str>>) -> Caller {
-        self.auth_context = Some(ctx.into());
+    pub fn with_auth_context(mut self, ctx: impl AsRef<str>) -> Caller {
+        self.auth_context = Some(ctx.as_ref().into());
         self
     }
 }
