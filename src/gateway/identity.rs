@@ -24,13 +24,14 @@ pub struct TokenEntry {
     pub auth_context: Option<String>,
 }
 
-/// Who a request acts as.
+/// Who a request acts as. Shared strings: a request copies its principal, and its
+/// caller is made from it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Principal {
     /// The agent id (grants are keyed by it).
-    pub agent: String,
+    pub agent: Arc<str>,
     /// The auth context, if any.
-    pub context: Option<String>,
+    pub context: Option<Arc<str>>,
 }
 
 /// Why a request has no principal.
@@ -51,7 +52,7 @@ pub enum IdentityError {
 #[derive(Clone, Debug, Default)]
 pub struct Identity {
     tokens: HashMap<String, Principal>,
-    anonymous: Option<String>,
+    anonymous: Option<Arc<str>>,
     jwt: Option<Arc<JwtVerifier>>,
 }
 
@@ -75,14 +76,14 @@ impl Identity {
             map.insert(
                 hash,
                 Principal {
-                    agent: t.agent.clone(),
-                    context: t.auth_context.clone(),
+                    agent: t.agent.as_str().into(),
+                    context: t.auth_context.as_deref().map(Arc::from),
                 },
             );
         }
         Ok(Identity {
             tokens: map,
-            anonymous: anonymous.map(String::from),
+            anonymous: anonymous.map(Arc::from),
             jwt,
         })
     }
@@ -109,7 +110,10 @@ impl Identity {
                 None => match &self.jwt {
                     Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => jwt
                         .verify(token)
-                        .map(|(agent, context)| Principal { agent, context })
+                        .map(|(agent, context)| Principal {
+                            agent: agent.into(),
+                            context: context.map(Arc::from),
+                        })
                         .map_err(|e| {
                             tracing::info!(error = %e, "bearer JWT refused");
                             IdentityError::Unknown
@@ -139,7 +143,7 @@ impl Identity {
         if self.jwt.is_some() {
             return usize::MAX; // whoever the issuer vouches for
         }
-        let mut agents: Vec<&str> = self.tokens.values().map(|p| p.agent.as_str()).collect();
+        let mut agents: Vec<&str> = self.tokens.values().map(|p| &*p.agent).collect();
         agents.extend(self.anonymous.as_deref());
         agents.sort_unstable();
         agents.dedup();
@@ -161,7 +165,7 @@ mod tests {
         let id = Identity::new(std::slice::from_ref(&entry), None, None).expect("identity");
         let p = id.resolve(Some("Bearer s3cret")).expect("known");
         assert_eq!(
-            (p.agent.as_str(), p.context.as_deref()),
+            (&*p.agent, p.context.as_deref()),
             ("planner", Some("alice"))
         );
         assert_eq!(id.resolve(Some("Bearer nope")), Err(IdentityError::Unknown));
@@ -171,7 +175,7 @@ mod tests {
             Err(IdentityError::Malformed)
         );
         let open = Identity::new(&[entry], Some("guest"), None).expect("identity");
-        assert_eq!(open.resolve(None).expect("anonymous").agent, "guest");
+        assert_eq!(&*open.resolve(None).expect("anonymous").agent, "guest");
         for bad in ["Basic x", "Bearer ", "", "Bearer"] {
             assert_eq!(
                 open.resolve(Some(bad)),

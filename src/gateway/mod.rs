@@ -934,8 +934,8 @@ impl Gateway {
 
     fn caller(principal: &Principal) -> Caller {
         Caller {
-            agent_id: Some(principal.agent.as_str().into()),
-            auth_context: principal.context.as_deref().map(Arc::from),
+            agent_id: Some(principal.agent.clone()),
+            auth_context: principal.context.clone(),
         }
     }
 
@@ -1444,8 +1444,8 @@ fn seal_round(
         server,
         upstream,
         parked,
-        agent: principal.agent.clone(),
-        context: principal.context.clone(),
+        agent: principal.agent.to_string(),
+        context: principal.context.as_deref().map(String::from),
         method: method.to_string(),
         digest,
         issued_ms: issued,

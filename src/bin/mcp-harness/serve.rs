@@ -148,7 +148,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     ));
     if pipe {
         let principal = Principal {
-            agent: setup.agent.clone(),
+            agent: setup.agent.as_str().into(),
             context: None,
         };
         // Pipes are read and written through the reactor; anything else (a file, a
