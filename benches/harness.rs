@@ -1307,9 +1307,15 @@ fn main() {
         if let Some(on) = role.strip_prefix("telemetry-") {
             // `sampled`: one trace in ten, as OTEL_TRACES_SAMPLER=parentbased_traceidratio
             // with OTEL_TRACES_SAMPLER_ARG=0.1 asks of the binary.
+            // MCP_BENCH_SAMPLE overrides the sampled share (0: the layer and the meter
+            // installed, no call traced), to tell their fixed cost from the kept calls'.
+            let ratio = std::env::var("MCP_BENCH_SAMPLE")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0.1);
             let (on, sample) = match on {
                 "on" => (true, 1.0),
-                "sampled" => (true, 0.1),
+                "sampled" => (true, ratio),
                 _ => (false, 1.0),
             };
             rt.block_on(telemetry_role(&mut b, on, sample));
