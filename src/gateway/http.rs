@@ -126,7 +126,7 @@ struct Session {
     /// The GET streams, for notifications.
     streams: Vec<mpsc::Sender<Bytes>>,
     /// Requests in flight, for `notifications/cancelled`.
-    calls: InFlight<String>,
+    calls: InFlight<RequestId>,
 }
 
 impl Session {
@@ -143,7 +143,7 @@ impl Session {
 /// drops the handler of a client that went away).
 struct Ticket {
     state: Arc<State>,
-    key: (Principal, String),
+    key: (Principal, RequestId),
     ticket: u64,
 }
 
@@ -167,7 +167,7 @@ struct State {
     local: String,
     sessions: Mutex<HashMap<String, Session>>,
     /// Modern requests in flight, for `notifications/cancelled`.
-    calls: Mutex<InFlight<(Principal, String)>>,
+    calls: Mutex<InFlight<(Principal, RequestId)>>,
     next_request: AtomicU64,
     /// `subscriptions/listen` streams open, per principal.
     listens: Mutex<HashMap<Principal, usize>>,
@@ -799,7 +799,7 @@ impl ClientPeer for StreamPeer {
 struct SessionTicket {
     state: Arc<State>,
     session: String,
-    key: String,
+    key: RequestId,
     ticket: u64,
 }
 

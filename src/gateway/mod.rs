@@ -232,7 +232,9 @@ pub(crate) const MAX_QUESTIONS: usize = 64;
 /// await answers, by request id.
 #[derive(Default)]
 pub(crate) struct Questions(
-    Mutex<HashMap<String, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>>,
+    Mutex<
+        HashMap<crate::protocol::RequestId, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>,
+    >,
 );
 
 impl Questions {
@@ -294,7 +296,7 @@ impl Questions {
 
 struct Forget {
     questions: Arc<Questions>,
-    key: String,
+    key: crate::protocol::RequestId,
 }
 
 impl Drop for Forget {
@@ -303,12 +305,10 @@ impl Drop for Forget {
     }
 }
 
-/// A request id as a map key (numbers and strings never collide).
-pub(crate) fn id_key(id: &crate::protocol::RequestId) -> String {
-    match id {
-        crate::protocol::RequestId::Number(n) => format!("n{n}"),
-        crate::protocol::RequestId::String(s) => format!("s{s}"),
-    }
+/// A request id as a map key: the id itself (numbers and strings are different
+/// variants, so they never collide), a copy that allocates nothing for a number.
+pub(crate) fn id_key(id: &crate::protocol::RequestId) -> crate::protocol::RequestId {
+    id.clone()
 }
 
 /// A legacy client, as its `initialize` said.

@@ -93,7 +93,7 @@ pub async fn serve(
         Arc::downgrade(&pipe),
         session.clone(),
     ));
-    let calls: Arc<Mutex<InFlight<String>>> = Arc::default();
+    let calls: Arc<Mutex<InFlight<RequestId>>> = Arc::default();
     let listens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Cancelled when input ends: subscriptions send their final result.
     let closing = CancelToken::new();
@@ -320,7 +320,7 @@ async fn notify_changes(
     }
 }
 
-fn cancel(calls: &Mutex<InFlight<String>>, n: &Notification) {
+fn cancel(calls: &Mutex<InFlight<RequestId>>, n: &Notification) {
     if n.method != "notifications/cancelled" {
         return;
     }
