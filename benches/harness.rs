@@ -9,7 +9,8 @@
 //! (`HarnessHandle::call_tool` with the permission check, routing, an audit file and the
 //! cache). Every client gets a server process of its own; every figure is the median of
 //! several samples, printed with the lowest and highest sample. `MCP_BENCH_QUICK=1`
-//! shortens every measurement.
+//! shortens every measurement; `MCP_BENCH_SAMPLE` (0 to 1) sets the share of calls the
+//! telemetry section's sampled child traces (one in ten by default).
 
 #[path = "../examples/rmcp_server.rs"]
 mod rmcp_server;
@@ -1308,11 +1309,17 @@ fn main() {
             // `sampled`: one trace in ten, as OTEL_TRACES_SAMPLER=parentbased_traceidratio
             // with OTEL_TRACES_SAMPLER_ARG=0.1 asks of the binary.
             // MCP_BENCH_SAMPLE overrides the sampled share (0: the layer and the meter
-            // installed, no call traced), to tell their fixed cost from the kept calls'.
-            let ratio = std::env::var("MCP_BENCH_SAMPLE")
-                .ok()
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(0.1);
+            // installed, no call traced), to tell their fixed cost from the kept calls';
+            // a full run's sampled children take it too. A bad value stops the bench
+            // rather than mislabel a figure.
+            let ratio = match std::env::var("MCP_BENCH_SAMPLE") {
+                Ok(r) => r
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=1.0).contains(r))
+                    .expect("MCP_BENCH_SAMPLE: a share from 0 to 1"),
+                Err(_) => 0.1,
+            };
             let (on, sample) = match on {
                 "on" => (true, 1.0),
                 "sampled" => (true, ratio),
