@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use super::file::{AuditFile, Opener, file_opener, load_or_create_key};
 use super::msg::AuditMsg;
+use super::record::Record;
 use super::{AuditConfig, AuditFailure};
 use crate::util::hash::hmac_sha256_hex;
 use crate::util::slot::ActorSlot;
@@ -230,18 +231,19 @@ impl AuditSink {
     }
 
     /// Appends one record, serialized into the buffer the writer drains.
-    pub(crate) fn record(&self, record: &impl serde::Serialize) {
+    pub(crate) fn record(&self, record: &impl Record) {
         if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
-            let line = serde_json::to_string(record).unwrap_or_default();
+            let mut line = Vec::with_capacity(512);
+            record.write_json(&mut line);
+            let line = String::from_utf8_lossy(&line);
             tracing::info!(target: "mcp_harness::audit", record = %line, "audit");
         }
         if self.shared.config.path.is_none() {
             return;
         }
         // Serialized before the lock, so that calls on other threads wait only for a copy.
-        // Serializing our own record into a Vec cannot fail: no I/O, string keys.
         let mut line = Vec::with_capacity(512);
-        let _ = serde_json::to_writer(&mut line, record);
+        record.write_json(&mut line);
         line.push(b'\n');
         let wake = {
             let mut pending = self.shared.pending.lock();
