@@ -232,18 +232,17 @@ impl AuditSink {
 
     /// Appends one record, serialized into the buffer the writer drains.
     pub(crate) fn record(&self, record: &impl Record) {
+        // Serialized before the lock, so that calls on other threads wait only for a copy.
+        let mut line = Vec::with_capacity(512);
+        record.write_json(&mut line);
         if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
-            let mut line = Vec::with_capacity(512);
-            record.write_json(&mut line);
-            let line = String::from_utf8_lossy(&line);
-            tracing::info!(target: "mcp_harness::audit", record = %line, "audit");
+            // JSON that serde_json wrote is UTF-8: this borrows, never copies.
+            let text = String::from_utf8_lossy(&line);
+            tracing::info!(target: "mcp_harness::audit", record = %text, "audit");
         }
         if self.shared.config.path.is_none() {
             return;
         }
-        // Serialized before the lock, so that calls on other threads wait only for a copy.
-        let mut line = Vec::with_capacity(512);
-        record.write_json(&mut line);
         line.push(b'\n');
         let wake = {
             let mut pending = self.shared.pending.lock();
