@@ -134,6 +134,31 @@ fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
     }
 }
 
+/// How the responses of this crate's serializer and of rmcp's begin: a line that starts
+/// with it, then an integer id and `,"result":`, is a successful response to that id or
+/// fails the full parse (a duplicate key, `method` or `error` beside `result`, bad
+/// JSON), so it is routed without being scanned, which was most of a reader's work.
+const RESULT_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","id":"#;
+
+/// The id of a line that starts as [`RESULT_PREFIX`] says, if it does.
+fn peek_prefix(bytes: &[u8]) -> Option<RequestId> {
+    let rest = bytes.strip_prefix(RESULT_PREFIX)?;
+    let (negative, rest) = match rest.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    // At most 18 digits cannot overflow an i64; a leading zero is not JSON.
+    if digits == 0 || digits > 18 || (digits > 1 && rest[0] == b'0') {
+        return None;
+    }
+    rest[digits..].strip_prefix(br#","result":"#)?;
+    let n = rest[..digits]
+        .iter()
+        .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+    Some(RequestId::Number(if negative { -n } else { n }))
+}
+
 impl Message {
     /// Parses one message from one line (stdio) or one body / SSE event (HTTP).
     pub fn parse(bytes: &[u8]) -> Result<Message, ProtocolError> {
@@ -198,9 +223,14 @@ impl Message {
     /// id; the bodies are skipped, not built. A reader routes by it and leaves the full
     /// [`Message::parse`] to the thread that uses the result (a result built on one
     /// thread and freed on another costs the allocator's locks). A line it calls
-    /// [`Peeked::Result`] parses as that response, or fails to parse for its bodies
-    /// (nesting, numbers and strings the skip does not check); never as another message.
+    /// [`Peeked::Result`] parses as that response or fails to parse: for its bodies
+    /// (nesting, numbers and strings the skip does not check), or, on a line that begins
+    /// as responses do ([`RESULT_PREFIX`]), for what follows (a key twice, `method` or
+    /// `error` beside `result`, bad JSON); never as another message nor for another id.
     pub fn peek(bytes: &[u8]) -> Peeked {
+        if let Some(id) = peek_prefix(bytes) {
+            return Peeked::Result(id);
+        }
         // A batch would be read as a struct's fields in order; the full parse refuses it.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
             return Peeked::Other;
@@ -422,12 +452,16 @@ mod tests {
         let mut bad_utf8 = br#"{"jsonrpc":"2.0","id":21,"result":{"text":""#.to_vec();
         bad_utf8.extend_from_slice(&[0xff, 0xfe]);
         bad_utf8.extend_from_slice(br#""}}"#);
-        let fast: [&[u8]; 3] = [
+        let fast: [&[u8]; 7] = [
             br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"hi"}]}}"#,
             br#"{"result":null,"id":"s1","jsonrpc":"2.0"}"#,
             br#"  {"jsonrpc":"2.0","id":4,"result":{},"method":null}"#,
+            br#"{"jsonrpc":"2.0","id":-7,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":0,"result":1}"#,
+            br#"{"jsonrpc":"2.0","id":999999999999999999,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":9223372036854775807,"result":{}}"#,
         ];
-        let other: [&[u8]; 22] = [
+        let other: [&[u8]; 18] = [
             br#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
             br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
@@ -439,23 +473,26 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
             br#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
             br#"{"id":7,"result":{}}"#,
-            br#"{"jsonrpc":"2.0","id":8,"result":{},"error":{"code":1,"message":""}}"#,
             br#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
-            br#"{"jsonrpc":"2.0","id":10,"result":{},"id":11}"#,
-            br#"{"jsonrpc":"2.0","id":12,"result":{},"params":1,"params":2}"#,
-            br#"{"jsonrpc":"2.0","id":13,"result":{},"result":{}}"#,
             br#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
             br#"["2.0",14,null,null,{},null]"#,
-            br#"{"jsonrpc":"2.0","id":15,"result":{"#,
-            br#"{"jsonrpc":"2.0","id":16,"result":{}} trailing"#,
             b"not json at all",
+            br#"{"jsonrpc":"2.0","id":01,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":9223372036854775808,"result":{}}"#,
             br#"{"jsonrpc":2,"id":17,"result":{}}"#,
         ];
-        let body_only: [&[u8]; 4] = [
+        let body_only: [&[u8]; 10] = [
             deep.as_bytes(),
             &bad_utf8,
             br#"{"jsonrpc":"2.0","id":22,"result":"\ud800"}"#,
             br#"{"jsonrpc":"2.0","id":23,"result":1e400}"#,
+            // Begun as a response; what follows is for the full parse to refuse.
+            br#"{"jsonrpc":"2.0","id":8,"result":{},"error":{"code":1,"message":""}}"#,
+            br#"{"jsonrpc":"2.0","id":10,"result":{},"id":11}"#,
+            br#"{"jsonrpc":"2.0","id":12,"result":{},"params":1,"params":2}"#,
+            br#"{"jsonrpc":"2.0","id":13,"result":{},"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":15,"result":{"#,
+            br#"{"jsonrpc":"2.0","id":16,"result":{}} trailing"#,
         ];
         for line in fast {
             let text = String::from_utf8_lossy(line);
