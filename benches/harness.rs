@@ -214,6 +214,8 @@ struct Figure {
     low: f64,
     high: f64,
     unit: &'static str,
+    /// In the order they were taken: figures measured in the same rounds pair up.
+    samples: Vec<f64>,
 }
 
 struct Bench {
@@ -235,6 +237,7 @@ impl Bench {
         unit: &'static str,
     ) {
         let name = name.into();
+        let taken = samples.clone();
         samples.sort_by(f64::total_cmp);
         let (low, high) = (samples[0], samples[samples.len() - 1]);
         let value = samples[samples.len() / 2];
@@ -249,7 +252,37 @@ impl Bench {
             low,
             high,
             unit,
+            samples: taken,
         });
+    }
+
+    /// `f(a, b)` of two figures, sample by sample when they were measured in the same
+    /// rounds (the median of the rounds' values, with their spread), else of their
+    /// medians.
+    fn combine(
+        &mut self,
+        name: String,
+        a: &str,
+        b: &str,
+        f: fn(f64, f64) -> f64,
+        unit: &'static str,
+    ) {
+        let find = |n: &str| self.lines.iter().find(|x| x.name == n);
+        let (Some(x), Some(y)) = (find(a), find(b)) else {
+            return;
+        };
+        let rounds: Vec<f64> = if x.samples.len() == y.samples.len() && x.samples.len() > 1 {
+            x.samples
+                .iter()
+                .zip(&y.samples)
+                .map(|(a, b)| f(*a, *b))
+                .collect()
+        } else {
+            vec![f(x.value, y.value)]
+        };
+        if rounds.iter().all(|v| v.is_finite()) {
+            self.record_samples(name, rounds, unit);
+        }
     }
 
     fn get(&self, name: &str) -> f64 {
@@ -273,35 +306,56 @@ impl Bench {
         }
     }
 
-    /// Sequential calls: p50 and p99 latency in microseconds, one of each per sample.
-    async fn latency(&mut self, name: &str, client: &Client) {
+    /// Sequential calls, p50 and p99 latency in microseconds, of several clients in
+    /// rounds (one client or more): each round takes one sample of each, in
+    /// an order rotated from round to round, so that the machine's drift (which moves
+    /// figures by 10–30 % within minutes here) falls on all of them alike, and a ratio
+    /// can be taken within each round ([`Bench::combine`]).
+    async fn latency_rounds(&mut self, clients: &[(&str, &Client)]) {
         let n = if self.quick { 200 } else { 1000 };
-        for _ in 0..n / 5 {
-            client.call().await;
-        }
-        let (mut p50, mut p99) = (Vec::new(), Vec::new());
-        for _ in 0..self.samples() {
-            let mut samples = Vec::with_capacity(n);
-            for _ in 0..n {
-                let t = Instant::now();
-                assert!(client.call().await, "{name}: a call failed");
-                samples.push(t.elapsed().as_secs_f64() * 1e6);
+        for (_, client) in clients {
+            for _ in 0..n / 5 {
+                client.call().await;
             }
-            samples.sort_by(f64::total_cmp);
-            p50.push(samples[n / 2]);
-            p99.push(samples[n * 99 / 100]);
         }
-        self.record_samples(format!("{name}_p50"), p50, "us");
-        self.record_samples(format!("{name}_p99"), p99, "us");
+        let (mut p50, mut p99) = (
+            vec![Vec::new(); clients.len()],
+            vec![Vec::new(); clients.len()],
+        );
+        for round in 0..self.samples() {
+            for j in 0..clients.len() {
+                let i = (round + j) % clients.len();
+                let (name, client) = clients[i];
+                let mut samples = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let t = Instant::now();
+                    assert!(client.call().await, "{name}: a call failed");
+                    samples.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                samples.sort_by(f64::total_cmp);
+                p50[i].push(samples[n / 2]);
+                p99[i].push(samples[n * 99 / 100]);
+            }
+        }
+        for (((name, _), p50), p99) in clients.iter().zip(p50).zip(p99) {
+            self.record_samples(format!("{name}_p50"), p50, "us");
+            self.record_samples(format!("{name}_p99"), p99, "us");
+        }
     }
 
-    /// Calls per second with `inflight` callers looping, one rate per sample.
-    async fn throughput(&mut self, name: &str, client: &Client, inflight: usize) {
-        let mut rates = Vec::new();
-        for _ in 0..self.samples() {
-            rates.push(rate(client, inflight, self.duration()).await);
+    /// Calls per second with `inflight` callers looping, of several clients in rounds
+    /// as [`Bench::latency_rounds`] takes them.
+    async fn rate_rounds(&mut self, clients: &[(&str, &Client)], inflight: usize) {
+        let mut rates = vec![Vec::new(); clients.len()];
+        for round in 0..self.samples() {
+            for j in 0..clients.len() {
+                let i = (round + j) % clients.len();
+                rates[i].push(rate(clients[i].1, inflight, self.duration()).await);
+            }
         }
-        self.record_samples(format!("{name}_c{inflight}"), rates, "calls/s");
+        for ((name, _), rates) in clients.iter().zip(rates) {
+            self.record_samples(format!("{name}_c{inflight}"), rates, "calls/s");
+        }
     }
 
     /// Microseconds per `op`, one mean of `n` sequential runs per sample.
@@ -324,10 +378,11 @@ impl Bench {
         self.record_samples(name, samples, "us");
     }
 
-    async fn all(&mut self, name: &str, client: &Client) {
-        self.latency(name, client).await;
+    /// Latency and throughput at 1, 16 and 64 in flight of several clients, in rounds.
+    async fn all_rounds(&mut self, clients: &[(&str, &Client)]) {
+        self.latency_rounds(clients).await;
         for c in [1, 16, 64] {
-            self.throughput(name, client, c).await;
+            self.rate_rounds(clients, c).await;
         }
     }
 }
@@ -501,9 +556,8 @@ async fn stdio_section(b: &mut Bench) {
         ("rmcp", self_cmd as fn(&str) -> tokio::process::Command),
         ("demo", |_: &str| demo_cmd(&["bench"])),
     ] {
+        // All three alive at once (idle servers cost nothing), measured in rounds.
         let raw = Client::Raw(RawStdio::spawn(cmd("stdio")));
-        b.all(&format!("stdio_{server}_raw"), &raw).await;
-        drop(raw);
         let rmcp = ().serve_with_lifecycle(
             rmcp::transport::TokioChildProcess::new(cmd("stdio")).expect("child"),
             ClientLifecycleMode::Discover {
@@ -511,8 +565,6 @@ async fn stdio_section(b: &mut Bench) {
             },
         );
         let rmcp = Client::Rmcp(Arc::new(rmcp.await.expect("rmcp client")));
-        b.all(&format!("stdio_{server}_rmcp"), &rmcp).await;
-        drop(rmcp);
         let command = cmd("stdio");
         let std = command.as_std();
         let program = std.get_program().to_string_lossy().to_string();
@@ -527,7 +579,9 @@ async fn stdio_section(b: &mut Bench) {
             s.env = [("MCP_BENCH_ROLE".to_string(), "stdio".to_string())].into();
         }
         let (h, client) = harness_client(config, true).await;
-        b.all(&format!("stdio_{server}_harness"), &client).await;
+        let names = ["raw", "rmcp", "harness"].map(|c| format!("stdio_{server}_{c}"));
+        b.all_rounds(&[(&names[0], &raw), (&names[1], &rmcp), (&names[2], &client)])
+            .await;
         h.shutdown().await;
     }
 }
@@ -544,14 +598,13 @@ async fn http_section(b: &mut Bench) {
         ("rmcp", &rmcp_cmd as &dyn Fn() -> tokio::process::Command),
         ("demo", &demo),
     ] {
-        let (child, url) = http_server(cmd()).await;
+        // Each client on a server of its own, all alive at once, measured in rounds.
+        let (raw_child, url) = http_server(cmd()).await;
         let raw = Client::RawHttp(tuned_reqwest(), url.clone(), None);
-        b.all(&format!("http_{server}_raw"), &raw).await;
-        drop(child);
 
         // rmcp's client on the same tuned reqwest client, allowed as many requests in
         // flight as the others (its default is 16).
-        let (child, url) = http_server(cmd()).await;
+        let (rmcp_child, url) = http_server(cmd()).await;
         let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
             tuned_reqwest(),
             rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
@@ -567,15 +620,15 @@ async fn http_section(b: &mut Bench) {
                 .await
                 .expect("rmcp HTTP client"),
         ));
-        b.all(&format!("http_{server}_rmcp"), &rmcp).await;
-        drop(rmcp);
-        drop(child);
 
         let (child, url) = http_server(cmd()).await;
         let (h, client) = harness_client(ServerConfig::http("s", &url), true).await;
-        b.all(&format!("http_{server}_harness"), &client).await;
+        let names = ["raw", "rmcp", "harness"].map(|c| format!("http_{server}_{c}"));
+        b.all_rounds(&[(&names[0], &raw), (&names[1], &rmcp), (&names[2], &client)])
+            .await;
         h.shutdown().await;
-        drop(child);
+        drop(rmcp);
+        drop((child, rmcp_child, raw_child));
     }
 }
 
@@ -619,8 +672,11 @@ async fn further_section(b: &mut Bench) {
 
     // A bare name is routed from the tool lists (the demo server's say ttlMs 60 s).
     let bare = Client::Harness(h.clone(), caller.clone(), "echo");
-    b.latency("bare_name_demo_harness", &bare).await;
-    b.latency("qualified_name_demo_harness", &client).await;
+    b.latency_rounds(&[
+        ("bare_name_demo_harness", &bare),
+        ("qualified_name_demo_harness", &client),
+    ])
+    .await;
 
     // SIGKILL to the first successful call, the backoff's first delay beside it.
     let mut recovery = Vec::new();
@@ -644,14 +700,19 @@ async fn further_section(b: &mut Bench) {
         "ms",
     );
     h.shutdown().await;
-    let (h, client) = harness_client(demo_config(), true).await;
-    b.throughput("audit_on", &client, 16).await;
-    h.shutdown().await;
-    let (h, client) = harness_client(demo_config(), false).await;
-    b.throughput("audit_off", &client, 16).await;
-    h.shutdown().await;
-    let ratio = b.get("audit_on_c16") / b.get("audit_off_c16");
-    b.record("audit_on_vs_off", ratio, "ratio");
+    let (on, on_client) = harness_client(demo_config(), true).await;
+    let (off, off_client) = harness_client(demo_config(), false).await;
+    b.rate_rounds(&[("audit_on", &on_client), ("audit_off", &off_client)], 16)
+        .await;
+    on.shutdown().await;
+    off.shutdown().await;
+    b.combine(
+        "audit_on_vs_off".into(),
+        "audit_on_c16",
+        "audit_off_c16",
+        |a, b| a / b,
+        "ratio",
+    );
 }
 
 /// Discovery and memory, in a process of its own (`MCP_BENCH_ROLE=discovery`), so that
@@ -915,6 +976,7 @@ fn in_child(b: &mut Bench, role: &str) {
             low: f64::NAN,
             high: f64::NAN,
             unit,
+            samples: Vec::new(),
         });
     }
 }
@@ -1043,66 +1105,73 @@ fn current_thread_section(b: &mut Bench) {
     };
     rt.block_on(async {
         let raw = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
-        inner.latency("ct_stdio_demo_raw", &raw).await;
-        inner.throughput("ct_stdio_demo_raw", &raw, 64).await;
-        drop(raw);
         let (h, client) = harness_client(demo_config(), true).await;
-        inner.latency("ct_stdio_demo_harness", &client).await;
-        inner.throughput("ct_stdio_demo_harness", &client, 64).await;
+        let clients = [
+            ("ct_stdio_demo_raw", &raw),
+            ("ct_stdio_demo_harness", &client),
+        ];
+        inner.latency_rounds(&clients).await;
+        inner.rate_rounds(&clients, 64).await;
         h.shutdown().await;
     });
     b.lines.extend(inner.lines);
 }
 
+/// The ratios and differences the targets name, round by round where both figures
+/// were measured in the same rounds ([`Bench::combine`]).
 fn ratios(b: &mut Bench) {
-    let mut rows = Vec::new();
+    let ratio = |a: f64, b: f64| a / b;
     for transport in ["stdio", "http"] {
         for server in ["rmcp", "demo"] {
-            let get =
-                |client: &str, what: &str| b.get(&format!("{transport}_{server}_{client}_{what}"));
             for (what, base) in [
                 ("p50", "raw"),
                 ("p50", "rmcp"),
                 ("c64", "raw"),
                 ("c64", "rmcp"),
             ] {
-                let name = format!("{transport}_{server}_{what}_harness_vs_{base}");
-                rows.push((name, get("harness", what) / get(base, what)));
+                b.combine(
+                    format!("{transport}_{server}_{what}_harness_vs_{base}"),
+                    &format!("{transport}_{server}_harness_{what}"),
+                    &format!("{transport}_{server}_{base}_{what}"),
+                    ratio,
+                    "ratio",
+                );
             }
         }
     }
     for what in ["p50", "c64"] {
-        let v = b.get(&format!("ct_stdio_demo_harness_{what}"))
-            / b.get(&format!("ct_stdio_demo_raw_{what}"));
-        rows.push((format!("ct_stdio_demo_{what}_harness_vs_raw"), v));
-    }
-    for (name, v) in rows {
-        if v.is_finite() {
-            b.record(name, v, "ratio");
-        }
+        b.combine(
+            format!("ct_stdio_demo_{what}_harness_vs_raw"),
+            &format!("ct_stdio_demo_harness_{what}"),
+            &format!("ct_stdio_demo_raw_{what}"),
+            ratio,
+            "ratio",
+        );
     }
     for transport in ["stdio", "http"] {
-        let get = |client: &str, what: &str| b.get(&format!("gw_{transport}_{client}_{what}"));
-        let overhead = get("gateway", "p50") - get("direct", "p50");
-        let ratio = get("gateway", "c64") / get("direct", "c64");
-        let beyond_hop = overhead - get("hop", "p50");
-        if overhead.is_finite() {
-            b.record(format!("gw_{transport}_p50_overhead"), overhead, "us");
-        }
-        if beyond_hop.is_finite() {
-            b.record(
-                format!("gw_{transport}_p50_overhead_beyond_hop"),
-                beyond_hop,
-                "us",
-            );
-        }
-        if ratio.is_finite() {
-            b.record(
-                format!("gw_{transport}_c64_gateway_vs_direct"),
-                ratio,
-                "ratio",
-            );
-        }
+        let figure = |client: &str, what: &str| format!("gw_{transport}_{client}_{what}");
+        let overhead = format!("gw_{transport}_p50_overhead");
+        b.combine(
+            overhead.clone(),
+            &figure("gateway", "p50"),
+            &figure("direct", "p50"),
+            |a, b| a - b,
+            "us",
+        );
+        b.combine(
+            format!("gw_{transport}_p50_overhead_beyond_hop"),
+            &overhead,
+            &figure("hop", "p50"),
+            |a, b| a - b,
+            "us",
+        );
+        b.combine(
+            format!("gw_{transport}_c64_gateway_vs_direct"),
+            &figure("gateway", "c64"),
+            &figure("direct", "c64"),
+            ratio,
+            "ratio",
+        );
     }
 }
 
@@ -1160,21 +1229,29 @@ fn stdio_gateway() -> Client {
 async fn gateway_section(b: &mut Bench) {
     eprintln!("gateway, echo (raw client direct, and through `mcp-harness serve`):");
     let direct = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
-    b.all("gw_stdio_direct", &direct).await;
-    drop(direct);
     let gateway = stdio_gateway();
-    b.all("gw_stdio_gateway", &gateway).await;
-    drop(gateway);
     // The floor of one more process on the path: `cat` echoes each request line, which
     // the raw client takes for its answer (same id). Its round trip is two wake-ups of
     // processes on other cores, which a gateway adds whatever it does.
     let hop = Client::Raw(RawStdio::spawn(tokio::process::Command::new("cat")));
-    b.latency("gw_stdio_hop", &hop).await;
+    b.latency_rounds(&[
+        ("gw_stdio_direct", &direct),
+        ("gw_stdio_gateway", &gateway),
+        ("gw_stdio_hop", &hop),
+    ])
+    .await;
     drop(hop);
+    for c in [1, 16, 64] {
+        b.rate_rounds(
+            &[("gw_stdio_direct", &direct), ("gw_stdio_gateway", &gateway)],
+            c,
+        )
+        .await;
+    }
+    drop((direct, gateway));
 
     let (upstream, url) = http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await;
     let direct = Client::RawHttp(tuned_reqwest(), url.clone(), None);
-    b.all("gw_http_direct", &direct).await;
     let config = gateway_config(&format!(r#"{{ type = "http", url = "{url}" }}"#), "http");
     let mut cmd = tokio::process::Command::new(harness_bin());
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -1185,7 +1262,8 @@ async fn gateway_section(b: &mut Bench) {
         gateway_url,
         Some(("s__echo", GATEWAY_TOKEN)),
     );
-    b.all("gw_http_gateway", &gateway).await;
+    b.all_rounds(&[("gw_http_direct", &direct), ("gw_http_gateway", &gateway)])
+        .await;
     drop(gateway_child);
     drop(upstream);
 }
