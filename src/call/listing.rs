@@ -671,11 +671,12 @@ pub(crate) async fn list(
         let items = ctx.catalog.items(kind, listed.server.id(), &listed.pages);
         let config = listed.server.config();
         let policy = ctx.policy.read();
+        let grant = policy.on_server(agent, &config.id, &config.tags);
         let before = out.len();
         out.extend(
             items
                 .iter()
-                .filter(|t| policy.allows(agent, &config.id, &config.tags, &t.name))
+                .filter(|t| grant.allows(&t.name))
                 .map(|t| ToolInfo {
                     from_cache: listed.from_cache,
                     ..t.clone()

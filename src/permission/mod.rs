@@ -61,13 +61,49 @@ impl Policy {
     /// Whether `agent` may use `tool` on server `server` (which has `tags`).
     pub fn allows(&self, agent: Option<&str>, server: &str, tags: &[String], tool: &str) -> bool {
         self.tools_on(agent, server, tags)
-            .any(|tools| tools.iter().any(|t| t == "*" || t == tool))
+            .any(|tools| names(tools, tool))
+    }
+
+    /// What `agent` may use on server `server`, worked out once to filter a whole list
+    /// of its tools (asking [`Policy::allows`] per tool walked the grants each time).
+    pub fn on_server<'a>(
+        &'a self,
+        agent: Option<&str>,
+        server: &'a str,
+        tags: &'a [String],
+    ) -> ServerGrant<'a> {
+        let lists: Vec<&[String]> = self
+            .tools_on(agent, server, tags)
+            .map(Vec::as_slice)
+            .collect();
+        ServerGrant {
+            every: lists.iter().any(|l| l.iter().any(|t| t == "*")),
+            lists,
+        }
     }
 
     /// Whether `agent` may use anything at all on `server`.
     pub fn allows_any(&self, agent: Option<&str>, server: &str, tags: &[String]) -> bool {
         self.tools_on(agent, server, tags)
             .any(|tools| !tools.is_empty())
+    }
+}
+
+/// Whether a grant's tool names (or `*`) take in `tool`.
+fn names(tools: &[String], tool: &str) -> bool {
+    tools.iter().any(|t| t == "*" || t == tool)
+}
+
+/// One agent's grants on one server ([`Policy::on_server`]).
+pub struct ServerGrant<'a> {
+    every: bool,
+    lists: Vec<&'a [String]>,
+}
+
+impl ServerGrant<'_> {
+    /// Whether the grant takes in `tool`, as [`Policy::allows`] says.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.every || self.lists.iter().any(|tools| names(tools, tool))
     }
 }
 
@@ -273,5 +309,26 @@ mod tests {
         assert!(!p.allows(Some("stranger"), "files", &[], "read"));
         assert!(!p.allows(None, "files", &[], "read"));
         assert!(!p.allows_any(None, "files", &[]));
+    }
+
+    /// A list is filtered by `on_server`, a call by `allows`: they must agree.
+    #[test]
+    fn a_servers_grant_says_what_allows_says() {
+        let p = policy();
+        let tags: [&[String]; 3] = [&[], &["search".into()], &["other".into()]];
+        for agent in [Some("planner"), Some("root"), Some("stranger"), None] {
+            for server in ["files", "web", "x"] {
+                for tags in tags {
+                    let grant = p.on_server(agent, server, tags);
+                    for tool in ["read", "write", "anything", "*"] {
+                        assert_eq!(
+                            grant.allows(tool),
+                            p.allows(agent, server, tags, tool),
+                            "{agent:?} {server} {tags:?} {tool}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -52,6 +52,40 @@ fn private_entries_stay_within_their_auth_context() {
     assert!(cache.get(LIST, None, None).is_none());
 }
 
+/// Lookups go by reference and remember each context's scope; past the memo's bound
+/// it starts over, and every context still finds only its own entries.
+#[test]
+fn lookups_by_reference_find_what_was_stored_past_the_scope_memo() {
+    let cache = ListCache::new(config(None));
+    assert!(put(
+        &cache,
+        Some("alice"),
+        json!({"tools": ["a"], "ttlMs": 60000, "cacheScope": "private"})
+    ));
+    for i in 0..PRIVATE_SCOPES_MAX + 10 {
+        assert!(cache.get(LIST, None, Some(&format!("other{i}"))).is_none());
+    }
+    assert!(cache.private_scopes.read().len() <= PRIVATE_SCOPES_MAX);
+    assert!(cache.get(LIST, None, Some("alice")).is_some());
+    assert!(cache.get(LIST, None, Some("other3")).is_none());
+    // A cursor is part of the key: the first page's entry is not another page's.
+    assert!(cache.get(LIST, Some(""), Some("alice")).is_none());
+    // An owned key and its reference hash alike.
+    let (key, _) = cache
+        .key_for(
+            LIST,
+            Some("c"),
+            Some("alice"),
+            &json!({"cacheScope": "private"}),
+        )
+        .expect("stored");
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    let hash = |k: &dyn AsKeyRef| state.hash_one(k);
+    assert_eq!(hash(&key), hash(&key.key_ref()));
+    assert_eq!(state.hash_one(&key), hash(&key.key_ref()));
+}
+
 #[test]
 fn private_results_without_a_context_are_not_stored_and_public_ones_are_shared() {
     let cache = ListCache::new(config(None));
