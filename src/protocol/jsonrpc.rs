@@ -156,6 +156,10 @@ fn peek_prefix(bytes: &[u8]) -> Option<RequestId> {
     let n = rest[..digits]
         .iter()
         .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+    // `-0` is a float to serde_json, not an id: left to the scan, which refuses it.
+    if negative && n == 0 {
+        return None;
+    }
     Some(RequestId::Number(if negative { -n } else { n }))
 }
 
@@ -461,7 +465,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":999999999999999999,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":9223372036854775807,"result":{}}"#,
         ];
-        let other: [&[u8]; 18] = [
+        let other: [&[u8]; 19] = [
             br#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
             br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
@@ -478,6 +482,7 @@ mod tests {
             br#"["2.0",14,null,null,{},null]"#,
             b"not json at all",
             br#"{"jsonrpc":"2.0","id":01,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":-0,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":9223372036854775808,"result":{}}"#,
             br#"{"jsonrpc":2,"id":17,"result":{}}"#,
         ];
@@ -508,6 +513,18 @@ mod tests {
         for line in other {
             let text = String::from_utf8_lossy(line);
             assert_eq!(Message::peek(line), Peeked::Other, "{text}");
+        }
+        // The prefix's own bounds: 18 digits it reads, 19 it leaves to the scan.
+        let prefixed = |id: &str| {
+            peek_prefix(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":1}}"#).as_bytes())
+        };
+        assert_eq!(prefixed("-7"), Some(RequestId::Number(-7)));
+        assert_eq!(
+            prefixed("999999999999999999"),
+            Some(RequestId::Number(999_999_999_999_999_999))
+        );
+        for id in ["9223372036854775807", "-0", "01", "1.5", "\"1\"", ""] {
+            assert_eq!(prefixed(id), None, "{id}");
         }
         // Routed by id, then refused by the full parse: the request fails at once.
         for line in body_only {
