@@ -304,7 +304,9 @@ impl ListCache {
         if let Some(scope) = self.private_scopes.read().get(auth_context) {
             return scope.clone();
         }
-        let scope: Arc<str> = format!("private:{}", sha256_hex(auth_context.as_bytes())).into();
+        let scope: Arc<str> = scope_key(CacheScope::Private, Some(auth_context))
+            .unwrap_or_default()
+            .into();
         let mut memo = self.private_scopes.write();
         if memo.len() >= PRIVATE_SCOPES_MAX {
             memo.clear();

@@ -62,6 +62,9 @@ fn lookups_by_reference_find_what_was_stored_past_the_scope_memo() {
         Some("alice"),
         json!({"tools": ["a"], "ttlMs": 60000, "cacheScope": "private"})
     ));
+    // Asked twice: the second time with the scope remembered.
+    assert!(cache.get(LIST, None, Some("alice")).is_some());
+    assert!(cache.get(LIST, None, Some("alice")).is_some());
     for i in 0..PRIVATE_SCOPES_MAX + 10 {
         assert!(cache.get(LIST, None, Some(&format!("other{i}"))).is_none());
     }
@@ -81,9 +84,8 @@ fn lookups_by_reference_find_what_was_stored_past_the_scope_memo() {
         .expect("stored");
     use std::hash::BuildHasher;
     let state = std::collections::hash_map::RandomState::new();
-    let hash = |k: &dyn AsKeyRef| state.hash_one(k);
-    assert_eq!(hash(&key), hash(&key.key_ref()));
-    assert_eq!(state.hash_one(&key), hash(&key.key_ref()));
+    let by_reference: &dyn AsKeyRef = &key.key_ref();
+    assert_eq!(state.hash_one(&key), state.hash_one(by_reference));
 }
 
 #[test]
