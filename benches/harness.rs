@@ -214,13 +214,17 @@ struct Figure {
     low: f64,
     high: f64,
     unit: &'static str,
-    /// In the order they were taken: figures measured in the same rounds pair up.
+    /// In the order they were taken.
     samples: Vec<f64>,
+    /// Which `…_rounds` call took them: figures of the same one pair up round by round.
+    rounds: Option<usize>,
 }
 
 struct Bench {
     lines: Vec<Figure>,
     quick: bool,
+    /// `…_rounds` calls so far.
+    round_sets: usize,
 }
 
 impl Bench {
@@ -253,7 +257,20 @@ impl Bench {
             high,
             unit,
             samples: taken,
+            rounds: None,
         });
+    }
+
+    fn next_round_set(&mut self) -> usize {
+        self.round_sets += 1;
+        self.round_sets
+    }
+
+    /// Marks the last figure as taken in the rounds of `set`.
+    fn mark_rounds(&mut self, set: usize) {
+        if let Some(f) = self.lines.last_mut() {
+            f.rounds = Some(set);
+        }
     }
 
     /// `f(a, b)` of two figures, sample by sample when they were measured in the same
@@ -271,7 +288,9 @@ impl Bench {
         let (Some(x), Some(y)) = (find(a), find(b)) else {
             return;
         };
-        let rounds: Vec<f64> = if x.samples.len() == y.samples.len() && x.samples.len() > 1 {
+        let paired = x.rounds.is_some() && x.rounds == y.rounds;
+        let set = if paired { x.rounds } else { None };
+        let rounds: Vec<f64> = if paired {
             x.samples
                 .iter()
                 .zip(&y.samples)
@@ -280,8 +299,14 @@ impl Bench {
         } else {
             vec![f(x.value, y.value)]
         };
-        if rounds.iter().all(|v| v.is_finite()) {
+        // A round that failed (a rate of 0) leaves out that round, not the figure.
+        let rounds: Vec<f64> = rounds.into_iter().filter(|v| v.is_finite()).collect();
+        if !rounds.is_empty() {
             self.record_samples(name, rounds, unit);
+            // Its rounds are its inputs': it pairs with their other figures in turn.
+            if let Some(set) = set {
+                self.mark_rounds(set);
+            }
         }
     }
 
@@ -337,9 +362,12 @@ impl Bench {
                 p99[i].push(samples[n * 99 / 100]);
             }
         }
+        let set = self.next_round_set();
         for (((name, _), p50), p99) in clients.iter().zip(p50).zip(p99) {
             self.record_samples(format!("{name}_p50"), p50, "us");
+            self.mark_rounds(set);
             self.record_samples(format!("{name}_p99"), p99, "us");
+            self.mark_rounds(set);
         }
     }
 
@@ -353,8 +381,10 @@ impl Bench {
                 rates[i].push(rate(clients[i].1, inflight, self.duration()).await);
             }
         }
+        let set = self.next_round_set();
         for ((name, _), rates) in clients.iter().zip(rates) {
             self.record_samples(format!("{name}_c{inflight}"), rates, "calls/s");
+            self.mark_rounds(set);
         }
     }
 
@@ -977,6 +1007,7 @@ fn in_child(b: &mut Bench, role: &str) {
             high: f64::NAN,
             unit,
             samples: Vec::new(),
+            rounds: None,
         });
     }
 }
@@ -1102,6 +1133,8 @@ fn current_thread_section(b: &mut Bench) {
     let mut inner = Bench {
         lines: Vec::new(),
         quick: b.quick,
+        // Its sets apart from the outer bench's, whose lines it joins.
+        round_sets: b.round_sets + 1000,
     };
     rt.block_on(async {
         let raw = Client::Raw(RawStdio::spawn(demo_cmd(&["bench"])));
@@ -1319,6 +1352,7 @@ async fn profile_section() {
     let mut b = Bench {
         lines: Vec::new(),
         quick: false,
+        round_sets: 0,
     };
     let start = Instant::now();
     if let (Some(h), true) = (
@@ -1375,6 +1409,7 @@ fn main() {
     let mut b = Bench {
         lines: Vec::new(),
         quick,
+        round_sets: 0,
     };
     if let Ok(role) = std::env::var("MCP_BENCH_ROLE") {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -1464,6 +1499,7 @@ fn main() {
                 let mut child = Bench {
                     lines: Vec::new(),
                     quick: b.quick,
+                    round_sets: 0,
                 };
                 in_child(&mut child, role);
                 round[i] = child.get(name);
