@@ -120,10 +120,11 @@ async fn a_duplicate_reply_is_used_once() {
 }
 
 #[tokio::test]
-async fn result_and_error_together_is_rejected() {
+async fn result_and_error_together_fails_the_call_at_once() {
     let h = harness(vec![demo("s", &[])]).await;
     let e = call(&h, "s__both").await.expect_err("malformed");
-    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    // The line names the call's id: a protocol error now, not the call's deadline.
+    assert!(matches!(transport(&e), TransportError::Protocol(_)), "{e}");
     still_serving(&h, "s").await;
     h.shutdown().await;
 }

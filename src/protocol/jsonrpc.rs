@@ -228,9 +228,10 @@ impl Message {
     /// [`Message::parse`] to the thread that uses the result (a result built on one
     /// thread and freed on another costs the allocator's locks). A line it calls
     /// [`Peeked::Result`] parses as that response or fails to parse: for its bodies
-    /// (nesting, numbers and strings the skip does not check), or, on a line that begins
-    /// as responses do ([`RESULT_PREFIX`]), for what follows (a key twice, `method` or
-    /// `error` beside `result`, bad JSON); never as another message nor for another id.
+    /// (nesting, numbers and strings the skip does not check), for `method` or `error`
+    /// beside `result`, or, on a line that begins as responses do ([`RESULT_PREFIX`]),
+    /// for what follows (a key twice, bad JSON); never as another message nor for
+    /// another id.
     pub fn peek(bytes: &[u8]) -> Peeked {
         if let Some(id) = peek_prefix(bytes) {
             return Peeked::Result(id);
@@ -242,8 +243,10 @@ impl Message {
         let Ok(raw) = serde_json::from_slice::<PeekedMessage<'_>>(bytes) else {
             return Peeked::Other;
         };
-        match (raw.jsonrpc, raw.method, raw.id, raw.result, raw.error) {
-            (Some("2.0"), None, Some(id), Some(_), None) => match parse_id(id) {
+        // A `method` or an `error` beside `result` goes to the id too, to fail its request
+        // at once, as it does on the prefix's path: one behaviour whatever the key order.
+        match (raw.jsonrpc, raw.id, raw.result) {
+            (Some("2.0"), Some(id), Some(_)) => match parse_id(id) {
                 Ok(Some(id)) => Peeked::Result(id),
                 _ => Peeked::Other,
             },
@@ -465,7 +468,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":999999999999999999,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":9223372036854775807,"result":{}}"#,
         ];
-        let other: [&[u8]; 19] = [
+        let other: [&[u8]; 18] = [
             br#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no"}}"#,
             br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#,
@@ -477,7 +480,6 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":[1],"result":{}}"#,
             br#"{"jsonrpc":"1.0","id":7,"result":{}}"#,
             br#"{"id":7,"result":{}}"#,
-            br#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
             br#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
             br#"["2.0",14,null,null,{},null]"#,
             b"not json at all",
@@ -486,7 +488,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":9223372036854775808,"result":{}}"#,
             br#"{"jsonrpc":2,"id":17,"result":{}}"#,
         ];
-        let body_only: [&[u8]; 10] = [
+        let body_only: [&[u8]; 12] = [
             deep.as_bytes(),
             &bad_utf8,
             br#"{"jsonrpc":"2.0","id":22,"result":"\ud800"}"#,
@@ -498,6 +500,9 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":13,"result":{},"result":{}}"#,
             br#"{"jsonrpc":"2.0","id":15,"result":{"#,
             br#"{"jsonrpc":"2.0","id":16,"result":{}} trailing"#,
+            // In another key order, the scan routes them alike.
+            br#"{"jsonrpc":"2.0","id":9,"method":"m","result":{}}"#,
+            br#"{"id":24,"error":{"code":1,"message":""},"result":{},"jsonrpc":"2.0"}"#,
         ];
         for line in fast {
             let text = String::from_utf8_lossy(line);
