@@ -123,7 +123,8 @@ async fn a_duplicate_reply_is_used_once() {
 async fn result_and_error_together_fails_the_call_at_once() {
     let h = harness(vec![demo("s", &[])]).await;
     let e = call(&h, "s__both").await.expect_err("malformed");
-    // The line names the call's id: a protocol error now, not the call's deadline.
+    // The line names the call's id (found by the scan: the error comes first): a
+    // protocol error now, not the call's deadline.
     assert!(matches!(transport(&e), TransportError::Protocol(_)), "{e}");
     still_serving(&h, "s").await;
     h.shutdown().await;

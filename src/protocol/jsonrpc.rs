@@ -91,8 +91,8 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
-/// The routing fields of a line, its bodies skipped: enough to learn whether it is a
-/// successful response and to which id. The fields are [`RawMessage`]'s, so that a
+/// The routing fields of a line, its bodies skipped: enough to learn whether it carries
+/// a result and for which id. The fields are [`RawMessage`]'s, so that a
 /// duplicate is refused alike; `jsonrpc` is borrowed (one with escapes fails here and
 /// is left to the full parse).
 #[derive(Deserialize)]
@@ -101,20 +101,21 @@ struct PeekedMessage<'a> {
     jsonrpc: Option<&'a str>,
     #[serde(default, deserialize_with = "present")]
     id: Option<Value>,
-    method: Option<IgnoredAny>,
-    /// Never used: named so that a duplicate is refused.
-    #[serde(rename = "params", default, deserialize_with = "present")]
-    _params: Option<IgnoredAny>,
     #[serde(default, deserialize_with = "present")]
     result: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
-    error: Option<IgnoredAny>,
+    // Never used: named so that a duplicate is refused.
+    #[serde(rename = "method")]
+    _method: Option<IgnoredAny>,
+    #[serde(rename = "params", default, deserialize_with = "present")]
+    _params: Option<IgnoredAny>,
+    #[serde(rename = "error", default, deserialize_with = "present")]
+    _error: Option<IgnoredAny>,
 }
 
 /// What [`Message::peek`] learned of a line.
 #[derive(Debug, PartialEq)]
 pub enum Peeked {
-    /// By its routing fields, a successful response to this id.
+    /// A line with a `result` for this id: it parses as that response or not at all.
     Result(RequestId),
     /// Anything else, bad lines included: [`Message::parse`] decides.
     Other,
@@ -222,9 +223,9 @@ impl Message {
         }
     }
 
-    /// Learns from its routing fields alone (`jsonrpc`, `id`, which of `method`, `result`
-    /// and `error` are present) whether a line is a successful response, and to which
-    /// id; the bodies are skipped, not built. A reader routes by it and leaves the full
+    /// Learns from its routing fields alone (`jsonrpc`, `id`, whether a `result` is
+    /// present) whether a line answers a request with a result, and which; the bodies
+    /// are skipped, not built. A reader routes by it and leaves the full
     /// [`Message::parse`] to the thread that uses the result (a result built on one
     /// thread and freed on another costs the allocator's locks). A line it calls
     /// [`Peeked::Result`] parses as that response or fails to parse: for its bodies

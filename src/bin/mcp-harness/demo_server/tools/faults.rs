@@ -143,9 +143,11 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
 {"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"twice"}]}}"#,
             );
         }
+        // The error first: the client's reader finds the id by its scan, not by the
+        // prefix a response begins with (`deep_result` takes that path).
         "both" => {
             return raw(
-                r#"{"jsonrpc":"2.0","id":{id},"result":{},"error":{"code":1,"message":"both"}}"#,
+                r#"{"jsonrpc":"2.0","error":{"code":1,"message":"both"},"id":{id},"result":{}}"#,
             );
         }
         "deep_result" => {
