@@ -36,6 +36,69 @@ use tokio::sync::{mpsc, oneshot};
 
 type Call = Pin<Box<dyn Future<Output = bool> + Send>>;
 
+/// The bench process's allocator: the system's (glibc's), as an embedder that sets none
+/// runs, unless `MCP_BENCH_ALLOC=mimalloc` asks for the one the `mcp-harness` binary (and
+/// so the demo server and `serve`) runs on. The clients compared share it.
+struct BenchAlloc;
+
+/// 0: not yet read, 1: the system's, 2: mimalloc. Read once, at the first allocation
+/// (the process's first thread, before any other exists), and fixed from then on, so
+/// that every block is freed by the allocator that gave it.
+static ALLOC_CHOICE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl BenchAlloc {
+    fn system() -> bool {
+        let mut choice = ALLOC_CHOICE.load(Ordering::Relaxed);
+        if choice == 0 {
+            // getenv, not std::env: it must not allocate.
+            // SAFETY: a NUL-terminated name; the value is read before any thread can
+            // change the environment.
+            let value = unsafe { libc::getenv(c"MCP_BENCH_ALLOC".as_ptr()) };
+            // SAFETY: getenv's result is NULL or a NUL-terminated string.
+            let mimalloc = !value.is_null()
+                && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"mimalloc";
+            choice = if mimalloc { 2 } else { 1 };
+            ALLOC_CHOICE.store(choice, Ordering::Relaxed);
+        }
+        choice == 1
+    }
+}
+
+// SAFETY: each call goes to one allocator, the same one for the process's whole life.
+unsafe impl std::alloc::GlobalAlloc for BenchAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if BenchAlloc::system() {
+            unsafe { std::alloc::System.alloc(layout) }
+        } else {
+            unsafe { mimalloc::MiMalloc.alloc(layout) }
+        }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        if BenchAlloc::system() {
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        } else {
+            unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if BenchAlloc::system() {
+            unsafe { std::alloc::System.alloc_zeroed(layout) }
+        } else {
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        if BenchAlloc::system() {
+            unsafe { std::alloc::System.realloc(ptr, layout, size) }
+        } else {
+            unsafe { mimalloc::MiMalloc.realloc(ptr, layout, size) }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: BenchAlloc = BenchAlloc;
+
 /// One way of calling `echo`.
 #[derive(Clone)]
 enum Client {
