@@ -669,7 +669,13 @@ async fn stdio_section(b: &mut Bench) {
         if server == "rmcp"
             && let mcp_harness::TransportSpec::Stdio(s) = &mut config.transport
         {
-            s.env = [("MCP_BENCH_ROLE".to_string(), "stdio".to_string())].into();
+            // The harness passes its servers a minimal environment: the allocator choice
+            // goes along by name, so that all three clients' servers run on the same one.
+            let mut env = vec![("MCP_BENCH_ROLE".to_string(), "stdio".to_string())];
+            if let Ok(alloc) = std::env::var("MCP_BENCH_ALLOC") {
+                env.push(("MCP_BENCH_ALLOC".to_string(), alloc));
+            }
+            s.env = env.into_iter().collect();
         }
         let (h, client) = harness_client(config, true).await;
         let names = ["raw", "rmcp", "harness"].map(|c| format!("stdio_{server}_{c}"));
