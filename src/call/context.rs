@@ -35,7 +35,7 @@ pub struct CallContext {
     in_flight: AtomicUsize,
     /// The calls on each server now (call id, agent): whose a legacy server's request
     /// is, when it comes during a call.
-    on_servers: parking_lot::Mutex<std::collections::HashMap<String, Vec<CallOn>>>,
+    on_servers: parking_lot::Mutex<foldhash::HashMap<String, Vec<CallOn>>>,
 }
 
 /// A call on a server: its id, agent, and where its caller answers the server's

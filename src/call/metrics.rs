@@ -3,7 +3,7 @@
 //! (`mcp.client.operation.duration`, by server, method and outcome), and the
 //! `input_required` rounds driven. Read as a [`CallSeries`] snapshot.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -105,7 +105,7 @@ impl CallMetrics {
         let mut by_server = self.series.lock();
         // Servers are the configured ones, methods three and outcomes five: bounded.
         if !by_server.contains_key(server) {
-            by_server.insert(server.into(), HashMap::new());
+            by_server.insert(server.into(), HashMap::default());
         }
         let Some(series) = by_server.get_mut(server) else {
             return;

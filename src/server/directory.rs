@@ -1,7 +1,6 @@
 //! The servers of one harness, by id and in config order: a shared snapshot that calls
 //! read without a mailbox. Only the servers' supervisor writes it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -10,7 +9,7 @@ use super::server_ref::ServerRef;
 
 #[derive(Default)]
 struct Table {
-    by_id: HashMap<String, ServerRef>,
+    by_id: foldhash::HashMap<String, ServerRef>,
     order: Vec<String>,
 }
 

@@ -24,7 +24,6 @@
 mod framing;
 mod process;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,7 +76,7 @@ const WRITER_QUEUE: usize = 1024;
 /// State the reader and the callers share.
 struct Shared {
     server: String,
-    pending: Mutex<HashMap<RequestId, Waiter>>,
+    pending: Mutex<foldhash::HashMap<RequestId, Waiter>>,
     /// Set once, when the transport ends; later requests fail with it.
     closed: Mutex<Option<TransportError>>,
     group: GroupHandle,
@@ -124,7 +123,7 @@ impl StdioTransport {
         let pid = spawned.group.pid();
         let shared = Arc::new(Shared {
             server: server.to_string(),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::default(),
             closed: Mutex::new(None),
             group: spawned.group.handle(),
         });
