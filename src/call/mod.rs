@@ -243,7 +243,8 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
     };
     match &outcome {
         Err(e) => telemetry::failed(&span, &telemetry::error_type(e)),
-        Ok(answer) if telemetry::tool_error(&answer.result) => {
+        // Looked up only for a span that records it (two lookups per call otherwise).
+        Ok(answer) if !span.is_disabled() && telemetry::tool_error(&answer.result) => {
             telemetry::failed(&span, "tool_error")
         }
         Ok(_) => {}
@@ -298,7 +299,7 @@ async fn drive(
             Err(Attempt::ServerFailed(e)) => {
                 telemetry::failed(&span, &telemetry::server_error_type(e))
             }
-            Ok((result, _)) if telemetry::tool_error(result) => {
+            Ok((result, _)) if !span.is_disabled() && telemetry::tool_error(result) => {
                 telemetry::failed(&span, "tool_error")
             }
             Ok(_) => {}
