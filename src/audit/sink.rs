@@ -5,7 +5,7 @@
 //! file live here, outside the actor: a rebuilt actor drains the same buffer, and the
 //! last holder to drop the sink writes what is left.
 
-use foldhash::HashMap;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,7 +178,7 @@ impl AuditSink {
             shared: Arc::new(Shared {
                 config,
                 key,
-                memo: Mutex::new(HashMap::default()),
+                memo: Mutex::new(HashMap::new()),
                 pending: Mutex::new(Batch::default()),
                 retry: Mutex::new(Batch::default()),
                 file: Mutex::new(opener.map(AuditFile::new)),

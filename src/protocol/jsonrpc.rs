@@ -41,6 +41,28 @@ pub struct Request {
     pub params: Option<Value>,
 }
 
+/// A request as it is written: borrowed from whoever holds its parts, so that sending
+/// one copies nothing (a call keeps its params for its next round, a connection its id).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestRef<'a> {
+    /// Correlates the response.
+    pub id: &'a RequestId,
+    /// The method.
+    pub method: &'a str,
+    /// Parameters; `None` for none.
+    pub params: Option<&'a Value>,
+}
+
+impl<'a> From<&'a Request> for RequestRef<'a> {
+    fn from(r: &'a Request) -> RequestRef<'a> {
+        RequestRef {
+            id: &r.id,
+            method: &r.method,
+            params: r.params.as_ref(),
+        }
+    }
+}
+
 /// A notification: no id, no response.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Notification {
@@ -74,9 +96,8 @@ pub enum Message {
 /// The wire shape before it is checked: every field optional, `null` kept apart from absent.
 #[derive(Deserialize)]
 struct RawMessage<'a> {
-    // Borrowed from the line unless it has escapes: no allocation for `"2.0"`.
     #[serde(borrow)]
-    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    jsonrpc: Option<Version<'a>>,
     #[serde(default, deserialize_with = "present")]
     id: Option<Value>,
     method: Option<String>,
@@ -87,6 +108,11 @@ struct RawMessage<'a> {
     #[serde(default, deserialize_with = "present")]
     error: Option<Value>,
 }
+
+/// `jsonrpc`, borrowed from the line unless it has escapes: no allocation for `"2.0"`
+/// (serde borrows a `Cow` only when it is the field's whole type, not inside `Option`).
+#[derive(Deserialize)]
+struct Version<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
 
 /// Maps a present field (even `null`) to `Some`, so that absence stays distinguishable.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
@@ -179,7 +205,7 @@ impl Message {
             .map_err(|e| ProtocolError::InvalidJson(format!("not UTF-8: {e}")))?;
         let raw: RawMessage =
             serde_json::from_str(text).map_err(|e| ProtocolError::InvalidJson(e.to_string()))?;
-        if raw.jsonrpc.as_deref() != Some("2.0") {
+        if raw.jsonrpc.as_ref().map(|v| &*v.0) != Some("2.0") {
             return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
         }
         let params = raw.params;
@@ -277,25 +303,29 @@ impl Message {
     /// path: no clone of its params).
     pub fn write_request_line(request: &Request, out: &mut Vec<u8>) {
         // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
-        let _ = serde_json::to_writer(&mut *out, &WireOut::Request(request));
+        let _ = serde_json::to_writer(&mut *out, &WireOut::Request(request.into()));
         out.push(b'\n');
     }
 
     /// `request` as a JSON body.
     pub fn request_json(request: &Request) -> Vec<u8> {
-        Self::stamped_json(request, None)
+        Self::stamped_json(request.into(), None)
     }
 
     /// Appends `request` as one JSON line, with `stamp`'s envelope merged into
     /// `params._meta` as it is written.
-    pub fn write_stamped_line(request: &Request, stamp: Option<Stamp<'_>>, out: &mut Vec<u8>) {
+    pub fn write_stamped_line(
+        request: RequestRef<'_>,
+        stamp: Option<Stamp<'_>>,
+        out: &mut Vec<u8>,
+    ) {
         // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
         let _ = serde_json::to_writer(&mut *out, &WireOut::Stamped(request, stamp));
         out.push(b'\n');
     }
 
     /// `request` as a JSON body, stamped as [`Message::write_stamped_line`] does.
-    pub fn stamped_json(request: &Request, stamp: Option<Stamp<'_>>) -> Vec<u8> {
+    pub fn stamped_json(request: RequestRef<'_>, stamp: Option<Stamp<'_>>) -> Vec<u8> {
         let mut out = Vec::with_capacity(256);
         let _ = serde_json::to_writer(&mut out, &WireOut::Stamped(request, stamp));
         out
@@ -309,8 +339,8 @@ impl Message {
 
 /// Serializes a message in the wire shape, borrowing from it.
 enum WireOut<'a> {
-    Request(&'a Request),
-    Stamped(&'a Request, Option<Stamp<'a>>),
+    Request(RequestRef<'a>),
+    Stamped(RequestRef<'a>, Option<Stamp<'a>>),
     Other(&'a Message),
 }
 
@@ -321,18 +351,18 @@ impl Serialize for WireOut<'_> {
         map.serialize_entry("jsonrpc", "2.0")?;
         let message = match self {
             WireOut::Request(r) | WireOut::Stamped(r, None) => {
-                map.serialize_entry("id", &r.id)?;
-                map.serialize_entry("method", &r.method)?;
-                if let Some(p) = &r.params {
+                map.serialize_entry("id", r.id)?;
+                map.serialize_entry("method", r.method)?;
+                if let Some(p) = r.params {
                     map.serialize_entry("params", p)?;
                 }
                 return map.end();
             }
             WireOut::Stamped(r, Some(stamp)) => {
-                map.serialize_entry("id", &r.id)?;
-                map.serialize_entry("method", &r.method)?;
+                map.serialize_entry("id", r.id)?;
+                map.serialize_entry("method", r.method)?;
                 let params = StampedParams {
-                    params: r.params.as_ref(),
+                    params: r.params,
                     stamp: *stamp,
                 };
                 map.serialize_entry("params", &params)?;

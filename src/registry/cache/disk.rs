@@ -6,7 +6,7 @@
 //! crash never leaves half an entry. All of it is blocking I/O: the registry actor runs
 //! it on a blocking thread.
 
-use foldhash::HashMap;
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -92,7 +92,7 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
 /// Reads every fresh entry under `dir`; expired and untrustworthy files are removed.
 pub(super) fn load(dir: &Path) -> HashMap<CacheKey, Entry> {
     let now = now_ms();
-    let mut entries = HashMap::default();
+    let mut entries = HashMap::new();
     let Ok(servers) = std::fs::read_dir(dir) else {
         return entries;
     };

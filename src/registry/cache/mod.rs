@@ -18,7 +18,7 @@
 mod disk;
 pub mod shared;
 
-use foldhash::HashMap;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -279,13 +279,13 @@ impl ListCache {
         let l2 = config.dir.as_deref().map(disk::load).unwrap_or_default();
         ListCache {
             config,
-            l1: RwLock::new(HashMap::default()),
+            l1: RwLock::new(HashMap::new()),
             l2: RwLock::new(l2),
             l1_counts: Counters::default(),
             l2_counts: Counters::default(),
             invalidations: AtomicU64::new(0),
-            epochs: RwLock::new(HashMap::default()),
-            private_scopes: RwLock::new(HashMap::default()),
+            epochs: RwLock::new(HashMap::new()),
+            private_scopes: RwLock::new(HashMap::new()),
         }
     }
 

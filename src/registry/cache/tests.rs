@@ -311,7 +311,7 @@ mod properties {
             let mut now = 4_000_000_000_000u64;
             // The model: the last valid write per scope (public, or private per context).
             let mut public: Option<Stored> = None;
-            let mut private: HashMap<u8, Stored> = HashMap::default();
+            let mut private: HashMap<u8, Stored> = HashMap::new();
             for op in ops {
                 match op {
                     Op::Put { ctx, public: is_public, ttl_s, id, stale_by } => {
