@@ -87,18 +87,26 @@ impl CallKind {
         }
     }
 
-    /// The params of a call to `item` with `args`.
-    pub fn params(self, item: &str, args: &Value) -> Map<String, Value> {
+    /// The params of a call with `args`, its item not named yet ([`CallKind::name`]).
+    pub fn params(self, args: Value) -> Map<String, Value> {
         let mut p = Map::new();
         match self {
             CallKind::Tool | CallKind::Prompt => {
-                p.insert("name".into(), json!(item));
-                p.insert("arguments".into(), args.clone());
+                p.insert("arguments".into(), args);
             }
-            CallKind::Resource => {
-                p.insert("uri".into(), json!(item));
-            }
+            CallKind::Resource => {}
         }
         p
+    }
+
+    /// Names `item` (a tool or prompt name, or a uri) in a call's `params`.
+    pub fn name(self, params: &mut Map<String, Value>, item: &str) {
+        let key = match self {
+            CallKind::Tool | CallKind::Prompt => "name",
+            CallKind::Resource => "uri",
+        };
+        if params.get(key).and_then(Value::as_str) != Some(item) {
+            params.insert(key.into(), json!(item));
+        }
     }
 }

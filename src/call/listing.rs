@@ -300,7 +300,7 @@ impl<'a> Walker<'a> {
             .server
             .request(
                 self.kind.list_method(),
-                params,
+                params.as_ref(),
                 Some(self.timeout),
                 Some(caps.capabilities()),
                 self.auth_context,

@@ -169,7 +169,10 @@ impl Deadline {
 
 /// Runs one call end to end. Exactly one `started` and one `finished` audit record,
 /// whatever happens (a call dropped half-way records `cancelled`).
-pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<Answer, CallError> {
+pub(crate) async fn run(
+    ctx: &Arc<CallContext>,
+    mut request: CallRequest,
+) -> Result<Answer, CallError> {
     ctx.audit.admit()?;
     let _in_flight = ctx.enter();
     let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
@@ -183,6 +186,9 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
         &request.name,
         &request.args,
     );
+    // Moved into the params the call sends, once: they are lent to each request and
+    // changed in place between rounds, never copied.
+    let args = std::mem::take(&mut request.args);
     let method = request.kind.method();
     // Named and described by the OpenTelemetry conventions for MCP (exported when an
     // OpenTelemetry layer is installed; plain fields otherwise).
@@ -232,7 +238,7 @@ pub(crate) async fn run(ctx: &Arc<CallContext>, request: CallRequest) -> Result<
             }
         }
         record.candidates = candidates.len();
-        drive(ctx, &request, &candidates, deadline, &mut record).await
+        drive(ctx, &request, args, &candidates, deadline, &mut record).await
     };
     let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
         Err(CallError::Server(ServerError::Transport {
@@ -272,16 +278,19 @@ impl From<CallError> for Attempt {
 async fn drive(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
+    args: Value,
     candidates: &[Candidate],
     deadline: Deadline,
     record: &mut CallRecord,
 ) -> Result<Answer, CallError> {
     let mut rounds = request.delegated.as_ref().map_or(0, |d| d.rounds);
     let mut last_error = None;
+    let mut params = request.kind.params(args);
     for (i, candidate) in candidates.iter().enumerate() {
         if i > 0 {
             still_allowed(ctx, request, candidate)?;
         }
+        request.kind.name(&mut params, &candidate.item);
         record.server = Some(candidate.server.clone());
         let span = telemetry::attempt_span(
             request.kind,
@@ -290,7 +299,15 @@ async fn drive(
             record.traced,
         );
         let tried = tracing::Instrument::instrument(
-            attempt(ctx, request, candidate, deadline, &mut rounds, record),
+            attempt(
+                ctx,
+                request,
+                candidate,
+                &mut params,
+                deadline,
+                &mut rounds,
+                record,
+            ),
             span.clone(),
         )
         .await;
@@ -368,10 +385,12 @@ fn still_allowed(
 
 /// The call on one server: send, and answer `input_required` rounds until complete
 /// (or, delegated, until the first round, which goes back to the caller: `true`).
+/// `params` are the call's own (name and arguments), changed in place for each round.
 async fn attempt(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
     candidate: &Candidate,
+    params: &mut Map<String, Value>,
     deadline: Deadline,
     rounds: &mut usize,
     record: &mut CallRecord,
@@ -385,7 +404,9 @@ async fn attempt(
         request.caller.agent_id.clone(),
         request.delegated.as_ref().and_then(|d| d.questions.clone()),
     );
-    let mut params = request.kind.params(&candidate.item, &request.args);
+    // A server's rounds start afresh: state and answers belong to the server before.
+    params.remove(INPUT_RESPONSES);
+    params.remove(REQUEST_STATE);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
         .delegated
@@ -402,14 +423,14 @@ async fn attempt(
             }
         }
     };
-    with_token(&mut params);
+    with_token(params);
     let capabilities = match &request.delegated {
         Some(d) => {
             if let Some(answers) = &d.input_responses {
-                params.insert("inputResponses".into(), Value::Object(answers.clone()));
+                params.insert(INPUT_RESPONSES.into(), Value::Object(answers.clone()));
             }
             if let Some(state) = &d.request_state {
-                params.insert("requestState".into(), Value::String(state.clone()));
+                params.insert(REQUEST_STATE.into(), Value::String(state.clone()));
             }
             &d.capabilities
         }
@@ -418,16 +439,21 @@ async fn attempt(
     let mut state_only_rounds = 0u32;
     loop {
         let timeout = deadline.for_request(server.config().timeout)?;
+        // Lent whole to the request and taken back for the next round.
+        let sent = Value::Object(std::mem::take(params));
         let result = server
             .request(
                 request.kind.method(),
-                Some(Value::Object(params)),
+                Some(&sent),
                 Some(timeout),
                 Some(capabilities),
                 request.caller.auth_context.as_deref(),
             )
-            .await
-            .map_err(Attempt::ServerFailed)?;
+            .await;
+        if let Value::Object(map) = sent {
+            *params = map;
+        }
+        let result = result.map_err(Attempt::ServerFailed)?;
         match ResultType::of(&result).map_err(|e| protocol(server.id(), e))? {
             ResultType::Complete => return Ok((result, false)),
             ResultType::InputRequired => {}
@@ -471,14 +497,17 @@ async fn attempt(
             otel.name = %format!("input_required {}", server.id()),
             mcp_harness.round = *rounds,
         );
-        params = tracing::Instrument::instrument(
-            round.answer(&result, &mut state_only_rounds, record),
+        tracing::Instrument::instrument(
+            round.answer(&result, params, &mut state_only_rounds, record),
             span,
         )
         .await?;
-        with_token(&mut params);
     }
 }
+
+/// The keys a round adds to the call's params.
+const INPUT_RESPONSES: &str = "inputResponses";
+const REQUEST_STATE: &str = "requestState";
 
 fn protocol(server: &str, e: ProtocolError) -> Attempt {
     Attempt::Final(CallError::Server(ServerError::Protocol {
@@ -498,14 +527,15 @@ struct Round<'a> {
 
 impl Round<'_> {
     /// Checks the round's input requests, answers them (or paces a state-only round),
-    /// and builds the retry's params: the original ones, this round's answers, the
+    /// and makes `params` the retry's: the original ones, this round's answers, the
     /// state as received.
     async fn answer(
         &self,
         result: &Value,
+        params: &mut Map<String, Value>,
         state_only_rounds: &mut u32,
         record: &mut CallRecord,
-    ) -> Result<Map<String, Value>, Attempt> {
+    ) -> Result<(), Attempt> {
         let id = self.candidate.server.id();
         let input = InputRequired::from_value(result).map_err(|e| protocol(id, e))?;
         let limits = &self.ctx.settings.limits;
@@ -521,10 +551,8 @@ impl Round<'_> {
             .map(|r| r.method.clone())
             .collect();
         record.round(id, methods);
-        let mut params = self
-            .request
-            .kind
-            .params(&self.candidate.item, &self.request.args);
+        params.remove(INPUT_RESPONSES);
+        params.remove(REQUEST_STATE);
         if input.input_requests.is_empty() {
             let pause = Duration::from_millis((50u64 << (*state_only_rounds).min(3)).min(250));
             *state_only_rounds += 1;
@@ -545,12 +573,12 @@ impl Round<'_> {
                 (limit, record.call_id(), record.traced),
             )
             .await?;
-            params.insert("inputResponses".into(), Value::Object(answers));
+            params.insert(INPUT_RESPONSES.into(), Value::Object(answers));
         }
         still_allowed(self.ctx, self.request, self.candidate)?;
         if let Some(state) = input.request_state {
-            params.insert("requestState".into(), Value::String(state));
+            params.insert(REQUEST_STATE.into(), Value::String(state));
         }
-        Ok(params)
+        Ok(())
     }
 }

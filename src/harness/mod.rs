@@ -766,7 +766,13 @@ impl HarnessHandle {
         };
         let handlers = self.ctx().inputs.snapshot();
         Ok(server
-            .request(method, params, timeout, Some(handlers.capabilities()), None)
+            .request(
+                method,
+                params.as_ref(),
+                timeout,
+                Some(handlers.capabilities()),
+                None,
+            )
             .await?)
     }
 

@@ -352,7 +352,11 @@ mod tests {
                     params: Some(params.clone()),
                 };
                 let mut line = Vec::new();
-                super::super::Message::write_stamped_line(&request, Some(stamp), &mut line);
+                super::super::Message::write_stamped_line(
+                    (&request).into(),
+                    Some(stamp),
+                    &mut line,
+                );
                 let written: Value = serde_json::from_slice(&line).expect("one JSON line");
                 assert_eq!(written["params"], env.stamp(Some(params)));
             }
@@ -371,7 +375,7 @@ mod tests {
                 envelope,
                 capabilities: None,
             };
-            super::super::Message::write_stamped_line(&request, Some(stamp), &mut line);
+            super::super::Message::write_stamped_line((&request).into(), Some(stamp), &mut line);
             line
         };
         assert_eq!(line(&env), line(&unrendered));

@@ -17,7 +17,7 @@ pub mod pagination;
 pub mod views;
 
 pub use error::{ProtocolError, RpcError, RpcErrorKind};
-pub use jsonrpc::{Message, Notification, Peeked, Request, RequestId, Response};
+pub use jsonrpc::{Message, Notification, Peeked, Request, RequestId, RequestRef, Response};
 pub use meta::{Implementation, MetaEnvelope, Stamp};
 pub use pagination::{Cutoff, Pager};
 pub use views::{CacheHints, CacheScope, DiscoverResult, InputRequest, InputRequired, ResultType};

@@ -420,7 +420,7 @@ impl ServerActorState {
                 .on_connection(
                     &live,
                     &method,
-                    params,
+                    params.as_ref(),
                     timeout,
                     capabilities.as_ref(),
                     identity.as_deref(),

@@ -153,15 +153,16 @@ impl ServerRef {
 
     /// Sends one request (the connection adds the `_meta` envelope) within `timeout`,
     /// or the server's configured deadline when `None`. While the server is ready the
-    /// request runs on its connection from this task; otherwise it waits in the actor's
-    /// queue for the (re)start, up to its deadline.
+    /// request runs on its connection from this task, its params written where they
+    /// are; otherwise it waits in the actor's queue (with a copy of them) for the
+    /// (re)start, up to its deadline.
     ///
     /// # Cancel safety
     /// Dropping the future cancels the request (on the server too, once sent).
     pub async fn request(
         &self,
         method: &str,
-        params: Option<Value>,
+        params: Option<&Value>,
         timeout: Option<Duration>,
         capabilities: Option<&Value>,
         identity: Option<&str>,
@@ -169,8 +170,8 @@ impl ServerRef {
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
         // Taken here, on the caller's task, whichever way the request goes next.
-        let mut params = params;
-        crate::util::trace_context::inject(&mut params);
+        let traced = crate::util::trace_context::with_context(params);
+        let params = traced.as_ref().or(params);
         let live = self.0.live.read().clone();
         // Ready and open: straight to the connection. A connection that has just ended
         // goes through the actor, which holds the request for the restart.
@@ -181,7 +182,7 @@ impl ServerRef {
         }
         self.through_actor(Outgoing {
             method: method.to_string(),
-            params,
+            params: params.cloned(),
             capabilities: capabilities.cloned(),
             identity: identity.map(String::from),
             timeout,
@@ -208,7 +209,7 @@ impl ServerRef {
         &self,
         live: &LiveConnection,
         method: &str,
-        params: Option<Value>,
+        params: Option<&Value>,
         timeout: Duration,
         capabilities: Option<&Value>,
         identity: Option<&str>,

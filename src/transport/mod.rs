@@ -34,7 +34,7 @@ pub use exit::ExitStatus;
 pub use inbound::ProgressHook;
 pub use spec::{HttpSpec, StdioSpec, TransportSpec};
 
-use crate::protocol::{Notification, Request, RequestId, RpcError, Stamp};
+use crate::protocol::{Notification, RequestId, RequestRef, RpcError, Stamp};
 use http::HttpTransport;
 use inbound::{Ids, InboundSink};
 use stdio::StdioTransport;
@@ -83,7 +83,7 @@ impl Transport {
     /// (HTTP sign-in; stdio has none) and waits up to `timeout` for its answer.
     async fn request(
         &self,
-        request: &Request,
+        request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,

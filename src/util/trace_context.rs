@@ -180,11 +180,19 @@ fn traceparent(sc: &SpanContext) -> String {
     )
 }
 
-/// Writes the current trace context into `params._meta` (replacing what the caller put
-/// there: this request is a child of the current span). Leaves `params` alone when there
-/// is no trace context or the params cannot carry `_meta`.
-pub fn inject(params: &mut Option<Value>) {
-    let Some(sc) = current() else { return };
+/// `params` with the current trace context in `_meta` (replacing what the caller put
+/// there: this request is a child of the current span), as a copy; `None` when there is
+/// no trace context, and the params go as they are (the call path's, untraced, are
+/// never copied).
+pub fn with_context(params: Option<&Value>) -> Option<Value> {
+    let sc = current()?;
+    let mut params = params.cloned();
+    inject(&mut params, &sc);
+    params
+}
+
+/// Writes `sc` into `params._meta`; leaves params that cannot carry `_meta` alone.
+fn inject(params: &mut Option<Value>, sc: &SpanContext) {
     let params = params.get_or_insert_with(|| Value::Object(Default::default()));
     let Some(map) = params.as_object_mut() else {
         return;
@@ -195,7 +203,7 @@ pub fn inject(params: &mut Option<Value>) {
     let Some(meta) = meta.as_object_mut() else {
         return;
     };
-    meta.insert(TRACEPARENT.into(), Value::String(traceparent(&sc)));
+    meta.insert(TRACEPARENT.into(), Value::String(traceparent(sc)));
     let state = sc.trace_state().header();
     if state.is_empty() {
         meta.remove(TRACESTATE);
@@ -287,8 +295,7 @@ mod tests {
 
     #[test]
     fn without_a_trace_context_nothing_is_written() {
-        let mut params = Some(json!({"name": "echo"}));
-        inject(&mut params);
-        assert_eq!(params, Some(json!({"name": "echo"})));
+        assert_eq!(with_context(Some(&json!({"name": "echo"}))), None);
+        assert_eq!(with_context(None), None);
     }
 }

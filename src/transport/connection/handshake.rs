@@ -43,7 +43,7 @@ pub(super) async fn initialize(
         params: Some(params.clone()),
     };
     let result = match transport
-        .request(&request, None, options.request_timeout, None)
+        .request((&request).into(), None, options.request_timeout, None)
         .await?
     {
         Ok(result) => InitializeResult::from_value(&result)?,

@@ -103,7 +103,7 @@ impl Connection {
         };
         match self
             .transport
-            .request(&request, Some(stamp), HELD_OPEN, None)
+            .request((&request).into(), Some(stamp), HELD_OPEN, None)
             .await
         {
             Ok(Ok(result)) => Ok(result),

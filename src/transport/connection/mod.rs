@@ -41,7 +41,7 @@ use super::Transport;
 use super::error::{ConnectError, RequestError, TransportError};
 use super::inbound::{Ids, Inbound};
 use super::spec::TransportSpec;
-use crate::protocol::{MetaEnvelope, Notification, Request, RpcError, RpcErrorKind, Stamp};
+use crate::protocol::{MetaEnvelope, Notification, RequestRef, RpcError, RpcErrorKind, Stamp};
 use dispatch::Dispatch;
 use handshake::{envelope, initialize, pick_version};
 use probe::{Probe, probe};
@@ -275,8 +275,14 @@ impl Connection {
         method: &str,
         params: Option<Value>,
     ) -> Result<Value, RequestError> {
-        self.request_with(method, params, self.options.request_timeout, None)
-            .await
+        self.request_as(
+            method,
+            params.as_ref(),
+            self.options.request_timeout,
+            None,
+            None,
+        )
+        .await
     }
 
     /// Sends one request and returns its result within `timeout`.
@@ -289,7 +295,8 @@ impl Connection {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, RequestError> {
-        self.request_with(method, params, timeout, None).await
+        self.request_as(method, params.as_ref(), timeout, None, None)
+            .await
     }
 
     /// Sends one request and returns its result within `timeout`, declaring
@@ -305,19 +312,20 @@ impl Connection {
         timeout: Duration,
         capabilities: Option<&Value>,
     ) -> Result<Value, RequestError> {
-        self.request_as(method, params, timeout, capabilities, None)
+        self.request_as(method, params.as_ref(), timeout, capabilities, None)
             .await
     }
 
     /// [`Connection::request_with`] as `identity`: an HTTP server that needs sign-in
-    /// gets that auth context's token (`None`: the connection's own).
+    /// gets that auth context's token (`None`: the connection's own). The params are
+    /// borrowed: they are written as they are, never copied.
     ///
     /// # Cancel safety
     /// Dropping the future cancels the request on the server.
     pub async fn request_as(
         &self,
         method: &str,
-        params: Option<Value>,
+        params: Option<&Value>,
         timeout: Duration,
         capabilities: Option<&Value>,
         identity: Option<&str>,
@@ -337,32 +345,33 @@ impl Connection {
         // Modern requests carry the envelope, merged into `_meta` as they are written.
         let envelope = |c: &Connection| (c.era() == Era::Modern).then(|| c.envelope.read().clone());
         let mut current = envelope(self);
-        let mut request = Request {
-            id: self.ids.next(),
-            method: method.to_string(),
-            params,
-        };
+        let mut id = self.ids.next();
         let mut renegotiated = false;
         loop {
             // The attempt's span says which request it sent (`jsonrpc.request.id`); a
             // span without the field ignores it.
-            if let crate::protocol::RequestId::Number(n) = request.id {
+            if let crate::protocol::RequestId::Number(n) = id {
                 tracing::Span::current().record("jsonrpc.request.id", n);
             }
+            let request = RequestRef {
+                id: &id,
+                method,
+                params,
+            };
             let stamp = current.as_deref().map(|envelope| Stamp {
                 envelope,
                 capabilities,
             });
             match self
                 .transport
-                .request(&request, stamp, remaining(), identity)
+                .request(request, stamp, remaining(), identity)
                 .await
             {
                 Ok(Ok(result)) => return Ok(result),
                 Ok(Err(error)) if !renegotiated && self.renegotiate(&error) => {
                     renegotiated = true;
                     current = envelope(self);
-                    request.id = self.ids.next();
+                    id = self.ids.next();
                 }
                 Ok(Err(error)) => return Err(RequestError::Rpc(error)),
                 // The deadline the caller set, not what was left of it at the last step.

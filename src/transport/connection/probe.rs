@@ -52,7 +52,7 @@ pub(super) async fn probe(
             params: Some(params),
         };
         let answer = transport
-            .request(&request, None, options.probe_timeout, None)
+            .request((&request).into(), None, options.probe_timeout, None)
             .await;
         let next = match answer {
             Ok(Ok(result)) => Next::Done(discovered(&result, options)?),

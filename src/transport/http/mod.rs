@@ -42,7 +42,6 @@ mod params;
 mod session;
 pub mod sse;
 
-use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -61,7 +60,7 @@ use crate::protocol::error::HEADER_MISMATCH;
 use crate::protocol::meta::requested_version;
 use crate::protocol::views::InitializeResult;
 use crate::protocol::{
-    Message, Notification, Pager, Request, RequestId, Response, RpcError, Stamp,
+    Message, Notification, Pager, Request, RequestId, RequestRef, Response, RpcError, Stamp,
 };
 use params::ParamTable;
 use session::Session;
@@ -213,20 +212,22 @@ impl HttpTransport {
     /// Dropping the future drops the reply stream, which cancels the request.
     pub(crate) async fn request(
         &self,
-        request: &Request,
+        request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let (mut signed_in, mut step_ups) = (false, 0);
-        let mut request = Cow::Borrowed(request);
+        // A retry is the same request under a new id.
+        let mut id = request.id.clone();
         loop {
+            let request = RequestRef { id: &id, ..request };
             let sent = self
                 .sign_in
                 .bearer(identity)
                 .await
                 .map_err(TransportError::Auth)?;
-            match self.try_request(&request, stamp, timeout, identity).await {
+            match self.try_request(request, stamp, timeout, identity).await {
                 Err(TransportError::Unauthorized {
                     status: 401,
                     challenge,
@@ -276,7 +277,7 @@ impl HttpTransport {
                 }
                 other => return other,
             }
-            request.to_mut().id = self.ids.next();
+            id = self.ids.next();
         }
     }
 
@@ -303,22 +304,23 @@ impl HttpTransport {
     /// annotations after a -32020 (each retried once, with a new id).
     async fn try_request(
         &self,
-        request: &Request,
+        request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let deadline = Instant::now() + timeout;
         let work = async {
-            let mut request = Cow::Borrowed(request);
-            if self.params.needs_learning(&request) {
+            if self.params.needs_learning(request) {
                 self.learn_params(stamp, identity).await;
             }
             let (mut renewed, mut relearned) = (false, false);
+            let mut id = request.id.clone();
             loop {
-                let extra = self.params.headers(&request);
+                let request = RequestRef { id: &id, ..request };
+                let extra = self.params.headers(request);
                 let seen = self.session.renewals();
-                match self.exchange(&request, stamp, &extra, identity).await {
+                match self.exchange(request, stamp, &extra, identity).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
                             self.params.absorb(&self.server, &mut result);
@@ -340,7 +342,7 @@ impl HttpTransport {
                     }
                     other => return other,
                 }
-                request.to_mut().id = self.ids.next();
+                id = self.ids.next();
             }
         };
         match tokio::time::timeout_at(deadline, work).await {
@@ -352,21 +354,21 @@ impl HttpTransport {
     /// One POST and its reply.
     async fn exchange(
         &self,
-        request: &Request,
+        request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         extra: &[(HeaderName, HeaderValue)],
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let version = match &stamp {
             Some(s) => Some(s.version()),
-            None => requested_version(request.params.as_ref()),
+            None => requested_version(request.params),
         };
         let body = Message::stamped_json(request, stamp);
         let response = self
             .post(
                 body,
-                &request.method,
-                request.params.as_ref(),
+                request.method,
+                request.params,
                 version,
                 extra,
                 identity,
@@ -382,7 +384,7 @@ impl HttpTransport {
                 .and_then(|v| v.to_str().ok());
             self.session.set_id(sid.map(String::from));
         }
-        self.read_reply(response, &request.id).await
+        self.read_reply(response, request.id).await
     }
 
     /// Reads the server's tool list over this connection (every page, within the
@@ -398,7 +400,8 @@ impl HttpTransport {
                 method: "tools/list".into(),
                 params: cursor.as_ref().map(|c| json!({ "cursor": c })),
             };
-            let Ok(Ok(mut page)) = self.exchange(&listing, stamp, &[], identity).await else {
+            let Ok(Ok(mut page)) = self.exchange((&listing).into(), stamp, &[], identity).await
+            else {
                 return;
             };
             self.params.absorb(&self.server, &mut page);
@@ -429,7 +432,10 @@ impl HttpTransport {
             status: 404,
             body: format!("session expired and re-initializing failed: {why}"),
         };
-        let result = match self.exchange(&request, None, &[], identity).await? {
+        let result = match self
+            .exchange((&request).into(), None, &[], identity)
+            .await?
+        {
             Ok(result) => {
                 InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
             }

@@ -11,7 +11,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
 use super::headers::{ParamHeader, param_headers, param_value};
-use crate::protocol::Request;
+use crate::protocol::RequestRef;
 
 /// What one connection knows of its server's `x-mcp-header` annotations.
 #[derive(Default)]
@@ -24,7 +24,7 @@ pub(super) struct ParamTable {
 
 impl ParamTable {
     /// Whether `request` is a `tools/call` that needs the table read first.
-    pub(super) fn needs_learning(&self, request: &Request) -> bool {
+    pub(super) fn needs_learning(&self, request: RequestRef<'_>) -> bool {
         request.method == "tools/call" && !self.listed.load(Ordering::Relaxed)
     }
 
@@ -35,11 +35,11 @@ impl ParamTable {
     }
 
     /// The `Mcp-Param-*` headers for `request`, from the tool's annotations.
-    pub(super) fn headers(&self, request: &Request) -> Vec<(HeaderName, HeaderValue)> {
+    pub(super) fn headers(&self, request: RequestRef<'_>) -> Vec<(HeaderName, HeaderValue)> {
         if request.method != "tools/call" {
             return Vec::new();
         }
-        let Some(params) = request.params.as_ref() else {
+        let Some(params) = request.params else {
             return Vec::new();
         };
         let Some(name) = params.get("name").and_then(Value::as_str) else {

@@ -38,7 +38,7 @@ use super::exit::ExitStatus;
 use super::inbound::{Inbound, InboundSink};
 use super::spec::StdioSpec;
 use crate::protocol::{
-    Message, Notification, Peeked, ProtocolError, Request, RequestId, Response, RpcError, Stamp,
+    Message, Notification, Peeked, ProtocolError, RequestId, RequestRef, Response, RpcError, Stamp,
 };
 use framing::{read_line_bounded, skip_line};
 use process::{GroupHandle, ProcessGroup};
@@ -173,7 +173,7 @@ impl StdioTransport {
     /// Dropping the future removes the request and tells the server it was cancelled.
     pub(crate) async fn request(
         &self,
-        request: &Request,
+        request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
