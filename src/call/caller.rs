@@ -87,8 +87,9 @@ impl CallKind {
         }
     }
 
-    /// The params of a call with `args`, its item not named yet ([`CallKind::name`]).
-    pub fn params(self, args: Value) -> Map<String, Value> {
+    /// The params of a call with `args` (a resource read has none: they are dropped),
+    /// its item not named yet ([`CallKind::set_item`]).
+    pub(crate) fn params(self, args: Value) -> Map<String, Value> {
         let mut p = Map::new();
         match self {
             CallKind::Tool | CallKind::Prompt => {
@@ -99,12 +100,10 @@ impl CallKind {
         p
     }
 
-    /// Names `item` (a tool or prompt name, or a uri) in a call's `params`.
-    pub fn name(self, params: &mut Map<String, Value>, item: &str) {
-        let key = match self {
-            CallKind::Tool | CallKind::Prompt => "name",
-            CallKind::Resource => "uri",
-        };
+    /// Writes `item` (a tool or prompt name, or a uri) into a call's `params`, unless it
+    /// is there already.
+    pub(crate) fn set_item(self, params: &mut Map<String, Value>, item: &str) {
+        let key = self.item_key();
         if params.get(key).and_then(Value::as_str) != Some(item) {
             params.insert(key.into(), json!(item));
         }

@@ -72,7 +72,7 @@ pub(crate) struct CallRequest {
     pub kind: CallKind,
     /// The name (qualified or bare) or uri.
     pub name: String,
-    /// The arguments.
+    /// The arguments (taken by [`run`] once its `started` record holds them).
     pub args: Value,
     /// The call's own deadline, instead of `call_timeout`.
     pub timeout: Option<Duration>,
@@ -187,7 +187,8 @@ pub(crate) async fn run(
         &request.args,
     );
     // Moved into the params the call sends, once: they are lent to each request and
-    // changed in place between rounds, never copied.
+    // changed in place between rounds; copied only for a request that carries trace
+    // context or waits in a server's queue for its restart.
     let args = std::mem::take(&mut request.args);
     let method = request.kind.method();
     // Named and described by the OpenTelemetry conventions for MCP (exported when an
@@ -290,7 +291,6 @@ async fn drive(
         if i > 0 {
             still_allowed(ctx, request, candidate)?;
         }
-        request.kind.name(&mut params, &candidate.item);
         record.server = Some(candidate.server.clone());
         let span = telemetry::attempt_span(
             request.kind,
@@ -385,7 +385,9 @@ fn still_allowed(
 
 /// The call on one server: send, and answer `input_required` rounds until complete
 /// (or, delegated, until the first round, which goes back to the caller: `true`).
-/// `params` are the call's own (name and arguments), changed in place for each round.
+/// `params` are the call's (its arguments, and whatever the server before added): made
+/// this server's here (its name for the item, no other server's round), then changed in
+/// place for each round.
 async fn attempt(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
@@ -404,6 +406,7 @@ async fn attempt(
         request.caller.agent_id.clone(),
         request.delegated.as_ref().and_then(|d| d.questions.clone()),
     );
+    request.kind.set_item(params, &candidate.item);
     // A server's rounds start afresh: state and answers belong to the server before.
     params.remove(INPUT_RESPONSES);
     params.remove(REQUEST_STATE);
@@ -439,7 +442,8 @@ async fn attempt(
     let mut state_only_rounds = 0u32;
     loop {
         let timeout = deadline.for_request(server.config().timeout)?;
-        // Lent whole to the request and taken back for the next round.
+        // Lent whole to the request and taken back for the next round: nothing may
+        // return between the two.
         let sent = Value::Object(std::mem::take(params));
         let result = server
             .request(

@@ -171,18 +171,18 @@ impl ServerRef {
         let _slot = self.admit()?;
         // Taken here, on the caller's task, whichever way the request goes next.
         let traced = crate::util::trace_context::with_context(params);
-        let params = traced.as_ref().or(params);
         let live = self.0.live.read().clone();
         // Ready and open: straight to the connection. A connection that has just ended
         // goes through the actor, which holds the request for the restart.
         if let Some(live) = live.filter(|l| !l.conn.is_closed()) {
+            let params = traced.as_ref().or(params);
             return self
                 .on_connection(&live, method, params, timeout, capabilities, identity)
                 .await;
         }
         self.through_actor(Outgoing {
             method: method.to_string(),
-            params: params.cloned(),
+            params: traced.or_else(|| params.cloned()),
             capabilities: capabilities.cloned(),
             identity: identity.map(String::from),
             timeout,
