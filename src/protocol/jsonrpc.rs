@@ -402,6 +402,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_line_is_utf_8_throughout_or_refused() {
+        // Bad UTF-8 in a value the parse skips (an unknown key's) is refused too.
+        let mut line = br#"{"jsonrpc":"2.0","id":1,"result":{},"_x":""#.to_vec();
+        line.extend_from_slice(&[0xff]);
+        line.extend_from_slice(br#""}"#);
+        assert!(matches!(
+            Message::parse(&line),
+            Err(ProtocolError::InvalidJson(e)) if e.contains("UTF-8")
+        ));
+        // `jsonrpc` is read borrowed, or owned when it has an escape.
+        for line in [
+            br#"{"jsonrpc":"2.0","id":4,"result":{}}"#.as_slice(),
+            br#"{"jsonrpc":"2\u002e0","id":4,"result":{}}"#,
+        ] {
+            assert!(matches!(
+                Message::parse(line),
+                Ok(Message::Response(Response {
+                    id: Some(RequestId::Number(4)),
+                    outcome: Ok(_)
+                }))
+            ));
+        }
+    }
+
     fn parse(v: &str) -> Result<Message, ProtocolError> {
         Message::parse(v.as_bytes())
     }

@@ -70,6 +70,9 @@ mod tests {
         assert_eq!(split_qualified("read"), None);
         // Never a bare name, even with an empty side: no server is named "".
         assert_eq!(split_qualified("__read"), Some(("", "read")));
+        assert_eq!(split_qualified("é__ü_x"), Some(("é", "ü_x")));
+        assert_eq!(split_qualified("a_b_"), None);
+        assert_eq!(split_qualified("_"), None);
         assert_eq!(qualify("a", "b"), "a__b");
     }
 
