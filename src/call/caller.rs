@@ -100,12 +100,8 @@ impl CallKind {
         p
     }
 
-    /// Writes `item` (a tool or prompt name, or a uri) into a call's `params`, unless it
-    /// is there already.
+    /// Writes `item` (a tool or prompt name, or a uri) into a call's `params`.
     pub(crate) fn set_item(self, params: &mut Map<String, Value>, item: &str) {
-        let key = self.item_key();
-        if params.get(key).and_then(Value::as_str) != Some(item) {
-            params.insert(key.into(), json!(item));
-        }
+        params.insert(self.item_key().into(), json!(item));
     }
 }

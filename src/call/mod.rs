@@ -250,8 +250,7 @@ pub(crate) async fn run(
     };
     match &outcome {
         Err(e) => telemetry::failed(&span, &telemetry::error_type(e)),
-        // Looked up only for a span that records it (two lookups per call otherwise).
-        Ok(answer) if !span.is_disabled() && telemetry::tool_error(&answer.result) => {
+        Ok(answer) if telemetry::tool_error(&span, &answer.result) => {
             telemetry::failed(&span, "tool_error")
         }
         Ok(_) => {}
@@ -316,7 +315,7 @@ async fn drive(
             Err(Attempt::ServerFailed(e)) => {
                 telemetry::failed(&span, &telemetry::server_error_type(e))
             }
-            Ok((result, _)) if !span.is_disabled() && telemetry::tool_error(result) => {
+            Ok((result, _)) if telemetry::tool_error(&span, result) => {
                 telemetry::failed(&span, "tool_error")
             }
             Ok(_) => {}
@@ -408,8 +407,7 @@ async fn attempt(
     );
     request.kind.set_item(params, &candidate.item);
     // A server's rounds start afresh: state and answers belong to the server before.
-    params.remove(INPUT_RESPONSES);
-    params.remove(REQUEST_STATE);
+    clear_round(params);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
         .delegated
@@ -509,9 +507,16 @@ async fn attempt(
     }
 }
 
-/// The keys a round adds to the call's params.
+/// The answers a round adds to the call's params.
 const INPUT_RESPONSES: &str = "inputResponses";
+/// The state a round adds to the call's params.
 const REQUEST_STATE: &str = "requestState";
+
+/// Takes the last round's answers and state out of the call's params.
+fn clear_round(params: &mut Map<String, Value>) {
+    params.remove(INPUT_RESPONSES);
+    params.remove(REQUEST_STATE);
+}
 
 fn protocol(server: &str, e: ProtocolError) -> Attempt {
     Attempt::Final(CallError::Server(ServerError::Protocol {
@@ -555,8 +560,7 @@ impl Round<'_> {
             .map(|r| r.method.clone())
             .collect();
         record.round(id, methods);
-        params.remove(INPUT_RESPONSES);
-        params.remove(REQUEST_STATE);
+        clear_round(params);
         if input.input_requests.is_empty() {
             let pause = Duration::from_millis((50u64 << (*state_only_rounds).min(3)).min(250));
             *state_only_rounds += 1;

@@ -79,8 +79,10 @@ pub(super) fn error_type(e: &CallError) -> Cow<'static, str> {
 }
 
 /// Whether a result is a tool's own error (`isError: true`).
-pub(super) fn tool_error(result: &Value) -> bool {
-    result.get("isError") == Some(&Value::Bool(true))
+/// Whether `span` records and `result` is a tool error: a span that records nothing
+/// is not worth the lookup (two per call).
+pub(super) fn tool_error(span: &tracing::Span, result: &Value) -> bool {
+    !span.is_disabled() && result.get("isError") == Some(&Value::Bool(true))
 }
 
 /// Marks `span` as failed with `error.type`.

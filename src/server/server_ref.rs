@@ -154,8 +154,8 @@ impl ServerRef {
     /// Sends one request (the connection adds the `_meta` envelope) within `timeout`,
     /// or the server's configured deadline when `None`. While the server is ready the
     /// request runs on its connection from this task, its params written where they
-    /// are; otherwise it waits in the actor's queue (with a copy of them) for the
-    /// (re)start, up to its deadline.
+    /// are (or from a copy that carries the current trace context); otherwise it waits
+    /// in the actor's queue (with a copy of them) for the (re)start, up to its deadline.
     ///
     /// # Cancel safety
     /// Dropping the future cancels the request (on the server too, once sent).
