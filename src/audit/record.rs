@@ -68,31 +68,77 @@ fn json(out: &mut Vec<u8>, v: &impl Serialize) {
     let _ = serde_json::to_writer(&mut *out, v);
 }
 
-/// Appends `,"key":` and `v`. Keys are our own identifiers: nothing in them to escape.
-fn field(out: &mut Vec<u8>, key: &str, v: &impl Serialize) {
-    debug_assert!(!key.contains(['"', '\\']) && !key.contains(char::is_control));
-    out.extend_from_slice(b",\"");
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(b"\":");
+/// Appends `s` as a JSON string. Most strings here (ids, names, hashes, our own words)
+/// have nothing to escape and are copied as they are; the rest go through `serde_json`.
+/// The same bytes either way: `serde_json` escapes only `"`, `\` and controls.
+fn string(out: &mut Vec<u8>, s: &str) {
+    // No early exit: the whole string is checked in one vectorized pass.
+    let escape = s
+        .bytes()
+        .fold(false, |e, b| e | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if escape {
+        json(out, &s);
+    } else {
+        quoted(out, s);
+    }
+}
+
+/// Appends `s` in quotes as it is: for strings with nothing to escape (our own words,
+/// hex digests).
+fn quoted(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(!s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\'));
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+}
+
+/// `,"key":` as one constant: keys are our own identifiers, nothing in them to escape.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":").as_bytes()
+    };
+}
+
+/// Appends a key (`key!`) and `v` through `serde_json`.
+fn field(out: &mut Vec<u8>, key: &[u8], v: &impl Serialize) {
+    out.extend_from_slice(key);
     json(out, v);
 }
 
+/// Appends a key (`key!`) and a string, or `null`.
+fn str_field(out: &mut Vec<u8>, key: &[u8], v: Option<&str>) {
+    out.extend_from_slice(key);
+    match v {
+        Some(s) => string(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// Appends a key (`key!`) and a number.
+fn u64_field(out: &mut Vec<u8>, key: &[u8], v: u64) {
+    out.extend_from_slice(key);
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
 /// The fields every record starts with, the object left open.
-fn head(out: &mut Vec<u8>, event: &str, call_id: u64, time_ms: u64) {
+fn head(out: &mut Vec<u8>, event: &'static str, call_id: u64, time_ms: u64) {
     out.extend_from_slice(b"{\"event\":");
-    json(out, &event);
-    field(out, "call_id", &call_id);
-    field(out, "time_ms", &time_ms);
+    quoted(out, event);
+    u64_field(out, key!("call_id"), call_id);
+    u64_field(out, key!("time_ms"), time_ms);
 }
 
 impl Record for Started<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         head(out, self.event, self.call_id, self.time_ms);
-        field(out, "agent", &self.agent);
-        field(out, "auth", &self.auth);
-        field(out, "kind", &self.kind);
-        field(out, "name", &self.name);
-        field(out, "arguments", &self.arguments);
+        str_field(out, key!("agent"), self.agent);
+        str_field(out, key!("auth"), self.auth);
+        out.extend_from_slice(key!("kind"));
+        quoted(out, self.kind);
+        str_field(out, key!("name"), Some(self.name));
+        out.extend_from_slice(key!("arguments"));
+        self.arguments.write_json(out);
         out.push(b'}');
     }
 }
@@ -100,14 +146,23 @@ impl Record for Started<'_> {
 impl Record for Finished<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         head(out, self.event, self.call_id, self.time_ms);
-        field(out, "server", &self.server);
-        field(out, "candidates", &self.candidates);
-        field(out, "hops", &self.hops);
-        field(out, "rounds", &self.rounds);
-        field(out, "outcome", &self.outcome);
-        field(out, "error", &self.error);
-        field(out, "message", &self.message);
-        field(out, "latency_us", &self.latency_us);
+        str_field(out, key!("server"), self.server);
+        u64_field(out, key!("candidates"), self.candidates as u64);
+        if self.hops.is_empty() {
+            out.extend_from_slice(b",\"hops\":[]");
+        } else {
+            field(out, key!("hops"), &self.hops);
+        }
+        if self.rounds.is_empty() {
+            out.extend_from_slice(b",\"rounds\":[]");
+        } else {
+            field(out, key!("rounds"), &self.rounds);
+        }
+        out.extend_from_slice(key!("outcome"));
+        quoted(out, self.outcome);
+        str_field(out, key!("error"), self.error);
+        str_field(out, key!("message"), self.message);
+        u64_field(out, key!("latency_us"), self.latency_us);
         out.push(b'}');
     }
 }
@@ -142,6 +197,25 @@ pub(crate) struct Round {
 pub(crate) struct Redacted<'a> {
     pub(crate) config: &'a AuditConfig,
     pub(crate) args: &'a Value,
+}
+
+impl Redacted<'_> {
+    /// Appends the arguments as recorded; the default (their keys) without `serde_json`.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match (self.config.redaction, self.args) {
+            (Redaction::Keys, Value::Object(map)) => {
+                out.push(b'[');
+                for (i, k) in map.keys().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    string(out, k);
+                }
+                out.push(b']');
+            }
+            _ => json(out, self),
+        }
+    }
 }
 
 impl Serialize for Redacted<'_> {
@@ -197,7 +271,7 @@ mod tests {
             redaction: Redaction::None,
             ..AuditConfig::default()
         };
-        let args = json!({"text": "hi \"there\"\n", "token": "s3cret", "n": [1, 2.5, null]});
+        let args = json!({"text": "hi \"there\"\n", "token": "s3cret", "n": [1, 2.5, null], "k\"e\\y\u{1}": 1});
         let not_an_object = json!(["a", 1]);
         for (agent, auth, name, config, args) in [
             (Some("planner"), Some("0123abcd"), "s__echo", &config, &args),

@@ -34,6 +34,15 @@ const KEEP_SERVING_BOUND: usize = 64 * 1024 * 1024;
 /// once per record; a flood of distinct contexts only empties the memo).
 const HASH_MEMO: usize = 4096;
 
+/// The largest buffer a thread keeps between records.
+const LINE_KEPT: usize = 64 * 1024;
+
+thread_local! {
+    /// The record being serialized on this thread; a record over `LINE_KEPT` bytes
+    /// (arguments recorded in full) is not kept for the next.
+    static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(512));
+}
+
 /// Calls are refused: the audit file cannot be written (`on_failure = "fail_closed"`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the audit trail cannot be written ({reason}); calls are refused until it can")]
@@ -232,26 +241,41 @@ impl AuditSink {
 
     /// Appends one record, serialized into the buffer the writer drains.
     pub(crate) fn record(&self, record: &impl Record) {
-        // Serialized before the lock, so that calls on other threads wait only for a copy.
-        let mut line = Vec::with_capacity(512);
-        record.write_json(&mut line);
-        if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
-            // JSON that serde_json wrote is UTF-8: this borrows, never copies.
-            let text = String::from_utf8_lossy(&line);
-            tracing::info!(target: "mcp_harness::audit", record = %text, "audit");
-        }
-        if self.shared.config.path.is_none() {
-            return;
-        }
-        line.push(b'\n');
-        let wake = {
+        // Serialized before the lock, so that calls on other threads wait only for a
+        // copy, into this thread's own buffer (no allocation per record).
+        let append = |line: &mut Vec<u8>| {
+            line.clear();
+            record.write_json(line);
+            if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
+                // JSON that serde_json wrote is UTF-8: this borrows, never copies.
+                let text = String::from_utf8_lossy(line);
+                tracing::info!(target: "mcp_harness::audit", record = %text, "audit");
+            }
+            if self.shared.config.path.is_none() {
+                return false;
+            }
+            line.push(b'\n');
             let mut pending = self.shared.pending.lock();
-            pending.bytes.extend_from_slice(&line);
+            pending.bytes.extend_from_slice(line);
             pending.records += 1;
             let wake = !pending.woken && pending.records >= self.shared.config.batch.max(1);
             pending.woken |= wake;
             wake
         };
+        // A thread's buffer is gone while it exits, and in use if a subscriber's
+        // handling of the `info!` above records again: then a buffer of its own.
+        let wake = LINE
+            .try_with(|cell| match cell.try_borrow_mut() {
+                Ok(mut line) => {
+                    let wake = append(&mut line);
+                    if line.capacity() > LINE_KEPT {
+                        *line = Vec::with_capacity(512);
+                    }
+                    wake
+                }
+                Err(_) => append(&mut Vec::new()),
+            })
+            .unwrap_or_else(|_| append(&mut Vec::new()));
         // No actor took the wake-up (it is being rebuilt): the next record tries again.
         if wake && !self.actor.send(AuditMsg::Tick) {
             self.shared.pending.lock().woken = false;

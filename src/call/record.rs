@@ -135,12 +135,13 @@ impl CallRecord {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
+        let latency = self.started.elapsed();
         self.metrics.finished(
             self.server.as_ref().map(|s| s.id()),
             self.method,
             outcome,
             code,
-            self.started.elapsed(),
+            latency,
         );
         let Some(sink) = &self.sink else {
             return;
@@ -156,7 +157,7 @@ impl CallRecord {
             outcome,
             error: code,
             message,
-            latency_us: self.started.elapsed().as_micros() as u64,
+            latency_us: latency.as_micros() as u64,
         });
     }
 }
