@@ -319,15 +319,14 @@ impl Message {
         stamp: Option<Stamp<'_>>,
         out: &mut Vec<u8>,
     ) {
-        // Serializing our own types into a Vec cannot fail: keys are strings, no I/O.
-        let _ = serde_json::to_writer(&mut *out, &WireOut::Stamped(request, stamp));
+        write_stamped(request, stamp, out);
         out.push(b'\n');
     }
 
     /// `request` as a JSON body, stamped as [`Message::write_stamped_line`] does.
     pub fn stamped_json(request: RequestRef<'_>, stamp: Option<Stamp<'_>>) -> Vec<u8> {
         let mut out = Vec::with_capacity(256);
-        let _ = serde_json::to_writer(&mut out, &WireOut::Stamped(request, stamp));
+        write_stamped(request, stamp, &mut out);
         out
     }
 
@@ -337,10 +336,53 @@ impl Message {
     }
 }
 
+/// Appends `request` as one JSON object in the wire shape, `stamp`'s envelope merged
+/// into `params._meta`. The fixed keys and an integer id are written as the bytes they
+/// are, the rest through `serde_json` (every request of every call is written here;
+/// serializing our own values into a `Vec` cannot fail: string keys, no I/O).
+fn write_stamped(request: RequestRef<'_>, stamp: Option<Stamp<'_>>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    match request.id {
+        RequestId::Number(n) => out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes()),
+        id => {
+            let _ = serde_json::to_writer(&mut *out, id);
+        }
+    }
+    out.extend_from_slice(b",\"method\":");
+    let _ = serde_json::to_writer(&mut *out, request.method);
+    match (request.params, stamp) {
+        (None, None) => {}
+        (Some(params), None) => {
+            out.extend_from_slice(b",\"params\":");
+            let _ = serde_json::to_writer(&mut *out, params);
+        }
+        (Some(Value::Object(params)), Some(stamp))
+            if let Some(rendered) =
+                stamp.rendered(params.get("_meta").and_then(Value::as_object)) =>
+        {
+            // The common request: its own params, then the envelope's text as it is.
+            out.extend_from_slice(b",\"params\":{");
+            for (k, v) in params.iter().filter(|(k, _)| *k != "_meta") {
+                let _ = serde_json::to_writer(&mut *out, k);
+                out.push(b':');
+                let _ = serde_json::to_writer(&mut *out, v);
+                out.push(b',');
+            }
+            out.extend_from_slice(b"\"_meta\":");
+            out.extend_from_slice(rendered.get().as_bytes());
+            out.push(b'}');
+        }
+        (params, Some(stamp)) => {
+            out.extend_from_slice(b",\"params\":");
+            let _ = serde_json::to_writer(&mut *out, &StampedParams { params, stamp });
+        }
+    }
+    out.push(b'}');
+}
+
 /// Serializes a message in the wire shape, borrowing from it.
 enum WireOut<'a> {
     Request(RequestRef<'a>),
-    Stamped(RequestRef<'a>, Option<Stamp<'a>>),
     Other(&'a Message),
 }
 
@@ -350,22 +392,12 @@ impl Serialize for WireOut<'_> {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("jsonrpc", "2.0")?;
         let message = match self {
-            WireOut::Request(r) | WireOut::Stamped(r, None) => {
+            WireOut::Request(r) => {
                 map.serialize_entry("id", r.id)?;
                 map.serialize_entry("method", r.method)?;
                 if let Some(p) = r.params {
                     map.serialize_entry("params", p)?;
                 }
-                return map.end();
-            }
-            WireOut::Stamped(r, Some(stamp)) => {
-                map.serialize_entry("id", r.id)?;
-                map.serialize_entry("method", r.method)?;
-                let params = StampedParams {
-                    params: r.params,
-                    stamp: *stamp,
-                };
-                map.serialize_entry("params", &params)?;
                 return map.end();
             }
             WireOut::Other(m) => m,
@@ -424,6 +456,61 @@ mod tests {
                     outcome: Ok(_)
                 }))
             ));
+        }
+    }
+
+    #[test]
+    fn a_request_is_written_as_serde_writes_it() {
+        let env = super::super::meta::MetaEnvelope::new(
+            super::super::meta::MODERN,
+            json!({"roots": {}}),
+            json!({"name": "t", "version": "1"}),
+        );
+        let ids = [
+            RequestId::Number(0),
+            RequestId::Number(-42),
+            RequestId::Number(i64::MAX),
+            RequestId::String("a\"b\\c\u{1}é".into()),
+        ];
+        let params = [
+            None,
+            Some(json!({"name": "x", "arguments": {"k\"": [1, "\n"]}})),
+            Some(json!(["not", "an", "object"])),
+        ];
+        for id in &ids {
+            for params in &params {
+                for method in ["tools/call", "we\"ird\u{7f}"] {
+                    let request = Request {
+                        id: id.clone(),
+                        method: method.into(),
+                        params: params.clone(),
+                    };
+                    // Unstamped: the very bytes serde writes for the message.
+                    let mut line = Vec::new();
+                    Message::write_stamped_line((&request).into(), None, &mut line);
+                    let mut derived = serde_json::to_vec(&WireOut::Request((&request).into()))
+                        .expect("serializes");
+                    derived.push(b'\n');
+                    assert_eq!(line, derived);
+                    // Stamped: the same message with the envelope merged in.
+                    let stamp = Stamp {
+                        envelope: &env,
+                        capabilities: None,
+                    };
+                    let body = Message::stamped_json((&request).into(), Some(stamp));
+                    let written: Value = serde_json::from_slice(&body).expect("JSON");
+                    let stamped = serde_json::to_value(StampedParams {
+                        params: params.as_ref(),
+                        stamp,
+                    })
+                    .expect("serializes");
+                    let id = serde_json::to_value(id).expect("id");
+                    assert_eq!(
+                        written,
+                        json!({"jsonrpc": "2.0", "id": id, "method": method, "params": stamped})
+                    );
+                }
+            }
         }
     }
 

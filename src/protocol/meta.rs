@@ -187,10 +187,25 @@ pub struct Stamp<'a> {
     pub capabilities: Option<&'a Value>,
 }
 
-impl Stamp<'_> {
+impl<'a> Stamp<'a> {
     /// The protocol version the request names.
     pub fn version(&self) -> &str {
         &self.envelope.protocol_version
+    }
+
+    /// The envelope's text rendered once, when it is the whole `_meta` a request with
+    /// `existing` in its own `_meta` gets: nothing else there, and the envelope's own
+    /// capabilities (the call path names its capabilities on every request; they are
+    /// most often the envelope's own, a cheap comparison of a few keys).
+    pub(crate) fn rendered(&self, existing: Option<&Map<String, Value>>) -> Option<&'a RawValue> {
+        let e = self.envelope;
+        let own_capabilities = self
+            .capabilities
+            .is_none_or(|c| *c == e.client_capabilities);
+        let nothing_else = existing.is_none_or(|m| m.is_empty());
+        (nothing_else && own_capabilities)
+            .then_some(e.rendered.as_deref())
+            .flatten()
     }
 }
 
@@ -243,14 +258,7 @@ impl Serialize for StampedMeta<'_> {
             KEY_CLIENT_INFO,
         ];
         let e = self.stamp.envelope;
-        // The call path names its capabilities on every request; they are most often the
-        // envelope's own (a cheap comparison: a few keys).
-        let own_capabilities = self
-            .stamp
-            .capabilities
-            .is_none_or(|c| *c == e.client_capabilities);
-        let nothing_else = self.existing.is_none_or(|m| m.is_empty());
-        if let (true, true, Some(rendered)) = (nothing_else, own_capabilities, &e.rendered) {
+        if let Some(rendered) = self.stamp.rendered(self.existing) {
             return rendered.serialize(s);
         }
         let mut map = s.serialize_map(None)?;
@@ -364,21 +372,32 @@ mod tests {
         // The same bytes as the path that writes the keys one by one.
         let mut unrendered = env.clone();
         unrendered.rendered = None;
-        let request = super::super::Request {
-            id: super::super::RequestId::Number(1),
-            method: "tools/call".into(),
-            params: Some(json!({"name": "x"})),
-        };
-        let line = |envelope: &MetaEnvelope| {
-            let mut line = Vec::new();
-            let stamp = Stamp {
-                envelope,
-                capabilities: None,
+        for params in [
+            json!({"name": "x"}),
+            json!({}),
+            json!({"_meta": {}, "a\"b": [1, {"c": null}], "name": "x\n"}),
+            json!({"_meta": 5, "name": "x"}),
+        ] {
+            let request = super::super::Request {
+                id: super::super::RequestId::Number(1),
+                method: "tools/call".into(),
+                params: Some(params),
             };
-            super::super::Message::write_stamped_line((&request).into(), Some(stamp), &mut line);
-            line
-        };
-        assert_eq!(line(&env), line(&unrendered));
+            let line = |envelope: &MetaEnvelope| {
+                let mut line = Vec::new();
+                let stamp = Stamp {
+                    envelope,
+                    capabilities: None,
+                };
+                super::super::Message::write_stamped_line(
+                    (&request).into(),
+                    Some(stamp),
+                    &mut line,
+                );
+                line
+            };
+            assert_eq!(line(&env), line(&unrendered));
+        }
         // A `_meta` holding only our keys (a stale version), or other capabilities: the
         // request's own values are replaced or kept as stamping does.
         let caps = json!({"roots": {}});
