@@ -104,11 +104,10 @@ impl CallMetrics {
         let server = server.unwrap_or("none");
         let mut by_server = self.series.lock();
         // Servers are the configured ones, methods three and outcomes five: bounded.
-        if !by_server.contains_key(server) {
-            by_server.insert(server.into(), HashMap::default());
-        }
-        let Some(series) = by_server.get_mut(server) else {
-            return;
+        // Looked up once, and once more only for a server's first call.
+        let series = match by_server.get_mut(server) {
+            Some(series) => series,
+            None => by_server.entry(server.into()).or_default(),
         };
         let s = series.entry((method, outcome, error_type)).or_default();
         if s.buckets.is_empty() {

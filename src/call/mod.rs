@@ -169,94 +169,109 @@ impl Deadline {
 
 /// Runs one call end to end. Exactly one `started` and one `finished` audit record,
 /// whatever happens (a call dropped half-way records `cancelled`).
-pub(crate) async fn run(
+// An async block, not an async fn: a fn's arguments are moved into its body, and the
+// request (320 bytes) sat in the call's future twice.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn run(
     ctx: &Arc<CallContext>,
     mut request: CallRequest,
-) -> Result<Answer, CallError> {
-    ctx.audit.admit()?;
-    let _in_flight = ctx.enter();
-    let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
-    let call_id = ctx.next_call_id();
-    let mut record = CallRecord::start(
-        &ctx.audit,
-        &ctx.metrics,
-        call_id,
-        &request.caller,
-        request.kind,
-        &request.name,
-        &request.args,
-    );
-    // Moved into the params the call sends, once: they are lent to each request and
-    // changed in place between rounds; copied only for a request that carries trace
-    // context or waits in a server's queue for its restart.
-    let args = std::mem::take(&mut request.args);
-    let method = request.kind.method();
-    // Named and described by the OpenTelemetry conventions for MCP (exported when an
-    // OpenTelemetry layer is installed; plain fields otherwise).
-    let traced = request
-        .traced
-        .unwrap_or_else(|| ctx.sampler.under(&request.parent));
-    record.traced = traced;
-    let span = call_span!(
-        traced: traced,
-        parent: &request.parent,
-        "call",
-        call_id,
-        agent = request.caller.agent_id.as_deref(),
-        name = %request.name,
-        otel.name = %telemetry::name(request.kind, &request.name),
-        otel.kind = "internal",
-        otel.status_code = tracing::field::Empty,
-        mcp.method.name = method,
-        error.type = tracing::field::Empty,
-    );
-    // No timer of its own: every wait below is bounded by what is left of the deadline.
-    let work = async {
-        let routing = call_span!(
-            traced: traced,
-            "route",
-            otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
+) -> impl Future<Output = Result<Answer, CallError>> + Send + '_ {
+    async move {
+        ctx.audit.admit()?;
+        let _in_flight = ctx.enter();
+        let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
+        let call_id = ctx.next_call_id();
+        let mut record = CallRecord::start(
+            &ctx.audit,
+            &ctx.metrics,
+            call_id,
+            &request.caller,
+            request.kind,
+            &request.name,
+            &request.args,
         );
-        let candidates = tracing::Instrument::instrument(
-            route(
-                ctx,
-                &request.caller,
-                request.kind,
-                &request.name,
-                deadline.at,
-            ),
-            routing,
-        )
-        .await?;
-        let mut candidates = candidates;
-        if let Some(pinned) = request.delegated.as_ref().and_then(|d| d.server.as_deref()) {
-            candidates.retain(|c| c.server.id() == pinned);
-            if candidates.is_empty() {
-                return Err(CallError::NoRoute {
-                    tool: request.name.clone(),
-                    unreachable: Vec::new(),
-                });
+        // Moved into the params the call sends, once: they are lent to each request and
+        // changed in place between rounds; copied only for a request that carries trace
+        // context or waits in a server's queue for its restart.
+        let args = std::mem::take(&mut request.args);
+        let method = request.kind.method();
+        // Named and described by the OpenTelemetry conventions for MCP (exported when an
+        // OpenTelemetry layer is installed; plain fields otherwise).
+        let traced = request
+            .traced
+            .unwrap_or_else(|| ctx.sampler.under(&request.parent));
+        record.traced = traced;
+        let span = call_span!(
+            traced: traced,
+            parent: &request.parent,
+            "call",
+            call_id,
+            agent = request.caller.agent_id.as_deref(),
+            name = %request.name,
+            otel.name = %telemetry::name(request.kind, &request.name),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            mcp.method.name = method,
+            error.type = tracing::field::Empty,
+        );
+        // No timer of its own: every wait below is bounded by what is left of the deadline.
+        let work = async {
+            let routing = call_span!(
+                traced: traced,
+                "route",
+                otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
+            );
+            let candidates = tracing::Instrument::instrument(
+                route(
+                    ctx,
+                    &request.caller,
+                    request.kind,
+                    &request.name,
+                    deadline.at,
+                ),
+                routing,
+            )
+            .await?;
+            let mut candidates = candidates;
+            if let Some(pinned) = request.delegated.as_ref().and_then(|d| d.server.as_deref()) {
+                candidates.retain(|c| c.server.id() == pinned);
+                if candidates.is_empty() {
+                    return Err(CallError::NoRoute {
+                        tool: request.name.clone(),
+                        unreachable: Vec::new(),
+                    });
+                }
             }
+            record.candidates = candidates.len();
+            Box::pin(drive(
+                ctx,
+                &request,
+                args,
+                &candidates,
+                deadline,
+                &mut record,
+            ))
+            .await
+        };
+        let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
+            Err(CallError::Server(ServerError::Transport {
+                source: TransportError::Timeout(_),
+                ..
+            })) if deadline.remaining().is_zero() => {
+                Err(CallError::DeadlineExceeded(deadline.total))
+            }
+            outcome => outcome,
+        };
+        match &outcome {
+            Err(e) => telemetry::failed(&span, &telemetry::error_type(e)),
+            Ok(answer) if telemetry::tool_error(&span, &answer.result) => {
+                telemetry::failed(&span, "tool_error")
+            }
+            Ok(_) => {}
         }
-        record.candidates = candidates.len();
-        drive(ctx, &request, args, &candidates, deadline, &mut record).await
-    };
-    let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
-        Err(CallError::Server(ServerError::Transport {
-            source: TransportError::Timeout(_),
-            ..
-        })) if deadline.remaining().is_zero() => Err(CallError::DeadlineExceeded(deadline.total)),
-        outcome => outcome,
-    };
-    match &outcome {
-        Err(e) => telemetry::failed(&span, &telemetry::error_type(e)),
-        Ok(answer) if telemetry::tool_error(&span, &answer.result) => {
-            telemetry::failed(&span, "tool_error")
-        }
-        Ok(_) => {}
+        record.finish(&outcome);
+        outcome
     }
-    record.finish(&outcome);
-    outcome
 }
 
 /// How one attempt on one server ended, short of a result.
@@ -289,6 +304,9 @@ async fn drive(
     for (i, candidate) in candidates.iter().enumerate() {
         if i > 0 {
             still_allowed(ctx, request, candidate)?;
+            // A server's rounds start afresh: state and answers belong to the server
+            // before (the first server's params have none yet).
+            clear_round(&mut params);
         }
         record.server = Some(candidate.server.clone());
         let span = telemetry::attempt_span(
@@ -384,8 +402,8 @@ fn still_allowed(
 
 /// The call on one server: send, and answer `input_required` rounds until complete
 /// (or, delegated, until the first round, which goes back to the caller: `true`).
-/// `params` are the call's (its arguments, and whatever the server before added): made
-/// this server's here (its name for the item, no other server's round), then changed in
+/// `params` are the call's (its arguments; `drive` has taken out the round of any
+/// server before): made this server's here (its name for the item), then changed in
 /// place for each round.
 async fn attempt(
     ctx: &Arc<CallContext>,
@@ -398,16 +416,17 @@ async fn attempt(
 ) -> Result<(Value, bool), Attempt> {
     let server = &candidate.server;
     let handlers = ctx.inputs.snapshot();
-    // A legacy server's own requests during this attempt are this call's.
-    let _on = ctx.on_server(
-        server.id(),
-        record.call_id(),
-        request.caller.agent_id.clone(),
-        request.delegated.as_ref().and_then(|d| d.questions.clone()),
-    );
+    // A legacy server's own requests during this attempt are this call's. A modern
+    // server's are refused (2026-07-28 servers send none), so its calls are not noted.
+    let _on = server.may_ask().then(|| {
+        ctx.on_server(
+            server.id(),
+            record.call_id(),
+            request.caller.agent_id.clone(),
+            request.delegated.as_ref().and_then(|d| d.questions.clone()),
+        )
+    });
     request.kind.set_item(params, &candidate.item);
-    // A server's rounds start afresh: state and answers belong to the server before.
-    clear_round(params);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
         .delegated
@@ -443,15 +462,16 @@ async fn attempt(
         // Lent whole to the request and taken back for the next round: nothing may
         // return between the two.
         let sent = Value::Object(std::mem::take(params));
-        let result = server
-            .request(
-                request.kind.method(),
-                Some(&sent),
-                Some(timeout),
-                Some(capabilities),
-                request.caller.auth_context.as_deref(),
-            )
-            .await;
+        // Boxed, as `run` boxes the rest of the call's future: each box stays under
+        // 1 KiB (glibc's per-thread cache); one box of the whole took its slow path.
+        let result = Box::pin(server.request(
+            request.kind.method(),
+            Some(&sent),
+            Some(timeout),
+            Some(capabilities),
+            request.caller.auth_context.as_deref(),
+        ))
+        .await;
         if let Value::Object(map) = sent {
             *params = map;
         }
@@ -499,10 +519,11 @@ async fn attempt(
             otel.name = %format!("input_required {}", server.id()),
             mcp_harness.round = *rounds,
         );
-        tracing::Instrument::instrument(
+        // Boxed: the rounds are the rare path, and their future would double this one.
+        Box::pin(tracing::Instrument::instrument(
             round.answer(&result, params, &mut state_only_rounds, record),
             span,
-        )
+        ))
         .await?;
     }
 }

@@ -21,7 +21,7 @@ use super::error::ServerError;
 use super::msg::ServerMsg;
 use super::queue::Outgoing;
 use super::status::{ServerState, ServerStatus};
-use crate::transport::{Connection, RequestError, TransportError};
+use crate::transport::{Connection, Era, RequestError, TransportError};
 
 /// A ready connection, and the connection attempt it belongs to.
 #[derive(Clone)]
@@ -140,6 +140,17 @@ impl ServerRef {
     /// Its current actor.
     pub fn actor(&self) -> Option<ActorRef<ServerMsg>> {
         self.0.actor.read().clone()
+    }
+
+    /// Whether it may send its own requests (elicitation, sampling, roots) during a
+    /// call: a legacy connection may, a modern one's are refused; while none is
+    /// live, the one that comes next may be either.
+    pub(crate) fn may_ask(&self) -> bool {
+        self.0
+            .live
+            .read()
+            .as_ref()
+            .is_none_or(|l| l.conn.era() != Era::Modern)
     }
 
     /// The protocol version of its ready connection.

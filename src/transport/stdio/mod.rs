@@ -199,8 +199,10 @@ impl StdioTransport {
         let queued = match self.writer.try_send(WriterCmd::Line(line)) {
             Ok(()) => Ok(Ok(())),
             Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
+            // Boxed: the wait for room (a timer and the channel's own wait) would
+            // otherwise more than double this future, and every call's above it.
             Err(mpsc::error::TrySendError::Full(cmd)) => {
-                tokio::time::timeout_at(deadline, self.writer.send(cmd))
+                Box::pin(tokio::time::timeout_at(deadline, self.writer.send(cmd)))
                     .await
                     .map(|sent| sent.map_err(|_| ()))
             }
