@@ -20,7 +20,7 @@ pub(crate) struct Started<'a> {
     pub(crate) time_ms: u64,
     /// The caller's agent id.
     pub(crate) agent: Option<&'a str>,
-    /// The caller's auth context, as a keyed hash.
+    /// The caller's auth context, as a keyed hash (hex digits only).
     pub(crate) auth: Option<&'a str>,
     /// `tool`, `prompt` or `resource`.
     pub(crate) kind: &'static str,
@@ -133,7 +133,12 @@ impl Record for Started<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         head(out, self.event, self.call_id, self.time_ms);
         str_field(out, key!("agent"), self.agent);
-        str_field(out, key!("auth"), self.auth);
+        // A hex digest the trail made: nothing to escape.
+        out.extend_from_slice(key!("auth"));
+        match self.auth {
+            Some(hash) => quoted(out, hash),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(key!("kind"));
         quoted(out, self.kind);
         str_field(out, key!("name"), Some(self.name));

@@ -357,8 +357,7 @@ fn write_stamped(request: RequestRef<'_>, stamp: Option<Stamp<'_>>, out: &mut Ve
             let _ = serde_json::to_writer(&mut *out, params);
         }
         (Some(Value::Object(params)), Some(stamp))
-            if let Some(rendered) =
-                stamp.rendered(params.get("_meta").and_then(Value::as_object)) =>
+            if let Some(meta) = stamp.text(params.get("_meta").and_then(Value::as_object)) =>
         {
             // The common request: its own params, then the envelope's text as it is.
             out.extend_from_slice(b",\"params\":{");
@@ -369,7 +368,7 @@ fn write_stamped(request: RequestRef<'_>, stamp: Option<Stamp<'_>>, out: &mut Ve
                 out.push(b',');
             }
             out.extend_from_slice(b"\"_meta\":");
-            out.extend_from_slice(rendered.get().as_bytes());
+            meta.write(out);
             out.push(b'}');
         }
         (params, Some(stamp)) => {

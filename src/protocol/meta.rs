@@ -72,6 +72,9 @@ pub struct MetaEnvelope {
     /// The three keys as one JSON object. Serializing our own values cannot fail; were
     /// it `None`, each request would write them itself.
     rendered: Option<Box<RawValue>>,
+    /// The same text before and after the capabilities, for a request that declares
+    /// others (a gateway's call declares its downstream client's).
+    around: Option<(Box<str>, Box<str>)>,
 }
 
 impl PartialEq for MetaEnvelope {
@@ -103,6 +106,7 @@ impl MetaEnvelope {
             client_capabilities,
             client_info,
             rendered: None,
+            around: None,
         };
         // Rendered by the path that writes it when there is no rendering, so that both
         // write the same bytes, keys in the same order.
@@ -115,6 +119,23 @@ impl MetaEnvelope {
         })
         .ok();
         envelope.rendered = rendered;
+        fn json(v: &impl Serialize) -> Option<String> {
+            serde_json::to_string(v).ok()
+        }
+        envelope.around = (|| {
+            let head = format!(
+                "{{{}:{},{}:",
+                json(&KEY_PROTOCOL_VERSION)?,
+                json(&envelope.protocol_version)?,
+                json(&KEY_CLIENT_CAPABILITIES)?,
+            );
+            let tail = format!(
+                ",{}:{}}}",
+                json(&KEY_CLIENT_INFO)?,
+                json(&envelope.client_info)?
+            );
+            Some((head.into(), tail.into()))
+        })();
         envelope
     }
 
@@ -193,19 +214,64 @@ impl<'a> Stamp<'a> {
         &self.envelope.protocol_version
     }
 
-    /// The envelope's text rendered once, when it is the whole `_meta` a request with
-    /// `existing` in its own `_meta` gets: nothing else there, and the envelope's own
-    /// capabilities (the call path names its capabilities on every request; they are
-    /// most often the envelope's own, a cheap comparison of a few keys).
-    pub(crate) fn rendered(&self, existing: Option<&Map<String, Value>>) -> Option<&'a RawValue> {
+    /// The `_meta` a request with `existing` in its own gets, as text rendered once,
+    /// when that is all there is to it (nothing else in its `_meta`): the whole
+    /// envelope for the envelope's own capabilities (the call path names its
+    /// capabilities on every request; they are most often the envelope's own, a cheap
+    /// comparison of a few keys), or the text around other capabilities.
+    pub(crate) fn text(&self, existing: Option<&Map<String, Value>>) -> Option<MetaText<'a>> {
         let e = self.envelope;
-        let own_capabilities = self
-            .capabilities
-            .is_none_or(|c| *c == e.client_capabilities);
-        let nothing_else = existing.is_none_or(|m| m.is_empty());
-        (nothing_else && own_capabilities)
-            .then_some(e.rendered.as_deref())
-            .flatten()
+        if !existing.is_none_or(|m| m.is_empty()) {
+            return None;
+        }
+        let capabilities = match self.capabilities {
+            Some(c) if *c != e.client_capabilities => c,
+            _ => return e.rendered.as_deref().map(MetaText::Whole),
+        };
+        let (head, tail) = e.around.as_ref()?;
+        Some(MetaText::Around {
+            head,
+            capabilities,
+            tail,
+        })
+    }
+
+    /// [`Stamp::text`], when it is the whole envelope.
+    pub(crate) fn rendered(&self, existing: Option<&Map<String, Value>>) -> Option<&'a RawValue> {
+        match self.text(existing)? {
+            MetaText::Whole(rendered) => Some(rendered),
+            MetaText::Around { .. } => None,
+        }
+    }
+}
+
+/// A request's `_meta` from text rendered once; see [`Stamp::text`].
+pub(crate) enum MetaText<'a> {
+    /// The envelope, whole.
+    Whole(&'a RawValue),
+    /// The envelope with other capabilities.
+    Around {
+        head: &'a str,
+        capabilities: &'a Value,
+        tail: &'a str,
+    },
+}
+
+impl MetaText<'_> {
+    /// Appends the `_meta` object. Serializing a `Value` into a `Vec` cannot fail.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            MetaText::Whole(rendered) => out.extend_from_slice(rendered.get().as_bytes()),
+            MetaText::Around {
+                head,
+                capabilities,
+                tail,
+            } => {
+                out.extend_from_slice(head.as_bytes());
+                let _ = serde_json::to_writer(&mut *out, capabilities);
+                out.extend_from_slice(tail.as_bytes());
+            }
+        }
     }
 }
 
@@ -372,6 +438,35 @@ mod tests {
         // The same bytes as the path that writes the keys one by one.
         let mut unrendered = env.clone();
         unrendered.rendered = None;
+        unrendered.around = None;
+        let other = json!({"roots": {"listChanged": true}, "x\"": [1]});
+        for (params, capabilities) in [
+            (json!({"name": "x"}), None),
+            (json!({"name": "x"}), Some(&other)),
+            (json!({}), Some(&other)),
+            (json!({"_meta": {}, "a\"b": [1]}), Some(&other)),
+            (json!({"_meta": {"progressToken": 1}}), Some(&other)),
+        ] {
+            let request = super::super::Request {
+                id: super::super::RequestId::Number(1),
+                method: "tools/call".into(),
+                params: Some(params),
+            };
+            let line = |envelope: &MetaEnvelope| {
+                let mut line = Vec::new();
+                let stamp = Stamp {
+                    envelope,
+                    capabilities,
+                };
+                super::super::Message::write_stamped_line(
+                    (&request).into(),
+                    Some(stamp),
+                    &mut line,
+                );
+                line
+            };
+            assert_eq!(line(&env), line(&unrendered), "{capabilities:?}");
+        }
         for params in [
             json!({"name": "x"}),
             json!({}),
