@@ -242,3 +242,85 @@ async fn one_deadline_bounds_all_of_a_calls_rounds() {
     );
     h.shutdown().await;
 }
+
+/// Records whose each question was.
+struct Recording(parking_lot::Mutex<Vec<mcp_harness::InputRequestContext>>);
+
+impl mcp_harness::InputHandler for Recording {
+    fn capability(&self) -> serde_json::Value {
+        json!({})
+    }
+    fn answer(
+        &self,
+        request: mcp_harness::InputRequestContext,
+    ) -> mcp_harness::call::input::InputFuture {
+        self.0.lock().push(request);
+        Box::pin(async { Ok(json!({"action": "accept", "content": {"approved": true}})) })
+    }
+}
+
+// A call that waits in the server's queue through a restart does not know which era
+// the next connection speaks: if legacy, the server's questions during the call are
+// that call's, with its agent (a modern connection's would be refused, so only there
+// the call is not noted).
+#[tokio::test]
+async fn a_call_that_waits_through_a_restart_onto_a_legacy_connection_owns_its_questions() {
+    let marker = temp_file("era-flip");
+    let _ = std::fs::remove_file(&marker);
+    // Modern the first time, legacy after.
+    let script = r#"if [ -e "$0" ]; then exec "$1" demo-server s --era legacy; else : > "$0"; exec "$1" demo-server s; fi"#;
+    let mut server = mcp_harness::ServerConfig::stdio(
+        "s",
+        "sh",
+        vec![
+            "-c".to_string(),
+            script.to_string(),
+            marker.display().to_string(),
+            harness_exe(),
+        ],
+    );
+    server.restart = mcp_harness::RestartConfig {
+        min_delay: Duration::from_millis(500),
+        max_delay: Duration::from_millis(500),
+        ..mcp_harness::RestartConfig::default()
+    };
+    let config = HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    };
+    let recording = Arc::new(Recording(parking_lot::Mutex::default()));
+    let h = start_ready_with(
+        Harness::builder(config).input_handler("elicitation/create", recording.clone()),
+    )
+    .await;
+    let status = h.server_status("s").expect("status");
+    assert_eq!(status.protocol_version.as_deref(), Some("2026-07-28"));
+    sigkill(status.pid.expect("pid"));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            h.server_status("s")
+                .is_some_and(|s| s.state != mcp_harness::ServerState::Ready)
+        })
+        .await,
+        "the harness saw the server go"
+    );
+    let result = h
+        .call_tool(
+            &Caller::agent("a"),
+            "s__confirm",
+            json!({"message": "Ship it?"}),
+        )
+        .await
+        .expect("the call waits for the restart and completes");
+    assert_eq!(text(&result), "approved: true");
+    let status = h.server_status("s").expect("status");
+    assert_ne!(status.protocol_version.as_deref(), Some("2026-07-28"));
+    let asked = recording.0.lock().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].agent_id.as_deref(), Some("a"));
+    assert!(asked[0].call_id.is_some(), "the one call on the server");
+    assert!(!asked[0].shared);
+    h.shutdown().await;
+    let _ = std::fs::remove_file(&marker);
+}

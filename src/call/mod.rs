@@ -57,7 +57,7 @@ pub(crate) use listing::list;
 pub(crate) use route::route;
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
-use crate::server::ServerError;
+use crate::server::{OutgoingRef, ServerError};
 use crate::transport::TransportError;
 use crate::util::trace_context::call_span;
 use input::HandlerSet;
@@ -416,16 +416,17 @@ async fn attempt(
 ) -> Result<(Value, bool), Attempt> {
     let server = &candidate.server;
     let handlers = ctx.inputs.snapshot();
-    // A legacy server's own requests during this attempt are this call's. A modern
-    // server's are refused (2026-07-28 servers send none), so its calls are not noted.
-    let _on = server.may_ask().then(|| {
+    // A legacy server's own requests while this call's request is on it are this
+    // call's; the server notes the call only then (a modern connection refuses them).
+    let call_id = record.call_id();
+    let note = || {
         ctx.on_server(
             server.id(),
-            record.call_id(),
+            call_id,
             request.caller.agent_id.clone(),
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
         )
-    });
+    };
     request.kind.set_item(params, &candidate.item);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
@@ -464,14 +465,14 @@ async fn attempt(
         let sent = Value::Object(std::mem::take(params));
         // Boxed, as `run` boxes the rest of the call's future: each box stays under
         // 1 KiB (glibc's per-thread cache); one box of the whole took its slow path.
-        let result = Box::pin(server.request(
-            request.kind.method(),
-            Some(&sent),
-            Some(timeout),
-            Some(capabilities),
-            request.caller.auth_context.as_deref(),
-        ))
-        .await;
+        let outgoing = OutgoingRef {
+            method: request.kind.method(),
+            params: Some(&sent),
+            timeout: Some(timeout),
+            capabilities: Some(capabilities),
+            identity: request.caller.auth_context.as_deref(),
+        };
+        let result = Box::pin(server.request_noting(outgoing, note)).await;
         if let Value::Object(map) = sent {
             *params = map;
         }

@@ -356,24 +356,29 @@ fn write_stamped(request: RequestRef<'_>, stamp: Option<Stamp<'_>>, out: &mut Ve
             out.extend_from_slice(b",\"params\":");
             let _ = serde_json::to_writer(&mut *out, params);
         }
-        (Some(Value::Object(params)), Some(stamp))
-            if let Some(meta) = stamp.text(params.get("_meta").and_then(Value::as_object)) =>
-        {
-            // The common request: its own params, then the envelope's text as it is.
-            out.extend_from_slice(b",\"params\":{");
-            for (k, v) in params.iter().filter(|(k, _)| *k != "_meta") {
-                let _ = serde_json::to_writer(&mut *out, k);
-                out.push(b':');
-                let _ = serde_json::to_writer(&mut *out, v);
-                out.push(b',');
-            }
-            out.extend_from_slice(b"\"_meta\":");
-            meta.write(out);
-            out.push(b'}');
-        }
         (params, Some(stamp)) => {
-            out.extend_from_slice(b",\"params\":");
-            let _ = serde_json::to_writer(&mut *out, &StampedParams { params, stamp });
+            let object = params.and_then(Value::as_object);
+            // (A match guard would say this in one arm, but `if let` guards need a
+            // newer compiler than the crate's `rust-version`.)
+            match object.and_then(|p| stamp.text(p.get("_meta").and_then(Value::as_object))) {
+                Some(meta) => {
+                    // The common request: its own params, then the envelope's text as it is.
+                    out.extend_from_slice(b",\"params\":{");
+                    for (k, v) in object.into_iter().flatten().filter(|(k, _)| *k != "_meta") {
+                        let _ = serde_json::to_writer(&mut *out, k);
+                        out.push(b':');
+                        let _ = serde_json::to_writer(&mut *out, v);
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(b"\"_meta\":");
+                    meta.write(out);
+                    out.push(b'}');
+                }
+                None => {
+                    out.extend_from_slice(b",\"params\":");
+                    let _ = serde_json::to_writer(&mut *out, &StampedParams { params, stamp });
+                }
+            }
         }
     }
     out.push(b'}');

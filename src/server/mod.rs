@@ -30,6 +30,7 @@ pub use directory::Directory;
 pub use error::ServerError;
 pub use msg::ServerMsg;
 pub use restart::{RestartConfig, RestartPolicy};
+pub(crate) use server_ref::OutgoingRef;
 pub use server_ref::{Offers, ServerRef};
 pub use status::{ServerState, ServerStatus};
 pub use supervisor::ServersError;

@@ -71,6 +71,21 @@ pub struct ServerRef(pub(crate) Arc<ServerShared>);
 /// Holds one of a server's in-flight slots.
 struct Slot<'a>(&'a AtomicUsize);
 
+/// One request to a server, borrowed: what [`ServerRef::request`] takes.
+#[derive(Clone, Copy)]
+pub(crate) struct OutgoingRef<'a> {
+    /// The JSON-RPC method.
+    pub method: &'a str,
+    /// Its params (the connection adds the `_meta` envelope).
+    pub params: Option<&'a Value>,
+    /// Its deadline; the server's configured one when `None`.
+    pub timeout: Option<Duration>,
+    /// The client capabilities it declares, when not the connection's own.
+    pub capabilities: Option<&'a Value>,
+    /// Whose credentials it goes with (servers that sign in per identity).
+    pub identity: Option<&'a str>,
+}
+
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
@@ -142,17 +157,6 @@ impl ServerRef {
         self.0.actor.read().clone()
     }
 
-    /// Whether it may send its own requests (elicitation, sampling, roots) during a
-    /// call: a legacy connection may, a modern one's are refused; while none is
-    /// live, the one that comes next may be either.
-    pub(crate) fn may_ask(&self) -> bool {
-        self.0
-            .live
-            .read()
-            .as_ref()
-            .is_none_or(|l| l.conn.era() != Era::Modern)
-    }
-
     /// The protocol version of its ready connection.
     pub fn protocol_version(&self) -> Option<String> {
         self.0
@@ -178,6 +182,35 @@ impl ServerRef {
         capabilities: Option<&Value>,
         identity: Option<&str>,
     ) -> Result<Value, ServerError> {
+        let outgoing = OutgoingRef {
+            method,
+            params,
+            timeout,
+            capabilities,
+            identity,
+        };
+        self.request_noting(outgoing, || ()).await
+    }
+
+    /// [`ServerRef::request`], calling `note` first, and holding what it returns until
+    /// the answer, whenever the request may meet the server's own requests
+    /// (elicitation, sampling, roots): on a legacy connection, or through the actor,
+    /// whose next connection may be of either era. On a modern connection it is not
+    /// called: 2026-07-28 servers send no requests, and the connection refuses them.
+    /// The era is read from the connection the request actually takes, so that a
+    /// request cannot reach a legacy connection unnoted.
+    pub(crate) async fn request_noting<G>(
+        &self,
+        outgoing: OutgoingRef<'_>,
+        note: impl FnOnce() -> G,
+    ) -> Result<Value, ServerError> {
+        let OutgoingRef {
+            method,
+            params,
+            timeout,
+            capabilities,
+            identity,
+        } = outgoing;
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
         // Taken here, on the caller's task, whichever way the request goes next.
@@ -186,11 +219,13 @@ impl ServerRef {
         // Ready and open: straight to the connection. A connection that has just ended
         // goes through the actor, which holds the request for the restart.
         if let Some(live) = live.filter(|l| !l.conn.is_closed()) {
+            let _noted = (live.conn.era() != Era::Modern).then(note);
             let params = traced.as_ref().or(params);
             return self
                 .on_connection(&live, method, params, timeout, capabilities, identity)
                 .await;
         }
+        let _noted = note();
         self.through_actor(Outgoing {
             method: method.to_string(),
             params: traced.or_else(|| params.cloned()),
