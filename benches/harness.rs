@@ -1444,9 +1444,16 @@ async fn profile_section() {
         Client::RawGateway(raw) => raw.pid(),
         _ => None,
     };
+    // The server's own CPU per call: the demo server behind the raw client or the harness.
+    let server = match (&client, &h) {
+        (Client::Raw(raw), _) => raw.pid(),
+        (_, Some(h)) => h.status().iter().find_map(|s| s.pid),
+        _ => None,
+    };
     while start.elapsed() < Duration::from_secs(seconds) {
         let cpu = cpu_us();
         let serve_cpu = serve.and_then(process_cpu_us);
+        let server_cpu = server.and_then(process_cpu_us);
         let rate = rate(&client, 64, b.duration()).await;
         b.record("profile_c64", rate, "calls/s");
         let calls = rate * b.duration().as_secs_f64();
@@ -1455,6 +1462,13 @@ async fn profile_section() {
             (cpu_us() - cpu) / calls.max(1.0),
             "us",
         );
+        if let (Some(before), Some(after)) = (server_cpu, server.and_then(process_cpu_us)) {
+            b.record(
+                "profile_server_cpu_per_call",
+                (after - before) / calls.max(1.0),
+                "us",
+            );
+        }
         if let (Some(before), Some(after)) = (serve_cpu, serve.and_then(process_cpu_us)) {
             b.record(
                 "profile_serve_cpu_per_call",

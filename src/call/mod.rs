@@ -143,8 +143,7 @@ struct Deadline {
 }
 
 impl Deadline {
-    fn after(total: Duration) -> Deadline {
-        let now = Instant::now();
+    fn after(now: Instant, total: Duration) -> Deadline {
         Deadline {
             at: now
                 .checked_add(total)
@@ -179,7 +178,6 @@ pub(crate) fn run(
     async move {
         ctx.audit.admit()?;
         let _in_flight = ctx.enter();
-        let deadline = Deadline::after(request.timeout.unwrap_or(ctx.settings.call_timeout));
         let call_id = ctx.next_call_id();
         let mut record = CallRecord::start(
             &ctx.audit,
@@ -190,6 +188,9 @@ pub(crate) fn run(
             &request.name,
             &request.args,
         );
+        // From the record's start: one clock read for both.
+        let total = request.timeout.unwrap_or(ctx.settings.call_timeout);
+        let deadline = Deadline::after(record.started(), total);
         // Moved into the params the call sends, once: they are lent to each request and
         // changed in place between rounds; copied only for a request that carries trace
         // context or waits in a server's queue for its restart.

@@ -87,6 +87,11 @@ impl CallRecord {
         }
     }
 
+    /// When the call started.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// The call's id.
     pub(crate) fn call_id(&self) -> u64 {
         self.call_id

@@ -330,9 +330,17 @@ impl Connection {
         capabilities: Option<&Value>,
         identity: Option<&str>,
     ) -> Result<Value, RequestError> {
-        let deadline = Instant::now().checked_add(timeout);
-        let remaining =
-            || deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+        // The clock is read again only for a second try (a renegotiation): the first
+        // gets the whole timeout, as good as read at once.
+        let started = Instant::now();
+        let mut first = true;
+        let mut remaining = || {
+            if std::mem::take(&mut first) {
+                timeout
+            } else {
+                timeout.saturating_sub(started.elapsed())
+            }
+        };
         let is_call = CALL_METHODS.contains(&method);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         if is_call {

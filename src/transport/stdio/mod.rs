@@ -192,7 +192,8 @@ impl StdioTransport {
             id: Some(id),
             written: false,
         };
-        let mut line = Vec::with_capacity(256);
+        // A tool call with its envelope is about 300 bytes: one allocation, no regrowth.
+        let mut line = Vec::with_capacity(512);
         Message::write_stamped_line(request, stamp, &mut line);
         let deadline = tokio::time::Instant::now() + timeout;
         // A free slot takes the line at once; only a full queue needs a timer.
