@@ -1450,11 +1450,16 @@ async fn profile_section() {
         (_, Some(h)) => h.status().iter().find_map(|s| s.pid),
         _ => None,
     };
+    // `MCP_BENCH_IN_FLIGHT` calls at once (64 unless set; the figure keeps its name).
+    let in_flight: usize = std::env::var("MCP_BENCH_IN_FLIGHT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
     while start.elapsed() < Duration::from_secs(seconds) {
         let cpu = cpu_us();
         let serve_cpu = serve.and_then(process_cpu_us);
         let server_cpu = server.and_then(process_cpu_us);
-        let rate = rate(&client, 64, b.duration()).await;
+        let rate = rate(&client, in_flight, b.duration()).await;
         b.record("profile_c64", rate, "calls/s");
         let calls = rate * b.duration().as_secs_f64();
         b.record(

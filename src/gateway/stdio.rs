@@ -6,7 +6,7 @@
 //! the calls in flight finish, then it returns.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -30,6 +30,9 @@ struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
     pending: Pending,
     next: AtomicU64,
+    /// Calls whose answers are not queued yet (subscriptions not counted): while
+    /// another is running, the writer waits a moment for its answer to join the burst.
+    answering: Arc<AtomicUsize>,
 }
 
 impl Pipe {
@@ -37,6 +40,23 @@ impl Pipe {
         let mut line = Vec::new();
         message.write_line(&mut line);
         let _ = self.out.send(line);
+    }
+}
+
+/// Counts one call in [`Pipe::answering`] until it drops (its answer is about to be
+/// queued, or its task ended without one).
+struct Answering(Arc<AtomicUsize>);
+
+impl Answering {
+    fn new(count: &Arc<AtomicUsize>) -> Answering {
+        count.fetch_add(1, Ordering::Relaxed);
+        Answering(count.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -64,12 +84,18 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut stopping = false;
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let answering = Arc::new(AtomicUsize::new(0));
+    let running = answering.clone();
     let writer = tokio::spawn(async move {
         // One write and one flush per burst: answers that are ready together go together.
+        // With no other call running there is no burst to wait for, and the wait would
+        // cost the answer a pass through the I/O driver and a wake-up of another worker.
         let mut buf = Vec::new();
         while let Some(line) = out_rx.recv().await {
             buf.extend_from_slice(&line);
-            crate::util::gather_burst().await;
+            if running.load(Ordering::Relaxed) > 0 {
+                crate::util::gather_burst().await;
+            }
             while buf.len() < (1 << 20)
                 && let Ok(more) = out_rx.try_recv()
             {
@@ -85,6 +111,7 @@ pub async fn serve(
         out: out_tx,
         pending: Pending::default(),
         next: AtomicU64::new(1),
+        answering,
     });
     let session: Arc<Mutex<Option<LegacyClient>>> = Arc::default();
     let notifier = tokio::spawn(notify_changes(
@@ -199,6 +226,7 @@ pub async fn serve(
                     pipe.clone(),
                     calls.clone(),
                 );
+                let answering = Answering::new(&pipe.answering);
                 // Boxed: the task then holds a pointer, not the ~8 KB future that tokio
                 // would copy into its cell and again when it finishes.
                 tasks.spawn(Box::pin(async move {
@@ -235,6 +263,7 @@ pub async fn serve(
                         let _ = f.await;
                     }
                     calls.lock().remove(&id_key(&id), ticket);
+                    drop(answering);
                     pipe.send(&Message::Response(Response {
                         id: Some(id),
                         outcome,

@@ -16,7 +16,10 @@ pub mod trace_context;
 /// that it runs again after the tasks its worker has ready (the callers woken by one
 /// read of responses, each queueing a line), or at the scheduler's next maintenance
 /// tick, at most 61 polls later: the burst goes out in one write instead of one write
-/// each. BENCHMARKS.md (item 10) has the write calls it saves.
+/// each. BENCHMARKS.md (item 10) has the write calls it saves. Writers pause only
+/// when a burst is coming (several answers delivered, other calls running): alone, a
+/// line gains nothing by the pause and pays a driver pass and another worker's wake-up
+/// for it (item 18).
 pub(crate) async fn gather_burst() {
     tokio::task::yield_now().await;
 }
