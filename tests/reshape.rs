@@ -324,3 +324,177 @@ async fn a_call_that_waits_through_a_restart_onto_a_legacy_connection_owns_its_q
     h.shutdown().await;
     let _ = std::fs::remove_file(&marker);
 }
+
+/// A legacy demo server that records what reaches it and comes back `delay` after it dies.
+fn recorded_legacy_server(record: &std::path::Path, delay: Duration) -> HarnessConfig {
+    let mut server = demo_server(
+        "s",
+        &["--era", "legacy", "--record", &record.display().to_string()],
+    );
+    server.restart = mcp_harness::RestartConfig {
+        min_delay: delay,
+        max_delay: delay,
+        ..mcp_harness::RestartConfig::default()
+    };
+    HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a", "b"]),
+        ..HarnessConfig::default()
+    }
+}
+
+/// Kills server `s` and waits until the harness has seen it go.
+async fn kill_and_see_it_go(h: &mcp_harness::HarnessHandle) {
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    sigkill(pid);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            h.server_status("s")
+                .is_some_and(|s| s.state != mcp_harness::ServerState::Ready)
+        })
+        .await,
+        "the harness saw the server go"
+    );
+}
+
+// A call cancelled while its request waits in the server's queue for a restart is
+// not sent to the new process: run for nobody, it would reach a legacy connection
+// unnoted, and the server's questions during it would be taken for another call's.
+#[tokio::test]
+async fn a_call_cancelled_while_it_waits_for_a_restart_is_never_sent() {
+    let record = temp_file("queued-cancel");
+    let h = start_ready(recorded_legacy_server(&record, Duration::from_millis(1500))).await;
+    kill_and_see_it_go(&h).await;
+    let waiting = h.call_tool(&Caller::agent("a"), "s__echo", json!({"text": "abandoned"}));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "the call waits for the restart"
+    );
+    assert!(wait_state(&h, "s", mcp_harness::ServerState::Ready).await);
+    // A call after it goes through the same connection: once it is answered, anything
+    // queued before it would have reached the server.
+    let after = h
+        .call_tool(&Caller::agent("a"), "s__echo", json!({"text": "after"}))
+        .await
+        .expect("the server is back");
+    assert_eq!(text(&after), "after");
+    let sent: Vec<_> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| r["params"]["arguments"]["text"].clone())
+        .collect();
+    assert_eq!(sent, vec![json!("after")]);
+    h.shutdown().await;
+}
+
+// A request released from the queue runs in a task of the server's: when its caller
+// goes, the request is cancelled on the server, as one sent straight from the caller.
+#[tokio::test]
+async fn a_call_released_from_the_queue_is_cancelled_on_the_server_when_dropped() {
+    let record = temp_file("released-cancel");
+    let h = start_ready(recorded_legacy_server(&record, Duration::from_millis(500))).await;
+    kill_and_see_it_go(&h).await;
+    let call = tokio::spawn(h.call_tool(
+        &Caller::agent("a"),
+        "s__slow",
+        json!({"ms": 30_000, "text": "slow"}),
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || calls_recorded(&record, "slow")
+            == 1)
+        .await,
+        "the queued request reached the new process"
+    );
+    call.abort();
+    let id = recorded(&record)
+        .into_iter()
+        .find(|r| r["method"] == "tools/call")
+        .map(|r| r["id"].clone())
+        .expect("the request's id");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            recorded(&record).iter().any(|r| {
+                r["notification"] == "notifications/cancelled" && r["params"]["requestId"] == id
+            })
+        })
+        .await,
+        "the server was told: {:?}",
+        recorded(&record)
+    );
+    h.shutdown().await;
+}
+
+// A legacy server's question names no request: it is taken for the one call on the
+// server. A request of no call on it at the same time (an embedder's own, a listing)
+// may be the one asking, so the question is then nobody's, not that call's agent's.
+#[tokio::test]
+async fn a_question_while_a_request_of_no_call_is_on_the_server_is_no_agents() {
+    let record = temp_file("unowned-question");
+    let config = recorded_legacy_server(&record, Duration::from_secs(30));
+    let recording = Arc::new(Recording(parking_lot::Mutex::default()));
+    let h = start_ready_with(
+        Harness::builder(config).input_handler("elicitation/create", recording.clone()),
+    )
+    .await;
+    let other = tokio::spawn(h.call_tool(
+        &Caller::agent("b"),
+        "s__slow",
+        json!({"ms": 30_000, "text": "b's"}),
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || calls_recorded(&record, "slow")
+            == 1)
+        .await
+    );
+    let own = h
+        .request(
+            "s",
+            "tools/call",
+            Some(json!({"name": "confirm", "arguments": {"message": "Ship it?"}})),
+        )
+        .await
+        .expect("the embedder's own request");
+    assert_eq!(text(&own), "approved: true");
+    let asked = recording.0.lock().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].agent_id, None, "not agent b's question");
+    assert_eq!(asked[0].call_id, None);
+    assert!(asked[0].shared);
+    other.abort();
+    h.shutdown().await;
+}
+
+// Durations near `Duration::MAX` (an embedder's "no deadline") are taken as ten years,
+// not added to a clock where they would overflow.
+#[tokio::test]
+async fn a_call_with_the_longest_deadline_there_is_runs() {
+    let mut server = demo_server("s", &[]);
+    server.timeout = Duration::MAX;
+    let h = start_ready(HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a"]),
+        call_timeout: Duration::MAX,
+        ..HarnessConfig::default()
+    })
+    .await;
+    let options = CallOptions {
+        timeout: Some(Duration::MAX),
+        ..CallOptions::default()
+    };
+    let result = h
+        .call(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__echo",
+            json!({"text": "hi"}),
+            options,
+        )
+        .await
+        .expect("the call runs");
+    assert_eq!(text(&result), "hi");
+    let schema = h.get_tool_schema(&Caller::agent("a"), "s__echo").await;
+    assert!(schema.is_ok(), "{schema:?}");
+    h.shutdown().await;
+}

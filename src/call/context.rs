@@ -131,12 +131,17 @@ impl CallContext {
 
     /// Whose a request from `server` is: the agent of every call on it now (if they
     /// are all one agent's), the call (if there is one only), and whether calls of
-    /// several agents are on it (then it is no one agent's).
+    /// several agents are on it (then it is no one agent's). A request of no call on
+    /// it (a listing, an embedder's own) counts as another agent's.
     pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>, bool) {
+        let unowned = self.has_unowned_requests(server);
         let on = self.on_servers.lock();
         let Some(calls) = on.get(server) else {
             return (None, None, false);
         };
+        if unowned {
+            return (None, None, true);
+        }
         let (agent, shared) = match calls.first() {
             Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => {
                 (first.as_deref().map(String::from), false)
@@ -151,15 +156,25 @@ impl CallContext {
     }
 
     /// Where the caller of the one call on `server` answers its questions, if that
-    /// call is delegated (with several calls on it, whose question it is is unknown).
+    /// call is delegated (with several calls on it, or a request of no call, whose
+    /// question it is is unknown).
     pub(crate) fn questions_for(
         &self,
         server: &str,
     ) -> Option<tokio::sync::mpsc::Sender<super::ServerQuestion>> {
+        if self.has_unowned_requests(server) {
+            return None;
+        }
         match self.on_servers.lock().get(server)?.as_slice() {
             [(_, _, Some(tx))] => Some(tx.clone()),
             _ => None,
         }
+    }
+
+    fn has_unowned_requests(&self, server: &str) -> bool {
+        self.servers
+            .get(server)
+            .is_some_and(|s| s.has_unowned_requests())
     }
 
     /// Counts one call in flight until the guard drops.

@@ -145,9 +145,7 @@ struct Deadline {
 impl Deadline {
     fn after(now: Instant, total: Duration) -> Deadline {
         Deadline {
-            at: now
-                .checked_add(total)
-                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+            at: crate::util::duration::after(now, total),
             total,
         }
     }

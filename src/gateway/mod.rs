@@ -1260,7 +1260,7 @@ impl Gateway {
                 question.server.clone(),
                 json!({"method": question.method, "params": question.params}),
             );
-            let expires = std::time::Instant::now() + now.sealer.ttl();
+            let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
             let Some(id) = self.inner.parked.park(principal, h, question, expires) else {
                 return Err(RpcError::new(

@@ -484,7 +484,10 @@ impl HarnessHandle {
         caller: &Caller,
         name: &str,
     ) -> Result<ToolInfo, CallError> {
-        let deadline = std::time::Instant::now() + self.ctx().settings.call_timeout;
+        let deadline = crate::util::duration::after(
+            std::time::Instant::now(),
+            self.ctx().settings.call_timeout,
+        );
         let candidates =
             crate::call::route(self.ctx(), caller, CallKind::Tool, name, deadline).await?;
         let tools = self.list_tools(caller).await?;

@@ -221,7 +221,8 @@ impl Actor for HarnessSupervisor {
 /// then the rest are cancelled; only then do the servers stop.
 async fn shut_down(services: &Services) {
     services.calls.close();
-    let deadline = Instant::now() + services.ctx.settings.shutdown_grace;
+    let deadline =
+        crate::util::duration::after(Instant::now(), services.ctx.settings.shutdown_grace);
     while services.ctx.in_flight() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -405,8 +405,14 @@ impl ServerActorState {
     /// Runs one request on the connection and answers through `reply`. The request is
     /// polled once here, which writes it (stdio) or starts it (HTTP) in the order the
     /// actor releases them; the rest runs in its own task so the actor never waits on
-    /// a server.
-    async fn send_on(&self, live: LiveConnection, outgoing: Outgoing, reply: RequestReply) {
+    /// a server. A request whose caller has gone (its call cancelled while it waited
+    /// here) is not sent, and one whose caller goes while it runs is dropped, which
+    /// cancels it on the server: run for nobody, it could only be unnoted, and a legacy
+    /// server's questions during it would be taken for another call's.
+    async fn send_on(&self, live: LiveConnection, outgoing: Outgoing, mut reply: RequestReply) {
+        if reply.is_closed() {
+            return;
+        }
         let server = self.args.server.clone();
         let mut call = Box::pin(async move {
             let Outgoing {
@@ -416,7 +422,7 @@ impl ServerActorState {
                 identity,
                 timeout,
             } = outgoing;
-            let result = server
+            server
                 .on_connection(
                     &live,
                     &method,
@@ -425,16 +431,25 @@ impl ServerActorState {
                     capabilities.as_ref(),
                     identity.as_deref(),
                 )
-                .await;
-            let _ = reply.send(result);
+                .await
         });
-        let done = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx).is_ready())
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))
         })
         .await;
-        if !done {
-            tokio::spawn(tracing::Instrument::instrument(call, self.span.clone()));
+        if let std::task::Poll::Ready(result) = first {
+            let _ = reply.send(result);
+            return;
         }
+        let rest = async move {
+            tokio::select! {
+                result = call => {
+                    let _ = reply.send(result);
+                }
+                () = reply.closed() => {}
+            }
+        };
+        tokio::spawn(tracing::Instrument::instrument(rest, self.span.clone()));
     }
 
     /// Starts listening for list changes on a new connection (modern servers that

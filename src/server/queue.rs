@@ -4,13 +4,15 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use ractor::RpcReplyPort;
 use serde_json::Value;
 
 use super::error::ServerError;
 
-/// A reply port for one request.
-pub type RequestReply = RpcReplyPort<Result<Value, ServerError>>;
+/// A reply port for one request. Tokio's own sender, for [`Sender::closed`]: a request
+/// whose caller has gone is dropped, on the server too, instead of run for nobody.
+///
+/// [`Sender::closed`]: tokio::sync::oneshot::Sender::closed
+pub type RequestReply = tokio::sync::oneshot::Sender<Result<Value, ServerError>>;
 
 /// A request on its way to the server.
 pub struct Outgoing {
@@ -60,7 +62,8 @@ impl RequestQueue {
     }
 
     /// Queues a request made at `now`; gives its reply port back when the queue is
-    /// full. Returns the key its expiry timer names.
+    /// full (of requests whose callers still wait). Returns the key its expiry timer
+    /// names.
     pub(super) fn push(
         &mut self,
         now: Instant,
@@ -68,12 +71,13 @@ impl RequestQueue {
         reply: RequestReply,
     ) -> Result<u64, RequestReply> {
         if self.items.len() >= self.capacity {
+            self.items.retain(|q| !q.reply.is_closed());
+        }
+        if self.items.len() >= self.capacity {
             return Err(reply);
         }
         self.next_key += 1;
-        let deadline = now
-            .checked_add(outgoing.timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365));
+        let deadline = crate::util::duration::after(now, outgoing.timeout);
         self.items.push_back(Queued {
             key: self.next_key,
             outgoing,
@@ -109,24 +113,50 @@ mod tests {
         }
     }
 
-    fn port() -> RequestReply {
-        ractor::concurrency::oneshot().0.into()
+    type Waiting = tokio::sync::oneshot::Receiver<Result<Value, ServerError>>;
+
+    /// A reply port, and its caller waiting on it while the receiver is kept.
+    fn port() -> (RequestReply, Waiting) {
+        tokio::sync::oneshot::channel()
     }
 
     #[test]
     fn the_queue_is_bounded_ordered_and_expires_by_key() {
         let mut q = RequestQueue::new(2);
         let now = Instant::now();
-        let Ok(a) = q.push(now, outgoing(10), port()) else {
+        let (ports, _waiting): (Vec<_>, Vec<_>) = (0..3).map(|_| port()).unzip();
+        let mut ports = ports.into_iter();
+        let mut next = || ports.next().expect("a port");
+        let Ok(a) = q.push(now, outgoing(10), next()) else {
             panic!("room for the first")
         };
-        let Ok(b) = q.push(now, outgoing(20), port()) else {
+        let Ok(b) = q.push(now, outgoing(20), next()) else {
             panic!("room for the second")
         };
-        assert!(q.push(now, outgoing(30), port()).is_err(), "full");
+        assert!(q.push(now, outgoing(30), next()).is_err(), "full");
         assert_eq!(q.expire(a).map(|x| x.key), Some(a));
         assert!(q.expire(a).is_none(), "gone already");
         let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();
         assert_eq!(rest, vec![b]);
+    }
+
+    #[test]
+    fn a_full_queue_makes_room_from_requests_whose_callers_have_gone() {
+        let mut q = RequestQueue::new(2);
+        let now = Instant::now();
+        let (gone, _) = port();
+        let (kept, _kept_waiting) = port();
+        let Ok(_) = q.push(now, outgoing(10), gone) else {
+            panic!("room for the first")
+        };
+        let Ok(b) = q.push(now, outgoing(10), kept) else {
+            panic!("room for the second")
+        };
+        let (third, _third_waiting) = port();
+        let Ok(c) = q.push(now, outgoing(10), third) else {
+            panic!("the abandoned request made room")
+        };
+        let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();
+        assert_eq!(rest, vec![b, c]);
     }
 }

@@ -62,16 +62,28 @@ pub(crate) struct ServerShared {
     pub(super) offers: RwLock<Option<Offers>>,
     pub(super) actor: RwLock<Option<ActorRef<ServerMsg>>>,
     in_flight: AtomicUsize,
+    /// Requests of no call (a listing, an embedder's own request) now on a legacy
+    /// connection or in the actor's queue: a legacy server's questions meanwhile may
+    /// be theirs, so they are no known call's.
+    unowned: AtomicUsize,
 }
 
 /// The one way into a server; cheap to clone.
 #[derive(Clone)]
 pub struct ServerRef(pub(crate) Arc<ServerShared>);
 
-/// Holds one of a server's in-flight slots.
+/// Holds one count of a server's counter (an in-flight slot, an unowned request).
 struct Slot<'a>(&'a AtomicUsize);
 
-/// One request to a server, borrowed: what [`ServerRef::request`] takes.
+impl<'a> Slot<'a> {
+    /// Counts one until the slot drops; also returns the count before.
+    fn count(counter: &'a AtomicUsize) -> (Slot<'a>, usize) {
+        let before = counter.fetch_add(1, Ordering::SeqCst);
+        (Slot(counter), before)
+    }
+}
+
+/// One request to a server, borrowed: what [`ServerRef::request_noting`] takes.
 #[derive(Clone, Copy)]
 pub(crate) struct OutgoingRef<'a> {
     /// The JSON-RPC method.
@@ -105,6 +117,7 @@ impl ServerRef {
             offers: RwLock::new(None),
             actor: RwLock::new(None),
             in_flight: AtomicUsize::new(0),
+            unowned: AtomicUsize::new(0),
         }))
     }
 
@@ -172,6 +185,9 @@ impl ServerRef {
     /// are (or from a copy that carries the current trace context); otherwise it waits
     /// in the actor's queue (with a copy of them) for the (re)start, up to its deadline.
     ///
+    /// A request of no call: while it is on a legacy connection, that server's own
+    /// requests are no known call's (see [`ServerRef::has_unowned_requests`]).
+    ///
     /// # Cancel safety
     /// Dropping the future cancels the request (on the server too, once sent).
     pub async fn request(
@@ -189,7 +205,15 @@ impl ServerRef {
             capabilities,
             identity,
         };
-        self.request_noting(outgoing, || ()).await
+        self.request_noting(outgoing, || Slot::count(&self.0.unowned))
+            .await
+    }
+
+    /// Whether requests of no call are on a legacy connection of this server (or
+    /// waiting for one) now: a question the server sends meanwhile may be theirs, and
+    /// is then given to no call's agent.
+    pub(crate) fn has_unowned_requests(&self) -> bool {
+        self.0.unowned.load(Ordering::SeqCst) > 0
     }
 
     /// [`ServerRef::request`], calling `note` first, and holding what it returns until
@@ -238,8 +262,7 @@ impl ServerRef {
 
     fn admit(&self) -> Result<Slot<'_>, ServerError> {
         let limit = self.0.config.max_in_flight;
-        let before = self.0.in_flight.fetch_add(1, Ordering::SeqCst);
-        let slot = Slot(&self.0.in_flight);
+        let (slot, before) = Slot::count(&self.0.in_flight);
         if before >= limit {
             return Err(ServerError::Overloaded {
                 server: self.id().to_string(),
@@ -286,11 +309,8 @@ impl ServerRef {
         };
         // The server answers by its deadline; the margin only guards against a wedged actor.
         let limit = outgoing.timeout.saturating_add(Duration::from_secs(5));
-        let (tx, rx) = ractor::concurrency::oneshot();
-        let message = ServerMsg::Request {
-            outgoing,
-            reply: tx.into(),
-        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let message = ServerMsg::Request { outgoing, reply };
         actor.send_message(message).map_err(|_| unavailable())?;
         match tokio::time::timeout(limit, rx).await {
             Ok(Ok(result)) => result,

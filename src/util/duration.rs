@@ -5,6 +5,28 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serializer};
 
+/// The longest duration the harness takes (ten years): a config refuses a longer one,
+/// and a longer one given through the API counts as this. A deadline that far off is
+/// never reached, and `Instant` arithmetic with it cannot overflow (a duration near
+/// `Duration::MAX` panics when added to an `Instant`).
+pub const LONGEST: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// `now + d`, with `d` at most [`LONGEST`] (for std's `Instant` and tokio's).
+pub fn after<I: std::ops::Add<Duration, Output = I>>(now: I, d: Duration) -> I {
+    now + d.min(LONGEST)
+}
+
+/// A duration read from a config, refused when longer than [`LONGEST`].
+fn bounded(text: &dyn std::fmt::Display, secs: f64) -> Result<Duration, String> {
+    let d = Duration::try_from_secs_f64(secs).map_err(|e| format!("{text}: {e}"))?;
+    if d > LONGEST {
+        return Err(format!(
+            "{text} is longer than ten years, the longest taken"
+        ));
+    }
+    Ok(d)
+}
+
 /// Parses `"250ms"`, `"30s"`, `"1.5s"`, `"5m"`, `"1h"`, or a bare number of seconds.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -26,7 +48,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
             ));
         }
     };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{text:?}: {e}"))
+    bounded(&format_args!("{text:?}"), secs)
 }
 
 /// Writes a duration as milliseconds with the `ms` unit.
@@ -44,7 +66,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     }
     match Raw::deserialize(d)? {
         Raw::Text(t) => parse(&t).map_err(serde::de::Error::custom),
-        Raw::Seconds(s) => Duration::try_from_secs_f64(s).map_err(serde::de::Error::custom),
+        Raw::Seconds(s) => bounded(&s, s).map_err(serde::de::Error::custom),
     }
 }
 
@@ -82,5 +104,26 @@ mod tests {
         assert_eq!(parse("3"), Ok(Duration::from_secs(3)));
         assert!(parse("3 fortnights").is_err());
         assert!(parse("soon").is_err());
+    }
+
+    #[test]
+    fn durations_past_ten_years_are_refused_and_deadlines_never_overflow() {
+        assert_eq!(parse("87600h"), Ok(LONGEST));
+        let long = parse("5000000000000000h").expect_err("longer than ten years");
+        assert!(long.contains("ten years"), "{long}");
+        #[derive(Deserialize, Debug)]
+        struct Config {
+            #[serde(with = "super")]
+            #[allow(dead_code)]
+            timeout: Duration,
+        }
+        let config: Result<Config, _> = serde_json::from_str(r#"{"timeout": 1e18}"#);
+        assert!(config.is_err());
+        let now = std::time::Instant::now();
+        assert_eq!(after(now, Duration::MAX), now + LONGEST);
+        assert_eq!(
+            after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
     }
 }

@@ -858,7 +858,7 @@ impl SharedCache {
     /// Waits (up to `limit`) for the background writes under way: a process that
     /// exits right after listing still leaves its lists to the others.
     pub async fn drain(&self, limit: Duration) {
-        let until = Instant::now() + limit;
+        let until = crate::util::duration::after(Instant::now(), limit);
         while self.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }

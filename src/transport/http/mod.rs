@@ -309,7 +309,7 @@ impl HttpTransport {
         timeout: Duration,
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::util::duration::after(Instant::now(), timeout);
         let work = async {
             if self.params.needs_learning(request) {
                 self.learn_params(stamp, identity).await;

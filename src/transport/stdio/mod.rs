@@ -200,7 +200,7 @@ impl StdioTransport {
         // A tool call with its envelope is about 300 bytes: one allocation, no regrowth.
         let mut line = Vec::with_capacity(512);
         Message::write_stamped_line(request, stamp, &mut line);
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::util::duration::after(tokio::time::Instant::now(), timeout);
         // A free slot takes the line at once; only a full queue needs a timer.
         let queued = match self.writer.try_send(WriterCmd::Line(line)) {
             Ok(()) => Ok(Ok(())),
