@@ -1042,7 +1042,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
     let setup = Setup::new(
         &format!(
-            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"] }}",
+            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"], context_claim = \"email\" }}",
             jwks.display()
         ),
         &[("k1", &key("k1"))],
@@ -1052,7 +1052,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs();
-    let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp});
+    let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp, "email": format!("{sub}@idp.test")});
     let good = jwt(&signing, "k1", claims(ISS, AUD, "b", now + 300));
     let (status, list) = gw.modern(&good, "tools/list", json!({})).await;
     assert_eq!(status, 200, "{list}");
@@ -1112,7 +1112,20 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         ("RS256 claimed for an EC key", rs256_header),
         (
             "no exp",
-            jwt(&signing, "k1", json!({"iss": ISS, "aud": AUD, "sub": "a"})),
+            jwt(
+                &signing,
+                "k1",
+                json!({"iss": ISS, "aud": AUD, "sub": "a", "email": "a@idp.test"}),
+            ),
+        ),
+        (
+            // It would be served with the gateway's own upstream sign-in.
+            "no context claim",
+            jwt(
+                &signing,
+                "k1",
+                json!({"iss": ISS, "aud": AUD, "sub": "a", "exp": now + 300}),
+            ),
         ),
         (
             "not yet valid",

@@ -32,7 +32,9 @@ use super::{
     Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
 };
 use crate::call::CancelToken;
-use crate::protocol::error::{HEADER_MISMATCH, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
+use crate::protocol::error::{
+    HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 use crate::transport::http::headers::mcp_name;
@@ -580,8 +582,18 @@ async fn post(
             let check = state
                 .gateway
                 .check_param_headers(&principal, &request, param);
-            if let Ok(Err(e)) = tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
-                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+            match tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e),
+                // Unchecked is not let through: something in front of the gateway may
+                // have acted on headers that the body does not bear out.
+                Err(_) => {
+                    let e = RpcError::new(
+                        INTERNAL_ERROR,
+                        "the tool's schema could not be read in time to check its Mcp-Param headers",
+                    );
+                    return error_reply(StatusCode::GATEWAY_TIMEOUT, Some(request.id), e);
+                }
             }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();

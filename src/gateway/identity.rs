@@ -115,7 +115,9 @@ impl Identity {
                             context: context.map(Arc::from),
                         })
                         .map_err(|e| {
-                            tracing::info!(error = %e, "bearer JWT refused");
+                            // The reason may quote the token's own text.
+                            let reason = crate::util::text::one_line(&e.to_string(), 200);
+                            tracing::info!(error = %reason, "bearer JWT refused");
                             IdentityError::Unknown
                         }),
                     _ => Err(IdentityError::Unknown),

@@ -45,7 +45,8 @@ pub struct JwtConfig {
     pub agent_claim: String,
     /// The claim that names the auth context (the user): `private` cache entries and
     /// upstream sign-in are kept per value, as `ISSUER#VALUE` (so no issuer's user, and
-    /// no static token's context, can stand for another's).
+    /// no static token's context, can stand for another's). A token without it is
+    /// refused.
     #[serde(default = "default_context_claim")]
     pub context_claim: String,
     /// Scopes named in the protected resource metadata.
@@ -214,9 +215,11 @@ impl JwtVerifier {
         };
         let agent = claim(&self.config.agent_claim)
             .ok_or_else(|| JwtError::Claim(self.config.agent_claim.clone()))?;
+        // Without it the caller would have no auth context: the gateway's own upstream
+        // sign-in, and a static token's principal, would be taken for its.
         let context = claim(&self.config.context_claim)
-            .map(|value| format!("{}#{value}", self.config.issuer));
-        Ok((agent, context))
+            .ok_or_else(|| JwtError::Claim(self.config.context_claim.clone()))?;
+        Ok((agent, Some(format!("{}#{context}", self.config.issuer))))
     }
 
     /// The protected resource metadata (RFC 9728) the gateway serves.

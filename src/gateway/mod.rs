@@ -429,6 +429,34 @@ fn invalid(message: impl Into<String>) -> RpcError {
     RpcError::new(INVALID_PARAMS, message)
 }
 
+/// The client capabilities the gateway reads; a legacy session keeps only these (it
+/// lives for `session_idle`, and its client may send megabytes of anything else).
+const KEPT_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
+
+/// The most one kept capability may take, as JSON (a real one is a few dozen bytes).
+const MAX_CAPABILITY_BYTES: usize = 4096;
+
+/// What a legacy session keeps of `initialize`'s `capabilities`.
+fn kept_capabilities(asked: Option<&Value>) -> Result<Value, RpcError> {
+    let mut kept = Map::new();
+    let Some(Value::Object(asked)) = asked else {
+        return Ok(Value::Object(kept));
+    };
+    for key in KEPT_CAPABILITIES {
+        let Some(value) = asked.get(key) else {
+            continue;
+        };
+        let size = serde_json::to_vec(value).map_or(usize::MAX, |v| v.len());
+        if size > MAX_CAPABILITY_BYTES {
+            return Err(invalid(format!(
+                "capabilities.{key} is too large ({size} bytes; at most {MAX_CAPABILITY_BYTES})"
+            )));
+        }
+        kept.insert(key.to_string(), value.clone());
+    }
+    Ok(Value::Object(kept))
+}
+
 impl Gateway {
     /// A gateway in front of `harness` (started from `harness_config`); reads the JWT
     /// issuer's keys when JWTs are configured.
@@ -613,10 +641,7 @@ impl Gateway {
         } else {
             LEGACY_VERSIONS[0]
         };
-        let capabilities = params
-            .and_then(|p| p.get("capabilities"))
-            .cloned()
-            .unwrap_or_else(|| json!({}));
+        let capabilities = kept_capabilities(params.and_then(|p| p.get("capabilities")))?;
         let mut result = json!({
             "protocolVersion": version,
             "capabilities": Self::capabilities(),
@@ -1600,13 +1625,14 @@ fn parse_cursor(cursor: &str) -> Option<usize> {
 }
 
 /// A harness error as the downstream client sees it: what names a tool it may not use
-/// looks like an unknown tool (-32602), a server's own JSON-RPC error passes through
+/// looks like an unknown tool (-32602, the same words whether the tool's server exists
+/// or not: a caller cannot learn which servers are configured by asking for
+/// `name__x`), a server's own JSON-RPC error passes through
 /// (unless it is one of the gateway's own protocol codes, which mean nothing to the
 /// client), everything else is an internal error with a one-line reason.
 pub fn to_rpc(error: &CallError) -> RpcError {
     match error {
-        CallError::Denied { tool, .. } => invalid(format!("unknown tool: {}", one_line(tool, 80))),
-        CallError::NoRoute { tool, .. } => invalid(format!("unknown tool: {}", one_line(tool, 80))),
+        CallError::Denied { .. } | CallError::NoRoute { .. } => invalid("unknown tool"),
         CallError::MissingCapability { required, .. } => RpcError::new(
             crate::protocol::error::MISSING_CLIENT_CAPABILITY,
             "missing required client capability",
@@ -1628,6 +1654,43 @@ pub fn to_rpc(error: &CallError) -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_tool_the_caller_may_not_use_names_no_server() {
+        let denied = super::to_rpc(&super::CallError::Denied {
+            agent: Some("a".into()),
+            server: Some("payroll".into()),
+            tool: "x".into(),
+        });
+        let missing = super::to_rpc(&super::CallError::NoRoute {
+            tool: "nosuch__x".into(),
+            unreachable: Vec::new(),
+        });
+        assert_eq!(denied.code, super::INVALID_PARAMS);
+        assert_eq!(
+            (denied.code, &denied.message),
+            (missing.code, &missing.message)
+        );
+        assert!(!denied.message.contains("payroll"));
+    }
+
+    #[test]
+    fn a_legacy_session_keeps_only_the_capabilities_read_and_bounds_them() {
+        let asked = json!({
+            "elicitation": {"form": {}},
+            "roots": {"listChanged": true},
+            "experimental": {"junk": vec![0; 100_000]},
+        });
+        let kept = super::kept_capabilities(Some(&asked)).expect("kept");
+        assert_eq!(
+            kept,
+            json!({"elicitation": {"form": {}}, "roots": {"listChanged": true}})
+        );
+        let huge = json!({"sampling": {"x": vec![[0; 8]; 1_000]}});
+        let refused = super::kept_capabilities(Some(&huge)).expect_err("too large");
+        assert_eq!(refused.code, super::INVALID_PARAMS);
+        assert_eq!(super::kept_capabilities(None).expect("none"), json!({}));
+    }
+
     use super::*;
 
     #[test]

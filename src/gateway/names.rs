@@ -147,9 +147,9 @@ impl Names {
                 if let Some(other) = renamed.insert(short.clone(), name.clone())
                     && other != *name
                 {
-                    tracing::warn!(served = %short, first = %other, now = %name, "two names shorten alike; the latest wins");
+                    tracing::warn!(served = %short, first = %other.escape_debug(), now = %name.escape_debug(), "two names shorten alike; the latest wins");
                 }
-                tracing::debug!(server = %item.server, name = %name, served = %short, "name shortened");
+                tracing::debug!(server = %item.server, name = %name.escape_debug(), served = %short, "name shortened");
                 *name = short;
             }
         }

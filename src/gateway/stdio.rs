@@ -28,6 +28,10 @@ type Pending = Arc<Questions>;
 
 struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for the writer and not taken yet: a client that stops reading
+    /// stops getting notifications past [`MAX_QUEUED_NOTICES`] (answers are bounded by
+    /// the calls in flight; a server's progress is not).
+    queued: Arc<AtomicUsize>,
     pending: Pending,
     next: AtomicU64,
     /// Calls whose answers are not queued yet (subscriptions not counted): while
@@ -35,11 +39,25 @@ struct Pipe {
     answering: Arc<AtomicUsize>,
 }
 
+/// How many bytes may wait for a client that is not reading before notifications to it
+/// are dropped.
+const MAX_QUEUED_NOTICES: usize = 4 << 20;
+
 impl Pipe {
     fn send(&self, message: &Message) {
         let mut line = Vec::new();
         message.write_line(&mut line);
+        self.queued.fetch_add(line.len(), Ordering::Relaxed);
         let _ = self.out.send(line);
+    }
+
+    /// A notification, dropped when the client has not read what is already queued.
+    fn notify(&self, notification: Notification) {
+        if self.queued.load(Ordering::Relaxed) > MAX_QUEUED_NOTICES {
+            tracing::debug!(method = %notification.method, "stdio client not reading; notification dropped");
+            return;
+        }
+        self.send(&Message::Notification(notification));
     }
 }
 
@@ -86,6 +104,8 @@ pub async fn serve(
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let answering = Arc::new(AtomicUsize::new(0));
     let running = answering.clone();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let taken = queued.clone();
     let writer = tokio::spawn(async move {
         // One write and one flush per burst: answers that are ready together go together.
         // With no other call running there is no burst to wait for, and the wait would
@@ -101,6 +121,7 @@ pub async fn serve(
             {
                 buf.extend_from_slice(&more);
             }
+            taken.fetch_sub(buf.len(), Ordering::Relaxed);
             if output.write_all(&buf).await.is_err() || output.flush().await.is_err() {
                 return;
             }
@@ -109,6 +130,7 @@ pub async fn serve(
     });
     let pipe = Arc::new(Pipe {
         out: out_tx,
+        queued,
         pending: Pending::default(),
         next: AtomicU64::new(1),
         answering,
@@ -243,10 +265,10 @@ pub async fn serve(
                             let pipe = pipe.clone();
                             let forwarder = tokio::spawn(async move {
                                 while let Some(p) = rx.recv().await {
-                                    pipe.send(&Message::Notification(Notification {
+                                    pipe.notify(Notification {
                                         method: "notifications/progress".into(),
                                         params: Some(p),
-                                    }));
+                                    });
                                 }
                             });
                             (Some(tx), Some(forwarder))
@@ -341,10 +363,10 @@ async fn notify_changes(
         };
         let Some(pipe) = pipe.upgrade() else { return };
         if concerns && session.lock().is_some() {
-            pipe.send(&Message::Notification(Notification {
+            pipe.notify(Notification {
                 method: "notifications/tools/list_changed".into(),
                 params: None,
-            }));
+            });
         }
     }
 }
