@@ -496,6 +496,35 @@ async fn client_credentials_sign_in_without_a_person() {
     h.shutdown().await;
 }
 
+// A client secret is the client's at one authorization server: pinned with `issuer`,
+// it goes to no other, whatever the protected server names.
+#[tokio::test]
+async fn a_client_secret_pinned_to_its_issuer_goes_to_no_other() {
+    let w = World::new(&["--client", "machine:s3cret"], &[]).await;
+    let pinned = |issuer: &str| OAuthConfig {
+        grant: mcp_harness::transport::auth::GrantKind::ClientCredentials,
+        issuer: Some(issuer.into()),
+        ..registered("machine:s3cret")
+    };
+    let h = w.harness(pinned("https://idp.elsewhere.test")).await;
+    assert!(wait_state(&h, "web", ServerState::Failed).await);
+    let why = h
+        .server_status("web")
+        .and_then(|s| s.last_error)
+        .unwrap_or_default();
+    assert!(why.contains("configured issuer"), "{why}");
+    assert!(w.at("token").is_empty(), "the secret was never sent");
+    h.shutdown().await;
+
+    let h = w.harness(pinned(&w.auth.url)).await;
+    ready(&h).await;
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "machine"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn two_agents_signed_in_as_two_users_never_share_a_token() {
     let w = World::new(&["--client", "pre"], &[]).await;

@@ -46,6 +46,8 @@ pub(crate) struct ServerMetadata {
 pub(crate) struct Discovered {
     pub(crate) resource: ResourceMetadata,
     pub(crate) server: ServerMetadata,
+    /// Where the resource metadata was read.
+    pub(crate) from: Url,
 }
 
 fn is_loopback(url: &Url) -> bool {
@@ -57,7 +59,41 @@ fn is_loopback(url: &Url) -> bool {
     }
 }
 
-/// A URL the client may fetch or send a person to, for a server at `server`.
+/// Whether a URL names this machine or a private, link-local or unspecified address
+/// (by its literal host: a name that resolves to one is not caught here).
+fn is_internal(url: &Url) -> bool {
+    let v4 = |ip: std::net::Ipv4Addr| {
+        let [a, b, ..] = ip.octets();
+        ip.is_loopback()
+            || ip.is_private()
+            || ip.is_link_local()
+            || ip.is_unspecified()
+            || ip.is_broadcast()
+            // Carrier-grade NAT (RFC 6598).
+            || (a == 100 && (64..128).contains(&b))
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => v4(ip),
+        Some(url::Host::Ipv6(ip)) => {
+            let first = ip.segments()[0];
+            ip.is_loopback()
+                || ip.is_unspecified()
+                // Unique local (fc00::/7) and link-local (fe80::/10).
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || ip.to_ipv4_mapped().is_some_and(v4)
+        }
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        None => false,
+    }
+}
+
+/// A URL the client may fetch or send a person to, for a server at `server`. A server
+/// on the public network may not point sign-in at this machine or a private network
+/// (its discovery and token requests would reach them from inside).
 pub(crate) fn checked_url(raw: &str, server: &Url) -> Result<Url, AuthFailure> {
     let bad = |why: &str| AuthFailure::BadUrl {
         url: raw.to_string(),
@@ -66,6 +102,11 @@ pub(crate) fn checked_url(raw: &str, server: &Url) -> Result<Url, AuthFailure> {
     let url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
     if !url.username().is_empty() || url.password().is_some() {
         return Err(bad("credentials in the URL"));
+    }
+    if is_internal(&url) && !is_internal(server) {
+        return Err(bad(
+            "an internal address, named by a server that is not on one",
+        ));
     }
     match url.scheme() {
         "https" => Ok(url),
@@ -246,6 +287,28 @@ mod tests {
             "loopback only for a loopback server"
         );
         assert!(checked_url("http://127.0.0.1:9/x", &url("http://127.0.0.1:8/mcp")).is_ok());
+        // A public server may not point sign-in inside, even over HTTPS.
+        for inside in [
+            "https://127.0.0.1/x",
+            "https://localhost:6443/",
+            "https://api.localhost/",
+            "https://10.1.2.3/token",
+            "https://172.20.0.1/",
+            "https://192.168.1.1/",
+            "https://169.254.169.254/latest/meta-data",
+            "https://100.64.0.1/",
+            "https://0.0.0.0/",
+            "https://[::1]/",
+            "https://[fd00::1]/",
+            "https://[fe80::1]/",
+            "https://[::ffff:10.0.0.1]/",
+        ] {
+            assert!(checked_url(inside, &s).is_err(), "{inside}");
+        }
+        assert!(checked_url("https://8.8.8.8/", &s).is_ok());
+        // A server on a private network may name its neighbours.
+        let private = url("https://10.0.0.5/mcp");
+        assert!(checked_url("https://10.0.0.6/", &private).is_ok());
         assert!(
             resource_metadata_urls(
                 &s,

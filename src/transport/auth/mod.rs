@@ -84,6 +84,10 @@ pub struct OAuthConfig {
     pub client_id: Option<String>,
     /// Its secret, for a confidential client.
     pub client_secret: Option<String>,
+    /// The authorization server (its issuer URL) to sign in with, when the server names
+    /// several or may not be trusted to name the right one: sign-in refuses any other.
+    /// Set it with a `client_secret`: the secret then goes to no issuer but this one.
+    pub issuer: Option<String>,
     /// The HTTPS URL of a Client ID Metadata Document you host (used as the client id
     /// when the authorization server supports such documents).
     pub client_metadata_url: Option<String>,
@@ -101,6 +105,7 @@ impl std::fmt::Debug for OAuthConfig {
                 "client_secret",
                 &self.client_secret.as_ref().map(|_| "[redacted]"),
             )
+            .field("issuer", &self.issuer)
             .field("client_metadata_url", &self.client_metadata_url)
             .field("grant", &self.grant)
             .field("scopes", &self.scopes)
@@ -172,9 +177,28 @@ fn code_challenge(verifier: &str) -> String {
     URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
 }
 
+/// The most scopes asked for one identity: a server that names new ones in every
+/// refusal gets no more (a real server's scopes are a handful).
+const MAX_SCOPES: usize = 64;
+
+/// The longest scope kept.
+const MAX_SCOPE_BYTES: usize = 256;
+
+/// Adds the scopes not there yet, up to [`MAX_SCOPES`]; a scope that is not a
+/// scope-token (RFC 6749 section 3.3) or is too long is left out.
 fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.len() <= MAX_SCOPE_BYTES
+            && s.bytes()
+                .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+    };
     for s in more {
-        if !into.contains(&s) {
+        if into.len() >= MAX_SCOPES {
+            tracing::warn!("a server named more scopes than are kept; the rest are left out");
+            return;
+        }
+        if token(&s) && !into.contains(&s) {
             into.push(s);
         }
     }
@@ -407,7 +431,7 @@ impl SignIn {
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
-            if d.as_ref().is_some_and(|_| rm != self.url.as_str()) && step_up {
+            if d.as_ref().is_some_and(|d| rm != d.from.as_str()) && step_up {
                 *d = None;
             }
         }
@@ -523,11 +547,11 @@ impl SignIn {
         let mut found = None;
         for url in &urls {
             if let Some(v) = self.get_json(url, step).await? {
-                found = Some(v);
+                found = Some((v, url));
                 break;
             }
         }
-        let Some(v) = found else {
+        let Some((v, from)) = found else {
             return Err(self.err(
                 step,
                 AuthFailure::NotFound {
@@ -545,12 +569,27 @@ impl SignIn {
                 },
             ));
         }
-        let Some(issuer) = resource.authorization_servers.first().cloned() else {
-            return Err(self.err(
-                step,
-                AuthFailure::Invalid("no authorization_servers".into()),
-            ));
+        let issuer = match &self.config.issuer {
+            Some(wanted) => resource.authorization_servers.iter().find(|s| *s == wanted),
+            None => resource.authorization_servers.first(),
         };
+        let Some(issuer) = issuer.cloned() else {
+            let why = match &self.config.issuer {
+                Some(wanted) => format!(
+                    "the configured issuer {} is not among the server's authorization_servers",
+                    crate::util::text::one_line(wanted, 200)
+                ),
+                None => "no authorization_servers".into(),
+            };
+            return Err(self.err(step, AuthFailure::Invalid(why)));
+        };
+        if self.config.issuer.is_none() && self.config.client_secret.is_some() {
+            tracing::warn!(
+                server = %self.server,
+                issuer = %crate::util::text::one_line(&issuer, 200),
+                "a client secret goes to the issuer the server names; set auth.issuer to pin it"
+            );
+        }
         let step = AuthStep::ServerMetadata;
         let urls =
             discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
@@ -590,7 +629,11 @@ impl SignIn {
         {
             discovery::checked_url(endpoint, &self.url).map_err(|f| self.err(step, f))?;
         }
-        let d = Discovered { resource, server };
+        let d = Discovered {
+            resource,
+            server,
+            from: from.clone(),
+        };
         *cached = Some(d.clone());
         Ok(d)
     }
@@ -1056,6 +1099,26 @@ impl SignIn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scopes_a_server_names_are_kept_bounded_and_well_formed() {
+        let mut asked = vec!["read".to_string()];
+        union(
+            &mut asked,
+            [
+                "read",
+                "write",
+                "bad scope",
+                "quote\"d",
+                "",
+                &"x".repeat(300),
+            ]
+            .map(String::from),
+        );
+        assert_eq!(asked, ["read", "write"]);
+        union(&mut asked, (0..10_000).map(|i| format!("s{i}")));
+        assert_eq!(asked.len(), MAX_SCOPES);
+    }
 
     #[test]
     fn the_pkce_challenge_is_rfc_7636s() {

@@ -206,7 +206,10 @@ impl HttpTransport {
 
     /// Sends a request as `identity` (an auth context; `None` for the connection's own
     /// requests) and reads its reply; a refusal signs in (see the module docs) and
-    /// retries, each try within `timeout`.
+    /// retries. The tries, and the refresh of a token before one, share `timeout`; a
+    /// sign-in between them has its own limits (a person may be signing in), so a
+    /// server that holds each try to its deadline and then refuses it gets one
+    /// deadline in all, not one per try.
     ///
     /// # Cancel safety
     /// Dropping the future drops the reply stream, which cancels the request.
@@ -220,14 +223,20 @@ impl HttpTransport {
         let (mut signed_in, mut step_ups) = (false, 0);
         // A retry is the same request under a new id.
         let mut id = request.id.clone();
+        let mut left = timeout;
         loop {
+            if left.is_zero() {
+                return Err(TransportError::Timeout(timeout));
+            }
+            let started = Instant::now();
             let request = RequestRef { id: &id, ..request };
-            let sent = self
-                .sign_in
-                .bearer(identity)
+            let sent = tokio::time::timeout(left, self.sign_in.bearer(identity))
                 .await
+                .map_err(|_| TransportError::Timeout(timeout))?
                 .map_err(TransportError::Auth)?;
-            match self.try_request(request, stamp, timeout, identity).await {
+            let tried = self.try_request(request, stamp, left, identity).await;
+            left = left.saturating_sub(started.elapsed());
+            match tried {
                 Err(TransportError::Unauthorized {
                     status: 401,
                     challenge,
@@ -323,7 +332,8 @@ impl HttpTransport {
                 match self.exchange(request, stamp, &extra, identity).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
-                            self.params.absorb(&self.server, &mut result);
+                            let first = request.params.is_none_or(|p| p.get("cursor").is_none());
+                            self.params.absorb(&self.server, &mut result, first);
                         }
                         return Ok(Ok(result));
                     }
@@ -404,7 +414,8 @@ impl HttpTransport {
             else {
                 return;
             };
-            self.params.absorb(&self.server, &mut page);
+            self.params
+                .absorb(&self.server, &mut page, cursor.is_none());
             match pager.next(&page) {
                 Some(next) => cursor = Some(next),
                 None => return,

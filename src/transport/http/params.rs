@@ -63,13 +63,18 @@ impl ParamTable {
     }
 
     /// Reads one `tools/list` page: remembers each tool's annotations and drops the tools
-    /// whose annotations are invalid, with a warning.
-    pub(super) fn absorb(&self, server: &str, page: &mut Value) {
+    /// whose annotations are invalid, with a warning. A `first` page (no cursor) starts
+    /// the table afresh, so that it holds one listing's tools, not every name the
+    /// server ever listed.
+    pub(super) fn absorb(&self, server: &str, page: &mut Value, first: bool) {
         self.mark_listed();
+        let mut table = self.table.write();
+        if first {
+            table.clear();
+        }
         let Some(tools) = page.get_mut("tools").and_then(Value::as_array_mut) else {
             return;
         };
-        let mut table = self.table.write();
         tools.retain(|tool| {
             let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
             let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
@@ -89,5 +94,31 @@ impl ParamTable {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tool(name: &str) -> Value {
+        json!({"name": name, "inputSchema": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"}}}})
+    }
+
+    #[test]
+    fn a_listing_from_its_first_page_replaces_what_the_table_held() {
+        let table = ParamTable::default();
+        table.absorb("s", &mut json!({"tools": [tool("a"), tool("b")]}), true);
+        table.absorb("s", &mut json!({"tools": [tool("c")]}), false);
+        assert_eq!(table.table.read().len(), 3, "later pages add");
+        // A server listing new names every time leaves one listing's worth.
+        for round in 0..100 {
+            let page = json!({"tools": [tool(&format!("t{round}"))]});
+            table.absorb("s", &mut page.clone(), true);
+        }
+        assert_eq!(table.table.read().keys().collect::<Vec<_>>(), ["t99"]);
     }
 }
