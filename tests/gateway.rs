@@ -1915,3 +1915,41 @@ async fn a_legacy_servers_questions_one_after_another_are_rounds_until_the_answe
     assert_eq!(result_text(&r), "answers: one,two,three", "{r}");
     assert!(gw.stop().await.success());
 }
+
+// Long-lived streams have a budget of their own (`max_streams`), every principal's
+// together: clients that hold them open without reading cannot take every connection
+// from those that make requests, and a stream closed gives its place back.
+#[tokio::test]
+async fn long_lived_streams_stay_within_their_budget_and_requests_still_get_through() {
+    let setup = Setup::new("max_streams = 2", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let first = open_listen(&gw, "tok-a", json!("s1"), json!({"toolsListChanged": true})).await;
+    let second = open_listen(&gw, "tok-b", json!("s2"), json!({"toolsListChanged": true})).await;
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let mut third = open_listen(&gw, "tok-a", json!("s3"), json!({"toolsListChanged": true})).await;
+    assert_eq!(third.status().as_u16(), 503);
+    let mut body = String::new();
+    while let Ok(Some(chunk)) = third.chunk().await {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(body.contains("too many streams"), "{body}");
+    // Requests are not streams: they go through.
+    let (status, list) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    drop(first);
+    let mut again = None;
+    for _ in 0..100 {
+        let r = open_listen(&gw, "tok-a", json!("s4"), json!({"toolsListChanged": true})).await;
+        if r.status().as_u16() == 200 {
+            again = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(again.is_some(), "a closed stream gives its place back");
+    drop((second, again));
+    gw.stop().await;
+}

@@ -132,7 +132,7 @@ impl CallContext {
     /// Whose a request from `server` is: the agent of every call on it now (if they
     /// are all one agent's), the call (if there is one only), and whether calls of
     /// several agents are on it (then it is no one agent's). A request of no call on
-    /// it (a listing, an embedder's own) counts as another agent's.
+    /// it (an embedder's own; not a listing) counts as another agent's.
     pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>, bool) {
         let unowned = self.has_unowned_requests(server);
         let on = self.on_servers.lock();

@@ -92,8 +92,12 @@ fn sse_frame(message: &Message) -> Bytes {
     Bytes::from(frame)
 }
 
-/// A response body fed by a channel: one SSE frame per message.
-struct ChannelBody(mpsc::Receiver<Bytes>);
+/// A response body fed by a channel: one SSE frame per message; a long-lived stream
+/// holds one of [`State::streams`] until its body is dropped.
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
 
 impl Body for ChannelBody {
     type Data = Bytes;
@@ -102,14 +106,26 @@ impl Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0
+        self.rx
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
     }
 }
 
 fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
-    let mut r = hyper::Response::new(ChannelBody(rx).boxed());
+    sse_stream(rx, None)
+}
+
+/// [`sse_response`] for a stream that may stay open for as long as its client likes.
+fn sse_stream(
+    rx: mpsc::Receiver<Bytes>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> HttpResponse {
+    let body = ChannelBody {
+        rx,
+        _permit: permit,
+    };
+    let mut r = hyper::Response::new(body.boxed());
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/event-stream"),
@@ -175,12 +191,23 @@ struct State {
     listens: Mutex<HashMap<Principal, usize>>,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
+    /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
+    /// `max_streams` (default half of [`MAX_CONNECTIONS`]), so that clients that open
+    /// them and never read cannot take every connection from those that make requests.
+    streams: Arc<tokio::sync::Semaphore>,
+}
+
+impl State {
+    /// A place for one more long-lived stream, if there is one.
+    fn stream_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.streams.clone().try_acquire_owned().ok()
+    }
 }
 
 /// Subscriptions one principal may hold open at once.
 pub(crate) const MAX_LISTENS_PER_PRINCIPAL: usize = 16;
-/// The longest the `Mcp-Param-*` check may take before the call goes on unchecked (it
-/// then meets its own deadline).
+/// The longest the `Mcp-Param-*` check may take; past it a call that carries such
+/// headers is refused (504), one that carries none goes on.
 const PARAM_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle subscription stream is written to.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -194,6 +221,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), super::GatewayError> {
     let local = listener.local_addr()?.to_string();
+    let max_streams = gateway.config().max_streams;
     let state = Arc::new(State {
         gateway,
         local,
@@ -202,6 +230,7 @@ pub async fn serve(
         next_request: AtomicU64::new(1),
         listens: Mutex::default(),
         closing: CancelToken::new(),
+        streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
     });
     let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -398,6 +427,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
 
 fn open_stream(state: &State, id: &str, principal: &Principal) -> HttpResponse {
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let Some(permit) = state.stream_permit() else {
+        return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
+    };
     let mut sessions = state.sessions.lock();
     match live_session(
         &mut sessions,
@@ -411,7 +443,7 @@ fn open_stream(state: &State, id: &str, principal: &Principal) -> HttpResponse {
                 session.streams.remove(0);
             }
             session.streams.push(tx);
-            sse_response(rx)
+            sse_stream(rx, Some(permit))
         }
         None => full(StatusCode::NOT_FOUND, "", "unknown session"),
     }
@@ -579,14 +611,22 @@ async fn post(
                     .map(String::from)
             };
             // Bounded: the check reads the tool's schema (cached, or one listing).
+            let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
             let check = state
                 .gateway
-                .check_param_headers(&principal, &request, param);
+                .check_param_headers(&principal, &request, param, sent);
             match tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e),
-                // Unchecked is not let through: something in front of the gateway may
-                // have acted on headers that the body does not bear out.
+                Ok(Err(e)) if e.code == HEADER_MISMATCH => {
+                    return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+                }
+                Ok(Err(e)) => {
+                    return error_reply(StatusCode::SERVICE_UNAVAILABLE, Some(request.id), e);
+                }
+                // Headers unchecked are not let through: something in front of the
+                // gateway may have acted on them. Without any, the call goes on (a
+                // server slow to start still gets its first calls).
+                Err(_) if !sent => {}
                 Err(_) => {
                     let e = RpcError::new(
                         INTERNAL_ERROR,
@@ -704,6 +744,13 @@ impl Drop for ListenSlot {
 /// tool list changes of servers the principal may use, each tagged with the listen's
 /// id; it ends when the client closes it or, at shutdown, with its final result.
 fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> HttpResponse {
+    let Some(permit) = state.stream_permit() else {
+        return error_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(request.id),
+            RpcError::new(-32000, "too many streams open on this gateway"),
+        );
+    };
     {
         let mut listens = state.listens.lock();
         let n = listens.entry(principal.clone()).or_default();
@@ -753,7 +800,7 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
         }
         let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
     });
-    sse_response(rx)
+    sse_stream(rx, Some(permit))
 }
 
 /// `notifications/cancelled` cancels the request it names, if it is this principal's.

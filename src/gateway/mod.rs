@@ -85,6 +85,10 @@ pub struct GatewayConfig {
     /// Requests of one principal in flight at once; past it they are refused.
     #[serde(default = "default_per_principal")]
     pub max_in_flight_per_principal: usize,
+    /// Long-lived streams (legacy GET streams, `subscriptions/listen`) open at once,
+    /// every principal's together; past it a new one is refused (503). Read at start.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
     /// How long a sealed `requestState` stays valid.
     #[serde(default = "default_state_ttl", with = "duration")]
     pub state_ttl: Duration,
@@ -122,6 +126,11 @@ fn default_max_body() -> usize {
 fn default_per_principal() -> usize {
     64
 }
+/// Half the HTTP listener's 1,024 connections: clients that hold streams open and never
+/// read cannot take them all from clients that make requests.
+fn default_max_streams() -> usize {
+    512
+}
 fn default_state_ttl() -> Duration {
     Duration::from_secs(600)
 }
@@ -145,6 +154,7 @@ impl Default for GatewayConfig {
             allowed_hosts: Vec::new(),
             max_body_bytes: default_max_body(),
             max_in_flight_per_principal: default_per_principal(),
+            max_streams: default_max_streams(),
             state_ttl: default_state_ttl(),
             keys_file: None,
             page_size: default_page_size(),
@@ -687,12 +697,16 @@ impl Gateway {
 
     /// For a `tools/call` over HTTP: each argument whose schema names an `x-mcp-header`
     /// must be repeated in its `Mcp-Param-*` header (-32020 otherwise), as a 2026-07-28
-    /// server checks. `header` reads a request header by its lower-case name.
+    /// server checks. `header` reads a request header by its lower-case name. When the
+    /// schema cannot be read (its server is restarting, say), a request that carries
+    /// `Mcp-Param-*` headers (`sent`) is refused: something in front of the gateway may
+    /// have acted on them; one that carries none goes on (nothing acted on it).
     pub async fn check_param_headers(
         &self,
         principal: &Principal,
         request: &Request,
         header: impl Fn(&str) -> Option<String>,
+        sent: bool,
     ) -> Result<(), RpcError> {
         if request.method != "tools/call" {
             return Ok(());
@@ -704,14 +718,25 @@ impl Gateway {
             return Ok(());
         };
         let name = self.now().names.resolve(served);
-        // A tool the caller cannot reach is the call's error, not the headers'.
-        let Ok(tool) = self
+        let tool = match self
             .inner
             .harness
             .get_tool_schema(&Self::caller(principal), &name)
             .await
-        else {
-            return Ok(());
+        {
+            Ok(tool) => tool,
+            // A tool the caller cannot reach is the call's error, not the headers'.
+            Err(CallError::Denied { .. } | CallError::NoRoute { .. }) => return Ok(()),
+            Err(_) if !sent => return Ok(()),
+            Err(e) => {
+                return Err(RpcError::new(
+                    INTERNAL_ERROR,
+                    format!(
+                        "the tool's schema could not be read to check its Mcp-Param headers: {}",
+                        one_line(&e.to_string(), 200)
+                    ),
+                ));
+            }
         };
         let schema = tool
             .definition

@@ -53,11 +53,16 @@ impl Pipe {
 
     /// A notification, dropped when the client has not read what is already queued.
     fn notify(&self, notification: Notification) {
+        self.notify_message(&Message::Notification(notification));
+    }
+
+    /// [`Pipe::notify`] for a notification already made.
+    fn notify_message(&self, message: &Message) {
         if self.queued.load(Ordering::Relaxed) > MAX_QUEUED_NOTICES {
-            tracing::debug!(method = %notification.method, "stdio client not reading; notification dropped");
+            tracing::debug!("stdio client not reading; notification dropped");
             return;
         }
-        self.send(&Message::Notification(notification));
+        self.send(message);
     }
 }
 
@@ -335,7 +340,7 @@ async fn listen(
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 };
                 if tools && concerns {
-                    pipe.send(&Gateway::listen_changed(&request.id));
+                    pipe.notify_message(&Gateway::listen_changed(&request.id));
                 }
             }
             // The client ended it: nothing more is sent for it.

@@ -62,7 +62,7 @@ pub(crate) struct ServerShared {
     pub(super) offers: RwLock<Option<Offers>>,
     pub(super) actor: RwLock<Option<ActorRef<ServerMsg>>>,
     in_flight: AtomicUsize,
-    /// Requests of no call (a listing, an embedder's own request) now on a legacy
+    /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
     unowned: AtomicUsize,
@@ -186,7 +186,9 @@ impl ServerRef {
     /// in the actor's queue (with a copy of them) for the (re)start, up to its deadline.
     ///
     /// A request of no call: while it is on a legacy connection, that server's own
-    /// requests are no known call's (see [`ServerRef::has_unowned_requests`]).
+    /// requests are no known call's (see [`ServerRef::has_unowned_requests`]), unless it
+    /// is a listing or a ping (a server does not ask its questions during those, and the
+    /// harness re-lists on its own whenever a server says its lists changed).
     ///
     /// # Cancel safety
     /// Dropping the future cancels the request (on the server too, once sent).
@@ -205,8 +207,12 @@ impl ServerRef {
             capabilities,
             identity,
         };
-        self.request_noting(outgoing, || Slot::count(&self.0.unowned))
-            .await
+        // A listing is not what a server asks its questions during.
+        let listing = method.ends_with("/list") || method == "ping";
+        self.request_noting(outgoing, || {
+            (!listing).then(|| Slot::count(&self.0.unowned))
+        })
+        .await
     }
 
     /// Whether requests of no call are on a legacy connection of this server (or

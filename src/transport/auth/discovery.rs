@@ -75,13 +75,20 @@ fn is_internal(url: &Url) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(ip)) => v4(ip),
         Some(url::Host::Ipv6(ip)) => {
-            let first = ip.segments()[0];
+            let s = ip.segments();
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
             ip.is_loopback()
                 || ip.is_unspecified()
                 // Unique local (fc00::/7) and link-local (fe80::/10).
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-                || ip.to_ipv4_mapped().is_some_and(v4)
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                // IPv4-mapped and IPv4-compatible (::a.b.c.d).
+                || ip.to_ipv4().is_some_and(v4)
+                // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address too.
+                || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && v4(embedded(s[6], s[7])))
+                || (s[0] == 0x2002 && v4(embedded(s[1], s[2])))
         }
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
@@ -302,6 +309,9 @@ mod tests {
             "https://[fd00::1]/",
             "https://[fe80::1]/",
             "https://[::ffff:10.0.0.1]/",
+            "https://[::10.0.0.1]/",
+            "https://[64:ff9b::a00:1]/",
+            "https://[2002:a00:1::1]/",
         ] {
             assert!(checked_url(inside, &s).is_err(), "{inside}");
         }

@@ -184,23 +184,41 @@ const MAX_SCOPES: usize = 64;
 /// The longest scope kept.
 const MAX_SCOPE_BYTES: usize = 256;
 
-/// Adds the scopes not there yet, up to [`MAX_SCOPES`]; a scope that is not a
-/// scope-token (RFC 6749 section 3.3) or is too long is left out.
 fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
-    let token = |s: &str| {
-        !s.is_empty()
-            && s.len() <= MAX_SCOPE_BYTES
-            && s.bytes()
-                .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
-    };
     for s in more {
-        if into.len() >= MAX_SCOPES {
-            tracing::warn!("a server named more scopes than are kept; the rest are left out");
-            return;
-        }
-        if token(&s) && !into.contains(&s) {
+        if !into.contains(&s) {
             into.push(s);
         }
+    }
+}
+
+/// Whether a scope a server named is a scope-token (RFC 6749 section 3.3) of a sane
+/// length.
+fn scope_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_SCOPE_BYTES
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+}
+
+/// Adds to the scopes kept for one identity those of the refusal now answered,
+/// well-formed ones only, in order; past [`MAX_SCOPES`] the oldest go, never the newest
+/// (a server that names new ones in every refusal cannot grow it).
+fn remember(kept: &mut Vec<String>, newest: Vec<String>) {
+    let newest: Vec<String> = newest
+        .into_iter()
+        .filter(|s| scope_token(s))
+        .take(MAX_SCOPES)
+        .collect();
+    union(kept, newest.iter().cloned());
+    let mut excess = kept.len().saturating_sub(MAX_SCOPES);
+    if excess > 0 {
+        tracing::warn!("a server named more scopes than are kept; the oldest are left out");
+        kept.retain(|s| {
+            let drop = excess > 0 && !newest.contains(s);
+            excess -= usize::from(drop);
+            !drop
+        });
     }
 }
 
@@ -431,17 +449,19 @@ impl SignIn {
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
-            if d.as_ref().is_some_and(|d| rm != d.from.as_str()) && step_up {
+            let same = |d: &Discovered| Url::parse(rm).is_ok_and(|u| u == d.from);
+            if d.as_ref().is_some_and(|d| !same(d)) && step_up {
                 *d = None;
             }
         }
         {
             let mut asked = self.asked.lock();
             let entry = asked.entry(identity.map(String::from)).or_default();
+            let mut newest = challenge.scopes();
             if step_up && let Some(t) = &current {
-                union(entry, t.scopes.clone());
+                union(&mut newest, t.scopes.clone());
             }
-            union(entry, challenge.scopes());
+            remember(entry, newest);
         }
         if !step_up
             && let Some(t) = &current
@@ -649,10 +669,10 @@ impl SignIn {
             .cloned()
             .unwrap_or_default();
         if scopes.is_empty() {
-            scopes = challenge.scopes();
+            remember(&mut scopes, challenge.scopes());
         }
         if scopes.is_empty() {
-            scopes = d.resource.scopes_supported.clone();
+            remember(&mut scopes, d.resource.scopes_supported.clone());
         }
         union(&mut scopes, self.config.scopes.clone());
         if self.config.grant == GrantKind::AuthorizationCode
@@ -1103,21 +1123,23 @@ mod tests {
     #[test]
     fn scopes_a_server_names_are_kept_bounded_and_well_formed() {
         let mut asked = vec!["read".to_string()];
-        union(
-            &mut asked,
-            [
-                "read",
-                "write",
-                "bad scope",
-                "quote\"d",
-                "",
-                &"x".repeat(300),
-            ]
-            .map(String::from),
-        );
+        let named = [
+            "write",
+            "read",
+            "bad scope",
+            "quote\"d",
+            "",
+            &"x".repeat(300),
+        ];
+        remember(&mut asked, named.map(String::from).to_vec());
         assert_eq!(asked, ["read", "write"]);
-        union(&mut asked, (0..10_000).map(|i| format!("s{i}")));
+        remember(&mut asked, (0..10_000).map(|i| format!("s{i}")).collect());
         assert_eq!(asked.len(), MAX_SCOPES);
+        // The newest refusal's scope is always kept; the oldest go.
+        remember(&mut asked, vec!["admin".into()]);
+        assert_eq!(asked.last().map(String::as_str), Some("admin"));
+        assert_eq!(asked.len(), MAX_SCOPES);
+        assert!(!asked.contains(&"read".to_string()));
     }
 
     #[test]

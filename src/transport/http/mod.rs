@@ -206,7 +206,8 @@ impl HttpTransport {
 
     /// Sends a request as `identity` (an auth context; `None` for the connection's own
     /// requests) and reads its reply; a refusal signs in (see the module docs) and
-    /// retries. The tries, and the refresh of a token before one, share `timeout`; a
+    /// retries. The tries, and the refresh of a token before one, share `timeout` (a
+    /// refresh under way is let finish, so it may overrun by its own limit); a
     /// sign-in between them has its own limits (a person may be signing in), so a
     /// server that holds each try to its deadline and then refuses it gets one
     /// deadline in all, not one per try.
@@ -230,11 +231,18 @@ impl HttpTransport {
             }
             let started = Instant::now();
             let request = RequestRef { id: &id, ..request };
-            let sent = tokio::time::timeout(left, self.sign_in.bearer(identity))
+            // A refresh is never cut off halfway (a rotated refresh token would be
+            // lost with it); its time counts against the tries'.
+            let sent = self
+                .sign_in
+                .bearer(identity)
                 .await
-                .map_err(|_| TransportError::Timeout(timeout))?
                 .map_err(TransportError::Auth)?;
-            let tried = self.try_request(request, stamp, left, identity).await;
+            let budget = left.saturating_sub(started.elapsed());
+            if budget.is_zero() {
+                return Err(TransportError::Timeout(timeout));
+            }
+            let tried = self.try_request(request, stamp, budget, identity).await;
             left = left.saturating_sub(started.elapsed());
             match tried {
                 Err(TransportError::Unauthorized {
@@ -332,8 +340,7 @@ impl HttpTransport {
                 match self.exchange(request, stamp, &extra, identity).await {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
-                            let first = request.params.is_none_or(|p| p.get("cursor").is_none());
-                            self.params.absorb(&self.server, &mut result, first);
+                            self.params.absorb(&self.server, &mut result);
                         }
                         return Ok(Ok(result));
                     }
@@ -414,8 +421,7 @@ impl HttpTransport {
             else {
                 return;
             };
-            self.params
-                .absorb(&self.server, &mut page, cursor.is_none());
+            self.params.absorb(&self.server, &mut page);
             match pager.next(&page) {
                 Some(next) => cursor = Some(next),
                 None => return,

@@ -13,6 +13,9 @@ use serde_json::Value;
 use super::headers::{ParamHeader, param_headers, param_value};
 use crate::protocol::RequestRef;
 
+/// The most tools whose annotations one connection keeps (real servers list dozens).
+const MAX_ANNOTATED_TOOLS: usize = 10_000;
+
 /// What one connection knows of its server's `x-mcp-header` annotations.
 #[derive(Default)]
 pub(super) struct ParamTable {
@@ -63,18 +66,22 @@ impl ParamTable {
     }
 
     /// Reads one `tools/list` page: remembers each tool's annotations and drops the tools
-    /// whose annotations are invalid, with a warning. A `first` page (no cursor) starts
-    /// the table afresh, so that it holds one listing's tools, not every name the
-    /// server ever listed.
-    pub(super) fn absorb(&self, server: &str, page: &mut Value, first: bool) {
+    /// whose annotations are invalid, with a warning. The table holds at most
+    /// [`MAX_ANNOTATED_TOOLS`] names: a server listing new names all the time has it
+    /// start afresh (its calls then relearn on -32020) instead of growing it forever.
+    pub(super) fn absorb(&self, server: &str, page: &mut Value) {
         self.mark_listed();
-        let mut table = self.table.write();
-        if first {
-            table.clear();
-        }
         let Some(tools) = page.get_mut("tools").and_then(Value::as_array_mut) else {
             return;
         };
+        let mut table = self.table.write();
+        if table.len() + tools.len() > MAX_ANNOTATED_TOOLS {
+            tracing::warn!(
+                server,
+                "more annotated tools than are kept; the table starts afresh"
+            );
+            table.clear();
+        }
         tools.retain(|tool| {
             let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
             let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
@@ -109,16 +116,16 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_from_its_first_page_replaces_what_the_table_held() {
+    fn the_table_keeps_every_page_and_never_grows_past_its_bound() {
         let table = ParamTable::default();
-        table.absorb("s", &mut json!({"tools": [tool("a"), tool("b")]}), true);
-        table.absorb("s", &mut json!({"tools": [tool("c")]}), false);
+        table.absorb("s", &mut json!({"tools": [tool("a"), tool("b")]}));
+        table.absorb("s", &mut json!({"tools": [tool("c")]}));
         assert_eq!(table.table.read().len(), 3, "later pages add");
-        // A server listing new names every time leaves one listing's worth.
-        for round in 0..100 {
-            let page = json!({"tools": [tool(&format!("t{round}"))]});
-            table.absorb("s", &mut page.clone(), true);
+        // A server listing new names every time.
+        for round in 0..MAX_ANNOTATED_TOOLS / 100 + 5 {
+            let tools: Vec<Value> = (0..100).map(|i| tool(&format!("t{round}-{i}"))).collect();
+            table.absorb("s", &mut json!({ "tools": tools }));
+            assert!(table.table.read().len() <= MAX_ANNOTATED_TOOLS);
         }
-        assert_eq!(table.table.read().keys().collect::<Vec<_>>(), ["t99"]);
     }
 }
