@@ -296,15 +296,7 @@ async fn a_call_that_waits_through_a_restart_onto_a_legacy_connection_owns_its_q
     .await;
     let status = h.server_status("s").expect("status");
     assert_eq!(status.protocol_version.as_deref(), Some("2026-07-28"));
-    sigkill(status.pid.expect("pid"));
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            h.server_status("s")
-                .is_some_and(|s| s.state != mcp_harness::ServerState::Ready)
-        })
-        .await,
-        "the harness saw the server go"
-    );
+    kill_and_see_it_go(&h).await;
     let result = h
         .call_tool(
             &Caller::agent("a"),
@@ -357,6 +349,27 @@ async fn kill_and_see_it_go(h: &mcp_harness::HarnessHandle) {
     );
 }
 
+/// A call of `agent` to server `s`'s `slow` tool that lasts, spawned, once its request
+/// has reached the server (as its `--record` file shows).
+async fn slow_call_on_the_server(
+    h: &mcp_harness::HarnessHandle,
+    agent: &str,
+    record: &std::path::PathBuf,
+) -> tokio::task::JoinHandle<Result<serde_json::Value, CallError>> {
+    let call = tokio::spawn(h.call_tool(
+        &Caller::agent(agent),
+        "s__slow",
+        json!({"ms": 30_000, "text": agent}),
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || calls_recorded(record, "slow")
+            == 1)
+        .await,
+        "the request reached the server"
+    );
+    call
+}
+
 // A call cancelled while its request waits in the server's queue for a restart is
 // not sent to the new process: run for nobody, it would reach a legacy connection
 // unnoted, and the server's questions during it would be taken for another call's.
@@ -396,17 +409,7 @@ async fn a_call_released_from_the_queue_is_cancelled_on_the_server_when_dropped(
     let record = temp_file("released-cancel");
     let h = start_ready(recorded_legacy_server(&record, Duration::from_millis(500))).await;
     kill_and_see_it_go(&h).await;
-    let call = tokio::spawn(h.call_tool(
-        &Caller::agent("a"),
-        "s__slow",
-        json!({"ms": 30_000, "text": "slow"}),
-    ));
-    assert!(
-        eventually(Duration::from_secs(10), || calls_recorded(&record, "slow")
-            == 1)
-        .await,
-        "the queued request reached the new process"
-    );
+    let call = slow_call_on_the_server(&h, "a", &record).await;
     call.abort();
     let id = recorded(&record)
         .into_iter()
@@ -438,16 +441,7 @@ async fn a_question_while_a_request_of_no_call_is_on_the_server_is_no_agents() {
         Harness::builder(config).input_handler("elicitation/create", recording.clone()),
     )
     .await;
-    let other = tokio::spawn(h.call_tool(
-        &Caller::agent("b"),
-        "s__slow",
-        json!({"ms": 30_000, "text": "b's"}),
-    ));
-    assert!(
-        eventually(Duration::from_secs(10), || calls_recorded(&record, "slow")
-            == 1)
-        .await
-    );
+    let other = slow_call_on_the_server(&h, "b", &record).await;
     let own = h
         .request(
             "s",
