@@ -402,6 +402,17 @@ impl SignIn {
         }
     }
 
+    /// Whether a kept token may be refreshed where it was issued: by the pinned issuer
+    /// (if one is set) and at a token endpoint today's URL rules accept (a token kept
+    /// before a rule was added, or before the pin, is held to it too).
+    fn still_trusted(&self, token: &Token) -> bool {
+        self.config
+            .issuer
+            .as_ref()
+            .is_none_or(|wanted| *wanted == token.issuer)
+            && discovery::checked_url(&token.token_endpoint, &self.url).is_ok()
+    }
+
     /// A refresh, or a new client-credentials token: what needs no person.
     async fn renew_quietly(
         &self,
@@ -414,6 +425,11 @@ impl SignIn {
         let Some(refresh) = token.refresh_token.clone() else {
             return Ok(None);
         };
+        if !self.still_trusted(token) {
+            tracing::info!(server = %self.server, "a kept token's authorization server is not one sign-in would use now; signing in again");
+            self.forget(identity);
+            return Ok(None);
+        }
         match self.refresh(identity, token, &refresh).await {
             Ok(t) => Ok(Some(t)),
             Err(e) => match &e.failure {
@@ -1119,6 +1135,36 @@ impl SignIn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_token_is_refreshed_only_where_sign_in_would_go_now() {
+        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
+        let config = OAuthConfig {
+            issuer: Some("https://idp.example".into()),
+            ..OAuthConfig::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in =
+            SignIn::new("s", &url, config, SignInContext::default(), tls).expect("sign-in");
+        let token = |issuer: &str, endpoint: &str| Token {
+            access_token: "a".into(),
+            refresh_token: Some("r".into()),
+            expires_at_ms: None,
+            scopes: Vec::new(),
+            issuer: issuer.into(),
+            token_endpoint: endpoint.into(),
+            client: ClientIdentity {
+                client_id: "c".into(),
+                client_secret: None,
+                auth: ClientAuth::None,
+            },
+        };
+        assert!(sign_in.still_trusted(&token("https://idp.example", "https://idp.example/token")));
+        assert!(
+            !sign_in.still_trusted(&token("https://evil.example", "https://evil.example/token"))
+        );
+        assert!(!sign_in.still_trusted(&token("https://idp.example", "https://10.0.0.1/token")));
+    }
 
     #[test]
     fn scopes_a_server_names_are_kept_bounded_and_well_formed() {

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::util::hash::sha256_hex;
 
 /// Which token: one per server, resource and auth context. The issuer is in the
-/// [`Token`]; a token whose issuer is not the server's current one is not used.
+/// [`Token`]; a token is refreshed only by the issuer `auth.issuer` pins (if set) and at
+/// a token endpoint sign-in would accept now, else it is forgotten and sign-in runs
+/// again.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TokenKey {
     /// The server's id.
