@@ -1953,3 +1953,60 @@ async fn long_lived_streams_stay_within_their_budget_and_requests_still_get_thro
     drop((second, again));
     gw.stop().await;
 }
+
+// A client that sends requests and never reads what comes back is cut off once the
+// gateway's writes have made no progress for `write_timeout`: it does not hold its
+// connection (and the calls on it) until TCP gives up. Others are served meanwhile.
+#[tokio::test]
+async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new(r#"write_timeout = "1s""#, &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let authority = gw
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    // Small buffers on the client's side, so that the gateway's writes stall soon.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    socket.set_send_buffer_size(4096).expect("sndbuf");
+    let stream = socket
+        .connect(authority.parse().expect("address"))
+        .await
+        .expect("connect");
+    let (_unread, mut write) = stream.into_split();
+    // Pipelined calls whose answers (1 MB each) are far more than the kernel buffers.
+    let body = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(1 << 20)}}),
+    )
+    .to_string();
+    let one = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: {MODERN}\r\n\
+         mcp-method: tools/call\r\nmcp-name: alpha__echo\r\nauthorization: Bearer tok-a\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // The writes block once the gateway stops reading; they end when it closes.
+    let writer = tokio::spawn(async move {
+        for _ in 0..64 {
+            write.write_all(one.as_bytes()).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let (status, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "others are served: {list}");
+    let ended = tokio::time::timeout(Duration::from_secs(60), writer)
+        .await
+        .expect("the gateway closes a connection that does not read within a minute")
+        .expect("writer task");
+    assert!(
+        ended.is_err(),
+        "the connection was closed under the client's writes, not served to the end"
+    );
+    let (status, list) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    gw.stop().await;
+}

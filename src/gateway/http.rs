@@ -222,6 +222,7 @@ pub async fn serve(
 ) -> Result<(), super::GatewayError> {
     let local = listener.local_addr()?.to_string();
     let max_streams = gateway.config().max_streams;
+    let write_timeout = gateway.config().write_timeout;
     let state = Arc::new(State {
         gateway,
         local,
@@ -240,6 +241,11 @@ pub async fn serve(
         super::side::accept("mcp", &listener, &connections, &mut shutdown).await
     {
         let _ = stream.set_nodelay(true);
+        // A client that stops reading would hold the connection (and the calls on it)
+        // until TCP gives up, minutes later; a write that makes no progress for
+        // `write_timeout` fails instead, and hyper closes the connection.
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(write_timeout));
         let service_state = state.clone();
         let service = hyper::service::service_fn(move |req| {
             let state = service_state.clone();
@@ -248,7 +254,7 @@ pub async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(HEADER_TIMEOUT)
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            .serve_connection(hyper_util::rt::TokioIo::new(Box::pin(stream)), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;

@@ -89,6 +89,10 @@ pub struct GatewayConfig {
     /// every principal's together; past it a new one is refused (503). Read at start.
     #[serde(default = "default_max_streams")]
     pub max_streams: usize,
+    /// How long a connection may go without taking any of what the gateway writes to
+    /// it; past it the connection is closed (its calls cancelled). Read at start.
+    #[serde(default = "default_write_timeout", with = "duration")]
+    pub write_timeout: Duration,
     /// How long a sealed `requestState` stays valid.
     #[serde(default = "default_state_ttl", with = "duration")]
     pub state_ttl: Duration,
@@ -131,6 +135,12 @@ fn default_per_principal() -> usize {
 fn default_max_streams() -> usize {
     512
 }
+/// Past a stream's 15 s keep-alive, so that an idle reader is never cut off, and short
+/// enough that a client that stops reading gives its connection back in well under
+/// TCP's own minutes.
+fn default_write_timeout() -> Duration {
+    Duration::from_secs(30)
+}
 fn default_state_ttl() -> Duration {
     Duration::from_secs(600)
 }
@@ -155,6 +165,7 @@ impl Default for GatewayConfig {
             max_body_bytes: default_max_body(),
             max_in_flight_per_principal: default_per_principal(),
             max_streams: default_max_streams(),
+            write_timeout: default_write_timeout(),
             state_ttl: default_state_ttl(),
             keys_file: None,
             page_size: default_page_size(),
@@ -189,6 +200,12 @@ impl GatewayConfig {
         if config.page_size == 0 || config.max_in_flight_per_principal == 0 {
             return Err(GatewayError::Config(
                 "gateway: page_size and max_in_flight_per_principal must be at least 1".into(),
+            ));
+        }
+        if config.write_timeout.is_zero() {
+            // Every write that waits at all would close its connection.
+            return Err(GatewayError::Config(
+                "gateway.write_timeout must be more than zero".into(),
             ));
         }
         Ok(config)
