@@ -59,9 +59,9 @@ fn is_loopback(url: &Url) -> bool {
     }
 }
 
-/// Whether a URL names this machine or a private, link-local or unspecified address
-/// (by its literal host: a name that resolves to one is not caught here).
-fn is_internal(url: &Url) -> bool {
+/// Whether an address is this machine's, or a private, link-local, shared (carrier
+/// NAT) or unspecified one, IPv4 forms carried in IPv6 included.
+pub(crate) fn is_internal_ip(ip: std::net::IpAddr) -> bool {
     let v4 = |ip: std::net::Ipv4Addr| {
         let [a, b, ..] = ip.octets();
         ip.is_loopback()
@@ -72,9 +72,9 @@ fn is_internal(url: &Url) -> bool {
             // Carrier-grade NAT (RFC 6598).
             || (a == 100 && (64..128).contains(&b))
     };
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => v4(ip),
-        Some(url::Host::Ipv6(ip)) => {
+    match ip {
+        std::net::IpAddr::V4(ip) => v4(ip),
+        std::net::IpAddr::V6(ip) => {
             let s = ip.segments();
             let embedded = |hi: u16, lo: u16| {
                 std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
@@ -90,6 +90,15 @@ fn is_internal(url: &Url) -> bool {
                 || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && v4(embedded(s[6], s[7])))
                 || (s[0] == 0x2002 && v4(embedded(s[1], s[2])))
         }
+    }
+}
+
+/// Whether a URL names this machine or an internal address by its literal host. A name
+/// that resolves to one is caught when it is resolved ([`super::resolve`]).
+pub(crate) fn is_internal(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => is_internal_ip(ip.into()),
+        Some(url::Host::Ipv6(ip)) => is_internal_ip(ip.into()),
         Some(url::Host::Domain(d)) => {
             let d = d.trim_end_matches('.').to_ascii_lowercase();
             d == "localhost" || d.ends_with(".localhost")

@@ -21,6 +21,7 @@ pub mod authorizer;
 mod challenge;
 mod discovery;
 mod error;
+mod resolve;
 pub mod store;
 
 use std::collections::HashMap;
@@ -292,12 +293,16 @@ impl SignIn {
         ctx: SignInContext,
         tls: rustls::ClientConfig,
     ) -> Result<SignIn, String> {
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(tls)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| e.to_string())?;
+            .timeout(Duration::from_secs(30));
+        // A server named by its address is checked by that address (`checked_url`); one
+        // named by a host name has the names its sign-in reaches checked as resolved.
+        if let (Some(url::Host::Domain(host)), false) = (url.host(), discovery::is_internal(url)) {
+            http = http.dns_resolver(Arc::new(resolve::SignInResolver::new(host)));
+        }
+        let http = http.build().map_err(|e| e.to_string())?;
         Ok(SignIn {
             server: server.to_string(),
             url: url.clone(),
