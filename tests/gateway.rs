@@ -2010,3 +2010,70 @@ async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
     assert_eq!(status, 200, "{list}");
     gw.stop().await;
 }
+
+// A stdio client that stops reading while a server floods progress: the gateway keeps
+// at most 4 MiB of notifications for it and drops the rest (the queue grew without
+// bound), and the call's answer still arrives once the client reads again.
+#[tokio::test]
+async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_answer() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    // 3,000 updates of 4 KiB, paced so that the harness's own progress path (which
+    // drops what its caller cannot take at once) keeps up: 12 MiB, three times the budget.
+    const STEPS: u64 = 3_000;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut call = request(
+        "tools/call",
+        json!({"name": "alpha__progress", "arguments": {"steps": STEPS, "message_bytes": 4096, "pause_every": 8}}),
+    );
+    call["params"]["_meta"]["progressToken"] = json!("flood");
+    stdin
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .expect("write");
+    // Not read until the call is over (its `finished` record is written).
+    assert!(
+        eventually(Duration::from_secs(120), || setup.audit_counts().1 >= 1).await,
+        "the call finishes while its client is not reading"
+    );
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let (mut progress, mut bytes, mut answer) = (0u64, 0usize, None);
+    while answer.is_none() {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the answer comes")
+            .expect("read")
+            .expect("a line before the end");
+        let message: Value = serde_json::from_str(&line).expect("JSON");
+        if message["method"] == "notifications/progress" {
+            assert_eq!(message["params"]["progressToken"], "flood", "{message}");
+            progress += 1;
+            bytes += line.len() + 1;
+        } else {
+            answer = Some(message);
+        }
+    }
+    let answer = answer.unwrap_or_default();
+    assert_eq!(
+        result_text(&answer),
+        format!("{STEPS} steps done"),
+        "{answer}"
+    );
+    assert!(progress > 0, "notifications up to the budget go out");
+    // 4 MiB queued, plus what the pipe and the writer's one burst (1 MiB) held.
+    assert!(
+        progress < STEPS && bytes < 6 << 20,
+        "{progress} notifications, {bytes} bytes: past 4 MiB unread they are dropped"
+    );
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+}

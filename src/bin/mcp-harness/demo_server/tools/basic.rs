@@ -62,7 +62,7 @@ pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
         tool(
             "progress",
             "Sends progress notifications, then answers",
-            json!({"steps": i("how many")}),
+            json!({"steps": i("how many"), "message_bytes": i("a message this long on each"), "pause_every": i("a 1 ms pause after this many")}),
             &[],
         ),
         tool(
@@ -151,12 +151,23 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 .and_then(|m| m.get("progressToken"))
                 .cloned();
             let steps = arg(request, "steps").and_then(Value::as_u64).unwrap_or(3);
+            // A `message` of this many bytes on each update, and a millisecond's pause
+            // after every `pause_every` updates: a flood a client can keep up with.
+            let message = arg(request, "message_bytes")
+                .and_then(Value::as_u64)
+                .map(|n| "m".repeat(n.min(1 << 20) as usize));
+            let pause_every = arg(request, "pause_every").and_then(Value::as_u64);
             if let Some(token) = token {
                 for step in 1..=steps {
-                    ctx.peer.notify(
-                        "notifications/progress",
-                        json!({"progressToken": token, "progress": step, "total": steps}),
-                    );
+                    let mut update =
+                        json!({"progressToken": token, "progress": step, "total": steps});
+                    if let Some(m) = &message {
+                        update["message"] = json!(m);
+                    }
+                    ctx.peer.notify("notifications/progress", update);
+                    if pause_every.is_some_and(|every| every > 0 && step % every == 0) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                 }
             }
             reply(text(format!("{steps} steps done")))
