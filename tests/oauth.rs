@@ -431,6 +431,45 @@ async fn scopes_come_from_the_challenge_else_the_metadata_and_a_step_up_asks_for
     h.shutdown().await;
 }
 
+// A server that holds each try near the request's deadline and then refuses it: the
+// tries share the one deadline (they had one each: two step-ups made three deadlines).
+#[tokio::test]
+async fn tries_that_a_server_holds_and_refuses_share_one_deadline() {
+    let w = World::new(
+        &["--client", "pre", "--deny-scope", "mcp:write"],
+        &[
+            "--oauth-tool-scope",
+            "echo=mcp:write",
+            "--oauth-refusal-delay-ms",
+            "800",
+        ],
+    )
+    .await;
+    let mut server = w.server(registered("pre"));
+    server.timeout = Duration::from_secs(2);
+    let h = w.harness_with(vec![server]).await;
+    ready(&h).await;
+    // Two tries of 800 ms leave 400 ms for the third, which the server holds for 800.
+    let e = h
+        .call_tool(&Caller::agent("a"), "web__echo", json!({"text": "x"}))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            &e,
+            CallError::Server(ServerError::Transport { source: TransportError::Timeout(t), .. })
+                if *t == Duration::from_secs(2)
+        ),
+        "the deadline ends it before the step-ups run out: {e:?}"
+    );
+    assert_eq!(
+        w.at("authorize").len(),
+        1 + 2,
+        "the first sign-in and a step-up after each of the two refused tries"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated() {
     // Tokens live 31 s and are refreshed 30 s before they expire: after a second, every

@@ -357,6 +357,9 @@ async fn post(
         Message::Response(_) => return full(StatusCode::ACCEPTED, "", ""),
     };
     if let Some(refusal) = tool_scope_refusal(&state, &request, &headers) {
+        if let Some(ms) = state.server.args.oauth_refusal_delay_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         return refusal;
     }
     let era = state.server.args.era;

@@ -180,6 +180,10 @@ pub struct DemoServerArgs {
     /// `TOOL=SCOPE`: a tool that also needs this scope (a 403 `insufficient_scope`).
     #[arg(long)]
     pub oauth_tool_scope: Vec<String>,
+    /// Hold each `--oauth-tool-scope` refusal this long before sending it (a server
+    /// that spends a client's deadline on every try).
+    #[arg(long)]
+    pub oauth_refusal_delay_ms: Option<u64>,
     /// Where the protected resource metadata is found.
     #[arg(long, value_enum, default_value = "header")]
     pub oauth_prm: PrmAt,
