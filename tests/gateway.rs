@@ -1956,7 +1956,7 @@ async fn long_lived_streams_stay_within_their_budget_and_requests_still_get_thro
 
 // A client that sends requests and never reads what comes back is cut off once the
 // gateway's writes have made no progress for `write_timeout`: it does not hold its
-// connection (and the calls on it) until TCP gives up. Others are served meanwhile.
+// connection (and the calls on it) for as long as TCP acknowledges. Others are served.
 #[tokio::test]
 async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
     use tokio::io::AsyncWriteExt;

@@ -222,7 +222,12 @@ pub async fn serve(
 ) -> Result<(), super::GatewayError> {
     let local = listener.local_addr()?.to_string();
     let max_streams = gateway.config().max_streams;
-    let write_timeout = gateway.config().write_timeout;
+    // A config built in code is not checked as a file's is: zero would close every
+    // connection that waits at all, and past ten years the timer's deadline overflows.
+    let write_timeout = gateway
+        .config()
+        .write_timeout
+        .clamp(Duration::from_millis(1), crate::util::duration::LONGEST);
     let state = Arc::new(State {
         gateway,
         local,
@@ -242,8 +247,10 @@ pub async fn serve(
     {
         let _ = stream.set_nodelay(true);
         // A client that stops reading would hold the connection (and the calls on it)
-        // until TCP gives up, minutes later; a write that makes no progress for
-        // `write_timeout` fails instead, and hyper closes the connection.
+        // for as long as its TCP stack keeps acknowledging, which can be forever; a
+        // write that makes no progress for `write_timeout` fails instead, and hyper
+        // closes the connection. The timer runs only while a write waits: an idle
+        // stream is never cut off.
         let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
         stream.set_write_timeout(Some(write_timeout));
         let service_state = state.clone();

@@ -135,9 +135,9 @@ fn default_per_principal() -> usize {
 fn default_max_streams() -> usize {
     512
 }
-/// Past a stream's 15 s keep-alive, so that an idle reader is never cut off, and short
-/// enough that a client that stops reading gives its connection back in well under
-/// TCP's own minutes.
+/// Long enough for a slow client on a congested link to take the next bytes, short
+/// enough that one that stopped reading gives its connection back soon (TCP alone can
+/// hold it forever while the client's stack acknowledges).
 fn default_write_timeout() -> Duration {
     Duration::from_secs(30)
 }

@@ -229,6 +229,19 @@ fn form(pairs: &[(&str, &str)]) -> String {
         .finish()
 }
 
+/// A request that failed before any reply: refused by the sign-in resolver (a name
+/// that resolves to an internal address) or a network failure.
+fn send_failure(e: reqwest::Error) -> AuthFailure {
+    if let Some(refused) = resolve::refusal(&e) {
+        tracing::warn!(host = %refused.host, address = %refused.address, "sign-in request to an internal address refused");
+        return AuthFailure::BadUrl {
+            url: e.url().map(Url::to_string).unwrap_or_default(),
+            why: refused.to_string(),
+        };
+    }
+    AuthFailure::Network(e.to_string())
+}
+
 /// Reads a bounded reply body.
 async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFailure> {
     let mut body = Vec::new();
@@ -297,10 +310,17 @@ impl SignIn {
             .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(tls)
             .timeout(Duration::from_secs(30));
-        // A server named by its address is checked by that address (`checked_url`); one
-        // named by a host name has the names its sign-in reaches checked as resolved.
-        if let (Some(url::Host::Domain(host)), false) = (url.host(), discovery::is_internal(url)) {
-            http = http.dns_resolver(Arc::new(resolve::SignInResolver::new(host)));
+        // Names the server's sign-in reaches are checked as resolved (literal addresses
+        // are checked before any request, by `checked_url`).
+        let proxied = resolve::proxy_configured();
+        if proxied && !discovery::is_internal(url) {
+            tracing::debug!(
+                server,
+                "sign-in goes through a proxy: its names are resolved there, unchecked"
+            );
+        }
+        if let Some(resolver) = resolve::SignInResolver::for_server(url, proxied) {
+            http = http.dns_resolver(Arc::new(resolve::SharedResolver(Arc::new(resolver))));
         }
         let http = http.build().map_err(|e| e.to_string())?;
         Ok(SignIn {
@@ -560,7 +580,7 @@ impl SignIn {
             .header("accept", "application/json")
             .send()
             .await
-            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+            .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();
         if (400..500).contains(&status) {
             return Ok(None);
@@ -806,7 +826,7 @@ impl SignIn {
             .body(request.to_string())
             .send()
             .await
-            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+            .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();
         let body = read_bounded(response)
             .await
@@ -881,7 +901,7 @@ impl SignIn {
             .body(form(&pairs))
             .send()
             .await
-            .map_err(|e| self.err(step, AuthFailure::Network(e.to_string())))?;
+            .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();
         let body = read_bounded(response)
             .await

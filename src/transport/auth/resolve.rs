@@ -1,93 +1,315 @@
 //! Name resolution for one server's sign-in requests. A server on the public network
 //! may not point discovery, registration or token requests at this machine or a private
-//! network ([`super::discovery::checked_url`] refuses such literal addresses); this
+//! network: [`super::discovery::checked_url`] refuses such literal addresses, and this
 //! refuses the names that resolve there. The addresses checked are the ones connected
 //! to, so a name cannot resolve one way for the check and another for the request.
+//!
+//! Whether the server itself is on an internal network is never taken from a lookup
+//! made for the purpose (its DNS is the server's to answer): it is its literal address
+//! when configured by one, else what its own name resolved to when sign-in connected to
+//! it, all of it internal. An attacker's name that adds one internal address to public
+//! ones does not make its server internal, and one that resolves only internally is
+//! connected to there, where TLS for its name fails.
 
-use std::net::SocketAddr;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use url::Url;
 
-use super::discovery::is_internal_ip;
+use super::discovery::{is_internal, is_internal_ip};
 
-/// The resolver of the sign-in requests of the server at `host`: a name that resolves
-/// to an internal address is refused unless the server's own host resolves to one too
-/// (a server on a private network signs in on it).
+/// A sign-in request's host resolved to an internal address, named by a server that is
+/// not on one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{host} resolves to an internal address ({address}), and the server is not on an internal network"
+)]
+pub(crate) struct InternalAddress {
+    pub(crate) host: String,
+    pub(crate) address: IpAddr,
+}
+
+/// Addresses of a host name (port 0).
+type Lookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+fn system_lookup() -> Lookup {
+    Arc::new(|host: String| {
+        Box::pin(async move {
+            Ok(tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .map(|a| a.ip())
+                .collect())
+        })
+    })
+}
+
+/// Where the server is, as far as sign-in can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ServerAt {
+    /// Its configured address, or the addresses its name resolved to for sign-in.
+    Internal(bool),
+    /// Its name has not been resolved for sign-in yet: treated as public.
+    Unknown,
+}
+
+/// The resolver of one server's sign-in requests.
 pub(crate) struct SignInResolver {
-    server_host: String,
+    /// The server's host name, when it is configured by one.
+    server_host: Option<String>,
+    server_at: Mutex<ServerAt>,
+    lookup: Lookup,
+}
+
+/// Proxies reqwest takes from the environment: behind one, names are resolved by the
+/// proxy and only the proxy's own name would reach a resolver here.
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// Whether the environment names a proxy for reqwest.
+pub(crate) fn proxy_configured() -> bool {
+    PROXY_VARIABLES
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()))
 }
 
 impl SignInResolver {
-    pub(crate) fn new(server_host: &str) -> SignInResolver {
-        SignInResolver {
-            server_host: server_host.to_string(),
+    /// The resolver for the sign-in of the server at `url`, or `None` when there is
+    /// nothing to check: the server is on this machine or a private network by its
+    /// literal address, or requests go through a proxy (`proxied`), which resolves them.
+    pub(crate) fn for_server(url: &Url, proxied: bool) -> Option<SignInResolver> {
+        Self::with_lookup(url, proxied, system_lookup())
+    }
+
+    fn with_lookup(url: &Url, proxied: bool, lookup: Lookup) -> Option<SignInResolver> {
+        if proxied || is_internal(url) {
+            return None;
         }
-    }
-}
-
-/// Whether `host` resolves to an internal address; a name that does not resolve is not
-/// taken to be internal.
-async fn resolves_internal(host: &str) -> bool {
-    match tokio::net::lookup_host((host, 0)).await {
-        Ok(mut addrs) => addrs.any(|a| is_internal_ip(a.ip())),
-        Err(_) => false,
-    }
-}
-
-impl Resolve for SignInResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let host = name.as_str().to_string();
-        let server = self.server_host.clone();
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            // One internal address among public ones is enough: the connector may try it.
-            if addrs.iter().any(|a| is_internal_ip(a.ip())) && !resolves_internal(&server).await {
-                return Err(format!(
-                    "{host} resolves to an internal address, and the server ({server}) is not on one"
-                )
-                .into());
-            }
-            Ok(Box::new(addrs.into_iter()) as Addrs)
+        let (server_host, server_at) = match url.host() {
+            Some(url::Host::Domain(d)) => (
+                Some(d.trim_end_matches('.').to_ascii_lowercase()),
+                ServerAt::Unknown,
+            ),
+            // A public literal address: nothing to resolve.
+            _ => (None, ServerAt::Internal(false)),
+        };
+        Some(SignInResolver {
+            server_host,
+            server_at: Mutex::new(server_at),
+            lookup,
         })
     }
+
+    /// The addresses of `host` that sign-in may connect to.
+    async fn checked(
+        &self,
+        host: String,
+    ) -> Result<Vec<IpAddr>, Box<dyn std::error::Error + Send + Sync>> {
+        let addrs = (self.lookup)(host.clone()).await?;
+        let normalized = host.trim_end_matches('.').to_ascii_lowercase();
+        if self.server_host.as_deref() == Some(normalized.as_str()) {
+            // The configured server's own name: connected to as it resolves, and what
+            // it resolved to says where the server is.
+            let internal = !addrs.is_empty() && addrs.iter().all(|a| is_internal_ip(*a));
+            *self.server_at.lock() = ServerAt::Internal(internal);
+            return Ok(addrs);
+        }
+        let server_internal = *self.server_at.lock() == ServerAt::Internal(true);
+        if !server_internal
+            && let Some(address) = addrs.iter().copied().find(|a| is_internal_ip(*a))
+        {
+            // One internal address among public ones is enough: the connector may try it.
+            return Err(Box::new(InternalAddress { host, address }));
+        }
+        Ok(addrs)
+    }
+}
+
+/// The resolver is shared by the requests of one client.
+#[derive(Clone)]
+pub(crate) struct SharedResolver(pub(crate) Arc<SignInResolver>);
+
+impl Resolve for SharedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let this = self.0.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let addrs = this.checked(host).await?;
+            Ok(Box::new(addrs.into_iter().map(|ip| SocketAddr::new(ip, 0))) as Addrs)
+        })
+    }
+}
+
+/// The refusal in a failed request's causes, if that is why it failed.
+pub(crate) fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a InternalAddress> {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(found) = e.downcast_ref::<InternalAddress>() {
+            return Some(found);
+        }
+        cause = e.source();
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::str::FromStr;
+    use std::collections::HashMap;
 
-    fn name(host: &str) -> Name {
-        Name::from_str(host).expect("name")
-    }
-
-    #[tokio::test]
-    async fn a_name_that_resolves_to_this_machine_is_refused_for_a_server_that_is_not_on_it() {
-        let public = SignInResolver::new("mcp.example.invalid");
-        let refused = match public.resolve(name("localhost")).await {
-            Ok(addrs) => panic!("resolved to {:?}", addrs.collect::<Vec<_>>()),
-            Err(e) => e.to_string(),
-        };
-        assert!(refused.contains("internal address"), "{refused}");
-        assert!(refused.contains("mcp.example.invalid"), "{refused}");
-    }
-
-    #[tokio::test]
-    async fn a_server_on_an_internal_address_signs_in_on_one() {
-        let internal = SignInResolver::new("localhost");
-        let addrs: Vec<SocketAddr> = internal
-            .resolve(name("localhost"))
-            .await
-            .expect("resolves")
+    /// A lookup from a table; names not in it do not resolve.
+    fn table(entries: &[(&str, &[&str])]) -> Lookup {
+        let map: HashMap<String, Vec<IpAddr>> = entries
+            .iter()
+            .map(|(h, a)| {
+                (
+                    h.to_string(),
+                    a.iter().map(|a| a.parse().expect("address")).collect(),
+                )
+            })
             .collect();
-        assert!(!addrs.is_empty());
-        assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+        Arc::new(move |host: String| {
+            let found = map.get(host.trim_end_matches('.')).cloned();
+            Box::pin(async move {
+                found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, host))
+            })
+        })
+    }
+
+    fn resolver(server: &str, lookup: Lookup) -> SignInResolver {
+        let url = Url::parse(server).expect("url");
+        SignInResolver::with_lookup(&url, false, lookup).expect("a resolver")
+    }
+
+    fn refused(r: Result<Vec<IpAddr>, Box<dyn std::error::Error + Send + Sync>>) -> String {
+        match r {
+            Ok(a) => panic!("resolved to {a:?}"),
+            Err(e) => {
+                assert!(refusal(e.as_ref()).is_some(), "{e}");
+                e.to_string()
+            }
+        }
+    }
+
+    const NAMES: &[(&str, &[&str])] = &[
+        ("mcp.example", &["203.0.113.5"]),
+        ("auth.example", &["203.0.113.6"]),
+        ("metadata.example", &["169.254.169.254"]),
+        ("mixed.example", &["203.0.113.7", "10.0.0.7"]),
+        ("mcp.corp", &["10.1.2.3"]),
+        ("auth.corp", &["10.1.2.4"]),
+        ("half.example", &["203.0.113.8", "fd00::1"]),
+    ];
+
+    #[tokio::test]
+    async fn a_public_server_may_not_send_sign_in_to_a_name_that_resolves_internally() {
+        let r = resolver("https://mcp.example/mcp", table(NAMES));
+        // Before and after the server's own name was resolved.
+        let why = refused(r.checked("metadata.example".into()).await);
+        assert!(
+            why.contains("metadata.example") && why.contains("169.254.169.254"),
+            "{why}"
+        );
+        assert_eq!(
+            r.checked("mcp.example".into()).await.expect("server").len(),
+            1
+        );
+        refused(r.checked("metadata.example".into()).await);
+        // One internal address among public ones.
+        refused(r.checked("mixed.example".into()).await);
+        assert!(r.checked("auth.example".into()).await.is_ok());
     }
 
     #[tokio::test]
-    async fn a_name_that_does_not_resolve_is_an_error_not_a_pass() {
-        let public = SignInResolver::new("mcp.example.invalid");
-        assert!(public.resolve(name("auth.example.invalid")).await.is_err());
+    async fn a_server_by_its_public_address_is_public() {
+        let r = resolver("https://203.0.113.5/mcp", table(NAMES));
+        refused(r.checked("metadata.example".into()).await);
+        assert!(r.checked("auth.example".into()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_server_whose_name_resolves_internally_signs_in_internally() {
+        let r = resolver("https://mcp.corp/mcp", table(NAMES));
+        // Until its name was resolved for sign-in, it counts as public.
+        refused(r.checked("auth.corp".into()).await);
+        r.checked("mcp.corp.".into()).await.expect("server");
+        assert_eq!(
+            r.checked("auth.corp".into()).await.expect("allowed"),
+            ["10.1.2.4".parse::<IpAddr>().expect("ip")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_name_with_one_internal_address_among_public_ones_is_public() {
+        let r = resolver("https://half.example/mcp", table(NAMES));
+        r.checked("half.example".into()).await.expect("server");
+        refused(r.checked("metadata.example".into()).await);
+    }
+
+    #[tokio::test]
+    async fn names_that_do_not_resolve_fail_and_are_not_refusals() {
+        let r = resolver("https://mcp.example/mcp", table(NAMES));
+        let e = r
+            .checked("nowhere.example".into())
+            .await
+            .expect_err("no such name");
+        assert!(refusal(e.as_ref()).is_none(), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_client_with_the_resolver_fails_with_the_refusal_among_its_causes() {
+        let r = resolver("https://mcp.example/mcp", table(NAMES));
+        let tls = crate::transport::tls::client_config(None).expect("tls");
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .dns_resolver(Arc::new(SharedResolver(Arc::new(r))))
+            .build()
+            .expect("client");
+        let e = client
+            .get("http://metadata.example:9/latest")
+            .send()
+            .await
+            .expect_err("refused");
+        let found = refusal(&e).unwrap_or_else(|| panic!("not found in {e:?}"));
+        assert_eq!(found.host, "metadata.example");
+        match super::super::send_failure(e) {
+            super::super::AuthFailure::BadUrl { url, why } => {
+                assert!(url.starts_with("http://metadata.example:9/"), "{url}");
+                assert!(why.contains("internal address"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_is_checked_for_an_internal_server_by_address_or_behind_a_proxy() {
+        let any = table(NAMES);
+        for internal in [
+            "http://127.0.0.1:9/mcp",
+            "http://localhost:9/mcp",
+            "https://10.0.0.1/mcp",
+        ] {
+            let url = Url::parse(internal).expect("url");
+            assert!(
+                SignInResolver::with_lookup(&url, false, any.clone()).is_none(),
+                "{internal}"
+            );
+        }
+        let public = Url::parse("https://mcp.example/mcp").expect("url");
+        assert!(SignInResolver::with_lookup(&public, true, any.clone()).is_none());
+        assert!(SignInResolver::with_lookup(&public, false, any).is_some());
     }
 }
