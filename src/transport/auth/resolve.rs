@@ -7,9 +7,9 @@
 //! Whether the server itself is on an internal network is never taken from a lookup
 //! made for the purpose (its DNS is the server's to answer): it is its literal address
 //! when configured by one, else what its own name resolved to when sign-in connected to
-//! it, all of it internal. An attacker's name that adds one internal address to public
-//! ones does not make its server internal, and one that resolves only internally is
-//! connected to there, where TLS for its name fails.
+//! it, all of it internal, and never public before. An attacker's name that adds one
+//! internal address to public ones does not make its server internal, and one that
+//! resolves only internally is connected to there, where TLS for its name fails.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -122,9 +122,14 @@ impl SignInResolver {
         let normalized = host.trim_end_matches('.').to_ascii_lowercase();
         if self.server_host.as_deref() == Some(normalized.as_str()) {
             // The configured server's own name: connected to as it resolves, and what
-            // it resolved to says where the server is.
+            // it resolved to says where the server is. Once public, always public: a
+            // name that turns internal later (a failed connection, while an earlier
+            // one to its public address is still pooled) gains nothing.
             let internal = !addrs.is_empty() && addrs.iter().all(|a| is_internal_ip(*a));
-            *self.server_at.lock() = ServerAt::Internal(internal);
+            let mut at = self.server_at.lock();
+            if *at != ServerAt::Internal(false) {
+                *at = ServerAt::Internal(internal);
+            }
             return Ok(addrs);
         }
         let server_internal = *self.server_at.lock() == ServerAt::Internal(true);
@@ -257,6 +262,28 @@ mod tests {
         let r = resolver("https://half.example/mcp", table(NAMES));
         r.checked("half.example".into()).await.expect("server");
         refused(r.checked("metadata.example".into()).await);
+    }
+
+    #[tokio::test]
+    async fn a_server_name_that_resolved_public_once_stays_public() {
+        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let fallback = table(NAMES);
+        let lookup: Lookup = Arc::new(move |host: String| {
+            if host == "flip.example" {
+                let turn = turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let ip: IpAddr = if turn == 0 { "203.0.113.9" } else { "10.9.9.9" }
+                    .parse()
+                    .expect("ip");
+                return Box::pin(async move { Ok(vec![ip]) });
+            }
+            fallback(host)
+        });
+        let r = resolver("https://flip.example/mcp", lookup);
+        r.checked("flip.example".into()).await.expect("public");
+        r.checked("flip.example".into())
+            .await
+            .expect("now internal");
+        refused(r.checked("auth.corp".into()).await);
     }
 
     #[tokio::test]
