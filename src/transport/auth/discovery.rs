@@ -71,6 +71,11 @@ pub(crate) fn is_internal_ip(ip: std::net::IpAddr) -> bool {
             || ip.is_broadcast()
             // Carrier-grade NAT (RFC 6598).
             || (a == 100 && (64..128).contains(&b))
+            // "This network" (0/8), IETF protocol assignments (192.0.0/24) and the
+            // benchmarking range (198.18/15), which some networks route internally.
+            || a == 0
+            || (a == 192 && b == 0 && ip.octets()[2] == 0)
+            || (a == 198 && (b == 18 || b == 19))
     };
     match ip {
         std::net::IpAddr::V4(ip) => v4(ip),
@@ -86,8 +91,10 @@ pub(crate) fn is_internal_ip(ip: std::net::IpAddr) -> bool {
                 || (s[0] & 0xffc0) == 0xfe80
                 // IPv4-mapped and IPv4-compatible (::a.b.c.d).
                 || ip.to_ipv4().is_some_and(v4)
-                // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry an IPv4 address too.
+                // NAT64 (64:ff9b::/96, and the local-use 64:ff9b:1::/48) and 6to4
+                // (2002::/16) carry an IPv4 address too.
                 || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && v4(embedded(s[6], s[7])))
+                || (s[..3] == [0x64, 0xff9b, 1] && v4(embedded(s[6], s[7])))
                 || (s[0] == 0x2002 && v4(embedded(s[1], s[2])))
         }
     }
@@ -321,6 +328,16 @@ mod tests {
             "https://[::10.0.0.1]/",
             "https://[64:ff9b::a00:1]/",
             "https://[2002:a00:1::1]/",
+            "https://[64:ff9b:1::a00:1]/",
+            "https://0.1.2.3/",
+            "https://192.0.0.8/",
+            "https://198.18.0.1/",
+            // Literal forms the URL standard turns into 127.0.0.1.
+            "https://2130706433/",
+            "https://0177.0.0.1/",
+            "https://0x7f.1/",
+            "https://127.1/",
+            "https://127.0.0.1./",
         ] {
             assert!(checked_url(inside, &s).is_err(), "{inside}");
         }

@@ -156,6 +156,8 @@ pub(crate) struct SignIn {
     config: OAuthConfig,
     ctx: SignInContext,
     http: reqwest::Client,
+    /// Checks the names `http` resolves; `None` for a server on an internal address.
+    resolver: Option<Arc<resolve::SignInResolver>>,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
     /// A registration (DCR) per issuer, reused while the process lives.
     registered: Mutex<HashMap<String, ClientIdentity>>,
@@ -312,15 +314,9 @@ impl SignIn {
             .timeout(Duration::from_secs(30));
         // Names the server's sign-in reaches are checked as resolved (literal addresses
         // are checked before any request, by `checked_url`).
-        let proxied = resolve::proxy_configured();
-        if proxied && !discovery::is_internal(url) {
-            tracing::debug!(
-                server,
-                "sign-in goes through a proxy: its names are resolved there, unchecked"
-            );
-        }
-        if let Some(resolver) = resolve::SignInResolver::for_server(url, proxied) {
-            http = http.dns_resolver(Arc::new(resolve::SharedResolver(Arc::new(resolver))));
+        let resolver = resolve::SignInResolver::for_server(url).map(Arc::new);
+        if let Some(r) = &resolver {
+            http = http.dns_resolver(Arc::new(resolve::SharedResolver(r.clone())));
         }
         let http = http.build().map_err(|e| e.to_string())?;
         Ok(SignIn {
@@ -329,6 +325,7 @@ impl SignIn {
             config,
             ctx,
             http,
+            resolver,
             discovered: tokio::sync::Mutex::new(None),
             registered: Mutex::default(),
             tokens: Mutex::default(),
@@ -876,6 +873,11 @@ impl SignIn {
             asked,
             previous_refresh,
         } = issued;
+        if self.resolver.as_ref().is_some_and(|r| r.server_unknown()) {
+            // A kept token refreshed before sign-in has reached the server: reach it
+            // first, so that whether it is on an internal network is known.
+            self.probe_challenge().await;
+        }
         let mut request = self
             .http
             .post(endpoint)

@@ -7,9 +7,16 @@
 //! Whether the server itself is on an internal network is never taken from a lookup
 //! made for the purpose (its DNS is the server's to answer): it is its literal address
 //! when configured by one, else what its own name resolved to when sign-in connected to
-//! it, all of it internal, and never public before. An attacker's name that adds one
-//! internal address to public ones does not make its server internal, and one that
-//! resolves only internally is connected to there, where TLS for its name fails.
+//! it: only internal addresses, and never a public one before. An attacker's name that
+//! adds one internal address to public ones does not make its server internal (and is
+//! refused like any other), and one that resolves only internally is connected to
+//! there, where TLS for its name fails. The verdict is taken when the name resolves,
+//! not when the connection succeeds: while a connection to such an answer is tried,
+//! other requests of the same sign-in see the server as internal.
+//!
+//! Behind a proxy, names are resolved by the proxy: only the proxies' own names (the
+//! operator's) reach this resolver unchecked; every name it does see is connected to
+//! directly (`NO_PROXY`, a scheme no proxy covers) and is checked.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -65,11 +72,12 @@ pub(crate) struct SignInResolver {
     /// The server's host name, when it is configured by one.
     server_host: Option<String>,
     server_at: Mutex<ServerAt>,
+    /// The proxies' host names (see the module docs).
+    proxies: Vec<String>,
     lookup: Lookup,
 }
 
-/// Proxies reqwest takes from the environment: behind one, names are resolved by the
-/// proxy and only the proxy's own name would reach a resolver here.
+/// The variables reqwest reads its proxies from.
 const PROXY_VARIABLES: [&str; 6] = [
     "HTTPS_PROXY",
     "https_proxy",
@@ -79,38 +87,57 @@ const PROXY_VARIABLES: [&str; 6] = [
     "all_proxy",
 ];
 
-/// Whether the environment names a proxy for reqwest.
-pub(crate) fn proxy_configured() -> bool {
+/// The host names of the proxies the environment names (a value with or without a
+/// scheme); the names sign-in resolves through them are not ours to check.
+fn proxy_hosts() -> Vec<String> {
     PROXY_VARIABLES
         .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()))
+        .filter_map(|v| std::env::var(v).ok())
+        .filter(|v| !v.trim().is_empty())
+        .filter_map(|v| {
+            let v = v.trim();
+            let url = match v.contains("://") {
+                true => Url::parse(v),
+                false => Url::parse(&format!("http://{v}")),
+            };
+            url.ok()?.host_str().map(normalized)
+        })
+        .collect()
+}
+
+/// A host name as compared: lowercase, without a final dot.
+fn normalized(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
 }
 
 impl SignInResolver {
-    /// The resolver for the sign-in of the server at `url`, or `None` when there is
-    /// nothing to check: the server is on this machine or a private network by its
-    /// literal address, or requests go through a proxy (`proxied`), which resolves them.
-    pub(crate) fn for_server(url: &Url, proxied: bool) -> Option<SignInResolver> {
-        Self::with_lookup(url, proxied, system_lookup())
+    /// The resolver for the sign-in of the server at `url`, or `None` when the server is
+    /// on this machine or a private network by its literal address (nothing to check).
+    pub(crate) fn for_server(url: &Url) -> Option<SignInResolver> {
+        Self::with_lookup(url, proxy_hosts(), system_lookup())
     }
 
-    fn with_lookup(url: &Url, proxied: bool, lookup: Lookup) -> Option<SignInResolver> {
-        if proxied || is_internal(url) {
+    fn with_lookup(url: &Url, proxies: Vec<String>, lookup: Lookup) -> Option<SignInResolver> {
+        if is_internal(url) {
             return None;
         }
         let (server_host, server_at) = match url.host() {
-            Some(url::Host::Domain(d)) => (
-                Some(d.trim_end_matches('.').to_ascii_lowercase()),
-                ServerAt::Unknown,
-            ),
+            Some(url::Host::Domain(d)) => (Some(normalized(d)), ServerAt::Unknown),
             // A public literal address: nothing to resolve.
             _ => (None, ServerAt::Internal(false)),
         };
         Some(SignInResolver {
             server_host,
             server_at: Mutex::new(server_at),
+            proxies,
             lookup,
         })
+    }
+
+    /// Whether sign-in has yet to learn where the server is (its name has not been
+    /// resolved for a sign-in request).
+    pub(crate) fn server_unknown(&self) -> bool {
+        *self.server_at.lock() == ServerAt::Unknown
     }
 
     /// The addresses of `host` that sign-in may connect to.
@@ -119,18 +146,22 @@ impl SignInResolver {
         host: String,
     ) -> Result<Vec<IpAddr>, Box<dyn std::error::Error + Send + Sync>> {
         let addrs = (self.lookup)(host.clone()).await?;
-        let normalized = host.trim_end_matches('.').to_ascii_lowercase();
-        if self.server_host.as_deref() == Some(normalized.as_str()) {
-            // The configured server's own name: connected to as it resolves, and what
-            // it resolved to says where the server is. Once public, always public: a
-            // name that turns internal later (a failed connection, while an earlier
-            // one to its public address is still pooled) gains nothing.
-            let internal = !addrs.is_empty() && addrs.iter().all(|a| is_internal_ip(*a));
-            let mut at = self.server_at.lock();
-            if *at != ServerAt::Internal(false) {
-                *at = ServerAt::Internal(internal);
-            }
+        let name = normalized(&host);
+        if self.proxies.contains(&name) {
             return Ok(addrs);
+        }
+        let all_internal = !addrs.is_empty() && addrs.iter().all(|a| is_internal_ip(*a));
+        if self.server_host.as_deref() == Some(name.as_str()) {
+            // The configured server's own name says where the server is; once public,
+            // always public (a name that turns internal later gains nothing).
+            let mut at = self.server_at.lock();
+            if all_internal && *at != ServerAt::Internal(false) {
+                *at = ServerAt::Internal(true);
+                return Ok(addrs);
+            }
+            if !all_internal {
+                *at = ServerAt::Internal(false);
+            }
         }
         let server_internal = *self.server_at.lock() == ServerAt::Internal(true);
         if !server_internal
@@ -187,7 +218,8 @@ mod tests {
             })
             .collect();
         Arc::new(move |host: String| {
-            let found = map.get(host.trim_end_matches('.')).cloned();
+            // Names are case-insensitive, and a final dot names the root.
+            let found = map.get(&normalized(&host)).cloned();
             Box::pin(async move {
                 found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, host))
             })
@@ -196,7 +228,7 @@ mod tests {
 
     fn resolver(server: &str, lookup: Lookup) -> SignInResolver {
         let url = Url::parse(server).expect("url");
-        SignInResolver::with_lookup(&url, false, lookup).expect("a resolver")
+        SignInResolver::with_lookup(&url, Vec::new(), lookup).expect("a resolver")
     }
 
     fn refused(r: Result<Vec<IpAddr>, Box<dyn std::error::Error + Send + Sync>>) -> String {
@@ -258,13 +290,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_server_name_with_one_internal_address_among_public_ones_is_public() {
-        let r = resolver("https://half.example/mcp", table(NAMES));
-        r.checked("half.example".into()).await.expect("server");
-        refused(r.checked("metadata.example".into()).await);
-    }
-
-    #[tokio::test]
     async fn a_server_name_that_resolved_public_once_stays_public() {
         let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let fallback = table(NAMES);
@@ -280,9 +305,8 @@ mod tests {
         });
         let r = resolver("https://flip.example/mcp", lookup);
         r.checked("flip.example".into()).await.expect("public");
-        r.checked("flip.example".into())
-            .await
-            .expect("now internal");
+        // Now internal: refused, and the server stays public.
+        refused(r.checked("flip.example".into()).await);
         refused(r.checked("auth.corp".into()).await);
     }
 
@@ -301,6 +325,7 @@ mod tests {
         let r = resolver("https://mcp.example/mcp", table(NAMES));
         let tls = crate::transport::tls::client_config(None).expect("tls");
         let client = reqwest::Client::builder()
+            .no_proxy()
             .tls_backend_preconfigured(tls)
             .dns_resolver(Arc::new(SharedResolver(Arc::new(r))))
             .build()
@@ -322,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_checked_for_an_internal_server_by_address_or_behind_a_proxy() {
+    fn nothing_is_checked_for_a_server_on_an_internal_address() {
         let any = table(NAMES);
         for internal in [
             "http://127.0.0.1:9/mcp",
@@ -331,12 +356,33 @@ mod tests {
         ] {
             let url = Url::parse(internal).expect("url");
             assert!(
-                SignInResolver::with_lookup(&url, false, any.clone()).is_none(),
+                SignInResolver::with_lookup(&url, Vec::new(), any.clone()).is_none(),
                 "{internal}"
             );
         }
         let public = Url::parse("https://mcp.example/mcp").expect("url");
-        assert!(SignInResolver::with_lookup(&public, true, any.clone()).is_none());
-        assert!(SignInResolver::with_lookup(&public, false, any).is_some());
+        assert!(SignInResolver::with_lookup(&public, Vec::new(), any).is_some());
+    }
+
+    #[tokio::test]
+    async fn only_the_proxies_own_names_pass_unchecked() {
+        let url = Url::parse("https://mcp.example/mcp").expect("url");
+        let r = SignInResolver::with_lookup(&url, vec!["auth.corp".into()], table(NAMES))
+            .expect("a resolver");
+        assert!(r.checked("AUTH.corp.".into()).await.is_ok(), "the proxy");
+        // A name connected to directly (NO_PROXY, say) is checked as ever.
+        refused(r.checked("metadata.example".into()).await);
+    }
+
+    #[tokio::test]
+    async fn the_servers_own_name_is_checked_once_it_is_public() {
+        let r = resolver("https://half.example/mcp", table(NAMES));
+        // Public and internal addresses: the server is public, and its internal
+        // address is not connected to.
+        refused(r.checked("half.example".into()).await);
+        assert!(!r.server_unknown());
+        refused(r.checked("mcp.corp".into()).await);
+        // Another port of the server's name is the same name.
+        refused(r.checked("HALF.example.".into()).await);
     }
 }
