@@ -2,17 +2,50 @@
 //! of the key it holds, so that a restarted harness serves fresh entries without asking
 //! its servers. It trusts nothing it reads: a file is used only if its name is the hash
 //! of the key inside and the key's server is the directory it sits in; files are
-//! created 0600 in 0700 directories, written to a temporary file and renamed, so a
-//! crash never leaves half an entry. All of it is blocking I/O: the registry actor runs
-//! it on a blocking thread.
+//! created 0600 in 0700 directories, written to a temporary file of a random name
+//! (created, never reused) and renamed, so a crash never leaves half an entry. Links
+//! and anything but plain files and directories are skipped, never followed or
+//! removed; a file is read up to [`MAX_FILE`] bytes; a directory others may write to is
+//! not used at all. All of it is blocking I/O: the registry actor runs it on a blocking
+//! thread.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use super::{CacheKey, Entry, now_ms};
+use super::{CacheKey, Entry, json_size, now_ms};
 use crate::util::hash::sha256_hex;
+
+/// The largest cache file read: four times the largest message a transport takes.
+const MAX_FILE: u64 = 64 << 20;
+
+/// Whether `path` is a directory of this user's that others may not write to (group
+/// members may: a user's private group is common), and, unless `configured` (the
+/// operator named it, perhaps through a link), not a link: else another user could
+/// plant links or entries in it.
+fn private_dir(path: &Path, configured: bool) -> bool {
+    let meta = match configured {
+        true => std::fs::metadata(path),
+        false => std::fs::symlink_metadata(path),
+    };
+    match meta {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        Ok(m) => m.is_dir() && m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o002 == 0,
+        Err(_) => false,
+    }
+}
+
+/// A cache directory fit to use: the configured one, or a server's under it (see
+/// [`private_dir`]); a refusal is logged.
+fn usable(path: &Path, configured: bool) -> bool {
+    let ok = private_dir(path, configured);
+    if !ok && std::fs::symlink_metadata(path).is_ok() {
+        tracing::warn!(path = %path.display(), "cache directory not used: a link, not this user's, or writable by others");
+    }
+    ok
+}
 
 /// The file name an entry with `key` must have.
 fn file_name(key: &CacheKey) -> String {
@@ -34,22 +67,71 @@ pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
     make_dir(dir)?;
     let server_dir = dir.join(&entry.key.server);
     make_dir(&server_dir)?;
+    if !usable(dir, true) || !usable(&server_dir, false) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the cache directory is a link, not this user's, or writable by others",
+        ));
+    }
     let path = server_dir.join(file_name(&entry.key));
-    let tmp = path.with_extension("tmp");
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let tmp = path.with_extension(format!("{}.tmp", u64::from_le_bytes(nonce)));
     let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .write(true)
         .mode(0o600)
         .open(&tmp)?;
-    file.write_all(&serde_json::to_vec(entry)?)?;
+    let written = file.write_all(&serde_json::to_vec(entry)?);
     drop(file);
-    std::fs::rename(tmp, path)
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The removal of one entry's file (evicted to keep the layer within its budget).
+pub(super) fn remove(dir: &Path, key: &CacheKey) {
+    let server_dir = dir.join(&key.server);
+    if usable(&server_dir, false) {
+        let _ = std::fs::remove_file(server_dir.join(file_name(key)));
+    }
 }
 
 /// Removes every entry of `server`.
 pub(super) fn remove_server(dir: &Path, server: &str) {
-    let _ = std::fs::remove_dir_all(dir.join(server));
+    let server_dir = dir.join(server);
+    // A link in its place is removed, not followed (remove_dir_all does not follow
+    // links either way); a directory others may write to is left alone.
+    match std::fs::symlink_metadata(&server_dir) {
+        Ok(m) if m.file_type().is_symlink() => {
+            let _ = std::fs::remove_file(&server_dir);
+        }
+        Ok(_) if usable(&server_dir, false) => {
+            let _ = std::fs::remove_dir_all(&server_dir);
+        }
+        _ => {}
+    }
+}
+
+/// A plain file's bytes, read without following a link or waiting on a pipe, and at
+/// most [`MAX_FILE`] of them; `None` for anything else.
+fn read_plain(path: &Path) -> Option<Vec<u8>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_FILE {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Removes the entries of `server` whose keys `drop` picks.
@@ -63,6 +145,9 @@ pub(super) fn remove_where(dir: &Path, server: &str, drop: impl Fn(&CacheKey) ->
 
 fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
     let mut out = Vec::new();
+    if !usable(server_dir, false) {
+        return out;
+    }
     let Ok(files) = std::fs::read_dir(server_dir) else {
         return out;
     };
@@ -71,9 +156,13 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let entry = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
+        // The entry's own type (a link is a link here): only plain files are read or
+        // removed.
+        if !file.file_type().is_ok_and(|t| t.is_file()) {
+            tracing::warn!(path = %path.display(), "ignoring a cache entry that is not a plain file");
+            continue;
+        }
+        let entry = read_plain(&path).and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
         let named_right = |e: &Entry| {
             e.key.server == server
                 && path.file_name().and_then(|n| n.to_str()) == Some(file_name(&e.key).as_str())
@@ -90,21 +179,31 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
 }
 
 /// Reads every fresh entry under `dir`; expired and untrustworthy files are removed.
-pub(super) fn load(dir: &Path) -> HashMap<CacheKey, Entry> {
+/// What a file says of itself is held to the rules a fresh page follows: fresh for at
+/// most `max_ttl` from now, its size counted again.
+pub(super) fn load(dir: &Path, max_ttl: Duration) -> HashMap<CacheKey, Entry> {
     let now = now_ms();
     let mut entries = HashMap::new();
+    if !usable(dir, true) {
+        return entries;
+    }
     let Ok(servers) = std::fs::read_dir(dir) else {
         return entries;
     };
+    let latest = now.saturating_add(max_ttl.as_millis() as u64);
     for server in servers.flatten() {
         let Some(name) = server.file_name().to_str().map(String::from) else {
             continue;
         };
-        if crate::server::check_id(&name).is_err() {
+        if crate::server::check_id(&name).is_err() || !server.file_type().is_ok_and(|t| t.is_dir())
+        {
             continue;
         }
-        for (path, entry) in read_server(&server.path(), &name) {
+        for (path, mut entry) in read_server(&server.path(), &name) {
             if entry.expires_unix_ms > now {
+                entry.expires_unix_ms = entry.expires_unix_ms.min(latest);
+                entry.ttl_ms = entry.ttl_ms.min(max_ttl.as_millis() as u64);
+                entry.bytes = json_size(&entry.value);
                 entries.insert(entry.key.clone(), entry);
             } else {
                 let _ = std::fs::remove_file(path);

@@ -52,6 +52,11 @@ pub struct CacheConfig {
     /// turns it off.
     #[serde(with = "duration")]
     pub refresh_ahead: Duration,
+    /// Bytes of pages each layer (memory, disk) holds at most; past it the expired go
+    /// first, then those that expire soonest. Servers choose their cursors, scopes and
+    /// freshness, and callers their auth contexts: without a bound, a cache grows with
+    /// them.
+    pub max_bytes: usize,
 }
 
 impl Default for CacheConfig {
@@ -62,6 +67,7 @@ impl Default for CacheConfig {
             max_ttl: Duration::from_secs(24 * 3600),
             shared: None,
             refresh_ahead: Duration::from_secs(10),
+            max_bytes: 256 << 20,
         }
     }
 }
@@ -71,6 +77,9 @@ impl CacheConfig {
     pub fn validate(&self) -> Result<(), Invalid> {
         if self.max_ttl.is_zero() {
             return Err(Invalid::new("max_ttl", "must be more than zero"));
+        }
+        if self.max_bytes == 0 {
+            return Err(Invalid::new("max_bytes", "must be more than zero"));
         }
         if let Some(shared) = &self.shared {
             shared.validate().map_err(|e| e.under("shared"))?;
@@ -276,7 +285,11 @@ impl ListCache {
     /// A cache with these settings; the disk layer is loaded now (blocking I/O: call it
     /// off the async threads), skipping entries that expired while the harness was down.
     pub fn new(config: CacheConfig) -> ListCache {
-        let l2 = config.dir.as_deref().map(disk::load).unwrap_or_default();
+        let l2 = config
+            .dir
+            .as_deref()
+            .map(|d| disk::load(d, config.max_ttl))
+            .unwrap_or_default();
         ListCache {
             config,
             l1: RwLock::new(HashMap::new()),
@@ -453,15 +466,70 @@ impl ListCache {
         }
     }
 
+    /// Makes room in `layer` for `incoming` more bytes within `max_bytes`: drops the
+    /// expired entries, then those that expire soonest. The keys dropped, for the disk.
+    fn make_room(
+        layer: &mut HashMap<CacheKey, Entry>,
+        now: u64,
+        incoming: usize,
+        max_bytes: usize,
+    ) -> Vec<CacheKey> {
+        let mut dropped = Vec::new();
+        let mut total = 0usize;
+        layer.retain(|k, e| {
+            let keep = e.expires_unix_ms > now;
+            match keep {
+                true => total = total.saturating_add(e.bytes),
+                false => dropped.push(k.clone()),
+            }
+            keep
+        });
+        if total.saturating_add(incoming) <= max_bytes {
+            return dropped;
+        }
+        let mut by_expiry: Vec<(u64, CacheKey)> = layer
+            .iter()
+            .map(|(k, e)| (e.expires_unix_ms, k.clone()))
+            .collect();
+        by_expiry.sort_unstable_by_key(|(expires, _)| *expires);
+        for (_, key) in by_expiry {
+            if total.saturating_add(incoming) <= max_bytes {
+                break;
+            }
+            if let Some(e) = layer.remove(&key) {
+                total = total.saturating_sub(e.bytes);
+                dropped.push(key);
+            }
+        }
+        dropped
+    }
+
+    /// The pages of one list that fit a layer at all (one page past the budget is not
+    /// kept), and their bytes.
+    fn fitting(pages: &[Page], max_bytes: usize) -> usize {
+        pages
+            .iter()
+            .map(|p| p.bytes)
+            .fold(0usize, usize::saturating_add)
+            .min(max_bytes)
+    }
+
     fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
         // The epoch is read under the layer's lock: an invalidation bumps the epoch and
         // then takes this lock to drop entries, so a stale list either sees the new
         // epoch here or is dropped right after.
         let mut l1 = self.l1.write();
+        let max = self.config.max_bytes;
+        Self::make_room(&mut l1, now, Self::fitting(pages, max), max);
+        let mut room = max.saturating_sub(l1.values().map(|e| e.bytes).sum());
         for page in pages {
             if self.epoch(&page.key.server) != epoch {
                 return; // invalidated while it was being fetched
             }
+            if page.bytes > room {
+                continue;
+            }
+            room -= page.bytes;
             l1.insert(
                 page.key.clone(),
                 Self::entry(now, page, self.config.max_ttl),
@@ -480,10 +548,19 @@ impl ListCache {
             return;
         };
         let mut l2 = self.l2.write();
+        let max = self.config.max_bytes;
+        for key in Self::make_room(&mut l2, now, Self::fitting(&pages, max), max) {
+            disk::remove(dir, &key);
+        }
+        let mut room = max.saturating_sub(l2.values().map(|e| e.bytes).sum());
         for page in pages {
             if self.epoch(&page.key.server) != epoch {
                 return;
             }
+            if page.bytes > room {
+                continue;
+            }
+            room -= page.bytes;
             let entry = Self::entry(now, &page, self.config.max_ttl);
             if let Err(e) = disk::write(dir, &entry) {
                 tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");

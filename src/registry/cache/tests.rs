@@ -243,6 +243,126 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_removed() {
+    let dir = temp_dir("links");
+    {
+        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        assert!(put(
+            &cache,
+            None,
+            json!({"tools": ["real"], "ttlMs": 60000, "cacheScope": "public"})
+        ));
+    }
+    // Another server's directory is a link to files of the user's that are not cache
+    // entries; a pipe and a file past the read bound sit beside the real entry.
+    let elsewhere = temp_dir("links-target");
+    std::fs::create_dir_all(&*elsewhere).expect("target");
+    let precious = elsewhere.join("settings.json");
+    std::fs::write(&precious, "{\"not\": \"an entry\"}").expect("write");
+    std::os::unix::fs::symlink(&*elsewhere, dir.join("other")).expect("link");
+    let fifo = dir.join("s").join("fifo.json");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = dir.join("s").join("huge.json");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(65 << 20))
+        .expect("sparse file");
+    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    assert_eq!(cache.stats().l2.entries, 1, "the real entry only");
+    assert!(precious.exists(), "nothing behind the link is removed");
+    assert!(fifo.exists(), "a pipe is skipped, never opened for long");
+    // Invalidating the linked server removes the link, not what it points to.
+    cache.invalidate("other");
+    assert!(precious.exists() && !dir.join("other").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&*elsewhere);
+}
+
+#[test]
+fn a_loaded_entry_is_held_to_max_ttl_and_its_real_size() {
+    let dir = temp_dir("forged");
+    {
+        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        assert!(put(
+            &cache,
+            None,
+            json!({"tools": ["real"], "ttlMs": 60000, "cacheScope": "public"})
+        ));
+    }
+    let file = std::fs::read_dir(dir.join("s"))
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .expect("entry");
+    let mut forged: Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+    forged["expires_unix_ms"] = json!(u64::MAX);
+    forged["bytes"] = json!(0);
+    std::fs::write(&file, forged.to_string()).expect("write");
+    let cache = ListCache::new(CacheConfig {
+        max_ttl: Duration::from_secs(120),
+        ..config(Some(dir.to_path_buf()))
+    });
+    let hit = cache.get(LIST, None, None).expect("loaded");
+    assert!(
+        hit.remaining <= Duration::from_secs(120),
+        "{:?}",
+        hit.remaining
+    );
+    assert!(hit.bytes > 0, "its size is counted, not read");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
+    let dir = temp_dir("budget");
+    let cache = ListCache::new(CacheConfig {
+        max_bytes: 4096,
+        ..config(Some(dir.to_path_buf()))
+    });
+    // A server that names a new cursor on every listing, or a caller per auth context:
+    // keys without end. Pages of about 500 bytes, the later ones fresher.
+    let filler = "x".repeat(450);
+    for i in 0..100u64 {
+        let result = json!({"tools": [filler], "ttlMs": 60000 + i * 1000, "cacheScope": "public"});
+        let (key, ttl) = cache
+            .key_for(LIST, Some(&format!("c{i}")), None, &result)
+            .expect("stored");
+        cache.put(
+            vec![Page {
+                key,
+                ttl,
+                bytes: json_size(&result),
+                value: Arc::new(result),
+            }],
+            cache.epoch("s"),
+        );
+    }
+    let stats = cache.stats();
+    assert!(
+        stats.l1.bytes <= 4096 && stats.l2.bytes <= 4096,
+        "{stats:?}"
+    );
+    assert!(stats.l1.entries >= 7, "the budget is used: {stats:?}");
+    // The soonest to expire went; the latest stayed, in memory and on disk.
+    assert!(cache.get(LIST, Some("c0"), None).is_none());
+    assert!(cache.get(LIST, Some("c99"), None).is_some());
+    let files = std::fs::read_dir(dir.join("s")).expect("dir").count();
+    assert_eq!(
+        files, stats.l2.entries,
+        "evicted entries' files are removed"
+    );
+    // A page larger than the whole budget is not kept.
+    let big = json!({"tools": ["y".repeat(5000)], "ttlMs": 600000, "cacheScope": "public"});
+    assert!(put(&cache, None, big));
+    assert!(cache.get(LIST, None, None).is_none());
+    assert!(cache.stats().l1.bytes <= 4096);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -305,9 +425,14 @@ mod properties {
         #[test]
         fn isolation_freshness_and_liveness_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..60)) {
             let dir = temp_dir(&format!("prop-{}", std::thread::current().name().unwrap_or("t").replace(':', "_")));
-            let mut cache = ListCache::new(config(Some(dir.to_path_buf())));
-            // Far in the future, so that the disk layer (which reads the wall clock) keeps what
-            // the model keeps.
+            // The model's clock starts far in the future, so that the disk layer (which
+            // reads the wall clock) keeps what the model keeps; a loaded entry is held to
+            // max_ttl from the wall clock's now, so max_ttl reaches past the model's.
+            let far = CacheConfig {
+                max_ttl: Duration::from_secs(100 * 365 * 24 * 3600),
+                ..config(Some(dir.to_path_buf()))
+            };
+            let mut cache = ListCache::new(far.clone());
             let mut now = 4_000_000_000_000u64;
             // The model: the last valid write per scope (public, or private per context).
             let mut public: Option<Stored> = None;
@@ -353,7 +478,7 @@ mod properties {
                         // The disk layer judges freshness by the wall clock; the model's
                         // clock starts in the far future, so entries stay comparable.
                         drop(cache);
-                        cache = ListCache::new(config(Some(dir.to_path_buf())));
+                        cache = ListCache::new(far.clone());
                     }
                 }
             }
