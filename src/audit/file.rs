@@ -2,7 +2,9 @@
 //!
 //! The writer remembers the offset after the last batch that was written whole. A write
 //! that fails part-way is cut back to that offset, so a partial batch never stays in
-//! the file and the retry writes it once. The file is created 0600.
+//! the file and the retry writes it once. The offset is read again before each batch,
+//! so a file cut by someone else (`logrotate`'s `copytruncate`) is never padded back
+//! to its old length. The file is created 0600; one process writes it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -82,10 +84,13 @@ impl AuditFile {
             }
             self.output = Some(output);
         }
-        let good = self.good.unwrap_or(0);
         let Some(output) = self.output.as_mut() else {
             return Err(std::io::Error::other("audit output not open"));
         };
+        // Where this batch starts: the file as it is now (another hand may have cut
+        // it), which the batch before left whole.
+        let good = output.len()?;
+        self.good = Some(good);
         match output.append(bytes) {
             Ok(()) => {
                 self.good = Some(good + bytes.len() as u64);
@@ -101,6 +106,37 @@ impl AuditFile {
             }
         }
     }
+}
+
+/// Reads the key file: `None` when there is none; an error when it is there but not
+/// one this user made for this: a link, not a plain file, another user's, readable or
+/// writable by others, or not 32 to 64 bytes.
+fn read_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open it ({e}); a link is not followed")),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err("not a plain file of this user's with mode 0600".into());
+    }
+    if !(32..=64).contains(&meta.len()) {
+        return Err(format!("{} bytes, not 32 to 64", meta.len()));
+    }
+    let mut key = Vec::with_capacity(64);
+    file.take(64)
+        .read_to_end(&mut key)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(key))
 }
 
 /// The key of the audit trail's auth-context hashes, kept beside the audit file
@@ -122,10 +158,14 @@ pub(super) fn load_or_create_key(audit_path: Option<&Path>) -> Vec<u8> {
         return fresh();
     };
     let key_path = PathBuf::from(format!("{}.key", path.display()));
-    if let Ok(key) = std::fs::read(&key_path)
-        && key.len() >= 32
-    {
-        return key;
+    match read_key(&key_path) {
+        Ok(Some(key)) => return key,
+        Ok(None) => {}
+        Err(why) => {
+            // Not replaced: it may be someone's planted file, or the operator's.
+            tracing::error!(path = %key_path.display(), %why, "audit hash key not used; a key for this process only (hashes will differ after a restart)");
+            return fresh();
+        }
     }
     let key = fresh();
     use std::os::unix::fs::OpenOptionsExt;
@@ -134,16 +174,25 @@ pub(super) fn load_or_create_key(audit_path: Option<&Path>) -> Vec<u8> {
         .filter(|p| !p.as_os_str().is_empty())
         .map_or(Ok(()), std::fs::create_dir_all)
         .and_then(|()| {
+            // Never through a link, never over a file another process just made.
             std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
+                .create_new(true)
                 .write(true)
                 .mode(0o600)
                 .open(&key_path)
         })
         .and_then(|mut f| f.write_all(&key));
-    if let Err(e) = written {
-        tracing::warn!(path = %key_path.display(), error = %e, "could not keep the audit hash key; hashes will differ after a restart");
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Another process made it first: its key is the one to share.
+            if let Ok(Some(theirs)) = read_key(&key_path) {
+                return theirs;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(path = %key_path.display(), error = %e, "could not keep the audit hash key; hashes will differ after a restart");
+        }
     }
     key
 }
@@ -221,5 +270,56 @@ mod tests {
             b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n",
             "each record exactly once"
         );
+    }
+    #[test]
+    fn a_file_cut_by_someone_else_is_not_padded_back_after_a_failed_write() {
+        let flaky = Flaky::default();
+        let mut file = AuditFile::new(opener(&flaky));
+        file.write(b"{\"a\":1}\n{\"b\":2}\n").expect("first batch");
+        // `copytruncate`: the file is emptied under the writer.
+        flaky.data.lock().clear();
+        *flaky.fail_after.lock() = Some(3);
+        assert!(file.write(b"{\"c\":3}\n").is_err());
+        assert!(
+            flaky.data.lock().is_empty(),
+            "cut back to where it started, not padded"
+        );
+        file.write(b"{\"c\":3}\n").expect("retried");
+        assert_eq!(&*flaky.data.lock(), b"{\"c\":3}\n");
+    }
+
+    #[test]
+    fn the_key_file_is_used_only_when_this_user_made_it_for_this() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::util::scratch::Scratch::new("audit-key");
+        std::fs::create_dir_all(&*dir).expect("dir");
+        let audit = dir.join("audit.jsonl");
+        let key_path = dir.join("audit.jsonl.key");
+        let made = load_or_create_key(Some(&audit));
+        assert_eq!(made.len(), 32);
+        let mode = std::fs::metadata(&key_path)
+            .expect("kept")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_or_create_key(Some(&audit)), made, "read back");
+        // Readable by others: not used, and not replaced.
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert_ne!(load_or_create_key(Some(&audit)), made);
+        assert_eq!(std::fs::read(&key_path).expect("still there"), made);
+        // A link to a key someone else knows: not followed.
+        std::fs::remove_file(&key_path).expect("rm");
+        let planted = dir.join("planted");
+        std::fs::write(&planted, [7u8; 32]).expect("plant");
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::os::unix::fs::symlink(&planted, &key_path).expect("link");
+        assert_ne!(load_or_create_key(Some(&audit)), vec![7u8; 32]);
+        // Too long to be a key (a link to a device, a log).
+        std::fs::remove_file(&key_path).expect("rm");
+        std::fs::write(&key_path, vec![1u8; 4096]).expect("write");
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(load_or_create_key(Some(&audit)).len(), 32);
+        assert_eq!(std::fs::read(&key_path).expect("left").len(), 4096);
+        let _ = std::fs::remove_dir_all(&*dir);
     }
 }

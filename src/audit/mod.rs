@@ -93,6 +93,11 @@ impl Default for AuditConfig {
                 "key",
                 "authorization",
                 "cookie",
+                "passwd",
+                "credential",
+                "bearer",
+                "session",
+                "jwt",
             ]
             .map(String::from)
             .to_vec(),
@@ -131,8 +136,14 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
     match v {
         Value::Object(map) => {
             let mut out = Map::new();
+            // `{"name": "Authorization", "value": "Bearer …"}`: a header or variable
+            // given as a pair hides its value as a key of that name would.
+            let named_secret = map
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| record::is_secret(config, n));
             for (k, v) in map {
-                let hidden = record::is_secret(config, k);
+                let hidden = record::is_secret(config, k) || (named_secret && k == "value");
                 out.insert(
                     k.clone(),
                     if hidden {
@@ -163,6 +174,12 @@ mod tests {
         };
         let full = c.redact(&args);
         assert_eq!(full["Password"], "[redacted]");
+        let pairs = json!({"headers": [{"name": "Authorization", "value": "Bearer t"}, {"name": "Accept", "value": "*/*"}], "SESSION_ID": "s", "passwd": "p"});
+        let scrubbed = c.redact(&pairs);
+        assert_eq!(scrubbed["headers"][0]["value"], "[redacted]");
+        assert_eq!(scrubbed["headers"][1]["value"], "*/*");
+        assert_eq!(scrubbed["SESSION_ID"], "[redacted]");
+        assert_eq!(scrubbed["passwd"], "[redacted]");
         assert_eq!(full["nested"]["token"], "[redacted]");
         assert_eq!(full["nested"]["ok"], 1);
         c.redaction = Redaction::Keys;
