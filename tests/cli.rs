@@ -761,6 +761,27 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
             stdout(&o)
         );
     }
+    // A URL that is no web page a person can judge (another scheme, credentials in it,
+    // plain HTTP to another host) is declined before anyone is asked.
+    for bad in [
+        "javascript:alert(1)",
+        "file:///etc/passwd",
+        "http://evil.example/sign-in",
+        "https://user:pw@example.com/",
+    ] {
+        let args_json = serde_json::json!({"n": 1, "mode": "url", "url": bad}).to_string();
+        let o = run_env(
+            &["call", "--stdio", &server, "many_inputs", &args_json],
+            &env,
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains("not an https URL"), "{bad}: {err}");
+        assert!(
+            !err.contains("open this URL"),
+            "{bad} is not offered: {err}"
+        );
+    }
     // On a terminal (a pty from util-linux `script`) the program asks for consent, and
     // only a yes sends it.
     let cmd = format!(

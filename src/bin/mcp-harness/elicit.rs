@@ -66,11 +66,17 @@ impl InputHandler for CliApprover {
                     .and_then(Value::as_str)
                     .unwrap_or("");
                 let first: String = line(first).chars().take(500).collect();
+                let messages = p["messages"].as_array().map_or(0, Vec::len);
                 eprintln!(
-                    "server {} asks the model for up to {} tokens: {first}",
+                    "server {} asks the model for up to {} tokens, {messages} message(s); the first: {first}",
                     line(&request.server),
                     p["maxTokens"].as_u64().unwrap_or(0),
                 );
+                // The instructions the model would follow, which the person approves too.
+                if let Some(system) = p["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
+                    let system: String = line(system).chars().take(500).collect();
+                    eprintln!("  with the system prompt: {system}");
+                }
                 match ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
                     _ => json!({"action": "decline"}),
@@ -114,11 +120,30 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
 /// opened, accepted only with consent.
 fn url_mode(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
     let p = &request.params;
-    let message = line(p["message"].as_str().unwrap_or(""));
-    let url = line(p["url"].as_str().unwrap_or(""));
+    let message: String = line(p["message"].as_str().unwrap_or(""))
+        .chars()
+        .take(500)
+        .collect();
+    let raw = p["url"].as_str().unwrap_or("");
+    // Only a web page a person can judge by its host: https (http on this machine
+    // only), no credentials in it, of a length a terminal shows whole.
+    let parsed = url::Url::parse(raw).ok().filter(|u| {
+        let local = matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
+        raw.len() <= 2048
+            && u.username().is_empty()
+            && u.password().is_none()
+            && (u.scheme() == "https" || (u.scheme() == "http" && local))
+    });
+    let Some(parsed) = parsed else {
+        return decline(
+            "the URL is not an https URL of at most 2048 characters without credentials",
+        );
+    };
     eprintln!(
-        "Server {} asks you to open this URL yourself:\n  {url}\n  ({message})",
-        request.server
+        "Server {} asks you to open this URL yourself (host {}):\n  {}\n  ({message})",
+        line(&request.server),
+        line(parsed.host_str().unwrap_or("")),
+        line(parsed.as_str()),
     );
     let consent = match answers {
         Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),

@@ -154,7 +154,11 @@ fn many_inputs(request: &Request, ctx: &Ctx) -> Action {
         .unwrap_or("form");
     let params = match (method, mode) {
         ("elicitation/create", "url") => {
-            json!({"mode": "url", "message": "Sign in", "url": "https://example.com/sign-in"})
+            // `url`: a page of the caller's choosing (a bad one, in tests).
+            let url = arg(request, "url")
+                .and_then(Value::as_str)
+                .unwrap_or("https://example.com/sign-in");
+            json!({"mode": "url", "message": "Sign in", "url": url})
         }
         ("elicitation/create", _) => {
             form("Which?", json!({"x": {"type": "string"}}), &[])["params"].clone()
