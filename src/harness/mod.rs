@@ -222,7 +222,14 @@ impl Harness {
         let registry_ref = RegistryRef::default();
         if let Some(shared) = &shared {
             let peers = registry_ref.clone();
-            shared.listen(move |server| peers.peer_changed(server));
+            // One mark per shared server (only those are heard), so this stays small.
+            let queued: parking_lot::Mutex<
+                std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
+            > = parking_lot::Mutex::default();
+            shared.listen(move |server| {
+                let mark = queued.lock().entry(server.to_string()).or_default().clone();
+                peers.peer_changed(server, &mark);
+            });
         }
         let audit = AuditRef::default();
         let audit_sink = AuditSink::new(config.audit.clone(), audit.0.clone());

@@ -157,7 +157,10 @@ pub(crate) enum RegistryMsg {
     /// Drop a server's entries (`list_changed`, removal).
     Invalidate(String),
     /// Another process sharing L3 dropped a server's entries: drop ours, tell no one.
-    PeerChanged(String),
+    /// The mark is when one was queued for the server (0: none), cleared when handled:
+    /// a flood of invalidations heard from Redis queues one message per server (and
+    /// one a second, should a queued one be lost with a dying actor).
+    PeerChanged(String, Arc<std::sync::atomic::AtomicU64>),
     /// Drop one list of a server (its cursor was rejected).
     InvalidateList {
         /// Server id.
@@ -222,7 +225,9 @@ impl Actor for RegistryActor {
                 registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate(&server)).await;
             }
-            RegistryMsg::PeerChanged(server) => {
+            RegistryMsg::PeerChanged(server, queued) => {
+                // Cleared first: one heard while this runs queues another.
+                queued.store(0, std::sync::atomic::Ordering::SeqCst);
                 let id = server.clone();
                 blocking(registry, move |r| r.cache.invalidate(&id)).await;
                 registry.announce(HarnessEvent::ListsChanged {
@@ -273,9 +278,25 @@ impl RegistryRef {
         self.0.send(RegistryMsg::Invalidate(server.to_string()));
     }
 
-    /// Drops a server's entries because a peer said so (not published again).
-    pub fn peer_changed(&self, server: &str) {
-        self.0.send(RegistryMsg::PeerChanged(server.to_string()));
+    /// Drops a server's entries because a peer said so (not published again), unless
+    /// one is already queued: `queued` is the server's mark (see
+    /// [`RegistryMsg::PeerChanged`]).
+    pub fn peer_changed(&self, server: &str, queued: &Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::Ordering;
+        let now = cache::now_ms().max(1);
+        let mark = queued.load(Ordering::SeqCst);
+        if mark != 0 && now.saturating_sub(mark) < 1000 {
+            return;
+        }
+        if queued
+            .compare_exchange(mark, now, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            && !self
+                .0
+                .send(RegistryMsg::PeerChanged(server.to_string(), queued.clone()))
+        {
+            queued.store(0, Ordering::SeqCst);
+        }
     }
 
     /// Drops one list of a server.
@@ -327,4 +348,65 @@ pub fn canonical_json(v: &Value) -> String {
         }
     }
     sorted(v).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    /// Counts what reaches it and handles nothing (a registry busy elsewhere).
+    struct Counter(Arc<AtomicUsize>);
+
+    impl ractor::Actor for Counter {
+        type Msg = RegistryMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            _: (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            _: Self::Msg,
+            _: &mut (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_peer_invalidations_queues_one_per_server() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let (actor, handle) = ractor::Actor::spawn(None, Counter(count.clone()), ())
+            .await
+            .expect("spawn");
+        let registry = RegistryRef::default();
+        registry.0.set(actor.clone());
+        let (a, b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        for _ in 0..10_000 {
+            registry.peer_changed("a", &a);
+            registry.peer_changed("b", &b);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            2,
+            "one per server while queued"
+        );
+        // No actor to take it: nothing stays marked.
+        let none = RegistryRef::default();
+        let c = Arc::new(AtomicU64::new(0));
+        none.peer_changed("c", &c);
+        assert_eq!(c.load(Ordering::SeqCst), 0);
+        actor.stop(None);
+        let _ = handle.await;
+    }
 }

@@ -248,7 +248,7 @@ pub fn scope_key(scope: CacheScope, auth_context: Option<&str>) -> Option<String
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
