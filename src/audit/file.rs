@@ -169,25 +169,40 @@ pub(super) fn load_or_create_key(audit_path: Option<&Path>) -> Vec<u8> {
     }
     let key = fresh();
     use std::os::unix::fs::OpenOptionsExt;
+    // Written whole under a name of its own, then linked into place: the key file
+    // appears complete or not at all, and a process that finds it made first reads
+    // all of it.
+    let mut nonce = [0u8; 8];
+    let _ = getrandom::fill(&mut nonce);
+    let tmp = PathBuf::from(format!(
+        "{}.{}.tmp",
+        key_path.display(),
+        u64::from_le_bytes(nonce)
+    ));
     let written = key_path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .map_or(Ok(()), std::fs::create_dir_all)
         .and_then(|()| {
-            // Never through a link, never over a file another process just made.
+            // Never through a link, never over another file.
             std::fs::OpenOptions::new()
                 .create_new(true)
                 .write(true)
                 .mode(0o600)
-                .open(&key_path)
+                .open(&tmp)
         })
-        .and_then(|mut f| f.write_all(&key));
+        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::hard_link(&tmp, &key_path));
+    let _ = std::fs::remove_file(&tmp);
     match written {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             // Another process made it first: its key is the one to share.
-            if let Ok(Some(theirs)) = read_key(&key_path) {
-                return theirs;
+            match read_key(&key_path) {
+                Ok(Some(theirs)) => return theirs,
+                _ => {
+                    tracing::warn!(path = %key_path.display(), "another key file appeared and cannot be used; hashes will differ after a restart")
+                }
             }
         }
         Err(e) => {
@@ -320,6 +335,36 @@ mod tests {
         std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         assert_eq!(load_or_create_key(Some(&audit)).len(), 32);
         assert_eq!(std::fs::read(&key_path).expect("left").len(), 4096);
+        let _ = std::fs::remove_dir_all(&*dir);
+    }
+    #[test]
+    fn processes_starting_together_share_one_key() {
+        let dir = crate::util::scratch::Scratch::new("audit-key-race");
+        std::fs::create_dir_all(&*dir).expect("dir");
+        for round in 0..20 {
+            let audit = dir.join(format!("audit-{round}.jsonl"));
+            let keys: Vec<Vec<u8>> = std::thread::scope(|s| {
+                let racers: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| load_or_create_key(Some(&audit))))
+                    .collect();
+                racers
+                    .into_iter()
+                    .map(|r| r.join().expect("thread"))
+                    .collect()
+            });
+            let on_disk =
+                std::fs::read(dir.join(format!("audit-{round}.jsonl.key"))).expect("kept");
+            assert!(
+                keys.iter().all(|k| *k == on_disk),
+                "round {round}: every racer uses the kept key"
+            );
+        }
+        let leftovers = std::fs::read_dir(&*dir)
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .count();
+        assert_eq!(leftovers, 0, "no temporary key files are left");
         let _ = std::fs::remove_dir_all(&*dir);
     }
 }

@@ -138,12 +138,13 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
             let mut out = Map::new();
             // `{"name": "Authorization", "value": "Bearer …"}`: a header or variable
             // given as a pair hides its value as a key of that name would.
-            let named_secret = map
-                .get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| record::is_secret(config, n));
+            // (`Name`/`Value`, `key`/`value` in any spelling, as AWS and others write.)
+            let named_secret = map.iter().any(|(k, v)| {
+                matches!(fold(k).as_str(), "name" | "key")
+                    && v.as_str().is_some_and(|n| record::is_secret(config, n))
+            });
             for (k, v) in map {
-                let hidden = record::is_secret(config, k) || (named_secret && k == "value");
+                let hidden = record::is_secret(config, k) || (named_secret && fold(k) == "value");
                 out.insert(
                     k.clone(),
                     if hidden {
@@ -174,10 +175,11 @@ mod tests {
         };
         let full = c.redact(&args);
         assert_eq!(full["Password"], "[redacted]");
-        let pairs = json!({"headers": [{"name": "Authorization", "value": "Bearer t"}, {"name": "Accept", "value": "*/*"}], "SESSION_ID": "s", "passwd": "p"});
+        let pairs = json!({"headers": [{"name": "Authorization", "value": "Bearer t"}, {"name": "Accept", "value": "*/*"}], "tags": [{"Key": "X-Api-Token", "Value": "v"}], "SESSION_ID": "s", "passwd": "p"});
         let scrubbed = c.redact(&pairs);
         assert_eq!(scrubbed["headers"][0]["value"], "[redacted]");
         assert_eq!(scrubbed["headers"][1]["value"], "*/*");
+        assert_eq!(scrubbed["tags"][0]["Value"], "[redacted]");
         assert_eq!(scrubbed["SESSION_ID"], "[redacted]");
         assert_eq!(scrubbed["passwd"], "[redacted]");
         assert_eq!(full["nested"]["token"], "[redacted]");

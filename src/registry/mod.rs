@@ -283,7 +283,14 @@ impl RegistryRef {
     /// [`RegistryMsg::PeerChanged`]).
     pub fn peer_changed(&self, server: &str, queued: &Arc<std::sync::atomic::AtomicU64>) {
         use std::sync::atomic::Ordering;
-        let now = cache::now_ms().max(1);
+        // A monotonic clock of this process (a wall clock stepped back would hold the
+        // mark longer); 0 means no mark, so it starts at 1.
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64
+            + 1;
         let mark = queued.load(Ordering::SeqCst);
         if mark != 0 && now.saturating_sub(mark) < 1000 {
             return;

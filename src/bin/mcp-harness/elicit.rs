@@ -44,6 +44,22 @@ fn prompt_lock() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Messages of a sampling request shown in full (up to [`SHOWN_CHARS`] each).
+const SHOWN_MESSAGES: usize = 8;
+/// Characters of one message or system prompt shown.
+const SHOWN_CHARS: usize = 500;
+
+/// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut.
+fn shown(text: &str) -> String {
+    let one = line(text);
+    let total = one.chars().count();
+    let mut out: String = one.chars().take(SHOWN_CHARS).collect();
+    if total > SHOWN_CHARS {
+        out.push_str(&format!(" …(+{} more characters)", total - SHOWN_CHARS));
+    }
+    out
+}
+
 /// Approves sampling requests on the terminal (the command line's approver): shows who
 /// asks, for how many tokens, and the first message, and asks y/N. Without a terminal
 /// it declines.
@@ -60,22 +76,32 @@ impl InputHandler for CliApprover {
                     return json!({"action": "decline"});
                 }
                 let p = &request.params;
-                let first = p
-                    .pointer("/messages/0/content/text")
-                    .or_else(|| p.pointer("/messages/0/content/0/text"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let first: String = line(first).chars().take(500).collect();
-                let messages = p["messages"].as_array().map_or(0, Vec::len);
+                let messages = p["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]);
                 eprintln!(
-                    "server {} asks the model for up to {} tokens, {messages} message(s); the first: {first}",
+                    "server {} asks the model for up to {} tokens, {} message(s):",
                     line(&request.server),
                     p["maxTokens"].as_u64().unwrap_or(0),
+                    messages.len(),
                 );
-                // The instructions the model would follow, which the person approves too.
+                // The instructions the model would follow are what the person approves:
+                // the system prompt and every message, each cut visibly.
                 if let Some(system) = p["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
-                    let system: String = line(system).chars().take(500).collect();
-                    eprintln!("  with the system prompt: {system}");
+                    eprintln!("  system: {}", shown(system));
+                }
+                for m in messages.iter().take(SHOWN_MESSAGES) {
+                    let text = m
+                        .pointer("/content/text")
+                        .or_else(|| m.pointer("/content/0/text"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("(not text)");
+                    eprintln!(
+                        "  {}: {}",
+                        line(m["role"].as_str().unwrap_or("?")),
+                        shown(text)
+                    );
+                }
+                if messages.len() > SHOWN_MESSAGES {
+                    eprintln!("  (+{} more messages)", messages.len() - SHOWN_MESSAGES);
                 }
                 match ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
@@ -129,7 +155,7 @@ fn url_mode(request: &InputRequestContext, answers: Option<&Value>, interactive:
     // only), no credentials in it, of a length a terminal shows whole.
     let parsed = url::Url::parse(raw).ok().filter(|u| {
         let local = matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
-        raw.len() <= 2048
+        u.as_str().len() <= 2048
             && u.username().is_empty()
             && u.password().is_none()
             && (u.scheme() == "https" || (u.scheme() == "http" && local))

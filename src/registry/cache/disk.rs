@@ -5,8 +5,9 @@
 //! created 0600 in 0700 directories, written to a temporary file of a random name
 //! (created, never reused) and renamed, so a crash never leaves half an entry. Links
 //! and anything but plain files and directories are skipped, never followed or
-//! removed; a file is read up to [`MAX_FILE`] bytes; a directory others may write to is
-//! not used at all. All of it is blocking I/O: the registry actor runs it on a blocking
+//! removed; a file is read up to [`MAX_FILE`] bytes; a directory of another user's, or
+//! one users outside its group may write to, is not used at all (its group's members
+//! are trusted as its owner is). All of it is blocking I/O: the registry actor runs it on a blocking
 //! thread.
 
 use std::collections::HashMap;
@@ -38,14 +39,27 @@ fn private_dir(path: &Path, configured: bool) -> bool {
 }
 
 /// A cache directory fit to use: the configured one, or a server's under it (see
-/// [`private_dir`]); a refusal is logged.
+/// [`private_dir`]).
 fn usable(path: &Path, configured: bool) -> bool {
-    let ok = private_dir(path, configured);
-    if !ok && std::fs::symlink_metadata(path).is_ok() {
-        tracing::warn!(path = %path.display(), "cache directory not used: a link, not this user's, or writable by others");
+    private_dir(path, configured)
+}
+
+/// Makes the configured directory if it is not there; whether the disk layer may use
+/// it (a refusal is logged here, once).
+pub(super) fn prepare(dir: &Path) -> bool {
+    if let Err(e) = make_dir(dir) {
+        tracing::warn!(path = %dir.display(), error = %e, "cache directory cannot be made; the disk layer is off");
+        return false;
+    }
+    let ok = usable(dir, true);
+    if !ok {
+        tracing::warn!(path = %dir.display(), "cache directory not this user's, or writable by users outside its group; the disk layer is off");
     }
     ok
 }
+
+/// Temporary files older than this are a crashed writer's, and removed.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The file name an entry with `key` must have.
 fn file_name(key: &CacheKey) -> String {
@@ -64,10 +78,9 @@ fn make_dir(path: &Path) -> std::io::Result<()> {
 
 /// Writes one entry.
 pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
-    make_dir(dir)?;
     let server_dir = dir.join(&entry.key.server);
     make_dir(&server_dir)?;
-    if !usable(dir, true) || !usable(&server_dir, false) {
+    if !usable(&server_dir, false) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             "the cache directory is a link, not this user's, or writable by others",
@@ -146,6 +159,9 @@ pub(super) fn remove_where(dir: &Path, server: &str, drop: impl Fn(&CacheKey) ->
 fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
     let mut out = Vec::new();
     if !usable(server_dir, false) {
+        if std::fs::symlink_metadata(server_dir).is_ok() {
+            tracing::warn!(path = %server_dir.display(), "cache directory not used: a link, not this user's, or writable by others");
+        }
         return out;
     }
     let Ok(files) = std::fs::read_dir(server_dir) else {
@@ -153,16 +169,35 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
     };
     for file in files.flatten() {
         let path = file.path();
+        // The entry's own type (a link is a link here): only plain files are read or
+        // removed.
+        let plain = file.file_type().is_ok_and(|t| t.is_file());
+        if plain
+            && path.extension().is_some_and(|e| e == "tmp")
+            && file
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_TMP)
+        {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        // The entry's own type (a link is a link here): only plain files are read or
-        // removed.
-        if !file.file_type().is_ok_and(|t| t.is_file()) {
+        if !plain {
             tracing::warn!(path = %path.display(), "ignoring a cache entry that is not a plain file");
             continue;
         }
-        let entry = read_plain(&path).and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
+        // What cannot be read now (too large, swapped for a link, out of descriptors)
+        // is skipped, not removed: only what was read and is not an entry goes.
+        let Some(bytes) = read_plain(&path) else {
+            tracing::warn!(path = %path.display(), "ignoring a cache file that cannot be read whole");
+            continue;
+        };
+        let entry = serde_json::from_slice::<Entry>(&bytes).ok();
         let named_right = |e: &Entry| {
             e.key.server == server
                 && path.file_name().and_then(|n| n.to_str()) == Some(file_name(&e.key).as_str())
@@ -184,9 +219,6 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
 pub(super) fn load(dir: &Path, max_ttl: Duration) -> HashMap<CacheKey, Entry> {
     let now = now_ms();
     let mut entries = HashMap::new();
-    if !usable(dir, true) {
-        return entries;
-    }
     let Ok(servers) = std::fs::read_dir(dir) else {
         return entries;
     };

@@ -248,7 +248,7 @@ pub fn scope_key(scope: CacheScope, auth_context: Option<&str>) -> Option<String
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -285,11 +285,27 @@ impl ListCache {
     /// A cache with these settings; the disk layer is loaded now (blocking I/O: call it
     /// off the async threads), skipping entries that expired while the harness was down.
     pub fn new(config: CacheConfig) -> ListCache {
-        let l2 = config
+        let mut config = config;
+        if let Some(dir) = &config.dir
+            && !disk::prepare(dir)
+        {
+            // Logged by `prepare`; memory alone serves.
+            config.dir = None;
+        }
+        let mut l2 = config
             .dir
             .as_deref()
             .map(|d| disk::load(d, config.max_ttl))
             .unwrap_or_default();
+        // Files past the budget (written by another process sharing the directory, or
+        // under a larger budget) are let go, soonest to expire first.
+        if let Some(dir) = &config.dir {
+            let mut dropped = Vec::new();
+            Self::make_room(&mut l2, now_ms(), &[], config.max_bytes, &mut dropped);
+            for key in dropped {
+                disk::remove(dir, &key);
+            }
+        }
         ListCache {
             config,
             l1: RwLock::new(HashMap::new()),
@@ -392,7 +408,16 @@ impl ListCache {
                 // L1 write lock is held while the epoch is checked.
                 let mut l1 = self.l1.write();
                 if self.epoch(list.server) == epoch {
-                    l1.insert(e.key.clone(), e);
+                    let page = [Page {
+                        key: e.key.clone(),
+                        ttl: Duration::from_millis(e.ttl_ms),
+                        value: e.value.clone(),
+                        bytes: e.bytes,
+                    }];
+                    if Self::make_room(&mut l1, now, &page, self.config.max_bytes, &mut Vec::new())
+                    {
+                        l1.insert(e.key.clone(), e);
+                    }
                 }
                 Some(found)
             }
@@ -466,29 +491,41 @@ impl ListCache {
         }
     }
 
-    /// Makes room in `layer` for `incoming` more bytes within `max_bytes`: drops the
-    /// expired entries, then those that expire soonest. The keys dropped, for the disk.
+    /// Makes room in `layer` for `pages` within `max_bytes`: drops the expired entries,
+    /// then those that expire soonest, never the pages' own keys (they are replaced).
+    /// `false`, and nothing dropped, when the pages alone are past the budget: a list is
+    /// cached whole or not at all. The keys dropped go to `dropped`, for the disk.
     fn make_room(
         layer: &mut HashMap<CacheKey, Entry>,
         now: u64,
-        incoming: usize,
+        pages: &[Page],
         max_bytes: usize,
-    ) -> Vec<CacheKey> {
-        let mut dropped = Vec::new();
+        dropped: &mut Vec<CacheKey>,
+    ) -> bool {
+        let incoming = pages
+            .iter()
+            .map(|p| p.bytes)
+            .fold(0usize, usize::saturating_add);
+        if incoming > max_bytes {
+            return false;
+        }
+        let replaced = |k: &CacheKey| pages.iter().any(|p| p.key == *k);
         let mut total = 0usize;
         layer.retain(|k, e| {
             let keep = e.expires_unix_ms > now;
-            match keep {
-                true => total = total.saturating_add(e.bytes),
-                false => dropped.push(k.clone()),
+            match (keep, replaced(k)) {
+                (true, false) => total = total.saturating_add(e.bytes),
+                (true, true) => {}
+                (false, _) => dropped.push(k.clone()),
             }
             keep
         });
         if total.saturating_add(incoming) <= max_bytes {
-            return dropped;
+            return true;
         }
         let mut by_expiry: Vec<(u64, CacheKey)> = layer
             .iter()
+            .filter(|(k, _)| !replaced(k))
             .map(|(k, e)| (e.expires_unix_ms, k.clone()))
             .collect();
         by_expiry.sort_unstable_by_key(|(expires, _)| *expires);
@@ -501,17 +538,7 @@ impl ListCache {
                 dropped.push(key);
             }
         }
-        dropped
-    }
-
-    /// The pages of one list that fit a layer at all (one page past the budget is not
-    /// kept), and their bytes.
-    fn fitting(pages: &[Page], max_bytes: usize) -> usize {
-        pages
-            .iter()
-            .map(|p| p.bytes)
-            .fold(0usize, usize::saturating_add)
-            .min(max_bytes)
+        true
     }
 
     fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
@@ -519,17 +546,13 @@ impl ListCache {
         // then takes this lock to drop entries, so a stale list either sees the new
         // epoch here or is dropped right after.
         let mut l1 = self.l1.write();
-        let max = self.config.max_bytes;
-        Self::make_room(&mut l1, now, Self::fitting(pages, max), max);
-        let mut room = max.saturating_sub(l1.values().map(|e| e.bytes).sum());
+        if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
+            return; // invalidated while it was being fetched
+        }
+        if !Self::make_room(&mut l1, now, pages, self.config.max_bytes, &mut Vec::new()) {
+            return;
+        }
         for page in pages {
-            if self.epoch(&page.key.server) != epoch {
-                return; // invalidated while it was being fetched
-            }
-            if page.bytes > room {
-                continue;
-            }
-            room -= page.bytes;
             l1.insert(
                 page.key.clone(),
                 Self::entry(now, page, self.config.max_ttl),
@@ -548,19 +571,18 @@ impl ListCache {
             return;
         };
         let mut l2 = self.l2.write();
-        let max = self.config.max_bytes;
-        for key in Self::make_room(&mut l2, now, Self::fitting(&pages, max), max) {
+        if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
+            return;
+        }
+        let mut dropped = Vec::new();
+        let fits = Self::make_room(&mut l2, now, &pages, self.config.max_bytes, &mut dropped);
+        for key in dropped {
             disk::remove(dir, &key);
         }
-        let mut room = max.saturating_sub(l2.values().map(|e| e.bytes).sum());
+        if !fits {
+            return;
+        }
         for page in pages {
-            if self.epoch(&page.key.server) != epoch {
-                return;
-            }
-            if page.bytes > room {
-                continue;
-            }
-            room -= page.bytes;
             let entry = Self::entry(now, &page, self.config.max_ttl);
             if let Err(e) = disk::write(dir, &entry) {
                 tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");

@@ -273,6 +273,10 @@ fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_remo
     assert_eq!(cache.stats().l2.entries, 1, "the real entry only");
     assert!(precious.exists(), "nothing behind the link is removed");
     assert!(fifo.exists(), "a pipe is skipped, never opened for long");
+    assert!(
+        huge.exists(),
+        "a file too large to read is skipped, not removed"
+    );
     // Invalidating the linked server removes the link, not what it points to.
     cache.invalidate("other");
     assert!(precious.exists() && !dir.join("other").exists());
@@ -355,11 +359,37 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
         files, stats.l2.entries,
         "evicted entries' files are removed"
     );
-    // A page larger than the whole budget is not kept.
+    // A page stored again under its own key replaces itself: nothing else goes.
+    let again = json!({"tools": [filler], "ttlMs": 60000 + 99 * 1000, "cacheScope": "public"});
+    let (key, ttl) = cache
+        .key_for(LIST, Some("c99"), None, &again)
+        .expect("stored");
+    cache.put(
+        vec![Page {
+            key,
+            ttl,
+            bytes: json_size(&again),
+            value: Arc::new(again),
+        }],
+        cache.epoch("s"),
+    );
+    assert_eq!(cache.stats().l1.entries, stats.l1.entries);
+    assert_eq!(cache.stats().l2.entries, stats.l2.entries);
+    // A page larger than the whole budget is not kept, and takes nothing's place.
     let big = json!({"tools": ["y".repeat(5000)], "ttlMs": 600000, "cacheScope": "public"});
     assert!(put(&cache, None, big));
     assert!(cache.get(LIST, None, None).is_none());
-    assert!(cache.stats().l1.bytes <= 4096);
+    assert!(cache.get(LIST, Some("c99"), None).is_some());
+    assert_eq!(cache.stats().l1.entries, stats.l1.entries);
+    // A new process with a smaller budget lets the files past it go.
+    drop(cache);
+    let smaller = ListCache::new(CacheConfig {
+        max_bytes: 2048,
+        ..config(Some(dir.to_path_buf()))
+    });
+    assert!(smaller.stats().l2.bytes <= 2048);
+    let files = std::fs::read_dir(dir.join("s")).expect("dir").count();
+    assert_eq!(files, smaller.stats().l2.entries);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
