@@ -276,6 +276,9 @@ fn effective(faults: &Faults, kind: &'static str) {
 }
 
 async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, long: bool) {
+    // Printed first, so that a failure (whose output the test runner shows) says how
+    // to run the same fault schedule again.
+    eprintln!("SOAK seed={seed} (MCP_HARNESS_SOAK_SEED={seed} runs this schedule again)");
     // tokio opens its SIGCHLD pipe at the first child and keeps it: open it before the
     // baseline, so that the baseline is the process without the test's helpers.
     let _ = tokio::process::Command::new("true").status().await;
@@ -480,6 +483,11 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
     // The background faults end within their own timeouts.
     while background.join_next().await.is_some() {}
     http.revive().await;
+    // The last fault may be a SIGKILL sent a moment ago: until the harness has seen the
+    // death (the reader's end of output, the exit status, the actor's restart: well
+    // under a second) the server still reads Ready, and a call on it fails as the
+    // documented fast failure. The check is of recovery, so it starts once that is seen.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // After the faults: every server ready again, and serving.
     let mut check_calls = 0u64;
@@ -503,7 +511,7 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
         // The server, the error and its status: a rare failure here must say enough.
         let result = result.unwrap_or_else(|e| {
             panic!(
-                "{} does not serve after the faults: {e:?}; status {:?}",
+                "{} does not serve after the faults (seed {seed}): {e:?}; status {:?}",
                 s.id,
                 h.server_status(&s.id)
             )

@@ -6,7 +6,8 @@
 //! grandchildren). A waiter task owns the [`tokio::process::Child`] and publishes its
 //! exit. [`ProcessGroup::terminate`] is the graceful path: the caller has closed stdin;
 //! wait, SIGTERM the group, wait, SIGKILL the group, wait for the reap. A final SIGKILL
-//! to the group after the leader exits sweeps up grandchildren that outlived it.
+//! to the group, sent by the waiter as soon as the leader is reaped, sweeps up
+//! grandchildren that outlived it.
 //! [`GroupHandle`] is the one place that signals the group; the [`ProcessGroup`]'s
 //! `Drop` sends SIGKILL through it synchronously: it covers an actor killed mid-flight
 //! or a transport dropped without `terminate`, and needs no runtime.
@@ -16,8 +17,9 @@
 //! config sets, so that the harness's own secrets do not leak into every server.
 //!
 //! Caveats: a grandchild that calls `setsid` leaves the group and cannot be reached.
-//! The group id is the leader's pid; once every member is gone the kernel may reuse it,
-//! so the handle disarms after a completed sweep. Unix only.
+//! The group id is the leader's pid; once every member is gone the kernel may reuse it
+//! (for a restarted server, even), so the handle disarms with that first sweep and no
+//! later drop signals it. Unix only.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -150,6 +152,10 @@ impl ProcessGroup {
             ));
         };
         let (exit_tx, exit) = watch::channel(None);
+        let reaped = GroupHandle {
+            pgid: handle.pgid,
+            armed: handle.armed.clone(),
+        };
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(status) => ExitStatus::from(status),
@@ -158,6 +164,10 @@ impl ProcessGroup {
                     ExitStatus::Code(-1)
                 }
             };
+            // Swept (and disarmed) as soon as the leader is reaped: once the group is
+            // empty its number may go to a new process, perhaps the server restarted,
+            // and a later signal to it (a dropped connection's) would kill that.
+            reaped.sweep();
             let _ = exit_tx.send(Some(status));
         });
         Ok(Spawned {
