@@ -509,7 +509,9 @@ impl ListCache {
         if incoming > max_bytes {
             return false;
         }
-        let replaced = |k: &CacheKey| pages.iter().any(|p| p.key == *k);
+        // A set: a list may have a thousand pages and a layer many thousand entries.
+        let own: std::collections::HashSet<&CacheKey> = pages.iter().map(|p| &p.key).collect();
+        let replaced = |k: &CacheKey| own.contains(k);
         let mut total = 0usize;
         layer.retain(|k, e| {
             let keep = e.expires_unix_ms > now;
