@@ -1326,6 +1326,15 @@ fn stdio_gateway() -> Client {
     Client::RawGateway(RawStdio::spawn(cmd))
 }
 
+/// `serve --listen` on loopback in front of the HTTP server at `url`, and its URL.
+async fn http_gateway_for(url: &str) -> (tokio::process::Child, String) {
+    let config = gateway_config(&format!(r#"{{ type = "http", url = "{url}" }}"#), "http");
+    let mut cmd = tokio::process::Command::new(harness_bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config);
+    http_server(cmd).await
+}
+
 /// client → gateway → server against client → server: the raw clients, the demo server,
 /// over stdio (`serve --stdio`) and Streamable HTTP (`serve --listen`).
 async fn gateway_section(b: &mut Bench) {
@@ -1354,11 +1363,7 @@ async fn gateway_section(b: &mut Bench) {
 
     let (upstream, url) = http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await;
     let direct = Client::RawHttp(tuned_reqwest(), url.clone(), None);
-    let config = gateway_config(&format!(r#"{{ type = "http", url = "{url}" }}"#), "http");
-    let mut cmd = tokio::process::Command::new(harness_bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config);
-    let (gateway_child, gateway_url) = http_server(cmd).await;
+    let (gateway_child, gateway_url) = http_gateway_for(&url).await;
     let gateway = Client::RawHttp(
         tuned_reqwest(),
         gateway_url,
@@ -1400,14 +1405,35 @@ fn process_cpu_us(pid: u32) -> Option<f64> {
 /// `MCP_BENCH_CLIENT=gateway` the raw client through `serve --stdio` (profile the
 /// `serve` process; its CPU per call is `profile_serve_cpu_per_call`);
 /// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs;
-/// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls.
+/// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls;
+/// `MCP_BENCH_TRANSPORT=http` puts the demo server on Streamable HTTP (the raw client,
+/// the harness, or the raw client through `serve --listen`).
 async fn profile_section() {
     let seconds: u64 = std::env::var("MCP_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let which = std::env::var("MCP_BENCH_CLIENT").unwrap_or_default();
-    let (h, client) = if which == "raw" {
+    let http = if std::env::var("MCP_BENCH_TRANSPORT").is_ok_and(|t| t == "http") {
+        Some(http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await)
+    } else {
+        None
+    };
+    // `serve --listen` in front of the HTTP demo server, for `MCP_BENCH_CLIENT=gateway`.
+    let mut http_gateway = None;
+    let (h, client) = if let Some((_, url)) = &http {
+        if which == "raw" {
+            (None, Client::RawHttp(tuned_reqwest(), url.clone(), None))
+        } else if which == "gateway" {
+            let (child, gateway_url) = http_gateway_for(url).await;
+            http_gateway = Some(child);
+            let token = Some(("s__echo", GATEWAY_TOKEN));
+            (None, Client::RawHttp(tuned_reqwest(), gateway_url, token))
+        } else {
+            let (h, client) = harness_client(ServerConfig::http("s", url), true).await;
+            (Some(h), client)
+        }
+    } else if which == "raw" {
         (None, Client::Raw(RawStdio::spawn(demo_cmd(&["bench"]))))
     } else if which == "gateway" {
         (None, stdio_gateway())
@@ -1440,14 +1466,16 @@ async fn profile_section() {
         b.record("profile_cached_list_cpu", (cpu_us() - cpu) / n as f64, "us");
     }
     // Through the gateway, `serve`'s own CPU too.
-    let serve = match &client {
-        Client::RawGateway(raw) => raw.pid(),
+    let serve = match (&client, &http_gateway) {
+        (Client::RawGateway(raw), _) => raw.pid(),
+        (_, Some(child)) => child.id(),
         _ => None,
     };
     // The server's own CPU per call: the demo server behind the raw client or the harness.
-    let server = match (&client, &h) {
-        (Client::Raw(raw), _) => raw.pid(),
-        (_, Some(h)) => h.status().iter().find_map(|s| s.pid),
+    let server = match (&client, &h, &http) {
+        (_, _, Some((child, _))) => child.id(),
+        (Client::Raw(raw), _, _) => raw.pid(),
+        (_, Some(h), _) => h.status().iter().find_map(|s| s.pid),
         _ => None,
     };
     // `MCP_BENCH_IN_FLIGHT` calls at once (64 unless set; the figure keeps its name).

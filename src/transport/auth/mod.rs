@@ -26,7 +26,7 @@ pub mod store;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -163,6 +163,10 @@ pub(crate) struct SignIn {
     registered: Mutex<HashMap<String, ClientIdentity>>,
     /// Tokens read or made, by auth context.
     tokens: Mutex<HashMap<Option<String>, Token>>,
+    /// Auth contexts the store had no token for, and when it was read: it is read again
+    /// for them at most once per [`STORE_RECHECK`] (or at once on a refusal), not twice
+    /// per request to a server that needs no token.
+    missing: Mutex<HashMap<Option<String>, Instant>>,
     /// One renewal (refresh or sign-in) at a time per auth context.
     renewing: Mutex<HashMap<Option<String>, Arc<tokio::sync::Mutex<()>>>>,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
@@ -186,6 +190,14 @@ const MAX_SCOPES: usize = 64;
 
 /// The longest scope kept.
 const MAX_SCOPE_BYTES: usize = 256;
+
+/// How long the store's "no token" for an auth context is believed: a token another
+/// process stores (the command line's `login`) is used this soon, or at the server's
+/// first refusal.
+const STORE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Auth contexts remembered without a token; a flood of new ones only empties the memo.
+const MISSING_MEMO: usize = 1024;
 
 fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
     for s in more {
@@ -329,6 +341,7 @@ impl SignIn {
             discovered: tokio::sync::Mutex::new(None),
             registered: Mutex::default(),
             tokens: Mutex::default(),
+            missing: Mutex::default(),
             renewing: Mutex::default(),
             asked: Mutex::default(),
         })
@@ -359,15 +372,36 @@ impl SignIn {
             .clone()
     }
 
-    /// The token held for `identity`, from memory or the store.
+    /// The token held for `identity`, from memory or the store (see `missing`).
     fn held(&self, identity: Option<&str>) -> Option<Token> {
-        if let Some(t) = self.tokens.lock().get(&identity.map(String::from)) {
+        self.held_or_stored(identity, false)
+    }
+
+    /// [`SignIn::held`]; `fresh` reads the store on a miss whenever it was read last.
+    fn held_or_stored(&self, identity: Option<&str>, fresh: bool) -> Option<Token> {
+        let who = identity.map(String::from);
+        if let Some(t) = self.tokens.lock().get(&who) {
             return Some(t.clone());
         }
-        let stored = self.ctx.store.get(&self.key(identity)).ok().flatten()?;
-        self.tokens
-            .lock()
-            .insert(identity.map(String::from), stored.clone());
+        if !fresh
+            && self
+                .missing
+                .lock()
+                .get(&who)
+                .is_some_and(|read| read.elapsed() < STORE_RECHECK)
+        {
+            return None;
+        }
+        let Some(stored) = self.ctx.store.get(&self.key(identity)).ok().flatten() else {
+            let mut missing = self.missing.lock();
+            if missing.len() >= MISSING_MEMO {
+                missing.clear();
+            }
+            missing.insert(who, Instant::now());
+            return None;
+        };
+        self.missing.lock().remove(&who);
+        self.tokens.lock().insert(who, stored.clone());
         Some(stored)
     }
 
@@ -377,12 +411,16 @@ impl SignIn {
             .store
             .put(&self.key(identity), &token)
             .map_err(AuthFailure::Store)?;
-        self.tokens.lock().insert(identity.map(String::from), token);
+        let who = identity.map(String::from);
+        self.missing.lock().remove(&who);
+        self.tokens.lock().insert(who, token);
         Ok(())
     }
 
     fn forget(&self, identity: Option<&str>) {
-        self.tokens.lock().remove(&identity.map(String::from));
+        let who = identity.map(String::from);
+        self.tokens.lock().remove(&who);
+        self.missing.lock().remove(&who);
         let _ = self.ctx.store.remove(&self.key(identity));
     }
 
@@ -477,7 +515,8 @@ impl SignIn {
     ) -> Result<(), AuthError> {
         let lock = self.lock_for(identity);
         let _one = lock.lock().await;
-        let current = self.held(identity);
+        // The store is read again: another process may have signed in meanwhile.
+        let current = self.held_or_stored(identity, true);
         if !step_up
             && let Some(t) = &current
             && Some(t.access_token.as_str()) != refused
@@ -540,6 +579,7 @@ impl SignIn {
     /// Forgets every token of this server (the command line's `logout`).
     pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
         self.tokens.lock().clear();
+        self.missing.lock().clear();
         self.ctx
             .store
             .remove_server(&self.server)
@@ -1162,18 +1202,10 @@ impl SignIn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    #[test]
-    fn a_kept_token_is_refreshed_only_where_sign_in_would_go_now() {
-        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
-        let config = OAuthConfig {
-            issuer: Some("https://idp.example".into()),
-            ..OAuthConfig::default()
-        };
-        let tls = client_tls(None).expect("tls");
-        let sign_in =
-            SignIn::new("s", &url, config, SignInContext::default(), tls).expect("sign-in");
-        let token = |issuer: &str, endpoint: &str| Token {
+    fn token(issuer: &str, endpoint: &str) -> Token {
+        Token {
             access_token: "a".into(),
             refresh_token: Some("r".into()),
             expires_at_ms: None,
@@ -1185,7 +1217,79 @@ mod tests {
                 client_secret: None,
                 auth: ClientAuth::None,
             },
+        }
+    }
+
+    /// A store that counts its reads (another process may write into `inner`).
+    #[derive(Default)]
+    struct Counting {
+        inner: MemoryTokenStore,
+        reads: AtomicUsize,
+    }
+
+    impl TokenStore for Counting {
+        fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.get(key)
+        }
+        fn put(&self, key: &TokenKey, token: &Token) -> Result<(), String> {
+            self.inner.put(key, token)
+        }
+        fn remove(&self, key: &TokenKey) -> Result<(), String> {
+            self.inner.remove(key)
+        }
+        fn remove_server(&self, server: &str) -> Result<usize, String> {
+            self.inner.remove_server(server)
+        }
+    }
+
+    #[test]
+    fn a_server_without_a_token_does_not_read_the_store_on_every_request() {
+        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
+        let store = Arc::new(Counting::default());
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
         };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        for _ in 0..100 {
+            assert_eq!(sign_in.current(None), None);
+        }
+        // The file store was read twice per request before (every HTTP request asks).
+        assert_eq!(store.reads.load(Ordering::SeqCst), 1);
+        // Another process signs in (`mcp-harness login`): a refusal reads the store again
+        // at once, and the token is used from then on without reading it.
+        store
+            .inner
+            .put(
+                &sign_in.key(None),
+                &token("https://idp.example", "https://idp.example/t"),
+            )
+            .expect("put");
+        assert_eq!(sign_in.current(None), None, "believed absent for a moment");
+        let fresh = sign_in.held_or_stored(None, true).map(|t| t.access_token);
+        assert_eq!(fresh.as_deref(), Some("a"));
+        assert_eq!(sign_in.current(None).as_deref(), Some("a"));
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
+        // Other auth contexts each cost one read, and a flood of them stays bounded.
+        for i in 0..(MISSING_MEMO + 10) {
+            assert_eq!(sign_in.current(Some(&format!("user-{i}"))), None);
+        }
+        assert!(sign_in.missing.lock().len() <= MISSING_MEMO);
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2 + MISSING_MEMO + 10);
+    }
+
+    #[test]
+    fn a_kept_token_is_refreshed_only_where_sign_in_would_go_now() {
+        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
+        let config = OAuthConfig {
+            issuer: Some("https://idp.example".into()),
+            ..OAuthConfig::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in =
+            SignIn::new("s", &url, config, SignInContext::default(), tls).expect("sign-in");
         assert!(sign_in.still_trusted(&token("https://idp.example", "https://idp.example/token")));
         assert!(
             !sign_in.still_trusted(&token("https://evil.example", "https://evil.example/token"))
