@@ -33,6 +33,22 @@ fn shared(url: String, servers: &[&str]) -> SharedConfig {
     }
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+/// A shared secret in a file of its own (mode `mode`), for `cache.shared.key_file`.
+fn key_file(tag: &str, secret: &str, mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = temp_file(tag).with_extension("key");
+    std::fs::write(&path, format!("{secret}\n")).expect("write key");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path
+}
+
 fn config(servers: Vec<ServerConfig>, shared: SharedConfig) -> HarnessConfig {
     let mut c = HarnessConfig {
         servers,
@@ -305,8 +321,9 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
         .expect("the server's generation");
     // In the current generation, so that only the key check can refuse it.
     let poisoned = |page: Value| {
-        json!({"generation": generation, "server": "s", "fingerprint": "another", "protocol": "2026-07-28",
-               "method": "tools/list", "cursor": null, "page": page})
+        json!({"generation": generation, "expires_ms": unix_ms() + 600_000, "server": "s",
+               "fingerprint": "another", "protocol": "2026-07-28", "method": "tools/list",
+               "cursor": null, "page": page})
         .to_string()
     };
     let evil = json!({"resultType": "complete", "cacheScope": "public", "ttlMs": 60000,
@@ -480,4 +497,126 @@ async fn an_invalidation_made_while_redis_is_down_reaches_it_once_it_is_back() {
         h.cache_stats()
     );
     h.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-keyed");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let secret = "k1-0123456789abcdef0123456789abcdef";
+    let k1 = key_file("l3-k1", secret, 0o600);
+    let k2 = key_file("l3-k2", "k2-0123456789abcdef0123456789abcdef", 0o600);
+    let keyed = |file: &Path| SharedConfig {
+        key_file: Some(file.to_path_buf()),
+        ..shared(redis.url(), &["s"])
+    };
+    let lists = || count(&record, "tools/list");
+    // A lists and writes its page, signed; B, with the same key, is served from it.
+    let first = start_ready(config(vec![server()], keyed(&k1))).await;
+    let tools = first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let keys: Vec<String> = redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":list:"))
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let mut c = redis.connection().await.expect("connect");
+    let entry: Vec<u8> = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    assert!(entry.starts_with(b"mac1:"), "signed");
+    let second = start_ready(config(vec![server()], keyed(&k1))).await;
+    let listed = second.list_tools(&a()).await.expect("list");
+    assert_eq!(listed.len(), tools.len());
+    assert_eq!(second.cache_stats().l3.hits, 1);
+    assert_eq!(lists(), 1, "B did not ask the server");
+    second.shutdown().await;
+    // A process with another key neither reads A's page nor feeds it.
+    let other = start_ready(config(vec![server()], keyed(&k2))).await;
+    other.list_tools(&a()).await.expect("list");
+    assert_eq!(other.cache_stats().l3.hits, 0);
+    assert_eq!(lists(), 2);
+    other.shutdown().await;
+
+    // Someone who can write to Redis but holds no key changes the page (a tool added,
+    // the tag kept): refused, and the server asked.
+    let (head, body) = entry.split_at(b"mac1:".len() + 64 + 1);
+    let original: Value = serde_json::from_slice(body).expect("the body is the stored page");
+    let mut forged = original.clone();
+    forged["page"]["tools"]
+        .as_array_mut()
+        .expect("tools")
+        .push(json!({"name": "evil", "inputSchema": {"type": "object"}}));
+    let set = |value: Vec<u8>| {
+        let mut c = c.clone();
+        let key = keys[0].clone();
+        async move {
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(value)
+                .arg("PX")
+                .arg(600_000)
+                .query_async(&mut c)
+                .await
+                .expect("SET");
+        }
+    };
+    set([head, &serde_json::to_vec(&forged).expect("json")[..]].concat()).await;
+    let h = start_ready(config(vec![server()], keyed(&k1))).await;
+    let listed = h.list_tools(&a()).await.expect("list");
+    assert!(listed.iter().all(|t| &*t.name != "evil"));
+    assert_eq!(h.cache_stats().l3.rejected, 1, "{:?}", h.cache_stats());
+    assert_eq!(lists(), 3);
+    h.shutdown().await;
+
+    // A page signed with the key (as this test can) but past the expiry it was written
+    // with is refused even though Redis's expiry was pushed out; a fresh one is used.
+    let sign = |stored: &Value| {
+        let body = serde_json::to_vec(stored).expect("json");
+        let tag = mcp_harness::util::hash::hmac_sha256_hex(secret.as_bytes(), &body);
+        [b"mac1:", tag.as_bytes(), b"\n", &body[..]].concat()
+    };
+    let mut stale = original.clone();
+    stale["expires_ms"] = json!(unix_ms() - 1_000);
+    set(sign(&stale)).await;
+    let h = start_ready(config(vec![server()], keyed(&k1))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(h.cache_stats().l3.rejected, 1, "{:?}", h.cache_stats());
+    assert_eq!(lists(), 4);
+    h.shutdown().await;
+    let mut fresh = original;
+    fresh["expires_ms"] = json!(unix_ms() + 600_000);
+    set(sign(&fresh)).await;
+    let h = start_ready(config(vec![server()], keyed(&k1))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(h.cache_stats().l3.hits, 1, "{:?}", h.cache_stats());
+    assert_eq!(lists(), 4);
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_key_file_others_can_read_stops_the_harness_from_starting() {
+    let redis = Redis::start().await;
+    let file = key_file("l3-open", "0123456789abcdef0123456789abcdef", 0o644);
+    let shared = SharedConfig {
+        key_file: Some(file.clone()),
+        ..shared(redis.url(), &["s"])
+    };
+    let error = mcp_harness::Harness::spawn(config(vec![demo_server("s", &[])], shared))
+        .await
+        .err()
+        .expect("refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("cache.shared.key_file") && text.contains("readable by others"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(file);
 }

@@ -1,5 +1,5 @@
 //! Small helpers that any layer may use: duration parsing, hashing, invalid settings,
-//! the slot of a rebuilt actor, outside text made fit for a message, the W3C trace
+//! a secret read from an operator's file, the slot of a rebuilt actor, outside text made fit for a message, the W3C trace
 //! context of the current span, a pipe writer's pause before a burst. Leaves: they
 //! import nothing else from the crate.
 
@@ -8,6 +8,7 @@ pub mod hash;
 pub mod invalid;
 #[cfg(test)]
 pub(crate) mod scratch;
+pub mod secret;
 pub mod slot;
 pub mod text;
 pub mod trace_context;

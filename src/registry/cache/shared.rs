@@ -8,7 +8,15 @@
 //! process with another configuration of the same id never reads them; a page read back
 //! is used only if it names the same server, fingerprint, version, method and cursor,
 //! is `public`, complete, and within `max_entry_bytes`. Its remaining Redis expiry (set
-//! from the page's TTL) is its freshness.
+//! from the page's TTL) is its freshness, never past the expiry written in the page.
+//!
+//! Authentication: with `key_file` (a secret the deployment's processes share), every
+//! page is written as `mac1:<HMAC-SHA256 of the body>\n<body>` and read back only if the
+//! tag verifies, so a party that can write to Redis but holds no key cannot put a page
+//! in front of the harness, nor keep an old one fresh (the expiry is in the body).
+//! Keys are namespaced by a digest of the secret: processes with another key, or none,
+//! never read each other's pages. Generations and invalidations are not authenticated:
+//! whoever can write to Redis can still make the processes ask their servers again.
 //!
 //! Redis is never in a call's way for long: every command is bounded by `timeout`, and
 //! after a failure the layer is skipped for a backoff (`backon`, exponential with
@@ -28,9 +36,10 @@
 //! process whose subscription broke (it pings it every 15 s) drops every shared server's
 //! local entries when it subscribes again, since it may have missed a change.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures_util::StreamExt;
@@ -43,7 +52,7 @@ use tokio::sync::mpsc;
 use super::{CacheKey, Hit, Page, json_size};
 use crate::protocol::{CacheHints, CacheScope, ResultType};
 use crate::util::duration;
-use crate::util::hash::sha256_hex;
+use crate::util::hash::{hmac_sha256_hex, hmac_sha256_verify, sha256_hex};
 use crate::util::invalid::Invalid;
 
 /// Pages waiting to be written to Redis; past it a write is dropped (and counted).
@@ -54,7 +63,14 @@ pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 
 /// The layout of stored entries, part of every key's digest: processes of another
 /// layout (a rolling upgrade) never read each other's pages.
-const SCHEMA: u32 = 2;
+const SCHEMA: u32 = 3;
+
+/// How an authenticated entry begins: then 64 hex digits of its body's tag, a newline,
+/// the body.
+const MAC_PREFIX: &[u8] = b"mac1:";
+
+/// The shortest shared secret accepted, in bytes.
+const MIN_KEY_BYTES: usize = 32;
 
 /// Pages taken from the queue at once.
 const WRITE_BATCH: usize = 256;
@@ -89,6 +105,11 @@ pub struct SharedConfig {
     /// Prefix of keys and of the invalidation channel, so deployments can share a Redis.
     #[serde(default = "default_prefix")]
     pub prefix: String,
+    /// A file holding a secret of 32 bytes or more that the deployment's processes
+    /// share: pages are written with an HMAC-SHA256 under it and used only if it
+    /// verifies (see the module docs). Without it, pages are not authenticated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// `url` without its password, for logs and errors.
@@ -99,6 +120,13 @@ fn redacted(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// Now, in unix milliseconds (0 before 1970).
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A random starting generation (63 bits: INCR stays within a signed integer).
@@ -130,6 +158,7 @@ impl SharedConfig {
             timeout: default_timeout(),
             max_entry_bytes: default_max_entry_bytes(),
             prefix: default_prefix(),
+            key_file: None,
         }
     }
 
@@ -228,6 +257,8 @@ struct Changed {
 struct Stored {
     /// The server's generation when the page was fetched.
     generation: u64,
+    /// When the page stops being fresh (unix milliseconds), whatever Redis's expiry says.
+    expires_ms: u64,
     server: String,
     fingerprint: String,
     protocol: String,
@@ -239,6 +270,10 @@ struct Stored {
 /// The shared layer; see the module docs.
 pub struct SharedCache {
     config: SharedConfig,
+    /// The shared secret pages are authenticated with (`key_file`), if any.
+    key: Option<Vec<u8>>,
+    /// Part of every page's key: a digest of the secret, or `none`.
+    key_id: String,
     client: redis::Client,
     conn: ConnectionManager,
     /// This process, so that it ignores its own invalidations.
@@ -276,6 +311,20 @@ impl SharedCache {
     /// only means the layer is skipped until it is up). Call within a tokio runtime.
     pub fn new(config: SharedConfig) -> Result<Arc<SharedCache>, SharedError> {
         config.validate().map_err(SharedError)?;
+        let key = match &config.key_file {
+            Some(path) => Some(
+                crate::util::secret::read_secret_file(path, MIN_KEY_BYTES)
+                    .map_err(|e| SharedError(Invalid::new("key_file", e)))?,
+            ),
+            None => {
+                tracing::warn!(url = %redacted(&config.url), "cache.shared.key_file is not set: pages in Redis are not authenticated, and whoever can write to this Redis can put tool definitions in front of this process");
+                None
+            }
+        };
+        let key_id = key.as_deref().map_or_else(
+            || "none".to_string(),
+            |k| hmac_sha256_hex(k, b"mcp-harness shared cache key id")[..16].to_string(),
+        );
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
         // The manager reconnects by itself; our own bound (`timeout`) and backoff sit
@@ -301,6 +350,8 @@ impl SharedCache {
         let shared = Arc::new(SharedCache {
             origin: origin.iter().map(|b| format!("{b:02x}")).collect(),
             config,
+            key,
+            key_id,
             client,
             conn,
             health: Mutex::new(Health {
@@ -352,9 +403,16 @@ impl SharedCache {
     /// the client capabilities the list was asked with: a server may list by them).
     pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
         let digest = sha256_hex(
-            serde_json::json!([SCHEMA, key.fingerprint, protocol, key.method, key.param])
-                .to_string()
-                .as_bytes(),
+            serde_json::json!([
+                SCHEMA,
+                self.key_id,
+                key.fingerprint,
+                protocol,
+                key.method,
+                key.param
+            ])
+            .to_string()
+            .as_bytes(),
         );
         format!("{}:list:{}:{digest}", self.config.prefix, key.server)
     }
@@ -537,7 +595,11 @@ impl SharedCache {
             self.reject(redis_key, "larger than max_entry_bytes");
             return None;
         }
-        let stored: Stored = match serde_json::from_slice(bytes) {
+        let Some(body) = self.open(bytes) else {
+            self.reject(redis_key, "not signed with this deployment's key");
+            return None;
+        };
+        let stored: Stored = match serde_json::from_slice(body) {
             Ok(s) => s,
             Err(e) => {
                 self.reject(redis_key, &format!("not an entry: {e}"));
@@ -567,13 +629,46 @@ impl SharedCache {
             self.reject(redis_key, "larger than max_entry_bytes");
             return None;
         }
+        // Redis's expiry may have been moved; the page's own is the bound.
+        let left = stored.expires_ms.saturating_sub(unix_ms());
+        if left == 0 {
+            self.reject(redis_key, "kept past the expiry it was written with");
+            return None;
+        }
+        let remaining = Duration::from_millis(pttl.unsigned_abs().min(left));
         Some(Hit {
             value: Arc::new(stored.page),
             bytes: size,
-            remaining: Duration::from_millis(pttl.unsigned_abs()),
-            ttl: Duration::from_millis(pttl.unsigned_abs()),
+            remaining,
+            ttl: remaining,
             scope: CacheScope::Public,
         })
+    }
+
+    /// An entry as written: the body, behind its tag when pages are authenticated.
+    fn seal(&self, body: Vec<u8>) -> Vec<u8> {
+        let Some(key) = &self.key else {
+            return body;
+        };
+        let tag = hmac_sha256_hex(key, &body);
+        let mut entry = Vec::with_capacity(MAC_PREFIX.len() + tag.len() + 1 + body.len());
+        entry.extend_from_slice(MAC_PREFIX);
+        entry.extend_from_slice(tag.as_bytes());
+        entry.push(b'\n');
+        entry.extend_from_slice(&body);
+        entry
+    }
+
+    /// The body of an entry read back, if its tag verifies (when pages are
+    /// authenticated).
+    fn open<'a>(&self, entry: &'a [u8]) -> Option<&'a [u8]> {
+        let Some(key) = &self.key else {
+            return Some(entry);
+        };
+        let rest = entry.strip_prefix(MAC_PREFIX)?;
+        let (tag, body) = (rest.get(..64)?, rest.get(64..)?);
+        let body = body.strip_prefix(b"\n")?;
+        hmac_sha256_verify(key, body, tag).then_some(body)
     }
 
     /// Writes the public pages of one list, fetched in `generation`, in the background
@@ -592,8 +687,10 @@ impl SharedCache {
             }
             let full =
                 self.pending_bytes.load(Ordering::Relaxed) + page.bytes as u64 > MAX_QUEUED_BYTES;
+            let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
             let stored = serde_json::json!({
                 "generation": generation,
+                "expires_ms": unix_ms().saturating_add(ms),
                 "server": page.key.server,
                 "fingerprint": page.key.fingerprint,
                 "protocol": protocol,
@@ -602,13 +699,12 @@ impl SharedCache {
                 "page": &*page.value,
             });
             let body = match serde_json::to_vec(&stored) {
-                Ok(body) if !full => body,
+                Ok(body) if !full => self.seal(body),
                 _ => {
                     self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             };
-            let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
             let size = body.len() as u64;
             self.pending.fetch_add(1, Ordering::SeqCst);
             self.pending_bytes.fetch_add(size, Ordering::SeqCst);
