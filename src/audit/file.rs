@@ -108,108 +108,17 @@ impl AuditFile {
     }
 }
 
-/// Reads the key file: `None` when there is none; an error when it is there but not
-/// one this user made for this: a link, not a plain file, another user's, readable or
-/// writable by others, or not 32 to 64 bytes.
-fn read_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open it ({e}); a link is not followed")),
-    };
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-        return Err("not a plain file of this user's with mode 0600".into());
-    }
-    if !(32..=64).contains(&meta.len()) {
-        return Err(format!("{} bytes, not 32 to 64", meta.len()));
-    }
-    let mut key = Vec::with_capacity(64);
-    file.take(64)
-        .read_to_end(&mut key)
-        .map_err(|e| e.to_string())?;
-    Ok(Some(key))
-}
-
 /// The key of the audit trail's auth-context hashes, kept beside the audit file
 /// (`PATH.key`, 0600): the same context hashes the same across restarts, and nobody
 /// without the key can test a guess against a record. Without a file, a key per process.
 pub(super) fn load_or_create_key(audit_path: Option<&Path>) -> Vec<u8> {
-    let fresh = || {
-        let mut key = vec![0u8; 32];
-        if getrandom::fill(&mut key).is_err() {
-            tracing::error!("no OS randomness for the audit key; using a per-process fallback");
-            key = crate::util::hash::sha256_hex(
-                format!("{:?}", std::time::SystemTime::now()).as_bytes(),
-            )
-            .into_bytes();
-        }
-        key
-    };
-    let Some(path) = audit_path else {
-        return fresh();
-    };
-    let key_path = PathBuf::from(format!("{}.key", path.display()));
-    match read_key(&key_path) {
-        Ok(Some(key)) => return key,
-        Ok(None) => {}
-        Err(why) => {
-            // Not replaced: it may be someone's planted file, or the operator's.
-            tracing::error!(path = %key_path.display(), %why, "audit hash key not used; a key for this process only (hashes will differ after a restart)");
-            return fresh();
-        }
+    match audit_path {
+        Some(path) => crate::util::secret::local_key(
+            &PathBuf::from(format!("{}.key", path.display())),
+            "audit hash key",
+        ),
+        None => crate::util::secret::random_key(),
     }
-    let key = fresh();
-    use std::os::unix::fs::OpenOptionsExt;
-    // Written whole under a name of its own, then linked into place: the key file
-    // appears complete or not at all, and a process that finds it made first reads
-    // all of it.
-    let mut nonce = [0u8; 8];
-    let _ = getrandom::fill(&mut nonce);
-    let tmp = PathBuf::from(format!(
-        "{}.{}.tmp",
-        key_path.display(),
-        u64::from_le_bytes(nonce)
-    ));
-    let written = key_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| {
-            // Never through a link, never over another file.
-            std::fs::OpenOptions::new()
-                .create_new(true)
-                .write(true)
-                .mode(0o600)
-                .open(&tmp)
-        })
-        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::hard_link(&tmp, &key_path));
-    let _ = std::fs::remove_file(&tmp);
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // Another process made it first: its key is the one to share.
-            match read_key(&key_path) {
-                Ok(Some(theirs)) => return theirs,
-                _ => {
-                    tracing::warn!(path = %key_path.display(), "another key file appeared and cannot be used; hashes will differ after a restart")
-                }
-            }
-        }
-        Err(e) => {
-            tracing::warn!(path = %key_path.display(), error = %e, "could not keep the audit hash key; hashes will differ after a restart");
-        }
-    }
-    key
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
 use crate::protocol::{CacheScope, Pager, ProtocolError, ResultType, RpcErrorKind};
-use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size, scope_key};
+use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
 use crate::server::{ServerError, ServerRef, ServerState};
 
 /// What a caller may use, and the servers that could not be listed.
@@ -120,7 +120,11 @@ fn refresh_if_due(
     let scope = if listed.public {
         "public".to_string()
     } else {
-        scope_key(CacheScope::Private, auth_context).unwrap_or_default()
+        ctx.registry
+            .cache
+            .scope_key(CacheScope::Private, auth_context)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
     };
     let key = format!("{}\n{}\n{scope}", listed.server.id(), kind.list_method());
     let Some(guard) = Refreshing::begin(ctx, key) else {
@@ -444,8 +448,8 @@ impl<'a> Walker<'a> {
                 .pages
                 .first()
                 .map(|p| crate::protocol::CacheHints::of(p).scope)
-                .and_then(|s| scope_key(s, self.auth_context))
-                .unwrap_or_else(|| "uncached".into());
+                .and_then(|s| registry.cache.scope_key(s, self.auth_context))
+                .map_or_else(|| "uncached".into(), |s| s.to_string());
             self.ctx
                 .registry_ref
                 .tools_listed(self.server.id(), scope, self.pages.clone());

@@ -1,9 +1,11 @@
-//! A secret an operator hands the harness in a file (the shared cache's key): read
-//! whole and bounded, and refused when others could change or read it.
+//! Keys in files. A secret an operator hands the harness (the shared cache's key): read
+//! whole and bounded, and refused when others could change or read it. A key the
+//! harness makes for itself and keeps (the audit trail's, the disk cache's): made once
+//! by whichever process comes first, and used only if this user made it for this.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The longest secret file read.
 const MAX_SECRET_FILE: u64 = 4096;
@@ -61,6 +63,105 @@ pub fn read_secret_file(path: &Path, min: usize) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(secret.to_vec())
+}
+
+/// A fresh random key of 32 bytes (for this process only).
+pub fn random_key() -> Vec<u8> {
+    let mut key = vec![0u8; 32];
+    if getrandom::fill(&mut key).is_err() {
+        tracing::error!("no OS randomness for a key; using a per-process fallback");
+        key =
+            crate::util::hash::sha256_hex(format!("{:?}", std::time::SystemTime::now()).as_bytes())
+                .into_bytes();
+    }
+    key
+}
+
+/// Reads a kept key: `None` when there is none; an error when it is there but not one
+/// this user made for this: a link, not a plain file, another user's, readable or
+/// writable by others, or not 32 to 64 bytes.
+fn read_local_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open it ({e}); a link is not followed")),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err("not a plain file of this user's with mode 0600".into());
+    }
+    if !(32..=64).contains(&meta.len()) {
+        return Err(format!("{} bytes, not 32 to 64", meta.len()));
+    }
+    let mut key = Vec::with_capacity(64);
+    file.take(64)
+        .read_to_end(&mut key)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(key))
+}
+
+/// The key kept at `path` (0600, 32 random bytes), made now if there is none; `what`
+/// names it in logs. A file there that this user did not make for this is left in
+/// place and a key for this process alone is used (what it protects then does not
+/// survive a restart); so is one that cannot be written.
+pub fn local_key(path: &Path, what: &str) -> Vec<u8> {
+    match read_local_key(path) {
+        Ok(Some(key)) => return key,
+        Ok(None) => {}
+        Err(why) => {
+            // Not replaced: it may be someone's planted file, or the operator's.
+            tracing::error!(path = %path.display(), %why, what, "key file not used; a key for this process only");
+            return random_key();
+        }
+    }
+    let key = random_key();
+    // Written whole under a name of its own, then linked into place: the key file
+    // appears complete or not at all, and a process that finds it made first reads
+    // all of it.
+    let mut nonce = [0u8; 8];
+    let _ = getrandom::fill(&mut nonce);
+    let tmp = PathBuf::from(format!(
+        "{}.{}.tmp",
+        path.display(),
+        u64::from_le_bytes(nonce)
+    ));
+    let written = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            // Never through a link, never over another file.
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(&tmp)
+        })
+        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Another process made it first: its key is the one to share.
+            match read_local_key(path) {
+                Ok(Some(theirs)) => return theirs,
+                _ => {
+                    tracing::warn!(path = %path.display(), what, "another key file appeared and cannot be used; a key for this process only")
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, what, "could not keep the key; a key for this process only");
+        }
+    }
+    key
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use crate::protocol::{CacheHints, CacheScope};
 use crate::util::duration;
-use crate::util::hash::sha256_hex;
+use crate::util::hash::hmac_sha256_hex;
 use crate::util::invalid::Invalid;
 
 /// The list cache's settings.
@@ -239,14 +239,8 @@ struct Counters {
     misses: AtomicU64,
 }
 
-/// The scope part of a key: `public`, or `private:<hash of the context>`.
-pub fn scope_key(scope: CacheScope, auth_context: Option<&str>) -> Option<String> {
-    match (scope, auth_context) {
-        (CacheScope::Public, _) => Some("public".into()),
-        (CacheScope::Private, Some(ctx)) => Some(format!("private:{}", sha256_hex(ctx.as_bytes()))),
-        (CacheScope::Private, None) => None,
-    }
-}
+/// The name of the key private scopes are hashed under, kept in the cache directory.
+const SCOPE_KEY_FILE: &str = ".scope.key";
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -276,9 +270,13 @@ pub struct ListCache {
     invalidations: AtomicU64,
     /// Bumped on every invalidation of a server; a write from an older fetch is dropped.
     epochs: RwLock<HashMap<String, u64>>,
-    /// Auth context → its `private:` scope: a SHA-256 on every lookup was another third
+    /// Auth context → its `private:` scope: a hash on every lookup was another third
     /// of a cached listing's cost.
     private_scopes: RwLock<HashMap<String, Arc<str>>>,
+    /// The key a private scope is an HMAC under: kept in the cache directory (so a
+    /// restarted process finds its private entries), per process without one. Whoever
+    /// reads the files cannot test a guessed auth context against them.
+    scope_key: Vec<u8>,
 }
 
 impl ListCache {
@@ -306,7 +304,14 @@ impl ListCache {
                 disk::remove(dir, &key);
             }
         }
+        let scope_key = match &config.dir {
+            Some(dir) => {
+                crate::util::secret::local_key(&dir.join(SCOPE_KEY_FILE), "cache scope key")
+            }
+            None => crate::util::secret::random_key(),
+        };
         ListCache {
+            scope_key,
             config,
             l1: RwLock::new(HashMap::new()),
             l2: RwLock::new(l2),
@@ -328,14 +333,26 @@ impl ListCache {
         self.epochs.read().get(server).copied().unwrap_or(0)
     }
 
-    /// [`scope_key`]`(Private, context)`, remembered.
+    /// The scope part of a key: `public`, or `private:` and the keyed hash of the
+    /// context; `None` for a private result without a context (never stored).
+    pub fn scope_key(&self, scope: CacheScope, auth_context: Option<&str>) -> Option<Arc<str>> {
+        match (scope, auth_context) {
+            (CacheScope::Public, _) => Some("public".into()),
+            (CacheScope::Private, Some(ctx)) => Some(self.private_scope(ctx)),
+            (CacheScope::Private, None) => None,
+        }
+    }
+
+    /// The `private:` scope of a context, remembered.
     fn private_scope(&self, auth_context: &str) -> Arc<str> {
         if let Some(scope) = self.private_scopes.read().get(auth_context) {
             return scope.clone();
         }
-        let scope: Arc<str> = scope_key(CacheScope::Private, Some(auth_context))
-            .unwrap_or_default()
-            .into();
+        let scope: Arc<str> = format!(
+            "private:{}",
+            hmac_sha256_hex(&self.scope_key, auth_context.as_bytes())
+        )
+        .into();
         let mut memo = self.private_scopes.write();
         if memo.len() >= PRIVATE_SCOPES_MAX {
             memo.clear();
@@ -446,7 +463,7 @@ impl ListCache {
         if ttl.is_zero() {
             return None;
         }
-        let scope = scope_key(hints.scope, auth_context)?;
+        let scope = self.scope_key(hints.scope, auth_context)?.to_string();
         Some((
             CacheKey {
                 server: list.server.into(),

@@ -516,3 +516,58 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("scope-key");
+    let ctx = "alice-session";
+    let plain = crate::util::hash::sha256_hex(ctx.as_bytes());
+    let first = ListCache::new(config(Some(dir.to_path_buf())));
+    assert!(put(
+        &first,
+        Some(ctx),
+        json!({"tools": ["mine"], "ttlMs": 60000, "cacheScope": "private"})
+    ));
+    let scope = first
+        .scope_key(CacheScope::Private, Some(ctx))
+        .expect("a private scope");
+    assert!(scope.starts_with("private:") && !scope.contains(&plain));
+    // Whoever reads the files cannot test a guessed context: its plain digest is in none.
+    for file in std::fs::read_dir(dir.join("s"))
+        .expect("server dir")
+        .flatten()
+    {
+        let text = std::fs::read_to_string(file.path()).expect("read");
+        assert!(text.contains("private:") && !text.contains(&plain));
+    }
+    let key = dir.join(SCOPE_KEY_FILE);
+    let mode = std::fs::metadata(&key).expect("kept").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(first);
+    // A restarted process finds its private entry under the same key.
+    let again = ListCache::new(config(Some(dir.to_path_buf())));
+    assert!(again.get(LIST, None, Some(ctx)).is_some());
+    assert!(again.get(LIST, None, Some("bob")).is_none());
+    assert_eq!(
+        again.scope_key(CacheScope::Private, Some(ctx)),
+        Some(scope.clone())
+    );
+    // Another directory (or none) has a key of its own.
+    let elsewhere = temp_dir("scope-key-2");
+    let other = ListCache::new(config(Some(elsewhere.to_path_buf())));
+    assert_ne!(
+        other.scope_key(CacheScope::Private, Some(ctx)),
+        Some(scope.clone())
+    );
+    let memory = ListCache::new(config(None));
+    assert_ne!(
+        memory.scope_key(CacheScope::Private, Some(ctx)),
+        Some(scope)
+    );
+    assert_eq!(
+        memory.scope_key(CacheScope::Public, Some(ctx)).as_deref(),
+        Some("public")
+    );
+    assert_eq!(memory.scope_key(CacheScope::Private, None), None);
+}
