@@ -714,3 +714,57 @@ async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_kept_token_survives_a_restart_and_is_refreshed_not_signed_in_again() {
+    // Tokens are kept in the cache directory (the default store when there is one): the
+    // cache layer's loader once took their folder for a server's and deleted them at
+    // every start. The server is reached by name (`localhost`) and its authorization
+    // server by address, both internal. Tokens live 31 s and are refreshed 30 s before
+    // they expire.
+    let w = World::new(&["--client", "pre", "--token-ttl", "31"], &[]).await;
+    let url = w.mcp.url.replace("127.0.0.1", "localhost");
+    assert_ne!(url, w.mcp.url, "the server is reached by name");
+    let dir = temp_file("kept-token-dir").with_extension("d");
+    let harness = || {
+        let mut server = ServerConfig::http("web", &url);
+        if let TransportSpec::Http(h) = &mut server.transport {
+            h.ca_file = Some(w.ca.ca_pem.clone());
+            h.auth = registered("pre");
+        }
+        let mut config = HarnessConfig {
+            servers: vec![server],
+            permissions: grant_everything(&["a"]),
+            ..HarnessConfig::default()
+        };
+        // Tokens are kept in the cache directory's `tokens`.
+        config.cache.dir = Some(dir.clone());
+        Harness::builder(config).authorizer(w.authorizer()).spawn()
+    };
+    let first = harness().await.expect("spawn");
+    ready(&first).await;
+    assert_eq!(
+        subject(&first, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    first.shutdown().await;
+    assert_eq!(w.at("authorize").len(), 1);
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    // A new process: its first request refreshes the kept token, which reaches the
+    // server first to learn where it is, then the token endpoint.
+    let second = harness().await.expect("spawn");
+    ready(&second).await;
+    assert_eq!(
+        subject(&second, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    second.shutdown().await;
+    let refreshes = w
+        .at("token")
+        .into_iter()
+        .filter(|t| t["grant_type"] == "refresh_token")
+        .count();
+    assert_eq!(refreshes, 1, "the kept token was refreshed");
+    assert_eq!(w.at("authorize").len(), 1, "no second sign-in");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -87,7 +87,7 @@ impl HarnessBuilder {
         self
     }
 
-    /// Where tokens are kept; the default is files under `cache.dir/tokens` when a cache
+    /// Where tokens are kept; the default is files under `cache.dir/__tokens` when a cache
     /// directory is set, else memory.
     pub fn token_store(mut self, store: Arc<dyn TokenStore>) -> Self {
         self.tokens = Some(store);
@@ -185,7 +185,9 @@ impl Harness {
         }
         let store: Arc<dyn TokenStore> = match (tokens, &config.cache.dir) {
             (Some(store), _) => store,
-            (None, Some(dir)) => Arc::new(FileTokenStore::new(dir.join("tokens"))),
+            (None, Some(dir)) => Arc::new(FileTokenStore::new(
+                dir.join(crate::registry::cache::TOKENS_DIR),
+            )),
             (None, None) => Arc::new(MemoryTokenStore::default()),
         };
         let options = ConnectOptions {

@@ -52,7 +52,7 @@ pub struct ServerArgs {
     /// Where a person signs in when a server asks.
     #[arg(long = "sign-in", value_enum, default_value = "print")]
     pub sign_in: crate::sign_in::SignInMode,
-    /// Where tokens are kept (default: the config's cache.dir/tokens, else
+    /// Where tokens are kept (default: the config's cache.dir/__tokens, else
     /// ~/.cache/mcp-harness/tokens).
     #[arg(long, value_name = "DIR")]
     pub tokens: Option<PathBuf>,

@@ -25,13 +25,13 @@ pub enum SignInMode {
     Headless,
 }
 
-/// The token directory: `--tokens`, else `cache.dir/tokens`, else the user's cache.
+/// The token directory: `--tokens`, else `cache.dir/__tokens`, else the user's cache.
 pub fn token_dir(setup: &Setup, given: Option<&PathBuf>) -> PathBuf {
     if let Some(dir) = given {
         return dir.clone();
     }
     if let Some(cache) = &setup.loaded.config.cache.dir {
-        return cache.join("tokens");
+        return cache.join(mcp_harness::registry::cache::TOKENS_DIR);
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)

@@ -240,7 +240,13 @@ struct Counters {
 }
 
 /// The name of the key private scopes are hashed under, kept in the cache directory.
-const SCOPE_KEY_FILE: &str = ".scope.key";
+/// Names there that are not servers' start with `__`, which no server id may (a server
+/// named like them would share their place).
+const SCOPE_KEY_FILE: &str = "__scope.key";
+
+/// Where sign-in tokens are kept in a cache directory (the harness's and the command
+/// line's default store); see [`SCOPE_KEY_FILE`] for the name.
+pub const TOKENS_DIR: &str = "__tokens";
 
 fn now_ms() -> u64 {
     SystemTime::now()

@@ -571,3 +571,28 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
     );
     assert_eq!(memory.scope_key(CacheScope::Private, None), None);
 }
+
+#[test]
+fn what_else_the_cache_directory_holds_is_left_alone() {
+    let dir = temp_dir("neighbours");
+    let tokens = dir.join(TOKENS_DIR);
+    std::fs::create_dir_all(&tokens).expect("dir");
+    let token = tokens.join("0123.json");
+    std::fs::write(&token, r#"{"key":{"server":"web"},"token":{}}"#).expect("write");
+    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    assert!(put(
+        &cache,
+        None,
+        json!({"tools": ["a"], "ttlMs": 60000, "cacheScope": "public"})
+    ));
+    drop(cache);
+    let again = ListCache::new(config(Some(dir.to_path_buf())));
+    assert_eq!(again.stats().l2.entries, 1);
+    assert!(
+        token.exists(),
+        "a kept sign-in token is not a cache entry to remove"
+    );
+    // No server id can take these names.
+    assert!(crate::server::check_id(TOKENS_DIR).is_err());
+    assert!(crate::server::check_id(SCOPE_KEY_FILE).is_err());
+}

@@ -182,6 +182,24 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
 /// `--oauth-issuer`: serves the protected resource metadata, and answers a request
 /// without a valid token (issuer, audience, expiry, scope) with 401 and a challenge. A
 /// valid token's subject and scopes go on as `x-demo-subject` / `x-demo-scopes`.
+/// This server's origin as the client named it (`Host`), so that a client that reached
+/// it by name (`localhost`) is told of its metadata on that origin; the bound address
+/// otherwise.
+fn origin(state: &State, headers: &BTreeMap<String, String>) -> String {
+    let scheme = state.base.split("://").next().unwrap_or("http");
+    match headers.get("host") {
+        Some(host)
+            if !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)) =>
+        {
+            format!("{scheme}://{host}")
+        }
+        _ => state.base.clone(),
+    }
+}
+
 fn oauth_gate(
     state: &State,
     req: &hyper::Request<Incoming>,
@@ -190,10 +208,11 @@ fn oauth_gate(
     use super::PrmAt;
     let args = &state.server.args;
     let issuer = args.oauth_issuer.as_ref()?;
+    let base = origin(state, headers);
     let resource = args
         .oauth_resource
         .clone()
-        .unwrap_or_else(|| format!("{}/mcp", state.base));
+        .unwrap_or_else(|| format!("{base}/mcp"));
     let path_prm = "/.well-known/oauth-protected-resource/mcp";
     let root_prm = "/.well-known/oauth-protected-resource";
     let path = req.uri().path();
@@ -223,7 +242,7 @@ fn oauth_gate(
             params.push(format!("error=\"{e}\""));
         }
         if args.oauth_prm == PrmAt::Header {
-            params.push(format!("resource_metadata=\"{}{path_prm}\"", state.base));
+            params.push(format!("resource_metadata=\"{base}{path_prm}\""));
         }
         if !args.oauth_no_scope_hint || error.is_some() {
             params.push(format!("scope=\"{scope}\""));
@@ -295,7 +314,7 @@ fn tool_scope_refusal(
     let mut r = full(StatusCode::FORBIDDEN, "", "");
     let c = format!(
         "Bearer error=\"insufficient_scope\", scope=\"{needed}\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
-        state.base
+        origin(state, headers)
     );
     if let Ok(v) = c.parse() {
         r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
