@@ -537,12 +537,16 @@ async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
     assert_eq!(second.cache_stats().l3.hits, 1);
     assert_eq!(lists(), 1, "B did not ask the server");
     second.shutdown().await;
-    // A process with another key neither reads A's page nor feeds it.
+    // A process with another key neither reads A's page (it looks under keys of its
+    // own: nothing is even refused) nor feeds it.
     let other = start_ready(config(vec![server()], keyed(&k2))).await;
     other.list_tools(&a()).await.expect("list");
-    assert_eq!(other.cache_stats().l3.hits, 0);
+    let stats = other.cache_stats().l3;
+    assert_eq!((stats.hits, stats.rejected), (0, 0), "{stats:?}");
     assert_eq!(lists(), 2);
     other.shutdown().await;
+    let pages = redis.keys().await;
+    assert_eq!(pages.iter().filter(|k| k.contains(":list:")).count(), 2);
 
     // Someone who can write to Redis but holds no key changes the page (a tool added,
     // the tag kept): refused, and the server asked.
@@ -575,19 +579,22 @@ async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
     assert_eq!(lists(), 3);
     h.shutdown().await;
 
-    // A page signed with the key (as this test can) but past the expiry it was written
-    // with is refused even though Redis's expiry was pushed out; a fresh one is used.
+    // A page signed with the key (as this test can: over the Redis key and the body)
+    // but past the expiry it was written with is not used, though Redis's expiry was
+    // pushed out; a fresh one is.
     let sign = |stored: &Value| {
         let body = serde_json::to_vec(stored).expect("json");
-        let tag = mcp_harness::util::hash::hmac_sha256_hex(secret.as_bytes(), &body);
+        let signed = [keys[0].as_bytes(), b"\n", &body[..]].concat();
+        let tag = mcp_harness::util::hash::hmac_sha256_hex(secret.as_bytes(), &signed);
         [b"mac1:", tag.as_bytes(), b"\n", &body[..]].concat()
     };
+    assert_eq!(sign(&original), entry, "the test signs as the harness does");
     let mut stale = original.clone();
     stale["expires_ms"] = json!(unix_ms() - 1_000);
     set(sign(&stale)).await;
     let h = start_ready(config(vec![server()], keyed(&k1))).await;
     h.list_tools(&a()).await.expect("list");
-    assert_eq!(h.cache_stats().l3.rejected, 1, "{:?}", h.cache_stats());
+    assert_eq!(h.cache_stats().l3.hits, 0, "{:?}", h.cache_stats());
     assert_eq!(lists(), 4);
     h.shutdown().await;
     let mut fresh = original;
@@ -619,4 +626,81 @@ async fn a_key_file_others_can_read_stops_the_harness_from_starting() {
         "{text}"
     );
     let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn a_generation_set_back_in_redis_is_moved_past_by_a_process_that_saw_a_later_one() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-rollback");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let k = key_file("l3-rollback", "rb-0123456789abcdef0123456789abcdef", 0o600);
+    let keyed = SharedConfig {
+        key_file: Some(k),
+        ..shared(redis.url(), &["s"])
+    };
+    let gen_key = "mcp-harness:gen:s";
+    let mut c = redis.connection().await.expect("connect");
+    let generation = async |c: &mut redis::aio::MultiplexedConnection| -> u64 {
+        redis::cmd("GET")
+            .arg(gen_key)
+            .query_async(c)
+            .await
+            .expect("GET")
+    };
+    // A page is stored in generation G; the server's lists change (G + 1).
+    let first = start_ready(config(vec![server()], keyed.clone())).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let old = generation(&mut c).await;
+    let _: u64 = redis::cmd("INCR")
+        .arg(gen_key)
+        .query_async(&mut c)
+        .await
+        .expect("INCR");
+    // A process sees G + 1 (and stores its own page there).
+    let seen = start_ready(config(vec![server()], keyed.clone())).await;
+    seen.list_tools(&a()).await.expect("list");
+    assert_eq!(seen.cache_stats().l3.hits, 0);
+    // Someone sets the generation back, so that the page of G would match again.
+    let _: () = redis::cmd("SET")
+        .arg(gen_key)
+        .arg(old)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    // And tells the processes the lists changed, so that they read Redis again.
+    let _: u64 = redis::cmd("PUBLISH")
+        .arg("mcp-harness:changed")
+        .arg(json!({"origin": "elsewhere", "server": "s"}).to_string())
+        .query_async(&mut c)
+        .await
+        .expect("PUBLISH");
+    let heard = Instant::now() + Duration::from_secs(10);
+    while seen.cache_stats().invalidations == 0 && Instant::now() < heard {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.cache_stats().l3.received, 1);
+    assert_eq!(seen.cache_stats().l1.entries, 0, "its own copies dropped");
+    // Its next lookup finds Redis behind what it saw, uses nothing (the server is
+    // asked), and moves the generation past it.
+    let asked = count(&record, "tools/list");
+    seen.list_tools(&a()).await.expect("list");
+    assert_eq!(seen.cache_stats().l3.hits, 0, "{:?}", seen.cache_stats());
+    assert!(
+        seen.cache_stats().l3.rejected >= 1,
+        "{:?}",
+        seen.cache_stats()
+    );
+    assert_eq!(count(&record, "tools/list"), asked + 1);
+    assert_eq!(generation(&mut c).await, old + 2);
+    seen.shutdown().await;
+    // So no process uses the page of G any more.
+    let asked = count(&record, "tools/list");
+    let later = start_ready(config(vec![server()], keyed)).await;
+    later.list_tools(&a()).await.expect("list");
+    assert_eq!(later.cache_stats().l3.hits, 0);
+    assert_eq!(count(&record, "tools/list"), asked + 1);
+    later.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }

@@ -12,21 +12,34 @@ const MAX_SECRET_FILE: u64 = 4096;
 
 /// The secret in `path`: its bytes without surrounding whitespace (a key made with
 /// `openssl rand -base64 32` is a line of text). Refused, with why: not a regular file
-/// (a link is followed: mounted secrets are links), writable by its group or by others,
-/// readable by others, over 4 KiB, or under `min` bytes once trimmed.
+/// (a link is followed: mounted secrets are links), owned by a user other than this
+/// one or root, writable by its group or by others, readable by others, over 4 KiB, or
+/// under `min` bytes once trimmed.
 pub fn read_secret_file(path: &Path, min: usize) -> Result<Vec<u8>, String> {
-    // Opened first and checked through the open file, so that what is checked is what
-    // is read; O_NONBLOCK, so that a FIFO planted there cannot hang the open.
+    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+    // Looked at before it is opened (opening a device can do something), and again
+    // through the open file, which must be the same one.
+    let before = std::fs::metadata(path).map_err(fail)?;
+    if !before.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{}: not a regular file", path.display()));
+        .map_err(fail)?;
+    let meta = file.metadata().map_err(fail)?;
+    if !meta.is_file() || (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+        return Err(format!("{}: changed while it was read", path.display()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "{}: owned by another user (uid {}); it must be this user's or root's",
+            path.display(),
+            meta.uid()
+        ));
     }
     let mode = meta.mode();
     if mode & 0o022 != 0 {
@@ -219,5 +232,15 @@ mod tests {
                 .expect_err("fifo")
                 .contains("regular")
         );
+        // Another user's file (only root can make one here).
+        write(key, 0o600);
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let c = std::ffi::CString::new(path.to_string_lossy().as_bytes()).expect("path");
+            // SAFETY: chown reads the NUL-terminated path and nothing else.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            let e = read_secret_file(&path, 32).expect_err("another user's");
+            assert!(e.contains("owned by another user"), "{e}");
+        }
     }
 }

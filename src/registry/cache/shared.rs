@@ -72,6 +72,16 @@ const MAC_PREFIX: &[u8] = b"mac1:";
 /// The shortest shared secret accepted, in bytes.
 const MIN_KEY_BYTES: usize = 32;
 
+/// Sets a generation to `ARGV[1]` only if that moves it forward. Compared as decimal
+/// text (shorter is smaller, then by characters): Lua's numbers are doubles, which
+/// cannot tell 63-bit generations one apart.
+const RAISE_GENERATION: &str = r"
+local now = redis.call('GET', KEYS[1]) or ''
+local new = ARGV[1]
+if #now < #new or (#now == #new and now < new) then redis.call('SET', KEYS[1], new) end
+return 0
+";
+
 /// Pages taken from the queue at once.
 const WRITE_BATCH: usize = 256;
 
@@ -120,6 +130,43 @@ fn redacted(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// An entry as written under `redis_key`: the body, behind its tag when pages are
+/// authenticated. The tag covers the key too, so that a page cannot be copied to
+/// another key (another deployment's `prefix` sharing the secret).
+fn seal_entry(key: Option<&[u8]>, redis_key: &str, body: Vec<u8>) -> Vec<u8> {
+    let Some(key) = key else {
+        return body;
+    };
+    let tag = hmac_sha256_hex(key, &signed(redis_key, &body));
+    let mut entry = Vec::with_capacity(MAC_PREFIX.len() + tag.len() + 1 + body.len());
+    entry.extend_from_slice(MAC_PREFIX);
+    entry.extend_from_slice(tag.as_bytes());
+    entry.push(b'\n');
+    entry.extend_from_slice(&body);
+    entry
+}
+
+/// The body of an entry read back from `redis_key`, if its tag verifies (when pages are
+/// authenticated).
+fn open_entry<'a>(key: Option<&[u8]>, redis_key: &str, entry: &'a [u8]) -> Option<&'a [u8]> {
+    let Some(key) = key else {
+        return Some(entry);
+    };
+    let rest = entry.strip_prefix(MAC_PREFIX)?;
+    let (tag, body) = (rest.get(..64)?, rest.get(64..)?);
+    let body = body.strip_prefix(b"\n")?;
+    hmac_sha256_verify(key, &signed(redis_key, body), tag).then_some(body)
+}
+
+/// What a tag is over: the Redis key, a newline, the body.
+fn signed(redis_key: &str, body: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(redis_key.len() + 1 + body.len());
+    message.extend_from_slice(redis_key.as_bytes());
+    message.push(b'\n');
+    message.extend_from_slice(body);
+    message
 }
 
 /// Now, in unix milliseconds (0 before 1970).
@@ -289,6 +336,11 @@ pub struct SharedCache {
     listener: Mutex<Option<tokio::task::AbortHandle>>,
     /// Servers whose invalidation has not reached Redis yet (being retried).
     unsent: Mutex<std::collections::HashSet<String>>,
+    /// The highest generation seen of each shared server (the configured ones: bounded).
+    /// Redis going back below it (a restore, a lost key, or a writer replaying old
+    /// signed pages under their old generation) is moved past it, so no page of before
+    /// is used.
+    highest: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 /// What one lookup learned: the page, if usable, and the server's generation (known
@@ -365,6 +417,7 @@ impl SharedCache {
             pending_bytes: AtomicU64::new(0),
             listener: Mutex::new(None),
             unsent: Mutex::default(),
+            highest: Mutex::default(),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
         // Connect now, off any call's path, so the first lookup does not pay for it.
@@ -515,7 +568,42 @@ impl SharedCache {
                     .await
             })
             .await?;
-        self.decode_generation(&key, &generation)
+        self.checked_generation(server, &key, &generation).await
+    }
+
+    /// A server's generation as Redis holds it, if usable: not below the highest this
+    /// process has seen, which Redis is moved past instead (and this lookup misses).
+    async fn checked_generation(
+        &self,
+        server: &str,
+        key: &str,
+        value: &redis::Value,
+    ) -> Option<u64> {
+        let generation = self.decode_generation(key, value)?;
+        let ahead = {
+            let mut highest = self.highest.lock();
+            let top = highest.entry(server.to_string()).or_insert(generation);
+            if generation >= *top {
+                *top = generation;
+                return Some(generation);
+            }
+            *top = top.saturating_add(1);
+            *top
+        };
+        self.reject(key, "a generation older than one seen; moved past it");
+        // Only ever forward: another process's INCR meanwhile is not undone.
+        let _: Option<()> = self
+            .run("read", async |mut conn| {
+                redis::cmd("EVAL")
+                    .arg(RAISE_GENERATION)
+                    .arg(1)
+                    .arg(key)
+                    .arg(ahead)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        None
     }
 
     /// A generation as Redis holds it: an integer (as text); anything else is refused
@@ -567,7 +655,10 @@ impl SharedCache {
         else {
             return SharedRead::default();
         };
-        let Some(generation) = self.decode_generation(&gen_key, &generation) else {
+        let Some(generation) = self
+            .checked_generation(&key.server, &gen_key, &generation)
+            .await
+        else {
             return SharedRead::default();
         };
         SharedRead {
@@ -595,7 +686,7 @@ impl SharedCache {
             self.reject(redis_key, "larger than max_entry_bytes");
             return None;
         }
-        let Some(body) = self.open(bytes) else {
+        let Some(body) = open_entry(self.key.as_deref(), redis_key, bytes) else {
             self.reject(redis_key, "not signed with this deployment's key");
             return None;
         };
@@ -630,9 +721,9 @@ impl SharedCache {
             return None;
         }
         // Redis's expiry may have been moved; the page's own is the bound.
+        // Past it: a plain miss (a reader's clock ahead of the writer's looks the same).
         let left = stored.expires_ms.saturating_sub(unix_ms());
         if left == 0 {
-            self.reject(redis_key, "kept past the expiry it was written with");
             return None;
         }
         let remaining = Duration::from_millis(pttl.unsigned_abs().min(left));
@@ -643,32 +734,6 @@ impl SharedCache {
             ttl: remaining,
             scope: CacheScope::Public,
         })
-    }
-
-    /// An entry as written: the body, behind its tag when pages are authenticated.
-    fn seal(&self, body: Vec<u8>) -> Vec<u8> {
-        let Some(key) = &self.key else {
-            return body;
-        };
-        let tag = hmac_sha256_hex(key, &body);
-        let mut entry = Vec::with_capacity(MAC_PREFIX.len() + tag.len() + 1 + body.len());
-        entry.extend_from_slice(MAC_PREFIX);
-        entry.extend_from_slice(tag.as_bytes());
-        entry.push(b'\n');
-        entry.extend_from_slice(&body);
-        entry
-    }
-
-    /// The body of an entry read back, if its tag verifies (when pages are
-    /// authenticated).
-    fn open<'a>(&self, entry: &'a [u8]) -> Option<&'a [u8]> {
-        let Some(key) = &self.key else {
-            return Some(entry);
-        };
-        let rest = entry.strip_prefix(MAC_PREFIX)?;
-        let (tag, body) = (rest.get(..64)?, rest.get(64..)?);
-        let body = body.strip_prefix(b"\n")?;
-        hmac_sha256_verify(key, body, tag).then_some(body)
     }
 
     /// Writes the public pages of one list, fetched in `generation`, in the background
@@ -698,8 +763,9 @@ impl SharedCache {
                 "cursor": page.key.param,
                 "page": &*page.value,
             });
+            let redis_key = self.redis_key(&page.key, protocol);
             let body = match serde_json::to_vec(&stored) {
-                Ok(body) if !full => self.seal(body),
+                Ok(body) if !full => seal_entry(self.key.as_deref(), &redis_key, body),
                 _ => {
                     self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -708,11 +774,7 @@ impl SharedCache {
             let size = body.len() as u64;
             self.pending.fetch_add(1, Ordering::SeqCst);
             self.pending_bytes.fetch_add(size, Ordering::SeqCst);
-            if self
-                .writes
-                .try_send((self.redis_key(&page.key, protocol), body, ms))
-                .is_err()
-            {
+            if self.writes.try_send((redis_key, body, ms)).is_err() {
                 self.pending.fetch_sub(1, Ordering::SeqCst);
                 self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
                 self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
@@ -987,5 +1049,57 @@ async fn write_queue(layer: std::sync::Weak<SharedCache>, mut queue: mpsc::Recei
 impl Drop for SharedCache {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_opens_only_under_its_key_and_redis_key_and_odd_ones_never_panic() {
+        let (key, other) = (b"k".repeat(32), b"o".repeat(32));
+        let entry = seal_entry(Some(&key), "p:list:s:1", b"{\"a\":1}".to_vec());
+        assert!(entry.starts_with(b"mac1:"));
+        assert_eq!(
+            open_entry(Some(&key), "p:list:s:1", &entry),
+            Some(&b"{\"a\":1}"[..])
+        );
+        assert_eq!(open_entry(Some(&other), "p:list:s:1", &entry), None);
+        assert_eq!(open_entry(Some(&key), "q:list:s:1", &entry), None, "moved");
+        let mut changed = entry.clone();
+        *changed.last_mut().expect("body") = b'}';
+        changed.push(b' ');
+        assert_eq!(open_entry(Some(&key), "p:list:s:1", &changed), None);
+        // Unsigned, cut short, without the newline, a bad or uppercase tag.
+        let tag = &entry[5..69];
+        let odd: Vec<Vec<u8>> = vec![
+            b"{\"a\":1}".to_vec(),
+            b"mac1:".to_vec(),
+            b"mac1".to_vec(),
+            Vec::new(),
+            entry[..40].to_vec(),
+            entry[..69].to_vec(),
+            [b"mac1:", tag, b"{\"a\":1}"].concat(),
+            [
+                b"mac1:",
+                tag.to_ascii_uppercase().as_slice(),
+                b"\n{\"a\":1}",
+            ]
+            .concat(),
+            [b"mac1:", &[b'z'; 64][..], b"\n{\"a\":1}"].concat(),
+            [b"mac1:", &tag[..63], b"\n\n{\"a\":1}"].concat(),
+        ];
+        for bytes in &odd {
+            assert_eq!(
+                open_entry(Some(&key), "p:list:s:1", bytes),
+                None,
+                "{bytes:?}"
+            );
+        }
+        // Without a key, entries are the bodies as they are.
+        let plain = seal_entry(None, "p:list:s:1", b"{}".to_vec());
+        assert_eq!(plain, b"{}");
+        assert_eq!(open_entry(None, "p:list:s:1", &plain), Some(&b"{}"[..]));
     }
 }

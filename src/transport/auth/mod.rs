@@ -374,35 +374,45 @@ impl SignIn {
 
     /// The token held for `identity`, from memory or the store (see `missing`).
     fn held(&self, identity: Option<&str>) -> Option<Token> {
-        self.held_or_stored(identity, false)
-    }
-
-    /// [`SignIn::held`]; `fresh` reads the store on a miss whenever it was read last.
-    fn held_or_stored(&self, identity: Option<&str>, fresh: bool) -> Option<Token> {
         let who = identity.map(String::from);
         if let Some(t) = self.tokens.lock().get(&who) {
             return Some(t.clone());
         }
-        if !fresh
-            && self
-                .missing
-                .lock()
-                .get(&who)
-                .is_some_and(|read| read.elapsed() < STORE_RECHECK)
+        if self
+            .missing
+            .lock()
+            .get(&who)
+            .is_some_and(|read| read.elapsed() < STORE_RECHECK)
         {
             return None;
         }
-        let Some(stored) = self.ctx.store.get(&self.key(identity)).ok().flatten() else {
-            let mut missing = self.missing.lock();
-            if missing.len() >= MISSING_MEMO {
-                missing.clear();
+        self.read_store(identity)
+    }
+
+    /// `identity`'s token as the store has it now (another process may have signed in,
+    /// or refreshed and rotated it), held from then on. A store without one is believed
+    /// for [`STORE_RECHECK`]; one that cannot be read is asked again next time.
+    fn read_store(&self, identity: Option<&str>) -> Option<Token> {
+        let who = identity.map(String::from);
+        match self.ctx.store.get(&self.key(identity)) {
+            Ok(Some(stored)) => {
+                self.missing.lock().remove(&who);
+                self.tokens.lock().insert(who, stored.clone());
+                Some(stored)
             }
-            missing.insert(who, Instant::now());
-            return None;
-        };
-        self.missing.lock().remove(&who);
-        self.tokens.lock().insert(who, stored.clone());
-        Some(stored)
+            Ok(None) => {
+                let mut missing = self.missing.lock();
+                if missing.len() >= MISSING_MEMO {
+                    missing.clear();
+                }
+                missing.insert(who, Instant::now());
+                None
+            }
+            Err(e) => {
+                tracing::debug!(server = %self.server, error = %e, "token store unreadable");
+                None
+            }
+        }
     }
 
     fn keep(&self, identity: Option<&str>, token: Token) -> Result<(), AuthFailure> {
@@ -515,8 +525,16 @@ impl SignIn {
     ) -> Result<(), AuthError> {
         let lock = self.lock_for(identity);
         let _one = lock.lock().await;
-        // The store is read again: another process may have signed in meanwhile.
-        let current = self.held_or_stored(identity, true);
+        let mut current = self.held(identity);
+        // Another process may have signed in, or refreshed the token refused here (and
+        // rotated its refresh token): the store is read again before anything is renewed.
+        if current
+            .as_ref()
+            .is_none_or(|t| Some(t.access_token.as_str()) == refused)
+            && let Some(stored) = self.read_store(identity)
+        {
+            current = Some(stored);
+        }
         if !step_up
             && let Some(t) = &current
             && Some(t.access_token.as_str()) != refused
@@ -1258,8 +1276,8 @@ mod tests {
         }
         // The file store was read twice per request before (every HTTP request asks).
         assert_eq!(store.reads.load(Ordering::SeqCst), 1);
-        // Another process signs in (`mcp-harness login`): a refusal reads the store again
-        // at once, and the token is used from then on without reading it.
+        // Another process signs in (`mcp-harness login`): read again (as a refusal does),
+        // the token is used from then on without reading the store.
         store
             .inner
             .put(
@@ -1267,8 +1285,7 @@ mod tests {
                 &token("https://idp.example", "https://idp.example/t"),
             )
             .expect("put");
-        assert_eq!(sign_in.current(None), None, "believed absent for a moment");
-        let fresh = sign_in.held_or_stored(None, true).map(|t| t.access_token);
+        let fresh = sign_in.read_store(None).map(|t| t.access_token);
         assert_eq!(fresh.as_deref(), Some("a"));
         assert_eq!(sign_in.current(None).as_deref(), Some("a"));
         assert_eq!(store.reads.load(Ordering::SeqCst), 2);
@@ -1278,6 +1295,40 @@ mod tests {
         }
         assert!(sign_in.missing.lock().len() <= MISSING_MEMO);
         assert_eq!(store.reads.load(Ordering::SeqCst), 2 + MISSING_MEMO + 10);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_reads_the_store_again_for_what_another_process_signed_in() {
+        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
+        let store = Arc::new(Counting::default());
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        assert_eq!(sign_in.current(None), None);
+        // `mcp-harness login` in another process, within the second "none" is believed.
+        let key = sign_in.key(None);
+        let mut theirs = token("https://idp.example", "https://idp.example/t");
+        store.inner.put(&key, &theirs).expect("put");
+        // The request went without a token and was refused: the token is found, and no
+        // sign-in (which would need the network) is started.
+        sign_in
+            .on_refused(None, &Challenge::default(), None, false)
+            .await
+            .expect("the kept token is used");
+        assert_eq!(sign_in.current(None).as_deref(), Some("a"));
+        // The other process refreshes it (rotating the refresh token); this one's "a" is
+        // refused: the store's is taken, not a refresh with the old refresh token.
+        theirs.access_token = "b".into();
+        theirs.refresh_token = Some("r2".into());
+        store.inner.put(&key, &theirs).expect("put");
+        sign_in
+            .on_refused(None, &Challenge::default(), Some("a"), false)
+            .await
+            .expect("the store's token is used");
+        assert_eq!(sign_in.current(None).as_deref(), Some("b"));
     }
 
     #[test]
