@@ -629,7 +629,7 @@ async fn a_key_file_others_can_read_stops_the_harness_from_starting() {
 }
 
 #[tokio::test]
-async fn a_generation_set_back_in_redis_is_moved_past_by_a_process_that_saw_a_later_one() {
+async fn a_generation_set_back_in_redis_after_an_invalidation_is_moved_past_not_used() {
     let redis = Redis::start().await;
     let record = temp_file("l3-rollback");
     let rec = record.to_string_lossy().into_owned();
@@ -648,52 +648,51 @@ async fn a_generation_set_back_in_redis_is_moved_past_by_a_process_that_saw_a_la
             .await
             .expect("GET")
     };
-    // A page is stored in generation G; the server's lists change (G + 1).
+    // A page is stored in generation G, and a second process is served from it.
     let first = start_ready(config(vec![server()], keyed.clone())).await;
     first.list_tools(&a()).await.expect("list");
     first.shutdown().await;
     let old = generation(&mut c).await;
-    let _: u64 = redis::cmd("INCR")
-        .arg(gen_key)
-        .query_async(&mut c)
-        .await
-        .expect("INCR");
-    // A process sees G + 1 (and stores its own page there).
     let seen = start_ready(config(vec![server()], keyed.clone())).await;
     seen.list_tools(&a()).await.expect("list");
-    assert_eq!(seen.cache_stats().l3.hits, 0);
-    // Someone sets the generation back, so that the page of G would match again.
-    let _: () = redis::cmd("SET")
+    assert_eq!(seen.cache_stats().l3.hits, 1);
+    // A peer sees the server's lists change: INCR, then its message, as `invalidate`
+    // sends them. The second process hears it and drops its own copies.
+    let _: (u64, u64) = redis::pipe()
+        .cmd("INCR")
         .arg(gen_key)
-        .arg(old)
-        .query_async(&mut c)
-        .await
-        .expect("SET");
-    // And tells the processes the lists changed, so that they read Redis again.
-    let _: u64 = redis::cmd("PUBLISH")
+        .cmd("PUBLISH")
         .arg("mcp-harness:changed")
-        .arg(json!({"origin": "elsewhere", "server": "s"}).to_string())
+        .arg(json!({"origin": "a-peer", "server": "s"}).to_string())
         .query_async(&mut c)
         .await
-        .expect("PUBLISH");
+        .expect("INCR and PUBLISH");
     let heard = Instant::now() + Duration::from_secs(10);
     while seen.cache_stats().invalidations == 0 && Instant::now() < heard {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(seen.cache_stats().l3.received, 1);
     assert_eq!(seen.cache_stats().l1.entries, 0, "its own copies dropped");
-    // Its next lookup finds Redis behind what it saw, uses nothing (the server is
+    // Someone who can write to Redis sets the generation back at once, so that the
+    // signed page of G, genuine but replaced, would match again.
+    let _: () = redis::cmd("SET")
+        .arg(gen_key)
+        .arg(old)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    // The process that heard of the change uses nothing at or below G (the server is
     // asked), and moves the generation past it.
     let asked = count(&record, "tools/list");
     seen.list_tools(&a()).await.expect("list");
-    assert_eq!(seen.cache_stats().l3.hits, 0, "{:?}", seen.cache_stats());
+    assert_eq!(seen.cache_stats().l3.hits, 1, "{:?}", seen.cache_stats());
     assert!(
         seen.cache_stats().l3.rejected >= 1,
         "{:?}",
         seen.cache_stats()
     );
     assert_eq!(count(&record, "tools/list"), asked + 1);
-    assert_eq!(generation(&mut c).await, old + 2);
+    assert!(generation(&mut c).await > old + 1);
     seen.shutdown().await;
     // So no process uses the page of G any more.
     let asked = count(&record, "tools/list");

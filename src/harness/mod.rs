@@ -185,9 +185,9 @@ impl Harness {
         }
         let store: Arc<dyn TokenStore> = match (tokens, &config.cache.dir) {
             (Some(store), _) => store,
-            (None, Some(dir)) => Arc::new(FileTokenStore::new(
-                dir.join(crate::registry::cache::TOKENS_DIR),
-            )),
+            (None, Some(dir)) => {
+                Arc::new(FileTokenStore::new(crate::registry::cache::token_dir(dir)))
+            }
             (None, None) => Arc::new(MemoryTokenStore::default()),
         };
         let options = ConnectOptions {

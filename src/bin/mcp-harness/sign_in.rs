@@ -31,7 +31,7 @@ pub fn token_dir(setup: &Setup, given: Option<&PathBuf>) -> PathBuf {
         return dir.clone();
     }
     if let Some(cache) = &setup.loaded.config.cache.dir {
-        return cache.join(mcp_harness::registry::cache::TOKENS_DIR);
+        return mcp_harness::registry::cache::token_dir(cache);
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)

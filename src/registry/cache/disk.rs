@@ -69,6 +69,21 @@ fn file_name(key: &CacheKey) -> String {
     )
 }
 
+/// Whether a file name is one this layer makes: 64 lowercase hex digits (a key's
+/// hash), then `.json`, or `.N.tmp` while it is written.
+pub(super) fn ours(name: &str) -> bool {
+    let (Some(hash), Some(rest)) = (name.get(..64), name.get(64..)) else {
+        return false;
+    };
+    hash.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && (rest == ".json"
+            || rest
+                .strip_prefix('.')
+                .and_then(|r| r.strip_suffix(".tmp"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
+}
+
 fn make_dir(path: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -169,6 +184,11 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
     };
     for file in files.flatten() {
         let path = file.path();
+        // Only names this layer makes (a key's hash, then `.json` or a temporary
+        // suffix) are read or removed: anything else there is not its own.
+        if !file.file_name().to_str().is_some_and(ours) {
+            continue;
+        }
         // The entry's own type (a link is a link here): only plain files are read or
         // removed.
         let plain = file.file_type().is_ok_and(|t| t.is_file());

@@ -19,7 +19,7 @@ mod disk;
 pub mod shared;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -99,7 +99,7 @@ pub struct CacheKey {
     pub method: String,
     /// The cursor of the page (`""` is a cursor too); `None` for the first page.
     pub param: Option<String>,
-    /// `public`, or `private:<sha256 of the auth context>`.
+    /// `public`, or `private:` and the keyed hash of the auth context.
     pub scope: String,
 }
 
@@ -247,6 +247,33 @@ const SCOPE_KEY_FILE: &str = "__scope.key";
 /// Where sign-in tokens are kept in a cache directory (the harness's and the command
 /// line's default store); see [`SCOPE_KEY_FILE`] for the name.
 pub const TOKENS_DIR: &str = "__tokens";
+
+/// The token directory under `cache_dir` ([`TOKENS_DIR`]). Tokens an earlier release
+/// kept in `tokens` there are moved to it first, unless that folder holds cache
+/// entries (a server named `tokens`).
+pub fn token_dir(cache_dir: &Path) -> PathBuf {
+    let dir = cache_dir.join(TOKENS_DIR);
+    let old = cache_dir.join("tokens");
+    let a_real_dir = std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir());
+    if a_real_dir && std::fs::symlink_metadata(&dir).is_err() {
+        let entries = std::fs::read_dir(&old).map(|files| {
+            files
+                .flatten()
+                .any(|f| f.file_name().to_str().is_some_and(disk::ours))
+        });
+        if let Ok(false) = entries {
+            match std::fs::rename(&old, &dir) {
+                Ok(()) => {
+                    tracing::info!(from = %old.display(), to = %dir.display(), "sign-in tokens moved")
+                }
+                Err(e) => {
+                    tracing::warn!(from = %old.display(), error = %e, "sign-in tokens not moved")
+                }
+            }
+        }
+    }
+    dir
+}
 
 fn now_ms() -> u64 {
     SystemTime::now()

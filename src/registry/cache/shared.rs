@@ -63,7 +63,7 @@ pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 
 /// The layout of stored entries, part of every key's digest: processes of another
 /// layout (a rolling upgrade) never read each other's pages.
-const SCHEMA: u32 = 3;
+const SCHEMA: u32 = 4;
 
 /// How an authenticated entry begins: then 64 hex digits of its body's tag, a newline,
 /// the body.
@@ -71,16 +71,6 @@ const MAC_PREFIX: &[u8] = b"mac1:";
 
 /// The shortest shared secret accepted, in bytes.
 const MIN_KEY_BYTES: usize = 32;
-
-/// Sets a generation to `ARGV[1]` only if that moves it forward. Compared as decimal
-/// text (shorter is smaller, then by characters): Lua's numbers are doubles, which
-/// cannot tell 63-bit generations one apart.
-const RAISE_GENERATION: &str = r"
-local now = redis.call('GET', KEYS[1]) or ''
-local new = ARGV[1]
-if #now < #new or (#now == #new and now < new) then redis.call('SET', KEYS[1], new) end
-return 0
-";
 
 /// Pages taken from the queue at once.
 const WRITE_BATCH: usize = 256;
@@ -158,6 +148,17 @@ fn open_entry<'a>(key: Option<&[u8]>, redis_key: &str, entry: &'a [u8]) -> Optio
     let (tag, body) = (rest.get(..64)?, rest.get(64..)?);
     let body = body.strip_prefix(b"\n")?;
     hmac_sha256_verify(key, &signed(redis_key, body), tag).then_some(body)
+}
+
+/// A generation as Redis writes an integer (so that INCR works on it): digits, no sign,
+/// no leading zero, at most `i64::MAX`.
+fn canonical_generation(text: &[u8]) -> Option<u64> {
+    let digits = !text.is_empty() && text.iter().all(u8::is_ascii_digit);
+    if !digits || (text.len() > 1 && text[0] == b'0') {
+        return None;
+    }
+    let n: i64 = std::str::from_utf8(text).ok()?.parse().ok()?;
+    u64::try_from(n).ok()
 }
 
 /// What a tag is over: the Redis key, a newline, the body.
@@ -580,25 +581,25 @@ impl SharedCache {
         value: &redis::Value,
     ) -> Option<u64> {
         let generation = self.decode_generation(key, value)?;
-        let ahead = {
+        let step = {
             let mut highest = self.highest.lock();
             let top = highest.entry(server.to_string()).or_insert(generation);
             if generation >= *top {
                 *top = generation;
                 return Some(generation);
             }
-            *top = top.saturating_add(1);
-            *top
+            // Past the highest seen, within what INCR can still add to.
+            let ahead = top.saturating_add(1).min(i64::MAX as u64);
+            *top = ahead;
+            ahead - generation
         };
         self.reject(key, "a generation older than one seen; moved past it");
-        // Only ever forward: another process's INCR meanwhile is not undone.
-        let _: Option<()> = self
+        // INCRBY only adds: another process's INCR meanwhile is not undone.
+        let _: Option<i64> = self
             .run("read", async |mut conn| {
-                redis::cmd("EVAL")
-                    .arg(RAISE_GENERATION)
-                    .arg(1)
+                redis::cmd("INCRBY")
                     .arg(key)
-                    .arg(ahead)
+                    .arg(step)
                     .query_async(&mut conn)
                     .await
             })
@@ -606,14 +607,20 @@ impl SharedCache {
         None
     }
 
+    /// A peer moved `server` to a new generation (its INCR comes before its message):
+    /// nothing at or below the highest seen before is accepted any more.
+    fn heard_invalidation(&self, server: &str) {
+        if let Some(top) = self.highest.lock().get_mut(server) {
+            *top = top.saturating_add(1).min(i64::MAX as u64);
+        }
+    }
+
     /// A generation as Redis holds it: an integer (as text); anything else is refused
     /// for this server only.
     fn decode_generation(&self, key: &str, value: &redis::Value) -> Option<u64> {
         let parsed = match value {
             redis::Value::Int(n) => u64::try_from(*n).ok(),
-            redis::Value::BulkString(bytes) => {
-                std::str::from_utf8(bytes).ok().and_then(|t| t.parse().ok())
-            }
+            redis::Value::BulkString(bytes) => canonical_generation(bytes),
             _ => None,
         };
         if parsed.is_none() {
@@ -866,12 +873,11 @@ impl SharedCache {
         let (channel, gen_key) = (self.config.channel(), self.generation_key(server));
         // Not skipped while the layer backs off: a lost invalidation leaves other
         // processes stale, so it is always tried, within the bound.
-        let sent: Option<()> = self
+        let sent: Option<(i64,)> = self
             .run("invalidate", async |mut conn| {
                 redis::pipe()
                     .cmd("INCR")
                     .arg(&gen_key)
-                    .ignore()
                     .cmd("PUBLISH")
                     .arg(&channel)
                     .arg(&message)
@@ -880,10 +886,17 @@ impl SharedCache {
                     .await
             })
             .await;
-        if sent.is_some() {
-            self.counts.published.fetch_add(1, Ordering::Relaxed);
+        let Some((generation,)) = sent else {
+            return false;
+        };
+        self.counts.published.fetch_add(1, Ordering::Relaxed);
+        // What this process moved it to is the least it accepts from now on.
+        if let Ok(generation) = u64::try_from(generation) {
+            let mut highest = self.highest.lock();
+            let top = highest.entry(server.to_string()).or_insert(generation);
+            *top = (*top).max(generation);
         }
-        sent.is_some()
+        true
     }
 
     /// Claims the refresh of one list for `hold` among the processes sharing it (`SET
@@ -972,6 +985,7 @@ impl SharedCache {
                                 Some(c) if c.origin == origin => {}
                                 Some(c) if this.shares(&c.server) => {
                                     this.counts.received.fetch_add(1, Ordering::Relaxed);
+                                    this.heard_invalidation(&c.server);
                                     tracing::debug!(server = %c.server, "a peer dropped a shared server's lists");
                                     changed(&c.server);
                                 }
@@ -1055,6 +1069,29 @@ impl Drop for SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generations_are_read_only_as_redis_writes_integers() {
+        assert_eq!(canonical_generation(b"0"), Some(0));
+        assert_eq!(canonical_generation(b"42"), Some(42));
+        assert_eq!(
+            canonical_generation(b"9223372036854775807"),
+            Some(i64::MAX as u64)
+        );
+        for odd in [
+            &b""[..],
+            b"00001",
+            b"+1",
+            b"-1",
+            b" 1",
+            b"1.0",
+            b"9223372036854775808",
+            b"18446744073709551615",
+            b"abc",
+        ] {
+            assert_eq!(canonical_generation(odd), None, "{odd:?}");
+        }
+    }
 
     #[test]
     fn an_entry_opens_only_under_its_key_and_redis_key_and_odd_ones_never_panic() {

@@ -222,6 +222,9 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
         serde_json::from_slice(&std::fs::read(&files[0]).expect("read")).expect("json");
     planted["value"]["tools"][0] = json!("planted");
     planted["key"]["param"] = json!("cursor-x");
+    let planted_at = dir.join("s").join(format!("{}.json", "0".repeat(64)));
+    std::fs::write(&planted_at, planted.to_string()).expect("plant");
+    // Under a name the cache never makes: not its file, so neither read nor removed.
     std::fs::write(dir.join("s").join("0000.json"), planted.to_string()).expect("plant");
     std::fs::create_dir_all(dir.join("other")).expect("dir");
     std::fs::copy(
@@ -236,10 +239,8 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
         "only the genuine entry is loaded"
     );
     assert!(cache.get(LIST, Some("cursor-x"), None).is_none());
-    assert!(
-        !dir.join("s").join("0000.json").exists(),
-        "the planted file is removed"
-    );
+    assert!(!planted_at.exists(), "the planted file is removed");
+    assert!(dir.join("s").join("0000.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -575,10 +576,19 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
 #[test]
 fn what_else_the_cache_directory_holds_is_left_alone() {
     let dir = temp_dir("neighbours");
-    let tokens = dir.join(TOKENS_DIR);
-    std::fs::create_dir_all(&tokens).expect("dir");
+    // Where an earlier release kept tokens: moved to their own place once.
+    let old = dir.join("tokens");
+    std::fs::create_dir_all(&old).expect("dir");
+    std::fs::write(
+        old.join("0123.json"),
+        r#"{"key":{"server":"web"},"token":{}}"#,
+    )
+    .expect("write");
+    let tokens = token_dir(&dir);
+    assert_eq!(tokens, dir.join(TOKENS_DIR));
     let token = tokens.join("0123.json");
-    std::fs::write(&token, r#"{"key":{"server":"web"},"token":{}}"#).expect("write");
+    assert!(token.exists() && !old.exists(), "moved");
+    assert_eq!(token_dir(&dir), tokens, "and only once");
     let cache = ListCache::new(config(Some(dir.to_path_buf())));
     assert!(put(
         &cache,
@@ -586,12 +596,29 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
         json!({"tools": ["a"], "ttlMs": 60000, "cacheScope": "public"})
     ));
     drop(cache);
+    // Something of someone else's in a server's folder, under a name the cache does not
+    // make (a `--tokens` folder there, say).
+    let foreign = dir.join("s").join("notes.json");
+    std::fs::write(&foreign, "{}").expect("write");
     let again = ListCache::new(config(Some(dir.to_path_buf())));
     assert_eq!(again.stats().l2.entries, 1);
     assert!(
         token.exists(),
         "a kept sign-in token is not a cache entry to remove"
     );
+    assert!(foreign.exists(), "nor is a file the cache did not name");
+    for (name, ours) in [
+        (format!("{}.json", "a".repeat(64)), true),
+        (format!("{}.123.tmp", "0".repeat(64)), true),
+        (format!("{}.json", "A".repeat(64)), false),
+        (format!("{}.json", "a".repeat(63)), false),
+        (format!("{}.tmp", "a".repeat(64)), false),
+        (format!("{}\u{e9}.json", "a".repeat(63)), false),
+        ("notes.json".to_string(), false),
+        (String::new(), false),
+    ] {
+        assert_eq!(disk::ours(&name), ours, "{name}");
+    }
     // No server id can take these names.
     assert!(crate::server::check_id(TOKENS_DIR).is_err());
     assert!(crate::server::check_id(SCOPE_KEY_FILE).is_err());

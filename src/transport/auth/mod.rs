@@ -427,6 +427,18 @@ impl SignIn {
         Ok(())
     }
 
+    /// Forgets `refused` unless the store now holds another token (another process
+    /// signed in or refreshed meanwhile), which is then held instead.
+    fn forget_if_still(&self, identity: Option<&str>, refused: &Token) {
+        let who = identity.map(String::from);
+        match self.ctx.store.get(&self.key(identity)) {
+            Ok(Some(theirs)) if theirs.access_token != refused.access_token => {
+                self.tokens.lock().insert(who, theirs);
+            }
+            _ => self.forget(identity),
+        }
+    }
+
     fn forget(&self, identity: Option<&str>) {
         let who = identity.map(String::from);
         self.tokens.lock().remove(&who);
@@ -458,12 +470,18 @@ impl SignIn {
         }
         let lock = self.lock_for(identity);
         let _one = lock.lock().await;
-        // Another request may have renewed it while this one waited.
-        if let Some(t) = self.held(identity)
-            && !t.expires_within(REFRESH_MARGIN)
-        {
-            return Ok(Some(t.access_token));
-        }
+        // Another request may have renewed it while this one waited; another process
+        // may have too (and rotated the refresh token): the store is read before a
+        // refresh, which then uses the newest refresh token.
+        let token = match self.held(identity) {
+            Some(t) if !t.expires_within(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
+            Some(t) if t.access_token != token.access_token => t,
+            _ => match self.read_store(identity) {
+                Some(t) if !t.expires_within(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
+                Some(t) => t,
+                None => token,
+            },
+        };
         match self.renew_quietly(identity, &token).await {
             Ok(Some(t)) => Ok(Some(t.access_token)),
             // Expired and not renewable without a person: send nothing, let the 401 come.
@@ -506,7 +524,7 @@ impl SignIn {
                 // The refresh token is dead: forget it; a full sign-in comes next.
                 AuthFailure::Refused { error, .. } if error == "invalid_grant" => {
                     tracing::info!(server = %self.server, "refresh token refused; signing in again");
-                    self.forget(identity);
+                    self.forget_if_still(identity, token);
                     Ok(None)
                 }
                 _ => Err(e),
@@ -1295,6 +1313,33 @@ mod tests {
         }
         assert!(sign_in.missing.lock().len() <= MISSING_MEMO);
         assert_eq!(store.reads.load(Ordering::SeqCst), 2 + MISSING_MEMO + 10);
+    }
+
+    #[tokio::test]
+    async fn a_token_due_for_refresh_is_taken_from_the_store_when_another_process_renewed_it() {
+        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
+        let store = Arc::new(Counting::default());
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        // Held here, within the refresh margin of its expiry.
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.expires_at_ms = Some(now_ms() + 1_000);
+        sign_in.keep(None, ours.clone()).expect("keep");
+        // Another process refreshed it (rotating the refresh token) and stored the result.
+        let mut theirs = ours.clone();
+        theirs.access_token = "b".into();
+        theirs.refresh_token = Some("r2".into());
+        theirs.expires_at_ms = Some(now_ms() + 3_600_000);
+        store.inner.put(&sign_in.key(None), &theirs).expect("put");
+        // Its token is used: no refresh (which would need the network, and would spend
+        // the old refresh token that the authorization server has rotated away).
+        let bearer = sign_in.bearer(None).await.expect("bearer");
+        assert_eq!(bearer.as_deref(), Some("b"));
+        assert_eq!(sign_in.current(None).as_deref(), Some("b"));
     }
 
     #[tokio::test]

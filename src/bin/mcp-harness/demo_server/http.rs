@@ -179,9 +179,6 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     post(state, req, headers, session_id, known_session).await
 }
 
-/// `--oauth-issuer`: serves the protected resource metadata, and answers a request
-/// without a valid token (issuer, audience, expiry, scope) with 401 and a challenge. A
-/// valid token's subject and scopes go on as `x-demo-subject` / `x-demo-scopes`.
 /// This server's origin as the client named it (`Host`), so that a client that reached
 /// it by name (`localhost`) is told of its metadata on that origin; the bound address
 /// otherwise.
@@ -200,6 +197,9 @@ fn origin(state: &State, headers: &BTreeMap<String, String>) -> String {
     }
 }
 
+/// `--oauth-issuer`: serves the protected resource metadata, and answers a request
+/// without a valid token (issuer, audience, expiry, scope) with 401 and a challenge. A
+/// valid token's subject and scopes go on as `x-demo-subject` / `x-demo-scopes`.
 fn oauth_gate(
     state: &State,
     req: &hyper::Request<Incoming>,
