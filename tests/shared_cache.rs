@@ -49,6 +49,12 @@ fn key_file(tag: &str, secret: &str, mode: u32) -> PathBuf {
     path
 }
 
+/// The keys of the pages Redis holds.
+async fn page_keys(redis: &Redis) -> Vec<String> {
+    let keys = redis.keys().await;
+    keys.into_iter().filter(|k| k.contains(":list:")).collect()
+}
+
 fn config(servers: Vec<ServerConfig>, shared: SharedConfig) -> HarnessConfig {
     let mut c = HarnessConfig {
         servers,
@@ -306,12 +312,7 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
     let first = start_ready(config(vec![server()], shared.clone())).await;
     let tools = first.list_tools(&a()).await.expect("list");
     first.shutdown().await;
-    let keys: Vec<String> = redis
-        .keys()
-        .await
-        .into_iter()
-        .filter(|k| k.contains(":list:"))
-        .collect();
+    let keys = page_keys(&redis).await;
     assert_eq!(keys.len(), 1, "{keys:?}");
     let mut c = redis.connection().await.expect("connect");
     let generation: u64 = redis::cmd("GET")
@@ -517,12 +518,7 @@ async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
     let first = start_ready(config(vec![server()], keyed(&k1))).await;
     let tools = first.list_tools(&a()).await.expect("list");
     first.shutdown().await;
-    let keys: Vec<String> = redis
-        .keys()
-        .await
-        .into_iter()
-        .filter(|k| k.contains(":list:"))
-        .collect();
+    let keys = page_keys(&redis).await;
     assert_eq!(keys.len(), 1, "{keys:?}");
     let mut c = redis.connection().await.expect("connect");
     let entry: Vec<u8> = redis::cmd("GET")
@@ -545,8 +541,7 @@ async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
     assert_eq!((stats.hits, stats.rejected), (0, 0), "{stats:?}");
     assert_eq!(lists(), 2);
     other.shutdown().await;
-    let pages = redis.keys().await;
-    assert_eq!(pages.iter().filter(|k| k.contains(":list:")).count(), 2);
+    assert_eq!(page_keys(&redis).await.len(), 2);
 
     // Someone who can write to Redis but holds no key changes the page (a tool added,
     // the tag kept): refused, and the server asked.

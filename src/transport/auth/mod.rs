@@ -1279,8 +1279,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_server_without_a_token_does_not_read_the_store_on_every_request() {
+    /// A sign-in for a server on loopback, over a store that counts its reads.
+    fn counted() -> (SignIn, Arc<Counting>) {
         let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
         let store = Arc::new(Counting::default());
         let ctx = SignInContext {
@@ -1289,6 +1289,12 @@ mod tests {
         };
         let tls = client_tls(None).expect("tls");
         let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        (sign_in, store)
+    }
+
+    #[test]
+    fn a_server_without_a_token_does_not_read_the_store_on_every_request() {
+        let (sign_in, store) = counted();
         for _ in 0..100 {
             assert_eq!(sign_in.current(None), None);
         }
@@ -1317,14 +1323,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_due_for_refresh_is_taken_from_the_store_when_another_process_renewed_it() {
-        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
-        let store = Arc::new(Counting::default());
-        let ctx = SignInContext {
-            store: store.clone(),
-            ..SignInContext::default()
-        };
-        let tls = client_tls(None).expect("tls");
-        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        let (sign_in, store) = counted();
         // Held here, within the refresh margin of its expiry.
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 1_000);
@@ -1344,14 +1343,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refusal_reads_the_store_again_for_what_another_process_signed_in() {
-        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
-        let store = Arc::new(Counting::default());
-        let ctx = SignInContext {
-            store: store.clone(),
-            ..SignInContext::default()
-        };
-        let tls = client_tls(None).expect("tls");
-        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        let (sign_in, store) = counted();
         assert_eq!(sign_in.current(None), None);
         // `mcp-harness login` in another process, within the second "none" is believed.
         let key = sign_in.key(None);
