@@ -149,6 +149,16 @@ impl std::fmt::Debug for SignInContext {
     }
 }
 
+/// What [`SignIn::on_refused`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Another token was held already (renewed by another request, or stored by
+    /// another process): the request is retried with it.
+    Held,
+    /// The token was refreshed, or signed in for again.
+    Renewed,
+}
+
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
     server: String,
@@ -533,14 +543,18 @@ impl SignIn {
     }
 
     /// After the server refused `refused` (a 401, or a 403 `insufficient_scope` when
-    /// `step_up`): renews the token, signing in again when refreshing cannot help.
+    /// `step_up`): renews the token, signing in again when refreshing cannot help. With
+    /// `take_held`, another token held now (renewed by another request, or stored by
+    /// another process) is taken instead of renewing ([`Renewal::Held`]); a caller
+    /// whose retry with that one is refused again asks without it.
     pub(crate) async fn on_refused(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
         refused: Option<&str>,
         step_up: bool,
-    ) -> Result<(), AuthError> {
+        take_held: bool,
+    ) -> Result<Renewal, AuthError> {
         let lock = self.lock_for(identity);
         let _one = lock.lock().await;
         let mut current = self.held(identity);
@@ -554,10 +568,11 @@ impl SignIn {
             current = Some(stored);
         }
         if !step_up
+            && take_held
             && let Some(t) = &current
             && Some(t.access_token.as_str()) != refused
         {
-            return Ok(()); // renewed meanwhile by another request
+            return Ok(Renewal::Held); // renewed meanwhile, here or elsewhere
         }
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
@@ -581,7 +596,7 @@ impl SignIn {
             && let Some(renewed) = self.renew_quietly(identity, t).await?
             && Some(renewed.access_token.as_str()) != refused
         {
-            return Ok(());
+            return Ok(Renewal::Renewed);
         }
         if self.config.grant == GrantKind::ClientCredentials {
             let step = if step_up {
@@ -592,10 +607,12 @@ impl SignIn {
             return self
                 .client_credentials(identity, Some(challenge))
                 .await
-                .map(|_| ())
+                .map(|_| Renewal::Renewed)
                 .map_err(|e| AuthError { step, ..e });
         }
-        self.authorize(identity, challenge).await.map(|_| ())
+        self.authorize(identity, challenge)
+            .await
+            .map(|_| Renewal::Renewed)
     }
 
     /// Signs `identity` in now (the command line's `login`), whatever is held.
@@ -1351,21 +1368,29 @@ mod tests {
         store.inner.put(&key, &theirs).expect("put");
         // The request went without a token and was refused: the token is found, and no
         // sign-in (which would need the network) is started.
-        sign_in
-            .on_refused(None, &Challenge::default(), None, false)
+        let taken = sign_in
+            .on_refused(None, &Challenge::default(), None, false, true)
             .await
             .expect("the kept token is used");
+        assert_eq!(taken, Renewal::Held);
         assert_eq!(sign_in.current(None).as_deref(), Some("a"));
         // The other process refreshes it (rotating the refresh token); this one's "a" is
         // refused: the store's is taken, not a refresh with the old refresh token.
         theirs.access_token = "b".into();
         theirs.refresh_token = Some("r2".into());
         store.inner.put(&key, &theirs).expect("put");
-        sign_in
-            .on_refused(None, &Challenge::default(), Some("a"), false)
+        let taken = sign_in
+            .on_refused(None, &Challenge::default(), Some("a"), false, true)
             .await
             .expect("the store's token is used");
+        assert_eq!(taken, Renewal::Held);
         assert_eq!(sign_in.current(None).as_deref(), Some("b"));
+        // Refused too: asked again without taking what is held, it is renewed (here
+        // that means signing in, which fails: no server listens and nobody can sign in).
+        let renewed = sign_in
+            .on_refused(None, &Challenge::default(), Some("b"), false, false)
+            .await;
+        assert!(renewed.is_err(), "{renewed:?}");
     }
 
     #[test]

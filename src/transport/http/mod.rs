@@ -51,7 +51,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::auth::{AuthError, Challenge, MAX_STEP_UPS, SignIn, SignInContext};
+use super::auth::{AuthError, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext};
 use super::error::TransportError;
 use super::inbound::{Ids, Inbound, InboundSink};
 use super::spec::HttpSpec;
@@ -222,6 +222,8 @@ impl HttpTransport {
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let (mut signed_in, mut step_ups) = (false, 0);
+        // A token held already (another process's) is tried once before renewing.
+        let mut took_held = false;
         // A retry is the same request under a new id.
         let mut id = request.id.clone();
         let mut left = timeout;
@@ -249,15 +251,15 @@ impl HttpTransport {
                     status: 401,
                     challenge,
                 }) if !signed_in => {
-                    signed_in = true;
                     let bearer = challenge.is_some();
                     let asked = challenge.clone().unwrap_or_default();
                     match self
                         .sign_in
-                        .on_refused(identity, &asked, sent.as_deref(), false)
+                        .on_refused(identity, &asked, sent.as_deref(), false, !took_held)
                         .await
                     {
-                        Ok(()) => {}
+                        Ok(Renewal::Held) => took_held = true,
+                        Ok(Renewal::Renewed) => signed_in = true,
                         // No Bearer challenge and no resource metadata: this server
                         // does not do MCP authorization; its refusal is the answer.
                         Err(e) if !bearer && e.is_not_found() => {
@@ -283,7 +285,7 @@ impl HttpTransport {
                     }
                     step_ups += 1;
                     self.sign_in
-                        .on_refused(identity, &challenge, sent.as_deref(), true)
+                        .on_refused(identity, &challenge, sent.as_deref(), true, false)
                         .await
                         .map_err(|e| {
                             TransportError::Auth(AuthError {
