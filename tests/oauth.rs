@@ -771,3 +771,115 @@ async fn a_kept_token_survives_a_restart_and_is_refreshed_not_signed_in_again() 
     assert_eq!(w.at("authorize").len(), 1, "no second sign-in");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A store another process writes to between this one's reads: each read first takes
+/// the next token of `appearing` (what the other process stored meanwhile), if any.
+struct SharedWithAnother {
+    kept: mcp_harness::transport::auth::MemoryTokenStore,
+    /// The key of the last token kept (the harness's own sign-in to `web`).
+    key: parking_lot::Mutex<Option<mcp_harness::transport::auth::TokenKey>>,
+    appearing: parking_lot::Mutex<std::collections::VecDeque<mcp_harness::transport::auth::Token>>,
+}
+
+impl mcp_harness::transport::auth::TokenStore for SharedWithAnother {
+    fn get(
+        &self,
+        key: &mcp_harness::transport::auth::TokenKey,
+    ) -> Result<Option<mcp_harness::transport::auth::Token>, String> {
+        if let Some(next) = self.appearing.lock().pop_front() {
+            self.kept.put(key, &next)?;
+        }
+        self.kept.get(key)
+    }
+    fn put(
+        &self,
+        key: &mcp_harness::transport::auth::TokenKey,
+        token: &mcp_harness::transport::auth::Token,
+    ) -> Result<(), String> {
+        *self.key.lock() = Some(key.clone());
+        self.kept.put(key, token)
+    }
+    fn remove(&self, key: &mcp_harness::transport::auth::TokenKey) -> Result<(), String> {
+        self.kept.remove(key)
+    }
+    fn remove_server(&self, server: &str) -> Result<usize, String> {
+        self.kept.remove_server(server)
+    }
+}
+
+#[tokio::test]
+async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_request_refreshes() {
+    // The race a shared store allows: this process's token is refused, and by then
+    // another process has stored a token of its own, which is taken and tried; the
+    // server refuses that one too (revoked), so the same request refreshes instead of
+    // failing. The store plays the other process: it hands out the next token on each
+    // read.
+    use mcp_harness::transport::auth::{MemoryTokenStore, TokenStore};
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let store = Arc::new(SharedWithAnother {
+        kept: MemoryTokenStore::default(),
+        key: parking_lot::Mutex::new(None),
+        appearing: parking_lot::Mutex::new(Default::default()),
+    });
+    let spawn = || {
+        let config = HarnessConfig {
+            servers: vec![w.server(registered("pre"))],
+            permissions: grant_everything(&["a"]),
+            ..HarnessConfig::default()
+        };
+        Harness::builder(config)
+            .authorizer(w.authorizer())
+            .token_store(store.clone())
+            .spawn()
+    };
+    // A first process signs in: one token, with a refresh token that still works.
+    let first = spawn().await.expect("spawn");
+    ready(&first).await;
+    assert_eq!(
+        subject(&first, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    first.shutdown().await;
+    assert_eq!(w.at("authorize").len(), 1);
+    let key = store.key.lock().clone().expect("a token was kept");
+    let signed_in = store.kept.get(&key).expect("read").expect("kept");
+    // Revoked on the server (it no longer takes them), not yet known to be here.
+    let revoked = |access: &str| mcp_harness::transport::auth::Token {
+        access_token: access.into(),
+        expires_at_ms: Some(u64::MAX / 2),
+        ..signed_in.clone()
+    };
+    store.kept.put(&key, &revoked("revoked-here")).expect("put");
+    store.appearing.lock().extend([
+        revoked("revoked-here"),
+        // Stored by "another process" while the first try was out.
+        revoked("revoked-there"),
+    ]);
+    let refreshes = || {
+        w.at("token")
+            .into_iter()
+            .filter(|t| t["grant_type"] == "refresh_token")
+            .count()
+    };
+    let before = refreshes();
+    let second = spawn().await.expect("spawn");
+    ready(&second).await;
+    assert_eq!(
+        subject(&second, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    second.shutdown().await;
+    // The server saw this process's token, then the other's, each refused once.
+    let refused: Vec<String> = recorded(&w.mcp_record)
+        .into_iter()
+        .filter(|r| r["refused"] == 401)
+        .filter_map(|r| r["headers"]["authorization"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        refused,
+        ["Bearer revoked-here", "Bearer revoked-there"],
+        "each held token tried once, in order"
+    );
+    assert_eq!(refreshes() - before, 1, "then one refresh");
+    assert_eq!(w.at("authorize").len(), 1, "and no second sign-in");
+}
