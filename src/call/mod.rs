@@ -128,7 +128,7 @@ pub struct Answer {
     /// The server's result, as sent.
     pub result: Value,
     /// The server that served the call.
-    pub server: String,
+    pub server: Arc<str>,
     /// The result is `input_required` (only for delegated calls; others drive rounds).
     pub input_required: bool,
     /// Rounds the logical call has had, this one included.
@@ -293,7 +293,7 @@ async fn drive(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
     args: Value,
-    candidates: &[Candidate],
+    candidates: &[Candidate<'_>],
     deadline: Deadline,
     record: &mut CallRecord,
 ) -> Result<Answer, CallError> {
@@ -310,7 +310,7 @@ async fn drive(
         record.server = Some(candidate.server.clone());
         let span = telemetry::attempt_span(
             request.kind,
-            &candidate.item,
+            candidate.item,
             &candidate.server,
             record.traced,
         );
@@ -341,7 +341,7 @@ async fn drive(
             Ok((result, input_required)) => {
                 return Ok(Answer {
                     result,
-                    server: candidate.server.id().to_string(),
+                    server: candidate.server.shared_id(),
                     input_required,
                     rounds,
                 });
@@ -386,16 +386,16 @@ async fn drive(
 fn still_allowed(
     ctx: &CallContext,
     request: &CallRequest,
-    candidate: &Candidate,
+    candidate: &Candidate<'_>,
 ) -> Result<(), CallError> {
     let agent = request.caller.agent_id.as_deref();
-    if ctx.allows(agent, &candidate.server, &candidate.item) {
+    if ctx.allows(agent, &candidate.server, candidate.item) {
         return Ok(());
     }
     Err(CallError::Denied {
         agent: agent.map(String::from),
         server: Some(candidate.server.id().to_string()),
-        tool: candidate.item.clone(),
+        tool: candidate.item.to_string(),
     })
 }
 
@@ -407,7 +407,7 @@ fn still_allowed(
 async fn attempt(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
-    candidate: &Candidate,
+    candidate: &Candidate<'_>,
     params: &mut Map<String, Value>,
     deadline: Deadline,
     rounds: &mut usize,
@@ -426,7 +426,7 @@ async fn attempt(
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
         )
     };
-    request.kind.set_item(params, &candidate.item);
+    request.kind.set_item(params, candidate.item);
     // The call's progress token, for every request of it (a retry is the same call).
     let progress = request
         .delegated
@@ -550,7 +550,7 @@ fn protocol(server: &str, e: ProtocolError) -> Attempt {
 struct Round<'a> {
     ctx: &'a Arc<CallContext>,
     request: &'a CallRequest,
-    candidate: &'a Candidate,
+    candidate: &'a Candidate<'a>,
     handlers: &'a HandlerSet,
     deadline: Deadline,
 }

@@ -22,10 +22,10 @@ use crate::server::{ServerRef, ServerState};
 
 /// One server a call may go to, in order.
 #[derive(Clone)]
-pub(crate) struct Candidate {
+pub(crate) struct Candidate<'a> {
     pub(crate) server: ServerRef,
-    /// The item's name on that server.
-    pub(crate) item: String,
+    /// The item's name on that server (a part of the name the call was asked by).
+    pub(crate) item: &'a str,
     /// The request may be re-sent elsewhere even if it reached this server (the tool is
     /// marked idempotent or read-only by a server whose annotations are trusted).
     pub(crate) retry_safe: bool,
@@ -41,6 +41,35 @@ fn retry_safe(server: &ServerRef, item: Option<&Value>) -> bool {
     server.config().trust_annotations && (hint("idempotentHint") || hint("readOnlyHint"))
 }
 
+/// The servers a call may go to, in order: a qualified name's one server without a
+/// `Vec` (the common call allocates nothing to be routed).
+pub(crate) enum Candidates<'a> {
+    One(Candidate<'a>),
+    Many(Vec<Candidate<'a>>),
+}
+
+impl<'a> Candidates<'a> {
+    /// Keeps the candidates `keep` says yes to, in order.
+    pub(crate) fn retain(&mut self, keep: impl Fn(&Candidate<'a>) -> bool) {
+        match self {
+            Candidates::One(c) if !keep(c) => *self = Candidates::Many(Vec::new()),
+            Candidates::One(_) => {}
+            Candidates::Many(v) => v.retain(keep),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Candidates<'a> {
+    type Target = [Candidate<'a>];
+
+    fn deref(&self) -> &[Candidate<'a>] {
+        match self {
+            Candidates::One(c) => std::slice::from_ref(c),
+            Candidates::Many(v) => v,
+        }
+    }
+}
+
 fn denied(agent: Option<&str>, server: Option<&str>, tool: &str) -> CallError {
     CallError::Denied {
         agent: agent.map(String::from),
@@ -50,13 +79,13 @@ fn denied(agent: Option<&str>, server: Option<&str>, tool: &str) -> CallError {
 }
 
 /// The servers a call to `name` may go to, in order; a denial or no route is an error.
-pub(crate) async fn route(
+pub(crate) async fn route<'a>(
     ctx: &Arc<CallContext>,
     caller: &Caller,
     kind: CallKind,
-    name: &str,
+    name: &'a str,
     deadline: Instant,
-) -> Result<Vec<Candidate>, CallError> {
+) -> Result<Candidates<'a>, CallError> {
     let agent = caller.agent_id.as_deref();
     if agent.is_none() {
         return Err(denied(None, None, name));
@@ -66,17 +95,19 @@ pub(crate) async fn route(
         Some((server, item)) => route_qualified(ctx, agent, server, item),
         // Boxed: listing every server is a large future, and a qualified name (the
         // common call) should not carry its size.
-        None => Box::pin(route_bare(ctx, caller, kind, name, deadline)).await,
+        None => Box::pin(route_bare(ctx, caller, kind, name, deadline))
+            .await
+            .map(Candidates::Many),
     }
 }
 
 /// `server__tool`: that server, if the caller may use that tool on it.
-fn route_qualified(
+fn route_qualified<'a>(
     ctx: &CallContext,
     agent: Option<&str>,
     server_id: &str,
-    item: &str,
-) -> Result<Vec<Candidate>, CallError> {
+    item: &'a str,
+) -> Result<Candidates<'a>, CallError> {
     let Some(server) = ctx.servers.get(server_id) else {
         return Err(CallError::NoRoute {
             tool: format!("{server_id}__{item}"),
@@ -86,21 +117,21 @@ fn route_qualified(
     if !ctx.allows(agent, &server, item) {
         return Err(denied(agent, Some(server_id), item));
     }
-    Ok(vec![Candidate {
+    Ok(Candidates::One(Candidate {
         server,
-        item: item.to_string(),
+        item,
         retry_safe: false,
-    }])
+    }))
 }
 
 /// A bare name: the servers the caller may use that offer it and allow it, in order.
-async fn route_bare(
+async fn route_bare<'a>(
     ctx: &Arc<CallContext>,
     caller: &Caller,
     kind: CallKind,
-    name: &str,
+    name: &'a str,
     deadline: Instant,
-) -> Result<Vec<Candidate>, CallError> {
+) -> Result<Vec<Candidate<'a>>, CallError> {
     let agent = caller.agent_id.as_deref();
     let granted: Vec<ServerRef> = ctx
         .servers
@@ -150,11 +181,11 @@ async fn route_bare(
 }
 
 /// The allowed servers as candidates: ready first, then priority, then config order.
-fn in_order(
+fn in_order<'a>(
     granted: &[ServerRef],
     allowed: &[&(ServerRef, Option<Value>)],
-    name: &str,
-) -> Vec<Candidate> {
+    name: &'a str,
+) -> Vec<Candidate<'a>> {
     let views: Vec<RouteView> = allowed
         .iter()
         .map(|(s, _)| RouteView {
@@ -172,7 +203,7 @@ fn in_order(
         .filter_map(|v| allowed.iter().find(|(s, _)| s.id() == v.server))
         .map(|(s, item)| Candidate {
             server: s.clone(),
-            item: name.to_string(),
+            item: name,
             retry_safe: retry_safe(s, item.as_ref()),
         })
         .collect()

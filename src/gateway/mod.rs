@@ -1360,7 +1360,7 @@ impl Gateway {
             .and_then(Value::as_str)
             .map(String::from);
         let round = Round {
-            server: answer.server,
+            server: answer.server.to_string(),
             upstream,
             parked: None,
             rounds: answer.rounds,
@@ -1477,7 +1477,7 @@ impl Gateway {
             delegation.input_responses = Some(answers);
             delegation.request_state = input.request_state;
             delegation.rounds = answer.rounds;
-            delegation.server = Some(answer.server);
+            delegation.server = Some(answer.server.to_string());
         }
     }
 }

@@ -55,6 +55,8 @@ impl Offers {
 /// What one server's actor publishes; see the module docs.
 pub(crate) struct ServerShared {
     config: ServerConfig,
+    /// The id, shared: an answer names its server without a copy.
+    id: Arc<str>,
     fingerprint: String,
     pub(super) status: RwLock<ServerStatus>,
     pub(super) live: RwLock<Option<LiveConnection>>,
@@ -110,6 +112,7 @@ impl ServerRef {
         let status = ServerStatus::starting(&config.id);
         let fingerprint = config.transport.fingerprint();
         ServerRef(Arc::new(ServerShared {
+            id: config.id.as_str().into(),
             config,
             fingerprint,
             status: RwLock::new(status),
@@ -124,6 +127,11 @@ impl ServerRef {
     /// The server's id.
     pub fn id(&self) -> &str {
         &self.0.config.id
+    }
+
+    /// The server's id, shared.
+    pub(crate) fn shared_id(&self) -> Arc<str> {
+        self.0.id.clone()
     }
 
     /// Its configuration.
