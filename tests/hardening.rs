@@ -1051,3 +1051,48 @@ async fn item_17_a_missing_command_or_a_401_fails_the_server_at_once_with_its_ca
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_server_stuck_in_its_handshake_does_not_hold_up_shutdown_and_leaves_no_process() {
+    // A server that reads nothing and says nothing: its first request would wait out the
+    // probe's 10 s, and shutdown used to wait with it.
+    let marker = "4711.25"; // `sleep`'s argument, to find this test's process
+    let config = HarnessConfig {
+        servers: vec![ServerConfig::stdio("mute", "sleep", [marker])],
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn(config).await.expect("spawn");
+    let ours = || {
+        own_children().into_iter().find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == marker.as_bytes()))
+        })
+    };
+    let mut pid = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pid = ours();
+            pid.is_some()
+        })
+        .await,
+        "the server was spawned"
+    );
+    let pid = pid.expect("pid");
+    assert_eq!(
+        h.server_status("mute").map(|s| s.state),
+        Some(ServerState::Starting)
+    );
+    let started = Instant::now();
+    h.shutdown().await;
+    // Not a speed figure: the bound only tells "gave up the handshake" from "waited for
+    // the probe to time out".
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown waited {:?} for a handshake",
+        started.elapsed()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !alive(pid)).await,
+        "the server's process is gone"
+    );
+}

@@ -55,6 +55,15 @@ struct Attempt {
     conn: Option<Arc<Connection>>,
     /// `subscriptions/listen` on this connection; ends with the attempt.
     listen: Option<super::listen::Listener>,
+    /// Ends a connect still under way (see [`ConnArgs::given_up`]).
+    given_up: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        // A connect under way is not waited for by whoever gave the attempt up.
+        self.given_up.cancel();
+    }
 }
 
 /// The state of a server actor.
@@ -311,6 +320,7 @@ impl ServerActorState {
         let progress = crate::transport::ProgressHook(std::sync::Arc::new(move |params| {
             client.progress(&id, params)
         }));
+        let given_up = tokio_util::sync::CancellationToken::new();
         let args = ConnArgs {
             server: config.id.clone(),
             spec: config.transport.clone(),
@@ -324,6 +334,7 @@ impl ServerActorState {
             allow_unsolicited_input: config.allow_unsolicited_input,
             parent: myself.clone(),
             attempt: self.attempt,
+            given_up: given_up.clone(),
         };
         match Actor::spawn_linked(None, ConnectionActor, args, myself.get_cell()).await {
             Ok((actor, _)) => Ok(Attempt {
@@ -331,6 +342,7 @@ impl ServerActorState {
                 actor,
                 conn: None,
                 listen: None,
+                given_up,
             }),
             Err(e) => Err(format!("could not start a connection actor: {e}")),
         }
@@ -465,14 +477,11 @@ impl ServerActorState {
         if conn.is_closed() {
             return;
         }
-        if let Some(handover) = self.handover.take_if(|h| h.attempt == attempt) {
+        if let Some(mut handover) = self.handover.take_if(|h| h.attempt == attempt) {
             // The replacement is up: switch, and let the old connection drain.
-            let listen = self.listen(attempt, &conn);
-            let old = self.current.replace(Attempt {
-                conn: Some(conn.clone()),
-                listen,
-                ..handover
-            });
+            handover.listen = self.listen(attempt, &conn);
+            handover.conn = Some(conn.clone());
+            let old = self.current.replace(handover);
             if let Some(mut old) = old {
                 old.listen = None;
                 drain_and_stop(old, self.args.server.config().timeout);
@@ -635,7 +644,9 @@ impl ServerActorState {
         self.publish(ServerState::Stopped);
         self.fail_queue();
         for attempt in attempts {
-            // The connection's own graceful stop: stdin EOF, SIGTERM, SIGKILL, reap.
+            // A connect under way ends now; a live connection stops gracefully: stdin
+            // EOF, SIGTERM, SIGKILL, reap.
+            attempt.given_up.cancel();
             let grace = self.args.options.shutdown_grace;
             let limit = grace * 2 + Duration::from_secs(10);
             let _ = attempt.actor.call(ConnMsg::Shutdown, Some(limit)).await;

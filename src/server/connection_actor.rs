@@ -62,6 +62,10 @@ pub struct ConnArgs {
     pub(crate) allow_unsolicited_input: bool,
     pub(crate) parent: ActorRef<ServerMsg>,
     pub(crate) attempt: u64,
+    /// Cancelled when the attempt is given up (shutdown, restart): a connect still under
+    /// way ends at once, its process group killed with it, instead of holding the stop
+    /// for up to the probe's and handshake's timeouts.
+    pub(crate) given_up: tokio_util::sync::CancellationToken,
 }
 
 /// SIGKILLs a stdio connection's process group when dropped, unless disarmed.
@@ -107,14 +111,19 @@ impl Actor for ConnectionActor {
         state: &mut ConnState,
     ) -> Result<(), ActorProcessingErr> {
         let a = &state.args;
-        let (conn, mut events) = Connection::connect_with(
+        let connect = Connection::connect_with(
             &a.server,
             a.spec.clone(),
             a.options.clone(),
             a.allow_unsolicited_input,
-        )
-        .await
-        .map_err(ConnectionFailure::from)?;
+        );
+        let connected = tokio::select! {
+            connected = connect => connected,
+            // Given up: the dropped attempt kills what it spawned; the shutdown that
+            // follows finds nothing live.
+            () = a.given_up.cancelled() => return Ok(()),
+        };
+        let (conn, mut events) = connected.map_err(ConnectionFailure::from)?;
         let conn = Arc::new(conn);
         state.live = Some(KillOnDrop {
             conn: conn.clone(),
