@@ -366,6 +366,30 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+/// One request's place among its principal's in flight. Released on drop, also when
+/// the request's future is dropped half-way (its client went away): a principal with
+/// nothing in flight keeps no limiter (JWTs name many).
+struct InFlightSlot<'a> {
+    inner: &'a Inner,
+    principal: &'a Principal,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for InFlightSlot<'_> {
+    fn drop(&mut self) {
+        // The permit holds the limiter too: released first, so that the count below
+        // says whether anyone else does.
+        drop(self.permit.take());
+        let mut in_flight = self.inner.in_flight.lock();
+        if in_flight
+            .get(self.principal)
+            .is_some_and(|s| Arc::strong_count(s) == 1)
+        {
+            in_flight.remove(self.principal);
+        }
+    }
+}
+
 struct Inner {
     harness: HarnessHandle,
     /// What a reload replaces, swapped whole: a request sees one version of it.
@@ -792,7 +816,7 @@ impl Gateway {
             Client::Modern => Some(Self::check_envelope(&request)?),
             Client::Legacy { .. } => None,
         };
-        let permit = {
+        let _permit = {
             let mut in_flight = self.inner.in_flight.lock();
             // Looked up before it is inserted: the principal is copied only the first time.
             let sem = match in_flight.get(principal) {
@@ -805,7 +829,7 @@ impl Gateway {
                     .clone(),
             };
             drop(in_flight);
-            sem.try_acquire_owned().map_err(|_| {
+            let permit = sem.try_acquire_owned().map_err(|_| {
                 RpcError::new(
                     -32000,
                     format!(
@@ -813,7 +837,12 @@ impl Gateway {
                         principal.agent, now.config.max_in_flight_per_principal
                     ),
                 )
-            })?
+            })?;
+            InFlightSlot {
+                inner: &self.inner,
+                principal,
+                permit: Some(permit),
+            }
         };
         let Request { method, params, .. } = request;
         let mut params = params.unwrap_or_else(|| json!({}));
@@ -853,17 +882,7 @@ impl Gateway {
                     .await
             }
         };
-        drop(permit);
-        {
-            // A principal with nothing in flight keeps no limiter (JWTs name many).
-            let mut in_flight = self.inner.in_flight.lock();
-            if in_flight
-                .get(principal)
-                .is_some_and(|s| Arc::strong_count(s) == 1)
-            {
-                in_flight.remove(principal);
-            }
-        }
+        drop(_permit);
         let mut result = answer?;
         match client {
             Client::Modern => {
@@ -1734,6 +1753,63 @@ mod tests {
     }
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_dropped_half_way_leaves_no_limiter_behind() {
+        // A server that never answers its handshake: a call to it waits in its queue.
+        let mut config = HarnessConfig {
+            servers: vec![crate::ServerConfig::stdio("s", "sleep", ["30"])],
+            ..HarnessConfig::default()
+        };
+        config
+            .permissions
+            .entry("a".into())
+            .or_default()
+            .insert("*".into(), vec!["*".into()]);
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let gateway = Gateway::new(harness.clone(), &config, GatewayConfig::default(), sealer)
+            .await
+            .expect("gateway");
+        let limiters = || gateway.inner.in_flight.lock().len();
+        let call = {
+            let gateway = gateway.clone();
+            tokio::spawn(async move {
+                let principal = Principal {
+                    agent: "a".into(),
+                    context: None,
+                };
+                let request = Request {
+                    id: crate::protocol::RequestId::Number(1),
+                    method: "tools/call".into(),
+                    params: Some(json!({
+                        "name": "s__echo",
+                        "arguments": {},
+                        "_meta": {
+                            KEY_PROTOCOL_VERSION: MODERN,
+                            KEY_CLIENT_CAPABILITIES: {},
+                        },
+                    })),
+                };
+                let cancel = CancelToken::default();
+                gateway
+                    .handle(&principal, request, Client::Modern, cancel, None)
+                    .await
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while limiters() == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(limiters(), 1, "the call holds its principal's limiter");
+        // Its client went away: the request's future is dropped where it waits.
+        call.abort();
+        let _ = call.await;
+        assert_eq!(limiters(), 0, "nothing in flight, no limiter kept");
+        harness.shutdown().await;
+    }
 
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
