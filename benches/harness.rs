@@ -658,25 +658,11 @@ async fn stdio_section(b: &mut Bench) {
             },
         );
         let rmcp = Client::Rmcp(Arc::new(rmcp.await.expect("rmcp client")));
-        let command = cmd("stdio");
-        let std = command.as_std();
-        let program = std.get_program().to_string_lossy().to_string();
-        let args: Vec<String> = std
-            .get_args()
-            .map(|a| a.to_string_lossy().to_string())
-            .collect();
-        let mut config = ServerConfig::stdio("s", program, args);
-        if server == "rmcp"
-            && let mcp_harness::TransportSpec::Stdio(s) = &mut config.transport
-        {
-            // The harness passes its servers a minimal environment: the allocator choice
-            // goes along by name, so that all three clients' servers run on the same one.
-            let mut env = vec![("MCP_BENCH_ROLE".to_string(), "stdio".to_string())];
-            if let Ok(alloc) = std::env::var("MCP_BENCH_ALLOC") {
-                env.push(("MCP_BENCH_ALLOC".to_string(), alloc));
-            }
-            s.env = env.into_iter().collect();
-        }
+        let config = if server == "rmcp" {
+            rmcp_stdio_config()
+        } else {
+            stdio_config(&cmd("stdio"))
+        };
         let (h, client) = harness_client(config, true).await;
         let names = ["raw", "rmcp", "harness"].map(|c| format!("stdio_{server}_{c}"));
         b.all_rounds(&[(&names[0], &raw), (&names[1], &rmcp), (&names[2], &client)])
@@ -729,6 +715,32 @@ async fn http_section(b: &mut Bench) {
         drop(rmcp);
         drop((child, rmcp_child, raw_child));
     }
+}
+
+/// A stdio server as the harness starts it, from the command the raw client runs.
+fn stdio_config(command: &tokio::process::Command) -> ServerConfig {
+    let std = command.as_std();
+    let program = std.get_program().to_string_lossy().to_string();
+    let args: Vec<String> = std
+        .get_args()
+        .map(|a| a.to_string_lossy().to_string())
+        .collect();
+    ServerConfig::stdio("s", program, args)
+}
+
+/// rmcp's echo server on stdio as the harness starts it.
+fn rmcp_stdio_config() -> ServerConfig {
+    let mut config = stdio_config(&self_cmd("stdio"));
+    if let mcp_harness::TransportSpec::Stdio(s) = &mut config.transport {
+        // The harness passes its servers a minimal environment: the allocator choice
+        // goes along by name, so that all three clients' servers run on the same one.
+        let mut env = vec![("MCP_BENCH_ROLE".to_string(), "stdio".to_string())];
+        if let Ok(alloc) = std::env::var("MCP_BENCH_ALLOC") {
+            env.push(("MCP_BENCH_ALLOC".to_string(), alloc));
+        }
+        s.env = env.into_iter().collect();
+    }
+    config
 }
 
 /// The stdio demo server as the harness starts it.
@@ -1407,13 +1419,16 @@ fn process_cpu_us(pid: u32) -> Option<f64> {
 /// `MCP_BENCH_AUDIT=off` runs the harness without an audit log, to see what it costs;
 /// `MCP_BENCH_PROFILE=list` profiles cached `list_tools` instead of calls;
 /// `MCP_BENCH_TRANSPORT=http` puts the demo server on Streamable HTTP (the raw client,
-/// the harness, or the raw client through `serve --listen`).
+/// the harness, or the raw client through `serve --listen`); `MCP_BENCH_SERVER=rmcp`
+/// puts rmcp's echo server on stdio in its place (the raw client or the harness).
 async fn profile_section() {
     let seconds: u64 = std::env::var("MCP_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let which = std::env::var("MCP_BENCH_CLIENT").unwrap_or_default();
+    // `MCP_BENCH_SERVER=rmcp`: rmcp's echo server on stdio instead of the demo server.
+    let rmcp = std::env::var("MCP_BENCH_SERVER").is_ok_and(|s| s == "rmcp");
     let http = if std::env::var("MCP_BENCH_TRANSPORT").is_ok_and(|t| t == "http") {
         Some(http_server(demo_cmd(&["bench", "--http", "127.0.0.1:0"])).await)
     } else {
@@ -1434,14 +1449,24 @@ async fn profile_section() {
             (Some(h), client)
         }
     } else if which == "raw" {
-        (None, Client::Raw(RawStdio::spawn(demo_cmd(&["bench"]))))
+        let server = if rmcp {
+            self_cmd("stdio")
+        } else {
+            demo_cmd(&["bench"])
+        };
+        (None, Client::Raw(RawStdio::spawn(server)))
     } else if which == "gateway" {
         (None, stdio_gateway())
     } else {
         let audit = std::env::var("MCP_BENCH_AUDIT")
             .ok()
             .is_none_or(|a| a != "off");
-        let (h, client) = harness_client(demo_config(), audit).await;
+        let config = if rmcp {
+            rmcp_stdio_config()
+        } else {
+            demo_config()
+        };
+        let (h, client) = harness_client(config, audit).await;
         (Some(h), client)
     };
     let mut b = Bench {
