@@ -157,8 +157,16 @@ fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
             .map(|n| Some(RequestId::Number(n)))
             .ok_or_else(|| ProtocolError::Malformed(format!("id {n} is not an integer"))),
         Value::String(s) => Ok(Some(RequestId::String(s))),
+        // Named, not echoed: the peer's value may be megabytes, and this text is sent
+        // back and logged.
         other => Err(ProtocolError::Malformed(format!(
-            "id must be a string or an integer, got {other}"
+            "id must be a string or an integer, got {}",
+            match other {
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                Value::Array(_) => "an array",
+                _ => "an object",
+            }
         ))),
     }
 }
@@ -239,8 +247,11 @@ impl Message {
                     Some(id) => parse_id(id)?,
                     None => None,
                 };
-                let error: RpcError = serde_json::from_value(error)
-                    .map_err(|e| ProtocolError::Malformed(format!("error object: {e}")))?;
+                let error: RpcError = serde_json::from_value(error).map_err(|e| {
+                    // serde quotes the offending value; the peer's, so cut short.
+                    let e = crate::util::text::one_line(&e.to_string(), 200);
+                    ProtocolError::Malformed(format!("error object: {e}"))
+                })?;
                 Ok(Message::Response(Response {
                     id,
                     outcome: Err(error),
@@ -437,6 +448,24 @@ impl Serialize for WireOut<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_bad_id_or_error_object_is_named_in_the_error_not_echoed() {
+        let huge = "x".repeat(1 << 20);
+        for line in [
+            format!(r#"{{"jsonrpc":"2.0","id":["{huge}"],"method":"m"}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":"{huge}","message":"m"}}}}"#),
+        ] {
+            let e = Message::parse(line.as_bytes())
+                .expect_err("malformed")
+                .to_string();
+            assert!(
+                e.len() < 400,
+                "the error quotes the peer: {} bytes",
+                e.len()
+            );
+        }
+    }
 
     #[test]
     fn a_line_is_utf_8_throughout_or_refused() {
