@@ -29,9 +29,12 @@ type Pending = Arc<Questions>;
 struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes queued for the writer and not taken yet: a client that stops reading
-    /// stops getting notifications past [`MAX_QUEUED_NOTICES`] (answers are bounded by
-    /// the calls in flight; a server's progress is not).
+    /// stops getting notifications past [`MAX_QUEUED_NOTICES`], and past
+    /// [`MAX_QUEUED_ANSWERS`] nothing more is read from it (each line read may queue an
+    /// answer, an error at least) until it reads.
     queued: Arc<AtomicUsize>,
+    /// Told each time the writer takes what is queued.
+    drained: Arc<tokio::sync::Notify>,
     pending: Pending,
     next: AtomicU64,
     /// Calls whose answers are not queued yet (subscriptions not counted): while
@@ -43,12 +46,38 @@ struct Pipe {
 /// are dropped.
 const MAX_QUEUED_NOTICES: usize = 4 << 20;
 
+/// How many bytes may wait for a client that is not reading before its input is no
+/// longer read (the calls in flight still answer, into the queue).
+const MAX_QUEUED_ANSWERS: usize = 16 << 20;
+
 impl Pipe {
-    fn send(&self, message: &Message) {
+    /// Queues `message` for the client; false when the writer is gone (the output
+    /// closed).
+    fn send(&self, message: &Message) -> bool {
         let mut line = Vec::new();
         message.write_line(&mut line);
-        self.queued.fetch_add(line.len(), Ordering::Relaxed);
-        let _ = self.out.send(line);
+        let len = line.len();
+        // Counted before it is sent: the writer may take it at once.
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.out.send(line).is_err() {
+            // Nothing waits.
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Returns once the client has read enough of what is queued for more input to be
+    /// taken (at once when little waits, or the writer is gone).
+    async fn room(&self) {
+        loop {
+            // Made before the check, so a drain in between still wakes it.
+            let drained = self.drained.notified();
+            if self.queued.load(Ordering::Relaxed) <= MAX_QUEUED_ANSWERS || self.out.is_closed() {
+                return;
+            }
+            drained.await;
+        }
     }
 
     /// A notification, dropped when the client has not read what is already queued.
@@ -63,6 +92,20 @@ impl Pipe {
             return;
         }
         self.send(message);
+    }
+}
+
+/// The writer's end of the queue: when the writer ends (the output closed), the queue
+/// is closed first and then whoever waits for room is woken, so that it sees it closed.
+struct WriterEnd {
+    rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    told: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for WriterEnd {
+    fn drop(&mut self) {
+        self.rx.close();
+        self.told.notify_waiters();
     }
 }
 
@@ -86,10 +129,7 @@ impl Drop for Answering {
 impl ClientPeer for Pipe {
     fn request(&self, method: &str, params: Value) -> PeerFuture {
         let id = RequestId::String(format!("g-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-        self.pending.ask(id, method, params, |m| {
-            self.send(m);
-            true
-        })
+        self.pending.ask(id, method, params, |m| self.send(m))
     }
 }
 
@@ -106,36 +146,46 @@ pub async fn serve(
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut stopping = false;
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let answering = Arc::new(AtomicUsize::new(0));
     let running = answering.clone();
     let queued = Arc::new(AtomicUsize::new(0));
     let taken = queued.clone();
+    let drained = Arc::new(tokio::sync::Notify::new());
+    let told = drained.clone();
     let writer = tokio::spawn(async move {
+        // Whoever waits for room hears that the writer is gone, whatever ends it.
+        let mut out = WriterEnd {
+            rx: out_rx,
+            told: told.clone(),
+        };
         // One write and one flush per burst: answers that are ready together go together.
         // With no other call running there is no burst to wait for, and the wait would
         // cost the answer a pass through the I/O driver and a wake-up of another worker.
         let mut buf = Vec::new();
-        while let Some(line) = out_rx.recv().await {
+        while let Some(line) = out.rx.recv().await {
             buf.extend_from_slice(&line);
             if running.load(Ordering::Relaxed) > 0 {
                 crate::util::gather_burst().await;
             }
             while buf.len() < (1 << 20)
-                && let Ok(more) = out_rx.try_recv()
+                && let Ok(more) = out.rx.try_recv()
             {
                 buf.extend_from_slice(&more);
             }
-            taken.fetch_sub(buf.len(), Ordering::Relaxed);
             if output.write_all(&buf).await.is_err() || output.flush().await.is_err() {
                 return;
             }
+            // Taken once written: a client that does not read holds the count up.
+            taken.fetch_sub(buf.len(), Ordering::Relaxed);
+            told.notify_waiters();
             buf.clear();
         }
     });
     let pipe = Arc::new(Pipe {
         out: out_tx,
         queued,
+        drained,
         pending: Pending::default(),
         next: AtomicU64::new(1),
         answering,
@@ -156,6 +206,13 @@ pub async fn serve(
     let mut line = Vec::new();
     loop {
         line.clear();
+        tokio::select! {
+            () = pipe.room() => {}
+            () = &mut shutdown => {
+                stopping = true;
+                break;
+            }
+        }
         let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
         let read = tokio::select! {
             read = limited.read_until(b'\n', &mut line) => read,
@@ -237,10 +294,12 @@ pub async fn serve(
                             Ok(_) => {
                                 listen(&gateway, &principal, &pipe, &request, token, closing).await
                             }
-                            Err(e) => pipe.send(&Message::Response(Response {
-                                id: Some(request.id.clone()),
-                                outcome: Err(e),
-                            })),
+                            Err(e) => {
+                                pipe.send(&Message::Response(Response {
+                                    id: Some(request.id.clone()),
+                                    outcome: Err(e),
+                                }));
+                            }
                         }
                         calls.lock().remove(&id_key(&request.id), ticket);
                         listens.fetch_sub(1, Ordering::SeqCst);
@@ -387,5 +446,84 @@ fn cancel(calls: &Mutex<InFlight<RequestId>>, n: &Notification) {
         .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok());
     if let Some(id) = id {
         calls.lock().cancel(&id_key(&id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_its_answers_is_not_read_from_either() {
+        let config = crate::HarnessConfig::default();
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let sealer =
+            super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let gateway = Gateway::new(harness.clone(), &config, Default::default(), sealer)
+            .await
+            .expect("gateway");
+        let principal = Principal {
+            agent: "a".into(),
+            context: None,
+        };
+        let (mut client_in, gateway_in) = tokio::io::duplex(64 << 10);
+        let (gateway_out, mut client_out) = tokio::io::duplex(64 << 10);
+        let served = tokio::spawn(serve(
+            gateway,
+            principal,
+            gateway_in,
+            gateway_out,
+            std::future::pending(),
+        ));
+        // Each line is a parse error, answered with about 100 bytes: 400k lines would
+        // queue some 40 MB for a client that reads none of it.
+        let lines = b"[\n".repeat(400_000);
+        let mut taken = 0;
+        let stalled = loop {
+            if taken >= lines.len() {
+                break false;
+            }
+            let chunk = &lines[taken..(taken + 4096).min(lines.len())];
+            match tokio::time::timeout(Duration::from_secs(2), client_in.write_all(chunk)).await {
+                Ok(written) => {
+                    written.expect("write");
+                    taken += chunk.len();
+                }
+                Err(_) => break true,
+            }
+        };
+        assert!(
+            stalled,
+            "the gateway kept reading from a client that reads nothing"
+        );
+        assert!(taken < lines.len() / 2, "{taken} bytes taken");
+        // Once the client reads, the rest of its input is taken and answered.
+        let reader = tokio::spawn(async move {
+            let mut answers = 0usize;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut client_out, &mut buf).await {
+                    Ok(0) | Err(_) => return answers,
+                    Ok(n) => answers += buf[..n].iter().filter(|b| **b == b'\n').count(),
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(120), client_in.write_all(&lines))
+            .await
+            .expect("the rest is read once the client reads")
+            .expect("write");
+        drop(client_in);
+        tokio::time::timeout(Duration::from_secs(120), served)
+            .await
+            .expect("the session ends with its input")
+            .expect("serve");
+        let answers = reader.await.expect("reader");
+        // All of the second write's lines, and what the first got in.
+        assert!(answers >= 400_000, "{answers} answers");
+        harness.shutdown().await;
     }
 }
