@@ -258,11 +258,15 @@ pub(crate) const MAX_QUESTIONS: usize = 64;
 /// The gateway's questions to one legacy client (its session's, or the pipe's) that
 /// await answers, by request id.
 #[derive(Default)]
-pub(crate) struct Questions(
-    Mutex<
+pub(crate) struct Questions(Mutex<Asked>);
+
+#[derive(Default)]
+struct Asked {
+    waiting:
         HashMap<crate::protocol::RequestId, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>,
-    >,
-);
+    /// Nobody will answer any more (the client went away): new questions fail at once.
+    over: bool,
+}
 
 impl Questions {
     /// Asks: `send` puts the request on the client's channel (false: it could not).
@@ -278,8 +282,10 @@ impl Questions {
         let key = id_key(&id);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let admitted = {
-            let mut pending = self.0.lock();
-            pending.len() < MAX_QUESTIONS && pending.insert(key.clone(), tx).is_none()
+            let mut asked = self.0.lock();
+            !asked.over
+                && asked.waiting.len() < MAX_QUESTIONS
+                && asked.waiting.insert(key.clone(), tx).is_none()
         };
         let sent = admitted
             && send(&crate::protocol::Message::Request(Request {
@@ -310,14 +316,17 @@ impl Questions {
 
     /// The client's answer to question `id`.
     pub(crate) fn answer(&self, id: &crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
-        if let Some(tx) = self.0.lock().remove(&id_key(id)) {
+        if let Some(tx) = self.0.lock().waiting.remove(&id_key(id)) {
             let _ = tx.send(outcome);
         }
     }
 
-    /// Nobody will answer: every wait ends at once.
+    /// Nobody will answer: every wait ends at once, and so does every question asked
+    /// after (a call still running may ask again).
     pub(crate) fn clear(&self) {
-        self.0.lock().clear();
+        let mut asked = self.0.lock();
+        asked.over = true;
+        asked.waiting.clear();
     }
 }
 
@@ -328,7 +337,7 @@ struct Forget {
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        self.questions.0.lock().remove(&self.key);
+        self.questions.0.lock().waiting.remove(&self.key);
     }
 }
 
@@ -1753,6 +1762,36 @@ mod tests {
     }
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_question_asked_after_the_client_went_away_fails_at_once() {
+        let questions = Arc::new(Questions::default());
+        let before = questions.ask(
+            crate::protocol::RequestId::Number(1),
+            "elicitation/create",
+            json!({}),
+            |_| true,
+        );
+        // The input ended: nobody will answer.
+        questions.clear();
+        let mut sent = false;
+        let after = questions.ask(
+            crate::protocol::RequestId::Number(2),
+            "elicitation/create",
+            json!({}),
+            |_| {
+                sent = true;
+                true
+            },
+        );
+        for (which, question) in [("before", before), ("after", after)] {
+            let answer = tokio::time::timeout(Duration::from_secs(10), question)
+                .await
+                .unwrap_or_else(|_| panic!("the question asked {which} waited"));
+            assert!(answer.is_err(), "{which}");
+        }
+        assert!(!sent, "nothing is put to a client that is gone");
+    }
 
     #[tokio::test]
     async fn a_call_dropped_half_way_leaves_no_limiter_behind() {
