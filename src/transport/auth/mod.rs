@@ -173,6 +173,10 @@ pub(crate) struct SignIn {
     registered: Mutex<HashMap<String, ClientIdentity>>,
     /// Tokens read or made, by auth context.
     tokens: Mutex<HashMap<Option<String>, Token>>,
+    /// The access token this process last renewed, by auth context: a request refused
+    /// again after trying a held token takes it (another request renewed meanwhile)
+    /// rather than renewing once more.
+    renewed: Mutex<HashMap<Option<String>, String>>,
     /// Auth contexts the store had no token for, and when it was read: it is read again
     /// for them at most once per [`STORE_RECHECK`] (or at once on a refusal), not twice
     /// per request to a server that needs no token.
@@ -351,6 +355,7 @@ impl SignIn {
             discovered: tokio::sync::Mutex::new(None),
             registered: Mutex::default(),
             tokens: Mutex::default(),
+            renewed: Mutex::default(),
             missing: Mutex::default(),
             renewing: Mutex::default(),
             asked: Mutex::default(),
@@ -433,6 +438,9 @@ impl SignIn {
             .map_err(AuthFailure::Store)?;
         let who = identity.map(String::from);
         self.missing.lock().remove(&who);
+        self.renewed
+            .lock()
+            .insert(who.clone(), token.access_token.clone());
         self.tokens.lock().insert(who, token);
         Ok(())
     }
@@ -452,6 +460,7 @@ impl SignIn {
     fn forget(&self, identity: Option<&str>) {
         let who = identity.map(String::from);
         self.tokens.lock().remove(&who);
+        self.renewed.lock().remove(&who);
         self.missing.lock().remove(&who);
         let _ = self.ctx.store.remove(&self.key(identity));
     }
@@ -568,11 +577,18 @@ impl SignIn {
             current = Some(stored);
         }
         if !step_up
-            && take_held
             && let Some(t) = &current
             && Some(t.access_token.as_str()) != refused
         {
-            return Ok(Renewal::Held); // renewed meanwhile, here or elsewhere
+            if take_held {
+                return Ok(Renewal::Held); // renewed meanwhile, here or elsewhere
+            }
+            // Renewed here by another request since this one's was sent: as good as
+            // renewing (a second refresh would rotate it away from that request).
+            let who = identity.map(String::from);
+            if self.renewed.lock().get(&who) == Some(&t.access_token) {
+                return Ok(Renewal::Renewed);
+            }
         }
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
@@ -632,6 +648,7 @@ impl SignIn {
     /// Forgets every token of this server (the command line's `logout`).
     pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
         self.tokens.lock().clear();
+        self.renewed.lock().clear();
         self.missing.lock().clear();
         self.ctx
             .store
@@ -1389,6 +1406,39 @@ mod tests {
         // that means signing in, which fails: no server listens and nobody can sign in).
         let renewed = sign_in
             .on_refused(None, &Challenge::default(), Some("b"), false, false)
+            .await;
+        assert!(renewed.is_err(), "{renewed:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_refused_again_takes_what_another_request_renewed_meanwhile() {
+        let (sign_in, store) = counted();
+        // Another process's token, taken after a first refusal and refused too.
+        let mut theirs = token("https://idp.example", "https://idp.example/t");
+        theirs.access_token = "b".into();
+        store.inner.put(&sign_in.key(None), &theirs).expect("put");
+        assert_eq!(
+            sign_in.read_store(None).map(|t| t.access_token).as_deref(),
+            Some("b")
+        );
+        // Another request of this process, refused "b" first, renewed to "c".
+        let mut ours = theirs.clone();
+        ours.access_token = "c".into();
+        sign_in.keep(None, ours).expect("keep");
+        // This request's second refusal ("b" again) takes "c": no second refresh (here
+        // it would need the network, and fail: nothing listens).
+        let taken = sign_in
+            .on_refused(None, &Challenge::default(), Some("b"), false, false)
+            .await
+            .expect("what was renewed here is taken");
+        assert_eq!(taken, Renewal::Renewed);
+        assert_eq!(sign_in.current(None).as_deref(), Some("c"));
+        // A token another process stored is still not taken a second time.
+        let mut stored = theirs.clone();
+        stored.access_token = "d".into();
+        store.inner.put(&sign_in.key(None), &stored).expect("put");
+        let renewed = sign_in
+            .on_refused(None, &Challenge::default(), Some("c"), false, false)
             .await;
         assert!(renewed.is_err(), "{renewed:?}");
     }
