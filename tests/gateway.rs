@@ -1831,6 +1831,23 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         .await
         .expect("get");
     assert_eq!(other.status(), 404);
+    // A page that rebinds its own name to this address (DNS rebinding) reads nothing;
+    // a scraper by address or by `localhost` does.
+    for (host, status) in [
+        ("evil.example", 403),
+        (&format!("evil.example:{port}") as &str, 403),
+        (&format!("localhost:{port}"), 200),
+        (&format!("[::1]:{port}"), 200),
+    ] {
+        let resp = gw
+            .http
+            .get(format!("http://{metrics_addr}/metrics"))
+            .header("host", host)
+            .send()
+            .await
+            .expect("scrape");
+        assert_eq!(resp.status(), status, "Host: {host}");
+    }
 
     // `status --watch --from` shows the gateway's servers from those metrics.
     let url = format!("http://{metrics_addr}/metrics");

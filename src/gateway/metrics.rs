@@ -12,8 +12,38 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::harness::HarnessHandle;
 
-fn answer(harness: &HarnessHandle, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+/// Whether `Host` names this listener as a scraper would: an address, a loopback name,
+/// or one of `gateway.allowed_hosts`. A page that rebinds its own name to this
+/// address (DNS rebinding) sends its name, and reads nothing.
+fn host_allowed(req: &Request<hyper::body::Incoming>, allowed: &[String]) -> bool {
+    let Some(host) = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+fn answer(
+    harness: &HarnessHandle,
+    allowed_hosts: &[String],
+    req: &Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        _ if !host_allowed(req, allowed_hosts) => (
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "Host is not this listener (gateway.allowed_hosts)\n".to_string(),
+        ),
         (&Method::GET, "/metrics") => (
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -40,14 +70,17 @@ fn answer(harness: &HarnessHandle, req: &Request<hyper::body::Incoming>) -> Resp
     response
 }
 
-/// Serves `/metrics` on `listener` until `shutdown` resolves.
+/// Serves `/metrics` on `listener` until `shutdown` resolves, to requests whose `Host`
+/// is an address, `localhost`, or one of `allowed_hosts` (the gateway's).
 pub async fn serve(
     harness: HarnessHandle,
     listener: tokio::net::TcpListener,
+    allowed_hosts: Vec<String>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let allowed_hosts = std::sync::Arc::new(allowed_hosts);
     super::side::serve("metrics", listener, shutdown, move |req| {
-        let response = answer(&harness, &req);
+        let response = answer(&harness, &allowed_hosts, &req);
         async move { response }
     })
     .await;

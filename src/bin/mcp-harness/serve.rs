@@ -97,6 +97,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             Some(tokio::spawn(gateway::metrics::serve(
                 served,
                 listener,
+                config.allowed_hosts.clone(),
                 std::future::pending(),
             )))
         }
