@@ -851,6 +851,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
     };
     store.kept.put(&key, &revoked("revoked-here")).expect("put");
     store.appearing.lock().extend([
+        // Taken by the first read: this process's own token.
         revoked("revoked-here"),
         // Stored by "another process" while the first try was out.
         revoked("revoked-there"),

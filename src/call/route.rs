@@ -24,7 +24,8 @@ use crate::server::{ServerRef, ServerState};
 #[derive(Clone)]
 pub(crate) struct Candidate<'a> {
     pub(crate) server: ServerRef,
-    /// The item's name on that server (a part of the name the call was asked by).
+    /// The item's name on that server, borrowed from the name the call was asked by
+    /// (the part after the separator, for a qualified name).
     pub(crate) item: &'a str,
     /// The request may be re-sent elsewhere even if it reached this server (the tool is
     /// marked idempotent or read-only by a server whose annotations are trusted).
