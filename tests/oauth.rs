@@ -884,3 +884,34 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
     assert_eq!(refreshes() - before, 1, "then one refresh");
     assert_eq!(w.at("authorize").len(), 1, "and no second sign-in");
 }
+
+#[tokio::test]
+async fn a_broken_event_stream_is_resumed_with_the_token_of_the_user_whose_call_it_is() {
+    // A legacy server (event streams resume with a GET): alice's call's stream breaks
+    // before its answer, and the GET that resumes it carries alice's token, not the
+    // harness's own.
+    let w = World::new(&["--client", "pre"], &["--era", "legacy"]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("alice"), "alice");
+    let r = h
+        .call_tool(&alice, "web__broken_stream", json!({}))
+        .await
+        .expect("resumed");
+    assert_eq!(r["content"][0]["text"], "resumed", "{r}");
+    let records = recorded(&w.mcp_record);
+    let token_of = |r: &Value| r["headers"]["authorization"].as_str().map(String::from);
+    let alices = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call" && r["headers"]["x-demo-subject"] == "alice")
+        .find_map(token_of)
+        .expect("alice's call");
+    let resumed = records
+        .iter()
+        .filter(|r| r["method"] == "GET" && r["headers"]["last-event-id"].is_string())
+        .filter_map(token_of)
+        .collect::<Vec<_>>();
+    assert_eq!(resumed, [alices], "resumed as alice");
+    h.shutdown().await;
+}

@@ -403,7 +403,7 @@ impl HttpTransport {
                 .and_then(|v| v.to_str().ok());
             self.session.set_id(sid.map(String::from));
         }
-        self.read_reply(response, request.id).await
+        self.read_reply(response, request.id, identity).await
     }
 
     /// Reads the server's tool list over this connection (every page, within the
@@ -488,6 +488,7 @@ impl HttpTransport {
         &self,
         response: reqwest::Response,
         id: &RequestId,
+        identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let status = response.status();
         let content_type = content_type(&response);
@@ -528,16 +529,18 @@ impl HttpTransport {
             };
         }
         if content_type.starts_with("text/event-stream") {
-            return self.read_stream(response, id).await;
+            return self.read_stream(response, id, identity).await;
         }
         Err(TransportError::UnexpectedContentType(content_type))
     }
 
-    /// Reads an SSE reply until the response to `id`, resuming a broken legacy stream.
+    /// Reads an SSE reply until the response to `id`, resuming a broken legacy stream
+    /// as `identity` (whose request it is: its token, not the harness's own).
     async fn read_stream(
         &self,
         mut response: reqwest::Response,
         id: &RequestId,
+        identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let mut parser = SseParser::default();
         let mut resumes = 0;
@@ -553,7 +556,7 @@ impl HttpTransport {
             resumes += 1;
             tokio::time::sleep(parser.retry.unwrap_or(MIN_RETRY)).await;
             response = self
-                .get(parser.last_event_id.as_deref())
+                .get(parser.last_event_id.as_deref(), identity)
                 .send()
                 .await
                 .map_err(send_error)?;
@@ -612,9 +615,10 @@ impl HttpTransport {
         }
     }
 
-    fn get(&self, last_event_id: Option<&str>) -> reqwest::RequestBuilder {
+    /// A GET of the session's event stream, as `identity` (`None`: the harness's own).
+    fn get(&self, last_event_id: Option<&str>, identity: Option<&str>) -> reqwest::RequestBuilder {
         let mut headers = self.fixed.clone();
-        self.authorize(&mut headers, None);
+        self.authorize(&mut headers, identity);
         let mut req = self
             .client
             .get(self.url.clone())
@@ -695,7 +699,8 @@ impl HttpTransport {
             let mut parser = SseParser::default();
             loop {
                 let Some(this) = weak.upgrade() else { return };
-                let request = this.get(parser.last_event_id.as_deref());
+                // The session's own stream: the harness's own sign-in.
+                let request = this.get(parser.last_event_id.as_deref(), None);
                 let mut response = match request.send().await {
                     Ok(r)
                         if r.status().is_success()
