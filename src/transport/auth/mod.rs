@@ -292,7 +292,9 @@ async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFa
 fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) if v.get("error").and_then(Value::as_str).is_some() => AuthFailure::Refused {
-            error: v["error"].as_str().unwrap_or_default().to_string(),
+            // The peer's text: cut short and escaped (it reaches status, audit and
+            // terminals); the codes RFC 6749 names pass as they are.
+            error: crate::util::text::one_line(v["error"].as_str().unwrap_or_default(), 100),
             description: v
                 .get("error_description")
                 .and_then(Value::as_str)
@@ -1408,6 +1410,27 @@ mod tests {
             .on_refused(None, &Challenge::default(), Some("b"), false, false)
             .await;
         assert!(renewed.is_err(), "{renewed:?}");
+    }
+
+    #[test]
+    fn an_authorization_servers_error_code_is_bounded_and_escaped() {
+        let body = serde_json::to_vec(&json!({
+            "error": format!("\u{1b}]0;owned\u{7}{}", "x".repeat(1 << 20)),
+            "error_description": "\u{202e}reversed",
+        }))
+        .expect("json");
+        let AuthFailure::Refused { error, description } = oauth_error(400, &body) else {
+            panic!("a refusal");
+        };
+        assert!(error.len() < 300, "{} bytes", error.len());
+        assert!(!error.contains('\u{1b}') && !error.contains('\u{7}'), "{error:?}");
+        assert!(!description.unwrap_or_default().contains('\u{202e}'));
+        let AuthFailure::Refused { error, .. } =
+            oauth_error(400, br#"{"error":"invalid_grant"}"#)
+        else {
+            panic!("a refusal");
+        };
+        assert_eq!(error, "invalid_grant");
     }
 
     #[tokio::test]
