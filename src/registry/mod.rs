@@ -24,6 +24,9 @@ use tokio::sync::broadcast;
 use crate::util::hash::sha256_hex;
 use crate::util::slot::ActorSlot;
 use cache::shared::SharedCache;
+
+/// Schema hashes kept (one per server and scope) before the memo is emptied.
+const MAX_SCHEMA_HASHES: usize = 4096;
 use cache::{CacheStats, ListCache, Page};
 
 /// Something an embedder may want to hear about.
@@ -127,10 +130,15 @@ impl Registry {
             canonical.push('\n');
         }
         let hash = sha256_hex(canonical.as_bytes());
-        let previous = self
-            .hashes
-            .lock()
-            .insert((server.clone(), scope), hash.clone());
+        let previous = {
+            let mut hashes = self.hashes.lock();
+            if hashes.len() >= MAX_SCHEMA_HASHES {
+                // One per server and private scope: a flood of auth contexts only
+                // empties it (a change is then reported from the next listing on).
+                hashes.clear();
+            }
+            hashes.insert((server.clone(), scope), hash.clone())
+        };
         if previous.as_ref().is_some_and(|p| *p != hash) {
             tracing::info!(server = %server, %hash, "tool schemas changed");
             let _ = self

@@ -210,7 +210,8 @@ const MAX_SCOPE_BYTES: usize = 256;
 /// first refusal.
 const STORE_RECHECK: Duration = Duration::from_secs(1);
 
-/// Auth contexts remembered without a token; a flood of new ones only empties the memo.
+/// Auth contexts each per-context memo keeps (no token in the store, the scopes asked,
+/// the token renewed here, the renewal locks); a flood of new ones only empties it.
 const MISSING_MEMO: usize = 1024;
 
 fn union(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
@@ -382,8 +383,12 @@ impl SignIn {
     }
 
     fn lock_for(&self, identity: Option<&str>) -> Arc<tokio::sync::Mutex<()>> {
-        self.renewing
-            .lock()
+        let mut renewing = self.renewing.lock();
+        if renewing.len() >= MISSING_MEMO {
+            // Locks nobody holds or waits on are made again when next needed.
+            renewing.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        renewing
             .entry(identity.map(String::from))
             .or_default()
             .clone()
@@ -440,9 +445,14 @@ impl SignIn {
             .map_err(AuthFailure::Store)?;
         let who = identity.map(String::from);
         self.missing.lock().remove(&who);
-        self.renewed
-            .lock()
-            .insert(who.clone(), token.access_token.clone());
+        {
+            let mut renewed = self.renewed.lock();
+            if renewed.len() >= MISSING_MEMO {
+                // Forgotten, a renewal here is at worst repeated once.
+                renewed.clear();
+            }
+            renewed.insert(who.clone(), token.access_token.clone());
+        }
         self.tokens.lock().insert(who, token);
         Ok(())
     }
@@ -602,6 +612,10 @@ impl SignIn {
         }
         {
             let mut asked = self.asked.lock();
+            if asked.len() >= MISSING_MEMO && !asked.contains_key(&identity.map(String::from)) {
+                // Forgotten, scopes come from the next challenge and the metadata again.
+                asked.clear();
+            }
             let entry = asked.entry(identity.map(String::from)).or_default();
             let mut newest = challenge.scopes();
             if step_up && let Some(t) = &current {
@@ -1413,6 +1427,26 @@ mod tests {
     }
 
     #[test]
+    fn per_context_memos_stay_bounded_under_a_flood_of_auth_contexts() {
+        let (sign_in, _) = counted();
+        let held = sign_in.lock_for(Some("held"));
+        for i in 0..(3 * MISSING_MEMO) {
+            let who = format!("user-{i}");
+            drop(sign_in.lock_for(Some(&who)));
+            sign_in
+                .keep(
+                    Some(&who),
+                    token("https://idp.example", "https://idp.example/t"),
+                )
+                .expect("keep");
+        }
+        assert!(sign_in.renewing.lock().len() <= MISSING_MEMO + 1);
+        assert!(sign_in.renewed.lock().len() <= MISSING_MEMO);
+        // A lock someone holds is never dropped from under them.
+        assert!(Arc::ptr_eq(&held, &sign_in.lock_for(Some("held"))));
+    }
+
+    #[test]
     fn an_authorization_servers_error_code_is_bounded_and_escaped() {
         let body = serde_json::to_vec(&json!({
             "error": format!("\u{1b}]0;owned\u{7}{}", "x".repeat(1 << 20)),
@@ -1423,10 +1457,12 @@ mod tests {
             panic!("a refusal");
         };
         assert!(error.len() < 300, "{} bytes", error.len());
-        assert!(!error.contains('\u{1b}') && !error.contains('\u{7}'), "{error:?}");
+        assert!(
+            !error.contains('\u{1b}') && !error.contains('\u{7}'),
+            "{error:?}"
+        );
         assert!(!description.unwrap_or_default().contains('\u{202e}'));
-        let AuthFailure::Refused { error, .. } =
-            oauth_error(400, br#"{"error":"invalid_grant"}"#)
+        let AuthFailure::Refused { error, .. } = oauth_error(400, br#"{"error":"invalid_grant"}"#)
         else {
             panic!("a refusal");
         };
