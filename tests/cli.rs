@@ -1306,3 +1306,45 @@ fn status_watch_redraws_a_table_of_servers_every_second_until_ctrl_c() {
     let exit = child.wait().expect("wait");
     assert_eq!(exit.code(), Some(0), "Ctrl-C ends a watch normally");
 }
+
+#[test]
+fn a_config_files_text_reaches_the_terminal_without_escape_sequences() {
+    // A cloned repository's `.mcp.json` names what it likes; errors and the name
+    // mapping quote it.
+    for (name, json) in [
+        (
+            "escapes-bad.json",
+            r#"{"mcpServers": {"\u001b]0;owned\u0007\u001b[2J": 1}}"#.to_string(),
+        ),
+        (
+            "escapes-env.json",
+            r#"{"mcpServers": {"s": {"command": "${\u001b[2J}"}}}"#.to_string(),
+        ),
+        (
+            "escapes-key.json",
+            r#"{"mcpServers": {"s\u001b[2J": {"command": "nonexistent-x", "bogus\u001b[2J": 1}}}"#
+                .to_string(),
+        ),
+        (
+            "escapes-mapped.json",
+            format!(
+                r#"{{"mcpServers": {{"a\u001b[31mb\u009b2J": {{"command": {:?}, "args": ["demo-server", "x"]}}}}}}"#,
+                harness_exe()
+            ),
+        ),
+    ] {
+        let path = write(name, &json);
+        // Warnings on: the key a program does not use is logged.
+        let o = Command::new(harness_exe())
+            .args(["tools", "--config", &path.to_string_lossy()])
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run mcp-harness");
+        let err = stderr(&o);
+        assert!(
+            !err.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+            "{name}: {err:?}"
+        );
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -52,9 +52,10 @@ pub fn quantile(buckets: &[u64], count: u64, q: f64) -> Option<Duration> {
         return None;
     }
     let rank = ((count as f64) * q).ceil().max(1.0) as u64;
-    let mut seen = 0;
+    let mut seen: u64 = 0;
     for (i, n) in buckets.iter().enumerate() {
-        seen += n;
+        // Buckets may come from a scraped endpoint (`status --watch --from`).
+        seen = seen.saturating_add(*n);
         if seen >= rank {
             let bound = BUCKETS.get(i).copied().unwrap_or(f64::INFINITY);
             return Some(Duration::from_secs_f64(bound.min(3600.0)));

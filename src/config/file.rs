@@ -191,7 +191,8 @@ fn import_mcp_servers(
         };
         for key in entry.keys() {
             if !MCP_SERVERS_KEYS.contains(&key.as_str()) {
-                tracing::warn!(file = %path.display(), server = %name, key = %key, "ignoring a key this program does not use");
+                // The file's own text, quoted and escaped (it reaches a terminal).
+                tracing::warn!(file = %path.display(), server = ?name, key = ?key, "ignoring a key this program does not use");
             }
         }
         let mut id = id_from_name(name);

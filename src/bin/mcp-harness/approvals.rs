@@ -87,18 +87,22 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
             if !resp.status().is_success() {
                 bail!("{}: HTTP {}", line(base), resp.status().as_u16());
             }
-            let body: Value =
-                serde_json::from_str(&resp.text().await?).context("the answer is not JSON")?;
+            // The queue is bounded at the gateway; a larger answer is not its.
+            let text = crate::watch::text_capped(resp, 16 << 20).await?;
+            let body: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
             let pending = body["pending"].as_array().cloned().unwrap_or_default();
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&pending)?);
+                println!(
+                    "{}",
+                    crate::terminal::json_text(&serde_json::to_string_pretty(&pending)?)
+                );
             } else if pending.is_empty() {
                 eprintln!("nothing is waiting");
             } else {
                 for p in &pending {
                     println!(
                         "{:<6} {:<16} {:<24} agent={:<12} {}",
-                        p["id"],
+                        line(&p["id"].to_string()),
                         line(p["server"].as_str().unwrap_or("-")),
                         line(p["method"].as_str().unwrap_or("-")),
                         line(p["agent"].as_str().unwrap_or("-")),

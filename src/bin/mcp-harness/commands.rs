@@ -12,7 +12,7 @@ use mcp_harness::{CallError, Caller, Harness, HarnessHandle, ServerError, Server
 use serde_json::{Value, json};
 
 use crate::elicit::CliElicitation;
-use crate::terminal::{line, sanitize};
+use crate::terminal::{self, line, sanitize};
 
 /// Where the servers come from (shared by `tools`, `call`, `status`).
 #[derive(Clone, Debug, clap::Args)]
@@ -238,7 +238,10 @@ pub async fn tools(
             .iter()
             .map(|t| json!({"qualified": t.qualified, "name": t.name, "server": t.server, "inputSchema": t.definition["inputSchema"]}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!(
+            "{}",
+            terminal::json_text(&serde_json::to_string_pretty(&out)?)
+        );
     } else {
         let eras: std::collections::HashMap<String, &'static str> = harness
             .status()
@@ -290,7 +293,10 @@ pub async fn search(
             .iter()
             .map(|m| json!({"qualified": m.tool.qualified, "server": m.tool.server, "score": m.score, "definition": *m.tool.definition}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!(
+            "{}",
+            terminal::json_text(&serde_json::to_string_pretty(&out)?)
+        );
     } else {
         for m in &found {
             let description = line(m.tool.definition["description"].as_str().unwrap_or(""));
@@ -320,7 +326,10 @@ pub async fn call(
         Err(e) => return Ok(report(harness, &e)),
     };
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        println!(
+            "{}",
+            terminal::json_text(&serde_json::to_string_pretty(&result)?)
+        );
     } else {
         print_content(&result);
     }
@@ -412,7 +421,10 @@ pub fn status(harness: &HarnessHandle, json_out: bool) -> anyhow::Result<u8> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!(
+            "{}",
+            terminal::json_text(&serde_json::to_string_pretty(&out)?)
+        );
     } else {
         for s in &status {
             println!(

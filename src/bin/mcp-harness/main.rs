@@ -204,7 +204,11 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("mcp-harness: {e:#}");
+            // A config file's names and values are in it: printed without escapes.
+            eprintln!(
+                "mcp-harness: {}",
+                terminal::sanitize(&format!("{e:#}"), true)
+            );
             let usage = e.downcast_ref::<UsageError>().is_some();
             ExitCode::from(if usage { USAGE } else { 1 })
         }

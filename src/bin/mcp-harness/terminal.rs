@@ -28,6 +28,23 @@ pub fn line(text: &str) -> String {
     sanitize(text, false)
 }
 
+/// JSON text with every control character serde_json leaves as it is (DEL and the C1
+/// range, CSI and OSC among them) and every bidirectional formatting character written
+/// as a `\uXXXX` escape: the same JSON to a parser, nothing a terminal acts on. Such
+/// characters can only be inside strings, where the escape means the same.
+pub fn json_text(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        let formatting = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() && c != '\n' || formatting {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
     match chars.next() {
         Some('[') => skip_csi(chars),
@@ -65,6 +82,21 @@ fn skip_osc(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_text_escapes_what_a_terminal_would_act_on_and_parses_the_same() {
+        let value = serde_json::json!({"d": "\u{9b}2J\u{1b}[31m\u{202e}abc\u{7f}", "n": "ok"});
+        let plain = serde_json::to_string_pretty(&value).expect("json");
+        let safe = json_text(&plain);
+        assert!(
+            !safe
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{safe}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&safe).expect("still JSON");
+        assert_eq!(back, value);
+    }
 
     #[test]
     fn escape_sequences_and_controls_never_reach_the_terminal() {

@@ -30,7 +30,8 @@ impl Row {
             self.buckets.resize(buckets.len(), 0);
         }
         for (into, n) in self.buckets.iter_mut().zip(buckets) {
-            *into += n;
+            // A scraped endpoint's numbers: never trusted not to overflow.
+            *into = into.saturating_add(*n);
         }
     }
 }
@@ -126,9 +127,9 @@ pub fn rows_from_prometheus(text: &str) -> BTreeMap<String, Row> {
             }
             "mcp_harness_server_restarts_total" => row.restarts = value as u64,
             "mcp_harness_calls_total" => {
-                row.calls += value as u64;
+                row.calls = row.calls.saturating_add(value as u64);
                 if labels.get("outcome").is_some_and(|o| is_error(o)) {
-                    row.errors += value as u64;
+                    row.errors = row.errors.saturating_add(value as u64);
                 }
             }
             "mcp_client_operation_duration_seconds_bucket" => {
@@ -153,13 +154,13 @@ pub fn rows_from_prometheus(text: &str) -> BTreeMap<String, Row> {
     for ((id, _), mut points) in cumulative {
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut last = 0;
-        let mut per_bucket = vec![0; BUCKETS.len() + 1];
+        let mut per_bucket = vec![0u64; BUCKETS.len() + 1];
         for (le, c) in points {
             let at = BUCKETS
                 .iter()
                 .position(|b| (b - le).abs() <= b * 1e-9)
                 .unwrap_or(BUCKETS.len());
-            per_bucket[at] += c.saturating_sub(last);
+            per_bucket[at] = per_bucket[at].saturating_add(c.saturating_sub(last));
             last = last.max(c);
         }
         if let Some(row) = rows.get_mut(&id) {
@@ -170,7 +171,7 @@ pub fn rows_from_prometheus(text: &str) -> BTreeMap<String, Row> {
 }
 
 fn p50(row: &Row) -> String {
-    let count: u64 = row.buckets.iter().sum();
+    let count = row.buckets.iter().fold(0u64, |a, n| a.saturating_add(*n));
     match quantile(&row.buckets, count, 0.5) {
         None => "-".into(),
         Some(d) if d.as_secs_f64() > BUCKETS[BUCKETS.len() - 1] => "> 300 s".into(),
@@ -218,6 +219,7 @@ pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
             Some(
                 reqwest::Client::builder()
                     .timeout(Duration::from_secs(5))
+                    .redirect(reqwest::redirect::Policy::none())
                     .build()?,
             )
         }
@@ -235,9 +237,10 @@ pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
             Source::Gateway(url) => match http.as_ref().map(|c| c.get(url).send()) {
                 None => String::new(),
                 Some(sent) => match sent.await {
-                    Ok(r) if r.status().is_success() => {
-                        render(&rows_from_prometheus(&r.text().await.unwrap_or_default()))
-                    }
+                    Ok(r) if r.status().is_success() => match text_capped(r, MAX_SCRAPE).await {
+                        Ok(text) => render(&rows_from_prometheus(&text)),
+                        Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
+                    },
                     Ok(r) => format!("{}: HTTP {}\n", line(url), r.status().as_u16()),
                     Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
                 },
@@ -254,9 +257,41 @@ pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
     }
 }
 
+/// The most of a `/metrics` answer read (a gateway's is a few KiB per server).
+const MAX_SCRAPE: usize = 16 << 20;
+
+/// A response's body as text, refused past `cap` bytes (an endpoint that streams
+/// without end is not read into memory).
+pub async fn text_capped(mut response: reqwest::Response, cap: usize) -> anyhow::Result<String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > cap {
+            anyhow::bail!("the answer is larger than {cap} bytes");
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_that_would_overflow_saturate() {
+        let text = r#"mcp_harness_calls_total{mcp_harness_server_id="a",outcome="ok"} 1e30
+mcp_harness_calls_total{mcp_harness_server_id="a",outcome="error"} 1e30
+mcp_harness_calls_total{mcp_harness_server_id="a",outcome="error"} 1e30
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a",outcome="ok",le="0.0001"} 1e30
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a",outcome="error",le="0.0001"} 1e30
+mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a",outcome="ok",le="+Inf"} 1e30
+"#;
+        let rows = rows_from_prometheus(text);
+        let row = &rows["a"];
+        assert_eq!(row.calls, u64::MAX);
+        assert_eq!(row.errors, u64::MAX);
+        assert_eq!(p50(row), "≤ 100 µs");
+    }
 
     #[test]
     fn prometheus_text_becomes_rows() {
