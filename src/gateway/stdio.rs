@@ -29,11 +29,14 @@ type Pending = Arc<Questions>;
 struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes queued for the writer and not taken yet: a client that stops reading
-    /// stops getting notifications past [`MAX_QUEUED_NOTICES`], and past
-    /// [`MAX_QUEUED_ANSWERS`] nothing more is read from it (each line read may queue an
-    /// answer, an error at least) until it reads.
+    /// stops getting notifications past [`MAX_QUEUED_NOTICES`] (one large answer being
+    /// written to a client that reads drops none).
     queued: Arc<AtomicUsize>,
-    /// Told each time the writer takes what is queued.
+    /// Bytes queued and not written yet: past [`MAX_QUEUED_ANSWERS`] nothing more is
+    /// read from the client (each line read may queue an answer, an error at least)
+    /// until it reads.
+    unwritten: Arc<AtomicUsize>,
+    /// Told each time the writer has written what it took.
     drained: Arc<tokio::sync::Notify>,
     pending: Pending,
     next: AtomicU64,
@@ -59,9 +62,11 @@ impl Pipe {
         let len = line.len();
         // Counted before it is sent: the writer may take it at once.
         self.queued.fetch_add(len, Ordering::Relaxed);
+        self.unwritten.fetch_add(len, Ordering::Relaxed);
         if self.out.send(line).is_err() {
             // Nothing waits.
             self.queued.fetch_sub(len, Ordering::Relaxed);
+            self.unwritten.fetch_sub(len, Ordering::Relaxed);
             return false;
         }
         true
@@ -73,7 +78,8 @@ impl Pipe {
         loop {
             // Made before the check, so a drain in between still wakes it.
             let drained = self.drained.notified();
-            if self.queued.load(Ordering::Relaxed) <= MAX_QUEUED_ANSWERS || self.out.is_closed() {
+            if self.unwritten.load(Ordering::Relaxed) <= MAX_QUEUED_ANSWERS || self.out.is_closed()
+            {
                 return;
             }
             drained.await;
@@ -151,6 +157,8 @@ pub async fn serve(
     let running = answering.clone();
     let queued = Arc::new(AtomicUsize::new(0));
     let taken = queued.clone();
+    let unwritten = Arc::new(AtomicUsize::new(0));
+    let written = unwritten.clone();
     let drained = Arc::new(tokio::sync::Notify::new());
     let told = drained.clone();
     let writer = tokio::spawn(async move {
@@ -173,11 +181,12 @@ pub async fn serve(
             {
                 buf.extend_from_slice(&more);
             }
+            taken.fetch_sub(buf.len(), Ordering::Relaxed);
             if output.write_all(&buf).await.is_err() || output.flush().await.is_err() {
                 return;
             }
-            // Taken once written: a client that does not read holds the count up.
-            taken.fetch_sub(buf.len(), Ordering::Relaxed);
+            // A client that does not read holds this count up, and its input unread.
+            written.fetch_sub(buf.len(), Ordering::Relaxed);
             told.notify_waiters();
             buf.clear();
         }
@@ -185,6 +194,7 @@ pub async fn serve(
     let pipe = Arc::new(Pipe {
         out: out_tx,
         queued,
+        unwritten,
         drained,
         pending: Pending::default(),
         next: AtomicU64::new(1),
@@ -372,7 +382,16 @@ pub async fn serve(
     }
     notifier.abort();
     drop(pipe);
-    let _ = writer.await;
+    // A client that reads none of its last answers does not hold the end of the session
+    // (and a SIGTERM's shutdown) for ever: as an HTTP connection, past `write_timeout`.
+    let mut writer = writer;
+    if tokio::time::timeout(gateway.config().write_timeout, &mut writer)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the client read none of its last answers in time; ending the session");
+        writer.abort();
+    }
 }
 
 /// One `subscriptions/listen` on the pipe: acknowledged, then the tool list changes of
@@ -455,23 +474,36 @@ mod tests {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 
-    #[tokio::test]
-    async fn a_client_that_does_not_read_its_answers_is_not_read_from_either() {
+    /// A session over in-memory pipes of `pipe` bytes each, on a harness with no
+    /// servers; the client's ends, the session, and the harness.
+    async fn session(
+        pipe: usize,
+        write_timeout: Duration,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<()>,
+        crate::HarnessHandle,
+    ) {
         let config = crate::HarnessConfig::default();
         let harness = crate::Harness::spawn(config.clone())
             .await
             .expect("harness");
         let sealer =
             super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let gateway = Gateway::new(harness.clone(), &config, Default::default(), sealer)
+        let gateway_config = super::super::GatewayConfig {
+            write_timeout,
+            ..Default::default()
+        };
+        let gateway = Gateway::new(harness.clone(), &config, gateway_config, sealer)
             .await
             .expect("gateway");
         let principal = Principal {
             agent: "a".into(),
             context: None,
         };
-        let (mut client_in, gateway_in) = tokio::io::duplex(64 << 10);
-        let (gateway_out, mut client_out) = tokio::io::duplex(64 << 10);
+        let (client_in, gateway_in) = tokio::io::duplex(pipe);
+        let (gateway_out, client_out) = tokio::io::duplex(pipe);
         let served = tokio::spawn(serve(
             gateway,
             principal,
@@ -479,27 +511,43 @@ mod tests {
             gateway_out,
             std::future::pending(),
         ));
-        // Each line is a parse error, answered with about 100 bytes: 400k lines would
-        // queue some 40 MB for a client that reads none of it.
-        let lines = b"[\n".repeat(400_000);
+        (client_in, client_out, served, harness)
+    }
+
+    /// Each line is a parse error, answered with about 100 bytes: 600k lines would
+    /// queue some 60 MB for a client that reads none of it.
+    fn bad_lines() -> Vec<u8> {
+        b"[\n".repeat(600_000)
+    }
+
+    /// Writes `lines` 4 KiB at a time until a write waits 2 s: how much was taken, and
+    /// whether it stalled.
+    async fn write_until_stalled(to: &mut tokio::io::DuplexStream, lines: &[u8]) -> (usize, bool) {
         let mut taken = 0;
-        let stalled = loop {
-            if taken >= lines.len() {
-                break false;
-            }
+        while taken < lines.len() {
             let chunk = &lines[taken..(taken + 4096).min(lines.len())];
-            match tokio::time::timeout(Duration::from_secs(2), client_in.write_all(chunk)).await {
+            match tokio::time::timeout(Duration::from_secs(2), to.write_all(chunk)).await {
                 Ok(written) => {
                     written.expect("write");
                     taken += chunk.len();
                 }
-                Err(_) => break true,
+                Err(_) => return (taken, true),
             }
-        };
+        }
+        (taken, false)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_its_answers_is_not_read_from_either() {
+        let (mut client_in, mut client_out, served, harness) =
+            session(64 << 10, Duration::from_secs(30)).await;
+        let lines = bad_lines();
+        let (taken, stalled) = write_until_stalled(&mut client_in, &lines).await;
         assert!(
             stalled,
             "the gateway kept reading from a client that reads nothing"
         );
+        // About 16 MiB of answers (some 160k lines, 320 KB) and the pipes' buffers.
         assert!(taken < lines.len() / 2, "{taken} bytes taken");
         // Once the client reads, the rest of its input is taken and answered.
         let reader = tokio::spawn(async move {
@@ -523,7 +571,43 @@ mod tests {
             .expect("serve");
         let answers = reader.await.expect("reader");
         // All of the second write's lines, and what the first got in.
-        assert!(answers >= 400_000, "{answers} answers");
+        assert!(answers >= 600_000, "{answers} answers");
+        harness.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_its_output_while_answers_wait_is_read_to_its_end() {
+        let (mut client_in, client_out, served, harness) =
+            session(64 << 10, Duration::from_secs(30)).await;
+        let lines = bad_lines();
+        let (_, stalled) = write_until_stalled(&mut client_in, &lines).await;
+        assert!(stalled, "waiting for the client to read");
+        // The client closes its end of the output: the writer fails, and what waits
+        // for room hears it (answers are dropped from then on, input read).
+        drop(client_out);
+        tokio::time::timeout(Duration::from_secs(120), client_in.write_all(&lines))
+            .await
+            .expect("input is read again once the output is gone")
+            .expect("write");
+        drop(client_in);
+        tokio::time::timeout(Duration::from_secs(60), served)
+            .await
+            .expect("the session ends with its input")
+            .expect("serve");
+        harness.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn the_session_ends_within_the_write_timeout_when_its_last_answers_are_not_read() {
+        // Pipes of 64 bytes: one answer does not fit, and the client reads nothing.
+        let (mut client_in, _client_out, served, harness) =
+            session(64, Duration::from_millis(500)).await;
+        client_in.write_all(b"[\n").await.expect("write");
+        drop(client_in);
+        tokio::time::timeout(Duration::from_secs(30), served)
+            .await
+            .expect("the session ended though its answer was never read")
+            .expect("serve");
         harness.shutdown().await;
     }
 }
