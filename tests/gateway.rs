@@ -1838,6 +1838,8 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         (&format!("evil.example:{port}") as &str, 403),
         (&format!("localhost:{port}"), 200),
         (&format!("[::1]:{port}"), 200),
+        (&format!("[fe80::1%25eth0]:{port}"), 200),
+        (&format!("LocalHost:{port}"), 200),
     ] {
         let resp = gw
             .http

@@ -1052,20 +1052,13 @@ async fn item_17_a_missing_command_or_a_401_fails_the_server_at_once_with_its_ca
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_server_stuck_in_its_handshake_does_not_hold_up_shutdown_and_leaves_no_process() {
-    // A server that reads nothing and says nothing: its first request would wait out the
-    // probe's 10 s, and shutdown used to wait with it.
-    let marker = "4711.25"; // `sleep`'s argument, to find this test's process
-    let config = HarnessConfig {
-        servers: vec![ServerConfig::stdio("mute", "sleep", [marker])],
-        ..HarnessConfig::default()
-    };
-    let h = Harness::spawn(config).await.expect("spawn");
+/// The pid of this process's child that runs `sleep marker`, once it is there.
+async fn sleeping(marker: &str) -> u32 {
     let ours = || {
         own_children().into_iter().find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == marker.as_bytes()))
+            alive(*pid)
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == marker.as_bytes()))
         })
     };
     let mut pid = None;
@@ -1077,7 +1070,20 @@ async fn a_server_stuck_in_its_handshake_does_not_hold_up_shutdown_and_leaves_no
         .await,
         "the server was spawned"
     );
-    let pid = pid.expect("pid");
+    pid.expect("pid")
+}
+
+#[tokio::test]
+async fn a_server_stuck_in_its_handshake_does_not_hold_up_shutdown_and_leaves_no_process() {
+    // A server that reads nothing and says nothing: its first request would wait out the
+    // probe's 10 s, and shutdown used to wait with it.
+    let marker = "4711.25"; // `sleep`'s argument, to find this test's process
+    let config = HarnessConfig {
+        servers: vec![ServerConfig::stdio("mute", "sleep", [marker])],
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn(config).await.expect("spawn");
+    let pid = sleeping(marker).await;
     assert_eq!(
         h.server_status("mute").map(|s| s.state),
         Some(ServerState::Starting)
@@ -1095,4 +1101,26 @@ async fn a_server_stuck_in_its_handshake_does_not_hold_up_shutdown_and_leaves_no
         eventually(Duration::from_secs(5), || !alive(pid)).await,
         "the server's process is gone"
     );
+}
+
+#[tokio::test]
+async fn a_restart_gives_up_a_handshake_under_way_and_its_process() {
+    // The old attempt's process used to live on beside the new one until its probe
+    // timed out (10 s).
+    let marker = "4711.5";
+    let config = HarnessConfig {
+        servers: vec![ServerConfig::stdio("mute", "sleep", [marker])],
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn(config).await.expect("spawn");
+    let first = sleeping(marker).await;
+    h.restart_server("mute").await.expect("restart");
+    assert!(
+        eventually(Duration::from_secs(5), || !alive(first)).await,
+        "the first attempt's process is gone"
+    );
+    let second = sleeping(marker).await;
+    assert_ne!(first, second, "a new attempt runs");
+    h.shutdown().await;
+    assert!(eventually(Duration::from_secs(5), || !alive(second)).await);
 }

@@ -332,8 +332,14 @@ fn origin_allowed(state: &State, req: &hyper::Request<Incoming>) -> Result<(), &
         .rsplit_once(':')
         .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
         .map_or(host, |(h, _)| h);
-    let loopback = matches!(host_name, "localhost" | "127.0.0.1" | "[::1]");
-    if !(loopback || host == state.local || config.allowed_hosts.iter().any(|h| h == host_name)) {
+    // Host names are compared as DNS does, without case.
+    let loopback =
+        host_name.eq_ignore_ascii_case("localhost") || matches!(host_name, "127.0.0.1" | "[::1]");
+    let allowed = config
+        .allowed_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(host_name));
+    if !(loopback || host == state.local || allowed) {
         return Err("Host is not this gateway");
     }
     if let Some(origin) = header(req, "origin") {

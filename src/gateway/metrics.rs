@@ -28,7 +28,9 @@ fn host_allowed(req: &Request<hyper::body::Incoming>, allowed: &[String]) -> boo
         _ => host,
     };
     let bare = name.trim_start_matches('[').trim_end_matches(']');
-    bare.parse::<std::net::IpAddr>().is_ok()
+    // An IPv6 literal may carry a zone (`fe80::1%25eth0`), which no address parses.
+    let address = bare.split_once('%').map_or(bare, |(a, _)| a);
+    address.parse::<std::net::IpAddr>().is_ok()
         || name.eq_ignore_ascii_case("localhost")
         || allowed.iter().any(|h| h.eq_ignore_ascii_case(name))
 }

@@ -76,7 +76,8 @@ pub struct GatewayConfig {
     /// Origins allowed besides the listener's own host (a browser's `Origin`).
     #[serde(default)]
     pub allowed_origins: Vec<String>,
-    /// Host names accepted in `Host` besides loopback names and the listen address.
+    /// Host names accepted in `Host` besides loopback names and the listen address (on
+    /// the MCP listener and, read at start, on `--metrics`'s), compared without case.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// Largest request body read.
@@ -387,7 +388,7 @@ struct InFlightSlot<'a> {
 impl Drop for InFlightSlot<'_> {
     fn drop(&mut self) {
         // The permit holds the limiter too: released first, so that the count below
-        // says whether anyone else does.
+        // says whether anyone else does. A refused request held none.
         drop(self.permit.take());
         let mut in_flight = self.inner.in_flight.lock();
         if in_flight
@@ -838,7 +839,13 @@ impl Gateway {
                     .clone(),
             };
             drop(in_flight);
-            let permit = sem.try_acquire_owned().map_err(|_| {
+            // Made first: a refused request leaves the map as a finished one does.
+            let mut slot = InFlightSlot {
+                inner: &self.inner,
+                principal,
+                permit: None,
+            };
+            slot.permit = Some(sem.try_acquire_owned().map_err(|_| {
                 RpcError::new(
                     -32000,
                     format!(
@@ -846,12 +853,8 @@ impl Gateway {
                         principal.agent, now.config.max_in_flight_per_principal
                     ),
                 )
-            })?;
-            InFlightSlot {
-                inner: &self.inner,
-                principal,
-                permit: Some(permit),
-            }
+            })?);
+            slot
         };
         let Request { method, params, .. } = request;
         let mut params = params.unwrap_or_else(|| json!({}));

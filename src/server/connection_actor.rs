@@ -119,8 +119,9 @@ impl Actor for ConnectionActor {
         );
         let connected = tokio::select! {
             connected = connect => connected,
-            // Given up: the dropped attempt kills what it spawned; the shutdown that
-            // follows finds nothing live.
+            // Given up: the dropped connect future kills the process group it spawned
+            // (and ends a sign-in under way with it, as any cancelled request does); the
+            // shutdown that follows finds nothing live.
             () = a.given_up.cancelled() => return Ok(()),
         };
         let (conn, mut events) = connected.map_err(ConnectionFailure::from)?;
