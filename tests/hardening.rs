@@ -1124,3 +1124,53 @@ async fn a_restart_gives_up_a_handshake_under_way_and_its_process() {
     h.shutdown().await;
     assert!(eventually(Duration::from_secs(5), || !alive(second)).await);
 }
+
+#[tokio::test]
+async fn a_server_that_pages_forever_just_in_time_does_not_hold_a_listing_or_a_call_past_the_deadline()
+ {
+    // Every page small, slow, and with a new cursor: the page, byte and cycle bounds never
+    // trip, and each page comes within its own timeout. 1,000 pages of 100 ms used to
+    // hold every listing, and every call by bare name, for 100 s.
+    let mut c = config(vec![
+        demo_server("slow", &["--huge-pages", "0", "--list-delay-ms", "100"]),
+        demo_server("fine", &[]),
+    ]);
+    c.call_timeout = Duration::from_secs(2);
+    let h = start_ready(c).await;
+    let started = Instant::now();
+    let listing = h
+        .listing(&a(), mcp_harness::CallKind::Tool, None)
+        .await
+        .expect("listing");
+    // Not a speed figure: 2 s of deadline against the 100 s the walk would take.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(listing.items.iter().any(|t| &*t.server == "fine"));
+    let (slow, error) = listing
+        .unreachable
+        .iter()
+        .find(|(u, _)| u.server == "slow")
+        .expect("the slow server is reported");
+    assert!(
+        matches!(
+            error,
+            Some(CallError::Server(ServerError::Transport {
+                source: mcp_harness::transport::TransportError::Timeout(_),
+                ..
+            }))
+        ),
+        "{slow:?}: {error:?}"
+    );
+    // A call by bare name waits on the same listing: it ends by its deadline too.
+    let started = Instant::now();
+    let _ = h.call_tool(&a(), "echo", json!({"text": "x"})).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    h.shutdown().await;
+}

@@ -30,6 +30,7 @@ use super::error::{CallError, Unreachable};
 use crate::protocol::{CacheScope, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
 use crate::server::{ServerError, ServerRef, ServerState};
+use crate::transport::TransportError;
 
 /// What a caller may use, and the servers that could not be listed.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -539,6 +540,26 @@ fn offers(server: &ServerRef, kind: CallKind) -> bool {
     }
 }
 
+/// [`list_server`], given up at `until` (its requests cancelled) as a timeout of `total`.
+async fn list_within(
+    ctx: &Arc<CallContext>,
+    server: &ServerRef,
+    kind: CallKind,
+    auth_context: Option<&str>,
+    timeout: Duration,
+    until: tokio::time::Instant,
+    total: Duration,
+) -> Result<Listed, CallError> {
+    let walked = list_server(ctx, server, kind, auth_context, timeout);
+    match tokio::time::timeout_at(until, walked).await {
+        Ok(listed) => listed,
+        Err(_) => Err(CallError::Server(ServerError::Transport {
+            server: server.id().to_string(),
+            source: TransportError::Timeout(total),
+        })),
+    }
+}
+
 /// The lists of `servers` that offer `kind`, in their order: from the cache without
 /// leaving this task when all are fresh, else the misses fetched in parallel. Servers
 /// that cannot be listed are returned apart, with why.
@@ -553,6 +574,15 @@ pub(crate) async fn list_all(
     let mut unreachable = Vec::new();
     let mut set = tokio::task::JoinSet::new();
     let mut done = Vec::new();
+    // One bound on each server's whole walk, not only on each page: a server that answers
+    // every page just in time with a new cursor would otherwise hold a listing (and every
+    // bare-name call waiting on it) for `max_list_pages` timeouts. A call's own deadline,
+    // else `call_timeout`.
+    let total = match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()),
+        None => ctx.settings.call_timeout,
+    };
+    let until = tokio::time::Instant::now() + total;
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
             let status = server.status();
@@ -609,13 +639,15 @@ pub(crate) async fn list_all(
         }
         if first_cached {
             // Fresh in the cache: walked here, without a task or a round trip.
-            let listed = list_server(ctx, &server, kind, auth.as_deref(), timeout).await;
+            let listed =
+                list_within(ctx, &server, kind, auth.as_deref(), timeout, until, total).await;
             done.push((i, server, listed));
             continue;
         }
         let ctx2 = ctx.clone();
         set.spawn(async move {
-            let listed = list_server(&ctx2, &server, kind, auth.as_deref(), timeout).await;
+            let listed =
+                list_within(&ctx2, &server, kind, auth.as_deref(), timeout, until, total).await;
             (i, server, listed)
         });
     }
