@@ -54,7 +54,8 @@ fn sampling(provider: &str, base_url: &str, key_env: &str) -> SamplingConfig {
         "model": "default-model",
         "api_key_env": key_env,
         "max_tokens": 40,
-        "call_budget_tokens": 1000,
+        // Room for an image (reserved at 1,600 tokens) and some text.
+        "call_budget_tokens": 4000,
         "models": {"gpt-4o": "gpt-4o-mini", "claude": "claude-small"},
     }))
     .expect("sampling config")
@@ -169,7 +170,8 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
     set_key("MCP_HARNESS_TEST_KEY_3", "k3");
     let mut config = sampling("openai", &url, "MCP_HARNESS_TEST_KEY_3");
     config.max_tokens = 1000;
-    config.call_budget_tokens = 600;
+    // The summarize prompt carries an image, reserved at 1,600 tokens.
+    config.call_budget_tokens = 2400;
     let h = harness(Some(config), &[]).await;
     let denied = |r: Result<Value, CallError>| match r {
         Err(CallError::InputDenied { reason, method, .. }) => {
@@ -191,7 +193,7 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
             }
         );
     }
-    // 1000 tokens asked (and the prompt), 600 in the call's budget.
+    // 1000 tokens asked (and the prompt), 2400 in the call's budget.
     let reason = denied(
         h.call_tool(
             &Caller::agent("a"),
@@ -201,7 +203,7 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
         .await,
     );
     assert!(
-        matches!(reason, Denial::BudgetExceeded { budget: 600, spent: 0, asked } if asked > 1000),
+        matches!(reason, Denial::BudgetExceeded { budget: 2400, spent: 0, asked } if asked > 2400),
         "{reason:?}"
     );
     // Within the budget it is served.

@@ -211,8 +211,18 @@ impl Sampler {
         let mut spent = self.spent.lock();
         let now = Instant::now();
         if spent.len() >= MAX_BUDGETS {
-            // Calls idle this long are over (a running call's entry is used again).
+            // Calls idle this long are over (a running call's entry is used again);
+            // if that is not enough, the least recently used go too, down to half, so
+            // that the next clean-up is as far away (never a scan on every request).
             spent.retain(|_, (_, _, used)| now.duration_since(*used) < Duration::from_secs(600));
+            if spent.len() > MAX_BUDGETS / 2 {
+                let mut last_used: Vec<Instant> =
+                    spent.values().map(|(_, _, used)| *used).collect();
+                let cut = spent.len() - MAX_BUDGETS / 2;
+                let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
+                let oldest_kept = *oldest_kept;
+                spent.retain(|_, (_, _, used)| *used >= oldest_kept);
+            }
         }
         let entry = spent.entry(key.to_string()).or_insert((0, now, now));
         if key.starts_with("server:") && now.duration_since(entry.1) >= LEGACY_WINDOW {
@@ -297,17 +307,14 @@ impl Sampler {
             .and_then(Value::as_u64)
             .unwrap_or(self.config.max_tokens)
             .clamp(1, self.config.max_tokens);
-        // The prompt counts too: about four bytes a token, before the provider says.
-        let prompt = params
-            .get("messages")
-            .map(|m| m.to_string().len() as u64 / 4)
-            .unwrap_or(0)
-            .saturating_add(
-                params
-                    .get("systemPrompt")
-                    .and_then(Value::as_str)
-                    .map_or(0, |p| p.len() as u64 / 4),
-            );
+        // The prompt counts too, reserved at the most it can cost before the provider
+        // says: several requests of one round are reserved before any is settled.
+        let prompt = prompt_tokens(&messages).saturating_add(
+            params
+                .get("systemPrompt")
+                .and_then(Value::as_str)
+                .map_or(0, text_tokens),
+        );
         let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
         self.reserve(&key, asked).map_err(InputError::Denied)?;
@@ -322,8 +329,9 @@ impl Sampler {
                 Ok(result)
             }
             Err(e) => {
-                // Nothing was generated: the reservation is returned.
-                self.settle(&key, asked, 0);
+                // The reservation stays spent: the provider may have billed a request
+                // whose answer was lost (a timeout, a reply cut short), and a failing
+                // provider is not asked again and again within one budget.
                 // The detail may name the provider's address: the log has it, the
                 // server and the downstream client do not.
                 tracing::warn!(server = %request.server, error = %e, "sampling failed");
@@ -527,6 +535,32 @@ enum Part {
     Image { data: String, mime: String },
 }
 
+/// What one image is reserved at: providers charge by its pixels, not its bytes, and
+/// about this much at the largest size they take without scaling it down.
+const IMAGE_TOKENS: u64 = 1_600;
+
+/// An upper estimate of `text`'s tokens: four ASCII bytes a token (English runs about
+/// that), any other character a token of its own (scripts and symbols that tokenizers
+/// split finely).
+fn text_tokens(text: &str) -> u64 {
+    let ascii = text.bytes().filter(u8::is_ascii).count() as u64;
+    let other = text.chars().filter(|c| !c.is_ascii()).count() as u64;
+    (ascii / 4).saturating_add(other).saturating_add(1)
+}
+
+/// The prompt's reservation: its text as [`text_tokens`] counts it, each image at
+/// [`IMAGE_TOKENS`], and a few tokens a message for its framing.
+fn prompt_tokens(messages: &[Message]) -> u64 {
+    messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .map(|part| match part {
+            Part::Text(t) => text_tokens(t),
+            Part::Image { .. } => IMAGE_TOKENS,
+        })
+        .fold(4 * messages.len() as u64, u64::saturating_add)
+}
+
 struct Message {
     role: &'static str,
     content: Vec<Part>,
@@ -587,4 +621,34 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
         out.push(Message { role, content });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_is_reserved_at_the_most_it_can_cost() {
+        // A tiny image file of large pixel size costs what its pixels do: reserved as
+        // the largest image, whatever its bytes.
+        let images = Message {
+            role: "user",
+            content: (0..100)
+                .map(|_| Part::Image {
+                    data: "UklGRg==".into(),
+                    mime: "image/webp".into(),
+                })
+                .collect(),
+        };
+        assert!(prompt_tokens(&[images]) >= 100 * IMAGE_TOKENS);
+        // English at about four bytes a token; other scripts a token a character.
+        let english = "word ".repeat(400);
+        assert!((500..=510).contains(&text_tokens(&english)));
+        assert!(text_tokens(&"漢".repeat(1000)) >= 1000);
+        let text = Message {
+            role: "user",
+            content: vec![Part::Text(english)],
+        };
+        assert!(prompt_tokens(&[text]) > 500);
+    }
 }
