@@ -165,6 +165,18 @@ async fn ready(h: &HarnessHandle) {
     );
 }
 
+/// A first process signs in as the harness itself (`demo-user`) and stops: one
+/// authorization in all.
+async fn signs_in_and_stops(w: &World, first: HarnessHandle) {
+    ready(&first).await;
+    assert_eq!(
+        subject(&first, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    first.shutdown().await;
+    assert_eq!(w.at("authorize").len(), 1);
+}
+
 fn registered(pre: &str) -> OAuthConfig {
     let (id, secret) = pre
         .split_once(':')
@@ -741,14 +753,7 @@ async fn a_kept_token_survives_a_restart_and_is_refreshed_not_signed_in_again() 
         config.cache.dir = Some(dir.clone());
         Harness::builder(config).authorizer(w.authorizer()).spawn()
     };
-    let first = harness().await.expect("spawn");
-    ready(&first).await;
-    assert_eq!(
-        subject(&first, &Caller::agent("a")).await.expect("call"),
-        "demo-user"
-    );
-    first.shutdown().await;
-    assert_eq!(w.at("authorize").len(), 1);
+    signs_in_and_stops(&w, harness().await.expect("spawn")).await;
     // Counted from here: on a loaded machine the first process may have refreshed too.
     let refreshed = || {
         w.at("token")
@@ -833,14 +838,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
             .spawn()
     };
     // A first process signs in: one token, with a refresh token that still works.
-    let first = spawn().await.expect("spawn");
-    ready(&first).await;
-    assert_eq!(
-        subject(&first, &Caller::agent("a")).await.expect("call"),
-        "demo-user"
-    );
-    first.shutdown().await;
-    assert_eq!(w.at("authorize").len(), 1);
+    signs_in_and_stops(&w, spawn().await.expect("spawn")).await;
     let key = store.key.lock().clone().expect("a token was kept");
     let signed_in = store.kept.get(&key).expect("read").expect("kept");
     // Revoked on the server (it no longer takes them), not yet known to be here.
