@@ -1839,6 +1839,7 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         (&format!("localhost:{port}"), 200),
         (&format!("[::1]:{port}"), 200),
         (&format!("[fe80::1%25eth0]:{port}"), 200),
+        (&format!("127.0.0.1%25x:{port}"), 403),
         (&format!("LocalHost:{port}"), 200),
     ] {
         let resp = gw

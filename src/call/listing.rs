@@ -158,8 +158,16 @@ fn refresh_if_due(
             return;
         }
         tracing::debug!(server = %server.id(), method = kind.list_method(), "refreshing a list ahead of its expiry");
-        if let Walk::Failed(e) = walk(&ctx, &server, kind, auth.as_deref(), timeout, false).await {
-            tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
+        // Bounded as a call is: a server paging for ever does not hold the mark.
+        let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false);
+        match within_call_timeout(&ctx, walked).await {
+            Some(Walk::Failed(e)) => {
+                tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
+            }
+            None => {
+                tracing::debug!(server = %server.id(), "refresh ahead took longer than call_timeout; the list expires as usual");
+            }
+            Some(_) => {}
         }
         drop(guard);
     });
@@ -206,9 +214,23 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
         return; // one read at a time per server; the next change reads again
     };
     let timeout = server.config().timeout;
-    if let Walk::Failed(e) = walk(ctx, &server, CallKind::Tool, None, timeout, false).await {
-        tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
+    let walked = walk(ctx, &server, CallKind::Tool, None, timeout, false);
+    match within_call_timeout(ctx, walked).await {
+        Some(Walk::Failed(e)) => {
+            tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
+        }
+        None => {
+            tracing::debug!(server = %server.id(), "reading a changed tool list took longer than call_timeout");
+        }
+        Some(_) => {}
     }
+}
+
+/// `walk` given up (its requests cancelled) after `call_timeout`: `None`.
+async fn within_call_timeout<T>(ctx: &CallContext, walk: impl Future<Output = T>) -> Option<T> {
+    let until =
+        crate::util::duration::after(tokio::time::Instant::now(), ctx.settings.call_timeout);
+    tokio::time::timeout_at(until, walk).await.ok()
 }
 
 /// One walk of one list: the pages read so far, what of them to cache, the bounds.
@@ -582,7 +604,7 @@ pub(crate) async fn list_all(
         Some(d) => d.saturating_duration_since(Instant::now()),
         None => ctx.settings.call_timeout,
     };
-    let until = tokio::time::Instant::now() + total;
+    let until = crate::util::duration::after(tokio::time::Instant::now(), total);
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
             let status = server.status();

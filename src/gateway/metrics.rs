@@ -27,10 +27,16 @@ fn host_allowed(req: &Request<hyper::body::Incoming>, allowed: &[String]) -> boo
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => host,
     };
-    let bare = name.trim_start_matches('[').trim_end_matches(']');
-    // An IPv6 literal may carry a zone (`fe80::1%25eth0`), which no address parses.
-    let address = bare.split_once('%').map_or(bare, |(a, _)| a);
-    address.parse::<std::net::IpAddr>().is_ok()
+    let address = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        // An IPv6 literal may carry a zone (`fe80::1%25eth0`), which no address parses.
+        Some(v6) => v6
+            .split_once('%')
+            .map_or(v6, |(a, _)| a)
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok(),
+        None => name.parse::<std::net::Ipv4Addr>().is_ok(),
+    };
+    address
         || name.eq_ignore_ascii_case("localhost")
         || allowed.iter().any(|h| h.eq_ignore_ascii_case(name))
 }

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -161,6 +162,7 @@ pub async fn serve(
     let written = unwritten.clone();
     let drained = Arc::new(tokio::sync::Notify::new());
     let told = drained.clone();
+    let progress = drained.clone();
     let writer = tokio::spawn(async move {
         // Whoever waits for room hears that the writer is gone, whatever ends it.
         let mut out = WriterEnd {
@@ -382,15 +384,27 @@ pub async fn serve(
     }
     notifier.abort();
     drop(pipe);
-    // A client that reads none of its last answers does not hold the end of the session
-    // (and a SIGTERM's shutdown) for ever: as an HTTP connection, past `write_timeout`.
+    // A client that stops reading its last answers does not hold the end of the session
+    // (and a SIGTERM's shutdown) for ever: as an HTTP connection, once nothing has been
+    // written for `write_timeout` (a client that reads slowly gets them all).
+    let quiet = gateway
+        .config()
+        .write_timeout
+        .clamp(Duration::from_millis(1), crate::util::duration::LONGEST);
     let mut writer = writer;
-    if tokio::time::timeout(gateway.config().write_timeout, &mut writer)
-        .await
-        .is_err()
-    {
-        tracing::warn!("the client read none of its last answers in time; ending the session");
-        writer.abort();
+    loop {
+        let wrote = progress.notified();
+        tokio::select! {
+            _ = &mut writer => break,
+            waited = tokio::time::timeout(quiet, wrote) => {
+                if waited.is_err() {
+                    tracing::warn!("the client stopped reading its last answers; ending the session");
+                    writer.abort();
+                    let _ = writer.await;
+                    break;
+                }
+            }
+        }
     }
 }
 

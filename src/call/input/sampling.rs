@@ -221,7 +221,8 @@ impl Sampler {
                 let cut = spent.len() - MAX_BUDGETS / 2;
                 let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
                 let oldest_kept = *oldest_kept;
-                spent.retain(|_, (_, _, used)| *used >= oldest_kept);
+                // The budget asked of now is kept, whatever its age.
+                spent.retain(|k, (_, _, used)| k == key || *used >= oldest_kept);
             }
         }
         let entry = spent.entry(key.to_string()).or_insert((0, now, now));
@@ -307,8 +308,8 @@ impl Sampler {
             .and_then(Value::as_u64)
             .unwrap_or(self.config.max_tokens)
             .clamp(1, self.config.max_tokens);
-        // The prompt counts too, reserved at the most it can cost before the provider
-        // says: several requests of one round are reserved before any is settled.
+        // The prompt counts too, estimated on the high side before the provider says:
+        // several requests of one round are reserved before any is settled.
         let prompt = prompt_tokens(&messages).saturating_add(
             params
                 .get("systemPrompt")
@@ -536,12 +537,12 @@ enum Part {
 }
 
 /// What one image is reserved at: providers charge by its pixels, not its bytes, and
-/// about this much at the largest size they take without scaling it down.
+/// about this much for a large image (some models more).
 const IMAGE_TOKENS: u64 = 1_600;
 
-/// An upper estimate of `text`'s tokens: four ASCII bytes a token (English runs about
-/// that), any other character a token of its own (scripts and symbols that tokenizers
-/// split finely).
+/// A high estimate of `text`'s tokens, not a bound: four ASCII bytes a token (English
+/// runs about that; code and digits run denser), any other character a token of its
+/// own (scripts and symbols that tokenizers split finely).
 fn text_tokens(text: &str) -> u64 {
     let ascii = text.bytes().filter(u8::is_ascii).count() as u64;
     let other = text.chars().filter(|c| !c.is_ascii()).count() as u64;
