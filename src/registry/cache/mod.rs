@@ -643,8 +643,8 @@ impl ListCache {
         }
     }
 
+    /// A new epoch for `server`: a fetch that started before it stores nothing.
     fn bump(&self, server: &str) {
-        self.invalidations.fetch_add(1, Ordering::Relaxed);
         *self.epochs.write().entry(server.to_string()).or_default() += 1;
     }
 
@@ -656,6 +656,8 @@ impl ListCache {
         if let Some(dir) = &self.config.dir {
             disk::remove_server(dir, server);
         }
+        // Counted once done: whoever sees the count sees the entries gone.
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops the pages of one list of `server` (every scope): its cursor was rejected.
@@ -667,6 +669,7 @@ impl ListCache {
         if let Some(dir) = &self.config.dir {
             disk::remove_where(dir, server, dropped);
         }
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Entry counts, sizes, hits and misses per layer.
