@@ -1797,7 +1797,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_call_dropped_half_way_leaves_no_limiter_behind() {
+    async fn a_refused_request_and_a_call_dropped_half_way_leave_no_limiter_behind() {
         // A server that never answers its handshake: a call to it waits in its queue.
         let mut config = HarnessConfig {
             servers: vec![crate::ServerConfig::stdio("s", "sleep", ["30"])],
@@ -1812,29 +1812,33 @@ mod tests {
             .await
             .expect("harness");
         let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let gateway = Gateway::new(harness.clone(), &config, GatewayConfig::default(), sealer)
+        let one_at_a_time = GatewayConfig {
+            max_in_flight_per_principal: 1,
+            ..GatewayConfig::default()
+        };
+        let gateway = Gateway::new(harness.clone(), &config, one_at_a_time, sealer)
             .await
             .expect("gateway");
         let limiters = || gateway.inner.in_flight.lock().len();
+        let principal = Principal {
+            agent: "a".into(),
+            context: None,
+        };
+        let request = |id| Request {
+            id: crate::protocol::RequestId::Number(id),
+            method: "tools/call".into(),
+            params: Some(json!({
+                "name": "s__echo",
+                "arguments": {},
+                "_meta": {
+                    KEY_PROTOCOL_VERSION: MODERN,
+                    KEY_CLIENT_CAPABILITIES: {},
+                },
+            })),
+        };
         let call = {
-            let gateway = gateway.clone();
+            let (gateway, principal, request) = (gateway.clone(), principal.clone(), request(1));
             tokio::spawn(async move {
-                let principal = Principal {
-                    agent: "a".into(),
-                    context: None,
-                };
-                let request = Request {
-                    id: crate::protocol::RequestId::Number(1),
-                    method: "tools/call".into(),
-                    params: Some(json!({
-                        "name": "s__echo",
-                        "arguments": {},
-                        "_meta": {
-                            KEY_PROTOCOL_VERSION: MODERN,
-                            KEY_CLIENT_CAPABILITIES: {},
-                        },
-                    })),
-                };
                 let cancel = CancelToken::default();
                 gateway
                     .handle(&principal, request, Client::Modern, cancel, None)
@@ -1846,6 +1850,20 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(limiters(), 1, "the call holds its principal's limiter");
+        // A second request of the same principal is refused, and its refusal leaves the
+        // limiter to the call that holds it.
+        let refused = gateway
+            .handle(
+                &principal,
+                request(2),
+                Client::Modern,
+                CancelToken::default(),
+                None,
+            )
+            .await;
+        let refused = refused.expect_err("one in flight at most");
+        assert!(refused.message.contains("too many requests"), "{refused:?}");
+        assert_eq!(limiters(), 1, "the refusal did not take the call's limiter");
         // Its client went away: the request's future is dropped where it waits.
         call.abort();
         let _ = call.await;

@@ -629,6 +629,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_budget_map_forgets_the_least_recently_used_half_never_the_budget_asked_of() {
+        let config = SamplingConfig {
+            provider: Provider::Openai,
+            base_url: Some("http://127.0.0.1:9".into()),
+            model: "m".into(),
+            api_key_env: None,
+            max_tokens: 10,
+            call_budget_tokens: 100,
+            models: BTreeMap::new(),
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        };
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        // The oldest call has spent most of its budget.
+        sampler.reserve("call:0", 90).expect("first reservation");
+        for id in 1..MAX_BUDGETS {
+            sampler
+                .reserve(&format!("call:{id}"), 1)
+                .expect("within budget");
+        }
+        assert_eq!(sampler.spent.lock().len(), MAX_BUDGETS);
+        // The map is full: the next reservation, of the least recently used budget,
+        // cuts it to half, and that budget keeps its count.
+        let refused = sampler.reserve("call:0", 20);
+        assert!(
+            matches!(refused, Err(Denial::BudgetExceeded { spent: 90, .. })),
+            "{refused:?}"
+        );
+        let spent = sampler.spent.lock();
+        assert!(spent.len() <= MAX_BUDGETS / 2 + 1, "{}", spent.len());
+        assert!(spent.contains_key("call:0"), "the budget asked of is kept");
+        assert!(!spent.contains_key("call:1"), "the least recently used go");
+        let newest = format!("call:{}", MAX_BUDGETS - 1);
+        assert_eq!(spent.get(&newest).map(|e| e.0), Some(1), "the newest stay");
+    }
+
+    #[test]
     fn a_prompt_is_reserved_at_the_most_it_can_cost() {
         // A tiny image file of large pixel size costs what its pixels do: reserved as
         // the largest image, whatever its bytes.
