@@ -525,6 +525,41 @@ async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated()
 }
 
 #[tokio::test]
+async fn an_expired_token_without_a_refresh_token_is_renewed_by_signing_in_again() {
+    // No `offline_access` offered, so no refresh token; tokens live 3 s.
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "3",
+            "--scopes",
+            "mcp:read,mcp:write",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let a = Caller::agent("a");
+    assert_eq!(subject(&h, &a).await.expect("call"), "demo-user");
+    tokio::time::sleep(Duration::from_millis(3500)).await; // past its expiry (deliberate)
+    // The expired token is not sent again: the refusal of a request without it signs in
+    // anew (it had been taken for a token renewed meanwhile, and every request refused
+    // until a restart).
+    assert_eq!(subject(&h, &a).await.expect("signed in again"), "demo-user");
+    assert_eq!(subject(&h, &a).await.expect("call"), "demo-user");
+    assert!(w.at("authorize").len() >= 2, "a second sign-in");
+    assert!(
+        w.at("token")
+            .iter()
+            .all(|t| t["grant_type"] != "refresh_token"),
+        "nothing to refresh with"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn client_credentials_sign_in_without_a_person() {
     let w = World::new(&["--client", "machine:s3cret"], &[]).await;
     let config = HarnessConfig {

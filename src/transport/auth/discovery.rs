@@ -119,7 +119,7 @@ pub(crate) fn is_internal(url: &Url) -> bool {
 /// (its discovery and token requests would reach them from inside).
 pub(crate) fn checked_url(raw: &str, server: &Url) -> Result<Url, AuthFailure> {
     let bad = |why: &str| AuthFailure::BadUrl {
-        url: raw.to_string(),
+        url: crate::util::text::one_line(raw, 200),
         why: why.to_string(),
     };
     let url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
@@ -165,7 +165,7 @@ pub(crate) fn resource_metadata_urls(
         let url = checked_url(raw, server)?;
         if url.origin() != server.origin() {
             return Err(AuthFailure::BadUrl {
-                url: raw.to_string(),
+                url: crate::util::text::one_line(raw, 200),
                 why: "the resource metadata is not on the server's own origin".into(),
             });
         }
@@ -246,12 +246,37 @@ pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure
 
 /// Parses metadata JSON into `T`.
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, AuthFailure> {
-    serde_json::from_value(value).map_err(|e| AuthFailure::Invalid(e.to_string()))
+    // serde's message quotes the value it could not take: a server's, of any size.
+    serde_json::from_value(value)
+        .map_err(|e| AuthFailure::Invalid(crate::util::text::one_line(&e.to_string(), 200)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_metadata_says_reaches_an_error_cut_and_escaped() {
+        let long = format!("\u{1b}[2J{}", "x".repeat(1 << 20));
+        let server = url("https://mcp.example.com/mcp");
+        let Err(AuthFailure::BadUrl { url, .. }) = checked_url(&long, &server) else {
+            panic!("not a URL");
+        };
+        assert!(
+            url.len() < 300 && !url.contains('\u{1b}'),
+            "{} bytes",
+            url.len()
+        );
+        // A string where a list belongs: serde's message quotes the string.
+        let wrong_type = serde_json::json!({
+            "resource": "https://mcp.example.com/mcp",
+            "authorization_servers": long,
+        });
+        let Err(AuthFailure::Invalid(why)) = parse::<ResourceMetadata>(wrong_type) else {
+            panic!("a list where a string belongs");
+        };
+        assert!(why.len() < 300, "{} bytes", why.len());
+    }
 
     fn url(s: &str) -> Url {
         Url::parse(s).expect("url")

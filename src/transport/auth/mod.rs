@@ -252,6 +252,20 @@ fn remember(kept: &mut Vec<String>, newest: Vec<String>) {
     }
 }
 
+/// The scopes a token reply says were granted (else those asked): well-formed and
+/// capped as a challenge's are, since the token, scopes and all, is copied per request.
+fn granted(scope: Option<&str>, asked: &[String]) -> Vec<String> {
+    match scope {
+        Some(s) => s
+            .split_whitespace()
+            .filter(|s| scope_token(s))
+            .take(MAX_SCOPES)
+            .map(String::from)
+            .collect(),
+        None => asked.to_vec(),
+    }
+}
+
 fn form(pairs: &[(&str, &str)]) -> String {
     url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(pairs)
@@ -264,7 +278,10 @@ fn send_failure(e: reqwest::Error) -> AuthFailure {
     if let Some(refused) = resolve::refusal(&e) {
         tracing::warn!(host = %refused.host, address = %refused.address, "sign-in request to an internal address refused");
         return AuthFailure::BadUrl {
-            url: e.url().map(Url::to_string).unwrap_or_default(),
+            url: e
+                .url()
+                .map(|u| crate::util::text::one_line(u.as_str(), 200))
+                .unwrap_or_default(),
             why: refused.to_string(),
         };
     }
@@ -482,6 +499,15 @@ impl SignIn {
         self.held(identity).map(|t| t.access_token)
     }
 
+    /// The token to send for `identity` now: the one held, unless it has expired. An
+    /// expired token is not sent, so that the refusal that follows is of no token and
+    /// renews it ([`Self::bearer`] says `None` for it too).
+    pub(crate) fn sendable(&self, identity: Option<&str>) -> Option<String> {
+        self.held(identity)
+            .filter(|t| !t.expires_within(Duration::ZERO))
+            .map(|t| t.access_token)
+    }
+
     /// The error after too many step-ups.
     pub(crate) fn scope_exhausted(&self, attempts: usize) -> AuthError {
         self.err(
@@ -588,9 +614,12 @@ impl SignIn {
         {
             current = Some(stored);
         }
+        // An expired token is no other token: it was not sent (`sendable`), and taking
+        // it again would refuse every request until a restart.
         if !step_up
             && let Some(t) = &current
             && Some(t.access_token.as_str()) != refused
+            && !t.expires_within(Duration::ZERO)
         {
             if take_held {
                 return Ok(Renewal::Held); // renewed meanwhile, here or elsewhere
@@ -749,7 +778,7 @@ impl SignIn {
                 step,
                 AuthFailure::ResourceMismatch {
                     expected: self.url.to_string(),
-                    found: resource.resource.clone(),
+                    found: crate::util::text::one_line(&resource.resource, 200),
                 },
             ));
         }
@@ -786,8 +815,8 @@ impl SignIn {
                     return Err(self.err(
                         step,
                         AuthFailure::IssuerMismatch {
-                            expected: issuer,
-                            found: m.issuer,
+                            expected: crate::util::text::one_line(&issuer, 200),
+                            found: crate::util::text::one_line(&m.issuer, 200),
                         },
                     ));
                 }
@@ -1057,10 +1086,7 @@ impl SignIn {
             expires_at_ms: reply
                 .expires_in
                 .map(|s| now_ms().saturating_add(s.saturating_mul(1000))),
-            scopes: match reply.scope {
-                Some(s) => s.split_whitespace().map(String::from).collect(),
-                None => asked.to_vec(),
-            },
+            scopes: granted(reply.scope.as_deref(), asked),
             issuer: issuer.to_string(),
             token_endpoint: endpoint.to_string(),
             client: client.clone(),
@@ -1200,7 +1226,7 @@ impl SignIn {
             self.err(
                 step,
                 AuthFailure::BadUrl {
-                    url: endpoint.to_string(),
+                    url: crate::util::text::one_line(endpoint, 200),
                     why: e.to_string(),
                 },
             )
@@ -1539,6 +1565,44 @@ mod tests {
         assert_eq!(asked.last().map(String::as_str), Some("admin"));
         assert_eq!(asked.len(), MAX_SCOPES);
         assert!(!asked.contains(&"read".to_string()));
+    }
+
+    #[test]
+    fn a_token_replys_scopes_are_well_formed_and_bounded() {
+        let huge: String = (0..250_000).map(|i| format!("s{i} ")).collect();
+        let scopes = granted(Some(&huge), &[]);
+        assert_eq!(scopes.len(), MAX_SCOPES);
+        assert_eq!(
+            granted(Some("read \"bad\" write"), &[]),
+            ["read".to_string(), "write".to_string()]
+        );
+        assert_eq!(granted(None, &["asked".into()]), ["asked".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn an_expired_token_is_not_sent_and_its_refusal_renews_it() {
+        let (sign_in, _) = counted();
+        // Signed in here, without a refresh token, and expired since.
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.refresh_token = None;
+        ours.expires_at_ms = Some(now_ms() - 1_000);
+        sign_in.keep(None, ours).expect("keep");
+        assert_eq!(sign_in.bearer(None).await.expect("bearer"), None);
+        assert_eq!(sign_in.sendable(None), None, "an expired token is not sent");
+        assert_eq!(
+            sign_in.current(None).as_deref(),
+            Some("a"),
+            "but still held"
+        );
+        // Its refusal is of no token: not answered by taking the expired token again
+        // (which would refuse every request until a restart), but by signing in, which
+        // fails here (nothing listens, nobody can sign in).
+        for take_held in [true, false] {
+            let renewed = sign_in
+                .on_refused(None, &Challenge::default(), None, false, take_held)
+                .await;
+            assert!(renewed.is_err(), "{renewed:?}");
+        }
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl HttpTransport {
 
     /// The bearer token of `identity`'s sign-in, if one is held.
     fn authorize(&self, headers: &mut HeaderMap, identity: Option<&str>) {
-        if let Some(token) = self.sign_in.current(identity)
+        if let Some(token) = self.sign_in.sendable(identity)
             && let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {token}"))
         {
             v.set_sensitive(true);
