@@ -517,8 +517,15 @@ impl SignIn {
     }
 
     /// The bearer token to send for `identity`, refreshed first when it is about to
-    /// expire; `None` when not signed in (the server's 401 then starts a sign-in).
-    pub(crate) async fn bearer(&self, identity: Option<&str>) -> Result<Option<String>, AuthError> {
+    /// expire; `None` when not signed in (the server's 401 then starts a sign-in). While
+    /// another request renews it (a refresh, or a person signing in), a token not yet
+    /// expired is sent as it is, and an expired one waits for the renewal until `until`
+    /// (then [`AuthFailure::Timeout`]); a refresh this request starts is not cut off.
+    pub(crate) async fn bearer(
+        &self,
+        identity: Option<&str>,
+        until: tokio::time::Instant,
+    ) -> Result<Option<String>, AuthError> {
         let Some(token) = self.held(identity) else {
             return Ok(None);
         };
@@ -526,7 +533,21 @@ impl SignIn {
             return Ok(Some(token.access_token));
         }
         let lock = self.lock_for(identity);
-        let _one = lock.lock().await;
+        let _one = match lock.try_lock() {
+            Ok(one) => one,
+            Err(_) if !token.expires_within(Duration::ZERO) => {
+                return Ok(Some(token.access_token));
+            }
+            Err(_) => {
+                let waited = until.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout_at(until, lock.lock()).await {
+                    Ok(one) => one,
+                    Err(_) => {
+                        return Err(self.err(AuthStep::Refresh, AuthFailure::Timeout(waited)));
+                    }
+                }
+            }
+        };
         // Another request may have renewed it while this one waited; another process
         // may have too (and rotated the refresh token): the store is read before a
         // refresh, which then uses the newest refresh token.
@@ -1355,6 +1376,11 @@ mod tests {
         }
     }
 
+    /// A deadline no test reaches.
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(30)
+    }
+
     /// A sign-in for a server on loopback, over a store that counts its reads.
     fn counted() -> (SignIn, Arc<Counting>) {
         let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
@@ -1412,7 +1438,7 @@ mod tests {
         store.inner.put(&sign_in.key(None), &theirs).expect("put");
         // Its token is used: no refresh (which would need the network, and would spend
         // the old refresh token that the authorization server has rotated away).
-        let bearer = sign_in.bearer(None).await.expect("bearer");
+        let bearer = sign_in.bearer(None, soon()).await.expect("bearer");
         assert_eq!(bearer.as_deref(), Some("b"));
         assert_eq!(sign_in.current(None).as_deref(), Some("b"));
     }
@@ -1587,7 +1613,7 @@ mod tests {
         ours.refresh_token = None;
         ours.expires_at_ms = Some(now_ms() - 1_000);
         sign_in.keep(None, ours).expect("keep");
-        assert_eq!(sign_in.bearer(None).await.expect("bearer"), None);
+        assert_eq!(sign_in.bearer(None, soon()).await.expect("bearer"), None);
         assert_eq!(sign_in.sendable(None), None, "an expired token is not sent");
         assert_eq!(
             sign_in.current(None).as_deref(),
@@ -1603,6 +1629,33 @@ mod tests {
                 .await;
             assert!(renewed.is_err(), "{renewed:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_another_ones_renewal_only_when_its_token_has_expired() {
+        let (sign_in, _) = counted();
+        // Another request is renewing (a person may be signing in: minutes).
+        let lock = sign_in.lock_for(None);
+        let _renewing = lock.lock().await;
+        // A token due for refresh but still good is sent as it is, without waiting.
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.expires_at_ms = Some(now_ms() + 10_000);
+        sign_in.keep(None, ours.clone()).expect("keep");
+        let now = tokio::time::Instant::now();
+        let sent = sign_in.bearer(None, now).await.expect("bearer");
+        assert_eq!(sent.as_deref(), Some("a"));
+        // An expired one waits for the renewal, until the request's deadline only.
+        ours.expires_at_ms = Some(now_ms() - 1_000);
+        sign_in.keep(None, ours).expect("keep");
+        let until = tokio::time::Instant::now() + Duration::from_millis(200);
+        let waited = tokio::time::timeout(Duration::from_secs(10), sign_in.bearer(None, until))
+            .await
+            .expect("held past its deadline");
+        let failure = waited.map_err(|e| e.failure);
+        assert!(
+            matches!(failure, Err(AuthFailure::Timeout(_))),
+            "{failure:?}"
+        );
     }
 
     #[test]

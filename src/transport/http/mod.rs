@@ -237,7 +237,7 @@ impl HttpTransport {
             // lost with it); its time counts against the tries'.
             let sent = self
                 .sign_in
-                .bearer(identity)
+                .bearer(identity, crate::util::duration::after(started, left))
                 .await
                 .map_err(TransportError::Auth)?;
             let budget = left.saturating_sub(started.elapsed());
