@@ -148,7 +148,12 @@ impl TokenStore for MemoryTokenStore {
     }
 }
 
-/// Tokens in files under a directory (`0700`), one `0600` file per key.
+/// The largest token file read (a token, its refresh token and 64 scopes fit many
+/// times over).
+const MAX_TOKEN_FILE: u64 = 1 << 20;
+
+/// Tokens in files under a directory (`0700`), one `0600` file per key; a file there
+/// that is not this user's, `0600`, is refused, not used.
 pub struct FileTokenStore {
     dir: PathBuf,
 }
@@ -184,12 +189,36 @@ impl FileTokenStore {
 
 impl TokenStore for FileTokenStore {
     fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = self.path(key)?;
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
+        // Only a file this user wrote as `put` does: in a directory others can write
+        // (one made before us in /tmp, say), a planted token would be sent, and
+        // refreshed at the endpoint it names. A link is not followed.
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(format!(
+                "{}: not a plain file of this user's with mode 0600; not used",
+                path.display()
+            ));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_TOKEN_FILE)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         // A file that does not parse, or is for another key, is not ours to use.
         Ok(serde_json::from_slice::<Stored>(&bytes)
             .ok()
@@ -207,12 +236,16 @@ impl TokenStore for FileTokenStore {
             token: token.clone(),
         })
         .map_err(|e| e.to_string())?;
-        // Written whole to a private temporary file, then renamed over the old one.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Written whole to a private temporary file, then renamed over the old one. The
+        // file is new (`create_new`: no link followed) and its name this write's own:
+        // two writes of one key at once, in one process or two, never share one.
+        let mut unique = [0u8; 8];
+        getrandom::fill(&mut unique).map_err(|e| e.to_string())?;
+        let unique = u64::from_le_bytes(unique);
+        let tmp = path.with_extension(format!("tmp{}.{unique:016x}", std::process::id()));
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -309,6 +342,76 @@ mod tests {
         assert_eq!(store.remove_server("s").expect("remove"), 2);
         assert_eq!(store.get(&key("s", Some("alice"))).expect("get"), None);
         assert!(store.get(&key("t", None)).expect("get").is_some());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_token_file_others_could_have_written_or_a_link_is_refused_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::util::scratch::Scratch::new("tokens-planted");
+        let store = FileTokenStore::new(&*dir);
+        let key = TokenKey {
+            server: "s".into(),
+            resource: "https://s/mcp".into(),
+            identity: None,
+        };
+        store.put(&key, &token("a")).expect("put");
+        let path = store.path(&key).expect("path");
+        // Group- or world-writable: someone else may have put it there.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let refused = store.get(&key);
+        assert!(refused.is_err(), "{refused:?}");
+        // A link to a token file, planted under the name this key's file takes.
+        let elsewhere = dir.join("elsewhere.json");
+        std::fs::rename(&path, &elsewhere).expect("move");
+        std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        std::os::unix::fs::symlink(&elsewhere, &path).expect("link");
+        let refused = store.get(&key);
+        assert!(refused.is_err(), "{refused:?}");
+        // `put` replaces the link with a file of its own and does not write through it.
+        std::fs::remove_file(&path).expect("unlink");
+        std::os::unix::fs::symlink(&elsewhere, &path).expect("link");
+        store.put(&key, &token("b")).expect("put");
+        assert!(!std::fs::symlink_metadata(&path).expect("meta").is_symlink());
+        let kept: Stored = serde_json::from_slice(&std::fs::read(&elsewhere).expect("read"))
+            .expect("the linked file as it was");
+        assert_eq!(kept.token.access_token, "a");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn writes_of_one_key_at_once_never_mix() {
+        let dir = crate::util::scratch::Scratch::new("tokens-racing");
+        let store = std::sync::Arc::new(FileTokenStore::new(&*dir));
+        let key = TokenKey {
+            server: "s".into(),
+            resource: "https://s/mcp".into(),
+            identity: None,
+        };
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, key) = (store.clone(), key.clone());
+                std::thread::spawn(move || {
+                    for j in 0..50 {
+                        let mut t = token(&format!("w{i}-{j}"));
+                        // Of different lengths, so that a mixed write would not parse.
+                        t.scopes = vec!["s".repeat(i * 100 + j)];
+                        store.put(&key, &t).expect("put");
+                        store.get(&key).expect("get").expect("a whole token");
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("writer");
+        }
+        let left: Vec<_> = std::fs::read_dir(&*dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "no temporary file left: {left:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
