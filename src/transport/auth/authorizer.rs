@@ -97,31 +97,65 @@ impl AuthorizationSession for LoopbackSession {
 
     fn finish(self: Box<Self>, authorization_url: String) -> AuthorizeFuture<String> {
         Box::pin(async move {
+            // Only the redirect of this sign-in ends it: the callback path exactly, with
+            // this sign-in's `state`. Anything else on loopback (another local process,
+            // a web page probing ports) is answered and ignored, and is read beside the
+            // others, so that a connection that sends nothing holds nobody up.
+            let state = url::Url::parse(&authorization_url)
+                .ok()
+                .and_then(|u| {
+                    u.query_pairs()
+                        .find(|(k, _)| k == "state")
+                        .map(|(_, v)| v.into_owned())
+                })
+                .ok_or("the authorization URL has no state")?;
             (self.show)(&self.request, &authorization_url);
             if self.open_browser {
                 open_in_browser(&authorization_url);
             }
+            let state: Arc<str> = state.into();
+            let mut reading = tokio::task::JoinSet::new();
             loop {
-                let (mut stream, _) = self.listener.accept().await.map_err(|e| e.to_string())?;
-                let Some(target) = read_request_target(&mut stream).await else {
-                    continue;
-                };
-                if !target.starts_with(CALLBACK) {
-                    let _ = stream
-                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .await;
-                    continue;
+                tokio::select! {
+                    accepted = self.listener.accept() => {
+                        let (stream, _) = accepted.map_err(|e| e.to_string())?;
+                        // Past this many at once, a connection is closed unread.
+                        if reading.len() < MAX_READING {
+                            reading.spawn(callback(stream, state.clone()));
+                        }
+                    }
+                    Some(read) = reading.join_next() => {
+                        if let Ok(Some(target)) = read {
+                            return Ok(format!("http://127.0.0.1:{}{target}", self.port));
+                        }
+                    }
                 }
-                let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
-                    page.len()
-                );
-                let _ = stream.write_all(reply.as_bytes()).await;
-                return Ok(format!("http://127.0.0.1:{}{target}", self.port));
             }
         })
     }
+}
+
+/// Connections to the loopback listener read at once.
+const MAX_READING: usize = 16;
+
+/// Reads one request to the loopback listener and answers it; its target when it is
+/// this sign-in's redirect back (`GET /callback?…state=STATE…`).
+async fn callback(mut stream: tokio::net::TcpStream, state: Arc<str>) -> Option<String> {
+    let target = read_request_target(&mut stream).await?;
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let ours = path == CALLBACK
+        && url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "state" && *v == *state);
+    let reply = if ours {
+        let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+            page.len()
+        )
+    } else {
+        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()
+    };
+    let _ = stream.write_all(reply.as_bytes()).await;
+    ours.then_some(target)
 }
 
 /// The target of a `GET` request line, read within a bound (8 KiB, 10 s).
@@ -247,5 +281,70 @@ impl AuthorizationSession for HeadlessSession {
                 )),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends `request` to the listener at `port` and returns the status line it answers.
+    async fn ask(port: u16, request: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("request");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        answer.lines().next().unwrap_or_default().to_string()
+    }
+
+    #[tokio::test]
+    async fn only_this_sign_ins_redirect_ends_it_and_a_silent_connection_holds_nobody_up() {
+        let authorizer = LoopbackAuthorizer::new(Arc::new(|_: &SignInRequest, _: &str| {}), false);
+        let request = SignInRequest {
+            server: "s".into(),
+            identity: None,
+            issuer: "https://as.example".into(),
+            scopes: Vec::new(),
+        };
+        let session = authorizer.start(&request).await.expect("listen");
+        let redirect = session.redirect_uri();
+        let port: u16 = redirect
+            .trim_start_matches("http://127.0.0.1:")
+            .trim_end_matches(CALLBACK)
+            .parse()
+            .expect("port");
+        let finished = tokio::spawn(
+            session.finish("https://as.example/authorize?client_id=c&state=s-1".into()),
+        );
+        // A connection that sends nothing, kept open throughout.
+        let _silent = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        for other in [
+            "GET /callbackX?code=x&state=s-1 HTTP/1.1\r\n\r\n",
+            "GET /callback?code=x&state=s-2 HTTP/1.1\r\n\r\n",
+            "GET /callback?code=x HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(ask(port, other).await.contains("404"), "{other}");
+        }
+        // Not a GET: closed unanswered.
+        let post = "POST /callback?code=x&state=s-1 HTTP/1.1\r\n\r\n";
+        assert_eq!(ask(port, post).await, "");
+        assert!(!finished.is_finished(), "nothing else ends the sign-in");
+        let ok = ask(port, "GET /callback?code=c-1&state=s-1 HTTP/1.1\r\n\r\n").await;
+        assert!(ok.contains("200"), "{ok}");
+        // Well within the 10 s a silent connection is given to send its request.
+        let back = tokio::time::timeout(Duration::from_secs(5), finished)
+            .await
+            .expect("held up by the silent connection")
+            .expect("join")
+            .expect("the redirect back");
+        assert_eq!(
+            back,
+            format!("http://127.0.0.1:{port}/callback?code=c-1&state=s-1")
+        );
     }
 }
