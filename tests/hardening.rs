@@ -360,6 +360,42 @@ async fn item_05_a_flood_of_list_changed_notifications_becomes_one_invalidation_
     h.shutdown().await;
 }
 
+// 5. Bounded queues: a server that keeps announcing changes is heard less and less
+// often, and at the tick again once it has been quiet.
+#[tokio::test]
+async fn item_05_a_server_that_keeps_announcing_changes_is_heard_less_and_less_often() {
+    let h = start_ready(config(vec![demo_server("noisy", &["--era", "legacy"])])).await;
+    h.list_tools(&a()).await.expect("list");
+    let before = h.cache_stats().invalidations;
+    let invalidations = || h.cache_stats().invalidations - before;
+    // A change every 50 ms or so for 2 s: heard every 100 ms, that was 20 invalidations
+    // (each a re-listing here, a message to every peer and every client).
+    let storm = Instant::now();
+    while storm.elapsed() < Duration::from_secs(2) {
+        h.call_tool(&a(), "noisy__notify_flood", json!({"n": 1}))
+            .await
+            .expect("notify");
+        tokio::time::sleep(Duration::from_millis(50)).await; // the storm's pace (deliberate)
+    }
+    let during = invalidations();
+    assert!(
+        (1..=8).contains(&during),
+        "{during} invalidations in a storm of 2 s"
+    );
+    // Quiet (the last gap, at most 3.2 s here, and 2 s more): the next change is
+    // heard at the tick again, not after a gap grown by the storm.
+    tokio::time::sleep(Duration::from_millis(5500)).await; // the quiet (deliberate)
+    let quiet = invalidations();
+    h.call_tool(&a(), "noisy__notify_flood", json!({"n": 1}))
+        .await
+        .expect("notify");
+    assert!(
+        eventually(Duration::from_millis(1500), || invalidations() > quiet).await,
+        "a change after a quiet spell is heard at once"
+    );
+    h.shutdown().await;
+}
+
 // 5. Bounded queues: no blocking file I/O on the async threads.
 #[test]
 fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {

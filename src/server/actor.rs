@@ -35,8 +35,15 @@ use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
 use crate::transport::{ConnectOptions, Connection, Era, ServerEvent, TransportError};
 
-/// How often a server's `list_changed` notifications are passed on, at most.
+/// How long a server's `list_changed` notifications are gathered before they are passed
+/// on, at first.
 const LISTS_CHANGED_TICK: Duration = Duration::from_millis(100);
+/// The longest they are gathered: a server that keeps announcing changes (a storm, or
+/// one after every listing it answers) doubles the gap up to this, so that it cannot
+/// keep every process re-listing and every client notified ten times a second.
+const LISTS_CHANGED_MAX_GAP: Duration = Duration::from_secs(30);
+/// A server quiet this long after its changes were passed on starts again at the tick.
+const LISTS_CHANGED_QUIET: Duration = Duration::from_secs(2);
 
 /// What a server actor is started with (and rebuilt from).
 #[derive(Clone)]
@@ -84,6 +91,10 @@ pub struct ServerActorState {
     queue: RequestQueue,
     last_error: Option<String>,
     lists_changed: ListsChanged,
+    /// How long the changes now gathered wait (see [`LISTS_CHANGED_MAX_GAP`]).
+    lists_gap: Duration,
+    /// When changes were last passed on.
+    lists_flushed: Option<Instant>,
 }
 
 /// One supervised MCP server; see the module docs.
@@ -122,6 +133,8 @@ impl Actor for ServerActor {
             queue,
             last_error: None,
             lists_changed: ListsChanged::default(),
+            lists_gap: LISTS_CHANGED_TICK,
+            lists_flushed: None,
         };
         if !enabled {
             // Listed, answering `Stopped`, until `restart_server` starts it.
@@ -184,6 +197,7 @@ impl Actor for ServerActor {
             ServerMsg::FlushListsChanged => {
                 let changed = std::mem::take(&mut state.lists_changed);
                 if changed.any() {
+                    state.lists_flushed = Some(Instant::now());
                     state.args.client.lists_changed(state.id(), changed);
                 }
             }
@@ -624,8 +638,15 @@ impl ServerActorState {
                 tracing::debug!(server = %self.id(), method = %n.method, "server notification");
                 let first = !self.lists_changed.any();
                 if self.lists_changed.mark(&n.method) && first {
-                    // A flood of notifications becomes one invalidation per tick.
-                    myself.send_after(LISTS_CHANGED_TICK, || ServerMsg::FlushListsChanged);
+                    // A flood of notifications becomes one invalidation per gap, and
+                    // changes that keep coming widen the gap.
+                    self.lists_gap = match self.lists_flushed {
+                        Some(at) if at.elapsed() < LISTS_CHANGED_QUIET => {
+                            (self.lists_gap * 2).min(LISTS_CHANGED_MAX_GAP)
+                        }
+                        _ => LISTS_CHANGED_TICK,
+                    };
+                    myself.send_after(self.lists_gap, || ServerMsg::FlushListsChanged);
                 }
             }
             ServerEvent::Closed(_) => {}
