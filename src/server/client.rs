@@ -32,6 +32,11 @@ impl ListsChanged {
         true
     }
 
+    /// Whether `method` is a `notifications/*/list_changed` this marks.
+    pub fn concerns(method: &str) -> bool {
+        ListsChanged::default().mark(method)
+    }
+
     /// Whether any list changed.
     pub fn any(&self) -> bool {
         self.tools || self.prompts || self.resources

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
+use super::client::ListsChanged;
 use super::msg::ServerMsg;
 use super::restart::ExitKind;
 use crate::transport::{
@@ -132,6 +133,15 @@ impl Actor for ConnectionActor {
         });
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
+                // Only what the server actor acts on crosses the actors' mailboxes,
+                // which have no bound: a flood of other notifications (log messages,
+                // progress of no call) stops here, at the transport's bounded channel.
+                if let ServerEvent::Notification(n) = &event
+                    && !ListsChanged::concerns(&n.method)
+                {
+                    tracing::trace!(method = %crate::util::text::one_line(&n.method, 100), "server notification not acted on");
+                    continue;
+                }
                 if myself.send_message(ConnMsg::Event(event)).is_err() {
                     return;
                 }

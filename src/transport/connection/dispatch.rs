@@ -71,8 +71,10 @@ impl Dispatch {
         };
         let Request { id, method, params } = request;
         let server = &self.server;
+        // The server's own words, for logs and for the refusals sent back to it.
+        let named = crate::util::text::one_line(&method, 100);
         if self.era == Era::Modern {
-            tracing::warn!(server, %method, "modern server sent a request; refused (2026-07-28 servers must not)");
+            tracing::warn!(server, method = %named, "modern server sent a request; refused (2026-07-28 servers must not)");
             let error = RpcError::new(
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
@@ -91,15 +93,15 @@ impl Dispatch {
             && !self.allow_unsolicited_input
             && self.calls_in_flight.load(Ordering::SeqCst) == 0
         {
-            tracing::warn!(server, %method, "server asked for input outside any call; refused");
+            tracing::warn!(server, method = %named, "server asked for input outside any call; refused");
             let error = RpcError::new(
                 INVALID_REQUEST,
-                format!("{method} is only answered during a call this client made"),
+                format!("{named} is only answered during a call this client made"),
             );
             return self.refuse(&t, id, error).await;
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
-            tracing::warn!(server, %method, "too many server requests waiting for answers; refused");
+            tracing::warn!(server, method = %named, "too many server requests waiting for answers; refused");
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
             return self.refuse(&t, id, error).await;
         };
@@ -110,10 +112,10 @@ impl Dispatch {
             reply,
         });
         if self.events.try_send(event).is_err() {
-            tracing::warn!(server, %method, "no capacity to handle a server request; refused");
+            tracing::warn!(server, method = %named, "no capacity to handle a server request; refused");
             let error = RpcError::new(
                 METHOD_NOT_FOUND,
-                format!("client cannot handle {method} now"),
+                format!("client cannot handle {named} now"),
             );
             return self.refuse(&t, id, error).await;
         }

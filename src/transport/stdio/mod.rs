@@ -84,6 +84,21 @@ struct Shared {
     /// Answers handed to their requests since the writer last looked: more than one
     /// means callers are waking together, each about to queue its next line.
     answered: AtomicUsize,
+    /// Lines not acted on (not JSON-RPC, or answers to no request).
+    ignored: Ignored,
+}
+
+/// A count of lines not acted on, logged at first and then at each power of two, so
+/// that a server cannot flood the log.
+#[derive(Default)]
+struct Ignored(std::sync::atomic::AtomicU64);
+
+impl Ignored {
+    /// Counts one; the count when it is to be logged.
+    fn log(&self) -> Option<u64> {
+        let n = self.0.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        (n <= 10 || n.is_power_of_two()).then_some(n)
+    }
 }
 
 impl Shared {
@@ -131,6 +146,7 @@ impl StdioTransport {
             closed: Mutex::new(None),
             group: spawned.group.handle(),
             answered: AtomicUsize::new(0),
+            ignored: Ignored::default(),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
@@ -454,16 +470,21 @@ fn on_message(
             }
         }
         Err(e) => {
-            let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
-            tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), "skipping a line that is not JSON-RPC");
+            if let Some(ignored) = shared.ignored.log() {
+                let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), ignored, "skipping a line that is not JSON-RPC");
+            }
         }
     }
 }
 
 fn route_response(shared: &Shared, response: Response) {
     let Some(id) = response.id else {
-        if let Err(e) = response.outcome {
-            tracing::warn!(server = %shared.server, error = %e, "server sent an error about an unparseable request");
+        if let Err(e) = response.outcome
+            && let Some(ignored) = shared.ignored.log()
+        {
+            let error = crate::util::text::one_line(&e.to_string(), 200);
+            tracing::warn!(server = %shared.server, %error, ignored, "server sent an error about an unparseable request");
         }
         return;
     };
@@ -478,7 +499,12 @@ fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
             let _ = w.send(Ok(delivery));
         }
         // A late answer to a cancelled request, a duplicate, or an id never sent.
-        None => tracing::warn!(server = %shared.server, %id, "response with an unknown id ignored"),
+        None => {
+            if let Some(ignored) = shared.ignored.log() {
+                let id = crate::util::text::one_line(&id.to_string(), 100);
+                tracing::warn!(server = %shared.server, %id, ignored, "response with an unknown id ignored");
+            }
+        }
     }
 }
 
@@ -521,5 +547,18 @@ async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<Exit
             exit: status,
             detail: Some("stdout held open by a descendant".into()),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_ignored_lines_is_logged_a_few_times_not_once_a_line() {
+        let ignored = Ignored::default();
+        let logged = (0..1_000_000).filter(|_| ignored.log().is_some()).count();
+        // The first ten, then 16, 32, … 524,288.
+        assert_eq!(logged, 10 + 16);
     }
 }
