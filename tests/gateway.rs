@@ -725,9 +725,10 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
             .args(["-HUP", &pid.to_string()])
             .status();
     };
-    // b gets beta's echo; a new server joins; a new token is accepted.
+    // b gets beta's echo; a new server joins (one slow to stop: only SIGKILL ends it); a
+    // new token is accepted.
     let gamma = format!(
-        "[[servers]]\nid = \"gamma\"\ntransport = {{ type = \"stdio\", command = \"{}\", args = [\"demo-server\", \"gamma{}\"] }}\n",
+        "[[servers]]\nid = \"gamma\"\ntransport = {{ type = \"stdio\", command = \"{}\", args = [\"demo-server\", \"gamma{}\", \"--ignore-sigterm\"] }}\n",
         harness_exe(),
         setup.tag
     );
@@ -781,18 +782,11 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     let (status, list) = gw.modern("tok-new", "tools/list", json!({})).await;
     assert_eq!((status, names(&list).len()), (200, 3), "{list}");
 
-    // Back to the original: gamma is stopped and forgotten, the new token refused.
+    // Back to the original: the new token is refused at once, while gamma, slow to
+    // stop, still runs; then gamma is stopped and forgotten.
     write(&original);
     hangup(&gw);
-    assert!(
-        eventually(Duration::from_secs(10), || processes_with(&format!(
-            "gamma{}",
-            setup.tag
-        ))
-        .is_empty())
-        .await,
-        "a removed server's process is gone"
-    );
+    let gamma_runs = || !processes_with(&format!("gamma{}", setup.tag)).is_empty();
     let mut status = 0;
     for _ in 0..200 {
         status = gw
@@ -805,6 +799,14 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(status, 401, "the removed token is refused");
+    assert!(
+        gamma_runs(),
+        "the token was refused before a server slow to stop had stopped"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || !gamma_runs()).await,
+        "a removed server's process is gone"
+    );
     gw.stop().await;
 }
 

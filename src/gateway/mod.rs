@@ -405,8 +405,9 @@ struct Inner {
     /// What a reload replaces, swapped whole: a request sees one version of it.
     current: parking_lot::RwLock<Arc<Current>>,
     in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
-    /// One reload at a time.
-    reloading: tokio::sync::Mutex<()>,
+    /// One reload at a time, and the config as the last one left it running (its
+    /// servers as they run): what the next one compares with.
+    reloading: tokio::sync::Mutex<HarnessConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
 }
@@ -419,8 +420,6 @@ struct Current {
     names: Names,
     /// Server id → routing order (priority, then config order), for bare names.
     order: HashMap<String, usize>,
-    /// The servers as last applied, to tell what a reload changes.
-    servers: Vec<crate::server::ServerConfig>,
 }
 
 impl Current {
@@ -452,7 +451,6 @@ impl Current {
             identity: Arc::new(identity),
             sealer,
             order,
-            servers: harness_config.servers.clone(),
             config: Arc::new(config),
         })
     }
@@ -467,6 +465,102 @@ pub struct Reloaded {
     pub removed: Vec<String>,
     /// Servers whose settings changed, restarted with the new ones.
     pub restarted: Vec<String>,
+    /// Servers whose change failed, with why (the rest of the reload stands).
+    pub failed: Vec<(String, String)>,
+    /// Settings that changed but are read at start only (`call_timeout`, `audit`, …):
+    /// the running ones stay until a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// The settings a reload does not apply that differ between `running` and `next`.
+fn needs_restart(running: &HarnessConfig, next: &HarnessConfig) -> Vec<&'static str> {
+    // Every field named: one added later must say here whether a reload applies it.
+    let HarnessConfig {
+        servers: _,
+        permissions: _,
+        agents: _,
+        client_info,
+        cache,
+        audit,
+        round_cap,
+        input_timeout,
+        call_timeout,
+        shutdown_grace,
+        trace_sample_ratio,
+        limits,
+        sampling,
+    } = running;
+    [
+        ("client_info", *client_info == next.client_info),
+        ("cache", *cache == next.cache),
+        ("audit", *audit == next.audit),
+        ("round_cap", *round_cap == next.round_cap),
+        ("input_timeout", *input_timeout == next.input_timeout),
+        ("call_timeout", *call_timeout == next.call_timeout),
+        ("shutdown_grace", *shutdown_grace == next.shutdown_grace),
+        (
+            "trace_sample_ratio",
+            *trace_sample_ratio == next.trace_sample_ratio,
+        ),
+        ("limits", *limits == next.limits),
+        ("sampling", *sampling == next.sampling),
+    ]
+    .into_iter()
+    .filter_map(|(name, same)| (!same).then_some(name))
+    .collect()
+}
+
+/// One server's part in a reload.
+enum Change {
+    Add,
+    Remove,
+    Restart(Box<crate::server::ServerConfig>),
+}
+
+/// What became of it.
+enum Applied {
+    Added(crate::server::ServerConfig),
+    Removed,
+    Restarted(crate::server::ServerConfig),
+    /// Not applied; `gone` when the server no longer runs (stopped for a restart whose
+    /// start failed).
+    Failed {
+        gone: bool,
+        error: String,
+    },
+}
+
+impl Change {
+    /// Applies the change to `server` (its running config, or the new one to add).
+    async fn apply(
+        self,
+        harness: HarnessHandle,
+        server: crate::server::ServerConfig,
+    ) -> (String, Applied) {
+        let id = server.id.clone();
+        let failed = |gone, e: crate::harness::HarnessError| Applied::Failed {
+            gone,
+            error: e.to_string(),
+        };
+        let applied = match self {
+            Change::Add => match harness.add_server(server.clone()).await {
+                Ok(_) => Applied::Added(server),
+                Err(e) => failed(true, e),
+            },
+            Change::Remove => match harness.remove_server(&id).await {
+                Ok(_) => Applied::Removed,
+                Err(e) => failed(false, e),
+            },
+            Change::Restart(new) => match harness.remove_server(&id).await {
+                Err(e) => failed(false, e),
+                Ok(_) => match harness.add_server((*new).clone()).await {
+                    Ok(_) => Applied::Restarted(*new),
+                    Err(e) => failed(true, e),
+                },
+            },
+        };
+        (id, applied)
+    }
 }
 
 /// The methods the gateway serves to 2026-07-28 clients (others are -32601 / 404;
@@ -533,7 +627,7 @@ impl Gateway {
                 harness,
                 current: parking_lot::RwLock::new(Arc::new(current)),
                 in_flight: Mutex::default(),
-                reloading: tokio::sync::Mutex::new(()),
+                reloading: tokio::sync::Mutex::new(harness_config.clone()),
                 parked: parked::ParkedRounds::default(),
             }),
         })
@@ -553,52 +647,39 @@ impl Gateway {
         self.now().identity.clone()
     }
 
-    /// Applies a new configuration without a restart: servers added, removed, or (when
-    /// their settings changed) restarted with the new ones; grants replaced; tokens,
-    /// keys and gateway settings swapped. Everything is checked before anything
-    /// changes, so a bad config leaves the running one as it was. Calls in flight on
-    /// servers that stay go on; those on a removed or restarted server end with it.
+    /// Applies a new configuration without a restart. Everything is checked before
+    /// anything changes, so a config that is wrong leaves the running one as it was.
+    /// Then who may do what changes first: grants, agents, tokens, keys and gateway
+    /// settings are swapped at once, so that a revoked token or a narrowed grant takes
+    /// effect now, not once the servers that are slow to stop have stopped. Then
+    /// servers are added, removed, or (when their settings changed) restarted with the
+    /// new ones, side by side; one whose change fails is named in the report
+    /// ([`Reloaded::failed`]) and the others' changes stand. Calls in flight on servers
+    /// that stay go on; those on a removed or restarted server end with it.
     pub async fn reload(
         &self,
         harness_config: &HarnessConfig,
         config: GatewayConfig,
         sealer: Sealer,
     ) -> Result<Reloaded, GatewayError> {
-        let _one = self.inner.reloading.lock().await;
+        let mut applied = self.inner.reloading.lock().await;
         harness_config
             .validate()
             .map_err(|e| GatewayError::Config(e.to_string()))?;
         let next = Current::new(harness_config, config, sealer).await?;
-        let before = self.now().servers.clone();
+        let mut report = Reloaded {
+            needs_restart: needs_restart(&applied, harness_config),
+            ..Reloaded::default()
+        };
         let harness = &self.inner.harness;
-        let failed = |e: crate::harness::HarnessError| GatewayError::Config(e.to_string());
-        let mut report = Reloaded::default();
-        for old in &before {
-            match next.servers.iter().find(|s| s.id == old.id) {
-                None => {
-                    harness.remove_server(&old.id).await.map_err(failed)?;
-                    report.removed.push(old.id.clone());
-                }
-                Some(new) if new != old => {
-                    harness.remove_server(&old.id).await.map_err(failed)?;
-                    harness.add_server(new.clone()).await.map_err(failed)?;
-                    report.restarted.push(old.id.clone());
-                }
-                Some(_) => {}
-            }
-        }
-        // Grants before additions: who is told of a new server is decided by them.
+        // Grants before additions too: who is told of a new server is decided by them.
         harness
             .replace_grants(harness_config.permissions.clone())
             .await
-            .map_err(failed)?;
+            .map_err(|e| GatewayError::Config(e.to_string()))?;
         harness.replace_agents(harness_config.agents.clone()).await;
-        for new in &next.servers {
-            if !before.iter().any(|s| s.id == new.id) {
-                harness.add_server(new.clone()).await.map_err(failed)?;
-                report.added.push(new.id.clone());
-            }
-        }
+        applied.permissions = harness_config.permissions.clone();
+        applied.agents = harness_config.agents.clone();
         *self.inner.current.write() = Arc::new(next);
         // Limiters of principals with nothing in flight are dropped (new ones start from
         // the new limit).
@@ -606,6 +687,67 @@ impl Gateway {
             .in_flight
             .lock()
             .retain(|_, sem| Arc::strong_count(sem) > 1);
+
+        let wanted = &harness_config.servers;
+        let running = &mut applied.servers;
+        let mut changes = tokio::task::JoinSet::new();
+        let mut of_task = HashMap::new();
+        let mut spawn = |change: Change, server: &crate::server::ServerConfig| {
+            let task = changes.spawn(change.apply(harness.clone(), server.clone()));
+            of_task.insert(task.id(), server.id.clone());
+        };
+        for old in running.iter() {
+            match wanted.iter().find(|s| s.id == old.id) {
+                None => spawn(Change::Remove, old),
+                Some(new) if new != old => spawn(Change::Restart(Box::new(new.clone())), old),
+                Some(_) => {}
+            }
+        }
+        for new in wanted {
+            if !running.iter().any(|s| s.id == new.id) {
+                spawn(Change::Add, new);
+            }
+        }
+        while let Some(done) = changes.join_next_with_id().await {
+            let (id, outcome) = match done {
+                Ok((_, done)) => done,
+                Err(e) => {
+                    // A change that panicked: what became of its server is unknown.
+                    let id = of_task.get(&e.id()).cloned().unwrap_or_default();
+                    report.failed.push((id, e.to_string()));
+                    continue;
+                }
+            };
+            match outcome {
+                Applied::Removed => {
+                    running.retain(|s| s.id != id);
+                    report.removed.push(id);
+                }
+                Applied::Added(config) => {
+                    running.push(config);
+                    report.added.push(id);
+                }
+                Applied::Restarted(config) => {
+                    running.retain(|s| s.id != id);
+                    running.push(config);
+                    report.restarted.push(id);
+                }
+                Applied::Failed { gone, error } => {
+                    if gone {
+                        running.retain(|s| s.id != id);
+                    }
+                    report.failed.push((id, error));
+                }
+            }
+        }
+        for list in [
+            &mut report.added,
+            &mut report.removed,
+            &mut report.restarted,
+        ] {
+            list.sort();
+        }
+        report.failed.sort();
         Ok(report)
     }
 
@@ -1869,6 +2011,21 @@ mod tests {
         let _ = call.await;
         assert_eq!(limiters(), 0, "nothing in flight, no limiter kept");
         harness.shutdown().await;
+    }
+
+    #[test]
+    fn a_reload_names_the_settings_it_does_not_apply() {
+        let running = HarnessConfig::default();
+        let mut next = running.clone();
+        next.servers = vec![crate::ServerConfig::stdio("s", "cat", [""; 0])];
+        next.permissions
+            .entry("a".into())
+            .or_default()
+            .insert("*".into(), vec!["*".into()]);
+        assert!(needs_restart(&running, &next).is_empty(), "all applied");
+        next.call_timeout = Duration::from_secs(1);
+        next.audit.path = Some("/tmp/elsewhere.jsonl".into());
+        assert_eq!(needs_restart(&running, &next), ["audit", "call_timeout"]);
     }
 
     #[test]

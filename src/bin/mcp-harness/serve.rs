@@ -237,12 +237,25 @@ async fn reload_on_change(gateway: Gateway, servers: ServerArgs, dev_sealer: Opt
             continue;
         }
         seen = now;
-        match reload(&gateway, &servers, dev_sealer.as_ref()).await {
-            Ok(r) => tracing::info!(
+        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref()).await;
+        if let Ok(r) = &reloaded
+            && !r.needs_restart.is_empty()
+        {
+            tracing::warn!(settings = ?r.needs_restart, "these settings changed but are read at start only; the running ones stay until a restart");
+        }
+        match reloaded {
+            Ok(r) if r.failed.is_empty() => tracing::info!(
                 added = ?r.added,
                 removed = ?r.removed,
                 restarted = ?r.restarted,
                 "configuration reloaded"
+            ),
+            Ok(r) => tracing::error!(
+                added = ?r.added,
+                removed = ?r.removed,
+                restarted = ?r.restarted,
+                failed = ?r.failed,
+                "configuration reloaded (grants, tokens and keys in force), but some servers' changes failed"
             ),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "configuration refused; the running one is kept")
