@@ -49,7 +49,11 @@ pub(crate) fn check(
             )));
         };
         if capability == "elicitation" {
-            let mode = elicitation_mode(&request.params);
+            let Some(mode) = elicitation_mode(&request.params) else {
+                return Err(reject(format!(
+                    "input request {key:?} is an elicitation of a mode that is neither form nor url"
+                )));
+            };
             let modes = declared.as_object().filter(|m| !m.is_empty());
             let allowed = match modes {
                 Some(m) => m.contains_key(mode),
@@ -217,6 +221,15 @@ mod tests {
         ));
         assert!(check("s", &url, &json!({"elicitation": {"url": {}}}), 16).is_ok());
         assert!(check("s", &url, &json!({"elicitation": {"form": {}}}), 16).is_err());
+        // A mode neither form nor url is not taken for form.
+        let unknown = requests(&[(
+            "a",
+            "elicitation/create",
+            json!({"mode": "URL", "url": "https://x"}),
+        )]);
+        assert!(check("s", &unknown, &form_only, 16).is_err());
+        let both = json!({"elicitation": {"form": {}, "url": {}}});
+        assert!(check("s", &unknown, &both, 16).is_err());
         let sampling = requests(&[("a", "sampling/createMessage", json!({"messages": []}))]);
         assert!(
             check("s", &sampling, &form_only, 16).is_err(),

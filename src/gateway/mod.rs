@@ -1476,11 +1476,14 @@ impl Gateway {
                 }
                 parked::Waited::Asked(h, question) => (h, question),
             };
-            let mode = crate::call::input::elicitation_mode(&question.params).to_string();
-            if !elicits(&downstream_caps, &mode) {
+            let mode = crate::call::input::elicitation_mode(&question.params);
+            if !mode.is_some_and(|mode| elicits(&downstream_caps, mode)) {
                 let _ = question.reply.send(Err(RpcError::new(
                     crate::protocol::error::INVALID_PARAMS,
-                    format!("the client does not support {mode}-mode elicitation"),
+                    format!(
+                        "the client does not support {}-mode elicitation",
+                        mode.unwrap_or("this")
+                    ),
                 )));
                 held = h;
                 continue;
@@ -1597,9 +1600,9 @@ impl Gateway {
                     tokio::select! {
                         answer = &mut call => break answer,
                         Some(q) = asked.recv() => {
-                            let mode = crate::call::input::elicitation_mode(&q.params).to_string();
+                            let mode = crate::call::input::elicitation_mode(&q.params);
                             let reply = match peer {
-                                Some(peer) if elicits(&client.capabilities, &mode) => {
+                                Some(peer) if mode.is_some_and(|mode| elicits(&client.capabilities, mode)) => {
                                     let limit = self.config().input_timeout;
                                     let asked = tokio::time::timeout(limit, peer.request(&q.method, q.params));
                                     tokio::select! {
@@ -1611,7 +1614,7 @@ impl Gateway {
                                 }
                                 _ => Err(RpcError::new(
                                     crate::protocol::error::INVALID_PARAMS,
-                                    format!("the client does not support {mode}-mode elicitation"),
+                                    format!("the client does not support {}-mode elicitation", mode.unwrap_or("this")),
                                 )),
                             };
                             let _ = q.reply.send(reply);

@@ -52,9 +52,13 @@ impl InputHandler for FixedAnswers {
     }
 
     fn answer(&self, request: InputRequestContext) -> InputFuture {
-        let url_mode =
-            request.method == "elicitation/create" && elicitation_mode(&request.params) == "url";
-        let value = if url_mode && !self.accept_url_mode {
+        let declined = request.method == "elicitation/create"
+            && match elicitation_mode(&request.params) {
+                Some("url") => !self.accept_url_mode,
+                Some(_) => false,
+                None => true,
+            };
+        let value = if declined {
             json!({"action": "decline"})
         } else {
             (self.answer)(&request)

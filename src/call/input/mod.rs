@@ -126,10 +126,32 @@ pub fn capability_name(method: &str) -> Option<&'static str> {
     }
 }
 
-/// The elicitation mode a request asks for: `form` unless it says `url`.
-pub fn elicitation_mode(params: &Value) -> &str {
-    match params.get("mode").and_then(Value::as_str) {
-        Some("url") => "url",
-        _ => "form",
+/// The elicitation mode a request asks for: `form` when it names none, `url`, or `None`
+/// for any other (a mode this client does not know is refused, not taken for `form`).
+pub fn elicitation_mode(params: &Value) -> Option<&'static str> {
+    match params.get("mode") {
+        None | Some(Value::Null) => Some("form"),
+        Some(mode) => match mode.as_str() {
+            Some("form") => Some("form"),
+            Some("url") => Some("url"),
+            _ => None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_elicitation_mode_other_than_form_or_url_is_none_not_form() {
+        assert_eq!(elicitation_mode(&json!({})), Some("form"));
+        assert_eq!(elicitation_mode(&json!({"mode": null})), Some("form"));
+        assert_eq!(elicitation_mode(&json!({"mode": "form"})), Some("form"));
+        assert_eq!(elicitation_mode(&json!({"mode": "url"})), Some("url"));
+        for other in [json!("URL"), json!("forms"), json!(1), json!({"x": 1})] {
+            assert_eq!(elicitation_mode(&json!({"mode": other})), None, "{other}");
+        }
     }
 }

@@ -256,7 +256,8 @@ impl Sampler {
             .into_iter()
             .flatten()
             .filter_map(|h| h.get("name").and_then(Value::as_str));
-        for hint in hints {
+        // An empty hint names nothing (it is contained in every key).
+        for hint in hints.filter(|h| !h.trim().is_empty()) {
             let hint = hint.to_lowercase();
             for (key, model) in &self.config.models {
                 let key = key.to_lowercase();
@@ -627,6 +628,25 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_hint_picks_no_model() {
+        let config = SamplingConfig {
+            provider: Provider::Openai,
+            base_url: Some("http://127.0.0.1:9".into()),
+            model: "default".into(),
+            api_key_env: None,
+            max_tokens: 10,
+            call_budget_tokens: 100,
+            models: BTreeMap::from([("opus".into(), "costly".into())]),
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        };
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let hints = |names: &[&str]| serde_json::json!({"modelPreferences": {"hints": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}});
+        assert_eq!(handler.0.model(&hints(&["", " "])), "default");
+        assert_eq!(handler.0.model(&hints(&["", "claude-opus-4"])), "costly");
+    }
 
     #[test]
     fn a_full_budget_map_forgets_the_least_recently_used_half_never_the_budget_asked_of() {
