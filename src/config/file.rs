@@ -76,6 +76,19 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
 }
 
 /// [`load`] on text already read (`path` names it in errors and picks the format).
+/// The top-level keys of a harness config but `servers` (named by serializing the
+/// defaults, so that a setting added later is one too), and the tables the layers
+/// above read.
+fn harness_keys() -> Vec<String> {
+    let mut keys: Vec<String> = serde_json::to_value(HarnessConfig::default())
+        .ok()
+        .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
+        .unwrap_or_default();
+    keys.retain(|k| k != "servers");
+    keys.extend(["agent", "gateway", "telemetry"].map(String::from));
+    keys
+}
+
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let is_toml = path.extension().is_some_and(|e| e == "toml");
     let mut value: Value = if is_toml {
@@ -91,6 +104,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         .get("mcpServers")
         .or_else(|| value.get("servers").filter(|s| s.is_object()));
     if let Some(servers) = servers_object {
+        // Another client's file holds servers only (and settings of its own); one that
+        // also holds the harness's settings is not imported, which would drop them
+        // (grants, audit, the gateway's tokens) without a word.
+        if let Some(key) = harness_keys()
+            .into_iter()
+            .find(|k| value.get(k.as_str()).is_some())
+        {
+            return Err(ConfigError::new(
+                key,
+                "a file with mcpServers (or a servers table) is imported as another client's, and holds no harness settings: write the servers as [[servers]] in a harness config, or move the settings out",
+            )
+            .in_file(path));
+        }
         let (config, renamed) = import_mcp_servers(servers, path)?;
         config.validate().map_err(|e| e.in_file(path))?;
         return Ok(Loaded {
@@ -301,6 +327,29 @@ mod tests {
             "file grant kept as written"
         );
         assert_eq!(grants["stdio2"], vec!["*".to_string()]);
+    }
+
+    #[test]
+    fn a_file_with_mcp_servers_and_harness_settings_is_refused_not_imported() {
+        for text in [
+            "[mcpServers.s]\ncommand = \"cat\"\n[permissions.a]\ns = [\"echo\"]\n",
+            "[servers.s]\ncommand = \"cat\"\n[audit]\npath = \"/tmp/a.jsonl\"\n",
+            "[mcpServers.s]\ncommand = \"cat\"\n[gateway]\nprefix = \"never\"\n",
+        ] {
+            let e = parse(text, Path::new("h.toml")).expect_err("mixed");
+            assert!(e.reason.contains("imported"), "{e}");
+            assert!(
+                ["permissions", "audit", "gateway"].contains(&e.field.as_str()),
+                "{e}"
+            );
+        }
+        // Another client's own settings beside its servers are no harness's: imported.
+        let loaded = parse(
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "globalShortcut": "x", "inputs": []}"#,
+            Path::new("m.json"),
+        )
+        .expect("another client's file");
+        assert!(loaded.imported);
     }
 
     #[test]
