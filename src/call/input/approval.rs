@@ -29,6 +29,12 @@ pub struct ApprovalQueue {
     inner: Arc<QueueInner>,
 }
 
+/// Requests waiting at most, in all and per agent: an agent whose calls keep asking (or
+/// a server asking for them) fills neither the queue nor the people's view of it.
+pub const MAX_WAITING: usize = 256;
+/// See [`MAX_WAITING`].
+pub const MAX_WAITING_PER_AGENT: usize = 32;
+
 type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>)>;
 
 struct QueueInner {
@@ -112,7 +118,20 @@ impl InputHandler for ApprovalQueue {
         Box::pin(async move {
             let id = inner.next.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
-            inner.waiting.lock().insert(id, (request, tx));
+            {
+                let mut waiting = inner.waiting.lock();
+                let agent = request.agent_id.as_deref();
+                let theirs = waiting
+                    .values()
+                    .filter(|(r, _)| r.agent_id.as_deref() == agent)
+                    .count();
+                if waiting.len() >= MAX_WAITING || theirs >= MAX_WAITING_PER_AGENT {
+                    return Err(InputError::Failed(
+                        "too many requests await approval; try later".into(),
+                    ));
+                }
+                waiting.insert(id, (request, tx));
+            }
             let _withdraw = Withdraw {
                 inner: inner.clone(),
                 id,
@@ -124,5 +143,56 @@ impl InputHandler for ApprovalQueue {
                 Err(_) => Err(InputError::Timeout(inner.timeout)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked_by(agent: &str) -> InputRequestContext {
+        InputRequestContext {
+            server: "s".into(),
+            method: "elicitation/create".into(),
+            params: json!({"message": "?"}),
+            agent_id: Some(agent.into()),
+            key: "k".into(),
+            call_id: Some(1),
+            shared: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_fills_neither_the_queue_nor_its_share_past_the_bounds() {
+        let queue = ApprovalQueue::new(Duration::from_secs(60));
+        let mut waiting = tokio::task::JoinSet::new();
+        for _ in 0..MAX_WAITING_PER_AGENT {
+            waiting.spawn(InputHandler::answer(&queue, asked_by("a")));
+        }
+        while queue.pending().len() < MAX_WAITING_PER_AGENT {
+            tokio::task::yield_now().await;
+        }
+        let refused = InputHandler::answer(&queue, asked_by("a")).await;
+        assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
+        // Another agent still gets a place, up to the queue's own bound.
+        for i in 0..(MAX_WAITING - MAX_WAITING_PER_AGENT) {
+            waiting.spawn(InputHandler::answer(
+                &queue,
+                asked_by(&format!("b{}", i % 8)),
+            ));
+        }
+        while queue.pending().len() < MAX_WAITING {
+            tokio::task::yield_now().await;
+        }
+        let refused = InputHandler::answer(&queue, asked_by("c")).await;
+        assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
+        // An answer makes room again.
+        let first = queue.pending()[0].id;
+        assert!(queue.decline(first));
+        waiting.spawn(InputHandler::answer(&queue, asked_by("c")));
+        while queue.pending().len() < MAX_WAITING {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort_all();
     }
 }

@@ -280,20 +280,8 @@ impl Sampler {
             true => SamplingPolicy::Deny,
             false => sampling_policy(&self.agents.read(), request.agent_id.as_deref()),
         };
-        match policy {
-            SamplingPolicy::Deny => {
-                return Err(InputError::Denied(Denial::NotAllowed { agent }));
-            }
-            SamplingPolicy::Approve => {
-                let Some(approver) = &self.approver else {
-                    return Err(InputError::Denied(Denial::NotApproved));
-                };
-                let answer = approver.answer(request.clone()).await?;
-                if answer.get("action").and_then(Value::as_str) != Some("accept") {
-                    return Err(InputError::Denied(Denial::NotApproved));
-                }
-            }
-            SamplingPolicy::Allow => {}
+        if policy == SamplingPolicy::Deny {
+            return Err(InputError::Denied(Denial::NotAllowed { agent }));
         }
         let params = &request.params;
         if params.get("tools").is_some() || params.get("toolChoice").is_some() {
@@ -320,6 +308,22 @@ impl Sampler {
         let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
         self.reserve(&key, asked).map_err(InputError::Denied)?;
+        // A person is asked last: a request the checks above refuse waits for nobody.
+        // What they do not approve is given back to the budget.
+        if policy == SamplingPolicy::Approve {
+            let approved = match &self.approver {
+                Some(approver) => approver
+                    .answer(request.clone())
+                    .await
+                    .map(|a| a.get("action").and_then(Value::as_str) == Some("accept")),
+                None => Ok(false),
+            };
+            if !matches!(approved, Ok(true)) {
+                self.settle(&key, asked, 0);
+                approved?;
+                return Err(InputError::Denied(Denial::NotApproved));
+            }
+        }
         let model = self.model(params);
         let outcome = match self.config.provider {
             Provider::Openai => self.openai(params, &messages, &model, max_tokens).await,
@@ -628,6 +632,82 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Says no to every request, counting them.
+    struct Declining(std::sync::atomic::AtomicUsize);
+
+    impl InputHandler for Declining {
+        fn answer(&self, _: InputRequestContext) -> crate::call::input::InputFuture {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok(serde_json::json!({"action": "decline"})) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_person_is_asked_only_what_the_checks_let_through_and_a_refusal_costs_nothing() {
+        let config = SamplingConfig {
+            provider: Provider::Openai,
+            base_url: Some("http://127.0.0.1:9".into()),
+            model: "m".into(),
+            api_key_env: None,
+            max_tokens: 100,
+            call_budget_tokens: 200,
+            models: BTreeMap::new(),
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        };
+        let agents = SharedAgents::default();
+        agents.write().insert(
+            "a".into(),
+            AgentConfig {
+                sampling: Some(SamplingPolicy::Approve),
+                roots: None,
+            },
+        );
+        let person = Arc::new(Declining(Default::default()));
+        let handler = SamplingHandler::new(config, agents, Some(person.clone())).expect("handler");
+        let request = |params: Value| InputRequestContext {
+            server: "s".into(),
+            method: "sampling/createMessage".into(),
+            params,
+            agent_id: Some("a".into()),
+            key: "k".into(),
+            call_id: Some(7),
+            shared: false,
+        };
+        let asked = || person.0.load(std::sync::atomic::Ordering::SeqCst);
+        let hello =
+            serde_json::json!([{"role": "user", "content": {"type": "text", "text": "hi"}}]);
+        // With tools, and over the budget: refused without asking anyone.
+        let tools = handler
+            .0
+            .serve(request(serde_json::json!({"messages": hello, "tools": []})))
+            .await;
+        assert!(tools.is_err());
+        let huge = "word ".repeat(2_000);
+        let over = handler
+            .0
+            .serve(request(serde_json::json!({"messages": [{"role": "user", "content": {"type": "text", "text": huge}}]})))
+            .await;
+        assert!(
+            matches!(over, Err(InputError::Denied(Denial::BudgetExceeded { .. }))),
+            "{over:?}"
+        );
+        assert_eq!(asked(), 0, "nobody was asked what the checks refuse");
+        // Asked, and declined: refused, and the reservation given back.
+        for _ in 0..3 {
+            let declined = handler
+                .0
+                .serve(request(serde_json::json!({"messages": hello})))
+                .await;
+            assert!(
+                matches!(declined, Err(InputError::Denied(Denial::NotApproved))),
+                "{declined:?}"
+            );
+        }
+        assert_eq!(asked(), 3);
+        assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+    }
 
     #[test]
     fn an_empty_hint_picks_no_model() {
