@@ -182,6 +182,8 @@ impl HarnessConfig {
         self.call_config()
             .validate()
             .map_err(|e| ConfigError::from_invalid(None, e))?;
+        crate::permission::validate(&self.permissions)
+            .map_err(|e| ConfigError::from_invalid(None, e))?;
         self.cache
             .validate()
             .map_err(|e| ConfigError::from_invalid(None, e.under("cache")))?;

@@ -24,6 +24,38 @@ pub struct Policy {
     grants: Grants,
 }
 
+/// Refuses grants that would silently match nothing: a tool name with `*` in it (only
+/// `*` alone takes in many: `read_*` is not a pattern), an empty tool name, an empty
+/// selector or `tag:` with no name.
+pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
+    use crate::util::invalid::Invalid;
+    for (agent, selectors) in grants {
+        for (selector, tools) in selectors {
+            let field = || format!("permissions.{agent}.{selector}");
+            if selector.is_empty() || selector == "tag:" {
+                return Err(Invalid::new(
+                    field(),
+                    "a selector is a server id, tag:NAME or *",
+                ));
+            }
+            for tool in tools {
+                if tool.is_empty() {
+                    return Err(Invalid::new(field(), "an empty tool name"));
+                }
+                if tool != "*" && tool.contains('*') {
+                    return Err(Invalid::new(
+                        field(),
+                        format!(
+                            "{tool:?}: tools are named exactly, or * for all of them (no patterns)"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether a grant's selector (`*`, a server id, or `tag:NAME`) picks this server.
 fn selects(selector: &str, server: &str, tags: &[String]) -> bool {
     selector == "*"
@@ -275,6 +307,29 @@ impl PermissionRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grants_that_would_match_nothing_are_refused() {
+        let grant = |selector: &str, tool: &str| {
+            let mut g = Grants::new();
+            g.entry("a".into())
+                .or_default()
+                .insert(selector.into(), vec![tool.into()]);
+            g
+        };
+        assert!(validate(&grant("files", "read")).is_ok());
+        assert!(validate(&grant("tag:fs", "*")).is_ok());
+        assert!(validate(&grant("*", "*")).is_ok());
+        for (selector, tool) in [
+            ("files", "read_*"),
+            ("files", ""),
+            ("tag:", "read"),
+            ("", "x"),
+        ] {
+            let e = validate(&grant(selector, tool)).expect_err(tool);
+            assert_eq!(e.field, format!("permissions.a.{selector}"));
+        }
+    }
 
     fn policy() -> Policy {
         let mut g = Grants::new();
