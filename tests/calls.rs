@@ -427,6 +427,88 @@ async fn legacy_server_requests_go_to_the_same_handlers() {
 }
 
 #[tokio::test]
+async fn a_handler_registered_while_a_legacy_server_connects_is_declared_to_it() {
+    let record = temp_file("capabilities-record");
+    // The process waits a second before it reads anything: its handshake is under way
+    // when the handler is registered.
+    let script = format!(
+        "sleep 1; exec '{}' demo-server slow --era legacy --record '{}'",
+        harness_exe(),
+        record.display()
+    );
+    let server = ServerConfig::stdio("slow", "sh", ["-c".to_string(), script]);
+    let h = Harness::spawn(config(vec![server], &["a"]))
+        .await
+        .expect("spawn");
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    let initialized = || -> Vec<Value> {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["method"] == "initialize")
+            .map(|r| r["params"]["capabilities"].clone())
+            .collect()
+    };
+    // It connected with what was declared when its connect started, and is then
+    // connected again with the handler's capability (it was kept without it until its
+    // next crash).
+    assert!(
+        eventually(Duration::from_secs(30), || initialized()
+            .last()
+            .is_some_and(|c| c.get("elicitation").is_some()))
+        .await,
+        "{:?}",
+        initialized()
+    );
+    let r = h
+        .call_tool(&Caller::agent("a"), "confirm", json!({"message": "ok?"}))
+        .await
+        .expect("legacy elicitation");
+    assert_eq!(text(&r), "approved: true");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_legacy_server_that_dies_during_a_handover_restarts_and_serves_the_calls_that_waited() {
+    // Every start waits a second before the process reads anything: the handover that
+    // a new handler starts is under way when the server is killed.
+    let script = format!(
+        "sleep 1; exec '{}' demo-server dying --era legacy",
+        harness_exe()
+    );
+    let mut server = ServerConfig::stdio("dying", "sh", ["-c".to_string(), script]);
+    server.restart.min_delay = Duration::from_millis(100);
+    let h = start_ready(config(vec![server], &["a"])).await;
+    let pid = h.server_status("dying").and_then(|s| s.pid).expect("pid");
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    // SAFETY: kill sends a signal; the pid is our own child's.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("dying")
+            .is_some_and(|s| s.state == ServerState::Restarting))
+        .await
+    );
+    // Waits in the queue for the restart, and is served by it (it had waited to its
+    // deadline: the handover, up, was taken for a ready server and the queue forgotten).
+    let r = h
+        .call_tool(&Caller::agent("a"), "dying__echo", json!({"text": "after"}))
+        .await
+        .expect("served after the restart");
+    assert_eq!(text(&r), "after");
+    let status = h.server_status("dying").expect("status");
+    assert_eq!(status.state, ServerState::Ready);
+    assert!(status.ready_at.is_some(), "its uptime is counted");
+    assert_ne!(status.pid, Some(pid));
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn legacy_list_changed_invalidates_the_cache() {
     let record = temp_file("changed");
     let h = harness(config(

@@ -64,6 +64,9 @@ struct Attempt {
     listen: Option<super::listen::Listener>,
     /// Ends a connect still under way (see [`ConnArgs::given_up`]).
     given_up: tokio_util::sync::CancellationToken,
+    /// The client capabilities it declared (a legacy server holds them for the
+    /// connection's life).
+    capabilities: serde_json::Value,
 }
 
 impl Drop for Attempt {
@@ -172,7 +175,10 @@ impl Actor for ServerActor {
             }
             ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself).await,
             ServerMsg::ConnectionUp { attempt, conn } => {
-                state.on_connection_up(attempt, conn).await
+                state.on_connection_up(attempt, conn).await;
+                // Capabilities that changed while it connected (a handler registered
+                // during a handshake, or two in a row) are caught up with now.
+                state.on_capabilities_changed(&myself).await;
             }
             ServerMsg::ConnectionLost { attempt, error } => {
                 if state.current_attempt() == Some(attempt) && state.state == ServerState::Ready {
@@ -335,11 +341,12 @@ impl ServerActorState {
             client.progress(&id, params)
         }));
         let given_up = tokio_util::sync::CancellationToken::new();
+        let capabilities = self.args.client.capabilities();
         let args = ConnArgs {
             server: config.id.clone(),
             spec: config.transport.clone(),
             options: ConnectOptions {
-                capabilities: self.args.client.capabilities(),
+                capabilities: capabilities.clone(),
                 era: config.era,
                 request_timeout: config.timeout,
                 progress: Some(progress),
@@ -357,6 +364,7 @@ impl ServerActorState {
                 conn: None,
                 listen: None,
                 given_up,
+                capabilities,
             }),
             Err(e) => Err(format!("could not start a connection actor: {e}")),
         }
@@ -553,8 +561,12 @@ impl ServerActorState {
     async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>) {
         let legacy = self.current_conn().is_some_and(|c| c.era() == Era::Legacy);
         if self.state != ServerState::Ready || !legacy || self.handover.is_some() {
-            // Modern servers take capabilities per request; a server not connected now
-            // takes the new ones when it connects.
+            // Modern servers take capabilities per request; a connect or a handover
+            // under way is compared with them once it is up.
+            return;
+        }
+        let declared = self.current.as_ref().map(|a| &a.capabilities);
+        if declared == Some(&self.args.client.capabilities()) {
             return;
         }
         self.span.in_scope(|| tracing::info!(server = %self.id(), "client capabilities changed; reconnecting this legacy server"));
@@ -578,6 +590,14 @@ impl ServerActorState {
         let reason = failure.to_string();
         let up_since = self.ready_at.take();
         self.current = None;
+        // A handover under way was to replace the connection now lost: the restart
+        // below starts afresh, with the capabilities of the moment (the handover, up,
+        // would have been taken for a ready server with its queue left waiting).
+        if let Some(handover) = self.handover.take() {
+            let _ = handover
+                .actor
+                .send_message(ConnMsg::Shutdown(ractor::concurrency::oneshot().0.into()));
+        }
         self.last_error = Some(reason.clone());
         // Whatever that attempt still has in the mailbox is now stale.
         self.attempt += 1;
