@@ -396,6 +396,20 @@ async fn item_05_a_server_that_keeps_announcing_changes_is_heard_less_and_less_o
     h.shutdown().await;
 }
 
+// 5. Bounded memory: a status snapshot shares what the server said about itself (its
+// instructions may be megabytes), it does not copy it.
+#[tokio::test]
+async fn item_05_status_snapshots_share_the_servers_profile() {
+    let h = start_ready(config(vec![demo_server("s", &[])])).await;
+    let (a, b) = (h.server_status("s"), h.server_status("s"));
+    let (a, b) = (
+        a.and_then(|s| s.profile).expect("a profile"),
+        b.and_then(|s| s.profile).expect("a profile"),
+    );
+    assert!(Arc::ptr_eq(&a, &b));
+    h.shutdown().await;
+}
+
 // 5. Bounded queues: no blocking file I/O on the async threads.
 #[test]
 fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {

@@ -320,7 +320,7 @@ impl ServerActorState {
                 s.era = Some(conn.era());
                 s.protocol_version = Some(conn.protocol_version());
                 s.pid = conn.pid();
-                s.profile = Some(conn.profile().clone());
+                s.profile = Some(Arc::new(conn.profile().clone()));
                 s.ready_at = self.ready_at;
             }
             None => {

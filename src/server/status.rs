@@ -65,8 +65,9 @@ pub struct ServerStatus {
     pub queued: usize,
     /// When the current connection became ready.
     pub ready_at: Option<Instant>,
-    /// What the server said about itself (discover result or `initialize` result).
-    pub profile: Option<ServerProfile>,
+    /// What the server said about itself (discover result or `initialize` result),
+    /// shared: a snapshot does not copy what may be megabytes of a server's words.
+    pub profile: Option<std::sync::Arc<ServerProfile>>,
 }
 
 impl ServerStatus {
