@@ -135,8 +135,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     // The gateway reads its own table (it is the layer above this one).
     let gateway = value.as_object_mut().and_then(|m| m.remove("gateway"));
     let telemetry = value.as_object_mut().and_then(|m| m.remove("telemetry"));
-    let config: HarnessConfig = serde_json::from_value(value)
-        .map_err(|e| ConfigError::new("(value)", e.to_string()).in_file(path))?;
+    let config: HarnessConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+        let at = e.path().to_string();
+        let field = if at == "." { "(value)".into() } else { at };
+        ConfigError::new(field, e.inner().to_string()).in_file(path)
+    })?;
     config.validate().map_err(|e| e.in_file(path))?;
     Ok(Loaded {
         config,
@@ -360,6 +363,14 @@ mod tests {
         )
         .expect_err("typo");
         assert!(e.to_string().contains("h.toml"), "{e}");
+        assert_eq!(e.field, "servers[0].timout", "{e}");
+        assert!(e.reason.contains("timout"), "{e}");
+        let e = parse(
+            "call_timeout = true\n[[servers]]\nid = \"x\"\ntransport = { type = \"stdio\", command = \"cat\" }\n",
+            Path::new("h.toml"),
+        )
+        .expect_err("a duration of the wrong type");
+        assert_eq!(e.field, "call_timeout", "{e}");
         let e = parse(
             r#"{"mcpServers": {"s": {"url": "http://x/", "type": "sse"}}}"#,
             Path::new("m.json"),
