@@ -162,6 +162,17 @@ mod tests {
         }
     }
 
+    /// Until `n` requests wait in `queue` (a test failure, not a hang, if they never do).
+    async fn waits_for(queue: &ApprovalQueue, n: usize) {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while queue.pending().len() < n {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "{} waiting, not {n}", queue.pending().len());
+    }
+
     #[tokio::test]
     async fn an_agent_fills_neither_the_queue_nor_its_share_past_the_bounds() {
         let queue = ApprovalQueue::new(Duration::from_secs(60));
@@ -169,9 +180,7 @@ mod tests {
         for _ in 0..MAX_WAITING_PER_AGENT {
             waiting.spawn(InputHandler::answer(&queue, asked_by("a")));
         }
-        while queue.pending().len() < MAX_WAITING_PER_AGENT {
-            tokio::task::yield_now().await;
-        }
+        waits_for(&queue, MAX_WAITING_PER_AGENT).await;
         let refused = InputHandler::answer(&queue, asked_by("a")).await;
         assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
         // Another agent still gets a place, up to the queue's own bound.
@@ -181,18 +190,14 @@ mod tests {
                 asked_by(&format!("b{}", i % 8)),
             ));
         }
-        while queue.pending().len() < MAX_WAITING {
-            tokio::task::yield_now().await;
-        }
+        waits_for(&queue, MAX_WAITING).await;
         let refused = InputHandler::answer(&queue, asked_by("c")).await;
         assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
         // An answer makes room again.
         let first = queue.pending()[0].id;
         assert!(queue.decline(first));
         waiting.spawn(InputHandler::answer(&queue, asked_by("c")));
-        while queue.pending().len() < MAX_WAITING {
-            tokio::task::yield_now().await;
-        }
+        waits_for(&queue, MAX_WAITING).await;
         waiting.abort_all();
     }
 }

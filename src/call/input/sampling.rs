@@ -196,6 +196,21 @@ impl SamplingHandler {
     }
 }
 
+/// Gives a reservation back to its budget when dropped (set `asked` to 0 to keep it).
+struct GiveBack<'a> {
+    sampler: &'a Sampler,
+    key: &'a str,
+    asked: u64,
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if self.asked > 0 {
+            self.sampler.settle(self.key, self.asked, 0);
+        }
+    }
+}
+
 impl Sampler {
     /// The budget a request draws on.
     fn budget_key(request: &InputRequestContext) -> String {
@@ -309,8 +324,14 @@ impl Sampler {
         let key = Self::budget_key(&request);
         self.reserve(&key, asked).map_err(InputError::Denied)?;
         // A person is asked last: a request the checks above refuse waits for nobody.
-        // What they do not approve is given back to the budget.
+        // What they do not approve is given back to the budget, also when nobody answers
+        // in time or the request is withdrawn (this future is then dropped).
         if policy == SamplingPolicy::Approve {
+            let mut unapproved = GiveBack {
+                sampler: self,
+                key: &key,
+                asked,
+            };
             let approved = match &self.approver {
                 Some(approver) => approver
                     .answer(request.clone())
@@ -319,10 +340,10 @@ impl Sampler {
                 None => Ok(false),
             };
             if !matches!(approved, Ok(true)) {
-                self.settle(&key, asked, 0);
                 approved?;
                 return Err(InputError::Denied(Denial::NotApproved));
             }
+            unapproved.asked = 0;
         }
         let model = self.model(params);
         let outcome = match self.config.provider {
@@ -633,6 +654,26 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
 mod tests {
     use super::*;
 
+    /// A provider on loopback where nothing listens, with these limits.
+    fn local(
+        model: &str,
+        max_tokens: u64,
+        call_budget_tokens: u64,
+        models: BTreeMap<String, String>,
+    ) -> SamplingConfig {
+        SamplingConfig {
+            provider: Provider::Openai,
+            base_url: Some("http://127.0.0.1:9".into()),
+            model: model.into(),
+            api_key_env: None,
+            max_tokens,
+            call_budget_tokens,
+            models,
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        }
+    }
+
     /// Says no to every request, counting them.
     struct Declining(std::sync::atomic::AtomicUsize);
 
@@ -645,17 +686,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_person_is_asked_only_what_the_checks_let_through_and_a_refusal_costs_nothing() {
-        let config = SamplingConfig {
-            provider: Provider::Openai,
-            base_url: Some("http://127.0.0.1:9".into()),
-            model: "m".into(),
-            api_key_env: None,
-            max_tokens: 100,
-            call_budget_tokens: 200,
-            models: BTreeMap::new(),
-            timeout: Duration::from_secs(1),
-            ca_file: None,
-        };
+        let config = local("m", 100, 200, BTreeMap::new());
         let agents = SharedAgents::default();
         agents.write().insert(
             "a".into(),
@@ -707,21 +738,49 @@ mod tests {
         }
         assert_eq!(asked(), 3);
         assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+        // Nobody answers in time (or the request is withdrawn): the future is dropped
+        // while the person is asked, and the reservation is given back all the same.
+        let config = local("m", 100, 200, BTreeMap::new());
+        let agents = SharedAgents::default();
+        agents.write().insert(
+            "a".into(),
+            AgentConfig {
+                sampling: Some(SamplingPolicy::Approve),
+                roots: None,
+            },
+        );
+        let handler =
+            SamplingHandler::new(config, agents, Some(Arc::new(Silent))).expect("handler");
+        for _ in 0..3 {
+            let waited = tokio::time::timeout(
+                Duration::from_millis(20),
+                handler
+                    .0
+                    .serve(request(serde_json::json!({"messages": hello}))),
+            )
+            .await;
+            assert!(waited.is_err(), "nobody answered");
+        }
+        assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+    }
+
+    /// Never answers.
+    struct Silent;
+
+    impl InputHandler for Silent {
+        fn answer(&self, _: InputRequestContext) -> crate::call::input::InputFuture {
+            Box::pin(std::future::pending())
+        }
     }
 
     #[test]
     fn an_empty_hint_picks_no_model() {
-        let config = SamplingConfig {
-            provider: Provider::Openai,
-            base_url: Some("http://127.0.0.1:9".into()),
-            model: "default".into(),
-            api_key_env: None,
-            max_tokens: 10,
-            call_budget_tokens: 100,
-            models: BTreeMap::from([("opus".into(), "costly".into())]),
-            timeout: Duration::from_secs(1),
-            ca_file: None,
-        };
+        let config = local(
+            "default",
+            10,
+            100,
+            BTreeMap::from([("opus".into(), "costly".into())]),
+        );
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let hints = |names: &[&str]| serde_json::json!({"modelPreferences": {"hints": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}});
         assert_eq!(handler.0.model(&hints(&["", " "])), "default");
@@ -730,17 +789,7 @@ mod tests {
 
     #[test]
     fn a_full_budget_map_forgets_the_least_recently_used_half_never_the_budget_asked_of() {
-        let config = SamplingConfig {
-            provider: Provider::Openai,
-            base_url: Some("http://127.0.0.1:9".into()),
-            model: "m".into(),
-            api_key_env: None,
-            max_tokens: 10,
-            call_budget_tokens: 100,
-            models: BTreeMap::new(),
-            timeout: Duration::from_secs(1),
-            ca_file: None,
-        };
+        let config = local("m", 10, 100, BTreeMap::new());
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let sampler = &handler.0;
         // The oldest call has spent most of its budget.
