@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::input::{InputError, InputHandlers, InputRequestContext};
 use crate::protocol::RpcError;
-use crate::protocol::error::{INTERNAL_ERROR, METHOD_NOT_FOUND};
+use crate::protocol::error::{INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 use crate::registry::RegistryRef;
 use crate::server::{ClientSide, ListsChanged};
 use crate::transport::ServerRequest;
@@ -62,6 +62,19 @@ impl ClientSide for HarnessClient {
                     () = request.abandoned() => {}
                 }
             });
+            return;
+        }
+        // Held to what this client declared, as a round's requests are: a mode it does
+        // not know is not handed to a handler as a form. (A capability not declared at
+        // all finds no handler below.)
+        let declared = self.capabilities();
+        if super::input::capability_name(&request.method).is_some_and(|c| declared.get(c).is_some())
+            && let Err(why) = super::rounds::declares(&request.method, &request.params, &declared)
+        {
+            request.respond(Err(RpcError::new(
+                INVALID_PARAMS,
+                format!("the request {why}"),
+            )));
             return;
         }
         let inputs = self.inputs.clone();

@@ -37,42 +37,44 @@ pub(crate) fn check(
         )));
     }
     for (key, request) in requests {
-        let Some(capability) = capability_name(&request.method) else {
-            return Err(reject(format!(
-                "input request {key:?} is for {:?}, which is not an input method",
-                request.method
-            )));
+        declares(&request.method, &request.params, declared)
+            .map_err(|why| reject(format!("input request {key:?} {why}")))?;
+    }
+    Ok(())
+}
+
+/// Whether a request for input (`method`, `params`) is one the client `declared` it can
+/// answer; why not otherwise ("is for …", "needs …"). Rounds and a legacy server's own
+/// requests are held to it alike.
+pub(crate) fn declares(method: &str, params: &Value, declared: &Value) -> Result<(), String> {
+    let Some(capability) = capability_name(method) else {
+        return Err(format!("is for {method:?}, which is not an input method"));
+    };
+    let Some(declared) = declared.get(capability) else {
+        return Err(format!(
+            "needs {capability}, which this client did not declare"
+        ));
+    };
+    if capability == "elicitation" {
+        let Some(mode) = elicitation_mode(params) else {
+            return Err("is an elicitation of a mode that is neither form nor url".into());
         };
-        let Some(declared) = declared.get(capability) else {
-            return Err(reject(format!(
-                "input request {key:?} needs {capability}, which this client did not declare"
-            )));
+        let modes = declared.as_object().filter(|m| !m.is_empty());
+        let allowed = match modes {
+            Some(m) => m.contains_key(mode),
+            None => mode == "form",
         };
-        if capability == "elicitation" {
-            let Some(mode) = elicitation_mode(&request.params) else {
-                return Err(reject(format!(
-                    "input request {key:?} is an elicitation of a mode that is neither form nor url"
-                )));
-            };
-            let modes = declared.as_object().filter(|m| !m.is_empty());
-            let allowed = match modes {
-                Some(m) => m.contains_key(mode),
-                None => mode == "form",
-            };
-            if !allowed {
-                return Err(reject(format!(
-                    "input request {key:?} is a {mode}-mode elicitation, which this client did not declare"
-                )));
-            }
+        if !allowed {
+            return Err(format!(
+                "is a {mode}-mode elicitation, which this client did not declare"
+            ));
         }
-        if capability == "sampling"
-            && (request.params.get("tools").is_some() || request.params.get("toolChoice").is_some())
-            && declared.get("tools").is_none()
-        {
-            return Err(reject(format!(
-                "input request {key:?} asks for sampling with tools, which this client did not declare"
-            )));
-        }
+    }
+    if capability == "sampling"
+        && (params.get("tools").is_some() || params.get("toolChoice").is_some())
+        && declared.get("tools").is_none()
+    {
+        return Err("asks for sampling with tools, which this client did not declare".into());
     }
     Ok(())
 }
