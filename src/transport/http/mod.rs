@@ -51,7 +51,9 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::auth::{AuthError, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext};
+use super::auth::{
+    AuthError, AuthFailure, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext,
+};
 use super::error::TransportError;
 use super::inbound::{Ids, Inbound, InboundSink};
 use super::spec::HttpSpec;
@@ -235,11 +237,19 @@ impl HttpTransport {
             let request = RequestRef { id: &id, ..request };
             // A refresh is never cut off halfway (a rotated refresh token would be
             // lost with it); its time counts against the tries'.
-            let sent = self
+            let sent = match self
                 .sign_in
                 .bearer(identity, crate::util::duration::after(started, left))
                 .await
-                .map_err(TransportError::Auth)?;
+            {
+                Ok(sent) => sent,
+                // Waited out another request's renewal: this request's deadline, not a
+                // sign-in that failed (which a restart could not heal).
+                Err(e) if matches!(e.failure, AuthFailure::Timeout(_)) => {
+                    return Err(TransportError::Timeout(timeout));
+                }
+                Err(e) => return Err(TransportError::Auth(e)),
+            };
             let budget = left.saturating_sub(started.elapsed());
             if budget.is_zero() {
                 return Err(TransportError::Timeout(timeout));
