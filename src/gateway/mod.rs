@@ -185,8 +185,9 @@ impl GatewayConfig {
     pub fn from_value(value: Option<Value>) -> Result<GatewayConfig, GatewayError> {
         let config: GatewayConfig = match value {
             None => GatewayConfig::default(),
-            Some(v) => serde_json::from_value(v)
-                .map_err(|e| GatewayError::Config(format!("gateway: {e}")))?,
+            Some(v) => serde_path_to_error::deserialize(v).map_err(|e| {
+                GatewayError::Config(format!("gateway.{}: {}", e.path(), e.inner()))
+            })?,
         };
         if let Some(bad) = config
             .admin_tokens
@@ -408,6 +409,9 @@ struct Inner {
     /// One reload at a time, and the config as the last one left it running (its
     /// servers as they run): what the next one compares with.
     reloading: tokio::sync::Mutex<HarnessConfig>,
+    /// Whether the harness was started with roots, and so answers `roots/list`: roots
+    /// given first by a reload are not served until a restart.
+    roots_at_start: bool,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
 }
@@ -472,8 +476,15 @@ pub struct Reloaded {
     pub needs_restart: Vec<&'static str>,
 }
 
-/// The settings a reload does not apply that differ between `running` and `next`.
-fn needs_restart(running: &HarnessConfig, next: &HarnessConfig) -> Vec<&'static str> {
+/// The settings a reload does not apply that differ between `running` and `next` (and
+/// between the gateway's settings `gateway` and `gateway_next`).
+fn needs_restart(
+    running: &HarnessConfig,
+    next: &HarnessConfig,
+    gateway: &GatewayConfig,
+    gateway_next: &GatewayConfig,
+    roots_at_start: bool,
+) -> Vec<&'static str> {
     // Every field named: one added later must say here whether a reload applies it.
     let HarnessConfig {
         servers: _,
@@ -504,10 +515,33 @@ fn needs_restart(running: &HarnessConfig, next: &HarnessConfig) -> Vec<&'static 
         ),
         ("limits", *limits == next.limits),
         ("sampling", *sampling == next.sampling),
+        (
+            "gateway.max_streams",
+            gateway.max_streams == gateway_next.max_streams,
+        ),
+        (
+            "gateway.write_timeout",
+            gateway.write_timeout == gateway_next.write_timeout,
+        ),
+        // `roots/list` is answered, and `roots` declared, only by a harness started with
+        // roots; later changes to them are applied.
+        (
+            "agents' roots (none were given at start)",
+            roots_at_start || !has_roots(next),
+        ),
+        // The MCP listener takes the new ones; `--metrics`'s keeps those it started with.
+        (
+            "gateway.allowed_hosts (for --metrics)",
+            gateway.allowed_hosts == gateway_next.allowed_hosts,
+        ),
     ]
     .into_iter()
     .filter_map(|(name, same)| (!same).then_some(name))
     .collect()
+}
+
+fn has_roots(config: &HarnessConfig) -> bool {
+    config.agents.values().any(|a| a.roots.is_some())
 }
 
 /// One server's part in a reload.
@@ -628,6 +662,7 @@ impl Gateway {
                 current: parking_lot::RwLock::new(Arc::new(current)),
                 in_flight: Mutex::default(),
                 reloading: tokio::sync::Mutex::new(harness_config.clone()),
+                roots_at_start: has_roots(harness_config),
                 parked: parked::ParkedRounds::default(),
             }),
         })
@@ -666,20 +701,18 @@ impl Gateway {
         harness_config
             .validate()
             .map_err(|e| GatewayError::Config(e.to_string()))?;
-        let next = Current::new(harness_config, config, sealer).await?;
         let mut report = Reloaded {
-            needs_restart: needs_restart(&applied, harness_config),
+            needs_restart: needs_restart(
+                &applied,
+                harness_config,
+                &self.config(),
+                &config,
+                self.inner.roots_at_start,
+            ),
             ..Reloaded::default()
         };
+        let next = Current::new(harness_config, config, sealer).await?;
         let harness = &self.inner.harness;
-        // Grants before additions too: who is told of a new server is decided by them.
-        harness
-            .replace_grants(harness_config.permissions.clone())
-            .await
-            .map_err(|e| GatewayError::Config(e.to_string()))?;
-        harness.replace_agents(harness_config.agents.clone()).await;
-        applied.permissions = harness_config.permissions.clone();
-        applied.agents = harness_config.agents.clone();
         *self.inner.current.write() = Arc::new(next);
         // Limiters of principals with nothing in flight are dropped (new ones start from
         // the new limit).
@@ -687,6 +720,15 @@ impl Gateway {
             .in_flight
             .lock()
             .retain(|_, sem| Arc::strong_count(sem) > 1);
+        // Grants before additions too: who is told of a new server is decided by them.
+        harness
+            .replace_grants(harness_config.permissions.clone())
+            .await
+            .map_err(|e| GatewayError::Config(e.to_string()))?;
+        applied.permissions = harness_config.permissions.clone();
+        // Last of these: new roots are announced to legacy servers, one by one.
+        harness.replace_agents(harness_config.agents.clone()).await;
+        applied.agents = harness_config.agents.clone();
 
         let wanted = &harness_config.servers;
         let running = &mut applied.servers;
@@ -2017,6 +2059,13 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_setting_of_the_wrong_type_is_named_by_its_path() {
+        let e = GatewayConfig::from_value(Some(json!({"max_streams": "many"})))
+            .expect_err("not a number");
+        assert!(e.to_string().contains("gateway.max_streams"), "{e}");
+    }
+
+    #[test]
     fn a_reload_names_the_settings_it_does_not_apply() {
         let running = HarnessConfig::default();
         let mut next = running.clone();
@@ -2025,10 +2074,28 @@ mod tests {
             .entry("a".into())
             .or_default()
             .insert("*".into(), vec!["*".into()]);
-        assert!(needs_restart(&running, &next).is_empty(), "all applied");
+        let gateway = GatewayConfig::default();
+        let mut gateway_next = gateway.clone();
+        gateway_next.page_size = 7;
+        assert!(
+            needs_restart(&running, &next, &gateway, &gateway_next, false).is_empty(),
+            "all applied"
+        );
         next.call_timeout = Duration::from_secs(1);
         next.audit.path = Some("/tmp/elsewhere.jsonl".into());
-        assert_eq!(needs_restart(&running, &next), ["audit", "call_timeout"]);
+        gateway_next.max_streams = 1;
+        assert_eq!(
+            needs_restart(&running, &next, &gateway, &gateway_next, false),
+            ["audit", "call_timeout", "gateway.max_streams"]
+        );
+        // Roots given first by a reload wait for a restart; changed ones do not.
+        let mut next = running.clone();
+        next.agents.entry("*".into()).or_default().roots = Some(vec!["file:///w".into()]);
+        assert_eq!(
+            needs_restart(&running, &next, &gateway, &gateway, false),
+            ["agents' roots (none were given at start)"]
+        );
+        assert!(needs_restart(&running, &next, &gateway, &gateway, true).is_empty());
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         gateway.clone(),
         servers.clone(),
         dev_sealer,
+        setup.loaded.telemetry.clone(),
     ));
     if pipe {
         let principal = Principal {
@@ -211,7 +212,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
 
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
 /// a config that does not load is refused with its error, and the running one kept.
-async fn reload_on_change(gateway: Gateway, servers: ServerArgs, dev_sealer: Option<Sealer>) {
+/// `telemetry` is the `[telemetry]` table read at start (a change of it is named, not
+/// applied).
+async fn reload_on_change(
+    gateway: Gateway,
+    servers: ServerArgs,
+    dev_sealer: Option<Sealer>,
+    telemetry: Option<serde_json::Value>,
+) {
     let read = |path: &std::path::Path| std::fs::read(path).ok();
     let mut seen = servers.config.as_deref().and_then(read);
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -237,7 +245,7 @@ async fn reload_on_change(gateway: Gateway, servers: ServerArgs, dev_sealer: Opt
             continue;
         }
         seen = now;
-        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref()).await;
+        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref(), &telemetry).await;
         if let Ok(r) = &reloaded
             && !r.needs_restart.is_empty()
         {
@@ -268,14 +276,20 @@ async fn reload(
     gateway: &Gateway,
     servers: &ServerArgs,
     dev_sealer: Option<&Sealer>,
+    telemetry: &Option<serde_json::Value>,
 ) -> anyhow::Result<gateway::Reloaded> {
     let setup = commands::load(servers)?;
+    let telemetry_changed = setup.loaded.telemetry != *telemetry;
     let config = GatewayConfig::from_value(setup.loaded.gateway.clone())?;
     let sealer = match dev_sealer {
         Some(s) => s.clone(),
         None => config.sealer()?,
     };
-    Ok(gateway.reload(&setup.loaded.config, config, sealer).await?)
+    let mut reloaded = gateway.reload(&setup.loaded.config, config, sealer).await?;
+    if telemetry_changed {
+        reloaded.needs_restart.push("telemetry");
+    }
+    Ok(reloaded)
 }
 
 /// Stdin as a non-blocking pipe, if it is one.

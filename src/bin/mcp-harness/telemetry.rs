@@ -53,7 +53,8 @@ impl TelemetryConfig {
     pub fn from_value(value: Option<&serde_json::Value>) -> anyhow::Result<TelemetryConfig> {
         match value {
             None => Ok(TelemetryConfig::default()),
-            Some(v) => serde_json::from_value(v.clone()).context("[telemetry]"),
+            Some(v) => serde_path_to_error::deserialize(v.clone())
+                .map_err(|e| anyhow::anyhow!("telemetry.{}: {}", e.path(), e.inner())),
         }
     }
 }
