@@ -115,18 +115,26 @@ impl AuthorizationSession for LoopbackSession {
             }
             let state: Arc<str> = state.into();
             let mut reading = tokio::task::JoinSet::new();
+            let port = self.port;
+            let back = |target: String| format!("http://127.0.0.1:{port}{target}");
             loop {
                 tokio::select! {
                     accepted = self.listener.accept() => {
                         let (stream, _) = accepted.map_err(|e| e.to_string())?;
-                        // Past this many at once, a connection is closed unread.
+                        // Those done count no more (the select may not have joined
+                        // them yet); past this many at once, one is closed unread.
+                        while let Some(read) = reading.try_join_next() {
+                            if let Ok(Some(target)) = read {
+                                return Ok(back(target));
+                            }
+                        }
                         if reading.len() < MAX_READING {
                             reading.spawn(callback(stream, state.clone()));
                         }
                     }
                     Some(read) = reading.join_next() => {
                         if let Ok(Some(target)) = read {
-                            return Ok(format!("http://127.0.0.1:{}{target}", self.port));
+                            return Ok(back(target));
                         }
                     }
                 }

@@ -189,39 +189,9 @@ impl FileTokenStore {
 
 impl TokenStore for FileTokenStore {
     fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
-        use std::io::Read;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = self.path(key)?;
-        // Only a file this user wrote as `put` does: in a directory others can write
-        // (one made before us in /tmp, say), a planted token would be sent, and
-        // refreshed at the endpoint it names. A link is not followed.
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-            return Err(format!(
-                "{}: not a plain file of this user's with mode 0600; not used",
-                path.display()
-            ));
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_TOKEN_FILE)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // A file that does not parse, or is for another key, is not ours to use.
-        Ok(serde_json::from_slice::<Stored>(&bytes)
-            .ok()
+        // A file that is for another key is not ours to use.
+        Ok(read_checked(&path)?
             .filter(|s| &s.key == key)
             .map(|s| s.token))
     }
@@ -249,10 +219,18 @@ impl TokenStore for FileTokenStore {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        file.write_all(&bytes)
+        let written = file
+            .write_all(&bytes)
             .and_then(|()| file.sync_all())
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| format!("{}: {e}", tmp.display()))
+            .and_then(|()| {
+                std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+            });
+        if written.is_err() {
+            // A half-written secret is not left behind (a full disk would add one per try).
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     fn remove(&self, key: &TokenKey) -> Result<(), String> {
@@ -269,9 +247,10 @@ impl TokenStore for FileTokenStore {
         let mut removed = 0;
         for entry in dir.flatten() {
             let path = entry.path();
-            let ours = std::fs::read(&path)
+            // Read as `get` reads: no link followed, no FIFO waited on, bounded.
+            let ours = read_checked(&path)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<Stored>(&b).ok())
+                .flatten()
                 .is_some_and(|s| s.key.server == server);
             if ours && std::fs::remove_file(&path).is_ok() {
                 removed += 1;
@@ -279,6 +258,41 @@ impl TokenStore for FileTokenStore {
         }
         Ok(removed)
     }
+}
+
+/// The token file at `path`, read only if it is one this user wrote as `put` does: in a
+/// directory others can write (one made before us in /tmp, say), a planted token would
+/// be sent, and refreshed at the endpoint it names. A link is not followed, a FIFO not
+/// waited on, and at most [`MAX_TOKEN_FILE`] bytes are read. `None` when there is no
+/// file or it does not parse.
+fn read_checked(path: &std::path::Path) -> Result<Option<Stored>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{}: not a plain file of this user's that no one else may read or write; not used",
+            path.display()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_TOKEN_FILE)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(serde_json::from_slice::<Stored>(&bytes).ok())
 }
 
 #[cfg(test)]
