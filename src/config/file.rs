@@ -75,20 +75,24 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
     parse(&text, path)
 }
 
-/// [`load`] on text already read (`path` names it in errors and picks the format).
-/// The top-level keys of a harness config but `servers` (named by serializing the
-/// defaults, so that a setting added later is one too), and the tables the layers
-/// above read.
-fn harness_keys() -> Vec<String> {
-    let mut keys: Vec<String> = serde_json::to_value(HarnessConfig::default())
-        .ok()
-        .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
-        .unwrap_or_default();
-    keys.retain(|k| k != "servers");
-    keys.extend(["agent", "gateway", "telemetry"].map(String::from));
-    keys
-}
+/// Top-level keys that only a harness config holds. Keys another client may keep
+/// for itself beside `mcpServers` (Gemini CLI's `telemetry`, a generic `cache`,
+/// `limits` or `agent`) are left out: such a file is imported, its other keys ignored.
+const HARNESS_KEYS: [&str; 11] = [
+    "permissions",
+    "audit",
+    "gateway",
+    "agents",
+    "sampling",
+    "client_info",
+    "round_cap",
+    "input_timeout",
+    "call_timeout",
+    "shutdown_grace",
+    "trace_sample_ratio",
+];
 
+/// [`load`] on text already read (`path` names it in errors and picks the format).
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let is_toml = path.extension().is_some_and(|e| e == "toml");
     let mut value: Value = if is_toml {
@@ -107,10 +111,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         // Another client's file holds servers only (and settings of its own); one that
         // also holds the harness's settings is not imported, which would drop them
         // (grants, audit, the gateway's tokens) without a word.
-        if let Some(key) = harness_keys()
-            .into_iter()
-            .find(|k| value.get(k.as_str()).is_some())
-        {
+        if let Some(key) = HARNESS_KEYS.into_iter().find(|k| value.get(*k).is_some()) {
             return Err(ConfigError::new(
                 key,
                 "a file with mcpServers (or a servers table) is imported as another client's, and holds no harness settings: write the servers as [[servers]] in a harness config, or move the settings out",
@@ -347,12 +348,22 @@ mod tests {
             );
         }
         // Another client's own settings beside its servers are no harness's: imported.
-        let loaded = parse(
+        for text in [
             r#"{"mcpServers": {"s": {"command": "cat"}}, "globalShortcut": "x", "inputs": []}"#,
-            Path::new("m.json"),
-        )
-        .expect("another client's file");
-        assert!(loaded.imported);
+            // Gemini CLI keeps its telemetry settings beside its servers.
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "telemetry": {"enabled": true}}"#,
+        ] {
+            let loaded = parse(text, Path::new("m.json")).expect("another client's file");
+            assert!(loaded.imported);
+        }
+    }
+
+    #[test]
+    fn each_harness_key_is_a_setting_of_the_harness() {
+        let defaults = serde_json::to_value(HarnessConfig::default()).expect("serializes");
+        for key in HARNESS_KEYS {
+            assert!(key == "gateway" || defaults.get(key).is_some(), "{key}");
+        }
     }
 
     #[test]
