@@ -426,17 +426,22 @@ async fn legacy_server_requests_go_to_the_same_handlers() {
     h.shutdown().await;
 }
 
+/// A legacy demo server whose every start waits a second before the process reads
+/// anything (`more`: further arguments, quoted for `sh`).
+fn slow_legacy(id: &str, more: &str) -> ServerConfig {
+    let script = format!(
+        "sleep 1; exec '{}' demo-server {id} --era legacy {more}",
+        harness_exe()
+    );
+    ServerConfig::stdio(id, "sh", ["-c".to_string(), script])
+}
+
 #[tokio::test]
 async fn a_handler_registered_while_a_legacy_server_connects_is_declared_to_it() {
     let record = temp_file("capabilities-record");
-    // The process waits a second before it reads anything: its handshake is under way
-    // when the handler is registered.
-    let script = format!(
-        "sleep 1; exec '{}' demo-server slow --era legacy --record '{}'",
-        harness_exe(),
-        record.display()
-    );
-    let server = ServerConfig::stdio("slow", "sh", ["-c".to_string(), script]);
+    // Its handshake is under way when the handler is registered.
+    let record_arg = format!("--record '{}'", record.display());
+    let server = slow_legacy("slow", &record_arg);
     let h = Harness::spawn(config(vec![server], &["a"]))
         .await
         .expect("spawn");
@@ -473,13 +478,8 @@ async fn a_handler_registered_while_a_legacy_server_connects_is_declared_to_it()
 
 #[tokio::test]
 async fn a_legacy_server_that_dies_during_a_handover_restarts_and_serves_the_calls_that_waited() {
-    // Every start waits a second before the process reads anything: the handover that
-    // a new handler starts is under way when the server is killed.
-    let script = format!(
-        "sleep 1; exec '{}' demo-server dying --era legacy",
-        harness_exe()
-    );
-    let mut server = ServerConfig::stdio("dying", "sh", ["-c".to_string(), script]);
+    // The handover that a new handler starts is under way when the server is killed.
+    let mut server = slow_legacy("dying", "");
     server.restart.min_delay = Duration::from_millis(100);
     let h = start_ready(config(vec![server], &["a"])).await;
     let pid = h.server_status("dying").and_then(|s| s.pid).expect("pid");
@@ -613,7 +613,12 @@ async fn anonymous_and_ungranted_callers_are_denied_audited_and_never_reach_a_se
         visible.iter().map(|t| &*t.qualified).collect::<Vec<_>>(),
         ["alpha__echo"]
     );
-    // Grants change at run time.
+    // Grants change at run time; one that would match nothing is refused, as in a config.
+    let err = h
+        .grant("stranger", "alpha", &["ad*"])
+        .await
+        .expect_err("no patterns");
+    assert!(err.to_string().contains("no patterns"), "{err}");
     h.grant("stranger", "alpha", &["add"]).await.expect("grant");
     assert_eq!(
         text(

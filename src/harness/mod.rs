@@ -534,13 +534,19 @@ impl HarnessHandle {
     }
 
     /// Grants `agent` the `tools` (or `*`) on `selector` (server id, `tag:NAME`, `*`).
+    /// A grant that would match nothing (`read_*`, an empty name) is refused.
     pub async fn grant(
         &self,
         agent: &str,
         selector: &str,
         tools: &[&str],
     ) -> Result<(), HarnessError> {
-        let tools = tools.iter().map(|t| t.to_string()).collect();
+        let tools: Vec<String> = tools.iter().map(|t| t.to_string()).collect();
+        let mut one = crate::permission::Grants::new();
+        one.entry(agent.into())
+            .or_default()
+            .insert(selector.into(), tools.clone());
+        checked_grants(&one)?;
         self.inner
             .services
             .permission
@@ -561,11 +567,13 @@ impl HarnessHandle {
     }
 
     /// Replaces every grant at once (a reloaded config). Calls in flight stop at their
-    /// next round or hop if they lost their grant.
+    /// next round or hop if they lost their grant. Grants that would match nothing are
+    /// refused, and the running ones kept.
     pub async fn replace_grants(
         &self,
         grants: crate::permission::Grants,
     ) -> Result<(), HarnessError> {
+        checked_grants(&grants)?;
         self.inner
             .services
             .permission
@@ -798,6 +806,12 @@ impl HarnessHandle {
             .call(HarnessMsg::Shutdown, Some(Duration::from_secs(180)))
             .await;
     }
+}
+
+/// Refuses grants that would match nothing, as a config that held them is refused.
+fn checked_grants(grants: &crate::permission::Grants) -> Result<(), HarnessError> {
+    crate::permission::validate(grants)
+        .map_err(|e| HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason)))
 }
 
 #[cfg(test)]
