@@ -90,10 +90,10 @@ pub fn random_key() -> Vec<u8> {
     key
 }
 
-/// Reads a kept key: `None` when there is none; an error when it is there but not one
-/// this user made for this: a link, not a plain file, another user's, readable or
-/// writable by others, or not 32 to 64 bytes.
-fn read_local_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
+/// Opens a file this process keeps for itself: `None` when there is none; an error when
+/// it is a link (not followed), not a plain file (a FIFO is not waited on), another
+/// user's, or readable or writable by others.
+pub fn open_private(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metadata)>, String> {
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -107,8 +107,20 @@ fn read_local_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-        return Err("not a plain file of this user's with mode 0600".into());
+        return Err(
+            "not a plain file of this user's that no one else may read or write; not used".into(),
+        );
     }
+    Ok(Some((file, meta)))
+}
+
+/// Reads a kept key: `None` when there is none; an error when it is there but not one
+/// this user made for this: a link, not a plain file, another user's, readable or
+/// writable by others, or not 32 to 64 bytes.
+fn read_local_key(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let Some((file, meta)) = open_private(path)? else {
+        return Ok(None);
+    };
     if !(32..=64).contains(&meta.len()) {
         return Err(format!("{} bytes, not 32 to 64", meta.len()));
     }

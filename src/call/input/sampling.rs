@@ -684,17 +684,23 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_person_is_asked_only_what_the_checks_let_through_and_a_refusal_costs_nothing() {
-        let config = local("m", 100, 200, BTreeMap::new());
+    /// Agents of whom only `agent` may sample, once a person approves.
+    fn approving(agent: &str) -> SharedAgents {
         let agents = SharedAgents::default();
         agents.write().insert(
-            "a".into(),
+            agent.into(),
             AgentConfig {
                 sampling: Some(SamplingPolicy::Approve),
                 roots: None,
             },
         );
+        agents
+    }
+
+    #[tokio::test]
+    async fn a_person_is_asked_only_what_the_checks_let_through_and_a_refusal_costs_nothing() {
+        let config = local("m", 100, 200, BTreeMap::new());
+        let agents = approving("a");
         let person = Arc::new(Declining(Default::default()));
         let handler = SamplingHandler::new(config, agents, Some(person.clone())).expect("handler");
         let request = |params: Value| InputRequestContext {
@@ -741,14 +747,7 @@ mod tests {
         // Nobody answers in time (or the request is withdrawn): the future is dropped
         // while the person is asked, and the reservation is given back all the same.
         let config = local("m", 100, 200, BTreeMap::new());
-        let agents = SharedAgents::default();
-        agents.write().insert(
-            "a".into(),
-            AgentConfig {
-                sampling: Some(SamplingPolicy::Approve),
-                roots: None,
-            },
-        );
+        let agents = approving("a");
         let handler =
             SamplingHandler::new(config, agents, Some(Arc::new(Silent))).expect("handler");
         for _ in 0..3 {

@@ -267,27 +267,11 @@ impl TokenStore for FileTokenStore {
 /// file or it does not parse.
 fn read_checked(path: &std::path::Path) -> Result<Option<Stored>, String> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let Some((file, _)) =
+        crate::util::secret::open_private(path).map_err(|e| format!("{}: {e}", path.display()))?
+    else {
+        return Ok(None);
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{}: not a plain file of this user's that no one else may read or write; not used",
-            path.display()
-        ));
-    }
     let mut bytes = Vec::new();
     file.take(MAX_TOKEN_FILE)
         .read_to_end(&mut bytes)
