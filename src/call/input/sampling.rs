@@ -200,13 +200,14 @@ impl SamplingHandler {
 struct GiveBack<'a> {
     sampler: &'a Sampler,
     key: &'a str,
+    window: Instant,
     asked: u64,
 }
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
         if self.asked > 0 {
-            self.sampler.settle(self.key, self.asked, 0);
+            self.sampler.settle(self.key, self.window, self.asked, 0);
         }
     }
 }
@@ -220,8 +221,9 @@ impl Sampler {
         }
     }
 
-    /// Reserves `asked` tokens of the request's budget, or says why not.
-    fn reserve(&self, key: &str, asked: u64) -> Result<(), Denial> {
+    /// Reserves `asked` tokens of the request's budget, or says why not; the start of
+    /// the budget's window it was taken from.
+    fn reserve(&self, key: &str, asked: u64) -> Result<Instant, Denial> {
         let budget = self.config.call_budget_tokens;
         let mut spent = self.spent.lock();
         let now = Instant::now();
@@ -253,12 +255,17 @@ impl Sampler {
             });
         }
         entry.0 += asked;
-        Ok(())
+        Ok(entry.1)
     }
 
-    /// Replaces the reservation with what the provider says was used.
-    fn settle(&self, key: &str, reserved: u64, used: u64) {
-        if let Some(entry) = self.spent.lock().get_mut(key) {
+    /// Replaces the reservation with what the provider says was used, in the window it
+    /// was taken from: a legacy server's window that has started again since (an
+    /// approval can take minutes) owes it nothing, and neither does a budget forgotten
+    /// and begun anew.
+    fn settle(&self, key: &str, window: Instant, reserved: u64, used: u64) {
+        if let Some(entry) = self.spent.lock().get_mut(key)
+            && entry.1 == window
+        {
             entry.0 = entry.0.saturating_sub(reserved).saturating_add(used);
         }
     }
@@ -322,7 +329,7 @@ impl Sampler {
         );
         let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
-        self.reserve(&key, asked).map_err(InputError::Denied)?;
+        let window = self.reserve(&key, asked).map_err(InputError::Denied)?;
         // A person is asked last: a request the checks above refuse waits for nobody.
         // What they do not approve is given back to the budget, also when nobody answers
         // in time or the request is withdrawn (this future is then dropped).
@@ -330,6 +337,7 @@ impl Sampler {
             let mut unapproved = GiveBack {
                 sampler: self,
                 key: &key,
+                window,
                 asked,
             };
             let approved = match &self.approver {
@@ -352,7 +360,7 @@ impl Sampler {
         };
         match outcome {
             Ok((result, used)) => {
-                self.settle(&key, asked, used.unwrap_or(asked));
+                self.settle(&key, window, asked, used.unwrap_or(asked));
                 Ok(result)
             }
             Err(e) => {
@@ -812,6 +820,31 @@ mod tests {
         assert!(!spent.contains_key("call:1"), "the least recently used go");
         let newest = format!("call:{}", MAX_BUDGETS - 1);
         assert_eq!(spent.get(&newest).map(|e| e.0), Some(1), "the newest stay");
+    }
+
+    #[test]
+    fn a_reservation_is_given_back_only_to_the_window_it_was_taken_from() {
+        let config = local("m", 10, 100, BTreeMap::new());
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        let first = sampler.reserve("server:s", 60).expect("reserved");
+        // The legacy server's minute passes while a person is asked: a new window.
+        {
+            let mut spent = sampler.spent.lock();
+            let entry = spent.get_mut("server:s").expect("entry");
+            entry.1 = entry
+                .1
+                .checked_sub(LEGACY_WINDOW)
+                .expect("a clock past one window");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        let second = sampler.reserve("server:s", 30).expect("a new window");
+        assert_ne!(first, second);
+        // The first is declined: the new window keeps what its own request reserved.
+        sampler.settle("server:s", first, 60, 0);
+        assert_eq!(sampler.spent.lock().get("server:s").map(|e| e.0), Some(30));
+        sampler.settle("server:s", second, 30, 0);
+        assert_eq!(sampler.spent.lock().get("server:s").map(|e| e.0), Some(0));
     }
 
     #[test]
