@@ -509,6 +509,35 @@ async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused(
     h.shutdown().await;
 }
 
+// 5. A legacy server's own request is held to the capabilities the harness declared,
+// as a round's is: an elicitation mode the harness does not know never reaches a
+// handler (which would take it for a form and answer it).
+#[tokio::test]
+async fn item_05_a_legacy_servers_elicitation_of_an_unknown_mode_is_refused_unanswered() {
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])])).input_handler(
+            "elicitation/create",
+            Arc::new(FixedAnswers::new(
+                json!({"action": "accept", "content": {"x": "y"}}),
+            )),
+        ),
+    )
+    .await;
+    let asked = |mode: &'static str| {
+        let h = h.clone();
+        async move {
+            let r = h
+                .call_tool(&a(), "leg__ask_many", json!({"n": 2, "mode": mode}))
+                .await
+                .expect("call");
+            text(&r).to_string()
+        }
+    };
+    assert_eq!(asked("telepathy").await, "answered 0 refused 2");
+    assert_eq!(asked("form").await, "answered 2 refused 0");
+    h.shutdown().await;
+}
+
 /// Log output, kept to be searched.
 #[derive(Clone, Default)]
 struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);

@@ -66,10 +66,11 @@ impl ClientSide for HarnessClient {
         }
         // Held to what this client declared, as a round's requests are: a mode it does
         // not know is not handed to a handler as a form. (A capability not declared at
-        // all finds no handler below.)
-        let declared = self.capabilities();
+        // all finds no handler below.) The handlers checked are the ones that answer.
+        let set = self.inputs.snapshot();
+        let declared = set.capabilities();
         if super::input::capability_name(&request.method).is_some_and(|c| declared.get(c).is_some())
-            && let Err(why) = super::rounds::declares(&request.method, &request.params, &declared)
+            && let Err(why) = super::rounds::declares(&request.method, &request.params, declared)
         {
             request.respond(Err(RpcError::new(
                 INVALID_PARAMS,
@@ -96,7 +97,6 @@ impl ClientSide for HarnessClient {
         };
         let mut request = request;
         tokio::spawn(async move {
-            let set = inputs.snapshot();
             // Once the server was told the client did not answer, the handler stops
             // (an approval leaves the queue, a provider request is not made).
             let answered = tokio::select! {

@@ -24,7 +24,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
         tool(
             "ask_many",
             "Legacy: asks n elicitation requests at once during the call",
-            json!({"n": i("how many")}),
+            json!({"n": i("how many"), "mode": s("elicitation mode (default form)")}),
             &["n"],
         ),
         tool(
@@ -182,15 +182,20 @@ async fn ask_many(request: &Request, ctx: &Ctx) -> Action {
         .and_then(Value::as_u64)
         .unwrap_or(1)
         .min(100);
+    // Another mode than form stands for one the client may not know.
+    let mode = arg(request, "mode")
+        .and_then(Value::as_str)
+        .unwrap_or("form");
     let mut asks = tokio::task::JoinSet::new();
     for k in 0..n {
         let peer = ctx.peer.clone();
-        let params = form(
+        let mut params = form(
             &format!("Question {k}"),
             json!({"x": {"type": "string"}}),
             &[],
         )["params"]
             .clone();
+        params["mode"] = json!(mode);
         asks.spawn(async move { peer.request("elicitation/create", params).await.is_ok() });
     }
     let (mut answered, mut refused) = (0, 0);
