@@ -186,7 +186,9 @@ impl GatewayConfig {
         let config: GatewayConfig = match value {
             None => GatewayConfig::default(),
             Some(v) => serde_path_to_error::deserialize(v).map_err(|e| {
-                GatewayError::Config(format!("gateway.{}: {}", e.path(), e.inner()))
+                GatewayError::Config(
+                    crate::util::invalid::Invalid::in_table("gateway", e).to_string(),
+                )
             })?,
         };
         if let Some(bad) = config
@@ -412,6 +414,9 @@ struct Inner {
     /// Whether the harness was started with roots, and so answers `roots/list`: roots
     /// given first by a reload are not served until a restart.
     roots_at_start: bool,
+    /// The `[gateway]` table read at start: its settings that listeners took then stay
+    /// until a restart, whatever reloads came since.
+    at_start: Arc<GatewayConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
 }
@@ -519,8 +524,9 @@ fn needs_restart(
             "gateway.max_streams",
             gateway.max_streams == gateway_next.max_streams,
         ),
+        // `serve --stdio` reads it at the session's end, the HTTP listener at start.
         (
-            "gateway.write_timeout",
+            "gateway.write_timeout (HTTP listener)",
             gateway.write_timeout == gateway_next.write_timeout,
         ),
         // `roots/list` is answered, and `roots` declared, only by a harness started with
@@ -531,7 +537,7 @@ fn needs_restart(
         ),
         // The MCP listener takes the new ones; `--metrics`'s keeps those it started with.
         (
-            "gateway.allowed_hosts (for --metrics)",
+            METRICS_ALLOWED_HOSTS,
             gateway.allowed_hosts == gateway_next.allowed_hosts,
         ),
     ]
@@ -539,6 +545,10 @@ fn needs_restart(
     .filter_map(|(name, same)| (!same).then_some(name))
     .collect()
 }
+
+/// How [`Reloaded::needs_restart`] names the `allowed_hosts` the `--metrics` listener
+/// took at start (the MCP listener takes new ones).
+pub const METRICS_ALLOWED_HOSTS: &str = "gateway.allowed_hosts (for --metrics)";
 
 fn has_roots(config: &HarnessConfig) -> bool {
     config.agents.values().any(|a| a.roots.is_some())
@@ -655,6 +665,7 @@ impl Gateway {
         config: GatewayConfig,
         sealer: Sealer,
     ) -> Result<Gateway, GatewayError> {
+        let at_start = Arc::new(config.clone());
         let current = Current::new(harness_config, config, sealer).await?;
         Ok(Gateway {
             inner: Arc::new(Inner {
@@ -663,6 +674,7 @@ impl Gateway {
                 in_flight: Mutex::default(),
                 reloading: tokio::sync::Mutex::new(harness_config.clone()),
                 roots_at_start: has_roots(harness_config),
+                at_start,
                 parked: parked::ParkedRounds::default(),
             }),
         })
@@ -684,9 +696,10 @@ impl Gateway {
 
     /// Applies a new configuration without a restart. Everything is checked before
     /// anything changes, so a config that is wrong leaves the running one as it was.
-    /// Then who may do what changes first: grants, agents, tokens, keys and gateway
-    /// settings are swapped at once, so that a revoked token or a narrowed grant takes
-    /// effect now, not once the servers that are slow to stop have stopped. Then
+    /// Then who may do what changes first: tokens, keys and gateway settings, then
+    /// grants, then agents, one right after the other, so that a revoked token or a
+    /// narrowed grant takes effect now, not once the servers that are slow to stop have
+    /// stopped. Then
     /// servers are added, removed, or (when their settings changed) restarted with the
     /// new ones, side by side; one whose change fails is named in the report
     /// ([`Reloaded::failed`]) and the others' changes stand. Calls in flight on servers
@@ -705,7 +718,7 @@ impl Gateway {
             needs_restart: needs_restart(
                 &applied,
                 harness_config,
-                &self.config(),
+                &self.inner.at_start,
                 &config,
                 self.inner.roots_at_start,
             ),

@@ -146,7 +146,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         gateway.clone(),
         servers.clone(),
         dev_sealer,
-        setup.loaded.telemetry.clone(),
+        AtStart {
+            telemetry: setup.loaded.telemetry.clone(),
+            metrics: args.metrics.is_some(),
+        },
     ));
     if pipe {
         let principal = Principal {
@@ -212,13 +215,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
 
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
 /// a config that does not load is refused with its error, and the running one kept.
-/// `telemetry` is the `[telemetry]` table read at start (a change of it is named, not
-/// applied).
 async fn reload_on_change(
     gateway: Gateway,
     servers: ServerArgs,
     dev_sealer: Option<Sealer>,
-    telemetry: Option<serde_json::Value>,
+    at_start: AtStart,
 ) {
     let read = |path: &std::path::Path| std::fs::read(path).ok();
     let mut seen = servers.config.as_deref().and_then(read);
@@ -245,7 +246,7 @@ async fn reload_on_change(
             continue;
         }
         seen = now;
-        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref(), &telemetry).await;
+        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref(), &at_start).await;
         if let Ok(r) = &reloaded
             && !r.needs_restart.is_empty()
         {
@@ -272,20 +273,33 @@ async fn reload_on_change(
     }
 }
 
+/// What the process took at start that a reload compares with: a change of the
+/// `[telemetry]` table is named, not applied; `allowed_hosts` is named for the metrics
+/// listener only when there is one.
+struct AtStart {
+    telemetry: Option<serde_json::Value>,
+    metrics: bool,
+}
+
 async fn reload(
     gateway: &Gateway,
     servers: &ServerArgs,
     dev_sealer: Option<&Sealer>,
-    telemetry: &Option<serde_json::Value>,
+    at_start: &AtStart,
 ) -> anyhow::Result<gateway::Reloaded> {
     let setup = commands::load(servers)?;
-    let telemetry_changed = setup.loaded.telemetry != *telemetry;
+    let telemetry_changed = setup.loaded.telemetry != at_start.telemetry;
     let config = GatewayConfig::from_value(setup.loaded.gateway.clone())?;
     let sealer = match dev_sealer {
         Some(s) => s.clone(),
         None => config.sealer()?,
     };
     let mut reloaded = gateway.reload(&setup.loaded.config, config, sealer).await?;
+    if !at_start.metrics {
+        reloaded
+            .needs_restart
+            .retain(|name| *name != gateway::METRICS_ALLOWED_HOSTS);
+    }
     if telemetry_changed {
         reloaded.needs_restart.push("telemetry");
     }

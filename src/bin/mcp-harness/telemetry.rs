@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::Context;
+use mcp_harness::util::invalid::Invalid;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
@@ -54,7 +55,7 @@ impl TelemetryConfig {
         match value {
             None => Ok(TelemetryConfig::default()),
             Some(v) => serde_path_to_error::deserialize(v.clone())
-                .map_err(|e| anyhow::anyhow!("telemetry.{}: {}", e.path(), e.inner())),
+                .map_err(|e| Invalid::in_table("telemetry", e).into()),
         }
     }
 }
