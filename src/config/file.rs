@@ -364,6 +364,15 @@ mod tests {
         for key in HARNESS_KEYS {
             assert!(key == "gateway" || defaults.get(key).is_some(), "{key}");
         }
+        // A setting added later is a harness key unless it says why not here.
+        let shared_with_other_clients = ["servers", "cache", "limits"];
+        for key in defaults.as_object().expect("a table").keys() {
+            assert!(
+                HARNESS_KEYS.contains(&key.as_str())
+                    || shared_with_other_clients.contains(&key.as_str()),
+                "{key}: a harness key, or one another client may use too?"
+            );
+        }
     }
 
     #[test]
