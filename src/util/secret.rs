@@ -93,7 +93,9 @@ pub fn random_key() -> Vec<u8> {
 /// Opens a file this process keeps for itself: `None` when there is none; an error when
 /// it is a link (not followed), not a plain file (a FIFO is not waited on), another
 /// user's, or readable or writable by others.
-pub fn open_private(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metadata)>, String> {
+pub(crate) fn open_private(
+    path: &Path,
+) -> Result<Option<(std::fs::File, std::fs::Metadata)>, String> {
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -101,7 +103,10 @@ pub fn open_private(path: &Path) -> Result<Option<(std::fs::File, std::fs::Metad
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open it ({e}); a link is not followed")),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err("a link, which is not followed".into());
+        }
+        Err(e) => return Err(format!("cannot open it: {e}")),
     };
     let meta = file.metadata().map_err(|e| e.to_string())?;
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -52,7 +52,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::auth::{
-    AuthError, AuthFailure, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext,
+    AuthError, AuthFailure, AuthStep, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext,
 };
 use super::error::TransportError;
 use super::inbound::{Ids, Inbound, InboundSink};
@@ -245,7 +245,10 @@ impl HttpTransport {
                 Ok(sent) => sent,
                 // Waited out another request's renewal: this request's deadline, not a
                 // sign-in that failed (which a restart could not heal).
-                Err(e) if matches!(e.failure, AuthFailure::Timeout(_)) => {
+                Err(e)
+                    if e.step == AuthStep::Refresh
+                        && matches!(e.failure, AuthFailure::Timeout(_)) =>
+                {
                     return Err(TransportError::Timeout(timeout));
                 }
                 Err(e) => return Err(TransportError::Auth(e)),
