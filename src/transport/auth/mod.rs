@@ -181,6 +181,9 @@ pub(crate) struct SignIn {
     /// for them at most once per [`STORE_RECHECK`] (or at once on a refusal), not twice
     /// per request to a server that needs no token.
     missing: Mutex<HashMap<Option<String>, Instant>>,
+    /// Whether a store that could not be read (a token file refused: planted, a link,
+    /// open to others) was warned of: once, then at debug, as it is read per request.
+    store_warned: std::sync::atomic::AtomicBool,
     /// One renewal (refresh or sign-in) at a time per auth context.
     renewing: Mutex<HashMap<Option<String>, Arc<tokio::sync::Mutex<()>>>>,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
@@ -377,6 +380,7 @@ impl SignIn {
             tokens: Mutex::default(),
             renewed: Mutex::default(),
             missing: Mutex::default(),
+            store_warned: std::sync::atomic::AtomicBool::new(false),
             renewing: Mutex::default(),
             asked: Mutex::default(),
         })
@@ -448,7 +452,14 @@ impl SignIn {
                 None
             }
             Err(e) => {
-                tracing::debug!(server = %self.server, error = %e, "token store unreadable");
+                if self
+                    .store_warned
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::debug!(server = %self.server, error = %e, "token store unreadable");
+                } else {
+                    tracing::warn!(server = %self.server, error = %e, "token store unreadable; signing in without it");
+                }
                 None
             }
         }
