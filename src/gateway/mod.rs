@@ -526,7 +526,7 @@ fn needs_restart(
         ),
         // `serve --stdio` reads it at the session's end, the HTTP listener at start.
         (
-            "gateway.write_timeout (HTTP listener)",
+            HTTP_WRITE_TIMEOUT,
             gateway.write_timeout == gateway_next.write_timeout,
         ),
         // `roots/list` is answered, and `roots` declared, only by a harness started with
@@ -545,6 +545,10 @@ fn needs_restart(
     .filter_map(|(name, same)| (!same).then_some(name))
     .collect()
 }
+
+/// How [`Reloaded::needs_restart`] names the `write_timeout` the HTTP listener took at
+/// start (`serve --stdio` reads it at the session's end).
+pub const HTTP_WRITE_TIMEOUT: &str = "gateway.write_timeout (HTTP listener)";
 
 /// How [`Reloaded::needs_restart`] names the `allowed_hosts` the `--metrics` listener
 /// took at start (the MCP listener takes new ones).

@@ -149,6 +149,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         AtStart {
             telemetry: setup.loaded.telemetry.clone(),
             metrics: args.metrics.is_some(),
+            http: !pipe,
         },
     ));
     if pipe {
@@ -274,11 +275,12 @@ async fn reload_on_change(
 }
 
 /// What the process took at start that a reload compares with: a change of the
-/// `[telemetry]` table is named, not applied; `allowed_hosts` is named for the metrics
-/// listener only when there is one.
+/// `[telemetry]` table is named, not applied; settings of a listener (the metrics one,
+/// the HTTP one) are named only when it runs.
 struct AtStart {
     telemetry: Option<serde_json::Value>,
     metrics: bool,
+    http: bool,
 }
 
 async fn reload(
@@ -295,11 +297,10 @@ async fn reload(
         None => config.sealer()?,
     };
     let mut reloaded = gateway.reload(&setup.loaded.config, config, sealer).await?;
-    if !at_start.metrics {
-        reloaded
-            .needs_restart
-            .retain(|name| *name != gateway::METRICS_ALLOWED_HOSTS);
-    }
+    reloaded.needs_restart.retain(|name| {
+        (at_start.metrics || *name != gateway::METRICS_ALLOWED_HOSTS)
+            && (at_start.http || *name != gateway::HTTP_WRITE_TIMEOUT)
+    });
     if telemetry_changed {
         reloaded.needs_restart.push("telemetry");
     }
