@@ -100,7 +100,9 @@ impl AuthorizationSession for LoopbackSession {
             // Only the redirect of this sign-in ends it: the callback path exactly, with
             // this sign-in's `state`. Anything else on loopback (another local process,
             // a web page probing ports) is answered and ignored, and is read beside the
-            // others, so that a connection that sends nothing holds nobody up.
+            // others, so that a connection that sends nothing holds nobody up; past
+            // [`MAX_READING`] of them, the oldest is closed, so that a browser's redirect
+            // is read even while others hold connections open.
             let state = url::Url::parse(&authorization_url)
                 .ok()
                 .and_then(|u| {
@@ -115,6 +117,7 @@ impl AuthorizationSession for LoopbackSession {
             }
             let state: Arc<str> = state.into();
             let mut reading = tokio::task::JoinSet::new();
+            let mut oldest_first = std::collections::VecDeque::new();
             let port = self.port;
             let back = |target: String| format!("http://127.0.0.1:{port}{target}");
             loop {
@@ -122,15 +125,19 @@ impl AuthorizationSession for LoopbackSession {
                     accepted = self.listener.accept() => {
                         let (stream, _) = accepted.map_err(|e| e.to_string())?;
                         // Those done count no more (the select may not have joined
-                        // them yet); past this many at once, one is closed unread.
+                        // them yet).
                         while let Some(read) = reading.try_join_next() {
                             if let Ok(Some(target)) = read {
                                 return Ok(back(target));
                             }
                         }
-                        if reading.len() < MAX_READING {
-                            reading.spawn(callback(stream, state.clone()));
+                        oldest_first.retain(|r: &tokio::task::AbortHandle| !r.is_finished());
+                        if oldest_first.len() >= MAX_READING
+                            && let Some(oldest) = oldest_first.pop_front()
+                        {
+                            oldest.abort();
                         }
+                        oldest_first.push_back(reading.spawn(callback(stream, state.clone())));
                     }
                     Some(read) = reading.join_next() => {
                         if let Ok(Some(target)) = read {
@@ -143,7 +150,7 @@ impl AuthorizationSession for LoopbackSession {
     }
 }
 
-/// Connections to the loopback listener read at once.
+/// Connections to the loopback listener read at once (past it, the oldest is closed).
 const MAX_READING: usize = 16;
 
 /// Reads one request to the loopback listener and answers it; its target when it is
@@ -342,6 +349,16 @@ mod tests {
         let post = "POST /callback?code=x&state=s-1 HTTP/1.1\r\n\r\n";
         assert_eq!(ask(port, post).await, "");
         assert!(!finished.is_finished(), "nothing else ends the sign-in");
+        // More silent connections than are read at once: the oldest are closed, and
+        // the redirect is still read.
+        let mut silent = Vec::new();
+        for _ in 0..MAX_READING + 4 {
+            silent.push(
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("connect"),
+            );
+        }
         let ok = ask(port, "GET /callback?code=c-1&state=s-1 HTTP/1.1\r\n\r\n").await;
         assert!(ok.contains("200"), "{ok}");
         // Well within the 10 s a silent connection is given to send its request.
