@@ -41,6 +41,24 @@ impl ListsChanged {
     pub fn any(&self) -> bool {
         self.tools || self.prompts || self.resources
     }
+
+    /// The lists marked in either.
+    pub fn union(self, other: ListsChanged) -> ListsChanged {
+        ListsChanged {
+            tools: self.tools || other.tools,
+            prompts: self.prompts || other.prompts,
+            resources: self.resources || other.resources,
+        }
+    }
+
+    /// The lists marked in `self` and not in `other`.
+    pub fn without(self, other: ListsChanged) -> ListsChanged {
+        ListsChanged {
+            tools: self.tools && !other.tools,
+            prompts: self.prompts && !other.prompts,
+            resources: self.resources && !other.resources,
+        }
+    }
 }
 
 /// The client side, as servers see it.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::client::ListsChanged;
-use super::msg::ServerMsg;
+use super::msg::{OnTheWay, Queued, ServerMsg};
 use super::restart::ExitKind;
 use crate::transport::{
     ConnectError, ConnectOptions, Connection, ServerEvent, TransportError, TransportSpec,
@@ -35,8 +35,9 @@ pub enum ConnectionFailure {
 
 /// Messages of a connection actor.
 pub enum ConnMsg {
-    /// Traffic from the server (forwarded up) or the transport's end (fails the actor).
-    Event(ServerEvent),
+    /// Traffic from the server (forwarded up) or the transport's end (fails the actor),
+    /// with a `list_changed`'s place on its way.
+    Event(ServerEvent, Option<Queued>),
     /// Shut the connection down gracefully, then stop.
     Shutdown(RpcReplyPort<()>),
 }
@@ -132,17 +133,25 @@ impl Actor for ConnectionActor {
             armed: true,
         });
         tokio::spawn(async move {
+            let on_the_way = OnTheWay::default();
             while let Some(event) = events.recv().await {
                 // Only what the server actor acts on crosses the actors' mailboxes,
-                // which have no bound: a flood of other notifications (log messages,
-                // progress of no call) stops here, at the transport's bounded channel.
-                if let ServerEvent::Notification(n) = &event
-                    && !ListsChanged::concerns(&n.method)
-                {
-                    tracing::trace!(method = %crate::util::text::one_line(&n.method, 100), "server notification not acted on");
-                    continue;
+                // which have no bound, and of a flood of `list_changed` only one of
+                // each list at a time: the rest (log messages, progress of no call, the
+                // same list changed again) stops here, at the transport's bounded
+                // channel. (Requests hold a permit of the transport's while they wait.)
+                let mut queued = None;
+                if let ServerEvent::Notification(n) = &event {
+                    if !ListsChanged::concerns(&n.method) {
+                        tracing::trace!(method = %crate::util::text::one_line(&n.method, 100), "server notification not acted on");
+                        continue;
+                    }
+                    queued = on_the_way.take(&n.method);
+                    if queued.is_none() {
+                        continue;
+                    }
                 }
-                if myself.send_message(ConnMsg::Event(event)).is_err() {
+                if myself.send_message(ConnMsg::Event(event, queued)).is_err() {
                     return;
                 }
             }
@@ -161,13 +170,14 @@ impl Actor for ConnectionActor {
         state: &mut ConnState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConnMsg::Event(ServerEvent::Closed(error)) => {
+            ConnMsg::Event(ServerEvent::Closed(error), _) => {
                 Err(ConnectionFailure::Transport(error).into())
             }
-            ConnMsg::Event(event) => {
+            ConnMsg::Event(event, queued) => {
                 let _ = state.args.parent.send_message(ServerMsg::Inbound {
                     attempt: state.args.attempt,
                     event,
+                    queued,
                 });
                 Ok(())
             }

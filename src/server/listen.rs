@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::client::ListsChanged;
-use super::msg::ServerMsg;
+use super::msg::{OnTheWay, ServerMsg};
 use crate::protocol::Notification;
 use crate::transport::{Connection, Era, ServerEvent};
 
@@ -113,13 +113,23 @@ async fn run(
 ) {
     let server = conn.server().to_string();
     let mut pause = REOPEN_AFTER;
+    // One change of each list on its way to the actor at a time (its mailbox has no
+    // bound): a stream of them marks the list once, as the server actor does.
+    let on_the_way = OnTheWay::default();
     let tell = |method: &str| {
+        let Some(queued) = on_the_way.take(method) else {
+            return;
+        };
         let n = Notification {
             method: method.into(),
             params: None,
         };
         let event = ServerEvent::Notification(n);
-        let _ = actor.send_message(ServerMsg::Inbound { attempt, event });
+        let _ = actor.send_message(ServerMsg::Inbound {
+            attempt,
+            event,
+            queued: Some(queued),
+        });
     };
     loop {
         let (sink, mut notes) = mpsc::channel(16);
