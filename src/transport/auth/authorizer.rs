@@ -160,17 +160,24 @@ async fn callback(mut stream: tokio::net::TcpStream, state: Arc<str>) -> Option<
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let ours = path == CALLBACK
         && url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "state" && *v == *state);
-    let reply = if ours {
-        let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
-        format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
-            page.len()
-        )
-    } else {
-        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()
-    };
-    let _ = stream.write_all(reply.as_bytes()).await;
-    ours.then_some(target)
+    if !ours {
+        let reply = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let _ = stream.write_all(reply.as_bytes()).await;
+        return None;
+    }
+    // The page is written on a task of its own: this one ends with the target at once,
+    // so that closing the oldest connection for a new one cannot lose a redirect it had
+    // read and was still answering.
+    let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+        page.len()
+    );
+    tokio::spawn(async move {
+        let write = stream.write_all(reply.as_bytes());
+        let _ = tokio::time::timeout(Duration::from_secs(10), write).await;
+    });
+    Some(target)
 }
 
 /// The target of a `GET` request line, read within a bound (8 KiB, 10 s).
