@@ -189,7 +189,11 @@ impl Actor for ServerActor {
                     state.on_connection_lost(&myself, &failure);
                 }
             }
-            ServerMsg::Inbound { event, .. } => state.on_inbound(&myself, event),
+            ServerMsg::Inbound { event, queued, .. } => {
+                state.on_inbound(&myself, event);
+                // Only once its list is marked may another change of it come.
+                drop(queued);
+            }
             ServerMsg::StartConnection { attempt } => {
                 if attempt == state.attempt && state.state == ServerState::Restarting {
                     state.start_connection(&myself).await;
