@@ -417,10 +417,10 @@ impl ServerActorState {
                     .await;
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
-                let timeout = outgoing.timeout;
-                match self.queue.push(Instant::now(), outgoing, reply) {
+                let left = outgoing.left();
+                match self.queue.push(outgoing, reply) {
                     Ok(key) => {
-                        myself.send_after(timeout, move || ServerMsg::ExpireQueued(key));
+                        myself.send_after(left, move || ServerMsg::ExpireQueued(key));
                     }
                     Err(reply) => {
                         let _ = reply.send(Err(ServerError::Overloaded {
@@ -453,12 +453,13 @@ impl ServerActorState {
         }
         let server = self.args.server.clone();
         let mut call = Box::pin(async move {
+            let timeout = outgoing.left();
             let Outgoing {
                 method,
                 params,
                 capabilities,
                 identity,
-                timeout,
+                deadline: _,
             } = outgoing;
             server
                 .on_connection(
@@ -539,18 +540,12 @@ impl ServerActorState {
         });
         self.ready_at = Some(Instant::now());
         self.publish(ServerState::Ready);
-        let now = Instant::now();
         let live = LiveConnection { conn, attempt };
         for q in self.queue.drain() {
-            let remaining = q.deadline.saturating_duration_since(now);
-            if remaining.is_zero() {
+            if q.outgoing.left().is_zero() {
                 let _ = q.reply.send(Err(self.restarting_error()));
             } else {
-                let outgoing = Outgoing {
-                    timeout: remaining.min(q.outgoing.timeout),
-                    ..q.outgoing
-                };
-                self.send_on(live.clone(), outgoing, q.reply).await;
+                self.send_on(live.clone(), q.outgoing, q.reply).await;
             }
         }
     }

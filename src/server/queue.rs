@@ -24,15 +24,22 @@ pub struct Outgoing {
     pub capabilities: Option<Value>,
     /// The caller's auth context, for servers that need sign-in.
     pub identity: Option<String>,
-    /// Its deadline, from when it was made.
-    pub timeout: Duration,
+    /// When it must be answered by: set where it was made, so that time spent in the
+    /// actor's mailbox counts against it.
+    pub deadline: Instant,
+}
+
+impl Outgoing {
+    /// The time left until its deadline.
+    pub(super) fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
 }
 
 /// One waiting request.
 pub(super) struct Queued {
     pub(super) key: u64,
     pub(super) outgoing: Outgoing,
-    pub(super) deadline: Instant,
     pub(super) reply: RequestReply,
 }
 
@@ -61,12 +68,10 @@ impl RequestQueue {
         self.items.len()
     }
 
-    /// Queues a request made at `now`; gives its reply port back when the queue is
-    /// full (of requests whose callers still wait). Returns the key its expiry timer
-    /// names.
+    /// Queues a request; gives its reply port back when the queue is full (of
+    /// requests whose callers still wait). Returns the key its expiry timer names.
     pub(super) fn push(
         &mut self,
-        now: Instant,
         outgoing: Outgoing,
         reply: RequestReply,
     ) -> Result<u64, RequestReply> {
@@ -77,11 +82,9 @@ impl RequestQueue {
             return Err(reply);
         }
         self.next_key += 1;
-        let deadline = crate::util::duration::after(now, outgoing.timeout);
         self.items.push_back(Queued {
             key: self.next_key,
             outgoing,
-            deadline,
             reply,
         });
         Ok(self.next_key)
@@ -109,7 +112,7 @@ mod tests {
             params: None,
             capabilities: None,
             identity: None,
-            timeout: Duration::from_millis(ms),
+            deadline: Instant::now() + Duration::from_millis(ms),
         }
     }
 
@@ -123,17 +126,16 @@ mod tests {
     #[test]
     fn the_queue_is_bounded_ordered_and_expires_by_key() {
         let mut q = RequestQueue::new(2);
-        let now = Instant::now();
         let (ports, _waiting): (Vec<_>, Vec<_>) = (0..3).map(|_| port()).unzip();
         let mut ports = ports.into_iter();
         let mut next = || ports.next().expect("a port");
-        let Ok(a) = q.push(now, outgoing(10), next()) else {
+        let Ok(a) = q.push(outgoing(10), next()) else {
             panic!("room for the first")
         };
-        let Ok(b) = q.push(now, outgoing(20), next()) else {
+        let Ok(b) = q.push(outgoing(20), next()) else {
             panic!("room for the second")
         };
-        assert!(q.push(now, outgoing(30), next()).is_err(), "full");
+        assert!(q.push(outgoing(30), next()).is_err(), "full");
         assert_eq!(q.expire(a).map(|x| x.key), Some(a));
         assert!(q.expire(a).is_none(), "gone already");
         let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();
@@ -141,19 +143,32 @@ mod tests {
     }
 
     #[test]
+    fn a_request_keeps_the_deadline_it_was_made_with_however_late_it_is_queued() {
+        let mut q = RequestQueue::new(2);
+        let made = outgoing(10);
+        // It sat in the actor's mailbox past its deadline.
+        std::thread::sleep(Duration::from_millis(20));
+        let (reply, _waiting) = port();
+        let Ok(_) = q.push(made, reply) else {
+            panic!("room")
+        };
+        let queued = q.drain();
+        assert!(queued[0].outgoing.left().is_zero(), "no time left");
+    }
+
+    #[test]
     fn a_full_queue_makes_room_from_requests_whose_callers_have_gone() {
         let mut q = RequestQueue::new(2);
-        let now = Instant::now();
         let (gone, _) = port();
         let (kept, _kept_waiting) = port();
-        let Ok(_) = q.push(now, outgoing(10), gone) else {
+        let Ok(_) = q.push(outgoing(10), gone) else {
             panic!("room for the first")
         };
-        let Ok(b) = q.push(now, outgoing(10), kept) else {
+        let Ok(b) = q.push(outgoing(10), kept) else {
             panic!("room for the second")
         };
         let (third, _third_waiting) = port();
-        let Ok(c) = q.push(now, outgoing(10), third) else {
+        let Ok(c) = q.push(outgoing(10), third) else {
             panic!("the abandoned request made room")
         };
         let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();

@@ -23,6 +23,10 @@ use super::queue::Outgoing;
 use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, Era, RequestError, TransportError};
 
+/// How long past a request's deadline its caller waits for the server actor's answer
+/// (which comes by the deadline unless the actor is wedged).
+const ACTOR_MARGIN: Duration = Duration::from_millis(500);
+
 /// A ready connection, and the connection attempt it belongs to.
 #[derive(Clone)]
 pub(crate) struct LiveConnection {
@@ -264,13 +268,16 @@ impl ServerRef {
                 .await;
         }
         let _noted = note();
-        self.through_actor(Outgoing {
-            method: method.to_string(),
-            params: traced.or_else(|| params.cloned()),
-            capabilities: capabilities.cloned(),
-            identity: identity.map(String::from),
+        self.through_actor(
+            Outgoing {
+                method: method.to_string(),
+                params: traced.or_else(|| params.cloned()),
+                capabilities: capabilities.cloned(),
+                identity: identity.map(String::from),
+                deadline: crate::util::duration::after(std::time::Instant::now(), timeout),
+            },
             timeout,
-        })
+        )
         .await
     }
 
@@ -314,15 +321,20 @@ impl ServerRef {
         result.map_err(|e| ServerError::from_request(self.id(), e))
     }
 
-    async fn through_actor(&self, outgoing: Outgoing) -> Result<Value, ServerError> {
+    async fn through_actor(
+        &self,
+        outgoing: Outgoing,
+        timeout: Duration,
+    ) -> Result<Value, ServerError> {
         let unavailable = || ServerError::Unavailable {
             server: self.id().to_string(),
         };
         let Some(actor) = self.actor() else {
             return Err(unavailable());
         };
-        // The server answers by its deadline; the margin only guards against a wedged actor.
-        let limit = outgoing.timeout.saturating_add(Duration::from_secs(5));
+        // The actor answers by the request's deadline, which counts from here; the
+        // margin only guards against a wedged actor.
+        let limit = outgoing.left().saturating_add(ACTOR_MARGIN);
         let (reply, rx) = tokio::sync::oneshot::channel();
         let message = ServerMsg::Request { outgoing, reply };
         actor.send_message(message).map_err(|_| unavailable())?;
@@ -332,7 +344,7 @@ impl ServerRef {
             Ok(Err(_)) => Err(unavailable()),
             Err(_) => Err(ServerError::Transport {
                 server: self.id().to_string(),
-                source: TransportError::Timeout(limit),
+                source: TransportError::Timeout(timeout),
             }),
         }
     }
