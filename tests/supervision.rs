@@ -124,6 +124,39 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
 }
 
 #[tokio::test]
+async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
+    let mut alpha = demo("alpha", &[]);
+    alpha.restart.max_restarts = 1;
+    alpha.restart.within = Duration::from_secs(600);
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let crash = || call("crash", json!({"code": 3}));
+    let _ = h.request("alpha", "tools/call", crash()).await;
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.restarts == 1 && s.state == ServerState::Ready))
+        .await,
+        "the one restart allowed"
+    );
+    let old_actor = h.server_actor("alpha").expect("actor");
+    old_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("alpha")
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the killed one"
+    );
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    // The new actor knows of the restart its predecessor made: a second crash within
+    // the window is one too many (a fresh history restarted it).
+    let _ = h.request("alpha", "tools/call", crash()).await;
+    assert!(wait_state(&h, "alpha", ServerState::Failed).await);
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
     let h = harness(vec![demo("alpha", &[])]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);

@@ -30,7 +30,7 @@ use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFail
 use super::error::ServerError;
 use super::msg::ServerMsg;
 use super::queue::{Outgoing, RequestQueue, RequestReply};
-use super::restart::{Decision, RestartTracker};
+use super::restart::Decision;
 use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
 use crate::transport::{ConnectOptions, Connection, Era, ServerEvent, TransportError};
@@ -90,7 +90,6 @@ pub struct ServerActorState {
     /// Whether a connection of this server listened for changes before (a new one then
     /// reads its lists again: nothing is replayed).
     listened: bool,
-    restarts: RestartTracker,
     queue: RequestQueue,
     last_error: Option<String>,
     lists_changed: ListsChanged,
@@ -114,7 +113,6 @@ impl Actor for ServerActor {
         args: ServerArgs,
     ) -> Result<ServerActorState, ActorProcessingErr> {
         let config = args.server.config();
-        let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
         let queue = RequestQueue::new(config.queue_capacity);
         // Log context for as long as the server is supervised, not exported as a trace (see
         // `CONNECTION_SPANS`); what happens to the connection is its own short span.
@@ -132,7 +130,6 @@ impl Actor for ServerActor {
             handover: None,
             ready_at: None,
             listened: false,
-            restarts,
             queue,
             last_error: None,
             lists_changed: ListsChanged::default(),
@@ -385,7 +382,7 @@ impl ServerActorState {
     }
 
     async fn on_restart(&mut self, myself: &ActorRef<ServerMsg>) {
-        self.restarts.reset();
+        self.args.server.0.restarts.lock().reset();
         for old in [self.current.take(), self.handover.take()]
             .into_iter()
             .flatten()
@@ -603,7 +600,12 @@ impl ServerActorState {
         let decision = if cannot_heal {
             Decision::GiveUp(reason.clone())
         } else {
-            self.restarts.on_exit(Instant::now(), up_since, exit)
+            self.args
+                .server
+                .0
+                .restarts
+                .lock()
+                .on_exit(Instant::now(), up_since, exit)
         };
         match decision {
             Decision::Restart(delay) => {

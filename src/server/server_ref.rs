@@ -20,6 +20,7 @@ use super::config::ServerConfig;
 use super::error::ServerError;
 use super::msg::ServerMsg;
 use super::queue::Outgoing;
+use super::restart::RestartTracker;
 use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, Era, RequestError, TransportError};
 
@@ -67,6 +68,10 @@ pub(crate) struct ServerShared {
     /// `None` until the server has connected once.
     pub(super) offers: RwLock<Option<Offers>>,
     pub(super) actor: RwLock<Option<ActorRef<ServerMsg>>>,
+    /// The restart history, here rather than in the actor: a rebuilt actor goes on
+    /// with it, so that an actor that keeps dying cannot make its server's restarts
+    /// unlimited.
+    pub(super) restarts: parking_lot::Mutex<RestartTracker>,
     in_flight: AtomicUsize,
     /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
@@ -115,8 +120,10 @@ impl ServerRef {
     pub(crate) fn new(config: ServerConfig) -> ServerRef {
         let status = ServerStatus::starting(&config.id);
         let fingerprint = config.transport.fingerprint();
+        let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
         ServerRef(Arc::new(ServerShared {
             id: config.id.as_str().into(),
+            restarts: parking_lot::Mutex::new(restarts),
             config,
             fingerprint,
             status: RwLock::new(status),
