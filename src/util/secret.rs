@@ -108,6 +108,13 @@ pub(crate) fn open_private(
         }
         Err(e) => return Err(format!("cannot open it: {e}")),
     };
+    let meta = checked_private(&file)?;
+    Ok(Some((file, meta)))
+}
+
+/// The metadata of an open file, if it is a plain file of this user's that no one else
+/// may read or write.
+pub(crate) fn checked_private(file: &std::fs::File) -> Result<std::fs::Metadata, String> {
     let meta = file.metadata().map_err(|e| e.to_string())?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
@@ -116,7 +123,7 @@ pub(crate) fn open_private(
             "not a plain file of this user's that no one else may read or write; not used".into(),
         );
     }
-    Ok(Some((file, meta)))
+    Ok(meta)
 }
 
 /// Reads a kept key: `None` when there is none; an error when it is there but not one

@@ -43,7 +43,8 @@ pub use authorizer::{
 pub use challenge::Challenge;
 pub use error::{AuthError, AuthFailure, AuthStep};
 pub use store::{
-    ClientAuth, ClientIdentity, FileTokenStore, MemoryTokenStore, Token, TokenKey, TokenStore,
+    ClientAuth, ClientIdentity, FileTokenStore, MemoryTokenStore, RenewalLock, Token, TokenKey,
+    TokenStore,
 };
 
 use discovery::{Discovered, ResourceMetadata, ServerMetadata};
@@ -53,6 +54,19 @@ use store::now_ms;
 const MAX_REPLY: usize = 1 << 20;
 /// Refresh this long before a token expires.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+/// How long a renewal after a refusal waits for another process's refresh of the same
+/// token (one token request, cut off at 30 s, and a little).
+const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(35);
+/// How often a request waiting for another process's refresh looks again.
+const RENEWAL_LOCK_POLL: Duration = Duration::from_millis(25);
+
+/// What a refresh may do once other processes' refreshes are ruled out.
+enum Across {
+    /// Refresh, holding this (none where the store has no lock across processes).
+    Locked(Option<Box<dyn Send + Sync>>),
+    /// Another process refreshes it: the token is still good, send it as it is.
+    SendAsIs,
+}
 /// Step-ups (403 `insufficient_scope`) per request before giving up.
 pub const MAX_STEP_UPS: usize = 2;
 /// The scope that asks for a refresh token, when the authorization server offers it.
@@ -571,11 +585,52 @@ impl SignIn {
                 None => token,
             },
         };
-        match self.renew_quietly(identity, &token).await {
+        match self.renew_quietly(identity, &token, Some(until)).await {
             Ok(Some(t)) => Ok(Some(t.access_token)),
             // Expired and not renewable without a person: send nothing, let the 401 come.
             Ok(None) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the store's lock across processes for refreshing `identity`'s token,
+    /// polling while another process holds it; see [`SignIn::renew_quietly`] for how
+    /// long. A store with no such lock, or one whose lock file is refused, is refreshed
+    /// without it (as before there was one).
+    async fn lock_across(
+        &self,
+        identity: Option<&str>,
+        token: &Token,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<Across, AuthError> {
+        let started = tokio::time::Instant::now();
+        let limit = until.unwrap_or(started + RENEWAL_LOCK_WAIT);
+        let key = self.key(identity);
+        loop {
+            match self.ctx.store.try_lock_renewal(&key) {
+                Ok(RenewalLock::Held(guard)) => return Ok(Across::Locked(Some(guard))),
+                Ok(RenewalLock::None) => return Ok(Across::Locked(None)),
+                Err(e) => {
+                    tracing::debug!(server = %self.server, error = %e, "no lock across processes for this refresh");
+                    return Ok(Across::Locked(None));
+                }
+                Ok(RenewalLock::Busy) => {}
+            }
+            if until.is_some() && !token.expires_within(Duration::ZERO) {
+                return Ok(Across::SendAsIs);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= limit {
+                if until.is_some() {
+                    return Err(self.err(
+                        AuthStep::Refresh,
+                        AuthFailure::Timeout(now.saturating_duration_since(started)),
+                    ));
+                }
+                tracing::warn!(server = %self.server, "another process held the token's refresh lock too long; refreshing without it");
+                return Ok(Across::Locked(None));
+            }
+            tokio::time::sleep(RENEWAL_LOCK_POLL.min(limit - now)).await;
         }
     }
 
@@ -590,11 +645,16 @@ impl SignIn {
             && discovery::checked_url(&token.token_endpoint, &self.url).is_ok()
     }
 
-    /// A refresh, or a new client-credentials token: what needs no person.
+    /// A refresh, or a new client-credentials token: what needs no person. A request
+    /// that may send `token` as it is (`until`: its deadline) does so while another
+    /// process refreshes it, if it has not expired; else it waits for that refresh
+    /// until its deadline. A renewal after a refusal waits for it at most
+    /// [`RENEWAL_LOCK_WAIT`].
     async fn renew_quietly(
         &self,
         identity: Option<&str>,
         token: &Token,
+        until: Option<tokio::time::Instant>,
     ) -> Result<Option<Token>, AuthError> {
         if self.config.grant == GrantKind::ClientCredentials {
             return self.client_credentials(identity, None).await.map(Some);
@@ -607,13 +667,32 @@ impl SignIn {
             self.forget(identity);
             return Ok(None);
         }
-        match self.refresh(identity, token, &refresh).await {
+        // One refresh at a time across the processes that share the store (a refresh
+        // rotates the refresh token: of two at once, one fails); once the lock is
+        // taken, the store is read again for what another process renewed meanwhile.
+        let _across = match self.lock_across(identity, token, until).await? {
+            Across::Locked(guard) => guard,
+            Across::SendAsIs => return Ok(Some(token.clone())),
+        };
+        let (token, refresh) = match self.read_store(identity) {
+            Some(t)
+                if t.access_token != token.access_token && !t.expires_within(REFRESH_MARGIN) =>
+            {
+                return Ok(Some(t));
+            }
+            Some(t) if t.refresh_token.is_some() && t.refresh_token != token.refresh_token => {
+                let refresh = t.refresh_token.clone().unwrap_or_default();
+                (t, refresh)
+            }
+            _ => (token.clone(), refresh),
+        };
+        match self.refresh(identity, &token, &refresh).await {
             Ok(t) => Ok(Some(t)),
             Err(e) => match &e.failure {
                 // The refresh token is dead: forget it; a full sign-in comes next.
                 AuthFailure::Refused { error, .. } if error == "invalid_grant" => {
                     tracing::info!(server = %self.server, "refresh token refused; signing in again");
-                    self.forget_if_still(identity, token);
+                    self.forget_if_still(identity, &token);
                     Ok(None)
                 }
                 _ => Err(e),
@@ -686,7 +765,7 @@ impl SignIn {
         }
         if !step_up
             && let Some(t) = &current
-            && let Some(renewed) = self.renew_quietly(identity, t).await?
+            && let Some(renewed) = self.renew_quietly(identity, t, None).await?
             && Some(renewed.access_token.as_str()) != refused
         {
             return Ok(Renewal::Renewed);
@@ -1667,6 +1746,98 @@ mod tests {
             matches!(failure, Err(AuthFailure::Timeout(_))),
             "{failure:?}"
         );
+    }
+
+    /// A sign-in over a file store in a directory of its own, and a second store on the
+    /// same directory: another process's view of it.
+    fn over_files(name: &str) -> (SignIn, FileTokenStore, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "mcp-harness-renewal-{name}-{}-{}",
+            std::process::id(),
+            now_ms()
+        ));
+        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
+        let ctx = SignInContext {
+            store: Arc::new(FileTokenStore::new(&dir)),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        (sign_in, FileTokenStore::new(&dir), dir)
+    }
+
+    #[tokio::test]
+    async fn a_refresh_waits_for_another_processs_and_takes_the_token_it_stored() {
+        let (sign_in, other, dir) = over_files("wait");
+        let key = sign_in.key(None);
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.expires_at_ms = Some(now_ms() + 10_000);
+        sign_in.keep(None, ours.clone()).expect("keep");
+        // Another process is refreshing it.
+        let RenewalLock::Held(held) = other.try_lock_renewal(&key).expect("lock") else {
+            panic!("the first lock is taken")
+        };
+        assert!(matches!(
+            sign_in.ctx.store.try_lock_renewal(&key),
+            Ok(RenewalLock::Busy)
+        ));
+        // Due for refresh but still good: sent as it is, no refresh of our own (which
+        // would need the network, and would spend the refresh token it rotates).
+        let sent = sign_in.bearer(None, soon()).await.expect("bearer");
+        assert_eq!(sent.as_deref(), Some("a"));
+        // Expired: waits for that refresh, until its deadline only.
+        ours.expires_at_ms = Some(now_ms() - 1_000);
+        sign_in.keep(None, ours).expect("keep");
+        let until = tokio::time::Instant::now() + Duration::from_millis(200);
+        let waited = sign_in.bearer(None, until).await.map_err(|e| e.failure);
+        assert!(matches!(waited, Err(AuthFailure::Timeout(_))), "{waited:?}");
+        // The other process stores what it got and lets go: that token is taken.
+        let waiting = sign_in.bearer(None, soon());
+        let finishing = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut theirs = token("https://idp.example", "https://idp.example/t");
+            theirs.access_token = "b".into();
+            theirs.refresh_token = Some("r2".into());
+            theirs.expires_at_ms = Some(now_ms() + 3_600_000);
+            other.put(&key, &theirs).expect("put");
+            drop(held);
+        };
+        let (sent, ()) = tokio::join!(waiting, finishing);
+        assert_eq!(sent.expect("bearer").as_deref(), Some("b"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_renewal_lock_is_one_holders_and_its_file_is_checked_like_a_tokens() {
+        use std::os::unix::fs::PermissionsExt;
+        let (sign_in, other, dir) = over_files("lock");
+        let key = sign_in.key(None);
+        let first = other.try_lock_renewal(&key).expect("lock");
+        assert!(matches!(first, RenewalLock::Held(_)));
+        assert!(matches!(
+            sign_in.ctx.store.try_lock_renewal(&key),
+            Ok(RenewalLock::Busy)
+        ));
+        drop(first);
+        assert!(matches!(
+            sign_in.ctx.store.try_lock_renewal(&key),
+            Ok(RenewalLock::Held(_))
+        ));
+        // A lock file others may write is not used.
+        let lock = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "lock"))
+            .expect("a lock file");
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        assert!(other.try_lock_renewal(&key).is_err());
+        // One process alone: nothing to lock.
+        assert!(matches!(
+            MemoryTokenStore::default().try_lock_renewal(&key),
+            Ok(RenewalLock::None)
+        ));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

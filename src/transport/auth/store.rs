@@ -120,6 +120,25 @@ pub trait TokenStore: Send + Sync + 'static {
     fn remove(&self, key: &TokenKey) -> Result<(), String>;
     /// Forgets every token of `server` (sign-out).
     fn remove_server(&self, server: &str) -> Result<usize, String>;
+
+    /// Tries, without waiting, to take the lock that keeps processes sharing this
+    /// store from refreshing `key`'s token at the same time: a refresh rotates the
+    /// refresh token, so of two at once one fails and its process signs in again.
+    /// A store only one process uses has none ([`RenewalLock::None`]).
+    fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
+        let _ = key;
+        Ok(RenewalLock::None)
+    }
+}
+
+/// What [`TokenStore::try_lock_renewal`] found.
+pub enum RenewalLock {
+    /// Taken: other processes wait until it is dropped.
+    Held(Box<dyn Send + Sync>),
+    /// Another process holds it: try again shortly.
+    Busy,
+    /// The store has no lock across processes.
+    None,
 }
 
 /// Tokens in memory: the default; gone when the process ends.
@@ -237,6 +256,43 @@ impl TokenStore for FileTokenStore {
         match std::fs::remove_file(self.path(key)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
             _ => Ok(()),
+        }
+    }
+
+    /// An advisory lock (`flock`) on a `.lock` file beside the token's, made `0600`
+    /// and held to the same checks as a token file.
+    fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.ensure_dir()?;
+        let path = self.path(key)?.with_extension("lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::util::secret::checked_private(&file)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // (`File::try_lock` would do, from Rust 1.89; the crate supports 1.88.)
+        // SAFETY: the descriptor stays open for the call (the file is borrowed).
+        let locked = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        };
+        if locked == 0 {
+            // Released when the file is closed: when the guard drops, or the process ends.
+            return Ok(RenewalLock::Held(Box::new(file)));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(RenewalLock::Busy)
+        } else {
+            Err(format!("{}: {e}", path.display()))
         }
     }
 
