@@ -448,6 +448,14 @@ impl ServerActorState {
         if reply.is_closed() {
             return;
         }
+        // Its time ran out on the way here: not sent (it would run for nobody).
+        if outgoing.left().is_zero() {
+            let _ = reply.send(Err(ServerError::Transport {
+                server: self.id().to_string(),
+                source: TransportError::Timeout(Duration::ZERO),
+            }));
+            return;
+        }
         let server = self.args.server.clone();
         let mut call = Box::pin(async move {
             let timeout = outgoing.left();

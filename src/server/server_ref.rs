@@ -24,9 +24,10 @@ use super::restart::RestartTracker;
 use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, Era, RequestError, TransportError};
 
-/// How long past a request's deadline its caller waits for the server actor's answer
-/// (which comes by the deadline unless the actor is wedged).
-const ACTOR_MARGIN: Duration = Duration::from_millis(500);
+/// How long past a request's deadline its caller waits for the server actor's answer,
+/// which comes by the deadline unless a token refresh the request started runs over
+/// (it is let finish: a rotated refresh token would be lost) or the actor is wedged.
+const ACTOR_MARGIN: Duration = Duration::from_secs(5);
 
 /// A ready connection, and the connection attempt it belongs to.
 #[derive(Clone)]
@@ -346,6 +347,14 @@ impl ServerRef {
         let message = ServerMsg::Request { outgoing, reply };
         actor.send_message(message).map_err(|_| unavailable())?;
         match tokio::time::timeout(limit, rx).await {
+            // The caller's deadline, not what was left of it when the actor sent it.
+            Ok(Ok(Err(ServerError::Transport {
+                server,
+                source: TransportError::Timeout(_),
+            }))) => Err(ServerError::Transport {
+                server,
+                source: TransportError::Timeout(timeout),
+            }),
             Ok(Ok(result)) => result,
             // The actor died holding the request (it is being rebuilt).
             Ok(Err(_)) => Err(unavailable()),

@@ -680,8 +680,12 @@ impl SignIn {
             {
                 return Ok(Some(t));
             }
-            Some(t) if t.refresh_token.is_some() && t.refresh_token != token.refresh_token => {
-                let refresh = t.refresh_token.clone().unwrap_or_default();
+            Some(t)
+                if t.refresh_token.is_some()
+                    && t.refresh_token != token.refresh_token
+                    && self.still_trusted(&t) =>
+            {
+                let refresh = t.refresh_token.clone().unwrap_or(refresh);
                 (t, refresh)
             }
             _ => (token.clone(), refresh),
