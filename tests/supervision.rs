@@ -49,6 +49,20 @@ fn pid(h: &HarnessHandle, id: &str) -> u32 {
         .expect("a running server has a pid")
 }
 
+/// Kills `id`'s server actor and waits until a new one has the server ready again.
+async fn kill_actor_until_rebuilt(h: &HarnessHandle, id: &str) {
+    let old_actor = h.server_actor(id).expect("actor");
+    old_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor(id)
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the killed one"
+    );
+    assert!(wait_state(h, id, ServerState::Ready).await);
+}
+
 async fn echo(h: &HarnessHandle, id: &str, text_: &str) -> Result<String, HarnessError> {
     let r = h
         .request(id, "tools/call", call("echo", json!({"text": text_})))
@@ -139,16 +153,7 @@ async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
         .await,
         "the one restart allowed"
     );
-    let old_actor = h.server_actor("alpha").expect("actor");
-    old_actor.kill();
-    assert!(
-        eventually(Duration::from_secs(20), || h
-            .server_actor("alpha")
-            .is_some_and(|a| a.get_id() != old_actor.get_id()))
-        .await,
-        "a new actor replaces the killed one"
-    );
-    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    kill_actor_until_rebuilt(&h, "alpha").await;
     // The new actor knows of the restart its predecessor made: a second crash within
     // the window is one too many (a fresh history restarted it).
     let _ = h.request("alpha", "tools/call", crash()).await;
@@ -161,16 +166,7 @@ async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
     let h = harness(vec![demo("alpha", &[])]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     let old_pid = pid(&h, "alpha");
-    let old_actor = h.server_actor("alpha").expect("actor");
-    old_actor.kill();
-    assert!(
-        eventually(Duration::from_secs(20), || h
-            .server_actor("alpha")
-            .is_some_and(|a| a.get_id() != old_actor.get_id()))
-        .await,
-        "a new actor replaces the killed one"
-    );
-    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    kill_actor_until_rebuilt(&h, "alpha").await;
     assert_eq!(
         echo(&h, "alpha", "rebuilt").await.expect("served"),
         "rebuilt"
