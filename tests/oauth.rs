@@ -525,6 +525,60 @@ async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated()
 }
 
 #[tokio::test]
+async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
+    // Tokens live 31 s (refreshed 30 s before expiry); a refresh rotates the refresh
+    // token at once and is answered 1.5 s later.
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "31",
+            "--refresh-delay-ms",
+            "1500",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    let refreshes = || {
+        w.at("token")
+            .into_iter()
+            .filter(|t| t["grant_type"] == "refresh_token")
+            .count()
+    };
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move { subject(&h, &Caller::agent("a")).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || refreshes() == 1).await,
+        "the call refreshes its token"
+    );
+    // Cancelled while the authorization server's reply is on its way: the refresh
+    // token it sent is spent already.
+    call.abort();
+    assert!(call.await.is_err_and(|e| e.is_cancelled()));
+    // Until the reply lands, the token (still good) is sent as it is.
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await; // the reply lands (deliberate)
+    // The rotated token was kept: no second refresh with the spent refresh token, no
+    // second sign-in.
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    assert_eq!(refreshes(), 1);
+    assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_expired_token_without_a_refresh_token_is_renewed_by_signing_in_again() {
     // No `offline_access` offered, so no refresh token; tokens live 3 s.
     let w = World::new(

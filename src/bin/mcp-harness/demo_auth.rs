@@ -5,8 +5,8 @@
 //! `state`, the same `resource` on both legs, the client's authentication method, codes
 //! and refresh tokens used once (refresh tokens rotate). Knobs make it misbehave the
 //! ways clients must notice: metadata at another well-known location, a wrong issuer,
-//! no PKCE advertised, `iss` missing or wrong, scopes it will not grant. `--record FILE`
-//! appends one JSON line per request (secrets as hashes).
+//! no PKCE advertised, `iss` missing or wrong, scopes it will not grant, refreshes
+//! answered late. `--record FILE` appends one JSON line per request (secrets as hashes).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -112,6 +112,10 @@ pub struct DemoAuthArgs {
     /// Access tokens live this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub token_ttl: u64,
+    /// Answer a refresh this many milliseconds late, its refresh token already
+    /// rotated (a slow authorization server, or a reply still on its way).
+    #[arg(long, default_value_t = 0)]
+    pub refresh_delay_ms: u64,
     /// Refuse every authorization (`access_denied`).
     #[arg(long)]
     pub deny: bool,
@@ -293,7 +297,12 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         Method::POST if at("token") => {
             let form: HashMap<String, String> =
                 url::form_urlencoded::parse(&body).into_owned().collect();
-            token(&state, &form, authorization.as_deref())
+            let reply = token(&state, &form, authorization.as_deref());
+            if form.get("grant_type").is_some_and(|g| g == "refresh_token") {
+                let delay = std::time::Duration::from_millis(state.args.refresh_delay_ms);
+                tokio::time::sleep(delay).await;
+            }
+            reply
         }
         Method::POST if at("register") && state.args.registration => register(&state, &body),
         _ => full(StatusCode::NOT_FOUND, "", ""),

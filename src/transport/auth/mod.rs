@@ -191,6 +191,8 @@ pub(crate) struct SignIn {
     /// again after trying a held token takes it (another request renewed meanwhile)
     /// rather than renewing once more.
     renewed: Mutex<HashMap<Option<String>, String>>,
+    /// This sign-in, for a token request to hold while it runs on a task of its own.
+    this: std::sync::Weak<SignIn>,
     /// Auth contexts the store had no token for, and when it was read: it is read again
     /// for them at most once per [`STORE_RECHECK`] (or at once on a refusal), not twice
     /// per request to a server that needs no token.
@@ -342,13 +344,46 @@ fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
     }
 }
 
-/// What a new token records about its issue, besides the reply.
-struct Issued<'a> {
-    issuer: &'a str,
+/// One token request: what is sent, and what the new token records about its issue
+/// besides the reply.
+struct Exchange {
+    step: AuthStep,
+    endpoint: String,
+    client: ClientIdentity,
+    /// The form's parameters, less the client's authentication.
+    params: Vec<(&'static str, String)>,
+    issuer: String,
     /// The scopes asked for (a reply without `scope` granted these).
-    asked: &'a [String],
+    asked: Vec<String>,
     /// A refresh token to keep when the reply has none.
     previous_refresh: Option<String>,
+}
+
+/// This process's hold on renewing one auth context's token (from
+/// [`SignIn::lock_for`]). A token request under way takes it along onto a task of its
+/// own and hands it back ([`SignIn::exchange`]): a caller that goes away meanwhile does
+/// not let another renewal start before that request's token is kept.
+type Renewing = Option<tokio::sync::OwnedMutexGuard<()>>;
+
+impl Exchange {
+    /// A grant's token request at `d`'s token endpoint (no refresh token to carry over).
+    fn grant(
+        step: AuthStep,
+        d: &Discovered,
+        client: ClientIdentity,
+        params: Vec<(&'static str, String)>,
+        asked: Vec<String>,
+    ) -> Exchange {
+        Exchange {
+            step,
+            endpoint: d.server.token_endpoint.clone(),
+            client,
+            params,
+            issuer: d.server.issuer.clone(),
+            asked,
+            previous_refresh: None,
+        }
+    }
 }
 
 /// A token endpoint's answer.
@@ -370,7 +405,7 @@ impl SignIn {
         config: OAuthConfig,
         ctx: SignInContext,
         tls: rustls::ClientConfig,
-    ) -> Result<SignIn, String> {
+    ) -> Result<Arc<SignIn>, String> {
         let mut http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(tls)
@@ -382,7 +417,8 @@ impl SignIn {
             http = http.dns_resolver(Arc::new(resolve::SharedResolver(r.clone())));
         }
         let http = http.build().map_err(|e| e.to_string())?;
-        Ok(SignIn {
+        Ok(Arc::new_cyclic(|this| SignIn {
+            this: this.clone(),
             server: server.to_string(),
             url: url.clone(),
             config,
@@ -397,7 +433,7 @@ impl SignIn {
             store_warned: std::sync::atomic::AtomicBool::new(false),
             renewing: Mutex::default(),
             asked: Mutex::default(),
-        })
+        }))
     }
 
     fn err(&self, step: AuthStep, failure: AuthFailure) -> AuthError {
@@ -545,7 +581,8 @@ impl SignIn {
     /// expire; `None` when not signed in (the server's 401 then starts a sign-in). While
     /// another request renews it (a refresh, or a person signing in), a token not yet
     /// expired is sent as it is, and an expired one waits for the renewal until `until`
-    /// (then [`AuthFailure::Timeout`]); a refresh this request starts is not cut off.
+    /// (then [`AuthFailure::Timeout`]). A refresh this request starts is cut off
+    /// neither by its deadline nor by its caller going away ([`Self::exchange`]).
     pub(crate) async fn bearer(
         &self,
         identity: Option<&str>,
@@ -558,15 +595,15 @@ impl SignIn {
             return Ok(Some(token.access_token));
         }
         let lock = self.lock_for(identity);
-        let _one = match lock.try_lock() {
-            Ok(one) => one,
+        let mut renewing = match lock.clone().try_lock_owned() {
+            Ok(one) => Some(one),
             Err(_) if !token.expires_within(Duration::ZERO) => {
                 return Ok(Some(token.access_token));
             }
             Err(_) => {
                 let waited = until.saturating_duration_since(tokio::time::Instant::now());
-                match tokio::time::timeout_at(until, lock.lock()).await {
-                    Ok(one) => one,
+                match tokio::time::timeout_at(until, lock.lock_owned()).await {
+                    Ok(one) => Some(one),
                     Err(_) => {
                         return Err(self.err(AuthStep::Refresh, AuthFailure::Timeout(waited)));
                     }
@@ -585,7 +622,10 @@ impl SignIn {
                 None => token,
             },
         };
-        match self.renew_quietly(identity, &token, Some(until)).await {
+        match self
+            .renew_quietly(identity, &token, Some(until), &mut renewing)
+            .await
+        {
             Ok(Some(t)) => Ok(Some(t.access_token)),
             // Expired and not renewable without a person: send nothing, let the 401 come.
             Ok(None) => Ok(None),
@@ -655,9 +695,13 @@ impl SignIn {
         identity: Option<&str>,
         token: &Token,
         until: Option<tokio::time::Instant>,
+        renewing: &mut Renewing,
     ) -> Result<Option<Token>, AuthError> {
         if self.config.grant == GrantKind::ClientCredentials {
-            return self.client_credentials(identity, None).await.map(Some);
+            return self
+                .client_credentials(identity, None, renewing)
+                .await
+                .map(Some);
         }
         let Some(refresh) = token.refresh_token.clone() else {
             return Ok(None);
@@ -670,7 +714,7 @@ impl SignIn {
         // One refresh at a time across the processes that share the store (a refresh
         // rotates the refresh token: of two at once, one fails); once the lock is
         // taken, the store is read again for what another process renewed meanwhile.
-        let _across = match self.lock_across(identity, token, until).await? {
+        let across = match self.lock_across(identity, token, until).await? {
             Across::Locked(guard) => guard,
             Across::SendAsIs => return Ok(Some(token.clone())),
         };
@@ -690,7 +734,10 @@ impl SignIn {
             }
             _ => (token.clone(), refresh),
         };
-        match self.refresh(identity, &token, &refresh).await {
+        match self
+            .refresh(identity, &token, &refresh, renewing, across)
+            .await
+        {
             Ok(t) => Ok(Some(t)),
             Err(e) => match &e.failure {
                 // The refresh token is dead: forget it; a full sign-in comes next.
@@ -717,8 +764,7 @@ impl SignIn {
         step_up: bool,
         take_held: bool,
     ) -> Result<Renewal, AuthError> {
-        let lock = self.lock_for(identity);
-        let _one = lock.lock().await;
+        let mut renewing = Some(self.lock_for(identity).lock_owned().await);
         let mut current = self.held(identity);
         // Another process may have signed in, or refreshed the token refused here (and
         // rotated its refresh token): the store is read again before anything is renewed.
@@ -769,7 +815,7 @@ impl SignIn {
         }
         if !step_up
             && let Some(t) = &current
-            && let Some(renewed) = self.renew_quietly(identity, t, None).await?
+            && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?
             && Some(renewed.access_token.as_str()) != refused
         {
             return Ok(Renewal::Renewed);
@@ -781,28 +827,29 @@ impl SignIn {
                 AuthStep::ClientCredentials
             };
             return self
-                .client_credentials(identity, Some(challenge))
+                .client_credentials(identity, Some(challenge), &mut renewing)
                 .await
                 .map(|_| Renewal::Renewed)
                 .map_err(|e| AuthError { step, ..e });
         }
-        self.authorize(identity, challenge)
+        self.authorize(identity, challenge, &mut renewing)
             .await
             .map(|_| Renewal::Renewed)
     }
 
     /// Signs `identity` in now (the command line's `login`), whatever is held.
     pub(crate) async fn sign_in(&self, identity: Option<&str>) -> Result<(), AuthError> {
-        let lock = self.lock_for(identity);
-        let _one = lock.lock().await;
+        let mut renewing = Some(self.lock_for(identity).lock_owned().await);
         let challenge = self.probe_challenge().await;
         if self.config.grant == GrantKind::ClientCredentials {
             return self
-                .client_credentials(identity, Some(&challenge))
+                .client_credentials(identity, Some(&challenge), &mut renewing)
                 .await
                 .map(|_| ());
         }
-        self.authorize(identity, &challenge).await.map(|_| ())
+        self.authorize(identity, &challenge, &mut renewing)
+            .await
+            .map(|_| ())
     }
 
     /// Forgets every token of this server (the command line's `logout`).
@@ -1129,20 +1176,63 @@ impl SignIn {
         Ok(client)
     }
 
-    /// POSTs a token request with the client's authentication; the reply as a token.
-    async fn token_request(
+    /// Sends `ex` and keeps the token it brings for `identity`, on a task of its own
+    /// that holds `renewing` (handed back after) and `across` until the token is kept.
+    /// Once sent, a token request may have spent a code or rotated a refresh token, and
+    /// its reply is then the only copy of what replaces them: a caller that goes away
+    /// (a cancelled call) must not cut it off.
+    async fn exchange(
         &self,
-        step: AuthStep,
-        endpoint: &str,
-        client: &ClientIdentity,
-        mut params: Vec<(&str, String)>,
-        issued: Issued<'_>,
+        identity: Option<&str>,
+        ex: Exchange,
+        renewing: &mut Renewing,
+        across: Option<Box<dyn Send + Sync>>,
     ) -> Result<Token, AuthError> {
-        let Issued {
-            issuer,
-            asked,
-            previous_refresh,
-        } = issued;
+        let step = ex.step;
+        let Some(this) = self.this.upgrade() else {
+            // Only while the sign-in is being dropped: nobody outlives this caller.
+            return self.exchange_here(identity, &ex).await;
+        };
+        let (who, held) = (identity.map(String::from), renewing.take());
+        let work = async move {
+            let kept = this.exchange_here(who.as_deref(), &ex).await;
+            drop(across);
+            (kept, held)
+        };
+        let task = tokio::spawn(tracing::Instrument::in_current_span(work));
+        match task.await {
+            Ok((kept, held)) => {
+                *renewing = held;
+                kept
+            }
+            Err(e) => Err(self.err(step, AuthFailure::Invalid(format!("token request: {e}")))),
+        }
+    }
+
+    /// [`Self::exchange`]'s work: the request, then the token kept.
+    async fn exchange_here(
+        &self,
+        identity: Option<&str>,
+        ex: &Exchange,
+    ) -> Result<Token, AuthError> {
+        let token = self.token_request(ex).await?;
+        self.keep(identity, token.clone())
+            .map_err(|f| self.err(ex.step, f))?;
+        Ok(token)
+    }
+
+    /// POSTs a token request with the client's authentication; the reply as a token.
+    async fn token_request(&self, ex: &Exchange) -> Result<Token, AuthError> {
+        let Exchange {
+            step,
+            ref endpoint,
+            ref client,
+            ref params,
+            ref issuer,
+            ref asked,
+            ref previous_refresh,
+        } = *ex;
+        let mut params: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, v.as_str())).collect();
         if self.resolver.as_ref().is_some_and(|r| r.server_unknown()) {
             // A kept token refreshed before sign-in has reached the server: reach it
             // first, so that whether it is on an internal network is known.
@@ -1150,7 +1240,7 @@ impl SignIn {
         }
         let mut request = self
             .http
-            .post(endpoint)
+            .post(endpoint.as_str())
             .header("content-type", "application/x-www-form-urlencoded")
             .header("accept", "application/json");
         match (client.auth, &client.client_secret) {
@@ -1163,14 +1253,13 @@ impl SignIn {
                 request = request.header("authorization", format!("Basic {basic}"));
             }
             (ClientAuth::ClientSecretPost, Some(secret)) => {
-                params.push(("client_id", client.client_id.clone()));
-                params.push(("client_secret", secret.clone()));
+                params.push(("client_id", &client.client_id));
+                params.push(("client_secret", secret));
             }
-            _ => params.push(("client_id", client.client_id.clone())),
+            _ => params.push(("client_id", &client.client_id)),
         }
-        let pairs: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let response = request
-            .body(form(&pairs))
+            .body(form(&params))
             .send()
             .await
             .map_err(|e| self.err(step, send_failure(e)))?;
@@ -1197,13 +1286,13 @@ impl SignIn {
         }
         Ok(Token {
             access_token: reply.access_token,
-            refresh_token: reply.refresh_token.or(previous_refresh),
+            refresh_token: reply.refresh_token.or_else(|| previous_refresh.clone()),
             expires_at_ms: reply
                 .expires_in
                 .map(|s| now_ms().saturating_add(s.saturating_mul(1000))),
             scopes: granted(reply.scope.as_deref(), asked),
-            issuer: issuer.to_string(),
-            token_endpoint: endpoint.to_string(),
+            issuer: issuer.clone(),
+            token_endpoint: endpoint.clone(),
             client: client.clone(),
         })
     }
@@ -1213,27 +1302,24 @@ impl SignIn {
         identity: Option<&str>,
         token: &Token,
         refresh: &str,
+        renewing: &mut Renewing,
+        across: Option<Box<dyn Send + Sync>>,
     ) -> Result<Token, AuthError> {
         let params = vec![
             ("grant_type", "refresh_token".to_string()),
             ("refresh_token", refresh.to_string()),
             ("resource", self.resource_param().await),
         ];
-        let renewed = self
-            .token_request(
-                AuthStep::Refresh,
-                &token.token_endpoint,
-                &token.client,
-                params,
-                Issued {
-                    issuer: &token.issuer,
-                    asked: &token.scopes,
-                    previous_refresh: Some(refresh.to_string()),
-                },
-            )
-            .await?;
-        self.keep(identity, renewed.clone())
-            .map_err(|f| self.err(AuthStep::Refresh, f))?;
+        let ex = Exchange {
+            step: AuthStep::Refresh,
+            endpoint: token.token_endpoint.clone(),
+            client: token.client.clone(),
+            params,
+            issuer: token.issuer.clone(),
+            asked: token.scopes.clone(),
+            previous_refresh: Some(refresh.to_string()),
+        };
+        let renewed = self.exchange(identity, ex, renewing, across).await?;
         tracing::debug!(server = %self.server, "token refreshed");
         Ok(renewed)
     }
@@ -1250,6 +1336,7 @@ impl SignIn {
         &self,
         identity: Option<&str>,
         challenge: Option<&Challenge>,
+        renewing: &mut Renewing,
     ) -> Result<Token, AuthError> {
         let step = AuthStep::ClientCredentials;
         let empty = Challenge::default();
@@ -1272,32 +1359,8 @@ impl SignIn {
         if !scopes.is_empty() {
             params.push(("scope", scopes.join(" ")));
         }
-        self.grant(step, &d, &client, params, &scopes, identity)
-            .await
-    }
-
-    /// A grant's token request (no refresh token to carry over), its token kept for
-    /// `identity`.
-    async fn grant(
-        &self,
-        step: AuthStep,
-        d: &Discovered,
-        client: &ClientIdentity,
-        params: Vec<(&str, String)>,
-        scopes: &[String],
-        identity: Option<&str>,
-    ) -> Result<Token, AuthError> {
-        let issued = Issued {
-            issuer: &d.server.issuer,
-            asked: scopes,
-            previous_refresh: None,
-        };
-        let token = self
-            .token_request(step, &d.server.token_endpoint, client, params, issued)
-            .await?;
-        self.keep(identity, token.clone())
-            .map_err(|f| self.err(step, f))?;
-        Ok(token)
+        let ex = Exchange::grant(step, &d, client, params, scopes);
+        self.exchange(identity, ex, renewing, None).await
     }
 
     /// The authorization code grant with a person (see the module docs).
@@ -1305,6 +1368,7 @@ impl SignIn {
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
+        renewing: &mut Renewing,
     ) -> Result<Token, AuthError> {
         let step = AuthStep::Authorization;
         let d = self.discover(challenge).await?;
@@ -1373,9 +1437,8 @@ impl SignIn {
             ("code_verifier", verifier),
             ("resource", d.resource.resource.clone()),
         ];
-        let token = self
-            .grant(AuthStep::Token, &d, &client, params, &scopes, identity)
-            .await?;
+        let ex = Exchange::grant(AuthStep::Token, &d, client, params, scopes);
+        let token = self.exchange(identity, ex, renewing, None).await?;
         tracing::info!(server = %self.server, identity = ?identity, "signed in");
         Ok(token)
     }
@@ -1476,7 +1539,7 @@ mod tests {
     }
 
     /// A sign-in for a server on loopback, over a store that counts its reads.
-    fn counted() -> (SignIn, Arc<Counting>) {
+    fn counted() -> (Arc<SignIn>, Arc<Counting>) {
         let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
         let store = Arc::new(Counting::default());
         let ctx = SignInContext {
@@ -1754,7 +1817,7 @@ mod tests {
 
     /// A sign-in over a file store in a directory of its own, and a second store on the
     /// same directory: another process's view of it.
-    fn over_files(name: &str) -> (SignIn, FileTokenStore, std::path::PathBuf) {
+    fn over_files(name: &str) -> (Arc<SignIn>, FileTokenStore, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!(
             "mcp-harness-renewal-{name}-{}-{}",
             std::process::id(),

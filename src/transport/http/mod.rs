@@ -89,7 +89,7 @@ pub(crate) struct HttpTransport {
     params: ParamTable,
     inbound: InboundSink,
     get_stream: Mutex<Option<JoinHandle<()>>>,
-    sign_in: SignIn,
+    sign_in: Arc<SignIn>,
     this: Weak<HttpTransport>,
 }
 
@@ -235,8 +235,9 @@ impl HttpTransport {
             }
             let started = Instant::now();
             let request = RequestRef { id: &id, ..request };
-            // A refresh is never cut off halfway (a rotated refresh token would be
-            // lost with it); its time counts against the tries'.
+            // A refresh is never cut off halfway, not even by dropping this future (a
+            // rotated refresh token would be lost with it); its time counts against
+            // the tries'.
             let sent = match self
                 .sign_in
                 .bearer(identity, crate::util::duration::after(started, left))
