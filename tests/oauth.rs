@@ -16,8 +16,8 @@ use mcp_harness::transport::auth::{
     AuthError, AuthFailure, AuthStep, HeadlessAuthorizer, OAuthConfig,
 };
 use mcp_harness::{
-    CallError, Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig, ServerError,
-    ServerState, TransportSpec,
+    CallError, CallKind, CallOptions, Caller, Harness, HarnessConfig, HarnessHandle, ServerConfig,
+    ServerError, ServerState, TransportSpec,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -575,6 +575,79 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     );
     assert_eq!(refreshes(), 1);
     assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the_server_stays_ready()
+ {
+    // Tokens live 4 s (so each request refreshes first; the server counts whole
+    // seconds, so a token stays good for at least a second after a refresh lands);
+    // refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
+    // requests use another).
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "4",
+            "--refresh-delay-ms",
+            "2000",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
+    tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
+    let refreshes = || {
+        w.at("token")
+            .into_iter()
+            .filter(|t| t["grant_type"] == "refresh_token")
+            .count()
+    };
+    let before = refreshes();
+    let renewing = tokio::spawn({
+        let (h, alice) = (h.clone(), alice.clone());
+        async move { subject(&h, &alice).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || refreshes() > before).await,
+        "the first call refreshes the expired token"
+    );
+    // The second waits for that refresh until its own deadline, and ends as a timeout:
+    // not a failed sign-in, which would mark the server failed.
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(500)),
+        ..CallOptions::default()
+    };
+    let waited = h
+        .call(&alice, CallKind::Tool, "web__whoami", json!({}), options)
+        .await;
+    let Err(e) = waited else {
+        panic!("answered with an expired token, or before the refresh: {waited:?}")
+    };
+    assert!(auth_error(&e).is_none(), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            CallError::DeadlineExceeded(_)
+                | CallError::Server(ServerError::Transport {
+                    source: TransportError::Timeout(_),
+                    ..
+                })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        h.server_status("web").map(|s| s.state),
+        Some(ServerState::Ready)
+    );
+    assert_eq!(renewing.await.expect("join").expect("refreshed"), "alice");
+    assert_eq!(subject(&h, &alice).await.expect("call"), "alice");
+    assert_eq!(w.at("authorize").len(), 2, "the harness's own and alice's");
     h.shutdown().await;
 }
 
