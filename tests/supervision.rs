@@ -140,7 +140,7 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
 #[tokio::test]
 async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
     let mut alpha = demo("alpha", &[]);
-    alpha.restart.max_restarts = 1;
+    alpha.restart.max_restarts = 2;
     alpha.restart.within = Duration::from_secs(600);
     let h = harness(vec![alpha]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
@@ -151,13 +151,58 @@ async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
             .server_status("alpha")
             .is_some_and(|s| s.restarts == 1 && s.state == ServerState::Ready))
         .await,
-        "the one restart allowed"
+        "the first restart allowed"
     );
+    // The rebuild is the second.
     kill_actor_until_rebuilt(&h, "alpha").await;
-    // The new actor knows of the restart its predecessor made: a second crash within
-    // the window is one too many (a fresh history restarted it).
+    assert_eq!(h.server_status("alpha").map(|s| s.restarts), Some(2));
+    // The new actor knows of the restarts before it: another crash within the window
+    // is one too many (a fresh history restarted it).
     let _ = h.request("alpha", "tools/call", crash()).await;
     assert!(wait_state(&h, "alpha", ServerState::Failed).await);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
+    let mut alpha = demo("alpha", &[]);
+    alpha.restart.max_restarts = 2;
+    alpha.restart.within = Duration::from_secs(600);
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    for _ in 0..2 {
+        kill_actor_until_rebuilt(&h, "alpha").await;
+    }
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!((status.restarts, status.actor_rebuilds), (2, 2));
+    // A third death within the window is one too many: the server is failed, not
+    // started again (it was, at once, however often its actor died).
+    let (old_actor, old_pid) = (h.server_actor("alpha").expect("actor"), pid(&h, "alpha"));
+    old_actor.kill();
+    assert!(wait_state(&h, "alpha", ServerState::Failed).await);
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!(status.actor_rebuilds, 3);
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("more than 2 restarts")),
+        "{:?}",
+        status.last_error
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
+        "the last process died with its actor"
+    );
+    assert!(matches!(
+        echo(&h, "alpha", "x").await,
+        Err(HarnessError::Call(CallError::Server(
+            ServerError::Failed { .. }
+        )))
+    ));
+    // An operator's restart forgets the history and starts it.
+    h.restart_server("alpha").await.expect("restart");
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     h.shutdown().await;
 }
 

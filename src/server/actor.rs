@@ -30,7 +30,7 @@ use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFail
 use super::error::ServerError;
 use super::msg::ServerMsg;
 use super::queue::{Outgoing, RequestQueue, RequestReply};
-use super::restart::Decision;
+use super::restart::{Decision, ExitKind};
 use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
 use crate::transport::{ConnectOptions, Connection, Era, ServerEvent, TransportError};
@@ -118,9 +118,21 @@ impl Actor for ServerActor {
         // `CONNECTION_SPANS`); what happens to the connection is its own short span.
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "server", id = %config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
         let enabled = config.enabled;
-        if args.rebuilt {
-            args.server.0.status.write().actor_rebuilds += 1;
-        }
+        // A dead actor took its connection with it: a restart, held to the server's
+        // policy, backoff and limit like a crash, or an actor that kept dying would
+        // start its server again at once, for ever.
+        let rebuilt = args.rebuilt.then(|| {
+            let up_since = {
+                let mut s = args.server.0.status.write();
+                s.actor_rebuilds += 1;
+                s.ready_at.filter(|_| s.state == ServerState::Ready)
+            };
+            args.server
+                .0
+                .restarts
+                .lock()
+                .on_exit(Instant::now(), up_since, ExitKind::Abnormal)
+        });
         let mut state = ServerActorState {
             span,
             args,
@@ -139,6 +151,12 @@ impl Actor for ServerActor {
         if !enabled {
             // Listed, answering `Stopped`, until `restart_server` starts it.
             state.publish(ServerState::Stopped);
+            return Ok(state);
+        }
+        if let Some(decision) = rebuilt {
+            let reason = "the server's actor died (its connection with it)";
+            state.last_error = Some(reason.to_string());
+            state.follow(&myself, decision, reason, false);
             return Ok(state);
         }
         state
@@ -615,6 +633,18 @@ impl ServerActorState {
                 .lock()
                 .on_exit(Instant::now(), up_since, exit)
         };
+        self.follow(myself, decision, &reason, cannot_heal);
+    }
+
+    /// Carries out what the restart policy decided after the connection ended
+    /// (`reason`).
+    fn follow(
+        &mut self,
+        myself: &ActorRef<ServerMsg>,
+        decision: Decision,
+        reason: &str,
+        cannot_heal: bool,
+    ) {
         match decision {
             Decision::Restart(delay) => {
                 self.lifecycle_span("restart").in_scope(|| tracing::warn!(server = %self.id(), %reason, ?delay, "server connection ended; restarting after backoff"));

@@ -53,9 +53,9 @@ pub struct ServerStatus {
     pub era: Option<Era>,
     /// The protocol version in use.
     pub protocol_version: Option<String>,
-    /// Connection restarts so far.
+    /// Restarts so far: of its connection, or of its actor (and the connection with it).
     pub restarts: u32,
-    /// Times the server's actor itself was rebuilt by the supervisor.
+    /// Times the server's actor itself was rebuilt by the supervisor (each a restart).
     pub actor_rebuilds: u32,
     /// The last error that ended a connection or failed the server.
     pub last_error: Option<String>,
