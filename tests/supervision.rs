@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mcp_harness::{
     CallError, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, RestartPolicy,
-    ServerConfig, ServerError, ServerState,
+    ServerConfig, ServerError, ServerState, Service,
 };
 use serde_json::json;
 use support::*;
@@ -203,6 +203,52 @@ async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
     // An operator's restart forgets the history and starts it.
     h.restart_server("alpha").await.expect("restart");
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rebuilt_servers_supervisor_charges_no_server_and_leaves_a_failed_one_failed() {
+    let mut alpha = demo("alpha", &[]);
+    alpha.restart.max_restarts = 1;
+    alpha.restart.within = Duration::from_secs(600);
+    let future = demo("future", &["--versions", "2099-01-01"]);
+    let h = harness(vec![alpha, future]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    assert!(wait_state(&h, "future", ServerState::Failed).await);
+    for round in 1..=3 {
+        let old_pid = pid(&h, "alpha");
+        let servers = h.service_actor(Service::Servers).await.expect("running");
+        servers.kill();
+        assert!(
+            eventually(Duration::from_secs(20), || h
+                .server_status("alpha")
+                .is_some_and(
+                    |s| s.state == ServerState::Ready && s.pid.is_some_and(|p| p != old_pid)
+                ))
+            .await,
+            "alpha started again after the supervisor's death {round}"
+        );
+        assert!(
+            eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
+            "the old process died with its actor"
+        );
+    }
+    // Three deaths of the supervisor, none of them alpha's: its one restart is left.
+    let alpha = h.server_status("alpha").expect("status");
+    assert_eq!((alpha.restarts, alpha.actor_rebuilds), (0, 3));
+    // The failed server was not tried again.
+    let future = h.server_status("future").expect("status");
+    assert_eq!(future.state, ServerState::Failed);
+    assert_eq!(future.restarts, 0);
+    assert!(
+        future
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no common protocol version")),
+        "{:?}",
+        future.last_error
+    );
+    assert_eq!(echo(&h, "alpha", "still").await.expect("served"), "still");
     h.shutdown().await;
 }
 

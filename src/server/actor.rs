@@ -51,8 +51,21 @@ pub struct ServerArgs {
     pub(crate) server: ServerRef,
     pub(crate) client: Arc<dyn ClientSide>,
     pub(crate) options: ConnectOptions,
-    /// True when the actor replaces one that died.
-    pub(crate) rebuilt: bool,
+    /// Why the actor is started.
+    pub(crate) start: Start,
+}
+
+/// Why a server actor is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The server is new (added, or in the config at start).
+    New,
+    /// The server's actor died: a restart of the server, under its restart policy.
+    ActorDied,
+    /// The servers' supervisor died and every server actor with it: each is started
+    /// again at once, charged to no server's restart limit (the fault was the
+    /// harness's own, and would otherwise count against every server at once).
+    SupervisorRebuilt,
 }
 
 /// The connection attempt in charge.
@@ -117,21 +130,12 @@ impl Actor for ServerActor {
         // Log context for as long as the server is supervised, not exported as a trace (see
         // `CONNECTION_SPANS`); what happens to the connection is its own short span.
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "server", id = %config.id, era = tracing::field::Empty, pid = tracing::field::Empty);
-        let enabled = config.enabled;
-        // A dead actor took its connection with it: a restart, held to the server's
-        // policy, backoff and limit like a crash, or an actor that kept dying would
-        // start its server again at once, for ever.
-        let rebuilt = args.rebuilt.then(|| {
-            let up_since = {
-                let mut s = args.server.0.status.write();
-                s.actor_rebuilds += 1;
-                s.ready_at.filter(|_| s.state == ServerState::Ready)
-            };
-            args.server
-                .0
-                .restarts
-                .lock()
-                .on_exit(Instant::now(), up_since, ExitKind::Abnormal)
+        let (enabled, start) = (config.enabled, args.start);
+        // What the server was when the actor before this one died.
+        let before = (start != Start::New).then(|| {
+            let mut s = args.server.0.status.write();
+            s.actor_rebuilds += 1;
+            (s.state, s.ready_at, s.last_error.clone())
         });
         let mut state = ServerActorState {
             span,
@@ -148,16 +152,35 @@ impl Actor for ServerActor {
             lists_gap: LISTS_CHANGED_TICK,
             lists_flushed: None,
         };
-        if !enabled {
-            // Listed, answering `Stopped`, until `restart_server` starts it.
-            state.publish(ServerState::Stopped);
-            return Ok(state);
-        }
-        if let Some(decision) = rebuilt {
-            let reason = "the server's actor died (its connection with it)";
-            state.last_error = Some(reason.to_string());
-            state.follow(&myself, decision, reason, false);
-            return Ok(state);
+        match (start, before) {
+            (Start::New, _) if !enabled => {
+                // Listed, answering `Stopped`, until `restart_server` starts it.
+                state.publish(ServerState::Stopped);
+                return Ok(state);
+            }
+            // A failed or stopped server (disabled ones too) stays so: it had no
+            // connection to lose. `restart_server` brings it back.
+            (_, Some((was @ (ServerState::Failed | ServerState::Stopped), _, last_error))) => {
+                state.last_error = last_error;
+                state.publish(was);
+                return Ok(state);
+            }
+            // The dead actor took its connection with it: a restart, held to the
+            // server's policy, backoff and limit like a crash (else an actor that kept
+            // dying would start its server again at once, for ever).
+            (Start::ActorDied, Some((was, ready_at, _))) => {
+                let up_since = ready_at.filter(|_| was == ServerState::Ready);
+                let decision = state.args.server.0.restarts.lock().on_exit(
+                    Instant::now(),
+                    up_since,
+                    ExitKind::Abnormal,
+                );
+                let reason = "the server's actor died (its connection with it)";
+                state.last_error = Some(reason.to_string());
+                state.follow(&myself, decision, reason, false);
+                return Ok(state);
+            }
+            _ => {}
         }
         state
             .span

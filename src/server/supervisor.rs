@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::actor::{ServerActor, ServerArgs};
+use super::actor::{ServerActor, ServerArgs, Start};
 use super::client::ClientSide;
 use super::config::ServerConfig;
 use super::directory::Directory;
@@ -94,8 +94,12 @@ impl Actor for ServersSupervisor {
         // A rebuilt supervisor starts the servers it finds in the directory again (their
         // actors died with the old one).
         for server in state.args.directory.all() {
-            let rebuilt = server.actor().is_some();
-            if let Err(e) = state.spawn(&myself, server.clone(), rebuilt).await {
+            let start = if server.actor().is_some() {
+                Start::SupervisorRebuilt
+            } else {
+                Start::New
+            };
+            if let Err(e) = state.spawn(&myself, server.clone(), start).await {
                 tracing::error!(server = %server.id(), error = %e, "could not start the server's actor");
             }
         }
@@ -188,7 +192,7 @@ impl Actor for ServersSupervisor {
             return Ok(());
         };
         tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
-        if let Err(e) = state.spawn(&myself, server.clone(), true).await {
+        if let Err(e) = state.spawn(&myself, server.clone(), Start::ActorDied).await {
             tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
             let mut s = server.0.status.write();
             s.state = ServerState::Failed;
@@ -203,7 +207,7 @@ impl ServersState {
         &mut self,
         myself: &ActorRef<ServersMsg>,
         server: ServerRef,
-        rebuilt: bool,
+        start: Start,
     ) -> Result<(), ServersError> {
         // A rebuilt actor starts with nothing published.
         *server.0.live.write() = None;
@@ -211,7 +215,7 @@ impl ServersState {
             server: server.clone(),
             client: self.args.client.clone(),
             options: self.args.options.clone(),
-            rebuilt,
+            start,
         };
         let (actor, _) = Actor::spawn_linked(None, ServerActor, args, myself.get_cell())
             .await
@@ -234,7 +238,7 @@ impl ServersState {
         if !self.args.directory.insert(server.clone()) {
             return Err(ServersError::Duplicate(server.id().to_string()));
         }
-        if let Err(e) = self.spawn(myself, server.clone(), false).await {
+        if let Err(e) = self.spawn(myself, server.clone(), Start::New).await {
             self.args.directory.remove(server.id());
             return Err(e);
         }
