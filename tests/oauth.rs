@@ -526,14 +526,15 @@ async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated()
 
 #[tokio::test]
 async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
-    // Tokens live 31 s (refreshed 30 s before expiry); a refresh rotates the refresh
-    // token at once and is answered 1.5 s later.
+    // Tokens live 34 s (refreshed 30 s before expiry); a refresh rotates the refresh
+    // token at once and is answered 1.5 s later (its token is then due 5.5 s after it
+    // was asked for: the calls below are done well before).
     let w = World::new(
         &[
             "--client",
             "pre",
             "--token-ttl",
-            "31",
+            "34",
             "--refresh-delay-ms",
             "1500",
         ],
@@ -542,7 +543,7 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     .await;
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    tokio::time::sleep(Duration::from_millis(4200)).await; // into the refresh window (deliberate)
     let refreshes = || {
         w.at("token")
             .into_iter()
@@ -582,8 +583,8 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
 async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the_server_stays_ready()
  {
     // Tokens live 4 s (so each request refreshes first; the server counts whole
-    // seconds, so a token stays good for at least a second after a refresh lands);
-    // refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
+    // seconds, so a token stays good for at least a second after a refresh lands: the
+    // lifetime must stay 2 s above the delay); refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
     // requests use another).
     let w = World::new(
         &[

@@ -515,12 +515,14 @@ impl SignIn {
         }
     }
 
+    /// Holds `token` for `identity`, stored first (a rotated refresh token replaces the
+    /// old one for good); a store that refuses it is said, and it is held all the same.
     fn keep(&self, identity: Option<&str>, token: Token) -> Result<(), AuthFailure> {
-        // Stored before it is used: a rotated refresh token replaces the old one for good.
-        self.ctx
+        let stored = self
+            .ctx
             .store
             .put(&self.key(identity), &token)
-            .map_err(AuthFailure::Store)?;
+            .map_err(AuthFailure::Store);
         let who = identity.map(String::from);
         self.missing.lock().remove(&who);
         {
@@ -532,7 +534,7 @@ impl SignIn {
             renewed.insert(who.clone(), token.access_token.clone());
         }
         self.tokens.lock().insert(who, token);
-        Ok(())
+        stored
     }
 
     /// Forgets `refused` unless the store now holds another token (another process
@@ -1190,7 +1192,7 @@ impl SignIn {
     ) -> Result<Token, AuthError> {
         let step = ex.step;
         let Some(this) = self.this.upgrade() else {
-            // Only while the sign-in is being dropped: nobody outlives this caller.
+            // Not reached: `&self` is borrowed from a live `Arc`.
             return self.exchange_here(identity, &ex).await;
         };
         let (who, held) = (identity.map(String::from), renewing.take());
@@ -1205,7 +1207,13 @@ impl SignIn {
                 *renewing = held;
                 kept
             }
-            Err(e) => Err(self.err(step, AuthFailure::Invalid(format!("token request: {e}")))),
+            // A panic is the caller's as it would have been inline, not a failed
+            // sign-in (which a restart could not heal).
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(self.err(
+                step,
+                AuthFailure::Invalid("stopped with the runtime".into()),
+            )),
         }
     }
 
@@ -1216,8 +1224,10 @@ impl SignIn {
         ex: &Exchange,
     ) -> Result<Token, AuthError> {
         let token = self.token_request(ex).await?;
-        self.keep(identity, token.clone())
-            .map_err(|f| self.err(ex.step, f))?;
+        if let Err(e) = self.keep(identity, token.clone()) {
+            // Not thrown away: the reply is the only copy of a rotated refresh token.
+            tracing::warn!(server = %self.server, error = %e, "token held in memory only");
+        }
         Ok(token)
     }
 
@@ -1899,12 +1909,34 @@ mod tests {
             .expect("a lock file");
         std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         assert!(other.try_lock_renewal(&key).is_err());
-        // One process alone: nothing to lock.
-        assert!(matches!(
-            MemoryTokenStore::default().try_lock_renewal(&key),
-            Ok(RenewalLock::None)
-        ));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_memory_stores_renewal_lock_is_one_connections_per_key() {
+        let store = MemoryTokenStore::default();
+        let key = |who: &str| TokenKey {
+            server: "s".into(),
+            resource: "http://127.0.0.1:9/mcp".into(),
+            identity: Some(who.into()),
+        };
+        let held = store.try_lock_renewal(&key("a")).expect("lock");
+        assert!(matches!(held, RenewalLock::Held(_)));
+        // Another connection of the server (a new one, while the old one's refresh
+        // runs) waits; another auth context does not.
+        assert!(matches!(
+            store.try_lock_renewal(&key("a")),
+            Ok(RenewalLock::Busy)
+        ));
+        assert!(matches!(
+            store.try_lock_renewal(&key("b")),
+            Ok(RenewalLock::Held(_))
+        ));
+        drop(held);
+        assert!(matches!(
+            store.try_lock_renewal(&key("a")),
+            Ok(RenewalLock::Held(_))
+        ));
     }
 
     #[test]
