@@ -117,6 +117,14 @@ impl World {
             .expect("spawn")
     }
 
+    /// How many refreshes the authorization server was asked for.
+    fn refreshes(&self) -> usize {
+        self.at("token")
+            .iter()
+            .filter(|t| t["grant_type"] == "refresh_token")
+            .count()
+    }
+
     /// The authorization server's records of `endpoint` (`authorize`, `token`, …).
     fn at(&self, endpoint: &str) -> Vec<Value> {
         recorded(&self.auth_record)
@@ -544,18 +552,12 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
     tokio::time::sleep(Duration::from_millis(4200)).await; // into the refresh window (deliberate)
-    let refreshes = || {
-        w.at("token")
-            .into_iter()
-            .filter(|t| t["grant_type"] == "refresh_token")
-            .count()
-    };
     let call = tokio::spawn({
         let h = h.clone();
         async move { subject(&h, &Caller::agent("a")).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || refreshes() == 1).await,
+        eventually(Duration::from_secs(10), || w.refreshes() == 1).await,
         "the call refreshes its token"
     );
     // Cancelled while the authorization server's reply is on its way: the refresh
@@ -574,7 +576,7 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
         subject(&h, &Caller::agent("a")).await.expect("call"),
         "demo-user"
     );
-    assert_eq!(refreshes(), 1);
+    assert_eq!(w.refreshes(), 1);
     assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
     h.shutdown().await;
 }
@@ -603,19 +605,13 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
     let alice = as_user("alice");
     assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
     tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
-    let refreshes = || {
-        w.at("token")
-            .into_iter()
-            .filter(|t| t["grant_type"] == "refresh_token")
-            .count()
-    };
-    let before = refreshes();
+    let before = w.refreshes();
     let renewing = tokio::spawn({
         let (h, alice) = (h.clone(), alice.clone());
         async move { subject(&h, &alice).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || refreshes() > before).await,
+        eventually(Duration::from_secs(10), || w.refreshes() > before).await,
         "the first call refreshes the expired token"
     );
     // The second waits for that refresh until its own deadline, and ends as a timeout:
@@ -1017,13 +1013,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
         // Stored by "another process" while the first try was out.
         revoked("revoked-there"),
     ]);
-    let refreshes = || {
-        w.at("token")
-            .into_iter()
-            .filter(|t| t["grant_type"] == "refresh_token")
-            .count()
-    };
-    let before = refreshes();
+    let before = w.refreshes();
     let second = spawn().await.expect("spawn");
     ready(&second).await;
     assert_eq!(
@@ -1042,7 +1032,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
         ["Bearer revoked-here", "Bearer revoked-there"],
         "each held token tried once, in order"
     );
-    assert_eq!(refreshes() - before, 1, "then one refresh");
+    assert_eq!(w.refreshes() - before, 1, "then one refresh");
     assert_eq!(w.at("authorize").len(), 1, "and no second sign-in");
 }
 

@@ -23,6 +23,25 @@ fn demo(id: &str, args: &[&str]) -> ServerConfig {
     c
 }
 
+/// A demo server allowed `max_restarts` restarts in ten minutes (the test's whole life).
+fn limited(id: &str, max_restarts: u32) -> ServerConfig {
+    let mut c = demo(id, &[]);
+    c.restart.max_restarts = max_restarts;
+    c.restart.within = Duration::from_secs(600);
+    c
+}
+
+fn assert_last_error(status: &mcp_harness::ServerStatus, says: &str) {
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains(says)),
+        "{:?} does not say {says:?}",
+        status.last_error
+    );
+}
+
 async fn harness(servers: Vec<ServerConfig>) -> HarnessHandle {
     Harness::spawn(HarnessConfig {
         servers,
@@ -139,9 +158,7 @@ async fn sigkill_under_load_fails_requests_in_flight_at_once_and_the_server_come
 
 #[tokio::test]
 async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
-    let mut alpha = demo("alpha", &[]);
-    alpha.restart.max_restarts = 2;
-    alpha.restart.within = Duration::from_secs(600);
+    let alpha = limited("alpha", 2);
     let h = harness(vec![alpha]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     let crash = || call("crash", json!({"code": 3}));
@@ -165,9 +182,7 @@ async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
 
 #[tokio::test]
 async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
-    let mut alpha = demo("alpha", &[]);
-    alpha.restart.max_restarts = 2;
-    alpha.restart.within = Duration::from_secs(600);
+    let alpha = limited("alpha", 2);
     let h = harness(vec![alpha]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     for _ in 0..2 {
@@ -182,14 +197,7 @@ async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
     assert!(wait_state(&h, "alpha", ServerState::Failed).await);
     let status = h.server_status("alpha").expect("status");
     assert_eq!(status.actor_rebuilds, 3);
-    assert!(
-        status
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("more than 2 restarts")),
-        "{:?}",
-        status.last_error
-    );
+    assert_last_error(&status, "more than 2 restarts");
     assert!(
         eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
         "the last process died with its actor"
@@ -208,9 +216,7 @@ async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
 
 #[tokio::test]
 async fn a_rebuilt_servers_supervisor_charges_no_server_and_leaves_a_failed_one_failed() {
-    let mut alpha = demo("alpha", &[]);
-    alpha.restart.max_restarts = 1;
-    alpha.restart.within = Duration::from_secs(600);
+    let alpha = limited("alpha", 1);
     let future = demo("future", &["--versions", "2099-01-01"]);
     let h = harness(vec![alpha, future]).await;
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
@@ -240,14 +246,7 @@ async fn a_rebuilt_servers_supervisor_charges_no_server_and_leaves_a_failed_one_
     let future = h.server_status("future").expect("status");
     assert_eq!(future.state, ServerState::Failed);
     assert_eq!(future.restarts, 0);
-    assert!(
-        future
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("no common protocol version")),
-        "{:?}",
-        future.last_error
-    );
+    assert_last_error(&future, "no common protocol version");
     assert_eq!(echo(&h, "alpha", "still").await.expect("served"), "still");
     h.shutdown().await;
 }
@@ -284,14 +283,7 @@ async fn a_server_that_crashes_on_start_backs_off_then_fails_and_the_others_keep
     );
     let status = h.server_status("crashy").expect("status");
     assert_eq!(status.restarts, 3, "restarted up to the limit");
-    assert!(
-        status
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("restarts within")),
-        "{:?}",
-        status.last_error
-    );
+    assert_last_error(&status, "restarts within");
     let err = echo(&h, "crashy", "x").await.expect_err("failed");
     assert!(
         matches!(&err, HarnessError::Call(CallError::Server(ServerError::Failed { server, .. })) if server == "crashy"),
