@@ -208,6 +208,19 @@ async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
             ServerError::Failed { .. }
         )))
     ));
+    // Its actor dying now changes nothing: there was no connection to lose.
+    let failed_actor = h.server_actor("alpha").expect("actor");
+    failed_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.actor_rebuilds == 4))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // past a first backoff (deliberate)
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!((status.state, status.restarts), (ServerState::Failed, 2));
+    assert_last_error(&status, "more than 2 restarts");
     // An operator's restart forgets the history and starts it.
     h.restart_server("alpha").await.expect("restart");
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);

@@ -53,9 +53,11 @@ pub struct ServerStatus {
     pub era: Option<Era>,
     /// The protocol version in use.
     pub protocol_version: Option<String>,
-    /// Restarts so far: of its connection, or of its actor (and the connection with it).
+    /// Restarts so far: of its connection, or of the server when its actor died while it
+    /// ran (the connection died with it).
     pub restarts: u32,
-    /// Times the server's actor itself was rebuilt by the supervisor (each a restart).
+    /// Times the server's actor itself was rebuilt by the supervisor (after its own
+    /// death, or the supervisor's).
     pub actor_rebuilds: u32,
     /// The last error that ended a connection or failed the server.
     pub last_error: Option<String>,

@@ -54,17 +54,19 @@ use store::now_ms;
 const MAX_REPLY: usize = 1 << 20;
 /// Refresh this long before a token expires.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
-/// How long a renewal after a refusal waits for another process's refresh of the same
-/// token (one token request, cut off at 30 s, and a little).
+/// How long a renewal after a refusal waits for another connection's or process's
+/// refresh of the same token (one token request, cut off at 30 s, and a little).
 const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(35);
-/// How often a request waiting for another process's refresh looks again.
+/// How often a request waiting for another connection's or process's refresh looks again.
 const RENEWAL_LOCK_POLL: Duration = Duration::from_millis(25);
 
-/// What a refresh may do once other processes' refreshes are ruled out.
+/// What a refresh may do once other connections' and processes' refreshes are ruled
+/// out (by the store's lock, [`TokenStore::try_lock_renewal`]).
 enum Across {
-    /// Refresh, holding this (none where the store has no lock across processes).
+    /// Refresh, holding this (none where the store has no such lock).
     Locked(Option<Box<dyn Send + Sync>>),
-    /// Another process refreshes it: the token is still good, send it as it is.
+    /// Another connection or process refreshes it: the token is still good, send it
+    /// as it is.
     SendAsIs,
 }
 /// Step-ups (403 `insufficient_scope`) per request before giving up.
@@ -515,14 +517,12 @@ impl SignIn {
         }
     }
 
-    /// Holds `token` for `identity`, stored first (a rotated refresh token replaces the
-    /// old one for good); a store that refuses it is said, and it is held all the same.
     fn keep(&self, identity: Option<&str>, token: Token) -> Result<(), AuthFailure> {
-        let stored = self
-            .ctx
+        // Stored before it is used: a rotated refresh token replaces the old one for good.
+        self.ctx
             .store
             .put(&self.key(identity), &token)
-            .map_err(AuthFailure::Store);
+            .map_err(AuthFailure::Store)?;
         let who = identity.map(String::from);
         self.missing.lock().remove(&who);
         {
@@ -534,7 +534,7 @@ impl SignIn {
             renewed.insert(who.clone(), token.access_token.clone());
         }
         self.tokens.lock().insert(who, token);
-        stored
+        Ok(())
     }
 
     /// Forgets `refused` unless the store now holds another token (another process
@@ -635,8 +635,8 @@ impl SignIn {
         }
     }
 
-    /// Takes the store's lock across processes for refreshing `identity`'s token,
-    /// polling while another process holds it; see [`SignIn::renew_quietly`] for how
+    /// Takes the store's lock for refreshing `identity`'s token, polling while another
+    /// connection or process holds it; see [`SignIn::renew_quietly`] for how
     /// long. A store with no such lock, or one whose lock file is refused, is refreshed
     /// without it (as before there was one).
     async fn lock_across(
@@ -669,7 +669,7 @@ impl SignIn {
                         AuthFailure::Timeout(now.saturating_duration_since(started)),
                     ));
                 }
-                tracing::warn!(server = %self.server, "another process held the token's refresh lock too long; refreshing without it");
+                tracing::warn!(server = %self.server, "another connection or process held the token's refresh lock too long; refreshing without it");
                 return Ok(Across::Locked(None));
             }
             tokio::time::sleep(RENEWAL_LOCK_POLL.min(limit - now)).await;
@@ -1224,10 +1224,8 @@ impl SignIn {
         ex: &Exchange,
     ) -> Result<Token, AuthError> {
         let token = self.token_request(ex).await?;
-        if let Err(e) = self.keep(identity, token.clone()) {
-            // Not thrown away: the reply is the only copy of a rotated refresh token.
-            tracing::warn!(server = %self.server, error = %e, "token held in memory only");
-        }
+        self.keep(identity, token.clone())
+            .map_err(|f| self.err(ex.step, f))?;
         Ok(token)
     }
 
@@ -1846,6 +1844,28 @@ mod tests {
     #[tokio::test]
     async fn a_refresh_waits_for_another_processs_and_takes_the_token_it_stored() {
         let (sign_in, other, dir) = over_files("wait");
+        waits_for_a_refresh_elsewhere(&sign_in, &other).await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_refresh_waits_for_another_connections_over_the_memory_store() {
+        // Two connections of one server (an old one's refresh still under way, a new
+        // one), each with its own sign-in, over the one memory store.
+        let store = Arc::new(MemoryTokenStore::default());
+        let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        waits_for_a_refresh_elsewhere(&sign_in, store.as_ref()).await;
+    }
+
+    /// `sign_in` due for a refresh while `other` (another process's store over the
+    /// same files, or the same store another connection uses) holds its lock.
+    async fn waits_for_a_refresh_elsewhere(sign_in: &SignIn, other: &dyn TokenStore) {
         let key = sign_in.key(None);
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 10_000);
@@ -1881,7 +1901,6 @@ mod tests {
         };
         let (sent, ()) = tokio::join!(waiting, finishing);
         assert_eq!(sent.expect("bearer").as_deref(), Some("b"));
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
