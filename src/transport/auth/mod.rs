@@ -54,19 +54,18 @@ use store::now_ms;
 const MAX_REPLY: usize = 1 << 20;
 /// Refresh this long before a token expires.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
-/// How long a renewal after a refusal waits for another connection's or process's
-/// refresh of the same token (one token request, cut off at 30 s, and a little).
+/// How long a renewal after a refusal waits for another process's refresh of the same
+/// token (one token request, cut off at 30 s, and a little).
 const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(35);
-/// How often a request waiting for another connection's or process's refresh looks again.
+/// How often a request waiting for another process's refresh looks again.
 const RENEWAL_LOCK_POLL: Duration = Duration::from_millis(25);
 
-/// What a refresh may do once other connections' and processes' refreshes are ruled
-/// out (by the store's lock, [`TokenStore::try_lock_renewal`]).
+/// What a refresh may do once other processes' refreshes are ruled out (by the
+/// store's lock, [`TokenStore::try_lock_renewal`]).
 enum Across {
-    /// Refresh, holding this (none where the store has no such lock).
+    /// Refresh, holding this (none where the store has no lock across processes).
     Locked(Option<Box<dyn Send + Sync>>),
-    /// Another connection or process refreshes it: the token is still good, send it
-    /// as it is.
+    /// Another process refreshes it: the token is still good, send it as it is.
     SendAsIs,
 }
 /// Step-ups (403 `insufficient_scope`) per request before giving up.
@@ -143,6 +142,26 @@ pub struct SignInContext {
     pub timeout: Duration,
     /// `client_name` in registrations.
     pub client_name: String,
+    /// This process's locks on renewing each token: a server's connections (an old
+    /// one's refresh still under way, a new one) each have their own sign-in state,
+    /// and renew a token one at a time through these.
+    pub renewals: RenewalLocks,
+}
+
+/// One lock per token (server, resource, auth context) that its renewals in this
+/// process take; see [`SignInContext::renewals`].
+#[derive(Clone, Default)]
+pub struct RenewalLocks(Arc<Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>>);
+
+impl RenewalLocks {
+    fn lock_for(&self, key: TokenKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.0.lock();
+        if locks.len() >= MISSING_MEMO {
+            // Locks nobody holds or waits on are made again when next needed.
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        locks.entry(key).or_default().clone()
+    }
 }
 
 impl Default for SignInContext {
@@ -152,6 +171,7 @@ impl Default for SignInContext {
             store: Arc::new(MemoryTokenStore::default()),
             timeout: Duration::from_secs(300),
             client_name: "mcp-harness".into(),
+            renewals: RenewalLocks::default(),
         }
     }
 }
@@ -202,8 +222,6 @@ pub(crate) struct SignIn {
     /// Whether a store that could not be read (a token file refused: planted, a link,
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
-    /// One renewal (refresh or sign-in) at a time per auth context.
-    renewing: Mutex<HashMap<Option<String>, Arc<tokio::sync::Mutex<()>>>>,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
     asked: Mutex<HashMap<Option<String>, Vec<String>>>,
 }
@@ -361,8 +379,7 @@ struct Exchange {
     previous_refresh: Option<String>,
 }
 
-/// This process's hold on renewing one auth context's token (from
-/// [`SignIn::lock_for`]). A token request under way takes it along onto a task of its
+/// This process's hold on renewing one token (from [`SignIn::lock_for`]). A token request under way takes it along onto a task of its
 /// own and hands it back ([`SignIn::exchange`]): a caller that goes away meanwhile does
 /// not let another renewal start before that request's token is kept.
 type Renewing = Option<tokio::sync::OwnedMutexGuard<()>>;
@@ -433,7 +450,6 @@ impl SignIn {
             renewed: Mutex::default(),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
-            renewing: Mutex::default(),
             asked: Mutex::default(),
         }))
     }
@@ -455,16 +471,10 @@ impl SignIn {
         }
     }
 
+    /// The lock on renewing `identity`'s token, one in this process whichever
+    /// connection renews it.
     fn lock_for(&self, identity: Option<&str>) -> Arc<tokio::sync::Mutex<()>> {
-        let mut renewing = self.renewing.lock();
-        if renewing.len() >= MISSING_MEMO {
-            // Locks nobody holds or waits on are made again when next needed.
-            renewing.retain(|_, lock| Arc::strong_count(lock) > 1);
-        }
-        renewing
-            .entry(identity.map(String::from))
-            .or_default()
-            .clone()
+        self.ctx.renewals.lock_for(self.key(identity))
     }
 
     /// The token held for `identity`, from memory or the store (see `missing`).
@@ -635,8 +645,8 @@ impl SignIn {
         }
     }
 
-    /// Takes the store's lock for refreshing `identity`'s token, polling while another
-    /// connection or process holds it; see [`SignIn::renew_quietly`] for how
+    /// Takes the store's lock across processes for refreshing `identity`'s token,
+    /// polling while another process holds it; see [`SignIn::renew_quietly`] for how
     /// long. A store with no such lock, or one whose lock file is refused, is refreshed
     /// without it (as before there was one).
     async fn lock_across(
@@ -669,7 +679,7 @@ impl SignIn {
                         AuthFailure::Timeout(now.saturating_duration_since(started)),
                     ));
                 }
-                tracing::warn!(server = %self.server, "another connection or process held the token's refresh lock too long; refreshing without it");
+                tracing::warn!(server = %self.server, "another process held the token's refresh lock too long; refreshing without it");
                 return Ok(Across::Locked(None));
             }
             tokio::time::sleep(RENEWAL_LOCK_POLL.min(limit - now)).await;
@@ -1657,7 +1667,7 @@ mod tests {
                 )
                 .expect("keep");
         }
-        assert!(sign_in.renewing.lock().len() <= MISSING_MEMO + 1);
+        assert!(sign_in.ctx.renewals.0.lock().len() <= MISSING_MEMO + 1);
         assert!(sign_in.renewed.lock().len() <= MISSING_MEMO);
         // A lock someone holds is never dropped from under them.
         assert!(Arc::ptr_eq(&held, &sign_in.lock_for(Some("held"))));
@@ -1844,40 +1854,49 @@ mod tests {
     #[tokio::test]
     async fn a_refresh_waits_for_another_processs_and_takes_the_token_it_stored() {
         let (sign_in, other, dir) = over_files("wait");
-        waits_for_a_refresh_elsewhere(&sign_in, &other).await;
+        // Another process is refreshing it.
+        let RenewalLock::Held(held) = other.try_lock_renewal(&sign_in.key(None)).expect("lock")
+        else {
+            panic!("the first lock is taken")
+        };
+        assert!(matches!(
+            sign_in.ctx.store.try_lock_renewal(&sign_in.key(None)),
+            Ok(RenewalLock::Busy)
+        ));
+        waits_for_a_refresh_elsewhere(&sign_in, &other, held).await;
         let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]
-    async fn a_refresh_waits_for_another_connections_over_the_memory_store() {
+    async fn a_refresh_waits_for_another_connections_whatever_the_store() {
         // Two connections of one server (an old one's refresh still under way, a new
-        // one), each with its own sign-in, over the one memory store.
-        let store = Arc::new(MemoryTokenStore::default());
+        // one), each with its own sign-in, over a store with no lock of its own.
         let url = Url::parse("http://127.0.0.1:9/mcp").expect("url");
-        let ctx = SignInContext {
-            store: store.clone(),
-            ..SignInContext::default()
-        };
+        let ctx = SignInContext::default();
         let tls = client_tls(None).expect("tls");
-        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
-        waits_for_a_refresh_elsewhere(&sign_in, store.as_ref()).await;
+        let new = |ctx: &SignInContext| {
+            SignIn::new("s", &url, OAuthConfig::default(), ctx.clone(), tls.clone())
+                .expect("sign-in")
+        };
+        let (old_conn, new_conn) = (new(&ctx), new(&ctx));
+        let held = old_conn
+            .lock_for(None)
+            .try_lock_owned()
+            .expect("the old connection refreshes");
+        waits_for_a_refresh_elsewhere(&new_conn, ctx.store.as_ref(), Box::new(held)).await;
     }
 
-    /// `sign_in` due for a refresh while `other` (another process's store over the
-    /// same files, or the same store another connection uses) holds its lock.
-    async fn waits_for_a_refresh_elsewhere(sign_in: &SignIn, other: &dyn TokenStore) {
+    /// `sign_in` due for a refresh while another process or connection refreshes it
+    /// (holding `held`) and stores what it gets in `other`.
+    async fn waits_for_a_refresh_elsewhere(
+        sign_in: &SignIn,
+        other: &dyn TokenStore,
+        held: Box<dyn Send + Sync>,
+    ) {
         let key = sign_in.key(None);
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 10_000);
         sign_in.keep(None, ours.clone()).expect("keep");
-        // Another process is refreshing it.
-        let RenewalLock::Held(held) = other.try_lock_renewal(&key).expect("lock") else {
-            panic!("the first lock is taken")
-        };
-        assert!(matches!(
-            sign_in.ctx.store.try_lock_renewal(&key),
-            Ok(RenewalLock::Busy)
-        ));
         // Due for refresh but still good: sent as it is, no refresh of our own (which
         // would need the network, and would spend the refresh token it rotates).
         let sent = sign_in.bearer(None, soon()).await.expect("bearer");
@@ -1888,7 +1907,7 @@ mod tests {
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
         let waited = sign_in.bearer(None, until).await.map_err(|e| e.failure);
         assert!(matches!(waited, Err(AuthFailure::Timeout(_))), "{waited:?}");
-        // The other process stores what it got and lets go: that token is taken.
+        // The other stores what it got and lets go: that token is taken.
         let waiting = sign_in.bearer(None, soon());
         let finishing = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1928,34 +1947,12 @@ mod tests {
             .expect("a lock file");
         std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         assert!(other.try_lock_renewal(&key).is_err());
+        // One process alone: nothing to lock across processes.
+        assert!(matches!(
+            MemoryTokenStore::default().try_lock_renewal(&key),
+            Ok(RenewalLock::None)
+        ));
         let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn the_memory_stores_renewal_lock_is_one_connections_per_key() {
-        let store = MemoryTokenStore::default();
-        let key = |who: &str| TokenKey {
-            server: "s".into(),
-            resource: "http://127.0.0.1:9/mcp".into(),
-            identity: Some(who.into()),
-        };
-        let held = store.try_lock_renewal(&key("a")).expect("lock");
-        assert!(matches!(held, RenewalLock::Held(_)));
-        // Another connection of the server (a new one, while the old one's refresh
-        // runs) waits; another auth context does not.
-        assert!(matches!(
-            store.try_lock_renewal(&key("a")),
-            Ok(RenewalLock::Busy)
-        ));
-        assert!(matches!(
-            store.try_lock_renewal(&key("b")),
-            Ok(RenewalLock::Held(_))
-        ));
-        drop(held);
-        assert!(matches!(
-            store.try_lock_renewal(&key("a")),
-            Ok(RenewalLock::Held(_))
-        ));
     }
 
     #[test]

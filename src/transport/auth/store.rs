@@ -2,9 +2,8 @@
 //! `0700` directory, one file per key, named by a hash of the key) under the cache
 //! directory, so that a restarted harness or a later CLI run is still signed in.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -122,11 +121,10 @@ pub trait TokenStore: Send + Sync + 'static {
     /// Forgets every token of `server` (sign-out).
     fn remove_server(&self, server: &str) -> Result<usize, String>;
 
-    /// Tries, without waiting, to take the lock that keeps the connections and
-    /// processes sharing this store from refreshing `key`'s token at the same time: a
-    /// refresh rotates the refresh token, so of two at once one fails and signs in
-    /// again. A store without one says [`RenewalLock::None`] (each connection then
-    /// still refreshes one at a time).
+    /// Tries, without waiting, to take the lock that keeps processes sharing this
+    /// store from refreshing `key`'s token at the same time: a refresh rotates the
+    /// refresh token, so of two at once one fails and its process signs in again.
+    /// A store only one process uses has none ([`RenewalLock::None`]).
     fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
         let _ = key;
         Ok(RenewalLock::None)
@@ -135,11 +133,11 @@ pub trait TokenStore: Send + Sync + 'static {
 
 /// What [`TokenStore::try_lock_renewal`] found.
 pub enum RenewalLock {
-    /// Taken: others wait until it is dropped.
+    /// Taken: other processes wait until it is dropped.
     Held(Box<dyn Send + Sync>),
-    /// Another connection or process holds it: try again shortly.
+    /// Another process holds it: try again shortly.
     Busy,
-    /// The store has no such lock.
+    /// The store has no lock across processes.
     None,
 }
 
@@ -147,21 +145,6 @@ pub enum RenewalLock {
 #[derive(Default)]
 pub struct MemoryTokenStore {
     tokens: Mutex<HashMap<TokenKey, Token>>,
-    /// Keys whose token a connection refreshes now: a server's connections (a new one
-    /// while a refresh the old one started still runs) share this store.
-    renewing: Arc<Mutex<HashSet<TokenKey>>>,
-}
-
-/// A [`MemoryTokenStore`] renewal lock; let go when dropped.
-struct MemoryRenewal {
-    renewing: Arc<Mutex<HashSet<TokenKey>>>,
-    key: TokenKey,
-}
-
-impl Drop for MemoryRenewal {
-    fn drop(&mut self) {
-        self.renewing.lock().remove(&self.key);
-    }
 }
 
 impl TokenStore for MemoryTokenStore {
@@ -181,15 +164,6 @@ impl TokenStore for MemoryTokenStore {
         let before = tokens.len();
         tokens.retain(|k, _| k.server != server);
         Ok(before - tokens.len())
-    }
-    fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
-        if !self.renewing.lock().insert(key.clone()) {
-            return Ok(RenewalLock::Busy);
-        }
-        Ok(RenewalLock::Held(Box::new(MemoryRenewal {
-            renewing: self.renewing.clone(),
-            key: key.clone(),
-        })))
     }
 }
 
