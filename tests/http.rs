@@ -237,6 +237,70 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
 }
 
 #[tokio::test]
+async fn a_session_renewal_cut_off_by_its_request_finishes_and_the_session_serves() {
+    // Renewing the session (every initialize after the first) takes 1.5 s.
+    let record = temp_file("http-renewal");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--renewal-delay-ms",
+        "1500",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let (conn, _events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("connect");
+    conn.request("tools/call", call("expire_session", json!({})))
+        .await
+        .expect("expire");
+    // The next request finds the session gone and starts renewing it, and its own
+    // deadline passes long before the server answers.
+    let short = Duration::from_millis(300);
+    let cut = conn
+        .request_with_timeout("tools/call", call("echo", json!({"text": "cut"})), short)
+        .await;
+    assert!(
+        matches!(&cut, Err(RequestError::Transport(TransportError::Timeout(t))) if *t == short),
+        "{cut:?}"
+    );
+    // The renewal went on without it: the session serves, and its event stream is open
+    // again. (Cut off with its request, the renewal had left the connection with no
+    // session at all: every request refused until a restart.)
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "again"})))
+        .await
+        .expect("after the renewal");
+    assert_eq!(text(&r), "again");
+    let requests = recorded(&record);
+    let session_of = |r: &Value| r["headers"]["mcp-session-id"].as_str().map(String::from);
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r["method"] == "tools/call")
+        .and_then(session_of)
+        .expect("the last call's session");
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record).iter().any(
+            |r| r["method"] == "GET" && session_of(r).as_deref() == Some(&last)
+        ))
+        .await,
+        "the renewed session's event stream"
+    );
+    assert!(
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "initialize")
+            .all(|r| session_of(r).is_none()),
+        "an initialize carries no session"
+    );
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
 async fn a_legacy_http_server_that_rejects_discover_falls_back() {
     let server = HttpServer::demo(&["delta", "--era", "legacy", "--on-discover", "error"]).await;
     let (conn, _events) = Connection::connect("delta", server.spec(), options())

@@ -89,6 +89,8 @@ pub(crate) struct HttpTransport {
     params: ParamTable,
     inbound: InboundSink,
     get_stream: Mutex<Option<JoinHandle<()>>>,
+    /// Shut down: a session renewal still under way gives up its new session.
+    closed: std::sync::atomic::AtomicBool,
     sign_in: Arc<SignIn>,
     this: Weak<HttpTransport>,
 }
@@ -142,6 +144,7 @@ impl HttpTransport {
             params: ParamTable::default(),
             inbound,
             get_stream: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
             sign_in,
             this: this.clone(),
         }))
@@ -170,9 +173,11 @@ impl HttpTransport {
         {
             headers.insert(VERSION_HEADER, v);
         }
+        // `initialize` begins a session (a renewal's too): it carries none.
         if let Some(id) = self
             .session
             .id()
+            .filter(|_| method != "initialize")
             .and_then(|v| HeaderValue::from_str(&v).ok())
         {
             headers.insert(SESSION_HEADER, id);
@@ -371,7 +376,7 @@ impl HttpTransport {
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
-                        self.renew_session(seen, identity).await?;
+                        self.renew_session(seen, identity, timeout).await?;
                     }
                     other => return other,
                 }
@@ -409,15 +414,20 @@ impl HttpTransport {
             .send()
             .await
             .map_err(send_error)?;
-        if request.method == "initialize" {
-            // The legacy session starts with the initialize reply.
-            let sid = response
-                .headers()
-                .get(SESSION_HEADER)
-                .and_then(|v| v.to_str().ok());
-            self.session.set_id(sid.map(String::from));
+        if request.method != "initialize" {
+            return self.read_reply(response, request.id, identity).await;
         }
-        self.read_reply(response, request.id, identity).await
+        // The legacy session starts with a successful initialize reply.
+        let sid = response
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        let reply = self.read_reply(response, request.id, identity).await;
+        if matches!(reply, Ok(Ok(_))) {
+            self.session.set_id(sid);
+        }
+        reply
     }
 
     /// Reads the server's tool list over this connection (every page, within the
@@ -446,25 +456,51 @@ impl HttpTransport {
     }
 
     /// Renews an expired legacy session, once for all the requests that saw it expire:
-    /// a request whose session was already renewed just retries.
-    async fn renew_session(&self, seen: u64, identity: Option<&str>) -> Result<(), TransportError> {
+    /// a request whose session was already renewed just retries. Once begun, a renewal
+    /// runs to its end (within `timeout`) on a task of its own: cut off between its
+    /// `initialize` and `initialized`, it would leave a session without its event stream.
+    async fn renew_session(
+        &self,
+        seen: u64,
+        identity: Option<&str>,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
-        let Some(_renewing) = self.session.start_renewal(seen).await else {
+        let Some(renewing) = self.session.start_renewal(seen).await else {
             return Ok(());
         };
+        let Some(this) = self.this.upgrade() else {
+            // Not reached: `&self` is borrowed from a live `Arc`.
+            return Err(TransportError::SessionExpired);
+        };
+        let who = identity.map(String::from);
+        let work = async move {
+            let renewal = this.renew_now(init, who.as_deref());
+            let renewed = match tokio::time::timeout(timeout, renewal).await {
+                Ok(renewed) => renewed,
+                Err(_) => Err(renewal_failed(format!("no answer within {timeout:?}"))),
+            };
+            drop(renewing);
+            renewed
+        };
+        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
+            Ok(renewed) => renewed,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(renewal_failed("stopped with the runtime".into())),
+        }
+    }
+
+    /// [`Self::renew_session`]'s work: `initialize`, `initialized`, the event stream.
+    async fn renew_now(&self, init: Value, identity: Option<&str>) -> Result<(), TransportError> {
         tracing::info!(server = %self.server, "HTTP session expired; initializing again");
         let request = Request {
             id: self.ids.next(),
             method: "initialize".into(),
             params: Some(init),
         };
-        // The request reached the server (it answered 404): never "not sent".
-        let failed = |why: String| TransportError::HttpStatus {
-            status: 404,
-            body: format!("session expired and re-initializing failed: {why}"),
-        };
+        let failed = renewal_failed;
         let result = match self
             .exchange((&request).into(), None, &[], identity)
             .await?
@@ -479,6 +515,11 @@ impl HttpTransport {
                 "the server now chose version {:?}",
                 result.protocol_version
             )));
+        }
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            // Shut down meanwhile: the server will expire the session it just began.
+            self.session.set_id(None);
+            return Err(failed("the connection was shut down".into()));
         }
         let initialized = Notification {
             method: "notifications/initialized".into(),
@@ -753,6 +794,7 @@ impl HttpTransport {
 
     /// Ends the session: stops the GET stream and DELETEs a legacy session.
     pub(crate) async fn shutdown(&self, timeout: Duration) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop_get_stream();
         if let Some(sid) = self.session.take_id() {
             let mut headers = self.fixed.clone();
@@ -771,6 +813,15 @@ impl HttpTransport {
 impl Drop for HttpTransport {
     fn drop(&mut self) {
         self.stop_get_stream();
+    }
+}
+
+/// A renewal of an expired session that failed: the request reached the server (it
+/// answered 404), so never "not sent".
+fn renewal_failed(why: String) -> TransportError {
+    TransportError::HttpStatus {
+        status: 404,
+        body: format!("session expired and re-initializing failed: {why}"),
     }
 }
 

@@ -1,8 +1,11 @@
 //! A legacy (2025-06-18 / 2025-11-25) HTTP session: the `Mcp-Session-Id` the server
 //! issued, the version it chose, and what renewing it takes. A 404 on a request that
 //! carried the id means the server forgot the session: the transport initializes again
-//! (once for all the requests that saw it expire) and retries.
+//! (once for all the requests that saw it expire) and retries. The old id is kept until
+//! a new one comes: a renewal that fails leaves a session that expires again, and is
+//! renewed again, not a connection without one.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -21,7 +24,7 @@ struct State {
 pub(super) struct Session {
     state: Mutex<State>,
     /// Renewals, one at a time.
-    renewing: tokio::sync::Mutex<()>,
+    renewing: Arc<tokio::sync::Mutex<()>>,
     /// Bumped by every renewal.
     renewals: AtomicU64,
 }
@@ -64,13 +67,12 @@ impl Session {
     }
 
     /// Takes the renewal lock; `None` when another request renewed since `seen`.
-    pub(super) async fn start_renewal(&self, seen: u64) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        let guard = self.renewing.lock().await;
-        if self.renewals() != seen {
-            return None;
-        }
-        self.state.lock().id = None;
-        Some(guard)
+    pub(super) async fn start_renewal(
+        &self,
+        seen: u64,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let guard = self.renewing.clone().lock_owned().await;
+        (self.renewals() == seen).then_some(guard)
     }
 
     pub(super) fn renewed(&self) {

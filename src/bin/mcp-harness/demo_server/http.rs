@@ -620,11 +620,12 @@ async fn initialize(
     request: Request,
     headers: BTreeMap<String, String>,
 ) -> HttpResponse {
-    let sid = format!(
-        "demo-session-{}-{}",
-        std::process::id(),
-        state.next_session.fetch_add(1, Ordering::Relaxed)
-    );
+    let n = state.next_session.fetch_add(1, Ordering::Relaxed);
+    if n > 0 {
+        let delay = state.server.args.renewal_delay_ms;
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
+    let sid = format!("demo-session-{}-{n}", std::process::id());
     let ctx = Ctx {
         peer: Peer::new(mpsc::unbounded_channel().0, Pending::default()),
         legacy: true,

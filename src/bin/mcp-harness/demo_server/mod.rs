@@ -119,6 +119,10 @@ pub struct DemoServerArgs {
     /// Wait this long before answering `tools/list`.
     #[arg(long, default_value_t = 0)]
     pub list_delay_ms: u64,
+    /// Wait this long before answering every legacy HTTP `initialize` after the first
+    /// (a session renewal that takes its time).
+    #[arg(long, default_value_t = 0)]
+    pub renewal_delay_ms: u64,
     /// Answer the first request with -32022 naming the very version it asked for (some
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
