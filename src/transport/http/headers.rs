@@ -8,6 +8,14 @@
 use base64::Engine;
 use serde_json::Value;
 
+use crate::util::text::one_line;
+
+/// Most `x-mcp-header` annotations one tool may have: each is a header on every call,
+/// and each holds its path (a server's schema must not multiply into memory).
+pub const MAX_PARAM_HEADERS: usize = 64;
+/// Longest path to an annotated argument, in bytes of its property names.
+pub const MAX_PARAM_PATH_BYTES: usize = 1024;
+
 /// One `x-mcp-header` annotation: the header's name suffix and the argument's path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamHeader {
@@ -19,14 +27,18 @@ pub struct ParamHeader {
 
 /// Reads the `x-mcp-header` annotations of a tool's `inputSchema`, or says why they are
 /// invalid: an empty or non-token name, a duplicate (ignoring case), a non-primitive or
-/// `number` type, or an annotation not reachable through `properties` alone.
+/// `number` type, an annotation not reachable through `properties` alone, more than
+/// [`MAX_PARAM_HEADERS`], or a path longer than [`MAX_PARAM_PATH_BYTES`].
 pub fn param_headers(schema: &Value) -> Result<Vec<ParamHeader>, String> {
     let mut found = Vec::new();
     walk(schema, &mut Vec::new(), true, &mut found)?;
     let mut seen = std::collections::HashSet::new();
     for h in &found {
         if !seen.insert(h.name.to_ascii_lowercase()) {
-            return Err(format!("x-mcp-header {:?} is declared twice", h.name));
+            return Err(format!(
+                "x-mcp-header {:?} is declared twice",
+                one_line(&h.name, 64)
+            ));
         }
     }
     Ok(found)
@@ -43,20 +55,37 @@ fn walk(
             if let Some(name) = map.get("x-mcp-header") {
                 if !reachable || path.is_empty() {
                     return Err(format!(
-                        "x-mcp-header at {path:?} is not reachable through properties alone"
+                        "an x-mcp-header {} deep is not reachable through properties alone",
+                        path.len()
                     ));
                 }
                 let name = name.as_str().ok_or("x-mcp-header must be a string")?;
                 if name.is_empty() || !name.bytes().all(is_token_byte) {
-                    return Err(format!("x-mcp-header {name:?} is not a valid header name"));
+                    return Err(format!(
+                        "x-mcp-header {:?} is not a valid header name",
+                        one_line(name, 64)
+                    ));
                 }
                 match map.get("type").and_then(Value::as_str) {
                     Some("string" | "integer" | "boolean") => {}
                     other => {
                         return Err(format!(
-                            "x-mcp-header {name:?} on a property of type {other:?}"
+                            "x-mcp-header {:?} on a property of type {:?}",
+                            one_line(name, 64),
+                            other.map(|t| one_line(t, 32))
                         ));
                     }
+                }
+                if found.len() == MAX_PARAM_HEADERS {
+                    return Err(format!(
+                        "more than {MAX_PARAM_HEADERS} x-mcp-header annotations"
+                    ));
+                }
+                if path.iter().map(String::len).sum::<usize>() > MAX_PARAM_PATH_BYTES {
+                    return Err(format!(
+                        "x-mcp-header {:?} is more than {MAX_PARAM_PATH_BYTES} bytes of property names deep",
+                        one_line(name, 64)
+                    ));
                 }
                 found.push(ParamHeader {
                     name: name.to_string(),
@@ -172,6 +201,35 @@ mod tests {
         for schema in bad {
             assert!(param_headers(&schema).is_err(), "{schema}");
         }
+    }
+
+    #[test]
+    fn a_schema_cannot_multiply_into_memory() {
+        let annotated = |n: usize| {
+            let props: serde_json::Map<String, Value> = (0..n)
+                .map(|i| {
+                    (
+                        format!("p{i}"),
+                        json!({"type":"string","x-mcp-header":format!("H{i}")}),
+                    )
+                })
+                .collect();
+            json!({"type":"object","properties":props})
+        };
+        assert_eq!(
+            param_headers(&annotated(MAX_PARAM_HEADERS)).map(|h| h.len()),
+            Ok(MAX_PARAM_HEADERS)
+        );
+        assert!(param_headers(&annotated(MAX_PARAM_HEADERS + 1)).is_err());
+        // Each annotation holds its path: under one long property name, a few bytes of
+        // schema per annotation would be that name's length in memory per annotation.
+        let long = "n".repeat(MAX_PARAM_PATH_BYTES);
+        let deep = json!({"properties":{long.clone():{"type":"object","properties":{
+            "a":{"type":"string","x-mcp-header":"A"}}}}});
+        let refused = param_headers(&deep).expect_err("too deep");
+        assert!(refused.len() < 200, "the error is bounded too: {refused}");
+        let just = json!({"properties":{long:{"type":"string","x-mcp-header":"A"}}});
+        assert!(param_headers(&just).is_ok());
     }
 
     #[test]
