@@ -1818,13 +1818,20 @@ fn downstream_span(
     (span, traced)
 }
 
-/// The caller's `progressToken` (a string or an integer), paired with where its
-/// progress goes, when both are there.
+/// Longest string `progressToken` a client gets progress for: the token goes out on
+/// every update, and one of megabytes would be copied into each one queued.
+const MAX_PROGRESS_TOKEN: usize = 256;
+
+/// The caller's `progressToken` (a string of at most [`MAX_PROGRESS_TOKEN`] bytes, or
+/// an integer), paired with where its progress goes, when both are there.
 fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSender, Value)> {
     let token = params
         .get("_meta")
         .and_then(|m| m.get("progressToken"))
-        .filter(|t| t.is_string() || t.is_i64() || t.is_u64())?;
+        .filter(|t| match t {
+            Value::String(s) => s.len() <= MAX_PROGRESS_TOKEN,
+            _ => t.is_i64() || t.is_u64(),
+        })?;
     Some((to?, token.clone()))
 }
 
@@ -1931,6 +1938,25 @@ pub fn to_rpc(error: &CallError) -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_progress_token_is_a_bounded_string_or_an_integer() {
+        let (to, _rx) = tokio::sync::mpsc::channel(1);
+        let token = |t: serde_json::Value| {
+            let params = serde_json::json!({"_meta": {"progressToken": t}});
+            super::progress_of(&params, Some(to.clone())).map(|(_, t)| t)
+        };
+        let longest = "t".repeat(super::MAX_PROGRESS_TOKEN);
+        assert_eq!(token(longest.clone().into()), Some(longest.into()));
+        assert_eq!(token(7.into()), Some(7.into()));
+        // Ignored, not refused: the call runs, without progress.
+        assert_eq!(
+            token("t".repeat(super::MAX_PROGRESS_TOKEN + 1).into()),
+            None
+        );
+        assert_eq!(token(1.5.into()), None);
+        assert_eq!(token(serde_json::json!({"a": 1})), None);
+    }
+
     #[test]
     fn a_tool_the_caller_may_not_use_names_no_server() {
         let denied = super::to_rpc(&super::CallError::Denied {
