@@ -888,6 +888,16 @@ async fn legacy_post(
     session: Option<&str>,
     body: Value,
 ) -> (u16, Value, Option<String>) {
+    legacy_post_with(gw, session, body, &[]).await
+}
+
+/// [`legacy_post`] with `extra` headers too (each appended: a name may come twice).
+async fn legacy_post_with(
+    gw: &Gateway,
+    session: Option<&str>,
+    body: Value,
+    extra: &[(&str, &str)],
+) -> (u16, Value, Option<String>) {
     let mut req = gw
         .http
         .post(gw.url())
@@ -897,6 +907,9 @@ async fn legacy_post(
         .header("mcp-protocol-version", "2025-11-25");
     if let Some(s) = session {
         req = req.header("mcp-session-id", s);
+    }
+    for (k, v) in extra {
+        req = req.header(*k, *v);
     }
     let resp = req.body(body.to_string()).send().await.expect("send");
     let status = resp.status().as_u16();
@@ -1337,6 +1350,66 @@ async fn an_argument_annotated_x_mcp_header_must_come_in_its_mcp_param_header() 
         .await;
     assert_eq!(status, 200, "{r}");
     assert!(r["result"].is_object(), "{r}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn mirror_headers_come_once_and_a_legacy_request_that_sends_them_is_held_to_them() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let echo = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x"}}),
+    );
+    // Two Mcp-Name headers, the first the body's: refused (something in front may read
+    // the other).
+    let resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-a")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "alpha__echo")
+        .header("mcp-name", "alpha__region_echo")
+        .body(echo.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 400);
+    let r: Value = serde_json::from_str(&resp.text().await.expect("body")).expect("json");
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    // A legacy request: no mirror headers needed, but those it sends must be true.
+    let sid = legacy_session(&gw).await;
+    let region = |r: &str| {
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "alpha__region_echo", "arguments": {"region": r}}})
+    };
+    let cases: [(&[(&str, &str)], u16); 6] = [
+        (&[], 200),
+        (&[("mcp-name", "alpha__region_echo")], 200),
+        (&[("mcp-name", "alpha__echo")], 400),
+        (&[("mcp-method", "tools/list")], 400),
+        (&[("mcp-param-region", "us")], 400),
+        (&[("mcp-param-region", "eu")], 200),
+    ];
+    for (headers, want) in cases {
+        let (status, r, _) = legacy_post_with(&gw, Some(&sid), region("eu"), headers).await;
+        assert_eq!(status, want, "{headers:?}: {r}");
+        if want == 400 {
+            assert_eq!(r["error"]["code"], -32020, "{headers:?}: {r}");
+        }
+    }
+    // A modern notification's Mcp-Method too.
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 99}});
+    let (status, _, _) = gw
+        .post(Some("tok-a"), &cancel, &[("mcp-method", "tools/call")])
+        .await;
+    assert_eq!(status, 400);
+    let (status, _, _) = gw.post(Some("tok-a"), &cancel, &[]).await;
+    assert_eq!(status, 202);
     gw.stop().await;
 }
 

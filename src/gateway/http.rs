@@ -526,6 +526,70 @@ fn check_headers(req_headers: &hyper::HeaderMap, request: &Request) -> Result<()
     Ok(())
 }
 
+/// The first header that mirrors the body (`Mcp-Method`, `Mcp-Name`,
+/// `MCP-Protocol-Version`, `Mcp-Param-*`) and comes more than once.
+fn repeated_mirror(headers: &hyper::HeaderMap) -> Option<&str> {
+    headers.keys().map(|k| k.as_str()).find(|k| {
+        (matches!(*k, "mcp-method" | "mcp-name" | "mcp-protocol-version")
+            || k.starts_with("mcp-param-"))
+            && headers.get_all(*k).iter().nth(1).is_some()
+    })
+}
+
+/// The mirror headers a legacy request carries, if any, must repeat its body too.
+fn check_legacy_headers(headers: &hyper::HeaderMap, request: &Request) -> Result<(), RpcError> {
+    let get = |n: &str| headers.get(n).map(|v| v.to_str().ok());
+    let mismatch = |what: &str| RpcError::new(HEADER_MISMATCH, format!("header mismatch: {what}"));
+    if get("mcp-method").is_some_and(|m| m != Some(request.method.as_str())) {
+        return Err(mismatch("Mcp-Method"));
+    }
+    if let Some(sent) = get("mcp-name") {
+        let name = mcp_name(&request.method, request.params.as_ref());
+        if sent.is_none() || sent != name.as_deref() {
+            return Err(mismatch("Mcp-Name"));
+        }
+    }
+    Ok(())
+}
+
+/// The `Mcp-Param-*` headers of a `tools/call` checked against its arguments and the
+/// tool's schema (bounded: the schema is cached, or one listing away); the reply to
+/// send instead of serving it when they are not right.
+async fn params_checked(
+    state: &State,
+    principal: &Principal,
+    request: &Request,
+    headers: &hyper::HeaderMap,
+) -> Result<(), HttpResponse> {
+    let param = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
+    let check = state
+        .gateway
+        .check_param_headers(principal, request, param, sent);
+    let id = Some(request.id.clone());
+    match tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if e.code == HEADER_MISMATCH => Err(error_reply(StatusCode::BAD_REQUEST, id, e)),
+        Ok(Err(e)) => Err(error_reply(StatusCode::SERVICE_UNAVAILABLE, id, e)),
+        // Headers unchecked are not let through: something in front of the gateway may
+        // have acted on them. Without any, the call goes on (a server slow to start
+        // still gets its first calls).
+        Err(_) if !sent => Ok(()),
+        Err(_) => {
+            let e = RpcError::new(
+                INTERNAL_ERROR,
+                "the tool's schema could not be read in time to check its Mcp-Param headers",
+            );
+            Err(error_reply(StatusCode::GATEWAY_TIMEOUT, id, e))
+        }
+    }
+}
+
 async fn post(
     state: Arc<State>,
     req: hyper::Request<Incoming>,
@@ -587,8 +651,23 @@ async fn post(
         }
         _ => session_id.is_some(),
     };
+    // A header that mirrors the body comes once: of two, something in front of the
+    // gateway may act on one while the check reads the other.
+    if let Some(name) = repeated_mirror(&headers) {
+        let id = match &message {
+            Message::Request(r) => Some(r.id.clone()),
+            _ => None,
+        };
+        let e = RpcError::new(HEADER_MISMATCH, format!("header mismatch: {name} repeated"));
+        return error_reply(StatusCode::BAD_REQUEST, id, e);
+    }
     match message {
         Message::Notification(n) => {
+            let method = headers.get("mcp-method").map(|v| v.to_str().ok());
+            if method.is_some_and(|m| m != Some(n.method.as_str())) {
+                let e = RpcError::new(HEADER_MISMATCH, "header mismatch: Mcp-Method");
+                return error_reply(StatusCode::BAD_REQUEST, None, e);
+            }
             cancel_from(&state, &n, &principal, session_id.as_deref());
             full(StatusCode::ACCEPTED, "", "")
         }
@@ -611,6 +690,16 @@ async fn post(
             full(StatusCode::ACCEPTED, "", "")
         }
         Message::Request(request) if legacy => {
+            // A legacy client has no mirror headers to send; any it sends must be true.
+            let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
+            if let Err(e) = check_legacy_headers(&headers, &request) {
+                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+            }
+            if sent
+                && let Err(refused) = params_checked(&state, &principal, &request, &headers).await
+            {
+                return refused;
+            }
             legacy_request(state, request, principal, session_id).await
         }
         Message::Request(request) => {
@@ -623,36 +712,8 @@ async fn post(
             if request.method == "subscriptions/listen" {
                 return listen_stream(state, principal, request);
             }
-            let param = |name: &str| {
-                headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(String::from)
-            };
-            // Bounded: the check reads the tool's schema (cached, or one listing).
-            let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
-            let check = state
-                .gateway
-                .check_param_headers(&principal, &request, param, sent);
-            match tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) if e.code == HEADER_MISMATCH => {
-                    return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
-                }
-                Ok(Err(e)) => {
-                    return error_reply(StatusCode::SERVICE_UNAVAILABLE, Some(request.id), e);
-                }
-                // Headers unchecked are not let through: something in front of the
-                // gateway may have acted on them. Without any, the call goes on (a
-                // server slow to start still gets its first calls).
-                Err(_) if !sent => {}
-                Err(_) => {
-                    let e = RpcError::new(
-                        INTERNAL_ERROR,
-                        "the tool's schema could not be read in time to check its Mcp-Param headers",
-                    );
-                    return error_reply(StatusCode::GATEWAY_TIMEOUT, Some(request.id), e);
-                }
+            if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
+                return refused;
             }
             let key = (principal.clone(), id_key(&request.id));
             let cancel = CancelToken::new();
