@@ -26,9 +26,10 @@ pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
 /// -32022 `UnsupportedProtocolVersion`.
 pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
-/// A JSON-RPC error object as it travels on the wire.
+/// A JSON-RPC error object as it travels on the wire (kept whole; shown on one line,
+/// bounded and escaped: the peer's message reaches logs and terminals).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
-#[error("{} ({code}): {message}", self.kind().label())]
+#[error("{} ({code}): {}", self.kind().label(), crate::util::text::one_line(&self.message, 500))]
 pub struct RpcError {
     /// The numeric code.
     pub code: i64,
@@ -165,6 +166,23 @@ pub enum ProtocolError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_peers_message_is_shown_on_one_bounded_line_and_kept_whole() {
+        let message = format!(
+            "x\n2026-01-01T00:00:00Z ERROR forged\u{1b}[2J{}",
+            "y".repeat(10_000)
+        );
+        let e = RpcError::new(INTERNAL_ERROR, message.clone());
+        let shown = e.to_string();
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
+        assert!(shown.chars().count() < 600, "{}", shown.len());
+        // On the wire it is passed along as the peer sent it.
+        assert_eq!(e.message, message);
+    }
 
     #[test]
     fn modern_error_codes_have_typed_data() {

@@ -64,7 +64,7 @@ fn accepted(ack: &Notification, asked: ListsChanged) -> Result<ListsChanged, Str
     if ack.method != "notifications/subscriptions/acknowledged" {
         return Err(format!(
             "the first message was {}, not the acknowledgment",
-            ack.method
+            crate::util::text::one_line(&ack.method, 100)
         ));
     }
     let params = ack.params.clone().unwrap_or(Value::Null);
@@ -138,7 +138,8 @@ async fn run(
         let first = tokio::select! {
             n = notes.recv() => n,
             ended = &mut listen => {
-                tracing::warn!(server, outcome = ?ended, "subscriptions/listen ended before its acknowledgment; lists stay fresh by TTL");
+                let outcome = crate::util::text::one_line(&format!("{ended:?}"), 300);
+                tracing::warn!(server, %outcome, "subscriptions/listen ended before its acknowledgment; lists stay fresh by TTL");
                 return;
             }
             _ = tokio::time::sleep(ACK_TIMEOUT) => None,
@@ -189,7 +190,8 @@ async fn run(
                     if known && wanted {
                         tell(&n.method);
                     } else {
-                        tracing::debug!(server, method = %n.method, "notification not subscribed to; ignored");
+                        let method = crate::util::text::one_line(&n.method, 100);
+                        tracing::debug!(server, %method, "notification not subscribed to; ignored");
                     }
                 }
                 ended = &mut listen => {

@@ -49,7 +49,7 @@ impl Subscriptions {
                 let _ = sink.try_send(n);
             }
             None => {
-                tracing::debug!(method = %n.method, "notification for a subscription not open; dropped")
+                tracing::debug!(method = %crate::util::text::one_line(&n.method, 100), "notification for a subscription not open; dropped")
             }
         }
         Ok(())

@@ -568,7 +568,10 @@ impl HttpTransport {
             }
             return Err(TransportError::HttpStatus {
                 status: status.as_u16(),
-                body: String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(),
+                body: crate::util::text::one_line(
+                    &String::from_utf8_lossy(&body[..body.len().min(300)]),
+                    300,
+                ),
             });
         }
         if content_type.starts_with("application/json") {
