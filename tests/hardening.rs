@@ -509,6 +509,42 @@ async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused(
     h.shutdown().await;
 }
 
+// 5. A flood of a server's requests refused is logged a few times, not once each.
+#[tokio::test]
+async fn item_05_a_flood_of_refused_server_requests_is_logged_a_few_times() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("mcp_harness=warn")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let refusals = || logs.count("too many server requests waiting for answers; refused");
+    let queue = ApprovalQueue::new(Duration::from_secs(30));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
+            .input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "leg__ask_many", json!({"n": 100})).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 4).await,
+        "four wait for answers"
+    );
+    for p in queue.pending() {
+        queue.answer(p.id, json!({"action": "accept", "content": {"x": "y"}}));
+    }
+    let r = call.await.expect("task").expect("call");
+    assert_eq!(text(&r), "answered 4 refused 96");
+    // The first ten, then the 16th, 32nd and 64th.
+    assert_eq!(refusals(), 13);
+    h.shutdown().await;
+}
+
 // 5. A legacy server's own request is held to the capabilities the harness declared,
 // as a round's is: an elicitation mode the harness does not know never reaches a
 // handler (which would take it for a form and answer it).

@@ -35,6 +35,8 @@ pub(super) struct Dispatch {
     pub(super) answering: Arc<Semaphore>,
     pub(super) allow_unsolicited_input: bool,
     pub(super) subscriptions: super::listen::Subscriptions,
+    /// Server requests refused: each is logged at first, then at each power of two.
+    pub(super) refused: crate::util::log_budget::LogBudget,
 }
 
 impl Dispatch {
@@ -61,6 +63,14 @@ impl Dispatch {
         }
     }
 
+    /// Logs a refusal of the server's request `named` (cut and escaped), unless the
+    /// server has been refused so often that this one is only counted.
+    fn refused_warn(&self, named: &str, why: &str) {
+        if let Some(refused) = self.refused.log() {
+            tracing::warn!(server = %self.server, method = %named, refused, "{why}");
+        }
+    }
+
     async fn refuse(&self, t: &Transport, id: crate::protocol::RequestId, error: RpcError) {
         let _ = t.respond(id, Err(error), self.timeout).await;
     }
@@ -70,11 +80,13 @@ impl Dispatch {
             return;
         };
         let Request { id, method, params } = request;
-        let server = &self.server;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
         if self.era == Era::Modern {
-            tracing::warn!(server, method = %named, "modern server sent a request; refused (2026-07-28 servers must not)");
+            self.refused_warn(
+                &named,
+                "modern server sent a request; refused (2026-07-28 servers must not)",
+            );
             let error = RpcError::new(
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
@@ -93,7 +105,7 @@ impl Dispatch {
             && !self.allow_unsolicited_input
             && self.calls_in_flight.load(Ordering::SeqCst) == 0
         {
-            tracing::warn!(server, method = %named, "server asked for input outside any call; refused");
+            self.refused_warn(&named, "server asked for input outside any call; refused");
             let error = RpcError::new(
                 INVALID_REQUEST,
                 format!("{named} is only answered during a call this client made"),
@@ -101,7 +113,10 @@ impl Dispatch {
             return self.refuse(&t, id, error).await;
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
-            tracing::warn!(server, method = %named, "too many server requests waiting for answers; refused");
+            self.refused_warn(
+                &named,
+                "too many server requests waiting for answers; refused",
+            );
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
             return self.refuse(&t, id, error).await;
         };
@@ -112,7 +127,7 @@ impl Dispatch {
             reply,
         });
         if self.events.try_send(event).is_err() {
-            tracing::warn!(server, method = %named, "no capacity to handle a server request; refused");
+            self.refused_warn(&named, "no capacity to handle a server request; refused");
             let error = RpcError::new(
                 METHOD_NOT_FOUND,
                 format!("client cannot handle {named} now"),

@@ -181,6 +181,7 @@ impl Connection {
             calls_in_flight: calls_in_flight.clone(),
             answering: Arc::new(Semaphore::new(MAX_SERVER_REQUESTS)),
             allow_unsolicited_input,
+            refused: Default::default(),
         };
         let dispatcher = tokio::spawn(dispatch.run(inbound));
         tracing::info!(

@@ -91,6 +91,8 @@ pub(crate) struct HttpTransport {
     get_stream: Mutex<Option<JoinHandle<()>>>,
     /// Shut down: a session renewal still under way gives up its new session.
     closed: std::sync::atomic::AtomicBool,
+    /// Events not acted on (not JSON-RPC, replies to no request, requests dropped).
+    ignored: crate::util::log_budget::LogBudget,
     sign_in: Arc<SignIn>,
     this: Weak<HttpTransport>,
 }
@@ -145,6 +147,7 @@ impl HttpTransport {
             inbound,
             get_stream: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            ignored: Default::default(),
             sign_in,
             this: this.clone(),
         }))
@@ -653,11 +656,16 @@ impl HttpTransport {
                         return Ok(Some(r.outcome));
                     }
                     Ok(Message::Response(r)) => {
-                        tracing::warn!(server = %self.server, id = ?r.id, "response for another request on an event stream ignored");
+                        if let Some(ignored) = self.ignored.log() {
+                            let id = crate::util::text::one_line(&format!("{:?}", r.id), 100);
+                            tracing::warn!(server = %self.server, %id, ignored, "response for another request on an event stream ignored");
+                        }
                     }
                     Ok(Message::Request(r)) => {
-                        if self.inbound.try_send(Inbound::Request(r)).is_err() {
-                            tracing::warn!(server = %self.server, "server request dropped: channel full");
+                        if self.inbound.try_send(Inbound::Request(r)).is_err()
+                            && let Some(ignored) = self.ignored.log()
+                        {
+                            tracing::warn!(server = %self.server, ignored, "server request dropped: channel full");
                         }
                     }
                     Ok(Message::Notification(n)) => {
@@ -666,7 +674,9 @@ impl HttpTransport {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(server = %self.server, error = %e, "skipping an event that is not JSON-RPC");
+                        if let Some(ignored) = self.ignored.log() {
+                            tracing::warn!(server = %self.server, error = %e, ignored, "skipping an event that is not JSON-RPC");
+                        }
                     }
                 }
             }

@@ -41,6 +41,7 @@ use super::spec::StdioSpec;
 use crate::protocol::{
     Message, Notification, Peeked, ProtocolError, RequestId, RequestRef, Response, RpcError, Stamp,
 };
+use crate::util::log_budget::LogBudget;
 use framing::{read_line_bounded, skip_line};
 use process::{GroupHandle, ProcessGroup};
 
@@ -84,21 +85,9 @@ struct Shared {
     /// Answers handed to their requests since the writer last looked: more than one
     /// means callers are waking together, each about to queue its next line.
     answered: AtomicUsize,
-    /// Lines not acted on (not JSON-RPC, or answers to no request).
-    ignored: Ignored,
-}
-
-/// A count of lines not acted on, logged at first and then at each power of two, so
-/// that a server cannot flood the log.
-#[derive(Default)]
-struct Ignored(std::sync::atomic::AtomicU64);
-
-impl Ignored {
-    /// Counts one; the count when it is to be logged.
-    fn log(&self) -> Option<u64> {
-        let n = self.0.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-        (n <= 10 || n.is_power_of_two()).then_some(n)
-    }
+    /// Lines not acted on (not JSON-RPC, answers to no request, requests or lines
+    /// dropped on a full queue).
+    ignored: LogBudget,
 }
 
 impl Shared {
@@ -146,7 +135,7 @@ impl StdioTransport {
             closed: Mutex::new(None),
             group: spawned.group.handle(),
             answered: AtomicUsize::new(0),
-            ignored: Ignored::default(),
+            ignored: LogBudget::default(),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
@@ -282,7 +271,9 @@ impl StdioTransport {
             .try_send(WriterCmd::Line(line))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => {
-                    tracing::warn!(server = %self.shared.server, "stdin queue full; message dropped");
+                    if let Some(ignored) = self.shared.ignored.log() {
+                        tracing::warn!(server = %self.shared.server, ignored, "stdin queue full; message dropped");
+                    }
                     TransportError::NotSent("the server's stdin queue is full".into())
                 }
                 mpsc::error::TrySendError::Closed(_) => {
@@ -460,8 +451,10 @@ fn on_message(
         Ok(Message::Response(response)) => route_response(shared, response),
         Ok(Message::Request(request)) => {
             // Never wait on a full channel: replies behind it would stall.
-            if inbound.try_send(Inbound::Request(request)).is_err() {
-                tracing::warn!(server = %shared.server, "server request dropped: channel full");
+            if inbound.try_send(Inbound::Request(request)).is_err()
+                && let Some(ignored) = shared.ignored.log()
+            {
+                tracing::warn!(server = %shared.server, ignored, "server request dropped: channel full");
             }
         }
         Ok(Message::Notification(n)) => {
@@ -547,18 +540,5 @@ async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<Exit
             exit: status,
             detail: Some("stdout held open by a descendant".into()),
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_flood_of_ignored_lines_is_logged_a_few_times_not_once_a_line() {
-        let ignored = Ignored::default();
-        let logged = (0..1_000_000).filter(|_| ignored.log().is_some()).count();
-        // The first ten, then 16, 32, … 524,288.
-        assert_eq!(logged, 10 + 16);
     }
 }
