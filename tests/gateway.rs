@@ -225,6 +225,19 @@ impl Gateway {
         (status, value, headers)
     }
 
+    /// A POST as `token` with the headers a 2026-07-28 client sends for `method` on
+    /// `name`, to add to (a header added again comes twice).
+    fn modern_post(&self, token: &str, method: &str, name: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(self.url())
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", method)
+            .header("mcp-name", name)
+    }
+
     /// A 2026-07-28 request as `token`; the whole JSON-RPC response.
     async fn modern(&self, token: &str, method: &str, params: Value) -> (u16, Value) {
         let (status, body, _) = self.post(Some(token), &request(method, params), &[]).await;
@@ -1364,14 +1377,7 @@ async fn mirror_headers_come_once_and_a_legacy_request_that_sends_them_is_held_t
     // Two Mcp-Name headers, the first the body's: refused (something in front may read
     // the other).
     let resp = gw
-        .http
-        .post(gw.url())
-        .bearer_auth("tok-a")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "alpha__echo")
+        .modern_post("tok-a", "tools/call", "alpha__echo")
         .header("mcp-name", "alpha__region_echo")
         .body(echo.to_string())
         .send()
@@ -1424,14 +1430,7 @@ async fn progress_reaches_the_client_under_its_own_token_before_the_result() {
         );
         call["params"]["_meta"]["progressToken"] = json!("mine-7");
         let resp = gw
-            .http
-            .post(gw.url())
-            .bearer_auth("tok-a")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", MODERN)
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", tool)
+            .modern_post("tok-a", "tools/call", tool)
             .body(call.to_string())
             .send()
             .await

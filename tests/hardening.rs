@@ -12,8 +12,8 @@ use mcp_harness::call::input::{InputFuture, InputRequestContext};
 use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::transport::{Connection, Era, RequestError, TransportError};
 use mcp_harness::{
-    ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, InputHandler,
-    ServerConfig, ServerError, ServerState,
+    ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
+    InputHandler, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -467,11 +467,9 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-// 5. Bounded queues: a legacy server's requests.
-#[tokio::test]
-async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {
-    // The refusals are seen in the harness's log: this test's runtime runs on this
-    // thread (the harness's tasks too), so a thread-local subscriber sees only them.
+/// The harness's warnings, as this thread's subscriber sees them: a test's runtime runs
+/// on its thread (the harness's tasks too), so it sees only this test's harness.
+fn warn_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -479,15 +477,28 @@ async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused(
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
-    let refusals = || logs.count("too many server requests waiting for answers; refused");
+    (logs, tracing::subscriber::set_default(subscriber))
+}
 
+/// A legacy demo server whose elicitations wait in an approval queue.
+async fn legacy_asking_a_queue() -> (HarnessHandle, ApprovalQueue) {
     let queue = ApprovalQueue::new(Duration::from_secs(30));
     let h = start_ready_with(
         Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
             .input_handler("elicitation/create", Arc::new(queue.clone())),
     )
     .await;
+    (h, queue)
+}
+
+// 5. Bounded queues: a legacy server's requests.
+#[tokio::test]
+async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {
+    // The refusals are seen in the harness's log.
+    let (logs, _logging) = warn_logs();
+    let refusals = || logs.count("too many server requests waiting for answers; refused");
+
+    let (h, queue) = legacy_asking_a_queue().await;
     let call = {
         let h = h.clone();
         tokio::spawn(async move { h.call_tool(&a(), "leg__ask_many", json!({"n": 10})).await })
@@ -512,21 +523,9 @@ async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused(
 // 5. A flood of a server's requests refused is logged a few times, not once each.
 #[tokio::test]
 async fn item_05_a_flood_of_refused_server_requests_is_logged_a_few_times() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("mcp_harness=warn")
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = warn_logs();
     let refusals = || logs.count("too many server requests waiting for answers; refused");
-    let queue = ApprovalQueue::new(Duration::from_secs(30));
-    let h = start_ready_with(
-        Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
-            .input_handler("elicitation/create", Arc::new(queue.clone())),
-    )
-    .await;
+    let (h, queue) = legacy_asking_a_queue().await;
     let call = {
         let h = h.clone();
         tokio::spawn(async move { h.call_tool(&a(), "leg__ask_many", json!({"n": 100})).await })
