@@ -142,14 +142,15 @@ pub struct SignInContext {
     pub timeout: Duration,
     /// `client_name` in registrations.
     pub client_name: String,
-    /// This process's locks on renewing each token: a server's connections (an old
-    /// one's refresh still under way, a new one) each have their own sign-in state,
-    /// and renew a token one at a time through these.
+    /// The locks on renewing each token, shared by the clones of this context (a
+    /// harness's every connection): a server's connections (an old one's refresh still
+    /// under way, a new one) each have their own sign-in state, and renew a token one
+    /// at a time through these.
     pub renewals: RenewalLocks,
 }
 
-/// One lock per token (server, resource, auth context) that its renewals in this
-/// process take; see [`SignInContext::renewals`].
+/// One lock per token (server, resource, auth context) that its renewals in a harness
+/// take; see [`SignInContext::renewals`].
 #[derive(Clone, Default)]
 pub struct RenewalLocks(Arc<Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>>);
 
@@ -379,9 +380,10 @@ struct Exchange {
     previous_refresh: Option<String>,
 }
 
-/// This process's hold on renewing one token (from [`SignIn::lock_for`]). A token request under way takes it along onto a task of its
-/// own and hands it back ([`SignIn::exchange`]): a caller that goes away meanwhile does
-/// not let another renewal start before that request's token is kept.
+/// This harness's hold on renewing one token (from [`SignIn::lock_for`]). A token
+/// request under way takes it along onto a task of its own and hands it back
+/// ([`SignIn::exchange`]): a caller that goes away meanwhile does not let another
+/// renewal start before that request's token is kept.
 type Renewing = Option<tokio::sync::OwnedMutexGuard<()>>;
 
 impl Exchange {
@@ -471,7 +473,7 @@ impl SignIn {
         }
     }
 
-    /// The lock on renewing `identity`'s token, one in this process whichever
+    /// The lock on renewing `identity`'s token, one in this harness whichever
     /// connection renews it.
     fn lock_for(&self, identity: Option<&str>) -> Arc<tokio::sync::Mutex<()>> {
         self.ctx.renewals.lock_for(self.key(identity))
