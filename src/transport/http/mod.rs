@@ -379,7 +379,7 @@ impl HttpTransport {
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
-                        self.renew_session(seen, identity, timeout).await?;
+                        self.renew_session(seen).await?;
                     }
                     other => return other,
                 }
@@ -392,7 +392,8 @@ impl HttpTransport {
         }
     }
 
-    /// One POST and its reply.
+    /// One POST and its reply. A legacy session starts with a successful `initialize`
+    /// reply (a renewal's takes its new id itself: [`Self::renew_now`]).
     async fn exchange(
         &self,
         request: RequestRef<'_>,
@@ -400,6 +401,23 @@ impl HttpTransport {
         extra: &[(HeaderName, HeaderValue)],
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
+        let (reply, sid) = self
+            .exchange_with_session(request, stamp, extra, identity)
+            .await?;
+        if request.method == "initialize" && reply.is_ok() && !self.session.has_id() {
+            self.session.set_id(sid);
+        }
+        Ok(reply)
+    }
+
+    /// [`Self::exchange`], with the session id the reply came with.
+    async fn exchange_with_session(
+        &self,
+        request: RequestRef<'_>,
+        stamp: Option<Stamp<'_>>,
+        extra: &[(HeaderName, HeaderValue)],
+        identity: Option<&str>,
+    ) -> Result<(Reply, Option<String>), TransportError> {
         let version = match &stamp {
             Some(s) => Some(s.version()),
             None => requested_version(request.params),
@@ -417,20 +435,22 @@ impl HttpTransport {
             .send()
             .await
             .map_err(send_error)?;
-        if request.method != "initialize" {
-            return self.read_reply(response, request.id, identity).await;
-        }
-        // The legacy session starts with a successful initialize reply.
         let sid = response
             .headers()
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(String::from);
-        let reply = self.read_reply(response, request.id, identity).await;
-        if matches!(reply, Ok(Ok(_))) {
-            self.session.set_id(sid);
+        match self.read_reply(response, request.id, identity).await {
+            Ok(reply) => Ok((reply, sid)),
+            // An initialize carries no session: its 404 is no session expiring.
+            Err(TransportError::SessionExpired) if request.method == "initialize" => {
+                Err(TransportError::HttpStatus {
+                    status: 404,
+                    body: String::new(),
+                })
+            }
+            Err(e) => Err(e),
         }
-        reply
     }
 
     /// Reads the server's tool list over this connection (every page, within the
@@ -460,14 +480,10 @@ impl HttpTransport {
 
     /// Renews an expired legacy session, once for all the requests that saw it expire:
     /// a request whose session was already renewed just retries. Once begun, a renewal
-    /// runs to its end (within `timeout`) on a task of its own: cut off between its
-    /// `initialize` and `initialized`, it would leave a session without its event stream.
-    async fn renew_session(
-        &self,
-        seen: u64,
-        identity: Option<&str>,
-        timeout: Duration,
-    ) -> Result<(), TransportError> {
+    /// runs to its end (within [`SESSION_RENEWAL_LIMIT`], whatever is left of the
+    /// request that began it) on a task of its own: cut off between its `initialize` and
+    /// `initialized`, it would leave a session half begun.
+    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
@@ -478,12 +494,11 @@ impl HttpTransport {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return Err(TransportError::SessionExpired);
         };
-        let who = identity.map(String::from);
         let work = async move {
-            let renewal = this.renew_now(init, who.as_deref());
-            let renewed = match tokio::time::timeout(timeout, renewal).await {
+            let limit = SESSION_RENEWAL_LIMIT;
+            let renewed = match tokio::time::timeout(limit, this.renew_now(init)).await {
                 Ok(renewed) => renewed,
-                Err(_) => Err(renewal_failed(format!("no answer within {timeout:?}"))),
+                Err(_) => Err(renewal_failed(format!("no answer within {limit:?}"))),
             };
             drop(renewing);
             renewed
@@ -495,19 +510,25 @@ impl HttpTransport {
         }
     }
 
-    /// [`Self::renew_session`]'s work: `initialize`, `initialized`, the event stream.
-    async fn renew_now(&self, init: Value, identity: Option<&str>) -> Result<(), TransportError> {
+    /// [`Self::renew_session`]'s work, as the session's own (the harness's sign-in):
+    /// `initialize`, then `initialized` on the new session, then its event stream. The
+    /// old id stays until all of that is done: a renewal that fails or is cut off
+    /// leaves a session that expires again (and is renewed again), not one half begun.
+    async fn renew_now(&self, init: Value) -> Result<(), TransportError> {
+        let failed = renewal_failed;
+        if self.is_closed() {
+            return Err(failed("the connection was shut down".into()));
+        }
         tracing::info!(server = %self.server, "HTTP session expired; initializing again");
         let request = Request {
             id: self.ids.next(),
             method: "initialize".into(),
             params: Some(init),
         };
-        let failed = renewal_failed;
-        let result = match self
-            .exchange((&request).into(), None, &[], identity)
-            .await?
-        {
+        let (reply, sid) = self
+            .exchange_with_session((&request).into(), None, &[], None)
+            .await?;
+        let result = match reply {
             Ok(result) => {
                 InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
             }
@@ -519,20 +540,31 @@ impl HttpTransport {
                 result.protocol_version
             )));
         }
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            // Shut down meanwhile: the server will expire the session it just began.
-            self.session.set_id(None);
-            return Err(failed("the connection was shut down".into()));
-        }
+        // The new id goes on `initialized`, and stays only if that is delivered.
+        let provisional = Provisional {
+            session: &self.session,
+            old: self.session.id(),
+            kept: false,
+        };
+        self.session.set_id(sid);
         let initialized = Notification {
             method: "notifications/initialized".into(),
             params: None,
         };
         self.post_no_reply(Message::Notification(initialized))
             .await?;
-        self.open_get_stream();
+        if self.is_closed() {
+            // Shut down meanwhile: the server will expire the session it just began.
+            return Err(failed("the connection was shut down".into()));
+        }
+        provisional.keep();
         self.session.renewed();
+        self.open_get_stream();
         Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// After `initialize`: the version the server chose (sent on every later request)
@@ -762,11 +794,16 @@ impl HttpTransport {
     /// Opens the legacy standalone GET stream, if the server offers one (405 means it
     /// does not), and keeps it open, resuming with `Last-Event-ID`.
     fn open_get_stream(&self) {
+        if self.is_closed() {
+            return;
+        }
         let weak = self.this.clone();
         let task = tokio::spawn(async move {
             let mut parser = SseParser::default();
             loop {
-                let Some(this) = weak.upgrade() else { return };
+                let Some(this) = weak.upgrade().filter(|t| !t.is_closed()) else {
+                    return;
+                };
                 // The session's own stream: the harness's own sign-in.
                 let request = this.get(parser.last_event_id.as_deref(), None);
                 let mut response = match request.send().await {
@@ -826,6 +863,31 @@ impl HttpTransport {
 impl Drop for HttpTransport {
     fn drop(&mut self) {
         self.stop_get_stream();
+    }
+}
+
+/// The longest a legacy session renewal may take, whatever the request that began it
+/// has left (it goes on without that request).
+const SESSION_RENEWAL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A session id set while a renewal finishes; the old one comes back unless it is kept.
+struct Provisional<'a> {
+    session: &'a Session,
+    old: Option<String>,
+    kept: bool,
+}
+
+impl Provisional<'_> {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Provisional<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.session.set_id(self.old.take());
+        }
     }
 }
 
