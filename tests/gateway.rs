@@ -1407,13 +1407,17 @@ async fn mirror_headers_come_once_and_a_legacy_request_that_sends_them_is_held_t
             assert_eq!(r["error"]["code"], -32020, "{headers:?}: {r}");
         }
     }
-    // A modern notification's Mcp-Method too.
+    // A modern notification's too (and it has no arguments to mirror).
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 99}});
-    let (status, _, _) = gw
-        .post(Some("tok-a"), &cancel, &[("mcp-method", "tools/call")])
-        .await;
-    assert_eq!(status, 400);
+    for headers in [
+        [("mcp-method", "tools/call")],
+        [("mcp-name", "alpha__echo")],
+        [("mcp-param-region", "eu")],
+    ] {
+        let (status, _, _) = gw.post(Some("tok-a"), &cancel, &headers).await;
+        assert_eq!(status, 400, "{headers:?}");
+    }
     let (status, _, _) = gw.post(Some("tok-a"), &cancel, &[]).await;
     assert_eq!(status, 202);
     gw.stop().await;
@@ -1616,6 +1620,59 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(freed, "a closed subscription frees its slot");
+    drop(streams);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_principals_legacy_event_streams_are_capped_kept_alive_and_freed_with_their_session() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let get = |sid: String| {
+        let gw = &gw;
+        async move {
+            gw.http
+                .get(gw.url())
+                .bearer_auth("tok-a")
+                .header("accept", "text/event-stream")
+                .header("mcp-session-id", sid)
+                .send()
+                .await
+                .expect("get")
+        }
+    };
+    // 64 streams per principal (four on each of 16 sessions); the next gets 503.
+    let mut sessions = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..16 {
+        let sid = legacy_session(&gw).await;
+        for _ in 0..4 {
+            let s = get(sid.clone()).await;
+            assert_eq!(s.status().as_u16(), 200);
+            streams.push(s);
+        }
+        sessions.push(sid);
+    }
+    let spare = legacy_session(&gw).await;
+    assert_eq!(get(spare.clone()).await.status().as_u16(), 503);
+    // A session that ends takes its streams' places with it.
+    assert_eq!(delete_session(&gw, "tok-a", &sessions[0]).await, 200);
+    let mut freed = None;
+    for _ in 0..100 {
+        let s = get(spare.clone()).await;
+        if s.status().as_u16() == 200 {
+            freed = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut open = freed.expect("an ended session's streams free their places");
+    // An idle stream is written to now and then (a client that vanished is noticed).
+    let mut seen = String::new();
+    assert!(
+        read_until(&mut open, &mut seen, ": keep-alive").await,
+        "{seen}"
+    );
     drop(streams);
     gw.stop().await;
 }

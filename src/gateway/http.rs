@@ -97,6 +97,8 @@ fn sse_frame(message: &Message) -> Bytes {
 struct ChannelBody {
     rx: mpsc::Receiver<Bytes>,
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A legacy GET stream's place among its principal's.
+    _slot: Option<PrincipalSlot>,
 }
 
 impl Body for ChannelBody {
@@ -113,17 +115,19 @@ impl Body for ChannelBody {
 }
 
 fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
-    sse_stream(rx, None)
+    sse_stream(rx, None, None)
 }
 
 /// [`sse_response`] for a stream that may stay open for as long as its client likes.
 fn sse_stream(
     rx: mpsc::Receiver<Bytes>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    slot: Option<PrincipalSlot>,
 ) -> HttpResponse {
     let body = ChannelBody {
         rx,
         _permit: permit,
+        _slot: slot,
     };
     let mut r = hyper::Response::new(body.boxed());
     r.headers_mut().insert(
@@ -189,6 +193,8 @@ struct State {
     next_request: AtomicU64,
     /// `subscriptions/listen` streams open, per principal.
     listens: Mutex<HashMap<Principal, usize>>,
+    /// Legacy GET streams open, per principal.
+    gets: Mutex<HashMap<Principal, usize>>,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -206,6 +212,10 @@ impl State {
 
 /// Subscriptions one principal may hold open at once.
 pub(crate) const MAX_LISTENS_PER_PRINCIPAL: usize = 16;
+/// Legacy GET streams one principal may hold open at once (one per session it may
+/// have): with its subscriptions, a principal holds at most 80 of the gateway's
+/// `max_streams`, not all of them.
+const MAX_GETS_PER_PRINCIPAL: usize = MAX_SESSIONS_PER_PRINCIPAL;
 /// The longest the `Mcp-Param-*` check may take; past it a call that carries such
 /// headers is refused (504), one that carries none goes on.
 const PARAM_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -235,6 +245,7 @@ pub async fn serve(
         calls: Mutex::default(),
         next_request: AtomicU64::new(1),
         listens: Mutex::default(),
+        gets: Mutex::default(),
         closing: CancelToken::new(),
         streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
     });
@@ -444,28 +455,55 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     }
 }
 
-fn open_stream(state: &State, id: &str, principal: &Principal) -> HttpResponse {
+fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpResponse {
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let Some(permit) = state.stream_permit() else {
         return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
     };
-    let mut sessions = state.sessions.lock();
-    match live_session(
-        &mut sessions,
-        id,
-        principal,
-        state.gateway.config().session_idle,
-    ) {
-        Some(session) => {
-            // At most a few streams per session: a client reconnecting replaces them.
-            if session.streams.len() >= 4 {
-                session.streams.remove(0);
-            }
-            session.streams.push(tx);
-            sse_stream(rx, Some(permit))
+    let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, MAX_GETS_PER_PRINCIPAL)
+    else {
+        return full(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "",
+            "too many streams open for this agent",
+        );
+    };
+    {
+        let mut sessions = state.sessions.lock();
+        let Some(session) = live_session(
+            &mut sessions,
+            id,
+            principal,
+            state.gateway.config().session_idle,
+        ) else {
+            return full(StatusCode::NOT_FOUND, "", "unknown session");
+        };
+        // At most a few streams per session: a client reconnecting replaces them.
+        if session.streams.len() >= 4 {
+            session.streams.remove(0);
         }
-        None => full(StatusCode::NOT_FOUND, "", "unknown session"),
+        session.streams.push(tx.clone());
     }
+    // The stream (and its slot) lasts until the session lets go of it (replaced,
+    // ended) or the client goes, noticed by a comment now and then.
+    let weak = tx.downgrade();
+    drop(tx);
+    tokio::spawn(async move {
+        let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+        keep_alive.tick().await;
+        loop {
+            keep_alive.tick().await;
+            let Some(tx) = weak.upgrade() else { return };
+            if tx
+                .try_send(Bytes::from_static(b": keep-alive\n\n"))
+                .is_err()
+                && tx.is_closed()
+            {
+                return;
+            }
+        }
+    });
+    sse_stream(rx, Some(permit), Some(slot))
 }
 
 /// The session `id` of `principal`, if it is live (an idle one is forgotten).
@@ -536,15 +574,20 @@ fn repeated_mirror(headers: &hyper::HeaderMap) -> Option<&str> {
     })
 }
 
-/// The mirror headers a legacy request carries, if any, must repeat its body too.
-fn check_legacy_headers(headers: &hyper::HeaderMap, request: &Request) -> Result<(), RpcError> {
+/// The `Mcp-Method` and `Mcp-Name` a message carries without having to (a legacy
+/// request, a notification), if any, must repeat its body too.
+fn check_sent_headers(
+    headers: &hyper::HeaderMap,
+    method: &str,
+    params: Option<&Value>,
+) -> Result<(), RpcError> {
     let get = |n: &str| headers.get(n).map(|v| v.to_str().ok());
     let mismatch = |what: &str| RpcError::new(HEADER_MISMATCH, format!("header mismatch: {what}"));
-    if get("mcp-method").is_some_and(|m| m != Some(request.method.as_str())) {
+    if get("mcp-method").is_some_and(|m| m != Some(method)) {
         return Err(mismatch("Mcp-Method"));
     }
     if let Some(sent) = get("mcp-name") {
-        let name = mcp_name(&request.method, request.params.as_ref());
+        let name = mcp_name(method, params);
         if sent.is_none() || sent != name.as_deref() {
             return Err(mismatch("Mcp-Name"));
         }
@@ -663,9 +706,16 @@ async fn post(
     }
     match message {
         Message::Notification(n) => {
-            let method = headers.get("mcp-method").map(|v| v.to_str().ok());
-            if method.is_some_and(|m| m != Some(n.method.as_str())) {
-                let e = RpcError::new(HEADER_MISMATCH, "header mismatch: Mcp-Method");
+            let params = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
+            let checked = if params {
+                Err(RpcError::new(
+                    HEADER_MISMATCH,
+                    "header mismatch: Mcp-Param-* on a notification",
+                ))
+            } else {
+                check_sent_headers(&headers, &n.method, n.params.as_ref())
+            };
+            if let Err(e) = checked {
                 return error_reply(StatusCode::BAD_REQUEST, None, e);
             }
             cancel_from(&state, &n, &principal, session_id.as_deref());
@@ -692,7 +742,7 @@ async fn post(
         Message::Request(request) if legacy => {
             // A legacy client has no mirror headers to send; any it sends must be true.
             let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
-            if let Err(e) = check_legacy_headers(&headers, &request) {
+            if let Err(e) = check_sent_headers(&headers, &request.method, request.params.as_ref()) {
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             if sent
@@ -802,19 +852,43 @@ async fn post(
     }
 }
 
-/// Counts a principal's open subscription while it lives.
-struct ListenSlot {
+/// Counts one of a principal's open streams (in `count`: its subscriptions, or its
+/// legacy GET streams) while it lives.
+struct PrincipalSlot {
     state: Arc<State>,
     principal: Principal,
+    count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
 }
 
-impl Drop for ListenSlot {
+impl PrincipalSlot {
+    /// One more of `principal`'s streams in `count`, if it has fewer than `max`.
+    fn take(
+        state: &Arc<State>,
+        principal: &Principal,
+        count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
+        max: usize,
+    ) -> Option<PrincipalSlot> {
+        let mut open = count(state).lock();
+        let n = open.entry(principal.clone()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PrincipalSlot {
+            state: state.clone(),
+            principal: principal.clone(),
+            count,
+        })
+    }
+}
+
+impl Drop for PrincipalSlot {
     fn drop(&mut self) {
-        let mut listens = self.state.listens.lock();
-        if let Some(n) = listens.get_mut(&self.principal) {
+        let mut open = (self.count)(&self.state).lock();
+        if let Some(n) = open.get_mut(&self.principal) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                listens.remove(&self.principal);
+                open.remove(&self.principal);
             }
         }
     }
@@ -831,18 +905,18 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
             RpcError::new(-32000, "too many streams open on this gateway"),
         );
     };
-    {
-        let mut listens = state.listens.lock();
-        let n = listens.entry(principal.clone()).or_default();
-        if *n >= MAX_LISTENS_PER_PRINCIPAL {
-            return error_reply(
-                StatusCode::OK,
-                Some(request.id),
-                RpcError::new(-32000, "too many subscriptions open for this agent"),
-            );
-        }
-        *n += 1;
-    }
+    let Some(slot) = PrincipalSlot::take(
+        &state,
+        &principal,
+        |s| &s.listens,
+        MAX_LISTENS_PER_PRINCIPAL,
+    ) else {
+        return error_reply(
+            StatusCode::OK,
+            Some(request.id),
+            RpcError::new(-32000, "too many subscriptions open for this agent"),
+        );
+    };
     let accepted = Gateway::listen_accepts(request.params.as_ref());
     let tools = accepted.get("toolsListChanged").is_some();
     let id = request.id;
@@ -850,7 +924,6 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     let _ = tx.try_send(sse_frame(&Gateway::listen_ack(&id, accepted)));
     let mut events = state.gateway.harness().subscribe();
     tokio::spawn(async move {
-        let slot = ListenSlot { state, principal };
         let changed = sse_frame(&Gateway::listen_changed(&id));
         let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
         keep_alive.tick().await;
@@ -880,7 +953,7 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
         }
         let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
     });
-    sse_stream(rx, Some(permit))
+    sse_stream(rx, Some(permit), None)
 }
 
 /// `notifications/cancelled` cancels the request it names, if it is this principal's.
