@@ -379,7 +379,7 @@ impl HttpTransport {
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
-                        self.renew_session(seen).await?;
+                        self.renew_session(seen, identity).await?;
                     }
                     other => return other,
                 }
@@ -483,7 +483,7 @@ impl HttpTransport {
     /// runs to its end (within [`SESSION_RENEWAL_LIMIT`], whatever is left of the
     /// request that began it) on a task of its own: cut off between its `initialize` and
     /// `initialized`, it would leave a session half begun.
-    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
+    async fn renew_session(&self, seen: u64, identity: Option<&str>) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
@@ -494,9 +494,11 @@ impl HttpTransport {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return Err(TransportError::SessionExpired);
         };
+        let who = identity.map(String::from);
         let work = async move {
             let limit = SESSION_RENEWAL_LIMIT;
-            let renewed = match tokio::time::timeout(limit, this.renew_now(init)).await {
+            let renewal = this.renew_now(init, who.as_deref());
+            let renewed = match tokio::time::timeout(limit, renewal).await {
                 Ok(renewed) => renewed,
                 Err(_) => Err(renewal_failed(format!("no answer within {limit:?}"))),
             };
@@ -510,11 +512,12 @@ impl HttpTransport {
         }
     }
 
-    /// [`Self::renew_session`]'s work, as the session's own (the harness's sign-in):
-    /// `initialize`, then `initialized` on the new session, then its event stream. The
-    /// old id stays until all of that is done: a renewal that fails or is cut off
-    /// leaves a session that expires again (and is renewed again), not one half begun.
-    async fn renew_now(&self, init: Value) -> Result<(), TransportError> {
+    /// [`Self::renew_session`]'s work, as the request that began it (its refusal goes
+    /// to that request's sign-in): `initialize`, then `initialized` on the new session,
+    /// then its event stream. The old id stays until `initialized` is delivered: a
+    /// renewal that fails or is cut off leaves a session that expires again (and is
+    /// renewed again), and no request reaches a session not yet initialized.
+    async fn renew_now(&self, init: Value, identity: Option<&str>) -> Result<(), TransportError> {
         let failed = renewal_failed;
         if self.is_closed() {
             return Err(failed("the connection was shut down".into()));
@@ -526,7 +529,7 @@ impl HttpTransport {
             params: Some(init),
         };
         let (reply, sid) = self
-            .exchange_with_session((&request).into(), None, &[], None)
+            .exchange_with_session((&request).into(), None, &[], identity)
             .await?;
         let result = match reply {
             Ok(result) => {
@@ -540,24 +543,32 @@ impl HttpTransport {
                 result.protocol_version
             )));
         }
-        // The new id goes on `initialized`, and stays only if that is delivered.
-        let provisional = Provisional {
-            session: &self.session,
-            old: self.session.id(),
-            kept: false,
+        let Some(sid) = sid else {
+            return Err(failed("the reply began no session".into()));
         };
-        self.session.set_id(sid);
+        if self.is_closed() {
+            self.end_session(sid, SESSION_END_LIMIT).await;
+            return Err(failed("the connection was shut down".into()));
+        }
+        let Ok(header) = HeaderValue::from_str(&sid) else {
+            return Err(failed("the session id is not a header value".into()));
+        };
         let initialized = Notification {
             method: "notifications/initialized".into(),
             params: None,
         };
-        self.post_no_reply(Message::Notification(initialized))
-            .await?;
+        let on_new = [(HeaderName::from_static(SESSION_HEADER), header)];
+        self.post_no_reply(Message::Notification(initialized), &on_new)
+            .await
+            .map_err(|e| match e {
+                TransportError::SessionExpired => failed("the new session was gone at once".into()),
+                other => other,
+            })?;
         if self.is_closed() {
-            // Shut down meanwhile: the server will expire the session it just began.
+            self.end_session(sid, SESSION_END_LIMIT).await;
             return Err(failed("the connection was shut down".into()));
         }
-        provisional.keep();
+        self.session.set_id(Some(sid));
         self.session.renewed();
         self.open_get_stream();
         Ok(())
@@ -744,7 +755,7 @@ impl HttpTransport {
     ) -> Result<(), TransportError> {
         tokio::time::timeout(
             timeout,
-            self.post_no_reply(Message::Notification(notification)),
+            self.post_no_reply(Message::Notification(notification), &[]),
         )
         .await
         .unwrap_or(Err(TransportError::Timeout(timeout)))
@@ -761,12 +772,17 @@ impl HttpTransport {
             id: Some(id),
             outcome,
         });
-        tokio::time::timeout(timeout, self.post_no_reply(message))
+        tokio::time::timeout(timeout, self.post_no_reply(message, &[]))
             .await
             .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
-    async fn post_no_reply(&self, message: Message) -> Result<(), TransportError> {
+    /// POSTs a message that has no reply, with `extra` headers (replacing any).
+    async fn post_no_reply(
+        &self,
+        message: Message,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> Result<(), TransportError> {
         let (method, params) = match &message {
             Message::Notification(n) => (n.method.as_str(), n.params.as_ref()),
             _ => ("", None),
@@ -774,7 +790,7 @@ impl HttpTransport {
         let mut body = Vec::with_capacity(128);
         message.write_json(&mut body);
         let response = self
-            .post(body, method, params, None, &[], None)
+            .post(body, method, params, None, extra, None)
             .send()
             .await
             .map_err(send_error)?;
@@ -847,16 +863,21 @@ impl HttpTransport {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop_get_stream();
         if let Some(sid) = self.session.take_id() {
-            let mut headers = self.fixed.clone();
-            self.authorize(&mut headers, None);
-            let delete = self
-                .client
-                .delete(self.url.clone())
-                .headers(headers)
-                .header(SESSION_HEADER, sid);
-            // 405 is allowed: the server does not let clients end sessions.
-            let _ = tokio::time::timeout(timeout, delete.send()).await;
+            self.end_session(sid, timeout).await;
         }
+    }
+
+    /// DELETEs a legacy session (405 is allowed: the server does not let clients end
+    /// sessions), within `timeout`.
+    async fn end_session(&self, sid: String, timeout: Duration) {
+        let mut headers = self.fixed.clone();
+        self.authorize(&mut headers, None);
+        let delete = self
+            .client
+            .delete(self.url.clone())
+            .headers(headers)
+            .header(SESSION_HEADER, sid);
+        let _ = tokio::time::timeout(timeout, delete.send()).await;
     }
 }
 
@@ -870,26 +891,8 @@ impl Drop for HttpTransport {
 /// has left (it goes on without that request).
 const SESSION_RENEWAL_LIMIT: Duration = Duration::from_secs(30);
 
-/// A session id set while a renewal finishes; the old one comes back unless it is kept.
-struct Provisional<'a> {
-    session: &'a Session,
-    old: Option<String>,
-    kept: bool,
-}
-
-impl Provisional<'_> {
-    fn keep(mut self) {
-        self.kept = true;
-    }
-}
-
-impl Drop for Provisional<'_> {
-    fn drop(&mut self) {
-        if !self.kept {
-            self.session.set_id(self.old.take());
-        }
-    }
-}
+/// How long ending a session a renewal began after shutdown may take.
+const SESSION_END_LIMIT: Duration = Duration::from_secs(2);
 
 /// A renewal of an expired session that failed: the request reached the server (it
 /// answered 404), so never "not sent".
