@@ -1655,6 +1655,12 @@ async fn a_principals_legacy_event_streams_are_capped_kept_alive_and_freed_with_
     }
     let spare = legacy_session(&gw).await;
     assert_eq!(get(spare.clone()).await.status().as_u16(), 503);
+    // At the cap, a session that is gone is still 404 (the client initializes again),
+    // and a client reconnecting on a session with four replaces the oldest.
+    assert_eq!(get("no-such-session".into()).await.status().as_u16(), 404);
+    let again = get(sessions[1].clone()).await;
+    assert_eq!(again.status().as_u16(), 200);
+    streams.push(again);
     // A session that ends takes its streams' places with it.
     assert_eq!(delete_session(&gw, "tok-a", &sessions[0]).await, 200);
     let mut freed = None;

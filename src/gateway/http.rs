@@ -460,15 +460,7 @@ fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpRespo
     let Some(permit) = state.stream_permit() else {
         return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
     };
-    let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, MAX_GETS_PER_PRINCIPAL)
-    else {
-        return full(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "",
-            "too many streams open for this agent",
-        );
-    };
-    {
+    let slot = {
         let mut sessions = state.sessions.lock();
         let Some(session) = live_session(
             &mut sessions,
@@ -478,12 +470,23 @@ fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpRespo
         ) else {
             return full(StatusCode::NOT_FOUND, "", "unknown session");
         };
-        // At most a few streams per session: a client reconnecting replaces them.
-        if session.streams.len() >= 4 {
+        // At most a few streams per session: a client reconnecting replaces them (the
+        // replaced one's place is freed as its stream ends).
+        let replacing = session.streams.len() >= 4;
+        let max = MAX_GETS_PER_PRINCIPAL + usize::from(replacing);
+        let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, max) else {
+            return full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "",
+                "too many streams open for this agent",
+            );
+        };
+        if replacing {
             session.streams.remove(0);
         }
         session.streams.push(tx.clone());
-    }
+        slot
+    };
     // The stream (and its slot) lasts until the session lets go of it (replaced,
     // ended) or the client goes, noticed by a comment now and then.
     let weak = tx.downgrade();
