@@ -379,7 +379,7 @@ impl HttpTransport {
                     }
                     Err(TransportError::SessionExpired) if !renewed => {
                         renewed = true;
-                        self.renew_session(seen, identity).await?;
+                        self.renew_session(seen).await?;
                     }
                     other => return other,
                 }
@@ -483,7 +483,7 @@ impl HttpTransport {
     /// runs to its end (within [`SESSION_RENEWAL_LIMIT`], whatever is left of the
     /// request that began it) on a task of its own: cut off between its `initialize` and
     /// `initialized`, it would leave a session half begun.
-    async fn renew_session(&self, seen: u64, identity: Option<&str>) -> Result<(), TransportError> {
+    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
@@ -494,10 +494,9 @@ impl HttpTransport {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return Err(TransportError::SessionExpired);
         };
-        let who = identity.map(String::from);
         let work = async move {
             let limit = SESSION_RENEWAL_LIMIT;
-            let renewal = this.renew_now(init, who.as_deref());
+            let renewal = this.renew_now(init);
             let renewed = match tokio::time::timeout(limit, renewal).await {
                 Ok(renewed) => renewed,
                 Err(_) => Err(renewal_failed(format!("no answer within {limit:?}"))),
@@ -512,16 +511,31 @@ impl HttpTransport {
         }
     }
 
-    /// [`Self::renew_session`]'s work, as the request that began it (its refusal goes
-    /// to that request's sign-in): `initialize`, then `initialized` on the new session,
-    /// then its event stream. The old id stays until `initialized` is delivered: a
-    /// renewal that fails or is cut off leaves a session that expires again (and is
-    /// renewed again), and no request reaches a session not yet initialized.
-    async fn renew_now(&self, init: Value, identity: Option<&str>) -> Result<(), TransportError> {
+    /// [`Self::renew_session`]'s work, as the session's own, as it began (the harness's
+    /// sign-in, whichever request found it expired; a refusal fails the renewal, it is
+    /// no refusal of that request's identity): `initialize`, then `initialized` on the
+    /// new session, then its event stream. The old id stays until `initialized` is
+    /// delivered: a renewal that fails or is cut off leaves a session that expires
+    /// again (and is renewed again), and no request reaches a session not yet
+    /// initialized.
+    async fn renew_now(&self, init: Value) -> Result<(), TransportError> {
         let failed = renewal_failed;
         if self.is_closed() {
             return Err(failed("the connection was shut down".into()));
         }
+        // The session's token, refreshed first if it is due (as a request's is).
+        let until = crate::util::duration::after(Instant::now(), SESSION_RENEWAL_LIMIT);
+        self.sign_in
+            .bearer(None, until)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let refused = |e: TransportError| match e {
+            TransportError::Unauthorized { status, .. } => failed(format!(
+                "the server refused the session's own sign-in ({status})"
+            )),
+            TransportError::SessionExpired => failed("the new session was gone at once".into()),
+            other => other,
+        };
         tracing::info!(server = %self.server, "HTTP session expired; initializing again");
         let request = Request {
             id: self.ids.next(),
@@ -529,8 +543,9 @@ impl HttpTransport {
             params: Some(init),
         };
         let (reply, sid) = self
-            .exchange_with_session((&request).into(), None, &[], identity)
-            .await?;
+            .exchange_with_session((&request).into(), None, &[], None)
+            .await
+            .map_err(refused)?;
         let result = match reply {
             Ok(result) => {
                 InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
@@ -558,17 +573,21 @@ impl HttpTransport {
             params: None,
         };
         let on_new = [(HeaderName::from_static(SESSION_HEADER), header)];
-        self.post_no_reply(Message::Notification(initialized), &on_new)
+        if let Err(e) = self
+            .post_no_reply(Message::Notification(initialized), &on_new)
             .await
-            .map_err(|e| match e {
-                TransportError::SessionExpired => failed("the new session was gone at once".into()),
-                other => other,
-            })?;
-        if self.is_closed() {
+        {
             self.end_session(sid, SESSION_END_LIMIT).await;
-            return Err(failed("the connection was shut down".into()));
+            return Err(refused(e));
         }
         self.session.set_id(Some(sid));
+        if self.is_closed() {
+            // Shut down meanwhile: whichever id shutdown took, this one is ended too.
+            if let Some(sid) = self.session.take_id() {
+                self.end_session(sid, SESSION_END_LIMIT).await;
+            }
+            return Err(failed("the connection was shut down".into()));
+        }
         self.session.renewed();
         self.open_get_stream();
         Ok(())
