@@ -546,21 +546,17 @@ impl HttpTransport {
             .exchange_with_session((&request).into(), None, &[], None)
             .await
             .map_err(refused)?;
-        let result = match reply {
-            Ok(result) => {
-                InitializeResult::from_value(&result).map_err(|e| failed(e.to_string()))?
-            }
-            Err(e) => return Err(failed(e.to_string())),
-        };
-        if Some(&result.protocol_version) != self.session.version().as_ref() {
-            return Err(failed(format!(
-                "the server now chose version {:?}",
-                result.protocol_version
-            )));
-        }
+        let checked = self.same_session(reply);
         let Some(sid) = sid else {
-            return Err(failed("the reply began no session".into()));
+            return Err(checked
+                .err()
+                .unwrap_or_else(|| failed("the reply began no session".into())));
         };
+        if let Err(e) = checked {
+            // A session the server began all the same is ended, not left to expire.
+            self.end_session(sid, SESSION_END_LIMIT).await;
+            return Err(e);
+        }
         if self.is_closed() {
             self.end_session(sid, SESSION_END_LIMIT).await;
             return Err(failed("the connection was shut down".into()));
@@ -590,6 +586,21 @@ impl HttpTransport {
         }
         self.session.renewed();
         self.open_get_stream();
+        Ok(())
+    }
+
+    /// Whether a renewal's `initialize` reply begins the session as it was (the version
+    /// it chose then), or why not.
+    fn same_session(&self, reply: Reply) -> Result<(), TransportError> {
+        let result = reply.map_err(|e| renewal_failed(e.to_string()))?;
+        let result =
+            InitializeResult::from_value(&result).map_err(|e| renewal_failed(e.to_string()))?;
+        if Some(&result.protocol_version) != self.session.version().as_ref() {
+            return Err(renewal_failed(format!(
+                "the server now chose version {:?}",
+                result.protocol_version
+            )));
+        }
         Ok(())
     }
 
