@@ -84,7 +84,12 @@ impl World {
     }
 
     fn server(&self, auth: OAuthConfig) -> ServerConfig {
-        let mut s = ServerConfig::http("web", &self.mcp.url);
+        self.server_named("web", auth)
+    }
+
+    /// The protected server as `id` (several ids may name it).
+    fn server_named(&self, id: &str, auth: OAuthConfig) -> ServerConfig {
+        let mut s = ServerConfig::http(id, &self.mcp.url);
         if let TransportSpec::Http(h) = &mut s.transport {
             h.ca_file = Some(self.ca.ca_pem.clone());
             h.auth = auth;
@@ -303,6 +308,59 @@ async fn a_pre_registered_client_a_metadata_document_and_registration_each_sign_
         .and_then(|s| s.last_error)
         .unwrap_or_default();
     assert!(why.contains("no client identity"), "{why}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_registration_serves_every_server_and_connection_and_outlives_a_cancelled_call() {
+    // Registrations are answered 1.5 s late, their client already made; `echo` needs
+    // a scope the first sign-in did not ask for (a step-up, a registration of its own).
+    let w = World::new(
+        &["--registration", "--register-delay-ms", "1500"],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    let servers = vec![
+        w.server(OAuthConfig::default()),
+        w.server_named("web2", OAuthConfig::default()),
+    ];
+    let h = w.harness_with(servers).await;
+    ready(&h).await;
+    assert!(wait_state(&h, "web2", ServerState::Ready).await);
+    // Two servers on one authorization server, signing in at once: one client.
+    assert_eq!(w.at("register").len(), 1, "{:?}", w.at("register"));
+    let a = Caller::agent("a");
+    // The step-up's call is cancelled while its registration's reply is on its way,
+    // the authorization server's client made already.
+    let call = tokio::spawn({
+        let (h, a) = (h.clone(), a.clone());
+        async move { h.call_tool(&a, "web__echo", json!({"text": "x"})).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || w.at("register").len() == 2).await,
+        "the step-up registers a client for its scopes"
+    );
+    call.abort();
+    assert!(call.await.is_err_and(|e| e.is_cancelled()));
+    tokio::time::sleep(Duration::from_millis(1500)).await; // its reply lands (deliberate)
+    // The client it made is the one the next step-up uses, on this server or another,
+    // and after a restart (a new connection).
+    let echo = |server: &str| format!("{server}__echo");
+    h.call_tool(&a, &echo("web"), json!({"text": "x"}))
+        .await
+        .expect("stepped up");
+    h.restart_server("web2").await.expect("restart");
+    assert!(wait_state(&h, "web2", ServerState::Ready).await);
+    h.call_tool(&as_user("alice"), &echo("web2"), json!({"text": "x"}))
+        .await
+        .expect("alice signed in and stepped up");
+    assert_eq!(w.at("register").len(), 2, "{:?}", w.at("register"));
+    let ids: std::collections::BTreeSet<_> = w
+        .at("authorize")
+        .iter()
+        .filter_map(|a| a["client_id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
     h.shutdown().await;
 }
 

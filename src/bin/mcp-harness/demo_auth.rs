@@ -116,6 +116,9 @@ pub struct DemoAuthArgs {
     /// rotated (a slow authorization server, or a reply still on its way).
     #[arg(long, default_value_t = 0)]
     pub refresh_delay_ms: u64,
+    /// Answer a registration this many milliseconds late, its client already made.
+    #[arg(long, default_value_t = 0)]
+    pub register_delay_ms: u64,
     /// Refuse every authorization (`access_denied`).
     #[arg(long)]
     pub deny: bool,
@@ -304,7 +307,12 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             }
             reply
         }
-        Method::POST if at("register") && state.args.registration => register(&state, &body),
+        Method::POST if at("register") && state.args.registration => {
+            let reply = register(&state, &body);
+            let delay = std::time::Duration::from_millis(state.args.register_delay_ms);
+            tokio::time::sleep(delay).await;
+            reply
+        }
         _ => full(StatusCode::NOT_FOUND, "", ""),
     }
 }
@@ -658,6 +666,7 @@ fn register(state: &State, body: &[u8]) -> HttpResponse {
         "endpoint": "register",
         "redirect_uris": uris,
         "application_type": request["application_type"],
+        "scope": request["scope"],
         "token_endpoint_auth_method": method,
     }));
     if uris.is_empty() {

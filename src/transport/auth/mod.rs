@@ -147,6 +147,10 @@ pub struct SignInContext {
     /// under way, a new one) each have their own sign-in state, and renew a token one
     /// at a time through these.
     pub renewals: RenewalLocks,
+    /// The clients Dynamic Client Registration made, shared the same way: each server
+    /// and connection that signs in through one authorization server uses the client
+    /// registered first, instead of registering one more.
+    pub registrations: Registrations,
 }
 
 /// One lock per token (server, resource, auth context) that its renewals in a harness
@@ -165,6 +169,66 @@ impl RenewalLocks {
     }
 }
 
+/// The clients registered (RFC 7591) in a harness; see
+/// [`SignInContext::registrations`].
+#[derive(Clone, Default)]
+pub struct Registrations(Arc<Mutex<HashMap<RegistrationKey, RegistrationSlot>>>);
+
+/// What one registration is for: the authorization server, where it sends the person
+/// back, and the scopes the client asked for (a server may hold a client to them).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RegistrationKey {
+    issuer: String,
+    redirect_uri: Option<String>,
+    scopes: Vec<String>,
+}
+
+impl RegistrationKey {
+    fn new(issuer: &str, redirect_uri: Option<&str>, scopes: &[String]) -> RegistrationKey {
+        let mut scopes = scopes.to_vec();
+        scopes.sort();
+        scopes.dedup();
+        RegistrationKey {
+            issuer: issuer.to_string(),
+            redirect_uri: redirect_uri.map(loopback_any_port),
+            scopes,
+        }
+    }
+}
+
+/// A loopback redirect URI without its port: RFC 8252 section 7.3 has the authorization
+/// server accept any port on one, and a loopback authorizer listens on a new port each
+/// sign-in, so that one registration serves them all.
+fn loopback_any_port(uri: &str) -> String {
+    let Ok(mut u) = Url::parse(uri) else {
+        return uri.to_string();
+    };
+    let loopback = match u.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        _ => false,
+    };
+    if u.scheme() == "http" && loopback && u.set_port(None).is_ok() {
+        u.to_string()
+    } else {
+        uri.to_string()
+    }
+}
+
+/// One registration: made once, by whoever takes the lock first.
+type RegistrationSlot = Arc<tokio::sync::Mutex<Option<ClientIdentity>>>;
+
+impl Registrations {
+    fn slot(&self, key: RegistrationKey) -> RegistrationSlot {
+        let mut slots = self.0.lock();
+        if slots.len() >= MISSING_MEMO {
+            // A flood of issuers (a hostile server's metadata) keeps only what is in use.
+            slots.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
+        slots.entry(key).or_default().clone()
+    }
+}
+
 impl Default for SignInContext {
     fn default() -> Self {
         SignInContext {
@@ -173,6 +237,7 @@ impl Default for SignInContext {
             timeout: Duration::from_secs(300),
             client_name: "mcp-harness".into(),
             renewals: RenewalLocks::default(),
+            registrations: Registrations::default(),
         }
     }
 }
@@ -206,8 +271,6 @@ pub(crate) struct SignIn {
     /// Checks the names `http` resolves; `None` for a server on an internal address.
     resolver: Option<Arc<resolve::SignInResolver>>,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
-    /// A registration (DCR) per issuer, reused while the process lives.
-    registered: Mutex<HashMap<String, ClientIdentity>>,
     /// Tokens read or made, by auth context.
     tokens: Mutex<HashMap<Option<String>, Token>>,
     /// The access token this process last renewed, by auth context: a request refused
@@ -447,7 +510,6 @@ impl SignIn {
             http,
             resolver,
             discovered: tokio::sync::Mutex::new(None),
-            registered: Mutex::default(),
             tokens: Mutex::default(),
             renewed: Mutex::default(),
             missing: Mutex::default(),
@@ -1126,11 +1188,51 @@ impl SignIn {
                 auth: ClientAuth::None,
             });
         }
-        let Some(endpoint) = &d.server.registration_endpoint else {
+        let Some(endpoint) = d.server.registration_endpoint.clone() else {
             return Err(self.err(AuthStep::Registration, AuthFailure::NoClientIdentity));
         };
-        if let Some(c) = self.registered.lock().get(&d.server.issuer) {
-            return Ok(c.clone());
+        let key = RegistrationKey::new(&d.server.issuer, redirect_uri, scopes);
+        let slot = self.ctx.registrations.slot(key);
+        let Some(this) = self.this.upgrade() else {
+            // Not reached: `&self` is borrowed from a live `Arc`.
+            let mut made = slot.lock().await;
+            return self
+                .registered(&mut made, &endpoint, d, redirect_uri, scopes)
+                .await;
+        };
+        // The registration runs on a task of its own that holds its slot until the
+        // client is kept: once sent, the authorization server has made a client that a
+        // caller going away (a cancelled call) would leave unknown here, and whoever
+        // waits on the slot meanwhile takes the same client.
+        let (d, redirect_uri, scopes) =
+            (d.clone(), redirect_uri.map(String::from), scopes.to_vec());
+        let work = async move {
+            let mut made = slot.lock().await;
+            this.registered(&mut made, &endpoint, &d, redirect_uri.as_deref(), &scopes)
+                .await
+        };
+        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
+            Ok(client) => client,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(self.err(
+                AuthStep::Registration,
+                AuthFailure::Invalid("stopped with the runtime".into()),
+            )),
+        }
+    }
+
+    /// The client in `made`, registered at `endpoint` (RFC 7591) and kept there first
+    /// if there is none yet.
+    async fn registered(
+        &self,
+        made: &mut Option<ClientIdentity>,
+        endpoint: &str,
+        d: &Discovered,
+        redirect_uri: Option<&str>,
+        scopes: &[String],
+    ) -> Result<ClientIdentity, AuthError> {
+        if let Some(client) = made {
+            return Ok(client.clone());
         }
         let mut request = json!({
             "client_name": self.ctx.client_name,
@@ -1184,9 +1286,7 @@ impl SignIn {
             client_secret: secret,
             auth,
         };
-        self.registered
-            .lock()
-            .insert(d.server.issuer.clone(), client.clone());
+        *made = Some(client.clone());
         Ok(client)
     }
 
@@ -1746,6 +1846,32 @@ mod tests {
             !sign_in.still_trusted(&token("https://evil.example", "https://evil.example/token"))
         );
         assert!(!sign_in.still_trusted(&token("https://idp.example", "https://10.0.0.1/token")));
+    }
+
+    #[test]
+    fn a_registration_serves_a_loopback_redirect_on_any_port_and_other_uris_exactly() {
+        let key = |uri: &str, scopes: &[&str]| {
+            let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+            RegistrationKey::new("https://as.example", Some(uri), &scopes)
+        };
+        let one = key("http://127.0.0.1:4711/callback", &["b", "a"]);
+        assert_eq!(one, key("http://127.0.0.1:5000/callback", &["a", "b", "a"]));
+        assert_eq!(key("http://[::1]:1/cb", &[]), key("http://[::1]:2/cb", &[]));
+        assert_ne!(one, key("http://127.0.0.1:4711/other", &["a", "b"]));
+        assert_ne!(one, key("http://127.0.0.1:4711/callback", &["a"]));
+        // Not loopback, or not plain HTTP: the port is the client's to keep.
+        assert_ne!(
+            key("https://app.example:1/cb", &[]),
+            key("https://app.example:2/cb", &[])
+        );
+        assert_ne!(
+            key("http://localhost:1/cb", &[]),
+            key("http://localhost:2/cb", &[])
+        );
+        assert_ne!(
+            key("https://127.0.0.1:1/cb", &[]),
+            key("https://127.0.0.1:2/cb", &[])
+        );
     }
 
     #[test]
