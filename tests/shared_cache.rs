@@ -361,6 +361,51 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
     let _ = std::fs::remove_file(record);
 }
 
+/// What Redis has sent its clients so far (`INFO stats`).
+async fn redis_output_bytes(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(c)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_net_output_bytes")
+}
+
+#[tokio::test]
+async fn a_generation_key_grown_huge_in_redis_is_refused_without_being_read_whole() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-huge-generation");
+    let rec = record.to_string_lossy().into_owned();
+    let mut c = redis.connection().await.expect("connect");
+    let huge = "7".repeat(8 << 20);
+    let _: () = redis::cmd("SET")
+        .arg("mcp-harness:gen:s")
+        .arg(&huge)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    let before = redis_output_bytes(&mut c).await;
+    let h = start_ready(config(
+        vec![demo_server("s", &["--record", &rec])],
+        shared(redis.url(), &["s"]),
+    ))
+    .await;
+    assert!(!h.list_tools(&a()).await.expect("list").is_empty());
+    assert!(!h.list_tools(&a()).await.expect("list").is_empty());
+    let stats = h.cache_stats().l3;
+    assert!(stats.rejected >= 1, "{stats:?}");
+    h.shutdown().await;
+    let sent = redis_output_bytes(&mut c).await - before;
+    assert!(
+        sent < 1 << 20,
+        "Redis sent {sent} bytes: the generation was read whole"
+    );
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_list_in_use_is_read_again_before_it_expires_by_one_of_the_processes_sharing_it() {
     let redis = Redis::start().await;
@@ -442,6 +487,56 @@ async fn a_page_stored_before_its_servers_generation_moved_is_never_served() {
     assert_eq!(count(&record, "tools/list"), 2);
     third.shutdown().await;
     let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
+async fn a_shared_servers_lists_on_disk_are_not_served_after_a_restart_it_may_have_missed_an_invalidation_in()
+ {
+    let redis = Redis::start().await;
+    let (shared_record, own_record) = (temp_file("l3-disk-s"), temp_file("l3-disk-p"));
+    let (rs, rp) = (
+        shared_record.to_string_lossy().into_owned(),
+        own_record.to_string_lossy().into_owned(),
+    );
+    let servers = || {
+        vec![
+            demo_server("s", &["--record", &rs]),
+            demo_server("p", &["--record", &rp]),
+        ]
+    };
+    let dir = temp_file("l3-disk-dir");
+    let with_disk = || {
+        let mut c = config(servers(), shared(redis.url(), &["s"]));
+        c.cache.dir = Some(dir.clone());
+        c
+    };
+    let first = start_ready(with_disk()).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    // While it is down, another process drops the shared server's lists (its
+    // generation moves on; the word it publishes reaches only those listening).
+    let mut c = redis.connection().await.expect("connect");
+    let _: u64 = redis::cmd("INCR")
+        .arg("mcp-harness:gen:s")
+        .query_async(&mut c)
+        .await
+        .expect("INCR");
+    let second = start_ready(with_disk()).await;
+    second.list_tools(&a()).await.expect("list");
+    assert_eq!(
+        count(&shared_record, "tools/list"),
+        2,
+        "the shared server was asked again, not read from the files of before"
+    );
+    assert_eq!(
+        count(&own_record, "tools/list"),
+        1,
+        "a server not shared is still read from the disk"
+    );
+    second.shutdown().await;
+    let _ = std::fs::remove_file(shared_record);
+    let _ = std::fs::remove_file(own_record);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test]

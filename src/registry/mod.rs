@@ -14,6 +14,7 @@ pub mod names;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -161,6 +162,8 @@ pub(crate) enum RegistryMsg {
         pages: Vec<Page>,
         /// The server's cache epoch when the fetch started.
         epoch: u64,
+        /// Counts it among the writes queued until it is dropped, handled or not.
+        queued: QueuedPut,
     },
     /// Drop a server's entries (`list_changed`, removal).
     Invalidate(String),
@@ -225,8 +228,13 @@ impl Actor for RegistryActor {
         registry: &mut Arc<Registry>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegistryMsg::Put { pages, epoch } => {
+            RegistryMsg::Put {
+                pages,
+                epoch,
+                queued,
+            } => {
                 blocking(registry, move |r| r.cache.put_disk(pages, epoch)).await;
+                drop(queued);
             }
             RegistryMsg::Invalidate(server) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
@@ -272,13 +280,40 @@ impl Actor for RegistryActor {
 /// A typed handle on the registry actor (its address changes when it is rebuilt).
 /// Sends never wait: a write lost while the actor is rebuilt only costs a cache miss.
 #[derive(Clone, Default)]
-pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>);
+pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>, Arc<AtomicUsize>);
+
+/// The most disk writes queued for the registry actor: a disk that stalls (a full or
+/// hung mount) costs the disk layer those lists, not memory without bound.
+const MAX_QUEUED_PUTS: usize = 256;
+
+/// One disk write counted as queued until it is dropped.
+pub(crate) struct QueuedPut(Arc<AtomicUsize>);
+
+impl Drop for QueuedPut {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 impl RegistryRef {
     /// Stores the pages of one list fetched at `epoch` on disk (memory is written by
     /// the listing itself, [`cache::ListCache::put_memory`]).
+    /// Past [`MAX_QUEUED_PUTS`] waiting, the write is left out.
     pub fn put(&self, pages: Vec<Page>, epoch: u64) {
-        self.0.send(RegistryMsg::Put { pages, epoch });
+        use std::sync::atomic::Ordering;
+        if self.1.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PUTS {
+            self.1.fetch_sub(1, Ordering::SeqCst);
+            tracing::debug!(
+                "disk cache writes queued at their bound; this list is kept in memory only"
+            );
+            return;
+        }
+        let queued = QueuedPut(self.1.clone());
+        self.0.send(RegistryMsg::Put {
+            pages,
+            epoch,
+            queued,
+        });
     }
 
     /// Drops a server's entries.
@@ -395,6 +430,84 @@ mod tests {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    /// Takes each message only once let (a registry whose disk has stalled).
+    struct Gate(Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>);
+
+    impl ractor::Actor for Gate {
+        type Msg = RegistryMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            _: (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            _: Self::Msg,
+            _: &mut (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            if let Ok(permit) = self.0.acquire().await {
+                permit.forget();
+            }
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn disk_writes_queued_behind_a_stalled_disk_are_bounded() {
+        let (gate, count) = (
+            Arc::new(tokio::sync::Semaphore::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (actor, handle) = ractor::Actor::spawn(None, Gate(gate.clone(), count.clone()), ())
+            .await
+            .expect("spawn");
+        let registry = RegistryRef::default();
+        registry.0.set(actor.clone());
+        let page = || {
+            vec![Page {
+                key: cache::CacheKey {
+                    server: "s".into(),
+                    fingerprint: "f".into(),
+                    method: "tools/list".into(),
+                    param: None,
+                    scope: "public".into(),
+                },
+                ttl: Duration::from_secs(60),
+                value: Arc::new(serde_json::json!({"tools": []})),
+                bytes: 12,
+            }]
+        };
+        for _ in 0..1000 {
+            registry.put(page(), 0);
+        }
+        assert_eq!(registry.1.load(Ordering::SeqCst), MAX_QUEUED_PUTS);
+        gate.add_permits(usize::MAX >> 4);
+        let drained = async {
+            while count.load(Ordering::SeqCst) < MAX_QUEUED_PUTS {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), drained)
+            .await
+            .expect("the queued writes are handled");
+        assert_eq!(count.load(Ordering::SeqCst), MAX_QUEUED_PUTS);
+        assert_eq!(registry.1.load(Ordering::SeqCst), 0);
+        // Room again once handled.
+        registry.put(page(), 0);
+        registry.flush().await;
+        assert_eq!(count.load(Ordering::SeqCst), MAX_QUEUED_PUTS + 2);
+        actor.stop(None);
+        let _ = handle.await;
     }
 
     #[tokio::test]

@@ -328,6 +328,18 @@ impl ListCache {
             .as_deref()
             .map(|d| disk::load(d, config.max_ttl))
             .unwrap_or_default();
+        // A shared server's lists may have been invalidated by another process while
+        // this one was down, and that word went to those listening: they are read from
+        // the shared layer or the server again, not from files that missed it.
+        if let (Some(dir), Some(shared)) = (&config.dir, &config.shared) {
+            l2.retain(|key, _| {
+                let shared = shared.servers.contains(&key.server);
+                if shared {
+                    disk::remove(dir, key);
+                }
+                !shared
+            });
+        }
         // Files past the budget (written by another process sharing the directory, or
         // under a larger budget) are let go, soonest to expire first.
         if let Some(dir) = &config.dir {
@@ -622,24 +634,40 @@ impl ListCache {
         let Some(dir) = &self.config.dir else {
             return;
         };
-        let mut l2 = self.l2.write();
-        if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
-            return;
-        }
-        let mut dropped = Vec::new();
-        let fits = Self::make_room(&mut l2, now, &pages, self.config.max_bytes, &mut dropped);
-        for key in dropped {
-            disk::remove(dir, &key);
-        }
-        if !fits {
-            return;
-        }
-        for page in pages {
-            let entry = Self::entry(now, &page, self.config.max_ttl);
-            if let Err(e) = disk::write(dir, &entry) {
-                tracing::warn!(server = %page.key.server, error = %e, "could not write the disk cache");
+        // The index is changed under its lock and the files are written after: readers
+        // on async threads take that lock, and a slow disk must not hold them.
+        let (dropped, written) = {
+            let mut l2 = self.l2.write();
+            if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
+                return;
             }
-            l2.insert(page.key, entry);
+            let mut dropped = Vec::new();
+            let fits = Self::make_room(&mut l2, now, &pages, self.config.max_bytes, &mut dropped);
+            let mut written = Vec::new();
+            if fits {
+                for page in pages {
+                    let entry = Self::entry(now, &page, self.config.max_ttl);
+                    written.push(entry.clone());
+                    l2.insert(page.key, entry);
+                }
+            }
+            (dropped, written)
+        };
+        for key in &dropped {
+            disk::remove(dir, key);
+        }
+        for entry in &written {
+            if let Err(e) = disk::write(dir, entry) {
+                tracing::warn!(server = %entry.key.server, error = %e, "could not write the disk cache");
+            }
+        }
+        // An invalidation while they were written (the registry actor runs one write or
+        // invalidation at a time, but a write of an actor since rebuilt may still run)
+        // must not leave them for the next start.
+        if written.iter().any(|e| self.epoch(&e.key.server) != epoch) {
+            for entry in &written {
+                disk::remove(dir, &entry.key);
+            }
         }
     }
 
@@ -653,6 +681,9 @@ impl ListCache {
         self.bump(server);
         self.l1.write().retain(|k, _| k.server != server);
         self.l2.write().retain(|k, _| k.server != server);
+        // Once more after both: a reader that missed memory after it was emptied, read
+        // this epoch, then found the disk index not yet emptied, promotes nothing.
+        self.bump(server);
         if let Some(dir) = &self.config.dir {
             disk::remove_server(dir, server);
         }
@@ -666,6 +697,7 @@ impl ListCache {
         let dropped = |k: &CacheKey| k.server == server && k.method == method;
         self.l1.write().retain(|k, _| !dropped(k));
         self.l2.write().retain(|k, _| !dropped(k));
+        self.bump(server); // as in `invalidate`
         if let Some(dir) = &self.config.dir {
             disk::remove_where(dir, server, dropped);
         }

@@ -55,6 +55,11 @@ use crate::util::duration;
 use crate::util::hash::{hmac_sha256_hex, hmac_sha256_verify, sha256_hex};
 use crate::util::invalid::Invalid;
 
+/// The most of a generation key read: an integer is at most 20 digits, and a longer
+/// value (anyone who can write to Redis can set one of 512 MB) is cut here and refused,
+/// not read whole by every lookup.
+const GENERATION_READ: usize = 32;
+
 /// Pages waiting to be written to Redis; past it a write is dropped (and counted).
 pub const MAX_QUEUED_WRITES: usize = 4096;
 
@@ -563,8 +568,10 @@ impl SharedCache {
                     .arg(&key)
                     .arg(seed)
                     .arg("NX")
-                    .cmd("GET")
+                    .cmd("GETRANGE")
                     .arg(&key)
+                    .arg(0)
+                    .arg(GENERATION_READ - 1)
                     .query_async(&mut conn)
                     .await
             })
@@ -647,8 +654,10 @@ impl SharedCache {
                     .arg(&gen_key)
                     .arg(seed)
                     .arg("NX")
-                    .cmd("GET")
+                    .cmd("GETRANGE")
                     .arg(&gen_key)
+                    .arg(0)
+                    .arg(GENERATION_READ - 1)
                     .cmd("GETRANGE")
                     .arg(&redis_key)
                     .arg(0)
