@@ -373,6 +373,42 @@ async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried(
 }
 
 #[tokio::test]
+async fn an_answer_that_ends_the_call_ends_its_round_and_withdraws_the_questions_left() {
+    let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
+    let queue = ApprovalQueue::new(Duration::from_secs(120));
+    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
+        .await
+        .expect("register");
+    let a = Caller::agent("a");
+    let call = {
+        let (h, a) = (h.clone(), a.clone());
+        tokio::spawn(async move { h.call_tool(&a, "many_inputs", json!({"n": 2})).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 2).await,
+        "both questions asked"
+    );
+    let first = queue.pending()[0].id;
+    assert!(queue.answer(first, json!({"action": "decline"})));
+    // Not held until the other question is answered or times out.
+    let err = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends with the declined answer")
+        .expect("join")
+        .expect_err("declined");
+    assert!(
+        matches!(&err, CallError::InputDeclined { action, .. } if action == "decline"),
+        "{err}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || queue.pending().is_empty()).await,
+        "the question left is withdrawn: {:?}",
+        queue.pending()
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_declined_elicitation_ends_the_call_and_an_approval_queue_can_answer() {
     let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
     let queue = ApprovalQueue::new(Duration::from_secs(30));

@@ -770,6 +770,35 @@ fn finished_of(records: &[Value]) -> Vec<&Value> {
 }
 
 #[tokio::test]
+async fn a_servers_words_in_an_error_reach_the_caller_and_the_audit_trail_cut() {
+    let audit = temp_file("long-words-audit");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    let long = "t".repeat(100_000);
+    let e = h
+        .call_tool(&a(), "s__task_result", json!({"type": long}))
+        .await
+        .expect_err("an unknown resultType");
+    let said = e.to_string();
+    assert!(
+        said.contains("tttt") && said.len() < 1000,
+        "{} bytes",
+        said.len()
+    );
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    let finished = finished_of(&records);
+    assert_eq!(finished.len(), 1, "{records:?}");
+    let message = finished[0]["message"].as_str().expect("a message");
+    assert!(message.chars().count() <= 1001, "{} bytes", message.len());
+    let _ = std::fs::remove_file(audit);
+}
+
+#[tokio::test]
 async fn item_07_a_call_waiting_on_a_person_at_shutdown_is_recorded_as_cancelled_before_it_returns()
 {
     let audit = temp_file("shutdown-audit");

@@ -14,6 +14,11 @@ use super::error::CallError;
 use super::metrics::CallMetrics;
 use crate::audit::{AuditSink, Finished, Hop, Redacted, Round, Started};
 use crate::server::ServerRef;
+use crate::util::text::one_line;
+
+/// The longest error text an audit record keeps (characters): a server's words reach
+/// it through its errors, and the file must not grow by what a server sends.
+const MAX_AUDIT_TEXT: usize = 1000;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -102,7 +107,7 @@ impl CallRecord {
         if self.sink.is_some() {
             self.hops.push(Hop {
                 server: server.to_string(),
-                error,
+                error: one_line(&error, MAX_AUDIT_TEXT),
             });
         }
     }
@@ -111,6 +116,7 @@ impl CallRecord {
     pub(crate) fn round(&mut self, server: &str, methods: Vec<String>) {
         self.metrics.round();
         if self.sink.is_some() {
+            let methods = methods.iter().map(|m| one_line(m, 100)).collect();
             self.rounds.push(Round {
                 server: server.to_string(),
                 methods,
@@ -130,7 +136,7 @@ impl CallRecord {
             Err(e) => ("error", Some(e.code())),
         };
         let message = match (&self.sink, outcome) {
-            (Some(_), Err(e)) => Some(e.to_string()),
+            (Some(_), Err(e)) => Some(one_line(&e.to_string(), MAX_AUDIT_TEXT)),
             _ => None,
         };
         self.write(result, code, message.as_deref());

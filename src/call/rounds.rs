@@ -103,8 +103,9 @@ pub(crate) async fn gather(
         pending.push(context);
     }
     // Each answer runs in a task of its own (InputHandlers::answer); polling them together
-    // here lets them run in parallel, and dropping this future aborts them all.
-    let answers = join_all(pending.into_iter().map(|context| {
+    // here lets them run in parallel. The first answer that ends the call ends the round
+    // too: dropping the others aborts them (an approval still queued is withdrawn).
+    let answers = pending.into_iter().map(|context| {
         let method = context.method.clone();
         let key = context.key.clone();
         let span = crate::util::trace_context::call_span!(
@@ -115,64 +116,71 @@ pub(crate) async fn gather(
             mcp_harness.input.key = %key,
         );
         let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
-        async move { (key, method, answer.await) }
-    }))
-    .await;
-    let mut out = Map::new();
-    for (key, method, answer) in answers {
-        let value = match answer {
-            Ok(v) => v,
-            // Cannot happen through `check` (what is declared is what the same set
-            // answers); refused the same way if it ever does.
-            Err(InputError::NoHandler(method)) => {
-                return Err(CallError::InputRejected {
-                    server: server.to_string(),
-                    reason: format!("no handler answers {method}"),
-                });
-            }
-            Err(InputError::Denied(reason)) => {
-                return Err(CallError::InputDenied {
-                    server: server.to_string(),
-                    method,
-                    reason,
-                });
-            }
-            Err(e) => {
-                return Err(CallError::InputFailed {
-                    server: server.to_string(),
-                    method,
-                    reason: e.to_string(),
-                });
-            }
-        };
-        if method == "elicitation/create"
-            && let Some(action @ ("decline" | "cancel")) =
-                value.get("action").and_then(Value::as_str)
-        {
-            return Err(CallError::InputDeclined {
-                server: server.to_string(),
-                method,
-                action: action.to_string(),
-            });
-        }
-        out.insert(key, value);
-    }
-    Ok(out)
+        async move { settle(server, method, answer.await).map(|value| (key, value)) }
+    });
+    Ok(try_join_all(answers).await?.into_iter().collect())
 }
 
-/// Polls every future to completion together; results in their order.
-async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+/// One answer as the round takes it: its value, or the error that ends the call.
+fn settle(
+    server: &str,
+    method: String,
+    answer: Result<Value, InputError>,
+) -> Result<Value, CallError> {
+    let value = match answer {
+        Ok(v) => v,
+        // Cannot happen through `check` (what is declared is what the same set
+        // answers); refused the same way if it ever does.
+        Err(InputError::NoHandler(method)) => {
+            return Err(CallError::InputRejected {
+                server: server.to_string(),
+                reason: format!("no handler answers {method}"),
+            });
+        }
+        Err(InputError::Denied(reason)) => {
+            return Err(CallError::InputDenied {
+                server: server.to_string(),
+                method,
+                reason,
+            });
+        }
+        Err(e) => {
+            return Err(CallError::InputFailed {
+                server: server.to_string(),
+                method,
+                reason: e.to_string(),
+            });
+        }
+    };
+    if method == "elicitation/create"
+        && let Some(action @ ("decline" | "cancel")) = value.get("action").and_then(Value::as_str)
+    {
+        return Err(CallError::InputDeclined {
+            server: server.to_string(),
+            method,
+            action: action.to_string(),
+        });
+    }
+    Ok(value)
+}
+
+/// Polls every future together; their values in their order, or the first error to
+/// come (the others are dropped with it).
+async fn try_join_all<T, E, F: std::future::Future<Output = Result<T, E>>>(
+    futures: impl Iterator<Item = F>,
+) -> Result<Vec<T>, E> {
     let mut futures: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
-    let mut out: Vec<Option<F::Output>> = (0..futures.len()).map(|_| None).collect();
+    let mut out: Vec<Option<T>> = (0..futures.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
         for (i, slot) in futures.iter_mut().enumerate() {
             if let Some(f) = slot {
                 match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
+                    std::task::Poll::Ready(Ok(v)) => {
                         out[i] = Some(v);
                         *slot = None;
                     }
+                    std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
                     std::task::Poll::Pending => pending = true,
                 }
             }
@@ -180,11 +188,11 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
         if pending {
             std::task::Poll::Pending
         } else {
-            std::task::Poll::Ready(())
+            std::task::Poll::Ready(Ok(()))
         }
     })
-    .await;
-    out.into_iter().flatten().collect()
+    .await?;
+    Ok(out.into_iter().flatten().collect())
 }
 
 #[cfg(test)]

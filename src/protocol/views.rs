@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::error::ProtocolError;
 use super::meta::KEY_SERVER_INFO;
+use crate::util::text::one_line;
 
 /// What kind of result a server returned (spec section D).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,8 +31,11 @@ impl ResultType {
             None => Ok(ResultType::Complete),
             Some(Value::String(s)) if s == "complete" => Ok(ResultType::Complete),
             Some(Value::String(s)) if s == "input_required" => Ok(ResultType::InputRequired),
-            Some(Value::String(s)) => Err(ProtocolError::UnknownResultType(s.clone())),
-            Some(other) => Err(ProtocolError::UnknownResultType(other.to_string())),
+            Some(Value::String(s)) => Err(ProtocolError::UnknownResultType(one_line(s, 100))),
+            Some(other) => Err(ProtocolError::UnknownResultType(format!(
+                "not a string: {}",
+                one_line(&other.to_string(), 100)
+            ))),
         }
     }
 }
@@ -183,7 +187,10 @@ impl InputRequired {
             Some(Value::Object(map)) => {
                 for (key, req) in map {
                     let method = req.get("method").and_then(Value::as_str).ok_or_else(|| {
-                        ProtocolError::InvalidResult(format!("input request {key:?} has no method"))
+                        ProtocolError::InvalidResult(format!(
+                            "input request {:?} has no method",
+                            one_line(key, 100)
+                        ))
                     })?;
                     input_requests.insert(
                         key.clone(),

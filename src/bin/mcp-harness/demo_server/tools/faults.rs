@@ -38,9 +38,11 @@ pub fn tools() -> Vec<Value> {
             "empty_input_required",
             "input_required with neither inputRequests nor requestState",
         ),
-        plain(
+        tool(
             "task_result",
-            "Answers with resultType task (not negotiated)",
+            "Answers with resultType task (not negotiated), or the type given",
+            json!({"type": {"type": "string"}}),
+            &[],
         ),
         tool(
             "freeze",
@@ -160,7 +162,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         }
         "partial_eof" => Action::RawThenExit(r#"{"jsonrpc":"2.0","id":{id},"res"#.into()),
         "empty_input_required" => Action::Reply(Ok(json!({"resultType": "input_required"}))),
-        "task_result" => Action::Reply(Ok(json!({"resultType": "task", "taskId": "t1"}))),
+        "task_result" => {
+            let kind = arg(request, "type").cloned().unwrap_or(json!("task"));
+            Action::Reply(Ok(json!({"resultType": kind, "taskId": "t1"})))
+        }
         "freeze" => {
             let ms = arg(request, "ms").and_then(Value::as_u64).unwrap_or(1000);
             *server.frozen_until.lock() =
