@@ -365,6 +365,73 @@ async fn one_registration_serves_every_server_and_connection_and_outlives_a_canc
 }
 
 #[tokio::test]
+async fn a_call_waits_for_a_sign_in_until_its_deadline_and_the_sign_in_goes_on_without_it() {
+    // Registrations take 2.5 s, so a sign-in with a new client does; `echo` needs a
+    // scope the first sign-in did not ask for (a step-up, a registration of its own).
+    let w = World::new(
+        &["--registration", "--register-delay-ms", "2500"],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    // The handshake waits for its sign-in whole, registration included.
+    let h = w.harness(OAuthConfig::default()).await;
+    ready(&h).await;
+    let a = Caller::agent("a");
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(800)),
+        ..CallOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let waited = h
+        .call(
+            &a,
+            CallKind::Tool,
+            "web__echo",
+            json!({"text": "x"}),
+            options,
+        )
+        .await;
+    let took = started.elapsed();
+    let Err(e) = waited else {
+        panic!("answered before the step-up's sign-in could end: {waited:?}")
+    };
+    assert!(
+        matches!(
+            e,
+            CallError::DeadlineExceeded(_)
+                | CallError::Server(ServerError::Transport {
+                    source: TransportError::Timeout(_),
+                    ..
+                })
+        ),
+        "{e:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2400),
+        "held past its deadline: {took:?}"
+    );
+    assert_eq!(
+        h.server_status("web").map(|s| s.state),
+        Some(ServerState::Ready)
+    );
+    // The sign-in went on: once it lands, the call is answered with no new one.
+    assert!(
+        eventually(Duration::from_secs(10), || w.at("token").len() == 2).await,
+        "the step-up's code is exchanged: {:?}",
+        w.at("token")
+    );
+    h.call_tool(&a, "web__echo", json!({"text": "x"}))
+        .await
+        .expect("stepped up");
+    assert_eq!(
+        w.at("authorize").len(),
+        2,
+        "the first sign-in and the step-up"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_token_endpoint_sees_the_authentication_method_its_metadata_allows() {
     for (methods, client, expected) in [
         ("client_secret_basic", "pre:s3cret", "client_secret_basic"),

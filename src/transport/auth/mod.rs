@@ -832,6 +832,10 @@ impl SignIn {
     /// `take_held`, another token held now (renewed by another request, or stored by
     /// another process) is taken instead of renewing ([`Renewal::Held`]); a caller
     /// whose retry with that one is refused again asks without it.
+    ///
+    /// # Cancel safety
+    /// The renewal runs on a task of its own once this has the token's lock: dropping
+    /// this future (a caller's deadline) leaves it to finish within its own limits.
     pub(crate) async fn on_refused(
         &self,
         identity: Option<&str>,
@@ -840,7 +844,7 @@ impl SignIn {
         step_up: bool,
         take_held: bool,
     ) -> Result<Renewal, AuthError> {
-        let mut renewing = Some(self.lock_for(identity).lock_owned().await);
+        let renewing = Some(self.lock_for(identity).lock_owned().await);
         let mut current = self.held(identity);
         // Another process may have signed in, or refreshed the token refused here (and
         // rotated its refresh token): the store is read again before anything is renewed.
@@ -889,6 +893,52 @@ impl SignIn {
             }
             remember(entry, newest);
         }
+        // The renewal holds the lock on its own task: a request that stops waiting for
+        // it (its deadline, a cancelled call) must not cut off a person's sign-in half
+        // way, which the next request would have to begin again.
+        let Some(this) = self.this.upgrade() else {
+            // Not reached: `&self` is borrowed from a live `Arc`.
+            return self
+                .renew_refused(identity, challenge, refused, step_up, current, renewing)
+                .await;
+        };
+        let (who, challenge, refused) = (
+            identity.map(String::from),
+            challenge.clone(),
+            refused.map(String::from),
+        );
+        let work = async move {
+            this.renew_refused(
+                who.as_deref(),
+                &challenge,
+                refused.as_deref(),
+                step_up,
+                current,
+                renewing,
+            )
+            .await
+        };
+        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
+            Ok(renewed) => renewed,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(self.err(
+                AuthStep::Authorization,
+                AuthFailure::Invalid("stopped with the runtime".into()),
+            )),
+        }
+    }
+
+    /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed,
+    /// else new client credentials or a sign-in.
+    async fn renew_refused(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+        refused: Option<&str>,
+        step_up: bool,
+        current: Option<Token>,
+        mut renewing: Renewing,
+    ) -> Result<Renewal, AuthError> {
         if !step_up
             && let Some(t) = &current
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?

@@ -216,11 +216,12 @@ impl HttpTransport {
 
     /// Sends a request as `identity` (an auth context; `None` for the connection's own
     /// requests) and reads its reply; a refusal signs in (see the module docs) and
-    /// retries. The tries, and the refresh of a token before one, share `timeout` (a
-    /// refresh under way is let finish, so it may overrun by its own limit); a
-    /// sign-in between them has its own limits (a person may be signing in), so a
-    /// server that holds each try to its deadline and then refuses it gets one
-    /// deadline in all, not one per try.
+    /// retries. The tries, the refresh of a token before one and a sign-in between them
+    /// share `timeout`, so a server that holds each try to its deadline and then refuses
+    /// it gets one deadline in all, not one per try. A token request under way is let
+    /// finish (it may overrun by its own limit); a sign-in the request stops waiting for
+    /// goes on within its own limits (a person may be signing in), and a handshake waits
+    /// it out.
     ///
     /// # Cancel safety
     /// Dropping the future drops the reply stream, which cancels the request.
@@ -232,6 +233,11 @@ impl HttpTransport {
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
         let (mut signed_in, mut step_ups) = (false, 0);
+        // A sign-in is waited for until the deadline, and goes on without the request
+        // past it; a connection's handshake, which no caller waits on, waits it out (a
+        // person may be signing in, within the sign-in's own limits).
+        let deadline = (!matches!(request.method, "initialize" | "server/discover"))
+            .then(|| crate::util::duration::after(Instant::now(), timeout));
         // A token held already (another process's) is tried once before renewing.
         let mut took_held = false;
         // A retry is the same request under a new id.
@@ -275,11 +281,17 @@ impl HttpTransport {
                 }) if !signed_in => {
                     let bearer = challenge.is_some();
                     let asked = challenge.clone().unwrap_or_default();
-                    match self
-                        .sign_in
-                        .on_refused(identity, &asked, sent.as_deref(), false, !took_held)
-                        .await
-                    {
+                    let renewal = self.sign_in.on_refused(
+                        identity,
+                        &asked,
+                        sent.as_deref(),
+                        false,
+                        !took_held,
+                    );
+                    let Some(renewal) = waited(renewal, deadline).await else {
+                        return Err(TransportError::Timeout(timeout));
+                    };
+                    match renewal {
                         Ok(Renewal::Held) => took_held = true,
                         Ok(Renewal::Renewed) => signed_in = true,
                         // No Bearer challenge and no resource metadata: this server
@@ -306,15 +318,18 @@ impl HttpTransport {
                         return Err(TransportError::Auth(self.sign_in.scope_exhausted(step_ups)));
                     }
                     step_ups += 1;
-                    self.sign_in
-                        .on_refused(identity, &challenge, sent.as_deref(), true, false)
-                        .await
-                        .map_err(|e| {
-                            TransportError::Auth(AuthError {
-                                refused: Some(403),
-                                ..e
-                            })
-                        })?;
+                    let renewal =
+                        self.sign_in
+                            .on_refused(identity, &challenge, sent.as_deref(), true, false);
+                    let Some(renewal) = waited(renewal, deadline).await else {
+                        return Err(TransportError::Timeout(timeout));
+                    };
+                    renewal.map_err(|e| {
+                        TransportError::Auth(AuthError {
+                            refused: Some(403),
+                            ..e
+                        })
+                    })?;
                 }
                 other => return other,
             }
@@ -993,5 +1008,16 @@ fn unauthorized(response: &reqwest::Response) -> TransportError {
     TransportError::Unauthorized {
         status: response.status().as_u16(),
         challenge,
+    }
+}
+
+/// `work`'s output, or `None` once `deadline` passes first (no deadline: waits).
+async fn waited<T>(
+    work: impl std::future::Future<Output = T>,
+    deadline: Option<Instant>,
+) -> Option<T> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, work).await.ok(),
+        None => Some(work.await),
     }
 }
