@@ -325,6 +325,71 @@ async fn a_frozen_server_times_out_calls_and_then_recovers() {
 }
 
 #[tokio::test]
+async fn a_server_that_exits_while_a_child_out_of_its_group_holds_its_stdout_is_restarted() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    // The child is out of reach of the group's kill, and lives on for a while.
+    let e = h
+        .call_tool(
+            &Caller::agent("a"),
+            "s__orphan_stdout",
+            json!({"own_group": true, "seconds": 20}),
+        )
+        .await
+        .expect_err("exited");
+    assert!(
+        matches!(
+            transport(&e),
+            TransportError::Closed { .. } | TransportError::Timeout(_)
+        ),
+        "{e}"
+    );
+    // No EOF will come while the child lives: the server is restarted all the same.
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("s")
+            .and_then(|s| s.pid)
+            .is_some_and(|p| p != pid))
+        .await,
+        "restarted: {:?}",
+        h.server_status("s")
+    );
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_no_longer_reads_its_stdin_but_lives_on_is_restarted() {
+    // `cat` is the only reader of the harness's pipe and feeds the demo server; once the
+    // demo server has crashed, `cat` dies at its next line, and the leader (`sh`, then
+    // `sleep`) lives on with stdout open: no EOF, no exit, a stdin nobody reads.
+    let script = "exec 3<&0 </dev/null; cat <&3 3<&- | \"$0\" demo-server s 3<&- & \
+                  exec 3<&-; wait; exec sleep 20";
+    let mut server = demo("s", &[]);
+    server.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec!["-c".into(), script.into(), harness_exe()],
+        ..Default::default()
+    });
+    let h = harness(vec![server]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    assert!(call(&h, "s__crash").await.is_err());
+    let restarted = || {
+        h.server_status("s")
+            .and_then(|s| s.pid)
+            .is_some_and(|p| p != pid)
+    };
+    let started = std::time::Instant::now();
+    while !restarted() && started.elapsed() < Duration::from_secs(15) {
+        let _ = call(&h, "s__echo").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(restarted(), "restarted: {:?}", h.server_status("s"));
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_server_that_exits_while_a_child_holds_its_stdout_is_noticed_and_its_group_killed() {
     let h = harness(vec![demo("s", &[])]).await;
     let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");

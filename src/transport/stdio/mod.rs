@@ -88,9 +88,21 @@ struct Shared {
     /// Lines not acted on (not JSON-RPC, answers to no request, requests or lines
     /// dropped on a full queue).
     ignored: LogBudget,
+    /// Stops the reader when the transport ends without the EOF that would stop it.
+    stop_reader: Mutex<Option<oneshot::Sender<TransportError>>>,
 }
 
 impl Shared {
+    /// Ends the transport from outside the reader, which then reports the end (the
+    /// connection's owner restarts the server on it): for a server whose stdout will
+    /// never reach EOF, or that can no longer read its stdin.
+    fn end(&self, error: TransportError) {
+        self.close(error.clone());
+        if let Some(stop) = self.stop_reader.lock().take() {
+            let _ = stop.send(error);
+        }
+    }
+
     fn close(&self, error: TransportError) {
         let mut closed = self.closed.lock();
         if closed.is_some() {
@@ -129,6 +141,7 @@ impl StdioTransport {
     ) -> Result<StdioTransport, TransportError> {
         let spawned = ProcessGroup::spawn(spec)?;
         let pid = spawned.group.pid();
+        let (stop_reader, reader_stopped) = oneshot::channel();
         let shared = Arc::new(Shared {
             server: server.to_string(),
             pending: Mutex::default(),
@@ -136,6 +149,7 @@ impl StdioTransport {
             group: spawned.group.handle(),
             answered: AtomicUsize::new(0),
             ignored: LogBudget::default(),
+            stop_reader: Mutex::new(Some(stop_reader)),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
@@ -150,6 +164,7 @@ impl StdioTransport {
                 max_line,
                 inbound,
                 spawned.group.exit_watch(),
+                reader_stopped,
             ),
             span.clone(),
         ));
@@ -345,7 +360,7 @@ impl Drop for PendingRequest<'_> {
 
 async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>, shared: Arc<Shared>) {
     let mut buf = Vec::with_capacity(8192);
-    'outer: while let Some(cmd) = rx.recv().await {
+    while let Some(cmd) = rx.recv().await {
         let mut close = false;
         match cmd {
             WriterCmd::Line(line) => buf.extend_from_slice(&line),
@@ -367,12 +382,25 @@ async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>, sh
             }
         }
         if !buf.is_empty() {
-            if let Err(e) = stdin.write_all(&buf).await {
-                tracing::debug!(error = %e, "stdin write failed; the reader will report the end");
-                break 'outer;
-            }
-            if stdin.flush().await.is_err() {
-                break 'outer;
+            let written = match stdin.write_all(&buf).await {
+                Ok(()) => stdin.flush().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                tracing::debug!(error = %e, "stdin write failed");
+                drop(rx); // later requests are not sent
+                // A server that exits is reported by the reader at its EOF, with how it
+                // ended (the restart policy reads it; the reader waits up to 300 ms for
+                // it); one that closed its stdin and lives on would never be.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if shared.closed.lock().is_none() {
+                    tracing::warn!(server = %shared.server, error = %e, "server no longer reads its stdin; ending its connection");
+                    shared.end(TransportError::Closed {
+                        exit: None,
+                        detail: Some("the server closed its stdin".into()),
+                    });
+                }
+                return;
             }
             buf.clear();
         }
@@ -389,51 +417,59 @@ async fn read_loop(
     max_line: usize,
     inbound: InboundSink,
     mut exit: watch::Receiver<Option<ExitStatus>>,
+    stopped: oneshot::Receiver<TransportError>,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
     let mut line = Vec::with_capacity(4096);
-    let end = loop {
-        match read_line_bounded(&mut reader, &mut line, max_line).await {
-            Ok(true) => {}
-            Ok(false) => {
-                // EOF usually means the process is exiting: requests in flight fail
-                // after a moment that lets the error say how it ended. The restart
-                // policy reads the status too (a clean exit is not a crash), so it gets
-                // a little longer; not much, as a server that closed stdout but lives on
-                // is restarted after this.
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(100),
-                    exit.wait_for(Option::is_some),
-                )
-                .await;
-                shared.close(TransportError::Closed {
-                    exit: *exit.borrow(),
-                    detail: None,
-                });
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(200),
-                    exit.wait_for(Option::is_some),
-                )
-                .await;
-                let status = *exit.borrow();
-                if status.is_some() {
-                    // The leader is reaped: take any descendants with it, while the id is ours.
-                    shared.group.sweep();
+    let reading = async {
+        loop {
+            match read_line_bounded(&mut reader, &mut line, max_line).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // EOF usually means the process is exiting: requests in flight fail
+                    // after a moment that lets the error say how it ended. The restart
+                    // policy reads the status too (a clean exit is not a crash), so it gets
+                    // a little longer; not much, as a server that closed stdout but lives on
+                    // is restarted after this.
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(100),
+                        exit.wait_for(Option::is_some),
+                    )
+                    .await;
+                    shared.close(TransportError::Closed {
+                        exit: *exit.borrow(),
+                        detail: None,
+                    });
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        exit.wait_for(Option::is_some),
+                    )
+                    .await;
+                    let status = *exit.borrow();
+                    if status.is_some() {
+                        // The leader is reaped: take any descendants with it, while the id is ours.
+                        shared.group.sweep();
+                    }
+                    break TransportError::Closed {
+                        exit: status,
+                        detail: None,
+                    };
                 }
-                break TransportError::Closed {
-                    exit: status,
-                    detail: None,
-                };
+                Err(e) => break e,
             }
-            Err(e) => break e,
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match Message::peek(&line) {
+                Peeked::Result(id) => deliver(&shared, id, Delivery::Line(line.to_vec())),
+                Peeked::Other => on_message(&shared, &inbound, Message::parse(&line), &line),
+            }
         }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match Message::peek(&line) {
-            Peeked::Result(id) => deliver(&shared, id, Delivery::Line(line.to_vec())),
-            Peeked::Other => on_message(&shared, &inbound, Message::parse(&line), &line),
-        }
+    };
+    // Stopped from outside, stdout is dropped with the read.
+    let end = tokio::select! {
+        end = reading => end,
+        Ok(end) = stopped => end,
     };
     tracing::debug!(server = %shared.server, reason = %end, "stdio transport ended");
     shared.close(end.clone());
@@ -536,7 +572,9 @@ async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<Exit
         let status = *exit.borrow();
         tracing::warn!(server = %shared.server, status = ?status, "server exited but its stdout is still open; killing its process group");
         shared.group.sweep();
-        shared.close(TransportError::Closed {
+        // A descendant outside the group (its own session) keeps stdout open still:
+        // the reader is stopped rather than left waiting for an EOF that never comes.
+        shared.end(TransportError::Closed {
             exit: status,
             detail: Some("stdout held open by a descendant".into()),
         });

@@ -22,9 +22,11 @@ pub fn tools() -> Vec<Value> {
             &[],
         ),
         plain("batch", "Answers with a JSON-RPC batch (an array)"),
-        plain(
+        tool(
             "orphan_stdout",
-            "Exits, leaving a child that holds stdout open",
+            "Exits, leaving a child that holds stdout open (in a process group of its own: out of reach of the group's kill; for `seconds`)",
+            json!({"own_group": {"type": "boolean"}, "seconds": i("how long the child lives (default 3600)")}),
+            &[],
         ),
         plain("wrong_id", "Answers with an id that was never sent"),
         plain("duplicate", "Answers twice"),
@@ -131,10 +133,18 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         "expire_session" => Action::ExpireSession,
         "orphan_stdout" => {
             // A descendant keeps our stdout open while we exit: no EOF for the client.
-            let child = std::process::Command::new("sleep")
-                .arg("3600")
-                .stdin(std::process::Stdio::null())
-                .spawn();
+            use std::os::unix::process::CommandExt;
+            let seconds = arg(request, "seconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(3600);
+            let mut child = std::process::Command::new("sleep");
+            child
+                .arg(seconds.to_string())
+                .stdin(std::process::Stdio::null());
+            if arg(request, "own_group").and_then(Value::as_bool) == Some(true) {
+                child.process_group(0);
+            }
+            let child = child.spawn();
             Action::Exit(if child.is_ok() { 0 } else { 1 })
         }
         "batch" => return raw(r#"[{"jsonrpc":"2.0","id":{id},"result":{"content":[]}}]"#),
