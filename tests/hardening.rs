@@ -598,6 +598,43 @@ impl std::io::Write for Logs {
     }
 }
 
+#[tokio::test]
+async fn a_server_flooding_its_stderr_costs_the_log_a_hundred_lines_a_second() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("mcp_harness::server_stderr=info")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // `yes` is in the server's process group: it goes with it.
+    let mut server = demo_server("s", &[]);
+    server.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            "yes flood-line >&2 & exec \"$0\" demo-server s".into(),
+            harness_exe(),
+        ],
+        ..Default::default()
+    });
+    let h = start_ready(config(vec![server])).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await; // the flood goes on (deliberate)
+    h.call_tool(&a(), "s__echo", json!({"text": "x"}))
+        .await
+        .expect("still serving");
+    h.shutdown().await;
+    let seconds = started.elapsed().as_secs() + 3; // the start's too, and a second begun
+    let flooded = logs.count("flood-line");
+    assert!(
+        (100..=100 * seconds as usize).contains(&flooded),
+        "{flooded} lines in about {seconds} s"
+    );
+    assert!(logs.count("stderr lines not logged") >= 1);
+}
+
 // 5. Bounded queues: input a server asks for outside any call.
 #[tokio::test]
 async fn item_05_elicitation_outside_any_call_is_refused_unless_the_config_allows_it() {

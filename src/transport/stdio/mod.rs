@@ -537,25 +537,55 @@ fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
     }
 }
 
+/// Server stderr lines logged per second at most; past it they are counted, and the
+/// count logged once the second is over, so a flood costs the log a line a second.
+const STDERR_LINES_PER_SECOND: u32 = 100;
+
+/// The longest stderr line logged (characters); the rest is cut.
+const STDERR_LINE_LOGGED: usize = 2048;
+
 async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
+    let (mut second, mut logged, mut dropped) = (tokio::time::Instant::now(), 0u32, 0u64);
     loop {
-        match read_line_bounded(&mut reader, &mut line, 64 * 1024).await {
-            Ok(true) => {
-                let text = String::from_utf8_lossy(&line);
-                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{}", text.escape_debug());
-            }
-            Ok(false) => return,
+        let read = read_line_bounded(&mut reader, &mut line, 64 * 1024).await;
+        let text = match read {
+            Ok(true) => Some(line.as_slice()),
+            Ok(false) => break,
             Err(TransportError::LineTooLong { .. }) => {
                 // Skip the rest of an overlong stderr line; stderr is only logged.
                 if !skip_line(&mut reader).await {
-                    return;
+                    break;
                 }
-                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "(overlong stderr line skipped)");
+                None
             }
-            Err(_) => return,
+            Err(_) => break,
+        };
+        if second.elapsed() >= Duration::from_secs(1) {
+            if dropped > 0 {
+                tracing::info!(target: "mcp_harness::server_stderr", server = %server, dropped, "stderr lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+            }
+            (second, logged, dropped) = (tokio::time::Instant::now(), 0, 0);
         }
+        if logged >= STDERR_LINES_PER_SECOND {
+            dropped += 1;
+            continue;
+        }
+        logged += 1;
+        match text {
+            Some(text) => {
+                let text =
+                    crate::util::text::one_line(&String::from_utf8_lossy(text), STDERR_LINE_LOGGED);
+                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{text}");
+            }
+            None => {
+                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "(overlong stderr line skipped)")
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::info!(target: "mcp_harness::server_stderr", server = %server, dropped, "stderr lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
     }
 }
 
