@@ -171,10 +171,12 @@ impl Transport {
         }
     }
 
-    /// Stops the background work that holds the transport (the legacy GET stream).
+    /// Stops the background work that holds the transport (the legacy GET stream), and
+    /// marks it closed, so that a session renewal still under way ends the session it
+    /// began instead of installing it for nobody.
     fn detach(&self) {
         if let Transport::Http(t) = self {
-            t.stop_get_stream();
+            t.detach();
         }
     }
 

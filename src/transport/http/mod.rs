@@ -715,14 +715,16 @@ impl HttpTransport {
         }
     }
 
-    /// Dispatches events until the response to `want` arrives (returned) or the stream
-    /// ends (`None`).
+    /// Dispatches the events of one response's stream (a parser is kept across the
+    /// streams of a request or a session, for resuming) until the response to `want`
+    /// arrives (returned) or the stream ends (`None`).
     async fn pump(
         &self,
         response: &mut reqwest::Response,
         parser: &mut SseParser,
         want: Option<&RequestId>,
     ) -> Result<Option<Reply>, TransportError> {
+        parser.new_stream();
         loop {
             let chunk = match response.chunk().await {
                 Ok(Some(chunk)) => chunk,
@@ -901,6 +903,13 @@ impl HttpTransport {
         if let Some(task) = self.get_stream.lock().take() {
             task.abort();
         }
+    }
+
+    /// Marks the transport closed and stops the GET stream, its connection gone
+    /// without a shutdown.
+    pub(crate) fn detach(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop_get_stream();
     }
 
     /// Ends the session: stops the GET stream and DELETEs a legacy session.

@@ -38,6 +38,17 @@ pub struct SseParser {
 }
 
 impl SseParser {
+    /// Begins another response's stream: what was left of an event the last one broke
+    /// off in (or one that grew past the limit) is dropped; the last event id and
+    /// `retry` are kept, for resuming.
+    pub fn new_stream(&mut self) {
+        self.buf.clear();
+        self.scanned = 0;
+        self.data.clear();
+        self.has_data = false;
+        self.event = None;
+    }
+
     /// Appends `chunk` and returns the events it completed. Errors when one event grows
     /// past `max` bytes.
     pub fn feed(&mut self, chunk: &[u8], max: usize) -> Result<Vec<Event>, usize> {
@@ -124,6 +135,26 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_stream_drops_what_the_last_one_broke_off_and_keeps_its_id() {
+        let mut p = SseParser::default();
+        let out = p
+            .feed(b"id: 4\nretry: 900\ndata: {\"jsonrpc\":\"2.0\",\n", 1024)
+            .expect("fits");
+        assert!(out.is_empty());
+        p.new_stream();
+        let out = p.feed(b"data: {\"x\":1}\n\n", 1024).expect("fits");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].data, "{\"x\":1}");
+        assert_eq!(p.last_event_id.as_deref(), Some("4"));
+        assert_eq!(p.retry, Some(Duration::from_millis(900)));
+        // An event past the limit is not carried into the next stream either.
+        assert!(p.feed(&[b'd'; 64], 32).is_err());
+        p.new_stream();
+        let out = p.feed(b"data: y\n\n", 32).expect("fits once begun again");
+        assert_eq!(out[0].data, "y");
+    }
 
     #[test]
     fn events_split_across_chunks_with_comments_ids_and_crlf() {
