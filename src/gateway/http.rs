@@ -959,7 +959,11 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     sse_stream(rx, Some(permit), None)
 }
 
-/// `notifications/cancelled` cancels the request it names, if it is this principal's.
+/// `notifications/cancelled` cancels the request it names on the legacy session it
+/// comes on, if that is this principal's. Without a session it is ignored: a modern
+/// client cancels by closing the request's stream (the spec has it post none), and
+/// the clients of one principal (every anonymous one, say) would cancel each other's
+/// requests by their ids.
 fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: Option<&str>) {
     if n.method != "notifications/cancelled" {
         return;
@@ -972,19 +976,16 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
     else {
         return;
     };
-    let key = id_key(&id);
-    match session {
-        Some(sid) => {
-            if let Some(s) = state
-                .sessions
-                .lock()
-                .get(sid)
-                .filter(|s| s.principal == *principal)
-            {
-                s.calls.cancel(&key);
-            }
-        }
-        None => state.calls.lock().cancel(&(principal.clone(), key)),
+    let Some(sid) = session else {
+        return;
+    };
+    if let Some(s) = state
+        .sessions
+        .lock()
+        .get(sid)
+        .filter(|s| s.principal == *principal)
+    {
+        s.calls.cancel(&id_key(&id));
     }
 }
 
