@@ -823,6 +823,56 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     gw.stop().await;
 }
 
+/// Sends `request` on a connection of its own and reads until the gateway closes it;
+/// the response, or `None` if it kept the connection open for `limit`.
+async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    stream
+        .write_all(request.replace("HOST", &addr).as_bytes())
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut got))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test]
+async fn a_client_refused_before_it_is_identified_does_not_keep_its_connection() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let url = gw.server.url.clone();
+    for (request, status) in [
+        ("GET /nowhere HTTP/1.1\r\nHost: HOST\r\n\r\n", "404"),
+        (
+            "POST /mcp HTTP/1.1\r\nHost: HOST\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+            "401",
+        ),
+        (
+            "GET /mcp HTTP/1.1\r\nHost: HOST\r\nOrigin: http://evil.example\r\n\r\n",
+            "403",
+        ),
+    ] {
+        // Kept alive, the connection would stay until the 10 s header timeout.
+        let got = until_closed(&url, request, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("kept open after a {status}"));
+        assert!(got.starts_with(&format!("HTTP/1.1 {status}")), "{got}");
+    }
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_principal_past_its_limit_is_refused_at_once_and_a_cancel_reaches_the_upstream_call() {
     let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);

@@ -372,9 +372,19 @@ fn metadata_path(resource: &str) -> String {
     format!("/.well-known/oauth-protected-resource{path}")
 }
 
+/// A refusal before anyone was identified, with the connection closed after it: an
+/// unidentified client must not keep a connection slot with cheap refused requests.
+fn refused_before_identity(mut r: HttpResponse) -> HttpResponse {
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
     if let Err(why) = origin_allowed(&state, &req) {
-        return full(StatusCode::FORBIDDEN, "text/plain", why);
+        return refused_before_identity(full(StatusCode::FORBIDDEN, "text/plain", why));
     }
     let identity = state.gateway.identity();
     if req
@@ -395,11 +405,11 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                     jwt.resource_metadata().to_string(),
                 )
             }
-            _ => full(StatusCode::NOT_FOUND, "", ""),
+            _ => refused_before_identity(full(StatusCode::NOT_FOUND, "", "")),
         };
     }
     if req.uri().path() != "/mcp" {
-        return full(StatusCode::NOT_FOUND, "", "");
+        return refused_before_identity(full(StatusCode::NOT_FOUND, "", ""));
     }
     // A header that is not text is still a header: it is refused, not ignored.
     let authorization = req
@@ -426,7 +436,7 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             if let Ok(v) = challenge.parse() {
                 r.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, v);
             }
-            return r;
+            return refused_before_identity(r);
         }
     };
     let session_id = header(&req, "mcp-session-id").map(String::from);
