@@ -491,6 +491,28 @@ async fn legacy_asking_a_queue() -> (HarnessHandle, ApprovalQueue) {
     (h, queue)
 }
 
+#[tokio::test]
+async fn a_legacy_servers_question_is_withdrawn_when_the_call_it_came_in_is_cancelled() {
+    let (h, queue) = legacy_asking_a_queue().await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "leg__confirm", json!({})).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the server asks during the call"
+    );
+    call.abort();
+    assert!(call.await.is_err_and(|e| e.is_cancelled()));
+    // Not left for a person to approve until the server's answer times out.
+    assert!(
+        eventually(Duration::from_secs(5), || queue.pending().is_empty()).await,
+        "the question is withdrawn with its call: {:?}",
+        queue.pending()
+    );
+    h.shutdown().await;
+}
+
 // 5. Bounded queues: a legacy server's requests.
 #[tokio::test]
 async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {

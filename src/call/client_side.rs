@@ -81,11 +81,11 @@ impl ClientSide for HarnessClient {
         let inputs = self.inputs.clone();
         // Whose the request is: the call on that server now, when it is one agent's
         // (stdio and a legacy session name no call).
-        let (agent_id, call_id, shared) = self
-            .ctx
-            .upgrade()
-            .map(|ctx| ctx.on(server))
-            .unwrap_or((None, None, false));
+        let whose = self.ctx.upgrade().map(|ctx| ctx.on(server));
+        let (agent_id, call_id, shared, ended) = match whose {
+            Some(w) => (w.agent, w.call, w.shared, w.ended),
+            None => (None, None, false, None),
+        };
         let context = InputRequestContext {
             server: server.to_string(),
             method: request.method.clone(),
@@ -97,11 +97,25 @@ impl ClientSide for HarnessClient {
         };
         let mut request = request;
         tokio::spawn(async move {
-            // Once the server was told the client did not answer, the handler stops
+            let call_ended = async {
+                match ended {
+                    Some(ended) => ended.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Once the server was told the client did not answer, or the call the
+            // question came in ended (cancelled, past its deadline), the handler stops
             // (an approval leaves the queue, a provider request is not made).
             let answered = tokio::select! {
                 a = inputs.answer(&set, context, inputs.timeout()) => a,
                 () = request.abandoned() => return,
+                () = call_ended => {
+                    request.respond(Err(RpcError::new(
+                        INTERNAL_ERROR,
+                        "the call this was asked during has ended",
+                    )));
+                    return;
+                }
             };
             let outcome = match answered {
                 Ok(value) => Ok(value),

@@ -38,13 +38,28 @@ pub struct CallContext {
     on_servers: parking_lot::Mutex<foldhash::HashMap<String, Vec<CallOn>>>,
 }
 
-/// A call on a server: its id, agent, and where its caller answers the server's
-/// questions (delegated calls).
-type CallOn = (
-    u64,
-    Option<Arc<str>>,
-    Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
-);
+/// A call on a server.
+struct CallOn {
+    call: u64,
+    agent: Option<Arc<str>>,
+    /// Where its caller answers the server's questions (delegated calls).
+    questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+    /// Cancelled when the call's attempt there ends: a question the server asked
+    /// during it is not answered for nobody.
+    ended: super::pool::CancelToken,
+}
+
+/// Whose a request from a server is; see [`CallContext::on`].
+pub(crate) struct Whose {
+    /// The agent of every call on the server, if they are all one agent's.
+    pub(crate) agent: Option<String>,
+    /// The call, if there is one only.
+    pub(crate) call: Option<u64>,
+    /// Whether it is no one agent's (calls of several, or a request of none).
+    pub(crate) shared: bool,
+    /// Cancelled when that one call's attempt on the server ends.
+    pub(crate) ended: Option<super::pool::CancelToken>,
+}
 
 /// A call's attempt on a server, counted there until dropped.
 pub(crate) struct OnServer<'a> {
@@ -57,8 +72,8 @@ impl Drop for OnServer<'_> {
     fn drop(&mut self) {
         let mut on = self.ctx.on_servers.lock();
         if let Some(calls) = on.get_mut(self.server) {
-            if let Some(at) = calls.iter().position(|(id, _, _)| *id == self.call) {
-                calls.swap_remove(at);
+            if let Some(at) = calls.iter().position(|c| c.call == self.call) {
+                calls.swap_remove(at).ended.cancel();
             }
             if calls.is_empty() {
                 on.remove(self.server);
@@ -114,12 +129,18 @@ impl CallContext {
         agent: Option<Arc<str>>,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
     ) -> OnServer<'a> {
+        let on_server = CallOn {
+            call,
+            agent,
+            questions,
+            ended: super::pool::CancelToken::new(),
+        };
         let mut on = self.on_servers.lock();
         // The key is allocated only when the server has no call on it yet.
         match on.get_mut(server) {
-            Some(calls) => calls.push((call, agent, questions)),
+            Some(calls) => calls.push(on_server),
             None => {
-                on.insert(server.to_string(), vec![(call, agent, questions)]);
+                on.insert(server.to_string(), vec![on_server]);
             }
         }
         OnServer {
@@ -133,26 +154,37 @@ impl CallContext {
     /// are all one agent's), the call (if there is one only), and whether calls of
     /// several agents are on it (then it is no one agent's). A request of no call on
     /// it (an embedder's own; not a listing) counts as another agent's.
-    pub(crate) fn on(&self, server: &str) -> (Option<String>, Option<u64>, bool) {
+    pub(crate) fn on(&self, server: &str) -> Whose {
         let unowned = self.has_unowned_requests(server);
         let on = self.on_servers.lock();
+        let nobody = |shared| Whose {
+            agent: None,
+            call: None,
+            shared,
+            ended: None,
+        };
         let Some(calls) = on.get(server) else {
-            return (None, None, false);
+            return nobody(false);
         };
         if unowned {
-            return (None, None, true);
+            return nobody(true);
         }
         let (agent, shared) = match calls.first() {
-            Some((_, first, _)) if calls.iter().all(|(_, a, _)| a == first) => {
-                (first.as_deref().map(String::from), false)
+            Some(first) if calls.iter().all(|c| c.agent == first.agent) => {
+                (first.agent.as_deref().map(String::from), false)
             }
             _ => (None, true),
         };
-        let call = match calls.as_slice() {
-            [(id, _, _)] => Some(*id),
-            _ => None,
+        let (call, ended) = match calls.as_slice() {
+            [one] => (Some(one.call), Some(one.ended.clone())),
+            _ => (None, None),
         };
-        (agent, call, shared)
+        Whose {
+            agent,
+            call,
+            shared,
+            ended,
+        }
     }
 
     /// Where the caller of the one call on `server` answers its questions, if that
@@ -166,7 +198,7 @@ impl CallContext {
             return None;
         }
         match self.on_servers.lock().get(server)?.as_slice() {
-            [(_, _, Some(tx))] => Some(tx.clone()),
+            [one] => one.questions.clone(),
             _ => None,
         }
     }
