@@ -630,20 +630,27 @@ async fn a_server_flooding_its_stderr_costs_the_log_a_hundred_lines_a_second() {
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    // `yes` is in the server's process group: it goes with it.
+    // 20,000 lines at once, then one more a second and a half later (the count of those
+    // not logged comes with the first line of a later second).
     let mut server = demo_server("s", &[]);
     server.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
         command: "sh".into(),
         args: vec![
             "-c".into(),
-            "yes flood-line >&2 & exec \"$0\" demo-server s".into(),
+            "(seq 20000 | sed 's/^/flood-line /'; sleep 1.5; echo flood-line-last) >&2 & exec \"$0\" demo-server s"
+                .into(),
             harness_exe(),
         ],
         ..Default::default()
     });
     let h = start_ready(config(vec![server])).await;
     let started = Instant::now();
-    tokio::time::sleep(Duration::from_millis(2500)).await; // the flood goes on (deliberate)
+    assert!(
+        eventually(Duration::from_secs(10), || logs.count("flood-line-last")
+            == 1)
+        .await,
+        "the last line is logged"
+    );
     h.call_tool(&a(), "s__echo", json!({"text": "x"}))
         .await
         .expect("still serving");

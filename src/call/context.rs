@@ -45,8 +45,9 @@ struct CallOn {
     /// Where its caller answers the server's questions (delegated calls).
     questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
     /// Cancelled when the call's attempt there ends: a question the server asked
-    /// during it is not answered for nobody.
-    ended: super::pool::CancelToken,
+    /// during it is not answered for nobody. Made when a question is taken for this
+    /// call's (most calls are asked nothing).
+    ended: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Whose a request from a server is; see [`CallContext::on`].
@@ -58,7 +59,7 @@ pub(crate) struct Whose {
     /// Whether it is no one agent's (calls of several, or a request of none).
     pub(crate) shared: bool,
     /// Cancelled when that one call's attempt on the server ends.
-    pub(crate) ended: Option<super::pool::CancelToken>,
+    pub(crate) ended: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// A call's attempt on a server, counted there until dropped.
@@ -72,8 +73,10 @@ impl Drop for OnServer<'_> {
     fn drop(&mut self) {
         let mut on = self.ctx.on_servers.lock();
         if let Some(calls) = on.get_mut(self.server) {
-            if let Some(at) = calls.iter().position(|c| c.call == self.call) {
-                calls.swap_remove(at).ended.cancel();
+            if let Some(at) = calls.iter().position(|c| c.call == self.call)
+                && let Some(ended) = calls.swap_remove(at).ended
+            {
+                ended.cancel();
             }
             if calls.is_empty() {
                 on.remove(self.server);
@@ -133,7 +136,7 @@ impl CallContext {
             call,
             agent,
             questions,
-            ended: super::pool::CancelToken::new(),
+            ended: None,
         };
         let mut on = self.on_servers.lock();
         // The key is allocated only when the server has no call on it yet.
@@ -156,14 +159,14 @@ impl CallContext {
     /// it (an embedder's own; not a listing) counts as another agent's.
     pub(crate) fn on(&self, server: &str) -> Whose {
         let unowned = self.has_unowned_requests(server);
-        let on = self.on_servers.lock();
+        let mut on = self.on_servers.lock();
         let nobody = |shared| Whose {
             agent: None,
             call: None,
             shared,
             ended: None,
         };
-        let Some(calls) = on.get(server) else {
+        let Some(calls) = on.get_mut(server) else {
             return nobody(false);
         };
         if unowned {
@@ -175,8 +178,17 @@ impl CallContext {
             }
             _ => (None, true),
         };
-        let (call, ended) = match calls.as_slice() {
-            [one] => (Some(one.call), Some(one.ended.clone())),
+        // A guess, as stdio and legacy sessions name no call: the one call on the
+        // server now. A question of none that comes during one is withdrawn with it.
+        let (call, ended) = match calls.as_mut_slice() {
+            [one] => (
+                Some(one.call),
+                Some(
+                    one.ended
+                        .get_or_insert_with(tokio_util::sync::CancellationToken::new)
+                        .clone(),
+                ),
+            ),
             _ => (None, None),
         };
         Whose {

@@ -16,8 +16,9 @@ use crate::audit::{AuditSink, Finished, Hop, Redacted, Round, Started};
 use crate::server::ServerRef;
 use crate::util::text::one_line;
 
-/// The longest error text an audit record keeps (characters): a server's words reach
-/// it through its errors, and the file must not grow by what a server sends.
+/// The longest error text an audit record keeps (characters, before control characters
+/// are escaped): a server's words reach it through its errors, and the file must not
+/// grow by what a server sends.
 const MAX_AUDIT_TEXT: usize = 1000;
 
 fn unix_ms() -> u64 {

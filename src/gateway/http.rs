@@ -161,20 +161,6 @@ impl Session {
     }
 }
 
-/// Removes a modern request's entry when its handling ends, however it ends (hyper
-/// drops the handler of a client that went away).
-struct Ticket {
-    state: Arc<State>,
-    key: (Principal, RequestId),
-    ticket: u64,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.state.calls.lock().remove(&self.key, self.ticket);
-    }
-}
-
 /// A `notifications/progress` frame.
 fn progress_frame(params: Value) -> Bytes {
     sse_frame(&Message::Notification(Notification {
@@ -188,8 +174,6 @@ struct State {
     /// `host:port` the listener is bound to.
     local: String,
     sessions: Mutex<HashMap<String, Session>>,
-    /// Modern requests in flight, for `notifications/cancelled`.
-    calls: Mutex<InFlight<(Principal, RequestId)>>,
     next_request: AtomicU64,
     /// `subscriptions/listen` streams open, per principal.
     listens: Mutex<HashMap<Principal, usize>>,
@@ -242,7 +226,6 @@ pub async fn serve(
         gateway,
         local,
         sessions: Mutex::default(),
-        calls: Mutex::default(),
         next_request: AtomicU64::new(1),
         listens: Mutex::default(),
         gets: Mutex::default(),
@@ -778,14 +761,8 @@ async fn post(
             if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
                 return refused;
             }
-            let key = (principal.clone(), id_key(&request.id));
+            // A modern client cancels by going away: this handler is dropped.
             let cancel = CancelToken::new();
-            let ticket = state.calls.lock().insert(key.clone(), cancel.clone());
-            let entry = Ticket {
-                state: state.clone(),
-                key,
-                ticket,
-            };
             let (progress, progress_rx) = if super::wants_progress(&request) {
                 let (tx, rx) = mpsc::channel(32);
                 (Some(tx), Some(rx))
@@ -796,7 +773,6 @@ async fn post(
             let work = {
                 let state = state.clone();
                 async move {
-                    let _entry = entry;
                     state
                         .gateway
                         .handle(&principal, request, Client::Modern, cancel, progress)

@@ -291,6 +291,7 @@ impl HttpTransport {
                     let Some(renewal) = waited(renewal, deadline).await else {
                         return Err(TransportError::Timeout(timeout));
                     };
+                    left = left_after_sign_in(left, deadline);
                     match renewal {
                         Ok(Renewal::Held) => took_held = true,
                         Ok(Renewal::Renewed) => signed_in = true,
@@ -324,6 +325,7 @@ impl HttpTransport {
                     let Some(renewal) = waited(renewal, deadline).await else {
                         return Err(TransportError::Timeout(timeout));
                     };
+                    left = left_after_sign_in(left, deadline);
                     renewal.map_err(|e| {
                         TransportError::Auth(AuthError {
                             refused: Some(403),
@@ -1028,5 +1030,14 @@ async fn waited<T>(
     match deadline {
         Some(at) => tokio::time::timeout_at(at, work).await.ok(),
         None => Some(work.await),
+    }
+}
+
+/// What is left of a request's time once a sign-in was waited for: what the deadline
+/// leaves (the wait counts), or all of it for a handshake, which waits sign-ins out.
+fn left_after_sign_in(left: Duration, deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(at) => left.min(at.saturating_duration_since(Instant::now())),
+        None => left,
     }
 }

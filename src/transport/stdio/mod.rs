@@ -97,16 +97,20 @@ impl Shared {
     /// connection's owner restarts the server on it): for a server whose stdout will
     /// never reach EOF, or that can no longer read its stdin.
     fn end(&self, error: TransportError) {
-        self.close(error.clone());
+        if !self.close(error.clone()) {
+            return; // ended already, by the reader itself or before
+        }
         if let Some(stop) = self.stop_reader.lock().take() {
             let _ = stop.send(error);
         }
     }
 
-    fn close(&self, error: TransportError) {
+    /// Fails every request in flight and every later one with `error`; `false` when
+    /// the transport had ended already.
+    fn close(&self, error: TransportError) -> bool {
         let mut closed = self.closed.lock();
         if closed.is_some() {
-            return;
+            return false;
         }
         *closed = Some(error.clone());
         drop(closed);
@@ -114,6 +118,7 @@ impl Shared {
         for w in waiters {
             let _ = w.send(Err(error.clone()));
         }
+        true
     }
 }
 
@@ -154,7 +159,12 @@ impl StdioTransport {
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
         tokio::spawn(tracing::Instrument::instrument(
-            write_loop(spawned.stdin, rx, shared.clone()),
+            write_loop(
+                spawned.stdin,
+                rx,
+                shared.clone(),
+                spawned.group.exit_watch(),
+            ),
             span.clone(),
         ));
         tokio::spawn(tracing::Instrument::instrument(
@@ -358,7 +368,12 @@ impl Drop for PendingRequest<'_> {
     }
 }
 
-async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>, shared: Arc<Shared>) {
+async fn write_loop(
+    mut stdin: ChildStdin,
+    mut rx: mpsc::Receiver<WriterCmd>,
+    shared: Arc<Shared>,
+    exit: watch::Receiver<Option<ExitStatus>>,
+) {
     let mut buf = Vec::with_capacity(8192);
     while let Some(cmd) = rx.recv().await {
         let mut close = false;
@@ -393,7 +408,8 @@ async fn write_loop(mut stdin: ChildStdin, mut rx: mpsc::Receiver<WriterCmd>, sh
                 // ended (the restart policy reads it; the reader waits up to 300 ms for
                 // it); one that closed its stdin and lives on would never be.
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                if shared.closed.lock().is_none() {
+                // A leader that exited is the reader's (or `watch_leader`'s) to report.
+                if exit.borrow().is_none() && shared.closed.lock().is_none() {
                     tracing::warn!(server = %shared.server, error = %e, "server no longer reads its stdin; ending its connection");
                     shared.end(TransportError::Closed {
                         exit: None,
@@ -466,11 +482,13 @@ async fn read_loop(
             }
         }
     };
-    // Stopped from outside, stdout is dropped with the read.
     let end = tokio::select! {
+        biased;
         end = reading => end,
         Ok(end) = stopped => end,
     };
+    // Stopped from outside: stdout is closed before the end is reported.
+    drop(reader);
     tracing::debug!(server = %shared.server, reason = %end, "stdio transport ended");
     shared.close(end.clone());
     let _ = inbound.send(Inbound::Closed(end)).await;
@@ -538,7 +556,8 @@ fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
 }
 
 /// Server stderr lines logged per second at most; past it they are counted, and the
-/// count logged once the second is over, so a flood costs the log a line a second.
+/// count logged with the first line after that second (or at the end), so a flood
+/// costs the log a line a second.
 const STDERR_LINES_PER_SECOND: u32 = 100;
 
 /// The longest stderr line logged (characters); the rest is cut.
@@ -591,7 +610,7 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
 
 /// Ends the transport when the server's leader process has exited but stdout stays open
 /// (a descendant inherited it): no EOF would ever come. The rest of the group is
-/// killed, which also ends the descendant and so the reader.
+/// killed, and the reader stopped (a descendant that left the group lives on).
 async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<ExitStatus>>) {
     if exit.wait_for(Option::is_some).await.is_err() {
         return;
