@@ -52,10 +52,10 @@ pub struct CacheConfig {
     /// turns it off.
     #[serde(with = "duration")]
     pub refresh_ahead: Duration,
-    /// Bytes of pages each layer (memory, disk) holds at most; past it the expired go
-    /// first, then those that expire soonest. Servers choose their cursors, scopes and
-    /// freshness, and callers their auth contexts: without a bound, a cache grows with
-    /// them.
+    /// Bytes of pages each layer (memory, disk) holds at most, each counted with its
+    /// key and 256 bytes for the entry itself; past it the expired go first, then those
+    /// that expire soonest. Servers choose their cursors, scopes and freshness, and
+    /// callers their auth contexts: without a bound, a cache grows with them.
     pub max_bytes: usize,
 }
 
@@ -179,6 +179,74 @@ struct Entry {
     bytes: usize,
 }
 
+impl Entry {
+    /// What it counts against a layer's budget.
+    fn cost(&self) -> usize {
+        self.bytes.saturating_add(key_cost(&self.key))
+    }
+}
+
+/// What an entry costs a layer's budget beyond its page: its key's strings, plus the
+/// map's slot and the entry's own fields, so that many tiny pages (a server's cursors,
+/// callers' auth contexts) cannot hold memory many times the budget.
+const ENTRY_OVERHEAD: usize = 256;
+
+fn key_cost(key: &CacheKey) -> usize {
+    [
+        key.server.len(),
+        key.fingerprint.len(),
+        key.method.len(),
+        key.param.as_ref().map_or(0, String::len),
+        key.scope.len(),
+        ENTRY_OVERHEAD,
+    ]
+    .into_iter()
+    .fold(0usize, usize::saturating_add)
+}
+
+/// One layer's entries and what they cost together, kept as they change so that a
+/// write that fits needs no walk over the layer.
+#[derive(Default)]
+struct Layer {
+    entries: HashMap<CacheKey, Entry>,
+    cost: usize,
+}
+
+impl Layer {
+    fn new(entries: HashMap<CacheKey, Entry>) -> Layer {
+        let cost = entries
+            .values()
+            .map(Entry::cost)
+            .fold(0usize, usize::saturating_add);
+        Layer { entries, cost }
+    }
+
+    fn insert(&mut self, key: CacheKey, entry: Entry) {
+        self.cost = self.cost.saturating_add(entry.cost());
+        if let Some(old) = self.entries.insert(key, entry) {
+            self.cost = self.cost.saturating_sub(old.cost());
+        }
+    }
+
+    fn remove(&mut self, key: &CacheKey) -> Option<Entry> {
+        let old = self.entries.remove(key)?;
+        self.cost = self.cost.saturating_sub(old.cost());
+        Some(old)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&CacheKey, &Entry) -> bool) {
+        let mut cost = self.cost;
+        self.entries.retain(|k, e| {
+            let kept = keep(k, e);
+            if !kept {
+                cost = cost.saturating_sub(e.cost());
+            }
+            kept
+        });
+        self.cost = cost;
+    }
+}
+
 /// A page to store, as the fetcher read it.
 #[derive(Clone, Debug)]
 pub struct Page {
@@ -296,8 +364,8 @@ pub struct ListOf<'a> {
 /// The cache; see the module docs.
 pub struct ListCache {
     config: CacheConfig,
-    l1: RwLock<HashMap<CacheKey, Entry>>,
-    l2: RwLock<HashMap<CacheKey, Entry>>,
+    l1: RwLock<Layer>,
+    l2: RwLock<Layer>,
     l1_counts: Counters,
     l2_counts: Counters,
     invalidations: AtomicU64,
@@ -323,11 +391,13 @@ impl ListCache {
             // Logged by `prepare`; memory alone serves.
             config.dir = None;
         }
-        let mut l2 = config
-            .dir
-            .as_deref()
-            .map(|d| disk::load(d, config.max_ttl))
-            .unwrap_or_default();
+        let mut l2 = Layer::new(
+            config
+                .dir
+                .as_deref()
+                .map(|d| disk::load(d, config.max_ttl))
+                .unwrap_or_default(),
+        );
         // A shared server's lists may have been invalidated by another process while
         // this one was down, and that word went to those listening: they are read from
         // the shared layer or the server again, not from files that missed it.
@@ -358,7 +428,7 @@ impl ListCache {
         ListCache {
             scope_key,
             config,
-            l1: RwLock::new(HashMap::new()),
+            l1: RwLock::new(Layer::default()),
             l2: RwLock::new(l2),
             l1_counts: Counters::default(),
             l2_counts: Counters::default(),
@@ -449,7 +519,11 @@ impl ListCache {
         };
         {
             let l1 = self.l1.read();
-            if let Some(e) = keys.clone().filter_map(|k| l1.get(k)).find(|e| fresh(e)) {
+            if let Some(e) = keys
+                .clone()
+                .filter_map(|k| l1.entries.get(k))
+                .find(|e| fresh(e))
+            {
                 self.l1_counts.hits.fetch_add(1, Ordering::Relaxed);
                 return Some(hit(e));
             }
@@ -460,7 +534,9 @@ impl ListCache {
         let epoch = self.epoch(list.server);
         let found = {
             let l2 = self.l2.read();
-            keys.filter_map(|k| l2.get(k)).find(|e| fresh(e)).cloned()
+            keys.filter_map(|k| l2.entries.get(k))
+                .find(|e| fresh(e))
+                .cloned()
         };
         match found {
             Some(e) => {
@@ -553,12 +629,15 @@ impl ListCache {
         }
     }
 
-    /// Makes room in `layer` for `pages` within `max_bytes`: drops the expired entries,
-    /// then those that expire soonest, never the pages' own keys (they are replaced).
-    /// `false`, and nothing dropped, when the pages alone are past the budget: a list is
-    /// cached whole or not at all. The keys dropped go to `dropped`, for the disk.
+    /// Makes room in `layer` for `pages` within `max_bytes` (each entry counted with
+    /// its key, [`key_cost`]): when they do not fit, drops the expired entries, then
+    /// those that expire soonest, never the pages' own keys (they are replaced), down to
+    /// a quarter below the budget where it can, so that the next writes fit without a
+    /// walk. `false`, and nothing dropped, when the pages alone are past the budget: a
+    /// list is cached whole or not at all. The keys dropped go to `dropped`, for the
+    /// disk.
     fn make_room(
-        layer: &mut HashMap<CacheKey, Entry>,
+        layer: &mut Layer,
         now: u64,
         pages: &[Page],
         max_bytes: usize,
@@ -566,39 +645,54 @@ impl ListCache {
     ) -> bool {
         let incoming = pages
             .iter()
-            .map(|p| p.bytes)
+            .map(|p| p.bytes.saturating_add(key_cost(&p.key)))
             .fold(0usize, usize::saturating_add);
         if incoming > max_bytes {
             return false;
         }
+        let replaced = |layer: &Layer| {
+            pages
+                .iter()
+                .filter_map(|p| layer.entries.get(&p.key))
+                .map(Entry::cost)
+                .fold(0usize, usize::saturating_add)
+        };
+        let after = |layer: &Layer| {
+            layer
+                .cost
+                .saturating_sub(replaced(layer))
+                .saturating_add(incoming)
+        };
+        if after(layer) <= max_bytes {
+            return true;
+        }
+        let goal = max_bytes - (max_bytes / 4).min(max_bytes - incoming);
         // A set: a list may have a thousand pages and a layer many thousand entries.
         let own: std::collections::HashSet<&CacheKey> = pages.iter().map(|p| &p.key).collect();
-        let replaced = |k: &CacheKey| own.contains(k);
-        let mut total = 0usize;
         layer.retain(|k, e| {
             let keep = e.expires_unix_ms > now;
-            match (keep, replaced(k)) {
-                (true, false) => total = total.saturating_add(e.bytes),
-                (true, true) => {}
-                (false, _) => dropped.push(k.clone()),
+            if !keep {
+                dropped.push(k.clone());
             }
             keep
         });
-        if total.saturating_add(incoming) <= max_bytes {
+        if after(layer) <= goal {
             return true;
         }
         let mut by_expiry: Vec<(u64, CacheKey)> = layer
+            .entries
             .iter()
-            .filter(|(k, _)| !replaced(k))
+            .filter(|(k, _)| !own.contains(k))
             .map(|(k, e)| (e.expires_unix_ms, k.clone()))
             .collect();
         by_expiry.sort_unstable_by_key(|(expires, _)| *expires);
+        let mut left = after(layer);
         for (_, key) in by_expiry {
-            if total.saturating_add(incoming) <= max_bytes {
+            if left <= goal {
                 break;
             }
             if let Some(e) = layer.remove(&key) {
-                total = total.saturating_sub(e.bytes);
+                left = left.saturating_sub(e.cost());
                 dropped.push(key);
             }
         }
@@ -679,11 +773,15 @@ impl ListCache {
     /// Drops every entry of `server` from both layers (list_changed, removal).
     pub(crate) fn invalidate(&self, server: &str) {
         self.bump(server);
-        self.l1.write().retain(|k, _| k.server != server);
+        // Once more after both layers are emptied, memory's lock held throughout: a
+        // reader that read the first new epoch and then found the disk index not yet
+        // emptied promotes under that lock, so after this bump (and finds it moved on)
+        // or before the memory layer is emptied.
+        let mut l1 = self.l1.write();
+        l1.retain(|k, _| k.server != server);
         self.l2.write().retain(|k, _| k.server != server);
-        // Once more after both: a reader that missed memory after it was emptied, read
-        // this epoch, then found the disk index not yet emptied, promotes nothing.
         self.bump(server);
+        drop(l1);
         if let Some(dir) = &self.config.dir {
             disk::remove_server(dir, server);
         }
@@ -695,9 +793,11 @@ impl ListCache {
     pub(crate) fn invalidate_list(&self, server: &str, method: &str) {
         self.bump(server);
         let dropped = |k: &CacheKey| k.server == server && k.method == method;
-        self.l1.write().retain(|k, _| !dropped(k));
+        let mut l1 = self.l1.write();
+        l1.retain(|k, _| !dropped(k));
         self.l2.write().retain(|k, _| !dropped(k));
         self.bump(server); // as in `invalidate`
+        drop(l1);
         if let Some(dir) = &self.config.dir {
             disk::remove_where(dir, server, dropped);
         }
@@ -706,11 +806,11 @@ impl ListCache {
 
     /// Entry counts, sizes, hits and misses per layer.
     pub fn stats(&self) -> CacheStats {
-        let layer = |map: &RwLock<HashMap<CacheKey, Entry>>, c: &Counters| {
-            let m = map.read();
+        let layer = |layer: &RwLock<Layer>, c: &Counters| {
+            let m = layer.read();
             LayerStats {
-                entries: m.len(),
-                bytes: m.values().map(|e| e.bytes).sum(),
+                entries: m.entries.len(),
+                bytes: m.entries.values().map(|e| e.bytes).sum(),
                 hits: c.hits.load(Ordering::Relaxed),
                 misses: c.misses.load(Ordering::Relaxed),
             }
