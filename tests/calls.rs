@@ -373,6 +373,33 @@ async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried(
 }
 
 #[tokio::test]
+async fn a_call_whose_deadline_passes_while_a_person_is_asked_ends_as_past_its_deadline() {
+    let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
+    let queue = ApprovalQueue::new(Duration::from_secs(120));
+    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
+        .await
+        .expect("register");
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_millis(700)),
+        ..mcp_harness::CallOptions::default()
+    };
+    // Nobody answers: the handler is cut off where the call's deadline is.
+    let e = h
+        .call(
+            &Caller::agent("a"),
+            mcp_harness::CallKind::Tool,
+            "confirm",
+            json!({"message": "Pay?"}),
+            options,
+        )
+        .await
+        .expect_err("past its deadline");
+    assert!(matches!(e, CallError::DeadlineExceeded(_)), "{e:?}");
+    assert_eq!(e.code(), "deadline");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_answer_that_ends_the_call_ends_its_round_and_withdraws_the_questions_left() {
     let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
     let queue = ApprovalQueue::new(Duration::from_secs(120));

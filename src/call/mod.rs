@@ -253,10 +253,7 @@ pub(crate) fn run(
             .await
         };
         let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
-            Err(CallError::Server(ServerError::Transport {
-                source: TransportError::Timeout(_),
-                ..
-            })) if deadline.remaining().is_zero() => {
+            Err(e) if deadline.remaining().is_zero() && ran_out(&e) => {
                 Err(CallError::DeadlineExceeded(deadline.total))
             }
             outcome => outcome,
@@ -366,7 +363,8 @@ async fn drive(
                         | ServerError::Unavailable { .. }
                         | ServerError::Transport { .. }
                 ));
-        if more && safe {
+        // With no time left there is no next server to try.
+        if more && safe && !deadline.remaining().is_zero() {
             tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");
             record.hop(candidate.server.id(), error.to_string());
             last_error = Some(error);
@@ -380,6 +378,23 @@ async fn drive(
             tool: request.name.clone(),
             unreachable: Vec::new(),
         }))
+}
+
+/// Whether `e`, with the call's deadline past, is that deadline running out in one of
+/// the steps it bounds: a request's timeout, a handler cut off (its limit is what the
+/// deadline leaves), a wait for a restarting server, a listing to route by. A server's
+/// answer or a person's is the call's outcome, however late.
+fn ran_out(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::Server(
+            ServerError::Transport {
+                source: TransportError::Timeout(_),
+                ..
+            } | ServerError::Restarting { .. }
+        ) | CallError::InputFailed { .. }
+            | CallError::NoRoute { .. }
+    )
 }
 
 /// A grant revoked while the call waited (on input, or before a hop) stops it here.
