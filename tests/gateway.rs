@@ -1931,6 +1931,25 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
         .await;
     assert_eq!(result_text(&r), "direct", "{r}");
 
+    // Mcp-Param headers sent with call_tool are the inner tool's, and held to it.
+    let region = call("alpha__region_echo", json!({"region": "eu"}));
+    let body = request("tools/call", region.clone());
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &body, &[("mcp-param-region", "us")])
+        .await;
+    assert_eq!(
+        (status, r["error"]["code"].as_i64()),
+        (400, Some(-32020)),
+        "{r}"
+    );
+    let (status, r, _) = gw
+        .post(Some("tok-a"), &body, &[("mcp-param-region", "eu")])
+        .await;
+    assert_eq!(status, 200, "{r}");
+    // call_tool declares none: a client that sends none is not held to them.
+    let (_, r) = gw.modern("tok-a", "tools/call", region).await;
+    assert!(r["result"].is_object(), "{r}");
+
     // An input round through call_tool: the sealed state is bound to the inner call.
     let confirm = call("alpha__confirm", json!({"message": "ok?"}));
     let (_, r) = gw.modern("tok-a", "tools/call", confirm.clone()).await;

@@ -952,7 +952,8 @@ impl Gateway {
     /// server checks. `header` reads a request header by its lower-case name. When the
     /// schema cannot be read (its server is restarting, say), a request that carries
     /// `Mcp-Param-*` headers (`sent`) is refused: something in front of the gateway may
-    /// have acted on them; one that carries none goes on (nothing acted on it).
+    /// have acted on them; one that carries none goes on (nothing acted on it). A
+    /// `call_tool` (tool search) that carries some is held to the tool it names.
     pub async fn check_param_headers(
         &self,
         principal: &Principal,
@@ -966,9 +967,25 @@ impl Gateway {
         let Some(params) = request.params.as_ref() else {
             return Ok(());
         };
-        let Some(served) = params.get("name").and_then(Value::as_str) else {
+        let Some(mut served) = params.get("name").and_then(Value::as_str) else {
             return Ok(());
         };
+        // Through `call_tool` (tool search), headers a client sent are the inner tool's:
+        // checked against it (something in front may have acted on them). `call_tool`
+        // itself declares none, so a client that sends none is not held to the inner's.
+        let unwrapped;
+        let mut params = params;
+        if served == search::CALL_TOOL && self.now().config.tool_exposure == ToolExposure::Search {
+            if !sent {
+                return Ok(());
+            }
+            unwrapped = search::unwrap_call(params)?;
+            params = &unwrapped;
+            served = params
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+        }
         let name = self.now().names.resolve(served);
         let tool = match self
             .inner
