@@ -432,6 +432,49 @@ async fn a_call_waits_for_a_sign_in_until_its_deadline_and_the_sign_in_goes_on_w
 }
 
 #[tokio::test]
+async fn the_time_a_request_waits_for_a_sign_in_counts_against_its_retry() {
+    // The step-up's registration takes 1.5 s of the call's 2.5 s; the retry then finds
+    // a slow tool: it gets what is left, not a deadline of its own.
+    let w = World::new(
+        &["--registration", "--register-delay-ms", "1500"],
+        &["--oauth-tool-scope", "slow=mcp:write"],
+    )
+    .await;
+    let h = w.harness(OAuthConfig::default()).await;
+    ready(&h).await;
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(2500)),
+        ..CallOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let e = h
+        .call(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "web__slow",
+            json!({"ms": 10_000, "text": "late"}),
+            options,
+        )
+        .await
+        .expect_err("past its deadline");
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            e,
+            CallError::DeadlineExceeded(_)
+                | CallError::Server(ServerError::Transport {
+                    source: TransportError::Timeout(_),
+                    ..
+                })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(w.at("authorize").len(), 2, "the step-up signed in");
+    assert!(took < Duration::from_millis(3400), "{took:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_token_endpoint_sees_the_authentication_method_its_metadata_allows() {
     for (methods, client, expected) in [
         ("client_secret_basic", "pre:s3cret", "client_secret_basic"),

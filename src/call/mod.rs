@@ -381,20 +381,22 @@ async fn drive(
 }
 
 /// Whether `e`, with the call's deadline past, is that deadline running out in one of
-/// the steps it bounds: a request's timeout, a handler cut off (its limit is what the
-/// deadline leaves), a wait for a restarting server, a listing to route by. A server's
-/// answer or a person's is the call's outcome, however late.
+/// the steps it bounds: a request's timeout, a wait for a restarting server, a listing
+/// to route by that some server did not answer (a handler cut off is told apart where
+/// its round is gathered). A server's answer or a person's is the call's outcome,
+/// however late; so is a tool that no server offers.
 fn ran_out(e: &CallError) -> bool {
-    matches!(
-        e,
+    match e {
         CallError::Server(
             ServerError::Transport {
                 source: TransportError::Timeout(_),
                 ..
-            } | ServerError::Restarting { .. }
-        ) | CallError::InputFailed { .. }
-            | CallError::NoRoute { .. }
-    )
+            }
+            | ServerError::Restarting { .. },
+        ) => true,
+        CallError::NoRoute { unreachable, .. } => !unreachable.is_empty(),
+        _ => false,
+    }
 }
 
 /// A grant revoked while the call waited (on input, or before a hop) stops it here.
@@ -608,13 +610,15 @@ impl Round<'_> {
                 .settings
                 .input_timeout
                 .min(self.deadline.remaining());
+            // A handler cut off where the call's deadline is ends the call as past it.
+            let deadline = (limit < self.ctx.settings.input_timeout).then_some(self.deadline.total);
             let answers = rounds::gather(
                 &self.ctx.inputs,
                 self.handlers,
                 &self.request.caller,
                 id,
                 input.input_requests,
-                (limit, record.call_id(), record.traced),
+                (limit, deadline, record.call_id(), record.traced),
             )
             .await?;
             params.insert(INPUT_RESPONSES.into(), Value::Object(answers));

@@ -87,7 +87,7 @@ pub(crate) async fn gather(
     caller: &Caller,
     server: &str,
     requests: BTreeMap<String, InputRequest>,
-    (limit, call_id, traced): (Duration, u64, bool),
+    (limit, deadline, call_id, traced): (Duration, Option<Duration>, u64, bool),
 ) -> Result<Map<String, Value>, CallError> {
     let mut pending = Vec::with_capacity(requests.len());
     for (key, request) in requests {
@@ -116,19 +116,25 @@ pub(crate) async fn gather(
             mcp_harness.input.key = %key,
         );
         let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
-        async move { settle(server, method, answer.await).map(|value| (key, value)) }
+        async move { settle(server, method, answer.await, deadline).map(|value| (key, value)) }
     });
     Ok(try_join_all(answers).await?.into_iter().collect())
 }
 
 /// One answer as the round takes it: its value, or the error that ends the call.
+/// `deadline`: the call's, when the handler's limit was what it left (a handler that
+/// runs out of time then ends the call as past its deadline).
 fn settle(
     server: &str,
     method: String,
     answer: Result<Value, InputError>,
+    deadline: Option<Duration>,
 ) -> Result<Value, CallError> {
     let value = match answer {
         Ok(v) => v,
+        Err(InputError::Timeout(after)) if deadline.is_some() => {
+            return Err(CallError::DeadlineExceeded(deadline.unwrap_or(after)));
+        }
         // Cannot happen through `check` (what is declared is what the same set
         // answers); refused the same way if it ever does.
         Err(InputError::NoHandler(method)) => {

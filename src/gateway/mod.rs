@@ -979,7 +979,12 @@ impl Gateway {
             if !sent {
                 return Ok(());
             }
-            unwrapped = search::unwrap_call(params)?;
+            // A malformed `call_tool` is the call's error (invalid params), not the
+            // headers'.
+            let Ok(inner) = search::unwrap_call(params) else {
+                return Ok(());
+            };
+            unwrapped = inner;
             params = &unwrapped;
             served = params
                 .get("name")

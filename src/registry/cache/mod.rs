@@ -630,7 +630,8 @@ impl ListCache {
     }
 
     /// Makes room in `layer` for `pages` within `max_bytes` (each entry counted with
-    /// its key, [`key_cost`]): when they do not fit, drops the expired entries, then
+    /// its key, [`key_cost`]; expired entries, never served, stay until room is needed
+    /// or the next start): when they do not fit, drops the expired entries, then
     /// those that expire soonest, never the pages' own keys (they are replaced), down to
     /// a quarter below the budget where it can, so that the next writes fit without a
     /// walk. `false`, and nothing dropped, when the pages alone are past the budget: a
@@ -773,13 +774,13 @@ impl ListCache {
     /// Drops every entry of `server` from both layers (list_changed, removal).
     pub(crate) fn invalidate(&self, server: &str) {
         self.bump(server);
-        // Once more after both layers are emptied, memory's lock held throughout: a
-        // reader that read the first new epoch and then found the disk index not yet
-        // emptied promotes under that lock, so after this bump (and finds it moved on)
-        // or before the memory layer is emptied.
+        // The disk index first, then memory with a second bump under its lock: a reader
+        // that read the first new epoch and found the disk index not yet emptied
+        // promotes under that lock, so before memory is emptied (and is emptied with
+        // it) or after this bump (and finds the epoch moved on).
+        self.l2.write().retain(|k, _| k.server != server);
         let mut l1 = self.l1.write();
         l1.retain(|k, _| k.server != server);
-        self.l2.write().retain(|k, _| k.server != server);
         self.bump(server);
         drop(l1);
         if let Some(dir) = &self.config.dir {
@@ -793,9 +794,9 @@ impl ListCache {
     pub(crate) fn invalidate_list(&self, server: &str, method: &str) {
         self.bump(server);
         let dropped = |k: &CacheKey| k.server == server && k.method == method;
+        self.l2.write().retain(|k, _| !dropped(k));
         let mut l1 = self.l1.write();
         l1.retain(|k, _| !dropped(k));
-        self.l2.write().retain(|k, _| !dropped(k));
         self.bump(server); // as in `invalidate`
         drop(l1);
         if let Some(dir) = &self.config.dir {

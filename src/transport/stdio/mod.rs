@@ -324,8 +324,9 @@ impl StdioTransport {
         // A full queue still closes: the writer ends when this handle's sender drops too.
         let _ = self.writer.try_send(WriterCmd::Close);
         let exit = self.group.lock().await.terminate(grace).await;
+        // The reader too, should a descendant that left the group hold stdout.
         self.shared
-            .close(TransportError::Closed { exit, detail: None });
+            .end(TransportError::Closed { exit, detail: None });
     }
 
     /// SIGKILLs the server's process group now (fault injection, forced stop).
