@@ -372,13 +372,19 @@ async fn a_missing_capability_is_reported_with_what_is_required_and_not_retried(
     assert_eq!(tool_calls(&record, "tools/call"), 1);
 }
 
-#[tokio::test]
-async fn a_call_whose_deadline_passes_while_a_person_is_asked_ends_as_past_its_deadline() {
+/// The demo server `alpha`, its elicitations waiting in an approval queue.
+async fn asking_a_queue() -> (HarnessHandle, ApprovalQueue) {
     let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
     let queue = ApprovalQueue::new(Duration::from_secs(120));
     h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
         .await
         .expect("register");
+    (h, queue)
+}
+
+#[tokio::test]
+async fn a_call_whose_deadline_passes_while_a_person_is_asked_ends_as_past_its_deadline() {
+    let (h, _queue) = asking_a_queue().await;
     let options = mcp_harness::CallOptions {
         timeout: Some(Duration::from_millis(700)),
         ..mcp_harness::CallOptions::default()
@@ -401,11 +407,7 @@ async fn a_call_whose_deadline_passes_while_a_person_is_asked_ends_as_past_its_d
 
 #[tokio::test]
 async fn an_answer_that_ends_the_call_ends_its_round_and_withdraws_the_questions_left() {
-    let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
-    let queue = ApprovalQueue::new(Duration::from_secs(120));
-    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
-        .await
-        .expect("register");
+    let (h, queue) = asking_a_queue().await;
     let a = Caller::agent("a");
     let call = {
         let (h, a) = (h.clone(), a.clone());
@@ -437,11 +439,7 @@ async fn an_answer_that_ends_the_call_ends_its_round_and_withdraws_the_questions
 
 #[tokio::test]
 async fn a_declined_elicitation_ends_the_call_and_an_approval_queue_can_answer() {
-    let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
-    let queue = ApprovalQueue::new(Duration::from_secs(30));
-    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
-        .await
-        .expect("register");
+    let (h, queue) = asking_a_queue().await;
     let a = Caller::agent("a");
     let call = {
         let (h, a) = (h.clone(), a.clone());

@@ -47,6 +47,14 @@ async fn harness(servers: Vec<ServerConfig>) -> HarnessHandle {
     h
 }
 
+/// Whether a call ended with its server's transport: closed under it, or timed out.
+fn closed_or_timed_out(e: &CallError) -> bool {
+    matches!(
+        transport(e),
+        TransportError::Closed { .. } | TransportError::Timeout(_)
+    )
+}
+
 async fn ready(h: &HarnessHandle, id: &str) -> bool {
     eventually(Duration::from_secs(30), || {
         h.server_status(id)
@@ -337,13 +345,7 @@ async fn a_server_that_exits_while_a_child_out_of_its_group_holds_its_stdout_is_
         )
         .await
         .expect_err("exited");
-    assert!(
-        matches!(
-            transport(&e),
-            TransportError::Closed { .. } | TransportError::Timeout(_)
-        ),
-        "{e}"
-    );
+    assert!(closed_or_timed_out(&e), "{e}");
     // No EOF will come while the child lives: the server is restarted all the same.
     assert!(
         eventually(Duration::from_secs(10), || h
@@ -394,13 +396,7 @@ async fn a_server_that_exits_while_a_child_holds_its_stdout_is_noticed_and_its_g
     let h = harness(vec![demo("s", &[])]).await;
     let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
     let e = call(&h, "s__orphan_stdout").await.expect_err("exited");
-    assert!(
-        matches!(
-            transport(&e),
-            TransportError::Closed { .. } | TransportError::Timeout(_)
-        ),
-        "{e}"
-    );
+    assert!(closed_or_timed_out(&e), "{e}");
     assert!(
         eventually(Duration::from_secs(10), || group_members(pid).is_empty()).await,
         "the child holding stdout was killed"

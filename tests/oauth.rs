@@ -170,6 +170,18 @@ fn auth_error(e: &CallError) -> Option<&AuthError> {
     }
 }
 
+/// Whether a call ended at its deadline (the call's, or its request's).
+fn timed_out(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::DeadlineExceeded(_)
+            | CallError::Server(ServerError::Transport {
+                source: TransportError::Timeout(_),
+                ..
+            })
+    )
+}
+
 async fn ready(h: &HarnessHandle) {
     assert!(
         wait_state(h, "web", ServerState::Ready).await,
@@ -395,17 +407,7 @@ async fn a_call_waits_for_a_sign_in_until_its_deadline_and_the_sign_in_goes_on_w
     let Err(e) = waited else {
         panic!("answered before the step-up's sign-in could end: {waited:?}")
     };
-    assert!(
-        matches!(
-            e,
-            CallError::DeadlineExceeded(_)
-                | CallError::Server(ServerError::Transport {
-                    source: TransportError::Timeout(_),
-                    ..
-                })
-        ),
-        "{e:?}"
-    );
+    assert!(timed_out(&e), "{e:?}");
     assert!(
         took < Duration::from_millis(3500),
         "held past its deadline: {took:?}"
@@ -458,17 +460,7 @@ async fn the_time_a_request_waits_for_a_sign_in_counts_against_its_retry() {
         .await
         .expect_err("past its deadline");
     let took = started.elapsed();
-    assert!(
-        matches!(
-            e,
-            CallError::DeadlineExceeded(_)
-                | CallError::Server(ServerError::Transport {
-                    source: TransportError::Timeout(_),
-                    ..
-                })
-        ),
-        "{e:?}"
-    );
+    assert!(timed_out(&e), "{e:?}");
     assert_eq!(w.at("authorize").len(), 2, "the step-up signed in");
     assert!(took < Duration::from_millis(3400), "{took:?}");
     h.shutdown().await;
@@ -795,17 +787,7 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
         panic!("answered with an expired token, or before the refresh: {waited:?}")
     };
     assert!(auth_error(&e).is_none(), "{e:?}");
-    assert!(
-        matches!(
-            e,
-            CallError::DeadlineExceeded(_)
-                | CallError::Server(ServerError::Transport {
-                    source: TransportError::Timeout(_),
-                    ..
-                })
-        ),
-        "{e:?}"
-    );
+    assert!(timed_out(&e), "{e:?}");
     assert_eq!(
         h.server_status("web").map(|s| s.state),
         Some(ServerState::Ready)

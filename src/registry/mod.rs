@@ -405,35 +405,17 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-    /// Counts what reaches it and handles nothing (a registry busy elsewhere).
-    struct Counter(Arc<AtomicUsize>);
+    /// Counts what reaches it and handles nothing else, each message only once let (a
+    /// registry whose disk has stalled).
+    struct Gate(Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>);
 
-    impl ractor::Actor for Counter {
-        type Msg = RegistryMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(
-            &self,
-            _: ractor::ActorRef<Self::Msg>,
-            _: (),
-        ) -> Result<(), ractor::ActorProcessingErr> {
-            Ok(())
-        }
-
-        async fn handle(
-            &self,
-            _: ractor::ActorRef<Self::Msg>,
-            _: Self::Msg,
-            _: &mut (),
-        ) -> Result<(), ractor::ActorProcessingErr> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(())
+    impl Gate {
+        /// Counts every message as it comes (a registry busy elsewhere).
+        fn open(count: Arc<AtomicUsize>) -> Gate {
+            let all = tokio::sync::Semaphore::MAX_PERMITS;
+            Gate(Arc::new(tokio::sync::Semaphore::new(all)), count)
         }
     }
-
-    /// Takes each message only once let (a registry whose disk has stalled).
-    struct Gate(Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>);
 
     impl ractor::Actor for Gate {
         type Msg = RegistryMsg;
@@ -513,7 +495,7 @@ mod tests {
     #[tokio::test]
     async fn a_flood_of_peer_invalidations_queues_one_per_server() {
         let count = Arc::new(AtomicUsize::new(0));
-        let (actor, handle) = ractor::Actor::spawn(None, Counter(count.clone()), ())
+        let (actor, handle) = ractor::Actor::spawn(None, Gate::open(count.clone()), ())
             .await
             .expect("spawn");
         let registry = RegistryRef::default();
