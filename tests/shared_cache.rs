@@ -49,6 +49,17 @@ fn key_file(tag: &str, secret: &str, mode: u32) -> PathBuf {
     path
 }
 
+/// What another process does to `server`'s shared lists when they change: its
+/// generation moves on.
+async fn move_generation(redis: &Redis, server: &str) {
+    let mut c = redis.connection().await.expect("connect");
+    let _: u64 = redis::cmd("INCR")
+        .arg(format!("mcp-harness:gen:{server}"))
+        .query_async(&mut c)
+        .await
+        .expect("INCR");
+}
+
 /// The keys of the pages Redis holds.
 async fn page_keys(redis: &Redis) -> Vec<String> {
     let keys = redis.keys().await;
@@ -465,12 +476,7 @@ async fn a_page_stored_before_its_servers_generation_moved_is_never_served() {
     first.list_tools(&a()).await.expect("list");
     first.shutdown().await;
     // Another process saw the list change: the generation moves on, the page stays.
-    let mut c = redis.connection().await.expect("connect");
-    let _: u64 = redis::cmd("INCR")
-        .arg("mcp-harness:gen:s")
-        .query_async(&mut c)
-        .await
-        .expect("INCR");
+    move_generation(&redis, "s").await;
     let second = start_ready(config(vec![server()], shared.clone())).await;
     second.list_tools(&a()).await.expect("list");
     assert_eq!(second.cache_stats().l3.hits, 0, "the old page is not used");
@@ -515,12 +521,7 @@ async fn a_shared_servers_lists_on_disk_are_not_served_after_a_restart_it_may_ha
     first.shutdown().await;
     // While it is down, another process drops the shared server's lists (its
     // generation moves on; the word it publishes reaches only those listening).
-    let mut c = redis.connection().await.expect("connect");
-    let _: u64 = redis::cmd("INCR")
-        .arg("mcp-harness:gen:s")
-        .query_async(&mut c)
-        .await
-        .expect("INCR");
+    move_generation(&redis, "s").await;
     let second = start_ready(with_disk()).await;
     second.list_tools(&a()).await.expect("list");
     assert_eq!(

@@ -918,14 +918,7 @@ impl SignIn {
             )
             .await
         };
-        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
-            Ok(renewed) => renewed,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(self.err(
-                AuthStep::Authorization,
-                AuthFailure::Invalid("stopped with the runtime".into()),
-            )),
-        }
+        self.detached(AuthStep::Authorization, work).await?
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed,
@@ -1261,14 +1254,7 @@ impl SignIn {
             this.registered(&mut made, &endpoint, &d, redirect_uri.as_deref(), &scopes)
                 .await
         };
-        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
-            Ok(client) => client,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(self.err(
-                AuthStep::Registration,
-                AuthFailure::Invalid("stopped with the runtime".into()),
-            )),
-        }
+        self.detached(AuthStep::Registration, work).await?
     }
 
     /// The client in `made`, registered at `endpoint` (RFC 7591) and kept there first
@@ -1363,14 +1349,21 @@ impl SignIn {
             drop(across);
             (kept, held)
         };
-        let task = tokio::spawn(tracing::Instrument::in_current_span(work));
-        match task.await {
-            Ok((kept, held)) => {
-                *renewing = held;
-                kept
-            }
-            // A panic is the caller's as it would have been inline, not a failed
-            // sign-in (which a restart could not heal).
+        let (kept, held) = self.detached(step, work).await?;
+        *renewing = held;
+        kept
+    }
+
+    /// `work`'s output, run on a task of its own that a caller going away does not cut
+    /// off (see [`Self::exchange`]). A panic in it is the caller's, as it would have been
+    /// inline, not a failed sign-in (which a restart could not heal).
+    async fn detached<O: Send + 'static>(
+        &self,
+        step: AuthStep,
+        work: impl std::future::Future<Output = O> + Send + 'static,
+    ) -> Result<O, AuthError> {
+        match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
+            Ok(out) => Ok(out),
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Err(self.err(
                 step,
