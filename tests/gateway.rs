@@ -849,6 +849,28 @@ async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<Strin
 }
 
 #[tokio::test]
+async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_invalid_request() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    for (body, code) in [
+        ("{not json", -32700),
+        (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, -32600),
+        (r#"{"id":1,"method":"ping"}"#, -32600),
+    ] {
+        let resp = gw
+            .modern_post("tok-a", "ping", "")
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(resp.status(), 400, "{body}");
+        let r: Value = resp.json().await.expect("a JSON-RPC error");
+        assert_eq!(r["error"]["code"], code, "{body}: {r}");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn a_client_refused_before_it_is_identified_does_not_keep_its_connection() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
@@ -1500,6 +1522,9 @@ async fn progress_reaches_the_client_under_its_own_token_before_the_result() {
             .send()
             .await
             .expect("call");
+        // An event stream a proxy must not buffer.
+        assert_eq!(resp.headers()["x-accel-buffering"], "no");
+        assert_eq!(resp.headers()["cache-control"], "no-cache");
         let body = resp.text().await.expect("body");
         let messages: Vec<Value> = body
             .lines()

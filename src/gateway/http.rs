@@ -32,9 +32,7 @@ use super::{
     Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
 };
 use crate::call::CancelToken;
-use crate::protocol::error::{
-    HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
-};
+use crate::protocol::error::{HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 use crate::transport::http::headers::mcp_name;
@@ -130,9 +128,19 @@ fn sse_stream(
         _slot: slot,
     };
     let mut r = hyper::Response::new(body.boxed());
-    r.headers_mut().insert(
+    let headers = r.headers_mut();
+    headers.insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/event-stream"),
+    );
+    // Each event as it comes: no cache, and no buffering in a proxy (nginx's header).
+    headers.insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-cache"),
+    );
+    headers.insert(
+        "x-accel-buffering",
+        hyper::header::HeaderValue::from_static("no"),
     );
     r
 }
@@ -672,7 +680,7 @@ async fn post(
             return error_reply(
                 StatusCode::BAD_REQUEST,
                 None,
-                RpcError::new(PARSE_ERROR, e.to_string()),
+                RpcError::new(e.code(), e.to_string()),
             );
         }
     };

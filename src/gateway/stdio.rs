@@ -18,7 +18,6 @@ use super::{
     Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
 };
 use crate::call::CancelToken;
-use crate::protocol::error::PARSE_ERROR;
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 
@@ -249,7 +248,7 @@ pub async fn serve(
             Err(e) => {
                 pipe.send(&Message::Response(Response {
                     id: None,
-                    outcome: Err(RpcError::new(PARSE_ERROR, e.to_string())),
+                    outcome: Err(RpcError::new(e.code(), e.to_string())),
                 }));
                 continue;
             }

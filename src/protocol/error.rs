@@ -162,6 +162,17 @@ pub enum ProtocolError {
     InvalidResult(String),
 }
 
+impl ProtocolError {
+    /// The JSON-RPC code to answer a peer's message that failed so: -32700 for what is
+    /// not JSON, -32600 for JSON that is not a JSON-RPC message (a batch among them).
+    pub fn code(&self) -> i64 {
+        match self {
+            ProtocolError::InvalidJson(_) => PARSE_ERROR,
+            _ => INVALID_REQUEST,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
