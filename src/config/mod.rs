@@ -196,6 +196,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cache_durations_built_in_code_are_held_to_ten_years() {
+        let mut config = HarnessConfig::default();
+        config.cache.max_ttl = Duration::MAX;
+        let e = config.validate().expect_err("past ten years");
+        assert_eq!(e.field, "cache.max_ttl", "{e}");
+        config.cache.max_ttl = crate::util::duration::LONGEST;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
     fn a_trace_sample_ratio_outside_zero_to_one_is_refused() {
         for bad in [-0.1, 1.5, f64::NAN] {
             let config = HarnessConfig {

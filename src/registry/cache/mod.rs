@@ -78,6 +78,20 @@ impl CacheConfig {
         if self.max_ttl.is_zero() {
             return Err(Invalid::new("max_ttl", "must be more than zero"));
         }
+        // As a config file's durations are held (a config built in code skips that
+        // parse): past it, a Redis expiry or a clock addition overflows.
+        for (field, d) in [
+            ("default_ttl", self.default_ttl),
+            ("max_ttl", self.max_ttl),
+            ("refresh_ahead", self.refresh_ahead),
+        ] {
+            if d > crate::util::duration::LONGEST {
+                return Err(Invalid::new(
+                    field,
+                    "is longer than ten years, the longest taken",
+                ));
+            }
+        }
         if self.max_bytes == 0 {
             return Err(Invalid::new("max_bytes", "must be more than zero"));
         }
