@@ -849,6 +849,63 @@ async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<Strin
 }
 
 #[tokio::test]
+async fn a_principal_has_at_most_four_large_requests_in_flight() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    // Over 64 KiB each, and slow: four hold the principal's large-request slots.
+    let big = "x".repeat(70 * 1024);
+    let slow = |n: u64| {
+        let mut r = request(
+            "tools/call",
+            json!({"name": "alpha__slow", "arguments": {"ms": 3000, "text": big}}),
+        );
+        r["id"] = json!(100 + n);
+        r
+    };
+    let (b0, b1, b2, b3) = (slow(0), slow(1), slow(2), slow(3));
+    let held = async {
+        let (r0, r1, r2, r3) = tokio::join!(
+            gw.post(Some("tok-a"), &b0, &[]),
+            gw.post(Some("tok-a"), &b1, &[]),
+            gw.post(Some("tok-a"), &b2, &[]),
+            gw.post(Some("tok-a"), &b3, &[]),
+        );
+        [r0, r1, r2, r3]
+    };
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await; // the four are in flight (deliberate)
+        let refused = gw.post(Some("tok-a"), &slow(9), &[]).await;
+        let small = gw
+            .modern(
+                "tok-a",
+                "tools/call",
+                json!({"name": "alpha__echo", "arguments": {"text": "small"}}),
+            )
+            .await;
+        let other = gw.post(Some("tok-b"), &slow(10), &[]).await;
+        (refused, small, other)
+    };
+    let (held, (refused, small, other)) = tokio::join!(held, probe);
+    assert_eq!(refused.0, 503, "{}", refused.1);
+    assert_eq!(refused.1["error"]["code"], -32000, "{}", refused.1);
+    assert_eq!(result_text(&small.1), "small", "{}", small.1);
+    assert_eq!(
+        other.0, 200,
+        "another principal is not held back: {}",
+        other.1
+    );
+    assert!(
+        held.iter().all(|r| r.0 == 200),
+        "{:?}",
+        held.iter().map(|r| r.0).collect::<Vec<_>>()
+    );
+    // Their slots are free again.
+    let again = gw.post(Some("tok-a"), &slow(11), &[]).await;
+    assert_eq!(again.0, 200, "{}", again.1);
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_invalid_request() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;

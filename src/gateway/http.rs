@@ -46,6 +46,11 @@ const MAX_SESSIONS: usize = 10_000;
 const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
+/// A body past this is large: parsed, JSON takes many times its size in memory (a 4 MiB
+/// array of small numbers, some 64 MiB), so a principal has at most
+/// `MAX_LARGE_BODIES_PER_PRINCIPAL` of them in flight; past it, 503.
+const LARGE_BODY: usize = 64 * 1024;
+const MAX_LARGE_BODIES_PER_PRINCIPAL: usize = 4;
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -187,6 +192,8 @@ struct State {
     listens: Mutex<HashMap<Principal, usize>>,
     /// Legacy GET streams open, per principal.
     gets: Mutex<HashMap<Principal, usize>>,
+    /// Requests with large bodies in flight, per principal.
+    large_bodies: Mutex<HashMap<Principal, usize>>,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -237,6 +244,7 @@ pub async fn serve(
         next_request: AtomicU64::new(1),
         listens: Mutex::default(),
         gets: Mutex::default(),
+        large_bodies: Mutex::default(),
         closing: CancelToken::new(),
         streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
     });
@@ -674,6 +682,32 @@ async fn post(
             }
             Err(_) => return full(StatusCode::REQUEST_TIMEOUT, "text/plain", "body too slow"),
         };
+    // Read whole first (a client refused mid-body sees its connection reset), held to
+    // the principal's large-request slots before it is parsed.
+    let large = if body.len() > LARGE_BODY {
+        let slot = PrincipalSlot::take(
+            &state,
+            &principal,
+            |s| &s.large_bodies,
+            MAX_LARGE_BODIES_PER_PRINCIPAL,
+        );
+        let Some(slot) = slot else {
+            return error_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                RpcError::new(
+                    -32000,
+                    format!(
+                        "too many requests over {LARGE_BODY} bytes in flight for agent {} (at most {MAX_LARGE_BODIES_PER_PRINCIPAL})",
+                        principal.agent
+                    ),
+                ),
+            );
+        };
+        Some(slot)
+    } else {
+        None
+    };
     let message = match Message::parse(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -684,6 +718,7 @@ async fn post(
             );
         }
     };
+    drop(body);
     // The body decides the era: a request with the 2026-07-28 envelope is modern even
     // when a session header comes along.
     let legacy = match &message {
@@ -781,6 +816,8 @@ async fn post(
             let work = {
                 let state = state.clone();
                 async move {
+                    // Held while the call's params are.
+                    let _large = large;
                     state
                         .gateway
                         .handle(&principal, request, Client::Modern, cancel, progress)
@@ -849,8 +886,9 @@ async fn post(
     }
 }
 
-/// Counts one of a principal's open streams (in `count`: its subscriptions, or its
-/// legacy GET streams) while it lives.
+/// Counts one of a principal's open streams or requests (in `count`: its
+/// subscriptions, its legacy GET streams, its requests with large bodies) while it
+/// lives.
 struct PrincipalSlot {
     state: Arc<State>,
     principal: Principal,
@@ -858,7 +896,7 @@ struct PrincipalSlot {
 }
 
 impl PrincipalSlot {
-    /// One more of `principal`'s streams in `count`, if it has fewer than `max`.
+    /// One more of `principal`'s in `count`, if it has fewer than `max`.
     fn take(
         state: &Arc<State>,
         principal: &Principal,
