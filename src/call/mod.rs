@@ -506,6 +506,8 @@ async fn attempt(
             .into());
         }
         if request.delegated.is_some() {
+            let max = ctx.settings.limits.max_input_requests;
+            rounds::counted(server.id(), &result, max)?;
             let input = InputRequired::from_value(&result).map_err(|e| protocol(server.id(), e))?;
             rounds::check(
                 server.id(),
@@ -584,8 +586,9 @@ impl Round<'_> {
         record: &mut CallRecord,
     ) -> Result<(), Attempt> {
         let id = self.candidate.server.id();
-        let input = InputRequired::from_value(result).map_err(|e| protocol(id, e))?;
         let limits = &self.ctx.settings.limits;
+        rounds::counted(id, result, limits.max_input_requests)?;
+        let input = InputRequired::from_value(result).map_err(|e| protocol(id, e))?;
         rounds::check(
             id,
             &input.input_requests,

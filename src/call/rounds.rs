@@ -20,6 +20,27 @@ use super::input::{
 use crate::protocol::InputRequest;
 
 /// Checks one round's input requests against what was declared (see the module docs).
+/// Refuses a round of more than `max` input requests.
+fn at_most(server: &str, count: usize, max: usize) -> Result<(), CallError> {
+    if count > max {
+        return Err(CallError::InputRejected {
+            server: server.to_string(),
+            reason: format!("{count} input requests in one round; at most {max} are answered"),
+        });
+    }
+    Ok(())
+}
+
+/// [`at_most`] on an `input_required` result before it is read: reading copies each
+/// request, and a server can send hundreds of thousands in one message.
+pub(crate) fn counted(server: &str, result: &Value, max: usize) -> Result<(), CallError> {
+    let count = result
+        .get("inputRequests")
+        .and_then(Value::as_object)
+        .map_or(0, |requests| requests.len());
+    at_most(server, count, max)
+}
+
 pub(crate) fn check(
     server: &str,
     requests: &BTreeMap<String, InputRequest>,
@@ -30,12 +51,7 @@ pub(crate) fn check(
         server: server.to_string(),
         reason,
     };
-    if requests.len() > max {
-        return Err(reject(format!(
-            "{} input requests in one round; at most {max} are answered",
-            requests.len()
-        )));
-    }
+    at_most(server, requests.len(), max)?;
     for (key, request) in requests {
         declares(&request.method, &request.params, declared)
             .map_err(|why| reject(format!("input request {key:?} {why}")))?;
