@@ -849,32 +849,33 @@ async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<Strin
 }
 
 #[tokio::test]
-async fn a_principal_has_at_most_four_large_requests_in_flight() {
-    let setup = Setup::new("", &[("k1", &key("k1"))]);
+async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
+    // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.
+    let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    // Over 64 KiB each, and slow: four hold the principal's large-request slots.
-    let big = "x".repeat(70 * 1024);
-    let slow = |n: u64| {
+    let big = "x".repeat(240 * 1024);
+    let call = |tool: &str, ms: u64, n: u64| {
         let mut r = request(
             "tools/call",
-            json!({"name": "alpha__slow", "arguments": {"ms": 3000, "text": big}}),
+            json!({"name": tool, "arguments": {"ms": ms, "text": big}}),
         );
         r["id"] = json!(100 + n);
         r
     };
-    let (b0, b1, b2, b3) = (slow(0), slow(1), slow(2), slow(3));
+    // Five slow ones at once, about 246 KB each: four fit, the fifth to come is refused.
+    let bodies: Vec<Value> = (0..5).map(|n| call("alpha__slow", 6000, n)).collect();
     let held = async {
-        let (r0, r1, r2, r3) = tokio::join!(
-            gw.post(Some("tok-a"), &b0, &[]),
-            gw.post(Some("tok-a"), &b1, &[]),
-            gw.post(Some("tok-a"), &b2, &[]),
-            gw.post(Some("tok-a"), &b3, &[]),
+        let (r0, r1, r2, r3, r4) = tokio::join!(
+            gw.post(Some("tok-a"), &bodies[0], &[]),
+            gw.post(Some("tok-a"), &bodies[1], &[]),
+            gw.post(Some("tok-a"), &bodies[2], &[]),
+            gw.post(Some("tok-a"), &bodies[3], &[]),
+            gw.post(Some("tok-a"), &bodies[4], &[]),
         );
-        [r0, r1, r2, r3]
+        [r0, r1, r2, r3, r4]
     };
-    let probe = async {
-        tokio::time::sleep(Duration::from_millis(1500)).await; // the four are in flight (deliberate)
-        let refused = gw.post(Some("tok-a"), &slow(9), &[]).await;
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await; // while they run (deliberate)
         let small = gw
             .modern(
                 "tok-a",
@@ -882,26 +883,38 @@ async fn a_principal_has_at_most_four_large_requests_in_flight() {
                 json!({"name": "alpha__echo", "arguments": {"text": "small"}}),
             )
             .await;
-        let other = gw.post(Some("tok-b"), &slow(10), &[]).await;
-        (refused, small, other)
+        let other = gw
+            .post(Some("tok-b"), &call("alpha__echo", 0, 10), &[])
+            .await;
+        (small, other)
     };
-    let (held, (refused, small, other)) = tokio::join!(held, probe);
-    // Errors only in the messages: the answers echo 70 KiB.
-    assert_eq!(refused.0, 503, "{}", refused.1["error"]);
-    assert_eq!(refused.1["error"]["code"], -32000, "{}", refused.1["error"]);
+    let (held, (small, other)) = tokio::join!(held, meanwhile);
+    // Statuses and errors only in the messages: the answers echo 240 KiB.
+    let statuses: Vec<u16> = held.iter().map(|r| r.0).collect();
+    let refused: Vec<_> = held.iter().filter(|r| r.0 == 503).collect();
+    assert_eq!(refused.len(), 1, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        4,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        refused[0].1["error"]["code"], -32000,
+        "{}",
+        refused[0].1["error"]
+    );
+    assert_eq!(refused[0].2["retry-after"], "1");
+    // Small bodies take none of it, and another principal has its own.
     assert_eq!(result_text(&small.1), "small", "{}", small.1);
     assert_eq!(
         other.0, 200,
         "another principal is not held back: {}",
         other.1["error"]
     );
-    assert!(
-        held.iter().all(|r| r.0 == 200),
-        "{:?}",
-        held.iter().map(|r| r.0).collect::<Vec<_>>()
-    );
-    // Their slots are free again.
-    let again = gw.post(Some("tok-a"), &slow(11), &[]).await;
+    // Their bytes are free again.
+    let again = gw
+        .post(Some("tok-a"), &call("alpha__echo", 0, 11), &[])
+        .await;
     assert_eq!(again.0, 200, "{}", again.1["error"]);
     gw.stop().await;
 }

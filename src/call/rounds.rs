@@ -19,7 +19,6 @@ use super::input::{
 };
 use crate::protocol::InputRequest;
 
-/// Checks one round's input requests against what was declared (see the module docs).
 /// Refuses a round of more than `max` input requests.
 fn at_most(server: &str, count: usize, max: usize) -> Result<(), CallError> {
     if count > max {
@@ -41,6 +40,7 @@ pub(crate) fn counted(server: &str, result: &Value, max: usize) -> Result<(), Ca
     at_most(server, count, max)
 }
 
+/// Checks one round's input requests against what was declared (see the module docs).
 pub(crate) fn check(
     server: &str,
     requests: &BTreeMap<String, InputRequest>,

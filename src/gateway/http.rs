@@ -47,10 +47,10 @@ const MAX_SESSIONS_PER_PRINCIPAL: usize = 64;
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
 /// A body past this is large: parsed, JSON takes many times its size in memory (a 4 MiB
-/// array of small numbers, some 64 MiB), so a principal has at most
-/// `MAX_LARGE_BODIES_PER_PRINCIPAL` of them in flight; past it, 503.
+/// array of small numbers, some 64 MiB), so a principal's large bodies in flight come to
+/// at most `LARGE_BODY_BUDGET` × `max_body_bytes` bytes; past it, 503.
 const LARGE_BODY: usize = 64 * 1024;
-const MAX_LARGE_BODIES_PER_PRINCIPAL: usize = 4;
+const LARGE_BODY_BUDGET: usize = 4;
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -192,7 +192,7 @@ struct State {
     listens: Mutex<HashMap<Principal, usize>>,
     /// Legacy GET streams open, per principal.
     gets: Mutex<HashMap<Principal, usize>>,
-    /// Requests with large bodies in flight, per principal.
+    /// Bytes of large bodies in flight, per principal.
     large_bodies: Mutex<HashMap<Principal, usize>>,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
@@ -685,24 +685,31 @@ async fn post(
     // Read whole first (a client refused mid-body sees its connection reset), held to
     // the principal's large-request slots before it is parsed.
     let large = if body.len() > LARGE_BODY {
-        let slot = PrincipalSlot::take(
+        let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+        let slot = PrincipalSlot::take_weighted(
             &state,
             &principal,
             |s| &s.large_bodies,
-            MAX_LARGE_BODIES_PER_PRINCIPAL,
+            body.len(),
+            budget,
         );
         let Some(slot) = slot else {
-            return error_reply(
+            let mut r = error_reply(
                 StatusCode::SERVICE_UNAVAILABLE,
                 None,
                 RpcError::new(
                     -32000,
                     format!(
-                        "too many requests over {LARGE_BODY} bytes in flight for agent {} (at most {MAX_LARGE_BODIES_PER_PRINCIPAL})",
+                        "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
                         principal.agent
                     ),
                 ),
             );
+            r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            return r;
         };
         Some(slot)
     } else {
@@ -789,7 +796,7 @@ async fn post(
             {
                 return refused;
             }
-            legacy_request(state, request, principal, session_id).await
+            legacy_request(state, request, principal, session_id, large).await
         }
         Message::Request(request) => {
             // The envelope first (its error is -32602 / 400), then the headers.
@@ -893,6 +900,7 @@ struct PrincipalSlot {
     state: Arc<State>,
     principal: Principal,
     count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
+    weight: usize,
 }
 
 impl PrincipalSlot {
@@ -903,16 +911,29 @@ impl PrincipalSlot {
         count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
         max: usize,
     ) -> Option<PrincipalSlot> {
+        Self::take_weighted(state, principal, count, 1, max)
+    }
+
+    /// `weight` more of `principal`'s in `count`, if that stays within `max` (one is
+    /// always let in while it holds none, however heavy).
+    fn take_weighted(
+        state: &Arc<State>,
+        principal: &Principal,
+        count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
+        weight: usize,
+        max: usize,
+    ) -> Option<PrincipalSlot> {
         let mut open = count(state).lock();
         let n = open.entry(principal.clone()).or_default();
-        if *n >= max {
+        if *n > 0 && n.saturating_add(weight) > max || *n >= max {
             return None;
         }
-        *n += 1;
+        *n = n.saturating_add(weight);
         Some(PrincipalSlot {
             state: state.clone(),
             principal: principal.clone(),
             count,
+            weight,
         })
     }
 }
@@ -921,7 +942,7 @@ impl Drop for PrincipalSlot {
     fn drop(&mut self) {
         let mut open = (self.count)(&self.state).lock();
         if let Some(n) = open.get_mut(&self.principal) {
-            *n = n.saturating_sub(1);
+            *n = n.saturating_sub(self.weight);
             if *n == 0 {
                 open.remove(&self.principal);
             }
@@ -1064,6 +1085,7 @@ async fn legacy_request(
     request: Request,
     principal: Principal,
     session_id: Option<String>,
+    large: Option<PrincipalSlot>,
 ) -> HttpResponse {
     let idle = state.gateway.config().session_idle;
     if request.method == "initialize" {
@@ -1162,6 +1184,8 @@ async fn legacy_request(
         let cancel = cancel.clone();
         async move {
             let _entry = entry;
+            // Held while the call's params are.
+            let _large = large;
             let client = Client::Legacy {
                 client: &client,
                 peer: Some(&peer),

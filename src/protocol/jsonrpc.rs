@@ -205,14 +205,25 @@ impl Message {
     pub fn parse(bytes: &[u8]) -> Result<Message, ProtocolError> {
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
         if first == Some(&b'[') {
-            return Err(ProtocolError::Batch);
+            // A batch if it is JSON at all (checked without building it).
+            let json = std::str::from_utf8(bytes)
+                .is_ok_and(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok());
+            return Err(if json {
+                ProtocolError::Batch
+            } else {
+                ProtocolError::InvalidJson("a [ that is not JSON".into())
+            });
         }
         // Checked once here: from bytes, serde_json checks every string on its own
         // (1.4k instructions of a tool result's parse), from a `str` never again.
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ProtocolError::InvalidJson(format!("not UTF-8: {e}")))?;
-        let raw: RawMessage =
-            serde_json::from_str(text).map_err(|e| ProtocolError::InvalidJson(e.to_string()))?;
+        // JSON of the wrong shape (a number for `method`, a string, `null`) is not a
+        // JSON-RPC message; only what is not JSON is a parse error.
+        let raw: RawMessage = serde_json::from_str(text).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ProtocolError::Malformed(e.to_string()),
+            _ => ProtocolError::InvalidJson(e.to_string()),
+        })?;
         if raw.jsonrpc.as_ref().map(|v| &*v.0) != Some("2.0") {
             return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
         }
@@ -589,6 +600,18 @@ mod tests {
             Err(ProtocolError::Batch)
         );
         assert!(matches!(parse("{nope"), Err(ProtocolError::InvalidJson(_))));
+        assert!(matches!(parse("[nope"), Err(ProtocolError::InvalidJson(_))));
+        for wrong_shape in [
+            r#"{"jsonrpc":"2.0","method":1,"id":1}"#,
+            r#""str""#,
+            "42",
+            "null",
+        ] {
+            assert!(
+                matches!(parse(wrong_shape), Err(ProtocolError::Malformed(_))),
+                "{wrong_shape}"
+            );
+        }
         assert!(matches!(
             parse(r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#),
             Err(ProtocolError::Malformed(_))
