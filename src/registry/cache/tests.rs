@@ -16,7 +16,18 @@ fn config(dir: Option<PathBuf>) -> CacheConfig {
 }
 
 fn page(cache: &ListCache, list: ListOf<'_>, ctx: Option<&str>, result: Value) -> Option<Page> {
-    let (key, ttl) = cache.key_for(list, None, ctx, &result)?;
+    page_at(cache, list, None, ctx, result)
+}
+
+/// The page `result` of `list` at `cursor`, as a fetch would store it.
+fn page_at(
+    cache: &ListCache,
+    list: ListOf<'_>,
+    cursor: Option<&str>,
+    ctx: Option<&str>,
+    result: Value,
+) -> Option<Page> {
+    let (key, ttl) = cache.key_for(list, cursor, ctx, &result)?;
     Some(Page {
         key,
         ttl,
@@ -327,29 +338,14 @@ fn many_tiny_pages_are_counted_with_their_keys_against_the_budget() {
         max_bytes: 64 * 1024,
         ..config(None)
     });
-    // A server that names a new cursor on every page, each page two bytes of JSON.
+    // A server that names a new cursor on every page, each page 38 bytes of JSON.
     for i in 0..10_000u64 {
-        let result = json!({});
-        let (key, ttl) = cache
-            .key_for(
-                LIST,
-                Some(&format!("c{i}")),
-                None,
-                &json!({"ttlMs": 60000, "cacheScope": "public"}),
-            )
-            .expect("stored");
-        cache.put_memory(
-            &[Page {
-                key,
-                ttl,
-                bytes: json_size(&result),
-                value: Arc::new(result),
-            }],
-            cache.epoch("s"),
-        );
+        let result = json!({"ttlMs": 60000, "cacheScope": "public"});
+        let page = page_at(&cache, LIST, Some(&format!("c{i}")), None, result);
+        cache.put_memory(&[page.expect("stored")], cache.epoch("s"));
     }
     let stats = cache.stats();
-    // Counted by their pages alone, 32,768 of them would fit.
+    // Counted by their pages alone, some 1,700 of them would fit.
     assert!(
         stats.l1.entries * 256 <= 64 * 1024,
         "{} entries",
@@ -371,18 +367,8 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     let filler = "x".repeat(450);
     for i in 0..100u64 {
         let result = json!({"tools": [filler], "ttlMs": 60000 + i * 1000, "cacheScope": "public"});
-        let (key, ttl) = cache
-            .key_for(LIST, Some(&format!("c{i}")), None, &result)
-            .expect("stored");
-        cache.put(
-            vec![Page {
-                key,
-                ttl,
-                bytes: json_size(&result),
-                value: Arc::new(result),
-            }],
-            cache.epoch("s"),
-        );
+        let page = page_at(&cache, LIST, Some(&format!("c{i}")), None, result);
+        cache.put(vec![page.expect("stored")], cache.epoch("s"));
     }
     let stats = cache.stats();
     assert!(
