@@ -81,7 +81,7 @@ const EXPECTED_ERRORS: &[(&str, &str)] = &[
     ),
     (
         "unavailable",
-        "the HTTP server refusing connections while it is down",
+        "a call queued at a server whose actor was killed, never sent",
     ),
     ("overloaded", "a queue full during a restart"),
     (
@@ -723,6 +723,7 @@ impl AuditCheck {
             "server_stopped",
             "overloaded",
             "restarting",
+            "unavailable",
         ];
         for (id, (_, r)) in &finished {
             if let Some((_, Some(tag))) = started.get(id) {

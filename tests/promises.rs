@@ -328,6 +328,63 @@ async fn a_call_that_never_reached_a_server_fails_over_and_succeeds_with_the_hop
     let _ = std::fs::remove_file(record);
 }
 
+#[tokio::test]
+async fn a_call_queued_at_a_server_whose_actor_dies_fails_over_though_its_tool_is_not_retry_safe() {
+    let audit = temp_file("unavailable-audit");
+    let record = temp_file("unavailable-record");
+    let mut first = with_record("first", &record, &[]);
+    first.priority = 10;
+    first.restart.min_delay = Duration::from_secs(30);
+    first.restart.max_delay = Duration::from_secs(30);
+    let mut second = demo_server("second", &[]);
+    second.restart.min_delay = Duration::from_millis(1500);
+    second.restart.max_delay = Duration::from_millis(1500);
+    let mut cfg = config(vec![first, second]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    // The lists come from the cache from now on, so both stay candidates while down.
+    h.list_tools(&a()).await.expect("list");
+    for server in ["first", "second"] {
+        let _ = h
+            .call_tool(&a(), &format!("{server}__crash"), json!({}))
+            .await;
+        assert!(wait_state(&h, server, ServerState::Restarting).await);
+    }
+    let before = calls_in(&record).len();
+    // `server_name` is not retry-safe (annotations are not trusted by default): only a
+    // request that never left the harness may go to another server.
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "server_name", json!({})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.server_actor("first").expect("first's actor").kill();
+    let r = call.await.expect("join").expect("failed over");
+    assert_eq!(text(&r), "second");
+    h.shutdown().await;
+    assert_eq!(
+        calls_in(&record).len(),
+        before,
+        "the first server never got it"
+    );
+    let record_of = audit_records(&audit)
+        .into_iter()
+        .find(|r| r["event"] == "finished" && r["server"] == "second" && r["outcome"] == "ok")
+        .expect("served by second");
+    assert_eq!(record_of["hops"][0]["server"], "first");
+    assert!(
+        record_of["hops"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unavailable")),
+        "{record_of}"
+    );
+    let _ = std::fs::remove_file(audit);
+    let _ = std::fs::remove_file(record);
+}
+
 // --- Input rounds ------------------------------------------------------------------
 
 /// Answers only once `n` requests wait at once: a sequential caller never gets past it.

@@ -359,9 +359,7 @@ async fn drive(
             || (candidate.retry_safe
                 && matches!(
                     error,
-                    ServerError::TransportClosed { .. }
-                        | ServerError::Unavailable { .. }
-                        | ServerError::Transport { .. }
+                    ServerError::TransportClosed { .. } | ServerError::Transport { .. }
                 ));
         // With no time left there is no next server to try.
         if more && safe && !deadline.remaining().is_zero() {

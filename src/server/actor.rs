@@ -485,7 +485,7 @@ impl ServerActorState {
     /// here) is not sent, and one whose caller goes while it runs is dropped, which
     /// cancels it on the server: run for nobody, it could only be unnoted, and a legacy
     /// server's questions during it would be taken for another call's.
-    async fn send_on(&self, live: LiveConnection, outgoing: Outgoing, mut reply: RequestReply) {
+    async fn send_on(&self, live: LiveConnection, outgoing: Outgoing, reply: RequestReply) {
         if reply.is_closed() {
             return;
         }
@@ -497,6 +497,12 @@ impl ServerActorState {
             }));
             return;
         }
+        // From here the request may reach the server: lost unanswered, it must not
+        // read as `Unavailable` (never sent, free to go to another server).
+        let mut reply = SentReply {
+            reply: Some(reply),
+            server: self.id().to_string(),
+        };
         let server = self.args.server.clone();
         let mut call = Box::pin(async move {
             let timeout = outgoing.left();
@@ -523,14 +529,12 @@ impl ServerActorState {
         })
         .await;
         if let std::task::Poll::Ready(result) = first {
-            let _ = reply.send(result);
+            reply.send(result);
             return;
         }
         let rest = async move {
             tokio::select! {
-                result = call => {
-                    let _ = reply.send(result);
-                }
+                result = call => reply.send(result),
                 () = reply.closed() => {}
             }
         };
@@ -776,4 +780,42 @@ fn drain_and_stop(old: Attempt, limit: Duration) {
             .await;
         old.actor.kill();
     });
+}
+
+/// The reply to a request that may have reached its server. Dropped unanswered (its
+/// task panicked, or was dropped with the runtime), it answers that the transport lost
+/// the request: the caller's closed channel alone would read as `Unavailable`, which
+/// lets the request go to another server.
+struct SentReply {
+    reply: Option<RequestReply>,
+    server: String,
+}
+
+impl SentReply {
+    fn send(&mut self, result: Result<serde_json::Value, ServerError>) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(result);
+        }
+    }
+
+    /// Ready when the caller has gone.
+    async fn closed(&mut self) {
+        match self.reply.as_mut() {
+            Some(reply) => reply.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for SentReply {
+    fn drop(&mut self) {
+        let server = std::mem::take(&mut self.server);
+        self.send(Err(ServerError::TransportClosed {
+            server,
+            source: TransportError::Closed {
+                exit: None,
+                detail: Some("the request's task ended without its answer".into()),
+            },
+        }));
+    }
 }

@@ -58,7 +58,9 @@ pub enum ServerError {
         /// The queue's capacity.
         capacity: usize,
     },
-    /// The server's actor went away with the request (it is being rebuilt).
+    /// The server's actor went away before it sent the request (it is being rebuilt):
+    /// the request never left the harness. A request it had sent and then lost is
+    /// [`ServerError::TransportClosed`] instead.
     #[error("server {server} is unavailable: its actor stopped")]
     Unavailable {
         /// Server id.
@@ -117,7 +119,8 @@ impl ServerError {
             ServerError::Restarting { .. }
             | ServerError::Failed { .. }
             | ServerError::Stopped { .. }
-            | ServerError::Overloaded { .. } => true,
+            | ServerError::Overloaded { .. }
+            | ServerError::Unavailable { .. } => true,
             _ => false,
         }
     }

@@ -356,7 +356,8 @@ impl ServerRef {
                 source: TransportError::Timeout(timeout),
             }),
             Ok(Ok(result)) => result,
-            // The actor died holding the request (it is being rebuilt).
+            // The actor died holding the request, unsent (it is being rebuilt): one
+            // it had sent answers for itself even when lost (`SentReply`).
             Ok(Err(_)) => Err(unavailable()),
             Err(_) => Err(ServerError::Transport {
                 server: self.id().to_string(),
