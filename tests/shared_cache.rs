@@ -6,6 +6,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mcp_harness::registry::cache::shared::SharedConfig;
@@ -793,4 +794,57 @@ async fn a_generation_set_back_in_redis_after_an_invalidation_is_moved_past_not_
     assert_eq!(count(&record, "tools/list"), asked + 1);
     later.shutdown().await;
     let _ = std::fs::remove_file(record);
+}
+
+/// A page's cursor is the server's to choose and is stored beside the page: a page that
+/// with its key is longer than a lookup reads is not written (it could never be read
+/// back, and every listing would pay a miss, a long read and a refusal).
+#[tokio::test]
+async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() {
+    use mcp_harness::registry::cache::shared::SharedCache;
+    use mcp_harness::registry::cache::{CacheKey, Page, json_size};
+    let redis = Redis::start().await;
+    let layer = SharedCache::new(SharedConfig {
+        max_entry_bytes: 1024,
+        ..shared(redis.url(), &["s"])
+    })
+    .expect("layer");
+    let generation = layer.generation("s").await.expect("Redis is up");
+    let value = Arc::new(json!({"tools": [], "cacheScope": "public", "ttlMs": 60000}));
+    let key = |cursor: String| CacheKey {
+        server: "s".into(),
+        fingerprint: "f".into(),
+        method: "tools/list".into(),
+        param: Some(cursor),
+        scope: "public".into(),
+    };
+    let page = |cursor: String| Page {
+        key: key(cursor),
+        ttl: Duration::from_secs(60),
+        bytes: json_size(&value),
+        value: value.clone(),
+    };
+    // 6 KiB of control characters escape to six times that.
+    let long = "\u{1}".repeat(6 << 10);
+    layer.put(
+        &[page("c1".into()), page(long.clone())],
+        "2026-07-28",
+        generation,
+    );
+    layer.drain(Duration::from_secs(5)).await;
+    assert!(
+        layer
+            .get(&key("c1".into()), "2026-07-28")
+            .await
+            .hit
+            .is_some()
+    );
+    assert!(layer.get(&key(long), "2026-07-28").await.hit.is_none());
+    let stats = layer.stats();
+    assert_eq!(
+        stats.rejected, 0,
+        "nothing read back was refused: {stats:?}"
+    );
+    assert_eq!((stats.writes, stats.dropped_writes), (1, 1), "{stats:?}");
+    assert_eq!(page_keys(&redis).await.len(), 1);
 }

@@ -23,7 +23,12 @@
 //! jitter, up to 30 s) before it is tried again; the first failure is logged, and the
 //! recovery. Writes go in the background through one writer task, which sends what is
 //! queued as one pipeline; at most [`MAX_QUEUED_WRITES`] pages wait (more are dropped
-//! and counted).
+//! and counted). A page is written only if a lookup can read it back whole: its key
+//! (a server's cursor among it) and envelope count against `max_entry_bytes` plus 4 KiB.
+//!
+//! An invalidation message longer than 4 KiB is ignored, but only after the Redis client
+//! has read it (redis-rs sets no limit): what bounds it is Redis's own
+//! `client-output-buffer-limit pubsub`.
 //!
 //! Invalidation: each shared server has a generation in Redis (`PREFIX:gen:SERVER`),
 //! read with every lookup and stored with every page; a page of another generation is
@@ -62,6 +67,9 @@ const GENERATION_READ: usize = 32;
 
 /// Pages waiting to be written to Redis; past it a write is dropped (and counted).
 pub const MAX_QUEUED_WRITES: usize = 4096;
+
+/// What an entry may hold beyond its page: its key (the cursor among it), envelope and tag.
+const ENVELOPE_BYTES: usize = 4096;
 
 /// Bytes of the pages waiting to be written; past it a write is dropped (and counted).
 pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
@@ -476,6 +484,12 @@ impl SharedCache {
         format!("{}:list:{}:{digest}", self.config.prefix, key.server)
     }
 
+    /// The most of an entry a lookup reads: the page's limit, and its key, envelope
+    /// and tag (a page written longer than this is not written at all).
+    fn entry_limit(&self) -> usize {
+        self.config.max_entry_bytes.saturating_add(ENVELOPE_BYTES)
+    }
+
     fn usable(&self) -> bool {
         self.health
             .lock()
@@ -642,7 +656,7 @@ impl SharedCache {
         }
         let redis_key = self.redis_key(key, protocol);
         // Read no more than an entry may hold: a longer value is cut, and refused.
-        let limit = self.config.max_entry_bytes + 4096;
+        let limit = self.entry_limit();
         let gen_key = self.generation_key(&key.server);
         // A server without a generation gets a random one (not 0): should Redis lose the
         // key (eviction, an old snapshot), pages of before are not matched by chance.
@@ -762,12 +776,15 @@ impl SharedCache {
             if page.key.scope != "public" || !self.in_use(&page.key.server) {
                 continue;
             }
-            if page.bytes > self.config.max_entry_bytes {
+            // A cursor is the server's to choose, and written beside the page: with a
+            // long one the entry outgrows what a lookup reads (checked exactly below).
+            let cursor = page.key.param.as_ref().map_or(0, String::len);
+            if page.bytes > self.config.max_entry_bytes
+                || page.bytes.saturating_add(cursor) > self.entry_limit()
+            {
                 self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let full =
-                self.pending_bytes.load(Ordering::Relaxed) + page.bytes as u64 > MAX_QUEUED_BYTES;
             let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
             let stored = serde_json::json!({
                 "generation": generation,
@@ -781,13 +798,22 @@ impl SharedCache {
             });
             let redis_key = self.redis_key(&page.key, protocol);
             let body = match serde_json::to_vec(&stored) {
-                Ok(body) if !full => seal_entry(self.key.as_deref(), &redis_key, body),
-                _ => {
+                Ok(body) => seal_entry(self.key.as_deref(), &redis_key, body),
+                Err(_) => {
                     self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             };
             let size = body.len() as u64;
+            // Written, it could never be read back (a lookup reads `entry_limit` bytes);
+            // queued, the whole entry counts against the queue's bound.
+            if body.len() > self.entry_limit()
+                || self.pending_bytes.load(Ordering::Relaxed) + size > MAX_QUEUED_BYTES
+            {
+                tracing::debug!(server = %page.key.server, method = %page.key.method, bytes = body.len(), "page not shared: too long with its key, or the write queue is full");
+                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             self.pending.fetch_add(1, Ordering::SeqCst);
             self.pending_bytes.fetch_add(size, Ordering::SeqCst);
             if self.writes.try_send((redis_key, body, ms)).is_err() {
