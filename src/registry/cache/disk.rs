@@ -171,7 +171,17 @@ pub(super) fn remove_where(dir: &Path, server: &str, drop: impl Fn(&CacheKey) ->
     }
 }
 
-fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
+/// One of a server's entry files, not read yet.
+struct Listed {
+    path: PathBuf,
+    /// Its length in bytes.
+    len: u64,
+    modified: std::time::SystemTime,
+}
+
+/// `server`'s entry files (plain files of the names this layer makes), nothing read;
+/// stale temporary files are removed on the way.
+fn list_server(server_dir: &Path) -> Vec<Listed> {
     let mut out = Vec::new();
     if !usable(server_dir, false) {
         if std::fs::symlink_metadata(server_dir).is_ok() {
@@ -192,12 +202,11 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
         // The entry's own type (a link is a link here): only plain files are read or
         // removed.
         let plain = file.file_type().is_ok_and(|t| t.is_file());
+        let meta = file.metadata().ok();
+        let modified = meta.as_ref().and_then(|m| m.modified().ok());
         if plain
             && path.extension().is_some_and(|e| e == "tmp")
-            && file
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
+            && modified
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > STALE_TMP)
         {
@@ -211,38 +220,74 @@ fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
             tracing::warn!(path = %path.display(), "ignoring a cache entry that is not a plain file");
             continue;
         }
-        // What cannot be read now (too large, swapped for a link, out of descriptors)
-        // is skipped, not removed: only what was read and is not an entry goes.
-        let Some(bytes) = read_plain(&path) else {
-            tracing::warn!(path = %path.display(), "ignoring a cache file that cannot be read whole");
-            continue;
-        };
-        let entry = serde_json::from_slice::<Entry>(&bytes).ok();
-        let named_right = |e: &Entry| {
-            e.key.server == server
-                && path.file_name().and_then(|n| n.to_str()) == Some(file_name(&e.key).as_str())
-        };
-        match entry {
-            Some(e) if named_right(&e) => out.push((path, e)),
-            _ => {
-                tracing::warn!(path = %path.display(), "ignoring a cache file whose name is not the hash of its key");
-                let _ = std::fs::remove_file(&path);
-            }
-        }
+        out.push(Listed {
+            path,
+            len: meta.map_or(0, |m| m.len()),
+            modified: modified.unwrap_or(std::time::UNIX_EPOCH),
+        });
     }
     out
 }
 
-/// Reads every fresh entry under `dir`; expired and untrustworthy files are removed.
-/// What a file says of itself is held to the rules a fresh page follows: fresh for at
-/// most `max_ttl` from now, its size counted again.
-pub(super) fn load(dir: &Path, max_ttl: Duration) -> HashMap<CacheKey, Entry> {
+#[cfg(test)]
+thread_local! {
+    /// Entry files read on this thread (what a test of the budget counts).
+    pub(super) static FILES_READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The entry in `path`, a file of `server`'s; one whose name is not the hash of its key
+/// is removed.
+fn read_entry(path: &Path, server: &str) -> Option<Entry> {
+    #[cfg(test)]
+    FILES_READ.with(|n| n.set(n.get() + 1));
+    // What cannot be read now (too large, swapped for a link, out of descriptors)
+    // is skipped, not removed: only what was read and is not an entry goes.
+    let Some(bytes) = read_plain(path) else {
+        tracing::warn!(path = %path.display(), "ignoring a cache file that cannot be read whole");
+        return None;
+    };
+    match serde_json::from_slice::<Entry>(&bytes) {
+        Ok(e)
+            if e.key.server == server
+                && path.file_name().and_then(|n| n.to_str())
+                    == Some(file_name(&e.key).as_str()) =>
+        {
+            Some(e)
+        }
+        _ => {
+            tracing::warn!(path = %path.display(), "ignoring a cache file whose name is not the hash of its key");
+            let _ = std::fs::remove_file(path);
+            None
+        }
+    }
+}
+
+fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
+    list_server(server_dir)
+        .into_iter()
+        .filter_map(|f| read_entry(&f.path, server).map(|e| (f.path, e)))
+        .collect()
+}
+
+/// Reads the fresh entries under `dir`, newest first, as long as they fit in
+/// `max_bytes`: a file past it is removed unread, so what loading holds follows the
+/// budget, not the directory (which processes sharing it, or a larger budget before,
+/// may have filled). Expired and untrustworthy files are removed, and every file of a
+/// server `skip` names (another process may have invalidated it while this one was
+/// down). What a file says of itself is held to the rules a fresh page follows: fresh
+/// for at most `max_ttl` from now, its size counted again.
+pub(super) fn load(
+    dir: &Path,
+    max_ttl: Duration,
+    max_bytes: usize,
+    skip: impl Fn(&str) -> bool,
+) -> HashMap<CacheKey, Entry> {
     let now = now_ms();
     let mut entries = HashMap::new();
     let Ok(servers) = std::fs::read_dir(dir) else {
         return entries;
     };
-    let latest = now.saturating_add(max_ttl.as_millis() as u64);
+    let mut listed = Vec::new();
     for server in servers.flatten() {
         let Some(name) = server.file_name().to_str().map(String::from) else {
             continue;
@@ -251,16 +296,40 @@ pub(super) fn load(dir: &Path, max_ttl: Duration) -> HashMap<CacheKey, Entry> {
         {
             continue;
         }
-        for (path, mut entry) in read_server(&server.path(), &name) {
-            if entry.expires_unix_ms > now {
-                entry.expires_unix_ms = entry.expires_unix_ms.min(latest);
-                entry.ttl_ms = entry.ttl_ms.min(max_ttl.as_millis() as u64);
-                entry.bytes = json_size(&entry.value);
-                entries.insert(entry.key.clone(), entry);
-            } else {
-                let _ = std::fs::remove_file(path);
+        let files = list_server(&server.path());
+        if skip(&name) {
+            for f in files {
+                let _ = std::fs::remove_file(f.path);
             }
+            continue;
         }
+        listed.extend(files.into_iter().map(|f| (name.clone(), f)));
+    }
+    listed.sort_unstable_by_key(|(_, f)| std::cmp::Reverse(f.modified));
+    let latest = now.saturating_add(max_ttl.as_millis() as u64);
+    let mut left = max_bytes;
+    for (server, file) in listed {
+        // A file holds its page and its key's strings, so with the entry's overhead its
+        // length is at least what the entry will cost: one that cannot fit is not read.
+        let most = usize::try_from(file.len)
+            .unwrap_or(usize::MAX)
+            .saturating_add(super::ENTRY_OVERHEAD);
+        if most > left {
+            let _ = std::fs::remove_file(&file.path);
+            continue;
+        }
+        let Some(mut entry) = read_entry(&file.path, &server) else {
+            continue;
+        };
+        if entry.expires_unix_ms <= now {
+            let _ = std::fs::remove_file(&file.path);
+            continue;
+        }
+        entry.expires_unix_ms = entry.expires_unix_ms.min(latest);
+        entry.ttl_ms = entry.ttl_ms.min(max_ttl.as_millis() as u64);
+        entry.bytes = json_size(&entry.value);
+        left = left.saturating_sub(entry.cost());
+        entries.insert(entry.key.clone(), entry);
     }
     entries
 }

@@ -405,27 +405,24 @@ impl ListCache {
             // Logged by `prepare`; memory alone serves.
             config.dir = None;
         }
+        // A shared server's lists may have been invalidated by another process while
+        // this one was down, and that word went to those listening: they are read from
+        // the shared layer or the server again, not from files that missed it.
+        let shared = |server: &str| {
+            config
+                .shared
+                .as_ref()
+                .is_some_and(|s| s.servers.iter().any(|x| x == server))
+        };
         let mut l2 = Layer::new(
             config
                 .dir
                 .as_deref()
-                .map(|d| disk::load(d, config.max_ttl))
+                .map(|d| disk::load(d, config.max_ttl, config.max_bytes, shared))
                 .unwrap_or_default(),
         );
-        // A shared server's lists may have been invalidated by another process while
-        // this one was down, and that word went to those listening: they are read from
-        // the shared layer or the server again, not from files that missed it.
-        if let (Some(dir), Some(shared)) = (&config.dir, &config.shared) {
-            l2.retain(|key, _| {
-                let shared = shared.servers.contains(&key.server);
-                if shared {
-                    disk::remove(dir, key);
-                }
-                !shared
-            });
-        }
-        // Files past the budget (written by another process sharing the directory, or
-        // under a larger budget) are let go, soonest to expire first.
+        // Loading kept to the budget by the files' sizes; what the entries cost once
+        // read is held to it too.
         if let Some(dir) = &config.dir {
             let mut dropped = Vec::new();
             Self::make_room(&mut l2, now_ms(), &[], config.max_bytes, &mut dropped);

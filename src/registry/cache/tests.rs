@@ -420,6 +420,59 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_restart_reads_only_the_newest_files_that_fit_its_budget() {
+    let dir = temp_dir("load-budget");
+    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let filler = "x".repeat(1000);
+    for i in 0..100u64 {
+        let result = json!({"tools": [filler], "ttlMs": 600000, "cacheScope": "public"});
+        let page = page_at(&cache, LIST, Some(&format!("c{i}")), None, result);
+        cache.put(vec![page.expect("stored")], cache.epoch("s"));
+    }
+    drop(cache);
+    // The page at c{i} written i seconds after the first.
+    let base = std::time::SystemTime::now() - Duration::from_secs(3600);
+    for file in std::fs::read_dir(dir.join("s")).expect("dir").flatten() {
+        let entry: Value =
+            serde_json::from_slice(&std::fs::read(file.path()).expect("read")).expect("an entry");
+        let Some(i) = entry["key"]["param"]
+            .as_str()
+            .and_then(|c| c.strip_prefix('c'))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let f = std::fs::File::options()
+            .write(true)
+            .open(file.path())
+            .expect("open");
+        f.set_modified(base + Duration::from_secs(i))
+            .expect("mtime");
+    }
+    super::disk::FILES_READ.with(|n| n.set(0));
+    let smaller = ListCache::new(CacheConfig {
+        max_bytes: 16 << 10,
+        ..config(Some(dir.to_path_buf()))
+    });
+    let read = super::disk::FILES_READ.with(|n| n.get());
+    let stats = smaller.stats();
+    // About 1.3 KB each with its key and overhead: a dozen fit, and no more are read.
+    assert!(stats.l2.entries >= 8, "{stats:?}");
+    assert!(read <= 16, "{read} of 100 files read for a 16 KiB budget");
+    assert!(
+        smaller.get(LIST, Some("c99"), None).is_some(),
+        "the newest stays"
+    );
+    assert!(smaller.get(LIST, Some("c0"), None).is_none());
+    let files = std::fs::read_dir(dir.join("s")).expect("dir").count();
+    assert_eq!(
+        files, stats.l2.entries,
+        "the files past the budget are removed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
