@@ -209,7 +209,13 @@ impl Harness {
         // Reading the disk layer is blocking I/O.
         let cache = tokio::task::spawn_blocking(move || ListCache::new(cache_config))
             .await
-            .map_err(|e| HarnessError::Spawn(format!("reading the disk cache: {e}")))?;
+            .map_err(|e| HarnessError::Spawn(format!("reading the disk cache: {e}")))?
+            .map_err(|e| {
+                HarnessError::Config(crate::config::ConfigError::new(
+                    format!("cache.{}", e.0.field),
+                    e.0.reason,
+                ))
+            })?;
         let shared = match config.cache.shared.clone() {
             Some(shared) => Some(SharedCache::new(shared).map_err(|e| {
                 HarnessError::Config(crate::config::ConfigError::new(

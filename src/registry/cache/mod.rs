@@ -102,6 +102,12 @@ impl CacheConfig {
     }
 }
 
+/// Why a cache could not be made: a setting out of range (a zero budget would empty
+/// the disk layer's directory; a duration past ten years overflows an expiry).
+#[derive(Debug, thiserror::Error)]
+#[error("cache: {0}")]
+pub struct CacheError(pub Invalid);
+
 /// Where a cached page is looked up.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheKey {
@@ -395,9 +401,11 @@ pub struct ListCache {
 }
 
 impl ListCache {
-    /// A cache with these settings; the disk layer is loaded now (blocking I/O: call it
-    /// off the async threads), skipping entries that expired while the harness was down.
-    pub fn new(config: CacheConfig) -> ListCache {
+    /// A cache with these settings, checked first ([`CacheConfig::validate`]); the disk
+    /// layer is loaded now (blocking I/O: call it off the async threads), skipping
+    /// entries that expired while the harness was down.
+    pub fn new(config: CacheConfig) -> Result<ListCache, CacheError> {
+        config.validate().map_err(CacheError)?;
         let mut config = config;
         if let Some(dir) = &config.dir
             && !disk::prepare(dir)
@@ -436,7 +444,7 @@ impl ListCache {
             }
             None => crate::util::secret::random_key(),
         };
-        ListCache {
+        Ok(ListCache {
             scope_key,
             config,
             l1: RwLock::new(Layer::default()),
@@ -446,7 +454,7 @@ impl ListCache {
             invalidations: AtomicU64::new(0),
             epochs: RwLock::new(HashMap::new()),
             private_scopes: RwLock::new(HashMap::new()),
-        }
+        })
     }
 
     /// The settings.

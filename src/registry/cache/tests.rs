@@ -52,7 +52,7 @@ fn temp_dir(tag: &str) -> crate::util::scratch::Scratch {
 
 #[test]
 fn private_entries_stay_within_their_auth_context() {
-    let cache = ListCache::new(config(None));
+    let cache = ListCache::new(config(None)).expect("valid");
     assert!(put(
         &cache,
         Some("alice"),
@@ -89,7 +89,7 @@ fn private_entries_stay_within_their_auth_context() {
 
 #[test]
 fn private_results_without_a_context_are_not_stored_and_public_ones_are_shared() {
-    let cache = ListCache::new(config(None));
+    let cache = ListCache::new(config(None)).expect("valid");
     assert!(!put(&cache, None, json!({"tools": [], "ttlMs": 60000})));
     assert!(put(
         &cache,
@@ -102,7 +102,7 @@ fn private_results_without_a_context_are_not_stored_and_public_ones_are_shared()
 
 #[test]
 fn ttl_comes_from_the_server_else_the_default_and_zero_is_not_stored() {
-    let cache = ListCache::new(config(None));
+    let cache = ListCache::new(config(None)).expect("valid");
     assert!(!put(
         &cache,
         None,
@@ -124,7 +124,8 @@ fn a_servers_ttl_is_capped_at_max_ttl() {
     let cache = ListCache::new(CacheConfig {
         max_ttl: Duration::from_secs(3600),
         ..config(None)
-    });
+    })
+    .expect("valid");
     // A hostile server asks for a year.
     let (_, ttl) = cache
         .key_for(
@@ -153,7 +154,7 @@ fn a_servers_ttl_is_capped_at_max_ttl() {
 
 #[test]
 fn a_server_changed_under_the_same_id_never_serves_its_old_entries() {
-    let cache = ListCache::new(config(None));
+    let cache = ListCache::new(config(None)).expect("valid");
     assert!(put(
         &cache,
         None,
@@ -169,7 +170,7 @@ fn a_server_changed_under_the_same_id_never_serves_its_old_entries() {
 
 #[test]
 fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
-    let cache = ListCache::new(config(None));
+    let cache = ListCache::new(config(None)).expect("valid");
     let p = page(
         &cache,
         LIST,
@@ -187,14 +188,14 @@ fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
 fn the_disk_layer_survives_a_new_cache() {
     let dir = temp_dir("survive");
     {
-        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
         assert!(put(
             &cache,
             None,
             json!({"tools": ["x"], "ttlMs": 60000, "cacheScope": "public"})
         ));
     }
-    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert_eq!(
         cache.get(LIST, None, None).expect("from disk").value["tools"][0],
         "x"
@@ -209,7 +210,7 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
     use std::os::unix::fs::PermissionsExt;
     let dir = temp_dir("trust");
     {
-        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
         assert!(put(
             &cache,
             None,
@@ -243,7 +244,7 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
         dir.join("other").join(files[0].file_name().expect("name")),
     )
     .expect("copy");
-    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert_eq!(
         cache.stats().l2.entries,
         1,
@@ -259,7 +260,7 @@ fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
 fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_removed() {
     let dir = temp_dir("links");
     {
-        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
         assert!(put(
             &cache,
             None,
@@ -281,7 +282,7 @@ fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_remo
     std::fs::File::create(&huge)
         .and_then(|f| f.set_len(65 << 20))
         .expect("sparse file");
-    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert_eq!(cache.stats().l2.entries, 1, "the real entry only");
     assert!(precious.exists(), "nothing behind the link is removed");
     assert!(fifo.exists(), "a pipe is skipped, never opened for long");
@@ -300,7 +301,7 @@ fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_remo
 fn a_loaded_entry_is_held_to_max_ttl_and_its_real_size() {
     let dir = temp_dir("forged");
     {
-        let cache = ListCache::new(config(Some(dir.to_path_buf())));
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
         assert!(put(
             &cache,
             None,
@@ -321,7 +322,8 @@ fn a_loaded_entry_is_held_to_max_ttl_and_its_real_size() {
     let cache = ListCache::new(CacheConfig {
         max_ttl: Duration::from_secs(120),
         ..config(Some(dir.to_path_buf()))
-    });
+    })
+    .expect("valid");
     let hit = cache.get(LIST, None, None).expect("loaded");
     assert!(
         hit.remaining <= Duration::from_secs(120),
@@ -337,7 +339,8 @@ fn many_tiny_pages_are_counted_with_their_keys_against_the_budget() {
     let cache = ListCache::new(CacheConfig {
         max_bytes: 64 * 1024,
         ..config(None)
-    });
+    })
+    .expect("valid");
     // A server that names a new cursor on every page, each page 38 bytes of JSON.
     for i in 0..10_000u64 {
         let result = json!({"ttlMs": 60000, "cacheScope": "public"});
@@ -361,7 +364,8 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     let cache = ListCache::new(CacheConfig {
         max_bytes: 4096,
         ..config(Some(dir.to_path_buf()))
-    });
+    })
+    .expect("valid");
     // A server that names a new cursor on every listing, or a caller per auth context:
     // keys without end. Pages of about 500 bytes, the later ones fresher.
     let filler = "x".repeat(450);
@@ -413,7 +417,8 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     let smaller = ListCache::new(CacheConfig {
         max_bytes: 2048,
         ..config(Some(dir.to_path_buf()))
-    });
+    })
+    .expect("valid");
     assert!(smaller.stats().l2.bytes <= 2048);
     let files = std::fs::read_dir(dir.join("s")).expect("dir").count();
     assert_eq!(files, smaller.stats().l2.entries);
@@ -423,7 +428,7 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
 #[test]
 fn a_restart_reads_only_the_newest_files_that_fit_its_budget() {
     let dir = temp_dir("load-budget");
-    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     let filler = "x".repeat(1000);
     for i in 0..100u64 {
         let result = json!({"tools": [filler], "ttlMs": 600000, "cacheScope": "public"});
@@ -454,7 +459,8 @@ fn a_restart_reads_only_the_newest_files_that_fit_its_budget() {
     let smaller = ListCache::new(CacheConfig {
         max_bytes: 16 << 10,
         ..config(Some(dir.to_path_buf()))
-    });
+    })
+    .expect("valid");
     let read = super::disk::FILES_READ.with(|n| n.get());
     let stats = smaller.stats();
     // About 1.3 KB each with its key and overhead: a dozen fit, and no more are read.
@@ -470,6 +476,62 @@ fn a_restart_reads_only_the_newest_files_that_fit_its_budget() {
         files, stats.l2.entries,
         "the files past the budget are removed"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cache_built_in_code_refuses_what_the_config_file_would() {
+    let dir = temp_dir("unchecked");
+    {
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+        assert!(put(
+            &cache,
+            None,
+            json!({"tools": [], "ttlMs": 60000, "cacheScope": "public"})
+        ));
+    }
+    let past = crate::util::duration::LONGEST + Duration::from_secs(1);
+    let refused = |c: CacheConfig| ListCache::new(c).err().map(|e| e.0.field);
+    let with_dir = || config(Some(dir.to_path_buf()));
+    // A zero budget would have emptied the directory (every file past it).
+    let zero = refused(CacheConfig {
+        max_bytes: 0,
+        ..with_dir()
+    });
+    assert_eq!(zero.as_deref(), Some("max_bytes"));
+    assert_eq!(std::fs::read_dir(dir.join("s")).expect("dir").count(), 1);
+    for (field, c) in [
+        (
+            "max_ttl",
+            CacheConfig {
+                max_ttl: Duration::ZERO,
+                ..with_dir()
+            },
+        ),
+        (
+            "max_ttl",
+            CacheConfig {
+                max_ttl: Duration::MAX,
+                ..with_dir()
+            },
+        ),
+        (
+            "default_ttl",
+            CacheConfig {
+                default_ttl: past,
+                ..with_dir()
+            },
+        ),
+        (
+            "refresh_ahead",
+            CacheConfig {
+                refresh_ahead: past,
+                ..with_dir()
+            },
+        ),
+    ] {
+        assert_eq!(refused(c).as_deref(), Some(field));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -535,15 +597,15 @@ mod properties {
         #[test]
         fn isolation_freshness_and_liveness_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..60)) {
             let dir = temp_dir(&format!("prop-{}", std::thread::current().name().unwrap_or("t").replace(':', "_")));
-            // The model's clock starts far in the future, so that the disk layer (which
-            // reads the wall clock) keeps what the model keeps; a loaded entry is held to
-            // max_ttl from the wall clock's now, so max_ttl reaches past the model's.
+            // The model's clock starts a year ahead, so that the disk layer (which reads
+            // the wall clock) keeps what the model keeps; a loaded entry is held to
+            // max_ttl from the wall clock's now, so max_ttl (ten years) reaches past it.
             let far = CacheConfig {
-                max_ttl: Duration::from_secs(100 * 365 * 24 * 3600),
+                max_ttl: crate::util::duration::LONGEST,
                 ..config(Some(dir.to_path_buf()))
             };
-            let mut cache = ListCache::new(far.clone());
-            let mut now = 4_000_000_000_000u64;
+            let mut cache = ListCache::new(far.clone()).expect("valid");
+            let mut now = now_ms() + 365 * 24 * 3600 * 1000;
             // The model: the last valid write per scope (public, or private per context).
             let mut public: Option<Stored> = None;
             let mut private: HashMap<u8, Stored> = HashMap::new();
@@ -588,7 +650,7 @@ mod properties {
                         // The disk layer judges freshness by the wall clock; the model's
                         // clock starts in the far future, so entries stay comparable.
                         drop(cache);
-                        cache = ListCache::new(far.clone());
+                        cache = ListCache::new(far.clone()).expect("valid");
                     }
                 }
             }
@@ -603,7 +665,7 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
     let dir = temp_dir("scope-key");
     let ctx = "alice-session";
     let plain = crate::util::hash::sha256_hex(ctx.as_bytes());
-    let first = ListCache::new(config(Some(dir.to_path_buf())));
+    let first = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert!(put(
         &first,
         Some(ctx),
@@ -626,7 +688,7 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
     assert_eq!(mode & 0o777, 0o600);
     drop(first);
     // A restarted process finds its private entry under the same key.
-    let again = ListCache::new(config(Some(dir.to_path_buf())));
+    let again = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert!(again.get(LIST, None, Some(ctx)).is_some());
     assert!(again.get(LIST, None, Some("bob")).is_none());
     assert_eq!(
@@ -635,12 +697,12 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
     );
     // Another directory (or none) has a key of its own.
     let elsewhere = temp_dir("scope-key-2");
-    let other = ListCache::new(config(Some(elsewhere.to_path_buf())));
+    let other = ListCache::new(config(Some(elsewhere.to_path_buf()))).expect("valid");
     assert_ne!(
         other.scope_key(CacheScope::Private, Some(ctx)),
         Some(scope.clone())
     );
-    let memory = ListCache::new(config(None));
+    let memory = ListCache::new(config(None)).expect("valid");
     assert_ne!(
         memory.scope_key(CacheScope::Private, Some(ctx)),
         Some(scope)
@@ -668,7 +730,7 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
     let token = tokens.join("0123.json");
     assert!(token.exists() && !old.exists(), "moved");
     assert_eq!(token_dir(&dir), tokens, "and only once");
-    let cache = ListCache::new(config(Some(dir.to_path_buf())));
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert!(put(
         &cache,
         None,
@@ -679,7 +741,7 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
     // make (a `--tokens` folder there, say).
     let foreign = dir.join("s").join("notes.json");
     std::fs::write(&foreign, "{}").expect("write");
-    let again = ListCache::new(config(Some(dir.to_path_buf())));
+    let again = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert_eq!(again.stats().l2.entries, 1);
     assert!(
         token.exists(),
