@@ -163,7 +163,10 @@ pub async fn start(
         // Sampling (when `[sampling]` is configured) asks on the terminal for the
         // agents whose policy is `approve`.
         .approver(Arc::new(crate::elicit::CliApprover))
-        .token_store(crate::sign_in::store(setup, args.tokens.as_ref()));
+        .token_store(match login {
+            true => crate::sign_in::file_store(setup, args.tokens.as_ref())?,
+            false => crate::sign_in::store(setup, args.tokens.as_ref()),
+        });
     if let Some(authorizer) = crate::sign_in::authorizer(args.sign_in, setup, login)? {
         builder = builder.authorizer(authorizer);
     }

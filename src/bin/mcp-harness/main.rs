@@ -274,7 +274,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::Login { servers, server } => (servers, Action::Login { server }),
         Command::Logout { servers, server } => {
             let setup = commands::load(&servers)?;
-            let store = sign_in::store(&setup, servers.tokens.as_ref());
+            let store = sign_in::file_store(&setup, servers.tokens.as_ref())?;
             return sign_in::logout(store.as_ref(), &server);
         }
     };

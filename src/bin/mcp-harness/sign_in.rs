@@ -1,11 +1,13 @@
 //! Sign-in from the command line: where a person signs in (`--sign-in`), where tokens
 //! are kept (`--tokens`, else the cache directory), `login` and `logout`.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use mcp_harness::transport::auth::{
-    Authorizer, FileTokenStore, HeadlessAuthorizer, LoopbackAuthorizer, TokenStore,
+    Authorizer, FileTokenStore, HeadlessAuthorizer, LoopbackAuthorizer, MemoryTokenStore,
+    TokenStore,
 };
 use mcp_harness::{HarnessHandle, ServerState, TransportSpec};
 
@@ -25,24 +27,51 @@ pub enum SignInMode {
     Headless,
 }
 
-/// The token directory: `--tokens`, else `cache.dir/__tokens`, else the user's cache.
-pub fn token_dir(setup: &Setup, given: Option<&PathBuf>) -> PathBuf {
+/// The token directory: `--tokens`, else `cache.dir/__tokens`, else the user's cache;
+/// `None` when there is no user's cache to use (a shared one, such as the temporary
+/// directory, would let another local user block or redirect the files).
+pub fn token_dir(setup: &Setup, given: Option<&PathBuf>) -> Option<PathBuf> {
     if let Some(dir) = given {
-        return dir.clone();
+        return Some(dir.clone());
     }
     if let Some(cache) = &setup.loaded.config.cache.dir {
-        return mcp_harness::registry::cache::token_dir(cache);
+        return Some(mcp_harness::registry::cache::token_dir(cache));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("mcp-harness").join("tokens")
+    user_cache(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+        .map(|base| base.join("mcp-harness").join("tokens"))
 }
 
-/// The token store the commands use.
+/// The user's cache directory: `XDG_CACHE_HOME`, else `HOME/.cache`. Empty and relative
+/// values are ignored (the XDG spec says so; a relative one would follow the working
+/// directory).
+fn user_cache(xdg: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    absolute(xdg).or_else(|| absolute(home).map(|h| h.join(".cache")))
+}
+
+/// The token store the commands use: files in [`token_dir`], or, with none, memory (the
+/// next process signs in again).
 pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
-    Arc::new(FileTokenStore::new(token_dir(setup, given)))
+    match token_dir(setup, given) {
+        Some(dir) => Arc::new(FileTokenStore::new(dir)),
+        None => {
+            eprintln!(
+                "mcp-harness: neither HOME nor XDG_CACHE_HOME is set: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
+            );
+            Arc::new(MemoryTokenStore::default())
+        }
+    }
+}
+
+/// The token files, for `login` and `logout`, whose work they are.
+pub fn file_store(setup: &Setup, given: Option<&PathBuf>) -> anyhow::Result<Arc<dyn TokenStore>> {
+    match token_dir(setup, given) {
+        Some(dir) => Ok(Arc::new(FileTokenStore::new(dir))),
+        None => Err(UsageError(anyhow::anyhow!(
+            "no directory to keep tokens in: set HOME or XDG_CACHE_HOME, or pass --tokens DIR"
+        ))
+        .into()),
+    }
 }
 
 /// The authorizer for `mode`; `None` when nobody could answer (print mode off a
@@ -122,4 +151,24 @@ pub fn logout(store: &dyn TokenStore, server: &str) -> anyhow::Result<u8> {
         line(server)
     );
     Ok(OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_go_under_an_absolute_user_cache_or_nowhere_shared() {
+        let os = |s: &str| Some(OsString::from(s));
+        assert_eq!(user_cache(os("/x"), os("/h")), Some(PathBuf::from("/x")));
+        assert_eq!(user_cache(None, os("/h")), Some(PathBuf::from("/h/.cache")));
+        // Empty or relative values follow no one's directory; there is no shared fallback.
+        assert_eq!(
+            user_cache(os(""), os("/h")),
+            Some(PathBuf::from("/h/.cache"))
+        );
+        assert_eq!(user_cache(os("rel"), os("")), None);
+        assert_eq!(user_cache(None, os("home")), None);
+        assert_eq!(user_cache(None, None), None);
+    }
 }

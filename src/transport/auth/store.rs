@@ -194,15 +194,43 @@ impl FileTokenStore {
         Ok(self.dir.join(format!("{}.json", &sha256_hex(&name)[..32])))
     }
 
+    /// Makes the directory, or checks the one there: this user's, not a link (the mode
+    /// is set through the opened directory, so a link swapped in for it never has its
+    /// target's mode changed), and private.
     fn ensure_dir(&self) -> Result<(), String> {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+        let failed = |e: std::io::Error| format!("{}: {e}", self.dir.display());
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)
-            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
-        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("{}: {e}", self.dir.display()))
+            .map_err(failed)?;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&self.dir)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP | libc::ENOTDIR) => format!(
+                    "{}: not a directory (a link is not followed)",
+                    self.dir.display()
+                ),
+                _ => failed(e),
+            })?;
+        let meta = dir.metadata().map_err(failed)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            return Err(format!(
+                "{}: owned by uid {}, not this user",
+                self.dir.display(),
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            dir.set_permissions(std::fs::Permissions::from_mode(0o700))
+                .map_err(failed)?;
+        }
+        Ok(())
     }
 }
 
@@ -353,6 +381,40 @@ mod tests {
                 auth: ClientAuth::ClientSecretBasic,
             },
         }
+    }
+
+    #[test]
+    fn a_token_directory_that_is_a_link_is_refused_and_its_target_left_as_it_was() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::util::scratch::Scratch::new("tokens-link");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let victim = dir.join("victim");
+        std::fs::create_dir(&victim).expect("mkdir");
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let link = dir.join("tokens");
+        std::os::unix::fs::symlink(&victim, &link).expect("link");
+        let key = TokenKey {
+            server: "s".into(),
+            resource: "https://s/mcp".into(),
+            identity: None,
+        };
+        let refused = FileTokenStore::new(&link).put(&key, &token("a"));
+        assert!(refused.is_err_and(|e| e.contains("link")));
+        let mode = std::fs::metadata(&victim)
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755, "the link's target keeps its mode");
+        assert_eq!(std::fs::read_dir(&victim).expect("dir").count(), 0);
+        // A directory of ours that others may read is made private.
+        let open = dir.join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        FileTokenStore::new(&open)
+            .put(&key, &token("a"))
+            .expect("put");
+        let mode = std::fs::metadata(&open).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]
