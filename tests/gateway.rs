@@ -1224,7 +1224,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
     let setup = Setup::new(
         &format!(
-            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"], context_claim = \"email\" }}",
+            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"], context_claim = \"email\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
             jwks.display()
         ),
         &[("k1", &key("k1"))],
@@ -1235,13 +1235,13 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         .expect("clock")
         .as_secs();
     let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp, "email": format!("{sub}@idp.test")});
-    let good = jwt(&signing, "k1", claims(ISS, AUD, "b", now + 300));
+    let good = jwt(&signing, "k1", claims(ISS, AUD, "c", now + 300));
     let (status, list) = gw.modern(&good, "tools/list", json!({})).await;
     assert_eq!(status, 200, "{list}");
     assert_eq!(
         names(&list),
         ["alpha__echo"],
-        "the JWT's sub is agent b, with b's grants"
+        "the JWT's sub is agent c, with c's grants"
     );
     assert_eq!(
         list["result"]["cacheScope"], "private",
@@ -1347,6 +1347,11 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         ),
         ("tampered", tampered),
         ("HS256 with the public key", hs256),
+        (
+            // Agent a's grants, settings and approvals are a static token's.
+            "the agent of a static token",
+            jwt(&signing, "k1", claims(ISS, AUD, "a", now + 300)),
+        ),
     ] {
         let (status, body, headers) = gw
             .post(Some(&token), &request("tools/list", json!({})), &[])

@@ -54,6 +54,10 @@ pub struct Identity {
     tokens: HashMap<String, Principal>,
     anonymous: Option<Arc<str>>,
     jwt: Option<Arc<JwtVerifier>>,
+    /// The agents of static tokens and the anonymous agent: a JWT naming one is refused,
+    /// as whoever issues the JWTs (perhaps from a claim its users choose) would
+    /// otherwise take that agent's grants, settings and approval requests.
+    reserved: std::collections::HashSet<Arc<str>>,
 }
 
 impl Identity {
@@ -81,10 +85,31 @@ impl Identity {
                 },
             );
         }
+        if let Some(jwt) = &jwt {
+            // Such a token would share the sessions, private cache and upstream sign-in
+            // of the JWT callers whose context claim matches.
+            let prefix = format!("{}#", jwt.config().issuer);
+            if let Some(t) = tokens.iter().find(|t| {
+                t.auth_context
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with(&prefix))
+            }) {
+                return Err(format!(
+                    "the token of agent {:?}: an auth_context starting with {prefix:?} is the JWT issuer's",
+                    t.agent
+                ));
+            }
+        }
+        let reserved = map
+            .values()
+            .map(|p| p.agent.clone())
+            .chain(anonymous.map(Arc::from))
+            .collect();
         Ok(Identity {
             tokens: map,
             anonymous: anonymous.map(Arc::from),
             jwt,
+            reserved,
         })
     }
 
@@ -108,18 +133,25 @@ impl Identity {
             Some(token) => match self.tokens.get(&sha256_hex(token.as_bytes())) {
                 Some(p) => Ok(p.clone()),
                 None => match &self.jwt {
-                    Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => jwt
-                        .verify(token)
-                        .map(|(agent, context)| Principal {
+                    Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
+                        let refused = |reason: &str| {
+                            // The reason may quote the token's own text.
+                            let reason = crate::util::text::one_line(reason, 200);
+                            tracing::info!(error = %reason, "bearer JWT refused");
+                            IdentityError::Unknown
+                        };
+                        let (agent, context) =
+                            jwt.verify(token).map_err(|e| refused(&e.to_string()))?;
+                        if self.reserved.contains(agent.as_str()) {
+                            return Err(refused(&format!(
+                                "its agent {agent:?} is a configured token's or the anonymous agent"
+                            )));
+                        }
+                        Ok(Principal {
                             agent: agent.into(),
                             context: context.map(Arc::from),
                         })
-                        .map_err(|e| {
-                            // The reason may quote the token's own text.
-                            let reason = crate::util::text::one_line(&e.to_string(), 200);
-                            tracing::info!(error = %reason, "bearer JWT refused");
-                            IdentityError::Unknown
-                        }),
+                    }
                     _ => Err(IdentityError::Unknown),
                 },
             },
@@ -192,5 +224,33 @@ mod tests {
             auth_context: None,
         };
         assert!(Identity::new(&[bad], None, None).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_static_token_may_not_take_a_context_of_the_jwt_issuers() {
+        let dir = crate::util::scratch::Scratch::new("identity-jwks");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).expect("jwks");
+        let jwt = JwtVerifier::load(super::super::jwt::JwtConfig {
+            issuer: "https://idp".into(),
+            audience: "https://gw/mcp".into(),
+            jwks_file: Some(jwks),
+            jwks_url: None,
+            ca_file: None,
+            agent_claim: "sub".into(),
+            context_claim: "sub".into(),
+            scopes: vec![],
+        })
+        .await
+        .expect("verifier");
+        let token = |context: &str| TokenEntry {
+            sha256: sha256_hex(b"t"),
+            agent: "a".into(),
+            auth_context: Some(context.into()),
+        };
+        let refused = Identity::new(&[token("https://idp#alice")], None, Some(jwt.clone()));
+        assert!(refused.is_err_and(|e| e.contains("JWT issuer")));
+        assert!(Identity::new(&[token("https://idp-alice")], None, Some(jwt)).is_ok());
     }
 }
