@@ -848,6 +848,72 @@ async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<Strin
     Some(String::from_utf8_lossy(&got).into_owned())
 }
 
+/// 127.0.0.2 is a loopback address of its own on Linux: a peer apart from 127.0.0.1.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_peer_holding_idle_connections_to_the_admin_listener_keeps_no_other_peer_out() {
+    use mcp_harness::gateway::admin::{AdminToken, AdminTokens, serve};
+    let queue = mcp_harness::ApprovalQueue::new(Duration::from_secs(60));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tokens: AdminTokens = Arc::new(|| {
+        vec![AdminToken {
+            sha256: sha256_hex(b"adm"),
+        }]
+    });
+    let server = tokio::spawn(serve(queue, tokens, listener, std::future::pending()));
+    // More connections than the listener serves at once, from one peer, sending nothing.
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        idle.push(socket.connect(addr).await.expect("connect"));
+    }
+    let url = format!("http://{addr}/approvals");
+    // Answered at once, and the connection closed after its one request.
+    let listed = until_closed(
+        &url,
+        "GET /approvals HTTP/1.1\r\nHost: HOST\r\nAuthorization: Bearer adm\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        listed
+            .as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 200") && r.contains("pending")),
+        "{listed:?}"
+    );
+    let refused = until_closed(
+        &url,
+        "GET /approvals HTTP/1.1\r\nHost: HOST\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 401")),
+        "{refused:?}"
+    );
+    // The idle peer's connections past its share were closed unread.
+    let mut closed = 0;
+    for stream in &mut idle {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 100 - 8, "{closed} of 100 closed");
+    server.abort();
+}
+
 #[tokio::test]
 async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.

@@ -10,6 +10,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -30,6 +31,8 @@ pub struct AdminToken {
 
 /// Largest answer body read.
 const MAX_BODY: usize = 1 << 20;
+/// How long an answer's body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -91,12 +94,19 @@ async fn answer(
             let Some(id) = p["/approvals/".len()..].parse::<u64>().ok() else {
                 return reply(StatusCode::NOT_FOUND, json!({"error": "no such request"}));
             };
-            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(_) => {
+            let read = Limited::new(req.into_body(), MAX_BODY).collect();
+            let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(_)) => {
                     return reply(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         json!({"error": "body too large"}),
+                    );
+                }
+                Err(_) => {
+                    return reply(
+                        StatusCode::REQUEST_TIMEOUT,
+                        json!({"error": "the body did not arrive in time"}),
                     );
                 }
             };

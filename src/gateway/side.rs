@@ -1,6 +1,11 @@
 //! The gateway's side listeners (`--metrics`, `--admin`): plain HTTP/1.1, a few
-//! connections at once, each held at most a minute, answered by one async function. The
+//! connections at once and a few per peer address, one request each (scrapers and admins
+//! make one), each held at most half a minute, answered by one async function. The
 //! bounded accept loop is the main listener's too.
+//!
+//! A peer that opens connections and sends nothing holds at most [`MAX_PER_PEER`] slots,
+//! each for the header timeout: it cannot keep a scraper or an admin on another address
+//! out. Peers that share one address (every local user on loopback) share its slots.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,8 +18,49 @@ use hyper::{Request, Response};
 
 /// Connections served at once: scrapers and admins are few.
 const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once from one peer address; more are closed unread.
+pub(crate) const MAX_PER_PEER: usize = 8;
 /// The longest one connection is held (a slow client loses its slot).
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+/// How long a request's headers may take.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections open per peer address.
+#[derive(Default)]
+struct Peers(parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection's place among its peer's; given back when dropped.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: std::net::IpAddr,
+}
+
+impl Peers {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.0.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= MAX_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// The next connection on `listener` with the permit that counts it among
 /// `connections` (a full set waits for one to close), or `None` once `shutdown` resolves.
@@ -52,20 +98,31 @@ pub(crate) async fn serve<F, Fut>(
     Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers = Arc::new(Peers::default());
     let mut shutdown = std::pin::pin!(shutdown);
     while let Some((stream, permit)) = accept(what, &listener, &connections, &mut shutdown).await {
+        let Some(slot) = stream.peer_addr().ok().and_then(|a| peers.take(a.ip())) else {
+            tracing::debug!(
+                listener = what,
+                "connection closed: its peer has {MAX_PER_PEER} open"
+            );
+            continue;
+        };
         let answer = answer.clone();
         let service = hyper::service::service_fn(move |req| {
             let reply = answer(req);
             async move { Ok::<_, Infallible>(reply.await) }
         });
+        // One request per connection (each answer says `Connection: close`), so a
+        // refused one frees its slot at once.
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
+            .header_read_timeout(HEADER_TIMEOUT)
+            .keep_alive(false)
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
-            drop(permit);
+            drop((permit, slot));
         });
     }
 }
