@@ -527,6 +527,34 @@ async fn input_rounds_go_down_sealed_and_state_tampered_expired_or_from_another_
 }
 
 #[tokio::test]
+async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_further_request() {
+    let setup = Setup::new("state_ttl = \"300ms\"", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (status, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "beta__confirm", "arguments": {"message": "later?"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    // Nothing else is asked of the gateway: the round's expiry alone ends its call
+    // upstream, and the call's record is written.
+    let finished = || {
+        audit_records(&setup.audit)
+            .into_iter()
+            .find(|r| r["event"] == "finished")
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || finished().is_some()).await,
+        "the parked call was never ended"
+    );
+    assert_ne!(finished().expect("record")["outcome"], "ok");
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn a_round_started_on_one_gateway_finishes_on_another_and_keys_rotate() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let (one, two) = (setup.start().await, setup.start().await);
@@ -1849,6 +1877,89 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
     }
     assert!(freed, "a closed subscription frees its slot");
     drop(streams);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_legacy_session_ends_with_its_event_stream_though_nothing_touches_it() {
+    let setup = Setup::new("session_idle = \"400ms\"", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let mut stream = gw
+        .http
+        .get(gw.url())
+        .bearer_auth("tok-a")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", sid)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(stream.status().as_u16(), 200);
+    // No request comes after it: the session's idle time alone ends it, and its
+    // stream (with the stream's place among the gateway's) goes with it.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream of an idle session stayed open");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tokens() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await; // tok-a's
+    let mut get = gw
+        .http
+        .get(gw.url())
+        .bearer_auth("tok-a")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(get.status().as_u16(), 200);
+    let mut sub = open_listen(
+        &gw,
+        "tok-b",
+        json!("b-sub"),
+        json!({"toolsListChanged": true}),
+    )
+    .await;
+    let mut heard = String::new();
+    assert!(
+        read_until(&mut sub, &mut heard, "acknowledged").await,
+        "{heard}"
+    );
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let line = |token: &[u8], agent: &str| {
+        format!(
+            "  {{ sha256 = \"{}\", agent = \"{agent}\" }},\n",
+            sha256_hex(token)
+        )
+    };
+    let (a_token, b_token) = (line(b"tok-a", "a"), line(b"tok-b", "b"));
+    assert!(original.contains(&a_token) && original.contains(&b_token));
+    let tmp = setup.config.with_extension("tmp");
+    let revoked = original.replace(&a_token, "").replace(&b_token, "");
+    std::fs::write(&tmp, revoked).expect("write");
+    std::fs::rename(&tmp, &setup.config).expect("rename");
+    let pid = gw.server.child.id().expect("pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status();
+    // Its final result comes, and the stream ends, with no change to announce.
+    assert!(
+        read_until(&mut sub, &mut heard, "\"complete\"").await,
+        "{heard}"
+    );
+    // The session of the token revoked ends, and its event stream with it.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = get.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the revoked principal's session stayed");
     gw.stop().await;
 }
 

@@ -249,6 +249,7 @@ pub async fn serve(
         streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
     });
     let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
+    let sweeper = tokio::spawn(sweep(Arc::downgrade(&state), state.gateway.reloads()));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
@@ -280,6 +281,7 @@ pub async fn serve(
     }
     drop(listener);
     notifier.abort();
+    sweeper.abort();
     state.closing.cancel();
     // Sessions end (their waits fail, their streams close); calls in flight finish
     // within the harness's grace or are cancelled, and their answers are written before
@@ -293,6 +295,40 @@ pub async fn serve(
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     state.sessions.lock().clear();
     Ok(())
+}
+
+/// How often [`sweep`] runs: twice per `session_idle`, within a quarter second and half
+/// a minute.
+fn sweep_every(state: &State) -> Duration {
+    (state.gateway.config().session_idle / 2)
+        .clamp(Duration::from_millis(250), Duration::from_secs(30))
+}
+
+/// Ends, without waiting for them to be touched again, legacy sessions idle past
+/// `session_idle` (their GET streams with them), and those of principals no token or
+/// issuer in force admits any more (a reload revoked them). Subscriptions check their
+/// own principal; parked rounds are the gateway's to sweep.
+async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::Receiver<u64>) {
+    loop {
+        let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
+            return;
+        };
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            _ = reloads.changed() => {}
+        }
+        let Some(state) = state.upgrade() else { return };
+        let identity = state.gateway.identity();
+        let idle = state.gateway.config().session_idle;
+        let ended: Vec<(String, Session)> = state
+            .sessions
+            .lock()
+            .extract_if(|_, s| s.last_seen.elapsed() > idle || !identity.admits(&s.principal))
+            .collect();
+        for (_, mut session) in ended {
+            session.end();
+        }
+    }
 }
 
 /// Sends `notifications/tools/list_changed` to every legacy session's GET stream when
@@ -979,6 +1015,10 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let _ = tx.try_send(sse_frame(&Gateway::listen_ack(&id, accepted)));
     let mut events = state.gateway.harness().subscribe();
+    // Taken now, and checked at once: a reload between the principal's check and the
+    // task's first poll is not missed.
+    let mut reloads = state.gateway.reloads();
+    reloads.mark_changed();
     tokio::spawn(async move {
         let changed = sse_frame(&Gateway::listen_changed(&id));
         let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
@@ -1003,6 +1043,13 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
                 _ = keep_alive.tick() => {
                     if tx.try_send(Bytes::from_static(b": keep-alive\n\n")).is_err() && tx.is_closed() {
                         return;
+                    }
+                }
+                // A reload that revoked its principal ends it, as its next request
+                // would be refused.
+                _ = reloads.changed() => {
+                    if !slot.state.gateway.identity().admits(&slot.principal) {
+                        break;
                     }
                 }
             }

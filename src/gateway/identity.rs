@@ -113,6 +113,27 @@ impl Identity {
         })
     }
 
+    /// Whether a request could still come from `principal`: a token in force names it,
+    /// it is the anonymous agent, or the JWT issuer vouches for such principals (each
+    /// JWT's expiry is its own request's to check). What a reload revoked is not.
+    pub fn admits(&self, principal: &Principal) -> bool {
+        if self.tokens.values().any(|p| p == principal) {
+            return true;
+        }
+        if principal.context.is_none() && self.anonymous.as_deref() == Some(&*principal.agent) {
+            return true;
+        }
+        match (&self.jwt, principal.context.as_deref()) {
+            (Some(jwt), Some(context)) => {
+                context
+                    .strip_prefix(jwt.config().issuer.as_str())
+                    .is_some_and(|rest| rest.starts_with('#'))
+                    && !self.reserved.contains(&principal.agent)
+            }
+            _ => false,
+        }
+    }
+
     /// The principal of a request with `authorization` (the header's value, if any).
     pub fn resolve(&self, authorization: Option<&str>) -> Result<Principal, IdentityError> {
         let token = match authorization {

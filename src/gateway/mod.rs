@@ -379,6 +379,28 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+/// How often parked rounds are swept.
+const PARKED_SWEEP: Duration = Duration::from_secs(1);
+
+/// Drops, while the gateway lives, the parked rounds past their expiry and those of
+/// principals the identity in force no longer admits (a reload revoked them): their
+/// upstream calls are cancelled, and the servers' questions withdrawn, without waiting
+/// for the next round to be parked or taken up.
+async fn sweep_parked(
+    inner: std::sync::Weak<Inner>,
+    mut reloads: tokio::sync::watch::Receiver<u64>,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(PARKED_SWEEP) => {}
+            _ = reloads.changed() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let identity = inner.current.read().identity.clone();
+        inner.parked.sweep(|p| identity.admits(p));
+    }
+}
+
 /// One request's place among its principal's in flight. Released on drop, also when
 /// the request's future is dropped half-way (its client went away): a principal with
 /// nothing in flight keeps no limiter (JWTs name many).
@@ -419,6 +441,8 @@ struct Inner {
     at_start: Arc<GatewayConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
+    /// Moves on at each reload applied (who is admitted may have changed).
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 /// The settings in force.
@@ -671,7 +695,7 @@ impl Gateway {
     ) -> Result<Gateway, GatewayError> {
         let at_start = Arc::new(config.clone());
         let current = Current::new(harness_config, config, sealer).await?;
-        Ok(Gateway {
+        let gateway = Gateway {
             inner: Arc::new(Inner {
                 harness,
                 current: parking_lot::RwLock::new(Arc::new(current)),
@@ -680,8 +704,14 @@ impl Gateway {
                 roots_at_start: has_roots(harness_config),
                 at_start,
                 parked: parked::ParkedRounds::default(),
+                reloads: tokio::sync::watch::Sender::new(0),
             }),
-        })
+        };
+        tokio::spawn(sweep_parked(
+            Arc::downgrade(&gateway.inner),
+            gateway.inner.reloads.subscribe(),
+        ));
+        Ok(gateway)
     }
 
     fn now(&self) -> Arc<Current> {
@@ -696,6 +726,12 @@ impl Gateway {
     /// Who requests come from.
     pub fn identity(&self) -> Arc<Identity> {
         self.now().identity.clone()
+    }
+
+    /// Changes at each reload applied: a stream or session held for a principal checks
+    /// then that the identity in force still admits it.
+    pub(crate) fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.reloads.subscribe()
     }
 
     /// Applies a new configuration without a restart. Everything is checked before
@@ -731,6 +767,8 @@ impl Gateway {
         let next = Current::new(harness_config, config, sealer).await?;
         let harness = &self.inner.harness;
         *self.inner.current.write() = Arc::new(next);
+        // Streams and sessions of principals no longer admitted end now.
+        self.inner.reloads.send_modify(|n| *n += 1);
         // Limiters of principals with nothing in flight are dropped (new ones start from
         // the new limit).
         self.inner

@@ -226,6 +226,18 @@ impl ParkedRounds {
         Some(parked.held)
     }
 
+    /// Drops the rounds past their expiry and those of principals `keep` refuses:
+    /// their calls are cancelled (outside the lock, as cancelling does work).
+    pub fn sweep(&self, keep: impl Fn(&Principal) -> bool) {
+        let now = Instant::now();
+        let dropped: Vec<(String, Parked)> = self
+            .rounds
+            .lock()
+            .extract_if(|_, p| p.expires <= now || !keep(&p.principal))
+            .collect();
+        drop(dropped);
+    }
+
     /// Drops every parked round (shutdown): their calls are cancelled.
     pub fn clear(&self) {
         self.rounds.lock().clear();
