@@ -1014,6 +1014,70 @@ async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
 }
 
 #[tokio::test]
+async fn large_bodies_take_their_principals_budget_before_they_are_read() {
+    use tokio::io::AsyncWriteExt;
+    // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
+    let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let addr = gw
+        .url()
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    // Four requests that declare 250,000 bytes each and send a few: the budget is
+    // theirs while they are being read.
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        stalled.push(stream);
+    }
+    let call = |n: u64| {
+        let mut r = request(
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": "y".repeat(100 * 1024)}}),
+        );
+        r["id"] = json!(n);
+        r
+    };
+    // A whole large request meanwhile is refused, with an answer (its body read and
+    // dropped), not a reset; before, it was read and served, and every connection
+    // could hold max_body_bytes.
+    let refused = gw.post(Some("tok-a"), &call(1), &[]).await;
+    assert_eq!(refused.0, 503, "{}", refused.1["error"]);
+    assert_eq!(refused.2["retry-after"], "1");
+    // Another principal has its own budget; a small request takes none of it.
+    assert_eq!(gw.post(Some("tok-b"), &call(2), &[]).await.0, 200);
+    let (status, small) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": "small"}}),
+        )
+        .await;
+    assert_eq!((status, result_text(&small)), (200, "small"), "{small}");
+    // Their clients gone, their budget is free.
+    drop(stalled);
+    let mut status = 0;
+    for n in 0..100 {
+        status = gw.post(Some("tok-a"), &call(10 + n), &[]).await.0;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_invalid_request() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;

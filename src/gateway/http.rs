@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
@@ -704,52 +704,11 @@ async fn post(
     }
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
-    let body =
-        match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), limit).collect())
-            .await
-        {
-            Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(_)) => {
-                return full(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "text/plain",
-                    format!("request bodies are limited to {limit} bytes"),
-                );
-            }
-            Err(_) => return full(StatusCode::REQUEST_TIMEOUT, "text/plain", "body too slow"),
-        };
-    // Read whole first (a client refused mid-body sees its connection reset), held to
-    // the principal's large-request slots before it is parsed.
-    let large = if body.len() > LARGE_BODY {
-        let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
-        let slot = PrincipalSlot::take_weighted(
-            &state,
-            &principal,
-            |s| &s.large_bodies,
-            body.len(),
-            budget,
-        );
-        let Some(slot) = slot else {
-            let mut r = error_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                RpcError::new(
-                    -32000,
-                    format!(
-                        "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
-                        principal.agent
-                    ),
-                ),
-            );
-            r.headers_mut().insert(
-                hyper::header::RETRY_AFTER,
-                hyper::header::HeaderValue::from_static("1"),
-            );
-            return r;
-        };
-        Some(slot)
-    } else {
-        None
+    let declared = header(&req, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    let (body, large) = match read_body(&state, &principal, req.into_body(), declared, limit).await
+    {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
     let message = match Message::parse(&body) {
         Ok(m) => m,
@@ -937,6 +896,94 @@ struct PrincipalSlot {
     principal: Principal,
     count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
     weight: usize,
+}
+
+/// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. A large one
+/// (past [`LARGE_BODY`]) is held to its principal's byte budget before its bytes are
+/// kept: by the length it declares, or, declaring none, by `limit` once it passes
+/// `LARGE_BODY`. So the raw bodies a principal has in memory are bounded as the parsed
+/// ones are, however many connections it opens. A body refused is still read to its
+/// end, and dropped as it comes: the client gets its 503, not a connection reset in the
+/// middle of its write.
+async fn read_body(
+    state: &Arc<State>,
+    principal: &Principal,
+    mut body: Incoming,
+    declared: Option<u64>,
+    limit: usize,
+) -> Result<(Bytes, Option<PrincipalSlot>), HttpResponse> {
+    let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+    let take = |weight: usize| {
+        PrincipalSlot::take_weighted(state, principal, |s| &s.large_bodies, weight, budget)
+    };
+    let mut slot = None;
+    let mut refused = false;
+    if let Some(n) = declared
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+        .filter(|n| *n > LARGE_BODY)
+    {
+        slot = take(n.min(limit));
+        refused = slot.is_none();
+    }
+    let mut kept: Vec<u8> = Vec::new();
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|_| ())?.into_data() else {
+                continue; // trailers
+            };
+            seen = seen.saturating_add(data.len());
+            if seen > limit {
+                return Ok(false);
+            }
+            if !refused && slot.is_none() && seen > LARGE_BODY {
+                slot = take(limit);
+                refused = slot.is_none();
+            }
+            if refused {
+                kept = Vec::new();
+            } else {
+                kept.extend_from_slice(&data);
+            }
+        }
+        Ok::<bool, ()>(true)
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(true)) if !refused => Ok((Bytes::from(kept), slot)),
+        Ok(Ok(true)) => {
+            let mut r = error_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                RpcError::new(
+                    -32000,
+                    format!(
+                        "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
+                        principal.agent
+                    ),
+                ),
+            );
+            r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            Err(r)
+        }
+        Ok(Ok(false)) => Err(full(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "text/plain",
+            format!("request bodies are limited to {limit} bytes"),
+        )),
+        Ok(Err(())) => Err(full(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "the body could not be read",
+        )),
+        Err(_) => Err(full(
+            StatusCode::REQUEST_TIMEOUT,
+            "text/plain",
+            "body too slow",
+        )),
+    }
 }
 
 impl PrincipalSlot {
