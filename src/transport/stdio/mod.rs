@@ -88,6 +88,10 @@ struct Shared {
     /// Lines not acted on (not JSON-RPC, answers to no request, requests or lines
     /// dropped on a full queue).
     ignored: LogBudget,
+    /// Messages to the server dropped on a full stdin queue: their own budget, so that a
+    /// server's flood of stray lines does not hide that it is no longer read to (the
+    /// cancellations and answers dropped are otherwise silent).
+    stdin_full: LogBudget,
     /// Stops the reader when the transport ends without the EOF that would stop it.
     stop_reader: Mutex<Option<oneshot::Sender<TransportError>>>,
 }
@@ -154,6 +158,7 @@ impl StdioTransport {
             group: spawned.group.handle(),
             answered: AtomicUsize::new(0),
             ignored: LogBudget::default(),
+            stdin_full: LogBudget::default(),
             stop_reader: Mutex::new(Some(stop_reader)),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
@@ -296,8 +301,8 @@ impl StdioTransport {
             .try_send(WriterCmd::Line(line))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => {
-                    if let Some(ignored) = self.shared.ignored.log() {
-                        tracing::warn!(server = %self.shared.server, ignored, "stdin queue full; message dropped");
+                    if let Some(dropped) = self.shared.stdin_full.log() {
+                        tracing::warn!(server = %self.shared.server, dropped, "stdin queue full; message dropped");
                     }
                     TransportError::NotSent("the server's stdin queue is full".into())
                 }
