@@ -1014,7 +1014,7 @@ async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
 }
 
 #[tokio::test]
-async fn large_bodies_take_their_principals_budget_before_they_are_read() {
+async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
     use tokio::io::AsyncWriteExt;
     // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
     let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
@@ -1026,19 +1026,24 @@ async fn large_bodies_take_their_principals_budget_before_they_are_read() {
         .next()
         .expect("host:port")
         .to_string();
-    // Four requests that declare 250,000 bytes each and send a few: the budget is
-    // theirs while they are being read.
-    let mut stalled = Vec::new();
-    for _ in 0..4 {
-        let mut stream = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect");
-        let head = format!(
-            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
-        );
-        stream.write_all(head.as_bytes()).await.expect("write");
-        stalled.push(stream);
-    }
+    // Requests that declare 250,000 bytes and send `sent` of them, then wait.
+    let stalled = |sent: usize| {
+        let addr = addr.clone();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
+            );
+            stream.write_all(head.as_bytes()).await.expect("write");
+            stream
+                .write_all("x".repeat(sent).as_bytes())
+                .await
+                .expect("write");
+            stream
+        }
+    };
     let call = |n: u64| {
         let mut r = request(
             "tools/call",
@@ -1047,10 +1052,43 @@ async fn large_bodies_take_their_principals_budget_before_they_are_read() {
         r["id"] = json!(n);
         r
     };
-    // A whole large request meanwhile is refused, with an answer (its body read and
-    // dropped), not a reset; before, it was read and served, and every connection
-    // could hold max_body_bytes.
-    let refused = gw.post(Some("tok-a"), &call(1), &[]).await;
+    let served_soon = |first: u64| {
+        let gw = &gw;
+        let call = &call;
+        async move {
+            let mut status = 0;
+            for n in 0..100 {
+                status = gw.post(Some("tok-a"), &call(first + n), &[]).await.0;
+                if status == 200 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            status
+        }
+    };
+    // Four that trickle hold only what they sent: a whole large request is served.
+    let mut trickling = Vec::new();
+    for _ in 0..4 {
+        trickling.push(stalled(100).await);
+    }
+    assert_eq!(served_soon(1).await, 200, "a trickle blocked the budget");
+    drop(trickling);
+    // Four that sent 240 KiB each hold most of it: a fifth large body (100 KiB) is
+    // refused, with an answer (its body read and dropped), not a reset. Before, bodies
+    // were read whole before they counted: each connection could hold max_body_bytes.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(stalled(240 * 1024).await);
+    }
+    let mut refused = (0, Value::Null, reqwest::header::HeaderMap::new());
+    for n in 0..100 {
+        refused = gw.post(Some("tok-a"), &call(200 + n), &[]).await;
+        if refused.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(refused.0, 503, "{}", refused.1["error"]);
     assert_eq!(refused.2["retry-after"], "1");
     // Another principal has its own budget; a small request takes none of it.
@@ -1063,17 +1101,9 @@ async fn large_bodies_take_their_principals_budget_before_they_are_read() {
         )
         .await;
     assert_eq!((status, result_text(&small)), (200, "small"), "{small}");
-    // Their clients gone, their budget is free.
-    drop(stalled);
-    let mut status = 0;
-    for n in 0..100 {
-        status = gw.post(Some("tok-a"), &call(10 + n), &[]).await.0;
-        if status == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(status, 200);
+    // Their clients gone, their bytes are free.
+    drop(held);
+    assert_eq!(served_soon(300).await, 200);
     gw.stop().await;
 }
 
@@ -1413,13 +1443,14 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         String::from_utf8(t).expect("ascii")
     };
     let hs256 = {
-        // Algorithm confusion: HMAC with the public key as the secret.
+        // Algorithm confusion: HMAC with the public key as the secret. Every token
+        // refused here names agent c, whom a good token would be let in as.
         let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
         header.kid = Some("k1".into());
         let secret = std::fs::read(&jwks).expect("jwks");
         jsonwebtoken::encode(
             &header,
-            &claims(ISS, AUD, "a", now + 300),
+            &claims(ISS, AUD, "c", now + 300),
             &jsonwebtoken::EncodingKey::from_secret(&secret),
         )
         .expect("sign")
@@ -1446,7 +1477,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             "alg none",
             unsigned(
                 json!({"alg": "none", "kid": "k1"}),
-                claims(ISS, AUD, "a", now + 300),
+                claims(ISS, AUD, "c", now + 300),
             ),
         ),
         ("RS256 claimed for an EC key", rs256_header),
@@ -1455,7 +1486,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             jwt(
                 &signing,
                 "k1",
-                json!({"iss": ISS, "aud": AUD, "sub": "a", "email": "a@idp.test"}),
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "a@idp.test"}),
             ),
         ),
         (
@@ -1464,7 +1495,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             jwt(
                 &signing,
                 "k1",
-                json!({"iss": ISS, "aud": AUD, "sub": "a", "exp": now + 300}),
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "exp": now + 300}),
             ),
         ),
         (
@@ -1472,7 +1503,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             jwt(
                 &signing,
                 "k1",
-                json!({"iss": ISS, "aud": AUD, "sub": "a", "exp": now + 600, "nbf": now + 300}),
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "exp": now + 600, "nbf": now + 300}),
             ),
         ),
         (
@@ -1480,7 +1511,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             jwt(
                 &signing,
                 "k1",
-                claims(ISS, "https://other.test/mcp", "a", now + 300),
+                claims(ISS, "https://other.test/mcp", "c", now + 300),
             ),
         ),
         (
@@ -1488,20 +1519,20 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             jwt(
                 &signing,
                 "k1",
-                claims("https://evil.test", AUD, "a", now + 300),
+                claims("https://evil.test", AUD, "c", now + 300),
             ),
         ),
         (
             "expired",
-            jwt(&signing, "k1", claims(ISS, AUD, "a", now - 120)),
+            jwt(&signing, "k1", claims(ISS, AUD, "c", now - 120)),
         ),
         (
             "unknown kid",
-            jwt(&signing, "k9", claims(ISS, AUD, "a", now + 300)),
+            jwt(&signing, "k9", claims(ISS, AUD, "c", now + 300)),
         ),
         (
             "another key under the same kid",
-            jwt(&other_key, "k1", claims(ISS, AUD, "a", now + 300)),
+            jwt(&other_key, "k1", claims(ISS, AUD, "c", now + 300)),
         ),
         ("tampered", tampered),
         ("HS256 with the public key", hs256),
@@ -1945,27 +1976,31 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
 }
 
 #[tokio::test]
-async fn an_idle_legacy_session_ends_with_its_event_stream_though_nothing_touches_it() {
+async fn a_legacy_session_outlives_its_idle_time_while_a_call_runs_or_its_stream_is_open() {
     let setup = Setup::new("session_idle = \"400ms\"", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+    // A call longer than the idle time is not cut off by it.
     let sid = legacy_session(&gw).await;
+    let slow = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "alpha__slow", "arguments": {"ms": 1500, "text": "done"}}});
+    let (status, r, _) = legacy_post(&gw, Some(&sid), slow).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(result_text(&r), "done", "{r}");
+    // A client listening on its GET stream is still there (time is what is tested).
     let mut stream = gw
         .http
         .get(gw.url())
         .bearer_auth("tok-a")
         .header("accept", "text/event-stream")
-        .header("mcp-session-id", sid)
+        .header("mcp-session-id", &sid)
         .send()
         .await
         .expect("get");
     assert_eq!(stream.status().as_u16(), 200);
-    // No request comes after it: the session's idle time alone ends it, and its
-    // stream (with the stream's place among the gateway's) goes with it.
-    let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(_)) = stream.chunk().await {}
-    })
-    .await;
-    assert!(ended.is_ok(), "the stream of an idle session stayed open");
+    let read = tokio::time::timeout(Duration::from_millis(1500), stream.chunk()).await;
+    assert!(read.is_err(), "the stream ended: {read:?}");
+    assert_eq!(legacy_post(&gw, Some(&sid), list).await.0, 200);
     gw.stop().await;
 }
 

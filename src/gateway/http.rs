@@ -165,6 +165,17 @@ struct Session {
 }
 
 impl Session {
+    /// Whether it has been idle past `idle`: no request started or ended for that long,
+    /// none in flight, and no GET stream open (a client listening for notifications is still there; one
+    /// that vanished is noticed by the stream's keep-alive).
+    fn idle(&mut self, idle: Duration) -> bool {
+        if self.last_seen.elapsed() <= idle {
+            return false;
+        }
+        self.streams.retain(|tx| !tx.is_closed());
+        self.calls.is_empty() && self.streams.is_empty()
+    }
+
     /// The session is over (DELETE, expiry, shutdown): its calls are cancelled, the
     /// questions it was asked fail, its streams end.
     fn end(&mut self) {
@@ -305,9 +316,9 @@ fn sweep_every(state: &State) -> Duration {
 }
 
 /// Ends, without waiting for them to be touched again, legacy sessions idle past
-/// `session_idle` (their GET streams with them), and those of principals no token or
-/// issuer in force admits any more (a reload revoked them). Subscriptions check their
-/// own principal; parked rounds are the gateway's to sweep.
+/// `session_idle` ([`Session::idle`]), and those of principals no token or issuer in
+/// force admits any more (a reload revoked them), their calls and streams with them.
+/// Subscriptions check their own principal; parked rounds are the gateway's to sweep.
 async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::Receiver<u64>) {
     loop {
         let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
@@ -315,7 +326,7 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         };
         tokio::select! {
             () = tokio::time::sleep(every) => {}
-            _ = reloads.changed() => {}
+            Ok(()) = reloads.changed() => {}
         }
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
@@ -323,7 +334,7 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         let ended: Vec<(String, Session)> = state
             .sessions
             .lock()
-            .extract_if(|_, s| s.last_seen.elapsed() > idle || !identity.admits(&s.principal))
+            .extract_if(|_, s| s.idle(idle) || !identity.admits(&s.principal))
             .collect();
         for (_, mut session) in ended {
             session.end();
@@ -561,9 +572,7 @@ fn live_session<'a>(
     principal: &Principal,
     idle: std::time::Duration,
 ) -> Option<&'a mut Session> {
-    let expired = sessions
-        .get(id)
-        .is_some_and(|s| s.last_seen.elapsed() > idle);
+    let expired = sessions.get_mut(id).is_some_and(|s| s.idle(idle));
     if expired && let Some(mut s) = sessions.remove(id) {
         s.end();
     }
@@ -704,9 +713,7 @@ async fn post(
     }
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
-    let declared = header(&req, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
-    let (body, large) = match read_body(&state, &principal, req.into_body(), declared, limit).await
-    {
+    let (body, large) = match read_body(&state, &principal, req.into_body(), limit).await {
         Ok(read) => read,
         Err(refused) => return refused,
     };
@@ -898,33 +905,22 @@ struct PrincipalSlot {
     weight: usize,
 }
 
-/// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. A large one
-/// (past [`LARGE_BODY`]) is held to its principal's byte budget before its bytes are
-/// kept: by the length it declares, or, declaring none, by `limit` once it passes
-/// `LARGE_BODY`. So the raw bodies a principal has in memory are bounded as the parsed
-/// ones are, however many connections it opens. A body refused is still read to its
-/// end, and dropped as it comes: the client gets its 503, not a connection reset in the
-/// middle of its write.
+/// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. Past
+/// [`LARGE_BODY`], the bytes kept are charged to the principal's byte budget as they
+/// arrive, and refused past it: so the raw bodies a principal holds are bounded as its
+/// parsed ones are, however many connections it opens, and a client that trickles its
+/// body holds only what it has sent. A body refused is still read to its end, and
+/// dropped as it comes: the client gets its 503, not a connection reset in the middle
+/// of its write.
 async fn read_body(
     state: &Arc<State>,
     principal: &Principal,
     mut body: Incoming,
-    declared: Option<u64>,
     limit: usize,
 ) -> Result<(Bytes, Option<PrincipalSlot>), HttpResponse> {
     let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
-    let take = |weight: usize| {
-        PrincipalSlot::take_weighted(state, principal, |s| &s.large_bodies, weight, budget)
-    };
-    let mut slot = None;
+    let mut slot: Option<PrincipalSlot> = None;
     let mut refused = false;
-    if let Some(n) = declared
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-        .filter(|n| *n > LARGE_BODY)
-    {
-        slot = take(n.min(limit));
-        refused = slot.is_none();
-    }
     let mut kept: Vec<u8> = Vec::new();
     let read = async {
         let mut seen = 0usize;
@@ -936,15 +932,32 @@ async fn read_body(
             if seen > limit {
                 return Ok(false);
             }
-            if !refused && slot.is_none() && seen > LARGE_BODY {
-                slot = take(limit);
-                refused = slot.is_none();
-            }
             if refused {
-                kept = Vec::new();
-            } else {
-                kept.extend_from_slice(&data);
+                continue;
             }
+            let after = kept.len().saturating_add(data.len());
+            if after > LARGE_BODY {
+                let charged = match slot.as_mut() {
+                    Some(s) => s.grow(after - s.weight, budget),
+                    None => {
+                        slot = PrincipalSlot::take_weighted(
+                            state,
+                            principal,
+                            |s| &s.large_bodies,
+                            after,
+                            budget,
+                        );
+                        slot.is_some()
+                    }
+                };
+                if !charged {
+                    refused = true;
+                    slot = None;
+                    kept = Vec::new();
+                    continue;
+                }
+            }
+            kept.extend_from_slice(&data);
         }
         Ok::<bool, ()>(true)
     };
@@ -1021,6 +1034,22 @@ impl PrincipalSlot {
     }
 }
 
+impl PrincipalSlot {
+    /// `extra` more of its principal's, if that stays within `max` (or it alone holds
+    /// that count); `false` leaves it as it was.
+    fn grow(&mut self, extra: usize, max: usize) -> bool {
+        let mut open = (self.count)(&self.state).lock();
+        let n = open.entry(self.principal.clone()).or_default();
+        let alone = *n == self.weight;
+        if !alone && n.saturating_add(extra) > max {
+            return false;
+        }
+        *n = n.saturating_add(extra);
+        self.weight = self.weight.saturating_add(extra);
+        true
+    }
+}
+
 impl Drop for PrincipalSlot {
     fn drop(&mut self) {
         let mut open = (self.count)(&self.state).lock();
@@ -1094,7 +1123,7 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
                 }
                 // A reload that revoked its principal ends it, as its next request
                 // would be refused.
-                _ = reloads.changed() => {
+                Ok(()) = reloads.changed() => {
                     if !slot.state.gateway.identity().admits(&slot.principal) {
                         break;
                     }
@@ -1170,6 +1199,8 @@ impl Drop for SessionTicket {
     fn drop(&mut self) {
         if let Some(s) = self.state.sessions.lock().get_mut(&self.session) {
             s.calls.remove(&self.key, self.ticket);
+            // Its idle time counts from the call's end, not its start.
+            s.last_seen = Instant::now();
         }
     }
 }
@@ -1189,7 +1220,7 @@ async fn legacy_request(
         };
         let mut sessions = state.sessions.lock();
         sessions.retain(|_, s| {
-            let live = s.last_seen.elapsed() <= idle;
+            let live = !s.idle(idle);
             if !live {
                 s.end();
             }

@@ -393,7 +393,7 @@ async fn sweep_parked(
     loop {
         tokio::select! {
             () = tokio::time::sleep(PARKED_SWEEP) => {}
-            _ = reloads.changed() => {}
+            Ok(()) = reloads.changed() => {}
         }
         let Some(inner) = inner.upgrade() else { return };
         let identity = inner.current.read().identity.clone();
@@ -1938,6 +1938,11 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
                 self.map.remove(key);
             }
         }
+    }
+
+    /// Whether no request is in flight.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     /// Cancels every request.
