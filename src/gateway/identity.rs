@@ -58,6 +58,8 @@ pub struct Identity {
     /// as whoever issues the JWTs (perhaps from a claim its users choose) would
     /// otherwise take that agent's grants, settings and approval requests.
     reserved: std::collections::HashSet<Arc<str>>,
+    /// The principals of the tokens, for [`Identity::admits`].
+    principals: std::collections::HashSet<Principal>,
 }
 
 impl Identity {
@@ -105,11 +107,13 @@ impl Identity {
             .map(|p| p.agent.clone())
             .chain(anonymous.map(Arc::from))
             .collect();
+        let principals = map.values().cloned().collect();
         Ok(Identity {
             tokens: map,
             anonymous: anonymous.map(Arc::from),
             jwt,
             reserved,
+            principals,
         })
     }
 
@@ -117,7 +121,7 @@ impl Identity {
     /// it is the anonymous agent, or the JWT issuer vouches for such principals (each
     /// JWT's expiry is its own request's to check). What a reload revoked is not.
     pub fn admits(&self, principal: &Principal) -> bool {
-        if self.tokens.values().any(|p| p == principal) {
+        if self.principals.contains(principal) {
             return true;
         }
         if principal.context.is_none() && self.anonymous.as_deref() == Some(&*principal.agent) {

@@ -101,11 +101,11 @@ pub(crate) async fn serve<F, Fut>(
     let peers = Arc::new(Peers::default());
     let mut shutdown = std::pin::pin!(shutdown);
     while let Some((stream, permit)) = accept(what, &listener, &connections, &mut shutdown).await {
-        let Some(slot) = stream.peer_addr().ok().and_then(|a| peers.take(a.ip())) else {
-            tracing::debug!(
-                listener = what,
-                "connection closed: its peer has {MAX_PER_PEER} open"
-            );
+        let Ok(peer) = stream.peer_addr() else {
+            continue; // gone already
+        };
+        let Some(slot) = peers.take(peer.ip()) else {
+            tracing::debug!(listener = what, peer = %peer.ip(), "connection closed: its peer has {MAX_PER_PEER} open");
             continue;
         };
         let answer = answer.clone();

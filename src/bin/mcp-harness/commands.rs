@@ -53,7 +53,7 @@ pub struct ServerArgs {
     #[arg(long = "sign-in", value_enum, default_value = "print")]
     pub sign_in: crate::sign_in::SignInMode,
     /// Where tokens are kept (default: the config's cache.dir/__tokens, else
-    /// ~/.cache/mcp-harness/tokens).
+    /// ~/.cache/mcp-harness/tokens): a directory of this user's, not a link to one.
     #[arg(long, value_name = "DIR")]
     pub tokens: Option<PathBuf>,
 }

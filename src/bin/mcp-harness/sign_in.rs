@@ -55,9 +55,18 @@ pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
     match token_dir(setup, given) {
         Some(dir) => Arc::new(FileTokenStore::new(dir)),
         None => {
-            eprintln!(
-                "mcp-harness: neither HOME nor XDG_CACHE_HOME is set: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
-            );
+            // Only HTTP servers sign in.
+            let remote = setup
+                .loaded
+                .config
+                .servers
+                .iter()
+                .any(|s| matches!(s.transport, TransportSpec::Http(_)));
+            if remote {
+                eprintln!(
+                    "mcp-harness: neither HOME nor XDG_CACHE_HOME is set: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
+                );
+            }
             Arc::new(MemoryTokenStore::default())
         }
     }

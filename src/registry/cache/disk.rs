@@ -310,7 +310,9 @@ pub(super) fn load(
     let mut left = max_bytes;
     for (server, file) in listed {
         // A file holds its page and its key's strings, so with the entry's overhead its
-        // length is at least what the entry will cost: one that cannot fit is not read.
+        // length is about what the entry will cost (a hand-made file may count for more
+        // once read; `left` takes its real cost, and the caller trims what is over): one
+        // that cannot fit is not read.
         let most = usize::try_from(file.len)
             .unwrap_or(usize::MAX)
             .saturating_add(super::ENTRY_OVERHEAD);
