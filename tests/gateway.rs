@@ -180,6 +180,39 @@ impl Gateway {
         &self.server.url
     }
 
+    /// `host:port` of its listener.
+    fn authority(&self) -> String {
+        self.url()
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .expect("host:port")
+            .to_string()
+    }
+
+    /// A legacy session's GET event stream, as `token`.
+    async fn get_stream(&self, token: &str, sid: &str) -> reqwest::Response {
+        self.http
+            .get(self.url())
+            .bearer_auth(token)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", sid)
+            .send()
+            .await
+            .expect("get")
+    }
+
+    /// Replaces its config file with `text` (whole, by a rename) and sends SIGHUP.
+    fn reload_with(&self, setup: &Setup, text: &str) {
+        let tmp = setup.config.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &setup.config).expect("rename");
+        let pid = self.server.child.id().expect("pid");
+        let _ = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status();
+    }
+
     /// A POST with the headers a 2026-07-28 client sends (`headers` added or replacing).
     async fn post(
         &self,
@@ -755,17 +788,6 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
     assert_eq!(names(&list), ["alpha__echo"]);
     let original = std::fs::read_to_string(&setup.config).expect("config");
-    let write = |text: &str| {
-        let tmp = setup.config.with_extension("tmp");
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, &setup.config).expect("rename");
-    };
-    let hangup = |gw: &Gateway| {
-        let pid = gw.server.child.id().expect("pid");
-        let _ = std::process::Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status();
-    };
     // b gets beta's echo; a new server joins (one slow to stop: only SIGKILL ends it); a
     // new token is accepted.
     let gamma = format!(
@@ -787,20 +809,8 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
         )
         + &gamma;
     // b holds a subscription: it hears of the server it may now use.
-    let mut sub = open_listen(
-        &gw,
-        "tok-b",
-        json!("b-sub"),
-        json!({"toolsListChanged": true}),
-    )
-    .await;
-    let mut heard = String::new();
-    assert!(
-        read_until(&mut sub, &mut heard, "acknowledged").await,
-        "{heard}"
-    );
-    write(&changed);
-    hangup(&gw);
+    let (mut sub, mut heard) = subscribed(&gw, "tok-b", "b-sub").await;
+    gw.reload_with(&setup, &changed);
     assert!(
         read_until(&mut sub, &mut heard, "notifications/tools/list_changed").await,
         "a server added by a reload is announced: {heard}"
@@ -817,16 +827,14 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     assert_eq!(seen, ["alpha__echo", "beta__echo", "gamma__add"]);
 
     // A config that does not parse changes nothing.
-    write("this is [not toml");
-    hangup(&gw);
+    gw.reload_with(&setup, "this is [not toml");
     tokio::time::sleep(Duration::from_millis(300)).await; // the reload attempt (deliberate)
     let (status, list) = gw.modern("tok-new", "tools/list", json!({})).await;
     assert_eq!((status, names(&list).len()), (200, 3), "{list}");
 
     // Back to the original: the new token is refused at once, while gamma, slow to
     // stop, still runs; then gamma is stopped and forgotten.
-    write(&original);
-    hangup(&gw);
+    gw.reload_with(&setup, &original);
     let gamma_runs = || !processes_with(&format!("gamma{}", setup.tag)).is_empty();
     let mut status = 0;
     for _ in 0..200 {
@@ -1019,13 +1027,7 @@ async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
     // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
     let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let addr = gw
-        .url()
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .expect("host:port")
-        .to_string();
+    let addr = gw.authority();
     // Requests that declare 250,000 bytes and send `sent` of them, then wait.
     let stalled = |sent: usize| {
         let addr = addr.clone();
@@ -1600,6 +1602,18 @@ async fn open_listen(
         .expect("listen")
 }
 
+/// `token`'s subscription to tool list changes as `id`, read up to its acknowledgement;
+/// the stream and what was read of it.
+async fn subscribed(gw: &Gateway, token: &str, id: &str) -> (reqwest::Response, String) {
+    let mut sub = open_listen(gw, token, json!(id), json!({"toolsListChanged": true})).await;
+    let mut heard = String::new();
+    assert!(
+        read_until(&mut sub, &mut heard, "acknowledged").await,
+        "{heard}"
+    );
+    (sub, heard)
+}
+
 /// Reads an event stream until `want` appears in it (or 20 s pass); what it read.
 async fn read_until(resp: &mut reqwest::Response, seen: &mut String, want: &str) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -1988,15 +2002,7 @@ async fn a_legacy_session_outlives_its_idle_time_while_a_call_runs_or_its_stream
     assert_eq!(status, 200, "{r}");
     assert_eq!(result_text(&r), "done", "{r}");
     // A client listening on its GET stream is still there (time is what is tested).
-    let mut stream = gw
-        .http
-        .get(gw.url())
-        .bearer_auth("tok-a")
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
-        .send()
-        .await
-        .expect("get");
+    let mut stream = gw.get_stream("tok-a", &sid).await;
     assert_eq!(stream.status().as_u16(), 200);
     let read = tokio::time::timeout(Duration::from_millis(1500), stream.chunk()).await;
     assert!(read.is_err(), "the stream ended: {read:?}");
@@ -2009,28 +2015,9 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     let sid = legacy_session(&gw).await; // tok-a's
-    let mut get = gw
-        .http
-        .get(gw.url())
-        .bearer_auth("tok-a")
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
-        .send()
-        .await
-        .expect("get");
+    let mut get = gw.get_stream("tok-a", &sid).await;
     assert_eq!(get.status().as_u16(), 200);
-    let mut sub = open_listen(
-        &gw,
-        "tok-b",
-        json!("b-sub"),
-        json!({"toolsListChanged": true}),
-    )
-    .await;
-    let mut heard = String::new();
-    assert!(
-        read_until(&mut sub, &mut heard, "acknowledged").await,
-        "{heard}"
-    );
+    let (mut sub, mut heard) = subscribed(&gw, "tok-b", "b-sub").await;
     let original = std::fs::read_to_string(&setup.config).expect("config");
     let line = |token: &[u8], agent: &str| {
         format!(
@@ -2040,14 +2027,10 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     };
     let (a_token, b_token) = (line(b"tok-a", "a"), line(b"tok-b", "b"));
     assert!(original.contains(&a_token) && original.contains(&b_token));
-    let tmp = setup.config.with_extension("tmp");
-    let revoked = original.replace(&a_token, "").replace(&b_token, "");
-    std::fs::write(&tmp, revoked).expect("write");
-    std::fs::rename(&tmp, &setup.config).expect("rename");
-    let pid = gw.server.child.id().expect("pid");
-    let _ = std::process::Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status();
+    gw.reload_with(
+        &setup,
+        &original.replace(&a_token, "").replace(&b_token, ""),
+    );
     // Its final result comes, and the stream ends, with no change to announce.
     assert!(
         read_until(&mut sub, &mut heard, "\"complete\"").await,
@@ -2068,16 +2051,7 @@ async fn a_principals_legacy_event_streams_are_capped_kept_alive_and_freed_with_
     let gw = setup.start().await;
     let get = |sid: String| {
         let gw = &gw;
-        async move {
-            gw.http
-                .get(gw.url())
-                .bearer_auth("tok-a")
-                .header("accept", "text/event-stream")
-                .header("mcp-session-id", sid)
-                .send()
-                .await
-                .expect("get")
-        }
+        async move { gw.get_stream("tok-a", &sid).await }
     };
     // 64 streams per principal (four on each of 16 sessions); the next gets 503.
     let mut sessions = Vec::new();
@@ -2576,11 +2550,7 @@ async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
     use tokio::io::AsyncWriteExt;
     let setup = Setup::new(r#"write_timeout = "1s""#, &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let authority = gw
-        .url()
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_string();
+    let authority = gw.authority();
     // Small buffers on the client's side, so that the gateway's writes stall soon.
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("rcvbuf");
