@@ -166,8 +166,8 @@ struct Session {
 
 impl Session {
     /// Whether it has been idle past `idle`: no request started or ended for that long,
-    /// none in flight, and no GET stream open (a client listening for notifications is still there; one
-    /// that vanished is noticed by the stream's keep-alive).
+    /// none in flight, and no GET stream open (a client listening for notifications is
+    /// still there; one that vanished is noticed by the stream's keep-alive).
     fn idle(&mut self, idle: Duration) -> bool {
         if self.last_seen.elapsed() <= idle {
             return false;
@@ -1035,13 +1035,12 @@ impl PrincipalSlot {
 }
 
 impl PrincipalSlot {
-    /// `extra` more of its principal's, if that stays within `max` (or it alone holds
-    /// that count); `false` leaves it as it was.
+    /// `extra` more of its principal's, if that stays within `max`; `false` leaves it
+    /// as it was.
     fn grow(&mut self, extra: usize, max: usize) -> bool {
         let mut open = (self.count)(&self.state).lock();
         let n = open.entry(self.principal.clone()).or_default();
-        let alone = *n == self.weight;
-        if !alone && n.saturating_add(extra) > max {
+        if n.saturating_add(extra) > max {
             return false;
         }
         *n = n.saturating_add(extra);
