@@ -1114,6 +1114,85 @@ async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
 }
 
 #[tokio::test]
+async fn a_legacy_clients_large_answers_are_not_kept_out_by_its_large_calls_waiting_for_them() {
+    // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
+    let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let (status, r, sid) = legacy_post(&gw, None, init).await;
+    assert_eq!(status, 200, "{r}");
+    let sid = sid.expect("a session id");
+    let post = |body: Value| {
+        gw.http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("mcp-session-id", &sid)
+            .body(body.to_string())
+            .send()
+    };
+    // Four calls of about 246 KB each: the principal's budget is theirs until they end,
+    // and each waits for its client's model (a question on its own stream).
+    let text = "x".repeat(240 * 1024);
+    let mut calls = Vec::new();
+    for n in 0..4 {
+        let call = json!({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
+            "params": {"name": "alpha__summarize", "arguments": {"text": text}}});
+        calls.push(tokio::spawn(post(call)));
+    }
+    let mut streams = Vec::new();
+    for call in calls {
+        let resp = call.await.expect("join").expect("post");
+        assert_eq!(resp.status().as_u16(), 200);
+        streams.push(resp);
+    }
+    // Each question answered with 100 KiB: the answers have a budget of their own.
+    let said = "y".repeat(100 * 1024);
+    for stream in &mut streams {
+        let mut seen = String::new();
+        assert!(
+            read_until(stream, &mut seen, "sampling/createMessage").await,
+            "{}",
+            seen.chars().take(300).collect::<String>()
+        );
+        // The question's event is long (it quotes the text): read to its end.
+        let at = seen.find("sampling/createMessage").expect("found");
+        while !seen[at..].contains("\n\n") {
+            let chunk = tokio::time::timeout(Duration::from_secs(20), stream.chunk())
+                .await
+                .expect("in time")
+                .expect("read")
+                .expect("more");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        let question: Value = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|m| m["method"] == "sampling/createMessage")
+            .expect("the question");
+        let answer = json!({"jsonrpc": "2.0", "id": question["id"], "result": {
+            "role": "assistant", "content": {"type": "text", "text": said},
+            "model": "m", "stopReason": "endTurn"}});
+        let answered = post(answer).await.expect("post");
+        assert_eq!(answered.status().as_u16(), 202, "the answer was refused");
+    }
+    for stream in &mut streams {
+        let mut seen = String::new();
+        assert!(
+            read_until(stream, &mut seen, "summary: yyyy").await,
+            "{}",
+            seen.chars().take(300).collect::<String>()
+        );
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_invalid_request() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;

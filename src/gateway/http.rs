@@ -205,6 +205,10 @@ struct State {
     gets: Mutex<HashMap<Principal, usize>>,
     /// Bytes of large bodies in flight, per principal.
     large_bodies: Mutex<HashMap<Principal, usize>>,
+    /// The same, for bodies that come while the gateway waits for the principal's
+    /// answers: a budget of their own, so that large calls waiting for large answers
+    /// do not keep those answers out.
+    large_answers: Mutex<HashMap<Principal, usize>>,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -256,6 +260,7 @@ pub async fn serve(
         listens: Mutex::default(),
         gets: Mutex::default(),
         large_bodies: Mutex::default(),
+        large_answers: Mutex::default(),
         closing: CancelToken::new(),
         streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
     });
@@ -713,7 +718,21 @@ async fn post(
     }
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
-    let (body, large) = match read_body(&state, &principal, req.into_body(), limit).await {
+    // A legacy client with questions waiting may be sending an answer: such a body is
+    // charged to a budget of its own (at most twice the bytes for a principal that
+    // sends its calls then).
+    let answering = session_id.as_deref().is_some_and(|sid| {
+        state
+            .sessions
+            .lock()
+            .get(sid)
+            .is_some_and(|s| s.principal == principal && s.pending.waiting())
+    });
+    let budget: fn(&State) -> &Mutex<HashMap<Principal, usize>> = match answering {
+        true => |s| &s.large_answers,
+        false => |s| &s.large_bodies,
+    };
+    let (body, large) = match read_body(&state, &principal, req.into_body(), limit, budget).await {
         Ok(read) => read,
         Err(refused) => return refused,
     };
@@ -917,6 +936,7 @@ async fn read_body(
     principal: &Principal,
     mut body: Incoming,
     limit: usize,
+    count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
 ) -> Result<(Bytes, Option<PrincipalSlot>), HttpResponse> {
     let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
     let mut slot: Option<PrincipalSlot> = None;
@@ -940,13 +960,7 @@ async fn read_body(
                 let charged = match slot.as_mut() {
                     Some(s) => s.grow(after - s.weight, budget),
                     None => {
-                        slot = PrincipalSlot::take_weighted(
-                            state,
-                            principal,
-                            |s| &s.large_bodies,
-                            after,
-                            budget,
-                        );
+                        slot = PrincipalSlot::take_weighted(state, principal, count, after, budget);
                         slot.is_some()
                     }
                 };

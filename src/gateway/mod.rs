@@ -325,6 +325,11 @@ impl Questions {
         }
     }
 
+    /// Whether a question waits for its answer.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.0.lock().waiting.is_empty()
+    }
+
     /// Nobody will answer: every wait ends at once, and so does every question asked
     /// after (a call still running may ask again).
     pub(crate) fn clear(&self) {
