@@ -317,6 +317,46 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
 }
 
 #[tokio::test]
+async fn a_long_tool_name_is_cut_short_in_every_attribute_of_the_calls_span() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-long");
+    let config = config("otel-long", &record);
+    // A caller may name anything (a gateway's client sends megabytes as easily): no
+    // tool has this name, and the call's span still records what was asked.
+    let long = format!("s__{}", "z".repeat(20_000));
+    assert!(!traced_call(&config, &long, &endpoint, "http/protobuf").await);
+    let prefix = format!("tools/call s__{}", "z".repeat(50));
+    let arrived = eventually(Duration::from_secs(20), || {
+        received.spans().iter().any(|s| s.name.starts_with(&prefix))
+    })
+    .await;
+    assert!(
+        arrived,
+        "{:?}",
+        received
+            .spans()
+            .iter()
+            .map(|s| s.name.len())
+            .collect::<Vec<_>>()
+    );
+    let spans = received.spans();
+    let call = spans
+        .iter()
+        .find(|s| s.name.starts_with(&prefix))
+        .expect("the call's span");
+    assert!(
+        call.name.chars().count() < 200,
+        "{} characters",
+        call.name.len()
+    );
+    let name = attr(call, "name").expect("the name asked");
+    assert!(name.starts_with("s__zzz"), "{name}");
+    assert!(name.chars().count() <= 129, "{} characters", name.len());
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
 async fn over_grpc_a_failed_call_carries_its_error_type_on_the_call_and_the_attempt() {
     let (endpoint, received) = grpc_collector().await;
     let record = temp_file("otel-grpc");

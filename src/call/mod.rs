@@ -206,7 +206,7 @@ pub(crate) fn run(
             "call",
             call_id,
             agent = request.caller.agent_id.as_deref(),
-            name = %request.name,
+            name = telemetry::target(request.kind, &request.name),
             otel.name = %telemetry::name(request.kind, &request.name),
             otel.kind = "internal",
             otel.status_code = tracing::field::Empty,

@@ -129,7 +129,7 @@ pub(crate) async fn gather(
             "input",
             otel.name = %method,
             mcp.method.name = %method,
-            mcp_harness.input.key = %key,
+            mcp_harness.input.key = %super::telemetry::Cut(&key),
         );
         let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
         async move { settle(server, method, answer.await, deadline).map(|value| (key, value)) }

@@ -22,6 +22,28 @@ pub(super) fn name(kind: CallKind, name: &str) -> String {
     span_name(kind.method(), kind != CallKind::Resource, name)
 }
 
+/// The longest tool, prompt or input key recorded on a span (characters).
+const ATTRIBUTE_MAX: usize = 128;
+
+/// A name as a span attribute, cut short: a caller or a server may send megabytes of
+/// one, and every exported span would carry it. Written only if the span records it.
+pub(super) struct Cut<'a>(pub(super) &'a str);
+
+impl std::fmt::Display for Cut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(ATTRIBUTE_MAX) {
+            Some((at, _)) => write!(f, "{}…", &self.0[..at]),
+            None => f.write_str(self.0),
+        }
+    }
+}
+
+/// The call's target as a span attribute: a tool's or a prompt's name, cut short;
+/// none for a resource, whose uri may hold secrets.
+pub(super) fn target(kind: CallKind, name: &str) -> Option<tracing::field::DisplayValue<Cut<'_>>> {
+    (kind != CallKind::Resource).then(|| tracing::field::display(Cut(name)))
+}
+
 /// `network.transport`: `pipe` for stdio servers, `tcp` for HTTP ones.
 fn transport(server: &ServerRef) -> &'static str {
     match server.config().transport {
@@ -39,8 +61,8 @@ pub(super) fn attempt_span(
 ) -> tracing::Span {
     let method = kind.method();
     let (tool, prompt) = match kind {
-        CallKind::Tool => (Some(item), None),
-        CallKind::Prompt => (None, Some(item)),
+        CallKind::Tool => (Some(Cut(item)), None),
+        CallKind::Prompt => (None, Some(Cut(item))),
         CallKind::Resource => (None, None),
     };
     call_span!(
@@ -51,9 +73,9 @@ pub(super) fn attempt_span(
         otel.status_code = tracing::field::Empty,
         mcp.method.name = method,
         mcp.protocol.version = server.protocol_version(),
-        gen_ai.operation.name = tool.map(|_| "execute_tool"),
-        gen_ai.tool.name = tool,
-        gen_ai.prompt.name = prompt,
+        gen_ai.operation.name = tool.as_ref().map(|_| "execute_tool"),
+        gen_ai.tool.name = tool.map(tracing::field::display),
+        gen_ai.prompt.name = prompt.map(tracing::field::display),
         network.transport = transport(server),
         mcp_harness.server.id = server.id(),
         jsonrpc.request.id = tracing::field::Empty,
