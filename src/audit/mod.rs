@@ -108,6 +108,22 @@ impl Default for AuditConfig {
     }
 }
 
+impl AuditConfig {
+    /// Checks the settings: a `flush_every` of zero would never flush on time (and
+    /// panics the timer), a nanosecond one floods the writer; a `batch` of zero never
+    /// writes.
+    pub fn validate(&self) -> Result<(), crate::util::invalid::Invalid> {
+        use crate::util::invalid::Invalid;
+        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&self.flush_every) {
+            return Err(Invalid::new("flush_every", "must be from 1 ms to 1 hour"));
+        }
+        if !(1..=1 << 16).contains(&self.batch) {
+            return Err(Invalid::new("batch", "must be from 1 to 65536 records"));
+        }
+        Ok(())
+    }
+}
+
 /// A key name folded for matching: lower case, no `_` or `-`.
 fn fold(name: &str) -> String {
     name.chars()

@@ -187,6 +187,9 @@ impl HarnessConfig {
         self.cache
             .validate()
             .map_err(|e| ConfigError::from_invalid(None, e.under("cache")))?;
+        self.audit
+            .validate()
+            .map_err(|e| ConfigError::from_invalid(None, e.under("audit")))?;
         Ok(())
     }
 }
@@ -194,6 +197,48 @@ impl HarnessConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audit_flushes_and_batches_out_of_range_are_refused() {
+        for (field, audit) in [
+            (
+                "audit.flush_every",
+                crate::audit::AuditConfig {
+                    flush_every: Duration::ZERO,
+                    ..Default::default()
+                },
+            ),
+            (
+                "audit.flush_every",
+                crate::audit::AuditConfig {
+                    flush_every: Duration::from_nanos(1),
+                    ..Default::default()
+                },
+            ),
+            (
+                "audit.flush_every",
+                crate::audit::AuditConfig {
+                    flush_every: Duration::from_secs(7200),
+                    ..Default::default()
+                },
+            ),
+            (
+                "audit.batch",
+                crate::audit::AuditConfig {
+                    batch: 0,
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let config = HarnessConfig {
+                audit,
+                ..HarnessConfig::default()
+            };
+            let e = config.validate().expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+        }
+        assert!(HarnessConfig::default().validate().is_ok());
+    }
 
     #[test]
     fn cache_durations_built_in_code_are_held_to_ten_years() {
