@@ -828,6 +828,76 @@ async fn item_07_an_unwritable_audit_file_fails_new_calls_closed_or_counts_when_
     }
 }
 
+#[tokio::test]
+async fn item_07_an_audit_file_rotated_or_removed_is_started_again_at_its_path() {
+    let dir = scratch_dir().join("rotated");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("audit.jsonl");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(path.clone()),
+        flush_every: Duration::from_millis(20),
+        redaction: mcp_harness::audit::Redaction::Full,
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    let texts = |p: &std::path::PathBuf| -> Vec<String> {
+        audit_records(p)
+            .iter()
+            .filter(|r| r["event"] == "started")
+            .filter_map(|r| r["arguments"]["text"].as_str().map(String::from))
+            .collect()
+    };
+    h.call_tool(&a(), "s__echo", json!({"text": "one"}))
+        .await
+        .expect("call");
+    assert!(eventually(Duration::from_secs(5), || texts(&path) == ["one"]).await);
+    // logrotate's default: renamed away, and a new file is the rotator's to leave
+    // or the writer's to make.
+    let rotated = dir.join("audit.jsonl.1");
+    std::fs::rename(&path, &rotated).expect("rotate");
+    h.call_tool(&a(), "s__echo", json!({"text": "two"}))
+        .await
+        .expect("call");
+    assert!(
+        eventually(Duration::from_secs(5), || texts(&path) == ["two"]).await,
+        "the records after the rotation are at the path: {:?}",
+        texts(&path)
+    );
+    assert_eq!(texts(&rotated), ["one"]);
+    // Removed: the same.
+    std::fs::remove_file(&path).expect("remove");
+    h.call_tool(&a(), "s__echo", json!({"text": "three"}))
+        .await
+        .expect("call");
+    h.shutdown().await;
+    assert_eq!(texts(&path), ["three"]);
+    // A pipe at the path is refused, not written into (a writer would block on it).
+    let fifo = dir.join("fifo.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(fifo),
+        flush_every: Duration::from_millis(20),
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    let _ = h.call_tool(&a(), "s__echo", json!({"text": "x"})).await;
+    assert!(eventually(Duration::from_secs(5), || !h.audit_health().writable).await);
+    let next = h.call_tool(&a(), "s__echo", json!({"text": "y"})).await;
+    assert!(
+        matches!(next, Err(CallError::AuditUnavailable(_))),
+        "{next:?}"
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn finished_of(records: &[Value]) -> Vec<&Value> {
     records
         .iter()

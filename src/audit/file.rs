@@ -4,7 +4,10 @@
 //! that fails part-way is cut back to that offset, so a partial batch never stays in
 //! the file and the retry writes it once. The offset is read again before each batch,
 //! so a file cut by someone else (`logrotate`'s `copytruncate`) is never padded back
-//! to its old length. The file is created 0600; one process writes it.
+//! to its old length. A file removed or renamed away (`logrotate`'s default) is
+//! noticed before the next batch, which goes to a new file at the path: records are
+//! never written on into a file nobody can find. A pipe is refused (it would block the
+//! writer, and every record behind it). The file is created 0600; one process writes it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,20 +20,35 @@ pub(super) trait Output: Send {
     fn truncate(&mut self, len: u64) -> std::io::Result<()>;
     /// Its length now.
     fn len(&mut self) -> std::io::Result<u64>;
+    /// Whether its path names another file now, or none (removed, renamed away).
+    fn moved(&mut self) -> bool {
+        false
+    }
 }
 
-struct FileOutput(std::fs::File);
+struct FileOutput {
+    file: std::fs::File,
+    path: PathBuf,
+}
 
 impl Output for FileOutput {
+    fn moved(&mut self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(now), Ok(open)) = (std::fs::metadata(&self.path), self.file.metadata()) else {
+            return true;
+        };
+        (now.dev(), now.ino()) != (open.dev(), open.ino())
+    }
+
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.0.write_all(bytes)?;
-        self.0.flush()
+        self.file.write_all(bytes)?;
+        self.file.flush()
     }
     fn truncate(&mut self, len: u64) -> std::io::Result<()> {
-        self.0.set_len(len)
+        self.file.set_len(len)
     }
     fn len(&mut self) -> std::io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        Ok(self.file.metadata()?.len())
     }
 }
 
@@ -44,12 +62,27 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
+        // Non-blocking: a pipe with no reader is refused at once, not waited on.
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
+            .custom_flags(libc::O_NONBLOCK)
             .open(&path)?;
-        Ok(Box::new(FileOutput(file)) as Box<dyn Output>)
+        let kind = file.metadata()?.file_type();
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if kind.is_fifo() || kind.is_socket() {
+                return Err(std::io::Error::other(format!(
+                    "{} is a pipe or a socket, not a file",
+                    path.display()
+                )));
+            }
+        }
+        Ok(Box::new(FileOutput {
+            file,
+            path: path.clone(),
+        }) as Box<dyn Output>)
     })
 }
 
@@ -73,6 +106,13 @@ impl AuditFile {
 
     /// Appends one batch, all of it or (after cutting back a partial write) none of it.
     pub(super) fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.output.as_mut().is_some_and(|o| o.moved()) {
+            // Removed or rotated away: the batches before stay where they are, and this
+            // one starts the file now at the path.
+            tracing::info!("audit file moved or removed; writing to a new one at its path");
+            self.output = None;
+            self.good = None;
+        }
         if self.output.is_none() {
             let mut output = (self.open)()?;
             let len = output.len()?;
