@@ -44,6 +44,9 @@ const FIELD_CHARS: usize = 4096;
 const PARAMS: usize = 64;
 /// Characters read of a query.
 const QUERY_CHARS: usize = 1024;
+/// Terms of a query searched for, and sibling terms: each costs a scan of every
+/// matching tool's terms.
+const QUERY_TERMS: usize = 32;
 /// Weight of a word found only through its siblings in [`SIBLINGS`].
 const SIBLING_WEIGHT: f32 = 0.5;
 
@@ -149,13 +152,16 @@ impl Terms {
             let Some(term) = self.term(&word) else {
                 continue;
             };
+            if base.len() >= QUERY_TERMS {
+                break;
+            }
             if !base.contains(&term) {
                 base.push(term);
             }
             for group in SIBLINGS.iter().filter(|g| g.contains(&word.as_str())) {
                 for sibling in group.iter().filter(|s| **s != word) {
                     let term = self.stemmer.stem(sibling).into_owned();
-                    if !siblings.contains(&term) {
+                    if siblings.len() < QUERY_TERMS && !siblings.contains(&term) {
                         siblings.push(term);
                     }
                 }
@@ -207,6 +213,16 @@ fn document(tool: &ToolInfo) -> String {
     text
 }
 
+/// `embedding` with each term once: the embedder gives one entry per occurrence, all
+/// with the same value, and the scorer takes the first it finds, scanning the whole
+/// list for each term of a query (a tool that repeats one word a hundred thousand
+/// times would make every search scan them all).
+fn unique(mut embedding: Embedding<u32>) -> Embedding<u32> {
+    let mut seen = std::collections::HashSet::new();
+    embedding.0.retain(|t| seen.insert(t.index));
+    embedding
+}
+
 /// One listing, indexed.
 struct Built {
     fingerprint: u64,
@@ -224,7 +240,7 @@ impl Built {
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &corpus).build();
         let mut scorer = Scorer::new();
         for (i, text) in (0u32..).zip(&texts) {
-            scorer.upsert(&i, embedder.embed(text));
+            scorer.upsert(&i, unique(embedder.embed(text)));
         }
         Built {
             fingerprint,
@@ -333,7 +349,14 @@ impl SearchIndex {
                 index
             }
         };
-        index.search(query, k)
+        // Ranking is CPU work in proportion to the listing: off the async threads.
+        let query = query.to_string();
+        tokio::task::spawn_blocking(move || index.search(&query, k))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "tool search failed");
+                Vec::new()
+            })
     }
 }
 
@@ -341,6 +364,20 @@ impl SearchIndex {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_query_and_a_tools_text_cost_at_most_their_distinct_terms() {
+        let words: Vec<String> = (0..300).map(|i| format!("word{i}x")).collect();
+        let (base, siblings) = Terms::new().query(&words.join(" "));
+        assert_eq!(base.len(), QUERY_TERMS);
+        assert!(siblings.len() <= QUERY_TERMS);
+        let text = "repeat ".repeat(10_000) + "other";
+        let embedder: Embedder<u32, Terms> =
+            EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
+                .build();
+        let embedded = unique(embedder.embed(&text));
+        assert_eq!(embedded.0.len(), 2, "each term once");
+    }
 
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {
         ToolInfo {
