@@ -16,8 +16,8 @@ use crate::util::hash::sha256_hex;
 
 /// Longest name served.
 pub const MAX_NAME: usize = 64;
-/// Shortened names remembered (the oldest are forgotten past it; a forgotten one is
-/// learned again on the caller's next list).
+/// Shortened names remembered (past it they are all forgotten before a listing's go in,
+/// and learned again on each caller's next list; one listing may hold more).
 const MAX_RENAMED: usize = 65_536;
 
 /// Whether served names carry their server.
@@ -78,9 +78,13 @@ pub fn looks_shortened(served: &str) -> bool {
 }
 
 /// A bare name served as it is: not when it holds the separator (bare, it would be
-/// read as `server__tool` and go to another server).
+/// read as `server__tool` and go to another server), nor when it is one of the
+/// gateway's own tools under `tool_exposure = "search"` (a call by it would reach the
+/// gateway's, whatever the listing showed).
 fn bare_ok(name: &str) -> bool {
+    use super::search::{CALL_TOOL, DESCRIBE_TOOL, SEARCH_TOOLS};
     !name.contains(crate::server::SEPARATOR)
+        && ![SEARCH_TOOLS, DESCRIBE_TOOL, CALL_TOOL].contains(&name)
 }
 
 impl Names {
@@ -137,13 +141,23 @@ impl Names {
                 out
             }
         };
+        // Hashed outside the lock; the table is emptied (when full) before this listing's
+        // names go in, never halfway through them.
+        let shorts: Vec<Option<String>> = out
+            .iter()
+            .map(|(name, _)| Some(shorten(name)).filter(|short| short != name))
+            .collect();
         let mut renamed = self.renamed.lock();
-        for (name, item) in &mut out {
-            let short = shorten(name);
-            if short != *name {
-                if renamed.len() >= MAX_RENAMED {
-                    renamed.clear();
-                }
+        let adding = shorts
+            .iter()
+            .flatten()
+            .filter(|short| !renamed.contains_key(short.as_str()))
+            .count();
+        if renamed.len().saturating_add(adding) > MAX_RENAMED {
+            renamed.clear();
+        }
+        for ((name, item), short) in out.iter_mut().zip(shorts) {
+            if let Some(short) = short {
                 if let Some(other) = renamed.insert(short.clone(), name.clone())
                     && other != *name
                 {
@@ -151,6 +165,30 @@ impl Names {
                 }
                 tracing::debug!(server = %item.server, name = %name.escape_debug(), served = %short, "name shortened");
                 *name = short;
+            }
+        }
+        // Two entries under one name (a server's tool named as another's long name is
+        // shortened): each is served by its qualified name instead, and the shared name
+        // is no longer taken for the long one, so that neither's listing can send a
+        // call to the other.
+        let mut served: HashMap<&str, usize> = HashMap::new();
+        for (name, _) in &out {
+            *served.entry(name.as_str()).or_default() += 1;
+        }
+        let twice: std::collections::HashSet<String> = served
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        for (name, item) in &mut out {
+            if twice.contains(name.as_str()) {
+                tracing::warn!(served = %name.escape_debug(), server = %item.server, "two tools would be served under one name; served by their qualified names");
+                renamed.remove(name.as_str());
+                let qualified = shorten(&item.qualified);
+                if qualified != *item.qualified {
+                    renamed.insert(qualified.clone(), item.qualified.to_string());
+                }
+                *name = qualified;
             }
         }
         out
@@ -222,6 +260,38 @@ mod tests {
                 &sha256_hex("has space/ü".as_bytes())[..16]
             )
         );
+        // A tool named as another server's long name is shortened: both are served by
+        // their qualified names, and the shared name is no longer taken for the long one
+        // (bare, it names the tool that has it).
+        for p in [Prefix::Conditional, Prefix::Never] {
+            let names = Names::new(p);
+            let items = vec![tool("v", &long), tool("e", &short)];
+            let served: Vec<(String, String)> = names
+                .expose(&items, |_| 0)
+                .into_iter()
+                .map(|(n, i)| (n, i.qualified.to_string()))
+                .collect();
+            assert_eq!(served.len(), 2, "{served:?}");
+            assert_ne!(served[0].0, served[1].0, "{served:?}");
+            for (name, qualified) in &served {
+                assert_eq!(names.resolve(name), *qualified, "{p:?}");
+            }
+            assert_eq!(
+                names.resolve(&short),
+                short,
+                "the shared name leads nowhere"
+            );
+        }
+        // Nor is an upstream tool served as one of the gateway's own.
+        let meta = vec![tool("up", "call_tool"), tool("up", "search_tools")];
+        for p in [Prefix::Conditional, Prefix::Never] {
+            let served: Vec<String> = Names::new(p)
+                .expose(&meta, |_| 0)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            assert!(served.iter().all(|n| n.starts_with("up__")), "{served:?}");
+        }
         let names = Names::new(Prefix::Always);
         let items = vec![tool("srv", &long)];
         let (served, _) = names.expose(&items, |_| 0).remove(0);
