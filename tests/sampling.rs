@@ -444,6 +444,12 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
         "{listed}"
     );
     assert!(listed.contains("Summarize: gateway story"), "{listed}");
+    // What the model would read, beyond the first message: the system prompt and the
+    // later messages.
+    assert!(
+        listed.contains("system: Be brief.") && listed.contains("user: And this picture:"),
+        "{listed}"
+    );
     let id = listed.split_whitespace().next().expect("an id").to_string();
     // A wrong token is refused; the right one answers.
     let refused = approvals(&["--from", &from, "accept", &id], "wrong").await;

@@ -108,6 +108,13 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                         line(p["agent"].as_str().unwrap_or("-")),
                         summary(&p["params"])
                     );
+                    // What accepting it lets the model read, as the terminal approver
+                    // shows it: not only the first message's first words.
+                    if p["method"] == "sampling/createMessage" {
+                        for shown in crate::elicit::sampling_shown(&p["params"]) {
+                            println!("       {shown}");
+                        }
+                    }
                 }
             }
             Ok(crate::commands::OK)

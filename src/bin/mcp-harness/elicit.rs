@@ -60,6 +60,39 @@ fn shown(text: &str) -> String {
     out
 }
 
+/// What a person approves of a sampling request, a line each: the instructions the
+/// model would follow, that is the system prompt and every message (up to
+/// [`SHOWN_MESSAGES`]), each cut visibly.
+pub fn sampling_shown(params: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(system) = params["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
+        out.push(format!("system: {}", shown(system)));
+    }
+    let messages = params["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for m in messages.iter().take(SHOWN_MESSAGES) {
+        let text = m
+            .pointer("/content/text")
+            .or_else(|| m.pointer("/content/0/text"))
+            .and_then(Value::as_str)
+            .unwrap_or("(not text)");
+        out.push(format!(
+            "{}: {}",
+            line(m["role"].as_str().unwrap_or("?")),
+            shown(text)
+        ));
+    }
+    if messages.len() > SHOWN_MESSAGES {
+        out.push(format!(
+            "(+{} more messages)",
+            messages.len() - SHOWN_MESSAGES
+        ));
+    }
+    out
+}
+
 /// Approves sampling requests on the terminal (the command line's approver): shows who
 /// asks, for how many tokens, and the first message, and asks y/N. Without a terminal
 /// it declines.
@@ -76,32 +109,15 @@ impl InputHandler for CliApprover {
                     return json!({"action": "decline"});
                 }
                 let p = &request.params;
-                let messages = p["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                let messages = p["messages"].as_array().map_or(0, Vec::len);
                 eprintln!(
                     "server {} asks the model for up to {} tokens, {} message(s):",
                     line(&request.server),
                     p["maxTokens"].as_u64().unwrap_or(0),
-                    messages.len(),
+                    messages,
                 );
-                // The instructions the model would follow are what the person approves:
-                // the system prompt and every message, each cut visibly.
-                if let Some(system) = p["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
-                    eprintln!("  system: {}", shown(system));
-                }
-                for m in messages.iter().take(SHOWN_MESSAGES) {
-                    let text = m
-                        .pointer("/content/text")
-                        .or_else(|| m.pointer("/content/0/text"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("(not text)");
-                    eprintln!(
-                        "  {}: {}",
-                        line(m["role"].as_str().unwrap_or("?")),
-                        shown(text)
-                    );
-                }
-                if messages.len() > SHOWN_MESSAGES {
-                    eprintln!("  (+{} more messages)", messages.len() - SHOWN_MESSAGES);
+                for shown in sampling_shown(p) {
+                    eprintln!("  {shown}");
                 }
                 match ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
