@@ -49,8 +49,8 @@ const MAX_CONNECTIONS: usize = 1024;
 /// A body past this is large: parsed, JSON takes many times its size in memory (a 4 MiB
 /// array of small numbers, some 64 MiB), so a principal's large bodies in flight come to
 /// at most `LARGE_BODY_BUDGET` × `max_body_bytes` bytes; past it, 503.
-const LARGE_BODY: usize = 64 * 1024;
-const LARGE_BODY_BUDGET: usize = 4;
+pub(crate) const LARGE_BODY: usize = 64 * 1024;
+pub(crate) const LARGE_BODY_BUDGET: usize = 4;
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);

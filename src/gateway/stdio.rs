@@ -26,6 +26,53 @@ const MAX_LINE: usize = 16 << 20;
 
 type Pending = Arc<Questions>;
 
+/// Bytes of large lines (past [`super::http::LARGE_BODY`]) whose messages are held
+/// (parsed, JSON takes many times its size), as the HTTP listener holds a principal's
+/// large bodies: a line that would pass the budget is answered with an error unparsed,
+/// unless nothing large is held. Calls and the client's answers to the gateway's
+/// questions have a budget each, so that large calls waiting for large answers do not
+/// keep those answers out.
+#[derive(Clone)]
+struct LargeLines {
+    held: Arc<parking_lot::Mutex<usize>>,
+    budget: usize,
+}
+
+/// One large line's share of its budget; given back when dropped.
+struct LargeLine {
+    held: Arc<parking_lot::Mutex<usize>>,
+    bytes: usize,
+}
+
+impl LargeLines {
+    fn new(budget: usize) -> LargeLines {
+        LargeLines {
+            held: Arc::default(),
+            budget,
+        }
+    }
+
+    /// A share for a line of `bytes`, if it fits (or nothing large is held).
+    fn take(&self, bytes: usize) -> Option<LargeLine> {
+        let mut held = self.held.lock();
+        if *held > 0 && held.saturating_add(bytes) > self.budget {
+            return None;
+        }
+        *held = held.saturating_add(bytes);
+        Some(LargeLine {
+            held: self.held.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for LargeLine {
+    fn drop(&mut self) {
+        let mut held = self.held.lock();
+        *held = held.saturating_sub(self.bytes);
+    }
+}
+
 struct Pipe {
     out: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes queued for the writer and not taken yet: a client that stops reading
@@ -215,6 +262,11 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
+    let budget = gateway
+        .config()
+        .max_body_bytes
+        .saturating_mul(super::http::LARGE_BODY_BUDGET);
+    let (large_calls, large_answers) = (LargeLines::new(budget), LargeLines::new(budget));
     loop {
         line.clear();
         tokio::select! {
@@ -243,6 +295,29 @@ pub async fn serve(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        // Held with what it parses to, until its call ends.
+        let large = match line.len() > super::http::LARGE_BODY {
+            true => {
+                let lines = match pipe.pending.waiting() {
+                    true => &large_answers,
+                    false => &large_calls,
+                };
+                match lines.take(line.len()) {
+                    Some(share) => Some(share),
+                    None => {
+                        pipe.send(&Message::Response(Response {
+                            id: Message::peek_id(&line),
+                            outcome: Err(RpcError::new(
+                                -32000,
+                                format!("too many large requests in flight (their lines at most {budget} bytes together); try again"),
+                            )),
+                        }));
+                        continue;
+                    }
+                }
+            }
+            false => None,
+        };
         let message = match Message::parse(&line) {
             Ok(m) => m,
             Err(e) => {
@@ -301,6 +376,7 @@ pub async fn serve(
                         closing.clone(),
                     );
                     tasks.spawn(async move {
+                        let _large = large;
                         match envelope {
                             Ok(_) => {
                                 listen(&gateway, &principal, &pipe, &request, token, closing).await
@@ -327,6 +403,7 @@ pub async fn serve(
                 // Boxed: the task then holds a pointer, not the ~8 KB future that tokio
                 // would copy into its cell and again when it finishes.
                 tasks.spawn(Box::pin(async move {
+                    let _large = large;
                     let client = match &legacy {
                         Some(c) => Client::Legacy {
                             client: c,
@@ -498,16 +575,29 @@ mod tests {
         tokio::task::JoinHandle<()>,
         crate::HarnessHandle,
     ) {
+        let gateway_config = super::super::GatewayConfig {
+            write_timeout,
+            ..Default::default()
+        };
+        session_with(pipe, gateway_config).await
+    }
+
+    /// [`session`] with these gateway settings.
+    async fn session_with(
+        pipe: usize,
+        gateway_config: super::super::GatewayConfig,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<()>,
+        crate::HarnessHandle,
+    ) {
         let config = crate::HarnessConfig::default();
         let harness = crate::Harness::spawn(config.clone())
             .await
             .expect("harness");
         let sealer =
             super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let gateway_config = super::super::GatewayConfig {
-            write_timeout,
-            ..Default::default()
-        };
         let gateway = Gateway::new(harness.clone(), &config, gateway_config, sealer)
             .await
             .expect("gateway");
@@ -585,6 +675,112 @@ mod tests {
         let answers = reader.await.expect("reader");
         // All of the second write's lines, and what the first got in.
         assert!(answers >= 600_000, "{answers} answers");
+        harness.shutdown().await;
+    }
+
+    /// A 2026-07-28 request line with id `id`, padded with `pad` bytes of params.
+    fn modern_line(id: u64, method: &str, mut params: Value, pad: usize) -> Vec<u8> {
+        params["_meta"] = serde_json::json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        });
+        params["pad"] = Value::String("x".repeat(pad));
+        let mut line =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+                .to_string()
+                .into_bytes();
+        line.push(b'\n');
+        line
+    }
+
+    /// Reads answers from `out` until one has id `id`.
+    async fn answer_to(out: &mut tokio::io::BufReader<tokio::io::DuplexStream>, id: u64) -> Value {
+        next_where(out, |v| v["id"] == id).await
+    }
+
+    /// Reads messages from `out` until one is `wanted`.
+    async fn next_where(
+        out: &mut tokio::io::BufReader<tokio::io::DuplexStream>,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> Value {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = tokio::time::timeout(Duration::from_secs(20), out.read_line(&mut line))
+                .await
+                .expect("an answer in time")
+                .expect("read");
+            assert!(read > 0, "the session ended");
+            let v: Value = serde_json::from_str(&line).expect("JSON");
+            if wanted(&v) {
+                return v;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn large_lines_held_come_to_a_budget_past_which_they_are_answered_unparsed() {
+        // Lines up to 256 KiB: those over 64 KiB held at once come to 1 MiB at most.
+        let config = super::super::GatewayConfig {
+            max_body_bytes: 256 << 10,
+            ..Default::default()
+        };
+        let (mut client_in, client_out, served, harness) = session_with(1 << 20, config).await;
+        let mut out = tokio::io::BufReader::new(client_out);
+        let listen = serde_json::json!({"notifications": {"toolsListChanged": true}});
+        // Four subscriptions of about 250 KB each stay open, holding what they parsed.
+        for id in 1..=4 {
+            let line = modern_line(id, "subscriptions/listen", listen.clone(), 250_000);
+            client_in.write_all(&line).await.expect("write");
+        }
+        for _ in 0..4 {
+            next_where(&mut out, |v| {
+                v["method"] == "notifications/subscriptions/acknowledged"
+            })
+            .await;
+        }
+        // A fifth large line is answered with an error, by its id, without being parsed.
+        let call = serde_json::json!({"name": "nope", "arguments": {}});
+        client_in
+            .write_all(&modern_line(9, "tools/call", call.clone(), 200_000))
+            .await
+            .expect("write");
+        let refused = answer_to(&mut out, 9).await;
+        let message = refused["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("too many large requests"), "{refused}");
+        // A small one is served as ever.
+        client_in
+            .write_all(&modern_line(10, "tools/call", call.clone(), 0))
+            .await
+            .expect("write");
+        assert!(
+            answer_to(&mut out, 10).await["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.contains("too many large"))
+        );
+        // One subscription ends: its share is free, and the large call is read.
+        let cancel = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n";
+        client_in.write_all(cancel).await.expect("write");
+        let mut served_now = Value::Null;
+        for id in 11..60 {
+            client_in
+                .write_all(&modern_line(id, "tools/call", call.clone(), 200_000))
+                .await
+                .expect("write");
+            served_now = answer_to(&mut out, id).await;
+            if !served_now.to_string().contains("too many large requests") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            served_now["error"]["message"], "unknown tool",
+            "{served_now}"
+        );
+        drop(client_in);
+        let _ = tokio::time::timeout(Duration::from_secs(30), served).await;
         harness.shutdown().await;
     }
 

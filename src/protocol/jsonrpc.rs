@@ -309,6 +309,13 @@ impl Message {
         }
     }
 
+    /// The id of a message, read without building its params or result: to answer a
+    /// message that is refused before it is parsed (too costly to parse now).
+    pub fn peek_id(bytes: &[u8]) -> Option<RequestId> {
+        let raw = serde_json::from_slice::<PeekedMessage<'_>>(bytes).ok()?;
+        parse_id(raw.id?).ok().flatten()
+    }
+
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
     pub fn write_line(&self, out: &mut Vec<u8>) {
         self.write_json(out);
