@@ -166,6 +166,15 @@ fn import_mcp_servers(
     };
     let mut config = HarnessConfig::default();
     let mut renamed = Vec::new();
+    // Names that are ids already keep them; the others take theirs around them.
+    let kept: std::collections::HashSet<&str> = servers
+        .keys()
+        .map(String::as_str)
+        .filter(|name| id_from_name(name) == *name)
+        .collect();
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // The next suffix to try per id, so that many names of one id take linear time.
+    let mut next: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for (name, entry) in servers {
         let at = |key: &str| format!("mcpServers.{name}.{key}");
         let Some(entry) = entry.as_object() else {
@@ -192,7 +201,14 @@ fn import_mcp_servers(
                             .map_err(|_| bad(at("args"), "must be a list of strings"))?,
                     },
                     env: strings("env")?,
-                    cwd: entry.get("cwd").and_then(Value::as_str).map(Into::into),
+                    cwd: match entry.get("cwd") {
+                        None => None,
+                        Some(cwd) => Some(
+                            cwd.as_str()
+                                .ok_or_else(|| bad(at("cwd"), "must be a string"))?
+                                .into(),
+                        ),
+                    },
                     inherit_env: false,
                 })
             }
@@ -225,19 +241,27 @@ fn import_mcp_servers(
                 tracing::warn!(file = %path.display(), server = ?name, key = ?key, "ignoring a key this program does not use");
             }
         }
-        let mut id = id_from_name(name);
-        while config.servers.iter().any(|s| s.id == id) {
-            id.push_str("-2");
-        }
+        let base = id_from_name(name);
+        let mut id = base.clone();
         if id != *name {
+            let n = next.entry(base.clone()).or_insert(2);
+            while kept.contains(id.as_str()) || taken.contains(&id) {
+                id = format!("{base}-{n}");
+                *n += 1;
+            }
             renamed.push((name.clone(), id.clone()));
         }
+        taken.insert(id.clone());
+        let disabled = match entry.get("disabled") {
+            None => false,
+            // A server meant to be off is never started for a value misread.
+            Some(d) => d
+                .as_bool()
+                .ok_or_else(|| bad(at("disabled"), "must be true or false"))?,
+        };
         let mut server = ServerConfig::new(id.clone(), transport);
         server.name = Some(name.clone());
-        server.enabled = !entry
-            .get("disabled")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        server.enabled = !disabled;
         config.servers.push(server);
     }
     Ok((config, renamed))
@@ -309,6 +333,44 @@ mod tests {
             .collect();
         assert_eq!(ids, ["bank", "my_files"]);
         assert_eq!(loaded.renamed.len(), 2);
+    }
+
+    #[test]
+    fn a_name_that_is_an_id_keeps_it_and_odd_values_of_known_keys_are_refused() {
+        // Sorted, "a b" comes first; it must not take the id the server "a_b" has.
+        let text = r#"{"mcpServers": {"a b": {"command": "x"}, "a_b": {"command": "y"}, "a-b?": {"command": "z"}, "a b!": {"command": "w"}}}"#;
+        let loaded = parse(text, Path::new("mcp.json")).expect("valid");
+        let id_of = |name: &str| {
+            loaded
+                .config
+                .servers
+                .iter()
+                .find(|s| s.name.as_deref() == Some(name))
+                .map(|s| s.id.clone())
+                .expect("imported")
+        };
+        assert_eq!(id_of("a_b"), "a_b");
+        assert_eq!(id_of("a b"), "a_b-2");
+        assert_eq!(id_of("a b!"), "a_b-3");
+        // Many names that map to one id load at once, not in quadratic time.
+        let many: serde_json::Map<String, Value> = (0..5000u32)
+            .filter_map(|i| char::from_u32(0x4e00 + i))
+            .map(|c| (format!("a{c}"), serde_json::json!({"command": "x"})))
+            .collect();
+        let text = serde_json::json!({"mcpServers": many}).to_string();
+        let loaded = parse(&text, Path::new("mcp.json")).expect("valid");
+        assert_eq!(loaded.config.servers.len(), 5000);
+        for (field, entry) in [
+            (
+                "mcpServers.s.disabled",
+                r#"{"command": "x", "disabled": "true"}"#,
+            ),
+            ("mcpServers.s.cwd", r#"{"command": "x", "cwd": 5}"#),
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"s": {entry}}}}}"#);
+            let e = parse(&text, Path::new("mcp.json")).expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+        }
     }
 
     #[test]
