@@ -172,6 +172,34 @@ fn exit_codes_say_what_happened() {
     assert_eq!(run(&["frobnicate"]).status.code(), Some(2));
 }
 
+#[test]
+fn audit_records_that_could_not_be_written_make_the_cli_say_so_and_exit_4() {
+    // An audit file on a full disk: the call is admitted (nothing has failed yet), and
+    // its records cannot be written by the time the harness stops.
+    let dir = scratch_dir().join("audit-full-cli");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let audit = dir.join("audit.jsonl");
+    std::os::unix::fs::symlink("/dev/full", &audit).expect("symlink");
+    let config = write(
+        "audit-full-cli.toml",
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
+            harness_exe(),
+            audit.display().to_string(),
+        ),
+    );
+    let config = config.display().to_string();
+    let o = run(&["call", "--config", &config, "s__echo", r#"{"text":"hi"}"#]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("audit record(s) could not be written"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn an_mcp_servers_json_file_works_unchanged() {
     let http = HttpServer::demo(&["web"]).await;

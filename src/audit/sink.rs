@@ -160,6 +160,14 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // The last holder: what was accepted is still written.
         self.write_pending();
+        let left = self.retrying.load(Ordering::SeqCst);
+        if left > 0 {
+            tracing::error!(
+                records = left,
+                error = self.last_error.lock().as_deref().unwrap_or("-"),
+                "audit records lost: the file could not be written before the harness ended"
+            );
+        }
     }
 }
 

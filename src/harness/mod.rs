@@ -804,13 +804,25 @@ impl HarnessHandle {
 
     /// Stops every server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), ends the calls
     /// still running (recorded as `cancelled`), writes every audit record and cache
-    /// entry, then stops the harness; returns when no server process is left.
-    pub async fn shutdown(&self) {
+    /// entry, then stops the harness; returns when no server process is left, with the
+    /// audit trail's health then: a `backlog` or `unwritten` above zero is records that
+    /// could not be written (logged as an error too).
+    pub async fn shutdown(&self) -> AuditHealth {
         let _ = self
             .inner
             .supervisor
             .call(HarnessMsg::Shutdown, Some(Duration::from_secs(180)))
             .await;
+        let health = self.audit_health();
+        if health.backlog > 0 || health.unwritten > 0 {
+            tracing::error!(
+                backlog = health.backlog,
+                unwritten = health.unwritten,
+                error = health.last_error.as_deref().unwrap_or("-"),
+                "audit records not written at shutdown"
+            );
+        }
+        health
     }
 }
 

@@ -63,6 +63,22 @@ pub const OK: u8 = 0;
 pub const TOOL_ERROR: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const NO_SERVER: u8 = 3;
+/// Audit records could not be written (the reason was printed).
+pub const AUDIT_LOST: u8 = 4;
+
+/// The exit code once the harness has stopped: `outcome`, unless audit records were
+/// lost, which is said and exits [`AUDIT_LOST`].
+pub fn audited(outcome: u8, health: &mcp_harness::audit::AuditHealth) -> u8 {
+    let lost = health.backlog as u64 + health.unwritten;
+    if lost == 0 {
+        return outcome;
+    }
+    eprintln!(
+        "mcp-harness: {lost} audit record(s) could not be written: {}",
+        crate::terminal::line(health.last_error.as_deref().unwrap_or("unknown error"))
+    );
+    AUDIT_LOST
+}
 
 /// An error in what the user wrote: exit 2.
 #[derive(Debug, thiserror::Error)]

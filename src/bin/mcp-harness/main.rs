@@ -333,8 +333,8 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         }
     };
     telemetry::flush_metrics().await;
-    harness.shutdown().await;
-    outcome
+    let health = harness.shutdown().await;
+    outcome.map(|code| commands::audited(code, &health))
 }
 
 enum Action {

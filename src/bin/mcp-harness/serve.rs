@@ -188,8 +188,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             task.abort();
         }
         crate::telemetry::flush_metrics().await;
-        harness.shutdown().await;
-        return Ok(commands::OK);
+        let health = harness.shutdown().await;
+        return Ok(commands::audited(commands::OK, &health));
     }
     let addr = args.listen.as_deref().unwrap_or("127.0.0.1:8800");
     let listener = tokio::net::TcpListener::bind(addr)
