@@ -873,7 +873,8 @@ async fn item_07_an_audit_file_rotated_or_removed_is_started_again_at_its_path()
         .expect("call");
     h.shutdown().await;
     assert_eq!(texts(&path), ["three"]);
-    // A pipe at the path is refused, not written into (a writer would block on it).
+    // A pipe nobody reads fails to open, at once (it blocked the writer, and with it
+    // every record and the refusal of calls).
     let fifo = dir.join("fifo.jsonl");
     let made = std::process::Command::new("mkfifo")
         .arg(&fifo)

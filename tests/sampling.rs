@@ -447,7 +447,8 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
     // What the model would read, beyond the first message: the system prompt and the
     // later messages.
     assert!(
-        listed.contains("system: Be brief.") && listed.contains("user: And this picture:"),
+        listed.contains("system: Be brief.")
+            && listed.contains("user: And this picture: [image image/png]"),
         "{listed}"
     );
     let id = listed.split_whitespace().next().expect("an id").to_string();

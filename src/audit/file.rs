@@ -6,8 +6,8 @@
 //! so a file cut by someone else (`logrotate`'s `copytruncate`) is never padded back
 //! to its old length. A file removed or renamed away (`logrotate`'s default) is
 //! noticed before the next batch, which goes to a new file at the path: records are
-//! never written on into a file nobody can find. A pipe is refused (it would block the
-//! writer, and every record behind it). The file is created 0600; one process writes it.
+//! never written on into a file nobody can find. A pipe with no reader fails to open
+//! rather than block the writer. The file is created 0600; one process writes it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -62,21 +62,23 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
-        // Non-blocking: a pipe with no reader is refused at once, not waited on.
+        // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
+        // instead of holding the writer, and every record behind it, until one comes.
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(libc::O_NONBLOCK)
             .open(&path)?;
-        let kind = file.metadata()?.file_type();
+        // Writes block again, as a pipe that is read (`/dev/stdout` in a container) needs.
         {
-            use std::os::unix::fs::FileTypeExt;
-            if kind.is_fifo() || kind.is_socket() {
-                return Err(std::io::Error::other(format!(
-                    "{} is a pipe or a socket, not a file",
-                    path.display()
-                )));
+            use std::os::fd::AsRawFd;
+            let fd = file.as_raw_fd();
+            // SAFETY: fcntl on a descriptor this function owns; no pointers.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
         }
         Ok(Box::new(FileOutput {

@@ -350,7 +350,7 @@ impl SearchIndex {
             }
         };
         // Ranking is CPU work in proportion to the listing: off the async threads.
-        let query = query.to_string();
+        let query: String = query.chars().take(QUERY_CHARS).collect();
         tokio::task::spawn_blocking(move || index.search(&query, k))
             .await
             .unwrap_or_else(|e| {

@@ -202,7 +202,7 @@ fn import_mcp_servers(
                     },
                     env: strings("env")?,
                     cwd: match entry.get("cwd") {
-                        None => None,
+                        None | Some(Value::Null) => None,
                         Some(cwd) => Some(
                             cwd.as_str()
                                 .ok_or_else(|| bad(at("cwd"), "must be a string"))?
@@ -253,7 +253,7 @@ fn import_mcp_servers(
         }
         taken.insert(id.clone());
         let disabled = match entry.get("disabled") {
-            None => false,
+            None | Some(Value::Null) => false,
             // A server meant to be off is never started for a value misread.
             Some(d) => d
                 .as_bool()

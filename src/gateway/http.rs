@@ -718,9 +718,9 @@ async fn post(
     }
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
-    // A legacy client with questions waiting may be sending an answer: such a body is
-    // charged to a budget of its own (at most twice the bytes for a principal that
-    // sends its calls then).
+    // A legacy client with questions waiting may be sending an answer: its body is
+    // charged to the answers' budget as it arrives, and moved to the calls' once it
+    // parses as anything else.
     let answering = session_id.as_deref().is_some_and(|sid| {
         state
             .sessions
@@ -747,6 +747,26 @@ async fn post(
         }
     };
     drop(body);
+    // Charged to the answers' budget (questions were waiting) but not an answer: it is
+    // a call, and takes the calls' share, or is refused as one past it would be.
+    let large = match large {
+        Some(slot) if answering && !matches!(message, Message::Response(_)) => {
+            let weight = slot.weight;
+            drop(slot);
+            let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+            match PrincipalSlot::take_weighted(
+                &state,
+                &principal,
+                |s| &s.large_bodies,
+                weight,
+                budget,
+            ) {
+                Some(slot) => Some(slot),
+                None => return too_many_large(&principal, budget),
+            }
+        }
+        large => large,
+    };
     // The body decides the era: a request with the 2026-07-28 envelope is modern even
     // when a session header comes along.
     let legacy = match &message {
@@ -924,6 +944,26 @@ struct PrincipalSlot {
     weight: usize,
 }
 
+/// The 503 for a large body past its principal's budget.
+fn too_many_large(principal: &Principal, budget: usize) -> HttpResponse {
+    let mut r = error_reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        None,
+        RpcError::new(
+            -32000,
+            format!(
+                "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
+                principal.agent
+            ),
+        ),
+    );
+    r.headers_mut().insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from_static("1"),
+    );
+    r
+}
+
 /// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. Past
 /// [`LARGE_BODY`], the bytes kept are charged to the principal's byte budget as they
 /// arrive, and refused past it: so the raw bodies a principal holds are bounded as its
@@ -977,24 +1017,7 @@ async fn read_body(
     };
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(Ok(true)) if !refused => Ok((Bytes::from(kept), slot)),
-        Ok(Ok(true)) => {
-            let mut r = error_reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                None,
-                RpcError::new(
-                    -32000,
-                    format!(
-                        "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
-                        principal.agent
-                    ),
-                ),
-            );
-            r.headers_mut().insert(
-                hyper::header::RETRY_AFTER,
-                hyper::header::HeaderValue::from_static("1"),
-            );
-            Err(r)
-        }
+        Ok(Ok(true)) => Err(too_many_large(principal, budget)),
         Ok(Ok(false)) => Err(full(
             StatusCode::PAYLOAD_TOO_LARGE,
             "text/plain",

@@ -41,8 +41,12 @@ pub struct Names {
     renamed: Mutex<HashMap<String, String>>,
 }
 
+/// Whether `name` is served as it is: short, of safe characters, and not of a
+/// shortened name's shape (a tool named so is shortened too, so that a served name of
+/// that shape is always one the gateway made, and never shadows a long one).
 fn fits(name: &str) -> bool {
-    !name.is_empty()
+    !looks_shortened(name)
+        && !name.is_empty()
         && name.len() <= MAX_NAME
         && name
             .bytes()
@@ -71,6 +75,7 @@ pub fn shorten(name: &str) -> String {
 /// Whether `served` has the shape of a shortened name.
 pub fn looks_shortened(served: &str) -> bool {
     served.len() == MAX_NAME
+        && served.is_char_boundary(MAX_NAME - 16)
         && served.as_bytes()[MAX_NAME - 17] == b'_'
         && served[MAX_NAME - 16..]
             .bytes()
@@ -167,30 +172,6 @@ impl Names {
                 *name = short;
             }
         }
-        // Two entries under one name (a server's tool named as another's long name is
-        // shortened): each is served by its qualified name instead, and the shared name
-        // is no longer taken for the long one, so that neither's listing can send a
-        // call to the other.
-        let mut served: HashMap<&str, usize> = HashMap::new();
-        for (name, _) in &out {
-            *served.entry(name.as_str()).or_default() += 1;
-        }
-        let twice: std::collections::HashSet<String> = served
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .map(|(name, _)| name.to_string())
-            .collect();
-        for (name, item) in &mut out {
-            if twice.contains(name.as_str()) {
-                tracing::warn!(served = %name.escape_debug(), server = %item.server, "two tools would be served under one name; served by their qualified names");
-                renamed.remove(name.as_str());
-                let qualified = shorten(&item.qualified);
-                if qualified != *item.qualified {
-                    renamed.insert(qualified.clone(), item.qualified.to_string());
-                }
-                *name = qualified;
-            }
-        }
         out
     }
 
@@ -260,27 +241,30 @@ mod tests {
                 &sha256_hex("has space/ü".as_bytes())[..16]
             )
         );
-        // A tool named as another server's long name is shortened: both are served by
-        // their qualified names, and the shared name is no longer taken for the long one
-        // (bare, it names the tool that has it).
-        for p in [Prefix::Conditional, Prefix::Never] {
+        // A tool named as another server's long name is shortened is shortened itself:
+        // the two are served under two names, each leading to its own tool, whoever
+        // lists first (the table is shared by every caller).
+        for p in [Prefix::Always, Prefix::Conditional, Prefix::Never] {
             let names = Names::new(p);
-            let items = vec![tool("v", &long), tool("e", &short)];
+            let both = vec![tool("v", &long), tool("e", &short)];
             let served: Vec<(String, String)> = names
-                .expose(&items, |_| 0)
+                .expose(&both, |_| 0)
                 .into_iter()
                 .map(|(n, i)| (n, i.qualified.to_string()))
                 .collect();
             assert_eq!(served.len(), 2, "{served:?}");
             assert_ne!(served[0].0, served[1].0, "{served:?}");
+            // Callers that see one server only, listing after.
+            names.expose(&both[..1], |_| 0);
+            names.expose(&both[1..], |_| 0);
             for (name, qualified) in &served {
-                assert_eq!(names.resolve(name), *qualified, "{p:?}");
+                let resolved = names.resolve(name);
+                let bare = qualified.split_once("__").map_or("", |(_, b)| b);
+                assert!(
+                    resolved == *qualified || resolved == bare,
+                    "{p:?}: {name} -> {resolved}, not {qualified}"
+                );
             }
-            assert_eq!(
-                names.resolve(&short),
-                short,
-                "the shared name leads nowhere"
-            );
         }
         // Nor is an upstream tool served as one of the gateway's own.
         let meta = vec![tool("up", "call_tool"), tool("up", "search_tools")];

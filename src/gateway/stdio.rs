@@ -298,20 +298,31 @@ pub async fn serve(
         // Held with what it parses to, until its call ends.
         let large = match line.len() > super::http::LARGE_BODY {
             true => {
-                let lines = match pipe.pending.waiting() {
+                let (id, reply) = Message::peek_head(&line).unwrap_or((None, false));
+                let lines = match reply {
                     true => &large_answers,
                     false => &large_calls,
                 };
                 match lines.take(line.len()) {
                     Some(share) => Some(share),
                     None => {
-                        pipe.send(&Message::Response(Response {
-                            id: Message::peek_id(&line),
-                            outcome: Err(RpcError::new(
-                                -32000,
-                                format!("too many large requests in flight (their lines at most {budget} bytes together); try again"),
-                            )),
-                        }));
+                        let error = RpcError::new(
+                            -32000,
+                            format!(
+                                "too many large messages in flight (their lines at most {budget} bytes together); try again"
+                            ),
+                        );
+                        match (reply, id) {
+                            // The question it answers fails, rather than wait for nothing.
+                            (true, Some(id)) => pipe.pending.answer(&id, Err(error)),
+                            (true, None) => {}
+                            (false, id) => {
+                                pipe.send(&Message::Response(Response {
+                                    id,
+                                    outcome: Err(error),
+                                }));
+                            }
+                        }
                         continue;
                     }
                 }
@@ -749,7 +760,7 @@ mod tests {
             .expect("write");
         let refused = answer_to(&mut out, 9).await;
         let message = refused["error"]["message"].as_str().unwrap_or("");
-        assert!(message.contains("too many large requests"), "{refused}");
+        assert!(message.contains("too many large messages"), "{refused}");
         // A small one is served as ever.
         client_in
             .write_all(&modern_line(10, "tools/call", call.clone(), 0))
@@ -770,7 +781,7 @@ mod tests {
                 .await
                 .expect("write");
             served_now = answer_to(&mut out, id).await;
-            if !served_now.to_string().contains("too many large requests") {
+            if !served_now.to_string().contains("too many large messages") {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -140,6 +140,74 @@ struct PeekedMessage<'a> {
     _error: Option<IgnoredAny>,
 }
 
+/// A message's id and kind, all else skipped unread: what [`Message::peek_head`] reads.
+#[derive(Deserialize)]
+struct HeadOnly {
+    #[serde(default)]
+    id: PlainId,
+    #[serde(default)]
+    method: Option<IgnoredAny>,
+    #[serde(default)]
+    result: Option<IgnoredAny>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+/// An id that is an integer or a short string; anything else (an array of millions of
+/// numbers, a megabyte of text) is skipped, not built.
+#[derive(Default)]
+struct PlainId(Option<RequestId>);
+
+/// The longest string id [`PlainId`] keeps.
+const PLAIN_ID_MAX: usize = 256;
+
+impl<'de> Deserialize<'de> for PlainId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PlainId, D::Error> {
+        struct Plain;
+        impl<'de> serde::de::Visitor<'de> for Plain {
+            type Value = PlainId;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON-RPC id")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<PlainId, E> {
+                Ok(PlainId(Some(RequestId::Number(v))))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<PlainId, E> {
+                Ok(PlainId(i64::try_from(v).ok().map(RequestId::Number)))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<PlainId, E> {
+                Ok(PlainId(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<PlainId, E> {
+                Ok(PlainId(None))
+            }
+            fn visit_unit<E>(self) -> Result<PlainId, E> {
+                Ok(PlainId(None))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<PlainId, E> {
+                Ok(PlainId(
+                    (v.len() <= PLAIN_ID_MAX).then(|| RequestId::String(v.to_string())),
+                ))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<PlainId, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(PlainId(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<PlainId, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(PlainId(None))
+            }
+        }
+        d.deserialize_any(Plain)
+    }
+}
+
 /// What [`Message::peek`] learned of a line.
 #[derive(Debug, PartialEq)]
 pub enum Peeked {
@@ -309,11 +377,13 @@ impl Message {
         }
     }
 
-    /// The id of a message, read without building its params or result: to answer a
-    /// message that is refused before it is parsed (too costly to parse now).
-    pub fn peek_id(bytes: &[u8]) -> Option<RequestId> {
-        let raw = serde_json::from_slice::<PeekedMessage<'_>>(bytes).ok()?;
-        parse_id(raw.id?).ok().flatten()
+    /// A message's id (an integer or a string of at most 256 bytes) and whether it is a
+    /// reply (a result or an error, no method), read without building anything else: to
+    /// answer a message refused before it is parsed (too costly to parse now).
+    pub fn peek_head(bytes: &[u8]) -> Option<(Option<RequestId>, bool)> {
+        let head = serde_json::from_slice::<HeadOnly>(bytes).ok()?;
+        let reply = head.method.is_none() && (head.result.is_some() || head.error.is_some());
+        Some((head.id.0, reply))
     }
 
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
@@ -465,6 +535,32 @@ impl Serialize for WireOut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_is_read_without_building_an_odd_id_or_the_bodies() {
+        let id = |s: &str| Message::peek_head(s.as_bytes());
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":5,"result":{"x":[1,2,3]}}"#),
+            Some((Some(RequestId::Number(5)), true))
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"m"}}"#),
+            Some((Some(RequestId::String("a".into())), true))
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":"a","method":"m","params":{"big":[0,0,0]}}"#),
+            Some((Some(RequestId::String("a".into())), false))
+        );
+        let huge = format!(
+            r#"{{"jsonrpc":"2.0","id":[{}0],"method":"m"}}"#,
+            "0,".repeat(100_000)
+        );
+        assert_eq!(id(&huge), Some((None, false)), "an array id is skipped");
+        let long = format!(r#"{{"id":"{}","method":"m"}}"#, "x".repeat(300));
+        assert_eq!(id(&long), Some((None, false)), "a long id is not kept");
+        assert_eq!(id(r#"{"id":1.5,"method":"m"}"#), Some((None, false)));
+        assert_eq!(id("not json"), None);
+    }
     use serde_json::json;
 
     #[test]

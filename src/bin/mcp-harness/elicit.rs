@@ -72,16 +72,22 @@ pub fn sampling_shown(params: &Value) -> Vec<String> {
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or(&[]);
+    // Every block of a message: text in full (cut visibly), other kinds by their type,
+    // so that no block hides behind the first.
+    let block = |b: &Value| match b["type"].as_str() {
+        Some("text") => b["text"].as_str().unwrap_or("").to_string(),
+        Some(kind) => format!("[{kind} {}]", b["mimeType"].as_str().unwrap_or("")),
+        None => "[?]".to_string(),
+    };
     for m in messages.iter().take(SHOWN_MESSAGES) {
-        let text = m
-            .pointer("/content/text")
-            .or_else(|| m.pointer("/content/0/text"))
-            .and_then(Value::as_str)
-            .unwrap_or("(not text)");
+        let text = match &m["content"] {
+            Value::Array(blocks) => blocks.iter().map(block).collect::<Vec<_>>().join(" "),
+            one => block(one),
+        };
         out.push(format!(
             "{}: {}",
             line(m["role"].as_str().unwrap_or("?")),
-            shown(text)
+            shown(&text)
         ));
     }
     if messages.len() > SHOWN_MESSAGES {
