@@ -762,7 +762,13 @@ async fn post(
                 budget,
             ) {
                 Some(slot) => Some(slot),
-                None => return too_many_large(&principal, budget),
+                None => {
+                    let id = match &message {
+                        Message::Request(r) => Some(r.id.clone()),
+                        _ => None,
+                    };
+                    return too_many_large(&principal, budget, id);
+                }
             }
         }
         large => large,
@@ -944,11 +950,12 @@ struct PrincipalSlot {
     weight: usize,
 }
 
-/// The 503 for a large body past its principal's budget.
-fn too_many_large(principal: &Principal, budget: usize) -> HttpResponse {
+/// The 503 for a large body past its principal's budget (`id`: its request's, once
+/// known).
+fn too_many_large(principal: &Principal, budget: usize, id: Option<RequestId>) -> HttpResponse {
     let mut r = error_reply(
         StatusCode::SERVICE_UNAVAILABLE,
-        None,
+        id,
         RpcError::new(
             -32000,
             format!(
@@ -1017,7 +1024,7 @@ async fn read_body(
     };
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(Ok(true)) if !refused => Ok((Bytes::from(kept), slot)),
-        Ok(Ok(true)) => Err(too_many_large(principal, budget)),
+        Ok(Ok(true)) => Err(too_many_large(principal, budget, None)),
         Ok(Ok(false)) => Err(full(
             StatusCode::PAYLOAD_TOO_LARGE,
             "text/plain",

@@ -29,9 +29,9 @@ type Pending = Arc<Questions>;
 /// Bytes of large lines (past [`super::http::LARGE_BODY`]) whose messages are held
 /// (parsed, JSON takes many times its size), as the HTTP listener holds a principal's
 /// large bodies: a line that would pass the budget is answered with an error unparsed,
-/// unless nothing large is held. Calls and the client's answers to the gateway's
-/// questions have a budget each, so that large calls waiting for large answers do not
-/// keep those answers out.
+/// unless nothing large is held. The client's answers to the gateway's questions are
+/// not held (each is handed to its question as it is read), so large calls waiting for
+/// large answers never keep those answers out.
 #[derive(Clone)]
 struct LargeLines {
     held: Arc<parking_lot::Mutex<usize>>,
@@ -266,7 +266,7 @@ pub async fn serve(
         .config()
         .max_body_bytes
         .saturating_mul(super::http::LARGE_BODY_BUDGET);
-    let (large_calls, large_answers) = (LargeLines::new(budget), LargeLines::new(budget));
+    let large_calls = LargeLines::new(budget);
     loop {
         line.clear();
         tokio::select! {
@@ -299,32 +299,22 @@ pub async fn serve(
         let large = match line.len() > super::http::LARGE_BODY {
             true => {
                 let (id, reply) = Message::peek_head(&line).unwrap_or((None, false));
-                let lines = match reply {
-                    true => &large_answers,
-                    false => &large_calls,
-                };
-                match lines.take(line.len()) {
-                    Some(share) => Some(share),
-                    None => {
-                        let error = RpcError::new(
+                if reply {
+                    // An answer is handed to its question in this pass, and let go.
+                    None
+                } else if let Some(share) = large_calls.take(line.len()) {
+                    Some(share)
+                } else {
+                    pipe.send(&Message::Response(Response {
+                        id,
+                        outcome: Err(RpcError::new(
                             -32000,
                             format!(
-                                "too many large messages in flight (their lines at most {budget} bytes together); try again"
+                                "too many large requests in flight (their lines at most {budget} bytes together); try again"
                             ),
-                        );
-                        match (reply, id) {
-                            // The question it answers fails, rather than wait for nothing.
-                            (true, Some(id)) => pipe.pending.answer(&id, Err(error)),
-                            (true, None) => {}
-                            (false, id) => {
-                                pipe.send(&Message::Response(Response {
-                                    id,
-                                    outcome: Err(error),
-                                }));
-                            }
-                        }
-                        continue;
-                    }
+                        )),
+                    }));
+                    continue;
                 }
             }
             false => None,
@@ -760,7 +750,7 @@ mod tests {
             .expect("write");
         let refused = answer_to(&mut out, 9).await;
         let message = refused["error"]["message"].as_str().unwrap_or("");
-        assert!(message.contains("too many large messages"), "{refused}");
+        assert!(message.contains("too many large requests"), "{refused}");
         // A small one is served as ever.
         client_in
             .write_all(&modern_line(10, "tools/call", call.clone(), 0))
@@ -781,7 +771,7 @@ mod tests {
                 .await
                 .expect("write");
             served_now = answer_to(&mut out, id).await;
-            if !served_now.to_string().contains("too many large messages") {
+            if !served_now.to_string().contains("too many large requests") {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

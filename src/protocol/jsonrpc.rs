@@ -147,9 +147,10 @@ struct HeadOnly {
     id: PlainId,
     #[serde(default)]
     method: Option<IgnoredAny>,
-    #[serde(default)]
+    // `null` is a result too, as the full parse has it.
+    #[serde(default, deserialize_with = "present")]
     result: Option<IgnoredAny>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     error: Option<IgnoredAny>,
 }
 
@@ -546,6 +547,11 @@ mod tests {
         assert_eq!(
             id(r#"{"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"m"}}"#),
             Some((Some(RequestId::String("a".into())), true))
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":7,"result":null}"#),
+            Some((Some(RequestId::Number(7)), true)),
+            "a null result is a result"
         );
         assert_eq!(
             id(r#"{"jsonrpc":"2.0","id":"a","method":"m","params":{"big":[0,0,0]}}"#),

@@ -211,7 +211,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     for task in [metrics, admin].into_iter().flatten() {
         task.abort();
     }
-    Ok(commands::OK)
+    // `http::serve` has shut the harness down, its audit trail flushed.
+    Ok(commands::audited(commands::OK, &harness.audit_health()))
 }
 
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
