@@ -47,6 +47,10 @@ impl Actor for AuditActor {
         match msg {
             AuditMsg::Flush(reply) => {
                 drain(sink).await;
+                // Asked for (shutdown): what was written reaches the disk, not only the
+                // page cache, before the harness says it is done.
+                let shared = sink.shared.clone();
+                let _ = tokio::task::spawn_blocking(move || shared.sync()).await;
                 let _ = reply.send(());
             }
             AuditMsg::Tick => drain(sink).await,

@@ -24,6 +24,10 @@ pub(super) trait Output: Send {
     fn moved(&mut self) -> bool {
         false
     }
+    /// Flushes what it holds to the disk.
+    fn sync(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 struct FileOutput {
@@ -32,6 +36,13 @@ struct FileOutput {
 }
 
 impl Output for FileOutput {
+    fn sync(&mut self) -> std::io::Result<()> {
+        match self.file.sync_data() {
+            // A pipe or a terminal has no disk to reach.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+            other => other,
+        }
+    }
     fn moved(&mut self) -> bool {
         use std::os::unix::fs::MetadataExt;
         let (Ok(now), Ok(open)) = (std::fs::metadata(&self.path), self.file.metadata()) else {
@@ -103,6 +114,14 @@ impl AuditFile {
             open,
             output: None,
             good: None,
+        }
+    }
+
+    /// Flushes the open file to the disk (nothing when none is open).
+    pub(super) fn sync(&mut self) -> std::io::Result<()> {
+        match self.output.as_mut() {
+            Some(output) => output.sync(),
+            None => Ok(()),
         }
     }
 

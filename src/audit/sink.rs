@@ -156,6 +156,17 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Flushes what the file holds to the disk (a failure is logged).
+    pub(super) fn sync(&self) {
+        if let Some(file) = self.file.lock().as_mut()
+            && let Err(e) = file.sync()
+        {
+            tracing::warn!(error = %e, "audit file not synced to disk");
+        }
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         // The last holder: what was accepted is still written.

@@ -98,13 +98,17 @@ impl TransportSpec {
                 Ok(())
             }
             TransportSpec::Http(h) => {
-                let url = reqwest::Url::parse(&h.url).map_err(|e| {
-                    Invalid::new("transport.url", format!("{:?} is not a URL: {e}", h.url))
-                })?;
+                // The URL is not quoted back: `${VAR}` may have put a key in its query or
+                // credentials, and errors reach terminals and logs.
+                let url = reqwest::Url::parse(&h.url)
+                    .map_err(|e| Invalid::new("transport.url", format!("is not a URL: {e}")))?;
                 if !matches!(url.scheme(), "http" | "https") {
                     return Err(Invalid::new(
                         "transport.url",
-                        format!("{:?}: the scheme must be http or https", h.url),
+                        format!(
+                            "the scheme must be http or https, not {:?}",
+                            crate::util::text::one_line(url.scheme(), 16)
+                        ),
                     ));
                 }
                 for (name, value) in &h.headers {
@@ -187,6 +191,11 @@ mod tests {
             .validate()
             .expect_err("scheme");
         assert!(ftp.reason.contains("http or https"));
+        // What an environment variable put in the URL is not said back.
+        for url in ["ftp://u:hunter2@x/?k=hunter2", "htp//x/?k=hunter2 y"] {
+            let e = TransportSpec::http(url).validate().expect_err(url);
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
         let mut spec = HttpSpec {
             url: "http://127.0.0.1/mcp".into(),
             ..HttpSpec::default()
