@@ -1660,6 +1660,91 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     let _ = std::fs::remove_file(jwks);
 }
 
+#[tokio::test]
+async fn streams_opened_with_a_jwt_end_when_it_expires() {
+    const ISS: &str = "https://idp.test";
+    const AUD: &str = "https://gw.test/mcp";
+    let (signing, jwk) = es256_key("k1");
+    let jwks = temp_file("jwks");
+    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
+            jwks.display()
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let token = |exp: u64| {
+        jwt(
+            &signing,
+            "k1",
+            json!({"iss": ISS, "aud": AUD, "sub": "c", "exp": exp}),
+        )
+    };
+    // Still accepted: within the 30 s of clock skew allowed past `exp`, a few seconds left.
+    let expiring = token(now - 26);
+    let lasting = token(now + 600);
+
+    let (mut short, mut heard) = subscribed(&gw, &expiring, "short").await;
+    let (mut long, mut long_heard) = subscribed(&gw, &lasting, "long").await;
+    // A legacy session's GET stream, opened with the expiring token.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth(&expiring)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(init.to_string())
+        .send()
+        .await
+        .expect("initialize");
+    assert_eq!(resp.status(), 200);
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+        .expect("a session id");
+    let mut get = gw.get_stream(&expiring, &sid).await;
+    assert_eq!(get.status(), 200);
+
+    assert!(
+        read_until(&mut short, &mut heard, "\"resultType\":\"complete\"").await,
+        "the subscription ends with its token: {heard}"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = get.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the GET stream ends with its token");
+    // The subscription of a token still in force goes on.
+    assert!(
+        !tokio::time::timeout(
+            Duration::from_secs(1),
+            read_until(&mut long, &mut long_heard, "\"resultType\":\"complete\"")
+        )
+        .await
+        .unwrap_or(false),
+        "{long_heard}"
+    );
+    // And the expired token is refused from now on.
+    let (status, _, _) = gw
+        .post(Some(&expiring), &request("tools/list", json!({})), &[])
+        .await;
+    assert_eq!(status, 401);
+    drop(long);
+    gw.stop().await;
+    let _ = std::fs::remove_file(jwks);
+}
+
 /// Opens a `subscriptions/listen` as `token` with id `id`: the streaming response.
 async fn open_listen(
     gw: &Gateway,

@@ -29,7 +29,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{
-    Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
+    Admitted, Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal,
+    Questions, id_key,
 };
 use crate::call::CancelToken;
 use crate::protocol::error::{HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
@@ -102,6 +103,8 @@ struct ChannelBody {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// A legacy GET stream's place among its principal's.
     _slot: Option<PrincipalSlot>,
+    /// When its credentials expire: the stream ends then.
+    until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Body for ChannelBody {
@@ -111,6 +114,11 @@ impl Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(until) = self.until.as_mut()
+            && until.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(None);
+        }
         self.rx
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
@@ -118,7 +126,7 @@ impl Body for ChannelBody {
 }
 
 fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
-    sse_stream(rx, None, None)
+    sse_stream(rx, None, None, None)
 }
 
 /// [`sse_response`] for a stream that may stay open for as long as its client likes.
@@ -126,11 +134,13 @@ fn sse_stream(
     rx: mpsc::Receiver<Bytes>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     slot: Option<PrincipalSlot>,
+    until: Option<Instant>,
 ) -> HttpResponse {
     let body = ChannelBody {
         rx,
         _permit: permit,
         _slot: slot,
+        until: until.map(|t| Box::pin(tokio::time::sleep_until(t.into()))),
     };
     let mut r = hyper::Response::new(body.boxed());
     let headers = r.headers_mut();
@@ -467,8 +477,8 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         .headers()
         .get("authorization")
         .map(|v| v.to_str().unwrap_or(""));
-    let principal = match identity.resolve(authorization) {
-        Ok(p) => p,
+    let admitted = match identity.resolve(authorization) {
+        Ok(a) => a,
         Err(e) => {
             let mut r = full(StatusCode::UNAUTHORIZED, "text/plain", e.to_string());
             let challenge = match identity.jwt() {
@@ -492,16 +502,16 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     };
     let session_id = header(&req, "mcp-session-id").map(String::from);
     match *req.method() {
-        Method::POST => post(state, req, principal, session_id).await,
+        Method::POST => post(state, req, admitted, session_id).await,
         Method::GET => match session_id {
-            Some(id) => open_stream(&state, &id, &principal),
+            Some(id) => open_stream(&state, &id, &admitted),
             None => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
         },
         Method::DELETE => match session_id {
             Some(id) => {
                 let mut sessions = state.sessions.lock();
                 match sessions.get(&id) {
-                    Some(s) if s.principal == principal => {
+                    Some(s) if s.principal == admitted.principal => {
                         if let Some(mut s) = sessions.remove(&id) {
                             s.end();
                         }
@@ -516,7 +526,8 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     }
 }
 
-fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpResponse {
+fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpResponse {
+    let principal = &admitted.principal;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let Some(permit) = state.stream_permit() else {
         return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
@@ -549,7 +560,8 @@ fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpRespo
         slot
     };
     // The stream (and its slot) lasts until the session lets go of it (replaced,
-    // ended) or the client goes, noticed by a comment now and then.
+    // ended), the client goes (noticed by a comment now and then), or its credentials
+    // expire.
     let weak = tx.downgrade();
     drop(tx);
     tokio::spawn(async move {
@@ -567,7 +579,7 @@ fn open_stream(state: &Arc<State>, id: &str, principal: &Principal) -> HttpRespo
             }
         }
     });
-    sse_stream(rx, Some(permit), Some(slot))
+    sse_stream(rx, Some(permit), Some(slot), admitted.until)
 }
 
 /// The session `id` of `principal`, if it is live (an idle one is forgotten).
@@ -698,9 +710,10 @@ async fn params_checked(
 async fn post(
     state: Arc<State>,
     req: hyper::Request<Incoming>,
-    principal: Principal,
+    admitted: Admitted,
     session_id: Option<String>,
 ) -> HttpResponse {
+    let Admitted { principal, until } = admitted;
     let accept = header(&req, "accept").unwrap_or("");
     if !(accept.contains("application/json") && accept.contains("text/event-stream")) {
         return full(
@@ -853,7 +866,7 @@ async fn post(
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             if request.method == "subscriptions/listen" {
-                return listen_stream(state, principal, request);
+                return listen_stream(state, principal, until, request);
             }
             if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
                 return refused;
@@ -1108,7 +1121,14 @@ impl Drop for PrincipalSlot {
 /// A `subscriptions/listen`: its own event stream, the acknowledgement first, then the
 /// tool list changes of servers the principal may use, each tagged with the listen's
 /// id; it ends when the client closes it or, at shutdown, with its final result.
-fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> HttpResponse {
+/// A `subscriptions/listen` stream: it lasts until the client goes, the gateway closes,
+/// a reload revokes its principal, or its credentials expire (`until`).
+fn listen_stream(
+    state: Arc<State>,
+    principal: Principal,
+    until: Option<Instant>,
+    request: Request,
+) -> HttpResponse {
     let Some(permit) = state.stream_permit() else {
         return error_reply(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1140,6 +1160,13 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
     reloads.mark_changed();
     tokio::spawn(async move {
         let changed = sse_frame(&Gateway::listen_changed(&id));
+        let expired = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
         let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
         keep_alive.tick().await;
         loop {
@@ -1171,11 +1198,13 @@ fn listen_stream(state: Arc<State>, principal: Principal, request: Request) -> H
                         break;
                     }
                 }
+                // As its next request would be refused.
+                () = &mut expired => break,
             }
         }
         let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
     });
-    sse_stream(rx, Some(permit), None)
+    sse_stream(rx, Some(permit), None, None)
 }
 
 /// `notifications/cancelled` cancels the request it names on the legacy session it

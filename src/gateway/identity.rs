@@ -34,6 +34,17 @@ pub struct Principal {
     pub context: Option<Arc<str>>,
 }
 
+/// A request's principal, and until when its credentials hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// Who the request acts as.
+    pub principal: Principal,
+    /// When its credentials stop being accepted (a JWT's expiry); `None` for a static
+    /// token or the anonymous agent, which last until a reload revokes them. A stream
+    /// the request opens ends then, as a request after it would be refused.
+    pub until: Option<std::time::Instant>,
+}
+
 /// Why a request has no principal.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
@@ -139,7 +150,7 @@ impl Identity {
     }
 
     /// The principal of a request with `authorization` (the header's value, if any).
-    pub fn resolve(&self, authorization: Option<&str>) -> Result<Principal, IdentityError> {
+    pub fn resolve(&self, authorization: Option<&str>) -> Result<Admitted, IdentityError> {
         let token = match authorization {
             None => None,
             Some(h) => {
@@ -156,7 +167,10 @@ impl Identity {
         match token {
             // Looked up by its hash: the map never holds a token, and a guess costs a hash.
             Some(token) => match self.tokens.get(&sha256_hex(token.as_bytes())) {
-                Some(p) => Ok(p.clone()),
+                Some(p) => Ok(Admitted {
+                    principal: p.clone(),
+                    until: None,
+                }),
                 None => match &self.jwt {
                     Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
                         let refused = |reason: &str| {
@@ -165,16 +179,26 @@ impl Identity {
                             tracing::info!(error = %reason, "bearer JWT refused");
                             IdentityError::Unknown
                         };
-                        let (agent, context) =
-                            jwt.verify(token).map_err(|e| refused(&e.to_string()))?;
-                        if self.reserved.contains(agent.as_str()) {
+                        let verified = jwt.verify(token).map_err(|e| refused(&e.to_string()))?;
+                        if self.reserved.contains(verified.agent.as_str()) {
                             return Err(refused(&format!(
-                                "its agent {agent:?} is a configured token's or the anonymous agent"
+                                "its agent {:?} is a configured token's or the anonymous agent",
+                                verified.agent
                             )));
                         }
-                        Ok(Principal {
-                            agent: agent.into(),
-                            context: context.map(Arc::from),
+                        let left = verified
+                            .until
+                            .duration_since(std::time::SystemTime::now())
+                            .unwrap_or_default();
+                        Ok(Admitted {
+                            principal: Principal {
+                                agent: verified.agent.into(),
+                                context: Some(verified.context.into()),
+                            },
+                            until: Some(crate::util::duration::after(
+                                std::time::Instant::now(),
+                                left,
+                            )),
                         })
                     }
                     _ => Err(IdentityError::Unknown),
@@ -183,9 +207,12 @@ impl Identity {
             None => self
                 .anonymous
                 .as_ref()
-                .map(|agent| Principal {
-                    agent: agent.clone(),
-                    context: None,
+                .map(|agent| Admitted {
+                    principal: Principal {
+                        agent: agent.clone(),
+                        context: None,
+                    },
+                    until: None,
                 })
                 .ok_or(IdentityError::Missing),
         }
@@ -222,7 +249,9 @@ mod tests {
             auth_context: Some("alice".into()),
         };
         let id = Identity::new(std::slice::from_ref(&entry), None, None).expect("identity");
-        let p = id.resolve(Some("Bearer s3cret")).expect("known");
+        let admitted = id.resolve(Some("Bearer s3cret")).expect("known");
+        assert_eq!(admitted.until, None, "a static token lasts until revoked");
+        let p = admitted.principal;
         assert_eq!(
             (&*p.agent, p.context.as_deref()),
             ("planner", Some("alice"))
@@ -234,7 +263,10 @@ mod tests {
             Err(IdentityError::Malformed)
         );
         let open = Identity::new(&[entry], Some("guest"), None).expect("identity");
-        assert_eq!(&*open.resolve(None).expect("anonymous").agent, "guest");
+        assert_eq!(
+            &*open.resolve(None).expect("anonymous").principal.agent,
+            "guest"
+        );
         for bad in ["Basic x", "Bearer ", "", "Bearer"] {
             assert_eq!(
                 open.resolve(Some(bad)),

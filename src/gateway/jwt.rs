@@ -81,6 +81,17 @@ pub enum JwtError {
     Claim(String),
 }
 
+/// What a verified JWT says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// The agent claim's value.
+    pub agent: String,
+    /// The auth context, `ISSUER#VALUE`.
+    pub context: String,
+    /// When it stops being accepted (its `exp`, with the clock skew allowed).
+    pub until: std::time::SystemTime,
+}
+
 /// Verifies JWTs for one issuer.
 pub struct JwtVerifier {
     config: JwtConfig,
@@ -177,8 +188,8 @@ impl JwtVerifier {
         });
     }
 
-    /// The agent and auth context of a verified token.
-    pub fn verify(self: &Arc<Self>, token: &str) -> Result<(String, Option<String>), JwtError> {
+    /// The agent, auth context and end of a verified token.
+    pub fn verify(self: &Arc<Self>, token: &str) -> Result<Verified, JwtError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
         let keys = self.keys.read().clone();
@@ -219,7 +230,18 @@ impl JwtVerifier {
         // sign-in, and a static token's principal, would be taken for its.
         let context = claim(&self.config.context_claim)
             .ok_or_else(|| JwtError::Claim(self.config.context_claim.clone()))?;
-        Ok((agent, Some(format!("{}#{context}", self.config.issuer))))
+        // Present and numeric, or `decode` would have refused it.
+        let exp = data
+            .claims
+            .get("exp")
+            .and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f.max(0.0) as u64)))
+            .unwrap_or(0);
+        Ok(Verified {
+            agent,
+            context: format!("{}#{context}", self.config.issuer),
+            until: std::time::UNIX_EPOCH
+                + Duration::from_secs(exp.saturating_add(LEEWAY_SECS).min(1 << 40)),
+        })
     }
 
     /// The protected resource metadata (RFC 9728) the gateway serves.
