@@ -11,7 +11,8 @@
 //!
 //! The index is built from the caller's own listing, so it follows every change the
 //! listing follows (`ToolsChanged`, grants) and never holds a tool the caller may not
-//! use. Built indexes are kept for the few most recent distinct listings.
+//! use. Built indexes are kept for the few most recent distinct listings; searches of a
+//! listing whose index is being built wait for that build rather than start their own.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -225,7 +226,6 @@ fn unique(mut embedding: Embedding<u32>) -> Embedding<u32> {
 
 /// One listing, indexed.
 struct Built {
-    fingerprint: u64,
     /// Held, so that no definition's address is reused while fingerprints are compared.
     tools: Vec<ToolInfo>,
     terms: Terms,
@@ -233,7 +233,7 @@ struct Built {
 }
 
 impl Built {
-    fn new(fingerprint: u64, tools: Vec<ToolInfo>) -> Built {
+    fn new(tools: Vec<ToolInfo>) -> Built {
         let texts: Vec<String> = tools.iter().map(document).collect();
         let corpus: Vec<&str> = texts.iter().map(String::as_str).collect();
         let embedder: Embedder<u32, Terms> =
@@ -243,7 +243,6 @@ impl Built {
             scorer.upsert(&i, unique(embedder.embed(text)));
         }
         Built {
-            fingerprint,
             tools,
             terms: Terms::new(),
             scorer,
@@ -302,10 +301,16 @@ fn fingerprint(tools: &[ToolInfo]) -> u64 {
     h.finish()
 }
 
-/// The indexes of the listings searched last.
+/// One listing's index, built once however many search it at once.
+type Slot = Arc<tokio::sync::OnceCell<Arc<Built>>>;
+
+/// The indexes of the listings searched last, by fingerprint, the newest first.
 #[derive(Default)]
 pub(crate) struct SearchIndex {
-    built: parking_lot::Mutex<Vec<Arc<Built>>>,
+    built: parking_lot::Mutex<Vec<(u64, Slot)>>,
+    /// Indexes built, for tests.
+    #[cfg(test)]
+    builds: std::sync::atomic::AtomicUsize,
 }
 
 impl SearchIndex {
@@ -320,33 +325,34 @@ impl SearchIndex {
             return Vec::new();
         }
         let fingerprint = fingerprint(&tools);
-        let found = {
+        let slot = {
             let mut built = self.built.lock();
-            let at = built.iter().position(|b| b.fingerprint == fingerprint);
-            at.map(|i| {
-                let b = built.remove(i);
-                built.insert(0, b.clone());
-                b
-            })
+            let entry = match built.iter().position(|(f, _)| *f == fingerprint) {
+                Some(i) => built.remove(i),
+                None => (fingerprint, Slot::default()),
+            };
+            let slot = entry.1.clone();
+            built.insert(0, entry);
+            built.truncate(KEPT);
+            slot
         };
-        let index = match found {
-            Some(index) => index,
-            None => {
+        let built = slot
+            .get_or_try_init(|| async {
+                #[cfg(test)]
+                self.builds
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Stemming a few thousand definitions is CPU work for milliseconds.
-                let index =
-                    match tokio::task::spawn_blocking(move || Built::new(fingerprint, tools)).await
-                    {
-                        Ok(index) => Arc::new(index),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "building the tool search index failed");
-                            return Vec::new();
-                        }
-                    };
-                let mut built = self.built.lock();
-                built.retain(|b| b.fingerprint != fingerprint);
-                built.insert(0, index.clone());
-                built.truncate(KEPT);
-                index
+                tokio::task::spawn_blocking(move || Built::new(tools))
+                    .await
+                    .map(Arc::new)
+            })
+            .await;
+        let index = match built {
+            Ok(index) => index.clone(),
+            Err(e) => {
+                // The slot stays empty: the next search builds again.
+                tracing::warn!(error = %e, "building the tool search index failed");
+                return Vec::new();
             }
         };
         // Ranking is CPU work in proportion to the listing: off the async threads.
@@ -433,5 +439,28 @@ mod tests {
         let huge = tool("x", "huge", &"word ".repeat(100_000));
         let found = index.search(vec![huge], &"word ".repeat(10_000), 1).await;
         assert_eq!(found.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn searches_of_a_new_listing_at_once_build_its_index_once() {
+        let tools: Vec<ToolInfo> = (0..500)
+            .map(|i| tool("s", &format!("tool_{i}"), "Read and write files on disk"))
+            .collect();
+        let index = SearchIndex::default();
+        let search = || index.search(tools.clone(), "write a file", 3);
+        let found = tokio::join!(search(), search(), search(), search());
+        assert!(
+            [found.0, found.1, found.2, found.3]
+                .iter()
+                .all(|f| f.len() == 3)
+        );
+        assert_eq!(
+            index.builds.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "the others waited for the first build"
+        );
+        // A listing seen before is not built again.
+        index.search(tools, "disk", 1).await;
+        assert_eq!(index.builds.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }
