@@ -4,9 +4,12 @@
 //!
 //! TOML is read strictly: an unknown key or a bad value is an error naming the key and
 //! the file. `${VAR}` in any string value is replaced by the environment variable (an
-//! unset one is an error). `mcpServers` files are read leniently, since the same file
-//! serves other clients: keys this crate does not use are ignored with a warning, and a
-//! name that is not a valid server id is mapped to one (the mapping is reported).
+//! unset one is an error), in the forms other clients write too: `${VAR:-default}`
+//! (Claude Code), `${env:VAR}`, `${userHome}` and `${workspaceFolder}` (VS Code,
+//! Cursor). `mcpServers` files are read leniently, since the same file serves other
+//! clients: keys this crate does not use are ignored with a warning, a name that is not
+//! a valid server id is mapped to one (the mapping is reported), and a server that needs
+//! VS Code's prompted `${input:…}` is imported disabled, with a warning.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,8 +38,58 @@ pub struct Loaded {
     pub telemetry: Option<Value>,
 }
 
-/// Replaces `${VAR}` in every string of `v`.
-fn substitute(v: &mut Value, file: &Path) -> Result<(), ConfigError> {
+/// The value of one `${…}` (its text between the braces), or `None` for VS Code's
+/// `${input:ID}`, a prompt no one here can answer.
+fn variable(inner: &str, file: &Path) -> Result<Option<String>, ConfigError> {
+    let unset = |name: &str| {
+        ConfigError::new(
+            format!("${{{inner}}}"),
+            format!("environment variable {name} is not set"),
+        )
+        .in_file(file)
+    };
+    if inner.starts_with("input:") {
+        return Ok(None);
+    }
+    if let Some((name, default)) = inner.split_once(":-") {
+        let value = std::env::var(name).ok().filter(|v| !v.is_empty());
+        return Ok(Some(value.unwrap_or_else(|| default.to_string())));
+    }
+    match inner {
+        "userHome" => std::env::var("HOME")
+            .ok()
+            .filter(|h| h.starts_with('/'))
+            .map(Some)
+            .ok_or_else(|| unset("HOME")),
+        "workspaceFolder" => Ok(Some(workspace(file).to_string_lossy().into_owned())),
+        "pathSeparator" | "/" => Ok(Some("/".into())),
+        _ => {
+            let name = inner.strip_prefix("env:").unwrap_or(inner);
+            std::env::var(name).map(Some).map_err(|_| unset(name))
+        }
+    }
+}
+
+/// The project a client's config file belongs to: the directory that holds it, or
+/// that directory's parent for a client's own (`.vscode/mcp.json`, `.cursor/mcp.json`).
+fn workspace(file: &Path) -> std::path::PathBuf {
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let dir = match dir.file_name().and_then(|n| n.to_str()) {
+        Some(".vscode" | ".cursor") => dir.parent().unwrap_or(Path::new("")),
+        _ => dir,
+    };
+    if dir.is_absolute() {
+        return dir.to_path_buf();
+    }
+    match std::env::current_dir() {
+        Ok(cwd) => cwd.join(dir),
+        Err(_) => dir.to_path_buf(),
+    }
+}
+
+/// Replaces each `${…}` in every string of `v`; the ids of the `${input:…}` prompts it
+/// met, left as written, go to `prompts`.
+fn substitute(v: &mut Value, file: &Path, prompts: &mut Vec<String>) -> Result<(), ConfigError> {
     match v {
         Value::String(s) => {
             let mut out = String::new();
@@ -45,23 +98,26 @@ fn substitute(v: &mut Value, file: &Path) -> Result<(), ConfigError> {
                 let Some(len) = rest[start..].find('}') else {
                     break;
                 };
-                let name = &rest[start + 2..start + len];
-                let value = std::env::var(name).map_err(|_| {
-                    ConfigError::new(
-                        format!("${{{name}}}"),
-                        format!("environment variable {name} is not set"),
-                    )
-                    .in_file(file)
-                })?;
+                let inner = &rest[start + 2..start + len];
                 out.push_str(&rest[..start]);
-                out.push_str(&value);
+                match variable(inner, file)? {
+                    Some(value) => out.push_str(&value),
+                    None => {
+                        prompts.push(inner["input:".len()..].to_string());
+                        out.push_str(&rest[start..=start + len]);
+                    }
+                }
                 rest = &rest[start + len + 1..];
             }
             out.push_str(rest);
             *s = out;
         }
-        Value::Array(items) => items.iter_mut().try_for_each(|i| substitute(i, file))?,
-        Value::Object(map) => map.values_mut().try_for_each(|i| substitute(i, file))?,
+        Value::Array(items) => items
+            .iter_mut()
+            .try_for_each(|i| substitute(i, file, prompts))?,
+        Value::Object(map) => map
+            .values_mut()
+            .try_for_each(|i| substitute(i, file, prompts))?,
         _ => {}
     }
     Ok(())
@@ -103,11 +159,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         serde_json::from_str(text)
             .map_err(|e| ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path))?
     };
-    substitute(&mut value, path)?;
-    let servers_object = value
-        .get("mcpServers")
-        .or_else(|| value.get("servers").filter(|s| s.is_object()));
-    if let Some(servers) = servers_object {
+    let servers_key = if value.get("mcpServers").is_some() {
+        Some("mcpServers")
+    } else {
+        value
+            .get("servers")
+            .filter(|s| s.is_object())
+            .map(|_| "servers")
+    };
+    if let Some(servers_key) = servers_key {
         // Another client's file holds servers only (and settings of its own); one that
         // also holds the harness's settings is not imported, which would drop them
         // (grants, audit, the gateway's tokens) without a word.
@@ -118,7 +178,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             )
             .in_file(path));
         }
-        let (config, renamed) = import_mcp_servers(servers, path)?;
+        // Each server's values on their own: one that needs a prompt is left off, and
+        // the keys of other clients' own settings are not read.
+        let mut prompted = std::collections::HashMap::new();
+        if let Some(Value::Object(servers)) = value.get_mut(servers_key) {
+            for (name, entry) in servers.iter_mut() {
+                let mut prompts = Vec::new();
+                substitute(entry, path, &mut prompts)?;
+                if !prompts.is_empty() {
+                    prompted.insert(name.clone(), prompts);
+                }
+            }
+        }
+        let (config, renamed) = import_mcp_servers(&value[servers_key], path, &prompted)?;
         config.validate().map_err(|e| e.in_file(path))?;
         return Ok(Loaded {
             config,
@@ -128,6 +200,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             gateway: None,
             telemetry: None,
         });
+    }
+    let mut prompts = Vec::new();
+    substitute(&mut value, path, &mut prompts)?;
+    if let Some(id) = prompts.first() {
+        return Err(ConfigError::new(
+            format!("${{input:{id}}}"),
+            "a prompt for input (VS Code's `inputs`) cannot be answered here: use ${VAR} or ${env:VAR}",
+        )
+        .in_file(path));
     }
     let agent = value
         .as_object_mut()
@@ -156,9 +237,12 @@ const MCP_SERVERS_KEYS: &[&str] = &[
     "command", "args", "env", "cwd", "url", "type", "headers", "disabled",
 ];
 
+/// `servers` as the harness's servers; those in `prompted` (by name, with the ids of the
+/// prompts they need) are disabled.
 fn import_mcp_servers(
     servers: &Value,
     path: &Path,
+    prompted: &std::collections::HashMap<String, Vec<String>>,
 ) -> Result<(HarnessConfig, Vec<(String, String)>), ConfigError> {
     let bad = |field: String, reason: &str| ConfigError::new(field, reason).in_file(path);
     let Some(servers) = servers.as_object() else {
@@ -259,9 +343,12 @@ fn import_mcp_servers(
                 .as_bool()
                 .ok_or_else(|| bad(at("disabled"), "must be true or false"))?,
         };
+        if let Some(inputs) = prompted.get(name) {
+            tracing::warn!(file = %path.display(), server = ?name, ?inputs, "this server needs input a client prompts for (${{input:…}}), which this program cannot ask for; it is left disabled (give the value through an environment variable: ${{env:NAME}})");
+        }
         let mut server = ServerConfig::new(id.clone(), transport);
         server.name = Some(name.clone());
-        server.enabled = !disabled;
+        server.enabled = !disabled && !prompted.contains_key(name);
         config.servers.push(server);
     }
     Ok((config, renamed))
@@ -435,6 +522,71 @@ mod tests {
                 "{key}: a harness key, or one another client may use too?"
             );
         }
+    }
+
+    #[test]
+    fn other_clients_forms_of_variables_are_read_and_a_prompted_server_is_left_off() {
+        let path = std::env::var("PATH").expect("PATH is set in tests");
+        let home = std::env::var("HOME").unwrap_or_default();
+        let json = r#"{"inputs": [{"id": "key", "type": "promptString", "password": true}],
+            "servers": {
+                "forms": {"command": "${env:PATH}", "args": ["${MCP_HARNESS_SURELY_UNSET:-fallback}", "${PATH:-x}", "${workspaceFolder}${/}src", "${userHome}"]},
+                "asks": {"url": "https://example.test/mcp", "headers": {"Authorization": "Bearer ${input:key}"}},
+                "plain": {"command": "cat", "args": ["$HOME", "${input:never"]}
+            }}"#;
+        let loaded = parse(json, Path::new("/work/proj/.vscode/mcp.json")).expect("imported");
+        let server = |id: &str| {
+            loaded
+                .config
+                .servers
+                .iter()
+                .find(|s| s.id == id)
+                .expect("server")
+        };
+        let TransportSpec::Stdio(forms) = &server("forms").transport else {
+            panic!("stdio")
+        };
+        assert_eq!(forms.command, path);
+        let mut want = vec![
+            "fallback".to_string(),
+            path.clone(),
+            "/work/proj/src".into(),
+        ];
+        if home.starts_with('/') {
+            want.push(home);
+        }
+        assert_eq!(forms.args[..want.len()], want[..]);
+        assert!(server("forms").enabled);
+        // Nothing here can prompt a person: that server is imported, off.
+        assert!(!server("asks").enabled);
+        let TransportSpec::Stdio(plain) = &server("plain").transport else {
+            panic!("stdio")
+        };
+        assert_eq!(plain.args, ["$HOME", "${input:never"], "not variables");
+        assert!(server("plain").enabled);
+        assert_eq!(
+            super::workspace(Path::new("/p/.cursor/mcp.json")),
+            Path::new("/p")
+        );
+        assert_eq!(super::workspace(Path::new("/p/.mcp.json")), Path::new("/p"));
+
+        // Unset, in either form, is an error naming it; a harness config cannot prompt.
+        let e = parse(
+            r#"{"mcpServers": {"s": {"command": "${env:MCP_HARNESS_SURELY_UNSET}"}}}"#,
+            Path::new("m.json"),
+        )
+        .expect_err("unset");
+        assert_eq!(e.field, "${env:MCP_HARNESS_SURELY_UNSET}");
+        assert!(
+            e.reason.contains("MCP_HARNESS_SURELY_UNSET is not set"),
+            "{e}"
+        );
+        let e = parse(
+            "[[servers]]\nid = \"x\"\ntransport = { type = \"stdio\", command = \"${input:cmd}\" }\n",
+            Path::new("h.toml"),
+        )
+        .expect_err("a prompt");
+        assert_eq!(e.field, "${input:cmd}");
     }
 
     #[test]
