@@ -55,6 +55,7 @@ impl Transport {
         ids: Ids,
         inbound: InboundSink,
         sign_in: &auth::SignInContext,
+        request_timeout: std::time::Duration,
     ) -> Result<Transport, TransportError> {
         Ok(match spec {
             TransportSpec::Stdio(s) => Transport::Stdio(StdioTransport::spawn(
@@ -70,6 +71,7 @@ impl Transport {
                 ids,
                 inbound,
                 sign_in,
+                request_timeout,
             )?),
         })
     }

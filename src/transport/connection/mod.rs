@@ -110,6 +110,7 @@ fn open(
         ids.clone(),
         crate::transport::inbound::InboundSink::new(tx, options.progress.clone()),
         &options.sign_in,
+        options.request_timeout,
     )?;
     Ok((Arc::new(transport), rx))
 }

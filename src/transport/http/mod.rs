@@ -94,6 +94,9 @@ pub(crate) struct HttpTransport {
     /// Events not acted on (not JSON-RPC, replies to no request, requests dropped).
     ignored: crate::util::log_budget::LogBudget,
     sign_in: Arc<SignIn>,
+    /// The longest a session renewal may take, whatever the request that began it has
+    /// left (it goes on without that request): one request's default deadline.
+    renewal_limit: Duration,
     this: Weak<HttpTransport>,
 }
 
@@ -106,6 +109,7 @@ impl HttpTransport {
         ids: Ids,
         inbound: InboundSink,
         sign_in: &SignInContext,
+        renewal_limit: Duration,
     ) -> Result<Arc<HttpTransport>, TransportError> {
         let bad = TransportError::InvalidConfig;
         let url =
@@ -149,6 +153,7 @@ impl HttpTransport {
             closed: std::sync::atomic::AtomicBool::new(false),
             ignored: Default::default(),
             sign_in,
+            renewal_limit,
             this: this.clone(),
         }))
     }
@@ -497,7 +502,7 @@ impl HttpTransport {
 
     /// Renews an expired legacy session, once for all the requests that saw it expire:
     /// a request whose session was already renewed just retries. Once begun, a renewal
-    /// runs to its end (within [`SESSION_RENEWAL_LIMIT`], whatever is left of the
+    /// runs to its end (within `renewal_limit`, whatever is left of the
     /// request that began it) on a task of its own: cut off between its `initialize` and
     /// `initialized`, it would leave a session half begun.
     async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
@@ -512,7 +517,7 @@ impl HttpTransport {
             return Err(TransportError::SessionExpired);
         };
         let work = async move {
-            let limit = SESSION_RENEWAL_LIMIT;
+            let limit = this.renewal_limit;
             let renewal = this.renew_now(init);
             let renewed = match tokio::time::timeout(limit, renewal).await {
                 Ok(renewed) => renewed,
@@ -541,7 +546,7 @@ impl HttpTransport {
             return Err(failed("the connection was shut down".into()));
         }
         // The session's token, refreshed first if it is due (as a request's is).
-        let until = crate::util::duration::after(Instant::now(), SESSION_RENEWAL_LIMIT);
+        let until = crate::util::duration::after(Instant::now(), self.renewal_limit);
         self.sign_in
             .bearer(None, until)
             .await
@@ -569,18 +574,23 @@ impl HttpTransport {
                 .err()
                 .unwrap_or_else(|| failed("the reply began no session".into())));
         };
-        if let Err(e) = checked {
-            // A session the server began all the same is ended, not left to expire.
-            self.end_session(sid, SESSION_END_LIMIT).await;
-            return Err(e);
-        }
-        if self.is_closed() {
-            self.end_session(sid, SESSION_END_LIMIT).await;
-            return Err(failed("the connection was shut down".into()));
-        }
         let Ok(header) = HeaderValue::from_str(&sid) else {
             return Err(failed("the session id is not a header value".into()));
         };
+        // From here on, a session the server began is ended, not left to expire, if
+        // this renewal fails or is cut off (its time ran out) before it is in use.
+        let mut begun = Begun {
+            transport: self.this.clone(),
+            sid: Some(sid),
+        };
+        if let Err(e) = checked {
+            self.end_session(begun.take(), SESSION_END_LIMIT).await;
+            return Err(e);
+        }
+        if self.is_closed() {
+            self.end_session(begun.take(), SESSION_END_LIMIT).await;
+            return Err(failed("the connection was shut down".into()));
+        }
         let initialized = Notification {
             method: "notifications/initialized".into(),
             params: None,
@@ -590,10 +600,10 @@ impl HttpTransport {
             .post_no_reply(Message::Notification(initialized), &on_new)
             .await
         {
-            self.end_session(sid, SESSION_END_LIMIT).await;
+            self.end_session(begun.take(), SESSION_END_LIMIT).await;
             return Err(refused(e));
         }
-        self.session.set_id(Some(sid));
+        self.session.set_id(Some(begun.take()));
         if self.is_closed() {
             // Shut down meanwhile: whichever id shutdown took, this one is ended too.
             if let Some(sid) = self.session.take_id() {
@@ -943,9 +953,30 @@ impl Drop for HttpTransport {
     }
 }
 
-/// The longest a legacy session renewal may take, whatever the request that began it
-/// has left (it goes on without that request).
-const SESSION_RENEWAL_LIMIT: Duration = Duration::from_secs(30);
+/// A session a renewal began and has not yet put in use or ended: ended on a task of
+/// its own if the renewal is dropped first.
+struct Begun {
+    transport: Weak<HttpTransport>,
+    sid: Option<String>,
+}
+
+impl Begun {
+    /// The session id, which the renewal now puts in use or ends itself.
+    fn take(&mut self) -> String {
+        self.sid.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Begun {
+    fn drop(&mut self) {
+        let (Some(sid), Some(transport)) = (self.sid.take(), self.transport.upgrade()) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { transport.end_session(sid, SESSION_END_LIMIT).await });
+        }
+    }
+}
 
 /// How long ending a session a renewal began after shutdown may take.
 const SESSION_END_LIMIT: Duration = Duration::from_secs(2);

@@ -73,7 +73,7 @@ pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
         server,
         base,
         sessions: Mutex::new(HashMap::new()),
-        next_session: AtomicU64::new(1),
+        next_session: AtomicU64::new(0),
     });
     loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
 }
@@ -360,7 +360,16 @@ async fn post(
     };
     let request = match message {
         Message::Request(r) => r,
-        Message::Notification(_) => return full(StatusCode::ACCEPTED, "", ""),
+        Message::Notification(n) => {
+            let delay = state.server.args.initialized_delay_ms;
+            if n.method == "notifications/initialized"
+                && delay > 0
+                && state.next_session.load(Ordering::Relaxed) > 1
+            {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            return full(StatusCode::ACCEPTED, "", "");
+        }
         Message::Response(Response {
             id: Some(id),
             outcome,

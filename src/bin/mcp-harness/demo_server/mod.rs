@@ -123,6 +123,10 @@ pub struct DemoServerArgs {
     /// (a session renewal that takes its time).
     #[arg(long, default_value_t = 0)]
     pub renewal_delay_ms: u64,
+    /// Wait this long before accepting `notifications/initialized` once a legacy HTTP
+    /// session has been renewed (a renewal stalled after its `initialize`).
+    #[arg(long, default_value_t = 0)]
+    pub initialized_delay_ms: u64,
     /// Answer the first request with -32022 naming the very version it asked for (some
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
