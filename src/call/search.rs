@@ -2,8 +2,9 @@
 //! words, so an agent can find one among thousands without every schema in its context.
 //!
 //! Ranking is BM25 (the `bm25` crate's embedder and scorer) over each tool's server,
-//! name, title, description and parameter names and descriptions, with the name and
-//! title counted twice. Words are split at `_`, `-`, `.` and camelCase, lowercased,
+//! name, titles, description and parameter names and descriptions, with the server,
+//! name and titles counted twice. Words are split at every character that is not a
+//! letter or digit and at camelCase, lowercased,
 //! stripped of common English words and stemmed (Snowball). A query word from a small
 //! table of verbs and nouns that tools name differently ("rename" / "move", "picture" /
 //! "image") also looks for its siblings, at half weight, so a paraphrase still finds
