@@ -1016,11 +1016,19 @@ async fn read_body(
                 continue;
             }
             let after = kept.len().saturating_add(data.len());
-            if after > LARGE_BODY {
+            // What the buffer will hold allocated, not only filled: it grows by doubling
+            // (up to the limit), and the charge is what it takes.
+            let capacity = if after > kept.capacity() {
+                after.max(kept.capacity().saturating_mul(2)).min(limit)
+            } else {
+                kept.capacity()
+            };
+            if capacity > LARGE_BODY {
                 let charged = match slot.as_mut() {
-                    Some(s) => s.grow(after - s.weight, budget),
+                    Some(s) => capacity <= s.weight || s.grow(capacity - s.weight, budget),
                     None => {
-                        slot = PrincipalSlot::take_weighted(state, principal, count, after, budget);
+                        slot =
+                            PrincipalSlot::take_weighted(state, principal, count, capacity, budget);
                         slot.is_some()
                     }
                 };
@@ -1031,6 +1039,7 @@ async fn read_body(
                     continue;
                 }
             }
+            kept.reserve_exact(capacity - kept.len());
             kept.extend_from_slice(&data);
         }
         Ok::<bool, ()>(true)
