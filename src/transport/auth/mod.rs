@@ -388,7 +388,7 @@ fn send_failure(e: reqwest::Error) -> AuthFailure {
             why: refused.to_string(),
         };
     }
-    AuthFailure::Network(e.to_string())
+    AuthFailure::Network(crate::transport::error::http_failure(e))
 }
 
 /// Reads a bounded reply body.
@@ -397,7 +397,7 @@ async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFa
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|e| AuthFailure::Network(e.to_string()))?
+        .map_err(|e| AuthFailure::Network(crate::transport::error::http_failure(e)))?
     {
         if body.len() + chunk.len() > MAX_REPLY {
             return Err(AuthFailure::Invalid(format!(
@@ -476,9 +476,39 @@ struct TokenReply {
     access_token: String,
     #[serde(default)]
     token_type: Option<String>,
+    #[serde(default, deserialize_with = "seconds")]
     expires_in: Option<u64>,
     refresh_token: Option<String>,
     scope: Option<String>,
+}
+
+/// `expires_in` as servers send it: a number, as RFC 6749 has it, or a string of
+/// digits (some do), or a fraction (cut to whole seconds).
+fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f as u64)
+        }),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        Some(_) => None,
+    })
+}
+
+/// A token endpoint's 200 that is not a token reply: an error some servers send with
+/// 200, or a body whose shape is named but never quoted (it may hold the very tokens).
+fn not_a_token_reply(body: &[u8], e: &serde_json::Error) -> AuthFailure {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) if v.get("error").and_then(Value::as_str).is_some() => oauth_error(200, body),
+        _ => AuthFailure::Invalid(format!(
+            "the token endpoint's reply is not a token reply ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        )),
+    }
 }
 
 impl SignIn {
@@ -1433,10 +1463,8 @@ impl SignIn {
         if status != 200 {
             return Err(self.err(step, oauth_error(status, &body)));
         }
-        let reply: TokenReply = serde_json::from_slice(&body).map_err(|_| {
-            // Some servers answer errors with 200.
-            self.err(step, oauth_error(status, &body))
-        })?;
+        let reply: TokenReply = serde_json::from_slice(&body)
+            .map_err(|e| self.err(step, not_a_token_reply(&body, &e)))?;
         if reply
             .token_type
             .as_deref()
@@ -1816,6 +1844,41 @@ mod tests {
         assert!(sign_in.renewed.lock().len() <= MISSING_MEMO);
         // A lock someone holds is never dropped from under them.
         assert!(Arc::ptr_eq(&held, &sign_in.lock_for(Some("held"))));
+    }
+
+    #[test]
+    fn a_token_reply_is_read_as_servers_send_it_and_never_quoted_when_it_cannot_be() {
+        let reply = |expires: Value| {
+            serde_json::from_value::<TokenReply>(
+                json!({"access_token": "at-SECRET", "token_type": "Bearer", "expires_in": expires}),
+            )
+            .map(|r| r.expires_in)
+        };
+        assert_eq!(reply(json!(3599)).expect("a number"), Some(3599));
+        assert_eq!(
+            reply(json!("3599")).expect("a string of digits"),
+            Some(3599)
+        );
+        assert_eq!(reply(json!(3599.7)).expect("a fraction"), Some(3599));
+        assert_eq!(reply(json!(-5)).expect("read"), None);
+        assert_eq!(reply(json!([1])).expect("read"), None);
+        // A 200 whose shape is wrong is named, not quoted: the body holds the tokens.
+        let body = br#"{"access_token": ["at-SECRET"], "refresh_token": "rt-SECRET"}"#;
+        let e = serde_json::from_slice::<TokenReply>(body)
+            .err()
+            .expect("not a token reply");
+        let failure = not_a_token_reply(body, &e).to_string();
+        assert!(!failure.contains("SECRET"), "{failure}");
+        assert!(failure.contains("not a token reply"), "{failure}");
+        // An error sent with 200 is still read as one.
+        let body = br#"{"error": "invalid_grant"}"#;
+        let e = serde_json::from_slice::<TokenReply>(body)
+            .err()
+            .expect("an error");
+        assert!(matches!(
+            not_a_token_reply(body, &e),
+            AuthFailure::Refused { .. }
+        ));
     }
 
     #[test]
