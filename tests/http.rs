@@ -352,6 +352,27 @@ async fn a_session_renewal_that_runs_out_of_time_after_its_initialize_ends_the_n
 }
 
 #[tokio::test]
+async fn a_failed_connection_says_why_without_the_key_in_its_url() {
+    // A port nothing listens on (bound, then let go).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let spec = TransportSpec::http(&format!("http://127.0.0.1:{port}/mcp?api_key=hunter2"));
+    let failed = Connection::connect("keyed", spec, options())
+        .await
+        .err()
+        .expect("nothing listens there");
+    let text = failed.to_string();
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(
+        text.to_lowercase().contains("refused"),
+        "the cause is kept: {text}"
+    );
+}
+
+#[tokio::test]
 async fn a_legacy_http_server_that_rejects_discover_falls_back() {
     let server = HttpServer::demo(&["delta", "--era", "legacy", "--on-discover", "error"]).await;
     let (conn, _events) = Connection::connect("delta", server.spec(), options())

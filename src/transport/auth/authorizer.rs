@@ -286,7 +286,10 @@ impl AuthorizationSession for HeadlessSession {
             if let Some((name, value)) = &self.identity {
                 get = get.header(name.as_str(), value.as_str());
             }
-            let response = get.send().await.map_err(|e| e.to_string())?;
+            let response = get
+                .send()
+                .await
+                .map_err(crate::transport::error::http_failure)?;
             let status = response.status();
             let location = response
                 .headers()

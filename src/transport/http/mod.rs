@@ -893,7 +893,7 @@ impl HttpTransport {
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(server = %this.server, error = %e, "standalone event stream failed");
+                        tracing::debug!(server = %this.server, error = %super::error::http_failure(e), "standalone event stream failed");
                         return;
                     }
                 };
@@ -1017,9 +1017,12 @@ fn send_error(e: reqwest::Error) -> TransportError {
         return tls;
     }
     if e.is_connect() {
-        TransportError::NotSent(format!("connection failed: {e}"))
+        TransportError::NotSent(format!(
+            "connection failed: {}",
+            super::error::http_failure(e)
+        ))
     } else {
-        TransportError::Network(e.to_string())
+        TransportError::Network(super::error::http_failure(e))
     }
 }
 
@@ -1028,7 +1031,7 @@ async fn read_body(mut response: reqwest::Response, max: usize) -> Result<Vec<u8
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|e| TransportError::Network(e.to_string()))?
+        .map_err(|e| TransportError::Network(super::error::http_failure(e)))?
     {
         if body.len() + chunk.len() > max {
             return Err(TransportError::ResponseTooLarge { limit: max });
