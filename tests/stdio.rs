@@ -104,6 +104,27 @@ async fn a_modern_server_with_no_common_version_is_an_error_not_a_fallback() {
         }
         other => panic!("expected NoCommonVersion, got {other}"),
     }
+    // A server's list is quoted in part: it is the server's, of any length.
+    let many: Vec<String> = (0..50)
+        .map(|i| format!("2099-01-{i:02}{}", "x".repeat(2_000)))
+        .collect();
+    let err = Connection::connect(
+        "future",
+        demo_stdio(&["future", "--versions", &many.join(",")]),
+        options(),
+    )
+    .await
+    .expect_err("no common version");
+    let ConnectError::NoCommonVersion { server, .. } = &err else {
+        panic!("expected NoCommonVersion, got {err}");
+    };
+    assert_eq!(server.len(), 11, "ten, and how many more");
+    assert_eq!(server[10], "… 40 more");
+    assert!(
+        err.to_string().len() < 1_000,
+        "{} bytes",
+        err.to_string().len()
+    );
 }
 
 #[tokio::test]

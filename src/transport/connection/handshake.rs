@@ -56,7 +56,7 @@ pub(super) async fn initialize(
     };
     if !LEGACY_VERSIONS.contains(&result.protocol_version.as_str()) {
         return Err(ConnectError::UnsupportedLegacyVersion(
-            result.protocol_version,
+            crate::util::text::one_line(&result.protocol_version, 40),
         ));
     }
     let initialized = Notification {

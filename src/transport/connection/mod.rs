@@ -146,7 +146,10 @@ impl Connection {
             (Probe::Modern { version, discover }, _) => ServerProfile::Modern { version, discover },
             (Probe::Legacy(reason), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
-                return Err(ConnectError::NotModern(reason));
+                // It may quote the server (an error, a content type): kept short.
+                return Err(ConnectError::NotModern(crate::util::text::one_line(
+                    &reason, 300,
+                )));
             }
             (Probe::Exited, EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;

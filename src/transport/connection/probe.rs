@@ -84,7 +84,7 @@ fn discovered(result: &Value, options: &ConnectOptions) -> Result<Probe, Connect
             .any(|v| is_modern_version(v)) =>
         {
             Err(ConnectError::NoCommonVersion {
-                server: discover.supported_versions,
+                server: quoted_versions(&discover.supported_versions),
                 client: options.preferred_versions.clone(),
             })
         }
@@ -114,7 +114,7 @@ fn rejected(
                 Some(v) => Ok(Next::Again(v.clone())),
                 None if supported.iter().any(|v| is_modern_version(v)) => {
                     Err(ConnectError::NoCommonVersion {
-                        server: supported,
+                        server: quoted_versions(&supported),
                         client: options.preferred_versions.clone(),
                     })
                 }
@@ -131,6 +131,20 @@ fn rejected(
             "discover answered with {error}"
         )))),
     }
+}
+
+/// A server's list of versions as an error quotes it: the first 10, each cut short
+/// (the list is the server's, of any length).
+fn quoted_versions(list: &[String]) -> Vec<String> {
+    let mut quoted: Vec<String> = list
+        .iter()
+        .take(10)
+        .map(|v| crate::util::text::one_line(v, 40))
+        .collect();
+    if list.len() > 10 {
+        quoted.push(format!("… {} more", list.len() - 10));
+    }
+    quoted
 }
 
 /// A transport failure on the probe: legacy, an exit (stdio), or an error.

@@ -625,7 +625,7 @@ impl HttpTransport {
         if Some(&result.protocol_version) != self.session.version().as_ref() {
             return Err(renewal_failed(format!(
                 "the server now chose version {:?}",
-                result.protocol_version
+                crate::util::text::one_line(&result.protocol_version, 40)
             )));
         }
         Ok(())
