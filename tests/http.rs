@@ -373,6 +373,39 @@ async fn a_failed_connection_says_why_without_the_key_in_its_url() {
 }
 
 #[tokio::test]
+async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often() {
+    let record = temp_file("http-get-closes");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--close-get-streams",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let (conn, _events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("connect");
+    let gets = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "GET")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || gets() >= 2).await,
+        "the stream is reopened"
+    );
+    // Waits of 0.5, 1, 2, 4 s…: a handful in 4 s, where every 250 ms would be 16.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let n = gets();
+    assert!(n <= 7, "{n} GETs in about 4 s");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
 async fn a_legacy_http_server_that_rejects_discover_falls_back() {
     let server = HttpServer::demo(&["delta", "--era", "legacy", "--on-discover", "error"]).await;
     let (conn, _events) = Connection::connect("delta", server.spec(), options())

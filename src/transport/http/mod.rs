@@ -66,7 +66,7 @@ use crate::protocol::{
 };
 use params::ParamTable;
 use session::Session;
-use sse::{MIN_RETRY, SseParser};
+use sse::{MAX_RETRY, MIN_RETRY, SseParser};
 
 type Reply = Result<Value, RpcError>;
 
@@ -74,6 +74,9 @@ const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
 /// How often a broken legacy stream is resumed before the request fails.
 const MAX_RESUMES: usize = 3;
+/// A standalone event stream that stayed open this long is reopened after the
+/// server's own `retry`; one that ended sooner, after twice the last wait.
+const STREAM_LIVED: Duration = Duration::from_secs(10);
 /// Most `tools/list` pages read to learn `Mcp-Param` annotations.
 const MAX_LEARN_PAGES: usize = 100;
 
@@ -742,7 +745,7 @@ impl HttpTransport {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => return Ok(None),
                 Err(e) => {
-                    tracing::debug!(server = %self.server, error = %e, "event stream broke");
+                    tracing::debug!(server = %self.server, error = %super::error::http_failure(e), "event stream broke");
                     return Ok(None);
                 }
             };
@@ -875,10 +878,15 @@ impl HttpTransport {
         let weak = self.this.clone();
         let task = tokio::spawn(async move {
             let mut parser = SseParser::default();
+            // Streams that end soon after they open are reopened less and less often
+            // (up to a minute apart), and their failures logged now and then.
+            let mut backoff = MIN_RETRY;
+            let dropped = crate::util::log_budget::LogBudget::default();
             loop {
                 let Some(this) = weak.upgrade().filter(|t| !t.is_closed()) else {
                     return;
                 };
+                let opened = Instant::now();
                 // The session's own stream: the harness's own sign-in.
                 let request = this.get(parser.last_event_id.as_deref(), None);
                 let mut response = match request.send().await {
@@ -897,12 +905,20 @@ impl HttpTransport {
                         return;
                     }
                 };
-                if let Err(e) = this.pump(&mut response, &mut parser, None).await {
-                    tracing::warn!(server = %this.server, error = %e, "standalone event stream dropped");
+                let pumped = this.pump(&mut response, &mut parser, None).await;
+                if let Err(e) = &pumped
+                    && let Some(dropped) = dropped.log()
+                {
+                    tracing::warn!(server = %this.server, error = %e, dropped, "standalone event stream dropped");
                 }
-                let delay = parser.retry.unwrap_or(MIN_RETRY);
+                let asked = parser.retry.unwrap_or(MIN_RETRY);
+                backoff = if pumped.is_ok() && opened.elapsed() >= STREAM_LIVED {
+                    asked
+                } else {
+                    backoff.saturating_mul(2).max(asked).min(MAX_RETRY)
+                };
                 drop(this);
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(backoff).await;
             }
         });
         if let Some(old) = self.get_stream.lock().replace(task) {

@@ -149,6 +149,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             state
                 .server
                 .record(json!({"method": "GET", "headers": headers}));
+            if state.server.args.close_get_streams {
+                return full(StatusCode::OK, "text/event-stream", "");
+            }
             let (tx, rx) = mpsc::unbounded_channel();
             if let Some(id) = &session_id
                 && let Some(session) = state.sessions.lock().get_mut(id)

@@ -127,6 +127,9 @@ pub struct DemoServerArgs {
     /// session has been renewed (a renewal stalled after its `initialize`).
     #[arg(long, default_value_t = 0)]
     pub initialized_delay_ms: u64,
+    /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
+    #[arg(long)]
+    pub close_get_streams: bool,
     /// Answer the first request with -32022 naming the very version it asked for (some
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
