@@ -406,6 +406,57 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
 }
 
 #[tokio::test]
+async fn a_server_slow_to_take_a_pings_answer_still_gets_its_notifications_through() {
+    // The server holds each answer POSTed to it for 20 s.
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--sse",
+        "--hold-answers-ms",
+        "20000",
+    ])
+    .await;
+    let (conn, mut events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("connect");
+    let conn = std::sync::Arc::new(conn);
+    // It pings us; our answer is held there.
+    let pinging = {
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            conn.request(
+                "tools/call",
+                call("rogue_request", json!({"method": "ping"})),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    conn.request("tools/call", call("notify_changed", json!({})))
+        .await
+        .expect("notify");
+    // The notification comes after the ping: it is not queued behind the ping's answer.
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Some(ServerEvent::Notification(n))
+                    if n.method == "notifications/tools/list_changed" =>
+                {
+                    return;
+                }
+                Some(_) => {}
+                None => std::future::pending().await,
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "list_changed waited for the ping's answer");
+    pinging.abort();
+    conn.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_legacy_http_server_that_rejects_discover_falls_back() {
     let server = HttpServer::demo(&["delta", "--era", "legacy", "--on-discover", "error"]).await;
     let (conn, _events) = Connection::connect("delta", server.spec(), options())

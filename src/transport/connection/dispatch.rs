@@ -6,7 +6,9 @@
 //! `sampling/createMessage` arriving while none of our calls is in flight on this
 //! connection is refused unless the options allow it: a server must not ask a person
 //! or spend model tokens on its own initiative. `roots/list` and `ping` are always
-//! answered.
+//! answered. Answers are sent on tasks of their own (at most [`MAX_REPLIES`] of the
+//! dispatcher's at once): a server slow to take them (an HTTP POST each) holds up
+//! none of its other traffic until that many wait.
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -22,6 +24,9 @@ use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
 use crate::transport::inbound::Inbound;
 
+/// Answers to pings and refusals being sent at once; past it the dispatcher waits.
+pub(super) const MAX_REPLIES: usize = 16;
+
 /// What the dispatcher of one connection works with.
 pub(super) struct Dispatch {
     pub(super) server: String,
@@ -33,6 +38,8 @@ pub(super) struct Dispatch {
     /// `resources/read`).
     pub(super) calls_in_flight: Arc<AtomicUsize>,
     pub(super) answering: Arc<Semaphore>,
+    /// Pings answered and requests refused whose answers are being sent.
+    pub(super) replying: Arc<Semaphore>,
     pub(super) allow_unsolicited_input: bool,
     pub(super) subscriptions: super::listen::Subscriptions,
     /// Server requests refused: each is logged at first, then at each power of two.
@@ -71,14 +78,27 @@ impl Dispatch {
         }
     }
 
-    async fn refuse(&self, t: &Transport, id: crate::protocol::RequestId, error: RpcError) {
-        let _ = t.respond(id, Err(error), self.timeout).await;
+    async fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
+        self.reply(id, Err(error)).await;
+    }
+
+    /// Sends an answer on a task of its own, once fewer than [`MAX_REPLIES`] are being
+    /// sent.
+    async fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
+        let Ok(permit) = self.replying.clone().acquire_owned().await else {
+            return;
+        };
+        let weak = self.transport.clone();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            if let Some(t) = weak.upgrade() {
+                let _ = t.respond(id, outcome, timeout).await;
+            }
+            drop(permit);
+        });
     }
 
     async fn on_request(&self, request: Request) {
-        let Some(t) = self.transport.upgrade() else {
-            return;
-        };
         let Request { id, method, params } = request;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
@@ -91,11 +111,10 @@ impl Dispatch {
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
             );
-            return self.refuse(&t, id, error).await;
+            return self.refuse(id, error).await;
         }
         if method == "ping" {
-            let _ = t.respond(id, Ok(json!({})), self.timeout).await;
-            return;
+            return self.reply(id, Ok(json!({}))).await;
         }
         let asks_a_person_or_a_model = matches!(
             method.as_str(),
@@ -110,7 +129,7 @@ impl Dispatch {
                 INVALID_REQUEST,
                 format!("{named} is only answered during a call this client made"),
             );
-            return self.refuse(&t, id, error).await;
+            return self.refuse(id, error).await;
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
             self.refused_warn(
@@ -118,7 +137,7 @@ impl Dispatch {
                 "too many server requests waiting for answers; refused",
             );
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
-            return self.refuse(&t, id, error).await;
+            return self.refuse(id, error).await;
         };
         let (reply, answer) = oneshot::channel();
         let event = ServerEvent::Request(ServerRequest {
@@ -132,7 +151,7 @@ impl Dispatch {
                 METHOD_NOT_FOUND,
                 format!("client cannot handle {named} now"),
             );
-            return self.refuse(&t, id, error).await;
+            return self.refuse(id, error).await;
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;

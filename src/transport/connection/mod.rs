@@ -184,6 +184,7 @@ impl Connection {
             timeout: options.request_timeout,
             calls_in_flight: calls_in_flight.clone(),
             answering: Arc::new(Semaphore::new(MAX_SERVER_REQUESTS)),
+            replying: Arc::new(Semaphore::new(dispatch::MAX_REPLIES)),
             allow_unsolicited_input,
             refused: Default::default(),
         };

@@ -377,6 +377,10 @@ async fn post(
             id: Some(id),
             outcome,
         }) => {
+            let hold = state.server.args.hold_answers_ms;
+            if hold > 0 {
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+            }
             if let Some(pending) = session_id
                 .as_ref()
                 .and_then(|s| state.sessions.lock().get(s).map(|s| s.pending.clone()))

@@ -130,6 +130,10 @@ pub struct DemoServerArgs {
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
+    /// Hold each POSTed answer to this server's own requests this long before taking it
+    /// (legacy HTTP: a server slow to read what a client sends back).
+    #[arg(long, default_value_t = 0)]
+    pub hold_answers_ms: u64,
     /// Answer the first request with -32022 naming the very version it asked for (some
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
