@@ -799,6 +799,51 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
 }
 
 #[tokio::test]
+async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_is_kept() {
+    // Tokens live 4 s; refreshes are answered 3 s late.
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "4",
+            "--refresh-delay-ms",
+            "3000",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
+    tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
+    let before = w.refreshes();
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(800)),
+        ..CallOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let waited = h
+        .call(&alice, CallKind::Tool, "web__whoami", json!({}), options)
+        .await;
+    let took = started.elapsed();
+    let Err(e) = waited else {
+        panic!("answered before the refresh came back: {waited:?}")
+    };
+    assert!(timed_out(&e), "{e:?}");
+    // Its deadline, not the refresh's 3 s.
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    assert_eq!(w.refreshes(), before + 1, "the refresh was sent");
+    // The refresh went on and its token was kept: the next call goes on from it
+    // (refreshing again, as a 4 s token always is due), with no new sign-in.
+    let signed_in = w.at("authorize").len();
+    assert_eq!(subject(&h, &alice).await.expect("call"), "alice");
+    assert_eq!(w.at("authorize").len(), signed_in, "no new sign-in");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_expired_token_without_a_refresh_token_is_renewed_by_signing_in_again() {
     // No `offline_access` offered, so no refresh token; tokens live 3 s.
     let w = World::new(

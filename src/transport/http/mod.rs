@@ -260,11 +260,15 @@ impl HttpTransport {
             // A refresh is never cut off halfway, not even by dropping this future (a
             // rotated refresh token would be lost with it); its time counts against
             // the tries'.
-            let sent = match self
+            // Bounded by the deadline as a whole: discovery and lock waits on the way
+            // to a refresh are the request's time too.
+            let bearer = self
                 .sign_in
-                .bearer(identity, crate::util::duration::after(started, left))
-                .await
-            {
+                .bearer(identity, crate::util::duration::after(started, left));
+            let Some(sent) = waited(bearer, deadline).await else {
+                return Err(TransportError::Timeout(timeout));
+            };
+            let sent = match sent {
                 Ok(sent) => sent,
                 // Waited out another request's renewal: this request's deadline, not a
                 // sign-in that failed (which a restart could not heal).
