@@ -844,6 +844,31 @@ async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_
 }
 
 #[tokio::test]
+async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_request() {
+    // Alice's tokens are refused by the server, however fresh; the harness's own are not.
+    let w = World::new(&["--client", "pre"], &["--oauth-refuse-subject", "alice"]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    let sign_ins = w.at("authorize").len();
+    for n in 0..4 {
+        let refused = subject(&h, &alice).await;
+        assert!(refused.is_err(), "call {n}: {refused:?}");
+    }
+    // The first call signed alice in (and its retry was refused); the next ones were
+    // refused without a refresh or a sign-in each.
+    assert_eq!(
+        w.at("authorize").len(),
+        sign_ins + 1,
+        "one sign-in for alice"
+    );
+    assert_eq!(w.refreshes(), 0, "no refresh per request");
+    // Others are served meanwhile.
+    assert_eq!(subject(&h, &as_user("bob")).await.expect("bob"), "bob");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_expired_token_without_a_refresh_token_is_renewed_by_signing_in_again() {
     // No `offline_access` offered, so no refresh token; tokens live 3 s.
     let w = World::new(

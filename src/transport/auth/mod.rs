@@ -259,7 +259,16 @@ pub(crate) enum Renewal {
     Held,
     /// The token was refreshed, or signed in for again.
     Renewed,
+    /// The token refused was renewed here after a refusal moments ago (within
+    /// [`REFUSED_AGAIN_WINDOW`]): the server will not take what its authorization
+    /// server issues, and renewing again would only repeat that. The refusal stands.
+    Refused,
 }
+
+/// How long a token renewed after a refusal is not renewed again when it is refused
+/// in turn: a server that refuses every token costs a renewal (perhaps a person's
+/// sign-in) per auth context this often, not per request.
+const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
@@ -277,6 +286,9 @@ pub(crate) struct SignIn {
     /// again after trying a held token takes it (another request renewed meanwhile)
     /// rather than renewing once more.
     renewed: Mutex<HashMap<Option<String>, String>>,
+    /// The access token last renewed because the server refused one, by auth context,
+    /// and when (see [`Renewal::Refused`]).
+    renewed_on_refusal: Mutex<HashMap<Option<String>, (String, Instant)>>,
     /// This sign-in, for a token request to hold while it runs on a task of its own.
     this: std::sync::Weak<SignIn>,
     /// Auth contexts the store had no token for, and when it was read: it is read again
@@ -542,6 +554,7 @@ impl SignIn {
             discovered: tokio::sync::Mutex::new(None),
             tokens: Mutex::default(),
             renewed: Mutex::default(),
+            renewed_on_refusal: Mutex::default(),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
             asked: Mutex::default(),
@@ -902,6 +915,25 @@ impl SignIn {
                 return Ok(Renewal::Renewed);
             }
         }
+        // A step-up that asks for scope the token lacks is a new question, not a repeat.
+        let nothing_new = !step_up
+            || current.as_ref().is_some_and(|t| {
+                challenge
+                    .scopes()
+                    .iter()
+                    .all(|s| t.scopes.iter().any(|have| have == s))
+            });
+        if let Some(refused) = refused
+            && nothing_new
+            && self
+                .renewed_on_refusal
+                .lock()
+                .get(&identity.map(String::from))
+                .is_some_and(|(t, at)| t == refused && at.elapsed() < REFUSED_AGAIN_WINDOW)
+        {
+            tracing::warn!(server = %self.server, "the server refused a token renewed for it moments ago; not renewing again for a minute");
+            return Ok(Renewal::Refused);
+        }
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
@@ -960,6 +992,29 @@ impl SignIn {
         refused: Option<&str>,
         step_up: bool,
         current: Option<Token>,
+        renewing: Renewing,
+    ) -> Result<Renewal, AuthError> {
+        let renewal = self
+            .renew_refused_now(identity, challenge, refused, step_up, current, renewing)
+            .await?;
+        if let Some(t) = self.held(identity) {
+            let mut kept = self.renewed_on_refusal.lock();
+            if kept.len() >= MISSING_MEMO {
+                kept.clear();
+            }
+            kept.insert(identity.map(String::from), (t.access_token, Instant::now()));
+        }
+        Ok(renewal)
+    }
+
+    /// [`Self::renew_refused`]'s work.
+    async fn renew_refused_now(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+        refused: Option<&str>,
+        step_up: bool,
+        current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
         if !step_up
@@ -1005,6 +1060,7 @@ impl SignIn {
     pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
         self.tokens.lock().clear();
         self.renewed.lock().clear();
+        self.renewed_on_refusal.lock().clear();
         self.missing.lock().clear();
         self.ctx
             .store

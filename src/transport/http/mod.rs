@@ -307,6 +307,12 @@ impl HttpTransport {
                     match renewal {
                         Ok(Renewal::Held) => took_held = true,
                         Ok(Renewal::Renewed) => signed_in = true,
+                        Ok(Renewal::Refused) => {
+                            return Err(TransportError::Unauthorized {
+                                status: 401,
+                                challenge,
+                            });
+                        }
                         // No Bearer challenge and no resource metadata: this server
                         // does not do MCP authorization; its refusal is the answer.
                         Err(e) if !bearer && e.is_not_found() => {
@@ -338,12 +344,18 @@ impl HttpTransport {
                         return Err(TransportError::Timeout(timeout));
                     };
                     left = left_after_sign_in(left, deadline);
-                    renewal.map_err(|e| {
+                    let renewal = renewal.map_err(|e| {
                         TransportError::Auth(AuthError {
                             refused: Some(403),
                             ..e
                         })
                     })?;
+                    if renewal == Renewal::Refused {
+                        return Err(TransportError::Unauthorized {
+                            status: 403,
+                            challenge: Some(challenge),
+                        });
+                    }
                 }
                 other => return other,
             }

@@ -265,8 +265,12 @@ fn oauth_gate(
         .and_then(|a| a.strip_prefix("Bearer "))
         .map(String::from);
     let claims = token.and_then(|t| crate::demo_token::verify(&args.oauth_secret, &t));
-    let valid = claims
-        .filter(|c| &c.iss == issuer && c.aud == resource && c.exp > crate::demo_token::now());
+    let valid = claims.filter(|c| {
+        &c.iss == issuer
+            && c.aud == resource
+            && c.exp > crate::demo_token::now()
+            && args.oauth_refuse_subject.as_deref() != Some(c.sub.as_str())
+    });
     let Some(claims) = valid else {
         state
             .server

@@ -208,6 +208,10 @@ pub struct DemoServerArgs {
     /// Leave `scope` out of the challenge.
     #[arg(long)]
     pub oauth_no_scope_hint: bool,
+    /// Refuse (401) every token of this subject, however fresh (a server that will not
+    /// take what its authorization server issues).
+    #[arg(long)]
+    pub oauth_refuse_subject: Option<String>,
     /// After this many calls of `region_echo`, its argument goes in `Mcp-Param-Zone`
     /// instead of `Mcp-Param-Region` (a server whose annotations changed).
     #[arg(long)]
