@@ -869,6 +869,46 @@ async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_r
 }
 
 #[tokio::test]
+async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
+    // The server's URL carries a query its metadata's `resource` does not; tokens live
+    // 20 s, so each request refreshes first (30 s ahead of expiry).
+    use mcp_harness::transport::auth::MemoryTokenStore;
+    let w = World::new(&["--client", "pre", "--token-ttl", "20"], &[]).await;
+    let store = Arc::new(MemoryTokenStore::default());
+    let spawn = || {
+        let mut server = w.server(registered("pre"));
+        if let TransportSpec::Http(h) = &mut server.transport {
+            h.url = format!("{}?tenant=t1", w.mcp.url);
+        }
+        let config = HarnessConfig {
+            servers: vec![server],
+            permissions: grant_everything(&["a"]),
+            ..HarnessConfig::default()
+        };
+        Harness::builder(config)
+            .authorizer(w.authorizer())
+            .token_store(store.clone())
+            .spawn()
+    };
+    signs_in_and_stops(&w, spawn().await.expect("spawn")).await;
+    // A new process: the token is read from the store, due, and refreshed before
+    // discovery has run.
+    let before = w.refreshes();
+    let second = spawn().await.expect("spawn");
+    ready(&second).await;
+    assert_eq!(
+        subject(&second, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    second.shutdown().await;
+    assert!(w.refreshes() > before, "refreshed");
+    for t in w.at("token") {
+        assert_eq!(t["resource"], w.mcp.url.as_str(), "{t}");
+    }
+    assert_eq!(w.at("authorize").len(), 1, "no second sign-in");
+}
+
+#[tokio::test]
 async fn an_expired_token_without_a_refresh_token_is_renewed_by_signing_in_again() {
     // No `offline_access` offered, so no refresh token; tokens live 3 s.
     let w = World::new(

@@ -2,6 +2,17 @@
 //! with control and bidirectional-formatting characters escaped (an authorization
 //! server's `error_description` is as hostile as anything a server sends).
 
+/// A URL as errors and other parties may be shown it: without credentials, query or
+/// fragment, which may hold a key (`?api_key=${KEY}`).
+pub fn url_shown(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
 /// `text` as one line of at most `max` characters (then `…`), with control and
 /// bidirectional-formatting characters escaped.
 pub fn one_line(text: &str, max: usize) -> String {

@@ -1135,7 +1135,7 @@ impl SignIn {
             return Err(self.err(
                 step,
                 AuthFailure::NotFound {
-                    tried: urls.iter().map(Url::to_string).collect(),
+                    tried: urls.iter().map(crate::util::text::url_shown).collect(),
                 },
             ));
         };
@@ -1144,7 +1144,7 @@ impl SignIn {
             return Err(self.err(
                 step,
                 AuthFailure::ResourceMismatch {
-                    expected: self.url.to_string(),
+                    expected: crate::util::text::url_shown(&self.url),
                     found: crate::util::text::one_line(&resource.resource, 200),
                 },
             ));
@@ -1195,7 +1195,7 @@ impl SignIn {
             return Err(self.err(
                 step,
                 AuthFailure::NotFound {
-                    tried: urls.iter().map(Url::to_string).collect(),
+                    tried: urls.iter().map(crate::util::text::url_shown).collect(),
                 },
             ));
         };
@@ -1541,6 +1541,10 @@ impl SignIn {
             issuer: issuer.clone(),
             token_endpoint: endpoint.clone(),
             client: client.clone(),
+            resource: params
+                .iter()
+                .find(|(k, _)| *k == "resource")
+                .map(|(_, v)| v.to_string()),
         })
     }
 
@@ -1555,7 +1559,15 @@ impl SignIn {
         let params = vec![
             ("grant_type", "refresh_token".to_string()),
             ("refresh_token", refresh.to_string()),
-            ("resource", self.resource_param().await),
+            // What the grant was for: after a restart discovery has not run yet, and
+            // another value would be refused (`invalid_target`) or widen the token.
+            (
+                "resource",
+                match &token.resource {
+                    Some(r) => r.clone(),
+                    None => self.resource_param().await,
+                },
+            ),
         ];
         let ex = Exchange {
             step: AuthStep::Refresh,
@@ -1571,11 +1583,13 @@ impl SignIn {
         Ok(renewed)
     }
 
-    /// The `resource` parameter: the resource metadata's `resource`, else this URL.
+    /// The `resource` parameter: the resource metadata's `resource`, else this URL
+    /// without credentials, query or fragment (RFC 8707: what the authorization server
+    /// is told must not carry what the URL hides).
     async fn resource_param(&self) -> String {
         match self.discovered.lock().await.as_ref() {
             Some(d) => d.resource.resource.clone(),
-            None => self.url.to_string(),
+            None => crate::util::text::url_shown(&self.url),
         }
     }
 
@@ -1754,6 +1768,7 @@ mod tests {
                 client_secret: None,
                 auth: ClientAuth::None,
             },
+            resource: None,
         }
     }
 
