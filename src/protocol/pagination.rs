@@ -4,6 +4,7 @@
 //! stops is cut off. Every list the harness walks walks with a [`Pager`].
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use serde_json::Value;
 
@@ -19,7 +20,10 @@ pub enum Cutoff {
 /// Walks the pages of one list.
 #[derive(Debug)]
 pub struct Pager {
-    seen: HashSet<String>,
+    /// The cursors seen, by their hashes under this walk's random keys: a cursor may be
+    /// as large as a page (16 MiB), and a walk of many pages must not keep them all.
+    seen: HashSet<u64>,
+    keys: std::collections::hash_map::RandomState,
     pages: usize,
     max_pages: usize,
     cutoff: Option<Cutoff>,
@@ -30,6 +34,7 @@ impl Pager {
     pub fn new(max_pages: usize) -> Pager {
         Pager {
             seen: HashSet::new(),
+            keys: std::collections::hash_map::RandomState::new(),
             pages: 0,
             max_pages,
             cutoff: None,
@@ -44,7 +49,7 @@ impl Pager {
             self.cutoff = Some(Cutoff::TooManyPages(self.max_pages));
             return None;
         }
-        if !self.seen.insert(next.to_string()) {
+        if !self.seen.insert(self.keys.hash_one(next)) {
             self.cutoff = Some(Cutoff::Cycle);
             return None;
         }

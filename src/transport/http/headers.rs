@@ -15,6 +15,8 @@ use crate::util::text::one_line;
 pub const MAX_PARAM_HEADERS: usize = 64;
 /// Longest path to an annotated argument, in bytes of its property names.
 pub const MAX_PARAM_PATH_BYTES: usize = 1024;
+/// Longest header name suffix (`Mcp-Param-` followed by it), in bytes.
+pub const MAX_PARAM_NAME_BYTES: usize = 256;
 
 /// One `x-mcp-header` annotation: the header's name suffix and the argument's path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +62,10 @@ fn walk(
                     ));
                 }
                 let name = name.as_str().ok_or("x-mcp-header must be a string")?;
-                if name.is_empty() || !name.bytes().all(is_token_byte) {
+                if name.is_empty()
+                    || name.len() > MAX_PARAM_NAME_BYTES
+                    || !name.bytes().all(is_token_byte)
+                {
                     return Err(format!(
                         "x-mcp-header {:?} is not a valid header name",
                         one_line(name, 64)

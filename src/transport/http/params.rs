@@ -15,6 +15,36 @@ use crate::protocol::RequestRef;
 
 /// The most tools whose annotations one connection keeps (real servers list dozens).
 const MAX_ANNOTATED_TOOLS: usize = 10_000;
+/// The most bytes of tool names, header names and paths it keeps: each tool's own
+/// bounds (64 annotations of up to 1 KiB paths) would let 10,000 tools hold 700 MB.
+const MAX_ANNOTATED_BYTES: usize = 8 << 20;
+
+/// The annotations kept, by tool name, and their size in bytes.
+#[derive(Default)]
+struct Annotated {
+    tools: HashMap<String, Vec<ParamHeader>>,
+    bytes: usize,
+}
+
+impl Annotated {
+    fn size(name: &str, headers: &[ParamHeader]) -> usize {
+        headers.iter().fold(name.len(), |n, h| {
+            n + h.name.len() + h.path.iter().map(String::len).sum::<usize>()
+        })
+    }
+
+    fn insert(&mut self, name: &str, headers: Vec<ParamHeader>) {
+        self.remove(name);
+        self.bytes += Self::size(name, &headers);
+        self.tools.insert(name.to_string(), headers);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(old) = self.tools.remove(name) {
+            self.bytes = self.bytes.saturating_sub(Self::size(name, &old));
+        }
+    }
+}
 
 /// What one connection knows of its server's `x-mcp-header` annotations.
 #[derive(Default)]
@@ -22,7 +52,7 @@ pub(super) struct ParamTable {
     /// Whether a `tools/list` was read on this connection (the harness's cache may have
     /// served every listing, so a `tools/call` may be the first thing it sends).
     listed: AtomicBool,
-    table: RwLock<HashMap<String, Vec<ParamHeader>>>,
+    table: RwLock<Annotated>,
 }
 
 impl ParamTable {
@@ -49,7 +79,7 @@ impl ParamTable {
             return Vec::new();
         };
         let table = self.table.read();
-        let Some(annotations) = table.get(name) else {
+        let Some(annotations) = table.tools.get(name) else {
             return Vec::new();
         };
         let arguments = params.get("arguments").unwrap_or(&Value::Null);
@@ -67,20 +97,21 @@ impl ParamTable {
 
     /// Reads one `tools/list` page: remembers each tool's annotations and drops the tools
     /// whose annotations are invalid, with a warning. The table holds at most
-    /// [`MAX_ANNOTATED_TOOLS`] names: a server listing new names all the time has it
-    /// start afresh (its calls then relearn on -32020) instead of growing it forever.
+    /// [`MAX_ANNOTATED_TOOLS`] names and [`MAX_ANNOTATED_BYTES`]: a server listing new
+    /// names all the time, or long ones, has it start afresh (its calls then relearn on
+    /// -32020) instead of growing it forever.
     pub(super) fn absorb(&self, server: &str, page: &mut Value) {
         self.mark_listed();
         let Some(tools) = page.get_mut("tools").and_then(Value::as_array_mut) else {
             return;
         };
         let mut table = self.table.write();
-        if table.len() + tools.len() > MAX_ANNOTATED_TOOLS {
+        if table.tools.len() + tools.len() > MAX_ANNOTATED_TOOLS {
             tracing::warn!(
                 server,
                 "more annotated tools than are kept; the table starts afresh"
             );
-            table.clear();
+            *table = Annotated::default();
         }
         tools.retain(|tool| {
             let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
@@ -90,7 +121,14 @@ impl ParamTable {
                     if found.is_empty() {
                         table.remove(name);
                     } else {
-                        table.insert(name.to_string(), found);
+                        if table.bytes + Annotated::size(name, &found) > MAX_ANNOTATED_BYTES {
+                            tracing::warn!(
+                                server,
+                                "more annotations than are kept; the table starts afresh"
+                            );
+                            *table = Annotated::default();
+                        }
+                        table.insert(name, found);
                     }
                     true
                 }
@@ -116,16 +154,54 @@ mod tests {
     }
 
     #[test]
+    fn the_table_is_bounded_in_bytes_too() {
+        // 64 annotations a tool, each under a parent of 1,000 bytes: ~70 KB kept per
+        // tool from ~4 KB of schema.
+        let parent = "p".repeat(1000);
+        let heavy = |name: &str| {
+            let children: serde_json::Map<String, Value> = (0..64)
+                .map(|i| {
+                    (
+                        format!("c{i}"),
+                        json!({"type": "string", "x-mcp-header": format!("H{i}")}),
+                    )
+                })
+                .collect();
+            json!({"name": name, "inputSchema": {"type": "object", "properties": {
+                parent.clone(): {"type": "object", "properties": children}}}})
+        };
+        let table = ParamTable::default();
+        for page in 0..30 {
+            let tools: Vec<Value> = (0..10).map(|i| heavy(&format!("t{page}-{i}"))).collect();
+            table.absorb("s", &mut json!({ "tools": tools }));
+            let kept = table.table.read();
+            let counted: usize = kept
+                .tools
+                .iter()
+                .map(|(name, h)| Annotated::size(name, h))
+                .sum();
+            assert_eq!(kept.bytes, counted);
+            assert!(kept.bytes <= MAX_ANNOTATED_BYTES, "{} bytes", kept.bytes);
+        }
+        // A header name past its bound makes the tool invalid: it is dropped.
+        let long = json!({"name": "long", "inputSchema": {"type": "object", "properties": {
+            "x": {"type": "string", "x-mcp-header": "N".repeat(300)}}}});
+        let mut page = json!({ "tools": [long, tool("ok")] });
+        table.absorb("s", &mut page);
+        assert_eq!(page["tools"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
     fn the_table_keeps_every_page_and_never_grows_past_its_bound() {
         let table = ParamTable::default();
         table.absorb("s", &mut json!({"tools": [tool("a"), tool("b")]}));
         table.absorb("s", &mut json!({"tools": [tool("c")]}));
-        assert_eq!(table.table.read().len(), 3, "later pages add");
+        assert_eq!(table.table.read().tools.len(), 3, "later pages add");
         // A server listing new names every time.
         for round in 0..MAX_ANNOTATED_TOOLS / 100 + 5 {
             let tools: Vec<Value> = (0..100).map(|i| tool(&format!("t{round}-{i}"))).collect();
             table.absorb("s", &mut json!({ "tools": tools }));
-            assert!(table.table.read().len() <= MAX_ANNOTATED_TOOLS);
+            assert!(table.table.read().tools.len() <= MAX_ANNOTATED_TOOLS);
         }
     }
 }
