@@ -421,22 +421,25 @@ async fn a_server_slow_to_take_a_pings_answer_still_gets_its_notifications_throu
         .await
         .expect("connect");
     let conn = std::sync::Arc::new(conn);
-    // It pings us; our answer is held there.
-    let pinging = {
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            conn.request(
-                "tools/call",
-                call("rogue_request", json!({"method": "ping"})),
-            )
-            .await
+    // It pings us, 20 times; our answers are held there (past 16 at once, they are
+    // dropped rather than waited for).
+    let pinging: Vec<_> = (0..20)
+        .map(|_| {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                conn.request(
+                    "tools/call",
+                    call("rogue_request", json!({"method": "ping"})),
+                )
+                .await
+            })
         })
-    };
+        .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     conn.request("tools/call", call("notify_changed", json!({})))
         .await
         .expect("notify");
-    // The notification comes after the ping: it is not queued behind the ping's answer.
+    // The notification comes after the pings: it is not queued behind their answers.
     let got = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match events.recv().await {
@@ -451,8 +454,10 @@ async fn a_server_slow_to_take_a_pings_answer_still_gets_its_notifications_throu
         }
     })
     .await;
-    assert!(got.is_ok(), "list_changed waited for the ping's answer");
-    pinging.abort();
+    assert!(got.is_ok(), "list_changed waited for the pings' answers");
+    for p in pinging {
+        p.abort();
+    }
     conn.shutdown().await;
 }
 

@@ -7,8 +7,8 @@
 //! connection is refused unless the options allow it: a server must not ask a person
 //! or spend model tokens on its own initiative. `roots/list` and `ping` are always
 //! answered. Answers are sent on tasks of their own (at most [`MAX_REPLIES`] of the
-//! dispatcher's at once): a server slow to take them (an HTTP POST each) holds up
-//! none of its other traffic until that many wait.
+//! dispatcher's at once; past that they are dropped and counted): a server slow to
+//! take them (an HTTP POST each) never holds up its other traffic.
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -24,7 +24,7 @@ use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
 use crate::transport::inbound::Inbound;
 
-/// Answers to pings and refusals being sent at once; past it the dispatcher waits.
+/// Answers to pings and refusals being sent at once; past it they are dropped.
 pub(super) const MAX_REPLIES: usize = 16;
 
 /// What the dispatcher of one connection works with.
@@ -50,7 +50,7 @@ impl Dispatch {
     pub(super) async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
         while let Some(message) = inbound.recv().await {
             match message {
-                Inbound::Request(request) => self.on_request(request).await,
+                Inbound::Request(request) => self.on_request(request),
                 Inbound::Notification(n) => {
                     let Err(n) = self.subscriptions.route(n) else {
                         continue;
@@ -78,14 +78,19 @@ impl Dispatch {
         }
     }
 
-    async fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
-        self.reply(id, Err(error)).await;
+    fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
+        self.reply(id, Err(error));
     }
 
-    /// Sends an answer on a task of its own, once fewer than [`MAX_REPLIES`] are being
-    /// sent.
-    async fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
-        let Ok(permit) = self.replying.clone().acquire_owned().await else {
+    /// Sends an answer on a task of its own, unless [`MAX_REPLIES`] are being sent
+    /// already: then it is dropped (the server is not taking them; waiting would stall
+    /// what else it sends).
+    fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
+        let Ok(permit) = self.replying.clone().try_acquire_owned() else {
+            self.refused_warn(
+                "(answer)",
+                "answers to this server's pings and refused requests are not being taken; one dropped",
+            );
             return;
         };
         let weak = self.transport.clone();
@@ -98,7 +103,7 @@ impl Dispatch {
         });
     }
 
-    async fn on_request(&self, request: Request) {
+    fn on_request(&self, request: Request) {
         let Request { id, method, params } = request;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
@@ -111,10 +116,10 @@ impl Dispatch {
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
             );
-            return self.refuse(id, error).await;
+            return self.refuse(id, error);
         }
         if method == "ping" {
-            return self.reply(id, Ok(json!({}))).await;
+            return self.reply(id, Ok(json!({})));
         }
         let asks_a_person_or_a_model = matches!(
             method.as_str(),
@@ -129,7 +134,7 @@ impl Dispatch {
                 INVALID_REQUEST,
                 format!("{named} is only answered during a call this client made"),
             );
-            return self.refuse(id, error).await;
+            return self.refuse(id, error);
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
             self.refused_warn(
@@ -137,7 +142,7 @@ impl Dispatch {
                 "too many server requests waiting for answers; refused",
             );
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
-            return self.refuse(id, error).await;
+            return self.refuse(id, error);
         };
         let (reply, answer) = oneshot::channel();
         let event = ServerEvent::Request(ServerRequest {
@@ -151,7 +156,7 @@ impl Dispatch {
                 METHOD_NOT_FOUND,
                 format!("client cannot handle {named} now"),
             );
-            return self.refuse(id, error).await;
+            return self.refuse(id, error);
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;
