@@ -359,11 +359,10 @@ async fn a_failed_connection_says_why_without_the_key_in_its_url() {
         .local_addr()
         .expect("addr")
         .port();
-    let spec = TransportSpec::http(&format!("http://127.0.0.1:{port}/mcp?api_key=hunter2"));
-    let failed = Connection::connect("keyed", spec, options())
-        .await
-        .err()
-        .expect("nothing listens there");
+    let spec = TransportSpec::http(format!("http://127.0.0.1:{port}/mcp?api_key=hunter2"));
+    let Err(failed) = Connection::connect("keyed", spec, options()).await else {
+        panic!("nothing listens there");
+    };
     let text = failed.to_string();
     assert!(!text.contains("hunter2"), "{text}");
     assert!(
