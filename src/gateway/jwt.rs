@@ -289,7 +289,11 @@ fn key_algorithm(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
 }
 
 async fn fetch(url: &str, ca_file: Option<&std::path::Path>) -> Result<JwkSet, GatewayError> {
-    let bad = |why: String| GatewayError::Config(format!("jwt: {url}: {why}"));
+    // The URL as errors show it: without a key its query or credentials may hold.
+    let shown = url::Url::parse(url)
+        .map(|u| crate::util::text::url_shown(&u))
+        .unwrap_or_else(|_| "jwks_url".into());
+    let bad = |why: String| GatewayError::Config(format!("jwt: {shown}: {why}"));
     let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let loopback = matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
     if parsed.scheme() != "https" && !loopback {
@@ -306,12 +310,16 @@ async fn fetch(url: &str, ca_file: Option<&std::path::Path>) -> Result<JwkSet, G
         .get(parsed)
         .send()
         .await
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| bad(crate::util::text::http_failure(e)))?;
     if !resp.status().is_success() {
         return Err(bad(format!("HTTP {}", resp.status().as_u16())));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| bad(e.to_string()))? {
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| bad(crate::util::text::http_failure(e)))?
+    {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_JWKS {
             return Err(bad("larger than 1 MiB".into()));

@@ -235,24 +235,6 @@ impl ConnectError {
     }
 }
 
-/// What an HTTP client error says, with its causes, and without its URL: a server's
-/// URL may carry a key in its query (`?api_key=${KEY}`), and this text reaches status,
-/// logs and terminals.
-pub(crate) fn http_failure(error: reqwest::Error) -> String {
-    let error = error.without_url();
-    let mut text = error.to_string();
-    let mut next = std::error::Error::source(&error);
-    while let Some(e) = next {
-        let said = e.to_string();
-        if !said.is_empty() && !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        next = e.source();
-    }
-    text
-}
-
 /// The TLS failure somewhere in `error`'s source chain, if there is one. rustls errors
 /// arrive wrapped in `io::Error`s, whose `source()` skips what they wrap: descend through
 /// `get_ref()` instead.

@@ -2,6 +2,24 @@
 //! with control and bidirectional-formatting characters escaped (an authorization
 //! server's `error_description` is as hostile as anything a server sends).
 
+/// What an HTTP client error says, with its causes, and without its URL: a server's
+/// URL may carry a key in its query (`?api_key=${KEY}`), and this text reaches status,
+/// logs and terminals.
+pub(crate) fn http_failure(error: reqwest::Error) -> String {
+    let error = error.without_url();
+    let mut text = error.to_string();
+    let mut next = std::error::Error::source(&error);
+    while let Some(e) = next {
+        let said = e.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = e.source();
+    }
+    text
+}
+
 /// A URL as errors and other parties may be shown it: without credentials, query or
 /// fragment, which may hold a key (`?api_key=${KEY}`).
 pub fn url_shown(url: &url::Url) -> String {

@@ -286,10 +286,7 @@ impl AuthorizationSession for HeadlessSession {
             if let Some((name, value)) = &self.identity {
                 get = get.header(name.as_str(), value.as_str());
             }
-            let response = get
-                .send()
-                .await
-                .map_err(crate::transport::error::http_failure)?;
+            let response = get.send().await.map_err(crate::util::text::http_failure)?;
             let status = response.status();
             let location = response
                 .headers()

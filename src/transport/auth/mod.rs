@@ -400,7 +400,7 @@ fn send_failure(e: reqwest::Error) -> AuthFailure {
             why: refused.to_string(),
         };
     }
-    AuthFailure::Network(crate::transport::error::http_failure(e))
+    AuthFailure::Network(crate::util::text::http_failure(e))
 }
 
 /// Reads a bounded reply body.
@@ -409,7 +409,7 @@ async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFa
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|e| AuthFailure::Network(crate::transport::error::http_failure(e)))?
+        .map_err(|e| AuthFailure::Network(crate::util::text::http_failure(e)))?
     {
         if body.len() + chunk.len() > MAX_REPLY {
             return Err(AuthFailure::Invalid(format!(

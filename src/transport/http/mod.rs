@@ -761,7 +761,7 @@ impl HttpTransport {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => return Ok(None),
                 Err(e) => {
-                    tracing::debug!(server = %self.server, error = %super::error::http_failure(e), "event stream broke");
+                    tracing::debug!(server = %self.server, error = %crate::util::text::http_failure(e), "event stream broke");
                     return Ok(None);
                 }
             };
@@ -917,7 +917,7 @@ impl HttpTransport {
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(server = %this.server, error = %super::error::http_failure(e), "standalone event stream failed");
+                        tracing::debug!(server = %this.server, error = %crate::util::text::http_failure(e), "standalone event stream failed");
                         return;
                     }
                 };
@@ -1051,10 +1051,10 @@ fn send_error(e: reqwest::Error) -> TransportError {
     if e.is_connect() {
         TransportError::NotSent(format!(
             "connection failed: {}",
-            super::error::http_failure(e)
+            crate::util::text::http_failure(e)
         ))
     } else {
-        TransportError::Network(super::error::http_failure(e))
+        TransportError::Network(crate::util::text::http_failure(e))
     }
 }
 
@@ -1063,7 +1063,7 @@ async fn read_body(mut response: reqwest::Response, max: usize) -> Result<Vec<u8
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|e| TransportError::Network(super::error::http_failure(e)))?
+        .map_err(|e| TransportError::Network(crate::util::text::http_failure(e)))?
     {
         if body.len() + chunk.len() > max {
             return Err(TransportError::ResponseTooLarge { limit: max });
