@@ -1476,6 +1476,34 @@ fn es256_key(kid: &str) -> (Vec<u8>, Value) {
     (doc.as_ref().to_vec(), jwk)
 }
 
+/// The issuer and audience of the JWTs the tests' gateways accept.
+const JWT_ISS: &str = "https://idp.test";
+const JWT_AUD: &str = "https://gw.test/mcp";
+
+/// A gateway setup that accepts JWTs of [`JWT_ISS`] for [`JWT_AUD`] (`jwt_extra` added
+/// to its `jwt` table), agent c granted alpha's echo: the setup, the issuer's signing
+/// key (PKCS#8, kid `k1`) and its JWKS file.
+fn jwt_issuer(jwt_extra: &str) -> (Setup, Vec<u8>, std::path::PathBuf) {
+    let (signing, jwk) = es256_key("k1");
+    let jwks = temp_file("jwks");
+    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_file = \"{}\"{jwt_extra} }}\n\n[permissions.c]\nalpha = [\"echo\"]",
+            jwks.display()
+        ),
+        &[("k1", &key("k1"))],
+    );
+    (setup, signing, jwks)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
 fn jwt(pkcs8: &[u8], kid: &str, claims: Value) -> String {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
     header.kid = Some(kid.into());
@@ -1489,24 +1517,12 @@ fn jwt(pkcs8: &[u8], kid: &str, claims: Value) -> String {
 
 #[tokio::test]
 async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_refused() {
-    const ISS: &str = "https://idp.test";
-    const AUD: &str = "https://gw.test/mcp";
-    let (signing, jwk) = es256_key("k1");
+    const ISS: &str = JWT_ISS;
+    const AUD: &str = JWT_AUD;
     let (other_key, _) = es256_key("k1");
-    let jwks = temp_file("jwks");
-    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
-    let setup = Setup::new(
-        &format!(
-            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\", scopes = [\"mcp\"], context_claim = \"email\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
-            jwks.display()
-        ),
-        &[("k1", &key("k1"))],
-    );
+    let (setup, signing, jwks) = jwt_issuer(", scopes = [\"mcp\"], context_claim = \"email\"");
     let gw = setup.start().await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
+    let now = unix_now();
     let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp, "email": format!("{sub}@idp.test")});
     let good = jwt(&signing, "k1", claims(ISS, AUD, "c", now + 300));
     let (status, list) = gw.modern(&good, "tools/list", json!({})).await;
@@ -1662,23 +1678,11 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
 
 #[tokio::test]
 async fn streams_opened_with_a_jwt_end_when_it_expires() {
-    const ISS: &str = "https://idp.test";
-    const AUD: &str = "https://gw.test/mcp";
-    let (signing, jwk) = es256_key("k1");
-    let jwks = temp_file("jwks");
-    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
-    let setup = Setup::new(
-        &format!(
-            "jwt = {{ issuer = \"{ISS}\", audience = \"{AUD}\", jwks_file = \"{}\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
-            jwks.display()
-        ),
-        &[("k1", &key("k1"))],
-    );
+    const ISS: &str = JWT_ISS;
+    const AUD: &str = JWT_AUD;
+    let (setup, signing, jwks) = jwt_issuer("");
     let gw = setup.start().await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
+    let now = unix_now();
     let token = |exp: u64| {
         jwt(
             &signing,

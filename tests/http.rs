@@ -127,20 +127,34 @@ async fn event_stream_replies_deliver_notifications_before_the_result() {
     conn.shutdown().await;
 }
 
+/// A legacy `delta` demo server over HTTP with `extra` flags (and `--record RECORD`
+/// when given), and a connection to it with `opts`.
+async fn legacy_delta(
+    extra: &[&str],
+    record: Option<&std::path::Path>,
+    opts: ConnectOptions,
+) -> (
+    HttpServer,
+    Connection,
+    tokio::sync::mpsc::Receiver<ServerEvent>,
+) {
+    let record = record.map(|r| r.to_string_lossy().to_string());
+    let mut args = vec!["delta", "--era", "legacy"];
+    args.extend_from_slice(extra);
+    if let Some(r) = &record {
+        args.extend(["--record", r.as_str()]);
+    }
+    let server = HttpServer::demo(&args).await;
+    let (conn, events) = Connection::connect("delta", server.spec(), opts)
+        .await
+        .expect("connect");
+    (server, conn, events)
+}
+
 #[tokio::test]
 async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
     let record = temp_file("http-legacy");
-    let server = HttpServer::demo(&[
-        "delta",
-        "--era",
-        "legacy",
-        "--record",
-        &record.to_string_lossy(),
-    ])
-    .await;
-    let (conn, mut events) = Connection::connect("delta", server.spec(), options())
-        .await
-        .expect("connect");
+    let (_server, conn, mut events) = legacy_delta(&[], Some(&record), options()).await;
     assert_eq!(conn.era(), Era::Legacy);
     // The standalone GET stream is opened after initialize.
     assert!(
@@ -240,19 +254,8 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
 async fn a_session_renewal_cut_off_by_its_request_finishes_and_the_session_serves() {
     // Renewing the session (every initialize after the first) takes 1.5 s.
     let record = temp_file("http-renewal");
-    let server = HttpServer::demo(&[
-        "delta",
-        "--era",
-        "legacy",
-        "--renewal-delay-ms",
-        "1500",
-        "--record",
-        &record.to_string_lossy(),
-    ])
-    .await;
-    let (conn, _events) = Connection::connect("delta", server.spec(), options())
-        .await
-        .expect("connect");
+    let (_server, conn, _events) =
+        legacy_delta(&["--renewal-delay-ms", "1500"], Some(&record), options()).await;
     conn.request("tools/call", call("expire_session", json!({})))
         .await
         .expect("expire");
@@ -308,23 +311,12 @@ async fn a_session_renewal_that_runs_out_of_time_after_its_initialize_ends_the_n
     // The renewed session's `initialized` is held for 10 s; a renewal may take as long
     // as one request (3 s here).
     let record = temp_file("http-renewal-stalled");
-    let server = HttpServer::demo(&[
-        "delta",
-        "--era",
-        "legacy",
-        "--initialized-delay-ms",
-        "10000",
-        "--record",
-        &record.to_string_lossy(),
-    ])
-    .await;
     let opts = ConnectOptions {
         request_timeout: Duration::from_secs(3),
         ..options()
     };
-    let (conn, _events) = Connection::connect("delta", server.spec(), opts)
-        .await
-        .expect("connect");
+    let (_server, conn, _events) =
+        legacy_delta(&["--initialized-delay-ms", "10000"], Some(&record), opts).await;
     conn.request("tools/call", call("expire_session", json!({})))
         .await
         .expect("expire");
@@ -374,18 +366,8 @@ async fn a_failed_connection_says_why_without_the_key_in_its_url() {
 #[tokio::test]
 async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often() {
     let record = temp_file("http-get-closes");
-    let server = HttpServer::demo(&[
-        "delta",
-        "--era",
-        "legacy",
-        "--close-get-streams",
-        "--record",
-        &record.to_string_lossy(),
-    ])
-    .await;
-    let (conn, _events) = Connection::connect("delta", server.spec(), options())
-        .await
-        .expect("connect");
+    let (_server, conn, _events) =
+        legacy_delta(&["--close-get-streams"], Some(&record), options()).await;
     let gets = || {
         recorded(&record)
             .iter()
@@ -407,18 +389,8 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
 #[tokio::test]
 async fn a_server_slow_to_take_a_pings_answer_still_gets_its_notifications_through() {
     // The server holds each answer POSTed to it for 20 s.
-    let server = HttpServer::demo(&[
-        "delta",
-        "--era",
-        "legacy",
-        "--sse",
-        "--hold-answers-ms",
-        "20000",
-    ])
-    .await;
-    let (conn, mut events) = Connection::connect("delta", server.spec(), options())
-        .await
-        .expect("connect");
+    let (_server, conn, mut events) =
+        legacy_delta(&["--sse", "--hold-answers-ms", "20000"], None, options()).await;
     let conn = std::sync::Arc::new(conn);
     // It pings us, 20 times; our answers are held there (past 16 at once, they are
     // dropped rather than waited for).

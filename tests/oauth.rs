@@ -110,16 +110,18 @@ impl World {
     }
 
     async fn harness_with(&self, servers: Vec<ServerConfig>) -> HarnessHandle {
+        self.builder(servers).spawn().await.expect("spawn")
+    }
+
+    /// A harness of `servers`, agent a granted all, signing in with the headless
+    /// authorizer.
+    fn builder(&self, servers: Vec<ServerConfig>) -> mcp_harness::HarnessBuilder {
         let config = HarnessConfig {
             servers,
             permissions: grant_everything(&["a"]),
             ..HarnessConfig::default()
         };
-        Harness::builder(config)
-            .authorizer(self.authorizer())
-            .spawn()
-            .await
-            .expect("spawn")
+        Harness::builder(config).authorizer(self.authorizer())
     }
 
     /// How many refreshes the authorization server was asked for.
@@ -741,13 +743,9 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the_server_stays_ready()
- {
-    // Tokens live 4 s (so each request refreshes first; the server counts whole
-    // seconds, so a token stays good for at least a second after a refresh lands: the
-    // lifetime must stay 2 s above the delay); refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
-    // requests use another).
+/// A harness whose caller alice signed in with a token of 4 s, now expired; its
+/// refreshes are answered `refresh_delay_ms` late.
+async fn alice_token_expired(refresh_delay_ms: &str) -> (World, HarnessHandle, Caller) {
     let w = World::new(
         &[
             "--client",
@@ -755,7 +753,7 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
             "--token-ttl",
             "4",
             "--refresh-delay-ms",
-            "2000",
+            refresh_delay_ms,
         ],
         &[],
     )
@@ -765,6 +763,17 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
     let alice = as_user("alice");
     assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
     tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
+    (w, h, alice)
+}
+
+#[tokio::test]
+async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the_server_stays_ready()
+ {
+    // Tokens live 4 s (so each request refreshes first; the server counts whole
+    // seconds, so a token stays good for at least a second after a refresh lands: the
+    // lifetime must stay 2 s above the delay); refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
+    // requests use another).
+    let (w, h, alice) = alice_token_expired("2000").await;
     let before = w.refreshes();
     let renewing = tokio::spawn({
         let (h, alice) = (h.clone(), alice.clone());
@@ -801,23 +810,7 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
 #[tokio::test]
 async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_is_kept() {
     // Tokens live 4 s; refreshes are answered 3 s late.
-    let w = World::new(
-        &[
-            "--client",
-            "pre",
-            "--token-ttl",
-            "4",
-            "--refresh-delay-ms",
-            "3000",
-        ],
-        &[],
-    )
-    .await;
-    let h = w.harness(registered("pre")).await;
-    ready(&h).await;
-    let alice = as_user("alice");
-    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
-    tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
+    let (w, h, alice) = alice_token_expired("3000").await;
     let before = w.refreshes();
     let options = CallOptions {
         timeout: Some(Duration::from_millis(800)),
@@ -880,15 +873,7 @@ async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
         if let TransportSpec::Http(h) = &mut server.transport {
             h.url = format!("{}?tenant=t1", w.mcp.url);
         }
-        let config = HarnessConfig {
-            servers: vec![server],
-            permissions: grant_everything(&["a"]),
-            ..HarnessConfig::default()
-        };
-        Harness::builder(config)
-            .authorizer(w.authorizer())
-            .token_store(store.clone())
-            .spawn()
+        w.builder(vec![server]).token_store(store.clone()).spawn()
     };
     signs_in_and_stops(&w, spawn().await.expect("spawn")).await;
     // A new process: the token is read from the store, due, and refreshed before
@@ -1246,13 +1231,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
         appearing: parking_lot::Mutex::new(Default::default()),
     });
     let spawn = || {
-        let config = HarnessConfig {
-            servers: vec![w.server(registered("pre"))],
-            permissions: grant_everything(&["a"]),
-            ..HarnessConfig::default()
-        };
-        Harness::builder(config)
-            .authorizer(w.authorizer())
+        w.builder(vec![w.server(registered("pre"))])
             .token_store(store.clone())
             .spawn()
     };

@@ -984,31 +984,9 @@ impl SignIn {
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed,
-    /// else new client credentials or a sign-in.
+    /// else new client credentials or a sign-in. The token it yields is noted (see
+    /// [`Renewal::Refused`]).
     async fn renew_refused(
-        &self,
-        identity: Option<&str>,
-        challenge: &Challenge,
-        refused: Option<&str>,
-        step_up: bool,
-        current: Option<Token>,
-        renewing: Renewing,
-    ) -> Result<Renewal, AuthError> {
-        let renewal = self
-            .renew_refused_now(identity, challenge, refused, step_up, current, renewing)
-            .await?;
-        if let Some(t) = self.held(identity) {
-            let mut kept = self.renewed_on_refusal.lock();
-            if kept.len() >= MISSING_MEMO {
-                kept.clear();
-            }
-            kept.insert(identity.map(String::from), (t.access_token, Instant::now()));
-        }
-        Ok(renewal)
-    }
-
-    /// [`Self::renew_refused`]'s work.
-    async fn renew_refused_now(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
@@ -1022,23 +1000,27 @@ impl SignIn {
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?
             && Some(renewed.access_token.as_str()) != refused
         {
-            return Ok(Renewal::Renewed);
-        }
-        if self.config.grant == GrantKind::ClientCredentials {
+            // Refreshed.
+        } else if self.config.grant == GrantKind::ClientCredentials {
             let step = if step_up {
                 AuthStep::StepUp
             } else {
                 AuthStep::ClientCredentials
             };
-            return self
-                .client_credentials(identity, Some(challenge), &mut renewing)
+            self.client_credentials(identity, Some(challenge), &mut renewing)
                 .await
-                .map(|_| Renewal::Renewed)
-                .map_err(|e| AuthError { step, ..e });
+                .map_err(|e| AuthError { step, ..e })?;
+        } else {
+            self.authorize(identity, challenge, &mut renewing).await?;
         }
-        self.authorize(identity, challenge, &mut renewing)
-            .await
-            .map(|_| Renewal::Renewed)
+        if let Some(t) = self.held(identity) {
+            let mut noted = self.renewed_on_refusal.lock();
+            if noted.len() >= MISSING_MEMO {
+                noted.clear();
+            }
+            noted.insert(identity.map(String::from), (t.access_token, Instant::now()));
+        }
+        Ok(Renewal::Renewed)
     }
 
     /// Signs `identity` in now (the command line's `login`), whatever is held.
