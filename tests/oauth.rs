@@ -195,13 +195,18 @@ async fn ready(h: &HarnessHandle) {
 /// A first process signs in as the harness itself (`demo-user`) and stops: one
 /// authorization in all.
 async fn signs_in_and_stops(w: &World, first: HarnessHandle) {
-    ready(&first).await;
+    serves_and_stops(first).await;
+    assert_eq!(w.at("authorize").len(), 1);
+}
+
+/// Once ready, `h` serves agent a as the demo user, and stops.
+async fn serves_and_stops(h: HarnessHandle) {
+    ready(&h).await;
     assert_eq!(
-        subject(&first, &Caller::agent("a")).await.expect("call"),
+        subject(&h, &Caller::agent("a")).await.expect("call"),
         "demo-user"
     );
-    first.shutdown().await;
-    assert_eq!(w.at("authorize").len(), 1);
+    h.shutdown().await;
 }
 
 fn registered(pre: &str) -> OAuthConfig {
@@ -879,13 +884,7 @@ async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
     // A new process: the token is read from the store, due, and refreshed before
     // discovery has run.
     let before = w.refreshes();
-    let second = spawn().await.expect("spawn");
-    ready(&second).await;
-    assert_eq!(
-        subject(&second, &Caller::agent("a")).await.expect("call"),
-        "demo-user"
-    );
-    second.shutdown().await;
+    serves_and_stops(spawn().await.expect("spawn")).await;
     assert!(w.refreshes() > before, "refreshed");
     for t in w.at("token") {
         assert_eq!(t["resource"], w.mcp.url.as_str(), "{t}");
@@ -1253,13 +1252,7 @@ async fn a_token_another_process_stored_is_tried_once_and_if_refused_too_the_req
         revoked("revoked-there"),
     ]);
     let before = w.refreshes();
-    let second = spawn().await.expect("spawn");
-    ready(&second).await;
-    assert_eq!(
-        subject(&second, &Caller::agent("a")).await.expect("call"),
-        "demo-user"
-    );
-    second.shutdown().await;
+    serves_and_stops(spawn().await.expect("spawn")).await;
     // The server saw this process's token, then the other's, each refused once.
     let refused: Vec<String> = recorded(&w.mcp_record)
         .into_iter()
