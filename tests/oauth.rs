@@ -868,26 +868,29 @@ async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_r
 
 #[tokio::test]
 async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
-    // The server's URL carries a query its metadata's `resource` does not; tokens live
+    // The server's metadata names its origin as the resource, not its URL; tokens live
     // 20 s, so each request refreshes first (30 s ahead of expiry).
     use mcp_harness::transport::auth::MemoryTokenStore;
-    let w = World::new(&["--client", "pre", "--token-ttl", "20"], &[]).await;
+    let w = World::new(
+        &["--client", "pre", "--token-ttl", "20"],
+        &["--oauth-resource-root"],
+    )
+    .await;
+    let resource = w.mcp.url.trim_end_matches("mcp").to_string();
     let store = Arc::new(MemoryTokenStore::default());
     let spawn = || {
-        let mut server = w.server(registered("pre"));
-        if let TransportSpec::Http(h) = &mut server.transport {
-            h.url = format!("{}?tenant=t1", w.mcp.url);
-        }
-        w.builder(vec![server]).token_store(store.clone()).spawn()
+        w.builder(vec![w.server(registered("pre"))])
+            .token_store(store.clone())
+            .spawn()
     };
     signs_in_and_stops(&w, spawn().await.expect("spawn")).await;
     // A new process: the token is read from the store, due, and refreshed before
-    // discovery has run.
+    // anything else would have discovered the metadata.
     let before = w.refreshes();
     serves_and_stops(spawn().await.expect("spawn")).await;
     assert!(w.refreshes() > before, "refreshed");
     for t in w.at("token") {
-        assert_eq!(t["resource"], w.mcp.url.as_str(), "{t}");
+        assert_eq!(t["resource"], resource.as_str(), "{t}");
     }
     assert_eq!(w.at("authorize").len(), 1, "no second sign-in");
 }

@@ -395,7 +395,7 @@ fn send_failure(e: reqwest::Error) -> AuthFailure {
         return AuthFailure::BadUrl {
             url: e
                 .url()
-                .map(|u| crate::util::text::one_line(u.as_str(), 200))
+                .map(|u| crate::util::text::one_line(&crate::util::text::url_shown(u), 200))
                 .unwrap_or_default(),
             why: refused.to_string(),
         };
@@ -1523,10 +1523,6 @@ impl SignIn {
             issuer: issuer.clone(),
             token_endpoint: endpoint.clone(),
             client: client.clone(),
-            resource: params
-                .iter()
-                .find(|(k, _)| *k == "resource")
-                .map(|(_, v)| v.to_string()),
         })
     }
 
@@ -1541,15 +1537,7 @@ impl SignIn {
         let params = vec![
             ("grant_type", "refresh_token".to_string()),
             ("refresh_token", refresh.to_string()),
-            // What the grant was for: after a restart discovery has not run yet, and
-            // another value would be refused (`invalid_target`) or widen the token.
-            (
-                "resource",
-                match &token.resource {
-                    Some(r) => r.clone(),
-                    None => self.resource_param().await,
-                },
-            ),
+            ("resource", self.resource_param().await),
         ];
         let ex = Exchange {
             step: AuthStep::Refresh,
@@ -1565,13 +1553,19 @@ impl SignIn {
         Ok(renewed)
     }
 
-    /// The `resource` parameter: the resource metadata's `resource`, else this URL
-    /// without credentials, query or fragment (RFC 8707: what the authorization server
-    /// is told must not carry what the URL hides).
+    /// The `resource` parameter: the resource metadata's `resource`, as the grant asked
+    /// for it (discovered now if this process has not yet: after a restart a refresh
+    /// comes first, and another value is refused, `invalid_target`, or widens the
+    /// token); else, with no metadata to be found, this URL without credentials, query
+    /// or fragment (what the authorization server is told must not carry what the URL
+    /// hides).
     async fn resource_param(&self) -> String {
-        match self.discovered.lock().await.as_ref() {
-            Some(d) => d.resource.resource.clone(),
-            None => crate::util::text::url_shown(&self.url),
+        match self.discover(&Challenge::default()).await {
+            Ok(d) => d.resource.resource,
+            Err(e) => {
+                tracing::debug!(server = %self.server, error = %e, "no resource metadata; the server's URL is the resource");
+                crate::util::text::url_shown(&self.url)
+            }
         }
     }
 
@@ -1750,7 +1744,6 @@ mod tests {
                 client_secret: None,
                 auth: ClientAuth::None,
             },
-            resource: None,
         }
     }
 

@@ -78,10 +78,6 @@ pub struct Token {
     pub token_endpoint: String,
     /// The client it was issued to.
     pub client: ClientIdentity,
-    /// The `resource` it was asked for, asked for again when it is refreshed (a token
-    /// kept by an older version has none: the server's URL is sent then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource: Option<String>,
 }
 
 impl std::fmt::Debug for Token {
@@ -373,7 +369,6 @@ mod tests {
 
     fn token(access: &str) -> Token {
         Token {
-            resource: None,
             access_token: access.into(),
             refresh_token: Some("r".into()),
             expires_at_ms: None,

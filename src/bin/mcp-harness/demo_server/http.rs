@@ -212,10 +212,11 @@ fn oauth_gate(
     let args = &state.server.args;
     let issuer = args.oauth_issuer.as_ref()?;
     let base = origin(state, headers);
-    let resource = args
-        .oauth_resource
-        .clone()
-        .unwrap_or_else(|| format!("{base}/mcp"));
+    let resource = match (&args.oauth_resource, args.oauth_resource_root) {
+        (Some(r), _) => r.clone(),
+        (None, true) => format!("{base}/"),
+        (None, false) => format!("{base}/mcp"),
+    };
     let path_prm = "/.well-known/oauth-protected-resource/mcp";
     let root_prm = "/.well-known/oauth-protected-resource";
     let path = req.uri().path();
@@ -646,6 +647,18 @@ async fn initialize(
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     }
     let sid = format!("demo-session-{}-{n}", std::process::id());
+    if n > 0 && state.server.args.renewal_reply_stalls {
+        // The session begins, and its stream stays open with nothing on it.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut session = Session::default();
+        session.streams.push(tx);
+        state.sessions.lock().insert(sid.clone(), session);
+        let mut response = sse_response(pump_sse(rx));
+        if let Ok(v) = sid.parse() {
+            response.headers_mut().insert("mcp-session-id", v);
+        }
+        return response;
+    }
     let ctx = Ctx {
         peer: Peer::new(mpsc::unbounded_channel().0, Pending::default()),
         legacy: true,

@@ -127,6 +127,11 @@ pub struct DemoServerArgs {
     /// session has been renewed (a renewal stalled after its `initialize`).
     #[arg(long, default_value_t = 0)]
     pub initialized_delay_ms: u64,
+    /// Answer every legacy HTTP `initialize` after the first with an event stream that
+    /// names its new session and then never sends the result (a renewal whose reply
+    /// stalls after its headers).
+    #[arg(long)]
+    pub renewal_reply_stalls: bool,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
@@ -205,6 +210,10 @@ pub struct DemoServerArgs {
     /// The `resource` the metadata names (default: this server's URL).
     #[arg(long)]
     pub oauth_resource: Option<String>,
+    /// The metadata names this server's origin (`https://host:port/`) as its `resource`,
+    /// a prefix of its URL.
+    #[arg(long)]
+    pub oauth_resource_root: bool,
     /// Leave `scope` out of the challenge.
     #[arg(long)]
     pub oauth_no_scope_hint: bool,
