@@ -52,6 +52,7 @@ fn variable(inner: &str, file: &Path) -> Result<Option<String>, ConfigError> {
         return Ok(None);
     }
     if let Some((name, default)) = inner.split_once(":-") {
+        let name = name.strip_prefix("env:").unwrap_or(name);
         let value = std::env::var(name).ok().filter(|v| !v.is_empty());
         return Ok(Some(value.unwrap_or_else(|| default.to_string())));
     }
@@ -343,12 +344,18 @@ fn import_mcp_servers(
                 .as_bool()
                 .ok_or_else(|| bad(at("disabled"), "must be true or false"))?,
         };
-        if let Some(inputs) = prompted.get(name) {
-            tracing::warn!(file = %path.display(), server = ?name, ?inputs, "this server needs input a client prompts for (${{input:…}}), which this program cannot ask for; it is left disabled (give the value through an environment variable: ${{env:NAME}})");
-        }
         let mut server = ServerConfig::new(id.clone(), transport);
         server.name = Some(name.clone());
         server.enabled = !disabled && !prompted.contains_key(name);
+        if let Some(inputs) = prompted.get(name) {
+            // Its values as written may not even be valid (a URL that is all prompt):
+            // such a server is left out rather than failing the file.
+            let kept = server.validate().is_ok();
+            tracing::warn!(file = %path.display(), server = ?name, ?inputs, kept, "this server needs input a client prompts for (${{input:…}}), which this program cannot ask for; it is left disabled, or out when its values are not valid as written (give the value through an environment variable: ${{env:NAME}})");
+            if !kept {
+                continue;
+            }
+        }
         config.servers.push(server);
     }
     Ok((config, renamed))
@@ -530,8 +537,9 @@ mod tests {
         let home = std::env::var("HOME").unwrap_or_default();
         let json = r#"{"inputs": [{"id": "key", "type": "promptString", "password": true}],
             "servers": {
-                "forms": {"command": "${env:PATH}", "args": ["${MCP_HARNESS_SURELY_UNSET:-fallback}", "${PATH:-x}", "${workspaceFolder}${/}src", "${userHome}"]},
+                "forms": {"command": "${env:PATH}", "args": ["${MCP_HARNESS_SURELY_UNSET:-fallback}", "${PATH:-x}", "${env:PATH:-x}", "${workspaceFolder}${/}src"]},
                 "asks": {"url": "https://example.test/mcp", "headers": {"Authorization": "Bearer ${input:key}"}},
+                "asks_where": {"url": "${input:server_url}"},
                 "plain": {"command": "cat", "args": ["$HOME", "${input:never"]}
             }}"#;
         let loaded = parse(json, Path::new("/work/proj/.vscode/mcp.json")).expect("imported");
@@ -547,18 +555,30 @@ mod tests {
             panic!("stdio")
         };
         assert_eq!(forms.command, path);
-        let mut want = vec![
+        let want = vec![
             "fallback".to_string(),
+            path.clone(),
             path.clone(),
             "/work/proj/src".into(),
         ];
+        assert_eq!(forms.args, want);
+        // `${userHome}` is HOME, when that is an absolute path.
         if home.starts_with('/') {
-            want.push(home);
+            let loaded = parse(
+                r#"{"mcpServers": {"h": {"command": "${userHome}/bin/x"}}}"#,
+                Path::new("m.json"),
+            )
+            .expect("imported");
+            let TransportSpec::Stdio(h) = &loaded.config.servers[0].transport else {
+                panic!("stdio")
+            };
+            assert_eq!(h.command, format!("{home}/bin/x"));
         }
-        assert_eq!(forms.args[..want.len()], want[..]);
         assert!(server("forms").enabled);
         // Nothing here can prompt a person: that server is imported, off.
         assert!(!server("asks").enabled);
+        // One whose URL is all prompt is not even valid as written: left out.
+        assert!(loaded.config.servers.iter().all(|s| s.id != "asks_where"));
         let TransportSpec::Stdio(plain) = &server("plain").transport else {
             panic!("stdio")
         };

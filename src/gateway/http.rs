@@ -1129,9 +1129,8 @@ impl Drop for PrincipalSlot {
 
 /// A `subscriptions/listen`: its own event stream, the acknowledgement first, then the
 /// tool list changes of servers the principal may use, each tagged with the listen's
-/// id; it ends when the client closes it or, at shutdown, with its final result.
-/// A `subscriptions/listen` stream: it lasts until the client goes, the gateway closes,
-/// a reload revokes its principal, or its credentials expire (`until`).
+/// id. It ends when the client closes it, or with its final result when the gateway
+/// shuts down, a reload revokes its principal, or its credentials expire (`until`).
 fn listen_stream(
     state: Arc<State>,
     principal: Principal,

@@ -389,10 +389,17 @@ impl Sampler {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let mut resp = req.send().await.map_err(|e| format!("provider: {e}"))?;
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| format!("provider: {}", crate::util::text::http_failure(e)))?;
         let status = resp.status();
         let mut bytes = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("provider: {e}"))? {
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("provider: {}", crate::util::text::http_failure(e)))?
+        {
             if bytes.len() + chunk.len() > MAX_RESPONSE {
                 return Err(format!(
                     "provider: response larger than {MAX_RESPONSE} bytes"

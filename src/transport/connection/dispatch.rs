@@ -7,8 +7,10 @@
 //! connection is refused unless the options allow it: a server must not ask a person
 //! or spend model tokens on its own initiative. `roots/list` and `ping` are always
 //! answered. Answers are sent on tasks of their own (at most [`MAX_REPLIES`] of the
-//! dispatcher's at once; past that they are dropped and counted): a server slow to
-//! take them (an HTTP POST each) never holds up its other traffic.
+//! dispatcher's at once; past that one waits up to [`REPLY_WAIT`] for room, then is
+//! dropped and counted): a server slow to take them (an HTTP POST each) holds up its
+//! other traffic that long per answer at most, and a burst to a server that takes them
+//! at once is answered whole.
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -24,8 +26,10 @@ use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
 use crate::transport::inbound::Inbound;
 
-/// Answers to pings and refusals being sent at once; past it they are dropped.
+/// Answers to pings and refusals being sent at once.
 pub(super) const MAX_REPLIES: usize = 16;
+/// How long an answer waits for room among them before it is dropped.
+const REPLY_WAIT: Duration = Duration::from_millis(100);
 
 /// What the dispatcher of one connection works with.
 pub(super) struct Dispatch {
@@ -50,7 +54,7 @@ impl Dispatch {
     pub(super) async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
         while let Some(message) = inbound.recv().await {
             match message {
-                Inbound::Request(request) => self.on_request(request),
+                Inbound::Request(request) => self.on_request(request).await,
                 Inbound::Notification(n) => {
                     let Err(n) = self.subscriptions.route(n) else {
                         continue;
@@ -78,15 +82,16 @@ impl Dispatch {
         }
     }
 
-    fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
-        self.reply(id, Err(error));
+    async fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
+        self.reply(id, Err(error)).await;
     }
 
-    /// Sends an answer on a task of its own, unless [`MAX_REPLIES`] are being sent
-    /// already: then it is dropped (the server is not taking them; waiting would stall
-    /// what else it sends).
-    fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
-        let Ok(permit) = self.replying.clone().try_acquire_owned() else {
+    /// Sends an answer on a task of its own, once fewer than [`MAX_REPLIES`] are being
+    /// sent; after [`REPLY_WAIT`] without room it is dropped (the server is not taking
+    /// them, and waiting longer would stall what else it sends).
+    async fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
+        let room = self.replying.clone().acquire_owned();
+        let Ok(Ok(permit)) = tokio::time::timeout(REPLY_WAIT, room).await else {
             self.refused_warn(
                 "(answer)",
                 "answers to this server's pings and refused requests are not being taken; one dropped",
@@ -103,7 +108,7 @@ impl Dispatch {
         });
     }
 
-    fn on_request(&self, request: Request) {
+    async fn on_request(&self, request: Request) {
         let Request { id, method, params } = request;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
@@ -116,10 +121,10 @@ impl Dispatch {
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
             );
-            return self.refuse(id, error);
+            return self.refuse(id, error).await;
         }
         if method == "ping" {
-            return self.reply(id, Ok(json!({})));
+            return self.reply(id, Ok(json!({}))).await;
         }
         let asks_a_person_or_a_model = matches!(
             method.as_str(),
@@ -134,7 +139,7 @@ impl Dispatch {
                 INVALID_REQUEST,
                 format!("{named} is only answered during a call this client made"),
             );
-            return self.refuse(id, error);
+            return self.refuse(id, error).await;
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
             self.refused_warn(
@@ -142,7 +147,7 @@ impl Dispatch {
                 "too many server requests waiting for answers; refused",
             );
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
-            return self.refuse(id, error);
+            return self.refuse(id, error).await;
         };
         let (reply, answer) = oneshot::channel();
         let event = ServerEvent::Request(ServerRequest {
@@ -156,7 +161,7 @@ impl Dispatch {
                 METHOD_NOT_FOUND,
                 format!("client cannot handle {named} now"),
             );
-            return self.refuse(id, error);
+            return self.refuse(id, error).await;
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;

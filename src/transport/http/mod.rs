@@ -116,7 +116,8 @@ impl HttpTransport {
     ) -> Result<Arc<HttpTransport>, TransportError> {
         let bad = TransportError::InvalidConfig;
         let url =
-            reqwest::Url::parse(&spec.url).map_err(|e| bad(format!("url {:?}: {e}", spec.url)))?;
+            // Not quoted: a `${VAR}` may have put a key in it.
+            reqwest::Url::parse(&spec.url).map_err(|e| bad(format!("the url is not one: {e}")))?;
         let mut fixed = HeaderMap::new();
         for (k, v) in &spec.headers {
             let name = HeaderName::from_bytes(k.as_bytes())
@@ -481,7 +482,17 @@ impl HttpTransport {
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(String::from);
-        match self.read_reply(response, request.id, identity).await {
+        // A session an `initialize` began is ended if its reply then fails, or is cut
+        // off (its time ran out), rather than left to the server.
+        let mut begun = Begun {
+            transport: self.this.clone(),
+            sid: sid.clone().filter(|_| request.method == "initialize"),
+        };
+        let read = self.read_reply(response, request.id, identity).await;
+        if read.is_ok() {
+            begun.sid = None;
+        }
+        match read {
             Ok(reply) => Ok((reply, sid)),
             // An initialize carries no session: its 404 is no session expiring.
             Err(TransportError::SessionExpired) if request.method == "initialize" => {
@@ -985,8 +996,8 @@ impl Drop for HttpTransport {
     }
 }
 
-/// A session a renewal began and has not yet put in use or ended: ended on a task of
-/// its own if the renewal is dropped first.
+/// A session an `initialize` began (the first, or a renewal's) and not yet handed on
+/// or ended: ended on a task of its own if what holds it is dropped first.
 struct Begun {
     transport: Weak<HttpTransport>,
     sid: Option<String>,

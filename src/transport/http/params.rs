@@ -27,9 +27,12 @@ struct Annotated {
 }
 
 impl Annotated {
+    /// What an entry holds in memory: its strings, and each `String`'s and `Vec`'s own
+    /// bytes besides.
     fn size(name: &str, headers: &[ParamHeader]) -> usize {
-        headers.iter().fold(name.len(), |n, h| {
-            n + h.name.len() + h.path.iter().map(String::len).sum::<usize>()
+        const OWN: usize = std::mem::size_of::<String>();
+        headers.iter().fold(name.len() + 2 * OWN, |n, h| {
+            n + h.name.len() + 2 * OWN + h.path.iter().map(|p| p.len() + OWN).sum::<usize>()
         })
     }
 
@@ -105,40 +108,66 @@ impl ParamTable {
         let Some(tools) = page.get_mut("tools").and_then(Value::as_array_mut) else {
             return;
         };
+        let learned: Vec<Result<Vec<ParamHeader>, String>> = tools
+            .iter()
+            .map(|tool| param_headers(tool.get("inputSchema").unwrap_or(&Value::Null)))
+            .collect();
+        let name_of = |tool: &Value| -> String {
+            tool.get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let page_bytes: usize = tools
+            .iter()
+            .zip(&learned)
+            .filter_map(|(tool, found)| {
+                let found = found.as_ref().ok().filter(|f| !f.is_empty())?;
+                Some(Annotated::size(&name_of(tool), found))
+            })
+            .sum();
         let mut table = self.table.write();
-        if table.tools.len() + tools.len() > MAX_ANNOTATED_TOOLS {
+        // Checked for the page as a whole, before any of it is kept: a walk's earlier
+        // tools are not lost half way through a page.
+        if table.tools.len() + tools.len() > MAX_ANNOTATED_TOOLS
+            || table.bytes + page_bytes > MAX_ANNOTATED_BYTES
+        {
             tracing::warn!(
                 server,
                 "more annotated tools than are kept; the table starts afresh"
             );
             *table = Annotated::default();
         }
+        let mut full = false;
+        let mut learned = learned.into_iter();
         tools.retain(|tool| {
-            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
-            let schema = tool.get("inputSchema").unwrap_or(&Value::Null);
-            match param_headers(schema) {
-                Ok(found) => {
-                    if found.is_empty() {
-                        table.remove(name);
+            let name = name_of(tool);
+            match learned.next() {
+                Some(Ok(found)) if found.is_empty() => table.remove(&name),
+                Some(Ok(found)) => {
+                    // A page larger than the whole table: the rest is not learned (its
+                    // calls go without their headers, and a -32020 says so).
+                    if table.bytes + Annotated::size(&name, &found) > MAX_ANNOTATED_BYTES {
+                        full = true;
                     } else {
-                        if table.bytes + Annotated::size(name, &found) > MAX_ANNOTATED_BYTES {
-                            tracing::warn!(
-                                server,
-                                "more annotations than are kept; the table starts afresh"
-                            );
-                            *table = Annotated::default();
-                        }
-                        table.insert(name, found);
+                        table.insert(&name, found);
                     }
-                    true
                 }
-                Err(reason) => {
+                Some(Err(reason)) => {
                     tracing::warn!(server, tool = %name.escape_debug(), %reason, "dropping tool with invalid x-mcp-header");
-                    table.remove(name);
-                    false
+                    table.remove(&name);
+                    return false;
                 }
+                None => {}
             }
+            true
         });
+        if full {
+            tracing::warn!(
+                server,
+                "a tools/list page holds more annotations than are kept; the rest are not"
+            );
+        }
     }
 }
 
@@ -175,6 +204,10 @@ mod tests {
             let tools: Vec<Value> = (0..10).map(|i| heavy(&format!("t{page}-{i}"))).collect();
             table.absorb("s", &mut json!({ "tools": tools }));
             let kept = table.table.read();
+            // A page is kept whole: the table starts afresh before it, not half way.
+            for i in 0..10 {
+                assert!(kept.tools.contains_key(&format!("t{page}-{i}")));
+            }
             let counted: usize = kept
                 .tools
                 .iter()
