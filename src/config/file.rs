@@ -353,6 +353,11 @@ fn import_mcp_servers(
             let kept = server.validate().is_ok();
             tracing::warn!(file = %path.display(), server = ?name, ?inputs, kept, "this server needs input a client prompts for (${{input:…}}), which this program cannot ask for; it is left disabled, or out when its values are not valid as written (give the value through an environment variable: ${{env:NAME}})");
             if !kept {
+                // Not imported: no id taken, no rename to report.
+                taken.remove(&id);
+                if renamed.last().is_some_and(|(n, _)| n == name) {
+                    renamed.pop();
+                }
                 continue;
             }
         }
@@ -539,7 +544,7 @@ mod tests {
             "servers": {
                 "forms": {"command": "${env:PATH}", "args": ["${MCP_HARNESS_SURELY_UNSET:-fallback}", "${PATH:-x}", "${env:PATH:-x}", "${workspaceFolder}${/}src"]},
                 "asks": {"url": "https://example.test/mcp", "headers": {"Authorization": "Bearer ${input:key}"}},
-                "asks_where": {"url": "${input:server_url}"},
+                "asks where": {"url": "${input:server_url}"},
                 "plain": {"command": "cat", "args": ["$HOME", "${input:never"]}
             }}"#;
         let loaded = parse(json, Path::new("/work/proj/.vscode/mcp.json")).expect("imported");
@@ -579,6 +584,7 @@ mod tests {
         assert!(!server("asks").enabled);
         // One whose URL is all prompt is not even valid as written: left out.
         assert!(loaded.config.servers.iter().all(|s| s.id != "asks_where"));
+        assert!(loaded.renamed.is_empty(), "{:?}", loaded.renamed);
         let TransportSpec::Stdio(plain) = &server("plain").transport else {
             panic!("stdio")
         };

@@ -859,8 +859,11 @@ impl SignIn {
         {
             Ok(t) => Ok(Some(t)),
             Err(e) => match &e.failure {
-                // The refresh token is dead: forget it; a full sign-in comes next.
-                AuthFailure::Refused { error, .. } if error == "invalid_grant" => {
+                // The refresh token is dead, or no longer good for this resource: forget
+                // it; a full sign-in comes next.
+                AuthFailure::Refused { error, .. }
+                    if error == "invalid_grant" || error == "invalid_target" =>
+                {
                     tracing::info!(server = %self.server, "refresh token refused; signing in again");
                     self.forget_if_still(identity, &token);
                     Ok(None)
@@ -923,16 +926,23 @@ impl SignIn {
                     .iter()
                     .all(|s| t.scopes.iter().any(|have| have == s))
             });
-        if let Some(refused) = refused
-            && nothing_new
-            && self
-                .renewed_on_refusal
+        // Refused again: a token this process renewed after a refusal.
+        let again = refused.and_then(|refused| {
+            self.renewed_on_refusal
                 .lock()
                 .get(&identity.map(String::from))
-                .is_some_and(|(t, at)| t == refused && at.elapsed() < REFUSED_AGAIN_WINDOW)
-        {
+                .filter(|(t, _)| t == refused)
+                .map(|(_, at)| at.elapsed())
+        });
+        if nothing_new && again.is_some_and(|ago| ago < REFUSED_AGAIN_WINDOW) {
             tracing::warn!(server = %self.server, "the server refused a token renewed for it moments ago; not renewing again for a minute");
             return Ok(Renewal::Refused);
+        }
+        // Later, renewing the same way would only repeat it: the metadata is read again
+        // (the server's `resource` may have changed) and the sign-in is made afresh.
+        let afresh = again.is_some();
+        if afresh {
+            *self.discovered.lock().await = None;
         }
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
@@ -961,7 +971,9 @@ impl SignIn {
         let Some(this) = self.this.upgrade() else {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return self
-                .renew_refused(identity, challenge, refused, step_up, current, renewing)
+                .renew_refused(
+                    identity, challenge, refused, step_up, afresh, current, renewing,
+                )
                 .await;
         };
         let (who, challenge, refused) = (
@@ -975,6 +987,7 @@ impl SignIn {
                 &challenge,
                 refused.as_deref(),
                 step_up,
+                afresh,
                 current,
                 renewing,
             )
@@ -983,19 +996,23 @@ impl SignIn {
         self.detached(AuthStep::Authorization, work).await?
     }
 
-    /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed,
-    /// else new client credentials or a sign-in. The token it yields is noted (see
+    /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed
+    /// (unless this is a step-up, or `afresh`: a refresh already failed to help), else
+    /// new client credentials or a sign-in. The token it yields is noted (see
     /// [`Renewal::Refused`]).
+    #[allow(clippy::too_many_arguments)]
     async fn renew_refused(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
         refused: Option<&str>,
         step_up: bool,
+        afresh: bool,
         current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
         if !step_up
+            && !afresh
             && let Some(t) = &current
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?
             && Some(renewed.access_token.as_str()) != refused
@@ -1523,6 +1540,10 @@ impl SignIn {
             issuer: issuer.clone(),
             token_endpoint: endpoint.clone(),
             client: client.clone(),
+            resource: params
+                .iter()
+                .find(|(k, _)| *k == "resource")
+                .map(|(_, v)| v.to_string()),
         })
     }
 
@@ -1537,7 +1558,13 @@ impl SignIn {
         let params = vec![
             ("grant_type", "refresh_token".to_string()),
             ("refresh_token", refresh.to_string()),
-            ("resource", self.resource_param().await),
+            (
+                "resource",
+                match &token.resource {
+                    Some(r) => r.clone(),
+                    None => self.resource_param().await,
+                },
+            ),
         ];
         let ex = Exchange {
             step: AuthStep::Refresh,
@@ -1553,19 +1580,14 @@ impl SignIn {
         Ok(renewed)
     }
 
-    /// The `resource` parameter: the resource metadata's `resource`, as the grant asked
-    /// for it (discovered now if this process has not yet: after a restart a refresh
-    /// comes first, and another value is refused, `invalid_target`, or widens the
-    /// token); else, with no metadata to be found, this URL without credentials, query
-    /// or fragment (what the authorization server is told must not carry what the URL
-    /// hides).
+    /// The `resource` parameter of a refresh of a token that does not name its own:
+    /// the resource metadata's `resource`, if discovered, else this URL without
+    /// credentials, query or fragment (what the authorization server is told must not
+    /// carry what the URL hides).
     async fn resource_param(&self) -> String {
-        match self.discover(&Challenge::default()).await {
-            Ok(d) => d.resource.resource,
-            Err(e) => {
-                tracing::debug!(server = %self.server, error = %e, "no resource metadata; the server's URL is the resource");
-                crate::util::text::url_shown(&self.url)
-            }
+        match self.discovered.lock().await.as_ref() {
+            Some(d) => d.resource.resource.clone(),
+            None => crate::util::text::url_shown(&self.url),
         }
     }
 
@@ -1744,6 +1766,7 @@ mod tests {
                 client_secret: None,
                 auth: ClientAuth::None,
             },
+            resource: None,
         }
     }
 

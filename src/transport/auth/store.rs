@@ -78,6 +78,12 @@ pub struct Token {
     pub token_endpoint: String,
     /// The client it was issued to.
     pub client: ClientIdentity,
+    /// The `resource` the grant was for, asked for again when it is refreshed, so a
+    /// process that restarts asks for the same without discovering it first (a token
+    /// kept by an older version has none: the discovered resource, else the server's
+    /// URL, is sent then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
 }
 
 impl std::fmt::Debug for Token {
@@ -369,6 +375,7 @@ mod tests {
 
     fn token(access: &str) -> Token {
         Token {
+            resource: None,
             access_token: access.into(),
             refresh_token: Some("r".into()),
             expires_at_ms: None,

@@ -8,9 +8,9 @@
 //! or spend model tokens on its own initiative. `roots/list` and `ping` are always
 //! answered. Answers are sent on tasks of their own (at most [`MAX_REPLIES`] of the
 //! dispatcher's at once; past that one waits up to [`REPLY_WAIT`] for room, then is
-//! dropped and counted): a server slow to take them (an HTTP POST each) holds up its
-//! other traffic that long per answer at most, and a burst to a server that takes them
-//! at once is answered whole.
+//! dropped and counted, as are the next ones at once until there is room): a server
+//! slow to take them (an HTTP POST each) holds up its other traffic that long at most,
+//! and a burst to a server that takes them at once is answered whole.
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -44,6 +44,9 @@ pub(super) struct Dispatch {
     pub(super) answering: Arc<Semaphore>,
     /// Pings answered and requests refused whose answers are being sent.
     pub(super) replying: Arc<Semaphore>,
+    /// Whether the last answer found no room within [`REPLY_WAIT`]: the next ones are
+    /// dropped without waiting until there is room again.
+    pub(super) congested: std::sync::atomic::AtomicBool,
     pub(super) allow_unsolicited_input: bool,
     pub(super) subscriptions: super::listen::Subscriptions,
     /// Server requests refused: each is logged at first, then at each power of two.
@@ -88,10 +91,22 @@ impl Dispatch {
 
     /// Sends an answer on a task of its own, once fewer than [`MAX_REPLIES`] are being
     /// sent; after [`REPLY_WAIT`] without room it is dropped (the server is not taking
-    /// them, and waiting longer would stall what else it sends).
+    /// them, and waiting longer would stall what else it sends), and so is every
+    /// answer after it until one of those being sent is done.
     async fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
-        let room = self.replying.clone().acquire_owned();
-        let Ok(Ok(permit)) = tokio::time::timeout(REPLY_WAIT, room).await else {
+        let permit = match self.replying.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) if self.congested.load(Ordering::Relaxed) => None,
+            Err(_) => {
+                let room = self.replying.clone().acquire_owned();
+                tokio::time::timeout(REPLY_WAIT, room)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        };
+        self.congested.store(permit.is_none(), Ordering::Relaxed);
+        let Some(permit) = permit else {
             self.refused_warn(
                 "(answer)",
                 "answers to this server's pings and refused requests are not being taken; one dropped",

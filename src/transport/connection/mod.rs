@@ -185,6 +185,7 @@ impl Connection {
             calls_in_flight: calls_in_flight.clone(),
             answering: Arc::new(Semaphore::new(MAX_SERVER_REQUESTS)),
             replying: Arc::new(Semaphore::new(dispatch::MAX_REPLIES)),
+            congested: Default::default(),
             allow_unsolicited_input,
             refused: Default::default(),
         };

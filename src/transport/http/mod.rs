@@ -446,8 +446,16 @@ impl HttpTransport {
         let (reply, sid) = self
             .exchange_with_session(request, stamp, extra, identity)
             .await?;
-        if request.method == "initialize" && reply.is_ok() && !self.session.has_id() {
-            self.session.set_id(sid);
+        if request.method == "initialize" {
+            match sid {
+                Some(sid) if reply.is_ok() && !self.session.has_id() => {
+                    self.session.set_id(Some(sid));
+                }
+                // Begun all the same by a refusal (or beside a session held): ended, not
+                // left to the server.
+                Some(sid) => self.end_session(sid, SESSION_END_LIMIT).await,
+                None => {}
+            }
         }
         Ok(reply)
     }

@@ -127,10 +127,18 @@ impl ParamTable {
             })
             .sum();
         let mut table = self.table.write();
+        // What the page replaces (a page listed again) is freed by it.
+        let replaced: usize = tools
+            .iter()
+            .filter_map(|tool| {
+                let name = name_of(tool);
+                table.tools.get(&name).map(|h| Annotated::size(&name, h))
+            })
+            .sum();
         // Checked for the page as a whole, before any of it is kept: a walk's earlier
         // tools are not lost half way through a page.
         if table.tools.len() + tools.len() > MAX_ANNOTATED_TOOLS
-            || table.bytes + page_bytes > MAX_ANNOTATED_BYTES
+            || table.bytes.saturating_sub(replaced) + page_bytes > MAX_ANNOTATED_BYTES
         {
             tracing::warn!(
                 server,
@@ -216,6 +224,23 @@ mod tests {
             assert_eq!(kept.bytes, counted);
             assert!(kept.bytes <= MAX_ANNOTATED_BYTES, "{} bytes", kept.bytes);
         }
+        // A page listed again replaces its own entries: a table too full for one more
+        // new page does not start afresh for it.
+        let table = ParamTable::default();
+        let page =
+            |p: usize| -> Vec<Value> { (0..10).map(|i| heavy(&format!("r{p}-{i}"))).collect() };
+        let mut p = 0;
+        loop {
+            table.absorb("s", &mut json!({ "tools": page(p) }));
+            let (bytes, pages) = (table.table.read().bytes, p + 1);
+            if bytes + bytes / pages > MAX_ANNOTATED_BYTES {
+                break;
+            }
+            p += 1;
+        }
+        let before = table.table.read().tools.len();
+        table.absorb("s", &mut json!({ "tools": page(p) }));
+        assert_eq!(table.table.read().tools.len(), before, "kept whole");
         // A header name past its bound makes the tool invalid: it is dropped.
         let long = json!({"name": "long", "inputSchema": {"type": "object", "properties": {
             "x": {"type": "string", "x-mcp-header": "N".repeat(300)}}}});
