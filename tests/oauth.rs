@@ -384,6 +384,35 @@ async fn one_registration_serves_every_server_and_connection_and_outlives_a_canc
 }
 
 #[tokio::test]
+async fn two_calls_refused_for_scope_at_once_step_up_once() {
+    // `echo` needs a scope the first sign-in did not ask for; a step-up registers a new
+    // client, which takes 500 ms.
+    let w = World::new(
+        &["--registration", "--register-delay-ms", "500"],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    let h = w.harness(OAuthConfig::default()).await;
+    ready(&h).await;
+    let a = Caller::agent("a");
+    let echo = |text: &'static str| {
+        let (h, a) = (h.clone(), a.clone());
+        async move { h.call_tool(&a, "web__echo", json!({ "text": text })).await }
+    };
+    let (first, second) = tokio::join!(echo("one"), echo("two"));
+    first.expect("first");
+    second.expect("second");
+    // The second waited for the first's step-up and took its token.
+    assert_eq!(
+        w.at("authorize").len(),
+        2,
+        "the first sign-in and one step-up: {:?}",
+        w.at("authorize")
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_call_waits_for_a_sign_in_until_its_deadline_and_the_sign_in_goes_on_without_it() {
     // Registrations take 4 s, so a sign-in with a new client does; `echo` needs a
     // scope the first sign-in did not ask for (a step-up, a registration of its own).

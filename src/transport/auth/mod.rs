@@ -901,10 +901,18 @@ impl SignIn {
         {
             current = Some(stored);
         }
+        // Whether a token has every scope the challenge names (a step-up asks for them).
+        let covers = |t: &Token| {
+            challenge
+                .scopes()
+                .iter()
+                .all(|s| t.scopes.iter().any(|have| have == s))
+        };
         // An expired token is no other token: it was not sent (`sendable`), and taking
-        // it again would refuse every request until a restart.
-        if !step_up
-            && let Some(t) = &current
+        // it again would refuse every request until a restart. For a step-up, another
+        // request's step-up that already has the scope asked for is as good.
+        if let Some(t) = &current
+            && (!step_up || covers(t))
             && Some(t.access_token.as_str()) != refused
             && !t.expires_within(Duration::ZERO)
         {
@@ -919,13 +927,7 @@ impl SignIn {
             }
         }
         // A step-up that asks for scope the token lacks is a new question, not a repeat.
-        let nothing_new = !step_up
-            || current.as_ref().is_some_and(|t| {
-                challenge
-                    .scopes()
-                    .iter()
-                    .all(|s| t.scopes.iter().any(|have| have == s))
-            });
+        let nothing_new = !step_up || current.as_ref().is_some_and(covers);
         // Refused again: a token this process renewed after a refusal.
         let again = refused.and_then(|refused| {
             self.renewed_on_refusal
@@ -938,10 +940,12 @@ impl SignIn {
             tracing::warn!(server = %self.server, "the server refused a token renewed for it moments ago; not renewing again for a minute");
             return Ok(Renewal::Refused);
         }
-        // Later, renewing the same way would only repeat it: the metadata is read again
-        // (the server's `resource` may have changed) and the sign-in is made afresh.
-        let afresh = again.is_some();
-        if afresh {
+        // Later, refreshing for the same resource might only repeat it: the metadata is
+        // read again (the server's `resource` may have changed) and the refresh asks for
+        // what it names now; a grant not good for that is answered `invalid_target`, and
+        // a sign-in follows.
+        let rediscover = again.is_some();
+        if rediscover {
             *self.discovered.lock().await = None;
         }
         if let Some(rm) = challenge.get("resource_metadata") {
@@ -972,7 +976,7 @@ impl SignIn {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return self
                 .renew_refused(
-                    identity, challenge, refused, step_up, afresh, current, renewing,
+                    identity, challenge, refused, step_up, rediscover, current, renewing,
                 )
                 .await;
         };
@@ -987,7 +991,7 @@ impl SignIn {
                 &challenge,
                 refused.as_deref(),
                 step_up,
-                afresh,
+                rediscover,
                 current,
                 renewing,
             )
@@ -997,22 +1001,31 @@ impl SignIn {
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed
-    /// (unless this is a step-up, or `afresh`: a refresh already failed to help), else
-    /// new client credentials or a sign-in. The token it yields is noted (see
-    /// [`Renewal::Refused`]).
-    #[allow(clippy::too_many_arguments)]
+    /// (for the resource the metadata names now, when `rediscover`), unless this is a
+    /// step-up, else new client credentials or a sign-in. The token it yields is noted
+    /// (see [`Renewal::Refused`]).
+    #[allow(clippy::too_many_arguments)] // the renewal's state, handed on from on_refused
     async fn renew_refused(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
         refused: Option<&str>,
         step_up: bool,
-        afresh: bool,
+        rediscover: bool,
         current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
+        let current = match current {
+            Some(mut t) if rediscover => {
+                // Read before the refresh takes the lock across processes.
+                if let Ok(d) = self.discover(challenge).await {
+                    t.resource = Some(d.resource.resource);
+                }
+                Some(t)
+            }
+            other => other,
+        };
         if !step_up
-            && !afresh
             && let Some(t) = &current
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?
             && Some(renewed.access_token.as_str()) != refused

@@ -452,9 +452,12 @@ impl HttpTransport {
                     self.session.set_id(Some(sid));
                 }
                 // Begun all the same by a refusal (or beside a session held): ended, not
-                // left to the server.
-                Some(sid) => self.end_session(sid, SESSION_END_LIMIT).await,
-                None => {}
+                // left to the server, on a task of its own (the request's deadline does
+                // not cut it off), unless it is the session held.
+                Some(sid) if self.session.id().as_deref() != Some(sid.as_str()) => {
+                    self.end_session_later(sid);
+                }
+                _ => {}
             }
         }
         Ok(reply)
@@ -984,6 +987,17 @@ impl HttpTransport {
         }
     }
 
+    /// [`Self::end_session`] on a task of its own, within [`SESSION_END_LIMIT`]: what
+    /// began the session may be going away (a deadline, a dropped future).
+    fn end_session_later(&self, sid: String) {
+        let (Some(this), Ok(runtime)) =
+            (self.this.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(async move { this.end_session(sid, SESSION_END_LIMIT).await });
+    }
+
     /// DELETEs a legacy session (405 is allowed: the server does not let clients end
     /// sessions), within `timeout`.
     async fn end_session(&self, sid: String, timeout: Duration) {
@@ -1020,11 +1034,8 @@ impl Begun {
 
 impl Drop for Begun {
     fn drop(&mut self) {
-        let (Some(sid), Some(transport)) = (self.sid.take(), self.transport.upgrade()) else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { transport.end_session(sid, SESSION_END_LIMIT).await });
+        if let (Some(sid), Some(transport)) = (self.sid.take(), self.transport.upgrade()) {
+            transport.end_session_later(sid);
         }
     }
 }

@@ -128,17 +128,15 @@ impl ParamTable {
             .sum();
         let mut table = self.table.write();
         // What the page replaces (a page listed again) is freed by it.
-        let replaced: usize = tools
+        let named: std::collections::HashSet<String> = tools.iter().map(name_of).collect();
+        let (replaced, replaced_bytes) = named
             .iter()
-            .filter_map(|tool| {
-                let name = name_of(tool);
-                table.tools.get(&name).map(|h| Annotated::size(&name, h))
-            })
-            .sum();
+            .filter_map(|name| table.tools.get(name).map(|h| Annotated::size(name, h)))
+            .fold((0, 0), |(n, b), size| (n + 1, b + size));
         // Checked for the page as a whole, before any of it is kept: a walk's earlier
         // tools are not lost half way through a page.
-        if table.tools.len() + tools.len() > MAX_ANNOTATED_TOOLS
-            || table.bytes.saturating_sub(replaced) + page_bytes > MAX_ANNOTATED_BYTES
+        if table.tools.len() - replaced + named.len() > MAX_ANNOTATED_TOOLS
+            || table.bytes.saturating_sub(replaced_bytes) + page_bytes > MAX_ANNOTATED_BYTES
         {
             tracing::warn!(
                 server,
@@ -155,6 +153,7 @@ impl ParamTable {
                 Some(Ok(found)) => {
                     // A page larger than the whole table: the rest is not learned (its
                     // calls go without their headers, and a -32020 says so).
+                    table.remove(&name);
                     if table.bytes + Annotated::size(&name, &found) > MAX_ANNOTATED_BYTES {
                         full = true;
                     } else {
@@ -195,18 +194,19 @@ mod tests {
         // 64 annotations a tool, each under a parent of 1,000 bytes: ~70 KB kept per
         // tool from ~4 KB of schema.
         let parent = "p".repeat(1000);
-        let heavy = |name: &str| {
+        let heavy_as = |name: &str, header: &str| {
             let children: serde_json::Map<String, Value> = (0..64)
                 .map(|i| {
                     (
                         format!("c{i}"),
-                        json!({"type": "string", "x-mcp-header": format!("H{i}")}),
+                        json!({"type": "string", "x-mcp-header": format!("{header}{i}")}),
                     )
                 })
                 .collect();
             json!({"name": name, "inputSchema": {"type": "object", "properties": {
                 parent.clone(): {"type": "object", "properties": children}}}})
         };
+        let heavy = |name: &str| heavy_as(name, "H");
         let table = ParamTable::default();
         for page in 0..30 {
             let tools: Vec<Value> = (0..10).map(|i| heavy(&format!("t{page}-{i}"))).collect();
@@ -224,23 +224,28 @@ mod tests {
             assert_eq!(kept.bytes, counted);
             assert!(kept.bytes <= MAX_ANNOTATED_BYTES, "{} bytes", kept.bytes);
         }
-        // A page listed again replaces its own entries: a table too full for one more
-        // new page does not start afresh for it.
+        // A tool listed again replaces its own entry: a table too full for one more new
+        // tool neither starts afresh for it nor keeps its old annotations.
         let table = ParamTable::default();
-        let page =
-            |p: usize| -> Vec<Value> { (0..10).map(|i| heavy(&format!("r{p}-{i}"))).collect() };
-        let mut p = 0;
+        let mut n = 0;
         loop {
-            table.absorb("s", &mut json!({ "tools": page(p) }));
-            let (bytes, pages) = (table.table.read().bytes, p + 1);
-            if bytes + bytes / pages > MAX_ANNOTATED_BYTES {
+            table.absorb("s", &mut json!({ "tools": [heavy(&format!("r{n}"))] }));
+            let bytes = table.table.read().bytes;
+            if bytes + bytes / (n + 1) > MAX_ANNOTATED_BYTES {
                 break;
             }
-            p += 1;
+            n += 1;
         }
         let before = table.table.read().tools.len();
-        table.absorb("s", &mut json!({ "tools": page(p) }));
-        assert_eq!(table.table.read().tools.len(), before, "kept whole");
+        // Listed again with its annotations renamed: the new ones replace the old.
+        table.absorb(
+            "s",
+            &mut json!({ "tools": [heavy_as(&format!("r{n}"), "G")] }),
+        );
+        let kept = table.table.read();
+        assert_eq!(kept.tools.len(), before, "kept whole");
+        assert_eq!(kept.tools[&format!("r{n}")][0].name, "G0", "learned anew");
+        drop(kept);
         // A header name past its bound makes the tool invalid: it is dropped.
         let long = json!({"name": "long", "inputSchema": {"type": "object", "properties": {
             "x": {"type": "string", "x-mcp-header": "N".repeat(300)}}}});
