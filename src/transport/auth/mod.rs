@@ -902,17 +902,14 @@ impl SignIn {
             current = Some(stored);
         }
         // Whether a token has every scope the challenge names (a step-up asks for them).
-        let covers = |t: &Token| {
-            challenge
-                .scopes()
-                .iter()
-                .all(|s| t.scopes.iter().any(|have| have == s))
-        };
+        let asked = challenge.scopes();
+        let covers = |t: &Token| asked.iter().all(|s| t.scopes.iter().any(|have| have == s));
         // An expired token is no other token: it was not sent (`sendable`), and taking
         // it again would refuse every request until a restart. For a step-up, another
         // request's step-up that already has the scope asked for is as good.
+        // (A challenge that names no scope tells nothing of the kind.)
         if let Some(t) = &current
-            && (!step_up || covers(t))
+            && (!step_up || (!asked.is_empty() && covers(t)))
             && Some(t.access_token.as_str()) != refused
             && !t.expires_within(Duration::ZERO)
         {
@@ -939,14 +936,6 @@ impl SignIn {
         if nothing_new && again.is_some_and(|ago| ago < REFUSED_AGAIN_WINDOW) {
             tracing::warn!(server = %self.server, "the server refused a token renewed for it moments ago; not renewing again for a minute");
             return Ok(Renewal::Refused);
-        }
-        // Later, refreshing for the same resource might only repeat it: the metadata is
-        // read again (the server's `resource` may have changed) and the refresh asks for
-        // what it names now; a grant not good for that is answered `invalid_target`, and
-        // a sign-in follows.
-        let rediscover = again.is_some();
-        if rediscover {
-            *self.discovered.lock().await = None;
         }
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
@@ -975,9 +964,7 @@ impl SignIn {
         let Some(this) = self.this.upgrade() else {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return self
-                .renew_refused(
-                    identity, challenge, refused, step_up, rediscover, current, renewing,
-                )
+                .renew_refused(identity, challenge, refused, step_up, current, renewing)
                 .await;
         };
         let (who, challenge, refused) = (
@@ -991,7 +978,6 @@ impl SignIn {
                 &challenge,
                 refused.as_deref(),
                 step_up,
-                rediscover,
                 current,
                 renewing,
             )
@@ -1001,30 +987,17 @@ impl SignIn {
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed
-    /// (for the resource the metadata names now, when `rediscover`), unless this is a
-    /// step-up, else new client credentials or a sign-in. The token it yields is noted
-    /// (see [`Renewal::Refused`]).
-    #[allow(clippy::too_many_arguments)] // the renewal's state, handed on from on_refused
+    /// (unless this is a step-up), else new client credentials or a sign-in. The token
+    /// it yields is noted (see [`Renewal::Refused`]).
     async fn renew_refused(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
         refused: Option<&str>,
         step_up: bool,
-        rediscover: bool,
         current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
-        let current = match current {
-            Some(mut t) if rediscover => {
-                // Read before the refresh takes the lock across processes.
-                if let Ok(d) = self.discover(challenge).await {
-                    t.resource = Some(d.resource.resource);
-                }
-                Some(t)
-            }
-            other => other,
-        };
         if !step_up
             && let Some(t) = &current
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?

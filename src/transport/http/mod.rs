@@ -454,10 +454,8 @@ impl HttpTransport {
                 // Begun all the same by a refusal (or beside a session held): ended, not
                 // left to the server, on a task of its own (the request's deadline does
                 // not cut it off), unless it is the session held.
-                Some(sid) if self.session.id().as_deref() != Some(sid.as_str()) => {
-                    self.end_session_later(sid);
-                }
-                _ => {}
+                Some(sid) => self.end_session_later(sid),
+                None => {}
             }
         }
         Ok(reply)
@@ -988,8 +986,12 @@ impl HttpTransport {
     }
 
     /// [`Self::end_session`] on a task of its own, within [`SESSION_END_LIMIT`]: what
-    /// began the session may be going away (a deadline, a dropped future).
+    /// began the session may be going away (a deadline, a dropped future). Never the
+    /// session held (a server may hand out the same id again).
     fn end_session_later(&self, sid: String) {
+        if self.session.id().as_deref() == Some(sid.as_str()) {
+            return;
+        }
         let (Some(this), Ok(runtime)) =
             (self.this.upgrade(), tokio::runtime::Handle::try_current())
         else {
