@@ -298,6 +298,9 @@ pub(crate) struct SignIn {
     /// Whether a store that could not be read (a token file refused: planted, a link,
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
+    /// Refusals of tokens renewed moments ago: each is logged at first, then at each
+    /// power of two (they come once per request).
+    refused_fresh: crate::util::log_budget::LogBudget,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
     asked: Mutex<HashMap<Option<String>, Vec<String>>>,
 }
@@ -557,6 +560,7 @@ impl SignIn {
             renewed_on_refusal: Mutex::default(),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
+            refused_fresh: Default::default(),
             asked: Mutex::default(),
         }))
     }
@@ -934,7 +938,9 @@ impl SignIn {
                 .map(|(_, at)| at.elapsed())
         });
         if nothing_new && again.is_some_and(|ago| ago < REFUSED_AGAIN_WINDOW) {
-            tracing::warn!(server = %self.server, "the server refused a token renewed for it moments ago; not renewing again for a minute");
+            if let Some(refused) = self.refused_fresh.log() {
+                tracing::warn!(server = %self.server, refused, "the server refused a token renewed for it moments ago; not renewing again for a minute");
+            }
             return Ok(Renewal::Refused);
         }
         if let Some(rm) = challenge.get("resource_metadata") {
