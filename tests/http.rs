@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use mcp_harness::protocol::meta::KEY_PROTOCOL_VERSION;
 use mcp_harness::transport::{
-    ConnectOptions, Connection, Era, RequestError, ServerEvent, TransportError, TransportSpec,
+    ConnectError, ConnectOptions, Connection, Era, RequestError, ServerEvent, TransportError,
+    TransportSpec,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -346,6 +347,38 @@ async fn a_session_renewal_that_runs_out_of_time_ends_the_session_it_began() {
         conn.shutdown().await;
         let _ = std::fs::remove_file(record);
     }
+}
+
+#[tokio::test]
+async fn a_legacy_handshake_that_fails_after_its_initialize_ends_the_session() {
+    // The server answers `initialize` with a version this client does not speak.
+    let record = temp_file("http-bad-version");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--legacy-version",
+        "2024-01-01",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let Err(failed) = Connection::connect("delta", server.spec(), options()).await else {
+        panic!("a version this client does not speak");
+    };
+    assert!(
+        matches!(failed, ConnectError::UnsupportedLegacyVersion(_)),
+        "{failed}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["method"] == "DELETE"))
+        .await,
+        "the session it began is ended: {:?}",
+        recorded(&record)
+    );
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

@@ -115,6 +115,23 @@ fn open(
     Ok((Arc::new(transport), rx))
 }
 
+/// The legacy handshake; when it fails once begun (a version this client does not
+/// speak, `initialized` not delivered), the transport is shut down, so a session the
+/// server began is ended rather than left to expire.
+async fn legacy_handshake(
+    transport: &Transport,
+    ids: &Ids,
+    options: &ConnectOptions,
+) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
+    match initialize(transport, ids, options).await {
+        Ok(result) => Ok(result),
+        Err(e) => {
+            transport.shutdown(options.shutdown_grace).await;
+            Err(e)
+        }
+    }
+}
+
 impl Connection {
     /// Opens the transport and identifies the server. Returns the connection and the
     /// channel of [`ServerEvent`]s, which the caller must drain (or drop).
@@ -159,7 +176,7 @@ impl Connection {
             }
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
-                ServerProfile::Legacy(initialize(&transport, &ids, &options).await?)
+                ServerProfile::Legacy(legacy_handshake(&transport, &ids, &options).await?)
             }
             (Probe::Exited, _) => {
                 tracing::info!(
@@ -168,7 +185,7 @@ impl Connection {
                 );
                 transport.shutdown(options.shutdown_grace).await;
                 (transport, inbound) = open(server, &spec, &options, &ids)?;
-                ServerProfile::Legacy(initialize(&transport, &ids, &options).await?)
+                ServerProfile::Legacy(legacy_handshake(&transport, &ids, &options).await?)
             }
         };
         let envelope = envelope(&options, profile.protocol_version());

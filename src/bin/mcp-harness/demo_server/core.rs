@@ -523,10 +523,10 @@ impl DemoServer {
             )
             .with_data(json!({"supported": self.args.versions, "requested": requested})));
         }
-        let version = if LEGACY_VERSIONS.contains(&requested) {
-            requested
-        } else {
-            LEGACY_VERSIONS[0]
+        let version = match &self.args.legacy_version {
+            Some(forced) => forced.as_str(),
+            None if LEGACY_VERSIONS.contains(&requested) => requested,
+            None => LEGACY_VERSIONS[0],
         };
         let elicitation = request
             .params

@@ -132,6 +132,10 @@ pub struct DemoServerArgs {
     /// stalls after its headers).
     #[arg(long)]
     pub renewal_reply_stalls: bool,
+    /// Answer a legacy `initialize` with this protocol version, whatever was asked (one
+    /// the client may not speak).
+    #[arg(long)]
+    pub legacy_version: Option<String>,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
