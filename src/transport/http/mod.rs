@@ -434,8 +434,8 @@ impl HttpTransport {
         }
     }
 
-    /// One POST and its reply. A legacy session starts with a successful `initialize`
-    /// reply (a renewal's takes its new id itself: [`Self::renew_now`]).
+    /// One POST and its reply. A legacy session starts with an `initialize` reply that
+    /// names one (a renewal's takes its new id itself: [`Self::renew_now`]).
     async fn exchange(
         &self,
         request: RequestRef<'_>,
@@ -446,17 +446,10 @@ impl HttpTransport {
         let (reply, sid) = self
             .exchange_with_session(request, stamp, extra, identity)
             .await?;
-        if request.method == "initialize" {
-            match sid {
-                Some(sid) if reply.is_ok() && !self.session.has_id() => {
-                    self.session.set_id(Some(sid));
-                }
-                // Begun all the same by a refusal (or beside a session held): ended, not
-                // left to the server, on a task of its own (the request's deadline does
-                // not cut it off), unless it is the session held.
-                Some(sid) => self.end_session_later(sid),
-                None => {}
-            }
+        // Refused or not: a session the server began is held, so that the handshake's
+        // failure, shutting the transport down, ends it.
+        if request.method == "initialize" && sid.is_some() && !self.session.has_id() {
+            self.session.set_id(sid);
         }
         Ok(reply)
     }
