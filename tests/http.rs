@@ -382,6 +382,33 @@ async fn a_legacy_handshake_that_fails_after_its_initialize_ends_the_session() {
 }
 
 #[tokio::test]
+async fn a_refused_initialize_that_named_a_session_ends_it() {
+    let record = temp_file("http-refused-init");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--refuse-initialize-with-session",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let Err(failed) = Connection::connect("delta", server.spec(), options()).await else {
+        panic!("every initialize is refused");
+    };
+    assert!(failed.to_string().contains("refused"), "{failed}");
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["method"] == "DELETE"))
+        .await,
+        "the session its refusal named is ended: {:?}",
+        recorded(&record)
+    );
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
 async fn a_failed_connection_says_why_without_the_key_in_its_url() {
     // A port nothing listens on (bound, then let go).
     let port = std::net::TcpListener::bind("127.0.0.1:0")

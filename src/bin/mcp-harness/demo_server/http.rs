@@ -17,7 +17,9 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, StatusCode};
-use mcp_harness::protocol::error::{HEADER_MISMATCH, METHOD_NOT_FOUND, PARSE_ERROR};
+use mcp_harness::protocol::error::{
+    HEADER_MISMATCH, INTERNAL_ERROR, METHOD_NOT_FOUND, PARSE_ERROR,
+};
 use mcp_harness::protocol::{Message, Request, RequestId, Response, RpcError};
 use mcp_harness::transport::http::headers::{mcp_name, param_headers, param_value};
 use parking_lot::Mutex;
@@ -667,10 +669,19 @@ async fn initialize(
     };
     state.server.log(&request, &ctx);
     let id = request.id.clone();
-    let Action::Reply(outcome) = state.server.handle(request, ctx).await else {
-        return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");
+    let refuse = state.server.args.refuse_initialize_with_session;
+    let outcome = if refuse {
+        Err(RpcError::new(
+            INTERNAL_ERROR,
+            "initialize refused (--refuse-initialize-with-session)",
+        ))
+    } else {
+        let Action::Reply(outcome) = state.server.handle(request, ctx).await else {
+            return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");
+        };
+        outcome
     };
-    let ok = outcome.is_ok();
+    let ok = outcome.is_ok() || refuse;
     let mut response = json_message(
         StatusCode::OK,
         &Message::Response(Response {

@@ -136,6 +136,10 @@ pub struct DemoServerArgs {
     /// the client may not speak).
     #[arg(long)]
     pub legacy_version: Option<String>,
+    /// Refuse every legacy HTTP `initialize` with an error, and name a session in the
+    /// refusal's headers all the same (a server that begins a session it then refuses).
+    #[arg(long)]
+    pub refuse_initialize_with_session: bool,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
