@@ -991,6 +991,29 @@ fn too_many_large(principal: &Principal, budget: usize, id: Option<RequestId>) -
 /// body holds only what it has sent. A body refused is still read to its end, and
 /// dropped as it comes: the client gets its 503, not a connection reset in the middle
 /// of its write.
+/// Adds `data` to a body's buffer if `charge` accepts what the buffer will then hold
+/// allocated, not only filled: it grows by doubling (up to `limit`), reserved exactly,
+/// so the charge is what it takes. False, with nothing added, when refused.
+fn keep_charged(
+    kept: &mut Vec<u8>,
+    data: &[u8],
+    limit: usize,
+    charge: impl FnOnce(usize) -> bool,
+) -> bool {
+    let after = kept.len().saturating_add(data.len());
+    let capacity = if after > kept.capacity() {
+        after.max(kept.capacity().saturating_mul(2)).min(limit)
+    } else {
+        kept.capacity()
+    };
+    if !charge(capacity) {
+        return false;
+    }
+    kept.reserve_exact(capacity.saturating_sub(kept.len()));
+    kept.extend_from_slice(data);
+    true
+}
+
 async fn read_body(
     state: &Arc<State>,
     principal: &Principal,
@@ -1015,32 +1038,23 @@ async fn read_body(
             if refused {
                 continue;
             }
-            let after = kept.len().saturating_add(data.len());
-            // What the buffer will hold allocated, not only filled: it grows by doubling
-            // (up to the limit), and the charge is what it takes.
-            let capacity = if after > kept.capacity() {
-                after.max(kept.capacity().saturating_mul(2)).min(limit)
-            } else {
-                kept.capacity()
-            };
-            if capacity > LARGE_BODY {
-                let charged = match slot.as_mut() {
-                    Some(s) => capacity <= s.weight || s.grow(capacity - s.weight, budget),
-                    None => {
-                        slot =
-                            PrincipalSlot::take_weighted(state, principal, count, capacity, budget);
-                        slot.is_some()
+            let charge = |capacity: usize| {
+                capacity <= LARGE_BODY
+                    || match slot.as_mut() {
+                        Some(s) => capacity <= s.weight || s.grow(capacity - s.weight, budget),
+                        None => {
+                            slot = PrincipalSlot::take_weighted(
+                                state, principal, count, capacity, budget,
+                            );
+                            slot.is_some()
+                        }
                     }
-                };
-                if !charged {
-                    refused = true;
-                    slot = None;
-                    kept = Vec::new();
-                    continue;
-                }
+            };
+            if !keep_charged(&mut kept, &data, limit, charge) {
+                refused = true;
+                slot = None;
+                kept = Vec::new();
             }
-            kept.reserve_exact(capacity - kept.len());
-            kept.extend_from_slice(&data);
         }
         Ok::<bool, ()>(true)
     };
@@ -1527,5 +1541,39 @@ mod tests {
         let (_tx, mut rx) = mpsc::channel::<Value>(4);
         let mut work = Box::pin(async { "done" });
         assert_eq!(first_update(&mut rx, &mut work).await.err(), Some("done"));
+    }
+
+    #[test]
+    fn a_bodys_charge_covers_what_its_buffer_holds_allocated() {
+        // Frames of the sizes a socket may deliver: what is charged before each is kept
+        // is never less than the buffer's allocation after it, nor than the limit allows.
+        let limit = 262_144;
+        for frames in [
+            vec![8_192; 32],
+            vec![10_000; 26],
+            vec![1; 1_000],
+            vec![100_000, 1, 100_000, 1, 62_142],
+            vec![65_537, 65_537, 65_537, 65_533],
+        ] {
+            let mut kept: Vec<u8> = Vec::new();
+            for frame in frames {
+                let mut charged = 0;
+                let data = vec![b'x'; frame];
+                assert!(keep_charged(&mut kept, &data, limit, |c| {
+                    charged = c;
+                    true
+                }));
+                assert!(charged <= limit);
+                assert!(
+                    kept.capacity() <= charged,
+                    "{} allocated, {charged} charged",
+                    kept.capacity()
+                );
+            }
+            // Refused: nothing is added.
+            let before = kept.len();
+            assert!(!keep_charged(&mut kept, b"more", limit, |_| false));
+            assert_eq!(kept.len(), before);
+        }
     }
 }
