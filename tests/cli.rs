@@ -4,6 +4,7 @@
 mod support;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
@@ -817,26 +818,7 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
         harness_exe()
     );
     for (typed, code, answered) in [("y\n", 0, true), ("n\n", 1, false)] {
-        use std::io::Write;
-        let mut c = Command::new("script");
-        c.args(["-qec", &cmd, "/dev/null"])
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c
-            .spawn()
-            .expect("this test needs `script` (util-linux) for a terminal");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(typed.as_bytes())
-            .expect("type the answer");
-        let o = child.wait_with_output().expect("wait");
+        let o = on_a_terminal(&cmd, typed, &env);
         let screen = stdout(&o);
         assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
         assert!(
@@ -852,6 +834,90 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
         std::fs::read_to_string(&marker)
     );
     let _ = std::fs::remove_dir_all(trap);
+}
+
+/// Runs `cmd` on a terminal (a pty from util-linux `script`; what it shows is the
+/// output's stdout) with `typed` typed into it, then the end of input.
+fn on_a_terminal(cmd: &str, typed: &str, env: &[(&str, &str)]) -> Output {
+    use std::io::Write;
+    let mut child = terminal_command(cmd, env)
+        .spawn()
+        .expect("this test needs `script` (util-linux) for a terminal");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(typed.as_bytes())
+        .expect("type the answer");
+    child.wait_with_output().expect("wait")
+}
+
+fn terminal_command(cmd: &str, env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new("script");
+    c.args(["-qec", cmd, "/dev/null"])
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+// A form with no fields (how a server asks for a confirmation) is accepted on a
+// terminal only by a yes; before, it was accepted at once, nothing asked.
+#[test]
+fn a_confirmation_with_no_fields_is_accepted_only_by_a_yes() {
+    let cmd = format!(
+        "{} call --stdio '{}' many_inputs '{{\"n\":1,\"mode\":\"empty\"}}'",
+        harness_exe(),
+        demo_cmd("s")
+    );
+    for (typed, code) in [("y\n", 0), ("\n", 1), ("no\n", 1)] {
+        let o = on_a_terminal(&cmd, typed, &[]);
+        let screen = stdout(&o);
+        assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
+        assert!(screen.contains("Delete everything?"), "{screen}");
+        assert!(screen.contains("accept? [y/N]"), "asks: {screen}");
+        assert_eq!(screen.contains("got 1 answers"), code == 0, "{screen}");
+    }
+}
+
+// A question on the terminal that no one answers is withdrawn when its call's time for
+// input runs out: the program ends (exit 1) with the terminal still open, where the
+// read it was blocked in held it until the next Enter.
+#[test]
+fn an_unanswered_question_is_withdrawn_when_the_calls_time_for_input_runs_out() {
+    let toml = format!(
+        "input_timeout = \"1s\"\n{}[permissions.local]\nalpha = [\"many_inputs\"]\n",
+        toml_demo("alpha", "")
+    );
+    let path = config_file("withdrawn", "h.toml", &toml);
+    let cmd = format!(
+        "{} call --config '{}' alpha__many_inputs '{{\"n\":1}}'",
+        harness_exe(),
+        path.display()
+    );
+    // Nothing typed, and the terminal's input left open.
+    let mut child = terminal_command(&cmd, &[]).spawn().expect("script");
+    let input = child.stdin.take();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(input);
+    let o = child.wait_with_output().expect("wait");
+    let screen = stdout(&o);
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{screen}");
+    assert!(screen.contains("Which?"), "it was asked: {screen}");
 }
 
 // #14: `--agent ID` picks the caller whose grants apply (over the file's `agent`).

@@ -25,9 +25,11 @@ impl InputHandler for CliElicitation {
         let answers = self.answers.clone();
         Box::pin(async move {
             let interactive = answers.is_none() && std::io::stdin().is_terminal();
+            let asker = interactive.then(Asker::default);
+            let _withdraw = asker.as_ref().map(Asker::withdrawn_on_drop);
             tokio::task::spawn_blocking(move || {
                 let _one_at_a_time = prompt_lock();
-                decide(&request, answers.as_ref(), interactive)
+                decide(&request, answers.as_ref(), asker.as_ref())
             })
             .await
             .map_err(|e| InputError::Failed(e.to_string()))
@@ -42,6 +44,86 @@ fn prompt_lock() -> std::sync::MutexGuard<'static, ()> {
     PROMPT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Lines typed on the terminal, read by one thread of their own for the process's life
+/// (`None` at the end of input). A read on the blocking pool could not be given up: a
+/// question withdrawn (its call cancelled, past its deadline, or the program
+/// interrupted) would hold its thread, the prompt, and the runtime's shutdown until
+/// the next Enter.
+fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Option<String>>> {
+    static LINES: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<Option<String>>>> =
+        std::sync::OnceLock::new();
+    LINES.get_or_init(|| {
+        // A rendezvous: a line is read ahead only as far as one held for the next
+        // question.
+        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        let reader = std::thread::Builder::new()
+            .name("stdin-lines".into())
+            .spawn(move || {
+                loop {
+                    let mut line = String::new();
+                    let read = std::io::stdin().lock().read_line(&mut line);
+                    let end = matches!(read, Ok(0) | Err(_));
+                    if tx.send((!end).then_some(line)).is_err() || end {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = reader {
+            eprintln!("mcp-harness: cannot read the terminal: {e}");
+        }
+        std::sync::Mutex::new(rx)
+    })
+}
+
+/// Asks on the terminal until its question is withdrawn.
+#[derive(Clone, Default)]
+struct Asker {
+    withdrawn: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Withdraws an [`Asker`]'s question when dropped (with the future that waits for it).
+struct Withdraw(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Asker {
+    fn withdrawn_on_drop(&self) -> Withdraw {
+        Withdraw(self.withdrawn.clone())
+    }
+
+    fn withdrawn(&self) -> bool {
+        self.withdrawn.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Shows `prompt` and waits for a line; `None` at the end of input or once the
+    /// question is withdrawn.
+    fn ask(&self, prompt: &str) -> Option<String> {
+        if self.withdrawn() {
+            return None;
+        }
+        eprint!("{prompt}");
+        let _ = std::io::stderr().flush();
+        let lines = typed_lines()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        loop {
+            match lines.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(line) => return line,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
+                    eprintln!("\n(the question was withdrawn)");
+                    return None;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
 }
 
 /// Messages of a sampling request shown in full (up to [`SHOWN_CHARS`] each).
@@ -108,24 +190,32 @@ impl InputHandler for CliApprover {
     fn answer(&self, request: InputRequestContext) -> InputFuture {
         Box::pin(async move {
             let interactive = std::io::stdin().is_terminal();
+            let asker = Asker::default();
+            let _withdraw = asker.withdrawn_on_drop();
             tokio::task::spawn_blocking(move || {
                 let _one_at_a_time = prompt_lock();
                 if !interactive {
                     eprintln!("mcp-harness: sampling declined: approval needs a terminal");
                     return json!({"action": "decline"});
                 }
+                if asker.withdrawn() {
+                    return json!({"action": "cancel"});
+                }
                 let p = &request.params;
                 let messages = p["messages"].as_array().map_or(0, Vec::len);
+                // Without a number of its own, the request gets the configured most.
+                let tokens = match p["maxTokens"].as_u64() {
+                    Some(n) => format!("up to {n} tokens"),
+                    None => "the configured most tokens".to_string(),
+                };
                 eprintln!(
-                    "server {} asks the model for up to {} tokens, {} message(s):",
+                    "server {} asks the model for {tokens}, {messages} message(s):",
                     line(&request.server),
-                    p["maxTokens"].as_u64().unwrap_or(0),
-                    messages,
                 );
                 for shown in sampling_shown(p) {
                     eprintln!("  {shown}");
                 }
-                match ask("allow? [y/N] ").as_deref().map(str::trim) {
+                match asker.ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
                     _ => json!({"action": "decline"}),
                 }
@@ -141,10 +231,15 @@ fn decline(why: &str) -> Value {
     json!({"action": "decline"})
 }
 
-fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
+/// The answer to one form or URL request: from `answers`, else asked through `asker`
+/// (a terminal), else declined.
+fn decide(request: &InputRequestContext, answers: Option<&Value>, asker: Option<&Asker>) -> Value {
+    if asker.is_some_and(Asker::withdrawn) {
+        return json!({"action": "cancel"});
+    }
     let p = &request.params;
     if p["mode"] == "url" {
-        return url_mode(request, answers, interactive);
+        return url_mode(request, answers, asker);
     }
     let schema = &p["requestedSchema"];
     let empty = Map::new();
@@ -155,10 +250,10 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default(),
     };
-    match answers {
-        Some(answers) => form.answer_from(request, answers),
-        None if interactive => form.ask(request),
-        None => {
+    match (answers, asker) {
+        (Some(answers), _) => form.answer_from(request, answers),
+        (None, Some(asker)) => form.ask(request, asker),
+        (None, None) => {
             decline("stdin is not a terminal; pass --answers '{...}' (or '{}' for the defaults)")
         }
     }
@@ -166,7 +261,11 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, interactive: b
 
 /// A URL-mode request: shown in full (without anything that could disguise it), never
 /// opened, accepted only with consent.
-fn url_mode(request: &InputRequestContext, answers: Option<&Value>, interactive: bool) -> Value {
+fn url_mode(
+    request: &InputRequestContext,
+    answers: Option<&Value>,
+    asker: Option<&Asker>,
+) -> Value {
     let p = &request.params;
     let message: String = line(p["message"].as_str().unwrap_or(""))
         .chars()
@@ -195,9 +294,11 @@ fn url_mode(request: &InputRequestContext, answers: Option<&Value>, interactive:
     );
     let consent = match answers {
         Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),
-        None if interactive => ask("Done, and do you consent? [y/N] ")
-            .is_some_and(|l| l.trim().eq_ignore_ascii_case("y")),
-        None => false,
+        None => asker.is_some_and(|asker| {
+            asker
+                .ask("Done, and do you consent? [y/N] ")
+                .is_some_and(|l| l.trim().eq_ignore_ascii_case("y"))
+        }),
     };
     if consent {
         json!({"action": "accept"})
@@ -221,6 +322,15 @@ impl Form<'_> {
             .unwrap_or(answers);
         let mut content = Map::new();
         for (field, def) in self.props {
+            if let Some(given) = source.get(field)
+                && let Err(why) = check(def, given)
+            {
+                return decline(&format!(
+                    "--answers has no valid value for field {:?}: {}",
+                    line(field),
+                    shown(&why)
+                ));
+            }
             match source.get(field).or_else(|| def.get("default")) {
                 Some(v) => {
                     content.insert(field.clone(), v.clone());
@@ -237,14 +347,22 @@ impl Form<'_> {
         json!({"action": "accept", "content": content})
     }
 
-    /// On a terminal: one prompt per field.
-    fn ask(&self, request: &InputRequestContext) -> Value {
-        let message = line(request.params["message"].as_str().unwrap_or(""));
-        eprintln!("\nServer {} asks: {message}", request.server);
+    /// On a terminal: one prompt per field; a form without fields (a confirmation) is
+    /// accepted only by a yes.
+    fn ask(&self, request: &InputRequestContext, asker: &Asker) -> Value {
+        let message = shown(request.params["message"].as_str().unwrap_or(""));
+        eprintln!("\nServer {} asks: {message}", line(&request.server));
+        if self.props.is_empty() {
+            return match asker.ask("accept? [y/N] ").as_deref().map(str::trim) {
+                Some("y" | "Y" | "yes") => json!({"action": "accept", "content": {}}),
+                Some(_) => json!({"action": "decline"}),
+                None => json!({"action": "cancel"}),
+            };
+        }
         eprintln!("(press Enter for the default; type !decline or !cancel to refuse)");
         let mut content = Map::new();
         for (field, def) in self.props {
-            match self.ask_field(field, def) {
+            match self.ask_field(field, def, asker) {
                 Ok(Some(v)) => {
                     content.insert(field.clone(), v);
                 }
@@ -257,17 +375,18 @@ impl Form<'_> {
 
     /// One field, asked until it gets a valid value (`Ok(None)`: left out); `Err` is
     /// the refusal to send.
-    fn ask_field(&self, field: &str, def: &Value) -> Result<Option<Value>, Value> {
+    fn ask_field(&self, field: &str, def: &Value, asker: &Asker) -> Result<Option<Value>, Value> {
         let kind = def["type"].as_str().unwrap_or("string");
-        let options = def["enum"]
-            .as_array()
-            .map(|e| format!(" {}", line(&Value::Array(e.clone()).to_string())))
+        // What a server writes is shown cut short: a schema of any size prints a prompt
+        // a terminal shows whole.
+        let options = choices(def)
+            .map(|e| format!(" {}", shown(&Value::Array(e).to_string())))
             .unwrap_or_default();
         let default = def
             .get("default")
-            .map(|d| format!(" [{}]", line(&d.to_string())))
+            .map(|d| format!(" [{}]", shown(&d.to_string())))
             .unwrap_or_default();
-        let title = line(
+        let title = shown(
             def["title"]
                 .as_str()
                 .or(def["description"].as_str())
@@ -275,9 +394,13 @@ impl Form<'_> {
         );
         let required = self.required.contains(&field);
         let star = if required { "*" } else { "" };
+        let kind_shown = match kind {
+            "array" => "several, separated by commas".to_string(),
+            other => shown(other),
+        };
         loop {
-            let prompt = format!("  {title}{star} ({}{options}){default}: ", line(kind));
-            let Some(typed) = ask(&prompt) else {
+            let prompt = format!("  {title}{star} ({kind_shown}{options}){default}: ");
+            let Some(typed) = asker.ask(&prompt) else {
                 return Err(json!({"action": "cancel"}));
             };
             match typed.trim() {
@@ -288,23 +411,34 @@ impl Form<'_> {
                 "" => return Ok(None),
                 typed => match parse(kind, def, typed) {
                     Ok(v) => return Ok(Some(v)),
-                    Err(e) => eprintln!("  {}", line(&e)),
+                    Err(e) => eprintln!("  {}", shown(&e)),
                 },
             }
         }
     }
 }
 
-fn ask(prompt: &str) -> Option<String> {
-    eprint!("{prompt}");
-    let _ = std::io::stderr().flush();
-    let mut line = String::new();
-    match std::io::stdin().lock().read_line(&mut line) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(line),
+/// The values a field may take, when the schema lists them: `enum`, or the `const`s of
+/// a titled `oneOf`/`anyOf` (for a multi-select, its `items`' own).
+fn choices(def: &Value) -> Option<Vec<Value>> {
+    let of = |def: &Value| {
+        if let Some(e) = def["enum"].as_array() {
+            return Some(e.clone());
+        }
+        ["oneOf", "anyOf"].iter().find_map(|k| {
+            def[*k]
+                .as_array()
+                .map(|a| a.iter().filter_map(|o| o.get("const").cloned()).collect())
+        })
+    };
+    match def["type"].as_str() {
+        Some("array") => of(&def["items"]),
+        _ => of(def),
     }
 }
 
+/// A typed answer as the field's type: a boolean from yes/no, a finite number, a
+/// multi-select from values separated by commas; then [`check`]ed.
 fn parse(kind: &str, def: &Value, text: &str) -> Result<Value, String> {
     let value = match kind {
         "boolean" => match text.to_ascii_lowercase().as_str() {
@@ -313,15 +447,71 @@ fn parse(kind: &str, def: &Value, text: &str) -> Result<Value, String> {
             _ => return Err("answer yes or no".into()),
         },
         "integer" => json!(text.parse::<i64>().map_err(|_| "a whole number, please")?),
-        "number" => json!(text.parse::<f64>().map_err(|_| "a number, please")?),
+        "number" => {
+            let n = text
+                .parse::<f64>()
+                .ok()
+                .filter(|n| n.is_finite())
+                .ok_or("a number, please")?;
+            json!(n)
+        }
+        "array" => Value::Array(
+            text.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(|t| json!(t))
+                .collect(),
+        ),
         _ => json!(text),
     };
-    if let Some(options) = def["enum"].as_array()
-        && !options.contains(&value)
-    {
-        return Err(format!("one of {}", Value::Array(options.clone())));
-    }
+    check(def, &value)?;
     Ok(value)
+}
+
+/// Whether `value` is what the field's schema asks for (its type, listed values,
+/// length and range): typed and `--answers` values alike; the server checks again.
+fn check(def: &Value, value: &Value) -> Result<(), String> {
+    let kind = def["type"].as_str().unwrap_or("string");
+    let typed = match kind {
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "array" => value
+            .as_array()
+            .is_some_and(|a| a.iter().all(Value::is_string)),
+        _ => value.is_string(),
+    };
+    if !typed {
+        return Err(format!("a value of type {kind} is asked for"));
+    }
+    if let Some(options) = choices(def) {
+        let listed = |v: &Value| options.contains(v);
+        let all_listed = match value.as_array() {
+            Some(items) if kind == "array" => items.iter().all(listed),
+            _ => listed(value),
+        };
+        if !all_listed {
+            return Err(format!("one of {}", Value::Array(options)));
+        }
+    }
+    let bound = |key: &str| def[key].as_f64();
+    let (count, least, most) = match value {
+        Value::String(s) => (s.chars().count() as f64, "minLength", "maxLength"),
+        Value::Array(a) => (a.len() as f64, "minItems", "maxItems"),
+        Value::Number(n) => (n.as_f64().unwrap_or(0.0), "minimum", "maximum"),
+        _ => return Ok(()),
+    };
+    if let Some(min) = bound(least)
+        && count < min
+    {
+        return Err(format!("at least {min} ({least})"));
+    }
+    if let Some(max) = bound(most)
+        && count > max
+    {
+        return Err(format!("at most {max} ({most})"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -343,7 +533,7 @@ mod tests {
     #[test]
     fn answers_fill_by_field_or_key_and_defaults_fill_the_rest() {
         let schema = json!({"properties": {"a": {"type": "boolean", "default": false}, "b": {"type": "string"}}, "required": ["b"]});
-        let by_field = decide(&request(schema.clone()), Some(&json!({"b": "x"})), false);
+        let by_field = decide(&request(schema.clone()), Some(&json!({"b": "x"})), None);
         assert_eq!(
             by_field,
             json!({"action": "accept", "content": {"a": false, "b": "x"}})
@@ -351,18 +541,54 @@ mod tests {
         let by_key = decide(
             &request(schema.clone()),
             Some(&json!({"k": {"b": "y", "a": true}})),
-            false,
+            None,
         );
         assert_eq!(by_key["content"], json!({"a": true, "b": "y"}));
         assert_eq!(
-            decide(&request(schema.clone()), Some(&json!({})), false)["action"],
+            decide(&request(schema.clone()), Some(&json!({})), None)["action"],
             "decline",
             "b is required"
         );
         assert_eq!(
-            decide(&request(schema), None, false)["action"],
+            decide(&request(schema), None, None)["action"],
             "decline",
             "no terminal, no answers"
+        );
+    }
+
+    #[test]
+    fn answers_are_held_to_the_fields_schema() {
+        let number = json!({"type": "number", "minimum": 1, "maximum": 10});
+        assert_eq!(parse("number", &number, "2.5"), Ok(json!(2.5)));
+        for bad in ["nan", "inf", "0.5", "11"] {
+            assert!(parse("number", &number, bad).is_err(), "{bad}");
+        }
+        let titled =
+            json!({"type": "string", "oneOf": [{"const": "a", "title": "A"}, {"const": "b"}]});
+        assert!(parse("string", &titled, "b").is_ok());
+        assert!(parse("string", &titled, "c").is_err());
+        let several = json!({"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2});
+        assert_eq!(parse("array", &several, "x, y"), Ok(json!(["x", "y"])));
+        assert!(parse("array", &several, "x, z").is_err());
+        assert!(parse("array", &several, "x,y,x").is_err(), "maxItems");
+        let short = json!({"type": "string", "maxLength": 3});
+        assert!(parse("string", &short, "abcd").is_err());
+        // --answers: a value of another type, or unlisted, is declined.
+        let schema = json!({"properties": {"n": number, "s": titled}});
+        for answers in [
+            json!({"n": "2"}),
+            json!({"n": 2, "s": "c"}),
+            json!({"n": f64::MAX}),
+        ] {
+            assert_eq!(
+                decide(&request(schema.clone()), Some(&answers), None)["action"],
+                "decline",
+                "{answers}"
+            );
+        }
+        assert_eq!(
+            decide(&request(schema), Some(&json!({"n": 3, "s": "a"})), None),
+            json!({"action": "accept", "content": {"n": 3, "s": "a"}})
         );
     }
 }

@@ -165,12 +165,18 @@ fn main() -> ExitCode {
             Ok(_) if telemetry::traces_off() => None,
             Ok(p) => p,
             Err(e) => {
-                eprintln!("mcp-harness: traces are not exported: {e:#}");
+                eprintln!(
+                    "mcp-harness: traces are not exported: {}",
+                    terminal::sanitize(&format!("{e:#}"), true)
+                );
                 None
             }
         };
         if let Err(e) = telemetry::meter(&config) {
-            eprintln!("mcp-harness: metrics are not exported: {e:#}");
+            eprintln!(
+                "mcp-harness: metrics are not exported: {}",
+                terminal::sanitize(&format!("{e:#}"), true)
+            );
         }
         (provider, Some(()))
     };
@@ -198,9 +204,16 @@ fn main() -> ExitCode {
     if let Some(provider) = provider {
         // Every span ended so far goes out before the process does.
         if let Err(e) = provider.shutdown() {
-            eprintln!("mcp-harness: exporting traces: {e}");
+            eprintln!(
+                "mcp-harness: exporting traces: {}",
+                terminal::sanitize(&e.to_string(), true)
+            );
         }
     }
+    // A blocking thread still stuck (an audit write to a pipe no one reads) is left
+    // behind, not waited for: the harness has reported what it could not write, and the
+    // exit code must get out.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -4,7 +4,7 @@
 //! escape sequences, control characters or bidirectional overrides.
 
 /// `text` without escape sequences, control characters (other than newline and tab,
-/// when `multiline`) or bidirectional formatting characters.
+/// when `multiline`), bidirectional formatting or zero-width characters.
 pub fn sanitize(text: &str, multiline: bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
@@ -15,8 +15,7 @@ pub fn sanitize(text: &str, multiline: bool) -> String {
             '\u{9b}' => skip_csi(&mut chars),
             '\u{9d}' => skip_osc(&mut chars),
             '\n' | '\t' if multiline => out.push(c),
-            c if c.is_control() => {}
-            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {}
+            c if c.is_control() || hidden(c) => {}
             c => out.push(c),
         }
     }
@@ -29,20 +28,28 @@ pub fn line(text: &str) -> String {
 }
 
 /// JSON text with every control character serde_json leaves as it is (DEL and the C1
-/// range, CSI and OSC among them) and every bidirectional formatting character written
-/// as a `\uXXXX` escape: the same JSON to a parser, nothing a terminal acts on. Such
-/// characters can only be inside strings, where the escape means the same.
+/// range, CSI and OSC among them) and every bidirectional formatting or zero-width
+/// character written as a `\uXXXX` escape: the same JSON to a parser, nothing a
+/// terminal acts on. Such characters can only be inside strings, where the escape
+/// means the same.
 pub fn json_text(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        let formatting = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() && c != '\n' || formatting {
+        if c.is_control() && c != '\n' || hidden(c) {
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// Characters a terminal does not show but acts on: bidirectional formatting (which
+/// reorders what follows), and the zero-width ones (which hide text or join it).
+fn hidden(c: char) -> bool {
+    matches!(c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
 }
 
 fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
@@ -115,5 +122,6 @@ mod tests {
         );
         assert_eq!(line("\u{9b}31mred"), "red");
         assert_eq!(line("plain é ü 日本"), "plain é ü 日本");
+        assert_eq!(line("ap\u{200b}prove\u{feff}\u{061c}\u{2060}d"), "approved");
     }
 }

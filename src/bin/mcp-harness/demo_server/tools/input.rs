@@ -18,7 +18,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
         tool(
             "many_inputs",
             "Asks n input requests in one round (method, elicitation mode)",
-            json!({"n": i("how many"), "method": s("input method"), "mode": s("form or url")}),
+            json!({"n": i("how many"), "method": s("input method"), "mode": s("form, empty (a form with no fields) or url")}),
             &["n"],
         ),
         tool(
@@ -159,6 +159,10 @@ fn many_inputs(request: &Request, ctx: &Ctx) -> Action {
                 .and_then(Value::as_str)
                 .unwrap_or("https://example.com/sign-in");
             json!({"mode": "url", "message": "Sign in", "url": url})
+        }
+        ("elicitation/create", "empty") => {
+            // A confirmation: a form with no fields.
+            form("Delete everything?", json!({}), &[])["params"].clone()
         }
         ("elicitation/create", _) => {
             form("Which?", json!({"x": {"type": "string"}}), &[])["params"].clone()
