@@ -467,6 +467,99 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A pipe that is read no more holds the audit writer inside a write that never
+// returns (no error): after a few seconds that counts as failing, so `fail_closed`
+// refuses calls (before, every call went on and the records piled up in memory), and
+// once the pipe is read again the calls come back and every record is there.
+#[tokio::test]
+async fn an_audit_write_that_never_returns_counts_as_failing() {
+    let dir = scratch_dir().join("stalled-fifo");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("audit.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    // A reader that opens the pipe and does not read it (yet).
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("open the reading end");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(fifo.clone()),
+        flush_every: Duration::from_millis(20),
+        on_failure: AuditFailure::FailClosed,
+        redaction: mcp_harness::audit::Redaction::Full,
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    // 16 KiB of arguments a record: the pipe (64 KiB) fills within a few calls.
+    let big = json!({"text": "x".repeat(16 * 1024)});
+    let mut made = 0;
+    let refused = loop {
+        match h.call_tool(&a(), "s__echo", big.clone()).await {
+            Ok(_) => made += 1,
+            Err(CallError::AuditUnavailable(e)) => break e,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(made < 2_000, "calls went on while the writer was stuck");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        refused.reason.contains("not returned"),
+        "{}",
+        refused.reason
+    );
+    assert!(!h.audit_health().writable);
+    // Read again: the writer's write returns, and calls are let in again.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let drained = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut reader = reader;
+        let mut all = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if stopped.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(_) => break,
+            }
+        }
+        all
+    });
+    assert!(
+        eventually(Duration::from_secs(20), || h.audit_health().writable).await,
+        "{:?}",
+        h.audit_health()
+    );
+    h.call_tool(&a(), "s__echo", json!({"text": "after"}))
+        .await
+        .expect("let in again");
+    h.shutdown().await;
+    stop.store(true, Ordering::SeqCst);
+    let text = drained.join().expect("reader");
+    let records = String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count();
+    // Each call that ran has its two records (the refused one none: there was no trail
+    // to write them to), none lost.
+    assert_eq!(records, 2 * (made + 1), "{made} calls");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The harness's warnings, as this thread's subscriber sees them: a test's runtime runs
 /// on its thread (the harness's tasks too), so it sees only this test's harness.
 fn warn_logs() -> (Logs, tracing::subscriber::DefaultGuard) {

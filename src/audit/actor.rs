@@ -34,13 +34,15 @@ impl Actor for AuditActor {
         myself: ActorRef<AuditMsg>,
         sink: AuditSink,
     ) -> Result<AuditSink, ActorProcessingErr> {
-        myself.send_interval(sink.config().flush_every, || AuditMsg::Tick);
+        // One timer at a time, armed again after each drain: a writer stuck in a write
+        // does not collect a tick per interval in its mailbox.
+        myself.send_after(sink.config().flush_every, || AuditMsg::Timer);
         Ok(sink)
     }
 
     async fn handle(
         &self,
-        _: ActorRef<AuditMsg>,
+        myself: ActorRef<AuditMsg>,
         msg: AuditMsg,
         sink: &mut AuditSink,
     ) -> Result<(), ActorProcessingErr> {
@@ -54,6 +56,10 @@ impl Actor for AuditActor {
                 let _ = reply.send(());
             }
             AuditMsg::Tick => drain(sink).await,
+            AuditMsg::Timer => {
+                drain(sink).await;
+                myself.send_after(sink.config().flush_every, || AuditMsg::Timer);
+            }
         }
         Ok(())
     }

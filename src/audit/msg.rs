@@ -6,6 +6,8 @@ use ractor::RpcReplyPort;
 pub enum AuditMsg {
     /// Write everything buffered; answer when it is on disk (or the attempt failed).
     Flush(RpcReplyPort<()>),
-    /// A batch is full, or the timer fired: write what is buffered.
+    /// A batch is full: write what is buffered.
     Tick,
+    /// The flush timer fired: write what is buffered, and arm it again.
+    Timer,
 }

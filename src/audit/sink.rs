@@ -30,6 +30,10 @@ fn keyed(key: &[u8], context: &str) -> String {
 /// oldest records are counted as unwritten instead of growing memory.
 const KEEP_SERVING_BOUND: usize = 64 * 1024 * 1024;
 
+/// A write that has not returned for this long counts as failing (a pipe no one reads,
+/// a stalled network mount): `fail_closed` refuses calls, `keep_serving` holds its bound.
+const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Auth contexts whose hashes are remembered (a call's context is hashed once, not
 /// once per record; a flood of distinct contexts only empties the memo).
 const HASH_MEMO: usize = 4096;
@@ -113,6 +117,9 @@ pub(super) struct Shared {
     unwritten: AtomicU64,
     /// Records in `retry`, readable while a write holds it (health never waits on I/O).
     retrying: std::sync::atomic::AtomicUsize,
+    /// When the write under way began, in milliseconds after `epoch` (0: none).
+    writing_since: AtomicU64,
+    epoch: std::time::Instant,
 }
 
 impl Shared {
@@ -131,7 +138,10 @@ impl Shared {
             self.retrying.store(0, Ordering::SeqCst);
             return;
         };
+        self.writing_since
+            .store(self.since_epoch().max(1), Ordering::SeqCst);
         let written = file.write(&retry.bytes);
+        self.writing_since.store(0, Ordering::SeqCst);
         match written {
             Ok(()) => {
                 *retry = Batch::default();
@@ -157,6 +167,26 @@ impl Shared {
 }
 
 impl Shared {
+    fn since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Why the file counts as not writable now: the last write failed, or the one
+    /// under way has not returned for [`STALLED_WRITE`].
+    fn failing(&self) -> Option<String> {
+        let since = self.writing_since.load(Ordering::SeqCst);
+        if since != 0 {
+            let stalled = self.since_epoch().saturating_sub(since);
+            if stalled >= STALLED_WRITE.as_millis() as u64 {
+                return Some(format!("a write has not returned for {} s", stalled / 1000));
+            }
+        }
+        if self.writable.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.last_error.lock().clone().unwrap_or_default())
+    }
+
     /// Flushes what the file holds to the disk (a failure is logged).
     pub(super) fn sync(&self) {
         if let Some(file) = self.file.lock().as_mut()
@@ -214,6 +244,8 @@ impl AuditSink {
                 last_error: Mutex::new(None),
                 unwritten: AtomicU64::new(0),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
+                writing_since: AtomicU64::new(0),
+                epoch: std::time::Instant::now(),
             }),
             actor,
         }
@@ -228,10 +260,10 @@ impl AuditSink {
     /// `fail_closed` mode.
     pub fn admit(&self) -> Result<(), AuditUnavailable> {
         let s = &self.shared;
-        if s.config.on_failure == AuditFailure::FailClosed && !s.writable.load(Ordering::SeqCst) {
-            return Err(AuditUnavailable {
-                reason: s.last_error.lock().clone().unwrap_or_default(),
-            });
+        if s.config.on_failure == AuditFailure::FailClosed
+            && let Some(reason) = s.failing()
+        {
+            return Err(AuditUnavailable { reason });
         }
         Ok(())
     }
@@ -277,6 +309,18 @@ impl AuditSink {
             let mut pending = self.shared.pending.lock();
             pending.bytes.extend_from_slice(line);
             pending.records += 1;
+            // The writer is stuck in a write (a failing one trims `retry` itself): in
+            // `keep_serving`, what waits behind it is held to the same bound, cut to
+            // three quarters of it so that the cut is not made again at each record.
+            if self.shared.config.on_failure == AuditFailure::KeepServing
+                && pending.bytes.len() > KEEP_SERVING_BOUND
+                && self.shared.failing().is_some()
+            {
+                let dropped = pending.trim_to(KEEP_SERVING_BOUND / 4 * 3);
+                self.shared
+                    .unwritten
+                    .fetch_add(dropped as u64, Ordering::Relaxed);
+            }
             let wake = !pending.woken && pending.records >= self.shared.config.batch.max(1);
             pending.woken |= wake;
             wake
@@ -308,9 +352,10 @@ impl AuditSink {
         // `pending` (holding `pending` while taking it here deadlocked).
         let pending = s.pending.lock().records;
         let retried = s.retrying.load(Ordering::SeqCst);
+        let failing = s.failing();
         AuditHealth {
-            writable: s.writable.load(Ordering::SeqCst),
-            last_error: s.last_error.lock().clone(),
+            writable: failing.is_none(),
+            last_error: failing,
             backlog: pending + retried,
             unwritten: s.unwritten.load(Ordering::Relaxed),
         }
@@ -472,5 +517,66 @@ mod tests {
         writer.join().expect("writer");
         reader.join().expect("reader");
         assert_eq!(sink.health().backlog, 0);
+    }
+
+    /// An output whose writes wait until the test lets them go.
+    struct Held(std::sync::mpsc::Receiver<()>);
+
+    impl super::super::file::Output for Held {
+        fn append(&mut self, _: &[u8]) -> std::io::Result<()> {
+            // Bounded, so that a failing test ends.
+            let _ = self.0.recv_timeout(std::time::Duration::from_secs(30));
+            Ok(())
+        }
+        fn truncate(&mut self, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&mut self) -> std::io::Result<u64> {
+            Ok(0)
+        }
+    }
+
+    #[test]
+    fn a_write_that_never_returns_fails_the_trail_and_bounds_what_waits() {
+        let (release, held) = std::sync::mpsc::channel();
+        let mut held = Some(held);
+        let opener: Opener = Box::new(move || match held.take() {
+            Some(rx) => Ok(Box::new(Held(rx)) as Box<dyn super::super::file::Output>),
+            None => Err(std::io::Error::other("opened once")),
+        });
+        let config = AuditConfig {
+            path: Some("unused".into()),
+            on_failure: AuditFailure::KeepServing,
+            ..AuditConfig::default()
+        };
+        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
+        sink.record(&serde_json::json!({"first": true}));
+        let writer = {
+            let shared = sink.shared.clone();
+            std::thread::spawn(move || shared.write_pending())
+        };
+        std::thread::sleep(STALLED_WRITE + std::time::Duration::from_millis(300));
+        let health = sink.health();
+        assert!(!health.writable, "{health:?}");
+        assert!(
+            health
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("not returned")),
+            "{health:?}"
+        );
+        // 80 MiB of records behind the stuck write: held to the bound, the oldest
+        // counted as unwritten.
+        let big = "x".repeat(1 << 20);
+        for i in 0..80 {
+            sink.record(&serde_json::json!({"i": i, "big": big}));
+        }
+        assert!(sink.shared.pending.lock().bytes.len() <= KEEP_SERVING_BOUND);
+        assert!(sink.health().unwritten > 0);
+        let _ = release.send(());
+        writer.join().expect("writer");
+        assert!(sink.health().writable);
+        // The rest is written when the sink goes, at once.
+        drop(release);
     }
 }
