@@ -221,6 +221,42 @@ async fn legacy_list_changed_reaches_the_layer_above() {
     conn.shutdown().await;
 }
 
+// What a server sends before its handshake is done waits for it, in a queue bounded in
+// bytes (8 MiB), not only in messages (256): 200 notifications of 100 KiB, 20 MiB in
+// all, do not all wait. Before, every one did (up to 256 of up to 16 MiB each, parsed).
+#[tokio::test]
+async fn what_a_server_sends_during_the_handshake_waits_within_a_byte_budget() {
+    let (conn, mut events) = Connection::connect(
+        "talker",
+        demo_stdio(&[
+            "talker",
+            "--notify-at-discover",
+            "200",
+            "--notification-bytes",
+            "102400",
+        ]),
+        options(),
+    )
+    .await
+    .expect("connect");
+    let mut arrived = 0;
+    while let Ok(Some(ServerEvent::Notification(n))) =
+        tokio::time::timeout(Duration::from_secs(2), events.recv()).await
+    {
+        assert_eq!(n.method, "notifications/message");
+        arrived += 1;
+    }
+    assert!(
+        (1..100).contains(&arrived),
+        "{arrived} of 200 notifications waited for the handshake"
+    );
+    // The connection works on.
+    conn.request("tools/call", call("echo", json!({"text": "hi"})))
+        .await
+        .expect("call");
+    conn.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_modern_mrtr_round_keeps_keys_and_echoes_request_state_exactly() {
     let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())

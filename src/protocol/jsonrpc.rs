@@ -159,7 +159,9 @@ struct HeadOnly {
 #[derive(Default)]
 struct PlainId(Option<RequestId>);
 
-/// The longest string id [`PlainId`] keeps.
+/// The longest string id [`PlainId`] keeps, and a message may carry: a peer's id is
+/// echoed in the answer, so a longer one would be held, and sent, as many times as
+/// the peer sends it.
 const PLAIN_ID_MAX: usize = 256;
 
 impl<'de> Deserialize<'de> for PlainId {
@@ -225,6 +227,10 @@ fn parse_id(id: Value) -> Result<Option<RequestId>, ProtocolError> {
             .as_i64()
             .map(|n| Some(RequestId::Number(n)))
             .ok_or_else(|| ProtocolError::Malformed(format!("id {n} is not an integer"))),
+        Value::String(s) if s.len() > PLAIN_ID_MAX => Err(ProtocolError::Malformed(format!(
+            "a string id of {} bytes (at most {PLAIN_ID_MAX})",
+            s.len()
+        ))),
         Value::String(s) => Ok(Some(RequestId::String(s))),
         // Named, not echoed: the peer's value may be megabytes, and this text is sent
         // back and logged.
@@ -289,9 +295,14 @@ impl Message {
             .map_err(|e| ProtocolError::InvalidJson(format!("not UTF-8: {e}")))?;
         // JSON of the wrong shape (a number for `method`, a string, `null`) is not a
         // JSON-RPC message; only what is not JSON is a parse error.
-        let raw: RawMessage = serde_json::from_str(text).map_err(|e| match e.classify() {
-            serde_json::error::Category::Data => ProtocolError::Malformed(e.to_string()),
-            _ => ProtocolError::InvalidJson(e.to_string()),
+        // serde quotes the offending value (a whole line that is one string): the
+        // peer's, so cut short.
+        let raw: RawMessage = serde_json::from_str(text).map_err(|e| {
+            let said = crate::util::text::one_line(&e.to_string(), 200);
+            match e.classify() {
+                serde_json::error::Category::Data => ProtocolError::Malformed(said),
+                _ => ProtocolError::InvalidJson(said),
+            }
         })?;
         if raw.jsonrpc.as_ref().map(|v| &*v.0) != Some("2.0") {
             return Err(ProtocolError::Malformed("jsonrpc must be \"2.0\"".into()));
@@ -575,6 +586,11 @@ mod tests {
         for line in [
             format!(r#"{{"jsonrpc":"2.0","id":["{huge}"],"method":"m"}}"#),
             format!(r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":"{huge}","message":"m"}}}}"#),
+            // A line that is one string: serde quotes it whole.
+            format!(r#""{huge}""#),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":{{"{huge}":1}}}}"#),
+            // A string id of a megabyte, which an answer would echo.
+            format!(r#"{{"jsonrpc":"2.0","id":"{huge}","method":"ping"}}"#),
         ] {
             let e = Message::parse(line.as_bytes())
                 .expect_err("malformed")

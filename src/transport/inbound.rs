@@ -2,7 +2,7 @@
 //! request ids every transport of one connection draws from.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -25,39 +25,83 @@ impl std::fmt::Debug for ProgressHook {
     }
 }
 
+/// The bytes (as the server sent them) of the messages a connection's inbound channel
+/// may hold: one more is taken only within this, or when the channel is empty (so a
+/// message of any size that the transport takes still gets through). Counted in
+/// messages alone, 256 of them of up to `max_message_bytes` each, parsed (a `Value`
+/// can take 16 times its text), could hold tens of GiB while no one drains them, as
+/// during the handshake.
+pub(crate) const QUEUED_BYTES: usize = 8 << 20;
+
 /// Where a transport's reader hands what is not a reply: the inbound channel, and the
 /// progress hook when there is one.
 #[derive(Clone)]
 pub(crate) struct InboundSink {
-    tx: mpsc::Sender<Inbound>,
+    tx: mpsc::Sender<Queued>,
     progress: Option<ProgressHook>,
+    /// Bytes of the messages in the channel (and being handled, until they are).
+    queued: Arc<AtomicUsize>,
+}
+
+/// A message in the inbound channel, with its share of [`QUEUED_BYTES`], given back
+/// when it is dropped (handled).
+pub(crate) struct Queued {
+    pub(crate) message: Inbound,
+    pub(crate) charge: Charge,
+}
+
+/// Bytes counted against a channel's [`QUEUED_BYTES`] until dropped.
+pub(crate) struct Charge {
+    bytes: usize,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.queued.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 impl InboundSink {
-    pub(crate) fn new(tx: mpsc::Sender<Inbound>, progress: Option<ProgressHook>) -> InboundSink {
-        InboundSink { tx, progress }
+    pub(crate) fn new(tx: mpsc::Sender<Queued>, progress: Option<ProgressHook>) -> InboundSink {
+        InboundSink {
+            tx,
+            progress,
+            queued: Arc::default(),
+        }
     }
 
-    /// As [`mpsc::Sender::try_send`]; progress goes to the hook instead, at once.
-    pub(crate) fn try_send(
-        &self,
-        message: Inbound,
-    ) -> Result<(), mpsc::error::TrySendError<Inbound>> {
+    /// Queues `message`, `bytes` long as the server sent it, unless the channel is full
+    /// in messages or in bytes ([`QUEUED_BYTES`]): false, and it is dropped. Progress
+    /// goes to the hook instead, at once.
+    pub(crate) fn offer(&self, message: Inbound, bytes: usize) -> bool {
         if let (Inbound::Notification(n), Some(hook)) = (&message, &self.progress)
             && n.method == "notifications/progress"
         {
             (hook.0)(n.params.as_ref());
-            return Ok(());
+            return true;
         }
-        self.tx.try_send(message)
+        let before = self.queued.fetch_add(bytes, Ordering::SeqCst);
+        let charge = Charge {
+            bytes,
+            queued: self.queued.clone(),
+        };
+        if before > 0 && before.saturating_add(bytes) > QUEUED_BYTES {
+            return false;
+        }
+        self.tx.try_send(Queued { message, charge }).is_ok()
     }
 
-    /// As [`mpsc::Sender::send`].
+    /// Queues the end of the transport, waiting for room.
     pub(crate) async fn send(
         &self,
         message: Inbound,
-    ) -> Result<(), mpsc::error::SendError<Inbound>> {
-        self.tx.send(message).await
+    ) -> Result<(), mpsc::error::SendError<Queued>> {
+        let charge = Charge {
+            bytes: 0,
+            queued: self.queued.clone(),
+        };
+        self.tx.send(Queued { message, charge }).await
     }
 }
 

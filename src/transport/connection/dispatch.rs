@@ -24,7 +24,7 @@ use super::options::{Era, ServerEvent, ServerRequest};
 use crate::protocol::error::{INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
-use crate::transport::inbound::Inbound;
+use crate::transport::inbound::{Inbound, Queued};
 
 /// Answers to pings and refusals being sent at once.
 pub(super) const MAX_REPLIES: usize = 16;
@@ -54,8 +54,13 @@ pub(super) struct Dispatch {
 }
 
 impl Dispatch {
-    pub(super) async fn run(self, mut inbound: mpsc::Receiver<Inbound>) {
-        while let Some(message) = inbound.recv().await {
+    pub(super) async fn run(self, mut inbound: mpsc::Receiver<Queued>) {
+        // Each message's bytes count against the channel's until it is handled.
+        while let Some(Queued {
+            message,
+            charge: _charge,
+        }) = inbound.recv().await
+        {
             match message {
                 Inbound::Request(request) => self.on_request(request).await,
                 Inbound::Notification(n) => {

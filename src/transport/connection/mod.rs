@@ -39,7 +39,7 @@ pub use options::{ConnectOptions, Era, EraPreference, ServerEvent, ServerProfile
 
 use super::Transport;
 use super::error::{ConnectError, RequestError, TransportError};
-use super::inbound::{Ids, Inbound};
+use super::inbound::{Ids, Queued};
 use super::spec::TransportSpec;
 use crate::protocol::{MetaEnvelope, Notification, RequestRef, RpcError, RpcErrorKind, Stamp};
 use dispatch::Dispatch;
@@ -101,7 +101,7 @@ fn open(
     spec: &TransportSpec,
     options: &ConnectOptions,
     ids: &Ids,
-) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
+) -> Result<(Arc<Transport>, mpsc::Receiver<Queued>), TransportError> {
     let (tx, rx) = mpsc::channel(options.event_capacity);
     let transport = Transport::open(
         server,

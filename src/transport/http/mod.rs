@@ -796,14 +796,17 @@ impl HttpTransport {
                         }
                     }
                     Ok(Message::Request(r)) => {
-                        if self.inbound.try_send(Inbound::Request(r)).is_err()
+                        if !self.inbound.offer(Inbound::Request(r), event.data.len())
                             && let Some(ignored) = self.ignored.log()
                         {
                             tracing::warn!(server = %self.server, ignored, "server request dropped: channel full");
                         }
                     }
                     Ok(Message::Notification(n)) => {
-                        if self.inbound.try_send(Inbound::Notification(n)).is_err() {
+                        if !self
+                            .inbound
+                            .offer(Inbound::Notification(n), event.data.len())
+                        {
                             tracing::debug!(server = %self.server, "server notification dropped: channel full");
                         }
                     }

@@ -374,6 +374,9 @@ impl Drop for PendingRequest<'_> {
     }
 }
 
+/// The most a reader's or writer's buffer keeps between messages.
+const KEPT_BUFFER: usize = 1 << 20;
+
 async fn write_loop(
     mut stdin: ChildStdin,
     mut rx: mpsc::Receiver<WriterCmd>,
@@ -425,6 +428,8 @@ async fn write_loop(
                 return;
             }
             buf.clear();
+            // One large request's buffer is not kept for the connection's life.
+            buf.shrink_to(KEPT_BUFFER);
         }
         if close {
             break;
@@ -486,6 +491,8 @@ async fn read_loop(
                 Peeked::Result(id) => deliver(&shared, id, Delivery::Line(line.to_vec())),
                 Peeked::Other => on_message(&shared, &inbound, Message::parse(&line), &line),
             }
+            // One large message's buffer is not kept for the connection's life.
+            line.shrink_to(KEPT_BUFFER);
         }
     };
     let end = tokio::select! {
@@ -511,14 +518,14 @@ fn on_message(
         Ok(Message::Response(response)) => route_response(shared, response),
         Ok(Message::Request(request)) => {
             // Never wait on a full channel: replies behind it would stall.
-            if inbound.try_send(Inbound::Request(request)).is_err()
+            if !inbound.offer(Inbound::Request(request), line.len())
                 && let Some(ignored) = shared.ignored.log()
             {
                 tracing::warn!(server = %shared.server, ignored, "server request dropped: channel full");
             }
         }
         Ok(Message::Notification(n)) => {
-            if inbound.try_send(Inbound::Notification(n)).is_err() {
+            if !inbound.offer(Inbound::Notification(n), line.len()) {
                 tracing::debug!(server = %shared.server, "server notification dropped: channel full");
             }
         }

@@ -174,6 +174,8 @@ pub struct DemoServer {
     client_elicitation: AtomicBool,
     /// Whether a request was seen yet (for `--reject-first-request`).
     seen_first: AtomicBool,
+    /// Whether `--notify-at-discover` has sent its notifications.
+    notified: AtomicBool,
     /// `tools/list` answers so far (for `--alternate-tools`).
     lists: AtomicU64,
     /// Requests handled, `server/discover` aside (for `--retire-version-after`).
@@ -214,6 +216,7 @@ impl DemoServer {
             last_ask: Arc::new(Mutex::new(None)),
             client_elicitation: AtomicBool::new(false),
             seen_first: AtomicBool::new(false),
+            notified: AtomicBool::new(false),
             lists: AtomicU64::new(0),
             handled: AtomicU64::new(0),
             region_calls: AtomicU64::new(0),
@@ -313,6 +316,14 @@ impl DemoServer {
     fn before_session(&self, request: &Request, ctx: &Ctx) -> Option<Action> {
         if request.method != "server/discover" {
             self.handled.fetch_add(1, Ordering::SeqCst);
+        } else if self.args.notify_at_discover > 0 && !self.notified.swap(true, Ordering::SeqCst) {
+            let data = "x".repeat(self.args.notification_bytes);
+            for _ in 0..self.args.notify_at_discover {
+                ctx.peer.notify(
+                    "notifications/message",
+                    json!({"level": "info", "data": data}),
+                );
+            }
         }
         match request.method.as_str() {
             "ping" => return Some(Action::Reply(Ok(json!({})))),

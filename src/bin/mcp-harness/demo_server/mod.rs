@@ -147,6 +147,13 @@ pub struct DemoServerArgs {
     /// (legacy HTTP: a server slow to read what a client sends back).
     #[arg(long, default_value_t = 0)]
     pub hold_answers_ms: u64,
+    /// Before answering the first `server/discover`, send this many
+    /// `notifications/message` (a server that talks before its handshake is done).
+    #[arg(long, default_value_t = 0)]
+    pub notify_at_discover: u64,
+    /// The size of the data of each of `--notify-at-discover`'s notifications.
+    #[arg(long, default_value_t = 16)]
+    pub notification_bytes: usize,
     /// Answer the first request with -32022 naming the very version it asked for (some
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
