@@ -999,6 +999,39 @@ fn finished_of(records: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
+// A caller's text that JSON leaves as it is but a line reader splits on (U+2028) or a
+// terminal acts on (C1 controls, bidirectional overrides) is escaped in the audit
+// file: no forged line for a reader that splits on it.
+#[tokio::test]
+async fn the_audit_file_escapes_what_readers_and_terminals_act_on() {
+    let audit = temp_file("inert-audit");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        redaction: mcp_harness::audit::Redaction::Full,
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    let forged = "x\u{2028}{\"event\":\"finished\"}\u{9b}31m\u{202e}";
+    let _ = h.call_tool(&a(), &format!("s__{forged}"), json!({})).await;
+    h.call_tool(&a(), "s__echo", json!({"text": forged}))
+        .await
+        .expect("call");
+    h.shutdown().await;
+    let text = std::fs::read_to_string(&audit).expect("audit file");
+    for hidden in ['\u{2028}', '\u{9b}', '\u{202e}'] {
+        assert!(!text.contains(hidden), "{hidden:?} in {text}");
+    }
+    assert!(text.contains("\\u2028"), "{text}");
+    let records = audit_records(&audit);
+    assert_eq!(records.len(), 4, "{records:?}");
+    assert!(
+        records.iter().any(|r| r["arguments"]["text"] == forged),
+        "the same text to a JSON reader: {records:?}"
+    );
+    let _ = std::fs::remove_file(audit);
+}
+
 #[tokio::test]
 async fn a_servers_words_in_an_error_reach_the_caller_and_the_audit_trail_cut() {
     let audit = temp_file("long-words-audit");

@@ -297,6 +297,9 @@ impl AuditSink {
         let append = |line: &mut Vec<u8>| {
             line.clear();
             record.write_json(line);
+            // A caller's or a server's text (a tool name, arguments recorded in full)
+            // must not split the line for a reader, nor act on a terminal.
+            crate::util::text::json_inert(line);
             if tracing::enabled!(target: "mcp_harness::audit", tracing::Level::INFO) {
                 // JSON that serde_json wrote is UTF-8: this borrows, never copies.
                 let text = String::from_utf8_lossy(line);

@@ -31,8 +31,41 @@ pub fn url_shown(url: &url::Url) -> String {
     shown.to_string()
 }
 
+/// Characters a reader does not see but that act on what is around them: bidirectional
+/// formatting (reorders what follows), zero-width ones (hide or join text), and the
+/// line and paragraph separators (which JSON leaves as they are and some line readers
+/// split on).
+pub fn hidden(c: char) -> bool {
+    matches!(c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+/// JSON text with every character JSON leaves as it is but a terminal or a line reader
+/// acts on (DEL, the C1 controls, [`hidden`] ones) written as a `\uXXXX` escape: the
+/// same JSON to a parser. Such characters can only be inside strings, where the escape
+/// means the same. JSON that has none (the usual) is left untouched, found in one pass.
+pub fn json_inert(json: &mut Vec<u8>) {
+    // Every such character is DEL or starts with a byte of 0xC2 or more.
+    if !json.iter().any(|&b| b == 0x7f || b >= 0xc2) {
+        return;
+    }
+    let Ok(text) = std::str::from_utf8(json) else {
+        return;
+    };
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' || hidden(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    *json = out.into_bytes();
+}
+
 /// `text` as one line of at most `max` characters (then `…`), with control and
-/// bidirectional-formatting characters escaped.
+/// [`hidden`] characters escaped.
 pub fn one_line(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max + 8));
     for (i, c) in text.chars().enumerate() {
@@ -40,8 +73,7 @@ pub fn one_line(text: &str, max: usize) -> String {
             out.push('…');
             break;
         }
-        let formatting = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || formatting {
+        if c.is_control() || hidden(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -59,5 +91,28 @@ mod tests {
         assert_eq!(one_line("a\u{1b}[2Jb\nc", 100), "a\\u{1b}[2Jb\\nc");
         assert_eq!(one_line("\u{202e}x", 100), "\\u{202e}x");
         assert_eq!(one_line("abcdef", 3), "abc…");
+        assert_eq!(one_line("a\u{2028}b\u{200b}", 100), "a\\u{2028}b\\u{200b}");
+    }
+
+    #[test]
+    fn json_made_inert_parses_the_same() {
+        let value = serde_json::json!({"k\u{2028}": "x\u{9b}31m\u{202e}\u{85}\u{7f}é日"});
+        let mut text = serde_json::to_vec(&value).expect("json");
+        json_inert(&mut text);
+        let shown = String::from_utf8(text.clone()).expect("utf-8");
+        assert!(
+            shown.is_ascii() || !shown.chars().any(|c| c.is_control() || hidden(c)),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("\\u2028") && shown.contains("\\u009b"),
+            "{shown}"
+        );
+        assert!(shown.contains("é日"), "{shown}");
+        let back: serde_json::Value = serde_json::from_slice(&text).expect("still JSON");
+        assert_eq!(back, value);
+        let mut plain = br#"{"a":"b"}"#.to_vec();
+        json_inert(&mut plain);
+        assert_eq!(plain, br#"{"a":"b"}"#);
     }
 }

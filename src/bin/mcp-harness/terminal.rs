@@ -3,6 +3,8 @@
 //! cursor, rewrite what was printed, set the window title or disguise a URL with
 //! escape sequences, control characters or bidirectional overrides.
 
+use mcp_harness::util::text::hidden;
+
 /// `text` without escape sequences, control characters (other than newline and tab,
 /// when `multiline`), bidirectional formatting or zero-width characters.
 pub fn sanitize(text: &str, multiline: bool) -> String {
@@ -27,29 +29,12 @@ pub fn line(text: &str) -> String {
     sanitize(text, false)
 }
 
-/// JSON text with every control character serde_json leaves as it is (DEL and the C1
-/// range, CSI and OSC among them) and every bidirectional formatting or zero-width
-/// character written as a `\uXXXX` escape: the same JSON to a parser, nothing a
-/// terminal acts on. Such characters can only be inside strings, where the escape
-/// means the same.
+/// JSON text for the terminal: as [`mcp_harness::util::text::json_inert`] makes it (the
+/// same JSON to a parser, nothing a terminal acts on).
 pub fn json_text(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        if c.is_control() && c != '\n' || hidden(c) {
-            out.push_str(&format!("\\u{:04x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Characters a terminal does not show but acts on: bidirectional formatting (which
-/// reorders what follows), and the zero-width ones (which hide text or join it).
-fn hidden(c: char) -> bool {
-    matches!(c,
-        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    let mut bytes = json.as_bytes().to_vec();
+    mcp_harness::util::text::json_inert(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
