@@ -403,6 +403,73 @@ fn ctrl_c_stops_every_server_and_exits() {
     let _ = std::fs::remove_file(pidfile);
 }
 
+// A signal while the servers are still starting stops them too, and the program ends
+// with the signal's code: a stdio server is in a process group of its own, which the
+// terminal's Ctrl-C never reaches. Before, the signal's default action ended the
+// program at once and left such a server behind.
+#[test]
+fn a_signal_while_servers_start_stops_them_and_exits() {
+    for (command, signal, code) in [
+        ("call", "-INT", 130),
+        ("tools", "-TERM", 143),
+        ("serve", "-TERM", 0),
+    ] {
+        let mark = scratch_dir().join(format!("starting-{command}{signal}.pid"));
+        let _ = std::fs::remove_file(&mark);
+        // A server that never answers: it stays `starting` for the whole --wait.
+        let script = write(
+            &format!("starting-{command}{signal}.sh"),
+            &format!("echo $$ > {}\nexec sleep 120\n", mark.display()),
+        );
+        let server = format!("sh {}", script.display());
+        let mut args = vec![command, "--stdio", &server, "--wait", "60s"];
+        match command {
+            "call" => args.push("x__y"),
+            "serve" => args.extend(["--listen", "127.0.0.1:0", "--dev-keys"]),
+            _ => {}
+        }
+        let child = Command::new(harness_exe())
+            .args(&args)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let start = std::time::Instant::now();
+        let pid = loop {
+            if let Some(pid) = std::fs::read_to_string(&mark)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{command}: no server"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{command} {signal}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !alive(pid),
+            "{command} {signal}: the starting server {pid} was left"
+        );
+        let _ = std::fs::remove_file(mark);
+    }
+}
+
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(harness_exe());
     c.args(args).env("RUST_LOG", "error");
@@ -1349,6 +1416,24 @@ fn search_prints_the_most_relevant_tools_first_as_text_and_json() {
     assert_eq!(found[0]["qualified"], "stdio1__env", "{found:?}");
     assert!(found[0]["score"].as_f64().is_some_and(|s| s > 0.0));
     assert!(found[0]["definition"]["inputSchema"].is_object());
+    // A server that could not be listed may hold a better match: named, and exit 3,
+    // with what the others hold.
+    let unlisted = demo_cmd("beta --list-input-required");
+    let o = run(&[
+        "search",
+        "--stdio",
+        &modern,
+        "--stdio",
+        &unlisted,
+        "adds two integers",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("could not list stdio2"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).contains("stdio1__add"), "{}", stdout(&o));
 }
 
 #[test]

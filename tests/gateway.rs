@@ -2284,6 +2284,19 @@ fn serve_makes_keys_and_refuses_to_start_without_any() {
     let line = String::from_utf8(out.stdout).expect("utf-8");
     let (kid, made) = line.trim().split_once(':').expect("KID:KEY");
     assert!(!kid.is_empty() && made.len() == 43, "{line}");
+    // Named by when it was made, not by the process id (1 in every container).
+    let secs: u64 = kid
+        .strip_prefix('k')
+        .and_then(|t| t.parse().ok())
+        .expect("k and the time it was made");
+    assert!(secs.abs_diff(unix_now()) < 600, "{kid}");
+    // One client on stdin/stdout, or HTTP: not both.
+    let out = std::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--listen", "127.0.0.1:0", "--dev-keys"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pick one"));
     // A config with no keys, no MCP_HARNESS_GATEWAY_KEYS and no --dev-keys: exit 2, named.
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");

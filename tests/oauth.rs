@@ -1128,7 +1128,8 @@ async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
             .env("RUST_LOG", "error");
         cmd.output().expect("run the CLI")
     };
-    let out = run(&["login", "web"], "headless");
+    // `login` waits for the sign-in, however short `--wait` (a person gets 5 minutes).
+    let out = run(&["login", "web", "--wait", "1ms"], "headless");
     assert!(
         out.status.success(),
         "{}",
@@ -1151,6 +1152,10 @@ async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
     assert_eq!(w.at("authorize").len(), 1, "the token was reused");
     let out = run(&["logout", "web"], "print");
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 token(s) forgotten"));
+    // A name that is no server and has no tokens is a mistake, not a logout.
+    let out = run(&["logout", "wbe"], "print");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no server named"));
     // Signed out, with nobody at a terminal: an error that says what to do.
     let out = run(&["call", "web__whoami"], "print");
     assert_eq!(out.status.code(), Some(3));

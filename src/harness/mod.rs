@@ -482,8 +482,9 @@ impl HarnessHandle {
         Ok(self.search_listed(tools, query, k).await)
     }
 
-    /// [`HarnessHandle::search_tools`] over a listing the caller already holds.
-    pub(crate) async fn search_listed(
+    /// [`HarnessHandle::search_tools`] over tools the caller has listed already (a
+    /// [`HarnessHandle::listing`]'s items, which also say what could not be listed).
+    pub async fn search_listed(
         &self,
         tools: Vec<ToolInfo>,
         query: &str,

@@ -48,7 +48,10 @@ pub fn hidden(c: char) -> bool {
 pub fn json_inert(json: &mut Vec<u8>) {
     // Every such character is DEL or starts with a byte of 0xC2 or more. No early
     // exit: the whole line is checked in one vectorized pass (it is on a call's path).
-    if !json.iter().fold(false, |seen, &b| seen | (b == 0x7f) | (b >= 0xc2)) {
+    if !json
+        .iter()
+        .fold(false, |seen, &b| seen | (b == 0x7f) | (b >= 0xc2))
+    {
         return;
     }
     let Ok(text) = std::str::from_utf8(json) else {

@@ -165,15 +165,14 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
 }
 
 /// Starts the harness, with the command line's elicitation handler declared from the
-/// start (legacy servers take capabilities at `initialize`), and waits until every
-/// server is ready, failed or stopped (or `wait` passes), showing progress on a terminal.
+/// start (legacy servers take capabilities at `initialize`); [`settle`] waits for its
+/// servers.
 pub async fn start(
     setup: &Setup,
     args: &ServerArgs,
     answers: Option<Value>,
     login: bool,
 ) -> anyhow::Result<HarnessHandle> {
-    let wait = args.wait;
     let mut builder = Harness::builder(setup.loaded.config.clone())
         .input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
         // Sampling (when `[sampling]` is configured) asks on the terminal for the
@@ -188,13 +187,29 @@ pub async fn start(
     }
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
     crate::telemetry::export_metrics(&harness);
+    Ok(harness)
+}
+
+/// How long `login` waits for its server's sign-in whatever `--wait` says: a person has
+/// 5 minutes, the authorization server's calls their own limits on top.
+const LOGIN_WAIT: Duration = Duration::from_secs(330);
+
+/// Until every server has settled (ready, failed, or restarting after a failure), or
+/// `wait` has passed, showing progress on a terminal. `login`: until its server's first try has ended, for at least
+/// [`LOGIN_WAIT`] (its sign-in is a person's, and a restart after a failed one would
+/// ask again).
+pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
     let progress = std::io::stderr().is_terminal();
-    let deadline = Instant::now() + wait;
+    let deadline = Instant::now() + if login { wait.max(LOGIN_WAIT) } else { wait };
     loop {
         let status = harness.status();
         let settled = status
             .iter()
-            .filter(|s| !matches!(s.state, ServerState::Starting | ServerState::Restarting))
+            .filter(|s| match s.state {
+                ServerState::Starting => false,
+                ServerState::Restarting => login,
+                _ => true,
+            })
             .count();
         if progress {
             eprint!("\rstarting servers: {settled}/{} settled", status.len());
@@ -207,7 +222,6 @@ pub async fn start(
     if progress {
         eprint!("\r\x1b[2K");
     }
-    Ok(harness)
 }
 
 /// `--wait` passed: servers still starting are left out (stopped), so that nothing
@@ -225,6 +239,22 @@ pub async fn go_on_without_unsettled(harness: &HarnessHandle, wait: Duration) {
 }
 
 /// Prints one line per enabled server that failed to start; true if there was one.
+/// Prints one line per server the caller may use that could not be listed and has not
+/// failed ([`report_failed`] names those); true if there was one.
+fn report_unlisted(listing: &mcp_harness::call::Listing) -> bool {
+    let mut any = false;
+    for (unreachable, _) in &listing.unreachable {
+        if unreachable.state != ServerState::Failed {
+            any = true;
+            eprintln!(
+                "mcp-harness: could not list {}",
+                line(&unreachable.to_string())
+            );
+        }
+    }
+    any
+}
+
 fn report_failed(harness: &HarnessHandle) -> bool {
     let mut any = false;
     for s in harness.status() {
@@ -278,14 +308,7 @@ pub async fn tools(
             );
         }
     }
-    for (unreachable, _) in &listing.unreachable {
-        if unreachable.state != ServerState::Failed {
-            eprintln!(
-                "mcp-harness: could not list {}",
-                line(&unreachable.to_string())
-            );
-        }
-    }
+    report_unlisted(&listing);
     let failed = report_failed(harness);
     if tools.is_empty() && !failed {
         eprintln!(
@@ -303,10 +326,15 @@ pub async fn search(
     json_out: bool,
 ) -> anyhow::Result<u8> {
     let caller = Caller::agent(agent);
-    let found = match harness.search_tools(&caller, query, limit).await {
-        Ok(found) => found,
+    let listing = match harness
+        .listing(&caller, mcp_harness::CallKind::Tool, None)
+        .await
+    {
+        Ok(l) => l,
         Err(e) => return Ok(report(harness, &e)),
     };
+    let unlisted = report_unlisted(&listing);
+    let found = harness.search_listed(listing.items, query, limit).await;
     if json_out {
         let out: Vec<Value> = found
             .iter()
@@ -330,7 +358,9 @@ pub async fn search(
     if found.is_empty() && !failed {
         eprintln!("no tool of agent {agent:?} matches {:?}", line(query));
     }
-    Ok(if failed { NO_SERVER } else { OK })
+    // What was found is not all there is: a server that could not be listed may hold
+    // a better match.
+    Ok(if failed || unlisted { NO_SERVER } else { OK })
 }
 
 pub async fn call(

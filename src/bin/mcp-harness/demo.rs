@@ -126,6 +126,28 @@ impl std::ops::Deref for WorkDir {
     }
 }
 
+impl WorkDir {
+    /// A new directory of this user's alone (0700) under the temporary directory; never
+    /// one that exists already, which another user could have made, with the audit
+    /// file a link to one of this user's files.
+    fn create() -> anyhow::Result<WorkDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        for n in 0..1000 {
+            let path = base.join(format!("mcp-harness-demo-{}-{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(WorkDir(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e).context("creating the demo's directory"),
+            }
+        }
+        anyhow::bail!(
+            "no free name for the demo's directory in {}",
+            base.display()
+        )
+    }
+}
+
 impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -137,8 +159,7 @@ pub async fn run() -> anyhow::Result<()> {
         .context("locating this binary")?
         .to_string_lossy()
         .to_string();
-    let work =
-        WorkDir(std::env::temp_dir().join(format!("mcp-harness-demo-{}", std::process::id())));
+    let work = WorkDir::create()?;
     let (mut http_child, url) = http_server(&exe, &["gamma"]).await?;
 
     step("1. Start: one supervised actor per server; discover, or initialize for legacy servers");
@@ -356,4 +377,25 @@ fn audit(path: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_work_directory_is_new_and_this_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let one = WorkDir::create().expect("one");
+        let two = WorkDir::create().expect("two");
+        assert_ne!(one.0, two.0, "never a directory that exists already");
+        let mode = std::fs::metadata(&one.0)
+            .expect("made")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let path = one.0.clone();
+        drop(one);
+        assert!(!path.exists(), "removed when the demo ends");
+    }
 }

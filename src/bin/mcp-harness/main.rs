@@ -15,6 +15,7 @@ mod elicit;
 mod loopback;
 mod serve;
 mod sign_in;
+mod signals;
 mod telemetry;
 mod terminal;
 mod watch;
@@ -248,7 +249,18 @@ fn config_path(command: &Command) -> Option<&std::path::Path> {
 
 async fn run(command: Command) -> anyhow::Result<u8> {
     let (servers, action) = match command {
-        Command::Demo => return demo::run().await.map(|()| 0),
+        Command::Demo => {
+            // Interrupted, the demo's future is dropped: its servers are stopped and its
+            // directory removed as their handles go.
+            let mut stop = signals::Stop::install();
+            return tokio::select! {
+                done = demo::run() => done.map(|()| commands::OK),
+                code = stop.recv() => {
+                    eprintln!("\nmcp-harness: interrupted; stopping the demo");
+                    Ok(code)
+                }
+            };
+        }
         Command::DemoServer(args) => return demo_server::run(*args).await.map(|()| 0),
         Command::DemoAuthServer(args) => return demo_auth::run(*args).await.map(|()| 0),
         Command::Serve(args) => return serve::run(*args).await,
@@ -288,7 +300,8 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::Logout { servers, server } => {
             let setup = commands::load(&servers)?;
             let store = sign_in::file_store(&setup, servers.tokens.as_ref())?;
-            return sign_in::logout(store.as_ref(), &server);
+            let known = setup.loaded.config.servers.iter().any(|s| s.id == server);
+            return sign_in::logout(store.as_ref(), &server, known);
         }
     };
     let mut setup = commands::load(&servers)?;
@@ -311,7 +324,17 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         _ => (None, None),
     };
     let login = matches!(action, Action::Login { .. });
+    let mut stop = signals::Stop::install();
     let harness = commands::start(&setup, &servers, answers, login).await?;
+    let stopped = tokio::select! {
+        () = commands::settle(&harness, servers.wait, login) => None,
+        code = stop.recv() => Some(code),
+    };
+    if let Some(code) = stopped {
+        eprintln!("\nmcp-harness: interrupted; stopping servers");
+        let health = harness.shutdown().await;
+        return Ok(commands::audited(code, &health));
+    }
     if !matches!(action, Action::Status { .. } | Action::Login { .. }) {
         commands::go_on_without_unsettled(&harness, servers.wait).await;
     }
@@ -335,13 +358,13 @@ async fn run(command: Command) -> anyhow::Result<u8> {
     };
     let outcome = tokio::select! {
         r = work => r,
-        _ = tokio::signal::ctrl_c() => {
+        code = stop.recv() => {
             if matches!(action, Action::Status { watch: true, .. }) {
                 // Ctrl-C is how a watch ends.
                 Ok(commands::OK)
             } else {
                 eprintln!("\nmcp-harness: interrupted; stopping servers");
-                Ok(130)
+                Ok(code)
             }
         }
     };

@@ -50,7 +50,13 @@ impl mcp_harness::InputHandler for DeclineOutsideCalls {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if args.new_key {
-        let kid = format!("k{}", std::process::id());
+        // Named by when it was made: ids must differ across the keys in force, and a
+        // process id does not (every container's first process is 1).
+        let made = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let kid = format!("k{made}");
         println!("{kid}:{}", gateway::seal::new_key()?);
         return Ok(commands::OK);
     }
@@ -58,6 +64,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     // `--stdio` without a command: serve one client on stdin/stdout, as the `--agent`.
     let mut servers = args.servers.clone();
     let pipe = servers.stdio.iter().any(String::is_empty);
+    if pipe && args.listen.is_some() {
+        return Err(UsageError(anyhow::anyhow!(
+            "--listen serves HTTP and a bare --stdio serves one client on stdin/stdout: pick one"
+        ))
+        .into());
+    }
     servers.stdio.retain(|c| !c.is_empty());
     let setup = commands::load(&servers)?;
     let config = GatewayConfig::from_value(setup.loaded.gateway.clone()).map_err(usage)?;
@@ -78,8 +90,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if let Some(authorizer) = crate::sign_in::authorizer(servers.sign_in, &setup, false)? {
         builder = builder.authorizer(authorizer);
     }
+    // Caught from before any server starts, so that a signal while they start stops
+    // them too (a stdio server is in a process group of its own).
+    let mut stop = crate::signals::Stop::install();
     let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
-    settle(&harness, servers.wait).await;
+    tokio::select! {
+        () = settle(&harness, servers.wait) => {}
+        _ = stop.recv() => {
+            let health = harness.shutdown().await;
+            return Ok(commands::audited(commands::OK, &health));
+        }
+    }
+    let stopping = async move {
+        stop.recv().await;
+    };
     crate::telemetry::export_metrics(&harness);
     let metrics = match &args.metrics {
         Some(addr) => {
@@ -163,18 +187,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         // request then start on its own worker instead of waking another one.
         let session = match (pipe_in(), pipe_out()) {
             (Some(input), Some(output)) => tokio::spawn(gateway::stdio::serve(
-                gateway,
-                principal,
-                input,
-                output,
-                stop_signal(),
+                gateway, principal, input, output, stopping,
             )),
             _ => tokio::spawn(gateway::stdio::serve(
                 gateway,
                 principal,
                 tokio::io::stdin(),
                 tokio::io::stdout(),
-                stop_signal(),
+                stopping,
             )),
         };
         if let Err(e) = session.await
@@ -202,7 +222,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         out.flush()?;
     }
     let stop = async {
-        stop_signal().await;
+        stopping.await;
         // The last metrics go out while the harness still runs.
         crate::telemetry::flush_metrics().await;
     };
@@ -333,21 +353,5 @@ async fn settle(harness: &mcp_harness::HarnessHandle, wait: Duration) {
             .any(|s| matches!(s.state, ServerState::Starting))
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Ctrl-C or SIGTERM.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
     }
 }

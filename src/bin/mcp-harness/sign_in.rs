@@ -152,9 +152,17 @@ pub async fn login(harness: &HarnessHandle, server: &str) -> anyhow::Result<u8> 
     }
 }
 
-/// `logout SERVER`: forgets its tokens.
-pub fn logout(store: &dyn TokenStore, server: &str) -> anyhow::Result<u8> {
+/// `logout SERVER`: forgets its tokens. A server no longer configured may still have
+/// some; a name that is neither is a usage error (a typo would otherwise look done).
+pub fn logout(store: &dyn TokenStore, server: &str, known: bool) -> anyhow::Result<u8> {
     let n = store.remove_server(server).map_err(anyhow::Error::msg)?;
+    if n == 0 && !known {
+        return Err(UsageError(anyhow::anyhow!(
+            "no server named {:?}, and no tokens kept for one",
+            line(server)
+        ))
+        .into());
+    }
     eprintln!(
         "mcp-harness: signed out of {} ({n} token(s) forgotten)",
         line(server)
