@@ -32,6 +32,96 @@ fn config(audit: &std::path::Path) -> HarnessConfig {
     }
 }
 
+// A grant or revoke waiting in the permission actor's mailbox when it is killed is
+// delivered to the rebuilt actor: it succeeds, where it failed as if the harness had
+// shut down (and was not applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_asked_while_the_permission_actor_dies_are_applied() {
+    let audit = temp_file("grants-kill-audit");
+    let h = start_ready(config(&audit)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut askers = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let (h, stop) = (h.clone(), stop.clone());
+        askers.spawn(async move {
+            let agent = format!("g{n}");
+            let mut asked = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                h.grant(&agent, "s", &["echo"])
+                    .await
+                    .unwrap_or_else(|e| panic!("grant {asked}: {e}"));
+                h.revoke(&agent, Some("s"))
+                    .await
+                    .unwrap_or_else(|e| panic!("revoke {asked}: {e}"));
+                asked += 1;
+            }
+            asked
+        });
+    }
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let old = h.service_actor(Service::Permission).await.expect("running");
+        old.kill();
+        let rebuilt = async {
+            while h
+                .service_actor(Service::Permission)
+                .await
+                .is_none_or(|new| new.get_id() == old.get_id())
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), rebuilt)
+            .await
+            .expect("rebuilt");
+    }
+    stop.store(true, Ordering::SeqCst);
+    while let Some(asked) = askers.join_next().await {
+        assert!(asked.expect("no ask failed") > 0);
+    }
+    h.shutdown().await;
+    let _ = std::fs::remove_file(audit);
+}
+
+// The audit actor killed while the harness shuts down is not rebuilt; what it would
+// have written is written all the same before `shutdown()` returns: the cancelled call's
+// records are on disk and the backlog is empty (it was reported as unwritten, and the
+// records came later, when the last handle went).
+#[tokio::test]
+async fn the_audit_actor_killed_during_shutdown_loses_nothing_before_it_returns() {
+    let audit = temp_file("audit-killed-at-shutdown");
+    let queue = ApprovalQueue::new(Duration::from_secs(600));
+    let mut cfg = config(&audit);
+    cfg.shutdown_grace = Duration::from_secs(1);
+    cfg.audit.flush_every = Duration::from_secs(60);
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&Caller::agent("a"), "s__confirm", json!({}))
+                .await
+        })
+    };
+    assert!(eventually(Duration::from_secs(10), || !queue.pending().is_empty()).await);
+    let writer = h.service_actor(Service::Audit).await.expect("running");
+    let stopping = {
+        let h = h.clone();
+        tokio::spawn(async move { h.shutdown().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer.kill();
+    let health = stopping.await.expect("shutdown");
+    assert_eq!(health.backlog, 0, "{health:?}");
+    let records = audit_records(&audit);
+    let events: Vec<&str> = records.iter().filter_map(|r| r["event"].as_str()).collect();
+    assert_eq!(events, ["started", "finished"], "{records:?}");
+    assert!(call.await.expect("call").is_err());
+    let _ = std::fs::remove_file(audit);
+}
+
 #[tokio::test]
 async fn each_service_actor_killed_mid_traffic_is_rebuilt_and_the_audit_count_stays_exact() {
     let audit = temp_file("services-audit");

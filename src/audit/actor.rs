@@ -48,11 +48,9 @@ impl Actor for AuditActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             AuditMsg::Flush(reply) => {
-                drain(sink).await;
                 // Asked for (shutdown): what was written reaches the disk, not only the
                 // page cache, before the harness says it is done.
-                let shared = sink.shared.clone();
-                let _ = tokio::task::spawn_blocking(move || shared.sync()).await;
+                sink.write_now().await;
                 let _ = reply.send(());
             }
             AuditMsg::Tick => drain(sink).await,
@@ -80,7 +78,11 @@ pub struct AuditRef(pub(crate) ActorSlot<AuditMsg>);
 
 impl AuditRef {
     /// Writes everything accepted so far; returns when it is written (or failed).
-    pub async fn flush(&self) {
-        self.0.ask(AuditMsg::Flush, Duration::from_secs(30)).await;
+    /// False when no actor answered (killed and not rebuilt, as during shutdown).
+    pub async fn flush(&self) -> bool {
+        self.0
+            .ask(AuditMsg::Flush, Duration::from_secs(30))
+            .await
+            .is_some()
     }
 }

@@ -348,6 +348,20 @@ impl AuditSink {
         }
     }
 
+    /// Writes what is buffered and syncs the file, on a blocking thread: the audit
+    /// actor's flush, done without it (it died while the harness shut down, when it is
+    /// not rebuilt).
+    pub(crate) async fn write_now(&self) {
+        let shared = self.shared.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            shared.write_pending();
+            shared.sync();
+        });
+        if written.await.is_err() {
+            tracing::error!("the audit writer task failed");
+        }
+    }
+
     /// The trail's state now.
     pub fn health(&self) -> AuditHealth {
         let s = &self.shared;

@@ -47,6 +47,12 @@ impl<M: Send + 'static> ActorSlot<M> {
 
     /// Asks the actor and waits up to `limit` for the answer; while the actor is dead
     /// and being rebuilt, waits for the new one. `None` when nobody answered.
+    ///
+    /// An actor killed with the message in its mailbox drops it unanswered: it is asked
+    /// of the rebuilt actor. So a message may be handled twice (when its actor died
+    /// after handling it and before answering): what is asked through a slot is safe
+    /// to repeat (grants, flushes, registrations), or says why not (a server added
+    /// again exists already).
     pub async fn ask<T: Send + 'static>(
         &self,
         build: impl Fn(RpcReplyPort<T>) -> M,
@@ -57,9 +63,10 @@ impl<M: Send + 'static> ActorSlot<M> {
             if let Some(actor) = self.get() {
                 match actor.call(&build, Some(limit)).await {
                     Ok(ractor::rpc::CallResult::Success(v)) => return Some(v),
-                    Ok(_) => return None,
-                    // Dead: its supervisor is rebuilding it.
-                    Err(_) => {}
+                    Ok(ractor::rpc::CallResult::Timeout) => return None,
+                    // Unanswered (dropped with its mailbox), or dead: its supervisor is
+                    // rebuilding it.
+                    Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {}
                 }
             }
             if started.elapsed() > REBUILD_WAIT {
