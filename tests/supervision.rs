@@ -5,8 +5,8 @@ mod support;
 use std::time::Duration;
 
 use mcp_harness::{
-    CallError, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig, RestartPolicy,
-    ServerConfig, ServerError, ServerState, Service,
+    CallError, Caller, Harness, HarnessConfig, HarnessError, HarnessHandle, RestartConfig,
+    RestartPolicy, ServerConfig, ServerError, ServerState, Service,
 };
 use serde_json::json;
 use support::*;
@@ -353,6 +353,60 @@ async fn restart_policies_behave_as_in_otp() {
         .await
     );
     h.shutdown().await;
+}
+
+// A call waiting for its restarting server is not sent once its agent's grant is
+// revoked: `revoke()` is in force for it too (it went out after the restart before).
+#[tokio::test]
+async fn a_grant_revoked_while_its_call_waits_for_a_restart_withdraws_the_call() {
+    let record = temp_file("withdrawn");
+    let rec = record.to_string_lossy().to_string();
+    let mut alpha = demo("alpha", &["--record", &rec]);
+    alpha.restart = RestartConfig {
+        min_delay: Duration::from_millis(1500),
+        max_delay: Duration::from_millis(1500),
+        ..RestartConfig::default()
+    };
+    let h = harness(vec![alpha]).await;
+    h.grant("b", "alpha", &["echo"]).await.expect("grant");
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    sigkill(pid(&h, "alpha"));
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let waiting = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(
+                &Caller::agent("b"),
+                "alpha__echo",
+                json!({"text": "not sent"}),
+            )
+            .await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.queued == 1))
+        .await,
+        "the call waits for the restart"
+    );
+    h.revoke("b", Some("alpha")).await.expect("revoke");
+    let outcome = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("answered after the restart")
+        .expect("join");
+    assert!(
+        matches!(outcome, Err(CallError::Denied { .. })),
+        "{outcome:?}"
+    );
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let calls = recorded(&record)
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .count();
+    assert_eq!(calls, 0, "the withdrawn call never reached the server");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

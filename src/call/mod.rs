@@ -57,7 +57,7 @@ pub(crate) use listing::list;
 pub(crate) use route::route;
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
-use crate::server::{OutgoingRef, ServerError};
+use crate::server::{OutgoingRef, ServerError, StillWanted};
 use crate::transport::TransportError;
 use crate::util::trace_context::call_span;
 use input::HandlerSet;
@@ -349,6 +349,10 @@ async fn drive(
         if let ServerError::MissingCapability { server, required } = error {
             return Err(CallError::MissingCapability { server, required });
         }
+        if let ServerError::Withdrawn { .. } = error {
+            // Its grant was revoked while it waited for the server: said as a refusal.
+            still_allowed(ctx, request, candidate)?;
+        }
         // A continued round never moves: its state and answers are that server's.
         let continued = request
             .delegated
@@ -471,6 +475,13 @@ async fn attempt(
         }
         None => handlers.capabilities(),
     };
+    // A request that must wait for its server (restarting) asks, before it goes out,
+    // whether the call may still use it: a grant revoked meanwhile withdraws it.
+    let still_wanted = || -> StillWanted {
+        let (ctx, server) = (ctx.clone(), server.clone());
+        let (agent, item) = (request.caller.agent_id.clone(), candidate.item.to_string());
+        Arc::new(move || ctx.allows(agent.as_deref(), &server, &item))
+    };
     let mut state_only_rounds = 0u32;
     loop {
         let timeout = deadline.for_request(server.config().timeout)?;
@@ -485,6 +496,7 @@ async fn attempt(
             timeout: Some(timeout),
             capabilities: Some(capabilities),
             identity: request.caller.auth_context.as_deref(),
+            still_wanted: Some(&still_wanted),
         };
         let result = Box::pin(server.request_noting(outgoing, note)).await;
         if let Value::Object(map) = sent {
@@ -606,6 +618,9 @@ impl Round<'_> {
             tokio::time::sleep(pause.min(self.deadline.remaining())).await;
         } else {
             *state_only_rounds = 0;
+            // Checked before anyone is asked too: a person is not shown, nor a model
+            // paid for, the question of a call whose grant is gone.
+            still_allowed(self.ctx, self.request, self.candidate)?;
             let limit = self
                 .ctx
                 .settings

@@ -512,6 +512,7 @@ impl ServerActorState {
                 capabilities,
                 identity,
                 deadline: _,
+                still_wanted: _,
             } = outgoing;
             server
                 .on_connection(
@@ -594,6 +595,15 @@ impl ServerActorState {
         for q in self.queue.drain() {
             if q.outgoing.left().is_zero() {
                 let _ = q.reply.send(Err(self.restarting_error()));
+            } else if q
+                .outgoing
+                .still_wanted
+                .as_ref()
+                .is_some_and(|wanted| !wanted())
+            {
+                let _ = q.reply.send(Err(ServerError::Withdrawn {
+                    server: self.id().to_string(),
+                }));
             } else {
                 self.send_on(live.clone(), q.outgoing, q.reply).await;
             }

@@ -66,6 +66,13 @@ pub enum ServerError {
         /// Server id.
         server: String,
     },
+    /// A request that waited for its server was withdrawn before it went out: its
+    /// caller no longer wanted it sent (a grant revoked meanwhile).
+    #[error("server {server}: the request was withdrawn before it was sent")]
+    Withdrawn {
+        /// Server id.
+        server: String,
+    },
     /// The server needs client capabilities this client did not declare (-32021): a
     /// configuration problem, not worth retrying.
     #[error("server {server} requires client capabilities {required}")]
@@ -120,7 +127,8 @@ impl ServerError {
             | ServerError::Failed { .. }
             | ServerError::Stopped { .. }
             | ServerError::Overloaded { .. }
-            | ServerError::Unavailable { .. } => true,
+            | ServerError::Unavailable { .. }
+            | ServerError::Withdrawn { .. } => true,
             _ => false,
         }
     }
@@ -135,6 +143,7 @@ impl ServerError {
             ServerError::Stopped { .. } => "server_stopped",
             ServerError::Overloaded { .. } => "overloaded",
             ServerError::Unavailable { .. } => "unavailable",
+            ServerError::Withdrawn { .. } => "withdrawn",
             ServerError::MissingCapability { .. } => "missing_capability",
             ServerError::Rpc { .. } => "rpc_error",
             ServerError::Protocol { .. } => "protocol",
@@ -151,6 +160,7 @@ impl ServerError {
             | ServerError::Stopped { server }
             | ServerError::Overloaded { server, .. }
             | ServerError::Unavailable { server }
+            | ServerError::Withdrawn { server }
             | ServerError::MissingCapability { server, .. }
             | ServerError::Rpc { server, .. }
             | ServerError::Protocol { server, .. } => server,

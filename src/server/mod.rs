@@ -29,6 +29,7 @@ pub use config::{SEPARATOR, ServerConfig, check_id, id_from_name};
 pub use directory::Directory;
 pub use error::ServerError;
 pub use msg::ServerMsg;
+pub(crate) use queue::StillWanted;
 pub use restart::{RestartConfig, RestartPolicy};
 pub(crate) use server_ref::OutgoingRef;
 pub use server_ref::{Offers, ServerRef};

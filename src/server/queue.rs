@@ -27,7 +27,13 @@ pub struct Outgoing {
     /// When it must be answered by: set where it was made, so that time spent in the
     /// actor's mailbox counts against it.
     pub deadline: Instant,
+    /// Asked before a request that waited for its server goes out: false withdraws it
+    /// (a call whose grant was revoked meanwhile).
+    pub still_wanted: Option<StillWanted>,
 }
+
+/// Whether a request waiting for its server is still to be sent.
+pub type StillWanted = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl Outgoing {
     /// The time left until its deadline.
@@ -113,6 +119,7 @@ mod tests {
             capabilities: None,
             identity: None,
             deadline: Instant::now() + Duration::from_millis(ms),
+            still_wanted: None,
         }
     }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::config::ServerConfig;
 use super::error::ServerError;
 use super::msg::ServerMsg;
-use super::queue::Outgoing;
+use super::queue::{Outgoing, StillWanted};
 use super::restart::RestartTracker;
 use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, Era, RequestError, TransportError};
@@ -108,6 +108,9 @@ pub(crate) struct OutgoingRef<'a> {
     pub capabilities: Option<&'a Value>,
     /// Whose credentials it goes with (servers that sign in per identity).
     pub identity: Option<&'a str>,
+    /// Made when the request must wait for the server (not ready): asked before the
+    /// request goes out, false withdraws it.
+    pub still_wanted: Option<&'a (dyn Fn() -> StillWanted + Sync)>,
 }
 
 impl Drop for Slot<'_> {
@@ -226,6 +229,7 @@ impl ServerRef {
             timeout,
             capabilities,
             identity,
+            still_wanted: None,
         };
         // A listing is not what a server asks its questions during.
         let listing = method.ends_with("/list") || method == "ping";
@@ -260,6 +264,7 @@ impl ServerRef {
             timeout,
             capabilities,
             identity,
+            still_wanted,
         } = outgoing;
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
@@ -283,6 +288,7 @@ impl ServerRef {
                 capabilities: capabilities.cloned(),
                 identity: identity.map(String::from),
                 deadline: crate::util::duration::after(std::time::Instant::now(), timeout),
+                still_wanted: still_wanted.map(|make| make()),
             },
             timeout,
         )
