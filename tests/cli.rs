@@ -985,6 +985,10 @@ fn an_unanswered_question_is_withdrawn_when_the_calls_time_for_input_runs_out() 
     let screen = stdout(&o);
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{screen}");
     assert!(screen.contains("Which?"), "it was asked: {screen}");
+    assert!(
+        screen.contains("(the question was withdrawn)"),
+        "withdrawn, not left to the runtime's end: {screen}"
+    );
 }
 
 // #14: `--agent ID` picks the caller whose grants apply (over the file's `agent`).

@@ -410,10 +410,9 @@ async fn item_05_status_snapshots_share_the_servers_profile() {
     h.shutdown().await;
 }
 
-// 5. Bounded queues: no blocking file I/O on the async threads.
-#[test]
-fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
-    let dir = scratch_dir().join("fifo");
+/// A fresh directory `name` with a named pipe `audit.jsonl` in it.
+fn fifo_in(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = scratch_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let fifo = dir.join("audit.jsonl");
@@ -422,6 +421,13 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
         .status()
         .expect("mkfifo");
     assert!(made.success());
+    (dir, fifo)
+}
+
+// 5. Bounded queues: no blocking file I/O on the async threads.
+#[test]
+fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
+    let (dir, fifo) = fifo_in("fifo");
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let fifo2 = fifo.clone();
     std::thread::spawn(move || {
@@ -473,15 +479,7 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
 // once the pipe is read again the calls come back and every record is there.
 #[tokio::test]
 async fn an_audit_write_that_never_returns_counts_as_failing() {
-    let dir = scratch_dir().join("stalled-fifo");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let fifo = dir.join("audit.jsonl");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
+    let (dir, fifo) = fifo_in("stalled-fifo");
     // A reader that opens the pipe and does not read it (yet).
     use std::os::unix::fs::OpenOptionsExt;
     let reader = std::fs::OpenOptions::new()

@@ -79,6 +79,19 @@ async fn grants_asked_while_the_permission_actor_dies_are_applied() {
     while let Some(asked) = askers.join_next().await {
         assert!(asked.expect("no ask failed") > 0);
     }
+    // Each agent's last ask, a revoke, is in force; a grant after it too.
+    for n in 0..4 {
+        let agent = Caller::agent(format!("g{n}"));
+        let denied = h.call_tool(&agent, "s__echo", json!({"text": "x"})).await;
+        assert!(
+            matches!(denied, Err(CallError::Denied { .. })),
+            "{denied:?}"
+        );
+    }
+    h.grant("g0", "s", &["echo"]).await.expect("grant");
+    h.call_tool(&Caller::agent("g0"), "s__echo", json!({"text": "x"}))
+        .await
+        .expect("granted");
     h.shutdown().await;
     let _ = std::fs::remove_file(audit);
 }

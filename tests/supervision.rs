@@ -362,9 +362,10 @@ async fn a_grant_revoked_while_its_call_waits_for_a_restart_withdraws_the_call()
     let record = temp_file("withdrawn");
     let rec = record.to_string_lossy().to_string();
     let mut alpha = demo("alpha", &["--record", &rec]);
+    // Long enough for the call to be queued and the grant revoked on a busy machine.
     alpha.restart = RestartConfig {
-        min_delay: Duration::from_millis(1500),
-        max_delay: Duration::from_millis(1500),
+        min_delay: Duration::from_secs(5),
+        max_delay: Duration::from_secs(5),
         ..RestartConfig::default()
     };
     let h = harness(vec![alpha]).await;

@@ -348,6 +348,11 @@ impl AuditSink {
         }
     }
 
+    /// Whether a write is under way now (perhaps stuck in it).
+    pub(crate) fn writing(&self) -> bool {
+        self.shared.writing_since.load(Ordering::SeqCst) != 0
+    }
+
     /// Writes what is buffered and syncs the file, on a blocking thread: the audit
     /// actor's flush, done without it (it died while the harness shut down, when it is
     /// not rebuilt).
@@ -561,8 +566,9 @@ mod tests {
             Some(rx) => Ok(Box::new(Held(rx)) as Box<dyn super::super::file::Output>),
             None => Err(std::io::Error::other("opened once")),
         });
+        let dir = crate::util::scratch::Scratch::new("stuck");
         let config = AuditConfig {
-            path: Some("unused".into()),
+            path: Some(dir.join("audit.jsonl")),
             on_failure: AuditFailure::KeepServing,
             ..AuditConfig::default()
         };
@@ -572,7 +578,10 @@ mod tests {
             let shared = sink.shared.clone();
             std::thread::spawn(move || shared.write_pending())
         };
-        std::thread::sleep(STALLED_WRITE + std::time::Duration::from_millis(300));
+        while !sink.writing() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(STALLED_WRITE + std::time::Duration::from_millis(100));
         let health = sink.health();
         assert!(!health.writable, "{health:?}");
         assert!(

@@ -984,13 +984,6 @@ fn too_many_large(principal: &Principal, budget: usize, id: Option<RequestId>) -
     r
 }
 
-/// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. Past
-/// [`LARGE_BODY`], the bytes kept are charged to the principal's byte budget as they
-/// arrive, and refused past it: so the raw bodies a principal holds are bounded as its
-/// parsed ones are, however many connections it opens, and a client that trickles its
-/// body holds only what it has sent. A body refused is still read to its end, and
-/// dropped as it comes: the client gets its 503, not a connection reset in the middle
-/// of its write.
 /// Adds `data` to a body's buffer if `charge` accepts what the buffer will then hold
 /// allocated, not only filled: it grows by doubling (up to `limit`), reserved exactly,
 /// so the charge is what it takes. False, with nothing added, when refused.
@@ -1014,6 +1007,13 @@ fn keep_charged(
     true
 }
 
+/// Reads a request's body: at most `limit` bytes, within [`BODY_TIMEOUT`]. Past
+/// [`LARGE_BODY`], the bytes kept are charged to the principal's byte budget as they
+/// arrive, and refused past it: so the raw bodies a principal holds are bounded as its
+/// parsed ones are, however many connections it opens, and a client that trickles its
+/// body holds only what it has sent. A body refused is still read to its end, and
+/// dropped as it comes: the client gets its 503, not a connection reset in the middle
+/// of its write.
 async fn read_body(
     state: &Arc<State>,
     principal: &Principal,

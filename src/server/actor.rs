@@ -450,6 +450,16 @@ impl ServerActorState {
         let usable = self.current_conn().filter(|c| !c.is_closed()).cloned();
         match (self.state, usable) {
             (ServerState::Ready, Some(conn)) => {
+                // It came through the mailbox while the server was not ready: it may
+                // have waited behind the message that made it so.
+                if outgoing
+                    .still_wanted
+                    .as_ref()
+                    .is_some_and(|wanted| !wanted())
+                {
+                    let _ = reply.send(Err(ServerError::Withdrawn { server }));
+                    return;
+                }
                 let attempt = self.current_attempt().unwrap_or_default();
                 self.send_on(LiveConnection { conn, attempt }, outgoing, reply)
                     .await;

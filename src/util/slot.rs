@@ -49,30 +49,56 @@ impl<M: Send + 'static> ActorSlot<M> {
     /// and being rebuilt, waits for the new one. `None` when nobody answered.
     ///
     /// An actor killed with the message in its mailbox drops it unanswered: it is asked
-    /// of the rebuilt actor. So a message may be handled twice (when its actor died
-    /// after handling it and before answering): what is asked through a slot is safe
-    /// to repeat (grants, flushes, registrations), or says why not (a server added
-    /// again exists already).
+    /// of the rebuilt actor (up to [`RETRIES`] times, within [`REBUILD_WAIT`] of the
+    /// first failure). So a message may be handled twice (when its actor died after
+    /// handling it and before answering): what is asked through a slot is safe to
+    /// repeat (grants, flushes, registrations), or says why not (a server added again
+    /// exists already). A live actor that drops a request unanswered has answered.
     pub async fn ask<T: Send + 'static>(
         &self,
         build: impl Fn(RpcReplyPort<T>) -> M,
         limit: Duration,
     ) -> Option<T> {
-        let started = Instant::now();
+        let mut failed: Option<Instant> = None;
+        let mut retries = 0;
         loop {
             if let Some(actor) = self.get() {
                 match actor.call(&build, Some(limit)).await {
                     Ok(ractor::rpc::CallResult::Success(v)) => return Some(v),
                     Ok(ractor::rpc::CallResult::Timeout) => return None,
-                    // Unanswered (dropped with its mailbox), or dead: its supervisor is
-                    // rebuilding it.
-                    Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {}
+                    Ok(ractor::rpc::CallResult::SenderError) => {
+                        retries += 1;
+                        if retries > RETRIES || !stopping(&actor).await {
+                            return None;
+                        }
+                    }
+                    // Dead: its supervisor is rebuilding it.
+                    Err(_) => {}
                 }
             }
-            if started.elapsed() > REBUILD_WAIT {
+            let since = *failed.get_or_insert_with(Instant::now);
+            if since.elapsed() > REBUILD_WAIT {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// How many times a request dropped with a killed actor's mailbox is asked again.
+const RETRIES: usize = 3;
+
+/// Whether `actor` is stopping (killed, its mailbox dropped), as seen within a moment:
+/// a request it dropped unanswered while it runs on was its answer.
+async fn stopping<M>(actor: &ActorRef<M>) -> bool {
+    let until = Instant::now() + Duration::from_millis(200);
+    loop {
+        if !ractor::ACTIVE_STATES.contains(&actor.get_status()) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

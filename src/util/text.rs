@@ -46,26 +46,34 @@ pub fn hidden(c: char) -> bool {
 /// same JSON to a parser. Such characters can only be inside strings, where the escape
 /// means the same. JSON that has none (the usual) is left untouched, found in one pass.
 pub fn json_inert(json: &mut Vec<u8>) {
-    // Every such character is DEL or starts with a byte of 0xC2 or more. No early
-    // exit: the whole line is checked in one vectorized pass (it is on a call's path).
-    if !json
-        .iter()
-        .fold(false, |seen, &b| seen | (b == 0x7f) | (b >= 0xc2))
-    {
+    // Every such character is DEL or starts with one of four lead bytes in UTF-8 (C1
+    // and U+0085: C2; U+061C: D8; U+200B to U+206x: E2; U+FEFF: EF), so most text that
+    // is not ASCII (accents, CJK) is not looked at twice. No early exit: the whole line
+    // is checked in one vectorized pass (it is on a call's path).
+    let suspect = json.iter().fold(false, |seen, &b| {
+        seen | (b == 0x7f) | (b == 0xc2) | (b == 0xd8) | (b == 0xe2) | (b == 0xef)
+    });
+    if !suspect {
         return;
     }
     let Ok(text) = std::str::from_utf8(json) else {
         return;
     };
+    let acts = |c: char| c.is_control() && c != '\n' || hidden(c);
+    if !text.chars().any(acts) {
+        return;
+    }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        if c.is_control() && c != '\n' || hidden(c) {
+        if acts(c) {
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
         }
     }
-    *json = out.into_bytes();
+    // Into the same buffer: the caller's is kept for the next line.
+    json.clear();
+    json.extend_from_slice(out.as_bytes());
 }
 
 /// `text` as one line of at most `max` characters (then `…`), with control and

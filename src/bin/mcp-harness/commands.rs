@@ -238,7 +238,6 @@ pub async fn go_on_without_unsettled(harness: &HarnessHandle, wait: Duration) {
     }
 }
 
-/// Prints one line per enabled server that failed to start; true if there was one.
 /// Prints one line per server the caller may use that could not be listed and has not
 /// failed ([`report_failed`] names those); true if there was one.
 fn report_unlisted(listing: &mcp_harness::call::Listing) -> bool {
@@ -255,6 +254,7 @@ fn report_unlisted(listing: &mcp_harness::call::Listing) -> bool {
     any
 }
 
+/// Prints one line per enabled server that failed to start; true if there was one.
 fn report_failed(harness: &HarnessHandle) -> bool {
     let mut any = false;
     for s in harness.status() {

@@ -46,13 +46,15 @@ fn prompt_lock() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Lines typed on the terminal, read by one thread of their own for the process's life
-/// (`None` at the end of input). A read on the blocking pool could not be given up: a
-/// question withdrawn (its call cancelled, past its deadline, or the program
-/// interrupted) would hold its thread, the prompt, and the runtime's shutdown until
-/// the next Enter.
-fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Option<String>>> {
-    static LINES: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<Option<String>>>> =
+/// A line typed on the terminal (`None`: the end of input), and when it was read.
+type Typed = (std::time::Instant, Option<String>);
+
+/// Lines typed on the terminal, read by one thread of their own for the process's life.
+/// A read on the blocking pool could not be given up: a question withdrawn (its call
+/// cancelled, past its deadline, or the program interrupted) would hold its thread, the
+/// prompt, and the runtime's shutdown until the next Enter.
+fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Typed>> {
+    static LINES: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<Typed>>> =
         std::sync::OnceLock::new();
     LINES.get_or_init(|| {
         // A rendezvous: a line is read ahead only as far as one held for the next
@@ -65,7 +67,8 @@ fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Option<S
                     let mut line = String::new();
                     let read = std::io::stdin().lock().read_line(&mut line);
                     let end = matches!(read, Ok(0) | Err(_));
-                    if tx.send((!end).then_some(line)).is_err() || end {
+                    let typed = (std::time::Instant::now(), (!end).then_some(line));
+                    if tx.send(typed).is_err() || end {
                         return;
                     }
                 }
@@ -102,20 +105,29 @@ impl Asker {
     }
 
     /// Shows `prompt` and waits for a line; `None` at the end of input or once the
-    /// question is withdrawn.
+    /// question is withdrawn. A line typed after a question was withdrawn and before
+    /// this one was shown was meant for that one: it is dropped, never taken as the
+    /// answer to a question its typist has not seen.
     fn ask(&self, prompt: &str) -> Option<String> {
+        static WITHDRAWN: std::sync::Mutex<Option<std::time::Instant>> =
+            std::sync::Mutex::new(None);
         if self.withdrawn() {
             return None;
         }
         eprint!("{prompt}");
         let _ = std::io::stderr().flush();
+        let shown = std::time::Instant::now();
+        let last_withdrawn = *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner());
         let lines = typed_lines()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         loop {
             match lines.recv_timeout(std::time::Duration::from_millis(100)) {
-                Ok(line) => return line,
+                Ok((at, Some(_))) if last_withdrawn.is_some_and(|w| at > w && at < shown) => {}
+                Ok((_, line)) => return line,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
+                    *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(std::time::Instant::now());
                     eprintln!("\n(the question was withdrawn)");
                     return None;
                 }

@@ -324,6 +324,15 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         _ => (None, None),
     };
     let login = matches!(action, Action::Login { .. });
+    let watching = matches!(action, Action::Status { watch: true, .. });
+    // Ctrl-C (or SIGTERM) is how a watch ends; anything else it interrupts.
+    let stopped_with = |code: u8| {
+        if watching {
+            return commands::OK;
+        }
+        eprintln!("\nmcp-harness: interrupted; stopping servers");
+        code
+    };
     let mut stop = signals::Stop::install();
     let harness = commands::start(&setup, &servers, answers, login).await?;
     let stopped = tokio::select! {
@@ -331,9 +340,11 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         code = stop.recv() => Some(code),
     };
     if let Some(code) = stopped {
-        eprintln!("\nmcp-harness: interrupted; stopping servers");
-        let health = harness.shutdown().await;
-        return Ok(commands::audited(code, &health));
+        let code = stopped_with(code);
+        return Ok(match shut_down(&harness, &mut stop).await {
+            Ok(health) => commands::audited(code, &health),
+            Err(again) => again,
+        });
     }
     if !matches!(action, Action::Status { .. } | Action::Login { .. }) {
         commands::go_on_without_unsettled(&harness, servers.wait).await;
@@ -358,19 +369,29 @@ async fn run(command: Command) -> anyhow::Result<u8> {
     };
     let outcome = tokio::select! {
         r = work => r,
-        code = stop.recv() => {
-            if matches!(action, Action::Status { watch: true, .. }) {
-                // Ctrl-C is how a watch ends.
-                Ok(commands::OK)
-            } else {
-                eprintln!("\nmcp-harness: interrupted; stopping servers");
-                Ok(code)
-            }
-        }
+        code = stop.recv() => Ok(stopped_with(code)),
     };
     telemetry::flush_metrics().await;
-    let health = harness.shutdown().await;
-    outcome.map(|code| commands::audited(code, &health))
+    match shut_down(&harness, &mut stop).await {
+        Ok(health) => outcome.map(|code| commands::audited(code, &health)),
+        Err(again) => Ok(again),
+    }
+}
+
+/// Shuts the harness down gracefully; a signal meanwhile (the second, when one began
+/// it) ends the program at once, with that signal's code: the servers are killed as
+/// their handles go with the runtime.
+async fn shut_down(
+    harness: &mcp_harness::HarnessHandle,
+    stop: &mut signals::Stop,
+) -> Result<mcp_harness::audit::AuditHealth, u8> {
+    tokio::select! {
+        health = harness.shutdown() => Ok(health),
+        again = stop.recv() => {
+            eprintln!("mcp-harness: stopping at once");
+            Err(again)
+        }
+    }
 }
 
 enum Action {

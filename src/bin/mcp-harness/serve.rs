@@ -50,13 +50,12 @@ impl mcp_harness::InputHandler for DeclineOutsideCalls {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if args.new_key {
-        // Named by when it was made: ids must differ across the keys in force, and a
-        // process id does not (every container's first process is 1).
+        // Named by when it was made, to the microsecond: ids must differ across the
+        // keys in force, and a process id does not (every container's first is 1).
         let made = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
             .unwrap_or_default();
-        let kid = format!("k{made}");
+        let kid = format!("k{}-{:06}", made.as_secs(), made.subsec_micros());
         println!("{kid}:{}", gateway::seal::new_key()?);
         return Ok(commands::OK);
     }

@@ -491,7 +491,9 @@ async fn read_loop(
                 Peeked::Result(id) => deliver(&shared, id, Delivery::Line(line.to_vec())),
                 Peeked::Other => on_message(&shared, &inbound, Message::parse(&line), &line),
             }
-            // One large message's buffer is not kept for the connection's life.
+            // One large message's buffer is not kept for the connection's life (the
+            // next read clears it anyway).
+            line.clear();
             line.shrink_to(KEPT_BUFFER);
         }
     };
