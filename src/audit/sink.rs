@@ -578,7 +578,9 @@ mod tests {
             let shared = sink.shared.clone();
             std::thread::spawn(move || shared.write_pending())
         };
+        let began = std::time::Instant::now();
         while !sink.writing() {
+            assert!(began.elapsed().as_secs() < 30, "the write never began");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         std::thread::sleep(STALLED_WRITE + std::time::Duration::from_millis(100));

@@ -237,7 +237,8 @@ async fn shut_down(services: &Services) {
         // Its actor died meanwhile, and is not rebuilt while the harness stops: what
         // it would have written is written here, before `shutdown()` returns. (A write
         // under way, stuck, would hold this one too: what waits behind it is reported
-        // unwritten.)
-        services.audit_sink.write_now().await;
+        // unwritten; and a sync that hangs is given up after a while, its thread left.)
+        let limit = Duration::from_secs(5);
+        let _ = tokio::time::timeout(limit, services.audit_sink.write_now()).await;
     }
 }

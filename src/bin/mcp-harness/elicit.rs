@@ -117,7 +117,9 @@ impl Asker {
         eprint!("{prompt}");
         let _ = std::io::stderr().flush();
         let shown = std::time::Instant::now();
-        let last_withdrawn = *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the first question after a withdrawal drops lines: later ones take what
+        // is typed ahead for them.
+        let last_withdrawn = WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()).take();
         let lines = typed_lines()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -289,7 +289,14 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         ),
         Command::Status {
             from: Some(url), ..
-        } => return watch::watch(watch::Source::Gateway(url)).await,
+        } => {
+            // Ctrl-C (or SIGTERM) is how a watch ends.
+            let mut stop = signals::Stop::install();
+            let stopped = async move {
+                stop.recv().await;
+            };
+            return watch::watch(watch::Source::Gateway(url), stopped).await;
+        }
         Command::Status {
             servers,
             json,
@@ -362,7 +369,10 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                 let args = args.clone().unwrap_or_else(|| serde_json::json!({}));
                 commands::call(&harness, &agent, tool, args, *json).await
             }
-            Action::Status { watch: true, .. } => watch::watch(watch::Source::Own(&harness)).await,
+            // The signal that ends it is taken below, with the others.
+            Action::Status { watch: true, .. } => {
+                watch::watch(watch::Source::Own(&harness), std::future::pending()).await
+            }
             Action::Status { json, .. } => commands::status(&harness, *json),
             Action::Login { server } => sign_in::login(&harness, server).await,
         }

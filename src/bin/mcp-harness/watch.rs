@@ -208,8 +208,12 @@ pub enum Source<'a> {
     Gateway(String),
 }
 
-/// Redraws the table every second until Ctrl-C.
-pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
+/// Redraws the table every second until `stop` (Ctrl-C or SIGTERM, which its caller
+/// catches).
+pub async fn watch(
+    source: Source<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<u8> {
     let terminal = std::io::stdout().is_terminal();
     let http = match &source {
         Source::Gateway(_) => {
@@ -226,7 +230,7 @@ pub async fn watch(source: Source<'_>) -> anyhow::Result<u8> {
         Source::Own(_) => None,
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut interrupted = std::pin::pin!(stop);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
