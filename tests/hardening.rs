@@ -558,6 +558,47 @@ async fn an_audit_write_that_never_returns_counts_as_failing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// Shutting down while an audit write is stuck (a pipe no one reads) takes a few
+// seconds, not the flush's whole limit (30 s, past a container's usual grace): what
+// waits behind the write is reported unwritten.
+#[tokio::test]
+async fn shutdown_with_an_audit_write_stuck_ends_within_seconds() {
+    let (dir, fifo) = fifo_in("stuck-at-shutdown");
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("open the reading end");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(fifo.clone()),
+        flush_every: Duration::from_millis(20),
+        on_failure: AuditFailure::KeepServing,
+        redaction: mcp_harness::audit::Redaction::Full,
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    let big = json!({"text": "x".repeat(16 * 1024)});
+    // Until the pipe (64 KiB) is full and a write is stuck in it.
+    let mut made = 0;
+    while h.audit_health().writable {
+        h.call_tool(&a(), "s__echo", big.clone())
+            .await
+            .expect("keep_serving lets calls in");
+        made += 1;
+        assert!(made < 2_000, "the writer never got stuck");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let health = tokio::time::timeout(Duration::from_secs(20), h.shutdown())
+        .await
+        .expect("shutdown ends within seconds");
+    assert!(health.backlog > 0, "{health:?}");
+    // The stuck write's thread goes once the pipe is read.
+    drop(reader);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The harness's warnings, as this thread's subscriber sees them: a test's runtime runs
 /// on its thread (the harness's tasks too), so it sees only this test's harness.
 fn warn_logs() -> (Logs, tracing::subscriber::DefaultGuard) {

@@ -128,8 +128,13 @@ impl Shared {
     pub(super) fn write_pending(&self) {
         let mut file = self.file.lock();
         let mut retry = self.retry.lock();
-        retry.append(&mut self.pending.lock());
-        self.retrying.store(retry.records, Ordering::SeqCst);
+        {
+            // Moved and counted under `pending`'s lock, which `health` reads both
+            // under: a batch is never counted in both places.
+            let mut pending = self.pending.lock();
+            retry.append(&mut pending);
+            self.retrying.store(retry.records, Ordering::SeqCst);
+        }
         if retry.records == 0 {
             return;
         }
@@ -353,6 +358,18 @@ impl AuditSink {
         self.shared.writing_since.load(Ordering::SeqCst) != 0
     }
 
+    /// Waits up to `limit` for no write to be under way; false if one still is.
+    pub(crate) async fn settled(&self, limit: std::time::Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        while self.writing() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     /// Writes what is buffered and syncs the file, on a blocking thread: the audit
     /// actor's flush, done without it (it died while the harness shut down, when it is
     /// not rebuilt).
@@ -372,8 +389,10 @@ impl AuditSink {
         let s = &self.shared;
         // Never `retry`'s lock: the writer holds it during I/O, and takes it before
         // `pending` (holding `pending` while taking it here deadlocked).
-        let pending = s.pending.lock().records;
-        let retried = s.retrying.load(Ordering::SeqCst);
+        let (pending, retried) = {
+            let pending = s.pending.lock();
+            (pending.records, s.retrying.load(Ordering::SeqCst))
+        };
         let failing = s.failing();
         AuditHealth {
             writable: failing.is_none(),
