@@ -473,14 +473,13 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-// A pipe that is read no more holds the audit writer inside a write that never
-// returns (no error): after a few seconds that counts as failing, so `fail_closed`
-// refuses calls (before, every call went on and the records piled up in memory), and
-// once the pipe is read again the calls come back and every record is there.
-#[tokio::test]
-async fn an_audit_write_that_never_returns_counts_as_failing() {
-    let (dir, fifo) = fifo_in("stalled-fifo");
-    // A reader that opens the pipe and does not read it (yet).
+/// A harness whose audit file is a pipe in a fresh directory `name`, opened for reading
+/// (not blocking) and not read yet, with arguments recorded in full.
+async fn audit_to_an_unread_pipe(
+    name: &str,
+    on_failure: AuditFailure,
+) -> (std::path::PathBuf, std::fs::File, HarnessHandle) {
+    let (dir, fifo) = fifo_in(name);
     use std::os::unix::fs::OpenOptionsExt;
     let reader = std::fs::OpenOptions::new()
         .read(true)
@@ -489,15 +488,28 @@ async fn an_audit_write_that_never_returns_counts_as_failing() {
         .expect("open the reading end");
     let mut cfg = config(vec![demo_server("s", &[])]);
     cfg.audit = AuditConfig {
-        path: Some(fifo.clone()),
+        path: Some(fifo),
         flush_every: Duration::from_millis(20),
-        on_failure: AuditFailure::FailClosed,
+        on_failure,
         redaction: mcp_harness::audit::Redaction::Full,
         ..AuditConfig::default()
     };
-    let h = start_ready(cfg).await;
-    // 16 KiB of arguments a record: the pipe (64 KiB) fills within a few calls.
-    let big = json!({"text": "x".repeat(16 * 1024)});
+    (dir, reader, start_ready(cfg).await)
+}
+
+/// 16 KiB of arguments a record: a pipe (64 KiB) fills within a few calls.
+fn big_arguments() -> Value {
+    json!({"text": "x".repeat(16 * 1024)})
+}
+
+// A pipe that is read no more holds the audit writer inside a write that never
+// returns (no error): after a few seconds that counts as failing, so `fail_closed`
+// refuses calls (before, every call went on and the records piled up in memory), and
+// once the pipe is read again the calls come back and every record is there.
+#[tokio::test]
+async fn an_audit_write_that_never_returns_counts_as_failing() {
+    let (dir, reader, h) = audit_to_an_unread_pipe("stalled-fifo", AuditFailure::FailClosed).await;
+    let big = big_arguments();
     let mut made = 0;
     let refused = loop {
         match h.call_tool(&a(), "s__echo", big.clone()).await {
@@ -563,23 +575,9 @@ async fn an_audit_write_that_never_returns_counts_as_failing() {
 // waits behind the write is reported unwritten.
 #[tokio::test]
 async fn shutdown_with_an_audit_write_stuck_ends_within_seconds() {
-    let (dir, fifo) = fifo_in("stuck-at-shutdown");
-    use std::os::unix::fs::OpenOptionsExt;
-    let reader = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .expect("open the reading end");
-    let mut cfg = config(vec![demo_server("s", &[])]);
-    cfg.audit = AuditConfig {
-        path: Some(fifo.clone()),
-        flush_every: Duration::from_millis(20),
-        on_failure: AuditFailure::KeepServing,
-        redaction: mcp_harness::audit::Redaction::Full,
-        ..AuditConfig::default()
-    };
-    let h = start_ready(cfg).await;
-    let big = json!({"text": "x".repeat(16 * 1024)});
+    let (dir, reader, h) =
+        audit_to_an_unread_pipe("stuck-at-shutdown", AuditFailure::KeepServing).await;
+    let big = big_arguments();
     // Until the pipe (64 KiB) is full and a write is stuck in it.
     let mut made = 0;
     while h.audit_health().writable {
