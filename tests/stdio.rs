@@ -257,6 +257,43 @@ async fn what_a_server_sends_during_the_handshake_waits_within_a_byte_budget() {
     conn.shutdown().await;
 }
 
+// A legacy server may ping before `initialized` and wait for the answer before it
+// replies to `initialize`. Before, the ping went unanswered until the handshake was
+// done, which it never was: the connection failed at its timeout. What else it sent
+// meanwhile (here three log messages, at the probe) still arrives, after the handshake.
+#[tokio::test]
+async fn a_legacy_server_that_pings_before_answering_initialize_is_answered() {
+    let spec = demo_stdio(&[
+        "pinger",
+        "--era",
+        "legacy",
+        "--ping-before-initialize",
+        "--notify-at-discover",
+        "3",
+    ]);
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_secs(5),
+        ..options()
+    };
+    let (conn, mut events) = Connection::connect("pinger", spec, opts)
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    for _ in 0..3 {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
+        assert!(
+            matches!(event, Ok(Some(ServerEvent::Notification(ref n))) if n.method == "notifications/message"),
+            "{event:?}"
+        );
+    }
+    let r = conn
+        .request("tools/call", call("add", json!({"a": 2, "b": 40})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "42");
+    conn.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_modern_mrtr_round_keeps_keys_and_echoes_request_state_exactly() {
     let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())

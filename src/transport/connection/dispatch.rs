@@ -1,5 +1,7 @@
 //! The server's own traffic: answers `ping`, refuses requests from modern servers, and
-//! hands the rest up as [`ServerEvent`]s without ever blocking on the layer above.
+//! hands the rest up as [`ServerEvent`]s without ever blocking on the layer above. It
+//! starts once the handshake is done; a legacy server's pings during the handshake are
+//! answered by the handshake ([`super::handshake::answering_pings`]).
 //!
 //! Legacy server requests are bounded: at most `max_server_requests` wait for an answer
 //! at once (more are refused with a JSON-RPC error), and `elicitation/create` or
@@ -12,6 +14,7 @@
 //! slow to take them (an HTTP POST each) holds up its other traffic that long at most,
 //! and a burst to a server that takes them at once is answered whole.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::Weak;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,32 +57,46 @@ pub(super) struct Dispatch {
 }
 
 impl Dispatch {
-    pub(super) async fn run(self, mut inbound: mpsc::Receiver<Queued>) {
-        // Each message's bytes count against the channel's until it is handled.
-        while let Some(Queued {
-            message,
-            charge: _charge,
-        }) = inbound.recv().await
-        {
-            match message {
-                Inbound::Request(request) => self.on_request(request).await,
-                Inbound::Notification(n) => {
-                    let Err(n) = self.subscriptions.route(n) else {
-                        continue;
-                    };
-                    if self.events.try_send(ServerEvent::Notification(n)).is_err() {
-                        tracing::debug!(
-                            server = %self.server,
-                            "server notification dropped: event channel full or closed"
-                        );
-                    }
-                }
-                Inbound::Closed(error) => {
-                    let _ = self.events.send(ServerEvent::Closed(error)).await;
-                    return;
-                }
+    /// Handles `held` (what came during the handshake), then the channel, until the
+    /// transport ends.
+    pub(super) async fn run(self, held: Vec<Queued>, mut inbound: mpsc::Receiver<Queued>) {
+        for queued in held {
+            if self.on_inbound(queued).await.is_break() {
+                return;
             }
         }
+        while let Some(queued) = inbound.recv().await {
+            if self.on_inbound(queued).await.is_break() {
+                return;
+            }
+        }
+    }
+
+    async fn on_inbound(&self, queued: Queued) -> ControlFlow<()> {
+        // Its bytes count against the channel's until it is handled.
+        let Queued {
+            message,
+            charge: _charge,
+        } = queued;
+        match message {
+            Inbound::Request(request) => self.on_request(request).await,
+            Inbound::Notification(n) => {
+                let Err(n) = self.subscriptions.route(n) else {
+                    return ControlFlow::Continue(());
+                };
+                if self.events.try_send(ServerEvent::Notification(n)).is_err() {
+                    tracing::debug!(
+                        server = %self.server,
+                        "server notification dropped: event channel full or closed"
+                    );
+                }
+            }
+            Inbound::Closed(error) => {
+                let _ = self.events.send(ServerEvent::Closed(error)).await;
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
     }
 
     /// Logs a refusal of the server's request `named` (cut and escaped), unless the

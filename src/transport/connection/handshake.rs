@@ -1,7 +1,10 @@
 //! The legacy handshake (`initialize`, then `notifications/initialized`), and the
 //! envelope and version choice both eras start from.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use super::options::ConnectOptions;
 use crate::protocol::meta::{LEGACY_2025_11_25, LEGACY_VERSIONS};
@@ -9,7 +12,7 @@ use crate::protocol::views::InitializeResult;
 use crate::protocol::{MetaEnvelope, Notification, Request};
 use crate::transport::Transport;
 use crate::transport::error::ConnectError;
-use crate::transport::inbound::Ids;
+use crate::transport::inbound::{Ids, Inbound, Queued};
 
 /// The `_meta` envelope for `version` with the options' capabilities and identity.
 pub(super) fn envelope(options: &ConnectOptions, version: &str) -> MetaEnvelope {
@@ -68,4 +71,34 @@ pub(super) async fn initialize(
         .await?;
     transport.begin_legacy_session(&result.protocol_version, params);
     Ok(result)
+}
+
+/// Runs `handshake` while answering the server's pings. A legacy server may ping before
+/// `initialized` (the one request the protocol lets it send then) and wait for the
+/// answer before it replies to `initialize`; unanswered until the dispatcher starts, it
+/// would hang the handshake to its timeout. Everything else the server sends meanwhile
+/// is held, in order, for the dispatcher: at most `limit` messages, past which they
+/// stay in the inbound channel, which drops what it has no room for.
+pub(super) async fn answering_pings<T>(
+    transport: &Transport,
+    inbound: &mut mpsc::Receiver<Queued>,
+    held: &mut Vec<Queued>,
+    limit: usize,
+    timeout: Duration,
+    handshake: impl Future<Output = T>,
+) -> T {
+    let mut handshake = std::pin::pin!(handshake);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut handshake => return done,
+            Some(queued) = inbound.recv(), if held.len() < limit => match queued.message {
+                Inbound::Request(ping) if ping.method == "ping" => {
+                    // The handshake's own deadline runs on meanwhile.
+                    let _ = transport.respond(ping.id, Ok(json!({})), timeout).await;
+                }
+                _ => held.push(queued),
+            },
+        }
+    }
 }

@@ -43,7 +43,7 @@ use super::inbound::{Ids, Queued};
 use super::spec::TransportSpec;
 use crate::protocol::{MetaEnvelope, Notification, RequestRef, RpcError, RpcErrorKind, Stamp};
 use dispatch::Dispatch;
-use handshake::{envelope, initialize, pick_version};
+use handshake::{answering_pings, envelope, initialize, pick_version};
 use probe::{Probe, probe};
 
 /// The methods that are calls (they may carry `input_required` rounds and legitimize a
@@ -120,10 +120,15 @@ fn open(
 /// server began is ended rather than left to expire.
 async fn legacy_handshake(
     transport: &Transport,
+    inbound: &mut mpsc::Receiver<Queued>,
+    held: &mut Vec<Queued>,
     ids: &Ids,
     options: &ConnectOptions,
 ) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
-    match initialize(transport, ids, options).await {
+    let handshake = initialize(transport, ids, options);
+    let limit = options.event_capacity;
+    let timeout = options.request_timeout;
+    match answering_pings(transport, inbound, held, limit, timeout, handshake).await {
         Ok(result) => Ok(result),
         Err(e) => {
             transport.shutdown(options.shutdown_grace).await;
@@ -153,6 +158,8 @@ impl Connection {
     ) -> Result<(Connection, mpsc::Receiver<ServerEvent>), ConnectError> {
         let ids = Ids::new();
         let (mut transport, mut inbound) = open(server, &spec, &options, &ids)?;
+        // What the server sent during a legacy handshake besides pings and replies.
+        let mut held = Vec::new();
         let probe = match options.era {
             EraPreference::Legacy => Probe::Legacy("configured as legacy".into()),
             EraPreference::Auto | EraPreference::Modern => {
@@ -176,7 +183,9 @@ impl Connection {
             }
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
-                ServerProfile::Legacy(legacy_handshake(&transport, &ids, &options).await?)
+                let handshake =
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
             }
             (Probe::Exited, _) => {
                 tracing::info!(
@@ -185,7 +194,9 @@ impl Connection {
                 );
                 transport.shutdown(options.shutdown_grace).await;
                 (transport, inbound) = open(server, &spec, &options, &ids)?;
-                ServerProfile::Legacy(legacy_handshake(&transport, &ids, &options).await?)
+                let handshake =
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
             }
         };
         let envelope = envelope(&options, profile.protocol_version());
@@ -206,7 +217,7 @@ impl Connection {
             allow_unsolicited_input,
             refused: Default::default(),
         };
-        let dispatcher = tokio::spawn(dispatch.run(inbound));
+        let dispatcher = tokio::spawn(dispatch.run(held, inbound));
         tracing::info!(
             server,
             era = profile.era().as_str(),

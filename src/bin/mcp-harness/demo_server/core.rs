@@ -296,6 +296,12 @@ impl DemoServer {
         if let Some(until) = frozen {
             tokio::time::sleep_until(until.into()).await;
         }
+        if self.args.ping_before_initialize
+            && request.method == "initialize"
+            && let Err(e) = ctx.peer.request("ping", json!({})).await
+        {
+            return Action::Reply(Err(e));
+        }
         if let Some(action) = self.before_session(&request, &ctx) {
             return action;
         }

@@ -140,6 +140,10 @@ pub struct DemoServerArgs {
     /// refusal's headers all the same (a server that begins a session it then refuses).
     #[arg(long)]
     pub refuse_initialize_with_session: bool,
+    /// Before answering a legacy `initialize`, ping the client and wait for its answer
+    /// (the protocol lets a server ping before `initialized`).
+    #[arg(long)]
+    pub ping_before_initialize: bool,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
