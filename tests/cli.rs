@@ -35,6 +35,52 @@ fn write(name: &str, text: &str) -> std::path::PathBuf {
     path
 }
 
+// A variable often holds a secret: an error about the value it put in quotes the
+// variable as written, in the harness's own tables and in those read later (the
+// gateway's, the exporters'). Before, serde's type errors quoted the secret itself.
+#[test]
+fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
+    let secret = "s3cr3t-Token-Value";
+    let server = format!(
+        "[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?} }}\n",
+        harness_exe()
+    );
+    let cases = [
+        ("round_cap = \"${MCP_HARNESS_SECRET}\"\n", "tools"),
+        ("call_timeout = \"${MCP_HARNESS_SECRET}\"\n", "tools"),
+        (
+            "[gateway]\nmax_streams = \"${MCP_HARNESS_SECRET}\"\n",
+            "serve",
+        ),
+        (
+            "[telemetry]\ntraces = \"${env:MCP_HARNESS_SECRET}\"\n",
+            "tools",
+        ),
+    ];
+    for (i, (table, command)) in cases.into_iter().enumerate() {
+        let (top, rest) = match table.starts_with('[') {
+            true => (String::new(), table.to_string()),
+            false => (table.to_string(), String::new()),
+        };
+        let path = write(&format!("secret{i}.toml"), &format!("{top}{server}{rest}"));
+        let p = path.to_string_lossy().to_string();
+        let mut args = vec![command, "--config", &p];
+        if command == "serve" {
+            args.extend(["--listen", "127.0.0.1:0", "--dev-keys"]);
+        }
+        let o = Command::new(harness_exe())
+            .args(&args)
+            .env("MCP_HARNESS_SECRET", secret)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{table}: {err}");
+        assert!(!err.contains(secret), "{table}: {err}");
+        assert!(err.contains("MCP_HARNESS_SECRET}"), "{table}: {err}");
+    }
+}
+
 #[test]
 fn tools_lists_stdio_servers_of_both_eras_as_text_and_json() {
     let (modern, legacy) = (demo_cmd("alpha"), demo_cmd("beta --era legacy"));

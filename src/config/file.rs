@@ -10,6 +10,9 @@
 //! clients: keys this crate does not use are ignored with a warning, a name that is not
 //! a valid server id is mapped to one (the mapping is reported), and a server that needs
 //! VS Code's prompted `${input:…}` is imported disabled, with a warning.
+//!
+//! A variable often holds a secret (a token in a header), so the errors about a file
+//! quote its `${…}` as written where they would quote the value it put in.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,11 +39,61 @@ pub struct Loaded {
     pub gateway: Option<Value>,
     /// The `[telemetry]` table, as written (read by the command line's exporter).
     pub telemetry: Option<Value>,
+    /// The values the environment put in, to keep out of errors about the tables read
+    /// later (`gateway`, `telemetry`): see [`Substituted::redact`].
+    pub substituted: Substituted,
 }
 
-/// The value of one `${…}` (its text between the braces), or `None` for VS Code's
-/// `${input:ID}`, a prompt no one here can answer.
-fn variable(inner: &str, file: &Path) -> Result<Option<String>, ConfigError> {
+/// The values `${…}` took from the environment, each with its `${…}` as written.
+#[derive(Clone, Debug, Default)]
+pub struct Substituted(Vec<(String, String)>);
+
+impl Substituted {
+    /// Below this length a value is put back only where quoted (`"v"`, `` `v` ``, as
+    /// serde's errors quote), not wherever its text happens to occur.
+    const BARE: usize = 8;
+
+    /// `text` (an error about the config) with each value that came from the
+    /// environment replaced by its `${…}` as written.
+    pub fn redact(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for (value, written) in &self.0 {
+            text = text
+                .replace(&format!("{value:?}"), &format!("{written:?}"))
+                .replace(&format!("`{value}`"), &format!("`{written}`"));
+            if value.chars().count() >= Self::BARE {
+                text = text.replace(value.as_str(), written);
+            }
+        }
+        text
+    }
+
+    /// `error` with its reason redacted.
+    fn error(&self, mut error: ConfigError) -> ConfigError {
+        error.reason = self.redact(&error.reason);
+        error
+    }
+
+    fn note(&mut self, value: &str, written: String) {
+        if !value.is_empty() && !self.0.iter().any(|(v, _)| v == value) {
+            self.0.push((value.to_string(), written));
+            // The longest first, so that a value inside another is not put back into it.
+            self.0.sort_by_key(|(v, _)| std::cmp::Reverse(v.len()));
+        }
+    }
+}
+
+/// What [`substitute`] met: the ids of the `${input:…}` prompts, left as written, and
+/// the values it took from the environment.
+#[derive(Default)]
+struct Met {
+    prompts: Vec<String>,
+    substituted: Substituted,
+}
+
+/// The value of one `${…}` (its text between the braces), and whether the environment
+/// gave it; `None` for VS Code's `${input:ID}`, a prompt no one here can answer.
+fn variable(inner: &str, file: &Path) -> Result<Option<(String, bool)>, ConfigError> {
     let unset = |name: &str| {
         ConfigError::new(
             format!("${{{inner}}}"),
@@ -54,19 +107,27 @@ fn variable(inner: &str, file: &Path) -> Result<Option<String>, ConfigError> {
     if let Some((name, default)) = inner.split_once(":-") {
         let name = name.strip_prefix("env:").unwrap_or(name);
         let value = std::env::var(name).ok().filter(|v| !v.is_empty());
-        return Ok(Some(value.unwrap_or_else(|| default.to_string())));
+        return Ok(Some(match value {
+            Some(value) => (value, true),
+            None => (default.to_string(), false),
+        }));
     }
     match inner {
         "userHome" => std::env::var("HOME")
             .ok()
             .filter(|h| h.starts_with('/'))
-            .map(Some)
+            .map(|h| Some((h, false)))
             .ok_or_else(|| unset("HOME")),
-        "workspaceFolder" => Ok(Some(workspace(file).to_string_lossy().into_owned())),
-        "pathSeparator" | "/" => Ok(Some("/".into())),
+        "workspaceFolder" => Ok(Some((
+            workspace(file).to_string_lossy().into_owned(),
+            false,
+        ))),
+        "pathSeparator" | "/" => Ok(Some(("/".into(), false))),
         _ => {
             let name = inner.strip_prefix("env:").unwrap_or(inner);
-            std::env::var(name).map(Some).map_err(|_| unset(name))
+            std::env::var(name)
+                .map(|v| Some((v, true)))
+                .map_err(|_| unset(name))
         }
     }
 }
@@ -88,9 +149,8 @@ fn workspace(file: &Path) -> std::path::PathBuf {
     }
 }
 
-/// Replaces each `${…}` in every string of `v`; the ids of the `${input:…}` prompts it
-/// met, left as written, go to `prompts`.
-fn substitute(v: &mut Value, file: &Path, prompts: &mut Vec<String>) -> Result<(), ConfigError> {
+/// Replaces each `${…}` in every string of `v`, noting what it met in `met`.
+fn substitute(v: &mut Value, file: &Path, met: &mut Met) -> Result<(), ConfigError> {
     match v {
         Value::String(s) => {
             let mut out = String::new();
@@ -102,9 +162,14 @@ fn substitute(v: &mut Value, file: &Path, prompts: &mut Vec<String>) -> Result<(
                 let inner = &rest[start + 2..start + len];
                 out.push_str(&rest[..start]);
                 match variable(inner, file)? {
-                    Some(value) => out.push_str(&value),
+                    Some((value, from_env)) => {
+                        if from_env {
+                            met.substituted.note(&value, format!("${{{inner}}}"));
+                        }
+                        out.push_str(&value);
+                    }
                     None => {
-                        prompts.push(inner["input:".len()..].to_string());
+                        met.prompts.push(inner["input:".len()..].to_string());
                         out.push_str(&rest[start..=start + len]);
                     }
                 }
@@ -115,10 +180,10 @@ fn substitute(v: &mut Value, file: &Path, prompts: &mut Vec<String>) -> Result<(
         }
         Value::Array(items) => items
             .iter_mut()
-            .try_for_each(|i| substitute(i, file, prompts))?,
+            .try_for_each(|i| substitute(i, file, met))?,
         Value::Object(map) => map
             .values_mut()
-            .try_for_each(|i| substitute(i, file, prompts))?,
+            .try_for_each(|i| substitute(i, file, met))?,
         _ => {}
     }
     Ok(())
@@ -182,17 +247,21 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         // Each server's values on their own: one that needs a prompt is left off, and
         // the keys of other clients' own settings are not read.
         let mut prompted = std::collections::HashMap::new();
+        let mut met = Met::default();
         if let Some(Value::Object(servers)) = value.get_mut(servers_key) {
             for (name, entry) in servers.iter_mut() {
-                let mut prompts = Vec::new();
-                substitute(entry, path, &mut prompts)?;
-                if !prompts.is_empty() {
-                    prompted.insert(name.clone(), prompts);
+                substitute(entry, path, &mut met)?;
+                if !met.prompts.is_empty() {
+                    prompted.insert(name.clone(), std::mem::take(&mut met.prompts));
                 }
             }
         }
-        let (config, renamed) = import_mcp_servers(&value[servers_key], path, &prompted)?;
-        config.validate().map_err(|e| e.in_file(path))?;
+        let substituted = met.substituted;
+        let (config, renamed) = import_mcp_servers(&value[servers_key], path, &prompted)
+            .map_err(|e| substituted.error(e))?;
+        config
+            .validate()
+            .map_err(|e| substituted.error(e.in_file(path)))?;
         return Ok(Loaded {
             config,
             agent: None,
@@ -200,10 +269,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             imported: true,
             gateway: None,
             telemetry: None,
+            substituted,
         });
     }
-    let mut prompts = Vec::new();
-    substitute(&mut value, path, &mut prompts)?;
+    let mut met = Met::default();
+    substitute(&mut value, path, &mut met)?;
+    let Met {
+        prompts,
+        substituted,
+    } = met;
     if let Some(id) = prompts.first() {
         return Err(ConfigError::new(
             format!("${{input:{id}}}"),
@@ -221,9 +295,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let config: HarnessConfig = serde_path_to_error::deserialize(value).map_err(|e| {
         let at = e.path().to_string();
         let field = if at == "." { "(value)".into() } else { at };
-        ConfigError::new(field, e.inner().to_string()).in_file(path)
+        substituted.error(ConfigError::new(field, e.inner().to_string()).in_file(path))
     })?;
-    config.validate().map_err(|e| e.in_file(path))?;
+    config
+        .validate()
+        .map_err(|e| substituted.error(e.in_file(path)))?;
     Ok(Loaded {
         config,
         agent,
@@ -231,6 +307,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         imported: false,
         gateway,
         telemetry,
+        substituted,
     })
 }
 
@@ -613,6 +690,19 @@ mod tests {
         )
         .expect_err("a prompt");
         assert_eq!(e.field, "${input:cmd}");
+    }
+
+    #[test]
+    fn values_from_the_environment_are_put_back_as_written() {
+        let mut s = Substituted::default();
+        s.note("abc", "${SHORT}".into());
+        s.note("a-long\"secret", "${env:LONG}".into());
+        s.note("", "${EMPTY}".into());
+        let text = r#"invalid type: string "abc", expected u32; unknown variant `abc`; cabc; "a-long\"secret"; a-long"secret"#;
+        assert_eq!(
+            s.redact(text),
+            r#"invalid type: string "${SHORT}", expected u32; unknown variant `${SHORT}`; cabc; "${env:LONG}"; ${env:LONG}"#
+        );
     }
 
     #[test]

@@ -102,16 +102,18 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
             imported: false,
             gateway: None,
             telemetry: None,
+            substituted: Default::default(),
         },
     };
     // Read at start for the exporters; a mistake in it is the file's error.
     crate::telemetry::TelemetryConfig::from_value(loaded.telemetry.as_ref()).map_err(|e| {
         UsageError(anyhow::anyhow!(
-            "{}: {e:#}",
+            "{}: {}",
             args.config
                 .as_deref()
                 .unwrap_or(std::path::Path::new("-"))
-                .display()
+                .display(),
+            loaded.substituted.redact(&format!("{e:#}"))
         ))
     })?;
     // An OTEL_* variable that is set wins over the file, as for the exporters.

@@ -71,7 +71,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     servers.stdio.retain(|c| !c.is_empty());
     let setup = commands::load(&servers)?;
-    let config = GatewayConfig::from_value(setup.loaded.gateway.clone()).map_err(usage)?;
+    let config = GatewayConfig::from_value(setup.loaded.gateway.clone())
+        .map_err(|e| usage(redacted(e, &setup.loaded)))?;
     let sealer = if args.dev_keys {
         tracing::warn!("sealing with a key made now (--dev-keys): development only");
         Sealer::ephemeral(config.state_ttl).map_err(usage)?
@@ -311,7 +312,8 @@ async fn reload(
 ) -> anyhow::Result<gateway::Reloaded> {
     let setup = commands::load(servers)?;
     let telemetry_changed = setup.loaded.telemetry != at_start.telemetry;
-    let config = GatewayConfig::from_value(setup.loaded.gateway.clone())?;
+    let config = GatewayConfig::from_value(setup.loaded.gateway.clone())
+        .map_err(|e| redacted(e, &setup.loaded))?;
     let sealer = match dev_sealer {
         Some(s) => s.clone(),
         None => config.sealer()?,
@@ -352,5 +354,18 @@ async fn settle(harness: &mcp_harness::HarnessHandle, wait: Duration) {
             .any(|s| matches!(s.state, ServerState::Starting))
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A `[gateway]` table's error without the values `${…}` put in it.
+fn redacted(
+    e: gateway::GatewayError,
+    loaded: &mcp_harness::config::file::Loaded,
+) -> gateway::GatewayError {
+    match e {
+        gateway::GatewayError::Config(text) => {
+            gateway::GatewayError::Config(loaded.substituted.redact(&text))
+        }
+        other => other,
     }
 }
