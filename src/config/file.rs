@@ -2,14 +2,16 @@
 //! for Claude Desktop, Cursor and `.mcp.json` (or VS Code's `servers`), and servers named
 //! on a command line.
 //!
-//! TOML is read strictly: an unknown key or a bad value is an error naming the key and
-//! the file. `${VAR}` in any string value is replaced by the environment variable (an
+//! TOML is read strictly: an unknown key, a key written twice or a bad value is an
+//! error naming the key and the file (so is this crate's config written as JSON).
+//! `${VAR}` in any string value is replaced by the environment variable (an
 //! unset one is an error), in the forms other clients write too: `${VAR:-default}`
 //! (Claude Code), `${env:VAR}`, `${userHome}` and `${workspaceFolder}` (VS Code,
 //! Cursor). `mcpServers` files are read leniently, since the same file serves other
 //! clients: keys this crate does not use are ignored with a warning, a name that is not
-//! a valid server id is mapped to one (the mapping is reported), and a server that needs
-//! VS Code's prompted `${input:…}` is imported disabled, with a warning.
+//! a valid server id is mapped to one (the mapping is reported), of a key written twice
+//! the last is used with a warning (as `JSON.parse` does for the others), and a server
+//! that needs VS Code's prompted `${input:…}` is imported disabled, with a warning.
 //!
 //! A variable often holds a secret (a token in a header), so the errors about a file
 //! quote its `${…}` as written where they would quote the value it put in.
@@ -217,12 +219,14 @@ const HARNESS_KEYS: [&str; 11] = [
 /// [`load`] on text already read (`path` names it in errors and picks the format).
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let is_toml = path.extension().is_some_and(|e| e == "toml");
-    let mut value: Value = if is_toml {
-        toml::from_str(text).map_err(|e| {
+    // TOML refuses a key written twice itself.
+    let (mut value, twice): (Value, _) = if is_toml {
+        let value = toml::from_str(text).map_err(|e| {
             ConfigError::new("(syntax)", e.to_string().trim().to_string()).in_file(path)
-        })?
+        })?;
+        (value, Vec::new())
     } else {
-        serde_json::from_str(text)
+        super::json::read(text)
             .map_err(|e| ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path))?
     };
     let servers_key = if value.get("mcpServers").is_some() {
@@ -243,6 +247,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
                 "a file with mcpServers (or a servers table) is imported as another client's, and holds no harness settings: write the servers as [[servers]] in a harness config, or move the settings out",
             )
             .in_file(path));
+        }
+        // Read as the other clients that share the file read it: the last one wins.
+        if !twice.is_empty() {
+            tracing::warn!(file = %path.display(), keys = ?twice, "keys written twice; the last of each is used");
         }
         // Each server's values on their own: one that needs a prompt is left off, and
         // the keys of other clients' own settings are not read.
@@ -271,6 +279,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             telemetry: None,
             substituted,
         });
+    }
+    if let Some(key) = twice.first() {
+        return Err(ConfigError::new(key.as_str(), "is written twice").in_file(path));
     }
     let mut met = Met::default();
     substitute(&mut value, path, &mut met)?;
@@ -702,6 +713,35 @@ mod tests {
         assert_eq!(
             s.redact(text),
             r#"invalid type: string "${SHORT}", expected u32; unknown variant `${SHORT}`; cabc; "${env:LONG}"; ${env:LONG}"#
+        );
+    }
+
+    #[test]
+    fn a_key_written_twice_is_an_error_in_a_harness_config_and_the_last_in_mcp_servers() {
+        let e = parse(
+            r#"{"call_timeout": "5s", "servers": [], "call_timeout": "6s"}"#,
+            Path::new("h.json"),
+        )
+        .expect_err("twice");
+        assert_eq!(e.field, "call_timeout", "{e}");
+        assert!(e.reason.contains("twice"), "{e}");
+        let e = parse(
+            "call_timeout = \"5s\"\ncall_timeout = \"6s\"\n",
+            Path::new("h.toml"),
+        )
+        .expect_err("twice in TOML");
+        assert!(e.reason.contains("call_timeout"), "{e}");
+        let loaded = parse(
+            r#"{"mcpServers": {"s": {"command": "first"}, "s": {"command": "second"}}}"#,
+            Path::new("m.json"),
+        )
+        .expect("the last wins");
+        let [server] = &loaded.config.servers[..] else {
+            panic!("one server: {:?}", loaded.config.servers);
+        };
+        assert!(
+            matches!(&server.transport, TransportSpec::Stdio(s) if s.command == "second"),
+            "{server:?}"
         );
     }
 

@@ -9,6 +9,7 @@
 //! [`ConfigError`] names the file, the server and the field.
 
 pub mod file;
+mod json;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
