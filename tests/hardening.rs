@@ -474,10 +474,12 @@ fn item_05_an_audit_file_that_blocks_on_open_never_stalls_calls() {
 }
 
 /// A harness whose audit file is a pipe in a fresh directory `name`, opened for reading
-/// (not blocking) and not read yet, with arguments recorded in full.
+/// (not blocking) and not read yet, with arguments recorded in full, written every
+/// `flush_every`.
 async fn audit_to_an_unread_pipe(
     name: &str,
     on_failure: AuditFailure,
+    flush_every: Duration,
 ) -> (std::path::PathBuf, std::fs::File, HarnessHandle) {
     let (dir, fifo) = fifo_in(name);
     use std::os::unix::fs::OpenOptionsExt;
@@ -489,13 +491,15 @@ async fn audit_to_an_unread_pipe(
     let mut cfg = config(vec![demo_server("s", &[])]);
     cfg.audit = AuditConfig {
         path: Some(fifo),
-        flush_every: Duration::from_millis(20),
+        flush_every,
         on_failure,
         redaction: mcp_harness::audit::Redaction::Full,
         ..AuditConfig::default()
     };
     (dir, reader, start_ready(cfg).await)
 }
+
+const EVERY_20MS: Duration = Duration::from_millis(20);
 
 /// 16 KiB of arguments a record: a pipe (64 KiB) fills within a few calls.
 fn big_arguments() -> Value {
@@ -508,7 +512,8 @@ fn big_arguments() -> Value {
 // once the pipe is read again the calls come back and every record is there.
 #[tokio::test]
 async fn an_audit_write_that_never_returns_counts_as_failing() {
-    let (dir, reader, h) = audit_to_an_unread_pipe("stalled-fifo", AuditFailure::FailClosed).await;
+    let (dir, reader, h) =
+        audit_to_an_unread_pipe("stalled-fifo", AuditFailure::FailClosed, EVERY_20MS).await;
     let big = big_arguments();
     let mut made = 0;
     let refused = loop {
@@ -576,7 +581,7 @@ async fn an_audit_write_that_never_returns_counts_as_failing() {
 #[tokio::test]
 async fn shutdown_with_an_audit_write_stuck_ends_within_seconds() {
     let (dir, reader, h) =
-        audit_to_an_unread_pipe("stuck-at-shutdown", AuditFailure::KeepServing).await;
+        audit_to_an_unread_pipe("stuck-at-shutdown", AuditFailure::KeepServing, EVERY_20MS).await;
     let big = big_arguments();
     // Until the pipe (64 KiB) is full and a write is stuck in it.
     let mut made = 0;
@@ -593,6 +598,29 @@ async fn shutdown_with_an_audit_write_stuck_ends_within_seconds() {
         .expect("shutdown ends within seconds");
     assert!(health.backlog > 0, "{health:?}");
     // The stuck write's thread goes once the pipe is read.
+    drop(reader);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// The same when the write that gets stuck is the shutdown's own flush: records held
+// for an hourly flush, 160 KiB of them, more than the pipe takes. Before, shutdown
+// waited out the flush's 30 s.
+#[tokio::test]
+async fn shutdown_whose_own_audit_flush_gets_stuck_ends_within_seconds() {
+    let hourly = Duration::from_secs(3600);
+    let (dir, reader, h) =
+        audit_to_an_unread_pipe("stuck-in-flush", AuditFailure::KeepServing, hourly).await;
+    for _ in 0..5 {
+        h.call_tool(&a(), "s__echo", big_arguments())
+            .await
+            .expect("call");
+    }
+    let health = h.audit_health();
+    assert!(health.writable && health.backlog == 10, "{health:?}");
+    let health = tokio::time::timeout(Duration::from_secs(20), h.shutdown())
+        .await
+        .expect("shutdown ends within seconds");
+    assert!(health.backlog > 0, "{health:?}");
     drop(reader);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -179,17 +179,24 @@ impl Shared {
     /// Why the file counts as not writable now: the last write failed, or the one
     /// under way has not returned for [`STALLED_WRITE`].
     fn failing(&self) -> Option<String> {
-        let since = self.writing_since.load(Ordering::SeqCst);
-        if since != 0 {
-            let stalled = self.since_epoch().saturating_sub(since);
-            if stalled >= STALLED_WRITE.as_millis() as u64 {
-                return Some(format!("a write has not returned for {} s", stalled / 1000));
-            }
+        if let Some(stalled) = self.stalled() {
+            return Some(format!(
+                "a write has not returned for {} s",
+                stalled.as_secs()
+            ));
         }
         if self.writable.load(Ordering::SeqCst) {
             return None;
         }
         Some(self.last_error.lock().clone().unwrap_or_default())
+    }
+
+    /// How long the write under way has been, once that is [`STALLED_WRITE`] or more.
+    fn stalled(&self) -> Option<std::time::Duration> {
+        let since = self.writing_since.load(Ordering::SeqCst);
+        let stalled = self.since_epoch().saturating_sub(since);
+        (since != 0 && stalled >= STALLED_WRITE.as_millis() as u64)
+            .then(|| std::time::Duration::from_millis(stalled))
     }
 
     /// Flushes what the file holds to the disk (a failure is logged).
@@ -358,16 +365,12 @@ impl AuditSink {
         self.shared.writing_since.load(Ordering::SeqCst) != 0
     }
 
-    /// Waits up to `limit` for no write to be under way; false if one still is.
-    pub(crate) async fn settled(&self, limit: std::time::Duration) -> bool {
-        let until = tokio::time::Instant::now() + limit;
-        while self.writing() {
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
+    /// Returns once a write has been under way for [`STALLED_WRITE`]: one already
+    /// under way, or one begun later (a flush's own write into a pipe that fills).
+    pub(crate) async fn stalled(&self) {
+        while self.shared.stalled().is_none() {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        true
     }
 
     /// Writes what is buffered and syncs the file, on a blocking thread: the audit

@@ -233,16 +233,19 @@ async fn shut_down(services: &Services) {
         shared.drain(shared.config().timeout * 4).await;
         shared.close();
     }
-    // A write stuck (a pipe no one reads) would hold the flush behind it for the flush's
-    // whole limit (30 s): it gets a few seconds to return, and then what waits behind
-    // it is reported unwritten.
-    if !services.audit_sink.settled(Duration::from_secs(5)).await {
-        tracing::error!(
-            "an audit write has not returned; the records behind it are reported unwritten"
-        );
-        return;
-    }
-    if !services.audit.flush().await && !services.audit_sink.writing() {
+    // A write stuck (a pipe no one reads), one under way or the flush's own, would hold
+    // the flush for its whole limit (30 s, past a container's usual grace): it gets a
+    // few seconds to return, and then what waits behind it is reported unwritten.
+    let flushed = tokio::select! {
+        flushed = services.audit.flush() => flushed,
+        () = services.audit_sink.stalled() => {
+            tracing::error!(
+                "an audit write has not returned; the records behind it are reported unwritten"
+            );
+            return;
+        }
+    };
+    if !flushed && !services.audit_sink.writing() {
         // Its actor died meanwhile, and is not rebuilt while the harness stops: what
         // it would have written is written here, before `shutdown()` returns. (A write
         // under way, stuck, would hold this one too: what waits behind it is reported
