@@ -319,6 +319,34 @@ async fn a_server_that_ignores_sigterm_is_killed_at_shutdown() {
     );
 }
 
+// A second shutdown (another task's) returns when the first is done, no server process
+// left; and a server added meanwhile is refused, not started after the servers to stop
+// were counted. Before, the second returned at once, and the added server outlived the
+// shutdown.
+#[tokio::test]
+async fn a_second_shutdown_waits_for_the_first_and_no_server_is_added_meanwhile() {
+    let mut stubborn = demo("s", &["--ignore-sigterm"]);
+    stubborn.timeout = Duration::from_secs(5);
+    let h = harness(vec![stubborn]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let first = tokio::spawn({
+        let h = h.clone();
+        async move { h.shutdown().await }
+    });
+    // The stubborn server takes its grace to stop: the first shutdown is under way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let added = h.add_server(demo("t", &[])).await;
+    assert!(added.is_err(), "a server added during shutdown: {added:?}");
+    h.shutdown().await;
+    assert!(
+        group_members(pid).is_empty(),
+        "the second shutdown returned before the server was stopped"
+    );
+    assert!(
+        first.is_finished() || eventually(Duration::from_secs(5), || first.is_finished()).await
+    );
+}
+
 #[tokio::test]
 async fn a_frozen_server_times_out_calls_and_then_recovers() {
     let h = harness(vec![demo("s", &[])]).await;

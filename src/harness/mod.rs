@@ -807,12 +807,20 @@ impl HarnessHandle {
     /// still running (recorded as `cancelled`), writes every audit record and cache
     /// entry, then stops the harness; returns when no server process is left, with the
     /// audit trail's health then: a `backlog` or `unwritten` above zero is records that
-    /// could not be written (logged as an error too).
+    /// could not be written (logged as an error too). Called again (or from another
+    /// task) while one is under way, it returns when that one is done.
     pub async fn shutdown(&self) -> AuditHealth {
+        // Calls in flight get `shutdown_grace`, and then servers, cache and audit
+        // trail their own bounded times.
+        let limit = self
+            .ctx()
+            .settings
+            .shutdown_grace
+            .saturating_add(Duration::from_secs(180));
         let _ = self
             .inner
             .supervisor
-            .call(HarnessMsg::Shutdown, Some(Duration::from_secs(180)))
+            .call(HarnessMsg::Shutdown, Some(limit))
             .await;
         let health = self.audit_health();
         if health.backlog > 0 || health.unwritten > 0 {

@@ -80,7 +80,8 @@ pub(crate) struct SupervisorState {
     services: Services,
     children: HashMap<ActorId, Service>,
     current: HashMap<Service, ActorCell>,
-    shutting_down: bool,
+    /// Once a shutdown is under way: the callers of later ones, answered when it is done.
+    shutting_down: Option<Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>>,
 }
 
 /// The root actor; see the module docs.
@@ -153,7 +154,7 @@ impl Actor for HarnessSupervisor {
             services,
             children: HashMap::new(),
             current: HashMap::new(),
-            shutting_down: false,
+            shutting_down: None,
         };
         for service in Service::ALL {
             state.spawn(&myself, service).await?;
@@ -169,16 +170,22 @@ impl Actor for HarnessSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             HarnessMsg::Shutdown(reply) => {
-                if state.shutting_down {
-                    // A second shutdown waits for nothing more: the first one is under way.
-                    let _ = reply.send(());
+                if let Some(later) = &state.shutting_down {
+                    // The first one is under way: this one returns with it, when no
+                    // server process is left (those who would ask after it are
+                    // answered when the actor stops, dropping their ports).
+                    later.lock().push(reply);
                     return Ok(());
                 }
-                state.shutting_down = true;
+                let later = Arc::new(parking_lot::Mutex::new(Vec::new()));
+                state.shutting_down = Some(later.clone());
                 let services = state.services.clone();
                 tokio::spawn(async move {
                     shut_down(&services).await;
                     let _ = reply.send(());
+                    for reply in later.lock().drain(..) {
+                        let _ = reply.send(());
+                    }
                     myself.stop(None);
                 });
             }
@@ -204,7 +211,7 @@ impl Actor for HarnessSupervisor {
         let Some(service) = state.children.remove(&cell.get_id()) else {
             return Ok(());
         };
-        if state.shutting_down {
+        if state.shutting_down.is_some() {
             return Ok(());
         }
         tracing::warn!(?service, "a harness service died; rebuilding it");
@@ -215,10 +222,9 @@ impl Actor for HarnessSupervisor {
     }
 }
 
-/// The graceful stop: servers first (calls in flight on them end at once), a moment
-/// for calls to finish, then the rest cancelled, and every record and entry written.
-/// No new calls; the ones in flight get `shutdown_grace` to finish on live servers,
-/// then the rest are cancelled; only then do the servers stop.
+/// The graceful stop: no new calls; the ones in flight get `shutdown_grace` to finish
+/// on live servers, then the rest are cancelled; only then do the servers stop, and
+/// every record and cache entry is written.
 async fn shut_down(services: &Services) {
     services.calls.close();
     let deadline =

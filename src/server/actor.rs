@@ -585,6 +585,9 @@ impl ServerActorState {
                 resources: true,
             };
             self.args.client.lists_changed(self.id(), all);
+            // Requests that found the old connection closed before its failure reached
+            // this actor were queued; that failure is now stale and restarts nothing.
+            self.send_queued(LiveConnection { conn, attempt }).await;
             return;
         }
         let Some(current) = self.current.as_mut().filter(|c| c.attempt == attempt) else {
@@ -601,7 +604,12 @@ impl ServerActorState {
         });
         self.ready_at = Some(Instant::now());
         self.publish(ServerState::Ready);
-        let live = LiveConnection { conn, attempt };
+        self.send_queued(LiveConnection { conn, attempt }).await;
+    }
+
+    /// Sends what waited in the queue on `live`, but for what ran out of time or was
+    /// withdrawn meanwhile.
+    async fn send_queued(&mut self, live: LiveConnection) {
         for q in self.queue.drain() {
             if q.outgoing.left().is_zero() {
                 let _ = q.reply.send(Err(self.restarting_error()));

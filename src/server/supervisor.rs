@@ -114,7 +114,13 @@ impl Actor for ServersSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ServersMsg::Add(config, reply) => {
-                let _ = reply.send(state.add(&myself, *config).await);
+                // One added now would start after the servers to stop were counted, and
+                // outlive the shutdown.
+                let added = match state.shutting_down {
+                    true => Err(ServersError::Gone),
+                    false => state.add(&myself, *config).await,
+                };
+                let _ = reply.send(added);
             }
             ServersMsg::Remove(id, reply) => match state.args.directory.remove(&id) {
                 Some(server) => {
