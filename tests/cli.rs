@@ -45,19 +45,35 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
         "[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?} }}\n",
         harness_exe()
     );
+    // The table, the command that reads it, the field named, and whether the error
+    // quotes a value (a duration's does not, not even as written).
     let cases = [
-        ("round_cap = \"${MCP_HARNESS_SECRET}\"\n", "tools"),
-        ("call_timeout = \"${MCP_HARNESS_SECRET}\"\n", "tools"),
+        (
+            "round_cap = \"${MCP_HARNESS_SECRET}\"\n",
+            "tools",
+            "round_cap",
+            true,
+        ),
+        (
+            "call_timeout = \"${MCP_HARNESS_SECRET}\"\n",
+            "tools",
+            "call_timeout",
+            false,
+        ),
         (
             "[gateway]\nmax_streams = \"${MCP_HARNESS_SECRET}\"\n",
             "serve",
+            "gateway.max_streams",
+            true,
         ),
         (
             "[telemetry]\ntraces = \"${env:MCP_HARNESS_SECRET}\"\n",
             "tools",
+            "telemetry.traces",
+            true,
         ),
     ];
-    for (i, (table, command)) in cases.into_iter().enumerate() {
+    for (i, (table, command, field, quoted)) in cases.into_iter().enumerate() {
         let (top, rest) = match table.starts_with('[') {
             true => (String::new(), table.to_string()),
             false => (table.to_string(), String::new()),
@@ -77,8 +93,28 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{table}: {err}");
         assert!(!err.contains(secret), "{table}: {err}");
-        assert!(err.contains("MCP_HARNESS_SECRET}"), "{table}: {err}");
+        assert!(err.contains(field), "{table}: {err}");
+        assert_eq!(
+            err.contains("MCP_HARNESS_SECRET}"),
+            quoted,
+            "{table}: {err}"
+        );
     }
+    // An exporter's own error about an endpoint a variable put in (read before the
+    // command runs, which then finds no server).
+    let path = write(
+        "secret-endpoint.toml",
+        "[telemetry]\nendpoint = \"${MCP_HARNESS_SECRET}\"\ntraces = true\n",
+    );
+    let o = Command::new(harness_exe())
+        .args(["tools", "--config", &path.to_string_lossy()])
+        .env("MCP_HARNESS_SECRET", format!("http://user:{secret}@[::1"))
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    let err = stderr(&o);
+    assert!(err.contains("not exported"), "{err}");
+    assert!(!err.contains(secret), "{err}");
 }
 
 #[test]

@@ -53,8 +53,10 @@ pub(crate) fn check(
     };
     at_most(server, requests.len(), max)?;
     for (key, request) in requests {
-        declares(&request.method, &request.params, declared)
-            .map_err(|why| reject(format!("input request {key:?} {why}")))?;
+        declares(&request.method, &request.params, declared).map_err(|why| {
+            let key = crate::util::text::one_line(key, 100);
+            reject(format!("input request \"{key}\" {why}"))
+        })?;
     }
     Ok(())
 }
@@ -64,7 +66,9 @@ pub(crate) fn check(
 /// requests are held to it alike.
 pub(crate) fn declares(method: &str, params: &Value, declared: &Value) -> Result<(), String> {
     let Some(capability) = capability_name(method) else {
-        return Err(format!("is for {method:?}, which is not an input method"));
+        // The server's words, cut and escaped: they reach the agent and the audit trail.
+        let method = crate::util::text::one_line(method, 100);
+        return Err(format!("is for \"{method}\", which is not an input method"));
     };
     let Some(declared) = declared.get(capability) else {
         return Err(format!(
@@ -235,6 +239,16 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_servers_key_and_method_are_quoted_cut_and_escaped() {
+        let long = format!("\u{1b}[2J{}", "k".repeat(100_000));
+        let bad = requests(&[(&long, &long, json!({}))]);
+        let Err(CallError::InputRejected { reason, .. }) = check("s", &bad, &json!({}), 16) else {
+            panic!("rejected");
+        };
+        assert!(reason.len() < 400 && !reason.contains('\u{1b}'), "{reason}");
     }
 
     #[test]

@@ -47,24 +47,40 @@ pub struct Loaded {
 }
 
 /// The values `${…}` took from the environment, each with its `${…}` as written.
-#[derive(Clone, Debug, Default)]
+/// (`Debug` shows only the latter.)
+#[derive(Clone, Default)]
 pub struct Substituted(Vec<(String, String)>);
 
+impl std::fmt::Debug for Substituted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(_, w)| w))
+            .finish()
+    }
+}
+
 impl Substituted {
-    /// Below this length a value is put back only where quoted (`"v"`, `` `v` ``, as
-    /// serde's errors quote), not wherever its text happens to occur.
-    const BARE: usize = 8;
+    /// Below this length a value is put back only where quoted whole (`"v"`, `` `v` ``,
+    /// as serde's errors quote), not wherever its text happens to occur: a value this
+    /// short is no secret, and the error would lose its words.
+    const BARE: usize = 4;
 
     /// `text` (an error about the config) with each value that came from the
-    /// environment replaced by its `${…}` as written.
+    /// environment replaced by its `${…}` as written: quoted whole, or anywhere (as
+    /// written, escaped as `{:?}` escapes it, or trimmed) when it is [`Self::BARE`]
+    /// characters or more.
     pub fn redact(&self, text: &str) -> String {
         let mut text = text.to_string();
         for (value, written) in &self.0 {
+            let quoted = format!("{value:?}");
             text = text
-                .replace(&format!("{value:?}"), &format!("{written:?}"))
+                .replace(&quoted, &format!("{written:?}"))
                 .replace(&format!("`{value}`"), &format!("`{written}`"));
-            if value.chars().count() >= Self::BARE {
-                text = text.replace(value.as_str(), written);
+            let escaped = &quoted[1..quoted.len() - 1];
+            for form in [value.as_str(), escaped, value.trim()] {
+                if form.chars().count() >= Self::BARE {
+                    text = text.replace(form, written);
+                }
             }
         }
         text
@@ -194,10 +210,24 @@ fn substitute(v: &mut Value, file: &Path, met: &mut Met) -> Result<(), ConfigErr
 /// Reads a config file: TOML (`.toml`), or JSON: `mcpServers`, VS Code's `servers`
 /// object, or this crate's own config as JSON. The result is validated.
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path))?;
+    use std::io::Read;
+    let unreadable = |e: std::io::Error| {
+        ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path)
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+        .map_err(unreadable)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        let why = format!("is larger than {} MiB", MAX_FILE_BYTES >> 20);
+        return Err(ConfigError::new("(file)", why).in_file(path));
+    }
     parse(&text, path)
 }
+
+/// The largest config file read: a path to `/dev/zero` or a runaway generator would
+/// grow memory without end.
+const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// Top-level keys that only a harness config holds. Keys another client may keep
 /// for itself beside `mcpServers` (Gemini CLI's `telemetry`, a generic `cache`,
@@ -296,10 +326,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         )
         .in_file(path));
     }
-    let agent = value
-        .as_object_mut()
-        .and_then(|m| m.remove("agent"))
-        .and_then(|a| a.as_str().map(String::from));
+    let agent = match value.as_object_mut().and_then(|m| m.remove("agent")) {
+        None => None,
+        Some(Value::String(agent)) => Some(agent),
+        // Read as no agent, the command line would act as another (`local`).
+        Some(_) => return Err(ConfigError::new("agent", "must be a string").in_file(path)),
+    };
     // The gateway reads its own table (it is the layer above this one).
     let gateway = value.as_object_mut().and_then(|m| m.remove("gateway"));
     let telemetry = value.as_object_mut().and_then(|m| m.remove("telemetry"));
@@ -709,10 +741,11 @@ mod tests {
         s.note("abc", "${SHORT}".into());
         s.note("a-long\"secret", "${env:LONG}".into());
         s.note("", "${EMPTY}".into());
-        let text = r#"invalid type: string "abc", expected u32; unknown variant `abc`; cabc; "a-long\"secret"; a-long"secret"#;
+        s.note(" toke\n", "${PADDED}".into());
+        let text = r#"invalid type: string "abc", expected u32; unknown variant `abc`; cabc; "a-long\"secret"; a-long"secret; "Bearer a-long\"secret"; 'toke'"#;
         assert_eq!(
             s.redact(text),
-            r#"invalid type: string "${SHORT}", expected u32; unknown variant `${SHORT}`; cabc; "${env:LONG}"; ${env:LONG}"#
+            r#"invalid type: string "${SHORT}", expected u32; unknown variant `${SHORT}`; cabc; "${env:LONG}"; ${env:LONG}; "Bearer ${env:LONG}"; '${PADDED}'"#
         );
     }
 
@@ -743,6 +776,22 @@ mod tests {
             matches!(&server.transport, TransportSpec::Stdio(s) if s.command == "second"),
             "{server:?}"
         );
+    }
+
+    #[test]
+    fn a_file_without_end_is_refused() {
+        let e = load(Path::new("/dev/zero")).expect_err("endless");
+        assert!(e.reason.contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn an_agent_that_is_not_a_string_is_an_error() {
+        for agent in ["5", "[\"planner\"]"] {
+            let e = parse(&format!("agent = {agent}\n"), Path::new("h.toml")).expect_err(agent);
+            assert_eq!(e.field, "agent", "{e}");
+        }
+        let loaded = parse("agent = \"planner\"\n", Path::new("h.toml")).expect("a string");
+        assert_eq!(loaded.agent.as_deref(), Some("planner"));
     }
 
     #[test]

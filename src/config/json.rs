@@ -19,7 +19,7 @@ pub(super) fn read(text: &str) -> Result<(Value, Vec<String>), serde_json::Error
     let twice = RefCell::new(Vec::new());
     let mut de = serde_json::Deserializer::from_str(text);
     let value = Reader {
-        path: String::new(),
+        at: At::Root,
         twice: &twice,
     }
     .deserialize(&mut de)?;
@@ -27,26 +27,46 @@ pub(super) fn read(text: &str) -> Result<(Value, Vec<String>), serde_json::Error
     Ok((value, twice.into_inner()))
 }
 
-/// Reads one value at `path`.
-struct Reader<'a> {
-    path: String,
-    twice: &'a RefCell<Vec<String>>,
+/// Where a value is, written out only for a key met twice: built for every value, a
+/// path would cost its length again for each (a long key over a long list).
+enum At<'a> {
+    Root,
+    Key(&'a At<'a>, &'a str),
+    Index(&'a At<'a>, usize),
 }
 
-impl Reader<'_> {
-    fn at(&self, path: String) -> Reader<'_> {
-        Reader {
-            path,
-            twice: self.twice,
+impl At<'_> {
+    /// The path as errors write it (`mcpServers.files`, `servers[0].id`), cut to
+    /// [`PATH_SHOWN`] characters.
+    fn shown(&self) -> String {
+        let mut steps = Vec::new();
+        let mut at = self;
+        loop {
+            match at {
+                At::Root => break,
+                At::Key(parent, key) => {
+                    steps.push(format!(".{}", crate::util::text::one_line(key, PATH_SHOWN)));
+                    at = parent;
+                }
+                At::Index(parent, i) => {
+                    steps.push(format!("[{i}]"));
+                    at = parent;
+                }
+            }
         }
+        let path: String = steps.into_iter().rev().collect();
+        let path = path.strip_prefix('.').unwrap_or(&path);
+        crate::util::text::one_line(path, PATH_SHOWN)
     }
+}
 
-    fn key(&self, key: &str) -> String {
-        match self.path.is_empty() {
-            true => key.to_string(),
-            false => format!("{}.{key}", self.path),
-        }
-    }
+/// The characters of a path shown.
+const PATH_SHOWN: usize = 200;
+
+/// Reads one value, `at` its place.
+struct Reader<'a> {
+    at: At<'a>,
+    twice: &'a RefCell<Vec<String>>,
 }
 
 impl<'de> DeserializeSeed<'de> for Reader<'_> {
@@ -95,9 +115,14 @@ impl<'de> Visitor<'de> for Reader<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) =
-            seq.next_element_seed(self.at(format!("{}[{}]", self.path, items.len())))?
-        {
+        loop {
+            let reader = Reader {
+                at: At::Index(&self.at, items.len()),
+                twice: self.twice,
+            };
+            let Some(item) = seq.next_element_seed(reader)? else {
+                break;
+            };
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -106,16 +131,20 @@ impl<'de> Visitor<'de> for Reader<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            let path = self.key(&key);
-            let value = map.next_value_seed(self.at(path.clone()))?;
-            if object.insert(key, value).is_some() {
+            let reader = Reader {
+                at: At::Key(&self.at, &key),
+                twice: self.twice,
+            };
+            let value = map.next_value_seed(reader)?;
+            if object.contains_key(&key) {
                 let mut twice = self.twice.borrow_mut();
                 match twice.len() {
-                    n if n < REPORTED => twice.push(crate::util::text::one_line(&path, 200)),
+                    n if n < REPORTED => twice.push(At::Key(&self.at, &key).shown()),
                     REPORTED => twice.push("…".into()),
                     _ => {}
                 }
             }
+            object.insert(key, value);
         }
         Ok(Value::Object(object))
     }
@@ -144,5 +173,11 @@ mod tests {
             super::read(&"[".repeat(10_000)).is_err(),
             "nesting is bounded"
         );
+        // Paths are written out for a key met twice only, and cut.
+        let key = "k".repeat(1 << 20);
+        let list = vec!["0"; 1 << 20].join(",");
+        let text = format!(r#"{{"{key}": [{list}], "{key}": 1}}"#);
+        let (_, twice) = super::read(&text).expect("valid JSON");
+        assert!(twice.len() == 1 && twice[0].chars().count() <= super::PATH_SHOWN + 1);
     }
 }

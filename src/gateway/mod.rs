@@ -191,14 +191,14 @@ impl GatewayConfig {
                 )
             })?,
         };
+        // Not quoted back: a token itself put there by mistake would be printed.
         if let Some(bad) = config
             .admin_tokens
             .iter()
-            .find(|t| t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+            .position(|t| t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
         {
             return Err(GatewayError::Config(format!(
-                "gateway.admin_tokens: {:?} is not a hex SHA-256 (64 hex digits)",
-                one_line(&bad.sha256, 80)
+                "gateway.admin_tokens[{bad}].sha256 is not a hex SHA-256 (64 hex digits)"
             )));
         }
         if config.page_size == 0 || config.max_in_flight_per_principal == 0 {

@@ -21,7 +21,8 @@ pub enum TransportSpec {
 }
 
 /// What a stdio server is: a command, its arguments, environment and directory.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// (`Debug` shows the environment's names only: its values are often keys.)
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdioSpec {
     /// The program to run (looked up in `PATH`).
@@ -43,7 +44,8 @@ pub struct StdioSpec {
 }
 
 /// What an HTTP server is: its MCP endpoint, fixed headers, and whom to trust.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// (`Debug` shows the headers' names only, and the URL without credentials or query.)
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSpec {
     /// The single MCP endpoint (`http://` or `https://`).
@@ -58,6 +60,33 @@ pub struct HttpSpec {
     /// How to sign in when the server asks (a 401); empty: discovery and registration.
     #[serde(default)]
     pub auth: crate::transport::auth::OAuthConfig,
+}
+
+impl std::fmt::Debug for StdioSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdioSpec")
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("cwd", &self.cwd)
+            .field("inherit_env", &self.inherit_env)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for HttpSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = match url::Url::parse(&self.url) {
+            Ok(url) => crate::util::text::url_shown(&url),
+            Err(_) => "(not a URL)".into(),
+        };
+        f.debug_struct("HttpSpec")
+            .field("url", &url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("ca_file", &self.ca_file)
+            .field("auth", &self.auth)
+            .finish()
+    }
 }
 
 impl TransportSpec {
@@ -165,6 +194,25 @@ impl TransportSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_no_header_or_environment_values_and_no_url_credentials() {
+        let http = TransportSpec::Http(HttpSpec {
+            url: "https://user:pw-s3cr3t@example.test/mcp?key=q-s3cr3t".into(),
+            headers: [("Authorization".to_string(), "Bearer h-s3cr3t".to_string())].into(),
+            ..HttpSpec::default()
+        });
+        let stdio = TransportSpec::Stdio(StdioSpec {
+            command: "srv".into(),
+            env: [("API_KEY".to_string(), "e-s3cr3t".to_string())].into(),
+            ..StdioSpec::default()
+        });
+        let shown = format!("{http:?} {stdio:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        for name in ["Authorization", "API_KEY", "example.test/mcp"] {
+            assert!(shown.contains(name), "{shown}");
+        }
+    }
 
     #[test]
     fn config_files_write_transports_by_type_and_typos_are_errors() {

@@ -17,17 +17,17 @@ pub fn after<I: std::ops::Add<Duration, Output = I>>(now: I, d: Duration) -> I {
 }
 
 /// A duration read from a config, refused when longer than [`LONGEST`].
-fn bounded(text: &dyn std::fmt::Display, secs: f64) -> Result<Duration, String> {
-    let d = Duration::try_from_secs_f64(secs).map_err(|e| format!("{text}: {e}"))?;
+fn bounded(secs: f64) -> Result<Duration, String> {
+    let d = Duration::try_from_secs_f64(secs).map_err(|e| format!("is not a duration: {e}"))?;
     if d > LONGEST {
-        return Err(format!(
-            "{text} is longer than ten years, the longest taken"
-        ));
+        return Err("is longer than ten years, the longest taken".into());
     }
     Ok(d)
 }
 
 /// Parses `"250ms"`, `"30s"`, `"1.5s"`, `"5m"`, `"1h"`, or a bare number of seconds.
+/// Errors do not quote the text: a `${VAR}` may have put a secret there, and the
+/// caller names the field.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -36,19 +36,15 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(split);
     let n: f64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try \"30s\" or \"500ms\")"))?;
+        .map_err(|_| "is not a duration (try \"30s\" or \"500ms\")".to_string())?;
     let secs = match unit.trim() {
         "ms" => n / 1000.0,
         "" | "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
-            ));
-        }
+        _ => return Err("has an unknown unit (use ms, s, m or h)".into()),
     };
-    bounded(&format_args!("{text:?}"), secs)
+    bounded(secs)
 }
 
 /// Writes a duration as milliseconds with the `ms` unit.
@@ -66,7 +62,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     }
     match Raw::deserialize(d)? {
         Raw::Text(t) => parse(&t).map_err(serde::de::Error::custom),
-        Raw::Seconds(s) => bounded(&s, s).map_err(serde::de::Error::custom),
+        Raw::Seconds(s) => bounded(s).map_err(serde::de::Error::custom),
     }
 }
 
@@ -104,6 +100,14 @@ mod tests {
         assert_eq!(parse("3"), Ok(Duration::from_secs(3)));
         assert!(parse("3 fortnights").is_err());
         assert!(parse("soon").is_err());
+        // What a variable put in is not quoted back, not even in part.
+        for text in ["3f9a1c-secret", " s3cr3t\n", "9e999999h"] {
+            let e = parse(text).expect_err(text);
+            assert!(
+                !e.contains("f9a1c") && !e.contains("s3cr3t") && !e.contains("9e9"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

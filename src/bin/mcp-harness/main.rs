@@ -157,27 +157,29 @@ fn main() -> ExitCode {
     } else {
         // The `[telemetry]` table, read before the command runs (its errors are the
         // command's to report).
-        let config = config_path(&cli.command)
-            .and_then(|p| mcp_harness::config::file::load(p).ok())
+        let loaded =
+            config_path(&cli.command).and_then(|p| mcp_harness::config::file::load(p).ok());
+        // Its errors may quote what a `${VAR}` put in (an endpoint with a key in it).
+        let substituted = loaded
+            .as_ref()
+            .map(|l| l.substituted.clone())
+            .unwrap_or_default();
+        let config = loaded
             .and_then(|l| telemetry::TelemetryConfig::from_value(l.telemetry.as_ref()).ok())
             .unwrap_or_default();
+        let shown =
+            |e: &anyhow::Error| terminal::sanitize(&substituted.redact(&format!("{e:#}")), true);
         let provider = match telemetry::tracer(&config) {
             // `always_off` keeps no trace, not even a caller's: nothing is exported.
             Ok(_) if telemetry::traces_off() => None,
             Ok(p) => p,
             Err(e) => {
-                eprintln!(
-                    "mcp-harness: traces are not exported: {}",
-                    terminal::sanitize(&format!("{e:#}"), true)
-                );
+                eprintln!("mcp-harness: traces are not exported: {}", shown(&e));
                 None
             }
         };
         if let Err(e) = telemetry::meter(&config) {
-            eprintln!(
-                "mcp-harness: metrics are not exported: {}",
-                terminal::sanitize(&format!("{e:#}"), true)
-            );
+            eprintln!("mcp-harness: metrics are not exported: {}", shown(&e));
         }
         (provider, Some(()))
     };

@@ -637,7 +637,10 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
         let role = match m.get("role").and_then(Value::as_str) {
             Some("user") => "user",
             Some("assistant") => "assistant",
-            other => return Err(format!("sampling message with role {other:?}")),
+            other => {
+                let role = crate::util::text::one_line(other.unwrap_or("(none)"), 40);
+                return Err(format!("sampling message with role \"{role}\""));
+            }
         };
         let blocks: Vec<&Value> = match m.get("content") {
             Some(Value::Array(list)) => list.iter().collect(),
@@ -654,8 +657,9 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
                     mime: field("mimeType").ok_or("image content without mimeType")?,
                 }),
                 other => {
+                    let kind = crate::util::text::one_line(other.unwrap_or("(none)"), 40);
                     return Err(format!(
-                        "sampling content of type {other:?} is not supported (text and image are)"
+                        "sampling content of type \"{kind}\" is not supported (text and image are)"
                     ));
                 }
             }
@@ -668,6 +672,19 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_role_and_content_type_are_quoted_cut_and_escaped() {
+        let long = format!("\u{1b}[2J{}", "k".repeat(100_000));
+        let role = json!({"messages": [{"role": long, "content": {"type": "text", "text": "x"}}]});
+        let kind = json!({"messages": [{"role": "user", "content": {"type": long}}]});
+        for params in [role, kind] {
+            let Err(e) = messages_of(&params) else {
+                panic!("taken");
+            };
+            assert!(e.len() < 200 && !e.contains('\u{1b}'), "{e}");
+        }
+    }
 
     /// A provider on loopback where nothing listens, with these limits.
     fn local(
