@@ -191,6 +191,24 @@ impl HarnessConfig {
         self.audit
             .validate()
             .map_err(|e| ConfigError::from_invalid(None, e.under("audit")))?;
+        if let Some(sampling) = &self.sampling {
+            sampling
+                .validate()
+                .map_err(|e| ConfigError::from_invalid(None, e.under("sampling")))?;
+        }
+        for (name, agent) in &self.agents {
+            let not_a_file = agent
+                .roots
+                .iter()
+                .flatten()
+                .position(|r| !r.starts_with("file://"));
+            if let Some(i) = not_a_file {
+                return Err(ConfigError::new(
+                    format!("agents.{name}.roots[{i}]"),
+                    "must be a file:// URI",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -198,6 +216,36 @@ impl HarnessConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Found when the file is read, naming it, not when the harness spawns.
+    #[test]
+    fn sampling_settings_and_roots_are_checked_with_the_rest() {
+        let path = std::path::Path::new("h.toml");
+        let server =
+            "[[servers]]\nid = \"x\"\ntransport = { type = \"stdio\", command = \"cat\" }\n";
+        for (table, field) in [
+            (
+                "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\nmax_tokens = 0\n",
+                "sampling.max_tokens",
+            ),
+            (
+                "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\napi_key_env = \"MCP_HARNESS_SURELY_UNSET\"\n",
+                "sampling.api_key_env",
+            ),
+            (
+                "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"ftp://x\"\n",
+                "sampling.base_url",
+            ),
+            (
+                "[agents.a]\nroots = [\"file:///srv\", \"https://x\"]\n",
+                "agents.a.roots[1]",
+            ),
+        ] {
+            let e = file::parse(&format!("{server}{table}"), path).expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.to_string().contains("h.toml"), "{e}");
+        }
+    }
 
     #[test]
     fn audit_flushes_and_batches_out_of_range_are_refused() {

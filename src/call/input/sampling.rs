@@ -151,6 +151,41 @@ struct Sampler {
     spent: parking_lot::Mutex<HashMap<String, (u64, Instant, Instant)>>,
 }
 
+impl SamplingConfig {
+    /// Checks what can be checked before anything starts; the API key, read from its
+    /// variable now, when one is named.
+    pub fn validate(&self) -> Result<Option<String>, Invalid> {
+        let key = match &self.api_key_env {
+            Some(var) => {
+                let key = std::env::var(var).map_err(|_| {
+                    Invalid::new("api_key_env", format!("the variable {var} is not set"))
+                })?;
+                // Found out here, not as every request failing at send time.
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    Invalid::new(
+                        "api_key_env",
+                        format!("the variable {var} holds characters a header cannot carry"),
+                    )
+                })?;
+                Some(key)
+            }
+            None => None,
+        };
+        if self.max_tokens == 0 {
+            return Err(Invalid::new("max_tokens", "must be at least 1"));
+        }
+        if self.call_budget_tokens == 0 {
+            return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
+        }
+        let parsed = url::Url::parse(&base_url(self))
+            .map_err(|e| Invalid::new("base_url", format!("is not a URL: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(Invalid::new("base_url", "must be http or https"));
+        }
+        Ok(key)
+    }
+}
+
 impl SamplingHandler {
     /// A handler for `config`, reading the API key from its variable now; `approver`
     /// answers the requests of agents whose policy is `approve`.
@@ -159,23 +194,7 @@ impl SamplingHandler {
         agents: SharedAgents,
         approver: Option<Arc<dyn InputHandler>>,
     ) -> Result<SamplingHandler, Invalid> {
-        let key = match &config.api_key_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                Invalid::new("api_key_env", format!("the variable {var} is not set"))
-            })?),
-            None => None,
-        };
-        if config.max_tokens == 0 {
-            return Err(Invalid::new("max_tokens", "must be at least 1"));
-        }
-        if config.call_budget_tokens == 0 {
-            return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
-        }
-        let base = base_url(&config);
-        let parsed = url::Url::parse(&base).map_err(|e| Invalid::new("base_url", e.to_string()))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(Invalid::new("base_url", "must be http or https"));
-        }
+        let key = config.validate()?;
         let tls = crate::transport::tls::client_config(config.ca_file.as_deref())
             .map_err(|e| Invalid::new("ca_file", e))?;
         let http = reqwest::Client::builder()
