@@ -322,6 +322,32 @@ async fn roots_are_served_per_agent_and_legacy_servers_hear_when_they_change() {
     h.shutdown().await;
 }
 
+// Roots a reload adds to a harness that started with none are not announced: its
+// legacy server was not told at `initialize` that this client lists roots. Before,
+// the notification went out all the same.
+#[tokio::test]
+async fn roots_added_later_are_not_announced_to_a_server_never_told_of_roots() {
+    let record = temp_file("roots-undeclared");
+    let record_arg = record.display().to_string();
+    let h = start_ready(HarnessConfig {
+        servers: vec![demo_server(
+            "l",
+            &["--era", "legacy", "--record", &record_arg],
+        )],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    })
+    .await;
+    h.replace_agents(agents()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let told = recorded(&record)
+        .iter()
+        .filter(|r| r["notification"] == "notifications/roots/list_changed")
+        .count();
+    assert_eq!(told, 0);
+    h.shutdown().await;
+}
+
 /// `mcp-harness approvals ARGS…` with the admin token in the environment.
 async fn approvals(args: &[&str], token: &str) -> std::process::Output {
     let (args, token): (Vec<String>, String) = (

@@ -620,20 +620,30 @@ impl HarnessHandle {
             *current = agents;
             changed
         };
-        if !roots_changed {
+        // Only to servers told at `initialize` that we list roots (a roots handler is
+        // there from the start, or not at all).
+        let declared = self
+            .ctx()
+            .inputs
+            .snapshot()
+            .capabilities()
+            .get("roots")
+            .is_some();
+        if !roots_changed || !declared {
             return;
         }
-        for server in self.inner.directory.all() {
-            let Some(conn) = server.connection() else {
-                continue;
-            };
-            if conn.era() != crate::transport::Era::Legacy {
-                continue;
-            }
-            if let Err(e) = conn.notify("notifications/roots/list_changed", None).await {
-                tracing::debug!(server = server.id(), error = %e, "roots list_changed not sent");
-            }
-        }
+        // All at once: one server slow to take it must not hold up the others.
+        let sent = self.inner.directory.all().into_iter().filter_map(|server| {
+            let conn = server
+                .connection()
+                .filter(|c| c.era() == crate::transport::Era::Legacy)?;
+            Some(async move {
+                if let Err(e) = conn.notify("notifications/roots/list_changed", None).await {
+                    tracing::debug!(server = server.id(), error = %e, "roots list_changed not sent");
+                }
+            })
+        });
+        futures_util::future::join_all(sent).await;
     }
 
     /// Entries, bytes, hits and misses of the list cache, per layer.
