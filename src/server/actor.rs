@@ -99,6 +99,8 @@ pub struct ServerActorState {
     current: Option<Attempt>,
     /// A new connection replacing the current one (capabilities changed).
     handover: Option<Attempt>,
+    /// Replaced connections finishing what they have in flight, and their drains.
+    draining: Vec<(ActorRef<ConnMsg>, tokio::task::AbortHandle)>,
     ready_at: Option<Instant>,
     /// Whether a connection of this server listened for changes before (a new one then
     /// reads its lists again: nothing is replayed).
@@ -144,6 +146,7 @@ impl Actor for ServerActor {
             attempt: 0,
             current: None,
             handover: None,
+            draining: Vec::new(),
             ready_at: None,
             listened: false,
             queue,
@@ -572,7 +575,9 @@ impl ServerActorState {
             let old = self.current.replace(handover);
             if let Some(mut old) = old {
                 old.listen = None;
-                drain_and_stop(old, self.args.server.config().timeout);
+                self.draining.retain(|(_, drain)| !drain.is_finished());
+                let limit = self.args.server.config().timeout;
+                self.draining.push(drain_and_stop(old, limit));
             }
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
             self.record_connection(&conn);
@@ -768,7 +773,12 @@ impl ServerActorState {
     }
 
     async fn on_shutdown(&mut self) {
-        if self.state == ServerState::Stopped && self.current.is_none() && self.handover.is_none() {
+        let draining = std::mem::take(&mut self.draining);
+        if self.state == ServerState::Stopped
+            && self.current.is_none()
+            && self.handover.is_none()
+            && draining.is_empty()
+        {
             return;
         }
         self.last_error = None;
@@ -778,24 +788,38 @@ impl ServerActorState {
             .collect();
         self.publish(ServerState::Stopped);
         self.fail_queue();
-        for attempt in attempts {
-            // A connect under way ends now; a live connection stops gracefully: stdin
-            // EOF, SIGTERM, SIGKILL, reap.
-            attempt.given_up.cancel();
-            let grace = self.args.options.shutdown_grace;
-            let limit = grace * 2 + Duration::from_secs(10);
-            let _ = attempt.actor.call(ConnMsg::Shutdown, Some(limit)).await;
-            attempt.actor.kill();
+        // A replaced connection stops now too, not when this actor's children are torn
+        // down after it (killed, after `shutdown()` returned).
+        let mut actors = Vec::new();
+        for (actor, drain) in draining {
+            drain.abort();
+            actors.push(actor);
         }
+        for attempt in &attempts {
+            // A connect under way ends now.
+            attempt.given_up.cancel();
+            actors.push(attempt.actor.clone());
+        }
+        // A live connection stops gracefully (stdin EOF, SIGTERM, SIGKILL, reap), all at
+        // once: each may take its grace twice.
+        let grace = self.args.options.shutdown_grace;
+        let limit = grace * 2 + Duration::from_secs(10);
+        let stops = actors.iter().map(|actor| async move {
+            let _ = actor.call(ConnMsg::Shutdown, Some(limit)).await;
+            actor.kill();
+        });
+        futures_util::future::join_all(stops).await;
+        drop(attempts);
         self.span
             .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
     }
 }
 
 /// Lets a replaced connection finish what it has in flight (up to `limit`), then stops
-/// it gracefully.
-fn drain_and_stop(old: Attempt, limit: Duration) {
-    tokio::spawn(async move {
+/// it gracefully; its actor, and the drain's handle for a shutdown that cannot wait.
+fn drain_and_stop(old: Attempt, limit: Duration) -> (ActorRef<ConnMsg>, tokio::task::AbortHandle) {
+    let actor = old.actor.clone();
+    let drain = tokio::spawn(async move {
         let started = Instant::now();
         if let Some(conn) = &old.conn {
             while conn.in_flight() > 0 && started.elapsed() < limit {
@@ -808,6 +832,7 @@ fn drain_and_stop(old: Attempt, limit: Duration) {
             .await;
         old.actor.kill();
     });
+    (actor, drain.abort_handle())
 }
 
 /// The reply to a request that may have reached its server. Dropped unanswered (its
