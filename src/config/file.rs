@@ -26,7 +26,8 @@ use crate::server::{ServerConfig, id_from_name};
 use crate::transport::{HttpSpec, StdioSpec, TransportSpec};
 
 /// A config read from a file, with what the reading decided.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Loaded {
     /// The configuration.
     pub config: HarnessConfig,
@@ -342,6 +343,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     })?;
     config
         .validate()
+        .and_then(|()| config.validate_builtin_inputs())
         .map_err(|e| substituted.error(e.in_file(path)))?;
     Ok(Loaded {
         config,

@@ -191,25 +191,21 @@ impl HarnessConfig {
         self.audit
             .validate()
             .map_err(|e| ConfigError::from_invalid(None, e.under("audit")))?;
+        Ok(())
+    }
+
+    /// Checks the settings of the built-in input handlers, `[sampling]` and the agents'
+    /// roots. Not part of [`Self::validate`]: an embedder's own handler takes the place
+    /// of a built-in one, and `Harness::spawn` checks those it builds. A config file
+    /// (which has no handlers of its own) is checked when it is read.
+    pub fn validate_builtin_inputs(&self) -> Result<(), ConfigError> {
         if let Some(sampling) = &self.sampling {
             sampling
                 .validate()
                 .map_err(|e| ConfigError::from_invalid(None, e.under("sampling")))?;
         }
-        for (name, agent) in &self.agents {
-            let not_a_file = agent
-                .roots
-                .iter()
-                .flatten()
-                .position(|r| !r.starts_with("file://"));
-            if let Some(i) = not_a_file {
-                return Err(ConfigError::new(
-                    format!("agents.{name}.roots[{i}]"),
-                    "must be a file:// URI",
-                ));
-            }
-        }
-        Ok(())
+        crate::call::input::validate_roots(&self.agents)
+            .map_err(|e| ConfigError::from_invalid(None, e))
     }
 }
 
@@ -245,6 +241,21 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.to_string().contains("h.toml"), "{e}");
         }
+        // An embedder's own handlers take the built-in ones' place: their settings are
+        // no part of the config's own validation.
+        let config = HarnessConfig {
+            agents: [(
+                "a".to_string(),
+                crate::call::input::AgentConfig {
+                    sampling: None,
+                    roots: Some(vec!["https://x".into()]),
+                },
+            )]
+            .into(),
+            ..HarnessConfig::default()
+        };
+        assert!(config.validate().is_ok());
+        assert!(config.validate_builtin_inputs().is_err());
     }
 
     #[test]

@@ -178,6 +178,9 @@ impl Harness {
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }
         if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
+            crate::call::input::validate_roots(&config.agents).map_err(|e| {
+                HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
+            })?;
             handlers.push((
                 "roots/list".into(),
                 Arc::new(RootsHandler::new(agents.clone())),

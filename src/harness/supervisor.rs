@@ -181,11 +181,10 @@ impl Actor for HarnessSupervisor {
                 state.shutting_down = Some(later.clone());
                 let services = state.services.clone();
                 tokio::spawn(async move {
+                    // Answered even if the shutdown panics.
+                    let _later = AnswerLater(later);
                     shut_down(&services).await;
                     let _ = reply.send(());
-                    for reply in later.lock().drain(..) {
-                        let _ = reply.send(());
-                    }
                     myself.stop(None);
                 });
             }
@@ -222,6 +221,18 @@ impl Actor for HarnessSupervisor {
     }
 }
 
+/// Answers the callers of later shutdowns when dropped: when the first is done, or has
+/// panicked.
+struct AnswerLater(Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>);
+
+impl Drop for AnswerLater {
+    fn drop(&mut self) {
+        for reply in self.0.lock().drain(..) {
+            let _ = reply.send(());
+        }
+    }
+}
+
 /// The graceful stop: no new calls; the ones in flight get `shutdown_grace` to finish
 /// on live servers, then the rest are cancelled; only then do the servers stop, and
 /// every record and cache entry is written.
@@ -243,6 +254,7 @@ async fn shut_down(services: &Services) {
     // the flush for its whole limit (30 s, past a container's usual grace): it gets a
     // few seconds to return, and then what waits behind it is reported unwritten.
     let flushed = tokio::select! {
+        biased;
         flushed = services.audit.flush() => flushed,
         () = services.audit_sink.stalled() => {
             tracing::error!(

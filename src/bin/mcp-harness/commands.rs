@@ -95,15 +95,7 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     let usage = |e: mcp_harness::ConfigError| UsageError(e.into());
     let mut loaded = match &args.config {
         Some(path) => file::load(path).map_err(usage)?,
-        None => Loaded {
-            config: Default::default(),
-            agent: None,
-            renamed: Vec::new(),
-            imported: false,
-            gateway: None,
-            telemetry: None,
-            substituted: Default::default(),
-        },
+        None => Loaded::default(),
     };
     // Read at start for the exporters; a mistake in it is the file's error.
     crate::telemetry::TelemetryConfig::from_value(loaded.telemetry.as_ref()).map_err(|e| {

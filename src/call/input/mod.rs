@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 pub use approval::{ApprovalQueue, PendingInput};
 pub use fixed::FixedAnswers;
 pub(crate) use handlers::{HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs};
-pub use roots::RootsHandler;
+pub use roots::{RootsHandler, validate_roots};
 pub use sampling::{
     AgentConfig, Provider, SamplingConfig, SamplingHandler, SamplingPolicy, SharedAgents, roots_of,
     sampling_policy,

@@ -19,6 +19,26 @@ impl RootsHandler {
     }
 }
 
+/// Checks that every agent's roots are `file://` URIs, as the protocol has them.
+pub fn validate_roots(
+    agents: &std::collections::BTreeMap<String, super::AgentConfig>,
+) -> Result<(), crate::util::invalid::Invalid> {
+    for (name, agent) in agents {
+        let not_a_file = agent
+            .roots
+            .iter()
+            .flatten()
+            .position(|r| !r.starts_with("file://"));
+        if let Some(i) = not_a_file {
+            return Err(crate::util::invalid::Invalid::new(
+                format!("agents.{name}.roots[{i}]"),
+                "must be a file:// URI",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A root's display name: the last segment of its path.
 fn name_of(uri: &str) -> Option<String> {
     let path = uri.strip_prefix("file://")?;

@@ -73,6 +73,9 @@ pub(super) async fn initialize(
     Ok(result)
 }
 
+/// Answers to pings during a handshake being sent at once.
+const PING_ANSWERS: usize = 4;
+
 /// Runs `handshake` while answering the server's pings. A legacy server may ping before
 /// `initialized` (the one request the protocol lets it send then) and wait for the
 /// answer before it replies to `initialize`; unanswered until the dispatcher starts, it
@@ -80,7 +83,7 @@ pub(super) async fn initialize(
 /// is held, in order, for the dispatcher: at most `limit` messages, past which they
 /// stay in the inbound channel, which drops what it has no room for.
 pub(super) async fn answering_pings<T>(
-    transport: &Transport,
+    transport: &std::sync::Arc<Transport>,
     inbound: &mut mpsc::Receiver<Queued>,
     held: &mut Vec<Queued>,
     limit: usize,
@@ -88,14 +91,26 @@ pub(super) async fn answering_pings<T>(
     handshake: impl Future<Output = T>,
 ) -> T {
     let mut handshake = std::pin::pin!(handshake);
+    let answers = std::sync::Arc::new(tokio::sync::Semaphore::new(PING_ANSWERS));
     loop {
         tokio::select! {
             biased;
             done = &mut handshake => return done,
             Some(queued) = inbound.recv(), if held.len() < limit => match queued.message {
                 Inbound::Request(ping) if ping.method == "ping" => {
-                    // The handshake's own deadline runs on meanwhile.
-                    let _ = transport.respond(ping.id, Ok(json!({})), timeout).await;
+                    // On a task of its own: an answer an HTTP server is slow to take
+                    // must not stop the handshake reading its reply meanwhile. A few at
+                    // once at most; a flood's others go unanswered.
+                    let Ok(permit) = answers.clone().try_acquire_owned() else {
+                        continue;
+                    };
+                    let transport = std::sync::Arc::downgrade(transport);
+                    tokio::spawn(async move {
+                        if let Some(t) = transport.upgrade() {
+                            let _ = t.respond(ping.id, Ok(json!({})), timeout).await;
+                        }
+                        drop(permit);
+                    });
                 }
                 _ => held.push(queued),
             },

@@ -119,7 +119,7 @@ fn open(
 /// speak, `initialized` not delivered), the transport is shut down, so a session the
 /// server began is ended rather than left to expire.
 async fn legacy_handshake(
-    transport: &Transport,
+    transport: &Arc<Transport>,
     inbound: &mut mpsc::Receiver<Queued>,
     held: &mut Vec<Queued>,
     ids: &Ids,
