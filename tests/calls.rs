@@ -815,6 +815,64 @@ async fn tools_are_listed_qualified_in_order_filtered_by_tag_and_prompts_and_res
     h.shutdown().await;
 }
 
+// A resource URI no list names (a template's) is asked of each server with resources
+// in turn until one serves it; before, the first server's "not found" ended the read.
+// While a server could not be listed, none is asked: the URI may be that server's (a
+// secret in it), and another's answer would pass for it. Before, the next server
+// ranked was asked, and its answer returned as the resource.
+#[tokio::test]
+async fn an_unlisted_resource_is_asked_of_each_server_but_not_while_one_is_unlisted() {
+    let mut first = demo("first", &[]);
+    first.priority = 10;
+    let second = demo("second", &["--resource-template"]);
+    let h = harness(config(vec![first, second], &["a"])).await;
+    let a = Caller::agent("a");
+    let r = h
+        .read_resource(&a, "demo://echo/hello")
+        .await
+        .expect("the second server serves it");
+    assert_eq!(r["contents"][0]["text"], "hello");
+    h.shutdown().await;
+
+    // The URI may be the slow server's, whose list does not come in time.
+    let mut slow = demo("slow", &["--list-delay-ms", "5000"]);
+    slow.timeout = Duration::from_millis(300);
+    let quick = demo("quick", &["--resource-template"]);
+    let h = harness(config(vec![quick, slow], &["a"])).await;
+    let e = h
+        .read_resource(&a, "demo://echo/token")
+        .await
+        .expect_err("not guessed");
+    assert!(
+        matches!(&e, CallError::NoRoute { unreachable, .. } if unreachable.iter().any(|u| u.server == "slow")),
+        "{e}"
+    );
+    h.shutdown().await;
+}
+
+// An agent learns nothing of which server ids exist from what it cannot use: a server
+// it holds no grant on is denied alike, there or not. Before, a missing one was "no
+// route" and an existing one "denied".
+#[tokio::test]
+async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
+    let mut cfg = config(vec![demo("alpha", &[]), demo("beta", &[])], &["all"]);
+    cfg.permissions
+        .entry("some".into())
+        .or_default()
+        .insert("alpha".into(), vec!["*".into()]);
+    let h = harness(cfg).await;
+    let some = Caller::agent("some");
+    for name in ["beta__echo", "gamma__echo"] {
+        let e = h.call_tool(&some, name, json!({"text": "x"})).await;
+        assert!(matches!(e, Err(CallError::Denied { .. })), "{name}: {e:?}");
+    }
+    let e = h
+        .call_tool(&Caller::agent("all"), "gamma__echo", json!({"text": "x"}))
+        .await;
+    assert!(matches!(e, Err(CallError::NoRoute { .. })), "{e:?}");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_changed_tool_list_emits_a_schema_change_event() {
     let h = harness(config(vec![demo("beta", &["--era", "legacy"])], &["a"])).await;

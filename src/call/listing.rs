@@ -548,7 +548,7 @@ fn rejects_cursor(error: &ServerError) -> bool {
 
 /// Whether a server is worth listing for `kind`: routable, and (once connected) says it
 /// has such items.
-fn offers(server: &ServerRef, kind: CallKind) -> bool {
+pub(crate) fn offers(server: &ServerRef, kind: CallKind) -> bool {
     if !server.state().routable() {
         return false;
     }

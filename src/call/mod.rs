@@ -359,12 +359,13 @@ async fn drive(
             .as_ref()
             .is_some_and(|d| d.request_state.is_some() || d.input_responses.is_some());
         let more = i + 1 < candidates.len() && !continued;
+        let broken = matches!(
+            error,
+            ServerError::TransportClosed { .. } | ServerError::Transport { .. }
+        );
         let safe = error.never_sent()
-            || (candidate.retry_safe
-                && matches!(
-                    error,
-                    ServerError::TransportClosed { .. } | ServerError::Transport { .. }
-                ));
+            || (candidate.retry_safe && broken)
+            || (candidate.guessed && (broken || matches!(error, ServerError::Rpc { .. })));
         // With no time left there is no next server to try.
         if more && safe && !deadline.remaining().is_zero() {
             tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");

@@ -30,6 +30,9 @@ pub(crate) struct Candidate<'a> {
     /// The request may be re-sent elsewhere even if it reached this server (the tool is
     /// marked idempotent or read-only by a server whose annotations are trusted).
     pub(crate) retry_safe: bool,
+    /// Asked though no list names the item (a resource URI a template serves, say):
+    /// its error answer, or a broken connection, moves the read on to the next.
+    pub(crate) guessed: bool,
 }
 
 fn retry_safe(server: &ServerRef, item: Option<&Value>) -> bool {
@@ -110,6 +113,11 @@ fn route_qualified<'a>(
     item: &'a str,
 ) -> Result<Candidates<'a>, CallError> {
     let Some(server) = ctx.servers.get(server_id) else {
+        // An agent that could not use such a server is denied as for one that exists:
+        // which ids exist is not for it to find out by trying.
+        if !ctx.policy.read().allows_any(agent, server_id, &[]) {
+            return Err(denied(agent, Some(server_id), item));
+        }
         return Err(CallError::NoRoute {
             tool: format!("{server_id}__{item}"),
             unreachable: Vec::new(),
@@ -122,6 +130,7 @@ fn route_qualified<'a>(
         server,
         item,
         retry_safe: false,
+        guessed: false,
     }))
 }
 
@@ -153,11 +162,14 @@ async fn route_bare<'a>(
                 .map(|i| (l.server.clone(), Some(i.clone())))
         })
         .collect();
-    if offering.is_empty() && kind == CallKind::Resource {
-        // A uri no list names (a template, say): ask the routable servers in order.
+    // A uri no list names (a template's, say): the servers with resources are asked in
+    // order, each "no" moving on to the next. Not while one could not be listed: the
+    // uri may be its (a secret in it), and another's answer would pass for its own.
+    let guessed = offering.is_empty() && kind == CallKind::Resource && unreachable.is_empty();
+    if guessed {
         offering = granted
             .iter()
-            .filter(|s| s.state().routable())
+            .filter(|s| super::listing::offers(s, kind))
             .map(|s| (s.clone(), None))
             .collect();
     }
@@ -178,7 +190,7 @@ async fn route_bare<'a>(
             denied(agent, None, name)
         });
     }
-    Ok(in_order(&granted, &allowed, name))
+    Ok(in_order(&granted, &allowed, name, guessed))
 }
 
 /// The allowed servers as candidates: ready first, then priority, then config order.
@@ -186,6 +198,7 @@ fn in_order<'a>(
     granted: &[ServerRef],
     allowed: &[&(ServerRef, Option<Value>)],
     name: &'a str,
+    guessed: bool,
 ) -> Vec<Candidate<'a>> {
     let views: Vec<RouteView> = allowed
         .iter()
@@ -206,6 +219,7 @@ fn in_order<'a>(
             server: s.clone(),
             item: name,
             retry_safe: retry_safe(s, item.as_ref()),
+            guessed,
         })
         .collect()
 }

@@ -193,8 +193,8 @@ fn document(tool: &ToolInfo) -> String {
     }
     let def = &*tool.definition;
     let head = [
-        &*tool.server,
-        &*tool.name,
+        cut(&tool.server),
+        cut(&tool.name),
         field(def.get("title")),
         field(def.get("annotations").and_then(|a| a.get("title"))),
     ]

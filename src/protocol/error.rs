@@ -80,6 +80,27 @@ impl RpcErrorKind {
     }
 }
 
+/// Entries of a server's list or object kept in an error's kind.
+const SHOWN_ENTRIES: usize = 32;
+
+/// `requiredCapabilities` as errors carry it on (to agents, logs, the audit trail):
+/// at most [`SHOWN_ENTRIES`] capabilities, names cut, a value over 512 bytes as `{}`.
+fn capabilities_shown(required: &Value) -> Value {
+    let Some(map) = required.as_object() else {
+        return Value::Null;
+    };
+    let shown = map.iter().take(SHOWN_ENTRIES).map(|(name, value)| {
+        let small = serde_json::to_vec(value).is_ok_and(|v| v.len() <= 512);
+        let value = if small {
+            value.clone()
+        } else {
+            Value::Object(Default::default())
+        };
+        (crate::util::text::one_line(name, 64), value)
+    });
+    Value::Object(shown.collect())
+}
+
 impl RpcError {
     /// An error with no `data`.
     pub fn new(code: i64, message: impl Into<String>) -> Self {
@@ -105,24 +126,28 @@ impl RpcError {
             MISSING_CLIENT_CAPABILITY => RpcErrorKind::MissingClientCapability {
                 required: data
                     .and_then(|d| d.get("requiredCapabilities"))
-                    .cloned()
-                    .unwrap_or(Value::Null),
+                    .map_or(Value::Null, capabilities_shown),
             },
             UNSUPPORTED_PROTOCOL_VERSION => RpcErrorKind::UnsupportedProtocolVersion {
                 supported: data
                     .and_then(|d| d.get("supported"))
                     .and_then(Value::as_array)
                     .map(|a| {
+                        // A version is a date; a longer string is no version to pick.
                         a.iter()
-                            .filter_map(|v| v.as_str().map(String::from))
+                            .filter_map(Value::as_str)
+                            .filter(|v| v.len() <= 64)
+                            .take(SHOWN_ENTRIES)
+                            .map(String::from)
                             .collect()
                     })
                     .unwrap_or_default(),
-                requested: data
-                    .and_then(|d| d.get("requested"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
+                requested: crate::util::text::one_line(
+                    data.and_then(|d| d.get("requested"))
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                    64,
+                ),
             },
             INVALID_PARAMS => RpcErrorKind::InvalidParams,
             METHOD_NOT_FOUND => RpcErrorKind::MethodNotFound,
@@ -177,6 +202,48 @@ impl ProtocolError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn what_a_server_says_it_needs_or_supports_is_bounded() {
+        let many: serde_json::Map<String, Value> = (0..1000)
+            .map(|i| {
+                (
+                    format!("cap{i}{}", "n".repeat(1000)),
+                    json!({"x": "y".repeat(10_000)}),
+                )
+            })
+            .collect();
+        let e = RpcError::new(MISSING_CLIENT_CAPABILITY, "needs")
+            .with_data(json!({"requiredCapabilities": many}));
+        let RpcErrorKind::MissingClientCapability { required } = e.kind() else {
+            panic!("kind");
+        };
+        assert!(
+            required.to_string().len() < 8 * 1024,
+            "{}",
+            required.to_string().len()
+        );
+        let e = RpcError::new(MISSING_CLIENT_CAPABILITY, "needs")
+            .with_data(json!({"requiredCapabilities": {"sampling": {}}}));
+        assert_eq!(
+            e.kind(),
+            RpcErrorKind::MissingClientCapability {
+                required: json!({"sampling": {}})
+            }
+        );
+        let versions: Vec<String> = (0..1000).map(|i| format!("2026-{i}")).collect();
+        let e = RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "no")
+            .with_data(json!({"supported": versions, "requested": "r".repeat(10_000)}));
+        let RpcErrorKind::UnsupportedProtocolVersion {
+            supported,
+            requested,
+        } = e.kind()
+        else {
+            panic!("kind");
+        };
+        assert_eq!(supported.len(), SHOWN_ENTRIES);
+        assert!(requested.chars().count() <= 65);
+    }
 
     #[test]
     fn a_peers_message_is_shown_on_one_bounded_line_and_kept_whole() {

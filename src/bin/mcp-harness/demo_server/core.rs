@@ -404,10 +404,18 @@ impl DemoServer {
                 json!({"prompts": [{"name": "greet", "description": "Greets someone", "arguments": [{"name": "who", "required": true}]}]}),
             )),
             "prompts/get" => Action::Reply(tools::get_prompt(request)),
-            "resources/list" => Action::Reply(Ok(
-                json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
-            )),
-            "resources/read" => Action::Reply(tools::read_resource(request)),
+            "resources/list" => {
+                if self.args.list_delay_ms > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(self.args.list_delay_ms))
+                        .await;
+                }
+                Action::Reply(Ok(
+                    json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
+                ))
+            }
+            "resources/read" => {
+                Action::Reply(tools::read_resource(request, self.args.resource_template))
+            }
             other => Action::Reply(Err(RpcError::new(
                 METHOD_NOT_FOUND,
                 format!("Method not found: {other}"),

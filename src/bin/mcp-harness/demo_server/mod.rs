@@ -116,7 +116,7 @@ pub struct DemoServerArgs {
     /// `ttlMs` per `tools/list` page, by page index (the last repeats).
     #[arg(long, value_delimiter = ',')]
     pub page_ttls: Vec<i64>,
-    /// Wait this long before answering `tools/list`.
+    /// Wait this long before answering `tools/list` and `resources/list`.
     #[arg(long, default_value_t = 0)]
     pub list_delay_ms: u64,
     /// Wait this long before answering every legacy HTTP `initialize` after the first
@@ -140,6 +140,9 @@ pub struct DemoServerArgs {
     /// refusal's headers all the same (a server that begins a session it then refuses).
     #[arg(long)]
     pub refuse_initialize_with_session: bool,
+    /// Serve `demo://echo/TEXT` (its text), a resource no list names, as a template's.
+    #[arg(long)]
+    pub resource_template: bool,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
     /// (the protocol lets a server ping before `initialized`).
     #[arg(long)]

@@ -113,10 +113,13 @@ pub fn get_prompt(request: &Request) -> Result<Value, RpcError> {
     }
 }
 
-pub fn read_resource(request: &Request) -> Result<Value, RpcError> {
+/// `demo://readme`, and with `template` any `demo://echo/TEXT` (served, not listed).
+pub fn read_resource(request: &Request, template: bool) -> Result<Value, RpcError> {
     match params_field(request, "uri").and_then(Value::as_str) {
         Some("demo://readme") => Ok(json!({"contents": [
             {"uri": "demo://readme", "mimeType": "text/plain", "text": "This server ships with mcp-harness."}]})),
+        Some(uri) if template && uri.starts_with("demo://echo/") => Ok(json!({"contents": [
+            {"uri": uri, "mimeType": "text/plain", "text": &uri["demo://echo/".len()..]}]})),
         Some(other) => Err(RpcError::new(
             INVALID_PARAMS,
             format!("resource not found: {other}"),
