@@ -84,7 +84,7 @@ pub(crate) async fn list_server(
 ) -> Result<Listed, CallError> {
     match walk(ctx, server, kind, auth_context, timeout, true).await {
         Walk::Done(listed) => {
-            refresh_if_due(ctx, &listed, kind, auth_context, timeout);
+            refresh_if_due(ctx, &listed, kind, auth_context);
             Ok(listed)
         }
         Walk::Failed(e) => Err(e),
@@ -104,13 +104,14 @@ pub(crate) async fn list_server(
     }
 }
 
-/// Lists again in the background a list served from the cache close to its expiry.
+/// Lists again in the background a list served from the cache close to its expiry,
+/// each page within the server's own timeout (not what was left of the call that
+/// found it due: a call with 5 ms left would have failed the refresh, holding its mark).
 fn refresh_if_due(
     ctx: &Arc<CallContext>,
     listed: &Listed,
     kind: CallKind,
     auth_context: Option<&str>,
-    timeout: Duration,
 ) {
     if !listed.from_cache
         || listed.refresh_window.is_zero()
@@ -132,6 +133,7 @@ fn refresh_if_due(
         return; // already under way
     };
     let (server, auth) = (listed.server.clone(), auth_context.map(String::from));
+    let timeout = server.config().timeout;
     // Among processes sharing a public list, one reads it again; the others find the
     // new pages in the shared layer when theirs expire.
     let claim = listed
@@ -210,19 +212,40 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     if !offers(&server, CallKind::Tool) {
         return;
     }
-    let Some(_reading) = Refreshing::begin(ctx, format!("changed\n{}", server.id())) else {
-        return; // one read at a time per server; the next change reads again
+    let key = format!("changed\n{}", server.id());
+    let again = format!("again\n{}", server.id());
+    // One read at a time per server: a change that comes during one has it read once
+    // more when done (it may have read the list before the change).
+    let mut reading = {
+        let mut refreshing = ctx.refreshing.lock();
+        if !refreshing.insert(key.clone()) {
+            refreshing.insert(again);
+            return;
+        }
+        Refreshing(ctx.clone(), key.clone())
     };
     let timeout = server.config().timeout;
-    let walked = walk(ctx, &server, CallKind::Tool, None, timeout, false);
-    match within_call_timeout(ctx, walked).await {
-        Some(Walk::Failed(e)) => {
-            tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
+    loop {
+        let walked = walk(ctx, &server, CallKind::Tool, None, timeout, false);
+        match within_call_timeout(ctx, walked).await {
+            Some(Walk::Failed(e)) => {
+                tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
+            }
+            None => {
+                tracing::debug!(server = %server.id(), "reading a changed tool list took longer than call_timeout");
+            }
+            Some(_) => {}
         }
-        None => {
-            tracing::debug!(server = %server.id(), "reading a changed tool list took longer than call_timeout");
+        // Under the lock that a change during the read takes too: it is read, or it
+        // finds no read under way and begins its own.
+        let mut refreshing = ctx.refreshing.lock();
+        if !refreshing.remove(&again) {
+            refreshing.remove(&key);
+            // Released here, under the lock: the guard (there for a read cut short)
+            // must not remove a read begun after this one.
+            reading.1.clear();
+            return;
         }
-        Some(_) => {}
     }
 }
 
@@ -595,6 +618,7 @@ pub(crate) async fn list_all(
     let mut lists = Vec::new();
     let mut unreachable = Vec::new();
     let mut set = tokio::task::JoinSet::new();
+    let mut spawned = Vec::new();
     let mut done = Vec::new();
     // One bound on each server's whole walk, not only on each page: a server that answers
     // every page just in time with a new cursor would otherwise hold a listing (and every
@@ -667,15 +691,32 @@ pub(crate) async fn list_all(
             continue;
         }
         let ctx2 = ctx.clone();
-        set.spawn(async move {
+        let listing = server.clone();
+        let task = set.spawn(async move {
             let listed =
                 list_within(&ctx2, &server, kind, auth.as_deref(), timeout, until, total).await;
             (i, server, listed)
         });
+        spawned.push((task.id(), listing));
     }
     while let Some(joined) = set.join_next().await {
-        if let Ok(item) = joined {
-            done.push(item);
+        match joined {
+            Ok(item) => done.push(item),
+            // A listing that panicked still counts its server as not listed: left out,
+            // a bare name would read as offered by no server at all.
+            Err(e) => {
+                if let Some((_, server)) = spawned.iter().find(|(id, _)| *id == e.id()) {
+                    tracing::error!(server = %server.id(), error = %e, "a listing task failed");
+                    unreachable.push((
+                        Unreachable {
+                            server: server.id().to_string(),
+                            state: server.state(),
+                            reason: "its listing failed".into(),
+                        },
+                        None,
+                    ));
+                }
+            }
         }
     }
     done.sort_by_key(|(i, _, _)| *i);
