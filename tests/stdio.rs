@@ -641,3 +641,46 @@ async fn a_command_that_does_not_exist_is_a_spawn_error() {
         "{err}"
     );
 }
+
+// A descendant that left the server's process group and holds its stdin unread (and its
+// stderr open) kept the transport's writer stuck in a write, and its stderr reader
+// waiting, after the transport was gone: until the descendant exited, with their pipes.
+// Now both end with the transport.
+#[tokio::test]
+async fn a_descendant_holding_stdin_does_not_keep_the_transports_tasks_alive() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    // The server reads server/discover and the orphan call, then nothing more.
+    let spec = demo_stdio(&["alpha", "--stop-reading-after", "2"]);
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_secs(3),
+        ..options()
+    };
+    let (conn, events) = Connection::connect("alpha", spec, opts)
+        .await
+        .expect("connect");
+    // It exits, leaving a child in a group of its own that holds stdin for 15 s; more
+    // than the pipe takes is written meanwhile, which no one reads.
+    let orphan = conn.request(
+        "tools/call",
+        call(
+            "orphan_stdout",
+            json!({"own_group": true, "hold_stdin": true, "seconds": 15}),
+        ),
+    );
+    let big = conn.request(
+        "tools/call",
+        call("echo", json!({"text": "x".repeat(1 << 20)})),
+    );
+    let (orphaned, big) = tokio::join!(orphan, big);
+    assert!(orphaned.is_err() && big.is_err(), "the server is gone");
+    drop(events);
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(10), || metrics.num_alive_tasks()
+            <= before)
+        .await,
+        "{} tasks alive, {before} before",
+        metrics.num_alive_tasks()
+    );
+}

@@ -137,6 +137,17 @@ pub(crate) struct StdioTransport {
     writer: mpsc::Sender<WriterCmd>,
     group: tokio::sync::Mutex<ProcessGroup>,
     pid: u32,
+    /// Ends the writer and the stderr reader when the transport is dropped.
+    _gone: tokio_util::sync::DropGuard,
+}
+
+/// Runs `work` until it ends or `gone` is cancelled.
+async fn until_gone(gone: tokio_util::sync::CancellationToken, work: impl Future<Output = ()>) {
+    tokio::select! {
+        biased;
+        () = work => {}
+        () = gone.cancelled() => {}
+    }
 }
 
 impl StdioTransport {
@@ -163,13 +174,18 @@ impl StdioTransport {
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
+        // A descendant that left the process group (`setsid`) can hold stdin and stderr
+        // open, unread or silent, past the group's kill: the writer stuck in a write and
+        // the stderr reader would outlive the transport, each with its pipe.
+        let gone = tokio_util::sync::CancellationToken::new();
+        let writing = write_loop(
+            spawned.stdin,
+            rx,
+            shared.clone(),
+            spawned.group.exit_watch(),
+        );
         tokio::spawn(tracing::Instrument::instrument(
-            write_loop(
-                spawned.stdin,
-                rx,
-                shared.clone(),
-                spawned.group.exit_watch(),
-            ),
+            until_gone(gone.clone(), writing),
             span.clone(),
         ));
         tokio::spawn(tracing::Instrument::instrument(
@@ -184,7 +200,7 @@ impl StdioTransport {
             span.clone(),
         ));
         tokio::spawn(tracing::Instrument::instrument(
-            log_stderr(server.to_string(), spawned.stderr),
+            until_gone(gone.clone(), log_stderr(server.to_string(), spawned.stderr)),
             span,
         ));
         tokio::spawn(watch_leader(shared.clone(), spawned.group.exit_watch()));
@@ -194,6 +210,7 @@ impl StdioTransport {
             writer,
             group: tokio::sync::Mutex::new(spawned.group),
             pid,
+            _gone: gone.drop_guard(),
         })
     }
 

@@ -25,7 +25,7 @@ pub fn tools() -> Vec<Value> {
         tool(
             "orphan_stdout",
             "Exits, leaving a child that holds stdout open (in a process group of its own: out of reach of the group's kill; for `seconds`)",
-            json!({"own_group": {"type": "boolean"}, "seconds": i("how long the child lives (default 3600)")}),
+            json!({"own_group": {"type": "boolean"}, "hold_stdin": {"type": "boolean", "description": "the child holds stdin too, unread"}, "seconds": i("how long the child lives (default 3600)")}),
             &[],
         ),
         plain("wrong_id", "Answers with an id that was never sent"),
@@ -138,9 +138,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 .and_then(Value::as_u64)
                 .unwrap_or(3600);
             let mut child = std::process::Command::new("sleep");
-            child
-                .arg(seconds.to_string())
-                .stdin(std::process::Stdio::null());
+            child.arg(seconds.to_string());
+            if arg(request, "hold_stdin").and_then(Value::as_bool) != Some(true) {
+                child.stdin(std::process::Stdio::null());
+            }
             if arg(request, "own_group").and_then(Value::as_bool) == Some(true) {
                 child.process_group(0);
             }
