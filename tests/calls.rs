@@ -848,6 +848,22 @@ async fn an_unlisted_resource_is_asked_of_each_server_but_not_while_one_is_unlis
         "{e}"
     );
     h.shutdown().await;
+
+    // A server stopped on purpose does not hold the others' resources back.
+    let mut off = demo("off", &[]);
+    off.enabled = false;
+    let quick = demo("quick", &["--resource-template"]);
+    let h = Harness::spawn(config(vec![off, quick], &["a"]))
+        .await
+        .expect("spawn");
+    let ready = || {
+        h.server_status("quick")
+            .is_some_and(|s| s.state == ServerState::Ready)
+    };
+    assert!(eventually(Duration::from_secs(30), ready).await);
+    let r = h.read_resource(&a, "demo://echo/hi").await.expect("served");
+    assert_eq!(r["contents"][0]["text"], "hi");
+    h.shutdown().await;
 }
 
 // An agent learns nothing of which server ids exist from what it cannot use: a server

@@ -359,13 +359,13 @@ async fn drive(
             .as_ref()
             .is_some_and(|d| d.request_state.is_some() || d.input_responses.is_some());
         let more = i + 1 < candidates.len() && !continued;
-        let broken = matches!(
-            error,
-            ServerError::TransportClosed { .. } | ServerError::Transport { .. }
-        );
         let safe = error.never_sent()
-            || (candidate.retry_safe && broken)
-            || (candidate.guessed && (broken || matches!(error, ServerError::Rpc { .. })));
+            || (candidate.retry_safe
+                && matches!(
+                    error,
+                    ServerError::TransportClosed { .. } | ServerError::Transport { .. }
+                ))
+            || (candidate.guessed && says_not_here(&error));
         // With no time left there is no next server to try.
         if more && safe && !deadline.remaining().is_zero() {
             tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");
@@ -381,6 +381,15 @@ async fn drive(
             tool: request.name.clone(),
             unreachable: Vec::new(),
         }))
+}
+
+/// Whether a server asked for a resource no list named answered that it has no such
+/// resource (or none at all). Anything else, a timeout say, is its answer: the read
+/// ends there rather than take the URI to yet another server.
+fn says_not_here(error: &ServerError) -> bool {
+    use crate::protocol::error::{INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND};
+    matches!(error, ServerError::Rpc { error, .. }
+        if matches!(error.code, RESOURCE_NOT_FOUND | INVALID_PARAMS | METHOD_NOT_FOUND))
 }
 
 /// Whether `e`, with the call's deadline past, is that deadline running out in one of

@@ -163,9 +163,16 @@ async fn route_bare<'a>(
         })
         .collect();
     // A uri no list names (a template's, say): the servers with resources are asked in
-    // order, each "no" moving on to the next. Not while one could not be listed: the
-    // uri may be its (a secret in it), and another's answer would pass for its own.
-    let guessed = offering.is_empty() && kind == CallKind::Resource && unreachable.is_empty();
+    // order, each "no such resource" moving on to the next. Not while one that may have
+    // resources could not be listed: the uri may be its (a secret in it), and another's
+    // answer would pass for its own. (A server stopped on purpose is out of the question.)
+    let unlisted = unreachable.iter().any(|(u, _)| {
+        u.state != ServerState::Stopped
+            && granted
+                .iter()
+                .any(|s| s.id() == u.server && s.offers().is_none_or(|offers| offers.resources))
+    });
+    let guessed = offering.is_empty() && kind == CallKind::Resource && !unlisted;
     if guessed {
         offering = granted
             .iter()

@@ -311,7 +311,7 @@ pub(crate) struct SearchIndex {
     built: parking_lot::Mutex<Vec<(u64, Slot)>>,
     /// Indexes built, for tests.
     #[cfg(test)]
-    builds: std::sync::atomic::AtomicUsize,
+    builds: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SearchIndex {
@@ -337,19 +337,30 @@ impl SearchIndex {
             built.truncate(KEPT);
             slot
         };
-        let built = slot
-            .get_or_try_init(|| async {
+        let built = match slot.get() {
+            Some(index) => Ok(index.clone()),
+            None => {
                 #[cfg(test)]
-                self.builds
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // Stemming a few thousand definitions is CPU work for milliseconds.
-                tokio::task::spawn_blocking(move || Built::new(tools))
-                    .await
-                    .map(Arc::new)
-            })
-            .await;
+                let builds = self.builds.clone();
+                // On a task of its own, which holds the slot until the index is in it: a
+                // search given up (its client gone) does not throw the build away, and
+                // the searches after it wait for this one instead of starting their own.
+                let building = tokio::spawn(async move {
+                    let init = || async {
+                        #[cfg(test)]
+                        builds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // Stemming a few thousand definitions is CPU work for milliseconds.
+                        tokio::task::spawn_blocking(move || Built::new(tools))
+                            .await
+                            .map(Arc::new)
+                    };
+                    slot.get_or_try_init(init).await.cloned()
+                });
+                building.await.unwrap_or_else(Err)
+            }
+        };
         let index = match built {
-            Ok(index) => index.clone(),
+            Ok(index) => index,
             Err(e) => {
                 // The slot stays empty: the next search builds again.
                 tracing::warn!(error = %e, "building the tool search index failed");
@@ -462,6 +473,24 @@ mod tests {
         );
         // A listing seen before is not built again.
         index.search(tools, "disk", 1).await;
+        assert_eq!(index.builds.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    // A search given up while its index is being built (its client gone) leaves the
+    // build to finish: the next search finds it. Before, the build was thrown away and
+    // each search that came and went started one more.
+    #[tokio::test]
+    async fn a_search_given_up_during_its_build_leaves_the_build_to_the_next() {
+        let tools: Vec<ToolInfo> = (0..2000)
+            .map(|i| tool("s", &format!("tool_{i}"), "Read and write files on disk"))
+            .collect();
+        let index = SearchIndex::default();
+        for _ in 0..3 {
+            let search = index.search(tools.clone(), "write a file", 3);
+            // Given up as soon as it has begun.
+            let _ = tokio::time::timeout(std::time::Duration::from_micros(1), search).await;
+        }
+        assert_eq!(index.search(tools, "disk", 1).await.len(), 1);
         assert_eq!(index.builds.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

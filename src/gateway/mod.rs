@@ -786,7 +786,7 @@ impl Gateway {
             .await
             .map_err(|e| GatewayError::Config(e.to_string()))?;
         applied.permissions = harness_config.permissions.clone();
-        // Last of these: new roots are announced to legacy servers, one by one.
+        // Last of these: new roots are announced to legacy servers, all at once.
         harness.replace_agents(harness_config.agents.clone()).await;
         applied.agents = harness_config.agents.clone();
 

@@ -623,23 +623,21 @@ impl HarnessHandle {
             *current = agents;
             changed
         };
-        // Only to servers told at `initialize` that we list roots (a roots handler is
-        // there from the start, or not at all).
-        let declared = self
-            .ctx()
-            .inputs
-            .snapshot()
-            .capabilities()
-            .get("roots")
-            .is_some();
-        if !roots_changed || !declared {
+        if !roots_changed {
             return;
         }
-        // All at once: one server slow to take it must not hold up the others.
+        // All at once, one server slow to take it must not hold up the others; and only
+        // to those told at `initialize` that roots changes are announced.
+        let told = |c: &crate::transport::Connection| {
+            c.era() == crate::transport::Era::Legacy
+                && c.declared()
+                    .get("roots")
+                    .and_then(|r| r.get("listChanged"))
+                    .and_then(serde_json::Value::as_bool)
+                    == Some(true)
+        };
         let sent = self.inner.directory.all().into_iter().filter_map(|server| {
-            let conn = server
-                .connection()
-                .filter(|c| c.era() == crate::transport::Era::Legacy)?;
+            let conn = server.connection().filter(|c| told(c))?;
             Some(async move {
                 if let Err(e) = conn.notify("notifications/roots/list_changed", None).await {
                     tracing::debug!(server = server.id(), error = %e, "roots list_changed not sent");

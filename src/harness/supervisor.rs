@@ -181,11 +181,10 @@ impl Actor for HarnessSupervisor {
                 state.shutting_down = Some(later.clone());
                 let services = state.services.clone();
                 tokio::spawn(async move {
-                    // Answered even if the shutdown panics.
-                    let _later = AnswerLater(later);
+                    // Done even if the shutdown panics.
+                    let _later = AnswerLater(later, myself);
                     shut_down(&services).await;
                     let _ = reply.send(());
-                    myself.stop(None);
                 });
             }
             HarnessMsg::Child(service, reply) => {
@@ -221,15 +220,20 @@ impl Actor for HarnessSupervisor {
     }
 }
 
-/// Answers the callers of later shutdowns when dropped: when the first is done, or has
-/// panicked.
-struct AnswerLater(Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>);
+/// When the first shutdown is done, or has panicked: answers the callers of later ones,
+/// and stops the supervisor (those who ask after it are answered by their ports,
+/// dropped with it).
+struct AnswerLater(
+    Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>,
+    ActorRef<HarnessMsg>,
+);
 
 impl Drop for AnswerLater {
     fn drop(&mut self) {
         for reply in self.0.lock().drain(..) {
             let _ = reply.send(());
         }
+        self.1.stop(None);
     }
 }
 

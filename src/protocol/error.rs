@@ -19,6 +19,8 @@ pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 /// -32603: internal error.
 pub const INTERNAL_ERROR: i64 = -32603;
+/// -32002: `resources/read` of a URI the server does not have.
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
 /// -32020 `HeaderMismatch`: HTTP headers missing or different from the body.
 pub const HEADER_MISMATCH: i64 = -32020;
 /// -32021 `MissingRequiredClientCapability`.

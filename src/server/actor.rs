@@ -773,7 +773,8 @@ impl ServerActorState {
     }
 
     async fn on_shutdown(&mut self) {
-        let draining = std::mem::take(&mut self.draining);
+        let mut draining = std::mem::take(&mut self.draining);
+        draining.retain(|(_, drain)| !drain.is_finished());
         if self.state == ServerState::Stopped
             && self.current.is_none()
             && self.handover.is_none()

@@ -249,6 +249,12 @@ impl Connection {
         &self.profile
     }
 
+    /// The client capabilities this connection was opened with: what a legacy server
+    /// was told at `initialize` and holds for the connection's life.
+    pub fn declared(&self) -> &serde_json::Value {
+        &self.options.capabilities
+    }
+
     /// The era the server speaks.
     pub fn era(&self) -> Era {
         self.profile.era()

@@ -141,12 +141,20 @@ pub(crate) struct StdioTransport {
     _gone: tokio_util::sync::DropGuard,
 }
 
-/// Runs `work` until it ends or `gone` is cancelled.
-async fn until_gone(gone: tokio_util::sync::CancellationToken, work: impl Future<Output = ()>) {
+/// Runs `work` until it ends, or `grace` after `gone` is cancelled.
+async fn until_gone(
+    gone: tokio_util::sync::CancellationToken,
+    grace: Duration,
+    work: impl Future<Output = ()>,
+) {
+    let ended = async {
+        gone.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
     tokio::select! {
         biased;
         () = work => {}
-        () = gone.cancelled() => {}
+        () = ended => {}
     }
 }
 
@@ -185,7 +193,7 @@ impl StdioTransport {
             spawned.group.exit_watch(),
         );
         tokio::spawn(tracing::Instrument::instrument(
-            until_gone(gone.clone(), writing),
+            until_gone(gone.clone(), Duration::ZERO, writing),
             span.clone(),
         ));
         tokio::spawn(tracing::Instrument::instrument(
@@ -200,7 +208,12 @@ impl StdioTransport {
             span.clone(),
         ));
         tokio::spawn(tracing::Instrument::instrument(
-            until_gone(gone.clone(), log_stderr(server.to_string(), spawned.stderr)),
+            // A moment more for the last lines of a server that has exited.
+            until_gone(
+                gone.clone(),
+                Duration::from_secs(1),
+                log_stderr(server.to_string(), spawned.stderr),
+            ),
             span,
         ));
         tokio::spawn(watch_leader(shared.clone(), spawned.group.exit_watch()));
