@@ -31,7 +31,7 @@ pub(crate) struct Candidate<'a> {
     /// marked idempotent or read-only by a server whose annotations are trusted).
     pub(crate) retry_safe: bool,
     /// Asked though no list names the item (a resource URI a template serves, say):
-    /// its error answer, or a broken connection, moves the read on to the next.
+    /// its "no such resource" answer moves the read on to the next.
     pub(crate) guessed: bool,
 }
 
@@ -165,12 +165,14 @@ async fn route_bare<'a>(
     // A uri no list names (a template's, say): the servers with resources are asked in
     // order, each "no such resource" moving on to the next. Not while one that may have
     // resources could not be listed: the uri may be its (a secret in it), and another's
-    // answer would pass for its own. (A server stopped on purpose is out of the question.)
+    // answer would pass for its own. (A server disabled in the config is out of it; one
+    // stopped after a crash is not.)
     let unlisted = unreachable.iter().any(|(u, _)| {
-        u.state != ServerState::Stopped
-            && granted
-                .iter()
-                .any(|s| s.id() == u.server && s.offers().is_none_or(|offers| offers.resources))
+        granted.iter().any(|s| {
+            s.id() == u.server
+                && s.config().enabled
+                && s.offers().is_none_or(|offers| offers.resources)
+        })
     });
     let guessed = offering.is_empty() && kind == CallKind::Resource && !unlisted;
     if guessed {

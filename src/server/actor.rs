@@ -773,12 +773,13 @@ impl ServerActorState {
     }
 
     async fn on_shutdown(&mut self) {
-        let mut draining = std::mem::take(&mut self.draining);
-        draining.retain(|(_, drain)| !drain.is_finished());
+        let draining = std::mem::take(&mut self.draining);
+        // A finished drain has stopped its connection (one that died early has not, and
+        // is stopped with the rest; asking a stopped actor costs nothing).
         if self.state == ServerState::Stopped
             && self.current.is_none()
             && self.handover.is_none()
-            && draining.is_empty()
+            && draining.iter().all(|(_, drain)| drain.is_finished())
         {
             return;
         }

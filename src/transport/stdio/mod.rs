@@ -149,7 +149,9 @@ async fn until_gone(
 ) {
     let ended = async {
         gone.cancelled().await;
-        tokio::time::sleep(grace).await;
+        if !grace.is_zero() {
+            tokio::time::sleep(grace).await;
+        }
     };
     tokio::select! {
         biased;
