@@ -593,11 +593,20 @@ async fn shutdown_with_an_audit_write_stuck_ends_within_seconds() {
         assert!(made < 2_000, "the writer never got stuck");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    shuts_down_within_seconds_leaving_a_backlog(h, reader, dir).await;
+}
+
+/// Shuts `h` down, which must end within seconds with records left unwritten; then the
+/// pipe is read (the stuck write's thread goes) and `dir` removed.
+async fn shuts_down_within_seconds_leaving_a_backlog(
+    h: HarnessHandle,
+    reader: std::fs::File,
+    dir: std::path::PathBuf,
+) {
     let health = tokio::time::timeout(Duration::from_secs(20), h.shutdown())
         .await
         .expect("shutdown ends within seconds");
     assert!(health.backlog > 0, "{health:?}");
-    // The stuck write's thread goes once the pipe is read.
     drop(reader);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -617,12 +626,7 @@ async fn shutdown_whose_own_audit_flush_gets_stuck_ends_within_seconds() {
     }
     let health = h.audit_health();
     assert!(health.writable && health.backlog == 10, "{health:?}");
-    let health = tokio::time::timeout(Duration::from_secs(20), h.shutdown())
-        .await
-        .expect("shutdown ends within seconds");
-    assert!(health.backlog > 0, "{health:?}");
-    drop(reader);
-    let _ = std::fs::remove_dir_all(&dir);
+    shuts_down_within_seconds_leaving_a_backlog(h, reader, dir).await;
 }
 
 /// The harness's warnings, as this thread's subscriber sees them: a test's runtime runs
