@@ -117,6 +117,46 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
     assert!(!err.contains(secret), "{err}");
 }
 
+// A config that can be read once (a FIFO, `--config <(…)`) is read once. Before, the
+// read for the exporters took it, and the command's own read then waited for a writer
+// for good.
+#[test]
+fn a_config_that_can_be_read_once_is_read_once() {
+    let dir = scratch_dir().join("fifo-config");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("servers.json");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let text = serde_json::json!({"mcpServers": {"alpha": {
+        "command": harness_exe(), "args": ["demo-server", "alpha"]}}})
+    .to_string();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(&fifo, text))
+    };
+    let mut child = Command::new(harness_exe())
+        .args(["tools", "--config", &fifo.to_string_lossy()])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    let began = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if began.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the command waited to read its config again");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().expect("output");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("echo"), "{}", stdout(&o));
+    writer.join().expect("writer").expect("written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn tools_lists_stdio_servers_of_both_eras_as_text_and_json() {
     let (modern, legacy) = (demo_cmd("alpha"), demo_cmd("beta --era legacy"));

@@ -2,7 +2,7 @@
 //! them to settle (with progress on a terminal), do one thing, shut down cleanly.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,10 +91,34 @@ pub struct Setup {
     pub agent: String,
 }
 
+/// The config file as read before the command ran (for the exporters), kept for the
+/// command: a file that can be read once (a FIFO, `--config <(…)`) cannot be read
+/// again. A reload reads the file anew.
+static FIRST_READ: std::sync::Mutex<Option<(PathBuf, Result<Loaded, mcp_harness::ConfigError>)>> =
+    std::sync::Mutex::new(None);
+
+/// Reads the config file at `path` before the command runs, keeping what was read
+/// for the command's [`load`].
+pub fn read_first(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
+    let read = file::load(path);
+    *FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((path.to_path_buf(), read.clone()));
+    read
+}
+
+/// What [`read_first`] read of `path`, once; else the file read now.
+fn read(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
+    let first = FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match first {
+        Some((read, loaded)) if read == path => loaded,
+        _ => file::load(path),
+    }
+}
+
 pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     let usage = |e: mcp_harness::ConfigError| UsageError(e.into());
     let mut loaded = match &args.config {
-        Some(path) => file::load(path).map_err(usage)?,
+        Some(path) => read(path).map_err(usage)?,
         None => Loaded::default(),
     };
     // Read at start for the exporters; a mistake in it is the file's error.

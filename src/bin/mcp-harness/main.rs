@@ -157,8 +157,7 @@ fn main() -> ExitCode {
     } else {
         // The `[telemetry]` table, read before the command runs (its errors are the
         // command's to report).
-        let loaded =
-            config_path(&cli.command).and_then(|p| mcp_harness::config::file::load(p).ok());
+        let loaded = config_path(&cli.command).and_then(|p| commands::read_first(p).ok());
         // Its errors may quote what a `${VAR}` put in (an endpoint with a key in it).
         let substituted = loaded
             .as_ref()
