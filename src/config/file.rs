@@ -211,6 +211,12 @@ fn substitute(v: &mut Value, file: &Path, met: &mut Met) -> Result<(), ConfigErr
 /// Reads a config file: TOML (`.toml`), or JSON: `mcpServers`, VS Code's `servers`
 /// object, or this crate's own config as JSON. The result is validated.
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
+    parse(&read(path)?, path)
+}
+
+/// A config file's text, up to [`MAX_FILE_BYTES`]: [`load`] without [`parse`], for a
+/// caller that parses it more than once (a FIFO can be read only once).
+pub fn read(path: &Path) -> Result<String, ConfigError> {
     use std::io::Read;
     let unreadable = |e: std::io::Error| {
         ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path)
@@ -223,7 +229,7 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
         let why = format!("is larger than {} MiB", MAX_FILE_BYTES >> 20);
         return Err(ConfigError::new("(file)", why).in_file(path));
     }
-    parse(&text, path)
+    Ok(text)
 }
 
 /// The largest config file read: a path to `/dev/zero` or a runaway generator would

@@ -91,26 +91,30 @@ pub struct Setup {
     pub agent: String,
 }
 
-/// The config file as read before the command ran (for the exporters), kept for the
-/// command: a file that can be read once (a FIFO, `--config <(…)`) cannot be read
-/// again. A reload reads the file anew.
-static FIRST_READ: std::sync::Mutex<Option<(PathBuf, Result<Loaded, mcp_harness::ConfigError>)>> =
-    std::sync::Mutex::new(None);
+/// The config file's text as read before the command ran (for the exporters), kept
+/// for the command: a file that can be read once (a FIFO, `--config <(…)`) cannot be
+/// read again. It is parsed again, once logging is set up, for its warnings. A reload
+/// reads the file anew.
+type FirstRead = Option<(PathBuf, Result<String, mcp_harness::ConfigError>)>;
+static FIRST_READ: std::sync::Mutex<FirstRead> = std::sync::Mutex::new(None);
 
-/// Reads the config file at `path` before the command runs, keeping what was read
-/// for the command's [`load`].
+/// Reads the config file at `path` before the command runs, keeping its text for the
+/// command's [`load`].
 pub fn read_first(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
-    let read = file::load(path);
-    *FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()) =
-        Some((path.to_path_buf(), read.clone()));
-    read
+    let text = file::read(path);
+    let parsed = text
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|t| file::parse(t, path));
+    *FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), text));
+    parsed
 }
 
-/// What [`read_first`] read of `path`, once; else the file read now.
+/// What [`read_first`] read of `path` (once), parsed; else the file read now.
 fn read(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
     let first = FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()).take();
     match first {
-        Some((read, loaded)) if read == path => loaded,
+        Some((read, text)) if read == path => file::parse(&text?, path),
         _ => file::load(path),
     }
 }
