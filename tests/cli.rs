@@ -117,12 +117,16 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
     assert!(!err.contains(secret), "{err}");
 }
 
-// A config that can be read once (a FIFO, `--config <(…)`) is read once. Before, the
-// read for the exporters took it, and the command's own read then waited for a writer
-// for good.
-#[test]
-fn a_config_that_can_be_read_once_is_read_once() {
-    let dir = scratch_dir().join("fifo-config");
+/// A FIFO in a fresh directory `name` that one thread writes an `mcpServers` config
+/// to, once, when it is opened for reading.
+fn config_in_a_fifo(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::thread::JoinHandle<std::io::Result<()>>,
+) {
+    let dir = scratch_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let fifo = dir.join("servers.json");
@@ -135,6 +139,62 @@ fn a_config_that_can_be_read_once_is_read_once() {
         let fifo = fifo.clone();
         std::thread::spawn(move || std::fs::write(&fifo, text))
     };
+    (dir, fifo, writer)
+}
+
+// `serve` on such a config does not read it again: its reload reads a regular file
+// only. Before, the reload's watcher waited in a read for a writer, holding a runtime
+// thread for good: with one thread, serve answered not even a SIGTERM.
+#[test]
+fn serve_on_a_config_that_can_be_read_once_does_not_wait_to_read_it_again() {
+    let (dir, fifo, writer) = config_in_a_fifo("fifo-serve");
+    let child = Command::new(harness_exe())
+        .args(["serve", "--config", &fifo.to_string_lossy()])
+        .args(["--listen", "127.0.0.1:0", "--dev-keys"])
+        .env("RUST_LOG", "error")
+        .env("TOKIO_WORKER_THREADS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    writer.join().expect("writer").expect("written");
+    std::thread::sleep(Duration::from_secs(2));
+    for signal in ["-HUP", "-TERM"] {
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let pid = child.id();
+    let waited = std::thread::spawn(move || child.wait_with_output());
+    let began = std::time::Instant::now();
+    while !waited.is_finished() {
+        if began.elapsed() > Duration::from_secs(20) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("serve did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = waited.join().expect("join").expect("output");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// A config that can be read once (a FIFO, `--config <(…)`) is read once. Before, the
+// read for the exporters took it, and the command's own read then waited for a writer
+// for good.
+#[test]
+fn a_config_that_can_be_read_once_is_read_once() {
+    let (dir, fifo, writer) = config_in_a_fifo("fifo-config");
     let mut child = Command::new(harness_exe())
         .args(["tools", "--config", &fifo.to_string_lossy()])
         .env("RUST_LOG", "error")
@@ -146,6 +206,7 @@ fn a_config_that_can_be_read_once_is_read_once() {
     while child.try_wait().expect("wait").is_none() {
         if began.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
+            let _ = child.wait();
             panic!("the command waited to read its config again");
         }
         std::thread::sleep(Duration::from_millis(50));

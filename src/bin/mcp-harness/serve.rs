@@ -236,15 +236,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
 }
 
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
-/// a config that does not load is refused with its error, and the running one kept.
+/// a config that does not load is refused with its error, and the running one kept. A
+/// config that is no regular file (a FIFO, `<(…)`) was read once, and is not reloaded:
+/// reading it again would wait for a writer.
 async fn reload_on_change(
     gateway: Gateway,
     servers: ServerArgs,
     dev_sealer: Option<Sealer>,
     at_start: AtStart,
 ) {
-    let read = |path: &std::path::Path| std::fs::read(path).ok();
-    let mut seen = servers.config.as_deref().and_then(read);
+    let path = servers.config.as_deref();
+    let reloadable = path.is_none_or(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
+    if !reloadable {
+        tracing::info!("the config is not a regular file: it is not reloaded");
+    }
+    let read = |path: &std::path::Path| {
+        reloadable
+            .then(|| mcp_harness::config::file::read(path).ok())
+            .flatten()
+    };
+    let mut seen = path.and_then(read);
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(e) => {
@@ -263,8 +274,12 @@ async fn reload_on_change(
                 }
             } => true,
         };
-        let now = servers.config.as_deref().and_then(read);
+        let now = path.and_then(read);
         if !signalled && now == seen {
+            continue;
+        }
+        if !reloadable {
+            tracing::warn!("the config is not a regular file: not reloaded");
             continue;
         }
         seen = now;
