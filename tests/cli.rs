@@ -1714,3 +1714,38 @@ fn a_config_files_text_reaches_the_terminal_without_escape_sequences() {
         let _ = std::fs::remove_file(path);
     }
 }
+
+// The sampling API key is read by the harness that uses it: signing out (or in) needs no
+// key in the environment, and a command that starts the harness names the variable.
+#[test]
+fn logout_needs_no_sampling_key_and_a_started_harness_does() {
+    let text = format!(
+        "{}\n[sampling]\nprovider = \"openai\"\nmodel = \"m\"\napi_key_env = \"MCP_HARNESS_SURELY_UNSET\"\n",
+        toml_demo("alpha", "")
+    );
+    let config = config_file("sampling-key", "harness.toml", &text);
+    let config = config.to_string_lossy();
+    let tokens = scratch_dir().join("sampling-key-tokens");
+    let out = run(&[
+        "logout",
+        "alpha",
+        "--config",
+        &config,
+        "--tokens",
+        &tokens.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("0 token(s) forgotten"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&["tools", "--config", &config]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sampling.api_key_env")
+            && stderr(&out).contains("MCP_HARNESS_SURELY_UNSET"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -225,10 +225,6 @@ mod tests {
                 "sampling.max_tokens",
             ),
             (
-                "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\napi_key_env = \"MCP_HARNESS_SURELY_UNSET\"\n",
-                "sampling.api_key_env",
-            ),
-            (
                 "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\nbase_url = \"ftp://x\"\n",
                 "sampling.base_url",
             ),
@@ -241,6 +237,15 @@ mod tests {
             assert_eq!(e.field, field, "{e}");
             assert!(e.to_string().contains("h.toml"), "{e}");
         }
+        // The key's variable is read by the handler that uses it, not by every command
+        // that reads the file (`logout` has no use for it).
+        let unset = "[sampling]\nprovider = \"openai\"\nmodel = \"m\"\napi_key_env = \"MCP_HARNESS_SURELY_UNSET\"\n";
+        let loaded = file::parse(&format!("{server}{unset}"), path).expect("parses");
+        let sampling = loaded.config.sampling.expect("sampling");
+        let e = crate::call::input::SamplingHandler::new(sampling, Default::default(), None)
+            .err()
+            .expect("no key");
+        assert_eq!(e.field, "api_key_env", "{e}");
         // An embedder's own handlers take the built-in ones' place: their settings are
         // no part of the config's own validation.
         let config = HarnessConfig {

@@ -314,8 +314,10 @@ async fn run(command: Command) -> anyhow::Result<u8> {
     };
     let mut setup = commands::load(&servers)?;
     if let Action::Login { server } = &action {
-        // Only the server signed in to is started.
+        // Only the server signed in to is started, and no sampling handler (whose API key
+        // has nothing to do with signing in, and may not be in this environment).
         setup.loaded.config.servers.retain(|s| &s.id == server);
+        setup.loaded.config.sampling = None;
         if setup.loaded.config.servers.is_empty() {
             return Err(UsageError(anyhow::anyhow!(
                 "no server named {:?}",

@@ -152,25 +152,9 @@ struct Sampler {
 }
 
 impl SamplingConfig {
-    /// Checks what can be checked before anything starts; the API key, read from its
-    /// variable now, when one is named.
-    pub fn validate(&self) -> Result<Option<String>, Invalid> {
-        let key = match &self.api_key_env {
-            Some(var) => {
-                let key = std::env::var(var).map_err(|_| {
-                    Invalid::new("api_key_env", format!("the variable {var} is not set"))
-                })?;
-                // Found out here, not as every request failing at send time.
-                reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                    Invalid::new(
-                        "api_key_env",
-                        format!("the variable {var} holds characters a header cannot carry"),
-                    )
-                })?;
-                Some(key)
-            }
-            None => None,
-        };
+    /// Checks the settings as written, when a file is read. The API key is not read
+    /// here: a command that starts no handler (`logout`) needs no key in its environment.
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.max_tokens == 0 {
             return Err(Invalid::new("max_tokens", "must be at least 1"));
         }
@@ -182,7 +166,24 @@ impl SamplingConfig {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(Invalid::new("base_url", "must be http or https"));
         }
-        Ok(key)
+        Ok(())
+    }
+
+    /// The API key, read from its variable now, when one is named.
+    fn api_key(&self) -> Result<Option<String>, Invalid> {
+        let Some(var) = &self.api_key_env else {
+            return Ok(None);
+        };
+        let key = std::env::var(var)
+            .map_err(|_| Invalid::new("api_key_env", format!("the variable {var} is not set")))?;
+        // Found out here, not as every request failing at send time.
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+            Invalid::new(
+                "api_key_env",
+                format!("the variable {var} holds characters a header cannot carry"),
+            )
+        })?;
+        Ok(Some(key))
     }
 }
 
@@ -194,7 +195,8 @@ impl SamplingHandler {
         agents: SharedAgents,
         approver: Option<Arc<dyn InputHandler>>,
     ) -> Result<SamplingHandler, Invalid> {
-        let key = config.validate()?;
+        config.validate()?;
+        let key = config.api_key()?;
         let tls = crate::transport::tls::client_config(config.ca_file.as_deref())
             .map_err(|e| Invalid::new("ca_file", e))?;
         let http = reqwest::Client::builder()
