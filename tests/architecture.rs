@@ -345,6 +345,42 @@ fn module_dependencies_run_one_way_and_never_in_a_cycle() {
     assert!(c.is_empty(), "modules that import each other: {c:?}");
 }
 
+/// A public error enum can gain a variant without breaking those who match on it: each
+/// says so with `#[non_exhaustive]` (an embedder's match then has a catch-all arm).
+#[test]
+fn public_error_enums_are_non_exhaustive() {
+    let modules = read_modules(Path::new("src"));
+    let mut open = Vec::new();
+    let mut seen = 0;
+    for (module, text) in &modules {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(rest) = line.strip_prefix("pub enum ") else {
+                continue;
+            };
+            let name = rest.split([' ', '<', '{']).next().unwrap_or_default();
+            if !name.ends_with("Error") {
+                continue;
+            }
+            seen += 1;
+            // The attributes just above the item.
+            let marked = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| l.starts_with("#[") || l.starts_with("///"))
+                .any(|l| l.trim() == "#[non_exhaustive]");
+            if !marked {
+                open.push(format!("{module}::{name}"));
+            }
+        }
+    }
+    assert!(seen >= 10, "found the crate's error enums ({seen})");
+    assert!(
+        open.is_empty(),
+        "error enums without #[non_exhaustive]: {open:?}"
+    );
+}
+
 /// The checker itself, on a tree shaped like the first wave's (which it must refuse).
 #[test]
 fn the_check_refuses_upward_imports_and_cycles() {

@@ -46,6 +46,7 @@ fn no_route(tool: &str, list: &[Unreachable]) -> String {
 
 /// A call failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     /// The caller may not use this tool (or, with no agent id, anything).
     #[error("denied: agent {} may not call {tool:?}{}", agent.as_deref().unwrap_or("(anonymous)"), server.as_ref().map(|s| format!(" on server {s:?}")).unwrap_or_default())]

@@ -47,6 +47,7 @@ pub struct Admitted {
 
 /// Why a request has no principal.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdentityError {
     /// No credentials, and no agent for anonymous callers.
     #[error("this gateway needs a bearer token")]

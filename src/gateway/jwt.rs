@@ -63,6 +63,7 @@ fn default_context_claim() -> String {
 
 /// Why a JWT was refused (logged; the client gets 401).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum JwtError {
     /// Not a JWT, or its header cannot be read.
     #[error("not a JWT: {0}")]

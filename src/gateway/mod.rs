@@ -234,6 +234,7 @@ impl GatewayConfig {
 
 /// What can go wrong setting a gateway up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GatewayError {
     /// The `[gateway]` settings are wrong.
     #[error("{0}")]

@@ -33,6 +33,7 @@ const MAX_SEALED: usize = 256 * 1024;
 /// Why a sealed state was refused. The downstream client gets one message for all of
 /// them (invalid params); the log gets the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SealError {
     /// Not an envelope of ours, or too large.
     #[error("not a request state this gateway issued")]

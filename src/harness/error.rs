@@ -7,6 +7,7 @@ use crate::server::{ServerError, ServersError};
 
 /// Starting or managing the harness failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HarnessError {
     /// The configuration cannot work; the error says where and what to fix.
     #[error("invalid configuration: {0}")]

@@ -166,6 +166,7 @@ impl RpcError {
 
 /// A message that is not valid JSON-RPC, or a result that breaks the MCP schema.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// Not JSON at all.
     #[error("invalid JSON: {0}")]

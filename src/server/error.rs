@@ -9,6 +9,7 @@ use crate::transport::{RequestError, TransportError};
 
 /// A request to one supervised server failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// The connection ended while the request was in flight (process exit, broken
     /// link); the server is being restarted per its policy.

@@ -24,6 +24,7 @@ use crate::util::slot::ActorSlot;
 
 /// Why a server could not be added or found.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServersError {
     /// A server with this id exists already.
     #[error("a server named {0:?} exists already")]

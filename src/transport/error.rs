@@ -14,6 +14,7 @@ use crate::protocol::{ProtocolError, RpcError};
 
 /// Why a server process could not be started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpawnFailure {
     /// The command is not on `PATH` (or the path does not exist).
     NotFound,
@@ -25,6 +26,7 @@ pub enum SpawnFailure {
 
 /// What failed in a TLS connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TlsFailure {
     /// The certificate chain does not lead to a trusted root.
     UntrustedCertificate,
@@ -50,6 +52,7 @@ impl TlsFailure {
 
 /// What went wrong moving messages to or from one server.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The server process could not be started.
     #[error("could not start `{command}`: {reason}")]
@@ -175,6 +178,7 @@ impl TransportError {
 
 /// One request to a connected server, failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RequestError {
     /// The bytes did not make it, or no answer came.
     #[error(transparent)]
@@ -189,6 +193,7 @@ pub enum RequestError {
 
 /// Connecting to a server (spawn, era detection, handshake) failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The transport failed before the server could be identified.
     #[error(transparent)]

@@ -60,6 +60,7 @@ pub struct InputRequestContext {
 
 /// Why a handler refused to answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Denial {
     /// The agent's settings do not allow it.
     #[error("agent {agent} may not use it")]
@@ -86,6 +87,7 @@ pub enum Denial {
 
 /// A handler could not answer.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InputError {
     /// No answer within the deadline.
     #[error("no answer within {0:?}")]

@@ -44,6 +44,7 @@ impl std::fmt::Display for AuthStep {
 
 /// What went wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthFailure {
     /// No metadata at any of the places the spec names.
     #[error("no metadata found (tried {tried:?})")]
