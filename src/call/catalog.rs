@@ -1,7 +1,7 @@
 //! What a list holds, as callers see it: [`ToolInfo`]s built once per list and shared
 //! while the cache hands out the same pages.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use serde_json::Value;
 
@@ -41,17 +41,36 @@ pub struct ToolInfo {
 /// The items of the lists read last, built once per list and reused while the cache
 /// hands out the same pages (a listing from the cache then copies reference counts,
 /// not definitions). A few variants per (server, kind), for lists private to a
-/// context; a removed server's are forgotten with it.
+/// context; a removed server's are forgotten with it, and a list whose pages no one
+/// holds any more (the cache dropped them) at the next build, so that what is kept
+/// here follows the cache's budget instead of keeping evicted lists alive.
 #[derive(Default)]
 pub(crate) struct Catalog {
     lists: parking_lot::Mutex<std::collections::HashMap<(String, CallKind), Vec<Built>>>,
 }
 
-/// One list's items, and the pages they were built from (held, so that a page's
-/// address is never reused while it is compared).
+/// One list's items, and the pages they were built from. Weak: they do not keep a
+/// page alive, but its allocation stays, so its address is never reused while it is
+/// compared.
 struct Built {
-    pages: Vec<Arc<Value>>,
+    pages: Vec<Weak<Value>>,
     items: Arc<[ToolInfo]>,
+}
+
+impl Built {
+    fn is_of(&self, pages: &[Arc<Value>]) -> bool {
+        self.pages.len() == pages.len()
+            && self
+                .pages
+                .iter()
+                .zip(pages)
+                .all(|(a, b)| std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)))
+    }
+
+    /// Whether a page it was built from is gone: it can never be asked for again.
+    fn is_stale(&self) -> bool {
+        self.pages.iter().any(|p| p.strong_count() == 0)
+    }
 }
 
 /// Variants kept per (server, kind).
@@ -61,16 +80,12 @@ impl Catalog {
     /// The items of server `id`'s list `pages`, from the memo when those pages are the
     /// ones built last.
     pub(crate) fn items(&self, kind: CallKind, id: &str, pages: &[Arc<Value>]) -> Arc<[ToolInfo]> {
-        let same = |b: &Built| {
-            b.pages.len() == pages.len()
-                && b.pages.iter().zip(pages).all(|(a, b)| Arc::ptr_eq(a, b))
-        };
         let key = (id.to_string(), kind);
         if let Some(built) = self
             .lists
             .lock()
             .get(&key)
-            .and_then(|v| v.iter().find(|b| same(b)))
+            .and_then(|v| v.iter().find(|b| b.is_of(pages)))
         {
             return built.items.clone();
         }
@@ -91,12 +106,18 @@ impl Catalog {
         built.sort_by(|a, b| a.qualified.cmp(&b.qualified));
         let items: Arc<[ToolInfo]> = built.into();
         let mut lists = self.lists.lock();
+        // A build follows a cache miss, when the cache may have let pages go: the
+        // moment to let go of what was built from them.
+        lists.retain(|_, variants| {
+            variants.retain(|b| !b.is_stale());
+            !variants.is_empty()
+        });
         let variants = lists.entry(key).or_default();
-        variants.retain(|b| !same(b));
+        variants.retain(|b| !b.is_of(pages));
         variants.insert(
             0,
             Built {
-                pages: pages.to_vec(),
+                pages: pages.iter().map(Arc::downgrade).collect(),
                 items: items.clone(),
             },
         );
@@ -107,5 +128,47 @@ impl Catalog {
     /// Forgets a server's lists.
     pub(crate) fn forget(&self, server: &str) {
         self.lists.lock().retain(|(id, _), _| id != server);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(names: &[&str]) -> Arc<Value> {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|n| serde_json::json!({"name": n}))
+            .collect();
+        Arc::new(serde_json::json!({ "tools": tools }))
+    }
+
+    fn kept(catalog: &Catalog) -> usize {
+        catalog.lists.lock().values().map(Vec::len).sum()
+    }
+
+    // The catalog holds no page the cache let go, and drops what it built from one.
+    #[test]
+    fn a_list_the_cache_let_go_is_not_kept_alive_here() {
+        let catalog = Catalog::default();
+        let pages = vec![page(&["a", "b"])];
+        let first = catalog.items(CallKind::Tool, "s", &pages);
+        assert_eq!(first.len(), 2);
+        let again = catalog.items(CallKind::Tool, "s", &pages);
+        assert!(Arc::ptr_eq(&first, &again), "the same pages: built once");
+        let weak = Arc::downgrade(&pages[0]);
+        drop(pages);
+        assert_eq!(weak.strong_count(), 0, "the catalog does not hold the page");
+        let other = vec![page(&["c"])];
+        catalog.items(CallKind::Tool, "t", &other);
+        assert_eq!(
+            kept(&catalog),
+            1,
+            "the list built from the dropped page is gone"
+        );
+        // A page made in its place is built anew, never taken for the old one.
+        let fresh = vec![page(&["x"])];
+        let built = catalog.items(CallKind::Tool, "s", &fresh);
+        assert_eq!(&*built[0].name, "x");
     }
 }
