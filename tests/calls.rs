@@ -889,6 +889,51 @@ async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
     h.shutdown().await;
 }
 
+// A change that comes while a changed list is being read has the list read once more,
+// so that the change is heard of (ToolsChanged) with no caller listing: the read under
+// way may have been answered before it.
+#[tokio::test]
+async fn a_tool_list_change_during_its_reread_has_it_read_once_more() {
+    let h = harness(config(
+        vec![demo("beta", &["--era", "legacy", "--list-delay-ms", "800"])],
+        &["a"],
+    ))
+    .await;
+    let a = Caller::agent("a");
+    h.list_tools(&a).await.expect("list");
+    let mut events = h.subscribe();
+    // The first change has the list read again; the second comes during that read,
+    // whose answer the server has already made (it holds it back 800 ms).
+    h.call_tool(&a, "beta__grow", json!({}))
+        .await
+        .expect("grow");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.call_tool(&a, "beta__grow", json!({}))
+        .await
+        .expect("grow");
+    use mcp_harness::registry::HarnessEvent;
+    let mut hashes = Vec::new();
+    while hashes.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .expect("both changes heard of, with no one listing")
+            .expect("event");
+        if let HarnessEvent::ToolsChanged { hash, .. } = event {
+            hashes.push(hash);
+        }
+    }
+    assert_ne!(hashes[0], hashes[1]);
+    let names: Vec<String> = h
+        .list_tools(&a)
+        .await
+        .expect("list")
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_changed_tool_list_emits_a_schema_change_event() {
     let h = harness(config(vec![demo("beta", &["--era", "legacy"])], &["a"])).await;

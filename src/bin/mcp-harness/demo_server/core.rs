@@ -386,11 +386,13 @@ impl DemoServer {
         match request.method.as_str() {
             "server/discover" => Action::Reply(Ok(self.discover())),
             "tools/list" => {
+                // Read when asked, sent late: a change meanwhile is not in this answer.
+                let list = self.list_tools(request, ctx);
                 if self.args.list_delay_ms > 0 {
                     tokio::time::sleep(std::time::Duration::from_millis(self.args.list_delay_ms))
                         .await;
                 }
-                Action::Reply(self.list_tools(request, ctx))
+                Action::Reply(list)
             }
             "tools/call" => {
                 let n = self.calls.fetch_add(1, Ordering::SeqCst);

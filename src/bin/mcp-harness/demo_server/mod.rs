@@ -116,7 +116,8 @@ pub struct DemoServerArgs {
     /// `ttlMs` per `tools/list` page, by page index (the last repeats).
     #[arg(long, value_delimiter = ',')]
     pub page_ttls: Vec<i64>,
-    /// Wait this long before answering `tools/list` and `resources/list`.
+    /// Wait this long before answering `tools/list` and `resources/list` (the tool list
+    /// as it was when asked).
     #[arg(long, default_value_t = 0)]
     pub list_delay_ms: u64,
     /// Wait this long before answering every legacy HTTP `initialize` after the first
