@@ -790,6 +790,43 @@ async fn a_list_is_fetched_again_when_its_ttl_has_passed() {
     let _ = std::fs::remove_file(record);
 }
 
+// `cache.refresh_ahead`: a list used in the last tenth of its freshness is read again in
+// the background, so that the caller after its expiry is served from the cache. The
+// read is bounded by the server's own timeout, not by what was left of the call that
+// found it due (a call with 150 ms left cut a 600 ms read short, and the list expired).
+#[tokio::test]
+async fn a_list_used_close_to_its_expiry_is_read_again_ahead_of_the_next_caller() {
+    let record = temp_file("refresh-ahead");
+    let h = start_ready(config(vec![with_record(
+        "s",
+        &record,
+        &["--ttl-ms", "8000", "--list-delay-ms", "600"],
+    )]))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(count(&record, "tools/list"), 1);
+    // Within the last 800 ms of the 8 s (deliberate: the window is in time).
+    tokio::time::sleep(Duration::from_millis(7500)).await;
+    let short = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_millis(150)),
+        ..mcp_harness::CallOptions::default()
+    };
+    h.call(&a(), CallKind::Tool, "echo", json!({"text": "x"}), short)
+        .await
+        .expect("a call served from the cache");
+    // Past the first list's expiry, and the refresh's 600 ms.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let tools = h.list_tools(&a()).await.expect("list");
+    assert!(tools.iter().all(|t| t.from_cache), "refreshed ahead");
+    assert_eq!(
+        count(&record, "tools/list"),
+        2,
+        "one read ahead, none after"
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_list_answered_with_input_required_is_refused_and_never_cached() {
     let record = temp_file("list-ir");
