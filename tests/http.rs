@@ -381,6 +381,39 @@ async fn a_legacy_handshake_that_fails_after_its_initialize_ends_the_session() {
     let _ = std::fs::remove_file(record);
 }
 
+// A legacy server may ping before it replies to `initialize`, on that reply's event
+// stream; the answer goes in the session the reply's headers named (a server that checks
+// the id refused an answer without it, and the handshake waited to its timeout).
+#[tokio::test]
+async fn a_ping_during_a_legacy_http_handshake_is_answered_within_its_session() {
+    let record = temp_file("http-ping-init");
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--sse",
+        "--ping-before-initialize",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_secs(5),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("delta", server.spec(), opts)
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    let r = conn
+        .request("tools/call", call("add", json!({"a": 2, "b": 40})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "42");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_refused_initialize_that_named_a_session_ends_it() {
     let record = temp_file("http-refused-init");

@@ -443,24 +443,25 @@ impl HttpTransport {
         extra: &[(HeaderName, HeaderValue)],
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
-        let (reply, sid) = self
-            .exchange_with_session(request, stamp, extra, identity)
-            .await?;
         // Refused or not: a session the server began is held, so that the handshake's
         // failure, shutting the transport down, ends it.
-        if request.method == "initialize" && sid.is_some() && !self.session.has_id() {
-            self.session.set_id(sid);
-        }
+        let adopt = request.method == "initialize" && !self.session.has_id();
+        let (reply, _) = self
+            .exchange_with_session(request, stamp, extra, identity, adopt)
+            .await?;
         Ok(reply)
     }
 
-    /// [`Self::exchange`], with the session id the reply came with.
+    /// [`Self::exchange`], with the session id the reply came with. `adopt`: the id is
+    /// this transport's from the reply's headers on, before its body is read (a server
+    /// may ping on an `initialize` reply's stream, and the answer must name the session).
     async fn exchange_with_session(
         &self,
         request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         extra: &[(HeaderName, HeaderValue)],
         identity: Option<&str>,
+        adopt: bool,
     ) -> Result<(Reply, Option<String>), TransportError> {
         let version = match &stamp {
             Some(s) => Some(s.version()),
@@ -486,10 +487,15 @@ impl HttpTransport {
             .map(String::from);
         // A session an `initialize` began is ended if its reply then fails, or is cut
         // off (its time ran out), rather than left to the server.
+        let adopted = adopt && sid.is_some();
         let mut begun = Begun {
             transport: self.this.clone(),
             sid: sid.clone().filter(|_| request.method == "initialize"),
+            adopted,
         };
+        if adopted {
+            self.session.set_id(sid.clone());
+        }
         let read = self.read_reply(response, request.id, identity).await;
         if read.is_ok() {
             begun.sid = None;
@@ -597,7 +603,7 @@ impl HttpTransport {
             params: Some(init),
         };
         let (reply, sid) = self
-            .exchange_with_session((&request).into(), None, &[], None)
+            .exchange_with_session((&request).into(), None, &[], None, false)
             .await
             .map_err(refused)?;
         let checked = self.same_session(reply);
@@ -614,6 +620,7 @@ impl HttpTransport {
         let mut begun = Begun {
             transport: self.this.clone(),
             sid: Some(sid),
+            adopted: false,
         };
         if let Err(e) = checked {
             self.end_session(begun.take(), SESSION_END_LIMIT).await;
@@ -1021,6 +1028,9 @@ impl Drop for HttpTransport {
 struct Begun {
     transport: Weak<HttpTransport>,
     sid: Option<String>,
+    /// Held by the transport already (the first `initialize`'s): let go of before it
+    /// is ended, so that the transport does not end it again, nor keep using it.
+    adopted: bool,
 }
 
 impl Begun {
@@ -1033,6 +1043,9 @@ impl Begun {
 impl Drop for Begun {
     fn drop(&mut self) {
         if let (Some(sid), Some(transport)) = (self.sid.take(), self.transport.upgrade()) {
+            if self.adopted {
+                transport.session.take_id_if(&sid);
+            }
             transport.end_session_later(sid);
         }
     }

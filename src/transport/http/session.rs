@@ -50,6 +50,14 @@ impl Session {
         self.state.lock().id.take()
     }
 
+    /// Lets go of the session id if it is still `id`.
+    pub(super) fn take_id_if(&self, id: &str) {
+        let mut s = self.state.lock();
+        if s.id.as_deref() == Some(id) {
+            s.id = None;
+        }
+    }
+
     /// The session began: the version the server chose and the params to begin again.
     pub(super) fn begin(&self, version: &str, init: Value) {
         let mut s = self.state.lock();

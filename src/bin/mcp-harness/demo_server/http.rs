@@ -639,7 +639,7 @@ fn reply_status(id: RequestId, outcome: Result<Value, RpcError>) -> HttpResponse
 }
 
 async fn initialize(
-    state: &State,
+    state: &Arc<State>,
     request: Request,
     headers: BTreeMap<String, String>,
 ) -> HttpResponse {
@@ -656,6 +656,33 @@ async fn initialize(
         session.streams.push(tx);
         state.sessions.lock().insert(sid.clone(), session);
         let mut response = sse_response(pump_sse(rx));
+        if let Ok(v) = sid.parse() {
+            response.headers_mut().insert("mcp-session-id", v);
+        }
+        return response;
+    }
+    if state.server.args.ping_before_initialize {
+        // The session begins with the reply's headers, before its result: the ping on
+        // the reply's stream is answered in it (an answer without the id reaches nothing).
+        let session = Session::default();
+        let pending = session.pending.clone();
+        state.sessions.lock().insert(sid.clone(), session);
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let ctx = Ctx {
+            peer: Peer::new(out_tx.clone(), pending),
+            legacy: true,
+            headers,
+            broadcast: None,
+        };
+        state.server.log(&request, &ctx);
+        let mut response = stream_reply(
+            state.clone(),
+            request,
+            ctx,
+            out_tx,
+            out_rx,
+            Some(sid.clone()),
+        );
         if let Ok(v) = sid.parse() {
             response.headers_mut().insert("mcp-session-id", v);
         }

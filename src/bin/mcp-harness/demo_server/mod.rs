@@ -145,7 +145,8 @@ pub struct DemoServerArgs {
     #[arg(long)]
     pub resource_template: bool,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
-    /// (the protocol lets a server ping before `initialized`).
+    /// (the protocol lets a server ping before `initialized`). Over HTTP the reply is an
+    /// event stream, and the answer must come in the session its headers name.
     #[arg(long)]
     pub ping_before_initialize: bool,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
