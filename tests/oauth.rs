@@ -728,6 +728,64 @@ async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated()
     h.shutdown().await;
 }
 
+// The authorization server forgot the client (a registration deleted or expired) and
+// refuses its refresh with `invalid_client`: the token and the registration are
+// forgotten and a sign-in registers anew. Before, every request failed before it was
+// sent, the dead token kept on disk for the next start too.
+#[tokio::test]
+async fn a_client_the_authorization_server_forgot_registers_and_signs_in_again() {
+    let w = World::new(
+        &[
+            "--registration",
+            "--token-ttl",
+            "31",
+            "--refuse-refresh",
+            "forget-client",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(OAuthConfig::default()).await;
+    ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    assert_eq!(w.refreshes(), 1);
+    assert_eq!(w.at("register").len(), 2, "registered anew");
+    assert_eq!(w.at("authorize").len(), 2, "signed in again");
+    h.shutdown().await;
+}
+
+// A refresh ahead of expiry that fails (the authorization server down) leaves a token
+// that still works in use; before, the request failed with the refresh's error.
+#[tokio::test]
+async fn a_token_still_good_is_sent_when_its_refresh_ahead_fails() {
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "31",
+            "--refuse-refresh",
+            "unavailable",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    assert!(w.refreshes() >= 1);
+    assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     // Tokens live 34 s (refreshed 30 s before expiry); a refresh rotates the refresh

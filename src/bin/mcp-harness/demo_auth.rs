@@ -36,6 +36,16 @@ pub enum MetadataAt {
     OpenidAppended,
 }
 
+/// How a refresh is refused, with `--refuse-refresh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefuseRefresh {
+    /// The client that asks is forgotten first (a registration deleted or expired):
+    /// `invalid_client`.
+    ForgetClient,
+    /// 503: the authorization server is down for a while.
+    Unavailable,
+}
+
 /// What `iss` the redirect back carries, and whether the metadata promises it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Iss {
@@ -116,6 +126,9 @@ pub struct DemoAuthArgs {
     /// rotated (a slow authorization server, or a reply still on its way).
     #[arg(long, default_value_t = 0)]
     pub refresh_delay_ms: u64,
+    /// Refuse every refresh, as this says.
+    #[arg(long, value_enum)]
+    pub refuse_refresh: Option<RefuseRefresh>,
     /// Answer a registration this many milliseconds late, its client already made.
     #[arg(long, default_value_t = 0)]
     pub register_delay_ms: u64,
@@ -578,6 +591,24 @@ fn token(
         "code_verifier": !get("code_verifier").is_empty(),
         "refresh_token": form.get("refresh_token").map(|r| hash(r)),
     }));
+    if grant_type == "refresh_token" {
+        match state.args.refuse_refresh {
+            Some(RefuseRefresh::ForgetClient) => {
+                if let Ok((id, _)) = &auth {
+                    state.clients.lock().remove(id);
+                }
+                return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "unknown client");
+            }
+            Some(RefuseRefresh::Unavailable) => {
+                return oauth_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    "down",
+                );
+            }
+            None => {}
+        }
+    }
     let (client_id, _) = match auth {
         Ok(a) => a,
         Err(why) => return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", &why),

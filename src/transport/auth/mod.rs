@@ -227,6 +227,19 @@ impl Registrations {
         }
         slots.entry(key).or_default().clone()
     }
+
+    /// Forgets the registration of `client_id` (the authorization server no longer
+    /// knows it), so that the next sign-in registers again. A slot being filled now
+    /// holds a new registration, not this one.
+    fn forget(&self, client_id: &str) {
+        for slot in self.0.lock().values() {
+            if let Ok(mut made) = slot.try_lock()
+                && made.as_ref().is_some_and(|c| c.client_id == client_id)
+            {
+                *made = None;
+            }
+        }
+    }
 }
 
 impl Default for SignInContext {
@@ -752,6 +765,13 @@ impl SignIn {
             Ok(Some(t)) => Ok(Some(t.access_token)),
             // Expired and not renewable without a person: send nothing, let the 401 come.
             Ok(None) => Ok(None),
+            // A refresh ahead of expiry that failed (the authorization server down, slow,
+            // or erring) leaves a token that still works: it goes, and the next request
+            // in the window tries again.
+            Err(e) if !token.expires_within(Duration::ZERO) => {
+                tracing::warn!(server = %self.server, error = %e, "refreshing a token ahead of its expiry failed; it is sent as it is");
+                Ok(Some(token.access_token))
+            }
             Err(e) => Err(e),
         }
     }
@@ -870,6 +890,17 @@ impl SignIn {
                 {
                     tracing::info!(server = %self.server, "refresh token refused; signing in again");
                     self.forget_if_still(identity, &token);
+                    Ok(None)
+                }
+                // The client itself is unknown now (a registration deleted or expired, a
+                // client revoked): its tokens and its registration are of no more use, and
+                // a sign-in registers anew (RFC 6749 5.2).
+                AuthFailure::Refused { error, .. }
+                    if error == "invalid_client" || error == "unauthorized_client" =>
+                {
+                    tracing::warn!(server = %self.server, "the authorization server no longer knows this client; signing in again");
+                    self.forget_if_still(identity, &token);
+                    self.ctx.registrations.forget(&token.client.client_id);
                     Ok(None)
                 }
                 _ => Err(e),
