@@ -201,10 +201,16 @@ impl Shared {
 
     /// Flushes what the file holds to the disk (a failure is logged).
     pub(super) fn sync(&self) {
-        if let Some(file) = self.file.lock().as_mut()
-            && let Err(e) = file.sync()
-        {
-            tracing::warn!(error = %e, "audit file not synced to disk");
+        if let Some(file) = self.file.lock().as_mut() {
+            // Timed as a write: a sync stuck in the disk (a stalled mount) is a stalled
+            // write to shutdown and to fail_closed, not a flush waited out for 30 s.
+            self.writing_since
+                .store(self.since_epoch().max(1), Ordering::SeqCst);
+            let synced = file.sync();
+            self.writing_since.store(0, Ordering::SeqCst);
+            if let Err(e) = synced {
+                tracing::warn!(error = %e, "audit file not synced to disk");
+            }
         }
     }
 }
