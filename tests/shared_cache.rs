@@ -373,6 +373,66 @@ async fn garbage_and_entries_for_another_key_in_redis_are_refused_and_the_server
     let _ = std::fs::remove_file(record);
 }
 
+// A key holding what this layer never wrote there (a list where a page goes, a
+// generation that is no integer) spoils that key alone. Before, Redis's refusal read as
+// Redis being down and turned the whole layer off, and an invalidation of a server whose
+// generation was no integer was retried for ever.
+#[tokio::test]
+async fn a_key_of_the_wrong_kind_in_redis_spoils_only_itself() {
+    let redis = Redis::start().await;
+    let shared = shared(redis.url(), &["s", "t"]);
+    let servers = || vec![demo_server("s", &[]), demo_server("t", &[])];
+    let first = start_ready(config(servers(), shared.clone())).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let keys = page_keys(&redis).await;
+    let page = keys
+        .iter()
+        .find(|k| k.contains(":list:s:"))
+        .expect("s's page");
+    let mut c = redis.connection().await.expect("connect");
+    let _: () = redis::cmd("DEL")
+        .arg(page)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    let _: () = redis::cmd("RPUSH")
+        .arg(page)
+        .arg("x")
+        .query_async(&mut c)
+        .await
+        .expect("RPUSH");
+    let h = start_ready(config(servers(), shared.clone())).await;
+    h.list_tools(&a()).await.expect("list");
+    let stats = h.cache_stats().l3;
+    assert_eq!(stats.errors, 0, "{stats:?}");
+    assert!(stats.available, "{stats:?}");
+    assert!(stats.hits >= 1, "t's page came from Redis: {stats:?}");
+    assert!(stats.rejected >= 1, "{stats:?}");
+    // The next invalidation of s puts a generation in place of one that is no integer.
+    let _: () = redis::cmd("SET")
+        .arg("mcp-harness:gen:s")
+        .arg("not a number")
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    assert!(
+        eventually(Duration::from_secs(10), || h.cache_stats().l3.published
+            == 1)
+        .await,
+        "{:?}",
+        h.cache_stats()
+    );
+    let generation: String = redis::cmd("GET")
+        .arg("mcp-harness:gen:s")
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    assert!(generation.parse::<u64>().is_ok(), "{generation}");
+    h.shutdown().await;
+}
+
 /// What Redis has sent its clients so far (`INFO stats`).
 async fn redis_output_bytes(c: &mut redis::aio::MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")

@@ -191,6 +191,32 @@ fn unix_ms() -> u64 {
 }
 
 /// A random starting generation (63 bits: INCR stays within a signed integer).
+/// Why a command failed.
+enum RunFailure {
+    /// Redis refused it for what a key holds (another type, no integer, an INCR that
+    /// would overflow).
+    BadValue,
+    /// Redis did not answer, or failed.
+    Unavailable,
+}
+
+/// Whether `e` is Redis's answer about the value a key holds, not about Redis.
+fn about_a_keys_value(e: &redis::RedisError) -> bool {
+    let about = |code: &str, detail: Option<&str>| match code {
+        "WRONGTYPE" => true,
+        "ERR" => detail.is_some_and(|d| d.contains("not an integer") || d.contains("overflow")),
+        _ => false,
+    };
+    // A pipeline's error is its commands' errors.
+    if let Some(errors) = e.clone().into_server_errors() {
+        return !errors.is_empty() && errors.iter().all(|(_, s)| about(s.code(), s.details()));
+    }
+    match e.code() {
+        Some(code) => about(code, e.detail()),
+        None => e.kind() == redis::ErrorKind::UnexpectedReturnType,
+    }
+}
+
 fn random_generation() -> u64 {
     let mut bytes = [0u8; 8];
     // Without randomness the start is 0, as for a server never seen.
@@ -539,18 +565,36 @@ impl SharedCache {
         what: &str,
         work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
     ) -> Option<T> {
+        self.try_run(bound, what, work).await.ok()
+    }
+
+    /// [`SharedCache::run_within`], saying why it failed.
+    async fn try_run<T: redis::FromRedisValue>(
+        &self,
+        bound: Duration,
+        what: &str,
+        work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
+    ) -> Result<T, RunFailure> {
         match tokio::time::timeout(bound, work(self.conn.clone())).await {
             Ok(Ok(v)) => {
                 self.worked();
-                Some(v)
+                Ok(v)
+            }
+            // Redis answered: it is up, and one key holds what this layer never wrote
+            // there. Refused for that key alone; backing the whole layer off would let
+            // anyone who can write one key turn it off.
+            Ok(Err(e)) if about_a_keys_value(&e) => {
+                self.worked();
+                self.reject(what, &e.to_string());
+                Err(RunFailure::BadValue)
             }
             Ok(Err(e)) => {
                 self.failed(what, &e.to_string());
-                None
+                Err(RunFailure::Unavailable)
             }
             Err(_) => {
                 self.failed(what, "timed out");
-                None
+                Err(RunFailure::Unavailable)
             }
         }
     }
@@ -908,8 +952,8 @@ impl SharedCache {
         let (channel, gen_key) = (self.config.channel(), self.generation_key(server));
         // Not skipped while the layer backs off: a lost invalidation leaves other
         // processes stale, so it is always tried, within the bound.
-        let sent: Option<(i64,)> = self
-            .run("invalidate", async |mut conn| {
+        let sent: Result<(i64,), _> = self
+            .try_run(self.config.timeout, "invalidate", async |mut conn| {
                 redis::pipe()
                     .cmd("INCR")
                     .arg(&gen_key)
@@ -921,8 +965,34 @@ impl SharedCache {
                     .await
             })
             .await;
-        let Some((generation,)) = sent else {
-            return false;
+        let generation = match sent {
+            Ok((generation,)) => generation,
+            // No integer there, or one INCR cannot add to: a new random generation takes
+            // its place (no page was stored under it), else the invalidation would be
+            // retried for ever and the server's pages never shared again.
+            Err(RunFailure::BadValue) => {
+                let fresh = random_generation();
+                let set: Option<()> = self
+                    .run("invalidate", async |mut conn| {
+                        redis::pipe()
+                            .cmd("SET")
+                            .arg(&gen_key)
+                            .arg(fresh)
+                            .ignore()
+                            .cmd("PUBLISH")
+                            .arg(&channel)
+                            .arg(&message)
+                            .ignore()
+                            .query_async(&mut conn)
+                            .await
+                    })
+                    .await;
+                if set.is_none() {
+                    return false;
+                }
+                i64::try_from(fresh).unwrap_or(i64::MAX)
+            }
+            Err(RunFailure::Unavailable) => return false,
         };
         self.counts.published.fetch_add(1, Ordering::Relaxed);
         // What this process moved it to is the least it accepts from now on.
