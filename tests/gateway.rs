@@ -1192,6 +1192,58 @@ async fn a_legacy_clients_large_answers_are_not_kept_out_by_its_large_calls_wait
     gw.stop().await;
 }
 
+// A legacy client's call is held to call_timeout across its rounds and the questions
+// it is asked. Before, each round began a deadline of its own and each question waited
+// input_timeout whatever was left: a minute here, against the call's 1.5 s.
+#[tokio::test]
+async fn a_legacy_clients_call_ends_at_its_deadline_while_its_question_waits() {
+    let setup = Setup::new("input_timeout = \"60s\"", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    std::fs::write(&setup.config, format!("call_timeout = \"1500ms\"\n{text}")).expect("config");
+    let gw = setup.start().await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let (status, r, sid) = legacy_post(&gw, None, init).await;
+    assert_eq!(status, 200, "{r}");
+    let sid = sid.expect("a session id");
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "alpha__confirm", "arguments": {"message": "Pay?"}}});
+    let started = std::time::Instant::now();
+    let mut resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-a")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("mcp-session-id", &sid)
+        .body(call.to_string())
+        .send()
+        .await
+        .expect("post");
+    let mut seen = String::new();
+    assert!(
+        read_until(&mut resp, &mut seen, "elicitation/create").await,
+        "{seen}"
+    );
+    // Never answered: the call's answer comes at its deadline.
+    assert!(read_until(&mut resp, &mut seen, "\"id\":2").await, "{seen}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let answer: Value = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|m| m["id"] == 2)
+        .expect("the call's answer");
+    assert!(answer["error"].is_object(), "{answer}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_invalid_request() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

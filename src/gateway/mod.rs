@@ -1703,10 +1703,25 @@ impl Gateway {
         // One server span, and one sampling decision, for the request, however many
         // upstream rounds it takes.
         let (span, traced) = downstream_span(self.inner.harness.sampler(), kind, &name, params);
+        // One deadline for the request, its rounds and the client's answers together,
+        // as a call made in the library has: each round began a call_timeout of its own.
+        let call_timeout = self.inner.harness.call_timeout();
+        let until = crate::util::duration::after(tokio::time::Instant::now(), call_timeout);
+        let past_deadline = || to_rpc(&CallError::DeadlineExceeded(call_timeout));
+        // A question to the client waits input_timeout, and no longer than the request.
+        let answer_by = || {
+            let limit = self.config().input_timeout;
+            let at = crate::util::duration::after(tokio::time::Instant::now(), limit).min(until);
+            (at, limit)
+        };
         loop {
             let answer = {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(past_deadline());
+                }
                 let options = CallOptions {
-                    timeout: None,
+                    timeout: Some(left),
                     cancel: Some(cancel.clone()),
                     traced: Some(traced),
                 };
@@ -1728,8 +1743,8 @@ impl Gateway {
                             let mode = crate::call::input::elicitation_mode(&q.params);
                             let reply = match peer {
                                 Some(peer) if mode.is_some_and(|mode| elicits(&client.capabilities, mode)) => {
-                                    let limit = self.config().input_timeout;
-                                    let asked = tokio::time::timeout(limit, peer.request(&q.method, q.params));
+                                    let (at, _) = answer_by();
+                                    let asked = tokio::time::timeout_at(at, peer.request(&q.method, q.params));
                                     tokio::select! {
                                         reply = asked => reply.unwrap_or_else(|_| {
                                             Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
@@ -1759,21 +1774,25 @@ impl Gateway {
             };
             let input = InputRequired::from_value(&answer.result)
                 .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
-            let mut answers = Map::new();
-            for (key, ask) in input.input_requests {
-                let limit = self.config().input_timeout;
-                let reply = tokio::select! {
-                    reply = tokio::time::timeout(limit, peer.request(&ask.method, ask.params)) => match reply {
-                        Ok(reply) => reply?,
-                        Err(_) => return Err(RpcError::new(
+            // Asked all at once, as the library asks its handlers: a client may show
+            // them together, and each waits only for its own answer.
+            let asks = input.input_requests.into_iter().map(|(key, ask)| {
+                let (at, limit) = answer_by();
+                async move {
+                    match tokio::time::timeout_at(at, peer.request(&ask.method, ask.params)).await {
+                        Ok(reply) => reply.map(|reply| (key, reply)),
+                        Err(_) if at >= until => Err(past_deadline()),
+                        Err(_) => Err(RpcError::new(
                             INTERNAL_ERROR,
                             format!("the client did not answer {} within {limit:?}", ask.method),
                         )),
-                    },
-                    _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
-                };
-                answers.insert(key, reply);
-            }
+                    }
+                }
+            });
+            let answers: Map<String, Value> = tokio::select! {
+                replies = futures_util::future::try_join_all(asks) => replies?.into_iter().collect(),
+                _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
+            };
             name = on_server(kind, &name, &answer.server);
             delegation.input_responses = Some(answers);
             delegation.request_state = input.request_state;

@@ -346,6 +346,11 @@ impl HarnessHandle {
         &self.ctx().sampler
     }
 
+    /// A call's deadline when it names none (a gateway holds a request's rounds to it).
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.ctx().settings.call_timeout
+    }
+
     /// Calls a tool by qualified (`server__tool`) or bare name: authorized, routed by
     /// priority with fallback, `input_required` rounds driven, audited. The future holds
     /// no handle: it does not keep the harness alive, and it can be spawned as it is.
