@@ -950,6 +950,39 @@ async fn a_peer_holding_idle_connections_to_the_admin_listener_keeps_no_other_pe
     server.abort();
 }
 
+// A peer that opens connections to /mcp and sends nothing holds max_connections_per_peer
+// of them; the rest are closed at once, and another peer is served. Before, it could hold
+// all 1,024, each for the header timeout, and new clients waited in the backlog.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_peer_holding_idle_connections_to_the_mcp_listener_holds_only_its_share() {
+    let setup = Setup::new("max_connections_per_peer = 4", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let addr: std::net::SocketAddr = gw.authority().parse().expect("addr");
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        idle.push(socket.connect(addr).await.expect("connect"));
+    }
+    let (status, r) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{r}");
+    let mut closed = 0;
+    for stream in &mut idle {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 20 - 4, "the peer keeps its four");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.

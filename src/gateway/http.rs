@@ -278,10 +278,20 @@ pub async fn serve(
     let sweeper = tokio::spawn(sweep(Arc::downgrade(&state), state.gateway.reloads()));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers = super::side::Peers::new(state.gateway.config().max_connections_per_peer);
     let mut shutdown = std::pin::pin!(shutdown);
     while let Some((stream, permit)) =
         super::side::accept("mcp", &listener, &connections, &mut shutdown).await
     {
+        let Ok(peer) = stream.peer_addr() else {
+            continue; // gone already
+        };
+        // A peer that opens connections and sends nothing holds at most its share,
+        // each for the header timeout: the other peers keep the rest.
+        let Some(slot) = peers.take(peer.ip()) else {
+            tracing::debug!(peer = %peer.ip(), "connection closed: its peer has max_connections_per_peer open");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         // A client that stops reading would hold the connection (and the calls on it)
         // for as long as its TCP stack keeps acknowledging, which can be forever; a
@@ -302,7 +312,7 @@ pub async fn serve(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
-            drop(permit);
+            drop((permit, slot));
         });
     }
     drop(listener);

@@ -90,6 +90,10 @@ pub struct GatewayConfig {
     /// every principal's together; past it a new one is refused (503). Read at start.
     #[serde(default = "default_max_streams")]
     pub max_streams: usize,
+    /// Connections one peer address may hold open on the MCP listener at once; one
+    /// more is closed at once. Read at start.
+    #[serde(default = "default_per_peer")]
+    pub max_connections_per_peer: usize,
     /// How long a connection may go without taking any of what the gateway writes to
     /// it; past it the connection is closed (its calls cancelled). Read at start.
     #[serde(default = "default_write_timeout", with = "duration")]
@@ -136,6 +140,12 @@ fn default_per_principal() -> usize {
 fn default_max_streams() -> usize {
     512
 }
+/// A quarter of the listener's 1,024 connections: a peer that opens connections and
+/// sends nothing cannot hold them all, while the agents on one host (every local one
+/// comes from loopback) still have room.
+fn default_per_peer() -> usize {
+    256
+}
 /// Long enough for a slow client on a congested link to take the next bytes, short
 /// enough that one that stopped reading gives its connection back soon (TCP alone can
 /// hold it forever while the client's stack acknowledges).
@@ -166,6 +176,7 @@ impl Default for GatewayConfig {
             max_body_bytes: default_max_body(),
             max_in_flight_per_principal: default_per_principal(),
             max_streams: default_max_streams(),
+            max_connections_per_peer: default_per_peer(),
             write_timeout: default_write_timeout(),
             state_ttl: default_state_ttl(),
             keys_file: None,
@@ -201,9 +212,12 @@ impl GatewayConfig {
                 "gateway.admin_tokens[{bad}].sha256 is not a hex SHA-256 (64 hex digits)"
             )));
         }
-        if config.page_size == 0 || config.max_in_flight_per_principal == 0 {
+        if config.page_size == 0
+            || config.max_in_flight_per_principal == 0
+            || config.max_connections_per_peer == 0
+        {
             return Err(GatewayError::Config(
-                "gateway: page_size and max_in_flight_per_principal must be at least 1".into(),
+                "gateway: page_size, max_in_flight_per_principal and max_connections_per_peer must be at least 1".into(),
             ));
         }
         if config.write_timeout.is_zero() {
@@ -553,6 +567,10 @@ fn needs_restart(
         (
             "gateway.max_streams",
             gateway.max_streams == gateway_next.max_streams,
+        ),
+        (
+            "gateway.max_connections_per_peer",
+            gateway.max_connections_per_peer == gateway_next.max_connections_per_peer,
         ),
         // `serve --stdio` reads it at the session's end, the HTTP listener at start.
         (

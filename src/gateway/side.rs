@@ -25,21 +25,31 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// How long a request's headers may take.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections open per peer address.
-#[derive(Default)]
-struct Peers(parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+/// Connections open per peer address, each address held to `limit`.
+pub(crate) struct Peers {
+    open: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    limit: usize,
+}
 
 /// One connection's place among its peer's; given back when dropped.
-struct PeerSlot {
+pub(crate) struct PeerSlot {
     peers: Arc<Peers>,
     ip: std::net::IpAddr,
 }
 
 impl Peers {
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
-        let mut open = self.0.lock();
+    pub(crate) fn new(limit: usize) -> Arc<Peers> {
+        Arc::new(Peers {
+            open: parking_lot::Mutex::default(),
+            limit,
+        })
+    }
+
+    /// A place for one more connection from `ip`, if it has fewer than the limit.
+    pub(crate) fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock();
         let n = open.entry(ip).or_default();
-        if *n >= MAX_PER_PEER {
+        if *n >= self.limit {
             return None;
         }
         *n += 1;
@@ -52,7 +62,7 @@ impl Peers {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut open = self.peers.0.lock();
+        let mut open = self.peers.open.lock();
         if let Some(n) = open.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
@@ -98,7 +108,7 @@ pub(crate) async fn serve<F, Fut>(
     Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let peers = Arc::new(Peers::default());
+    let peers = Peers::new(MAX_PER_PEER);
     let mut shutdown = std::pin::pin!(shutdown);
     while let Some((stream, permit)) = accept(what, &listener, &connections, &mut shutdown).await {
         let Ok(peer) = stream.peer_addr() else {
