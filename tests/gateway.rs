@@ -983,6 +983,39 @@ async fn a_peer_holding_idle_connections_to_the_mcp_listener_holds_only_its_shar
     gw.stop().await;
 }
 
+// A missing client capability is a 400, whatever progressToken the request carries: one
+// the gateway does not take (null, a fraction, an object) made the answer an event
+// stream, and the error went out as 200.
+#[tokio::test]
+async fn a_progress_token_the_gateway_does_not_take_leaves_the_status_of_an_error_as_it_is() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    for token in [
+        None,
+        Some(json!(null)),
+        Some(json!(1.5)),
+        Some(json!({"a": 1})),
+        Some(json!("p1")),
+    ] {
+        let mut call = request(
+            "tools/call",
+            json!({"name": "alpha__confirm", "arguments": {"message": "Pay?"}}),
+        );
+        // No elicitation declared: the tool needs it.
+        call["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        if let Some(token) = &token {
+            call["params"]["_meta"]["progressToken"] = token.clone();
+        }
+        let (status, r, _) = gw.post(Some("tok-a"), &call, &[]).await;
+        assert_eq!(
+            (status, r["error"]["code"].as_i64()),
+            (400, Some(-32021)),
+            "{token:?}: {r}"
+        );
+    }
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.

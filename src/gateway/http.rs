@@ -1506,7 +1506,8 @@ async fn first_update<T>(
 ) -> Result<(Option<Value>, Option<T>), T> {
     tokio::select! {
         biased;
-        first = progress.recv() => Ok((first, None)),
+        // A sender gone without an update (a token not taken) is no progress.
+        Some(first) = progress.recv() => Ok((Some(first), None)),
         outcome = work => match progress.try_recv() {
             Ok(p) => Ok((Some(p), Some(outcome))),
             Err(_) => Err(outcome),

@@ -1882,12 +1882,19 @@ struct CallIo {
 
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
 pub(crate) fn wants_progress(request: &Request) -> bool {
-    request
-        .params
-        .as_ref()
-        .and_then(|p| p.get("_meta"))
+    request.params.as_ref().and_then(progress_token).is_some()
+}
+
+/// The request's `progressToken`, if it is one the gateway takes: an integer, or a
+/// string of at most [`MAX_PROGRESS_TOKEN`] bytes.
+fn progress_token(params: &Value) -> Option<&Value> {
+    params
+        .get("_meta")
         .and_then(|m| m.get("progressToken"))
-        .is_some()
+        .filter(|t| match t {
+            Value::String(s) => s.len() <= MAX_PROGRESS_TOKEN,
+            _ => t.is_i64() || t.is_u64(),
+        })
 }
 
 /// The server span of one downstream request: a child of the client's trace context
@@ -1928,13 +1935,7 @@ const MAX_PROGRESS_TOKEN: usize = 256;
 /// The caller's `progressToken` (a string of at most [`MAX_PROGRESS_TOKEN`] bytes, or
 /// an integer), paired with where its progress goes, when both are there.
 fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSender, Value)> {
-    let token = params
-        .get("_meta")
-        .and_then(|m| m.get("progressToken"))
-        .filter(|t| match t {
-            Value::String(s) => s.len() <= MAX_PROGRESS_TOKEN,
-            _ => t.is_i64() || t.is_u64(),
-        })?;
+    let token = progress_token(params)?;
     Some((to?, token.clone()))
 }
 
