@@ -1016,6 +1016,55 @@ async fn a_progress_token_the_gateway_does_not_take_leaves_the_status_of_an_erro
     gw.stop().await;
 }
 
+// A line on the pipe is a request body, held to max_body_bytes as an HTTP body is: one
+// longer is read past unkept and answered with an error, and the session goes on.
+// Before, lines up to 16 MiB were taken whatever the setting.
+#[tokio::test]
+async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes_on() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = async || {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("an answer in time")
+            .expect("read")
+            .expect("a line");
+        serde_json::from_str::<Value>(&line).expect("JSON")
+    };
+    let mut long = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(100 << 10)}}),
+    );
+    long["id"] = json!(7);
+    let mut short = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "hi"}}),
+    );
+    short["id"] = json!(8);
+    stdin
+        .write_all(format!("{long}\n{short}\n").as_bytes())
+        .await
+        .expect("write");
+    let refused = next().await;
+    assert_eq!(refused["id"], 7, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let answered = next().await;
+    assert_eq!(answered["id"], 8, "{answered}");
+    assert!(answered["result"].is_object(), "{answered}");
+    drop(stdin);
+    let _ = child.wait().await;
+}
+
 #[tokio::test]
 async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.

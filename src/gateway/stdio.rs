@@ -21,7 +21,7 @@ use crate::call::CancelToken;
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 
-/// Longest line read; a longer one ends the session (memory stays bounded).
+/// Longest line read, whatever `max_body_bytes` says; a longer one is skipped unread.
 const MAX_LINE: usize = 16 << 20;
 
 type Pending = Arc<Questions>;
@@ -70,6 +70,28 @@ impl Drop for LargeLine {
     fn drop(&mut self) {
         let mut held = self.held.lock();
         *held = held.saturating_sub(self.bytes);
+    }
+}
+
+/// Reads past the rest of a line, holding none of it: true at its end, false at the
+/// end of input.
+async fn skip_line(reader: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> std::io::Result<bool> {
+    use tokio::io::AsyncBufReadExt;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(false);
+        }
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(at) => {
+                reader.consume(at + 1);
+                return Ok(true);
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
     }
 }
 
@@ -267,6 +289,8 @@ pub async fn serve(
         .max_body_bytes
         .saturating_mul(super::http::LARGE_BODY_BUDGET);
     let large_calls = LargeLines::new(budget);
+    // A line is a request body: held to max_body_bytes as the HTTP listener holds one.
+    let longest = gateway.config().max_body_bytes.min(MAX_LINE);
     loop {
         line.clear();
         tokio::select! {
@@ -276,7 +300,7 @@ pub async fn serve(
                 break;
             }
         }
-        let mut limited = (&mut reader).take(MAX_LINE as u64 + 1);
+        let mut limited = (&mut reader).take(longest as u64 + 1);
         let read = tokio::select! {
             read = limited.read_until(b'\n', &mut line) => read,
             () = &mut shutdown => {
@@ -286,9 +310,26 @@ pub async fn serve(
         };
         match read {
             Ok(0) | Err(_) => break,
-            Ok(_) if line.len() > MAX_LINE => {
-                tracing::warn!("a line from the client is too long; ending the session");
-                break;
+            Ok(_) if line.len() > longest && line.last() != Some(&b'\n') => {
+                // The rest is read past, not kept; the client hears why.
+                let skipped = tokio::select! {
+                    skipped = skip_line(&mut reader) => skipped,
+                    () = &mut shutdown => {
+                        stopping = true;
+                        break;
+                    }
+                };
+                pipe.send(&Message::Response(Response {
+                    id: Message::peek_id_of_start(&line),
+                    outcome: Err(RpcError::new(
+                        crate::protocol::error::INVALID_REQUEST,
+                        format!("a message longer than max_body_bytes ({longest} bytes)"),
+                    )),
+                }));
+                if !matches!(skipped, Ok(true)) {
+                    break;
+                }
+                continue;
             }
             Ok(_) => {}
         }

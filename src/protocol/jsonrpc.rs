@@ -398,6 +398,33 @@ impl Message {
         Some((head.id.0, reply))
     }
 
+    /// The id of a message of which only the start is at hand (the rest was too long to
+    /// keep): found when it comes before what was cut, so that the refusal can name it.
+    pub fn peek_id_of_start(bytes: &[u8]) -> Option<RequestId> {
+        struct Find<'a>(&'a mut Option<RequestId>);
+        impl<'de> serde::de::Visitor<'de> for Find<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "id" {
+                        *self.0 = map.next_value::<PlainId>()?.0;
+                        // Found: what follows is not read (it ends cut short anyway).
+                        return Ok(());
+                    }
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Ok(())
+            }
+        }
+        let mut found = None;
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let _ = serde::Deserializer::deserialize_map(&mut de, Find(&mut found));
+        found
+    }
+
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
     pub fn write_line(&self, out: &mut Vec<u8>) {
         self.write_json(out);
@@ -547,6 +574,22 @@ impl Serialize for WireOut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_id_of_a_message_cut_short_is_found_when_it_comes_before_the_cut() {
+        let id = |s: &str| Message::peek_id_of_start(s.as_bytes());
+        assert_eq!(
+            id(r#"{"id":7,"jsonrpc":"2.0","params":{"text":"xxxx"#),
+            Some(RequestId::Number(7))
+        );
+        assert_eq!(
+            id(r#"{"jsonrpc":"2.0","id":"a\"b","params":{"te"#),
+            Some(RequestId::String("a\"b".into()))
+        );
+        assert_eq!(id(r#"{"params":{"text":"xxxx"#), None);
+        assert_eq!(id(r#"{"id":[1,2,3"#), None);
+        assert_eq!(id("not json"), None);
+    }
 
     #[test]
     fn a_head_is_read_without_building_an_odd_id_or_the_bodies() {
