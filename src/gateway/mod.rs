@@ -1229,14 +1229,16 @@ impl Gateway {
                     _ => CallKind::Resource,
                 };
                 match (client, capabilities) {
-                    (Client::Modern, Some(caps)) => {
-                        self.call_modern(principal, kind, method, params, caps, io)
-                            .await
-                    }
+                    (Client::Modern, Some(caps)) => self
+                        .call_modern(principal, kind, method, params, caps, io)
+                        .await
+                        .map_err(|e| codes_of_the_era(e, crate::protocol::meta::MODERN)),
                     // Boxed: its future is several times a modern call's, and every
                     // request's future (spawned, and copied when it is) would carry its size.
                     (Client::Legacy { client, peer }, _) => {
-                        Box::pin(self.call_legacy(principal, kind, params, client, *peer, io)).await
+                        Box::pin(self.call_legacy(principal, kind, params, client, *peer, io))
+                            .await
+                            .map_err(|e| codes_of_the_era(e, &client.version))
                     }
                     (Client::Modern, None) => Err(invalid("params._meta is required")),
                 }
@@ -2017,6 +2019,29 @@ fn parse_cursor(cursor: &str) -> Option<usize> {
     text.strip_prefix("g1:")?.parse().ok()
 }
 
+/// An upstream error code as a client of `version` knows it: a 2026-07-28 client gets
+/// -32602 for the retired "resource not found" (-32002), and -32042 ("URL elicitation
+/// required", a 2025-11-25 code) goes only to 2025-11-25 clients; others get an internal
+/// error for it, as for any other code of the reserved range.
+fn codes_of_the_era(mut error: RpcError, version: &str) -> RpcError {
+    match error.code {
+        RESOURCE_NOT_FOUND_RETIRED if version == crate::protocol::meta::MODERN => {
+            error.code = INVALID_PARAMS
+        }
+        URL_ELICITATION_REQUIRED if version != "2025-11-25" => {
+            error = RpcError::new(INTERNAL_ERROR, error.message)
+                .with_data(json!({"code": URL_ELICITATION_REQUIRED}));
+        }
+        _ => {}
+    }
+    error
+}
+
+/// "Resource not found" before 2026-07-28 (which answers -32602).
+const RESOURCE_NOT_FOUND_RETIRED: i64 = -32002;
+/// "URL elicitation required", in 2025-11-25 only.
+const URL_ELICITATION_REQUIRED: i64 = -32042;
+
 /// A harness error as the downstream client sees it: what names a tool it may not use
 /// looks like an unknown tool (-32602, the same words whether the tool's server exists
 /// or not: a caller cannot learn which servers are configured by asking for
@@ -2031,8 +2056,10 @@ pub fn to_rpc(error: &CallError) -> RpcError {
             "missing required client capability",
         )
         .with_data(json!({"requiredCapabilities": required})),
+        // -32042 too: whether the client knows it is for the era's mapping to say.
         CallError::Server(ServerError::Rpc { error, .. })
-            if !(-32099..=-32020).contains(&error.code) =>
+            if !(-32099..=-32020).contains(&error.code)
+                || error.code == URL_ELICITATION_REQUIRED =>
         {
             RpcError {
                 code: error.code,
@@ -2064,6 +2091,27 @@ mod tests {
         );
         assert_eq!(token(1.5.into()), None);
         assert_eq!(token(serde_json::json!({"a": 1})), None);
+    }
+
+    // Retired codes do not reach the clients of the eras without them.
+    #[test]
+    fn an_upstream_code_goes_down_as_the_clients_era_knows_it() {
+        use crate::protocol::RpcError;
+        let upstream = |code| {
+            super::to_rpc(&super::CallError::Server(super::ServerError::Rpc {
+                server: "s".into(),
+                error: RpcError::new(code, "said"),
+            }))
+        };
+        let era = |code, version| super::codes_of_the_era(upstream(code), version).code;
+        assert_eq!(era(-32002, "2026-07-28"), super::INVALID_PARAMS);
+        assert_eq!(era(-32002, "2025-11-25"), -32002);
+        assert_eq!(era(-32042, "2025-11-25"), -32042);
+        assert_eq!(era(-32042, "2025-06-18"), super::INTERNAL_ERROR);
+        assert_eq!(era(-32042, "2026-07-28"), super::INTERNAL_ERROR);
+        // The rest of the reserved range is the gateway's own, never passed through.
+        assert_eq!(era(-32021, "2025-11-25"), super::INTERNAL_ERROR);
+        assert_eq!(era(-32000, "2026-07-28"), -32000);
     }
 
     #[test]
