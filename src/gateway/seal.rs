@@ -214,7 +214,9 @@ impl Sealer {
             .open_in_place(nonce, Aad::from(id.as_bytes()), &mut rest)
             .map_err(|_| SealError::Tampered)?;
         let state: RoundState = serde_json::from_slice(plain).map_err(|_| SealError::Malformed)?;
-        if now_ms() >= state.expires_ms {
+        let now = now_ms();
+        // A clock before the epoch reads 0: past nothing, so it must open nothing.
+        if now == 0 || now >= state.expires_ms {
             return Err(SealError::Expired);
         }
         if state.agent != agent || state.context.as_deref() != context {
