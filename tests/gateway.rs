@@ -1065,6 +1065,87 @@ async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes
     let _ = child.wait().await;
 }
 
+// A browser page at an allowed origin can call the gateway: its preflight is answered
+// (no credentials needed), and each answer names the origin and the headers a script
+// may read. Before, OPTIONS got 405 and no answer carried CORS headers, so a browser
+// blocked every call whatever allowed_origins said.
+#[tokio::test]
+async fn a_browser_at_an_allowed_origin_passes_cors_and_another_origin_does_not() {
+    let setup = Setup::new(
+        "allowed_origins = [\"https://app.example\"]",
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let preflight = |origin: &'static str| {
+        gw.http
+            .request(reqwest::Method::OPTIONS, gw.url())
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "Authorization, Content-Type, MCP-Protocol-Version, Mcp-Param-Region, X-Other",
+            )
+            .send()
+    };
+    let r = preflight("https://app.example").await.expect("preflight");
+    assert_eq!(r.status().as_u16(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://app.example");
+    let methods = h["access-control-allow-methods"].to_str().expect("text");
+    assert!(
+        methods.contains("POST") && methods.contains("DELETE"),
+        "{methods}"
+    );
+    let allowed = h["access-control-allow-headers"].to_str().expect("text");
+    assert_eq!(
+        allowed,
+        "authorization, content-type, mcp-protocol-version, mcp-param-region"
+    );
+    let r = preflight("https://evil.example").await.expect("preflight");
+    assert_eq!(r.status().as_u16(), 403);
+    // The call itself, and a refusal, carry the origin for the script to read them.
+    let (status, _, headers) = gw
+        .post(
+            Some("tok-a"),
+            &request("tools/list", json!({})),
+            &[("origin", "https://app.example")],
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let exposed = headers["access-control-expose-headers"]
+        .to_str()
+        .expect("text");
+    assert!(exposed.contains("mcp-session-id"), "{exposed}");
+    let (status, _, headers) = gw
+        .post(
+            None,
+            &request("tools/list", json!({})),
+            &[("origin", "https://app.example")],
+        )
+        .await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert!(
+        headers["access-control-expose-headers"]
+            .to_str()
+            .expect("text")
+            .contains("www-authenticate")
+    );
+    // No Origin (not a browser): nothing of CORS.
+    let (_, _, headers) = gw
+        .post(Some("tok-a"), &request("tools/list", json!({})), &[])
+        .await;
+    assert!(headers.get("access-control-allow-origin").is_none());
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     // Bodies up to 256 KiB: a principal's large ones (over 64 KiB) come to 1 MiB at most.

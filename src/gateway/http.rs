@@ -2,7 +2,8 @@
 //!
 //! Before anything is parsed: `Host` must be a loopback name, the listen address or an
 //! allowed host, and an `Origin`, when present, one of the allowed origins or the host's
-//! own (DNS rebinding, 403); the principal comes from the bearer token (401 with a
+//! own (DNS rebinding, 403), and then a browser's CORS preflight is answered; the
+//! principal comes from the bearer token (401 with a
 //! `WWW-Authenticate` challenge without one); the body is read up to
 //! `max_body_bytes` (413). 2026-07-28 requests have their headers checked against the
 //! body (-32020, 400). A POST with `Mcp-Session-Id`, or an `initialize`, is legacy: the
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::{Body, Frame, Incoming};
+use hyper::header::HeaderValue;
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -453,10 +455,73 @@ fn refused_before_identity(mut r: HttpResponse) -> HttpResponse {
     r
 }
 
+/// Headers a browser may send cross-origin (besides those it always may), and
+/// `Mcp-Param-*`, whose names the tools' schemas choose.
+const CORS_REQUEST_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "last-event-id",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "mcp-method",
+    "mcp-name",
+];
+/// Headers a browser script may read from an answer.
+const CORS_EXPOSED: &str = "mcp-session-id, mcp-protocol-version, www-authenticate";
+
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
     if let Err(why) = origin_allowed(&state, &req) {
         return refused_before_identity(full(StatusCode::FORBIDDEN, "text/plain", why));
     }
+    // An Origin that passed is the host's own or an allowed one: a browser page there
+    // may call the gateway (CORS), its preflight answered without credentials.
+    let Some(origin) = header(&req, "origin").and_then(|o| HeaderValue::from_str(o).ok()) else {
+        return handle_allowed(state, req).await;
+    };
+    if req.method() == Method::OPTIONS {
+        return preflight(&req, origin);
+    }
+    let mut r = handle_allowed(state, req).await;
+    let headers = r.headers_mut();
+    headers.insert(hyper::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(
+        hyper::header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(CORS_EXPOSED),
+    );
+    headers.append(hyper::header::VARY, HeaderValue::from_static("origin"));
+    r
+}
+
+/// The answer to a browser's CORS preflight from an allowed origin: the methods, and
+/// of the headers it asks for those the gateway reads.
+fn preflight(req: &hyper::Request<Incoming>, origin: HeaderValue) -> HttpResponse {
+    let asked = header(req, "access-control-request-headers").unwrap_or("");
+    let allowed: Vec<String> = asked
+        .split(',')
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| CORS_REQUEST_HEADERS.contains(&h.as_str()) || h.starts_with("mcp-param-"))
+        .collect();
+    let mut r = full(StatusCode::NO_CONTENT, "", "");
+    let headers = r.headers_mut();
+    headers.remove(hyper::header::CONTENT_TYPE);
+    headers.insert(hyper::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(
+        hyper::header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, DELETE"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+        headers.insert(hyper::header::ACCESS_CONTROL_ALLOW_HEADERS, v);
+    }
+    headers.insert(
+        hyper::header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
+    headers.append(hyper::header::VARY, HeaderValue::from_static("origin"));
+    r
+}
+
+/// A request whose Host and Origin passed.
+async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
     let identity = state.gateway.identity();
     if req
         .uri()
