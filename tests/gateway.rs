@@ -1065,6 +1065,59 @@ async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes
     let _ = child.wait().await;
 }
 
+// An answer to the gateway's question that is longer than max_body_bytes fails that
+// question at once: the call ends with an error now, not when input_timeout (a minute
+// here) runs out, and nothing is sent back under the question's id.
+#[tokio::test]
+async fn a_stdio_answer_longer_than_max_body_bytes_fails_its_question_at_once() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let setup = Setup::new(
+        "max_body_bytes = 65536\ninput_timeout = \"60s\"",
+        &[("k1", &key("k1"))],
+    );
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = async || {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("a message in time")
+            .expect("read")
+            .expect("a line");
+        serde_json::from_str::<Value>(&line).expect("JSON")
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "alpha__confirm", "arguments": {"message": "Pay?"}}});
+    stdin
+        .write_all(format!("{init}\n{call}\n").as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(next().await["id"], 1);
+    let question = next().await;
+    assert_eq!(question["method"], "elicitation/create", "{question}");
+    let answer = json!({"jsonrpc": "2.0", "id": question["id"], "result": {
+        "action": "accept", "content": {"note": "y".repeat(100 << 10)}}});
+    stdin
+        .write_all(format!("{answer}\n").as_bytes())
+        .await
+        .expect("write");
+    let ended = next().await;
+    assert_eq!(ended["id"], 2, "{ended}");
+    assert!(ended["error"].is_object(), "{ended}");
+    drop(stdin);
+    let _ = child.wait().await;
+}
+
 // A browser page at an allowed origin can call the gateway: its preflight is answered
 // (no credentials needed), and each answer names the origin and the headers a script
 // may read. Before, OPTIONS got 405 and no answer carried CORS headers, so a browser

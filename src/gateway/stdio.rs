@@ -319,13 +319,23 @@ pub async fn serve(
                         break;
                     }
                 };
-                pipe.send(&Message::Response(Response {
-                    id: Message::peek_id_of_start(&line),
-                    outcome: Err(RpcError::new(
-                        crate::protocol::error::INVALID_REQUEST,
-                        format!("a message longer than max_body_bytes ({longest} bytes)"),
-                    )),
-                }));
+                let too_long = RpcError::new(
+                    crate::protocol::error::INVALID_REQUEST,
+                    format!(
+                        "a message longer than {longest} bytes (max_body_bytes, at most 16 MiB)"
+                    ),
+                );
+                match Message::peek_start(&line) {
+                    // An answer to one of the gateway's questions: the question fails
+                    // now, rather than wait out its time.
+                    (Some(id), Some(true)) => pipe.pending.answer(&id, Err(too_long)),
+                    (id, _) => {
+                        pipe.send(&Message::Response(Response {
+                            id,
+                            outcome: Err(too_long),
+                        }));
+                    }
+                }
                 if !matches!(skipped, Ok(true)) {
                     break;
                 }

@@ -399,9 +399,15 @@ impl Message {
     }
 
     /// The id of a message of which only the start is at hand (the rest was too long to
-    /// keep): found when it comes before what was cut, so that the refusal can name it.
-    pub fn peek_id_of_start(bytes: &[u8]) -> Option<RequestId> {
-        struct Find<'a>(&'a mut Option<RequestId>);
+    /// keep), and whether it is a reply: each found when it comes before what was cut,
+    /// so that the refusal can name the request, or fail the question it answers.
+    pub fn peek_start(bytes: &[u8]) -> (Option<RequestId>, Option<bool>) {
+        #[derive(Default)]
+        struct Found {
+            id: Option<RequestId>,
+            reply: Option<bool>,
+        }
+        struct Find<'a>(&'a mut Found);
         impl<'de> serde::de::Visitor<'de> for Find<'_> {
             type Value = ();
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -409,20 +415,27 @@ impl Message {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "id" {
-                        *self.0 = map.next_value::<PlainId>()?.0;
-                        // Found: what follows is not read (it ends cut short anyway).
+                    match &*key {
+                        "id" => self.0.id = map.next_value::<PlainId>()?.0,
+                        "method" => self.0.reply = Some(false),
+                        "result" | "error" => self.0.reply = self.0.reply.or(Some(true)),
+                        _ => {}
+                    }
+                    if self.0.id.is_some() && self.0.reply.is_some() {
+                        // Both found: what follows is not read (it ends cut short).
                         return Ok(());
                     }
-                    map.next_value::<IgnoredAny>()?;
+                    if key != "id" {
+                        map.next_value::<IgnoredAny>()?;
+                    }
                 }
                 Ok(())
             }
         }
-        let mut found = None;
+        let mut found = Found::default();
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let _ = serde::Deserializer::deserialize_map(&mut de, Find(&mut found));
-        found
+        (found.id, found.reply)
     }
 
     /// Appends this message as one JSON line (with the trailing `\n`) to `out`.
@@ -576,19 +589,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_id_of_a_message_cut_short_is_found_when_it_comes_before_the_cut() {
-        let id = |s: &str| Message::peek_id_of_start(s.as_bytes());
+    fn the_id_and_kind_of_a_message_cut_short_are_found_when_they_come_before_the_cut() {
+        let start = |s: &str| Message::peek_start(s.as_bytes());
         assert_eq!(
-            id(r#"{"id":7,"jsonrpc":"2.0","params":{"text":"xxxx"#),
-            Some(RequestId::Number(7))
+            start(r#"{"id":7,"jsonrpc":"2.0","method":"tools/call","params":{"text":"xxxx"#),
+            (Some(RequestId::Number(7)), Some(false))
         );
         assert_eq!(
-            id(r#"{"jsonrpc":"2.0","id":"a\"b","params":{"te"#),
-            Some(RequestId::String("a\"b".into()))
+            start(r#"{"jsonrpc":"2.0","id":"a\"b","result":{"content":"xx"#),
+            (Some(RequestId::String("a\"b".into())), Some(true))
         );
-        assert_eq!(id(r#"{"params":{"text":"xxxx"#), None);
-        assert_eq!(id(r#"{"id":[1,2,3"#), None);
-        assert_eq!(id("not json"), None);
+        assert_eq!(start(r#"{"result":{"text":"xxxx"#), (None, Some(true)));
+        assert_eq!(start(r#"{"params":{"text":"xxxx"#), (None, None));
+        assert_eq!(start(r#"{"id":[1,2,3"#), (None, None));
+        assert_eq!(start("not json"), (None, None));
     }
 
     #[test]
