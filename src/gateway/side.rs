@@ -47,6 +47,7 @@ impl Peers {
 
     /// A place for one more connection from `ip`, if it has fewer than the limit.
     pub(crate) fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let ip = peer_of(ip);
         let mut open = self.open.lock();
         let n = open.entry(ip).or_default();
         if *n >= self.limit {
@@ -57,6 +58,22 @@ impl Peers {
             peers: self.clone(),
             ip,
         })
+    }
+}
+
+/// The peer an address counts for: an IPv4 address itself (also when it comes mapped
+/// into IPv6), an IPv6 address by its /64, which one host is commonly given whole (one
+/// peer must not get a share per address it can pick).
+fn peer_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                std::net::IpAddr::V6(prefix.into())
+            }
+        },
+        v4 => v4,
     }
 }
 
@@ -134,5 +151,26 @@ pub(crate) async fn serve<F, Fut>(
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
             drop((permit, slot));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_of;
+
+    #[test]
+    fn a_peer_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+        assert_eq!(peer_of(ip("192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(peer_of(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(peer_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            peer_of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            peer_of(ip("2001:db8:1:2::9"))
+        );
+        assert_ne!(
+            peer_of(ip("2001:db8:1:3::1")),
+            peer_of(ip("2001:db8:1:2::1"))
+        );
     }
 }
