@@ -885,8 +885,12 @@ impl SignIn {
             Err(e) => match &e.failure {
                 // The refresh token is dead, or no longer good for this resource: forget
                 // it; a full sign-in comes next.
+                // unauthorized_client: this client may not refresh (RFC 6749 5.2); a
+                // sign-in, with the same client, is what is left.
                 AuthFailure::Refused { error, .. }
-                    if error == "invalid_grant" || error == "invalid_target" =>
+                    if error == "invalid_grant"
+                        || error == "invalid_target"
+                        || error == "unauthorized_client" =>
                 {
                     tracing::info!(server = %self.server, "refresh token refused; signing in again");
                     self.forget_if_still(identity, &token);
@@ -895,9 +899,7 @@ impl SignIn {
                 // The client itself is unknown now (a registration deleted or expired, a
                 // client revoked): its tokens and its registration are of no more use, and
                 // a sign-in registers anew (RFC 6749 5.2).
-                AuthFailure::Refused { error, .. }
-                    if error == "invalid_client" || error == "unauthorized_client" =>
-                {
+                AuthFailure::Refused { error, .. } if error == "invalid_client" => {
                     tracing::warn!(server = %self.server, "the authorization server no longer knows this client; signing in again");
                     self.forget_if_still(identity, &token);
                     self.ctx.registrations.forget(&token.client.client_id);
