@@ -355,7 +355,7 @@ fn public_error_enums_are_non_exhaustive() {
     for (module, text) in &modules {
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
-            let Some(rest) = line.strip_prefix("pub enum ") else {
+            let Some(rest) = line.trim_start().strip_prefix("pub enum ") else {
                 continue;
             };
             let name = rest.split([' ', '<', '{']).next().unwrap_or_default();
@@ -367,6 +367,7 @@ fn public_error_enums_are_non_exhaustive() {
             let marked = lines[..i]
                 .iter()
                 .rev()
+                .map(|l| l.trim_start())
                 .take_while(|l| l.starts_with("#[") || l.starts_with("///"))
                 .any(|l| l.trim() == "#[non_exhaustive]");
             if !marked {

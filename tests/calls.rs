@@ -894,8 +894,20 @@ async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
 // way may have been answered before it.
 #[tokio::test]
 async fn a_tool_list_change_during_its_reread_has_it_read_once_more() {
+    let record = temp_file("reread");
+    let rec = record.to_string_lossy().into_owned();
     let h = harness(config(
-        vec![demo("beta", &["--era", "legacy", "--list-delay-ms", "800"])],
+        vec![demo(
+            "beta",
+            &[
+                "--era",
+                "legacy",
+                "--list-delay-ms",
+                "2000",
+                "--record",
+                &rec,
+            ],
+        )],
         &["a"],
     ))
     .await;
@@ -903,11 +915,18 @@ async fn a_tool_list_change_during_its_reread_has_it_read_once_more() {
     h.list_tools(&a).await.expect("list");
     let mut events = h.subscribe();
     // The first change has the list read again; the second comes during that read,
-    // whose answer the server has already made (it holds it back 800 ms).
+    // whose answer the server made when asked (it holds it back 2 s).
     h.call_tool(&a, "beta__grow", json!({}))
         .await
         .expect("grow");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || tool_calls(
+            &record,
+            "tools/list"
+        ) == 2)
+        .await,
+        "the list is read again"
+    );
     h.call_tool(&a, "beta__grow", json!({}))
         .await
         .expect("grow");
@@ -932,6 +951,7 @@ async fn a_tool_list_change_during_its_reread_has_it_read_once_more() {
         .collect();
     assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

@@ -476,7 +476,11 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     // An Origin that passed is the host's own or an allowed one: a browser page there
     // may call the gateway (CORS), its preflight answered without credentials.
     let Some(origin) = header(&req, "origin").and_then(|o| HeaderValue::from_str(o).ok()) else {
-        return handle_allowed(state, req).await;
+        // Varies by Origin all the same: a cache must not give this answer to a page.
+        let mut r = handle_allowed(state, req).await;
+        r.headers_mut()
+            .append(hyper::header::VARY, HeaderValue::from_static("origin"));
+        return r;
     };
     if req.method() == Method::OPTIONS {
         return preflight(&req, origin);

@@ -2029,8 +2029,9 @@ fn codes_of_the_era(mut error: RpcError, version: &str) -> RpcError {
             error.code = INVALID_PARAMS
         }
         URL_ELICITATION_REQUIRED if version != "2025-11-25" => {
+            // As any other upstream error the client cannot be given as it is.
             error = RpcError::new(INTERNAL_ERROR, error.message)
-                .with_data(json!({"code": URL_ELICITATION_REQUIRED}));
+                .with_data(json!({"code": "server_error"}));
         }
         _ => {}
     }

@@ -190,7 +190,6 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// A random starting generation (63 bits: INCR stays within a signed integer).
 /// Why a command failed.
 enum RunFailure {
     /// Redis refused it for what a key holds (another type, no integer, an INCR that
@@ -217,6 +216,7 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
     }
 }
 
+/// A random starting generation (63 bits: INCR stays within a signed integer).
 fn random_generation() -> u64 {
     let mut bytes = [0u8; 8];
     // Without randomness the start is 0, as for a server never seen.
@@ -969,20 +969,15 @@ impl SharedCache {
             Ok((generation,)) => generation,
             // No integer there, or one INCR cannot add to: a new random generation takes
             // its place (no page was stored under it), else the invalidation would be
-            // retried for ever and the server's pages never shared again.
+            // retried for ever and the server's pages never shared again. The PUBLISH
+            // behind the failed INCR went out already (a pipeline runs every command).
             Err(RunFailure::BadValue) => {
                 let fresh = random_generation();
                 let set: Option<()> = self
                     .run("invalidate", async |mut conn| {
-                        redis::pipe()
-                            .cmd("SET")
+                        redis::cmd("SET")
                             .arg(&gen_key)
                             .arg(fresh)
-                            .ignore()
-                            .cmd("PUBLISH")
-                            .arg(&channel)
-                            .arg(&message)
-                            .ignore()
                             .query_async(&mut conn)
                             .await
                     })
