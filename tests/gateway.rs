@@ -1016,13 +1016,18 @@ async fn a_progress_token_the_gateway_does_not_take_leaves_the_status_of_an_erro
     gw.stop().await;
 }
 
-// A line on the pipe is a request body, held to max_body_bytes as an HTTP body is: one
-// longer is read past unkept and answered with an error, and the session goes on.
-// Before, lines up to 16 MiB were taken whatever the setting.
-#[tokio::test]
-async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes_on() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
+type StdioLines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// `serve --stdio` as agent `a` on `setup`'s config: the process, its input, and its
+/// output line by line.
+fn stdio_gateway(
+    setup: &Setup,
+) -> (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    StdioLines,
+) {
+    use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(harness_exe())
         .args(["serve", "--stdio", "--agent", "a", "--config"])
         .arg(&setup.config)
@@ -1031,16 +1036,30 @@ async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes
         .kill_on_drop(true)
         .spawn()
         .expect("spawn serve --stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut next = async || {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("an answer in time")
-            .expect("read")
-            .expect("a line");
-        serde_json::from_str::<Value>(&line).expect("JSON")
-    };
+    let stdin = child.stdin.take().expect("stdin");
+    let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, stdin, lines)
+}
+
+/// The next message `serve --stdio` writes, within 20 s.
+async fn next_message(lines: &mut StdioLines) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a message in time")
+        .expect("read")
+        .expect("a line");
+    serde_json::from_str::<Value>(&line).expect("JSON")
+}
+
+// A line on the pipe is a request body, held to max_body_bytes as an HTTP body is: one
+// longer is read past unkept and answered with an error, and the session goes on.
+// Before, lines up to 16 MiB were taken whatever the setting.
+#[tokio::test]
+async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes_on() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let mut next = async || next_message(&mut lines).await;
     let mut long = request(
         "tools/call",
         json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(100 << 10)}}),
@@ -1070,29 +1089,13 @@ async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes
 // here) runs out, and nothing is sent back under the question's id.
 #[tokio::test]
 async fn a_stdio_answer_longer_than_max_body_bytes_fails_its_question_at_once() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let setup = Setup::new(
         "max_body_bytes = 65536\ninput_timeout = \"60s\"",
         &[("k1", &key("k1"))],
     );
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--agent", "a", "--config"])
-        .arg(&setup.config)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut next = async || {
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("a message in time")
-            .expect("read")
-            .expect("a line");
-        serde_json::from_str::<Value>(&line).expect("JSON")
-    };
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let mut next = async || next_message(&mut lines).await;
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
         "clientInfo": {"name": "raw", "version": "1"}}});
