@@ -129,20 +129,26 @@ pub(super) fn remove(dir: &Path, key: &CacheKey) {
     }
 }
 
-/// Removes every entry of `server`.
+/// Removes every entry of `server`: the files of the names this layer makes, and the
+/// folder once it is empty. Whatever else is there is left alone: the folder may be
+/// another program's of the same name (a `cache.dir` of `~/.cache` and a server named
+/// `pip`), and a link in its place is neither followed nor removed.
 pub(super) fn remove_server(dir: &Path, server: &str) {
     let server_dir = dir.join(server);
-    // A link in its place is removed, not followed (remove_dir_all does not follow
-    // links either way); a directory others may write to is left alone.
-    match std::fs::symlink_metadata(&server_dir) {
-        Ok(m) if m.file_type().is_symlink() => {
-            let _ = std::fs::remove_file(&server_dir);
-        }
-        Ok(_) if usable(&server_dir, false) => {
-            let _ = std::fs::remove_dir_all(&server_dir);
-        }
-        _ => {}
+    if !usable(&server_dir, false) {
+        return;
     }
+    let Ok(entries) = std::fs::read_dir(&server_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let plain = entry.file_type().is_ok_and(|t| t.is_file());
+        if plain && entry.file_name().to_str().is_some_and(ours) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    // Fails, as it should, while anything else is in it.
+    let _ = std::fs::remove_dir(&server_dir);
 }
 
 /// A plain file's bytes, read without following a link or waiting on a pipe, and at

@@ -290,9 +290,22 @@ fn links_pipes_and_huge_files_in_the_disk_layer_are_skipped_not_followed_or_remo
         huge.exists(),
         "a file too large to read is skipped, not removed"
     );
-    // Invalidating the linked server removes the link, not what it points to.
+    // Invalidating the linked server leaves the link and what it points to.
     cache.invalidate("other");
-    assert!(precious.exists() && !dir.join("other").exists());
+    assert!(precious.exists() && dir.join("other").exists());
+    // Invalidating s removes its entries only: another program's files and folders in
+    // a folder of the same name stay, and so does the folder.
+    let theirs = dir.join("s").join("models");
+    std::fs::create_dir_all(&theirs).expect("their folder");
+    std::fs::write(theirs.join("weights.bin"), "w").expect("their file");
+    cache.invalidate("s");
+    let left: Vec<String> = std::fs::read_dir(dir.join("s"))
+        .expect("s stays")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!left.iter().any(|n| super::disk::ours(n)), "{left:?}");
+    assert!(fifo.exists() && huge.exists() && theirs.join("weights.bin").exists());
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&*elsewhere);
 }
