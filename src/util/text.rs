@@ -31,28 +31,48 @@ pub fn url_shown(url: &url::Url) -> String {
     shown.to_string()
 }
 
-/// Characters a reader does not see but that act on what is around them: bidirectional
-/// formatting (reorders what follows), zero-width ones (hide or join text), and the
-/// line and paragraph separators (which JSON leaves as they are and some line readers
-/// split on).
+/// Characters a reader does not see but that act on what is around them, or carry
+/// what a model reads and a person does not: bidirectional formatting (reorders what
+/// follows), zero-width and other format characters (hide or join text), the line and
+/// paragraph separators (which JSON leaves as they are and some line readers split on),
+/// and Unicode's default-ignorable code points: variation selectors, fillers, and the
+/// tag characters that spell ASCII invisibly ("ASCII smuggling").
 pub fn hidden(c: char) -> bool {
     matches!(c,
-        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+        '\u{00ad}' | '\u{034f}' | '\u{0600}'..='\u{0605}' | '\u{061c}' | '\u{06dd}'
+        | '\u{070f}' | '\u{08e2}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
+        | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{206f}' | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}'
+        | '\u{ffa0}' | '\u{fff0}'..='\u{fffb}' | '\u{110bd}' | '\u{110cd}'
+        | '\u{13430}'..='\u{1343f}' | '\u{1bca0}'..='\u{1bca3}' | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0000}'..='\u{e0fff}')
 }
+
+/// The first bytes, in UTF-8, of DEL, the C1 controls and every [`hidden`] character.
+const SUSPECT_LEADS: [bool; 256] = {
+    let mut leads = [false; 256];
+    let mut i = 0;
+    let bytes = [
+        0x7f, 0xc2, 0xcd, 0xd8, 0xdb, 0xdc, 0xe0, 0xe1, 0xe2, 0xe3, 0xef, 0xf0, 0xf3,
+    ];
+    while i < bytes.len() {
+        leads[bytes[i] as usize] = true;
+        i += 1;
+    }
+    leads
+};
 
 /// JSON text with every character JSON leaves as it is but a terminal or a line reader
 /// acts on (DEL, the C1 controls, [`hidden`] ones) written as a `\uXXXX` escape: the
 /// same JSON to a parser. Such characters can only be inside strings, where the escape
 /// means the same. JSON that has none (the usual) is left untouched, found in one pass.
 pub fn json_inert(json: &mut Vec<u8>) {
-    // Every such character is DEL or starts with one of four lead bytes in UTF-8 (C1
-    // and U+0085: C2; U+061C: D8; U+200B to U+206x: E2; U+FEFF: EF), so most text that
-    // is not ASCII (accents, CJK) is not looked at twice. No early exit: the whole line
-    // is checked in one vectorized pass (it is on a call's path).
-    let suspect = json.iter().fold(false, |seen, &b| {
-        seen | (b == 0x7f) | (b == 0xc2) | (b == 0xd8) | (b == 0xe2) | (b == 0xef)
-    });
+    // Every such character is DEL or starts with one of a few lead bytes in UTF-8
+    // ([`SUSPECT_LEADS`]), so ASCII and most accented text is not looked at twice. No
+    // early exit: the whole line is checked in one pass (it is on a call's path).
+    let suspect = json
+        .iter()
+        .fold(false, |seen, &b| seen | SUSPECT_LEADS[b as usize]);
     if !suspect {
         return;
     }
@@ -66,7 +86,11 @@ pub fn json_inert(json: &mut Vec<u8>) {
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         if acts(c) {
-            out.push_str(&format!("\\u{:04x}", c as u32));
+            // Past U+FFFF, JSON escapes a character as its UTF-16 surrogate pair.
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
         } else {
             out.push(c);
         }
@@ -104,6 +128,7 @@ mod tests {
         assert_eq!(one_line("\u{202e}x", 100), "\\u{202e}x");
         assert_eq!(one_line("abcdef", 3), "abc…");
         assert_eq!(one_line("a\u{2028}b\u{200b}", 100), "a\\u{2028}b\\u{200b}");
+        assert_eq!(one_line("a\u{e0041}b", 100), "a\\u{e0041}b");
     }
 
     #[test]
@@ -126,5 +151,13 @@ mod tests {
         let mut plain = br#"{"a":"b"}"#.to_vec();
         json_inert(&mut plain);
         assert_eq!(plain, br#"{"a":"b"}"#);
+        // Tag characters spelling "hi" past U+FFFF: escaped as surrogate pairs.
+        let smuggled = serde_json::json!({"d": "ok\u{e0068}\u{e0069}\u{fe0f}\u{ad}"});
+        let mut smuggled_text = serde_json::to_vec(&smuggled).expect("json");
+        json_inert(&mut smuggled_text);
+        let smuggled_shown = String::from_utf8(smuggled_text.clone()).expect("utf-8");
+        assert_eq!(smuggled_shown, r#"{"d":"ok\udb40\udc68\udb40\udc69\ufe0f\u00ad"}"#);
+        let back: serde_json::Value = serde_json::from_slice(&smuggled_text).expect("still JSON");
+        assert_eq!(back, smuggled);
     }
 }
