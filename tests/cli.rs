@@ -1749,3 +1749,90 @@ fn logout_needs_no_sampling_key_and_a_started_harness_does() {
         stderr(&out)
     );
 }
+
+// A second signal while serve shuts down ends it at once, with the signal's code, and
+// its servers with it: the first waits for the calls in flight (here one that never
+// ends, with a minute's grace). Before, the second signal was swallowed and serve
+// waited the grace out.
+#[test]
+fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
+    use std::io::Write;
+    let record = scratch_dir().join("serve-twice.jsonl");
+    let _ = std::fs::remove_file(&record);
+    let config = config_file(
+        "serve-twice",
+        "harness.toml",
+        &format!(
+            "shutdown_grace = \"60s\"\n\n[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"alpha\", \"--record\", {:?}] }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
+            harness_exe(),
+            record.display().to_string()
+        ),
+    );
+    let mut child = Command::new(harness_exe())
+        .args(["serve", "--stdio", "--dev-keys", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "alpha__hang", "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}});
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin, "{call}").expect("write");
+    let start = std::time::Instant::now();
+    while !recorded(&record)
+        .iter()
+        .any(|r| r["params"]["name"] == "hang")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the call never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    let term = || {
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    term();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the first signal waits for the call in flight"
+    );
+    term();
+    let stopped = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status.code();
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(20),
+            "the second signal did not end serve"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(143));
+    let left: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains(&record.display().to_string()))
+        })
+        .filter(|pid| alive(*pid))
+        .collect();
+    assert!(left.is_empty(), "server processes left: {left:?}");
+    drop(stdin);
+    let _ = std::fs::remove_file(record);
+}

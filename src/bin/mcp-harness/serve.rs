@@ -97,142 +97,167 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     tokio::select! {
         () = settle(&harness, servers.wait) => {}
         _ = stop.recv() => {
+            return Ok(tokio::select! {
+                health = harness.shutdown() => commands::audited(commands::OK, &health),
+                code = stop.recv() => {
+                    eprintln!("mcp-harness: stopping at once");
+                    code
+                }
+            });
+        }
+    }
+    // One task takes the signals: the first stops gracefully (calls in flight finish
+    // within shutdown_grace), a second at once (the servers' process groups are killed
+    // as the runtime drops their handles).
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    let (again_tx, again_rx) = tokio::sync::oneshot::channel::<u8>();
+    tokio::spawn(async move {
+        stop.recv().await;
+        let _ = first_tx.send(());
+        let code = stop.recv().await;
+        let _ = again_tx.send(code);
+    });
+    let stopping = async move {
+        let _ = first_rx.await;
+    };
+    let served = async move {
+        crate::telemetry::export_metrics(&harness);
+        let metrics = match &args.metrics {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    UsageError(anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))
+                })?;
+                {
+                    use std::io::Write;
+                    // On stderr: stdout is the MCP pipe with --stdio.
+                    let mut err = std::io::stderr().lock();
+                    writeln!(err, "metrics http://{}/metrics", listener.local_addr()?)?;
+                    err.flush()?;
+                }
+                let served = harness.clone();
+                Some(tokio::spawn(gateway::metrics::serve(
+                    served,
+                    listener,
+                    config.allowed_hosts.clone(),
+                    std::future::pending(),
+                )))
+            }
+            None => None,
+        };
+        // The admin endpoint reads the tokens in force (a reload replaces them) from the
+        // gateway, made just below.
+        let admin_config: std::sync::Arc<std::sync::OnceLock<Gateway>> = std::sync::Arc::default();
+        let admin = match &args.admin {
+            Some(addr) => {
+                if config.admin_tokens.is_empty() {
+                    return Err(UsageError(anyhow::anyhow!(
+                        "--admin needs [gateway] admin_tokens (the SHA-256 of each admin token)"
+                    ))
+                    .into());
+                }
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    UsageError(anyhow::anyhow!("cannot listen on {addr} for admin: {e}"))
+                })?;
+                {
+                    use std::io::Write;
+                    let mut err = std::io::stderr().lock();
+                    writeln!(err, "admin http://{}/approvals", listener.local_addr()?)?;
+                    err.flush()?;
+                }
+                let queue = harness.approvals();
+                let current = admin_config.clone();
+                let tokens: gateway::admin::AdminTokens = std::sync::Arc::new(move || {
+                    current
+                        .get()
+                        .map(|g: &Gateway| g.config().admin_tokens.clone())
+                        .unwrap_or_default()
+                });
+                Some(tokio::spawn(async move {
+                    gateway::admin::serve(queue, tokens, listener, std::future::pending()).await
+                }))
+            }
+            None => None,
+        };
+        let dev_sealer = args.dev_keys.then(|| sealer.clone());
+        let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
+            .await
+            .map_err(usage)?;
+        let _ = admin_config.set(gateway.clone());
+        let reloader = tokio::spawn(reload_on_change(
+            gateway.clone(),
+            servers.clone(),
+            dev_sealer,
+            AtStart {
+                telemetry: setup.loaded.telemetry.clone(),
+                metrics: args.metrics.is_some(),
+                http: !pipe,
+            },
+        ));
+        if pipe {
+            let principal = Principal {
+                agent: setup.agent.as_str().into(),
+                context: None,
+            };
+            // Pipes are read and written through the reactor; anything else (a file, a
+            // terminal) through tokio's blocking stdin/stdout. The session runs on a worker
+            // thread, not on the thread that blocks on the runtime: the tasks it spawns per
+            // request then start on its own worker instead of waking another one.
+            let session = match (pipe_in(), pipe_out()) {
+                (Some(input), Some(output)) => tokio::spawn(gateway::stdio::serve(
+                    gateway, principal, input, output, stopping,
+                )),
+                _ => tokio::spawn(gateway::stdio::serve(
+                    gateway,
+                    principal,
+                    tokio::io::stdin(),
+                    tokio::io::stdout(),
+                    stopping,
+                )),
+            };
+            if let Err(e) = session.await
+                && e.is_panic()
+            {
+                // As if the session had run on this thread: the panic ends the command.
+                std::panic::resume_unwind(e.into_panic());
+            }
+            reloader.abort();
+            for task in [metrics, admin].into_iter().flatten() {
+                task.abort();
+            }
+            crate::telemetry::flush_metrics().await;
             let health = harness.shutdown().await;
             return Ok(commands::audited(commands::OK, &health));
         }
-    }
-    let stopping = async move {
-        stop.recv().await;
-    };
-    crate::telemetry::export_metrics(&harness);
-    let metrics = match &args.metrics {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                UsageError(anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))
-            })?;
-            {
-                use std::io::Write;
-                // On stderr: stdout is the MCP pipe with --stdio.
-                let mut err = std::io::stderr().lock();
-                writeln!(err, "metrics http://{}/metrics", listener.local_addr()?)?;
-                err.flush()?;
-            }
-            let served = harness.clone();
-            Some(tokio::spawn(gateway::metrics::serve(
-                served,
-                listener,
-                config.allowed_hosts.clone(),
-                std::future::pending(),
-            )))
-        }
-        None => None,
-    };
-    // The admin endpoint reads the tokens in force (a reload replaces them) from the
-    // gateway, made just below.
-    let admin_config: std::sync::Arc<std::sync::OnceLock<Gateway>> = std::sync::Arc::default();
-    let admin = match &args.admin {
-        Some(addr) => {
-            if config.admin_tokens.is_empty() {
-                return Err(UsageError(anyhow::anyhow!(
-                    "--admin needs [gateway] admin_tokens (the SHA-256 of each admin token)"
-                ))
-                .into());
-            }
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                UsageError(anyhow::anyhow!("cannot listen on {addr} for admin: {e}"))
-            })?;
-            {
-                use std::io::Write;
-                let mut err = std::io::stderr().lock();
-                writeln!(err, "admin http://{}/approvals", listener.local_addr()?)?;
-                err.flush()?;
-            }
-            let queue = harness.approvals();
-            let current = admin_config.clone();
-            let tokens: gateway::admin::AdminTokens = std::sync::Arc::new(move || {
-                current
-                    .get()
-                    .map(|g: &Gateway| g.config().admin_tokens.clone())
-                    .unwrap_or_default()
-            });
-            Some(tokio::spawn(async move {
-                gateway::admin::serve(queue, tokens, listener, std::future::pending()).await
-            }))
-        }
-        None => None,
-    };
-    let dev_sealer = args.dev_keys.then(|| sealer.clone());
-    let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
-        .await
-        .map_err(usage)?;
-    let _ = admin_config.set(gateway.clone());
-    let reloader = tokio::spawn(reload_on_change(
-        gateway.clone(),
-        servers.clone(),
-        dev_sealer,
-        AtStart {
-            telemetry: setup.loaded.telemetry.clone(),
-            metrics: args.metrics.is_some(),
-            http: !pipe,
-        },
-    ));
-    if pipe {
-        let principal = Principal {
-            agent: setup.agent.as_str().into(),
-            context: None,
-        };
-        // Pipes are read and written through the reactor; anything else (a file, a
-        // terminal) through tokio's blocking stdin/stdout. The session runs on a worker
-        // thread, not on the thread that blocks on the runtime: the tasks it spawns per
-        // request then start on its own worker instead of waking another one.
-        let session = match (pipe_in(), pipe_out()) {
-            (Some(input), Some(output)) => tokio::spawn(gateway::stdio::serve(
-                gateway, principal, input, output, stopping,
-            )),
-            _ => tokio::spawn(gateway::stdio::serve(
-                gateway,
-                principal,
-                tokio::io::stdin(),
-                tokio::io::stdout(),
-                stopping,
-            )),
-        };
-        if let Err(e) = session.await
-            && e.is_panic()
+        let addr = args.listen.as_deref().unwrap_or("127.0.0.1:8800");
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| UsageError(anyhow::anyhow!("cannot listen on {addr}: {e}")))?;
         {
-            // As if the session had run on this thread: the panic ends the command.
-            std::panic::resume_unwind(e.into_panic());
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "listening http://{}/mcp", listener.local_addr()?)?;
+            out.flush()?;
         }
+        let stop = async {
+            stopping.await;
+            // The last metrics go out while the harness still runs.
+            crate::telemetry::flush_metrics().await;
+        };
+        gateway::http::serve(gateway, listener, stop).await?;
         reloader.abort();
         for task in [metrics, admin].into_iter().flatten() {
             task.abort();
         }
-        crate::telemetry::flush_metrics().await;
-        let health = harness.shutdown().await;
-        return Ok(commands::audited(commands::OK, &health));
-    }
-    let addr = args.listen.as_deref().unwrap_or("127.0.0.1:8800");
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| UsageError(anyhow::anyhow!("cannot listen on {addr}: {e}")))?;
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "listening http://{}/mcp", listener.local_addr()?)?;
-        out.flush()?;
-    }
-    let stop = async {
-        stopping.await;
-        // The last metrics go out while the harness still runs.
-        crate::telemetry::flush_metrics().await;
+        // `http::serve` has shut the harness down, its audit trail flushed.
+        Ok::<u8, anyhow::Error>(commands::audited(commands::OK, &harness.audit_health()))
     };
-    gateway::http::serve(gateway, listener, stop).await?;
-    reloader.abort();
-    for task in [metrics, admin].into_iter().flatten() {
-        task.abort();
+    tokio::select! {
+        served = served => served,
+        Ok(code) = again_rx => {
+            eprintln!("mcp-harness: stopping at once");
+            Ok(code)
+        }
     }
-    // `http::serve` has shut the harness down, its audit trail flushed.
-    Ok(commands::audited(commands::OK, &harness.audit_health()))
 }
 
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
