@@ -285,11 +285,7 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
         }
         other => return Err(unsupported(other)),
     };
-    let interval = var("OTEL_METRIC_EXPORT_INTERVAL")
-        .and_then(|ms| ms.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .or(config.metrics_interval)
-        .unwrap_or(Duration::from_secs(60));
+    let interval = export_interval(var("OTEL_METRIC_EXPORT_INTERVAL"), config.metrics_interval);
     let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
         .with_interval(interval)
         .build();
@@ -299,6 +295,19 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
         .build();
     let _ = METERS.set(provider);
     Ok(())
+}
+
+/// How often metrics are exported: `OTEL_METRIC_EXPORT_INTERVAL` (ms), else the
+/// config's, else 60 s; never zero. The SDK reads the variable itself too and takes 0
+/// as it is (exports without a pause between them), but ignores a zero given to
+/// `with_interval`: the non-zero one given is what it uses.
+fn export_interval(variable: Option<String>, configured: Option<Duration>) -> Duration {
+    variable
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .filter(|d| !d.is_zero())
+        .or(configured.filter(|d| !d.is_zero()))
+        .unwrap_or(Duration::from_secs(60))
 }
 
 static METERS: OnceLock<SdkMeterProvider> = OnceLock::new();
@@ -337,4 +346,25 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     mcp_harness::util::trace_context::layer(provider.tracer("mcp-harness"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::export_interval;
+    use std::time::Duration;
+
+    // Zero, from the variable or the config, is no interval: the SDK would export
+    // without a pause.
+    #[test]
+    fn the_metric_export_interval_is_never_zero() {
+        let s = Duration::from_secs;
+        assert_eq!(export_interval(Some("0".into()), None), s(60));
+        assert_eq!(export_interval(Some("0".into()), Some(s(5))), s(5));
+        assert_eq!(export_interval(None, Some(s(0))), s(60));
+        assert_eq!(
+            export_interval(Some("2500".into()), Some(s(5))),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(export_interval(Some("soon".into()), None), s(60));
+    }
 }
