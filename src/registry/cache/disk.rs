@@ -336,6 +336,7 @@ pub(super) fn load(
         entry.expires_unix_ms = entry.expires_unix_ms.min(latest);
         entry.ttl_ms = entry.ttl_ms.min(max_ttl.as_millis() as u64);
         entry.bytes = json_size(&entry.value);
+        entry.held = super::held_size(&entry.value);
         left = left.saturating_sub(entry.cost());
         entries.insert(entry.key.clone(), entry);
     }

@@ -197,13 +197,24 @@ struct Entry {
     #[serde(default)]
     ttl_ms: u64,
     bytes: usize,
+    /// What its value holds in memory ([`held_size`]); worked out when it is made or
+    /// loaded, never read from a file.
+    #[serde(skip)]
+    held: usize,
 }
 
 impl Entry {
     /// What it counts against a layer's budget.
     fn cost(&self) -> usize {
-        self.bytes.saturating_add(key_cost(&self.key))
+        self.bytes.max(self.held).saturating_add(key_cost(&self.key))
     }
+}
+
+/// What `page` counts against a layer's budget, as [`Entry::cost`].
+fn page_cost(page: &Page) -> usize {
+    page.bytes
+        .max(held_size(&page.value))
+        .saturating_add(key_cost(&page.key))
 }
 
 /// What an entry costs a layer's budget beyond its page: its key's strings, plus the
@@ -645,6 +656,7 @@ impl ListCache {
             expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
             ttl_ms: ttl.as_millis() as u64,
             bytes: page.bytes,
+            held: held_size(&page.value),
         }
     }
 
@@ -665,7 +677,7 @@ impl ListCache {
     ) -> bool {
         let incoming = pages
             .iter()
-            .map(|p| p.bytes.saturating_add(key_cost(&p.key)))
+            .map(page_cost)
             .fold(0usize, usize::saturating_add);
         if incoming > max_bytes {
             return false;
@@ -846,6 +858,29 @@ impl ListCache {
             invalidations: self.invalidations.load(Ordering::Relaxed),
         }
     }
+}
+
+/// What `value` holds in memory, estimated: each node of the tree, each string's
+/// bytes, and each object member's key and slot. Its JSON text can be far less (an
+/// array of small numbers takes 2 bytes an element as text, 32 in memory), and a budget
+/// counted in text alone would hold many times itself.
+pub(crate) fn held_size(value: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>();
+    // A member's key (its `String`) and its share of the map's node.
+    const MEMBER: usize = std::mem::size_of::<String>() + 16;
+    // Depth is bounded: serde_json parses at most 128 levels.
+    fn inside(v: &Value) -> usize {
+        match v {
+            Value::String(s) => s.len(),
+            Value::Array(items) => items.iter().map(|i| NODE + inside(i)).sum(),
+            Value::Object(members) => members
+                .iter()
+                .map(|(k, v)| MEMBER + k.len() + NODE + inside(v))
+                .sum(),
+            _ => 0,
+        }
+    }
+    NODE + inside(value)
 }
 
 /// The size of `value` as compact JSON, counted without building the string.

@@ -375,12 +375,12 @@ fn many_tiny_pages_are_counted_with_their_keys_against_the_budget() {
 fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     let dir = temp_dir("budget");
     let cache = ListCache::new(CacheConfig {
-        max_bytes: 4096,
+        max_bytes: 8192,
         ..config(Some(dir.to_path_buf()))
     })
     .expect("valid");
     // A server that names a new cursor on every listing, or a caller per auth context:
-    // keys without end. Pages of about 500 bytes, the later ones fresher.
+    // keys without end. Pages of about 500 bytes of JSON, the later ones fresher.
     let filler = "x".repeat(450);
     for i in 0..100u64 {
         let result = json!({"tools": [filler], "ttlMs": 60000 + i * 1000, "cacheScope": "public"});
@@ -389,11 +389,12 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     }
     let stats = cache.stats();
     assert!(
-        stats.l1.bytes <= 4096 && stats.l2.bytes <= 4096,
+        stats.l1.bytes <= 8192 && stats.l2.bytes <= 8192,
         "{stats:?}"
     );
-    // Each entry counts its key and a fixed overhead too (about 840 bytes here); a
-    // write that finds no room drops a quarter of the budget's worth at once.
+    // Each entry counts what it holds in memory, its key and a fixed overhead (about
+    // 1,100 bytes here); a write that finds no room drops a quarter of the budget's
+    // worth at once.
     assert!(stats.l1.entries >= 3, "the budget is used: {stats:?}");
     // The soonest to expire went; the latest stayed, in memory and on disk.
     assert!(cache.get(LIST, Some("c0"), None).is_none());
@@ -420,7 +421,7 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
     assert_eq!(cache.stats().l1.entries, stats.l1.entries);
     assert_eq!(cache.stats().l2.entries, stats.l2.entries);
     // A page larger than the whole budget is not kept, and takes nothing's place.
-    let big = json!({"tools": ["y".repeat(5000)], "ttlMs": 600000, "cacheScope": "public"});
+    let big = json!({"tools": ["y".repeat(9000)], "ttlMs": 600000, "cacheScope": "public"});
     assert!(put(&cache, None, big));
     assert!(cache.get(LIST, None, None).is_none());
     assert!(cache.get(LIST, Some("c99"), None).is_some());
@@ -776,4 +777,27 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
     // No server id can take these names.
     assert!(crate::server::check_id(TOKENS_DIR).is_err());
     assert!(crate::server::check_id(SCOPE_KEY_FILE).is_err());
+}
+
+// The budget counts what a page holds in memory, not its text alone: an array of small
+// numbers is 2 bytes an element as JSON and 32 in memory, and a budget counted in text
+// held many times itself.
+#[test]
+fn a_page_is_counted_at_what_it_holds_in_memory() {
+    let numbers: Vec<u8> = vec![0; 100_000];
+    let result = json!({"tools": [{"name": "a", "inputSchema": {"enum": numbers}}],
+                        "ttlMs": 60000, "cacheScope": "public"});
+    let text = json_size(&result);
+    let held = held_size(&result);
+    assert!(text < 250_000 && held > 3_000_000, "{text} {held}");
+    let cache = ListCache::new(CacheConfig {
+        max_bytes: 1 << 20,
+        ..config(None)
+    })
+    .expect("valid");
+    assert!(put(&cache, None, result));
+    assert_eq!(cache.stats().l1.entries, 0, "past the budget: not cached");
+    // Text is still counted where it is the larger (a page of long strings).
+    let words = json!({"tools": ["x".repeat(4000)], "ttlMs": 60000, "cacheScope": "public"});
+    assert!(held_size(&words) >= json_size(&words) - 10);
 }
