@@ -206,7 +206,9 @@ struct Entry {
 impl Entry {
     /// What it counts against a layer's budget.
     fn cost(&self) -> usize {
-        self.bytes.max(self.held).saturating_add(key_cost(&self.key))
+        self.bytes
+            .max(self.held)
+            .saturating_add(key_cost(&self.key))
     }
 }
 
@@ -348,19 +350,34 @@ const SCOPE_KEY_FILE: &str = "__scope.key";
 pub const TOKENS_DIR: &str = "__tokens";
 
 /// The token directory under `cache_dir` ([`TOKENS_DIR`]). Tokens an earlier release
-/// kept in `tokens` there are moved to it first, unless that folder holds cache
-/// entries (a server named `tokens`).
+/// kept in `tokens` there are moved to it first, if that folder holds token files and
+/// nothing else: not cache entries (a server named `tokens`), not another program's
+/// folder of that name (a `cache.dir` of `~/.cache`).
 pub fn token_dir(cache_dir: &Path) -> PathBuf {
     let dir = cache_dir.join(TOKENS_DIR);
     let old = cache_dir.join("tokens");
     let a_real_dir = std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir());
     if a_real_dir && std::fs::symlink_metadata(&dir).is_err() {
-        let entries = std::fs::read_dir(&old).map(|files| {
-            files
+        // A token's file, its lock, or a write of it under way: 32 hex digits, then
+        // `.json`, `.lock` or `.tmp…` (what the file store names them).
+        let token_file = |name: &str| {
+            name.get(..32)
+                .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                && name.get(32..).is_some_and(|rest| {
+                    [".json", ".lock", ".tmp"]
+                        .iter()
+                        .any(|e| rest.starts_with(e))
+                })
+        };
+        let only_tokens = std::fs::read_dir(&old).map(|files| {
+            let names: Vec<String> = files
                 .flatten()
-                .any(|f| f.file_name().to_str().is_some_and(disk::ours))
+                .map(|f| f.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.iter().any(|n| n.ends_with(".json"))
+                && names.iter().all(|n| token_file(n) && !disk::ours(n))
         });
-        if let Ok(false) = entries {
+        if let Ok(true) = only_tokens {
             match std::fs::rename(&old, &dir) {
                 Ok(()) => {
                     tracing::info!(from = %old.display(), to = %dir.display(), "sign-in tokens moved")

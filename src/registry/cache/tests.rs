@@ -731,17 +731,25 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
 #[test]
 fn what_else_the_cache_directory_holds_is_left_alone() {
     let dir = temp_dir("neighbours");
+    // Another program's folder named `tokens` (a cache.dir of ~/.cache): not moved.
+    let theirs = temp_dir("neighbours-theirs");
+    std::fs::create_dir_all(theirs.join("tokens")).expect("dir");
+    std::fs::write(theirs.join("tokens").join("vocab.json"), "{}").expect("write");
+    token_dir(&theirs);
+    assert!(
+        theirs.join("tokens").join("vocab.json").exists(),
+        "left where it is"
+    );
+    assert!(!theirs.join(TOKENS_DIR).exists());
     // Where an earlier release kept tokens: moved to their own place once.
     let old = dir.join("tokens");
     std::fs::create_dir_all(&old).expect("dir");
-    std::fs::write(
-        old.join("0123.json"),
-        r#"{"key":{"server":"web"},"token":{}}"#,
-    )
-    .expect("write");
+    let name = format!("{}.json", "0123abcd".repeat(4));
+    std::fs::write(old.join(&name), r#"{"key":{"server":"web"},"token":{}}"#).expect("write");
+    std::fs::write(old.join(format!("{}.lock", "0123abcd".repeat(4))), "").expect("write");
     let tokens = token_dir(&dir);
     assert_eq!(tokens, dir.join(TOKENS_DIR));
-    let token = tokens.join("0123.json");
+    let token = tokens.join(&name);
     assert!(token.exists() && !old.exists(), "moved");
     assert_eq!(token_dir(&dir), tokens, "and only once");
     let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
