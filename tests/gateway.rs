@@ -781,6 +781,51 @@ async fn bare_names_route_by_priority_and_serve_each_name_once() {
     gw.stop().await;
 }
 
+// A FIFO put in the config file's place is not read by the reload (it would wait for a
+// writer, holding the reloader, and a runtime thread, for good): a regular file put back
+// later is reloaded as usual.
+#[tokio::test]
+async fn a_fifo_in_the_configs_place_is_passed_over_and_a_file_put_back_is_reloaded() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    std::fs::remove_file(&setup.config).expect("remove");
+    let c = std::ffi::CString::new(setup.config.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let pid = gw.server.child.id().expect("pid").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status();
+    // The watcher's tick and the signal both come to the FIFO (deliberate).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let changed = original.replace(
+        "alpha = [\"echo\"]",
+        "alpha = [\"echo\"]\nbeta = [\"echo\"]",
+    );
+    std::fs::remove_file(&setup.config).expect("remove the FIFO");
+    gw.reload_with(&setup, &changed);
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        // Bounded: a runtime thread held by a read that waits makes requests wait too.
+        let listed = tokio::time::timeout(
+            Duration::from_secs(5),
+            gw.modern("tok-b", "tools/list", json!({})),
+        )
+        .await;
+        let (_, list) = listed.expect("answered in time");
+        seen = names(&list);
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, ["alpha__echo", "beta__echo"]);
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

@@ -217,14 +217,38 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
 /// A config file's text, up to [`MAX_FILE_BYTES`]: [`load`] without [`parse`], for a
 /// caller that parses it more than once (a FIFO can be read only once).
 pub fn read(path: &Path) -> Result<String, ConfigError> {
+    let file = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
+    read_open(path, file)
+}
+
+/// [`read`], of a regular file only: anything else (a FIFO put in the file's place,
+/// a device) is an error at once, never waited on. For a reload, which must not hold
+/// a thread waiting for a writer.
+pub fn read_regular(path: &Path) -> Result<String, ConfigError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| unreadable(path, e))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => read_open(path, file),
+        Ok(_) => Err(ConfigError::new("(file)", "is not a regular file").in_file(path)),
+        Err(e) => Err(unreadable(path, e)),
+    }
+}
+
+fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
+    ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path)
+}
+
+fn read_open(path: &Path, file: std::fs::File) -> Result<String, ConfigError> {
     use std::io::Read;
-    let unreadable = |e: std::io::Error| {
-        ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path)
-    };
     let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
-        .map_err(unreadable)?;
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| unreadable(path, e))?;
     if text.len() as u64 > MAX_FILE_BYTES {
         let why = format!("is larger than {} MiB", MAX_FILE_BYTES >> 20);
         return Err(ConfigError::new("(file)", why).in_file(path));

@@ -275,9 +275,10 @@ async fn reload_on_change(
     if !reloadable {
         tracing::info!("the config is not a regular file: it is not reloaded");
     }
+    // Never waits: a FIFO put in the file's place since is not read, nor reloaded.
     let read = |path: &std::path::Path| {
         reloadable
-            .then(|| mcp_harness::config::file::read(path).ok())
+            .then(|| mcp_harness::config::file::read_regular(path).ok())
             .flatten()
     };
     let mut seen = path.and_then(read);
@@ -303,8 +304,8 @@ async fn reload_on_change(
         if !signalled && now == seen {
             continue;
         }
-        if !reloadable {
-            tracing::warn!("the config is not a regular file: not reloaded");
+        if !reloadable || (path.is_some() && now.is_none()) {
+            tracing::warn!("the config is not a regular file that can be read: not reloaded");
             continue;
         }
         seen = now;
