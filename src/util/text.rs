@@ -156,7 +156,10 @@ mod tests {
         let mut smuggled_text = serde_json::to_vec(&smuggled).expect("json");
         json_inert(&mut smuggled_text);
         let smuggled_shown = String::from_utf8(smuggled_text.clone()).expect("utf-8");
-        assert_eq!(smuggled_shown, r#"{"d":"ok\udb40\udc68\udb40\udc69\ufe0f\u00ad"}"#);
+        assert_eq!(
+            smuggled_shown,
+            r#"{"d":"ok\udb40\udc68\udb40\udc69\ufe0f\u00ad"}"#
+        );
         let back: serde_json::Value = serde_json::from_slice(&smuggled_text).expect("still JSON");
         assert_eq!(back, smuggled);
     }
