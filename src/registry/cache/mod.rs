@@ -212,13 +212,6 @@ impl Entry {
     }
 }
 
-/// What `page` counts against a layer's budget, as [`Entry::cost`].
-fn page_cost(page: &Page) -> usize {
-    page.bytes
-        .max(held_size(&page.value))
-        .saturating_add(key_cost(&page.key))
-}
-
 /// What an entry costs a layer's budget beyond its page: its key's strings, plus the
 /// map's slot and the entry's own fields, so that many tiny pages (a server's cursors,
 /// callers' auth contexts) cannot hold memory many times the budget.
@@ -592,17 +585,16 @@ impl ListCache {
                 // Promoted only if no invalidation came between the read and now: the
                 // L1 write lock is held while the epoch is checked.
                 let mut l1 = self.l1.write();
-                if self.epoch(list.server) == epoch {
-                    let page = [Page {
-                        key: e.key.clone(),
-                        ttl: Duration::from_millis(e.ttl_ms),
-                        value: e.value.clone(),
-                        bytes: e.bytes,
-                    }];
-                    if Self::make_room(&mut l1, now, &page, self.config.max_bytes, &mut Vec::new())
-                    {
-                        l1.insert(e.key.clone(), e);
-                    }
+                if self.epoch(list.server) == epoch
+                    && Self::make_room(
+                        &mut l1,
+                        now,
+                        std::slice::from_ref(&e),
+                        self.config.max_bytes,
+                        &mut Vec::new(),
+                    )
+                {
+                    l1.insert(e.key.clone(), e);
                 }
                 Some(found)
             }
@@ -688,13 +680,13 @@ impl ListCache {
     fn make_room(
         layer: &mut Layer,
         now: u64,
-        pages: &[Page],
+        pages: &[Entry],
         max_bytes: usize,
         dropped: &mut Vec<CacheKey>,
     ) -> bool {
         let incoming = pages
             .iter()
-            .map(page_cost)
+            .map(Entry::cost)
             .fold(0usize, usize::saturating_add);
         if incoming > max_bytes {
             return false;
@@ -749,6 +741,11 @@ impl ListCache {
     }
 
     fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
+        // Made before the lock is taken: what a page holds is worked out walking it.
+        let entries: Vec<Entry> = pages
+            .iter()
+            .map(|p| Self::entry(now, p, self.config.max_ttl))
+            .collect();
         // The epoch is read under the layer's lock: an invalidation bumps the epoch and
         // then takes this lock to drop entries, so a stale list either sees the new
         // epoch here or is dropped right after.
@@ -756,14 +753,17 @@ impl ListCache {
         if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
             return; // invalidated while it was being fetched
         }
-        if !Self::make_room(&mut l1, now, pages, self.config.max_bytes, &mut Vec::new()) {
+        if !Self::make_room(
+            &mut l1,
+            now,
+            &entries,
+            self.config.max_bytes,
+            &mut Vec::new(),
+        ) {
             return;
         }
-        for page in pages {
-            l1.insert(
-                page.key.clone(),
-                Self::entry(now, page, self.config.max_ttl),
-            );
+        for entry in entries {
+            l1.insert(entry.key.clone(), entry);
         }
     }
 
@@ -779,19 +779,23 @@ impl ListCache {
         };
         // The index is changed under its lock and the files are written after: readers
         // on async threads take that lock, and a slow disk must not hold them.
+        // Made before the lock is taken: what a page holds is worked out walking it.
+        let entries: Vec<Entry> = pages
+            .iter()
+            .map(|p| Self::entry(now, p, self.config.max_ttl))
+            .collect();
         let (dropped, written) = {
             let mut l2 = self.l2.write();
             if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
                 return;
             }
             let mut dropped = Vec::new();
-            let fits = Self::make_room(&mut l2, now, &pages, self.config.max_bytes, &mut dropped);
+            let fits = Self::make_room(&mut l2, now, &entries, self.config.max_bytes, &mut dropped);
             let mut written = Vec::new();
             if fits {
-                for page in pages {
-                    let entry = Self::entry(now, &page, self.config.max_ttl);
+                for entry in entries {
                     written.push(entry.clone());
-                    l2.insert(page.key, entry);
+                    l2.insert(entry.key.clone(), entry);
                 }
             }
             (dropped, written)
@@ -888,8 +892,12 @@ pub(crate) fn held_size(value: &Value) -> usize {
     // Depth is bounded: serde_json parses at most 128 levels.
     fn inside(v: &Value) -> usize {
         match v {
-            Value::String(s) => s.len(),
-            Value::Array(items) => items.iter().map(|i| NODE + inside(i)).sum(),
+            // Capacities: an array grows by doubling, and up to half of it is spare.
+            Value::String(s) => s.capacity(),
+            Value::Array(items) => {
+                (items.capacity() - items.len()) * NODE
+                    + items.iter().map(|i| NODE + inside(i)).sum::<usize>()
+            }
             Value::Object(members) => members
                 .iter()
                 .map(|(k, v)| MEMBER + k.len() + NODE + inside(v))
