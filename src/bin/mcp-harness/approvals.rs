@@ -42,11 +42,7 @@ fn summary(params: &Value) -> String {
         .or_else(|| params.get("message"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let mut s = line(text);
-    if s.chars().count() > 80 {
-        s = s.chars().take(79).collect::<String>() + "…";
-    }
-    s
+    crate::terminal::line_cut(text, 79)
 }
 
 pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {

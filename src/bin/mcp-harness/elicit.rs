@@ -145,14 +145,16 @@ const SHOWN_MESSAGES: usize = 8;
 /// Characters of one message or system prompt shown.
 const SHOWN_CHARS: usize = 500;
 
-/// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut.
+/// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut,
+/// and how much was never shown (hidden characters), said after the cut.
 fn shown(text: &str) -> String {
-    let one = line(text);
+    let (one, unseen) = crate::terminal::sanitize_counted(text, false);
     let total = one.chars().count();
     let mut out: String = one.chars().take(SHOWN_CHARS).collect();
     if total > SHOWN_CHARS {
         out.push_str(&format!(" …(+{} more characters)", total - SHOWN_CHARS));
     }
+    out.push_str(&crate::terminal::unseen_note(unseen));
     out
 }
 
@@ -281,10 +283,7 @@ fn url_mode(
     asker: Option<&Asker>,
 ) -> Value {
     let p = &request.params;
-    let message: String = line(p["message"].as_str().unwrap_or(""))
-        .chars()
-        .take(500)
-        .collect();
+    let message = crate::terminal::line_cut(p["message"].as_str().unwrap_or(""), 500);
     let raw = p["url"].as_str().unwrap_or("");
     // Only a web page a person can judge by its host: https (http on this machine
     // only), no credentials in it, of a length a terminal shows whole.

@@ -7,27 +7,53 @@ use mcp_harness::util::text::hidden;
 
 /// `text` without escape sequences, control characters (other than newline and tab,
 /// when `multiline`), bidirectional formatting or other [`hidden`] characters; when
-/// there were hidden ones, a note at the end says how many, so that a person approving
-/// what a model will read knows it holds more than is shown.
+/// any of what it held is not shown (hidden characters, the text inside an OSC or other
+/// string sequence, what is no parameter in a CSI), a note at the end says how much,
+/// so that a person approving what a model will read knows it holds more than is shown.
 pub fn sanitize(text: &str, multiline: bool) -> String {
+    let (mut out, unseen) = sanitize_counted(text, multiline);
+    out.push_str(&unseen_note(unseen));
+    out
+}
+
+/// [`sanitize`] without its note: the text shown, and how many characters of it are
+/// not (for a caller that cuts the text and puts the note after the cut).
+pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
     let mut out = String::with_capacity(text.len());
     let mut unseen = 0usize;
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
-            '\u{1b}' => skip_escape(&mut chars),
+            '\u{1b}' => unseen += skip_escape(&mut chars),
             // C1 CSI / OSC introducers.
-            '\u{9b}' => skip_csi(&mut chars),
-            '\u{9d}' => skip_osc(&mut chars),
+            '\u{9b}' => unseen += skip_csi(&mut chars),
+            '\u{9d}' => unseen += skip_osc(&mut chars),
             '\n' | '\t' if multiline => out.push(c),
             c if hidden(c) => unseen += 1,
             c if c.is_control() => {}
             c => out.push(c),
         }
     }
-    if unseen > 0 {
-        out.push_str(&format!(" [{unseen} hidden characters not shown]"));
+    (out, unseen)
+}
+
+/// The note [`sanitize`] ends with when `unseen` characters were left out; empty when
+/// none were.
+pub fn unseen_note(unseen: usize) -> String {
+    match unseen {
+        0 => String::new(),
+        n => format!(" [{n} hidden characters not shown]"),
     }
+}
+
+/// One line of server text, cut at `max` characters (then `…`), its note after the cut.
+pub fn line_cut(text: &str, max: usize) -> String {
+    let (one, unseen) = sanitize_counted(text, false);
+    let mut out: String = one.chars().take(max).collect();
+    if one.chars().count() > max {
+        out.push('…');
+    }
+    out.push_str(&unseen_note(unseen));
     out
 }
 
@@ -44,38 +70,50 @@ pub fn json_text(json: &str) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+/// Skips an escape sequence after its ESC: how many of its characters carried text (a
+/// string sequence's payload; colours and cursor moves carry none).
+fn skip_escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> usize {
     match chars.next() {
         Some('[') => skip_csi(chars),
         Some(']' | 'P' | 'X' | '^' | '_') => skip_osc(chars),
         // A two-character sequence (ESC c, ESC 7, …) or a lone ESC at the end.
-        _ => {}
+        _ => 0,
     }
 }
 
-fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    // Parameters and intermediates, then one final byte in @..~.
+/// Skips a CSI: parameters and intermediates, then one final byte in @..~. What is
+/// neither (text that is no parameter: letters cannot be in it, anything not ASCII
+/// can) is counted.
+fn skip_csi(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> usize {
+    let mut carried = 0;
     for c in chars.by_ref() {
         if ('@'..='~').contains(&c) {
-            return;
+            break;
+        }
+        if !(' '..='?').contains(&c) {
+            carried += 1;
         }
     }
+    carried
 }
 
-fn skip_osc(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    // Ends at BEL or ST (ESC \ or U+009C).
+/// Skips a string sequence (OSC, DCS, …) to BEL or ST (ESC \ or U+009C): its payload
+/// is counted.
+fn skip_osc(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> usize {
+    let mut carried = 0;
     while let Some(c) = chars.next() {
         match c {
-            '\u{7}' | '\u{9c}' => return,
+            '\u{7}' | '\u{9c}' => break,
             '\u{1b}' => {
                 if chars.peek() == Some(&'\\') {
                     chars.next();
                 }
-                return;
+                break;
             }
-            _ => {}
+            _ => carried += 1,
         }
     }
+    carried
 }
 
 #[cfg(test)]
@@ -100,7 +138,24 @@ mod tests {
     #[test]
     fn escape_sequences_and_controls_never_reach_the_terminal() {
         assert_eq!(line("\u{1b}[2J\u{1b}[Hhello"), "hello");
-        assert_eq!(line("a\u{1b}]0;pwned title\u{7}b"), "ab");
+        assert_eq!(
+            line("a\u{1b}]0;pwned title\u{7}b"),
+            "ab [13 hidden characters not shown]"
+        );
+        // Text inside a CSI, or an OSC never ended, is counted too; colours are not.
+        assert_eq!(
+            line("Summarize\u{1b}[無視m"),
+            "Summarize [2 hidden characters not shown]"
+        );
+        assert_eq!(
+            line("Summarize\u{1b}]ignore the user"),
+            "Summarize [15 hidden characters not shown]"
+        );
+        // Cut, the note stays.
+        assert_eq!(
+            line_cut("abcdef\u{200b}", 3),
+            "abc… [1 hidden characters not shown]"
+        );
         assert_eq!(
             line("https://good.example\u{1b}[8m.evil.example"),
             "https://good.example.evil.example"
