@@ -1804,7 +1804,9 @@ fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
         assert!(sent.success());
     };
     term();
-    std::thread::sleep(Duration::from_millis(500));
+    // Time for the first to be taken before the second comes (two signals pending at
+    // once are one), on a loaded machine too (deliberate).
+    std::thread::sleep(Duration::from_millis(1500));
     assert!(
         child.try_wait().expect("try_wait").is_none(),
         "the first signal waits for the call in flight"
@@ -1822,17 +1824,95 @@ fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(code, Some(143));
-    let left: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains(&record.display().to_string()))
-        })
-        .filter(|pid| alive(*pid))
-        .collect();
-    assert!(left.is_empty(), "server processes left: {left:?}");
+    // Killed as serve ends: gone within moments (SIGKILL is not instant).
+    let left = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .expect("proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.contains(&record.display().to_string()))
+            })
+            .filter(|pid| alive(*pid))
+            .collect()
+    };
+    let gone_by = std::time::Instant::now() + Duration::from_secs(5);
+    while !left().is_empty() && std::time::Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(left().is_empty(), "server processes left: {:?}", left());
     drop(stdin);
+    let _ = std::fs::remove_file(record);
+}
+
+// `serve --stdio` whose client has closed its input waits for the calls still running;
+// a SIGTERM then shuts it down as at any other time (calls cut at shutdown_grace).
+// Before, the signal was taken and nothing listened for it: serve waited for a call
+// that never ended.
+#[test]
+fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
+    use std::io::Write;
+    let record = scratch_dir().join("serve-eof.jsonl");
+    let _ = std::fs::remove_file(&record);
+    let config = config_file(
+        "serve-eof",
+        "harness.toml",
+        &format!(
+            "shutdown_grace = \"1s\"\n\n[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"alpha\", \"--record\", {:?}] }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
+            harness_exe(),
+            record.display().to_string()
+        ),
+    );
+    let mut child = Command::new(harness_exe())
+        .args(["serve", "--stdio", "--dev-keys", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "alpha__hang", "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}});
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin, "{call}").expect("write");
+    let start = std::time::Instant::now();
+    while !recorded(&record)
+        .iter()
+        .any(|r| r["params"]["name"] == "hang")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the call never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the call still runs"
+    );
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let stopped = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status.code();
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(20),
+            "one signal did not shut serve down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0));
     let _ = std::fs::remove_file(record);
 }

@@ -505,10 +505,17 @@ pub async fn serve(
     pipe.pending.clear();
     closing.cancel();
     let drain = async { while tasks.join_next().await.is_some() {} };
+    let mut drain = std::pin::pin!(drain);
+    if !stopping {
+        // A shutdown asked for while the calls finish (a SIGTERM after the input
+        // ended) is heard too: it does not wait for them for ever.
+        tokio::select! {
+            () = &mut drain => {}
+            () = &mut shutdown => stopping = true,
+        }
+    }
     if stopping {
         tokio::join!(drain, gateway.harness().shutdown());
-    } else {
-        drain.await;
     }
     notifier.abort();
     drop(pipe);

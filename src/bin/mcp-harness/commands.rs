@@ -120,10 +120,17 @@ fn read(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
 }
 
 pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
+    load_with(args, None)
+}
+
+/// [`load`], with the config file's `text` when it was read already (a reload's, read
+/// without waiting: reading it again could meet a FIFO put in its place since).
+pub fn load_with(args: &ServerArgs, text: Option<&str>) -> Result<Setup, UsageError> {
     let usage = |e: mcp_harness::ConfigError| UsageError(e.into());
-    let mut loaded = match &args.config {
-        Some(path) => read(path).map_err(usage)?,
-        None => Loaded::default(),
+    let mut loaded = match (&args.config, text) {
+        (Some(path), Some(text)) => file::parse(text, path).map_err(usage)?,
+        (Some(path), None) => read(path).map_err(usage)?,
+        (None, _) => Loaded::default(),
     };
     // Read at start for the exporters; a mistake in it is the file's error.
     crate::telemetry::TelemetryConfig::from_value(loaded.telemetry.as_ref()).map_err(|e| {

@@ -112,8 +112,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     let (again_tx, again_rx) = tokio::sync::oneshot::channel::<u8>();
     tokio::spawn(async move {
-        stop.recv().await;
-        let _ = first_tx.send(());
+        let code = stop.recv().await;
+        // Nobody waits for a first signal when the stop began otherwise (the client's
+        // input ended): this one is the second.
+        if first_tx.send(()).is_err() {
+            let _ = again_tx.send(code);
+            return;
+        }
         let code = stop.recv().await;
         let _ = again_tx.send(code);
     });
@@ -275,13 +280,15 @@ async fn reload_on_change(
     if !reloadable {
         tracing::info!("the config is not a regular file: it is not reloaded");
     }
-    // Never waits: a FIFO put in the file's place since is not read, nor reloaded.
-    let read = |path: &std::path::Path| {
-        reloadable
-            .then(|| mcp_harness::config::file::read_regular(path).ok())
-            .flatten()
+    // Never waits: what is read is a regular file's text, else why not (a FIFO put in
+    // the file's place since, a file gone); the reload parses that same text.
+    let read = || match (reloadable, path) {
+        (true, Some(path)) => {
+            Some(mcp_harness::config::file::read_regular(path).map_err(|e| e.to_string()))
+        }
+        _ => None,
     };
-    let mut seen = path.and_then(read);
+    let mut seen = read();
     let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(e) => {
@@ -300,16 +307,32 @@ async fn reload_on_change(
                 }
             } => true,
         };
-        let now = path.and_then(read);
+        let now = read();
         if !signalled && now == seen {
             continue;
         }
-        if !reloadable || (path.is_some() && now.is_none()) {
-            tracing::warn!("the config is not a regular file that can be read: not reloaded");
+        if !reloadable {
+            tracing::warn!("the config is not a regular file: not reloaded");
             continue;
         }
-        seen = now;
-        let reloaded = reload(&gateway, &servers, dev_sealer.as_ref(), &at_start).await;
+        seen = now.clone();
+        let text = match now {
+            // Said once, when it changes: the same error is not logged every second.
+            Some(Err(why)) => {
+                tracing::error!(error = %why, "configuration not reloaded; the running one is kept");
+                continue;
+            }
+            Some(Ok(text)) => Some(text),
+            None => None,
+        };
+        let reloaded = reload(
+            &gateway,
+            &servers,
+            dev_sealer.as_ref(),
+            &at_start,
+            text.as_deref(),
+        )
+        .await;
         if let Ok(r) = &reloaded
             && !r.needs_restart.is_empty()
         {
@@ -350,8 +373,9 @@ async fn reload(
     servers: &ServerArgs,
     dev_sealer: Option<&Sealer>,
     at_start: &AtStart,
+    text: Option<&str>,
 ) -> anyhow::Result<gateway::Reloaded> {
-    let setup = commands::load(servers)?;
+    let setup = commands::load_with(servers, text)?;
     let telemetry_changed = setup.loaded.telemetry != at_start.telemetry;
     let config = GatewayConfig::from_value(setup.loaded.gateway.clone())
         .map_err(|e| redacted(e, &setup.loaded))?;
