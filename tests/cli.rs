@@ -1916,3 +1916,34 @@ fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
     assert_eq!(code, Some(0));
     let _ = std::fs::remove_file(record);
 }
+
+// `status --watch --from` ends at Ctrl-C while a scrape waits on a gateway that does not
+// answer: before, it waited out the scrape's 5 s first.
+#[test]
+fn status_watch_ends_at_ctrl_c_while_a_scrape_waits() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/metrics", silent.local_addr().expect("addr"));
+    let child = Command::new(harness_exe())
+        .args(["status", "--watch", "--from", &url])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    // The first scrape is under way: its connection is taken and never answered.
+    let (_held, _) = silent.accept().expect("the scrape connects");
+    std::thread::sleep(Duration::from_millis(300));
+    let interrupted = std::time::Instant::now();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(3),
+        "ended {:?} after Ctrl-C",
+        interrupted.elapsed()
+    );
+}

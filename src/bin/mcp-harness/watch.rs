@@ -236,19 +236,28 @@ pub async fn watch(
             _ = tick.tick() => {}
             _ = &mut interrupted => return Ok(crate::commands::OK),
         }
-        let table = match &source {
-            Source::Own(h) => render(&rows(&h.metrics())),
-            Source::Gateway(url) => match http.as_ref().map(|c| c.get(url).send()) {
-                None => String::new(),
-                Some(sent) => match sent.await {
-                    Ok(r) if r.status().is_success() => match text_capped(r, MAX_SCRAPE).await {
-                        Ok(text) => render(&rows_from_prometheus(&text)),
+        let scraped = async {
+            match &source {
+                Source::Own(h) => render(&rows(&h.metrics())),
+                Source::Gateway(url) => match http.as_ref().map(|c| c.get(url).send()) {
+                    None => String::new(),
+                    Some(sent) => match sent.await {
+                        Ok(r) if r.status().is_success() => {
+                            match text_capped(r, MAX_SCRAPE).await {
+                                Ok(text) => render(&rows_from_prometheus(&text)),
+                                Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
+                            }
+                        }
+                        Ok(r) => format!("{}: HTTP {}\n", line(url), r.status().as_u16()),
                         Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
                     },
-                    Ok(r) => format!("{}: HTTP {}\n", line(url), r.status().as_u16()),
-                    Err(e) => format!("{}: {}\n", line(url), line(&e.to_string())),
                 },
-            },
+            }
+        };
+        // A scrape of a slow gateway (up to its 5 s) does not hold Ctrl-C up.
+        let table = tokio::select! {
+            table = scraped => table,
+            _ = &mut interrupted => return Ok(crate::commands::OK),
         };
         let mut out = std::io::stdout().lock();
         if terminal {
