@@ -1750,116 +1750,25 @@ fn logout_needs_no_sampling_key_and_a_started_harness_does() {
     );
 }
 
-// A second signal while serve shuts down ends it at once, with the signal's code, and
-// its servers with it: the first waits for the calls in flight (here one that never
-// ends, with a minute's grace). Before, the second signal was swallowed and serve
-// waited the grace out.
-#[test]
-fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
+/// `serve --stdio` with `shutdown_grace` of `grace`, its one server recording to a file
+/// of `tag`'s, once a call to its `hang` tool (which never answers) has reached it: the
+/// process, its input (open), and the record.
+fn serve_with_a_call_that_hangs(
+    tag: &str,
+    grace: &str,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::path::PathBuf,
+) {
     use std::io::Write;
-    let record = scratch_dir().join("serve-twice.jsonl");
+    let record = scratch_dir().join(format!("{tag}.jsonl"));
     let _ = std::fs::remove_file(&record);
     let config = config_file(
-        "serve-twice",
+        tag,
         "harness.toml",
         &format!(
-            "shutdown_grace = \"60s\"\n\n[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"alpha\", \"--record\", {:?}] }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
-            harness_exe(),
-            record.display().to_string()
-        ),
-    );
-    let mut child = Command::new(harness_exe())
-        .args(["serve", "--stdio", "--dev-keys", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "error")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let call = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "alpha__hang", "arguments": {}, "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"}}}});
-    let mut stdin = child.stdin.take().expect("stdin");
-    writeln!(stdin, "{call}").expect("write");
-    let start = std::time::Instant::now();
-    while !recorded(&record)
-        .iter()
-        .any(|r| r["params"]["name"] == "hang")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the call never reached the server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = child.id().to_string();
-    let term = || {
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
-    };
-    term();
-    // Time for the first to be taken before the second comes (two signals pending at
-    // once are one), on a loaded machine too (deliberate).
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        child.try_wait().expect("try_wait").is_none(),
-        "the first signal waits for the call in flight"
-    );
-    term();
-    let stopped = std::time::Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status.code();
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_secs(20),
-            "the second signal did not end serve"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(code, Some(143));
-    // Killed as serve ends: gone within moments (SIGKILL is not instant).
-    let left = || -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .expect("proc")
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.contains(&record.display().to_string()))
-            })
-            .filter(|pid| alive(*pid))
-            .collect()
-    };
-    let gone_by = std::time::Instant::now() + Duration::from_secs(5);
-    while !left().is_empty() && std::time::Instant::now() < gone_by {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(left().is_empty(), "server processes left: {:?}", left());
-    drop(stdin);
-    let _ = std::fs::remove_file(record);
-}
-
-// `serve --stdio` whose client has closed its input waits for the calls still running;
-// a SIGTERM then shuts it down as at any other time (calls cut at shutdown_grace).
-// Before, the signal was taken and nothing listened for it: serve waited for a call
-// that never ended.
-#[test]
-fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
-    use std::io::Write;
-    let record = scratch_dir().join("serve-eof.jsonl");
-    let _ = std::fs::remove_file(&record);
-    let config = config_file(
-        "serve-eof",
-        "harness.toml",
-        &format!(
-            "shutdown_grace = \"1s\"\n\n[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"alpha\", \"--record\", {:?}] }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
+            "shutdown_grace = \"{grace}\"\n\n[[servers]]\nid = \"alpha\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"alpha\", \"--record\", {:?}] }}\n\n[permissions.local]\n\"*\" = [\"*\"]\n",
             harness_exe(),
             record.display().to_string()
         ),
@@ -1891,6 +1800,79 @@ fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    (child, stdin, record)
+}
+
+/// `child`'s exit code once it has exited, which must be within 20 s (`why` says what
+/// it means when it is not).
+fn exit_code_within(child: &mut std::process::Child, why: &str) -> Option<i32> {
+    let stopped = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status.code();
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(20), "{why}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// A second signal while serve shuts down ends it at once, with the signal's code, and
+// its servers with it: the first waits for the calls in flight (here one that never
+// ends, with a minute's grace). Before, the second signal was swallowed and serve
+// waited the grace out.
+#[test]
+fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
+    let (mut child, stdin, record) = serve_with_a_call_that_hangs("serve-twice", "60s");
+    let pid = child.id().to_string();
+    let term = || {
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    term();
+    // Time for the first to be taken before the second comes (two signals pending at
+    // once are one), on a loaded machine too (deliberate).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the first signal waits for the call in flight"
+    );
+    term();
+    assert_eq!(
+        exit_code_within(&mut child, "the second signal did not end serve"),
+        Some(143)
+    );
+    // Killed as serve ends: gone within moments (SIGKILL is not instant).
+    let left = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .expect("proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.contains(&record.display().to_string()))
+            })
+            .filter(|pid| alive(*pid))
+            .collect()
+    };
+    let gone_by = std::time::Instant::now() + Duration::from_secs(5);
+    while !left().is_empty() && std::time::Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(left().is_empty(), "server processes left: {:?}", left());
+    drop(stdin);
+    let _ = std::fs::remove_file(record);
+}
+
+// `serve --stdio` whose client has closed its input waits for the calls still running;
+// a SIGTERM then shuts it down as at any other time (calls cut at shutdown_grace).
+// Before, the signal was taken and nothing listened for it: serve waited for a call
+// that never ended.
+#[test]
+fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
+    let (mut child, stdin, record) = serve_with_a_call_that_hangs("serve-eof", "1s");
     drop(stdin);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
@@ -1902,18 +1884,10 @@ fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
         .status()
         .expect("kill");
     assert!(sent.success());
-    let stopped = std::time::Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status.code();
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_secs(20),
-            "one signal did not shut serve down"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(code, Some(0));
+    assert_eq!(
+        exit_code_within(&mut child, "one signal did not shut serve down"),
+        Some(0)
+    );
     let _ = std::fs::remove_file(record);
 }
 
