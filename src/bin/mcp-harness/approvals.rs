@@ -42,7 +42,15 @@ fn summary(params: &Value) -> String {
         .or_else(|| params.get("message"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    crate::terminal::line_cut(text, 79)
+    // Whole up to 80 characters, else 79 and `…`; the note of what is hidden after.
+    let (one, unseen) = crate::terminal::sanitize_counted(text, false);
+    let mut s = if one.chars().count() > 80 {
+        one.chars().take(79).collect::<String>() + "…"
+    } else {
+        one
+    };
+    s.push_str(&crate::terminal::unseen_note(unseen));
+    s
 }
 
 pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {

@@ -112,13 +112,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     let (again_tx, again_rx) = tokio::sync::oneshot::channel::<u8>();
     tokio::spawn(async move {
-        let code = stop.recv().await;
-        // Nobody waits for a first signal when the stop began otherwise (the client's
-        // input ended): this one is the second.
-        if first_tx.send(()).is_err() {
-            let _ = again_tx.send(code);
-            return;
-        }
+        stop.recv().await;
+        // Taken whether or not a stop has begun otherwise (a stdio client's input
+        // ended, and serve shuts down gracefully): the first signal never kills.
+        let _ = first_tx.send(());
         let code = stop.recv().await;
         let _ = again_tx.send(code);
     });
