@@ -172,7 +172,16 @@ impl RenewalLocks {
 /// The clients registered (RFC 7591) in a harness; see
 /// [`SignInContext::registrations`].
 #[derive(Clone, Default)]
-pub struct Registrations(Arc<Mutex<HashMap<RegistrationKey, RegistrationSlot>>>);
+pub struct Registrations(Arc<Mutex<RegistrationsInner>>);
+
+#[derive(Default)]
+struct RegistrationsInner {
+    slots: HashMap<RegistrationKey, RegistrationSlot>,
+    /// Clients the authorization server no longer knows, newest last: a slot still
+    /// holding one registers again when next used. Kept here, not only cleared from
+    /// the slots, because a slot in use when it was forgotten cannot be cleared then.
+    forgotten: std::collections::VecDeque<String>,
+}
 
 /// What one registration is for: the authorization server, where it sends the person
 /// back, and the scopes the client asked for (a server may hold a client to them).
@@ -220,7 +229,7 @@ type RegistrationSlot = Arc<tokio::sync::Mutex<Option<ClientIdentity>>>;
 
 impl Registrations {
     fn slot(&self, key: RegistrationKey) -> RegistrationSlot {
-        let mut slots = self.0.lock();
+        let slots = &mut self.0.lock().slots;
         if slots.len() >= MISSING_MEMO {
             // A flood of issuers (a hostile server's metadata) keeps only what is in use.
             slots.retain(|_, slot| Arc::strong_count(slot) > 1);
@@ -229,16 +238,41 @@ impl Registrations {
     }
 
     /// Forgets the registration of `client_id` (the authorization server no longer
-    /// knows it), so that the next sign-in registers again. A slot being filled now
-    /// holds a new registration, not this one.
+    /// knows it), so that the next sign-in registers again, also one that holds its
+    /// slot at this moment.
     fn forget(&self, client_id: &str) {
-        for slot in self.0.lock().values() {
-            if let Ok(mut made) = slot.try_lock()
-                && made.as_ref().is_some_and(|c| c.client_id == client_id)
-            {
-                *made = None;
-            }
+        let mut inner = self.0.lock();
+        if inner.forgotten.iter().any(|c| c == client_id) {
+            return;
         }
+        if inner.forgotten.len() >= MISSING_MEMO {
+            inner.forgotten.pop_front();
+        }
+        inner.forgotten.push_back(client_id.to_string());
+    }
+
+    /// The client in `made` (a slot's, locked by the caller), unless it was forgotten:
+    /// then the slot is emptied, to be registered again.
+    fn current(&self, made: &mut Option<ClientIdentity>) -> Option<ClientIdentity> {
+        let client = made.as_ref()?;
+        if self
+            .0
+            .lock()
+            .forgotten
+            .iter()
+            .any(|c| *c == client.client_id)
+        {
+            *made = None;
+            return None;
+        }
+        Some(client.clone())
+    }
+
+    /// Keeps `client`, newly registered, in `made`: an authorization server that
+    /// hands out a forgotten id again knows it again.
+    fn keep(&self, made: &mut Option<ClientIdentity>, client: ClientIdentity) {
+        self.0.lock().forgotten.retain(|c| *c != client.client_id);
+        *made = Some(client);
     }
 }
 
@@ -1377,8 +1411,8 @@ impl SignIn {
         redirect_uri: Option<&str>,
         scopes: &[String],
     ) -> Result<ClientIdentity, AuthError> {
-        if let Some(client) = made {
-            return Ok(client.clone());
+        if let Some(client) = self.ctx.registrations.current(made) {
+            return Ok(client);
         }
         let mut request = json!({
             "client_name": self.ctx.client_name,
@@ -1432,7 +1466,7 @@ impl SignIn {
             client_secret: secret,
             auth,
         };
-        *made = Some(client.clone());
+        self.ctx.registrations.keep(made, client.clone());
         Ok(client)
     }
 
@@ -1793,6 +1827,36 @@ mod tests {
             },
             resource: None,
         }
+    }
+
+    /// A registration forgotten while a sign-in holds its slot (reading the old client
+    /// as it is refused) is not handed out again once that sign-in lets go.
+    #[tokio::test]
+    async fn a_registration_forgotten_while_its_slot_is_held_is_made_again() {
+        let registrations = Registrations::default();
+        let slot = registrations.slot(RegistrationKey::new("https://as", None, &[]));
+        let client = |id: &str| ClientIdentity {
+            client_id: id.into(),
+            client_secret: None,
+            auth: ClientAuth::None,
+        };
+        let mut made = slot.lock().await;
+        registrations.keep(&mut made, client("old"));
+        registrations.forget("old");
+        drop(made);
+        let mut made = slot.lock().await;
+        assert!(registrations.current(&mut made).is_none());
+        assert!(made.is_none(), "the slot is emptied, to register again");
+        // An authorization server that hands the same id out again is believed.
+        registrations.keep(&mut made, client("old"));
+        assert_eq!(
+            registrations.current(&mut made).map(|c| c.client_id),
+            Some("old".to_string())
+        );
+        // Another client is untouched by the forgetting of one.
+        registrations.keep(&mut made, client("other"));
+        registrations.forget("old");
+        assert!(registrations.current(&mut made).is_some());
     }
 
     /// A store that counts its reads (another process may write into `inner`).
