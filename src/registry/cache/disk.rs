@@ -168,11 +168,12 @@ fn read_plain(path: &Path) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// Removes the entries of `server` whose keys `drop` picks.
+/// Removes the entries of `server` whose keys `drop` picks, reading one file at a time
+/// (a server's files together may be as large as the layer's budget).
 pub(super) fn remove_where(dir: &Path, server: &str, drop: impl Fn(&CacheKey) -> bool) {
-    for (path, entry) in read_server(&dir.join(server), server) {
-        if drop(&entry.key) {
-            let _ = std::fs::remove_file(path);
+    for file in list_server(&dir.join(server)) {
+        if read_entry(&file.path, server).is_some_and(|e| drop(&e.key)) {
+            let _ = std::fs::remove_file(file.path);
         }
     }
 }
@@ -266,13 +267,6 @@ fn read_entry(path: &Path, server: &str) -> Option<Entry> {
             None
         }
     }
-}
-
-fn read_server(server_dir: &Path, server: &str) -> Vec<(PathBuf, Entry)> {
-    list_server(server_dir)
-        .into_iter()
-        .filter_map(|f| read_entry(&f.path, server).map(|e| (f.path, e)))
-        .collect()
 }
 
 /// Reads the fresh entries under `dir`, newest first, as long as they fit in

@@ -206,6 +206,41 @@ fn the_disk_layer_survives_a_new_cache() {
 }
 
 #[test]
+fn a_rejected_cursor_drops_only_that_list_of_that_server_from_disk() {
+    let dir = temp_dir("reject");
+    let lists = [
+        LIST,
+        ListOf {
+            method: "prompts/list",
+            ..LIST
+        },
+        ListOf {
+            server: "t",
+            ..LIST
+        },
+    ];
+    {
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+        for list in lists {
+            let result = json!({"items": [list.method], "ttlMs": 60000, "cacheScope": "public"});
+            let p = page(&cache, list, None, result).expect("cacheable");
+            cache.put(vec![p], cache.epoch(list.server));
+        }
+        disk::FILES_READ.with(|n| n.set(0));
+        cache.invalidate_list("s", "tools/list");
+        // Each of the server's files read once, its other servers' not at all.
+        assert_eq!(disk::FILES_READ.with(|n| n.get()), 2);
+    }
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    let held: Vec<bool> = lists
+        .iter()
+        .map(|list| cache.get(*list, None, None).is_some())
+        .collect();
+    assert_eq!(held, [false, true, true]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn disk_files_are_private_and_used_only_under_the_hash_of_their_key() {
     use std::os::unix::fs::PermissionsExt;
     let dir = temp_dir("trust");
