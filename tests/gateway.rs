@@ -3084,6 +3084,55 @@ async fn long_lived_streams_stay_within_their_budget_and_requests_still_get_thro
     gw.stop().await;
 }
 
+// A few principals, each within its own caps, cannot keep the others from every stream:
+// once `max_streams` are open, a newcomer takes the oldest stream of the principal
+// holding the most, as long as that one holds at least two more. A GET stream so taken
+// ends; a subscription ends with its final result.
+#[tokio::test]
+async fn a_full_stream_budget_is_shared_between_principals() {
+    let setup = Setup::new("max_streams = 3", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let mut get = gw
+        .http
+        .get(gw.url())
+        .bearer_auth("tok-a")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(get.status().as_u16(), 200);
+    let (mut first, _) = subscribed(&gw, "tok-a", "a1").await;
+    let (_second, _) = subscribed(&gw, "tok-a", "a2").await;
+    // Full, all a's: b takes the place of a's oldest stream, the GET stream, which ends.
+    let (_b, _) = subscribed(&gw, "tok-b", "b1").await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = get.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the GET stream whose place was taken ends");
+    // a holds two, b one: nobody gives b another.
+    let more = open_listen(&gw, "tok-b", json!("b2"), json!({"toolsListChanged": true})).await;
+    assert_eq!(more.status().as_u16(), 503);
+    // Another principal (a's other auth context) takes a's older subscription, which
+    // ends with its final result.
+    let (_other, _) = subscribed(&gw, "tok-a2", "o1").await;
+    let mut heard = String::new();
+    assert!(
+        read_until(&mut first, &mut heard, "\"complete\"").await,
+        "{heard}"
+    );
+    assert!(
+        first.chunk().await.ok().flatten().is_none(),
+        "and then ends"
+    );
+    // One each now: a is refused too.
+    let more = open_listen(&gw, "tok-a", json!("a3"), json!({"toolsListChanged": true})).await;
+    assert_eq!(more.status().as_u16(), 503);
+    gw.stop().await;
+}
+
 // A client that sends requests and never reads what comes back is cut off once the
 // gateway's writes have made no progress for `write_timeout`: it does not hold its
 // connection (and the calls on it) for as long as TCP acknowledges. Others are served.

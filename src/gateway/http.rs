@@ -99,10 +99,13 @@ fn sse_frame(message: &Message) -> Bytes {
 }
 
 /// A response body fed by a channel: one SSE frame per message; a long-lived stream
-/// holds one of [`State::streams`] until its body is dropped.
+/// holds a place among [`State::streams`] until its body is dropped.
 struct ChannelBody {
     rx: mpsc::Receiver<Bytes>,
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    _place: Option<StreamPlace>,
+    /// Ends the body when its place is taken for another principal's stream (a
+    /// stream whose task ends it with a last message itself has none).
+    ended: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     /// A legacy GET stream's place among its principal's.
     _slot: Option<PrincipalSlot>,
     /// When its credentials expire: the stream ends then.
@@ -121,6 +124,11 @@ impl Body for ChannelBody {
         {
             return Poll::Ready(None);
         }
+        if let Some(ended) = self.ended.as_mut()
+            && ended.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(None);
+        }
         self.rx
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
@@ -128,19 +136,26 @@ impl Body for ChannelBody {
 }
 
 fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
-    sse_stream(rx, None, None, None)
+    sse_stream(rx, None, false, None, None)
 }
 
-/// [`sse_response`] for a stream that may stay open for as long as its client likes.
+/// [`sse_response`] for a stream that may stay open for as long as its client likes,
+/// in `place`; with `ends_when_taken`, the body ends when its place is taken.
 fn sse_stream(
     rx: mpsc::Receiver<Bytes>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    place: Option<StreamPlace>,
+    ends_when_taken: bool,
     slot: Option<PrincipalSlot>,
     until: Option<Instant>,
 ) -> HttpResponse {
+    let ended = place
+        .as_ref()
+        .filter(|_| ends_when_taken)
+        .map(|p| Box::pin(p.taken.clone().cancelled_owned()));
     let body = ChannelBody {
         rx,
-        _permit: permit,
+        _place: place,
+        ended,
         _slot: slot,
         until: until.map(|t| Box::pin(tokio::time::sleep_until(t.into()))),
     };
@@ -226,13 +241,80 @@ struct State {
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
     /// `max_streams` (default half of [`MAX_CONNECTIONS`]), so that clients that open
     /// them and never read cannot take every connection from those that make requests.
-    streams: Arc<tokio::sync::Semaphore>,
+    streams: Arc<Streams>,
 }
 
-impl State {
-    /// A place for one more long-lived stream, if there is one.
-    fn stream_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.streams.clone().try_acquire_owned().ok()
+/// The long-lived streams open, every principal's: at most `max` of them, shared
+/// between principals as [`super::fair`] has it.
+struct Streams {
+    max: usize,
+    open: Mutex<HashMap<u64, OpenStream>>,
+    next: AtomicU64,
+}
+
+struct OpenStream {
+    principal: Principal,
+    opened: Instant,
+    /// Cancelled when its place is taken for another principal's stream.
+    taken: CancelToken,
+}
+
+/// A long-lived stream's place among [`Streams`], given back when it drops.
+struct StreamPlace {
+    streams: Arc<Streams>,
+    id: u64,
+    /// Cancelled when the place is taken for another principal's stream: the stream
+    /// ends then.
+    taken: CancelToken,
+}
+
+impl Streams {
+    fn new(max: usize) -> Streams {
+        Streams {
+            max,
+            open: Mutex::default(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A place for one more stream of `principal`, if there is one. When all are
+    /// taken, the principal holding the most gives up its oldest stream, if it holds
+    /// at least two more than this one: a few principals each within their own caps
+    /// cannot keep the others from every stream.
+    fn take(self: &Arc<Self>, principal: &Principal) -> Option<StreamPlace> {
+        let mut open = self.open.lock();
+        if open.len() >= self.max {
+            let held = open.iter().map(|(id, s)| (*id, &s.principal, s.opened));
+            let id = super::fair::place_to_free(held, principal)?;
+            if let Some(gone) = open.remove(&id) {
+                tracing::info!(agent = %gone.principal.agent, "a stream was ended to make room for another agent's");
+                gone.taken.cancel();
+            }
+        }
+        if open.len() >= self.max {
+            return None;
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let taken = CancelToken::new();
+        open.insert(
+            id,
+            OpenStream {
+                principal: principal.clone(),
+                opened: Instant::now(),
+                taken: taken.clone(),
+            },
+        );
+        Some(StreamPlace {
+            streams: self.clone(),
+            id,
+            taken,
+        })
+    }
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.streams.open.lock().remove(&self.id);
     }
 }
 
@@ -274,7 +356,7 @@ pub async fn serve(
         large_bodies: Mutex::default(),
         large_answers: Mutex::default(),
         closing: CancelToken::new(),
-        streams: Arc::new(tokio::sync::Semaphore::new(max_streams)),
+        streams: Arc::new(Streams::new(max_streams)),
     });
     let notifier = tokio::spawn(notify_changes(Arc::downgrade(&state)));
     let sweeper = tokio::spawn(sweep(Arc::downgrade(&state), state.gateway.reloads()));
@@ -608,10 +690,7 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
 fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpResponse {
     let principal = &admitted.principal;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-    let Some(permit) = state.stream_permit() else {
-        return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
-    };
-    let slot = {
+    let (slot, place) = {
         let mut sessions = state.sessions.lock();
         let Some(session) = live_session(
             &mut sessions,
@@ -632,11 +711,15 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
                 "too many streams open for this agent",
             );
         };
+        // Taken last: a request refused for its own reasons takes no place from another.
+        let Some(place) = state.streams.take(principal) else {
+            return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
+        };
         if replacing {
             session.streams.remove(0);
         }
         session.streams.push(tx.clone());
-        slot
+        (slot, place)
     };
     // The stream (and its slot) lasts until the session lets go of it (replaced,
     // ended), the client goes (noticed by a comment now and then), or its credentials
@@ -658,7 +741,40 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
             }
         }
     });
-    sse_stream(rx, Some(permit), Some(slot), admitted.until)
+    sse_stream(rx, Some(place), true, Some(slot), admitted.until)
+}
+
+/// Whether `principal` may start one more session among `sessions` (at most `max`,
+/// `per_principal` of its own). When all places are taken, the principal holding the
+/// most loses its least recently used session, if it holds at least two more than
+/// this one (see [`super::fair`]): enough agents each at their own cap cannot keep
+/// another out.
+fn room_for_session(
+    sessions: &mut HashMap<String, Session>,
+    principal: &Principal,
+    max: usize,
+    per_principal: usize,
+) -> bool {
+    let own = sessions
+        .values()
+        .filter(|s| s.principal == *principal)
+        .count();
+    if own >= per_principal {
+        return false;
+    }
+    if sessions.len() >= max {
+        let held = sessions
+            .iter()
+            .map(|(id, s)| (id, &s.principal, s.last_seen));
+        let Some(id) = super::fair::place_to_free(held, principal).cloned() else {
+            return false;
+        };
+        if let Some(mut gone) = sessions.remove(&id) {
+            tracing::info!(agent = %gone.principal.agent, "a legacy session was ended to make room for another agent's");
+            gone.end();
+        }
+    }
+    sessions.len() < max
 }
 
 /// The session `id` of `principal`, if it is live (an idle one is forgotten).
@@ -1230,13 +1346,6 @@ fn listen_stream(
     until: Option<Instant>,
     request: Request,
 ) -> HttpResponse {
-    let Some(permit) = state.stream_permit() else {
-        return error_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Some(request.id),
-            RpcError::new(-32000, "too many streams open on this gateway"),
-        );
-    };
     let Some(slot) = PrincipalSlot::take(
         &state,
         &principal,
@@ -1249,6 +1358,14 @@ fn listen_stream(
             RpcError::new(-32000, "too many subscriptions open for this agent"),
         );
     };
+    let Some(place) = state.streams.take(&principal) else {
+        return error_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(request.id),
+            RpcError::new(-32000, "too many streams open on this gateway"),
+        );
+    };
+    let taken = place.taken.clone();
     let accepted = Gateway::listen_accepts(request.params.as_ref());
     let tools = accepted.get("toolsListChanged").is_some();
     let id = request.id;
@@ -1285,6 +1402,8 @@ fn listen_stream(
                 }
                 () = tx.closed() => return,
                 () = slot.state.closing.cancelled() => break,
+                // Its place went to another principal's stream.
+                () = taken.cancelled() => break,
                 // A comment now and then: a client that vanished without a word is
                 // noticed, and its slot freed.
                 _ = keep_alive.tick() => {
@@ -1305,7 +1424,7 @@ fn listen_stream(
         }
         let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
     });
-    sse_stream(rx, Some(permit), None, None)
+    sse_stream(rx, Some(place), false, None, None)
 }
 
 /// `notifications/cancelled` cancels the request it names on the legacy session it
@@ -1399,11 +1518,12 @@ async fn legacy_request(
             }
             live
         });
-        let own = sessions
-            .values()
-            .filter(|s| s.principal == principal)
-            .count();
-        if sessions.len() >= MAX_SESSIONS || own >= MAX_SESSIONS_PER_PRINCIPAL {
+        if !room_for_session(
+            &mut sessions,
+            &principal,
+            MAX_SESSIONS,
+            MAX_SESSIONS_PER_PRINCIPAL,
+        ) {
             return full(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
@@ -1605,6 +1725,50 @@ fn new_session_id() -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn when_all_sessions_are_taken_the_agent_holding_most_loses_its_least_used_one() {
+        use super::super::fair::agent;
+        let (a, b, c) = (agent("a"), agent("b"), agent("c"));
+        let start = Instant::now();
+        let session = |principal: &Principal, seen: u64| {
+            let (tx, _) = mpsc::channel(1);
+            Session {
+                principal: principal.clone(),
+                client: LegacyClient {
+                    version: "2025-06-18".into(),
+                    capabilities: json!({}),
+                },
+                last_seen: start + Duration::from_secs(seen),
+                pending: Pending::default(),
+                streams: vec![tx],
+                calls: InFlight::default(),
+            }
+        };
+        let mut sessions: HashMap<String, Session> = [
+            ("a1", session(&a, 3)),
+            ("a2", session(&a, 1)),
+            ("a3", session(&a, 2)),
+            ("b1", session(&b, 4)),
+        ]
+        .into_iter()
+        .map(|(id, s)| (id.to_string(), s))
+        .collect();
+        // Full (four): c takes the place of a's least recently used session, which ends.
+        assert!(room_for_session(&mut sessions, &c, 4, 3));
+        let mut ids: Vec<&str> = sessions.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["a1", "a3", "b1"]);
+        sessions.insert("c1".into(), session(&c, 5));
+        // a holds two, b and c one: nobody gives a place to b, nor to a.
+        assert!(!room_for_session(&mut sessions, &b, 4, 3));
+        assert!(!room_for_session(&mut sessions, &a, 4, 3));
+        assert_eq!(sessions.len(), 4);
+        // Under the cap, only an agent's own cap counts.
+        sessions.remove("b1");
+        assert!(room_for_session(&mut sessions, &a, 4, 3));
+        assert!(!room_for_session(&mut sessions, &a, 4, 2));
+    }
 
     #[tokio::test]
     async fn an_update_queued_while_the_call_finishes_goes_before_its_result() {

@@ -14,6 +14,7 @@
 //! Layer: above [`crate::harness`], which it drives through [`HarnessHandle`] only.
 
 pub mod admin;
+mod fair;
 pub mod http;
 pub mod identity;
 pub mod jwt;

@@ -6,8 +6,9 @@
 //!
 //! A parked round lives in the process that parked it: another gateway process cannot
 //! continue it (its `requestState` is refused there as any unknown state). It is
-//! dropped, and the upstream call cancelled, when its state expires (`state_ttl`) or
-//! when more rounds are parked than [`MAX_PARKED`].
+//! dropped, and the upstream call cancelled, when its state expires (`state_ttl`), or
+//! to make room for another principal's when [`MAX_PARKED`] are parked and its
+//! principal holds the most (see [`super::fair`]).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -156,15 +157,34 @@ struct Parked {
 }
 
 /// The rounds parked in this process.
-#[derive(Default)]
 pub struct ParkedRounds {
     rounds: Mutex<HashMap<String, Parked>>,
+    /// Rounds held at most, all principals' ([`MAX_PARKED`]).
+    max: usize,
+    /// Rounds one principal may hold ([`MAX_PARKED_PER_PRINCIPAL`]).
+    per_principal: usize,
+}
+
+impl Default for ParkedRounds {
+    fn default() -> Self {
+        ParkedRounds::with_caps(MAX_PARKED, MAX_PARKED_PER_PRINCIPAL)
+    }
 }
 
 impl ParkedRounds {
+    fn with_caps(max: usize, per_principal: usize) -> ParkedRounds {
+        ParkedRounds {
+            rounds: Mutex::default(),
+            max,
+            per_principal,
+        }
+    }
+
     /// Parks `held` with its unanswered question until `expires`; the id its sealed
-    /// state names, or `None` when too many are parked, in all or by this principal
-    /// (the question is then refused and the call let go).
+    /// state names, or `None` when this principal holds its share already (the
+    /// question is then refused and the call let go). When all places are taken, the
+    /// principal holding the most gives up its round that expires first, if it holds
+    /// at least two more than this one.
     pub fn park(
         &self,
         principal: &Principal,
@@ -180,8 +200,15 @@ impl ParkedRounds {
             .values()
             .filter(|p| &p.principal == principal)
             .count();
+        let mut freed = None;
+        if rounds.len() >= self.max && by_principal < self.per_principal {
+            let held = rounds.iter().map(|(id, p)| (id, &p.principal, p.expires));
+            if let Some(id) = super::fair::place_to_free(held, principal).cloned() {
+                freed = rounds.remove(&id);
+            }
+        }
         let mut bytes = [0u8; 16];
-        let refused = if rounds.len() >= MAX_PARKED || by_principal >= MAX_PARKED_PER_PRINCIPAL {
+        let refused = if rounds.len() >= self.max || by_principal >= self.per_principal {
             Some("too many input rounds are held")
         } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
@@ -189,6 +216,7 @@ impl ParkedRounds {
             None
         };
         if let Some(why) = refused {
+            drop(rounds);
             let _ = pending.reply.send(Err(RpcError::new(INTERNAL_ERROR, why)));
             return None;
         }
@@ -204,6 +232,15 @@ impl ParkedRounds {
                 expires,
             },
         );
+        drop(rounds);
+        if let Some(gone) = freed {
+            tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
+            // Its call is cancelled as it drops, and the question it waited on fails.
+            let _ = gone.pending.reply.send(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "the input round was dropped to make room for another agent's",
+            )));
+        }
         Some(id)
     }
 
@@ -241,5 +278,83 @@ impl ParkedRounds {
     /// Drops every parked round (shutdown): their calls are cancelled.
     pub fn clear(&self) {
         self.rounds.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fair::agent;
+    use super::*;
+    use tokio::sync::oneshot;
+
+    /// A parked round's call (it waits forever), its question, and where the
+    /// question's answer arrives.
+    type Round = (
+        Held,
+        ServerQuestion,
+        oneshot::Receiver<Result<Value, RpcError>>,
+    );
+
+    fn round() -> Round {
+        let (reply, answer) = oneshot::channel();
+        let held = Held {
+            call: Call::inline(std::future::pending()),
+            questions: None,
+            cancel: CancelToken::new(),
+            progress: ProgressSlot::default(),
+            relay: None,
+        };
+        let question = ServerQuestion {
+            server: "s".into(),
+            method: "elicitation/create".into(),
+            params: Value::Null,
+            reply,
+        };
+        (held, question, answer)
+    }
+
+    #[tokio::test]
+    async fn when_all_places_are_taken_the_principal_holding_most_gives_up_its_first_round() {
+        let rounds = ParkedRounds::with_caps(4, 3);
+        let (a, b, c) = (agent("a"), agent("b"), agent("c"));
+        let later = |s| Instant::now() + std::time::Duration::from_secs(s);
+        let mut a_rounds = Vec::new();
+        for s in [30, 10, 20] {
+            let (held, question, answer) = round();
+            let cancel = held.cancel.clone();
+            let id = rounds.park(&a, held, question, later(s)).expect("a parks");
+            a_rounds.push((id, cancel, answer));
+        }
+        let (held, question, _b_answer) = round();
+        rounds.park(&b, held, question, later(40)).expect("b parks");
+        // Full: c takes the place of a's round that expires first.
+        let (held, question, _c_answer) = round();
+        rounds.park(&c, held, question, later(50)).expect("c parks");
+        let (first, cancel, mut answer) = a_rounds.remove(1);
+        assert!(
+            cancel.is_cancelled(),
+            "the dropped round's call is cancelled"
+        );
+        assert!(
+            matches!(answer.try_recv(), Ok(Err(_))),
+            "its question fails"
+        );
+        assert!(rounds.resume(&first, &a, Value::Null).is_none());
+        for (_, cancel, _) in &a_rounds {
+            assert!(!cancel.is_cancelled());
+        }
+        // Now a holds two, b and c one each: nobody holds two more than b or a.
+        for who in [&b, &a] {
+            let (held, question, mut answer) = round();
+            assert!(rounds.park(who, held, question, later(60)).is_none());
+            assert!(matches!(answer.try_recv(), Ok(Err(_))), "refused at once");
+        }
+        // A newcomer still takes one of a's (two against none).
+        let (held, question, _d_answer) = round();
+        rounds
+            .park(&agent("d"), held, question, later(70))
+            .expect("d parks");
+        let cancelled = a_rounds.iter().filter(|(_, c, _)| c.is_cancelled());
+        assert_eq!(cancelled.count(), 1);
     }
 }
