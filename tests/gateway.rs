@@ -3093,25 +3093,12 @@ async fn a_full_stream_budget_is_shared_between_principals() {
     let setup = Setup::new("max_streams = 3", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     let sid = legacy_session(&gw).await;
-    let mut get = gw
-        .http
-        .get(gw.url())
-        .bearer_auth("tok-a")
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(get.status().as_u16(), 200);
+    let mut get = get_stream(&gw, &sid).await;
     let (mut first, _) = subscribed(&gw, "tok-a", "a1").await;
     let (_second, _) = subscribed(&gw, "tok-a", "a2").await;
     // Full, all a's: b takes the place of a's oldest stream, the GET stream, which ends.
     let (_b, _) = subscribed(&gw, "tok-b", "b1").await;
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Ok(Some(_)) = get.chunk().await {}
-    })
-    .await;
-    assert!(ended.is_ok(), "the GET stream whose place was taken ends");
+    assert!(ends(&mut get).await, "the GET stream whose place was taken ends");
     // a holds two, b one: nobody gives b another.
     let more = open_listen(&gw, "tok-b", json!("b2"), json!({"toolsListChanged": true})).await;
     assert_eq!(more.status().as_u16(), 503);
@@ -3130,6 +3117,65 @@ async fn a_full_stream_budget_is_shared_between_principals() {
     // One each now: a is refused too.
     let more = open_listen(&gw, "tok-a", json!("a3"), json!({"toolsListChanged": true})).await;
     assert_eq!(more.status().as_u16(), 503);
+    gw.stop().await;
+}
+
+/// A GET stream of tok-a's legacy session `sid`.
+async fn get_stream(gw: &Gateway, sid: &str) -> reqwest::Response {
+    let get = gw
+        .http
+        .get(gw.url())
+        .bearer_auth("tok-a")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", sid)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(get.status().as_u16(), 200);
+    get
+}
+
+/// Whether `stream` ends cleanly within 20 s, whatever comes on it first.
+async fn ends(stream: &mut reqwest::Response) -> bool {
+    let end = async {
+        loop {
+            match stream.chunk().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), end)
+        .await
+        .unwrap_or(false)
+}
+
+// A GET stream that replaces one of its session's (the fifth) takes the replaced
+// stream's place: it takes none from another principal, even from one holding more.
+#[tokio::test]
+async fn a_stream_that_replaces_its_sessions_oldest_takes_that_ones_place() {
+    let setup = Setup::new("max_streams = 10", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let mut b = Vec::new();
+    for n in 0..6 {
+        b.push(subscribed(&gw, "tok-b", &format!("b{n}")).await.0);
+    }
+    let sid = legacy_session(&gw).await;
+    let mut gets = Vec::new();
+    for _ in 0..4 {
+        gets.push(get_stream(&gw, &sid).await);
+    }
+    // Full (b six, a four): a's fifth on the session replaces its first, which ends.
+    let _fifth = get_stream(&gw, &sid).await;
+    assert!(ends(&mut gets[0]).await, "the replaced stream ends");
+    // b's oldest subscription goes on: nothing comes on it (no final result).
+    let mut heard = String::new();
+    let quiet = tokio::time::timeout(Duration::from_secs(1), b[0].chunk()).await;
+    if let Ok(Ok(Some(chunk))) = &quiet {
+        heard.push_str(&String::from_utf8_lossy(chunk));
+    }
+    assert!(quiet.is_err(), "b's oldest subscription was ended: {heard}");
     gw.stop().await;
 }
 

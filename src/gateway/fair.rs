@@ -11,8 +11,8 @@ use super::Principal;
 
 /// Of the places taken under a full cap (`held`: each place's key, holder, and an
 /// order, the first to go the least), the one to free so that `newcomer` gets a place;
-/// `None` when the newcomer already holds at least one fewer than any other principal
-/// (it is refused, as at a cap that cannot be shared more evenly).
+/// `None` when no principal holds at least two more than the newcomer (it is then
+/// refused: taking a place would not share the cap more evenly).
 pub(crate) fn place_to_free<'a, K, O: Ord>(
     held: impl IntoIterator<Item = (K, &'a Principal, O)>,
     newcomer: &Principal,

@@ -185,8 +185,8 @@ struct Session {
     client: LegacyClient,
     last_seen: Instant,
     pending: Pending,
-    /// The GET streams, for notifications.
-    streams: Vec<mpsc::Sender<Bytes>>,
+    /// The GET streams, for notifications, with their places among [`State::streams`].
+    streams: Vec<(mpsc::Sender<Bytes>, u64)>,
     /// Requests in flight, for `notifications/cancelled`.
     calls: InFlight<RequestId>,
 }
@@ -199,7 +199,7 @@ impl Session {
         if self.last_seen.elapsed() <= idle {
             return false;
         }
-        self.streams.retain(|tx| !tx.is_closed());
+        self.streams.retain(|(tx, _)| !tx.is_closed());
         self.calls.is_empty() && self.streams.is_empty()
     }
 
@@ -254,7 +254,6 @@ struct Streams {
 
 struct OpenStream {
     principal: Principal,
-    opened: Instant,
     /// Cancelled when its place is taken for another principal's stream.
     taken: CancelToken,
 }
@@ -277,14 +276,23 @@ impl Streams {
         }
     }
 
-    /// A place for one more stream of `principal`, if there is one. When all are
-    /// taken, the principal holding the most gives up its oldest stream, if it holds
-    /// at least two more than this one: a few principals each within their own caps
-    /// cannot keep the others from every stream.
-    fn take(self: &Arc<Self>, principal: &Principal) -> Option<StreamPlace> {
+    /// A place for one more stream of `principal`, if there is one; `replacing`, the
+    /// place of one of its streams that this one replaces (that stream ends). When all
+    /// are taken, the principal holding the most gives up its oldest stream, if it
+    /// holds at least two more than this one: a few principals each within their own
+    /// caps cannot keep the others from every stream.
+    fn take(
+        self: &Arc<Self>,
+        principal: &Principal,
+        replacing: Option<u64>,
+    ) -> Option<StreamPlace> {
         let mut open = self.open.lock();
+        if let Some(old) = replacing.and_then(|id| open.remove(&id)) {
+            old.taken.cancel();
+        }
         if open.len() >= self.max {
-            let held = open.iter().map(|(id, s)| (*id, &s.principal, s.opened));
+            // Ids grow: the smallest is the oldest.
+            let held = open.iter().map(|(id, s)| (*id, &s.principal, *id));
             let id = super::fair::place_to_free(held, principal)?;
             if let Some(gone) = open.remove(&id) {
                 tracing::info!(agent = %gone.principal.agent, "a stream was ended to make room for another agent's");
@@ -300,7 +308,6 @@ impl Streams {
             id,
             OpenStream {
                 principal: principal.clone(),
-                opened: Instant::now(),
                 taken: taken.clone(),
             },
         );
@@ -478,7 +485,7 @@ async fn notify_changes(state: std::sync::Weak<State>) {
             }
             session
                 .streams
-                .retain(|tx| match tx.try_send(frame.clone()) {
+                .retain(|(tx, _)| match tx.try_send(frame.clone()) {
                     Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
                     Err(mpsc::error::TrySendError::Closed(_)) => false,
                 });
@@ -701,7 +708,8 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
             return full(StatusCode::NOT_FOUND, "", "unknown session");
         };
         // At most a few streams per session: a client reconnecting replaces them (the
-        // replaced one's place is freed as its stream ends).
+        // replaced one ends, and its place is this one's).
+        session.streams.retain(|(tx, _)| !tx.is_closed());
         let replacing = session.streams.len() >= 4;
         let max = MAX_GETS_PER_PRINCIPAL + usize::from(replacing);
         let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, max) else {
@@ -712,13 +720,14 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
             );
         };
         // Taken last: a request refused for its own reasons takes no place from another.
-        let Some(place) = state.streams.take(principal) else {
+        let replaced = session.streams.first().filter(|_| replacing).map(|s| s.1);
+        let Some(place) = state.streams.take(principal, replaced) else {
             return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
         };
         if replacing {
             session.streams.remove(0);
         }
-        session.streams.push(tx.clone());
+        session.streams.push((tx.clone(), place.id));
         (slot, place)
     };
     // The stream (and its slot) lasts until the session lets go of it (replaced,
@@ -1358,7 +1367,7 @@ fn listen_stream(
             RpcError::new(-32000, "too many subscriptions open for this agent"),
         );
     };
-    let Some(place) = state.streams.take(&principal) else {
+    let Some(place) = state.streams.take(&principal, None) else {
         return error_reply(
             StatusCode::SERVICE_UNAVAILABLE,
             Some(request.id),
@@ -1510,6 +1519,10 @@ async fn legacy_request(
             Ok(r) => r,
             Err(e) => return error_reply(StatusCode::OK, Some(request.id), e),
         };
+        // The id first: a session that cannot start takes no place from another.
+        let Some(id) = new_session_id() else {
+            return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");
+        };
         let mut sessions = state.sessions.lock();
         sessions.retain(|_, s| {
             let live = !s.idle(idle);
@@ -1530,10 +1543,6 @@ async fn legacy_request(
                 "too many sessions",
             );
         }
-        let id = match new_session_id() {
-            Some(id) => id,
-            None => return full(StatusCode::INTERNAL_SERVER_ERROR, "", ""),
-        };
         sessions.insert(
             id.clone(),
             Session {
@@ -1731,8 +1740,13 @@ mod tests {
         use super::super::fair::agent;
         let (a, b, c) = (agent("a"), agent("b"), agent("c"));
         let start = Instant::now();
+        // Each session with a call in flight, whose token tells whether it ended.
+        let calls = std::cell::RefCell::new(HashMap::new());
         let session = |principal: &Principal, seen: u64| {
-            let (tx, _) = mpsc::channel(1);
+            let token = CancelToken::new();
+            let mut in_flight = InFlight::default();
+            in_flight.insert(RequestId::Number(1), token.clone());
+            calls.borrow_mut().insert(seen, token);
             Session {
                 principal: principal.clone(),
                 client: LegacyClient {
@@ -1741,8 +1755,8 @@ mod tests {
                 },
                 last_seen: start + Duration::from_secs(seen),
                 pending: Pending::default(),
-                streams: vec![tx],
-                calls: InFlight::default(),
+                streams: Vec::new(),
+                calls: in_flight,
             }
         };
         let mut sessions: HashMap<String, Session> = [
@@ -1759,6 +1773,17 @@ mod tests {
         let mut ids: Vec<&str> = sessions.keys().map(String::as_str).collect();
         ids.sort_unstable();
         assert_eq!(ids, ["a1", "a3", "b1"]);
+        let ended: Vec<u64> = calls
+            .borrow()
+            .iter()
+            .filter(|(_, t)| t.is_cancelled())
+            .map(|(seen, _)| *seen)
+            .collect();
+        assert_eq!(
+            ended,
+            [1],
+            "the session taken ends (its calls are cancelled)"
+        );
         sessions.insert("c1".into(), session(&c, 5));
         // a holds two, b and c one: nobody gives a place to b, nor to a.
         assert!(!room_for_session(&mut sessions, &b, 4, 3));

@@ -1663,10 +1663,17 @@ impl Gateway {
             let round = Round {
                 server,
                 upstream: Some(format!("parked:{id}")),
-                parked: Some(id),
+                parked: Some(id.clone()),
                 rounds,
             };
-            let sealed = seal_round(&now, principal, (method, digest()), round)?;
+            let sealed = match seal_round(&now, principal, (method, digest()), round) {
+                Ok(sealed) => sealed,
+                Err(e) => {
+                    // Nobody could take it up: its place is given back at once.
+                    self.inner.parked.discard(&id);
+                    return Err(e);
+                }
+            };
             return Ok(json!({
                 "resultType": "input_required",
                 "inputRequests": {parked::KEY: ask},

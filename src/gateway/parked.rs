@@ -200,20 +200,21 @@ impl ParkedRounds {
             .values()
             .filter(|p| &p.principal == principal)
             .count();
-        let mut freed = None;
-        if rounds.len() >= self.max && by_principal < self.per_principal {
-            let held = rounds.iter().map(|(id, p)| (id, &p.principal, p.expires));
-            if let Some(id) = super::fair::place_to_free(held, principal).cloned() {
-                freed = rounds.remove(&id);
-            }
-        }
+        // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
-        let refused = if rounds.len() >= self.max || by_principal >= self.per_principal {
+        let mut freed = None;
+        let refused = if by_principal >= self.per_principal {
             Some("too many input rounds are held")
         } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
         } else {
-            None
+            if rounds.len() >= self.max {
+                let held = rounds.iter().map(|(id, p)| (id, &p.principal, p.expires));
+                if let Some(id) = super::fair::place_to_free(held, principal).cloned() {
+                    freed = rounds.remove(&id);
+                }
+            }
+            (rounds.len() >= self.max).then_some("too many input rounds are held")
         };
         if let Some(why) = refused {
             drop(rounds);
@@ -273,6 +274,13 @@ impl ParkedRounds {
             .extract_if(|_, p| p.expires <= now || !keep(&p.principal))
             .collect();
         drop(dropped);
+    }
+
+    /// Drops round `id`, parked moments ago, whose state could not be sealed: its call
+    /// is cancelled.
+    pub fn discard(&self, id: &str) {
+        let gone = self.rounds.lock().remove(id);
+        drop(gone);
     }
 
     /// Drops every parked round (shutdown): their calls are cancelled.

@@ -177,10 +177,12 @@ pub struct Registrations(Arc<Mutex<RegistrationsInner>>);
 #[derive(Default)]
 struct RegistrationsInner {
     slots: HashMap<RegistrationKey, RegistrationSlot>,
-    /// Clients the authorization server no longer knows, newest last: a slot still
-    /// holding one registers again when next used. Kept here, not only cleared from
-    /// the slots, because a slot in use when it was forgotten cannot be cleared then.
-    forgotten: std::collections::VecDeque<String>,
+    /// Clients their authorization servers no longer know (issuer, client id), newest
+    /// last: a slot still holding one registers again when next used. Kept here, not
+    /// only cleared from the slots, because a slot in use when it was forgotten cannot
+    /// be cleared then. By issuer, so that one authorization server's word touches
+    /// only its own clients.
+    forgotten: std::collections::VecDeque<(String, String)>,
 }
 
 /// What one registration is for: the authorization server, where it sends the person
@@ -237,41 +239,42 @@ impl Registrations {
         slots.entry(key).or_default().clone()
     }
 
-    /// Forgets the registration of `client_id` (the authorization server no longer
-    /// knows it), so that the next sign-in registers again, also one that holds its
-    /// slot at this moment.
-    fn forget(&self, client_id: &str) {
+    /// Forgets the registration of `client_id` at `issuer` (which no longer knows
+    /// it), so that the next sign-in registers again, also one that holds its slot at
+    /// this moment.
+    fn forget(&self, issuer: &str, client_id: &str) {
         let mut inner = self.0.lock();
-        if inner.forgotten.iter().any(|c| c == client_id) {
+        let is = |(i, c): &(String, String)| i == issuer && c == client_id;
+        if inner.forgotten.iter().any(is) {
             return;
         }
         if inner.forgotten.len() >= MISSING_MEMO {
             inner.forgotten.pop_front();
         }
-        inner.forgotten.push_back(client_id.to_string());
+        inner
+            .forgotten
+            .push_back((issuer.to_string(), client_id.to_string()));
     }
 
-    /// The client in `made` (a slot's, locked by the caller), unless it was forgotten:
-    /// then the slot is emptied, to be registered again.
-    fn current(&self, made: &mut Option<ClientIdentity>) -> Option<ClientIdentity> {
+    /// The client of `issuer` in `made` (a slot's, locked by the caller), unless it
+    /// was forgotten: then the slot is emptied, to be registered again.
+    fn current(&self, issuer: &str, made: &mut Option<ClientIdentity>) -> Option<ClientIdentity> {
         let client = made.as_ref()?;
-        if self
-            .0
-            .lock()
-            .forgotten
-            .iter()
-            .any(|c| *c == client.client_id)
-        {
+        let is = |(i, c): &(String, String)| i == issuer && *c == client.client_id;
+        if self.0.lock().forgotten.iter().any(is) {
             *made = None;
             return None;
         }
         Some(client.clone())
     }
 
-    /// Keeps `client`, newly registered, in `made`: an authorization server that
-    /// hands out a forgotten id again knows it again.
-    fn keep(&self, made: &mut Option<ClientIdentity>, client: ClientIdentity) {
-        self.0.lock().forgotten.retain(|c| *c != client.client_id);
+    /// Keeps `client`, newly registered at `issuer`, in `made`: an authorization
+    /// server that hands out a forgotten id again knows it again.
+    fn keep(&self, issuer: &str, made: &mut Option<ClientIdentity>, client: ClientIdentity) {
+        self.0
+            .lock()
+            .forgotten
+            .retain(|(i, c)| !(i == issuer && *c == client.client_id));
         *made = Some(client);
     }
 }
@@ -936,7 +939,9 @@ impl SignIn {
                 AuthFailure::Refused { error, .. } if error == "invalid_client" => {
                     tracing::warn!(server = %self.server, "the authorization server no longer knows this client; signing in again");
                     self.forget_if_still(identity, &token);
-                    self.ctx.registrations.forget(&token.client.client_id);
+                    self.ctx
+                        .registrations
+                        .forget(&token.issuer, &token.client.client_id);
                     Ok(None)
                 }
                 _ => Err(e),
@@ -1411,7 +1416,7 @@ impl SignIn {
         redirect_uri: Option<&str>,
         scopes: &[String],
     ) -> Result<ClientIdentity, AuthError> {
-        if let Some(client) = self.ctx.registrations.current(made) {
+        if let Some(client) = self.ctx.registrations.current(&d.server.issuer, made) {
             return Ok(client);
         }
         let mut request = json!({
@@ -1466,7 +1471,9 @@ impl SignIn {
             client_secret: secret,
             auth,
         };
-        self.ctx.registrations.keep(made, client.clone());
+        self.ctx
+            .registrations
+            .keep(&d.server.issuer, made, client.clone());
         Ok(client)
     }
 
@@ -1841,22 +1848,27 @@ mod tests {
             auth: ClientAuth::None,
         };
         let mut made = slot.lock().await;
-        registrations.keep(&mut made, client("old"));
-        registrations.forget("old");
+        registrations.keep("https://as", &mut made, client("old"));
+        registrations.forget("https://as", "old");
         drop(made);
         let mut made = slot.lock().await;
-        assert!(registrations.current(&mut made).is_none());
+        assert!(registrations.current("https://as", &mut made).is_none());
         assert!(made.is_none(), "the slot is emptied, to register again");
         // An authorization server that hands the same id out again is believed.
-        registrations.keep(&mut made, client("old"));
+        registrations.keep("https://as", &mut made, client("old"));
         assert_eq!(
-            registrations.current(&mut made).map(|c| c.client_id),
+            registrations
+                .current("https://as", &mut made)
+                .map(|c| c.client_id),
             Some("old".to_string())
         );
-        // Another client is untouched by the forgetting of one.
-        registrations.keep(&mut made, client("other"));
-        registrations.forget("old");
-        assert!(registrations.current(&mut made).is_some());
+        // Another authorization server's word on the same id touches nothing here,
+        // nor does the forgetting of another client.
+        registrations.forget("https://other-as", "old");
+        assert!(registrations.current("https://as", &mut made).is_some());
+        registrations.keep("https://as", &mut made, client("other"));
+        registrations.forget("https://as", "old");
+        assert!(registrations.current("https://as", &mut made).is_some());
     }
 
     /// A store that counts its reads (another process may write into `inner`).
