@@ -3098,7 +3098,10 @@ async fn a_full_stream_budget_is_shared_between_principals() {
     let (_second, _) = subscribed(&gw, "tok-a", "a2").await;
     // Full, all a's: b takes the place of a's oldest stream, the GET stream, which ends.
     let (_b, _) = subscribed(&gw, "tok-b", "b1").await;
-    assert!(ends(&mut get).await, "the GET stream whose place was taken ends");
+    assert!(
+        ends(&mut get).await,
+        "the GET stream whose place was taken ends"
+    );
     // a holds two, b one: nobody gives b another.
     let more = open_listen(&gw, "tok-b", json!("b2"), json!({"toolsListChanged": true})).await;
     assert_eq!(more.status().as_u16(), 503);
