@@ -1029,7 +1029,7 @@ async fn shared_layer(
         scope: "public".into(),
     };
     let protocol = stored["protocol"].as_str().unwrap_or("").to_string();
-    let shared = SharedCache::new(SharedConfig::new(redis.1.clone(), vec!["s0".into()]))
+    let shared = SharedCache::new(SharedConfig::new(redis.1.clone(), vec!["s0".into()]), None)
         .expect("shared layer");
     let n = if b.quick { 200 } else { 2000 };
     b.per_op("l3_hit_tools_list", n, || async {

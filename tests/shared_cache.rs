@@ -856,6 +856,85 @@ async fn a_generation_set_back_in_redis_after_an_invalidation_is_moved_past_not_
     let _ = std::fs::remove_file(record);
 }
 
+// With a disk layer, the highest generation a process saw outlives it (kept in the
+// cache directory): a process started after the server's lists changed refuses the old
+// signed page replayed under its old generation, as a process running then would.
+#[tokio::test]
+async fn a_generation_set_back_while_no_process_ran_is_refused_by_one_started_on_the_same_disk() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-floors");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let k = key_file("l3-floors", "fl-0123456789abcdef0123456789abcdef", 0o600);
+    let keyed = SharedConfig {
+        key_file: Some(k),
+        ..shared(redis.url(), &["s"])
+    };
+    let dir = temp_file("l3-floors-dir");
+    let with_disk = || {
+        let mut c = config(vec![server()], keyed.clone());
+        c.cache.dir = Some(dir.clone());
+        c
+    };
+    let gen_key = "mcp-harness:gen:s";
+    let mut c = redis.connection().await.expect("connect");
+    // A page is stored in generation G; someone who can read Redis keeps a copy.
+    let first = start_ready(with_disk()).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let old: u64 = redis::cmd("GET")
+        .arg(gen_key)
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    let pages = page_keys(&redis).await;
+    assert_eq!(pages.len(), 1, "{pages:?}");
+    let copy: Vec<u8> = redis::cmd("GET")
+        .arg(&pages[0])
+        .query_async(&mut c)
+        .await
+        .expect("GET page");
+    // The server's lists change while no process runs (its generation moves on); the
+    // next process reads them in the new generation.
+    move_generation(&redis, "s").await;
+    let second = start_ready(with_disk()).await;
+    second.list_tools(&a()).await.expect("list");
+    assert_eq!(second.cache_stats().l3.hits, 0);
+    second.shutdown().await;
+    // While none runs, the old page and its generation are put back.
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg(gen_key)
+        .arg(old)
+        .ignore()
+        .cmd("SET")
+        .arg(&pages[0])
+        .arg(copy)
+        .arg("PX")
+        .arg(60_000)
+        .ignore()
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    // A process started on the same disk asks the server, and moves Redis past it.
+    let asked = count(&record, "tools/list");
+    let third = start_ready(with_disk()).await;
+    third.list_tools(&a()).await.expect("list");
+    let stats = third.cache_stats();
+    assert_eq!(stats.l3.hits, 0, "{stats:?}");
+    assert!(stats.l3.rejected >= 1, "{stats:?}");
+    assert_eq!(count(&record, "tools/list"), asked + 1);
+    let now: u64 = redis::cmd("GET")
+        .arg(gen_key)
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    assert!(now > old + 1, "{now} against {old}");
+    third.shutdown().await;
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A page's cursor is the server's to choose and is stored beside the page: a page that
 /// with its key is longer than a lookup reads is not written (it could never be read
 /// back, and every listing would pay a miss, a long read and a refusal).
@@ -864,10 +943,13 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
     use mcp_harness::registry::cache::shared::SharedCache;
     use mcp_harness::registry::cache::{CacheKey, Page, json_size};
     let redis = Redis::start().await;
-    let layer = SharedCache::new(SharedConfig {
-        max_entry_bytes: 1024,
-        ..shared(redis.url(), &["s"])
-    })
+    let layer = SharedCache::new(
+        SharedConfig {
+            max_entry_bytes: 1024,
+            ..shared(redis.url(), &["s"])
+        },
+        None,
+    )
     .expect("layer");
     let generation = layer.generation("s").await.expect("Redis is up");
     let value = Arc::new(json!({"tools": [], "cacheScope": "public", "ttlMs": 60000}));

@@ -220,12 +220,14 @@ impl Harness {
                 ))
             })?;
         let shared = match config.cache.shared.clone() {
-            Some(shared) => Some(SharedCache::new(shared).map_err(|e| {
-                HarnessError::Config(crate::config::ConfigError::new(
-                    format!("cache.shared.{}", e.0.field),
-                    e.0.reason,
-                ))
-            })?),
+            Some(shared) => Some(
+                SharedCache::new(shared, cache.config().dir.as_deref()).map_err(|e| {
+                    HarnessError::Config(crate::config::ConfigError::new(
+                        format!("cache.shared.{}", e.0.field),
+                        e.0.reason,
+                    ))
+                })?,
+            ),
             None => None,
         };
         let (events, _) = broadcast::channel(256);

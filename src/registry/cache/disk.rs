@@ -101,7 +101,15 @@ pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
             "the cache directory is a link, not this user's, or writable by others",
         ));
     }
-    let path = server_dir.join(file_name(&entry.key));
+    write_private(
+        &server_dir.join(file_name(&entry.key)),
+        &serde_json::to_vec(entry)?,
+    )
+}
+
+/// Writes `bytes` to `path` (0600) whole or not at all: to a temporary file of a random
+/// name beside it (created, never reused), then renamed over it.
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
     let tmp = path.with_extension(format!("{}.tmp", u64::from_le_bytes(nonce)));
@@ -110,7 +118,7 @@ pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
         .write(true)
         .mode(0o600)
         .open(&tmp)?;
-    let written = file.write_all(&serde_json::to_vec(entry)?);
+    let written = file.write_all(bytes);
     drop(file);
     match written.and_then(|()| std::fs::rename(&tmp, path)) {
         Ok(()) => Ok(()),
@@ -154,17 +162,22 @@ pub(super) fn remove_server(dir: &Path, server: &str) {
 /// A plain file's bytes, read without following a link or waiting on a pipe, and at
 /// most [`MAX_FILE`] of them; `None` for anything else.
 fn read_plain(path: &Path) -> Option<Vec<u8>> {
+    read_plain_within(path, MAX_FILE)
+}
+
+/// [`read_plain`], for a file of at most `max` bytes.
+pub(super) fn read_plain_within(path: &Path, max: u64) -> Option<Vec<u8>> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX_FILE {
+    if !meta.is_file() || meta.len() > max {
         return None;
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_FILE).read_to_end(&mut bytes).ok()?;
+    file.take(max).read_to_end(&mut bytes).ok()?;
     Some(bytes)
 }
 

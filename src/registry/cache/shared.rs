@@ -40,6 +40,13 @@
 //! it goes through the server's shared entries are neither read nor written here. A
 //! process whose subscription broke (it pings it every 15 s) drops every shared server's
 //! local entries when it subscribes again, since it may have missed a change.
+//!
+//! Rollback: a process keeps the highest generation it has seen of each server, and
+//! moves Redis past it when it finds a lower one (a restore, a lost key, or a writer
+//! replaying old signed pages under their old generation). With a disk layer, those
+//! floors are kept in its directory too (`__shared-floors-DIGEST.json`, the digest of
+//! the Redis URL, prefix and key), so a process started after an invalidation refuses
+//! a generation set back below it as one running then does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -381,6 +388,93 @@ pub struct SharedCache {
     /// signed pages under their old generation) is moved past it, so no page of before
     /// is used.
     highest: Mutex<std::collections::HashMap<String, u64>>,
+    /// Where `highest` is kept across restarts, if there is a disk layer.
+    floors: Option<Floors>,
+}
+
+/// The file that keeps [`SharedCache::highest`] across restarts (see the module docs).
+struct Floors {
+    path: PathBuf,
+    /// `highest` rose since it was last written.
+    dirty: AtomicBool,
+    /// Wakes the task that writes it (one wake-up waits at most: a burst of rises is
+    /// one write); the task ends when this drops, with the layer.
+    changed: mpsc::Sender<()>,
+    /// One write at a time, each of what `highest` holds then.
+    writing: Mutex<()>,
+}
+
+/// The largest floors file read: a generation per configured server fits many times.
+const MAX_FLOORS_FILE: u64 = 1 << 20;
+
+impl Floors {
+    /// The floors kept for the deployment of `config` and `key_id` in `dir`.
+    /// With the receiver of its wake-ups, for [`keep_floors`].
+    fn new(
+        dir: &std::path::Path,
+        config: &SharedConfig,
+        key_id: &str,
+    ) -> (Floors, mpsc::Receiver<()>) {
+        let digest = sha256_hex(format!("{}\n{}\n{key_id}", config.url, config.prefix).as_bytes());
+        let (changed, wake) = mpsc::channel(1);
+        let floors = Floors {
+            path: dir.join(format!("__shared-floors-{}.json", &digest[..16])),
+            dirty: AtomicBool::new(false),
+            changed,
+            writing: Mutex::new(()),
+        };
+        (floors, wake)
+    }
+
+    /// What the file holds, for `servers` only if given (nothing if it is missing or
+    /// not ours).
+    fn read(&self, servers: Option<&[String]>) -> std::collections::HashMap<String, u64> {
+        let Some(bytes) = super::disk::read_plain_within(&self.path, MAX_FLOORS_FILE) else {
+            return Default::default();
+        };
+        let mut floors: std::collections::HashMap<String, u64> =
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %self.path.display(), error = %e, "ignoring a shared cache floors file that is not a map of generations");
+                Default::default()
+            });
+        floors.retain(|server, g| {
+            servers.is_none_or(|s| s.contains(server)) && *g <= i64::MAX as u64
+        });
+        floors
+    }
+
+    /// Writes `highest` with what the file holds (also for servers only another
+    /// process sharing the directory has), keeping the higher of each. Blocking I/O.
+    fn write(&self, layer: &SharedCache) {
+        let _one = self.writing.lock();
+        self.dirty.store(false, Ordering::SeqCst);
+        let mut floors = self.read(None);
+        for (server, g) in layer.highest.lock().iter() {
+            let kept = floors.entry(server.clone()).or_insert(*g);
+            *kept = (*kept).max(*g);
+        }
+        let written = serde_json::to_vec(&floors)
+            .map_err(std::io::Error::from)
+            .and_then(|bytes| super::disk::write_private(&self.path, &bytes));
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "the shared cache's generation floors could not be kept on disk");
+        }
+    }
+}
+
+/// Writes the floors file whenever they rose; ends with the layer.
+async fn keep_floors(layer: std::sync::Weak<SharedCache>, mut wake: mpsc::Receiver<()>) {
+    while wake.recv().await.is_some() {
+        let Some(strong) = layer.upgrade() else {
+            return;
+        };
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(floors) = &strong.floors {
+                floors.write(&strong);
+            }
+        })
+        .await;
+    }
 }
 
 /// What one lookup learned: the page, if usable, and the server's generation (known
@@ -400,8 +494,13 @@ pub struct SharedError(pub Invalid);
 
 impl SharedCache {
     /// The layer for `config`; nothing is connected yet (a Redis that is down at start
-    /// only means the layer is skipped until it is up). Call within a tokio runtime.
-    pub fn new(config: SharedConfig) -> Result<Arc<SharedCache>, SharedError> {
+    /// only means the layer is skipped until it is up). With `disk` (the disk layer's
+    /// directory), the highest generations seen are kept there across restarts. Call
+    /// within a tokio runtime.
+    pub fn new(
+        config: SharedConfig,
+        disk: Option<&std::path::Path>,
+    ) -> Result<Arc<SharedCache>, SharedError> {
         config.validate().map_err(SharedError)?;
         let key = match &config.key_file {
             Some(path) => Some(
@@ -439,6 +538,11 @@ impl SharedCache {
                 format!("no randomness for an origin id: {e}"),
             ))
         })?;
+        let (floors, wake) = disk.map(|dir| Floors::new(dir, &config, &key_id)).unzip();
+        let highest = floors
+            .as_ref()
+            .map(|f| f.read(Some(&config.servers)))
+            .unwrap_or_default();
         let shared = Arc::new(SharedCache {
             origin: origin.iter().map(|b| format!("{b:02x}")).collect(),
             config,
@@ -457,9 +561,13 @@ impl SharedCache {
             pending_bytes: AtomicU64::new(0),
             listener: Mutex::new(None),
             unsent: Mutex::default(),
-            highest: Mutex::default(),
+            highest: Mutex::new(highest),
+            floors,
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
+        if let Some(wake) = wake {
+            tokio::spawn(keep_floors(Arc::downgrade(&shared), wake));
+        }
         // Connect now, off any call's path, so the first lookup does not pay for it.
         let mut warm = shared.conn.clone();
         tokio::spawn(async move {
@@ -648,9 +756,17 @@ impl SharedCache {
         let generation = self.decode_generation(key, value)?;
         let step = {
             let mut highest = self.highest.lock();
-            let top = highest.entry(server.to_string()).or_insert(generation);
+            let (top, rose) = match highest.entry(server.to_string()) {
+                std::collections::hash_map::Entry::Occupied(e) => (e.into_mut(), false),
+                std::collections::hash_map::Entry::Vacant(e) => (e.insert(generation), true),
+            };
             if generation >= *top {
+                let rose = rose || generation > *top;
                 *top = generation;
+                drop(highest);
+                if rose {
+                    self.floors_rose();
+                }
                 return Some(generation);
             }
             // Past the highest seen, within what INCR can still add to.
@@ -658,6 +774,7 @@ impl SharedCache {
             *top = ahead;
             ahead - generation
         };
+        self.floors_rose();
         self.reject(key, "a generation older than one seen; moved past it");
         // INCRBY only adds: another process's INCR meanwhile is not undone.
         let _: Option<i64> = self
@@ -677,6 +794,17 @@ impl SharedCache {
     fn heard_invalidation(&self, server: &str) {
         if let Some(top) = self.highest.lock().get_mut(server) {
             *top = top.saturating_add(1).min(i64::MAX as u64);
+        } else {
+            return;
+        }
+        self.floors_rose();
+    }
+
+    /// `highest` rose: the floors file is written again soon.
+    fn floors_rose(&self) {
+        if let Some(floors) = &self.floors {
+            floors.dirty.store(true, Ordering::SeqCst);
+            let _ = floors.changed.try_send(());
         }
     }
 
@@ -993,8 +1121,10 @@ impl SharedCache {
         // What this process moved it to is the least it accepts from now on.
         if let Ok(generation) = u64::try_from(generation) {
             let mut highest = self.highest.lock();
-            let top = highest.entry(server.to_string()).or_insert(generation);
+            let top = highest.entry(server.to_string()).or_insert(0);
             *top = (*top).max(generation);
+            drop(highest);
+            self.floors_rose();
         }
         true
     }
@@ -1136,13 +1266,19 @@ impl SharedCache {
         }
     }
 
-    /// Stops listening (the harness is shutting down).
+    /// Stops listening (the harness is shutting down); floors not written yet are
+    /// written now (a small file: blocking I/O once, at shutdown).
     pub fn close(&self) {
         let unsent = self.unsent.lock();
         if !unsent.is_empty() {
             tracing::warn!(servers = ?*unsent, "shutting down with invalidations Redis never took");
         }
         drop(unsent);
+        if let Some(floors) = &self.floors
+            && floors.dirty.load(Ordering::SeqCst)
+        {
+            floors.write(self);
+        }
         if let Some(task) = self.listener.lock().take() {
             task.abort();
         }
@@ -1169,6 +1305,44 @@ impl Drop for SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn floors_on_disk_are_read_for_the_servers_shared_and_merged_upward() {
+        use std::collections::HashMap;
+        let dir = crate::util::scratch::Scratch::new("shared-floors");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = SharedConfig::new("redis://127.0.0.1:1".to_string(), vec!["s".to_string()]);
+        let layer = |config: &SharedConfig| {
+            SharedCache::new(config.clone(), Some(&dir)).expect("layer (connects lazily)")
+        };
+        let first = layer(&config);
+        let path = first
+            .floors
+            .as_ref()
+            .expect("with a disk layer")
+            .path
+            .clone();
+        // Another process sharing the directory keeps floors for s and for t.
+        std::fs::write(&path, r#"{"s": 10, "t": 7}"#).expect("write");
+        let second = layer(&config);
+        assert_eq!(*second.highest.lock(), HashMap::from([("s".into(), 10)]));
+        // This one rises for s: the higher of each is kept, t's too.
+        second.highest.lock().insert("s".into(), 12);
+        second.floors_rose();
+        second.close();
+        let kept: HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept, HashMap::from([("s".into(), 12), ("t".into(), 7)]));
+        // Another deployment (prefix) keeps its own file; garbage is not read.
+        let other = layer(&SharedConfig {
+            prefix: "other".into(),
+            ..config.clone()
+        });
+        assert!(other.highest.lock().is_empty());
+        std::fs::write(&path, "not json").expect("write");
+        assert!(layer(&config).highest.lock().is_empty());
+        drop(first);
+    }
 
     #[test]
     fn generations_are_read_only_as_redis_writes_integers() {
