@@ -409,28 +409,47 @@ async fn a_key_of_the_wrong_kind_in_redis_spoils_only_itself() {
     assert!(stats.available, "{stats:?}");
     assert!(stats.hits >= 1, "t's page came from Redis: {stats:?}");
     assert!(stats.rejected >= 1, "{stats:?}");
-    // The next invalidation of s puts a generation in place of one that is no integer.
+    // The next invalidation of s puts a generation in place of one that is no integer,
+    // and of one near overflow (a floor there would leave INCR no room), a random one
+    // far below it.
+    let generation = after_invalidation(&h, &mut c, "not a number", 1).await;
+    assert!(generation.parse::<u64>().is_ok(), "{generation}");
+    let near_overflow = (i64::MAX - 1000).to_string();
+    let generation = after_invalidation(&h, &mut c, &near_overflow, 2).await;
+    assert!(
+        generation.parse::<u64>().is_ok_and(|g| g <= 1 << 62),
+        "{generation}"
+    );
+    h.shutdown().await;
+}
+
+/// s's generation after it was set to `value` and `h` invalidated s's lists (its
+/// `published`th invalidation).
+async fn after_invalidation(
+    h: &HarnessHandle,
+    c: &mut redis::aio::MultiplexedConnection,
+    value: &str,
+    published: u64,
+) -> String {
     let _: () = redis::cmd("SET")
         .arg("mcp-harness:gen:s")
-        .arg("not a number")
-        .query_async(&mut c)
+        .arg(value)
+        .query_async(c)
         .await
         .expect("SET");
     h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
     assert!(
         eventually(Duration::from_secs(10), || h.cache_stats().l3.published
-            == 1)
+            == published)
         .await,
         "{:?}",
         h.cache_stats()
     );
-    let generation: String = redis::cmd("GET")
+    redis::cmd("GET")
         .arg("mcp-harness:gen:s")
-        .query_async(&mut c)
+        .query_async(c)
         .await
-        .expect("GET");
-    assert!(generation.parse::<u64>().is_ok(), "{generation}");
-    h.shutdown().await;
+        .expect("GET")
 }
 
 /// What Redis has sent its clients so far (`INFO stats`).

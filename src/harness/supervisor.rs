@@ -252,6 +252,7 @@ async fn shut_down(services: &Services) {
     services.registry_ref.flush().await;
     if let Some(shared) = &services.registry.shared {
         shared.drain(shared.config().timeout * 4).await;
+        shared.write_floors().await;
         shared.close();
     }
     // A write stuck (a pipe no one reads), one under way or the flush's own, would hold

@@ -1,11 +1,12 @@
 //! Small helpers that any layer may use: duration parsing, hashing, invalid settings,
-//! a log budget against floods, a secret read from an operator's file, the slot of a rebuilt actor, outside text made fit for a message, the W3C trace
+//! advisory file locks, a log budget against floods, a secret read from an operator's file, the slot of a rebuilt actor, outside text made fit for a message, the W3C trace
 //! context of the current span, a pipe writer's pause before a burst. Leaves: they
 //! import nothing else from the crate.
 
 pub mod duration;
 pub mod hash;
 pub mod invalid;
+pub mod lock;
 pub mod log_budget;
 #[cfg(test)]
 pub(crate) mod scratch;

@@ -107,6 +107,38 @@ pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
     )
 }
 
+/// Removes the temporary files of a crashed writer in `dir` whose names start with
+/// `prefix` (see [`write_private`]).
+pub(super) fn remove_stale_tmp(dir: &Path, prefix: &str) {
+    let Ok(files) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for file in files.flatten() {
+        let name = file.file_name();
+        let ours = name
+            .to_str()
+            .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".tmp"));
+        let stale = file.metadata().is_ok_and(|m| {
+            m.is_file()
+                && m.modified()
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > STALE_TMP)
+        });
+        if ours && stale {
+            let _ = std::fs::remove_file(file.path());
+        }
+    }
+}
+
+/// An exclusive advisory lock (`flock`) on `path`, made 0600 if it is not there, held
+/// until the file returned is dropped; waits for another process holding it.
+pub(super) fn locked(path: &Path) -> std::io::Result<std::fs::File> {
+    let file = crate::util::lock::open(path)?;
+    crate::util::lock::exclusive(&file, true)?;
+    Ok(file)
+}
+
 /// Writes `bytes` to `path` (0600) whole or not at all: to a temporary file of a random
 /// name beside it (created, never reused), then renamed over it.
 pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -223,13 +223,18 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
     }
 }
 
-/// A random starting generation (63 bits: INCR stays within a signed integer).
+/// A random starting generation (62 bits: well below [`CEILING`]).
 fn random_generation() -> u64 {
     let mut bytes = [0u8; 8];
     // Without randomness the start is 0, as for a server never seen.
     let _ = getrandom::fill(&mut bytes);
-    u64::from_le_bytes(bytes) >> 1
+    u64::from_le_bytes(bytes) >> 2
 }
+
+/// The highest generation used. One above it counts as no integer (and an
+/// invalidation starts afresh from a random one): a floor near `i64::MAX` would leave
+/// INCR no room, and a Redis writer who set it there would stop invalidation for good.
+const CEILING: u64 = i64::MAX as u64 - (1 << 32);
 
 fn default_timeout() -> Duration {
     Duration::from_millis(50)
@@ -408,17 +413,23 @@ struct Floors {
 const MAX_FLOORS_FILE: u64 = 1 << 20;
 
 impl Floors {
-    /// The floors kept for the deployment of `config` and `key_id` in `dir`.
-    /// With the receiver of its wake-ups, for [`keep_floors`].
+    /// The floors kept for the deployment of `config` and `key_id` in `dir` (a
+    /// password in the URL is not part of the name: changing it keeps the file), with
+    /// the receiver of its wake-ups, for [`keep_floors`]. A crashed writer's temporary
+    /// files are removed. Blocking I/O, small.
     fn new(
         dir: &std::path::Path,
         config: &SharedConfig,
         key_id: &str,
     ) -> (Floors, mpsc::Receiver<()>) {
-        let digest = sha256_hex(format!("{}\n{}\n{key_id}", config.url, config.prefix).as_bytes());
+        let digest = sha256_hex(
+            format!("{}\n{}\n{key_id}", redacted(&config.url), config.prefix).as_bytes(),
+        );
+        let name = format!("__shared-floors-{}", &digest[..16]);
+        super::disk::remove_stale_tmp(dir, &format!("{name}."));
         let (changed, wake) = mpsc::channel(1);
         let floors = Floors {
-            path: dir.join(format!("__shared-floors-{}.json", &digest[..16])),
+            path: dir.join(format!("{name}.json")),
             dirty: AtomicBool::new(false),
             changed,
             writing: Mutex::new(()),
@@ -426,37 +437,54 @@ impl Floors {
         (floors, wake)
     }
 
-    /// What the file holds, for `servers` only if given (nothing if it is missing or
-    /// not ours).
-    fn read(&self, servers: Option<&[String]>) -> std::collections::HashMap<String, u64> {
-        let Some(bytes) = super::disk::read_plain_within(&self.path, MAX_FLOORS_FILE) else {
-            return Default::default();
-        };
+    /// What the file holds (nothing if it is not there, or holds no map of
+    /// generations); an error if it is there but cannot be read whole (too large, not
+    /// a plain file, out of descriptors): then it is neither used nor written over.
+    fn read(&self) -> std::io::Result<std::collections::HashMap<String, u64>> {
+        match std::fs::symlink_metadata(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let bytes = super::disk::read_plain_within(&self.path, MAX_FLOORS_FILE)
+            .ok_or_else(|| std::io::Error::other("not a plain file of at most 1 MiB"))?;
         let mut floors: std::collections::HashMap<String, u64> =
             serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 tracing::warn!(path = %self.path.display(), error = %e, "ignoring a shared cache floors file that is not a map of generations");
                 Default::default()
             });
-        floors.retain(|server, g| {
-            servers.is_none_or(|s| s.contains(server)) && *g <= i64::MAX as u64
+        floors.retain(|_, g| *g <= CEILING);
+        Ok(floors)
+    }
+
+    /// The floors of `servers` kept in the file.
+    fn load(&self, servers: &[String]) -> std::collections::HashMap<String, u64> {
+        let mut floors = self.read().unwrap_or_else(|e| {
+            tracing::warn!(path = %self.path.display(), error = %e, "the shared cache's generation floors cannot be read");
+            Default::default()
         });
+        floors.retain(|server, _| servers.contains(server));
         floors
     }
 
-    /// Writes `highest` with what the file holds (also for servers only another
-    /// process sharing the directory has), keeping the higher of each. Blocking I/O.
+    /// Writes `highest`, if it rose since the last write, with what the file holds
+    /// (also for servers only another process sharing the directory has), keeping the
+    /// higher of each; under a lock (`flock`) that processes sharing the directory
+    /// take too, so none writes over another's rise. Blocking I/O.
     fn write(&self, layer: &SharedCache) {
         let _one = self.writing.lock();
-        self.dirty.store(false, Ordering::SeqCst);
-        let mut floors = self.read(None);
-        for (server, g) in layer.highest.lock().iter() {
-            let kept = floors.entry(server.clone()).or_insert(*g);
-            *kept = (*kept).max(*g);
+        if !self.dirty.swap(false, Ordering::SeqCst) {
+            return;
         }
-        let written = serde_json::to_vec(&floors)
-            .map_err(std::io::Error::from)
-            .and_then(|bytes| super::disk::write_private(&self.path, &bytes));
-        if let Err(e) = written {
+        let kept = super::disk::locked(&self.path.with_extension("lock")).and_then(|_lock| {
+            let mut floors = self.read()?;
+            for (server, g) in layer.highest.lock().iter() {
+                let kept = floors.entry(server.clone()).or_insert(*g);
+                *kept = (*kept).max(*g);
+            }
+            super::disk::write_private(&self.path, &serde_json::to_vec(&floors)?)
+        });
+        if let Err(e) = kept {
             tracing::warn!(path = %self.path.display(), error = %e, "the shared cache's generation floors could not be kept on disk");
         }
     }
@@ -468,12 +496,7 @@ async fn keep_floors(layer: std::sync::Weak<SharedCache>, mut wake: mpsc::Receiv
         let Some(strong) = layer.upgrade() else {
             return;
         };
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Some(floors) = &strong.floors {
-                floors.write(&strong);
-            }
-        })
-        .await;
+        strong.write_floors().await;
     }
 }
 
@@ -541,7 +564,7 @@ impl SharedCache {
         let (floors, wake) = disk.map(|dir| Floors::new(dir, &config, &key_id)).unzip();
         let highest = floors
             .as_ref()
-            .map(|f| f.read(Some(&config.servers)))
+            .map(|f| f.load(&config.servers))
             .unwrap_or_default();
         let shared = Arc::new(SharedCache {
             origin: origin.iter().map(|b| format!("{b:02x}")).collect(),
@@ -815,9 +838,13 @@ impl SharedCache {
             redis::Value::Int(n) => u64::try_from(*n).ok(),
             redis::Value::BulkString(bytes) => canonical_generation(bytes),
             _ => None,
-        };
+        }
+        .filter(|g| *g <= CEILING);
         if parsed.is_none() {
-            self.reject(key, "a generation that is not an integer");
+            self.reject(
+                key,
+                "a generation that is not an integer, or too near overflow",
+            );
         }
         parsed
     }
@@ -1094,12 +1121,15 @@ impl SharedCache {
             })
             .await;
         let generation = match sent {
-            Ok((generation,)) => generation,
-            // No integer there, or one INCR cannot add to: a new random generation takes
-            // its place (no page was stored under it), else the invalidation would be
-            // retried for ever and the server's pages never shared again. The PUBLISH
-            // behind the failed INCR went out already (a pipeline runs every command).
-            Err(RunFailure::BadValue) => {
+            Ok((generation,)) if u64::try_from(generation).is_ok_and(|g| g <= CEILING) => {
+                generation
+            }
+            // No integer there, or one INCR cannot add to (or past the ceiling): a new
+            // random generation takes its place (no page was stored under it), else the
+            // invalidation would be retried for ever and the server's pages never shared
+            // again. The PUBLISH behind the INCR went out already (a pipeline runs every
+            // command).
+            Ok(_) | Err(RunFailure::BadValue) => {
                 let fresh = random_generation();
                 let set: Option<()> = self
                     .run("invalidate", async |mut conn| {
@@ -1266,19 +1296,28 @@ impl SharedCache {
         }
     }
 
-    /// Stops listening (the harness is shutting down); floors not written yet are
-    /// written now (a small file: blocking I/O once, at shutdown).
+    /// Writes the generation floors now, if they rose since the last write (the
+    /// harness's shutdown, before [`Self::close`]).
+    pub async fn write_floors(self: &Arc<Self>) {
+        if self.floors.is_none() {
+            return;
+        }
+        let this = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(floors) = &this.floors {
+                floors.write(&this);
+            }
+        })
+        .await;
+    }
+
+    /// Stops listening (the harness is shutting down).
     pub fn close(&self) {
         let unsent = self.unsent.lock();
         if !unsent.is_empty() {
             tracing::warn!(servers = ?*unsent, "shutting down with invalidations Redis never took");
         }
         drop(unsent);
-        if let Some(floors) = &self.floors
-            && floors.dirty.load(Ordering::SeqCst)
-        {
-            floors.write(self);
-        }
         if let Some(task) = self.listener.lock().take() {
             task.abort();
         }
@@ -1329,7 +1368,7 @@ mod tests {
         // This one rises for s: the higher of each is kept, t's too.
         second.highest.lock().insert("s".into(), 12);
         second.floors_rose();
-        second.close();
+        second.write_floors().await;
         let kept: HashMap<String, u64> =
             serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
         assert_eq!(kept, HashMap::from([("s".into(), 12), ("t".into(), 7)]));
@@ -1341,6 +1380,20 @@ mod tests {
         assert!(other.highest.lock().is_empty());
         std::fs::write(&path, "not json").expect("write");
         assert!(layer(&config).highest.lock().is_empty());
+        // A floor near overflow is not taken (it would leave INCR no room).
+        std::fs::write(&path, format!(r#"{{"s": {}}}"#, i64::MAX)).expect("write");
+        assert!(layer(&config).highest.lock().is_empty());
+        // A file that cannot be read whole is neither used nor written over.
+        std::fs::write(&path, vec![b' '; (MAX_FLOORS_FILE + 1) as usize]).expect("write");
+        let third = layer(&config);
+        assert!(third.highest.lock().is_empty());
+        third.highest.lock().insert("s".into(), 20);
+        third.floors_rose();
+        third.write_floors().await;
+        assert_eq!(
+            std::fs::metadata(&path).expect("there").len(),
+            MAX_FLOORS_FILE + 1
+        );
         drop(first);
     }
 

@@ -296,37 +296,16 @@ impl TokenStore for FileTokenStore {
     /// An advisory lock (`flock`) on a `.lock` file beside the token's, made `0600`
     /// and held to the same checks as a token file.
     fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
-        use std::os::unix::fs::OpenOptionsExt;
         self.ensure_dir()?;
         let path = self.path(key)?.with_extension("lock");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        crate::util::secret::checked_private(&file)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // (`File::try_lock` would do, from Rust 1.89; the crate supports 1.88.)
-        // SAFETY: the descriptor stays open for the call (the file is borrowed).
-        let locked = unsafe {
-            libc::flock(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                libc::LOCK_EX | libc::LOCK_NB,
-            )
-        };
-        if locked == 0 {
-            // Released when the file is closed: when the guard drops, or the process ends.
-            return Ok(RenewalLock::Held(Box::new(file)));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(RenewalLock::Busy)
-        } else {
-            Err(format!("{}: {e}", path.display()))
+        let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+        let refused = |e: String| format!("{}: {e}", path.display());
+        let file = crate::util::lock::open(&path).map_err(failed)?;
+        crate::util::secret::checked_private(&file).map_err(refused)?;
+        // Released when the file is closed: when the guard drops, or the process ends.
+        match crate::util::lock::exclusive(&file, false).map_err(failed)? {
+            true => Ok(RenewalLock::Held(Box::new(file))),
+            false => Ok(RenewalLock::Busy),
         }
     }
 
