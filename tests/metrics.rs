@@ -153,5 +153,15 @@ async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says
     assert_eq!(states, 1.0, "one state at a time");
     assert!(samples[r#"mcp_harness_cache_hits_total{layer="memory"}"#] >= 1.0);
     assert_eq!(samples["mcp_harness_audit_backlog"], 0.0);
+    // A call that reaches no server is counted without a server label.
+    let unknown = h.call_tool(&a, "nowhere__x", json!({})).await;
+    assert!(unknown.is_err());
+    let (samples, _) = parse_prometheus(&h.metrics().prometheus());
+    let unrouted: Vec<&String> = samples
+        .keys()
+        .filter(|k| k.starts_with("mcp_harness_calls_total") && !k.contains("server_id"))
+        .collect();
+    assert_eq!(unrouted.len(), 1, "{unrouted:?}");
+    assert!(unrouted[0].contains(r#"outcome="error""#), "{unrouted:?}");
     h.shutdown().await;
 }

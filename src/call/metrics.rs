@@ -21,7 +21,8 @@ pub const BUCKETS: &[f64] = &[
 /// One series of the duration histogram.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallSeries {
-    /// The server that answered (or was tried last); `none` when none was reached.
+    /// The server that answered (or was tried last); empty when none was reached (no
+    /// server id is empty, so it is no server's).
     pub server: Arc<str>,
     /// `tools/call`, `prompts/get` or `resources/read`.
     pub method: &'static str,
@@ -82,6 +83,9 @@ pub(crate) struct CallMetrics {
     /// By server, then series: a server's map is found by `&str`, so a call allocates
     /// nothing once its series exists.
     series: parking_lot::Mutex<HashMap<Arc<str>, HashMap<Key, Series>>>,
+    /// Servers removed (taken with `series`, after it): a call that ends after its
+    /// server was removed does not bring the server's series back.
+    removed: parking_lot::Mutex<std::collections::HashSet<Arc<str>>>,
     rounds: AtomicU64,
     /// The OpenTelemetry histogram each call is also recorded in, once exported.
     exported: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
@@ -102,12 +106,13 @@ impl CallMetrics {
             .iter()
             .position(|b| seconds <= *b)
             .unwrap_or(BUCKETS.len());
-        let server = server.unwrap_or("none");
+        let server = server.unwrap_or("");
         let mut by_server = self.series.lock();
         // Servers are the configured ones, methods three and outcomes five: bounded.
         // Looked up once, and once more only for a server's first call.
         let series = match by_server.get_mut(server) {
             Some(series) => series,
+            None if self.removed.lock().contains(server) => return,
             None => by_server.entry(server.into()).or_default(),
         };
         let s = series.entry((method, outcome, error_type)).or_default();
@@ -125,9 +130,11 @@ impl CallMetrics {
             .get_or_insert_with(|| {
                 let mut a = vec![
                     KeyValue::new("mcp.method.name", method),
-                    KeyValue::new("mcp_harness.server.id", server.to_string()),
                     KeyValue::new("mcp_harness.outcome", outcome),
                 ];
+                if !server.is_empty() {
+                    a.push(KeyValue::new("mcp_harness.server.id", server.to_string()));
+                }
                 if let Some(e) = error_type {
                     a.push(KeyValue::new("error.type", e));
                 }
@@ -150,9 +157,16 @@ impl CallMetrics {
         self.rounds.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Forgets a removed server's series.
+    /// Forgets a removed server's series, also those a call ending late would make.
     pub(crate) fn forget(&self, server: &str) {
-        self.series.lock().remove(server);
+        let mut by_server = self.series.lock();
+        by_server.remove(server);
+        self.removed.lock().insert(server.into());
+    }
+
+    /// Counts `server`'s calls again (added, perhaps after it was removed).
+    pub(crate) fn track(&self, server: &str) {
+        self.removed.lock().remove(server);
     }
 
     /// Every series, sorted, and the rounds so far.
@@ -214,5 +228,26 @@ mod tests {
         assert_eq!(s.p50(), Some(Duration::from_secs_f64(0.00025)));
         m.forget("s");
         assert!(m.snapshot().0.is_empty());
+    }
+
+    #[test]
+    fn a_removed_servers_late_call_brings_no_series_back_until_it_is_added_again() {
+        let m = CallMetrics::default();
+        let took = Duration::from_millis(1);
+        m.finished(Some("s"), "tools/call", "ok", None, took);
+        m.forget("s");
+        m.finished(Some("s"), "tools/call", "error", Some("-32603"), took);
+        assert!(m.snapshot().0.is_empty());
+        m.track("s");
+        m.finished(Some("s"), "tools/call", "ok", None, took);
+        // A call that reached no server is under no server's id.
+        m.finished(None, "tools/call", "error", Some("-32602"), took);
+        let servers: Vec<String> = m
+            .snapshot()
+            .0
+            .iter()
+            .map(|s| s.server.to_string())
+            .collect();
+        assert_eq!(servers, ["", "s"]);
     }
 }

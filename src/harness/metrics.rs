@@ -63,6 +63,15 @@ const STATES: [ServerState; 5] = [
     ServerState::Stopped,
 ];
 
+/// The server label of a call series, with a comma after it; none for calls that
+/// reached no server.
+fn server_label(server: &str) -> String {
+    match server {
+        "" => String::new(),
+        id => format!("mcp_harness_server_id=\"{}\",", label(id)),
+    }
+}
+
 /// A Prometheus label value: `\`, `"` and line breaks escaped, as the text format says.
 fn label(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
@@ -112,8 +121,8 @@ impl Metrics {
         );
         for s in &self.calls {
             let labels = format!(
-                "mcp_harness_server_id=\"{}\",mcp_method_name=\"{}\",outcome=\"{}\"{}",
-                label(&s.server),
+                "{}mcp_method_name=\"{}\",outcome=\"{}\"{}",
+                server_label(&s.server),
                 s.method,
                 s.outcome,
                 s.error_type
@@ -153,8 +162,8 @@ impl Metrics {
         for ((server, method, outcome), count) in self.calls_by_outcome() {
             let _ = writeln!(
                 out,
-                "mcp_harness_calls_total{{mcp_harness_server_id=\"{}\",mcp_method_name=\"{method}\",outcome=\"{outcome}\"}} {count}",
-                label(&server),
+                "mcp_harness_calls_total{{{}mcp_method_name=\"{method}\",outcome=\"{outcome}\"}} {count}",
+                server_label(&server),
             );
         }
         family(
@@ -338,14 +347,14 @@ impl HarnessHandle {
                     return;
                 };
                 for ((server, method, outcome), count) in m.calls_by_outcome() {
-                    o.observe(
-                        count,
-                        &[
-                            KeyValue::new("mcp_harness.server.id", server.to_string()),
-                            KeyValue::new("mcp.method.name", method),
-                            KeyValue::new("mcp_harness.outcome", outcome),
-                        ],
-                    );
+                    let mut attributes = vec![
+                        KeyValue::new("mcp.method.name", method),
+                        KeyValue::new("mcp_harness.outcome", outcome),
+                    ];
+                    if !server.is_empty() {
+                        attributes.push(KeyValue::new("mcp_harness.server.id", server.to_string()));
+                    }
+                    o.observe(count, &attributes);
                 }
             })
             .build();

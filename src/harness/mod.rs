@@ -680,6 +680,7 @@ impl HarnessHandle {
             })
         })?;
         let id = config.id.clone();
+        self.ctx().metrics.track(&id);
         self.inner.services.servers.add(config).await?;
         self.inner
             .services
