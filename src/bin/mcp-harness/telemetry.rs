@@ -77,6 +77,9 @@ struct Signal {
     ca_file: Option<std::path::PathBuf>,
     /// Whether the endpoint (the variable's or the table's) is `https`.
     https: bool,
+    /// How long one export may take (`OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT`, in ms;
+    /// 10 s by default, as the specification says).
+    timeout: Duration,
 }
 
 impl Signal {
@@ -84,8 +87,12 @@ impl Signal {
     fn http_client(&self) -> anyhow::Result<reqwest::Client> {
         let tls = mcp_harness::transport::tls_client_config(self.ca_file.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;
+        // The exporter applies the timeout variable only to a client it builds itself:
+        // without one here, a collector that never answers would hold each export
+        // (and the exit that flushes them) for the SDK's own limit.
         reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
+            .timeout(self.timeout)
             .build()
             .context("OTLP HTTP client")
     }
@@ -134,12 +141,25 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
     let ca_file = var("OTEL_EXPORTER_OTLP_CERTIFICATE")
         .map(std::path::PathBuf::from)
         .or_else(|| config.ca_file.clone());
+    let timeout = export_timeout(
+        var(&format!("OTEL_EXPORTER_OTLP_{upper}_TIMEOUT"))
+            .or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT")),
+    );
     Some(Signal {
         endpoint,
         protocol,
         ca_file,
         https,
+        timeout,
     })
+}
+
+/// An export's time limit from the variable (ms): 10 s if unset, not a number or zero.
+fn export_timeout(variable: Option<String>) -> Duration {
+    variable
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
 fn resource(config: &TelemetryConfig) -> opentelemetry_sdk::Resource {
@@ -350,8 +370,19 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::export_interval;
+    use super::{export_interval, export_timeout};
     use std::time::Duration;
+
+    #[test]
+    fn an_export_takes_at_most_the_timeout_variable_else_ten_seconds() {
+        assert_eq!(export_timeout(None), Duration::from_secs(10));
+        assert_eq!(
+            export_timeout(Some("250".into())),
+            Duration::from_millis(250)
+        );
+        assert_eq!(export_timeout(Some("0".into())), Duration::from_secs(10));
+        assert_eq!(export_timeout(Some("soon".into())), Duration::from_secs(10));
+    }
 
     // Zero, from the variable or the config, is no interval: the SDK would export
     // without a pause.
