@@ -421,18 +421,22 @@ async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent
     let _ = std::fs::remove_file(config);
 }
 
-#[tokio::test]
-async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_the_server() {
-    let (endpoint, received) = http_collector().await;
-    let record = temp_file("otel-gw");
-    let config = config("otel-gw", &record);
+/// A gateway exporting to `endpoint` that keeps no new trace (ratio 0), with
+/// `gateway_extra` in its `[gateway]` table; its config file.
+async fn gateway_keeping_no_new_trace(
+    tag: &str,
+    record: &Path,
+    endpoint: &str,
+    gateway_extra: &str,
+) -> (HttpServer, PathBuf) {
+    let config = config(tag, record);
     let mut toml = std::fs::read_to_string(&config).expect("config");
-    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
+    toml.push_str(&format!(
+        "[gateway]\nanonymous_agent = \"local\"\n{gateway_extra}\n"
+    ));
     std::fs::write(&config, toml).expect("config");
     let config_path = config.to_string_lossy().into_owned();
-    // No new trace is kept (ratio 0), but a client's sampled trace is: the decision is
-    // parent-based, made once at the gateway and handed to the call.
-    let mut gateway = HttpServer::start_with_env(
+    let gateway = HttpServer::start_with_env(
         &harness_exe(),
         &[
             "serve",
@@ -443,51 +447,71 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
             &config_path,
         ],
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", "0"),
         ],
     )
     .await;
-    let url = gateway.url.clone();
+    (gateway, config)
+}
+
+/// Calls `s__echo` with `text` through the gateway at `url`, with `traceparent` in its
+/// `_meta` if given.
+async fn call_with_trace_context(url: &str, text: &str, traceparent: Option<String>) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    });
+    if let Some(tp) = traceparent {
+        meta["traceparent"] = tp.into();
+    }
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "s__echo", "arguments": {"text": text}, "_meta": meta}});
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "s__echo")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 200);
+}
+
+/// Ends `gateway` as an operator would (SIGTERM), waiting for it to flush and exit.
+async fn stop_gateway(gateway: &mut HttpServer) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &gateway.child.id().expect("pid").to_string()])
+        .status();
+    let _ = tokio::time::timeout(Duration::from_secs(20), gateway.child.wait()).await;
+}
+
+#[tokio::test]
+async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_the_server() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-gw");
+    // No new trace is kept (ratio 0), but a client's sampled trace is: the decision is
+    // parent-based, made once at the gateway and handed to the call.
+    let (mut gateway, config) =
+        gateway_keeping_no_new_trace("otel-gw", &record, &endpoint, "").await;
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let unsampled = "5bf92f3577b34da6a3ce929d0e0e4737";
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
     // The client's sampled trace, its unsampled one, and no trace context at all.
     for (text, traceparent) in [
         ("traced", Some(format!("00-{trace}-{parent}-01"))),
         ("unsampled", Some(format!("00-{unsampled}-{parent}-00"))),
         ("new", None),
     ] {
-        let mut meta = serde_json::json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-        });
-        if let Some(tp) = traceparent {
-            meta["traceparent"] = tp.into();
-        }
-        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-            "name": "s__echo", "arguments": {"text": text}, "_meta": meta}});
-        let response = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "s__echo")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(response.status().as_u16(), 200);
+        call_with_trace_context(&gateway.url, text, traceparent).await;
     }
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &gateway.child.id().expect("pid").to_string()])
-        .status();
-    let _ = tokio::time::timeout(Duration::from_secs(20), gateway.child.wait()).await;
+    stop_gateway(&mut gateway).await;
     let ours = |s: &&Span| hex(&s.trace_id) == trace;
     assert!(
         eventually(Duration::from_secs(10), || received
@@ -550,6 +574,43 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
             "{untraced}"
         );
     }
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+// With `follow_client_sampling = false`, a client that marks its request sampled does
+// not have it traced: the ratio (0 here) decides, so no span is exported and the
+// server gets no trace context.
+#[tokio::test]
+async fn a_gateway_that_does_not_follow_clients_sampling_keeps_their_calls_at_its_ratio() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-gw-ratio");
+    let (mut gateway, config) = gateway_keeping_no_new_trace(
+        "otel-gw-ratio",
+        &record,
+        &endpoint,
+        "follow_client_sampling = false",
+    )
+    .await;
+    let sampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    call_with_trace_context(&gateway.url, "sampled", Some(sampled.into())).await;
+    stop_gateway(&mut gateway).await;
+    let sent: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0]["params"]["_meta"].get("traceparent").is_none(),
+        "{}",
+        sent[0]
+    );
+    let calls = received.spans();
+    assert!(
+        calls.iter().all(|s| !s.name.starts_with("tools/call")),
+        "{:?}",
+        calls.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

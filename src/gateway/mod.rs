@@ -128,6 +128,16 @@ pub struct GatewayConfig {
     /// Bearer tokens (by SHA-256) of the admin endpoint (`serve --admin`).
     #[serde(default)]
     pub admin_tokens: Vec<admin::AdminToken>,
+    /// Whether a client's `traceparent` marked sampled has its request traced (W3C
+    /// parent-based sampling, the default); `false` decides by `trace_sample_ratio`
+    /// alone, so that clients cannot have every call traced (the client's trace is
+    /// still continued when the ratio keeps one).
+    #[serde(default = "default_true")]
+    pub follow_client_sampling: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_body() -> usize {
@@ -188,6 +198,7 @@ impl Default for GatewayConfig {
             jwt: None,
             tool_exposure: ToolExposure::default(),
             admin_tokens: Vec::new(),
+            follow_client_sampling: true,
         }
     }
 }
@@ -746,6 +757,12 @@ impl Gateway {
     /// The settings in force.
     pub fn config(&self) -> Arc<GatewayConfig> {
         self.now().config.clone()
+    }
+
+    /// The harness's head sampler, and whether a client's sampled flag is followed.
+    fn sampling(&self) -> (&HeadSampler, bool) {
+        let follow = self.inner.current.read().config.follow_client_sampling;
+        (self.inner.harness.sampler(), follow)
     }
 
     /// Who requests come from.
@@ -1588,8 +1605,7 @@ impl Gateway {
                 let token = CancelToken::new();
                 let (gw, who, target, ended) =
                     (self.clone(), principal.clone(), name.clone(), token.clone());
-                let (span, traced) =
-                    downstream_span(self.inner.harness.sampler(), kind, &name, params);
+                let (span, traced) = downstream_span(self.sampling(), kind, &name, params);
                 let options = CallOptions {
                     timeout: None,
                     cancel: Some(ended),
@@ -1730,7 +1746,7 @@ impl Gateway {
         }
         // One server span, and one sampling decision, for the request, however many
         // upstream rounds it takes.
-        let (span, traced) = downstream_span(self.inner.harness.sampler(), kind, &name, params);
+        let (span, traced) = downstream_span(self.sampling(), kind, &name, params);
         // One deadline for the request, its rounds and the client's answers together,
         // as a call made in the library has: each round began a call_timeout of its own.
         let call_timeout = self.inner.harness.call_timeout();
@@ -1911,17 +1927,18 @@ fn progress_token(params: &Value) -> Option<&Value> {
 /// when its `_meta` carries a well-formed `traceparent`, so the client's trace goes on
 /// through the gateway into the harness's call and on to the upstream server.
 /// Whether it is traced is decided here, at the root (and handed to the call): the
-/// client's sampled flag when it sent a trace context, else the harness's ratio.
+/// client's sampled flag when it sent a trace context and `follow_client` holds, else
+/// the harness's ratio.
 fn downstream_span(
-    sampler: &HeadSampler,
+    (sampler, follow_client): (&HeadSampler, bool),
     kind: CallKind,
     name: &str,
     params: &Value,
 ) -> (tracing::Span, bool) {
     let remote = crate::util::trace_context::extract(Some(params));
     let traced = match &remote {
-        Some(remote) => remote.is_sampled(),
-        None => sampler.root(),
+        Some(remote) if follow_client => remote.is_sampled(),
+        _ => sampler.root(),
     };
     let span = call_span!(
         traced: traced,
