@@ -864,6 +864,62 @@ async fn item_05_elicitation_outside_any_call_is_refused_unless_the_config_allow
     }
 }
 
+/// Answers every request, keeping the agent each was asked for.
+struct Attributing(Arc<parking_lot::Mutex<Vec<Option<String>>>>);
+
+impl InputHandler for Attributing {
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        self.0.lock().push(request.agent_id);
+        Box::pin(async { Ok(json!({"action": "accept", "content": {}})) })
+    }
+}
+
+// A question a legacy server sends right before its call's result (the call may be
+// over by the time it is handled) is the call's or refused: never answered as no one's,
+// as if the server were allowed to ask outside calls.
+#[tokio::test]
+async fn item_05_a_question_right_before_its_calls_result_is_never_answered_as_no_ones() {
+    let record = temp_file("ask-then-return");
+    let r = record.to_string_lossy().into_owned();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server(
+            "leg",
+            &["--era", "legacy", "--record", &r],
+        )]))
+        .input_handler("elicitation/create", Arc::new(Attributing(seen.clone()))),
+    )
+    .await;
+    const CALLS: usize = 20;
+    for _ in 0..CALLS {
+        h.call_tool(&a(), "leg__ask_then_return", json!({}))
+            .await
+            .expect("call");
+    }
+    let outcomes = || {
+        recorded(&record)
+            .into_iter()
+            .filter(|l| l["event"] == "ask_then_return answered")
+            .map(|l| l["outcome"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(eventually(Duration::from_secs(10), || outcomes().len() == CALLS).await);
+    let agents = seen.lock().clone();
+    assert!(
+        agents.iter().all(|agent| agent.as_deref() == Some("a")),
+        "{agents:?}"
+    );
+    assert!(
+        outcomes()
+            .iter()
+            .all(|o| o.starts_with("refused") || o == "answered accept"),
+        "{:?}",
+        outcomes()
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 // 6. MRTR input requests checked before any handler runs.
 #[tokio::test]
 async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handler() {

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::input::{InputError, InputHandlers, InputRequestContext};
 use crate::protocol::RpcError;
-use crate::protocol::error::{INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
+use crate::protocol::error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::registry::RegistryRef;
 use crate::server::{ClientSide, ListsChanged};
 use crate::transport::ServerRequest;
@@ -82,6 +82,23 @@ impl ClientSide for HarnessClient {
         // Whose the request is: the call on that server now, when it is one agent's
         // (stdio and a legacy session name no call).
         let whose = self.ctx.upgrade().map(|ctx| ctx.on(server));
+        // The connection let it through during a call, which may have ended since (its
+        // result came right behind it): with no call on the server now it would be no
+        // one's, and answered as if outside calls were allowed.
+        let asks = matches!(
+            request.method.as_str(),
+            "elicitation/create" | "sampling/createMessage"
+        );
+        if asks && !request.outside_calls_allowed && !whose.as_ref().is_some_and(|w| w.during_call)
+        {
+            tracing::warn!(server, method = %crate::util::text::one_line(&request.method, 100), "server asked for input after its call ended; refused");
+            let error = RpcError::new(
+                INVALID_REQUEST,
+                "input is only answered during a call this client made",
+            );
+            request.respond(Err(error));
+            return;
+        }
         let (agent_id, call_id, shared, ended) = match whose {
             Some(w) => (w.agent, w.call, w.shared, w.ended),
             None => (None, None, false, None),

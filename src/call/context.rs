@@ -60,6 +60,8 @@ pub(crate) struct Whose {
     pub(crate) shared: bool,
     /// Cancelled when that one call's attempt on the server ends.
     pub(crate) ended: Option<tokio_util::sync::CancellationToken>,
+    /// Whether any call (or request of the harness's own) is on the server now.
+    pub(crate) during_call: bool,
 }
 
 /// A call's attempt on a server, counted there until dropped.
@@ -165,6 +167,7 @@ impl CallContext {
             call: None,
             shared,
             ended: None,
+            during_call: shared,
         };
         let Some(calls) = on.get_mut(server) else {
             return nobody(false);
@@ -196,6 +199,7 @@ impl CallContext {
             call,
             shared,
             ended,
+            during_call: !calls.is_empty(),
         }
     }
 

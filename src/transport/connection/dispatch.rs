@@ -190,6 +190,7 @@ impl Dispatch {
         let event = ServerEvent::Request(ServerRequest {
             method: method.clone(),
             params: params.unwrap_or(Value::Null),
+            outside_calls_allowed: self.allow_unsolicited_input,
             reply,
         });
         if self.events.try_send(event).is_err() {

@@ -165,6 +165,10 @@ pub struct ServerRequest {
     pub method: String,
     /// The request's params, as sent.
     pub params: Value,
+    /// Whether the server may ask for input outside calls (`allow_unsolicited_input`):
+    /// else an `elicitation/create` or `sampling/createMessage` that no call on the
+    /// server is running for by the time it is handled is refused.
+    pub outside_calls_allowed: bool,
     pub(super) reply: oneshot::Sender<Result<Value, RpcError>>,
 }
 

@@ -106,6 +106,16 @@ impl Peer {
 
     /// Sends a server-to-client request (legacy era) and waits for the answer.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.send_request(method, params).await
+    }
+
+    /// Queues a server-to-client request now (before whatever is sent after this
+    /// returns); the answer comes through what it returns.
+    pub fn send_request(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> impl Future<Output = Result<Value, RpcError>> + Send + 'static {
         let id = RequestId::String(format!(
             "srv-{}",
             self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -118,8 +128,10 @@ impl Peer {
             params: Some(params),
         };
         let _ = self.tx.send(Out::Message(Message::Request(request)));
-        rx.await
-            .unwrap_or_else(|_| Err(RpcError::new(-32603, "client went away")))
+        async move {
+            rx.await
+                .unwrap_or_else(|_| Err(RpcError::new(-32603, "client went away")))
+        }
     }
 
     /// Routes a client's answer to the request that waits for it.

@@ -34,6 +34,12 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
             &[],
         ),
         tool(
+            "ask_then_return",
+            "Legacy: asks for elicitation and returns at once, its result right behind the question",
+            json!({}),
+            &[],
+        ),
+        tool(
             "summarize",
             "Asks the client's model to summarize text (sampling), in either era",
             json!({"text": s("what to summarize"), "max_tokens": i("maxTokens asked"), "hint": s("a model hint")}),
@@ -103,6 +109,19 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 *last.lock() = Some(outcome);
             });
             Action::Reply(Ok(text("will ask later")))
+        }
+        "ask_then_return" => {
+            let params = form("Quick?", json!({"ok": {"type": "boolean"}}), &[])["params"].clone();
+            let answer = ctx.peer.send_request("elicitation/create", params);
+            let record = server.recorder();
+            tokio::spawn(async move {
+                let outcome = match answer.await {
+                    Ok(v) => format!("answered {}", v["action"].as_str().unwrap_or("?")),
+                    Err(e) => format!("refused {}", e.code),
+                };
+                record(json!({"event": "ask_then_return answered", "outcome": outcome}));
+            });
+            Action::Reply(Ok(text("asked")))
         }
         "last_ask" => Action::Reply(Ok(text(
             server
