@@ -305,13 +305,32 @@ fn fingerprint(tools: &[ToolInfo]) -> u64 {
 /// One listing's index, built once however many search it at once.
 type Slot = Arc<tokio::sync::OnceCell<Arc<Built>>>;
 
+/// Why a build was not made (not logged: nobody waits for it).
+const ABANDONED: &str = "abandoned";
+
+/// Indexes built at once: a listing that is never cached (a server's `ttlMs: 0`) is a
+/// new listing at every search, and its searches would otherwise each take a
+/// blocking thread and a core.
+const BUILDS_AT_ONCE: usize = 2;
+
 /// The indexes of the listings searched last, by fingerprint, the newest first.
-#[derive(Default)]
 pub(crate) struct SearchIndex {
-    built: parking_lot::Mutex<Vec<(u64, Slot)>>,
+    built: Arc<parking_lot::Mutex<Vec<(u64, Slot)>>>,
+    building: Arc<tokio::sync::Semaphore>,
     /// Indexes built, for tests.
     #[cfg(test)]
     builds: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for SearchIndex {
+    fn default() -> Self {
+        SearchIndex {
+            built: Arc::default(),
+            building: Arc::new(tokio::sync::Semaphore::new(BUILDS_AT_ONCE)),
+            #[cfg(test)]
+            builds: Arc::default(),
+        }
+    }
 }
 
 impl SearchIndex {
@@ -342,21 +361,34 @@ impl SearchIndex {
             None => {
                 #[cfg(test)]
                 let builds = self.builds.clone();
+                let (turns, listed) = (self.building.clone(), self.built.clone());
+                let interest = Arc::new(());
+                let wanted = Arc::downgrade(&interest);
                 // On a task of its own, which holds the slot until the index is in it: a
                 // search given up (its client gone) does not throw the build away, and
                 // the searches after it wait for this one instead of starting their own.
+                // Builds take turns; one whose listing is no longer kept, and whose
+                // search is gone, is not made when its turn comes.
                 let building = tokio::spawn(async move {
                     let init = || async {
+                        let _turn = turns.acquire_owned().await.map_err(|e| e.to_string())?;
+                        let kept = listed.lock().iter().any(|(_, s)| Arc::ptr_eq(s, &slot));
+                        if !kept && wanted.strong_count() == 0 {
+                            return Err(ABANDONED.to_string());
+                        }
                         #[cfg(test)]
                         builds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         // Stemming a few thousand definitions is CPU work for milliseconds.
                         tokio::task::spawn_blocking(move || Built::new(tools))
                             .await
                             .map(Arc::new)
+                            .map_err(|e| e.to_string())
                     };
                     slot.get_or_try_init(init).await.cloned()
                 });
-                building.await.unwrap_or_else(Err)
+                let built = building.await.map_err(|e| e.to_string()).and_then(|b| b);
+                drop(interest);
+                built
             }
         };
         let index = match built {
@@ -479,6 +511,50 @@ mod tests {
     // A search given up while its index is being built (its client gone) leaves the
     // build to finish: the next search finds it. Before, the build was thrown away and
     // each search that came and went started one more.
+    #[tokio::test]
+    async fn a_build_no_longer_kept_nor_awaited_is_not_made_when_its_turn_comes() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let index = Arc::new(SearchIndex::default());
+        // Every turn taken: builds wait.
+        let turns = index
+            .building
+            .clone()
+            .acquire_many_owned(BUILDS_AT_ONCE as u32)
+            .await
+            .expect("turns");
+        let search = |n: usize| {
+            let (index, tools) = (
+                index.clone(),
+                vec![tool("s", &format!("t{n}"), "Read files")],
+            );
+            tokio::spawn(async move { index.search(tools, "read", 1).await })
+        };
+        let listed = || index.built.lock().len();
+        let first = search(0);
+        while listed() < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Its search is given up, and eight other listings are searched since.
+        first.abort();
+        assert!(first.await.is_err_and(|e| e.is_cancelled()));
+        let others: Vec<_> = (1..=KEPT).map(search).collect();
+        while index
+            .built
+            .lock()
+            .iter()
+            .any(|(_, s)| Arc::strong_count(s) < 2)
+            || listed() < KEPT
+        {
+            tokio::task::yield_now().await;
+        }
+        drop(turns);
+        for other in others {
+            assert_eq!(other.await.expect("search").len(), 1);
+        }
+        // The first build had the first turn: by now it was made or skipped.
+        assert_eq!(index.builds.load(Relaxed), KEPT);
+    }
+
     #[tokio::test]
     async fn a_search_given_up_during_its_build_leaves_the_build_to_the_next() {
         let tools: Vec<ToolInfo> = (0..2000)
