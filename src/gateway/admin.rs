@@ -84,7 +84,7 @@ async fn answer(
                         "server": p.request.server,
                         "method": p.request.method,
                         "agent": p.request.agent_id,
-                        "params": p.request.params,
+                        "params": for_review(&p.request.params),
                     })
                 })
                 .collect();
@@ -142,4 +142,83 @@ pub async fn serve(
         async move { answer(&queue, &tokens, req).await }
     })
     .await;
+}
+
+/// The most of one text shown for review (a sampling message, a system prompt).
+const REVIEW_TEXT: usize = 16 << 10;
+
+/// A request's params as `GET /approvals` shows them: the data of images and audio
+/// left out (their type and size stay), and texts cut at [`REVIEW_TEXT`] bytes with
+/// their length, so that a few large requests cannot make the list too large to read.
+fn for_review(params: &Value) -> Value {
+    fn cut(text: &str) -> Value {
+        if text.len() <= REVIEW_TEXT {
+            return Value::String(text.to_string());
+        }
+        let mut end = REVIEW_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        Value::String(format!("{}… [{} bytes in all]", &text[..end], text.len()))
+    }
+    fn block(b: &Value) -> Value {
+        let mut b = b.clone();
+        if let Some(o) = b.as_object_mut() {
+            if let Some(data) = o.get("data").and_then(Value::as_str).map(str::len) {
+                o.remove("data");
+                o.insert("dataBytes".into(), data.into());
+            }
+            if let Some(text) = o.get("text").and_then(Value::as_str) {
+                let shown = cut(text);
+                o.insert("text".into(), shown);
+            }
+        }
+        b
+    }
+    let mut params = params.clone();
+    if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
+        params["systemPrompt"] = cut(system);
+    }
+    if let Some(messages) = params.get_mut("messages").and_then(Value::as_array_mut) {
+        for m in messages {
+            let content = match &m["content"] {
+                Value::Array(blocks) => Value::Array(blocks.iter().map(block).collect()),
+                one => block(one),
+            };
+            m["content"] = content;
+        }
+    }
+    params
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_for_review_shows_media_by_size_and_long_texts_cut() {
+        let long = "é".repeat(REVIEW_TEXT);
+        let params = json!({
+            "systemPrompt": long,
+            "maxTokens": 100,
+            "messages": [
+                {"role": "user", "content": {"type": "image", "mimeType": "image/png", "data": "AAAA"}},
+                {"role": "user", "content": [{"type": "text", "text": "short"}, {"type": "audio", "mimeType": "audio/wav", "data": "BBBBBB"}]},
+            ],
+        });
+        let shown = for_review(&params);
+        assert_eq!(
+            shown["messages"][0]["content"],
+            json!({"type": "image", "mimeType": "image/png", "dataBytes": 4})
+        );
+        assert_eq!(shown["messages"][1]["content"][0]["text"], "short");
+        assert_eq!(shown["messages"][1]["content"][1]["dataBytes"], 6);
+        let system = shown["systemPrompt"].as_str().expect("text");
+        assert!(system.len() < REVIEW_TEXT + 40, "{}", system.len());
+        assert!(
+            system.ends_with(&format!("[{} bytes in all]", long.len())),
+            "{system}"
+        );
+        assert_eq!(shown["maxTokens"], 100);
+    }
 }
