@@ -180,12 +180,14 @@ fn for_review(params: &Value) -> Value {
         params["systemPrompt"] = cut(system);
     }
     if let Some(messages) = params.get_mut("messages").and_then(Value::as_array_mut) {
-        for m in messages {
-            let content = match &m["content"] {
-                Value::Array(blocks) => Value::Array(blocks.iter().map(block).collect()),
-                one => block(one),
+        // Only objects are touched: indexing anything else to write would panic.
+        for m in messages.iter_mut().filter_map(Value::as_object_mut) {
+            let content = match m.get("content") {
+                Some(Value::Array(blocks)) => Value::Array(blocks.iter().map(block).collect()),
+                Some(one) => block(one),
+                None => continue,
             };
-            m["content"] = content;
+            m.insert("content".into(), content);
         }
     }
     params
@@ -204,6 +206,8 @@ mod tests {
             "messages": [
                 {"role": "user", "content": {"type": "image", "mimeType": "image/png", "data": "AAAA"}},
                 {"role": "user", "content": [{"type": "text", "text": "short"}, {"type": "audio", "mimeType": "audio/wav", "data": "BBBBBB"}]},
+                "not a message",
+                {"role": "user"},
             ],
         });
         let shown = for_review(&params);
@@ -220,5 +224,16 @@ mod tests {
             "{system}"
         );
         assert_eq!(shown["maxTokens"], 100);
+        // What is not a message is left as it is.
+        assert_eq!(shown["messages"][2], "not a message");
+        assert_eq!(shown["messages"][3], json!({"role": "user"}));
+        // Params of any shape come back without a panic.
+        for odd in [
+            json!(null),
+            json!("x"),
+            json!({"messages": 7, "systemPrompt": 1}),
+        ] {
+            assert_eq!(for_review(&odd), odd);
+        }
     }
 }
