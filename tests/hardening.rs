@@ -920,6 +920,27 @@ async fn item_05_a_question_right_before_its_calls_result_is_never_answered_as_n
     let _ = std::fs::remove_file(record);
 }
 
+// A legacy server's question during a request of the embedder's own (no agent's call)
+// is answered: it comes during a request, not outside one.
+#[tokio::test]
+async fn item_05_a_question_during_the_embedders_own_request_is_answered() {
+    let leg = demo_server("leg", &["--era", "legacy"]);
+    let h = start_ready_with(Harness::builder(config(vec![leg])).input_handler(
+        "elicitation/create",
+        Arc::new(FixedAnswers::new(
+            json!({"action": "accept", "content": {"approved": true}}),
+        )),
+    ))
+    .await;
+    let params = json!({"name": "confirm", "arguments": {"message": "ok?"}});
+    let result = h
+        .request("leg", "tools/call", Some(params))
+        .await
+        .expect("the question was answered");
+    assert!(result.to_string().contains("approved"), "{result}");
+    h.shutdown().await;
+}
+
 // 6. MRTR input requests checked before any handler runs.
 #[tokio::test]
 async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handler() {

@@ -170,7 +170,12 @@ impl CallContext {
             during_call: shared,
         };
         let Some(calls) = on.get_mut(server) else {
-            return nobody(false);
+            // No call on it; a request of the harness's own may be (its server's
+            // questions during it are answered, as no one agent's).
+            return Whose {
+                during_call: unowned,
+                ..nobody(false)
+            };
         };
         if unowned {
             return nobody(true);

@@ -680,8 +680,8 @@ impl HarnessHandle {
             })
         })?;
         let id = config.id.clone();
-        self.ctx().metrics.track(&id);
         self.inner.services.servers.add(config).await?;
+        self.ctx().metrics.track(&id);
         self.inner
             .services
             .registry
