@@ -421,12 +421,12 @@ async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent
     let _ = std::fs::remove_file(config);
 }
 
-/// A gateway exporting to `endpoint` that keeps no new trace (ratio 0), with
+/// A gateway exporting to `endpoint` that keeps `ratio` of new traces, with
 /// `gateway_extra` in its `[gateway]` table; its config file.
-async fn gateway_keeping_no_new_trace(
+async fn gateway_keeping(
     tag: &str,
     record: &Path,
-    endpoint: &str,
+    (endpoint, ratio): (&str, &str),
     gateway_extra: &str,
 ) -> (HttpServer, PathBuf) {
     let config = config(tag, record);
@@ -450,7 +450,7 @@ async fn gateway_keeping_no_new_trace(
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
-            ("OTEL_TRACES_SAMPLER_ARG", "0"),
+            ("OTEL_TRACES_SAMPLER_ARG", ratio),
         ],
     )
     .await;
@@ -499,8 +499,7 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     let record = temp_file("otel-gw");
     // No new trace is kept (ratio 0), but a client's sampled trace is: the decision is
     // parent-based, made once at the gateway and handed to the call.
-    let (mut gateway, config) =
-        gateway_keeping_no_new_trace("otel-gw", &record, &endpoint, "").await;
+    let (mut gateway, config) = gateway_keeping("otel-gw", &record, (&endpoint, "0"), "").await;
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let unsampled = "5bf92f3577b34da6a3ce929d0e0e4737";
     // The client's sampled trace, its unsampled one, and no trace context at all.
@@ -578,41 +577,54 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     let _ = std::fs::remove_file(config);
 }
 
-// With `follow_client_sampling = false`, a client that marks its request sampled does
-// not have it traced: the ratio (0 here) decides, so no span is exported and the
-// server gets no trace context.
+// With `follow_client_sampling = false`, the ratio decides whatever the client's flag
+// says: at 0 a client that marks its request sampled is not traced (no span, no trace
+// context to the server); at 1 one that marks it unsampled is, in its own trace.
 #[tokio::test]
 async fn a_gateway_that_does_not_follow_clients_sampling_keeps_their_calls_at_its_ratio() {
-    let (endpoint, received) = http_collector().await;
-    let record = temp_file("otel-gw-ratio");
-    let (mut gateway, config) = gateway_keeping_no_new_trace(
-        "otel-gw-ratio",
-        &record,
-        &endpoint,
-        "follow_client_sampling = false",
-    )
-    .await;
-    let sampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    call_with_trace_context(&gateway.url, "sampled", Some(sampled.into())).await;
-    stop_gateway(&mut gateway).await;
-    let sent: Vec<Value> = recorded(&record)
-        .into_iter()
-        .filter(|r| r["method"] == "tools/call")
-        .collect();
-    assert_eq!(sent.len(), 1);
-    assert!(
-        sent[0]["params"]["_meta"].get("traceparent").is_none(),
-        "{}",
-        sent[0]
-    );
-    let calls = received.spans();
-    assert!(
-        calls.iter().all(|s| !s.name.starts_with("tools/call")),
-        "{:?}",
-        calls.iter().map(|s| &s.name).collect::<Vec<_>>()
-    );
-    let _ = std::fs::remove_file(record);
-    let _ = std::fs::remove_file(config);
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    for (ratio, flag) in [("0", "01"), ("1", "00")] {
+        let (endpoint, received) = http_collector().await;
+        let record = temp_file(&format!("otel-gw-ratio{ratio}"));
+        let (mut gateway, config) = gateway_keeping(
+            &format!("otel-gw-ratio{ratio}"),
+            &record,
+            (&endpoint, ratio),
+            "follow_client_sampling = false",
+        )
+        .await;
+        let traceparent = format!("00-{trace}-{parent}-{flag}");
+        call_with_trace_context(&gateway.url, "text", Some(traceparent)).await;
+        stop_gateway(&mut gateway).await;
+        let sent: Vec<Value> = recorded(&record)
+            .into_iter()
+            .filter(|r| r["method"] == "tools/call")
+            .collect();
+        assert_eq!(sent.len(), 1);
+        let sent = sent[0]["params"]["_meta"]["traceparent"].as_str();
+        let spans = || {
+            received
+                .spans()
+                .into_iter()
+                .filter(|s| s.name.starts_with("tools/call"))
+                .collect::<Vec<_>>()
+        };
+        if ratio == "0" {
+            assert!(sent.is_none(), "{sent:?}");
+            assert!(spans().is_empty());
+        } else {
+            let sent = sent.expect("a trace context for the server");
+            assert!(sent.starts_with(&format!("00-{trace}-")), "{sent}");
+            assert!(sent.ends_with("-01"), "{sent}");
+            assert!(
+                eventually(Duration::from_secs(10), || !spans().is_empty()).await,
+                "the call's spans are exported"
+            );
+            assert!(spans().iter().all(|s| hex(&s.trace_id) == trace));
+        }
+        let _ = std::fs::remove_file(record);
+        let _ = std::fs::remove_file(config);
+    }
 }
 
 #[tokio::test]

@@ -1947,9 +1947,20 @@ fn downstream_span(
         otel.kind = "server",
         mcp.method.name = kind.method(),
     );
-    if let (Some(remote), true, false) = (remote, traced, span.is_disabled()) {
+    if let (Some(mut remote), true, false) = (remote, traced, span.is_disabled()) {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
+        if !remote.is_sampled() {
+            // Kept by the ratio against the client's flag: marked sampled, else the
+            // SDK's parent-based sampler would drop what was decided to be traced.
+            remote = opentelemetry::trace::SpanContext::new(
+                remote.trace_id(),
+                remote.span_id(),
+                remote.trace_flags().with_sampled(true),
+                true,
+                remote.trace_state().clone(),
+            );
+        }
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
     (span, traced)
