@@ -148,8 +148,10 @@ pub async fn serve(
 const REVIEW_TEXT: usize = 16 << 10;
 
 /// A request's params as `GET /approvals` shows them: the data of images and audio
-/// left out (their type and size stay), and texts cut at [`REVIEW_TEXT`] bytes with
-/// their length, so that a few large requests cannot make the list too large to read.
+/// left out (their type and size stay), texts (messages, a system prompt, an
+/// elicitation's message) cut at [`REVIEW_TEXT`] bytes with their length, and a larger
+/// requested schema by its size, so that a few large requests cannot make the list too
+/// large to read.
 fn for_review(params: &Value) -> Value {
     fn cut(text: &str) -> Value {
         if text.len() <= REVIEW_TEXT {
@@ -176,8 +178,22 @@ fn for_review(params: &Value) -> Value {
         b
     }
     let mut params = params.clone();
-    if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
-        params["systemPrompt"] = cut(system);
+    if let Some(o) = params.as_object_mut() {
+        // A sampling request's system prompt, an elicitation's message.
+        for key in ["systemPrompt", "message"] {
+            if let Some(text) = o.get(key).and_then(Value::as_str) {
+                let shown = cut(text);
+                o.insert(key.into(), shown);
+            }
+        }
+        // An elicitation's form, by its size past the limit.
+        let schema = o.get("requestedSchema").map(|s| s.to_string().len());
+        if let Some(bytes) = schema.filter(|b| *b > REVIEW_TEXT) {
+            o.insert(
+                "requestedSchema".into(),
+                json!({"omitted": format!("a schema of {bytes} bytes")}),
+            );
+        }
     }
     if let Some(messages) = params.get_mut("messages").and_then(Value::as_array_mut) {
         // Only objects are touched: indexing anything else to write would panic.
@@ -227,6 +243,20 @@ mod tests {
         // What is not a message is left as it is.
         assert_eq!(shown["messages"][2], "not a message");
         assert_eq!(shown["messages"][3], json!({"role": "user"}));
+        // An elicitation's message is cut too, and a large form shown by its size.
+        let elicitation = json!({
+            "message": "m".repeat(REVIEW_TEXT + 1),
+            "requestedSchema": {"type": "object", "description": "d".repeat(REVIEW_TEXT)},
+        });
+        let shown = for_review(&elicitation);
+        assert!(
+            shown["message"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("bytes in all]"))
+        );
+        assert!(shown["requestedSchema"]["omitted"].is_string(), "{shown}");
+        let small = json!({"message": "ok?", "requestedSchema": {"type": "object"}});
+        assert_eq!(for_review(&small), small);
         // Params of any shape come back without a panic.
         for odd in [
             json!(null),
