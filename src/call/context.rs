@@ -170,8 +170,8 @@ impl CallContext {
             during_call: shared,
         };
         let Some(calls) = on.get_mut(server) else {
-            // No call on it; a request of the harness's own may be (its server's
-            // questions during it are answered, as no one agent's).
+            // No call on it; a request of the harness's own may be: its server's
+            // questions during it go to the handlers under the `"*"` policy.
             return Whose {
                 during_call: unowned,
                 ..nobody(false)

@@ -680,8 +680,15 @@ impl HarnessHandle {
             })
         })?;
         let id = config.id.clone();
-        self.inner.services.servers.add(config).await?;
+        // Counted from before it can answer; not if it was not added after all (a late
+        // call of a removed server of that id brings no series back).
         self.ctx().metrics.track(&id);
+        if let Err(e) = self.inner.services.servers.add(config).await {
+            if !self.inner.directory.contains(&id) {
+                self.ctx().metrics.forget(&id);
+            }
+            return Err(e.into());
+        }
         self.inner
             .services
             .registry

@@ -130,7 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                     UsageError(anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))
                 })?;
                 let local = listener.local_addr()?;
-                if !local.ip().is_loopback() {
+                if !local.ip().to_canonical().is_loopback() {
                     // It asks for no token: what it tells (server ids, states, error
                     // counts, audit records lost) is for the operator's network only.
                     tracing::warn!(address = %local, "/metrics asks for no token and is served beyond this machine");
