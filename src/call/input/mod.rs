@@ -83,6 +83,21 @@ pub enum Denial {
         /// Asked by this request.
         asked: u64,
     },
+    /// The server's budget for this minute would be exceeded (all its sampling,
+    /// whatever the call).
+    #[error(
+        "server {server}'s budget of {budget} tokens a minute would be exceeded ({spent} spent, {asked} asked)"
+    )]
+    ServerBudgetExceeded {
+        /// The server asking.
+        server: String,
+        /// The budget.
+        budget: u64,
+        /// Spent in this minute so far.
+        spent: u64,
+        /// Asked by this request.
+        asked: u64,
+    },
 }
 
 /// A handler could not answer.

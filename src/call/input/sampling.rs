@@ -55,6 +55,10 @@ pub struct SamplingConfig {
     /// budget per server per minute.
     #[serde(default = "default_call_budget")]
     pub call_budget_tokens: u64,
+    /// Tokens all the sampling of one server may spend in a minute, whatever the
+    /// call: a server that asks on every call spends at most this much a minute.
+    #[serde(default = "default_server_budget")]
+    pub server_budget_tokens_per_minute: u64,
     /// `modelPreferences` hints to model names: a hint that contains a key (or is
     /// contained in it), case-insensitively, picks that model.
     #[serde(default)]
@@ -72,6 +76,9 @@ fn default_max_tokens() -> u64 {
 }
 fn default_call_budget() -> u64 {
     16_384
+}
+fn default_server_budget() -> u64 {
+    65_536
 }
 fn default_timeout() -> Duration {
     Duration::from_secs(60)
@@ -158,6 +165,12 @@ impl SamplingConfig {
         if self.max_tokens == 0 {
             return Err(Invalid::new("max_tokens", "must be at least 1"));
         }
+        if self.server_budget_tokens_per_minute == 0 {
+            return Err(Invalid::new(
+                "server_budget_tokens_per_minute",
+                "must be at least 1",
+            ));
+        }
         if self.call_budget_tokens == 0 {
             return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
         }
@@ -220,15 +233,17 @@ impl SamplingHandler {
 /// Gives a reservation back to its budget when dropped (set `asked` to 0 to keep it).
 struct GiveBack<'a> {
     sampler: &'a Sampler,
-    key: &'a str,
-    window: Instant,
+    /// The budgets reserved from (the call's, the server's minute) and their windows.
+    budgets: [(&'a str, Instant); 2],
     asked: u64,
 }
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
         if self.asked > 0 {
-            self.sampler.settle(self.key, self.window, self.asked, 0);
+            for (key, window) in self.budgets {
+                self.sampler.settle(key, window, self.asked, 0);
+            }
         }
     }
 }
@@ -242,10 +257,51 @@ impl Sampler {
         }
     }
 
-    /// Reserves `asked` tokens of the request's budget, or says why not; the start of
-    /// the budget's window it was taken from.
+    /// The key of the budget all of `server`'s sampling draws on in a minute.
+    fn server_key(server: &str) -> String {
+        format!("minute:{server}")
+    }
+
+    /// Reserves `asked` tokens of the request's budget and of its server's minute, or
+    /// says why not; the start of each budget's window it was taken from.
+    fn reserve_both(
+        &self,
+        key: &str,
+        server: &str,
+        asked: u64,
+    ) -> Result<(Instant, Instant), Denial> {
+        let window = self.reserve(key, asked)?;
+        let server_key = Self::server_key(server);
+        match self.reserve(&server_key, asked) {
+            Ok(server_window) => Ok((window, server_window)),
+            Err(denial) => {
+                self.settle(key, window, asked, 0);
+                Err(match denial {
+                    Denial::BudgetExceeded {
+                        budget,
+                        spent,
+                        asked,
+                    } => Denial::ServerBudgetExceeded {
+                        server: server.to_string(),
+                        budget,
+                        spent,
+                        asked,
+                    },
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// Reserves `asked` tokens of the budget `key`, or says why not; the start of the
+    /// budget's window it was taken from.
     fn reserve(&self, key: &str, asked: u64) -> Result<Instant, Denial> {
-        let budget = self.config.call_budget_tokens;
+        let windowed = key.starts_with("server:") || key.starts_with("minute:");
+        let budget = if key.starts_with("minute:") {
+            self.config.server_budget_tokens_per_minute
+        } else {
+            self.config.call_budget_tokens
+        };
         let mut spent = self.spent.lock();
         let now = Instant::now();
         if spent.len() >= MAX_BUDGETS {
@@ -264,7 +320,7 @@ impl Sampler {
             }
         }
         let entry = spent.entry(key.to_string()).or_insert((0, now, now));
-        if key.starts_with("server:") && now.duration_since(entry.1) >= LEGACY_WINDOW {
+        if windowed && now.duration_since(entry.1) >= LEGACY_WINDOW {
             *entry = (0, now, now);
         }
         entry.2 = now;
@@ -350,15 +406,17 @@ impl Sampler {
         );
         let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
-        let window = self.reserve(&key, asked).map_err(InputError::Denied)?;
+        let server_key = Self::server_key(&request.server);
+        let (window, server_window) = self
+            .reserve_both(&key, &request.server, asked)
+            .map_err(InputError::Denied)?;
         // A person is asked last: a request the checks above refuse waits for nobody.
         // What they do not approve is given back to the budget, also when nobody answers
         // in time or the request is withdrawn (this future is then dropped).
         if policy == SamplingPolicy::Approve {
             let mut unapproved = GiveBack {
                 sampler: self,
-                key: &key,
-                window,
+                budgets: [(&key, window), (&server_key, server_window)],
                 asked,
             };
             let approved = match &self.approver {
@@ -381,7 +439,9 @@ impl Sampler {
         };
         match outcome {
             Ok((result, used)) => {
-                self.settle(&key, window, asked, used.unwrap_or(asked));
+                let used = used.unwrap_or(asked);
+                self.settle(&key, window, asked, used);
+                self.settle(&server_key, server_window, asked, used);
                 Ok(result)
             }
             Err(e) => {
@@ -721,6 +781,7 @@ mod tests {
             api_key_env: None,
             max_tokens,
             call_budget_tokens,
+            server_budget_tokens_per_minute: default_server_budget(),
             models,
             timeout: Duration::from_secs(1),
             ca_file: None,
@@ -797,6 +858,13 @@ mod tests {
         }
         assert_eq!(asked(), 3);
         assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+        let minute = handler
+            .0
+            .spent
+            .lock()
+            .get(&Sampler::server_key("s"))
+            .map(|e| e.0);
+        assert_eq!(minute, Some(0), "the server's minute got it back too");
         // Nobody answers in time (or the request is withdrawn): the future is dropped
         // while the person is asked, and the reservation is given back all the same.
         let config = local("m", 100, 200, BTreeMap::new());
@@ -837,6 +905,36 @@ mod tests {
         let hints = |names: &[&str]| serde_json::json!({"modelPreferences": {"hints": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}});
         assert_eq!(handler.0.model(&hints(&["", " "])), "default");
         assert_eq!(handler.0.model(&hints(&["", "claude-opus-4"])), "costly");
+    }
+
+    #[test]
+    fn all_of_a_servers_calls_share_its_budget_for_the_minute() {
+        let mut config = local("m", 10, 100, BTreeMap::new());
+        config.server_budget_tokens_per_minute = 150;
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        sampler
+            .reserve_both("call:1", "s", 60)
+            .expect("within both");
+        sampler
+            .reserve_both("call:2", "s", 60)
+            .expect("within both");
+        // A third call, within its own budget, is past the server's minute.
+        let refused = sampler.reserve_both("call:3", "s", 60);
+        assert_eq!(
+            refused,
+            Err(Denial::ServerBudgetExceeded {
+                server: "s".into(),
+                budget: 150,
+                spent: 120,
+                asked: 60
+            })
+        );
+        // Its call's reservation was given back; another server's minute is its own.
+        assert_eq!(sampler.spent.lock().get("call:3").map(|e| e.0), Some(0));
+        sampler
+            .reserve_both("call:4", "t", 60)
+            .expect("another server");
     }
 
     #[test]
