@@ -1,8 +1,8 @@
 //! [`SamplingHandler`]: `sampling/createMessage` served by calling a model provider on
 //! the server's behalf, an OpenAI-compatible Chat Completions endpoint or the Anthropic
 //! Messages API, under the policy of the agent whose call caused the request
-//! ([`AgentConfig::sampling`]: deny, allow, or ask a person first) and a token budget
-//! per call.
+//! ([`AgentConfig::sampling`]: deny, allow, or ask a person first), a token budget
+//! per call, and one per server for each minute.
 //!
 //! Mapped: messages (text and image content), `systemPrompt`, `maxTokens` (held to the
 //! configured ceiling), `stopSequences`, `temperature`, and `modelPreferences.hints`
@@ -55,10 +55,11 @@ pub struct SamplingConfig {
     /// budget per server per minute.
     #[serde(default = "default_call_budget")]
     pub call_budget_tokens: u64,
-    /// Tokens all the sampling of one server may spend in a minute, whatever the
-    /// call: a server that asks on every call spends at most this much a minute.
-    #[serde(default = "default_server_budget")]
-    pub server_budget_tokens_per_minute: u64,
+    /// Tokens all the sampling of one server may spend in a 60-second window (from
+    /// its first request), whatever the call: a server that asks on every call spends
+    /// at most this much a window. Unset: 65,536, or `call_budget_tokens` if larger.
+    #[serde(default)]
+    pub server_budget_tokens_per_minute: Option<u64>,
     /// `modelPreferences` hints to model names: a hint that contains a key (or is
     /// contained in it), case-insensitively, picks that model.
     #[serde(default)]
@@ -77,9 +78,8 @@ fn default_max_tokens() -> u64 {
 fn default_call_budget() -> u64 {
     16_384
 }
-fn default_server_budget() -> u64 {
-    65_536
-}
+/// The server budget when none is set: no less than one call's.
+const DEFAULT_SERVER_BUDGET: u64 = 65_536;
 fn default_timeout() -> Duration {
     Duration::from_secs(60)
 }
@@ -159,16 +159,26 @@ struct Sampler {
 }
 
 impl SamplingConfig {
+    /// The tokens one server's sampling may spend in a window (see
+    /// [`Self::server_budget_tokens_per_minute`]).
+    pub fn server_budget(&self) -> u64 {
+        self.server_budget_tokens_per_minute
+            .unwrap_or(DEFAULT_SERVER_BUDGET.max(self.call_budget_tokens))
+    }
+
     /// Checks the settings as written, when a file is read. The API key is not read
     /// here: a command that starts no handler (`logout`) needs no key in its environment.
     pub fn validate(&self) -> Result<(), Invalid> {
         if self.max_tokens == 0 {
             return Err(Invalid::new("max_tokens", "must be at least 1"));
         }
-        if self.server_budget_tokens_per_minute == 0 {
+        if self
+            .server_budget_tokens_per_minute
+            .is_some_and(|b| b < self.max_tokens)
+        {
             return Err(Invalid::new(
                 "server_budget_tokens_per_minute",
-                "must be at least 1",
+                "must be at least max_tokens (else no request could be served)",
             ));
         }
         if self.call_budget_tokens == 0 {
@@ -298,7 +308,7 @@ impl Sampler {
     fn reserve(&self, key: &str, asked: u64) -> Result<Instant, Denial> {
         let windowed = key.starts_with("server:") || key.starts_with("minute:");
         let budget = if key.starts_with("minute:") {
-            self.config.server_budget_tokens_per_minute
+            self.config.server_budget()
         } else {
             self.config.call_budget_tokens
         };
@@ -315,8 +325,14 @@ impl Sampler {
                 let cut = spent.len() - MAX_BUDGETS / 2;
                 let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
                 let oldest_kept = *oldest_kept;
-                // The budget asked of now is kept, whatever its age.
-                spent.retain(|k, (_, _, used)| k == key || *used >= oldest_kept);
+                // The budget asked of now is kept, whatever its age, and so are servers'
+                // open windows (one per server): else a server's calls could push its
+                // own window's spending out.
+                spent.retain(|k, (_, start, used)| {
+                    k == key
+                        || *used >= oldest_kept
+                        || (k.starts_with("minute:") && now.duration_since(*start) < LEGACY_WINDOW)
+                });
             }
         }
         let entry = spent.entry(key.to_string()).or_insert((0, now, now));
@@ -781,7 +797,7 @@ mod tests {
             api_key_env: None,
             max_tokens,
             call_budget_tokens,
-            server_budget_tokens_per_minute: default_server_budget(),
+            server_budget_tokens_per_minute: None,
             models,
             timeout: Duration::from_secs(1),
             ca_file: None,
@@ -910,7 +926,7 @@ mod tests {
     #[test]
     fn all_of_a_servers_calls_share_its_budget_for_the_minute() {
         let mut config = local("m", 10, 100, BTreeMap::new());
-        config.server_budget_tokens_per_minute = 150;
+        config.server_budget_tokens_per_minute = Some(150);
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let sampler = &handler.0;
         sampler
@@ -935,6 +951,14 @@ mod tests {
         sampler
             .reserve_both("call:4", "t", 60)
             .expect("another server");
+        // Unset, it is never less than one call's budget; set, never less than one
+        // request's ceiling.
+        let mut config = local("m", 10, 100_000, BTreeMap::new());
+        assert_eq!(config.server_budget(), 100_000);
+        config.call_budget_tokens = 100;
+        assert_eq!(config.server_budget(), 65_536);
+        config.server_budget_tokens_per_minute = Some(5);
+        assert!(config.validate().is_err());
     }
 
     #[test]
@@ -942,9 +966,12 @@ mod tests {
         let config = local("m", 10, 100, BTreeMap::new());
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let sampler = &handler.0;
-        // The oldest call has spent most of its budget.
+        // The oldest call has spent most of its budget, and a server some of its minute.
         sampler.reserve("call:0", 90).expect("first reservation");
-        for id in 1..MAX_BUDGETS {
+        sampler
+            .reserve("minute:s", 50)
+            .expect("the server's minute");
+        for id in 1..MAX_BUDGETS - 1 {
             sampler
                 .reserve(&format!("call:{id}"), 1)
                 .expect("within budget");
@@ -958,10 +985,15 @@ mod tests {
             "{refused:?}"
         );
         let spent = sampler.spent.lock();
-        assert!(spent.len() <= MAX_BUDGETS / 2 + 1, "{}", spent.len());
+        assert!(spent.len() <= MAX_BUDGETS / 2 + 2, "{}", spent.len());
         assert!(spent.contains_key("call:0"), "the budget asked of is kept");
+        assert_eq!(
+            spent.get("minute:s").map(|e| e.0),
+            Some(50),
+            "a server's open window is kept"
+        );
         assert!(!spent.contains_key("call:1"), "the least recently used go");
-        let newest = format!("call:{}", MAX_BUDGETS - 1);
+        let newest = format!("call:{}", MAX_BUDGETS - 2);
         assert_eq!(spent.get(&newest).map(|e| e.0), Some(1), "the newest stay");
     }
 
