@@ -1605,7 +1605,12 @@ impl Gateway {
                 let token = CancelToken::new();
                 let (gw, who, target, ended) =
                     (self.clone(), principal.clone(), name.clone(), token.clone());
-                let (span, traced) = downstream_span(self.sampling(), kind, &name, params);
+                // The settings this request already holds: no second read of them.
+                let sampling = (
+                    self.inner.harness.sampler(),
+                    now.config.follow_client_sampling,
+                );
+                let (span, traced) = downstream_span(sampling, kind, &name, params);
                 let options = CallOptions {
                     timeout: None,
                     cancel: Some(ended),
