@@ -941,6 +941,48 @@ async fn item_05_a_question_during_the_embedders_own_request_is_answered() {
     h.shutdown().await;
 }
 
+// A question during the embedder's own request is withdrawn when that request ends
+// (here dropped), as a call's is: it is not left queued for a person to approve.
+#[tokio::test]
+async fn item_05_a_question_during_the_embedders_own_request_is_withdrawn_with_it() {
+    let (h, queue) = legacy_asking_a_queue().await;
+    let request = {
+        let h = h.clone();
+        let params = json!({"name": "confirm", "arguments": {"message": "ok?"}});
+        tokio::spawn(async move { h.request("leg", "tools/call", Some(params)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the server asks during the request"
+    );
+    request.abort();
+    assert!(request.await.is_err_and(|e| e.is_cancelled()));
+    assert!(
+        eventually(Duration::from_secs(5), || queue.pending().is_empty()).await,
+        "the question is withdrawn with its request: {:?}",
+        queue.pending()
+    );
+    // The server is still of use, and a question during the next request is queued.
+    let again = {
+        let h = h.clone();
+        let params = json!({"name": "confirm", "arguments": {"message": "ok?"}});
+        tokio::spawn(async move { h.request("leg", "tools/call", Some(params)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the next request's question is queued"
+    );
+    for p in queue.pending() {
+        queue.answer(
+            p.id,
+            json!({"action": "accept", "content": {"approved": true}}),
+        );
+    }
+    let result = again.await.expect("joined").expect("answered");
+    assert!(result.to_string().contains("approved"), "{result}");
+    h.shutdown().await;
+}
+
 // 6. MRTR input requests checked before any handler runs.
 #[tokio::test]
 async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handler() {

@@ -129,7 +129,7 @@ impl ClientSide for HarnessClient {
                 () = call_ended => {
                     request.respond(Err(RpcError::new(
                         INTERNAL_ERROR,
-                        "the call this was asked during has ended",
+                        "the call or request this was asked during has ended",
                     )));
                     return;
                 }

@@ -160,7 +160,13 @@ impl CallContext {
     /// several agents are on it (then it is no one agent's). A request of no call on
     /// it (an embedder's own; not a listing) counts as another agent's.
     pub(crate) fn on(&self, server: &str) -> Whose {
-        let unowned = self.has_unowned_requests(server);
+        // Taken before the count is read: a request of no call that ends between the
+        // two leaves a token already cancelled, not a question held for nobody.
+        let unowned_end = self
+            .servers
+            .get(server)
+            .and_then(|s| s.unowned_requests_end());
+        let unowned = unowned_end.is_some();
         let mut on = self.on_servers.lock();
         let nobody = |shared| Whose {
             agent: None,
@@ -171,9 +177,11 @@ impl CallContext {
         };
         let Some(calls) = on.get_mut(server) else {
             // No call on it; a request of the harness's own may be: its server's
-            // questions during it go to the handlers under the `"*"` policy.
+            // questions during it go to the handlers under the `"*"` policy, and are
+            // withdrawn when the last such request ends.
             return Whose {
                 during_call: unowned,
+                ended: unowned_end,
                 ..nobody(false)
             };
         };

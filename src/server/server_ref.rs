@@ -77,14 +77,45 @@ pub(crate) struct ServerShared {
     /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
-    unowned: AtomicUsize,
+    unowned: parking_lot::Mutex<Unowned>,
+}
+
+/// The requests of no call on a server now, and a token cancelled when the last one
+/// ends: a question asked during them (an approval queued, a prompt shown) is then
+/// withdrawn, as a call's is when the call ends.
+#[derive(Default)]
+struct Unowned {
+    count: usize,
+    ended: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// Holds one request of no call on a server until dropped.
+struct UnownedSlot<'a>(&'a parking_lot::Mutex<Unowned>);
+
+impl<'a> UnownedSlot<'a> {
+    fn count(unowned: &'a parking_lot::Mutex<Unowned>) -> UnownedSlot<'a> {
+        unowned.lock().count += 1;
+        UnownedSlot(unowned)
+    }
+}
+
+impl Drop for UnownedSlot<'_> {
+    fn drop(&mut self) {
+        let mut unowned = self.0.lock();
+        unowned.count = unowned.count.saturating_sub(1);
+        if unowned.count == 0
+            && let Some(ended) = unowned.ended.take()
+        {
+            ended.cancel();
+        }
+    }
 }
 
 /// The one way into a server; cheap to clone.
 #[derive(Clone)]
 pub struct ServerRef(pub(crate) Arc<ServerShared>);
 
-/// Holds one count of a server's counter (an in-flight slot, an unowned request).
+/// Holds one count of a server's in-flight counter.
 struct Slot<'a>(&'a AtomicUsize);
 
 impl<'a> Slot<'a> {
@@ -135,7 +166,7 @@ impl ServerRef {
             offers: RwLock::new(None),
             actor: RwLock::new(None),
             in_flight: AtomicUsize::new(0),
-            unowned: AtomicUsize::new(0),
+            unowned: parking_lot::Mutex::new(Unowned::default()),
         }))
     }
 
@@ -234,7 +265,7 @@ impl ServerRef {
         // A listing is not what a server asks its questions during.
         let listing = method.ends_with("/list") || method == "ping";
         self.request_noting(outgoing, || {
-            (!listing).then(|| Slot::count(&self.0.unowned))
+            (!listing).then(|| UnownedSlot::count(&self.0.unowned))
         })
         .await
     }
@@ -243,7 +274,22 @@ impl ServerRef {
     /// waiting for one) now: a question the server sends meanwhile may be theirs, and
     /// is then given to no call's agent.
     pub(crate) fn has_unowned_requests(&self) -> bool {
-        self.0.unowned.load(Ordering::SeqCst) > 0
+        self.0.unowned.lock().count > 0
+    }
+
+    /// While requests of no call are on this server, a token cancelled when the last
+    /// of them ends; `None` when there are none.
+    pub(crate) fn unowned_requests_end(&self) -> Option<tokio_util::sync::CancellationToken> {
+        let mut unowned = self.0.unowned.lock();
+        if unowned.count == 0 {
+            return None;
+        }
+        Some(
+            unowned
+                .ended
+                .get_or_insert_with(tokio_util::sync::CancellationToken::new)
+                .clone(),
+        )
     }
 
     /// [`ServerRef::request`], calling `note` first, and holding what it returns until
