@@ -933,14 +933,14 @@ async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<Strin
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_peer_holding_idle_connections_to_the_admin_listener_keeps_no_other_peer_out() {
-    use mcp_harness::gateway::admin::{AdminToken, AdminTokens, serve};
+    use mcp_harness::gateway::{TokenHash, Tokens, admin::serve};
     let queue = mcp_harness::ApprovalQueue::new(Duration::from_secs(60));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let tokens: AdminTokens = Arc::new(|| {
-        vec![AdminToken {
+    let tokens: Tokens = Arc::new(|| {
+        vec![TokenHash {
             sha256: sha256_hex(b"adm"),
         }]
     });
@@ -2990,6 +2990,127 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         ["beta", "ready", "legacy", "0", "2", "0"],
         "{watched}"
     );
+    assert!(gw.stop().await.success());
+}
+
+// With `metrics_tokens`, a scrape needs one of them; the text follows the calls
+// (rendered at most once a second, never held longer).
+#[tokio::test]
+async fn metrics_tokens_are_asked_of_scrapers() {
+    let extra = format!(
+        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
+        sha256_hex(b"scrape-me")
+    );
+    let setup = Setup::new(&extra, &[("k1", &key("k1"))]);
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let config = setup.config.display().to_string();
+    let server = HttpServer::start(
+        &harness_exe(),
+        &[
+            "serve",
+            "--config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            &metrics_addr,
+        ],
+    )
+    .await;
+    let gw = Gateway {
+        server,
+        http: http_client(),
+    };
+    let url = format!("http://{metrics_addr}/metrics");
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Basic c2NyYXBlLW1l"),
+        Some("scrape-me"),
+    ] {
+        let mut get = gw.http.get(&url);
+        if let Some(auth) = auth {
+            get = get.header("authorization", auth);
+        }
+        let resp = get.send().await.expect("scrape");
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+        let body = resp.text().await.expect("body");
+        assert!(!body.contains("mcp_harness"), "nothing told: {body}");
+    }
+    let calls = |text: &str| -> Option<f64> {
+        let series = r#"mcp_harness_calls_total{mcp_harness_server_id="beta",mcp_method_name="tools/call",outcome="ok"} "#;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.parse().ok())
+    };
+    let scrape = || async {
+        let resp = gw
+            .http
+            .get(&url)
+            .bearer_auth("scrape-me")
+            .send()
+            .await
+            .expect("scrape");
+        assert_eq!(resp.status(), 200);
+        resp.text().await.expect("body")
+    };
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "beta__echo", "arguments": {"text": "one"}}),
+        )
+        .await;
+    assert_eq!(result_text(&r), "one");
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = calls(&scrape().await);
+        if seen == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, Some(1.0));
+    let (_, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "beta__echo", "arguments": {"text": "two"}}),
+        )
+        .await;
+    assert_eq!(result_text(&r), "two");
+    for _ in 0..100 {
+        seen = calls(&scrape().await);
+        if seen == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, Some(2.0), "a later scrape sees the later call");
+
+    // `status --watch --from` sends the token it is given.
+    let watched = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(harness_exe())
+            .args(["status", "--watch", "--from", &url])
+            .env("MCP_HARNESS_METRICS_TOKEN", "scrape-me")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().expect("stdout");
+        let row = BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("beta ") || l.contains("HTTP 401"));
+        let _ = child.kill();
+        let _ = child.wait();
+        row
+    })
+    .await
+    .expect("join")
+    .expect("a line");
+    assert!(watched.starts_with("beta "), "{watched}");
     assert!(gw.stop().await.success());
 }
 

@@ -8,26 +8,16 @@
 //!   sampling request; an elicitation takes `{action, content}`): 200, or 404 when the
 //!   request is no longer waiting.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::Tokens;
 use crate::call::input::ApprovalQueue;
-use crate::util::hash::sha256_hex;
-
-/// One admin token, by hash.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminToken {
-    /// Hex SHA-256 of the token.
-    pub sha256: String,
-}
 
 /// Largest answer body read.
 const MAX_BODY: usize = 1 << 20;
@@ -44,24 +34,12 @@ fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     response
 }
 
-/// The admin tokens in force, read at each request (a reload replaces them).
-pub type AdminTokens = std::sync::Arc<dyn Fn() -> Vec<AdminToken> + Send + Sync>;
-
 async fn answer(
     queue: &ApprovalQueue,
-    tokens: &AdminTokens,
+    tokens: &Tokens,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
-    let tokens: HashSet<String> = tokens()
-        .iter()
-        .map(|t| t.sha256.to_ascii_lowercase())
-        .collect();
-    let token = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if !token.is_some_and(|t| tokens.contains(&sha256_hex(t.trim().as_bytes()))) {
+    if !super::side::bearer_allowed(req.headers(), &tokens()) {
         let mut r = reply(
             StatusCode::UNAUTHORIZED,
             json!({"error": "an admin bearer token is required"}),
@@ -133,7 +111,7 @@ async fn answer(
 /// until `shutdown` resolves.
 pub async fn serve(
     queue: ApprovalQueue,
-    tokens: AdminTokens,
+    tokens: Tokens,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {

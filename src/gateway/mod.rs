@@ -127,7 +127,11 @@ pub struct GatewayConfig {
     pub tool_exposure: ToolExposure,
     /// Bearer tokens (by SHA-256) of the admin endpoint (`serve --admin`).
     #[serde(default)]
-    pub admin_tokens: Vec<admin::AdminToken>,
+    pub admin_tokens: Vec<TokenHash>,
+    /// Bearer tokens (by SHA-256) that `serve --metrics` asks of scrapers; none asks
+    /// for no token (a listener for loopback or a trusted network).
+    #[serde(default)]
+    pub metrics_tokens: Vec<TokenHash>,
     /// Whether a client's `traceparent` marked sampled has its request traced (W3C
     /// parent-based sampling, the default); `false` decides by `trace_sample_ratio`
     /// alone, so that clients cannot have every call traced (the client's trace is
@@ -198,6 +202,7 @@ impl Default for GatewayConfig {
             jwt: None,
             tool_exposure: ToolExposure::default(),
             admin_tokens: Vec::new(),
+            metrics_tokens: Vec::new(),
             follow_client_sampling: true,
         }
     }
@@ -215,14 +220,15 @@ impl GatewayConfig {
             })?,
         };
         // Not quoted back: a token itself put there by mistake would be printed.
-        if let Some(bad) = config
-            .admin_tokens
-            .iter()
-            .position(|t| t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
-        {
-            return Err(GatewayError::Config(format!(
-                "gateway.admin_tokens[{bad}].sha256 is not a hex SHA-256 (64 hex digits)"
-            )));
+        for (list, tokens) in [
+            ("admin_tokens", &config.admin_tokens),
+            ("metrics_tokens", &config.metrics_tokens),
+        ] {
+            if let Some(bad) = tokens.iter().position(|t| !t.is_hex_sha256()) {
+                return Err(GatewayError::Config(format!(
+                    "gateway.{list}[{bad}].sha256 is not a hex SHA-256 (64 hex digits)"
+                )));
+            }
         }
         if config.page_size == 0
             || config.max_in_flight_per_principal == 0
@@ -536,6 +542,24 @@ pub struct Reloaded {
     /// the running ones stay until a restart.
     pub needs_restart: Vec<&'static str>,
 }
+
+/// A bearer token of a side listener (`--admin`, `--metrics`), by hash: the config
+/// never holds the token itself.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenHash {
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+}
+
+impl TokenHash {
+    fn is_hex_sha256(&self) -> bool {
+        self.sha256.len() == 64 && self.sha256.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+}
+
+/// The tokens a side listener takes, read at each request (a reload replaces them).
+pub type Tokens = Arc<dyn Fn() -> Vec<TokenHash> + Send + Sync>;
 
 /// The settings a reload does not apply that differ between `running` and `next` (and
 /// between the gateway's settings `gateway` and `gateway_next`).
@@ -2305,6 +2329,21 @@ mod tests {
         let e = GatewayConfig::from_value(Some(json!({"max_streams": "many"})))
             .expect_err("not a number");
         assert!(e.to_string().contains("gateway.max_streams"), "{e}");
+    }
+
+    #[test]
+    fn side_listener_tokens_must_be_hashes_and_are_not_quoted_back() {
+        for list in ["admin_tokens", "metrics_tokens"] {
+            let e = GatewayConfig::from_value(Some(json!({list: [{"sha256": "hunter2"}]})))
+                .expect_err("not a hash");
+            let shown = e.to_string();
+            assert!(shown.contains(&format!("gateway.{list}[0].sha256")), "{e}");
+            assert!(!shown.contains("hunter2"), "{e}");
+        }
+        let hash = crate::util::hash::sha256_hex(b"t");
+        let ok = GatewayConfig::from_value(Some(json!({"metrics_tokens": [{"sha256": hash}]})))
+            .expect("a hash");
+        assert_eq!(ok.metrics_tokens.len(), 1);
     }
 
     #[test]

@@ -16,6 +16,20 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response};
 
+/// Whether `headers` carry `Authorization: Bearer T` with T one of `tokens` (compared
+/// by SHA-256, the only form the config holds).
+pub(crate) fn bearer_allowed(headers: &hyper::HeaderMap, tokens: &[super::TokenHash]) -> bool {
+    let Some(token) = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let hash = crate::util::hash::sha256_hex(token.trim().as_bytes());
+    tokens.iter().any(|t| t.sha256.eq_ignore_ascii_case(&hash))
+}
+
 /// Connections served at once: scrapers and admins are few.
 const MAX_CONNECTIONS: usize = 64;
 /// Connections served at once from one peer address; more are closed unread.

@@ -95,7 +95,8 @@ enum Command {
         #[arg(long)]
         watch: bool,
         /// With --watch: read a running gateway's metrics (`serve --metrics`) at this
-        /// URL instead of starting the servers (http://ADDR/metrics).
+        /// URL instead of starting the servers (http://ADDR/metrics), with the bearer
+        /// token in MCP_HARNESS_METRICS_TOKEN if there is one.
         #[arg(long, value_name = "URL", requires = "watch")]
         from: Option<String>,
     },

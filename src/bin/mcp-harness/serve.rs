@@ -124,16 +124,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     };
     let served = async move {
         crate::telemetry::export_metrics(&harness);
+        // The side listeners read the tokens in force (a reload replaces them) from the
+        // gateway, made below; `--metrics` takes the ones read at start until then.
+        let current: std::sync::Arc<std::sync::OnceLock<Gateway>> = std::sync::Arc::default();
         let metrics = match &args.metrics {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
                     UsageError(anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))
                 })?;
                 let local = listener.local_addr()?;
-                if !local.ip().to_canonical().is_loopback() {
-                    // It asks for no token: what it tells (server ids, states, error
-                    // counts, audit records lost) is for the operator's network only.
-                    tracing::warn!(address = %local, "/metrics asks for no token and is served beyond this machine");
+                if !local.ip().to_canonical().is_loopback() && config.metrics_tokens.is_empty() {
+                    // What it tells (server ids, states, error counts, audit records
+                    // lost) is then for the operator's network only.
+                    tracing::warn!(address = %local, "/metrics asks for no token (gateway.metrics_tokens) and is served beyond this machine");
                 }
                 {
                     use std::io::Write;
@@ -142,19 +145,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                     writeln!(err, "metrics http://{}/metrics", listener.local_addr()?)?;
                     err.flush()?;
                 }
-                let served = harness.clone();
+                let (served, at_start, current) = (
+                    harness.clone(),
+                    config.metrics_tokens.clone(),
+                    current.clone(),
+                );
+                let tokens: gateway::Tokens = std::sync::Arc::new(move || match current.get() {
+                    Some(g) => g.config().metrics_tokens.clone(),
+                    None => at_start.clone(),
+                });
                 Some(tokio::spawn(gateway::metrics::serve(
                     served,
                     listener,
                     config.allowed_hosts.clone(),
+                    tokens,
                     std::future::pending(),
                 )))
             }
             None => None,
         };
-        // The admin endpoint reads the tokens in force (a reload replaces them) from the
-        // gateway, made just below.
-        let admin_config: std::sync::Arc<std::sync::OnceLock<Gateway>> = std::sync::Arc::default();
         let admin = match &args.admin {
             Some(addr) => {
                 if config.admin_tokens.is_empty() {
@@ -173,8 +182,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                     err.flush()?;
                 }
                 let queue = harness.approvals();
-                let current = admin_config.clone();
-                let tokens: gateway::admin::AdminTokens = std::sync::Arc::new(move || {
+                let current = current.clone();
+                // None until the gateway is made: nobody is let in meanwhile.
+                let tokens: gateway::Tokens = std::sync::Arc::new(move || {
                     current
                         .get()
                         .map(|g: &Gateway| g.config().admin_tokens.clone())
@@ -190,7 +200,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         let gateway = Gateway::new(harness.clone(), &setup.loaded.config, config, sealer)
             .await
             .map_err(usage)?;
-        let _ = admin_config.set(gateway.clone());
+        let _ = current.set(gateway.clone());
         let reloader = tokio::spawn(reload_on_change(
             gateway.clone(),
             servers.clone(),

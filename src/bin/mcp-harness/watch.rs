@@ -229,6 +229,9 @@ pub async fn watch(
         }
         Source::Own(_) => None,
     };
+    // For a gateway with `[gateway] metrics_tokens`; an environment variable, as a
+    // flag is visible to other users.
+    let token = std::env::var("MCP_HARNESS_METRICS_TOKEN").ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut interrupted = std::pin::pin!(stop);
     loop {
@@ -239,7 +242,14 @@ pub async fn watch(
         let scraped = async {
             match &source {
                 Source::Own(h) => render(&rows(&h.metrics())),
-                Source::Gateway(url) => match http.as_ref().map(|c| c.get(url).send()) {
+                Source::Gateway(url) => match http.as_ref().map(|c| {
+                    let get = c.get(url);
+                    match &token {
+                        Some(t) => get.bearer_auth(t.trim()),
+                        None => get,
+                    }
+                    .send()
+                }) {
                     None => String::new(),
                     Some(sent) => match sent.await {
                         Ok(r) if r.status().is_success() => {
