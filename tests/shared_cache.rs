@@ -1009,3 +1009,50 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
     assert_eq!((stats.writes, stats.dropped_writes), (1, 1), "{stats:?}");
     assert_eq!(page_keys(&redis).await.len(), 1);
 }
+
+// `ListsChanged` is announced once the old lists are gone, also when telling other
+// processes takes long (a Redis that accepts and never answers): whoever lists again on
+// hearing it reads the new list, not the cache's.
+#[tokio::test]
+async fn a_list_read_on_hearing_lists_changed_is_the_new_one_while_redis_is_slow() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let shared = shared(format!("redis://127.0.0.1:{port}"), &["s"]);
+    let h = start_ready(config(vec![demo_server("s", &["--era", "legacy"])], shared)).await;
+    // Legacy lists are private: kept in memory under the caller's auth context.
+    let caller = a().with_auth_context("ctx");
+    let names = |tools: &[mcp_harness::ToolInfo]| -> Vec<String> {
+        tools.iter().map(|t| t.qualified.to_string()).collect()
+    };
+    let before = names(&h.list_tools(&caller).await.expect("list"));
+    assert!(!before.iter().any(|n| n == "s__grown_0"), "{before:?}");
+    // Served from memory from now on.
+    h.list_tools(&caller).await.expect("list");
+    assert!(h.cache_stats().l1.hits >= 1, "{:?}", h.cache_stats());
+    let mut events = h.subscribe();
+    h.call_tool(&caller, "s__grow", json!({}))
+        .await
+        .expect("grow");
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await
+            .expect("in time")
+            .expect("event");
+        if matches!(event, mcp_harness::registry::HarnessEvent::ListsChanged { ref server, .. } if server == "s")
+        {
+            break;
+        }
+    }
+    let after = names(&h.list_tools(&caller).await.expect("list"));
+    assert!(after.iter().any(|n| n == "s__grown_0"), "{after:?}");
+    h.shutdown().await;
+    held.abort();
+}

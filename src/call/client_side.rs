@@ -154,23 +154,30 @@ impl ClientSide for HarnessClient {
 
     fn lists_changed(&self, server: &str, changed: ListsChanged) {
         tracing::debug!(server, ?changed, "server lists changed");
-        self.registry.invalidate(server);
-        if changed.tools
-            && let Some(ctx) = self.ctx.upgrade()
-        {
-            // Read again now, so the change is seen (ToolsChanged) without a caller.
-            let (server, registry) = (server.to_string(), self.registry.clone());
-            tokio::spawn(async move {
-                registry.flush().await;
-                super::listing::refetch_tools(&ctx, &server).await;
-            });
-        }
-        self.events
-            .announce(crate::registry::HarnessEvent::ListsChanged {
-                server: server.to_string(),
+        let (server, registry, events) = (
+            server.to_string(),
+            self.registry.clone(),
+            self.events.clone(),
+        );
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            // Announced once the old lists are gone: whoever lists again on hearing it
+            // reads the new ones, not the cache's.
+            if !registry.invalidate(&server).await {
+                tracing::warn!(server = %server, "the cache did not drop a changed server's lists in time");
+            }
+            events.announce(crate::registry::HarnessEvent::ListsChanged {
+                server: server.clone(),
                 tools: changed.tools,
                 prompts: changed.prompts,
                 resources: changed.resources,
             });
+            // Read again now, so the change is seen (ToolsChanged) without a caller.
+            if changed.tools
+                && let Some(ctx) = ctx.upgrade()
+            {
+                super::listing::refetch_tools(&ctx, &server).await;
+            }
+        });
     }
 }

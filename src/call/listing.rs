@@ -90,11 +90,11 @@ pub(crate) async fn list_server(
         Walk::Failed(e) => Err(e),
         Walk::RejectedCursor(_) => {
             tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
-            ctx.registry_ref
-                .invalidate_list(server.id(), kind.list_method());
             // Dropped (and the shared generation moved) before the list is read again,
             // so what is read now is stored in the new generation.
-            ctx.registry_ref.flush().await;
+            ctx.registry_ref
+                .invalidate_list(server.id(), kind.list_method())
+                .await;
             match walk(ctx, server, kind, auth_context, timeout, false).await {
                 Walk::Done(listed) => Ok(listed),
                 Walk::Failed(e) => Err(e),

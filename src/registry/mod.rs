@@ -42,8 +42,9 @@ pub enum HarnessEvent {
         /// The new hash.
         hash: String,
     },
-    /// A server said some of its lists changed (`notifications/*/list_changed`); they
-    /// are read again at the next listing.
+    /// A server said some of its lists changed (`notifications/*/list_changed`);
+    /// announced once the cache has dropped them, so a listing on hearing it reads
+    /// them again.
     ListsChanged {
         /// Server id.
         server: String,
@@ -165,8 +166,8 @@ pub(crate) enum RegistryMsg {
         /// Counts it among the writes queued until it is dropped, handled or not.
         queued: QueuedPut,
     },
-    /// Drop a server's entries (`list_changed`, removal).
-    Invalidate(String),
+    /// Drop a server's entries (`list_changed`), then answer.
+    Invalidate(String, RpcReplyPort<()>),
     /// Another process sharing L3 dropped a server's entries: drop ours, tell no one.
     /// The mark is when one was queued for the server (0: none), cleared when handled:
     /// a flood of invalidations heard from Redis queues one message per server (and
@@ -178,6 +179,8 @@ pub(crate) enum RegistryMsg {
         server: String,
         /// The list method.
         method: String,
+        /// Answered once they are dropped.
+        reply: RpcReplyPort<()>,
     },
     /// Forget a removed server entirely (entries and hashes).
     Remove(String),
@@ -236,10 +239,11 @@ impl Actor for RegistryActor {
                 blocking(registry, move |r| r.cache.put_disk(pages, epoch)).await;
                 drop(queued);
             }
-            RegistryMsg::Invalidate(server) => {
+            RegistryMsg::Invalidate(server, reply) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
                 registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate(&server)).await;
+                let _ = reply.send(());
             }
             RegistryMsg::PeerChanged(server, queued) => {
                 // Cleared first: one heard while this runs queues another.
@@ -253,9 +257,14 @@ impl Actor for RegistryActor {
                     resources: true,
                 });
             }
-            RegistryMsg::InvalidateList { server, method } => {
+            RegistryMsg::InvalidateList {
+                server,
+                method,
+                reply,
+            } => {
                 registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
+                let _ = reply.send(());
             }
             RegistryMsg::Remove(server) => {
                 blocking(registry, move |r| {
@@ -278,9 +287,14 @@ impl Actor for RegistryActor {
 }
 
 /// A typed handle on the registry actor (its address changes when it is rebuilt).
-/// Sends never wait: a write lost while the actor is rebuilt only costs a cache miss.
+/// Writes are sent without waiting (one lost while the actor is rebuilt only costs a
+/// cache miss); invalidations are asked, and waited for.
 #[derive(Clone, Default)]
 pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>, Arc<AtomicUsize>);
+
+/// How long an invalidation is waited for: behind the queued disk writes and the shared
+/// layer's bounded tries.
+const INVALIDATE_LIMIT: Duration = Duration::from_secs(30);
 
 /// The most disk writes queued for the registry actor: a disk that stalls (a full or
 /// hung mount) costs the disk layer those lists, not memory without bound.
@@ -316,9 +330,18 @@ impl RegistryRef {
         });
     }
 
-    /// Drops a server's entries.
-    pub fn invalidate(&self, server: &str) {
-        self.0.send(RegistryMsg::Invalidate(server.to_string()));
+    /// Drops a server's entries (here, on disk, and in the shared layer's generation);
+    /// returns when they are gone. Asked, not sent: one lost with a dying actor is asked
+    /// again of the rebuilt one, as an invalidation lost would leave a changed list
+    /// served until it expires. False when no actor answered in time.
+    pub async fn invalidate(&self, server: &str) -> bool {
+        self.0
+            .ask(
+                |reply| RegistryMsg::Invalidate(server.to_string(), reply),
+                INVALIDATE_LIMIT,
+            )
+            .await
+            .is_some()
     }
 
     /// Drops a server's entries because a peer said so (not published again), unless
@@ -349,12 +372,20 @@ impl RegistryRef {
         }
     }
 
-    /// Drops one list of a server.
-    pub fn invalidate_list(&self, server: &str, method: &str) {
-        self.0.send(RegistryMsg::InvalidateList {
-            server: server.to_string(),
-            method: method.to_string(),
-        });
+    /// Drops one list of a server; returns when it is gone, as
+    /// [`RegistryRef::invalidate`] does.
+    pub async fn invalidate_list(&self, server: &str, method: &str) -> bool {
+        self.0
+            .ask(
+                |reply| RegistryMsg::InvalidateList {
+                    server: server.to_string(),
+                    method: method.to_string(),
+                    reply,
+                },
+                INVALIDATE_LIMIT,
+            )
+            .await
+            .is_some()
     }
 
     /// Forgets a removed server; returns when its entries are gone.
