@@ -675,6 +675,46 @@ async fn a_legacy_servers_question_is_withdrawn_when_the_call_it_came_in_is_canc
     h.shutdown().await;
 }
 
+// With two calls on a legacy server, its question may be either's: it stays while
+// one of them runs, and is withdrawn once both have ended.
+#[tokio::test]
+async fn a_legacy_servers_question_during_two_calls_is_withdrawn_when_both_have_ended() {
+    let (h, queue) = legacy_asking_a_queue().await;
+    let slow = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&a(), "leg__slow", json!({"ms": 60_000, "text": "z"}))
+                .await
+        })
+    };
+    // The slow call is on the server before the one that asks.
+    assert!(
+        eventually(Duration::from_secs(10), || h.metrics().in_flight == 1).await,
+        "the slow call runs"
+    );
+    let asking = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "leg__confirm", json!({})).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the server asks during the calls"
+    );
+    asking.abort();
+    assert!(asking.await.is_err_and(|e| e.is_cancelled()));
+    // Still one call on it that the question may be for.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(queue.pending().len(), 1);
+    slow.abort();
+    assert!(slow.await.is_err_and(|e| e.is_cancelled()));
+    assert!(
+        eventually(Duration::from_secs(5), || queue.pending().is_empty()).await,
+        "the question is withdrawn once both calls ended: {:?}",
+        queue.pending()
+    );
+    h.shutdown().await;
+}
+
 // 5. Bounded queues: a legacy server's requests.
 #[tokio::test]
 async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused() {

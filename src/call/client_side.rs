@@ -101,7 +101,7 @@ impl ClientSide for HarnessClient {
         }
         let (agent_id, call_id, shared, ended) = match whose {
             Some(w) => (w.agent, w.call, w.shared, w.ended),
-            None => (None, None, false, None),
+            None => (None, None, false, Vec::new()),
         };
         let context = InputRequestContext {
             server: server.to_string(),
@@ -115,13 +115,15 @@ impl ClientSide for HarnessClient {
         let mut request = request;
         tokio::spawn(async move {
             let call_ended = async {
-                match ended {
-                    Some(ended) => ended.cancelled().await,
-                    None => std::future::pending().await,
+                if ended.is_empty() {
+                    return std::future::pending().await;
+                }
+                for one in &ended {
+                    one.cancelled().await;
                 }
             };
-            // Once the server was told the client did not answer, or the call the
-            // question came in ended (cancelled, past its deadline), the handler stops
+            // Once the server was told the client did not answer, or the calls the
+            // question came during all ended (cancelled, past their deadline), the handler stops
             // (an approval leaves the queue, a provider request is not made).
             let answered = tokio::select! {
                 a = inputs.answer(&set, context, inputs.timeout()) => a,

@@ -58,8 +58,10 @@ pub(crate) struct Whose {
     pub(crate) call: Option<u64>,
     /// Whether it is no one agent's (calls of several, or a request of none).
     pub(crate) shared: bool,
-    /// Cancelled when that one call's attempt on the server ends.
-    pub(crate) ended: Option<tokio_util::sync::CancellationToken>,
+    /// One token for each call (and for the requests of no call) on the server when
+    /// it came, each cancelled when that one ends: when all are, whoever it was asked
+    /// for is gone. Empty outside calls (never withdrawn so).
+    pub(crate) ended: Vec<tokio_util::sync::CancellationToken>,
     /// Whether any call (or request of the harness's own) is on the server now.
     pub(crate) during_call: bool,
 }
@@ -168,25 +170,37 @@ impl CallContext {
             .and_then(|s| s.unowned_requests_end());
         let unowned = unowned_end.is_some();
         let mut on = self.on_servers.lock();
-        let nobody = |shared| Whose {
-            agent: None,
-            call: None,
-            shared,
-            ended: None,
-            during_call: shared,
-        };
         let Some(calls) = on.get_mut(server) else {
             // No call on it; a request of the harness's own may be: its server's
             // questions during it go to the handlers under the `"*"` policy, and are
             // withdrawn when the last such request ends.
             return Whose {
+                agent: None,
+                call: None,
+                shared: false,
+                ended: unowned_end.into_iter().collect(),
                 during_call: unowned,
-                ended: unowned_end,
-                ..nobody(false)
             };
         };
+        // Withdrawn once every call on the server now (and the requests of no call)
+        // has ended: it was one of theirs.
+        let mut ended: Vec<_> = calls
+            .iter_mut()
+            .map(|c| {
+                c.ended
+                    .get_or_insert_with(tokio_util::sync::CancellationToken::new)
+                    .clone()
+            })
+            .collect();
         if unowned {
-            return nobody(true);
+            ended.extend(unowned_end);
+            return Whose {
+                agent: None,
+                call: None,
+                shared: true,
+                ended,
+                during_call: true,
+            };
         }
         let (agent, shared) = match calls.first() {
             Some(first) if calls.iter().all(|c| c.agent == first.agent) => {
@@ -195,17 +209,10 @@ impl CallContext {
             _ => (None, true),
         };
         // A guess, as stdio and legacy sessions name no call: the one call on the
-        // server now. A question of none that comes during one is withdrawn with it.
-        let (call, ended) = match calls.as_mut_slice() {
-            [one] => (
-                Some(one.call),
-                Some(
-                    one.ended
-                        .get_or_insert_with(tokio_util::sync::CancellationToken::new)
-                        .clone(),
-                ),
-            ),
-            _ => (None, None),
+        // server now.
+        let call = match calls.as_slice() {
+            [one] => Some(one.call),
+            _ => None,
         };
         Whose {
             agent,
