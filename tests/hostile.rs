@@ -138,6 +138,21 @@ async fn result_and_error_together_fails_the_call_at_once() {
     h.shutdown().await;
 }
 
+/// An error reply of the wrong shape (its code a string) names the call's id: the call
+/// fails at once with a protocol error, not at its deadline.
+#[tokio::test]
+async fn an_error_reply_that_does_not_parse_fails_its_call_at_once() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let e = h
+        .call_tool(&Caller::agent("a"), "s__both", json!({"bad_error": true}))
+        .await
+        .expect_err("malformed");
+    // A protocol error, not the timeout a skipped line ends in.
+    assert!(matches!(transport(&e), TransportError::Protocol(_)), "{e}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+}
+
 /// The line answers the call by its id, but its result does not parse (nesting past
 /// the parser's limit): the call fails at once with a protocol error, not at its deadline.
 #[tokio::test]

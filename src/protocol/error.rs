@@ -31,7 +31,7 @@ pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 /// A JSON-RPC error object as it travels on the wire (kept whole; shown on one line,
 /// bounded and escaped: the peer's message reaches logs and terminals).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
-#[error("{} ({code}): {}", self.kind().label(), crate::util::text::one_line(&self.message, 500))]
+#[error("{} ({code}): {}", label_of(self.code), crate::util::text::one_line(&self.message, 500))]
 pub struct RpcError {
     /// The numeric code.
     pub code: i64,
@@ -69,17 +69,35 @@ pub enum RpcErrorKind {
     Other,
 }
 
-impl RpcErrorKind {
-    fn label(&self) -> &'static str {
-        match self {
-            RpcErrorKind::HeaderMismatch => "header mismatch",
-            RpcErrorKind::MissingClientCapability { .. } => "missing client capability",
-            RpcErrorKind::UnsupportedProtocolVersion { .. } => "unsupported protocol version",
-            RpcErrorKind::InvalidParams => "invalid params",
-            RpcErrorKind::MethodNotFound => "method not found",
-            RpcErrorKind::Other => "server error",
+/// What an error's code is called, from the code alone: shown without reading (or
+/// copying) what the peer put in `data`.
+fn label_of(code: i64) -> &'static str {
+    match code {
+        HEADER_MISMATCH => "header mismatch",
+        MISSING_CLIENT_CAPABILITY => "missing client capability",
+        UNSUPPORTED_PROTOCOL_VERSION => "unsupported protocol version",
+        INVALID_PARAMS => "invalid params",
+        METHOD_NOT_FOUND => "method not found",
+        _ => "server error",
+    }
+}
+
+/// Whether `value` serializes to at most `limit` bytes, found without writing more.
+fn serializes_within(value: &Value, limit: usize) -> bool {
+    struct Capped(usize);
+    impl std::io::Write for Capped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self
+                .0
+                .checked_sub(buf.len())
+                .ok_or(std::io::ErrorKind::WriteZero)?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
+    serde_json::to_writer(Capped(limit), value).is_ok()
 }
 
 /// Capabilities a server says it needs kept in an error's kind.
@@ -92,7 +110,7 @@ fn capabilities_shown(required: &Value) -> Value {
         return Value::Null;
     };
     let shown = map.iter().take(SHOWN_ENTRIES).map(|(name, value)| {
-        let small = serde_json::to_vec(value).is_ok_and(|v| v.len() <= 512);
+        let small = serializes_within(value, 512);
         let value = if small {
             value.clone()
         } else {
@@ -156,9 +174,15 @@ impl RpcError {
     /// -32022 that names its supported versions. Era detection treats only these as
     /// evidence of a modern server.
     pub fn is_modern(&self) -> bool {
-        match self.kind() {
-            RpcErrorKind::HeaderMismatch | RpcErrorKind::MissingClientCapability { .. } => true,
-            RpcErrorKind::UnsupportedProtocolVersion { supported, .. } => !supported.is_empty(),
+        // Read where it is: a peer's long list is not copied to be asked this.
+        match self.code {
+            HEADER_MISMATCH | MISSING_CLIENT_CAPABILITY => true,
+            UNSUPPORTED_PROTOCOL_VERSION => self
+                .data
+                .as_ref()
+                .and_then(|d| d.get("supported"))
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(Value::is_string)),
             _ => false,
         }
     }
@@ -200,6 +224,23 @@ impl ProtocolError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_huge_data_is_not_copied_to_show_the_error_or_to_tell_its_era() {
+        let many: Vec<Value> = (0..100_000)
+            .map(|i| Value::String(format!("v{i}")))
+            .collect();
+        let e = RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "no")
+            .with_data(serde_json::json!({"supported": many, "requested": "x"}));
+        assert!(
+            e.to_string()
+                .starts_with("unsupported protocol version (-32022)")
+        );
+        assert!(e.is_modern());
+        let big = serde_json::json!({"x": "y".repeat(10_000)});
+        assert!(!serializes_within(&big, 512));
+        assert!(serializes_within(&serde_json::json!({"x": 1}), 512));
+    }
 
     #[test]
     fn what_a_server_says_it_needs_is_bounded() {

@@ -415,17 +415,26 @@ impl Message {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let mut read = true;
                     match &*key {
                         "id" => self.0.id = map.next_value::<PlainId>()?.0,
-                        "method" => self.0.reply = Some(false),
-                        "result" | "error" => self.0.reply = self.0.reply.or(Some(true)),
-                        _ => {}
+                        // A null method is none, as `parse` takes it.
+                        "method" => {
+                            if map.next_value::<Option<IgnoredAny>>()?.is_some() {
+                                self.0.reply = Some(false);
+                            }
+                        }
+                        "result" | "error" => {
+                            self.0.reply = self.0.reply.or(Some(true));
+                            read = false;
+                        }
+                        _ => read = false,
                     }
                     if self.0.id.is_some() && self.0.reply.is_some() {
                         // Both found: what follows is not read (it ends cut short).
                         return Ok(());
                     }
-                    if key != "id" {
+                    if !read {
                         map.next_value::<IgnoredAny>()?;
                     }
                 }
@@ -600,6 +609,11 @@ mod tests {
             (Some(RequestId::String("a\"b".into())), Some(true))
         );
         assert_eq!(start(r#"{"result":{"text":"xxxx"#), (None, Some(true)));
+        // A null method is none, as the full parse takes it: a reply, not a request.
+        assert_eq!(
+            start(r#"{"id":3,"method":null,"result":{"x":"xxxx"#),
+            (Some(RequestId::Number(3)), Some(true))
+        );
         assert_eq!(start(r#"{"params":{"text":"xxxx"#), (None, None));
         assert_eq!(start(r#"{"id":[1,2,3"#), (None, None));
         assert_eq!(start("not json"), (None, None));

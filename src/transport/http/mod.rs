@@ -818,6 +818,13 @@ impl HttpTransport {
                         }
                     }
                     Err(e) => {
+                        // The reply awaited, but broken (an error of the wrong shape,
+                        // say): the request fails now instead of at its deadline.
+                        if let Some((Some(id), true)) = Message::peek_head(event.data.as_bytes())
+                            && want == Some(&id)
+                        {
+                            return Err(e.into());
+                        }
                         if let Some(ignored) = self.ignored.log() {
                             tracing::warn!(server = %self.server, error = %e, ignored, "skipping an event that is not JSON-RPC");
                         }

@@ -37,14 +37,19 @@ pub struct SseParser {
     pub retry: Option<Duration>,
 }
 
+/// The room a parser keeps between events; a larger event's is given back.
+const KEPT_BUFFER: usize = 64 << 10;
+
 impl SseParser {
     /// Begins another response's stream: what was left of an event the last one broke
     /// off in (or one that grew past the limit) is dropped; the last event id and
     /// `retry` are kept, for resuming.
     pub fn new_stream(&mut self) {
         self.buf.clear();
+        self.buf.shrink_to(KEPT_BUFFER);
         self.scanned = 0;
         self.data.clear();
+        self.data.shrink_to(KEPT_BUFFER);
         self.has_data = false;
         self.event = None;
     }
@@ -85,6 +90,10 @@ impl SseParser {
             }
         }
         self.buf.drain(..start);
+        // One large event's room is not kept for the stream's life.
+        if self.buf.len() < KEPT_BUFFER {
+            self.buf.shrink_to(KEPT_BUFFER);
+        }
         self.scanned = from - start;
         if self.buf.len() + self.data.len() > max {
             return Err(max);
@@ -135,6 +144,21 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_large_event_does_not_keep_its_room() {
+        let mut p = SseParser::default();
+        let big = format!("data: {}\n\n", "x".repeat(4 << 20));
+        let events = p.feed(big.as_bytes(), 16 << 20).expect("within the limit");
+        assert_eq!(events.len(), 1);
+        assert!(p.buf.capacity() <= KEPT_BUFFER, "{}", p.buf.capacity());
+        // An event broken off half way, then another stream.
+        p.feed(&big.as_bytes()[..big.len() / 2], 16 << 20)
+            .expect("within the limit");
+        p.new_stream();
+        assert!(p.buf.capacity() <= KEPT_BUFFER, "{}", p.buf.capacity());
+        assert!(p.data.capacity() <= KEPT_BUFFER, "{}", p.data.capacity());
+    }
 
     #[test]
     fn a_new_stream_drops_what_the_last_one_broke_off_and_keeps_its_id() {

@@ -517,6 +517,9 @@ async fn read_loop(
                 Err(e) => break e,
             }
             if line.iter().all(u8::is_ascii_whitespace) {
+                // A long blank line's room is not kept either.
+                line.clear();
+                line.shrink_to(KEPT_BUFFER);
                 continue;
             }
             match Message::peek(&line) {
@@ -567,6 +570,11 @@ fn on_message(
             if let Some(ignored) = shared.ignored.log() {
                 let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
                 tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), ignored, "skipping a line that is not JSON-RPC");
+            }
+            // A reply that names its request (an error of the wrong shape, say): that
+            // request fails now, on its own parse, instead of at its deadline.
+            if let Some((Some(id), true)) = Message::peek_head(line) {
+                deliver(shared, id, Delivery::Line(line.to_vec()));
             }
         }
     }

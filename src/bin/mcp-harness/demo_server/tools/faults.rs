@@ -30,7 +30,12 @@ pub fn tools() -> Vec<Value> {
         ),
         plain("wrong_id", "Answers with an id that was never sent"),
         plain("duplicate", "Answers twice"),
-        plain("both", "Answers with result and error together"),
+        tool(
+            "both",
+            "Answers with result and error together",
+            json!({"bad_error": {"type": "boolean", "description": "instead, an error alone whose code is not an integer"}}),
+            &[],
+        ),
         plain(
             "deep_result",
             "Answers with a result nested deeper than a JSON parser allows",
@@ -158,6 +163,9 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         }
         // The error first: the client's reader finds the id by its scan, not by the
         // prefix a response begins with (`deep_result` takes that path).
+        "both" if arg(request, "bad_error").and_then(Value::as_bool) == Some(true) => {
+            return raw(r#"{"jsonrpc":"2.0","id":{id},"error":{"code":"E1","message":"bad"}}"#);
+        }
         "both" => {
             return raw(
                 r#"{"jsonrpc":"2.0","error":{"code":1,"message":"both"},"id":{id},"result":{}}"#,
