@@ -675,6 +675,37 @@ async fn a_legacy_servers_question_is_withdrawn_when_the_call_it_came_in_is_canc
     h.shutdown().await;
 }
 
+// A legacy server that gives its question up (`notifications/cancelled`) has it
+// withdrawn at once, not left for a person to approve until the input timeout.
+#[tokio::test]
+async fn a_question_the_server_gives_up_leaves_the_approval_queue() {
+    let (h, queue) = legacy_asking_a_queue().await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(
+                &a(),
+                "leg__confirm",
+                json!({"give_up_ms": 500, "then_ms": 30_000}),
+            )
+            .await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the server asks"
+    );
+    // Gone while the call still runs: the server's word, not the call's end.
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().is_empty()).await,
+        "the question left the queue: {:?}",
+        queue.pending()
+    );
+    assert!(!call.is_finished(), "the call still runs");
+    call.abort();
+    h.shutdown().await;
+}
+
 // With two calls on a legacy server, its question may be either's: it stays while
 // one of them runs, and is withdrawn once both have ended.
 #[tokio::test]

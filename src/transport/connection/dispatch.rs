@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::options::{Era, ServerEvent, ServerRequest};
-use crate::protocol::error::{INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
+use crate::protocol::error::{INTERNAL_ERROR, INVALID_REQUEST};
 use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
 use crate::transport::inbound::{Inbound, Queued};
@@ -33,6 +33,20 @@ use crate::transport::inbound::{Inbound, Queued};
 pub(super) const MAX_REPLIES: usize = 16;
 /// How long an answer waits for room among them before it is dropped.
 const REPLY_WAIT: Duration = Duration::from_millis(100);
+
+/// The server's requests being answered, by id: a ticket (which of them, should an id
+/// come twice) and what cancels it.
+pub(super) type BeingAnswered = Arc<
+    parking_lot::Mutex<
+        std::collections::HashMap<
+            crate::protocol::RequestId,
+            (u64, tokio_util::sync::CancellationToken),
+        >,
+    >,
+>;
+
+/// Tickets of [`BeingAnswered`] entries.
+static TICKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What the dispatcher of one connection works with.
 pub(super) struct Dispatch {
@@ -45,6 +59,9 @@ pub(super) struct Dispatch {
     /// `resources/read`).
     pub(super) calls_in_flight: Arc<AtomicUsize>,
     pub(super) answering: Arc<Semaphore>,
+    /// The server's requests being answered (as many as `answering` lets in), each with
+    /// what a `notifications/cancelled` of it cancels.
+    pub(super) being_answered: BeingAnswered,
     /// Pings answered and requests refused whose answers are being sent.
     pub(super) replying: Arc<Semaphore>,
     /// Whether the last answer found no room within [`REPLY_WAIT`]: the next ones are
@@ -81,6 +98,9 @@ impl Dispatch {
         match message {
             Inbound::Request(request) => self.on_request(request).await,
             Inbound::Notification(n) => {
+                if n.method == "notifications/cancelled" && self.cancelled(n.params.as_ref()) {
+                    return ControlFlow::Continue(());
+                }
                 let Err(n) = self.subscriptions.route(n) else {
                     return ControlFlow::Continue(());
                 };
@@ -97,6 +117,25 @@ impl Dispatch {
             }
         }
         ControlFlow::Continue(())
+    }
+
+    /// The server gave up one of its requests (`notifications/cancelled`): whoever
+    /// answers it stops (an approval leaves the queue), and no answer is sent, as the
+    /// spec asks. False when it names none being answered.
+    fn cancelled(&self, params: Option<&Value>) -> bool {
+        let Some(id) = params
+            .and_then(|p| p.get("requestId"))
+            .and_then(|id| serde_json::from_value::<crate::protocol::RequestId>(id.clone()).ok())
+        else {
+            return false;
+        };
+        match self.being_answered.lock().remove(&id) {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Logs a refusal of the server's request `named` (cut and escaped), unless the
@@ -187,6 +226,7 @@ impl Dispatch {
             return self.refuse(id, error).await;
         };
         let (reply, answer) = oneshot::channel();
+        let given_up = tokio_util::sync::CancellationToken::new();
         let event = ServerEvent::Request(ServerRequest {
             method: method.clone(),
             params: params.unwrap_or(Value::Null),
@@ -195,21 +235,39 @@ impl Dispatch {
         });
         if self.events.try_send(event).is_err() {
             self.refused_warn(&named, "no capacity to handle a server request; refused");
-            let error = RpcError::new(
-                METHOD_NOT_FOUND,
-                format!("client cannot handle {named} now"),
-            );
+            // Not "method not found": the client has the method, and the server
+            // should not stop asking for good.
+            let error = RpcError::new(INTERNAL_ERROR, format!("client cannot handle {named} now"));
             return self.refuse(id, error).await;
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;
+        // An id used again while its first is being answered: the later one is what a
+        // cancellation names.
+        let ticket = TICKETS.fetch_add(1, Ordering::Relaxed);
+        self.being_answered
+            .lock()
+            .insert(id.clone(), (ticket, given_up.clone()));
+        let being_answered = self.being_answered.clone();
         tokio::spawn(async move {
-            let outcome = match tokio::time::timeout(timeout, answer).await {
-                Ok(Ok(outcome)) => outcome,
-                _ => Err(RpcError::new(INTERNAL_ERROR, "the client did not answer")),
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(timeout, answer) => match outcome {
+                    Ok(Ok(outcome)) => Some(outcome),
+                    _ => Some(Err(RpcError::new(INTERNAL_ERROR, "the client did not answer"))),
+                },
+                // Dropping `answer` tells whoever answers that nobody waits.
+                () = given_up.cancelled() => None,
             };
+            {
+                let mut answered = being_answered.lock();
+                if answered.get(&id).is_some_and(|(t, _)| *t == ticket) {
+                    answered.remove(&id);
+                }
+            }
             drop(permit);
-            if let Some(t) = weak.upgrade() {
+            if let Some(outcome) = outcome
+                && let Some(t) = weak.upgrade()
+            {
                 let _ = t.respond(id, outcome, timeout).await;
             }
         });

@@ -212,6 +212,7 @@ impl Connection {
             timeout: options.request_timeout,
             calls_in_flight: calls_in_flight.clone(),
             answering: Arc::new(Semaphore::new(MAX_SERVER_REQUESTS)),
+            being_answered: Default::default(),
             replying: Arc::new(Semaphore::new(dispatch::MAX_REPLIES)),
             congested: Default::default(),
             allow_unsolicited_input,

@@ -116,6 +116,39 @@ impl Peer {
         method: &str,
         params: Value,
     ) -> impl Future<Output = Result<Value, RpcError>> + Send + 'static {
+        self.send_request_named(method, params).1
+    }
+
+    /// Sends a server-to-client request, and gives it up (`notifications/cancelled`)
+    /// if it is not answered within `after`, as a server whose user moved on does.
+    pub async fn request_or_give_up(
+        &self,
+        method: &str,
+        params: Value,
+        after: std::time::Duration,
+    ) -> Option<Result<Value, RpcError>> {
+        let (id, answer) = self.send_request_named(method, params);
+        match tokio::time::timeout(after, answer).await {
+            Ok(answer) => Some(answer),
+            Err(_) => {
+                self.pending.lock().remove(&id);
+                self.notify(
+                    "notifications/cancelled",
+                    json!({"requestId": id, "reason": "gave up"}),
+                );
+                None
+            }
+        }
+    }
+
+    fn send_request_named(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> (
+        RequestId,
+        impl Future<Output = Result<Value, RpcError>> + Send + 'static,
+    ) {
         let id = RequestId::String(format!(
             "srv-{}",
             self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -123,15 +156,15 @@ impl Peer {
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id.clone(), tx);
         let request = Request {
-            id,
+            id: id.clone(),
             method: method.into(),
             params: Some(params),
         };
         let _ = self.tx.send(Out::Message(Message::Request(request)));
-        async move {
+        (id, async move {
             rx.await
                 .unwrap_or_else(|_| Err(RpcError::new(-32603, "client went away")))
-        }
+        })
     }
 
     /// Routes a client's answer to the request that waits for it.

@@ -64,7 +64,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
             tool(
                 "confirm",
                 "Asks the user to approve (elicitation)",
-                json!({"message": s("what to approve")}),
+                json!({"message": s("what to approve"), "give_up_ms": i("legacy: give the question up (notifications/cancelled) after this long"), "then_ms": i("and answer the call this much later")}),
                 &[],
             ),
         );
@@ -327,7 +327,25 @@ async fn confirm(request: &Request, ctx: &Ctx) -> Action {
         json!({"approved": {"type": "boolean", "default": false}, "note": {"type": "string"}});
     let answer = if ctx.legacy {
         let params = form(&message, schema, &["approved"])["params"].clone();
-        match ctx.peer.request("elicitation/create", params).await {
+        let asked = match arg(request, "give_up_ms").and_then(Value::as_u64) {
+            Some(ms) => {
+                let after = Duration::from_millis(ms);
+                match ctx
+                    .peer
+                    .request_or_give_up("elicitation/create", params, after)
+                    .await
+                {
+                    Some(answer) => answer,
+                    None => {
+                        let then = arg(request, "then_ms").and_then(Value::as_u64).unwrap_or(0);
+                        tokio::time::sleep(Duration::from_millis(then)).await;
+                        return Action::Reply(Ok(text("gave up asking")));
+                    }
+                }
+            }
+            None => ctx.peer.request("elicitation/create", params).await,
+        };
+        match asked {
             Ok(answer) => answer,
             Err(e) => return Action::Reply(Err(e)),
         }
