@@ -153,10 +153,29 @@ struct Sampler {
     approver: Option<Arc<dyn InputHandler>>,
     http: reqwest::Client,
     key: Option<String>,
-    /// Tokens spent per call (or per legacy server): spent, when the entry started,
-    /// when it was last used.
-    spent: parking_lot::Mutex<HashMap<String, (u64, Instant, Instant)>>,
+    /// Tokens spent per call (or per legacy server, or per server's minute).
+    spent: parking_lot::Mutex<HashMap<String, Budget>>,
 }
+
+/// One budget's spending.
+#[derive(Debug)]
+struct Budget {
+    /// Tokens spent in this window, reservations still open included.
+    spent: u64,
+    /// When this window started.
+    start: Instant,
+    /// When it was last drawn on.
+    used: Instant,
+    /// Tokens reserved and not settled yet (a person still to approve, a provider still
+    /// to answer): carried into the next window, whose budget they draw on then.
+    open: u64,
+    /// Which entry this is: a reservation settles only with the entry it was taken
+    /// from, not with one begun anew after it was forgotten.
+    id: u64,
+}
+
+/// Ids of [`Budget`] entries.
+static BUDGET_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl SamplingConfig {
     /// The tokens one server's sampling may spend in a window (see
@@ -243,16 +262,16 @@ impl SamplingHandler {
 /// Gives a reservation back to its budget when dropped (set `asked` to 0 to keep it).
 struct GiveBack<'a> {
     sampler: &'a Sampler,
-    /// The budgets reserved from (the call's, the server's minute) and their windows.
-    budgets: [(&'a str, Instant); 2],
+    /// The budgets reserved from (the call's, the server's minute) and their ids.
+    budgets: [(&'a str, u64); 2],
     asked: u64,
 }
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
         if self.asked > 0 {
-            for (key, window) in self.budgets {
-                self.sampler.settle(key, window, self.asked, 0);
+            for (key, id) in self.budgets {
+                self.sampler.settle(key, id, self.asked, 0);
             }
         }
     }
@@ -273,19 +292,14 @@ impl Sampler {
     }
 
     /// Reserves `asked` tokens of the request's budget and of its server's minute, or
-    /// says why not; the start of each budget's window it was taken from.
-    fn reserve_both(
-        &self,
-        key: &str,
-        server: &str,
-        asked: u64,
-    ) -> Result<(Instant, Instant), Denial> {
-        let window = self.reserve(key, asked)?;
+    /// says why not; the id of each budget it was taken from.
+    fn reserve_both(&self, key: &str, server: &str, asked: u64) -> Result<(u64, u64), Denial> {
+        let id = self.reserve(key, asked)?;
         let server_key = Self::server_key(server);
         match self.reserve(&server_key, asked) {
-            Ok(server_window) => Ok((window, server_window)),
+            Ok(server_id) => Ok((id, server_id)),
             Err(denial) => {
-                self.settle(key, window, asked, 0);
+                self.settle(key, id, asked, 0);
                 Err(match denial {
                     Denial::BudgetExceeded {
                         budget,
@@ -303,9 +317,9 @@ impl Sampler {
         }
     }
 
-    /// Reserves `asked` tokens of the budget `key`, or says why not; the start of the
-    /// budget's window it was taken from.
-    fn reserve(&self, key: &str, asked: u64) -> Result<Instant, Denial> {
+    /// Reserves `asked` tokens of the budget `key`, or says why not; the id of the
+    /// budget it was taken from.
+    fn reserve(&self, key: &str, asked: u64) -> Result<u64, Denial> {
         let windowed = key.starts_with("server:") || key.starts_with("minute:");
         let budget = if key.starts_with("minute:") {
             self.config.server_budget()
@@ -318,48 +332,57 @@ impl Sampler {
             // Calls idle this long are over (a running call's entry is used again);
             // if that is not enough, the least recently used go too, down to half, so
             // that the next clean-up is as far away (never a scan on every request).
-            spent.retain(|_, (_, _, used)| now.duration_since(*used) < Duration::from_secs(600));
+            spent.retain(|_, b| now.duration_since(b.used) < Duration::from_secs(600));
             if spent.len() > MAX_BUDGETS / 2 {
-                let mut last_used: Vec<Instant> =
-                    spent.values().map(|(_, _, used)| *used).collect();
+                let mut last_used: Vec<Instant> = spent.values().map(|b| b.used).collect();
                 let cut = spent.len() - MAX_BUDGETS / 2;
                 let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
                 let oldest_kept = *oldest_kept;
                 // The budget asked of now is kept, whatever its age, and so are servers'
                 // open windows (one per server): else a server's calls could push its
                 // own window's spending out.
-                spent.retain(|k, (_, start, used)| {
+                spent.retain(|k, b| {
                     k == key
-                        || *used >= oldest_kept
-                        || (k.starts_with("minute:") && now.duration_since(*start) < LEGACY_WINDOW)
+                        || b.used >= oldest_kept
+                        || (k.starts_with("minute:") && now.duration_since(b.start) < LEGACY_WINDOW)
                 });
             }
         }
-        let entry = spent.entry(key.to_string()).or_insert((0, now, now));
-        if windowed && now.duration_since(entry.1) >= LEGACY_WINDOW {
-            *entry = (0, now, now);
+        let entry = spent.entry(key.to_string()).or_insert_with(|| Budget {
+            spent: 0,
+            start: now,
+            used: now,
+            open: 0,
+            id: BUDGET_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        });
+        if windowed && now.duration_since(entry.start) >= LEGACY_WINDOW {
+            // A new window: what is still reserved draws on it, else a server could
+            // reserve a full budget each minute while its requests wait for a person.
+            entry.spent = entry.open;
+            entry.start = now;
         }
-        entry.2 = now;
-        if entry.0.saturating_add(asked) > budget {
+        entry.used = now;
+        if entry.spent.saturating_add(asked) > budget {
             return Err(Denial::BudgetExceeded {
                 budget,
-                spent: entry.0,
+                spent: entry.spent,
                 asked,
             });
         }
-        entry.0 += asked;
-        Ok(entry.1)
+        entry.spent += asked;
+        entry.open = entry.open.saturating_add(asked);
+        Ok(entry.id)
     }
 
-    /// Replaces the reservation with what the provider says was used, in the window it
-    /// was taken from: a legacy server's window that has started again since (an
-    /// approval can take minutes) owes it nothing, and neither does a budget forgotten
-    /// and begun anew.
-    fn settle(&self, key: &str, window: Instant, reserved: u64, used: u64) {
+    /// Replaces the reservation with what the provider says was used, in the window
+    /// now (a reservation still open is carried into each new window); a budget
+    /// forgotten and begun anew since owes it nothing.
+    fn settle(&self, key: &str, id: u64, reserved: u64, used: u64) {
         if let Some(entry) = self.spent.lock().get_mut(key)
-            && entry.1 == window
+            && entry.id == id
         {
-            entry.0 = entry.0.saturating_sub(reserved).saturating_add(used);
+            entry.open = entry.open.saturating_sub(reserved);
+            entry.spent = entry.spent.saturating_sub(reserved).saturating_add(used);
         }
     }
 
@@ -423,7 +446,7 @@ impl Sampler {
         let asked = max_tokens.saturating_add(prompt);
         let key = Self::budget_key(&request);
         let server_key = Self::server_key(&request.server);
-        let (window, server_window) = self
+        let (budget_id, server_budget_id) = self
             .reserve_both(&key, &request.server, asked)
             .map_err(InputError::Denied)?;
         // A person is asked last: a request the checks above refuse waits for nobody.
@@ -432,7 +455,7 @@ impl Sampler {
         if policy == SamplingPolicy::Approve {
             let mut unapproved = GiveBack {
                 sampler: self,
-                budgets: [(&key, window), (&server_key, server_window)],
+                budgets: [(&key, budget_id), (&server_key, server_budget_id)],
                 asked,
             };
             let approved = match &self.approver {
@@ -456,8 +479,8 @@ impl Sampler {
         match outcome {
             Ok((result, used)) => {
                 let used = used.unwrap_or(asked);
-                self.settle(&key, window, asked, used);
-                self.settle(&server_key, server_window, asked, used);
+                self.settle(&key, budget_id, asked, used);
+                self.settle(&server_key, server_budget_id, asked, used);
                 Ok(result)
             }
             Err(e) => {
@@ -873,13 +896,16 @@ mod tests {
             );
         }
         assert_eq!(asked(), 3);
-        assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+        assert_eq!(
+            handler.0.spent.lock().get("call:7").map(|e| e.spent),
+            Some(0)
+        );
         let minute = handler
             .0
             .spent
             .lock()
             .get(&Sampler::server_key("s"))
-            .map(|e| e.0);
+            .map(|e| e.spent);
         assert_eq!(minute, Some(0), "the server's minute got it back too");
         // Nobody answers in time (or the request is withdrawn): the future is dropped
         // while the person is asked, and the reservation is given back all the same.
@@ -897,7 +923,10 @@ mod tests {
             .await;
             assert!(waited.is_err(), "nobody answered");
         }
-        assert_eq!(handler.0.spent.lock().get("call:7").map(|e| e.0), Some(0));
+        assert_eq!(
+            handler.0.spent.lock().get("call:7").map(|e| e.spent),
+            Some(0)
+        );
     }
 
     /// Never answers.
@@ -947,7 +976,7 @@ mod tests {
             })
         );
         // Its call's reservation was given back; another server's minute is its own.
-        assert_eq!(sampler.spent.lock().get("call:3").map(|e| e.0), Some(0));
+        assert_eq!(sampler.spent.lock().get("call:3").map(|e| e.spent), Some(0));
         sampler
             .reserve_both("call:4", "t", 60)
             .expect("another server");
@@ -988,38 +1017,70 @@ mod tests {
         assert!(spent.len() <= MAX_BUDGETS / 2 + 2, "{}", spent.len());
         assert!(spent.contains_key("call:0"), "the budget asked of is kept");
         assert_eq!(
-            spent.get("minute:s").map(|e| e.0),
+            spent.get("minute:s").map(|e| e.spent),
             Some(50),
             "a server's open window is kept"
         );
         assert!(!spent.contains_key("call:1"), "the least recently used go");
         let newest = format!("call:{}", MAX_BUDGETS - 2);
-        assert_eq!(spent.get(&newest).map(|e| e.0), Some(1), "the newest stay");
+        assert_eq!(
+            spent.get(&newest).map(|e| e.spent),
+            Some(1),
+            "the newest stay"
+        );
     }
 
     #[test]
-    fn a_reservation_is_given_back_only_to_the_window_it_was_taken_from() {
+    fn a_reservation_still_open_draws_on_the_next_window() {
         let config = local("m", 10, 100, BTreeMap::new());
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let sampler = &handler.0;
-        let first = sampler.reserve("server:s", 60).expect("reserved");
-        // The legacy server's minute passes while a person is asked: a new window.
-        {
+        let pass_a_window = || {
             let mut spent = sampler.spent.lock();
             let entry = spent.get_mut("server:s").expect("entry");
-            entry.1 = entry
-                .1
+            entry.start = entry
+                .start
                 .checked_sub(LEGACY_WINDOW)
                 .expect("a clock past one window");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-        let second = sampler.reserve("server:s", 30).expect("a new window");
-        assert_ne!(first, second);
-        // The first is declined: the new window keeps what its own request reserved.
+        };
+        let first = sampler.reserve("server:s", 60).expect("reserved");
+        sampler.reserve("server:s", 10).expect("reserved");
+        sampler.settle("server:s", first, 10, 10);
+        // The legacy server's minute passes while a person is asked about the first: a
+        // new window, on which the 60 still reserved draw (the 10 settled do not).
+        pass_a_window();
+        let refused = sampler.reserve("server:s", 50);
+        assert!(
+            matches!(refused, Err(Denial::BudgetExceeded { spent: 60, .. })),
+            "{refused:?}"
+        );
+        let second = sampler
+            .reserve("server:s", 30)
+            .expect("within the new window");
+        // The first is declined: its reservation is given back to the window now.
         sampler.settle("server:s", first, 60, 0);
-        assert_eq!(sampler.spent.lock().get("server:s").map(|e| e.0), Some(30));
-        sampler.settle("server:s", second, 30, 0);
-        assert_eq!(sampler.spent.lock().get("server:s").map(|e| e.0), Some(0));
+        assert_eq!(
+            sampler.spent.lock().get("server:s").map(|e| e.spent),
+            Some(30)
+        );
+        sampler.settle("server:s", second, 30, 25);
+        assert_eq!(
+            sampler.spent.lock().get("server:s").map(|e| e.spent),
+            Some(25)
+        );
+        // Settled, nothing is carried into the next window.
+        pass_a_window();
+        sampler
+            .reserve("server:s", 100)
+            .expect("a whole new window");
+        // A budget forgotten and begun anew owes an old reservation nothing.
+        sampler.spent.lock().clear();
+        sampler.reserve("server:s", 40).expect("reserved");
+        sampler.settle("server:s", first, 60, 0);
+        assert_eq!(
+            sampler.spent.lock().get("server:s").map(|e| e.spent),
+            Some(40)
+        );
     }
 
     #[test]
