@@ -124,67 +124,117 @@ pub async fn serve(
 
 /// The most of one text shown for review (a sampling message, a system prompt).
 const REVIEW_TEXT: usize = 16 << 10;
+/// The most of each text when a request with them all would be too large.
+const REVIEW_TEXT_SHORT: usize = 512;
+/// Items of one array, and keys of one object, shown.
+const REVIEW_ITEMS: usize = 64;
+/// As many when a request with them all would be too large.
+const REVIEW_ITEMS_SHORT: usize = 16;
+/// How deep a request is shown.
+const REVIEW_DEPTH: usize = 16;
+/// The most one request takes in the list: the 256 a queue holds stay within the
+/// 16 MiB `mcp-harness approvals` reads.
+const REVIEW_BYTES: usize = 48 << 10;
 
-/// A request's params as `GET /approvals` shows them: the data of images and audio
-/// left out (their type and size stay), texts (messages, a system prompt, an
-/// elicitation's message) cut at [`REVIEW_TEXT`] bytes with their length, and a larger
-/// requested schema by its size, so that a few large requests cannot make the list too
-/// large to read.
+/// A request's params as `GET /approvals` shows them, whatever the server put where:
+/// every text cut at [`REVIEW_TEXT`] bytes with its length, the `data` of images and
+/// audio left out (their size stays, as `dataBytes`), at most [`REVIEW_ITEMS`] items of
+/// each array and keys of each object (when that is still too much, texts cut at
+/// [`REVIEW_TEXT_SHORT`] and [`REVIEW_ITEMS_SHORT`] items), [`REVIEW_DEPTH`] levels, a requested schema over [`REVIEW_TEXT`] by its
+/// size, and a request still over [`REVIEW_BYTES`] by its size alone; so that a few
+/// large requests cannot make the list too large to read.
 fn for_review(params: &Value) -> Value {
-    fn cut(text: &str) -> Value {
-        if text.len() <= REVIEW_TEXT {
+    fn cut(text: &str, max: usize) -> Value {
+        if text.len() <= max {
             return Value::String(text.to_string());
         }
-        let mut end = REVIEW_TEXT;
+        let mut end = max;
         while !text.is_char_boundary(end) {
             end -= 1;
         }
         Value::String(format!("{}… [{} bytes in all]", &text[..end], text.len()))
     }
-    fn block(b: &Value) -> Value {
-        let mut b = b.clone();
-        if let Some(o) = b.as_object_mut() {
-            if let Some(data) = o.get("data").and_then(Value::as_str).map(str::len) {
-                o.remove("data");
-                o.insert("dataBytes".into(), data.into());
-            }
-            if let Some(text) = o.get("text").and_then(Value::as_str) {
-                let shown = cut(text);
-                o.insert("text".into(), shown);
-            }
-        }
-        b
+    #[derive(Clone, Copy)]
+    struct Most {
+        text: usize,
+        items: usize,
     }
-    let mut params = params.clone();
-    if let Some(o) = params.as_object_mut() {
-        // A sampling request's system prompt, an elicitation's message.
-        for key in ["systemPrompt", "message"] {
-            if let Some(text) = o.get(key).and_then(Value::as_str) {
-                let shown = cut(text);
-                o.insert(key.into(), shown);
+    fn shown(v: &Value, most: Most, depth: usize) -> Value {
+        let deeper = || json!({"omitted": "nested deeper"});
+        match v {
+            Value::String(s) => cut(s, most.text),
+            Value::Array(items) if depth >= REVIEW_DEPTH && !items.is_empty() => deeper(),
+            Value::Array(items) => {
+                let mut out: Vec<Value> = items
+                    .iter()
+                    .take(most.items)
+                    .map(|i| shown(i, most, depth + 1))
+                    .collect();
+                if items.len() > most.items {
+                    out.push(Value::String(format!(
+                        "… {} more",
+                        items.len() - most.items
+                    )));
+                }
+                Value::Array(out)
             }
-        }
-        // An elicitation's form, by its size past the limit.
-        let schema = o.get("requestedSchema").map(|s| s.to_string().len());
-        if let Some(bytes) = schema.filter(|b| *b > REVIEW_TEXT) {
-            o.insert(
-                "requestedSchema".into(),
-                json!({"omitted": format!("a schema of {bytes} bytes")}),
-            );
+            Value::Object(map) if depth >= REVIEW_DEPTH && !map.is_empty() => deeper(),
+            Value::Object(map) => {
+                let mut out = serde_json::Map::new();
+                for (key, value) in map.iter().take(most.items) {
+                    let key = match cut(key, 256) {
+                        Value::String(k) => k,
+                        _ => continue,
+                    };
+                    match (key.as_str(), value) {
+                        ("data", Value::String(data)) => {
+                            out.insert("dataBytes".into(), data.len().into());
+                        }
+                        ("requestedSchema", schema) if depth == 0 => {
+                            let schema = shown(schema, most, depth + 1);
+                            let bytes = schema.to_string().len();
+                            let schema = if bytes > REVIEW_TEXT {
+                                json!({"omitted": format!("a schema of about {bytes} bytes")})
+                            } else {
+                                schema
+                            };
+                            out.insert(key, schema);
+                        }
+                        _ => {
+                            out.insert(key, shown(value, most, depth + 1));
+                        }
+                    }
+                }
+                if map.len() > most.items {
+                    out.insert(
+                        "…".into(),
+                        format!("{} more keys", map.len() - most.items).into(),
+                    );
+                }
+                Value::Object(out)
+            }
+            other => other.clone(),
         }
     }
-    if let Some(messages) = params.get_mut("messages").and_then(Value::as_array_mut) {
-        // Only objects are touched: indexing anything else to write would panic.
-        for m in messages.iter_mut().filter_map(Value::as_object_mut) {
-            let content = match m.get("content") {
-                Some(Value::Array(blocks)) => Value::Array(blocks.iter().map(block).collect()),
-                Some(one) => block(one),
-                None => continue,
-            };
-            m.insert("content".into(), content);
+    let mut bytes = 0;
+    let passes = [
+        Most {
+            text: REVIEW_TEXT,
+            items: REVIEW_ITEMS,
+        },
+        Most {
+            text: REVIEW_TEXT_SHORT,
+            items: REVIEW_ITEMS_SHORT,
+        },
+    ];
+    for most in passes {
+        let review = shown(params, most, 0);
+        bytes = review.to_string().len();
+        if bytes <= REVIEW_BYTES {
+            return review;
         }
     }
-    params
+    json!({"omitted": format!("params of more than {bytes} bytes, even cut short")})
 }
 
 #[cfg(test)]
@@ -235,6 +285,29 @@ mod tests {
         assert!(shown["requestedSchema"]["omitted"].is_string(), "{shown}");
         let small = json!({"message": "ok?", "requestedSchema": {"type": "object"}});
         assert_eq!(for_review(&small), small);
+        // Whatever key the server puts a large value under, the request stays small.
+        let big = "x".repeat(9 << 20);
+        let hostile = json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "metadata": {"blob": big, "many": vec![1; 100_000], "deep": (0..40).fold(json!(1), |v, _| json!([v]))},
+            "stopSequences": vec!["s".repeat(REVIEW_TEXT); 200],
+        });
+        let shown = for_review(&hostile);
+        let bytes = shown.to_string().len();
+        assert!(bytes <= REVIEW_BYTES, "{bytes}");
+        assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        assert_eq!(
+            shown["metadata"]["many"].as_array().map(Vec::len),
+            Some(REVIEW_ITEMS_SHORT + 1)
+        );
+        let all_cut = json!({"texts": vec!["t".repeat(REVIEW_TEXT); 64]});
+        assert!(
+            for_review(&all_cut)["texts"][0]
+                .as_str()
+                .is_some_and(|t| t.len() < 2 * REVIEW_TEXT_SHORT)
+        );
+        let too_many = json!({"a": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]});
+        assert!(for_review(&too_many)["omitted"].is_string());
         // Params of any shape come back without a panic.
         for odd in [
             json!(null),
