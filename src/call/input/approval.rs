@@ -34,6 +34,9 @@ pub struct ApprovalQueue {
 pub const MAX_WAITING: usize = 256;
 /// See [`MAX_WAITING`].
 pub const MAX_WAITING_PER_AGENT: usize = 32;
+/// See [`MAX_WAITING`]: one server asking on many agents' calls cannot fill the queue
+/// for every other server either.
+pub const MAX_WAITING_PER_SERVER: usize = 64;
 
 type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>)>;
 
@@ -121,11 +124,15 @@ impl InputHandler for ApprovalQueue {
             {
                 let mut waiting = inner.waiting.lock();
                 let agent = request.agent_id.as_deref();
-                let theirs = waiting
-                    .values()
-                    .filter(|(r, _)| r.agent_id.as_deref() == agent)
-                    .count();
-                if waiting.len() >= MAX_WAITING || theirs >= MAX_WAITING_PER_AGENT {
+                let (mut theirs, mut its) = (0, 0);
+                for (r, _) in waiting.values() {
+                    theirs += usize::from(r.agent_id.as_deref() == agent);
+                    its += usize::from(r.server == request.server);
+                }
+                if waiting.len() >= MAX_WAITING
+                    || theirs >= MAX_WAITING_PER_AGENT
+                    || its >= MAX_WAITING_PER_SERVER
+                {
                     return Err(InputError::Failed(
                         "too many requests await approval; try later".into(),
                     ));
@@ -151,8 +158,12 @@ mod tests {
     use super::*;
 
     fn asked_by(agent: &str) -> InputRequestContext {
+        asked_of(agent, "s")
+    }
+
+    fn asked_of(agent: &str, server: &str) -> InputRequestContext {
         InputRequestContext {
-            server: "s".into(),
+            server: server.into(),
             method: "elicitation/create".into(),
             params: json!({"message": "?"}),
             agent_id: Some(agent.into()),
@@ -187,17 +198,35 @@ mod tests {
         for i in 0..(MAX_WAITING - MAX_WAITING_PER_AGENT) {
             waiting.spawn(InputHandler::answer(
                 &queue,
-                asked_by(&format!("b{}", i % 8)),
+                asked_of(&format!("b{}", i % 8), &format!("t{}", i % 8)),
             ));
         }
         waits_for(&queue, MAX_WAITING).await;
-        let refused = InputHandler::answer(&queue, asked_by("c")).await;
+        let refused = InputHandler::answer(&queue, asked_of("c", "u")).await;
         assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
         // An answer makes room again.
         let first = queue.pending()[0].id;
         assert!(queue.decline(first));
-        waiting.spawn(InputHandler::answer(&queue, asked_by("c")));
+        waiting.spawn(InputHandler::answer(&queue, asked_of("c", "u")));
         waits_for(&queue, MAX_WAITING).await;
+        waiting.abort_all();
+    }
+
+    #[tokio::test]
+    async fn one_server_asking_for_many_agents_keeps_other_servers_in() {
+        let queue = ApprovalQueue::new(Duration::from_secs(60));
+        let mut waiting = tokio::task::JoinSet::new();
+        for i in 0..MAX_WAITING_PER_SERVER {
+            waiting.spawn(InputHandler::answer(
+                &queue,
+                asked_of(&format!("a{}", i % 8), "evil"),
+            ));
+        }
+        waits_for(&queue, MAX_WAITING_PER_SERVER).await;
+        let refused = InputHandler::answer(&queue, asked_of("fresh", "evil")).await;
+        assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
+        waiting.spawn(InputHandler::answer(&queue, asked_of("a0", "good")));
+        waits_for(&queue, MAX_WAITING_PER_SERVER + 1).await;
         waiting.abort_all();
     }
 }
