@@ -1056,3 +1056,37 @@ async fn a_list_read_on_hearing_lists_changed_is_the_new_one_while_redis_is_slow
     h.shutdown().await;
     held.abort();
 }
+
+// A process whose first subscription comes late (Redis down at its start) may have
+// missed invalidations while it cached lists from the servers: once subscribed, it reads
+// them again.
+#[tokio::test]
+async fn lists_cached_before_a_late_first_subscription_are_read_again() {
+    let mut redis = Redis::start().await;
+    redis.kill();
+    let record = temp_file("l3-late-subscribe");
+    let rec = record.to_string_lossy().into_owned();
+    let h = start_ready(config(
+        vec![demo_server("s", &["--record", &rec])],
+        shared(redis.url(), &["s"]),
+    ))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(count(&record, "tools/list"), 1, "the second from memory");
+    redis.restart().await;
+    let read_again = async {
+        loop {
+            h.list_tools(&a()).await.expect("list");
+            if count(&record, "tools/list") >= 2 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(40), read_again)
+        .await
+        .unwrap_or_else(|_| panic!("not read again: {:?}", h.cache_stats()));
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}

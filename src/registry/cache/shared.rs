@@ -485,6 +485,9 @@ impl Floors {
             super::disk::write_private(&self.path, &serde_json::to_vec(&floors)?)
         });
         if let Err(e) = kept {
+            // Tried again at the next rise, and at shutdown: a rise never written would
+            // let a restarted process take pages from before it.
+            self.dirty.store(true, Ordering::SeqCst);
             tracing::warn!(path = %self.path.display(), error = %e, "the shared cache's generation floors could not be kept on disk");
         }
     }
@@ -1189,7 +1192,8 @@ impl SharedCache {
 
     /// Listens for other processes' invalidations until the layer is dropped: `changed`
     /// is called with a server id for each one heard, and with every shared server
-    /// after the subscription was re-established (changes may have been missed).
+    /// after the subscription was re-established, or made late (changes may have been
+    /// missed).
     pub fn listen(self: &Arc<Self>, changed: impl Fn(&str) + Send + Sync + 'static) {
         let client = self.client.clone();
         let channel = self.config.channel();
@@ -1198,7 +1202,10 @@ impl SharedCache {
         let this = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             let mut waits = backoff();
-            let mut subscribed_before = false;
+            // Whether a change may have gone unheard when the next subscription is made:
+            // once one was made (it can only end) or could not be made (lists were
+            // cached meanwhile, from the servers themselves).
+            let mut may_have_missed = false;
             loop {
                 let connected = tokio::time::timeout(Duration::from_secs(2), async {
                     let mut pubsub = client.get_async_pubsub().await?;
@@ -1209,13 +1216,13 @@ impl SharedCache {
                 match connected {
                     Ok(Ok(pubsub)) => {
                         waits = backoff();
-                        if subscribed_before {
+                        if may_have_missed {
                             tracing::info!(
-                                "shared cache subscription re-established; shared lists are read again"
+                                "shared cache subscription (re-)established; shared lists are read again"
                             );
                             servers.iter().for_each(|s| changed(s));
                         }
-                        subscribed_before = true;
+                        may_have_missed = true;
                         let (mut sink, mut messages) = pubsub.split();
                         let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
                         ping.tick().await;
@@ -1257,8 +1264,14 @@ impl SharedCache {
                         }
                         tracing::debug!("shared cache subscription ended");
                     }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "shared cache subscription failed"),
-                    Err(_) => tracing::debug!("shared cache subscription timed out"),
+                    Ok(Err(e)) => {
+                        may_have_missed = true;
+                        tracing::debug!(error = %e, "shared cache subscription failed");
+                    }
+                    Err(_) => {
+                        may_have_missed = true;
+                        tracing::debug!("shared cache subscription timed out");
+                    }
                 }
                 if this.strong_count() == 0 {
                     return;
@@ -1394,6 +1407,20 @@ mod tests {
             std::fs::metadata(&path).expect("there").len(),
             MAX_FLOORS_FILE + 1
         );
+        // A write that failed is tried again at the next (the shutdown's).
+        std::fs::write(&path, r#"{"s": 10}"#).expect("write");
+        let lock = path.with_extension("lock");
+        let _ = std::fs::remove_file(&lock);
+        std::fs::create_dir(&lock).expect("a directory where the lock goes");
+        let fourth = layer(&config);
+        fourth.highest.lock().insert("s".into(), 30);
+        fourth.floors_rose();
+        fourth.write_floors().await;
+        std::fs::remove_dir(&lock).expect("rmdir");
+        fourth.write_floors().await;
+        let kept: HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept, HashMap::from([("s".into(), 30)]));
         drop(first);
     }
 
