@@ -252,6 +252,15 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
         .await
         .expect("the legacy request waits");
     assert_eq!(pending[0].request.agent_id.as_deref(), Some("c"));
+    // The approver is told what will be sent: the model its hints pick, the tokens
+    // capped, and what is reserved (the server's own word on it is not taken).
+    let plan = &pending[0].request.params["_meta"][mcp_harness::call::input::APPROVAL_META];
+    assert_eq!(plan["model"], "claude-small", "{plan}");
+    assert_eq!(plan["maxTokens"], 10, "{plan}");
+    assert!(
+        plan["reservedTokens"].as_u64().is_some_and(|r| r > 10),
+        "{plan}"
+    );
     assert!(queue.answer(pending[0].id, json!({"action": "accept"})));
     let r = call.await.expect("join").expect("served");
     assert_eq!(

@@ -163,6 +163,16 @@ fn shown(text: &str) -> String {
 /// [`SHOWN_MESSAGES`]), each cut visibly.
 pub fn sampling_shown(params: &Value) -> Vec<String> {
     let mut out = Vec::new();
+    // What the harness will send (the model, the capped tokens), when it says.
+    let plan = &params["_meta"][mcp_harness::call::input::APPROVAL_META];
+    if let Some(model) = plan["model"].as_str() {
+        out.push(format!(
+            "model: {}, up to {} tokens ({} reserved from the budgets)",
+            line(model),
+            plan["maxTokens"].as_u64().unwrap_or(0),
+            plan["reservedTokens"].as_u64().unwrap_or(0)
+        ));
+    }
     if let Some(system) = params["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
         out.push(format!("system: {}", shown(system)));
     }
@@ -220,7 +230,9 @@ impl InputHandler for CliApprover {
                 let p = &request.params;
                 let messages = p["messages"].as_array().map_or(0, Vec::len);
                 // Without a number of its own, the request gets the configured most.
-                let tokens = match p["maxTokens"].as_u64() {
+                let capped =
+                    p["_meta"][mcp_harness::call::input::APPROVAL_META]["maxTokens"].as_u64();
+                let tokens = match capped.or_else(|| p["maxTokens"].as_u64()) {
                     Some(n) => format!("up to {n} tokens"),
                     None => "the configured most tokens".to_string(),
                 };

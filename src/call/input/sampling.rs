@@ -259,20 +259,30 @@ impl SamplingHandler {
     }
 }
 
-/// Gives a reservation back to its budget when dropped (set `asked` to 0 to keep it).
-struct GiveBack<'a> {
+/// A reservation, settled when dropped: given back (`charged` 0) until the provider
+/// is asked, charged in full from then on (the provider may bill a request whose
+/// answer is lost: failed, cut short, or dropped with its handler). Either way it is
+/// no longer open, so it is not carried into the budgets' next windows.
+struct Reservation<'a> {
     sampler: &'a Sampler,
     /// The budgets reserved from (the call's, the server's minute) and their ids.
     budgets: [(&'a str, u64); 2],
     asked: u64,
+    /// What it is settled at if dropped.
+    charged: u64,
 }
 
-impl Drop for GiveBack<'_> {
+impl Reservation<'_> {
+    /// Settles it at what the provider says was used.
+    fn settle(mut self, used: u64) {
+        self.charged = used;
+    }
+}
+
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if self.asked > 0 {
-            for (key, id) in self.budgets {
-                self.sampler.settle(key, id, self.asked, 0);
-            }
+        for (key, id) in self.budgets {
+            self.sampler.settle(key, id, self.asked, self.charged);
         }
     }
 }
@@ -332,7 +342,9 @@ impl Sampler {
             // Calls idle this long are over (a running call's entry is used again);
             // if that is not enough, the least recently used go too, down to half, so
             // that the next clean-up is as far away (never a scan on every request).
-            spent.retain(|_, b| now.duration_since(b.used) < Duration::from_secs(600));
+            // A budget with tokens still reserved is kept: they settle with it.
+            spent
+                .retain(|_, b| b.open > 0 || now.duration_since(b.used) < Duration::from_secs(600));
             if spent.len() > MAX_BUDGETS / 2 {
                 let mut last_used: Vec<Instant> = spent.values().map(|b| b.used).collect();
                 let cut = spent.len() - MAX_BUDGETS / 2;
@@ -343,6 +355,7 @@ impl Sampler {
                 // own window's spending out.
                 spent.retain(|k, b| {
                     k == key
+                        || b.open > 0
                         || b.used >= oldest_kept
                         || (k.starts_with("minute:") && now.duration_since(b.start) < LEGACY_WINDOW)
                 });
@@ -452,15 +465,17 @@ impl Sampler {
         // A person is asked last: a request the checks above refuse waits for nobody.
         // What they do not approve is given back to the budget, also when nobody answers
         // in time or the request is withdrawn (this future is then dropped).
+        let mut reservation = Reservation {
+            sampler: self,
+            budgets: [(&key, budget_id), (&server_key, server_budget_id)],
+            asked,
+            charged: 0,
+        };
+        let model = self.model(params);
         if policy == SamplingPolicy::Approve {
-            let mut unapproved = GiveBack {
-                sampler: self,
-                budgets: [(&key, budget_id), (&server_key, server_budget_id)],
-                asked,
-            };
             let approved = match &self.approver {
                 Some(approver) => approver
-                    .answer(request.clone())
+                    .answer(for_approval(&request, &model, max_tokens, asked))
                     .await
                     .map(|a| a.get("action").and_then(Value::as_str) == Some("accept")),
                 None => Ok(false),
@@ -469,22 +484,19 @@ impl Sampler {
                 approved?;
                 return Err(InputError::Denied(Denial::NotApproved));
             }
-            unapproved.asked = 0;
         }
-        let model = self.model(params);
+        reservation.charged = asked;
         let outcome = match self.config.provider {
             Provider::Openai => self.openai(params, &messages, &model, max_tokens).await,
             Provider::Anthropic => self.anthropic(params, &messages, &model, max_tokens).await,
         };
         match outcome {
             Ok((result, used)) => {
-                let used = used.unwrap_or(asked);
-                self.settle(&key, budget_id, asked, used);
-                self.settle(&server_key, server_budget_id, asked, used);
+                reservation.settle(used.unwrap_or(asked));
                 Ok(result)
             }
             Err(e) => {
-                // The reservation stays spent: the provider may have billed a request
+                // Charged what was reserved: the provider may have billed a request
                 // whose answer was lost (a timeout, a reply cut short), and a failing
                 // provider is not asked again and again within one budget.
                 // The detail may name the provider's address: the log has it, the
@@ -676,6 +688,37 @@ fn base_url(config: &SamplingConfig) -> String {
         }
         .to_string()
     })
+}
+
+/// The `_meta` key under which an approver is told what the harness will do with a
+/// sampling request: the model, the `maxTokens` it sends (capped), and the tokens
+/// reserved from the budgets. Set by the harness whatever the server put there.
+pub const APPROVAL_META: &str = "mcp-harness/sampling";
+
+/// The request as an approver sees it: the server's params, with [`APPROVAL_META`]
+/// in their `_meta`.
+fn for_approval(
+    request: &InputRequestContext,
+    model: &str,
+    max_tokens: u64,
+    reserved: u64,
+) -> InputRequestContext {
+    let mut request = request.clone();
+    if let Some(params) = request.params.as_object_mut() {
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if !meta.is_object() {
+            *meta = Value::Object(Default::default());
+        }
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(
+                APPROVAL_META.into(),
+                json!({"model": model, "maxTokens": max_tokens, "reservedTokens": reserved}),
+            );
+        }
+    }
+    request
 }
 
 /// `temperature` and `stopSequences` (under the provider's name), when given.
@@ -1000,10 +1043,11 @@ mod tests {
         sampler
             .reserve("minute:s", 50)
             .expect("the server's minute");
+        // Calls that were served: nothing of theirs is still reserved.
         for id in 1..MAX_BUDGETS - 1 {
-            sampler
-                .reserve(&format!("call:{id}"), 1)
-                .expect("within budget");
+            let key = format!("call:{id}");
+            let budget = sampler.reserve(&key, 1).expect("within budget");
+            sampler.settle(&key, budget, 1, 1);
         }
         assert_eq!(sampler.spent.lock().len(), MAX_BUDGETS);
         // The map is full: the next reservation, of the least recently used budget,
@@ -1022,12 +1066,54 @@ mod tests {
             "a server's open window is kept"
         );
         assert!(!spent.contains_key("call:1"), "the least recently used go");
+
         let newest = format!("call:{}", MAX_BUDGETS - 2);
         assert_eq!(
             spent.get(&newest).map(|e| e.spent),
             Some(1),
             "the newest stay"
         );
+        drop(spent);
+        // A budget with tokens still reserved is kept however old: they settle with it.
+        let open = sampler.reserve("call:open", 5).expect("reserved");
+        for id in 0..MAX_BUDGETS {
+            let key = format!("later:{id}");
+            let budget = sampler.reserve(&key, 1).expect("within budget");
+            sampler.settle(&key, budget, 1, 1);
+        }
+        let spent = sampler.spent.lock();
+        assert_eq!(
+            spent.get("call:open").map(|e| (e.open, e.id)),
+            Some((5, open))
+        );
+    }
+
+    #[test]
+    fn an_approver_is_told_the_harness_s_plan_whatever_the_server_wrote_there() {
+        let ask = |params: Value| InputRequestContext {
+            server: "s".into(),
+            method: "sampling/createMessage".into(),
+            params,
+            agent_id: None,
+            key: String::new(),
+            call_id: None,
+            shared: false,
+        };
+        let plan = json!({"model": "m1", "maxTokens": 40, "reservedTokens": 90});
+        for params in [
+            json!({"maxTokens": 9999, "_meta": {APPROVAL_META: {"model": "cheap"}, "other": 1}}),
+            json!({"maxTokens": 9999, "_meta": "not an object"}),
+            json!({"maxTokens": 9999}),
+        ] {
+            let shown = for_approval(&ask(params.clone()), "m1", 40, 90);
+            assert_eq!(shown.params["_meta"][APPROVAL_META], plan, "{params}");
+            // The rest is the server's, as sent.
+            assert_eq!(shown.params["maxTokens"], 9999);
+        }
+        let kept = for_approval(&ask(json!({"_meta": {"other": 1}})), "m1", 40, 90);
+        assert_eq!(kept.params["_meta"]["other"], 1);
+        // Params that are no object are left as they are.
+        assert_eq!(for_approval(&ask(json!(7)), "m1", 40, 90).params, json!(7));
     }
 
     #[test]
@@ -1070,9 +1156,28 @@ mod tests {
         );
         // Settled, nothing is carried into the next window.
         pass_a_window();
-        sampler
+        let whole = sampler
             .reserve("server:s", 100)
             .expect("a whole new window");
+        sampler.settle("server:s", whole, 100, 25);
+        // A request whose provider failed (or whose handler was dropped once the
+        // provider was asked) is charged what it reserved, and is no longer open: the
+        // next window does not carry it.
+        let id = sampler.reserve("server:s", 70).expect("reserved");
+        drop(Reservation {
+            sampler,
+            budgets: [("server:s", id), ("minute:none", 0)],
+            asked: 70,
+            charged: 70,
+        });
+        let after = sampler
+            .spent
+            .lock()
+            .get("server:s")
+            .map(|e| (e.spent, e.open));
+        assert_eq!(after, Some((95, 0)));
+        pass_a_window();
+        sampler.reserve("server:s", 100).expect("nothing carried");
         // A budget forgotten and begun anew owes an old reservation nothing.
         sampler.spent.lock().clear();
         sampler.reserve("server:s", 40).expect("reserved");
