@@ -132,6 +132,26 @@ const REVIEW_ITEMS: usize = 64;
 const REVIEW_ITEMS_SHORT: usize = 16;
 /// How deep a request is shown.
 const REVIEW_DEPTH: usize = 16;
+/// Keys shown before any other, at every level: what the request asks and says.
+const FIRST_SHOWN: &[&str] = &[
+    "_meta",
+    crate::call::input::APPROVAL_META,
+    "messages",
+    "systemPrompt",
+    "maxTokens",
+    "modelPreferences",
+    "message",
+    "mode",
+    "url",
+    "requestedSchema",
+    "role",
+    "content",
+    "type",
+    "text",
+    "mimeType",
+    "data",
+];
+
 /// The most one request takes in the list: the 256 a queue holds stay within the
 /// 16 MiB `mcp-harness approvals` reads.
 const REVIEW_BYTES: usize = 48 << 10;
@@ -181,7 +201,13 @@ fn for_review(params: &Value) -> Value {
             Value::Object(map) if depth >= REVIEW_DEPTH && !map.is_empty() => deeper(),
             Value::Object(map) => {
                 let mut out = serde_json::Map::new();
-                for (key, value) in map.iter().take(most.items) {
+                // What a person decides on comes first, whatever keys a server adds to
+                // push it past the cut (keys come sorted).
+                let first = FIRST_SHOWN.iter().filter_map(|k| map.get_key_value(*k));
+                let rest = map
+                    .iter()
+                    .filter(|(k, _)| !FIRST_SHOWN.contains(&k.as_str()));
+                for (key, value) in first.chain(rest).take(most.items) {
                     let key = match cut(key, 256) {
                         Value::String(k) => k,
                         _ => continue,
@@ -308,6 +334,31 @@ mod tests {
         );
         let too_many = json!({"a": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]});
         assert!(for_review(&too_many)["omitted"].is_string());
+        // Keys a server adds to push what matters past the cut do not.
+        let mut padded = serde_json::Map::new();
+        for i in 0..100 {
+            padded.insert(format!("A{i:03}"), json!(i));
+        }
+        padded.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": {"type": "text", "text": "hi"}}]),
+        );
+        let mut meta = serde_json::Map::new();
+        for i in 0..100 {
+            meta.insert(format!("A{i:03}"), json!(i));
+        }
+        meta.insert(
+            crate::call::input::APPROVAL_META.into(),
+            json!({"model": "m"}),
+        );
+        padded.insert("_meta".into(), Value::Object(meta));
+        let shown = for_review(&Value::Object(padded));
+        assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        assert_eq!(
+            shown["_meta"][crate::call::input::APPROVAL_META]["model"],
+            "m",
+            "{shown}"
+        );
         // Params of any shape come back without a panic.
         for odd in [
             json!(null),
