@@ -1166,6 +1166,38 @@ async fn a_stdio_answer_longer_than_max_body_bytes_fails_its_question_at_once() 
     let _ = child.wait().await;
 }
 
+// A legacy server that gives its question up (`notifications/cancelled`) while a
+// legacy client is asked it: the call goes on without waiting for the client's answer
+// (input_timeout, a minute here), and its result comes.
+#[tokio::test]
+async fn a_question_its_server_gave_up_holds_a_legacy_clients_call_no_longer() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("input_timeout = \"60s\"", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let mut next = async || next_message(&mut lines).await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "beta__confirm", "arguments": {"give_up_ms": 500}}});
+    stdin
+        .write_all(format!("{init}\n{call}\n").as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(next().await["id"], 1);
+    let question = next().await;
+    assert_eq!(question["method"], "elicitation/create", "{question}");
+    // Not answered: the server gives it up, and the call ends.
+    let ended = next().await;
+    assert_eq!(ended["id"], 2, "{ended}");
+    assert_eq!(
+        ended["result"]["content"][0]["text"], "gave up asking",
+        "{ended}"
+    );
+    drop(stdin);
+    let _ = child.wait().await;
+}
+
 // A browser page at an allowed origin can call the gateway: its preflight is answered
 // (no credentials needed), and each answer names the origin and the headers a script
 // may read. Before, OPTIONS got 405 and no answer carried CORS headers, so a browser
@@ -2991,6 +3023,54 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         "{watched}"
     );
     assert!(gw.stop().await.success());
+}
+
+// `serve` warns at start when `/metrics` listens beyond loopback and asks for no
+// token; with `metrics_tokens`, or on loopback, it does not.
+#[tokio::test]
+async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
+    use tokio::io::AsyncBufReadExt;
+    let with_token = format!(
+        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
+        sha256_hex(b"scrape-me")
+    );
+    for (extra, metrics_on, warned) in [
+        ("", "0.0.0.0:0", true),
+        (with_token.as_str(), "0.0.0.0:0", false),
+        ("", "127.0.0.1:0", false),
+    ] {
+        let setup = Setup::new(extra, &[("k1", &key("k1"))]);
+        let config = setup.config.display().to_string();
+        let mut child = tokio::process::Command::new(harness_exe())
+            .args(["serve", "--config", &config, "--listen", "127.0.0.1:0"])
+            .args(["--metrics", metrics_on])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut before = Vec::new();
+        // Until the metrics listener says where it is (the warning comes before).
+        let read = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("metrics http://") {
+                    return true;
+                }
+                before.push(line);
+            }
+            false
+        })
+        .await;
+        assert_eq!(read.ok(), Some(true), "{metrics_on}: {before:?}");
+        let warning = before
+            .iter()
+            .any(|l| l.contains("/metrics asks for no token"));
+        assert_eq!(warning, warned, "{extra:?} on {metrics_on}: {before:?}");
+        let _ = child.kill().await;
+    }
 }
 
 // With `metrics_tokens`, a scrape needs one of them; the text follows the calls

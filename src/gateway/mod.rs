@@ -1813,16 +1813,21 @@ impl Gateway {
                     tokio::select! {
                         answer = &mut call => break answer,
                         Some(q) = asked.recv() => {
-                            let mode = crate::call::input::elicitation_mode(&q.params);
+                            let crate::call::ServerQuestion { method, params, reply: mut reply_to, .. } = q;
+                            let mode = crate::call::input::elicitation_mode(&params);
                             let reply = match peer {
                                 Some(peer) if mode.is_some_and(|mode| elicits(&client.capabilities, mode)) => {
                                     let (at, _) = answer_by();
-                                    let asked = tokio::time::timeout_at(at, peer.request(&q.method, q.params));
+                                    let asked = tokio::time::timeout_at(at, peer.request(&method, params));
                                     tokio::select! {
                                         reply = asked => reply.unwrap_or_else(|_| {
                                             Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
                                         }),
                                         _ = cancel.cancelled() => Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
+                                        // The server gave its question up (or its call
+                                        // ended): the client's answer is no one's now,
+                                        // and the call goes on without waiting for it.
+                                        () = reply_to.closed() => continue,
                                     }
                                 }
                                 _ => Err(RpcError::new(
@@ -1830,7 +1835,7 @@ impl Gateway {
                                     format!("the client does not support {}-mode elicitation", mode.unwrap_or("this")),
                                 )),
                             };
-                            let _ = q.reply.send(reply);
+                            let _ = reply_to.send(reply);
                         }
                     }
                 }

@@ -150,9 +150,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                     config.metrics_tokens.clone(),
                     current.clone(),
                 );
-                let tokens: gateway::Tokens = std::sync::Arc::new(move || match current.get() {
-                    Some(g) => g.config().metrics_tokens.clone(),
-                    None => at_start.clone(),
+                // A reload that takes every token away opens a listener served beyond
+                // this machine: said once each time it happens.
+                let beyond_loopback = !local.ip().to_canonical().is_loopback();
+                let open_told = std::sync::atomic::AtomicBool::new(at_start.is_empty());
+                let tokens: gateway::Tokens = std::sync::Arc::new(move || {
+                    let tokens = match current.get() {
+                        Some(g) => g.config().metrics_tokens.clone(),
+                        None => at_start.clone(),
+                    };
+                    let open = tokens.is_empty();
+                    let was = open_told.swap(open, std::sync::atomic::Ordering::Relaxed);
+                    if open && !was && beyond_loopback {
+                        tracing::warn!(address = %local, "/metrics asks for no token any more (gateway.metrics_tokens is empty since a reload) and is served beyond this machine");
+                    }
+                    tokens
                 });
                 Some(tokio::spawn(gateway::metrics::serve(
                     served,
