@@ -835,17 +835,20 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     h.shutdown().await;
 }
 
-/// A harness whose caller alice signed in with a token of 4 s, now expired; its
-/// refreshes are answered `refresh_delay_ms` late.
-async fn alice_token_expired(refresh_delay_ms: &str) -> (World, HarnessHandle, Caller) {
+/// A harness whose caller alice signed in with a token now expired, whose refreshes
+/// are answered `refresh_delay_ms` late. Tokens live 2 s longer than that delay (the
+/// server counts whole seconds, so a refreshed token stays good for at least a second
+/// after it lands, also on a loaded machine).
+async fn alice_token_expired(refresh_delay_ms: u64) -> (World, HarnessHandle, Caller) {
+    let ttl = refresh_delay_ms.div_ceil(1000) + 2;
     let w = World::new(
         &[
             "--client",
             "pre",
             "--token-ttl",
-            "4",
+            &ttl.to_string(),
             "--refresh-delay-ms",
-            refresh_delay_ms,
+            &refresh_delay_ms.to_string(),
         ],
         &[],
     )
@@ -854,7 +857,7 @@ async fn alice_token_expired(refresh_delay_ms: &str) -> (World, HarnessHandle, C
     ready(&h).await;
     let alice = as_user("alice");
     assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
-    tokio::time::sleep(Duration::from_millis(4200)).await; // past its expiry (deliberate)
+    tokio::time::sleep(Duration::from_millis(ttl * 1000 + 200)).await; // past its expiry (deliberate)
     (w, h, alice)
 }
 
@@ -865,7 +868,7 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
     // seconds, so a token stays good for at least a second after a refresh lands: the
     // lifetime must stay 2 s above the delay); refreshes are answered 2 s late. Alice's token is hers alone (the harness's own
     // requests use another).
-    let (w, h, alice) = alice_token_expired("2000").await;
+    let (w, h, alice) = alice_token_expired(2000).await;
     let before = w.refreshes();
     let renewing = tokio::spawn({
         let (h, alice) = (h.clone(), alice.clone());
@@ -901,8 +904,8 @@ async fn a_request_whose_token_expired_while_another_renews_it_times_out_and_the
 
 #[tokio::test]
 async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_is_kept() {
-    // Tokens live 4 s; refreshes are answered 3 s late.
-    let (w, h, alice) = alice_token_expired("3000").await;
+    // Tokens live 5 s; refreshes are answered 3 s late.
+    let (w, h, alice) = alice_token_expired(3000).await;
     let before = w.refreshes();
     let options = CallOptions {
         timeout: Some(Duration::from_millis(800)),
@@ -921,7 +924,7 @@ async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_
     assert!(took < Duration::from_millis(2500), "{took:?}");
     assert_eq!(w.refreshes(), before + 1, "the refresh was sent");
     // The refresh went on and its token was kept: the next call goes on from it
-    // (refreshing again, as a 4 s token always is due), with no new sign-in.
+    // (refreshing again, as a 5 s token always is due), with no new sign-in.
     let signed_in = w.at("authorize").len();
     assert_eq!(subject(&h, &alice).await.expect("call"), "alice");
     assert_eq!(w.at("authorize").len(), signed_in, "no new sign-in");

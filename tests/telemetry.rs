@@ -750,3 +750,48 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }
+
+// A collector that takes connections and never answers holds the command's exit up to
+// `OTEL_EXPORTER_OTLP_TIMEOUT` per export, not without end (the exporter's own HTTP
+// client is built with that timeout).
+#[tokio::test]
+async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept() {
+            held.push(socket);
+        }
+    });
+    let record = temp_file("otel-silent");
+    let config = config("otel-silent", &record);
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(harness_exe())
+            .args(["call", "--config"])
+            .arg(&config)
+            .args(["s__echo", r#"{"text": "traced"}"#])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            .env("OTEL_EXPORTER_OTLP_TIMEOUT", "500")
+            .env_remove("OTEL_SDK_DISABLED")
+            .env_remove("OTEL_TRACES_SAMPLER")
+            .env_remove("OTEL_TRACES_SAMPLER_ARG")
+            .output()
+            .expect("run mcp-harness call")
+    })
+    .await
+    .expect("join");
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("traced"));
+    // The call itself takes well under a second; each export gives up after 0.5 s (the
+    // default would be 10 s each).
+    assert!(took < Duration::from_secs(9), "exited after {took:?}");
+    let _ = std::fs::remove_file(record);
+}

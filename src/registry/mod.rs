@@ -44,7 +44,7 @@ pub enum HarnessEvent {
     },
     /// A server said some of its lists changed (`notifications/*/list_changed`);
     /// announced once the cache has dropped them, so a listing on hearing it reads
-    /// them again.
+    /// them again (or after 30 s, logged, if the cache could not).
     ListsChanged {
         /// Server id.
         server: String,

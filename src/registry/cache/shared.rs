@@ -1424,6 +1424,41 @@ mod tests {
         drop(first);
     }
 
+    // Another process holding the floors' lock (a lock of its own on the same file, as
+    // `flock` counts them) holds this one's write until it lets go.
+    #[tokio::test]
+    async fn a_floors_write_waits_for_the_lock_another_holder_has() {
+        use std::collections::HashMap;
+        let dir = crate::util::scratch::Scratch::new("shared-floors-lock");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = SharedConfig::new("redis://127.0.0.1:1".to_string(), vec!["s".to_string()]);
+        let layer = SharedCache::new(config, Some(&dir)).expect("layer (connects lazily)");
+        let path = layer
+            .floors
+            .as_ref()
+            .expect("with a disk layer")
+            .path
+            .clone();
+        let other = crate::util::lock::open(&path.with_extension("lock")).expect("open");
+        assert!(crate::util::lock::exclusive(&other, false).expect("lock"));
+        layer.highest.lock().insert("s".into(), 5);
+        layer.floors_rose();
+        let writing = tokio::spawn({
+            let layer = layer.clone();
+            async move { layer.write_floors().await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!path.exists(), "written while another held the lock");
+        drop(other);
+        tokio::time::timeout(Duration::from_secs(10), writing)
+            .await
+            .expect("written once the lock is free")
+            .expect("join");
+        let kept: HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept, HashMap::from([("s".into(), 5)]));
+    }
+
     #[test]
     fn generations_are_read_only_as_redis_writes_integers() {
         assert_eq!(canonical_generation(b"0"), Some(0));
