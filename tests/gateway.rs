@@ -2605,6 +2605,44 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     gw.stop().await;
 }
 
+// A reload that takes a principal's grant to a tool away ends its parked input rounds
+// on that tool: the answer to one is refused, and the tool's call does not complete.
+#[tokio::test]
+async fn a_parked_round_on_a_tool_whose_grant_a_reload_took_away_is_not_resumed() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let params = json!({"name": "beta__confirm", "arguments": {"message": "ship?"}});
+    let (status, r) = gw.modern("tok-a", "tools/call", params.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let everything = "[permissions.a]\n\"*\" = [\"*\"]";
+    assert!(original.contains(everything));
+    gw.reload_with(
+        &setup,
+        &original.replace(everything, "[permissions.a]\nalpha = [\"*\"]"),
+    );
+    let mut narrowed = false;
+    for _ in 0..100 {
+        let (_, listed) = gw.modern("tok-a", "tools/list", json!({})).await;
+        if listed["result"]["tools"].as_array().is_some_and(|tools| {
+            !tools.is_empty() && !tools.iter().any(|t| t["name"] == "beta__confirm")
+        }) {
+            narrowed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(narrowed, "the reload took beta away from a");
+    let mut again = params.clone();
+    again["requestState"] = r["result"]["requestState"].clone();
+    again["inputResponses"] =
+        json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
+    let (_, refused) = gw.modern("tok-a", "tools/call", again).await;
+    assert!(refused["error"].is_object(), "{refused}");
+    assert!(gw.stop().await.success());
+}
+
 #[tokio::test]
 async fn a_principals_legacy_event_streams_are_capped_kept_alive_and_freed_with_their_session() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

@@ -435,7 +435,10 @@ async fn sweep_parked(
         }
         let Some(inner) = inner.upgrade() else { return };
         let identity = inner.current.read().identity.clone();
-        inner.parked.sweep(|p| identity.admits(p));
+        // A principal no longer admitted, or a grant taken away, ends its rounds.
+        inner.parked.sweep(|p, server, item| {
+            identity.admits(p) && inner.harness.may_call(&p.agent, server, item)
+        });
     }
 }
 
@@ -1564,6 +1567,21 @@ impl Gateway {
                 // The round continues on the server that issued it, whatever the name
                 // routes to now.
                 name = on_server(kind, &name, &state.server);
+                // A parked call goes on from where it waits, past the route's check of
+                // the grants: checked here (a reload may have taken the grant away).
+                if let Some(id) = &state.parked
+                    && !self.inner.harness.may_call(
+                        &principal.agent,
+                        &state.server,
+                        item_of(kind, &name),
+                    )
+                {
+                    self.inner.parked.discard(id);
+                    return Err(to_rpc(&CallError::NoRoute {
+                        tool: name,
+                        unreachable: Vec::new(),
+                    }));
+                }
                 delegation.input_responses = match params.get("inputResponses") {
                     None | Some(Value::Null) => None,
                     Some(Value::Object(m)) => Some(m.clone()),
@@ -1696,7 +1714,12 @@ impl Gateway {
             );
             let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
-            let Some(id) = self.inner.parked.park(principal, h, question, expires) else {
+            let item = item_of(kind, &name).to_string();
+            let Some(id) = self
+                .inner
+                .parked
+                .park(principal, item, h, question, expires)
+            else {
                 return Err(RpcError::new(
                     -32000,
                     "too many input rounds are held; try again",
@@ -2013,12 +2036,20 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
 
 /// `name` on `server`: a round continues on the server that issued it, whatever the
 /// name would route to now (resources go by uri).
+/// What a call of `name` (as routed: `server__item`, or a resource's URI) is of on its
+/// server, as grants name it.
+fn item_of(kind: CallKind, name: &str) -> &str {
+    if kind == CallKind::Resource {
+        return name;
+    }
+    crate::registry::names::split_qualified(name).map_or(name, |(_, item)| item)
+}
+
 fn on_server(kind: CallKind, name: &str, server: &str) -> String {
     if kind == CallKind::Resource {
         return name.to_string();
     }
-    let bare = crate::registry::names::split_qualified(name).map_or(name, |(_, item)| item);
-    format!("{server}__{bare}")
+    format!("{server}__{}", item_of(kind, name))
 }
 
 /// Requests in flight by key, for `notifications/cancelled`. Several may share a key

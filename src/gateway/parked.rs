@@ -151,6 +151,9 @@ pub async fn wait(mut held: Held) -> Waited {
 /// One parked round.
 struct Parked {
     principal: Principal,
+    /// What the call is of on its server (the question's): a tool's or prompt's name,
+    /// a resource's URI; a reload that takes the grant to it away ends the round.
+    item: String,
     held: Held,
     pending: ServerQuestion,
     expires: Instant,
@@ -188,6 +191,7 @@ impl ParkedRounds {
     pub fn park(
         &self,
         principal: &Principal,
+        item: String,
         mut held: Held,
         pending: ServerQuestion,
         expires: Instant,
@@ -228,6 +232,7 @@ impl ParkedRounds {
             id.clone(),
             Parked {
                 principal: principal.clone(),
+                item,
                 held,
                 pending,
                 expires,
@@ -264,14 +269,15 @@ impl ParkedRounds {
         Some(parked.held)
     }
 
-    /// Drops the rounds past their expiry and those of principals `keep` refuses:
-    /// their calls are cancelled (outside the lock, as cancelling does work).
-    pub fn sweep(&self, keep: impl Fn(&Principal) -> bool) {
+    /// Drops the rounds past their expiry and those `keep` refuses (given the
+    /// principal, the server and the item the call is of): their calls are cancelled
+    /// (outside the lock, as cancelling does work).
+    pub fn sweep(&self, keep: impl Fn(&Principal, &str, &str) -> bool) {
         let now = Instant::now();
         let dropped: Vec<(String, Parked)> = self
             .rounds
             .lock()
-            .extract_if(|_, p| p.expires <= now || !keep(&p.principal))
+            .extract_if(|_, p| p.expires <= now || !keep(&p.principal, &p.pending.server, &p.item))
             .collect();
         drop(dropped);
     }
@@ -330,14 +336,20 @@ mod tests {
         for s in [30, 10, 20] {
             let (held, question, answer) = round();
             let cancel = held.cancel.clone();
-            let id = rounds.park(&a, held, question, later(s)).expect("a parks");
+            let id = rounds
+                .park(&a, "t".into(), held, question, later(s))
+                .expect("a parks");
             a_rounds.push((id, cancel, answer));
         }
         let (held, question, _b_answer) = round();
-        rounds.park(&b, held, question, later(40)).expect("b parks");
+        rounds
+            .park(&b, "t".into(), held, question, later(40))
+            .expect("b parks");
         // Full: c takes the place of a's round that expires first.
         let (held, question, _c_answer) = round();
-        rounds.park(&c, held, question, later(50)).expect("c parks");
+        rounds
+            .park(&c, "t".into(), held, question, later(50))
+            .expect("c parks");
         let (first, cancel, mut answer) = a_rounds.remove(1);
         assert!(
             cancel.is_cancelled(),
@@ -354,13 +366,17 @@ mod tests {
         // Now a holds two, b and c one each: nobody holds two more than b or a.
         for who in [&b, &a] {
             let (held, question, mut answer) = round();
-            assert!(rounds.park(who, held, question, later(60)).is_none());
+            assert!(
+                rounds
+                    .park(who, "t".into(), held, question, later(60))
+                    .is_none()
+            );
             assert!(matches!(answer.try_recv(), Ok(Err(_))), "refused at once");
         }
         // A newcomer still takes one of a's (two against none).
         let (held, question, _d_answer) = round();
         rounds
-            .park(&agent("d"), held, question, later(70))
+            .park(&agent("d"), "t".into(), held, question, later(70))
             .expect("d parks");
         let cancelled = a_rounds.iter().filter(|(_, c, _)| c.is_cancelled());
         assert_eq!(cancelled.count(), 1);

@@ -751,6 +751,15 @@ impl HarnessHandle {
             .is_some_and(|s| self.ctx().allows_any(Some(agent), &s))
     }
 
+    /// Whether `agent` may call `item` (a tool's or prompt's name, a resource's URI) on
+    /// server `id`, per the grants now.
+    pub fn may_call(&self, agent: &str, id: &str, item: &str) -> bool {
+        self.ctx()
+            .servers
+            .get(id)
+            .is_some_and(|s| self.ctx().allows(Some(agent), &s, item))
+    }
+
     /// Whether server `id` holds a token for `identity` (an auth context; `None`: the
     /// harness's own sign-in).
     pub fn signed_in(&self, id: &str, identity: Option<&str>) -> bool {
