@@ -1770,6 +1770,40 @@ async fn delete_session(gw: &Gateway, token: &str, sid: &str) -> u16 {
         .as_u16()
 }
 
+// A notification or an answer that names a session that is gone (or another
+// principal's) gets 404, as a request does, so that the client starts a new one;
+// before, it was taken (202) and dropped.
+#[tokio::test]
+async fn notifications_and_answers_on_an_unknown_session_get_404() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let cancelled = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 5}});
+    let answer = json!({"jsonrpc": "2.0", "id": "gw-1", "result": {"action": "decline"}});
+    for body in [&cancelled, &answer] {
+        let (status, _, _) = legacy_post(&gw, Some(&sid), body.clone()).await;
+        assert_eq!(status, 202, "{body}");
+        let (status, _, _) = legacy_post(&gw, Some("no-such-session"), body.clone()).await;
+        assert_eq!(status, 404, "{body}");
+    }
+    // tok-a's session is not tok-b's.
+    let others = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-b")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("mcp-session-id", &sid)
+        .body(cancelled.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(others.status().as_u16(), 404);
+    assert!(gw.stop().await.success());
+}
+
 #[tokio::test]
 async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
     let setup = Setup::new("session_idle = \"400ms\"", &[("k1", &key("k1"))]);

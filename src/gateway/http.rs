@@ -1028,11 +1028,18 @@ async fn post(
             if let Err(e) = checked {
                 return error_reply(StatusCode::BAD_REQUEST, None, e);
             }
+            // A session this client names that is gone (or not its own): 404, so that
+            // it knows to start one again, as for its requests.
+            if let Some(sid) = session_id.as_deref()
+                && !session_is_live(&state, sid, &principal)
+            {
+                return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
+            }
             cancel_from(&state, &n, &principal, session_id.as_deref());
             full(StatusCode::ACCEPTED, "", "")
         }
         Message::Response(r) => {
-            if let (Some(sid), Some(id)) = (session_id.as_deref(), r.id.as_ref()) {
+            if let Some(sid) = session_id.as_deref() {
                 let pending = {
                     let mut sessions = state.sessions.lock();
                     live_session(
@@ -1043,8 +1050,11 @@ async fn post(
                     )
                     .map(|s| s.pending.clone())
                 };
-                if let Some(p) = pending {
-                    p.answer(id, r.outcome);
+                let Some(pending) = pending else {
+                    return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
+                };
+                if let Some(id) = r.id.as_ref() {
+                    pending.answer(id, r.outcome);
                 }
             }
             full(StatusCode::ACCEPTED, "", "")
@@ -1441,6 +1451,18 @@ fn listen_stream(
 /// client cancels by closing the request's stream (the spec has it post none), and
 /// the clients of one principal (every anonymous one, say) would cancel each other's
 /// requests by their ids.
+/// Whether `sid` is a live session of `principal` (seen now, so it is kept).
+fn session_is_live(state: &State, sid: &str, principal: &Principal) -> bool {
+    let mut sessions = state.sessions.lock();
+    live_session(
+        &mut sessions,
+        sid,
+        principal,
+        state.gateway.config().session_idle,
+    )
+    .is_some()
+}
+
 fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: Option<&str>) {
     if n.method != "notifications/cancelled" {
         return;
