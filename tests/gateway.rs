@@ -1770,6 +1770,61 @@ async fn delete_session(gw: &Gateway, token: &str, sid: &str) -> u16 {
         .as_u16()
 }
 
+// A shortened tool name this gateway process has not listed yet (another replica
+// served it, or it restarted) has its Mcp-Param headers checked all the same: a header
+// that contradicts the body is refused, not let through to a call that succeeds.
+#[tokio::test]
+async fn param_headers_of_a_shortened_name_not_listed_here_yet_are_checked() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let long = "a".repeat(60);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let text = text.replacen("id = \"alpha\"", &format!("id = \"{long}\""), 1);
+    std::fs::write(&setup.config, text).expect("config");
+    let first = setup.start().await;
+    let (_, listed) = first.modern("tok-a", "tools/list", json!({})).await;
+    // Both servers have it, so it is served qualified: too long, so shortened.
+    let served = listed["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| {
+            t["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&long[..20]))
+                && t["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("Mcp-Param-Region"))
+        })
+        .and_then(|t| t["name"].as_str())
+        .expect("the long server's region_echo served")
+        .to_string();
+    assert_eq!(served.len(), 64, "{served}");
+    assert!(!served.contains("region_echo"), "{served}");
+    assert!(first.stop().await.success());
+    // Another process, which has listed nothing yet.
+    let gw = setup.start().await;
+    let params = json!({"name": served, "arguments": {"region": "eu"}});
+    let (status, body, _) = gw
+        .post(
+            Some("tok-a"),
+            &request("tools/call", params.clone()),
+            &[("mcp-param-region", "us")],
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], -32020, "{body}");
+    let (status, body, _) = gw
+        .post(
+            Some("tok-a"),
+            &request("tools/call", params),
+            &[("mcp-param-region", "eu")],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["result"].is_object(), "{body}");
+    assert!(gw.stop().await.success());
+}
+
 // A notification or an answer that names a session that is gone (or another
 // principal's) gets 404, as a request does, so that the client starts a new one;
 // before, it was taken (202) and dropped.

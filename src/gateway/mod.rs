@@ -1098,7 +1098,9 @@ impl Gateway {
                 .and_then(Value::as_str)
                 .unwrap_or_default();
         }
-        let name = self.now().names.resolve(served);
+        // Resolved as the call will be: a header check cannot be passed by a name this
+        // process has not listed yet.
+        let name = self.resolve(principal, CallKind::Tool, served).await?;
         let tool = match self
             .inner
             .harness
@@ -1441,7 +1443,6 @@ impl Gateway {
         kind: CallKind,
         params: &Value,
     ) -> Result<(String, Value), RpcError> {
-        let now = self.now();
         let field = if kind == CallKind::Resource {
             "uri"
         } else {
@@ -1458,21 +1459,32 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            match now.names.resolve(name) {
-                // A shortened name this process has not served yet (another gateway
-                // served it, or this one restarted): learned from the caller's list.
-                same if same == name && names::looks_shortened(name) => {
-                    let listing = self.listing(principal, kind).await?;
-                    let order = &now.order;
-                    now.names.expose(&listing.items, |s| {
-                        order.get(s).copied().unwrap_or(usize::MAX)
-                    });
-                    now.names.resolve(name)
-                }
-                resolved => resolved,
-            }
+            self.resolve(principal, kind, name).await?
         };
         Ok((name, args))
+    }
+
+    /// The name a served (maybe shortened) tool or prompt name stands for. One this
+    /// process has not served yet (another gateway served it, or this one restarted,
+    /// or reloaded) is learned from the caller's list.
+    async fn resolve(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        served: &str,
+    ) -> Result<String, RpcError> {
+        let now = self.now();
+        match now.names.resolve(served) {
+            same if same == served && names::looks_shortened(served) => {
+                let listing = self.listing(principal, kind).await?;
+                let order = &now.order;
+                now.names.expose(&listing.items, |s| {
+                    order.get(s).copied().unwrap_or(usize::MAX)
+                });
+                Ok(now.names.resolve(served))
+            }
+            resolved => Ok(resolved),
+        }
     }
 
     /// What `principal` may use of `kind`.
