@@ -2694,6 +2694,42 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     gw.stop().await;
 }
 
+// A call parked for an input round keeps its params, and so their charge against its
+// principal's large-body budget (4 × max_body_bytes): a parked large call counts as
+// one in flight does.
+#[tokio::test]
+async fn parked_calls_keep_their_large_bodies_charged() {
+    let setup = Setup::new("max_body_bytes = 1048576", &[("k1", &key("k1"))]);
+    let gw = Arc::new(setup.start().await);
+    let pad = "x".repeat(900 << 10);
+    let parked = json!({"name": "beta__confirm", "arguments": {"message": "ok?", "pad": pad}});
+    let (status, r) = gw.modern("tok-a", "tools/call", parked).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    // Three more large calls in flight: four in all, 3.6 MiB of the 4 MiB.
+    let mut slow = Vec::new();
+    for _ in 0..3 {
+        let (gw, pad) = (gw.clone(), pad.clone());
+        slow.push(tokio::spawn(async move {
+            let params =
+                json!({"name": "alpha__slow", "arguments": {"ms": 8000, "text": "z", "pad": pad}});
+            gw.modern("tok-a", "tools/call", params).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let fifth = json!({"name": "alpha__echo", "arguments": {"text": "e", "pad": pad}});
+    let (status, r) = gw.modern("tok-a", "tools/call", fifth).await;
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["code"], -32000, "{r}");
+    for s in slow {
+        let (status, r) = s.await.expect("join");
+        assert_eq!(status, 200, "{r}");
+    }
+    if let Ok(gw) = Arc::try_unwrap(gw) {
+        assert!(gw.stop().await.success());
+    }
+}
+
 // A reload that takes a principal's grant to a tool away ends its parked input rounds
 // on that tool: the answer to one is refused, and the tool's call does not complete.
 #[tokio::test]

@@ -1097,11 +1097,11 @@ async fn post(
             let work = {
                 let state = state.clone();
                 async move {
-                    // Held while the call's params are.
-                    let _large = large;
+                    // Held while the call's params are: by a parked call too.
+                    let hold = large.map(|l| Box::new(l) as super::Hold);
                     state
                         .gateway
-                        .handle(&principal, request, Client::Modern, cancel, progress)
+                        .handle(&principal, request, Client::Modern, cancel, progress, hold)
                         .await
                 }
             };
@@ -1641,7 +1641,7 @@ async fn legacy_request(
             };
             state
                 .gateway
-                .handle(&principal, request, client, cancel, progress)
+                .handle(&principal, request, client, cancel, progress, None)
                 .await
         }
     };

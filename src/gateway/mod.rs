@@ -1144,7 +1144,9 @@ impl Gateway {
     }
 
     /// Answers one request from `principal`. `cancel` cancels the upstream call (a
-    /// downstream `notifications/cancelled`, or the connection gone).
+    /// downstream `notifications/cancelled`, or the connection gone); `progress` is
+    /// where its progress goes; `hold` is kept as long as the call has the request's
+    /// params (see [`Hold`]).
     pub async fn handle(
         &self,
         principal: &Principal,
@@ -1152,6 +1154,7 @@ impl Gateway {
         client: Client<'_>,
         cancel: CancelToken,
         progress: Option<ProgressSender>,
+        hold: Option<Hold>,
     ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
@@ -1208,7 +1211,11 @@ impl Gateway {
             ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
                 Ok(inner) => {
                     params = inner;
-                    let io = CallIo { cancel, progress };
+                    let io = CallIo {
+                        cancel,
+                        progress,
+                        hold,
+                    };
                     self.answer(
                         principal,
                         "tools/call",
@@ -1221,7 +1228,11 @@ impl Gateway {
                 Err(e) => Err(e),
             },
             (method, _) => {
-                let io = CallIo { cancel, progress };
+                let io = CallIo {
+                    cancel,
+                    progress,
+                    hold,
+                };
                 self.answer(principal, method, &params, (&client, capabilities), io)
                     .await
             }
@@ -1538,7 +1549,11 @@ impl Gateway {
         capabilities: Value,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        let CallIo { cancel, progress } = io;
+        let CallIo {
+            cancel,
+            progress,
+            hold,
+        } = io;
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
@@ -1671,6 +1686,8 @@ impl Gateway {
                     traced: Some(traced),
                 };
                 let call = parked::Call::inline(async move {
+                    // The params' cost lasts as long as the call, parked or not.
+                    let _hold = hold;
                     gw.delegated(&who, kind, &target, args, delegation, options)
                         .instrument(span)
                         .await
@@ -1792,7 +1809,12 @@ impl Gateway {
         peer: Option<&dyn ClientPeer>,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        let CallIo { cancel, progress } = io;
+        // Held to the end: a legacy call is never parked.
+        let CallIo {
+            cancel,
+            progress,
+            hold: _hold,
+        } = io;
         let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
             progress: progress_of(params, progress),
@@ -1973,7 +1995,14 @@ fn elicits(capabilities: &Value, mode: &str) -> bool {
 struct CallIo {
     cancel: CancelToken,
     progress: Option<ProgressSender>,
+    /// What the request's params cost, kept while the call has them (see [`Hold`]).
+    hold: Option<Hold>,
 }
+
+/// What a request's params cost its principal (a large body's share of its budget),
+/// given to [`Gateway::handle`] to keep as long as the call has the params: past the
+/// request when its call is parked for an input round.
+pub type Hold = Box<dyn std::any::Any + Send>;
 
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
 pub(crate) fn wants_progress(request: &Request) -> bool {
@@ -2342,7 +2371,7 @@ mod tests {
             tokio::spawn(async move {
                 let cancel = CancelToken::default();
                 gateway
-                    .handle(&principal, request, Client::Modern, cancel, None)
+                    .handle(&principal, request, Client::Modern, cancel, None, None)
                     .await
             })
         };
@@ -2359,6 +2388,7 @@ mod tests {
                 request(2),
                 Client::Modern,
                 CancelToken::default(),
+                None,
                 None,
             )
             .await;

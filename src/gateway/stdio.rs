@@ -455,7 +455,8 @@ pub async fn serve(
                 // Boxed: the task then holds a pointer, not the ~8 KB future that tokio
                 // would copy into its cell and again when it finishes.
                 tasks.spawn(Box::pin(async move {
-                    let _large = large;
+                    // Held while the call's params are: by a parked call too.
+                    let hold = large.map(|l| Box::new(l) as super::Hold);
                     let client = match &legacy {
                         Some(c) => Client::Legacy {
                             client: c,
@@ -481,7 +482,7 @@ pub async fn serve(
                     };
                     let id = request.id.clone();
                     let outcome = gateway
-                        .handle(&principal, request, client, token, progress)
+                        .handle(&principal, request, client, token, progress, hold)
                         .await;
                     // The call is over, so its progress sender is gone: what it sent
                     // goes out before the result.
