@@ -98,6 +98,33 @@ pub enum Denial {
         /// Asked by this request.
         asked: u64,
     },
+    /// The agent's budget for this minute would be exceeded (its calls' sampling on
+    /// every server).
+    #[error(
+        "agent {agent}'s budget of {budget} tokens a minute would be exceeded ({spent} spent, {asked} asked)"
+    )]
+    AgentBudgetExceeded {
+        /// The agent (`(none)` for requests that name none).
+        agent: String,
+        /// The budget.
+        budget: u64,
+        /// Spent in this minute so far.
+        spent: u64,
+        /// Asked by this request.
+        asked: u64,
+    },
+    /// The budget of all sampling for this minute would be exceeded.
+    #[error(
+        "the budget of {budget} tokens a minute for all sampling would be exceeded ({spent} spent, {asked} asked)"
+    )]
+    TotalBudgetExceeded {
+        /// The budget.
+        budget: u64,
+        /// Spent in this minute so far.
+        spent: u64,
+        /// Asked by this request.
+        asked: u64,
+    },
 }
 
 /// A handler could not answer.

@@ -60,6 +60,14 @@ pub struct SamplingConfig {
     /// at most this much a window. Unset: 65,536, or `call_budget_tokens` if larger.
     #[serde(default)]
     pub server_budget_tokens_per_minute: Option<u64>,
+    /// Tokens one agent's calls may spend on sampling in a 60-second window, on every
+    /// server (requests that name no agent share one such budget). Unset: no cap
+    /// beyond the calls' and the servers'.
+    #[serde(default)]
+    pub agent_budget_tokens_per_minute: Option<u64>,
+    /// Tokens all sampling may spend in a 60-second window. Unset: no such cap.
+    #[serde(default)]
+    pub budget_tokens_per_minute: Option<u64>,
     /// `modelPreferences` hints to model names: a hint that contains a key (or is
     /// contained in it), case-insensitively, picks that model.
     #[serde(default)]
@@ -177,6 +185,71 @@ struct Budget {
 /// Ids of [`Budget`] entries.
 static BUDGET_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Key prefixes of the budgets that last a minute: a server's, an agent's, everyone's.
+const SERVER_MINUTE: &str = "minute:";
+const AGENT_MINUTE: &str = "minute-agent:";
+const ALL_MINUTE: &str = "minute-all";
+
+/// What a budget's key names (see [`Sampler::budgets_of`]).
+#[derive(Clone, Copy)]
+enum BudgetOf<'k> {
+    /// A call's, or a legacy server's requests of no call (`server:`, by the minute).
+    Call,
+    Server(&'k str),
+    Agent(&'k str),
+    All,
+}
+
+impl<'k> BudgetOf<'k> {
+    fn of(key: &'k str) -> BudgetOf<'k> {
+        if let Some(server) = key.strip_prefix(SERVER_MINUTE) {
+            BudgetOf::Server(server)
+        } else if let Some(agent) = key.strip_prefix(AGENT_MINUTE) {
+            BudgetOf::Agent(agent)
+        } else if key == ALL_MINUTE {
+            BudgetOf::All
+        } else {
+            BudgetOf::Call
+        }
+    }
+
+    fn size(self, config: &SamplingConfig) -> u64 {
+        match self {
+            BudgetOf::Call => config.call_budget_tokens,
+            BudgetOf::Server(_) => config.server_budget(),
+            BudgetOf::Agent(_) => config.agent_budget_tokens_per_minute.unwrap_or(u64::MAX),
+            BudgetOf::All => config.budget_tokens_per_minute.unwrap_or(u64::MAX),
+        }
+    }
+
+    fn denial(self, budget: u64, spent: u64, asked: u64) -> Denial {
+        match self {
+            BudgetOf::Call => Denial::BudgetExceeded {
+                budget,
+                spent,
+                asked,
+            },
+            BudgetOf::Server(server) => Denial::ServerBudgetExceeded {
+                server: server.to_string(),
+                budget,
+                spent,
+                asked,
+            },
+            BudgetOf::Agent(agent) => Denial::AgentBudgetExceeded {
+                agent: if agent.is_empty() { "(none)" } else { agent }.to_string(),
+                budget,
+                spent,
+                asked,
+            },
+            BudgetOf::All => Denial::TotalBudgetExceeded {
+                budget,
+                spent,
+                asked,
+            },
+        }
+    }
+}
+
 impl SamplingConfig {
     /// The tokens one server's sampling may spend in a window (see
     /// [`Self::server_budget_tokens_per_minute`]).
@@ -191,14 +264,23 @@ impl SamplingConfig {
         if self.max_tokens == 0 {
             return Err(Invalid::new("max_tokens", "must be at least 1"));
         }
-        if self
-            .server_budget_tokens_per_minute
-            .is_some_and(|b| b < self.max_tokens)
-        {
-            return Err(Invalid::new(
+        for (field, budget) in [
+            (
                 "server_budget_tokens_per_minute",
-                "must be at least max_tokens (else no request could be served)",
-            ));
+                self.server_budget_tokens_per_minute,
+            ),
+            (
+                "agent_budget_tokens_per_minute",
+                self.agent_budget_tokens_per_minute,
+            ),
+            ("budget_tokens_per_minute", self.budget_tokens_per_minute),
+        ] {
+            if budget.is_some_and(|b| b < self.max_tokens) {
+                return Err(Invalid::new(
+                    field,
+                    "must be at least max_tokens (else no request could be served)",
+                ));
+            }
         }
         if self.call_budget_tokens == 0 {
             return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
@@ -265,8 +347,8 @@ impl SamplingHandler {
 /// no longer open, so it is not carried into the budgets' next windows.
 struct Reservation<'a> {
     sampler: &'a Sampler,
-    /// The budgets reserved from (the call's, the server's minute) and their ids.
-    budgets: [(&'a str, u64); 2],
+    /// The budgets reserved from (see [`Sampler::budgets_of`]) and their ids.
+    budgets: Vec<(String, u64)>,
     asked: u64,
     /// What it is settled at if dropped.
     charged: u64,
@@ -281,8 +363,8 @@ impl Reservation<'_> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        for (key, id) in self.budgets {
-            self.sampler.settle(key, id, self.asked, self.charged);
+        for (key, id) in &self.budgets {
+            self.sampler.settle(key, *id, self.asked, self.charged);
         }
     }
 }
@@ -296,46 +378,51 @@ impl Sampler {
         }
     }
 
-    /// The key of the budget all of `server`'s sampling draws on in a minute.
-    fn server_key(server: &str) -> String {
-        format!("minute:{server}")
+    /// Every budget a request draws on: its call's (or its legacy server's minute),
+    /// its server's minute, and, when set, its agent's minute and everyone's.
+    fn budgets_of(&self, request: &InputRequestContext) -> Vec<String> {
+        let mut keys = vec![Self::budget_key(request), Self::server_key(&request.server)];
+        if self.config.agent_budget_tokens_per_minute.is_some() {
+            keys.push(format!(
+                "{AGENT_MINUTE}{}",
+                request.agent_id.as_deref().unwrap_or("")
+            ));
+        }
+        if self.config.budget_tokens_per_minute.is_some() {
+            keys.push(ALL_MINUTE.to_string());
+        }
+        keys
     }
 
-    /// Reserves `asked` tokens of the request's budget and of its server's minute, or
-    /// says why not; the id of each budget it was taken from.
-    fn reserve_both(&self, key: &str, server: &str, asked: u64) -> Result<(u64, u64), Denial> {
-        let id = self.reserve(key, asked)?;
-        let server_key = Self::server_key(server);
-        match self.reserve(&server_key, asked) {
-            Ok(server_id) => Ok((id, server_id)),
-            Err(denial) => {
-                self.settle(key, id, asked, 0);
-                Err(match denial {
-                    Denial::BudgetExceeded {
-                        budget,
-                        spent,
-                        asked,
-                    } => Denial::ServerBudgetExceeded {
-                        server: server.to_string(),
-                        budget,
-                        spent,
-                        asked,
-                    },
-                    other => other,
-                })
+    /// The key of the budget all of `server`'s sampling draws on in a minute.
+    fn server_key(server: &str) -> String {
+        format!("{SERVER_MINUTE}{server}")
+    }
+
+    /// Reserves `asked` tokens of each of `keys`, or of none and says why not; the
+    /// ids of the budgets, in order.
+    fn reserve_all(&self, keys: &[String], asked: u64) -> Result<Vec<u64>, Denial> {
+        let mut ids = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.reserve(key, asked) {
+                Ok(id) => ids.push(id),
+                Err(denial) => {
+                    for (key, id) in keys.iter().zip(&ids) {
+                        self.settle(key, *id, asked, 0);
+                    }
+                    return Err(denial);
+                }
             }
         }
+        Ok(ids)
     }
 
     /// Reserves `asked` tokens of the budget `key`, or says why not; the id of the
     /// budget it was taken from.
     fn reserve(&self, key: &str, asked: u64) -> Result<u64, Denial> {
-        let windowed = key.starts_with("server:") || key.starts_with("minute:");
-        let budget = if key.starts_with("minute:") {
-            self.config.server_budget()
-        } else {
-            self.config.call_budget_tokens
-        };
+        let of = BudgetOf::of(key);
+        let windowed = key.starts_with("server:") || !matches!(of, BudgetOf::Call);
+        let budget = of.size(&self.config);
         let mut spent = self.spent.lock();
         let now = Instant::now();
         if spent.len() >= MAX_BUDGETS {
@@ -357,7 +444,7 @@ impl Sampler {
                     k == key
                         || b.open > 0
                         || b.used >= oldest_kept
-                        || (k.starts_with("minute:") && now.duration_since(b.start) < LEGACY_WINDOW)
+                        || (k.starts_with("minute") && now.duration_since(b.start) < LEGACY_WINDOW)
                 });
             }
         }
@@ -376,11 +463,7 @@ impl Sampler {
         }
         entry.used = now;
         if entry.spent.saturating_add(asked) > budget {
-            return Err(Denial::BudgetExceeded {
-                budget,
-                spent: entry.spent,
-                asked,
-            });
+            return Err(of.denial(budget, entry.spent, asked));
         }
         entry.spent += asked;
         entry.open = entry.open.saturating_add(asked);
@@ -457,17 +540,14 @@ impl Sampler {
                 .map_or(0, text_tokens),
         );
         let asked = max_tokens.saturating_add(prompt);
-        let key = Self::budget_key(&request);
-        let server_key = Self::server_key(&request.server);
-        let (budget_id, server_budget_id) = self
-            .reserve_both(&key, &request.server, asked)
-            .map_err(InputError::Denied)?;
+        let keys = self.budgets_of(&request);
+        let ids = self.reserve_all(&keys, asked).map_err(InputError::Denied)?;
         // A person is asked last: a request the checks above refuse waits for nobody.
         // What they do not approve is given back to the budget, also when nobody answers
         // in time or the request is withdrawn (this future is then dropped).
         let mut reservation = Reservation {
             sampler: self,
-            budgets: [(&key, budget_id), (&server_key, server_budget_id)],
+            budgets: keys.into_iter().zip(ids).collect(),
             asked,
             charged: 0,
         };
@@ -864,6 +944,8 @@ mod tests {
             max_tokens,
             call_budget_tokens,
             server_budget_tokens_per_minute: None,
+            agent_budget_tokens_per_minute: None,
+            budget_tokens_per_minute: None,
             models,
             timeout: Duration::from_secs(1),
             ca_file: None,
@@ -1001,14 +1083,15 @@ mod tests {
         config.server_budget_tokens_per_minute = Some(150);
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
         let sampler = &handler.0;
+        let both = |call: &str, server: &str| [call.to_string(), Sampler::server_key(server)];
         sampler
-            .reserve_both("call:1", "s", 60)
+            .reserve_all(&both("call:1", "s"), 60)
             .expect("within both");
         sampler
-            .reserve_both("call:2", "s", 60)
+            .reserve_all(&both("call:2", "s"), 60)
             .expect("within both");
         // A third call, within its own budget, is past the server's minute.
-        let refused = sampler.reserve_both("call:3", "s", 60);
+        let refused = sampler.reserve_all(&both("call:3", "s"), 60);
         assert_eq!(
             refused,
             Err(Denial::ServerBudgetExceeded {
@@ -1021,7 +1104,7 @@ mod tests {
         // Its call's reservation was given back; another server's minute is its own.
         assert_eq!(sampler.spent.lock().get("call:3").map(|e| e.spent), Some(0));
         sampler
-            .reserve_both("call:4", "t", 60)
+            .reserve_all(&both("call:4", "t"), 60)
             .expect("another server");
         // Unset, it is never less than one call's budget; set, never less than one
         // request's ceiling.
@@ -1117,6 +1200,70 @@ mod tests {
     }
 
     #[test]
+    fn an_agents_minute_spans_its_servers_and_everyones_spans_the_agents() {
+        let mut config = local("m", 10, 100, BTreeMap::new());
+        config.agent_budget_tokens_per_minute = Some(150);
+        config.budget_tokens_per_minute = Some(200);
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        let ask = |call: u64, server: &str, agent: Option<&str>| InputRequestContext {
+            server: server.into(),
+            method: "sampling/createMessage".into(),
+            params: json!({}),
+            agent_id: agent.map(String::from),
+            key: String::new(),
+            call_id: Some(call),
+            shared: false,
+        };
+        let reserve = |call, server, agent| {
+            let keys = sampler.budgets_of(&ask(call, server, agent));
+            sampler.reserve_all(&keys, 60)
+        };
+        reserve(1, "s", Some("a")).expect("a's first");
+        reserve(2, "t", Some("a")).expect("a's second, on another server");
+        // A third of a's, within its call's and its server's budgets, is past a's minute.
+        assert_eq!(
+            reserve(3, "u", Some("a")),
+            Err(Denial::AgentBudgetExceeded {
+                agent: "a".into(),
+                budget: 150,
+                spent: 120,
+                asked: 60
+            })
+        );
+        // Refused, it holds nothing: not its call's, its server's or everyone's.
+        let spent = |key: &str| sampler.spent.lock().get(key).map(|e| e.spent);
+        assert_eq!(spent("call:3"), Some(0));
+        assert_eq!(spent(&Sampler::server_key("u")), Some(0));
+        assert_eq!(spent(ALL_MINUTE), Some(120));
+        // Requests of no agent share one budget; everyone's minute holds them all.
+        reserve(4, "s", None).expect("no agent's first");
+        assert_eq!(
+            reserve(5, "v", Some("b")),
+            Err(Denial::TotalBudgetExceeded {
+                budget: 200,
+                spent: 180,
+                asked: 60
+            })
+        );
+        assert_eq!(spent(AGENT_MINUTE), Some(60));
+        // Unset, neither is drawn on; set, neither may be below max_tokens.
+        let plain = SamplingHandler::new(
+            local("m", 10, 100, BTreeMap::new()),
+            SharedAgents::default(),
+            None,
+        )
+        .expect("handler");
+        assert_eq!(plain.0.budgets_of(&ask(1, "s", Some("a"))).len(), 2);
+        let mut config = local("m", 10, 100, BTreeMap::new());
+        config.agent_budget_tokens_per_minute = Some(5);
+        assert!(config.validate().is_err());
+        let mut config = local("m", 10, 100, BTreeMap::new());
+        config.budget_tokens_per_minute = Some(5);
+        assert!(config.validate().is_err());
+    }
+
+    #[test]
     fn a_reservation_still_open_draws_on_the_next_window() {
         let config = local("m", 10, 100, BTreeMap::new());
         let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
@@ -1166,7 +1313,7 @@ mod tests {
         let id = sampler.reserve("server:s", 70).expect("reserved");
         drop(Reservation {
             sampler,
-            budgets: [("server:s", id), ("minute:none", 0)],
+            budgets: vec![("server:s".into(), id)],
             asked: 70,
             charged: 70,
         });
