@@ -1029,8 +1029,10 @@ async fn post(
                 return error_reply(StatusCode::BAD_REQUEST, None, e);
             }
             // A session this client names that is gone (or not its own): 404, so that
-            // it knows to start one again, as for its requests.
+            // it knows to start one again, as for its requests. A 2026-07-28 client has
+            // no session: a stray header of its is ignored, as on its requests.
             if let Some(sid) = session_id.as_deref()
+                && !speaks_modern(&headers)
                 && !session_is_live(&state, sid, &principal)
             {
                 return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
@@ -1039,7 +1041,7 @@ async fn post(
             full(StatusCode::ACCEPTED, "", "")
         }
         Message::Response(r) => {
-            if let Some(sid) = session_id.as_deref() {
+            if let Some(sid) = session_id.as_deref().filter(|_| !speaks_modern(&headers)) {
                 let pending = {
                     let mut sessions = state.sessions.lock();
                     live_session(
@@ -1097,11 +1099,11 @@ async fn post(
             let work = {
                 let state = state.clone();
                 async move {
-                    // Held while the call's params are: by a parked call too.
-                    let hold = large.map(|l| Box::new(l) as super::Hold);
+                    // Held while the call's params are.
+                    let _large = large;
                     state
                         .gateway
-                        .handle(&principal, request, Client::Modern, cancel, progress, hold)
+                        .handle(&principal, request, Client::Modern, cancel, progress)
                         .await
                 }
             };
@@ -1446,11 +1448,13 @@ fn listen_stream(
     sse_stream(rx, Some(place), false, None, None)
 }
 
-/// `notifications/cancelled` cancels the request it names on the legacy session it
-/// comes on, if that is this principal's. Without a session it is ignored: a modern
-/// client cancels by closing the request's stream (the spec has it post none), and
-/// the clients of one principal (every anonymous one, say) would cancel each other's
-/// requests by their ids.
+/// Whether the client says it speaks 2026-07-28 (`MCP-Protocol-Version`).
+fn speaks_modern(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get("mcp-protocol-version")
+        .is_some_and(|v| v.as_bytes() == crate::protocol::meta::MODERN.as_bytes())
+}
+
 /// Whether `sid` is a live session of `principal` (seen now, so it is kept).
 fn session_is_live(state: &State, sid: &str, principal: &Principal) -> bool {
     let mut sessions = state.sessions.lock();
@@ -1463,6 +1467,11 @@ fn session_is_live(state: &State, sid: &str, principal: &Principal) -> bool {
     .is_some()
 }
 
+/// `notifications/cancelled` cancels the request it names on the legacy session it
+/// comes on, if that is this principal's. Without a session it is ignored: a modern
+/// client cancels by closing the request's stream (the spec has it post none), and
+/// the clients of one principal (every anonymous one, say) would cancel each other's
+/// requests by their ids.
 fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: Option<&str>) {
     if n.method != "notifications/cancelled" {
         return;
@@ -1641,7 +1650,7 @@ async fn legacy_request(
             };
             state
                 .gateway
-                .handle(&principal, request, client, cancel, progress, None)
+                .handle(&principal, request, client, cancel, progress)
                 .await
         }
     };

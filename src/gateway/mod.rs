@@ -482,6 +482,10 @@ struct Inner {
     at_start: Arc<GatewayConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
+    /// Listings made to learn a shortened name this process has not served, at once:
+    /// a name's header check asks before its principal's in-flight limit does, so
+    /// names made up to look shortened cannot start listings without bound.
+    learning: Semaphore,
     /// Moves on at each reload applied (who is admitted may have changed).
     reloads: tokio::sync::watch::Sender<u64>,
 }
@@ -767,6 +771,7 @@ impl Gateway {
                 roots_at_start: has_roots(harness_config),
                 at_start,
                 parked: parked::ParkedRounds::default(),
+                learning: Semaphore::new(LEARNING_AT_ONCE),
                 reloads: tokio::sync::watch::Sender::new(0),
             }),
         };
@@ -1144,9 +1149,7 @@ impl Gateway {
     }
 
     /// Answers one request from `principal`. `cancel` cancels the upstream call (a
-    /// downstream `notifications/cancelled`, or the connection gone); `progress` is
-    /// where its progress goes; `hold` is kept as long as the call has the request's
-    /// params (see [`Hold`]).
+    /// downstream `notifications/cancelled`, or the connection gone).
     pub async fn handle(
         &self,
         principal: &Principal,
@@ -1154,7 +1157,6 @@ impl Gateway {
         client: Client<'_>,
         cancel: CancelToken,
         progress: Option<ProgressSender>,
-        hold: Option<Hold>,
     ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
@@ -1211,11 +1213,7 @@ impl Gateway {
             ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
                 Ok(inner) => {
                     params = inner;
-                    let io = CallIo {
-                        cancel,
-                        progress,
-                        hold,
-                    };
+                    let io = CallIo { cancel, progress };
                     self.answer(
                         principal,
                         "tools/call",
@@ -1228,11 +1226,7 @@ impl Gateway {
                 Err(e) => Err(e),
             },
             (method, _) => {
-                let io = CallIo {
-                    cancel,
-                    progress,
-                    hold,
-                };
+                let io = CallIo { cancel, progress };
                 self.answer(principal, method, &params, (&client, capabilities), io)
                     .await
             }
@@ -1487,6 +1481,17 @@ impl Gateway {
         let now = self.now();
         match now.names.resolve(served) {
             same if same == served && names::looks_shortened(served) => {
+                let _one_of_few = self
+                    .inner
+                    .learning
+                    .acquire()
+                    .await
+                    .map_err(|_| RpcError::new(INTERNAL_ERROR, "the gateway is stopping"))?;
+                // Another request may have learned it meanwhile.
+                let resolved = now.names.resolve(served);
+                if resolved != served {
+                    return Ok(resolved);
+                }
                 let listing = self.listing(principal, kind).await?;
                 let order = &now.order;
                 now.names.expose(&listing.items, |s| {
@@ -1549,11 +1554,7 @@ impl Gateway {
         capabilities: Value,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        let CallIo {
-            cancel,
-            progress,
-            hold,
-        } = io;
+        let CallIo { cancel, progress } = io;
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
@@ -1686,8 +1687,6 @@ impl Gateway {
                     traced: Some(traced),
                 };
                 let call = parked::Call::inline(async move {
-                    // The params' cost lasts as long as the call, parked or not.
-                    let _hold = hold;
                     gw.delegated(&who, kind, &target, args, delegation, options)
                         .instrument(span)
                         .await
@@ -1744,10 +1743,14 @@ impl Gateway {
             let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
             let item = item_of(kind, &name).to_string();
+            let size = (
+                serde_json::to_vec(params).map_or(0, |p| p.len()),
+                now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
+            );
             let Some(id) = self
                 .inner
                 .parked
-                .park(principal, item, h, question, expires)
+                .park(principal, item, size, h, question, expires)
             else {
                 return Err(RpcError::new(
                     -32000,
@@ -1809,12 +1812,7 @@ impl Gateway {
         peer: Option<&dyn ClientPeer>,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        // Held to the end: a legacy call is never parked.
-        let CallIo {
-            cancel,
-            progress,
-            hold: _hold,
-        } = io;
+        let CallIo { cancel, progress } = io;
         let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
             progress: progress_of(params, progress),
@@ -1995,14 +1993,7 @@ fn elicits(capabilities: &Value, mode: &str) -> bool {
 struct CallIo {
     cancel: CancelToken,
     progress: Option<ProgressSender>,
-    /// What the request's params cost, kept while the call has them (see [`Hold`]).
-    hold: Option<Hold>,
 }
-
-/// What a request's params cost its principal (a large body's share of its budget),
-/// given to [`Gateway::handle`] to keep as long as the call has the params: past the
-/// request when its call is parked for an input round.
-pub type Hold = Box<dyn std::any::Any + Send>;
 
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
 pub(crate) fn wants_progress(request: &Request) -> bool {
@@ -2077,6 +2068,13 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
 
 /// `name` on `server`: a round continues on the server that issued it, whatever the
 /// name would route to now (resources go by uri).
+/// See `Inner::learning`.
+const LEARNING_AT_ONCE: usize = 4;
+
+/// The params a principal's parked calls may hold, in `max_body_bytes`: parked for
+/// minutes, less than the four its calls in flight may.
+const PARKED_BODIES: usize = 2;
+
 /// What a call of `name` (as routed: `server__item`, or a resource's URI) is of on its
 /// server, as grants name it.
 fn item_of(kind: CallKind, name: &str) -> &str {
@@ -2371,7 +2369,7 @@ mod tests {
             tokio::spawn(async move {
                 let cancel = CancelToken::default();
                 gateway
-                    .handle(&principal, request, Client::Modern, cancel, None, None)
+                    .handle(&principal, request, Client::Modern, cancel, None)
                     .await
             })
         };
@@ -2388,7 +2386,6 @@ mod tests {
                 request(2),
                 Client::Modern,
                 CancelToken::default(),
-                None,
                 None,
             )
             .await;

@@ -154,6 +154,8 @@ struct Parked {
     /// What the call is of on its server (the question's): a tool's or prompt's name,
     /// a resource's URI; a reload that takes the grant to it away ends the round.
     item: String,
+    /// The size of the call's params (as JSON), which the parked call holds parsed.
+    bytes: usize,
     held: Held,
     pending: ServerQuestion,
     expires: Instant,
@@ -188,10 +190,15 @@ impl ParkedRounds {
     /// question is then refused and the call let go). When all places are taken, the
     /// principal holding the most gives up its round that expires first, if it holds
     /// at least two more than this one.
+    /// `size`: the call's params' size and the most its principal's parked calls may
+    /// hold (one is parked whatever its size): parked for minutes, parsed params take
+    /// many times their size, so a principal's parked large calls are held to a budget
+    /// of their own, apart from the calls in flight (whose budget the answers need).
     pub fn park(
         &self,
         principal: &Principal,
         item: String,
+        (params_bytes, budget): (usize, usize),
         mut held: Held,
         pending: ServerQuestion,
         expires: Instant,
@@ -200,15 +207,17 @@ impl ParkedRounds {
         let now = Instant::now();
         // Expired rounds go: their calls are cancelled as they drop.
         rounds.retain(|_, p| p.expires > now);
-        let by_principal = rounds
+        let (by_principal, their_bytes) = rounds
             .values()
             .filter(|p| &p.principal == principal)
-            .count();
+            .fold((0, 0usize), |(n, b), p| (n + 1, b.saturating_add(p.bytes)));
         // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
         let mut freed = None;
         let refused = if by_principal >= self.per_principal {
             Some("too many input rounds are held")
+        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget {
+            Some("too many large input rounds are held")
         } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
         } else {
@@ -233,6 +242,7 @@ impl ParkedRounds {
             Parked {
                 principal: principal.clone(),
                 item,
+                bytes: params_bytes,
                 held,
                 pending,
                 expires,
@@ -337,18 +347,18 @@ mod tests {
             let (held, question, answer) = round();
             let cancel = held.cancel.clone();
             let id = rounds
-                .park(&a, "t".into(), held, question, later(s))
+                .park(&a, "t".into(), (0, usize::MAX), held, question, later(s))
                 .expect("a parks");
             a_rounds.push((id, cancel, answer));
         }
         let (held, question, _b_answer) = round();
         rounds
-            .park(&b, "t".into(), held, question, later(40))
+            .park(&b, "t".into(), (0, usize::MAX), held, question, later(40))
             .expect("b parks");
         // Full: c takes the place of a's round that expires first.
         let (held, question, _c_answer) = round();
         rounds
-            .park(&c, "t".into(), held, question, later(50))
+            .park(&c, "t".into(), (0, usize::MAX), held, question, later(50))
             .expect("c parks");
         let (first, cancel, mut answer) = a_rounds.remove(1);
         assert!(
@@ -368,7 +378,7 @@ mod tests {
             let (held, question, mut answer) = round();
             assert!(
                 rounds
-                    .park(who, "t".into(), held, question, later(60))
+                    .park(who, "t".into(), (0, usize::MAX), held, question, later(60))
                     .is_none()
             );
             assert!(matches!(answer.try_recv(), Ok(Err(_))), "refused at once");
@@ -376,7 +386,14 @@ mod tests {
         // A newcomer still takes one of a's (two against none).
         let (held, question, _d_answer) = round();
         rounds
-            .park(&agent("d"), "t".into(), held, question, later(70))
+            .park(
+                &agent("d"),
+                "t".into(),
+                (0, usize::MAX),
+                held,
+                question,
+                later(70),
+            )
             .expect("d parks");
         let cancelled = a_rounds.iter().filter(|(_, c, _)| c.is_cancelled());
         assert_eq!(cancelled.count(), 1);

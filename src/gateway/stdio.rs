@@ -455,8 +455,7 @@ pub async fn serve(
                 // Boxed: the task then holds a pointer, not the ~8 KB future that tokio
                 // would copy into its cell and again when it finishes.
                 tasks.spawn(Box::pin(async move {
-                    // Held while the call's params are: by a parked call too.
-                    let hold = large.map(|l| Box::new(l) as super::Hold);
+                    let _large = large;
                     let client = match &legacy {
                         Some(c) => Client::Legacy {
                             client: c,
@@ -482,7 +481,7 @@ pub async fn serve(
                     };
                     let id = request.id.clone();
                     let outcome = gateway
-                        .handle(&principal, request, client, token, progress, hold)
+                        .handle(&principal, request, client, token, progress)
                         .await;
                     // The call is over, so its progress sender is gone: what it sent
                     // goes out before the result.
