@@ -178,6 +178,8 @@ fn for_review(params: &Value) -> Value {
     struct Most {
         text: usize,
         items: usize,
+        /// Only the keys of [`FIRST_SHOWN`].
+        known_only: bool,
     }
     fn shown(v: &Value, most: Most, depth: usize) -> Value {
         let deeper = || json!({"omitted": "nested deeper"});
@@ -206,8 +208,10 @@ fn for_review(params: &Value) -> Value {
                 let first = FIRST_SHOWN.iter().filter_map(|k| map.get_key_value(*k));
                 let rest = map
                     .iter()
-                    .filter(|(k, _)| !FIRST_SHOWN.contains(&k.as_str()));
+                    .filter(|(k, _)| !most.known_only && !FIRST_SHOWN.contains(&k.as_str()));
+                let mut taken = 0;
                 for (key, value) in first.chain(rest).take(most.items) {
+                    taken += 1;
                     let key = match cut(key, 256) {
                         Value::String(k) => k,
                         _ => continue,
@@ -231,10 +235,10 @@ fn for_review(params: &Value) -> Value {
                         }
                     }
                 }
-                if map.len() > most.items {
+                if map.len() > taken {
                     out.insert(
                         "…".into(),
-                        format!("{} more keys", map.len() - most.items).into(),
+                        format!("{} more keys", map.len() - taken).into(),
                     );
                 }
                 Value::Object(out)
@@ -243,14 +247,22 @@ fn for_review(params: &Value) -> Value {
         }
     }
     let mut bytes = 0;
+    // The last pass shows only what a person decides on, whatever else is there.
     let passes = [
         Most {
             text: REVIEW_TEXT,
             items: REVIEW_ITEMS,
+            known_only: false,
         },
         Most {
             text: REVIEW_TEXT_SHORT,
             items: REVIEW_ITEMS_SHORT,
+            known_only: false,
+        },
+        Most {
+            text: REVIEW_TEXT_SHORT,
+            items: REVIEW_ITEMS_SHORT,
+            known_only: true,
         },
     ];
     for most in passes {
@@ -332,7 +344,8 @@ mod tests {
                 .as_str()
                 .is_some_and(|t| t.len() < 2 * REVIEW_TEXT_SHORT)
         );
-        let too_many = json!({"a": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]});
+        let too_many =
+            json!({"messages": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]});
         assert!(for_review(&too_many)["omitted"].is_string());
         // Keys a server adds to push what matters past the cut do not.
         let mut padded = serde_json::Map::new();
@@ -359,6 +372,14 @@ mod tests {
             "m",
             "{shown}"
         );
+        // Padding under a key of no meaning to a person leaves what has meaning.
+        let padded = json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "zzz": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16],
+        });
+        let shown = for_review(&padded);
+        assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        assert!(shown.get("zzz").is_none(), "{shown}");
         // Params of any shape come back without a panic.
         for odd in [
             json!(null),
