@@ -1187,7 +1187,16 @@ async fn a_question_its_server_gave_up_holds_a_legacy_clients_call_no_longer() {
     assert_eq!(next().await["id"], 1);
     let question = next().await;
     assert_eq!(question["method"], "elicitation/create", "{question}");
-    // Not answered: the server gives it up, and the call ends.
+    // Not answered: the server gives it up, the client is told, and the call ends.
+    let withdrawn = next().await;
+    assert_eq!(
+        withdrawn["method"], "notifications/cancelled",
+        "{withdrawn}"
+    );
+    assert_eq!(
+        withdrawn["params"]["requestId"], question["id"],
+        "{withdrawn}"
+    );
     let ended = next().await;
     assert_eq!(ended["id"], 2, "{ended}");
     assert_eq!(

@@ -178,7 +178,7 @@ fn for_review(params: &Value) -> Value {
     struct Most {
         text: usize,
         items: usize,
-        /// Only the keys of [`FIRST_SHOWN`].
+        /// At the top, only the keys of [`FIRST_SHOWN`].
         known_only: bool,
     }
     fn shown(v: &Value, most: Most, depth: usize) -> Value {
@@ -206,9 +206,10 @@ fn for_review(params: &Value) -> Value {
                 // What a person decides on comes first, whatever keys a server adds to
                 // push it past the cut (keys come sorted).
                 let first = FIRST_SHOWN.iter().filter_map(|k| map.get_key_value(*k));
+                let unknown_shown = !(most.known_only && depth == 0);
                 let rest = map
                     .iter()
-                    .filter(|(k, _)| !most.known_only && !FIRST_SHOWN.contains(&k.as_str()));
+                    .filter(|(k, _)| unknown_shown && !FIRST_SHOWN.contains(&k.as_str()));
                 let mut taken = 0;
                 for (key, value) in first.chain(rest).take(most.items) {
                     taken += 1;
@@ -272,7 +273,16 @@ fn for_review(params: &Value) -> Value {
             return review;
         }
     }
-    json!({"omitted": format!("params of more than {bytes} bytes, even cut short")})
+    // The harness's own note (small, and the harness's) is shown whatever the rest.
+    let mut omitted =
+        json!({"omitted": format!("params of more than {bytes} bytes, even cut short")});
+    if let Some(note) = params
+        .get("_meta")
+        .and_then(|m| m.get(crate::call::input::APPROVAL_META))
+    {
+        omitted["_meta"] = json!({ crate::call::input::APPROVAL_META: shown(note, passes[1], 1) });
+    }
+    omitted
 }
 
 #[cfg(test)]
@@ -367,6 +377,19 @@ mod tests {
         padded.insert("_meta".into(), Value::Object(meta));
         let shown = for_review(&Value::Object(padded));
         assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        assert_eq!(
+            shown["_meta"][crate::call::input::APPROVAL_META]["model"],
+            "m",
+            "{shown}"
+        );
+        // Padding under a key that has meaning hides the rest, but not the harness's note.
+        let padded = json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "content": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16],
+            "_meta": {crate::call::input::APPROVAL_META: {"model": "m", "maxTokens": 9, "reservedTokens": 20}},
+        });
+        let shown = for_review(&padded);
+        assert!(shown["omitted"].is_string(), "{shown}");
         assert_eq!(
             shown["_meta"][crate::call::input::APPROVAL_META]["model"],
             "m",

@@ -1037,7 +1037,8 @@ async fn post(
             {
                 return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
             }
-            cancel_from(&state, &n, &principal, session_id.as_deref());
+            let legacy_session = session_id.as_deref().filter(|_| !speaks_modern(&headers));
+            cancel_from(&state, &n, &principal, legacy_session);
             full(StatusCode::ACCEPTED, "", "")
         }
         Message::Response(r) => {
@@ -1514,8 +1515,16 @@ impl ClientPeer for StreamPeer {
             self.next.fetch_add(1, Ordering::Relaxed)
         ));
         let out = &self.out;
-        self.pending
-            .ask(id, method, params, |m| out.send(sse_frame(m)).is_ok())
+        let later = self.out.clone();
+        self.pending.ask(
+            id,
+            method,
+            params,
+            |m| out.send(sse_frame(m)).is_ok(),
+            move |m| {
+                let _ = later.send(sse_frame(m));
+            },
+        )
     }
 }
 

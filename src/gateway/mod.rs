@@ -308,13 +308,16 @@ struct Asked {
 impl Questions {
     /// Asks: `send` puts the request on the client's channel (false: it could not).
     /// The answer, or why there is none; the question is forgotten however the wait
-    /// ends (answer, timeout, cancel).
+    /// ends (answer, timeout, cancel). A question given up unanswered (the wait
+    /// dropped, or past its time) is withdrawn: `withdraw` sends the client its
+    /// `notifications/cancelled`, so that it stops asking a person.
     pub(crate) fn ask(
         self: &Arc<Self>,
         id: crate::protocol::RequestId,
         method: &str,
         params: Value,
         send: impl FnOnce(&crate::protocol::Message) -> bool,
+        withdraw: impl FnOnce(&crate::protocol::Message) + Send + 'static,
     ) -> PeerFuture {
         let key = id_key(&id);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -326,13 +329,26 @@ impl Questions {
         };
         let sent = admitted
             && send(&crate::protocol::Message::Request(Request {
-                id,
+                id: id.clone(),
                 method: method.to_string(),
                 params: Some(params),
             }));
         let forget = Forget {
             questions: self.clone(),
             key,
+            withdraw: sent.then(|| {
+                Box::new(move |()| {
+                    withdraw(&crate::protocol::Message::Notification(
+                        crate::protocol::Notification {
+                            method: "notifications/cancelled".into(),
+                            params: Some(json!({
+                                "requestId": id,
+                                "reason": "the question is no longer asked",
+                            })),
+                        },
+                    ));
+                }) as Box<dyn FnOnce(()) + Send>
+            }),
         };
         Box::pin(async move {
             let _forget = forget;
@@ -375,11 +391,17 @@ impl Questions {
 struct Forget {
     questions: Arc<Questions>,
     key: crate::protocol::RequestId,
+    /// Tells the client the question is withdrawn (one it was sent).
+    withdraw: Option<Box<dyn FnOnce(()) + Send>>,
 }
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        self.questions.0.lock().waiting.remove(&self.key);
+        // Still waiting: neither answered nor ended with the client.
+        let unanswered = self.questions.0.lock().waiting.remove(&self.key).is_some();
+        if unanswered && let Some(withdraw) = self.withdraw.take() {
+            withdraw(());
+        }
     }
 }
 
@@ -1743,8 +1765,9 @@ impl Gateway {
             let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
             let item = item_of(kind, &name).to_string();
+            // What the parked call holds: its arguments (the same on every round).
             let size = (
-                serde_json::to_vec(params).map_or(0, |p| p.len()),
+                params.get("arguments").map_or(0, json_len),
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
             );
             let Some(id) = self
@@ -2068,6 +2091,23 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
 
 /// `name` on `server`: a round continues on the server that issued it, whatever the
 /// name would route to now (resources go by uri).
+/// The length of `value` as JSON, counted without writing it anywhere.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// See `Inner::learning`.
 const LEARNING_AT_ONCE: usize = 4;
 
@@ -2302,6 +2342,7 @@ mod tests {
             "elicitation/create",
             json!({}),
             |_| true,
+            |_| {},
         );
         // The input ended: nobody will answer.
         questions.clear();
@@ -2314,6 +2355,7 @@ mod tests {
                 sent = true;
                 true
             },
+            |_| {},
         );
         for (which, question) in [("before", before), ("after", after)] {
             let answer = tokio::time::timeout(Duration::from_secs(10), question)

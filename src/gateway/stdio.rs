@@ -122,23 +122,44 @@ const MAX_QUEUED_NOTICES: usize = 4 << 20;
 /// longer read (the calls in flight still answer, into the queue).
 const MAX_QUEUED_ANSWERS: usize = 16 << 20;
 
+/// Queues `message` for the client's writer, counted as queued and unwritten; false
+/// when the writer is gone (the output closed).
+fn queue_line(
+    out: &mpsc::UnboundedSender<Vec<u8>>,
+    queued: &AtomicUsize,
+    unwritten: &AtomicUsize,
+    message: &Message,
+) -> bool {
+    let mut line = Vec::new();
+    message.write_line(&mut line);
+    let len = line.len();
+    // Counted before it is sent: the writer may take it at once.
+    queued.fetch_add(len, Ordering::Relaxed);
+    unwritten.fetch_add(len, Ordering::Relaxed);
+    if out.send(line).is_err() {
+        // Nothing waits.
+        queued.fetch_sub(len, Ordering::Relaxed);
+        unwritten.fetch_sub(len, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
 impl Pipe {
     /// Queues `message` for the client; false when the writer is gone (the output
     /// closed).
     fn send(&self, message: &Message) -> bool {
-        let mut line = Vec::new();
-        message.write_line(&mut line);
-        let len = line.len();
-        // Counted before it is sent: the writer may take it at once.
-        self.queued.fetch_add(len, Ordering::Relaxed);
-        self.unwritten.fetch_add(len, Ordering::Relaxed);
-        if self.out.send(line).is_err() {
-            // Nothing waits.
-            self.queued.fetch_sub(len, Ordering::Relaxed);
-            self.unwritten.fetch_sub(len, Ordering::Relaxed);
-            return false;
-        }
-        true
+        queue_line(&self.out, &self.queued, &self.unwritten, message)
+    }
+
+    /// [`Pipe::send`], owned: for what is sent after the request that made it.
+    fn sender(&self) -> impl Fn(&Message) -> bool + Send + 'static {
+        let (out, queued, unwritten) = (
+            self.out.clone(),
+            self.queued.clone(),
+            self.unwritten.clone(),
+        );
+        move |message| queue_line(&out, &queued, &unwritten, message)
     }
 
     /// Returns once the client has read enough of what is queued for more input to be
@@ -204,7 +225,16 @@ impl Drop for Answering {
 impl ClientPeer for Pipe {
     fn request(&self, method: &str, params: Value) -> PeerFuture {
         let id = RequestId::String(format!("g-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-        self.pending.ask(id, method, params, |m| self.send(m))
+        let later = self.sender();
+        self.pending.ask(
+            id,
+            method,
+            params,
+            |m| self.send(m),
+            move |m| {
+                later(m);
+            },
+        )
     }
 }
 
