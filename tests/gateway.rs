@@ -3089,9 +3089,9 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
     assert!(gw.stop().await.success());
 }
 
-#[tokio::test]
-async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
-    let setup = Setup::new("", &[("k1", &key("k1"))]);
+/// `serve` with `--metrics` on a free loopback port: the gateway, the port, and
+/// `127.0.0.1:PORT`.
+async fn with_metrics(setup: &Setup) -> (Gateway, u16, String) {
     let port = free_port();
     let metrics_addr = format!("127.0.0.1:{port}");
     let config = setup.config.display().to_string();
@@ -3112,6 +3112,13 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
         server,
         http: http_client(),
     };
+    (gw, port, metrics_addr)
+}
+
+#[tokio::test]
+async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let (gw, port, metrics_addr) = with_metrics(&setup).await;
     for text in ["one", "two"] {
         let (_, r) = gw
             .modern(
@@ -3279,26 +3286,7 @@ async fn metrics_tokens_are_asked_of_scrapers() {
         sha256_hex(b"scrape-me")
     );
     let setup = Setup::new(&extra, &[("k1", &key("k1"))]);
-    let port = free_port();
-    let metrics_addr = format!("127.0.0.1:{port}");
-    let config = setup.config.display().to_string();
-    let server = HttpServer::start(
-        &harness_exe(),
-        &[
-            "serve",
-            "--config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            &metrics_addr,
-        ],
-    )
-    .await;
-    let gw = Gateway {
-        server,
-        http: http_client(),
-    };
+    let (gw, _, metrics_addr) = with_metrics(&setup).await;
     let url = format!("http://{metrics_addr}/metrics");
     for auth in [
         None,

@@ -382,26 +382,24 @@ mod tests {
             "m",
             "{shown}"
         );
-        // Padding under a key that has meaning hides the rest, but not the harness's note.
-        let padded = json!({
-            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
-            "content": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16],
-            "_meta": {crate::call::input::APPROVAL_META: {"model": "m", "maxTokens": 9, "reservedTokens": 20}},
-        });
-        let shown = for_review(&padded);
+        // Padding under a key that has meaning hides the rest, but not the harness's
+        // note; under a key of no meaning to a person it leaves what has meaning.
+        let padded_under = |key: &str| {
+            let mut p = json!({
+                "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+                "_meta": {crate::call::input::APPROVAL_META: {"model": "m", "maxTokens": 9}},
+            });
+            p[key] = json!(vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]);
+            for_review(&p)
+        };
+        let note =
+            |shown: &Value| shown["_meta"][crate::call::input::APPROVAL_META]["model"].clone();
+        let shown = padded_under("content");
         assert!(shown["omitted"].is_string(), "{shown}");
-        assert_eq!(
-            shown["_meta"][crate::call::input::APPROVAL_META]["model"],
-            "m",
-            "{shown}"
-        );
-        // Padding under a key of no meaning to a person leaves what has meaning.
-        let padded = json!({
-            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
-            "zzz": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16],
-        });
-        let shown = for_review(&padded);
+        assert_eq!(note(&shown), "m", "{shown}");
+        let shown = padded_under("zzz");
         assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        assert_eq!(note(&shown), "m", "{shown}");
         assert!(shown.get("zzz").is_none(), "{shown}");
         // Params of any shape come back without a panic.
         for odd in [

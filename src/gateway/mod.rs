@@ -1767,7 +1767,9 @@ impl Gateway {
             let item = item_of(kind, &name).to_string();
             // What the parked call holds: its arguments (the same on every round).
             let size = (
-                params.get("arguments").map_or(0, json_len),
+                params
+                    .get("arguments")
+                    .map_or(0, crate::registry::cache::json_size),
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
             );
             let Some(id) = self
@@ -2091,23 +2093,6 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
 
 /// `name` on `server`: a round continues on the server that issued it, whatever the
 /// name would route to now (resources go by uri).
-/// The length of `value` as JSON, counted without writing it anywhere.
-fn json_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(buf.len());
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 /// See `Inner::learning`.
 const LEARNING_AT_ONCE: usize = 4;
 
