@@ -3089,6 +3089,33 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
     assert!(gw.stop().await.success());
 }
 
+/// The first line of `status --watch --from URL` (with `token` in
+/// `MCP_HARNESS_METRICS_TOKEN`) that shows server beta or a refusal.
+async fn watched_row(url: String, token: Option<&'static str>) -> Option<String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader};
+        let mut command = std::process::Command::new(harness_exe());
+        command.args(["status", "--watch", "--from", &url]);
+        if let Some(token) = token {
+            command.env("MCP_HARNESS_METRICS_TOKEN", token);
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().expect("stdout");
+        let row = BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("beta ") || l.contains("HTTP 401"));
+        let _ = child.kill();
+        let _ = child.wait();
+        row
+    })
+    .await
+    .expect("join")
+}
+
 /// `serve` with `--metrics` on a free loopback port: the gateway, the port, and
 /// `127.0.0.1:PORT`.
 async fn with_metrics(setup: &Setup) -> (Gateway, u16, String) {
@@ -3200,25 +3227,7 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
 
     // `status --watch --from` shows the gateway's servers from those metrics.
     let url = format!("http://{metrics_addr}/metrics");
-    let watched = tokio::task::spawn_blocking(move || {
-        use std::io::{BufRead, BufReader};
-        let mut child = std::process::Command::new(harness_exe())
-            .args(["status", "--watch", "--from", &url])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let out = child.stdout.take().expect("stdout");
-        let row = BufReader::new(out)
-            .lines()
-            .map_while(Result::ok)
-            .find(|l| l.starts_with("beta "));
-        let _ = child.kill();
-        let _ = child.wait();
-        row
-    })
-    .await
-    .expect("join")
-    .expect("a row for beta");
+    let watched = watched_row(url, None).await.expect("a row for beta");
     let cells: Vec<&str> = watched.split_whitespace().collect();
     // SERVER STATE ERA RESTARTS CALLS ERRORS P50…
     assert_eq!(
@@ -3355,26 +3364,7 @@ async fn metrics_tokens_are_asked_of_scrapers() {
     assert_eq!(seen, Some(2.0), "a later scrape sees the later call");
 
     // `status --watch --from` sends the token it is given.
-    let watched = tokio::task::spawn_blocking(move || {
-        use std::io::{BufRead, BufReader};
-        let mut child = std::process::Command::new(harness_exe())
-            .args(["status", "--watch", "--from", &url])
-            .env("MCP_HARNESS_METRICS_TOKEN", "scrape-me")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let out = child.stdout.take().expect("stdout");
-        let row = BufReader::new(out)
-            .lines()
-            .map_while(Result::ok)
-            .find(|l| l.starts_with("beta ") || l.contains("HTTP 401"));
-        let _ = child.kill();
-        let _ = child.wait();
-        row
-    })
-    .await
-    .expect("join")
-    .expect("a line");
+    let watched = watched_row(url, Some("scrape-me")).await.expect("a line");
     assert!(watched.starts_with("beta "), "{watched}");
     assert!(gw.stop().await.success());
 }
