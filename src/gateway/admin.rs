@@ -136,6 +136,8 @@ const REVIEW_DEPTH: usize = 16;
 const FIRST_SHOWN: &[&str] = &[
     "_meta",
     crate::call::input::APPROVAL_META,
+    "model",
+    "reservedTokens",
     "messages",
     "systemPrompt",
     "maxTokens",
@@ -178,7 +180,7 @@ fn for_review(params: &Value) -> Value {
     struct Most {
         text: usize,
         items: usize,
-        /// At the top, only the keys of [`FIRST_SHOWN`].
+        /// Only the keys of [`FIRST_SHOWN`], at every level.
         known_only: bool,
     }
     fn shown(v: &Value, most: Most, depth: usize) -> Value {
@@ -206,7 +208,7 @@ fn for_review(params: &Value) -> Value {
                 // What a person decides on comes first, whatever keys a server adds to
                 // push it past the cut (keys come sorted).
                 let first = FIRST_SHOWN.iter().filter_map(|k| map.get_key_value(*k));
-                let unknown_shown = !(most.known_only && depth == 0);
+                let unknown_shown = !most.known_only;
                 let rest = map
                     .iter()
                     .filter(|(k, _)| unknown_shown && !FIRST_SHOWN.contains(&k.as_str()));
@@ -273,14 +275,24 @@ fn for_review(params: &Value) -> Value {
             return review;
         }
     }
-    // The harness's own note (small, and the harness's) is shown whatever the rest.
+    // The harness's note (its three fields, bounded: a server may have written one of
+    // any size on a request the harness does not note) is shown whatever the rest.
     let mut omitted =
         json!({"omitted": format!("params of more than {bytes} bytes, even cut short")});
     if let Some(note) = params
         .get("_meta")
         .and_then(|m| m.get(crate::call::input::APPROVAL_META))
     {
-        omitted["_meta"] = json!({ crate::call::input::APPROVAL_META: shown(note, passes[1], 1) });
+        let model = note
+            .get("model")
+            .and_then(Value::as_str)
+            .map(|m| cut(m, 256));
+        let count = |k: &str| note.get(k).and_then(Value::as_u64);
+        omitted["_meta"] = json!({ crate::call::input::APPROVAL_META: {
+            "model": model,
+            "maxTokens": count("maxTokens"),
+            "reservedTokens": count("reservedTokens"),
+        }});
     }
     omitted
 }
@@ -401,6 +413,24 @@ mod tests {
         assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
         assert_eq!(note(&shown), "m", "{shown}");
         assert!(shown.get("zzz").is_none(), "{shown}");
+        // Nor under such a key deeper down.
+        let mut deep = json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "_meta": {"zzz": vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]},
+        });
+        let shown = for_review(&deep);
+        assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
+        // A note a server wrote itself, of any size, is shown bounded.
+        deep["messages"] = json!(vec![vec![vec!["t".repeat(REVIEW_TEXT_SHORT); 16]; 16]; 16]);
+        deep["_meta"] = json!({crate::call::input::APPROVAL_META: {
+            "model": "m".repeat(1 << 20), "extra": vec!["x".repeat(1 << 10); 1 << 10]}});
+        let shown = for_review(&deep);
+        assert!(shown["omitted"].is_string(), "{shown}");
+        assert!(
+            shown.to_string().len() < 4096,
+            "{}",
+            shown.to_string().len()
+        );
         // Params of any shape come back without a panic.
         for odd in [
             json!(null),

@@ -206,8 +206,10 @@ impl Session {
     /// The session is over (DELETE, expiry, shutdown): its calls are cancelled, the
     /// questions it was asked fail, its streams end.
     fn end(&mut self) {
-        self.calls.cancel_all();
+        // The questions first: a call that sees its cancel and drops its question then
+        // finds it over, and withdraws nothing from a client that is gone.
         self.pending.clear();
+        self.calls.cancel_all();
         self.streams.clear();
     }
 }

@@ -1765,11 +1765,18 @@ impl Gateway {
             let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
             let item = item_of(kind, &name).to_string();
-            // What the parked call holds: its arguments (the same on every round).
+            // What the parked call holds: its arguments and its name or URI (the same
+            // on every round).
+            let named = ["name", "uri"]
+                .iter()
+                .filter_map(|k| params.get(*k).and_then(Value::as_str))
+                .map(str::len)
+                .sum::<usize>();
             let size = (
                 params
                     .get("arguments")
-                    .map_or(0, crate::registry::cache::json_size),
+                    .map_or(0, crate::registry::cache::json_size)
+                    .saturating_add(named),
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
             );
             let Some(id) = self
