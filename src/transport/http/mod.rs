@@ -785,9 +785,9 @@ impl HttpTransport {
                     return Ok(None);
                 }
             };
-            let events = parser
-                .feed(&chunk, self.max_body)
-                .map_err(|limit| TransportError::ResponseTooLarge { limit })?;
+            // The events before one past the limit are read first: the awaited
+            // response may be among them.
+            let (events, fit) = parser.feed(&chunk, self.max_body);
             for event in events {
                 if event.data.trim().is_empty() {
                     continue; // priming events carry only an id
@@ -831,6 +831,7 @@ impl HttpTransport {
                     }
                 }
             }
+            fit.map_err(|limit| TransportError::ResponseTooLarge { limit })?;
         }
     }
 

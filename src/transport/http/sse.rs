@@ -54,9 +54,10 @@ impl SseParser {
         self.event = None;
     }
 
-    /// Appends `chunk` and returns the events it completed. Errors when one event grows
-    /// past `max` bytes.
-    pub fn feed(&mut self, chunk: &[u8], max: usize) -> Result<Vec<Event>, usize> {
+    /// Appends `chunk` and returns the events it completed, and an error when the
+    /// event after them grows past `max` bytes: those before it still count (the
+    /// awaited response may be one of them).
+    pub fn feed(&mut self, chunk: &[u8], max: usize) -> (Vec<Event>, Result<(), usize>) {
         self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
         // `start`: where the current line begins; `from`: where to look for its end.
@@ -96,9 +97,9 @@ impl SseParser {
         }
         self.scanned = from - start;
         if self.buf.len() + self.data.len() > max {
-            return Err(max);
+            return (events, Err(max));
         }
-        Ok(events)
+        (events, Ok(()))
     }
 
     fn line(&mut self, line: &str) -> Option<Event> {
@@ -145,16 +146,32 @@ impl SseParser {
 mod tests {
     use super::*;
 
+    /// The events of a chunk that fits.
+    fn fits((events, fit): (Vec<Event>, Result<(), usize>)) -> Vec<Event> {
+        assert_eq!(fit, Ok(()), "fits");
+        events
+    }
+
+    #[test]
+    fn the_events_before_one_past_the_limit_still_count() {
+        let mut p = SseParser::default();
+        let mut chunk = b"data: {\"id\":1}\n\ndata: ".to_vec();
+        chunk.extend_from_slice(&[b'x'; 64]);
+        let (events, fit) = p.feed(&chunk, 32);
+        assert_eq!(fit, Err(32));
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data, "{\"id\":1}");
+    }
+
     #[test]
     fn one_large_event_does_not_keep_its_room() {
         let mut p = SseParser::default();
         let big = format!("data: {}\n\n", "x".repeat(4 << 20));
-        let events = p.feed(big.as_bytes(), 16 << 20).expect("within the limit");
+        let events = fits(p.feed(big.as_bytes(), 16 << 20));
         assert_eq!(events.len(), 1);
         assert!(p.buf.capacity() <= KEPT_BUFFER, "{}", p.buf.capacity());
         // An event broken off half way, then another stream.
-        p.feed(&big.as_bytes()[..big.len() / 2], 16 << 20)
-            .expect("within the limit");
+        fits(p.feed(&big.as_bytes()[..big.len() / 2], 16 << 20));
         p.new_stream();
         assert!(p.buf.capacity() <= KEPT_BUFFER, "{}", p.buf.capacity());
         assert!(p.data.capacity() <= KEPT_BUFFER, "{}", p.data.capacity());
@@ -163,36 +180,30 @@ mod tests {
     #[test]
     fn a_new_stream_drops_what_the_last_one_broke_off_and_keeps_its_id() {
         let mut p = SseParser::default();
-        let out = p
-            .feed(b"id: 4\nretry: 900\ndata: {\"jsonrpc\":\"2.0\",\n", 1024)
-            .expect("fits");
+        let out = fits(p.feed(b"id: 4\nretry: 900\ndata: {\"jsonrpc\":\"2.0\",\n", 1024));
         assert!(out.is_empty());
         p.new_stream();
-        let out = p.feed(b"data: {\"x\":1}\n\n", 1024).expect("fits");
+        let out = fits(p.feed(b"data: {\"x\":1}\n\n", 1024));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].data, "{\"x\":1}");
         assert_eq!(p.last_event_id.as_deref(), Some("4"));
         assert_eq!(p.retry, Some(Duration::from_millis(900)));
         // An event past the limit is not carried into the next stream either.
-        assert!(p.feed(&[b'd'; 64], 32).is_err());
+        assert!(p.feed(&[b'd'; 64], 32).1.is_err());
         p.new_stream();
-        let out = p.feed(b"data: y\n\n", 32).expect("fits once begun again");
+        let out = fits(p.feed(b"data: y\n\n", 32));
         assert_eq!(out[0].data, "y");
     }
 
     #[test]
     fn events_split_across_chunks_with_comments_ids_and_crlf() {
         let mut p = SseParser::default();
-        let mut out = p
-            .feed(
-                b": keep-alive\r\nid: 7\r\nretry: 1500\r\ndata: {\"a\":",
-                1024,
-            )
-            .expect("fits");
+        let mut out = fits(p.feed(
+            b": keep-alive\r\nid: 7\r\nretry: 1500\r\ndata: {\"a\":",
+            1024,
+        ));
         assert!(out.is_empty());
-        out = p
-            .feed(b"1}\r\n\r\ndata: x\ndata: y\n\n", 1024)
-            .expect("fits");
+        out = fits(p.feed(b"1}\r\n\r\ndata: x\ndata: y\n\n", 1024));
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].data, "{\"a\":1}");
         assert_eq!(out[1].data, "x\ny");
@@ -203,9 +214,9 @@ mod tests {
     #[test]
     fn retry_zero_is_floored_so_a_reconnect_loop_cannot_spin() {
         let mut p = SseParser::default();
-        p.feed(b"retry: 0\n\n", 1024).expect("fits");
+        fits(p.feed(b"retry: 0\n\n", 1024));
         assert_eq!(p.retry, Some(MIN_RETRY));
-        p.feed(b"retry: 99999999999\n\n", 1024).expect("fits");
+        fits(p.feed(b"retry: 99999999999\n\n", 1024));
         assert_eq!(p.retry, Some(MAX_RETRY));
     }
 
@@ -216,11 +227,11 @@ mod tests {
         let mut p = SseParser::default();
         let n = 200 * 1024;
         let started = std::time::Instant::now();
-        p.feed(b"data: ", 1 << 20).expect("fits");
+        fits(p.feed(b"data: ", 1 << 20));
         for _ in 0..n {
-            assert!(p.feed(b"x", 1 << 20).expect("fits").is_empty());
+            assert!(fits(p.feed(b"x", 1 << 20)).is_empty());
         }
-        let events = p.feed(b"\n\n", 1 << 20).expect("fits");
+        let events = fits(p.feed(b"\n\n", 1 << 20));
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].data.len(), n);
         // Not a timing assertion of speed, only of complexity: linear takes
@@ -231,8 +242,8 @@ mod tests {
     #[test]
     fn crlf_split_across_chunks_is_one_line_end() {
         let mut p = SseParser::default();
-        assert!(p.feed(b"data: a\r", 1024).expect("fits").is_empty());
-        let out = p.feed(b"\n\r\n", 1024).expect("fits");
+        assert!(fits(p.feed(b"data: a\r", 1024)).is_empty());
+        let out = fits(p.feed(b"\n\r\n", 1024));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].data, "a");
     }
@@ -240,8 +251,12 @@ mod tests {
     #[test]
     fn an_event_past_the_limit_is_an_error() {
         let mut p = SseParser::default();
-        assert!(p.feed(&[b'x'; 100], 50).is_err());
+        assert!(p.feed(&[b'x'; 100], 50).1.is_err());
         let mut p = SseParser::default();
-        assert!(p.feed(b"data: 0123456789\ndata: 0123456789\n", 15).is_err());
+        assert!(
+            p.feed(b"data: 0123456789\ndata: 0123456789\n", 15)
+                .1
+                .is_err()
+        );
     }
 }
