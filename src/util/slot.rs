@@ -88,10 +88,11 @@ impl<M: Send + 'static> ActorSlot<M> {
 /// How many times a request dropped with a killed actor's mailbox is asked again.
 const RETRIES: usize = 3;
 
-/// Whether `actor` is stopping (killed, its mailbox dropped), as seen within a moment:
-/// a request it dropped unanswered while it runs on was its answer.
+/// Whether `actor` is stopping (killed, its mailbox dropped), as seen within a second
+/// (its status can take that long to change on a loaded machine): a request it dropped
+/// unanswered while it runs on was its answer.
 async fn stopping<M>(actor: &ActorRef<M>) -> bool {
-    let until = Instant::now() + Duration::from_millis(200);
+    let until = Instant::now() + Duration::from_secs(1);
     loop {
         if !ractor::ACTIVE_STATES.contains(&actor.get_status()) {
             return true;
