@@ -2764,16 +2764,23 @@ async fn parked_calls_hold_their_params_within_a_budget_of_their_own() {
     assert!(gw.stop().await.success());
 }
 
+/// tok-a's call of the legacy server's `confirm`, parked as an input round: its params
+/// and the gateway's answer (200, `input_required`).
+async fn parked_confirm(gw: &Gateway) -> (Value, Value) {
+    let params = json!({"name": "beta__confirm", "arguments": {"message": "ship?"}});
+    let (status, r) = gw.modern("tok-a", "tools/call", params.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    (params, r)
+}
+
 // A reload that takes a principal's grant to a tool away ends its parked input rounds
 // on that tool: the answer to one is refused, and the tool's call does not complete.
 #[tokio::test]
 async fn a_parked_round_on_a_tool_whose_grant_a_reload_took_away_is_not_resumed() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let params = json!({"name": "beta__confirm", "arguments": {"message": "ship?"}});
-    let (status, r) = gw.modern("tok-a", "tools/call", params.clone()).await;
-    assert_eq!(status, 200, "{r}");
-    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let (params, r) = parked_confirm(&gw).await;
     let original = std::fs::read_to_string(&setup.config).expect("config");
     let everything = "[permissions.a]\n\"*\" = [\"*\"]";
     assert!(original.contains(everything));
@@ -3373,11 +3380,8 @@ async fn metrics_tokens_are_asked_of_scrapers() {
 async fn a_legacy_servers_elicitation_is_a_modern_clients_input_round() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let params = json!({"name": "beta__confirm", "arguments": {"message": "ship?"}});
-    let (status, r) = gw.modern("tok-a", "tools/call", params.clone()).await;
-    assert_eq!(status, 200, "{r}");
+    let (params, r) = parked_confirm(&gw).await;
     let result = &r["result"];
-    assert_eq!(result["resultType"], "input_required", "{r}");
     let ask = &result["inputRequests"]["elicitation"];
     assert_eq!(ask["method"], "elicitation/create", "{r}");
     assert_eq!(ask["params"]["message"], "ship?", "{r}");
