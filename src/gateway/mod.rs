@@ -504,10 +504,6 @@ struct Inner {
     at_start: Arc<GatewayConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
-    /// Listings made to learn a shortened name this process has not served, at once:
-    /// a name's header check asks before its principal's in-flight limit does, so
-    /// names made up to look shortened cannot start listings without bound.
-    learning: Semaphore,
     /// Moves on at each reload applied (who is admitted may have changed).
     reloads: tokio::sync::watch::Sender<u64>,
 }
@@ -793,7 +789,6 @@ impl Gateway {
                 roots_at_start: has_roots(harness_config),
                 at_start,
                 parked: parked::ParkedRounds::default(),
-                learning: Semaphore::new(LEARNING_AT_ONCE),
                 reloads: tokio::sync::watch::Sender::new(0),
             }),
         };
@@ -1127,7 +1122,9 @@ impl Gateway {
         }
         // Resolved as the call will be: a header check cannot be passed by a name this
         // process has not listed yet.
-        let name = self.resolve(principal, CallKind::Tool, served).await?;
+        let name = self
+            .resolve(principal, CallKind::Tool, served, false)
+            .await?;
         let tool = match self
             .inner
             .harness
@@ -1170,6 +1167,40 @@ impl Gateway {
         Ok(())
     }
 
+    /// One of `principal`'s places in flight (at most `limit`), or the refusal.
+    fn in_flight_slot<'a>(
+        &'a self,
+        principal: &'a Principal,
+        limit: usize,
+    ) -> Result<InFlightSlot<'a>, RpcError> {
+        let mut in_flight = self.inner.in_flight.lock();
+        // Looked up before it is inserted: the principal is copied only the first time.
+        let sem = match in_flight.get(principal) {
+            Some(sem) => sem.clone(),
+            None => in_flight
+                .entry(principal.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(limit)))
+                .clone(),
+        };
+        drop(in_flight);
+        // Made first: a refused request leaves the map as a finished one does.
+        let mut slot = InFlightSlot {
+            inner: &self.inner,
+            principal,
+            permit: None,
+        };
+        slot.permit = Some(sem.try_acquire_owned().map_err(|_| {
+            RpcError::new(
+                -32000,
+                format!(
+                    "too many requests in flight for agent {} (at most {limit})",
+                    principal.agent
+                ),
+            )
+        })?);
+        Ok(slot)
+    }
+
     /// Answers one request from `principal`. `cancel` cancels the upstream call (a
     /// downstream `notifications/cancelled`, or the connection gone).
     pub async fn handle(
@@ -1185,36 +1216,7 @@ impl Gateway {
             Client::Modern => Some(Self::check_envelope(&request)?),
             Client::Legacy { .. } => None,
         };
-        let _permit = {
-            let mut in_flight = self.inner.in_flight.lock();
-            // Looked up before it is inserted: the principal is copied only the first time.
-            let sem = match in_flight.get(principal) {
-                Some(sem) => sem.clone(),
-                None => in_flight
-                    .entry(principal.clone())
-                    .or_insert_with(|| {
-                        Arc::new(Semaphore::new(now.config.max_in_flight_per_principal))
-                    })
-                    .clone(),
-            };
-            drop(in_flight);
-            // Made first: a refused request leaves the map as a finished one does.
-            let mut slot = InFlightSlot {
-                inner: &self.inner,
-                principal,
-                permit: None,
-            };
-            slot.permit = Some(sem.try_acquire_owned().map_err(|_| {
-                RpcError::new(
-                    -32000,
-                    format!(
-                        "too many requests in flight for agent {} (at most {})",
-                        principal.agent, now.config.max_in_flight_per_principal
-                    ),
-                )
-            })?);
-            slot
-        };
+        let slot = self.in_flight_slot(principal, now.config.max_in_flight_per_principal)?;
         let Request { method, params, .. } = request;
         let mut params = params.unwrap_or_else(|| json!({}));
         let searching = now.config.tool_exposure == ToolExposure::Search;
@@ -1253,7 +1255,7 @@ impl Gateway {
                     .await
             }
         };
-        drop(_permit);
+        drop(slot);
         let mut result = answer?;
         match client {
             Client::Modern => {
@@ -1486,29 +1488,32 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            self.resolve(principal, kind, name).await?
+            self.resolve(principal, kind, name, true).await?
         };
         Ok((name, args))
     }
 
     /// The name a served (maybe shortened) tool or prompt name stands for. One this
     /// process has not served yet (another gateway served it, or this one restarted,
-    /// or reloaded) is learned from the caller's list.
+    /// or reloaded) is learned from the caller's list. A caller that does not hold one
+    /// of its principal's places in flight (`held`) takes one to learn: names made up
+    /// to look shortened cannot start listings without bound, nor past another
+    /// principal's limit.
     async fn resolve(
         &self,
         principal: &Principal,
         kind: CallKind,
         served: &str,
+        held: bool,
     ) -> Result<String, RpcError> {
         let now = self.now();
         match now.names.resolve(served) {
             same if same == served && names::looks_shortened(served) => {
-                let _one_of_few = self
-                    .inner
-                    .learning
-                    .acquire()
-                    .await
-                    .map_err(|_| RpcError::new(INTERNAL_ERROR, "the gateway is stopping"))?;
+                let _slot = if held {
+                    None
+                } else {
+                    Some(self.in_flight_slot(principal, now.config.max_in_flight_per_principal)?)
+                };
                 // Another request may have learned it meanwhile.
                 let resolved = now.names.resolve(served);
                 if resolved != served {
@@ -2098,11 +2103,6 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
     Some((to?, token.clone()))
 }
 
-/// `name` on `server`: a round continues on the server that issued it, whatever the
-/// name would route to now (resources go by uri).
-/// See `Inner::learning`.
-const LEARNING_AT_ONCE: usize = 4;
-
 /// The params a principal's parked calls may hold, in `max_body_bytes`: parked for
 /// minutes, less than the four its calls in flight may.
 const PARKED_BODIES: usize = 2;
@@ -2430,6 +2430,78 @@ mod tests {
         call.abort();
         let _ = call.await;
         assert_eq!(limiters(), 0, "nothing in flight, no limiter kept");
+        harness.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_name_learned_for_a_header_check_takes_a_place_of_its_own_principal() {
+        let mut config = HarnessConfig::default();
+        for agent in ["a", "b"] {
+            config
+                .permissions
+                .entry(agent.into())
+                .or_default()
+                .insert("*".into(), vec!["*".into()]);
+        }
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let one_at_a_time = GatewayConfig {
+            max_in_flight_per_principal: 1,
+            ..GatewayConfig::default()
+        };
+        let gateway = Gateway::new(harness.clone(), &config, one_at_a_time, sealer)
+            .await
+            .expect("gateway");
+        let who = |agent: &str| Principal {
+            agent: agent.into(),
+            context: None,
+        };
+        let (a, b) = (who("a"), who("b"));
+        // Made up to look shortened: unknown here, so checking it means a listing.
+        let made_up = format!("s__{}_0123456789abcdef", "x".repeat(44));
+        assert!(names::looks_shortened(&made_up));
+        let request = Request {
+            id: crate::protocol::RequestId::Number(1),
+            method: "tools/call".into(),
+            params: Some(json!({
+                "name": made_up,
+                "arguments": {},
+                "_meta": {
+                    KEY_PROTOCOL_VERSION: MODERN,
+                    KEY_CLIENT_CAPABILITIES: {},
+                },
+            })),
+        };
+        let check = |p: &Principal| {
+            let (gateway, p, request) = (gateway.clone(), p.clone(), request.clone());
+            async move {
+                gateway
+                    .check_param_headers(&p, &request, |_| None, true)
+                    .await
+            }
+        };
+        let held = gateway.in_flight_slot(&a, 1).expect("a's one place");
+        let refused = check(&a).await.expect_err("a has no place to learn in");
+        assert!(refused.message.contains("too many requests"), "{refused:?}");
+        check(&b).await.expect("b learns in a place of its own");
+        drop(held);
+        check(&a).await.expect("a's place is free again");
+        // A call learns in the place it holds: one at a time is enough.
+        let answer = gateway
+            .handle(
+                &a,
+                request.clone(),
+                Client::Modern,
+                CancelToken::default(),
+                None,
+            )
+            .await;
+        if let Err(e) = &answer {
+            assert!(!e.message.contains("too many requests"), "{e:?}");
+        }
+        assert_eq!(gateway.inner.in_flight.lock().len(), 0, "no place kept");
         harness.shutdown().await;
     }
 
