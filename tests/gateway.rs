@@ -3293,6 +3293,106 @@ async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
     }
 }
 
+// A reload that takes every metrics token away from a listener beyond loopback is
+// warned of, once, when the listener first serves without one.
+#[tokio::test]
+async fn a_reload_that_empties_the_metrics_tokens_is_warned_of_once() {
+    use tokio::io::AsyncBufReadExt;
+    let with_token = format!(
+        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
+        sha256_hex(b"scrape-me")
+    );
+    let setup = Setup::new(&with_token, &[("k1", &key("k1"))]);
+    let config = setup.config.display().to_string();
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--config", &config, "--listen", "127.0.0.1:0"])
+        .args(["--metrics", "0.0.0.0:0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let port = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            assert!(!line.contains("/metrics asks for no token"), "{line}");
+            if let Some(at) = line.strip_prefix("metrics http://") {
+                return at
+                    .trim_end_matches("/metrics")
+                    .rsplit(':')
+                    .next()
+                    .map(String::from);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .expect("the metrics listener's address");
+    // The rest of stderr, read as it comes.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let http = http_client();
+    let scrape = || async {
+        http.get(&url)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        scrape().await,
+        401,
+        "a token is asked for before the reload"
+    );
+    let text = std::fs::read_to_string(&setup.config)
+        .expect("config")
+        .replace(&with_token, "");
+    let tmp = setup.config.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &setup.config).expect("rename");
+    let pid = child.id().expect("pid").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while scrape().await != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload takes the token away"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let warned = |line: &str| line.contains("/metrics asks for no token any more");
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = rx.recv().await {
+            if warned(&line) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(first.ok(), Some(true), "warned of at the first open scrape");
+    // Served open again: not said again.
+    assert_eq!(scrape().await, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(line) = rx.try_recv() {
+        assert!(!warned(&line), "warned of once: {line}");
+    }
+    let _ = child.kill().await;
+}
+
 // With `metrics_tokens`, a scrape needs one of them; the text follows the calls
 // (rendered at most once a second, never held longer).
 #[tokio::test]
