@@ -1493,10 +1493,10 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
     if let Some(s) = state
         .sessions
         .lock()
-        .get(sid)
+        .get_mut(sid)
         .filter(|s| s.principal == *principal)
     {
-        s.calls.cancel(&id_key(&id));
+        s.calls.cancel_or_keep(id_key(&id));
     }
 }
 

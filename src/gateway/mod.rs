@@ -31,7 +31,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -2129,6 +2129,9 @@ fn on_server(kind: CallKind, name: &str, server: &str) -> String {
 pub(crate) struct InFlight<K> {
     next: u64,
     map: HashMap<K, Vec<(u64, CancelToken)>>,
+    /// Cancellations of requests not (yet) in flight, kept a moment when they may have
+    /// overtaken their request (see [`InFlight::cancel_or_keep`]): oldest first.
+    early: std::collections::VecDeque<(K, Instant)>,
 }
 
 impl<K> Default for InFlight<K> {
@@ -2136,13 +2139,29 @@ impl<K> Default for InFlight<K> {
         InFlight {
             next: 0,
             map: HashMap::new(),
+            early: std::collections::VecDeque::new(),
         }
     }
 }
 
+/// How many cancellations of requests not yet in flight a session keeps, and for how
+/// long: enough for one that overtook its request on another HTTP connection, where
+/// the request is at most a body's read behind.
+const EARLY_CANCELS: usize = 64;
+const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(5);
+
 impl<K: std::hash::Hash + Eq> InFlight<K> {
-    /// Adds a request; the ticket removes it.
+    /// Adds a request; the ticket removes it. One whose cancellation came first (kept
+    /// by [`InFlight::cancel_or_keep`]) is cancelled at once.
     pub(crate) fn insert(&mut self, key: K, token: CancelToken) -> u64 {
+        if !self.early.is_empty() {
+            self.early
+                .retain(|(_, at)| at.elapsed() < EARLY_CANCEL_KEPT);
+            if let Some(at) = self.early.iter().position(|(k, _)| *k == key) {
+                self.early.remove(at);
+                token.cancel();
+            }
+        }
         self.next += 1;
         self.map.entry(key).or_default().push((self.next, token));
         self.next
@@ -2175,6 +2194,22 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
         for (_, token) in self.map.get(key).into_iter().flatten() {
             token.cancel();
         }
+    }
+
+    /// Cancels every request under `key`; with none, keeps the cancellation a moment
+    /// for a request under `key` still on its way. Where requests arrive on several
+    /// connections (HTTP), a client's cancellation can overtake the request it
+    /// cancels; ids are not reused within a session, so a later request by that id is
+    /// the one meant.
+    pub(crate) fn cancel_or_keep(&mut self, key: K) {
+        if self.map.contains_key(&key) {
+            self.cancel(&key);
+            return;
+        }
+        if self.early.len() == EARLY_CANCELS {
+            self.early.pop_front();
+        }
+        self.early.push_back((key, Instant::now()));
     }
 }
 
@@ -2431,6 +2466,51 @@ mod tests {
         let _ = call.await;
         assert_eq!(limiters(), 0, "nothing in flight, no limiter kept");
         harness.shutdown().await;
+    }
+
+    #[test]
+    fn a_cancellation_that_overtakes_its_request_cancels_it_when_it_comes() {
+        let mut calls = InFlight::<u64>::default();
+        let running = CancelToken::new();
+        let ticket = calls.insert(1, running.clone());
+        calls.cancel_or_keep(1);
+        assert!(running.is_cancelled(), "a request in flight is cancelled");
+        calls.remove(&1, ticket);
+        // Before its request: kept, and applied to it once, not to the next one.
+        calls.cancel_or_keep(2);
+        assert!(
+            calls.is_empty(),
+            "a kept cancellation is no request in flight"
+        );
+        let late = CancelToken::new();
+        calls.insert(2, late.clone());
+        assert!(late.is_cancelled(), "the request it overtook is cancelled");
+        let other = CancelToken::new();
+        calls.insert(3, other.clone());
+        assert!(!other.is_cancelled(), "another id is not");
+        // Bounded: the oldest go first.
+        for id in 100..100 + EARLY_CANCELS as u64 + 1 {
+            calls.cancel_or_keep(id);
+        }
+        let oldest = CancelToken::new();
+        calls.insert(100, oldest.clone());
+        assert!(!oldest.is_cancelled(), "the oldest was let go");
+        let newest = CancelToken::new();
+        calls.insert(100 + EARLY_CANCELS as u64, newest.clone());
+        assert!(newest.is_cancelled());
+        assert!(calls.early.len() < EARLY_CANCELS);
+        // Only for a moment.
+        calls.early.clear();
+        calls
+            .early
+            .push_back((7, Instant::now() - EARLY_CANCEL_KEPT));
+        let stale = CancelToken::new();
+        calls.insert(7, stale.clone());
+        assert!(
+            !stale.is_cancelled(),
+            "a cancellation kept past its moment is let go"
+        );
+        assert!(calls.early.is_empty());
     }
 
     #[tokio::test]
