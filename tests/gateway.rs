@@ -1980,7 +1980,11 @@ const JWT_AUD: &str = "https://gw.test/mcp";
 fn jwt_issuer(jwt_extra: &str) -> (Setup, Vec<u8>, std::path::PathBuf) {
     let (signing, jwk) = es256_key("k1");
     let jwks = temp_file("jwks");
-    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
+    // Beside it, a key of an algorithm the gateway does not read: left out, not taken
+    // for a broken set.
+    let unread = json!({"kty": "EC", "crv": "P-521", "alg": "ES512", "kid": "k521",
+        "use": "sig", "x": "AA", "y": "AA"});
+    std::fs::write(&jwks, json!({"keys": [unread, jwk]}).to_string()).expect("jwks");
     let setup = Setup::new(
         &format!(
             "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_file = \"{}\"{jwt_extra} }}\n\n[permissions.c]\nalpha = [\"echo\"]",
@@ -2136,6 +2140,27 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             "the agent of a static token",
             jwt(&signing, "k1", claims(ISS, AUD, "a", now + 300)),
         ),
+        (
+            // It would write a line of its own into the gateway's log.
+            "an agent on two lines",
+            jwt(
+                &signing,
+                "k1",
+                claims(ISS, AUD, "c\nINFO agent a approved", now + 300),
+            ),
+        ),
+        (
+            "an agent of 300 bytes",
+            jwt(
+                &signing,
+                "k1",
+                claims(ISS, AUD, &"c".repeat(300), now + 300),
+            ),
+        ),
+        (
+            "an agent that reads as another",
+            jwt(&signing, "k1", claims(ISS, AUD, "c\u{200b}", now + 300)),
+        ),
     ] {
         let (status, body, headers) = gw
             .post(Some(&token), &request("tools/list", json!({})), &[])
@@ -2147,10 +2172,21 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             .unwrap_or("");
         assert_eq!(
             challenge,
-            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\"",
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", error=\"invalid_token\"",
             "{what}"
         );
     }
+    // Without a token, where to get one, and no error (RFC 6750 §3.1).
+    let (status, _, headers) = gw.post(None, &request("tools/list", json!({})), &[]).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some(
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\""
+        )
+    );
     let prm: Value = gw
         .http
         .get(
@@ -3420,6 +3456,15 @@ async fn metrics_tokens_are_asked_of_scrapers() {
         let body = resp.text().await.expect("body");
         assert!(!body.contains("mcp_harness"), "nothing told: {body}");
     }
+    // The scheme's name is read without regard to case (RFC 7235), as on `/mcp`.
+    let resp = gw
+        .http
+        .get(&url)
+        .header("authorization", "bearer scrape-me")
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(resp.status(), 200);
     let calls = |text: &str| -> Option<f64> {
         let series = r#"mcp_harness_calls_total{mcp_harness_server_id="beta",mcp_method_name="tools/call",outcome="ok"} "#;
         text.lines()

@@ -657,8 +657,14 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     let origin = url::Url::parse(audience)
                         .map(|u| u.origin().ascii_serialization())
                         .unwrap_or_default();
+                    // RFC 6750 §3.1: a token was sent and is not taken.
+                    let invalid = if e == super::identity::IdentityError::Missing {
+                        ""
+                    } else {
+                        ", error=\"invalid_token\""
+                    };
                     format!(
-                        "Bearer resource_metadata=\"{origin}{}\"",
+                        "Bearer resource_metadata=\"{origin}{}\"{invalid}",
                         metadata_path(audience)
                     )
                 }

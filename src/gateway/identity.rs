@@ -177,7 +177,8 @@ impl Identity {
                         let refused = |reason: &str| {
                             // The reason may quote the token's own text.
                             let reason = crate::util::text::one_line(reason, 200);
-                            tracing::info!(error = %reason, "bearer JWT refused");
+                            // Debug: anyone can send tokens, and refusals cost them nothing.
+                            tracing::debug!(error = %reason, "bearer JWT refused");
                             IdentityError::Unknown
                         };
                         let verified = jwt.verify(token).map_err(|e| refused(&e.to_string()))?;
@@ -309,6 +310,13 @@ mod tests {
         };
         let refused = Identity::new(&[token("https://idp#alice")], None, Some(jwt.clone()));
         assert!(refused.is_err_and(|e| e.contains("JWT issuer")));
-        assert!(Identity::new(&[token("https://idp-alice")], None, Some(jwt)).is_ok());
+        assert!(Identity::new(&[token("https://idp-alice")], None, Some(jwt.clone())).is_ok());
+        // The audience is the URL clients are sent to for the metadata.
+        for audience in ["api://gw", "gw/mcp", "/mcp", "https://"] {
+            let mut config = jwt.config().clone();
+            config.audience = audience.into();
+            let e = JwtVerifier::load(config).await.expect_err(audience);
+            assert!(e.to_string().contains("jwt.audience"), "{e}");
+        }
     }
 }

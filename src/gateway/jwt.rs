@@ -17,6 +17,9 @@ use super::GatewayError;
 
 /// Largest JWKS read.
 const MAX_JWKS: usize = 1 << 20;
+/// Longest agent or context claim taken: it names the caller in every log line and
+/// audit record.
+const MAX_CLAIM: usize = 256;
 /// How often a JWKS URL is read again.
 const REFRESH: Duration = Duration::from_secs(600);
 /// Clock skew allowed on `exp` and `nbf`.
@@ -77,8 +80,9 @@ pub enum JwtError {
     /// Signature, issuer, audience, expiry or not-before failed.
     #[error("{0}")]
     Invalid(String),
-    /// The agent claim is missing or not a string.
-    #[error("claim {0:?} is missing or not a string")]
+    /// The agent or context claim is missing, not a string, or not a name (blank,
+    /// longer than 256 bytes, or with control or invisible characters).
+    #[error("claim {0:?} is missing or not a name")]
     Claim(String),
 }
 
@@ -111,18 +115,54 @@ impl std::fmt::Debug for JwtVerifier {
     }
 }
 
+/// The keys of a JWKS this crate can read. A key of a type, curve or algorithm it does
+/// not know is left out (RFC 7517 §5), not taken for a broken set: an issuer that
+/// publishes one beside its signing keys (an encryption key, a new curve) is still
+/// served. A set whose every key is left out is refused.
 fn parse_jwks(bytes: &[u8]) -> Result<JwkSet, GatewayError> {
+    #[derive(Deserialize)]
+    struct Keys {
+        keys: Vec<Value>,
+    }
     if bytes.len() > MAX_JWKS {
         return Err(GatewayError::Config(
             "jwt: the JWKS is larger than 1 MiB".into(),
         ));
     }
-    serde_json::from_slice(bytes).map_err(|e| GatewayError::Config(format!("jwt: bad JWKS: {e}")))
+    let set: Keys = serde_json::from_slice(bytes)
+        .map_err(|e| GatewayError::Config(format!("jwt: bad JWKS: {e}")))?;
+    let read = set.keys.len();
+    let keys: Vec<_> = set
+        .keys
+        .into_iter()
+        .filter_map(|k| serde_json::from_value(k).ok())
+        .collect();
+    if keys.len() < read {
+        tracing::warn!(
+            left_out = read - keys.len(),
+            "JWKS keys of a kind this gateway does not read are left out"
+        );
+    }
+    if keys.is_empty() && read > 0 {
+        return Err(GatewayError::Config(
+            "jwt: the JWKS has no key this gateway can read".into(),
+        ));
+    }
+    Ok(JwkSet { keys })
 }
 
 impl JwtVerifier {
     /// Reads the keys (the file, or the URL once) and checks the settings.
     pub async fn load(config: JwtConfig) -> Result<Arc<JwtVerifier>, GatewayError> {
+        // The gateway's own URL: clients are sent to its metadata by it.
+        if !url::Url::parse(&config.audience)
+            .is_ok_and(|u| matches!(u.scheme(), "https" | "http") && u.host().is_some())
+        {
+            return Err(GatewayError::Config(format!(
+                "jwt.audience: {:?} is not the gateway's URL (https://HOST/mcp)",
+                crate::util::text::one_line(&config.audience, 200)
+            )));
+        }
         let keys = match (&config.jwks_file, &config.jwks_url) {
             (Some(path), None) => {
                 let bytes = std::fs::read(path)
@@ -218,11 +258,19 @@ impl JwtVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|e| JwtError::Invalid(e.to_string()))?;
+        // Names that go into logs, audit records and error texts: bounded, one line,
+        // nothing a reader does not see.
         let claim = |name: &str| {
             data.claims
                 .get(name)
                 .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
+                .filter(|s| {
+                    !s.trim().is_empty()
+                        && s.len() <= MAX_CLAIM
+                        && !s
+                            .chars()
+                            .any(|c| c.is_control() || crate::util::text::hidden(c))
+                })
                 .map(String::from)
         };
         let agent = claim(&self.config.agent_claim)

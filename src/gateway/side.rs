@@ -22,7 +22,8 @@ pub(crate) fn bearer_allowed(headers: &hyper::HeaderMap, tokens: &[super::TokenH
     let Some(token) = headers
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.trim().split_once(' '))
+        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token))
     else {
         return false;
     };
