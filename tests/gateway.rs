@@ -2206,6 +2206,95 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     let _ = std::fs::remove_file(jwks);
 }
 
+/// Serves `body` as JSON to every GET on a loopback port until the task is aborted;
+/// the port, and how many requests it answered.
+async fn json_served(
+    body: String,
+) -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(reply.as_bytes()).await;
+        }
+    });
+    (port, hits, task)
+}
+
+// A JWKS read from a URL: JWTs it signs are taken; a reload that leaves the `jwt`
+// settings as they were keeps its keys, and so succeeds while the issuer is down.
+#[tokio::test]
+async fn a_jwks_url_is_read_and_a_reload_does_not_need_it_again() {
+    let (signing, jwk) = es256_key("k1");
+    let (port, hits, jwks_server) = json_served(json!({"keys": [jwk]}).to_string()).await;
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "read at start"
+    );
+    let token = jwt(
+        &signing,
+        "k1",
+        json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 300}),
+    );
+    let (status, list) = gw.modern(&token, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(names(&list), ["alpha__echo"]);
+    // The issuer goes down; a reload that grants c more still applies.
+    jwks_server.abort();
+    let _ = jwks_server.await;
+    let text = std::fs::read_to_string(&setup.config)
+        .expect("config")
+        .replace(
+            "[permissions.c]\nalpha = [\"echo\"]",
+            "[permissions.c]\nalpha = [\"echo\"]\nbeta = [\"echo\"]",
+        );
+    gw.reload_with(&setup, &text);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, list) = gw.modern(&token, "tools/list", json!({})).await;
+        assert_eq!(status, 200, "{list}");
+        if names(&list).len() == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reload was not applied: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn streams_opened_with_a_jwt_end_when_it_expires() {
     const ISS: &str = JWT_ISS;

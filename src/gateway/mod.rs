@@ -519,12 +519,22 @@ struct Current {
 }
 
 impl Current {
+    /// The settings of `config`; `before`, the ones they replace (on a reload).
     async fn new(
         harness_config: &HarnessConfig,
         config: GatewayConfig,
         sealer: Sealer,
+        before: Option<&Current>,
     ) -> Result<Current, GatewayError> {
+        // A JWKS URL's keys, kept across a reload that leaves its settings as they
+        // were: they are read again on their own, and a reload (of a server, say) does
+        // not fail while the issuer is down. A file is read again: a reload is how its
+        // keys change.
+        let kept = before
+            .and_then(|b| b.identity.jwt())
+            .filter(|v| v.config().jwks_url.is_some() && Some(v.config()) == config.jwt.as_ref());
         let jwt = match &config.jwt {
+            Some(_) if kept.is_some() => kept.cloned(),
             Some(j) => {
                 let verifier = jwt::JwtVerifier::load(j.clone()).await?;
                 verifier.refresh_in_background();
@@ -779,7 +789,7 @@ impl Gateway {
         sealer: Sealer,
     ) -> Result<Gateway, GatewayError> {
         let at_start = Arc::new(config.clone());
-        let current = Current::new(harness_config, config, sealer).await?;
+        let current = Current::new(harness_config, config, sealer, None).await?;
         let gateway = Gateway {
             inner: Arc::new(Inner {
                 harness,
@@ -855,7 +865,8 @@ impl Gateway {
             ),
             ..Reloaded::default()
         };
-        let next = Current::new(harness_config, config, sealer).await?;
+        let before = self.now();
+        let next = Current::new(harness_config, config, sealer, Some(&before)).await?;
         let harness = &self.inner.harness;
         *self.inner.current.write() = Arc::new(next);
         // Streams and sessions of principals no longer admitted end now.
