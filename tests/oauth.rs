@@ -87,6 +87,15 @@ impl World {
         self.server_named("web", auth)
     }
 
+    /// [`registered`], pinned to this world's authorization server (as a client secret
+    /// must be).
+    fn confidential(&self, pre: &str) -> OAuthConfig {
+        OAuthConfig {
+            issuer: Some(self.auth.url.clone()),
+            ..registered(pre)
+        }
+    }
+
     /// The protected server as `id` (several ids may name it).
     fn server_named(&self, id: &str, auth: OAuthConfig) -> ServerConfig {
         let mut s = ServerConfig::http(id, &self.mcp.url);
@@ -265,7 +274,7 @@ async fn each_discovery_variant_leads_to_a_token_and_the_server_checks_pkce_stat
 async fn a_pre_registered_client_a_metadata_document_and_registration_each_sign_in() {
     // Pre-registered, confidential.
     let w = World::new(&["--client", "pre:s3cret"], &[]).await;
-    let h = w.harness(registered("pre:s3cret")).await;
+    let h = w.harness(w.confidential("pre:s3cret")).await;
     ready(&h).await;
     assert!(w.at("authorize").iter().all(|a| a["client_id"] == "pre"));
     assert!(
@@ -510,7 +519,7 @@ async fn the_token_endpoint_sees_the_authentication_method_its_metadata_allows()
         ("none", "pre", "none"),
     ] {
         let w = World::new(&["--client", client, "--auth-methods", methods], &[]).await;
-        let h = w.harness(registered(client)).await;
+        let h = w.harness(w.confidential(client)).await;
         ready(&h).await;
         let tokens = w.at("token");
         assert!(!tokens.is_empty());
@@ -1026,7 +1035,7 @@ async fn client_credentials_sign_in_without_a_person() {
     let config = HarnessConfig {
         servers: vec![w.server(OAuthConfig {
             grant: mcp_harness::transport::auth::GrantKind::ClientCredentials,
-            ..registered("machine:s3cret")
+            ..w.confidential("machine:s3cret")
         })],
         permissions: grant_everything(&["a"]),
         ..HarnessConfig::default()
@@ -1062,6 +1071,21 @@ async fn a_client_secret_pinned_to_its_issuer_goes_to_no_other() {
     assert!(why.contains("configured issuer"), "{why}");
     assert!(w.at("token").is_empty(), "the secret was never sent");
     h.shutdown().await;
+    // Not pinned at all: the config is refused, the secret never sent.
+    let e = Harness::builder(HarnessConfig {
+        servers: vec![w.server(OAuthConfig {
+            grant: mcp_harness::transport::auth::GrantKind::ClientCredentials,
+            ..registered("machine:s3cret")
+        })],
+        ..HarnessConfig::default()
+    })
+    .spawn()
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("transport.auth.issuer"), "{e}");
+    assert!(w.at("token").is_empty(), "the secret was never sent");
 
     let h = w.harness(pinned(&w.auth.url)).await;
     ready(&h).await;

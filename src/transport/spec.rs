@@ -140,6 +140,16 @@ impl TransportSpec {
                         ),
                     ));
                 }
+                if h.auth.client_secret.as_ref().is_some_and(|s| !s.is_empty())
+                    && h.auth.issuer.is_none()
+                {
+                    // Else the secret would go to whichever authorization server the
+                    // server names.
+                    return Err(Invalid::new(
+                        "transport.auth.issuer",
+                        "must be set with a client_secret: the secret goes to no authorization server but this one",
+                    ));
+                }
                 for (name, value) in &h.headers {
                     reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                         Invalid::new(

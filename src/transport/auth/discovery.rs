@@ -161,6 +161,14 @@ pub(crate) fn resource_metadata_urls(
     server: &Url,
     from_challenge: Option<&str>,
 ) -> Result<Vec<Url>, AuthFailure> {
+    // The token would go to it in clear, and its metadata (which names where to sign
+    // in) could be anyone's on the way.
+    if server.scheme() != "https" && !is_loopback(server) {
+        return Err(AuthFailure::BadUrl {
+            url: crate::util::text::url_shown(server),
+            why: "the server is not HTTPS: no sign-in over plain HTTP beyond loopback".into(),
+        });
+    }
     if let Some(raw) = from_challenge {
         let url = checked_url(raw, server)?;
         if url.origin() != server.origin() {
@@ -322,6 +330,22 @@ mod tests {
                 "https://auth.example.com/.well-known/openid-configuration"
             ]
         );
+    }
+
+    #[test]
+    fn no_sign_in_to_a_plain_http_server_beyond_loopback() {
+        for (server, signs_in) in [
+            ("http://mcp.example.com/mcp", false),
+            ("http://10.0.0.7/mcp", false),
+            ("http://127.0.0.1:8080/mcp", true),
+            ("http://localhost:8080/mcp", true),
+            ("https://mcp.example.com/mcp", true),
+        ] {
+            let got = resource_metadata_urls(&url(server), None);
+            assert_eq!(got.is_ok(), signs_in, "{server}: {got:?}");
+            let got = resource_metadata_urls(&url(server), Some(server));
+            assert_eq!(got.is_ok(), signs_in, "{server} (challenge): {got:?}");
+        }
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub struct OAuthConfig {
     pub client_secret: Option<String>,
     /// The authorization server (its issuer URL) to sign in with, when the server names
     /// several or may not be trusted to name the right one: sign-in refuses any other.
-    /// Set it with a `client_secret`: the secret then goes to no issuer but this one.
+    /// Required with a `client_secret`: the secret goes to no issuer but this one.
     pub issuer: Option<String>,
     /// The HTTPS URL of a Client ID Metadata Document you host (used as the client id
     /// when the authorization server supports such documents).
@@ -1226,13 +1226,6 @@ impl SignIn {
             };
             return Err(self.err(step, AuthFailure::Invalid(why)));
         };
-        if self.config.issuer.is_none() && self.config.client_secret.is_some() {
-            tracing::warn!(
-                server = %self.server,
-                issuer = %crate::util::text::one_line(&issuer, 200),
-                "a client secret goes to the issuer the server names; set auth.issuer to pin it"
-            );
-        }
         let step = AuthStep::ServerMetadata;
         let urls =
             discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
