@@ -1420,3 +1420,51 @@ async fn a_broken_event_stream_is_resumed_with_the_token_of_the_user_whose_call_
     assert_eq!(resumed, [alices], "resumed as alice");
     h.shutdown().await;
 }
+
+/// A store that reads nothing and cannot write (a full disk, a directory the process
+/// may not write).
+struct Unwritable;
+
+impl mcp_harness::transport::auth::TokenStore for Unwritable {
+    fn get(
+        &self,
+        _: &mcp_harness::transport::auth::TokenKey,
+    ) -> Result<Option<mcp_harness::transport::auth::Token>, String> {
+        Ok(None)
+    }
+    fn put(
+        &self,
+        _: &mcp_harness::transport::auth::TokenKey,
+        _: &mcp_harness::transport::auth::Token,
+    ) -> Result<(), String> {
+        Err("No space left on device".into())
+    }
+    fn remove(&self, _: &mcp_harness::transport::auth::TokenKey) -> Result<(), String> {
+        Ok(())
+    }
+    fn remove_server(&self, _: &str) -> Result<usize, String> {
+        Ok(0)
+    }
+}
+
+// A token the store cannot take is still used: the code that got it is spent, and a
+// person would otherwise sign in for nothing (and a rotated refresh token be lost).
+#[tokio::test]
+async fn a_token_the_store_cannot_keep_is_held_in_memory() {
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let h = w
+        .builder(vec![w.server(registered("pre"))])
+        .token_store(Arc::new(Unwritable))
+        .spawn()
+        .await
+        .expect("spawn");
+    ready(&h).await;
+    for _ in 0..2 {
+        assert_eq!(
+            subject(&h, &Caller::agent("a")).await.expect("call"),
+            "demo-user"
+        );
+    }
+    assert_eq!(w.at("authorize").len(), 1, "one sign-in, its token used");
+    h.shutdown().await;
+}

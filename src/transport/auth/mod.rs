@@ -688,12 +688,21 @@ impl SignIn {
         }
     }
 
-    fn keep(&self, identity: Option<&str>, token: Token) -> Result<(), AuthFailure> {
+    fn keep(&self, identity: Option<&str>, token: Token) {
         // Stored before it is used: a rotated refresh token replaces the old one for good.
-        self.ctx
-            .store
-            .put(&self.key(identity), &token)
-            .map_err(AuthFailure::Store)?;
+        // A store that cannot take it (a full disk, a directory it may not write) still
+        // leaves it held here: the code or refresh token that got it is spent, and
+        // dropping it would make a person sign in again for nothing.
+        if let Err(e) = self.ctx.store.put(&self.key(identity), &token) {
+            if self
+                .store_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::debug!(server = %self.server, error = %e, "token store unwritable");
+            } else {
+                tracing::warn!(server = %self.server, error = %e, "token store unwritable; the token is held in memory only");
+            }
+        }
         let who = identity.map(String::from);
         self.missing.lock().remove(&who);
         {
@@ -705,7 +714,6 @@ impl SignIn {
             renewed.insert(who.clone(), token.access_token.clone());
         }
         self.tokens.lock().insert(who, token);
-        Ok(())
     }
 
     /// Forgets `refused` unless the store now holds another token (another process
@@ -1523,8 +1531,7 @@ impl SignIn {
         ex: &Exchange,
     ) -> Result<Token, AuthError> {
         let token = self.token_request(ex).await?;
-        self.keep(identity, token.clone())
-            .map_err(|f| self.err(ex.step, f))?;
+        self.keep(identity, token.clone());
         Ok(token)
     }
 
