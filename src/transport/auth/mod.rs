@@ -55,8 +55,11 @@ const MAX_REPLY: usize = 1 << 20;
 /// Refresh this long before a token expires.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
 /// How long a renewal after a refusal waits for another process's refresh of the same
-/// token (one token request, cut off at 30 s, and a little).
-const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(35);
+/// token: what the holder may take under the lock (reaching the server first when it
+/// has not yet, then the token request, each cut off at 30 s), and a little. Giving up
+/// sooner would send the same refresh token twice, and an authorization server that
+/// detects reuse revokes them all.
+const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(65);
 /// How often a request waiting for another process's refresh looks again.
 const RENEWAL_LOCK_POLL: Duration = Duration::from_millis(25);
 
