@@ -89,6 +89,8 @@ pub(crate) fn is_internal_ip(ip: std::net::IpAddr) -> bool {
                 // Unique local (fc00::/7) and link-local (fe80::/10).
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
+                // Site-local (fec0::/10): deprecated, still routed inside some networks.
+                || (s[0] & 0xffc0) == 0xfec0
                 // IPv4-mapped and IPv4-compatible (::a.b.c.d).
                 || ip.to_ipv4().is_some_and(v4)
                 // NAT64 (64:ff9b::/96, and the local-use 64:ff9b:1::/48) and 6to4
@@ -96,6 +98,10 @@ pub(crate) fn is_internal_ip(ip: std::net::IpAddr) -> bool {
                 || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && v4(embedded(s[6], s[7])))
                 || (s[..3] == [0x64, 0xff9b, 1] && v4(embedded(s[6], s[7])))
                 || (s[0] == 0x2002 && v4(embedded(s[1], s[2])))
+                // SIIT's IPv4-translated form (::ffff:0:a.b.c.d, RFC 2765).
+                || (s[..6] == [0, 0, 0, 0, 0xffff, 0] && v4(embedded(s[6], s[7])))
+                // Teredo (2001::/32): the client's IPv4 address, inverted.
+                || (s[..2] == [0x2001, 0] && v4(embedded(!s[6], !s[7])))
         }
     }
 }
@@ -378,6 +384,10 @@ mod tests {
             "https://[64:ff9b::a00:1]/",
             "https://[2002:a00:1::1]/",
             "https://[64:ff9b:1::a00:1]/",
+            "https://[fec0::1]/",
+            "https://[::ffff:0:10.0.0.1]/",
+            // Teredo, its client 10.0.0.1 (inverted: f5ff:fffe).
+            "https://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/",
             "https://0.1.2.3/",
             "https://192.0.0.8/",
             "https://198.18.0.1/",
@@ -391,6 +401,8 @@ mod tests {
             assert!(checked_url(inside, &s).is_err(), "{inside}");
         }
         assert!(checked_url("https://8.8.8.8/", &s).is_ok());
+        assert!(checked_url("https://[2001:0:4136:e378:8000:63bf:f7f7:f7f7]/", &s).is_ok());
+        assert!(checked_url("https://[2001:db8::1]/", &s).is_ok());
         // A server on a private network may name its neighbours.
         let private = url("https://10.0.0.5/mcp");
         assert!(checked_url("https://10.0.0.6/", &private).is_ok());

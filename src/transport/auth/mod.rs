@@ -1950,7 +1950,7 @@ mod tests {
         // Held here, within the refresh margin of its expiry.
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 1_000);
-        sign_in.keep(None, ours.clone()).expect("keep");
+        sign_in.keep(None, ours.clone());
         // Another process refreshed it (rotating the refresh token) and stored the result.
         let mut theirs = ours.clone();
         theirs.access_token = "b".into();
@@ -2006,12 +2006,10 @@ mod tests {
         for i in 0..(3 * MISSING_MEMO) {
             let who = format!("user-{i}");
             drop(sign_in.lock_for(Some(&who)));
-            sign_in
-                .keep(
-                    Some(&who),
-                    token("https://idp.example", "https://idp.example/t"),
-                )
-                .expect("keep");
+            sign_in.keep(
+                Some(&who),
+                token("https://idp.example", "https://idp.example/t"),
+            );
         }
         assert!(sign_in.ctx.renewals.0.lock().len() <= MISSING_MEMO + 1);
         assert!(sign_in.renewed.lock().len() <= MISSING_MEMO);
@@ -2091,7 +2089,7 @@ mod tests {
         // Another request of this process, refused "b" first, renewed to "c".
         let mut ours = theirs.clone();
         ours.access_token = "c".into();
-        sign_in.keep(None, ours).expect("keep");
+        sign_in.keep(None, ours);
         // This request's second refusal ("b" again) takes "c": no second refresh (here
         // it would need the network, and fail: nothing listens).
         let taken = sign_in
@@ -2194,7 +2192,7 @@ mod tests {
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.refresh_token = None;
         ours.expires_at_ms = Some(now_ms() - 1_000);
-        sign_in.keep(None, ours).expect("keep");
+        sign_in.keep(None, ours);
         assert_eq!(sign_in.bearer(None, soon()).await.expect("bearer"), None);
         assert_eq!(sign_in.sendable(None), None, "an expired token is not sent");
         assert_eq!(
@@ -2222,13 +2220,13 @@ mod tests {
         // A token due for refresh but still good is sent as it is, without waiting.
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 10_000);
-        sign_in.keep(None, ours.clone()).expect("keep");
+        sign_in.keep(None, ours.clone());
         let now = tokio::time::Instant::now();
         let sent = sign_in.bearer(None, now).await.expect("bearer");
         assert_eq!(sent.as_deref(), Some("a"));
         // An expired one waits for the renewal, until the request's deadline only.
         ours.expires_at_ms = Some(now_ms() - 1_000);
-        sign_in.keep(None, ours).expect("keep");
+        sign_in.keep(None, ours);
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
         let waited = tokio::time::timeout(Duration::from_secs(10), sign_in.bearer(None, until))
             .await
@@ -2303,14 +2301,14 @@ mod tests {
         let key = sign_in.key(None);
         let mut ours = token("https://idp.example", "https://idp.example/t");
         ours.expires_at_ms = Some(now_ms() + 10_000);
-        sign_in.keep(None, ours.clone()).expect("keep");
+        sign_in.keep(None, ours.clone());
         // Due for refresh but still good: sent as it is, no refresh of our own (which
         // would need the network, and would spend the refresh token it rotates).
         let sent = sign_in.bearer(None, soon()).await.expect("bearer");
         assert_eq!(sent.as_deref(), Some("a"));
         // Expired: waits for that refresh, until its deadline only.
         ours.expires_at_ms = Some(now_ms() - 1_000);
-        sign_in.keep(None, ours).expect("keep");
+        sign_in.keep(None, ours);
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
         let waited = sign_in.bearer(None, until).await.map_err(|e| e.failure);
         assert!(matches!(waited, Err(AuthFailure::Timeout(_))), "{waited:?}");
