@@ -653,3 +653,57 @@ fn the_embedding_example_recovers_both_servers_and_leaves_nothing_behind() {
     assert!(stdout.contains("rebuilds=1"), "{stdout}");
     assert!(!stdout.contains("STILL ALIVE"), "{stdout}");
 }
+
+// A server being removed is gone from routing at once: requests are answered while its
+// process, which takes its time to go, is still being stopped.
+#[tokio::test]
+async fn requests_to_a_server_being_removed_are_answered_at_once() {
+    // Its process ignores SIGTERM and stays after stdin ends, so a stop waits out the
+    // grace and kills it.
+    let mut stubborn = demo("slow", &[]);
+    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            "trap '' TERM; \"$0\" demo-server slow; sleep 30".into(),
+            harness_exe(),
+        ],
+        ..Default::default()
+    });
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![stubborn],
+        shutdown_grace: Duration::from_secs(3),
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let removing = {
+        let h = h.clone();
+        tokio::spawn(async move { h.remove_server("slow").await })
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("slow")
+            .is_none())
+        .await
+    );
+    let answer = h
+        .request_with_timeout(
+            "slow",
+            "tools/call",
+            call("echo", json!({"text": "x"})),
+            Some(Duration::from_secs(60)),
+        )
+        .await;
+    assert!(
+        !removing.is_finished(),
+        "answered while the stop still waits for the process: {answer:?}"
+    );
+    assert!(
+        matches!(answer, Err(HarnessError::UnknownServer(_))),
+        "{answer:?}"
+    );
+    removing.await.expect("join").expect("removed");
+    h.shutdown().await;
+}

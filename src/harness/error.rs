@@ -38,6 +38,7 @@ impl From<ServersError> for HarnessError {
                 HarnessError::Spawn(format!("server {server:?}: {reason}"))
             }
             ServersError::Gone => HarnessError::ShutDown,
+            ServersError::Server(e) => HarnessError::Call(CallError::Server(e)),
         }
     }
 }

@@ -326,6 +326,26 @@ impl ServerRef {
                 .on_connection(&live, method, params, timeout, capabilities, identity)
                 .await;
         }
+        // Stopped or failed: answered here as the actor would, and at once. A server
+        // being stopped (removed, the harness shutting down) may hold its actor for
+        // seconds while its process exits, and requests would wait in its mailbox.
+        {
+            let status = self.0.status.read();
+            match status.state {
+                ServerState::Stopped => {
+                    return Err(ServerError::Stopped {
+                        server: self.id().to_string(),
+                    });
+                }
+                ServerState::Failed => {
+                    return Err(ServerError::Failed {
+                        server: self.id().to_string(),
+                        reason: status.last_error.clone().unwrap_or_default(),
+                    });
+                }
+                _ => {}
+            }
+        }
         let _noted = note();
         self.through_actor(
             Outgoing {

@@ -43,6 +43,34 @@ pub enum ServersError {
     /// The supervisor is gone (the harness is shutting down).
     #[error("the servers' supervisor is not running")]
     Gone,
+    /// The server could not do what was asked (a restart its actor did not confirm).
+    #[error(transparent)]
+    Server(ServerError),
+}
+
+/// What a `Restart` asked of a server's actor came to: only its answer is a restart.
+/// Its actor stopped without one (the server was removed meanwhile, or its actor died
+/// and is being rebuilt), or did not answer in time: no restart is known to be under
+/// way, and the caller is told so.
+fn restarted(
+    done: Result<ractor::rpc::CallResult<()>, ractor::MessagingErr<ServerMsg>>,
+    id: &str,
+    directory: &Directory,
+) -> Result<(), ServersError> {
+    use ractor::rpc::CallResult;
+    match done {
+        Ok(CallResult::Success(())) => Ok(()),
+        _ if directory.get(id).is_none() => Err(ServersError::Unknown(id.to_string())),
+        Ok(CallResult::Timeout) => Err(ServersError::Server(ServerError::Restarting {
+            server: id.to_string(),
+            reason: "its actor did not confirm the restart within 30 s".into(),
+        })),
+        Ok(CallResult::SenderError) | Err(_) => {
+            Err(ServersError::Server(ServerError::Unavailable {
+                server: id.to_string(),
+            }))
+        }
+    }
 }
 
 /// Messages of the servers' supervisor.
@@ -141,11 +169,12 @@ impl Actor for ServersSupervisor {
                 match state.args.directory.get(&id).and_then(|s| s.actor()) {
                     Some(actor) => {
                         // The server actor answers when its new attempt is under way.
+                        let directory = state.args.directory.clone();
                         tokio::spawn(async move {
                             let done = actor
                                 .call(ServerMsg::Restart, Some(Duration::from_secs(30)))
                                 .await;
-                            let _ = reply.send(done.map(|_| ()).map_err(|_| ServersError::Gone));
+                            let _ = reply.send(restarted(done, &id, &directory));
                         });
                     }
                     None => {
@@ -325,6 +354,39 @@ impl From<ServersError> for ServerError {
             ServersError::Gone => ServerError::Unavailable {
                 server: String::new(),
             },
+            ServersError::Server(e) => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ractor::rpc::CallResult;
+
+    #[test]
+    fn a_restart_is_reported_only_when_the_actor_confirms_it() {
+        let directory = Directory::default();
+        assert_eq!(
+            restarted(Ok(CallResult::Success(())), "s", &directory),
+            Ok(())
+        );
+        // Removed meanwhile: its actor stopped without answering.
+        for done in [CallResult::SenderError, CallResult::Timeout] {
+            assert_eq!(
+                restarted(Ok(done), "s", &directory),
+                Err(ServersError::Unknown("s".into()))
+            );
+        }
+        // Still there: its actor died (being rebuilt), or did not answer in time.
+        directory.insert(ServerRef::new(ServerConfig::stdio("s", "true", [""; 0])));
+        assert!(matches!(
+            restarted(Ok(CallResult::SenderError), "s", &directory),
+            Err(ServersError::Server(ServerError::Unavailable { .. }))
+        ));
+        assert!(matches!(
+            restarted(Ok(CallResult::Timeout), "s", &directory),
+            Err(ServersError::Server(ServerError::Restarting { .. }))
+        ));
     }
 }
