@@ -569,6 +569,32 @@ async fn a_legacy_server_that_dies_during_a_handover_restarts_and_serves_the_cal
     h.shutdown().await;
 }
 
+// A handover (a new handler's capability declared to a legacy server) starts a new
+// process: its uptime counts from then, not from the process it replaced.
+#[tokio::test]
+async fn a_handover_counts_the_new_connections_uptime_from_its_start() {
+    let h = start_ready(config(vec![demo("leg", &["--era", "legacy"])], &["a"])).await;
+    let before = h.server_status("leg").expect("status");
+    let (pid, ready_at) = (before.pid, before.ready_at.expect("ready"));
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("leg")
+            .is_some_and(|s| s.state == ServerState::Ready && s.pid != pid))
+        .await,
+        "handed over to a new process"
+    );
+    let after = h.server_status("leg").expect("status");
+    assert!(
+        after.ready_at.is_some_and(|t| t > ready_at),
+        "{:?} after {ready_at:?}",
+        after.ready_at
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn legacy_list_changed_invalidates_the_cache() {
     let record = temp_file("changed");

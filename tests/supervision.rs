@@ -707,3 +707,54 @@ async fn requests_to_a_server_being_removed_are_answered_at_once() {
     removing.await.expect("join").expect("removed");
     h.shutdown().await;
 }
+
+// A server given up on while calls wait for it answers them, and its status says its
+// queue is empty again.
+#[tokio::test]
+async fn a_server_given_up_on_shows_its_queue_emptied() {
+    // It never answers its handshake, and exits a second later; no restart allowed.
+    let mut dies = limited("dies", 0);
+    dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec!["-c".into(), "sleep 1; exit 3".into()],
+        ..Default::default()
+    });
+    let h = harness(vec![dies]).await;
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                h.request_with_timeout(
+                    "dies",
+                    "tools/call",
+                    call("echo", json!({"text": "x"})),
+                    Some(Duration::from_secs(30)),
+                )
+                .await
+            })
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("dies")
+            .is_some_and(|s| s.queued == 3))
+        .await,
+        "the calls wait in its queue: {:?}",
+        h.server_status("dies")
+    );
+    assert!(wait_state(&h, "dies", ServerState::Failed).await);
+    for call in waiting {
+        let answer = call.await.expect("join");
+        assert!(
+            matches!(
+                answer,
+                Err(HarnessError::Call(CallError::Server(
+                    ServerError::Failed { .. }
+                )))
+            ),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(h.server_status("dies").map(|s| s.queued), Some(0));
+    h.shutdown().await;
+}

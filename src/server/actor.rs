@@ -253,10 +253,7 @@ impl Actor for ServerActor {
                 }
             }
         }
-        let depth = state.queue.len();
-        if state.args.server.0.status.read().queued != depth {
-            state.args.server.0.status.write().queued = depth;
-        }
+        state.note_queued();
         Ok(())
     }
 
@@ -298,6 +295,8 @@ impl Actor for ServerActor {
             state.current = None;
             state.on_connection_lost(&myself, &failure);
         }
+        // Giving up on the server answers its queue.
+        state.note_queued();
         Ok(())
     }
 
@@ -343,6 +342,14 @@ impl ServerActorState {
     }
 
     /// Writes the server's state, connection and status (the one writer of them).
+    /// Publishes the queue's depth, after whatever may have changed it.
+    fn note_queued(&self) {
+        let depth = self.queue.len();
+        if self.args.server.0.status.read().queued != depth {
+            self.args.server.0.status.write().queued = depth;
+        }
+    }
+
     fn publish(&mut self, new: ServerState) {
         self.state = new;
         let shared = &self.args.server.0;
@@ -360,6 +367,8 @@ impl ServerActorState {
         let mut s = shared.status.write();
         s.state = new;
         s.last_error = self.last_error.clone();
+        // A rebuilt actor's queue starts empty, whatever the dead one's held.
+        s.queued = self.queue.len();
         match &conn {
             Some(conn) => {
                 s.era = Some(conn.era());
@@ -376,7 +385,12 @@ impl ServerActorState {
     }
 
     async fn spawn_attempt(&mut self, myself: &ActorRef<ServerMsg>) -> Result<Attempt, String> {
-        self.attempt += 1;
+        self.attempt = 1 + self
+            .args
+            .server
+            .0
+            .attempts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let config = self.args.server.config();
         // Progress goes straight from the transport's reader to the call that asked, in
         // order with its result (the mailbox would let the result overtake it).
@@ -580,6 +594,9 @@ impl ServerActorState {
                 self.draining.push(drain_and_stop(old, limit));
             }
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
+            // A new process: its uptime (and whether it has been healthy long enough to
+            // forgive earlier restarts) counts from now.
+            self.ready_at = Some(Instant::now());
             self.record_connection(&conn);
             self.publish(ServerState::Ready);
             // What it lists may depend on what we declared (many legacy servers list
@@ -790,6 +807,7 @@ impl ServerActorState {
             .collect();
         self.publish(ServerState::Stopped);
         self.fail_queue();
+        self.note_queued();
         // A replaced connection stops now too, not when this actor's children are torn
         // down after it (killed, after `shutdown()` returned).
         let mut actors = Vec::new();

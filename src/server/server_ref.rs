@@ -74,6 +74,11 @@ pub(crate) struct ServerShared {
     /// unlimited.
     pub(super) restarts: parking_lot::Mutex<RestartTracker>,
     in_flight: AtomicUsize,
+    /// The last connection attempt's number, here rather than in the actor: numbers
+    /// stay unique across a rebuilt actor, so that a report about a dead actor's
+    /// connection (still in use by a call that began on it) is never taken for one
+    /// about the new actor's.
+    pub(super) attempts: std::sync::atomic::AtomicU64,
     /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
@@ -166,6 +171,7 @@ impl ServerRef {
             offers: RwLock::new(None),
             actor: RwLock::new(None),
             in_flight: AtomicUsize::new(0),
+            attempts: std::sync::atomic::AtomicU64::new(0),
             unowned: parking_lot::Mutex::new(Unowned::default()),
         }))
     }
