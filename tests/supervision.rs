@@ -758,3 +758,63 @@ async fn a_server_given_up_on_shows_its_queue_emptied() {
     assert_eq!(h.server_status("dies").map(|s| s.queued), Some(0));
     h.shutdown().await;
 }
+
+// A request that the next restart (after its backoff) cannot serve before its deadline
+// is answered at once, `restarting`, free to go to another server: one that comes
+// while the server waits, and one that waited in its queue when it went down.
+#[tokio::test]
+async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
+    let late = |c: &mut ServerConfig| {
+        c.restart.min_delay = Duration::from_secs(60);
+        c.restart.max_delay = Duration::from_secs(60);
+    };
+    let mut alpha = demo("alpha", &[]);
+    late(&mut alpha);
+    // Never answers its handshake; exits a second later.
+    let mut dies = demo("dies", &[]);
+    late(&mut dies);
+    dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec!["-c".into(), "sleep 1; exit 3".into()],
+        ..Default::default()
+    });
+    let h = harness(vec![alpha, dies]).await;
+    let echo = |id: &'static str| {
+        let h = h.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let answer = h
+                .request_with_timeout(
+                    id,
+                    "tools/call",
+                    call("echo", json!({"text": "x"})),
+                    Some(Duration::from_secs(20)),
+                )
+                .await;
+            (answer, started.elapsed())
+        }
+    };
+    let queued = tokio::spawn(echo("dies"));
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let _ = h
+        .request("alpha", "tools/call", call("crash", json!({"code": 3})))
+        .await;
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    for (which, (answer, took)) in [
+        ("while it waits", echo("alpha").await),
+        ("queued before", queued.await.expect("join")),
+    ] {
+        assert!(
+            matches!(
+                answer,
+                Err(HarnessError::Call(CallError::Server(
+                    ServerError::Restarting { .. }
+                )))
+            ),
+            "{which}: {answer:?}"
+        );
+        // Not its 20 s deadline.
+        assert!(took < Duration::from_secs(10), "{which}: {took:?}");
+    }
+    h.shutdown().await;
+}

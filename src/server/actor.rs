@@ -102,6 +102,9 @@ pub struct ServerActorState {
     /// Replaced connections finishing what they have in flight, and their drains.
     draining: Vec<(ActorRef<ConnMsg>, tokio::task::AbortHandle)>,
     ready_at: Option<Instant>,
+    /// When the restart waited for (backoff) starts its connection: a request whose
+    /// deadline comes first is answered at once, free to go to another server.
+    restart_at: Option<Instant>,
     /// Whether a connection of this server listened for changes before (a new one then
     /// reads its lists again: nothing is replayed).
     listened: bool,
@@ -148,6 +151,7 @@ impl Actor for ServerActor {
             handover: None,
             draining: Vec::new(),
             ready_at: None,
+            restart_at: None,
             listened: false,
             queue,
             last_error: None,
@@ -430,6 +434,7 @@ impl ServerActorState {
     }
 
     async fn start_connection(&mut self, myself: &ActorRef<ServerMsg>) {
+        self.restart_at = None;
         match self.spawn_attempt(myself).await {
             Ok(attempt) => self.current = Some(attempt),
             Err(reason) => {
@@ -480,6 +485,12 @@ impl ServerActorState {
                 let attempt = self.current_attempt().unwrap_or_default();
                 self.send_on(LiveConnection { conn, attempt }, outgoing, reply)
                     .await;
+            }
+            (ServerState::Restarting, _)
+                if self.restart_at.is_some_and(|at| at >= outgoing.deadline) =>
+            {
+                // It would only wait out its deadline in the queue.
+                let _ = reply.send(Err(self.restarting_error()));
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
                 let left = outgoing.left();
@@ -728,7 +739,14 @@ impl ServerActorState {
                 self.args.server.0.status.write().restarts += 1;
                 self.publish(ServerState::Restarting);
                 let attempt = self.attempt;
+                let at = crate::util::duration::after(Instant::now(), delay);
+                self.restart_at = Some(at);
                 myself.send_after(delay, move || ServerMsg::StartConnection { attempt });
+                // Those that cannot be served in time are answered now (another server
+                // may serve them).
+                for q in self.queue.due_by(at) {
+                    let _ = q.reply.send(Err(self.restarting_error()));
+                }
             }
             Decision::GiveUp(why) => {
                 self.lifecycle_span("failed").in_scope(|| tracing::error!(server = %self.id(), reason = %why, "server failed; not restarting"));

@@ -102,6 +102,15 @@ impl RequestQueue {
         self.items.remove(pos)
     }
 
+    /// Takes out the requests whose deadline comes by `at`.
+    pub(super) fn due_by(&mut self, at: Instant) -> Vec<Queued> {
+        let (due, left) = std::mem::take(&mut self.items)
+            .into_iter()
+            .partition(|q| q.outgoing.deadline <= at);
+        self.items = left;
+        due.into()
+    }
+
     /// Every waiting request, in arrival order.
     pub(super) fn drain(&mut self) -> Vec<Queued> {
         self.items.drain(..).collect()
