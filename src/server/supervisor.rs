@@ -166,7 +166,15 @@ impl Actor for ServersSupervisor {
                 }
             },
             ServersMsg::Restart(id, reply) => {
-                match state.args.directory.get(&id).and_then(|s| s.actor()) {
+                let server = state.args.directory.get(&id);
+                if let Some(server) = server.as_ref().filter(|s| s.actor().is_none()) {
+                    // Its actor could not be rebuilt: a new one starts it afresh.
+                    server.0.restarts.lock().reset();
+                    let spawned = state.spawn(&myself, server.clone(), Start::New).await;
+                    let _ = reply.send(spawned);
+                    return Ok(());
+                }
+                match server.and_then(|s| s.actor()) {
                     Some(actor) => {
                         // The server actor answers when its new attempt is under way.
                         let directory = state.args.directory.clone();
@@ -230,6 +238,9 @@ impl Actor for ServersSupervisor {
         tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
         if let Err(e) = state.spawn(&myself, server.clone(), Start::ActorDied).await {
             tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
+            // No actor to write it: the server is failed until `restart_server` spawns
+            // one again.
+            *server.0.actor.write() = None;
             let mut s = server.0.status.write();
             s.state = ServerState::Failed;
             s.last_error = Some(e.to_string());
