@@ -2187,6 +2187,23 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\""
         )
     );
+    // Credentials that are not a bearer token: a bad request.
+    let (status, _, headers) = gw
+        .post(
+            None,
+            &request("tools/list", json!({})),
+            &[("authorization", "Basic dG9rLWE=")],
+        )
+        .await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some(
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", error=\"invalid_request\""
+        )
+    );
     let prm: Value = gw
         .http
         .get(
@@ -2481,6 +2498,17 @@ async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at
         change["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
         "sub-1"
     );
+    // An id that would ride on every frame for hours is refused.
+    let long = open_listen(
+        &gw,
+        "tok-a",
+        json!("x".repeat(257)),
+        json!({"toolsListChanged": true}),
+    )
+    .await;
+    assert_eq!(long.status().as_u16(), 400);
+    let body: Value = long.json().await.expect("json");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
     let stopping = tokio::spawn(gw.stop());
     assert!(
         read_until(&mut resp, &mut seen, "\"resultType\":\"complete\"").await,
@@ -3914,4 +3942,38 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
     );
     drop(stdin);
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+}
+
+// At shutdown a legacy session's call in flight is given the grace, as every other
+// call: it finishes and its answer is written.
+#[tokio::test]
+async fn a_legacy_sessions_call_finishes_within_the_grace_at_shutdown() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "beta__slow", "arguments": {"ms": 2000, "text": "done"}}});
+    let running = {
+        let (http, url, sid) = (gw.http.clone(), gw.url().to_string(), sid.clone());
+        tokio::spawn(async move {
+            let resp = http
+                .post(url)
+                .bearer_auth("tok-a")
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-11-25")
+                .header("mcp-session-id", sid)
+                .body(call.to_string())
+                .send()
+                .await
+                .expect("send");
+            resp.text().await.unwrap_or_default()
+        })
+    };
+    // Under way on the server (2 s), then SIGTERM.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let stopping = tokio::spawn(gw.stop());
+    let answer = running.await.expect("join");
+    assert!(answer.contains("\"text\":\"done\""), "{answer}");
+    assert!(stopping.await.expect("stop").success());
 }

@@ -1447,6 +1447,79 @@ impl mcp_harness::transport::auth::TokenStore for Unwritable {
     }
 }
 
+/// A store that cannot write, and still holds an old token whose refresh token is
+/// spent (the last one it could take before its disk filled).
+struct StaleAndUnwritable {
+    stale: mcp_harness::transport::auth::Token,
+}
+
+impl mcp_harness::transport::auth::TokenStore for StaleAndUnwritable {
+    fn get(
+        &self,
+        _: &mcp_harness::transport::auth::TokenKey,
+    ) -> Result<Option<mcp_harness::transport::auth::Token>, String> {
+        Ok(Some(self.stale.clone()))
+    }
+    fn put(
+        &self,
+        _: &mcp_harness::transport::auth::TokenKey,
+        _: &mcp_harness::transport::auth::Token,
+    ) -> Result<(), String> {
+        Err("No space left on device".into())
+    }
+    fn remove(&self, _: &mcp_harness::transport::auth::TokenKey) -> Result<(), String> {
+        Err("Read-only file system".into())
+    }
+    fn remove_server(&self, _: &str) -> Result<usize, String> {
+        Err("Read-only file system".into())
+    }
+}
+
+// Tokens the store cannot take are refreshed from the one held here, never from the
+// older one the store still has (its refresh token spent): one sign-in, however many
+// refreshes follow.
+#[tokio::test]
+async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_older_one() {
+    use mcp_harness::transport::auth::{ClientAuth, ClientIdentity, Token};
+    // Tokens live 20 s: each request refreshes first (30 s ahead of expiry).
+    let w = World::new(&["--client", "pre", "--token-ttl", "20"], &[]).await;
+    let stale = Token {
+        access_token: "stale".into(),
+        refresh_token: Some("spent".into()),
+        expires_at_ms: Some(1),
+        scopes: vec![],
+        issuer: w.auth.url.clone(),
+        token_endpoint: format!("{}/token", w.auth.url),
+        client: ClientIdentity {
+            client_id: "pre".into(),
+            client_secret: None,
+            auth: ClientAuth::None,
+        },
+        resource: None,
+    };
+    let h = w
+        .builder(vec![w.server(registered("pre"))])
+        .token_store(Arc::new(StaleAndUnwritable { stale }))
+        .spawn()
+        .await
+        .expect("spawn");
+    ready(&h).await;
+    let before = w.refreshes();
+    for _ in 0..3 {
+        assert_eq!(
+            subject(&h, &Caller::agent("a")).await.expect("call"),
+            "demo-user"
+        );
+    }
+    assert!(w.refreshes() >= before + 3, "each call refreshed");
+    assert_eq!(
+        w.at("authorize").len(),
+        1,
+        "one sign-in, its tokens refreshed"
+    );
+    h.shutdown().await;
+}
+
 // A token the store cannot take is still used: the code that got it is spent, and a
 // person would otherwise sign in for nothing (and a rotated refresh token be lost).
 #[tokio::test]

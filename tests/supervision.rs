@@ -712,11 +712,12 @@ async fn requests_to_a_server_being_removed_are_answered_at_once() {
 // queue is empty again.
 #[tokio::test]
 async fn a_server_given_up_on_shows_its_queue_emptied() {
-    // It never answers its handshake, and exits a second later; no restart allowed.
+    // It never answers its handshake, and exits five seconds later (time for the calls
+    // to queue on a loaded machine); no restart allowed.
     let mut dies = limited("dies", 0);
     dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
         command: "sh".into(),
-        args: vec!["-c".into(), "sleep 1; exit 3".into()],
+        args: vec!["-c".into(), "sleep 5; exit 3".into()],
         ..Default::default()
     });
     let h = harness(vec![dies]).await;
@@ -770,12 +771,12 @@ async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
     };
     let mut alpha = demo("alpha", &[]);
     late(&mut alpha);
-    // Never answers its handshake; exits a second later.
+    // Never answers its handshake; exits five seconds later.
     let mut dies = demo("dies", &[]);
     late(&mut dies);
     dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
         command: "sh".into(),
-        args: vec!["-c".into(), "sleep 1; exit 3".into()],
+        args: vec!["-c".into(), "sleep 5; exit 3".into()],
         ..Default::default()
     });
     let h = harness(vec![alpha, dies]).await;
@@ -795,6 +796,14 @@ async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
         }
     };
     let queued = tokio::spawn(echo("dies"));
+    assert!(
+        eventually(Duration::from_secs(4), || h
+            .server_status("dies")
+            .is_some_and(|s| s.queued == 1 && s.state == ServerState::Starting))
+        .await,
+        "queued while it starts: {:?}",
+        h.server_status("dies")
+    );
     assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     let _ = h
         .request("alpha", "tools/call", call("crash", json!({"code": 3})))
@@ -813,8 +822,61 @@ async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
             ),
             "{which}: {answer:?}"
         );
-        // Not its 20 s deadline.
-        assert!(took < Duration::from_secs(10), "{which}: {took:?}");
+        // Not its 20 s deadline (the queued one waited for the server to go down).
+        assert!(took < Duration::from_secs(15), "{which}: {took:?}");
     }
     h.shutdown().await;
+}
+
+// While the harness shuts down, a server already stopped but whose process is still
+// going answers requests `stopped` at once, from its published state: they do not wait
+// in its actor's mailbox for the stop to end.
+#[tokio::test]
+async fn requests_to_a_server_being_stopped_are_answered_at_once() {
+    // Its process ignores SIGTERM and stays after stdin ends.
+    let mut stubborn = demo("slow", &[]);
+    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            "trap '' TERM; \"$0\" demo-server slow; sleep 30".into(),
+            harness_exe(),
+        ],
+        ..Default::default()
+    });
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![stubborn],
+        shutdown_grace: Duration::from_secs(3),
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let stopping = {
+        let h = h.clone();
+        tokio::spawn(async move { h.shutdown().await })
+    };
+    assert!(wait_state(&h, "slow", ServerState::Stopped).await);
+    let answer = h
+        .request_with_timeout(
+            "slow",
+            "tools/call",
+            call("echo", json!({"text": "x"})),
+            Some(Duration::from_secs(60)),
+        )
+        .await;
+    assert!(
+        !stopping.is_finished(),
+        "answered while the stop still waits for the process: {answer:?}"
+    );
+    assert!(
+        matches!(
+            answer,
+            Err(HarnessError::Call(CallError::Server(
+                ServerError::Stopped { .. }
+            )))
+        ),
+        "{answer:?}"
+    );
+    stopping.await.expect("join");
 }

@@ -203,6 +203,13 @@ impl Session {
         self.calls.is_empty() && self.streams.is_empty()
     }
 
+    /// The gateway shuts down: the questions it was asked fail and its streams end;
+    /// its calls in flight are left the harness's grace.
+    fn close_for_shutdown(&mut self) {
+        self.pending.clear();
+        self.streams.clear();
+    }
+
     /// The session is over (DELETE, expiry, shutdown): its calls are cancelled, the
     /// questions it was asked fail, its streams end.
     fn end(&mut self) {
@@ -412,17 +419,19 @@ pub async fn serve(
     notifier.abort();
     sweeper.abort();
     state.closing.cancel();
-    // Sessions end (their waits fail, their streams close); calls in flight finish
-    // within the harness's grace or are cancelled, and their answers are written before
-    // the connections close.
+    // Sessions' questions fail and their streams close; their calls in flight, as
+    // every other, finish within the harness's grace or are cancelled, and their
+    // answers are written before the connections close.
     for session in state.sessions.lock().values_mut() {
-        session.end();
+        session.close_for_shutdown();
     }
     state.gateway.drop_parked();
     let harness = state.gateway.harness().clone();
     harness.shutdown().await;
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
-    state.sessions.lock().clear();
+    for (_, mut session) in state.sessions.lock().drain() {
+        session.end();
+    }
     Ok(())
 }
 
@@ -517,7 +526,13 @@ fn origin_allowed(state: &State, req: &hyper::Request<Incoming>) -> Result<(), &
     if !(loopback || host == state.local || allowed) {
         return Err("Host is not this gateway");
     }
-    if let Some(origin) = header(req, "origin") {
+    // An Origin that is not text, or several, is refused, not skipped.
+    let mut origins = req.headers().get_all("origin").iter();
+    if let (Some(_), Some(_)) = (origins.next(), origins.next()) {
+        return Err("Origin is sent more than once");
+    }
+    if let Some(origin) = req.headers().get("origin") {
+        let origin = origin.to_str().map_err(|_| "Origin is not text")?;
         let own = [format!("http://{host}"), format!("https://{host}")];
         if !(own.iter().any(|o| o == origin) || config.allowed_origins.iter().any(|o| o == origin))
         {
@@ -561,6 +576,15 @@ const CORS_REQUEST_HEADERS: &[&str] = &[
 const CORS_EXPOSED: &str = "mcp-session-id, mcp-protocol-version, www-authenticate";
 
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpResponse {
+    // Shutting down: what is in flight finishes, nothing new starts (a session or a
+    // stream opened now would hold the connections' drain).
+    if state.closing.is_cancelled() {
+        return refused_before_identity(full(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the gateway is shutting down",
+        ));
+    }
     if let Err(why) = origin_allowed(&state, &req) {
         return refused_before_identity(full(StatusCode::FORBIDDEN, "text/plain", why));
     }
@@ -657,11 +681,12 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     let origin = url::Url::parse(audience)
                         .map(|u| u.origin().ascii_serialization())
                         .unwrap_or_default();
-                    // RFC 6750 §3.1: a token was sent and is not taken.
-                    let invalid = if e == super::identity::IdentityError::Missing {
-                        ""
-                    } else {
-                        ", error=\"invalid_token\""
+                    // RFC 6750 §3.1: a token sent and not taken, or credentials that
+                    // are not a bearer token; nothing when none were sent.
+                    let invalid = match e {
+                        super::identity::IdentityError::Unknown => ", error=\"invalid_token\"",
+                        super::identity::IdentityError::Malformed => ", error=\"invalid_request\"",
+                        _ => "",
                     };
                     format!(
                         "Bearer resource_metadata=\"{origin}{}\"{invalid}",
@@ -961,6 +986,30 @@ async fn post(
         Ok(read) => read,
         Err(refused) => return refused,
     };
+    // Charged to the answers' budget (questions were waiting) but not an answer: it is
+    // a call, and takes the calls' share, or is refused as one past it would be, before
+    // it is parsed (what it parses to is many times its size).
+    let large = match large {
+        Some(slot) if answering => match Message::peek_head(&body).unwrap_or((None, false)) {
+            (_, true) => Some(slot),
+            (id, false) => {
+                let weight = slot.weight;
+                drop(slot);
+                let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+                match PrincipalSlot::take_weighted(
+                    &state,
+                    &principal,
+                    |s| &s.large_bodies,
+                    weight,
+                    budget,
+                ) {
+                    Some(slot) => Some(slot),
+                    None => return too_many_large(&principal, budget, id),
+                }
+            }
+        },
+        large => large,
+    };
     let message = match Message::parse(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -972,32 +1021,6 @@ async fn post(
         }
     };
     drop(body);
-    // Charged to the answers' budget (questions were waiting) but not an answer: it is
-    // a call, and takes the calls' share, or is refused as one past it would be.
-    let large = match large {
-        Some(slot) if answering && !matches!(message, Message::Response(_)) => {
-            let weight = slot.weight;
-            drop(slot);
-            let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
-            match PrincipalSlot::take_weighted(
-                &state,
-                &principal,
-                |s| &s.large_bodies,
-                weight,
-                budget,
-            ) {
-                Some(slot) => Some(slot),
-                None => {
-                    let id = match &message {
-                        Message::Request(r) => Some(r.id.clone()),
-                        _ => None,
-                    };
-                    return too_many_large(&principal, budget, id);
-                }
-            }
-        }
-        large => large,
-    };
     // The body decides the era: a request with the 2026-07-28 envelope is modern even
     // when a session header comes along.
     let legacy = match &message {
@@ -1091,6 +1114,18 @@ async fn post(
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             if request.method == "subscriptions/listen" {
+                // Its id goes out on every frame for as long as it listens (hours),
+                // long after its body's charge is let go.
+                if matches!(&request.id, RequestId::String(s) if s.len() > MAX_KEPT_ID) {
+                    return error_reply(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        RpcError::new(
+                            INVALID_REQUEST,
+                            format!("a subscriptions/listen id is at most {MAX_KEPT_ID} bytes"),
+                        ),
+                    );
+                }
                 return listen_stream(state, principal, until, request);
             }
             if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
@@ -1452,7 +1487,11 @@ fn listen_stream(
                 () = &mut expired => break,
             }
         }
-        let _ = tx.try_send(sse_frame(&Gateway::listen_end(&id)));
+        // The spec's final result, after what is queued: waited for as any write is
+        // (a client that does not read has its connection closed by then anyway).
+        let end = sse_frame(&Gateway::listen_end(&id));
+        let write_timeout = slot.state.gateway.config().write_timeout;
+        let _ = tokio::time::timeout(write_timeout, tx.send(end)).await;
     });
     sse_stream(rx, Some(place), false, None, None)
 }
@@ -1502,9 +1541,18 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
         .get_mut(sid)
         .filter(|s| s.principal == *principal)
     {
-        s.calls.cancel_or_keep(id_key(&id));
+        // A long id is not kept: a session's kept cancellations stay small.
+        if matches!(&id, RequestId::String(s) if s.len() > MAX_KEPT_ID) {
+            s.calls.cancel(&id_key(&id));
+        } else {
+            s.calls.cancel_or_keep(id_key(&id));
+        }
     }
 }
+
+/// Longest string id kept past its request's body: a cancellation's kept for a request
+/// still on its way, a `subscriptions/listen`'s for as long as it listens.
+const MAX_KEPT_ID: usize = 256;
 
 /// The gateway's requests to a legacy client during one call: frames on the call's
 /// event stream, answers matched by id through the session.

@@ -238,6 +238,20 @@ impl GatewayConfig {
                 "gateway: page_size, max_in_flight_per_principal and max_connections_per_peer must be at least 1".into(),
             ));
         }
+        // Compared with the request's Host without its port: one written with a port, or
+        // an IPv6 address without brackets, would never match.
+        if let Some((i, bad)) = config.allowed_hosts.iter().enumerate().find(|(_, h)| {
+            let bracketed = h.starts_with('[') && h.ends_with(']') && h.len() > 2;
+            h.is_empty()
+                || h.bytes()
+                    .any(|b| b.is_ascii_whitespace() || b"/@?#".contains(&b))
+                || (h.contains(':') && !bracketed)
+        }) {
+            return Err(GatewayError::Config(format!(
+                "gateway.allowed_hosts[{i}] = {:?} is not a host name without a port ([::1] for an IPv6 address)",
+                crate::util::text::one_line(bad, 100)
+            )));
+        }
         if config.write_timeout.is_zero() {
             // Every write that waits at all would close its connection.
             return Err(GatewayError::Config(
@@ -2217,6 +2231,8 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
             self.cancel(&key);
             return;
         }
+        self.early
+            .retain(|(_, at)| at.elapsed() < EARLY_CANCEL_KEPT);
         if self.early.len() == EARLY_CANCELS {
             self.early.pop_front();
         }
@@ -2594,6 +2610,24 @@ mod tests {
         }
         assert_eq!(gateway.inner.in_flight.lock().len(), 0, "no place kept");
         harness.shutdown().await;
+    }
+
+    #[test]
+    fn allowed_hosts_are_host_names_without_ports() {
+        for bad in [
+            "gw.example:8443",
+            "2001:db8::5",
+            "",
+            "gw.example/mcp",
+            "[::1]:80",
+        ] {
+            let e =
+                GatewayConfig::from_value(Some(json!({"allowed_hosts": [bad]}))).expect_err(bad);
+            assert!(e.to_string().contains("allowed_hosts[0]"), "{bad}: {e}");
+        }
+        for good in ["gw.example", "10.0.0.5", "[2001:db8::5]"] {
+            GatewayConfig::from_value(Some(json!({"allowed_hosts": [good]}))).expect(good);
+        }
     }
 
     #[test]

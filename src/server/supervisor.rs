@@ -166,13 +166,23 @@ impl Actor for ServersSupervisor {
                 }
             },
             ServersMsg::Restart(id, reply) => {
+                if state.shutting_down {
+                    let _ = reply.send(Err(ServersError::Gone));
+                    return Ok(());
+                }
                 let server = state.args.directory.get(&id);
                 if let Some(server) = server.as_ref().filter(|s| s.actor().is_none()) {
-                    // Its actor could not be rebuilt: a new one starts it afresh.
+                    // Its actor could not be rebuilt: a new one starts it afresh (and
+                    // is asked to restart below only if disabled, which it then starts).
                     server.0.restarts.lock().reset();
-                    let spawned = state.spawn(&myself, server.clone(), Start::New).await;
-                    let _ = reply.send(spawned);
-                    return Ok(());
+                    if let Err(e) = state.spawn(&myself, server.clone(), Start::New).await {
+                        let _ = reply.send(Err(e));
+                        return Ok(());
+                    }
+                    if server.config().enabled {
+                        let _ = reply.send(Ok(()));
+                        return Ok(());
+                    }
                 }
                 match server.and_then(|s| s.actor()) {
                     Some(actor) => {

@@ -351,11 +351,20 @@ pub(crate) struct SignIn {
     /// Whether a store that could not be read (a token file refused: planted, a link,
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
+    /// Auth contexts whose newest token the store could not take: the one it holds
+    /// is older (its refresh token spent), so theirs is the one held here, never the
+    /// store's, until a write succeeds or the token is forgotten. Bounded as `missing`.
+    unstored: Mutex<std::collections::HashSet<Option<String>>>,
+    /// Whether a store that could not be written was warned of (once, then at debug).
+    store_write_warned: std::sync::atomic::AtomicBool,
     /// Refusals of tokens renewed moments ago: each is logged at first, then at each
     /// power of two (they come once per request).
     refused_fresh: crate::util::log_budget::LogBudget,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
     asked: Mutex<HashMap<Option<String>, Vec<String>>>,
+    /// The server is on plain HTTP beyond loopback: no token is signed in for, nor
+    /// one kept (by an earlier version) sent or refreshed, as it would go in clear.
+    in_clear: bool,
 }
 
 fn random_b64(bytes: usize) -> Result<String, String> {
@@ -613,8 +622,11 @@ impl SignIn {
             renewed_on_refusal: Mutex::default(),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
+            unstored: Mutex::default(),
+            store_write_warned: std::sync::atomic::AtomicBool::new(false),
             refused_fresh: Default::default(),
             asked: Mutex::default(),
+            in_clear: url.scheme() != "https" && !discovery::is_loopback(url),
         }))
     }
 
@@ -643,6 +655,9 @@ impl SignIn {
 
     /// The token held for `identity`, from memory or the store (see `missing`).
     fn held(&self, identity: Option<&str>) -> Option<Token> {
+        if self.in_clear {
+            return None;
+        }
         let who = identity.map(String::from);
         if let Some(t) = self.tokens.lock().get(&who) {
             return Some(t.clone());
@@ -663,6 +678,9 @@ impl SignIn {
     /// for [`STORE_RECHECK`]; one that cannot be read is asked again next time.
     fn read_store(&self, identity: Option<&str>) -> Option<Token> {
         let who = identity.map(String::from);
+        if self.unstored.lock().contains(&who) {
+            return self.tokens.lock().get(&who).cloned();
+        }
         match self.ctx.store.get(&self.key(identity)) {
             Ok(Some(stored)) => {
                 self.missing.lock().remove(&who);
@@ -696,17 +714,21 @@ impl SignIn {
         // A store that cannot take it (a full disk, a directory it may not write) still
         // leaves it held here: the code or refresh token that got it is spent, and
         // dropping it would make a person sign in again for nothing.
-        if let Err(e) = self.ctx.store.put(&self.key(identity), &token) {
+        let who = identity.map(String::from);
+        let stored = self.ctx.store.put(&self.key(identity), &token);
+        if let Err(e) = &stored {
             if self
-                .store_warned
+                .store_write_warned
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
             {
                 tracing::debug!(server = %self.server, error = %e, "token store unwritable");
             } else {
                 tracing::warn!(server = %self.server, error = %e, "token store unwritable; the token is held in memory only");
             }
+            // What the store still holds is older, its refresh token spent: gone if it
+            // can be, and never taken over the one held here (below).
+            let _ = self.ctx.store.remove(&self.key(identity));
         }
-        let who = identity.map(String::from);
         self.missing.lock().remove(&who);
         {
             let mut renewed = self.renewed.lock();
@@ -716,13 +738,26 @@ impl SignIn {
             }
             renewed.insert(who.clone(), token.access_token.clone());
         }
-        self.tokens.lock().insert(who, token);
+        self.tokens.lock().insert(who.clone(), token);
+        let mut unstored = self.unstored.lock();
+        if stored.is_ok() {
+            unstored.remove(&who);
+        } else {
+            if unstored.len() >= MISSING_MEMO {
+                unstored.clear();
+            }
+            unstored.insert(who);
+        }
     }
 
     /// Forgets `refused` unless the store now holds another token (another process
     /// signed in or refreshed meanwhile), which is then held instead.
     fn forget_if_still(&self, identity: Option<&str>, refused: &Token) {
         let who = identity.map(String::from);
+        if self.unstored.lock().contains(&who) {
+            // The store's is older than the one refused.
+            return self.forget(identity);
+        }
         match self.ctx.store.get(&self.key(identity)) {
             Ok(Some(theirs)) if theirs.access_token != refused.access_token => {
                 self.tokens.lock().insert(who, theirs);
@@ -733,6 +768,7 @@ impl SignIn {
 
     fn forget(&self, identity: Option<&str>) {
         let who = identity.map(String::from);
+        self.unstored.lock().remove(&who);
         self.tokens.lock().remove(&who);
         self.renewed.lock().remove(&who);
         self.missing.lock().remove(&who);
@@ -1692,7 +1728,23 @@ impl SignIn {
     }
 
     /// The authorization code grant with a person (see the module docs).
+    /// A person's sign-in, all of it (discovery, registration, the person, the token)
+    /// within the context's `timeout`.
     async fn authorize(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+        renewing: &mut Renewing,
+    ) -> Result<Token, AuthError> {
+        let timeout = self.ctx.timeout;
+        tokio::time::timeout(timeout, self.authorize_now(identity, challenge, renewing))
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.err(AuthStep::Authorization, AuthFailure::Timeout(timeout)))
+            })
+    }
+
+    async fn authorize_now(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
@@ -1712,10 +1764,9 @@ impl SignIn {
             issuer: d.server.issuer.clone(),
             scopes: scopes.clone(),
         };
-        let timeout = self.ctx.timeout;
-        let session = tokio::time::timeout(timeout, authorizer.start(&request))
+        let session = authorizer
+            .start(&request)
             .await
-            .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
             .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
         let redirect_uri = session.redirect_uri();
         let client = self
@@ -1751,9 +1802,9 @@ impl SignIn {
                 q.append_pair("scope", &scopes.join(" "));
             }
         }
-        let back = tokio::time::timeout(timeout, session.finish(url.to_string()))
+        let back = session
+            .finish(url.to_string())
             .await
-            .map_err(|_| self.err(step, AuthFailure::Timeout(timeout)))?
             .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
         let code = self
             .check_redirect(&back, &state, &d)
@@ -2236,6 +2287,30 @@ mod tests {
             matches!(failure, Err(AuthFailure::Timeout(_))),
             "{failure:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn no_token_is_sent_to_a_server_on_plain_http_beyond_loopback() {
+        let store = Arc::new(MemoryTokenStore::default());
+        for (url, sent) in [
+            ("http://mcp.example.com/mcp", false),
+            ("http://127.0.0.1:9/mcp", true),
+            ("https://mcp.example.com/mcp", true),
+        ] {
+            let url = Url::parse(url).expect("url");
+            let ctx = SignInContext {
+                store: store.clone(),
+                ..SignInContext::default()
+            };
+            let tls = client_tls(None).expect("tls");
+            let sign_in =
+                SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+            // Kept by an earlier version (or by the store of another process).
+            let mut kept = token("https://idp.example", "https://idp.example/t");
+            kept.expires_at_ms = Some(u64::MAX / 2);
+            store.put(&sign_in.key(None), &kept).expect("put");
+            assert_eq!(sign_in.sendable(None).is_some(), sent, "{url}");
+        }
     }
 
     /// A sign-in over a file store in a directory of its own, and a second store on the
