@@ -447,3 +447,47 @@ async fn a_server_that_exits_while_a_child_holds_its_stdout_is_noticed_and_its_g
     still_serving(&h, "s").await;
     h.shutdown().await;
 }
+
+// A legacy HTTP server's event stream breaks after the call was delivered, and the GET
+// that would resume it finds the server gone: the call may have run there, so it is
+// not sent to another server offering the same tool (it would run twice).
+#[tokio::test]
+async fn a_stream_lost_after_delivery_does_not_fail_over() {
+    let (first_record, second_record) = (temp_file("first"), temp_file("second"));
+    let first = HttpServer::demo(&[
+        "first",
+        "--era",
+        "legacy",
+        "--record",
+        &first_record.to_string_lossy(),
+    ])
+    .await;
+    let second = HttpServer::demo(&[
+        "second",
+        "--era",
+        "legacy",
+        "--record",
+        &second_record.to_string_lossy(),
+    ])
+    .await;
+    let mut preferred = ServerConfig::http("first", &first.url);
+    preferred.priority = 2;
+    let h = harness(vec![preferred, ServerConfig::http("second", &second.url)]).await;
+    let e = h
+        .call_tool(&Caller::agent("a"), "broken_stream", json!({"exit": true}))
+        .await
+        .expect_err("the stream could not be resumed");
+    let ran = |record: &std::path::PathBuf| {
+        recorded(record)
+            .iter()
+            .filter(|r| r["method"] == "tools/call")
+            .count()
+    };
+    assert_eq!(ran(&first_record), 1, "it ran on the first: {e}");
+    assert_eq!(
+        ran(&second_record),
+        0,
+        "and was not sent to the second: {e}"
+    );
+    h.shutdown().await;
+}

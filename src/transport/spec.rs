@@ -169,19 +169,24 @@ impl TransportSpec {
         }
     }
 
-    /// A digest of everything that decides what this server is: the transport, the URL
-    /// or the command and its arguments, and the names of its environment variables and
-    /// headers with a hash of their values. Cache keys carry it, so a server changed
-    /// under the same id never serves its old entries.
+    /// A digest of everything that decides what this server is and what it lists: the
+    /// transport, the URL or the command and its arguments, its environment variables
+    /// and headers, and for HTTP how it is signed in to and the CA it is trusted by.
+    /// Cache keys carry it, so a server changed under the same id never serves its old
+    /// entries.
     pub fn fingerprint(&self) -> String {
         let mut f = Fingerprint::default();
         match self {
             TransportSpec::Stdio(s) => {
-                f = f.part(b"stdio").part(s.command.as_bytes());
+                // Counted, so that parts cannot move between the lists and read the same.
+                f = f
+                    .part(b"stdio")
+                    .part(s.command.as_bytes())
+                    .part(&(s.args.len() as u64).to_be_bytes());
                 for a in &s.args {
                     f = f.part(a.as_bytes());
                 }
-                f = f.part(b"env");
+                f = f.part(b"env").part(&(s.env.len() as u64).to_be_bytes());
                 for (k, v) in &s.env {
                     f = f.part(k.as_bytes()).part(v.as_bytes());
                 }
@@ -191,10 +196,31 @@ impl TransportSpec {
                     .part(&[u8::from(s.inherit_env)]);
             }
             TransportSpec::Http(h) => {
-                f = f.part(b"http").part(h.url.as_bytes()).part(b"headers");
+                f = f
+                    .part(b"http")
+                    .part(h.url.as_bytes())
+                    .part(b"headers")
+                    .part(&(h.headers.len() as u64).to_be_bytes());
                 for (k, v) in &h.headers {
                     f = f.part(k.to_ascii_lowercase().as_bytes()).part(v.as_bytes());
                 }
+                // Who the server is signed in to as decides what it lists (the token's
+                // scopes, its client); the CA decides which server is trusted.
+                let a = &h.auth;
+                let opt = |o: &Option<String>| o.clone().unwrap_or_default();
+                let ca = h.ca_file.as_ref().map(|c| c.to_string_lossy().into_owned());
+                f = f
+                    .part(b"auth")
+                    .part(opt(&a.client_id).as_bytes())
+                    .part(opt(&a.client_secret).as_bytes())
+                    .part(opt(&a.issuer).as_bytes())
+                    .part(opt(&a.client_metadata_url).as_bytes())
+                    .part(format!("{:?}", a.grant).as_bytes())
+                    .part(&(a.scopes.len() as u64).to_be_bytes());
+                for scope in &a.scopes {
+                    f = f.part(scope.as_bytes());
+                }
+                f = f.part(ca.unwrap_or_default().as_bytes());
             }
         }
         f.finish()
@@ -277,5 +303,35 @@ mod tests {
         let one = TransportSpec::Stdio(with_env.clone()).fingerprint();
         with_env.env.insert("TOKEN".into(), "two".into());
         assert_ne!(one, TransportSpec::Stdio(with_env).fingerprint());
+        // Arguments cannot pass for the environment.
+        let mut moved = StdioSpec {
+            command: "srv".into(),
+            args: vec!["env".into(), "K".into()],
+            ..StdioSpec::default()
+        };
+        moved.env.insert("V".into(), "x".into());
+        let mut other = StdioSpec {
+            command: "srv".into(),
+            ..StdioSpec::default()
+        };
+        other.env.insert("K".into(), "env".into());
+        other.env.insert("V".into(), "x".into());
+        assert_ne!(
+            TransportSpec::Stdio(moved).fingerprint(),
+            TransportSpec::Stdio(other).fingerprint()
+        );
+        // How an HTTP server is signed in to, and which CA is trusted for it.
+        let http = || HttpSpec {
+            url: "https://mcp.example/mcp".into(),
+            ..HttpSpec::default()
+        };
+        let plain = TransportSpec::Http(http()).fingerprint();
+        let mut scoped = http();
+        scoped.auth.scopes = vec!["admin".into()];
+        let mut pinned = http();
+        pinned.ca_file = Some("ca.pem".into());
+        for changed in [scoped, pinned] {
+            assert_ne!(plain, TransportSpec::Http(changed).fingerprint());
+        }
     }
 }

@@ -755,11 +755,14 @@ impl HttpTransport {
             }
             resumes += 1;
             tokio::time::sleep(parser.retry.unwrap_or(MIN_RETRY)).await;
+            // The request was delivered (its stream began): whatever fails now may
+            // have run it, and must not pass for a request never sent (a call would go
+            // to another server and run it twice).
             response = self
                 .get(parser.last_event_id.as_deref(), identity)
                 .send()
                 .await
-                .map_err(send_error)?;
+                .map_err(|e| TransportError::Network(crate::util::text::http_failure(e)))?;
             if !response.status().is_success() {
                 return Err(TransportError::StreamEnded);
             }
@@ -1093,11 +1096,15 @@ fn redirect(response: &reqwest::Response) -> TransportError {
     }
 }
 
+/// A request's failure to be sent and answered. Only a failure to connect proves it
+/// never reached the server (a TLS failure then, its handshake's); one on a connection
+/// already open (a TLS alert while the answer was read, say) may come after the server
+/// took it.
 fn send_error(e: reqwest::Error) -> TransportError {
-    if let Some(tls) = super::error::tls_failure(&e) {
-        return tls;
-    }
     if e.is_connect() {
+        if let Some(tls) = super::error::tls_failure(&e) {
+            return tls;
+        }
         TransportError::NotSent(format!(
             "connection failed: {}",
             crate::util::text::http_failure(e)

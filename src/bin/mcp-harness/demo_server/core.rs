@@ -53,8 +53,8 @@ pub enum Action {
     /// HTTP only: an event stream that never ends and never answers.
     EndlessStream,
     /// HTTP legacy only: end the event stream before the response, which a resuming GET
-    /// (`Last-Event-ID`) then delivers.
-    BrokenStream,
+    /// (`Last-Event-ID`) then delivers; or, `then_exit`, exit before the client resumes.
+    BrokenStream { then_exit: bool },
     /// Answer `{}`-like success, then forget the legacy HTTP session (stdio: just answer).
     ExpireSession,
     /// Write this text instead of an answer (`{id}` becomes the request's id); may hold

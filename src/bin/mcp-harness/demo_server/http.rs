@@ -527,7 +527,15 @@ fn stream_reply(
                     }
                 }
                 Action::Exit(code) => std::process::exit(code),
-                Action::BrokenStream => {
+                Action::BrokenStream { then_exit } => {
+                    if then_exit {
+                        // Gone before the client resumes (it waits the stream's retry,
+                        // 200 ms): its GET finds nothing listening.
+                        tokio::spawn(async {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            std::process::exit(3);
+                        });
+                    }
                     // End the stream without the response; keep it for the resumption.
                     let ok = Ok(
                         json!({"content": [{"type": "text", "text": "resumed"}], "isError": false}),

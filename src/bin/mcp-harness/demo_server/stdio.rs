@@ -130,7 +130,7 @@ fn perform(action: Action, id: RequestId, tx: &mpsc::UnboundedSender<Out>) {
         | Action::Redirect(_)
         | Action::WrongContentType
         | Action::EndlessStream
-        | Action::BrokenStream => {
+        | Action::BrokenStream { .. } => {
             respond(Err(RpcError::new(-32000, "this fault exists only on HTTP")));
         }
     }

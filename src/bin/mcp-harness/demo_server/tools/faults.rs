@@ -102,6 +102,12 @@ pub fn tools() -> Vec<Value> {
             "expire_session",
             "HTTP legacy only: forgets the session after answering",
         ),
+        tool(
+            "broken_stream",
+            "HTTP legacy only: ends its event stream before the answer, which a GET with Last-Event-ID then gets (with exit: the process exits first)",
+            json!({"exit": {"type": "boolean"}}),
+            &[],
+        ),
     ]
 }
 
@@ -134,7 +140,9 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 .to_string(),
         ),
         "endless_stream" => Action::EndlessStream,
-        "broken_stream" => Action::BrokenStream,
+        "broken_stream" => Action::BrokenStream {
+            then_exit: arg(request, "exit").and_then(Value::as_bool) == Some(true),
+        },
         "expire_session" => Action::ExpireSession,
         "orphan_stdout" => {
             // A descendant keeps our stdout open while we exit: no EOF for the client.
