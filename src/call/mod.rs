@@ -399,9 +399,10 @@ fn says_not_here(error: &ServerError) -> bool {
 /// however late; so is a tool that no server offers.
 fn ran_out(e: &CallError) -> bool {
     match e {
+        // `NotSent`: a stdio server that did not read its stdin before the deadline.
         CallError::Server(
             ServerError::Transport {
-                source: TransportError::Timeout(_),
+                source: TransportError::Timeout(_) | TransportError::NotSent(_),
                 ..
             }
             | ServerError::Restarting { .. },

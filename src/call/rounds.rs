@@ -125,34 +125,38 @@ pub(crate) async fn gather(
     // Each answer runs in a task of its own (InputHandlers::answer); polling them together
     // here lets them run in parallel. The first answer that ends the call ends the round
     // too: dropping the others aborts them (an approval still queued is withdrawn).
-    let answers = pending.into_iter().map(|context| {
-        let method = context.method.clone();
-        let key = context.key.clone();
-        let span = crate::util::trace_context::call_span!(
-            traced: traced,
-            "input",
-            otel.name = %method,
-            mcp.method.name = %method,
-            mcp_harness.input.key = %super::telemetry::Cut(&key),
-        );
-        let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
-        async move { settle(server, method, answer.await, deadline).map(|value| (key, value)) }
-    });
+    let answers =
+        pending.into_iter().map(|context| {
+            let method = context.method.clone();
+            let key = context.key.clone();
+            let span = crate::util::trace_context::call_span!(
+                traced: traced,
+                "input",
+                otel.name = %method,
+                mcp.method.name = %method,
+                mcp_harness.input.key = %super::telemetry::Cut(&key),
+            );
+            let answer = tracing::Instrument::instrument(inputs.answer(set, context, limit), span);
+            async move {
+                settle(server, method, answer.await, (limit, deadline)).map(|value| (key, value))
+            }
+        });
     Ok(try_join_all(answers).await?.into_iter().collect())
 }
 
 /// One answer as the round takes it: its value, or the error that ends the call.
-/// `deadline`: the call's, when the handler's limit was what it left (a handler that
-/// runs out of time then ends the call as past its deadline).
+/// `limit`: what the handler was given; `deadline`: the call's, when that limit was
+/// what it left (a handler cut off at the limit then ends the call as past its
+/// deadline; one that gave up sooner on its own, its provider timing out, say, failed).
 fn settle(
     server: &str,
     method: String,
     answer: Result<Value, InputError>,
-    deadline: Option<Duration>,
+    (limit, deadline): (Duration, Option<Duration>),
 ) -> Result<Value, CallError> {
     let value = match answer {
         Ok(v) => v,
-        Err(InputError::Timeout(after)) if deadline.is_some() => {
+        Err(InputError::Timeout(after)) if deadline.is_some() && after >= limit => {
             return Err(CallError::DeadlineExceeded(deadline.unwrap_or(after)));
         }
         // Cannot happen through `check` (what is declared is what the same set
@@ -225,6 +229,34 @@ async fn try_join_all<T, E, F: std::future::Future<Output = Result<T, E>>>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_handler_cut_off_by_the_calls_deadline_ends_the_call_as_past_it_and_one_giving_up_sooner_failed()
+     {
+        let (limit, total) = (Duration::from_secs(200), Duration::from_secs(600));
+        let settled = |after, deadline| {
+            settle(
+                "s",
+                "sampling/createMessage".into(),
+                Err(InputError::Timeout(after)),
+                (limit, deadline),
+            )
+        };
+        assert!(matches!(
+            settled(limit, Some(total)),
+            Err(CallError::DeadlineExceeded(t)) if t == total
+        ));
+        // Its provider timed out after 30 s, with 170 s of the call left.
+        assert!(matches!(
+            settled(Duration::from_secs(30), Some(total)),
+            Err(CallError::InputFailed { .. })
+        ));
+        // The handlers' own limit, not the call's.
+        assert!(matches!(
+            settled(limit, None),
+            Err(CallError::InputFailed { .. })
+        ));
+    }
 
     fn requests(items: &[(&str, &str, Value)]) -> BTreeMap<String, InputRequest> {
         items
