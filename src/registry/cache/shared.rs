@@ -386,8 +386,10 @@ pub struct SharedCache {
     pending: AtomicU64,
     pending_bytes: AtomicU64,
     listener: Mutex<Option<tokio::task::AbortHandle>>,
-    /// Servers whose invalidation has not reached Redis yet (being retried).
-    unsent: Mutex<std::collections::HashSet<String>>,
+    /// Servers whose invalidation has not reached Redis yet (being retried), with how
+    /// many were asked for since: one asked for while a retry's INCR may already be on
+    /// its way is sent again after it.
+    unsent: Mutex<std::collections::HashMap<String, u64>>,
     /// The highest generation seen of each shared server (the configured ones: bounded).
     /// Redis going back below it (a restore, a lost key, or a writer replaying old
     /// signed pages under their old generation) is moved past it, so no page of before
@@ -619,7 +621,7 @@ impl SharedCache {
     /// Whether `server`'s entries may be read or written now (no invalidation of it is
     /// still on its way to Redis).
     fn in_use(&self, server: &str) -> bool {
-        self.shares(server) && !self.unsent.lock().contains(server)
+        self.shares(server) && !self.unsent.lock().contains_key(server)
     }
 
     fn generation_key(&self, server: &str) -> String {
@@ -1077,15 +1079,25 @@ impl SharedCache {
     /// be reached, the server's shared entries are left alone here and the invalidation
     /// is retried in the background until it goes through.
     pub async fn invalidate(self: &Arc<Self>, server: &str) {
-        // One being retried covers this one too: its INCR moves past every page so far.
-        if !self.shares(server) || self.unsent.lock().contains(server) {
+        if !self.shares(server) {
+            return;
+        }
+        // One being retried is sent once more after it goes through: its INCR may be
+        // on its way already, and pages stored after it would stay.
+        if let Some(asked) = self.unsent.lock().get_mut(server) {
+            *asked += 1;
             return;
         }
         if self.send_invalidation(server).await {
             return;
         }
-        if !self.unsent.lock().insert(server.to_string()) {
-            return; // already being retried
+        {
+            let mut unsent = self.unsent.lock();
+            if let Some(asked) = unsent.get_mut(server) {
+                *asked += 1;
+                return; // being retried
+            }
+            unsent.insert(server.to_string(), 0);
         }
         let (this, server) = (Arc::downgrade(self), server.to_string());
         tokio::spawn(async move {
@@ -1093,9 +1105,15 @@ impl SharedCache {
             loop {
                 tokio::time::sleep(waits.next().unwrap_or(MAX_BACKOFF)).await;
                 let Some(layer) = this.upgrade() else { return };
+                let asked = layer.unsent.lock().get(&server).copied().unwrap_or(0);
                 if layer.send_invalidation(&server).await {
-                    layer.unsent.lock().remove(&server);
-                    return;
+                    let mut unsent = layer.unsent.lock();
+                    if unsent.get(&server) == Some(&asked) {
+                        unsent.remove(&server);
+                        return;
+                    }
+                    // Asked for again meanwhile: once more, soon.
+                    waits = backoff();
                 }
             }
         });
@@ -1328,7 +1346,11 @@ impl SharedCache {
     pub fn close(&self) {
         let unsent = self.unsent.lock();
         if !unsent.is_empty() {
-            tracing::warn!(servers = ?*unsent, "shutting down with invalidations Redis never took");
+            let servers: Vec<&String> = unsent.keys().collect();
+            tracing::warn!(
+                ?servers,
+                "shutting down with invalidations Redis never took"
+            );
         }
         drop(unsent);
         if let Some(task) = self.listener.lock().take() {
