@@ -162,6 +162,9 @@ impl ClientSide for HarnessClient {
             self.events.clone(),
         );
         let ctx = self.ctx.clone();
+        // Not served from here on, whatever the registry's writer is busy with; it then
+        // drops the files and tells the other processes.
+        events.cache.forget_in_memory(&server);
         tokio::spawn(async move {
             // Announced once the old lists are gone: whoever lists again on hearing it
             // reads the new ones, not the cache's.

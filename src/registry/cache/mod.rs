@@ -825,6 +825,19 @@ impl ListCache {
 
     /// Drops every entry of `server` from both layers (list_changed, removal).
     pub(crate) fn invalidate(&self, server: &str) {
+        self.forget_in_memory(server);
+        if let Some(dir) = &self.config.dir {
+            disk::remove_server(dir, server);
+        }
+        // Counted once done: whoever sees the count sees the entries gone.
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stops serving `server`'s entries at once: memory and the disk index are emptied
+    /// (the files stay for [`ListCache::invalidate`], which the registry's writer runs
+    /// in turn, behind the disk writes queued before it). Cheap, and needs no actor: a
+    /// changed list is not served while the writer is busy.
+    pub(crate) fn forget_in_memory(&self, server: &str) {
         self.bump(server);
         // The disk index first, then memory with a second bump under its lock: a reader
         // that read the first new epoch and found the disk index not yet emptied
@@ -835,11 +848,6 @@ impl ListCache {
         l1.retain(|k, _| k.server != server);
         self.bump(server);
         drop(l1);
-        if let Some(dir) = &self.config.dir {
-            disk::remove_server(dir, server);
-        }
-        // Counted once done: whoever sees the count sees the entries gone.
-        self.invalidations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops the pages of one list of `server` (every scope): its cursor was rejected.

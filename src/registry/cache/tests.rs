@@ -185,6 +185,34 @@ fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
 }
 
 #[test]
+fn entries_forgotten_in_memory_are_not_served_from_memory_or_disk_before_the_files_go() {
+    let dir = temp_dir("forget");
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    assert!(put(
+        &cache,
+        None,
+        json!({"tools": ["old"], "ttlMs": 60000, "cacheScope": "public"})
+    ));
+    let epoch = cache.epoch("s");
+    cache.forget_in_memory("s");
+    assert!(
+        cache.get(LIST, None, None).is_none(),
+        "neither layer serves it"
+    );
+    // A write of a list fetched before is late, as after a full invalidation.
+    let p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"tools": ["old"], "ttlMs": 60000, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    cache.put(vec![p], epoch);
+    assert!(cache.get(LIST, None, None).is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_disk_layer_survives_a_new_cache() {
     let dir = temp_dir("survive");
     {
