@@ -1839,3 +1839,41 @@ async fn a_server_that_pages_forever_just_in_time_does_not_hold_a_listing_or_a_c
     );
     h.shutdown().await;
 }
+
+// A list whose pages disagree on their scope (a private first page, then pages called
+// public) is not kept: a page called public would be served to every auth context by
+// its cursor. Each listing reads it from the server again.
+#[tokio::test]
+async fn a_list_whose_pages_disagree_on_their_scope_is_not_cached() {
+    let record = temp_file("scopes");
+    let rec = record.to_string_lossy().to_string();
+    let h = start_ready(config(vec![demo_server(
+        "mixed",
+        &[
+            "--extra-tools",
+            "30",
+            "--page-size",
+            "20",
+            "--page-scopes",
+            "private,public",
+            "--record",
+            &rec,
+        ],
+    )]))
+    .await;
+    let alice = a().with_auth_context("alice");
+    let lists = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "tools/list")
+            .count()
+    };
+    let first = h.list_tools(&alice).await.expect("list");
+    assert!(first.len() > 40, "several pages");
+    let fetched = lists();
+    let again = h.list_tools(&alice).await.expect("list");
+    assert_eq!(again.len(), first.len());
+    assert!(again.iter().all(|t| !t.from_cache), "not from the cache");
+    assert!(lists() > fetched, "read from the server again");
+    h.shutdown().await;
+}

@@ -285,6 +285,10 @@ struct Walker<'a> {
     items: usize,
     fresh_for: Duration,
     public: bool,
+    /// The first page's scope: every page of a list has it (the spec), and a list
+    /// whose pages disagree is not kept (a page called public after a private first
+    /// one would be served to every auth context by its cursor).
+    first_scope: Option<CacheScope>,
     refresh_window: Duration,
 }
 
@@ -292,6 +296,9 @@ impl<'a> Walker<'a> {
     fn saw(&mut self, remaining: Duration, scope: CacheScope) {
         self.fresh_for = self.fresh_for.min(remaining);
         self.public &= scope == CacheScope::Public;
+        if *self.first_scope.get_or_insert(scope) != scope {
+            self.cacheable = false;
+        }
     }
 
     /// A page from the cache: its freshness, and when its list is due for a refresh.
@@ -540,6 +547,7 @@ async fn walk(
         items: 0,
         fresh_for: Duration::MAX,
         public: true,
+        first_scope: None,
         refresh_window: Duration::MAX,
     };
     let mut pager = Pager::new(ctx.settings.limits.max_list_pages);
@@ -561,6 +569,8 @@ async fn walk(
     }
     if let Some(cutoff) = pager.cutoff() {
         tracing::warn!(server = %server.id(), ?cutoff, "list cut off");
+        // Kept only whole: a cut list is served this once.
+        walker.cacheable = false;
     }
     Walk::Done(walker.finish())
 }

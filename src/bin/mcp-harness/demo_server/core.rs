@@ -529,11 +529,16 @@ impl DemoServer {
                     | "server/discover"
             );
             if cacheable && map.get("resultType") == Some(&json!("complete")) {
-                let (mut ttl, scope) = self.hints();
+                let (mut ttl, mut scope) = self.hints();
                 if method == "tools/list" && !self.args.page_ttls.is_empty() {
                     let page = self.page_index(request).unwrap_or(0);
                     let at = page.min(self.args.page_ttls.len() - 1);
                     ttl = json!(self.args.page_ttls[at]);
+                }
+                if method == "tools/list" && !self.args.page_scopes.is_empty() {
+                    let page = self.page_index(request).unwrap_or(0);
+                    let at = page.min(self.args.page_scopes.len() - 1);
+                    scope = json!(self.args.page_scopes[at]);
                 }
                 map.entry("ttlMs").or_insert(ttl);
                 map.entry("cacheScope").or_insert(scope);

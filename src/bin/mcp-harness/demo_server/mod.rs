@@ -116,6 +116,10 @@ pub struct DemoServerArgs {
     /// `ttlMs` per `tools/list` page, by page index (the last repeats).
     #[arg(long, value_delimiter = ',')]
     pub page_ttls: Vec<i64>,
+    /// `cacheScope` per `tools/list` page, by page index (the last repeats): a server
+    /// whose pages disagree, as the spec says they must not.
+    #[arg(long, value_delimiter = ',')]
+    pub page_scopes: Vec<String>,
     /// Wait this long before answering `tools/list` and `resources/list` (the tool list
     /// as it was when asked).
     #[arg(long, default_value_t = 0)]
