@@ -717,7 +717,23 @@ async fn with_a_key_file_only_pages_signed_with_the_deployments_key_are_used() {
     assert_eq!((stats.hits, stats.rejected), (0, 0), "{stats:?}");
     assert_eq!(lists(), 2);
     other.shutdown().await;
-    assert_eq!(page_keys(&redis).await.len(), 2);
+    let both = page_keys(&redis).await;
+    assert_eq!(both.len(), 2);
+    // The configuration's fingerprint (a digest of its headers and environment, so of
+    // any secret in them) is held under each deployment's key, not as it is.
+    let mut tags = Vec::new();
+    for key in &both {
+        let entry: Vec<u8> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("GET");
+        let body = entry.splitn(2, |b| *b == b'\n').nth(1).expect("a body");
+        let stored: Value = serde_json::from_slice(body).expect("json");
+        tags.push(stored["fingerprint"].as_str().map(String::from));
+    }
+    assert!(tags.iter().all(Option::is_some), "{tags:?}");
+    assert_ne!(tags[0], tags[1], "one server, two keys: two tags");
 
     // Someone who can write to Redis but holds no key changes the page (a tool added,
     // the tag kept): refused, and the server asked.

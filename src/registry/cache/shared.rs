@@ -628,6 +628,16 @@ impl SharedCache {
         format!("{}:gen:{server}", self.config.prefix)
     }
 
+    /// The fingerprint as an entry holds it: with a key, its HMAC, so that a reader of
+    /// Redis cannot test guesses of the secrets it digests (headers, environment)
+    /// against it (the entry's Redis key hides it under the key too).
+    fn fingerprint_tag(&self, fingerprint: &str) -> String {
+        match self.key.as_deref() {
+            Some(k) => hmac_sha256_hex(k, fingerprint.as_bytes()),
+            None => fingerprint.to_string(),
+        }
+    }
+
     /// The Redis key of a page (public scope only) under `protocol` (which also names
     /// the client capabilities the list was asked with: a server may list by them).
     pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
@@ -935,7 +945,7 @@ impl SharedCache {
             return None; // from before the server's lists last changed
         }
         let same = stored.server == key.server
-            && stored.fingerprint == key.fingerprint
+            && stored.fingerprint == self.fingerprint_tag(&key.fingerprint)
             && stored.protocol == protocol
             && stored.method == key.method
             && stored.cursor == key.param;
@@ -994,7 +1004,7 @@ impl SharedCache {
                 "generation": generation,
                 "expires_ms": unix_ms().saturating_add(ms),
                 "server": page.key.server,
-                "fingerprint": page.key.fingerprint,
+                "fingerprint": self.fingerprint_tag(&page.key.fingerprint),
                 "protocol": protocol,
                 "method": page.key.method,
                 "cursor": page.key.param,
