@@ -1009,3 +1009,57 @@ async fn a_changed_tool_list_emits_a_schema_change_event() {
     );
     h.shutdown().await;
 }
+
+// To route a bare name, a server whose first page is cached but whose next has expired
+// is read in a task of its own, beside the others': the servers after it are not
+// listed only once it is done (each here takes 1.5 s; in turn they would pass the
+// call's deadline).
+#[tokio::test]
+async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listings() {
+    let slow = demo(
+        "slow",
+        &[
+            "--page-size",
+            "40",
+            "--page-ttls",
+            "600000,1",
+            "--list-delay-ms",
+            "1500",
+        ],
+    );
+    // Never cached: listed on every route, a second each time.
+    let quick = demo(
+        "quick",
+        &[
+            "--tool-alias",
+            "only_quick",
+            "--ttl-ms",
+            "0",
+            "--list-delay-ms",
+            "1500",
+        ],
+    );
+    let h = start_ready(config(vec![slow, quick], &["a"])).await;
+    let a = Caller::agent("a");
+    // Both lists cached; the slow one's second page expires at once.
+    let listed = h.list_tools(&a).await.expect("list");
+    let slow = listed.iter().filter(|t| &*t.server == "slow").count();
+    assert!((41..=80).contains(&slow), "two pages: {slow}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_millis(2500)),
+        ..Default::default()
+    };
+    let r = h
+        .call(
+            &a,
+            mcp_harness::CallKind::Tool,
+            "only_quick",
+            json!({}),
+            options,
+        )
+        .await
+        .expect("routed to quick within the deadline");
+    assert_eq!(text(&r), "quick");
+    h.shutdown().await;
+}

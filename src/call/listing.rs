@@ -664,19 +664,20 @@ pub(crate) async fn list_all(
             None => server.config().timeout,
         };
         let auth = caller.auth_context.clone();
-        let first_cached = ctx
-            .registry
-            .cache
-            .get(
-                ListOf {
-                    server: server.id(),
-                    fingerprint: server.fingerprint(),
-                    method: kind.list_method(),
-                },
-                None,
-                auth.as_deref(),
-            )
-            .is_some();
+        let first = ctx.registry.cache.get(
+            ListOf {
+                server: server.id(),
+                fingerprint: server.fingerprint(),
+                method: kind.list_method(),
+            },
+            None,
+            auth.as_deref(),
+        );
+        let first_cached = first.is_some();
+        // A list of one page, fresh: the whole walk is a cache read. One with more
+        // pages may find a later one expired (each page has its ttl) and ask the server:
+        // in a task, so that the servers after it are not held up.
+        let whole_cached = first.is_some_and(|hit| hit.value.get("nextCursor").is_none());
         if !first_cached && server.state() == ServerState::Restarting {
             // Its list would wait in the restart queue, perhaps for good (a server that
             // crashes on start): left out until it is back. Qualified calls still queue.
@@ -693,7 +694,7 @@ pub(crate) async fn list_all(
             ));
             continue;
         }
-        if first_cached {
+        if whole_cached {
             // Fresh in the cache: walked here, without a task or a round trip.
             let listed =
                 list_within(ctx, &server, kind, auth.as_deref(), timeout, until, total).await;
