@@ -2187,23 +2187,30 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\""
         )
     );
-    // Credentials that are not a bearer token: a bad request.
-    let (status, _, headers) = gw
-        .post(
-            None,
-            &request("tools/list", json!({})),
-            &[("authorization", "Basic dG9rLWE=")],
-        )
-        .await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        headers
-            .get("www-authenticate")
-            .and_then(|v| v.to_str().ok()),
-        Some(
-            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", error=\"invalid_request\""
-        )
-    );
+    // A Bearer header without a token is a bad request; another scheme's credentials
+    // are no bearer token at all.
+    let challenge =
+        "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\"";
+    for (sent, error) in [
+        ("Bearer ", ", error=\"invalid_request\""),
+        ("Basic dG9rLWE=", ""),
+    ] {
+        let (status, _, headers) = gw
+            .post(
+                None,
+                &request("tools/list", json!({})),
+                &[("authorization", sent)],
+            )
+            .await;
+        assert_eq!(status, 401, "{sent}");
+        assert_eq!(
+            headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some(format!("{challenge}{error}").as_str()),
+            "{sent}"
+        );
+    }
     let prm: Value = gw
         .http
         .get(
@@ -3952,7 +3959,7 @@ async fn a_legacy_sessions_call_finishes_within_the_grace_at_shutdown() {
     let gw = setup.start().await;
     let sid = legacy_session(&gw).await;
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "beta__slow", "arguments": {"ms": 2000, "text": "done"}}});
+        "params": {"name": "beta__slow", "arguments": {"ms": 4000, "text": "done"}}});
     let running = {
         let (http, url, sid) = (gw.http.clone(), gw.url().to_string(), sid.clone());
         tokio::spawn(async move {
@@ -3970,8 +3977,8 @@ async fn a_legacy_sessions_call_finishes_within_the_grace_at_shutdown() {
             resp.text().await.unwrap_or_default()
         })
     };
-    // Under way on the server (2 s), then SIGTERM.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Under way on the server (4 s, within the 5 s grace), then SIGTERM.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let stopping = tokio::spawn(gw.stop());
     let answer = running.await.expect("join");
     assert!(answer.contains("\"text\":\"done\""), "{answer}");

@@ -27,7 +27,7 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
-use crate::protocol::{CacheScope, Pager, ProtocolError, ResultType, RpcErrorKind};
+use crate::protocol::{CacheScope, Cutoff, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
 use crate::server::{ServerError, ServerRef, ServerState};
 use crate::transport::TransportError;
@@ -569,8 +569,11 @@ async fn walk(
     }
     if let Some(cutoff) = pager.cutoff() {
         tracing::warn!(server = %server.id(), ?cutoff, "list cut off");
-        // Kept only whole: a cut list is served this once.
-        walker.cacheable = false;
+        // Kept only whole: a list past the page cap is served this once. (One that
+        // came back to a cursor it gave before has given every page it has.)
+        if matches!(cutoff, Cutoff::TooManyPages(_)) {
+            walker.cacheable = false;
+        }
     }
     Walk::Done(walker.finish())
 }

@@ -681,11 +681,19 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     let origin = url::Url::parse(audience)
                         .map(|u| u.origin().ascii_serialization())
                         .unwrap_or_default();
-                    // RFC 6750 §3.1: a token sent and not taken, or credentials that
-                    // are not a bearer token; nothing when none were sent.
+                    // RFC 6750 §3.1: a token sent and not taken, or a Bearer header
+                    // without one; nothing when none was sent (another scheme's
+                    // credentials are no bearer token).
+                    let bearer = authorization.is_some_and(|a| {
+                        a.trim()
+                            .get(..6)
+                            .is_some_and(|s| s.eq_ignore_ascii_case("bearer"))
+                    });
                     let invalid = match e {
                         super::identity::IdentityError::Unknown => ", error=\"invalid_token\"",
-                        super::identity::IdentityError::Malformed => ", error=\"invalid_request\"",
+                        super::identity::IdentityError::Malformed if bearer => {
+                            ", error=\"invalid_request\""
+                        }
                         _ => "",
                     };
                     format!(
@@ -1114,18 +1122,6 @@ async fn post(
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             if request.method == "subscriptions/listen" {
-                // Its id goes out on every frame for as long as it listens (hours),
-                // long after its body's charge is let go.
-                if matches!(&request.id, RequestId::String(s) if s.len() > MAX_KEPT_ID) {
-                    return error_reply(
-                        StatusCode::BAD_REQUEST,
-                        None,
-                        RpcError::new(
-                            INVALID_REQUEST,
-                            format!("a subscriptions/listen id is at most {MAX_KEPT_ID} bytes"),
-                        ),
-                    );
-                }
                 return listen_stream(state, principal, until, request);
             }
             if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
@@ -1550,8 +1546,7 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
     }
 }
 
-/// Longest string id kept past its request's body: a cancellation's kept for a request
-/// still on its way, a `subscriptions/listen`'s for as long as it listens.
+/// Longest string id whose cancellation is kept for a request still on its way.
 const MAX_KEPT_ID: usize = 256;
 
 /// The gateway's requests to a legacy client during one call: frames on the call's

@@ -351,10 +351,12 @@ pub(crate) struct SignIn {
     /// Whether a store that could not be read (a token file refused: planted, a link,
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
-    /// Auth contexts whose newest token the store could not take: the one it holds
-    /// is older (its refresh token spent), so theirs is the one held here, never the
-    /// store's, until a write succeeds or the token is forgotten. Bounded as `missing`.
-    unstored: Mutex<std::collections::HashSet<Option<String>>>,
+    /// Auth contexts whose newest token the store could not take, with the access token
+    /// the store still held then (older, its refresh token perhaps spent): that one is
+    /// never taken over the token held here; any other the store comes to hold
+    /// (another process signed in) is. Until a write succeeds or the token is
+    /// forgotten. Bounded as `missing`.
+    unstored: Mutex<HashMap<Option<String>, Option<String>>>,
     /// Whether a store that could not be written was warned of (once, then at debug).
     store_write_warned: std::sync::atomic::AtomicBool,
     /// Refusals of tokens renewed moments ago: each is logged at first, then at each
@@ -677,11 +679,23 @@ impl SignIn {
     /// or refreshed and rotated it), held from then on. A store without one is believed
     /// for [`STORE_RECHECK`]; one that cannot be read is asked again next time.
     fn read_store(&self, identity: Option<&str>) -> Option<Token> {
-        let who = identity.map(String::from);
-        if self.unstored.lock().contains(&who) {
-            return self.tokens.lock().get(&who).cloned();
+        if self.in_clear {
+            return None;
         }
-        match self.ctx.store.get(&self.key(identity)) {
+        let who = identity.map(String::from);
+        let stale = self.unstored.lock().get(&who).cloned();
+        let read = self.ctx.store.get(&self.key(identity));
+        if let Some(stale) = stale {
+            match &read {
+                // Another process's, newer: taken, as any other read.
+                Ok(Some(stored)) if Some(&stored.access_token) != stale.as_ref() => {
+                    self.unstored.lock().remove(&who);
+                }
+                // The older one, or none: the one held here is the newest.
+                _ => return self.tokens.lock().get(&who).cloned(),
+            }
+        }
+        match read {
             Ok(Some(stored)) => {
                 self.missing.lock().remove(&who);
                 self.tokens.lock().insert(who, stored.clone());
@@ -716,6 +730,9 @@ impl SignIn {
         // dropping it would make a person sign in again for nothing.
         let who = identity.map(String::from);
         let stored = self.ctx.store.put(&self.key(identity), &token);
+        // What the store still holds instead (left there: a person may sign in again
+        // less often with it than without it, if its refresh token still works).
+        let mut stale = None;
         if let Err(e) = &stored {
             if self
                 .store_write_warned
@@ -725,9 +742,14 @@ impl SignIn {
             } else {
                 tracing::warn!(server = %self.server, error = %e, "token store unwritable; the token is held in memory only");
             }
-            // What the store still holds is older, its refresh token spent: gone if it
-            // can be, and never taken over the one held here (below).
-            let _ = self.ctx.store.remove(&self.key(identity));
+            stale = Some(
+                self.ctx
+                    .store
+                    .get(&self.key(identity))
+                    .ok()
+                    .flatten()
+                    .map(|t| t.access_token),
+            );
         }
         self.missing.lock().remove(&who);
         {
@@ -740,13 +762,22 @@ impl SignIn {
         }
         self.tokens.lock().insert(who.clone(), token);
         let mut unstored = self.unstored.lock();
-        if stored.is_ok() {
-            unstored.remove(&who);
-        } else {
-            if unstored.len() >= MISSING_MEMO {
-                unstored.clear();
+        match stale {
+            None => {
+                unstored.remove(&who);
             }
-            unstored.insert(who);
+            Some(stale) => {
+                if unstored.len() >= MISSING_MEMO && !unstored.contains_key(&who) {
+                    // Those no longer held first; the store's older token is taken
+                    // again by whoever is let go (at worst, a sign-in).
+                    let held = self.tokens.lock();
+                    unstored.retain(|w, _| held.contains_key(w));
+                    if unstored.len() >= MISSING_MEMO {
+                        unstored.clear();
+                    }
+                }
+                unstored.insert(who, stale);
+            }
         }
     }
 
@@ -754,12 +785,14 @@ impl SignIn {
     /// signed in or refreshed meanwhile), which is then held instead.
     fn forget_if_still(&self, identity: Option<&str>, refused: &Token) {
         let who = identity.map(String::from);
-        if self.unstored.lock().contains(&who) {
-            // The store's is older than the one refused.
-            return self.forget(identity);
-        }
+        // The store's older token (from before a write failed) is no other.
+        let stale = self.unstored.lock().get(&who).cloned().flatten();
         match self.ctx.store.get(&self.key(identity)) {
-            Ok(Some(theirs)) if theirs.access_token != refused.access_token => {
+            Ok(Some(theirs))
+                if theirs.access_token != refused.access_token
+                    && Some(&theirs.access_token) != stale.as_ref() =>
+            {
+                self.unstored.lock().remove(&who);
                 self.tokens.lock().insert(who, theirs);
             }
             _ => self.forget(identity),
@@ -1013,6 +1046,10 @@ impl SignIn {
         step_up: bool,
         take_held: bool,
     ) -> Result<Renewal, AuthError> {
+        if self.in_clear {
+            // No token goes to it (see `in_clear`): its refusal stands as it is.
+            return Ok(Renewal::Refused);
+        }
         let renewing = Some(self.lock_for(identity).lock_owned().await);
         let mut current = self.held(identity);
         // Another process may have signed in, or refreshed the token refused here (and
@@ -1169,6 +1206,7 @@ impl SignIn {
     /// Forgets every token of this server (the command line's `logout`).
     pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
         self.tokens.lock().clear();
+        self.unstored.lock().clear();
         self.renewed.lock().clear();
         self.renewed_on_refusal.lock().clear();
         self.missing.lock().clear();
@@ -2289,6 +2327,74 @@ mod tests {
         );
     }
 
+    /// A store whose writes fail while `full` (a full disk), and can be written by
+    /// "another process" (`inner`) all the same.
+    #[derive(Default)]
+    struct FullDisk {
+        inner: MemoryTokenStore,
+        full: std::sync::atomic::AtomicBool,
+    }
+
+    impl TokenStore for FullDisk {
+        fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
+            self.inner.get(key)
+        }
+        fn put(&self, key: &TokenKey, token: &Token) -> Result<(), String> {
+            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("No space left on device".into());
+            }
+            self.inner.put(key, token)
+        }
+        fn remove(&self, key: &TokenKey) -> Result<(), String> {
+            self.inner.remove(key)
+        }
+        fn remove_server(&self, server: &str) -> Result<usize, String> {
+            self.inner.remove_server(server)
+        }
+    }
+
+    #[test]
+    fn a_token_the_store_could_not_take_is_kept_over_the_stores_older_one_but_not_over_a_newer() {
+        let store = Arc::new(FullDisk::default());
+        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
+        let named = |access: &str| {
+            let mut t = token("https://idp.example", "https://idp.example/t");
+            t.access_token = access.into();
+            t.expires_at_ms = Some(u64::MAX / 2);
+            t
+        };
+        let key = sign_in.key(None);
+        store.inner.put(&key, &named("old")).expect("put");
+        store.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        sign_in.keep(None, named("new"));
+        assert_eq!(
+            sign_in.read_store(None).map(|t| t.access_token).as_deref(),
+            Some("new")
+        );
+        assert_eq!(
+            store
+                .get(&key)
+                .expect("get")
+                .map(|t| t.access_token)
+                .as_deref(),
+            Some("old"),
+            "left in the store"
+        );
+        // Another process signs in and stores its token: taken.
+        store.inner.put(&key, &named("theirs")).expect("put");
+        assert_eq!(
+            sign_in.read_store(None).map(|t| t.access_token).as_deref(),
+            Some("theirs")
+        );
+        assert_eq!(sign_in.current(None).as_deref(), Some("theirs"));
+    }
+
     #[tokio::test]
     async fn no_token_is_sent_to_a_server_on_plain_http_beyond_loopback() {
         let store = Arc::new(MemoryTokenStore::default());
@@ -2310,6 +2416,13 @@ mod tests {
             kept.expires_at_ms = Some(u64::MAX / 2);
             store.put(&sign_in.key(None), &kept).expect("put");
             assert_eq!(sign_in.sendable(None).is_some(), sent, "{url}");
+            if !sent {
+                // Nor is one refreshed or signed in for when it refuses a request.
+                let renewal = sign_in
+                    .on_refused(None, &Challenge::default(), None, false, true)
+                    .await;
+                assert!(matches!(renewal, Ok(Renewal::Refused)), "{url}");
+            }
         }
     }
 

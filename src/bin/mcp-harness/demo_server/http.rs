@@ -110,7 +110,7 @@ fn pump_sse(mut out: mpsc::UnboundedReceiver<Out>) -> mpsc::UnboundedReceiver<By
     tokio::spawn(async move {
         let mut n = 0;
         // A priming event with only an id, as servers send so clients can resume.
-        let _ = tx.send(Bytes::from_static(b"id: 0\nretry: 200\ndata:\n\n"));
+        let _ = tx.send(Bytes::from_static(b"id: 0\nretry: 1000\ndata:\n\n"));
         while let Some(o) = out.recv().await {
             if let Out::Message(m) = o {
                 n += 1;
@@ -530,7 +530,7 @@ fn stream_reply(
                 Action::BrokenStream { then_exit } => {
                     if then_exit {
                         // Gone before the client resumes (it waits the stream's retry,
-                        // 200 ms): its GET finds nothing listening.
+                        // a second): its GET finds nothing listening.
                         tokio::spawn(async {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             std::process::exit(3);
