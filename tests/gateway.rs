@@ -3410,10 +3410,7 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
 #[tokio::test]
 async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
     use tokio::io::AsyncBufReadExt;
-    let with_token = format!(
-        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
-        sha256_hex(b"scrape-me")
-    );
+    let with_token = scrape_me();
     for (extra, metrics_on, warned) in [
         ("", "0.0.0.0:0", true),
         (with_token.as_str(), "0.0.0.0:0", false),
@@ -3453,15 +3450,20 @@ async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
     }
 }
 
+/// `[gateway]`'s `metrics_tokens` line naming the token `scrape-me`.
+fn scrape_me() -> String {
+    format!(
+        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
+        sha256_hex(b"scrape-me")
+    )
+}
+
 // A reload that takes every metrics token away from a listener beyond loopback is
 // warned of, once, when the listener first serves without one.
 #[tokio::test]
 async fn a_reload_that_empties_the_metrics_tokens_is_warned_of_once() {
     use tokio::io::AsyncBufReadExt;
-    let with_token = format!(
-        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
-        sha256_hex(b"scrape-me")
-    );
+    let with_token = scrape_me();
     let setup = Setup::new(&with_token, &[("k1", &key("k1"))]);
     let config = setup.config.display().to_string();
     let mut child = tokio::process::Command::new(harness_exe())
@@ -3557,10 +3559,7 @@ async fn a_reload_that_empties_the_metrics_tokens_is_warned_of_once() {
 // (rendered at most once a second, never held longer).
 #[tokio::test]
 async fn metrics_tokens_are_asked_of_scrapers() {
-    let extra = format!(
-        "metrics_tokens = [{{ sha256 = \"{}\" }}]",
-        sha256_hex(b"scrape-me")
-    );
+    let extra = scrape_me();
     let setup = Setup::new(&extra, &[("k1", &key("k1"))]);
     let (gw, _, metrics_addr) = with_metrics(&setup).await;
     let url = format!("http://{metrics_addr}/metrics");

@@ -654,12 +654,10 @@ fn the_embedding_example_recovers_both_servers_and_leaves_nothing_behind() {
     assert!(!stdout.contains("STILL ALIVE"), "{stdout}");
 }
 
-// A server being removed is gone from routing at once: requests are answered while its
-// process, which takes its time to go, is still being stopped.
-#[tokio::test]
-async fn requests_to_a_server_being_removed_are_answered_at_once() {
-    // Its process ignores SIGTERM and stays after stdin ends, so a stop waits out the
-    // grace and kills it.
+/// A harness whose one server, `slow`, is ready, and takes seconds to stop: its process
+/// ignores SIGTERM and stays after stdin ends, so a stop waits out the grace (3 s) and
+/// kills it.
+async fn with_a_slow_stop() -> HarnessHandle {
     let mut stubborn = demo("slow", &[]);
     stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
         command: "sh".into(),
@@ -678,6 +676,25 @@ async fn requests_to_a_server_being_removed_are_answered_at_once() {
     .await
     .expect("spawn");
     assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    h
+}
+
+/// An echo asked of `slow` with a minute to answer.
+async fn echo_slow(h: &HarnessHandle) -> Result<serde_json::Value, HarnessError> {
+    h.request_with_timeout(
+        "slow",
+        "tools/call",
+        call("echo", json!({"text": "x"})),
+        Some(Duration::from_secs(60)),
+    )
+    .await
+}
+
+// A server being removed is gone from routing at once: requests are answered while its
+// process, which takes its time to go, is still being stopped.
+#[tokio::test]
+async fn requests_to_a_server_being_removed_are_answered_at_once() {
+    let h = with_a_slow_stop().await;
     let removing = {
         let h = h.clone();
         tokio::spawn(async move { h.remove_server("slow").await })
@@ -688,14 +705,7 @@ async fn requests_to_a_server_being_removed_are_answered_at_once() {
             .is_none())
         .await
     );
-    let answer = h
-        .request_with_timeout(
-            "slow",
-            "tools/call",
-            call("echo", json!({"text": "x"})),
-            Some(Duration::from_secs(60)),
-        )
-        .await;
+    let answer = echo_slow(&h).await;
     assert!(
         !removing.is_finished(),
         "answered while the stop still waits for the process: {answer:?}"
@@ -833,38 +843,13 @@ async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
 // in its actor's mailbox for the stop to end.
 #[tokio::test]
 async fn requests_to_a_server_being_stopped_are_answered_at_once() {
-    // Its process ignores SIGTERM and stays after stdin ends.
-    let mut stubborn = demo("slow", &[]);
-    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec![
-            "-c".into(),
-            "trap '' TERM; \"$0\" demo-server slow; sleep 30".into(),
-            harness_exe(),
-        ],
-        ..Default::default()
-    });
-    let h = Harness::spawn(HarnessConfig {
-        servers: vec![stubborn],
-        shutdown_grace: Duration::from_secs(3),
-        ..HarnessConfig::default()
-    })
-    .await
-    .expect("spawn");
-    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let h = with_a_slow_stop().await;
     let stopping = {
         let h = h.clone();
         tokio::spawn(async move { h.shutdown().await })
     };
     assert!(wait_state(&h, "slow", ServerState::Stopped).await);
-    let answer = h
-        .request_with_timeout(
-            "slow",
-            "tools/call",
-            call("echo", json!({"text": "x"})),
-            Some(Duration::from_secs(60)),
-        )
-        .await;
+    let answer = echo_slow(&h).await;
     assert!(
         !stopping.is_finished(),
         "answered while the stop still waits for the process: {answer:?}"

@@ -2420,29 +2420,42 @@ mod tests {
         assert!(!sent, "nothing is put to a client that is gone");
     }
 
-    #[tokio::test]
-    async fn a_refused_request_and_a_call_dropped_half_way_leave_no_limiter_behind() {
-        // A server that never answers its handshake: a call to it waits in its queue.
+    /// A harness of `servers` where `agents` may use everything, and a gateway before it
+    /// that lets each principal one request in flight.
+    async fn one_at_a_time(
+        servers: Vec<crate::ServerConfig>,
+        agents: &[&str],
+    ) -> (crate::HarnessHandle, Gateway) {
         let mut config = HarnessConfig {
-            servers: vec![crate::ServerConfig::stdio("s", "sleep", ["30"])],
+            servers,
             ..HarnessConfig::default()
         };
-        config
-            .permissions
-            .entry("a".into())
-            .or_default()
-            .insert("*".into(), vec!["*".into()]);
+        for agent in agents {
+            config
+                .permissions
+                .entry((*agent).into())
+                .or_default()
+                .insert("*".into(), vec!["*".into()]);
+        }
         let harness = crate::Harness::spawn(config.clone())
             .await
             .expect("harness");
         let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let one_at_a_time = GatewayConfig {
+        let settings = GatewayConfig {
             max_in_flight_per_principal: 1,
             ..GatewayConfig::default()
         };
-        let gateway = Gateway::new(harness.clone(), &config, one_at_a_time, sealer)
+        let gateway = Gateway::new(harness.clone(), &config, settings, sealer)
             .await
             .expect("gateway");
+        (harness, gateway)
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_and_a_call_dropped_half_way_leave_no_limiter_behind() {
+        // A server that never answers its handshake: a call to it waits in its queue.
+        let servers = vec![crate::ServerConfig::stdio("s", "sleep", ["30"])];
+        let (harness, gateway) = one_at_a_time(servers, &["a"]).await;
         let limiters = || gateway.inner.in_flight.lock().len();
         let principal = Principal {
             agent: "a".into(),
@@ -2542,25 +2555,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_learned_for_a_header_check_takes_a_place_of_its_own_principal() {
-        let mut config = HarnessConfig::default();
-        for agent in ["a", "b"] {
-            config
-                .permissions
-                .entry(agent.into())
-                .or_default()
-                .insert("*".into(), vec!["*".into()]);
-        }
-        let harness = crate::Harness::spawn(config.clone())
-            .await
-            .expect("harness");
-        let sealer = Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let one_at_a_time = GatewayConfig {
-            max_in_flight_per_principal: 1,
-            ..GatewayConfig::default()
-        };
-        let gateway = Gateway::new(harness.clone(), &config, one_at_a_time, sealer)
-            .await
-            .expect("gateway");
+        let (harness, gateway) = one_at_a_time(Vec::new(), &["a", "b"]).await;
         let who = |agent: &str| Principal {
             agent: agent.into(),
             context: None,
