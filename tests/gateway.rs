@@ -3409,7 +3409,6 @@ async fn metrics_are_served_as_prometheus_text_on_their_own_listener() {
 // token; with `metrics_tokens`, or on loopback, it does not.
 #[tokio::test]
 async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
-    use tokio::io::AsyncBufReadExt;
     let with_token = scrape_me();
     for (extra, metrics_on, warned) in [
         ("", "0.0.0.0:0", true),
@@ -3417,18 +3416,7 @@ async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
         ("", "127.0.0.1:0", false),
     ] {
         let setup = Setup::new(extra, &[("k1", &key("k1"))]);
-        let config = setup.config.display().to_string();
-        let mut child = tokio::process::Command::new(harness_exe())
-            .args(["serve", "--config", &config, "--listen", "127.0.0.1:0"])
-            .args(["--metrics", metrics_on])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let (mut child, mut lines) = serve_with_metrics_on(&setup, metrics_on);
         let mut before = Vec::new();
         // Until the metrics listener says where it is (the warning comes before).
         let read = tokio::time::timeout(Duration::from_secs(30), async {
@@ -3450,6 +3438,29 @@ async fn metrics_served_beyond_loopback_without_a_token_are_warned_of() {
     }
 }
 
+/// `serve` of `setup` with `--metrics` on `addr`, and the lines of its stderr.
+fn serve_with_metrics_on(
+    setup: &Setup,
+    addr: &str,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let config = setup.config.display().to_string();
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--config", &config, "--listen", "127.0.0.1:0"])
+        .args(["--metrics", addr])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve");
+    let stderr = child.stderr.take().expect("stderr");
+    (child, tokio::io::BufReader::new(stderr).lines())
+}
+
 /// `[gateway]`'s `metrics_tokens` line naming the token `scrape-me`.
 fn scrape_me() -> String {
     format!(
@@ -3462,21 +3473,9 @@ fn scrape_me() -> String {
 // warned of, once, when the listener first serves without one.
 #[tokio::test]
 async fn a_reload_that_empties_the_metrics_tokens_is_warned_of_once() {
-    use tokio::io::AsyncBufReadExt;
     let with_token = scrape_me();
     let setup = Setup::new(&with_token, &[("k1", &key("k1"))]);
-    let config = setup.config.display().to_string();
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--config", &config, "--listen", "127.0.0.1:0"])
-        .args(["--metrics", "0.0.0.0:0"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let (mut child, mut lines) = serve_with_metrics_on(&setup, "0.0.0.0:0");
     let port = tokio::time::timeout(Duration::from_secs(30), async {
         while let Ok(Some(line)) = lines.next_line().await {
             assert!(!line.contains("/metrics asks for no token"), "{line}");
