@@ -1027,7 +1027,7 @@ async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listi
             "2000",
         ],
     );
-    // Never cached: listed on every route, a second each time.
+    // Never cached: listed on every route, 2 s each time.
     let quick = demo(
         "quick",
         &[

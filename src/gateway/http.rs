@@ -685,9 +685,10 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     // without one; nothing when none was sent (another scheme's
                     // credentials are no bearer token).
                     let bearer = authorization.is_some_and(|a| {
-                        a.trim()
-                            .get(..6)
-                            .is_some_and(|s| s.eq_ignore_ascii_case("bearer"))
+                        let a = a.trim();
+                        a.split_once(' ')
+                            .map_or(a, |(scheme, _)| scheme)
+                            .eq_ignore_ascii_case("bearer")
                     });
                     let invalid = match e {
                         super::identity::IdentityError::Unknown => ", error=\"invalid_token\"",

@@ -312,10 +312,22 @@ pub(crate) enum Renewal {
     Held,
     /// The token was refreshed, or signed in for again.
     Renewed,
-    /// The token refused was renewed here after a refusal moments ago (within
-    /// [`REFUSED_AGAIN_WINDOW`]): the server will not take what its authorization
-    /// server issues, and renewing again would only repeat that. The refusal stands.
+    /// The refusal stands: the token refused was renewed here after a refusal moments
+    /// ago (within [`REFUSED_AGAIN_WINDOW`]), so the server will not take what its
+    /// authorization server issues and renewing again would only repeat that; or the
+    /// server is on plain HTTP beyond loopback, where no token goes.
     Refused,
+}
+
+/// Whether `stored` may be taken over `held` for an auth context whose newest token
+/// the store could not take: it is not the store's older one (`stale`, when known), and
+/// it expires later than the one held (a token the store held all along does not).
+fn newer_than(stored: &Token, stale: Option<&str>, held: Option<&Token>) -> bool {
+    let later = match held.and_then(|h| h.expires_at_ms) {
+        Some(held_at) => stored.expires_at_ms.is_some_and(|at| at > held_at),
+        None => held.is_none(),
+    };
+    Some(stored.access_token.as_str()) != stale && later
 }
 
 /// How long a token renewed after a refusal is not renewed again when it is refused
@@ -352,10 +364,11 @@ pub(crate) struct SignIn {
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
     /// Auth contexts whose newest token the store could not take, with the access token
-    /// the store still held then (older, its refresh token perhaps spent): that one is
-    /// never taken over the token held here; any other the store comes to hold
-    /// (another process signed in) is. Until a write succeeds or the token is
-    /// forgotten. Bounded as `missing`.
+    /// the store still held then if it could be read (older, its refresh token perhaps
+    /// spent). A token in the store is taken over the one held here only when it is
+    /// not that one and expires later (another process signed in or refreshed since).
+    /// Until a write succeeds or the token is forgotten; never more entries than
+    /// `tokens` has.
     unstored: Mutex<HashMap<Option<String>, Option<String>>>,
     /// Whether a store that could not be written was warned of (once, then at debug).
     store_write_warned: std::sync::atomic::AtomicBool,
@@ -686,13 +699,14 @@ impl SignIn {
         let stale = self.unstored.lock().get(&who).cloned();
         let read = self.ctx.store.get(&self.key(identity));
         if let Some(stale) = stale {
+            let held = self.tokens.lock().get(&who).cloned();
             match &read {
                 // Another process's, newer: taken, as any other read.
-                Ok(Some(stored)) if Some(&stored.access_token) != stale.as_ref() => {
+                Ok(Some(stored)) if newer_than(stored, stale.as_deref(), held.as_ref()) => {
                     self.unstored.lock().remove(&who);
                 }
                 // The older one, or none: the one held here is the newest.
-                _ => return self.tokens.lock().get(&who).cloned(),
+                _ => return held,
             }
         }
         match read {
@@ -730,8 +744,9 @@ impl SignIn {
         // dropping it would make a person sign in again for nothing.
         let who = identity.map(String::from);
         let stored = self.ctx.store.put(&self.key(identity), &token);
-        // What the store still holds instead (left there: a person may sign in again
-        // less often with it than without it, if its refresh token still works).
+        // What the store still holds instead: left there if its refresh token may still
+        // work (a person signs in less often with it than without it), removed when this
+        // one's replaced it (rotated: presenting it again may revoke them all).
         let mut stale = None;
         if let Err(e) = &stored {
             if self
@@ -742,14 +757,16 @@ impl SignIn {
             } else {
                 tracing::warn!(server = %self.server, error = %e, "token store unwritable; the token is held in memory only");
             }
-            stale = Some(
-                self.ctx
-                    .store
-                    .get(&self.key(identity))
-                    .ok()
-                    .flatten()
-                    .map(|t| t.access_token),
-            );
+            let old = self.ctx.store.get(&self.key(identity)).ok().flatten();
+            let rotated = old.as_ref().is_some_and(|old| {
+                old.refresh_token.is_some()
+                    && token.refresh_token.is_some()
+                    && old.refresh_token != token.refresh_token
+            });
+            if rotated {
+                let _ = self.ctx.store.remove(&self.key(identity));
+            }
+            stale = Some(old.map(|t| t.access_token));
         }
         self.missing.lock().remove(&who);
         {
@@ -766,16 +783,8 @@ impl SignIn {
             None => {
                 unstored.remove(&who);
             }
+            // No bound of its own: an entry goes with its token (`forget`).
             Some(stale) => {
-                if unstored.len() >= MISSING_MEMO && !unstored.contains_key(&who) {
-                    // Those no longer held first; the store's older token is taken
-                    // again by whoever is let go (at worst, a sign-in).
-                    let held = self.tokens.lock();
-                    unstored.retain(|w, _| held.contains_key(w));
-                    if unstored.len() >= MISSING_MEMO {
-                        unstored.clear();
-                    }
-                }
                 unstored.insert(who, stale);
             }
         }
@@ -786,11 +795,13 @@ impl SignIn {
     fn forget_if_still(&self, identity: Option<&str>, refused: &Token) {
         let who = identity.map(String::from);
         // The store's older token (from before a write failed) is no other.
-        let stale = self.unstored.lock().get(&who).cloned().flatten();
+        let marked = self.unstored.lock().get(&who).cloned();
         match self.ctx.store.get(&self.key(identity)) {
             Ok(Some(theirs))
                 if theirs.access_token != refused.access_token
-                    && Some(&theirs.access_token) != stale.as_ref() =>
+                    && marked.as_ref().is_none_or(|stale| {
+                        newer_than(&theirs, stale.as_deref(), Some(refused))
+                    }) =>
             {
                 self.unstored.lock().remove(&who);
                 self.tokens.lock().insert(who, theirs);
@@ -2333,10 +2344,15 @@ mod tests {
     struct FullDisk {
         inner: MemoryTokenStore,
         full: std::sync::atomic::AtomicBool,
+        /// Reads fail too (no file descriptor left, say).
+        unreadable: std::sync::atomic::AtomicBool,
     }
 
     impl TokenStore for FullDisk {
         fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
+            if self.unreadable.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("Too many open files".into());
+            }
             self.inner.get(key)
         }
         fn put(&self, key: &TokenKey, token: &Token) -> Result<(), String> {
@@ -2363,16 +2379,20 @@ mod tests {
         };
         let tls = client_tls(None).expect("tls");
         let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
-        let named = |access: &str| {
+        // Each issued later than the one before, and so expiring later.
+        let named = |access: &str, at: u64| {
             let mut t = token("https://idp.example", "https://idp.example/t");
             t.access_token = access.into();
-            t.expires_at_ms = Some(u64::MAX / 2);
+            t.expires_at_ms = Some(now_ms() + at);
             t
         };
         let key = sign_in.key(None);
-        store.inner.put(&key, &named("old")).expect("put");
+        store
+            .inner
+            .put(&key, &named("old", 1_000_000))
+            .expect("put");
         store.full.store(true, std::sync::atomic::Ordering::SeqCst);
-        sign_in.keep(None, named("new"));
+        sign_in.keep(None, named("new", 2_000_000));
         assert_eq!(
             sign_in.read_store(None).map(|t| t.access_token).as_deref(),
             Some("new")
@@ -2387,12 +2407,32 @@ mod tests {
             "left in the store"
         );
         // Another process signs in and stores its token: taken.
-        store.inner.put(&key, &named("theirs")).expect("put");
+        store
+            .inner
+            .put(&key, &named("theirs", 3_000_000))
+            .expect("put");
         assert_eq!(
             sign_in.read_store(None).map(|t| t.access_token).as_deref(),
             Some("theirs")
         );
         assert_eq!(sign_in.current(None).as_deref(), Some("theirs"));
+        // The store could not even be read when the write failed: what it then shows
+        // is taken only if it expires later than the one held.
+        store
+            .inner
+            .put(&key, &named("older", 1_000_000))
+            .expect("put");
+        store
+            .unreadable
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        sign_in.keep(None, named("newest", 4_000_000));
+        store
+            .unreadable
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            sign_in.read_store(None).map(|t| t.access_token).as_deref(),
+            Some("newest")
+        );
     }
 
     #[tokio::test]
