@@ -234,14 +234,18 @@ impl Harness {
         let registry = Arc::new(Registry::new(Arc::new(cache), shared.clone(), events));
         let registry_ref = RegistryRef::default();
         if let Some(shared) = &shared {
-            let peers = registry_ref.clone();
+            let (peers, cache) = (registry_ref.clone(), registry.cache.clone());
             // One mark per shared server (only those are heard), so this stays small.
             let queued: parking_lot::Mutex<
                 std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
             > = parking_lot::Mutex::default();
             shared.listen(move |server| {
                 let mark = queued.lock().entry(server.to_string()).or_default().clone();
-                peers.peer_changed(server, &mark);
+                // Not served from here on, whatever the registry's writer is busy with
+                // (at most once a second per server: the marks coalesce a flood).
+                if peers.peer_changed(server, &mark) {
+                    cache.forget_in_memory(server);
+                }
             });
         }
         let audit = AuditRef::default();

@@ -346,8 +346,8 @@ impl RegistryRef {
 
     /// Drops a server's entries because a peer said so (not published again), unless
     /// one is already queued: `queued` is the server's mark (see
-    /// [`RegistryMsg::PeerChanged`]).
-    pub fn peer_changed(&self, server: &str, queued: &Arc<std::sync::atomic::AtomicU64>) {
+    /// [`RegistryMsg::PeerChanged`]). Whether one was queued now.
+    pub fn peer_changed(&self, server: &str, queued: &Arc<std::sync::atomic::AtomicU64>) -> bool {
         use std::sync::atomic::Ordering;
         // A monotonic clock of this process (a wall clock stepped back would hold the
         // mark longer); 0 means no mark, so it starts at 1.
@@ -359,17 +359,22 @@ impl RegistryRef {
             + 1;
         let mark = queued.load(Ordering::SeqCst);
         if mark != 0 && now.saturating_sub(mark) < 1000 {
-            return;
+            return false;
         }
         if queued
             .compare_exchange(mark, now, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-            && !self
-                .0
-                .send(RegistryMsg::PeerChanged(server.to_string(), queued.clone()))
+            .is_err()
         {
-            queued.store(0, Ordering::SeqCst);
+            return false;
         }
+        if self
+            .0
+            .send(RegistryMsg::PeerChanged(server.to_string(), queued.clone()))
+        {
+            return true;
+        }
+        queued.store(0, Ordering::SeqCst);
+        false
     }
 
     /// Drops one list of a server; returns when it is gone, as
@@ -532,10 +537,12 @@ mod tests {
         let registry = RegistryRef::default();
         registry.0.set(actor.clone());
         let (a, b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut queued = 0;
         for _ in 0..10_000 {
-            registry.peer_changed("a", &a);
-            registry.peer_changed("b", &b);
+            queued += usize::from(registry.peer_changed("a", &a));
+            queued += usize::from(registry.peer_changed("b", &b));
         }
+        assert_eq!(queued, 2, "said so once per server");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert_eq!(
             count.load(Ordering::SeqCst),
@@ -545,7 +552,7 @@ mod tests {
         // No actor to take it: nothing stays marked.
         let none = RegistryRef::default();
         let c = Arc::new(AtomicU64::new(0));
-        none.peer_changed("c", &c);
+        assert!(!none.peer_changed("c", &c));
         assert_eq!(c.load(Ordering::SeqCst), 0);
         actor.stop(None);
         let _ = handle.await;
