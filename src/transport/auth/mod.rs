@@ -154,6 +154,73 @@ pub struct SignInContext {
     /// and connection that signs in through one authorization server uses the client
     /// registered first, instead of registering one more.
     pub registrations: Registrations,
+    /// The tokens held in memory, shared the same way: a server's new connection uses
+    /// the token its old one held, also one the store could not take.
+    pub held: HeldTokens,
+}
+
+/// The tokens a harness holds in memory, by key; see [`SignInContext::held`]. A token
+/// the store took is believed while the store still holds it, which is read again at
+/// most once per [`STORE_RECHECK`]: a `logout` from the command line, or another
+/// process forgetting a refused token, is followed within that.
+#[derive(Clone, Default)]
+pub struct HeldTokens(Arc<Mutex<HashMap<TokenKey, Held>>>);
+
+#[derive(Clone)]
+struct Held {
+    token: Token,
+    /// When the store was last seen holding it (or it was written there).
+    checked: Instant,
+    /// Set when the store could not take `token`: the access token the store still
+    /// held then, if it could be read (older, its refresh token perhaps spent). A
+    /// token in the store is taken over this one only when it is not that one and
+    /// expires later (another process signed in or refreshed since). Until a write
+    /// succeeds or the token is forgotten.
+    unstored: Option<Option<String>>,
+}
+
+/// The most tokens held in memory. Past it, those the store holds are let go (read
+/// again when next used); if every one is held only here, one is let go (its person
+/// signs in again).
+const HELD_MAX: usize = 4096;
+
+impl HeldTokens {
+    fn get(&self, key: &TokenKey) -> Option<Held> {
+        self.0.lock().get(key).cloned()
+    }
+
+    fn insert(&self, key: TokenKey, held: Held) {
+        let mut map = self.0.lock();
+        if map.len() >= HELD_MAX && !map.contains_key(&key) {
+            map.retain(|_, h| h.unstored.is_some());
+            if map.len() >= HELD_MAX
+                && let Some(k) = map.keys().next().cloned()
+            {
+                map.remove(&k);
+            }
+        }
+        map.insert(key, held);
+    }
+
+    fn remove(&self, key: &TokenKey) {
+        self.0.lock().remove(key);
+    }
+
+    /// Removes `key`'s token if it is still `access_token` and the store took it
+    /// (another request may have kept a new one meanwhile).
+    fn remove_if_still(&self, key: &TokenKey, access_token: &str) {
+        let mut map = self.0.lock();
+        if map
+            .get(key)
+            .is_some_and(|h| h.unstored.is_none() && h.token.access_token == access_token)
+        {
+            map.remove(key);
+        }
+    }
+
+    fn remove_server(&self, server: &str) {
+        self.0.lock().retain(|k, _| k.server != server);
+    }
 }
 
 /// One lock per token (server, resource, auth context) that its renewals in a harness
@@ -291,6 +358,7 @@ impl Default for SignInContext {
             client_name: "mcp-harness".into(),
             renewals: RenewalLocks::default(),
             registrations: Registrations::default(),
+            held: HeldTokens::default(),
         }
     }
 }
@@ -345,8 +413,6 @@ pub(crate) struct SignIn {
     /// Checks the names `http` resolves; `None` for a server on an internal address.
     resolver: Option<Arc<resolve::SignInResolver>>,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
-    /// Tokens read or made, by auth context.
-    tokens: Mutex<HashMap<Option<String>, Token>>,
     /// The access token this process last renewed, by auth context: a request refused
     /// again after trying a held token takes it (another request renewed meanwhile)
     /// rather than renewing once more.
@@ -363,13 +429,6 @@ pub(crate) struct SignIn {
     /// Whether a store that could not be read (a token file refused: planted, a link,
     /// open to others) was warned of: once, then at debug, as it is read per request.
     store_warned: std::sync::atomic::AtomicBool,
-    /// Auth contexts whose newest token the store could not take, with the access token
-    /// the store still held then if it could be read (older, its refresh token perhaps
-    /// spent). A token in the store is taken over the one held here only when it is
-    /// not that one and expires later (another process signed in or refreshed since).
-    /// Until a write succeeds or the token is forgotten; never more entries than
-    /// `tokens` has.
-    unstored: Mutex<HashMap<Option<String>, Option<String>>>,
     /// Whether a store that could not be written was warned of (once, then at debug).
     store_write_warned: std::sync::atomic::AtomicBool,
     /// Refusals of tokens renewed moments ago: each is logged at first, then at each
@@ -632,12 +691,10 @@ impl SignIn {
             http,
             resolver,
             discovered: tokio::sync::Mutex::new(None),
-            tokens: Mutex::default(),
             renewed: Mutex::default(),
             renewed_on_refusal: Mutex::default(),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
-            unstored: Mutex::default(),
             store_write_warned: std::sync::atomic::AtomicBool::new(false),
             refused_fresh: Default::default(),
             asked: Mutex::default(),
@@ -668,15 +725,20 @@ impl SignIn {
         self.ctx.renewals.lock_for(self.key(identity))
     }
 
-    /// The token held for `identity`, from memory or the store (see `missing`).
+    /// The token held for `identity`, from memory or the store (see `missing`). One
+    /// the store took is read there again at most once per [`STORE_RECHECK`]
+    /// ([`HeldTokens`]).
     fn held(&self, identity: Option<&str>) -> Option<Token> {
         if self.in_clear {
             return None;
         }
-        let who = identity.map(String::from);
-        if let Some(t) = self.tokens.lock().get(&who) {
-            return Some(t.clone());
+        if let Some(h) = self.ctx.held.get(&self.key(identity)) {
+            if h.unstored.is_some() || h.checked.elapsed() < STORE_RECHECK {
+                return Some(h.token);
+            }
+            return self.read_store(identity);
         }
+        let who = identity.map(String::from);
         if self
             .missing
             .lock()
@@ -688,34 +750,54 @@ impl SignIn {
         self.read_store(identity)
     }
 
+    /// Whether a token is held in memory for `identity` (none after a sign-out).
+    fn holds(&self, identity: Option<&str>) -> bool {
+        self.ctx.held.get(&self.key(identity)).is_some()
+    }
+
     /// `identity`'s token as the store has it now (another process may have signed in,
     /// or refreshed and rotated it), held from then on. A store without one is believed
-    /// for [`STORE_RECHECK`]; one that cannot be read is asked again next time.
+    /// for [`STORE_RECHECK`], and a token held here that the store took is let go with
+    /// it (signed out, or forgotten by another process after a refusal). A store that
+    /// cannot be read leaves what is held as it is, and is asked again next time.
     fn read_store(&self, identity: Option<&str>) -> Option<Token> {
         if self.in_clear {
             return None;
         }
         let who = identity.map(String::from);
-        let stale = self.unstored.lock().get(&who).cloned();
-        let read = self.ctx.store.get(&self.key(identity));
-        if let Some(stale) = stale {
-            let held = self.tokens.lock().get(&who).cloned();
+        let key = self.key(identity);
+        let held = self.ctx.held.get(&key);
+        let read = self.ctx.store.get(&key);
+        if let Some(Held {
+            token,
+            unstored: Some(stale),
+            ..
+        }) = &held
+        {
             match &read {
                 // Another process's, newer: taken, as any other read.
-                Ok(Some(stored)) if newer_than(stored, stale.as_deref(), held.as_ref()) => {
-                    self.unstored.lock().remove(&who);
-                }
+                Ok(Some(stored)) if newer_than(stored, stale.as_deref(), Some(token)) => {}
                 // The older one, or none: the one held here is the newest.
-                _ => return held,
+                _ => return Some(token.clone()),
             }
         }
         match read {
             Ok(Some(stored)) => {
                 self.missing.lock().remove(&who);
-                self.tokens.lock().insert(who, stored.clone());
+                self.ctx.held.insert(
+                    key,
+                    Held {
+                        token: stored.clone(),
+                        checked: Instant::now(),
+                        unstored: None,
+                    },
+                );
                 Some(stored)
             }
             Ok(None) => {
+                if let Some(h) = &held {
+                    self.ctx.held.remove_if_still(&key, &h.token.access_token);
+                }
                 let mut missing = self.missing.lock();
                 if missing.len() >= MISSING_MEMO {
                     missing.clear();
@@ -732,7 +814,11 @@ impl SignIn {
                 } else {
                     tracing::warn!(server = %self.server, error = %e, "token store unreadable; signing in without it");
                 }
-                None
+                let mut h = held?;
+                h.checked = Instant::now();
+                let token = h.token.clone();
+                self.ctx.held.insert(key, h);
+                Some(token)
             }
         }
     }
@@ -743,11 +829,12 @@ impl SignIn {
         // leaves it held here: the code or refresh token that got it is spent, and
         // dropping it would make a person sign in again for nothing.
         let who = identity.map(String::from);
-        let stored = self.ctx.store.put(&self.key(identity), &token);
+        let key = self.key(identity);
+        let stored = self.ctx.store.put(&key, &token);
         // What the store still holds instead: left there if its refresh token may still
         // work (a person signs in less often with it than without it), removed when this
         // one's replaced it (rotated: presenting it again may revoke them all).
-        let mut stale = None;
+        let mut unstored = None;
         if let Err(e) = &stored {
             if self
                 .store_write_warned
@@ -757,16 +844,16 @@ impl SignIn {
             } else {
                 tracing::warn!(server = %self.server, error = %e, "token store unwritable; the token is held in memory only");
             }
-            let old = self.ctx.store.get(&self.key(identity)).ok().flatten();
+            let old = self.ctx.store.get(&key).ok().flatten();
             let rotated = old.as_ref().is_some_and(|old| {
                 old.refresh_token.is_some()
                     && token.refresh_token.is_some()
                     && old.refresh_token != token.refresh_token
             });
             if rotated {
-                let _ = self.ctx.store.remove(&self.key(identity));
+                let _ = self.ctx.store.remove(&key);
             }
-            stale = Some(old.map(|t| t.access_token));
+            unstored = Some(old.map(|t| t.access_token));
         }
         self.missing.lock().remove(&who);
         {
@@ -775,36 +862,39 @@ impl SignIn {
                 // Forgotten, a renewal here is at worst repeated once.
                 renewed.clear();
             }
-            renewed.insert(who.clone(), token.access_token.clone());
+            renewed.insert(who, token.access_token.clone());
         }
-        self.tokens.lock().insert(who.clone(), token);
-        let mut unstored = self.unstored.lock();
-        match stale {
-            None => {
-                unstored.remove(&who);
-            }
-            // No bound of its own: an entry goes with its token (`forget`).
-            Some(stale) => {
-                unstored.insert(who, stale);
-            }
-        }
+        self.ctx.held.insert(
+            key,
+            Held {
+                token,
+                checked: Instant::now(),
+                unstored,
+            },
+        );
     }
 
     /// Forgets `refused` unless the store now holds another token (another process
     /// signed in or refreshed meanwhile), which is then held instead.
     fn forget_if_still(&self, identity: Option<&str>, refused: &Token) {
-        let who = identity.map(String::from);
+        let key = self.key(identity);
         // The store's older token (from before a write failed) is no other.
-        let marked = self.unstored.lock().get(&who).cloned();
-        match self.ctx.store.get(&self.key(identity)) {
+        let marked = self.ctx.held.get(&key).and_then(|h| h.unstored);
+        match self.ctx.store.get(&key) {
             Ok(Some(theirs))
                 if theirs.access_token != refused.access_token
                     && marked.as_ref().is_none_or(|stale| {
                         newer_than(&theirs, stale.as_deref(), Some(refused))
                     }) =>
             {
-                self.unstored.lock().remove(&who);
-                self.tokens.lock().insert(who, theirs);
+                self.ctx.held.insert(
+                    key,
+                    Held {
+                        token: theirs,
+                        checked: Instant::now(),
+                        unstored: None,
+                    },
+                );
             }
             _ => self.forget(identity),
         }
@@ -812,11 +902,11 @@ impl SignIn {
 
     fn forget(&self, identity: Option<&str>) {
         let who = identity.map(String::from);
-        self.unstored.lock().remove(&who);
-        self.tokens.lock().remove(&who);
+        let key = self.key(identity);
+        self.ctx.held.remove(&key);
         self.renewed.lock().remove(&who);
         self.missing.lock().remove(&who);
-        let _ = self.ctx.store.remove(&self.key(identity));
+        let _ = self.ctx.store.remove(&key);
     }
 
     /// The token held for `identity` now, as it is (no refresh).
@@ -883,7 +973,8 @@ impl SignIn {
             _ => match self.read_store(identity) {
                 Some(t) if !t.expires_within(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
                 Some(t) => t,
-                None => token,
+                // Signed out meanwhile (`logout`): renewing would store it back.
+                None => return Ok(None),
             },
         };
         match self
@@ -1003,7 +1094,10 @@ impl SignIn {
                 let refresh = t.refresh_token.clone().unwrap_or(refresh);
                 (t, refresh)
             }
-            _ => (token.clone(), refresh),
+            Some(_) => (token.clone(), refresh),
+            // Signed out meanwhile (`logout`): refreshing would store it back.
+            None if !self.holds(identity) => return Ok(None),
+            None => (token.clone(), refresh),
         };
         match self
             .refresh(identity, &token, &refresh, renewing, across)
@@ -1068,9 +1162,9 @@ impl SignIn {
         if current
             .as_ref()
             .is_none_or(|t| Some(t.access_token.as_str()) == refused)
-            && let Some(stored) = self.read_store(identity)
         {
-            current = Some(stored);
+            // None when signed out meanwhile (`logout`): the refused token is not renewed.
+            current = self.read_store(identity);
         }
         // Whether a token has every scope the challenge names (a step-up asks for them).
         let asked = challenge.scopes();
@@ -1216,8 +1310,7 @@ impl SignIn {
 
     /// Forgets every token of this server (the command line's `logout`).
     pub(crate) fn sign_out(&self) -> Result<usize, AuthError> {
-        self.tokens.lock().clear();
-        self.unstored.lock().clear();
+        self.ctx.held.remove_server(&self.server);
         self.renewed.lock().clear();
         self.renewed_on_refusal.lock().clear();
         self.missing.lock().clear();
@@ -2433,6 +2526,82 @@ mod tests {
             sign_in.read_store(None).map(|t| t.access_token).as_deref(),
             Some("newest")
         );
+    }
+
+    #[tokio::test]
+    async fn a_logout_from_another_process_is_followed_and_nothing_is_stored_back() {
+        let (sign_in, store) = counted();
+        let key = sign_in.key(None);
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.expires_at_ms = Some(now_ms() + 3_600_000);
+        sign_in.keep(None, ours.clone());
+        assert_eq!(sign_in.current(None).as_deref(), Some("a"));
+        // `mcp-harness logout s` from another process.
+        store.inner.remove_server("s").expect("logout");
+        // Believed for a moment, then the store is read again and it goes.
+        tokio::time::sleep(STORE_RECHECK + Duration::from_millis(100)).await;
+        assert_eq!(sign_in.bearer(None, soon()).await.expect("bearer"), None);
+        assert_eq!(sign_in.current(None), None);
+        assert!(!sign_in.holds(None));
+        // One due for refresh, signed out moments ago: not refreshed (which would
+        // store it back), nor sent.
+        ours.expires_at_ms = Some(now_ms() + 30_000);
+        sign_in.keep(None, ours);
+        store.inner.remove_server("s").expect("logout");
+        assert_eq!(sign_in.bearer(None, soon()).await.expect("bearer"), None);
+        assert_eq!(store.inner.get(&key).expect("get"), None, "stored back");
+    }
+
+    #[test]
+    fn a_new_connection_holds_the_token_the_store_could_not_take() {
+        let store = Arc::new(FullDisk::default());
+        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
+        let ctx = SignInContext {
+            store: store.clone(),
+            ..SignInContext::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let conn = || {
+            SignIn::new("s", &url, OAuthConfig::default(), ctx.clone(), tls.clone())
+                .expect("sign-in")
+        };
+        let old_conn = conn();
+        let mut old = token("https://idp.example", "https://idp.example/t");
+        old.access_token = "old".into();
+        store.inner.put(&old_conn.key(None), &old).expect("put");
+        store.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut new = token("https://idp.example", "https://idp.example/t");
+        new.access_token = "new".into();
+        new.expires_at_ms = old.expires_at_ms.map(|at| at + 1_000);
+        old_conn.keep(None, new);
+        drop(old_conn);
+        // The server reconnects: its new connection uses the newest token.
+        assert_eq!(conn().current(None).as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn tokens_held_in_memory_stay_bounded_and_those_only_here_go_last() {
+        let held = HeldTokens::default();
+        let key = |i: usize| TokenKey {
+            server: "s".into(),
+            resource: "https://mcp.example.com/mcp".into(),
+            identity: Some(format!("user-{i}")),
+        };
+        let entry = |unstored: bool| Held {
+            token: token("https://idp.example", "https://idp.example/t"),
+            checked: Instant::now(),
+            unstored: unstored.then_some(None),
+        };
+        held.insert(key(0), entry(true));
+        for i in 1..(HELD_MAX + 10) {
+            held.insert(key(i), entry(false));
+        }
+        assert!(held.0.lock().len() <= HELD_MAX);
+        assert!(held.get(&key(0)).is_some(), "held only here, kept");
+        for i in 0..(HELD_MAX + 10) {
+            held.insert(key(i), entry(true));
+        }
+        assert!(held.0.lock().len() <= HELD_MAX);
     }
 
     #[tokio::test]
