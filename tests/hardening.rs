@@ -308,6 +308,86 @@ async fn item_05_a_server_that_stops_reading_stdin_fails_requests_as_not_sent_wi
     conn.shutdown().await;
 }
 
+// 5. Bounded queues: a server that stalls, then reads again, gets no request whose
+// caller was told it was never sent, and a cancellation for every one that timed out.
+#[tokio::test]
+async fn item_05_a_stalled_server_runs_no_request_withdrawn_and_hears_of_every_one_timed_out() {
+    let record = temp_file("stalled");
+    let (conn, _events) = Connection::connect(
+        "stalled",
+        demo_stdio(&[
+            "stalled",
+            "--stop-reading-after",
+            "1",
+            "--resume-reading-after-ms",
+            "3000",
+            "--record",
+            &record.to_string_lossy(),
+        ]),
+        options(),
+    )
+    .await
+    .expect("connect (the probe is read)");
+    let conn = Arc::new(conn);
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..3000 {
+        let conn = conn.clone();
+        calls.spawn(async move {
+            let r = conn
+                .request_with_timeout(
+                    "tools/call",
+                    call("echo", json!({"text": format!("{i:0>200}")})),
+                    Duration::from_secs(1),
+                )
+                .await;
+            (format!("{i:0>200}"), r)
+        });
+    }
+    let mut timed_out = std::collections::HashSet::new();
+    let mut not_sent = 0;
+    while let Some(r) = calls.join_next().await {
+        match r.expect("task") {
+            (_, Err(RequestError::Transport(TransportError::NotSent(_)))) => not_sent += 1,
+            (text, Err(RequestError::Transport(TransportError::Timeout(_)))) => {
+                timed_out.insert(text);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // What was still queued at its deadline was withdrawn: only what the writer had
+    // taken (a pipe's and a batch's worth, not its queue of 1024) timed out.
+    assert!(
+        !timed_out.is_empty() && timed_out.len() < 1024,
+        "{} timed out, {not_sent} not sent",
+        timed_out.len()
+    );
+    // The server reads again: it runs what timed out, and hears each one cancelled.
+    let settled = eventually(Duration::from_secs(20), || {
+        let lines = recorded(&record);
+        let ran = lines.iter().filter(|r| r["method"] == "tools/call").count();
+        let cancelled = lines
+            .iter()
+            .filter(|r| r["notification"] == "notifications/cancelled")
+            .count();
+        ran == timed_out.len() && cancelled == ran
+    })
+    .await;
+    let lines = recorded(&record);
+    for r in lines.iter().filter(|r| r["method"] == "tools/call") {
+        let text = r["params"]["arguments"]["text"].as_str().unwrap_or("");
+        assert!(
+            timed_out.contains(text),
+            "ran a request reported never sent"
+        );
+        let cancelled = lines.iter().any(|c| {
+            c["notification"] == "notifications/cancelled" && c["params"]["requestId"] == r["id"]
+        });
+        assert!(cancelled, "no cancellation for request {}", r["id"]);
+    }
+    assert!(settled, "{} timed out", timed_out.len());
+    conn.shutdown().await;
+}
+
 // 5. Bounded queues: the in-flight limit on the direct path.
 #[tokio::test]
 async fn item_05_past_max_in_flight_a_call_is_refused_as_overloaded() {

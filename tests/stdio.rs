@@ -8,7 +8,7 @@ use mcp_harness::protocol::meta::{KEY_CLIENT_CAPABILITIES, KEY_CLIENT_INFO, KEY_
 use mcp_harness::protocol::{ResultType, RpcErrorKind};
 use mcp_harness::transport::{
     ConnectError, ConnectOptions, Connection, Era, EraPreference, RequestError, ServerEvent,
-    TransportError,
+    SpawnFailure, TransportError, TransportSpec,
 };
 use serde_json::json;
 use support::*;
@@ -637,9 +637,34 @@ async fn a_command_that_does_not_exist_is_a_spawn_error() {
         .await
         .expect_err("spawn");
     assert!(
-        matches!(err, ConnectError::Transport(TransportError::Spawn { .. })),
+        matches!(
+            err,
+            ConnectError::Transport(TransportError::Spawn {
+                kind: SpawnFailure::NotFound,
+                ..
+            })
+        ),
         "{err}"
     );
+}
+
+// A working directory that is missing (a volume not mounted yet) fails as chdir's
+// ENOENT: not the command's absence, which no restart heals.
+#[tokio::test]
+async fn a_missing_working_directory_is_not_a_missing_command() {
+    let mut spec = demo_stdio(&["s"]);
+    let TransportSpec::Stdio(stdio) = &mut spec else {
+        panic!("stdio")
+    };
+    stdio.cwd = Some("/nonexistent/mcp-workdir".into());
+    let err = Connection::connect("s", spec, options())
+        .await
+        .expect_err("spawn");
+    let ConnectError::Transport(TransportError::Spawn { kind, reason, .. }) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(*kind, SpawnFailure::Other, "{err}");
+    assert!(reason.contains("/nonexistent/mcp-workdir"), "{reason}");
 }
 
 // A descendant that left the server's process group and holds its stdin unread (and its

@@ -439,7 +439,9 @@ fn import_mcp_servers(
                     },
                     env: strings("env")?,
                     cwd: match entry.get("cwd") {
+                        // Some clients write an empty one for "no working directory".
                         None | Some(Value::Null) => None,
+                        Some(Value::String(cwd)) if cwd.is_empty() => None,
                         Some(cwd) => Some(
                             cwd.as_str()
                                 .ok_or_else(|| bad(at("cwd"), "must be a string"))?
@@ -543,7 +545,14 @@ pub fn add_ad_hoc(
     };
     let mut added = Vec::new();
     for line in stdio {
-        let mut words = line.split_whitespace().map(String::from);
+        // Quoted as a shell would: a path with a space is one argument.
+        let Some(words) = shlex::split(line) else {
+            return Err(ConfigError::new(
+                "--stdio",
+                "has an unbalanced quote or a trailing backslash",
+            ));
+        };
+        let mut words = words.into_iter();
         let Some(command) = words.next() else {
             return Err(ConfigError::new("--stdio", "needs a command"));
         };
@@ -644,6 +653,22 @@ mod tests {
             "file grant kept as written"
         );
         assert_eq!(grants["stdio2"], vec!["*".to_string()]);
+    }
+
+    #[test]
+    fn an_ad_hoc_command_line_is_split_as_a_shell_would() {
+        let mut config = HarnessConfig::default();
+        let line = r#"npx -y @x/fs "/home/me/My Docs" it\'s"#;
+        add_ad_hoc(&mut config, &[line.into()], &[]).expect("ok");
+        let TransportSpec::Stdio(s) = &config.servers[0].transport else {
+            panic!("stdio")
+        };
+        assert_eq!(s.command, "npx");
+        assert_eq!(s.args, ["-y", "@x/fs", "/home/me/My Docs", "it's"]);
+        for bad in [r#"srv "open"#, "srv \\", "  "] {
+            let e = add_ad_hoc(&mut config, &[bad.into()], &[]).expect_err(bad);
+            assert_eq!(e.field, "--stdio", "{bad}");
+        }
     }
 
     #[test]

@@ -124,6 +124,42 @@ impl TransportSpec {
                 if s.command.trim().is_empty() {
                     return Err(Invalid::new("transport.command", "must not be empty"));
                 }
+                // What the process is given cannot hold a NUL byte, and an environment
+                // name with `=` would name another variable than written.
+                let nul = |v: &str| v.contains('\0');
+                if nul(&s.command) {
+                    return Err(Invalid::new("transport.command", "holds a NUL byte"));
+                }
+                if let Some(i) = s.args.iter().position(|a| nul(a)) {
+                    return Err(Invalid::new(
+                        format!("transport.args[{i}]"),
+                        "holds a NUL byte",
+                    ));
+                }
+                if s.env
+                    .keys()
+                    .any(|k| k.is_empty() || k.contains('=') || nul(k))
+                {
+                    return Err(Invalid::new(
+                        "transport.env",
+                        "a variable's name is empty, or holds `=` or a NUL byte",
+                    ));
+                }
+                if let Some(k) = s.env.iter().find_map(|(k, v)| nul(v).then_some(k)) {
+                    return Err(Invalid::new(
+                        format!("transport.env.{k}"),
+                        "holds a NUL byte",
+                    ));
+                }
+                if let Some(cwd) = &s.cwd {
+                    let text = cwd.to_string_lossy();
+                    if text.is_empty() || nul(&text) {
+                        return Err(Invalid::new(
+                            "transport.cwd",
+                            "must be a directory's path, not empty, with no NUL byte",
+                        ));
+                    }
+                }
                 Ok(())
             }
             TransportSpec::Http(h) => {
@@ -287,6 +323,45 @@ mod tests {
         spec.headers.insert("X-Key".into(), "line\nbreak".into());
         let e = TransportSpec::Http(spec).validate().expect_err("header");
         assert_eq!(e.field, "transport.headers.X-Key");
+    }
+
+    #[test]
+    fn what_a_process_cannot_be_given_is_a_config_error_naming_the_field() {
+        let with = |edit: fn(&mut StdioSpec)| {
+            let mut spec = StdioSpec {
+                command: "srv".into(),
+                ..StdioSpec::default()
+            };
+            edit(&mut spec);
+            TransportSpec::Stdio(spec).validate().map_err(|e| e.field)
+        };
+        assert_eq!(with(|_| {}), Ok(()));
+        assert_eq!(
+            with(|s| s.args = vec!["ok".into(), "a\0b".into()]),
+            Err("transport.args[1]".into())
+        );
+        for name in ["", "A=B", "A\0"] {
+            let e = TransportSpec::Stdio(StdioSpec {
+                command: "srv".into(),
+                env: [(name.to_string(), "v".to_string())].into(),
+                ..StdioSpec::default()
+            })
+            .validate()
+            .map_err(|e| e.field);
+            assert_eq!(e, Err("transport.env".into()), "{name:?}");
+        }
+        assert_eq!(
+            with(|s| s.env = [("K".to_string(), "v\0".to_string())].into()),
+            Err("transport.env.K".into())
+        );
+        assert_eq!(
+            with(|s| s.cwd = Some("".into())),
+            Err("transport.cwd".into())
+        );
+        assert_eq!(
+            with(|s| s.command = "srv\0".into()),
+            Err("transport.command".into())
+        );
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! stdin, a reader task owns stdout, a logger task owns stderr. Many requests share the
 //! pipe and are matched by id in a pending map. The writer drains everything queued and
 //! flushes once, so a burst of requests costs one syscall. Its queue is bounded: a
-//! server that stops reading its stdin makes requests wait (and time out as never
-//! sent), never grows our memory.
+//! server that stops reading its stdin makes requests wait, never grows our memory. A
+//! request whose deadline passes while its line is still queued is withdrawn, never
+//! written, and fails as never sent; one the writer took (at most a pipe's and a
+//! batch's worth) fails as timed out and is cancelled.
 //!
 //! Lifecycle and failure: the reader ends the transport on EOF, on a read error, or on a
 //! line longer than the limit (the only way to keep memory bounded without losing track
@@ -25,7 +27,7 @@ mod framing;
 mod process;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -92,6 +94,9 @@ struct Shared {
     /// server's flood of stray lines does not hide that it is no longer read to (the
     /// cancellations and answers dropped are otherwise silent).
     stdin_full: LogBudget,
+    /// Messages that found the queue full, for the writer's next write: a cancellation
+    /// of a request a server stopped reading is what it most needs when it reads again.
+    overflow: Mutex<Vec<u8>>,
     /// Stops the reader when the transport ends without the EOF that would stop it.
     stop_reader: Mutex<Option<oneshot::Sender<TransportError>>>,
 }
@@ -127,9 +132,26 @@ impl Shared {
 }
 
 enum WriterCmd {
-    Line(Vec<u8>),
+    /// A line, with its request's ticket (none for notifications and answers).
+    Line(Vec<u8>, Option<Ticket>),
     Close,
 }
+
+/// Where a request's line is: whichever of the writer (taking it) and the request's
+/// end (withdrawing it) comes first decides whether the server ever reads it.
+type Ticket = Arc<AtomicU8>;
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+/// The most the writer takes from its queue into one write: lines it has taken can no
+/// longer be withdrawn, so a server that stops reading holds at most this and its
+/// pipe's worth of requests that time out (64 calls in flight are about 20 KB).
+const WRITE_BATCH: usize = 64 << 10;
+
+/// The most bytes of messages (cancellations, answers) kept for the writer when its
+/// queue is full; past it they are dropped with a warning.
+const OVERFLOW_MAX: usize = 256 << 10;
 
 /// A connected stdio server.
 pub(crate) struct StdioTransport {
@@ -180,6 +202,7 @@ impl StdioTransport {
             answered: AtomicUsize::new(0),
             ignored: LogBudget::default(),
             stdin_full: LogBudget::default(),
+            overflow: Mutex::default(),
             stop_reader: Mutex::new(Some(stop_reader)),
         });
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
@@ -259,17 +282,19 @@ impl StdioTransport {
             }
             self.shared.pending.lock().insert(id.clone(), tx);
         }
+        let ticket = Ticket::default();
         let mut in_flight = PendingRequest {
             transport: self,
             id: Some(id),
             written: false,
+            ticket: Some(ticket.clone()),
         };
         // A tool call with its envelope is about 300 bytes: one allocation, no regrowth.
         let mut line = Vec::with_capacity(512);
         Message::write_stamped_line(request, stamp, &mut line);
         let deadline = crate::util::duration::after(tokio::time::Instant::now(), timeout);
         // A free slot takes the line at once; only a full queue needs a timer.
-        let queued = match self.writer.try_send(WriterCmd::Line(line)) {
+        let queued = match self.writer.try_send(WriterCmd::Line(line, Some(ticket))) {
             Ok(()) => Ok(Ok(())),
             Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
             // Boxed: the wait for room (a timer and the channel's own wait) would
@@ -302,6 +327,12 @@ impl StdioTransport {
                 in_flight.id = None;
                 Err(self.closed_error())
             }
+            Err(_) if in_flight.withdraw() => {
+                in_flight.forget();
+                Err(TransportError::NotSent(format!(
+                    "the server did not read its stdin within {timeout:?}"
+                )))
+            }
             Err(_) => {
                 in_flight.cancel("timeout");
                 Err(TransportError::Timeout(timeout))
@@ -329,19 +360,29 @@ impl StdioTransport {
         }
         let mut line = Vec::with_capacity(128);
         message.write_line(&mut line);
-        self.writer
-            .try_send(WriterCmd::Line(line))
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => {
-                    if let Some(dropped) = self.shared.stdin_full.log() {
-                        tracing::warn!(server = %self.shared.server, dropped, "stdin queue full; message dropped");
+        match self.writer.try_send(WriterCmd::Line(line, None)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(WriterCmd::Line(line, _))) => {
+                {
+                    let mut overflow = self.shared.overflow.lock();
+                    if overflow.len() + line.len() > OVERFLOW_MAX {
+                        drop(overflow);
+                        if let Some(dropped) = self.shared.stdin_full.log() {
+                            tracing::warn!(server = %self.shared.server, dropped, "stdin queue full; message dropped");
+                        }
+                        return Err(TransportError::NotSent(
+                            "the server's stdin queue is full".into(),
+                        ));
                     }
-                    TransportError::NotSent("the server's stdin queue is full".into())
+                    overflow.extend_from_slice(&line);
                 }
-                mpsc::error::TrySendError::Closed(_) => {
-                    TransportError::NotSent("stdin is closed".into())
-                }
-            })
+                // The writer looks at the overflow after each command: a full queue has
+                // commands for it, and a queue drained meanwhile takes this nudge.
+                let _ = self.writer.try_send(WriterCmd::Line(Vec::new(), None));
+                Ok(())
+            }
+            Err(_) => Err(TransportError::NotSent("stdin is closed".into())),
+        }
     }
 
     fn closed_error(&self) -> TransportError {
@@ -358,8 +399,15 @@ impl StdioTransport {
     /// Stops the server: close stdin, wait `grace`, SIGTERM the group, wait `grace`,
     /// SIGKILL, reap. Pending requests fail with [`TransportError::Closed`].
     pub(crate) async fn shutdown(&self, grace: Duration) {
-        // A full queue still closes: the writer ends when this handle's sender drops too.
-        let _ = self.writer.try_send(WriterCmd::Close);
+        // A full queue (a server slow to read) still gets its EOF once there is room,
+        // while the group is given its grace.
+        if let Err(mpsc::error::TrySendError::Full(close)) = self.writer.try_send(WriterCmd::Close)
+        {
+            let writer = self.writer.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(grace, writer.send(close)).await;
+            });
+        }
         let exit = self.group.lock().await.terminate(grace).await;
         // The reader too, should a descendant that left the group hold stdout.
         self.shared
@@ -376,11 +424,21 @@ impl StdioTransport {
 struct PendingRequest<'a> {
     transport: &'a StdioTransport,
     id: Option<RequestId>,
-    /// Whether the line reached the writer (only then is a cancellation worth sending).
+    /// Whether the line reached the writer's queue.
     written: bool,
+    /// The line's ticket, to withdraw it while the writer has not taken it.
+    ticket: Option<Ticket>,
 }
 
 impl PendingRequest<'_> {
+    /// Withdraws the line if the writer has not taken it: the server never reads it.
+    fn withdraw(&mut self) -> bool {
+        self.ticket.take().is_some_and(|t| {
+            t.compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
     /// Removes the request without telling the server (it never got it).
     fn forget(&mut self) {
         if let Some(id) = self.id.take() {
@@ -391,7 +449,8 @@ impl PendingRequest<'_> {
     fn cancel(&mut self, reason: &str) {
         let Some(id) = self.id.take() else { return };
         let removed = self.transport.shared.pending.lock().remove(&id).is_some();
-        if removed && self.written {
+        // Only a line the writer took is worth a cancellation.
+        if removed && self.written && !self.withdraw() {
             let _ = self.transport.notify(Notification {
                 method: "notifications/cancelled".into(),
                 params: Some(json!({ "requestId": id, "reason": reason })),
@@ -409,6 +468,17 @@ impl Drop for PendingRequest<'_> {
 /// The most a reader's or writer's buffer keeps between messages.
 const KEPT_BUFFER: usize = 1 << 20;
 
+/// Adds `line` to the writer's next write unless its request withdrew it.
+fn take(buf: &mut Vec<u8>, line: &[u8], ticket: Option<Ticket>) {
+    let taken = ticket.is_none_or(|t| {
+        t.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
+    if taken {
+        buf.extend_from_slice(line);
+    }
+}
+
 async fn write_loop(
     mut stdin: ChildStdin,
     mut rx: mpsc::Receiver<WriterCmd>,
@@ -419,7 +489,7 @@ async fn write_loop(
     while let Some(cmd) = rx.recv().await {
         let mut close = false;
         match cmd {
-            WriterCmd::Line(line) => buf.extend_from_slice(&line),
+            WriterCmd::Line(line, ticket) => take(&mut buf, &line, ticket),
             WriterCmd::Close => close = true,
         }
         // A burst comes from answers delivered together, each waking a caller who
@@ -430,11 +500,18 @@ async fn write_loop(
             crate::util::gather_burst().await;
         }
         // Take whatever else is queued so the burst goes out in one write.
-        while !close && buf.len() < 1 << 20 {
+        while !close && buf.len() < WRITE_BATCH {
             match rx.try_recv() {
-                Ok(WriterCmd::Line(line)) => buf.extend_from_slice(&line),
+                Ok(WriterCmd::Line(line, ticket)) => take(&mut buf, &line, ticket),
                 Ok(WriterCmd::Close) => close = true,
                 Err(_) => break,
+            }
+        }
+        {
+            let mut overflow = shared.overflow.lock();
+            if !overflow.is_empty() {
+                buf.extend_from_slice(&overflow);
+                *overflow = Vec::new();
             }
         }
         if !buf.is_empty() {

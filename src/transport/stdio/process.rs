@@ -95,7 +95,21 @@ impl Drop for ProcessGroup {
     }
 }
 
-fn spawn_failure(e: &std::io::Error) -> SpawnFailure {
+/// What a failed spawn was, and words for it.
+fn spawn_failure(e: &std::io::Error, spec: &StdioSpec) -> (SpawnFailure, String) {
+    // A missing working directory fails as the command would (ENOENT from chdir), but
+    // may come back (a volume mounted late), and the command is not to blame.
+    if let Some(cwd) = spec.cwd.as_ref().filter(|d| !d.is_dir()) {
+        let reason = format!(
+            "the working directory {} is not a directory ({e})",
+            cwd.display()
+        );
+        return (SpawnFailure::Other, reason);
+    }
+    (spawn_kind(e), e.to_string())
+}
+
+fn spawn_kind(e: &std::io::Error) -> SpawnFailure {
     match e.kind() {
         std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
         std::io::ErrorKind::PermissionDenied => SpawnFailure::PermissionDenied,
@@ -132,9 +146,10 @@ impl ProcessGroup {
             kind,
             reason,
         };
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| spawn_err(spawn_failure(&e), e.to_string()))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            let (kind, reason) = spawn_failure(&e, spec);
+            spawn_err(kind, reason)
+        })?;
         let pid = child.id().ok_or_else(|| {
             spawn_err(SpawnFailure::Other, "exited before its pid was read".into())
         })?;

@@ -193,6 +193,10 @@ pub struct DemoServerArgs {
     /// stdio only: stop reading stdin after this many messages (the process lives on).
     #[arg(long)]
     pub stop_reading_after: Option<u64>,
+    /// stdio only: with `--stop-reading-after`, read again after this many milliseconds
+    /// (a server that stalls, then catches up).
+    #[arg(long)]
+    pub resume_reading_after_ms: Option<u64>,
     /// Append this process's pid to this file at startup, before anything else (a
     /// test's census of the processes it caused; the path doubles as a marker in the
     /// command line).

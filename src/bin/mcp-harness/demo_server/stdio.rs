@@ -23,9 +23,12 @@ pub async fn serve(server: Arc<DemoServer>, ignore_eof: bool) -> anyhow::Result<
     let mut line = Vec::new();
     let mut read = 0u64;
     loop {
-        if server.args.stop_reading_after.is_some_and(|n| read >= n) {
-            // A server that stops reading its stdin but lives on.
-            std::future::pending::<()>().await;
+        if server.args.stop_reading_after == Some(read) {
+            // A server that stops reading its stdin but lives on, or stalls a while.
+            match server.args.resume_reading_after_ms {
+                Some(ms) => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
+                None => std::future::pending::<()>().await,
+            }
         }
         read += 1;
         line.clear();
