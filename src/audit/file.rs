@@ -7,7 +7,12 @@
 //! to its old length. A file removed or renamed away (`logrotate`'s default) is
 //! noticed before the next batch, which goes to a new file at the path: records are
 //! never written on into a file nobody can find. A pipe with no reader fails to open
-//! rather than block the writer. The file is created 0600; one process writes it.
+//! rather than block the writer. The file is created 0600. Several processes of the
+//! harness may append to one file (a gateway and the command line's calls, from one
+//! config): each holds an advisory lock (`flock`) from reading the length through the
+//! append and any cut, so that no cut takes another's records. A file at the path that
+//! is not this user's, that others may write, or a link that another user made, is
+//! refused: the trail is not written where someone else can read or edit it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,6 +33,11 @@ pub(super) trait Output: Send {
     fn sync(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+    /// Holds off other processes' writers of the same file until [`Output::unlock`]
+    /// (or until it is closed).
+    fn lock(&mut self) {}
+    /// Lets them write again.
+    fn unlock(&mut self) {}
 }
 
 struct FileOutput {
@@ -58,6 +68,17 @@ impl Output for FileOutput {
     fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         self.file.set_len(len)
     }
+    fn lock(&mut self) {
+        use std::os::fd::AsRawFd;
+        // Best effort: a pipe or a terminal has no other writer to hold off.
+        // SAFETY: flock on a descriptor this output owns; no pointers.
+        let _ = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX) };
+    }
+    fn unlock(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in `lock`.
+        let _ = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
     fn len(&mut self) -> std::io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
@@ -73,6 +94,7 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
+        refuse_planted_link(&path)?;
         // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
         // instead of holding the writer, and every record behind it, until one comes.
         let file = std::fs::OpenOptions::new()
@@ -92,11 +114,75 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
                 return Err(std::io::Error::last_os_error());
             }
         }
+        refuse_others_file(&file, &path)?;
         Ok(Box::new(FileOutput {
             file,
             path: path.clone(),
         }) as Box<dyn Output>)
     })
+}
+
+fn refused(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_string())
+}
+
+/// A link at the path made by another user (in a shared directory such as `/tmp`) is
+/// refused: it would have the trail appended wherever that user chose. A link of this
+/// user's or of root's (`/dev/stdout`) is followed.
+fn refuse_planted_link(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            // SAFETY: geteuid has no arguments and cannot fail.
+            let me = unsafe { libc::geteuid() };
+            if m.uid() != me && m.uid() != 0 {
+                return Err(refused(
+                    "the audit path is a link another user made; refusing to follow it",
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A file or FIFO at the path must be this user's, and a file must not be writable by
+/// others: the trail is not kept where someone else reads or edits it. Devices (a
+/// terminal, `/dev/null`) and pipes this process was given are taken as they are.
+fn refuse_others_file(file: &std::fs::File, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = file.metadata()?;
+    let kind = m.file_type();
+    if !(kind.is_file() || kind.is_fifo()) {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        // A pipe this process inherited (`/dev/stdout` under a supervisor) is on no
+        // file system of a directory; a named one planted in a shared directory is.
+        let dir_dev = path
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|d| d.dev());
+        if kind.is_fifo() && dir_dev != Some(m.dev()) {
+            return Ok(());
+        }
+        return Err(refused("the audit file belongs to another user"));
+    }
+    if kind.is_file() && m.mode() & 0o022 != 0 {
+        return Err(refused(
+            "the audit file may be written by others (group or world writable)",
+        ));
+    }
+    Ok(())
 }
 
 /// The writer: an output opened on demand (and again after a failure), and the offset
@@ -106,6 +192,9 @@ pub(super) struct AuditFile {
     output: Option<Box<dyn Output>>,
     /// The length after the last batch written whole; `None` until first opened.
     good: Option<u64>,
+    /// The length after a torn write that could not be cut back: cut when the file is
+    /// next opened, if it still has that length (no other process wrote since).
+    torn: Option<u64>,
 }
 
 impl AuditFile {
@@ -114,6 +203,7 @@ impl AuditFile {
             open,
             output: None,
             good: None,
+            torn: None,
         }
     }
 
@@ -135,25 +225,39 @@ impl AuditFile {
             self.good = None;
         }
         if self.output.is_none() {
+            // Closing the output (returning early) lets go of its lock.
             let mut output = (self.open)()?;
+            output.lock();
             let len = output.len()?;
-            match self.good {
-                // Reopened after a failure whose cut did not happen: cut now.
-                Some(good) if len > good => output.truncate(good)?,
-                Some(_) => {}
-                None => self.good = Some(len),
+            // Reopened after a failure whose cut did not happen: cut now, unless another
+            // process wrote since (its records are not ours to cut).
+            if let (Some(good), Some(torn)) = (self.good, self.torn.take())
+                && len == torn
+                && len > good
+            {
+                output.truncate(good)?;
             }
+            self.good.get_or_insert(len);
+            output.unlock();
             self.output = Some(output);
         }
         let Some(output) = self.output.as_mut() else {
             return Err(std::io::Error::other("audit output not open"));
         };
+        output.lock();
         // Where this batch starts: the file as it is now (another hand may have cut
-        // it), which the batch before left whole.
-        let good = output.len()?;
+        // it, another process appended to it), which the batch before left whole.
+        let good = match output.len() {
+            Ok(len) => len,
+            Err(e) => {
+                self.output = None;
+                return Err(e);
+            }
+        };
         self.good = Some(good);
         match output.append(bytes) {
             Ok(()) => {
+                output.unlock();
                 self.good = Some(good + bytes.len() as u64);
                 Ok(())
             }
@@ -161,6 +265,7 @@ impl AuditFile {
                 // A torn batch must not stay; if the cut fails too, the next open cuts.
                 if output.truncate(good).is_err() {
                     tracing::warn!("could not cut the audit file back after a failed write");
+                    self.torn = output.len().ok();
                 }
                 self.output = None;
                 Err(e)
@@ -196,6 +301,7 @@ mod tests {
         data: Arc<Mutex<Vec<u8>>>,
         fail_after: Arc<Mutex<Option<usize>>>,
         fail_opens: Arc<Mutex<usize>>,
+        fail_truncate: Arc<Mutex<bool>>,
     }
 
     impl Output for Flaky {
@@ -214,6 +320,9 @@ mod tests {
             }
         }
         fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            if std::mem::take(&mut *self.fail_truncate.lock()) {
+                return Err(std::io::Error::other("cannot cut"));
+            }
             self.data.lock().truncate(len as usize);
             Ok(())
         }
@@ -256,6 +365,28 @@ mod tests {
             "each record exactly once"
         );
     }
+    #[test]
+    fn a_torn_write_not_cut_back_is_cut_at_reopen_only_if_no_other_process_wrote_since() {
+        for other_wrote in [false, true] {
+            let flaky = Flaky::default();
+            let mut file = AuditFile::new(opener(&flaky));
+            file.write(b"{\"a\":1}\n").expect("first batch");
+            *flaky.fail_after.lock() = Some(3);
+            *flaky.fail_truncate.lock() = true;
+            assert!(file.write(b"{\"b\":2}\n").is_err());
+            if other_wrote {
+                flaky.data.lock().extend_from_slice(b"\n{\"x\":0}\n");
+            }
+            file.write(b"{\"b\":2}\n").expect("retried");
+            let want: &[u8] = if other_wrote {
+                b"{\"a\":1}\n{\"b\n{\"x\":0}\n{\"b\":2}\n"
+            } else {
+                b"{\"a\":1}\n{\"b\":2}\n"
+            };
+            assert_eq!(&*flaky.data.lock(), want, "other wrote: {other_wrote}");
+        }
+    }
+
     #[test]
     fn a_file_cut_by_someone_else_is_not_padded_back_after_a_failed_write() {
         let flaky = Flaky::default();
@@ -307,6 +438,39 @@ mod tests {
         assert_eq!(std::fs::read(&key_path).expect("left").len(), 4096);
         let _ = std::fs::remove_dir_all(&*dir);
     }
+    #[test]
+    fn an_audit_file_others_may_write_or_own_or_a_link_another_made_is_refused() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::util::scratch::Scratch::new("audit-owner");
+        std::fs::create_dir_all(&*dir).expect("dir");
+        let path = dir.join("audit.jsonl");
+        let open = |p: &Path| file_opener(p.to_path_buf())().map(|_| ());
+        let denied = |r: std::io::Result<()>| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
+        open(&path).expect("created");
+        for mode in [0o666, 0o620] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert!(denied(open(&path)), "{mode:o}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        open(&path).expect("this user's, readable by its group");
+        // A link of this user's is followed.
+        let link = dir.join("link.jsonl");
+        std::os::unix::fs::symlink(&path, &link).expect("link");
+        open(&link).expect("followed");
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // Another user's link (made by root's chown here), and another user's file.
+            let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+            // SAFETY: lchown and chown on paths made here, NUL-terminated.
+            assert_eq!(unsafe { libc::lchown(c(&link).as_ptr(), 65534, 65534) }, 0);
+            assert!(denied(open(&link)), "another user's link");
+            assert_eq!(unsafe { libc::chown(c(&path).as_ptr(), 65534, 65534) }, 0);
+            assert!(denied(open(&path)), "another user's file");
+        }
+        let _ = std::fs::remove_dir_all(&*dir);
+    }
+
     #[test]
     fn processes_starting_together_share_one_key() {
         let dir = crate::util::scratch::Scratch::new("audit-key-race");

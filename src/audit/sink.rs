@@ -92,11 +92,13 @@ impl Batch {
         if self.bytes.len() <= max {
             return 0;
         }
+        // The first line to keep starts after the last newline before `cut` (a cut at
+        // a line's start keeps that line).
         let cut = self.bytes.len() - max;
-        let end = self.bytes[cut..]
+        let end = self.bytes[cut - 1..]
             .iter()
             .position(|b| *b == b'\n')
-            .map_or(self.bytes.len(), |p| cut + p + 1);
+            .map_or(self.bytes.len(), |p| cut + p);
         let dropped = self.bytes[..end].iter().filter(|b| **b == b'\n').count();
         self.bytes.drain(..end);
         self.records -= dropped.min(self.records);
@@ -415,6 +417,26 @@ impl AuditSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trimming_drops_only_the_oldest_whole_lines_it_must() {
+        let batch = || Batch {
+            bytes: b"AAAA\nBBBB\n".to_vec(),
+            records: 2,
+            woken: false,
+        };
+        for (max, kept, dropped) in [
+            (10, "AAAA\nBBBB\n", 0),
+            (5, "BBBB\n", 1),
+            (4, "", 2),
+            (7, "BBBB\n", 1),
+        ] {
+            let mut b = batch();
+            assert_eq!(b.trim_to(max), dropped, "{max}");
+            assert_eq!(b.bytes, kept.as_bytes(), "{max}");
+            assert_eq!(b.records, 2 - dropped);
+        }
+    }
 
     #[test]
     fn auth_contexts_are_keyed_hashes_stable_across_restarts_and_not_plain_digests() {

@@ -77,15 +77,19 @@ struct Series {
     attributes: Option<Arc<[KeyValue]>>,
 }
 
+/// The most removed servers [`CallMetrics`] remembers.
+const REMOVED_KEPT: usize = 1024;
+
 /// The calls' counters; one per harness.
 #[derive(Default)]
 pub(crate) struct CallMetrics {
     /// By server, then series: a server's map is found by `&str`, so a call allocates
     /// nothing once its series exists.
     series: parking_lot::Mutex<HashMap<Arc<str>, HashMap<Key, Series>>>,
-    /// Servers removed (taken with `series`, after it): a call that ends after its
-    /// server was removed does not bring the server's series back.
-    removed: parking_lot::Mutex<std::collections::HashSet<Arc<str>>>,
+    /// Servers removed (taken with `series`, after it), the latest [`REMOVED_KEPT`]: a
+    /// call that ends after its server was removed does not bring the server's series
+    /// back. Read only at a server's first call, so a short list searched in order.
+    removed: parking_lot::Mutex<std::collections::VecDeque<Arc<str>>>,
     rounds: AtomicU64,
     /// The OpenTelemetry histogram each call is also recorded in, once exported.
     exported: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>>,
@@ -112,7 +116,7 @@ impl CallMetrics {
         // Looked up once, and once more only for a server's first call.
         let series = match by_server.get_mut(server) {
             Some(series) => series,
-            None if self.removed.lock().contains(server) => return,
+            None if self.removed.lock().iter().any(|r| &**r == server) => return,
             None => by_server.entry(server.into()).or_default(),
         };
         let s = series.entry((method, outcome, error_type)).or_default();
@@ -161,12 +165,21 @@ impl CallMetrics {
     pub(crate) fn forget(&self, server: &str) {
         let mut by_server = self.series.lock();
         by_server.remove(server);
-        self.removed.lock().insert(server.into());
+        let mut removed = self.removed.lock();
+        if removed.iter().any(|r| &**r == server) {
+            return;
+        }
+        // An embedder that adds and removes servers by the thousand (one per task) keeps
+        // only the latest: a late call of one removed long ago is long over.
+        if removed.len() >= REMOVED_KEPT {
+            removed.pop_front();
+        }
+        removed.push_back(server.into());
     }
 
     /// Counts `server`'s calls again (added, perhaps after it was removed).
     pub(crate) fn track(&self, server: &str) {
-        self.removed.lock().remove(server);
+        self.removed.lock().retain(|r| &**r != server);
     }
 
     /// Every series, sorted, and the rounds so far.
@@ -249,5 +262,24 @@ mod tests {
             .map(|s| s.server.to_string())
             .collect();
         assert_eq!(servers, ["", "s"]);
+    }
+
+    #[test]
+    fn servers_removed_by_the_thousand_are_remembered_within_a_bound() {
+        let m = CallMetrics::default();
+        for i in 0..(REMOVED_KEPT * 3) {
+            m.forget(&format!("task-{i}"));
+        }
+        assert_eq!(m.removed.lock().len(), REMOVED_KEPT);
+        // The latest are remembered.
+        let took = Duration::from_millis(1);
+        m.finished(
+            Some(&format!("task-{}", REMOVED_KEPT * 3 - 1)),
+            "tools/call",
+            "ok",
+            None,
+            took,
+        );
+        assert!(m.snapshot().0.is_empty());
     }
 }
