@@ -559,6 +559,67 @@ async fn input_rounds_go_down_sealed_and_state_tampered_expired_or_from_another_
     gw.stop().await;
 }
 
+// A parked round's state from a gateway version before states named their parked
+// round apart (`upstream = "parked:ID"` alone) is refused: sent on to the legacy
+// server, which ignores it, it would have run the call again.
+#[tokio::test]
+async fn a_parked_rounds_state_of_the_old_form_is_refused_not_run_again() {
+    use mcp_harness::gateway::seal::{RoundState, Sealer, params_digest};
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let params = json!({"name": "beta__confirm", "arguments": {"message": "again?"}});
+    let sealer =
+        Sealer::from_text(&format!("k1:{}\n", key("k1")), Duration::from_secs(600)).expect("keys");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let old = RoundState {
+        server: "beta".into(),
+        upstream: Some("parked:0123456789abcdef0123456789abcdef".into()),
+        parked: None,
+        agent: "a".into(),
+        context: None,
+        method: "tools/call".into(),
+        digest: params_digest(&params),
+        issued_ms: now,
+        expires_ms: now + 60_000,
+        rounds: 1,
+        version: 0,
+    };
+    let mut retry = params.clone();
+    retry["inputResponses"] =
+        json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
+    retry["requestState"] = json!(sealer.seal(&old).expect("sealed"));
+    let (status, r) = gw.modern("tok-a", "tools/call", retry).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert_eq!(r["error"]["message"], "invalid requestState", "{r}");
+    gw.stop().await;
+}
+
+// A server's state too large to come back sealed (the gateway opens none past 256 KiB)
+// is refused when it comes, before the client asks its user for answers that could
+// never be delivered.
+#[tokio::test]
+async fn a_servers_state_too_large_to_carry_is_an_error_not_a_round() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    // `confirm` puts its message in its state.
+    let message = "x".repeat(300 * 1024);
+    let (status, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "alpha__confirm", "arguments": {"message": message}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let error = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("too large"), "{}", &r.to_string()[..200]);
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_further_request() {
     let setup = Setup::new("state_ttl = \"300ms\"", &[("k1", &key("k1"))]);
@@ -3944,6 +4005,78 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
     assert!(
         progress < STEPS && bytes < 6 << 20,
         "{progress} notifications, {bytes} bytes: past 4 MiB unread they are dropped"
+    );
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+}
+
+// A stdio client's cancellation of a request that has not reached an upstream call yet
+// (a listing that waits on a slow server) ends it at once: its principal's place is
+// free for the next request, not held until the listing finishes.
+#[tokio::test]
+async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let slow = text.replacen(
+        &format!("\"alpha{}\"]", setup.tag),
+        &format!("\"alpha{}\", \"--list-delay-ms\", \"60000\"]", setup.tag),
+        1,
+    );
+    assert_ne!(slow, text);
+    std::fs::write(&setup.config, slow).expect("config");
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let list = request("tools/list", json!({}));
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 1, "reason": "no longer needed"}});
+    let mut call = request(
+        "tools/call",
+        json!({"name": "beta__echo", "arguments": {"text": "now"}}),
+    );
+    call["id"] = json!(2);
+    let started = std::time::Instant::now();
+    for message in [&list, &cancel] {
+        stdin
+            .write_all(format!("{message}\n").as_bytes())
+            .await
+            .expect("write");
+    }
+    // Once the cancellation is taken the place is free; until then the call may be
+    // refused as over the limit, and is asked again.
+    let answer = loop {
+        stdin
+            .write_all(format!("{call}\n").as_bytes())
+            .await
+            .expect("write");
+        let answer = loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("an answer")
+                .expect("read")
+                .expect("a line");
+            let message: Value = serde_json::from_str(&line).expect("JSON");
+            if message["id"] == 2 {
+                break message;
+            }
+        };
+        if answer["error"]["code"] != -32000 || started.elapsed() > Duration::from_secs(20) {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(result_text(&answer), "now", "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "held until the listing ended"
     );
     drop(stdin);
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;

@@ -258,6 +258,12 @@ impl GatewayConfig {
                 "gateway.write_timeout must be more than zero".into(),
             ));
         }
+        if config.state_ttl.is_zero() {
+            // Every state would be expired when it comes back: no round could finish.
+            return Err(GatewayError::Config(
+                "gateway.state_ttl must be more than zero".into(),
+            ));
+        }
         Ok(config)
     }
 
@@ -1250,35 +1256,48 @@ impl Gateway {
         } else {
             None
         };
-        let answer = match (method.as_str(), meta_tool.as_deref()) {
-            ("tools/list", _) if searching => Ok(json!({
-                "tools": search::meta_tools(),
-                // The same three tools for everyone, whatever the grants.
-                "ttlMs": 300_000,
-                "cacheScope": "public",
-            })),
-            ("tools/call", Some(search::SEARCH_TOOLS)) => self.search(principal, &params).await,
-            ("tools/call", Some(search::DESCRIBE_TOOL)) => self.describe(principal, &params).await,
-            ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
-                Ok(inner) => {
-                    params = inner;
-                    let io = CallIo { cancel, progress };
-                    self.answer(
-                        principal,
-                        "tools/call",
-                        &params,
-                        (&client, capabilities),
-                        io,
-                    )
-                    .await
+        // A cancellation ends the request wherever it is, not only once its upstream
+        // call runs: a listing, or the learning of a shortened name, would otherwise
+        // hold the principal's place until it finished (dropping the work cancels it).
+        let stop = cancel.clone();
+        let work = async {
+            match (method.as_str(), meta_tool.as_deref()) {
+                ("tools/list", _) if searching => Ok(json!({
+                    "tools": search::meta_tools(),
+                    // The same three tools for everyone, whatever the grants.
+                    "ttlMs": 300_000,
+                    "cacheScope": "public",
+                })),
+                ("tools/call", Some(search::SEARCH_TOOLS)) => self.search(principal, &params).await,
+                ("tools/call", Some(search::DESCRIBE_TOOL)) => {
+                    self.describe(principal, &params).await
                 }
-                Err(e) => Err(e),
-            },
-            (method, _) => {
-                let io = CallIo { cancel, progress };
-                self.answer(principal, method, &params, (&client, capabilities), io)
-                    .await
+                ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
+                    Ok(inner) => {
+                        params = inner;
+                        let io = CallIo { cancel, progress };
+                        self.answer(
+                            principal,
+                            "tools/call",
+                            &params,
+                            (&client, capabilities),
+                            io,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e),
+                },
+                (method, _) => {
+                    let io = CallIo { cancel, progress };
+                    self.answer(principal, method, &params, (&client, capabilities), io)
+                        .await
+                }
             }
+        };
+        let answer = tokio::select! {
+            biased;
+            answer = work => answer,
+            () = stop.cancelled() => Err(to_rpc(&CallError::Cancelled)),
         };
         drop(slot);
         let mut result = answer?;
@@ -1667,6 +1686,18 @@ impl Gateway {
                     Some(Value::Object(m)) => Some(m.clone()),
                     Some(_) => return Err(invalid("inputResponses must be an object")),
                 };
+                // A parked round's state from a gateway version before `parked` named
+                // it: refused, rather than sent on to a legacy server that would ignore
+                // it and run the call again.
+                if state.version == 0
+                    && state.parked.is_none()
+                    && state
+                        .upstream
+                        .as_deref()
+                        .is_some_and(|u| u.starts_with("parked:"))
+                {
+                    return Err(invalid("invalid requestState"));
+                }
                 delegation.request_state = state.upstream.filter(|_| state.parked.is_none());
                 delegation.rounds = state.rounds;
                 delegation.server = Some(state.server);
@@ -1788,10 +1819,13 @@ impl Gateway {
                     server: question.server.clone(),
                 }));
             }
-            let (server, ask) = (
-                question.server.clone(),
-                json!({"method": question.method, "params": question.params}),
-            );
+            // The question's params go to the client, not also into the parked round.
+            let mut question = question;
+            let mut ask = serde_json::Map::new();
+            ask.insert("method".into(), Value::String(question.method.clone()));
+            ask.insert("params".into(), std::mem::take(&mut question.params));
+            let ask = Value::Object(ask);
+            let server = question.server.clone();
             let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
             *h.progress.lock() = None;
             let item = item_of(kind, &name).to_string();
@@ -1808,6 +1842,7 @@ impl Gateway {
                     .map_or(0, crate::registry::cache::json_size)
                     .saturating_add(named),
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
+                now.config.max_body_bytes.saturating_mul(PARKED_BODIES_ALL),
             );
             let Some(id) = self
                 .inner
@@ -2033,11 +2068,25 @@ fn seal_round(
         issued_ms: issued,
         expires_ms: issued.saturating_add(ttl),
         rounds,
+        version: seal::STATE_VERSION,
     };
-    now.sealer.seal(&state).map_err(|e| {
+    let sealed = now.sealer.seal(&state).map_err(|e| {
         tracing::error!(error = %e, "could not seal requestState");
         RpcError::new(INTERNAL_ERROR, "internal error")
-    })
+    })?;
+    // One this gateway would refuse when it comes back is not issued: the client
+    // would ask its user for answers that can never be delivered.
+    if sealed.len() > seal::MAX_SEALED {
+        tracing::warn!(server = %state.server, bytes = sealed.len(), "an input round's state is too large to carry");
+        return Err(RpcError::new(
+            INTERNAL_ERROR,
+            format!(
+                "the server's input round state is too large for the gateway to carry (at most {} KiB sealed)",
+                seal::MAX_SEALED / 1024
+            ),
+        ));
+    }
+    Ok(sealed)
 }
 
 /// Whether a client's capabilities take elicitation in `mode` (`elicitation: {}` is
@@ -2131,6 +2180,11 @@ fn progress_of(params: &Value, to: Option<ProgressSender>) -> Option<(ProgressSe
 /// The params a principal's parked calls may hold, in `max_body_bytes`: parked for
 /// minutes, less than the four its calls in flight may.
 const PARKED_BODIES: usize = 2;
+
+/// How many request bodies' worth of arguments all principals' parked rounds may hold
+/// together (each principal's first is held whatever its size, unless
+/// this is reached).
+const PARKED_BODIES_ALL: usize = 32;
 
 /// What a call of `name` (as routed: `server__item`, or a resource's URI) is of on its
 /// server, as grants name it.
@@ -2622,6 +2676,14 @@ mod tests {
         }
         for good in ["gw.example", "10.0.0.5", "[2001:db8::5]"] {
             GatewayConfig::from_value(Some(json!({"allowed_hosts": [good]}))).expect(good);
+        }
+    }
+
+    #[test]
+    fn zero_durations_that_would_fail_every_round_or_write_are_refused() {
+        for key in ["state_ttl", "write_timeout"] {
+            let e = GatewayConfig::from_value(Some(json!({key: "0s"}))).expect_err(key);
+            assert!(e.to_string().contains(&format!("gateway.{key}")), "{e}");
         }
     }
 

@@ -157,7 +157,10 @@ struct Parked {
     /// The size of the call's params (as JSON), which the parked call holds parsed.
     bytes: usize,
     held: Held,
-    pending: ServerQuestion,
+    /// The server that asked, and where its question's answer goes (the question's
+    /// params went to the client and are not held here).
+    server: String,
+    reply: tokio::sync::oneshot::Sender<Result<Value, RpcError>>,
     expires: Instant,
 }
 
@@ -190,19 +193,21 @@ impl ParkedRounds {
     /// question is then refused and the call let go). When all places are taken, the
     /// principal holding the most gives up its round that expires first, if it holds
     /// at least two more than this one.
-    /// `size`: the call's params' size and the most its principal's parked calls may
-    /// hold (one is parked whatever its size): parked for minutes, parsed params take
-    /// many times their size, so a principal's parked large calls are held to a budget
-    /// of their own, apart from the calls in flight (whose budget the answers need).
+    /// `size`: the call's params' size, the most its principal's parked
+    /// calls may hold (one is parked whatever its size), and the most all principals'
+    /// may (a bound on every one): parked for minutes, parsed params take many times
+    /// their size, so parked large calls are held to a budget of their own, apart from
+    /// the calls in flight (whose budget the answers need).
     pub fn park(
         &self,
         principal: &Principal,
         item: String,
-        (params_bytes, budget): (usize, usize),
+        (params_bytes, budget, budget_all): (usize, usize, usize),
         mut held: Held,
         pending: ServerQuestion,
         expires: Instant,
     ) -> Option<String> {
+        let ServerQuestion { server, reply, .. } = pending;
         let mut rounds = self.rounds.lock();
         let now = Instant::now();
         // Expired rounds go: their calls are cancelled as they drop.
@@ -211,12 +216,17 @@ impl ParkedRounds {
             .values()
             .filter(|p| &p.principal == principal)
             .fold((0, 0usize), |(n, b), p| (n + 1, b.saturating_add(p.bytes)));
+        let all_bytes = rounds
+            .values()
+            .fold(0usize, |b, p| b.saturating_add(p.bytes));
         // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
         let mut freed = None;
         let refused = if by_principal >= self.per_principal {
             Some("too many input rounds are held")
-        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget {
+        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget
+            || all_bytes.saturating_add(params_bytes) > budget_all
+        {
             Some("too many large input rounds are held")
         } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
@@ -231,7 +241,7 @@ impl ParkedRounds {
         };
         if let Some(why) = refused {
             drop(rounds);
-            let _ = pending.reply.send(Err(RpcError::new(INTERNAL_ERROR, why)));
+            let _ = reply.send(Err(RpcError::new(INTERNAL_ERROR, why)));
             return None;
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -244,7 +254,8 @@ impl ParkedRounds {
                 item,
                 bytes: params_bytes,
                 held,
-                pending,
+                server,
+                reply,
                 expires,
             },
         );
@@ -252,7 +263,7 @@ impl ParkedRounds {
         if let Some(gone) = freed {
             tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
             // Its call is cancelled as it drops, and the question it waited on fails.
-            let _ = gone.pending.reply.send(Err(RpcError::new(
+            let _ = gone.reply.send(Err(RpcError::new(
                 INTERNAL_ERROR,
                 "the input round was dropped to make room for another agent's",
             )));
@@ -275,7 +286,7 @@ impl ParkedRounds {
                 _ => None,
             }
         }?;
-        let _ = parked.pending.reply.send(Ok(answer));
+        let _ = parked.reply.send(Ok(answer));
         Some(parked.held)
     }
 
@@ -287,7 +298,7 @@ impl ParkedRounds {
         let dropped: Vec<(String, Parked)> = self
             .rounds
             .lock()
-            .extract_if(|_, p| p.expires <= now || !keep(&p.principal, &p.pending.server, &p.item))
+            .extract_if(|_, p| p.expires <= now || !keep(&p.principal, &p.server, &p.item))
             .collect();
         drop(dropped);
     }
@@ -338,6 +349,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_principals_first_large_round_counts_against_a_budget_for_all() {
+        let rounds = ParkedRounds::with_caps(64, 4);
+        let later = Instant::now() + std::time::Duration::from_secs(60);
+        let mut answers = Vec::new();
+        for (who, parks) in [("a", true), ("b", true), ("c", false)] {
+            let (held, question, answer) = round();
+            let id = rounds.park(
+                &agent(who),
+                "t".into(),
+                (40, 10, 100),
+                held,
+                question,
+                later,
+            );
+            assert_eq!(id.is_some(), parks, "{who}");
+            answers.push(answer);
+        }
+        let mut refused = answers.pop().expect("c's");
+        assert!(matches!(refused.try_recv(), Ok(Err(_))), "refused at once");
+        // A small one still fits.
+        let (held, question, _answer) = round();
+        assert!(
+            rounds
+                .park(
+                    &agent("d"),
+                    "t".into(),
+                    (10, 10, 100),
+                    held,
+                    question,
+                    later
+                )
+                .is_some()
+        );
+    }
+
+    #[tokio::test]
     async fn when_all_places_are_taken_the_principal_holding_most_gives_up_its_first_round() {
         let rounds = ParkedRounds::with_caps(4, 3);
         let (a, b, c) = (agent("a"), agent("b"), agent("c"));
@@ -347,18 +394,39 @@ mod tests {
             let (held, question, answer) = round();
             let cancel = held.cancel.clone();
             let id = rounds
-                .park(&a, "t".into(), (0, usize::MAX), held, question, later(s))
+                .park(
+                    &a,
+                    "t".into(),
+                    (0, usize::MAX, usize::MAX),
+                    held,
+                    question,
+                    later(s),
+                )
                 .expect("a parks");
             a_rounds.push((id, cancel, answer));
         }
         let (held, question, _b_answer) = round();
         rounds
-            .park(&b, "t".into(), (0, usize::MAX), held, question, later(40))
+            .park(
+                &b,
+                "t".into(),
+                (0, usize::MAX, usize::MAX),
+                held,
+                question,
+                later(40),
+            )
             .expect("b parks");
         // Full: c takes the place of a's round that expires first.
         let (held, question, _c_answer) = round();
         rounds
-            .park(&c, "t".into(), (0, usize::MAX), held, question, later(50))
+            .park(
+                &c,
+                "t".into(),
+                (0, usize::MAX, usize::MAX),
+                held,
+                question,
+                later(50),
+            )
             .expect("c parks");
         let (first, cancel, mut answer) = a_rounds.remove(1);
         assert!(
@@ -378,7 +446,14 @@ mod tests {
             let (held, question, mut answer) = round();
             assert!(
                 rounds
-                    .park(who, "t".into(), (0, usize::MAX), held, question, later(60))
+                    .park(
+                        who,
+                        "t".into(),
+                        (0, usize::MAX, usize::MAX),
+                        held,
+                        question,
+                        later(60)
+                    )
                     .is_none()
             );
             assert!(matches!(answer.try_recv(), Ok(Err(_))), "refused at once");
@@ -389,7 +464,7 @@ mod tests {
             .park(
                 &agent("d"),
                 "t".into(),
-                (0, usize::MAX),
+                (0, usize::MAX, usize::MAX),
                 held,
                 question,
                 later(70),

@@ -27,8 +27,8 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Largest sealed state accepted (a bound before any decoding).
-const MAX_SEALED: usize = 256 * 1024;
+/// Largest sealed state accepted (a bound before any decoding), and so issued.
+pub(crate) const MAX_SEALED: usize = 256 * 1024;
 
 /// Why a sealed state was refused. The downstream client gets one message for all of
 /// them (invalid params); the log gets the reason.
@@ -82,7 +82,14 @@ pub struct RoundState {
     pub expires_ms: u64,
     /// Rounds the logical call has had.
     pub rounds: usize,
+    /// The form of the state: [`STATE_VERSION`] now; 0 (absent) from a gateway
+    /// version before it, when a parked round was named by `upstream` alone.
+    #[serde(default, rename = "v")]
+    pub version: u8,
 }
+
+/// The form of the states this gateway seals (see [`RoundState::version`]).
+pub const STATE_VERSION: u8 = 1;
 
 /// The keys: several accepted (for rotation), the first one seals. Cheap to clone.
 #[derive(Clone)]
@@ -297,6 +304,7 @@ mod tests {
             issued_ms: now,
             expires_ms: now + sealer.ttl().as_millis() as u64,
             rounds: 1,
+            version: STATE_VERSION,
         }
     }
 
