@@ -384,6 +384,60 @@ fn audit_records_that_could_not_be_written_make_the_cli_say_so_and_exit_4() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// The audit trail written to `/dev/stdout`, redirected to a file others may write (a
+// umask of 002, or a file systemd made as root): this process's own stdout is where it
+// was told to write, not a file someone planted.
+#[test]
+fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let config = write(
+        "audit-stdout-cli.toml",
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = \"/dev/stdout\"\n",
+            harness_exe(),
+        ),
+    );
+    let out = scratch_dir().join("audit-stdout-cli.out");
+    let file = std::fs::File::create(&out).expect("out");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let status = Command::new(harness_exe())
+        .args([
+            "call",
+            "--config",
+            &config.display().to_string(),
+            "s__echo",
+            r#"{"text":"hi"}"#,
+        ])
+        .env("RUST_LOG", "error")
+        .stdout(file)
+        .status()
+        .expect("run");
+    let written = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{written}");
+    assert!(written.contains("\"finished\""), "{written}");
+    // Elsewhere, a file others may write is refused (the call is then refused too).
+    let audit = scratch_dir().join("audit-shared.jsonl");
+    std::fs::write(&audit, "").expect("audit");
+    std::fs::set_permissions(&audit, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let shared = write(
+        "audit-shared-cli.toml",
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
+            harness_exe(),
+            audit.display().to_string(),
+        ),
+    );
+    let o = run(&[
+        "call",
+        "--config",
+        &shared.display().to_string(),
+        "s__echo",
+        r#"{"text":"hi"}"#,
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&audit).unwrap_or_default(), "");
+}
+
 #[tokio::test]
 async fn an_mcp_servers_json_file_works_unchanged() {
     let http = HttpServer::demo(&["web"]).await;

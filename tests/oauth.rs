@@ -941,6 +941,55 @@ async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_
 }
 
 #[tokio::test]
+async fn a_logout_during_a_refresh_is_not_undone_by_its_reply() {
+    // Tokens live 5 s; refreshes are answered 3 s late. Alice signs in, her token
+    // expires, a call refreshes it, and she is logged out (another process's `logout`)
+    // while that refresh is under way.
+    use mcp_harness::transport::auth::{MemoryTokenStore, TokenStore};
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "5",
+            "--refresh-delay-ms",
+            "3000",
+        ],
+        &[],
+    )
+    .await;
+    let store = Arc::new(MemoryTokenStore::default());
+    let h = w
+        .builder(vec![w.server(registered("pre"))])
+        .token_store(store.clone())
+        .spawn()
+        .await
+        .expect("spawn");
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
+    tokio::time::sleep(Duration::from_millis(5200)).await; // past its expiry (deliberate)
+    let (before, signed_in) = (w.refreshes(), w.at("authorize").len());
+    let call = tokio::spawn({
+        let (h, alice) = (h.clone(), alice.clone());
+        async move { subject(&h, &alice).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || w.refreshes() > before).await,
+        "the call refreshes the expired token"
+    );
+    store.remove_server("web").expect("logout");
+    // The refresh's token is dropped: the call signs alice in again.
+    assert_eq!(call.await.expect("join").expect("call"), "alice");
+    assert_eq!(
+        w.at("authorize").len(),
+        signed_in + 1,
+        "signed in again after the logout, not answered with the refresh's token"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_request() {
     // Alice's tokens are refused by the server, however fresh; the harness's own are not.
     let w = World::new(&["--client", "pre"], &["--oauth-refuse-subject", "alice"]).await;

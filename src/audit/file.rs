@@ -156,6 +156,14 @@ fn refuse_others_file(file: &std::fs::File, path: &Path) -> std::io::Result<()> 
     if !(kind.is_file() || kind.is_fifo()) {
         return Ok(());
     }
+    // This process's own stdout or stderr (`/dev/stdout` redirected to a file that
+    // systemd made as root, say) is where it was told to write.
+    let inherited = ["/proc/self/fd/1", "/proc/self/fd/2"]
+        .iter()
+        .any(|fd| std::fs::metadata(fd).is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino())));
+    if inherited {
+        return Ok(());
+    }
     // SAFETY: geteuid has no arguments and cannot fail.
     let me = unsafe { libc::geteuid() };
     if m.uid() != me {

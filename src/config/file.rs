@@ -529,6 +529,30 @@ pub fn grant_all(config: &mut HarnessConfig, agent: &str, ids: &[String]) {
     }
 }
 
+/// Whether a word of `line` starts with `#` outside quotes (as a shell reads it).
+fn starts_comment(line: &str) -> bool {
+    let (mut single, mut double, mut escaped, mut word_start) = (false, false, false, true);
+    for c in line.chars() {
+        if escaped {
+            escaped = false;
+        } else if single {
+            single = c != '\'';
+        } else if c == '\\' {
+            escaped = true;
+        } else if double {
+            double = c != '"';
+        } else if c == '\'' {
+            single = true;
+        } else if c == '"' {
+            double = true;
+        } else if c == '#' && word_start {
+            return true;
+        }
+        word_start = !single && !double && !escaped && c.is_whitespace();
+    }
+    false
+}
+
 /// Adds servers named on a command line (`--stdio 'COMMAND ARGS…'`, `--http URL`) to
 /// `config` as `stdio1…`, `http1…` (skipping ids the config uses), and returns their ids.
 pub fn add_ad_hoc(
@@ -545,7 +569,15 @@ pub fn add_ad_hoc(
     };
     let mut added = Vec::new();
     for line in stdio {
-        // Quoted as a shell would: a path with a space is one argument.
+        // Quoted as a shell would: a path with a space is one argument. A shell reads a
+        // word that starts with `#` as a comment to the end of the line, which would
+        // drop arguments without a word.
+        if starts_comment(line) {
+            return Err(ConfigError::new(
+                "--stdio",
+                "has a word that starts with `#`, which a shell reads as a comment: quote it",
+            ));
+        }
         let Some(words) = shlex::split(line) else {
             return Err(ConfigError::new(
                 "--stdio",
@@ -665,7 +697,21 @@ mod tests {
         };
         assert_eq!(s.command, "npx");
         assert_eq!(s.args, ["-y", "@x/fs", "/home/me/My Docs", "it's"]);
-        for bad in [r#"srv "open"#, "srv \\", "  "] {
+        // Quoted, or inside a word, `#` is text.
+        let mut config = HarnessConfig::default();
+        let line = r##"srv '#a' "#b" \#c d#e"##;
+        add_ad_hoc(&mut config, &[line.into()], &[]).expect("ok");
+        let TransportSpec::Stdio(s) = &config.servers[0].transport else {
+            panic!("stdio")
+        };
+        assert_eq!(s.args, ["#a", "#b", "#c", "d#e"]);
+        for bad in [
+            r#"srv "open"#,
+            "srv \\",
+            "  ",
+            "slack --channel #general",
+            "#srv",
+        ] {
             let e = add_ad_hoc(&mut config, &[bad.into()], &[]).expect_err(bad);
             assert_eq!(e.field, "--stdio", "{bad}");
         }

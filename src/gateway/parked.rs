@@ -221,23 +221,42 @@ impl ParkedRounds {
             .fold(0usize, |b, p| b.saturating_add(p.bytes));
         // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
-        let mut freed = None;
+        let mut freed = Vec::new();
         let refused = if by_principal >= self.per_principal {
             Some("too many input rounds are held")
-        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget
-            || all_bytes.saturating_add(params_bytes) > budget_all
-        {
+        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget {
             Some("too many large input rounds are held")
         } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
         } else {
-            if rounds.len() >= self.max {
-                let held = rounds.iter().map(|(id, p)| (id, &p.principal, p.expires));
-                if let Some(id) = super::fair::place_to_free(held, principal).cloned() {
-                    freed = rounds.remove(&id);
+            // Room, in places and in bytes: the principal holding the most gives up its
+            // round that expires first, while it holds at least two more than this
+            // one. Worked out before any round goes, so that none goes for nothing.
+            let mut left: Vec<(&String, &Principal, Instant, usize)> = rounds
+                .iter()
+                .map(|(id, p)| (id, &p.principal, p.expires, p.bytes))
+                .collect();
+            let mut all = all_bytes;
+            let mut going = Vec::new();
+            while left.len() >= self.max || all.saturating_add(params_bytes) > budget_all {
+                let places = left.iter().map(|(id, who, at, _)| (*id, *who, *at));
+                let Some(id) = super::fair::place_to_free(places, principal) else {
+                    break;
+                };
+                if let Some(i) = left.iter().position(|(other, ..)| *other == id) {
+                    let (id, _, _, bytes) = left.swap_remove(i);
+                    all = all.saturating_sub(bytes);
+                    going.push(id.clone());
                 }
             }
-            (rounds.len() >= self.max).then_some("too many input rounds are held")
+            if left.len() >= self.max {
+                Some("too many input rounds are held")
+            } else if all.saturating_add(params_bytes) > budget_all {
+                Some("too many large input rounds are held")
+            } else {
+                freed = going.iter().filter_map(|id| rounds.remove(id)).collect();
+                None
+            }
         };
         if let Some(why) = refused {
             drop(rounds);
@@ -260,7 +279,7 @@ impl ParkedRounds {
             },
         );
         drop(rounds);
-        if let Some(gone) = freed {
+        for gone in freed {
             tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
             // Its call is cancelled as it drops, and the question it waited on fails.
             let _ = gone.reply.send(Err(RpcError::new(
@@ -351,37 +370,38 @@ mod tests {
     #[tokio::test]
     async fn every_principals_first_large_round_counts_against_a_budget_for_all() {
         let rounds = ParkedRounds::with_caps(64, 4);
-        let later = Instant::now() + std::time::Duration::from_secs(60);
-        let mut answers = Vec::new();
-        for (who, parks) in [("a", true), ("b", true), ("c", false)] {
+        let at = |s| Instant::now() + std::time::Duration::from_secs(s);
+        let park = |who: &str, bytes, expires| {
             let (held, question, answer) = round();
+            let cancel = held.cancel.clone();
             let id = rounds.park(
                 &agent(who),
                 "t".into(),
-                (40, 10, 100),
+                (bytes, usize::MAX, 100),
                 held,
                 question,
-                later,
+                expires,
             );
-            assert_eq!(id.is_some(), parks, "{who}");
-            answers.push(answer);
-        }
-        let mut refused = answers.pop().expect("c's");
+            (id, cancel, answer)
+        };
+        let (a1, a1_cancel, _a1) = park("a", 40, at(60));
+        let (b1, ..) = park("b", 40, at(60));
+        assert!(a1.is_some() && b1.is_some());
+        // Nobody holds two more rounds than c: c's first large round is refused, and
+        // no round goes for nothing (a's small one would not have made room).
+        let (a2, a2_cancel, _a2) = park("a", 10, at(30));
+        assert!(a2.is_some());
+        let (c1, _, mut refused) = park("c", 40, at(60));
+        assert!(c1.is_none());
         assert!(matches!(refused.try_recv(), Ok(Err(_))), "refused at once");
-        // A small one still fits.
-        let (held, question, _answer) = round();
-        assert!(
-            rounds
-                .park(
-                    &agent("d"),
-                    "t".into(),
-                    (10, 10, 100),
-                    held,
-                    question,
-                    later
-                )
-                .is_some()
-        );
+        assert!(!a1_cancel.is_cancelled() && !a2_cancel.is_cancelled());
+        // a holds a third: now its rounds that expire first make room.
+        let (a3, a3_cancel, _a3) = park("a", 10, at(90));
+        assert!(a3.is_some(), "within a's share of the places");
+        let (d1, ..) = park("d", 40, at(60));
+        assert!(d1.is_some(), "room made from a's rounds");
+        assert!(a2_cancel.is_cancelled(), "a's first to expire went");
+        assert!(!a3_cancel.is_cancelled());
     }
 
     #[tokio::test]

@@ -128,6 +128,10 @@ pub enum AuthFailure {
     /// The authorizer failed.
     #[error("authorizer: {0}")]
     Authorizer(String),
+    /// Signed out (`logout`) while a refresh was under way: the token it got is
+    /// dropped, not stored back.
+    #[error("signed out while the token was refreshed")]
+    SignedOut,
 }
 
 /// A sign-in failure: which server, which step, what.
@@ -157,6 +161,7 @@ impl AuthError {
         matches!(
             self.failure,
             AuthFailure::NeedsPerson(_)
+                | AuthFailure::SignedOut
                 | AuthFailure::Refused { .. }
                 | AuthFailure::BadRedirect(_)
                 | AuthFailure::Timeout(_)

@@ -206,6 +206,35 @@ impl HeldTokens {
         self.0.lock().remove(key);
     }
 
+    /// Holds `held` for `key` if the token held there is still `seen` (none: nothing
+    /// held) — another connection may have kept a newer one since it was read — and
+    /// returns the token held after.
+    fn replace_if(&self, key: TokenKey, seen: Option<&str>, held: Held) -> Token {
+        let map = self.0.lock();
+        match map.get(&key) {
+            Some(now) if Some(now.token.access_token.as_str()) != seen => now.token.clone(),
+            None if seen.is_some() => {
+                // Forgotten meanwhile (a sign-out): not brought back.
+                held.token
+            }
+            _ => {
+                let token = held.token.clone();
+                drop(map);
+                self.insert(key, held);
+                token
+            }
+        }
+    }
+
+    /// Notes that the store was asked about `key`'s token `seen` (and could not say).
+    fn checked(&self, key: &TokenKey, seen: &str) {
+        if let Some(h) = self.0.lock().get_mut(key)
+            && h.token.access_token == seen
+        {
+            h.checked = Instant::now();
+        }
+    }
+
     /// Removes `key`'s token if it is still `access_token` and the store took it
     /// (another request may have kept a new one meanwhile).
     fn remove_if_still(&self, key: &TokenKey, access_token: &str) {
@@ -407,6 +436,9 @@ const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 pub(crate) struct SignIn {
     server: String,
     url: Url,
+    /// `url` as text, the resource its tokens are kept for (made once: it is part of
+    /// the key every request looks its token up by).
+    resource: String,
     config: OAuthConfig,
     ctx: SignInContext,
     http: reqwest::Client,
@@ -686,6 +718,7 @@ impl SignIn {
             this: this.clone(),
             server: server.to_string(),
             url: url.clone(),
+            resource: url.to_string(),
             config,
             ctx,
             http,
@@ -714,7 +747,7 @@ impl SignIn {
     fn key(&self, identity: Option<&str>) -> TokenKey {
         TokenKey {
             server: self.server.clone(),
-            resource: self.url.to_string(),
+            resource: self.resource.clone(),
             identity: identity.map(String::from),
         }
     }
@@ -781,18 +814,16 @@ impl SignIn {
                 _ => return Some(token.clone()),
             }
         }
+        let seen = held.as_ref().map(|h| h.token.access_token.as_str());
         match read {
             Ok(Some(stored)) => {
                 self.missing.lock().remove(&who);
-                self.ctx.held.insert(
-                    key,
-                    Held {
-                        token: stored.clone(),
-                        checked: Instant::now(),
-                        unstored: None,
-                    },
-                );
-                Some(stored)
+                let fresh = Held {
+                    token: stored,
+                    checked: Instant::now(),
+                    unstored: None,
+                };
+                Some(self.ctx.held.replace_if(key, seen, fresh))
             }
             Ok(None) => {
                 if let Some(h) = &held {
@@ -814,11 +845,9 @@ impl SignIn {
                 } else {
                     tracing::warn!(server = %self.server, error = %e, "token store unreadable; signing in without it");
                 }
-                let mut h = held?;
-                h.checked = Instant::now();
-                let token = h.token.clone();
-                self.ctx.held.insert(key, h);
-                Some(token)
+                let h = held?;
+                self.ctx.held.checked(&key, &h.token.access_token);
+                Some(h.token)
             }
         }
     }
@@ -1121,6 +1150,8 @@ impl SignIn {
                 // The client itself is unknown now (a registration deleted or expired, a
                 // client revoked): its tokens and its registration are of no more use, and
                 // a sign-in registers anew (RFC 6749 5.2).
+                // Signed out meanwhile: nothing to renew without a person.
+                AuthFailure::SignedOut => Ok(None),
                 AuthFailure::Refused { error, .. } if error == "invalid_client" => {
                     tracing::warn!(server = %self.server, "the authorization server no longer knows this client; signing in again");
                     self.forget_if_still(identity, &token);
@@ -1712,6 +1743,17 @@ impl SignIn {
         ex: &Exchange,
     ) -> Result<Token, AuthError> {
         let token = self.token_request(ex).await?;
+        // A refresh of a token signed out while it ran (`logout`) is not stored back.
+        // The store has no token for it then, where it held the one refreshed (unless
+        // it could not take that one).
+        let key = self.key(identity);
+        if ex.step == AuthStep::Refresh
+            && self.ctx.held.get(&key).is_none_or(|h| h.unstored.is_none())
+            && matches!(self.ctx.store.get(&key), Ok(None))
+        {
+            self.ctx.held.remove(&key);
+            return Err(self.err(AuthStep::Refresh, AuthFailure::SignedOut));
+        }
         self.keep(identity, token.clone());
         Ok(token)
     }
@@ -2577,6 +2619,43 @@ mod tests {
         drop(old_conn);
         // The server reconnects: its new connection uses the newest token.
         assert_eq!(conn().current(None).as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn a_store_read_never_replaces_a_token_kept_since_it_began() {
+        let held = HeldTokens::default();
+        let key = TokenKey {
+            server: "s".into(),
+            resource: "https://mcp.example.com/mcp".into(),
+            identity: None,
+        };
+        let named = |access: &str, unstored: bool| {
+            let mut token = token("https://idp.example", "https://idp.example/t");
+            token.access_token = access.into();
+            Held {
+                token,
+                checked: Instant::now(),
+                unstored: unstored.then_some(None),
+            }
+        };
+        // Read T1 from the store while another connection kept T2 (held only here).
+        held.insert(key.clone(), named("t2", true));
+        let now = held.replace_if(key.clone(), Some("t1"), named("t1", false));
+        assert_eq!(now.access_token, "t2");
+        assert_eq!(
+            held.get(&key).map(|h| h.token.access_token).as_deref(),
+            Some("t2")
+        );
+        // Nothing held when the read began, T2 since: T2 stays too.
+        let now = held.replace_if(key.clone(), None, named("t1", false));
+        assert_eq!(now.access_token, "t2");
+        // Still the one seen: replaced.
+        let now = held.replace_if(key.clone(), Some("t2"), named("t3", false));
+        assert_eq!(now.access_token, "t3");
+        // Forgotten since (a sign-out): not brought back.
+        held.remove(&key);
+        held.replace_if(key.clone(), Some("t3"), named("t3", false));
+        assert!(held.get(&key).is_none());
     }
 
     #[test]
