@@ -414,6 +414,48 @@ async fn a_ping_during_a_legacy_http_handshake_is_answered_within_its_session() 
     let _ = std::fs::remove_file(record);
 }
 
+// A server that pings on the reply to a renewal's `initialize`, and waits for the
+// answer before it replies: the answer goes to the session being begun (the expired one
+// would refuse it, and the renewal wait out its time). `initialized`, on either
+// session, carries the version the server chose.
+#[tokio::test]
+async fn a_ping_during_a_session_renewal_is_answered_in_the_new_session() {
+    let record = temp_file("http-renewal-ping");
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_secs(5),
+        ..options()
+    };
+    let (_server, conn, _events) =
+        legacy_delta(&["--sse", "--ping-before-initialize"], Some(&record), opts).await;
+    conn.request("tools/call", call("expire_session", json!({})))
+        .await
+        .expect("expire");
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "renewed"})))
+        .await
+        .expect("after the renewal");
+    assert_eq!(text(&r), "renewed");
+    let requests = recorded(&record);
+    let inits = requests
+        .iter()
+        .filter(|r| r["method"] == "initialize")
+        .count();
+    assert_eq!(inits, 2, "one renewal");
+    let initialized: Vec<&Value> = requests
+        .iter()
+        .filter(|r| r["notification"] == "notifications/initialized")
+        .collect();
+    assert!(!initialized.is_empty(), "{requests:?}");
+    for n in initialized {
+        assert!(
+            n["headers"]["mcp-protocol-version"].is_string(),
+            "initialized without the version: {n}"
+        );
+    }
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_refused_initialize_that_named_a_session_ends_it() {
     let record = temp_file("http-refused-init");
@@ -480,6 +522,29 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
     tokio::time::sleep(Duration::from_secs(4)).await;
     let n = gets();
     assert!(n <= 7, "{n} GETs in about 4 s");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+// A standalone stream refused while the server (or a proxy) restarts is tried again;
+// it stopped for good at the first 503, and notifications were lost for the session's
+// life.
+#[tokio::test]
+async fn a_standalone_stream_refused_for_a_while_is_opened_again() {
+    let record = temp_file("http-get-503");
+    let (_server, conn, _events) =
+        legacy_delta(&["--sse", "--fail-gets", "2"], Some(&record), options()).await;
+    let gets = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "GET")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || gets() >= 3).await,
+        "{} GETs",
+        gets()
+    );
     conn.shutdown().await;
     let _ = std::fs::remove_file(record);
 }

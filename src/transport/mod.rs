@@ -123,6 +123,14 @@ impl Transport {
 
     /// After a legacy `initialize`: HTTP keeps the session to renew it and opens the
     /// standalone GET stream; stdio has nothing to keep.
+    /// After a legacy `initialize` reply, before `initialized`: HTTP sends the version
+    /// the server chose on every request from then on.
+    fn set_session_version(&self, version: &str) {
+        if let Transport::Http(t) = self {
+            t.set_session_version(version);
+        }
+    }
+
     fn begin_legacy_session(&self, version: &str, init: Value) {
         if let Transport::Http(t) = self {
             t.begin_legacy_session(version, init);

@@ -66,6 +66,7 @@ pub(super) async fn initialize(
         method: "notifications/initialized".into(),
         params: None,
     };
+    transport.set_session_version(&result.protocol_version);
     transport
         .notify(initialized, options.request_timeout)
         .await?;

@@ -185,13 +185,14 @@ impl HttpTransport {
         {
             headers.insert(VERSION_HEADER, v);
         }
-        // `initialize` begins a session (a renewal's too): it carries none.
-        if let Some(id) = self
-            .session
-            .id()
-            .filter(|_| method != "initialize")
-            .and_then(|v| HeaderValue::from_str(&v).ok())
-        {
+        // `initialize` begins a session (a renewal's too): it carries none. An answer
+        // (no method) goes to the session whose stream asked, one being begun included.
+        let session = match method {
+            "initialize" => None,
+            "" => self.session.answering_id(),
+            _ => self.session.id(),
+        };
+        if let Some(id) = session.and_then(|v| HeaderValue::from_str(&v).ok()) {
             headers.insert(SESSION_HEADER, id);
         }
         if !method.is_empty()
@@ -496,7 +497,16 @@ impl HttpTransport {
         if adopted {
             self.session.set_id(sid.clone());
         }
+        // A renewal's reply may ask (a ping) before the new session is in use: its
+        // answers go to the new session, not the one that expired.
+        let pending = !adopt && request.method == "initialize" && sid.is_some();
+        if pending {
+            self.session.set_pending(sid.clone());
+        }
         let read = self.read_reply(response, request.id, identity).await;
+        if pending {
+            self.session.set_pending(None);
+        }
         if read.is_ok() {
             begun.sid = None;
         }
@@ -676,6 +686,10 @@ impl HttpTransport {
 
     /// After `initialize`: the version the server chose (sent on every later request)
     /// and the params to renew the session with; opens the standalone GET stream.
+    pub(crate) fn set_session_version(&self, version: &str) {
+        self.session.set_version(version);
+    }
+
     pub(crate) fn begin_legacy_session(&self, version: &str, init: Value) {
         self.session.begin(version, init);
         self.open_get_stream();
@@ -744,22 +758,33 @@ impl HttpTransport {
     ) -> Result<Reply, TransportError> {
         let mut parser = SseParser::default();
         let mut resumes = 0;
+        // The session the request went in: its stream is resumed there or not at all.
+        let session = self.session.id();
         loop {
             if let Some(reply) = self.pump(&mut response, &mut parser, Some(id)).await? {
                 return Ok(reply);
             }
             // The stream ended without our response. Only a legacy session may resume it.
-            let can_resume = self.session.has_id() && parser.last_event_id.is_some();
+            let can_resume = session.is_some() && parser.last_event_id.is_some();
             if !can_resume || resumes >= MAX_RESUMES {
                 return Err(TransportError::StreamEnded);
             }
             resumes += 1;
             tokio::time::sleep(parser.retry.unwrap_or(MIN_RETRY)).await;
+            // Renewed meanwhile (another request's 404): the event ids are the old
+            // session's, and resuming the new one from them could replay its events.
+            if self.session.id() != session {
+                return Err(TransportError::StreamEnded);
+            }
             // The request was delivered (its stream began): whatever fails now may
             // have run it, and must not pass for a request never sent (a call would go
             // to another server and run it twice).
             response = self
-                .get(parser.last_event_id.as_deref(), identity)
+                .get(
+                    session.as_deref(),
+                    parser.last_event_id.as_deref(),
+                    identity,
+                )
                 .send()
                 .await
                 .map_err(|e| TransportError::Network(crate::util::text::http_failure(e)))?;
@@ -796,7 +821,13 @@ impl HttpTransport {
                     continue; // priming events carry only an id
                 }
                 match Message::parse(event.data.as_bytes()) {
-                    Ok(Message::Response(r)) if want.is_some() && r.id.as_ref() == want => {
+                    // An error without an id on a request's own stream is that request's
+                    // (as on a JSON reply): a server that could not read its id.
+                    Ok(Message::Response(r))
+                        if want.is_some()
+                            && (r.id.as_ref() == want
+                                || (r.id.is_none() && r.outcome.is_err())) =>
+                    {
                         return Ok(Some(r.outcome));
                     }
                     Ok(Message::Response(r)) => {
@@ -838,8 +869,13 @@ impl HttpTransport {
         }
     }
 
-    /// A GET of the session's event stream, as `identity` (`None`: the harness's own).
-    fn get(&self, last_event_id: Option<&str>, identity: Option<&str>) -> reqwest::RequestBuilder {
+    /// A GET of `session`'s event stream, as `identity` (`None`: the harness's own).
+    fn get(
+        &self,
+        session: Option<&str>,
+        last_event_id: Option<&str>,
+        identity: Option<&str>,
+    ) -> reqwest::RequestBuilder {
         let mut headers = self.fixed.clone();
         self.authorize(&mut headers, identity);
         let mut req = self
@@ -847,7 +883,7 @@ impl HttpTransport {
             .get(self.url.clone())
             .headers(headers)
             .header(ACCEPT, "text/event-stream");
-        if let Some(id) = self.session.id() {
+        if let Some(id) = session {
             req = req.header(SESSION_HEADER, id);
         }
         if let Some(v) = self.session.version() {
@@ -938,24 +974,37 @@ impl HttpTransport {
                 };
                 let opened = Instant::now();
                 // The session's own stream: the harness's own sign-in.
-                let request = this.get(parser.last_event_id.as_deref(), None);
-                let mut response = match request.send().await {
+                let session = this.session.id();
+                let request = this.get(session.as_deref(), parser.last_event_id.as_deref(), None);
+                // A server or proxy restarting (refused connections, 502, 503, 429) is
+                // tried again, later and later; a server that has no stream, or refuses
+                // this one, is not.
+                let opened_stream = match request.send().await {
                     Ok(r)
                         if r.status().is_success()
                             && content_type(&r).starts_with("text/event-stream") =>
                     {
-                        r
+                        Ok(r)
+                    }
+                    Ok(r)
+                        if r.status().is_server_error()
+                            || matches!(r.status().as_u16(), 408 | 429) =>
+                    {
+                        Err(format!("HTTP {}", r.status().as_u16()))
                     }
                     Ok(r) => {
                         tracing::debug!(server = %this.server, status = %r.status(), "no standalone event stream");
                         return;
                     }
+                    Err(e) => Err(crate::util::text::http_failure(e)),
+                };
+                let pumped = match opened_stream {
+                    Ok(mut response) => this.pump(&mut response, &mut parser, None).await,
                     Err(e) => {
-                        tracing::debug!(server = %this.server, error = %crate::util::text::http_failure(e), "standalone event stream failed");
-                        return;
+                        tracing::debug!(server = %this.server, error = %e, "standalone event stream failed; trying again");
+                        Err(TransportError::StreamEnded)
                     }
                 };
-                let pumped = this.pump(&mut response, &mut parser, None).await;
                 if let Err(e) = &pumped
                     && let Some(dropped) = dropped.log()
                 {

@@ -17,6 +17,8 @@ struct State {
     version: Option<String>,
     /// The `initialize` params the session began with, to begin it again.
     init: Option<Value>,
+    /// See [`Session::set_pending`].
+    pending: Option<String>,
 }
 
 /// One connection's legacy session, if it has one.
@@ -56,6 +58,24 @@ impl Session {
         if s.id.as_deref() == Some(id) {
             s.id = None;
         }
+    }
+
+    /// The version the server chose, sent from `initialized` on (the session is not
+    /// one to renew until [`Session::begin`]).
+    pub(super) fn set_version(&self, version: &str) {
+        self.state.lock().version = Some(version.to_string());
+    }
+
+    /// A session an `initialize` reply began but not yet in use (a renewal's): the
+    /// answers to what the server asks while that reply streams go to it.
+    pub(super) fn set_pending(&self, id: Option<String>) {
+        self.state.lock().pending = id;
+    }
+
+    /// The session answers to the server's requests go to: one being begun, else ours.
+    pub(super) fn answering_id(&self) -> Option<String> {
+        let s = self.state.lock();
+        s.pending.clone().or_else(|| s.id.clone())
     }
 
     /// The session began: the version the server chose and the params to begin again.

@@ -35,6 +35,11 @@ pub struct SseParser {
     pub last_event_id: Option<String>,
     /// The last `retry:` seen, kept within [`MIN_RETRY`]..[`MAX_RETRY`].
     pub retry: Option<Duration>,
+    /// The last line ended with a `\r` at the end of a chunk: a `\n` that starts the
+    /// next one belongs to it.
+    skip_lf: bool,
+    /// Nothing of this stream read yet: a byte order mark may lead it.
+    started: bool,
 }
 
 /// The room a parser keeps between events; a larger event's is given back.
@@ -52,13 +57,34 @@ impl SseParser {
         self.data.shrink_to(KEPT_BUFFER);
         self.has_data = false;
         self.event = None;
+        self.skip_lf = false;
+        self.started = false;
     }
 
     /// Appends `chunk` and returns the events it completed, and an error when the
     /// event after them grows past `max` bytes: those before it still count (the
     /// awaited response may be one of them).
     pub fn feed(&mut self, chunk: &[u8], max: usize) -> (Vec<Event>, Result<(), usize>) {
+        let mut chunk = chunk;
+        if self.skip_lf && !chunk.is_empty() {
+            self.skip_lf = false;
+            if chunk[0] == b'\n' {
+                chunk = &chunk[1..];
+            }
+        }
         self.buf.extend_from_slice(chunk);
+        if !self.started {
+            // The stream may start with a byte order mark, which is not the first
+            // field's name (WHATWG: one leading U+FEFF is dropped).
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
+            if self.buf.len() < BOM.len() && BOM.starts_with(&self.buf) {
+                return (Vec::new(), Ok(()));
+            }
+            if self.buf.starts_with(BOM) {
+                self.buf.drain(..BOM.len());
+            }
+            self.started = true;
+        }
         let mut events = Vec::new();
         // `start`: where the current line begins; `from`: where to look for its end.
         let mut start = 0;
@@ -72,14 +98,14 @@ impl SseParser {
                 break;
             };
             let end = from + pos;
-            // A \r\n pair ends one line, not two.
+            // A \r\n pair ends one line, not two. A \r that ends the chunk ends its line
+            // now (a stream of bare \r endings dispatches each event as it comes); a \n
+            // that starts the next chunk is its pair.
             let mut next = end + 1;
             if self.buf[end] == b'\r' {
                 if next == self.buf.len() {
-                    from = end; // the \n may come in the next chunk
-                    break;
-                }
-                if self.buf[next] == b'\n' {
+                    self.skip_lf = true;
+                } else if self.buf[next] == b'\n' {
                     next += 1;
                 }
             }
@@ -130,7 +156,12 @@ impl SseParser {
                 self.has_data = true;
             }
             "event" => self.event = Some(value.to_string()),
-            "id" if !value.contains('\0') => self.last_event_id = Some(value.to_string()),
+            // An empty id resets it (nothing to resume from); one a header cannot carry
+            // is not kept (a resume would fail to be sent).
+            "id" if value.is_empty() => self.last_event_id = None,
+            "id" if !value.chars().any(|c| c.is_control()) => {
+                self.last_event_id = Some(value.to_string());
+            }
             "retry" => {
                 if let Ok(ms) = value.parse::<u64>() {
                     self.retry = Some(Duration::from_millis(ms).clamp(MIN_RETRY, MAX_RETRY));
@@ -237,6 +268,22 @@ mod tests {
         // Not a timing assertion of speed, only of complexity: linear takes
         // milliseconds, quadratic takes minutes.
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn bare_cr_endings_dispatch_at_once_and_a_bom_is_dropped() {
+        let mut p = SseParser::default();
+        let out = fits(p.feed(b"\xEF\xBB", 1024));
+        assert!(out.is_empty());
+        let out = fits(p.feed(b"\xBFid: 3\rdata: {\"id\":1}\r\r", 1024));
+        assert_eq!(out.len(), 1, "dispatched without waiting for more bytes");
+        assert_eq!(out[0].data, "{\"id\":1}");
+        assert_eq!(p.last_event_id.as_deref(), Some("3"));
+        // An empty id resets it; one a header cannot carry is not kept.
+        fits(p.feed(b"id: 4\x01\n\n", 1024));
+        assert_eq!(p.last_event_id.as_deref(), Some("3"));
+        fits(p.feed(b"id:\n\n", 1024));
+        assert_eq!(p.last_event_id, None);
     }
 
     #[test]

@@ -46,6 +46,8 @@ struct State {
     base: String,
     sessions: Mutex<HashMap<String, Session>>,
     next_session: AtomicU64,
+    /// GET streams asked for so far (`--fail-gets`).
+    gets: AtomicU64,
 }
 
 /// A response body fed by a channel: one SSE frame per message.
@@ -76,6 +78,7 @@ pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
         base,
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(0),
+        gets: AtomicU64::new(0),
     });
     loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
 }
@@ -153,6 +156,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                 .record(json!({"method": "GET", "headers": headers}));
             if state.server.args.close_get_streams {
                 return full(StatusCode::OK, "text/event-stream", "");
+            }
+            if state.gets.fetch_add(1, Ordering::Relaxed) < state.server.args.fail_gets {
+                return full(StatusCode::SERVICE_UNAVAILABLE, "", "restarting");
             }
             let (tx, rx) = mpsc::unbounded_channel();
             if let Some(id) = &session_id
@@ -371,6 +377,9 @@ async fn post(
     let request = match message {
         Message::Request(r) => r,
         Message::Notification(n) => {
+            state
+                .server
+                .record(json!({"notification": n.method, "headers": headers}));
             let delay = state.server.args.initialized_delay_ms;
             if n.method == "notifications/initialized"
                 && delay > 0

@@ -156,6 +156,10 @@ pub struct DemoServerArgs {
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
+    /// Answer the first this many legacy GET event streams 503 (a server or proxy
+    /// restarting).
+    #[arg(long, default_value_t = 0)]
+    pub fail_gets: u64,
     /// Hold each POSTed answer to this server's own requests this long before taking it
     /// (legacy HTTP: a server slow to read what a client sends back).
     #[arg(long, default_value_t = 0)]
