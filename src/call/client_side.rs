@@ -36,6 +36,16 @@ impl ClientSide for HarnessClient {
             _ => None,
         };
         if let Some(asker) = asker {
+            // The caller's client is never handed a URL no one should open.
+            if super::input::elicitation_mode(&request.params) == Some("url")
+                && super::input::usable_elicitation_url(&request.params).is_none()
+            {
+                request.respond(Err(RpcError::new(
+                    INVALID_PARAMS,
+                    "the request is a url-mode elicitation whose url is not an https URL of at most 2048 bytes without credentials",
+                )));
+                return;
+            }
             let (reply, answer) = tokio::sync::oneshot::channel();
             let question = super::ServerQuestion {
                 server: server.to_string(),

@@ -89,6 +89,11 @@ pub(crate) fn declares(method: &str, params: &Value, declared: &Value) -> Result
                 "is a {mode}-mode elicitation, which this client did not declare"
             ));
         }
+        // Whoever answers (a handler, a gateway's client, a person) is never handed a
+        // `javascript:` or credential-laden URL from a server.
+        if mode == "url" && super::input::usable_elicitation_url(params).is_none() {
+            return Err("is a url-mode elicitation whose url is not an https URL of at most 2048 bytes without credentials".into());
+        }
     }
     if capability == "sampling"
         && (params.get("tools").is_some() || params.get("toolChoice").is_some())

@@ -296,16 +296,10 @@ fn url_mode(
 ) -> Value {
     let p = &request.params;
     let message = crate::terminal::line_cut(p["message"].as_str().unwrap_or(""), 500);
-    let raw = p["url"].as_str().unwrap_or("");
-    // Only a web page a person can judge by its host: https (http on this machine
-    // only), no credentials in it, of a length a terminal shows whole.
-    let parsed = url::Url::parse(raw).ok().filter(|u| {
-        let local = matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
-        u.as_str().len() <= 2048
-            && u.username().is_empty()
-            && u.password().is_none()
-            && (u.scheme() == "https" || (u.scheme() == "http" && local))
-    });
+    // Only a web page a person can judge by its host (the harness refuses others before
+    // they reach a handler; checked again here, as this one shows it).
+    let parsed =
+        mcp_harness::call::input::usable_elicitation_url(p).filter(|u| u.as_str().len() <= 2048);
     let Some(parsed) = parsed else {
         return decline(
             "the URL is not an https URL of at most 2048 characters without credentials",

@@ -183,10 +183,58 @@ pub fn elicitation_mode(params: &Value) -> Option<&'static str> {
     }
 }
 
+/// The URL of a URL-mode elicitation, if it is one a person can be shown: a web page
+/// judged by its host, `https` (`http` on this machine only), with no credentials in
+/// it, of at most 2048 bytes. A server's `javascript:`, `file:` or
+/// `https://bank.example@evil.example/` is none.
+pub fn usable_elicitation_url(params: &Value) -> Option<url::Url> {
+    let raw = params.get("url")?.as_str()?;
+    if raw.len() > 2048 {
+        return None;
+    }
+    url::Url::parse(raw).ok().filter(|u| {
+        let local = matches!(u.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
+        u.username().is_empty()
+            && u.password().is_none()
+            && (u.scheme() == "https" || (u.scheme() == "http" && local))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_url_mode_url_is_a_web_page_without_credentials() {
+        for good in [
+            "https://auth.example/authorize?x=1",
+            "http://127.0.0.1:8080/cb",
+            "http://localhost/x",
+        ] {
+            assert!(
+                usable_elicitation_url(&json!({"url": good})).is_some(),
+                "{good}"
+            );
+        }
+        let long = format!("https://a.example/{}", "x".repeat(2048));
+        for bad in [
+            "javascript:alert(1)",
+            "file:///etc/passwd",
+            "https://bank.example@evil.example/",
+            "https://user:pw@host.example/",
+            "http://evil.example/",
+            "not a url",
+            long.as_str(),
+        ] {
+            assert!(
+                usable_elicitation_url(&json!({"url": bad})).is_none(),
+                "{bad}"
+            );
+        }
+        assert!(usable_elicitation_url(&json!({})).is_none());
+        assert!(usable_elicitation_url(&json!({"url": 5})).is_none());
+    }
 
     #[test]
     fn an_elicitation_mode_other_than_form_or_url_is_none_not_form() {
