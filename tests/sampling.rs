@@ -271,6 +271,57 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
     h.shutdown().await;
 }
 
+// A person approves a request minutes later, after a reload took the agent's
+// sampling away: the provider is not paid for it.
+#[tokio::test]
+async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider() {
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_REVOKED_KEY", "sk-test-revoked");
+    let h = harness(
+        Some(sampling("openai", &url, "MCP_HARNESS_TEST_REVOKED_KEY")),
+        &[],
+    )
+    .await;
+    let queue = h.approvals();
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move {
+            h.call_tool(
+                &Caller::agent("c"),
+                "m__summarize",
+                json!({"text": "x", "max_tokens": 10}),
+            )
+            .await
+        }
+    });
+    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+        .await
+        .expect("a request waits");
+    let mut revoked = agents();
+    revoked.insert(
+        "c".into(),
+        serde_json::from_value(json!({"sampling": "deny"})).expect("agent"),
+    );
+    h.replace_agents(revoked).await;
+    assert!(queue.answer(pending[0].id, json!({"action": "accept"})));
+    let r = call.await.expect("join");
+    assert!(
+        matches!(
+            &r,
+            Err(CallError::InputDenied {
+                reason: Denial::NotAllowed { .. },
+                ..
+            })
+        ),
+        "refused as the policy says now: {r:?}"
+    );
+    assert!(
+        seen.lock().expect("lock").is_empty(),
+        "the provider was not asked"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn roots_are_served_per_agent_and_legacy_servers_hear_when_they_change() {
     let record = temp_file("roots-legacy");

@@ -37,6 +37,9 @@ pub const MAX_WAITING_PER_AGENT: usize = 32;
 /// See [`MAX_WAITING`]: one server asking on many agents' calls cannot fill the queue
 /// for every other server either.
 pub const MAX_WAITING_PER_SERVER: usize = 64;
+/// The largest request (its params, as JSON) that waits for a person: a form a person
+/// reads is small, and what waits is copied for each look at the queue.
+pub const MAX_WAITING_BYTES: usize = 256 << 10;
 
 type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>)>;
 
@@ -119,6 +122,12 @@ impl InputHandler for ApprovalQueue {
     fn answer(&self, request: InputRequestContext) -> InputFuture {
         let inner = self.inner.clone();
         Box::pin(async move {
+            if crate::registry::cache::json_size(&request.params) > MAX_WAITING_BYTES {
+                return Err(InputError::Failed(format!(
+                    "the request is too large to wait for a person (over {} KiB)",
+                    MAX_WAITING_BYTES >> 10
+                )));
+            }
             let id = inner.next.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
             {
@@ -210,6 +219,16 @@ mod tests {
         waiting.spawn(InputHandler::answer(&queue, asked_of("c", "u")));
         waits_for(&queue, MAX_WAITING).await;
         waiting.abort_all();
+    }
+
+    #[tokio::test]
+    async fn a_request_too_large_for_a_person_to_read_does_not_wait() {
+        let queue = ApprovalQueue::new(Duration::from_secs(60));
+        let mut large = asked_by("a");
+        large.params = json!({"message": "x".repeat(MAX_WAITING_BYTES)});
+        let refused = InputHandler::answer(&queue, large).await;
+        assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
+        assert!(queue.pending().is_empty());
     }
 
     #[tokio::test]

@@ -564,6 +564,12 @@ impl Sampler {
                 approved?;
                 return Err(InputError::Denied(Denial::NotApproved));
             }
+            // A person may answer minutes later, after a reload took the agent's
+            // sampling away: what the policy says now is what pays the provider.
+            let now = sampling_policy(&self.agents.read(), request.agent_id.as_deref());
+            if now == SamplingPolicy::Deny {
+                return Err(InputError::Denied(Denial::NotAllowed { agent }));
+            }
         }
         reservation.charged = asked;
         let outcome = match self.config.provider {
