@@ -437,14 +437,15 @@ impl Sampler {
                 let cut = spent.len() - MAX_BUDGETS / 2;
                 let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
                 let oldest_kept = *oldest_kept;
-                // The budget asked of now is kept, whatever its age, and so are servers'
-                // open windows (one per server): else a server's calls could push its
-                // own window's spending out.
+                // The budget asked of now is kept, whatever its age, and so are the
+                // open windows (per server, per agent, of requests no call made): else
+                // a server's calls could push its own window's spending out.
                 spent.retain(|k, b| {
                     k == key
                         || b.open > 0
                         || b.used >= oldest_kept
-                        || (k.starts_with("minute") && now.duration_since(b.start) < LEGACY_WINDOW)
+                        || ((k.starts_with("minute") || k.starts_with("server:"))
+                            && now.duration_since(b.start) < LEGACY_WINDOW)
                 });
             }
         }
