@@ -533,6 +533,7 @@ pub fn grant_all(config: &mut HarnessConfig, agent: &str, ids: &[String]) {
 fn starts_comment(line: &str) -> bool {
     let (mut single, mut double, mut escaped, mut word_start) = (false, false, false, true);
     for c in line.chars() {
+        let was_escaped = escaped;
         if escaped {
             escaped = false;
         } else if single {
@@ -548,7 +549,9 @@ fn starts_comment(line: &str) -> bool {
         } else if c == '#' && word_start {
             return true;
         }
-        word_start = !single && !double && !escaped && c.is_whitespace();
+        // Words end at what shlex splits on, unquoted and unescaped.
+        word_start =
+            !was_escaped && !single && !double && !escaped && matches!(c, ' ' | '\t' | '\n');
     }
     false
 }
@@ -699,12 +702,12 @@ mod tests {
         assert_eq!(s.args, ["-y", "@x/fs", "/home/me/My Docs", "it's"]);
         // Quoted, or inside a word, `#` is text.
         let mut config = HarnessConfig::default();
-        let line = r##"srv '#a' "#b" \#c d#e"##;
+        let line = r##"srv '#a' "#b" \#c d#e f\ #g"##;
         add_ad_hoc(&mut config, &[line.into()], &[]).expect("ok");
         let TransportSpec::Stdio(s) = &config.servers[0].transport else {
             panic!("stdio")
         };
-        assert_eq!(s.args, ["#a", "#b", "#c", "d#e"]);
+        assert_eq!(s.args, ["#a", "#b", "#c", "d#e", "f #g"]);
         for bad in [
             r#"srv "open"#,
             "srv \\",

@@ -37,11 +37,16 @@ pub const MAX_WAITING_PER_AGENT: usize = 32;
 /// See [`MAX_WAITING`]: one server asking on many agents' calls cannot fill the queue
 /// for every other server either.
 pub const MAX_WAITING_PER_SERVER: usize = 64;
-/// The largest request (its params, as JSON) that waits for a person: a form a person
-/// reads is small, and what waits is copied for each look at the queue.
+/// The largest elicitation (its params, as JSON) that waits for a person: a form a
+/// person reads is small, and what waits is copied for each look at the queue.
 pub const MAX_WAITING_BYTES: usize = 256 << 10;
+/// The largest sampling request that waits (its messages may carry an image).
+pub const MAX_WAITING_SAMPLING_BYTES: usize = 4 << 20;
+/// What all waiting requests may come to together.
+pub const MAX_WAITING_TOTAL_BYTES: usize = 64 << 20;
 
-type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>)>;
+/// Each waiting request, where its answer goes, and its size.
+type Waiting = BTreeMap<u64, (InputRequestContext, oneshot::Sender<Value>, usize)>;
 
 struct QueueInner {
     waiting: Mutex<Waiting>,
@@ -81,7 +86,7 @@ impl ApprovalQueue {
             .waiting
             .lock()
             .iter()
-            .map(|(id, (r, _))| PendingInput {
+            .map(|(id, (r, _, _))| PendingInput {
                 id: *id,
                 request: r.clone(),
             })
@@ -103,7 +108,7 @@ impl ApprovalQueue {
     /// Answers request `id`; false when it is no longer waiting.
     pub fn answer(&self, id: u64, answer: Value) -> bool {
         match self.inner.waiting.lock().remove(&id) {
-            Some((_, tx)) => tx.send(answer).is_ok(),
+            Some((_, tx, _)) => tx.send(answer).is_ok(),
             None => false,
         }
     }
@@ -122,10 +127,15 @@ impl InputHandler for ApprovalQueue {
     fn answer(&self, request: InputRequestContext) -> InputFuture {
         let inner = self.inner.clone();
         Box::pin(async move {
-            if crate::registry::cache::json_size(&request.params) > MAX_WAITING_BYTES {
+            let size = crate::registry::cache::json_size(&request.params);
+            let most = match request.method.as_str() {
+                "sampling/createMessage" => MAX_WAITING_SAMPLING_BYTES,
+                _ => MAX_WAITING_BYTES,
+            };
+            if size > most {
                 return Err(InputError::Failed(format!(
                     "the request is too large to wait for a person (over {} KiB)",
-                    MAX_WAITING_BYTES >> 10
+                    most >> 10
                 )));
             }
             let id = inner.next.fetch_add(1, Ordering::Relaxed);
@@ -133,20 +143,22 @@ impl InputHandler for ApprovalQueue {
             {
                 let mut waiting = inner.waiting.lock();
                 let agent = request.agent_id.as_deref();
-                let (mut theirs, mut its) = (0, 0);
-                for (r, _) in waiting.values() {
+                let (mut theirs, mut its, mut bytes) = (0, 0, size);
+                for (r, _, b) in waiting.values() {
                     theirs += usize::from(r.agent_id.as_deref() == agent);
                     its += usize::from(r.server == request.server);
+                    bytes = bytes.saturating_add(*b);
                 }
                 if waiting.len() >= MAX_WAITING
                     || theirs >= MAX_WAITING_PER_AGENT
                     || its >= MAX_WAITING_PER_SERVER
+                    || bytes > MAX_WAITING_TOTAL_BYTES
                 {
                     return Err(InputError::Failed(
                         "too many requests await approval; try later".into(),
                     ));
                 }
-                waiting.insert(id, (request, tx));
+                waiting.insert(id, (request, tx, size));
             }
             let _withdraw = Withdraw {
                 inner: inner.clone(),
@@ -229,6 +241,13 @@ mod tests {
         let refused = InputHandler::answer(&queue, large).await;
         assert!(matches!(refused, Err(InputError::Failed(_))), "{refused:?}");
         assert!(queue.pending().is_empty());
+        // A sampling request with an image of that size waits.
+        let mut image = asked_by("a");
+        image.method = "sampling/createMessage".into();
+        image.params = json!({"messages": [{"role": "user", "content": {"type": "image", "data": "A".repeat(MAX_WAITING_BYTES), "mimeType": "image/png"}}]});
+        let waiting = tokio::spawn(InputHandler::answer(&queue, image));
+        waits_for(&queue, 1).await;
+        waiting.abort();
     }
 
     #[tokio::test]

@@ -65,7 +65,7 @@ use crate::protocol::{
     Message, Notification, Pager, Request, RequestId, RequestRef, Response, RpcError, Stamp,
 };
 use params::ParamTable;
-use session::Session;
+use session::{PendingSession, Session};
 use sse::{MAX_RETRY, MIN_RETRY, SseParser};
 
 type Reply = Result<Value, RpcError>;
@@ -469,6 +469,11 @@ impl HttpTransport {
             None => requested_version(request.params),
         };
         let body = Message::stamped_json(request, stamp);
+        // The session the request goes in (`post` names the same): a broken reply
+        // stream is resumed there or not at all.
+        let sent_in = (request.method != "initialize")
+            .then(|| self.session.id())
+            .flatten();
         let response = self
             .post(
                 body,
@@ -499,14 +504,18 @@ impl HttpTransport {
         }
         // A renewal's reply may ask (a ping) before the new session is in use: its
         // answers go to the new session, not the one that expired.
-        let pending = !adopt && request.method == "initialize" && sid.is_some();
-        if pending {
-            self.session.set_pending(sid.clone());
-        }
-        let read = self.read_reply(response, request.id, identity).await;
-        if pending {
-            self.session.set_pending(None);
-        }
+        let _pending = match (&sid, adopt, request.method) {
+            (Some(new), false, "initialize") => Some(PendingSession::set(&self.session, new)),
+            _ => None,
+        };
+        // An `initialize` reply is the session it began (adopted or pending).
+        let resume_in = match request.method {
+            "initialize" => sid.clone(),
+            _ => sent_in,
+        };
+        let read = self
+            .read_reply(response, request.id, identity, resume_in)
+            .await;
         if read.is_ok() {
             begun.sid = None;
         }
@@ -700,6 +709,7 @@ impl HttpTransport {
         response: reqwest::Response,
         id: &RequestId,
         identity: Option<&str>,
+        session: Option<String>,
     ) -> Result<Reply, TransportError> {
         let status = response.status();
         let content_type = content_type(&response);
@@ -743,23 +753,23 @@ impl HttpTransport {
             };
         }
         if content_type.starts_with("text/event-stream") {
-            return self.read_stream(response, id, identity).await;
+            return self.read_stream(response, id, identity, session).await;
         }
         Err(TransportError::UnexpectedContentType(content_type))
     }
 
     /// Reads an SSE reply until the response to `id`, resuming a broken legacy stream
-    /// as `identity` (whose request it is: its token, not the harness's own).
+    /// as `identity` (whose request it is: its token, not the harness's own) in
+    /// `session`, the one the request went in.
     async fn read_stream(
         &self,
         mut response: reqwest::Response,
         id: &RequestId,
         identity: Option<&str>,
+        session: Option<String>,
     ) -> Result<Reply, TransportError> {
         let mut parser = SseParser::default();
         let mut resumes = 0;
-        // The session the request went in: its stream is resumed there or not at all.
-        let session = self.session.id();
         loop {
             if let Some(reply) = self.pump(&mut response, &mut parser, Some(id)).await? {
                 return Ok(reply);
@@ -773,7 +783,9 @@ impl HttpTransport {
             tokio::time::sleep(parser.retry.unwrap_or(MIN_RETRY)).await;
             // Renewed meanwhile (another request's 404): the event ids are the old
             // session's, and resuming the new one from them could replay its events.
-            if self.session.id() != session {
+            // (A renewal's own reply is of the session it is beginning.)
+            let now = self.session.id();
+            if now != session && self.session.answering_id() != session {
                 return Err(TransportError::StreamEnded);
             }
             // The request was delivered (its stream began): whatever fails now may
@@ -986,10 +998,7 @@ impl HttpTransport {
                     {
                         Ok(r)
                     }
-                    Ok(r)
-                        if r.status().is_server_error()
-                            || matches!(r.status().as_u16(), 408 | 429) =>
-                    {
+                    Ok(r) if matches!(r.status().as_u16(), 408 | 429 | 500 | 502 | 503 | 504) => {
                         Err(format!("HTTP {}", r.status().as_u16()))
                     }
                     Ok(r) => {

@@ -21,6 +21,32 @@ struct State {
     pending: Option<String>,
 }
 
+/// A session being begun, for answers while its `initialize` reply streams; no longer
+/// when this drops (the reply read, failed, or cut off by its deadline).
+pub(super) struct PendingSession<'a> {
+    session: &'a Session,
+    id: String,
+}
+
+impl<'a> PendingSession<'a> {
+    pub(super) fn set(session: &'a Session, id: &str) -> PendingSession<'a> {
+        session.set_pending(Some(id.to_string()));
+        PendingSession {
+            session,
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for PendingSession<'_> {
+    fn drop(&mut self) {
+        let mut s = self.session.state.lock();
+        if s.pending.as_deref() == Some(self.id.as_str()) {
+            s.pending = None;
+        }
+    }
+}
+
 /// One connection's legacy session, if it has one.
 #[derive(Default)]
 pub(super) struct Session {

@@ -159,7 +159,10 @@ impl SseParser {
             // An empty id resets it (nothing to resume from); one a header cannot carry
             // is not kept (a resume would fail to be sent).
             "id" if value.is_empty() => self.last_event_id = None,
-            "id" if !value.chars().any(|c| c.is_control()) => {
+            "id" if value
+                .bytes()
+                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) =>
+            {
                 self.last_event_id = Some(value.to_string());
             }
             "retry" => {
@@ -281,6 +284,8 @@ mod tests {
         assert_eq!(p.last_event_id.as_deref(), Some("3"));
         // An empty id resets it; one a header cannot carry is not kept.
         fits(p.feed(b"id: 4\x01\n\n", 1024));
+        assert_eq!(p.last_event_id.as_deref(), Some("3"));
+        fits(p.feed("id: \u{e9}vt-1\n\n".as_bytes(), 1024));
         assert_eq!(p.last_event_id.as_deref(), Some("3"));
         fits(p.feed(b"id:\n\n", 1024));
         assert_eq!(p.last_event_id, None);
