@@ -438,6 +438,86 @@ fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     assert_eq!(std::fs::read_to_string(&audit).unwrap_or_default(), "");
 }
 
+// Output to a reader that has gone (`| head`) ends the command as it would, its servers
+// stopped: it panicked (exit 101) and left the graceful stop undone.
+#[test]
+fn a_closed_stdout_ends_the_command_without_a_panic() {
+    use std::io::Read;
+    let server = demo_cmd("s --extra-tools 3000");
+    let mut child = Command::new(harness_exe())
+        .args(["tools", "--stdio", &server])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = [0u8; 16];
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_exact(&mut first)
+        .expect("the listing starts");
+    // The pipe's read end is gone (dropped above) before the listing is written.
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
+// JSON arguments and answers are objects: `--answers false` matched no field and
+// accepted every form with its defaults.
+#[test]
+fn arguments_and_answers_that_are_not_objects_are_usage_errors() {
+    let server = demo_cmd("s");
+    for args in [
+        vec!["call", "--stdio", &server, "echo", "[1]"],
+        vec!["call", "--stdio", &server, "echo", "null"],
+        vec![
+            "call",
+            "--stdio",
+            &server,
+            "confirm",
+            r#"{"message":"Delete everything?"}"#,
+            "--answers",
+            "false",
+        ],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("must be a JSON object"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
+// A listener `serve` cannot open once its servers run stops them, and says so with a
+// usage error, not after leaving them to the runtime's end.
+#[test]
+fn serve_on_a_port_in_use_stops_its_servers_and_says_why() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let mark = scratch_dir().join("serve-port-taken.mark");
+    let server = demo_cmd(&format!("s --record {}", mark.display()));
+    let o = run(&["serve", "--stdio", &server, "--listen", &addr, "--dev-keys"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot listen"), "{}", stderr(&o));
+    let ours: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains(&mark.display().to_string()))
+        })
+        .filter(|pid| alive(*pid))
+        .collect();
+    assert!(ours.is_empty(), "server processes left: {ours:?}");
+    drop(taken);
+}
+
 #[tokio::test]
 async fn an_mcp_servers_json_file_works_unchanged() {
     let http = HttpServer::demo(&["web"]).await;

@@ -1895,6 +1895,41 @@ async fn param_headers_of_a_shortened_name_not_listed_here_yet_are_checked() {
     assert!(gw.stop().await.success());
 }
 
+// A name shortened for its characters, not its length (`get issue` has a space), is
+// shorter than 64: a gateway process that has not served it (another replica did, or
+// a reload forgot it) learns it back as it does a long one. Before, it was routed as
+// written, to no tool or to one a server named so.
+#[tokio::test]
+async fn a_short_shortened_name_is_learned_back_by_a_process_that_never_served_it() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let text = text.replacen(
+        &format!("\"alpha{}\"]", setup.tag),
+        &format!("\"alpha{}\", \"--tool-alias\", \"get issue\"]", setup.tag),
+        1,
+    );
+    std::fs::write(&setup.config, text).expect("config");
+    let first = setup.start().await;
+    let (_, listed) = first.modern("tok-a", "tools/list", json!({})).await;
+    let served = names(&listed)
+        .into_iter()
+        .find(|n| n.starts_with("alpha__get_issue_"))
+        .expect("served shortened");
+    assert!(served.len() < 64, "{served}");
+    assert!(first.stop().await.success());
+    let gw = setup.start().await;
+    let (status, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": served, "arguments": {}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["result"].is_object(), "{r}");
+    assert!(gw.stop().await.success());
+}
+
 // A notification or an answer that names a session that is gone (or another
 // principal's) gets 404, as a request does, so that the client starts a new one;
 // before, it was taken (202) and dropped.

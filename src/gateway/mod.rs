@@ -1407,7 +1407,12 @@ impl Gateway {
     async fn describe(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
         let name = search::name_arg(search::DESCRIBE_TOOL, &params["arguments"])?;
-        let resolved = now.names.resolve(name);
+        // A shortened name this process has not served (another gateway did, or a
+        // reload forgot it) is learned, as a call's is; the request holds its place.
+        let resolved = self
+            .resolve(principal, CallKind::Tool, name, true)
+            .await
+            .unwrap_or_else(|_| now.names.resolve(name));
         // Boxed, as listings are: every request's future would carry its size.
         let tool = Box::pin(
             self.inner

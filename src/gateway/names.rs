@@ -72,13 +72,16 @@ pub fn shorten(name: &str) -> String {
     format!("{clean}_{}", &sha256_hex(name.as_bytes())[..16])
 }
 
-/// Whether `served` has the shape of a shortened name.
+/// Whether `served` has the shape of a shortened name: `_` and 16 lowercase hex digits
+/// at its end, at most [`MAX_NAME`] long (a short name with a space or a `/` is
+/// shortened to fewer than 64 characters).
 pub fn looks_shortened(served: &str) -> bool {
-    served.len() == MAX_NAME
-        && served.is_char_boundary(MAX_NAME - 16)
-        && served.as_bytes()[MAX_NAME - 17] == b'_'
-        && served[MAX_NAME - 16..]
-            .bytes()
+    let b = served.as_bytes();
+    let n = b.len();
+    (17..=MAX_NAME).contains(&n)
+        && b[n - 17] == b'_'
+        && b[n - 16..]
+            .iter()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
@@ -229,6 +232,13 @@ mod tests {
         }
         assert!(looks_shortened(&shorten(&"y".repeat(70))));
         assert!(!looks_shortened("a__b"));
+        // A short name made to fit is of the shape too (learned back after a reload),
+        // and a tool named so upstream is shortened, not served as that name.
+        let short_made = shorten("get issue");
+        assert!(short_made.len() < MAX_NAME && looks_shortened(&short_made));
+        assert_ne!(shorten(&short_made), short_made);
+        assert!(!looks_shortened("get_issue_0123456789ABCDEF"));
+        assert!(!looks_shortened("get_issue-0123456789abcdef"));
 
         let long = "x".repeat(80);
         let short = shorten(&long);

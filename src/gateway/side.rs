@@ -106,13 +106,17 @@ impl Drop for PeerSlot {
 
 /// The next connection on `listener` with the permit that counts it among
 /// `connections` (a full set waits for one to close), or `None` once `shutdown` resolves.
-/// A failed accept is logged (`what` names the listener) and the next one awaited.
+/// A failed accept is logged (`what` names the listener; at first, then at each power
+/// of two) and the next one awaited after a pause: out of file descriptors (EMFILE),
+/// the connection waiting stays in the backlog and every accept fails at once, which
+/// would spin a worker and flood the log.
 pub(crate) async fn accept(
     what: &str,
     listener: &tokio::net::TcpListener,
     connections: &Arc<tokio::sync::Semaphore>,
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    let failures = crate::util::log_budget::LogBudget::default();
     loop {
         let permit = tokio::select! {
             p = connections.clone().acquire_owned() => p.ok()?,
@@ -121,12 +125,23 @@ pub(crate) async fn accept(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => return Some((stream, permit)),
-                Err(e) => tracing::warn!(listener = what, error = %e, "accept failed"),
+                Err(e) => {
+                    if let Some(failed) = failures.log() {
+                        tracing::warn!(listener = what, error = %e, failed, "accept failed");
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_PAUSE) => {}
+                        () = shutdown.as_mut() => return None,
+                    }
+                }
             },
             () = shutdown.as_mut() => return None,
         }
     }
 }
+
+/// How long a listener waits after a failed accept.
+const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Serves `answer` on `listener` until `shutdown` resolves; `what` names the listener
 /// in logs.

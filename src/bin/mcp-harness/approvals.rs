@@ -27,8 +27,8 @@ pub struct ApprovalsArgs {
     /// users in the process list, the variable is not).
     #[arg(long)]
     pub token: Option<String>,
-    /// Print the pending requests as JSON.
-    #[arg(long)]
+    /// Print the pending requests as JSON (when listing them).
+    #[arg(long, conflicts_with = "action")]
     pub json: bool,
     #[command(subcommand)]
     pub action: Option<ApprovalAction>,
@@ -96,7 +96,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
             let body: Value = serde_json::from_str(&text).context("the answer is not JSON")?;
             let pending = body["pending"].as_array().cloned().unwrap_or_default();
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     crate::terminal::json_text(&serde_json::to_string_pretty(&pending)?)
                 );
@@ -104,7 +104,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                 eprintln!("nothing is waiting");
             } else {
                 for p in &pending {
-                    println!(
+                    outln!(
                         "{:<6} {:<16} {:<24} agent={:<12} {}",
                         line(&p["id"].to_string()),
                         line(p["server"].as_str().unwrap_or("-")),
@@ -116,7 +116,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                     // shows it: not only the first message's first words.
                     if p["method"] == "sampling/createMessage" {
                         for shown in crate::elicit::sampling_shown(&p["params"]) {
-                            println!("       {shown}");
+                            outln!("       {shown}");
                         }
                     }
                 }

@@ -214,7 +214,7 @@ pub async fn start(
     if let Some(authorizer) = crate::sign_in::authorizer(args.sign_in, setup, login)? {
         builder = builder.authorizer(authorizer);
     }
-    let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
+    let harness = builder.spawn().await.map_err(not_started)?;
     crate::telemetry::export_metrics(&harness);
     Ok(harness)
 }
@@ -316,7 +316,7 @@ pub async fn tools(
             .iter()
             .map(|t| json!({"qualified": t.qualified, "name": t.name, "server": t.server, "inputSchema": t.definition["inputSchema"]}))
             .collect();
-        println!(
+        outln!(
             "{}",
             terminal::json_text(&serde_json::to_string_pretty(&out)?)
         );
@@ -330,7 +330,7 @@ pub async fn tools(
             let era = eras.get(&*t.server).copied().unwrap_or("-");
             let cached = if t.from_cache { ", cached" } else { "" };
             let description = line(t.definition["description"].as_str().unwrap_or(""));
-            println!(
+            outln!(
                 "{:<32} ({}, {era}{cached})  {description}",
                 line(&t.qualified),
                 t.server
@@ -369,14 +369,14 @@ pub async fn search(
             .iter()
             .map(|m| json!({"qualified": m.tool.qualified, "server": m.tool.server, "score": m.score, "definition": *m.tool.definition}))
             .collect();
-        println!(
+        outln!(
             "{}",
             terminal::json_text(&serde_json::to_string_pretty(&out)?)
         );
     } else {
         for m in &found {
             let description = line(m.tool.definition["description"].as_str().unwrap_or(""));
-            println!(
+            outln!(
                 "{:<40} {:>6.2}  {description}",
                 line(&m.tool.qualified),
                 m.score
@@ -404,7 +404,7 @@ pub async fn call(
         Err(e) => return Ok(report(harness, &e)),
     };
     if json_out {
-        println!(
+        outln!(
             "{}",
             terminal::json_text(&serde_json::to_string_pretty(&result)?)
         );
@@ -418,30 +418,43 @@ pub async fn call(
     })
 }
 
-/// Parses a JSON argument given on the command line.
+/// Why the harness did not start: a config it refuses is a usage error (exit 2);
+/// anything else is not (1).
+pub fn not_started(e: mcp_harness::HarnessError) -> anyhow::Error {
+    match e {
+        e @ mcp_harness::HarnessError::Config(_) => UsageError(e.into()).into(),
+        e => e.into(),
+    }
+}
+
+/// Parses a JSON object given on the command line (a tool's arguments, `--answers`):
+/// anything else is a usage error, not answers that match nothing (which would accept a
+/// form with its defaults) or arguments a server cannot take.
 pub fn json_arg(name: &str, text: Option<&str>) -> Result<Option<Value>, UsageError> {
-    match text {
-        Some(a) => serde_json::from_str(a)
-            .map(Some)
-            .map_err(|e| UsageError(anyhow::anyhow!("{name} is not JSON: {e}"))),
-        None => Ok(None),
+    let Some(a) = text else {
+        return Ok(None);
+    };
+    match serde_json::from_str::<Value>(a) {
+        Ok(v) if v.is_object() => Ok(Some(v)),
+        Ok(_) => Err(UsageError(anyhow::anyhow!("{name} must be a JSON object"))),
+        Err(e) => Err(UsageError(anyhow::anyhow!("{name} is not JSON: {e}"))),
     }
 }
 
 fn print_content(result: &Value) {
     let Some(blocks) = result["content"].as_array() else {
-        println!("{}", sanitize(&result.to_string(), false));
+        outln!("{}", sanitize(&result.to_string(), false));
         return;
     };
     for b in blocks {
         match b["type"].as_str() {
-            Some("text") => println!("{}", sanitize(b["text"].as_str().unwrap_or(""), true)),
-            Some(other) => println!("[{} content: use --json to see it]", line(other)),
-            None => println!("{}", sanitize(&b.to_string(), false)),
+            Some("text") => outln!("{}", sanitize(b["text"].as_str().unwrap_or(""), true)),
+            Some(other) => outln!("[{} content: use --json to see it]", line(other)),
+            None => outln!("{}", sanitize(&b.to_string(), false)),
         }
     }
     if let Some(s) = result.get("structuredContent") {
-        println!("{}", sanitize(&s.to_string(), false));
+        outln!("{}", sanitize(&s.to_string(), false));
     }
 }
 
@@ -499,13 +512,13 @@ pub fn status(harness: &HarnessHandle, json_out: bool) -> anyhow::Result<u8> {
                 })
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             terminal::json_text(&serde_json::to_string_pretty(&out)?)
         );
     } else {
         for s in &status {
-            println!(
+            outln!(
                 "{:<16} {:<10} era={:<6} version={:<10} restarts={} pid={} {}",
                 s.id,
                 s.state.as_str(),

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
 fn step(title: &str) {
-    println!("\n== {title}");
+    outln!("\n== {title}");
 }
 
 fn first_text(result: &Value) -> String {
@@ -106,7 +106,7 @@ fn config(exe: &str, url: &str, work: &Path) -> HarnessConfig {
 /// The elicitation handler, given at start: legacy servers learn it at `initialize`.
 fn approver() -> Arc<FixedAnswers> {
     Arc::new(FixedAnswers::from_fn(|req| {
-        println!(
+        outln!(
             "  [handler] {} asks \"{}\" (key \"{}\"); the demo approves",
             req.server,
             req.params["message"].as_str().unwrap_or(""),
@@ -198,9 +198,9 @@ pub async fn run() -> anyhow::Result<()> {
         }
     }
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
-    println!("  server processes {}: all gone", pids.join(", "));
+    outln!("  server processes {}: all gone", pids.join(", "));
     audit(&work.join("audit.jsonl"))?;
-    println!("\nDone.");
+    outln!("\nDone.");
     Ok(())
 }
 
@@ -209,7 +209,7 @@ async fn start(harness: &HarnessHandle) -> anyhow::Result<()> {
         wait_for(harness, id, ServerState::Ready).await?;
     }
     for s in harness.status() {
-        println!(
+        outln!(
             "  {:<6} {} era={} version={} pid={}  instructions: \"{}\"",
             s.id,
             s.state.as_str(),
@@ -232,7 +232,7 @@ fn ms(d: Duration) -> String {
 async fn list(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let t = Instant::now();
     let tools = harness.list_tools(agent).await?;
-    println!(
+    outln!(
         "  {} tools from 3 servers in {} (fetched)",
         tools.len(),
         ms(t.elapsed())
@@ -242,29 +242,32 @@ async fn list(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let t = Instant::now();
     let again = harness.list_tools(agent).await?;
     let cached = again.iter().filter(|t| t.from_cache).count();
-    println!(
+    outln!(
         "  {} tools in {} ({cached} from the cache)",
         again.len(),
         ms(t.elapsed())
     );
     for tool in again.iter().filter(|t| &*t.name == "echo") {
-        println!("    {:<14} on {}", tool.qualified, tool.server);
+        outln!("    {:<14} on {}", tool.qualified, tool.server);
     }
     let stats = harness.cache_stats();
-    println!(
+    outln!(
         "  cache: {} entries, {} bytes, {} hits, {} misses",
-        stats.l1.entries, stats.l1.bytes, stats.l1.hits, stats.l1.misses
+        stats.l1.entries,
+        stats.l1.bytes,
+        stats.l1.hits,
+        stats.l1.misses
     );
     Ok(())
 }
 
 async fn route(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let r = harness.call_tool(agent, "server_name", json!({})).await?;
-    println!("  server_name -> served by {}", first_text(&r));
+    outln!("  server_name -> served by {}", first_text(&r));
     let r = harness
         .call_tool(agent, "gamma__echo", json!({"text": "over loopback HTTP"}))
         .await?;
-    println!("  gamma__echo -> \"{}\"", first_text(&r));
+    outln!("  gamma__echo -> \"{}\"", first_text(&r));
     Ok(())
 }
 
@@ -276,11 +279,11 @@ async fn elicit(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
             json!({"message": "Deploy to production?"}),
         )
         .await?;
-    println!("  alpha__confirm -> \"{}\"", first_text(&r));
+    outln!("  alpha__confirm -> \"{}\"", first_text(&r));
     let r = harness
         .call_tool(agent, "alpha__rounds", json!({"n": 3}))
         .await?;
-    println!("  alpha__rounds (3 rounds) -> \"{}\"", first_text(&r));
+    outln!("  alpha__rounds (3 rounds) -> \"{}\"", first_text(&r));
     let r = harness
         .call_tool(
             agent,
@@ -288,7 +291,7 @@ async fn elicit(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
             json!({"message": "Clear the cache?"}),
         )
         .await?;
-    println!("  beta__confirm (legacy) -> \"{}\"", first_text(&r));
+    outln!("  beta__confirm (legacy) -> \"{}\"", first_text(&r));
     Ok(())
 }
 
@@ -297,19 +300,19 @@ async fn permissions(harness: &HarnessHandle) -> anyhow::Result<()> {
     let r = harness
         .call_tool(&intern, "beta__echo", json!({"text": "allowed"}))
         .await?;
-    println!("  intern beta__echo -> \"{}\"", first_text(&r));
+    outln!("  intern beta__echo -> \"{}\"", first_text(&r));
     match harness
         .call_tool(&intern, "alpha__add", json!({"a": 1, "b": 2}))
         .await
     {
-        Err(e) => println!("  intern alpha__add -> {e}"),
+        Err(e) => outln!("  intern alpha__add -> {e}"),
         Ok(_) => bail!("the intern should have been denied"),
     }
     match harness
         .call_tool(&Caller::default(), "echo", json!({}))
         .await
     {
-        Err(e) => println!("  anonymous echo   -> {e}"),
+        Err(e) => outln!("  anonymous echo   -> {e}"),
         Ok(_) => bail!("an anonymous caller should have been denied"),
     }
     Ok(())
@@ -322,7 +325,7 @@ async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         .unwrap_or_default();
     let t = Instant::now();
     match harness.call_tool(agent, "alpha__crash", json!({})).await {
-        Err(e) => println!("  alpha__crash -> {e} (after {})", ms(t.elapsed())),
+        Err(e) => outln!("  alpha__crash -> {e} (after {})", ms(t.elapsed())),
         Ok(_) => bail!("the crash tool should not answer"),
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -330,13 +333,13 @@ async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
     let state = harness
         .server_status("alpha")
         .map_or("unknown", |s| s.state.as_str());
-    println!(
+    outln!(
         "  meanwhile, server_name -> {} (alpha is {state})",
         first_text(&r)
     );
     wait_for(harness, "alpha", ServerState::Ready).await?;
     let s = harness.server_status("alpha").context("alpha")?;
-    println!(
+    outln!(
         "  alpha is {} again: restarts={}, pid {old_pid} -> {}, last error: {}",
         s.state.as_str(),
         s.restarts,
@@ -344,7 +347,7 @@ async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         s.last_error.unwrap_or_default()
     );
     let r = harness.call_tool(agent, "server_name", json!({})).await?;
-    println!("  server_name -> {}", first_text(&r));
+    outln!("  server_name -> {}", first_text(&r));
     Ok(())
 }
 
@@ -358,7 +361,7 @@ fn audit(path: &Path) -> anyhow::Result<()> {
         .iter()
         .filter(|r| r["event"] == "finished")
         .collect();
-    println!(
+    outln!(
         "  audit: {} records ({} started, {} finished) in {}",
         records.len(),
         records.len() - finished.len(),
@@ -366,7 +369,7 @@ fn audit(path: &Path) -> anyhow::Result<()> {
         path.display()
     );
     for r in finished.iter().take(12) {
-        println!(
+        outln!(
             "    call {:>2} {:<10} server={:<6} rounds={} hops={} {}",
             r["call_id"],
             r["outcome"].as_str().unwrap_or(""),

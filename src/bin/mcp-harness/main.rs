@@ -5,6 +5,16 @@
 //! call, 2 a usage or configuration error, 3 no server could serve the call. Ctrl-C
 //! shuts the harness down gracefully (no server process is left).
 
+/// `println!` that does not panic once stdout is gone (`mcp-harness tools | head`):
+/// what is left is dropped, and the command ends as it would (its servers stopped,
+/// its audit records written).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod approvals;
 mod commands;
 mod demo;
@@ -87,8 +97,8 @@ enum Command {
     Status {
         #[command(flatten)]
         servers: ServerArgs,
-        /// As JSON.
-        #[arg(long)]
+        /// As JSON (not with --watch).
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
         /// A live table (state, era, restarts, calls, errors, p50) redrawn every
         /// second, until Ctrl-C.
@@ -97,7 +107,7 @@ enum Command {
         /// With --watch: read a running gateway's metrics (`serve --metrics`) at this
         /// URL instead of starting the servers (http://ADDR/metrics), with the bearer
         /// token in MCP_HARNESS_METRICS_TOKEN if there is one.
-        #[arg(long, value_name = "URL", requires = "watch")]
+        #[arg(long, value_name = "URL", requires = "watch", conflicts_with_all = ["config", "stdio", "http", "agent"])]
         from: Option<String>,
     },
     /// The requests waiting for a person in a running gateway (`serve --admin`): list

@@ -56,7 +56,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let kid = format!("k{}-{:06}", made.as_secs(), made.subsec_micros());
-        println!("{kid}:{}", gateway::seal::new_key()?);
+        outln!("{kid}:{}", gateway::seal::new_key()?);
         return Ok(commands::OK);
     }
     let usage = |e: gateway::GatewayError| UsageError(e.into());
@@ -79,6 +79,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     } else {
         config.sealer().map_err(usage)?
     };
+    // Said before any server starts, not after they have settled.
+    if args.admin.is_some() && config.admin_tokens.is_empty() {
+        return Err(UsageError(anyhow::anyhow!(
+            "--admin needs [gateway] admin_tokens (the SHA-256 of each admin token)"
+        ))
+        .into());
+    }
     // The downstream clients answer their calls' input: a legacy server's elicitation
     // during a call goes to the caller's client; outside calls it is declined.
     let mut builder = Harness::builder(setup.loaded.config.clone())
@@ -93,7 +100,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     // Caught from before any server starts, so that a signal while they start stops
     // them too (a stdio server is in a process group of its own).
     let mut stop = crate::signals::Stop::install();
-    let harness = builder.spawn().await.map_err(|e| UsageError(e.into()))?;
+    let harness = builder.spawn().await.map_err(commands::not_started)?;
     tokio::select! {
         () = settle(&harness, servers.wait) => {}
         _ = stop.recv() => {
@@ -122,6 +129,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let stopping = async move {
         let _ = first_rx.await;
     };
+    // What fails once the servers run (a port taken, a listener refused) stops them
+    // gracefully, their audit records written, before it is said.
+    let on_error = harness.clone();
     let served = async move {
         crate::telemetry::export_metrics(&harness);
         // The side listeners read the tokens in force (a reload replaces them) from the
@@ -178,12 +188,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         };
         let admin = match &args.admin {
             Some(addr) => {
-                if config.admin_tokens.is_empty() {
-                    return Err(UsageError(anyhow::anyhow!(
-                        "--admin needs [gateway] admin_tokens (the SHA-256 of each admin token)"
-                    ))
-                    .into());
-                }
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
                     UsageError(anyhow::anyhow!("cannot listen on {addr} for admin: {e}"))
                 })?;
@@ -282,7 +286,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         Ok::<u8, anyhow::Error>(commands::audited(commands::OK, &harness.audit_health()))
     };
     tokio::select! {
-        served = served => served,
+        served = served => match served {
+            Ok(code) => Ok(code),
+            Err(e) => {
+                let _ = on_error.shutdown().await;
+                Err(e)
+            }
+        },
         Ok(code) = again_rx => {
             eprintln!("mcp-harness: stopping at once");
             Ok(code)
