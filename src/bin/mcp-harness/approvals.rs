@@ -28,7 +28,7 @@ pub struct ApprovalsArgs {
     #[arg(long)]
     pub token: Option<String>,
     /// Print the pending requests as JSON (when listing them).
-    #[arg(long, conflicts_with = "action")]
+    #[arg(long)]
     pub json: bool,
     #[command(subcommand)]
     pub action: Option<ApprovalAction>,
@@ -54,6 +54,12 @@ fn summary(params: &Value) -> String {
 }
 
 pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
+    if args.json && args.action.is_some() {
+        return Err(crate::commands::UsageError(anyhow::anyhow!(
+            "--json is for listing what waits, not with accept or decline"
+        ))
+        .into());
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))

@@ -442,3 +442,14 @@ enum Action {
         watch: bool,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap checks a command line's definition only when it is built, in debug builds:
+    /// a conflict named wrong would panic the first time that command runs.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}
