@@ -465,6 +465,30 @@ fn a_closed_stdout_ends_the_command_without_a_panic() {
     assert_eq!(out.status.code(), Some(0), "{err}");
 }
 
+// The same for stderr (`2>&1 | head`): a server that failed to start is reported there
+// after the listing.
+#[test]
+fn a_closed_stderr_ends_the_command_without_a_panic() {
+    let server = demo_cmd("s");
+    let mut child = Command::new(harness_exe())
+        .args([
+            "tools",
+            "--stdio",
+            &server,
+            "--stdio",
+            "/nonexistent/mcp-server",
+        ])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stderr.take());
+    let status = child.wait().expect("wait");
+    // 3: a server failed to start (named on stderr, which nobody reads); not 101.
+    assert_eq!(status.code(), Some(3), "{status:?}");
+}
+
 // JSON arguments and answers are objects: `--answers false` matched no field and
 // accepted every form with its defaults.
 #[test]

@@ -380,8 +380,9 @@ pub async fn serve(
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let peers = super::side::Peers::new(state.gateway.config().max_connections_per_peer);
     let mut shutdown = std::pin::pin!(shutdown);
+    let failures = crate::util::log_budget::LogBudget::default();
     while let Some((stream, permit)) =
-        super::side::accept("mcp", &listener, &connections, &mut shutdown).await
+        super::side::accept("mcp", &listener, &connections, &mut shutdown, &failures).await
     {
         let Ok(peer) = stream.peer_addr() else {
             continue; // gone already

@@ -106,17 +106,18 @@ impl Drop for PeerSlot {
 
 /// The next connection on `listener` with the permit that counts it among
 /// `connections` (a full set waits for one to close), or `None` once `shutdown` resolves.
-/// A failed accept is logged (`what` names the listener; at first, then at each power
-/// of two) and the next one awaited after a pause: out of file descriptors (EMFILE),
-/// the connection waiting stays in the backlog and every accept fails at once, which
-/// would spin a worker and flood the log.
+/// A failed accept is logged (`what` names the listener; `failures`, the listener's
+/// own budget, logs the first ten, then each power of two) and the next one awaited;
+/// out of file descriptors or memory, after a pause: the connection waiting stays in
+/// the backlog and every accept fails at once, which would spin a worker. (A peer that
+/// reset its connection costs no pause: it could slow every other peer.)
 pub(crate) async fn accept(
     what: &str,
     listener: &tokio::net::TcpListener,
     connections: &Arc<tokio::sync::Semaphore>,
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    failures: &crate::util::log_budget::LogBudget,
 ) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
-    let failures = crate::util::log_budget::LogBudget::default();
     loop {
         let permit = tokio::select! {
             p = connections.clone().acquire_owned() => p.ok()?,
@@ -129,9 +130,15 @@ pub(crate) async fn accept(
                     if let Some(failed) = failures.log() {
                         tracing::warn!(listener = what, error = %e, failed, "accept failed");
                     }
-                    tokio::select! {
-                        () = tokio::time::sleep(ACCEPT_PAUSE) => {}
-                        () = shutdown.as_mut() => return None,
+                    let out_of_resources = matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    );
+                    if out_of_resources {
+                        tokio::select! {
+                            () = tokio::time::sleep(ACCEPT_PAUSE) => {}
+                            () = shutdown.as_mut() => return None,
+                        }
                     }
                 }
             },
@@ -157,7 +164,10 @@ pub(crate) async fn serve<F, Fut>(
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let peers = Peers::new(MAX_PER_PEER);
     let mut shutdown = std::pin::pin!(shutdown);
-    while let Some((stream, permit)) = accept(what, &listener, &connections, &mut shutdown).await {
+    let failures = crate::util::log_budget::LogBudget::default();
+    while let Some((stream, permit)) =
+        accept(what, &listener, &connections, &mut shutdown, &failures).await
+    {
         let Ok(peer) = stream.peer_addr() else {
             continue; // gone already
         };

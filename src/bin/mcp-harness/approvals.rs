@@ -107,7 +107,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                     crate::terminal::json_text(&serde_json::to_string_pretty(&pending)?)
                 );
             } else if pending.is_empty() {
-                eprintln!("nothing is waiting");
+                errln!("nothing is waiting");
             } else {
                 for p in &pending {
                     outln!(
@@ -144,7 +144,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                 .with_context(|| format!("cannot reach {}", line(base)))?;
             match resp.status().as_u16() {
                 200 => {
-                    eprintln!("request {id} answered");
+                    errln!("request {id} answered");
                     Ok(crate::commands::OK)
                 }
                 401 => Err(UsageError(anyhow::anyhow!("the admin token was refused")).into()),

@@ -73,7 +73,7 @@ pub fn audited(outcome: u8, health: &mcp_harness::audit::AuditHealth) -> u8 {
     if lost == 0 {
         return outcome;
     }
-    eprintln!(
+    errln!(
         "mcp-harness: {lost} audit record(s) could not be written: {}",
         crate::terminal::line(health.last_error.as_deref().unwrap_or("unknown error"))
     );
@@ -148,7 +148,7 @@ pub fn load_with(args: &ServerArgs, text: Option<&str>) -> Result<Setup, UsageEr
         loaded.config.trace_sample_ratio = ratio;
     }
     for (name, id) in &loaded.renamed {
-        eprintln!(
+        errln!(
             "mcp-harness: server {:?} is named {id:?} here (ids use letters, digits, '-', '_', '.')",
             line(name)
         );
@@ -258,7 +258,7 @@ pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
 pub async fn go_on_without_unsettled(harness: &HarnessHandle, wait: Duration) {
     for s in harness.status() {
         if s.state == ServerState::Starting {
-            eprintln!(
+            errln!(
                 "mcp-harness: server {} not ready within --wait {wait:?}; going on without it",
                 line(&s.id)
             );
@@ -274,7 +274,7 @@ fn report_unlisted(listing: &mcp_harness::call::Listing) -> bool {
     for (unreachable, _) in &listing.unreachable {
         if unreachable.state != ServerState::Failed {
             any = true;
-            eprintln!(
+            errln!(
                 "mcp-harness: could not list {}",
                 line(&unreachable.to_string())
             );
@@ -290,7 +290,7 @@ fn report_failed(harness: &HarnessHandle) -> bool {
         if s.state == ServerState::Failed {
             any = true;
             let why = s.last_error.as_deref().map(line).unwrap_or_default();
-            eprintln!("mcp-harness: server {} failed: {why}", s.id);
+            errln!("mcp-harness: server {} failed: {why}", s.id);
         }
     }
     any
@@ -340,7 +340,7 @@ pub async fn tools(
     report_unlisted(&listing);
     let failed = report_failed(harness);
     if tools.is_empty() && !failed {
-        eprintln!(
+        errln!(
             "no tools: no server is ready, or agent {agent:?} is granted none (see `mcp-harness status`)"
         );
     }
@@ -385,7 +385,7 @@ pub async fn search(
     }
     let failed = report_failed(harness);
     if found.is_empty() && !failed {
-        eprintln!("no tool of agent {agent:?} matches {:?}", line(query));
+        errln!("no tool of agent {agent:?} matches {:?}", line(query));
     }
     // What was found is not all there is: a server that could not be listed may hold
     // a better match.
@@ -460,7 +460,7 @@ fn print_content(result: &Value) {
 
 /// Prints a failed call in one or two lines and picks its exit code.
 fn report(harness: &HarnessHandle, e: &CallError) -> u8 {
-    eprintln!("mcp-harness: {}", line(&e.to_string()));
+    errln!("mcp-harness: {}", line(&e.to_string()));
     let (hint, code) = match e {
         CallError::Denied { .. } => (
             "grant the agent this tool under [permissions], or pick another with --agent",
@@ -490,7 +490,7 @@ fn report(harness: &HarnessHandle, e: &CallError) -> u8 {
         _ => ("", TOOL_ERROR),
     };
     if !hint.is_empty() {
-        eprintln!("  {hint}");
+        errln!("  {hint}");
     }
     if code == NO_SERVER {
         report_failed(harness);

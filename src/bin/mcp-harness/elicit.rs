@@ -74,7 +74,7 @@ fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Typed>> 
                 }
             });
         if let Err(e) = reader {
-            eprintln!("mcp-harness: cannot read the terminal: {e}");
+            errln!("mcp-harness: cannot read the terminal: {e}");
         }
         std::sync::Mutex::new(rx)
     })
@@ -130,7 +130,7 @@ impl Asker {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
                     *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(std::time::Instant::now());
-                    eprintln!("\n(the question was withdrawn)");
+                    errln!("\n(the question was withdrawn)");
                     return None;
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -221,7 +221,7 @@ impl InputHandler for CliApprover {
             tokio::task::spawn_blocking(move || {
                 let _one_at_a_time = prompt_lock();
                 if !interactive {
-                    eprintln!("mcp-harness: sampling declined: approval needs a terminal");
+                    errln!("mcp-harness: sampling declined: approval needs a terminal");
                     return json!({"action": "decline"});
                 }
                 if asker.withdrawn() {
@@ -236,12 +236,12 @@ impl InputHandler for CliApprover {
                     Some(n) => format!("up to {n} tokens"),
                     None => "the configured most tokens".to_string(),
                 };
-                eprintln!(
+                errln!(
                     "server {} asks the model for {tokens}, {messages} message(s):",
                     line(&request.server),
                 );
                 for shown in sampling_shown(p) {
-                    eprintln!("  {shown}");
+                    errln!("  {shown}");
                 }
                 match asker.ask("allow? [y/N] ").as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => json!({"action": "accept"}),
@@ -255,7 +255,7 @@ impl InputHandler for CliApprover {
 }
 
 fn decline(why: &str) -> Value {
-    eprintln!("mcp-harness: elicitation declined: {why}");
+    errln!("mcp-harness: elicitation declined: {why}");
     json!({"action": "decline"})
 }
 
@@ -305,7 +305,7 @@ fn url_mode(
             "the URL is not an https URL of at most 2048 characters without credentials",
         );
     };
-    eprintln!(
+    errln!(
         "Server {} asks you to open this URL yourself (host {}):\n  {}\n  ({message})",
         line(&request.server),
         line(parsed.host_str().unwrap_or("")),
@@ -370,7 +370,7 @@ impl Form<'_> {
     /// accepted only by a yes.
     fn ask(&self, request: &InputRequestContext, asker: &Asker) -> Value {
         let message = shown(request.params["message"].as_str().unwrap_or(""));
-        eprintln!("\nServer {} asks: {message}", line(&request.server));
+        errln!("\nServer {} asks: {message}", line(&request.server));
         if self.props.is_empty() {
             return match asker.ask("accept? [y/N] ").as_deref().map(str::trim) {
                 Some("y" | "Y" | "yes") => json!({"action": "accept", "content": {}}),
@@ -378,7 +378,7 @@ impl Form<'_> {
                 None => json!({"action": "cancel"}),
             };
         }
-        eprintln!("(press Enter for the default; type !decline or !cancel to refuse)");
+        errln!("(press Enter for the default; type !decline or !cancel to refuse)");
         let mut content = Map::new();
         for (field, def) in self.props {
             match self.ask_field(field, def, asker) {
@@ -426,11 +426,11 @@ impl Form<'_> {
                 "!decline" => return Err(json!({"action": "decline"})),
                 "!cancel" => return Err(json!({"action": "cancel"})),
                 "" if def.get("default").is_some() => return Ok(def.get("default").cloned()),
-                "" if required => eprintln!("  {} is required", line(field)),
+                "" if required => errln!("  {} is required", line(field)),
                 "" => return Ok(None),
                 typed => match parse(kind, def, typed) {
                     Ok(v) => return Ok(Some(v)),
-                    Err(e) => eprintln!("  {}", shown(&e)),
+                    Err(e) => errln!("  {}", shown(&e)),
                 },
             }
         }

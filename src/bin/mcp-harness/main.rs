@@ -7,12 +7,38 @@
 
 /// `println!` that does not panic once stdout is gone (`mcp-harness tools | head`):
 /// what is left is dropped, and the command ends as it would (its servers stopped,
-/// its audit records written).
+/// its audit records written). Any other failure (a full disk) is remembered, and the
+/// program then exits 1 ([`output_failed`]).
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        $crate::wrote(writeln!(std::io::stdout(), $($arg)*));
     }};
+}
+
+/// `eprintln!` that does not panic once stderr is gone (`… 2>&1 | head`).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Whether writing the command's output failed other than by its reader going away.
+static OUTPUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes how a write of the command's output went (see [`outln!`]).
+fn wrote(result: std::io::Result<()>) {
+    if let Err(e) = result
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        OUTPUT_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether the command's output could not all be written (see [`outln!`]).
+fn output_failed() -> bool {
+    OUTPUT_FAILED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 mod approvals;
@@ -151,7 +177,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("mcp-harness: cannot start the async runtime: {e}");
+            errln!("mcp-harness: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -184,12 +210,12 @@ fn main() -> ExitCode {
             Ok(_) if telemetry::traces_off() => None,
             Ok(p) => p,
             Err(e) => {
-                eprintln!("mcp-harness: traces are not exported: {}", shown(&e));
+                errln!("mcp-harness: traces are not exported: {}", shown(&e));
                 None
             }
         };
         if let Err(e) = telemetry::meter(&config) {
-            eprintln!("mcp-harness: metrics are not exported: {}", shown(&e));
+            errln!("mcp-harness: metrics are not exported: {}", shown(&e));
         }
         (provider, Some(()))
     };
@@ -217,7 +243,7 @@ fn main() -> ExitCode {
     if let Some(provider) = provider {
         // Every span ended so far goes out before the process does.
         if let Err(e) = provider.shutdown() {
-            eprintln!(
+            errln!(
                 "mcp-harness: exporting traces: {}",
                 terminal::sanitize(&e.to_string(), true)
             );
@@ -228,10 +254,14 @@ fn main() -> ExitCode {
     // exit code must get out.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match outcome {
+        Ok(0) if output_failed() => {
+            errln!("mcp-harness: the output could not be written");
+            ExitCode::from(1)
+        }
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             // A config file's names and values are in it: printed without escapes.
-            eprintln!(
+            errln!(
                 "mcp-harness: {}",
                 terminal::sanitize(&format!("{e:#}"), true)
             );
@@ -268,7 +298,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             return tokio::select! {
                 done = demo::run() => done.map(|()| commands::OK),
                 code = stop.recv() => {
-                    eprintln!("\nmcp-harness: interrupted; stopping the demo");
+                    errln!("\nmcp-harness: interrupted; stopping the demo");
                     Ok(code)
                 }
             };
@@ -351,7 +381,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         if watching {
             return commands::OK;
         }
-        eprintln!("\nmcp-harness: interrupted; stopping servers");
+        errln!("\nmcp-harness: interrupted; stopping servers");
         code
     };
     let mut stop = signals::Stop::install();
@@ -412,7 +442,7 @@ async fn shut_down(
     tokio::select! {
         health = harness.shutdown() => Ok(health),
         again = stop.recv() => {
-            eprintln!("mcp-harness: stopping at once");
+            errln!("mcp-harness: stopping at once");
             Err(again)
         }
     }

@@ -56,7 +56,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let kid = format!("k{}-{:06}", made.as_secs(), made.subsec_micros());
-        outln!("{kid}:{}", gateway::seal::new_key()?);
+        // Written or failed loudly: a key lost to a full disk must not look made.
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{kid}:{}", gateway::seal::new_key()?)?;
+        out.flush()?;
         return Ok(commands::OK);
     }
     let usage = |e: gateway::GatewayError| UsageError(e.into());
@@ -107,7 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             return Ok(tokio::select! {
                 health = harness.shutdown() => commands::audited(commands::OK, &health),
                 code = stop.recv() => {
-                    eprintln!("mcp-harness: stopping at once");
+                    errln!("mcp-harness: stopping at once");
                     code
                 }
             });
@@ -117,7 +121,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     // within shutdown_grace), a second at once (the servers' process groups are killed
     // as the runtime drops their handles).
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
-    let (again_tx, again_rx) = tokio::sync::oneshot::channel::<u8>();
+    let (again_tx, mut again_rx) = tokio::sync::oneshot::channel::<u8>();
     tokio::spawn(async move {
         stop.recv().await;
         // Taken whether or not a stop has begun otherwise (a stdio client's input
@@ -289,12 +293,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         served = served => match served {
             Ok(code) => Ok(code),
             Err(e) => {
-                let _ = on_error.shutdown().await;
+                // A signal meanwhile still ends it at once.
+                let health = tokio::select! {
+                    health = on_error.shutdown() => health,
+                    Ok(code) = &mut again_rx => {
+                        errln!("mcp-harness: stopping at once");
+                        return Ok(code);
+                    }
+                };
+                let code = commands::audited(commands::OK, &health);
+                if code != commands::OK {
+                    errln!("mcp-harness: {}", crate::terminal::sanitize(&format!("{e:#}"), true));
+                    return Ok(code);
+                }
                 Err(e)
             }
         },
-        Ok(code) = again_rx => {
-            eprintln!("mcp-harness: stopping at once");
+        Ok(code) = &mut again_rx => {
+            errln!("mcp-harness: stopping at once");
             Ok(code)
         }
     }

@@ -63,7 +63,7 @@ pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
                 .iter()
                 .any(|s| matches!(s.transport, TransportSpec::Http(_)));
             if remote {
-                eprintln!(
+                errln!(
                     "mcp-harness: neither HOME nor XDG_CACHE_HOME is set: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
                 );
             }
@@ -97,7 +97,7 @@ pub fn authorizer(
             .as_deref()
             .map(|i| format!(" as {}", line(i)))
             .unwrap_or_default();
-        eprintln!(
+        errln!(
             "mcp-harness: sign in to {}{who} at:\n  {}",
             line(&request.server),
             line(url)
@@ -134,11 +134,11 @@ pub async fn login(harness: &HarnessHandle, server: &str) -> anyhow::Result<u8> 
         .ok_or_else(|| UsageError(anyhow::anyhow!("no server named {:?}", line(server))))?;
     match status.state {
         ServerState::Ready if harness.signed_in(server, None) => {
-            eprintln!("mcp-harness: signed in to {}", line(server));
+            errln!("mcp-harness: signed in to {}", line(server));
             Ok(OK)
         }
         ServerState::Ready => {
-            eprintln!(
+            errln!(
                 "mcp-harness: {} did not ask anyone to sign in",
                 line(server)
             );
@@ -146,7 +146,7 @@ pub async fn login(harness: &HarnessHandle, server: &str) -> anyhow::Result<u8> 
         }
         _ => {
             let why = status.last_error.as_deref().map(line).unwrap_or_default();
-            eprintln!("mcp-harness: could not sign in to {}: {why}", line(server));
+            errln!("mcp-harness: could not sign in to {}: {why}", line(server));
             Ok(NO_SERVER)
         }
     }
@@ -163,7 +163,7 @@ pub fn logout(store: &dyn TokenStore, server: &str, known: bool) -> anyhow::Resu
         ))
         .into());
     }
-    eprintln!(
+    errln!(
         "mcp-harness: signed out of {} ({n} token(s) forgotten)",
         line(server)
     );

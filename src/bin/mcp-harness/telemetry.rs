@@ -222,7 +222,7 @@ pub fn traces_off() -> bool {
 /// each reload).
 fn warn_once(what: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| eprintln!("mcp-harness: {what}"));
+    SAID.call_once(|| errln!("mcp-harness: {what}"));
 }
 
 fn unsupported(protocol: &str) -> anyhow::Error {
@@ -346,7 +346,7 @@ pub async fn flush_metrics() {
         // The flush waits for the export; off the async threads.
         let flushed = tokio::task::spawn_blocking(|| p.force_flush()).await;
         if let Ok(Err(e)) = flushed {
-            eprintln!("mcp-harness: exporting metrics: {e}");
+            errln!("mcp-harness: exporting metrics: {e}");
         }
     }
 }
@@ -356,7 +356,7 @@ pub fn shutdown_metrics() {
     if let Some(p) = METERS.get()
         && let Err(e) = p.shutdown()
     {
-        eprintln!("mcp-harness: exporting metrics: {e}");
+        errln!("mcp-harness: exporting metrics: {e}");
     }
 }
 

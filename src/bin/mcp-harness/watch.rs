@@ -270,13 +270,20 @@ pub async fn watch(
             _ = &mut interrupted => return Ok(crate::commands::OK),
         };
         let mut out = std::io::stdout().lock();
-        if terminal {
+        let written = if terminal {
             // Home and clear, then the table: a redraw in place.
-            write!(out, "\x1b[H\x1b[2J{table}")?;
+            write!(out, "\x1b[H\x1b[2J{table}")
         } else {
-            writeln!(out, "{table}")?;
+            writeln!(out, "{table}")
         }
-        out.flush()?;
+        .and_then(|()| out.flush());
+        match written {
+            // Its reader went away (`| head`): as good as Ctrl-C.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                return Ok(crate::commands::OK);
+            }
+            other => other?,
+        }
     }
 }
 
