@@ -528,16 +528,7 @@ fn serve_on_a_port_in_use_stops_its_servers_and_says_why() {
     let o = run(&["serve", "--stdio", &server, "--listen", &addr, "--dev-keys"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("cannot listen"), "{}", stderr(&o));
-    let ours: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains(&mark.display().to_string()))
-        })
-        .filter(|pid| alive(*pid))
-        .collect();
+    let ours = processes_with(&mark.display().to_string());
     assert!(ours.is_empty(), "server processes left: {ours:?}");
     drop(taken);
 }
@@ -730,16 +721,7 @@ fn ctrl_c_stops_every_server_and_exits() {
         String::from_utf8_lossy(&out.stderr)
     );
     // The server was a child of the program, in its own process group; none is left.
-    let ours: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains(&pidfile.display().to_string()))
-        })
-        .filter(|pid| alive(*pid))
-        .collect();
+    let ours = processes_with(&pidfile.display().to_string());
     assert!(ours.is_empty(), "server processes left: {ours:?}");
     let _ = std::fs::remove_file(pidfile);
 }
@@ -2003,18 +1985,7 @@ fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
         Some(143)
     );
     // Killed as serve ends: gone within moments (SIGKILL is not instant).
-    let left = || -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .expect("proc")
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.contains(&record.display().to_string()))
-            })
-            .filter(|pid| alive(*pid))
-            .collect()
-    };
+    let left = || processes_with(&record.display().to_string());
     let gone_by = std::time::Instant::now() + Duration::from_secs(5);
     while !left().is_empty() && std::time::Instant::now() < gone_by {
         std::thread::sleep(Duration::from_millis(50));

@@ -28,21 +28,6 @@ fn tag() -> String {
     )
 }
 
-/// Processes whose command line mentions `needle`.
-fn processes_with(needle: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
-                && alive(*pid)
-        })
-        .collect()
-}
-
 /// A config: `alpha` (modern) and `beta` (legacy) demo servers; agent `a` may use
 /// everything, `b` only `alpha`'s `echo`; tokens `tok-a`, `tok-a2` (agent `a` in auth
 /// context `other`) and `tok-b`.

@@ -129,6 +129,21 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Live processes whose command line mentions `needle`.
+pub fn processes_with(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+                && alive(*pid)
+        })
+        .collect()
+}
+
 /// Children of this process, zombies included.
 pub fn own_children() -> Vec<u32> {
     let me = std::process::id();

@@ -2504,15 +2504,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_token_the_store_could_not_take_is_kept_over_the_stores_older_one_but_not_over_a_newer() {
+    /// A store whose writes can be made to fail, and what a sign-in over it needs.
+    fn on_a_full_disk() -> (Arc<FullDisk>, Url, SignInContext, rustls::ClientConfig) {
         let store = Arc::new(FullDisk::default());
         let url = Url::parse("https://mcp.example.com/mcp").expect("url");
         let ctx = SignInContext {
             store: store.clone(),
             ..SignInContext::default()
         };
-        let tls = client_tls(None).expect("tls");
+        (store, url, ctx, client_tls(None).expect("tls"))
+    }
+
+    #[test]
+    fn a_token_the_store_could_not_take_is_kept_over_the_stores_older_one_but_not_over_a_newer() {
+        let (store, url, ctx, tls) = on_a_full_disk();
         let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
         // Each issued later than the one before, and so expiring later.
         let named = |access: &str, at: u64| {
@@ -2596,13 +2601,7 @@ mod tests {
 
     #[test]
     fn a_new_connection_holds_the_token_the_store_could_not_take() {
-        let store = Arc::new(FullDisk::default());
-        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
-        let ctx = SignInContext {
-            store: store.clone(),
-            ..SignInContext::default()
-        };
-        let tls = client_tls(None).expect("tls");
+        let (store, url, ctx, tls) = on_a_full_disk();
         let conn = || {
             SignIn::new("s", &url, OAuthConfig::default(), ctx.clone(), tls.clone())
                 .expect("sign-in")
