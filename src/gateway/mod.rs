@@ -1557,10 +1557,7 @@ impl Gateway {
     ) -> Result<String, RpcError> {
         let now = self.now();
         match now.names.resolve(served) {
-            same if same == served
-                && names::looks_shortened(served)
-                && !now.names.is_upstream(served) =>
-            {
+            same if same == served && names::looks_shortened(served) => {
                 let _slot = if held {
                     None
                 } else {

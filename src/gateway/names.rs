@@ -39,10 +39,6 @@ pub enum Prefix {
 pub struct Names {
     prefix: Prefix,
     renamed: Mutex<HashMap<String, String>>,
-    /// Names a server really gives its tools that have a shortened name's shape (an id
-    /// or a hash at their end): served renamed, but a caller that names one as it is
-    /// reaches it without a listing to learn it. Emptied with `renamed`.
-    upstream: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Whether `name` is served as it is: short, of safe characters, and not of a
@@ -105,7 +101,6 @@ impl Names {
         Names {
             prefix,
             renamed: Mutex::default(),
-            upstream: Mutex::default(),
         }
     }
 
@@ -166,16 +161,11 @@ impl Names {
             .flatten()
             .filter(|short| !renamed.contains_key(short.as_str()))
             .count();
-        let mut upstream = self.upstream.lock();
         if renamed.len().saturating_add(adding) > MAX_RENAMED {
             renamed.clear();
-            upstream.clear();
         }
         for ((name, item), short) in out.iter_mut().zip(shorts) {
             if let Some(short) = short {
-                if looks_shortened(name) {
-                    upstream.insert(name.clone());
-                }
                 if let Some(other) = renamed.insert(short.clone(), name.clone())
                     && other != *name
                 {
@@ -186,11 +176,6 @@ impl Names {
             }
         }
         out
-    }
-
-    /// Whether `name` is one a server gives its tool (served renamed for its shape).
-    pub fn is_upstream(&self, name: &str) -> bool {
-        self.upstream.lock().contains(name)
     }
 
     /// The harness name of a served name.
@@ -252,14 +237,18 @@ mod tests {
         let short_made = shorten("get issue");
         assert!(short_made.len() < MAX_NAME && looks_shortened(&short_made));
         assert_ne!(shorten(&short_made), short_made);
-        // A tool named so upstream is served renamed, and known as one a server gives.
+        // A tool named so upstream is served renamed; its own name, called, is not a
+        // name the gateway made (learning it from a listing finds no other).
         let names = Names::new(Prefix::Never);
         let (served, _) = names
             .expose(&[tool("s", "report_2024010112345678")], |_| 0)
             .remove(0);
         assert_ne!(served, "report_2024010112345678");
-        assert!(names.is_upstream("report_2024010112345678"));
         assert_eq!(names.resolve(&served), "report_2024010112345678");
+        assert_eq!(
+            names.resolve("report_2024010112345678"),
+            "report_2024010112345678"
+        );
         assert!(!looks_shortened("get_issue_0123456789ABCDEF"));
         assert!(!looks_shortened("get_issue-0123456789abcdef"));
 

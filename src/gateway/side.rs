@@ -108,9 +108,10 @@ impl Drop for PeerSlot {
 /// `connections` (a full set waits for one to close), or `None` once `shutdown` resolves.
 /// A failed accept is logged (`what` names the listener; `failures`, the listener's
 /// own budget, logs the first ten, then each power of two) and the next one awaited;
-/// out of file descriptors or memory, after a pause: the connection waiting stays in
-/// the backlog and every accept fails at once, which would spin a worker. (A peer that
-/// reset its connection costs no pause: it could slow every other peer.)
+/// after a pause unless the failure was one connection's (a peer that reset its own
+/// costs no pause, which would slow every other peer): out of file descriptors, the
+/// connection waiting stays in the backlog and every accept fails at once, which would
+/// spin a worker.
 pub(crate) async fn accept(
     what: &str,
     listener: &tokio::net::TcpListener,
@@ -130,11 +131,24 @@ pub(crate) async fn accept(
                     if let Some(failed) = failures.log() {
                         tracing::warn!(listener = what, error = %e, failed, "accept failed");
                     }
-                    let out_of_resources = matches!(
+                    // One connection's own failure passes with it; anything else (out of
+                    // descriptors or memory, a security module's refusal) may fail every
+                    // accept at once while the connection waits in the backlog.
+                    let one_connections = matches!(
                         e.raw_os_error(),
-                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                        Some(
+                            libc::ECONNABORTED
+                                | libc::ECONNRESET
+                                | libc::EPROTO
+                                | libc::EINTR
+                                | libc::EAGAIN
+                                | libc::ENETDOWN
+                                | libc::ENETUNREACH
+                                | libc::EHOSTDOWN
+                                | libc::EHOSTUNREACH
+                        )
                     );
-                    if out_of_resources {
+                    if !one_connections {
                         tokio::select! {
                             () = tokio::time::sleep(ACCEPT_PAUSE) => {}
                             () = shutdown.as_mut() => return None,

@@ -114,7 +114,7 @@ impl Asker {
         if self.withdrawn() {
             return None;
         }
-        eprint!("{prompt}");
+        let _ = write!(std::io::stderr(), "{prompt}");
         let _ = std::io::stderr().flush();
         let shown = std::time::Instant::now();
         // Only the first question after a withdrawal drops lines: later ones take what
