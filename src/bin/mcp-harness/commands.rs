@@ -253,18 +253,23 @@ pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
     }
 }
 
-/// `--wait` passed: servers still starting are left out (stopped), so that nothing
-/// after waits on them.
+/// `--wait` passed: servers still starting are left out (stopped, all at once: each
+/// may take its grace), so that nothing after waits on them.
 pub async fn go_on_without_unsettled(harness: &HarnessHandle, wait: Duration) {
-    for s in harness.status() {
-        if s.state == ServerState::Starting {
+    let removals = harness
+        .status()
+        .into_iter()
+        .filter(|s| s.state == ServerState::Starting)
+        .map(|s| {
             errln!(
                 "mcp-harness: server {} not ready within --wait {wait:?}; going on without it",
                 line(&s.id)
             );
-            let _ = harness.remove_server(&s.id).await;
-        }
-    }
+            async move {
+                let _ = harness.remove_server(&s.id).await;
+            }
+        });
+    futures_util::future::join_all(removals).await;
 }
 
 /// Prints one line per server the caller may use that could not be listed and has not

@@ -398,7 +398,18 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         });
     }
     if !matches!(action, Action::Status { .. } | Action::Login { .. }) {
-        commands::go_on_without_unsettled(&harness, servers.wait).await;
+        // Each left-out server's stop may take its grace: a signal meanwhile is heard.
+        let interrupted = tokio::select! {
+            () = commands::go_on_without_unsettled(&harness, servers.wait) => None,
+            code = stop.recv() => Some(code),
+        };
+        if let Some(code) = interrupted {
+            let code = stopped_with(code);
+            return Ok(match shut_down(&harness, &mut stop).await {
+                Ok(health) => commands::audited(code, &health),
+                Err(again) => again,
+            });
+        }
     }
     let agent = setup.agent.clone();
     let work = async {
