@@ -386,8 +386,17 @@ async fn run(command: Command) -> anyhow::Result<u8> {
     };
     let mut stop = signals::Stop::install();
     let harness = commands::start(&setup, &servers, answers, login).await?;
+    let leaves_out = !matches!(action, Action::Status { .. } | Action::Login { .. });
+    // Startup, and the stop of servers still starting after --wait (each may take its
+    // grace), both hear a signal.
+    let starting = async {
+        commands::settle(&harness, servers.wait, login).await;
+        if leaves_out {
+            commands::go_on_without_unsettled(&harness, servers.wait).await;
+        }
+    };
     let stopped = tokio::select! {
-        () = commands::settle(&harness, servers.wait, login) => None,
+        () = starting => None,
         code = stop.recv() => Some(code),
     };
     if let Some(code) = stopped {
@@ -396,20 +405,6 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             Ok(health) => commands::audited(code, &health),
             Err(again) => again,
         });
-    }
-    if !matches!(action, Action::Status { .. } | Action::Login { .. }) {
-        // Each left-out server's stop may take its grace: a signal meanwhile is heard.
-        let interrupted = tokio::select! {
-            () = commands::go_on_without_unsettled(&harness, servers.wait) => None,
-            code = stop.recv() => Some(code),
-        };
-        if let Some(code) = interrupted {
-            let code = stopped_with(code);
-            return Ok(match shut_down(&harness, &mut stop).await {
-                Ok(health) => commands::audited(code, &health),
-                Err(again) => again,
-            });
-        }
     }
     let agent = setup.agent.clone();
     let work = async {
