@@ -4102,6 +4102,66 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
 }
 
+// A stdio client that closes its input and then reads its last answers slowly, but
+// steadily, gets them all: the session's end waits while the gateway writes, a piece at
+// a time. Before, a burst of over a megabyte had to be written whole within
+// `write_timeout`, and the session ended part-way through it.
+#[tokio::test]
+async fn a_stdio_client_reading_its_last_answers_slowly_gets_them_all() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let setup = Setup::new("write_timeout = \"1s\"", &[("k1", &key("k1"))]);
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let text = "x".repeat(600 * 1024);
+    for id in 1..=3 {
+        let mut call = request(
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": text}}),
+        );
+        call["id"] = json!(id);
+        stdin
+            .write_all(format!("{call}\n").as_bytes())
+            .await
+            .expect("write");
+    }
+    drop(stdin);
+    // Until every call is answered (its record written), nothing is read.
+    assert!(
+        eventually(Duration::from_secs(60), || setup.audit_counts().1 >= 3).await,
+        "the calls finish"
+    );
+    // Then 64 KiB every 300 ms: about 1.8 MB in some 9 s, each piece well within the
+    // second, the whole far past it.
+    let mut got = Vec::new();
+    let mut piece = vec![0u8; 64 << 10];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), stdout.read(&mut piece))
+            .await
+            .expect("read")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&piece[..n]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let answered = got
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .filter(|m| m["result"].is_object())
+        .count();
+    assert_eq!(answered, 3, "{} bytes read", got.len());
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+}
+
 // At shutdown a legacy session's call in flight is given the grace, as every other
 // call: it finishes and its answer is written.
 #[tokio::test]

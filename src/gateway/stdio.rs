@@ -238,6 +238,9 @@ impl ClientPeer for Pipe {
     }
 }
 
+/// The most written to the client before the writer says it made progress.
+const WRITE_PIECE: usize = 64 << 10;
+
 /// Serves one client on `input`/`output` as `principal` until the input ends or
 /// `shutdown` resolves. Either way nothing more is read, the questions put to the client
 /// fail, and the calls in flight finish (a shutdown also shuts the harness down, which
@@ -282,12 +285,19 @@ pub async fn serve(
                 buf.extend_from_slice(&more);
             }
             taken.fetch_sub(buf.len(), Ordering::Relaxed);
-            if output.write_all(&buf).await.is_err() || output.flush().await.is_err() {
+            // A piece at a time, each told: a client that reads slowly is seen to read
+            // (the session's end waits on that), not only when a whole burst is in.
+            for piece in buf.chunks(WRITE_PIECE) {
+                if output.write_all(piece).await.is_err() {
+                    return;
+                }
+                // A client that does not read holds this count up, and its input unread.
+                written.fetch_sub(piece.len(), Ordering::Relaxed);
+                told.notify_waiters();
+            }
+            if output.flush().await.is_err() {
                 return;
             }
-            // A client that does not read holds this count up, and its input unread.
-            written.fetch_sub(buf.len(), Ordering::Relaxed);
-            told.notify_waiters();
             buf.clear();
         }
     });
