@@ -3968,21 +3968,12 @@ async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
 // bound), and the call's answer still arrives once the client reads again.
 #[tokio::test]
 async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_answer() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     // 3,000 updates of 4 KiB, paced so that the harness's own progress path (which
     // drops what its caller cannot take at once) keeps up: 12 MiB, three times the budget.
     const STEPS: u64 = 3_000;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--agent", "a", "--config"])
-        .arg(&setup.config)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let stdout = child.stdout.take().expect("stdout");
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
     let mut call = request(
         "tools/call",
         json!({"name": "alpha__progress", "arguments": {"steps": STEPS, "message_bytes": 4096, "pause_every": 8}}),
@@ -3997,7 +3988,6 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
         eventually(Duration::from_secs(120), || setup.audit_counts().1 >= 1).await,
         "the call finishes while its client is not reading"
     );
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
     let (mut progress, mut bytes, mut answer) = (0u64, 0usize, None);
     while answer.is_none() {
         let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -4035,7 +4025,7 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
 // free for the next request, not held until the listing finishes.
 #[tokio::test]
 async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     let slow = text.replacen(
@@ -4045,16 +4035,7 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
     );
     assert_ne!(slow, text);
     std::fs::write(&setup.config, slow).expect("config");
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--agent", "a", "--config"])
-        .arg(&setup.config)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
     let list = request("tools/list", json!({}));
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 1, "reason": "no longer needed"}});
@@ -4110,16 +4091,9 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
 async fn a_stdio_client_reading_its_last_answers_slowly_gets_them_all() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let setup = Setup::new("write_timeout = \"1s\"", &[("k1", &key("k1"))]);
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--agent", "a", "--config"])
-        .arg(&setup.config)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut stdout = child.stdout.take().expect("stdout");
+    let (mut child, mut stdin, lines) = stdio_gateway(&setup);
+    // Read in pieces of its own size, not by lines.
+    let mut stdout = lines.into_inner();
     let text = "x".repeat(600 * 1024);
     for id in 1..=3 {
         let mut call = request(
