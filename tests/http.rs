@@ -128,6 +128,32 @@ async fn event_stream_replies_deliver_notifications_before_the_result() {
     conn.shutdown().await;
 }
 
+/// An error whose id is null, on a request's own event stream, is that request's: a
+/// server that could not read the id answers the only request the stream is for.
+#[tokio::test]
+async fn an_error_without_an_id_on_a_requests_own_stream_fails_it_at_once() {
+    let server = HttpServer::demo(&["gamma", "--sse"]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    // Its deadline is 30 s: the error, not the deadline, ends the call.
+    let e = conn
+        .request("tools/call", call("null_id_error", json!({})))
+        .await
+        .expect_err("the server's error");
+    match e {
+        RequestError::Rpc(e) => assert_eq!(e.message, "could not read the request"),
+        other => panic!("expected the server's error, got {other}"),
+    }
+    // The connection still serves.
+    let r = conn
+        .request("tools/call", call("echo", json!({"text": "after"})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "after");
+    conn.shutdown().await;
+}
+
 /// A legacy `delta` demo server over HTTP with `extra` flags (and `--record RECORD`
 /// when given), and a connection to it with `opts`.
 async fn legacy_delta(

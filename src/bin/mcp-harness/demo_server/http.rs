@@ -115,11 +115,26 @@ fn pump_sse(mut out: mpsc::UnboundedReceiver<Out>) -> mpsc::UnboundedReceiver<By
         // A priming event with only an id, as servers send so clients can resume.
         let _ = tx.send(Bytes::from_static(b"id: 0\nretry: 1000\ndata:\n\n"));
         while let Some(o) = out.recv().await {
-            if let Out::Message(m) = o {
-                n += 1;
-                if tx.send(sse_frame(&m, n)).is_err() {
-                    return;
+            let frame = match o {
+                Out::Message(m) => {
+                    n += 1;
+                    sse_frame(&m, n)
                 }
+                // Each line its own data field: the event's data is the text as written.
+                Out::Raw(bytes) => {
+                    let mut frame = Vec::new();
+                    for line in bytes.split(|b| *b == b'\n') {
+                        frame.extend_from_slice(b"data: ");
+                        frame.extend_from_slice(line);
+                        frame.push(b'\n');
+                    }
+                    frame.push(b'\n');
+                    Bytes::from(frame)
+                }
+                Out::CloseStdout => continue,
+            };
+            if tx.send(frame).is_err() {
+                return;
             }
         }
     });
@@ -536,6 +551,10 @@ fn stream_reply(
                     }
                 }
                 Action::Exit(code) => std::process::exit(code),
+                Action::RawLine(text) => {
+                    let id = serde_json::to_string(&id).unwrap_or_default();
+                    let _ = out_tx.send(Out::Raw(text.replace("{id}", &id).into_bytes()));
+                }
                 Action::BrokenStream { then_exit } => {
                     if then_exit {
                         // Gone before the client resumes (it waits the stream's retry,

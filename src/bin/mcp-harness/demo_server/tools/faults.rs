@@ -30,6 +30,10 @@ pub fn tools() -> Vec<Value> {
         ),
         plain("wrong_id", "Answers with an id that was never sent"),
         plain("duplicate", "Answers twice"),
+        plain(
+            "null_id_error",
+            "Answers with an error whose id is null (a server that could not read the request's id)",
+        ),
         tool(
             "both",
             "Answers with result and error together",
@@ -163,6 +167,11 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         }
         "batch" => return raw(r#"[{"jsonrpc":"2.0","id":{id},"result":{"content":[]}}]"#),
         "wrong_id" => return raw(r#"{"jsonrpc":"2.0","id":987654321,"result":{"content":[]}}"#),
+        "null_id_error" => {
+            return raw(
+                r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"could not read the request"}}"#,
+            );
+        }
         "duplicate" => {
             return raw(
                 r#"{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"once"}]}}
