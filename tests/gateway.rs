@@ -1074,6 +1074,105 @@ async fn a_peer_holding_idle_connections_to_the_mcp_listener_holds_only_its_shar
     gw.stop().await;
 }
 
+// Out of file descriptors, every accept fails at once while the connection waits in the
+// backlog: the listener pauses between tries instead of spinning (which its log's count
+// of failures shows), and serves again once descriptors are free.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let log = temp_file(&format!("{}-stderr", setup.tag));
+    let config = setup.config.display().to_string();
+    let server = HttpServer::start_with(
+        &harness_exe(),
+        &["serve", "--config", &config, "--listen", "127.0.0.1:0"],
+        &[("RUST_LOG", "warn")],
+        std::fs::File::create(&log).expect("log").into(),
+    )
+    .await;
+    let gw = Gateway {
+        server,
+        http: http_client(),
+    };
+    // Both servers running first: their pipes are open before the limit.
+    let (status, r) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{r}");
+    let pid = gw.server.child.id().expect("pid");
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .count() as libc::rlim_t;
+    let limit = |soft: Option<libc::rlim_t>| {
+        let mut old = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain values in, `old` out; the target is our own child.
+        let rc = unsafe {
+            libc::prlimit(
+                pid as libc::pid_t,
+                libc::RLIMIT_NOFILE,
+                std::ptr::null(),
+                &mut old,
+            )
+        };
+        assert_eq!(rc, 0, "read the limit");
+        if let Some(soft) = soft {
+            let new = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: old.rlim_max,
+            };
+            // SAFETY: as above.
+            let rc = unsafe {
+                libc::prlimit(
+                    pid as libc::pid_t,
+                    libc::RLIMIT_NOFILE,
+                    &new,
+                    std::ptr::null_mut(),
+                )
+            };
+            assert_eq!(rc, 0, "set the limit");
+        }
+        old.rlim_cur
+    };
+    let before = limit(Some(open + 2));
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(
+            tokio::net::TcpStream::connect(gw.authority())
+                .await
+                .expect("connect"),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(held);
+    limit(Some(before));
+    let (status, r) = gw.modern("tok-a", "tools/list", json!({})).await;
+    assert_eq!(status, 200, "served again: {r}");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let failures: Vec<u64> = text
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .filter_map(|l| {
+            l.split("failed=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let Some(most) = failures.iter().copied().max() else {
+        panic!("no accept failed: {text}");
+    };
+    // About ten tries a second with the pause; without it, a try every few microseconds.
+    assert!(
+        most < 64,
+        "{most} failed accepts in 1.5 s: a spinning listener"
+    );
+    gw.stop().await;
+    let _ = std::fs::remove_file(&log);
+}
+
 // A missing client capability is a 400, whatever progressToken the request carries: one
 // the gateway does not take (null, a fraction, an object) made the answer an event
 // stream, and the error went out as 200.

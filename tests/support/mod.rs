@@ -62,9 +62,20 @@ impl HttpServer {
 
     /// [`HttpServer::start`] with these environment variables set.
     pub async fn start_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> HttpServer {
+        HttpServer::start_with(program, args, env, std::process::Stdio::inherit()).await
+    }
+
+    /// [`HttpServer::start_with_env`] with its stderr (its log) sent to `stderr`.
+    pub async fn start_with(
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: std::process::Stdio,
+    ) -> HttpServer {
         let mut child = tokio::process::Command::new(program)
             .args(args)
             .envs(env.iter().copied())
+            .stderr(stderr)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
