@@ -550,6 +550,61 @@ async fn a_crash_fails_every_request_in_flight_at_once() {
     let _ = std::fs::remove_file(record);
 }
 
+// A server slow to read at shutdown, its stdin queue full: it still gets its EOF once
+// there is room, and exits by itself within the grace (no SIGTERM). Before, the EOF was
+// dropped when the queue was full, and the server was killed at the grace's end.
+#[tokio::test]
+async fn shutdown_delivers_the_eof_to_a_server_slow_to_read() {
+    let (conn, _events) = Connection::connect(
+        "slow",
+        demo_stdio(&[
+            "slow",
+            "--stop-reading-after",
+            "1",
+            "--resume-reading-after-ms",
+            "1500",
+        ]),
+        ConnectOptions {
+            shutdown_grace: Duration::from_secs(15),
+            ..options()
+        },
+    )
+    .await
+    .expect("connect (the probe is read)");
+    let conn = std::sync::Arc::new(conn);
+    // A pipe's, a write batch's and the queue's worth of lines, and more waiting.
+    let calls: Vec<_> = (0..1600)
+        .map(|i| {
+            let c = conn.clone();
+            tokio::spawn(async move {
+                c.request_with_timeout(
+                    "tools/call",
+                    call("echo", json!({"text": format!("{i:0>300}")})),
+                    Duration::from_secs(60),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    conn.shutdown().await;
+    let after = conn
+        .request("tools/call", call("echo", json!({"text": "late"})))
+        .await
+        .expect_err("shut down");
+    // Its exit, not the SIGTERM at the grace's end.
+    assert!(
+        matches!(
+            &after,
+            RequestError::Transport(TransportError::NotSent(why)) if why.ends_with("(exit status 0)")
+        ),
+        "the server exits by itself at EOF: {after}"
+    );
+    for c in calls {
+        let _ = c.await;
+    }
+}
+
 #[tokio::test]
 async fn a_server_that_exits_after_n_calls_fails_the_next_call() {
     let (conn, _events) = Connection::connect(
