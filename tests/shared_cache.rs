@@ -972,7 +972,8 @@ async fn a_generation_set_back_while_no_process_ran_is_refused_by_one_started_on
 
 /// A page's cursor is the server's to choose and is stored beside the page: a page that
 /// with its key is longer than a lookup reads is not written (it could never be read
-/// back, and every listing would pay a miss, a long read and a refusal).
+/// back, and every listing would pay a miss, a long read and a refusal); and a list is
+/// shared whole or not at all, so neither is the page before it.
 #[tokio::test]
 async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() {
     use mcp_harness::registry::cache::shared::SharedCache;
@@ -998,6 +999,7 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
     let page = |cursor: String| Page {
         key: key(cursor),
         ttl: Duration::from_secs(60),
+        received_unix_ms: unix_ms(),
         bytes: json_size(&value),
         value: value.clone(),
     };
@@ -1009,6 +1011,15 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
         generation,
     );
     layer.drain(Duration::from_secs(5)).await;
+    for cursor in ["c1".to_string(), long] {
+        assert!(layer.get(&key(cursor), "2026-07-28").await.hit.is_none());
+    }
+    let stats = layer.stats();
+    assert_eq!((stats.writes, stats.dropped_writes), (0, 2), "{stats:?}");
+    assert!(page_keys(&redis).await.is_empty());
+    // Alone, the first page is shared.
+    layer.put(&[page("c1".into())], "2026-07-28", generation);
+    layer.drain(Duration::from_secs(5)).await;
     assert!(
         layer
             .get(&key("c1".into()), "2026-07-28")
@@ -1016,13 +1027,12 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
             .hit
             .is_some()
     );
-    assert!(layer.get(&key(long), "2026-07-28").await.hit.is_none());
     let stats = layer.stats();
     assert_eq!(
         stats.rejected, 0,
         "nothing read back was refused: {stats:?}"
     );
-    assert_eq!((stats.writes, stats.dropped_writes), (1, 1), "{stats:?}");
+    assert_eq!((stats.writes, stats.dropped_writes), (1, 2), "{stats:?}");
     assert_eq!(page_keys(&redis).await.len(), 1);
 }
 
@@ -1105,4 +1115,107 @@ async fn lists_cached_before_a_late_first_subscription_are_read_again() {
         .unwrap_or_else(|_| panic!("not read again: {:?}", h.cache_stats()));
     h.shutdown().await;
     let _ = std::fs::remove_file(record);
+}
+
+/// A TCP relay to `port` on loopback whose connections can be made silent: after
+/// [`Relay::silence`], the connections open then neither forward nor close (as packets
+/// dropped by a failover's old address); new ones relay.
+struct Relay {
+    port: u16,
+    silenced: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: u16) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let silenced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let era = silenced.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let born = era.load(Ordering::SeqCst);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(relay(cr, sw, era.clone(), born));
+                tokio::spawn(relay(sr, cw, era.clone(), born));
+            }
+        });
+        Relay {
+            port,
+            silenced,
+            task,
+        }
+    }
+
+    fn silence(&self) {
+        self.silenced
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until either ends, or holds both open forwarding nothing once
+/// `era` moved past `born`.
+async fn relay(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    era: Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if era.load(std::sync::atomic::Ordering::SeqCst) != born {
+            let _held = (from, to);
+            return std::future::pending().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// A connection to Redis that goes silent (neither answers nor closes) is opened again
+// after a few commands time out on it: the manager reconnects only on an error, and a
+// command cut off by the layer's own bound is none, so it kept the dead connection.
+#[tokio::test]
+async fn a_redis_connection_gone_silent_is_opened_again() {
+    use mcp_harness::registry::cache::shared::SharedCache;
+    let redis = Redis::start().await;
+    let relay = Relay::start(redis.port).await;
+    let layer = SharedCache::new(
+        shared(format!("redis://127.0.0.1:{}", relay.port), &["s"]),
+        None,
+    )
+    .expect("layer");
+    assert!(layer.generation("s").await.is_some(), "through the relay");
+    relay.silence();
+    assert!(
+        layer.generation("s").await.is_none(),
+        "the connection is silent"
+    );
+    let back = async {
+        while layer.generation("s").await.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), back)
+        .await
+        .unwrap_or_else(|_| panic!("never reconnected: {:?}", layer.stats()));
 }

@@ -173,7 +173,9 @@ impl ClientSide for HarnessClient {
         );
         let ctx = self.ctx.clone();
         // Not served from here on, whatever the registry's writer is busy with; it then
-        // drops the files and tells the other processes.
+        // drops the files and tells the other processes. Nor read back from the shared
+        // layer until it has moved the server's generation there.
+        let hold = events.shared.as_ref().and_then(|s| s.hold(&server));
         events.cache.forget_in_memory(&server);
         tokio::spawn(async move {
             // Announced once the old lists are gone: whoever lists again on hearing it
@@ -181,6 +183,7 @@ impl ClientSide for HarnessClient {
             if !registry.invalidate(&server).await {
                 tracing::warn!(server = %server, "the cache did not drop a changed server's lists in time");
             }
+            drop(hold);
             events.announce(crate::registry::HarnessEvent::ListsChanged {
                 server: server.clone(),
                 tools: changed.tools,

@@ -337,6 +337,7 @@ impl<'a> Walker<'a> {
             self.fetched.push(Page {
                 key,
                 ttl: hit.remaining,
+                received_unix_ms: crate::registry::cache::now_ms(),
                 value: hit.value.clone(),
                 bytes: hit.bytes,
             });
@@ -382,6 +383,7 @@ impl<'a> Walker<'a> {
             }
             Err(e) => return Err(self.protocol(e)),
         }
+        let received_unix_ms = crate::registry::cache::now_ms();
         let size = json_size(&page);
         let page = Arc::new(page);
         let scope = crate::protocol::CacheHints::of(&page).scope;
@@ -391,6 +393,7 @@ impl<'a> Walker<'a> {
                 let page = Page {
                     key,
                     ttl,
+                    received_unix_ms,
                     value: page.clone(),
                     bytes: size,
                 };

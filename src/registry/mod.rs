@@ -501,6 +501,7 @@ mod tests {
                     scope: "public".into(),
                 },
                 ttl: Duration::from_secs(60),
+                received_unix_ms: cache::now_ms(),
                 value: Arc::new(serde_json::json!({"tools": []})),
                 bytes: 12,
             }]

@@ -280,6 +280,10 @@ pub struct Page {
     pub key: CacheKey,
     /// For how long.
     pub ttl: Duration,
+    /// When it arrived (unix milliseconds): its freshness counts from then, not from
+    /// when a layer stores it (a long walk, or a disk write queued behind others,
+    /// would serve it past its `ttlMs`).
+    pub received_unix_ms: u64,
     /// The page.
     pub value: Arc<Value>,
     /// Its size as JSON.
@@ -384,7 +388,8 @@ pub fn token_dir(cache_dir: &Path) -> PathBuf {
     dir
 }
 
-fn now_ms() -> u64 {
+/// Now, in unix milliseconds (0 before 1970).
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -645,7 +650,10 @@ impl ListCache {
 
     /// [`ListCache::put`] at a given time (unix milliseconds).
     #[cfg(test)]
-    pub(crate) fn put_at(&self, now: u64, pages: Vec<Page>, epoch: u64) {
+    pub(crate) fn put_at(&self, now: u64, mut pages: Vec<Page>, epoch: u64) {
+        for page in &mut pages {
+            page.received_unix_ms = now;
+        }
         self.put_memory_at(now, &pages, epoch);
         self.put_disk_at(now, pages, epoch);
     }
@@ -657,12 +665,12 @@ impl ListCache {
         self.put_memory_at(now_ms(), pages, epoch)
     }
 
-    fn entry(now: u64, page: &Page, max_ttl: Duration) -> Entry {
+    fn entry(page: &Page, max_ttl: Duration) -> Entry {
         let ttl = page.ttl.min(max_ttl);
         Entry {
             key: page.key.clone(),
             value: page.value.clone(),
-            expires_unix_ms: now.saturating_add(ttl.as_millis() as u64),
+            expires_unix_ms: page.received_unix_ms.saturating_add(ttl.as_millis() as u64),
             ttl_ms: ttl.as_millis() as u64,
             bytes: page.bytes,
             held: held_size(&page.value),
@@ -744,7 +752,7 @@ impl ListCache {
         // Made before the lock is taken: what a page holds is worked out walking it.
         let entries: Vec<Entry> = pages
             .iter()
-            .map(|p| Self::entry(now, p, self.config.max_ttl))
+            .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
         // The epoch is read under the layer's lock: an invalidation bumps the epoch and
         // then takes this lock to drop entries, so a stale list either sees the new
@@ -782,7 +790,7 @@ impl ListCache {
         // Made before the lock is taken: what a page holds is worked out walking it.
         let entries: Vec<Entry> = pages
             .iter()
-            .map(|p| Self::entry(now, p, self.config.max_ttl))
+            .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
         let (dropped, written) = {
             let mut l2 = self.l2.write();

@@ -223,6 +223,46 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
     }
 }
 
+/// A connection to Redis, opened at its first use. The manager reconnects by itself
+/// after an error; our own bound (`timeout`) and backoff sit above it, so its own
+/// retries are few and quick.
+fn connection_manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100))
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        // No bound of its own: every command is bounded by `run`/`run_within`, and
+        // writes get a longer one than reads.
+        .set_response_timeout(None);
+    ConnectionManager::new_lazy_with_config(client.clone(), config)
+}
+
+/// Commands timed out in a row after which the connection is opened again: a command
+/// cut off by our bound is no error to the manager, so a connection that went silent
+/// (a failover whose old address drops packets) would be kept until the kernel gives
+/// up on it, a quarter of an hour later.
+const RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+
+/// A server's entries kept out of use while its change is on its way to Redis
+/// ([`SharedCache::hold`]).
+pub(crate) struct ChangeHold {
+    layer: Arc<SharedCache>,
+    server: String,
+}
+
+impl Drop for ChangeHold {
+    fn drop(&mut self) {
+        let mut changing = self.layer.changing.lock();
+        if let Some(n) = changing.get_mut(&self.server) {
+            *n -= 1;
+            if *n == 0 {
+                changing.remove(&self.server);
+            }
+        }
+    }
+}
+
 /// A random starting generation (62 bits: well below [`CEILING`]).
 fn random_generation() -> u64 {
     let mut bytes = [0u8; 8];
@@ -374,7 +414,9 @@ pub struct SharedCache {
     /// Part of every page's key: a digest of the secret, or `none`.
     key_id: String,
     client: redis::Client,
-    conn: ConnectionManager,
+    conn: Mutex<ConnectionManager>,
+    /// Commands timed out in a row ([`RECONNECT_AFTER_TIMEOUTS`]).
+    timeouts: std::sync::atomic::AtomicU32,
     /// This process, so that it ignores its own invalidations.
     origin: String,
     health: Mutex<Health>,
@@ -390,6 +432,11 @@ pub struct SharedCache {
     /// many were asked for since: one asked for while a retry's INCR may already be on
     /// its way is sent again after it.
     unsent: Mutex<std::collections::HashMap<String, u64>>,
+    /// Servers whose lists changed here and whose invalidation has not reached Redis
+    /// yet ([`SharedCache::hold`]), with how many such holds: this process dropped its
+    /// own copies at once, and a walk meanwhile would read the list of before back from
+    /// Redis.
+    changing: Mutex<std::collections::HashMap<String, usize>>,
     /// The highest generation seen of each shared server (the configured ones: bounded).
     /// Redis going back below it (a restore, a lost key, or a writer replaying old
     /// signed pages under their old generation) is moved past it, so no page of before
@@ -546,17 +593,7 @@ impl SharedCache {
         );
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
-        // The manager reconnects by itself; our own bound (`timeout`) and backoff sit
-        // above it, so its own retries are few and quick.
-        let manager = ConnectionManagerConfig::new()
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100))
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            // No bound of its own: every command is bounded by `run`/`run_within`, and
-            // writes get a longer one than reads.
-            .set_response_timeout(None);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager)
+        let conn = connection_manager(&client)
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
         let (writes, queue) = mpsc::channel(MAX_QUEUED_WRITES);
         let mut origin = [0u8; 16];
@@ -577,7 +614,8 @@ impl SharedCache {
             key,
             key_id,
             client,
-            conn,
+            conn: Mutex::new(conn),
+            timeouts: std::sync::atomic::AtomicU32::new(0),
             health: Mutex::new(Health {
                 skip_until: None,
                 backoff: backoff(),
@@ -589,6 +627,7 @@ impl SharedCache {
             pending_bytes: AtomicU64::new(0),
             listener: Mutex::new(None),
             unsent: Mutex::default(),
+            changing: Mutex::default(),
             highest: Mutex::new(highest),
             floors,
         });
@@ -597,7 +636,7 @@ impl SharedCache {
             tokio::spawn(keep_floors(Arc::downgrade(&shared), wake));
         }
         // Connect now, off any call's path, so the first lookup does not pay for it.
-        let mut warm = shared.conn.clone();
+        let mut warm = shared.conn.lock().clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
@@ -621,7 +660,24 @@ impl SharedCache {
     /// Whether `server`'s entries may be read or written now (no invalidation of it is
     /// still on its way to Redis).
     fn in_use(&self, server: &str) -> bool {
-        self.shares(server) && !self.unsent.lock().contains_key(server)
+        self.shares(server)
+            && !self.unsent.lock().contains_key(server)
+            && !self.changing.lock().contains_key(server)
+    }
+
+    /// Keeps `server`'s entries from being read or written until the hold is dropped:
+    /// taken when its lists change, before this process drops its own copies, and
+    /// dropped once [`SharedCache::invalidate`] has moved the generation (or left it to
+    /// its retries, which hold the server in turn). `None` for a server not shared.
+    pub(crate) fn hold(self: &Arc<Self>, server: &str) -> Option<ChangeHold> {
+        if !self.shares(server) {
+            return None;
+        }
+        *self.changing.lock().entry(server.to_string()).or_insert(0) += 1;
+        Some(ChangeHold {
+            layer: self.clone(),
+            server: server.to_string(),
+        })
     }
 
     fn generation_key(&self, server: &str) -> String {
@@ -721,7 +777,12 @@ impl SharedCache {
         what: &str,
         work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<T>,
     ) -> Result<T, RunFailure> {
-        match tokio::time::timeout(bound, work(self.conn.clone())).await {
+        let conn = self.conn.lock().clone();
+        let outcome = tokio::time::timeout(bound, work(conn)).await;
+        if outcome.is_ok() {
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
+        match outcome {
             Ok(Ok(v)) => {
                 self.worked();
                 Ok(v)
@@ -740,6 +801,14 @@ impl SharedCache {
             }
             Err(_) => {
                 self.failed(what, "timed out");
+                if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= RECONNECT_AFTER_TIMEOUTS {
+                    self.timeouts.store(0, Ordering::Relaxed);
+                    // Commands still waiting on the old connection keep it until they end.
+                    if let Ok(fresh) = connection_manager(&self.client) {
+                        tracing::debug!(url = %redacted(&self.config.url), "shared cache connection silent; opening a new one");
+                        *self.conn.lock() = fresh;
+                    }
+                }
                 Err(RunFailure::Unavailable)
             }
         }
@@ -765,6 +834,7 @@ impl SharedCache {
         }
         let key = self.generation_key(server);
         let seed = random_generation();
+        let seen = self.highest_seen(server);
         let (_, generation): (redis::Value, redis::Value) = self
             .run("read", async |mut conn| {
                 redis::pipe()
@@ -780,16 +850,26 @@ impl SharedCache {
                     .await
             })
             .await?;
-        self.checked_generation(server, &key, &generation).await
+        self.checked_generation(server, &key, &generation, seen)
+            .await
+    }
+
+    /// The highest generation of `server` seen so far, taken before a read of it.
+    fn highest_seen(&self, server: &str) -> Option<u64> {
+        self.highest.lock().get(server).copied()
     }
 
     /// A server's generation as Redis holds it, if usable: not below the highest this
     /// process has seen, which Redis is moved past instead (and this lookup misses).
+    /// `seen` is the highest seen before the read was sent: a generation at or past it
+    /// that is below the highest now was overtaken while the read was on its way (an
+    /// invalidation of this process's, or one heard), and is a plain miss.
     async fn checked_generation(
         &self,
         server: &str,
         key: &str,
         value: &redis::Value,
+        seen: Option<u64>,
     ) -> Option<u64> {
         let generation = self.decode_generation(key, value)?;
         let step = {
@@ -806,6 +886,9 @@ impl SharedCache {
                     self.floors_rose();
                 }
                 return Some(generation);
+            }
+            if seen.is_none_or(|seen| generation >= seen) {
+                return None;
             }
             // Past the highest seen, within what INCR can still add to.
             let ahead = top.saturating_add(1).min(i64::MAX as u64);
@@ -875,6 +958,7 @@ impl SharedCache {
         // A server without a generation gets a random one (not 0): should Redis lose the
         // key (eviction, an old snapshot), pages of before are not matched by chance.
         let seed = random_generation();
+        let seen = self.highest_seen(&key.server);
         let Some((_, generation, bytes, pttl)) = self
             .run("read", async |mut conn| {
                 redis::pipe()
@@ -900,7 +984,7 @@ impl SharedCache {
             return SharedRead::default();
         };
         let Some(generation) = self
-            .checked_generation(&key.server, &gen_key, &generation)
+            .checked_generation(&key.server, &gen_key, &generation, seen)
             .await
         else {
             return SharedRead::default();
@@ -980,29 +1064,48 @@ impl SharedCache {
         })
     }
 
-    /// Writes the public pages of one list, fetched in `generation`, in the background
-    /// (see the module docs).
+    /// Writes the pages of one list, fetched in `generation`, in the background (see
+    /// the module docs): all of them, or none. A list shared in part would send
+    /// another process, with page one from here, to its own server with this server's
+    /// cursor; and a private page is never shared.
     pub fn put(&self, pages: &[Page], protocol: &str, generation: u64) {
-        if !self.usable() {
+        if !self.usable() || pages.is_empty() {
             return;
         }
+        let refuse = |why: &str| {
+            tracing::debug!(server = %pages[0].key.server, method = %pages[0].key.method, why, "list not shared");
+            self.counts
+                .dropped_writes
+                .fetch_add(pages.len() as u64, Ordering::Relaxed);
+        };
+        if pages
+            .iter()
+            .any(|p| p.key.scope != "public" || !self.in_use(&p.key.server))
+        {
+            return;
+        }
+        let now = unix_ms();
+        let mut writes = Vec::with_capacity(pages.len());
         for page in pages {
-            if page.key.scope != "public" || !self.in_use(&page.key.server) {
-                continue;
-            }
             // A cursor is the server's to choose, and written beside the page: with a
             // long one the entry outgrows what a lookup reads (checked exactly below).
             let cursor = page.key.param.as_ref().map_or(0, String::len);
             if page.bytes > self.config.max_entry_bytes
                 || page.bytes.saturating_add(cursor) > self.entry_limit()
             {
-                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
-                continue;
+                return refuse("a page past max_entry_bytes");
             }
-            let ms = page.ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+            // Fresh for what is left of its ttl since it arrived.
+            let expires = page
+                .received_unix_ms
+                .saturating_add(page.ttl.as_millis().min(u128::from(u64::MAX)) as u64);
+            let ms = expires.saturating_sub(now);
+            if ms == 0 {
+                return refuse("a page expired already");
+            }
             let stored = serde_json::json!({
                 "generation": generation,
-                "expires_ms": unix_ms().saturating_add(ms),
+                "expires_ms": expires,
                 "server": page.key.server,
                 "fingerprint": self.fingerprint_tag(&page.key.fingerprint),
                 "protocol": protocol,
@@ -1011,23 +1114,25 @@ impl SharedCache {
                 "page": &*page.value,
             });
             let redis_key = self.redis_key(&page.key, protocol);
-            let body = match serde_json::to_vec(&stored) {
-                Ok(body) => seal_entry(self.key.as_deref(), &redis_key, body),
-                Err(_) => {
-                    self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
+            let Ok(body) = serde_json::to_vec(&stored) else {
+                return refuse("a page that does not serialize");
             };
-            let size = body.len() as u64;
-            // Written, it could never be read back (a lookup reads `entry_limit` bytes);
-            // queued, the whole entry counts against the queue's bound.
-            if body.len() > self.entry_limit()
-                || self.pending_bytes.load(Ordering::Relaxed) + size > MAX_QUEUED_BYTES
-            {
-                tracing::debug!(server = %page.key.server, method = %page.key.method, bytes = body.len(), "page not shared: too long with its key, or the write queue is full");
-                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
-                continue;
+            let body = seal_entry(self.key.as_deref(), &redis_key, body);
+            // Written, it could never be read back (a lookup reads `entry_limit` bytes).
+            if body.len() > self.entry_limit() {
+                return refuse("a page too long with its key");
             }
+            writes.push((redis_key, body, ms));
+        }
+        // Queued, the whole list counts against the queue's bounds.
+        let size: u64 = writes.iter().map(|(_, body, _)| body.len() as u64).sum();
+        if self.pending_bytes.load(Ordering::Relaxed) + size > MAX_QUEUED_BYTES
+            || self.writes.capacity() < writes.len()
+        {
+            return refuse("the write queue is full");
+        }
+        for (redis_key, body, ms) in writes {
+            let size = body.len() as u64;
             self.pending.fetch_add(1, Ordering::SeqCst);
             self.pending_bytes.fetch_add(size, Ordering::SeqCst);
             if self.writes.try_send((redis_key, body, ms)).is_err() {
@@ -1389,6 +1494,43 @@ impl Drop for SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A generation overtaken while its read was on its way (this process heard of an
+    // invalidation meanwhile) is a plain miss; one below what was seen before the read
+    // is a rollback, refused and moved past.
+    #[tokio::test]
+    async fn a_generation_overtaken_in_flight_is_a_miss_not_a_rollback() {
+        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
+        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        layer.highest.lock().insert("s".into(), 40);
+        let seen = layer.highest_seen("s");
+        layer.heard_invalidation("s");
+        let read = redis::Value::Int(40);
+        let checked = layer.checked_generation("s", "k", &read, seen).await;
+        assert_eq!(checked, None);
+        assert_eq!(layer.stats().rejected, 0, "no rollback");
+        let older = redis::Value::Int(39);
+        let checked = layer.checked_generation("s", "k", &older, seen).await;
+        assert_eq!(checked, None);
+        assert_eq!(layer.stats().rejected, 1, "a rollback");
+    }
+
+    // A change held (taken before this process drops its copies) keeps the server's
+    // entries from being read or written until every hold is gone.
+    #[tokio::test]
+    async fn a_server_whose_change_is_held_is_not_read_or_written() {
+        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
+        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        assert!(layer.hold("other").is_none(), "not shared");
+        assert!(layer.in_use("s"));
+        let first = layer.hold("s").expect("shared");
+        let second = layer.hold("s").expect("shared");
+        assert!(!layer.in_use("s"));
+        drop(first);
+        assert!(!layer.in_use("s"), "one hold is left");
+        drop(second);
+        assert!(layer.in_use("s"));
+    }
 
     #[tokio::test]
     async fn floors_on_disk_are_read_for_the_servers_shared_and_merged_upward() {

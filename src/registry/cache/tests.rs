@@ -31,6 +31,7 @@ fn page_at(
     Some(Page {
         key,
         ttl,
+        received_unix_ms: now_ms(),
         bytes: json_size(&result),
         value: Arc::new(result),
     })
@@ -209,6 +210,34 @@ fn entries_forgotten_in_memory_are_not_served_from_memory_or_disk_before_the_fil
     .expect("cacheable");
     cache.put(vec![p], epoch);
     assert!(cache.get(LIST, None, None).is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// A page is fresh for its ttl from when it arrived: not from when the walk ended and
+// memory took it, nor from when a disk write queued behind others stored it (memory's
+// copy expiring would then have been served again from disk).
+#[test]
+fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
+    let dir = temp_dir("arrived");
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    let mut p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"tools": ["x"], "ttlMs": 1000, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    let t = now_ms();
+    p.received_unix_ms = t;
+    let epoch = cache.epoch("s");
+    cache.put_memory_at(t + 500, std::slice::from_ref(&p), epoch);
+    cache.put_disk_at(t + 5000, vec![p], epoch);
+    assert!(cache.get_at(t + 900, LIST, None, None).is_some());
+    assert!(
+        cache.get_at(t + 1100, LIST, None, None).is_none(),
+        "served past its ttl: {:?}",
+        cache.stats()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -476,6 +505,7 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
         vec![Page {
             key,
             ttl,
+            received_unix_ms: now_ms(),
             bytes: json_size(&again),
             value: Arc::new(again),
         }],
@@ -695,7 +725,7 @@ mod properties {
                         let stale = epoch != cache.epoch("s");
                         if let Some((key, ttl)) = cache.key_for(LIST, None, context.as_deref(), &result) {
                             let bytes = json_size(&result);
-                            cache.put_at(now, vec![Page { key, ttl, bytes, value: Arc::new(result) }], epoch);
+                            cache.put_at(now, vec![Page { key, ttl, received_unix_ms: now, bytes, value: Arc::new(result) }], epoch);
                             if !stale {
                                 let stored = Stored { id, owner: if is_public { None } else { ctx }, expires: now + u64::from(ttl_s) * 1000 };
                                 match stored.owner {
