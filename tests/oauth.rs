@@ -795,6 +795,44 @@ async fn a_token_still_good_is_sent_when_its_refresh_ahead_fails() {
     h.shutdown().await;
 }
 
+// A reconnect whose token refresh finds the authorization server down (503) is tried
+// again with backoff, and the server is ready once it is back. Before, any sign-in
+// failure gave the server up for good, as if its credentials were refused.
+#[tokio::test]
+async fn a_reconnect_while_the_authorization_server_is_down_heals_once_it_is_back() {
+    let down = temp_file("as-down");
+    let down_arg = down.to_string_lossy().to_string();
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "2",
+            "--refresh-unavailable-while",
+            &down_arg,
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    std::fs::write(&down, "").expect("down");
+    tokio::time::sleep(Duration::from_millis(2500)).await; // the token expires (deliberate)
+    let refreshes = w.refreshes();
+    h.restart_server("web").await.expect("restart");
+    assert!(
+        eventually(Duration::from_secs(20), || w.refreshes() > refreshes).await,
+        "the reconnect asks for a refresh"
+    );
+    let _ = std::fs::remove_file(&down);
+    ready(&h).await;
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     // Tokens live 34 s (refreshed 30 s before expiry); a refresh rotates the refresh

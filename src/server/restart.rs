@@ -55,8 +55,12 @@ impl Default for RestartConfig {
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(30),
             healthy_after: Duration::from_secs(60),
-            max_restarts: 5,
-            within: Duration::from_secs(60),
+            // The first ten delays (0.1 s doubling, then 30 s) add up to 81 s, at most
+            // twice that with jitter, all within the window: a server failing for
+            // longer than that is given up, one down for less (a redeploy, a network
+            // blip) heals by itself.
+            max_restarts: 10,
+            within: Duration::from_secs(180),
         }
     }
 }
@@ -192,6 +196,25 @@ mod tests {
             Decision::Restart(d) => d,
             other => panic!("expected a restart, got {other:?}"),
         }
+    }
+
+    // With the defaults, a server that fails as soon as it starts is restarted ten
+    // times over at least 81 s (an outage shorter than that heals), then given up.
+    #[test]
+    fn the_defaults_give_up_after_about_a_minute_of_failing_not_seconds() {
+        let mut t = RestartTracker::new(RestartConfig::default(), 10);
+        let mut now = Instant::now();
+        let start = now;
+        for _ in 0..10 {
+            now += delay(t.on_exit(now, None, ExitKind::Abnormal));
+        }
+        assert!(
+            now - start >= Duration::from_millis(81_100),
+            "{:?}",
+            now - start
+        );
+        let d = t.on_exit(now, None, ExitKind::Abnormal);
+        assert!(matches!(d, Decision::GiveUp(_)), "{:?} {d:?}", now - start);
     }
 
     #[test]

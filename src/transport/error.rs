@@ -163,14 +163,16 @@ impl TransportError {
 
     /// True for failures that retrying cannot fix: the command is missing or not
     /// executable, the config is invalid, the certificate is refused, the credentials
-    /// are refused.
+    /// are refused (a sign-in that failed for want of its authorization server or
+    /// token store, [`AuthError::transient`](crate::transport::auth::AuthError::transient),
+    /// may heal).
     pub fn cannot_heal(&self) -> bool {
         match self {
             TransportError::Spawn { kind, .. } => *kind != SpawnFailure::Other,
+            TransportError::Auth(e) => !e.transient(),
             TransportError::Tls { .. }
             | TransportError::InvalidConfig(_)
-            | TransportError::Unauthorized { .. }
-            | TransportError::Auth(_) => true,
+            | TransportError::Unauthorized { .. } => true,
             _ => false,
         }
     }

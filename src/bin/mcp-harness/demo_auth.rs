@@ -129,6 +129,9 @@ pub struct DemoAuthArgs {
     /// Refuse every refresh, as this says.
     #[arg(long, value_enum)]
     pub refuse_refresh: Option<RefuseRefresh>,
+    /// Answer refreshes 503 while this file exists (down for as long as a test says).
+    #[arg(long)]
+    pub refresh_unavailable_while: Option<PathBuf>,
     /// Answer a registration this many milliseconds late, its client already made.
     #[arg(long, default_value_t = 0)]
     pub register_delay_ms: u64,
@@ -591,6 +594,19 @@ fn token(
         "code_verifier": !get("code_verifier").is_empty(),
         "refresh_token": form.get("refresh_token").map(|r| hash(r)),
     }));
+    if grant_type == "refresh_token"
+        && state
+            .args
+            .refresh_unavailable_while
+            .as_ref()
+            .is_some_and(|f| f.exists())
+    {
+        return oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "down",
+        );
+    }
     if grant_type == "refresh_token" {
         match state.args.refuse_refresh {
             Some(RefuseRefresh::ForgetClient) => {

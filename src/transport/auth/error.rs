@@ -155,6 +155,23 @@ impl AuthError {
             && matches!(self.failure, AuthFailure::NotFound { .. })
     }
 
+    /// Whether trying again later may succeed with nothing changed: the authorization
+    /// server could not be reached, was overloaded or failed (a 5xx, 408 or 429, or
+    /// the OAuth error `temporarily_unavailable` or `server_error`), or the token store
+    /// could not be read or written. A server's reconnect that fails
+    /// so is restarted with backoff, not given up.
+    pub fn transient(&self) -> bool {
+        match &self.failure {
+            AuthFailure::Network(_) | AuthFailure::Store(_) => true,
+            // RFC 6749's codes for a server that is down or failed, not one that said no.
+            AuthFailure::Refused { error, .. } => {
+                error == "temporarily_unavailable" || error == "server_error"
+            }
+            AuthFailure::Http { status, .. } => *status >= 500 || *status == 408 || *status == 429,
+            _ => false,
+        }
+    }
+
     /// Whether signing in again from the start could help (the CLI then says to run
     /// `mcp-harness login SERVER`).
     pub fn needs_login(&self) -> bool {
