@@ -184,3 +184,86 @@ async fn after_a_restart_the_subscription_is_opened_again_and_the_lists_read_aga
     h.shutdown().await;
     let _ = std::fs::remove_file(record);
 }
+
+/// How many `tools/list` requests `record` shows.
+fn tool_lists(record: &std::path::PathBuf) -> usize {
+    recorded(record)
+        .iter()
+        .filter(|r| r["method"] == "tools/list")
+        .count()
+}
+
+// A server actor that died is replaced, and its server with it: the new actor's first
+// subscription is opened again (nothing is replayed), so the lists are read again.
+// Before, it counted as the server's very first one and the cache kept the old lists.
+#[tokio::test]
+async fn after_the_servers_actor_is_rebuilt_the_lists_are_read_again() {
+    let record = temp_file("listen-rebuilt");
+    let rec = record.to_string_lossy().into_owned();
+    let mut server = demo_server("s", &["--record", &rec]);
+    // The rebuild is a restart, held to the backoff.
+    server.restart.min_delay = Duration::from_millis(100);
+    let h = start_ready(config(server)).await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await);
+    let lists_before = tool_lists(&record);
+    let old = h.server_actor("s").expect("actor");
+    old.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("s")
+            .is_some_and(|a| a.get_id() != old.get_id()))
+        .await,
+        "a new actor replaces the killed one"
+    );
+    assert!(wait_state(&h, "s", mcp_harness::ServerState::Ready).await);
+    assert!(listens(&record, 2).await, "subscribed on the new process");
+    assert!(
+        eventually(Duration::from_secs(10), || tool_lists(&record)
+            > lists_before)
+        .await,
+        "the lists are read again"
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+// A legacy server that comes back from a restart is a new process whose change
+// notifications while it was down reached nobody: its lists are read again, not kept
+// until the default TTL.
+#[tokio::test]
+async fn a_legacy_server_back_from_a_restart_has_its_lists_read_again() {
+    let record = temp_file("legacy-restart");
+    let rec = record.to_string_lossy().into_owned();
+    let h = start_ready(config(demo_server(
+        "s",
+        &["--era", "legacy", "--record", &rec],
+    )))
+    .await;
+    // Legacy lists are private: kept under the caller's auth context.
+    let caller = a().with_auth_context("ctx");
+    h.list_tools(&caller).await.expect("list");
+    h.list_tools(&caller).await.expect("list");
+    let lists_before = tool_lists(&record);
+    assert_eq!(lists_before, 1, "the second from the cache");
+    let mut events = h.subscribe();
+    h.restart_server("s").await.expect("restart");
+    assert!(wait_state(&h, "s", mcp_harness::ServerState::Ready).await);
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(HarnessEvent::ListsChanged { server, tools, .. }) if server == "s" => {
+                    return tools;
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(heard, Ok(true), "ListsChanged for s");
+    h.list_tools(&caller).await.expect("list");
+    assert!(tool_lists(&record) > lists_before, "read again");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}

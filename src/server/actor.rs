@@ -106,8 +106,13 @@ pub struct ServerActorState {
     /// deadline comes first is answered at once, free to go to another server.
     restart_at: Option<Instant>,
     /// Whether a connection of this server listened for changes before (a new one then
-    /// reads its lists again: nothing is replayed).
+    /// reads its lists again: nothing is replayed). True in an actor that replaces a
+    /// dead one: its connections did.
     listened: bool,
+    /// Whether this server was connected before (in this actor or the one it replaces):
+    /// a legacy server's lists are read again when it comes back, since what it
+    /// announced while it was down was heard by nobody.
+    connected_before: bool,
     queue: RequestQueue,
     last_error: Option<String>,
     lists_changed: ListsChanged,
@@ -152,7 +157,8 @@ impl Actor for ServerActor {
             draining: Vec::new(),
             ready_at: None,
             restart_at: None,
-            listened: false,
+            listened: start != Start::New,
+            connected_before: start != Start::New,
             queue,
             last_error: None,
             lists_changed: ListsChanged::default(),
@@ -637,6 +643,15 @@ impl ServerActorState {
         });
         self.ready_at = Some(Instant::now());
         self.publish(ServerState::Ready);
+        // A modern server's new subscription reads them again (`listen`).
+        if std::mem::replace(&mut self.connected_before, true) && conn.era() == Era::Legacy {
+            let all = ListsChanged {
+                tools: true,
+                prompts: true,
+                resources: true,
+            };
+            self.args.client.lists_changed(self.id(), all);
+        }
         self.send_queued(LiveConnection { conn, attempt }).await;
     }
 
