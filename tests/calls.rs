@@ -595,6 +595,60 @@ async fn a_handover_counts_the_new_connections_uptime_from_its_start() {
     h.shutdown().await;
 }
 
+// Calls running all through handovers (each new handler's capability declared to a
+// legacy server by a new process) all succeed: the new connection is published before
+// the old one drains, and the drain waits for requests that read the old one just
+// before. Before, a request could meet the old connection already shut.
+#[tokio::test]
+async fn calls_running_through_handovers_all_succeed() {
+    let h = start_ready(config(vec![demo("leg", &["--era", "legacy"])], &["a"])).await;
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let loops: Vec<_> = (0..32)
+        .map(|i| {
+            let (h, running) = (h.clone(), running.clone());
+            tokio::spawn(async move {
+                let mut failures = Vec::new();
+                while running.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Err(e) = h
+                        .call_tool(&Caller::agent("a"), "leg__echo", json!({"text": i}))
+                        .await
+                    {
+                        failures.push(e.to_string());
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    for method in ["elicitation/create", "sampling/createMessage", "roots/list"] {
+        let pid = h.server_status("leg").and_then(|s| s.pid);
+        h.register_input_handler(method, accept_all())
+            .await
+            .expect("register");
+        assert!(
+            eventually(Duration::from_secs(20), || h
+                .server_status("leg")
+                .is_some_and(|s| s.state == ServerState::Ready && s.pid != pid))
+            .await,
+            "handed over to a new process for {method}"
+        );
+    }
+    // The last old connection drains meanwhile.
+    tokio::time::sleep(Duration::from_millis(1000)).await; // (deliberate)
+    running.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut failures = Vec::new();
+    for l in loops {
+        failures.extend(l.await.expect("join"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn legacy_list_changed_invalidates_the_cache() {
     let record = temp_file("changed");

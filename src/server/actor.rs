@@ -604,18 +604,20 @@ impl ServerActorState {
             handover.listen = self.listen(attempt, &conn);
             handover.conn = Some(conn.clone());
             let old = self.current.replace(handover);
+            self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
+            // A new process: its uptime (and whether it has been healthy long enough to
+            // forgive earlier restarts) counts from now.
+            self.ready_at = Some(Instant::now());
+            self.record_connection(&conn);
+            // Published before the old one drains: a request that reads the old one
+            // after its drain found it idle would meet it shut.
+            self.publish(ServerState::Ready);
             if let Some(mut old) = old {
                 old.listen = None;
                 self.draining.retain(|(_, drain)| !drain.is_finished());
                 let limit = self.args.server.config().timeout;
                 self.draining.push(drain_and_stop(old, limit));
             }
-            self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
-            // A new process: its uptime (and whether it has been healthy long enough to
-            // forgive earlier restarts) counts from now.
-            self.ready_at = Some(Instant::now());
-            self.record_connection(&conn);
-            self.publish(ServerState::Ready);
             // What it lists may depend on what we declared (many legacy servers list
             // elicitation tools only to clients that can answer them).
             let all = ListsChanged {
@@ -868,6 +870,10 @@ impl ServerActorState {
     }
 }
 
+/// How long a replaced connection is kept before its drain first looks for requests
+/// in flight on it.
+const DRAIN_SETTLE: Duration = Duration::from_millis(500);
+
 /// Lets a replaced connection finish what it has in flight (up to `limit`), then stops
 /// it gracefully; its actor, and the drain's handle for a shutdown that cannot wait.
 fn drain_and_stop(old: Attempt, limit: Duration) -> (ActorRef<ConnMsg>, tokio::task::AbortHandle) {
@@ -875,6 +881,9 @@ fn drain_and_stop(old: Attempt, limit: Duration) -> (ActorRef<ConnMsg>, tokio::t
     let drain = tokio::spawn(async move {
         let started = Instant::now();
         if let Some(conn) = &old.conn {
+            // A request that read the old connection just before the new one was
+            // published counts itself in flight a moment later.
+            tokio::time::sleep(DRAIN_SETTLE.min(limit)).await;
             while conn.in_flight() > 0 && started.elapsed() < limit {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
