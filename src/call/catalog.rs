@@ -104,6 +104,15 @@ impl Catalog {
             .collect();
         // Sorted here, so that a listing's sort only merges runs.
         built.sort_by(|a, b| a.qualified.cmp(&b.qualified));
+        // A name listed twice (a server's own slip, or an item that moved across pages
+        // while they were read) is served once, as the first: routing takes that one,
+        // and many model APIs refuse a tool list that names a tool twice. The sort is
+        // stable, so the first listed is the first of its run.
+        let listed = built.len();
+        built.dedup_by(|later, first| later.qualified == first.qualified);
+        if built.len() < listed {
+            tracing::warn!(server = id, dropped = listed - built.len(), kind = ?kind, "a server listed names more than once; each is served once, as first listed");
+        }
         let items: Arc<[ToolInfo]> = built.into();
         let mut lists = self.lists.lock();
         // A build follows a cache miss, when the cache may have let pages go: the
@@ -145,6 +154,22 @@ mod tests {
 
     fn kept(catalog: &Catalog) -> usize {
         catalog.lists.lock().values().map(Vec::len).sum()
+    }
+
+    // A name listed twice, on one page or across two, is served once: the first.
+    #[test]
+    fn a_name_listed_twice_is_served_once_as_first_listed() {
+        let catalog = Catalog::default();
+        let pages = vec![
+            Arc::new(serde_json::json!({"tools": [
+                {"name": "b"}, {"name": "a", "description": "first"}, {"name": "b"},
+            ]})),
+            Arc::new(serde_json::json!({"tools": [{"name": "a", "description": "second"}]})),
+        ];
+        let items = catalog.items(CallKind::Tool, "s", &pages);
+        let names: Vec<&str> = items.iter().map(|t| &*t.qualified).collect();
+        assert_eq!(names, ["s__a", "s__b"]);
+        assert_eq!(items[0].definition["description"], "first");
     }
 
     // The catalog holds no page the cache let go, and drops what it built from one.
