@@ -908,6 +908,34 @@ async fn item_05_a_legacy_servers_elicitation_of_an_unknown_mode_is_refused_unan
     h.shutdown().await;
 }
 
+// 5. A legacy server that keeps asking during one call is held to round_cap, as a
+// modern server's rounds are: past it each question is refused without reaching a
+// handler (a person, a model). Before, it could ask until the call's deadline.
+#[tokio::test]
+async fn item_05_a_legacy_server_asking_past_round_cap_during_a_call_is_refused() {
+    let (handler, seen) = counting(json!({"form": {}}));
+    let h = start_ready_with(
+        Harness::builder(config(vec![demo_server("leg", &["--era", "legacy"])]))
+            .input_handler("elicitation/create", handler),
+    )
+    .await;
+    // Ten questions (the default cap) are answered.
+    let r = h
+        .call_tool(&a(), "leg__rounds", json!({"n": 10}))
+        .await
+        .expect("ten answered");
+    assert_eq!(seen.load(Ordering::SeqCst), 10, "{r}");
+    // The eleventh of a call is refused, and the server ends its call with that.
+    seen.store(0, Ordering::SeqCst);
+    let e = h
+        .call_tool(&a(), "leg__rounds", json!({"n": 12}))
+        .await
+        .expect_err("refused past the cap");
+    assert!(e.to_string().contains("round_cap"), "{e}");
+    assert_eq!(seen.load(Ordering::SeqCst), 10);
+    h.shutdown().await;
+}
+
 /// Log output, kept to be searched.
 #[derive(Clone, Default)]
 struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);

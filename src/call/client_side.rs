@@ -109,6 +109,24 @@ impl ClientSide for HarnessClient {
             request.respond(Err(error));
             return;
         }
+        if asks
+            && let Some(ctx) = self.ctx.upgrade()
+            && !ctx.count_question(server)
+        {
+            tracing::warn!(
+                server,
+                cap = ctx.settings.round_cap,
+                "server asked for input more often than round_cap during its call; refused"
+            );
+            request.respond(Err(RpcError::new(
+                INVALID_REQUEST,
+                format!(
+                    "more than {} questions during this call (round_cap)",
+                    ctx.settings.round_cap
+                ),
+            )));
+            return;
+        }
         let (agent_id, call_id, shared, ended) = match whose {
             Some(w) => (w.agent, w.call, w.shared, w.ended),
             None => (None, None, false, Vec::new()),

@@ -48,6 +48,8 @@ struct CallOn {
     /// during it is not answered for nobody. Made when a question is taken for this
     /// call's (most calls are asked nothing).
     ended: Option<tokio_util::sync::CancellationToken>,
+    /// Questions (elicitation, sampling) the server asked during it.
+    asked: usize,
 }
 
 /// Whose a request from a server is; see [`CallContext::on`].
@@ -141,6 +143,7 @@ impl CallContext {
             agent,
             questions,
             ended: None,
+            asked: 0,
         };
         let mut on = self.on_servers.lock();
         // The key is allocated only when the server has no call on it yet.
@@ -221,6 +224,24 @@ impl CallContext {
             ended,
             during_call: !calls.is_empty(),
         }
+    }
+
+    /// Counts a question (elicitation, sampling) that `server` asks during the calls on
+    /// it now, against each of them; false once every one of them was asked more than
+    /// `round_cap`: a legacy server that keeps asking is refused, as a modern one is
+    /// past its rounds, instead of asking a person again until the deadline. True
+    /// outside calls (the policy for those applies).
+    pub(crate) fn count_question(&self, server: &str) -> bool {
+        let mut on = self.on_servers.lock();
+        let Some(calls) = on.get_mut(server) else {
+            return true;
+        };
+        let mut least = usize::MAX;
+        for call in calls.iter_mut() {
+            call.asked = call.asked.saturating_add(1);
+            least = least.min(call.asked);
+        }
+        least <= self.settings.round_cap
     }
 
     /// Where the caller of the one call on `server` answers its questions, if that
