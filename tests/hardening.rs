@@ -205,6 +205,18 @@ async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_e
 // 4. A rejected cursor.
 #[tokio::test]
 async fn item_04_a_rejected_cursor_drops_the_cached_pages_and_the_list_is_read_again_once() {
+    rejected_cursor_is_read_again_from_page_one("-32602").await;
+}
+
+// 4. A cursor its restarted server forgot and refuses with an internal error, not the
+// spec's -32602, is taken as refused too. Before, the server was unreachable for
+// listings until the cached first page expired.
+#[tokio::test]
+async fn item_04_a_cursor_refused_with_an_internal_error_is_read_again_from_page_one() {
+    rejected_cursor_is_read_again_from_page_one("-32603").await;
+}
+
+async fn rejected_cursor_is_read_again_from_page_one(code: &str) {
     let record = temp_file("cursor");
     let rec = record.to_string_lossy().to_string();
     let h = start_ready(config(vec![demo_server(
@@ -217,6 +229,7 @@ async fn item_04_a_rejected_cursor_drops_the_cached_pages_and_the_list_is_read_a
             "--page-ttls",
             "600000,1",
             "--cursor-epoch-per-process",
+            &format!("--cursor-refusal-code={code}"),
             "--record",
             &rec,
         ],

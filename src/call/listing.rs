@@ -581,8 +581,22 @@ async fn walk(
     Walk::Done(walker.finish())
 }
 
+/// Whether a server's error for a cached cursor may be the cursor's: the spec's
+/// -32602, or what servers answer for one their restart forgot (an internal error,
+/// "not found"). Not a method it lacks, nor a refusal of the request's shape or
+/// version, which reading from the first page would meet again.
 fn rejects_cursor(error: &ServerError) -> bool {
-    matches!(error, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams)
+    match error {
+        ServerError::Rpc { error, .. } => match error.kind() {
+            RpcErrorKind::InvalidParams => true,
+            RpcErrorKind::Other => matches!(
+                error.code,
+                crate::protocol::error::INTERNAL_ERROR | crate::protocol::error::RESOURCE_NOT_FOUND
+            ),
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// Whether a server is worth listing for `kind`: routable, and (once connected) says it

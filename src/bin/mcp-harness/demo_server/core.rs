@@ -622,7 +622,7 @@ impl DemoServer {
     /// The page a `tools/list` cursor names (`e<epoch>-page-<n>`); an error for a cursor
     /// that is not one of ours, or of another epoch.
     fn page_index(&self, request: &Request) -> Result<usize, RpcError> {
-        let bad = || RpcError::new(INVALID_PARAMS, "invalid cursor");
+        let bad = || RpcError::new(self.args.cursor_refusal_code, "invalid cursor");
         match request.params.as_ref().and_then(|p| p.get("cursor")) {
             None | Some(Value::Null) => Ok(0),
             Some(Value::String(c)) => {

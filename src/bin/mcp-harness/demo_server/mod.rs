@@ -109,6 +109,10 @@ pub struct DemoServerArgs {
     /// the cursors its predecessor handed out.
     #[arg(long)]
     pub cursor_epoch_per_process: bool,
+    /// The error code a refused cursor is answered with (the spec says -32602; some
+    /// servers answer an internal error).
+    #[arg(long, default_value_t = -32602, allow_hyphen_values = true)]
+    pub cursor_refusal_code: i64,
     /// Every other `tools/list` answer has one more tool (`alt`): a list that looks
     /// different to each of two callers who list in turn.
     #[arg(long)]
