@@ -4,7 +4,8 @@
 //! The checks: no more than `limits.max_input_requests` in one round; each method one
 //! the harness declared for this request, and an elicitation only in a mode it declared
 //! (`url` needs `url`; a bare `elicitation: {}` means form only); sampling with tools
-//! only if `sampling.tools` was declared. A server that breaks them ends the call with
+//! only if `sampling.tools` was declared, and with context (`includeContext` other than
+//! `none`) only if `sampling.context` was. A server that breaks them ends the call with
 //! [`CallError::InputRejected`].
 
 use std::collections::BTreeMap;
@@ -100,6 +101,17 @@ pub(crate) fn declares(method: &str, params: &Value, declared: &Value) -> Result
         && declared.get("tools").is_none()
     {
         return Err("asks for sampling with tools, which this client did not declare".into());
+    }
+    if capability == "sampling"
+        && params
+            .get("includeContext")
+            .is_some_and(|c| c != "none" && !c.is_null())
+        && declared.get("context").is_none()
+    {
+        return Err(
+            "asks for sampling with context (includeContext), which this client did not declare"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -321,6 +333,32 @@ mod tests {
         let with_tools = requests(&[("a", "sampling/createMessage", json!({"tools": []}))]);
         assert!(check("s", &with_tools, &json!({"sampling": {}}), 16).is_err());
         assert!(check("s", &with_tools, &json!({"sampling": {"tools": {}}}), 16).is_ok());
+        // Context other than none needs sampling.context.
+        for (context, declared, ok) in [
+            (json!("thisServer"), json!({"sampling": {}}), false),
+            (
+                json!("allServers"),
+                json!({"sampling": {"tools": {}}}),
+                false,
+            ),
+            (
+                json!("allServers"),
+                json!({"sampling": {"context": {}}}),
+                true,
+            ),
+            (json!("none"), json!({"sampling": {}}), true),
+        ] {
+            let asks = requests(&[(
+                "a",
+                "sampling/createMessage",
+                json!({"messages": [], "includeContext": context}),
+            )]);
+            assert_eq!(
+                check("s", &asks, &declared, 16).is_ok(),
+                ok,
+                "{context} {declared}"
+            );
+        }
         let bogus = requests(&[("a", "tools/call", json!({}))]);
         assert!(check("s", &bogus, &json!({"elicitation": {}}), 16).is_err());
     }
