@@ -451,6 +451,7 @@ async fn gateway_keeping(
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", ratio),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
         ],
     )
     .await;
@@ -491,6 +492,91 @@ async fn stop_gateway(gateway: &mut HttpServer) {
         .args(["-TERM", &gateway.child.id().expect("pid").to_string()])
         .status();
     let _ = tokio::time::timeout(Duration::from_secs(20), gateway.child.wait()).await;
+}
+
+/// The values of `name`'s data points whose attribute `key` is `value`, in the order
+/// they arrived.
+fn sum_points(metrics: &[Metric], name: &str, (key, value): (&str, &str)) -> Vec<i64> {
+    use opentelemetry_proto::tonic::metrics::v1::number_data_point;
+    metrics
+        .iter()
+        .filter(|m| m.name == name)
+        .filter_map(|m| match &m.data {
+            Some(metric::Data::Sum(sum)) => Some(sum.data_points.clone()),
+            _ => None,
+        })
+        .flatten()
+        .filter(|p| {
+            p.attributes.iter().any(|kv| {
+                kv.key == key
+                    && kv
+                        .value
+                        .as_ref()
+                        .and_then(|v| text(v.value.as_ref()?))
+                        .as_deref()
+                        == Some(value)
+            })
+        })
+        .filter_map(|p| match p.value? {
+            number_data_point::Value::AsInt(i) => Some(i),
+            number_data_point::Value::AsDouble(_) => None,
+        })
+        .collect()
+}
+
+// A reload that changes a server removes it and adds it again under its id: its
+// exported call count goes on from where it was. Before, it started again from zero,
+// which a cumulative counter must not do (and the SDK's delta temporality subtracted
+// in u64).
+#[tokio::test]
+async fn a_servers_call_count_goes_on_across_a_reload_that_changes_it() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-reload");
+    let (mut gateway, config) = gateway_keeping("otel-reload", &record, (&endpoint, "0"), "").await;
+    let calls = || {
+        sum_points(
+            &received.metrics(),
+            "mcp_harness.calls",
+            ("mcp_harness.server.id", "s"),
+        )
+    };
+    for text in ["one", "two", "three"] {
+        call_with_trace_context(&gateway.url, text, None).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(20), || calls().last() == Some(&3)).await,
+        "three calls exported: {:?}",
+        calls()
+    );
+    // The server's arguments change: it is removed and added again.
+    let toml = std::fs::read_to_string(&config).expect("config");
+    let changed = toml.replacen("\"--record\"", "\"--page-size\", \"50\", \"--record\"", 1);
+    assert_ne!(changed, toml);
+    std::fs::write(&config, changed).expect("config");
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &gateway.child.id().expect("pid").to_string()])
+        .status();
+    // Until the new server answers, calls may fail; one that succeeds is counted.
+    let served = async {
+        loop {
+            let n = calls().len();
+            call_with_trace_context(&gateway.url, "after", None).await;
+            if eventually(Duration::from_secs(3), || calls().len() > n).await
+                && calls().last().is_some_and(|c| *c != 3)
+            {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(30), served).await;
+    stop_gateway(&mut gateway).await;
+    let points = calls();
+    assert!(
+        points.windows(2).all(|w| w[0] <= w[1]) && points.last().is_some_and(|c| *c > 3),
+        "never back, and on past three: {points:?}"
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
 }
 
 #[tokio::test]

@@ -339,6 +339,7 @@ impl HarnessHandle {
                 .map(|inner| HarnessHandle { inner }.metrics())
         };
         let observe = snapshot.clone();
+        let calls = Monotonic::default();
         meter
             .u64_observable_counter("mcp_harness.calls")
             .with_description("Calls by server, method and outcome")
@@ -346,7 +347,9 @@ impl HarnessHandle {
                 let Some(m) = observe() else {
                     return;
                 };
+                let mut calls = calls.round();
                 for ((server, method, outcome), count) in m.calls_by_outcome() {
+                    let count = calls.value(format!("{server}\0{method}\0{outcome}"), count);
                     let mut attributes = vec![
                         KeyValue::new("mcp.method.name", method),
                         KeyValue::new("mcp_harness.outcome", outcome),
@@ -369,15 +372,15 @@ impl HarnessHandle {
             })
             .build();
         let observe = snapshot.clone();
+        let restarts = Monotonic::default();
         meter
             .u64_observable_counter("mcp_harness.server.restarts")
             .with_description("Connection restarts per server")
             .with_callback(move |o| {
+                let mut restarts = restarts.round();
                 for s in observe().map(|m| m.servers).unwrap_or_default() {
-                    o.observe(
-                        u64::from(s.restarts),
-                        &[KeyValue::new("mcp_harness.server.id", s.id)],
-                    );
+                    let count = restarts.value(s.id.clone(), u64::from(s.restarts));
+                    o.observe(count, &[KeyValue::new("mcp_harness.server.id", s.id)]);
                 }
             })
             .build();
@@ -426,5 +429,80 @@ impl HarnessHandle {
                 }
             })
             .build();
+    }
+}
+
+/// An observable counter's series kept from going back. A server removed and added
+/// again under its id (a reload that changed it) counts its calls and restarts from
+/// zero; a cumulative counter must not show that, and the SDK's delta temporality
+/// subtracts the last value reported from the new one. A drop is taken as a reset: what
+/// was counted before it is carried into what follows.
+#[derive(Default)]
+struct Monotonic(parking_lot::Mutex<MonotonicState>);
+
+#[derive(Default)]
+struct MonotonicState {
+    /// Per series: the last value seen, what is carried, and the round it was seen in.
+    series: std::collections::HashMap<String, (u64, u64, u64)>,
+    round: u64,
+}
+
+/// Series kept past which those not seen in the latest collection are let go (an
+/// embedder that adds and removes servers by the thousand).
+const MONOTONIC_KEPT: usize = 16_384;
+
+/// One collection's look at a [`Monotonic`]; trims it when dropped.
+struct MonotonicRound<'a>(parking_lot::MutexGuard<'a, MonotonicState>);
+
+impl Monotonic {
+    fn round(&self) -> MonotonicRound<'_> {
+        let mut state = self.0.lock();
+        state.round += 1;
+        MonotonicRound(state)
+    }
+}
+
+impl MonotonicRound<'_> {
+    /// `raw` for series `key`, as a count that never goes back.
+    fn value(&mut self, key: String, raw: u64) -> u64 {
+        let round = self.0.round;
+        let (last, carried, seen) = self.0.series.entry(key).or_insert((0, 0, round));
+        if raw < *last {
+            *carried = carried.saturating_add(*last);
+        }
+        *last = raw;
+        *seen = round;
+        carried.saturating_add(raw)
+    }
+}
+
+impl Drop for MonotonicRound<'_> {
+    fn drop(&mut self) {
+        let round = self.0.round;
+        if self.0.series.len() > MONOTONIC_KEPT {
+            self.0.series.retain(|_, (_, _, seen)| *seen == round);
+        }
+    }
+}
+
+#[cfg(test)]
+mod monotonic_tests {
+    use super::*;
+
+    // A series that starts again from zero (its server removed and added back) goes on
+    // from where it was; one not seen is let go only past the bound.
+    #[test]
+    fn a_series_that_starts_again_from_zero_goes_on_from_where_it_was() {
+        let counter = Monotonic::default();
+        let mut seen = Vec::new();
+        for raw in [3, 5, 1, 2, 0, 4] {
+            seen.push(counter.round().value("s".into(), raw));
+        }
+        assert_eq!(seen, [3, 5, 6, 7, 7, 11]);
+        for i in 0..=MONOTONIC_KEPT {
+            counter.round().value(format!("k{i}"), 1);
+        }
+        let mut round = counter.round();
+        assert_eq!(round.value("s".into(), 1), 1, "let go past the bound");
     }
 }
