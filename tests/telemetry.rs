@@ -579,6 +579,88 @@ async fn a_servers_call_count_goes_on_across_a_reload_that_changes_it() {
     let _ = std::fs::remove_file(config);
 }
 
+// A resource no list names is asked of each server in turn; the first says it has no
+// such resource, quoting the URI in its message, and the read fails over. No span,
+// attribute or event carries the URI (it may hold a secret), the failover's included:
+// before, that event carried the server's message.
+#[tokio::test]
+async fn a_failover_on_a_resource_read_puts_its_uri_in_no_span() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-uri");
+    let config = config("otel-uri", &record);
+    // A second server that serves the template, after the first in config order.
+    let mut toml = std::fs::read_to_string(&config).expect("config");
+    let second = format!(
+        "[[servers]]\nid = \"t\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"t\", \"--resource-template\"] }}\n",
+        harness_exe()
+    );
+    toml.insert_str(
+        toml.find("[permissions.local]").expect("permissions"),
+        &second,
+    );
+    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
+    std::fs::write(&config, toml).expect("config");
+    let config_path = config.to_string_lossy().into_owned();
+    let mut gateway = HttpServer::start_with_env(
+        &harness_exe(),
+        &[
+            "serve",
+            "--dev-keys",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            &config_path,
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1"),
+        ],
+    )
+    .await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let uri = "demo://echo/secret-token-8f3a";
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {
+    "uri": uri, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    }}});
+    let response = reqwest::Client::new()
+        .post(&gateway.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "resources/read")
+        .header("mcp-name", uri)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    let answer: Value = response.json().await.expect("json");
+    assert_eq!(
+        answer["result"]["contents"][0]["text"], "secret-token-8f3a",
+        "served by the second server: {answer}"
+    );
+    stop_gateway(&mut gateway).await;
+    assert!(
+        eventually(Duration::from_secs(10), || received
+            .spans()
+            .iter()
+            .any(|s| s.events.iter().any(|e| e.name.contains("failing over"))))
+        .await,
+        "the failover's event is exported: {:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    for span in received.spans() {
+        let everything = format!("{span:?}");
+        assert!(!everything.contains("secret-token"), "{everything}");
+    }
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 #[tokio::test]
 async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_the_server() {
     let (endpoint, received) = http_collector().await;

@@ -368,7 +368,9 @@ async fn drive(
             || (candidate.guessed && says_not_here(&error));
         // With no time left there is no next server to try.
         if more && safe && !deadline.remaining().is_zero() {
-            tracing::info!(server = %candidate.server.id(), error = %error, "failing over to the next server");
+            // The error's type, not its text: a server's message may quote what was
+            // asked (a resource's URI, which no span carries); the audit record has it.
+            tracing::info!(server = %candidate.server.id(), error.type = %telemetry::server_error_type(&error), "failing over to the next server");
             record.hop(candidate.server.id(), error.to_string());
             last_error = Some(error);
             continue;
