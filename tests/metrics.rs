@@ -165,3 +165,52 @@ async fn the_snapshot_counts_calls_rounds_restarts_and_cache_and_prometheus_says
     assert!(unrouted[0].contains(r#"outcome="error""#), "{unrouted:?}");
     h.shutdown().await;
 }
+
+// A metric's `error.type` is the span's: a JSON-RPC error's code, `tool_error` for a
+// result with isError. Before, every server error was `rpc_error` and a tool error had
+// none.
+#[tokio::test]
+async fn a_calls_error_type_on_the_metric_is_the_code_or_tool_error() {
+    let h = start_ready(HarnessConfig {
+        servers: vec![demo_server("s", &[])],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    })
+    .await;
+    let a = Caller::agent("a");
+    let r = h
+        .call_tool(&a, "s__add", json!({"a": "x"}))
+        .await
+        .expect("a tool error is a result");
+    assert_eq!(r["isError"], true);
+    let missing = h
+        .call(
+            &a,
+            mcp_harness::CallKind::Resource,
+            "demo://no-such-thing",
+            json!({}),
+            mcp_harness::CallOptions::default(),
+        )
+        .await;
+    assert!(missing.is_err());
+    let m = h.metrics();
+    let error_type = |method: &str| {
+        m.calls
+            .iter()
+            .find(|s| s.method == method && s.outcome != "ok")
+            .and_then(|s| s.error_type)
+    };
+    assert_eq!(
+        error_type("tools/call"),
+        Some("tool_error"),
+        "{:?}",
+        m.calls
+    );
+    assert_eq!(
+        error_type("resources/read"),
+        Some("-32602"),
+        "{:?}",
+        m.calls
+    );
+    h.shutdown().await;
+}

@@ -136,14 +136,27 @@ impl CallRecord {
             Err(CallError::Cancelled) => ("cancelled", Some("cancelled")),
             Err(e) => ("error", Some(e.code())),
         };
+        // The metric's `error.type` is the span's (a JSON-RPC code, `tool_error`), held
+        // to a fixed set: a server's codes are its own to choose.
+        let error_type = match outcome {
+            Ok(_) if result == "tool_error" => Some("tool_error"),
+            Ok(_) => None,
+            Err(e) => Some(super::telemetry::metric_error_type(e)),
+        };
         let message = match (&self.sink, outcome) {
             (Some(_), Err(e)) => Some(one_line(&e.to_string(), MAX_AUDIT_TEXT)),
             _ => None,
         };
-        self.write(result, code, message.as_deref());
+        self.write(result, (code, error_type), message.as_deref());
     }
 
-    fn write(&mut self, outcome: &'static str, code: Option<&'static str>, message: Option<&str>) {
+    /// Writes `finished`; `code` is the audit record's error, `error_type` the metric's.
+    fn write(
+        &mut self,
+        outcome: &'static str,
+        (code, error_type): (Option<&'static str>, Option<&'static str>),
+        message: Option<&str>,
+    ) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
@@ -152,7 +165,7 @@ impl CallRecord {
             self.server.as_ref().map(|s| s.id()),
             self.method,
             outcome,
-            code,
+            error_type,
             latency,
         );
         let Some(sink) = &self.sink else {
@@ -178,7 +191,7 @@ impl Drop for CallRecord {
     fn drop(&mut self) {
         self.write(
             "cancelled",
-            Some("cancelled"),
+            (Some("cancelled"), Some("cancelled")),
             Some("the call ended before it finished (cancelled or shut down)"),
         );
     }

@@ -92,6 +92,27 @@ pub(super) fn server_error_type(e: &ServerError) -> Cow<'static, str> {
     }
 }
 
+/// `error.type` of a call's failure on its metric: as on its span, but a JSON-RPC code
+/// outside those the spec names is `_OTHER` (a metric's series must stay few).
+pub(super) fn metric_error_type(e: &CallError) -> &'static str {
+    use crate::protocol::error as rpc;
+    match e {
+        CallError::Server(ServerError::Rpc { error, .. }) => match error.code {
+            rpc::PARSE_ERROR => "-32700",
+            rpc::INVALID_REQUEST => "-32600",
+            rpc::METHOD_NOT_FOUND => "-32601",
+            rpc::INVALID_PARAMS => "-32602",
+            rpc::INTERNAL_ERROR => "-32603",
+            rpc::RESOURCE_NOT_FOUND => "-32002",
+            rpc::HEADER_MISMATCH => "-32020",
+            rpc::MISSING_CLIENT_CAPABILITY => "-32021",
+            rpc::UNSUPPORTED_PROTOCOL_VERSION => "-32022",
+            _ => "_OTHER",
+        },
+        other => other.code(),
+    }
+}
+
 /// `error.type` of a call's failure.
 pub(super) fn error_type(e: &CallError) -> Cow<'static, str> {
     match e {
