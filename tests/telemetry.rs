@@ -795,6 +795,38 @@ async fn a_gateway_that_does_not_follow_clients_sampling_keeps_their_calls_at_it
     }
 }
 
+// With `follow_client_sampling = false` and a ratio between 0 and 1, the requests of one
+// client trace get one decision: all traced or none. Before, each request was decided
+// apart, and a trace was kept in pieces.
+#[tokio::test]
+async fn a_client_trace_not_followed_is_kept_whole_or_not_at_all() {
+    let (endpoint, _received) = http_collector().await;
+    let record = temp_file("otel-gw-whole");
+    let (mut gateway, config) = gateway_keeping(
+        "otel-gw-whole",
+        &record,
+        (&endpoint, "0.5"),
+        "follow_client_sampling = false",
+    )
+    .await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    for n in 0..20u32 {
+        let traceparent = format!("00-{trace}-{:016x}-01", n + 1);
+        call_with_trace_context(&gateway.url, "text", Some(traceparent)).await;
+    }
+    stop_gateway(&mut gateway).await;
+    let sent: Vec<bool> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| r["params"]["_meta"]["traceparent"].is_string())
+        .collect();
+    assert_eq!(sent.len(), 20);
+    let traced = sent.iter().filter(|t| **t).count();
+    assert!(traced == 0 || traced == 20, "{traced} of 20 traced");
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 #[tokio::test]
 async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions() {
     let (endpoint, received) = http_collector().await;

@@ -2143,7 +2143,8 @@ fn downstream_span(
     let remote = crate::util::trace_context::extract(Some(params));
     let traced = match &remote {
         Some(remote) if follow_client => remote.is_sampled(),
-        _ => sampler.root(),
+        Some(remote) => sampler.for_trace(remote.trace_id()),
+        None => sampler.root(),
     };
     let span = call_span!(
         traced: traced,

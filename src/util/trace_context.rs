@@ -60,6 +60,9 @@ pub struct HeadSampler {
     /// Counts the decisions; each is a hash of the count, so that kept calls follow no
     /// period a workload could fall into step with.
     roots: AtomicU64,
+    /// Keys the hash of a client's trace id ([`HeadSampler::for_trace`]) with this
+    /// process's random keys: a client cannot pick ids that are always kept.
+    trace_keys: std::collections::hash_map::RandomState,
 }
 
 impl HeadSampler {
@@ -74,6 +77,7 @@ impl HeadSampler {
             ratio,
             // A random start: two processes do not keep the same calls.
             roots: AtomicU64::new(getrandom::u64().unwrap_or(0)),
+            trace_keys: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -97,6 +101,22 @@ impl HeadSampler {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
+        ((z >> 11) as f64 / (1u64 << 53) as f64) < self.ratio
+    }
+
+    /// Whether a client's trace, whose sampled flag is not followed, is traced: decided
+    /// by its id at `ratio`, so that every request of one trace gets the same answer
+    /// in this process (a trace is kept whole or not at all), and by a keyed hash of
+    /// it, so that a client cannot choose ids that are always kept.
+    pub fn for_trace(&self, trace_id: opentelemetry::trace::TraceId) -> bool {
+        use std::hash::BuildHasher;
+        if self.ratio >= 1.0 {
+            return true;
+        }
+        if self.ratio <= 0.0 {
+            return false;
+        }
+        let z = self.trace_keys.hash_one(trace_id.to_bytes());
         ((z >> 11) as f64 / (1u64 << 53) as f64) < self.ratio
     }
 
@@ -250,6 +270,25 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // A client's trace is kept whole or not at all, at about the ratio over traces.
+    #[test]
+    fn a_client_trace_gets_one_decision_for_all_its_requests() {
+        let sampler = HeadSampler::new(0.5);
+        let ids: Vec<opentelemetry::trace::TraceId> = (1..=2000u128)
+            .map(|n| {
+                opentelemetry::trace::TraceId::from_bytes((n * 0x9e37_79b9_7f4a_7c15).to_be_bytes())
+            })
+            .collect();
+        let kept = ids.iter().filter(|id| sampler.for_trace(**id)).count();
+        assert!((800..1200).contains(&kept), "{kept} of 2000 kept at 0.5");
+        for id in &ids[..50] {
+            let first = sampler.for_trace(*id);
+            assert!((0..20).all(|_| sampler.for_trace(*id) == first));
+        }
+        assert!(ids.iter().all(|id| HeadSampler::new(1.0).for_trace(*id)));
+        assert!(!ids.iter().any(|id| HeadSampler::new(0.0).for_trace(*id)));
+    }
 
     #[test]
     fn a_well_formed_traceparent_is_read_and_anything_else_ignored() {
