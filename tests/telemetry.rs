@@ -827,6 +827,54 @@ async fn a_client_trace_not_followed_is_kept_whole_or_not_at_all() {
     let _ = std::fs::remove_file(config);
 }
 
+// A collector that refuses what a running gateway sends: the failed export is logged
+// while it runs. Before, the SDK's own warnings compiled to nothing, and spans lost
+// between a gateway's start and its exit went unsaid.
+#[tokio::test]
+async fn a_failed_export_while_the_gateway_runs_is_logged() {
+    let refusing = http_service(|_, _, _| (500, b"no".to_vec())).await;
+    let record = temp_file("otel-refused");
+    let log = temp_file("otel-refused-log");
+    let config = config("otel-refused", &record);
+    let mut toml = std::fs::read_to_string(&config).expect("config");
+    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
+    std::fs::write(&config, toml).expect("config");
+    let config_path = config.to_string_lossy().into_owned();
+    let mut gateway = HttpServer::start_with(
+        &harness_exe(),
+        &[
+            "serve",
+            "--dev-keys",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            &config_path,
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+        std::fs::File::create(&log).expect("log").into(),
+    )
+    .await;
+    call_with_trace_context(&gateway.url, "refused", None).await;
+    let logged = eventually(Duration::from_secs(15), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("ExportError"))
+    })
+    .await;
+    stop_gateway(&mut gateway).await;
+    assert!(
+        logged,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    for p in [&record, &log, &config] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 #[tokio::test]
 async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions() {
     let (endpoint, received) = http_collector().await;
