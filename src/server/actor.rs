@@ -226,7 +226,7 @@ impl Actor for ServerActor {
             }
             ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself).await,
             ServerMsg::ConnectionUp { attempt, conn } => {
-                state.on_connection_up(attempt, conn).await;
+                state.on_connection_up(&myself, attempt, conn).await;
                 // Capabilities that changed while it connected (a handler registered
                 // during a handshake, or two in a row) are caught up with now.
                 state.on_capabilities_changed(&myself).await;
@@ -588,20 +588,31 @@ impl ServerActorState {
 
     /// Starts listening for list changes on a new connection (modern servers that
     /// announce them).
-    fn listen(&mut self, attempt: u64, conn: &Arc<Connection>) -> Option<super::listen::Listener> {
-        let actor = self.args.server.actor()?;
-        let listener = super::listen::start(actor, attempt, conn.clone(), self.listened)?;
+    /// Its notifications go to `myself`: the server's published address may still be
+    /// the actor's before it (a rebuild publishes the new one once it is spawned).
+    fn listen(
+        &mut self,
+        myself: &ActorRef<ServerMsg>,
+        attempt: u64,
+        conn: &Arc<Connection>,
+    ) -> Option<super::listen::Listener> {
+        let listener = super::listen::start(myself.clone(), attempt, conn.clone(), self.listened)?;
         self.listened = true;
         Some(listener)
     }
 
-    async fn on_connection_up(&mut self, attempt: u64, conn: Arc<Connection>) {
+    async fn on_connection_up(
+        &mut self,
+        myself: &ActorRef<ServerMsg>,
+        attempt: u64,
+        conn: Arc<Connection>,
+    ) {
         if conn.is_closed() {
             return;
         }
         if let Some(mut handover) = self.handover.take_if(|h| h.attempt == attempt) {
             // The replacement is up: switch, and let the old connection drain.
-            handover.listen = self.listen(attempt, &conn);
+            handover.listen = self.listen(myself, attempt, &conn);
             handover.conn = Some(conn.clone());
             let old = self.current.replace(handover);
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
@@ -635,7 +646,7 @@ impl ServerActorState {
             return; // a stale attempt
         };
         current.conn = Some(conn.clone());
-        let listen = self.listen(attempt, &conn);
+        let listen = self.listen(myself, attempt, &conn);
         if let Some(current) = self.current.as_mut() {
             current.listen = listen;
         }
