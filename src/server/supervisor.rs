@@ -239,12 +239,19 @@ impl Actor for ServersSupervisor {
         let Some(id) = state.by_actor.remove(&cell.get_id()) else {
             return Ok(());
         };
-        if state.shutting_down {
-            return Ok(());
-        }
         let Some(server) = state.args.directory.get(&id) else {
             return Ok(());
         };
+        if state.shutting_down {
+            // Not rebuilt; and no actor is left to say it stopped (its connection went
+            // with it): requests are answered `Stopped`, not sent to a dead connection.
+            *server.0.actor.write() = None;
+            *server.0.live.write() = None;
+            let mut s = server.0.status.write();
+            s.state = ServerState::Stopped;
+            s.pid = None;
+            return Ok(());
+        }
         tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
         if let Err(e) = state.spawn(&myself, server.clone(), Start::ActorDied).await {
             tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
