@@ -1214,6 +1214,13 @@ impl SharedCache {
             }
             unsent.insert(server.to_string(), 0);
         }
+        // Should this process stop before a retry lands, the floor it keeps on disk is
+        // past what Redis holds: its next start refuses the pages of before and moves
+        // Redis past them.
+        if let Some(top) = self.highest.lock().get_mut(server) {
+            *top = top.saturating_add(1).min(i64::MAX as u64);
+        }
+        self.floors_rose();
         let (this, server) = (Arc::downgrade(self), server.to_string());
         tokio::spawn(async move {
             let mut waits = backoff();
@@ -1600,6 +1607,34 @@ mod tests {
 
     // Another process holding the floors' lock (a lock of its own on the same file, as
     // `flock` counts them) holds this one's write until it lets go.
+    // An invalidation that cannot reach Redis raises the floor kept on disk: a process
+    // stopped before its retry lands refuses, at its next start, the generation it
+    // could not move past.
+    #[tokio::test]
+    async fn an_invalidation_redis_did_not_get_raises_the_floor_kept_on_disk() {
+        use std::collections::HashMap;
+        let dir = crate::util::scratch::Scratch::new("shared-floors-unsent");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = SharedConfig {
+            timeout: Duration::from_millis(200),
+            ..SharedConfig::new("redis://127.0.0.1:1", vec!["s".to_string()])
+        };
+        let layer = SharedCache::new(config, Some(&dir)).expect("layer (connects lazily)");
+        layer.highest.lock().insert("s".into(), 40);
+        layer.invalidate("s").await;
+        assert!(!layer.in_use("s"), "retried in the background");
+        layer.write_floors().await;
+        let path = layer
+            .floors
+            .as_ref()
+            .expect("with a disk layer")
+            .path
+            .clone();
+        let kept: HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept, HashMap::from([("s".into(), 41)]));
+    }
+
     #[tokio::test]
     async fn a_floors_write_waits_for_the_lock_another_holder_has() {
         use std::collections::HashMap;
