@@ -1628,3 +1628,45 @@ async fn a_token_the_store_cannot_keep_is_held_in_memory() {
     assert_eq!(w.at("authorize").len(), 1, "one sign-in, its token used");
     h.shutdown().await;
 }
+
+// Metadata answered 429 (rate-limited) or 408 is asked for again later: the server is
+// restarted with backoff, not given up as one with no metadata (which no retry heals).
+#[tokio::test]
+async fn rate_limited_metadata_is_asked_again_not_given_up() {
+    let url = http_service(|path, _, _| {
+        if path.starts_with("/.well-known/") {
+            (429, b"slow down".to_vec())
+        } else {
+            (401, Vec::new())
+        }
+    })
+    .await;
+    let mut server = ServerConfig::http("limited", &url);
+    server.restart.min_delay = Duration::from_millis(100);
+    server.restart.max_delay = Duration::from_millis(200);
+    if let TransportSpec::Http(h) = &mut server.transport {
+        h.auth = registered("pre");
+    }
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![server],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("limited")
+            .is_some_and(|s| s.restarts >= 2))
+        .await,
+        "restarted, not given up: {:?}",
+        h.server_status("limited")
+    );
+    let status = h.server_status("limited").expect("status");
+    assert_ne!(status.state, ServerState::Failed, "{status:?}");
+    assert!(
+        status.last_error.as_deref().is_some_and(|e| e.contains("429")),
+        "{status:?}"
+    );
+    h.shutdown().await;
+}

@@ -220,17 +220,29 @@ pub(crate) fn run(
                 "route",
                 otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
             );
-            let candidates = tracing::Instrument::instrument(
-                route(
-                    ctx,
-                    &request.caller,
-                    request.kind,
-                    &request.name,
-                    deadline.at,
-                ),
-                routing,
-            )
-            .await?;
+            let pinned = request.delegated.as_ref().and_then(|d| d.server.as_deref());
+            let candidates = match pinned {
+                // A resource read's round goes back to its server, as a tool's does by its
+                // qualified name: the others are neither listed again nor needed
+                // reachable (one that is not would leave a URI no list names unrouted).
+                Some(server) if request.kind == CallKind::Resource => {
+                    let _routing = routing.enter();
+                    route::to_server(ctx, &request.caller, server, &request.name)?
+                }
+                _ => {
+                    tracing::Instrument::instrument(
+                        route(
+                            ctx,
+                            &request.caller,
+                            request.kind,
+                            &request.name,
+                            deadline.at,
+                        ),
+                        routing,
+                    )
+                    .await?
+                }
+            };
             let mut candidates = candidates;
             if let Some(pinned) = request.delegated.as_ref().and_then(|d| d.server.as_deref()) {
                 candidates.retain(|c| c.server.id() == pinned);

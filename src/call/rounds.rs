@@ -4,8 +4,8 @@
 //! The checks: no more than `limits.max_input_requests` in one round; each method one
 //! the harness declared for this request, and an elicitation only in a mode it declared
 //! (`url` needs `url`; a bare `elicitation: {}` means form only); sampling with tools
-//! only if `sampling.tools` was declared, and with context (`includeContext` other than
-//! `none`) only if `sampling.context` was. A server that breaks them ends the call with
+//! only if `sampling.tools` was declared, and (in a round) with context
+//! (`includeContext` other than `none`) only if `sampling.context` was. A server that breaks them ends the call with
 //! [`CallError::InputRejected`].
 
 use std::collections::BTreeMap;
@@ -54,10 +54,34 @@ pub(crate) fn check(
     };
     at_most(server, requests.len(), max)?;
     for (key, request) in requests {
-        declares(&request.method, &request.params, declared).map_err(|why| {
-            let key = crate::util::text::one_line(key, 100);
-            reject(format!("input request \"{key}\" {why}"))
-        })?;
+        declares(&request.method, &request.params, declared)
+            .and_then(|()| declares_context(&request.method, &request.params, declared))
+            .map_err(|why| {
+                let key = crate::util::text::one_line(key, 100);
+                reject(format!("input request \"{key}\" {why}"))
+            })?;
+    }
+    Ok(())
+}
+
+/// A round's sampling with context (`includeContext` other than `none`) needs
+/// `sampling.context` declared, as 2026-07-28 says. Not held against a legacy server's
+/// own request: versions before it had no such capability, and no handler acts on the
+/// context anyway.
+fn declares_context(method: &str, params: &Value, declared: &Value) -> Result<(), String> {
+    if method == "sampling/createMessage"
+        && params
+            .get("includeContext")
+            .is_some_and(|c| c != "none" && !c.is_null())
+        && declared
+            .get("sampling")
+            .and_then(|s| s.get("context"))
+            .is_none()
+    {
+        return Err(
+            "asks for sampling with context (includeContext), which this client did not declare"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -101,17 +125,6 @@ pub(crate) fn declares(method: &str, params: &Value, declared: &Value) -> Result
         && declared.get("tools").is_none()
     {
         return Err("asks for sampling with tools, which this client did not declare".into());
-    }
-    if capability == "sampling"
-        && params
-            .get("includeContext")
-            .is_some_and(|c| c != "none" && !c.is_null())
-        && declared.get("context").is_none()
-    {
-        return Err(
-            "asks for sampling with context (includeContext), which this client did not declare"
-                .into(),
-        );
     }
     Ok(())
 }

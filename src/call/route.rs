@@ -105,6 +105,21 @@ pub(crate) async fn route<'a>(
     }
 }
 
+/// `item` on `server` alone (a delegated round that continues there), if the caller
+/// may use it there.
+pub(crate) fn to_server<'a>(
+    ctx: &CallContext,
+    caller: &Caller,
+    server: &str,
+    item: &'a str,
+) -> Result<Candidates<'a>, CallError> {
+    let agent = caller.agent_id.as_deref();
+    if agent.is_none() {
+        return Err(denied(None, None, item));
+    }
+    route_qualified(ctx, agent, server, item)
+}
+
 /// `server__tool`: that server, if the caller may use that tool on it.
 fn route_qualified<'a>(
     ctx: &CallContext,

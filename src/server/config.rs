@@ -214,7 +214,7 @@ mod tests {
         let c: ServerConfig = serde_json::from_str(json).expect("valid");
         assert_eq!(c.timeout, Duration::from_secs(5));
         assert!(c.enabled);
-        assert_eq!(c.max_restarts(), 5);
+        assert_eq!(c.max_restarts(), 10);
         let typo = r#"{"id":"files","transport":{"type":"stdio","command":"srv"},"timout":"5s"}"#;
         let e = serde_json::from_str::<ServerConfig>(typo).expect_err("typo");
         assert!(e.to_string().contains("timout"), "{e}");

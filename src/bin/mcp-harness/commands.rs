@@ -223,10 +223,16 @@ pub async fn start(
 /// 5 minutes, the authorization server's calls their own limits on top.
 const LOGIN_WAIT: Duration = Duration::from_secs(330);
 
-/// Until every server has settled (ready, failed, or restarting after a failure), or
-/// `wait` has passed, showing progress on a terminal. `login`: until its server's first try has ended, for at least
-/// [`LOGIN_WAIT`] (its sign-in is a person's, and a restart after a failed one would
-/// ask again).
+/// Restarts after which a server still restarting counts as settled: it is failing
+/// again and again (its restart limit gives it a minute or more to come back, which a
+/// command need not wait for).
+const SETTLED_AFTER_RESTARTS: u32 = 5;
+
+/// Until every server has settled (ready, failed, stopped, or restarting for the
+/// [`SETTLED_AFTER_RESTARTS`]th time), or `wait` has passed, showing progress on a
+/// terminal. `login`: until its server's first try has ended (restarting counts), for
+/// at least [`LOGIN_WAIT`] (its sign-in is a person's, and a restart after a failed one
+/// would ask again).
 pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
     let progress = std::io::stderr().is_terminal();
     let deadline = Instant::now() + if login { wait.max(LOGIN_WAIT) } else { wait };
@@ -236,7 +242,7 @@ pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
             .iter()
             .filter(|s| match s.state {
                 ServerState::Starting => false,
-                ServerState::Restarting => login,
+                ServerState::Restarting => login || s.restarts >= SETTLED_AFTER_RESTARTS,
                 _ => true,
             })
             .count();

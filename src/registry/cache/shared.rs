@@ -1605,8 +1605,6 @@ mod tests {
         drop(first);
     }
 
-    // Another process holding the floors' lock (a lock of its own on the same file, as
-    // `flock` counts them) holds this one's write until it lets go.
     // An invalidation that cannot reach Redis raises the floor kept on disk: a process
     // stopped before its retry lands refuses, at its next start, the generation it
     // could not move past.
@@ -1635,6 +1633,8 @@ mod tests {
         assert_eq!(kept, HashMap::from([("s".into(), 41)]));
     }
 
+    // Another process holding the floors' lock (a lock of its own on the same file, as
+    // `flock` counts them) holds this one's write until it lets go.
     #[tokio::test]
     async fn a_floors_write_waits_for_the_lock_another_holder_has() {
         use std::collections::HashMap;

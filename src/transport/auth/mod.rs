@@ -1384,7 +1384,9 @@ impl SignIn {
             .await
             .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();
-        if (400..500).contains(&status) {
+        // Not there; but one that is slow or rate-limited (408, 429) is asked again
+        // later (an error that heals), not taken for a server without metadata.
+        if (400..500).contains(&status) && status != 408 && status != 429 {
             return Ok(None);
         }
         let body = read_bounded(response)
