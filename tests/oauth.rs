@@ -1665,7 +1665,10 @@ async fn rate_limited_metadata_is_asked_again_not_given_up() {
     let status = h.server_status("limited").expect("status");
     assert_ne!(status.state, ServerState::Failed, "{status:?}");
     assert!(
-        status.last_error.as_deref().is_some_and(|e| e.contains("429")),
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("429")),
         "{status:?}"
     );
     h.shutdown().await;

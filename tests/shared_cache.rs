@@ -1219,3 +1219,39 @@ async fn a_redis_connection_gone_silent_is_opened_again() {
         .await
         .unwrap_or_else(|_| panic!("never reconnected: {:?}", layer.stats()));
 }
+
+// A list walked partly from memory (its first page still fresh there, the later ones
+// expired and fetched again) is not written to Redis: the fetched pages would reach it
+// without the page before them, whose cursor leads to them.
+#[tokio::test]
+async fn a_list_walked_partly_from_memory_is_not_shared_in_part() {
+    let redis = Redis::start().await;
+    let h = start_ready(config(
+        vec![demo_server(
+            "s",
+            &[
+                "--extra-tools",
+                "30",
+                "--page-size",
+                "20",
+                "--page-ttls",
+                "600000,300",
+            ],
+        )],
+        shared(redis.url(), &["s"]),
+    ))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    let written = |h: &HarnessHandle| h.cache_stats().l3.writes;
+    assert!(
+        eventually(Duration::from_secs(10), || written(&h) >= 2).await,
+        "the whole list is shared: {:?}",
+        h.cache_stats()
+    );
+    let before = written(&h);
+    tokio::time::sleep(Duration::from_millis(400)).await; // the later pages expire (deliberate)
+    h.list_tools(&a()).await.expect("list");
+    tokio::time::sleep(Duration::from_millis(500)).await; // the writer's turn (deliberate)
+    assert_eq!(written(&h), before, "{:?}", h.cache_stats());
+    h.shutdown().await;
+}

@@ -279,6 +279,8 @@ struct Walker<'a> {
     l3_asked: bool,
     /// Some page came from the shared layer (the list is compared for changes then).
     from_shared: bool,
+    /// No page came from a cache (memory, disk or the shared layer).
+    from_fetch_only: bool,
     from_cache: bool,
     cacheable: bool,
     bytes: usize,
@@ -303,6 +305,7 @@ impl<'a> Walker<'a> {
 
     /// A page from the cache: its freshness, and when its list is due for a refresh.
     fn saw_cached(&mut self, hit: &Hit) {
+        self.from_fetch_only = false;
         self.saw(hit.remaining, hit.scope);
         let ahead = self.ctx.registry.cache.config().refresh_ahead;
         self.refresh_window = self.refresh_window.min(ahead.min(hit.ttl / 10));
@@ -489,6 +492,9 @@ impl<'a> Walker<'a> {
             registry.cache.put_memory(&self.fetched, self.epoch);
             if let Some(shared) = &registry.shared
                 && !self.to_share.is_empty()
+                // All of it fetched now: with a page from a cache among them, the rest
+                // would reach Redis without it (a list is shared whole or not at all).
+                && self.from_fetch_only
                 && registry.cache.epoch(self.server.id()) == self.epoch
                 && let Some(protocol) = self.shared_version()
                 && let Some(generation) = self.l3_generation
@@ -544,6 +550,7 @@ async fn walk(
         l3_generation: None,
         l3_asked: false,
         from_shared: false,
+        from_fetch_only: true,
         from_cache: true,
         cacheable: true,
         bytes: 0,

@@ -56,9 +56,10 @@ impl Default for RestartConfig {
             max_delay: Duration::from_secs(30),
             healthy_after: Duration::from_secs(60),
             // The first ten delays (0.1 s doubling, then 30 s) add up to 81 s, at most
-            // twice that with jitter, all within the window: a server failing for
-            // longer than that is given up, one down for less (a redeploy, a network
-            // blip) heals by itself.
+            // twice that with jitter, all within the window: a server that fails at
+            // once for longer than that is given up, one down for less (a redeploy, a
+            // network blip) heals by itself. (Attempts that each take long to fail
+            // may never fit ten in the window: they go on being restarted.)
             max_restarts: 10,
             within: Duration::from_secs(180),
         }

@@ -22,8 +22,9 @@
 //! after a failure the layer is skipped for a backoff (`backon`, exponential with
 //! jitter, up to 30 s) before it is tried again; the first failure is logged, and the
 //! recovery. Writes go in the background through one writer task, which sends what is
-//! queued as one pipeline; at most [`MAX_QUEUED_WRITES`] pages wait (more are dropped
-//! and counted). A page is written only if a lookup can read it back whole: its key
+//! queued in transactions (`MULTI`/`EXEC`) of whole lists, so that Redis never holds
+//! part of one; at most [`MAX_QUEUED_WRITES`] pages wait (more are dropped and
+//! counted). A page is written only if a lookup can read it back whole: its key
 //! (a server's cursor among it) and envelope count against `max_entry_bytes` plus 4 KiB.
 //!
 //! An invalidation message longer than 4 KiB is ignored, but only after the Redis client
@@ -92,17 +93,20 @@ const MAC_PREFIX: &[u8] = b"mac1:";
 /// The shortest shared secret accepted, in bytes.
 const MIN_KEY_BYTES: usize = 32;
 
-/// Pages taken from the queue at once.
+/// Lists taken from the queue at once.
 const WRITE_BATCH: usize = 256;
 
-/// Bytes sent in one pipeline at most.
+/// Bytes sent in one transaction at most (a list longer than that goes alone).
 const PIPELINE_BYTES: usize = 256 << 10;
 
 /// How often the invalidation subscription is pinged.
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(15);
 
 /// One page to write: key, body, expiry in milliseconds.
-type Write = (String, Vec<u8>, u64);
+type PageWrite = (String, Vec<u8>, u64);
+
+/// The pages of one list, written together or not at all.
+type Write = Vec<PageWrite>;
 
 /// The longest the layer is skipped after failures.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -236,6 +240,18 @@ fn connection_manager(client: &redis::Client) -> redis::RedisResult<ConnectionMa
         // writes get a longer one than reads.
         .set_response_timeout(None);
     ConnectionManager::new_lazy_with_config(client.clone(), config)
+}
+
+/// Connects `conn` now, off any call's path, so that the first lookup does not pay for
+/// it (a lookup's bound, 50 ms, may be shorter than a connect, over TLS say).
+fn warm(mut conn: ConnectionManager) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            redis::cmd("PING").query_async::<()>(&mut conn),
+        )
+        .await;
+    });
 }
 
 /// Commands timed out in a row after which the connection is opened again: a command
@@ -635,15 +651,7 @@ impl SharedCache {
         if let Some(wake) = wake {
             tokio::spawn(keep_floors(Arc::downgrade(&shared), wake));
         }
-        // Connect now, off any call's path, so the first lookup does not pay for it.
-        let mut warm = shared.conn.lock().clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                redis::cmd("PING").query_async::<()>(&mut warm),
-            )
-            .await;
-        });
+        warm(shared.conn.lock().clone());
         Ok(shared)
     }
 
@@ -806,7 +814,8 @@ impl SharedCache {
                     // Commands still waiting on the old connection keep it until they end.
                     if let Ok(fresh) = connection_manager(&self.client) {
                         tracing::debug!(url = %redacted(&self.config.url), "shared cache connection silent; opening a new one");
-                        *self.conn.lock() = fresh;
+                        *self.conn.lock() = fresh.clone();
+                        warm(fresh);
                     }
                 }
                 Err(RunFailure::Unavailable)
@@ -1126,48 +1135,50 @@ impl SharedCache {
         }
         // Queued, the whole list counts against the queue's bounds.
         let size: u64 = writes.iter().map(|(_, body, _)| body.len() as u64).sum();
+        let pages = writes.len() as u64;
         if self.pending_bytes.load(Ordering::Relaxed) + size > MAX_QUEUED_BYTES
-            || self.writes.capacity() < writes.len()
+            || self.pending.load(Ordering::Relaxed) + pages > MAX_QUEUED_WRITES as u64
         {
             return refuse("the write queue is full");
         }
-        for (redis_key, body, ms) in writes {
-            let size = body.len() as u64;
-            self.pending.fetch_add(1, Ordering::SeqCst);
-            self.pending_bytes.fetch_add(size, Ordering::SeqCst);
-            if self.writes.try_send((redis_key, body, ms)).is_err() {
-                self.pending.fetch_sub(1, Ordering::SeqCst);
-                self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
-                self.counts.dropped_writes.fetch_add(1, Ordering::Relaxed);
-            }
+        self.pending.fetch_add(pages, Ordering::SeqCst);
+        self.pending_bytes.fetch_add(size, Ordering::SeqCst);
+        if self.writes.try_send(writes).is_err() {
+            self.pending.fetch_sub(pages, Ordering::SeqCst);
+            self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
+            refuse("the write queue is full");
         }
     }
 
     /// Writes what was taken from the queue, in pipelines of at most
     /// [`PIPELINE_BYTES`] (a failed one is dropped: it is only a cache).
     async fn write_batch(&self, batch: &[Write]) {
+        let bytes = |list: &Write| list.iter().map(|(_, body, _)| body.len()).sum::<usize>();
         let mut start = 0;
         while start < batch.len() {
             let mut end = start;
-            let mut bytes = 0;
+            let mut total = 0;
             while end < batch.len()
-                && (end == start || bytes + batch[end].1.len() <= PIPELINE_BYTES)
+                && (end == start || total + bytes(&batch[end]) <= PIPELINE_BYTES)
             {
-                bytes += batch[end].1.len();
+                total += bytes(&batch[end]);
                 end += 1;
             }
-            self.write_pipeline(&batch[start..end]).await;
+            self.write_lists(&batch[start..end]).await;
             start = end;
         }
     }
 
-    async fn write_pipeline(&self, batch: &[Write]) {
+    /// Writes whole lists in one transaction: should it time out or fail, none of them
+    /// is in Redis, rather than some of a list's pages.
+    async fn write_lists(&self, lists: &[Write]) {
         // Writes are off every caller's path: a slower bound than reads.
         let bound = self.config.timeout.max(Duration::from_secs(1));
         let done: Option<()> = self
             .run_within(bound, "write", async |mut conn| {
                 let mut pipe = redis::pipe();
-                for (key, body, ms) in batch {
+                pipe.atomic();
+                for (key, body, ms) in lists.iter().flatten() {
                     pipe.cmd("SET")
                         .arg(key)
                         .arg(body)
@@ -1178,14 +1189,17 @@ impl SharedCache {
                 pipe.query_async(&mut conn).await
             })
             .await;
+        let pages = lists.iter().map(Vec::len).sum::<usize>() as u64;
         if done.is_some() {
-            self.counts
-                .writes
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.counts.writes.fetch_add(pages, Ordering::Relaxed);
         }
-        let bytes: u64 = batch.iter().map(|(_, body, _)| body.len() as u64).sum();
+        let bytes: u64 = lists
+            .iter()
+            .flatten()
+            .map(|(_, body, _)| body.len() as u64)
+            .sum();
         self.pending_bytes.fetch_sub(bytes, Ordering::SeqCst);
-        self.pending.fetch_sub(batch.len() as u64, Ordering::SeqCst);
+        self.pending.fetch_sub(pages, Ordering::SeqCst);
     }
 
     /// Moves `server` to a new generation in Redis (every page stored so far is no
