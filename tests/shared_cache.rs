@@ -1255,3 +1255,43 @@ async fn a_list_walked_partly_from_memory_is_not_shared_in_part() {
     assert_eq!(written(&h), before, "{:?}", h.cache_stats());
     h.shutdown().await;
 }
+
+/// Lists `s` (paged, its cursors its process's own, refused with `code`), restarts it,
+/// lists again past a refused cursor; how many invalidations this process published.
+async fn published_on_a_cursor_refused_with(code: &str) -> u64 {
+    let redis = Redis::start().await;
+    let refusal = format!("--cursor-refusal-code={code}");
+    let mut server = demo_server(
+        "s",
+        &[
+            "--extra-tools",
+            "30",
+            "--page-size",
+            "20",
+            "--page-ttls",
+            "600000,1",
+            "--cursor-epoch-per-process",
+            &refusal,
+        ],
+    );
+    server.restart.min_delay = Duration::from_millis(100);
+    let h = start_ready(config(vec![server], shared(redis.url(), &["s"]))).await;
+    let first = h.list_tools(&a()).await.expect("list").len();
+    h.restart_server("s").await.expect("restart");
+    assert!(wait_state(&h, "s", mcp_harness::ServerState::Ready).await);
+    tokio::time::sleep(Duration::from_millis(20)).await; // later pages (1 ms) expired
+    assert_eq!(h.list_tools(&a()).await.expect("list").len(), first);
+    let published = h.cache_stats().l3.published;
+    h.shutdown().await;
+    published
+}
+
+// A cached cursor refused with the spec's -32602 drops the list in every process (the
+// shared generation moves); one refused with an internal error, which may be the
+// server's passing trouble, drops this process's copy alone: a flaky server does not
+// make every process sharing it read all its lists again.
+#[tokio::test]
+async fn only_a_cursor_refused_as_invalid_drops_the_list_in_every_process() {
+    assert!(published_on_a_cursor_refused_with("-32602").await >= 1);
+    assert_eq!(published_on_a_cursor_refused_with("-32603").await, 0);
+}

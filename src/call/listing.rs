@@ -88,12 +88,16 @@ pub(crate) async fn list_server(
             Ok(listed)
         }
         Walk::Failed(e) => Err(e),
-        Walk::RejectedCursor(_) => {
+        Walk::RejectedCursor(e) => {
             tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
             // Dropped (and the shared generation moved) before the list is read again,
-            // so what is read now is stored in the new generation.
+            // so what is read now is stored in the new generation. Only the spec's
+            // -32602 moves it for every process: an internal error, which may be the
+            // server's passing trouble, drops this process's copy alone (and is read
+            // again past the caches, which then get the new pages).
+            let everywhere = matches!(&e, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams);
             ctx.registry_ref
-                .invalidate_list(server.id(), kind.list_method())
+                .invalidate_list(server.id(), kind.list_method(), everywhere)
                 .await;
             match walk(ctx, server, kind, auth_context, timeout, false).await {
                 Walk::Done(listed) => Ok(listed),

@@ -179,6 +179,8 @@ pub(crate) enum RegistryMsg {
         server: String,
         /// The list method.
         method: String,
+        /// Whether the other processes drop theirs too (the shared generation moves).
+        everywhere: bool,
         /// Answered once they are dropped.
         reply: RpcReplyPort<()>,
     },
@@ -260,9 +262,12 @@ impl Actor for RegistryActor {
             RegistryMsg::InvalidateList {
                 server,
                 method,
+                everywhere,
                 reply,
             } => {
-                registry.tell_peers(&server).await;
+                if everywhere {
+                    registry.tell_peers(&server).await;
+                }
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
                 let _ = reply.send(());
             }
@@ -377,14 +382,16 @@ impl RegistryRef {
         false
     }
 
-    /// Drops one list of a server; returns when it is gone, as
-    /// [`RegistryRef::invalidate`] does.
-    pub async fn invalidate_list(&self, server: &str, method: &str) -> bool {
+    /// Drops one list of a server (`everywhere`: in every process sharing it, by moving
+    /// its shared generation); returns when it is gone, as [`RegistryRef::invalidate`]
+    /// does.
+    pub async fn invalidate_list(&self, server: &str, method: &str, everywhere: bool) -> bool {
         self.0
             .ask(
                 |reply| RegistryMsg::InvalidateList {
                     server: server.to_string(),
                     method: method.to_string(),
+                    everywhere,
                     reply,
                 },
                 INVALIDATE_LIMIT,
