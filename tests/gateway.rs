@@ -1098,9 +1098,15 @@ async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
     let (status, r) = gw.modern("tok-a", "tools/list", json!({})).await;
     assert_eq!(status, 200, "{r}");
     let pid = gw.server.child.id().expect("pid");
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+    let open: Vec<libc::rlim_t> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("fds")
-        .count() as libc::rlim_t;
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
+    // New descriptors take the lowest free numbers below the limit: below one of as
+    // many as are open, there are as many free as are open above it.
+    let cap = open.len() as libc::rlim_t;
+    let free_below = open.iter().filter(|fd| **fd >= cap).count();
     let limit = |soft: Option<libc::rlim_t>| {
         let mut old = libc::rlimit {
             rlim_cur: 0,
@@ -1134,9 +1140,10 @@ async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
         }
         old.rlim_cur
     };
-    let before = limit(Some(open + 2));
+    let before = limit(Some(cap));
     let mut held = Vec::new();
-    for _ in 0..8 {
+    // More than the free numbers below the limit can take.
+    for _ in 0..free_below + 8 {
         held.push(
             tokio::net::TcpStream::connect(gw.authority())
                 .await

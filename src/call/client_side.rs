@@ -198,10 +198,9 @@ impl ClientSide for HarnessClient {
         tokio::spawn(async move {
             // Announced once the old lists are gone: whoever lists again on hearing it
             // reads the new ones, not the cache's.
-            if !registry.invalidate(&server).await {
+            if !registry.invalidate(&server, hold).await {
                 tracing::warn!(server = %server, "the cache did not drop a changed server's lists in time");
             }
-            drop(hold);
             events.announce(crate::registry::HarnessEvent::ListsChanged {
                 server: server.clone(),
                 tools: changed.tools,

@@ -349,16 +349,21 @@ impl HarnessHandle {
                 };
                 let mut calls = calls.round();
                 for ((server, method, outcome), count) in m.calls_by_outcome() {
-                    let count = calls.value(format!("{server}\0{method}\0{outcome}"), count);
-                    let mut attributes = vec![
-                        KeyValue::new("mcp.method.name", method),
-                        KeyValue::new("mcp_harness.outcome", outcome),
-                    ];
-                    if !server.is_empty() {
-                        attributes.push(KeyValue::new("mcp_harness.server.id", server.to_string()));
-                    }
-                    o.observe(count, &attributes);
+                    let key = format!("{server}\0{method}\0{outcome}");
+                    let count = calls.value(key, count, || {
+                        let mut attributes = vec![
+                            KeyValue::new("mcp.method.name", method),
+                            KeyValue::new("mcp_harness.outcome", outcome),
+                        ];
+                        if !server.is_empty() {
+                            attributes
+                                .push(KeyValue::new("mcp_harness.server.id", server.to_string()));
+                        }
+                        attributes
+                    });
+                    o.observe(count.0, count.1);
                 }
+                calls.finish(|value, attributes| o.observe(value, attributes));
             })
             .build();
         let observe = snapshot.clone();
@@ -377,11 +382,16 @@ impl HarnessHandle {
             .u64_observable_counter("mcp_harness.server.restarts")
             .with_description("Connection restarts per server")
             .with_callback(move |o| {
+                let servers = observe().map(|m| m.servers).unwrap_or_default();
                 let mut restarts = restarts.round();
-                for s in observe().map(|m| m.servers).unwrap_or_default() {
-                    let count = restarts.value(s.id.clone(), u64::from(s.restarts));
-                    o.observe(count, &[KeyValue::new("mcp_harness.server.id", s.id)]);
+                for s in servers {
+                    let id = s.id.clone();
+                    let count = restarts.value(s.id, u64::from(s.restarts), || {
+                        vec![KeyValue::new("mcp_harness.server.id", id)]
+                    });
+                    o.observe(count.0, count.1);
                 }
+                restarts.finish(|value, attributes| o.observe(value, attributes));
             })
             .build();
         let observe = snapshot.clone();
@@ -436,22 +446,33 @@ impl HarnessHandle {
 /// again under its id (a reload that changed it) counts its calls and restarts from
 /// zero; a cumulative counter must not show that, and the SDK's delta temporality
 /// subtracts the last value reported from the new one. A drop is taken as a reset: what
-/// was counted before it is carried into what follows.
+/// was counted before it is carried into what follows. A series missing from one
+/// collection (the server between its removal and its return) is still observed, at
+/// its last value: the SDK forgets what it last reported of a series not observed, and
+/// would report the carried count again as new.
 #[derive(Default)]
 struct Monotonic(parking_lot::Mutex<MonotonicState>);
 
 #[derive(Default)]
 struct MonotonicState {
-    /// Per series: the last value seen, what is carried, and the round it was seen in.
-    series: std::collections::HashMap<String, (u64, u64, u64)>,
+    series: std::collections::HashMap<String, Series>,
     round: u64,
+}
+
+/// One series: the last value seen, what is carried, the round it was last seen in,
+/// and its attributes.
+struct Series {
+    last: u64,
+    carried: u64,
+    seen: u64,
+    attributes: Vec<KeyValue>,
 }
 
 /// Series kept past which those not seen in the latest collection are let go (an
 /// embedder that adds and removes servers by the thousand).
 const MONOTONIC_KEPT: usize = 16_384;
 
-/// One collection's look at a [`Monotonic`]; trims it when dropped.
+/// One collection's look at a [`Monotonic`].
 struct MonotonicRound<'a>(parking_lot::MutexGuard<'a, MonotonicState>);
 
 impl Monotonic {
@@ -463,24 +484,39 @@ impl Monotonic {
 }
 
 impl MonotonicRound<'_> {
-    /// `raw` for series `key`, as a count that never goes back.
-    fn value(&mut self, key: String, raw: u64) -> u64 {
+    /// `raw` for series `key` (its attributes made by `attributes` the first time), as
+    /// a count that never goes back.
+    fn value(
+        &mut self,
+        key: String,
+        raw: u64,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
+    ) -> (u64, &[KeyValue]) {
         let round = self.0.round;
-        let (last, carried, seen) = self.0.series.entry(key).or_insert((0, 0, round));
-        if raw < *last {
-            *carried = carried.saturating_add(*last);
+        let series = self.0.series.entry(key).or_insert_with(|| Series {
+            last: 0,
+            carried: 0,
+            seen: round,
+            attributes: attributes(),
+        });
+        if raw < series.last {
+            series.carried = series.carried.saturating_add(series.last);
         }
-        *last = raw;
-        *seen = round;
-        carried.saturating_add(raw)
+        series.last = raw;
+        series.seen = round;
+        (series.carried.saturating_add(raw), &series.attributes)
     }
-}
 
-impl Drop for MonotonicRound<'_> {
-    fn drop(&mut self) {
+    /// Observes the series not seen this round at their last value; past the bound,
+    /// lets them go instead.
+    fn finish(mut self, mut observe: impl FnMut(u64, &[KeyValue])) {
         let round = self.0.round;
         if self.0.series.len() > MONOTONIC_KEPT {
-            self.0.series.retain(|_, (_, _, seen)| *seen == round);
+            self.0.series.retain(|_, s| s.seen == round);
+            return;
+        }
+        for s in self.0.series.values().filter(|s| s.seen != round) {
+            observe(s.carried.saturating_add(s.last), &s.attributes);
         }
     }
 }
@@ -489,20 +525,30 @@ impl Drop for MonotonicRound<'_> {
 mod monotonic_tests {
     use super::*;
 
+    fn once(counter: &Monotonic, key: &str, raw: u64) -> (u64, Vec<u64>) {
+        let mut round = counter.round();
+        let (value, _) = round.value(key.into(), raw, Vec::new);
+        let mut unseen = Vec::new();
+        round.finish(|v, _| unseen.push(v));
+        (value, unseen)
+    }
+
     // A series that starts again from zero (its server removed and added back) goes on
-    // from where it was; one not seen is let go only past the bound.
+    // from where it was; one missing from a collection is observed at its last value;
+    // past the bound, those not seen are let go.
     #[test]
     fn a_series_that_starts_again_from_zero_goes_on_from_where_it_was() {
         let counter = Monotonic::default();
-        let mut seen = Vec::new();
-        for raw in [3, 5, 1, 2, 0, 4] {
-            seen.push(counter.round().value("s".into(), raw));
-        }
+        let seen: Vec<u64> = [3, 5, 1, 2, 0, 4]
+            .into_iter()
+            .map(|raw| once(&counter, "s", raw).0)
+            .collect();
         assert_eq!(seen, [3, 5, 6, 7, 7, 11]);
+        // Another series alone this round: `s` is observed as it was.
+        assert_eq!(once(&counter, "t", 1), (1, vec![11]));
         for i in 0..=MONOTONIC_KEPT {
-            counter.round().value(format!("k{i}"), 1);
+            once(&counter, &format!("k{i}"), 1);
         }
-        let mut round = counter.round();
-        assert_eq!(round.value("s".into(), 1), 1, "let go past the bound");
+        assert_eq!(once(&counter, "s", 1).0, 1, "let go past the bound");
     }
 }

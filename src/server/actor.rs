@@ -147,6 +147,9 @@ impl Actor for ServerActor {
             s.actor_rebuilds += 1;
             (s.state, s.ready_at, s.last_error.clone())
         });
+        // Connected before, in an actor before this one (a rebuild, or a start by
+        // `restart_server` after a rebuild that failed): its lists are read again.
+        let connected_before = start != Start::New || args.server.0.status.read().profile.is_some();
         let mut state = ServerActorState {
             span,
             args,
@@ -157,8 +160,8 @@ impl Actor for ServerActor {
             draining: Vec::new(),
             ready_at: None,
             restart_at: None,
-            listened: start != Start::New,
-            connected_before: start != Start::New,
+            listened: connected_before,
+            connected_before,
             queue,
             last_error: None,
             lists_changed: ListsChanged::default(),

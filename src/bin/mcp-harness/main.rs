@@ -221,6 +221,7 @@ fn main() -> ExitCode {
     };
     {
         use tracing_subscriber::Layer;
+        use tracing_subscriber::filter::FilterExt;
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::util::SubscriberInitExt;
         let logs = tracing_subscriber::fmt::layer()
@@ -228,7 +229,10 @@ fn main() -> ExitCode {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| default_filter.into()),
+                    .unwrap_or_else(|_| default_filter.into())
+                    .and(tracing_subscriber::filter::dynamic_filter_fn(|m, _| {
+                        telemetry::sdk_log_budget(m)
+                    })),
             );
         tracing_subscriber::registry()
             .with(logs)

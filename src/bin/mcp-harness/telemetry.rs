@@ -7,7 +7,7 @@
 //! they read the headers and timeout variables themselves.
 
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mcp_harness::util::invalid::Invalid;
@@ -366,6 +366,28 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     mcp_harness::util::trace_context::layer(provider.tracer("mcp-harness"))
+}
+
+/// Whether an event may be logged: each of the OpenTelemetry SDK's own (a failed
+/// export, one per batch of spans while a collector refuses them) at most once a
+/// second; anything else always.
+pub fn sdk_log_budget(metadata: &tracing::Metadata<'_>) -> bool {
+    static LAST: std::sync::LazyLock<
+        parking_lot::Mutex<std::collections::HashMap<tracing::callsite::Identifier, Instant>>,
+    > = std::sync::LazyLock::new(Default::default);
+    if !metadata.is_event() || !metadata.target().starts_with("opentelemetry") {
+        return true;
+    }
+    let now = Instant::now();
+    // One entry per place in the SDK that logs: a few dozen at most.
+    let mut last = LAST.lock();
+    match last.get(&metadata.callsite()) {
+        Some(at) if now.duration_since(*at) < Duration::from_secs(1) => false,
+        _ => {
+            last.insert(metadata.callsite(), now);
+            true
+        }
+    }
 }
 
 #[cfg(test)]
