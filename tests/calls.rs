@@ -1117,3 +1117,53 @@ async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listi
     assert_eq!(text(&r), "quick");
     h.shutdown().await;
 }
+
+// A delegated resource read that continues on its server (a round's answers going back
+// to it) is routed there alone: another granted server that cannot be listed now does
+// not leave a URI no list names unrouted, as it does a fresh read's.
+#[tokio::test]
+async fn a_resource_reads_round_goes_back_to_its_server_whatever_the_others() {
+    let slow = demo("slow", &["--list-delay-ms", "10000"]);
+    let template = demo("tmpl", &["--resource-template"]);
+    let h = start_ready(config(vec![slow, template], &["a"])).await;
+    let a = Caller::agent("a");
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    // Routed by listing: not while `slow`, which may have resources, cannot be listed
+    // (the listing takes the call's time).
+    let fresh = h
+        .call(
+            &a,
+            mcp_harness::CallKind::Resource,
+            "demo://echo/x",
+            json!({}),
+            options.clone(),
+        )
+        .await;
+    assert!(
+        matches!(
+            fresh,
+            Err(CallError::NoRoute { .. } | CallError::DeadlineExceeded(_))
+        ),
+        "{fresh:?}"
+    );
+    let continued = h
+        .call_delegated(
+            &a,
+            mcp_harness::CallKind::Resource,
+            "demo://echo/x",
+            json!({}),
+            Some(mcp_harness::Delegation {
+                capabilities: json!({}),
+                server: Some("tmpl".into()),
+                ..Default::default()
+            }),
+            options,
+        )
+        .await
+        .expect("read on its server");
+    assert_eq!(continued.result["contents"][0]["text"], "x");
+    h.shutdown().await;
+}
