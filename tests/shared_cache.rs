@@ -1220,6 +1220,21 @@ async fn a_redis_connection_gone_silent_is_opened_again() {
         .unwrap_or_else(|_| panic!("never reconnected: {:?}", layer.stats()));
 }
 
+/// A server `s` whose tool list takes several pages, fresh for `ttls` (ms, per page;
+/// the last repeats), started with `extra` flags too.
+fn paged(ttls: &str, extra: &[&str]) -> ServerConfig {
+    let mut args = vec![
+        "--extra-tools",
+        "30",
+        "--page-size",
+        "20",
+        "--page-ttls",
+        ttls,
+    ];
+    args.extend_from_slice(extra);
+    demo_server("s", &args)
+}
+
 // A list walked partly from memory (its first page still fresh there, the later ones
 // expired and fetched again) is not written to Redis: the fetched pages would reach it
 // without the page before them, whose cursor leads to them.
@@ -1227,17 +1242,7 @@ async fn a_redis_connection_gone_silent_is_opened_again() {
 async fn a_list_walked_partly_from_memory_is_not_shared_in_part() {
     let redis = Redis::start().await;
     let h = start_ready(config(
-        vec![demo_server(
-            "s",
-            &[
-                "--extra-tools",
-                "30",
-                "--page-size",
-                "20",
-                "--page-ttls",
-                "600000,300",
-            ],
-        )],
+        vec![paged("600000,300", &[])],
         shared(redis.url(), &["s"]),
     ))
     .await;
@@ -1261,18 +1266,11 @@ async fn a_list_walked_partly_from_memory_is_not_shared_in_part() {
 async fn published_on_a_cursor_refused_with(code: &str) -> u64 {
     let redis = Redis::start().await;
     let refusal = format!("--cursor-refusal-code={code}");
-    let mut server = demo_server(
-        "s",
-        &[
-            "--extra-tools",
-            "30",
-            "--page-size",
-            "20",
-            "--page-ttls",
-            "600000,1",
-            "--cursor-epoch-per-process",
-            &refusal,
-        ],
+    // No subscription: its reopening after the restart would drop the lists itself
+    // (published, whatever the refusal), and no cursor would be refused.
+    let mut server = paged(
+        "600000,1",
+        &["--cursor-epoch-per-process", &refusal, "--no-list-changed"],
     );
     server.restart.min_delay = Duration::from_millis(100);
     let h = start_ready(config(vec![server], shared(redis.url(), &["s"]))).await;

@@ -430,13 +430,35 @@ async fn gateway_keeping(
     gateway_extra: &str,
 ) -> (HttpServer, PathBuf) {
     let config = config(tag, record);
-    let mut toml = std::fs::read_to_string(&config).expect("config");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", ratio),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+    ];
+    (serve(&config, gateway_extra, &env, None).await, config)
+}
+
+/// `mcp-harness serve --dev-keys` of `config` on a loopback port, with a `[gateway]`
+/// table (anonymous agent `local`, and `gateway_extra`) added to it, `env` set, and its
+/// log to `log` when given.
+async fn serve(
+    config: &Path,
+    gateway_extra: &str,
+    env: &[(&str, &str)],
+    log: Option<&Path>,
+) -> HttpServer {
+    let mut toml = std::fs::read_to_string(config).expect("config");
     toml.push_str(&format!(
         "[gateway]\nanonymous_agent = \"local\"\n{gateway_extra}\n"
     ));
-    std::fs::write(&config, toml).expect("config");
+    std::fs::write(config, toml).expect("config");
     let config_path = config.to_string_lossy().into_owned();
-    let gateway = HttpServer::start_with_env(
+    let stderr = log.map_or_else(std::process::Stdio::inherit, |log| {
+        std::fs::File::create(log).expect("log").into()
+    });
+    HttpServer::start_with(
         &harness_exe(),
         &[
             "serve",
@@ -446,16 +468,10 @@ async fn gateway_keeping(
             "--config",
             &config_path,
         ],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
-            ("OTEL_TRACES_SAMPLER_ARG", ratio),
-            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
-        ],
+        env,
+        stderr,
     )
-    .await;
-    (gateway, config)
+    .await
 }
 
 /// Calls `s__echo` with `text` through the gateway at `url`, with `traceparent` in its
@@ -604,27 +620,14 @@ async fn a_failover_on_a_resource_read_puts_its_uri_in_no_span() {
         toml.find("[permissions.local]").expect("permissions"),
         &second,
     );
-    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
     std::fs::write(&config, toml).expect("config");
-    let config_path = config.to_string_lossy().into_owned();
-    let mut gateway = HttpServer::start_with_env(
-        &harness_exe(),
-        &[
-            "serve",
-            "--dev-keys",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            &config_path,
-        ],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
-            ("OTEL_TRACES_SAMPLER_ARG", "1"),
-        ],
-    )
-    .await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1"),
+    ];
+    let mut gateway = serve(&config, "", &env, None).await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let uri = "demo://echo/secret-token-8f3a";
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {
@@ -842,30 +845,14 @@ async fn a_failed_export_while_the_gateway_runs_is_logged() {
     let record = temp_file("otel-refused");
     let log = temp_file("otel-refused-log");
     let config = config("otel-refused", &record);
-    let mut toml = std::fs::read_to_string(&config).expect("config");
-    toml.push_str("[gateway]\nanonymous_agent = \"local\"\n");
-    std::fs::write(&config, toml).expect("config");
-    let config_path = config.to_string_lossy().into_owned();
-    let mut gateway = HttpServer::start_with(
-        &harness_exe(),
-        &[
-            "serve",
-            "--dev-keys",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            &config_path,
-        ],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-            ("RUST_LOG", "warn"),
-            ("OTEL_METRICS_EXPORTER", "none"),
-        ],
-        std::fs::File::create(&log).expect("log").into(),
-    )
-    .await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("RUST_LOG", "warn"),
+        ("OTEL_METRICS_EXPORTER", "none"),
+    ];
+    let mut gateway = serve(&config, "", &env, Some(&log)).await;
     call_with_trace_context(&gateway.url, "refused", None).await;
     // The SDK's own lines (its targets `opentelemetry_sdk`, `opentelemetry-otlp`).
     let errors = || {

@@ -227,7 +227,7 @@ pub(crate) fn run(
                 // reachable (one that is not would leave a URI no list names unrouted).
                 Some(server) if request.kind == CallKind::Resource => {
                     let _routing = routing.enter();
-                    route::to_server(ctx, &request.caller, server, &request.name)?
+                    route::resource_on(ctx, &request.caller, server, &request.name)?
                 }
                 _ => {
                     tracing::Instrument::instrument(

@@ -105,19 +105,31 @@ pub(crate) async fn route<'a>(
     }
 }
 
-/// `item` on `server` alone (a delegated round that continues there), if the caller
-/// may use it there.
-pub(crate) fn to_server<'a>(
+/// Resource `uri` on `server` alone (a delegated round that continues there), if the
+/// caller may read it there. Refused as an unqualified read is: the caller named no
+/// server, and a URI is no `server__item`.
+pub(crate) fn resource_on<'a>(
     ctx: &CallContext,
     caller: &Caller,
     server: &str,
-    item: &'a str,
+    uri: &'a str,
 ) -> Result<Candidates<'a>, CallError> {
     let agent = caller.agent_id.as_deref();
-    if agent.is_none() {
-        return Err(denied(None, None, item));
+    match ctx.servers.get(server) {
+        Some(server) if agent.is_some() && ctx.allows(agent, &server, uri) => {
+            Ok(Candidates::One(Candidate {
+                server,
+                item: uri,
+                retry_safe: false,
+                guessed: false,
+            }))
+        }
+        Some(_) => Err(denied(agent, None, uri)),
+        None => Err(CallError::NoRoute {
+            tool: uri.to_string(),
+            unreachable: Vec::new(),
+        }),
     }
-    route_qualified(ctx, agent, server, item)
 }
 
 /// `server__tool`: that server, if the caller may use that tool on it.

@@ -382,9 +382,11 @@ impl HarnessHandle {
             .u64_observable_counter("mcp_harness.server.restarts")
             .with_description("Connection restarts per server")
             .with_callback(move |o| {
-                let servers = observe().map(|m| m.servers).unwrap_or_default();
+                let Some(m) = observe() else {
+                    return;
+                };
                 let mut restarts = restarts.round();
-                for s in servers {
+                for s in m.servers {
                     let id = s.id.clone();
                     let count = restarts.value(s.id, u64::from(s.restarts), || {
                         vec![KeyValue::new("mcp_harness.server.id", id)]

@@ -230,9 +230,7 @@ fn main() -> ExitCode {
             .with_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
                     .unwrap_or_else(|_| default_filter.into())
-                    .and(tracing_subscriber::filter::dynamic_filter_fn(|m, _| {
-                        telemetry::sdk_log_budget(m)
-                    })),
+                    .and(telemetry::sdk_log_filter()),
             );
         tracing_subscriber::registry()
             .with(logs)

@@ -368,6 +368,22 @@ where
     mcp_harness::util::trace_context::layer(provider.tracer("mcp-harness"))
 }
 
+/// The log's filter of the OpenTelemetry SDK's own events ([`sdk_log_budget`]), asked
+/// at each of those alone: every other callsite is passed once and for all, and the
+/// filter sets no level of its own (the log's stays the environment filter's).
+pub fn sdk_log_filter<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    use tracing::subscriber::Interest;
+    tracing_subscriber::filter::dynamic_filter_fn(|m, _| sdk_log_budget(m))
+        .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE)
+        .with_callsite_filter(|m| {
+            if m.is_event() && m.target().starts_with("opentelemetry") {
+                Interest::sometimes()
+            } else {
+                Interest::always()
+            }
+        })
+}
+
 /// Whether an event may be logged: each of the OpenTelemetry SDK's own (a failed
 /// export, one per batch of spans while a collector refuses them) at most once a
 /// second; anything else always.

@@ -1400,6 +1400,28 @@ impl SignIn {
             .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))
     }
 
+    /// The first of `urls` that has a JSON document, and where. A place that is down
+    /// or busy for now (an error that heals) does not stop the others being tried; if
+    /// none has the document, its error is the answer, not "none found".
+    async fn first_json<'u>(
+        &self,
+        urls: &'u [Url],
+        step: AuthStep,
+    ) -> Result<Option<(Value, &'u Url)>, AuthError> {
+        let mut passing = None;
+        for url in urls {
+            match self.get_json(url, step).await {
+                Ok(Some(v)) => return Ok(Some((v, url))),
+                Ok(None) => {}
+                Err(e) if e.transient() => {
+                    passing.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        passing.map_or(Ok(None), Err)
+    }
+
     /// Discovery (see [`discovery`]), cached for the process's life.
     async fn discover(&self, challenge: &Challenge) -> Result<Discovered, AuthError> {
         let mut cached = self.discovered.lock().await;
@@ -1409,14 +1431,7 @@ impl SignIn {
         let step = AuthStep::ResourceMetadata;
         let urls = discovery::resource_metadata_urls(&self.url, challenge.get("resource_metadata"))
             .map_err(|f| self.err(step, f))?;
-        let mut found = None;
-        for url in &urls {
-            if let Some(v) = self.get_json(url, step).await? {
-                found = Some((v, url));
-                break;
-            }
-        }
-        let Some((v, from)) = found else {
+        let Some((v, from)) = self.first_json(&urls, step).await? else {
             return Err(self.err(
                 step,
                 AuthFailure::NotFound {
@@ -1452,22 +1467,19 @@ impl SignIn {
         let urls =
             discovery::server_metadata_urls(&issuer, &self.url).map_err(|f| self.err(step, f))?;
         let mut server = None;
-        for url in &urls {
-            if let Some(v) = self.get_json(url, step).await? {
-                let m: ServerMetadata = discovery::parse(v).map_err(|f| self.err(step, f))?;
-                // The metadata must be the issuer's own (RFC 8414 section 3.3).
-                if m.issuer != issuer {
-                    return Err(self.err(
-                        step,
-                        AuthFailure::IssuerMismatch {
-                            expected: crate::util::text::one_line(&issuer, 200),
-                            found: crate::util::text::one_line(&m.issuer, 200),
-                        },
-                    ));
-                }
-                server = Some(m);
-                break;
+        if let Some((v, _)) = self.first_json(&urls, step).await? {
+            let m: ServerMetadata = discovery::parse(v).map_err(|f| self.err(step, f))?;
+            // The metadata must be the issuer's own (RFC 8414 section 3.3).
+            if m.issuer != issuer {
+                return Err(self.err(
+                    step,
+                    AuthFailure::IssuerMismatch {
+                        expected: crate::util::text::one_line(&issuer, 200),
+                        found: crate::util::text::one_line(&m.issuer, 200),
+                    },
+                ));
             }
+            server = Some(m);
         }
         let Some(server) = server else {
             return Err(self.err(

@@ -574,6 +574,13 @@ impl DemoServer {
         Ok(())
     }
 
+    /// What it offers: tools (whose list it says changes, unless told not to), prompts
+    /// and resources.
+    fn capabilities(&self) -> Value {
+        let changes = !self.args.no_list_changed;
+        json!({"tools": {"listChanged": changes}, "prompts": {}, "resources": {}})
+    }
+
     fn discover(&self) -> Value {
         let mut versions = self.versions().to_vec();
         if self.args.era == ServeEra::Dual {
@@ -581,7 +588,7 @@ impl DemoServer {
         }
         json!({
             "supportedVersions": versions,
-            "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
+            "capabilities": self.capabilities(),
             "instructions": format!("{}: a demo MCP server shipped with mcp-harness", self.args.name),
         })
     }
@@ -613,7 +620,7 @@ impl DemoServer {
         self.client_elicitation.store(elicitation, Ordering::SeqCst);
         Ok(json!({
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": true}, "prompts": {}, "resources": {}},
+            "capabilities": self.capabilities(),
             "serverInfo": self.server_info(),
             "instructions": format!("{}: a demo MCP server shipped with mcp-harness (legacy)", self.args.name),
         }))

@@ -113,6 +113,10 @@ pub struct DemoServerArgs {
     /// servers answer an internal error).
     #[arg(long, default_value_t = -32602, allow_hyphen_values = true)]
     pub cursor_refusal_code: i64,
+    /// Do not say that the tool list changes (`listChanged`): the client then holds no
+    /// subscription, and a restart's new one does not read the lists again.
+    #[arg(long)]
+    pub no_list_changed: bool,
     /// Every other `tools/list` answer has one more tool (`alt`): a list that looks
     /// different to each of two callers who list in turn.
     #[arg(long)]
