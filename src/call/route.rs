@@ -115,15 +115,16 @@ pub(crate) fn resource_on<'a>(
     uri: &'a str,
 ) -> Result<Candidates<'a>, CallError> {
     let agent = caller.agent_id.as_deref();
+    if agent.is_none() {
+        return Err(denied(None, None, uri));
+    }
     match ctx.servers.get(server) {
-        Some(server) if agent.is_some() && ctx.allows(agent, &server, uri) => {
-            Ok(Candidates::One(Candidate {
-                server,
-                item: uri,
-                retry_safe: false,
-                guessed: false,
-            }))
-        }
+        Some(server) if ctx.allows(agent, &server, uri) => Ok(Candidates::One(Candidate {
+            server,
+            item: uri,
+            retry_safe: false,
+            guessed: false,
+        })),
         Some(_) => Err(denied(agent, None, uri)),
         None => Err(CallError::NoRoute {
             tool: uri.to_string(),

@@ -1400,26 +1400,20 @@ impl SignIn {
             .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))
     }
 
-    /// The first of `urls` that has a JSON document, and where. A place that is down
-    /// or busy for now (an error that heals) does not stop the others being tried; if
-    /// none has the document, its error is the answer, not "none found".
+    /// The first of `urls` that has a JSON document, and where. An error stops the
+    /// search: one that heals (a place down or busy) is tried again from the first
+    /// place later, so that a fallback found meanwhile is not kept for good.
     async fn first_json<'u>(
         &self,
         urls: &'u [Url],
         step: AuthStep,
     ) -> Result<Option<(Value, &'u Url)>, AuthError> {
-        let mut passing = None;
         for url in urls {
-            match self.get_json(url, step).await {
-                Ok(Some(v)) => return Ok(Some((v, url))),
-                Ok(None) => {}
-                Err(e) if e.transient() => {
-                    passing.get_or_insert(e);
-                }
-                Err(e) => return Err(e),
+            if let Some(v) = self.get_json(url, step).await? {
+                return Ok(Some((v, url)));
             }
         }
-        passing.map_or(Ok(None), Err)
+        Ok(None)
     }
 
     /// Discovery (see [`discovery`]), cached for the process's life.
