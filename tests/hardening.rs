@@ -202,6 +202,45 @@ async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_e
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// 4. A walk that reads a page from the server reads the rest from it too: a later page
+// cached by an earlier walk may be of another version of the list (a server that
+// changed it without a word), and its cursor would stitch the two. Here the first page
+// expires at once and the later ones stay fresh.
+#[tokio::test]
+async fn item_04_a_walk_that_fetches_a_page_does_not_take_the_later_ones_from_the_cache() {
+    let record = temp_file("cursor-versions");
+    let rec = record.to_string_lossy().to_string();
+    let h = start_ready(config(vec![demo_server(
+        "paged",
+        &[
+            "--extra-tools",
+            "30",
+            "--page-size",
+            "20",
+            "--page-ttls",
+            "1,600000",
+            "--record",
+            &rec,
+        ],
+    )]))
+    .await;
+    let lists = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "tools/list")
+            .count()
+    };
+    let first = h.list_tools(&a()).await.expect("list");
+    let pages = lists();
+    assert!(pages >= 2, "several pages: {pages}");
+    tokio::time::sleep(Duration::from_millis(20)).await; // the first page expires (deliberate)
+    let second = h.list_tools(&a()).await.expect("list");
+    assert_eq!(second.len(), first.len());
+    assert_eq!(lists(), 2 * pages, "every page read again");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 // 4. A rejected cursor.
 #[tokio::test]
 async fn item_04_a_rejected_cursor_drops_the_cached_pages_and_the_list_is_read_again_once() {

@@ -351,6 +351,10 @@ impl<'a> Walker<'a> {
             return Ok((hit.value, hit.bytes, true));
         }
         self.from_cache = false;
+        // From here on the walk reads the server alone: a later page cached by another
+        // walk may be of another version of the list than this page begins (a server
+        // that changed it without a word), and its cursor would stitch the two.
+        self.use_cache = false;
         if !self.l3_asked
             && let Some(shared) = &self.ctx.registry.shared
             && shared.shares(self.server.id())
