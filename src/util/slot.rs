@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 use ractor::{ActorRef, RpcReplyPort};
 
-/// How long an ask waits for a rebuilt actor before giving up.
-const REBUILD_WAIT: Duration = Duration::from_secs(2);
+/// How long an ask waits for a rebuilt actor before giving up: a rebuild on a loaded
+/// machine (a supervisor behind a busy mailbox) can take seconds, and an ask given up
+/// reads as "the harness is shut down".
+const REBUILD_WAIT: Duration = Duration::from_secs(5);
 
 /// The current actor of one service; cheap to clone.
 pub struct ActorSlot<M>(Arc<RwLock<Option<ActorRef<M>>>>);
@@ -85,8 +87,9 @@ impl<M: Send + 'static> ActorSlot<M> {
     }
 }
 
-/// How many times a request dropped with a killed actor's mailbox is asked again.
-const RETRIES: usize = 3;
+/// How many times a request dropped with a killed actor's mailbox is asked again (an
+/// actor killed again and again before it answers, within [`REBUILD_WAIT`]).
+const RETRIES: usize = 8;
 
 /// Whether `actor` is stopping (killed, its mailbox dropped), as seen within a second
 /// (its status can take that long to change on a loaded machine): a request it dropped
