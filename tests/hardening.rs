@@ -202,28 +202,33 @@ async fn item_03_a_server_changed_under_the_same_id_never_serves_its_old_cache_e
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A ready harness of `paged`, a server whose tool list takes several pages, fresh
+/// for `ttls` (ms, per page; the last repeats), started with `extra` flags too; and
+/// the file it records its requests in.
+async fn paged(tag: &str, ttls: &str, extra: &[&str]) -> (HarnessHandle, std::path::PathBuf) {
+    let record = temp_file(tag);
+    let rec = record.to_string_lossy().to_string();
+    let mut args = vec![
+        "--extra-tools",
+        "30",
+        "--page-size",
+        "20",
+        "--page-ttls",
+        ttls,
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--record", &rec]);
+    let h = start_ready(config(vec![demo_server("paged", &args)])).await;
+    (h, record)
+}
+
 // 4. A walk that reads a page from the server reads the rest from it too: a later page
 // cached by an earlier walk may be of another version of the list (a server that
 // changed it without a word), and its cursor would stitch the two. Here the first page
 // expires at once and the later ones stay fresh.
 #[tokio::test]
 async fn item_04_a_walk_that_fetches_a_page_does_not_take_the_later_ones_from_the_cache() {
-    let record = temp_file("cursor-versions");
-    let rec = record.to_string_lossy().to_string();
-    let h = start_ready(config(vec![demo_server(
-        "paged",
-        &[
-            "--extra-tools",
-            "30",
-            "--page-size",
-            "20",
-            "--page-ttls",
-            "1,600000",
-            "--record",
-            &rec,
-        ],
-    )]))
-    .await;
+    let (h, record) = paged("cursor-versions", "1,600000", &[]).await;
     let lists = || {
         recorded(&record)
             .iter()
@@ -256,27 +261,11 @@ async fn item_04_a_cursor_refused_with_an_internal_error_is_read_again_from_page
 }
 
 async fn rejected_cursor_is_read_again_from_page_one(code: &str) {
-    let record = temp_file("cursor");
-    let rec = record.to_string_lossy().to_string();
-    let h = start_ready(config(vec![demo_server(
-        "paged",
-        &[
-            "--extra-tools",
-            "30",
-            "--page-size",
-            "20",
-            "--page-ttls",
-            "600000,1",
-            "--cursor-epoch-per-process",
-            &format!("--cursor-refusal-code={code}"),
-            // No subscription: reopened after the restart, it would drop the lists
-            // before any cursor could be refused.
-            "--no-list-changed",
-            "--record",
-            &rec,
-        ],
-    )]))
-    .await;
+    let refusal = format!("--cursor-refusal-code={code}");
+    // No subscription: reopened after the restart, it would drop the lists before any
+    // cursor could be refused.
+    let flags = ["--cursor-epoch-per-process", &refusal, "--no-list-changed"];
+    let (h, record) = paged("cursor", "600000,1", &flags).await;
     let first = h.list_tools(&a()).await.expect("list");
     assert!(first.len() > 60, "several pages");
     let old_pid = h.server_status("paged").and_then(|s| s.pid);
