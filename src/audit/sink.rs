@@ -196,8 +196,13 @@ impl Shared {
     /// How long the write under way has been, once that is [`STALLED_WRITE`] or more.
     fn stalled(&self) -> Option<std::time::Duration> {
         let since = self.writing_since.load(Ordering::SeqCst);
+        // No write under way (nearly always): no clock read, which every call's
+        // admission would otherwise pay.
+        if since == 0 {
+            return None;
+        }
         let stalled = self.since_epoch().saturating_sub(since);
-        (since != 0 && stalled >= STALLED_WRITE.as_millis() as u64)
+        (stalled >= STALLED_WRITE.as_millis() as u64)
             .then(|| std::time::Duration::from_millis(stalled))
     }
 

@@ -34,6 +34,9 @@ pub(crate) struct CallRecord {
     sink: Option<AuditSink>,
     call_id: u64,
     started: Instant,
+    /// `started`'s wall-clock time (Unix milliseconds), when records go somewhere:
+    /// `finished`'s is this plus the latency (one wall-clock read per call, not two).
+    started_ms: u64,
     /// How many servers the call could have gone to.
     pub(crate) candidates: usize,
     hops: Vec<Hop>,
@@ -62,12 +65,13 @@ impl CallRecord {
         args: &Value,
     ) -> CallRecord {
         let recording = sink.is_recording();
+        let started_ms = if recording { unix_ms() } else { 0 };
         if recording {
             let auth = sink.hash_context(caller.auth_context.as_deref());
             sink.record(&Started {
                 event: "started",
                 call_id,
-                time_ms: unix_ms(),
+                time_ms: started_ms,
                 agent: caller.agent_id.as_deref(),
                 auth: auth.as_deref(),
                 kind: kind.as_str(),
@@ -82,6 +86,7 @@ impl CallRecord {
             sink: recording.then(|| sink.clone()),
             call_id,
             started: Instant::now(),
+            started_ms,
             candidates: 0,
             hops: Vec::new(),
             rounds: Vec::new(),
@@ -174,7 +179,9 @@ impl CallRecord {
         sink.record(&Finished {
             event: "finished",
             call_id: self.call_id,
-            time_ms: unix_ms(),
+            time_ms: self
+                .started_ms
+                .saturating_add(u64::try_from(latency.as_millis()).unwrap_or(u64::MAX)),
             server: self.server.as_ref().map(|s| s.id()),
             candidates: self.candidates,
             hops: &self.hops,
