@@ -79,6 +79,9 @@ pub(crate) struct ServerShared {
     /// connection (still in use by a call that began on it) is never taken for one
     /// about the new actor's.
     pub(super) attempts: std::sync::atomic::AtomicU64,
+    /// The add request that put it in the directory: an add asked again after its
+    /// supervisor died before answering finds its own server, not a duplicate.
+    added_by: u64,
     /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
@@ -156,8 +159,8 @@ impl Drop for Slot<'_> {
 }
 
 impl ServerRef {
-    /// A server not started yet.
-    pub(crate) fn new(config: ServerConfig) -> ServerRef {
+    /// A server not started yet, added by request `added_by`.
+    pub(crate) fn added(config: ServerConfig, added_by: u64) -> ServerRef {
         let status = ServerStatus::starting(&config.id);
         let fingerprint = config.transport.fingerprint();
         let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
@@ -172,8 +175,14 @@ impl ServerRef {
             actor: RwLock::new(None),
             in_flight: AtomicUsize::new(0),
             attempts: std::sync::atomic::AtomicU64::new(0),
+            added_by,
             unowned: parking_lot::Mutex::new(Unowned::default()),
         }))
+    }
+
+    /// The add request that put it in the directory.
+    pub(crate) fn added_by(&self) -> u64 {
+        self.0.added_by
     }
 
     /// The server's id.

@@ -75,8 +75,13 @@ fn restarted(
 
 /// Messages of the servers' supervisor.
 pub enum ServersMsg {
-    /// Start a new server (validated by the caller).
-    Add(Box<ServerConfig>, RpcReplyPort<Result<(), ServersError>>),
+    /// Start a new server (validated by the caller), for the add request of this
+    /// number (never 0; the same when the request is asked again).
+    Add(
+        Box<ServerConfig>,
+        u64,
+        RpcReplyPort<Result<(), ServersError>>,
+    ),
     /// Stop a server gracefully and forget it; answers when it is stopped.
     Remove(String, RpcReplyPort<Result<(), ServersError>>),
     /// Restart a server now, forgetting its restart history.
@@ -142,12 +147,12 @@ impl Actor for ServersSupervisor {
         state: &mut ServersState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ServersMsg::Add(config, reply) => {
+            ServersMsg::Add(config, request, reply) => {
                 // One added now would start after the servers to stop were counted, and
                 // outlive the shutdown.
                 let added = match state.shutting_down {
                     true => Err(ServersError::Gone),
-                    false => state.add(&myself, *config).await,
+                    false => state.add(&myself, *config, request).await,
                 };
                 let _ = reply.send(added);
             }
@@ -297,16 +302,30 @@ impl ServersState {
         &mut self,
         myself: &ActorRef<ServersMsg>,
         config: ServerConfig,
+        request: u64,
     ) -> Result<(), ServersError> {
-        let server = ServerRef::new(config);
-        if !self.args.directory.insert(server.clone()) {
-            return Err(ServersError::Duplicate(server.id().to_string()));
+        let server = ServerRef::added(config, request);
+        if !insert_added(&self.args.directory, &server)? {
+            return Ok(());
         }
         if let Err(e) = self.spawn(myself, server.clone(), Start::New).await {
             self.args.directory.remove(server.id());
             return Err(e);
         }
         Ok(())
+    }
+}
+
+/// Puts a server added at run time in the directory: true if it is new, false if the
+/// same add request put it there already (asked again: its supervisor died before
+/// answering; the rebuilt supervisor started it), `Duplicate` if another did.
+fn insert_added(directory: &Directory, server: &ServerRef) -> Result<bool, ServersError> {
+    if directory.insert(server.clone()) {
+        return Ok(true);
+    }
+    match directory.get(server.id()) {
+        Some(there) if there.added_by() == server.added_by() => Ok(false),
+        _ => Err(ServersError::Duplicate(server.id().to_string())),
     }
 }
 
@@ -327,10 +346,14 @@ pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>);
 impl ServersRef {
     /// Starts a server.
     pub async fn add(&self, config: ServerConfig) -> Result<(), ServersError> {
+        // Numbers this request, so that asking it again after a lost answer finds the
+        // server it added rather than a duplicate.
+        static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let request = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let config = Box::new(config);
         self.0
             .ask(
-                |r| ServersMsg::Add(config.clone(), r),
+                |r| ServersMsg::Add(config.clone(), request, r),
                 Duration::from_secs(60),
             )
             .await
@@ -407,7 +430,10 @@ mod tests {
             );
         }
         // Still there: its actor died (being rebuilt), or did not answer in time.
-        directory.insert(ServerRef::new(ServerConfig::stdio("s", "true", [""; 0])));
+        directory.insert(ServerRef::added(
+            ServerConfig::stdio("s", "true", [""; 0]),
+            1,
+        ));
         assert!(matches!(
             restarted(Ok(CallResult::SenderError), "s", &directory),
             Err(ServersError::Server(ServerError::Unavailable { .. }))
@@ -416,5 +442,26 @@ mod tests {
             restarted(Ok(CallResult::Timeout), "s", &directory),
             Err(ServersError::Server(ServerError::Restarting { .. }))
         ));
+    }
+
+    #[test]
+    fn an_add_asked_again_finds_its_own_server_and_another_add_a_duplicate() {
+        let directory = Directory::default();
+        let config = || ServerConfig::stdio("s", "true", [""; 0]);
+        assert_eq!(
+            insert_added(&directory, &ServerRef::added(config(), 7)),
+            Ok(true)
+        );
+        // The same request again (its first answer was lost with a killed supervisor).
+        assert_eq!(
+            insert_added(&directory, &ServerRef::added(config(), 7)),
+            Ok(false)
+        );
+        assert_eq!(directory.all().len(), 1);
+        // Another request for the same id.
+        assert_eq!(
+            insert_added(&directory, &ServerRef::added(config(), 8)),
+            Err(ServersError::Duplicate("s".into()))
+        );
     }
 }

@@ -54,8 +54,8 @@ impl<M: Send + 'static> ActorSlot<M> {
     /// of the rebuilt actor (up to [`RETRIES`] times, within [`REBUILD_WAIT`] of the
     /// first failure). So a message may be handled twice (when its actor died after
     /// handling it and before answering): what is asked through a slot is safe to
-    /// repeat (grants, flushes, registrations), or says why not (a server added again
-    /// exists already). A live actor that drops a request unanswered has answered.
+    /// repeat (grants, flushes, registrations, a server's add, numbered by its request).
+    /// A live actor that drops a request unanswered has answered.
     pub async fn ask<T: Send + 'static>(
         &self,
         build: impl Fn(RpcReplyPort<T>) -> M,
