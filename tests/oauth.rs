@@ -1272,6 +1272,59 @@ async fn without_an_authorizer_a_sign_in_that_needs_a_person_says_what_to_do() {
 }
 
 #[tokio::test]
+async fn the_command_line_signs_in_with_a_confidential_client_pinned_to_its_issuer() {
+    let w = World::new(&["--client", "pre:s3cret"], &[]).await;
+    let dir = temp_file("cli-secret");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let tokens = dir.join("tokens").to_string_lossy().to_string();
+    let ca = w.ca.ca_pem.to_string_lossy().to_string();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(harness_exe())
+            .args(["call", "http1__whoami", "--json", "--http", &w.mcp.url])
+            .args([
+                "--ca-file",
+                &ca,
+                "--tokens",
+                &tokens,
+                "--sign-in",
+                "headless",
+            ])
+            .args(["--client-id", "pre", "--client-secret", "s3cret"])
+            .args(extra)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run the CLI")
+    };
+    // Without the issuer the secret could go to whichever one the server names.
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("issuer"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    assert!(w.at("authorize").is_empty());
+    let out = run(&["--issuer", &w.auth.url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        result["structuredContent"]["headers"]["x-demo-subject"],
+        "demo-user"
+    );
+    // The token request authenticated the client with its secret.
+    assert!(
+        w.at("token")
+            .iter()
+            .all(|t| t["client_auth"] == "client_secret_basic"),
+        "{:?}",
+        w.at("token")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
     let w = World::new(&["--client", "pre"], &[]).await;
     let dir = temp_file("cli-oauth");

@@ -46,9 +46,14 @@ pub struct ServerArgs {
     /// A pre-registered OAuth client id for the `--http` servers.
     #[arg(long = "client-id", value_name = "ID")]
     pub client_id: Option<String>,
-    /// Its secret, for a confidential client.
+    /// Its secret, for a confidential client (with `--issuer`).
     #[arg(long = "client-secret", value_name = "SECRET")]
     pub client_secret: Option<String>,
+    /// The authorization server (its issuer URL) the `--http` servers sign in with;
+    /// any other they name is refused. Required with `--client-secret`: the secret goes
+    /// to no other.
+    #[arg(long, value_name = "URL")]
+    pub issuer: Option<String>,
     /// Where a person signs in when a server asks.
     #[arg(long = "sign-in", value_enum, default_value = "print")]
     pub sign_in: crate::sign_in::SignInMode,
@@ -181,6 +186,9 @@ pub fn load_with(args: &ServerArgs, text: Option<&str>) -> Result<Setup, UsageEr
             if let Some(id) = &args.client_id {
                 http.auth.client_id = Some(id.clone());
                 http.auth.client_secret = args.client_secret.clone();
+            }
+            if let Some(issuer) = &args.issuer {
+                http.auth.issuer = Some(issuer.clone());
             }
         }
     }

@@ -604,7 +604,13 @@ fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
                 .and_then(Value::as_str)
                 .map(|d| crate::util::text::one_line(d, 200)),
         },
-        _ => AuthFailure::Http {
+        // A JSON reply without an OAuth error may hold tokens (a token endpoint's reply
+        // of another 2xx): described, never quoted. An error page is quoted, cut short.
+        Ok(_) => AuthFailure::Http {
+            status,
+            body: "a JSON reply that names no OAuth error".into(),
+        },
+        Err(_) => AuthFailure::Http {
             status,
             body: crate::util::text::one_line(&String::from_utf8_lossy(body), 200),
         },
@@ -1011,8 +1017,10 @@ impl SignIn {
             .await
         {
             Ok(Some(t)) => Ok(Some(t.access_token)),
-            // Expired and not renewable without a person: send nothing, let the 401 come.
-            Ok(None) => Ok(None),
+            // Not renewable without a person: a token still valid goes as it is (what
+            // the request sends is what this returns, for a refusal to name), an
+            // expired or forgotten one not at all (the 401 comes).
+            Ok(None) => Ok(self.sendable(identity)),
             // A refresh ahead of expiry that failed (the authorization server down, slow,
             // or erring) leaves a token that still works: it goes, and the next request
             // in the window tries again.
@@ -1812,7 +1820,8 @@ impl SignIn {
         let body = read_bounded(response)
             .await
             .map_err(|f| self.err(step, f))?;
-        if status != 200 {
+        // Any 2xx is read as the reply it should be (RFC 6749 says 200; some send 201).
+        if !(200..300).contains(&status) {
             return Err(self.err(step, oauth_error(status, &body)));
         }
         let reply: TokenReply = serde_json::from_slice(&body)
@@ -2293,6 +2302,15 @@ mod tests {
             not_a_token_reply(body, &e),
             AuthFailure::Refused { .. }
         ));
+        // A JSON reply of another status that names no error (a token endpoint's 201
+        // with the tokens, a 500 echoing the request) is described; an error page is
+        // quoted.
+        let body = br#"{"access_token": "at-SECRET", "refresh_token": "rt-SECRET"}"#;
+        let failure = oauth_error(500, body).to_string();
+        assert!(!failure.contains("SECRET"), "{failure}");
+        assert!(failure.contains("500"), "{failure}");
+        let failure = oauth_error(502, b"<html>Bad Gateway</html>").to_string();
+        assert!(failure.contains("Bad Gateway"), "{failure}");
     }
 
     #[test]
@@ -2452,6 +2470,26 @@ mod tests {
                 .await;
             assert!(renewed.is_err(), "{renewed:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_token_in_its_last_seconds_without_a_refresh_token_is_what_bearer_sends() {
+        let (sign_in, _) = counted();
+        let mut ours = token("https://idp.example", "https://idp.example/t");
+        ours.refresh_token = None;
+        ours.expires_at_ms = Some(now_ms() + 10_000); // within the refresh margin
+        sign_in.keep(None, ours);
+        // What the request sends (`sendable`) is what it says it sent (`bearer`): a
+        // refusal then names this token, and renews it instead of taking it again.
+        assert_eq!(
+            sign_in
+                .bearer(None, soon())
+                .await
+                .expect("bearer")
+                .as_deref(),
+            Some("a")
+        );
+        assert_eq!(sign_in.sendable(None).as_deref(), Some("a"));
     }
 
     #[tokio::test]
