@@ -735,6 +735,9 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
     for (command, signal, code) in [
         ("call", "-INT", 130),
         ("tools", "-TERM", 143),
+        // A terminal closed (or an SSH session dropped), and Ctrl-\.
+        ("call", "-HUP", 129),
+        ("tools", "-QUIT", 131),
         ("serve", "-TERM", 0),
     ] {
         let mark = scratch_dir().join(format!("starting-{command}{signal}.pid"));
@@ -791,6 +794,104 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
         );
         let _ = std::fs::remove_file(mark);
     }
+}
+
+// Under `nohup` (SIGHUP ignored) a command outlives its terminal: the hangup is left
+// ignored, and the command goes on until another signal stops it.
+#[test]
+fn a_command_under_nohup_outlives_a_hangup() {
+    use std::os::unix::process::CommandExt;
+    let pidfile = scratch_dir().join("nohup.jsonl");
+    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
+    let mut cmd = Command::new(harness_exe());
+    cmd.args(["call", "--stdio", &server, "hang"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let start = std::time::Instant::now();
+    while !recorded(&pidfile)
+        .iter()
+        .any(|r| r["params"]["name"] == "hang")
+    {
+        assert!(start.elapsed() < Duration::from_secs(20), "no call");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    let kill = |signal: &str| {
+        let sent = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    kill("-HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "ended by a hangup"
+    );
+    kill("-TERM");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(143));
+    assert!(processes_with(&pidfile.display().to_string()).is_empty());
+    let _ = std::fs::remove_file(pidfile);
+}
+
+// `--from` that is no http(s) URL is a usage error at once, not a request failing the
+// same way every second.
+#[test]
+fn a_from_that_is_no_url_is_a_usage_error() {
+    for args in [
+        &["status", "--watch", "--from", "localhost:9090/metrics"][..],
+        &["approvals", "--from", "ftp://x/", "--token", "t"][..],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--from"), "{}", stderr(&o));
+    }
+}
+
+// A question goes to stderr: with stderr away from the terminal (`2>log`) nobody
+// would see it, so none is asked and the input is declined at once rather than at
+// the end of the time for input.
+#[test]
+fn no_question_is_asked_when_stderr_is_not_the_terminal() {
+    let cmd = format!(
+        "{} call --stdio '{}' many_inputs '{{\"n\":1}}' 2>/dev/null",
+        harness_exe(),
+        demo_cmd("s")
+    );
+    let mut child = terminal_command(&cmd, &[]).spawn().expect("script");
+    // The terminal's input left open: an asked question would wait for it.
+    let input = child.stdin.take();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(input);
+    let o = child.wait_with_output().expect("wait");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "declined, not waiting: {}",
+        stdout(&o)
+    );
+    assert!(!stdout(&o).contains("Which?"), "{}", stdout(&o));
 }
 
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -65,6 +65,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
         .timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
+    crate::commands::from_url(&args.from)?;
     let base = args
         .from
         .trim_end_matches('/')

@@ -1,7 +1,7 @@
 //! `tools`, `call` and `status`: start the harness on the configured servers, wait for
 //! them to settle (with progress on a terminal), do one thing, shut down cleanly.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,6 +89,18 @@ pub fn audited(outcome: u8, health: &mcp_harness::audit::AuditHealth) -> u8 {
 #[derive(Debug, thiserror::Error)]
 #[error("{0:#}")]
 pub struct UsageError(pub anyhow::Error);
+
+/// `--from URL` (a gateway's address): an http or https URL, else a usage error naming
+/// the flag (not a request that fails the same way every second).
+pub fn from_url(url: &str) -> Result<(), UsageError> {
+    match url::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
+        _ => Err(UsageError(anyhow::anyhow!(
+            "--from must be an http or https URL, not {:?}",
+            line(url)
+        ))),
+    }
+}
 
 /// A config ready to run, with the caller the commands act as.
 pub struct Setup {
@@ -255,7 +267,12 @@ pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
             })
             .count();
         if progress {
-            eprint!("\rstarting servers: {settled}/{} settled", status.len());
+            // Never a panic on a terminal gone (hung up): the progress is only shown.
+            let _ = write!(
+                std::io::stderr(),
+                "\rstarting servers: {settled}/{} settled",
+                status.len()
+            );
         }
         if settled == status.len() || Instant::now() >= deadline {
             break;
@@ -263,7 +280,7 @@ pub async fn settle(harness: &HarnessHandle, wait: Duration, login: bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if progress {
-        eprint!("\r\x1b[2K");
+        let _ = write!(std::io::stderr(), "\r\x1b[2K");
     }
 }
 

@@ -24,7 +24,7 @@ impl InputHandler for CliElicitation {
     fn answer(&self, request: InputRequestContext) -> InputFuture {
         let answers = self.answers.clone();
         Box::pin(async move {
-            let interactive = answers.is_none() && std::io::stdin().is_terminal();
+            let interactive = answers.is_none() && on_a_terminal();
             let asker = interactive.then(Asker::default);
             let _withdraw = asker.as_ref().map(Asker::withdrawn_on_drop);
             tokio::task::spawn_blocking(move || {
@@ -215,7 +215,7 @@ pub struct CliApprover;
 impl InputHandler for CliApprover {
     fn answer(&self, request: InputRequestContext) -> InputFuture {
         Box::pin(async move {
-            let interactive = std::io::stdin().is_terminal();
+            let interactive = on_a_terminal();
             let asker = Asker::default();
             let _withdraw = asker.withdrawn_on_drop();
             tokio::task::spawn_blocking(move || {
@@ -531,6 +531,13 @@ fn check(def: &Value, value: &Value) -> Result<(), String> {
         return Err(format!("at most {max} ({most})"));
     }
     Ok(())
+}
+
+/// Whether a person can be asked: the answer comes from stdin and the question goes to
+/// stderr, so both must be the terminal (`call … 2>log` shows no question, and would
+/// wait out the input timeout for an answer nobody knows is asked).
+fn on_a_terminal() -> bool {
+    std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
 }
 
 #[cfg(test)]

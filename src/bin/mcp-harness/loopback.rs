@@ -88,7 +88,16 @@ where
     F: Future<Output = HttpResponse> + Send + 'static,
 {
     loop {
-        let (stream, _) = listener.accept().await?;
+        // A failed accept (out of descriptors, a connection reset before it was
+        // taken) ends that connection, not the server: a pause, and on.
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let (tls, handler) = (tls.clone(), handler.clone());
         tokio::spawn(async move {

@@ -334,6 +334,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::Status {
             from: Some(url), ..
         } => {
+            commands::from_url(&url)?;
             // Ctrl-C (or SIGTERM) is how a watch ends.
             let mut stop = signals::Stop::install();
             let stopped = async move {

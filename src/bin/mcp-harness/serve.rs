@@ -103,7 +103,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     // Caught from before any server starts, so that a signal while they start stops
     // them too (a stdio server is in a process group of its own).
-    let mut stop = crate::signals::Stop::install();
+    let mut stop = crate::signals::Stop::install_serving();
     let harness = builder.spawn().await.map_err(commands::not_started)?;
     tokio::select! {
         () = settle(&harness, servers.wait) => {}

@@ -1,50 +1,79 @@
-//! SIGINT and SIGTERM, caught from the moment a command that starts servers begins: a
-//! stdio server runs in a process group of its own, so the terminal's Ctrl-C never
-//! reaches it, and only the harness's own shutdown (or its handles' drop) stops it. A
-//! signal left to its default action would end this process at once and leave such
-//! servers behind.
+//! SIGINT, SIGTERM, SIGQUIT and SIGHUP, caught from the moment a command that starts
+//! servers begins: a stdio server runs in a process group of its own, so the terminal's
+//! Ctrl-C (or its closing, SIGHUP) never reaches it, and only the harness's own shutdown
+//! (or its handles' drop) stops it. A signal left to its default action would end this
+//! process at once and leave such servers behind, and the audit records buffered.
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+/// The exit code of a command ended by SIGHUP (128 + 1).
+pub const HUNG_UP: u8 = 129;
 /// The exit code of a command ended by SIGINT (128 + 2).
 pub const INTERRUPTED: u8 = 130;
+/// The exit code of a command ended by SIGQUIT (128 + 3).
+pub const QUIT: u8 = 131;
 /// The exit code of a command ended by SIGTERM (128 + 15).
 pub const TERMINATED: u8 = 143;
 
-/// Both signals, caught from when this is made until it is dropped (and for the
-/// process's life after: tokio keeps its handler).
+/// The signals that stop a command, caught from when this is made until it is dropped
+/// (and for the process's life after: tokio keeps its handler).
 pub struct Stop {
-    interrupt: Option<Signal>,
-    terminate: Option<Signal>,
+    /// With the exit code each stands for.
+    signals: Vec<(Signal, u8)>,
 }
 
 impl Stop {
-    /// Catches both signals from now on; one that cannot be caught is left as it was.
+    /// Catches SIGINT, SIGTERM, SIGQUIT and SIGHUP from now on. SIGHUP is left alone
+    /// when it is ignored (`nohup`: the command is meant to outlive its terminal); a
+    /// signal that cannot be caught is left as it was.
     pub fn install() -> Stop {
-        Stop {
-            interrupt: signal(SignalKind::interrupt()).ok(),
-            terminate: signal(SignalKind::terminate()).ok(),
+        let mut stop = Self::install_serving();
+        if !ignored(libc::SIGHUP)
+            && let Ok(s) = signal(SignalKind::hangup())
+        {
+            stop.signals.push((s, HUNG_UP));
         }
+        stop
     }
 
-    /// Waits for either signal (one that came before this is waited for counts); the
-    /// exit code it stands for.
+    /// [`Stop::install`] for `serve`, whose SIGHUP reloads its config.
+    pub fn install_serving() -> Stop {
+        let signals = [
+            (SignalKind::interrupt(), INTERRUPTED),
+            (SignalKind::terminate(), TERMINATED),
+            (SignalKind::quit(), QUIT),
+        ]
+        .into_iter()
+        .filter_map(|(kind, code)| signal(kind).ok().map(|s| (s, code)))
+        .collect();
+        Stop { signals }
+    }
+
+    /// Waits for any of the signals (one that came before this is waited for counts);
+    /// the exit code it stands for.
     pub async fn recv(&mut self) -> u8 {
-        let interrupt = async {
-            match self.interrupt.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        let terminate = async {
-            match self.terminate.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = interrupt => INTERRUPTED,
-            _ = terminate => TERMINATED,
+        if self.signals.is_empty() {
+            return std::future::pending().await;
         }
+        std::future::poll_fn(|cx| {
+            for (s, code) in &mut self.signals {
+                if s.poll_recv(cx).is_ready() {
+                    return std::task::Poll::Ready(*code);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Whether `signal`'s disposition is to be ignored (as `nohup` sets SIGHUP's).
+fn ignored(signal: libc::c_int) -> bool {
+    // SAFETY: a null new action only reads the current one into `old`, which is a
+    // valid, zeroed `sigaction` owned here.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
     }
 }
