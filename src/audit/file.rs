@@ -25,6 +25,10 @@ pub(super) trait Output: Send {
     fn truncate(&mut self, len: u64) -> std::io::Result<()>;
     /// Its length now.
     fn len(&mut self) -> std::io::Result<u64>;
+    /// The byte at `offset`, where it can be read back (`None`: a pipe, say).
+    fn byte_at(&mut self, _offset: u64) -> Option<u8> {
+        None
+    }
     /// Whether its path names another file now, or none (removed, renamed away).
     fn moved(&mut self) -> bool {
         false
@@ -51,6 +55,14 @@ impl Output for FileOutput {
             // A pipe or a terminal has no disk to reach.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
             other => other,
+        }
+    }
+    fn byte_at(&mut self, offset: u64) -> Option<u8> {
+        use std::os::unix::fs::FileExt;
+        let mut byte = [0u8];
+        match self.file.read_at(&mut byte, offset) {
+            Ok(1) => Some(byte[0]),
+            _ => None,
         }
     }
     fn moved(&mut self) -> bool {
@@ -239,12 +251,14 @@ impl AuditFile {
             let len = output.len()?;
             // Reopened after a failure whose cut did not happen: cut now, unless another
             // process wrote since (its records are not ours to cut).
-            if let (Some(good), Some(torn)) = (self.good, self.torn.take())
+            if let (Some(good), Some(torn)) = (self.good, self.torn)
                 && len == torn
                 && len > good
             {
+                // Kept for the next open while the cut fails (an append-only file).
                 output.truncate(good)?;
             }
+            self.torn = None;
             self.good.get_or_insert(len);
             output.unlock();
             self.output = Some(output);
@@ -263,10 +277,17 @@ impl AuditFile {
             }
         };
         self.good = Some(good);
-        match output.append(bytes) {
+        // A torn record left at the end (a cut that failed, here or in another
+        // process) is ended first, so that it does not run into this batch's first.
+        let end = good > 0 && output.byte_at(good - 1).is_some_and(|b| b != b'\n');
+        let appended = match end {
+            true => output.append(b"\n").and_then(|()| output.append(bytes)),
+            false => output.append(bytes),
+        };
+        match appended {
             Ok(()) => {
                 output.unlock();
-                self.good = Some(good + bytes.len() as u64);
+                self.good = Some(good + u64::from(end) + bytes.len() as u64);
                 Ok(())
             }
             Err(e) => {
@@ -287,10 +308,13 @@ impl AuditFile {
 /// without the key can test a guess against a record. Without a file, a key per process.
 pub(super) fn load_or_create_key(audit_path: Option<&Path>) -> Vec<u8> {
     match audit_path {
-        Some(path) => crate::util::secret::local_key(
-            &PathBuf::from(format!("{}.key", path.display())),
-            "audit hash key",
-        ),
+        Some(path) => {
+            // Beside the path as it is (its bytes, not as displayed: a name that is no
+            // UTF-8 would put the key elsewhere).
+            let mut key = path.as_os_str().to_owned();
+            key.push(".key");
+            crate::util::secret::local_key(&PathBuf::from(key), "audit hash key")
+        }
         None => crate::util::secret::random_key(),
     }
 }
@@ -336,6 +360,9 @@ mod tests {
         }
         fn len(&mut self) -> std::io::Result<u64> {
             Ok(self.data.lock().len() as u64)
+        }
+        fn byte_at(&mut self, offset: u64) -> Option<u8> {
+            self.data.lock().get(offset as usize).copied()
         }
     }
 
@@ -383,7 +410,9 @@ mod tests {
             *flaky.fail_truncate.lock() = true;
             assert!(file.write(b"{\"b\":2}\n").is_err());
             if other_wrote {
-                flaky.data.lock().extend_from_slice(b"\n{\"x\":0}\n");
+                // Another harness: its record starts on a line of its own.
+                let mut other = AuditFile::new(opener(&flaky));
+                other.write(b"{\"x\":0}\n").expect("the other's batch");
             }
             file.write(b"{\"b\":2}\n").expect("retried");
             let want: &[u8] = if other_wrote {
@@ -393,6 +422,29 @@ mod tests {
             };
             assert_eq!(&*flaky.data.lock(), want, "other wrote: {other_wrote}");
         }
+    }
+
+    #[test]
+    fn a_torn_record_that_cannot_be_cut_is_ended_before_the_next_batch() {
+        let flaky = Flaky::default();
+        let mut file = AuditFile::new(opener(&flaky));
+        file.write(b"{\"a\":1}\n").expect("first batch");
+        // Torn, and the cut fails now and at the next open (an append-only file).
+        *flaky.fail_after.lock() = Some(3);
+        *flaky.fail_truncate.lock() = true;
+        assert!(file.write(b"{\"b\":2}\n").is_err());
+        *flaky.fail_truncate.lock() = true;
+        assert!(file.write(b"{\"b\":2}\n").is_err(), "the cut failed again");
+        // Kept: cut at the open after that.
+        file.write(b"{\"b\":2}\n").expect("cut, then written");
+        assert_eq!(&*flaky.data.lock(), b"{\"a\":1}\n{\"b\":2}\n");
+        // A torn record no one can cut stays a line of its own.
+        flaky.data.lock().extend_from_slice(b"{\"t");
+        file.write(b"{\"c\":3}\n").expect("written");
+        assert_eq!(
+            &*flaky.data.lock(),
+            b"{\"a\":1}\n{\"b\":2}\n{\"t\n{\"c\":3}\n"
+        );
     }
 
     #[test]

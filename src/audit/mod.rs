@@ -120,6 +120,15 @@ impl AuditConfig {
         if !(1..=1 << 16).contains(&self.batch) {
             return Err(Invalid::new("batch", "must be from 1 to 65536 records"));
         }
+        // An empty path (`${AUDIT_PATH:-}` unset) would put the key in the working
+        // directory and fail every write with an error that names no setting.
+        if self
+            .path
+            .as_deref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(Invalid::new("path", "must not be empty"));
+        }
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use super::{AuditConfig, Redaction, fold};
 #[cfg_attr(test, derive(Serialize))]
 pub(crate) struct Started<'a> {
     pub(crate) event: &'static str,
-    /// The call's id (unique within one harness).
+    /// The call's id (unique within one harness, and numbered from a random start).
     pub(crate) call_id: u64,
     /// Unix milliseconds.
     pub(crate) time_ms: u64,

@@ -117,6 +117,9 @@ pub(super) struct Shared {
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
     unwritten: AtomicU64,
+    /// Records written since the last sync to the disk: lost, for all anyone can tell,
+    /// if that sync fails.
+    unsynced: AtomicU64,
     /// Records in `retry`, readable while a write holds it (health never waits on I/O).
     retrying: std::sync::atomic::AtomicUsize,
     /// When the write under way began, in milliseconds after `epoch` (0: none).
@@ -151,6 +154,8 @@ impl Shared {
         self.writing_since.store(0, Ordering::SeqCst);
         match written {
             Ok(()) => {
+                self.unsynced
+                    .fetch_add(retry.records as u64, Ordering::SeqCst);
                 *retry = Batch::default();
                 self.retrying.store(0, Ordering::SeqCst);
                 if !self.writable.swap(true, Ordering::SeqCst) {
@@ -215,8 +220,15 @@ impl Shared {
                 .store(self.since_epoch().max(1), Ordering::SeqCst);
             let synced = file.sync();
             self.writing_since.store(0, Ordering::SeqCst);
+            let unsynced = self.unsynced.swap(0, Ordering::SeqCst);
             if let Err(e) = synced {
-                tracing::warn!(error = %e, "audit file not synced to disk");
+                // The kernel may have dropped the pages it could not write (EIO): the
+                // records since the last sync count as unwritten, and the trail as
+                // failing until a write succeeds, so that shutdown reports it.
+                tracing::error!(error = %e, records = unsynced, "audit file not synced to disk; the records written since the last sync may be lost");
+                self.unwritten.fetch_add(unsynced, Ordering::Relaxed);
+                self.writable.store(false, Ordering::SeqCst);
+                *self.last_error.lock() = Some(format!("sync to disk failed: {e}"));
             }
         }
     }
@@ -268,6 +280,7 @@ impl AuditSink {
                 writable: AtomicBool::new(true),
                 last_error: Mutex::new(None),
                 unwritten: AtomicU64::new(0),
+                unsynced: AtomicU64::new(0),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
                 writing_since: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
@@ -661,5 +674,59 @@ mod tests {
         assert!(sink.health().writable);
         // The rest is written when the sink goes, at once.
         drop(release);
+    }
+
+    /// An output whose writes go nowhere and whose sync fails (a disk returning EIO).
+    struct SyncFails;
+
+    impl super::super::file::Output for SyncFails {
+        fn append(&mut self, _: &[u8]) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn truncate(&mut self, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&mut self) -> std::io::Result<u64> {
+            Ok(0)
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        }
+    }
+
+    #[test]
+    fn a_sync_that_fails_counts_the_records_since_the_last_as_unwritten() {
+        let opener: Opener =
+            Box::new(|| Ok(Box::new(SyncFails) as Box<dyn super::super::file::Output>));
+        let dir = crate::util::scratch::Scratch::new("sync-fails");
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
+        for i in 0..3 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        sink.shared.write_pending();
+        assert!(sink.health().writable, "written, not yet synced");
+        sink.shared.sync();
+        let health = sink.health();
+        assert!(!health.writable, "{health:?}");
+        assert_eq!(health.unwritten, 3, "{health:?}");
+        assert!(
+            health
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("sync")),
+            "{health:?}"
+        );
+        // Refused while it fails, in fail_closed mode (the default).
+        assert!(sink.admit().is_err());
+        // A later sync counts only what was written since.
+        sink.record(&serde_json::json!({"i": 3}));
+        sink.shared.write_pending();
+        assert!(sink.health().writable, "a write that succeeds heals it");
+        sink.shared.sync();
+        assert_eq!(sink.health().unwritten, 4);
     }
 }

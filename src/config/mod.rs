@@ -294,6 +294,13 @@ mod tests {
                     ..Default::default()
                 },
             ),
+            (
+                "audit.path",
+                crate::audit::AuditConfig {
+                    path: Some(std::path::PathBuf::new()),
+                    ..Default::default()
+                },
+            ),
         ] {
             let config = HarnessConfig {
                 audit,
