@@ -381,6 +381,32 @@ async fn modern_clients_see_one_server_with_both_eras_behind_it_and_only_their_g
     );
 }
 
+// A modern client's capabilities go on to the servers only as far as the gateway
+// answers for them: an extension it does not serve (tasks, whose results it cannot
+// poll) is not offered upstream in the client's name.
+#[tokio::test]
+async fn a_modern_clients_capabilities_go_upstream_only_as_far_as_the_gateway_serves_them() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let mut call = request(
+        "tools/call",
+        json!({"name": "alpha__whoami", "arguments": {}}),
+    );
+    call["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({
+        "elicitation": {"form": {}},
+        "extensions": {"io.modelcontextprotocol/tasks": {}},
+        "experimental": {"anything": {"big": "x".repeat(10_000)}},
+    });
+    let (status, body, _) = gw.post(Some("tok-a"), &call, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let sent =
+        &body["result"]["structuredContent"]["meta"]["io.modelcontextprotocol/clientCapabilities"];
+    assert!(sent["elicitation"].is_object(), "{sent}");
+    assert!(sent.get("extensions").is_none(), "{sent}");
+    assert!(sent.get("experimental").is_none(), "{sent}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
     let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
@@ -1246,6 +1272,40 @@ async fn next_message(lines: &mut StdioLines) -> Value {
         .expect("read")
         .expect("a line");
     serde_json::from_str::<Value>(&line).expect("JSON")
+}
+
+// A stdio session's parked rounds are its own: once its input ends nobody can resume
+// them, and their calls end with it rather than hold the harness's shutdown for its
+// whole grace (a minute here).
+#[tokio::test]
+async fn a_stdio_sessions_parked_rounds_end_with_it() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    std::fs::write(&setup.config, format!("shutdown_grace = \"60s\"\n{text}")).expect("config");
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let call = request(
+        "tools/call",
+        json!({"name": "beta__confirm", "arguments": {"message": "ok?"}}),
+    );
+    stdin
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .expect("write");
+    let parked = next_message(&mut lines).await;
+    assert_eq!(parked["result"]["resultType"], "input_required", "{parked}");
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("ended without waiting out the grace for the parked call")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    let (started, finished) = setup.audit_counts();
+    assert_eq!(
+        (started, finished),
+        (1, 1),
+        "the parked call is recorded as ended"
+    );
 }
 
 // A line on the pipe is a request body, held to max_body_bytes as an HTTP body is: one
@@ -3329,6 +3389,43 @@ tokens = [{{ sha256 = "{a}", agent = "a" }}]
 /// A meta-tool's structured result: the names a search found.
 fn found_names(r: &Value) -> Vec<String> {
     names_in(&r["result"]["structuredContent"]["tools"])
+}
+
+// The gateway's own meta-tools declare no `x-mcp-header`: an upstream tool of the same
+// name that does (`search_tools` bound to `Mcp-Param-Query`) does not hold them to its
+// headers. Before, every search without that header was refused -32020.
+#[tokio::test]
+async fn the_gateways_meta_tools_are_not_held_to_an_upstream_tools_headers() {
+    let setup = Setup::new(r#"tool_exposure = "search""#, &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let text = text.replacen(
+        &format!("\"alpha{}\"]", setup.tag),
+        &format!(
+            "\"alpha{}\", \"--tool-alias\", \"search_tools\", \"--tool-alias\", \"describe_tool\"]",
+            setup.tag
+        ),
+        1,
+    );
+    std::fs::write(&setup.config, text).expect("config");
+    let gw = setup.start().await;
+    for (tool, arguments) in [
+        ("search_tools", json!({"query": "echoes text back"})),
+        (
+            "describe_tool",
+            json!({"name": "alpha__echo", "query": "x"}),
+        ),
+    ] {
+        let (status, r) = gw
+            .modern(
+                "tok-a",
+                "tools/call",
+                json!({"name": tool, "arguments": arguments}),
+            )
+            .await;
+        assert_eq!(status, 200, "{tool}: {r}");
+        assert!(r["result"].is_object(), "{tool}: {r}");
+    }
+    assert!(gw.stop().await.success());
 }
 
 #[tokio::test]

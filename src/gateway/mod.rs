@@ -1104,7 +1104,10 @@ impl Gateway {
             )
             .with_data(json!({"supported": [MODERN], "requested": version})));
         }
-        Ok(capabilities.clone())
+        // Only what the gateway itself answers for goes on to the servers: an extension
+        // it does not serve (tasks: a result it cannot poll) must not be offered in the
+        // client's name, and the rest is bounded as a legacy session's is.
+        kept_capabilities(Some(capabilities))
     }
 
     /// For a `tools/call` over HTTP: each argument whose schema names an `x-mcp-header`
@@ -1135,7 +1138,13 @@ impl Gateway {
         // itself declares none, so a client that sends none is not held to the inner's.
         let unwrapped;
         let mut params = params;
-        if served == search::CALL_TOOL && self.now().config.tool_exposure == ToolExposure::Search {
+        let searching = self.now().config.tool_exposure == ToolExposure::Search;
+        // The gateway's own tools declare no `x-mcp-header`: never held to an upstream
+        // tool's schema that happens to share the name.
+        if searching && [search::SEARCH_TOOLS, search::DESCRIBE_TOOL].contains(&served) {
+            return Ok(());
+        }
+        if served == search::CALL_TOOL && searching {
             if !sent {
                 return Ok(());
             }

@@ -544,6 +544,9 @@ pub async fn serve(
     // still read).
     pipe.pending.clear();
     closing.cancel();
+    // Its parked rounds were this session's alone, and nobody can resume them now:
+    // their calls end here rather than hold the harness's shutdown for its grace.
+    gateway.drop_parked();
     let drain = async { while tasks.join_next().await.is_some() {} };
     let mut drain = std::pin::pin!(drain);
     if !stopping {

@@ -187,7 +187,8 @@ pub struct DemoServerArgs {
     /// at `initialize`), as many legacy servers do.
     #[arg(long)]
     pub tools_need_elicitation: bool,
-    /// Also list a tool with this exact name (it answers with the server's name).
+    /// Also list a tool with this exact name (it answers with the server's name; its
+    /// `query` argument is bound to `Mcp-Param-Query`).
     #[arg(long)]
     pub tool_alias: Vec<String>,
     /// HTTP only: answer every POST with this status.

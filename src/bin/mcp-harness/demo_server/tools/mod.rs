@@ -62,7 +62,8 @@ pub fn catalog(args: &DemoServerArgs, elicitation: bool) -> Vec<Value> {
         tools.push(tool(
             alias,
             "Answers with this server's name",
-            json!({}),
+            // A header-bound argument, as a tool of that name elsewhere may have.
+            json!({"query": {"type": "string", "x-mcp-header": "Query"}}),
             &[],
         ));
     }
