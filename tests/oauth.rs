@@ -695,6 +695,47 @@ async fn tries_that_a_server_holds_and_refuses_share_one_deadline() {
     h.shutdown().await;
 }
 
+// A legacy session's standalone event stream is opened again long after the last
+// request (the server ended it): with a token renewed first, not with none. Before,
+// the reopening after the token expired went without one, was refused, and the stream
+// was given up for good (the server's notifications lost).
+#[tokio::test]
+async fn the_standalone_stream_is_opened_again_with_a_renewed_token() {
+    let w = World::new(
+        &["--client", "pre", "--token-ttl", "2"],
+        &["--era", "legacy", "--close-get-streams"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    // Ended at once each time, the stream is opened again 0.25, 0.5, 1, 2 s later...:
+    // the fourth opening comes after the first token expired.
+    let gets = || {
+        recorded(&w.mcp_record)
+            .into_iter()
+            .filter(|r| r["method"] == "GET")
+            .collect::<Vec<_>>()
+    };
+    let started = std::time::Instant::now();
+    while gets().len() < 5 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gets = gets();
+    assert!(gets.len() >= 5, "{gets:?}");
+    assert!(
+        gets.iter().all(|g| g.get("refused").is_none()),
+        "every opening carried a valid token: {gets:?}"
+    );
+    let refreshes = w
+        .at("token")
+        .into_iter()
+        .filter(|t| t["grant_type"] == "refresh_token")
+        .count();
+    assert!(refreshes >= 1, "renewed by refreshing");
+    assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn tokens_are_refreshed_before_expiry_once_for_many_requests_and_rotated() {
     // Tokens live 31 s and are refreshed 30 s before they expire: after a second, every

@@ -224,6 +224,18 @@ impl HttpTransport {
         }
     }
 
+    /// Renews `identity`'s token first if it is due, for a request of no call (a stream
+    /// opened again or resumed, an answer, a notification, a session's end): as a call's
+    /// request does, so that one sent after the token expired carries a fresh one, not
+    /// none (which the server would refuse, and nothing would sign in again). Within
+    /// `limit`; a failure is the request's to meet (its refusal).
+    async fn renew_ahead(&self, identity: Option<&str>, limit: Duration) {
+        let until = crate::util::duration::after(Instant::now(), limit);
+        if let Err(e) = self.sign_in.bearer(identity, until).await {
+            tracing::debug!(server = %self.server, error = %e, "renewing the token ahead of a request failed");
+        }
+    }
+
     /// Sends a request as `identity` (an auth context; `None` for the connection's own
     /// requests) and reads its reply; a refusal signs in (see the module docs) and
     /// retries. The tries, the refresh of a token before one and a sign-in between them
@@ -791,6 +803,7 @@ impl HttpTransport {
             // The request was delivered (its stream began): whatever fails now may
             // have run it, and must not pass for a request never sent (a call would go
             // to another server and run it twice).
+            self.renew_ahead(identity, self.renewal_limit).await;
             response = self
                 .get(
                     session.as_deref(),
@@ -913,12 +926,14 @@ impl HttpTransport {
         notification: Notification,
         timeout: Duration,
     ) -> Result<(), TransportError> {
-        tokio::time::timeout(
-            timeout,
-            self.post_no_reply(Message::Notification(notification), &[]),
-        )
-        .await
-        .unwrap_or(Err(TransportError::Timeout(timeout)))
+        let sent = async {
+            self.renew_ahead(None, timeout).await;
+            self.post_no_reply(Message::Notification(notification), &[])
+                .await
+        };
+        tokio::time::timeout(timeout, sent)
+            .await
+            .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
     /// POSTs the answer to a request a legacy server sent.
@@ -932,7 +947,11 @@ impl HttpTransport {
             id: Some(id),
             outcome,
         });
-        tokio::time::timeout(timeout, self.post_no_reply(message, &[]))
+        let sent = async {
+            self.renew_ahead(None, timeout).await;
+            self.post_no_reply(message, &[]).await
+        };
+        tokio::time::timeout(timeout, sent)
             .await
             .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
@@ -985,8 +1004,11 @@ impl HttpTransport {
                     return;
                 };
                 let opened = Instant::now();
-                // The session's own stream: the harness's own sign-in.
+                // The session's own stream: the harness's own sign-in, renewed first if
+                // due (the stream may be opened again long after the last request).
+                this.renew_ahead(None, this.renewal_limit).await;
                 let session = this.session.id();
+                let sent = this.sign_in.sendable(None);
                 let request = this.get(session.as_deref(), parser.last_event_id.as_deref(), None);
                 // A server or proxy restarting (refused connections, 502, 503, 429) is
                 // tried again, later and later; a server that has no stream, or refuses
@@ -1000,6 +1022,33 @@ impl HttpTransport {
                     }
                     Ok(r) if matches!(r.status().as_u16(), 408 | 429 | 500 | 502 | 503 | 504) => {
                         Err(format!("HTTP {}", r.status().as_u16()))
+                    }
+                    // Refused: renewed (or signed in again) as a request's refusal is,
+                    // and tried again; given up only when that cannot help.
+                    Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                        let challenge = match unauthorized(&r) {
+                            TransportError::Unauthorized { challenge, .. } => challenge,
+                            _ => None,
+                        };
+                        let renewed = this
+                            .sign_in
+                            .on_refused(
+                                None,
+                                &challenge.unwrap_or_default(),
+                                sent.as_deref(),
+                                false,
+                                true,
+                            )
+                            .await;
+                        match renewed {
+                            Ok(Renewal::Held | Renewal::Renewed) => {
+                                Err("HTTP 401; the token was renewed".into())
+                            }
+                            Ok(Renewal::Refused) | Err(_) => {
+                                tracing::warn!(server = %this.server, "the standalone event stream was refused and the token could not be renewed; server notifications are not received until the next session");
+                                return;
+                            }
+                        }
                     }
                     Ok(r) => {
                         tracing::debug!(server = %this.server, status = %r.status(), "no standalone event stream");
@@ -1075,6 +1124,7 @@ impl HttpTransport {
     /// DELETEs a legacy session (405 is allowed: the server does not let clients end
     /// sessions), within `timeout`.
     async fn end_session(&self, sid: String, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.renew_ahead(None, timeout)).await;
         let mut headers = self.fixed.clone();
         self.authorize(&mut headers, None);
         let delete = self
