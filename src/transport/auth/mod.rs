@@ -1243,13 +1243,21 @@ impl SignIn {
             }
             return Ok(Renewal::Refused);
         }
+        // Refused again past that minute: refreshing where the token came from gave one
+        // the server will not take (it moved to another authorization server, or takes
+        // no token of that grant): not refreshed yet again, but signed in anew, from a
+        // fresh discovery. (Before, it was refreshed once a minute for ever.)
+        let refresh = again.is_none();
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
             let same = |d: &Discovered| Url::parse(rm).is_ok_and(|u| u == d.from);
-            if d.as_ref().is_some_and(|d| !same(d)) && step_up {
+            if d.as_ref().is_some_and(|d| !same(d)) {
                 *d = None;
             }
+        }
+        if !refresh {
+            *self.discovered.lock().await = None;
         }
         {
             let mut asked = self.asked.lock();
@@ -1270,7 +1278,9 @@ impl SignIn {
         let Some(this) = self.this.upgrade() else {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return self
-                .renew_refused(identity, challenge, refused, step_up, current, renewing)
+                .renew_refused(
+                    identity, challenge, refused, step_up, refresh, current, renewing,
+                )
                 .await;
         };
         let (who, challenge, refused) = (
@@ -1284,6 +1294,7 @@ impl SignIn {
                 &challenge,
                 refused.as_deref(),
                 step_up,
+                refresh,
                 current,
                 renewing,
             )
@@ -1293,18 +1304,21 @@ impl SignIn {
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed
-    /// (unless this is a step-up), else new client credentials or a sign-in. The token
-    /// it yields is noted (see [`Renewal::Refused`]).
+    /// (unless this is a step-up, or `refresh` is false), else new client credentials
+    /// or a sign-in. The token it yields is noted (see [`Renewal::Refused`]).
+    #[allow(clippy::too_many_arguments)]
     async fn renew_refused(
         &self,
         identity: Option<&str>,
         challenge: &Challenge,
         refused: Option<&str>,
         step_up: bool,
+        refresh: bool,
         current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
         if !step_up
+            && refresh
             && let Some(t) = &current
             && let Some(renewed) = self.renew_quietly(identity, t, None, &mut renewing).await?
             && Some(renewed.access_token.as_str()) != refused
@@ -2470,6 +2484,37 @@ mod tests {
                 .await;
             assert!(renewed.is_err(), "{renewed:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_token_renewed_on_a_refusal_and_refused_again_later_is_not_refreshed_again() {
+        let (sign_in, _) = counted();
+        // Refreshable where it came from (nothing listens there).
+        let renewed = token("https://idp.example", "https://127.0.0.1:9/token");
+        sign_in.keep(None, renewed.clone());
+        // The server refused it within the last minute: refused as it is, not renewed.
+        sign_in
+            .renewed_on_refusal
+            .lock()
+            .insert(None, (renewed.access_token.clone(), Instant::now()));
+        let again = sign_in
+            .on_refused(None, &Challenge::default(), Some("a"), false, false)
+            .await;
+        assert!(matches!(again, Ok(Renewal::Refused)), "{again:?}");
+        // Past the minute: not refreshed there once more (for ever, once a minute), but
+        // signed in anew from a fresh discovery (which fails here: nothing listens).
+        let long_ago = Instant::now()
+            .checked_sub(REFUSED_AGAIN_WINDOW + Duration::from_secs(1))
+            .expect("a minute of uptime");
+        sign_in
+            .renewed_on_refusal
+            .lock()
+            .insert(None, (renewed.access_token.clone(), long_ago));
+        let e = sign_in
+            .on_refused(None, &Challenge::default(), Some("a"), false, false)
+            .await
+            .expect_err("nobody can sign in here");
+        assert_ne!(e.step, AuthStep::Refresh, "{e}");
     }
 
     #[tokio::test]
