@@ -229,6 +229,37 @@ fn registered(pre: &str) -> OAuthConfig {
     }
 }
 
+// An authorization server that is a web app answers the well-known places it does not
+// serve with its HTML page or a redirect to its login page, not 404: those are no
+// metadata, and discovery goes on to the next place. Before, it stopped at the first.
+#[tokio::test]
+async fn discovery_goes_past_a_web_apps_pages_and_redirects_to_the_metadata() {
+    for catch_all in ["html", "redirect"] {
+        let w = World::new(
+            &[
+                "--client",
+                "pre",
+                "--metadata-at",
+                "openid-appended",
+                "--issuer-path",
+                "/tenant1",
+                "--catch-all",
+                catch_all,
+            ],
+            &[],
+        )
+        .await;
+        let h = w.harness(registered("pre")).await;
+        ready(&h).await;
+        assert_eq!(
+            subject(&h, &Caller::agent("a")).await.expect("call"),
+            "demo-user",
+            "{catch_all}"
+        );
+        h.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn each_discovery_variant_leads_to_a_token_and_the_server_checks_pkce_state_and_resource() {
     for (prm, metadata_at, issuer_path) in [

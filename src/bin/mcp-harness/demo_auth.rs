@@ -36,6 +36,15 @@ pub enum MetadataAt {
     OpenidAppended,
 }
 
+/// What `--catch-all` answers other paths with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CatchAll {
+    /// 200 with an HTML page.
+    Html,
+    /// 302 to a login page.
+    Redirect,
+}
+
 /// How a refresh is refused, with `--refuse-refresh`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RefuseRefresh {
@@ -135,6 +144,9 @@ pub struct DemoAuthArgs {
     /// Answer a registration this many milliseconds late, its client already made.
     #[arg(long, default_value_t = 0)]
     pub register_delay_ms: u64,
+    /// Answer GETs of every other path as a web app's catch-all would (instead of 404).
+    #[arg(long, value_enum)]
+    pub catch_all: Option<CatchAll>,
     /// Refuse every authorization (`access_denied`).
     #[arg(long)]
     pub deny: bool,
@@ -328,6 +340,20 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             let delay = std::time::Duration::from_millis(state.args.register_delay_ms);
             tokio::time::sleep(delay).await;
             reply
+        }
+        // A web app's catch-all: every other page is its HTML, or a redirect to its
+        // login page.
+        Method::GET if state.args.catch_all == Some(CatchAll::Html) => full(
+            StatusCode::OK,
+            "text/html",
+            "<!doctype html><title>app</title>",
+        ),
+        Method::GET if state.args.catch_all == Some(CatchAll::Redirect) => {
+            let mut r = full(StatusCode::FOUND, "", "");
+            if let Ok(v) = "/login".parse() {
+                r.headers_mut().insert(hyper::header::LOCATION, v);
+            }
+            r
         }
         _ => full(StatusCode::NOT_FOUND, "", ""),
     }

@@ -1396,7 +1396,9 @@ impl SignIn {
         }
     }
 
-    /// GETs metadata: `Some` on 200, `None` when it is not there (a 4xx), an error else.
+    /// GETs metadata: `Some` on a 2xx JSON object, `None` when it is not there (a 4xx, a
+    /// redirect, a page that is no JSON object: a login page, a single-page app's
+    /// catch-all), an error else.
     async fn get_json(&self, url: &Url, step: AuthStep) -> Result<Option<Value>, AuthError> {
         let response = self
             .http
@@ -1408,18 +1410,25 @@ impl SignIn {
         let status = response.status().as_u16();
         // Not there; but one that is slow or rate-limited (408, 429) is asked again
         // later (an error that heals), not taken for a server without metadata.
-        if (400..500).contains(&status) && status != 408 && status != 429 {
+        // Redirects are not followed (metadata is read where it is named).
+        if (300..400).contains(&status)
+            || ((400..500).contains(&status) && status != 408 && status != 429)
+        {
             return Ok(None);
         }
         let body = read_bounded(response)
             .await
             .map_err(|f| self.err(step, f))?;
-        if status != 200 {
+        if !(200..300).contains(&status) {
             return Err(self.err(step, oauth_error(status, &body)));
         }
-        serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) if v.is_object() => Ok(Some(v)),
+            _ => {
+                tracing::debug!(server = %self.server, %url, "no metadata there (the reply is no JSON object)");
+                Ok(None)
+            }
+        }
     }
 
     /// The first of `urls` that has a JSON document, and where. An error stops the
