@@ -25,14 +25,21 @@ pub struct Policy {
 }
 
 /// Refuses grants that would silently match nothing: a tool name with `*` in it (only
-/// `*` alone takes in many: `read_*` is not a pattern), an empty tool name, an empty
-/// selector or `tag:` with no name.
+/// `*` alone takes in many: `read_*` is not a pattern), an empty tool name, and a
+/// selector that is no server id (`files*`, `files `, `tags:web`, `TAG:web`), no
+/// `tag:NAME` (`tag:`, `tag: web`, `tag:*`) and not `*`.
 pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
     use crate::util::invalid::Invalid;
     for (agent, selectors) in grants {
         for (selector, tools) in selectors {
             let field = || format!("permissions.{agent}.{selector}");
-            if selector.is_empty() || selector == "tag:" {
+            let tag_ok =
+                |t: &str| !t.is_empty() && !t.contains('*') && !t.contains(char::is_whitespace);
+            let valid = selector == "*"
+                || selector
+                    .strip_prefix("tag:")
+                    .map_or_else(|| crate::server::check_id(selector).is_ok(), tag_ok);
+            if !valid {
                 return Err(Invalid::new(
                     field(),
                     "a selector is a server id, tag:NAME or *",
@@ -325,6 +332,14 @@ mod tests {
             ("files", ""),
             ("tag:", "read"),
             ("", "x"),
+            // Typos that could never select a server.
+            ("files*", "read"),
+            ("files ", "read"),
+            ("tags:web", "read"),
+            ("TAG:web", "read"),
+            ("tag: web", "read"),
+            ("tag:*", "read"),
+            ("a__b", "read"),
         ] {
             let e = validate(&grant(selector, tool)).expect_err(tool);
             assert_eq!(e.field, format!("permissions.a.{selector}"));
