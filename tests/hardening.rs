@@ -1370,6 +1370,40 @@ async fn item_07_an_unwritable_audit_file_fails_new_calls_closed_or_counts_when_
     }
 }
 
+// An audit file that cannot even be opened (here a directory at the path) fails the
+// trail from the start: `fail_closed` refuses the first call, not the calls after the
+// first batch (which had run on their servers by then). Once the path can be opened,
+// the trail heals on the writer's next tick.
+#[tokio::test]
+async fn item_07_an_audit_file_that_cannot_be_opened_refuses_the_first_call_when_failing_closed() {
+    let dir = scratch_dir().join("unopenable");
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("audit.jsonl");
+    std::fs::create_dir_all(&path).expect("a directory where the file should be");
+    let mut cfg = config(vec![demo_server("s", &[])]);
+    cfg.audit = AuditConfig {
+        path: Some(path.clone()),
+        flush_every: Duration::from_millis(20),
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
+    assert!(!h.audit_health().writable, "{:?}", h.audit_health());
+    let first = h.call_tool(&a(), "s__echo", json!({"text": "x"})).await;
+    assert!(
+        matches!(&first, Err(CallError::AuditUnavailable(_))),
+        "{first:?}"
+    );
+    std::fs::remove_dir(&path).expect("the directory goes");
+    assert!(eventually(Duration::from_secs(10), || h.audit_health().writable).await);
+    h.call_tool(&a(), "s__echo", json!({"text": "y"}))
+        .await
+        .expect("admitted once the file opens");
+    h.shutdown().await;
+    let records = std::fs::read_to_string(&path).expect("audit");
+    assert_eq!(records.lines().count(), 2, "{records}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn item_07_an_audit_file_rotated_or_removed_is_started_again_at_its_path() {
     let dir = scratch_dir().join("rotated");

@@ -34,6 +34,15 @@ impl Actor for AuditActor {
         myself: ActorRef<AuditMsg>,
         sink: AuditSink,
     ) -> Result<AuditSink, ActorProcessingErr> {
+        // The file opened now: one that cannot be fails the trail before the first
+        // call (`fail_closed` refuses it), not after the first batch.
+        let shared = sink.shared.clone();
+        if tokio::task::spawn_blocking(move || shared.probe())
+            .await
+            .is_err()
+        {
+            tracing::error!("the audit writer task failed");
+        }
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
         myself.send_after(sink.config().flush_every, || AuditMsg::Timer);

@@ -235,11 +235,12 @@ impl AuditFile {
         }
     }
 
-    /// Appends one batch, all of it or (after cutting back a partial write) none of it.
-    pub(super) fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    /// Opens the output if it is not open (or was moved away): at start, so that a file
+    /// that cannot be opened fails the trail before the first call, and before a batch.
+    pub(super) fn ensure_open(&mut self) -> std::io::Result<()> {
         if self.output.as_mut().is_some_and(|o| o.moved()) {
-            // Removed or rotated away: the batches before stay where they are, and this
-            // one starts the file now at the path.
+            // Removed or rotated away: the batches before stay where they are, and the
+            // next one starts the file now at the path.
             tracing::info!("audit file moved or removed; writing to a new one at its path");
             self.output = None;
             self.good = None;
@@ -263,6 +264,12 @@ impl AuditFile {
             output.unlock();
             self.output = Some(output);
         }
+        Ok(())
+    }
+
+    /// Appends one batch, all of it or (after cutting back a partial write) none of it.
+    pub(super) fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.ensure_open()?;
         let Some(output) = self.output.as_mut() else {
             return Err(std::io::Error::other("audit output not open"));
         };

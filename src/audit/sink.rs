@@ -141,6 +141,11 @@ impl Shared {
             self.retrying.store(retry.records, Ordering::SeqCst);
         }
         if retry.records == 0 {
+            // Nothing to write: a trail failing for a file that could not be opened
+            // (calls refused, so no records come) tries to open it again.
+            if !self.writable.load(Ordering::SeqCst) {
+                self.open_now(&mut file);
+            }
             return;
         }
         let Some(file) = file.as_mut() else {
@@ -179,6 +184,34 @@ impl Shared {
 }
 
 impl Shared {
+    /// Opens the file now, if it is not open: at start (so that `fail_closed` refuses
+    /// calls from the first when it cannot be opened, not from the first batch), and
+    /// while the trail fails with nothing to write. Blocking I/O.
+    pub(super) fn probe(&self) {
+        let mut file = self.file.lock();
+        self.open_now(&mut file);
+    }
+
+    fn open_now(&self, file: &mut Option<AuditFile>) {
+        let Some(file) = file.as_mut() else {
+            return;
+        };
+        match file.ensure_open() {
+            Ok(()) => {
+                if !self.writable.swap(true, Ordering::SeqCst) {
+                    tracing::info!("audit trail writable again");
+                }
+                *self.last_error.lock() = None;
+            }
+            Err(e) => {
+                if self.writable.swap(false, Ordering::SeqCst) {
+                    tracing::error!(error = %e, "the audit file cannot be opened");
+                }
+                *self.last_error.lock() = Some(e.to_string());
+            }
+        }
+    }
+
     fn since_epoch(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
