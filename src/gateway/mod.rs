@@ -1729,11 +1729,7 @@ impl Gateway {
                     .and_then(|r| r.get(parked::KEY))
                     .cloned()
                     .ok_or_else(|| invalid("inputResponses.elicitation is required"))?;
-                let held = self
-                    .inner
-                    .parked
-                    .resume(&id, principal, answer)
-                    .ok_or_else(|| invalid("invalid requestState"))?;
+                let held = self.inner.parked.resume(&id, principal, answer)?;
                 // The call's progress goes to this request now.
                 *held.progress.lock() = wants_progress;
                 held

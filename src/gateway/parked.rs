@@ -164,9 +164,21 @@ struct Parked {
     expires: Instant,
 }
 
+impl Parked {
+    /// Whether its call has ended while it waited (a legacy server's request timed
+    /// out, its server went away): no answer can take it up any more.
+    fn call_ended(&self) -> bool {
+        matches!(&self.held.call, Call::Spawned(task) if task.is_finished())
+    }
+}
+
 /// The rounds parked in this process.
 pub struct ParkedRounds {
     rounds: Mutex<HashMap<String, Parked>>,
+    /// Rounds dropped because their call ended while parked, until their state would
+    /// have expired (at most [`MAX_PARKED`]): the answer that comes later is told so,
+    /// not "invalid requestState".
+    ended: Mutex<HashMap<String, (Principal, Instant)>>,
     /// Rounds held at most, all principals' ([`MAX_PARKED`]).
     max: usize,
     /// Rounds one principal may hold ([`MAX_PARKED_PER_PRINCIPAL`]).
@@ -183,6 +195,7 @@ impl ParkedRounds {
     fn with_caps(max: usize, per_principal: usize) -> ParkedRounds {
         ParkedRounds {
             rounds: Mutex::default(),
+            ended: Mutex::default(),
             max,
             per_principal,
         }
@@ -210,8 +223,9 @@ impl ParkedRounds {
         let ServerQuestion { server, reply, .. } = pending;
         let mut rounds = self.rounds.lock();
         let now = Instant::now();
-        // Expired rounds go: their calls are cancelled as they drop.
-        rounds.retain(|_, p| p.expires > now);
+        // Expired rounds go, and those whose calls ended: they hold no place (their
+        // calls are cancelled as they drop).
+        self.drop_finished(&mut rounds, now, |_, _, _| true);
         let (by_principal, their_bytes) = rounds
             .values()
             .filter(|p| &p.principal == principal)
@@ -291,35 +305,66 @@ impl ParkedRounds {
     }
 
     /// Takes up parked round `id` of `principal`: answers its question with `answer`
-    /// and hands back the call; `None` if there is no such round (expired, another
-    /// process's, or another principal's).
-    pub fn resume(&self, id: &str, principal: &Principal, answer: Value) -> Option<Held> {
+    /// and hands back the call. No such round (expired, another process's, another
+    /// principal's) is an invalid state; one whose call ended while it waited says so.
+    pub fn resume(&self, id: &str, principal: &Principal, answer: Value) -> Result<Held, RpcError> {
         let parked = {
             let mut rounds = self.rounds.lock();
             let now = Instant::now();
-            rounds.retain(|_, p| p.expires > now);
+            self.drop_finished(&mut rounds, now, |_, _, _| true);
             match rounds.get(id) {
-                Some(p) if &p.principal == principal && p.expires > Instant::now() => {
-                    rounds.remove(id)
-                }
+                Some(p) if &p.principal == principal && p.expires > now => rounds.remove(id),
                 _ => None,
             }
-        }?;
+        };
+        let Some(parked) = parked else {
+            let ended = self.ended.lock();
+            return Err(match ended.get(id) {
+                Some((who, until)) if who == principal && *until > Instant::now() => RpcError::new(
+                    INTERNAL_ERROR,
+                    "the input round's call ended before the answer came (its server stopped waiting)",
+                ),
+                _ => RpcError::new(
+                    crate::protocol::error::INVALID_PARAMS,
+                    "invalid requestState",
+                ),
+            });
+        };
         let _ = parked.reply.send(Ok(answer));
-        Some(parked.held)
+        Ok(parked.held)
     }
 
-    /// Drops the rounds past their expiry and those `keep` refuses (given the
-    /// principal, the server and the item the call is of): their calls are cancelled
-    /// (outside the lock, as cancelling does work).
+    /// Drops the rounds past their expiry, those whose call ended, and those `keep`
+    /// refuses (given the principal, the server and the item the call is of): their
+    /// calls are cancelled (outside the lock, as cancelling does work).
     pub fn sweep(&self, keep: impl Fn(&Principal, &str, &str) -> bool) {
         let now = Instant::now();
-        let dropped: Vec<(String, Parked)> = self
-            .rounds
-            .lock()
-            .extract_if(|_, p| p.expires <= now || !keep(&p.principal, &p.server, &p.item))
-            .collect();
+        let dropped = self.drop_finished(&mut self.rounds.lock(), now, keep);
         drop(dropped);
+    }
+
+    /// Takes out of `rounds` those past their expiry, those whose call ended (noted in
+    /// `ended`) and those `keep` refuses; returns them, to drop outside the lock.
+    fn drop_finished(
+        &self,
+        rounds: &mut HashMap<String, Parked>,
+        now: Instant,
+        keep: impl Fn(&Principal, &str, &str) -> bool,
+    ) -> Vec<Parked> {
+        let mut dropped = Vec::new();
+        for (id, p) in rounds.extract_if(|_, p| {
+            p.expires <= now || p.call_ended() || !keep(&p.principal, &p.server, &p.item)
+        }) {
+            if p.expires > now && p.call_ended() {
+                let mut ended = self.ended.lock();
+                ended.retain(|_, (_, until)| *until > now);
+                if ended.len() < self.max {
+                    ended.insert(id, (p.principal.clone(), p.expires));
+                }
+            }
+            dropped.push(p);
+        }
+        dropped
     }
 
     /// Drops round `id`, parked moments ago, whose state could not be sealed: its call
@@ -332,6 +377,7 @@ impl ParkedRounds {
     /// Drops every parked round (shutdown): their calls are cancelled.
     pub fn clear(&self) {
         self.rounds.lock().clear();
+        self.ended.lock().clear();
     }
 }
 
@@ -365,6 +411,49 @@ mod tests {
             reply,
         };
         (held, question, answer)
+    }
+
+    #[tokio::test]
+    async fn a_round_whose_call_ended_holds_no_place_and_its_answer_is_told_so() {
+        let rounds = ParkedRounds::with_caps(64, 1);
+        let a = agent("a");
+        let later = Instant::now() + std::time::Duration::from_secs(600);
+        // Its server stopped waiting (a legacy request's timeout): the call ends.
+        let (mut held, question, _answer) = round();
+        held.call = Call::inline(async { Err(RpcError::new(INTERNAL_ERROR, "timed out")) });
+        let first = rounds
+            .park(
+                &a,
+                "t".into(),
+                (0, usize::MAX, usize::MAX),
+                held,
+                question,
+                later,
+            )
+            .expect("parked");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // The principal's one place is free again.
+        let (held, question, _answer2) = round();
+        let second = rounds.park(
+            &a,
+            "t".into(),
+            (0, usize::MAX, usize::MAX),
+            held,
+            question,
+            later,
+        );
+        assert!(second.is_some(), "the ended round held no place");
+        let e = rounds
+            .resume(&first, &a, Value::Null)
+            .err()
+            .expect("no call to take up");
+        assert!(e.message.contains("ended"), "{}", e.message);
+        // Another principal's, or an unknown id, is an invalid state as ever.
+        let e = rounds
+            .resume(&first, &agent("b"), Value::Null)
+            .err()
+            .expect("not b's");
+        assert_eq!(e.message, "invalid requestState");
     }
 
     #[tokio::test]
@@ -457,7 +546,7 @@ mod tests {
             matches!(answer.try_recv(), Ok(Err(_))),
             "its question fails"
         );
-        assert!(rounds.resume(&first, &a, Value::Null).is_none());
+        assert!(rounds.resume(&first, &a, Value::Null).is_err());
         for (_, cancel, _) in &a_rounds {
             assert!(!cancel.is_cancelled());
         }
