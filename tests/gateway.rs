@@ -1209,6 +1209,29 @@ async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
 // A missing client capability is a 400, whatever progressToken the request carries: one
 // the gateway does not take (null, a fraction, an object) made the answer an event
 // stream, and the error went out as 200.
+// A legacy server's elicitation during the call of a client that declared none is
+// answered that the client does not support it, not with a decline the user never
+// made (the input handlers' answer outside calls).
+#[tokio::test]
+async fn a_legacy_servers_question_to_a_client_without_elicitation_is_refused_not_declined() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let mut call = request(
+        "tools/call",
+        json!({"name": "beta__confirm", "arguments": {"message": "Pay?"}}),
+    );
+    call["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    let (_, r, _) = gw.post(Some("tok-a"), &call, &[]).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not support")),
+        "{r}"
+    );
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_progress_token_the_gateway_does_not_take_leaves_the_status_of_an_error_as_it_is() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

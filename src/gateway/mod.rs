@@ -1756,14 +1756,13 @@ impl Gateway {
                     }));
                     delegation.progress = Some((tx, token));
                 }
-                let (tx, rx) = match downstream_caps.get("elicitation") {
-                    Some(_) => {
-                        let (tx, rx) = tokio::sync::mpsc::channel(4);
-                        (Some(tx), Some(rx))
-                    }
-                    None => (None, None),
-                };
-                delegation.questions = tx;
+                // Taken whatever the client declared: a question in a mode it did not
+                // declare (or of a client that declared none) is answered that the
+                // client does not support it, not left to the input handlers (which
+                // would tell the server the user declined).
+                let (tx, rx) = tokio::sync::mpsc::channel(4);
+                delegation.questions = Some(tx);
+                let rx = Some(rx);
                 // The call may outlive this request (a parked round): its own token.
                 let token = CancelToken::new();
                 let (gw, who, target, ended) =
@@ -1932,9 +1931,8 @@ impl Gateway {
         };
         // A legacy server's own elicitation during the call is asked on the session.
         let (questions, mut asked) = tokio::sync::mpsc::channel::<crate::call::ServerQuestion>(4);
-        if peer.is_some() && client.capabilities.get("elicitation").is_some() {
-            delegation.questions = Some(questions);
-        }
+        // Taken whatever the client declared (see the modern path).
+        delegation.questions = Some(questions);
         // One server span, and one sampling decision, for the request, however many
         // upstream rounds it takes.
         let (span, traced) = downstream_span(self.sampling(), kind, &name, params);
