@@ -573,6 +573,46 @@ async fn input_rounds_go_down_sealed_and_state_tampered_expired_or_from_another_
 // A parked round's state from a gateway version before states named their parked
 // round apart (`upstream = "parked:ID"` alone) is refused: sent on to the legacy
 // server, which ignores it, it would have run the call again.
+// A round's state belongs to the server that issued it: a reload that puts another
+// server under the same id (here its command changes) ends the round, rather than
+// hand the first server's state, and the answers gathered, to the second.
+#[tokio::test]
+async fn a_rounds_state_is_refused_once_a_reload_puts_another_server_under_its_id() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let first = start_confirm(&gw, "tok-a", "Ship it?").await;
+    let state = first["requestState"].clone();
+    assert!(state.is_string(), "{first}");
+    // Answered before any reload: taken (the same server).
+    let (_, done) = finish_confirm(&gw, "tok-a", "Ship it?", &state).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    let second = start_confirm(&gw, "tok-a", "Ship it?").await;
+    let state = second["requestState"].clone();
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let changed = original.replacen(
+        &format!("\"alpha{}\"]", setup.tag),
+        &format!("\"alpha{}\", \"--ttl-ms\", \"1000\"]", setup.tag),
+        1,
+    );
+    assert_ne!(changed, original);
+    gw.reload_with(&setup, &changed);
+    let mut refused = Value::Null;
+    for _ in 0..200 {
+        let (_, r) = finish_confirm(&gw, "tok-a", "Ship it?", &state).await;
+        // (An unknown tool while the new server starts: asked again.)
+        if r["error"]["message"] == "invalid requestState" || r["result"].is_object() {
+            refused = r;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        refused["error"]["message"], "invalid requestState",
+        "{refused}"
+    );
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_parked_rounds_state_of_the_old_form_is_refused_not_run_again() {
     use mcp_harness::gateway::seal::{RoundState, Sealer, params_digest};
@@ -597,6 +637,7 @@ async fn a_parked_rounds_state_of_the_old_form_is_refused_not_run_again() {
         expires_ms: now + 60_000,
         rounds: 1,
         version: 0,
+        target: None,
     };
     let mut retry = params.clone();
     retry["inputResponses"] =

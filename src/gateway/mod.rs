@@ -1678,7 +1678,17 @@ impl Gateway {
                         invalid("invalid requestState")
                     })?;
                 // The round continues on the server that issued it, whatever the name
-                // routes to now.
+                // routes to now; not on another a reload put under its id (the state,
+                // perhaps with earlier answers in it, is the first one's).
+                if state.target.is_some()
+                    && state.target != self.inner.harness.server_identity(&state.server)
+                {
+                    tracing::info!(agent = %principal.agent, server = %state.server, "requestState refused: its server is not the one that issued it");
+                    if let Some(id) = &state.parked {
+                        self.inner.parked.discard(id);
+                    }
+                    return Err(invalid("invalid requestState"));
+                }
                 name = on_server(kind, &name, &state.server);
                 // A parked call goes on from where it waits, past the route's check of
                 // the grants: checked here (a reload may have taken the grant away).
@@ -1867,6 +1877,7 @@ impl Gateway {
             // the state rather than start the call again); this version reads `parked`
             // and never takes a server's state for its own.
             let round = Round {
+                target: self.inner.harness.server_identity(&server),
                 server,
                 upstream: Some(format!("parked:{id}")),
                 parked: Some(id.clone()),
@@ -1899,6 +1910,7 @@ impl Gateway {
             upstream,
             parked: None,
             rounds: answer.rounds,
+            target: self.inner.harness.server_identity(&answer.server),
         };
         let sealed = seal_round(&now, principal, (method, digest()), round)?;
         if let Some(map) = result.as_object_mut() {
@@ -2047,6 +2059,8 @@ struct Round {
     upstream: Option<String>,
     parked: Option<String>,
     rounds: usize,
+    /// What the server is ([`HarnessHandle::server_identity`]).
+    target: Option<String>,
 }
 
 /// A round's state sealed for the downstream client: bound to the principal, the
@@ -2064,6 +2078,7 @@ fn seal_round(
         upstream,
         parked,
         rounds,
+        target,
     } = round;
     let state = RoundState {
         server,
@@ -2077,6 +2092,7 @@ fn seal_round(
         expires_ms: issued.saturating_add(ttl),
         rounds,
         version: seal::STATE_VERSION,
+        target,
     };
     let sealed = now.sealer.seal(&state).map_err(|e| {
         tracing::error!(error = %e, "could not seal requestState");

@@ -82,6 +82,11 @@ pub struct RoundState {
     pub expires_ms: u64,
     /// Rounds the logical call has had.
     pub rounds: usize,
+    /// What the server was when it issued the round ([`crate::HarnessHandle`]'s digest
+    /// of its transport): a reload that points its id at another server ends the
+    /// round, whose state belongs to the first. Absent from states of before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// The form of the state: [`STATE_VERSION`] now; 0 (absent) from a gateway
     /// version before it, when a parked round was named by `upstream` alone.
     #[serde(default, rename = "v")]
@@ -305,6 +310,7 @@ mod tests {
             expires_ms: now + sealer.ttl().as_millis() as u64,
             rounds: 1,
             version: STATE_VERSION,
+            target: None,
         }
     }
 

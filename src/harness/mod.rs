@@ -732,6 +732,16 @@ impl HarnessHandle {
             .collect()
     }
 
+    /// What server `id` is now (a digest of its transport: its command or URL, and
+    /// what reaches it), for state bound to the server that issued it: a reload that
+    /// points the id elsewhere changes it.
+    pub(crate) fn server_identity(&self, id: &str) -> Option<String> {
+        let server = self.inner.directory.get(id)?;
+        let mut digest = crate::util::hash::sha256_hex(server.fingerprint().as_bytes());
+        digest.truncate(32);
+        Some(digest)
+    }
+
     /// One server's status.
     pub fn server_status(&self, id: &str) -> Option<ServerStatus> {
         self.inner.directory.get(id).map(|s| s.status())
