@@ -3002,6 +3002,60 @@ async fn anonymous_callers_act_as_the_named_agent_but_a_bad_authorization_header
     gw.stop().await;
 }
 
+// A list's cursor names the list it was cut from: once the list changes (a server
+// joins), or on another method's list, it is refused and the client lists from the
+// start, rather than be handed pages of two lists stitched (items skipped or repeated).
+#[tokio::test]
+async fn a_list_cursor_is_refused_once_the_list_changed_or_on_another_list() {
+    let setup = Setup::new("page_size = 3", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, first) = gw.modern("tok-a", "tools/list", json!({})).await;
+    let cursor = first["result"]["nextCursor"]
+        .as_str()
+        .expect("more than a page")
+        .to_string();
+    let (_, next) = gw
+        .modern("tok-a", "tools/list", json!({"cursor": cursor}))
+        .await;
+    assert!(next["result"]["tools"].is_array(), "{next}");
+    let (_, other) = gw
+        .modern("tok-a", "prompts/list", json!({"cursor": cursor}))
+        .await;
+    assert_eq!(other["error"]["code"], -32602, "{other}");
+    let gamma = format!(
+        "[[servers]]\nid = \"gamma\"\ntransport = {{ type = \"stdio\", command = \"{}\", args = [\"demo-server\", \"gamma{}\"] }}\n",
+        harness_exe(),
+        setup.tag
+    );
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    gw.reload_with(&setup, &(original + &gamma));
+    let mut joined = false;
+    for _ in 0..200 {
+        let mut all = Vec::new();
+        let mut at: Option<String> = None;
+        loop {
+            let params = at.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+            let (_, page) = gw.modern("tok-a", "tools/list", params).await;
+            all.extend(names(&page));
+            match page["result"]["nextCursor"].as_str() {
+                Some(c) => at = Some(c.to_string()),
+                None => break,
+            }
+        }
+        if all.iter().any(|n| n.starts_with("gamma__")) {
+            joined = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(joined, "gamma joined the list");
+    let (_, stale) = gw
+        .modern("tok-a", "tools/list", json!({"cursor": cursor}))
+        .await;
+    assert_eq!(stale["error"]["code"], -32602, "{stale}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() {
     let setup = Setup::new("page_size = 3", &[("k1", &key("k1"))]);

@@ -1468,9 +1468,11 @@ impl Gateway {
         params: &Value,
     ) -> Result<Value, RpcError> {
         let now = self.now();
-        let offset = match params.get("cursor") {
-            None | Some(Value::Null) => 0,
-            Some(Value::String(c)) => parse_cursor(c).ok_or_else(|| invalid("invalid cursor"))?,
+        let cursor = match params.get("cursor") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => {
+                Some(parse_cursor(c).ok_or_else(|| invalid("invalid cursor"))?)
+            }
             Some(_) => return Err(invalid("invalid cursor")),
         };
         let listing = self.listing(principal, kind).await?;
@@ -1487,9 +1489,15 @@ impl Gateway {
                 order.get(s).copied().unwrap_or(usize::MAX)
             })
         };
-        if offset > items.len() {
-            return Err(invalid("invalid cursor"));
-        }
+        // A page follows only from the list as it was: one that changed since (a
+        // server added, a tool gone) would skip or repeat items if cut by offset, so
+        // its cursor is refused and the client lists from the start.
+        let version = listing_version(kind, &items);
+        let offset = match cursor {
+            None => 0,
+            Some((offset, of)) if of == version && offset <= items.len() => offset,
+            Some(_) => return Err(invalid("invalid cursor")),
+        };
         let page_size = now.config.page_size;
         let end = (offset + page_size).min(items.len());
         let key = kind.item_key();
@@ -1518,7 +1526,7 @@ impl Gateway {
             "cacheScope": if public { "public" } else { "private" },
         });
         if end < items.len() {
-            result["nextCursor"] = json!(make_cursor(end));
+            result["nextCursor"] = json!(make_cursor(end, &version));
         }
         Ok(result)
     }
@@ -2319,17 +2327,32 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
     }
 }
 
-fn make_cursor(offset: usize) -> String {
-    URL_SAFE_NO_PAD.encode(format!("g1:{offset}"))
+/// A version of a listing as served (the method and the names in order): a cursor
+/// names the one it was cut from.
+fn listing_version(kind: CallKind, items: &[(String, &ToolInfo)]) -> String {
+    let mut text = String::from(kind.method());
+    for (name, _) in items {
+        text.push('\n');
+        text.push_str(name);
+    }
+    let mut digest = crate::util::hash::sha256_hex(text.as_bytes());
+    digest.truncate(16);
+    digest
 }
 
-fn parse_cursor(cursor: &str) -> Option<usize> {
-    if cursor.len() > 64 {
+fn make_cursor(offset: usize, version: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("g2:{offset}:{version}"))
+}
+
+/// The offset and the listing version a cursor names.
+fn parse_cursor(cursor: &str) -> Option<(usize, String)> {
+    if cursor.len() > 96 {
         return None;
     }
     let raw = URL_SAFE_NO_PAD.decode(cursor).ok()?;
     let text = std::str::from_utf8(&raw).ok()?;
-    text.strip_prefix("g1:")?.parse().ok()
+    let (offset, version) = text.strip_prefix("g2:")?.split_once(':')?;
+    Some((offset.parse().ok()?, version.to_string()))
 }
 
 /// An upstream error code as a client of `version` knows it: a 2026-07-28 client gets
@@ -2769,9 +2792,14 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
-        assert_eq!(parse_cursor(&make_cursor(500)), Some(500));
+        assert_eq!(
+            parse_cursor(&make_cursor(500, "0123456789abcdef")),
+            Some((500, "0123456789abcdef".to_string()))
+        );
         assert_eq!(parse_cursor("nope"), None);
         assert_eq!(parse_cursor(&"A".repeat(100)), None);
-        assert_eq!(parse_cursor(&URL_SAFE_NO_PAD.encode("g1:-1")), None);
+        assert_eq!(parse_cursor(&URL_SAFE_NO_PAD.encode("g2:-1:ab")), None);
+        // The bare offsets of before name no listing.
+        assert_eq!(parse_cursor(&URL_SAFE_NO_PAD.encode("g1:5")), None);
     }
 }
