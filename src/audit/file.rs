@@ -12,7 +12,8 @@
 //! config): each holds an advisory lock (`flock`) from reading the length through the
 //! append and any cut, so that no cut takes another's records. A file at the path that
 //! is not this user's, that others may write, or a link that another user made, is
-//! refused: the trail is not written where someone else can read or edit it.
+//! refused: the trail is not written where someone else owns or edits it. One every
+//! user may read (made by another tool, `0644`) is used, with a warning.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -159,7 +160,8 @@ fn refuse_planted_link(path: &Path) -> std::io::Result<()> {
 }
 
 /// A file or FIFO at the path must be this user's, and a file must not be writable by
-/// others: the trail is not kept where someone else reads or edits it. Devices (a
+/// others: the trail is not kept where someone else owns or edits it (one every user
+/// may read is used, with a warning). Devices (a
 /// terminal, `/dev/null`) and pipes this process was given are taken as they are.
 fn refuse_others_file(file: &std::fs::File, path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -201,6 +203,9 @@ fn refuse_others_file(file: &std::fs::File, path: &Path) -> std::io::Result<()> 
         return Err(refused(
             "the audit file may be written by others (group or world writable)",
         ));
+    }
+    if kind.is_file() && m.mode() & 0o004 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", m.mode() & 0o777), "the audit file may be read by every user: its records name agents, tools and arguments (as redaction keeps them)");
     }
     Ok(())
 }
