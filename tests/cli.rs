@@ -1995,6 +1995,59 @@ fn logout_needs_no_sampling_key_and_a_started_harness_does() {
     );
 }
 
+// Signing out of a server the config no longer names (or with no config at all, only
+// `--tokens`) forgets its kept tokens: no server has to be configured to sign out.
+#[test]
+fn logout_of_a_server_no_config_names_forgets_its_tokens() {
+    let tokens = scratch_dir().join("logout-gone-tokens");
+    let _ = std::fs::remove_dir_all(&tokens);
+    let run_logout = |extra: &[&str]| {
+        let mut args = vec!["logout", "web", "--tokens"];
+        let dir = tokens.to_string_lossy().to_string();
+        args.push(&dir);
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    // No tokens and no server of that name: a mistake, as before.
+    let out = run_logout(&[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no server named"), "{}", stderr(&out));
+    // A token kept for it (as a FileTokenStore writes it), the config naming no server.
+    use mcp_harness::transport::auth::{
+        ClientAuth, ClientIdentity, FileTokenStore, Token, TokenKey, TokenStore,
+    };
+    let store = FileTokenStore::new(tokens.clone());
+    let token = Token {
+        access_token: "at".into(),
+        refresh_token: Some("rt".into()),
+        expires_at_ms: None,
+        scopes: Vec::new(),
+        issuer: "https://idp.example".into(),
+        token_endpoint: "https://idp.example/t".into(),
+        client: ClientIdentity {
+            client_id: "c".into(),
+            client_secret: None,
+            auth: ClientAuth::None,
+        },
+        resource: None,
+    };
+    let key = TokenKey {
+        server: "web".into(),
+        resource: "https://web.example/mcp".into(),
+        identity: None,
+    };
+    store.put(&key, &token).expect("kept");
+    let empty = config_file("logout-gone", "harness.toml", "agent = \"a\"\n");
+    let out = run_logout(&["--config", &empty.to_string_lossy()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 token(s) forgotten"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&tokens);
+}
+
 /// `serve --stdio` with `shutdown_grace` of `grace`, its one server recording to a file
 /// of `tag`'s, once a call to its `hang` tool (which never answers) has reached it: the
 /// process, its input (open), and the record.

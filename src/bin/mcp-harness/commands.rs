@@ -140,9 +140,23 @@ pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {
     load_with(args, None)
 }
 
+/// [`load`] for what starts no server (`logout`): a config that names none is taken.
+pub fn load_serverless(args: &ServerArgs) -> Result<Setup, UsageError> {
+    load_checked(args, None, false)
+}
+
 /// [`load`], with the config file's `text` when it was read already (a reload's, read
 /// without waiting: reading it again could meet a FIFO put in its place since).
 pub fn load_with(args: &ServerArgs, text: Option<&str>) -> Result<Setup, UsageError> {
+    load_checked(args, text, true)
+}
+
+/// [`load_with`]; with `need_servers`, a config that names no server is an error.
+fn load_checked(
+    args: &ServerArgs,
+    text: Option<&str>,
+    need_servers: bool,
+) -> Result<Setup, UsageError> {
     let usage = |e: mcp_harness::ConfigError| UsageError(e.into());
     let mut loaded = match (&args.config, text) {
         (Some(path), Some(text)) => file::parse(text, path).map_err(usage)?,
@@ -205,7 +219,7 @@ pub fn load_with(args: &ServerArgs, text: Option<&str>) -> Result<Setup, UsageEr
         }
     }
     file::grant_all(&mut loaded.config, &agent, &ad_hoc);
-    if loaded.config.servers.is_empty() {
+    if need_servers && loaded.config.servers.is_empty() {
         return Err(UsageError(anyhow::anyhow!(
             "no servers: pass --config FILE, --stdio 'COMMAND ARGS', or --http URL"
         )));

@@ -350,7 +350,17 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         } => (servers, Action::Status { json, watch }),
         Command::Login { servers, server } => (servers, Action::Login { server }),
         Command::Logout { servers, server } => {
-            let setup = commands::load(&servers)?;
+            // Signing out starts no server: a config that names none, or no longer this
+            // one, still leads to its tokens; one that does not load here (a variable
+            // unset in this shell) does not stand in the way of `--tokens DIR`.
+            let setup = match commands::load_serverless(&servers) {
+                Ok(setup) => setup,
+                Err(_) if servers.tokens.is_some() => commands::Setup {
+                    loaded: Default::default(),
+                    agent: String::new(),
+                },
+                Err(e) => return Err(e.into()),
+            };
             let store = sign_in::file_store(&setup, servers.tokens.as_ref())?;
             let known = setup.loaded.config.servers.iter().any(|s| s.id == server);
             return sign_in::logout(store.as_ref(), &server, known);
