@@ -444,7 +444,13 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         r = work => r,
         code = stop.recv() => Ok(stopped_with(code)),
     };
-    telemetry::flush_metrics().await;
+    // A signal while the metrics go out (a collector slow to answer, for up to its
+    // export timeout) stops the flush and counts as the first: the servers still stop
+    // gracefully, and the audit is still checked.
+    let outcome = tokio::select! {
+        () = telemetry::flush_metrics() => outcome,
+        code = stop.recv() => Ok(stopped_with(code)),
+    };
     match shut_down(&harness, &mut stop).await {
         Ok(health) => outcome.map(|code| commands::audited(code, &health)),
         Err(again) => Ok(again),
