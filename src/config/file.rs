@@ -277,6 +277,49 @@ const HARNESS_KEYS: [&str; 11] = [
     "trace_sample_ratio",
 ];
 
+/// Keys other clients keep beside `mcpServers` that are one edit from a harness key.
+const OTHER_CLIENTS_KEYS: [&str; 4] = ["agent", "cache", "limits", "telemetry"];
+
+/// Whether `key` is `harness_key` misspelled: the same but for case, `-` for `_`, or
+/// one letter added, left out or changed (and not another client's key).
+fn near_miss(key: &str, harness_key: &str) -> bool {
+    if key == harness_key || OTHER_CLIENTS_KEYS.contains(&key) || key.len() > 64 {
+        return false;
+    }
+    let fold = |s: &str| -> Vec<char> {
+        s.chars()
+            .map(|c| {
+                if c == '-' {
+                    '_'
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect()
+    };
+    let (a, b) = (fold(key), fold(harness_key));
+    if a == b {
+        return true;
+    }
+    let (short, long) = if a.len() <= b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    match long.len() - short.len() {
+        0 => a.iter().zip(&b).filter(|(x, y)| x != y).count() == 1,
+        1 => {
+            let cut = short
+                .iter()
+                .zip(long.iter())
+                .take_while(|(x, y)| x == y)
+                .count();
+            short[cut..] == long[cut + 1..]
+        }
+        _ => false,
+    }
+}
+
 /// [`load`] on text already read (`path` names it in errors and picks the format).
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let is_toml = path.extension().is_some_and(|e| e == "toml");
@@ -306,6 +349,23 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             return Err(ConfigError::new(
                 key,
                 "a file with mcpServers (or a servers table) is imported as another client's, and holds no harness settings: write the servers as [[servers]] in a harness config, or move the settings out",
+            )
+            .in_file(path));
+        }
+        // A harness setting misspelled (`permission`, `Permissions`) would be ignored,
+        // and the import then grants every server to the caller: refused too.
+        let misspelled = value.as_object().and_then(|o| {
+            o.keys().find_map(|k| {
+                HARNESS_KEYS
+                    .into_iter()
+                    .find(|h| near_miss(k, h))
+                    .map(|h| (k.clone(), h))
+            })
+        });
+        if let Some((key, meant)) = misspelled {
+            return Err(ConfigError::new(
+                crate::util::text::one_line(&key, 64),
+                format!("looks like the harness setting {meant:?} misspelled; a file with mcpServers is imported as another client's and would ignore it (granting every server): spell it {meant:?} in a harness config, or remove it"),
             )
             .in_file(path));
         }
@@ -734,11 +794,45 @@ mod tests {
                 "{e}"
             );
         }
+        // A harness setting misspelled would be ignored, and every server granted.
+        for (key, text) in [
+            (
+                "permission",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "permission": {}}"#,
+            ),
+            (
+                "Permissions",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "Permissions": {}}"#,
+            ),
+            (
+                "audt",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "audt": {}}"#,
+            ),
+            (
+                "call-timeout",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "call-timeout": "1s"}"#,
+            ),
+            (
+                "permissons",
+                "[mcpServers.s]\ncommand = \"cat\"\n[permissons.a]\ns = [\"x\"]\n",
+            ),
+        ] {
+            let name = if text.starts_with('{') {
+                "m.json"
+            } else {
+                "m.toml"
+            };
+            let e = parse(text, Path::new(name)).expect_err(key);
+            assert_eq!(e.field, key, "{e}");
+            assert!(e.reason.contains("misspelled"), "{e}");
+        }
         // Another client's own settings beside its servers are no harness's: imported.
         for text in [
             r#"{"mcpServers": {"s": {"command": "cat"}}, "globalShortcut": "x", "inputs": []}"#,
             // Gemini CLI keeps its telemetry settings beside its servers.
             r#"{"mcpServers": {"s": {"command": "cat"}}, "telemetry": {"enabled": true}}"#,
+            // One edit from `agents`, but another client's own.
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "agent": "x"}"#,
         ] {
             let loaded = parse(text, Path::new("m.json")).expect("another client's file");
             assert!(loaded.imported);
