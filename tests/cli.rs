@@ -754,13 +754,22 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
             "serve" => args.extend(["--listen", "127.0.0.1:0", "--dev-keys"]),
             _ => {}
         }
-        let child = Command::new(harness_exe())
-            .args(&args)
+        let mut cmd = Command::new(harness_exe());
+        cmd.args(&args)
             .env("RUST_LOG", "error")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn");
+            .stderr(std::process::Stdio::piped());
+        // As on a terminal: SIGHUP at its default even when the tests run under
+        // `nohup` (the command leaves an ignored one alone).
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn");
         let start = std::time::Instant::now();
         let pid = loop {
             if let Some(pid) = std::fs::read_to_string(&mark)

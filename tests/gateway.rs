@@ -570,9 +570,6 @@ async fn input_rounds_go_down_sealed_and_state_tampered_expired_or_from_another_
     gw.stop().await;
 }
 
-// A parked round's state from a gateway version before states named their parked
-// round apart (`upstream = "parked:ID"` alone) is refused: sent on to the legacy
-// server, which ignores it, it would have run the call again.
 // A round's state belongs to the server that issued it: a reload that puts another
 // server under the same id (here its command changes) ends the round, rather than
 // hand the first server's state, and the answers gathered, to the second.
@@ -613,6 +610,9 @@ async fn a_rounds_state_is_refused_once_a_reload_puts_another_server_under_its_i
     gw.stop().await;
 }
 
+// A parked round's state from a gateway version before states named their parked
+// round apart (`upstream = "parked:ID"` alone) is refused: sent on to the legacy
+// server, which ignores it, it would have run the call again.
 #[tokio::test]
 async fn a_parked_rounds_state_of_the_old_form_is_refused_not_run_again() {
     use mcp_harness::gateway::seal::{RoundState, Sealer, params_digest};
@@ -1247,9 +1247,6 @@ async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
     let _ = std::fs::remove_file(&log);
 }
 
-// A missing client capability is a 400, whatever progressToken the request carries: one
-// the gateway does not take (null, a fraction, an object) made the answer an event
-// stream, and the error went out as 200.
 // A legacy server's elicitation during the call of a client that declared none is
 // answered that the client does not support it, not with a decline the user never
 // made (the input handlers' answer outside calls).
@@ -1273,6 +1270,9 @@ async fn a_legacy_servers_question_to_a_client_without_elicitation_is_refused_no
     gw.stop().await;
 }
 
+// A missing client capability is a 400, whatever progressToken the request carries: one
+// the gateway does not take (null, a fraction, an object) made the answer an event
+// stream, and the error went out as 200.
 #[tokio::test]
 async fn a_progress_token_the_gateway_does_not_take_leaves_the_status_of_an_error_as_it_is() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

@@ -35,14 +35,11 @@ impl Actor for AuditActor {
         sink: AuditSink,
     ) -> Result<AuditSink, ActorProcessingErr> {
         // The file opened now: one that cannot be fails the trail before the first
-        // call (`fail_closed` refuses it), not after the first batch.
+        // call (`fail_closed` refuses it), not after the first batch. Not waited for:
+        // an open stuck in a mount must not hold the harness's start (it counts as a
+        // stalled write), nor a rebuild of this actor.
         let shared = sink.shared.clone();
-        if tokio::task::spawn_blocking(move || shared.probe())
-            .await
-            .is_err()
-        {
-            tracing::error!("the audit writer task failed");
-        }
+        drop(tokio::task::spawn_blocking(move || shared.probe()));
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
         myself.send_after(sink.config().flush_every, || AuditMsg::Timer);

@@ -59,9 +59,18 @@ impl Output for FileOutput {
         }
     }
     fn byte_at(&mut self, offset: u64) -> Option<u8> {
+        use std::os::fd::AsRawFd;
         use std::os::unix::fs::FileExt;
+        // The file is open for appending only (opening a pipe to read too would never
+        // fail for want of a reader): a regular file is read through a descriptor of
+        // its own, on the same file whatever its path names now.
+        if !self.file.metadata().is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        let reader =
+            std::fs::File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).ok()?;
         let mut byte = [0u8];
-        match self.file.read_at(&mut byte, offset) {
+        match reader.read_at(&mut byte, offset) {
             Ok(1) => Some(byte[0]),
             _ => None,
         }
@@ -232,6 +241,11 @@ impl AuditFile {
         }
     }
 
+    /// Whether the output is open now.
+    pub(super) fn is_open(&self) -> bool {
+        self.output.is_some()
+    }
+
     /// Flushes the open file to the disk (nothing when none is open).
     pub(super) fn sync(&mut self) -> std::io::Result<()> {
         match self.output.as_mut() {
@@ -257,14 +271,18 @@ impl AuditFile {
             let len = output.len()?;
             // Reopened after a failure whose cut did not happen: cut now, unless another
             // process wrote since (its records are not ours to cut).
-            if let (Some(good), Some(torn)) = (self.good, self.torn)
+            if let (Some(good), Some(torn)) = (self.good, self.torn.take())
                 && len == torn
                 && len > good
+                && output.truncate(good).is_err()
             {
-                // Kept for the next open while the cut fails (an append-only file).
-                output.truncate(good)?;
+                // Tried once more, not at every open (an append-only file would stop
+                // the trail for good): the torn record stays, ended with a newline
+                // before the next batch.
+                tracing::warn!(
+                    "could not cut the audit file back at its reopening either; the torn record stays on a line of its own"
+                );
             }
-            self.torn = None;
             self.good.get_or_insert(len);
             output.unlock();
             self.output = Some(output);
@@ -441,21 +459,43 @@ mod tests {
         let flaky = Flaky::default();
         let mut file = AuditFile::new(opener(&flaky));
         file.write(b"{\"a\":1}\n").expect("first batch");
-        // Torn, and the cut fails now and at the next open (an append-only file).
+        // Torn, and the cut fails now and at the next open (an append-only file): the
+        // trail goes on, the torn record on a line of its own.
         *flaky.fail_after.lock() = Some(3);
         *flaky.fail_truncate.lock() = true;
         assert!(file.write(b"{\"b\":2}\n").is_err());
         *flaky.fail_truncate.lock() = true;
-        assert!(file.write(b"{\"b\":2}\n").is_err(), "the cut failed again");
-        // Kept: cut at the open after that.
-        file.write(b"{\"b\":2}\n").expect("cut, then written");
-        assert_eq!(&*flaky.data.lock(), b"{\"a\":1}\n{\"b\":2}\n");
-        // A torn record no one can cut stays a line of its own.
+        file.write(b"{\"b\":2}\n")
+            .expect("written past the torn record");
+        assert_eq!(&*flaky.data.lock(), b"{\"a\":1}\n{\"b\n{\"b\":2}\n");
+        // Another process's torn record is ended the same way.
         flaky.data.lock().extend_from_slice(b"{\"t");
         file.write(b"{\"c\":3}\n").expect("written");
         assert_eq!(
             &*flaky.data.lock(),
-            b"{\"a\":1}\n{\"b\":2}\n{\"t\n{\"c\":3}\n"
+            b"{\"a\":1}\n{\"b\n{\"b\":2}\n{\"t\n{\"c\":3}\n"
+        );
+    }
+
+    #[test]
+    fn a_torn_record_in_a_real_file_is_ended_before_the_next_batch() {
+        let dir = crate::util::scratch::Scratch::new("torn-real");
+        let path = dir.join("audit.jsonl");
+        let mut file = AuditFile::new(file_opener(path.clone()));
+        file.write(b"{\"a\":1}\n").expect("first batch");
+        // Another process's record, torn and left uncut.
+        {
+            use std::io::Write;
+            let mut other = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .expect("open");
+            other.write_all(b"{\"t").expect("torn");
+        }
+        file.write(b"{\"b\":2}\n").expect("second batch");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            b"{\"a\":1}\n{\"t\n{\"b\":2}\n"
         );
     }
 

@@ -142,8 +142,10 @@ impl Shared {
         }
         if retry.records == 0 {
             // Nothing to write: a trail failing for a file that could not be opened
-            // (calls refused, so no records come) tries to open it again.
-            if !self.writable.load(Ordering::SeqCst) {
+            // (calls refused, so no records come) tries to open it again. (One failing
+            // for a failed sync or write stays so until a write succeeds.)
+            if !self.writable.load(Ordering::SeqCst) && file.as_ref().is_some_and(|f| !f.is_open())
+            {
                 self.open_now(&mut file);
             }
             return;
@@ -188,7 +190,11 @@ impl Shared {
     /// calls from the first when it cannot be opened, not from the first batch), and
     /// while the trail fails with nothing to write. Blocking I/O.
     pub(super) fn probe(&self) {
-        let mut file = self.file.lock();
+        // A write under way (a rebuilt actor's probe) has the file open already, or is
+        // stuck in it: not waited for.
+        let Some(mut file) = self.file.try_lock() else {
+            return;
+        };
         self.open_now(&mut file);
     }
 
@@ -196,7 +202,12 @@ impl Shared {
         let Some(file) = file.as_mut() else {
             return;
         };
-        match file.ensure_open() {
+        // Timed as a write: an open stuck in a mount counts as a stalled write.
+        self.writing_since
+            .store(self.since_epoch().max(1), Ordering::SeqCst);
+        let opened = file.ensure_open();
+        self.writing_since.store(0, Ordering::SeqCst);
+        match opened {
             Ok(()) => {
                 if !self.writable.swap(true, Ordering::SeqCst) {
                     tracing::info!("audit trail writable again");

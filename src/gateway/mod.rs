@@ -975,6 +975,12 @@ impl Gateway {
         self.inner.parked.clear();
     }
 
+    /// Drops `principal`'s parked rounds (a stdio session's, as it ends: nobody else
+    /// can resume them; other sessions of the same gateway keep theirs).
+    pub(crate) fn drop_parked_of(&self, principal: &Principal) {
+        self.inner.parked.sweep(|p, _, _| p != principal);
+    }
+
     /// The harness behind it.
     pub fn harness(&self) -> &HarnessHandle {
         &self.inner.harness
@@ -2067,7 +2073,7 @@ struct Round {
     upstream: Option<String>,
     parked: Option<String>,
     rounds: usize,
-    /// What the server is ([`HarnessHandle::server_identity`]).
+    /// What the server is (`HarnessHandle::server_identity`).
     target: Option<String>,
 }
 

@@ -545,8 +545,9 @@ pub async fn serve(
     pipe.pending.clear();
     closing.cancel();
     // Its parked rounds were this session's alone, and nobody can resume them now:
-    // their calls end here rather than hold the harness's shutdown for its grace.
-    gateway.drop_parked();
+    // their calls end here rather than hold the harness's shutdown for its grace (and
+    // again below, for a call that parked while the others finished).
+    gateway.drop_parked_of(&principal);
     let drain = async { while tasks.join_next().await.is_some() {} };
     let mut drain = std::pin::pin!(drain);
     if !stopping {
@@ -558,7 +559,13 @@ pub async fn serve(
         }
     }
     if stopping {
-        tokio::join!(drain, gateway.harness().shutdown());
+        let drained = async {
+            drain.await;
+            gateway.drop_parked_of(&principal);
+        };
+        tokio::join!(drained, gateway.harness().shutdown());
+    } else {
+        gateway.drop_parked_of(&principal);
     }
     notifier.abort();
     drop(pipe);

@@ -27,14 +27,14 @@ pub struct Policy {
 /// Refuses grants that would silently match nothing: a tool name with `*` in it (only
 /// `*` alone takes in many: `read_*` is not a pattern), an empty tool name, and a
 /// selector that is no server id (`files*`, `files `, `tags:web`, `TAG:web`), no
-/// `tag:NAME` (`tag:`, `tag: web`, `tag:*`) and not `*`.
+/// `tag:NAME` (`tag:`) and not `*`.
 pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
     use crate::util::invalid::Invalid;
     for (agent, selectors) in grants {
         for (selector, tools) in selectors {
             let field = || format!("permissions.{agent}.{selector}");
-            let tag_ok =
-                |t: &str| !t.is_empty() && !t.contains('*') && !t.contains(char::is_whitespace);
+            // A tag may hold anything (tags are not checked); only an empty one names none.
+            let tag_ok = |t: &str| !t.is_empty();
             let valid = selector == "*"
                 || selector
                     .strip_prefix("tag:")
@@ -337,8 +337,6 @@ mod tests {
             ("files ", "read"),
             ("tags:web", "read"),
             ("TAG:web", "read"),
-            ("tag: web", "read"),
-            ("tag:*", "read"),
             ("a__b", "read"),
         ] {
             let e = validate(&grant(selector, tool)).expect_err(tool);

@@ -440,16 +440,22 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             Action::Login { server } => sign_in::login(&harness, server).await,
         }
     };
-    let outcome = tokio::select! {
-        r = work => r,
-        code = stop.recv() => Ok(stopped_with(code)),
+    let (outcome, signalled) = tokio::select! {
+        r = work => (r, false),
+        code = stop.recv() => (Ok(stopped_with(code)), true),
     };
     // A signal while the metrics go out (a collector slow to answer, for up to its
-    // export timeout) stops the flush and counts as the first: the servers still stop
-    // gracefully, and the audit is still checked.
+    // export timeout) stops the flush: the first counts as the first (the servers still
+    // stop gracefully, the audit is still checked), a second ends the program at once.
     let outcome = tokio::select! {
         () = telemetry::flush_metrics() => outcome,
-        code = stop.recv() => Ok(stopped_with(code)),
+        code = stop.recv() => {
+            if signalled {
+                errln!("mcp-harness: stopping at once");
+                return Ok(code);
+            }
+            Ok(stopped_with(code))
+        }
     };
     match shut_down(&harness, &mut stop).await {
         Ok(health) => outcome.map(|code| commands::audited(code, &health)),

@@ -123,7 +123,16 @@ impl AuthorizationSession for LoopbackSession {
             loop {
                 tokio::select! {
                     accepted = self.listener.accept() => {
-                        let (stream, _) = accepted.map_err(|e| e.to_string())?;
+                        // A failed accept (out of descriptors, a connection reset before
+                        // it was taken) ends that connection, not the person's sign-in.
+                        let stream = match accepted {
+                            Ok((stream, _)) => stream,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "accepting on the sign-in listener failed");
+                                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                                continue;
+                            }
+                        };
                         // Those done count no more (the select may not have joined
                         // them yet).
                         while let Some(read) = reading.try_join_next() {

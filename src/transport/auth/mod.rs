@@ -432,6 +432,10 @@ fn newer_than(stored: &Token, stale: Option<&str>, held: Option<&Token>) -> bool
 /// sign-in) per auth context this often, not per request.
 const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 
+/// A token renewed after a refusal and refused again within this is not refreshed once
+/// more but signed in anew (see [`SignIn::on_refused`]).
+const RESIGN_WINDOW: Duration = Duration::from_secs(600);
+
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
     server: String,
@@ -1243,11 +1247,13 @@ impl SignIn {
             }
             return Ok(Renewal::Refused);
         }
-        // Refused again past that minute: refreshing where the token came from gave one
-        // the server will not take (it moved to another authorization server, or takes
-        // no token of that grant): not refreshed yet again, but signed in anew, from a
-        // fresh discovery. (Before, it was refreshed once a minute for ever.)
-        let refresh = again.is_none();
+        // Refused again past that minute, but soon (within RESIGN_WINDOW of its
+        // renewal): refreshing where the token came from gave one the server will not
+        // take (it moved to another authorization server, or takes no token of that
+        // grant): not refreshed yet again, but signed in anew, from a fresh discovery.
+        // (Before, it was refreshed once a minute for ever.) A token that served for
+        // longer and is refused later (the server restarted) is refreshed as any.
+        let refresh = again.is_none_or(|ago| ago >= RESIGN_WINDOW);
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
@@ -2512,9 +2518,11 @@ mod tests {
         assert!(matches!(again, Ok(Renewal::Refused)), "{again:?}");
         // Past the minute: not refreshed there once more (for ever, once a minute), but
         // signed in anew from a fresh discovery (which fails here: nothing listens).
-        let long_ago = Instant::now()
-            .checked_sub(REFUSED_AGAIN_WINDOW + Duration::from_secs(1))
-            .expect("a minute of uptime");
+        let Some(long_ago) =
+            Instant::now().checked_sub(REFUSED_AGAIN_WINDOW + Duration::from_secs(1))
+        else {
+            return;
+        };
         sign_in
             .renewed_on_refusal
             .lock()
@@ -2524,6 +2532,23 @@ mod tests {
             .await
             .expect_err("nobody can sign in here");
         assert_ne!(e.step, AuthStep::Refresh, "{e}");
+        // Refused long after it was renewed (it served meanwhile; the server restarted):
+        // refreshed as any token is.
+        sign_in.keep(None, renewed.clone());
+        // (A machine up for less than that cannot say when that was.)
+        let Some(much_later) = Instant::now().checked_sub(RESIGN_WINDOW + Duration::from_secs(1))
+        else {
+            return;
+        };
+        sign_in
+            .renewed_on_refusal
+            .lock()
+            .insert(None, (renewed.access_token.clone(), much_later));
+        let e = sign_in
+            .on_refused(None, &Challenge::default(), Some("a"), false, false)
+            .await
+            .expect_err("nothing listens");
+        assert_eq!(e.step, AuthStep::Refresh, "{e}");
     }
 
     #[tokio::test]

@@ -225,7 +225,7 @@ impl HttpTransport {
     }
 
     /// Renews `identity`'s token first if it is due, for a request of no call (a stream
-    /// opened again or resumed, an answer, a notification, a session's end): as a call's
+    /// opened again or resumed, an answer, a notification): as a call's
     /// request does, so that one sent after the token expired carries a fresh one, not
     /// none (which the server would refuse, and nothing would sign in again). Within
     /// `limit`; a failure is the request's to meet (its refusal).
@@ -1124,7 +1124,8 @@ impl HttpTransport {
     /// DELETEs a legacy session (405 is allowed: the server does not let clients end
     /// sessions), within `timeout`.
     async fn end_session(&self, sid: String, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, self.renew_ahead(None, timeout)).await;
+        // The token as it is, not renewed: a refresh begun here (often at shutdown)
+        // could be cut off after its server rotated the refresh token.
         let mut headers = self.fixed.clone();
         self.authorize(&mut headers, None);
         let delete = self
