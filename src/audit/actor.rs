@@ -35,11 +35,17 @@ impl Actor for AuditActor {
         sink: AuditSink,
     ) -> Result<AuditSink, ActorProcessingErr> {
         // The file opened now: one that cannot be fails the trail before the first
-        // call (`fail_closed` refuses it), not after the first batch. Not waited for:
-        // an open stuck in a mount must not hold the harness's start (it counts as a
-        // stalled write), nor a rebuild of this actor.
+        // call (`fail_closed` refuses it), not after the first batch. Waited for at most
+        // as long as a write counts as stalled: an open stuck in a mount holds neither
+        // the harness's start nor a rebuild of this actor longer (it counts as a stalled
+        // write, and the probe never waits for a write under way).
         let shared = sink.shared.clone();
-        drop(tokio::task::spawn_blocking(move || shared.probe()));
+        let probe = tokio::task::spawn_blocking(move || shared.probe());
+        match tokio::time::timeout(super::sink::STALLED_WRITE, probe).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => tracing::error!("the audit writer task failed"),
+            Err(_) => tracing::warn!("opening the audit file has not returned; going on"),
+        }
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
         myself.send_after(sink.config().flush_every, || AuditMsg::Timer);

@@ -32,7 +32,7 @@ const KEEP_SERVING_BOUND: usize = 64 * 1024 * 1024;
 
 /// A write that has not returned for this long counts as failing (a pipe no one reads,
 /// a stalled network mount): `fail_closed` refuses calls, `keep_serving` holds its bound.
-const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Auth contexts whose hashes are remembered (a call's context is hashed once, not
 /// once per record; a flood of distinct contexts only empties the memo).
@@ -195,6 +195,11 @@ impl Shared {
         let Some(mut file) = self.file.try_lock() else {
             return;
         };
+        // Open already (a rebuilt actor's probe): a trail failing for a failed write or
+        // sync heals only by a write that succeeds.
+        if file.as_ref().is_some_and(AuditFile::is_open) {
+            return;
+        }
         self.open_now(&mut file);
     }
 
@@ -208,6 +213,8 @@ impl Shared {
         let opened = file.ensure_open();
         self.writing_since.store(0, Ordering::SeqCst);
         match opened {
+            // Records still waiting for a write that failed: that write heals it.
+            Ok(()) if self.retrying.load(Ordering::SeqCst) > 0 => {}
             Ok(()) => {
                 if !self.writable.swap(true, Ordering::SeqCst) {
                     tracing::info!("audit trail writable again");
@@ -764,8 +771,12 @@ mod tests {
                 .is_some_and(|e| e.contains("sync")),
             "{health:?}"
         );
-        // Refused while it fails, in fail_closed mode (the default).
+        // Refused while it fails, in fail_closed mode (the default); neither a rebuilt
+        // actor's probe nor an idle tick (the file is open) heals it: only a write.
         assert!(sink.admit().is_err());
+        sink.shared.probe();
+        sink.shared.write_pending();
+        assert!(!sink.health().writable, "{:?}", sink.health());
         // A later sync counts only what was written since.
         sink.record(&serde_json::json!({"i": 3}));
         sink.shared.write_pending();

@@ -82,8 +82,8 @@ pub struct RoundState {
     pub expires_ms: u64,
     /// Rounds the logical call has had.
     pub rounds: usize,
-    /// What the server was when it issued the round (a digest of its command and
-    /// arguments, or its URL): a reload that points its id at another server ends the
+    /// What the server was when it issued the round (a digest of its command, working
+    /// directory and arguments, or its URL): a reload that points its id at another server ends the
     /// round, whose state belongs to the first. Absent from states of before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,

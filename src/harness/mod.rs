@@ -732,7 +732,8 @@ impl HarnessHandle {
             .collect()
     }
 
-    /// What server `id` is now (a digest of its command and arguments, or its URL),
+    /// What server `id` is now (a digest of its command, working directory and
+    /// arguments, or its URL),
     /// for state bound to the server that issued it: a reload that points the id at
     /// another server changes it; one that changes only how it is reached (headers,
     /// environment, a CA file: a key rotated) does not, nor do two gateway processes
@@ -750,6 +751,13 @@ impl HarnessHandle {
             crate::TransportSpec::Stdio(s) => {
                 part("stdio");
                 part(&s.command);
+                // Where it runs decides what runs (`node dist/index.js`).
+                part(
+                    &s.cwd
+                        .as_ref()
+                        .map(|c| c.to_string_lossy())
+                        .unwrap_or_default(),
+                );
                 for a in &s.args {
                     part(a);
                 }

@@ -432,10 +432,6 @@ fn newer_than(stored: &Token, stale: Option<&str>, held: Option<&Token>) -> bool
 /// sign-in) per auth context this often, not per request.
 const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 
-/// A token renewed after a refusal and refused again within this is not refreshed once
-/// more but signed in anew (see [`SignIn::on_refused`]).
-const RESIGN_WINDOW: Duration = Duration::from_secs(600);
-
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
     server: String,
@@ -454,8 +450,12 @@ pub(crate) struct SignIn {
     /// rather than renewing once more.
     renewed: Mutex<HashMap<Option<String>, String>>,
     /// The access token last renewed because the server refused one, by auth context,
-    /// and when (see [`Renewal::Refused`]).
+    /// and when (see [`Renewal::Refused`]); forgotten once the server takes it
+    /// ([`SignIn::accepted`]).
     renewed_on_refusal: Mutex<HashMap<Option<String>, (String, Instant)>>,
+    /// Whether `renewed_on_refusal` holds any (a request's success looks at it only
+    /// then: no lock per request).
+    noted_on_refusal: std::sync::atomic::AtomicBool,
     /// This sign-in, for a token request to hold while it runs on a task of its own.
     this: std::sync::Weak<SignIn>,
     /// Auth contexts the store had no token for, and when it was read: it is read again
@@ -736,6 +736,7 @@ impl SignIn {
             discovered: tokio::sync::Mutex::new(None),
             renewed: Mutex::default(),
             renewed_on_refusal: Mutex::default(),
+            noted_on_refusal: std::sync::atomic::AtomicBool::new(false),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
             store_write_warned: std::sync::atomic::AtomicBool::new(false),
@@ -1247,13 +1248,13 @@ impl SignIn {
             }
             return Ok(Renewal::Refused);
         }
-        // Refused again past that minute, but soon (within RESIGN_WINDOW of its
-        // renewal): refreshing where the token came from gave one the server will not
-        // take (it moved to another authorization server, or takes no token of that
-        // grant): not refreshed yet again, but signed in anew, from a fresh discovery.
-        // (Before, it was refreshed once a minute for ever.) A token that served for
-        // longer and is refused later (the server restarted) is refreshed as any.
-        let refresh = again.is_none_or(|ago| ago >= RESIGN_WINDOW);
+        // Refused again past that minute, never having served: refreshing where the
+        // token came from gave one the server will not take (it moved to another
+        // authorization server, or takes no token of that grant): not refreshed yet
+        // again, but signed in anew, from a fresh discovery. (Before, it was refreshed
+        // once a minute for ever.) One that served since its renewal is no longer noted
+        // ([`SignIn::accepted`]): a later refusal (the server restarted) refreshes it.
+        let refresh = again.is_none();
         if let Some(rm) = challenge.get("resource_metadata") {
             let mut d = self.discovered.lock().await;
             // A different metadata URL than the one discovery used means look again.
@@ -1348,8 +1349,31 @@ impl SignIn {
                 noted.clear();
             }
             noted.insert(identity.map(String::from), (t.access_token, Instant::now()));
+            self.noted_on_refusal
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(Renewal::Renewed)
+    }
+
+    /// The server took `sent` (a request carrying it was answered): a token renewed
+    /// after a refusal has served, and a later refusal of it is a new one, renewed as
+    /// any (not taken for a server that refuses every token of that grant).
+    pub(crate) fn accepted(&self, identity: Option<&str>, sent: Option<&str>) {
+        use std::sync::atomic::Ordering;
+        let Some(sent) = sent else {
+            return;
+        };
+        if !self.noted_on_refusal.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut noted = self.renewed_on_refusal.lock();
+        let who = identity.map(String::from);
+        if noted.get(&who).is_some_and(|(t, _)| t == sent) {
+            noted.remove(&who);
+        }
+        if noted.is_empty() {
+            self.noted_on_refusal.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Signs `identity` in now (the command line's `login`), whatever is held.
@@ -2532,18 +2556,23 @@ mod tests {
             .await
             .expect_err("nobody can sign in here");
         assert_ne!(e.step, AuthStep::Refresh, "{e}");
-        // Refused long after it was renewed (it served meanwhile; the server restarted):
-        // refreshed as any token is.
+        // Renewed on a refusal, then taken by the server (it served), and refused later
+        // (the server restarted): refreshed as any token is.
         sign_in.keep(None, renewed.clone());
-        // (A machine up for less than that cannot say when that was.)
-        let Some(much_later) = Instant::now().checked_sub(RESIGN_WINDOW + Duration::from_secs(1))
-        else {
-            return;
-        };
         sign_in
             .renewed_on_refusal
             .lock()
-            .insert(None, (renewed.access_token.clone(), much_later));
+            .insert(None, (renewed.access_token.clone(), long_ago));
+        sign_in
+            .noted_on_refusal
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        sign_in.accepted(None, Some("another token"));
+        assert!(
+            !sign_in.renewed_on_refusal.lock().is_empty(),
+            "not that one"
+        );
+        sign_in.accepted(None, Some("a"));
+        assert!(sign_in.renewed_on_refusal.lock().is_empty());
         let e = sign_in
             .on_refused(None, &Challenge::default(), Some("a"), false, false)
             .await

@@ -300,6 +300,9 @@ impl HttpTransport {
             }
             let tried = self.try_request(request, stamp, budget, identity).await;
             left = left.saturating_sub(started.elapsed());
+            if tried.is_ok() {
+                self.sign_in.accepted(identity, sent.as_deref());
+            }
             match tried {
                 Err(TransportError::Unauthorized {
                     status: 401,
