@@ -878,22 +878,8 @@ fn no_question_is_asked_when_stderr_is_not_the_terminal() {
         harness_exe(),
         demo_cmd("s")
     );
-    let mut child = terminal_command(&cmd, &[]).spawn().expect("script");
     // The terminal's input left open: an asked question would wait for it.
-    let input = child.stdin.take();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(input);
-    let o = child.wait_with_output().expect("wait");
+    let (status, o) = on_a_terminal_left_open(&cmd);
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(1),
@@ -1352,6 +1338,27 @@ fn on_a_terminal(cmd: &str, typed: &str, env: &[(&str, &str)]) -> Output {
     child.wait_with_output().expect("wait")
 }
 
+/// Runs `cmd` on a terminal with nothing typed and its input left open, for up to 30 s:
+/// how it ended (`None`: still running then, and killed), and its output.
+fn on_a_terminal_left_open(cmd: &str) -> (Option<std::process::ExitStatus>, Output) {
+    let mut child = terminal_command(cmd, &[]).spawn().expect("script");
+    let input = child.stdin.take();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(input);
+    let o = child.wait_with_output().expect("wait");
+    (status, o)
+}
+
 fn terminal_command(cmd: &str, env: &[(&str, &str)]) -> Command {
     let mut c = Command::new("script");
     c.args(["-qec", cmd, "/dev/null"])
@@ -1400,21 +1407,7 @@ fn an_unanswered_question_is_withdrawn_when_the_calls_time_for_input_runs_out() 
         path.display()
     );
     // Nothing typed, and the terminal's input left open.
-    let mut child = terminal_command(&cmd, &[]).spawn().expect("script");
-    let input = child.stdin.take();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(input);
-    let o = child.wait_with_output().expect("wait");
+    let (status, o) = on_a_terminal_left_open(&cmd);
     let screen = stdout(&o);
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{screen}");
     assert!(screen.contains("Which?"), "it was asked: {screen}");

@@ -1343,6 +1343,20 @@ async fn without_an_authorizer_a_sign_in_that_needs_a_person_says_what_to_do() {
     h.shutdown().await;
 }
 
+/// The subject a `call …__whoami --json` run says the server saw (the run succeeded).
+fn cli_subject(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
+    result["structuredContent"]["headers"]["x-demo-subject"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[tokio::test]
 async fn the_command_line_signs_in_with_a_confidential_client_pinned_to_its_issuer() {
     let w = World::new(&["--client", "pre:s3cret"], &[]).await;
@@ -1375,16 +1389,7 @@ async fn the_command_line_signs_in_with_a_confidential_client_pinned_to_its_issu
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(w.at("authorize").is_empty());
     let out = run(&["--issuer", &w.auth.url]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(
-        result["structuredContent"]["headers"]["x-demo-subject"],
-        "demo-user"
-    );
+    assert_eq!(cli_subject(&out), "demo-user");
     // The token request authenticated the client with its secret.
     assert!(
         w.at("token")
@@ -1436,16 +1441,7 @@ async fn the_command_line_logs_in_ahead_reuses_the_token_and_logs_out() {
     assert_eq!(w.at("authorize").len(), 1);
     // A later run uses the kept token: no new sign-in, and no person needed.
     let out = run(&["call", "web__whoami", "--json"], "print");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(
-        result["structuredContent"]["headers"]["x-demo-subject"],
-        "demo-user"
-    );
+    assert_eq!(cli_subject(&out), "demo-user");
     assert_eq!(w.at("authorize").len(), 1, "the token was reused");
     let out = run(&["logout", "web"], "print");
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 token(s) forgotten"));
