@@ -805,6 +805,65 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
     }
 }
 
+// A SIGHUP to `serve` while its servers start (before its config reload listens) is
+// not heard: its default action ended the gateway at once, its starting stdio server
+// left running.
+#[test]
+fn a_hangup_while_serve_starts_does_not_end_it() {
+    use std::os::unix::process::CommandExt;
+    let mark = scratch_dir().join("serve-hup.pid");
+    let _ = std::fs::remove_file(&mark);
+    let script = write(
+        "serve-hup.sh",
+        &format!("echo $$ > {}\nexec sleep 120\n", mark.display()),
+    );
+    let server = format!("sh {}", script.display());
+    let mut cmd = Command::new(harness_exe());
+    cmd.args(["serve", "--stdio", &server, "--wait", "60s"])
+        .args(["--listen", "127.0.0.1:0", "--dev-keys"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let start = std::time::Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&mark)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no server");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let me = child.id().to_string();
+    let kill = |signal: &str| {
+        let sent = Command::new("kill")
+            .args([signal, &me])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+    kill("-HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "ended by the hangup"
+    );
+    kill("-TERM");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert!(!alive(pid), "the starting server {pid} was left");
+    let _ = std::fs::remove_file(mark);
+}
+
 // Under `nohup` (SIGHUP ignored) a command outlives its terminal: the hangup is left
 // ignored, and the command goes on until another signal stops it.
 #[test]

@@ -36,8 +36,12 @@ impl Stop {
         stop
     }
 
-    /// [`Stop::install`] for `serve`, whose SIGHUP reloads its config.
+    /// [`Stop::install`] for `serve`, whose SIGHUP reloads its config. SIGHUP is caught
+    /// from now on too (tokio keeps a handler once installed): one that comes before
+    /// the reload's own handler is ready is not heard, rather than end the gateway by
+    /// its default action with its servers left running.
     pub fn install_serving() -> Stop {
+        drop(signal(SignalKind::hangup()));
         let signals = [
             (SignalKind::interrupt(), INTERRUPTED),
             (SignalKind::terminate(), TERMINATED),
