@@ -1270,6 +1270,26 @@ async fn a_legacy_servers_question_to_a_client_without_elicitation_is_refused_no
     gw.stop().await;
 }
 
+// The same for a 2025-11-25 client whose session declared no elicitation: the legacy
+// server hears that the client does not support it.
+#[tokio::test]
+async fn a_legacy_servers_question_to_a_legacy_client_without_elicitation_is_refused() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "beta__confirm", "arguments": {"message": "Pay?"}}});
+    let (_, r, _) = legacy_post(&gw, Some(&sid), call).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not support")),
+        "{r}"
+    );
+    gw.stop().await;
+}
+
 // A missing client capability is a 400, whatever progressToken the request carries: one
 // the gateway does not take (null, a fraction, an object) made the answer an event
 // stream, and the error went out as 200.
