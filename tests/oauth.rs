@@ -726,6 +726,38 @@ async fn tries_that_a_server_holds_and_refuses_share_one_deadline() {
     h.shutdown().await;
 }
 
+// A standalone event stream refused with a 401 (the server dropped its tokens) renews
+// the token and is opened again, as a request's refusal is: before, one 401 gave the
+// stream up for the rest of the session.
+#[tokio::test]
+async fn a_standalone_stream_refused_with_a_401_renews_the_token_and_opens_again() {
+    let w = World::new(
+        &["--client", "pre"],
+        &["--era", "legacy", "--oauth-refuse-gets", "1"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let gets = || {
+        recorded(&w.mcp_record)
+            .into_iter()
+            // Event streams (the metadata's GETs name their path).
+            .filter(|r| r["method"] == "GET" && r.get("path").is_none())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || gets().len() >= 2).await,
+        "opened again: {:?}",
+        gets()
+    );
+    let gets = gets();
+    assert_eq!(gets[0]["refused"], 401, "{gets:?}");
+    assert!(gets[1].get("refused").is_none(), "{gets:?}");
+    assert!(w.refreshes() >= 1, "renewed by a refresh");
+    assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
 // A legacy session's standalone event stream is opened again long after the last
 // request (the server ended it): with a token renewed first, not with none. Before,
 // the reopening after the token expired went without one, was refused, and the stream

@@ -48,6 +48,8 @@ struct State {
     next_session: AtomicU64,
     /// GET streams asked for so far (`--fail-gets`).
     gets: AtomicU64,
+    /// GET streams refused so far (`--oauth-refuse-gets`).
+    refused_gets: AtomicU64,
 }
 
 /// A response body fed by a channel: one SSE frame per message.
@@ -79,6 +81,7 @@ pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(0),
         gets: AtomicU64::new(0),
+        refused_gets: AtomicU64::new(0),
     });
     loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
 }
@@ -295,7 +298,11 @@ fn oauth_gate(
             && c.exp > crate::demo_token::now()
             && args.oauth_refuse_subject.as_deref() != Some(c.sub.as_str())
     });
-    let Some(claims) = valid else {
+    // `--oauth-refuse-gets`: a GET stream refused however good its token (a server
+    // that dropped its tokens, say), the first N times.
+    let refuse_get = req.method() == Method::GET
+        && state.refused_gets.fetch_add(1, Ordering::Relaxed) < args.oauth_refuse_gets;
+    let Some(claims) = valid.filter(|_| !refuse_get) else {
         state
             .server
             .record(json!({"method": req.method().as_str(), "refused": 401, "headers": headers}));
