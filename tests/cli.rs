@@ -864,6 +864,50 @@ fn a_hangup_while_serve_starts_does_not_end_it() {
     let _ = std::fs::remove_file(mark);
 }
 
+// A terminal that closes often sends SIGHUP twice (the kernel's hangup, the shell's to
+// its jobs): the echo is one signal, and the servers are stopped, not killed as a
+// second signal would have them.
+#[test]
+fn a_hangup_sent_twice_stops_the_servers_gracefully() {
+    use std::os::unix::process::CommandExt;
+    let pidfile = scratch_dir().join("hup-twice.jsonl");
+    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
+    let mut cmd = Command::new(harness_exe());
+    cmd.args(["call", "--stdio", &server, "hang"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn");
+    let start = std::time::Instant::now();
+    while !recorded(&pidfile)
+        .iter()
+        .any(|r| r["params"]["name"] == "hang")
+    {
+        assert!(start.elapsed() < Duration::from_secs(20), "no call");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    for _ in 0..2 {
+        // SAFETY: a signal to the child this test started (not yet reaped).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(129), "{stderr}");
+    // The call in flight held the graceful stop (its grace) when the echo came.
+    assert!(!stderr.contains("stopping at once"), "{stderr}");
+    assert!(processes_with(&pidfile.display().to_string()).is_empty());
+    let _ = std::fs::remove_file(pidfile);
+}
+
 // Under `nohup` (SIGHUP ignored) a command outlives its terminal: the hangup is left
 // ignored, and the command goes on until another signal stops it.
 #[test]

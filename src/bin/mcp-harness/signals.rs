@@ -20,7 +20,15 @@ pub const TERMINATED: u8 = 143;
 pub struct Stop {
     /// With the exit code each stands for.
     signals: Vec<(Signal, u8)>,
+    /// The last signal taken, and when: a SIGHUP again within [`REPEAT`] is its echo,
+    /// not a second signal.
+    last: Option<(u8, std::time::Instant)>,
 }
+
+/// A SIGHUP repeated within this is one: a terminal closing often sends it twice
+/// (the kernel's hangup, then the shell's to its jobs), and a second signal would end
+/// the program at once, its servers killed rather than stopped.
+const REPEAT: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Stop {
     /// Catches SIGINT, SIGTERM, SIGQUIT and SIGHUP from now on. SIGHUP is left alone
@@ -50,7 +58,10 @@ impl Stop {
         .into_iter()
         .filter_map(|(kind, code)| signal(kind).ok().map(|s| (s, code)))
         .collect();
-        Stop { signals }
+        Stop {
+            signals,
+            last: None,
+        }
     }
 
     /// Waits for any of the signals (one that came before this is waited for counts);
@@ -59,15 +70,28 @@ impl Stop {
         if self.signals.is_empty() {
             return std::future::pending().await;
         }
-        std::future::poll_fn(|cx| {
-            for (s, code) in &mut self.signals {
-                if s.poll_recv(cx).is_ready() {
-                    return std::task::Poll::Ready(*code);
+        loop {
+            let signals = &mut self.signals;
+            let code = std::future::poll_fn(|cx| {
+                for (s, code) in signals.iter_mut() {
+                    if s.poll_recv(cx).is_ready() {
+                        return std::task::Poll::Ready(*code);
+                    }
                 }
+                std::task::Poll::Pending
+            })
+            .await;
+            let now = std::time::Instant::now();
+            // Only a hangup echoes: Ctrl-C pressed twice, however fast, is meant.
+            let echo = code == HUNG_UP
+                && self
+                    .last
+                    .is_some_and(|(last, at)| last == code && now.duration_since(at) < REPEAT);
+            self.last = Some((code, now));
+            if !echo {
+                return code;
             }
-            std::task::Poll::Pending
-        })
-        .await
+        }
     }
 }
 
