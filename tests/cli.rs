@@ -884,7 +884,16 @@ fn a_hangup_sent_twice_stops_the_servers_gracefully() {
             Ok(())
         });
     }
-    let child = cmd.spawn().expect("spawn");
+    let mut child = cmd.spawn().expect("spawn");
+    // Its stderr line by line, as it comes.
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let err = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
     let start = std::time::Instant::now();
     while !recorded(&pidfile)
         .iter()
@@ -894,14 +903,29 @@ fn a_hangup_sent_twice_stops_the_servers_gracefully() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    for _ in 0..2 {
+    let hang_up = || {
         // SAFETY: a signal to the child this test started (not yet reaped).
         assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
-        std::thread::sleep(Duration::from_millis(50));
+    };
+    hang_up();
+    // The first was taken (the stop began): the echo follows at once, well within the
+    // window, and is not merged with the first.
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the stop begins");
+        let began = line.contains("stopping servers");
+        seen.push(line);
+        if began {
+            break;
+        }
     }
-    let out = child.wait_with_output().expect("wait");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(129), "{stderr}");
+    hang_up();
+    let status = child.wait().expect("wait");
+    seen.extend(lines.iter());
+    let stderr = seen.join("\n");
+    assert_eq!(status.code(), Some(129), "{stderr}");
     // The call in flight held the graceful stop (its grace) when the echo came.
     assert!(!stderr.contains("stopping at once"), "{stderr}");
     assert!(processes_with(&pidfile.display().to_string()).is_empty());
@@ -945,10 +969,17 @@ fn a_command_under_nohup_outlives_a_hangup() {
         assert!(sent.success());
     };
     kill("-HUP");
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1000));
     assert!(
         child.try_wait().expect("wait").is_none(),
         "ended by a hangup"
+    );
+    // Not stopping either (a graceful stop cancels the call in flight on its server).
+    assert!(
+        !recorded(&pidfile)
+            .iter()
+            .any(|r| r["notification"] == "notifications/cancelled"),
+        "a stop began at the hangup"
     );
     kill("-TERM");
     let status = child.wait().expect("wait");

@@ -122,6 +122,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     // as the runtime drops their handles).
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     let (again_tx, mut again_rx) = tokio::sync::oneshot::channel::<u8>();
+    let hangup = stop.take_hangup();
     tokio::spawn(async move {
         stop.recv().await;
         // Taken whether or not a stop has begun otherwise (a stdio client's input
@@ -224,6 +225,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         let reloader = tokio::spawn(reload_on_change(
             gateway.clone(),
             servers.clone(),
+            hangup,
             dev_sealer,
             AtStart {
                 telemetry: setup.loaded.telemetry.clone(),
@@ -323,6 +325,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
 async fn reload_on_change(
     gateway: Gateway,
     servers: ServerArgs,
+    hangup: Option<tokio::signal::unix::Signal>,
     dev_sealer: Option<Sealer>,
     at_start: AtStart,
 ) {
@@ -340,10 +343,12 @@ async fn reload_on_change(
         _ => None,
     };
     let mut seen = read();
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP handler; reloading on file changes only");
+    // Caught since `serve` began (one that came while its servers started is applied
+    // now, once).
+    let mut hangup = match hangup {
+        Some(s) => Some(s),
+        None => {
+            tracing::warn!("no SIGHUP handler; reloading on file changes only");
             None
         }
     };

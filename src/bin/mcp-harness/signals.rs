@@ -23,6 +23,8 @@ pub struct Stop {
     /// The last signal taken, and when: a SIGHUP again within [`REPEAT`] is its echo,
     /// not a second signal.
     last: Option<(u8, std::time::Instant)>,
+    /// `serve`'s SIGHUPs, caught from its start and handed to its config reload.
+    hangup: Option<Signal>,
 }
 
 /// A SIGHUP repeated within this is one: a terminal closing often sends it twice
@@ -35,21 +37,32 @@ impl Stop {
     /// when it is ignored (`nohup`: the command is meant to outlive its terminal); a
     /// signal that cannot be caught is left as it was.
     pub fn install() -> Stop {
-        let mut stop = Self::install_serving();
-        if !ignored(libc::SIGHUP)
-            && let Ok(s) = signal(SignalKind::hangup())
-        {
+        // Read before any handler of tokio's replaces the disposition `nohup` set.
+        let hangup_ignored = ignored(libc::SIGHUP);
+        let mut stop = Self::catching();
+        if !hangup_ignored && let Ok(s) = signal(SignalKind::hangup()) {
             stop.signals.push((s, HUNG_UP));
         }
         stop
     }
 
-    /// [`Stop::install`] for `serve`, whose SIGHUP reloads its config. SIGHUP is caught
-    /// from now on too (tokio keeps a handler once installed): one that comes before
-    /// the reload's own handler is ready is not heard, rather than end the gateway by
-    /// its default action with its servers left running.
+    /// [`Stop::install`] for `serve`, whose SIGHUP reloads its config: caught from now
+    /// on (a SIGHUP while its servers start no longer ends it by its default action,
+    /// its servers left running), and kept for the reload ([`Stop::take_hangup`]),
+    /// which applies one that came meanwhile once it runs.
     pub fn install_serving() -> Stop {
-        drop(signal(SignalKind::hangup()));
+        let mut stop = Self::catching();
+        stop.hangup = signal(SignalKind::hangup()).ok();
+        stop
+    }
+
+    /// `serve`'s SIGHUPs since it started, for its config reload.
+    pub fn take_hangup(&mut self) -> Option<Signal> {
+        self.hangup.take()
+    }
+
+    /// SIGINT, SIGTERM and SIGQUIT.
+    fn catching() -> Stop {
         let signals = [
             (SignalKind::interrupt(), INTERRUPTED),
             (SignalKind::terminate(), TERMINATED),
@@ -61,6 +74,7 @@ impl Stop {
         Stop {
             signals,
             last: None,
+            hangup: None,
         }
     }
 

@@ -300,7 +300,8 @@ fn oauth_gate(
     });
     // `--oauth-refuse-gets`: a GET stream refused however good its token (a server
     // that dropped its tokens, say), the first N times.
-    let refuse_get = req.method() == Method::GET
+    let refuse_get = valid.is_some()
+        && req.method() == Method::GET
         && state.refused_gets.fetch_add(1, Ordering::Relaxed) < args.oauth_refuse_gets;
     let Some(claims) = valid.filter(|_| !refuse_get) else {
         state

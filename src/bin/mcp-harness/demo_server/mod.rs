@@ -266,7 +266,7 @@ pub struct DemoServerArgs {
     /// take what its authorization server issues).
     #[arg(long)]
     pub oauth_refuse_subject: Option<String>,
-    /// Refuse (401) the first this many GET event streams, whatever their token.
+    /// Refuse (401) the first this many GET event streams that carry a valid token.
     #[arg(long, default_value_t = 0)]
     pub oauth_refuse_gets: u64,
     /// After this many calls of `region_echo`, its argument goes in `Mcp-Param-Zone`
