@@ -685,29 +685,51 @@ fn the_example_config_in_the_repository_runs() {
     );
 }
 
-#[test]
-fn ctrl_c_stops_every_server_and_exits() {
-    let pidfile = scratch_dir().join("ctrlc.jsonl");
-    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
-    let child = Command::new(harness_exe())
-        .args(["call", "--stdio", &server, "hang"])
+/// Sets SIGHUP's disposition in the child to `disposition` (as a terminal leaves it,
+/// `SIG_DFL`, or `nohup`, `SIG_IGN`), whatever the tests run under.
+fn sighup_at(cmd: &mut Command, disposition: libc::sighandler_t) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGHUP, disposition);
+            Ok(())
+        });
+    }
+}
+
+/// `call --stdio` of a server recording to `record`, whose `hang` tool never answers,
+/// SIGHUP at `disposition`, once the call has reached the server.
+fn hanging_call(
+    record: &std::path::PathBuf,
+    disposition: libc::sighandler_t,
+) -> std::process::Child {
+    let server = demo_cmd(&format!("alpha --record {}", record.display()));
+    let mut cmd = Command::new(harness_exe());
+    cmd.args(["call", "--stdio", &server, "hang"])
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    // Wait until the call reached the server, then interrupt the program.
+        .stderr(std::process::Stdio::piped());
+    sighup_at(&mut cmd, disposition);
+    let child = cmd.spawn().expect("spawn");
     let start = std::time::Instant::now();
-    while !recorded(&pidfile)
+    while !recorded(record)
         .iter()
         .any(|r| r["params"]["name"] == "hang")
     {
         assert!(
-            start.elapsed() < std::time::Duration::from_secs(20),
+            start.elapsed() < Duration::from_secs(20),
             "the call never reached the server"
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    child
+}
+#[test]
+fn ctrl_c_stops_every_server_and_exits() {
+    let pidfile = scratch_dir().join("ctrlc.jsonl");
+    // Once the call reached the server, the program is interrupted.
+    let child = hanging_call(&pidfile, libc::SIG_DFL);
     let status = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -761,14 +783,7 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
             .stderr(std::process::Stdio::piped());
         // As on a terminal: SIGHUP at its default even when the tests run under
         // `nohup` (the command leaves an ignored one alone).
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::signal(libc::SIGHUP, libc::SIG_DFL);
-                Ok(())
-            });
-        }
+        sighup_at(&mut cmd, libc::SIG_DFL);
         let child = cmd.spawn().expect("spawn");
         let start = std::time::Instant::now();
         let pid = loop {
@@ -810,7 +825,6 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
 // left running.
 #[test]
 fn a_hangup_while_serve_starts_does_not_end_it() {
-    use std::os::unix::process::CommandExt;
     let mark = scratch_dir().join("serve-hup.pid");
     let _ = std::fs::remove_file(&mark);
     let script = write(
@@ -824,13 +838,7 @@ fn a_hangup_while_serve_starts_does_not_end_it() {
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGHUP, libc::SIG_DFL);
-            Ok(())
-        });
-    }
+    sighup_at(&mut cmd, libc::SIG_DFL);
     let mut child = cmd.spawn().expect("spawn");
     let start = std::time::Instant::now();
     let pid = loop {
@@ -869,22 +877,8 @@ fn a_hangup_while_serve_starts_does_not_end_it() {
 // second signal would have them.
 #[test]
 fn a_hangup_sent_twice_stops_the_servers_gracefully() {
-    use std::os::unix::process::CommandExt;
     let pidfile = scratch_dir().join("hup-twice.jsonl");
-    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
-    let mut cmd = Command::new(harness_exe());
-    cmd.args(["call", "--stdio", &server, "hang"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGHUP, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().expect("spawn");
+    let mut child = hanging_call(&pidfile, libc::SIG_DFL);
     // Its stderr line by line, as it comes.
     let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
     let err = child.stderr.take().expect("stderr");
@@ -894,14 +888,6 @@ fn a_hangup_sent_twice_stops_the_servers_gracefully() {
             let _ = lines_tx.send(line);
         }
     });
-    let start = std::time::Instant::now();
-    while !recorded(&pidfile)
-        .iter()
-        .any(|r| r["params"]["name"] == "hang")
-    {
-        assert!(start.elapsed() < Duration::from_secs(20), "no call");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     let hang_up = || {
         // SAFETY: a signal to the child this test started (not yet reaped).
@@ -936,30 +922,8 @@ fn a_hangup_sent_twice_stops_the_servers_gracefully() {
 // ignored, and the command goes on until another signal stops it.
 #[test]
 fn a_command_under_nohup_outlives_a_hangup() {
-    use std::os::unix::process::CommandExt;
     let pidfile = scratch_dir().join("nohup.jsonl");
-    let server = demo_cmd(&format!("alpha --record {}", pidfile.display()));
-    let mut cmd = Command::new(harness_exe());
-    cmd.args(["call", "--stdio", &server, "hang"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().expect("spawn");
-    let start = std::time::Instant::now();
-    while !recorded(&pidfile)
-        .iter()
-        .any(|r| r["params"]["name"] == "hang")
-    {
-        assert!(start.elapsed() < Duration::from_secs(20), "no call");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = hanging_call(&pidfile, libc::SIG_IGN);
     let pid = child.id().to_string();
     let kill = |signal: &str| {
         let sent = Command::new("kill")

@@ -1247,6 +1247,17 @@ async fn out_of_descriptors_the_listener_pauses_and_then_serves_again() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// The server's question was refused as the client does not support it (-32602).
+fn assert_unsupported(r: &Value) {
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not support")),
+        "{r}"
+    );
+}
+
 // A legacy server's elicitation during the call of a client that declared none is
 // answered that the client does not support it, not with a decline the user never
 // made (the input handlers' answer outside calls).
@@ -1260,13 +1271,7 @@ async fn a_legacy_servers_question_to_a_client_without_elicitation_is_refused_no
     );
     call["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
     let (_, r, _) = gw.post(Some("tok-a"), &call, &[]).await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("does not support")),
-        "{r}"
-    );
+    assert_unsupported(&r);
     gw.stop().await;
 }
 
@@ -1280,13 +1285,7 @@ async fn a_legacy_servers_question_to_a_legacy_client_without_elicitation_is_ref
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "beta__confirm", "arguments": {"message": "Pay?"}}});
     let (_, r, _) = legacy_post(&gw, Some(&sid), call).await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("does not support")),
-        "{r}"
-    );
+    assert_unsupported(&r);
     gw.stop().await;
 }
 

@@ -142,6 +142,14 @@ impl World {
     }
 
     /// The authorization server's records of `endpoint` (`authorize`, `token`, …).
+    /// The event streams the server was asked for (GETs; the metadata's name a path).
+    fn event_streams(&self) -> Vec<Value> {
+        recorded(&self.mcp_record)
+            .into_iter()
+            .filter(|r| r["method"] == "GET" && r.get("path").is_none())
+            .collect()
+    }
+
     fn at(&self, endpoint: &str) -> Vec<Value> {
         recorded(&self.auth_record)
             .into_iter()
@@ -738,13 +746,7 @@ async fn a_standalone_stream_refused_with_a_401_renews_the_token_and_opens_again
     .await;
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
-    let gets = || {
-        recorded(&w.mcp_record)
-            .into_iter()
-            // Event streams (the metadata's GETs name their path).
-            .filter(|r| r["method"] == "GET" && r.get("path").is_none())
-            .collect::<Vec<_>>()
-    };
+    let gets = || w.event_streams();
     assert!(
         eventually(Duration::from_secs(20), || gets().len() >= 2).await,
         "opened again: {:?}",
@@ -773,12 +775,7 @@ async fn the_standalone_stream_is_opened_again_with_a_renewed_token() {
     ready(&h).await;
     // Ended at once each time, the stream is opened again 0.25, 0.5, 1, 2 s later...:
     // the fourth opening comes after the first token expired.
-    let gets = || {
-        recorded(&w.mcp_record)
-            .into_iter()
-            .filter(|r| r["method"] == "GET")
-            .collect::<Vec<_>>()
-    };
+    let gets = || w.event_streams();
     let started = std::time::Instant::now();
     while gets().len() < 5 && started.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(100)).await;
