@@ -152,6 +152,31 @@ async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
 }
 
 #[tokio::test]
+async fn a_subscription_the_server_ends_with_a_cancellation_is_opened_again() {
+    let record = temp_file("listen-cancelled");
+    let rec = record.to_string_lossy().into_owned();
+    let h = start_ready(config(demo_server(
+        "s",
+        &["--record", &rec, "--cancel-listens"],
+    )))
+    .await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await, "the harness subscribed");
+    // The change is heard, then the server ends the subscription without a result.
+    let names = grow_and_hear(&h, "s", true).await;
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    assert!(
+        listens(&record, 2).await,
+        "the harness listened again after the server's cancellation"
+    );
+    // And the new subscription hears the next change.
+    let names = grow_and_hear(&h, "s", true).await;
+    assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+#[tokio::test]
 async fn after_a_restart_the_subscription_is_opened_again_and_the_lists_read_again() {
     let record = temp_file("listen-restart");
     let rec = record.to_string_lossy().into_owned();

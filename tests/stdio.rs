@@ -128,6 +128,30 @@ async fn a_modern_server_with_no_common_version_is_an_error_not_a_fallback() {
 }
 
 #[tokio::test]
+async fn a_server_shown_modern_that_then_goes_silent_is_an_error_not_a_fallback() {
+    // Its -32022 names our version (modern); it reads nothing after it.
+    let opts = options();
+    let probe_timeout = opts.probe_timeout;
+    let err = Connection::connect(
+        "silent",
+        demo_stdio(&[
+            "silent",
+            "--reject-first-request",
+            "--stop-reading-after",
+            "1",
+        ]),
+        opts,
+    )
+    .await
+    .expect_err("no answer to the second probe");
+    // Not the legacy handshake's deadline: `initialize` was never sent.
+    assert!(
+        matches!(err, ConnectError::Transport(TransportError::Timeout(d)) if d == probe_timeout),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_modern_only_preference_refuses_a_legacy_server() {
     let opts = ConnectOptions {
         era: EraPreference::Modern,

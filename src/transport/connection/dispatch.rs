@@ -98,7 +98,10 @@ impl Dispatch {
         match message {
             Inbound::Request(request) => self.on_request(request).await,
             Inbound::Notification(n) => {
-                if n.method == "notifications/cancelled" && self.cancelled(n.params.as_ref()) {
+                if n.method == "notifications/cancelled"
+                    && (self.cancelled(n.params.as_ref())
+                        || self.subscriptions.end(n.params.as_ref()))
+                {
                     return ControlFlow::Continue(());
                 }
                 let Err(n) = self.subscriptions.route(n) else {
@@ -264,12 +267,14 @@ impl Dispatch {
                     answered.remove(&id);
                 }
             }
-            drop(permit);
+            // Held until the answer is sent: over HTTP that is a POST the server may
+            // keep open, and answers sent at once stay as few as those being made.
             if let Some(outcome) = outcome
                 && let Some(t) = weak.upgrade()
             {
                 let _ = t.respond(id, outcome, timeout).await;
             }
+            drop(permit);
         });
     }
 }

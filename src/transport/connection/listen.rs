@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Connection, Era};
 use crate::protocol::{Notification, Request, RequestId, Stamp};
@@ -24,7 +24,14 @@ const HELD_OPEN: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The open subscriptions of one connection, by request id.
 #[derive(Clone, Default)]
-pub(super) struct Subscriptions(Arc<Mutex<HashMap<String, mpsc::Sender<Notification>>>>);
+pub(super) struct Subscriptions(Arc<Mutex<HashMap<String, Listener>>>);
+
+/// One open subscription: where its notifications go, and how the server ends it.
+struct Listener {
+    sink: mpsc::Sender<Notification>,
+    /// Takes the params of the server's `notifications/cancelled` for the listen id.
+    ended: Option<oneshot::Sender<Value>>,
+}
 
 fn key(id: &Value) -> String {
     id.to_string()
@@ -42,7 +49,7 @@ impl Subscriptions {
         else {
             return Err(n);
         };
-        let sink = self.0.lock().get(&key(id)).cloned();
+        let sink = self.0.lock().get(&key(id)).map(|l| l.sink.clone());
         match sink {
             // Full: the listener has changes pending already, and one more says nothing new.
             Some(sink) => {
@@ -53,6 +60,23 @@ impl Subscriptions {
             }
         }
         Ok(())
+    }
+
+    /// The server ended a subscription with `notifications/cancelled` naming its listen
+    /// request (one spec page has it so, another has a final result: both end it).
+    /// False when `params` names no open subscription.
+    pub(super) fn end(&self, params: Option<&Value>) -> bool {
+        let Some(id) = params.and_then(|p| p.get("requestId")) else {
+            return false;
+        };
+        let mut open = self.0.lock();
+        let Some(listener) = open.get_mut(&key(id)) else {
+            return false;
+        };
+        if let Some(ended) = listener.ended.take() {
+            let _ = ended.send(params.cloned().unwrap_or(Value::Null));
+        }
+        true
     }
 }
 
@@ -68,9 +92,10 @@ impl Drop for Registered<'_> {
 impl Connection {
     /// Opens `subscriptions/listen` with `notifications` (the filter) and holds it open:
     /// every notification of the subscription goes to `sink`, the acknowledgment first
-    /// (if the server keeps the rules). Returns when the server ends it (its final
-    /// result) or the connection fails. Dropping the future ends the subscription (HTTP:
-    /// the stream is closed; stdio: `notifications/cancelled`).
+    /// (if the server keeps the rules). Returns when the server ends it (`Ok` with its
+    /// final result, or with the params of the `notifications/cancelled` it sent for
+    /// the listen request instead) or the connection fails. Dropping the future ends
+    /// the subscription (HTTP: the stream is closed; stdio: `notifications/cancelled`).
     pub async fn listen(
         &self,
         notifications: Value,
@@ -86,9 +111,14 @@ impl Connection {
             RequestId::Number(n) => Value::from(*n),
             RequestId::String(s) => Value::from(s.clone()),
         };
+        let (ended, ended_by_server) = oneshot::channel();
         let _registered = {
             let k = key(&id_value);
-            self.subscriptions.0.lock().insert(k.clone(), sink);
+            let listener = Listener {
+                sink,
+                ended: Some(ended),
+            };
+            self.subscriptions.0.lock().insert(k.clone(), listener);
             Registered(&self.subscriptions, k)
         };
         let request = Request {
@@ -101,11 +131,11 @@ impl Connection {
             envelope: &envelope,
             capabilities: None,
         };
-        match self
-            .transport
-            .request((&request).into(), Some(stamp), HELD_OPEN, None)
-            .await
-        {
+        let answer = tokio::select! {
+            answer = self.transport.request((&request).into(), Some(stamp), HELD_OPEN, None) => answer,
+            Ok(cancelled) = ended_by_server => return Ok(cancelled),
+        };
+        match answer {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(error)) => Err(RequestError::Rpc(error)),
             Err(e) => Err(RequestError::Transport(e)),

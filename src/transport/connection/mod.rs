@@ -102,7 +102,7 @@ fn open(
     options: &ConnectOptions,
     ids: &Ids,
 ) -> Result<(Arc<Transport>, mpsc::Receiver<Queued>), TransportError> {
-    let (tx, rx) = mpsc::channel(options.event_capacity);
+    let (tx, rx) = mpsc::channel(options.event_capacity.max(1));
     let transport = Transport::open(
         server,
         spec,
@@ -126,7 +126,7 @@ async fn legacy_handshake(
     options: &ConnectOptions,
 ) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
     let handshake = initialize(transport, ids, options);
-    let limit = options.event_capacity;
+    let limit = options.event_capacity.max(1);
     let timeout = options.request_timeout;
     match answering_pings(transport, inbound, held, limit, timeout, handshake).await {
         Ok(result) => Ok(result),
@@ -200,7 +200,7 @@ impl Connection {
             }
         };
         let envelope = envelope(&options, profile.protocol_version());
-        let (events_tx, events_rx) = mpsc::channel(options.event_capacity);
+        let (events_tx, events_rx) = mpsc::channel(options.event_capacity.max(1));
         let calls_in_flight = Arc::new(AtomicUsize::new(0));
         let subscriptions = listen::Subscriptions::default();
         let dispatch = Dispatch {

@@ -120,7 +120,7 @@ pub struct ConnectOptions {
     pub max_message_bytes: usize,
     /// How long a stdio server gets after stdin EOF, and again after SIGTERM.
     pub shutdown_grace: Duration,
-    /// Capacity of the [`ServerEvent`] channel.
+    /// Capacity of the [`ServerEvent`] channel (0 counts as 1).
     pub event_capacity: usize,
     /// Sign-in for HTTP servers that ask for it: who signs in, where tokens live.
     pub sign_in: crate::transport::auth::SignInContext,

@@ -57,6 +57,9 @@ pub(super) async fn probe(
         let next = match answer {
             Ok(Ok(result)) => Next::Done(discovered(&result, options)?),
             Ok(Err(error)) => rejected(error, &version, &tried, options)?,
+            // A -32022 showed the server modern: no answer now is a failure, not a
+            // legacy server (spec section H: do not fall back).
+            Err(e) if !tried.is_empty() => return Err(ConnectError::Transport(e)),
             Err(e) => Next::Done(failed(e, transport.is_http())?),
         };
         match next {
@@ -69,8 +72,15 @@ pub(super) async fn probe(
     }
 }
 
-/// A discover result: modern at a common version, or legacy if it lists only legacy
-/// versions.
+/// Whether a discover result listing `versions` leaves no handshake: it lists only
+/// modern ones. One that lists a legacy version beside modern ones we do not speak
+/// takes `initialize` (spec section H, the Python SDK's rule).
+fn only_modern(versions: &[String]) -> bool {
+    !versions.is_empty() && versions.iter().all(|v| is_modern_version(v))
+}
+
+/// A discover result: modern at a common version, or legacy if it lists a legacy
+/// version.
 fn discovered(result: &Value, options: &ConnectOptions) -> Result<Probe, ConnectError> {
     let discover = match DiscoverResult::from_value(result) {
         Ok(d) => d,
@@ -78,17 +88,13 @@ fn discovered(result: &Value, options: &ConnectOptions) -> Result<Probe, Connect
     };
     match pick_version(&options.preferred_versions, &discover.supported_versions) {
         Some(version) => Ok(Probe::Modern { version, discover }),
-        None if discover
-            .supported_versions
-            .iter()
-            .any(|v| is_modern_version(v)) =>
-        {
-            Err(ConnectError::NoCommonVersion {
-                server: quoted_versions(&discover.supported_versions),
-                client: options.preferred_versions.clone(),
-            })
-        }
-        None => Ok(Probe::Legacy("discover lists only legacy versions".into())),
+        None if only_modern(&discover.supported_versions) => Err(ConnectError::NoCommonVersion {
+            server: quoted_versions(&discover.supported_versions),
+            client: options.preferred_versions.clone(),
+        }),
+        None => Ok(Probe::Legacy(
+            "discover lists no modern version of ours, and a legacy one".into(),
+        )),
     }
 }
 
@@ -112,6 +118,7 @@ fn rejected(
                 .find(|v| supported.contains(v) && !tried.contains(v) && v.as_str() != sent);
             match next {
                 Some(v) => Ok(Next::Again(v.clone())),
+                // Spec section H: a -32022 means modern, and there is no falling back.
                 None if supported.iter().any(|v| is_modern_version(v)) => {
                     Err(ConnectError::NoCommonVersion {
                         server: quoted_versions(&supported),
@@ -160,5 +167,25 @@ fn failed(error: TransportError, is_http: bool) -> Result<Probe, ConnectError> {
             "discover answered with content type {t:?}"
         ))),
         e => Err(ConnectError::Transport(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discover_result_with_a_legacy_version_and_no_modern_one_of_ours_is_legacy() {
+        let options = ConnectOptions::default();
+        let result = |versions: &[&str]| serde_json::json!({"supportedVersions": versions, "capabilities": {}});
+        let dual = discovered(&result(&["2099-01-01", "2025-11-25"]), &options);
+        assert!(matches!(dual, Ok(Probe::Legacy(_))), "a dual-era server");
+        let future = discovered(&result(&["2099-01-01"]), &options);
+        assert!(
+            matches!(future, Err(ConnectError::NoCommonVersion { .. })),
+            "a modern-only server"
+        );
+        let ours = discovered(&result(&["2099-01-01", "2026-07-28"]), &options);
+        assert!(matches!(ours, Ok(Probe::Modern { version, .. }) if version == "2026-07-28"));
     }
 }

@@ -508,6 +508,15 @@ impl DemoServer {
                 "notifications/tools/list_changed",
                 json!({"_meta": {"io.modelcontextprotocol/subscriptionId": id}}),
             );
+            if self.args.cancel_listens {
+                peer.notify(
+                    "notifications/cancelled",
+                    json!({"requestId": id, "reason": "subscription ended by the server"}),
+                );
+            }
+        }
+        if self.args.cancel_listens {
+            listeners.clear();
         }
     }
 

@@ -183,6 +183,11 @@ pub struct DemoServerArgs {
     /// servers reject a stateless client's first request whatever it says).
     #[arg(long)]
     pub reject_first_request: bool,
+    /// `grow` ends every subscription after telling it of the change, with
+    /// `notifications/cancelled` naming its listen request and no final result (how one
+    /// spec page has a server end a subscription).
+    #[arg(long)]
+    pub cancel_listens: bool,
     /// List `confirm` and `rounds` only to clients that declared elicitation (legacy:
     /// at `initialize`), as many legacy servers do.
     #[arg(long)]
