@@ -1298,6 +1298,11 @@ fn gateway_config(transport: &str, tag: &str) -> std::path::PathBuf {
     let keys = temp(&format!("gw-{tag}.keys"));
     let key = mcp_harness::gateway::seal::new_key().expect("key");
     std::fs::write(&keys, format!("k1:{key}\n")).expect("keys");
+    std::fs::set_permissions(
+        &keys,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )
+    .expect("chmod");
     let path = temp(&format!("gw-{tag}.toml"));
     let text = format!(
         r#"

@@ -57,7 +57,7 @@ impl Setup {
         let config = temp_file(&format!("{tag}.toml")).with_extension("toml");
         let keys_path = temp_file(&format!("{tag}-keys"));
         let audit = temp_file(&format!("{tag}-audit"));
-        std::fs::write(&keys_path, keys_text(keys)).expect("keys");
+        write_private(&keys_path, &keys_text(keys));
         let exe = harness_exe();
         let text = format!(
             r#"
@@ -109,7 +109,7 @@ tokens = [
             .expect("config")
             .replace(&self.keys.display().to_string(), &{
                 let p = temp_file(&format!("{}-keys2", self.tag));
-                std::fs::write(&p, keys_text(keys)).expect("keys");
+                write_private(&p, &keys_text(keys));
                 p.display().to_string()
             });
         let path = temp_file(&format!("{}-2.toml", self.tag)).with_extension("toml");
@@ -3456,7 +3456,7 @@ async fn two_gateways_share_the_shared_cache_layer_and_the_sealing_keys() {
     let tag = tag();
     let record = temp_file(&format!("{tag}-rec"));
     let keys = temp_file(&format!("{tag}-keys"));
-    std::fs::write(&keys, keys_text(&[("k1", &key("k1"))])).expect("keys");
+    write_private(&keys, &keys_text(&[("k1", &key("k1"))]));
     let config = temp_file(&format!("{tag}.toml")).with_extension("toml");
     let text = format!(
         r#"

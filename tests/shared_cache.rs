@@ -1293,3 +1293,76 @@ async fn only_a_cursor_refused_as_invalid_drops_the_list_in_every_process() {
     assert!(published_on_a_cursor_refused_with("-32602").await >= 1);
     assert_eq!(published_on_a_cursor_refused_with("-32603").await, 0);
 }
+
+/// Another process sharing the cache directory holds the floors' lock (stopped, or
+/// stuck on a disk) while this one's floors rose: shutdown gives up on the floors after
+/// a bound, and every audit record is written first, whatever the lock.
+#[tokio::test]
+async fn shutdown_writes_the_audit_trail_and_does_not_wait_for_a_floors_lock_held_elsewhere() {
+    use std::os::fd::AsRawFd;
+    let redis = Redis::start().await;
+    let k = key_file("l3-held", "hd-0123456789abcdef0123456789abcdef", 0o600);
+    let dir = temp_file("l3-held-dir");
+    let audit = temp_file("l3-held-audit");
+    let mut c = config(
+        vec![demo_server("s", &[])],
+        SharedConfig {
+            key_file: Some(k),
+            ..shared(redis.url(), &["s"])
+        },
+    );
+    c.cache.dir = Some(dir.clone());
+    c.audit.path = Some(audit.clone());
+    let h = start_ready(c).await;
+    h.list_tools(&a()).await.expect("list");
+    // The generation seen is kept on disk, which makes the floors' lock file.
+    let lock = eventually(Duration::from_secs(10), || {
+        std::fs::read_dir(&dir).is_ok_and(|d| {
+            d.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("__shared-floors-") && name.ends_with(".lock")
+            })
+        })
+    })
+    .await;
+    assert!(lock, "the floors were kept");
+    let lock = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".lock"))
+        .expect("lock file");
+    let held = std::fs::File::open(&lock).expect("open lock");
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    // The server's lists change while another process moves the generation on: this
+    // one's floor rises when it reads it, and the floors' writer waits for the lock.
+    move_generation(&redis, "s").await;
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    let mut grown = false;
+    for _ in 0..200 {
+        let tools = h.list_tools(&a()).await.expect("list");
+        if tools.iter().any(|t| t.name.ends_with("grown_0")) {
+            grown = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(grown, "the change was read");
+    for i in 0..20 {
+        h.call_tool(&a(), "s__echo", json!({"text": format!("{i}")}))
+            .await
+            .expect("echo");
+    }
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), h.shutdown())
+        .await
+        .expect("shutdown returned while the lock is held");
+    let took = started.elapsed();
+    let records = audit_records(&audit);
+    let finished = records.iter().filter(|r| r["event"] == "finished").count();
+    assert_eq!(finished, 21, "every call's record written ({took:?})");
+    drop(held);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(audit);
+}

@@ -91,13 +91,18 @@ impl Identity {
                     t.agent
                 ));
             }
-            map.insert(
-                hash,
-                Principal {
-                    agent: t.agent.as_str().into(),
-                    context: t.auth_context.as_deref().map(Arc::from),
-                },
-            );
+            let principal = Principal {
+                agent: t.agent.as_str().into(),
+                context: t.auth_context.as_deref().map(Arc::from),
+            };
+            // A token listed twice (a copy-paste slip) would silently stand for the
+            // last agent only, and leave the first unreserved against JWT subjects.
+            if let Some(first) = map.insert(hash, principal) {
+                return Err(format!(
+                    "the token of agent {:?} is listed again, for agent {:?}: each token names one principal",
+                    first.agent, t.agent
+                ));
+            }
         }
         if let Some(jwt) = &jwt {
             // Such a token would share the sessions, private cache and upstream sign-in
@@ -264,7 +269,8 @@ mod tests {
             id.resolve(Some("Basic s3cret")),
             Err(IdentityError::Malformed)
         );
-        let open = Identity::new(&[entry], Some("guest"), None).expect("identity");
+        let open =
+            Identity::new(std::slice::from_ref(&entry), Some("guest"), None).expect("identity");
         assert_eq!(
             &*open.resolve(None).expect("anonymous").principal.agent,
             "guest"
@@ -283,6 +289,19 @@ mod tests {
             auth_context: None,
         };
         assert!(Identity::new(&[bad], None, None).is_err());
+        // One token listed twice (its hash in either case) is an error naming both.
+        let again = TokenEntry {
+            sha256: sha256_hex(b"s3cret").to_ascii_uppercase(),
+            agent: "ops".into(),
+            auth_context: None,
+        };
+        let twice = Identity::new(&[entry, again], None, None)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            twice.contains("\"planner\"") && twice.contains("\"ops\""),
+            "{twice}"
+        );
     }
 
     #[tokio::test]

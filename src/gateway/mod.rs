@@ -271,8 +271,12 @@ impl GatewayConfig {
     /// error (keys are never made up silently).
     pub fn sealer(&self) -> Result<Sealer, GatewayError> {
         if let Some(path) = &self.keys_file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| GatewayError::Keys(format!("{}: {e}", path.display())))?;
+            // Whoever reads the keys can forge any principal's state: the file is held
+            // to what any secret file is (this user's, not others' to read or change).
+            let bytes =
+                crate::util::secret::read_secret_file(path, 1).map_err(GatewayError::Keys)?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| GatewayError::Keys(format!("{}: not UTF-8 text", path.display())))?;
             return Sealer::from_text(&text, self.state_ttl);
         }
         match std::env::var("MCP_HARNESS_GATEWAY_KEYS") {
@@ -2417,6 +2421,51 @@ pub fn to_rpc(error: &CallError) -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_keys_file_others_can_read_or_that_is_no_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("mcp-harness-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("gateway.keys");
+        let key = super::seal::new_key().expect("key");
+        std::fs::write(&path, format!("k1:{key}\n")).expect("write");
+        let config = super::GatewayConfig {
+            keys_file: Some(path.clone()),
+            ..super::GatewayConfig::default()
+        };
+        let chmod = |mode| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        chmod(0o644);
+        let refused = config
+            .sealer()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("readable by others"), "{refused}");
+        chmod(0o620);
+        let refused = config
+            .sealer()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("writable by its group"), "{refused}");
+        chmod(0o600);
+        assert!(config.sealer().is_ok(), "this user's alone");
+        // A directory (or a FIFO) is refused at once, not read (or waited on).
+        let not_a_file = super::GatewayConfig {
+            keys_file: Some(dir.clone()),
+            ..super::GatewayConfig::default()
+        };
+        let refused = not_a_file
+            .sealer()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("not a regular file"), "{refused}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_progress_token_is_a_bounded_string_or_an_integer() {
         let (to, _rx) = tokio::sync::mpsc::channel(1);

@@ -28,6 +28,10 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// Largest sealed state accepted (a bound before any decoding), and so issued.
+/// How far ahead of this gateway's clock another's may have issued a state (replicas'
+/// clocks differ a little; one minutes ahead is wrong).
+const ISSUED_AHEAD_MS: u64 = 60_000;
+
 pub(crate) const MAX_SEALED: usize = 256 * 1024;
 
 /// Why a sealed state was refused. The downstream client gets one message for all of
@@ -227,8 +231,13 @@ impl Sealer {
             .map_err(|_| SealError::Tampered)?;
         let state: RoundState = serde_json::from_slice(plain).map_err(|_| SealError::Malformed)?;
         let now = now_ms();
+        // Valid for this gateway's `state_ttl` at most, whatever the sealer wrote: a
+        // ttl cut short (keys leaked) holds for states issued before, and a replica
+        // whose clock runs ahead does not lengthen them.
+        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        let expires = state.expires_ms.min(state.issued_ms.saturating_add(ttl_ms));
         // A clock before the epoch reads 0: past nothing, so it must open nothing.
-        if now == 0 || now >= state.expires_ms {
+        if now == 0 || now >= expires || state.issued_ms > now.saturating_add(ISSUED_AHEAD_MS) {
             return Err(SealError::Expired);
         }
         if state.agent != agent || state.context.as_deref() != context {
@@ -371,6 +380,25 @@ mod tests {
         let sealed = old.seal(&expired).expect("seal");
         assert_eq!(
             old.open(&sealed, "a", None, "tools/call", &expired.digest),
+            Err(SealError::Expired)
+        );
+        // Sealed for an hour, opened by a gateway whose ttl is a minute: issued two
+        // minutes ago, it is past that minute.
+        let mut long = state(&old);
+        long.issued_ms = now_ms() - 120_000;
+        long.expires_ms = now_ms() + 3_600_000;
+        let sealed = old.seal(&long).expect("seal");
+        assert_eq!(
+            old.open(&sealed, "a", None, "tools/call", &long.digest),
+            Err(SealError::Expired)
+        );
+        // Issued by a clock ten minutes ahead: refused, not valid ten minutes longer.
+        let mut ahead = state(&old);
+        ahead.issued_ms = now_ms() + 600_000;
+        ahead.expires_ms = ahead.issued_ms + 60_000;
+        let sealed = old.seal(&ahead).expect("seal");
+        assert_eq!(
+            old.open(&sealed, "a", None, "tools/call", &ahead.digest),
             Err(SealError::Expired)
         );
     }

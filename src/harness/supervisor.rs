@@ -249,12 +249,31 @@ async fn shut_down(services: &Services) {
     }
     services.calls.shutdown().await;
     services.servers.shutdown().await;
+    // Every call has ended: its records are written before the caches, whose writes
+    // may wait on another process's lock or on Redis.
+    flush_audit(services).await;
     services.registry_ref.flush().await;
     if let Some(shared) = &services.registry.shared {
-        shared.drain(shared.config().timeout * 4).await;
-        shared.write_floors().await;
+        let limit = shared.config().timeout * 4;
+        shared.drain(limit).await;
+        // Another process holding the floors' lock (stopped, or stuck on a disk) is
+        // not waited for past the drain's limit: the floors raised since the last
+        // write are not kept, as after a crash (Redis holds the generations).
+        if tokio::time::timeout(limit, shared.write_floors())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the shared cache's generation floors were not kept on disk: their file's lock is held"
+            );
+        }
         shared.close();
     }
+}
+
+/// Writes every accepted audit record before `shutdown()` returns, or reports what
+/// could not be.
+async fn flush_audit(services: &Services) {
     // A write stuck (a pipe no one reads), one under way or the flush's own, would hold
     // the flush for its whole limit (30 s, past a container's usual grace): it gets a
     // few seconds to return, and then what waits behind it is reported unwritten.

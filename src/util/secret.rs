@@ -80,14 +80,17 @@ pub fn read_secret_file(path: &Path, min: usize) -> Result<Vec<u8>, String> {
 
 /// A fresh random key of 32 bytes (for this process only).
 pub fn random_key() -> Vec<u8> {
-    let mut key = vec![0u8; 32];
-    if getrandom::fill(&mut key).is_err() {
+    os_random_key().unwrap_or_else(|| {
         tracing::error!("no OS randomness for a key; using a per-process fallback");
-        key =
-            crate::util::hash::sha256_hex(format!("{:?}", std::time::SystemTime::now()).as_bytes())
-                .into_bytes();
-    }
-    key
+        crate::util::hash::sha256_hex(format!("{:?}", std::time::SystemTime::now()).as_bytes())
+            .into_bytes()
+    })
+}
+
+/// 32 bytes from the operating system's generator, if it gives them.
+fn os_random_key() -> Option<Vec<u8>> {
+    let mut key = vec![0u8; 32];
+    getrandom::fill(&mut key).ok().map(|()| key)
 }
 
 /// Opens a file this process keeps for itself: `None` when there is none; an error when
@@ -157,7 +160,11 @@ pub fn local_key(path: &Path, what: &str) -> Vec<u8> {
             return random_key();
         }
     }
-    let key = random_key();
+    // The fallback (a clock reading) is guessable: good enough for one process's
+    // run, never kept for every later one.
+    let Some(key) = os_random_key() else {
+        return random_key();
+    };
     // Written whole under a name of its own, then linked into place: the key file
     // appears complete or not at all, and a process that finds it made first reads
     // all of it.

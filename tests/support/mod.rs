@@ -247,6 +247,13 @@ pub fn temp_file(tag: &str) -> PathBuf {
     scratch_dir().join(format!("{tag}-{n}.jsonl"))
 }
 
+/// Writes `text` to `path` readable by this user only, as a key file must be.
+pub fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
 /// The requests a `--record` file holds.
 pub fn recorded(path: &PathBuf) -> Vec<Value> {
     std::fs::read_to_string(path)
