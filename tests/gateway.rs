@@ -819,6 +819,49 @@ async fn exercise_rmcp<S>(
     }
 }
 
+// A legacy server's questions during one call are held to round_cap when the
+// gateway's legacy client answers them, as when a handler does: past it each is refused
+// without reaching the client (a person asked again and again until the deadline).
+#[tokio::test]
+async fn a_legacy_servers_questions_to_a_legacy_client_stop_at_the_round_cap() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let asked = Arc::new(AtomicU32::new(0));
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+        http_client(),
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            gw.url().to_string(),
+        )
+        .auth_header("tok-a"),
+    );
+    let client = Approver {
+        asked: asked.clone(),
+    }
+    .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+    .await
+    .expect("rmcp over HTTP");
+    let call = |n: u64| {
+        rmcp::model::CallToolRequestParams::new("beta__rounds")
+            .with_arguments(json!({"n": n}).as_object().cloned().expect("obj"))
+    };
+    client.call_tool(call(10)).await.expect("ten answered");
+    assert_eq!(asked.load(Ordering::Relaxed), 10);
+    asked.store(0, Ordering::Relaxed);
+    let refused = client.call_tool(call(12)).await;
+    let said = match &refused {
+        Ok(r) => serde_json::to_string(r).unwrap_or_default(),
+        Err(e) => e.to_string(),
+    };
+    assert!(said.contains("round_cap"), "{said}");
+    assert_eq!(
+        asked.load(Ordering::Relaxed),
+        10,
+        "the eleventh reached no one"
+    );
+    client.cancel().await.expect("close");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn rmcp_clients_of_both_eras_over_http_and_stdio() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

@@ -193,6 +193,18 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
             }
         );
     }
+    // A legacy server asking is refused in words that name no agent.
+    let r = h
+        .call_tool(&Caller::agent("b"), "l__summarize", json!({"text": "x"}))
+        .await
+        .expect("the server's own result");
+    let told = text(&r);
+    assert!(
+        told.contains("refused: -1")
+            && told.contains("may not use it")
+            && !told.contains("agent b"),
+        "{told}"
+    );
     // 1000 tokens asked (and the prompt), 2400 in the call's budget.
     let reason = denied(
         h.call_tool(

@@ -24,6 +24,29 @@ pub(crate) struct HarnessClient {
     pub(crate) ctx: std::sync::Weak<super::CallContext>,
 }
 
+impl HarnessClient {
+    /// Counts a server's question against its call's `round_cap`; past it, the
+    /// refusal to answer it with.
+    fn past_round_cap(&self, server: &str) -> Option<RpcError> {
+        let ctx = self.ctx.upgrade()?;
+        if ctx.count_question(server) {
+            return None;
+        }
+        tracing::warn!(
+            server,
+            cap = ctx.settings.round_cap,
+            "server asked for input more often than round_cap during its call; refused"
+        );
+        Some(RpcError::new(
+            INVALID_REQUEST,
+            format!(
+                "more than {} questions during this call (round_cap)",
+                ctx.settings.round_cap
+            ),
+        ))
+    }
+}
+
 impl ClientSide for HarnessClient {
     fn capabilities(&self) -> Value {
         self.inputs.snapshot().capabilities().clone()
@@ -36,6 +59,11 @@ impl ClientSide for HarnessClient {
             _ => None,
         };
         if let Some(asker) = asker {
+            // A question the caller's client answers counts as one a handler would.
+            if let Some(refused) = self.past_round_cap(server) {
+                request.respond(Err(refused));
+                return;
+            }
             // The caller's client is never handed a URL no one should open.
             if super::input::elicitation_mode(&request.params) == Some("url")
                 && super::input::usable_elicitation_url(&request.params).is_none()
@@ -109,22 +137,8 @@ impl ClientSide for HarnessClient {
             request.respond(Err(error));
             return;
         }
-        if asks
-            && let Some(ctx) = self.ctx.upgrade()
-            && !ctx.count_question(server)
-        {
-            tracing::warn!(
-                server,
-                cap = ctx.settings.round_cap,
-                "server asked for input more often than round_cap during its call; refused"
-            );
-            request.respond(Err(RpcError::new(
-                INVALID_REQUEST,
-                format!(
-                    "more than {} questions during this call (round_cap)",
-                    ctx.settings.round_cap
-                ),
-            )));
+        if asks && let Some(refused) = self.past_round_cap(server) {
+            request.respond(Err(refused));
             return;
         }
         let (agent_id, call_id, shared, ended) = match whose {
@@ -141,6 +155,7 @@ impl ClientSide for HarnessClient {
             shared,
         };
         let mut request = request;
+        let server = server.to_string();
         tokio::spawn(async move {
             let call_ended = async {
                 if ended.is_empty() {
@@ -170,8 +185,15 @@ impl ClientSide for HarnessClient {
                     METHOD_NOT_FOUND,
                     format!("no handler for {method} in this client"),
                 )),
-                // As clients answer a request the user rejected (-1).
-                Err(InputError::Denied(d)) => Err(RpcError::new(-1, format!("refused: {d}"))),
+                // As clients answer a request the user rejected (-1). The server hears
+                // no agent's name nor others' spending; the log has the whole reason.
+                Err(InputError::Denied(d)) => {
+                    tracing::info!(server = %server, reason = %d, "a server's request was refused");
+                    Err(RpcError::new(
+                        -1,
+                        format!("refused: {}", d.as_told_to_the_server()),
+                    ))
+                }
                 Err(e) => Err(RpcError::new(INTERNAL_ERROR, e.to_string())),
             };
             request.respond(outcome);

@@ -127,6 +127,27 @@ pub enum Denial {
     },
 }
 
+impl Denial {
+    /// Why, as the server that asked is told: no agent's name and no spending but its
+    /// own call's (the other budgets count other servers' and agents' sampling).
+    pub fn as_told_to_the_server(&self) -> String {
+        match self {
+            Denial::NotAllowed { .. } => "the agent may not use it".into(),
+            Denial::NotApproved => "it was not approved".into(),
+            Denial::BudgetExceeded { .. } => self.to_string(),
+            Denial::ServerBudgetExceeded { budget, .. } => {
+                format!("this server's budget of {budget} tokens a minute would be exceeded")
+            }
+            Denial::AgentBudgetExceeded { .. } => {
+                "the agent's budget of tokens a minute would be exceeded".into()
+            }
+            Denial::TotalBudgetExceeded { .. } => {
+                "the budget of tokens a minute for all sampling would be exceeded".into()
+            }
+        }
+    }
+}
+
 /// A handler could not answer.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]

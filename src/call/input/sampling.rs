@@ -290,6 +290,17 @@ impl SamplingConfig {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(Invalid::new("base_url", "must be http or https"));
         }
+        // The key goes with the first request, before any answer could say to use
+        // HTTPS: in clear only to this machine.
+        if parsed.scheme() == "http"
+            && self.api_key_env.is_some()
+            && !crate::transport::auth::is_loopback(&parsed)
+        {
+            return Err(Invalid::new(
+                "base_url",
+                "must be https to send an API key beyond this machine (http is for a local model server)",
+            ));
+        }
         Ok(())
     }
 
@@ -466,7 +477,7 @@ impl Sampler {
         if entry.spent.saturating_add(asked) > budget {
             return Err(of.denial(budget, entry.spent, asked));
         }
-        entry.spent += asked;
+        entry.spent = entry.spent.saturating_add(asked);
         entry.open = entry.open.saturating_add(asked);
         Ok(entry.id)
     }
@@ -1121,6 +1132,41 @@ mod tests {
         assert_eq!(config.server_budget(), 65_536);
         config.server_budget_tokens_per_minute = Some(5);
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn an_unlimited_budget_spent_to_its_end_stays_spent_rather_than_wraps() {
+        let config = local("m", 10, u64::MAX, BTreeMap::new());
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        let budget = sampler.reserve("call:1", 10).expect("reserved");
+        // A provider that says it used nearly everything ("unlimited" is u64::MAX).
+        sampler.settle("call:1", budget, 10, u64::MAX - 1);
+        sampler.reserve("call:1", 10).expect("within u64::MAX");
+        let spent = sampler.spent.lock().get("call:1").map(|e| e.spent);
+        assert_eq!(spent, Some(u64::MAX), "not wrapped to a fresh budget");
+    }
+
+    #[test]
+    fn an_api_key_goes_in_clear_only_to_this_machine() {
+        let keyed = |url: &str| SamplingConfig {
+            base_url: Some(url.into()),
+            api_key_env: Some("SOME_KEY".into()),
+            ..local("m", 10, 100, BTreeMap::new())
+        };
+        assert!(keyed("http://127.0.0.1:8000/v1").validate().is_ok());
+        assert!(keyed("http://localhost:8000/v1").validate().is_ok());
+        assert!(keyed("https://api.openai.com/v1").validate().is_ok());
+        let e = keyed("http://api.openai.com/v1")
+            .validate()
+            .expect_err("in clear");
+        assert!(e.to_string().contains("https"), "{e}");
+        // Without a key, a model server elsewhere on the network may be plain HTTP.
+        let keyless = SamplingConfig {
+            api_key_env: None,
+            ..keyed("http://gpu-box.lan:8000/v1")
+        };
+        assert!(keyless.validate().is_ok());
     }
 
     #[test]
