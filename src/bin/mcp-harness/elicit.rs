@@ -109,6 +109,19 @@ impl Asker {
     /// this one was shown was meant for that one: it is dropped, never taken as the
     /// answer to a question its typist has not seen.
     fn ask(&self, prompt: &str) -> Option<String> {
+        self.ask_line(prompt, false)
+    }
+
+    /// A yes or no to `prompt` (`y` or `yes`, any case, is yes); `None` at the end of
+    /// input or once withdrawn. Only a line typed once it is shown answers it: a `y`
+    /// typed ahead (pasted after a form's answers) never consents unseen.
+    fn consent(&self, prompt: &str) -> Option<bool> {
+        let line = self.ask_line(prompt, true)?;
+        let line = line.trim();
+        Some(line.eq_ignore_ascii_case("y") || line.eq_ignore_ascii_case("yes"))
+    }
+
+    fn ask_line(&self, prompt: &str, consent: bool) -> Option<String> {
         static WITHDRAWN: std::sync::Mutex<Option<std::time::Instant>> =
             std::sync::Mutex::new(None);
         if self.withdrawn() {
@@ -125,7 +138,7 @@ impl Asker {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         loop {
             match lines.recv_timeout(std::time::Duration::from_millis(100)) {
-                Ok((at, Some(_))) if last_withdrawn.is_some_and(|w| at > w && at < shown) => {}
+                Ok((at, Some(_))) if !answers_it(at, shown, last_withdrawn, consent) => {}
                 Ok((_, line)) => return line,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
                     *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -138,6 +151,19 @@ impl Asker {
             }
         }
     }
+}
+
+/// Whether a line read at `at` answers a question shown at `shown`: not one typed
+/// between a withdrawn question and this one (it was meant for that one), and for a
+/// yes or no, not one typed before it was shown.
+fn answers_it(
+    at: std::time::Instant,
+    shown: std::time::Instant,
+    last_withdrawn: Option<std::time::Instant>,
+    consent: bool,
+) -> bool {
+    let ahead = at < shown;
+    !(ahead && (consent || last_withdrawn.is_some_and(|w| at > w)))
 }
 
 /// Messages of a sampling request shown in full (up to [`SHOWN_CHARS`] each).
@@ -243,8 +269,8 @@ impl InputHandler for CliApprover {
                 for shown in sampling_shown(p) {
                     errln!("  {shown}");
                 }
-                match asker.ask("allow? [y/N] ").as_deref().map(str::trim) {
-                    Some("y" | "Y" | "yes") => json!({"action": "accept"}),
+                match asker.consent("allow? [y/N] ") {
+                    Some(true) => json!({"action": "accept"}),
                     _ => json!({"action": "decline"}),
                 }
             })
@@ -287,6 +313,10 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, asker: Option<
     }
 }
 
+/// The `--answers` name that consents to a URL-mode request: `"!url": "accept"`, at the
+/// top (every such request of the call) or in the object of one request's key.
+const URL_CONSENT: &str = "!url";
+
 /// A URL-mode request: shown in full (without anything that could disguise it), never
 /// opened, accepted only with consent.
 fn url_mode(
@@ -312,12 +342,15 @@ fn url_mode(
         line(parsed.as_str()),
     );
     let consent = match answers {
-        Some(a) => a.get(&request.key).and_then(Value::as_str) == Some("accept"),
-        None => asker.is_some_and(|asker| {
-            asker
-                .ask("Done, and do you consent? [y/N] ")
-                .is_some_and(|l| l.trim().eq_ignore_ascii_case("y"))
-        }),
+        // Under a name no form field has: `{"KEY": "accept"}` would also be the answer
+        // to a field KEY, and the key is the server's to choose.
+        Some(a) => [a.get(&request.key), Some(a)]
+            .into_iter()
+            .flatten()
+            .any(|scope| scope.get(URL_CONSENT).and_then(Value::as_str) == Some("accept")),
+        None => asker
+            .and_then(|asker| asker.consent("Done, and do you consent? [y/N] "))
+            .unwrap_or(false),
     };
     if consent {
         json!({"action": "accept"})
@@ -372,9 +405,9 @@ impl Form<'_> {
         let message = shown(request.params["message"].as_str().unwrap_or(""));
         errln!("\nServer {} asks: {message}", line(&request.server));
         if self.props.is_empty() {
-            return match asker.ask("accept? [y/N] ").as_deref().map(str::trim) {
-                Some("y" | "Y" | "yes") => json!({"action": "accept", "content": {}}),
-                Some(_) => json!({"action": "decline"}),
+            return match asker.consent("accept? [y/N] ") {
+                Some(true) => json!({"action": "accept", "content": {}}),
+                Some(false) => json!({"action": "decline"}),
                 None => json!({"action": "cancel"}),
             };
         }
@@ -543,6 +576,42 @@ fn on_a_terminal() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_yes_or_no_is_answered_only_by_a_line_typed_once_it_is_shown() {
+        let t0 = std::time::Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let shown = at(100);
+        // A form field takes what was typed ahead for it; a yes or no does not.
+        assert!(answers_it(at(50), shown, None, false));
+        assert!(!answers_it(at(50), shown, None, true));
+        assert!(answers_it(at(150), shown, None, true));
+        // After a withdrawal, a line typed between it and this question was meant for
+        // the withdrawn one, whatever this one asks; one typed before it is this one's.
+        assert!(!answers_it(at(50), shown, Some(at(20)), false));
+        assert!(answers_it(at(10), shown, Some(at(20)), false));
+        assert!(answers_it(at(150), shown, Some(at(20)), true));
+    }
+
+    #[test]
+    fn answers_consent_to_a_url_only_by_their_own_name() {
+        let url = |key: &str| InputRequestContext {
+            server: "s".into(),
+            method: "elicitation/create".into(),
+            params: json!({"mode": "url", "message": "sign in", "url": "https://a.example/x", "elicitationId": "e"}),
+            agent_id: None,
+            call_id: None,
+            shared: false,
+            key: key.into(),
+        };
+        let action =
+            |key: &str, answers: Value| url_mode(&url(key), Some(&answers), None)["action"].clone();
+        // A field's answer under the same name as the server's key is no consent.
+        assert_eq!(action("decision", json!({"decision": "accept"})), "decline");
+        assert_eq!(action("k", json!({"!url": "accept"})), "accept");
+        assert_eq!(action("k", json!({"k": {"!url": "accept"}})), "accept");
+        assert_eq!(action("k", json!({"other": {"!url": "accept"}})), "decline");
+    }
 
     fn request(schema: Value) -> InputRequestContext {
         InputRequestContext {
