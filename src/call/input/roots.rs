@@ -1,6 +1,7 @@
 //! [`RootsHandler`]: `roots/list` answered from config, per agent (`[agents.NAME]
-//! roots`, `"*"` for agents not named and for legacy servers, whose requests name no
-//! agent: a legacy connection is shared by every agent's calls).
+//! roots`; `"*"`'s for agents not named, and for a legacy server's request that is no
+//! one agent's: asked outside calls, as servers do at start and after
+//! `notifications/roots/list_changed`, or while several agents' calls are on it).
 
 use serde_json::{Value, json};
 
