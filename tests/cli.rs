@@ -2278,6 +2278,69 @@ fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
     let _ = std::fs::remove_file(record);
 }
 
+// `status --watch` ends at Ctrl-C while its table waits for a reader (piped and not
+// read, a terminal paused): before, the write blocked the task that takes the signal.
+#[test]
+fn status_watch_ends_at_ctrl_c_while_its_output_is_not_read() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    // A gateway of 4,000 servers: one table is more than a pipe holds.
+    let body: String = (0..4000)
+        .map(|i| format!("mcp_harness_server_state{{mcp_harness_server_id=\"server-{i}\",state=\"ready\"}} 1\n"))
+        .collect();
+    let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    std::thread::spawn({
+        let scrapes = scrapes.clone();
+        move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut request = [0u8; 4096];
+                let _ = conn.read(&mut request);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    let mut child = Command::new(harness_exe())
+        .args(["status", "--watch", "--from", &url])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    // Held, never read: the first table fills the pipe and its write waits.
+    let _unread = child.stdout.take();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while scrapes.load(std::sync::atomic::Ordering::SeqCst) == 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        scrapes.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "scraped"
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let interrupted = std::time::Instant::now();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let code = exit_code_within(&mut child, "Ctrl-C did not end the watch");
+    assert_eq!(code, Some(0));
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(3),
+        "ended {:?} after Ctrl-C",
+        interrupted.elapsed()
+    );
+}
+
 // `status --watch --from` ends at Ctrl-C while a scrape waits on a gateway that does not
 // answer: before, it waited out the scrape's 5 s first.
 #[test]

@@ -307,10 +307,18 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
         "{}",
         calls[0]
     );
-    // And the attempt names the JSON-RPC request it sent.
+    // And the attempt names the JSON-RPC request it sent, as a string (the conventions'
+    // type for `jsonrpc.request.id`).
+    let id = attempt
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "jsonrpc.request.id")
+        .and_then(|kv| kv.value.as_ref()?.value.clone());
     assert_eq!(
-        attr(attempt, "jsonrpc.request.id"),
-        calls[0]["id"].as_i64().map(|i| i.to_string())
+        id,
+        calls[0]["id"]
+            .as_i64()
+            .map(|i| any_value::Value::StringValue(i.to_string()))
     );
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
@@ -417,6 +425,55 @@ async fn without_otel_variables_nothing_is_exported_and_no_trace_context_is_sent
         "{}",
         calls[0]
     );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+// `OTEL_TRACES_EXPORTER` set wins over the table's `traces` either way, as every other
+// variable does; an exporter this program does not have is said, and left to the table.
+#[tokio::test]
+async fn the_exporter_variable_wins_over_the_tables_switch() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-switch");
+    let config = config("otel-switch", &record);
+    let mut toml = std::fs::read_to_string(&config).expect("config");
+    toml.push_str("[telemetry]\ntraces = false\n");
+    std::fs::write(&config, toml).expect("config");
+    // Off the test's runtime, which serves the collector meanwhile.
+    let run = |exporter: &str| {
+        let (config, endpoint, exporter) = (config.clone(), endpoint.clone(), exporter.to_string());
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(harness_exe())
+                .args(["call", "--config"])
+                .arg(&config)
+                .args(["s__echo", r#"{"text": "switched"}"#])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+                .env("OTEL_TRACES_EXPORTER", exporter)
+                .env_remove("OTEL_SDK_DISABLED")
+                .env_remove("OTEL_TRACES_SAMPLER")
+                .output()
+                .expect("run")
+        })
+    };
+    let traced = |n: usize| {
+        let calls: Vec<Value> = recorded(&record)
+            .into_iter()
+            .filter(|r| r["method"] == "tools/call")
+            .collect();
+        calls[n]["params"]["_meta"].get("traceparent").is_some()
+    };
+    // The table says off, the variable on: on.
+    let out = run("otlp").await.expect("join");
+    assert!(out.status.success());
+    assert!(traced(0), "the variable's otlp exported");
+    let exported = eventually(Duration::from_secs(10), || !received.spans().is_empty()).await;
+    assert!(exported, "spans reached the collector");
+    // An exporter this program does not have: said, and the table's off holds.
+    let out = run("zipkin").await.expect("join");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("OTEL_TRACES_EXPORTER=zipkin"), "{err}");
+    assert!(!traced(1), "the table's traces = false");
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

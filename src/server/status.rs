@@ -53,8 +53,9 @@ pub struct ServerStatus {
     pub era: Option<Era>,
     /// The protocol version in use.
     pub protocol_version: Option<String>,
-    /// Restarts so far: of its connection, or of the server when its actor died while it
-    /// ran (the connection died with it).
+    /// Restarts after a failure so far: of its connection, or of the server when its
+    /// actor died while it ran (the connection died with it). A restart asked for
+    /// (`restart_server`, a reload that changed its settings) is not one.
     pub restarts: u32,
     /// Times the server's actor itself was rebuilt by the supervisor (after its own
     /// death, or the supervisor's).

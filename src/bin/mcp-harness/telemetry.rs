@@ -64,8 +64,27 @@ fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn off(name: &str) -> bool {
-    var(name).is_some_and(|v| v.eq_ignore_ascii_case("none"))
+/// What `OTEL_{SIGNAL}_EXPORTER` asks for: on (`otlp` among its names), off (`none`),
+/// or nothing (unset, or only exporters this program does not have: said, and left to
+/// the table).
+fn exporter_asked(upper: &str) -> Option<bool> {
+    let name = format!("OTEL_{upper}_EXPORTER");
+    let value = var(&name)?;
+    let names: Vec<String> = value
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    if names.iter().any(|n| n == "otlp") {
+        return Some(true);
+    }
+    if names.iter().all(|n| n == "none") {
+        return Some(false);
+    }
+    errln!(
+        "mcp-harness: {name}={} names no exporter this program has (otlp or none); ignored",
+        crate::terminal::line_cut(&value, 100)
+    );
+    None
 }
 
 /// One signal's exporter settings, the environment first.
@@ -113,9 +132,11 @@ impl Signal {
 
 fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option<Signal> {
     let upper = name.to_ascii_uppercase();
+    // A variable that is set wins over the table, either way.
+    let asked = exporter_asked(&upper);
     if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        || off(&format!("OTEL_{upper}_EXPORTER"))
-        || enabled == Some(false)
+        || asked == Some(false)
+        || (enabled == Some(false) && asked != Some(true))
     {
         return None;
     }

@@ -4,8 +4,10 @@
 //! elsewhere each refresh is printed after the last. Ctrl-C ends it.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
+
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 
 use mcp_harness::call::{BUCKETS, quantile};
 use mcp_harness::{HarnessHandle, Metrics};
@@ -176,7 +178,10 @@ fn p50(row: &Row) -> String {
         None => "-".into(),
         Some(d) if d.as_secs_f64() > BUCKETS[BUCKETS.len() - 1] => "> 300 s".into(),
         Some(d) if d < Duration::from_millis(1) => format!("≤ {} µs", d.as_micros()),
-        Some(d) if d < Duration::from_secs(1) => format!("≤ {} ms", d.as_millis()),
+        // In µs first: the 2.5 ms bound is not a whole millisecond.
+        Some(d) if d < Duration::from_secs(1) => {
+            format!("≤ {} ms", d.as_micros() as f64 / 1000.0)
+        }
         Some(d) => format!("≤ {} s", d.as_secs_f64()),
     }
 }
@@ -233,6 +238,8 @@ pub async fn watch(
     // flag is visible to other users.
     let token = std::env::var("MCP_HARNESS_METRICS_TOKEN").ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // After a slow scrape or a write that waited, one redraw, not the missed ones at once.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut interrupted = std::pin::pin!(stop);
     loop {
         tokio::select! {
@@ -269,14 +276,23 @@ pub async fn watch(
             table = scraped => table,
             _ = &mut interrupted => return Ok(crate::commands::OK),
         };
-        let mut out = std::io::stdout().lock();
-        let written = if terminal {
+        let shown = if terminal {
             // Home and clear, then the table: a redraw in place.
-            write!(out, "\x1b[H\x1b[2J{table}")
+            format!("\x1b[H\x1b[2J{table}")
         } else {
-            writeln!(out, "{table}")
-        }
-        .and_then(|()| out.flush());
+            format!("{table}\n")
+        };
+        // Written off this task, and given up at Ctrl-C: a reader that does not read
+        // (a pipe left full, a terminal paused) would otherwise hold the signal too.
+        let write = async {
+            let mut out = tokio::io::stdout();
+            out.write_all(shown.as_bytes()).await?;
+            out.flush().await
+        };
+        let written = tokio::select! {
+            written = write => written,
+            _ = &mut interrupted => return Ok(crate::commands::OK),
+        };
         match written {
             // Its reader went away (`| head`): as good as Ctrl-C.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
@@ -321,6 +337,26 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a",outcome="
         assert_eq!(row.calls, u64::MAX);
         assert_eq!(row.errors, u64::MAX);
         assert_eq!(p50(row), "≤ 100 µs");
+    }
+
+    #[test]
+    fn the_median_is_shown_as_its_buckets_bound() {
+        let at = |i: usize| {
+            let mut buckets = vec![0; BUCKETS.len() + 1];
+            buckets[i] = 3;
+            p50(&Row {
+                state: String::new(),
+                era: String::new(),
+                restarts: 0,
+                calls: 3,
+                errors: 0,
+                buckets,
+            })
+        };
+        assert_eq!(at(1), "≤ 250 µs");
+        assert_eq!(at(4), "≤ 2.5 ms");
+        assert_eq!(at(6), "≤ 10 ms");
+        assert_eq!(at(13), "≤ 2 s");
     }
 
     #[test]

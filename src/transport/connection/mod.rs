@@ -398,10 +398,11 @@ impl Connection {
         let mut id = self.ids.next();
         let mut renegotiated = false;
         loop {
-            // The attempt's span says which request it sent (`jsonrpc.request.id`); a
-            // span without the field ignores it.
+            // The attempt's span says which request it sent (`jsonrpc.request.id`, a
+            // string by the conventions); a span without the field ignores it.
             if let crate::protocol::RequestId::Number(n) = id {
-                tracing::Span::current().record("jsonrpc.request.id", n);
+                let mut digits = itoa::Buffer::new();
+                tracing::Span::current().record("jsonrpc.request.id", digits.format(n));
             }
             let request = RequestRef {
                 id: &id,
