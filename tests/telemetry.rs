@@ -1029,7 +1029,7 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
     let (endpoint, received) = grpc_collector_on(Some(tls_acceptor(&cert, &key))).await;
     let record = temp_file("otel-tls");
     let config = config("otel-tls", &record);
-    let run = |with_ca: bool| {
+    let run = |ca_var: Option<&'static str>| {
         let (config, endpoint, ca_pem) = (config.clone(), endpoint.clone(), ca.ca_pem.clone());
         // Off the test's thread: the collector runs on it.
         tokio::task::spawn_blocking(move || {
@@ -1040,22 +1040,27 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
                 .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
                 .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
                 .env("OTEL_METRICS_EXPORTER", "none");
-            if with_ca {
-                cmd.env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_pem);
-            } else {
-                cmd.env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE");
+            cmd.env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE")
+                .env_remove("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE");
+            if let Some(var) = ca_var {
+                cmd.env(var, &ca_pem);
             }
             cmd.output().expect("run")
         })
     };
     // Without the CA the collector is not trusted: the call works, nothing arrives.
-    assert!(run(false).await.expect("join").status.success());
+    assert!(run(None).await.expect("join").status.success());
     assert!(received.spans().is_empty());
-    assert!(run(true).await.expect("join").status.success());
-    assert!(
-        received.arrives("tools/call s__echo").await,
-        "spans arrived over TLS"
-    );
+    // The variable of the traces alone, then the one of every signal.
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    ] {
+        let before = received.spans().len();
+        assert!(run(Some(var)).await.expect("join").status.success());
+        let arrived = eventually(Duration::from_secs(10), || received.spans().len() > before).await;
+        assert!(arrived, "spans arrived over TLS trusting the CA of {var}");
+    }
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

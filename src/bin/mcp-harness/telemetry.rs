@@ -159,7 +159,8 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
         .or_else(|| config.endpoint.clone())
         .is_some_and(|e| e.trim_start().to_ascii_lowercase().starts_with("https://"));
-    let ca_file = var("OTEL_EXPORTER_OTLP_CERTIFICATE")
+    let ca_file = var(&format!("OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
         .map(std::path::PathBuf::from)
         .or_else(|| config.ca_file.clone());
     let timeout = export_timeout(
