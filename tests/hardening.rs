@@ -899,6 +899,30 @@ async fn item_05_a_legacy_servers_requests_past_the_concurrency_cap_are_refused(
     h.shutdown().await;
 }
 
+// 5. An answer to a legacy HTTP server's request is a POST the server may hold open:
+// the request's slot is kept until it is sent, so a server that takes answers slowly
+// gets no more than four requests answered at once, and the rest refused. Before, the
+// slot went back when the answer was made, and answers piled up without bound.
+#[tokio::test]
+async fn item_05_answers_a_legacy_http_server_holds_open_keep_their_requests_slot() {
+    let server = HttpServer::demo(&["leg", "--era", "legacy", "--hold-answers-ms", "2000"]).await;
+    let h = start_ready_with(
+        Harness::builder(config(vec![ServerConfig::new("leg", server.spec())])).input_handler(
+            "elicitation/create",
+            Arc::new(FixedAnswers::new(
+                json!({"action": "accept", "content": {"x": "y"}}),
+            )),
+        ),
+    )
+    .await;
+    let r = h
+        .call_tool(&a(), "leg__ask_many", json!({"n": 20}))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "answered 4 refused 16");
+    h.shutdown().await;
+}
+
 // 5. A flood of a server's requests refused is logged a few times, not once each.
 #[tokio::test]
 async fn item_05_a_flood_of_refused_server_requests_is_logged_a_few_times() {
