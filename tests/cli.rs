@@ -1402,7 +1402,7 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
         harness_exe()
     );
     for (typed, code, answered) in [("y\n", 0, true), ("n\n", 1, false)] {
-        let o = on_a_terminal(&cmd, typed, &env);
+        let o = on_a_terminal(&cmd, "consent? [y/N]", typed, &env);
         let screen = stdout(&o);
         assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
         assert!(
@@ -1421,19 +1421,39 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
 }
 
 /// Runs `cmd` on a terminal (a pty from util-linux `script`; what it shows is the
-/// output's stdout) with `typed` typed into it, then the end of input.
-fn on_a_terminal(cmd: &str, typed: &str, env: &[(&str, &str)]) -> Output {
-    use std::io::Write;
+/// output's stdout), types `typed` into it once `prompt` is on the screen (a yes or no
+/// takes no line typed before it is asked), then ends the input.
+fn on_a_terminal(cmd: &str, prompt: &str, typed: &str, env: &[(&str, &str)]) -> Output {
+    use std::io::{Read, Write};
     let mut child = terminal_command(cmd, env)
         .spawn()
         .expect("this test needs `script` (util-linux) for a terminal");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(typed.as_bytes())
-        .expect("type the answer");
-    child.wait_with_output().expect("wait")
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = std::thread::spawn({
+        let screen = screen.clone();
+        let mut out = child.stdout.take().expect("stdout");
+        move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = out.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                screen.lock().expect("lock").extend_from_slice(&chunk[..n]);
+            }
+        }
+    });
+    let asked = || String::from_utf8_lossy(&screen.lock().expect("lock")).contains(prompt);
+    let started = std::time::Instant::now();
+    while !asked() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(typed.as_bytes()).expect("type the answer");
+    drop(input);
+    let mut o = child.wait_with_output().expect("wait");
+    reader.join().expect("reader");
+    o.stdout = std::mem::take(&mut *screen.lock().expect("lock"));
+    o
 }
 
 /// Runs `cmd` on a terminal with nothing typed and its input left open, for up to 30 s:
@@ -1480,13 +1500,19 @@ fn a_confirmation_with_no_fields_is_accepted_only_by_a_yes() {
         demo_cmd("s")
     );
     for (typed, code) in [("y\n", 0), ("\n", 1), ("no\n", 1)] {
-        let o = on_a_terminal(&cmd, typed, &[]);
+        let o = on_a_terminal(&cmd, "accept? [y/N]", typed, &[]);
         let screen = stdout(&o);
         assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
         assert!(screen.contains("Delete everything?"), "{screen}");
         assert!(screen.contains("accept? [y/N]"), "asks: {screen}");
         assert_eq!(screen.contains("got 1 answers"), code == 0, "{screen}");
     }
+    // A y typed before the question was asked (pasted ahead) does not accept it.
+    let o = on_a_terminal(&cmd, "", "y\n", &[]);
+    let screen = stdout(&o);
+    assert_ne!(o.status.code(), Some(0), "{screen}");
+    assert!(screen.contains("accept? [y/N]"), "asks: {screen}");
+    assert!(!screen.contains("got 1 answers"), "{screen}");
 }
 
 // A question on the terminal that no one answers is withdrawn when its call's time for

@@ -59,11 +59,6 @@ impl ClientSide for HarnessClient {
             _ => None,
         };
         if let Some(asker) = asker {
-            // A question the caller's client answers counts as one a handler would.
-            if let Some(refused) = self.past_round_cap(server) {
-                request.respond(Err(refused));
-                return;
-            }
             // The caller's client is never handed a URL no one should open.
             if super::input::elicitation_mode(&request.params) == Some("url")
                 && super::input::usable_elicitation_url(&request.params).is_none()
@@ -72,6 +67,11 @@ impl ClientSide for HarnessClient {
                     INVALID_PARAMS,
                     "the request is a url-mode elicitation whose url is not an https URL of at most 2048 bytes without credentials",
                 )));
+                return;
+            }
+            // A question the caller's client answers counts as one a handler would.
+            if let Some(refused) = self.past_round_cap(server) {
+                request.respond(Err(refused));
                 return;
             }
             let (reply, answer) = tokio::sync::oneshot::channel();

@@ -27,11 +27,11 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Largest sealed state accepted (a bound before any decoding), and so issued.
 /// How far ahead of this gateway's clock another's may have issued a state (replicas'
 /// clocks differ a little; one minutes ahead is wrong).
 const ISSUED_AHEAD_MS: u64 = 60_000;
 
+/// Largest sealed state accepted (a bound before any decoding), and so issued.
 pub(crate) const MAX_SEALED: usize = 256 * 1024;
 
 /// Why a sealed state was refused. The downstream client gets one message for all of

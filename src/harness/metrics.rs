@@ -8,7 +8,8 @@
 //! (`mcp.client.operation.duration`, in seconds, with `mcp.method.name` and
 //! `error.type`); the rest are `mcp_harness.*`. Prometheus names are the OpenTelemetry
 //! names with `.` as `_` and the unit or `_total` appended, as the OpenTelemetry to
-//! Prometheus mapping does.
+//! Prometheus mapping does; so are the conventions' attributes as labels, while the
+//! harness's own are short there (`outcome`, `state`, `layer`, `era`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -254,19 +254,9 @@ async fn shut_down(services: &Services) {
     flush_audit(services).await;
     services.registry_ref.flush().await;
     if let Some(shared) = &services.registry.shared {
-        let limit = shared.config().timeout * 4;
-        shared.drain(limit).await;
-        // Another process holding the floors' lock (stopped, or stuck on a disk) is
-        // not waited for past the drain's limit: the floors raised since the last
-        // write are not kept, as after a crash (Redis holds the generations).
-        if tokio::time::timeout(limit, shared.write_floors())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "the shared cache's generation floors were not kept on disk: their file's lock is held"
-            );
-        }
+        shared.drain(shared.config().timeout * 4).await;
+        // Bounded by itself: a lock another process holds is waited for a few seconds.
+        shared.write_floors().await;
         shared.close();
     }
 }

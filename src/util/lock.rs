@@ -18,6 +18,22 @@ pub fn open(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Takes the exclusive lock on `file` (released when it is closed), waiting for another
+/// holder until `deadline`: `Ok(false)` if one still holds it then. A process stopped
+/// or stuck on a disk while it holds the lock holds no one past the deadline.
+pub fn exclusive_until(file: &File, deadline: std::time::Instant) -> std::io::Result<bool> {
+    loop {
+        if exclusive(file, false)? {
+            return Ok(true);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        std::thread::sleep(left.min(std::time::Duration::from_millis(20)));
+    }
+}
+
 /// Takes the exclusive lock on `file`, released when it is closed: `Ok(false)` if
 /// another holds it and `wait` is not set, else waits for it.
 pub fn exclusive(file: &File, wait: bool) -> std::io::Result<bool> {

@@ -116,6 +116,10 @@ impl Asker {
     /// input or once withdrawn. Only a line typed once it is shown answers it: a `y`
     /// typed ahead (pasted after a form's answers) never consents unseen.
     fn consent(&self, prompt: &str) -> Option<bool> {
+        // What the terminal holds unread was typed before this was asked (a paste runs
+        // ahead of the questions): gone, so that it cannot be read as typed after.
+        // SAFETY: tcflush on stdin, a terminal here (a person is asked only when it is).
+        unsafe { libc::tcflush(libc::STDIN_FILENO, libc::TCIFLUSH) };
         let line = self.ask_line(prompt, true)?;
         let line = line.trim();
         Some(line.eq_ignore_ascii_case("y") || line.eq_ignore_ascii_case("yes"))

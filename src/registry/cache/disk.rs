@@ -132,10 +132,19 @@ pub(super) fn remove_stale_tmp(dir: &Path, prefix: &str) {
 }
 
 /// An exclusive advisory lock (`flock`) on `path`, made 0600 if it is not there, held
-/// until the file returned is dropped; waits for another process holding it.
-pub(super) fn locked(path: &Path) -> std::io::Result<std::fs::File> {
+/// until the file returned is dropped; waits for another process holding it until
+/// `deadline`, and is a `TimedOut` error past it.
+pub(super) fn locked_until(
+    path: &Path,
+    deadline: std::time::Instant,
+) -> std::io::Result<std::fs::File> {
     let file = crate::util::lock::open(path)?;
-    crate::util::lock::exclusive(&file, true)?;
+    if !crate::util::lock::exclusive_until(&file, deadline)? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "another process holds the lock",
+        ));
+    }
     Ok(file)
 }
 

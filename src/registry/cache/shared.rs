@@ -537,11 +537,18 @@ impl Floors {
     /// higher of each; under a lock (`flock`) that processes sharing the directory
     /// take too, so none writes over another's rise. Blocking I/O.
     fn write(&self, layer: &SharedCache) {
-        let _one = self.writing.lock();
+        // Bounded: a process sharing the directory that holds the lock and is stopped
+        // (or stuck on a disk) would hold this thread, and shutdown behind it, for ever.
+        let deadline = Instant::now() + FLOORS_LOCK_WAIT;
+        let Some(_one) = self.writing.try_lock_until(deadline) else {
+            tracing::warn!(path = %self.path.display(), "the shared cache's generation floors were not kept on disk: a write of them is stuck");
+            return;
+        };
         if !self.dirty.swap(false, Ordering::SeqCst) {
             return;
         }
-        let kept = super::disk::locked(&self.path.with_extension("lock")).and_then(|_lock| {
+        let lock = self.path.with_extension("lock");
+        let kept = super::disk::locked_until(&lock, deadline).and_then(|_lock| {
             let mut floors = self.read()?;
             for (server, g) in layer.highest.lock().iter() {
                 let kept = floors.entry(server.clone()).or_insert(*g);
@@ -557,6 +564,10 @@ impl Floors {
         }
     }
 }
+
+/// How long a write of the floors waits for their lock before it gives up (they stay
+/// to be written at the next rise, or at shutdown).
+const FLOORS_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// Writes the floors file whenever they rose; ends with the layer.
 async fn keep_floors(layer: std::sync::Weak<SharedCache>, mut wake: mpsc::Receiver<()>) {

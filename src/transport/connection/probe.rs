@@ -1,11 +1,14 @@
 //! Era detection (spec section H): probe with `server/discover` and read the answer.
 //!
-//! A discover result sharing a version with us means modern. A -32022 naming one of our
-//! versions means modern, probed again at that version; a -32022 naming the version we
-//! just sent is retried once (some servers reject the first request of a stateless
-//! client whatever it says), and only a second one means no common version. -32020 and
-//! -32021 mean modern and are errors. Anything else (another error, no answer in time, a
-//! 4xx, a reply that is not JSON-RPC) means legacy. A stdio server that dies on the probe
+//! A discover result sharing a version with us means modern; one listing a legacy
+//! version and no modern one of ours means legacy, and one listing only modern versions
+//! we do not speak is no common version. A -32022 naming one of our versions means
+//! modern, probed again at that version; a -32022 naming the version we just sent is
+//! retried once (some servers reject the first request of a stateless client whatever
+//! it says), and only a second one means no common version. After a -32022, a transport
+//! failure is an error (the server is modern: no falling back). -32020 and -32021 mean
+//! modern and are errors. Anything else (another error, no answer in time, a 4xx, a
+//! reply that is not JSON-RPC) means legacy. A stdio server that dies on the probe
 //! is reported as [`Probe::Exited`]: it is respawned for the handshake.
 
 use serde_json::Value;
