@@ -1376,9 +1376,21 @@ fn stdio_gateway(
     tokio::process::ChildStdin,
     StdioLines,
 ) {
+    stdio_gateway_as(setup, "a")
+}
+
+/// `serve --stdio` for `setup`, its session acting as `agent`.
+fn stdio_gateway_as(
+    setup: &Setup,
+    agent: &str,
+) -> (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    StdioLines,
+) {
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .args(["serve", "--stdio", "--agent", agent, "--config"])
         .arg(&setup.config)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -1432,6 +1444,140 @@ async fn a_stdio_sessions_parked_rounds_end_with_it() {
         (1, 1),
         "the parked call is recorded as ended"
     );
+}
+
+// A config edited while the gateway's servers start is applied once it serves: the
+// baseline a reload compares with is the text it runs, not the file as it was when the
+// watch began (an operator revoking a token then would have seen it keep working).
+#[tokio::test]
+async fn a_config_edited_while_the_servers_start_is_applied_once_it_serves() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    // A server three seconds slow to start holds the listener back that long.
+    let slow = format!(
+        "[[servers]]\nid = \"slow\"\ntransport = {{ type = \"stdio\", command = \"sh\", args = [\"-c\", \"sleep 3; exec {} demo-server slow\"] }}\n",
+        harness_exe()
+    );
+    std::fs::write(&setup.config, format!("{slow}{text}")).expect("config");
+    let revoked: String = format!("{slow}{text}")
+        .lines()
+        .filter(|l| !l.contains("agent = \"b\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config = setup.config.clone();
+    let edit = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        std::fs::write(&config, revoked).expect("edit");
+    });
+    let gw = setup.start().await;
+    edit.await.expect("edited");
+    let mut refused = false;
+    for _ in 0..100 {
+        let (status, _) = gw.modern("tok-b", "tools/list", json!({})).await;
+        if status == 401 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused,
+        "the token revoked while the servers started is refused"
+    );
+    gw.stop().await;
+}
+
+// A config file written in place is read once it holds still: a half that parses
+// (here without the beta server) and lasts less than a second is not applied. Before,
+// beta was removed at the tick that read the half and added again at the next one.
+#[tokio::test]
+async fn a_config_half_written_in_place_is_not_applied() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    // Beta's table last, beta recording what it is sent: the file up to its table is a
+    // whole config, without beta.
+    let record = temp_file("half-written");
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let beta_at = text
+        .find("[[servers]]\nid = \"beta\"")
+        .expect("beta's table");
+    let beta_end = beta_at + text[beta_at..].find("\n\n").expect("its end");
+    let beta = text[beta_at..beta_end].replace(
+        "\"--era\", \"legacy\"",
+        &format!(
+            "\"--era\", \"legacy\", \"--record\", {:?}",
+            record.to_string_lossy()
+        ),
+    );
+    let whole = format!("{}{}\n\n{beta}\n", &text[..beta_at], &text[beta_end + 2..]);
+    std::fs::write(&setup.config, &whole).expect("config");
+    let beta_at = whole
+        .find("[[servers]]\nid = \"beta\"")
+        .expect("beta's table");
+    let gw = setup.start().await;
+    let started = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "initialize")
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(10), || started() == 1).await);
+    // The first part of the file, up to beta's table, for 900 ms: read by at most one
+    // tick (ticks are a second apart), then the whole file again for 1.3 s; three
+    // times, so that ticks read a half whatever their phase.
+    for _ in 0..3 {
+        std::fs::write(&setup.config, &whole[..beta_at]).expect("half");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        std::fs::write(&setup.config, &whole).expect("whole");
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(started(), 1, "beta was removed and started again");
+    gw.stop().await;
+    let _ = std::fs::remove_file(record);
+}
+
+// A stdio session's principal needs no token (a pipe is its own credential): its
+// parked rounds last while it does. Before, the sweep kept only principals a token
+// named, and dropped the round within a second.
+#[tokio::test]
+async fn a_stdio_session_without_a_token_keeps_its_parked_rounds() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    // Agent c is granted beta and named by no token.
+    std::fs::write(
+        &setup.config,
+        format!("{text}\n[permissions.c]\nbeta = [\"*\"]\n"),
+    )
+    .expect("config");
+    let (mut child, mut stdin, mut lines) = stdio_gateway_as(&setup, "c");
+    let params = json!({"name": "beta__confirm", "arguments": {"message": "ok?"}});
+    let call = request("tools/call", params.clone());
+    stdin
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .expect("write");
+    let parked = next_message(&mut lines).await;
+    assert_eq!(parked["result"]["resultType"], "input_required", "{parked}");
+    // Past two sweeps.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut again = params;
+    again["requestState"] = parked["result"]["requestState"].clone();
+    again["inputResponses"] =
+        json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
+    let answer = request("tools/call", again);
+    stdin
+        .write_all(format!("{answer}\n").as_bytes())
+        .await
+        .expect("write");
+    let done = next_message(&mut lines).await;
+    assert_eq!(result_text(&done), "approved: true", "{done}");
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("ended")
+        .expect("wait");
+    assert!(status.success(), "{status}");
 }
 
 // A line on the pipe is a request body, held to max_body_bytes as an HTTP body is: one

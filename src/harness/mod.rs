@@ -956,4 +956,39 @@ mod tests {
         assert_eq!(h.server_actor("s").map(|a| a.get_id()), Some(new.get_id()));
         h.shutdown().await;
     }
+
+    /// A service that keeps dying right after its rebuild is rebuilt after a pause that
+    /// grows (the servers' supervisor would otherwise respawn every server in a loop).
+    #[tokio::test]
+    async fn a_service_that_keeps_dying_is_rebuilt_after_growing_pauses() {
+        let h = Harness::spawn(HarnessConfig::default())
+            .await
+            .expect("spawn");
+        let mut took = Vec::new();
+        for _ in 0..6 {
+            let old = h.service_actor(Service::Permission).await.expect("running");
+            let killed = std::time::Instant::now();
+            old.kill();
+            let deadline = killed + Duration::from_secs(10);
+            loop {
+                if h.service_actor(Service::Permission)
+                    .await
+                    .is_some_and(|a| a.get_id() != old.get_id())
+                {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "not rebuilt");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            took.push(killed.elapsed());
+        }
+        // The first is rebuilt at once; the sixth, the fifth death in a row within a
+        // second of its rebuild, after 20 ms doubled four times.
+        assert!(took[5] >= Duration::from_millis(320), "{took:?}");
+        // The last one rebuilt answers.
+        h.grant("a", "*", &["*"])
+            .await
+            .expect("the rebuilt actor answers");
+        h.shutdown().await;
+    }
 }

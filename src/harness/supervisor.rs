@@ -73,7 +73,16 @@ pub(crate) enum HarnessMsg {
     Shutdown(RpcReplyPort<()>),
     /// The current actor of one child (for fault injection).
     Child(Service, RpcReplyPort<Option<ActorCell>>),
+    /// Rebuild a service that died, after its pause (or whose rebuild failed).
+    Rebuild(Service),
 }
+
+/// A service that dies again within this of its rebuild is rebuilt after a pause, which
+/// doubles with each such death from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`]: one that
+/// keeps dying (the servers' supervisor, with every server process) does not spin.
+const DIED_SOON: Duration = Duration::from_secs(1);
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// The root's state.
 pub(crate) struct SupervisorState {
@@ -82,12 +91,45 @@ pub(crate) struct SupervisorState {
     current: HashMap<Service, ActorCell>,
     /// Once a shutdown is under way: the callers of later ones, answered when it is done.
     shutting_down: Option<Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>>,
+    /// Each service's deaths in a row soon after its rebuild, and when it was last
+    /// rebuilt.
+    rebuilt: HashMap<Service, (u32, Option<Instant>)>,
 }
 
 /// The root actor; see the module docs.
 pub(crate) struct HarnessSupervisor;
 
 impl SupervisorState {
+    /// How long to wait before rebuilding `service`, which just died.
+    fn pause_before_rebuild(&mut self, service: Service) -> Duration {
+        let (streak, rebuilt_at) = self.rebuilt.entry(service).or_insert((0, None));
+        let soon = rebuilt_at.is_some_and(|at| at.elapsed() < DIED_SOON);
+        *streak = if soon { streak.saturating_add(1) } else { 0 };
+        match *streak {
+            0 => Duration::ZERO,
+            n => FIRST_PAUSE
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(LONGEST_PAUSE),
+        }
+    }
+
+    /// Rebuilds `service` unless a shutdown began or it runs already; a rebuild that
+    /// fails is tried again after the longest pause.
+    async fn rebuild(&mut self, myself: &ActorRef<HarnessMsg>, service: Service) {
+        if self.shutting_down.is_some() || self.children.values().any(|s| *s == service) {
+            return;
+        }
+        match self.spawn(myself, service).await {
+            Ok(()) => {
+                self.rebuilt.entry(service).or_insert((0, None)).1 = Some(Instant::now());
+            }
+            Err(e) => {
+                tracing::error!(?service, error = %e, "could not rebuild a harness service; trying again");
+                myself.send_after(LONGEST_PAUSE, move || HarnessMsg::Rebuild(service));
+            }
+        }
+    }
+
     async fn spawn(
         &mut self,
         myself: &ActorRef<HarnessMsg>,
@@ -155,6 +197,7 @@ impl Actor for HarnessSupervisor {
             children: HashMap::new(),
             current: HashMap::new(),
             shutting_down: None,
+            rebuilt: HashMap::new(),
         };
         for service in Service::ALL {
             state.spawn(&myself, service).await?;
@@ -190,6 +233,7 @@ impl Actor for HarnessSupervisor {
             HarnessMsg::Child(service, reply) => {
                 let _ = reply.send(state.current.get(&service).cloned());
             }
+            HarnessMsg::Rebuild(service) => state.rebuild(&myself, service).await,
         }
         Ok(())
     }
@@ -212,9 +256,12 @@ impl Actor for HarnessSupervisor {
         if state.shutting_down.is_some() {
             return Ok(());
         }
-        tracing::warn!(?service, "a harness service died; rebuilding it");
-        if let Err(e) = state.spawn(&myself, service).await {
-            tracing::error!(?service, error = %e, "could not rebuild a harness service");
+        let pause = state.pause_before_rebuild(service);
+        tracing::warn!(?service, ?pause, "a harness service died; rebuilding it");
+        if pause.is_zero() {
+            state.rebuild(&myself, service).await;
+        } else {
+            myself.send_after(pause, move || HarnessMsg::Rebuild(service));
         }
         Ok(())
     }

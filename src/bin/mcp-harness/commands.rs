@@ -127,13 +127,30 @@ pub fn read_first(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
     parsed
 }
 
+/// The text the command's config was parsed from, when it came from [`read_first`]:
+/// what a reload compares the file with (an edit made while the servers started is
+/// then a change, not the baseline).
+static LOADED_TEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 /// What [`read_first`] read of `path` (once), parsed; else the file read now.
 fn read(path: &Path) -> Result<Loaded, mcp_harness::ConfigError> {
     let first = FIRST_READ.lock().unwrap_or_else(|e| e.into_inner()).take();
     match first {
-        Some((read, text)) if read == path => file::parse(&text?, path),
+        Some((read, text)) if read == path => {
+            let text = text?;
+            *LOADED_TEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(text.clone());
+            file::parse(&text, path)
+        }
         _ => file::load(path),
     }
+}
+
+/// The text the running config was parsed from, if it was read before the command ran.
+pub fn loaded_text() -> Option<String> {
+    LOADED_TEXT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 pub fn load(args: &ServerArgs) -> Result<Setup, UsageError> {

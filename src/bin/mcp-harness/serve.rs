@@ -342,7 +342,12 @@ async fn reload_on_change(
         }
         _ => None,
     };
-    let mut seen = read();
+    // The text running, not the file as it is now: an edit made while the servers
+    // started is a change to apply.
+    let mut seen = match crate::commands::loaded_text() {
+        Some(text) if reloadable && path.is_some() => Some(Ok(text)),
+        _ => read(),
+    };
     // Caught since `serve` began (one that came while its servers started is applied
     // now, once).
     let mut hangup = match hangup {
@@ -352,6 +357,8 @@ async fn reload_on_change(
             None
         }
     };
+    // A change seen at the last tick, waiting to read the same at this one.
+    let mut changing = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let signalled = tokio::select! {
@@ -365,8 +372,17 @@ async fn reload_on_change(
         };
         let now = read();
         if !signalled && now == seen {
+            changing = None;
             continue;
         }
+        // A change seen by polling is applied once the file reads the same a second
+        // later: one written in place (`>`, an editor that does not rename) could be
+        // read half-written, and a half that parses would remove servers or grants.
+        if !signalled && changing.as_ref() != Some(&now) {
+            changing = Some(now);
+            continue;
+        }
+        changing = None;
         if !reloadable {
             tracing::warn!("the config is not a regular file: not reloaded");
             continue;
