@@ -550,6 +550,30 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
         "{listed}"
     );
     let id = listed.split_whitespace().next().expect("an id").to_string();
+    // A body over the bound is too large; one broken off (a chunk cut short and the
+    // connection closed) is a bad request, not a size.
+    let big = http
+        .post(format!("{from}/approvals/{id}"))
+        .bearer_auth("admin-secret")
+        .body(vec![b' '; (1 << 20) + 1])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(big.status(), 413);
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut raw = tokio::net::TcpStream::connect(&admin)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /approvals/{id} HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer admin-secret\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        );
+        raw.write_all(head.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(!answer.contains(" 413 "), "{answer}");
+    }
     // A wrong token is refused; the right one answers.
     let refused = approvals(&["--from", &from, "accept", &id], "wrong").await;
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");

@@ -124,7 +124,10 @@ impl CallContext {
             metrics: Arc::default(),
             progress: Arc::default(),
             refreshing: parking_lot::Mutex::default(),
-            next_call: AtomicU64::new(first_call_id()),
+            // Two harnesses writing one audit file (a restart, a gateway and a CLI
+            // call) do not number their calls alike: a `started` left without its
+            // `finished` by a crash is not closed by another run's call of the same id.
+            next_call: AtomicU64::new(crate::util::random_start()),
             in_flight: AtomicUsize::new(0),
             on_servers: parking_lot::Mutex::default(),
         }
@@ -298,15 +301,4 @@ impl CallContext {
             .read()
             .allows_any(agent, &config.id, &config.tags)
     }
-}
-
-/// Where this harness's call ids start: a random 52-bit number (a JSON reader's exact
-/// integers go to 2^53), so that two harnesses writing one audit file (a restart, a
-/// gateway and a CLI call) do not number their calls alike: a `started` left without
-/// its `finished` by a crash is not closed by another run's call of the same id.
-fn first_call_id() -> u64 {
-    let mut bytes = [0u8; 8];
-    // Without randomness, from 1 as before.
-    let _ = getrandom::fill(&mut bytes);
-    (u64::from_le_bytes(bytes) >> 12).max(1)
 }

@@ -75,10 +75,17 @@ async fn answer(
             let read = Limited::new(req.into_body(), MAX_BODY).collect();
             let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
                 Ok(Ok(b)) => b.to_bytes(),
-                Ok(Err(_)) => {
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     return reply(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         json!({"error": "body too large"}),
+                    );
+                }
+                // The client went away, or sent a broken body: not its size.
+                Ok(Err(_)) => {
+                    return reply(
+                        StatusCode::BAD_REQUEST,
+                        json!({"error": "the body could not be read"}),
                     );
                 }
                 Err(_) => {

@@ -15,6 +15,16 @@ pub mod slot;
 pub mod text;
 pub mod trace_context;
 
+/// A random 52-bit start for numbers a process hands out (a JSON reader's exact
+/// integers go to 2^53), so that two runs do not number alike: call ids in one audit
+/// file, approval ids a person types (`approvals accept 3` reaching another run's 3).
+/// From 1 without randomness.
+pub fn random_start() -> u64 {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    (u64::from_le_bytes(bytes) >> 12).max(1)
+}
+
 /// A pipe writer's pause between waking and draining its queue. It yields once, so
 /// that it runs again after the tasks its worker has ready (the callers woken by one
 /// read of responses, each queueing a line), or at the scheduler's next maintenance
@@ -25,4 +35,14 @@ pub mod trace_context;
 /// for it (item 18).
 pub(crate) async fn gather_burst() {
     tokio::task::yield_now().await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn numbers_start_at_random_within_a_json_readers_exact_integers() {
+        let (a, b) = (super::random_start(), super::random_start());
+        assert_ne!(a, b, "two runs number alike");
+        assert!(a < 1 << 52 && b < 1 << 52 && a > 0 && b > 0);
+    }
 }

@@ -73,7 +73,9 @@ impl ApprovalQueue {
         ApprovalQueue {
             inner: Arc::new(QueueInner {
                 waiting: Mutex::new(BTreeMap::new()),
-                next: AtomicU64::new(1),
+                // Not from 1 in every run: an id read from one run's queue and typed
+                // after a restart must not answer another run's request.
+                next: AtomicU64::new(crate::util::random_start()),
                 timeout,
                 notify: tokio::sync::Notify::new(),
             }),
