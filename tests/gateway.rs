@@ -1536,6 +1536,68 @@ async fn a_config_half_written_in_place_is_not_applied() {
     let _ = std::fs::remove_file(record);
 }
 
+// The agent a `serve --stdio` session acts as is taken at start: a reload that changes
+// the config's `agent` names it in the warning of settings kept until a restart.
+#[tokio::test]
+async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
+    use tokio::io::AsyncReadExt;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    std::fs::write(&setup.config, format!("agent = \"a\"\n{text}")).expect("config");
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--config"])
+        .arg(&setup.config)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let stdin = child.stdin.take().expect("stdin");
+    let mut err = child.stderr.take().expect("stderr");
+    // Served: it answers a listing.
+    let mut lines = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines()
+    };
+    let mut stdin = stdin;
+    {
+        use tokio::io::AsyncWriteExt;
+        let list = request("tools/list", json!({}));
+        stdin
+            .write_all(format!("{list}\n").as_bytes())
+            .await
+            .expect("write");
+    }
+    let listed = next_message(&mut lines).await;
+    assert!(!names(&listed).is_empty(), "{listed}");
+    let tmp = setup.config.with_extension("tmp");
+    std::fs::write(&tmp, format!("agent = \"b\"\n{text}")).expect("write");
+    std::fs::rename(&tmp, &setup.config).expect("rename");
+    let pid = child.id().expect("pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status();
+    let mut said = String::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !said.contains("read at start only") && std::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(500), err.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => said.push_str(&String::from_utf8_lossy(&chunk[..n])),
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    let warning = said
+        .lines()
+        .find(|l| l.contains("read at start only"))
+        .unwrap_or_default();
+    assert!(warning.contains("agent"), "{said}");
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+}
+
 // A stdio session's principal needs no token (a pipe is its own credential): its
 // parked rounds last while it does. Before, the sweep kept only principals a token
 // named, and dropped the round within a second.

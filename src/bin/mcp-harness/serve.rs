@@ -231,6 +231,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                 telemetry: setup.loaded.telemetry.clone(),
                 metrics: args.metrics.is_some(),
                 http: !pipe,
+                stdio_agent: pipe.then(|| setup.agent.clone()),
             },
         ));
         if pipe {
@@ -438,6 +439,8 @@ struct AtStart {
     telemetry: Option<serde_json::Value>,
     metrics: bool,
     http: bool,
+    /// The agent a `--stdio` session acts as: taken at start, like a listener's settings.
+    stdio_agent: Option<String>,
 }
 
 async fn reload(
@@ -462,6 +465,13 @@ async fn reload(
     });
     if telemetry_changed {
         reloaded.needs_restart.push("telemetry");
+    }
+    if at_start
+        .stdio_agent
+        .as_ref()
+        .is_some_and(|a| *a != setup.agent)
+    {
+        reloaded.needs_restart.push("agent");
     }
     Ok(reloaded)
 }
