@@ -1521,14 +1521,14 @@ async fn a_config_half_written_in_place_is_not_applied() {
             .count()
     };
     assert!(eventually(Duration::from_secs(10), || started() == 1).await);
-    // The first part of the file, up to beta's table, for 900 ms: read by at most one
-    // tick (ticks are a second apart), then the whole file again for 1.3 s; three
+    // The first part of the file, up to beta's table, for 600 ms (held still for
+    // less than the 900 ms a change must), then the whole file again for 1.15 s; four
     // times, so that ticks read a half whatever their phase.
-    for _ in 0..3 {
+    for _ in 0..4 {
         std::fs::write(&setup.config, &whole[..beta_at]).expect("half");
-        tokio::time::sleep(Duration::from_millis(900)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         std::fs::write(&setup.config, &whole).expect("whole");
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(1150)).await;
     }
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(started(), 1, "beta was removed and started again");

@@ -220,6 +220,11 @@ impl Actor for HarnessSupervisor {
                     later.lock().push(reply);
                     return Ok(());
                 }
+                // A service waiting out its pause is rebuilt now: every step of the
+                // shutdown asks one, and would wait for it in vain.
+                for service in Service::ALL {
+                    state.rebuild(&myself, service).await;
+                }
                 let later = Arc::new(parking_lot::Mutex::new(Vec::new()));
                 state.shutting_down = Some(later.clone());
                 let services = state.services.clone();
@@ -231,7 +236,13 @@ impl Actor for HarnessSupervisor {
                 });
             }
             HarnessMsg::Child(service, reply) => {
-                let _ = reply.send(state.current.get(&service).cloned());
+                // None while it waits to be rebuilt: its last actor is gone.
+                let running = state.children.values().any(|s| *s == service);
+                let _ = reply.send(
+                    running
+                        .then(|| state.current.get(&service).cloned())
+                        .flatten(),
+                );
             }
             HarnessMsg::Rebuild(service) => state.rebuild(&myself, service).await,
         }

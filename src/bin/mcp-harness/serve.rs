@@ -1,7 +1,7 @@
 //! `serve`: the harness as one MCP server, over Streamable HTTP (`--listen`) or for one
 //! client on stdin/stdout (`--stdio`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mcp_harness::gateway::{self, Gateway, GatewayConfig, Principal, Sealer};
 use mcp_harness::{Harness, ServerState};
@@ -319,6 +319,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
 }
 
+/// How long a changed config file must read the same before polling applies it (a
+/// tick is a second; a little less, so that the next tick finds it held still).
+const HELD_STILL: Duration = Duration::from_millis(900);
+
 /// Reloads on SIGHUP, and when the config file's content changes (read every second):
 /// a config that does not load is refused with its error, and the running one kept. A
 /// config that is no regular file (a FIFO, `<(…)`) was read once, and is not reloaded:
@@ -358,9 +362,14 @@ async fn reload_on_change(
             None
         }
     };
-    // A change seen at the last tick, waiting to read the same at this one.
-    let mut changing = None;
+    // A change seen by polling, and since when the file has read so: it is applied once
+    // that is a second, however late the ticks come.
+    let mut changing: Option<(_, Instant)> = None;
+    // Said once per change that keeps the file changing (an autosave every second).
+    let mut said_changing = false;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Ticks missed while a reload ran come one at a time, not in a burst.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let signalled = tokio::select! {
             _ = tick.tick() => false,
@@ -374,16 +383,35 @@ async fn reload_on_change(
         let now = read();
         if !signalled && now == seen {
             changing = None;
+            said_changing = false;
             continue;
         }
-        // A change seen by polling is applied once the file reads the same a second
-        // later: one written in place (`>`, an editor that does not rename) could be
+        // A change seen by polling is applied once the file has read the same for a
+        // second: one written in place (`>`, an editor that does not rename) could be
         // read half-written, and a half that parses would remove servers or grants.
-        if !signalled && changing.as_ref() != Some(&now) {
-            changing = Some(now);
-            continue;
+        // SIGHUP applies the file as it is.
+        if !signalled {
+            match &changing {
+                Some((text, since)) if *text == now && since.elapsed() >= HELD_STILL => {}
+                Some((text, _)) if *text == now => continue,
+                Some(_) => {
+                    if !said_changing {
+                        tracing::info!(
+                            "the config file is still changing; it is applied once it has not for a second (SIGHUP applies it now)"
+                        );
+                        said_changing = true;
+                    }
+                    changing = Some((now, Instant::now()));
+                    continue;
+                }
+                None => {
+                    changing = Some((now, Instant::now()));
+                    continue;
+                }
+            }
         }
         changing = None;
+        said_changing = false;
         if !reloadable {
             tracing::warn!("the config is not a regular file: not reloaded");
             continue;
