@@ -3816,6 +3816,55 @@ async fn the_gateways_meta_tools_are_not_held_to_an_upstream_tools_headers() {
     assert!(gw.stop().await.success());
 }
 
+// With bare names (`prefix = "never"`), a search finds only what the listing serves: a
+// tool two servers offer is served once, by the name `tools/list` gives it. Before, the
+// other server's was found too, under its qualified name, unshortened (here past 64
+// characters).
+#[tokio::test]
+async fn a_search_over_bare_names_finds_only_served_names() {
+    let setup = Setup::new(
+        "prefix = \"never\"\ntool_exposure = \"search\"",
+        &[("k1", &key("k1"))],
+    );
+    let long = format!("answer_with_the_servers_name_{}", "x".repeat(45));
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let text = text
+        .replacen(
+            &format!("\"alpha{}\"]", setup.tag),
+            &format!("\"alpha{}\", \"--tool-alias\", \"{long}\"]", setup.tag),
+            1,
+        )
+        .replacen(
+            "\"--era\", \"legacy\"]",
+            &format!("\"--era\", \"legacy\", \"--tool-alias\", \"{long}\"]"),
+            1,
+        );
+    std::fs::write(&setup.config, text).expect("config");
+    let gw = setup.start().await;
+    let search = json!({"name": "search_tools", "arguments": {"query": "answers with this server's name", "limit": 10}});
+    let (_, r) = gw.modern("tok-a", "tools/call", search).await;
+    let found = found_names(&r);
+    assert!(!found.is_empty(), "{r}");
+    for name in &found {
+        assert!(
+            name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)),
+            "{name}: {r}"
+        );
+    }
+    assert_eq!(
+        found
+            .iter()
+            .filter(|n| n.starts_with("answer_with"))
+            .count(),
+        1,
+        "served once: {found:?}"
+    );
+    assert!(gw.stop().await.success());
+}
+
 #[tokio::test]
 async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_within_the_grants() {
     let setup = Setup::new(r#"tool_exposure = "search""#, &[("k1", &key("k1"))]);

@@ -1445,11 +1445,11 @@ impl Gateway {
                 .map(|(name, item)| (item.qualified.clone(), name))
                 .collect()
         };
-        let found = self
-            .inner
-            .harness
-            .search_listed(listing.items, &query, k)
-            .await;
+        // What the listing serves, and only that: with bare names a tool two servers
+        // offer is served once (the other is reached by failover), and is found once.
+        let mut items = listing.items;
+        items.retain(|item| served.contains_key(&item.qualified));
+        let found = self.inner.harness.search_listed(items, &query, k).await;
         let found: Vec<(String, &Value)> = found
             .iter()
             .map(|m| {
