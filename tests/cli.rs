@@ -160,11 +160,7 @@ fn serve_on_a_config_that_can_be_read_once_does_not_wait_to_read_it_again() {
     writer.join().expect("writer").expect("written");
     std::thread::sleep(Duration::from_secs(2));
     for signal in ["-HUP", "-TERM"] {
-        let sent = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        send_signal(signal, &child.id().to_string());
         std::thread::sleep(Duration::from_millis(300));
     }
     let pid = child.id();
@@ -730,11 +726,7 @@ fn ctrl_c_stops_every_server_and_exits() {
     let pidfile = scratch_dir().join("ctrlc.jsonl");
     // Once the call reached the server, the program is interrupted.
     let child = hanging_call(&pidfile, libc::SIG_DFL);
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill -INT");
-    assert!(status.success());
+    send_signal("-INT", &child.id().to_string());
     let out = child.wait_with_output().expect("wait");
     assert_eq!(
         out.status.code(),
@@ -800,11 +792,7 @@ fn a_signal_while_servers_start_stops_them_and_exits() {
             std::thread::sleep(Duration::from_millis(20));
         };
         std::thread::sleep(Duration::from_millis(200));
-        let sent = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        send_signal(signal, &child.id().to_string());
         let out = child.wait_with_output().expect("wait");
         assert_eq!(
             out.status.code(),
@@ -853,11 +841,7 @@ fn a_hangup_while_serve_starts_does_not_end_it() {
     };
     let me = child.id().to_string();
     let kill = |signal: &str| {
-        let sent = Command::new("kill")
-            .args([signal, &me])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        send_signal(signal, &me);
     };
     kill("-HUP");
     std::thread::sleep(Duration::from_millis(500));
@@ -926,11 +910,7 @@ fn a_command_under_nohup_outlives_a_hangup() {
     let mut child = hanging_call(&pidfile, libc::SIG_IGN);
     let pid = child.id().to_string();
     let kill = |signal: &str| {
-        let sent = Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        send_signal(signal, &pid);
     };
     kill("-HUP");
     std::thread::sleep(Duration::from_millis(1000));
@@ -2035,11 +2015,7 @@ fn status_watch_redraws_a_table_of_servers_every_second_until_ctrl_c() {
         ready >= 2 && headers >= 2,
         "two refreshes showed the server ready"
     );
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill -INT");
-    assert!(status.success());
+    send_signal("-INT", &child.id().to_string());
     let exit = child.wait().expect("wait");
     assert_eq!(exit.code(), Some(0), "Ctrl-C ends a watch normally");
 }
@@ -2249,11 +2225,7 @@ fn a_second_signal_while_serve_shuts_down_ends_it_at_once() {
     let (mut child, stdin, record) = serve_with_a_call_that_hangs("serve-twice", "60s");
     let pid = child.id().to_string();
     let term = || {
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        send_signal("-TERM", &pid);
     };
     term();
     // Time for the first to be taken before the second comes (two signals pending at
@@ -2292,11 +2264,7 @@ fn a_signal_after_the_clients_input_ended_still_shuts_serve_down() {
         child.try_wait().expect("try_wait").is_none(),
         "the call still runs"
     );
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
+    send_signal("-TERM", &child.id().to_string());
     assert_eq!(
         exit_code_within(&mut child, "one signal did not shut serve down"),
         Some(0)
@@ -2353,11 +2321,7 @@ fn status_watch_ends_at_ctrl_c_while_its_output_is_not_read() {
     );
     std::thread::sleep(Duration::from_millis(1000));
     let interrupted = std::time::Instant::now();
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
+    send_signal("-INT", &child.id().to_string());
     let code = exit_code_within(&mut child, "Ctrl-C did not end the watch");
     assert_eq!(code, Some(0));
     assert!(
@@ -2384,11 +2348,7 @@ fn status_watch_ends_at_ctrl_c_while_a_scrape_waits() {
     let (_held, _) = silent.accept().expect("the scrape connects");
     std::thread::sleep(Duration::from_millis(300));
     let interrupted = std::time::Instant::now();
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
+    send_signal("-INT", &child.id().to_string());
     let out = child.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(0));
     assert!(

@@ -247,6 +247,16 @@ pub fn temp_file(tag: &str) -> PathBuf {
     scratch_dir().join(format!("{tag}-{n}.jsonl"))
 }
 
+/// Sends `signal` (`-HUP`, `-INT`, …) to the process `pid` with kill(1), and checks it
+/// was sent.
+pub fn send_signal(signal: &str, pid: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill {signal} {pid}");
+}
+
 /// Writes `text` to `path` readable by this user only, as a key file must be.
 pub fn write_private(path: &std::path::Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
