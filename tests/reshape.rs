@@ -232,6 +232,36 @@ async fn each_service_actor_killed_mid_traffic_is_rebuilt_and_the_audit_count_st
     assert_eq!(ids.len() as u64, calls, "no call finished twice");
 }
 
+// The calls actor killed again soon after its rebuild is rebuilt at once all the same:
+// a pause left every call made meanwhile on a dead worker's token, each failing
+// `worker_died` at once, and a caller in a loop used up its calls on them (the chaos
+// soak's ok rate fell to 0.55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_calls_actor_killed_twice_in_a_row_is_never_left_down() {
+    let audit = temp_file("calls-twice-audit");
+    let h = start_ready(config(&audit)).await;
+    for round in 0..3 {
+        let old = h.service_actor(Service::Calls).await.expect("running");
+        old.kill();
+        // Each answer is the old actor until the root hears of its death, and the
+        // rebuilt one from then on: never none, which is what a paused service answers.
+        loop {
+            let now = h
+                .service_actor(Service::Calls)
+                .await
+                .unwrap_or_else(|| panic!("kill {round}: the calls actor was left down"));
+            if now.get_id() != old.get_id() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        h.call_tool(&Caller::agent("a"), "s__echo", json!({"text": "x"}))
+            .await
+            .unwrap_or_else(|e| panic!("a call after kill {round}: {e}"));
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_cancelled() {
     let audit = temp_file("drop-cancel-audit");

@@ -77,9 +77,10 @@ pub(crate) enum HarnessMsg {
     Rebuild(Service),
 }
 
-/// A service that dies again within this of its rebuild is rebuilt after a pause, which
-/// doubles with each such death from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`]: one that
-/// keeps dying (the servers' supervisor, with every server process) does not spin.
+/// The servers' supervisor, when it dies again within this of its rebuild, is rebuilt
+/// after a pause, which doubles with each such death from [`FIRST_PAUSE`] up to
+/// [`LONGEST_PAUSE`]: one that keeps dying does not respawn every server process in a
+/// tight loop.
 const DIED_SOON: Duration = Duration::from_secs(1);
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
@@ -102,6 +103,12 @@ pub(crate) struct HarnessSupervisor;
 impl SupervisorState {
     /// How long to wait before rebuilding `service`, which just died.
     fn pause_before_rebuild(&mut self, service: Service) -> Duration {
+        // The others are rebuilt at once, always: each costs a few actors, and calls fail
+        // while one is down (a call takes a dead worker's token and ends `worker_died`
+        // at once), so a pause would turn into a burst of failures, not into rest.
+        if service != Service::Servers {
+            return Duration::ZERO;
+        }
         let (streak, rebuilt_at) = self.rebuilt.entry(service).or_insert((0, None));
         let soon = rebuilt_at.is_some_and(|at| at.elapsed() < DIED_SOON);
         *streak = if soon { streak.saturating_add(1) } else { 0 };
