@@ -262,6 +262,33 @@ async fn the_calls_actor_killed_twice_in_a_row_is_never_left_down() {
     h.shutdown().await;
 }
 
+// A caller retrying in a loop a call that fails at once does not hold its thread for
+// good: on a runtime of one thread, a timer set beside the loop fires while it runs.
+// (In the chaos soak, callers retrying calls on a dead worker's token held both threads
+// for 300 ms, and with them the timer of the rebuild that would have ended it.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_looping_on_calls_that_fail_at_once_lets_the_runtime_run() {
+    let audit = temp_file("fail-loop-audit");
+    let h = start_ready(config(&audit)).await;
+    h.shutdown().await;
+    let fired = Arc::new(AtomicBool::new(false));
+    let timer = fired.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        timer.store(true, Ordering::SeqCst);
+    });
+    let mut calls = 0u64;
+    while !fired.load(Ordering::SeqCst) {
+        assert!(calls < 1_000_000, "the timer never fired in {calls} calls");
+        let e = h
+            .call_tool(&Caller::agent("a"), "s__echo", json!({"text": "x"}))
+            .await
+            .expect_err("shut down");
+        assert_eq!(e.code(), "shut_down");
+        calls += 1;
+    }
+}
+
 #[tokio::test]
 async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_cancelled() {
     let audit = temp_file("drop-cancel-audit");

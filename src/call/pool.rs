@@ -100,6 +100,11 @@ impl CallPool {
         request: CallRequest,
         cancel: Option<CancelToken>,
     ) -> Result<super::Answer, CallError> {
+        // A call that fails at once (a worker just died, the harness is closing) never
+        // waits: a caller retrying it in a loop held its thread for good, and with it the
+        // timers and actors that would end the failure. Spending tokio's cooperative
+        // budget makes such a loop yield now and then.
+        tokio::task::consume_budget().await;
         let worker = {
             let workers = self.workers.read();
             if workers.is_empty() || self.closing.load(Ordering::SeqCst) {
