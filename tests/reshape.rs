@@ -289,6 +289,107 @@ async fn a_caller_looping_on_calls_that_fail_at_once_lets_the_runtime_run() {
     }
 }
 
+// A call whose token was cancelled before it began is recorded, never routed or sent:
+// its first poll reached the server before the token was looked at, and a tool could
+// run for a call that answered `Cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_before_it_begins_is_recorded_and_never_sent() {
+    let audit = temp_file("pre-cancel-audit");
+    let (stdio_record, http_record) = (temp_file("pre-cancel-s"), temp_file("pre-cancel-h"));
+    let web = HttpServer::demo(&["--record", &http_record.to_string_lossy()]).await;
+    let mut cfg = config(&audit);
+    cfg.servers = vec![
+        demo_server("s", &["--record", &stdio_record.to_string_lossy()]),
+        mcp_harness::ServerConfig::new("h", web.spec()),
+    ];
+    let h = start_ready(cfg).await;
+    let token = CancelToken::new();
+    token.cancel();
+    for _ in 0..25 {
+        for tool in ["s__add", "h__add"] {
+            let options = CallOptions {
+                cancel: Some(token.clone()),
+                ..CallOptions::default()
+            };
+            let args = json!({"a": 1, "b": 2});
+            let outcome = h
+                .call(&Caller::agent("a"), CallKind::Tool, tool, args, options)
+                .await;
+            assert!(matches!(outcome, Err(CallError::Cancelled)), "{outcome:?}");
+        }
+    }
+    // A call after them on each: a server that has it would have had the others (stdin
+    // is read in order; an HTTP request is recorded as it arrives, and this one comes
+    // later).
+    for tool in ["s__echo", "h__echo"] {
+        h.call_tool(&Caller::agent("a"), tool, json!({"text": "after"}))
+            .await
+            .expect("echo");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // for a stray request (deliberate)
+    for record in [&stdio_record, &http_record] {
+        assert_eq!(
+            calls_recorded(record, "add"),
+            0,
+            "a cancelled call was sent"
+        );
+        assert_eq!(calls_recorded(record, "echo"), 1);
+    }
+    h.shutdown().await;
+    let records = audit_records(&audit);
+    let cancelled = records
+        .iter()
+        .filter(|r| r["event"] == "finished" && r["outcome"] == "cancelled")
+        .count();
+    let started = records.iter().filter(|r| r["event"] == "started").count();
+    assert_eq!((started, cancelled), (52, 50), "both records of each call");
+}
+
+// A delegated call that continues a round must name the server whose round it is: its
+// requestState and answers would otherwise go wherever routing sends the call. And a
+// round count handed in by the caller does not overflow.
+#[tokio::test]
+async fn a_continued_round_names_its_server_and_its_count_saturates() {
+    let audit = temp_file("delegated-audit");
+    let h = start_ready(config(&audit)).await;
+    let continuation = |server: Option<&str>, rounds: usize| mcp_harness::Delegation {
+        capabilities: json!({"elicitation": {}}),
+        request_state: Some("state".into()),
+        rounds,
+        server: server.map(String::from),
+        ..Default::default()
+    };
+    let unpinned = h
+        .call_delegated(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__confirm",
+            json!({"message": "ok?"}),
+            Some(continuation(None, 0)),
+            CallOptions::default(),
+        )
+        .await;
+    assert!(
+        matches!(unpinned, Err(CallError::RoundWithoutServer)),
+        "{unpinned:?}"
+    );
+    let capped = h
+        .call_delegated(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__confirm",
+            json!({"message": "ok?"}),
+            Some(continuation(Some("s"), usize::MAX)),
+            CallOptions::default(),
+        )
+        .await;
+    assert!(
+        matches!(capped, Err(CallError::RoundCap { .. })),
+        "{capped:?}"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_cancelled() {
     let audit = temp_file("drop-cancel-audit");

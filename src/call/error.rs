@@ -154,6 +154,13 @@ pub enum CallError {
     /// The harness has been shut down.
     #[error("the harness is shut down")]
     ShutDown,
+    /// A delegated call carries a round's answers or `requestState` but names no
+    /// server: they belong to the server that asked, and routing could take them to
+    /// another.
+    #[error(
+        "a continued round names no server; its answers and requestState belong to the server that asked"
+    )]
+    RoundWithoutServer,
 }
 
 impl CallError {
@@ -174,6 +181,7 @@ impl CallError {
             CallError::AuditUnavailable(_) => "audit_unavailable",
             CallError::WorkerDied => "worker_died",
             CallError::ShutDown => "shut_down",
+            CallError::RoundWithoutServer => "round_without_server",
             CallError::Server(e) => e.code(),
         }
     }

@@ -3,7 +3,8 @@
 //! fail over when that is safe, audit the outcome, answer.
 //!
 //! [`run`] is the whole path as one async fn; each step is a named fn below it, in
-//! order. It runs as a task owned by a call worker ([`pool`]).
+//! order. It runs in its caller's task, under a call worker's cancellation token
+//! ([`pool`]).
 //!
 //! MRTR, as the spec says: each round's input requests are checked against what was
 //! declared ([`rounds::check`]), then go to the handler of their method in parallel;
@@ -99,7 +100,8 @@ pub struct Delegation {
     /// Rounds the logical call has already had (the round cap counts them all).
     pub rounds: usize,
     /// The server whose round this continues: the call goes there or nowhere (a
-    /// `requestState` belongs to the server that issued it).
+    /// `requestState` belongs to the server that issued it). Required when the call
+    /// continues a round ([`CallError::RoundWithoutServer`] otherwise).
     pub server: Option<String>,
     /// Where the servers' progress of this call goes, and the caller's token for it.
     pub progress: Option<(ProgressSender, Value)>,
@@ -107,6 +109,14 @@ pub struct Delegation {
     /// for the caller to answer (a gateway asks its downstream client); without it
     /// they go to the input handlers.
     pub questions: Option<tokio::sync::mpsc::Sender<ServerQuestion>>,
+}
+
+impl Delegation {
+    /// Whether this continues a round (it carries answers or a `requestState`), which
+    /// then belongs to [`Delegation::server`].
+    pub fn continues(&self) -> bool {
+        self.input_responses.is_some() || self.request_state.is_some()
+    }
 }
 
 /// A legacy server's own request during a delegated call, for the caller to answer.
@@ -165,13 +175,15 @@ impl Deadline {
 }
 
 /// Runs one call end to end. Exactly one `started` and one `finished` audit record,
-/// whatever happens (a call dropped half-way records `cancelled`).
+/// whatever happens (a call dropped half-way records `cancelled`). A call `refused`
+/// (cancelled before it began) has its records, the second `cancelled`, and ends there.
 // An async block, not an async fn: a fn's arguments are moved into its body, and the
 // request (320 bytes) sat in the call's future twice.
 #[allow(clippy::manual_async_fn)]
 pub(crate) fn run(
     ctx: &Arc<CallContext>,
     mut request: CallRequest,
+    refused: Option<CallError>,
 ) -> impl Future<Output = Result<Answer, CallError>> + Send + '_ {
     async move {
         ctx.audit.admit()?;
@@ -186,6 +198,12 @@ pub(crate) fn run(
             &request.name,
             &request.args,
         );
+        if let Some(e) = refused {
+            // Unfinished, the record writes `cancelled` as it drops, as for a call
+            // dropped half-way.
+            drop(record);
+            return Err(e);
+        }
         // From the record's start: one clock read for both.
         let total = request.timeout.unwrap_or(ctx.settings.call_timeout);
         let deadline = Deadline::after(record.started(), total);
@@ -221,6 +239,14 @@ pub(crate) fn run(
                 otel.name = %crate::util::trace_context::span_name("route", request.kind != CallKind::Resource, &request.name),
             );
             let pinned = request.delegated.as_ref().and_then(|d| d.server.as_deref());
+            if pinned.is_none()
+                && request
+                    .delegated
+                    .as_ref()
+                    .is_some_and(Delegation::continues)
+            {
+                return Err(CallError::RoundWithoutServer);
+            }
             let candidates = match pinned {
                 // A resource read's round goes back to its server, as a tool's does by its
                 // qualified name: the others are neither listed again nor needed
@@ -532,7 +558,8 @@ async fn attempt(
             ResultType::Complete => return Ok((result, false)),
             ResultType::InputRequired => {}
         }
-        *rounds += 1;
+        // Saturating: a delegation's count comes from the caller.
+        *rounds = rounds.saturating_add(1);
         if *rounds > ctx.settings.round_cap {
             return Err(CallError::RoundCap {
                 cap: ctx.settings.round_cap,

@@ -110,14 +110,31 @@ impl CallPool {
             if workers.is_empty() || self.closing.load(Ordering::SeqCst) {
                 return Err(CallError::ShutDown);
             }
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % workers.len();
-            workers[i].token.clone()
+            // A dead worker's token stays until the supervisor replaces it: a live one
+            // is taken instead, while there is one.
+            let n = workers.len();
+            let first = self.next.fetch_add(1, Ordering::Relaxed);
+            (0..n)
+                .map(|k| &workers[first.wrapping_add(k) % n].token)
+                .find(|t| !t.is_cancelled())
+                .unwrap_or(&workers[first % n].token)
+                .clone()
+        };
+        // A call cancelled, or whose worker is gone, before it begins is recorded but
+        // never routed or sent: it would reach the server in its first poll, before the
+        // select below looks at the tokens.
+        let refused = if cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
+            Some(CallError::Cancelled)
+        } else if worker.is_cancelled() {
+            Some(self.worker_gone())
+        } else {
+            None
         };
         // Boxed: the call's future (2.9 KB) would otherwise be inlined into this one and
         // into every future that awaits a call (3.9 KB at the top), and copied whole each
         // time one of them moves (spawned, boxed, awaited): `memmove` was 8.6 % of the
         // bench process's samples, 6.6 % with the box.
-        let call = Box::pin(super::run(&self.ctx, request));
+        let call = Box::pin(super::run(&self.ctx, request, refused));
         let cancelled = async {
             match &cancel {
                 Some(token) => token.cancelled().await,
@@ -132,12 +149,17 @@ impl CallPool {
             outcome = call => outcome,
             // The call's future drops here: its request is cancelled on the server and
             // its record says `cancelled`.
-            _ = worker.cancelled() => Err(if self.closing.load(Ordering::SeqCst) {
-                CallError::ShutDown
-            } else {
-                CallError::WorkerDied
-            }),
+            _ = worker.cancelled() => Err(self.worker_gone()),
             _ = cancelled => Err(CallError::Cancelled),
+        }
+    }
+
+    /// Why a call's worker is gone: the harness is shutting down, or it died.
+    fn worker_gone(&self) -> CallError {
+        if self.closing.load(Ordering::SeqCst) {
+            CallError::ShutDown
+        } else {
+            CallError::WorkerDied
         }
     }
 
