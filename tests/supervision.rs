@@ -180,6 +180,41 @@ async fn a_rebuilt_server_actor_goes_on_with_the_restart_history() {
     h.shutdown().await;
 }
 
+// An actor killed while its server waits out a restart's backoff lost no process: the
+// new actor waits out the rest of that backoff, and the restart is counted once (it
+// was charged again, doubling the backoff and using up the limit twice as fast).
+#[tokio::test]
+async fn an_actor_killed_during_a_backoff_charges_no_second_restart() {
+    let mut alpha = limited("alpha", 5);
+    alpha.restart.min_delay = Duration::from_secs(2);
+    alpha.restart.max_delay = Duration::from_secs(2);
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let _ = h
+        .request("alpha", "tools/call", call("crash", json!({"code": 3})))
+        .await;
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let old_actor = h.server_actor("alpha").expect("actor");
+    old_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("alpha")
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the killed one"
+    );
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!(
+        (status.state, status.restarts, status.actor_rebuilds),
+        (ServerState::Restarting, 1, 1)
+    );
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let status = h.server_status("alpha").expect("status");
+    assert_eq!((status.restarts, status.actor_rebuilds), (1, 1));
+    assert_eq!(echo(&h, "alpha", "back").await.expect("echo"), "back");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
     let alpha = limited("alpha", 2);
@@ -716,6 +751,53 @@ async fn requests_to_a_server_being_removed_are_answered_at_once() {
     );
     removing.await.expect("join").expect("removed");
     h.shutdown().await;
+}
+
+// The connection a restart replaced is stopped gracefully before a removal right after
+// returns: it was told to stop and forgotten, and the removal's end killed it mid-way
+// (SIGKILL, where its stop would have sent SIGTERM after the grace).
+#[tokio::test]
+async fn a_connection_replaced_by_a_restart_is_stopped_gracefully_by_a_removal() {
+    // The first start: a server that stays after stdin ends and leaves at SIGTERM,
+    // saying so; any later start is slow, so that the removal finds the new connection
+    // still connecting (ended at once) and the replaced one still stopping.
+    let marker = temp_file("replaced-marker");
+    let termed = std::path::PathBuf::from(format!("{}.termed", marker.display()));
+    let script = r#"if [ -e "$1" ]; then exec sleep 30; fi
+touch "$1"
+trap 'touch "$1.termed"; exit 0' TERM
+"$0" demo-server slow
+while :; do sleep 0.1; done"#;
+    let mut stubborn = demo("slow", &[]);
+    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            script.into(),
+            harness_exe(),
+            marker.to_string_lossy().to_string(),
+        ],
+        ..Default::default()
+    });
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![stubborn],
+        shutdown_grace: Duration::from_secs(1),
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let old = pid(&h, "slow");
+    h.restart_server("slow").await.expect("restart");
+    h.remove_server("slow").await.expect("remove");
+    assert!(
+        termed.exists(),
+        "the replaced connection was killed, not stopped"
+    );
+    assert!(group_members(old).is_empty(), "and is gone");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(marker);
+    let _ = std::fs::remove_file(termed);
 }
 
 // A server given up on while calls wait for it answers them, and its status says its

@@ -29,7 +29,7 @@ use super::client::{ClientSide, ListsChanged};
 use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFailure};
 use super::error::ServerError;
 use super::msg::ServerMsg;
-use super::queue::{Outgoing, RequestQueue, RequestReply};
+use super::queue::{ExpiryTimer, Outgoing, RequestQueue, RequestReply};
 use super::restart::{Decision, ExitKind};
 use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
@@ -179,6 +179,19 @@ impl Actor for ServerActor {
             (_, Some((was @ (ServerState::Failed | ServerState::Stopped), _, last_error))) => {
                 state.last_error = last_error;
                 state.publish(was);
+                return Ok(state);
+            }
+            // It died waiting out a restart's backoff, with no connection to lose: the
+            // new actor waits out the rest of it, and the restart is charged once.
+            (Start::ActorDied, Some((ServerState::Restarting, _, last_error))) => {
+                let due = state.args.server.0.restarts.lock().due();
+                let now = Instant::now();
+                let left = due.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
+                state.last_error = last_error;
+                state.publish(ServerState::Restarting);
+                state.restart_at = Some(crate::util::duration::after(now, left));
+                let attempt = state.attempt;
+                myself.send_after(left, move || ServerMsg::StartConnection { attempt });
                 return Ok(state);
             }
             // The dead actor took its connection with it: a restart, held to the
@@ -459,9 +472,7 @@ impl ServerActorState {
             .into_iter()
             .flatten()
         {
-            let _ = old
-                .actor
-                .send_message(ConnMsg::Shutdown(ractor::concurrency::oneshot().0.into()));
+            self.stop_replaced(old);
         }
         self.last_error = None;
         self.ready_at = None;
@@ -503,10 +514,12 @@ impl ServerActorState {
             }
             (ServerState::Ready | ServerState::Starting | ServerState::Restarting, _) => {
                 let left = outgoing.left();
-                match self.queue.push(outgoing, reply) {
-                    Ok(key) => {
-                        myself.send_after(left, move || ServerMsg::ExpireQueued(key));
-                    }
+                let arm = |key| {
+                    let timer = myself.send_after(left, move || ServerMsg::ExpireQueued(key));
+                    Some(ExpiryTimer(timer.abort_handle()))
+                };
+                match self.queue.push(outgoing, reply, arm) {
+                    Ok(_) => {}
                     Err(reply) => {
                         let _ = reply.send(Err(ServerError::Overloaded {
                             server,
@@ -726,6 +739,16 @@ impl ServerActorState {
         }
     }
 
+    /// Stops a connection given up for another at once, kept among the draining ones:
+    /// a removal or shutdown right after waits for its process (it was told to stop and
+    /// forgotten, and outlived them).
+    fn stop_replaced(&mut self, mut old: Attempt) {
+        old.listen = None;
+        old.given_up.cancel();
+        self.draining.retain(|(_, drain)| !drain.is_finished());
+        self.draining.push(drain_and_stop(old, Duration::ZERO));
+    }
+
     fn on_connection_lost(&mut self, myself: &ActorRef<ServerMsg>, failure: &ConnectionFailure) {
         let (exit, cannot_heal) = failure.classify();
         let reason = failure.to_string();
@@ -735,9 +758,7 @@ impl ServerActorState {
         // below starts afresh, with the capabilities of the moment (the handover, up,
         // would have been taken for a ready server with its queue left waiting).
         if let Some(handover) = self.handover.take() {
-            let _ = handover
-                .actor
-                .send_message(ConnMsg::Shutdown(ractor::concurrency::oneshot().0.into()));
+            self.stop_replaced(handover);
         }
         self.last_error = Some(reason.clone());
         // Whatever that attempt still has in the mailbox is now stale.

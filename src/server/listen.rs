@@ -203,12 +203,11 @@ async fn run(
         if conn.is_closed() {
             return; // the actor listens again on the next connection
         }
-        pause = if opened.elapsed() > REOPEN_AT_MOST {
-            REOPEN_AFTER
-        } else {
-            (pause * 2).min(REOPEN_AT_MOST)
-        };
+        if opened.elapsed() > REOPEN_AT_MOST {
+            pause = REOPEN_AFTER;
+        }
         tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(REOPEN_AT_MOST);
     }
 }
 

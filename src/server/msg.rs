@@ -52,7 +52,8 @@ pub enum ServerMsg {
         /// is dropped, once handled).
         queued: Option<Queued>,
     },
-    /// From a backoff timer: start connection attempt `attempt + 1`.
+    /// From a backoff timer: start the next connection attempt (numbered by the
+    /// server's shared counter).
     StartConnection {
         /// The attempt the timer was set in; stale timers are ignored.
         attempt: u64,

@@ -47,6 +47,18 @@ pub(super) struct Queued {
     pub(super) key: u64,
     pub(super) outgoing: Outgoing,
     pub(super) reply: RequestReply,
+    /// Its expiry timer, ended with it: released early, its timer would sleep on to
+    /// the deadline (a long `timeout` and a flapping server piled them up).
+    _expiry: Option<ExpiryTimer>,
+}
+
+/// A request's expiry timer: aborted when dropped.
+pub(super) struct ExpiryTimer(pub(super) tokio::task::AbortHandle);
+
+impl Drop for ExpiryTimer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The queue of one server.
@@ -74,12 +86,14 @@ impl RequestQueue {
         self.items.len()
     }
 
-    /// Queues a request; gives its reply port back when the queue is full (of
-    /// requests whose callers still wait). Returns the key its expiry timer names.
+    /// Queues a request, with the expiry timer `arm` starts for its key, and returns
+    /// the key; gives its reply port back when the queue is full (of requests whose
+    /// callers still wait).
     pub(super) fn push(
         &mut self,
         outgoing: Outgoing,
         reply: RequestReply,
+        arm: impl FnOnce(u64) -> Option<ExpiryTimer>,
     ) -> Result<u64, RequestReply> {
         if self.items.len() >= self.capacity {
             self.items.retain(|q| !q.reply.is_closed());
@@ -92,6 +106,7 @@ impl RequestQueue {
             key: self.next_key,
             outgoing,
             reply,
+            _expiry: arm(self.next_key),
         });
         Ok(self.next_key)
     }
@@ -145,17 +160,31 @@ mod tests {
         let (ports, _waiting): (Vec<_>, Vec<_>) = (0..3).map(|_| port()).unzip();
         let mut ports = ports.into_iter();
         let mut next = || ports.next().expect("a port");
-        let Ok(a) = q.push(outgoing(10), next()) else {
+        let Ok(a) = q.push(outgoing(10), next(), |_| None) else {
             panic!("room for the first")
         };
-        let Ok(b) = q.push(outgoing(20), next()) else {
+        let Ok(b) = q.push(outgoing(20), next(), |_| None) else {
             panic!("room for the second")
         };
-        assert!(q.push(outgoing(30), next()).is_err(), "full");
+        assert!(q.push(outgoing(30), next(), |_| None).is_err(), "full");
         assert_eq!(q.expire(a).map(|x| x.key), Some(a));
         assert!(q.expire(a).is_none(), "gone already");
         let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();
         assert_eq!(rest, vec![b]);
+    }
+
+    #[tokio::test]
+    async fn a_request_taken_out_ends_its_expiry_timer() {
+        let mut q = RequestQueue::new(2);
+        let (reply, _waiting) = port();
+        let timer = tokio::spawn(std::future::pending::<()>());
+        let handle = timer.abort_handle();
+        let Ok(_) = q.push(outgoing(10), reply, |_| Some(ExpiryTimer(handle))) else {
+            panic!("room")
+        };
+        drop(q.drain());
+        let ended = timer.await.expect_err("aborted");
+        assert!(ended.is_cancelled());
     }
 
     #[test]
@@ -165,7 +194,7 @@ mod tests {
         // It sat in the actor's mailbox past its deadline.
         std::thread::sleep(Duration::from_millis(20));
         let (reply, _waiting) = port();
-        let Ok(_) = q.push(made, reply) else {
+        let Ok(_) = q.push(made, reply, |_| None) else {
             panic!("room")
         };
         let queued = q.drain();
@@ -177,14 +206,14 @@ mod tests {
         let mut q = RequestQueue::new(2);
         let (gone, _) = port();
         let (kept, _kept_waiting) = port();
-        let Ok(_) = q.push(outgoing(10), gone) else {
+        let Ok(_) = q.push(outgoing(10), gone, |_| None) else {
             panic!("room for the first")
         };
-        let Ok(b) = q.push(outgoing(10), kept) else {
+        let Ok(b) = q.push(outgoing(10), kept, |_| None) else {
             panic!("room for the second")
         };
         let (third, _third_waiting) = port();
-        let Ok(c) = q.push(outgoing(10), third) else {
+        let Ok(c) = q.push(outgoing(10), third, |_| None) else {
             panic!("the abandoned request made room")
         };
         let rest: Vec<u64> = q.drain().iter().map(|x| x.key).collect();

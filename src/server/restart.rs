@@ -67,9 +67,16 @@ impl Default for RestartConfig {
 }
 
 impl RestartConfig {
-    /// Checks the timings: a backoff whose floor is above its ceiling, or a zero
-    /// window, is a mistake to report, not to clamp.
+    /// Checks the timings: a backoff whose floor is above its ceiling, a zero floor
+    /// (it doubles to zero: no backoff at all, restarts back to back), or a zero window,
+    /// is a mistake to report, not to clamp.
     pub fn validate(&self) -> Result<(), Invalid> {
+        if self.min_delay.is_zero() {
+            return Err(Invalid::new(
+                "min_delay",
+                "must be more than zero (the backoff doubles from it)",
+            ));
+        }
         if self.min_delay > self.max_delay {
             return Err(Invalid::new(
                 "min_delay",
@@ -116,6 +123,9 @@ pub struct RestartTracker {
     max_restarts: u32,
     recent: VecDeque<Instant>,
     backoff: ExponentialBackoff,
+    /// When the last restart decided is due: an actor rebuilt while it waited out that
+    /// backoff waits out the rest, charged nothing more (no process was lost).
+    due: Option<Instant>,
 }
 
 impl RestartTracker {
@@ -128,6 +138,7 @@ impl RestartTracker {
             max_restarts,
             recent: VecDeque::new(),
             backoff,
+            due: None,
         }
     }
 
@@ -167,13 +178,21 @@ impl RestartTracker {
             ));
         }
         self.recent.push_back(now);
-        Decision::Restart(self.backoff.next().unwrap_or(self.config.max_delay))
+        let delay = self.backoff.next().unwrap_or(self.config.max_delay);
+        self.due = Some(crate::util::duration::after(now, delay));
+        Decision::Restart(delay)
+    }
+
+    /// When the last restart decided is due (`None` before any).
+    pub fn due(&self) -> Option<Instant> {
+        self.due
     }
 
     /// Forgets the history (an explicit restart by the operator).
     pub fn reset(&mut self) {
         self.recent.clear();
         self.backoff = Self::backoff(&self.config);
+        self.due = None;
     }
 }
 
@@ -197,6 +216,22 @@ mod tests {
             Decision::Restart(d) => d,
             other => panic!("expected a restart, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_zero_floor_or_window_is_refused_not_clamped() {
+        assert!(RestartConfig::default().validate().is_ok());
+        let zero_floor = RestartConfig {
+            min_delay: Duration::ZERO,
+            ..RestartConfig::default()
+        };
+        let e = zero_floor.validate().expect_err("no backoff at all");
+        assert!(e.to_string().contains("min_delay"), "{e}");
+        let zero_window = RestartConfig {
+            within: Duration::ZERO,
+            ..RestartConfig::default()
+        };
+        assert!(zero_window.validate().is_err());
     }
 
     // With the defaults, a server that fails as soon as it starts is restarted ten
