@@ -323,6 +323,25 @@ fn call_answers_elicitation_from_answers_and_declines_without_them() {
     assert!(stderr(&o).contains("declined"), "{}", stderr(&o));
 }
 
+// The demo servers' tools show the environment and start processes: they listen on
+// loopback only, and refuse any other address rather than serve it.
+#[test]
+fn the_demo_servers_refuse_to_listen_off_loopback() {
+    for args in [
+        &["demo-server", "x", "--http", "0.0.0.0:0"][..],
+        &["demo-auth-server", "--secret", "s", "--http", "0.0.0.0:0"][..],
+    ] {
+        let out = run(args);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(
+            stderr(&out).contains("loopback only"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(!stdout(&out).contains("listening"), "{args:?}");
+    }
+}
+
 #[test]
 fn exit_codes_say_what_happened() {
     let s = demo_cmd("alpha");

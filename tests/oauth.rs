@@ -1404,20 +1404,25 @@ async fn the_command_line_signs_in_with_a_confidential_client_pinned_to_its_issu
                 "--sign-in",
                 "headless",
             ])
-            .args(["--client-id", "pre", "--client-secret", "s3cret"])
             .args(extra)
             .env("RUST_LOG", "error")
             .output()
             .expect("run the CLI")
     };
+    let secret = ["--client-id", "pre", "--client-secret", "s3cret"];
+    // A secret without its client would be dropped in silence.
+    let out = run(&["--client-secret", "s3cret", "--issuer", &w.auth.url]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--client-id"), "{stderr}");
     // Without the issuer the secret could go to whichever one the server names.
-    let out = run(&[]);
+    let out = run(&secret);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("issuer"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(w.at("authorize").is_empty());
-    let out = run(&["--issuer", &w.auth.url]);
+    let out = run(&[&secret[..], &["--issuer", &w.auth.url]].concat());
     assert_eq!(cli_subject(&out), "demo-user");
     // The token request authenticated the client with its secret.
     assert!(
@@ -1426,6 +1431,34 @@ async fn the_command_line_signs_in_with_a_confidential_client_pinned_to_its_issu
             .all(|t| t["client_auth"] == "client_secret_basic"),
         "{:?}",
         w.at("token")
+    );
+    // The secret from a file, kept out of the command line: refused while others can
+    // read it, used once they cannot (the token kept above is forgotten first).
+    let _ = std::fs::remove_dir_all(dir.join("tokens"));
+    let file = dir.join("secret");
+    std::fs::write(&file, "s3cret\n").expect("write");
+    let from_file = |w: &World| {
+        let file = file.to_string_lossy().to_string();
+        let args = ["--client-id", "pre", "--client-secret-file", &file];
+        run(&[&args[..], &["--issuer", &w.auth.url]].concat())
+    };
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = from_file(&w);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("readable by others"), "{stderr}");
+    let tokens_asked = w.at("token").len();
+    write_private(&file, "s3cret\n");
+    let out = from_file(&w);
+    assert_eq!(cli_subject(&out), "demo-user");
+    let asked = w.at("token");
+    assert!(asked.len() > tokens_asked, "signed in again: {asked:?}");
+    assert!(
+        asked
+            .iter()
+            .all(|t| t["client_auth"] == "client_secret_basic"),
+        "{asked:?}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -46,9 +46,18 @@ pub struct ServerArgs {
     /// A pre-registered OAuth client id for the `--http` servers.
     #[arg(long = "client-id", value_name = "ID")]
     pub client_id: Option<String>,
-    /// Its secret, for a confidential client (with `--issuer`).
+    /// Its secret, for a confidential client (with `--issuer`). Any local user can read
+    /// a command line: `--client-secret-file` keeps it out of one.
     #[arg(long = "client-secret", value_name = "SECRET")]
     pub client_secret: Option<String>,
+    /// A file holding its secret (this user's, unreadable by others, as `serve`'s keys
+    /// file).
+    #[arg(
+        long = "client-secret-file",
+        value_name = "FILE",
+        conflicts_with = "client_secret"
+    )]
+    pub client_secret_file: Option<PathBuf>,
     /// The authorization server (its issuer URL) the `--http` servers sign in with;
     /// any other they name is refused. Required with `--client-secret`: the secret goes
     /// to no other.
@@ -218,6 +227,27 @@ fn load_checked(
             "--stdio needs a COMMAND (only `serve --stdio` takes none)"
         )));
     }
+    let client_secret = match (&args.client_secret, &args.client_secret_file) {
+        (Some(secret), _) => Some(secret.clone()),
+        (None, Some(path)) => {
+            let bytes = mcp_harness::util::secret::read_secret_file(path, 1)
+                .map_err(|e| UsageError(anyhow::anyhow!("--client-secret-file {e}")))?;
+            let secret = String::from_utf8(bytes).map_err(|_| {
+                UsageError(anyhow::anyhow!(
+                    "--client-secret-file {}: not UTF-8 text",
+                    path.display()
+                ))
+            })?;
+            Some(secret)
+        }
+        (None, None) => None,
+    };
+    if client_secret.is_some() && args.client_id.is_none() {
+        // It would be dropped in silence: a secret belongs to a client id.
+        return Err(UsageError(anyhow::anyhow!(
+            "a client secret needs --client-id, the client it is the secret of"
+        )));
+    }
     let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
     for server in &mut loaded.config.servers {
         if ad_hoc.contains(&server.id)
@@ -228,7 +258,7 @@ fn load_checked(
             }
             if let Some(id) = &args.client_id {
                 http.auth.client_id = Some(id.clone());
-                http.auth.client_secret = args.client_secret.clone();
+                http.auth.client_secret = client_secret.clone();
             }
             if let Some(issuer) = &args.issuer {
                 http.auth.issuer = Some(issuer.clone());

@@ -18,15 +18,15 @@ use mcp_harness::{
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
+use crate::terminal::line;
+
 fn step(title: &str) {
     outln!("\n== {title}");
 }
 
+/// A result's first text, as the terminal may show it (a server wrote it).
 fn first_text(result: &Value) -> String {
-    result["content"][0]["text"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
+    line(result["content"][0]["text"].as_str().unwrap_or(""))
 }
 
 /// Starts `mcp-harness demo-server ARGS --http 127.0.0.1:0` and returns it with its URL.
@@ -109,8 +109,8 @@ fn approver() -> Arc<FixedAnswers> {
         outln!(
             "  [handler] {} asks \"{}\" (key \"{}\"); the demo approves",
             req.server,
-            req.params["message"].as_str().unwrap_or(""),
-            req.key
+            line(req.params["message"].as_str().unwrap_or("")),
+            line(&req.key)
         );
         json!({"action": "accept", "content": {"approved": true, "answer": "yes"}})
     }))
@@ -216,10 +216,12 @@ async fn start(harness: &HarnessHandle) -> anyhow::Result<()> {
             s.era.map(|e| e.as_str()).unwrap_or("-"),
             s.protocol_version.clone().unwrap_or_default(),
             s.pid.map_or("- (HTTP)".to_string(), |p| p.to_string()),
-            s.profile
-                .as_ref()
-                .and_then(|p| p.instructions())
-                .unwrap_or("")
+            line(
+                s.profile
+                    .as_ref()
+                    .and_then(|p| p.instructions())
+                    .unwrap_or("")
+            )
         );
     }
     Ok(())
@@ -248,7 +250,7 @@ async fn list(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         ms(t.elapsed())
     );
     for tool in again.iter().filter(|t| &*t.name == "echo") {
-        outln!("    {:<14} on {}", tool.qualified, tool.server);
+        outln!("    {:<14} on {}", line(&tool.qualified), tool.server);
     }
     let stats = harness.cache_stats();
     outln!(
@@ -305,14 +307,14 @@ async fn permissions(harness: &HarnessHandle) -> anyhow::Result<()> {
         .call_tool(&intern, "alpha__add", json!({"a": 1, "b": 2}))
         .await
     {
-        Err(e) => outln!("  intern alpha__add -> {e}"),
+        Err(e) => outln!("  intern alpha__add -> {}", line(&e.to_string())),
         Ok(_) => bail!("the intern should have been denied"),
     }
     match harness
         .call_tool(&Caller::default(), "echo", json!({}))
         .await
     {
-        Err(e) => outln!("  anonymous echo   -> {e}"),
+        Err(e) => outln!("  anonymous echo   -> {}", line(&e.to_string())),
         Ok(_) => bail!("an anonymous caller should have been denied"),
     }
     Ok(())
@@ -325,7 +327,11 @@ async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         .unwrap_or_default();
     let t = Instant::now();
     match harness.call_tool(agent, "alpha__crash", json!({})).await {
-        Err(e) => outln!("  alpha__crash -> {e} (after {})", ms(t.elapsed())),
+        Err(e) => outln!(
+            "  alpha__crash -> {} (after {})",
+            line(&e.to_string()),
+            ms(t.elapsed())
+        ),
         Ok(_) => bail!("the crash tool should not answer"),
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -344,7 +350,7 @@ async fn crash(harness: &HarnessHandle, agent: &Caller) -> anyhow::Result<()> {
         s.state.as_str(),
         s.restarts,
         s.pid.unwrap_or_default(),
-        s.last_error.unwrap_or_default()
+        line(&s.last_error.unwrap_or_default())
     );
     let r = harness.call_tool(agent, "server_name", json!({})).await?;
     outln!("  server_name -> {}", first_text(&r));
@@ -376,7 +382,7 @@ fn audit(path: &Path) -> anyhow::Result<()> {
             r["server"].as_str().unwrap_or("-"),
             r["rounds"].as_array().map_or(0, Vec::len),
             r["hops"].as_array().map_or(0, Vec::len),
-            r["error"].as_str().unwrap_or("")
+            line(r["error"].as_str().unwrap_or(""))
         );
     }
     Ok(())

@@ -12,10 +12,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
@@ -164,7 +165,20 @@ struct Client {
     redirect_uris: Vec<String>,
 }
 
+/// The most codes, refresh tokens or clients kept at once: a client that never
+/// redeems, refreshes or comes back cannot grow this process without bound.
+const MOST_KEPT: usize = 10_000;
+
+/// How long a code can be redeemed (RFC 6749 section 4.1.2 advises at most 10 minutes).
+const CODE_LIFETIME: Duration = Duration::from_secs(600);
+
+/// The largest client metadata document read, and how long its fetch may take.
+const MOST_DOCUMENT_BYTES: usize = 64 * 1024;
+const DOCUMENT_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Grant {
+    /// When it was made: a code expires, and the oldest refresh token goes first.
+    issued: Instant,
     client_id: String,
     redirect_uri: String,
     challenge: String,
@@ -182,6 +196,29 @@ struct State {
     next: AtomicU64,
     record: Option<Mutex<std::fs::File>>,
     fetch: reqwest::Client,
+}
+
+/// Keeps `grant` under `key` in `kept`: expired codes go first, then, past
+/// [`MOST_KEPT`], the oldest grant.
+fn keep(
+    kept: &Mutex<HashMap<String, Grant>>,
+    key: String,
+    grant: Grant,
+    lifetime: Option<Duration>,
+) {
+    let mut kept = kept.lock();
+    if let Some(lifetime) = lifetime {
+        kept.retain(|_, g| g.issued.elapsed() < lifetime);
+    }
+    if kept.len() >= MOST_KEPT
+        && let Some(oldest) = kept
+            .iter()
+            .min_by_key(|(_, g)| g.issued)
+            .map(|(k, _)| k.clone())
+    {
+        kept.remove(&oldest);
+    }
+    kept.insert(key, grant);
 }
 
 fn hash(s: &str) -> String {
@@ -295,13 +332,14 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
     };
     let (authorization, user) = (header("authorization"), header("x-demo-user"));
     let method = req.method().clone();
-    let body = match req.into_body().collect().await {
+    // Bounded as it is read: a check after reading it whole would come too late.
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
         Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return full(StatusCode::PAYLOAD_TOO_LARGE, "", "");
+        }
         Err(_) => return full(StatusCode::BAD_REQUEST, "", ""),
     };
-    if body.len() > 1 << 20 {
-        return full(StatusCode::PAYLOAD_TOO_LARGE, "", "");
-    }
     state.record(json!({
         "method": method.as_str(),
         "path": path,
@@ -330,14 +368,14 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                 url::form_urlencoded::parse(&body).into_owned().collect();
             let reply = token(&state, &form, authorization.as_deref());
             if form.get("grant_type").is_some_and(|g| g == "refresh_token") {
-                let delay = std::time::Duration::from_millis(state.args.refresh_delay_ms);
+                let delay = Duration::from_millis(state.args.refresh_delay_ms);
                 tokio::time::sleep(delay).await;
             }
             reply
         }
         Method::POST if at("register") && state.args.registration => {
             let reply = register(&state, &body);
-            let delay = std::time::Duration::from_millis(state.args.register_delay_ms);
+            let delay = Duration::from_millis(state.args.register_delay_ms);
             tokio::time::sleep(delay).await;
             reply
         }
@@ -395,15 +433,20 @@ async fn client_redirects(state: &State, client_id: &str) -> Option<Vec<String>>
     if !(state.args.cimd && client_id.starts_with("https://")) {
         return None;
     }
-    let bytes = state
+    let mut response = state
         .fetch
         .get(client_id)
+        .timeout(DOCUMENT_TIMEOUT)
         .send()
         .await
-        .ok()?
-        .bytes()
-        .await
         .ok()?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if bytes.len() + chunk.len() > MOST_DOCUMENT_BYTES {
+            return None;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
     let doc: Value = serde_json::from_slice(&bytes).ok()?;
     state.record(json!({"event": "fetched client metadata document", "client_id": client_id}));
     if doc["client_id"] != client_id {
@@ -414,18 +457,45 @@ async fn client_redirects(state: &State, client_id: &str) -> Option<Vec<String>>
         .iter()
         .filter_map(|u| u.as_str().map(String::from))
         .collect();
-    state.clients.lock().insert(
-        client_id.to_string(),
-        Client {
-            secret: None,
-            redirect_uris: uris.clone(),
-        },
-    );
+    let mut clients = state.clients.lock();
+    // Past the bound it is fetched again each time instead of kept.
+    if clients.len() < MOST_KEPT {
+        clients.insert(
+            client_id.to_string(),
+            Client {
+                secret: None,
+                redirect_uris: uris.clone(),
+            },
+        );
+    }
+    drop(clients);
     Some(uris)
 }
 
-fn loopback_redirect(uri: &str) -> bool {
-    uri.starts_with("http://127.0.0.1:") || uri.starts_with("http://127.0.0.1/")
+/// A plain `http://127.0.0.1` redirect URI's path and query, which must match a
+/// registered one's (RFC 8252 lets the port vary); `None` for any other URI. Parsed, not
+/// read by prefix: `http://127.0.0.1:80@evil.example/` names the host `evil.example`.
+fn loopback_redirect(uri: &str) -> Option<String> {
+    let u = url::Url::parse(uri).ok()?;
+    let plain = u.scheme() == "http"
+        && u.host_str() == Some("127.0.0.1")
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.fragment().is_none();
+    plain.then(|| format!("{}?{}", u.path(), u.query().unwrap_or_default()))
+}
+
+/// Whether `redirect_uri` is one that a client with the `allowed` URIs may use:
+/// registered ones match exactly, or as loopback ones on any port; a client with none
+/// registered (pre-registered) may use any loopback one.
+fn redirect_allowed(allowed: &[String], redirect_uri: &str) -> bool {
+    let asked = loopback_redirect(redirect_uri);
+    if allowed.is_empty() {
+        return asked.is_some();
+    }
+    allowed
+        .iter()
+        .any(|u| u == redirect_uri || (asked.is_some() && loopback_redirect(u) == asked))
 }
 
 async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str>) -> HttpResponse {
@@ -443,18 +513,7 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
     let Some(allowed) = client_redirects(state, &client_id).await else {
         return oauth_error(StatusCode::BAD_REQUEST, "invalid_client", "unknown client");
     };
-    // Registered URIs match exactly; RFC 8252 lets a loopback one take any port.
-    let port_free = |u: &str| {
-        u.split_once("://")
-            .map(|(_, r)| r.split_once('/').map_or(r, |(_, p)| p).to_string())
-    };
-    let ok_uri = allowed.iter().any(|u| {
-        u == &redirect_uri
-            || (loopback_redirect(u)
-                && loopback_redirect(&redirect_uri)
-                && port_free(u) == port_free(&redirect_uri))
-    }) || (allowed.is_empty() && loopback_redirect(&redirect_uri));
-    if !ok_uri {
+    if !redirect_allowed(&allowed, &redirect_uri) {
         return oauth_error(
             StatusCode::BAD_REQUEST,
             "invalid_request",
@@ -499,9 +558,11 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
                 .split_whitespace()
                 .filter(|s| !state.args.deny_scope.iter().any(|d| d == s))
                 .collect();
-            state.codes.lock().insert(
+            keep(
+                &state.codes,
                 code.clone(),
                 Grant {
+                    issued: Instant::now(),
                     client_id: client_id.clone(),
                     redirect_uri: redirect_uri.clone(),
                     challenge: get("code_challenge"),
@@ -509,6 +570,7 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
                     scope: granted.join(" "),
                     user: user.unwrap_or("demo-user").to_string(),
                 },
+                Some(CODE_LIFETIME),
             );
             pairs.append_pair("code", &code);
         }
@@ -587,9 +649,11 @@ fn mint(state: &State, grant: &Grant, with_refresh: bool) -> HttpResponse {
     });
     if with_refresh {
         let refresh = state.fresh();
-        state.refresh.lock().insert(
+        keep(
+            &state.refresh,
             refresh.clone(),
             Grant {
+                issued: Instant::now(),
                 client_id: grant.client_id.clone(),
                 redirect_uri: grant.redirect_uri.clone(),
                 challenge: String::new(),
@@ -597,6 +661,7 @@ fn mint(state: &State, grant: &Grant, with_refresh: bool) -> HttpResponse {
                 scope: grant.scope.clone(),
                 user: grant.user.clone(),
             },
+            None,
         );
         reply["refresh_token"] = json!(refresh);
     }
@@ -661,6 +726,9 @@ fn token(
             let Some(grant) = state.codes.lock().remove(&get("code")) else {
                 return bad_grant("unknown or used code");
             };
+            if grant.issued.elapsed() >= CODE_LIFETIME {
+                return bad_grant("expired code");
+            }
             let verifier = get("code_verifier");
             let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
             if challenge != grant.challenge {
@@ -699,6 +767,7 @@ fn token(
                 .map(String::from)
                 .collect();
             let grant = Grant {
+                issued: Instant::now(),
                 client_id: client_id.clone(),
                 redirect_uri: String::new(),
                 challenge: String::new(),
@@ -749,6 +818,13 @@ fn register(state: &State, body: &[u8]) -> HttpResponse {
             "redirect_uris required",
         );
     }
+    if state.clients.lock().len() >= MOST_KEPT {
+        return oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "too many clients registered",
+        );
+    }
     let id = format!("dyn-{}", state.fresh());
     let secret = (method != "none").then(|| state.fresh());
     state.clients.lock().insert(
@@ -765,4 +841,44 @@ fn register(state: &State, body: &[u8]) -> HttpResponse {
         reply["client_secret_expires_at"] = json!(0);
     }
     json_reply(StatusCode::CREATED, reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redirect_uri_is_loopback_only_when_its_host_is() {
+        let registered = vec!["http://127.0.0.1:5555/callback".to_string()];
+        assert!(redirect_allowed(
+            &registered,
+            "http://127.0.0.1:5555/callback"
+        ));
+        assert!(redirect_allowed(
+            &registered,
+            "http://127.0.0.1:6000/callback"
+        ));
+        assert!(!redirect_allowed(
+            &registered,
+            "http://127.0.0.1:6000/other"
+        ));
+        assert!(!redirect_allowed(
+            &registered,
+            "http://127.0.0.1:6000/callback?x=1"
+        ));
+        for hostile in [
+            "http://127.0.0.1:80@evil.example/callback",
+            "http://127.0.0.1@evil.example/callback",
+            "http://127.0.0.1.evil.example/callback",
+            "https://127.0.0.1:6000/callback",
+            "http://127.0.0.1:6000/callback#frag",
+        ] {
+            assert!(!redirect_allowed(&registered, hostile), "{hostile}");
+            assert!(!redirect_allowed(&[], hostile), "{hostile}");
+        }
+        assert!(redirect_allowed(&[], "http://127.0.0.1:7000/anything"));
+        let web = vec!["https://app.example/cb".to_string()];
+        assert!(redirect_allowed(&web, "https://app.example/cb"));
+        assert!(!redirect_allowed(&web, "http://127.0.0.1:7000/cb"));
+    }
 }

@@ -60,6 +60,13 @@ pub async fn bind(
     use std::io::Write;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    // Test servers: their tools show the environment and start processes, and they
+    // check no Host or Origin. Nobody but this machine's own clients may reach one.
+    if !local.ip().is_loopback() {
+        anyhow::bail!(
+            "{local} is not a loopback address: the demo servers listen on loopback only"
+        );
+    }
     let scheme = if tls { "https" } else { "http" };
     let base = format!("{scheme}://{local}");
     {

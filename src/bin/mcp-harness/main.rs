@@ -2,8 +2,10 @@
 //!
 //! `main` parses arguments, sets up logging (`RUST_LOG`, on stderr), runs the command and
 //! turns its outcome into an exit code: 0 success, 1 a tool error (`isError`) or a failed
-//! call, 2 a usage or configuration error, 3 no server could serve the call. Ctrl-C
-//! shuts the harness down gracefully (no server process is left).
+//! call, 2 a usage or configuration error, 3 no server could serve the call, 4 audit
+//! records left unwritten, and 128 + the signal for one that ended it (129 SIGHUP, 130
+//! SIGINT, 131 SIGQUIT, 143 SIGTERM; the README has the whole list). A signal shuts the
+//! harness down gracefully (no server process is left).
 
 /// `println!` that does not panic once stdout is gone (`mcp-harness tools | head`):
 /// what is left is dropped, and the command ends as it would (its servers stopped,

@@ -64,7 +64,7 @@ pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
                 .any(|s| matches!(s.transport, TransportSpec::Http(_)));
             if remote {
                 errln!(
-                    "mcp-harness: neither HOME nor XDG_CACHE_HOME is set: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
+                    "mcp-harness: neither HOME nor XDG_CACHE_HOME is set to an absolute path: sign-in tokens are kept in memory only (pass --tokens DIR to keep them)"
                 );
             }
             Arc::new(MemoryTokenStore::default())
@@ -77,7 +77,7 @@ pub fn file_store(setup: &Setup, given: Option<&PathBuf>) -> anyhow::Result<Arc<
     match token_dir(setup, given) {
         Some(dir) => Ok(Arc::new(FileTokenStore::new(dir))),
         None => Err(UsageError(anyhow::anyhow!(
-            "no directory to keep tokens in: set HOME or XDG_CACHE_HOME, or pass --tokens DIR"
+            "no directory to keep tokens in: set HOME or XDG_CACHE_HOME to an absolute path, or pass --tokens DIR"
         ))
         .into()),
     }

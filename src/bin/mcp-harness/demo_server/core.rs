@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
@@ -232,10 +233,12 @@ pub struct DemoServer {
 impl DemoServer {
     pub fn new(args: DemoServerArgs) -> anyhow::Result<Arc<DemoServer>> {
         let record = match &args.record {
+            // Headers are kept as sent, bearer tokens with them: for this user only.
             Some(path) => Some(Arc::new(Mutex::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
+                    .mode(0o600)
                     .open(path)?,
             ))),
             None => None,
@@ -540,13 +543,13 @@ impl DemoServer {
             if cacheable && map.get("resultType") == Some(&json!("complete")) {
                 let (mut ttl, mut scope) = self.hints();
                 if method == "tools/list" && !self.args.page_ttls.is_empty() {
-                    let page = self.page_index(request).unwrap_or(0);
-                    let at = page.min(self.args.page_ttls.len() - 1);
+                    let at = self.page_number(request).min(self.args.page_ttls.len() - 1);
                     ttl = json!(self.args.page_ttls[at]);
                 }
                 if method == "tools/list" && !self.args.page_scopes.is_empty() {
-                    let page = self.page_index(request).unwrap_or(0);
-                    let at = page.min(self.args.page_scopes.len() - 1);
+                    let at = self
+                        .page_number(request)
+                        .min(self.args.page_scopes.len() - 1);
                     scope = json!(self.args.page_scopes[at]);
                 }
                 map.entry("ttlMs").or_insert(ttl);
@@ -637,7 +640,19 @@ impl DemoServer {
 
     /// The page a `tools/list` cursor names (`e<epoch>-page-<n>`); an error for a cursor
     /// that is not one of ours, or of another epoch.
-    fn page_index(&self, request: &Request) -> Result<usize, RpcError> {
+    /// Which page of `tools/list` a request asks for (0 for the first): its cursor
+    /// holds the offset of the page's first tool.
+    fn page_number(&self, request: &Request) -> usize {
+        let per_page = if self.args.huge_pages.is_some() {
+            1
+        } else {
+            self.args.page_size.max(1)
+        };
+        self.page_start(request).unwrap_or(0) / per_page
+    }
+
+    /// The offset of the first tool of the page a `tools/list` cursor asks for.
+    fn page_start(&self, request: &Request) -> Result<usize, RpcError> {
         let bad = || RpcError::new(self.args.cursor_refusal_code, "invalid cursor");
         match request.params.as_ref().and_then(|p| p.get("cursor")) {
             None | Some(Value::Null) => Ok(0),
@@ -660,13 +675,13 @@ impl DemoServer {
                 "cacheScope": "public",
             }));
         }
-        let start = self.page_index(request)?;
+        let start = self.page_start(request)?;
         if let Some(mib) = self.args.huge_pages {
             // Hostile: a huge page and a fresh cursor, forever.
             let description = "x".repeat(mib * 1024 * 1024);
             return Ok(json!({
                 "tools": [{"name": format!("huge_{start}"), "description": description, "inputSchema": {"type": "object"}}],
-                "nextCursor": format!("e{}-page-{}", self.args.cursor_epoch, start + 1),
+                "nextCursor": format!("e{}-page-{}", self.args.cursor_epoch, start.saturating_add(1)),
             }));
         }
         let elicitation = if ctx.legacy {
@@ -694,7 +709,7 @@ impl DemoServer {
         } else {
             self.args.page_size
         };
-        let end = (start + size).min(all.len());
+        let end = start.saturating_add(size).min(all.len());
         let mut result = json!({"tools": all[start..end]});
         if end < all.len() {
             result["nextCursor"] = json!(format!("e{}-page-{end}", self.args.cursor_epoch));

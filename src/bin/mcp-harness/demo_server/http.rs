@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, StatusCode};
 use mcp_harness::protocol::error::{
@@ -31,6 +31,10 @@ use super::core::{Action, Ctx, DemoServer, Out, Peer, Pending, ServeEra};
 use super::tools;
 
 use crate::loopback::{self, HttpResponse, full};
+
+/// The largest request body read (16 MiB, as the harness's own default message bound):
+/// one past it is refused before it is all in memory.
+const MAX_BODY: usize = 16 << 20;
 
 #[derive(Default)]
 struct Session {
@@ -188,6 +192,8 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                     }
                     (_, resume) => {
                         session.resume = resume;
+                        // A client that opens its stream again left the old one closed.
+                        session.streams.retain(|t| !t.is_closed());
                         session.streams.push(tx);
                     }
                 }
@@ -383,8 +389,11 @@ async fn post(
             "Accept must list application/json and text/event-stream",
         );
     }
-    let body = match req.into_body().collect().await {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return full(StatusCode::PAYLOAD_TOO_LARGE, "", "body too large");
+        }
         Err(_) => return full(StatusCode::BAD_REQUEST, "", "unreadable body"),
     };
     let message = match Message::parse(&body) {
@@ -475,11 +484,10 @@ async fn post(
         );
     }
     let (pending, broadcast) = match session_id.as_ref().and_then(|s| {
-        state
-            .sessions
-            .lock()
-            .get(s)
-            .map(|s| (s.pending.clone(), s.streams.first().cloned()))
+        state.sessions.lock().get(s).map(|s| {
+            let open = s.streams.iter().rev().find(|t| !t.is_closed());
+            (s.pending.clone(), open.cloned())
+        })
     }) {
         Some((pending, stream)) => (pending, stream.map(|tx| Peer::new(tx, Pending::default()))),
         None => (Pending::default(), None),

@@ -73,7 +73,8 @@ pub struct DemoServerArgs {
     /// catalog of real servers' tools).
     #[arg(long)]
     pub tools_file: Option<std::path::PathBuf>,
-    /// Add a tool whose schema is this many MiB (a hostile server).
+    /// Add a tool whose description is this many MiB (a hostile server: its listing
+    /// is past any sane bound).
     #[arg(long)]
     pub huge_schema: Option<usize>,
     /// Tools per `tools/list` page (0: one page).

@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 use super::{DemoServerArgs, annotated, arg, i, params_field, s, text, tool};
 use crate::demo_server::core::{Action, Ctx, DemoServer};
 
+/// The most notifications one flooding call sends: a flood, not a process out of memory.
+const MOST_MESSAGES: u64 = 1_000_000;
+
 pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
     vec![
         tool(
@@ -139,7 +142,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             reply(text("sent tools/list_changed"))
         }
         "notify_flood" => {
-            let n = arg(request, "n").and_then(Value::as_u64).unwrap_or(100);
+            let n = arg(request, "n")
+                .and_then(Value::as_u64)
+                .unwrap_or(100)
+                .min(MOST_MESSAGES);
             let peer = ctx.broadcast.as_ref().unwrap_or(&ctx.peer);
             for _ in 0..n {
                 peer.notify("notifications/tools/list_changed", json!({}));
@@ -150,7 +156,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             let token = params_field(request, "_meta")
                 .and_then(|m| m.get("progressToken"))
                 .cloned();
-            let steps = arg(request, "steps").and_then(Value::as_u64).unwrap_or(3);
+            let steps = arg(request, "steps")
+                .and_then(Value::as_u64)
+                .unwrap_or(3)
+                .min(MOST_MESSAGES);
             // A `message` of this many bytes on each update, and a millisecond's pause
             // after every `pause_every` updates: a flood a client can keep up with.
             let message = arg(request, "message_bytes")

@@ -127,7 +127,9 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         "oversize" => Action::Oversize(
             arg(request, "bytes")
                 .and_then(Value::as_u64)
-                .unwrap_or(1 << 20) as usize,
+                .unwrap_or(1 << 20)
+                // Past the harness's bound, yet within what this process can hold.
+                .min(256 << 20) as usize,
         ),
         "crash" => Action::Exit(arg(request, "code").and_then(Value::as_i64).unwrap_or(3) as i32),
         "close_stdout" => Action::CloseStdout,
