@@ -15,7 +15,7 @@
 //! disk like a fetched one; only pages fetched from the server are written back to it.
 //!
 //! Refresh ahead: a list served from the cache with less than `cache.refresh_ahead`
-//! of freshness left is listed again in the background (once at a time per list and
+//! (at most a tenth of its ttl) of freshness left is listed again in the background (once at a time per list and
 //! scope), so a hot list is replaced before it expires and no caller waits on it.
 
 use std::sync::Arc;

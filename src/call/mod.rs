@@ -54,6 +54,7 @@ pub use settings::{CallConfig, Limits};
 
 pub(crate) use client_side::HarnessClient;
 pub(crate) use context::CallContext;
+use context::InFlight;
 pub(crate) use listing::list;
 pub(crate) use route::route;
 
@@ -174,36 +175,53 @@ impl Deadline {
     }
 }
 
+/// Admits a call counted in flight (`in_flight`, [`CallContext::enter`]) and writes its
+/// `started` record: the guard, which counts it until its `finished` one is written,
+/// and its record.
+fn begin<'a>(
+    ctx: &CallContext,
+    request: &CallRequest,
+    in_flight: InFlight<'a>,
+) -> Result<(InFlight<'a>, CallRecord), CallError> {
+    ctx.audit.admit()?;
+    let record = CallRecord::start(
+        &ctx.audit,
+        &ctx.metrics,
+        ctx.next_call_id(),
+        &request.caller,
+        request.kind,
+        &request.name,
+        &request.args,
+    );
+    Ok((in_flight, record))
+}
+
+/// A call refused before it began (cancelled, or its worker gone): its two records, the
+/// second `cancelled` (written as the unfinished record drops, as for a call dropped
+/// half-way), and nothing routed or sent.
+pub(crate) fn refuse(
+    ctx: &CallContext,
+    request: &CallRequest,
+    in_flight: InFlight<'_>,
+) -> Result<(), CallError> {
+    let (_in_flight, record) = begin(ctx, request, in_flight)?;
+    drop(record);
+    Ok(())
+}
+
 /// Runs one call end to end. Exactly one `started` and one `finished` audit record,
-/// whatever happens (a call dropped half-way records `cancelled`). A call `refused`
-/// (cancelled before it began) has its records, the second `cancelled`, and ends there.
+/// whatever happens (a call dropped half-way records `cancelled`).
 // An async block, not an async fn: a fn's arguments are moved into its body, and the
 // request (320 bytes) sat in the call's future twice.
 #[allow(clippy::manual_async_fn)]
-pub(crate) fn run(
-    ctx: &Arc<CallContext>,
+pub(crate) fn run<'a>(
+    ctx: &'a Arc<CallContext>,
     mut request: CallRequest,
-    refused: Option<CallError>,
-) -> impl Future<Output = Result<Answer, CallError>> + Send + '_ {
+    in_flight: InFlight<'a>,
+) -> impl Future<Output = Result<Answer, CallError>> + Send + 'a {
     async move {
-        ctx.audit.admit()?;
-        let _in_flight = ctx.enter();
-        let call_id = ctx.next_call_id();
-        let mut record = CallRecord::start(
-            &ctx.audit,
-            &ctx.metrics,
-            call_id,
-            &request.caller,
-            request.kind,
-            &request.name,
-            &request.args,
-        );
-        if let Some(e) = refused {
-            // Unfinished, the record writes `cancelled` as it drops, as for a call
-            // dropped half-way.
-            drop(record);
-            return Err(e);
-        }
+        let (_in_flight, mut record) = begin(ctx, &request, in_flight)?;
+        let call_id = record.call_id();
         // From the record's start: one clock read for both.
         let total = request.timeout.unwrap_or(ctx.settings.call_timeout);
         let deadline = Deadline::after(record.started(), total);
@@ -395,7 +413,7 @@ async fn drive(
         let continued = request
             .delegated
             .as_ref()
-            .is_some_and(|d| d.request_state.is_some() || d.input_responses.is_some());
+            .is_some_and(Delegation::continues);
         let more = i + 1 < candidates.len() && !continued;
         let safe = error.never_sent()
             || (candidate.retry_safe

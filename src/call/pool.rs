@@ -71,6 +71,15 @@ struct Worker {
     token: CancelToken,
 }
 
+/// Why a call is refused before it begins.
+#[derive(Clone, Copy, Debug)]
+enum Refusal {
+    /// Its `CancelToken` was cancelled already.
+    Cancelled,
+    /// Every worker's token was: they died, or the harness is closing.
+    WorkerGone,
+}
+
 /// The workers, as calls pick them.
 #[derive(Clone)]
 pub(crate) struct CallPool {
@@ -105,6 +114,10 @@ impl CallPool {
         // timers and actors that would end the failure. Spending tokio's cooperative
         // budget makes such a loop yield now and then.
         tokio::task::consume_budget().await;
+        // Counted in flight before `closing` is read (both SeqCst): a shutdown that
+        // set it either waits for this call or is seen by it, never records written
+        // after the trail was flushed.
+        let entered = self.ctx.enter();
         let worker = {
             let workers = self.workers.read();
             if workers.is_empty() || self.closing.load(Ordering::SeqCst) {
@@ -114,19 +127,22 @@ impl CallPool {
             // is taken instead, while there is one.
             let n = workers.len();
             let first = self.next.fetch_add(1, Ordering::Relaxed);
-            (0..n)
+            let live = (0..n)
                 .map(|k| &workers[first.wrapping_add(k) % n].token)
-                .find(|t| !t.is_cancelled())
-                .unwrap_or(&workers[first % n].token)
-                .clone()
+                .find(|t| !t.is_cancelled());
+            match live {
+                Some(token) => (token.clone(), true),
+                None => (workers[first % n].token.clone(), false),
+            }
         };
+        let (worker, live) = worker;
         // A call cancelled, or whose worker is gone, before it begins is recorded but
         // never routed or sent: it would reach the server in its first poll, before the
         // select below looks at the tokens.
         let refused = if cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
-            Some(CallError::Cancelled)
-        } else if worker.is_cancelled() {
-            Some(self.worker_gone())
+            Some(Refusal::Cancelled)
+        } else if !live {
+            Some(Refusal::WorkerGone)
         } else {
             None
         };
@@ -134,7 +150,11 @@ impl CallPool {
         // into every future that awaits a call (3.9 KB at the top), and copied whole each
         // time one of them moves (spawned, boxed, awaited): `memmove` was 8.6 % of the
         // bench process's samples, 6.6 % with the box.
-        let call = Box::pin(super::run(&self.ctx, request, refused));
+        if let Some(refusal) = refused {
+            super::refuse(&self.ctx, &request, entered)?;
+            return Err(self.refusal(refusal));
+        }
+        let call = Box::pin(super::run(&self.ctx, request, entered));
         let cancelled = async {
             match &cancel {
                 Some(token) => token.cancelled().await,
@@ -151,6 +171,14 @@ impl CallPool {
             // its record says `cancelled`.
             _ = worker.cancelled() => Err(self.worker_gone()),
             _ = cancelled => Err(CallError::Cancelled),
+        }
+    }
+
+    /// What a call refused before it began ends with.
+    fn refusal(&self, refusal: Refusal) -> CallError {
+        match refusal {
+            Refusal::Cancelled => CallError::Cancelled,
+            Refusal::WorkerGone => self.worker_gone(),
         }
     }
 

@@ -77,13 +77,48 @@ pub(crate) enum HarnessMsg {
     Rebuild(Service),
 }
 
-/// The servers' supervisor, when it dies again within this of its rebuild, is rebuilt
-/// after a pause, which doubles with each such death from [`FIRST_PAUSE`] up to
-/// [`LONGEST_PAUSE`]: one that keeps dying does not respawn every server process in a
-/// tight loop.
+/// A service that dies again within this of its rebuild, past its free deaths in a row,
+/// is rebuilt after a pause, which doubles with each such death from [`FIRST_PAUSE`] up
+/// to [`LONGEST_PAUSE`]: one that keeps dying does not spin.
 const DIED_SOON: Duration = Duration::from_secs(1);
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Deaths in a row, each soon after the rebuild before, rebuilt at once all the same:
+/// none for the servers' supervisor (each rebuild respawns every server process), a
+/// few for the others, which cost a few actors each, while calls fail fast meanwhile (a
+/// call takes a dead worker's token and ends `worker_died` at once): a pause there is a
+/// burst of failures, not rest, and only a service dying in a loop earns one.
+fn free_deaths(service: Service) -> u32 {
+    match service {
+        Service::Servers => 0,
+        _ => 8,
+    }
+}
+
+/// Each service's deaths in a row soon after its rebuild, and when it was last rebuilt.
+#[derive(Default)]
+struct Streaks(HashMap<Service, (u32, Option<Instant>)>);
+
+impl Streaks {
+    /// How long to wait before rebuilding `service`, which died at `now`.
+    fn pause(&mut self, service: Service, now: Instant) -> Duration {
+        let (streak, rebuilt_at) = self.0.entry(service).or_insert((0, None));
+        let soon = rebuilt_at.is_some_and(|at| now.saturating_duration_since(at) < DIED_SOON);
+        *streak = if soon { streak.saturating_add(1) } else { 0 };
+        match streak.saturating_sub(free_deaths(service)) {
+            0 => Duration::ZERO,
+            n => FIRST_PAUSE
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(LONGEST_PAUSE),
+        }
+    }
+
+    /// `service` was rebuilt at `at`.
+    fn rebuilt(&mut self, service: Service, at: Instant) {
+        self.0.entry(service).or_insert((0, None)).1 = Some(at);
+    }
+}
 
 /// The root's state.
 pub(crate) struct SupervisorState {
@@ -92,34 +127,14 @@ pub(crate) struct SupervisorState {
     current: HashMap<Service, ActorCell>,
     /// Once a shutdown is under way: the callers of later ones, answered when it is done.
     shutting_down: Option<Arc<parking_lot::Mutex<Vec<RpcReplyPort<()>>>>>,
-    /// Each service's deaths in a row soon after its rebuild, and when it was last
-    /// rebuilt.
-    rebuilt: HashMap<Service, (u32, Option<Instant>)>,
+    /// Each service's deaths in a row soon after its rebuild.
+    streaks: Streaks,
 }
 
 /// The root actor; see the module docs.
 pub(crate) struct HarnessSupervisor;
 
 impl SupervisorState {
-    /// How long to wait before rebuilding `service`, which just died.
-    fn pause_before_rebuild(&mut self, service: Service) -> Duration {
-        // The others are rebuilt at once, always: each costs a few actors, and calls fail
-        // while one is down (a call takes a dead worker's token and ends `worker_died`
-        // at once), so a pause would turn into a burst of failures, not into rest.
-        if service != Service::Servers {
-            return Duration::ZERO;
-        }
-        let (streak, rebuilt_at) = self.rebuilt.entry(service).or_insert((0, None));
-        let soon = rebuilt_at.is_some_and(|at| at.elapsed() < DIED_SOON);
-        *streak = if soon { streak.saturating_add(1) } else { 0 };
-        match *streak {
-            0 => Duration::ZERO,
-            n => FIRST_PAUSE
-                .saturating_mul(1 << (n - 1).min(16))
-                .min(LONGEST_PAUSE),
-        }
-    }
-
     /// Rebuilds `service` unless a shutdown began or it runs already; a rebuild that
     /// fails is tried again after the longest pause.
     async fn rebuild(&mut self, myself: &ActorRef<HarnessMsg>, service: Service) {
@@ -128,7 +143,7 @@ impl SupervisorState {
         }
         match self.spawn(myself, service).await {
             Ok(()) => {
-                self.rebuilt.entry(service).or_insert((0, None)).1 = Some(Instant::now());
+                self.streaks.rebuilt(service, Instant::now());
             }
             Err(e) => {
                 tracing::error!(?service, error = %e, "could not rebuild a harness service; trying again");
@@ -204,7 +219,7 @@ impl Actor for HarnessSupervisor {
             children: HashMap::new(),
             current: HashMap::new(),
             shutting_down: None,
-            rebuilt: HashMap::new(),
+            streaks: Streaks::default(),
         };
         for service in Service::ALL {
             state.spawn(&myself, service).await?;
@@ -274,7 +289,7 @@ impl Actor for HarnessSupervisor {
         if state.shutting_down.is_some() {
             return Ok(());
         }
-        let pause = state.pause_before_rebuild(service);
+        let pause = state.streaks.pause(service, Instant::now());
         tracing::warn!(?service, ?pause, "a harness service died; rebuilding it");
         if pause.is_zero() {
             state.rebuild(&myself, service).await;
@@ -349,5 +364,49 @@ async fn flush_audit(services: &Services) {
         // unwritten; and a sync that hangs is given up after a while, its thread left.)
         let limit = Duration::from_secs(5);
         let _ = tokio::time::timeout(limit, services.audit_sink.write_now()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pauses before each rebuild of `service` dying `deaths` times, each `gap`
+    /// after the rebuild before.
+    fn pauses(service: Service, deaths: usize, gap: Duration) -> Vec<Duration> {
+        let mut streaks = Streaks::default();
+        let mut now = Instant::now();
+        (0..deaths)
+            .map(|_| {
+                let pause = streaks.pause(service, now);
+                now += pause;
+                streaks.rebuilt(service, now);
+                now += gap;
+                pause
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_servers_supervisor_dying_soon_after_each_rebuild_waits_longer_each_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            pauses(Service::Servers, 9, ms(5)),
+            [0, 20, 40, 80, 160, 320, 640, 1000, 1000].map(ms)
+        );
+        // Deaths a while apart are each rebuilt at once.
+        assert!(
+            pauses(Service::Servers, 5, DIED_SOON)
+                .iter()
+                .all(Duration::is_zero)
+        );
+    }
+
+    #[test]
+    fn the_other_services_pause_only_once_they_die_in_a_loop() {
+        let ms = Duration::from_millis;
+        let calls = pauses(Service::Calls, 12, ms(5));
+        assert!(calls[..9].iter().all(Duration::is_zero), "{calls:?}");
+        assert_eq!(calls[9..], [20, 40, 80].map(ms));
     }
 }
