@@ -215,6 +215,60 @@ async fn an_actor_killed_during_a_backoff_charges_no_second_restart() {
     h.shutdown().await;
 }
 
+// An actor killed while its server's next connection is being made (still
+// `restarting`, the backoff over) took that connection's process with it: that is a
+// restart, charged (else an actor that kept dying there would respawn its server for
+// ever, with no backoff).
+#[tokio::test]
+async fn an_actor_killed_while_a_restart_connects_is_charged() {
+    let marker = temp_file("slow-reconnect");
+    let script = r#"if [ -e "$1" ]; then sleep 30; exit 0; fi
+touch "$1"
+exec "$0" demo-server slow"#;
+    let mut slow = limited("slow", 5);
+    slow.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: vec![
+            "-c".into(),
+            script.into(),
+            harness_exe(),
+            marker.to_string_lossy().to_string(),
+        ],
+        ..Default::default()
+    });
+    let h = harness(vec![slow]).await;
+    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let _ = h
+        .request("slow", "tools/call", call("crash", json!({"code": 3})))
+        .await;
+    // The restart's connection is being made: its process waits, never answering.
+    let needle = marker.to_string_lossy().to_string();
+    assert!(
+        eventually(Duration::from_secs(20), || processes_with(&needle).len()
+            == 1)
+        .await,
+        "the next connection is being made"
+    );
+    let status = h.server_status("slow").expect("status");
+    assert_eq!(
+        (status.state, status.restarts),
+        (ServerState::Restarting, 1)
+    );
+    let old_actor = h.server_actor("slow").expect("actor");
+    old_actor.kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("slow")
+            .is_some_and(|s| s.actor_rebuilds == 1 && s.restarts == 2))
+        .await,
+        "rebuilt, and charged: {:?}",
+        h.server_status("slow")
+            .map(|s| (s.actor_rebuilds, s.restarts))
+    );
+    h.shutdown().await;
+    let _ = std::fs::remove_file(marker);
+}
+
 #[tokio::test]
 async fn a_server_actor_that_keeps_dying_is_held_to_the_restart_limit() {
     let alpha = limited("alpha", 2);

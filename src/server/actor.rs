@@ -181,9 +181,12 @@ impl Actor for ServerActor {
                 state.publish(was);
                 return Ok(state);
             }
-            // It died waiting out a restart's backoff, with no connection to lose: the
-            // new actor waits out the rest of it, and the restart is charged once.
-            (Start::ActorDied, Some((ServerState::Restarting, _, last_error))) => {
+            // It died waiting out a restart's backoff, with no connection to lose (one
+            // being made afterwards, still `restarting`, died with it: charged below):
+            // the new actor waits out the rest of it, and the restart is charged once.
+            (Start::ActorDied, Some((ServerState::Restarting, _, last_error)))
+                if state.args.server.0.restarts.lock().due().is_some() =>
+            {
                 let due = state.args.server.0.restarts.lock().due();
                 let now = Instant::now();
                 let left = due.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
@@ -457,6 +460,7 @@ impl ServerActorState {
 
     async fn start_connection(&mut self, myself: &ActorRef<ServerMsg>) {
         self.restart_at = None;
+        self.args.server.0.restarts.lock().connecting();
         match self.spawn_attempt(myself).await {
             Ok(attempt) => self.current = Some(attempt),
             Err(reason) => {
@@ -643,7 +647,8 @@ impl ServerActorState {
                 old.listen = None;
                 self.draining.retain(|(_, drain)| !drain.is_finished());
                 let limit = self.args.server.config().timeout;
-                self.draining.push(drain_and_stop(old, limit));
+                self.draining
+                    .push(drain_and_stop(old, limit, self.stop_limit()));
             }
             // What it lists may depend on what we declared (many legacy servers list
             // elicitation tools only to clients that can answer them).
@@ -739,6 +744,16 @@ impl ServerActorState {
         }
     }
 
+    /// How long a connection's graceful stop may take: a live one may take its grace
+    /// twice (stdin EOF, then SIGTERM), and its reap a while.
+    fn stop_limit(&self) -> Duration {
+        self.args
+            .options
+            .shutdown_grace
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(10))
+    }
+
     /// Stops a connection given up for another at once, kept among the draining ones:
     /// a removal or shutdown right after waits for its process (it was told to stop and
     /// forgotten, and outlived them).
@@ -746,7 +761,8 @@ impl ServerActorState {
         old.listen = None;
         old.given_up.cancel();
         self.draining.retain(|(_, drain)| !drain.is_finished());
-        self.draining.push(drain_and_stop(old, Duration::ZERO));
+        self.draining
+            .push(drain_and_stop(old, Duration::ZERO, self.stop_limit()));
     }
 
     fn on_connection_lost(&mut self, myself: &ActorRef<ServerMsg>, failure: &ConnectionFailure) {
@@ -892,8 +908,7 @@ impl ServerActorState {
         }
         // A live connection stops gracefully (stdin EOF, SIGTERM, SIGKILL, reap), all at
         // once: each may take its grace twice.
-        let grace = self.args.options.shutdown_grace;
-        let limit = grace * 2 + Duration::from_secs(10);
+        let limit = self.stop_limit();
         let stops = actors.iter().map(|actor| async move {
             let _ = actor.call(ConnMsg::Shutdown, Some(limit)).await;
             actor.kill();
@@ -911,7 +926,11 @@ const DRAIN_SETTLE: Duration = Duration::from_millis(500);
 
 /// Lets a replaced connection finish what it has in flight (up to `limit`), then stops
 /// it gracefully; its actor, and the drain's handle for a shutdown that cannot wait.
-fn drain_and_stop(old: Attempt, limit: Duration) -> (ActorRef<ConnMsg>, tokio::task::AbortHandle) {
+fn drain_and_stop(
+    old: Attempt,
+    limit: Duration,
+    stop_limit: Duration,
+) -> (ActorRef<ConnMsg>, tokio::task::AbortHandle) {
     let actor = old.actor.clone();
     let drain = tokio::spawn(async move {
         let started = Instant::now();
@@ -923,10 +942,7 @@ fn drain_and_stop(old: Attempt, limit: Duration) -> (ActorRef<ConnMsg>, tokio::t
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let _ = old
-            .actor
-            .call(ConnMsg::Shutdown, Some(Duration::from_secs(30)))
-            .await;
+        let _ = old.actor.call(ConnMsg::Shutdown, Some(stop_limit)).await;
         old.actor.kill();
     });
     (actor, drain.abort_handle())

@@ -183,9 +183,15 @@ impl RestartTracker {
         Decision::Restart(delay)
     }
 
-    /// When the last restart decided is due (`None` before any).
+    /// When the restart decided last is due: `None` before any, and once its
+    /// connection is being made ([`RestartTracker::connecting`]).
     pub fn due(&self) -> Option<Instant> {
         self.due
+    }
+
+    /// A connection is being made: no backoff is being waited out any more.
+    pub fn connecting(&mut self) {
+        self.due = None;
     }
 
     /// Forgets the history (an explicit restart by the operator).
