@@ -48,7 +48,7 @@ impl Actor for AuditActor {
         }
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
-        myself.send_after(sink.config().flush_every, || AuditMsg::Timer);
+        myself.send_after(next_drain(&sink), || AuditMsg::Timer);
         Ok(sink)
     }
 
@@ -68,7 +68,7 @@ impl Actor for AuditActor {
             AuditMsg::Tick => drain(sink).await,
             AuditMsg::Timer => {
                 drain(sink).await;
-                myself.send_after(sink.config().flush_every, || AuditMsg::Timer);
+                myself.send_after(next_drain(sink), || AuditMsg::Timer);
             }
         }
         Ok(())
@@ -81,6 +81,20 @@ impl Actor for AuditActor {
     ) -> Result<(), ActorProcessingErr> {
         drain(sink).await;
         Ok(())
+    }
+}
+
+/// How soon a failing trail is tried again, at most.
+const RETRY_WHILE_FAILING: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// When the next timed drain comes: after `flush_every`, or within a second while the
+/// trail fails (under `fail_closed` no call comes to fill a batch and wake the writer,
+/// and a long `flush_every` refused calls that long after the fault healed).
+fn next_drain(sink: &AuditSink) -> std::time::Duration {
+    let every = sink.config().flush_every;
+    match sink.health().last_error {
+        Some(_) => every.min(RETRY_WHILE_FAILING),
+        None => every,
     }
 }
 

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 /// Where batches go: the file, or a stand-in in unit tests.
 pub(super) trait Output: Send {
-    /// Appends `bytes` at the end.
-    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// Appends `bytes` at the end; on failure, how many of them were written before it.
+    fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)>;
     /// Cuts the output back to `len` bytes.
     fn truncate(&mut self, len: u64) -> std::io::Result<()>;
     /// Its length now.
@@ -83,9 +83,21 @@ impl Output for FileOutput {
         (now.dev(), now.ino()) != (open.dev(), open.ino())
     }
 
-    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(bytes)?;
-        self.file.flush()
+    fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
+        // `write_all`, counting: a failure says how much went out before it.
+        let mut written = 0;
+        while written < bytes.len() {
+            match self.file.write(&bytes[written..]) {
+                Ok(0) => {
+                    let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                    return Err((written, e));
+                }
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err((written, e)),
+            }
+        }
+        self.file.flush().map_err(|e| (written, e))
     }
     fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         self.file.set_len(len)
@@ -290,11 +302,14 @@ impl AuditFile {
         Ok(())
     }
 
-    /// Appends one batch, all of it or (after cutting back a partial write) none of it.
-    pub(super) fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.ensure_open()?;
+    /// Appends one batch, all of it or (after cutting back a partial write) none of it;
+    /// when the cut fails, its whole records written before the failure stay
+    /// ([`WriteFailed::kept`]).
+    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), WriteFailed> {
+        let failed = |error| WriteFailed { error, kept: 0 };
+        self.ensure_open().map_err(failed)?;
         let Some(output) = self.output.as_mut() else {
-            return Err(std::io::Error::other("audit output not open"));
+            return Err(failed(std::io::Error::other("audit output not open")));
         };
         output.lock();
         // Where this batch starts: the file as it is now (another hand may have cut
@@ -303,7 +318,7 @@ impl AuditFile {
             Ok(len) => len,
             Err(e) => {
                 self.output = None;
-                return Err(e);
+                return Err(failed(e));
             }
         };
         self.good = Some(good);
@@ -311,7 +326,10 @@ impl AuditFile {
         // process) is ended first, so that it does not run into this batch's first.
         let end = good > 0 && output.byte_at(good - 1).is_some_and(|b| b != b'\n');
         let appended = match end {
-            true => output.append(b"\n").and_then(|()| output.append(bytes)),
+            true => output
+                .append(b"\n")
+                .map_err(|(_, e)| (0, e))
+                .and_then(|()| output.append(bytes)),
             false => output.append(bytes),
         };
         match appended {
@@ -320,16 +338,42 @@ impl AuditFile {
                 self.good = Some(good + u64::from(end) + bytes.len() as u64);
                 Ok(())
             }
-            Err(e) => {
+            Err((written, error)) => {
                 // A torn batch must not stay; if the cut fails too, the next open cuts.
-                if output.truncate(good).is_err() {
-                    tracing::warn!("could not cut the audit file back after a failed write");
-                    self.torn = output.len().ok();
+                if output.truncate(good).is_ok() {
+                    self.output = None;
+                    return Err(WriteFailed { error, kept: 0 });
                 }
+                tracing::warn!("could not cut the audit file back after a failed write");
+                // The batch's whole records before the torn one stay, written: they are
+                // not written again, and a cut at the next open takes the torn one only
+                // (an append-only file, a pipe: written twice, they broke "exactly one").
+                let whole = bytes[..written.min(bytes.len())]
+                    .iter()
+                    .rposition(|b| *b == b'\n')
+                    .map_or(0, |p| p + 1);
+                // (Some written: so was the newline before them.)
+                let start = good + u64::from(end && whole > 0);
+                self.good = Some(start + whole as u64);
+                self.torn = output.len().ok();
                 self.output = None;
-                Err(e)
+                Err(WriteFailed { error, kept: whole })
             }
         }
+    }
+}
+
+/// A batch that failed: why, and how many of its first bytes (whole records) are in
+/// the file all the same, not to be written again.
+#[derive(Debug)]
+pub(super) struct WriteFailed {
+    pub(super) error: std::io::Error,
+    pub(super) kept: usize,
+}
+
+impl std::fmt::Display for WriteFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
     }
 }
 
@@ -367,13 +411,12 @@ mod tests {
     }
 
     impl Output for Flaky {
-        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
             match self.fail_after.lock().take() {
                 Some(n) => {
-                    self.data
-                        .lock()
-                        .extend_from_slice(&bytes[..n.min(bytes.len())]);
-                    Err(std::io::Error::other("disk full"))
+                    let n = n.min(bytes.len());
+                    self.data.lock().extend_from_slice(&bytes[..n]);
+                    Err((n, std::io::Error::other("disk full")))
                 }
                 None => {
                     self.data.lock().extend_from_slice(bytes);
@@ -452,6 +495,40 @@ mod tests {
             };
             assert_eq!(&*flaky.data.lock(), want, "other wrote: {other_wrote}");
         }
+    }
+
+    // A batch torn after some of its records, in a file that cannot be cut (append-only,
+    // a pipe): the records written whole stay and are not written again; the rest are,
+    // after the torn one, on a line of their own.
+    #[test]
+    fn the_whole_records_of_a_torn_batch_that_cannot_be_cut_are_kept_not_written_twice() {
+        let flaky = Flaky::default();
+        let mut file = AuditFile::new(opener(&flaky));
+        file.write(b"{\"a\":1}\n").expect("first batch");
+        let batch = b"{\"b\":2}\n{\"c\":3}\n{\"d\":4}\n";
+        *flaky.fail_after.lock() = Some(18);
+        *flaky.fail_truncate.lock() = true;
+        let failed = file.write(batch).expect_err("torn");
+        assert_eq!(failed.kept, 16, "two records whole");
+        *flaky.fail_truncate.lock() = true;
+        file.write(&batch[failed.kept..]).expect("the rest");
+        assert_eq!(
+            &*flaky.data.lock(),
+            b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n{\"\n{\"d\":4}\n",
+            "each record once; the torn one ended"
+        );
+        // When the cut works at the reopen, it takes the torn record only.
+        let flaky = Flaky::default();
+        let mut file = AuditFile::new(opener(&flaky));
+        file.write(b"{\"a\":1}\n").expect("first batch");
+        *flaky.fail_after.lock() = Some(18);
+        *flaky.fail_truncate.lock() = true;
+        let failed = file.write(batch).expect_err("torn");
+        file.write(&batch[failed.kept..]).expect("the rest");
+        assert_eq!(
+            &*flaky.data.lock(),
+            b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n{\"d\":4}\n"
+        );
     }
 
     #[test]

@@ -58,13 +58,15 @@ pub struct AuditUnavailable {
 /// The audit trail's state, for status and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AuditHealth {
-    /// Whether the last write succeeded.
+    /// Whether the trail is not failing: the last open, write and sync succeeded, and
+    /// none has been under way for 5 s.
     pub writable: bool,
-    /// The last write error, while not writable.
+    /// Why it fails, while not writable.
     pub last_error: Option<String>,
-    /// Records accepted and not yet written.
+    /// Records accepted and not yet written (a write stuck under way included).
     pub backlog: usize,
-    /// Records that could not be kept (`keep_serving` past the buffer's bound).
+    /// Records lost: dropped under `keep_serving` past the buffer's bound, or written
+    /// and then not synced to the disk (the sync failed).
     pub unwritten: u64,
 }
 
@@ -88,6 +90,15 @@ impl Batch {
     }
 
     /// Drops the oldest whole lines until at most `max` bytes are left; how many.
+    /// Drops the first `bytes` (whole records, written already); how many records.
+    fn take_front(&mut self, bytes: usize) -> usize {
+        let bytes = bytes.min(self.bytes.len());
+        let records = self.bytes[..bytes].iter().filter(|b| **b == b'\n').count();
+        self.bytes.drain(..bytes);
+        self.records -= records.min(self.records);
+        records
+    }
+
     fn trim_to(&mut self, max: usize) -> usize {
         if self.bytes.len() <= max {
             return 0;
@@ -170,7 +181,12 @@ impl Shared {
                 }
                 *self.last_error.lock() = None;
             }
-            Err(e) => {
+            Err(failed) => {
+                // Whole records the file kept (a torn batch it could not cut) are
+                // written: not again.
+                let kept = retry.take_front(failed.kept);
+                self.unsynced.fetch_add(kept as u64, Ordering::SeqCst);
+                let e = failed.error;
                 if self.writable.swap(false, Ordering::SeqCst) {
                     tracing::error!(error = %e, records = retry.records, "audit write failed; records kept for the next attempt");
                 }
@@ -664,7 +680,7 @@ mod tests {
     struct Held(std::sync::mpsc::Receiver<()>);
 
     impl super::super::file::Output for Held {
-        fn append(&mut self, _: &[u8]) -> std::io::Result<()> {
+        fn append(&mut self, _: &[u8]) -> Result<(), (usize, std::io::Error)> {
             // Bounded, so that a failing test ends.
             let _ = self.0.recv_timeout(std::time::Duration::from_secs(30));
             Ok(())
@@ -727,11 +743,95 @@ mod tests {
         drop(release);
     }
 
+    /// An output that cannot be cut (append-only, a pipe), whose first append fails
+    /// after `fail_after` bytes.
+    #[derive(Clone, Default)]
+    struct Uncuttable {
+        data: Arc<Mutex<Vec<u8>>>,
+        fail_after: Arc<Mutex<Option<usize>>>,
+    }
+
+    impl super::super::file::Output for Uncuttable {
+        fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
+            let mut data = self.data.lock();
+            match self.fail_after.lock().take() {
+                Some(n) => {
+                    let n = n.min(bytes.len());
+                    data.extend_from_slice(&bytes[..n]);
+                    Err((n, std::io::Error::from_raw_os_error(libc::ENOSPC)))
+                }
+                None => {
+                    data.extend_from_slice(bytes);
+                    Ok(())
+                }
+            }
+        }
+        fn truncate(&mut self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EPERM))
+        }
+        fn len(&mut self) -> std::io::Result<u64> {
+            Ok(self.data.lock().len() as u64)
+        }
+        fn byte_at(&mut self, offset: u64) -> Option<u8> {
+            self.data.lock().get(offset as usize).copied()
+        }
+    }
+
+    // A batch torn after some of its records in a file that cannot be cut: those stay,
+    // counted written, and only the rest are written again (all of it was, and the
+    // records before the tear were in the file twice).
+    #[test]
+    fn the_records_a_torn_batch_left_whole_are_not_written_again() {
+        let output = Uncuttable::default();
+        let opened = output.clone();
+        let opener: Opener = Box::new(move || {
+            Ok(Box::new(opened.clone()) as Box<dyn super::super::file::Output>)
+        });
+        let dir = crate::util::scratch::Scratch::new("uncuttable");
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
+        for i in 0..3 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        let first_two = output_lines_len(&sink, 2);
+        *output.fail_after.lock() = Some(first_two + 3);
+        sink.shared.write_pending();
+        assert!(!sink.health().writable);
+        assert_eq!(sink.health().backlog, 1, "{:?}", sink.health());
+        sink.shared.write_pending();
+        assert!(sink.health().writable, "{:?}", sink.health());
+        let data = String::from_utf8(output.data.lock().clone()).expect("utf-8");
+        let records: Vec<serde_json::Value> = data
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let ids: Vec<u64> = records.iter().filter_map(|r| r["i"].as_u64()).collect();
+        assert_eq!(ids, [0, 1, 2], "each once: {data}");
+    }
+
+    /// How many bytes the first `n` records waiting in `sink` take.
+    fn output_lines_len(sink: &AuditSink, n: usize) -> usize {
+        let pending = sink.shared.pending.lock();
+        let mut seen = 0;
+        for (i, b) in pending.bytes.iter().enumerate() {
+            if *b == b'\n' {
+                seen += 1;
+                if seen == n {
+                    return i + 1;
+                }
+            }
+        }
+        pending.bytes.len()
+    }
+
     /// An output whose writes go nowhere and whose sync fails (a disk returning EIO).
     struct SyncFails;
 
     impl super::super::file::Output for SyncFails {
-        fn append(&mut self, _: &[u8]) -> std::io::Result<()> {
+        fn append(&mut self, _: &[u8]) -> Result<(), (usize, std::io::Error)> {
             Ok(())
         }
         fn truncate(&mut self, _: u64) -> std::io::Result<()> {
