@@ -151,6 +151,21 @@ pub(super) fn locked_until(
 /// Writes `bytes` to `path` (0600) whole or not at all: to a temporary file of a random
 /// name beside it (created, never reused), then renamed over it.
 pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, false)
+}
+
+/// [`write_private`], on the disk when it returns: the file synced before the rename
+/// and its directory after it, so that a crash leaves the old file or the new one, never
+/// an empty one (the shared cache's floors: one lost would let a rollback in).
+pub(super) fn write_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, true)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn write_replacing(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
     let tmp = path.with_extension(format!("{}.tmp", u64::from_le_bytes(nonce)));
@@ -159,7 +174,9 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .write(true)
         .mode(0o600)
         .open(&tmp)?;
-    let written = file.write_all(bytes);
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| if durable { file.sync_data() } else { Ok(()) });
     drop(file);
     match written.and_then(|()| std::fs::rename(&tmp, path)) {
         Ok(()) => Ok(()),

@@ -11,8 +11,8 @@
 //! `input_required` results and MRTR retries are never offered to the cache, and calls'
 //! results (`resources/read` included) are not cached at all.
 //!
-//! Reads take a read lock on L1 (and on a miss, L2's index): they never wait on an
-//! actor. Writes come from the `RegistryActor`; a page is held once, behind an `Arc`,
+//! Reads take a read lock on L1 (and on a miss, L2's index; a page found there is
+//! promoted under L1's write lock): they never wait on an actor. Writes come from the `RegistryActor`; a page is held once, behind an `Arc`,
 //! by the caller that fetched it, L1, L2's index and the change hash alike.
 
 mod disk;
@@ -550,7 +550,12 @@ impl ListCache {
         };
         let keys = [Some(key("public")), private.as_deref().map(key)];
         let keys = keys.iter().flatten().map(|k| k as &dyn AsKeyRef);
-        let fresh = |e: &Entry| e.expires_unix_ms > now;
+        // Fresh for at most its ttl from now: more left means the clock went back since
+        // it was stored (NTP, a restored VM), and it is read again rather than kept
+        // past its ttl by that much.
+        let fresh = |e: &Entry| {
+            e.expires_unix_ms > now && e.expires_unix_ms.saturating_sub(now) <= e.ttl_ms
+        };
         let hit = |e: &Entry| Hit {
             value: e.value.clone(),
             bytes: e.bytes,

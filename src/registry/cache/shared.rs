@@ -11,8 +11,8 @@
 //! from the page's TTL) is its freshness, never past the expiry written in the page.
 //!
 //! Authentication: with `key_file` (a secret the deployment's processes share), every
-//! page is written as `mac1:<HMAC-SHA256 of the body>\n<body>` and read back only if the
-//! tag verifies, so a party that can write to Redis but holds no key cannot put a page
+//! page is written as `mac1:<HMAC-SHA256 of its Redis key and body>\n<body>` and read
+//! back only if the tag verifies (so a page cannot be copied under another key), so a party that can write to Redis but holds no key cannot put a page
 //! in front of the harness, nor keep an old one fresh (the expiry is in the body).
 //! Keys are namespaced by a digest of the secret: processes with another key, or none,
 //! never read each other's pages. Generations and invalidations are not authenticated:
@@ -136,14 +136,31 @@ pub struct SharedConfig {
     pub key_file: Option<PathBuf>,
 }
 
-/// `url` without its password, for logs and errors.
+/// `url` without its password, for logs, errors and the floors file's name: the user
+/// part, and the `pass` or `password` query parameter (a `redis+unix` URL's).
 fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://[redacted]@{}", &url[..scheme], &url[at + 1..])
+            format!("{}://[redacted]@{}", &base[..scheme], &base[at + 1..])
         }
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if k == "pass" || k == "password" => format!("{k}=[redacted]"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
     }
+    out
 }
 
 /// An entry as written under `redis_key`: the body, behind its tag when pages are
@@ -502,9 +519,10 @@ impl Floors {
         (floors, wake)
     }
 
-    /// What the file holds (nothing if it is not there, or holds no map of
-    /// generations); an error if it is there but cannot be read whole (too large, not
-    /// a plain file, out of descriptors): then it is neither used nor written over.
+    /// What the file holds (nothing if it is not there); an error if it is there but
+    /// cannot be read whole (too large, not a plain file, out of descriptors) or holds
+    /// no map of generations (cut short by a crash): then it is neither used nor written
+    /// over, as rollbacks it would have refused were taken.
     fn read(&self) -> std::io::Result<std::collections::HashMap<String, u64>> {
         match std::fs::symlink_metadata(&self.path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
@@ -513,11 +531,8 @@ impl Floors {
         }
         let bytes = super::disk::read_plain_within(&self.path, MAX_FLOORS_FILE)
             .ok_or_else(|| std::io::Error::other("not a plain file of at most 1 MiB"))?;
-        let mut floors: std::collections::HashMap<String, u64> =
-            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(path = %self.path.display(), error = %e, "ignoring a shared cache floors file that is not a map of generations");
-                Default::default()
-            });
+        let mut floors: std::collections::HashMap<String, u64> = serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::other(format!("not a map of generations: {e}")))?;
         floors.retain(|_, g| *g <= CEILING);
         Ok(floors)
     }
@@ -554,7 +569,7 @@ impl Floors {
                 let kept = floors.entry(server.clone()).or_insert(*g);
                 *kept = (*kept).max(*g);
             }
-            super::disk::write_private(&self.path, &serde_json::to_vec(&floors)?)
+            super::disk::write_durable(&self.path, &serde_json::to_vec(&floors)?)
         });
         if let Err(e) = kept {
             // Tried again at the next rise, and at shutdown: a rise never written would
@@ -1327,6 +1342,18 @@ impl SharedCache {
         true
     }
 
+    /// The Redis key of a refresh claim on `what` (which holds the fingerprint): with
+    /// a key, its HMAC, as [`SharedCache::fingerprint_tag`] (a reader of Redis could
+    /// otherwise test guesses of the secrets the fingerprint digests), which also keeps
+    /// the claims of processes under another key apart.
+    fn refresh_key(&self, what: &str) -> String {
+        let tag = match self.key.as_deref() {
+            Some(k) => hmac_sha256_hex(k, what.as_bytes()),
+            None => sha256_hex(what.as_bytes()),
+        };
+        format!("{}:refresh:{tag}", self.config.prefix)
+    }
+
     /// Claims the refresh of one list for `hold` among the processes sharing it (`SET
     /// NX PX`): true when this process should read it again (claimed, or Redis did not
     /// say), false when another one is doing it.
@@ -1334,11 +1361,7 @@ impl SharedCache {
         if !self.usable() {
             return true;
         }
-        let key = format!(
-            "{}:refresh:{}",
-            self.config.prefix,
-            sha256_hex(what.as_bytes())
-        );
+        let key = self.refresh_key(what);
         let ms = hold.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let claimed: Option<Option<String>> = self
             .run("claim", async |mut conn| {
@@ -1527,6 +1550,50 @@ impl Drop for SharedCache {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn a_refresh_claim_is_keyed_under_the_key_when_there_is_one() {
+        let what = "s\nfingerprint\nversion\ntools/list";
+        let unkeyed = SharedCache::new(SharedConfig::new("redis://127.0.0.1:9", vec![]), None)
+            .expect("layer (connects lazily)");
+        assert_eq!(
+            unkeyed.refresh_key(what),
+            format!("mcp-harness:refresh:{}", sha256_hex(what.as_bytes()))
+        );
+        let keyed = |secret: &str| {
+            let dir = crate::util::scratch::Scratch::new("refresh-claim");
+            std::fs::create_dir_all(&*dir).expect("dir");
+            let path = dir.join("key");
+            std::fs::write(&path, secret).expect("write");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            let mut config = SharedConfig::new("redis://127.0.0.1:9", vec![]);
+            config.key_file = Some(path);
+            SharedCache::new(config, None)
+                .expect("layer")
+                .refresh_key(what)
+        };
+        let (one, two) = (keyed(&"a".repeat(32)), keyed(&"b".repeat(32)));
+        assert!(!one.contains(&sha256_hex(what.as_bytes())), "{one}");
+        assert_ne!(one, two, "another key claims apart");
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_password_wherever_it_is() {
+        assert_eq!(
+            redacted("redis://user:s3cret@10.0.0.1:6379/0"),
+            "redis://[redacted]@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?db=1&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=1&pass=[redacted]"
+        );
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?password=s3cret"),
+            "redis+unix:///run/redis.sock?password=[redacted]"
+        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
     // A generation overtaken while its read was on its way (this process heard of an
     // invalidation meanwhile) is a plain miss; one below what was seen before the read
     // is a rollback, refused and moved past.
@@ -1597,8 +1664,15 @@ mod tests {
             ..config.clone()
         });
         assert!(other.highest.lock().is_empty());
+        // Garbage (a file cut short by a crash) is neither used nor written over: the
+        // rollbacks it would have refused were taken otherwise.
         std::fs::write(&path, "not json").expect("write");
-        assert!(layer(&config).highest.lock().is_empty());
+        let cut = layer(&config);
+        assert!(cut.highest.lock().is_empty());
+        cut.highest.lock().insert("s".into(), 15);
+        cut.floors_rose();
+        cut.write_floors().await;
+        assert_eq!(std::fs::read(&path).expect("there"), b"not json");
         // A floor near overflow is not taken (it would leave INCR no room).
         std::fs::write(&path, format!(r#"{{"s": {}}}"#, i64::MAX)).expect("write");
         assert!(layer(&config).highest.lock().is_empty());

@@ -241,6 +241,32 @@ fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A clock stepped back after a page was stored does not keep it past its ttl by the
+// step: a page with more left than its ttl is read again.
+#[test]
+fn a_clock_stepped_back_does_not_stretch_a_pages_ttl() {
+    let dir = temp_dir("stepped-back");
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    let mut p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"tools": ["x"], "ttlMs": 1000, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    let t = now_ms();
+    p.received_unix_ms = t;
+    let epoch = cache.epoch("s");
+    cache.put_memory_at(t, std::slice::from_ref(&p), epoch);
+    cache.put_disk_at(t, vec![p], epoch);
+    assert!(cache.get_at(t + 500, LIST, None, None).is_some());
+    assert!(
+        cache.get_at(t - 60_000, LIST, None, None).is_none(),
+        "a minute back, it would have been fresh for a minute more"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_disk_layer_survives_a_new_cache() {
     let dir = temp_dir("survive");
@@ -421,7 +447,9 @@ fn a_loaded_entry_is_held_to_max_ttl_and_its_real_size() {
         .expect("entry");
     let mut forged: Value =
         serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+    // Fresh for ever, and for longer than its ttl: held to max_ttl both ways.
     forged["expires_unix_ms"] = json!(u64::MAX);
+    forged["ttl_ms"] = json!(u64::MAX);
     forged["bytes"] = json!(0);
     std::fs::write(&file, forged.to_string()).expect("write");
     let cache = ListCache::new(CacheConfig {
