@@ -58,15 +58,17 @@ pub async fn bind(
     stay: bool,
 ) -> anyhow::Result<(tokio::net::TcpListener, String)> {
     use std::io::Write;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
     // Test servers: their tools show the environment and start processes, and they
-    // check no Host or Origin. Nobody but this machine's own clients may reach one.
-    if !local.ip().is_loopback() {
+    // check no Host or Origin. Nobody but this machine's own clients may reach one, so
+    // no other address is bound, even for a moment.
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
+    if let Some(other) = addrs.iter().find(|a| !a.ip().is_loopback()) {
         anyhow::bail!(
-            "{local} is not a loopback address: the demo servers listen on loopback only"
+            "{other} is not a loopback address: the demo servers listen on loopback only"
         );
     }
+    let listener = tokio::net::TcpListener::bind(&addrs[..]).await?;
+    let local = listener.local_addr()?;
     let scheme = if tls { "https" } else { "http" };
     let base = format!("{scheme}://{local}");
     {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
@@ -239,7 +239,13 @@ impl DemoServer {
                     .create(true)
                     .append(true)
                     .mode(0o600)
-                    .open(path)?,
+                    .open(path)
+                    .and_then(|f| {
+                        // `mode` applies to a file made here; one there already is
+                        // made so too.
+                        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                        Ok(f)
+                    })?,
             ))),
             None => None,
         };
@@ -638,8 +644,6 @@ impl DemoServer {
         }))
     }
 
-    /// The page a `tools/list` cursor names (`e<epoch>-page-<n>`); an error for a cursor
-    /// that is not one of ours, or of another epoch.
     /// Which page of `tools/list` a request asks for (0 for the first): its cursor
     /// holds the offset of the page's first tool.
     fn page_number(&self, request: &Request) -> usize {
@@ -651,7 +655,9 @@ impl DemoServer {
         self.page_start(request).unwrap_or(0) / per_page
     }
 
-    /// The offset of the first tool of the page a `tools/list` cursor asks for.
+    /// The offset of the first tool of the page a `tools/list` cursor names
+    /// (`e<epoch>-page-<n>`); an error for a cursor that is not one of ours, or of
+    /// another epoch.
     fn page_start(&self, request: &Request) -> Result<usize, RpcError> {
         let bad = || RpcError::new(self.args.cursor_refusal_code, "invalid cursor");
         match request.params.as_ref().and_then(|p| p.get("cursor")) {
