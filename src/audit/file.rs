@@ -345,13 +345,22 @@ impl AuditFile {
                     return Err(WriteFailed { error, kept: 0 });
                 }
                 tracing::warn!("could not cut the audit file back after a failed write");
-                // The batch's whole records before the torn one stay, written: they are
-                // not written again, and a cut at the next open takes the torn one only
-                // (an append-only file, a pipe: written twice, they broke "exactly one").
-                let whole = bytes[..written.min(bytes.len())]
-                    .iter()
-                    .rposition(|b| *b == b'\n')
-                    .map_or(0, |p| p + 1);
+                // The batch's whole records before the torn one stay in a file that can
+                // be read back (append-only): they are not written again, and a cut at
+                // the next open takes the torn one only (written twice, they broke
+                // "exactly one"). A pipe's may never have been read (its reader went):
+                // written again.
+                let readable = written > 0 && output.byte_at(good + u64::from(end)).is_some();
+                let whole = match readable {
+                    true => bytes[..written.min(bytes.len())]
+                        .iter()
+                        .rposition(|b| *b == b'\n')
+                        .map_or(0, |p| p + 1),
+                    false => 0,
+                };
+                // What went out is on the disk before the descriptor goes (best effort:
+                // the records it holds count as synced from here).
+                let _ = output.sync();
                 // (Some written: so was the newline before them.)
                 let start = good + u64::from(end && whole > 0);
                 self.good = Some(start + whole as u64);

@@ -89,7 +89,6 @@ impl Batch {
         other.woken = false;
     }
 
-    /// Drops the oldest whole lines until at most `max` bytes are left; how many.
     /// Drops the first `bytes` (whole records, written already); how many records.
     fn take_front(&mut self, bytes: usize) -> usize {
         let bytes = bytes.min(self.bytes.len());
@@ -99,6 +98,7 @@ impl Batch {
         records
     }
 
+    /// Drops the oldest whole lines until at most `max` bytes are left; how many.
     fn trim_to(&mut self, max: usize) -> usize {
         if self.bytes.len() <= max {
             return 0;
@@ -784,9 +784,8 @@ mod tests {
     fn the_records_a_torn_batch_left_whole_are_not_written_again() {
         let output = Uncuttable::default();
         let opened = output.clone();
-        let opener: Opener = Box::new(move || {
-            Ok(Box::new(opened.clone()) as Box<dyn super::super::file::Output>)
-        });
+        let opener: Opener =
+            Box::new(move || Ok(Box::new(opened.clone()) as Box<dyn super::super::file::Output>));
         let dir = crate::util::scratch::Scratch::new("uncuttable");
         let config = AuditConfig {
             path: Some(dir.join("audit.jsonl")),

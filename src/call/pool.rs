@@ -117,6 +117,10 @@ impl CallPool {
         // Counted in flight before `closing` is read (both SeqCst): a shutdown that
         // set it either waits for this call or is seen by it, never records written
         // after the trail was flushed.
+        // (Read before too: calls refused while shutting down do not hold its wait.)
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(CallError::ShutDown);
+        }
         let entered = self.ctx.enter();
         let worker = {
             let workers = self.workers.read();

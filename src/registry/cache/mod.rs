@@ -553,8 +553,10 @@ impl ListCache {
         // Fresh for at most its ttl from now: more left means the clock went back since
         // it was stored (NTP, a restored VM), and it is read again rather than kept
         // past its ttl by that much.
+        // (A ttl of 0, from a file of an older version, is not known: not held to it.)
         let fresh = |e: &Entry| {
-            e.expires_unix_ms > now && e.expires_unix_ms.saturating_sub(now) <= e.ttl_ms
+            e.expires_unix_ms > now
+                && (e.ttl_ms == 0 || e.expires_unix_ms.saturating_sub(now) <= e.ttl_ms)
         };
         let hit = |e: &Entry| Hit {
             value: e.value.clone(),

@@ -520,9 +520,10 @@ impl Floors {
     }
 
     /// What the file holds (nothing if it is not there); an error if it is there but
-    /// cannot be read whole (too large, not a plain file, out of descriptors) or holds
-    /// no map of generations (cut short by a crash): then it is neither used nor written
-    /// over, as rollbacks it would have refused were taken.
+    /// cannot be read whole (too large, not a plain file, out of descriptors): then it
+    /// is neither used nor written over. One that holds no map of generations (cut short
+    /// by a crash) is moved aside (`.corrupt-MS`), said in the log, and kept afresh: its
+    /// floors are lost either way, and left in place it would stop them being kept.
     fn read(&self) -> std::io::Result<std::collections::HashMap<String, u64>> {
         match std::fs::symlink_metadata(&self.path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
@@ -531,8 +532,17 @@ impl Floors {
         }
         let bytes = super::disk::read_plain_within(&self.path, MAX_FLOORS_FILE)
             .ok_or_else(|| std::io::Error::other("not a plain file of at most 1 MiB"))?;
-        let mut floors: std::collections::HashMap<String, u64> = serde_json::from_slice(&bytes)
-            .map_err(|e| std::io::Error::other(format!("not a map of generations: {e}")))?;
+        let mut floors: std::collections::HashMap<String, u64> = match serde_json::from_slice(
+            &bytes,
+        ) {
+            Ok(floors) => floors,
+            Err(e) => {
+                let aside = format!("{}.corrupt-{}", self.path.display(), super::now_ms());
+                std::fs::rename(&self.path, &aside)?;
+                tracing::error!(path = %self.path.display(), %aside, error = %e, "the shared cache's generation floors file holds no map of generations; moved aside, the floors start afresh (pages from before a lost rise may be taken once)");
+                Default::default()
+            }
+        };
         floors.retain(|_, g| *g <= CEILING);
         Ok(floors)
     }
@@ -1664,15 +1674,25 @@ mod tests {
             ..config.clone()
         });
         assert!(other.highest.lock().is_empty());
-        // Garbage (a file cut short by a crash) is neither used nor written over: the
-        // rollbacks it would have refused were taken otherwise.
+        // Garbage (a file cut short by a crash) is not used, and is moved aside so that
+        // the floors are kept again from the next rise.
         std::fs::write(&path, "not json").expect("write");
         let cut = layer(&config);
         assert!(cut.highest.lock().is_empty());
+        let aside: Vec<_> = std::fs::read_dir(&*dir)
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .map(|e| e.path())
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(std::fs::read(&aside[0]).expect("kept"), b"not json");
         cut.highest.lock().insert("s".into(), 15);
         cut.floors_rose();
         cut.write_floors().await;
-        assert_eq!(std::fs::read(&path).expect("there"), b"not json");
+        let kept: HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept, HashMap::from([("s".into(), 15)]));
         // A floor near overflow is not taken (it would leave INCR no room).
         std::fs::write(&path, format!(r#"{{"s": {}}}"#, i64::MAX)).expect("write");
         assert!(layer(&config).highest.lock().is_empty());

@@ -242,8 +242,10 @@ impl DemoServer {
                     .open(path)
                     .and_then(|f| {
                         // `mode` applies to a file made here; one there already is
-                        // made so too.
-                        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                        // made so too (a regular one: not /dev/null or a terminal).
+                        if f.metadata()?.is_file() {
+                            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                        }
                         Ok(f)
                     })?,
             ))),
