@@ -266,6 +266,46 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A modern server takes the client's capabilities with each request, and may list by
+// them: a handler registered at run time drops what it listed before (that list was
+// served from the cache, without the tools that ask, until its ttl ran out).
+#[tokio::test]
+async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listing() {
+    let cfg = config(vec![demo("alpha", &["--tools-need-elicitation"])], &["a"]);
+    let h = harness(cfg).await;
+    let a = Caller::agent("a");
+    let names = |tools: Vec<mcp_harness::ToolInfo>| -> Vec<String> {
+        tools.iter().map(|t| t.name.to_string()).collect()
+    };
+    let before = names(h.list_tools(&a).await.expect("list"));
+    assert!(!before.contains(&"confirm".to_string()), "{before:?}");
+    assert!(
+        h.list_tools(&a)
+            .await
+            .expect("list")
+            .iter()
+            .all(|t| t.from_cache),
+        "the second listing is the cache's"
+    );
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    // The invalidation runs in the background: a listing right after may come first.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = names(h.list_tools(&a).await.expect("list"));
+        if now.contains(&"confirm".to_string()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tools that ask are never listed: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_mrtr_tool_completes_after_three_rounds_with_keys_and_state_kept() {
     let record = temp_file("rounds");

@@ -538,7 +538,8 @@ impl HarnessHandle {
     /// Registers the handler of an input method (`elicitation/create`,
     /// `sampling/createMessage`, `roots/list`); the harness then declares its capability,
     /// and connected legacy servers reconnect to learn it (calls in flight finish on
-    /// the old connection). Prefer [`HarnessBuilder::input_handler`] for handlers known
+    /// the old connection); modern servers' lists, which may depend on it, are read
+    /// again. Prefer [`HarnessBuilder::input_handler`] for handlers known
     /// at start.
     pub async fn register_input_handler(
         &self,

@@ -718,14 +718,28 @@ impl ServerActorState {
     }
 
     async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>) {
-        let legacy = self.current_conn().is_some_and(|c| c.era() == Era::Legacy);
-        if self.state != ServerState::Ready || !legacy || self.handover.is_some() {
-            // Modern servers take capabilities per request; a connect or a handover
-            // under way is compared with them once it is up.
+        let era = self.current_conn().map(|c| c.era());
+        if self.state != ServerState::Ready || era.is_none() || self.handover.is_some() {
+            // A connect or a handover under way is compared with them once it is up.
             return;
         }
-        let declared = self.current.as_ref().map(|a| &a.capabilities);
-        if declared == Some(&self.args.client.capabilities()) {
+        let now = self.args.client.capabilities();
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        if current.capabilities == now {
+            return;
+        }
+        if era == Some(Era::Modern) {
+            // A modern server takes capabilities with each request, and may list by
+            // them: what it listed under the old ones is dropped and read again.
+            current.capabilities = now;
+            let all = ListsChanged {
+                tools: true,
+                prompts: true,
+                resources: true,
+            };
+            self.args.client.lists_changed(self.id(), all);
             return;
         }
         self.span.in_scope(|| tracing::info!(server = %self.id(), "client capabilities changed; reconnecting this legacy server"));
