@@ -269,10 +269,16 @@ impl AuditFile {
     /// Opens the output if it is not open (or was moved away): at start, so that a file
     /// that cannot be opened fails the trail before the first call, and before a batch.
     pub(super) fn ensure_open(&mut self) -> std::io::Result<()> {
-        if self.output.as_mut().is_some_and(|o| o.moved()) {
-            // Removed or rotated away: the batches before stay where they are, and the
+        if let Some(old) = self.output.as_mut()
+            && old.moved()
+        {
+            // Removed or rotated away: the batches before stay where they are (synced
+            // there first: the sync after this batch reaches only the new file), and the
             // next one starts the file now at the path.
             tracing::info!("audit file moved or removed; writing to a new one at its path");
+            if let Err(e) = old.sync() {
+                tracing::warn!(error = %e, "could not sync the audit file moved away");
+            }
             self.output = None;
             self.good = None;
         }
