@@ -31,6 +31,32 @@ fn limited(id: &str, max_restarts: u32) -> ServerConfig {
     c
 }
 
+/// `config` run through `sh -c script`, with this program as `$0` and `args` after it.
+fn under_sh(mut config: ServerConfig, script: &str, args: &[String]) -> ServerConfig {
+    let mut all = vec!["-c".to_string(), script.to_string(), harness_exe()];
+    all.extend(args.iter().cloned());
+    config.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
+        command: "sh".into(),
+        args: all,
+        ..Default::default()
+    });
+    config
+}
+
+/// A harness of `server` alone, ready, whose stops have `grace`.
+async fn ready_alone(server: ServerConfig, grace: Duration) -> HarnessHandle {
+    let id = server.id.clone();
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![server],
+        shutdown_grace: grace,
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(wait_state(&h, &id, ServerState::Ready).await);
+    h
+}
+
 fn assert_last_error(status: &mcp_harness::ServerStatus, says: &str) {
     assert!(
         status
@@ -225,19 +251,8 @@ async fn an_actor_killed_while_a_restart_connects_is_charged() {
     let script = r#"if [ -e "$1" ]; then sleep 30; exit 0; fi
 touch "$1"
 exec "$0" demo-server slow"#;
-    let mut slow = limited("slow", 5);
-    slow.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec![
-            "-c".into(),
-            script.into(),
-            harness_exe(),
-            marker.to_string_lossy().to_string(),
-        ],
-        ..Default::default()
-    });
-    let h = harness(vec![slow]).await;
-    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let slow = under_sh(limited("slow", 5), script, &[marker.display().to_string()]);
+    let h = ready_alone(slow, HarnessConfig::default().shutdown_grace).await;
     let _ = h
         .request("slow", "tools/call", call("crash", json!({"code": 3})))
         .await;
@@ -747,25 +762,12 @@ fn the_embedding_example_recovers_both_servers_and_leaves_nothing_behind() {
 /// ignores SIGTERM and stays after stdin ends, so a stop waits out the grace (3 s) and
 /// kills it.
 async fn with_a_slow_stop() -> HarnessHandle {
-    let mut stubborn = demo("slow", &[]);
-    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec![
-            "-c".into(),
-            "trap '' TERM; \"$0\" demo-server slow; sleep 30".into(),
-            harness_exe(),
-        ],
-        ..Default::default()
-    });
-    let h = Harness::spawn(HarnessConfig {
-        servers: vec![stubborn],
-        shutdown_grace: Duration::from_secs(3),
-        ..HarnessConfig::default()
-    })
+    let script = "trap '' TERM; \"$0\" demo-server slow; sleep 30";
+    ready_alone(
+        under_sh(demo("slow", &[]), script, &[]),
+        Duration::from_secs(3),
+    )
     .await
-    .expect("spawn");
-    assert!(wait_state(&h, "slow", ServerState::Ready).await);
-    h
 }
 
 /// An echo asked of `slow` with a minute to answer.
@@ -822,25 +824,8 @@ touch "$1"
 trap 'touch "$1.termed"; exit 0' TERM
 "$0" demo-server slow
 while :; do sleep 0.1; done"#;
-    let mut stubborn = demo("slow", &[]);
-    stubborn.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec![
-            "-c".into(),
-            script.into(),
-            harness_exe(),
-            marker.to_string_lossy().to_string(),
-        ],
-        ..Default::default()
-    });
-    let h = Harness::spawn(HarnessConfig {
-        servers: vec![stubborn],
-        shutdown_grace: Duration::from_secs(1),
-        ..HarnessConfig::default()
-    })
-    .await
-    .expect("spawn");
-    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    let stubborn = under_sh(demo("slow", &[]), script, &[marker.display().to_string()]);
+    let h = ready_alone(stubborn, Duration::from_secs(1)).await;
     let old = pid(&h, "slow");
     h.restart_server("slow").await.expect("restart");
     h.remove_server("slow").await.expect("remove");
@@ -860,12 +845,7 @@ while :; do sleep 0.1; done"#;
 async fn a_server_given_up_on_shows_its_queue_emptied() {
     // It never answers its handshake, and exits five seconds later (time for the calls
     // to queue on a loaded machine); no restart allowed.
-    let mut dies = limited("dies", 0);
-    dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec!["-c".into(), "sleep 5; exit 3".into()],
-        ..Default::default()
-    });
+    let dies = under_sh(limited("dies", 0), "sleep 5; exit 3", &[]);
     let h = harness(vec![dies]).await;
     let waiting: Vec<_> = (0..3)
         .map(|_| {
@@ -918,13 +898,8 @@ async fn a_request_the_next_restart_comes_too_late_for_is_answered_at_once() {
     let mut alpha = demo("alpha", &[]);
     late(&mut alpha);
     // Never answers its handshake; exits five seconds later.
-    let mut dies = demo("dies", &[]);
+    let mut dies = under_sh(demo("dies", &[]), "sleep 5; exit 3", &[]);
     late(&mut dies);
-    dies.transport = mcp_harness::TransportSpec::Stdio(mcp_harness::transport::StdioSpec {
-        command: "sh".into(),
-        args: vec!["-c".into(), "sleep 5; exit 3".into()],
-        ..Default::default()
-    });
     let h = harness(vec![alpha, dies]).await;
     let echo = |id: &'static str| {
         let h = h.clone();

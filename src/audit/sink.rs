@@ -784,17 +784,7 @@ mod tests {
     fn the_records_a_torn_batch_left_whole_are_not_written_again() {
         let output = Uncuttable::default();
         let opened = output.clone();
-        let opener: Opener =
-            Box::new(move || Ok(Box::new(opened.clone()) as Box<dyn super::super::file::Output>));
-        let dir = crate::util::scratch::Scratch::new("uncuttable");
-        let config = AuditConfig {
-            path: Some(dir.join("audit.jsonl")),
-            ..AuditConfig::default()
-        };
-        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
-        for i in 0..3 {
-            sink.record(&serde_json::json!({"i": i}));
-        }
+        let (_dir, sink) = three_records_for("uncuttable", move || opened.clone());
         let first_two = output_lines_len(&sink, 2);
         *output.fail_after.lock() = Some(first_two + 3);
         sink.shared.write_pending();
@@ -809,6 +799,25 @@ mod tests {
             .collect();
         let ids: Vec<u64> = records.iter().filter_map(|r| r["i"].as_u64()).collect();
         assert_eq!(ids, [0, 1, 2], "each once: {data}");
+    }
+
+    /// A sink whose file opens as what `output` makes, holding three records waiting.
+    fn three_records_for<O: super::super::file::Output + 'static>(
+        tag: &str,
+        output: impl Fn() -> O + Send + 'static,
+    ) -> (crate::util::scratch::Scratch, AuditSink) {
+        let opener: Opener =
+            Box::new(move || Ok(Box::new(output()) as Box<dyn super::super::file::Output>));
+        let dir = crate::util::scratch::Scratch::new(tag);
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
+        for i in 0..3 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        (dir, sink)
     }
 
     /// How many bytes the first `n` records waiting in `sink` take.
@@ -846,17 +855,7 @@ mod tests {
 
     #[test]
     fn a_sync_that_fails_counts_the_records_since_the_last_as_unwritten() {
-        let opener: Opener =
-            Box::new(|| Ok(Box::new(SyncFails) as Box<dyn super::super::file::Output>));
-        let dir = crate::util::scratch::Scratch::new("sync-fails");
-        let config = AuditConfig {
-            path: Some(dir.join("audit.jsonl")),
-            ..AuditConfig::default()
-        };
-        let sink = AuditSink::with_opener(config, Some(opener), ActorSlot::default());
-        for i in 0..3 {
-            sink.record(&serde_json::json!({"i": i}));
-        }
+        let (_dir, sink) = three_records_for("sync-fails", || SyncFails);
         sink.shared.write_pending();
         assert!(sink.health().writable, "written, not yet synced");
         sink.shared.sync();

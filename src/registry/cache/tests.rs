@@ -213,12 +213,15 @@ fn entries_forgotten_in_memory_are_not_served_from_memory_or_disk_before_the_fil
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-// A page is fresh for its ttl from when it arrived: not from when the walk ended and
-// memory took it, nor from when a disk write queued behind others stored it (memory's
-// copy expiring would then have been served again from disk).
-#[test]
-fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
-    let dir = temp_dir("arrived");
+/// A cache with a disk layer, holding one public page of a 1 s ttl that arrived now
+/// (`t`, returned), stored in memory `in_memory` ms later and on disk `on_disk` ms
+/// later.
+fn one_page_arrived_now(
+    tag: &str,
+    in_memory: u64,
+    on_disk: u64,
+) -> (crate::util::scratch::Scratch, ListCache, u64) {
+    let dir = temp_dir(tag);
     let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     let mut p = page(
         &cache,
@@ -230,41 +233,35 @@ fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
     let t = now_ms();
     p.received_unix_ms = t;
     let epoch = cache.epoch("s");
-    cache.put_memory_at(t + 500, std::slice::from_ref(&p), epoch);
-    cache.put_disk_at(t + 5000, vec![p], epoch);
+    cache.put_memory_at(t + in_memory, std::slice::from_ref(&p), epoch);
+    cache.put_disk_at(t + on_disk, vec![p], epoch);
+    (dir, cache, t)
+}
+
+// A page is fresh for its ttl from when it arrived: not from when the walk ended and
+// memory took it, nor from when a disk write queued behind others stored it (memory's
+// copy expiring would then have been served again from disk).
+#[test]
+fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
+    let (_dir, cache, t) = one_page_arrived_now("arrived", 500, 5000);
     assert!(cache.get_at(t + 900, LIST, None, None).is_some());
     assert!(
         cache.get_at(t + 1100, LIST, None, None).is_none(),
         "served past its ttl: {:?}",
         cache.stats()
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // A clock stepped back after a page was stored does not keep it past its ttl by the
 // step: a page with more left than its ttl is read again.
 #[test]
 fn a_clock_stepped_back_does_not_stretch_a_pages_ttl() {
-    let dir = temp_dir("stepped-back");
-    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
-    let mut p = page(
-        &cache,
-        LIST,
-        None,
-        json!({"tools": ["x"], "ttlMs": 1000, "cacheScope": "public"}),
-    )
-    .expect("cacheable");
-    let t = now_ms();
-    p.received_unix_ms = t;
-    let epoch = cache.epoch("s");
-    cache.put_memory_at(t, std::slice::from_ref(&p), epoch);
-    cache.put_disk_at(t, vec![p], epoch);
+    let (_dir, cache, t) = one_page_arrived_now("stepped-back", 0, 0);
     assert!(cache.get_at(t + 500, LIST, None, None).is_some());
     assert!(
         cache.get_at(t - 60_000, LIST, None, None).is_none(),
         "a minute back, it would have been fresh for a minute more"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
