@@ -306,6 +306,51 @@ async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listi
     h.shutdown().await;
 }
 
+// The same while the server is down: it declares them at its next connection, and is
+// not listed again then (it announces no list changes), so its cached list is dropped
+// when the handler comes.
+#[tokio::test]
+async fn a_handler_registered_while_a_modern_server_restarts_is_seen_once_it_is_back() {
+    let mut alpha = demo("alpha", &["--tools-need-elicitation", "--no-list-changed"]);
+    alpha.restart.min_delay = Duration::from_secs(1);
+    alpha.restart.max_delay = Duration::from_secs(1);
+    let h = harness(config(vec![alpha], &["a"])).await;
+    let a = Caller::agent("a");
+    let has_confirm = |tools: &[mcp_harness::ToolInfo]| tools.iter().any(|t| &*t.name == "confirm");
+    assert!(!has_confirm(&h.list_tools(&a).await.expect("list")));
+    let _ = h
+        .request("alpha", "tools/call", call("crash", json!({"code": 3})))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.state == ServerState::Restarting))
+        .await
+    );
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.state == ServerState::Ready))
+        .await
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = h.list_tools(&a).await.expect("list");
+        if has_confirm(&now) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old list is still served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_mrtr_tool_completes_after_three_rounds_with_keys_and_state_kept() {
     let record = temp_file("rounds");

@@ -38,6 +38,11 @@ pub(super) trait Output: Send {
     fn sync(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+    /// Whether it is a regular file (what was written there stays to be read; a pipe's
+    /// reader may have gone without reading it).
+    fn is_file(&mut self) -> bool {
+        false
+    }
     /// Holds off other processes' writers of the same file until [`Output::unlock`]
     /// (or until it is closed).
     fn lock(&mut self) {}
@@ -51,6 +56,9 @@ struct FileOutput {
 }
 
 impl Output for FileOutput {
+    fn is_file(&mut self) -> bool {
+        self.file.metadata().is_ok_and(|m| m.is_file())
+    }
     fn sync(&mut self) -> std::io::Result<()> {
         match self.file.sync_data() {
             // A pipe or a terminal has no disk to reach.
@@ -241,6 +249,10 @@ pub(super) struct AuditFile {
     /// The length after a torn write that could not be cut back: cut when the file is
     /// next opened, if it still has that length (no other process wrote since).
     torn: Option<u64>,
+    /// A sync that failed on an output let go of (a failed write, a file moved away):
+    /// the next [`AuditFile::sync`] reports it, so that the records written there are
+    /// not counted as on the disk.
+    lost_sync: Option<std::io::Error>,
 }
 
 impl AuditFile {
@@ -250,6 +262,18 @@ impl AuditFile {
             output: None,
             good: None,
             torn: None,
+            lost_sync: None,
+        }
+    }
+
+    /// Lets go of the output, synced first (its records reach the disk, or the next
+    /// sync says they may not have).
+    fn close_output(&mut self) {
+        if let Some(mut output) = self.output.take()
+            && let Err(e) = output.sync()
+        {
+            tracing::warn!(error = %e, "could not sync the audit file let go of");
+            self.lost_sync.get_or_insert(e);
         }
     }
 
@@ -258,8 +282,12 @@ impl AuditFile {
         self.output.is_some()
     }
 
-    /// Flushes the open file to the disk (nothing when none is open).
+    /// Flushes the open file to the disk (nothing when none is open); fails too when a
+    /// file let go of since the last sync could not be synced.
     pub(super) fn sync(&mut self) -> std::io::Result<()> {
+        if let Some(e) = self.lost_sync.take() {
+            return Err(e);
+        }
         match self.output.as_mut() {
             Some(output) => output.sync(),
             None => Ok(()),
@@ -269,17 +297,12 @@ impl AuditFile {
     /// Opens the output if it is not open (or was moved away): at start, so that a file
     /// that cannot be opened fails the trail before the first call, and before a batch.
     pub(super) fn ensure_open(&mut self) -> std::io::Result<()> {
-        if let Some(old) = self.output.as_mut()
-            && old.moved()
-        {
+        if self.output.as_mut().is_some_and(|o| o.moved()) {
             // Removed or rotated away: the batches before stay where they are (synced
             // there first: the sync after this batch reaches only the new file), and the
             // next one starts the file now at the path.
             tracing::info!("audit file moved or removed; writing to a new one at its path");
-            if let Err(e) = old.sync() {
-                tracing::warn!(error = %e, "could not sync the audit file moved away");
-            }
-            self.output = None;
+            self.close_output();
             self.good = None;
         }
         if self.output.is_none() {
@@ -323,7 +346,7 @@ impl AuditFile {
         let good = match output.len() {
             Ok(len) => len,
             Err(e) => {
-                self.output = None;
+                self.close_output();
                 return Err(failed(e));
             }
         };
@@ -347,31 +370,26 @@ impl AuditFile {
             Err((written, error)) => {
                 // A torn batch must not stay; if the cut fails too, the next open cuts.
                 if output.truncate(good).is_ok() {
-                    self.output = None;
+                    self.close_output();
                     return Err(WriteFailed { error, kept: 0 });
                 }
                 tracing::warn!("could not cut the audit file back after a failed write");
-                // The batch's whole records before the torn one stay in a file that can
-                // be read back (append-only): they are not written again, and a cut at
-                // the next open takes the torn one only (written twice, they broke
-                // "exactly one"). A pipe's may never have been read (its reader went):
-                // written again.
-                let readable = written > 0 && output.byte_at(good + u64::from(end)).is_some();
-                let whole = match readable {
+                // The batch's whole records before the torn one stay in a regular file
+                // (append-only): they are not written again, and a cut at the next open
+                // takes the torn one only (written twice, they broke "exactly one"). A
+                // pipe's may never have been read (its reader went): written again.
+                let whole = match written > 0 && output.is_file() {
                     true => bytes[..written.min(bytes.len())]
                         .iter()
                         .rposition(|b| *b == b'\n')
                         .map_or(0, |p| p + 1),
                     false => 0,
                 };
-                // What went out is on the disk before the descriptor goes (best effort:
-                // the records it holds count as synced from here).
-                let _ = output.sync();
                 // (Some written: so was the newline before them.)
                 let start = good + u64::from(end && whole > 0);
                 self.good = Some(start + whole as u64);
                 self.torn = output.len().ok();
-                self.output = None;
+                self.close_output();
                 Err(WriteFailed { error, kept: whole })
             }
         }
@@ -451,6 +469,9 @@ mod tests {
         }
         fn byte_at(&mut self, offset: u64) -> Option<u8> {
             self.data.lock().get(offset as usize).copied()
+        }
+        fn is_file(&mut self) -> bool {
+            true
         }
     }
 

@@ -749,6 +749,7 @@ mod tests {
     struct Uncuttable {
         data: Arc<Mutex<Vec<u8>>>,
         fail_after: Arc<Mutex<Option<usize>>>,
+        pipe: bool,
     }
 
     impl super::super::file::Output for Uncuttable {
@@ -775,30 +776,41 @@ mod tests {
         fn byte_at(&mut self, offset: u64) -> Option<u8> {
             self.data.lock().get(offset as usize).copied()
         }
+        fn is_file(&mut self) -> bool {
+            !self.pipe
+        }
     }
 
     // A batch torn after some of its records in a file that cannot be cut: those stay,
     // counted written, and only the rest are written again (all of it was, and the
-    // records before the tear were in the file twice).
+    // records before the tear were in the file twice). On a pipe, whose reader may
+    // have gone without reading them, all are written again.
     #[test]
-    fn the_records_a_torn_batch_left_whole_are_not_written_again() {
-        let output = Uncuttable::default();
-        let opened = output.clone();
-        let (_dir, sink) = three_records_for("uncuttable", move || opened.clone());
-        let first_two = output_lines_len(&sink, 2);
-        *output.fail_after.lock() = Some(first_two + 3);
-        sink.shared.write_pending();
-        assert!(!sink.health().writable);
-        assert_eq!(sink.health().backlog, 1, "{:?}", sink.health());
-        sink.shared.write_pending();
-        assert!(sink.health().writable, "{:?}", sink.health());
-        let data = String::from_utf8(output.data.lock().clone()).expect("utf-8");
-        let records: Vec<serde_json::Value> = data
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        let ids: Vec<u64> = records.iter().filter_map(|r| r["i"].as_u64()).collect();
-        assert_eq!(ids, [0, 1, 2], "each once: {data}");
+    fn the_records_a_torn_batch_left_whole_in_a_file_are_not_written_again() {
+        for pipe in [false, true] {
+            let output = Uncuttable {
+                pipe,
+                ..Uncuttable::default()
+            };
+            let opened = output.clone();
+            let (_dir, sink) = three_records_for("uncuttable", move || opened.clone());
+            let first_two = output_lines_len(&sink, 2);
+            *output.fail_after.lock() = Some(first_two + 3);
+            sink.shared.write_pending();
+            assert!(!sink.health().writable);
+            let waiting = if pipe { 3 } else { 1 };
+            assert_eq!(sink.health().backlog, waiting, "{:?}", sink.health());
+            sink.shared.write_pending();
+            assert!(sink.health().writable, "{:?}", sink.health());
+            let data = String::from_utf8(output.data.lock().clone()).expect("utf-8");
+            let records: Vec<serde_json::Value> = data
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            let ids: Vec<u64> = records.iter().filter_map(|r| r["i"].as_u64()).collect();
+            let want: &[u64] = if pipe { &[0, 1, 0, 1, 2] } else { &[0, 1, 2] };
+            assert_eq!(ids, want, "pipe: {pipe}: {data}");
+        }
     }
 
     /// A sink whose file opens as what `output` makes, holding three records waiting.

@@ -114,13 +114,13 @@ impl CallPool {
         // timers and actors that would end the failure. Spending tokio's cooperative
         // budget makes such a loop yield now and then.
         tokio::task::consume_budget().await;
-        // Counted in flight before `closing` is read (both SeqCst): a shutdown that
-        // set it either waits for this call or is seen by it, never records written
-        // after the trail was flushed.
-        // (Read before too: calls refused while shutting down do not hold its wait.)
+        // Refused at once while shutting down (not counted: they would hold its wait).
         if self.closing.load(Ordering::SeqCst) {
             return Err(CallError::ShutDown);
         }
+        // Then counted in flight before `closing` is read again (both SeqCst): a
+        // shutdown that set it meanwhile either waits for this call or is seen by it,
+        // never records written after the trail was flushed.
         let entered = self.ctx.enter();
         let worker = {
             let workers = self.workers.read();

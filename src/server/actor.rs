@@ -18,7 +18,9 @@
 //!
 //! Capabilities: when the input handlers change, a connected legacy server (which took
 //! our capabilities at `initialize`) gets a new connection; the old one finishes the
-//! requests it has in flight and is then shut down, so no call fails for it.
+//! requests it has in flight and is then shut down, so no call fails for it. A modern
+//! server takes them with each request, and may list by them: its cached lists are
+//! dropped and read again (also when it is not connected then).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,7 +80,7 @@ struct Attempt {
     /// Ends a connect still under way (see [`ConnArgs::given_up`]).
     given_up: tokio_util::sync::CancellationToken,
     /// The client capabilities it declared (a legacy server holds them for the
-    /// connection's life).
+    /// connection's life; a modern one's lists were read with them).
     capabilities: serde_json::Value,
 }
 
@@ -243,12 +245,12 @@ impl Actor for ServerActor {
                 let _ = reply.send(());
                 myself.stop(None);
             }
-            ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself).await,
+            ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself, true).await,
             ServerMsg::ConnectionUp { attempt, conn } => {
                 state.on_connection_up(&myself, attempt, conn).await;
                 // Capabilities that changed while it connected (a handler registered
                 // during a handshake, or two in a row) are caught up with now.
-                state.on_capabilities_changed(&myself).await;
+                state.on_capabilities_changed(&myself, false).await;
             }
             ServerMsg::ConnectionLost { attempt, error } => {
                 if state.current_attempt() == Some(attempt) && state.state == ServerState::Ready {
@@ -717,10 +719,26 @@ impl ServerActorState {
         }
     }
 
-    async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>) {
+    /// The client's capabilities changed (`told`: a handler was registered), or may
+    /// have while a connection was made.
+    async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>, told: bool) {
+        let all = ListsChanged {
+            tools: true,
+            prompts: true,
+            resources: true,
+        };
         let era = self.current_conn().map(|c| c.era());
-        if self.state != ServerState::Ready || era.is_none() || self.handover.is_some() {
-            // A connect or a handover under way is compared with them once it is up.
+        if self.state != ServerState::Ready || era.is_none() {
+            // Not connected (starting, restarting, failed, stopped): the next connection
+            // declares them, but what was listed under the old ones may be cached (a
+            // modern server is not listed again when it comes back): dropped now.
+            if told {
+                self.args.client.lists_changed(self.id(), all);
+            }
+            return;
+        }
+        if self.handover.is_some() {
+            // A handover under way is compared with them once it is up.
             return;
         }
         let now = self.args.client.capabilities();
@@ -734,11 +752,6 @@ impl ServerActorState {
             // A modern server takes capabilities with each request, and may list by
             // them: what it listed under the old ones is dropped and read again.
             current.capabilities = now;
-            let all = ListsChanged {
-                tools: true,
-                prompts: true,
-                resources: true,
-            };
             self.args.client.lists_changed(self.id(), all);
             return;
         }

@@ -522,9 +522,11 @@ impl Floors {
     /// What the file holds (nothing if it is not there); an error if it is there but
     /// cannot be read whole (too large, not a plain file, out of descriptors): then it
     /// is neither used nor written over. One that holds no map of generations (cut short
-    /// by a crash) is moved aside (`.corrupt-MS`), said in the log, and kept afresh: its
-    /// floors are lost either way, and left in place it would stop them being kept.
-    fn read(&self) -> std::io::Result<std::collections::HashMap<String, u64>> {
+    /// by a crash) is an error too, unless `aside`, said under the floors' lock (another
+    /// process may be writing a good one in its place): then it is moved aside
+    /// (`.corrupt-MS`), said in the log, and kept afresh; its floors are lost either
+    /// way, and left in place it would stop them being kept.
+    fn read(&self, aside: bool) -> std::io::Result<std::collections::HashMap<String, u64>> {
         match std::fs::symlink_metadata(&self.path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
             Err(e) => return Err(e),
@@ -536,10 +538,19 @@ impl Floors {
             &bytes,
         ) {
             Ok(floors) => floors,
+            Err(e) if !aside => {
+                return Err(std::io::Error::other(format!(
+                    "not a map of generations: {e}"
+                )));
+            }
             Err(e) => {
-                let aside = format!("{}.corrupt-{}", self.path.display(), super::now_ms());
-                std::fs::rename(&self.path, &aside)?;
-                tracing::error!(path = %self.path.display(), %aside, error = %e, "the shared cache's generation floors file holds no map of generations; moved aside, the floors start afresh (pages from before a lost rise may be taken once)");
+                let to = format!("{}.corrupt-{}", self.path.display(), super::now_ms());
+                std::fs::rename(&self.path, &to).map_err(|moving| {
+                    std::io::Error::other(format!(
+                        "not a map of generations ({e}), and not moved aside: {moving}"
+                    ))
+                })?;
+                tracing::error!(path = %self.path.display(), aside = %to, error = %e, "the shared cache's generation floors file holds no map of generations; moved aside, the floors start afresh (pages from before a lost rise may be taken once)");
                 Default::default()
             }
         };
@@ -549,7 +560,7 @@ impl Floors {
 
     /// The floors of `servers` kept in the file.
     fn load(&self, servers: &[String]) -> std::collections::HashMap<String, u64> {
-        let mut floors = self.read().unwrap_or_else(|e| {
+        let mut floors = self.read(false).unwrap_or_else(|e| {
             tracing::warn!(path = %self.path.display(), error = %e, "the shared cache's generation floors cannot be read");
             Default::default()
         });
@@ -574,7 +585,7 @@ impl Floors {
         }
         let lock = self.path.with_extension("lock");
         let kept = super::disk::locked_until(&lock, deadline).and_then(|_lock| {
-            let mut floors = self.read()?;
+            let mut floors = self.read(true)?;
             for (server, g) in layer.highest.lock().iter() {
                 let kept = floors.entry(server.clone()).or_insert(*g);
                 *kept = (*kept).max(*g);
@@ -1674,11 +1685,19 @@ mod tests {
             ..config.clone()
         });
         assert!(other.highest.lock().is_empty());
-        // Garbage (a file cut short by a crash) is not used, and is moved aside so that
-        // the floors are kept again from the next rise.
+        // Garbage (a file cut short by a crash) is not used, and is moved aside (under
+        // the lock, at the next write) so that the floors are kept again.
         std::fs::write(&path, "not json").expect("write");
         let cut = layer(&config);
         assert!(cut.highest.lock().is_empty());
+        assert_eq!(
+            std::fs::read(&path).expect("there"),
+            b"not json",
+            "not at start"
+        );
+        cut.highest.lock().insert("s".into(), 15);
+        cut.floors_rose();
+        cut.write_floors().await;
         let aside: Vec<_> = std::fs::read_dir(&*dir)
             .expect("dir")
             .flatten()
@@ -1687,9 +1706,6 @@ mod tests {
             .collect();
         assert_eq!(aside.len(), 1, "{aside:?}");
         assert_eq!(std::fs::read(&aside[0]).expect("kept"), b"not json");
-        cut.highest.lock().insert("s".into(), 15);
-        cut.floors_rose();
-        cut.write_floors().await;
         let kept: HashMap<String, u64> =
             serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
         assert_eq!(kept, HashMap::from([("s".into(), 15)]));
