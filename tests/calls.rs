@@ -266,6 +266,26 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Whether `a`'s listing holds `confirm` (the demo's `--tools-need-elicitation` lists it
+/// only to a client that can answer it).
+async fn lists_confirm(h: &HarnessHandle, a: &Caller) -> bool {
+    let tools = h.list_tools(a).await.expect("list");
+    tools.iter().any(|t| &*t.name == "confirm")
+}
+
+/// Waits up to 10 s for `a`'s listing to hold `confirm` (a cache invalidation runs in
+/// the background: a listing right after it may come first).
+async fn until_confirm_is_listed(h: &HarnessHandle, a: &Caller) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lists_confirm(h, a).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old list, without the tools that ask, is still served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // A modern server takes the client's capabilities with each request, and may list by
 // them: a handler registered at run time drops what it listed before (that list was
 // served from the cache, without the tools that ask, until its ttl ran out).
@@ -274,11 +294,7 @@ async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listi
     let cfg = config(vec![demo("alpha", &["--tools-need-elicitation"])], &["a"]);
     let h = harness(cfg).await;
     let a = Caller::agent("a");
-    let names = |tools: Vec<mcp_harness::ToolInfo>| -> Vec<String> {
-        tools.iter().map(|t| t.name.to_string()).collect()
-    };
-    let before = names(h.list_tools(&a).await.expect("list"));
-    assert!(!before.contains(&"confirm".to_string()), "{before:?}");
+    assert!(!lists_confirm(&h, &a).await);
     assert!(
         h.list_tools(&a)
             .await
@@ -290,19 +306,7 @@ async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listi
     h.register_input_handler("elicitation/create", accept_all())
         .await
         .expect("register");
-    // The invalidation runs in the background: a listing right after may come first.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = names(h.list_tools(&a).await.expect("list"));
-        if now.contains(&"confirm".to_string()) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tools that ask are never listed: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_confirm_is_listed(&h, &a).await;
     h.shutdown().await;
 }
 
@@ -316,8 +320,7 @@ async fn a_handler_registered_while_a_modern_server_restarts_is_seen_once_it_is_
     alpha.restart.max_delay = Duration::from_secs(1);
     let h = harness(config(vec![alpha], &["a"])).await;
     let a = Caller::agent("a");
-    let has_confirm = |tools: &[mcp_harness::ToolInfo]| tools.iter().any(|t| &*t.name == "confirm");
-    assert!(!has_confirm(&h.list_tools(&a).await.expect("list")));
+    assert!(!lists_confirm(&h, &a).await);
     let _ = h
         .request("alpha", "tools/call", call("crash", json!({"code": 3})))
         .await;
@@ -336,18 +339,7 @@ async fn a_handler_registered_while_a_modern_server_restarts_is_seen_once_it_is_
             .is_some_and(|s| s.state == ServerState::Ready))
         .await
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = h.list_tools(&a).await.expect("list");
-        if has_confirm(&now) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the old list is still served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_confirm_is_listed(&h, &a).await;
     h.shutdown().await;
 }
 

@@ -1402,6 +1402,15 @@ fn stdio_gateway_as(
     (child, stdin, lines)
 }
 
+/// Writes one message to `serve --stdio`, as a line.
+async fn send_line(stdin: &mut tokio::process::ChildStdin, message: &Value) {
+    use tokio::io::AsyncWriteExt;
+    stdin
+        .write_all(format!("{message}\n").as_bytes())
+        .await
+        .expect("write");
+}
+
 /// The next message `serve --stdio` writes, within 20 s.
 async fn next_message(lines: &mut StdioLines) -> Value {
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
@@ -1417,7 +1426,6 @@ async fn next_message(lines: &mut StdioLines) -> Value {
 // whole grace (a minute here).
 #[tokio::test]
 async fn a_stdio_sessions_parked_rounds_end_with_it() {
-    use tokio::io::AsyncWriteExt;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     std::fs::write(&setup.config, format!("shutdown_grace = \"60s\"\n{text}")).expect("config");
@@ -1426,10 +1434,7 @@ async fn a_stdio_sessions_parked_rounds_end_with_it() {
         "tools/call",
         json!({"name": "beta__confirm", "arguments": {"message": "ok?"}}),
     );
-    stdin
-        .write_all(format!("{call}\n").as_bytes())
-        .await
-        .expect("write");
+    send_line(&mut stdin, &call).await;
     let parked = next_message(&mut lines).await;
     assert_eq!(parked["result"]["resultType"], "input_required", "{parked}");
     drop(stdin);
@@ -1563,12 +1568,8 @@ async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
     };
     let mut stdin = stdin;
     {
-        use tokio::io::AsyncWriteExt;
         let list = request("tools/list", json!({}));
-        stdin
-            .write_all(format!("{list}\n").as_bytes())
-            .await
-            .expect("write");
+        send_line(&mut stdin, &list).await;
     }
     let listed = next_message(&mut lines).await;
     assert!(!names(&listed).is_empty(), "{listed}");
@@ -1603,7 +1604,6 @@ async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
 // named, and dropped the round within a second.
 #[tokio::test]
 async fn a_stdio_session_without_a_token_keeps_its_parked_rounds() {
-    use tokio::io::AsyncWriteExt;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     // Agent c is granted beta and named by no token.
@@ -1615,10 +1615,7 @@ async fn a_stdio_session_without_a_token_keeps_its_parked_rounds() {
     let (mut child, mut stdin, mut lines) = stdio_gateway_as(&setup, "c");
     let params = json!({"name": "beta__confirm", "arguments": {"message": "ok?"}});
     let call = request("tools/call", params.clone());
-    stdin
-        .write_all(format!("{call}\n").as_bytes())
-        .await
-        .expect("write");
+    send_line(&mut stdin, &call).await;
     let parked = next_message(&mut lines).await;
     assert_eq!(parked["result"]["resultType"], "input_required", "{parked}");
     // Past two sweeps.
@@ -1628,10 +1625,7 @@ async fn a_stdio_session_without_a_token_keeps_its_parked_rounds() {
     again["inputResponses"] =
         json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
     let answer = request("tools/call", again);
-    stdin
-        .write_all(format!("{answer}\n").as_bytes())
-        .await
-        .expect("write");
+    send_line(&mut stdin, &answer).await;
     let done = next_message(&mut lines).await;
     assert_eq!(result_text(&done), "approved: true", "{done}");
     drop(stdin);
@@ -1701,10 +1695,7 @@ async fn a_stdio_answer_longer_than_max_body_bytes_fails_its_question_at_once() 
     assert_eq!(question["method"], "elicitation/create", "{question}");
     let answer = json!({"jsonrpc": "2.0", "id": question["id"], "result": {
         "action": "accept", "content": {"note": "y".repeat(100 << 10)}}});
-    stdin
-        .write_all(format!("{answer}\n").as_bytes())
-        .await
-        .expect("write");
+    send_line(&mut stdin, &answer).await;
     let ended = next().await;
     assert_eq!(ended["id"], 2, "{ended}");
     assert!(ended["error"].is_object(), "{ended}");
@@ -4608,7 +4599,6 @@ async fn a_connection_that_never_reads_is_closed_after_the_write_timeout() {
 // bound), and the call's answer still arrives once the client reads again.
 #[tokio::test]
 async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_answer() {
-    use tokio::io::AsyncWriteExt;
     // 3,000 updates of 4 KiB, paced so that the harness's own progress path (which
     // drops what its caller cannot take at once) keeps up: 12 MiB, three times the budget.
     const STEPS: u64 = 3_000;
@@ -4619,10 +4609,7 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
         json!({"name": "alpha__progress", "arguments": {"steps": STEPS, "message_bytes": 4096, "pause_every": 8}}),
     );
     call["params"]["_meta"]["progressToken"] = json!("flood");
-    stdin
-        .write_all(format!("{call}\n").as_bytes())
-        .await
-        .expect("write");
+    send_line(&mut stdin, &call).await;
     // Not read until the call is over (its `finished` record is written).
     assert!(
         eventually(Duration::from_secs(120), || setup.audit_counts().1 >= 1).await,
@@ -4665,7 +4652,6 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
 // free for the next request, not held until the listing finishes.
 #[tokio::test]
 async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
-    use tokio::io::AsyncWriteExt;
     let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     let slow = text.replacen(
@@ -4686,18 +4672,12 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
     call["id"] = json!(2);
     let started = std::time::Instant::now();
     for message in [&list, &cancel] {
-        stdin
-            .write_all(format!("{message}\n").as_bytes())
-            .await
-            .expect("write");
+        send_line(&mut stdin, message).await;
     }
     // Once the cancellation is taken the place is free; until then the call may be
     // refused as over the limit, and is asked again.
     let answer = loop {
-        stdin
-            .write_all(format!("{call}\n").as_bytes())
-            .await
-            .expect("write");
+        send_line(&mut stdin, &call).await;
         let answer = loop {
             let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
                 .await
@@ -4729,7 +4709,7 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
 // `write_timeout`, and the session ended part-way through it.
 #[tokio::test]
 async fn a_stdio_client_reading_its_last_answers_slowly_gets_them_all() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let setup = Setup::new("write_timeout = \"1s\"", &[("k1", &key("k1"))]);
     let (mut child, mut stdin, lines) = stdio_gateway(&setup);
     // Read in pieces of its own size, not by lines.
@@ -4741,10 +4721,7 @@ async fn a_stdio_client_reading_its_last_answers_slowly_gets_them_all() {
             json!({"name": "alpha__echo", "arguments": {"text": text}}),
         );
         call["id"] = json!(id);
-        stdin
-            .write_all(format!("{call}\n").as_bytes())
-            .await
-            .expect("write");
+        send_line(&mut stdin, &call).await;
     }
     drop(stdin);
     // Until every call is answered (its record written), nothing is read.

@@ -122,7 +122,7 @@ impl CallPool {
         // shutdown that set it meanwhile either waits for this call or is seen by it,
         // never records written after the trail was flushed.
         let entered = self.ctx.enter();
-        let worker = {
+        let (worker, live) = {
             let workers = self.workers.read();
             if workers.is_empty() || self.closing.load(Ordering::SeqCst) {
                 return Err(CallError::ShutDown);
@@ -139,7 +139,6 @@ impl CallPool {
                 None => (workers[first % n].token.clone(), false),
             }
         };
-        let (worker, live) = worker;
         // A call cancelled, or whose worker is gone, before it begins is recorded but
         // never routed or sent: it would reach the server in its first poll, before the
         // select below looks at the tokens.
