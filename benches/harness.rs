@@ -1024,6 +1024,7 @@ async fn shared_layer(
     let key = CacheKey {
         server: "s0".into(),
         fingerprint: stored["fingerprint"].as_str().unwrap_or("").into(),
+        client: stored["client"].as_str().unwrap_or("").into(),
         method: "tools/list".into(),
         param: None,
         scope: "public".into(),

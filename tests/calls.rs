@@ -286,6 +286,57 @@ async fn until_confirm_is_listed(h: &HarnessHandle, a: &Caller) {
     }
 }
 
+// A list is kept under what the server was told of its client: a harness started again
+// with another handler does not serve from the disk what was listed without it (nor the
+// other way round), while one started as before still does.
+#[tokio::test]
+async fn a_restart_with_other_handlers_does_not_serve_the_disk_list_asked_without_them() {
+    let dir = scratch_dir().join("caps-disk");
+    let _ = std::fs::remove_dir_all(&dir);
+    let record = temp_file("caps-disk");
+    let server = demo(
+        "alpha",
+        &[
+            "--tools-need-elicitation",
+            "--record",
+            &record.to_string_lossy(),
+        ],
+    );
+    let mut cfg = config(vec![server], &["a"]);
+    cfg.cache = CacheConfig {
+        dir: Some(dir.clone()),
+        ..CacheConfig::default()
+    };
+    let a = Caller::agent("a");
+    let with_handler = || {
+        Harness::builder(cfg.clone())
+            .input_handler("elicitation/create", accept_all())
+            .spawn()
+    };
+
+    let h = harness(cfg.clone()).await;
+    assert!(!lists_confirm(&h, &a).await);
+    h.shutdown().await;
+    let h = with_handler().await.expect("spawn");
+    assert!(lists_confirm(&h, &a).await, "asked again with the handler");
+    h.shutdown().await;
+    assert_eq!(tool_calls(&record, "tools/list"), 2);
+
+    // Both lists are on the disk now, each under its own client.
+    let h = harness(cfg.clone()).await;
+    assert!(!lists_confirm(&h, &a).await);
+    h.shutdown().await;
+    let h = with_handler().await.expect("spawn");
+    assert!(lists_confirm(&h, &a).await);
+    h.shutdown().await;
+    assert_eq!(
+        tool_calls(&record, "tools/list"),
+        2,
+        "both served from the disk"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // A modern server takes the client's capabilities with each request, and may list by
 // them: a handler registered at run time drops what it listed before (that list was
 // served from the cache, without the tools that ask, until its ttl ran out).

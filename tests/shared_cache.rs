@@ -992,6 +992,7 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
     let key = |cursor: String| CacheKey {
         server: "s".into(),
         fingerprint: "f".into(),
+        client: "c".into(),
         method: "tools/list".into(),
         param: Some(cursor),
         scope: "public".into(),

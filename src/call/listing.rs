@@ -27,6 +27,7 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
+use super::input::HandlerSet;
 use crate::protocol::{CacheScope, Cutoff, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
 use crate::server::{ServerError, ServerRef, ServerState};
@@ -142,13 +143,14 @@ fn refresh_if_due(
     // new pages in the shared layer when theirs expire.
     let claim = listed
         .public
-        .then(|| shared_version(ctx, &server))
+        .then(|| shared_version(&server))
         .flatten()
         .map(|version| {
             let what = format!(
-                "{}\n{}\n{version}\n{}",
+                "{}\n{}\n{}\n{version}\n{}",
                 server.id(),
                 server.fingerprint(),
+                ctx.inputs.snapshot().client_tag(),
                 kind.list_method()
             );
             (what, listed.refresh_window)
@@ -179,13 +181,10 @@ fn refresh_if_due(
     });
 }
 
-/// What the shared layer keys a server's lists by besides the fingerprint: the protocol
-/// version and the client capabilities declared (servers may list by them).
-fn shared_version(ctx: &CallContext, server: &ServerRef) -> Option<String> {
-    let protocol = server.protocol_version()?;
-    let caps = ctx.inputs.snapshot();
-    let caps = crate::util::hash::sha256_hex(caps.capabilities().to_string().as_bytes());
-    Some(format!("{protocol}+{}", &caps[..16]))
+/// What the shared layer keys a server's lists by besides the key's fields: the protocol
+/// version negotiated (a process that starts may read the disk before it is known).
+fn shared_version(server: &ServerRef) -> Option<String> {
+    server.protocol_version()
 }
 
 /// A list being read again in the background; the mark goes when this is dropped,
@@ -268,6 +267,9 @@ struct Walker<'a> {
     auth_context: Option<&'a str>,
     timeout: Duration,
     use_cache: bool,
+    /// The handlers when the walk started: every page is asked, and keyed, with their
+    /// capabilities.
+    handlers: Arc<HandlerSet>,
     /// The server's cache epoch when the walk started.
     epoch: u64,
     pages: Vec<Arc<Value>>,
@@ -315,10 +317,11 @@ impl<'a> Walker<'a> {
         self.refresh_window = self.refresh_window.min(ahead.min(hit.ttl / 10));
     }
 
-    fn list(&self) -> ListOf<'a> {
+    fn list(&self) -> ListOf<'_> {
         ListOf {
             server: self.server.id(),
             fingerprint: self.server.fingerprint(),
+            client: self.handlers.client_tag(),
             method: self.kind.list_method(),
         }
     }
@@ -364,14 +367,13 @@ impl<'a> Walker<'a> {
             self.l3_asked = true;
         }
         let params = cursor.map(|c| json!({"cursor": c}));
-        let caps = self.ctx.inputs.snapshot();
         let sent = self
             .server
             .request(
                 self.kind.list_method(),
                 params.as_ref(),
                 Some(self.timeout),
-                Some(caps.capabilities()),
+                Some(self.handlers.capabilities()),
                 self.auth_context,
             )
             .await;
@@ -425,7 +427,7 @@ impl<'a> Walker<'a> {
     /// What the shared layer keys this server's lists by besides the fingerprint: the
     /// protocol version and the client capabilities declared (servers may list by them).
     fn shared_version(&self) -> Option<String> {
-        shared_version(self.ctx, self.server)
+        shared_version(self.server)
     }
 
     async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
@@ -440,6 +442,7 @@ impl<'a> Walker<'a> {
         let key = CacheKey {
             server: self.server.id().into(),
             fingerprint: self.server.fingerprint().into(),
+            client: self.handlers.client_tag().into(),
             method: self.kind.list_method().into(),
             param: cursor.map(String::from),
             scope: "public".into(),
@@ -550,6 +553,7 @@ async fn walk(
         auth_context,
         timeout,
         use_cache,
+        handlers: ctx.inputs.snapshot(),
         epoch: ctx.registry.cache.epoch(server.id()),
         pages: Vec::new(),
         fetched: Vec::new(),
@@ -674,6 +678,7 @@ pub(crate) async fn list_all(
         None => ctx.settings.call_timeout,
     };
     let until = crate::util::duration::after(tokio::time::Instant::now(), total);
+    let handlers = ctx.inputs.snapshot();
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
             let status = server.status();
@@ -703,6 +708,7 @@ pub(crate) async fn list_all(
             ListOf {
                 server: server.id(),
                 fingerprint: server.fingerprint(),
+                client: handlers.client_tag(),
                 method: kind.list_method(),
             },
             None,

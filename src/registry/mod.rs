@@ -511,6 +511,7 @@ mod tests {
                 key: cache::CacheKey {
                     server: "s".into(),
                     fingerprint: "f".into(),
+                    client: "c".into(),
                     method: "tools/list".into(),
                     param: None,
                     scope: "public".into(),

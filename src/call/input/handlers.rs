@@ -19,10 +19,11 @@ use crate::util::invalid::Invalid;
 use crate::util::slot::ActorSlot;
 
 /// The handlers at one moment, and the capabilities they declare.
-#[derive(Default)]
 pub struct HandlerSet {
     by_method: HashMap<String, Arc<dyn InputHandler>>,
     capabilities: Value,
+    /// A digest of the capabilities and the protocol versions offered with them.
+    tag: String,
 }
 
 impl HandlerSet {
@@ -33,9 +34,11 @@ impl HandlerSet {
                 caps.insert(name.to_string(), handler.capability());
             }
         }
+        let capabilities = Value::Object(caps);
         HandlerSet {
             by_method,
-            capabilities: Value::Object(caps),
+            tag: client_tag(&capabilities),
+            capabilities,
         }
     }
 
@@ -44,10 +47,27 @@ impl HandlerSet {
         &self.capabilities
     }
 
+    /// What a server is told of its client, as a short digest: the capabilities and
+    /// the protocol versions offered. A server may list by them, so cached lists are
+    /// keyed by it, in every layer and across restarts.
+    pub fn client_tag(&self) -> &str {
+        &self.tag
+    }
+
     /// The handler of `method`.
     pub fn get(&self, method: &str) -> Option<&Arc<dyn InputHandler>> {
         self.by_method.get(method)
     }
+}
+
+/// [`HandlerSet::client_tag`] of `capabilities`: the same in every process that
+/// declares the same (`serde_json` keeps object keys sorted).
+fn client_tag(capabilities: &Value) -> String {
+    use crate::protocol::meta::{LEGACY_VERSIONS, MODERN};
+    let declared = serde_json::json!([MODERN, LEGACY_VERSIONS, capabilities]).to_string();
+    let mut digest = crate::util::hash::sha256_hex(declared.as_bytes());
+    digest.truncate(16);
+    digest
 }
 
 /// The registered handlers; cheap to clone (every clone sees the same set).

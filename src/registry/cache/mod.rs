@@ -115,6 +115,12 @@ pub struct CacheKey {
     pub server: String,
     /// The server's configuration fingerprint.
     pub fingerprint: String,
+    /// What the server was told of its client: a digest of the client capabilities
+    /// and protocol versions offered. A list asked with other capabilities may hold
+    /// other tools. (Empty in files written before it was kept, whose names it leaves
+    /// as they were: they load, no lookup finds them, and they expire.)
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub client: String,
     /// The method, for example `tools/list`.
     pub method: String,
     /// The cursor of the page (`""` is a cursor too); `None` for the first page.
@@ -136,6 +142,7 @@ impl std::hash::Hash for CacheKey {
 struct KeyRef<'a> {
     server: &'a str,
     fingerprint: &'a str,
+    client: &'a str,
     method: &'a str,
     param: Option<&'a str>,
     scope: &'a str,
@@ -151,6 +158,7 @@ impl AsKeyRef for CacheKey {
         KeyRef {
             server: &self.server,
             fingerprint: &self.fingerprint,
+            client: &self.client,
             method: &self.method,
             param: self.param.as_deref(),
             scope: &self.scope,
@@ -221,6 +229,7 @@ fn key_cost(key: &CacheKey) -> usize {
     [
         key.server.len(),
         key.fingerprint.len(),
+        key.client.len(),
         key.method.len(),
         key.param.as_ref().map_or(0, String::len),
         key.scope.len(),
@@ -403,6 +412,8 @@ pub struct ListOf<'a> {
     pub server: &'a str,
     /// Its configuration fingerprint.
     pub fingerprint: &'a str,
+    /// What it is told of its client ([`CacheKey::client`]).
+    pub client: &'a str,
     /// The list method.
     pub method: &'a str,
 }
@@ -544,6 +555,7 @@ impl ListCache {
         let key = |scope| KeyRef {
             server: list.server,
             fingerprint: list.fingerprint,
+            client: list.client,
             method: list.method,
             param: cursor,
             scope,
@@ -640,6 +652,7 @@ impl ListCache {
             CacheKey {
                 server: list.server.into(),
                 fingerprint: list.fingerprint.into(),
+                client: list.client.into(),
                 method: list.method.into(),
                 param: cursor.map(String::from),
                 scope,

@@ -433,6 +433,7 @@ struct Stored {
     expires_ms: u64,
     server: String,
     fingerprint: String,
+    client: String,
     protocol: String,
     method: String,
     cursor: Option<String>,
@@ -749,14 +750,15 @@ impl SharedCache {
         }
     }
 
-    /// The Redis key of a page (public scope only) under `protocol` (which also names
-    /// the client capabilities the list was asked with: a server may list by them).
+    /// The Redis key of a page (public scope only) under `protocol`, the version
+    /// negotiated (the key's `client` names the capabilities it was asked with).
     pub fn redis_key(&self, key: &CacheKey, protocol: &str) -> String {
         let digest = sha256_hex(
             serde_json::json!([
                 SCHEMA,
                 self.key_id,
                 key.fingerprint,
+                key.client,
                 protocol,
                 key.method,
                 key.param
@@ -1086,6 +1088,7 @@ impl SharedCache {
         }
         let same = stored.server == key.server
             && stored.fingerprint == self.fingerprint_tag(&key.fingerprint)
+            && stored.client == key.client
             && stored.protocol == protocol
             && stored.method == key.method
             && stored.cursor == key.param;
@@ -1164,6 +1167,7 @@ impl SharedCache {
                 "expires_ms": expires,
                 "server": page.key.server,
                 "fingerprint": self.fingerprint_tag(&page.key.fingerprint),
+                "client": page.key.client,
                 "protocol": protocol,
                 "method": page.key.method,
                 "cursor": page.key.param,

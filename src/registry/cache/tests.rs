@@ -4,6 +4,7 @@ use serde_json::json;
 const LIST: ListOf<'static> = ListOf {
     server: "s",
     fingerprint: "fp1",
+    client: "c1",
     method: "tools/list",
 };
 
