@@ -2142,6 +2142,7 @@ fn logout_of_a_server_no_config_names_forgets_its_tokens() {
         access_token: "at".into(),
         refresh_token: Some("rt".into()),
         expires_at_ms: None,
+        issued_at_ms: None,
         scopes: Vec::new(),
         issuer: "https://idp.example".into(),
         token_endpoint: "https://idp.example/t".into(),

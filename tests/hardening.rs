@@ -1914,6 +1914,21 @@ async fn item_15_a_handler_registered_later_reconnects_legacy_servers_without_fa
     let _ = std::fs::remove_file(record);
 }
 
+// A server's reply in a type no client reads: the error names the type, cut short (it
+// reaches logs, statuses and callers).
+#[tokio::test]
+async fn item_02_a_reply_of_an_unexpected_content_type_is_named_cut_short() {
+    let odd = format!("text/x-{}", "a".repeat(50_000));
+    let web = HttpServer::demo(&["odd", "--content-type-all", &odd]).await;
+    let spec = ServerConfig::http("odd", &web.url).transport;
+    let Err(err) = Connection::connect("odd", spec, options()).await else {
+        panic!("no client reads that type");
+    };
+    let said = err.to_string();
+    assert!(said.contains("text/x-aaaa"), "{said}");
+    assert!(said.len() < 1000, "{} bytes", said.len());
+}
+
 // 16. Renegotiation quirks.
 #[tokio::test]
 async fn item_16_a_first_request_refused_with_its_own_version_is_retried_once() {

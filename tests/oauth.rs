@@ -1156,7 +1156,8 @@ async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_r
 #[tokio::test]
 async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
     // The server's metadata names its origin as the resource, not its URL; tokens live
-    // 20 s, so each request refreshes first (30 s ahead of expiry).
+    // 20 s, so a request refreshes first (30 s ahead of expiry) once the token has
+    // been held a second.
     use mcp_harness::transport::auth::MemoryTokenStore;
     let w = World::new(
         &["--client", "pre", "--token-ttl", "20"],
@@ -1171,6 +1172,7 @@ async fn a_refresh_after_a_restart_asks_for_the_resource_the_grant_was_for() {
             .spawn()
     };
     signs_in_and_stops(&w, spawn().await.expect("spawn")).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // its first second (deliberate)
     // A new process: the token is read from the store, due, and refreshed before
     // anything else would have discovered the metadata.
     let before = w.refreshes();
@@ -1751,12 +1753,14 @@ impl mcp_harness::transport::auth::TokenStore for StaleAndUnwritable {
 #[tokio::test]
 async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_older_one() {
     use mcp_harness::transport::auth::{ClientAuth, ClientIdentity, Token};
-    // Tokens live 20 s: each request refreshes first (30 s ahead of expiry).
+    // Tokens live 20 s: a request refreshes first (30 s ahead of expiry) once the token
+    // has been held a second.
     let w = World::new(&["--client", "pre", "--token-ttl", "20"], &[]).await;
     let stale = Token {
         access_token: "stale".into(),
         refresh_token: Some("spent".into()),
         expires_at_ms: Some(1),
+        issued_at_ms: None,
         scopes: vec![],
         issuer: w.auth.url.clone(),
         token_endpoint: format!("{}/token", w.auth.url),
@@ -1774,6 +1778,7 @@ async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_old
         .await
         .expect("spawn");
     ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // its first second (deliberate)
     let before = w.refreshes();
     for _ in 0..3 {
         assert_eq!(

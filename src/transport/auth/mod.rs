@@ -191,7 +191,10 @@ impl HeldTokens {
     }
 
     fn insert(&self, key: TokenKey, held: Held) {
-        let mut map = self.0.lock();
+        Self::insert_locked(&mut self.0.lock(), key, held);
+    }
+
+    fn insert_locked(map: &mut HashMap<TokenKey, Held>, key: TokenKey, held: Held) {
         if map.len() >= HELD_MAX && !map.contains_key(&key) {
             map.retain(|_, h| h.unstored.is_some());
             if map.len() >= HELD_MAX
@@ -211,7 +214,9 @@ impl HeldTokens {
     /// held) — another connection may have kept a newer one since it was read — and
     /// returns the token held after.
     fn replace_if(&self, key: TokenKey, seen: Option<&str>, held: Held) -> Token {
-        let map = self.0.lock();
+        // Checked and replaced under one lock: a token kept between the two (a refresh
+        // landing) would be overwritten with the older one.
+        let mut map = self.0.lock();
         match map.get(&key) {
             Some(now) if Some(now.token.access_token.as_str()) != seen => now.token.clone(),
             None if seen.is_some() => {
@@ -220,8 +225,7 @@ impl HeldTokens {
             }
             _ => {
                 let token = held.token.clone();
-                drop(map);
-                self.insert(key, held);
+                Self::insert_locked(&mut map, key, held);
                 token
             }
         }
@@ -597,9 +601,42 @@ async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, AuthFa
     Ok(body)
 }
 
+/// The error codes of RFC 6749 (5.2, 4.1.2.1), RFC 7591 (3.2.2) and RFC 8707 (2) that
+/// say no: read as the refusal they are whatever the status they came with.
+const OAUTH_REFUSALS: &[&str] = &[
+    "invalid_request",
+    "invalid_client",
+    "invalid_grant",
+    "unauthorized_client",
+    "unsupported_grant_type",
+    "invalid_scope",
+    "access_denied",
+    "unsupported_response_type",
+    "invalid_redirect_uri",
+    "invalid_client_metadata",
+    "invalid_software_statement",
+    "unapproved_software_statement",
+    "invalid_target",
+];
+
 /// The OAuth error of a failed token or registration reply, else the HTTP status.
 fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
+    let unavailable = status >= 500 || status == 408 || status == 429;
     match serde_json::from_slice::<Value>(body) {
+        // An overloaded or failing server's JSON error page (`{"error": "Service
+        // Unavailable"}`) is its status, which is retried, not a refusal to sign in
+        // again after.
+        Ok(v)
+            if unavailable
+                && v.get("error")
+                    .and_then(Value::as_str)
+                    .is_some_and(|e| !OAUTH_REFUSALS.contains(&e)) =>
+        {
+            AuthFailure::Http {
+                status,
+                body: crate::util::text::one_line(&String::from_utf8_lossy(body), 200),
+            }
+        }
         Ok(v) if v.get("error").and_then(Value::as_str).is_some() => AuthFailure::Refused {
             // The peer's text: cut short and escaped (it reaches status, audit and
             // terminals); the codes RFC 6749 names pass as they are.
@@ -620,6 +657,17 @@ fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
             body: crate::util::text::one_line(&String::from_utf8_lossy(body), 200),
         },
     }
+}
+
+/// Whether an issued access token can be sent as `Authorization: Bearer …`: one a header
+/// cannot carry would be stored, then never sent (each refusal signing in again).
+fn sendable_token(token: &str) -> Result<(), AuthFailure> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(AuthFailure::Invalid(
+            "access_token is empty or holds characters a header cannot carry".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One token request: what is sent, and what the new token records about its issue
@@ -986,7 +1034,7 @@ impl SignIn {
         let Some(token) = self.held(identity) else {
             return Ok(None);
         };
-        if !token.expires_within(REFRESH_MARGIN) {
+        if !token.refresh_due(REFRESH_MARGIN) {
             return Ok(Some(token.access_token));
         }
         let lock = self.lock_for(identity);
@@ -1009,10 +1057,10 @@ impl SignIn {
         // may have too (and rotated the refresh token): the store is read before a
         // refresh, which then uses the newest refresh token.
         let token = match self.held(identity) {
-            Some(t) if !t.expires_within(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
+            Some(t) if !t.refresh_due(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
             Some(t) if t.access_token != token.access_token => t,
             _ => match self.read_store(identity) {
-                Some(t) if !t.expires_within(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
+                Some(t) if !t.refresh_due(REFRESH_MARGIN) => return Ok(Some(t.access_token)),
                 Some(t) => t,
                 // Signed out meanwhile (`logout`): renewing would store it back.
                 None => return Ok(None),
@@ -1124,9 +1172,7 @@ impl SignIn {
             Across::SendAsIs => return Ok(Some(token.clone())),
         };
         let (token, refresh) = match self.read_store(identity) {
-            Some(t)
-                if t.access_token != token.access_token && !t.expires_within(REFRESH_MARGIN) =>
-            {
+            Some(t) if t.access_token != token.access_token && !t.refresh_due(REFRESH_MARGIN) => {
                 return Ok(Some(t));
             }
             Some(t)
@@ -1890,12 +1936,15 @@ impl SignIn {
                 AuthFailure::Invalid("token_type is not Bearer".into()),
             ));
         }
+        sendable_token(&reply.access_token).map_err(|f| self.err(step, f))?;
+        let now = now_ms();
         Ok(Token {
             access_token: reply.access_token,
             refresh_token: reply.refresh_token.or_else(|| previous_refresh.clone()),
             expires_at_ms: reply
                 .expires_in
-                .map(|s| now_ms().saturating_add(s.saturating_mul(1000))),
+                .map(|s| now.saturating_add(s.saturating_mul(1000))),
+            issued_at_ms: Some(now),
             scopes: granted(reply.scope.as_deref(), asked),
             issuer: issuer.clone(),
             token_endpoint: endpoint.clone(),
@@ -2133,6 +2182,7 @@ mod tests {
             access_token: "a".into(),
             refresh_token: Some("r".into()),
             expires_at_ms: None,
+            issued_at_ms: None,
             scopes: Vec::new(),
             issuer: issuer.into(),
             token_endpoint: endpoint.into(),
@@ -2365,6 +2415,37 @@ mod tests {
         assert!(failure.contains("500"), "{failure}");
         let failure = oauth_error(502, b"<html>Bad Gateway</html>").to_string();
         assert!(failure.contains("Bad Gateway"), "{failure}");
+    }
+
+    #[test]
+    fn an_access_token_a_header_cannot_carry_is_refused() {
+        for bad in ["", "abc\ndef", "a b", "t\u{7f}", "tök"] {
+            assert!(sendable_token(bad).is_err(), "{bad:?}");
+        }
+        assert!(sendable_token("eyJhbGciOi.J9-_~+/x==").is_ok());
+    }
+
+    #[test]
+    fn an_outage_with_a_json_error_page_is_retried_and_a_refusal_is_not() {
+        let err = |status, body: &[u8]| AuthError {
+            server: "s".into(),
+            step: AuthStep::Refresh,
+            failure: oauth_error(status, body),
+            refused: None,
+        };
+        for (status, body) in [
+            (503, &br#"{"status":503,"error":"Service Unavailable"}"#[..]),
+            (429, br#"{"error":"too_many_requests"}"#),
+            (503, br#"{"error":"temporarily_unavailable"}"#),
+        ] {
+            let e = err(status, body);
+            assert!(e.transient() && !e.needs_login(), "{e}");
+        }
+        // RFC 6749's refusals stay refusals, even sent with a 5xx.
+        let e = err(500, br#"{"error":"invalid_grant"}"#);
+        assert!(!e.transient() && e.needs_login(), "{e}");
+        let e = err(400, br#"{"error":"Service Unavailable"}"#);
+        assert!(!e.transient(), "{e}");
     }
 
     #[test]

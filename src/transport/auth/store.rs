@@ -70,6 +70,10 @@ pub struct Token {
     pub refresh_token: Option<String>,
     /// When the access token expires (unix milliseconds), if the server said.
     pub expires_at_ms: Option<u64>,
+    /// When it was issued (unix milliseconds; none in tokens kept by older versions):
+    /// a short-lived token is not refreshed on every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_at_ms: Option<u64>,
     /// The scopes granted (or, when the server did not say, requested).
     pub scopes: Vec<String>,
     /// The authorization server that issued it.
@@ -108,6 +112,20 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl Token {
+    /// Whether it is due for a refresh: it expires within `margin`, and has been held
+    /// for a second at least (a token that lives `margin` or less would otherwise be
+    /// refreshed at every request; so it is at most once a second).
+    pub fn refresh_due(&self, margin: Duration) -> bool {
+        let margin = match (self.issued_at_ms, self.expires_at_ms) {
+            (Some(issued), Some(expires)) => {
+                let life = Duration::from_millis(expires.saturating_sub(issued));
+                margin.min(life.saturating_sub(Duration::from_secs(1)))
+            }
+            _ => margin,
+        };
+        self.expires_within(margin)
+    }
+
     /// Whether it expires within `margin` (a token with no expiry never does).
     pub fn expires_within(&self, margin: Duration) -> bool {
         self.expires_at_ms
@@ -352,12 +370,39 @@ fn read_checked(path: &std::path::Path) -> Result<Option<Stored>, String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_short_lived_token_is_due_only_after_its_first_second() {
+        let now = now_ms();
+        let aged = |life_ms: u64, held_ms: u64| Token {
+            issued_at_ms: Some(now - held_ms),
+            expires_at_ms: Some(now - held_ms + life_ms),
+            ..token("a")
+        };
+        let margin = Duration::from_secs(30);
+        // Ten seconds of life: not at once, after a second, and when it expires.
+        assert!(!aged(10_000, 0).refresh_due(margin));
+        assert!(!aged(10_000, 800).refresh_due(margin));
+        assert!(aged(10_000, 1_200).refresh_due(margin));
+        // An hour: 30 s ahead, as before.
+        assert!(!aged(3_600_000, 3_500_000).refresh_due(margin));
+        assert!(aged(3_600_000, 3_580_000).refresh_due(margin));
+        // Kept by an older version (no issue time): 30 s ahead.
+        let old = Token {
+            issued_at_ms: None,
+            ..aged(10_000, 0)
+        };
+        assert!(old.refresh_due(margin));
+        // Expired is due whatever its life.
+        assert!(aged(0, 0).refresh_due(margin));
+    }
+
     fn token(access: &str) -> Token {
         Token {
             resource: None,
             access_token: access.into(),
             refresh_token: Some("r".into()),
             expires_at_ms: None,
+            issued_at_ms: None,
             scopes: vec![],
             issuer: "https://as".into(),
             token_endpoint: "https://as/token".into(),

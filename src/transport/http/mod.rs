@@ -770,7 +770,10 @@ impl HttpTransport {
         if content_type.starts_with("text/event-stream") {
             return self.read_stream(response, id, identity, session).await;
         }
-        Err(TransportError::UnexpectedContentType(content_type))
+        // The server's text, in an error that reaches logs, records and clients.
+        Err(TransportError::UnexpectedContentType(
+            crate::util::text::one_line(&content_type, 100),
+        ))
     }
 
     /// Reads an SSE reply until the response to `id`, resuming a broken legacy stream

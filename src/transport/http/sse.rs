@@ -31,8 +31,11 @@ pub struct SseParser {
     data: String,
     has_data: bool,
     event: Option<String>,
-    /// The last `id:` seen, sent back as `Last-Event-ID` when resuming.
+    /// The id of the last event dispatched, sent back as `Last-Event-ID` when resuming.
     pub last_event_id: Option<String>,
+    /// The last `id:` seen; it becomes `last_event_id` when its event is dispatched
+    /// (WHATWG), so that an event broken off is asked for again, not skipped.
+    id_buffer: Option<String>,
     /// The last `retry:` seen, kept within [`MIN_RETRY`]..[`MAX_RETRY`].
     pub retry: Option<Duration>,
     /// The last line ended with a `\r` at the end of a chunk: a `\n` that starts the
@@ -57,6 +60,7 @@ impl SseParser {
         self.data.shrink_to(KEPT_BUFFER);
         self.has_data = false;
         self.event = None;
+        self.id_buffer = self.last_event_id.clone();
         self.skip_lf = false;
         self.started = false;
     }
@@ -130,6 +134,9 @@ impl SseParser {
 
     fn line(&mut self, line: &str) -> Option<Event> {
         if line.is_empty() {
+            if self.last_event_id != self.id_buffer {
+                self.last_event_id = self.id_buffer.clone();
+            }
             if !self.has_data {
                 self.event = None;
                 return None;
@@ -158,12 +165,12 @@ impl SseParser {
             "event" => self.event = Some(value.to_string()),
             // An empty id resets it (nothing to resume from); one a header cannot carry
             // is not kept (a resume would fail to be sent).
-            "id" if value.is_empty() => self.last_event_id = None,
+            "id" if value.is_empty() => self.id_buffer = None,
             "id" if value
                 .bytes()
                 .all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) =>
             {
-                self.last_event_id = Some(value.to_string());
+                self.id_buffer = Some(value.to_string());
             }
             "retry" => {
                 if let Ok(ms) = value.parse::<u64>() {
@@ -212,15 +219,26 @@ mod tests {
     }
 
     #[test]
-    fn a_new_stream_drops_what_the_last_one_broke_off_and_keeps_its_id() {
+    fn a_new_stream_drops_what_the_last_one_broke_off_and_resumes_before_it() {
         let mut p = SseParser::default();
+        let out = fits(p.feed(b"id: 3\ndata: {}\n\n", 1024));
+        assert_eq!(out.len(), 1);
         let out = fits(p.feed(b"id: 4\nretry: 900\ndata: {\"jsonrpc\":\"2.0\",\n", 1024));
         assert!(out.is_empty());
+        // Event 4 never arrived whole: resumed after 3, it is sent again.
+        assert_eq!(p.last_event_id.as_deref(), Some("3"));
         p.new_stream();
         let out = fits(p.feed(b"data: {\"x\":1}\n\n", 1024));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].data, "{\"x\":1}");
-        assert_eq!(p.last_event_id.as_deref(), Some("4"));
+        assert_eq!(
+            p.last_event_id.as_deref(),
+            Some("3"),
+            "an event without an id keeps it"
+        );
+        // An id-only event moves it (WHATWG dispatches the id even without data).
+        assert!(fits(p.feed(b"id: 5\n\n", 1024)).is_empty());
+        assert_eq!(p.last_event_id.as_deref(), Some("5"));
         assert_eq!(p.retry, Some(Duration::from_millis(900)));
         // An event past the limit is not carried into the next stream either.
         assert!(p.feed(&[b'd'; 64], 32).1.is_err());

@@ -516,8 +516,12 @@ async fn post(
     json_reply(state, request, ctx, session_id).await
 }
 
-/// `--status-all` and `--redirect-to`: the same answer to every POST.
+/// `--status-all`, `--content-type-all` and `--redirect-to`: the same answer to every
+/// POST.
 fn forced_reply(args: &DemoServerArgs) -> Option<HttpResponse> {
+    if let Some(content_type) = &args.content_type_all {
+        return Some(full(StatusCode::OK, content_type, "{}"));
+    }
     if let Some(status) = args.status_all {
         let mut r = full(
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

@@ -200,6 +200,10 @@ pub struct DemoServerArgs {
     /// HTTP only: answer every POST with this status.
     #[arg(long)]
     pub status_all: Option<u16>,
+    /// HTTP only: answer every POST with 200 and this `Content-Type` (a server that
+    /// answers in a type no client reads).
+    #[arg(long)]
+    pub content_type_all: Option<String>,
     /// HTTP only: answer every POST with a 307 redirect to this URL.
     #[arg(long)]
     pub redirect_to: Option<String>,
