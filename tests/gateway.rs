@@ -3507,12 +3507,14 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
 // A principal's parked calls hold their params parsed for minutes: they come to at
 // most 2 × max_body_bytes (as JSON), apart from the calls-in-flight budget, so that
 // answering a parked round (which sends the same arguments again) is never kept out.
+// Past it, the principal's own round that expires first makes room for its new one (a
+// client whose person declined stops retrying: it is not locked out until they expire).
 #[tokio::test]
 async fn parked_calls_hold_their_params_within_a_budget_of_their_own() {
     let setup = Setup::new("max_body_bytes = 1048576", &[("k1", &key("k1"))]);
     let exe = harness_exe();
     let text = std::fs::read_to_string(&setup.config).expect("config");
-    let more: String = ["gamma", "delta"]
+    let more: String = ["gamma", "delta", "epsilon"]
         .iter()
         .map(|id| {
             format!(
@@ -3532,18 +3534,29 @@ async fn parked_calls_hold_their_params_within_a_budget_of_their_own() {
         assert_eq!(r["result"]["resultType"], "input_required", "{server}");
         states.push(r["result"]["requestState"].clone());
     }
-    let (_, refused) = gw.modern("tok-a", "tools/call", call("delta")).await;
-    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    let (_, third) = gw.modern("tok-a", "tools/call", call("delta")).await;
+    assert_eq!(third["result"]["resultType"], "input_required", "{third}");
+    states.push(third["result"]["requestState"].clone());
     // Another principal's round is its own.
-    let (_, other) = gw.modern("tok-a2", "tools/call", call("delta")).await;
-    assert_eq!(other["result"]["resultType"], "input_required");
-    // The parked rounds are answered, their arguments sent again.
-    for (server, state) in ["beta", "gamma"].into_iter().zip(states) {
+    let (_, other) = gw.modern("tok-a2", "tools/call", call("epsilon")).await;
+    assert_eq!(other["result"]["resultType"], "input_required", "{other}");
+    let answered = |server: &str, state: &Value| {
         let mut again = call(server);
-        again["requestState"] = state;
+        again["requestState"] = state.clone();
         again["inputResponses"] =
             json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
-        let (status, done) = gw.modern("tok-a", "tools/call", again).await;
+        again
+    };
+    // The first round made room: its answer takes nothing up.
+    let (_, gone) = gw
+        .modern("tok-a", "tools/call", answered("beta", &states[0]))
+        .await;
+    assert!(gone.get("error").is_some(), "{gone}");
+    // The others are answered, their arguments sent again.
+    for (server, state) in ["gamma", "delta"].into_iter().zip(&states[1..]) {
+        let (status, done) = gw
+            .modern("tok-a", "tools/call", answered(server, state))
+            .await;
         assert_eq!(status, 200, "{server}");
         assert_eq!(result_text(&done), "approved: true", "{server}");
     }

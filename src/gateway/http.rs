@@ -1145,7 +1145,13 @@ async fn post(
                     let _large = large;
                     state
                         .gateway
-                        .handle(&principal, request, Client::Modern, cancel, progress)
+                        .handle(
+                            &principal,
+                            request,
+                            Client::Modern { session: None },
+                            cancel,
+                            progress,
+                        )
                         .await
                 }
             };

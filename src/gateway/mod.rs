@@ -446,8 +446,13 @@ pub struct LegacyClient {
 
 /// The era and channel of one downstream request.
 pub enum Client<'a> {
-    /// 2026-07-28: everything is in the request.
-    Modern,
+    /// 2026-07-28: everything is in the request. `session`: the `serve --stdio`
+    /// session it came in on ([`LocalSession::id`]), whose rounds parked here end with
+    /// it; `None` over HTTP, where any request of the principal may take them up.
+    Modern {
+        /// The local session, if any.
+        session: Option<u64>,
+    },
     /// A legacy session, and the way to ask its client things (none: it cannot be asked).
     Legacy {
         /// The session's client.
@@ -535,6 +540,8 @@ struct Inner {
     /// pipe needs no token, so the identity in force does not name them, and their
     /// parked rounds are kept while their session lasts.
     local: Mutex<HashMap<Principal, usize>>,
+    /// The next [`LocalSession`]'s id.
+    sessions: std::sync::atomic::AtomicU64,
     /// Moves on at each reload applied (who is admitted may have changed).
     reloads: tokio::sync::watch::Sender<u64>,
 }
@@ -543,6 +550,14 @@ struct Inner {
 pub(crate) struct LocalSession {
     inner: Arc<Inner>,
     principal: Principal,
+    id: u64,
+}
+
+impl LocalSession {
+    /// Its id, unique in this process: the rounds its requests park are its own.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl Drop for LocalSession {
@@ -849,6 +864,7 @@ impl Gateway {
                 at_start,
                 parked: parked::ParkedRounds::default(),
                 local: Mutex::new(HashMap::new()),
+                sessions: std::sync::atomic::AtomicU64::new(0),
                 reloads: tokio::sync::watch::Sender::new(0),
             }),
         };
@@ -1017,13 +1033,17 @@ impl Gateway {
         LocalSession {
             inner: self.inner.clone(),
             principal: principal.clone(),
+            id: self
+                .inner
+                .sessions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
-    /// Drops `principal`'s parked rounds (a stdio session's, as it ends: nobody else
-    /// can resume them; other sessions of the same gateway keep theirs).
-    pub(crate) fn drop_parked_of(&self, principal: &Principal) {
-        self.inner.parked.sweep(|p, _, _| p != principal);
+    /// Drops the rounds `session`'s requests parked (as it ends: nobody else can resume
+    /// them; other sessions, of its principal too, keep theirs).
+    pub(crate) fn drop_parked_of(&self, session: &LocalSession) {
+        self.inner.parked.drop_session(session.id);
     }
 
     /// The harness behind it.
@@ -1304,10 +1324,14 @@ impl Gateway {
     ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
-            Client::Modern => Some(Self::check_envelope(&request)?),
+            Client::Modern { .. } => Some(Self::check_envelope(&request)?),
             Client::Legacy { .. } => None,
         };
         let slot = self.in_flight_slot(principal, now.config.max_in_flight_per_principal)?;
+        let session = match client {
+            Client::Modern { session } => session,
+            Client::Legacy { .. } => None,
+        };
         let Request { method, params, .. } = request;
         let mut params = params.unwrap_or_else(|| json!({}));
         let searching = now.config.tool_exposure == ToolExposure::Search;
@@ -1335,7 +1359,11 @@ impl Gateway {
                 ("tools/call", Some(search::CALL_TOOL)) => match search::unwrap_call(&params) {
                     Ok(inner) => {
                         params = inner;
-                        let io = CallIo { cancel, progress };
+                        let io = CallIo {
+                            cancel,
+                            progress,
+                            session,
+                        };
                         self.answer(
                             principal,
                             "tools/call",
@@ -1348,7 +1376,11 @@ impl Gateway {
                     Err(e) => Err(e),
                 },
                 (method, _) => {
-                    let io = CallIo { cancel, progress };
+                    let io = CallIo {
+                        cancel,
+                        progress,
+                        session,
+                    };
                     self.answer(principal, method, &params, (&client, capabilities), io)
                         .await
                 }
@@ -1362,7 +1394,7 @@ impl Gateway {
         drop(slot);
         let mut result = answer?;
         match client {
-            Client::Modern => {
+            Client::Modern { .. } => {
                 if let Some(map) = result.as_object_mut() {
                     map.entry("resultType").or_insert(json!("complete"));
                     // A legacy server's resource has no hints: not to be reused.
@@ -1409,7 +1441,7 @@ impl Gateway {
                     _ => CallKind::Resource,
                 };
                 match (client, capabilities) {
-                    (Client::Modern, Some(caps)) => self
+                    (Client::Modern { .. }, Some(caps)) => self
                         .call_modern(principal, kind, method, params, caps, io)
                         .await
                         .map_err(|e| codes_of_the_era(e, crate::protocol::meta::MODERN)),
@@ -1420,7 +1452,7 @@ impl Gateway {
                             .await
                             .map_err(|e| codes_of_the_era(e, &client.version))
                     }
-                    (Client::Modern, None) => Err(invalid("params._meta is required")),
+                    (Client::Modern { .. }, None) => Err(invalid("params._meta is required")),
                 }
             }
             other => Err(RpcError::new(
@@ -1698,7 +1730,11 @@ impl Gateway {
         capabilities: Value,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        let CallIo { cancel, progress } = io;
+        let CallIo {
+            cancel,
+            progress,
+            session,
+        } = io;
         let now = self.now();
         let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
@@ -1922,10 +1958,10 @@ impl Gateway {
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES),
                 now.config.max_body_bytes.saturating_mul(PARKED_BODIES_ALL),
             );
-            let Some(id) = self
-                .inner
-                .parked
-                .park(principal, item, size, h, question, expires)
+            let Some(id) =
+                self.inner
+                    .parked
+                    .park((principal, session), item, size, h, question, expires)
             else {
                 return Err(RpcError::new(
                     -32000,
@@ -1989,7 +2025,9 @@ impl Gateway {
         peer: Option<&dyn ClientPeer>,
         io: CallIo,
     ) -> Result<Value, RpcError> {
-        let CallIo { cancel, progress } = io;
+        let CallIo {
+            cancel, progress, ..
+        } = io;
         let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
             progress: progress_of(params, progress),
@@ -2187,6 +2225,8 @@ fn elicits(capabilities: &Value, mode: &str) -> bool {
 struct CallIo {
     cancel: CancelToken,
     progress: Option<ProgressSender>,
+    /// The local session the request came in on ([`Client::Modern`]).
+    session: Option<u64>,
 }
 
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
@@ -2676,7 +2716,13 @@ mod tests {
             tokio::spawn(async move {
                 let cancel = CancelToken::default();
                 gateway
-                    .handle(&principal, request, Client::Modern, cancel, None)
+                    .handle(
+                        &principal,
+                        request,
+                        Client::Modern { session: None },
+                        cancel,
+                        None,
+                    )
                     .await
             })
         };
@@ -2691,7 +2737,7 @@ mod tests {
             .handle(
                 &principal,
                 request(2),
-                Client::Modern,
+                Client::Modern { session: None },
                 CancelToken::default(),
                 None,
             )
@@ -2793,7 +2839,7 @@ mod tests {
             .handle(
                 &a,
                 request.clone(),
-                Client::Modern,
+                Client::Modern { session: None },
                 CancelToken::default(),
                 None,
             )

@@ -8,7 +8,9 @@
 //! continue it (its `requestState` is refused there as any unknown state). It is
 //! dropped, and the upstream call cancelled, when its state expires (`state_ttl`), or
 //! to make room for another principal's when [`MAX_PARKED`] are parked and its
-//! principal holds the most (see [`super::fair`]).
+//! principal holds the most (see [`super::fair`]), or for a newer one of its own
+//! principal past [`MAX_PARKED_PER_PRINCIPAL`], or when the `serve --stdio` session
+//! it came in on ends.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -151,6 +153,8 @@ pub async fn wait(mut held: Held) -> Waited {
 /// One parked round.
 struct Parked {
     principal: Principal,
+    /// The local session that parked it, whose end drops it (`None`: over HTTP).
+    session: Option<u64>,
     /// What the call is of on its server (the question's): a tool's or prompt's name,
     /// a resource's URI; a reload that takes the grant to it away ends the round.
     item: String,
@@ -201,11 +205,13 @@ impl ParkedRounds {
         }
     }
 
-    /// Parks `held` with its unanswered question until `expires`; the id its sealed
-    /// state names, or `None` when this principal holds its share already (the
-    /// question is then refused and the call let go). When all places are taken, the
-    /// principal holding the most gives up its round that expires first, if it holds
-    /// at least two more than this one.
+    /// Parks `held` with its unanswered question until `expires`, for `principal`
+    /// (and the local session it came in on, if any); the id its sealed state names,
+    /// or `None` when no place can be made (the question is then refused and the call
+    /// let go). A principal holding its share (in places or in bytes) gives up its own
+    /// rounds that expire first. When all places are taken, the principal holding the
+    /// most gives up its round that expires first, if it holds at least two more than
+    /// this one.
     /// `size`: the call's params' size, the most its principal's parked
     /// calls may hold (one is parked whatever its size), and the most all principals'
     /// may (a bound on every one): parked for minutes, parsed params take many times
@@ -213,7 +219,7 @@ impl ParkedRounds {
     /// the calls in flight (whose budget the answers need).
     pub fn park(
         &self,
-        principal: &Principal,
+        (principal, session): (&Principal, Option<u64>),
         item: String,
         (params_bytes, budget, budget_all): (usize, usize, usize),
         mut held: Held,
@@ -226,21 +232,35 @@ impl ParkedRounds {
         // Expired rounds go, and those whose calls ended: they hold no place (their
         // calls are cancelled as they drop).
         self.drop_finished(&mut rounds, now, |_, _, _| true);
-        let (by_principal, their_bytes) = rounds
-            .values()
-            .filter(|p| &p.principal == principal)
-            .fold((0, 0usize), |(n, b), p| (n + 1, b.saturating_add(p.bytes)));
+        // A principal at its share gives up its own rounds that expire first: a client
+        // that stops retrying (its person declined) leaves rounds behind, and is not
+        // locked out until they expire.
+        let mut own: Vec<(&String, Instant, usize)> = rounds
+            .iter()
+            .filter(|(_, p)| &p.principal == principal)
+            .map(|(id, p)| (id, p.expires, p.bytes))
+            .collect();
+        own.sort_by_key(|(_, at, _)| *at);
+        let mut by_principal = own.len();
+        let mut their_bytes = own.iter().fold(0usize, |b, o| b.saturating_add(o.2));
+        let mut own_going = Vec::new();
+        for (id, _, bytes) in &own {
+            let fits = by_principal == 0 || their_bytes.saturating_add(params_bytes) <= budget;
+            if by_principal < self.per_principal && fits {
+                break;
+            }
+            own_going.push((*id).clone());
+            by_principal -= 1;
+            their_bytes = their_bytes.saturating_sub(*bytes);
+        }
         let all_bytes = rounds
-            .values()
-            .fold(0usize, |b, p| b.saturating_add(p.bytes));
+            .iter()
+            .filter(|(id, _)| !own_going.contains(id))
+            .fold(0usize, |b, (_, p)| b.saturating_add(p.bytes));
         // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
-        let mut freed = Vec::new();
-        let refused = if by_principal >= self.per_principal {
-            Some("too many input rounds are held")
-        } else if by_principal > 0 && their_bytes.saturating_add(params_bytes) > budget {
-            Some("too many large input rounds are held")
-        } else if getrandom::fill(&mut bytes).is_err() {
+        let (mut freed, mut own_freed) = (Vec::new(), Vec::new());
+        let refused = if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
         } else {
             // Room, in places and in bytes: the principal holding the most gives up its
@@ -248,6 +268,7 @@ impl ParkedRounds {
             // one. Worked out before any round goes, so that none goes for nothing.
             let mut left: Vec<(&String, &Principal, Instant, usize)> = rounds
                 .iter()
+                .filter(|(id, _)| !own_going.contains(id))
                 .map(|(id, p)| (id, &p.principal, p.expires, p.bytes))
                 .collect();
             let mut all = all_bytes;
@@ -268,6 +289,10 @@ impl ParkedRounds {
             } else if all.saturating_add(params_bytes) > budget_all {
                 Some("too many large input rounds are held")
             } else {
+                own_freed = own_going
+                    .iter()
+                    .filter_map(|id| rounds.remove(id))
+                    .collect();
                 freed = going.iter().filter_map(|id| rounds.remove(id)).collect();
                 None
             }
@@ -284,6 +309,7 @@ impl ParkedRounds {
             id.clone(),
             Parked {
                 principal: principal.clone(),
+                session,
                 item,
                 bytes: params_bytes,
                 held,
@@ -293,6 +319,13 @@ impl ParkedRounds {
             },
         );
         drop(rounds);
+        for gone in own_freed {
+            tracing::debug!(agent = %gone.principal.agent, "a parked input round was dropped for a newer one of the same agent");
+            let _ = gone.reply.send(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "the input round was dropped for a newer one of the same agent",
+            )));
+        }
         for gone in freed {
             tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
             // Its call is cancelled as it drops, and the question it waited on fails.
@@ -367,6 +400,18 @@ impl ParkedRounds {
         dropped
     }
 
+    /// Drops the rounds local session `session` parked (it ended): their calls are
+    /// cancelled.
+    pub fn drop_session(&self, session: u64) {
+        let dropped: Vec<Parked> = self
+            .rounds
+            .lock()
+            .extract_if(|_, p| p.session == Some(session))
+            .map(|(_, p)| p)
+            .collect();
+        drop(dropped);
+    }
+
     /// Drops round `id`, parked moments ago, whose state could not be sealed: its call
     /// is cancelled.
     pub fn discard(&self, id: &str) {
@@ -423,7 +468,7 @@ mod tests {
         held.call = Call::inline(async { Err(RpcError::new(INTERNAL_ERROR, "timed out")) });
         let first = rounds
             .park(
-                &a,
+                (&a, None),
                 "t".into(),
                 (0, usize::MAX, usize::MAX),
                 held,
@@ -435,7 +480,7 @@ mod tests {
         // The principal's one place is free again.
         let (held, question, _answer2) = round();
         let second = rounds.park(
-            &a,
+            (&a, None),
             "t".into(),
             (0, usize::MAX, usize::MAX),
             held,
@@ -456,6 +501,80 @@ mod tests {
         assert_eq!(e.message, "invalid requestState");
     }
 
+    /// Parks a round of `who` from `session`; its id, its call's token, its answer.
+    fn park_as(
+        rounds: &ParkedRounds,
+        who: &Principal,
+        session: Option<u64>,
+        (bytes, budget): (usize, usize),
+        expires_in: u64,
+    ) -> (
+        Option<String>,
+        CancelToken,
+        oneshot::Receiver<Result<Value, RpcError>>,
+    ) {
+        let (held, question, answer) = round();
+        let cancel = held.cancel.clone();
+        let expires = Instant::now() + std::time::Duration::from_secs(expires_in);
+        let id = rounds.park(
+            (who, session),
+            "t".into(),
+            (bytes, budget, usize::MAX),
+            held,
+            question,
+            expires,
+        );
+        (id, cancel, answer)
+    }
+
+    // A client that stops retrying (its person declined) leaves its rounds behind: at
+    // its share, its next round takes the place of its own that expires first.
+    #[tokio::test]
+    async fn a_principal_at_its_share_gives_up_its_own_first_round_not_its_next() {
+        let rounds = ParkedRounds::with_caps(64, 2);
+        let (a, b) = (agent("a"), agent("b"));
+        let (a1, a1_cancel, _a1) = park_as(&rounds, &a, None, (0, usize::MAX), 30);
+        let (_, a2_cancel, mut a2_answer) = park_as(&rounds, &a, None, (0, usize::MAX), 10);
+        let (b1, b1_cancel, _b1) = park_as(&rounds, &b, None, (0, usize::MAX), 5);
+        let (a3, a3_cancel, _a3) = park_as(&rounds, &a, None, (0, usize::MAX), 60);
+        assert!(a3.is_some() && b1.is_some(), "parked, not refused");
+        assert!(
+            a2_cancel.is_cancelled(),
+            "a's round that expires first went"
+        );
+        assert!(
+            matches!(a2_answer.try_recv(), Ok(Err(_))),
+            "its question fails"
+        );
+        assert!(!a1_cancel.is_cancelled() && !a3_cancel.is_cancelled());
+        assert!(
+            !b1_cancel.is_cancelled(),
+            "another principal's is not a's to give"
+        );
+        assert!(rounds.resume(&a1.expect("a1"), &a, Value::Null).is_ok());
+        // Its share in bytes too: a large round takes the place of a's earlier ones.
+        let (_, c1_cancel, _c1) = park_as(&rounds, &agent("c"), None, (60, 100), 30);
+        let (c2, c2_cancel, _c2) = park_as(&rounds, &agent("c"), None, (60, 100), 30);
+        assert!(c2.is_some() && c1_cancel.is_cancelled() && !c2_cancel.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_local_session_that_ends_drops_its_own_rounds_only() {
+        let rounds = ParkedRounds::with_caps(64, 16);
+        let a = agent("a");
+        let (_, mine, _m) = park_as(&rounds, &a, Some(1), (0, usize::MAX), 60);
+        let (_, other_session, _o) = park_as(&rounds, &a, Some(2), (0, usize::MAX), 60);
+        let (http, over_http, _h) = park_as(&rounds, &a, None, (0, usize::MAX), 60);
+        rounds.drop_session(1);
+        assert!(mine.is_cancelled());
+        assert!(!other_session.is_cancelled() && !over_http.is_cancelled());
+        assert!(
+            rounds
+                .resume(&http.expect("parked"), &a, Value::Null)
+                .is_ok()
+        );
+    }
+
     #[tokio::test]
     async fn every_principals_first_large_round_counts_against_a_budget_for_all() {
         let rounds = ParkedRounds::with_caps(64, 4);
@@ -464,7 +583,7 @@ mod tests {
             let (held, question, answer) = round();
             let cancel = held.cancel.clone();
             let id = rounds.park(
-                &agent(who),
+                (&agent(who), None),
                 "t".into(),
                 (bytes, usize::MAX, 100),
                 held,
@@ -504,7 +623,7 @@ mod tests {
             let cancel = held.cancel.clone();
             let id = rounds
                 .park(
-                    &a,
+                    (&a, None),
                     "t".into(),
                     (0, usize::MAX, usize::MAX),
                     held,
@@ -517,7 +636,7 @@ mod tests {
         let (held, question, _b_answer) = round();
         rounds
             .park(
-                &b,
+                (&b, None),
                 "t".into(),
                 (0, usize::MAX, usize::MAX),
                 held,
@@ -529,7 +648,7 @@ mod tests {
         let (held, question, _c_answer) = round();
         rounds
             .park(
-                &c,
+                (&c, None),
                 "t".into(),
                 (0, usize::MAX, usize::MAX),
                 held,
@@ -556,7 +675,7 @@ mod tests {
             assert!(
                 rounds
                     .park(
-                        who,
+                        (who, None),
                         "t".into(),
                         (0, usize::MAX, usize::MAX),
                         held,
@@ -571,7 +690,7 @@ mod tests {
         let (held, question, _d_answer) = round();
         rounds
             .park(
-                &agent("d"),
+                (&agent("d"), None),
                 "t".into(),
                 (0, usize::MAX, usize::MAX),
                 held,

@@ -254,7 +254,8 @@ pub async fn serve(
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
     let mut stopping = false;
-    let _open = gateway.local_session(&principal);
+    let open = gateway.local_session(&principal);
+    let session_id = open.id();
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let answering = Arc::new(AtomicUsize::new(0));
     let running = answering.clone();
@@ -502,7 +503,9 @@ pub async fn serve(
                             client: c,
                             peer: Some(pipe.as_ref()),
                         },
-                        None => Client::Modern,
+                        None => Client::Modern {
+                            session: Some(session_id),
+                        },
                     };
                     let (progress, forwarder) = match super::wants_progress(&request) {
                         true => {
@@ -548,7 +551,7 @@ pub async fn serve(
     // Its parked rounds were this session's alone, and nobody can resume them now:
     // their calls end here rather than hold the harness's shutdown for its grace (and
     // again below, for a call that parked while the others finished).
-    gateway.drop_parked_of(&principal);
+    gateway.drop_parked_of(&open);
     let drain = async { while tasks.join_next().await.is_some() {} };
     let mut drain = std::pin::pin!(drain);
     if !stopping {
@@ -562,11 +565,11 @@ pub async fn serve(
     if stopping {
         let drained = async {
             drain.await;
-            gateway.drop_parked_of(&principal);
+            gateway.drop_parked_of(&open);
         };
         tokio::join!(drained, gateway.harness().shutdown());
     } else {
-        gateway.drop_parked_of(&principal);
+        gateway.drop_parked_of(&open);
     }
     notifier.abort();
     drop(pipe);
