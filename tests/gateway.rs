@@ -2127,6 +2127,8 @@ async fn what_is_not_json_is_a_parse_error_and_json_that_is_not_json_rpc_an_inva
         ("{not json", -32700),
         (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, -32600),
         (r#"{"id":1,"method":"ping"}"#, -32600),
+        // A 2026-07-28 client never POSTs a response: nothing here asked it.
+        (r#"{"jsonrpc":"2.0","id":1,"result":{}}"#, -32600),
     ] {
         let resp = gw
             .modern_post("tok-a", "ping", "")
@@ -2473,6 +2475,22 @@ async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
         r["result"].get("resultType").is_none(),
         "legacy results carry no resultType"
     );
+    // A version header other than the session's, or one not spoken, is refused (400).
+    for version in ["2025-06-18", "1999-01-01"] {
+        let refused = gw
+            .http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", version)
+            .header("mcp-session-id", &sid)
+            .body(list.to_string())
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(refused.status().as_u16(), 400, "{version}");
+    }
     assert_eq!(delete_session(&gw, "tok-a", &sid).await, 200);
     assert_eq!(legacy_post(&gw, Some(&sid), list.clone()).await.0, 404);
     // Another principal cannot use or end a session it does not own.
@@ -2675,6 +2693,15 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
                 &signing,
                 "k1",
                 json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "c@idp.test", "exp": now + 600, "nbf": now + 300}),
+            ),
+        ),
+        (
+            // The JWT library checks an `nbf` only when it reads as a number.
+            "nbf not a number",
+            jwt(
+                &signing,
+                "k1",
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "c@idp.test", "exp": now + 600, "nbf": (now + 300).to_string()}),
             ),
         ),
         (

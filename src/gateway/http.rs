@@ -895,6 +895,39 @@ fn repeated_mirror(headers: &hyper::HeaderMap) -> Option<&str> {
     })
 }
 
+/// A legacy session's request that names a protocol version (they do from 2025-06-18
+/// on) must name the session's: one this gateway does not speak, or another than the
+/// session agreed, is refused (400), as the legacy transports say. One without it is
+/// served (clients before 2025-06-18 send none).
+fn legacy_version_checked(
+    state: &State,
+    headers: &hyper::HeaderMap,
+    session_id: Option<&str>,
+    principal: &Principal,
+) -> Result<(), RpcError> {
+    let (Some(sent), Some(sid)) = (headers.get("mcp-protocol-version"), session_id) else {
+        return Ok(());
+    };
+    let sent = sent.to_str().unwrap_or_default();
+    let agreed = state
+        .sessions
+        .lock()
+        .get(sid)
+        .filter(|s| s.principal == *principal)
+        .map(|s| s.client.version.clone());
+    match agreed {
+        Some(agreed) if agreed != sent => Err(RpcError::new(
+            INVALID_REQUEST,
+            format!(
+                "MCP-Protocol-Version {} is not the session's ({agreed})",
+                crate::util::text::one_line(sent, 40)
+            ),
+        )),
+        // No such session: its own 404 follows.
+        _ => Ok(()),
+    }
+}
+
 /// The `Mcp-Method` and `Mcp-Name` a message carries without having to (a legacy
 /// request, a notification), if any, must repeat its body too.
 fn check_sent_headers(
@@ -1100,13 +1133,25 @@ async fn post(
                 if let Some(id) = r.id.as_ref() {
                     pending.answer(id, r.outcome);
                 }
+                return full(StatusCode::ACCEPTED, "", "");
             }
-            full(StatusCode::ACCEPTED, "", "")
+            // Only a legacy session's client is asked things over HTTP: 2026-07-28
+            // clients never POST responses, and a 202 would say this one was taken.
+            let e = RpcError::new(
+                INVALID_REQUEST,
+                "a response outside a legacy session answers nothing",
+            );
+            error_reply(StatusCode::BAD_REQUEST, None, e)
         }
         Message::Request(request) if legacy => {
             // A legacy client has no mirror headers to send; any it sends must be true.
             let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
-            if let Err(e) = check_sent_headers(&headers, &request.method, request.params.as_ref()) {
+            if let Err(e) =
+                legacy_version_checked(&state, &headers, session_id.as_deref(), &principal)
+                    .and_then(|()| {
+                        check_sent_headers(&headers, &request.method, request.params.as_ref())
+                    })
+            {
                 return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
             }
             if sent

@@ -258,6 +258,11 @@ impl JwtVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|e| JwtError::Invalid(e.to_string()))?;
+        // `decode` checks an `nbf` only when it reads as a number, and passes one that
+        // does not (a string, an object) unchecked: such a token is refused here.
+        if data.claims.get("nbf").is_some_and(|v| !v.is_number()) {
+            return Err(JwtError::Invalid("nbf is not a number".into()));
+        }
         // Names that go into logs, audit records and error texts: bounded, one line,
         // nothing a reader does not see.
         let claim = |name: &str| {
