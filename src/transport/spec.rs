@@ -43,6 +43,19 @@ pub struct StdioSpec {
     pub inherit_env: bool,
 }
 
+/// Headers the HTTP transport sets on each request itself (lower case).
+const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "accept",
+    "host",
+    "mcp-protocol-version",
+    "mcp-session-id",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+];
+
 /// What an HTTP server is: its MCP endpoint, fixed headers, and whom to trust.
 /// (`Debug` shows the headers' names only, and the URL without credentials or query.)
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,13 +199,27 @@ impl TransportSpec {
                         "must be set with a client_secret: the secret goes to no authorization server but this one",
                     ));
                 }
+                let mut seen = std::collections::HashSet::new();
                 for (name, value) in &h.headers {
-                    reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                        Invalid::new(
-                            format!("transport.headers.{name}"),
-                            "is not a valid header name",
-                        )
-                    })?;
+                    let field = || format!("transport.headers.{name}");
+                    let parsed = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|_| Invalid::new(field(), "is not a valid header name"))?;
+                    // Names are case-insensitive: of two spellings only one would go.
+                    if !seen.insert(parsed.clone()) {
+                        return Err(Invalid::new(
+                            field(),
+                            "is given twice (header names ignore case)",
+                        ));
+                    }
+                    // Set by the transport on each request: a configured one would be
+                    // replaced without a word (or contradict the body).
+                    let lower = parsed.as_str();
+                    if RESERVED_HEADERS.contains(&lower) || lower.starts_with("mcp-param-") {
+                        return Err(Invalid::new(
+                            field(),
+                            "is set by the transport itself and cannot be configured",
+                        ));
+                    }
                     reqwest::header::HeaderValue::from_str(value).map_err(|_| {
                         Invalid::new(
                             format!("transport.headers.{name}"),
@@ -321,8 +348,34 @@ mod tests {
             ..HttpSpec::default()
         };
         spec.headers.insert("X-Key".into(), "line\nbreak".into());
-        let e = TransportSpec::Http(spec).validate().expect_err("header");
+        let e = TransportSpec::Http(spec.clone())
+            .validate()
+            .expect_err("header");
         assert_eq!(e.field, "transport.headers.X-Key");
+        // Two spellings of one name, or a header the transport sets itself: only one
+        // (or none) of what is configured would be sent.
+        let with = |headers: &[(&str, &str)]| {
+            let spec = HttpSpec {
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..spec.clone()
+            };
+            TransportSpec::Http(spec).validate()
+        };
+        assert!(with(&[("Authorization", "Bearer A"), ("X-Api-Key", "k")]).is_ok());
+        let twice = with(&[("Authorization", "Bearer A"), ("authorization", "Bearer B")]);
+        assert!(twice.expect_err("twice").reason.contains("twice"));
+        for reserved in [
+            "Accept",
+            "content-type",
+            "MCP-Protocol-Version",
+            "Mcp-Param-Region",
+        ] {
+            let e = with(&[(reserved, "x")]).expect_err(reserved);
+            assert_eq!(e.field, format!("transport.headers.{reserved}"));
+        }
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! hints, in memory (L1) and on disk (L2, [`disk`], survives a restart).
 //!
 //! Key: server, the fingerprint of its configuration (a server changed under the same
-//! id never serves its old entries), method, the cursor (`""` is a cursor too), and
+//! id never serves its old entries), what it was told of its client (capabilities and
+//! protocol versions offered: it may list by them), method, the cursor (`""` is a cursor too), and
 //! scope: `public`, or `private` plus a hash of the caller's auth context. A `private`
 //! result with no context is used once and never stored; a `public` one is shared by
 //! everyone. Freshness: the result's `ttlMs` when it has one (negative: 0), else the
-//! configured default (legacy servers send no hints), never more than `max_ttl`.
+//! configured default (legacy servers send no hints: with no scope either, their lists
+//! are private, kept per auth context), never more than `max_ttl`.
 //! `input_required` results and MRTR retries are never offered to the cache, and calls'
 //! results (`resources/read` included) are not cached at all.
 //!

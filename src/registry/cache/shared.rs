@@ -321,6 +321,11 @@ fn default_prefix() -> String {
     "mcp-harness".into()
 }
 
+/// The longest `timeout` allowed.
+const MAX_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest `max_entry_bytes` allowed.
+const MAX_ENTRY_BYTES: usize = 64 << 20;
+
 impl SharedConfig {
     /// Shared layer settings for `url` and `servers`, the rest by default.
     pub fn new(url: impl Into<String>, servers: Vec<String>) -> SharedConfig {
@@ -347,11 +352,21 @@ impl SharedConfig {
         }
         redis::Client::open(self.url.as_str())
             .map_err(|e| Invalid::new("url", format!("{:?}: {e}", redacted(&self.url))))?;
-        if self.timeout.is_zero() {
-            return Err(Invalid::new("timeout", "must be more than zero"));
+        // Every listing may wait on one command: a bound past a server's own round trip
+        // would make a Redis that drops packets fail calls, not be skipped.
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(Invalid::new(
+                "timeout",
+                "must be more than zero and at most 5s",
+            ));
         }
-        if self.max_entry_bytes == 0 {
-            return Err(Invalid::new("max_entry_bytes", "must be more than zero"));
+        // As the disk layer reads a file; past it a read's range would be refused by
+        // Redis, and every page with it.
+        if self.max_entry_bytes == 0 || self.max_entry_bytes > MAX_ENTRY_BYTES {
+            return Err(Invalid::new(
+                "max_entry_bytes",
+                "must be more than zero and at most 64 MiB",
+            ));
         }
         if self.prefix.is_empty() || self.prefix.contains(['*', '?', '[', ']', '\\']) {
             return Err(Invalid::new(
@@ -1574,6 +1589,28 @@ impl Drop for SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Past these, a Redis that drops packets would fail calls instead of being skipped,
+    // and a page's read range would be refused by Redis (no page ever shared).
+    #[test]
+    fn a_timeout_or_entry_bound_past_what_works_is_refused() {
+        let config = |timeout, max_entry_bytes| SharedConfig {
+            timeout,
+            max_entry_bytes,
+            ..SharedConfig::new("redis://127.0.0.1:9", vec![])
+        };
+        assert!(config(Duration::from_secs(5), 64 << 20).validate().is_ok());
+        for (timeout, max) in [
+            (Duration::from_secs(3600), 1 << 20),
+            (Duration::from_millis(50), i64::MAX as usize),
+            (Duration::from_millis(50), (64 << 20) + 1),
+        ] {
+            assert!(
+                config(timeout, max).validate().is_err(),
+                "{timeout:?} {max}"
+            );
+        }
+    }
 
     #[tokio::test]
     async fn a_refresh_claim_is_keyed_under_the_key_when_there_is_one() {
