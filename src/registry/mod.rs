@@ -279,6 +279,7 @@ impl Actor for RegistryActor {
             RegistryMsg::Remove(server) => {
                 blocking(registry, move |r| {
                     r.cache.invalidate(&server);
+                    r.cache.retire(&server);
                     r.forget(&server);
                 })
                 .await;

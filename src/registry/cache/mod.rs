@@ -420,6 +420,16 @@ pub struct ListOf<'a> {
     pub method: &'a str,
 }
 
+/// Invalidation epochs: each server's last, and the one of every server not held.
+#[derive(Default)]
+struct Epochs {
+    by_server: HashMap<String, u64>,
+    /// The epoch of a server without an entry (moved on as one is retired).
+    floor: u64,
+    /// The last epoch given out: every new one is greater than all before.
+    last: u64,
+}
+
 /// The cache; see the module docs.
 pub struct ListCache {
     config: CacheConfig,
@@ -428,8 +438,8 @@ pub struct ListCache {
     l1_counts: Counters,
     l2_counts: Counters,
     invalidations: AtomicU64,
-    /// Bumped on every invalidation of a server; a write from an older fetch is dropped.
-    epochs: RwLock<HashMap<String, u64>>,
+    /// Moved on every invalidation of a server; a write from an older fetch is dropped.
+    epochs: RwLock<Epochs>,
     /// Auth context → its `private:` scope: a hash on every lookup was another third
     /// of a cached listing's cost.
     private_scopes: RwLock<HashMap<String, Arc<str>>>,
@@ -491,7 +501,7 @@ impl ListCache {
             l1_counts: Counters::default(),
             l2_counts: Counters::default(),
             invalidations: AtomicU64::new(0),
-            epochs: RwLock::new(HashMap::new()),
+            epochs: RwLock::new(Epochs::default()),
             private_scopes: RwLock::new(HashMap::new()),
         })
     }
@@ -503,7 +513,12 @@ impl ListCache {
 
     /// The current invalidation epoch (bumped by every invalidation) of `server`.
     pub fn epoch(&self, server: &str) -> u64 {
-        self.epochs.read().get(server).copied().unwrap_or(0)
+        let epochs = self.epochs.read();
+        epochs
+            .by_server
+            .get(server)
+            .copied()
+            .unwrap_or(epochs.floor)
     }
 
     /// The scope part of a key: `public`, or `private:` and the keyed hash of the
@@ -850,7 +865,26 @@ impl ListCache {
 
     /// A new epoch for `server`: a fetch that started before it stores nothing.
     fn bump(&self, server: &str) {
-        *self.epochs.write().entry(server.to_string()).or_default() += 1;
+        let mut epochs = self.epochs.write();
+        epochs.last += 1;
+        let next = epochs.last;
+        match epochs.by_server.get_mut(server) {
+            Some(e) => *e = next,
+            None => {
+                epochs.by_server.insert(server.to_string(), next);
+            }
+        }
+    }
+
+    /// Forgets a removed server's epoch (ids come and go: the map is not to grow with
+    /// every one ever seen). The epoch of every server not held then moves on, so that
+    /// no fetch begun before this stores anything, for the removed server or another
+    /// under its id later.
+    pub(crate) fn retire(&self, server: &str) {
+        let mut epochs = self.epochs.write();
+        epochs.last += 1;
+        epochs.floor = epochs.last;
+        epochs.by_server.remove(server);
     }
 
     /// Drops every entry of `server` from both layers (list_changed, removal).

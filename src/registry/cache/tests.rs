@@ -186,6 +186,40 @@ fn invalidation_drops_entries_and_late_writes_of_older_fetches() {
     assert!(cache.get(LIST, None, None).is_none());
 }
 
+// Ids come and go (an embedder adding servers per session): their epochs do not stay,
+// and a fetch begun before a server's removal stores nothing, under that id later too.
+#[test]
+fn a_removed_servers_epoch_is_let_go_and_its_fetches_in_flight_store_nothing() {
+    let cache = ListCache::new(config(None)).expect("valid");
+    for i in 0..10_000 {
+        let id = format!("sess-{i}");
+        cache.invalidate(&id);
+        cache.retire(&id);
+    }
+    assert!(cache.epochs.read().by_server.is_empty());
+    let p = page(
+        &cache,
+        LIST,
+        None,
+        json!({"ttlMs": 60000, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    // Begun while "s" had no epoch of its own, then "s" removed (and its id taken
+    // again) before the fetch stores.
+    let begun = cache.epoch("s");
+    cache.retire("s");
+    cache.put(vec![p.clone()], begun);
+    assert!(cache.get(LIST, None, None).is_none(), "a fetch from before");
+    // Begun after an invalidation gave it one: the same.
+    cache.invalidate("s");
+    let begun = cache.epoch("s");
+    cache.retire("s");
+    cache.put(vec![p.clone()], begun);
+    assert!(cache.get(LIST, None, None).is_none(), "a fetch from before");
+    cache.put(vec![p], cache.epoch("s"));
+    assert!(cache.get(LIST, None, None).is_some(), "stored at its epoch");
+}
+
 #[test]
 fn entries_forgotten_in_memory_are_not_served_from_memory_or_disk_before_the_files_go() {
     let dir = temp_dir("forget");
