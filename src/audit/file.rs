@@ -136,15 +136,27 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
-        refuse_planted_link(&path)?;
         // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
         // instead of holding the writer, and every record behind it, until one comes.
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)?;
+        let open = |follow: bool| {
+            let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NONBLOCK | nofollow)
+                .open(&path)
+        };
+        // Not following a link first: one planted between a check and the open (where
+        // there was nothing) is not followed. A link that is there is checked, then
+        // followed.
+        let file = match open(false) {
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                refuse_planted_link(&path)?;
+                open(true)?
+            }
+            opened => opened?,
+        };
         // Writes block again, as a pipe that is read (`/dev/stdout` in a container) needs.
         {
             use std::os::fd::AsRawFd;
