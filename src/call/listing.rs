@@ -578,7 +578,7 @@ async fn walk(
         timeout,
         use_cache,
         handlers: ctx.inputs.snapshot(),
-        epoch: ctx.registry.cache.epoch(server.id()),
+        epoch: ctx.registry.cache.walk_epoch(server.id()),
         pages: Vec::new(),
         fetched: Vec::new(),
         to_share: Vec::new(),

@@ -420,15 +420,21 @@ pub struct ListOf<'a> {
     pub method: &'a str,
 }
 
-/// Invalidation epochs: each server's last, and the one of every server not held.
+/// Invalidation epochs: each server's last (0 for one never invalidated).
 #[derive(Default)]
 struct Epochs {
     by_server: HashMap<String, u64>,
-    /// The epoch of a server without an entry (moved on as one is retired).
-    floor: u64,
-    /// The last epoch given out: every new one is greater than all before.
+    /// The last epoch given out: every new one is greater than all before, so an
+    /// entry let go and made again never comes back to an old value.
     last: u64,
+    /// Removed servers whose epochs are still held, the latest [`RETIRED_KEPT`].
+    retired: std::collections::VecDeque<String>,
 }
+
+/// Removed servers whose epochs are held: long enough for any fetch begun before a
+/// removal to end (each is bounded by `call_timeout`), so the map follows the servers
+/// there are, not every id ever seen.
+const RETIRED_KEPT: usize = 1024;
 
 /// The cache; see the module docs.
 pub struct ListCache {
@@ -513,12 +519,26 @@ impl ListCache {
 
     /// The current invalidation epoch (bumped by every invalidation) of `server`.
     pub fn epoch(&self, server: &str) -> u64 {
-        let epochs = self.epochs.read();
-        epochs
+        self.epochs
+            .read()
             .by_server
             .get(server)
             .copied()
-            .unwrap_or(epochs.floor)
+            .unwrap_or(0)
+    }
+
+    /// The epoch a walk of `server`'s lists begins at, given out now if it has none:
+    /// every walk holds one given out once (never 0), so an entry let go later
+    /// ([`ListCache::retire`]) can come back to none a walk in flight holds.
+    pub fn walk_epoch(&self, server: &str) -> u64 {
+        if let Some(e) = self.epochs.read().by_server.get(server) {
+            return *e;
+        }
+        let mut epochs = self.epochs.write();
+        match epochs.by_server.get(server) {
+            Some(e) => *e,
+            None => Self::bump_in(&mut epochs, server),
+        }
     }
 
     /// The scope part of a key: `public`, or `private:` and the keyed hash of the
@@ -865,7 +885,10 @@ impl ListCache {
 
     /// A new epoch for `server`: a fetch that started before it stores nothing.
     fn bump(&self, server: &str) {
-        let mut epochs = self.epochs.write();
+        Self::bump_in(&mut self.epochs.write(), server);
+    }
+
+    fn bump_in(epochs: &mut Epochs, server: &str) -> u64 {
         epochs.last += 1;
         let next = epochs.last;
         match epochs.by_server.get_mut(server) {
@@ -874,17 +897,25 @@ impl ListCache {
                 epochs.by_server.insert(server.to_string(), next);
             }
         }
+        next
     }
 
-    /// Forgets a removed server's epoch (ids come and go: the map is not to grow with
-    /// every one ever seen). The epoch of every server not held then moves on, so that
-    /// no fetch begun before this stores anything, for the removed server or another
-    /// under its id later.
+    /// A removed server's epoch moves on (no fetch begun before stores anything, for
+    /// it or another server under its id later) and is held among the latest
+    /// [`RETIRED_KEPT`] removed; the oldest is let go (ids come and go: the map is not
+    /// to grow with every one ever seen). One let go reads as 0, which no walk holds
+    /// ([`ListCache::walk_epoch`]). Other servers' epochs do not move.
     pub(crate) fn retire(&self, server: &str) {
         let mut epochs = self.epochs.write();
-        epochs.last += 1;
-        epochs.floor = epochs.last;
-        epochs.by_server.remove(server);
+        Self::bump_in(&mut epochs, server);
+        if !epochs.retired.iter().any(|r| r == server) {
+            epochs.retired.push_back(server.to_string());
+        }
+        if epochs.retired.len() > RETIRED_KEPT
+            && let Some(oldest) = epochs.retired.pop_front()
+        {
+            epochs.by_server.remove(&oldest);
+        }
     }
 
     /// Drops every entry of `server` from both layers (list_changed, removal).
