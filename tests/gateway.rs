@@ -2624,6 +2624,19 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
         list["result"]["cacheScope"], "private",
         "an issuer vouches for many agents"
     );
+    // A not-before already past (or within the leeway) lets it in.
+    for nbf in [
+        json!(now - 60),
+        json!(now + 10),
+        json!((now - 60) as f64 + 0.5),
+    ] {
+        let mut c = claims(ISS, AUD, "c", now + 300);
+        c["nbf"] = nbf.clone();
+        let (status, _) = gw
+            .modern(&jwt(&signing, "k1", c), "tools/list", json!({}))
+            .await;
+        assert_eq!(status, 200, "nbf {nbf}");
+    }
 
     let tampered = {
         let mut t = good.clone().into_bytes();
@@ -2696,12 +2709,28 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             ),
         ),
         (
-            // The JWT library checks an `nbf` only when it reads as a number.
+            // The JWT library checks an `nbf` only when it reads as a u64.
             "nbf not a number",
             jwt(
                 &signing,
                 "k1",
                 json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "c@idp.test", "exp": now + 600, "nbf": (now + 300).to_string()}),
+            ),
+        ),
+        (
+            "nbf past 2^64",
+            jwt(
+                &signing,
+                "k1",
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "c@idp.test", "exp": now + 600, "nbf": 1e20}),
+            ),
+        ),
+        (
+            "nbf negative",
+            jwt(
+                &signing,
+                "k1",
+                json!({"iss": ISS, "aud": AUD, "sub": "c", "email": "c@idp.test", "exp": now + 600, "nbf": -1}),
             ),
         ),
         (

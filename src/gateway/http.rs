@@ -909,11 +909,9 @@ fn legacy_version_checked(
         return Ok(());
     };
     let sent = sent.to_str().unwrap_or_default();
-    let agreed = state
-        .sessions
-        .lock()
-        .get(sid)
-        .filter(|s| s.principal == *principal)
+    // As its request would find it: one idle past its time is gone (404 follows).
+    let idle = state.gateway.config().session_idle;
+    let agreed = live_session(&mut state.sessions.lock(), sid, principal, idle)
         .map(|s| s.client.version.clone());
     match agreed {
         Some(agreed) if agreed != sent => Err(RpcError::new(

@@ -258,10 +258,17 @@ impl JwtVerifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|e| JwtError::Invalid(e.to_string()))?;
-        // `decode` checks an `nbf` only when it reads as a number, and passes one that
-        // does not (a string, an object) unchecked: such a token is refused here.
-        if data.claims.get("nbf").is_some_and(|v| !v.is_number()) {
-            return Err(JwtError::Invalid("nbf is not a number".into()));
+        // `decode` checks an `nbf` only when it reads as a u64, and passes any other
+        // (a string, a negative number, one past 2^64) unchecked: checked here.
+        if let Some(nbf) = data.claims.get("nbf") {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            match nbf.as_f64().filter(|n| n.is_finite() && *n >= 0.0) {
+                Some(n) if n <= now.saturating_add(LEEWAY_SECS) as f64 => {}
+                Some(_) => return Err(JwtError::Invalid("the token is not valid yet".into())),
+                None => return Err(JwtError::Invalid("nbf is not a time".into())),
+            }
         }
         // Names that go into logs, audit records and error texts: bounded, one line,
         // nothing a reader does not see.

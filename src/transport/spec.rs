@@ -43,18 +43,21 @@ pub struct StdioSpec {
     pub inherit_env: bool,
 }
 
-/// Headers the HTTP transport sets on each request itself (lower case).
+/// Headers the HTTP transport sets on each request from what it sends (lower case):
+/// a configured one would contradict it. (`Content-Type` and `Accept`, which configs
+/// written for other clients often carry, are set to what MCP needs, the configured
+/// ones ignored with a warning.)
 const RESERVED_HEADERS: &[&str] = &[
-    "content-type",
     "content-length",
-    "accept",
-    "host",
     "mcp-protocol-version",
     "mcp-session-id",
     "mcp-method",
     "mcp-name",
     "last-event-id",
 ];
+
+/// Configured headers the transport replaces with what MCP needs (lower case).
+pub(crate) const REPLACED_HEADERS: &[&str] = &["content-type", "accept"];
 
 /// What an HTTP server is: its MCP endpoint, fixed headers, and whom to trust.
 /// (`Debug` shows the headers' names only, and the URL without credentials or query.)
@@ -367,15 +370,13 @@ mod tests {
         assert!(with(&[("Authorization", "Bearer A"), ("X-Api-Key", "k")]).is_ok());
         let twice = with(&[("Authorization", "Bearer A"), ("authorization", "Bearer B")]);
         assert!(twice.expect_err("twice").reason.contains("twice"));
-        for reserved in [
-            "Accept",
-            "content-type",
-            "MCP-Protocol-Version",
-            "Mcp-Param-Region",
-        ] {
+        for reserved in ["Content-Length", "MCP-Protocol-Version", "Mcp-Param-Region"] {
             let e = with(&[(reserved, "x")]).expect_err(reserved);
             assert_eq!(e.field, format!("transport.headers.{reserved}"));
         }
+        // Those it replaces with what MCP needs, and `Host` (sent as configured).
+        assert!(with(&[("Accept", "*/*"), ("Content-Type", "application/json")]).is_ok());
+        assert!(with(&[("Host", "mcp.internal")]).is_ok());
     }
 
     #[test]

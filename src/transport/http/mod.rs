@@ -122,6 +122,10 @@ impl HttpTransport {
         for (k, v) in &spec.headers {
             let name = HeaderName::from_bytes(k.as_bytes())
                 .map_err(|e| bad(format!("header {k:?}: {e}")))?;
+            if crate::transport::spec::REPLACED_HEADERS.contains(&name.as_str()) {
+                tracing::warn!(server, header = %name, "a configured header the transport sets to what MCP needs is ignored");
+                continue;
+            }
             let value =
                 HeaderValue::from_str(v).map_err(|e| bad(format!("header {k:?} value: {e}")))?;
             fixed.insert(name, value);
