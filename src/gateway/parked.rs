@@ -81,6 +81,13 @@ impl Future for Call {
     }
 }
 
+/// What the answer to a round whose call ended while it waited is told.
+const CALL_ENDED: &str =
+    "the input round's call ended before the answer came (its server stopped waiting)";
+
+/// What the answer to a round dropped for a newer one of its principal is told.
+const REPLACED: &str = "the input round was dropped for a newer one of the same agent";
+
 /// A call that panicked or whose task was lost.
 fn ended() -> RpcError {
     RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly")
@@ -182,7 +189,7 @@ pub struct ParkedRounds {
     /// Rounds dropped because their call ended while parked, until their state would
     /// have expired (at most [`MAX_PARKED`]): the answer that comes later is told so,
     /// not "invalid requestState".
-    ended: Mutex<HashMap<String, (Principal, Instant)>>,
+    ended: Mutex<HashMap<String, (Principal, Instant, &'static str)>>,
     /// Rounds held at most, all principals' ([`MAX_PARKED`]).
     max: usize,
     /// Rounds one principal may hold ([`MAX_PARKED_PER_PRINCIPAL`]).
@@ -235,18 +242,26 @@ impl ParkedRounds {
         // A principal at its share gives up its own rounds that expire first: a client
         // that stops retrying (its person declined) leaves rounds behind, and is not
         // locked out until they expire.
+        // Only those of the same channel (its `serve --stdio` session, or HTTP): another
+        // session's person may be answering its round right now.
+        let (mut by_principal, mut their_bytes) = rounds
+            .values()
+            .filter(|p| &p.principal == principal)
+            .fold((0usize, 0usize), |(n, b), p| {
+                (n + 1, b.saturating_add(p.bytes))
+            });
         let mut own: Vec<(&String, Instant, usize)> = rounds
             .iter()
-            .filter(|(_, p)| &p.principal == principal)
+            .filter(|(_, p)| &p.principal == principal && p.session == session)
             .map(|(id, p)| (id, p.expires, p.bytes))
             .collect();
         own.sort_by_key(|(_, at, _)| *at);
-        let mut by_principal = own.len();
-        let mut their_bytes = own.iter().fold(0usize, |b, o| b.saturating_add(o.2));
+        let over = |n: usize, bytes: usize| {
+            n >= self.per_principal || (n > 0 && bytes.saturating_add(params_bytes) > budget)
+        };
         let mut own_going = Vec::new();
         for (id, _, bytes) in &own {
-            let fits = by_principal == 0 || their_bytes.saturating_add(params_bytes) <= budget;
-            if by_principal < self.per_principal && fits {
+            if !over(by_principal, their_bytes) {
                 break;
             }
             own_going.push((*id).clone());
@@ -260,7 +275,11 @@ impl ParkedRounds {
         // The id first: a round that cannot be parked takes no place from another.
         let mut bytes = [0u8; 16];
         let (mut freed, mut own_freed) = (Vec::new(), Vec::new());
-        let refused = if getrandom::fill(&mut bytes).is_err() {
+        let refused = if by_principal >= self.per_principal {
+            Some("too many input rounds are held")
+        } else if over(by_principal, their_bytes) {
+            Some("too many large input rounds are held")
+        } else if getrandom::fill(&mut bytes).is_err() {
             Some("no randomness for a round id")
         } else {
             // Room, in places and in bytes: the principal holding the most gives up its
@@ -291,7 +310,7 @@ impl ParkedRounds {
             } else {
                 own_freed = own_going
                     .iter()
-                    .filter_map(|id| rounds.remove(id))
+                    .filter_map(|id| rounds.remove(id).map(|p| (id.clone(), p)))
                     .collect();
                 freed = going.iter().filter_map(|id| rounds.remove(id)).collect();
                 None
@@ -319,12 +338,12 @@ impl ParkedRounds {
             },
         );
         drop(rounds);
-        for gone in own_freed {
+        for (id, gone) in own_freed {
             tracing::debug!(agent = %gone.principal.agent, "a parked input round was dropped for a newer one of the same agent");
-            let _ = gone.reply.send(Err(RpcError::new(
-                INTERNAL_ERROR,
-                "the input round was dropped for a newer one of the same agent",
-            )));
+            self.note_ended(id, &gone, now, REPLACED);
+            let _ = gone
+                .reply
+                .send(Err(RpcError::new(INTERNAL_ERROR, REPLACED)));
         }
         for gone in freed {
             tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
@@ -353,10 +372,9 @@ impl ParkedRounds {
         let Some(parked) = parked else {
             let ended = self.ended.lock();
             return Err(match ended.get(id) {
-                Some((who, until)) if who == principal && *until > Instant::now() => RpcError::new(
-                    INTERNAL_ERROR,
-                    "the input round's call ended before the answer came (its server stopped waiting)",
-                ),
+                Some((who, until, why)) if who == principal && *until > Instant::now() => {
+                    RpcError::new(INTERNAL_ERROR, *why)
+                }
                 _ => RpcError::new(
                     crate::protocol::error::INVALID_PARAMS,
                     "invalid requestState",
@@ -389,15 +407,21 @@ impl ParkedRounds {
             p.expires <= now || p.call_ended() || !keep(&p.principal, &p.server, &p.item)
         }) {
             if p.expires > now && p.call_ended() {
-                let mut ended = self.ended.lock();
-                ended.retain(|_, (_, until)| *until > now);
-                if ended.len() < self.max {
-                    ended.insert(id, (p.principal.clone(), p.expires));
-                }
+                self.note_ended(id, &p, now, CALL_ENDED);
             }
             dropped.push(p);
         }
         dropped
+    }
+
+    /// Notes round `id`, dropped before its state expired, so that its answer is told
+    /// `why` rather than "invalid requestState".
+    fn note_ended(&self, id: String, p: &Parked, now: Instant, why: &'static str) {
+        let mut ended = self.ended.lock();
+        ended.retain(|_, (_, until, _)| *until > now);
+        if ended.len() < self.max {
+            ended.insert(id, (p.principal.clone(), p.expires, why));
+        }
     }
 
     /// Drops the rounds local session `session` parked (it ended): their calls are
@@ -534,7 +558,7 @@ mod tests {
         let rounds = ParkedRounds::with_caps(64, 2);
         let (a, b) = (agent("a"), agent("b"));
         let (a1, a1_cancel, _a1) = park_as(&rounds, &a, None, (0, usize::MAX), 30);
-        let (_, a2_cancel, mut a2_answer) = park_as(&rounds, &a, None, (0, usize::MAX), 10);
+        let (a2, a2_cancel, mut a2_answer) = park_as(&rounds, &a, None, (0, usize::MAX), 10);
         let (b1, b1_cancel, _b1) = park_as(&rounds, &b, None, (0, usize::MAX), 5);
         let (a3, a3_cancel, _a3) = park_as(&rounds, &a, None, (0, usize::MAX), 60);
         assert!(a3.is_some() && b1.is_some(), "parked, not refused");
@@ -552,6 +576,23 @@ mod tests {
             "another principal's is not a's to give"
         );
         assert!(rounds.resume(&a1.expect("a1"), &a, Value::Null).is_ok());
+        // The answer that comes for the round dropped is told so.
+        let e = rounds
+            .resume(&a2.expect("a2"), &a, Value::Null)
+            .err()
+            .expect("dropped");
+        assert_eq!(e.message, REPLACED);
+        // Another session's rounds are not this one's to give: at the share, refused.
+        let (d, e) = (agent("d"), Some(7));
+        let (_, d1_cancel, _d1) = park_as(&rounds, &d, e, (0, usize::MAX), 30);
+        let (_, d2_cancel, _d2) = park_as(&rounds, &d, e, (0, usize::MAX), 30);
+        let (other, _, mut other_answer) = park_as(&rounds, &d, Some(8), (0, usize::MAX), 30);
+        assert!(other.is_none(), "refused: d's rounds are another session's");
+        assert!(
+            matches!(other_answer.try_recv(), Ok(Err(_))),
+            "refused at once"
+        );
+        assert!(!d1_cancel.is_cancelled() && !d2_cancel.is_cancelled());
         // Its share in bytes too: a large round takes the place of a's earlier ones.
         let (_, c1_cancel, _c1) = park_as(&rounds, &agent("c"), None, (60, 100), 30);
         let (c2, c2_cancel, _c2) = park_as(&rounds, &agent("c"), None, (60, 100), 30);

@@ -29,7 +29,11 @@ pub struct HandlerSet {
 impl HandlerSet {
     fn build(by_method: HashMap<String, Arc<dyn InputHandler>>) -> HandlerSet {
         let mut caps = Map::new();
-        for (method, handler) in &by_method {
+        // In the methods' order: the digest must not follow a map's random order (nor
+        // a `serde_json` that keeps insertion order, if a dependency asks for it).
+        let mut methods: Vec<_> = by_method.iter().collect();
+        methods.sort_by(|a, b| a.0.cmp(b.0));
+        for (method, handler) in methods {
             if let Some(name) = capability_name(method) {
                 caps.insert(name.to_string(), handler.capability());
             }
@@ -61,7 +65,7 @@ impl HandlerSet {
 }
 
 /// [`HandlerSet::client_tag`] of `capabilities`: the same in every process that
-/// declares the same (`serde_json` keeps object keys sorted).
+/// declares the same (capabilities are put in the methods' order).
 fn client_tag(capabilities: &Value) -> String {
     use crate::protocol::meta::{LEGACY_VERSIONS, MODERN};
     let declared = serde_json::json!([MODERN, LEGACY_VERSIONS, capabilities]).to_string();
