@@ -47,7 +47,9 @@ async fn a_modern_server_is_discovered_listed_and_called() {
 
 #[tokio::test]
 async fn legacy_servers_that_error_ignore_or_exit_on_discover_fall_back_to_initialize() {
-    for behaviour in ["error", "ignore", "exit"] {
+    // `error-then-exit`: a server that takes nothing before `initialize` refuses the
+    // probe, then exits; the handshake finds it gone and respawns it once.
+    for behaviour in ["error", "ignore", "exit", "error-then-exit"] {
         let spec = demo_stdio(&["beta", "--era", "legacy", "--on-discover", behaviour]);
         let opts = ConnectOptions {
             probe_timeout: Duration::from_millis(400),
@@ -70,6 +72,43 @@ async fn legacy_servers_that_error_ignore_or_exit_on_discover_fall_back_to_initi
             "{behaviour}: process group {pid} survived shutdown"
         );
     }
+}
+
+// A legacy server that never answers `server/discover` hears nothing else before
+// `initialize` (its handshake allows only that): the probe's timeout sends no
+// `notifications/cancelled`.
+#[tokio::test]
+async fn a_probe_given_up_is_not_followed_by_a_cancellation_before_initialize() {
+    let record = temp_file("probe-quiet");
+    let rec = record.to_string_lossy().to_string();
+    let spec = demo_stdio(&[
+        "beta",
+        "--era",
+        "legacy",
+        "--on-discover",
+        "ignore",
+        "--record",
+        &rec,
+    ]);
+    let opts = ConnectOptions {
+        probe_timeout: Duration::from_millis(300),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("beta", spec, opts)
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    conn.shutdown().await;
+    let lines = recorded(&record);
+    let seen: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["method"].as_str().or(l["notification"].as_str()))
+        .collect();
+    let initialize = seen
+        .iter()
+        .position(|m| *m == "initialize")
+        .expect("initialize");
+    assert_eq!(&seen[..initialize], ["server/discover"], "{seen:?}");
 }
 
 #[tokio::test]

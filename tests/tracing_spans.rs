@@ -49,8 +49,12 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
         max_restarts: 1,
         ..RestartConfig::default()
     };
+    // Its last stderr line has no newline: it says why it exited.
+    let mut tail = ServerConfig::stdio("tail", "sh", ["-c", "printf 'fatal: boom' >&2; exit 1"]);
+    tail.restart = crashy.restart.clone();
     let mut config = HarnessConfig {
         servers: vec![
+            tail,
             ServerConfig::stdio("alpha", harness_exe(), ["demo-server", "alpha"]),
             ServerConfig::stdio(
                 "broken",
@@ -76,6 +80,12 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
     assert!(
         eventually(Duration::from_secs(30), || h
             .server_status("crashy")
+            .is_some_and(|s| s.state == ServerState::Failed))
+        .await
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("tail")
             .is_some_and(|s| s.state == ServerState::Failed))
         .await
     );
@@ -109,9 +119,10 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
             .any(|l| l.contains("mcp_harness::audit") && l.contains("\"event\":\"finished\"")),
         "{logs}"
     );
+    // Crashy's (tail restarts and fails too).
     let line = |needle: &str| {
         logs.lines()
-            .find(|l| l.contains(needle))
+            .find(|l| l.contains(needle) && !l.contains("server=tail"))
             .unwrap_or_else(|| panic!("no {needle:?} event in {logs}"))
             .to_string()
     };
@@ -126,6 +137,14 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
     assert!(
         stderr.contains("mcp_harness::server_stderr") && stderr.contains("server=crashy"),
         "{stderr}"
+    );
+    let last = logs
+        .lines()
+        .find(|l| l.contains("fatal: boom"))
+        .unwrap_or_else(|| panic!("tail's last stderr line in {logs}"));
+    assert!(
+        last.contains("mcp_harness::server_stderr") && last.contains("server=tail"),
+        "{last}"
     );
     let in_call = line("could not list");
     assert!(in_call.contains("call{call_id="), "{in_call}");

@@ -184,8 +184,26 @@ impl Connection {
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
-                ServerProfile::Legacy(handshake.await?)
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
+                match handshake {
+                    // It refused server/discover and exited (a server that takes nothing
+                    // before `initialize`): as one that exited on it, respawned once.
+                    Err(ConnectError::Transport(
+                        TransportError::Closed { .. } | TransportError::NotSent(_),
+                    )) if !transport.is_http() => {
+                        tracing::info!(
+                            server,
+                            "server exited after refusing server/discover; respawning for the legacy handshake"
+                        );
+                        transport.shutdown(options.shutdown_grace).await;
+                        held.clear();
+                        (transport, inbound) = open(server, &spec, &options, &ids)?;
+                        let handshake =
+                            legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                        ServerProfile::Legacy(handshake.await?)
+                    }
+                    handshake => ServerProfile::Legacy(handshake?),
+                }
             }
             (Probe::Exited, _) => {
                 tracing::info!(

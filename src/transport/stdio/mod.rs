@@ -288,6 +288,8 @@ impl StdioTransport {
             id: Some(id),
             written: false,
             ticket: Some(ticket.clone()),
+            // The probe: a legacy server must hear nothing but `initialize` next.
+            quiet: request.method == "server/discover",
         };
         // A tool call with its envelope is about 300 bytes: one allocation, no regrowth.
         let mut line = Vec::with_capacity(512);
@@ -428,6 +430,8 @@ struct PendingRequest<'a> {
     written: bool,
     /// The line's ticket, to withdraw it while the writer has not taken it.
     ticket: Option<Ticket>,
+    /// Never followed by `notifications/cancelled`.
+    quiet: bool,
 }
 
 impl PendingRequest<'_> {
@@ -450,7 +454,7 @@ impl PendingRequest<'_> {
         let Some(id) = self.id.take() else { return };
         let removed = self.transport.shared.pending.lock().remove(&id).is_some();
         // Only a line the writer took is worth a cancellation.
-        if removed && self.written && !self.withdraw() {
+        if removed && self.written && !self.withdraw() && !self.quiet {
             let _ = self.transport.notify(Notification {
                 method: "notifications/cancelled".into(),
                 params: Some(json!({ "requestId": id, "reason": reason })),
@@ -701,15 +705,18 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
     let (mut second, mut logged, mut dropped) = (tokio::time::Instant::now(), 0u32, 0u64);
     loop {
         let read = read_line_bounded(&mut reader, &mut line, 64 * 1024).await;
-        let text = match read {
-            Ok(true) => Some(line.as_slice()),
+        let (text, last) = match read {
+            Ok(true) => (Some(line.as_slice()), false),
+            // The last line, without its newline: often the one that says why it
+            // exited (`fatal: …` then exit).
+            Ok(false) if !line.is_empty() => (Some(line.as_slice()), true),
             Ok(false) => break,
             Err(TransportError::LineTooLong { .. }) => {
                 // Skip the rest of an overlong stderr line; stderr is only logged.
                 if !skip_line(&mut reader).await {
                     break;
                 }
-                None
+                (None, false)
             }
             Err(_) => break,
         };
@@ -721,18 +728,23 @@ async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
         }
         if logged >= STDERR_LINES_PER_SECOND {
             dropped += 1;
-            continue;
+        } else {
+            logged += 1;
+            match text {
+                Some(text) => {
+                    let text = crate::util::text::one_line(
+                        &String::from_utf8_lossy(text),
+                        STDERR_LINE_LOGGED,
+                    );
+                    tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{text}");
+                }
+                None => {
+                    tracing::info!(target: "mcp_harness::server_stderr", server = %server, "(overlong stderr line skipped)")
+                }
+            }
         }
-        logged += 1;
-        match text {
-            Some(text) => {
-                let text =
-                    crate::util::text::one_line(&String::from_utf8_lossy(text), STDERR_LINE_LOGGED);
-                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "{text}");
-            }
-            None => {
-                tracing::info!(target: "mcp_harness::server_stderr", server = %server, "(overlong stderr line skipped)")
-            }
+        if last {
+            break;
         }
     }
     if dropped > 0 {

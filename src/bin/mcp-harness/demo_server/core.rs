@@ -410,6 +410,11 @@ impl DemoServer {
                     }
                     OnDiscover::Ignore => Action::NoReply,
                     OnDiscover::Exit => Action::Exit(1),
+                    OnDiscover::ErrorThenExit => Action::RawThenExit(
+                        r#"{"jsonrpc":"2.0","id":{id},"error":{"code":-32600,"message":"expected initialize"}}
+"#
+                        .into(),
+                    ),
                 });
             }
             _ => {}

@@ -27,6 +27,9 @@ pub enum OnDiscover {
     Ignore,
     /// Exit the process, as old rmcp servers do.
     Exit,
+    /// Answer with a JSON-RPC error, then exit (servers that take nothing before
+    /// `initialize`).
+    ErrorThenExit,
 }
 
 /// Where `--oauth-issuer` servers keep their protected resource metadata.
