@@ -44,6 +44,11 @@ const KEPT: usize = 8;
 const FIELD_CHARS: usize = 4096;
 /// Parameters read of one tool.
 const PARAMS: usize = 64;
+/// Bytes of one tool's text indexed, its fields together: the fields' own bounds
+/// add up to half a megabyte, which a hostile server could fill with distinct words.
+const DOCUMENT_BYTES: usize = 16 * 1024;
+/// Distinct terms indexed of one tool: each costs the index an entry of its own.
+const TOOL_TERMS: usize = 1024;
 /// Characters read of a query.
 const QUERY_CHARS: usize = 1024;
 /// Terms of a query searched for, and sibling terms: each costs a scan of every
@@ -206,11 +211,21 @@ fn document(tool: &ToolInfo) -> String {
         .and_then(Value::as_object)
     {
         for (name, schema) in props.iter().take(PARAMS) {
+            if text.len() >= DOCUMENT_BYTES {
+                break;
+            }
             text.push(' ');
             text.push_str(cut(name));
             text.push(' ');
             text.push_str(field(schema.get("description")));
         }
+    }
+    if text.len() > DOCUMENT_BYTES {
+        let mut end = DOCUMENT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
     }
     text
 }
@@ -222,6 +237,9 @@ fn document(tool: &ToolInfo) -> String {
 fn unique(mut embedding: Embedding<u32>) -> Embedding<u32> {
     let mut seen = std::collections::HashSet::new();
     embedding.0.retain(|t| seen.insert(t.index));
+    embedding.0.truncate(TOOL_TERMS);
+    // Not the room of every occurrence, for the index's life.
+    embedding.0.shrink_to_fit();
     embedding
 }
 
@@ -427,6 +445,45 @@ mod tests {
                 .build();
         let embedded = unique(embedder.embed(&text));
         assert_eq!(embedded.0.len(), 2, "each term once");
+    }
+
+    // A hostile server's tools, each with every field full of distinct words: the
+    // index holds a bounded text and number of terms of each.
+    #[test]
+    fn a_tool_full_of_distinct_words_is_indexed_within_its_bounds() {
+        let mut n = 0u32;
+        let mut words = |chars: usize| {
+            let mut text = String::new();
+            while text.len() < chars {
+                n += 1;
+                text.push_str(&format!("w{n:x}q "));
+            }
+            text
+        };
+        let props: serde_json::Map<String, Value> = (0..64)
+            .map(|_| {
+                (
+                    words(4096),
+                    json!({"type": "string", "description": words(4096)}),
+                )
+            })
+            .collect();
+        let hostile = ToolInfo {
+            definition: Arc::new(json!({
+                "name": "t",
+                "description": words(4096),
+                "inputSchema": {"type": "object", "properties": props},
+            })),
+            ..tool("s", "t", "")
+        };
+        let text = document(&hostile);
+        assert!(text.len() <= DOCUMENT_BYTES, "{} bytes", text.len());
+        let embedder: Embedder<u32, Terms> =
+            EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
+                .build();
+        let embedded = unique(embedder.embed(&text));
+        assert!(embedded.0.len() <= TOOL_TERMS, "{} terms", embedded.0.len());
+        assert!(embedded.0.capacity() <= TOOL_TERMS);
     }
 
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {
