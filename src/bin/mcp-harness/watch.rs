@@ -186,6 +186,18 @@ fn p50(row: &Row) -> String {
     }
 }
 
+/// `text` as one cell `width` characters wide at most: escaped ([`line`]), and cut
+/// with `…` (a `--from` endpoint's labels are its own, of any length).
+fn cell(text: &str, width: usize) -> String {
+    let text = line(text);
+    if text.chars().count() <= width {
+        return text;
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// The table, a header and one line per server.
 pub fn render(rows: &BTreeMap<String, Row>) -> String {
     let mut out = format!(
@@ -195,9 +207,9 @@ pub fn render(rows: &BTreeMap<String, Row>) -> String {
     for (id, r) in rows {
         out.push_str(&format!(
             "{:<24} {:<10} {:<7} {:>8} {:>8} {:>7} {:>10}\n",
-            line(id),
-            line(&r.state),
-            line(&r.era),
+            cell(id, 24),
+            cell(&r.state, 10),
+            cell(&r.era, 7),
             r.restarts,
             r.calls,
             r.errors,
@@ -380,5 +392,14 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcom
         let table = render(&rows);
         assert!(table.starts_with("SERVER"));
         assert!(table.contains("ready") && table.contains("legacy"));
+        // An endpoint's labels of any length stay within their columns.
+        let long = format!(
+            "mcp_harness_server_info{{mcp_harness_server_id=\"{}\",era=\"{}\"}} 1\n",
+            "s".repeat(100_000),
+            "é".repeat(1000)
+        );
+        let table = render(&rows_from_prometheus(&long));
+        let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|w| *w == widths[0]), "{widths:?}");
     }
 }
