@@ -1194,8 +1194,8 @@ async fn a_changed_tool_list_emits_a_schema_change_event() {
 
 // To route a bare name, a server whose first page is cached but whose next has expired
 // is read in a task of its own, beside the others': the servers after it are not
-// listed only once it is done (each here takes 2 s, the slow one's two pages read
-// again from the first; in turn they would pass the call's deadline).
+// listed only once it is done (each here takes 2 s; in turn they would pass the
+// call's deadline).
 #[tokio::test]
 async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listings() {
     let slow = demo(
@@ -1206,7 +1206,7 @@ async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listi
             "--page-ttls",
             "600000,1",
             "--list-delay-ms",
-            "1000",
+            "2000",
         ],
     );
     // Never cached: listed on every route, 2 s each time.

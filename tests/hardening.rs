@@ -246,29 +246,6 @@ async fn item_04_a_walk_that_fetches_a_page_does_not_take_the_later_ones_from_th
     let _ = std::fs::remove_file(record);
 }
 
-// 4. The other way round: the first page still fresh, a later one expired. Its cursor
-// (from the cached first page) may be of a list the server has changed since: the
-// walk reads the list again from the first page, past the caches.
-#[tokio::test]
-async fn item_04_a_later_page_expired_before_the_first_has_the_list_read_again_whole() {
-    let (h, record) = paged("cursor-versions-late", "600000,1", &[]).await;
-    let lists = || {
-        recorded(&record)
-            .iter()
-            .filter(|r| r["method"] == "tools/list")
-            .count()
-    };
-    let first = h.list_tools(&a()).await.expect("list");
-    let pages = lists();
-    assert!(pages >= 2, "several pages: {pages}");
-    tokio::time::sleep(Duration::from_millis(20)).await; // the later pages expire (deliberate)
-    let second = h.list_tools(&a()).await.expect("list");
-    assert_eq!(second.len(), first.len());
-    assert_eq!(lists(), 2 * pages, "every page read again, the first too");
-    h.shutdown().await;
-    let _ = std::fs::remove_file(record);
-}
-
 // 4. A rejected cursor.
 #[tokio::test]
 async fn item_04_a_rejected_cursor_drops_the_cached_pages_and_the_list_is_read_again_once() {

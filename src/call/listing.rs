@@ -72,10 +72,6 @@ enum Walk {
     Done(Listed),
     /// A continuation page was asked for with a cursor from the cache, and refused.
     RejectedCursor(ServerError),
-    /// A later page was in no cache while the pages before it came from one (pages
-    /// expire one by one): its cursor is of a list the server may have changed since,
-    /// and the two versions would be stitched. Read again from the first page.
-    PartlyCached,
     Failed(CallError),
 }
 
@@ -93,7 +89,6 @@ pub(crate) async fn list_server(
             Ok(listed)
         }
         Walk::Failed(e) => Err(e),
-        Walk::PartlyCached => walk_past_caches(ctx, server, kind, auth_context, timeout).await,
         Walk::RejectedCursor(e) => {
             tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
             // Dropped (and the shared generation moved) before the list is read again,
@@ -105,28 +100,12 @@ pub(crate) async fn list_server(
             ctx.registry_ref
                 .invalidate_list(server.id(), kind.list_method(), everywhere)
                 .await;
-            walk_past_caches(ctx, server, kind, auth_context, timeout).await
+            match walk(ctx, server, kind, auth_context, timeout, false).await {
+                Walk::Done(listed) => Ok(listed),
+                Walk::Failed(e) => Err(e),
+                Walk::RejectedCursor(e) => Err(e.into()),
+            }
         }
-    }
-}
-
-/// Every page of one server's list from the server itself (what it reads is cached).
-async fn walk_past_caches(
-    ctx: &Arc<CallContext>,
-    server: &ServerRef,
-    kind: CallKind,
-    auth_context: Option<&str>,
-    timeout: Duration,
-) -> Result<Listed, CallError> {
-    match walk(ctx, server, kind, auth_context, timeout, false).await {
-        Walk::Done(listed) => Ok(listed),
-        Walk::Failed(e) => Err(e),
-        Walk::RejectedCursor(e) => Err(e.into()),
-        // Only a walk that reads the caches meets a page in them.
-        Walk::PartlyCached => Err(CallError::Server(ServerError::Protocol {
-            server: server.id().to_string(),
-            source: ProtocolError::InvalidResult("a walk past the caches met them".into()),
-        })),
     }
 }
 
@@ -373,9 +352,6 @@ impl<'a> Walker<'a> {
                 bytes: hit.bytes,
             });
             return Ok((hit.value, hit.bytes, true));
-        }
-        if cursor_cached {
-            return Err(Walk::PartlyCached);
         }
         self.from_cache = false;
         // From here on the walk reads the server alone: a later page cached by another
