@@ -47,8 +47,14 @@ const PARAMS: usize = 64;
 /// Bytes of one tool's text indexed, its fields together: the fields' own bounds
 /// add up to half a megabyte, which a hostile server could fill with distinct words.
 const DOCUMENT_BYTES: usize = 16 * 1024;
-/// Distinct terms indexed of one tool: each costs the index an entry of its own.
+/// Distinct terms indexed of one tool: each costs the index an entry of its own
+/// (about 100 bytes).
 const TOOL_TERMS: usize = 1024;
+/// Distinct terms indexed of one listing, shared out among its tools (each gets at
+/// least [`MIN_TOOL_TERMS`]): many tools within their own bounds must not add up.
+const LISTING_TERMS: usize = 128 * 1024;
+/// The fewest terms of a tool indexed, however many tools a listing has.
+const MIN_TOOL_TERMS: usize = 64;
 /// Characters read of a query.
 const QUERY_CHARS: usize = 1024;
 /// Terms of a query searched for, and sibling terms: each costs a scan of every
@@ -234,13 +240,18 @@ fn document(tool: &ToolInfo) -> String {
 /// with the same value, and the scorer takes the first it finds, scanning the whole
 /// list for each term of a query (a tool that repeats one word a hundred thousand
 /// times would make every search scan them all).
-fn unique(mut embedding: Embedding<u32>) -> Embedding<u32> {
+fn unique(mut embedding: Embedding<u32>, most: usize) -> Embedding<u32> {
     let mut seen = std::collections::HashSet::new();
     embedding.0.retain(|t| seen.insert(t.index));
-    embedding.0.truncate(TOOL_TERMS);
+    embedding.0.truncate(most);
     // Not the room of every occurrence, for the index's life.
     embedding.0.shrink_to_fit();
     embedding
+}
+
+/// The distinct terms indexed of each tool of a listing of `tools`.
+fn tool_terms(tools: usize) -> usize {
+    (LISTING_TERMS / tools.max(1)).clamp(MIN_TOOL_TERMS, TOOL_TERMS)
 }
 
 /// One listing, indexed.
@@ -258,8 +269,9 @@ impl Built {
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &corpus).build();
         let mut scorer = Scorer::new();
+        let most = tool_terms(texts.len());
         for (i, text) in (0u32..).zip(&texts) {
-            scorer.upsert(&i, unique(embedder.embed(text)));
+            scorer.upsert(&i, unique(embedder.embed(text), most));
         }
         Built {
             tools,
@@ -443,7 +455,7 @@ mod tests {
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
                 .build();
-        let embedded = unique(embedder.embed(&text));
+        let embedded = unique(embedder.embed(&text), TOOL_TERMS);
         assert_eq!(embedded.0.len(), 2, "each term once");
     }
 
@@ -481,9 +493,13 @@ mod tests {
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
                 .build();
-        let embedded = unique(embedder.embed(&text));
+        let embedded = unique(embedder.embed(&text), tool_terms(1));
         assert!(embedded.0.len() <= TOOL_TERMS, "{} terms", embedded.0.len());
         assert!(embedded.0.capacity() <= TOOL_TERMS);
+        // Many tools share a listing's budget (each keeps a few).
+        assert_eq!(tool_terms(1), TOOL_TERMS);
+        assert_eq!(tool_terms(1000), LISTING_TERMS / 1000);
+        assert_eq!(tool_terms(20_000), MIN_TOOL_TERMS);
     }
 
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {

@@ -186,9 +186,9 @@ impl Parked {
 /// The rounds parked in this process.
 pub struct ParkedRounds {
     rounds: Mutex<HashMap<String, Parked>>,
-    /// Rounds dropped because their call ended while parked, until their state would
-    /// have expired (at most [`MAX_PARKED`]): the answer that comes later is told so,
-    /// not "invalid requestState".
+    /// Rounds dropped because their call ended while parked, or for a newer round of
+    /// their principal, until their state would have expired (at most [`MAX_PARKED`]):
+    /// the answer that comes later is told why, not "invalid requestState".
     ended: Mutex<HashMap<String, (Principal, Instant, &'static str)>>,
     /// Rounds held at most, all principals' ([`MAX_PARKED`]).
     max: usize,
@@ -216,7 +216,8 @@ impl ParkedRounds {
     /// (and the local session it came in on, if any); the id its sealed state names,
     /// or `None` when no place can be made (the question is then refused and the call
     /// let go). A principal holding its share (in places or in bytes) gives up its own
-    /// rounds that expire first. When all places are taken, the principal holding the
+    /// rounds that expire first on the same channel (`session`), and is refused when
+    /// those are not enough (another session's person may be answering the rest). When all places are taken, the principal holding the
     /// most gives up its round that expires first, if it holds at least two more than
     /// this one.
     /// `size`: the call's params' size, the most its principal's parked

@@ -186,16 +186,31 @@ fn p50(row: &Row) -> String {
     }
 }
 
-/// `text` as one cell `width` characters wide at most: escaped ([`line`]), and cut
-/// with `…` (a `--from` endpoint's labels are its own, of any length).
+/// `text` as one cell exactly `width` columns wide on a terminal: escaped ([`line`]),
+/// cut with `…`, and padded, by display width (a `--from` endpoint's labels are its
+/// own, of any length and script: wide and zero-width characters included).
 fn cell(text: &str, width: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
     let text = line(text);
-    if text.chars().count() <= width {
-        return text;
+    let columns = |c: char| c.width().unwrap_or(0);
+    let whole: usize = text.chars().map(columns).sum();
+    let (mut out, mut used) = (String::new(), 0);
+    if whole <= width {
+        out.push_str(&text);
+        used = whole;
+    } else {
+        for c in text.chars() {
+            if used + columns(c) > width.saturating_sub(1) {
+                break;
+            }
+            used += columns(c);
+            out.push(c);
+        }
+        out.push('…');
+        used += 1;
     }
-    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
+    out.extend(std::iter::repeat_n(' ', width.saturating_sub(used)));
+    out
 }
 
 /// The table, a header and one line per server.
@@ -206,7 +221,7 @@ pub fn render(rows: &BTreeMap<String, Row>) -> String {
     );
     for (id, r) in rows {
         out.push_str(&format!(
-            "{:<24} {:<10} {:<7} {:>8} {:>8} {:>7} {:>10}\n",
+            "{} {} {} {:>8} {:>8} {:>7} {:>10}\n",
             cell(id, 24),
             cell(&r.state, 10),
             cell(&r.era, 7),
@@ -393,13 +408,21 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcom
         assert!(table.starts_with("SERVER"));
         assert!(table.contains("ready") && table.contains("legacy"));
         // An endpoint's labels of any length stay within their columns.
-        let long = format!(
-            "mcp_harness_server_info{{mcp_harness_server_id=\"{}\",era=\"{}\"}} 1\n",
-            "s".repeat(100_000),
-            "é".repeat(1000)
-        );
-        let table = render(&rows_from_prometheus(&long));
-        let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
-        assert!(widths.iter().all(|w| *w == widths[0]), "{widths:?}");
+        use unicode_width::UnicodeWidthStr;
+        for (id, era) in [
+            ("s".repeat(100_000), "é".repeat(1000)),
+            ("日本".repeat(50), "e\u{301}".repeat(20)),
+            ("日本語".into(), "x".into()),
+        ] {
+            let long = format!(
+                "mcp_harness_server_info{{mcp_harness_server_id=\"{id}\",era=\"{era}\"}} 1\n"
+            );
+            let table = render(&rows_from_prometheus(&long));
+            let widths: Vec<usize> = table.lines().map(UnicodeWidthStr::width).collect();
+            assert!(
+                widths.iter().all(|w| *w == widths[0]),
+                "{widths:?}\n{table}"
+            );
+        }
     }
 }

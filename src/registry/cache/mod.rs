@@ -904,13 +904,17 @@ impl ListCache {
     /// it or another server under its id later) and is held among the latest
     /// [`RETIRED_KEPT`] removed; the oldest is let go (ids come and go: the map is not
     /// to grow with every one ever seen). One let go reads as 0, which no walk holds
-    /// ([`ListCache::walk_epoch`]). Other servers' epochs do not move.
+    /// ([`ListCache::walk_epoch`]). Other servers' epochs do not move. (A server added
+    /// again under a removed id is let go in its turn all the same: what its walks then
+    /// in flight fetched is not stored, once.)
     pub(crate) fn retire(&self, server: &str) {
         let mut epochs = self.epochs.write();
         Self::bump_in(&mut epochs, server);
-        if !epochs.retired.iter().any(|r| r == server) {
-            epochs.retired.push_back(server.to_string());
+        // Removed again: counted from this removal.
+        if let Some(i) = epochs.retired.iter().position(|r| r == server) {
+            epochs.retired.remove(i);
         }
+        epochs.retired.push_back(server.to_string());
         if epochs.retired.len() > RETIRED_KEPT
             && let Some(oldest) = epochs.retired.pop_front()
         {

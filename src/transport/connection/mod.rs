@@ -168,7 +168,7 @@ impl Connection {
         };
         let profile = match (probe, options.era) {
             (Probe::Modern { version, discover }, _) => ServerProfile::Modern { version, discover },
-            (Probe::Legacy(reason), EraPreference::Modern) => {
+            (Probe::Legacy(reason) | Probe::Refused(reason), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
                 // It may quote the server (an error, a content type): kept short.
                 return Err(ConnectError::NotModern(crate::util::text::one_line(
@@ -182,6 +182,12 @@ impl Connection {
                 ));
             }
             (Probe::Legacy(reason), _) => {
+                tracing::debug!(server, %reason, "using the legacy handshake");
+                let handshake =
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
+            }
+            (Probe::Refused(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
                     legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;

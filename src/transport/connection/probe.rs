@@ -28,6 +28,9 @@ pub(super) enum Probe {
         discover: DiscoverResult,
     },
     Legacy(String),
+    /// Legacy: the probe was answered with an error. A server that takes nothing
+    /// before `initialize` may exit after it: a handshake that finds it gone respawns it.
+    Refused(String),
     /// The stdio process died on the probe: respawn, then `initialize`.
     Exited,
 }
@@ -137,7 +140,7 @@ fn rejected(
             method: "server/discover",
             error,
         }),
-        _ => Ok(Next::Done(Probe::Legacy(format!(
+        _ => Ok(Next::Done(Probe::Refused(format!(
             "discover answered with {error}"
         )))),
     }
