@@ -2295,6 +2295,27 @@ async fn legacy_post_with(
     )
 }
 
+/// A legacy POST of `body` as `token`, naming `version` and session `sid`.
+async fn legacy_post_as(
+    gw: &Gateway,
+    token: &str,
+    version: &str,
+    sid: &str,
+    body: &Value,
+) -> reqwest::Response {
+    gw.http
+        .post(gw.url())
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version)
+        .header("mcp-session-id", sid)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send")
+}
+
 async fn legacy_session(gw: &Gateway) -> String {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
@@ -2426,18 +2447,7 @@ async fn notifications_and_answers_on_an_unknown_session_get_404() {
         assert_eq!(status, 404, "{body}");
     }
     // tok-a's session is not tok-b's.
-    let others = gw
-        .http
-        .post(gw.url())
-        .bearer_auth("tok-b")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .header("mcp-session-id", &sid)
-        .body(cancelled.to_string())
-        .send()
-        .await
-        .expect("send");
+    let others = legacy_post_as(&gw, "tok-b", "2025-11-25", &sid, &cancelled).await;
     assert_eq!(others.status().as_u16(), 404);
     // A 2026-07-28 client has no session: a stray session header of its is ignored.
     let modern = gw
@@ -2477,18 +2487,7 @@ async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
     );
     // A version header other than the session's, or one not spoken, is refused (400).
     for version in ["2025-06-18", "1999-01-01"] {
-        let refused = gw
-            .http
-            .post(gw.url())
-            .bearer_auth("tok-a")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", version)
-            .header("mcp-session-id", &sid)
-            .body(list.to_string())
-            .send()
-            .await
-            .expect("send");
+        let refused = legacy_post_as(&gw, "tok-a", version, &sid, &list).await;
         assert_eq!(refused.status().as_u16(), 400, "{version}");
     }
     assert_eq!(delete_session(&gw, "tok-a", &sid).await, 200);
