@@ -1006,6 +1006,9 @@ async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions(
     assert_eq!(attr("mcp.method.name").as_deref(), Some("tools/call"));
     assert_eq!(attr("mcp_harness.server.id").as_deref(), Some("s"));
     assert_eq!(attr("mcp_harness.outcome").as_deref(), Some("ok"));
+    // The conventions' attributes of the server called, as on the call's span.
+    assert_eq!(attr("network.transport").as_deref(), Some("pipe"));
+    assert_eq!(attr("mcp.protocol.version").as_deref(), Some("2026-07-28"));
     for name in [
         "mcp_harness.calls",
         "mcp_harness.server.restarts",

@@ -96,14 +96,15 @@ pub(crate) struct CallMetrics {
 }
 
 impl CallMetrics {
-    /// Counts one finished call.
+    /// Counts one finished call. `peer`: the server's `network.transport` and
+    /// `mcp.protocol.version`, asked only when a series' exported attributes are made
+    /// (at its first call once exported: a version read is an allocation).
     pub(crate) fn finished(
         &self,
         server: Option<&str>,
-        method: &'static str,
-        outcome: &'static str,
-        error_type: Option<&'static str>,
+        (method, outcome, error_type): (&'static str, &'static str, Option<&'static str>),
         took: Duration,
+        peer: impl FnOnce() -> (Option<&'static str>, Option<String>),
     ) {
         let seconds = took.as_secs_f64();
         let bucket = BUCKETS
@@ -141,6 +142,13 @@ impl CallMetrics {
                 }
                 if let Some(e) = error_type {
                     a.push(KeyValue::new("error.type", e));
+                }
+                let (transport, version) = peer();
+                if let Some(t) = transport {
+                    a.push(KeyValue::new("network.transport", t));
+                }
+                if let Some(v) = version {
+                    a.push(KeyValue::new("mcp.protocol.version", v));
                 }
                 a.into()
             })
@@ -224,10 +232,9 @@ mod tests {
         for ms in [0.05, 0.2, 0.2, 3.0, 400_000.0] {
             m.finished(
                 Some("s"),
-                "tools/call",
-                "ok",
-                None,
+                ("tools/call", "ok", None),
                 Duration::from_secs_f64(ms / 1000.0),
+                || (None, None),
             );
         }
         m.round();
@@ -247,14 +254,21 @@ mod tests {
     fn a_removed_servers_late_call_brings_no_series_back_until_it_is_added_again() {
         let m = CallMetrics::default();
         let took = Duration::from_millis(1);
-        m.finished(Some("s"), "tools/call", "ok", None, took);
+        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
         m.forget("s");
-        m.finished(Some("s"), "tools/call", "error", Some("-32603"), took);
+        m.finished(
+            Some("s"),
+            ("tools/call", "error", Some("-32603")),
+            took,
+            || (None, None),
+        );
         assert!(m.snapshot().0.is_empty());
         m.track("s");
-        m.finished(Some("s"), "tools/call", "ok", None, took);
+        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
         // A call that reached no server is under no server's id.
-        m.finished(None, "tools/call", "error", Some("-32602"), took);
+        m.finished(None, ("tools/call", "error", Some("-32602")), took, || {
+            (None, None)
+        });
         let servers: Vec<String> = m
             .snapshot()
             .0
@@ -275,10 +289,9 @@ mod tests {
         let took = Duration::from_millis(1);
         m.finished(
             Some(&format!("task-{}", REMOVED_KEPT * 3 - 1)),
-            "tools/call",
-            "ok",
-            None,
+            ("tools/call", "ok", None),
             took,
+            || (None, None),
         );
         assert!(m.snapshot().0.is_empty());
     }

@@ -166,12 +166,15 @@ impl CallRecord {
             return;
         }
         let latency = self.started.elapsed();
+        let server = self.server.as_ref();
         self.metrics.finished(
-            self.server.as_ref().map(|s| s.id()),
-            self.method,
-            outcome,
-            error_type,
+            server.map(|s| s.id()),
+            (self.method, outcome, error_type),
             latency,
+            || {
+                let transport = server.map(super::telemetry::transport);
+                (transport, server.and_then(|s| s.protocol_version()))
+            },
         );
         let Some(sink) = &self.sink else {
             return;

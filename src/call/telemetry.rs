@@ -45,7 +45,7 @@ pub(super) fn target(kind: CallKind, name: &str) -> Option<tracing::field::Displ
 }
 
 /// `network.transport`: `pipe` for stdio servers, `tcp` for HTTP ones.
-fn transport(server: &ServerRef) -> &'static str {
+pub(super) fn transport(server: &ServerRef) -> &'static str {
     match server.config().transport {
         TransportSpec::Stdio(_) => "pipe",
         TransportSpec::Http(_) => "tcp",
