@@ -73,8 +73,11 @@ struct Series {
     buckets: Vec<u64>,
     count: u64,
     sum: f64,
-    /// The series' attributes on the exported histogram, built on its first call.
+    /// The series' attributes on the exported histogram, built on its first call, and
+    /// again at each call while its server's protocol version is not known (a call
+    /// that ended as its connection went).
     attributes: Option<Arc<[KeyValue]>>,
+    settled: bool,
 }
 
 /// The most removed servers [`CallMetrics`] remembers.
@@ -130,6 +133,9 @@ impl CallMetrics {
         let Some(h) = self.exported.get() else {
             return;
         };
+        if !s.settled {
+            s.attributes = None;
+        }
         let attributes = s
             .attributes
             .get_or_insert_with(|| {
@@ -147,6 +153,8 @@ impl CallMetrics {
                 if let Some(t) = transport {
                     a.push(KeyValue::new("network.transport", t));
                 }
+                // No server (nothing reached one): nothing more to learn.
+                s.settled = version.is_some() || server.is_empty();
                 if let Some(v) = version {
                     a.push(KeyValue::new("mcp.protocol.version", v));
                 }
@@ -276,6 +284,38 @@ mod tests {
             .map(|s| s.server.to_string())
             .collect();
         assert_eq!(servers, ["", "s"]);
+    }
+
+    // A series whose first call ended as its connection went (no version known) takes
+    // the version at a later call, and once known is not asked again.
+    #[test]
+    fn a_series_begun_without_its_servers_version_learns_it_later() {
+        let m = CallMetrics::default();
+        m.export(
+            opentelemetry::global::meter("test")
+                .f64_histogram("d")
+                .build(),
+        );
+        let took = Duration::from_millis(1);
+        let series = ("tools/call", "error", Some("x"));
+        let version = |m: &CallMetrics| {
+            let by_server = m.series.lock();
+            let s = &by_server["s"][&series];
+            s.attributes
+                .as_ref()
+                .and_then(|a| {
+                    a.iter()
+                        .find(|kv| kv.key.as_str() == "mcp.protocol.version")
+                })
+                .map(|kv| kv.value.to_string())
+        };
+        m.finished(Some("s"), series, took, || (Some("pipe"), None));
+        assert_eq!(version(&m), None);
+        m.finished(Some("s"), series, took, || {
+            (Some("pipe"), Some("2026-07-28".into()))
+        });
+        assert_eq!(version(&m).as_deref(), Some("2026-07-28"));
+        m.finished(Some("s"), series, took, || panic!("asked again"));
     }
 
     #[test]

@@ -50,8 +50,9 @@ const DOCUMENT_BYTES: usize = 16 * 1024;
 /// Distinct terms indexed of one tool: each costs the index an entry of its own
 /// (about 100 bytes).
 const TOOL_TERMS: usize = 1024;
-/// Distinct terms indexed of one listing, shared out among its tools (each gets at
-/// least [`MIN_TOOL_TERMS`]): many tools within their own bounds must not add up.
+/// Distinct terms indexed of one listing, shared out among its tools by what each
+/// has (each keeps at least [`MIN_TOOL_TERMS`]): many tools within their own bounds
+/// must not add up.
 const LISTING_TERMS: usize = 128 * 1024;
 /// The fewest terms of a tool indexed, however many tools a listing has.
 const MIN_TOOL_TERMS: usize = 64;
@@ -249,9 +250,22 @@ fn unique(mut embedding: Embedding<u32>, most: usize) -> Embedding<u32> {
     embedding
 }
 
-/// The distinct terms indexed of each tool of a listing of `tools`.
-fn tool_terms(tools: usize) -> usize {
-    (LISTING_TERMS / tools.max(1)).clamp(MIN_TOOL_TERMS, TOOL_TERMS)
+/// The distinct terms indexed of each tool of a listing whose tools have `counts`
+/// (each at most [`TOOL_TERMS`]): the largest share such that the listing's total stays
+/// within [`LISTING_TERMS`] (a tool with fewer leaves the rest to the others), and never
+/// less than [`MIN_TOOL_TERMS`].
+fn tool_terms(counts: &[usize]) -> usize {
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    let mut left = LISTING_TERMS;
+    for (i, count) in sorted.iter().enumerate() {
+        let share = left / (sorted.len() - i);
+        if *count > share {
+            return share.clamp(MIN_TOOL_TERMS, TOOL_TERMS);
+        }
+        left -= count;
+    }
+    TOOL_TERMS
 }
 
 /// One listing, indexed.
@@ -269,7 +283,13 @@ impl Built {
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &corpus).build();
         let mut scorer = Scorer::new();
-        let most = tool_terms(texts.len());
+        // Counted first, then embedded again: all embeddings at once could hold
+        // thousands of tools' terms.
+        let counts: Vec<usize> = texts
+            .iter()
+            .map(|t| unique(embedder.embed(t), TOOL_TERMS).0.len())
+            .collect();
+        let most = tool_terms(&counts);
         for (i, text) in (0u32..).zip(&texts) {
             scorer.upsert(&i, unique(embedder.embed(text), most));
         }
@@ -493,13 +513,19 @@ mod tests {
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
                 .build();
-        let embedded = unique(embedder.embed(&text), tool_terms(1));
+        let embedded = unique(embedder.embed(&text), TOOL_TERMS);
         assert!(embedded.0.len() <= TOOL_TERMS, "{} terms", embedded.0.len());
         assert!(embedded.0.capacity() <= TOOL_TERMS);
-        // Many tools share a listing's budget (each keeps a few).
-        assert_eq!(tool_terms(1), TOOL_TERMS);
-        assert_eq!(tool_terms(1000), LISTING_TERMS / 1000);
-        assert_eq!(tool_terms(20_000), MIN_TOOL_TERMS);
+        // A listing's tools share its budget by what they have: small tools leave the
+        // rest to large ones, and each keeps a few.
+        assert_eq!(tool_terms(&[TOOL_TERMS]), TOOL_TERMS);
+        assert_eq!(tool_terms(&[40; 1000]), TOOL_TERMS, "all fit");
+        let mixed: Vec<usize> = [vec![40; 1000], vec![TOOL_TERMS; 200]].concat();
+        let cap = tool_terms(&mixed);
+        assert_eq!(cap, (LISTING_TERMS - 40 * 1000) / 200);
+        let total: usize = mixed.iter().map(|c| (*c).min(cap)).sum();
+        assert!(total <= LISTING_TERMS);
+        assert_eq!(tool_terms(&[TOOL_TERMS; 20_000]), MIN_TOOL_TERMS);
     }
 
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {

@@ -193,14 +193,16 @@ fn cell(text: &str, width: usize) -> String {
     use unicode_width::UnicodeWidthChar;
     let text = line(text);
     let columns = |c: char| c.width().unwrap_or(0);
+    // Characters of no width (combining marks) count too: at most four a column.
+    let most_chars = 4 * width;
     let whole: usize = text.chars().map(columns).sum();
     let (mut out, mut used) = (String::new(), 0);
-    if whole <= width {
+    if whole <= width && text.chars().count() <= most_chars {
         out.push_str(&text);
         used = whole;
     } else {
-        for c in text.chars() {
-            if used + columns(c) > width.saturating_sub(1) {
+        for (taken, c) in text.chars().enumerate() {
+            if used + columns(c) > width.saturating_sub(1) || taken + 1 >= most_chars {
                 break;
             }
             used += columns(c);
@@ -413,6 +415,7 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcom
             ("s".repeat(100_000), "é".repeat(1000)),
             ("日本".repeat(50), "e\u{301}".repeat(20)),
             ("日本語".into(), "x".into()),
+            (format!("x{}", "\u{301}".repeat(100_000)), "x".into()),
         ] {
             let long = format!(
                 "mcp_harness_server_info{{mcp_harness_server_id=\"{id}\",era=\"{era}\"}} 1\n"
@@ -423,6 +426,7 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcom
                 widths.iter().all(|w| *w == widths[0]),
                 "{widths:?}\n{table}"
             );
+            assert!(table.len() < 2_000, "{} bytes", table.len());
         }
     }
 }

@@ -8,8 +8,10 @@
 //! it says), and only a second one means no common version. After a -32022, a transport
 //! failure is an error (the server is modern: no falling back). -32020 and -32021 mean
 //! modern and are errors. Anything else (another error, no answer in time, a 4xx, a
-//! reply that is not JSON-RPC) means legacy. A stdio server that dies on the probe
-//! is reported as [`Probe::Exited`]: it is respawned for the handshake.
+//! reply that is not JSON-RPC) means legacy; one that answered with an error is
+//! [`Probe::Refused`], since it may exit after it (the handshake then respawns it). A
+//! stdio server that dies on the probe is reported as [`Probe::Exited`]: it is
+//! respawned for the handshake.
 
 use serde_json::Value;
 
@@ -131,7 +133,7 @@ fn rejected(
                         client: options.preferred_versions.clone(),
                     })
                 }
-                None => Ok(Next::Done(Probe::Legacy(
+                None => Ok(Next::Done(Probe::Refused(
                     "server supports only legacy versions".into(),
                 ))),
             }
