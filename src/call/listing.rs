@@ -143,7 +143,7 @@ fn refresh_if_due(
     // new pages in the shared layer when theirs expire.
     let claim = listed
         .public
-        .then(|| shared_version(&server))
+        .then(|| server.protocol_version())
         .flatten()
         .map(|version| {
             let what = format!(
@@ -179,12 +179,6 @@ fn refresh_if_due(
         }
         drop(guard);
     });
-}
-
-/// What the shared layer keys a server's lists by besides the key's fields: the protocol
-/// version negotiated (a process that starts may read the disk before it is known).
-fn shared_version(server: &ServerRef) -> Option<String> {
-    server.protocol_version()
 }
 
 /// A list being read again in the background; the mark goes when this is dropped,
@@ -423,13 +417,9 @@ impl<'a> Walker<'a> {
         Ok((page, size, false))
     }
 
-    /// The page at `cursor` from the shared layer, if it shares this server.
-    /// What the shared layer keys this server's lists by besides the fingerprint: the
-    /// protocol version and the client capabilities declared (servers may list by them).
-    fn shared_version(&self) -> Option<String> {
-        shared_version(self.server)
-    }
-
+    /// The page at `cursor` from the shared layer, if it shares this server. Its Redis
+    /// key names the protocol version negotiated besides the key's fields (only the
+    /// shared layer: memory and disk may be read before the server has connected).
     async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
         let shared = self.ctx.registry.shared.as_ref()?;
         if !shared.shares(self.server.id()) {
@@ -438,7 +428,7 @@ impl<'a> Walker<'a> {
         if self.l3_missed {
             return None; // one miss and the rest of the walk asks the server
         }
-        let protocol = self.shared_version()?;
+        let protocol = self.server.protocol_version()?;
         let key = CacheKey {
             server: self.server.id().into(),
             fingerprint: self.server.fingerprint().into(),
@@ -507,7 +497,7 @@ impl<'a> Walker<'a> {
                 // would reach Redis without it (a list is shared whole or not at all).
                 && self.from_fetch_only
                 && registry.cache.epoch(self.server.id()) == self.epoch
-                && let Some(protocol) = self.shared_version()
+                && let Some(protocol) = self.server.protocol_version()
                 && let Some(generation) = self.l3_generation
             {
                 shared.put(&self.to_share, &protocol, generation);
