@@ -399,6 +399,74 @@ fn audit_records_that_could_not_be_written_make_the_cli_say_so_and_exit_4() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// `/dev/stdout` redirected to a file (`> out.log`, no O_APPEND): the records and what
+// the call prints share one offset, so neither overwrites the other, and on a socket
+// (systemd's journal), which cannot be opened by name, the trail is written too.
+#[test]
+fn an_audit_trail_on_stdout_shares_it_with_what_the_call_prints() {
+    let config = write(
+        "audit-stdout-shared-cli.toml",
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = \"/dev/stdout\"\nflush_every = \"10ms\"\n",
+            harness_exe(),
+        ),
+    );
+    let config = config.display().to_string();
+    // Slower than the writer's timer: `started` is written before the result is printed.
+    let args = [
+        "call",
+        "--config",
+        &config,
+        "s__echo",
+        r#"{"text":"hi","ms":300}"#,
+    ];
+    let check = |written: &str| {
+        let mut events = Vec::new();
+        for line in written.lines().filter(|l| *l != "hi") {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?} in {written}"));
+            events.push(v["event"].as_str().unwrap_or_default().to_string());
+        }
+        assert_eq!(events, ["started", "finished"], "{written}");
+        assert!(written.lines().any(|l| l == "hi"), "{written}");
+    };
+    let out = scratch_dir().join("audit-stdout-shared.out");
+    let file = std::fs::File::create(&out).expect("out");
+    let status = Command::new(harness_exe())
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(file)
+        .status()
+        .expect("run");
+    let written = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{written}");
+    check(&written);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let mut child = Command::new(harness_exe())
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(std::os::fd::OwnedFd::from(theirs))
+        .spawn()
+        .expect("run");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut &ours, &mut text).map(|_| text)
+    });
+    let status = child.wait().expect("wait");
+    let written = reader.join().expect("reader").expect("read");
+    assert_eq!(status.code(), Some(0), "{written}");
+    check(&written);
+    let _ = std::fs::remove_file(&out);
+    // Where stdout carries a client's messages, records there are refused before start.
+    let o = run(&["serve", "--stdio", "--dev-keys", "--config", &config]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("audit.path is this process's stdout"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 // The audit trail written to `/dev/stdout`, redirected to a file others may write (a
 // umask of 002, or a file systemd made as root): this process's own stdout is where it
 // was told to write, not a file someone planted.

@@ -133,6 +133,12 @@ pub(super) type Opener = Box<dyn FnMut() -> std::io::Result<Box<dyn Output>> + S
 pub(super) fn file_opener(path: PathBuf) -> Opener {
     Box::new(move || {
         use std::os::unix::fs::OpenOptionsExt;
+        if let Some(file) = own_stream(&path)? {
+            return Ok(Box::new(FileOutput {
+                file,
+                path: path.clone(),
+            }) as Box<dyn Output>);
+        }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
@@ -174,6 +180,34 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
             path: path.clone(),
         }) as Box<dyn Output>)
     })
+}
+
+/// This process's own stdout or stderr, when `path` names it: a copy of the descriptor,
+/// not the file opened again by name. Opened again, a redirected file (`> out.log`)
+/// would have an offset of its own, and what the process prints there would overwrite
+/// the records written before; and a socket (systemd's journal) cannot be opened by
+/// name at all. A regular file is then appended to by both.
+fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let fd = match path.to_str() {
+        Some("/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1") => {
+            std::io::stdout().as_fd().try_clone_to_owned()?
+        }
+        Some("/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2") => {
+            std::io::stderr().as_fd().try_clone_to_owned()?
+        }
+        _ => return Ok(None),
+    };
+    let file = std::fs::File::from(fd);
+    if file.metadata()?.is_file() {
+        let raw = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this function owns; no pointers.
+        let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+        if flags < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_APPEND) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(Some(file))
 }
 
 fn refused(why: &str) -> std::io::Error {

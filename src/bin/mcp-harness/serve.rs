@@ -75,6 +75,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     servers.stdio.retain(|c| !c.is_empty());
     let setup = commands::load(&servers)?;
+    if pipe && is_stdout(setup.loaded.config.audit.path.as_deref()) {
+        return Err(UsageError(anyhow::anyhow!(
+            "audit.path is this process's stdout, which a bare --stdio serves the client on: its records would run into the messages"
+        ))
+        .into());
+    }
     let config = GatewayConfig::from_value(setup.loaded.gateway.clone())
         .map_err(|e| usage(redacted(e, &setup.loaded)))?;
     let sealer = if args.dev_keys {
@@ -502,6 +508,23 @@ async fn reload(
         reloaded.needs_restart.push("agent");
     }
     Ok(reloaded)
+}
+
+/// Whether `path` names this process's stdout, by name or as the file it is.
+fn is_stdout(path: Option<&std::path::Path>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(path) = path else {
+        return false;
+    };
+    let same =
+        |a: &std::fs::Metadata, b: &std::fs::Metadata| (a.dev(), a.ino()) == (b.dev(), b.ino());
+    matches!(
+        path.to_str(),
+        Some("/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1")
+    ) || std::fs::metadata(path)
+        .ok()
+        .zip(std::fs::metadata("/proc/self/fd/1").ok())
+        .is_some_and(|(a, b)| same(&a, &b))
 }
 
 /// Stdin as a non-blocking pipe, if it is one.
