@@ -603,10 +603,25 @@ admin_tokens = [ {{ sha256 = "{hash}" }} ]
     let _ = std::fs::remove_file(config);
 }
 
+// With a proxy in the environment, as on a corporate host: the provider and the server
+// on loopback are reached directly, the API key and the prompt never sent to the proxy.
 #[tokio::test]
 async fn the_command_lines_call_uses_the_configured_handlers() {
     let (url, seen) = provider().await;
     let exe = harness_exe();
+    let remote = HttpServer::demo(&["h"]).await;
+    let remote = &remote.url;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("proxy");
+    let proxy_url = format!("http://{}", proxy.local_addr().expect("addr"));
+    let proxied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = proxied.clone();
+    tokio::spawn(async move {
+        while proxy.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
     let config = temp_file("sampling-cli").with_extension("toml");
     std::fs::write(
         &config,
@@ -618,6 +633,10 @@ agent = "planner"
 id = "m"
 transport = {{ type = "stdio", command = "{exe}", args = ["demo-server", "m"] }}
 
+[[servers]]
+id = "h"
+transport = {{ type = "http", url = "{remote}" }}
+
 [permissions.planner]
 "*" = ["*"]
 
@@ -626,6 +645,7 @@ provider = "anthropic"
 base_url = "{url}"
 model = "cli-model"
 max_tokens = 7
+api_key_env = "MCP_TEST_CLI_SAMPLING_KEY"
 
 [agents.planner]
 sampling = "allow"
@@ -636,8 +656,22 @@ roots = ["file:///srv/planner"]
     .expect("config");
     let run = |tool: &'static str, args: &'static str| {
         let config = config.clone();
+        let proxy_url = proxy_url.clone();
         tokio::task::spawn_blocking(move || {
-            std::process::Command::new(harness_exe())
+            let mut command = std::process::Command::new(harness_exe());
+            for var in [
+                "HTTP_PROXY",
+                "http_proxy",
+                "HTTPS_PROXY",
+                "https_proxy",
+                "ALL_PROXY",
+            ] {
+                command.env(var, &proxy_url);
+            }
+            command
+                .env_remove("NO_PROXY")
+                .env_remove("no_proxy")
+                .env("MCP_TEST_CLI_SAMPLING_KEY", "cli-key")
                 .args(["call", "--config"])
                 .arg(&config)
                 .args([tool, args])
@@ -658,10 +692,20 @@ roots = ["file:///srv/planner"]
         "summary: brief (role assistant, model cli-model, stop maxTokens)"
     );
     assert_eq!(seen.lock().expect("lock")[0].2["max_tokens"], 7);
+    assert_eq!(
+        seen.lock().expect("lock")[0]
+            .1
+            .get("x-api-key")
+            .map(String::as_str),
+        Some("cli-key")
+    );
     let out = run("m__list_roots", "{}").await.expect("join");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "roots: file:///srv/planner"
     );
+    let out = run("h__echo", r#"{"text": "direct"}"#).await.expect("join");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "direct");
+    assert_eq!(proxied.load(std::sync::atomic::Ordering::SeqCst), 0);
     let _ = std::fs::remove_file(config);
 }

@@ -361,7 +361,7 @@ async fn fetch(url: &str, ca_file: Option<&std::path::Path>) -> Result<JwkSet, G
         return Err(bad("must be https".into()));
     }
     let tls = crate::transport::auth::client_tls(ca_file).map_err(bad)?;
-    let client = reqwest::Client::builder()
+    let client = crate::transport::client_builder(&parsed)
         .tls_backend_preconfigured(tls)
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))

@@ -21,6 +21,19 @@ pub mod stdio;
 pub(crate) mod tls;
 pub use tls::{TlsConfigError, tls_client_config};
 
+/// A reqwest client builder for requests to `url`. One on this machine is reached
+/// directly, never through `HTTP_PROXY`, `HTTPS_PROXY` or `ALL_PROXY` (as Go's client
+/// does): plain `http` may carry tokens, keys and prompts to loopback only because they
+/// stay on this machine, and a proxy would carry them in clear to its own (and, asked
+/// for `localhost`, reach a server there instead).
+pub fn client_builder(url: &url::Url) -> reqwest::ClientBuilder {
+    let builder = reqwest::Client::builder();
+    match auth::is_loopback(url) {
+        true => builder.no_proxy(),
+        false => builder,
+    }
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -61,11 +61,11 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
         .into());
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
+    let from = crate::commands::from_url(&args.from)?;
+    let http = mcp_harness::transport::client_builder(&from)
         .timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    crate::commands::from_url(&args.from)?;
     let base = args
         .from
         .trim_end_matches('/')

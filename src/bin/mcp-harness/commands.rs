@@ -101,9 +101,9 @@ pub struct UsageError(pub anyhow::Error);
 
 /// `--from URL` (a gateway's address): an http or https URL, else a usage error naming
 /// the flag (not a request that fails the same way every second).
-pub fn from_url(url: &str) -> Result<(), UsageError> {
+pub fn from_url(url: &str) -> Result<url::Url, UsageError> {
     match url::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(u),
         _ => Err(UsageError(anyhow::anyhow!(
             "--from must be an http or https URL, not {:?}",
             line(url)

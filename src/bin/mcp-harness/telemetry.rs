@@ -96,6 +96,8 @@ struct Signal {
     ca_file: Option<std::path::PathBuf>,
     /// Whether the endpoint (the variable's or the table's) is `https`.
     https: bool,
+    /// That endpoint, when it parses: one on this machine is sent to through no proxy.
+    url: Option<url::Url>,
     /// How long one export may take (`OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT`, in ms;
     /// 10 s by default, as the specification says).
     timeout: Duration,
@@ -109,7 +111,12 @@ impl Signal {
         // The exporter applies the timeout variable only to a client it builds itself:
         // without one here, a collector that never answers would hold each export
         // (and the exit that flushes them) for the SDK's own limit.
-        reqwest::Client::builder()
+        self.url
+            .as_ref()
+            .map_or_else(
+                reqwest::Client::builder,
+                mcp_harness::transport::client_builder,
+            )
             .tls_backend_preconfigured(tls)
             .timeout(self.timeout)
             .build()
@@ -155,10 +162,13 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         }),
         (None, false) => return None,
     };
-    let https = var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"))
+    let named = var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"))
         .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
-        .or_else(|| config.endpoint.clone())
+        .or_else(|| config.endpoint.clone());
+    let https = named
+        .as_deref()
         .is_some_and(|e| e.trim_start().to_ascii_lowercase().starts_with("https://"));
+    let url = named.and_then(|e| url::Url::parse(e.trim()).ok());
     let ca_file = var(&format!("OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE"))
         .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
         .map(std::path::PathBuf::from)
@@ -172,6 +182,7 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         protocol,
         ca_file,
         https,
+        url,
         timeout,
     })
 }

@@ -250,12 +250,16 @@ pub async fn watch(
 ) -> anyhow::Result<u8> {
     let terminal = std::io::stdout().is_terminal();
     let http = match &source {
-        Source::Gateway(_) => {
+        Source::Gateway(url) => {
             // reqwest is built without a TLS provider of its own; the binary sets ring,
             // the provider the harness uses.
             let _ = rustls::crypto::ring::default_provider().install_default();
             Some(
-                reqwest::Client::builder()
+                url::Url::parse(url)
+                    .map_or_else(
+                        |_| reqwest::Client::builder(),
+                        |u| mcp_harness::transport::client_builder(&u),
+                    )
                     .timeout(Duration::from_secs(5))
                     .redirect(reqwest::redirect::Policy::none())
                     .build()?,

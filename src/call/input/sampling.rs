@@ -334,7 +334,10 @@ impl SamplingHandler {
         let key = config.api_key()?;
         let tls = crate::transport::tls::client_config(config.ca_file.as_deref())
             .map_err(|e| Invalid::new("ca_file", e))?;
-        let http = reqwest::Client::builder()
+        // Checked to parse by `validate`.
+        let url = url::Url::parse(&base_url(&config))
+            .map_err(|e| Invalid::new("base_url", format!("is not a URL: {e}")))?;
+        let http = crate::transport::client_builder(&url)
             .tls_backend_preconfigured(tls)
             // The provider is the operator's; its redirects are not followed anyway.
             .redirect(reqwest::redirect::Policy::none())

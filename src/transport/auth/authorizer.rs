@@ -237,6 +237,8 @@ fn open_in_browser(url: &str) {
 /// must go back to its `redirect_uri`).
 pub struct HeadlessAuthorizer {
     client: reqwest::Client,
+    /// `client` without a proxy, for an authorization server on this machine.
+    direct: reqwest::Client,
     redirect_uri: String,
     identity_header: Option<String>,
 }
@@ -245,14 +247,17 @@ impl HeadlessAuthorizer {
     /// Trusts the platform's roots plus `ca_file`; `redirect_uri` is never contacted.
     pub fn new(ca_file: Option<&std::path::Path>) -> Result<HeadlessAuthorizer, String> {
         let tls = crate::transport::tls::client_config(ca_file)?;
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .tls_backend_preconfigured(tls)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| e.to_string())?;
+        let build = |builder: reqwest::ClientBuilder| {
+            builder
+                .redirect(reqwest::redirect::Policy::none())
+                .tls_backend_preconfigured(tls.clone())
+                .timeout(Duration::from_secs(30))
+                .build()
+                .map_err(|e| e.to_string())
+        };
         Ok(HeadlessAuthorizer {
-            client,
+            client: build(reqwest::Client::builder())?,
+            direct: build(reqwest::Client::builder().no_proxy())?,
             redirect_uri: "http://127.0.0.1:1/callback".into(),
             identity_header: None,
         })
@@ -268,6 +273,7 @@ impl HeadlessAuthorizer {
 
 struct HeadlessSession {
     client: reqwest::Client,
+    direct: reqwest::Client,
     redirect_uri: String,
     identity: Option<(String, String)>,
 }
@@ -277,6 +283,7 @@ impl Authorizer for HeadlessAuthorizer {
         let identity = self.identity_header.clone().zip(request.identity.clone());
         let session = HeadlessSession {
             client: self.client.clone(),
+            direct: self.direct.clone(),
             redirect_uri: self.redirect_uri.clone(),
             identity,
         };
@@ -291,7 +298,10 @@ impl AuthorizationSession for HeadlessSession {
 
     fn finish(self: Box<Self>, authorization_url: String) -> AuthorizeFuture<String> {
         Box::pin(async move {
-            let mut get = self.client.get(&authorization_url);
+            let loopback = url::Url::parse(&authorization_url)
+                .is_ok_and(|u| crate::transport::auth::is_loopback(&u));
+            let client = if loopback { &self.direct } else { &self.client };
+            let mut get = client.get(&authorization_url);
             if let Some((name, value)) = &self.identity {
                 get = get.header(name.as_str(), value.as_str());
             }

@@ -447,6 +447,9 @@ pub(crate) struct SignIn {
     config: OAuthConfig,
     ctx: SignInContext,
     http: reqwest::Client,
+    /// `http` without a proxy, for URLs on this machine (see
+    /// [`crate::transport::client_builder`]); [`SignIn::client`] picks.
+    direct: reqwest::Client,
     /// Checks the names `http` resolves; `None` for a server on an internal address.
     resolver: Option<Arc<resolve::SignInResolver>>,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
@@ -762,17 +765,21 @@ impl SignIn {
         ctx: SignInContext,
         tls: rustls::ClientConfig,
     ) -> Result<Arc<SignIn>, String> {
-        let mut http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .tls_backend_preconfigured(tls)
-            .timeout(Duration::from_secs(30));
         // Names the server's sign-in reaches are checked as resolved (literal addresses
         // are checked before any request, by `checked_url`).
         let resolver = resolve::SignInResolver::for_server(url).map(Arc::new);
-        if let Some(r) = &resolver {
-            http = http.dns_resolver(Arc::new(resolve::SharedResolver(r.clone())));
-        }
-        let http = http.build().map_err(|e| e.to_string())?;
+        let build = |http: reqwest::ClientBuilder| {
+            let mut http = http
+                .redirect(reqwest::redirect::Policy::none())
+                .tls_backend_preconfigured(tls.clone())
+                .timeout(Duration::from_secs(30));
+            if let Some(r) = &resolver {
+                http = http.dns_resolver(Arc::new(resolve::SharedResolver(r.clone())));
+            }
+            http.build().map_err(|e| e.to_string())
+        };
+        let http = build(reqwest::Client::builder())?;
+        let direct = build(reqwest::Client::builder().no_proxy())?;
         Ok(Arc::new_cyclic(|this| SignIn {
             this: this.clone(),
             server: server.to_string(),
@@ -781,6 +788,7 @@ impl SignIn {
             config,
             ctx,
             http,
+            direct,
             resolver,
             discovered: tokio::sync::Mutex::new(None),
             renewed: Mutex::default(),
@@ -793,6 +801,14 @@ impl SignIn {
             asked: Mutex::default(),
             in_clear: url.scheme() != "https" && !discovery::is_loopback(url),
         }))
+    }
+
+    /// The client for a request to `url`: none through a proxy to this machine.
+    fn client(&self, url: &str) -> &reqwest::Client {
+        match Url::parse(url).is_ok_and(|u| discovery::is_loopback(&u)) {
+            true => &self.direct,
+            false => &self.http,
+        }
     }
 
     fn err(&self, step: AuthStep, failure: AuthFailure) -> AuthError {
@@ -1454,7 +1470,7 @@ impl SignIn {
     /// request was refused); empty when it has none.
     async fn probe_challenge(&self) -> Challenge {
         let probe = self
-            .http
+            .client(self.url.as_str())
             .post(self.url.clone())
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
@@ -1478,7 +1494,7 @@ impl SignIn {
     /// catch-all), an error else.
     async fn get_json(&self, url: &Url, step: AuthStep) -> Result<Option<Value>, AuthError> {
         let response = self
-            .http
+            .client(url.as_str())
             .get(url.clone())
             .header("accept", "application/json")
             .send()
@@ -1763,7 +1779,7 @@ impl SignIn {
         }
         let step = AuthStep::Registration;
         let response = self
-            .http
+            .client(endpoint)
             .post(endpoint)
             .header("content-type", "application/json")
             .header("accept", "application/json")
@@ -1892,7 +1908,7 @@ impl SignIn {
             self.probe_challenge().await;
         }
         let mut request = self
-            .http
+            .client(endpoint)
             .post(endpoint.as_str())
             .header("content-type", "application/x-www-form-urlencoded")
             .header("accept", "application/json");

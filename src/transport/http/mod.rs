@@ -141,7 +141,7 @@ impl HttpTransport {
             tls.clone(),
         )
         .map_err(bad)?;
-        let client = reqwest::Client::builder()
+        let client = super::client_builder(&url)
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(tls)
