@@ -1251,6 +1251,23 @@ async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handl
         .expect("16 is fine");
     assert_eq!(text(&ok), "got 16 answers");
     assert_eq!(seen.load(Ordering::SeqCst), 16);
+    // Keys are names: one of megabytes is refused, before any handler holds it.
+    let err = h
+        .call_tool(
+            &a(),
+            "m__many_inputs",
+            json!({"n": 1, "key_bytes": 1 << 20}),
+        )
+        .await
+        .expect_err("a key of 1 MiB");
+    assert!(matches!(err, CallError::InputRejected { .. }), "{err}");
+    assert!(err.to_string().contains("at most 1024"), "{err}");
+    let ok = h
+        .call_tool(&a(), "m__many_inputs", json!({"n": 1, "key_bytes": 1024}))
+        .await
+        .expect("a key of 1 KiB is fine");
+    assert_eq!(text(&ok), "got 1 answers");
+    assert_eq!(seen.load(Ordering::SeqCst), 17);
     h.shutdown().await;
 }
 

@@ -41,6 +41,10 @@ pub(crate) fn counted(server: &str, result: &Value, max: usize) -> Result<(), Ca
     at_most(server, count, max)
 }
 
+/// The longest key of an input request: a name (`github_login`), copied into every
+/// context, queue entry and answer, and not counted in what a queue holds.
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
+
 /// Checks one round's input requests against what was declared (see the module docs).
 pub(crate) fn check(
     server: &str,
@@ -54,6 +58,12 @@ pub(crate) fn check(
     };
     at_most(server, requests.len(), max)?;
     for (key, request) in requests {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(reject(format!(
+                "an input request's key is {} bytes long (at most {MAX_KEY_BYTES})",
+                key.len()
+            )));
+        }
         declares(&request.method, &request.params, declared)
             .and_then(|()| declares_context(&request.method, &request.params, declared))
             .map_err(|why| {

@@ -18,7 +18,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
         tool(
             "many_inputs",
             "Asks n input requests in one round (method, elicitation mode)",
-            json!({"n": i("how many"), "method": s("input method"), "mode": s("form, empty (a form with no fields) or url")}),
+            json!({"n": i("how many"), "method": s("input method"), "mode": s("form, empty (a form with no fields) or url"), "key_bytes": i("each key padded to this length")}),
             &["n"],
         ),
         tool(
@@ -191,8 +191,16 @@ fn many_inputs(request: &Request, ctx: &Ctx) -> Action {
         }
         _ => json!({}),
     };
+    let pad = arg(request, "key_bytes")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(1 << 24) as usize;
     let requests: serde_json::Map<String, Value> = (0..n)
-        .map(|k| (format!("k{k}"), json!({"method": method, "params": params})))
+        .map(|k| {
+            let mut key = format!("k{k}");
+            key.extend(std::iter::repeat_n('x', pad.saturating_sub(key.len())));
+            (key, json!({"method": method, "params": params}))
+        })
         .collect();
     Action::Reply(Ok(
         json!({"resultType": "input_required", "inputRequests": requests}),
