@@ -164,6 +164,35 @@ async fn openai_shape_serves_a_modern_round_and_anthropic_shape_a_legacy_request
     h.shutdown().await;
 }
 
+// An embedder's own request is no agent's: a legacy server's sampling during it is
+// refused even where `"*"` allows sampling, and no provider is paid.
+#[tokio::test]
+async fn sampling_during_an_embedders_own_request_is_refused_whatever_the_default_says() {
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_KEY_OWN", "k-own");
+    let h = start_ready(HarnessConfig {
+        servers: vec![demo_server("l", &["--era", "legacy"])],
+        permissions: grant_everything(&["a"]),
+        sampling: Some(sampling("openai", &url, "MCP_HARNESS_TEST_KEY_OWN")),
+        agents: serde_json::from_value(json!({"*": {"sampling": "allow"}})).expect("agents"),
+        ..HarnessConfig::default()
+    })
+    .await;
+    let params = json!({"name": "summarize", "arguments": {"text": "own"}});
+    let answer = h.request("l", "tools/call", Some(params)).await;
+    let shown = format!("{answer:?}");
+    assert!(!shown.contains("summary: short"), "{shown}");
+    assert!(seen.lock().expect("lock").is_empty(), "{shown}");
+    // The same server, during an agent's call, is served under `"*"`.
+    let r = h
+        .call_tool(&Caller::agent("a"), "l__summarize", json!({"text": "call"}))
+        .await
+        .expect("summarize during a call");
+    assert!(text(&r).starts_with("summary: short"), "{r}");
+    assert_eq!(seen.lock().expect("lock").len(), 1);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
     let (url, seen) = provider().await;

@@ -178,12 +178,12 @@ impl CallContext {
         let mut on = self.on_servers.lock();
         let Some(calls) = on.get_mut(server) else {
             // No call on it; a request of the harness's own may be: its server's
-            // questions during it go to the handlers under the `"*"` policy, and are
-            // withdrawn when the last such request ends.
+            // questions during it are no one agent's (no agent's sampling pays for
+            // them), and are withdrawn when the last such request ends.
             return Whose {
                 agent: None,
                 call: None,
-                shared: false,
+                shared: unowned,
                 ended: unowned_end.into_iter().collect(),
                 during_call: unowned,
             };

@@ -520,7 +520,7 @@ impl Sampler {
 
     async fn serve(&self, request: InputRequestContext) -> Result<Value, InputError> {
         let agent = match (&request.agent_id, request.shared) {
-            (_, true) => "(several)".to_string(),
+            (_, true) => "(no one agent)".to_string(),
             (Some(a), false) => a.clone(),
             (None, false) => "(none)".to_string(),
         };
