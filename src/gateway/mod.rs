@@ -1397,10 +1397,18 @@ impl Gateway {
             Client::Modern { .. } => {
                 if let Some(map) = result.as_object_mut() {
                     map.entry("resultType").or_insert(json!("complete"));
-                    // A legacy server's resource has no hints: not to be reused.
-                    if method == "resources/read" {
+                    // Hints go on a complete read only. A legacy server's resource
+                    // has none: not to be reused. A server's `public` is not kept where
+                    // agents' grants differ: a shared cache downstream would serve the
+                    // read to one not granted it (lists follow the same rule).
+                    if method == "resources/read" && map["resultType"] == "complete" {
                         map.entry("ttlMs").or_insert(json!(0));
-                        map.entry("cacheScope").or_insert(json!("private"));
+                        let public = map.get("cacheScope").is_some_and(|s| s == "public")
+                            && self.now().identity.agents() <= 1;
+                        map.insert(
+                            "cacheScope".into(),
+                            json!(if public { "public" } else { "private" }),
+                        );
                     }
                     let meta = map.entry("_meta").or_insert_with(|| json!({}));
                     if let Some(meta) = meta.as_object_mut() {
@@ -1582,7 +1590,7 @@ impl Gateway {
             Some(_) => return Err(invalid("invalid cursor")),
         };
         let page_size = now.config.page_size;
-        let end = (offset + page_size).min(items.len());
+        let end = offset.saturating_add(page_size).min(items.len());
         let key = kind.item_key();
         let served: Vec<Value> = items[offset..end]
             .iter()
