@@ -383,6 +383,29 @@ async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
         eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
         "the old process died with its actor"
     );
+    // Stopped rather than killed (not asked to shut down): rebuilt the same way, its
+    // process stopped, not left `Stopped` until someone restarts it.
+    let old_pid = pid(&h, "alpha");
+    let old_actor = h.server_actor("alpha").expect("actor");
+    old_actor.stop(None);
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("alpha")
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the stopped one"
+    );
+    assert!(
+        wait_state(&h, "alpha", ServerState::Ready).await,
+        "{:?}",
+        h.server_status("alpha")
+    );
+    assert_eq!(echo(&h, "alpha", "again").await.expect("served"), "again");
+    assert_eq!(h.server_status("alpha").expect("status").actor_rebuilds, 2);
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
+        "the old process was stopped with its actor"
+    );
     let new_pid = pid(&h, "alpha");
     h.shutdown().await;
     assert!(group_members(new_pid).is_empty());

@@ -122,6 +122,11 @@ pub struct ServerActorState {
     lists_gap: Duration,
     /// When changes were last passed on.
     lists_flushed: Option<Instant>,
+    /// Whether it was asked to shut down ([`ServerMsg::Shutdown`]). An actor stopped
+    /// otherwise (a fault, `stop` on its handle) stops its connections but leaves its
+    /// server's state to the actor rebuilt in its place, which restarts it as after a
+    /// crash, as when it is killed.
+    stopping: bool,
 }
 
 /// One supervised MCP server; see the module docs.
@@ -169,6 +174,7 @@ impl Actor for ServerActor {
             lists_changed: ListsChanged::default(),
             lists_gap: LISTS_CHANGED_TICK,
             lists_flushed: None,
+            stopping: false,
         };
         match (start, before) {
             (Start::New, _) if !enabled => {
@@ -241,6 +247,7 @@ impl Actor for ServerActor {
                 let _ = reply.send(());
             }
             ServerMsg::Shutdown(reply) => {
+                state.stopping = true;
                 state.on_shutdown().await;
                 let _ = reply.send(());
                 myself.stop(None);
@@ -336,7 +343,10 @@ impl Actor for ServerActor {
         _myself: ActorRef<ServerMsg>,
         state: &mut ServerActorState,
     ) -> Result<(), ActorProcessingErr> {
-        state.on_shutdown().await;
+        match state.stopping {
+            true => state.on_shutdown().await,
+            false => state.stop_connections().await,
+        }
         Ok(())
     }
 }
@@ -903,24 +913,41 @@ impl ServerActorState {
     }
 
     async fn on_shutdown(&mut self) {
-        let draining = std::mem::take(&mut self.draining);
         // A finished drain has stopped its connection (one that died early has not, and
         // is stopped with the rest; asking a stopped actor costs nothing).
         if self.state == ServerState::Stopped
             && self.current.is_none()
             && self.handover.is_none()
-            && draining.iter().all(|(_, drain)| drain.is_finished())
+            && self.draining.iter().all(|(_, drain)| drain.is_finished())
         {
             return;
         }
         self.last_error = None;
-        let attempts: Vec<Attempt> = [self.current.take(), self.handover.take()]
-            .into_iter()
-            .flatten()
-            .collect();
+        let attempts = self.take_attempts();
         self.publish(ServerState::Stopped);
         self.fail_queue();
         self.note_queued();
+        self.stop_all(attempts).await;
+        self.span
+            .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
+    }
+
+    /// Stops every connection this actor holds, saying nothing of the server's state.
+    async fn stop_connections(&mut self) {
+        let attempts = self.take_attempts();
+        self.stop_all(attempts).await;
+    }
+
+    fn take_attempts(&mut self) -> Vec<Attempt> {
+        [self.current.take(), self.handover.take()]
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Stops `attempts` and the replaced connections still draining.
+    async fn stop_all(&mut self, attempts: Vec<Attempt>) {
+        let draining = std::mem::take(&mut self.draining);
         // A replaced connection stops now too, not when this actor's children are torn
         // down after it (killed, after `shutdown()` returned).
         let mut actors = Vec::new();
@@ -942,8 +969,6 @@ impl ServerActorState {
         });
         futures_util::future::join_all(stops).await;
         drop(attempts);
-        self.span
-            .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
     }
 }
 

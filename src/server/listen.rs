@@ -195,7 +195,8 @@ async fn run(
                     }
                 }
                 ended = &mut listen => {
-                    tracing::debug!(server, outcome = ?ended, "subscriptions/listen ended");
+                    let outcome = crate::util::text::one_line(&format!("{ended:?}"), 300);
+                    tracing::debug!(server, %outcome, "subscriptions/listen ended");
                     break;
                 }
             }
