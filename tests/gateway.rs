@@ -4754,6 +4754,8 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
                 .expect("read")
                 .expect("a line");
             let message: Value = serde_json::from_str(&line).expect("JSON");
+            // A cancelled request is not answered.
+            assert_ne!(message["id"], 1, "{message}");
             if message["id"] == 2 {
                 break message;
             }

@@ -524,6 +524,7 @@ pub async fn serve(
                         false => (None, None),
                     };
                     let id = request.id.clone();
+                    let given_up = token.clone();
                     let outcome = gateway
                         .handle(&principal, request, client, token, progress)
                         .await;
@@ -534,10 +535,14 @@ pub async fn serve(
                     }
                     calls.lock().remove(&id_key(&id), ticket);
                     drop(answering);
-                    pipe.send(&Message::Response(Response {
-                        id: Some(id),
-                        outcome,
-                    }));
+                    // A request its client cancelled is not answered, as both eras'
+                    // cancellation pages ask of a receiver.
+                    if !given_up.is_cancelled() {
+                        pipe.send(&Message::Response(Response {
+                            id: Some(id),
+                            outcome,
+                        }));
+                    }
                 }));
             }
         }
