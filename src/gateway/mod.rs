@@ -1842,7 +1842,10 @@ impl Gateway {
                     .and_then(|r| r.get(parked::KEY))
                     .cloned()
                     .ok_or_else(|| invalid("inputResponses.elicitation is required"))?;
-                let held = self.inner.parked.resume(&id, principal, answer)?;
+                let held = self
+                    .inner
+                    .parked
+                    .resume(&id, (principal, session), answer)?;
                 // The call's progress goes to this request now.
                 *held.progress.lock() = wants_progress;
                 held

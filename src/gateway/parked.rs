@@ -85,6 +85,11 @@ impl Future for Call {
 const CALL_ENDED: &str =
     "the input round's call ended before the answer came (its server stopped waiting)";
 
+/// What a second answer to a legacy server's question is told: its call went on with
+/// the first, and is answered to the request that took it up (a round held in this
+/// process is taken up once; a sealed round of a modern server may be sent again).
+const ANSWERED: &str = "the input round was already answered; its call went on with that answer";
+
 /// What the answer to a round dropped for a newer one of its principal is told.
 const REPLACED: &str = "the input round was dropped for a newer one of the same agent";
 
@@ -357,16 +362,28 @@ impl ParkedRounds {
         Some(id)
     }
 
-    /// Takes up parked round `id` of `principal`: answers its question with `answer`
-    /// and hands back the call. No such round (expired, another process's, another
-    /// principal's) is an invalid state; one whose call ended while it waited says so.
-    pub fn resume(&self, id: &str, principal: &Principal, answer: Value) -> Result<Held, RpcError> {
+    /// Takes up parked round `id` of `principal`, on the channel that parked it (the
+    /// local `session`, or `None`: HTTP): answers its question with `answer` and hands
+    /// back the call. No such round (expired, another process's, another principal's or
+    /// channel's) is an invalid state; one whose call ended while it waited says so.
+    pub fn resume(
+        &self,
+        id: &str,
+        (principal, session): (&Principal, Option<u64>),
+        answer: Value,
+    ) -> Result<Held, RpcError> {
         let parked = {
             let mut rounds = self.rounds.lock();
             let now = Instant::now();
             self.drop_finished(&mut rounds, now, |_, _, _| true);
             match rounds.get(id) {
-                Some(p) if &p.principal == principal && p.expires > now => rounds.remove(id),
+                Some(p) if &p.principal == principal && p.session == session && p.expires > now => {
+                    let taken = rounds.remove(id);
+                    if let Some(p) = &taken {
+                        self.note_ended(id.to_string(), p, now, ANSWERED);
+                    }
+                    taken
+                }
                 _ => None,
             }
         };
@@ -514,13 +531,13 @@ mod tests {
         );
         assert!(second.is_some(), "the ended round held no place");
         let e = rounds
-            .resume(&first, &a, Value::Null)
+            .resume(&first, (&a, None), Value::Null)
             .err()
             .expect("no call to take up");
         assert!(e.message.contains("ended"), "{}", e.message);
         // Another principal's, or an unknown id, is an invalid state as ever.
         let e = rounds
-            .resume(&first, &agent("b"), Value::Null)
+            .resume(&first, (&agent("b"), None), Value::Null)
             .err()
             .expect("not b's");
         assert_eq!(e.message, "invalid requestState");
@@ -576,10 +593,14 @@ mod tests {
             !b1_cancel.is_cancelled(),
             "another principal's is not a's to give"
         );
-        assert!(rounds.resume(&a1.expect("a1"), &a, Value::Null).is_ok());
+        assert!(
+            rounds
+                .resume(&a1.expect("a1"), (&a, None), Value::Null)
+                .is_ok()
+        );
         // The answer that comes for the round dropped is told so.
         let e = rounds
-            .resume(&a2.expect("a2"), &a, Value::Null)
+            .resume(&a2.expect("a2"), (&a, None), Value::Null)
             .err()
             .expect("dropped");
         assert_eq!(e.message, REPLACED);
@@ -605,16 +626,31 @@ mod tests {
         let rounds = ParkedRounds::with_caps(64, 16);
         let a = agent("a");
         let (_, mine, _m) = park_as(&rounds, &a, Some(1), (0, usize::MAX), 60);
-        let (_, other_session, _o) = park_as(&rounds, &a, Some(2), (0, usize::MAX), 60);
+        let (on_2, other_session, _o) = park_as(&rounds, &a, Some(2), (0, usize::MAX), 60);
         let (http, over_http, _h) = park_as(&rounds, &a, None, (0, usize::MAX), 60);
         rounds.drop_session(1);
         assert!(mine.is_cancelled());
         assert!(!other_session.is_cancelled() && !over_http.is_cancelled());
-        assert!(
-            rounds
-                .resume(&http.expect("parked"), &a, Value::Null)
-                .is_ok()
-        );
+        let http = http.expect("parked");
+        // Taken up only on the channel that parked it, even by the same principal.
+        for elsewhere in [Some(1), Some(2)] {
+            let e = rounds
+                .resume(&http, (&a, elsewhere), Value::Null)
+                .err()
+                .expect("another channel's");
+            assert_eq!(e.message, "invalid requestState");
+        }
+        assert!(rounds.resume(&http, (&a, None), Value::Null).is_ok());
+        let on_2 = on_2.expect("parked");
+        assert!(rounds.resume(&on_2, (&a, None), Value::Null).is_err());
+        assert!(rounds.resume(&on_2, (&a, Some(2)), Value::Null).is_ok());
+        // Sent again (a retry after a lost answer): told its call went on, not that the
+        // state is invalid.
+        let e = rounds
+            .resume(&on_2, (&a, Some(2)), Value::Null)
+            .err()
+            .expect("taken up once");
+        assert!(e.message.contains("already answered"), "{}", e.message);
     }
 
     #[tokio::test]
@@ -707,7 +743,7 @@ mod tests {
             matches!(answer.try_recv(), Ok(Err(_))),
             "its question fails"
         );
-        assert!(rounds.resume(&first, &a, Value::Null).is_err());
+        assert!(rounds.resume(&first, (&a, None), Value::Null).is_err());
         for (_, cancel, _) in &a_rounds {
             assert!(!cancel.is_cancelled());
         }
