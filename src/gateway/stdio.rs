@@ -32,10 +32,9 @@ type Pending = Arc<Questions>;
 /// unless nothing large is held. The client's answers to the gateway's questions are
 /// not held (each is handed to its question as it is read), so large calls waiting for
 /// large answers never keep those answers out.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct LargeLines {
     held: Arc<parking_lot::Mutex<usize>>,
-    budget: usize,
 }
 
 /// One large line's share of its budget; given back when dropped.
@@ -45,17 +44,10 @@ struct LargeLine {
 }
 
 impl LargeLines {
-    fn new(budget: usize) -> LargeLines {
-        LargeLines {
-            held: Arc::default(),
-            budget,
-        }
-    }
-
-    /// A share for a line of `bytes`, if it fits (or nothing large is held).
-    fn take(&self, bytes: usize) -> Option<LargeLine> {
+    /// A share for a line of `bytes`, if it fits in `budget` (or nothing large is held).
+    fn take(&self, bytes: usize, budget: usize) -> Option<LargeLine> {
         let mut held = self.held.lock();
-        if *held > 0 && held.saturating_add(bytes) > self.budget {
+        if *held > 0 && held.saturating_add(bytes) > budget {
             return None;
         }
         *held = held.saturating_add(bytes);
@@ -326,13 +318,7 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
-    let budget = gateway
-        .config()
-        .max_body_bytes
-        .saturating_mul(super::http::LARGE_BODY_BUDGET);
-    let large_calls = LargeLines::new(budget);
-    // A line is a request body: held to max_body_bytes as the HTTP listener holds one.
-    let longest = gateway.config().max_body_bytes.min(MAX_LINE);
+    let large_calls = LargeLines::default();
     loop {
         line.clear();
         tokio::select! {
@@ -342,6 +328,22 @@ pub async fn serve(
                 break;
             }
         }
+        // Until the next line begins: a reload meanwhile applies to it.
+        let begun = tokio::select! {
+            begun = reader.fill_buf() => begun.map(|b| !b.is_empty()),
+            () = &mut shutdown => {
+                stopping = true;
+                break;
+            }
+        };
+        if !matches!(begun, Ok(true)) {
+            break;
+        }
+        // A line is a request body: held to max_body_bytes as the HTTP listener holds
+        // one (read for each, as a reload may change it).
+        let max_body = gateway.config().max_body_bytes;
+        let longest = max_body.min(MAX_LINE);
+        let budget = max_body.saturating_mul(super::http::LARGE_BODY_BUDGET);
         let mut limited = (&mut reader).take(longest as u64 + 1);
         let read = tokio::select! {
             read = limited.read_until(b'\n', &mut line) => read,
@@ -395,7 +397,7 @@ pub async fn serve(
                 if reply {
                     // An answer is handed to its question in this pass, and let go.
                     None
-                } else if let Some(share) = large_calls.take(line.len()) {
+                } else if let Some(share) = large_calls.take(line.len(), budget) {
                     Some(share)
                 } else {
                     pipe.send(&Message::Response(Response {
@@ -836,6 +838,61 @@ mod tests {
                 return v;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_max_body_bytes_holds_the_next_line_of_a_running_session() {
+        let config = crate::HarnessConfig::default();
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let small = super::super::GatewayConfig {
+            max_body_bytes: 1024,
+            ..Default::default()
+        };
+        let sealer =
+            || super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let gateway = Gateway::new(harness.clone(), &config, small, sealer())
+            .await
+            .expect("gateway");
+        let principal = Principal {
+            agent: "a".into(),
+            context: None,
+        };
+        let (mut client_in, gateway_in) = tokio::io::duplex(1 << 16);
+        let (gateway_out, client_out) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(serve(
+            gateway.clone(),
+            principal,
+            gateway_in,
+            gateway_out,
+            std::future::pending(),
+        ));
+        let mut out = tokio::io::BufReader::new(client_out);
+        let line = modern_line(1, "tools/list", serde_json::json!({}), 2000);
+        client_in.write_all(&line).await.expect("write");
+        let refused = answer_to(&mut out, 1).await;
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("longer than 1024")),
+            "{refused}"
+        );
+        let large = super::super::GatewayConfig {
+            max_body_bytes: 1 << 20,
+            ..Default::default()
+        };
+        gateway
+            .reload(&config, large, sealer())
+            .await
+            .expect("reloaded");
+        let line = modern_line(2, "tools/list", serde_json::json!({}), 2000);
+        client_in.write_all(&line).await.expect("write");
+        let listed = answer_to(&mut out, 2).await;
+        assert!(listed["result"]["tools"].is_array(), "{listed}");
+        drop(client_in);
+        served.await.expect("session ends");
+        harness.shutdown().await;
     }
 
     #[tokio::test]
