@@ -519,6 +519,41 @@ fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     ]);
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&audit).unwrap_or_default(), "");
+    // So is a file in a directory every user may write to, where anyone could remove
+    // it; made sticky (as `/tmp` is), it is used.
+    let dir = scratch_dir().join("audit-open-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let audit = dir.join("audit.jsonl");
+    let open = write(
+        "audit-open-dir-cli.toml",
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
+            harness_exe(),
+            audit.display().to_string(),
+        ),
+    );
+    let args = [
+        "call",
+        "--config",
+        &open.display().to_string(),
+        "s__echo",
+        r#"{"text":"hi"}"#,
+    ];
+    let o = run(&args);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not sticky"), "{}", stderr(&o));
+    assert!(!audit.exists());
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let o = run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .contains("finished")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // Output to a reader that has gone (`| head`) ends the command as it would, its servers

@@ -139,9 +139,14 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
                 path: path.clone(),
             }) as Box<dyn Output>);
         }
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
+        let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => {
+                std::fs::create_dir_all(parent)?;
+                parent
+            }
+            None => Path::new("."),
+        };
+        refuse_shared_dir(parent)?;
         // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
         // instead of holding the writer, and every record behind it, until one comes.
         let open = |follow: bool| {
@@ -208,6 +213,27 @@ fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
         }
     }
     Ok(Some(file))
+}
+
+/// The directory the trail is kept in must be this user's or root's, and not one
+/// every user may write to unless it is sticky (`/tmp`): else another user could remove
+/// or rename the file (and its key) at will, and the trail would go on in a new one.
+fn refuse_shared_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me && m.uid() != 0 {
+        return Err(refused(
+            "the audit file's directory belongs to another user, who could remove the trail",
+        ));
+    }
+    if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
+        return Err(refused(
+            "the audit file's directory may be written by every user and is not sticky: anyone could remove the trail",
+        ));
+    }
+    Ok(())
 }
 
 fn refused(why: &str) -> std::io::Error {
