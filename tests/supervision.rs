@@ -368,6 +368,30 @@ async fn a_rebuilt_servers_supervisor_charges_no_server_and_leaves_a_failed_one_
     h.shutdown().await;
 }
 
+// A raw request to a server being added waits for its actor, as for a start: it is not
+// refused as unavailable while the actor is spawned (on another worker, meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_request_to_a_server_being_added_waits_for_its_actor() {
+    let h = harness(vec![]).await;
+    for round in 0..10 {
+        let id = format!("late{round}");
+        let early = {
+            let (h, id) = (h.clone(), id.clone());
+            tokio::spawn(async move {
+                loop {
+                    match echo(&h, &id, "early").await {
+                        Err(HarnessError::UnknownServer(_)) => tokio::task::yield_now().await,
+                        answer => return answer,
+                    }
+                }
+            })
+        };
+        h.add_server(demo(&id, &[])).await.expect("added");
+        assert_eq!(early.await.expect("joined").expect("served"), "early");
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
     let h = harness(vec![demo("alpha", &[])]).await;
@@ -406,6 +430,32 @@ async fn a_killed_server_actor_is_rebuilt_and_serves_again() {
         eventually(Duration::from_secs(5), || group_members(old_pid).is_empty()).await,
         "the old process was stopped with its actor"
     );
+    // Raw requests sent while the actor dies wait for the rebuilt one, as for a
+    // restart: each is answered, or lost with the connection it was sent on, never
+    // refused as unavailable.
+    let senders: Vec<_> = (0..8)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                for _ in 0..40 {
+                    outcomes.push(echo(&h, "alpha", "waited").await);
+                }
+                outcomes
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.server_actor("alpha").expect("actor").kill();
+    for sender in senders {
+        for outcome in sender.await.expect("sender") {
+            match outcome {
+                Ok(text) => assert_eq!(text, "waited"),
+                Err(e) => assert!(!e.to_string().contains("unavailable"), "{e}"),
+            }
+        }
+    }
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
     let new_pid = pid(&h, "alpha");
     h.shutdown().await;
     assert!(group_members(new_pid).is_empty());

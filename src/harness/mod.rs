@@ -43,12 +43,16 @@ use crate::protocol::Implementation;
 use crate::registry::cache::shared::SharedCache;
 use crate::registry::cache::{CacheStats, ListCache};
 use crate::registry::{HarnessEvent, Registry, RegistryRef};
-use crate::server::{Directory, ServerConfig, ServerStatus, ServersArgs, ServersRef};
+use crate::server::{Directory, ServerConfig, ServerError, ServerStatus, ServersArgs, ServersRef};
 use crate::transport::ConnectOptions;
 use crate::transport::auth::{
     Authorizer, FileTokenStore, MemoryTokenStore, SignInContext, TokenStore,
 };
 use supervisor::Services;
+
+/// How long [`HarnessHandle::request`] waits before asking again a server whose actor
+/// is being rebuilt.
+const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(20);
 
 /// Starts harnesses.
 pub struct Harness;
@@ -848,7 +852,8 @@ impl HarnessHandle {
     }
 
     /// Sends one raw request to one server (the `_meta` envelope is added) and returns
-    /// its result. Waits while the server (re)starts, up to the server's `timeout`. No
+    /// its result. Waits while the server (re)starts or its actor is rebuilt, up to the
+    /// server's `timeout`. No
     /// authorization, routing, rounds or audit: this is the operator's tool.
     pub async fn request(
         &self,
@@ -872,15 +877,28 @@ impl HarnessHandle {
             return Err(HarnessError::UnknownServer(server.to_string()));
         };
         let handlers = self.ctx().inputs.snapshot();
-        Ok(server
-            .request(
-                method,
-                params.as_ref(),
-                timeout,
-                Some(handlers.capabilities()),
-                None,
-            )
-            .await?)
+        let limit = timeout.unwrap_or(server.config().timeout);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let answer = server
+                .request(
+                    method,
+                    params.as_ref(),
+                    Some(left),
+                    Some(handlers.capabilities()),
+                    None,
+                )
+                .await;
+            match answer {
+                // Its actor is being rebuilt (or the server was just added): waited for
+                // as a restart is. A call fails over at once instead.
+                Err(ServerError::Unavailable { .. }) if left > UNAVAILABLE_PAUSE => {
+                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                }
+                answer => return Ok(answer?),
+            }
+        }
     }
 
     /// Stops every server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), ends the calls
