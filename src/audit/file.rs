@@ -53,6 +53,9 @@ pub(super) trait Output: Send {
 struct FileOutput {
     file: std::fs::File,
     path: PathBuf,
+    /// A copy of this process's own stdout or stderr ([`own_stream`]): never moved
+    /// away (its path names the descriptor, through `/proc`, which may be absent).
+    own: bool,
 }
 
 impl Output for FileOutput {
@@ -85,6 +88,9 @@ impl Output for FileOutput {
     }
     fn moved(&mut self) -> bool {
         use std::os::unix::fs::MetadataExt;
+        if self.own {
+            return false;
+        }
         let (Ok(now), Ok(open)) = (std::fs::metadata(&self.path), self.file.metadata()) else {
             return true;
         };
@@ -131,12 +137,14 @@ pub(super) type Opener = Box<dyn FnMut() -> std::io::Result<Box<dyn Output>> + S
 
 /// An opener for the audit file at `path` (created 0600, with its directory).
 pub(super) fn file_opener(path: PathBuf) -> Opener {
+    let mut warned = false;
     Box::new(move || {
         use std::os::unix::fs::OpenOptionsExt;
         if let Some(file) = own_stream(&path)? {
             return Ok(Box::new(FileOutput {
                 file,
                 path: path.clone(),
+                own: true,
             }) as Box<dyn Output>);
         }
         let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -146,7 +154,10 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
             }
             None => Path::new("."),
         };
-        refuse_shared_dir(parent)?;
+        if !warned && let Some(why) = shared_dir(parent) {
+            warned = true;
+            tracing::warn!(dir = %parent.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
+        }
         // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
         // instead of holding the writer, and every record behind it, until one comes.
         let open = |follow: bool| {
@@ -183,17 +194,22 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
         Ok(Box::new(FileOutput {
             file,
             path: path.clone(),
+            own: false,
         }) as Box<dyn Output>)
     })
 }
 
-/// This process's own stdout or stderr, when `path` names it: a copy of the descriptor,
-/// not the file opened again by name. Opened again, a redirected file (`> out.log`)
-/// would have an offset of its own, and what the process prints there would overwrite
-/// the records written before; and a socket (systemd's journal) cannot be opened by
-/// name at all. A regular file is then appended to by both.
+/// This process's own stdout or stderr, when `path` names it and it is a regular file
+/// or a socket: a copy of the descriptor, not the file opened again by name. Opened
+/// again, a redirected file (`> out.log`) would have an offset of its own, and what the
+/// process prints there would overwrite the records written before; and a socket
+/// (systemd's journal) cannot be opened by name at all. A regular file is then appended
+/// to by both (O_APPEND is set on the description the process was given). A pipe or a
+/// terminal is opened again by name, as any path: it has no offset, and a description
+/// of its own keeps the writer blocking whatever the one inherited is set to.
 fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::fs::FileTypeExt;
     let fd = match path.to_str() {
         Some("/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1") => {
             std::io::stdout().as_fd().try_clone_to_owned()?
@@ -204,7 +220,14 @@ fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
         _ => return Ok(None),
     };
     let file = std::fs::File::from(fd);
-    if file.metadata()?.is_file() {
+    let kind = file.metadata()?.file_type();
+    if kind.is_socket() {
+        return Ok(Some(file));
+    }
+    if !kind.is_file() {
+        return Ok(None);
+    }
+    {
         let raw = file.as_raw_fd();
         // SAFETY: fcntl on a descriptor this function owns; no pointers.
         let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
@@ -215,25 +238,23 @@ fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     Ok(Some(file))
 }
 
-/// The directory the trail is kept in must be this user's or root's, and not one
-/// every user may write to unless it is sticky (`/tmp`): else another user could remove
-/// or rename the file (and its key) at will, and the trail would go on in a new one.
-fn refuse_shared_dir(dir: &Path) -> std::io::Result<()> {
+/// Why the directory the trail is kept in lets others remove it, if it does: it is
+/// neither this user's nor root's, or every user may write to it and it is not sticky
+/// (as `/tmp` is). Warned of, not refused: a volume mounted that way (a Kubernetes
+/// `emptyDir` is 0777; a host directory bind-mounted into a container keeps the host's
+/// owner) is how many deployments keep their logs.
+fn shared_dir(dir: &Path) -> Option<&'static str> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir)?;
+    let m = std::fs::metadata(dir).ok()?;
     // SAFETY: geteuid has no arguments and cannot fail.
     let me = unsafe { libc::geteuid() };
     if m.uid() != me && m.uid() != 0 {
-        return Err(refused(
-            "the audit file's directory belongs to another user, who could remove the trail",
-        ));
+        return Some("the audit file's directory belongs to another user");
     }
     if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
-        return Err(refused(
-            "the audit file's directory may be written by every user and is not sticky: anyone could remove the trail",
-        ));
+        return Some("the audit file's directory may be written by every user and is not sticky");
     }
-    Ok(())
+    None
 }
 
 fn refused(why: &str) -> std::io::Error {

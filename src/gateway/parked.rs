@@ -437,9 +437,17 @@ impl ParkedRounds {
     fn note_ended(&self, id: String, p: &Parked, now: Instant, why: &'static str) {
         let mut ended = self.ended.lock();
         ended.retain(|_, (_, until, _)| *until > now);
-        if ended.len() < self.max {
-            ended.insert(id, (p.principal.clone(), p.expires, why));
+        // Full: the note that would go first makes room (rounds answered are noted
+        // too, and would otherwise keep out the rarer notes of rounds dropped).
+        if ended.len() >= self.max
+            && let Some(first) = ended
+                .iter()
+                .min_by_key(|(_, (_, until, _))| *until)
+                .map(|(id, _)| id.clone())
+        {
+            ended.remove(&first);
         }
+        ended.insert(id, (p.principal.clone(), p.expires, why));
     }
 
     /// Drops the rounds local session `session` parked (it ended): their calls are

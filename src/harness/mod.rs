@@ -878,7 +878,7 @@ impl HarnessHandle {
         };
         let handlers = self.ctx().inputs.snapshot();
         let limit = timeout.unwrap_or(server.config().timeout);
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = crate::util::duration::after(tokio::time::Instant::now(), limit);
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let answer = server

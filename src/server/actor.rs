@@ -932,8 +932,11 @@ impl ServerActorState {
             .in_scope(|| tracing::info!(server = %self.id(), "server stopped"));
     }
 
-    /// Stops every connection this actor holds, saying nothing of the server's state.
+    /// Stops every connection this actor holds, saying nothing of the server's state
+    /// (but no request goes to a connection being stopped: they go to the actor, and
+    /// wait for the one rebuilt or fail over).
     async fn stop_connections(&mut self) {
+        *self.args.server.0.live.write() = None;
         let attempts = self.take_attempts();
         self.stop_all(attempts).await;
     }

@@ -77,7 +77,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     let setup = commands::load(&servers)?;
     if pipe && is_stdout(setup.loaded.config.audit.path.as_deref()) {
         return Err(UsageError(anyhow::anyhow!(
-            "audit.path is this process's stdout, which a bare --stdio serves the client on: its records would run into the messages"
+            "audit.path is (or is the same file as) this process's stdout, which a bare --stdio serves the client on: its records would run into the messages"
         ))
         .into());
     }
