@@ -1744,6 +1744,56 @@ async fn a_question_its_server_gave_up_holds_a_legacy_clients_call_no_longer() {
     let _ = child.wait().await;
 }
 
+// A legacy server whose call ends with its question to a legacy client still open (its
+// result 300 ms behind the question): the client gets the result at once and the
+// question is withdrawn. Before, the result waited for the client's answer or
+// input_timeout, since the call was not watched while the client was asked.
+#[tokio::test]
+async fn a_call_that_ends_with_its_question_open_answers_a_legacy_client_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("input_timeout = \"60s\"", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let mut next = async || next_message(&mut lines).await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "beta__ask_then_return", "arguments": {"ms": 300}}});
+    stdin
+        .write_all(format!("{init}\n{call}\n").as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(next().await["id"], 1);
+    let question = next().await;
+    assert_eq!(question["method"], "elicitation/create", "{question}");
+    let started = std::time::Instant::now();
+    // Not answered; the result and the withdrawal come, in either order.
+    let (mut ended, mut withdrawn) = (None, None);
+    while ended.is_none() || withdrawn.is_none() {
+        let message = next().await;
+        if message["id"] == 2 {
+            ended = Some(message);
+        } else if message["method"] == "notifications/cancelled" {
+            withdrawn = Some(message);
+        } else {
+            panic!("unexpected: {message}");
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "held for the answer"
+    );
+    let ended = ended.expect("result");
+    assert_eq!(ended["result"]["content"][0]["text"], "asked", "{ended}");
+    let withdrawn = withdrawn.expect("withdrawn");
+    assert_eq!(
+        withdrawn["params"]["requestId"], question["id"],
+        "{withdrawn}"
+    );
+    drop(stdin);
+    let _ = child.wait().await;
+}
+
 // A browser page at an allowed origin can call the gateway: its preflight is answered
 // (no credentials needed), and each answer names the origin and the headers a script
 // may read. Before, OPTIONS got 405 and no answer carried CORS headers, so a browser
@@ -4770,7 +4820,14 @@ async fn a_stdio_clients_cancel_frees_its_place_before_any_upstream_call() {
         started.elapsed() < Duration::from_secs(20),
         "held until the listing ended"
     );
+    // Nor later, up to the session's end.
     drop(stdin);
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await
+    {
+        let message: Value = serde_json::from_str(&line).expect("JSON");
+        assert_ne!(message["id"], 1, "{message}");
+    }
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
 }
 

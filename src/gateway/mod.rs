@@ -2104,10 +2104,15 @@ impl Gateway {
                                             Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
                                         }),
                                         _ = cancel.cancelled() => Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
-                                        // The server gave its question up (or its call
-                                        // ended): the client's answer is no one's now,
-                                        // and the call goes on without waiting for it.
+                                        // The server gave its question up: the client's
+                                        // answer is no one's now, and the call goes on
+                                        // without waiting for it.
                                         () = reply_to.closed() => continue,
+                                        // The call ended with the question open (its
+                                        // result came right behind it, or the server
+                                        // went away): the question is withdrawn from the
+                                        // client as it drops, and the answer goes now.
+                                        answer = &mut call => break answer,
                                     }
                                 }
                                 _ => Err(RpcError::new(

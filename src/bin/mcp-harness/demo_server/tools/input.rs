@@ -35,8 +35,8 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
         ),
         tool(
             "ask_then_return",
-            "Legacy: asks for elicitation and returns at once, its result right behind the question",
-            json!({}),
+            "Legacy: asks for elicitation and returns at once (or ms later), its result right behind the question",
+            json!({"ms": i("delay before returning")}),
             &[],
         ),
         tool(
@@ -121,6 +121,9 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 };
                 record(json!({"event": "ask_then_return answered", "outcome": outcome}));
             });
+            if let Some(ms) = arg(request, "ms").and_then(Value::as_u64) {
+                tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+            }
             Action::Reply(Ok(text("asked")))
         }
         "last_ask" => Action::Reply(Ok(text(
