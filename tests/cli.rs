@@ -812,11 +812,19 @@ fn the_example_config_in_the_repository_runs() {
 /// Sets SIGHUP's disposition in the child to `disposition` (as a terminal leaves it,
 /// `SIG_DFL`, or `nohup`, `SIG_IGN`), whatever the tests run under.
 fn sighup_at(cmd: &mut Command, disposition: libc::sighandler_t) {
+    signals_at(cmd, &[libc::SIGHUP], disposition);
+}
+
+/// Sets the disposition of `signals` in the child to `disposition`.
+fn signals_at(cmd: &mut Command, signals: &[libc::c_int], disposition: libc::sighandler_t) {
     use std::os::unix::process::CommandExt;
+    let signals = signals.to_vec();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            libc::signal(libc::SIGHUP, disposition);
+            for &s in &signals {
+                libc::signal(s, disposition);
+            }
             Ok(())
         });
     }
@@ -828,13 +836,22 @@ fn hanging_call(
     record: &std::path::PathBuf,
     disposition: libc::sighandler_t,
 ) -> std::process::Child {
+    hanging_call_with(record, &[libc::SIGHUP], disposition)
+}
+
+/// [`hanging_call`] with `signals` at `disposition`.
+fn hanging_call_with(
+    record: &std::path::PathBuf,
+    signals: &[libc::c_int],
+    disposition: libc::sighandler_t,
+) -> std::process::Child {
     let server = demo_cmd(&format!("alpha --record {}", record.display()));
     let mut cmd = Command::new(harness_exe());
     cmd.args(["call", "--stdio", &server, "hang"])
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    sighup_at(&mut cmd, disposition);
+    signals_at(&mut cmd, signals, disposition);
     let child = cmd.spawn().expect("spawn");
     let start = std::time::Instant::now();
     while !recorded(record)
@@ -1054,6 +1071,27 @@ fn a_command_under_nohup_outlives_a_hangup() {
         "a stop began at the hangup"
     );
     kill("-TERM");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(143));
+    assert!(processes_with(&pidfile.display().to_string()).is_empty());
+    let _ = std::fs::remove_file(pidfile);
+}
+
+// Started as a shell starts a background job (SIGINT and SIGQUIT ignored), a command
+// leaves them ignored: the terminal's Ctrl-C is for the job in front. SIGTERM stops it.
+#[test]
+fn a_background_job_leaves_ctrl_c_ignored() {
+    let pidfile = scratch_dir().join("background.jsonl");
+    let mut child = hanging_call_with(&pidfile, &[libc::SIGINT, libc::SIGQUIT], libc::SIG_IGN);
+    let pid = child.id().to_string();
+    send_signal("-INT", &pid);
+    send_signal("-QUIT", &pid);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "ended by an ignored signal"
+    );
+    send_signal("-TERM", &pid);
     let status = child.wait().expect("wait");
     assert_eq!(status.code(), Some(143));
     assert!(processes_with(&pidfile.display().to_string()).is_empty());

@@ -61,15 +61,18 @@ impl Stop {
         self.hangup.take()
     }
 
-    /// SIGINT, SIGTERM and SIGQUIT.
+    /// SIGINT, SIGTERM and SIGQUIT; SIGINT and SIGQUIT only when they were not ignored
+    /// when the program started (a shell starts its background jobs so: the terminal's
+    /// Ctrl-C is for the job in front).
     fn catching() -> Stop {
         let signals = [
-            (SignalKind::interrupt(), INTERRUPTED),
-            (SignalKind::terminate(), TERMINATED),
-            (SignalKind::quit(), QUIT),
+            (SignalKind::interrupt(), INTERRUPTED, Some(libc::SIGINT)),
+            (SignalKind::terminate(), TERMINATED, None),
+            (SignalKind::quit(), QUIT, Some(libc::SIGQUIT)),
         ]
         .into_iter()
-        .filter_map(|(kind, code)| signal(kind).ok().map(|s| (s, code)))
+        .filter(|(_, _, left)| !left.is_some_and(ignored))
+        .filter_map(|(kind, code, _)| signal(kind).ok().map(|s| (s, code)))
         .collect();
         Stop {
             signals,

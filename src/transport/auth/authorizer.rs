@@ -177,7 +177,16 @@ async fn callback(mut stream: tokio::net::TcpStream, state: Arc<str>) -> Option<
     // The page is written on a task of its own: this one ends with the target at once,
     // so that closing the oldest connection for a new one cannot lose a redirect it had
     // read and was still answering.
-    let page = "<!doctype html><title>Signed in</title><p>You can close this tab and go back to mcp-harness.</p>";
+    // Not "signed in": the code is yet to be exchanged, and the redirect checked.
+    let refused = url::form_urlencoded::parse(query.as_bytes()).any(|(k, _)| k == "error");
+    let page = match refused {
+        true => {
+            "<!doctype html><title>Sign-in not completed</title><p>Access was not granted. Go back to mcp-harness, which says why.</p>"
+        }
+        false => {
+            "<!doctype html><title>Sign-in received</title><p>You can close this tab: mcp-harness goes on from here and says whether sign-in succeeded.</p>"
+        }
+    };
     let reply = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
         page.len()
@@ -331,14 +340,54 @@ mod tests {
 
     /// Sends `request` to the listener at `port` and returns the status line it answers.
     async fn ask(port: u16, request: &str) -> String {
+        let answer = ask_whole(port, request).await;
+        answer.lines().next().unwrap_or_default().to_string()
+    }
+
+    /// Sends `request` to the listener at `port` and returns all it answers.
+    async fn ask_whole(port: u16, request: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("connect");
         stream.write_all(request.as_bytes()).await.expect("request");
         let mut answer = Vec::new();
         let _ = stream.read_to_end(&mut answer).await;
-        let answer = String::from_utf8_lossy(&answer);
-        answer.lines().next().unwrap_or_default().to_string()
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    // The page a person sees never says they signed in: the code is yet to be
+    // exchanged, and a refusal says it was not granted.
+    #[tokio::test]
+    async fn the_page_shown_says_what_came_back_not_that_sign_in_succeeded() {
+        for (query, shown) in [
+            ("code=c-1&state=s-1", "Sign-in received"),
+            ("error=access_denied&state=s-1", "Sign-in not completed"),
+        ] {
+            let authorizer =
+                LoopbackAuthorizer::new(Arc::new(|_: &SignInRequest, _: &str| {}), false);
+            let request = SignInRequest {
+                server: "s".into(),
+                identity: None,
+                issuer: "https://as.example".into(),
+                scopes: Vec::new(),
+            };
+            let session = authorizer.start(&request).await.expect("listen");
+            let port: u16 = session
+                .redirect_uri()
+                .trim_start_matches("http://127.0.0.1:")
+                .trim_end_matches(CALLBACK)
+                .parse()
+                .expect("port");
+            let finished = tokio::spawn(
+                session.finish("https://as.example/authorize?client_id=c&state=s-1".into()),
+            );
+            let page = ask_whole(port, &format!("GET /callback?{query} HTTP/1.1\r\n\r\n")).await;
+            assert!(
+                page.contains(shown) && !page.contains("Signed in"),
+                "{page}"
+            );
+            let _ = finished.await;
+        }
     }
 
     #[tokio::test]
