@@ -108,6 +108,23 @@ impl Output for FileOutput {
                 }
                 Ok(n) => written += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // A copy of a descriptor this process was given set non-blocking
+                // ([`own_stream`]): waited on, as a blocking write would wait.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    use std::os::fd::AsRawFd;
+                    let mut ready = libc::pollfd {
+                        fd: self.file.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one pollfd owned here, for a descriptor this output owns.
+                    if unsafe { libc::poll(&mut ready, 1, -1) } < 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() != std::io::ErrorKind::Interrupted {
+                            return Err((written, e));
+                        }
+                    }
+                }
                 Err(e) => return Err((written, e)),
             }
         }
@@ -139,14 +156,39 @@ pub(super) type Opener = Box<dyn FnMut() -> std::io::Result<Box<dyn Output>> + S
 pub(super) fn file_opener(path: PathBuf) -> Opener {
     let mut warned = false;
     Box::new(move || {
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Some(file) = own_stream(&path)? {
-            return Ok(Box::new(FileOutput {
+        let output = |file, own| {
+            Box::new(FileOutput {
                 file,
                 path: path.clone(),
-                own: true,
-            }) as Box<dyn Output>);
-        }
+                own,
+            }) as Box<dyn Output>
+        };
+        let file = match own_stream(&path)? {
+            Some(Own::Shared(file)) => return Ok(output(file, true)),
+            Some(Own::Named(copy)) => match open_by_name(&path, &mut warned) {
+                // A pipe or terminal another user owns (the harness dropped its
+                // privileges, or runs after `su`) cannot be opened by name, nor any
+                // without `/proc`: the descriptor it was given is written instead.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::EPERM | libc::ENOENT)
+                    ) =>
+                {
+                    return Ok(output(copy, true));
+                }
+                opened => opened?,
+            },
+            None => open_by_name(&path, &mut warned)?,
+        };
+        Ok(output(file, false))
+    })
+}
+
+/// Opens the audit file at `path` by its name, checked as [`file_opener`] says.
+fn open_by_name(path: &Path, warned: &mut bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    {
         let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
             Some(parent) => {
                 std::fs::create_dir_all(parent)?;
@@ -154,8 +196,8 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
             }
             None => Path::new("."),
         };
-        if !warned && let Some(why) = shared_dir(parent) {
-            warned = true;
+        if !*warned && let Some(why) = shared_dir(parent) {
+            *warned = true;
             tracing::warn!(dir = %parent.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
         }
         // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
@@ -167,14 +209,14 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
                 .append(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NONBLOCK | nofollow)
-                .open(&path)
+                .open(path)
         };
         // Not following a link first: one planted between a check and the open (where
         // there was nothing) is not followed. A link that is there is checked, then
         // followed.
         let file = match open(false) {
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                refuse_planted_link(&path)?;
+                refuse_planted_link(path)?;
                 open(true)?
             }
             opened => opened?,
@@ -190,24 +232,30 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
                 return Err(std::io::Error::last_os_error());
             }
         }
-        refuse_others_file(&file, &path)?;
-        Ok(Box::new(FileOutput {
-            file,
-            path: path.clone(),
-            own: false,
-        }) as Box<dyn Output>)
-    })
+        refuse_others_file(&file, path)?;
+        Ok(file)
+    }
 }
 
-/// This process's own stdout or stderr, when `path` names it and it is a regular file
-/// or a socket: a copy of the descriptor, not the file opened again by name. Opened
+/// This process's own stdout or stderr, as [`own_stream`] finds it.
+enum Own {
+    /// A regular file or a socket: written through this copy of its descriptor.
+    Shared(std::fs::File),
+    /// A pipe or a terminal: opened by name, and written through this copy only when
+    /// it cannot be.
+    Named(std::fs::File),
+}
+
+/// This process's own stdout or stderr, when `path` names it. A regular file or a
+/// socket is written through a copy of the descriptor, not opened again by name: opened
 /// again, a redirected file (`> out.log`) would have an offset of its own, and what the
 /// process prints there would overwrite the records written before; and a socket
 /// (systemd's journal) cannot be opened by name at all. A regular file is then appended
 /// to by both (O_APPEND is set on the description the process was given). A pipe or a
-/// terminal is opened again by name, as any path: it has no offset, and a description
-/// of its own keeps the writer blocking whatever the one inherited is set to.
-fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+/// terminal is opened again by name where it can be: it has no offset, and a
+/// description of its own keeps the writer blocking whatever the one inherited is set
+/// to (a copy set non-blocking is waited on in [`FileOutput::append`]).
+fn own_stream(path: &Path) -> std::io::Result<Option<Own>> {
     use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::fs::FileTypeExt;
     let fd = match path.to_str() {
@@ -222,10 +270,10 @@ fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     let file = std::fs::File::from(fd);
     let kind = file.metadata()?.file_type();
     if kind.is_socket() {
-        return Ok(Some(file));
+        return Ok(Some(Own::Shared(file)));
     }
     if !kind.is_file() {
-        return Ok(None);
+        return Ok(Some(Own::Named(file)));
     }
     {
         let raw = file.as_raw_fd();
@@ -235,7 +283,7 @@ fn own_stream(path: &Path) -> std::io::Result<Option<std::fs::File>> {
             return Err(std::io::Error::last_os_error());
         }
     }
-    Ok(Some(file))
+    Ok(Some(Own::Shared(file)))
 }
 
 /// Why the directory the trail is kept in lets others remove it, if it does: it is
@@ -525,6 +573,37 @@ mod tests {
     use std::sync::Arc;
 
     use parking_lot::Mutex;
+
+    // A copy of a descriptor set non-blocking (a socket a parent handed down so) takes
+    // a batch larger than its buffer whole, waiting for the reader, not failing part-way
+    // (which would tear the batch and write it again).
+    #[test]
+    fn a_non_blocking_socket_takes_a_large_batch_whole() {
+        use std::io::Read;
+        let (writer, mut reader) = std::os::unix::net::UnixStream::pair().expect("pair");
+        writer.set_nonblocking(true).expect("non-blocking");
+        let mut output = FileOutput {
+            file: std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
+            path: PathBuf::from("/dev/stdout"),
+            own: true,
+        };
+        let batch = vec![b'x'; 4 << 20];
+        let read = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64 << 10];
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => return got.len(),
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        });
+        let appended = output.append(&batch);
+        assert!(appended.is_ok(), "{:?}", appended.err());
+        drop(output);
+        assert_eq!(read.join().expect("reader"), batch.len());
+    }
 
     /// An output that writes into a shared buffer and fails as told: `fail_after`
     /// bytes of the next append are written, then an error.
