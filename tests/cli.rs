@@ -29,6 +29,18 @@ fn demo_cmd(args: &str) -> String {
     format!("{} demo-server {args}", harness_exe())
 }
 
+/// A config of one demo server `s`, everything granted, with `audit` (TOML lines) as
+/// its `[audit]` table.
+fn audit_config(name: &str, audit: &str) -> std::path::PathBuf {
+    write(
+        name,
+        &format!(
+            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\n{audit}",
+            harness_exe(),
+        ),
+    )
+}
+
 fn write(name: &str, text: &str) -> std::path::PathBuf {
     let path = scratch_dir().join(name);
     std::fs::write(&path, text).expect("write");
@@ -380,13 +392,9 @@ fn audit_records_that_could_not_be_written_make_the_cli_say_so_and_exit_4() {
     std::fs::create_dir_all(&dir).expect("dir");
     let audit = dir.join("audit.jsonl");
     std::os::unix::fs::symlink("/dev/full", &audit).expect("symlink");
-    let config = write(
+    let config = audit_config(
         "audit-full-cli.toml",
-        &format!(
-            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
-            harness_exe(),
-            audit.display().to_string(),
-        ),
+        &format!("path = {:?}\n", audit.display().to_string()),
     );
     let config = config.display().to_string();
     let o = run(&["call", "--config", &config, "s__echo", r#"{"text":"hi"}"#]);
@@ -404,12 +412,9 @@ fn audit_records_that_could_not_be_written_make_the_cli_say_so_and_exit_4() {
 // (systemd's journal), which cannot be opened by name, the trail is written too.
 #[test]
 fn an_audit_trail_on_stdout_shares_it_with_what_the_call_prints() {
-    let config = write(
+    let config = audit_config(
         "audit-stdout-shared-cli.toml",
-        &format!(
-            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = \"/dev/stdout\"\nflush_every = \"10ms\"\n",
-            harness_exe(),
-        ),
+        "path = \"/dev/stdout\"\nflush_every = \"10ms\"\n",
     );
     let config = config.display().to_string();
     // Slower than the writer's timer: `started` is written before the result is printed.
@@ -473,13 +478,7 @@ fn an_audit_trail_on_stdout_shares_it_with_what_the_call_prints() {
 #[test]
 fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     use std::os::unix::fs::PermissionsExt;
-    let config = write(
-        "audit-stdout-cli.toml",
-        &format!(
-            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = \"/dev/stdout\"\n",
-            harness_exe(),
-        ),
-    );
+    let config = audit_config("audit-stdout-cli.toml", "path = \"/dev/stdout\"\n");
     let out = scratch_dir().join("audit-stdout-cli.out");
     let file = std::fs::File::create(&out).expect("out");
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
@@ -502,13 +501,9 @@ fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     let audit = scratch_dir().join("audit-shared.jsonl");
     std::fs::write(&audit, "").expect("audit");
     std::fs::set_permissions(&audit, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let shared = write(
+    let shared = audit_config(
         "audit-shared-cli.toml",
-        &format!(
-            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
-            harness_exe(),
-            audit.display().to_string(),
-        ),
+        &format!("path = {:?}\n", audit.display().to_string()),
     );
     let o = run(&[
         "call",
@@ -527,13 +522,9 @@ fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let audit = dir.join("audit.jsonl");
-    let open = write(
+    let open = audit_config(
         "audit-open-dir-cli.toml",
-        &format!(
-            "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\"] }}\n[permissions.local]\n\"*\" = [\"*\"]\n[audit]\npath = {:?}\n",
-            harness_exe(),
-            audit.display().to_string(),
-        ),
+        &format!("path = {:?}\n", audit.display().to_string()),
     );
     let args = [
         "call",

@@ -363,24 +363,7 @@ mod tests {
             ("code=c-1&state=s-1", "Sign-in received"),
             ("error=access_denied&state=s-1", "Sign-in not completed"),
         ] {
-            let authorizer =
-                LoopbackAuthorizer::new(Arc::new(|_: &SignInRequest, _: &str| {}), false);
-            let request = SignInRequest {
-                server: "s".into(),
-                identity: None,
-                issuer: "https://as.example".into(),
-                scopes: Vec::new(),
-            };
-            let session = authorizer.start(&request).await.expect("listen");
-            let port: u16 = session
-                .redirect_uri()
-                .trim_start_matches("http://127.0.0.1:")
-                .trim_end_matches(CALLBACK)
-                .parse()
-                .expect("port");
-            let finished = tokio::spawn(
-                session.finish("https://as.example/authorize?client_id=c&state=s-1".into()),
-            );
+            let (port, finished) = listening().await;
             let page = ask_whole(port, &format!("GET /callback?{query} HTTP/1.1\r\n\r\n")).await;
             assert!(
                 page.contains(shown) && !page.contains("Signed in"),
@@ -390,8 +373,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn only_this_sign_ins_redirect_ends_it_and_a_silent_connection_holds_nobody_up() {
+    /// A loopback sign-in listening for its redirect back (state `s-1`): its port, and
+    /// the task that ends with the redirect's target.
+    async fn listening() -> (u16, tokio::task::JoinHandle<Result<String, String>>) {
         let authorizer = LoopbackAuthorizer::new(Arc::new(|_: &SignInRequest, _: &str| {}), false);
         let request = SignInRequest {
             server: "s".into(),
@@ -400,8 +384,8 @@ mod tests {
             scopes: Vec::new(),
         };
         let session = authorizer.start(&request).await.expect("listen");
-        let redirect = session.redirect_uri();
-        let port: u16 = redirect
+        let port: u16 = session
+            .redirect_uri()
             .trim_start_matches("http://127.0.0.1:")
             .trim_end_matches(CALLBACK)
             .parse()
@@ -409,6 +393,12 @@ mod tests {
         let finished = tokio::spawn(
             session.finish("https://as.example/authorize?client_id=c&state=s-1".into()),
         );
+        (port, finished)
+    }
+
+    #[tokio::test]
+    async fn only_this_sign_ins_redirect_ends_it_and_a_silent_connection_holds_nobody_up() {
+        let (port, finished) = listening().await;
         // A connection that sends nothing, kept open throughout.
         let _silent = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
