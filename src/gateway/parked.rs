@@ -88,7 +88,8 @@ const CALL_ENDED: &str =
 /// What a second answer to a legacy server's question is told: its call went on with
 /// the first, and is answered to the request that took it up (a round held in this
 /// process is taken up once; a sealed round of a modern server may be sent again).
-const ANSWERED: &str = "the input round was already answered; its call went on with that answer";
+const ANSWERED: &str =
+    "invalid requestState: the input round was already answered; its call went on with that answer";
 
 /// What the answer to a round dropped for a newer one of its principal is told.
 const REPLACED: &str = "the input round was dropped for a newer one of the same agent";
@@ -390,8 +391,14 @@ impl ParkedRounds {
         let Some(parked) = parked else {
             let ended = self.ended.lock();
             return Err(match ended.get(id) {
+                // A state used up is an invalid one, as the spec says; the others ended
+                // for reasons of the gateway's.
                 Some((who, until, why)) if who == principal && *until > Instant::now() => {
-                    RpcError::new(INTERNAL_ERROR, *why)
+                    let code = match *why == ANSWERED {
+                        true => crate::protocol::error::INVALID_PARAMS,
+                        false => INTERNAL_ERROR,
+                    };
+                    RpcError::new(code, *why)
                 }
                 _ => RpcError::new(
                     crate::protocol::error::INVALID_PARAMS,
@@ -659,6 +666,7 @@ mod tests {
             .err()
             .expect("taken up once");
         assert!(e.message.contains("already answered"), "{}", e.message);
+        assert_eq!(e.code, crate::protocol::error::INVALID_PARAMS);
     }
 
     #[tokio::test]
