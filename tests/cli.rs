@@ -29,6 +29,20 @@ fn demo_cmd(args: &str) -> String {
     format!("{} demo-server {args}", harness_exe())
 }
 
+/// Runs the program with its stdout on `file` (open at `path`), expecting success; what
+/// the file then holds.
+fn run_into(args: &[&str], file: std::fs::File, path: &std::path::Path) -> String {
+    let status = Command::new(harness_exe())
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(file)
+        .status()
+        .expect("run");
+    let written = std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{written}");
+    written
+}
+
 /// A config of one demo server `s`, everything granted, with `audit` (TOML lines) as
 /// its `[audit]` table.
 fn audit_config(name: &str, audit: &str) -> std::path::PathBuf {
@@ -437,14 +451,7 @@ fn an_audit_trail_on_stdout_shares_it_with_what_the_call_prints() {
     };
     let out = scratch_dir().join("audit-stdout-shared.out");
     let file = std::fs::File::create(&out).expect("out");
-    let status = Command::new(harness_exe())
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(file)
-        .status()
-        .expect("run");
-    let written = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(status.code(), Some(0), "{written}");
+    let written = run_into(&args, file, &out);
     check(&written);
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
     let mut child = Command::new(harness_exe())
@@ -482,20 +489,9 @@ fn an_audit_trail_on_stdout_redirected_to_a_shared_file_is_written() {
     let out = scratch_dir().join("audit-stdout-cli.out");
     let file = std::fs::File::create(&out).expect("out");
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let status = Command::new(harness_exe())
-        .args([
-            "call",
-            "--config",
-            &config.display().to_string(),
-            "s__echo",
-            r#"{"text":"hi"}"#,
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(file)
-        .status()
-        .expect("run");
-    let written = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(status.code(), Some(0), "{written}");
+    let config = config.display().to_string();
+    let args = ["call", "--config", &config, "s__echo", r#"{"text":"hi"}"#];
+    let written = run_into(&args, file, &out);
     assert!(written.contains("\"finished\""), "{written}");
     // Elsewhere, a file others may write is refused (the call is then refused too).
     let audit = scratch_dir().join("audit-shared.jsonl");

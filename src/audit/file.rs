@@ -188,53 +188,50 @@ pub(super) fn file_opener(path: PathBuf) -> Opener {
 /// Opens the audit file at `path` by its name, checked as [`file_opener`] says.
 fn open_by_name(path: &Path, warned: &mut bool) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    {
-        let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(parent) => {
-                std::fs::create_dir_all(parent)?;
-                parent
-            }
-            None => Path::new("."),
-        };
-        if !*warned && let Some(why) = shared_dir(parent) {
-            *warned = true;
-            tracing::warn!(dir = %parent.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
+    let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => {
+            std::fs::create_dir_all(parent)?;
+            parent
         }
-        // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
-        // instead of holding the writer, and every record behind it, until one comes.
-        let open = |follow: bool| {
-            let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NONBLOCK | nofollow)
-                .open(path)
-        };
-        // Not following a link first: one planted between a check and the open (where
-        // there was nothing) is not followed. A link that is there is checked, then
-        // followed.
-        let file = match open(false) {
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                refuse_planted_link(path)?;
-                open(true)?
-            }
-            opened => opened?,
-        };
-        // Writes block again, as a pipe that is read (`/dev/stdout` in a container) needs.
-        {
-            use std::os::fd::AsRawFd;
-            let fd = file.as_raw_fd();
-            // SAFETY: fcntl on a descriptor this function owns; no pointers.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        refuse_others_file(&file, path)?;
-        Ok(file)
+        None => Path::new("."),
+    };
+    if !*warned && let Some(why) = shared_dir(parent) {
+        *warned = true;
+        tracing::warn!(dir = %parent.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
     }
+    // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
+    // instead of holding the writer, and every record behind it, until one comes.
+    let open = |follow: bool| {
+        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NONBLOCK | nofollow)
+            .open(path)
+    };
+    // Not following a link first: one planted between a check and the open (where
+    // there was nothing) is not followed. A link that is there is checked, then
+    // followed.
+    let file = match open(false) {
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            refuse_planted_link(path)?;
+            open(true)?
+        }
+        opened => opened?,
+    };
+    // Writes block again, as a pipe that is read (`/dev/stdout` in a container) needs.
+    {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor this function owns; no pointers.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    refuse_others_file(&file, path)?;
+    Ok(file)
 }
 
 /// This process's own stdout or stderr, as [`own_stream`] finds it.
