@@ -2487,6 +2487,46 @@ async fn notifications_and_answers_on_an_unknown_session_get_404() {
     assert!(gw.stop().await.success());
 }
 
+// A legacy client's `notifications/cancelled` on its session cancels the request it
+// names upstream, and that request is not answered (its stream ends empty), as both
+// eras' cancellation pages ask.
+#[tokio::test]
+async fn a_legacy_sessions_cancelled_request_is_cancelled_upstream_and_not_answered() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let sid = legacy_session(&gw).await;
+    let slow = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "alpha__slow", "arguments": {"ms": 60_000, "text": "z"}}});
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7}});
+    let started = std::time::Instant::now();
+    let call = legacy_post_as(&gw, "tok-a", "2025-11-25", &sid, &slow);
+    let cancelling = async {
+        // Kept if it comes before the request: either order cancels it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        legacy_post(&gw, Some(&sid), cancel.clone()).await.0
+    };
+    let (resp, cancel_status) = tokio::join!(call, cancelling);
+    assert_eq!(cancel_status, 202);
+    assert_eq!(resp.status().as_u16(), 200);
+    let body = resp.text().await.expect("body");
+    assert!(
+        !body.contains("\"id\":7") && !body.contains("\"id\": 7"),
+        "a cancelled request is not answered: {body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it did not wait for the tool"
+    );
+    gw.stop().await;
+    let text = std::fs::read_to_string(&setup.audit).unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"finished\"") && l.contains("cancelled")),
+        "the call is cancelled upstream: {text}"
+    );
+}
+
 #[tokio::test]
 async fn legacy_sessions_end_on_delete_and_after_their_idle_time() {
     let setup = Setup::new("session_idle = \"400ms\"", &[("k1", &key("k1"))]);

@@ -1111,6 +1111,36 @@ async fn item_05_elicitation_outside_any_call_is_refused_unless_the_config_allow
     }
 }
 
+// A question a legacy server asked outside any call (it may) is withdrawn when the
+// server goes: nobody could take its answer, so it must not wait for a person until the
+// input timeout.
+#[tokio::test]
+async fn a_question_outside_calls_leaves_the_approval_queue_when_its_server_exits() {
+    let queue = ApprovalQueue::new(Duration::from_secs(60));
+    let mut leg = demo_server("leg", &["--era", "legacy"]);
+    leg.allow_unsolicited_input = true;
+    let h = start_ready_with(
+        Harness::builder(config(vec![leg]))
+            .input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    h.call_tool(&a(), "leg__ask_later", json!({"ms": 100}))
+        .await
+        .expect("call");
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().len() == 1).await,
+        "the server asks outside any call"
+    );
+    // The server exits; its question is nobody's to answer any more.
+    let _ = h.call_tool(&a(), "leg__crash", json!({})).await;
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().is_empty()).await,
+        "the question left the queue with its server: {:?}",
+        queue.pending()
+    );
+    h.shutdown().await;
+}
+
 /// Answers every request, keeping the agent each was asked for.
 struct Attributing(Arc<parking_lot::Mutex<Vec<Option<String>>>>);
 

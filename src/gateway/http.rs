@@ -1776,6 +1776,9 @@ async fn legacy_request(
         // Updates queued on another worker while this poll finished the call go first.
         outcome = &mut work => match progress_rx.as_mut().map(|r| r.try_recv()) {
             Some(Ok(p)) => (Some(progress_frame(p)), Some(outcome)),
+            // A request its client cancelled is not answered, as both eras'
+            // cancellation pages ask of a receiver: its stream ends empty.
+            _ if cancel.is_cancelled() => return sse_response(mpsc::channel(1).1),
             _ => {
                 return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
             }
@@ -1823,12 +1826,15 @@ async fn legacy_request(
             while let Some(p) = progress_rx.as_mut().and_then(|r| r.try_recv().ok()) {
                 let _ = tx.try_send(progress_frame(p));
             }
-            let _ = tx
-                .send(sse_frame(&Message::Response(Response {
-                    id: Some(id),
-                    outcome,
-                })))
-                .await;
+            // Cancelled (by its client, or with its session): not answered.
+            if !cancel.is_cancelled() {
+                let _ = tx
+                    .send(sse_frame(&Message::Response(Response {
+                        id: Some(id),
+                        outcome,
+                    })))
+                    .await;
+            }
         }
     });
     drop(out_tx);

@@ -73,6 +73,17 @@ pub(super) struct Dispatch {
     pub(super) refused: crate::util::log_budget::LogBudget,
 }
 
+impl Drop for Dispatch {
+    /// The connection is over: nobody will take an answer to the server's requests
+    /// still being answered, so whoever answers them is told now (an approval leaves
+    /// the queue) rather than at the request's timeout.
+    fn drop(&mut self) {
+        for (_, (_, token)) in self.being_answered.lock().drain() {
+            token.cancel();
+        }
+    }
+}
+
 impl Dispatch {
     /// Handles `held` (what came during the handshake), then the channel, until the
     /// transport ends.
