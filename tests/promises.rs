@@ -863,6 +863,42 @@ async fn a_list_answered_with_input_required_is_refused_and_never_cached() {
     let _ = std::fs::remove_file(record);
 }
 
+// A list page of the wrong shape (its items not an array, its cursor not a string)
+// is the server's error: before, it read as an empty list, or as the list's end, and
+// was cached so for `default_ttl`.
+#[tokio::test]
+async fn a_list_page_of_the_wrong_shape_is_refused_and_never_cached() {
+    for shape in ["tools-object", "cursor-number"] {
+        let record = temp_file("list-shape");
+        let h = start_ready(config(vec![with_record(
+            "s",
+            &record,
+            &["--malformed-list", shape],
+        )]))
+        .await;
+        for _ in 0..2 {
+            let listing = h
+                .listing(&a(), CallKind::Tool, None)
+                .await
+                .expect("listing");
+            assert!(listing.items.is_empty(), "{shape}");
+            let (unreachable, error) = &listing.unreachable[0];
+            assert_eq!(unreachable.server, "s");
+            assert!(
+                matches!(
+                    error,
+                    Some(CallError::Server(mcp_harness::ServerError::Protocol { .. }))
+                ),
+                "{shape}: {error:?}"
+            );
+        }
+        assert_eq!(count(&record, "tools/list"), 2, "{shape}: asked again");
+        assert_eq!(h.cache_stats().l1.entries, 0, "{shape}");
+        h.shutdown().await;
+        let _ = std::fs::remove_file(record);
+    }
+}
+
 #[tokio::test]
 async fn remove_server_purges_its_cache_in_memory_and_on_disk() {
     let record = temp_file("purge");

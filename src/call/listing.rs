@@ -67,6 +67,22 @@ fn page_items(kind: CallKind, page: &Value) -> usize {
         .map_or(0, Vec::len)
 }
 
+/// Why a list page cannot be read as one, if it cannot: not an object, no array of
+/// items, or a cursor that is not a string. Such a page would read as an empty list, or
+/// as the list's end, and be cached so; rmcp and the TypeScript SDK refuse it too.
+fn malformed_page(list_key: &str, page: &Value) -> Option<String> {
+    let Some(map) = page.as_object() else {
+        return Some("answered something other than an object".into());
+    };
+    if !map.get(list_key).is_some_and(Value::is_array) {
+        return Some(format!("answered no `{list_key}` array"));
+    }
+    match map.get("nextCursor") {
+        None | Some(Value::Null | Value::String(_)) => None,
+        Some(_) => Some("answered a `nextCursor` that is not a string".into()),
+    }
+}
+
 /// How one walk of a list ended, short of a list.
 enum Walk {
     Done(Listed),
@@ -389,6 +405,12 @@ impl<'a> Walker<'a> {
                 ))));
             }
             Err(e) => return Err(self.protocol(e)),
+        }
+        if let Some(why) = malformed_page(self.kind.list_key(), &page) {
+            return Err(self.protocol(ProtocolError::InvalidResult(format!(
+                "{} {why}",
+                self.kind.list_method()
+            ))));
         }
         let received_unix_ms = crate::registry::cache::now_ms();
         let size = json_size(&page);

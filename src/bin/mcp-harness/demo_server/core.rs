@@ -727,6 +727,11 @@ impl DemoServer {
         if end < all.len() {
             result["nextCursor"] = json!(format!("e{}-page-{end}", self.args.cursor_epoch));
         }
+        match self.args.malformed_list.as_deref() {
+            Some("tools-object") => result["tools"] = json!({"echo": {}}),
+            Some("cursor-number") => result["nextCursor"] = json!(2),
+            _ => {}
+        }
         Ok(result)
     }
 }

@@ -245,6 +245,10 @@ pub struct DemoServerArgs {
     /// cache hints as if it were cacheable.
     #[arg(long)]
     pub list_input_required: bool,
+    /// Answer `tools/list` with a page of the wrong shape: `tools-object` (`tools` an
+    /// object, not an array) or `cursor-number` (`nextCursor` a number).
+    #[arg(long, value_parser = ["tools-object", "cursor-number"])]
+    pub malformed_list: Option<String>,
     /// HTTP only: require bearer tokens from this authorization server (its issuer
     /// URL), checked with `--oauth-secret` (see `demo-auth-server`).
     #[arg(long)]
