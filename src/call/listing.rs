@@ -282,6 +282,8 @@ struct Walker<'a> {
     handlers: Arc<HandlerSet>,
     /// The server's cache epoch when the walk started.
     epoch: u64,
+    /// The walk's number ([`crate::registry::Registry::walk_begins`]).
+    walk: u64,
     pages: Vec<Arc<Value>>,
     /// Pages to keep in memory and on disk: fetched, or read from the shared layer.
     fetched: Vec<Page>,
@@ -535,9 +537,12 @@ impl<'a> Walker<'a> {
                 .map(|p| crate::protocol::CacheHints::of(p).scope)
                 .and_then(|s| registry.cache.scope_key(s, self.auth_context))
                 .map_or_else(|| "uncached".into(), |s| s.to_string());
-            self.ctx
-                .registry_ref
-                .tools_listed(self.server.id(), scope, self.pages.clone());
+            registry.tools_listed(
+                self.server.id(),
+                scope,
+                &self.pages,
+                (self.epoch, self.walk),
+            );
         }
         Listed {
             server: self.server.clone(),
@@ -567,6 +572,7 @@ async fn walk(
         use_cache,
         handlers: ctx.inputs.snapshot(),
         epoch: ctx.registry.cache.walk_epoch(server.id()),
+        walk: ctx.registry.walk_begins(),
         pages: Vec::new(),
         fetched: Vec::new(),
         to_share: Vec::new(),

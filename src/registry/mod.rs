@@ -3,9 +3,10 @@
 //! Reads never queue behind this actor: lists are read from the shared
 //! [`cache::ListCache`] and fetched by the caller's own task on a miss. The
 //! [`RegistryActor`] is the cache's one writer (stores, invalidations on
-//! `list_changed`, purges of removed servers), doing its disk I/O on blocking threads,
-//! and tracks the hash of each server's tool list per cache scope (SHA-256 of canonical
-//! JSON), emitting [`HarnessEvent::ToolsChanged`] when it changes. Everything it holds
+//! `list_changed`, purges of removed servers), doing its disk I/O on blocking threads.
+//! Each walk of a tool list records its hash per cache scope (SHA-256 of its tools'
+//! canonical JSON, in any order) from its own task, and [`HarnessEvent::ToolsChanged`]
+//! is announced when it changes. Everything it holds
 //! lives in [`Registry`], outside the actor, so a rebuilt actor loses nothing.
 //! [`names`] says how tools are named across servers and in which order candidates go.
 
@@ -26,8 +27,13 @@ use crate::util::hash::sha256_hex;
 use crate::util::slot::ActorSlot;
 use cache::shared::SharedCache;
 
-/// Schema hashes kept (one per server and scope) before the memo is emptied.
+/// Schema hashes kept (one per server and scope); past it, one is let go for each new.
 const MAX_SCHEMA_HASHES: usize = 4096;
+/// The least time between two `ToolsChanged` of one server: a server whose list looks
+/// different at every read (a rolling deploy behind one URL, a timestamp in a
+/// description) would otherwise have every listing announce a change, and a gateway's
+/// clients, told, list again: a storm. A change within it is announced at its end.
+const TOOLS_CHANGED_GAP: Duration = Duration::from_secs(1);
 use cache::{CacheStats, ListCache, Page};
 
 /// Something an embedder may want to hear about.
@@ -73,7 +79,14 @@ pub(crate) struct Registry {
     pub cache: Arc<ListCache>,
     /// The shared layer (L3), when configured.
     pub shared: Option<Arc<SharedCache>>,
-    hashes: Mutex<HashMap<(String, String), String>>,
+    /// The last tool-list hash per server and scope, with the walk that read it.
+    hashes: Mutex<HashMap<(String, String), (u64, String)>>,
+    /// Walks of tool lists begun, numbering them: a walk begun before one that already
+    /// recorded its hash is older news.
+    walks: std::sync::atomic::AtomicU64,
+    /// Per server: when its last `ToolsChanged` went out, and a newer hash held back
+    /// until [`TOOLS_CHANGED_GAP`] has passed.
+    announced: Mutex<HashMap<String, (std::time::Instant, Option<String>)>>,
     events: broadcast::Sender<HarnessEvent>,
 }
 
@@ -88,6 +101,8 @@ impl Registry {
             cache,
             shared,
             hashes: Mutex::new(HashMap::new()),
+            walks: Default::default(),
+            announced: Mutex::new(HashMap::new()),
             events,
         }
     }
@@ -120,37 +135,102 @@ impl Registry {
         let _ = self.events.send(event);
     }
 
-    fn tools_listed(&self, server: String, scope: String, pages: &[Arc<Value>]) {
-        let tools: Vec<&Value> = pages
-            .iter()
-            .filter_map(|p| p.get("tools").and_then(Value::as_array))
-            .flatten()
-            .collect();
-        let mut canonical = String::new();
-        for t in &tools {
-            canonical.push_str(&canonical_json(t));
-            canonical.push('\n');
-        }
-        let hash = sha256_hex(canonical.as_bytes());
+    /// The number of a tool-list walk beginning now.
+    pub(crate) fn walk_begins(&self) -> u64 {
+        self.walks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A full tool list of `server` was read in `scope` by walk `walk`, begun at the
+    /// server's cache `epoch`: its hash is compared with the last one there, and a
+    /// difference announced ([`HarnessEvent::ToolsChanged`]). Done by the walk's own
+    /// task (nothing queues behind the cache's writer). Old news is dropped: a walk
+    /// begun before the server's lists were dropped (its `list_changed`, a restart,
+    /// its removal), or before a walk that recorded already.
+    pub(crate) fn tools_listed(
+        self: &Arc<Self>,
+        server: &str,
+        scope: String,
+        pages: &[Arc<Value>],
+        (epoch, walk): (u64, u64),
+    ) {
+        let hash = tools_hash(pages);
         let previous = {
             let mut hashes = self.hashes.lock();
-            if hashes.len() >= MAX_SCHEMA_HASHES {
-                // One per server and private scope: a flood of auth contexts only
-                // empties it (a change is then reported from the next listing on).
-                hashes.clear();
+            if self.cache.epoch(server) != epoch {
+                return;
             }
-            hashes.insert((server.clone(), scope), hash.clone())
+            let key = (server.to_string(), scope);
+            if hashes.get(&key).is_some_and(|(w, _)| *w > walk) {
+                return;
+            }
+            if hashes.len() >= MAX_SCHEMA_HASHES
+                && !hashes.contains_key(&key)
+                && let Some(any) = hashes.keys().next().cloned()
+            {
+                // One per server and private scope: a flood of auth contexts lets one
+                // go per new one (its next listing has nothing to differ from).
+                hashes.remove(&any);
+            }
+            hashes.insert(key, (walk, hash.clone())).map(|(_, h)| h)
         };
-        if previous.as_ref().is_some_and(|p| *p != hash) {
-            tracing::info!(server = %server, %hash, "tool schemas changed");
-            let _ = self
-                .events
-                .send(HarnessEvent::ToolsChanged { server, hash });
+        if previous.is_some_and(|p| p != hash) {
+            self.tools_changed(server, hash);
         }
+    }
+
+    /// Announces `server`'s changed tool list, at most once per [`TOOLS_CHANGED_GAP`]:
+    /// within it the hash is held, and announced (the newest held) at its end.
+    fn tools_changed(self: &Arc<Self>, server: &str, hash: String) {
+        let now = std::time::Instant::now();
+        let mut announced = self.announced.lock();
+        if let Some((at, held)) = announced.get_mut(server)
+            && now < *at + TOOLS_CHANGED_GAP
+        {
+            if held.replace(hash).is_none() {
+                let due = *at + TOOLS_CHANGED_GAP;
+                let registry = Arc::downgrade(self);
+                let server = server.to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(due.into()).await;
+                    if let Some(registry) = registry.upgrade() {
+                        registry.release_held(&server);
+                    }
+                });
+            }
+            return;
+        }
+        announced.insert(server.to_string(), (now, None));
+        drop(announced);
+        self.announce_tools_changed(server, hash);
+    }
+
+    /// Announces the hash held back for `server`, if one still is (none once the
+    /// server was removed).
+    fn release_held(&self, server: &str) {
+        let hash = {
+            let mut announced = self.announced.lock();
+            let Some((at, held)) = announced.get_mut(server) else {
+                return;
+            };
+            let Some(hash) = held.take() else { return };
+            *at = std::time::Instant::now();
+            hash
+        };
+        self.announce_tools_changed(server, hash);
+    }
+
+    fn announce_tools_changed(&self, server: &str, hash: String) {
+        tracing::info!(server = %crate::util::text::one_line(server, 100), %hash, "tool schemas changed");
+        let _ = self.events.send(HarnessEvent::ToolsChanged {
+            server: server.to_string(),
+            hash,
+        });
     }
 
     fn forget(&self, server: &str) {
         self.hashes.lock().retain(|(s, _), _| s != server);
+        self.announced.lock().remove(server);
     }
 }
 
@@ -191,15 +271,6 @@ pub(crate) enum RegistryMsg {
     },
     /// Forget a removed server entirely (entries and hashes).
     Remove(String),
-    /// A server's full tool list was read in `scope`; compare its hash with the last.
-    ToolsListed {
-        /// Server id.
-        server: String,
-        /// The cache scope it was read in.
-        scope: String,
-        /// Its pages, in order.
-        pages: Vec<Arc<Value>>,
-    },
     /// Answers when every earlier message is handled (and so written to disk).
     Flush(RpcReplyPort<()>),
 }
@@ -284,11 +355,6 @@ impl Actor for RegistryActor {
                 })
                 .await;
             }
-            RegistryMsg::ToolsListed {
-                server,
-                scope,
-                pages,
-            } => registry.tools_listed(server, scope, &pages),
             RegistryMsg::Flush(reply) => {
                 let _ = reply.send(());
             }
@@ -415,21 +481,32 @@ impl RegistryRef {
         self.flush().await;
     }
 
-    /// A full tool list was read.
-    pub fn tools_listed(&self, server: &str, scope: String, pages: Vec<Arc<Value>>) {
-        self.0.send(RegistryMsg::ToolsListed {
-            server: server.to_string(),
-            scope,
-            pages,
-        });
-    }
-
     /// Returns when every earlier message is handled.
     pub async fn flush(&self) {
         self.0
             .ask(RegistryMsg::Flush, Duration::from_secs(30))
             .await;
     }
+}
+
+/// The hash of a tool list: SHA-256 of each tool's canonical JSON, in sorted order and
+/// each once. The order a server lists its tools in is not a change (a server listing
+/// from a hash map, or from replicas, lists them in any order).
+fn tools_hash(pages: &[Arc<Value>]) -> String {
+    let mut tools: Vec<String> = pages
+        .iter()
+        .filter_map(|p| p.get("tools").and_then(Value::as_array))
+        .flatten()
+        .map(canonical_json)
+        .collect();
+    tools.sort_unstable();
+    tools.dedup();
+    let mut canonical = String::new();
+    for t in &tools {
+        canonical.push_str(t);
+        canonical.push('\n');
+    }
+    sha256_hex(canonical.as_bytes())
 }
 
 /// JSON with object keys sorted at every depth: the same schema always hashes the same.
@@ -544,6 +621,86 @@ mod tests {
         assert_eq!(count.load(Ordering::SeqCst), MAX_QUEUED_PUTS + 2);
         actor.stop(None);
         let _ = handle.await;
+    }
+
+    /// Pages of one tool list with these tools, in this order.
+    fn tools(names: &[&str]) -> Vec<Arc<Value>> {
+        let tools: Vec<Value> = names
+            .iter()
+            .map(|n| serde_json::json!({"name": n, "inputSchema": {"type": "object"}}))
+            .collect();
+        vec![Arc::new(serde_json::json!({ "tools": tools }))]
+    }
+
+    /// The `ToolsChanged` heard so far.
+    fn heard(events: &mut broadcast::Receiver<HarnessEvent>) -> usize {
+        std::iter::from_fn(|| events.try_recv().ok())
+            .filter(|e| matches!(e, HarnessEvent::ToolsChanged { .. }))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_tool_list_change_is_announced_once_per_gap_and_old_news_is_not() {
+        let cache = Arc::new(ListCache::new(cache::CacheConfig::default()).expect("cache"));
+        let (tx, mut events) = broadcast::channel(64);
+        let registry = Arc::new(Registry::new(cache.clone(), None, tx));
+        let at = |walk| (cache.walk_epoch("s"), walk);
+        let scope = || "public".to_string();
+        registry.tools_listed(
+            "s",
+            scope(),
+            &tools(&["a", "b"]),
+            at(registry.walk_begins()),
+        );
+        // Listed in another order, or with a tool twice: not a change.
+        registry.tools_listed(
+            "s",
+            scope(),
+            &tools(&["b", "a", "a"]),
+            at(registry.walk_begins()),
+        );
+        assert_eq!(heard(&mut events), 0);
+        // A walk begun before the last recorded is old news, a change or not.
+        let old = registry.walk_begins();
+        registry.tools_listed(
+            "s",
+            scope(),
+            &tools(&["a", "b"]),
+            at(registry.walk_begins()),
+        );
+        registry.tools_listed("s", scope(), &tools(&["a"]), at(old));
+        assert_eq!(heard(&mut events), 0);
+        // So is one begun before the server's lists were dropped.
+        let (epoch, walk) = at(registry.walk_begins());
+        cache.invalidate("s");
+        registry.tools_listed("s", scope(), &tools(&["a"]), (epoch, walk));
+        assert_eq!(heard(&mut events), 0);
+        // A change is announced at once; changes within the gap after it are held,
+        // and the newest announced at its end.
+        registry.tools_listed("s", scope(), &tools(&["c"]), at(registry.walk_begins()));
+        assert_eq!(heard(&mut events), 1);
+        for list in [["d"], ["c"], ["e"]] {
+            registry.tools_listed("s", scope(), &tools(&list), at(registry.walk_begins()));
+        }
+        assert_eq!(heard(&mut events), 0);
+        tokio::time::sleep(TOOLS_CHANGED_GAP + Duration::from_millis(200)).await;
+        let last: Vec<HarnessEvent> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+        let expected = tools_hash(&tools(&["e"]));
+        assert_eq!(
+            last,
+            vec![HarnessEvent::ToolsChanged {
+                server: "s".into(),
+                hash: expected
+            }]
+        );
+        // A removed server's held change is not announced.
+        tokio::time::sleep(TOOLS_CHANGED_GAP).await;
+        registry.tools_listed("s", scope(), &tools(&["f"]), at(registry.walk_begins()));
+        registry.tools_listed("s", scope(), &tools(&["g"]), at(registry.walk_begins()));
+        assert_eq!(heard(&mut events), 1);
+        registry.forget("s");
+        tokio::time::sleep(TOOLS_CHANGED_GAP * 2).await;
+        assert_eq!(heard(&mut events), 0);
     }
 
     #[tokio::test]
