@@ -899,6 +899,34 @@ async fn a_list_page_of_the_wrong_shape_is_refused_and_never_cached() {
     }
 }
 
+// A modern server that sends no `ttlMs` is held to 0, as the spec says, unless it
+// announces its list's changes (the harness listens, and drops the list on one): only
+// then is `default_ttl` (meant for legacy servers) its list's freshness.
+#[tokio::test]
+async fn a_modern_list_without_hints_is_cached_only_when_its_changes_are_announced() {
+    for (announced, reads) in [(false, 2), (true, 1)] {
+        let record = temp_file("no-hints");
+        let mut args = vec!["--no-hints"];
+        if !announced {
+            args.push("--no-list-changed");
+        }
+        let h = start_ready(config(vec![with_record("s", &record, &args)])).await;
+        // A private list (no scope said) is kept for a caller with a context.
+        let caller = a().with_auth_context("ctx");
+        for _ in 0..2 {
+            let tools = h.list_tools(&caller).await.expect("list");
+            assert!(!tools.is_empty());
+        }
+        assert_eq!(
+            count(&record, "tools/list"),
+            reads,
+            "announced: {announced}"
+        );
+        h.shutdown().await;
+        let _ = std::fs::remove_file(record);
+    }
+}
+
 #[tokio::test]
 async fn remove_server_purges_its_cache_in_memory_and_on_disk() {
     let record = temp_file("purge");

@@ -418,7 +418,23 @@ impl<'a> Walker<'a> {
         let size = json_size(&page);
         let page = Arc::new(page);
         let scope = crate::protocol::CacheHints::of(&page).scope;
-        match cache.key_for(self.list(), cursor, self.auth_context, &page) {
+        // `cache.default_ttl` is for legacy servers, which cannot send hints. A modern
+        // one must send them; one that does not is held to ttl 0, as the spec says,
+        // unless it announces this list's changes (its listen drops the list then).
+        let unhinted_modern = page.get("ttlMs").is_none()
+            && self.server.connection().is_some_and(|c| {
+                c.era() == crate::transport::Era::Modern
+                    && c.profile()
+                        .capabilities()
+                        .get(self.kind.list_key())
+                        .and_then(|k| k.get("listChanged"))
+                        != Some(&Value::Bool(true))
+            });
+        let key = match unhinted_modern {
+            true => None,
+            false => cache.key_for(self.list(), cursor, self.auth_context, &page),
+        };
+        match key {
             Some((key, ttl)) => {
                 self.saw(ttl, scope);
                 let page = Page {

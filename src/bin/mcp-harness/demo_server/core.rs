@@ -553,7 +553,8 @@ impl DemoServer {
                     | "resources/read"
                     | "server/discover"
             );
-            if cacheable && map.get("resultType") == Some(&json!("complete")) {
+            if cacheable && map.get("resultType") == Some(&json!("complete")) && !self.args.no_hints
+            {
                 let (mut ttl, mut scope) = self.hints();
                 if method == "tools/list" && !self.args.page_ttls.is_empty() {
                     let at = self.page_number(request).min(self.args.page_ttls.len() - 1);

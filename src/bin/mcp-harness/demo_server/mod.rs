@@ -121,6 +121,10 @@ pub struct DemoServerArgs {
     /// subscription, and a restart's new one does not read the lists again.
     #[arg(long)]
     pub no_list_changed: bool,
+    /// Modern results carry no cache hints (`ttlMs`, `cacheScope`), which the spec says
+    /// they must.
+    #[arg(long)]
+    pub no_hints: bool,
     /// Every other `tools/list` answer has one more tool (`alt`): a list that looks
     /// different to each of two callers who list in turn.
     #[arg(long)]
