@@ -1693,6 +1693,43 @@ async fn a_broken_event_stream_is_resumed_with_the_token_of_the_user_whose_call_
     h.shutdown().await;
 }
 
+// A legacy server's question on alice's call's stream is answered with alice's token,
+// not the harness's own (a server that checks who answers would refuse it, and the
+// call would wait for an answer that never came).
+#[tokio::test]
+async fn a_question_on_a_users_call_is_answered_with_that_users_token() {
+    let w = World::new(&["--client", "pre"], &["--era", "legacy"]).await;
+    let accept = mcp_harness::call::input::FixedAnswers::new(
+        json!({"action": "accept", "content": {"confirm": true}}),
+    );
+    let h = w
+        .builder(vec![w.server(registered("pre"))])
+        .input_handler("elicitation/create", Arc::new(accept))
+        .spawn()
+        .await
+        .expect("spawn");
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("alice"), "alice");
+    h.call_tool(&alice, "web__confirm", json!({}))
+        .await
+        .expect("answered");
+    let records = recorded(&w.mcp_record);
+    let token_of = |r: &Value| r["headers"]["authorization"].as_str().map(String::from);
+    let alices = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call" && r["headers"]["x-demo-subject"] == "alice")
+        .find_map(token_of)
+        .expect("alice's call");
+    let answers = records
+        .iter()
+        .filter(|r| r.get("answer").is_some())
+        .filter_map(token_of)
+        .collect::<Vec<_>>();
+    assert_eq!(answers, [alices], "answered as alice");
+    h.shutdown().await;
+}
+
 /// A store that reads nothing and cannot write (a full disk, a directory the process
 /// may not write).
 struct Unwritable;

@@ -108,7 +108,9 @@ impl InboundSink {
 /// Traffic from the server on its own: requests (legacy era), notifications, the end.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    Request(Request),
+    /// A request, and whose (an auth context) the HTTP request was whose event stream
+    /// carried it: it is answered as that one, with that one's token.
+    Request(Request, Option<Arc<str>>),
     Notification(Notification),
     Closed(TransportError),
 }

@@ -122,15 +122,17 @@ impl Transport {
         }
     }
 
+    /// Answers a server's request, as `identity` (whose request's stream carried it).
     async fn respond(
         &self,
         id: RequestId,
         outcome: Result<Value, RpcError>,
         timeout: Duration,
+        identity: Option<&str>,
     ) -> Result<(), TransportError> {
         match self {
             Transport::Stdio(t) => t.respond(id, outcome),
-            Transport::Http(t) => t.respond(id, outcome, timeout).await,
+            Transport::Http(t) => t.respond(id, outcome, timeout, identity).await,
         }
     }
 

@@ -107,7 +107,7 @@ impl Dispatch {
             charge: _charge,
         } = queued;
         match message {
-            Inbound::Request(request) => self.on_request(request).await,
+            Inbound::Request(request, identity) => self.on_request(request, identity).await,
             Inbound::Notification(n) => {
                 if n.method == "notifications/cancelled"
                     && (self.cancelled(n.params.as_ref())
@@ -160,15 +160,20 @@ impl Dispatch {
         }
     }
 
-    async fn refuse(&self, id: crate::protocol::RequestId, error: RpcError) {
-        self.reply(id, Err(error)).await;
+    async fn refuse(&self, id: crate::protocol::RequestId, error: RpcError, as_: Option<Arc<str>>) {
+        self.reply(id, Err(error), as_).await;
     }
 
     /// Sends an answer on a task of its own, once fewer than [`MAX_REPLIES`] are being
     /// sent; after [`REPLY_WAIT`] without room it is dropped (the server is not taking
     /// them, and waiting longer would stall what else it sends), and so is every
     /// answer after it until one of those being sent is done.
-    async fn reply(&self, id: crate::protocol::RequestId, outcome: Result<Value, RpcError>) {
+    async fn reply(
+        &self,
+        id: crate::protocol::RequestId,
+        outcome: Result<Value, RpcError>,
+        as_: Option<Arc<str>>,
+    ) {
         let permit = match self.replying.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) if self.congested.load(Ordering::Relaxed) => None,
@@ -192,13 +197,14 @@ impl Dispatch {
         let timeout = self.timeout;
         tokio::spawn(async move {
             if let Some(t) = weak.upgrade() {
-                let _ = t.respond(id, outcome, timeout).await;
+                let _ = t.respond(id, outcome, timeout, as_.as_deref()).await;
             }
             drop(permit);
         });
     }
 
-    async fn on_request(&self, request: Request) {
+    /// Handles a server's request, answered as `as_` (whose request's stream carried it).
+    async fn on_request(&self, request: Request, as_: Option<Arc<str>>) {
         let Request { id, method, params } = request;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
@@ -211,10 +217,10 @@ impl Dispatch {
                 INVALID_REQUEST,
                 "servers must not send requests in protocol 2026-07-28",
             );
-            return self.refuse(id, error).await;
+            return self.refuse(id, error, as_).await;
         }
         if method == "ping" {
-            return self.reply(id, Ok(json!({}))).await;
+            return self.reply(id, Ok(json!({})), as_).await;
         }
         let asks_a_person_or_a_model = matches!(
             method.as_str(),
@@ -229,7 +235,7 @@ impl Dispatch {
                 INVALID_REQUEST,
                 format!("{named} is only answered during a call this client made"),
             );
-            return self.refuse(id, error).await;
+            return self.refuse(id, error, as_).await;
         }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
             self.refused_warn(
@@ -237,7 +243,7 @@ impl Dispatch {
                 "too many server requests waiting for answers; refused",
             );
             let error = RpcError::new(INTERNAL_ERROR, "too many requests in progress; try later");
-            return self.refuse(id, error).await;
+            return self.refuse(id, error, as_).await;
         };
         let (reply, answer) = oneshot::channel();
         let given_up = tokio_util::sync::CancellationToken::new();
@@ -252,7 +258,7 @@ impl Dispatch {
             // Not "method not found": the client has the method, and the server
             // should not stop asking for good.
             let error = RpcError::new(INTERNAL_ERROR, format!("client cannot handle {named} now"));
-            return self.refuse(id, error).await;
+            return self.refuse(id, error, as_).await;
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;
@@ -263,6 +269,7 @@ impl Dispatch {
             .lock()
             .insert(id.clone(), (ticket, given_up.clone()));
         let being_answered = self.being_answered.clone();
+        let server = self.server.clone();
         tokio::spawn(async move {
             let outcome = tokio::select! {
                 outcome = tokio::time::timeout(timeout, answer) => match outcome {
@@ -282,8 +289,9 @@ impl Dispatch {
             // keep open, and answers sent at once stay as few as those being made.
             if let Some(outcome) = outcome
                 && let Some(t) = weak.upgrade()
+                && let Err(e) = t.respond(id, outcome, timeout, as_.as_deref()).await
             {
-                let _ = t.respond(id, outcome, timeout).await;
+                tracing::warn!(server = %server, error = %e, "an answer to the server's request could not be sent");
             }
             drop(permit);
         });

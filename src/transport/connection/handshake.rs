@@ -98,7 +98,7 @@ pub(super) async fn answering_pings<T>(
             biased;
             done = &mut handshake => return done,
             Some(queued) = inbound.recv(), if held.len() < limit => match queued.message {
-                Inbound::Request(ping) if ping.method == "ping" => {
+                Inbound::Request(ping, identity) if ping.method == "ping" => {
                     // On a task of its own: an answer an HTTP server is slow to take
                     // must not stop the handshake reading its reply meanwhile. A few at
                     // once at most; a flood's others go unanswered.
@@ -108,7 +108,9 @@ pub(super) async fn answering_pings<T>(
                     let transport = std::sync::Arc::downgrade(transport);
                     tokio::spawn(async move {
                         if let Some(t) = transport.upgrade() {
-                            let _ = t.respond(ping.id, Ok(json!({})), timeout).await;
+                            let _ = t
+                                .respond(ping.id, Ok(json!({})), timeout, identity.as_deref())
+                                .await;
                         }
                         drop(permit);
                     });

@@ -674,7 +674,7 @@ impl HttpTransport {
         };
         let on_new = [(HeaderName::from_static(SESSION_HEADER), header)];
         if let Err(e) = self
-            .post_no_reply(Message::Notification(initialized), &on_new)
+            .post_no_reply(Message::Notification(initialized), &on_new, None)
             .await
         {
             self.end_session(begun.take(), SESSION_END_LIMIT).await;
@@ -793,7 +793,10 @@ impl HttpTransport {
         let mut parser = SseParser::default();
         let mut resumes = 0;
         loop {
-            if let Some(reply) = self.pump(&mut response, &mut parser, Some(id)).await? {
+            if let Some(reply) = self
+                .pump(&mut response, &mut parser, Some(id), identity)
+                .await?
+            {
                 return Ok(reply);
             }
             // The stream ended without our response. Only a legacy session may resume it.
@@ -831,14 +834,17 @@ impl HttpTransport {
 
     /// Dispatches the events of one response's stream (a parser is kept across the
     /// streams of a request or a session, for resuming) until the response to `want`
-    /// arrives (returned) or the stream ends (`None`).
+    /// arrives (returned) or the stream ends (`None`). The server's requests on it are
+    /// answered as `identity`, whose request's stream it is.
     async fn pump(
         &self,
         response: &mut reqwest::Response,
         parser: &mut SseParser,
         want: Option<&RequestId>,
+        identity: Option<&str>,
     ) -> Result<Option<Reply>, TransportError> {
         parser.new_stream();
+        let identity: Option<Arc<str>> = identity.map(Arc::from);
         loop {
             let chunk = match response.chunk().await {
                 Ok(Some(chunk)) => chunk,
@@ -872,7 +878,9 @@ impl HttpTransport {
                         }
                     }
                     Ok(Message::Request(r)) => {
-                        if !self.inbound.offer(Inbound::Request(r), event.data.len())
+                        if !self
+                            .inbound
+                            .offer(Inbound::Request(r, identity.clone()), event.data.len())
                             && let Some(ignored) = self.ignored.log()
                         {
                             tracing::warn!(server = %self.server, ignored, "server request dropped: channel full");
@@ -938,7 +946,7 @@ impl HttpTransport {
     ) -> Result<(), TransportError> {
         let sent = async {
             self.renew_ahead(None, timeout).await;
-            self.post_no_reply(Message::Notification(notification), &[])
+            self.post_no_reply(Message::Notification(notification), &[], None)
                 .await
         };
         tokio::time::timeout(timeout, sent)
@@ -946,31 +954,35 @@ impl HttpTransport {
             .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
-    /// POSTs the answer to a request a legacy server sent.
+    /// POSTs the answer to a request a legacy server sent, as `identity` (the one whose
+    /// request's stream carried it: that one's token, not the harness's own).
     pub(crate) async fn respond(
         &self,
         id: RequestId,
         outcome: Reply,
         timeout: Duration,
+        identity: Option<&str>,
     ) -> Result<(), TransportError> {
         let message = Message::Response(Response {
             id: Some(id),
             outcome,
         });
         let sent = async {
-            self.renew_ahead(None, timeout).await;
-            self.post_no_reply(message, &[]).await
+            self.renew_ahead(identity, timeout).await;
+            self.post_no_reply(message, &[], identity).await
         };
         tokio::time::timeout(timeout, sent)
             .await
             .unwrap_or(Err(TransportError::Timeout(timeout)))
     }
 
-    /// POSTs a message that has no reply, with `extra` headers (replacing any).
+    /// POSTs a message that has no reply, with `extra` headers (replacing any), as
+    /// `identity`.
     async fn post_no_reply(
         &self,
         message: Message,
         extra: &[(HeaderName, HeaderValue)],
+        identity: Option<&str>,
     ) -> Result<(), TransportError> {
         let (method, params) = match &message {
             Message::Notification(n) => (n.method.as_str(), n.params.as_ref()),
@@ -979,7 +991,7 @@ impl HttpTransport {
         let mut body = Vec::with_capacity(128);
         message.write_json(&mut body);
         let response = self
-            .post(body, method, params, None, extra, None)
+            .post(body, method, params, None, extra, identity)
             .send()
             .await
             .map_err(send_error)?;
@@ -1067,7 +1079,7 @@ impl HttpTransport {
                     Err(e) => Err(crate::util::text::http_failure(e)),
                 };
                 let pumped = match opened_stream {
-                    Ok(mut response) => this.pump(&mut response, &mut parser, None).await,
+                    Ok(mut response) => this.pump(&mut response, &mut parser, None, None).await,
                     Err(e) => {
                         tracing::debug!(server = %this.server, error = %e, "standalone event stream failed; trying again");
                         Err(TransportError::StreamEnded)

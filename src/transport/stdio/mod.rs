@@ -636,7 +636,7 @@ fn on_message(
         Ok(Message::Response(response)) => route_response(shared, response),
         Ok(Message::Request(request)) => {
             // Never wait on a full channel: replies behind it would stall.
-            if !inbound.offer(Inbound::Request(request), line.len())
+            if !inbound.offer(Inbound::Request(request, None), line.len())
                 && let Some(ignored) = shared.ignored.log()
             {
                 tracing::warn!(server = %shared.server, ignored, "server request dropped: channel full");

@@ -425,6 +425,9 @@ async fn post(
             id: Some(id),
             outcome,
         }) => {
+            state
+                .server
+                .record(json!({"answer": id, "headers": headers}));
             let hold = state.server.args.hold_answers_ms;
             if hold > 0 {
                 tokio::time::sleep(Duration::from_millis(hold)).await;
