@@ -362,6 +362,37 @@ async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listi
 }
 
 // The same while the server is down: it declares them at its next connection, and is
+// The handshake's methods are the connection's own: a raw one is refused, and the
+// server never sees it (a raw `initialize` would begin a session nobody ends).
+#[tokio::test]
+async fn a_raw_request_of_a_handshake_method_is_refused() {
+    let record = temp_file("raw-handshake");
+    let rec = record.to_string_lossy().into_owned();
+    let h = harness(config(
+        vec![demo("alpha", &["--era", "legacy", "--record", &rec])],
+        &["a"],
+    ))
+    .await;
+    let before = recorded(&record).len();
+    for method in ["initialize", "server/discover"] {
+        let e = h
+            .request("alpha", method, Some(json!({})))
+            .await
+            .expect_err(method);
+        assert_eq!(
+            e,
+            mcp_harness::HarnessError::ConnectionsOwn(method.into()),
+            "{method}"
+        );
+    }
+    assert_eq!(recorded(&record).len(), before, "nothing sent");
+    h.request("alpha", "tools/list", None)
+        .await
+        .expect("others go");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 // not listed again then (it announces no list changes), so its cached list is dropped
 // when the handler comes.
 #[tokio::test]

@@ -24,6 +24,10 @@ pub enum HarnessError {
     /// The harness has been shut down.
     #[error("the harness is shut down")]
     ShutDown,
+    /// A raw request of a method the connection itself sends (its handshake): the
+    /// harness does it for every connection, and `status()` holds what it answered.
+    #[error("{0} is sent by the connection itself; its answer is in the server's status")]
+    ConnectionsOwn(String),
     /// A call failed.
     #[error(transparent)]
     Call(#[from] CallError),

@@ -854,7 +854,9 @@ impl HarnessHandle {
     /// Sends one raw request to one server (the `_meta` envelope is added) and returns
     /// its result. Waits while the server (re)starts or its actor is rebuilt, up to the
     /// server's `timeout`. No
-    /// authorization, routing, rounds or audit: this is the operator's tool.
+    /// authorization, routing, rounds or audit: this is the operator's tool. The
+    /// handshake's methods (`initialize`, `server/discover`) are refused
+    /// ([`HarnessError::ConnectionsOwn`]): the connection sends them itself.
     pub async fn request(
         &self,
         server: &str,
@@ -873,6 +875,11 @@ impl HarnessHandle {
         params: Option<Value>,
         timeout: Option<Duration>,
     ) -> Result<Value, HarnessError> {
+        // The handshake's own: sent raw it would begin a session nobody ends, and be
+        // given a handshake's time (a sign-in's) rather than this deadline.
+        if matches!(method, "initialize" | "server/discover") {
+            return Err(HarnessError::ConnectionsOwn(method.to_string()));
+        }
         let Some(server) = self.inner.directory.get(server) else {
             return Err(HarnessError::UnknownServer(server.to_string()));
         };

@@ -894,7 +894,7 @@ impl ServerActorState {
                 self.args.client.answer(&id, request);
             }
             ServerEvent::Notification(n) => {
-                tracing::debug!(server = %self.id(), method = %n.method, "server notification");
+                tracing::debug!(server = %self.id(), method = %crate::util::text::one_line(&n.method, 100), "server notification");
                 let first = !self.lists_changed.any();
                 if self.lists_changed.mark(&n.method) && first {
                     // A flood of notifications becomes one invalidation per gap, and

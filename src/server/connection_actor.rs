@@ -148,7 +148,7 @@ impl Actor for ConnectionActor {
                     }
                     queued = on_the_way.take(&n.method);
                     if queued.is_none() {
-                        tracing::trace!(method = %n.method, "list change already on its way");
+                        tracing::trace!(method = %crate::util::text::one_line(&n.method, 100), "list change already on its way");
                         continue;
                     }
                 }

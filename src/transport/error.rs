@@ -279,6 +279,7 @@ fn classify(error: &rustls::Error) -> TransportError {
     };
     TransportError::Tls {
         kind,
-        detail: error.to_string(),
+        // The certificate's names are in it as the server sent them.
+        detail: crate::util::text::one_line(&error.to_string(), 300),
     }
 }

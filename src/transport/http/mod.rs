@@ -126,8 +126,11 @@ impl HttpTransport {
                 tracing::warn!(server, header = %name, "a configured header the transport sets to what MCP needs is ignored");
                 continue;
             }
-            let value =
+            let mut value =
                 HeaderValue::from_str(v).map_err(|e| bad(format!("header {k:?} value: {e}")))?;
+            // Configured headers are mostly keys: never indexed by HTTP/2's header
+            // compression, nor shown by a header map's `Debug`.
+            value.set_sensitive(true);
             fixed.insert(name, value);
         }
         // reqwest builds a TLS config for every client, plain HTTP included: always hand

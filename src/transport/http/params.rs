@@ -133,9 +133,16 @@ impl ParamTable {
             .iter()
             .filter_map(|name| table.tools.get(name).map(|h| Annotated::size(name, h)))
             .fold((0, 0), |(n, b), size| (n + 1, b + size));
+        // What the page adds: its annotated tools (the others take no room).
+        let annotated: std::collections::HashSet<String> = tools
+            .iter()
+            .zip(&learned)
+            .filter(|(_, found)| found.as_ref().is_ok_and(|f| !f.is_empty()))
+            .map(|(tool, _)| name_of(tool))
+            .collect();
         // Checked for the page as a whole, before any of it is kept: a walk's earlier
         // tools are not lost half way through a page.
-        if table.tools.len() - replaced + named.len() > MAX_ANNOTATED_TOOLS
+        if table.tools.len() - replaced + annotated.len() > MAX_ANNOTATED_TOOLS
             || table.bytes.saturating_sub(replaced_bytes) + page_bytes > MAX_ANNOTATED_BYTES
         {
             tracing::warn!(
@@ -266,5 +273,20 @@ mod tests {
             table.absorb("s", &mut json!({ "tools": tools }));
             assert!(table.table.read().tools.len() <= MAX_ANNOTATED_TOOLS);
         }
+    }
+
+    #[test]
+    fn tools_without_annotations_take_no_room() {
+        let table = ParamTable::default();
+        let annotated: Vec<Value> = (0..MAX_ANNOTATED_TOOLS - 100)
+            .map(|i| tool(&format!("a{i}")))
+            .collect();
+        table.absorb("s", &mut json!({ "tools": annotated }));
+        // A last page of many plain tools: the annotated ones are kept.
+        let plain: Vec<Value> = (0..2000)
+            .map(|i| json!({"name": format!("p{i}"), "inputSchema": {"type": "object"}}))
+            .collect();
+        table.absorb("s", &mut json!({ "tools": plain }));
+        assert_eq!(table.table.read().tools.len(), MAX_ANNOTATED_TOOLS - 100);
     }
 }
