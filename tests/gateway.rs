@@ -490,6 +490,56 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         405,
         "no GET stream without a legacy session"
     );
+    assert_eq!(get.headers()["allow"], "POST", "what is allowed is said");
+    // Media types ignore case and parameters; a longer type is another type.
+    let list = request("tools/list", json!({}));
+    let with = |content_type: &str, accept: &str| {
+        gw.http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header("content-type", content_type.to_string())
+            .header("accept", accept.to_string())
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/list")
+            .body(list.to_string())
+            .send()
+    };
+    for (content_type, accept, want) in [
+        (
+            "Application/JSON; charset=utf-8",
+            "Text/Event-Stream, application/json",
+            200,
+        ),
+        ("application/json", "application/*;q=0.9, text/*", 200),
+        (
+            "application/jsonl",
+            "application/json, text/event-stream",
+            415,
+        ),
+        (
+            "application/json",
+            "application/json-seq, text/event-stream",
+            406,
+        ),
+    ] {
+        let r = with(content_type, accept).await.expect("post");
+        assert_eq!(r.status().as_u16(), want, "{content_type} / {accept}");
+    }
+    // Two Authorization headers: which is the caller's is not known.
+    let twice = gw
+        .http
+        .post(gw.url())
+        .header("authorization", "Bearer tok-a")
+        .header("authorization", "Bearer tok-b")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "tools/list")
+        .body(list.to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(twice.status().as_u16(), 400);
     gw.stop().await;
 }
 

@@ -667,6 +667,21 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
     if req.uri().path() != "/mcp" {
         return refused_before_identity(full(StatusCode::NOT_FOUND, "", ""));
     }
+    // Two credentials: which one a proxy in front added is not known. Refused, not
+    // the first taken.
+    if req
+        .headers()
+        .get_all("authorization")
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return refused_before_identity(full(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "one Authorization header only",
+        ));
+    }
     // A header that is not text is still a header: it is refused, not ignored.
     let authorization = req
         .headers()
@@ -716,7 +731,7 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
         Method::POST => post(state, req, admitted, session_id).await,
         Method::GET => match session_id {
             Some(id) => open_stream(&state, &id, &admitted),
-            None => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+            None => not_allowed("POST"),
         },
         Method::DELETE => match session_id {
             Some(id) => {
@@ -731,10 +746,39 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     _ => full(StatusCode::NOT_FOUND, "", ""),
                 }
             }
-            None => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+            None => not_allowed("POST"),
         },
-        _ => full(StatusCode::METHOD_NOT_ALLOWED, "", ""),
+        _ => not_allowed("POST, GET, DELETE"),
     }
+}
+
+/// A header's media type without its parameters, in lower case (media types ignore
+/// case: `Application/JSON; charset=utf-8` is `application/json`).
+fn media_type(value: &str) -> String {
+    value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether an `Accept` header takes `wanted` (`type/subtype`, lower case): named, or by
+/// `type/*` or `*/*`.
+fn accepts(accept: &str, wanted: &str) -> bool {
+    let any_of_type = wanted.split_once('/').map(|(t, _)| format!("{t}/*"));
+    accept.split(',').map(media_type).any(|range| {
+        range == wanted || range == "*/*" || any_of_type.as_deref() == Some(range.as_str())
+    })
+}
+
+/// 405, with the methods that are (RFC 9110 asks for them): without a session only
+/// POST is.
+fn not_allowed(allow: &'static str) -> HttpResponse {
+    let mut r = full(StatusCode::METHOD_NOT_ALLOWED, "", "");
+    r.headers_mut()
+        .insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+    r
 }
 
 fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpResponse {
@@ -993,14 +1037,14 @@ async fn post(
 ) -> HttpResponse {
     let Admitted { principal, until } = admitted;
     let accept = header(&req, "accept").unwrap_or("");
-    if !(accept.contains("application/json") && accept.contains("text/event-stream")) {
+    if !(accepts(accept, "application/json") && accepts(accept, "text/event-stream")) {
         return full(
             StatusCode::NOT_ACCEPTABLE,
             "text/plain",
             "Accept must list application/json and text/event-stream",
         );
     }
-    if !header(&req, "content-type").is_some_and(|c| c.starts_with("application/json")) {
+    if header(&req, "content-type").is_none_or(|c| media_type(c) != "application/json") {
         return full(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "text/plain",
