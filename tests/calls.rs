@@ -361,7 +361,6 @@ async fn a_handler_registered_at_run_time_is_seen_in_a_modern_servers_next_listi
     h.shutdown().await;
 }
 
-// The same while the server is down: it declares them at its next connection, and is
 // The handshake's methods are the connection's own: a raw one is refused, and the
 // server never sees it (a raw `initialize` would begin a session nobody ends).
 #[tokio::test]
@@ -393,6 +392,7 @@ async fn a_raw_request_of_a_handshake_method_is_refused() {
     let _ = std::fs::remove_file(record);
 }
 
+// The same while the server is down: it declares them at its next connection, and is
 // not listed again then (it announces no list changes), so its cached list is dropped
 // when the handler comes.
 #[tokio::test]

@@ -421,18 +421,20 @@ impl<'a> Walker<'a> {
         // `cache.default_ttl` is for legacy servers, which cannot send hints. A modern
         // one must send them; one that does not is held to ttl 0, as the spec says,
         // unless it announces this list's changes (its listen drops the list then).
-        let unhinted_modern = page.get("ttlMs").is_none()
-            && self.server.connection().is_some_and(|c| {
-                c.era() == crate::transport::Era::Modern
-                    && c.profile()
+        // Not known which (the connection replaced meanwhile): not kept.
+        let default_ttl_fits = || {
+            self.server.connection().is_some_and(|c| {
+                c.era() == crate::transport::Era::Legacy
+                    || c.profile()
                         .capabilities()
                         .get(self.kind.list_key())
                         .and_then(|k| k.get("listChanged"))
-                        != Some(&Value::Bool(true))
-            });
-        let key = match unhinted_modern {
-            true => None,
-            false => cache.key_for(self.list(), cursor, self.auth_context, &page),
+                        == Some(&Value::Bool(true))
+            })
+        };
+        let key = match page.get("ttlMs").is_some() || default_ttl_fits() {
+            true => cache.key_for(self.list(), cursor, self.auth_context, &page),
+            false => None,
         };
         match key {
             Some((key, ttl)) => {

@@ -84,9 +84,9 @@ pub(crate) struct Registry {
     /// Walks of tool lists begun, numbering them: a walk begun before one that already
     /// recorded its hash is older news.
     walks: std::sync::atomic::AtomicU64,
-    /// Per server: when its last `ToolsChanged` went out, and a newer hash held back
-    /// until [`TOOLS_CHANGED_GAP`] has passed.
-    announced: Mutex<HashMap<String, (std::time::Instant, Option<String>)>>,
+    /// Per server: its last `ToolsChanged`, and a newer hash held back until
+    /// [`TOOLS_CHANGED_GAP`] has passed.
+    announced: Mutex<HashMap<String, Announced>>,
     events: broadcast::Sender<HarnessEvent>,
 }
 
@@ -184,37 +184,49 @@ impl Registry {
     fn tools_changed(self: &Arc<Self>, server: &str, hash: String) {
         let now = std::time::Instant::now();
         let mut announced = self.announced.lock();
-        if let Some((at, held)) = announced.get_mut(server)
-            && now < *at + TOOLS_CHANGED_GAP
+        if let Some(a) = announced.get_mut(server)
+            && now < a.at + TOOLS_CHANGED_GAP
         {
-            if held.replace(hash).is_none() {
-                let due = *at + TOOLS_CHANGED_GAP;
+            if a.held.replace(hash).is_none() {
+                let (due, timer) = (a.at + TOOLS_CHANGED_GAP, a.timer);
                 let registry = Arc::downgrade(self);
                 let server = server.to_string();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(due.into()).await;
                     if let Some(registry) = registry.upgrade() {
-                        registry.release_held(&server);
+                        registry.release_held(&server, timer);
                     }
                 });
             }
             return;
         }
-        announced.insert(server.to_string(), (now, None));
+        announced.insert(
+            server.to_string(),
+            Announced {
+                at: now,
+                last: hash.clone(),
+                held: None,
+                timer: TIMERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            },
+        );
         drop(announced);
         self.announce_tools_changed(server, hash);
     }
 
-    /// Announces the hash held back for `server`, if one still is (none once the
-    /// server was removed).
-    fn release_held(&self, server: &str) {
+    /// Announces the hash held back for `server` by the timer `timer`, if it still is
+    /// (not once the server was removed, or announced anew since) and differs from the
+    /// last announced (a list that changed and changed back).
+    fn release_held(&self, server: &str, timer: u64) {
         let hash = {
             let mut announced = self.announced.lock();
-            let Some((at, held)) = announced.get_mut(server) else {
+            let Some(a) = announced.get_mut(server).filter(|a| a.timer == timer) else {
                 return;
             };
-            let Some(hash) = held.take() else { return };
-            *at = std::time::Instant::now();
+            let Some(hash) = a.held.take().filter(|h| *h != a.last) else {
+                return;
+            };
+            a.at = std::time::Instant::now();
+            a.last = hash.clone();
             hash
         };
         self.announce_tools_changed(server, hash);
@@ -233,6 +245,22 @@ impl Registry {
         self.announced.lock().remove(server);
     }
 }
+
+/// One server's last `ToolsChanged`.
+struct Announced {
+    /// When it went out.
+    at: std::time::Instant,
+    /// Its hash.
+    last: String,
+    /// A newer hash, held until the gap after it has passed.
+    held: Option<String>,
+    /// The timer that releases what is held: a timer of an entry replaced since (the
+    /// server removed and added again, or announced anew) releases nothing.
+    timer: u64,
+}
+
+/// Numbers of [`Announced`] timers, unique in the process.
+static TIMERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Messages of the registry actor.
 pub(crate) enum RegistryMsg {
@@ -693,6 +721,11 @@ mod tests {
                 hash: expected
             }]
         );
+        // A list that changed and changed back within the gap: no change to announce.
+        registry.tools_listed("s", scope(), &tools(&["x"]), at(registry.walk_begins()));
+        registry.tools_listed("s", scope(), &tools(&["e"]), at(registry.walk_begins()));
+        tokio::time::sleep(TOOLS_CHANGED_GAP + Duration::from_millis(200)).await;
+        assert_eq!(heard(&mut events), 0, "changed back");
         // A removed server's held change is not announced.
         tokio::time::sleep(TOOLS_CHANGED_GAP).await;
         registry.tools_listed("s", scope(), &tools(&["f"]), at(registry.walk_begins()));
