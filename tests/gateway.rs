@@ -490,7 +490,11 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         405,
         "no GET stream without a legacy session"
     );
-    assert_eq!(get.headers()["allow"], "POST", "what is allowed is said");
+    assert_eq!(
+        get.headers()["allow"],
+        "POST, GET, DELETE",
+        "what is allowed is said"
+    );
     // Media types ignore case and parameters; a longer type is another type.
     let list = request("tools/list", json!({}));
     let with = |content_type: &str, accept: &str| {
@@ -519,6 +523,11 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         (
             "application/json",
             "application/json-seq, text/event-stream",
+            406,
+        ),
+        (
+            "application/json",
+            "application/json, text/event-stream;q=0",
             406,
         ),
     ] {
@@ -2058,6 +2067,101 @@ async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
     gw.stop().await;
 }
 
+// Every principal's large bodies together are bounded too: with a JWT issuer each
+// subject is a principal, and each one's budget alone would let many of them hold
+// without bound.
+#[tokio::test]
+async fn every_principals_large_bodies_together_are_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let (signing, jwk) = es256_key("k1");
+    let jwks = temp_file("jwks-all");
+    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
+    // Bodies up to 256 KiB: 1 MiB of large ones per principal, 4 MiB in all.
+    let setup = Setup::new(
+        &format!(
+            "max_body_bytes = 262144\njwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_file = \"{}\", context_claim = \"email\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
+            jwks.display()
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let addr = gw.authority();
+    let now = unix_now();
+    let token = |user: usize| {
+        jwt(
+            &signing,
+            "k1",
+            json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": now + 600,
+                "email": format!("user{user}@idp.test")}),
+        )
+    };
+    // A request as `user` that declares 250,000 bytes, sends all but 100, and waits.
+    let stalled = |user: usize| {
+        let (addr, token) = (addr.clone(), token(user));
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            let head = format!(
+                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
+            );
+            stream.write_all(head.as_bytes()).await.expect("write");
+            stream
+                .write_all("x".repeat(250_000 - 100 - head.len()).as_bytes())
+                .await
+                .expect("write");
+            stream
+        }
+    };
+    let call = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "y".repeat(100 * 1024)}}),
+    );
+    // Four users hold their whole budgets: a fifth user's large body is refused, though
+    // its own budget is untouched. Should it come before the gateway has read the
+    // others (it would take their room), they start again.
+    let mut refused = (0, Value::Null, reqwest::header::HeaderMap::new());
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.clear();
+        for user in 0..4 {
+            for _ in 0..4 {
+                held.push(stalled(user).await);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await; // their bytes read (deliberate)
+        refused = gw.post(Some(&token(4)), &call, &[]).await;
+        if refused.0 == 503 {
+            break;
+        }
+    }
+    assert_eq!(refused.0, 503, "{}", refused.1["error"]);
+    let said = refused.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.contains("every agent's 4194304"), "{said}");
+    // A small request takes none of it.
+    let (status, small) = gw
+        .modern(
+            &token(4),
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": "small"}}),
+        )
+        .await;
+    assert_eq!((status, result_text(&small)), (200, "small"), "{small}");
+    // Their clients gone, their bytes are free.
+    drop(held);
+    let mut status = 0;
+    for _ in 0..100 {
+        status = gw.post(Some(&token(4)), &call, &[]).await.0;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+    gw.stop().await;
+    let _ = std::fs::remove_file(jwks);
+}
+
 #[tokio::test]
 async fn a_legacy_clients_large_answers_are_not_kept_out_by_its_large_calls_waiting_for_them() {
     // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
@@ -2568,6 +2672,20 @@ async fn a_legacy_sessions_cancelled_request_is_cancelled_upstream_and_not_answe
         started.elapsed() < Duration::from_secs(30),
         "it did not wait for the tool"
     );
+    // A request the session's end cancels is answered: its client asked nothing.
+    let mut slow = slow.clone();
+    slow["id"] = json!(8);
+    let call = legacy_post_as(&gw, "tok-a", "2025-11-25", &sid, &slow);
+    let ending = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        delete_session(&gw, "tok-a", &sid).await
+    };
+    let (resp, deleted) = tokio::join!(call, ending);
+    assert_eq!(deleted, 200);
+    let body = resp.text().await.expect("body");
+    let answered: Value = serde_json::from_str(&body).expect("a JSON answer");
+    assert_eq!(answered["id"], 8, "{body}");
+    assert!(answered["error"].is_object(), "{body}");
     gw.stop().await;
     let text = std::fs::read_to_string(&setup.audit).unwrap_or_default();
     assert!(

@@ -17,7 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,10 @@ const MAX_CONNECTIONS: usize = 1024;
 /// at most `LARGE_BODY_BUDGET` × `max_body_bytes` bytes; past it, 503.
 pub(crate) const LARGE_BODY: usize = 64 * 1024;
 pub(crate) const LARGE_BODY_BUDGET: usize = 4;
+/// Every principal's large bodies together (calls' and answers'): at most this many ×
+/// `max_body_bytes`; past it, 503. Each principal's budget alone would let many
+/// principals (a JWT issuer's every subject is one) hold without bound.
+pub(crate) const LARGE_BODY_ALL: usize = 16;
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -245,6 +249,8 @@ struct State {
     /// answers: a budget of their own, so that large calls waiting for large answers
     /// do not keep those answers out.
     large_answers: Mutex<HashMap<Principal, usize>>,
+    /// Bytes of large bodies in flight, every principal's and both budgets together.
+    large_all: AtomicUsize,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -371,6 +377,7 @@ pub async fn serve(
         gets: Mutex::default(),
         large_bodies: Mutex::default(),
         large_answers: Mutex::default(),
+        large_all: AtomicUsize::new(0),
         closing: CancelToken::new(),
         streams: Arc::new(Streams::new(max_streams)),
     });
@@ -731,7 +738,7 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
         Method::POST => post(state, req, admitted, session_id).await,
         Method::GET => match session_id {
             Some(id) => open_stream(&state, &id, &admitted),
-            None => not_allowed("POST"),
+            None => not_allowed(),
         },
         Method::DELETE => match session_id {
             Some(id) => {
@@ -746,9 +753,9 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     _ => full(StatusCode::NOT_FOUND, "", ""),
                 }
             }
-            None => not_allowed("POST"),
+            None => not_allowed(),
         },
-        _ => not_allowed("POST, GET, DELETE"),
+        _ => not_allowed(),
     }
 }
 
@@ -764,20 +771,30 @@ fn media_type(value: &str) -> String {
 }
 
 /// Whether an `Accept` header takes `wanted` (`type/subtype`, lower case): named, or by
-/// `type/*` or `*/*`.
+/// `type/*` or `*/*`, with a weight other than `q=0` (which says not this one).
 fn accepts(accept: &str, wanted: &str) -> bool {
     let any_of_type = wanted.split_once('/').map(|(t, _)| format!("{t}/*"));
-    accept.split(',').map(media_type).any(|range| {
-        range == wanted || range == "*/*" || any_of_type.as_deref() == Some(range.as_str())
+    accept.split(',').any(|range| {
+        let refused = range.split(';').skip(1).any(|p| {
+            p.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("q")
+                    && v.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
+            })
+        });
+        let range = media_type(range);
+        !refused
+            && (range == wanted || range == "*/*" || any_of_type.as_deref() == Some(range.as_str()))
     })
 }
 
-/// 405, with the methods that are (RFC 9110 asks for them): without a session only
-/// POST is.
-fn not_allowed(allow: &'static str) -> HttpResponse {
+/// 405, with the methods the endpoint takes (RFC 9110 asks for them; GET and DELETE
+/// need a legacy session).
+fn not_allowed() -> HttpResponse {
     let mut r = full(StatusCode::METHOD_NOT_ALLOWED, "", "");
-    r.headers_mut()
-        .insert(hyper::header::ALLOW, HeaderValue::from_static(allow));
+    r.headers_mut().insert(
+        hyper::header::ALLOW,
+        HeaderValue::from_static("POST, GET, DELETE"),
+    );
     r
 }
 
@@ -1086,10 +1103,10 @@ async fn post(
                     &principal,
                     |s| &s.large_bodies,
                     weight,
-                    budget,
+                    (budget, Some(limit.saturating_mul(LARGE_BODY_ALL))),
                 ) {
                     Some(slot) => Some(slot),
-                    None => return too_many_large(&principal, budget, id),
+                    None => return too_many_large(&principal, limit, id),
                 }
             }
         },
@@ -1312,18 +1329,24 @@ struct PrincipalSlot {
     principal: Principal,
     count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
     weight: usize,
+    /// Charged to `State::large_all` too, up to this (a large body's).
+    all: Option<usize>,
 }
 
 /// The 503 for a large body past its principal's budget (`id`: its request's, once
 /// known).
-fn too_many_large(principal: &Principal, budget: usize, id: Option<RequestId>) -> HttpResponse {
+fn too_many_large(principal: &Principal, limit: usize, id: Option<RequestId>) -> HttpResponse {
+    let (budget, all) = (
+        limit.saturating_mul(LARGE_BODY_BUDGET),
+        limit.saturating_mul(LARGE_BODY_ALL),
+    );
     let mut r = error_reply(
         StatusCode::SERVICE_UNAVAILABLE,
         id,
         RpcError::new(
             -32000,
             format!(
-                "too many large requests in flight for agent {} (their bodies at most {budget} bytes together)",
+                "too many large requests in flight (the bodies of agent {}'s at most {budget} bytes together, and every agent's {all})",
                 principal.agent
             ),
         ),
@@ -1373,6 +1396,7 @@ async fn read_body(
     count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
 ) -> Result<(Bytes, Option<PrincipalSlot>), HttpResponse> {
     let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+    let all = Some(limit.saturating_mul(LARGE_BODY_ALL));
     let mut slot: Option<PrincipalSlot> = None;
     let mut refused = false;
     let mut kept: Vec<u8> = Vec::new();
@@ -1395,7 +1419,11 @@ async fn read_body(
                         Some(s) => capacity <= s.weight || s.grow(capacity - s.weight, budget),
                         None => {
                             slot = PrincipalSlot::take_weighted(
-                                state, principal, count, capacity, budget,
+                                state,
+                                principal,
+                                count,
+                                capacity,
+                                (budget, all),
                             );
                             slot.is_some()
                         }
@@ -1411,7 +1439,7 @@ async fn read_body(
     };
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(Ok(true)) if !refused => Ok((Bytes::from(kept), slot)),
-        Ok(Ok(true)) => Err(too_many_large(principal, budget, None)),
+        Ok(Ok(true)) => Err(too_many_large(principal, limit, None)),
         Ok(Ok(false)) => Err(full(
             StatusCode::PAYLOAD_TOO_LARGE,
             "text/plain",
@@ -1438,21 +1466,30 @@ impl PrincipalSlot {
         count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
         max: usize,
     ) -> Option<PrincipalSlot> {
-        Self::take_weighted(state, principal, count, 1, max)
+        Self::take_weighted(state, principal, count, 1, (max, None))
     }
 
     /// `weight` more of `principal`'s in `count`, if that stays within `max` (one is
-    /// always let in while it holds none, however heavy).
+    /// always let in while it holds none, however heavy), and of every principal's
+    /// large bodies within `all`, when given.
     fn take_weighted(
         state: &Arc<State>,
         principal: &Principal,
         count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
         weight: usize,
-        max: usize,
+        (max, all): (usize, Option<usize>),
     ) -> Option<PrincipalSlot> {
         let mut open = count(state).lock();
         let n = open.entry(principal.clone()).or_default();
         if *n > 0 && n.saturating_add(weight) > max || *n >= max {
+            return None;
+        }
+        if let Some(all) = all
+            && !charge_all(state, weight, all)
+        {
+            if *n == 0 {
+                open.remove(principal);
+            }
             return None;
         }
         *n = n.saturating_add(weight);
@@ -1461,8 +1498,19 @@ impl PrincipalSlot {
             principal: principal.clone(),
             count,
             weight,
+            all,
         })
     }
+}
+
+/// Adds `weight` to every principal's large bodies, if they stay within `all`.
+fn charge_all(state: &State, weight: usize, all: usize) -> bool {
+    state
+        .large_all
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(weight).filter(|t| *t <= all)
+        })
+        .is_ok()
 }
 
 impl PrincipalSlot {
@@ -1474,6 +1522,11 @@ impl PrincipalSlot {
         if n.saturating_add(extra) > max {
             return false;
         }
+        if let Some(all) = self.all
+            && !charge_all(&self.state, extra, all)
+        {
+            return false;
+        }
         *n = n.saturating_add(extra);
         self.weight = self.weight.saturating_add(extra);
         true
@@ -1482,6 +1535,11 @@ impl PrincipalSlot {
 
 impl Drop for PrincipalSlot {
     fn drop(&mut self) {
+        if self.all.is_some() {
+            self.state
+                .large_all
+                .fetch_sub(self.weight, Ordering::AcqRel);
+        }
         let mut open = (self.count)(&self.state).lock();
         if let Some(n) = open.get_mut(&self.principal) {
             *n = n.saturating_sub(self.weight);
@@ -1762,12 +1820,19 @@ async fn legacy_request(
     let found = {
         let mut sessions = state.sessions.lock();
         live_session(&mut sessions, &sid, &principal, idle).map(|s| {
-            let cancel = CancelToken::new();
-            let ticket = s.calls.insert(id_key(&request.id), cancel.clone());
-            (s.client.clone(), s.pending.clone(), cancel, ticket)
+            let (by_client, cancel) = (CancelToken::new(), CancelToken::new());
+            let ticket = s
+                .calls
+                .insert(id_key(&request.id), by_client.clone(), cancel.clone());
+            (
+                s.client.clone(),
+                s.pending.clone(),
+                (by_client, cancel),
+                ticket,
+            )
         })
     };
-    let Some((client, pending, cancel, ticket)) = found else {
+    let Some((client, pending, (by_client, cancel), ticket)) = found else {
         return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
     };
     let entry = SessionTicket {
@@ -1821,8 +1886,9 @@ async fn legacy_request(
         outcome = &mut work => match progress_rx.as_mut().map(|r| r.try_recv()) {
             Some(Ok(p)) => (Some(progress_frame(p)), Some(outcome)),
             // A request its client cancelled is not answered, as both eras'
-            // cancellation pages ask of a receiver: its stream ends empty.
-            _ if cancel.is_cancelled() => return sse_response(mpsc::channel(1).1),
+            // cancellation pages ask of a receiver: its stream ends empty. (One the
+            // session's end cancelled is: its client asked nothing.)
+            _ if by_client.is_cancelled() => return sse_response(mpsc::channel(1).1),
             _ => {
                 return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
             }
@@ -1870,8 +1936,8 @@ async fn legacy_request(
             while let Some(p) = progress_rx.as_mut().and_then(|r| r.try_recv().ok()) {
                 let _ = tx.try_send(progress_frame(p));
             }
-            // Cancelled (by its client, or with its session): not answered.
-            if !cancel.is_cancelled() {
+            // Cancelled by its client: not answered.
+            if !by_client.is_cancelled() {
                 let _ = tx
                     .send(sse_frame(&Message::Response(Response {
                         id: Some(id),
@@ -1937,7 +2003,7 @@ mod tests {
         let session = |principal: &Principal, seen: u64| {
             let token = CancelToken::new();
             let mut in_flight = InFlight::default();
-            in_flight.insert(RequestId::Number(1), token.clone());
+            in_flight.insert(RequestId::Number(1), token.clone(), token.clone());
             calls.borrow_mut().insert(seen, token);
             Session {
                 principal: principal.clone(),

@@ -819,8 +819,29 @@ fn invalid(message: impl Into<String>) -> RpcError {
 /// lives for `session_idle`, and its client may send megabytes of anything else).
 const KEPT_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
 
-/// The most one kept capability may take, as JSON (a real one is a few dozen bytes).
+/// The most one kept capability may take, as JSON (a real one is a few dozen bytes),
+/// and in values at every depth: parsed, `{"a0":0,"a1":0,…}` takes some twenty times
+/// its text, kept by every session for `session_idle`.
 const MAX_CAPABILITY_BYTES: usize = 4096;
+const MAX_CAPABILITY_VALUES: usize = 64;
+
+/// How many values `v` holds, itself and every one within, counting past `max` no
+/// further.
+fn values_within(v: &Value, max: usize) -> usize {
+    let mut n = 1;
+    let inner: Box<dyn Iterator<Item = &Value>> = match v {
+        Value::Object(m) => Box::new(m.values()),
+        Value::Array(a) => Box::new(a.iter()),
+        _ => return n,
+    };
+    for child in inner {
+        n += values_within(child, max.saturating_sub(n));
+        if n > max {
+            break;
+        }
+    }
+    n
+}
 
 /// What a legacy session keeps of `initialize`'s `capabilities`.
 fn kept_capabilities(asked: Option<&Value>) -> Result<Value, RpcError> {
@@ -836,6 +857,11 @@ fn kept_capabilities(asked: Option<&Value>) -> Result<Value, RpcError> {
         if size > MAX_CAPABILITY_BYTES {
             return Err(invalid(format!(
                 "capabilities.{key} is too large ({size} bytes; at most {MAX_CAPABILITY_BYTES})"
+            )));
+        }
+        if values_within(value, MAX_CAPABILITY_VALUES) > MAX_CAPABILITY_VALUES {
+            return Err(invalid(format!(
+                "capabilities.{key} holds too many values (at most {MAX_CAPABILITY_VALUES})"
             )));
         }
         kept.insert(key.to_string(), value.clone());
@@ -2344,10 +2370,12 @@ fn on_server(kind: CallKind, name: &str, server: &str) -> String {
 
 /// Requests in flight by key, for `notifications/cancelled`. Several may share a key
 /// (two clients holding one token pick the same id): a cancel cancels them all, and each
-/// request removes only its own entry.
+/// request removes only its own entry. Each has two tokens: the client's (cancelled by
+/// its `notifications/cancelled` only: such a request is not answered) and the call's
+/// (cancelled by that, and by the end of the session, whose requests are answered).
 pub(crate) struct InFlight<K> {
     next: u64,
-    map: HashMap<K, Vec<(u64, CancelToken)>>,
+    map: HashMap<K, Vec<(u64, CancelToken, CancelToken)>>,
     /// Cancellations of requests not (yet) in flight, kept a moment when they may have
     /// overtaken their request (see [`InFlight::cancel_or_keep`]): oldest first.
     early: std::collections::VecDeque<(K, Instant)>,
@@ -2372,24 +2400,28 @@ const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(5);
 impl<K: std::hash::Hash + Eq> InFlight<K> {
     /// Adds a request; the ticket removes it. One whose cancellation came first (kept
     /// by [`InFlight::cancel_or_keep`]) is cancelled at once.
-    pub(crate) fn insert(&mut self, key: K, token: CancelToken) -> u64 {
+    pub(crate) fn insert(&mut self, key: K, by_client: CancelToken, call: CancelToken) -> u64 {
         if !self.early.is_empty() {
             self.early
                 .retain(|(_, at)| at.elapsed() < EARLY_CANCEL_KEPT);
             if let Some(at) = self.early.iter().position(|(k, _)| *k == key) {
                 self.early.remove(at);
-                token.cancel();
+                by_client.cancel();
+                call.cancel();
             }
         }
         self.next += 1;
-        self.map.entry(key).or_default().push((self.next, token));
+        self.map
+            .entry(key)
+            .or_default()
+            .push((self.next, by_client, call));
         self.next
     }
 
     /// Removes the request of `ticket`.
     pub(crate) fn remove(&mut self, key: &K, ticket: u64) {
         if let Some(list) = self.map.get_mut(key) {
-            list.retain(|(t, _)| *t != ticket);
+            list.retain(|(t, _, _)| *t != ticket);
             if list.is_empty() {
                 self.map.remove(key);
             }
@@ -2401,17 +2433,18 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
         self.map.is_empty()
     }
 
-    /// Cancels every request.
+    /// Cancels every request's call (the session ends; not the client's doing).
     pub(crate) fn cancel_all(&self) {
-        for (_, token) in self.map.values().flatten() {
-            token.cancel();
+        for (_, _, call) in self.map.values().flatten() {
+            call.cancel();
         }
     }
 
-    /// Cancels every request under `key`.
+    /// Cancels every request under `key`, as its client asked.
     pub(crate) fn cancel(&self, key: &K) {
-        for (_, token) in self.map.get(key).into_iter().flatten() {
-            token.cancel();
+        for (_, by_client, call) in self.map.get(key).into_iter().flatten() {
+            by_client.cancel();
+            call.cancel();
         }
     }
 
@@ -2638,6 +2671,19 @@ mod tests {
         let refused = super::kept_capabilities(Some(&huge)).expect_err("too large");
         assert_eq!(refused.code, super::INVALID_PARAMS);
         assert_eq!(super::kept_capabilities(None).expect("none"), json!({}));
+        // Small as text, many values once parsed: refused too.
+        let many: serde_json::Map<String, Value> =
+            (0..200).map(|i| (format!("a{i}"), json!(0))).collect();
+        let many = json!({ "roots": many });
+        assert!(serde_json::to_vec(&many).expect("json").len() < super::MAX_CAPABILITY_BYTES);
+        let refused = super::kept_capabilities(Some(&many)).expect_err("too many");
+        assert!(
+            refused.message.contains("too many values"),
+            "{}",
+            refused.message
+        );
+        let nested = json!({"elicitation": {"form": {}, "url": {}}, "sampling": {"tools": {}, "context": {}}});
+        assert!(super::kept_capabilities(Some(&nested)).is_ok());
     }
 
     use super::*;
@@ -2772,7 +2818,7 @@ mod tests {
     fn a_cancellation_that_overtakes_its_request_cancels_it_when_it_comes() {
         let mut calls = InFlight::<u64>::default();
         let running = CancelToken::new();
-        let ticket = calls.insert(1, running.clone());
+        let ticket = calls.insert(1, running.clone(), running.clone());
         calls.cancel_or_keep(1);
         assert!(running.is_cancelled(), "a request in flight is cancelled");
         calls.remove(&1, ticket);
@@ -2783,20 +2829,20 @@ mod tests {
             "a kept cancellation is no request in flight"
         );
         let late = CancelToken::new();
-        calls.insert(2, late.clone());
+        calls.insert(2, late.clone(), late.clone());
         assert!(late.is_cancelled(), "the request it overtook is cancelled");
         let other = CancelToken::new();
-        calls.insert(3, other.clone());
+        calls.insert(3, other.clone(), other.clone());
         assert!(!other.is_cancelled(), "another id is not");
         // Bounded: the oldest go first.
         for id in 100..100 + EARLY_CANCELS as u64 + 1 {
             calls.cancel_or_keep(id);
         }
         let oldest = CancelToken::new();
-        calls.insert(100, oldest.clone());
+        calls.insert(100, oldest.clone(), oldest.clone());
         assert!(!oldest.is_cancelled(), "the oldest was let go");
         let newest = CancelToken::new();
-        calls.insert(100 + EARLY_CANCELS as u64, newest.clone());
+        calls.insert(100 + EARLY_CANCELS as u64, newest.clone(), newest.clone());
         assert!(newest.is_cancelled());
         assert!(calls.early.len() < EARLY_CANCELS);
         // Only for a moment.
@@ -2805,12 +2851,17 @@ mod tests {
             .early
             .push_back((7, Instant::now() - EARLY_CANCEL_KEPT));
         let stale = CancelToken::new();
-        calls.insert(7, stale.clone());
+        calls.insert(7, stale.clone(), stale.clone());
         assert!(
             !stale.is_cancelled(),
             "a cancellation kept past its moment is let go"
         );
         assert!(calls.early.is_empty());
+        // The session's end cancels the calls, not as their client: they are answered.
+        let (by_client, call) = (CancelToken::new(), CancelToken::new());
+        calls.insert(8, by_client.clone(), call.clone());
+        calls.cancel_all();
+        assert!(call.is_cancelled() && !by_client.is_cancelled());
     }
 
     #[tokio::test]

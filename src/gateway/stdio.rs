@@ -453,7 +453,9 @@ pub async fn serve(
                     .is_some();
                 let legacy = if modern { None } else { session.lock().clone() };
                 let token = CancelToken::new();
-                let ticket = calls.lock().insert(id_key(&request.id), token.clone());
+                let ticket = calls
+                    .lock()
+                    .insert(id_key(&request.id), token.clone(), token.clone());
                 if modern && request.method == "subscriptions/listen" {
                     let open = listens.fetch_add(1, Ordering::SeqCst);
                     let envelope = Gateway::check_envelope(&request).and_then(|_| {
