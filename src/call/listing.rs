@@ -284,6 +284,8 @@ struct Walker<'a> {
     epoch: u64,
     /// The walk's number ([`crate::registry::Registry::walk_begins`]).
     walk: u64,
+    /// Its place among the server's walks that fetch, once it fetches.
+    fetching: Option<tokio::sync::OwnedSemaphorePermit>,
     pages: Vec<Arc<Value>>,
     /// Pages to keep in memory and on disk: fetched, or read from the shared layer.
     fetched: Vec<Page>,
@@ -364,6 +366,17 @@ impl<'a> Walker<'a> {
                 bytes: hit.bytes,
             });
             return Ok((hit.value, hit.bytes, true));
+        }
+        if self.fetching.is_none() {
+            self.fetching = self.server.fetching_walk().await;
+            // Another walk may have filled the cache while this one waited.
+            if self.use_cache
+                && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
+            {
+                self.fetching = None;
+                self.saw_cached(&hit);
+                return Ok((hit.value, hit.bytes, true));
+            }
         }
         self.from_cache = false;
         // From here on the walk reads the server alone: a later page cached by another
@@ -591,6 +604,7 @@ async fn walk(
         handlers: ctx.inputs.snapshot(),
         epoch: ctx.registry.cache.walk_epoch(server.id()),
         walk: ctx.registry.walk_begins(),
+        fetching: None,
         pages: Vec::new(),
         fetched: Vec::new(),
         to_share: Vec::new(),

@@ -86,7 +86,15 @@ pub(crate) struct ServerShared {
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
     unowned: parking_lot::Mutex<Unowned>,
+    /// Walks of its lists fetching pages now (see [`MAX_FETCHING_WALKS`]).
+    fetching: Arc<tokio::sync::Semaphore>,
 }
+
+/// Walks of one server's lists that may fetch pages at once. Each holds up to
+/// `max_list_bytes` of pages while it walks: without a bound, many bare-name calls at
+/// once on a server whose lists are not cached (`ttlMs: 0`) held that many times it.
+/// The others wait (within their deadlines), and find the cache filled when they may.
+pub(crate) const MAX_FETCHING_WALKS: usize = 4;
 
 /// The requests of no call on a server now, and a token cancelled when the last one
 /// ends: a question asked during them (an approval queued, a prompt shown) is then
@@ -177,12 +185,18 @@ impl ServerRef {
             attempts: std::sync::atomic::AtomicU64::new(0),
             added_by,
             unowned: parking_lot::Mutex::new(Unowned::default()),
+            fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING_WALKS)),
         }))
     }
 
     /// The add request that put it in the directory.
     pub(crate) fn added_by(&self) -> u64 {
         self.0.added_by
+    }
+
+    /// A place among the walks of its lists that fetch pages, once one is free.
+    pub(crate) async fn fetching_walk(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0.fetching.clone().acquire_owned().await.ok()
     }
 
     /// The server's id.
