@@ -362,6 +362,36 @@ async fn a_legacy_server_that_pings_before_answering_initialize_is_answered() {
     conn.shutdown().await;
 }
 
+// The same after a flood: what a server sends before its handshake is done is held
+// only so far, and past that dropped, but its ping is still answered. Before, the ping
+// found the queue full and was dropped, and the server waited for its answer until the
+// handshake timed out.
+#[tokio::test]
+async fn a_legacy_server_that_floods_then_pings_before_answering_initialize_is_answered() {
+    let spec = demo_stdio(&[
+        "pinger",
+        "--era",
+        "legacy",
+        "--ping-before-initialize",
+        "--notify-at-discover",
+        "2000",
+    ]);
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_secs(5),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("pinger", spec, opts)
+        .await
+        .expect("connect");
+    assert_eq!(conn.era(), Era::Legacy);
+    let r = conn
+        .request("tools/call", call("add", json!({"a": 2, "b": 40})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "42");
+    conn.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_modern_mrtr_round_keeps_keys_and_echoes_request_state_exactly() {
     let (conn, _events) = Connection::connect("alpha", demo_stdio(&["alpha"]), options())

@@ -72,14 +72,14 @@ impl InboundSink {
     }
 
     /// Queues `message`, `bytes` long as the server sent it, unless the channel is full
-    /// in messages or in bytes ([`QUEUED_BYTES`]): false, and it is dropped. Progress
-    /// goes to the hook instead, at once.
-    pub(crate) fn offer(&self, message: Inbound, bytes: usize) -> bool {
+    /// in messages or in bytes ([`QUEUED_BYTES`]): then it is given back. Progress goes
+    /// to the hook instead, at once.
+    pub(crate) fn offer(&self, message: Inbound, bytes: usize) -> Result<(), Inbound> {
         if let (Inbound::Notification(n), Some(hook)) = (&message, &self.progress)
             && n.method == "notifications/progress"
         {
             (hook.0)(n.params.as_ref());
-            return true;
+            return Ok(());
         }
         let before = self.queued.fetch_add(bytes, Ordering::SeqCst);
         let charge = Charge {
@@ -87,11 +87,25 @@ impl InboundSink {
             queued: self.queued.clone(),
         };
         if before > 0 && before.saturating_add(bytes) > QUEUED_BYTES {
-            return false;
+            return Err(message);
         }
-        self.tx.try_send(Queued { message, charge }).is_ok()
+        self.tx
+            .try_send(Queued { message, charge })
+            .map_err(|e| e.into_inner().message)
     }
+}
 
+/// The answer to a server's request that found no room in the inbound channel: sent at
+/// once, so that the server does not wait for one that would never come (and the call
+/// it asked during with it).
+pub(crate) fn busy() -> crate::protocol::RpcError {
+    crate::protocol::RpcError::new(
+        crate::protocol::error::INTERNAL_ERROR,
+        "the client is too busy to handle this request now; try later",
+    )
+}
+
+impl InboundSink {
     /// Queues the end of the transport, waiting for room.
     pub(crate) async fn send(
         &self,
@@ -126,5 +140,32 @@ impl Ids {
 
     pub(crate) fn next(&self) -> RequestId {
         RequestId::Number(self.0.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_that_finds_no_room_is_given_back_whole() {
+        let (tx, _rx) = mpsc::channel(1);
+        let sink = InboundSink::new(tx, None);
+        let request = |id: i64| Request {
+            id: RequestId::Number(id),
+            method: "roots/list".into(),
+            params: None,
+        };
+        assert!(sink.offer(Inbound::Request(request(1), None), 10).is_ok());
+        // The transport answers it itself: it needs the id and whose it was.
+        match sink.offer(Inbound::Request(request(2), Some("alice".into())), 10) {
+            Err(Inbound::Request(r, who)) => {
+                assert_eq!(r.id, RequestId::Number(2));
+                assert_eq!(who.as_deref(), Some("alice"));
+            }
+            _ => panic!("the second has no room"),
+        }
+        // Its bytes are not kept counted.
+        assert_eq!(sink.queued.load(Ordering::SeqCst), 10);
     }
 }

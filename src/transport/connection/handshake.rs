@@ -81,8 +81,9 @@ const PING_ANSWERS: usize = 4;
 /// `initialized` (the one request the protocol lets it send then) and wait for the
 /// answer before it replies to `initialize`; unanswered until the dispatcher starts, it
 /// would hang the handshake to its timeout. Everything else the server sends meanwhile
-/// is held, in order, for the dispatcher: at most `limit` messages, past which they
-/// stay in the inbound channel, which drops what it has no room for.
+/// is held, in order, for the dispatcher: at most `limit` messages, past which the rest
+/// are dropped (a request told the client is busy), while pings are still answered: a
+/// server that talks a lot before pinging is not left waiting for its answer.
 pub(super) async fn answering_pings<T>(
     transport: &std::sync::Arc<Transport>,
     inbound: &mut mpsc::Receiver<Queued>,
@@ -97,26 +98,34 @@ pub(super) async fn answering_pings<T>(
         tokio::select! {
             biased;
             done = &mut handshake => return done,
-            Some(queued) = inbound.recv(), if held.len() < limit => match queued.message {
-                Inbound::Request(ping, identity) if ping.method == "ping" => {
-                    // On a task of its own: an answer an HTTP server is slow to take
-                    // must not stop the handshake reading its reply meanwhile. A few at
-                    // once at most; a flood's others go unanswered.
-                    let Ok(permit) = answers.clone().try_acquire_owned() else {
+            Some(queued) = inbound.recv() => {
+                let (id, answer, identity) = match queued.message {
+                    Inbound::Request(ping, identity) if ping.method == "ping" => {
+                        (ping.id, Ok(json!({})), identity)
+                    }
+                    _ if held.len() < limit => {
+                        held.push(queued);
                         continue;
-                    };
-                    let transport = std::sync::Arc::downgrade(transport);
-                    tokio::spawn(async move {
-                        if let Some(t) = transport.upgrade() {
-                            let _ = t
-                                .respond(ping.id, Ok(json!({})), timeout, identity.as_deref())
-                                .await;
-                        }
-                        drop(permit);
-                    });
-                }
-                _ => held.push(queued),
-            },
+                    }
+                    Inbound::Request(request, identity) => {
+                        (request.id, Err(crate::transport::inbound::busy()), identity)
+                    }
+                    _ => continue,
+                };
+                // On a task of its own: an answer an HTTP server is slow to take must
+                // not stop the handshake reading its reply meanwhile. A few at once at
+                // most; a flood's others go unanswered.
+                let Ok(permit) = answers.clone().try_acquire_owned() else {
+                    continue;
+                };
+                let transport = std::sync::Arc::downgrade(transport);
+                tokio::spawn(async move {
+                    if let Some(t) = transport.upgrade() {
+                        let _ = t.respond(id, answer, timeout, identity.as_deref()).await;
+                    }
+                    drop(permit);
+                });
+            }
         }
     }
 }

@@ -101,7 +101,12 @@ pub(crate) struct HttpTransport {
     /// left (it goes on without that request): one request's default deadline.
     renewal_limit: Duration,
     this: Weak<HttpTransport>,
+    /// Answers being sent to requests that found the inbound channel full.
+    busy_answers: Arc<tokio::sync::Semaphore>,
 }
+
+/// Answers to requests that found no room sent at once, at most.
+const BUSY_ANSWERS: usize = 4;
 
 impl HttpTransport {
     /// Prepares a transport for `spec`; nothing is sent until the first request.
@@ -166,6 +171,7 @@ impl HttpTransport {
             sign_in,
             renewal_limit,
             this: this.clone(),
+            busy_answers: Arc::new(tokio::sync::Semaphore::new(BUSY_ANSWERS)),
         }))
     }
 
@@ -881,18 +887,18 @@ impl HttpTransport {
                         }
                     }
                     Ok(Message::Request(r)) => {
-                        if !self
+                        if let Err(Inbound::Request(r, identity)) = self
                             .inbound
                             .offer(Inbound::Request(r, identity.clone()), event.data.len())
-                            && let Some(ignored) = self.ignored.log()
                         {
-                            tracing::warn!(server = %self.server, ignored, "server request dropped: channel full");
+                            self.refuse_busy(r.id, identity);
                         }
                     }
                     Ok(Message::Notification(n)) => {
-                        if !self
+                        if self
                             .inbound
                             .offer(Inbound::Notification(n), event.data.len())
+                            .is_err()
                         {
                             tracing::debug!(server = %self.server, "server notification dropped: channel full");
                         }
@@ -977,6 +983,33 @@ impl HttpTransport {
         tokio::time::timeout(timeout, sent)
             .await
             .unwrap_or(Err(TransportError::Timeout(timeout)))
+    }
+
+    /// Tells the server at once that its request `id` found no room (the inbound
+    /// channel full), rather than leave it waiting for an answer that would never come:
+    /// on a task of its own, at most [`BUSY_ANSWERS`] at once (past them it is dropped).
+    fn refuse_busy(&self, id: RequestId, identity: Option<Arc<str>>) {
+        if let Some(ignored) = self.ignored.log() {
+            tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
+        }
+        let (Some(this), Ok(permit)) = (
+            self.this.upgrade(),
+            self.busy_answers.clone().try_acquire_owned(),
+        ) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let timeout = this.renewal_limit;
+            let _ = this
+                .respond(
+                    id,
+                    Err(crate::transport::inbound::busy()),
+                    timeout,
+                    identity.as_deref(),
+                )
+                .await;
+            drop(permit);
+        });
     }
 
     /// POSTs a message that has no reply, with `extra` headers (replacing any), as

@@ -99,6 +99,8 @@ struct Shared {
     overflow: Mutex<Vec<u8>>,
     /// Stops the reader when the transport ends without the EOF that would stop it.
     stop_reader: Mutex<Option<oneshot::Sender<TransportError>>>,
+    /// The writer, for the reader's own answers (weak: the transport's end closes it).
+    writer: mpsc::WeakSender<WriterCmd>,
 }
 
 impl Shared {
@@ -194,6 +196,7 @@ impl StdioTransport {
         let spawned = ProcessGroup::spawn(spec)?;
         let pid = spawned.group.pid();
         let (stop_reader, reader_stopped) = oneshot::channel();
+        let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let shared = Arc::new(Shared {
             server: server.to_string(),
             pending: Mutex::default(),
@@ -204,8 +207,8 @@ impl StdioTransport {
             stdin_full: LogBudget::default(),
             overflow: Mutex::default(),
             stop_reader: Mutex::new(Some(stop_reader)),
+            writer: writer.downgrade(),
         });
-        let (writer, rx) = mpsc::channel(WRITER_QUEUE);
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
         // A descendant that left the process group (`setsid`) can hold stdin and stderr
         // open, unread or silent, past the group's kill: the writer stuck in a write and
@@ -635,15 +638,27 @@ fn on_message(
     match message {
         Ok(Message::Response(response)) => route_response(shared, response),
         Ok(Message::Request(request)) => {
-            // Never wait on a full channel: replies behind it would stall.
-            if !inbound.offer(Inbound::Request(request, None), line.len())
-                && let Some(ignored) = shared.ignored.log()
+            // Never wait on a full channel: replies behind it would stall. The server is
+            // told at once instead (if the writer has room).
+            if let Err(Inbound::Request(request, _)) =
+                inbound.offer(Inbound::Request(request, None), line.len())
             {
-                tracing::warn!(server = %shared.server, ignored, "server request dropped: channel full");
+                if let Some(ignored) = shared.ignored.log() {
+                    tracing::warn!(server = %shared.server, ignored, "server request refused: channel full");
+                }
+                let mut answer = Vec::with_capacity(128);
+                Message::Response(Response {
+                    id: Some(request.id),
+                    outcome: Err(crate::transport::inbound::busy()),
+                })
+                .write_line(&mut answer);
+                if let Some(writer) = shared.writer.upgrade() {
+                    let _ = writer.try_send(WriterCmd::Line(answer, None));
+                }
             }
         }
         Ok(Message::Notification(n)) => {
-            if !inbound.offer(Inbound::Notification(n), line.len()) {
+            if inbound.offer(Inbound::Notification(n), line.len()).is_err() {
                 tracing::debug!(server = %shared.server, "server notification dropped: channel full");
             }
         }
