@@ -204,7 +204,6 @@ impl Registry {
             server.to_string(),
             Announced {
                 at: now,
-                last: hash.clone(),
                 held: None,
                 timer: TIMERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             },
@@ -214,19 +213,19 @@ impl Registry {
     }
 
     /// Announces the hash held back for `server` by the timer `timer`, if it still is
-    /// (not once the server was removed, or announced anew since) and differs from the
-    /// last announced (a list that changed and changed back).
+    /// (not once the server was removed, or announced anew since). Even one equal to the
+    /// last announced: a listing may have read another version meanwhile (in another
+    /// scope, or served to a caller), whose readers must hear the list changed again.
     fn release_held(&self, server: &str, timer: u64) {
         let hash = {
             let mut announced = self.announced.lock();
             let Some(a) = announced.get_mut(server).filter(|a| a.timer == timer) else {
                 return;
             };
-            let Some(hash) = a.held.take().filter(|h| *h != a.last) else {
+            let Some(hash) = a.held.take() else {
                 return;
             };
             a.at = std::time::Instant::now();
-            a.last = hash.clone();
             hash
         };
         self.announce_tools_changed(server, hash);
@@ -250,8 +249,6 @@ impl Registry {
 struct Announced {
     /// When it went out.
     at: std::time::Instant,
-    /// Its hash.
-    last: String,
     /// A newer hash, held until the gap after it has passed.
     held: Option<String>,
     /// The timer that releases what is held: a timer of an entry replaced since (the
@@ -721,11 +718,12 @@ mod tests {
                 hash: expected
             }]
         );
-        // A list that changed and changed back within the gap: no change to announce.
+        // A list that changed and changed back within the gap is announced again: the
+        // version between may have been read.
         registry.tools_listed("s", scope(), &tools(&["x"]), at(registry.walk_begins()));
         registry.tools_listed("s", scope(), &tools(&["e"]), at(registry.walk_begins()));
         tokio::time::sleep(TOOLS_CHANGED_GAP + Duration::from_millis(200)).await;
-        assert_eq!(heard(&mut events), 0, "changed back");
+        assert_eq!(heard(&mut events), 1, "changed back");
         // A removed server's held change is not announced.
         tokio::time::sleep(TOOLS_CHANGED_GAP).await;
         registry.tools_listed("s", scope(), &tools(&["f"]), at(registry.walk_begins()));
