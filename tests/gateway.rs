@@ -530,6 +530,12 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
             "application/json, text/event-stream;q=0",
             406,
         ),
+        (
+            "application/json",
+            "application/json, text/event-stream;q=0, */*",
+            406,
+        ),
+        ("application/json", "*/*", 200),
     ] {
         let r = with(content_type, accept).await.expect("post");
         assert_eq!(r.status().as_u16(), want, "{content_type} / {accept}");

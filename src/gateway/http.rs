@@ -54,10 +54,23 @@ const MAX_CONNECTIONS: usize = 1024;
 /// at most `LARGE_BODY_BUDGET` × `max_body_bytes` bytes; past it, 503.
 pub(crate) const LARGE_BODY: usize = 64 * 1024;
 pub(crate) const LARGE_BODY_BUDGET: usize = 4;
-/// Every principal's large bodies together (calls' and answers'): at most this many ×
-/// `max_body_bytes`; past it, 503. Each principal's budget alone would let many
-/// principals (a JWT issuer's every subject is one) hold without bound.
+/// Every principal's large bodies together: at most this many × `max_body_bytes` of
+/// calls, and as many of answers (apart, as each principal's are: large calls waiting
+/// for large answers must not keep those out); past it, 503. Each principal's budget
+/// alone would let many principals (a JWT issuer's every subject is one) hold without
+/// bound.
 pub(crate) const LARGE_BODY_ALL: usize = 16;
+
+/// Every principal's count of one kind of large bodies.
+type AllOf = fn(&State) -> &AtomicUsize;
+/// A bound on every principal's count, and which count it is.
+type AllBound = Option<(usize, AllOf)>;
+/// A principal's large-body budget, and every principal's together.
+type Budget = (fn(&State) -> &Mutex<HashMap<Principal, usize>>, AllOf);
+/// The calls' budgets ([`Budget`]).
+const CALLS: Budget = (|s| &s.large_bodies, |s| &s.large_bodies_all);
+/// The answers' budgets ([`Budget`]).
+const ANSWERS: Budget = (|s| &s.large_answers, |s| &s.large_answers_all);
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -249,8 +262,9 @@ struct State {
     /// answers: a budget of their own, so that large calls waiting for large answers
     /// do not keep those answers out.
     large_answers: Mutex<HashMap<Principal, usize>>,
-    /// Bytes of large bodies in flight, every principal's and both budgets together.
-    large_all: AtomicUsize,
+    /// Bytes of large bodies in flight, every principal's together: calls', answers'.
+    large_bodies_all: AtomicUsize,
+    large_answers_all: AtomicUsize,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -377,7 +391,8 @@ pub async fn serve(
         gets: Mutex::default(),
         large_bodies: Mutex::default(),
         large_answers: Mutex::default(),
-        large_all: AtomicUsize::new(0),
+        large_bodies_all: AtomicUsize::new(0),
+        large_answers_all: AtomicUsize::new(0),
         closing: CancelToken::new(),
         streams: Arc::new(Streams::new(max_streams)),
     });
@@ -770,21 +785,31 @@ fn media_type(value: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// Whether an `Accept` header takes `wanted` (`type/subtype`, lower case): named, or by
-/// `type/*` or `*/*`, with a weight other than `q=0` (which says not this one).
+/// Whether an `Accept` header takes `wanted` (`type/subtype`, lower case): the most
+/// specific range that covers it (by name, then `type/*`, then `*/*`) decides, and
+/// `q=0` says not this one (RFC 9110, 12.5.1).
 fn accepts(accept: &str, wanted: &str) -> bool {
     let any_of_type = wanted.split_once('/').map(|(t, _)| format!("{t}/*"));
-    accept.split(',').any(|range| {
+    let mut decided: Option<(u8, bool)> = None;
+    for range in accept.split(',') {
+        let name = media_type(range);
+        let specific = match name.as_str() {
+            n if n == wanted => 3,
+            n if any_of_type.as_deref() == Some(n) => 2,
+            "*/*" => 1,
+            _ => continue,
+        };
         let refused = range.split(';').skip(1).any(|p| {
             p.split_once('=').is_some_and(|(k, v)| {
                 k.trim().eq_ignore_ascii_case("q")
                     && v.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
             })
         });
-        let range = media_type(range);
-        !refused
-            && (range == wanted || range == "*/*" || any_of_type.as_deref() == Some(range.as_str()))
-    })
+        if decided.is_none_or(|(s, _)| specific > s) {
+            decided = Some((specific, !refused));
+        }
+    }
+    decided.is_some_and(|(_, taken)| taken)
 }
 
 /// 405, with the methods the endpoint takes (RFC 9110 asks for them; GET and DELETE
@@ -1080,9 +1105,9 @@ async fn post(
             .get(sid)
             .is_some_and(|s| s.principal == principal && s.pending.waiting())
     });
-    let budget: fn(&State) -> &Mutex<HashMap<Principal, usize>> = match answering {
-        true => |s| &s.large_answers,
-        false => |s| &s.large_bodies,
+    let budget = match answering {
+        true => ANSWERS,
+        false => CALLS,
     };
     let (body, large) = match read_body(&state, &principal, req.into_body(), limit, budget).await {
         Ok(read) => read,
@@ -1098,12 +1123,13 @@ async fn post(
                 let weight = slot.weight;
                 drop(slot);
                 let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
+                let all = limit.saturating_mul(LARGE_BODY_ALL);
                 match PrincipalSlot::take_weighted(
                     &state,
                     &principal,
-                    |s| &s.large_bodies,
+                    CALLS.0,
                     weight,
-                    (budget, Some(limit.saturating_mul(LARGE_BODY_ALL))),
+                    (budget, Some((all, CALLS.1))),
                 ) {
                     Some(slot) => Some(slot),
                     None => return too_many_large(&principal, limit, id),
@@ -1329,8 +1355,8 @@ struct PrincipalSlot {
     principal: Principal,
     count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
     weight: usize,
-    /// Charged to `State::large_all` too, up to this (a large body's).
-    all: Option<usize>,
+    /// Charged to every principal's count too, up to its bound (a large body's).
+    all: AllBound,
 }
 
 /// The 503 for a large body past its principal's budget (`id`: its request's, once
@@ -1393,10 +1419,10 @@ async fn read_body(
     principal: &Principal,
     mut body: Incoming,
     limit: usize,
-    count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
+    (count, all_of): Budget,
 ) -> Result<(Bytes, Option<PrincipalSlot>), HttpResponse> {
     let budget = limit.saturating_mul(LARGE_BODY_BUDGET);
-    let all = Some(limit.saturating_mul(LARGE_BODY_ALL));
+    let all = Some((limit.saturating_mul(LARGE_BODY_ALL), all_of));
     let mut slot: Option<PrincipalSlot> = None;
     let mut refused = false;
     let mut kept: Vec<u8> = Vec::new();
@@ -1477,15 +1503,15 @@ impl PrincipalSlot {
         principal: &Principal,
         count: fn(&State) -> &Mutex<HashMap<Principal, usize>>,
         weight: usize,
-        (max, all): (usize, Option<usize>),
+        (max, all): (usize, AllBound),
     ) -> Option<PrincipalSlot> {
         let mut open = count(state).lock();
         let n = open.entry(principal.clone()).or_default();
         if *n > 0 && n.saturating_add(weight) > max || *n >= max {
             return None;
         }
-        if let Some(all) = all
-            && !charge_all(state, weight, all)
+        if let Some((bound, all_of)) = all
+            && !charge_all(all_of(state), weight, bound)
         {
             if *n == 0 {
                 open.remove(principal);
@@ -1503,14 +1529,12 @@ impl PrincipalSlot {
     }
 }
 
-/// Adds `weight` to every principal's large bodies, if they stay within `all`.
-fn charge_all(state: &State, weight: usize, all: usize) -> bool {
-    state
-        .large_all
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-            held.checked_add(weight).filter(|t| *t <= all)
-        })
-        .is_ok()
+/// Adds `weight` to every principal's large bodies (`all`), if they stay within `bound`.
+fn charge_all(all: &AtomicUsize, weight: usize, bound: usize) -> bool {
+    all.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+        held.checked_add(weight).filter(|t| *t <= bound)
+    })
+    .is_ok()
 }
 
 impl PrincipalSlot {
@@ -1522,8 +1546,8 @@ impl PrincipalSlot {
         if n.saturating_add(extra) > max {
             return false;
         }
-        if let Some(all) = self.all
-            && !charge_all(&self.state, extra, all)
+        if let Some((bound, all_of)) = self.all
+            && !charge_all(all_of(&self.state), extra, bound)
         {
             return false;
         }
@@ -1535,10 +1559,8 @@ impl PrincipalSlot {
 
 impl Drop for PrincipalSlot {
     fn drop(&mut self) {
-        if self.all.is_some() {
-            self.state
-                .large_all
-                .fetch_sub(self.weight, Ordering::AcqRel);
+        if let Some((_, all_of)) = self.all {
+            all_of(&self.state).fetch_sub(self.weight, Ordering::AcqRel);
         }
         let mut open = (self.count)(&self.state).lock();
         if let Some(n) = open.get_mut(&self.principal) {
