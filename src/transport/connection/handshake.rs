@@ -94,28 +94,33 @@ pub(super) async fn answering_pings<T>(
 ) -> T {
     let mut handshake = std::pin::pin!(handshake);
     let answers = std::sync::Arc::new(tokio::sync::Semaphore::new(PING_ANSWERS));
+    // Refusals apart: a flood of them must not take the places of the pings' answers.
+    let refusals = std::sync::Arc::new(tokio::sync::Semaphore::new(PING_ANSWERS));
     loop {
         tokio::select! {
             biased;
             done = &mut handshake => return done,
             Some(queued) = inbound.recv() => {
-                let (id, answer, identity) = match queued.message {
+                let (id, answer, identity, places) = match queued.message {
                     Inbound::Request(ping, identity) if ping.method == "ping" => {
-                        (ping.id, Ok(json!({})), identity)
+                        (ping.id, Ok(json!({})), identity, &answers)
                     }
                     _ if held.len() < limit => {
                         held.push(queued);
                         continue;
                     }
-                    Inbound::Request(request, identity) => {
-                        (request.id, Err(crate::transport::inbound::busy()), identity)
-                    }
+                    Inbound::Request(request, identity) => (
+                        request.id,
+                        Err(crate::transport::inbound::busy()),
+                        identity,
+                        &refusals,
+                    ),
                     _ => continue,
                 };
                 // On a task of its own: an answer an HTTP server is slow to take must
                 // not stop the handshake reading its reply meanwhile. A few at once at
                 // most; a flood's others go unanswered.
-                let Ok(permit) = answers.clone().try_acquire_owned() else {
+                let Ok(permit) = places.clone().try_acquire_owned() else {
                     continue;
                 };
                 let transport = std::sync::Arc::downgrade(transport);
