@@ -434,7 +434,7 @@ impl<'a> Walker<'a> {
         // `cache.default_ttl` is for legacy servers, which cannot send hints. A modern
         // one must send them; one that does not is held to ttl 0, as the spec says,
         // unless it announces this list's changes (its listen drops the list then).
-        // Not known which (the connection replaced meanwhile): not kept.
+        // Not known which (no connection now): not kept.
         let default_ttl_fits = || {
             self.server.connection().is_some_and(|c| {
                 c.era() == crate::transport::Era::Legacy

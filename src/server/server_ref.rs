@@ -94,7 +94,7 @@ pub(crate) struct ServerShared {
 /// `max_list_bytes` of pages while it walks: without a bound, many bare-name calls at
 /// once on a server whose lists are not cached (`ttlMs: 0`) held that many times it.
 /// The others wait (within their deadlines), and find the cache filled when they may.
-pub(crate) const MAX_FETCHING_WALKS: usize = 4;
+pub(crate) const MAX_FETCHING_WALKS: usize = 8;
 
 /// The requests of no call on a server now, and a token cancelled when the last one
 /// ends: a question asked during them (an approval queued, a prompt shown) is then
