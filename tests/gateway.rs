@@ -1981,31 +1981,30 @@ async fn a_principals_large_requests_in_flight_are_held_to_a_byte_budget() {
     gw.stop().await;
 }
 
+/// A POST to `addr` as `token` that declares a body of 250,000 bytes, sends `sent` more
+/// after its first few, and waits: a connection holding that much of a body.
+async fn stalled_post(addr: &str, token: &str, sent: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream
+        .write_all("x".repeat(sent).as_bytes())
+        .await
+        .expect("write");
+    stream
+}
+
 #[tokio::test]
 async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
-    use tokio::io::AsyncWriteExt;
     // Bodies up to 256 KiB: a principal's large ones in flight come to 1 MiB at most.
     let setup = Setup::new("max_body_bytes = 262144", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     let addr = gw.authority();
     // Requests that declare 250,000 bytes and send `sent` of them, then wait.
-    let stalled = |sent: usize| {
-        let addr = addr.clone();
-        async move {
-            let mut stream = tokio::net::TcpStream::connect(&addr)
-                .await
-                .expect("connect");
-            let head = format!(
-                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
-            );
-            stream.write_all(head.as_bytes()).await.expect("write");
-            stream
-                .write_all("x".repeat(sent).as_bytes())
-                .await
-                .expect("write");
-            stream
-        }
-    };
+    let stalled = |sent: usize| stalled_post(&addr, "tok-a", sent);
     let call = |n: u64| {
         let mut r = request(
             "tools/call",
@@ -2078,7 +2077,6 @@ async fn large_bodies_are_charged_to_their_principals_budget_as_they_arrive() {
 // without bound.
 #[tokio::test]
 async fn every_principals_large_bodies_together_are_bounded() {
-    use tokio::io::AsyncWriteExt;
     let (signing, jwk) = es256_key("k1");
     let jwks = temp_file("jwks-all");
     std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).expect("jwks");
@@ -2104,20 +2102,7 @@ async fn every_principals_large_bodies_together_are_bounded() {
     // A request as `user` that declares 250,000 bytes, sends all but 100, and waits.
     let stalled = |user: usize| {
         let (addr, token) = (addr.clone(), token(user));
-        async move {
-            let mut stream = tokio::net::TcpStream::connect(&addr)
-                .await
-                .expect("connect");
-            let head = format!(
-                "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/list\r\nContent-Length: 250000\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{{\"x\":\""
-            );
-            stream.write_all(head.as_bytes()).await.expect("write");
-            stream
-                .write_all("x".repeat(250_000 - 100 - head.len()).as_bytes())
-                .await
-                .expect("write");
-            stream
-        }
+        async move { stalled_post(&addr, &token, 250_000 - 100).await }
     };
     let call = request(
         "tools/call",

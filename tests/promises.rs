@@ -828,60 +828,25 @@ async fn a_list_used_close_to_its_expiry_is_read_again_ahead_of_the_next_caller(
     let _ = std::fs::remove_file(record);
 }
 
+// A list answered with `input_required` (only calls may), or a page of the wrong shape
+// (its items not an array, its cursor not a string), is the server's error: before, a
+// page of the wrong shape read as an empty list, or as the list's end, and was cached
+// so for `default_ttl`.
 #[tokio::test]
-async fn a_list_answered_with_input_required_is_refused_and_never_cached() {
-    let record = temp_file("list-ir");
-    let h = start_ready(config(vec![with_record(
-        "s",
-        &record,
-        &["--list-input-required"],
-    )]))
-    .await;
-    for _ in 0..2 {
-        let listing = h
-            .listing(&a(), CallKind::Tool, None)
-            .await
-            .expect("listing");
-        assert!(listing.items.is_empty());
-        let (unreachable, error) = &listing.unreachable[0];
-        assert_eq!(unreachable.server, "s");
-        assert!(
-            matches!(
-                error,
-                Some(CallError::Server(mcp_harness::ServerError::Protocol { .. }))
-            ),
-            "{error:?}"
-        );
-    }
-    assert_eq!(
-        count(&record, "tools/list"),
-        2,
-        "asked again: nothing was cached"
-    );
-    assert_eq!(h.cache_stats().l1.entries, 0);
-    h.shutdown().await;
-    let _ = std::fs::remove_file(record);
-}
-
-// A list page of the wrong shape (its items not an array, its cursor not a string)
-// is the server's error: before, it read as an empty list, or as the list's end, and
-// was cached so for `default_ttl`.
-#[tokio::test]
-async fn a_list_page_of_the_wrong_shape_is_refused_and_never_cached() {
-    for shape in ["tools-object", "cursor-number"] {
-        let record = temp_file("list-shape");
-        let h = start_ready(config(vec![with_record(
-            "s",
-            &record,
-            &["--malformed-list", shape],
-        )]))
-        .await;
+async fn a_list_that_is_no_list_is_refused_and_never_cached() {
+    for bad in [
+        &["--list-input-required"][..],
+        &["--malformed-list", "tools-object"],
+        &["--malformed-list", "cursor-number"],
+    ] {
+        let record = temp_file("no-list");
+        let h = start_ready(config(vec![with_record("s", &record, bad)])).await;
         for _ in 0..2 {
             let listing = h
                 .listing(&a(), CallKind::Tool, None)
                 .await
                 .expect("listing");
-            assert!(listing.items.is_empty(), "{shape}");
+            assert!(listing.items.is_empty(), "{bad:?}");
             let (unreachable, error) = &listing.unreachable[0];
             assert_eq!(unreachable.server, "s");
             assert!(
@@ -889,19 +854,16 @@ async fn a_list_page_of_the_wrong_shape_is_refused_and_never_cached() {
                     error,
                     Some(CallError::Server(mcp_harness::ServerError::Protocol { .. }))
                 ),
-                "{shape}: {error:?}"
+                "{bad:?}: {error:?}"
             );
         }
-        assert_eq!(count(&record, "tools/list"), 2, "{shape}: asked again");
-        assert_eq!(h.cache_stats().l1.entries, 0, "{shape}");
+        assert_eq!(count(&record, "tools/list"), 2, "{bad:?}: asked again");
+        assert_eq!(h.cache_stats().l1.entries, 0, "{bad:?}");
         h.shutdown().await;
         let _ = std::fs::remove_file(record);
     }
 }
 
-// A modern server that sends no `ttlMs` is held to 0, as the spec says, unless it
-// announces its list's changes (the harness listens, and drops the list on one): only
-// then is `default_ttl` (meant for legacy servers) its list's freshness.
 #[tokio::test]
 async fn a_modern_list_without_hints_is_cached_only_when_its_changes_are_announced() {
     for (announced, reads) in [(false, 2), (true, 1)] {
