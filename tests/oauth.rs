@@ -1677,6 +1677,16 @@ async fn a_broken_event_stream_is_resumed_with_the_token_of_the_user_whose_call_
         .await
         .expect("resumed");
     assert_eq!(r["content"][0]["text"], "resumed", "{r}");
+    let (alices, resumed) = alices_token_and(&w, |r| {
+        r["method"] == "GET" && r["headers"]["last-event-id"].is_string()
+    });
+    assert_eq!(resumed, [alices], "resumed as alice");
+    h.shutdown().await;
+}
+
+/// The token alice's call carried, as the protected server recorded it, and the tokens
+/// of the requests `of` picks among its records.
+fn alices_token_and(w: &World, of: impl Fn(&Value) -> bool) -> (String, Vec<String>) {
     let records = recorded(&w.mcp_record);
     let token_of = |r: &Value| r["headers"]["authorization"].as_str().map(String::from);
     let alices = records
@@ -1684,13 +1694,12 @@ async fn a_broken_event_stream_is_resumed_with_the_token_of_the_user_whose_call_
         .filter(|r| r["method"] == "tools/call" && r["headers"]["x-demo-subject"] == "alice")
         .find_map(token_of)
         .expect("alice's call");
-    let resumed = records
+    let others = records
         .iter()
-        .filter(|r| r["method"] == "GET" && r["headers"]["last-event-id"].is_string())
+        .filter(|r| of(r))
         .filter_map(token_of)
-        .collect::<Vec<_>>();
-    assert_eq!(resumed, [alices], "resumed as alice");
-    h.shutdown().await;
+        .collect();
+    (alices, others)
 }
 
 // A legacy server's question on alice's call's stream is answered with alice's token,
@@ -1714,18 +1723,7 @@ async fn a_question_on_a_users_call_is_answered_with_that_users_token() {
     h.call_tool(&alice, "web__confirm", json!({}))
         .await
         .expect("answered");
-    let records = recorded(&w.mcp_record);
-    let token_of = |r: &Value| r["headers"]["authorization"].as_str().map(String::from);
-    let alices = records
-        .iter()
-        .filter(|r| r["method"] == "tools/call" && r["headers"]["x-demo-subject"] == "alice")
-        .find_map(token_of)
-        .expect("alice's call");
-    let answers = records
-        .iter()
-        .filter(|r| r.get("answer").is_some())
-        .filter_map(token_of)
-        .collect::<Vec<_>>();
+    let (alices, answers) = alices_token_and(&w, |r| r.get("answer").is_some());
     assert_eq!(answers, [alices], "answered as alice");
     h.shutdown().await;
 }
