@@ -245,6 +245,26 @@ fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
 
 fn read_open(path: &Path, file: std::fs::File) -> Result<String, ConfigError> {
     use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    // It says what runs (a stdio server's command) and who may call what: a file anyone
+    // may write is refused. One of another user's (not root's) is read, with a warning:
+    // a file bind-mounted from the host keeps the host's owner.
+    if let Ok(meta) = file.metadata()
+        && meta.is_file()
+    {
+        if meta.mode() & 0o002 != 0 {
+            let why = format!(
+                "is writable by anyone (mode {:o}), who would decide what it runs; chmod o-w it",
+                meta.mode() & 0o777
+            );
+            return Err(ConfigError::new("(file)", why).in_file(path));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me && meta.uid() != 0 {
+            tracing::warn!(path = %path.display(), uid = meta.uid(), "the config file belongs to another user, who can change what it runs");
+        }
+    }
     let mut text = String::new();
     file.take(MAX_FILE_BYTES + 1)
         .read_to_string(&mut text)
@@ -320,13 +340,60 @@ fn near_miss(key: &str, harness_key: &str) -> bool {
     }
 }
 
+/// The key path of the first float in `value` that is nan or infinite, if any.
+fn non_finite(value: &toml::Value, at: &str) -> Option<String> {
+    let within = |key: String, v: &toml::Value| non_finite(v, &key);
+    match value {
+        toml::Value::Float(f) if !f.is_finite() => Some(at.to_string()),
+        toml::Value::Table(t) => t.iter().find_map(|(k, v)| {
+            within(
+                if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                },
+                v,
+            )
+        }),
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| within(format!("{at}[{i}]"), v)),
+        _ => None,
+    }
+}
+
 /// [`load`] on text already read (`path` names it in errors and picks the format).
 pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     let is_toml = path.extension().is_some_and(|e| e == "toml");
     // TOML refuses a key written twice itself.
     let (mut value, twice): (Value, _) = if is_toml {
-        let value = toml::from_str(text).map_err(|e| {
-            ConfigError::new("(syntax)", e.to_string().trim().to_string()).in_file(path)
+        let value: toml::Value = toml::from_str(text).map_err(|e: toml::de::Error| {
+            // Not the error's own text, which quotes the line (a key may be on it).
+            let at = e.span().map_or(String::new(), |span| {
+                let before = text.get(..span.start).unwrap_or(text);
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            let mut message = crate::util::text::one_line(e.message(), 300);
+            // The one span worth naming: a key written twice (a key, never a value).
+            if message.starts_with("duplicate key")
+                && let Some(key) = e.span().and_then(|span| text.get(span))
+            {
+                message = format!("{message} {}", crate::util::text::one_line(key, 100));
+            }
+            ConfigError::new("(syntax)", format!("{at}{message}")).in_file(path)
+        })?;
+        // JSON has no nan or inf: converted, they would be null, and a setting so
+        // written would read as not set (`audit.path = nan`: no audit trail).
+        if let Some(key) = non_finite(&value, "") {
+            let key = crate::util::text::one_line(&key, 200);
+            return Err(ConfigError::new(key, "is not a finite number").in_file(path));
+        }
+        let value = serde_json::to_value(value).map_err(|e| {
+            ConfigError::new("(syntax)", crate::util::text::one_line(&e.to_string(), 300))
+                .in_file(path)
         })?;
         (value, Vec::new())
     } else {
@@ -675,6 +742,33 @@ pub fn add_ad_hoc(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_anyone_may_write_is_refused_and_errors_quote_no_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::util::scratch::Scratch::new("config-mode");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let path = dir.join("h.toml");
+        std::fs::write(&path, "round_cap = 3\n").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert_eq!(load(&path).expect("loads").config.round_cap, 3);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let e = load(&path).expect_err("anyone may write it");
+        assert!(e.to_string().contains("writable by anyone"), "{e}");
+        // A syntax error says where, not what the line holds (a key may be on it).
+        let e = parse(
+            "[servers.x]\nheaders = { Authorization = \"Bearer sekrit",
+            Path::new("h.toml"),
+        )
+        .expect_err("unterminated");
+        assert!(!e.to_string().contains("sekrit"), "{e}");
+        assert!(e.to_string().contains("line 2"), "{e}");
+        // nan and inf are no numbers a setting can take: refused, not read as unset.
+        for text in ["round_cap = nan", "[audit]\npath = inf"] {
+            let e = parse(text, Path::new("h.toml")).expect_err(text);
+            assert!(e.to_string().contains("not a finite number"), "{e}");
+        }
+    }
 
     #[test]
     fn mcp_servers_names_become_valid_ids_and_the_mapping_is_reported() {

@@ -69,7 +69,7 @@ pub struct GatewayConfig {
     #[serde(default)]
     pub prefix: Prefix,
     /// Static bearer tokens, by hash.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "by_hash")]
     pub tokens: Vec<TokenEntry>,
     /// The agent of requests without credentials (none: they get 401).
     #[serde(default)]
@@ -126,11 +126,11 @@ pub struct GatewayConfig {
     #[serde(default)]
     pub tool_exposure: ToolExposure,
     /// Bearer tokens (by SHA-256) of the admin endpoint (`serve --admin`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "by_hash")]
     pub admin_tokens: Vec<TokenHash>,
     /// Bearer tokens (by SHA-256) that `serve --metrics` asks of scrapers; none asks
     /// for no token (a listener for loopback or a trusted network).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "by_hash")]
     pub metrics_tokens: Vec<TokenHash>,
     /// Whether a client's `traceparent` marked sampled has its request traced (W3C
     /// parent-based sampling, the default); `false` decides by `trace_sample_ratio`
@@ -237,6 +237,13 @@ impl GatewayConfig {
             return Err(GatewayError::Config(
                 "gateway: page_size, max_in_flight_per_principal and max_connections_per_peer must be at least 1".into(),
             ));
+        }
+        // A semaphore holds at most usize::MAX >> 3 permits; "unlimited" written as a
+        // huge number would fail every principal's first request.
+        if config.max_in_flight_per_principal > MAX_IN_FLIGHT_PER_PRINCIPAL {
+            return Err(GatewayError::Config(format!(
+                "gateway.max_in_flight_per_principal is at most {MAX_IN_FLIGHT_PER_PRINCIPAL}"
+            )));
         }
         // Compared with the request's Host without its port: one written with a port, or
         // an IPv6 address without brackets, would never match.
@@ -642,6 +649,29 @@ pub struct Reloaded {
     pub needs_restart: Vec<&'static str>,
 }
 
+/// A list of tokens by hash, each refused without being quoted back when it is written
+/// as the token itself (a string: serde's own error would print it).
+fn by_hash<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error;
+    let items = <Vec<Value> as serde::Deserialize>::deserialize(d)?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            if item.is_string() {
+                return Err(D::Error::custom(format!(
+                    "[{i}] is a token written as it is: write {{ sha256 = \"…\" }}, its SHA-256 in hex (the value is not quoted back)"
+                )));
+            }
+            serde_json::from_value(item).map_err(|e| D::Error::custom(format!("[{i}]: {e}")))
+        })
+        .collect()
+}
+
 /// A bearer token of a side listener (`--admin`, `--metrics`), by hash: the config
 /// never holds the token itself.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -807,6 +837,9 @@ pub const METHODS: &[&str] = &[
     "resources/read",
     "subscriptions/listen",
 ];
+
+/// The largest `max_in_flight_per_principal`.
+const MAX_IN_FLIGHT_PER_PRINCIPAL: usize = 1 << 20;
 
 /// Versions served downstream, preferred first.
 pub const VERSIONS: &[&str] = &[MODERN, LEGACY_VERSIONS[0], LEGACY_VERSIONS[1]];
@@ -2653,6 +2686,19 @@ mod tests {
             (missing.code, &missing.message)
         );
         assert!(!denied.message.contains("payroll"));
+    }
+
+    #[test]
+    fn tokens_written_as_themselves_are_refused_unquoted_and_limits_are_bounded() {
+        for list in ["tokens", "admin_tokens", "metrics_tokens"] {
+            let e =
+                GatewayConfig::from_value(Some(json!({ list: ["tok-sekrit"] }))).expect_err(list);
+            assert!(!e.to_string().contains("sekrit"), "{e}");
+            assert!(e.to_string().contains("sha256"), "{e}");
+        }
+        let huge = json!({"max_in_flight_per_principal": usize::MAX});
+        let e = GatewayConfig::from_value(Some(huge)).expect_err("too many");
+        assert!(e.to_string().contains("at most"), "{e}");
     }
 
     #[test]

@@ -285,6 +285,16 @@ impl SamplingConfig {
         if self.call_budget_tokens == 0 {
             return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
         }
+        // A variable's name, not its value: `"${OPENAI_API_KEY}"` here would put the key
+        // itself in the name, and a "not set" error would print it.
+        if let Some(var) = &self.api_key_env
+            && !is_variable_name(var)
+        {
+            return Err(Invalid::new(
+                "api_key_env",
+                "must be the name of an environment variable (letters, digits and _), not its value",
+            ));
+        }
         let parsed = url::Url::parse(&base_url(self))
             .map_err(|e| Invalid::new("base_url", format!("is not a URL: {e}")))?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -304,7 +314,8 @@ impl SamplingConfig {
         Ok(())
     }
 
-    /// The API key, read from its variable now, when one is named.
+    /// The API key, read from its variable now, when one is named (checked to be a
+    /// variable's name: an error quotes it).
     fn api_key(&self) -> Result<Option<String>, Invalid> {
         let Some(var) = &self.api_key_env else {
             return Ok(None);
@@ -320,6 +331,15 @@ impl SamplingConfig {
         })?;
         Ok(Some(key))
     }
+}
+
+/// Whether `name` could name an environment variable (`[A-Za-z_][A-Za-z0-9_]*`).
+fn is_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 impl SamplingHandler {
@@ -1170,6 +1190,15 @@ mod tests {
             ..keyed("http://gpu-box.lan:8000/v1")
         };
         assert!(keyless.validate().is_ok());
+        // The key's value written where its variable's name goes: refused, not quoted.
+        let e = SamplingConfig {
+            api_key_env: Some("sk-live-abc123".into()),
+            ..keyed("https://api.openai.com/v1")
+        }
+        .validate()
+        .expect_err("a value");
+        assert!(!e.to_string().contains("sk-live"), "{e}");
+        assert!(keyed("https://api.openai.com/v1").validate().is_ok());
     }
 
     #[test]
