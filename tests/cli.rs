@@ -2248,6 +2248,24 @@ fn logout_needs_no_sampling_key_and_a_started_harness_does() {
         "{}",
         stderr(&out)
     );
+    // The key itself written in through `${…}` where its variable's name goes: the
+    // error does not print it, though it could pass for a name.
+    let text = format!(
+        "{}\n[sampling]\nprovider = \"openai\"\nmodel = \"m\"\napi_key_env = \"${{MCP_TEST_SAMPLING_KEY_VALUE}}\"\n",
+        toml_demo("alpha", "")
+    );
+    let config = config_file("sampling-key-value", "harness.toml", &text);
+    let out = run_env(
+        &["tools", "--config", &config.to_string_lossy()],
+        &[("MCP_TEST_SAMPLING_KEY_VALUE", "gsk_abcdef0123456789")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sampling.api_key_env"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("gsk_abcdef"), "{}", stderr(&out));
 }
 
 // Signing out of a server the config no longer names (or with no config at all, only

@@ -17,7 +17,7 @@
 //! quote its `${…}` as written where they would quote the value it put in.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -218,7 +218,7 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
 /// caller that parses it more than once (a FIFO can be read only once).
 pub fn read(path: &Path) -> Result<String, ConfigError> {
     let file = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
-    read_open(path, file)
+    read_open(path, file, false)
 }
 
 /// [`read`], of a regular file only: anything else (a FIFO put in the file's place,
@@ -233,36 +233,51 @@ pub fn read_regular(path: &Path) -> Result<String, ConfigError> {
         .open(path)
         .map_err(|e| unreadable(path, e))?;
     match file.metadata() {
-        Ok(m) if m.is_file() => read_open(path, file),
+        Ok(m) if m.is_file() => read_open(path, file, true),
         Ok(_) => Err(ConfigError::new("(file)", "is not a regular file").in_file(path)),
         Err(e) => Err(unreadable(path, e)),
     }
+}
+
+/// True the first time `path` is asked about in this process.
+fn warned_once(path: &Path) -> bool {
+    static WARNED: std::sync::OnceLock<parking_lot::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .insert(path.to_path_buf())
 }
 
 fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
     ConfigError::new("(file)", format!("cannot read it: {e}")).in_file(path)
 }
 
-fn read_open(path: &Path, file: std::fs::File) -> Result<String, ConfigError> {
+/// Reads an open config file. It says what runs (a stdio server's command) and who may
+/// call what, so whoever else may write it is warned of, once per path: anyone (`o+w`),
+/// or its owner when that is another user than this one or root. Such a file is read
+/// at start (WSL's Windows drives and some shared folders show every file as 0777, and
+/// a file bind-mounted from the host keeps the host's owner), but one anyone may write
+/// is not reloaded (`reload`: `serve` would apply another's edit within seconds).
+fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, ConfigError> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
-    // It says what runs (a stdio server's command) and who may call what: a file anyone
-    // may write is refused. One of another user's (not root's) is read, with a warning:
-    // a file bind-mounted from the host keeps the host's owner.
     if let Ok(meta) = file.metadata()
         && meta.is_file()
     {
-        if meta.mode() & 0o002 != 0 {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let anyone = meta.mode() & 0o002 != 0;
+        if anyone && reload {
             let why = format!(
-                "is writable by anyone (mode {:o}), who would decide what it runs; chmod o-w it",
+                "is writable by anyone (mode {:o}): not reloaded, as whoever wrote it would decide what runs; chmod o-w it, or restart to apply it",
                 meta.mode() & 0o777
             );
             return Err(ConfigError::new("(file)", why).in_file(path));
         }
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if meta.uid() != me && meta.uid() != 0 {
-            tracing::warn!(path = %path.display(), uid = meta.uid(), "the config file belongs to another user, who can change what it runs");
+        let other = meta.uid() != me && meta.uid() != 0;
+        if (anyone || other) && warned_once(path) {
+            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "the config file may be written by others, who would decide what it runs");
         }
     }
     let mut text = String::new();
@@ -378,7 +393,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             });
             let mut message = crate::util::text::one_line(e.message(), 300);
             // The one span worth naming: a key written twice (a key, never a value).
-            if message.starts_with("duplicate key")
+            if message == "duplicate key"
                 && let Some(key) = e.span().and_then(|span| text.get(span))
             {
                 message = format!("{message} {}", crate::util::text::one_line(key, 100));
@@ -753,7 +768,9 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         assert_eq!(load(&path).expect("loads").config.round_cap, 3);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let e = load(&path).expect_err("anyone may write it");
+        // Read at start (with a warning), never reloaded.
+        assert_eq!(load(&path).expect("read at start").config.round_cap, 3);
+        let e = read_regular(&path).expect_err("anyone may write it");
         assert!(e.to_string().contains("writable by anyone"), "{e}");
         // A syntax error says where, not what the line holds (a key may be on it).
         let e = parse(

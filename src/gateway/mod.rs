@@ -657,17 +657,32 @@ where
     T: serde::de::DeserializeOwned,
 {
     use serde::de::Error;
-    let items = <Vec<Value> as serde::Deserialize>::deserialize(d)?;
+    let as_it_is = |at: &str| {
+        D::Error::custom(format!(
+            "{at}a token written as it is: write {{ sha256 = \"…\" }}, its SHA-256 in hex (the value is not quoted back)"
+        ))
+    };
+    let items = match <Value as serde::Deserialize>::deserialize(d)? {
+        Value::Array(items) => items,
+        Value::String(_) => return Err(as_it_is("")),
+        _ => return Err(D::Error::custom("must be a list of { sha256 = \"…\" }")),
+    };
     items
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
             if item.is_string() {
-                return Err(D::Error::custom(format!(
-                    "[{i}] is a token written as it is: write {{ sha256 = \"…\" }}, its SHA-256 in hex (the value is not quoted back)"
-                )));
+                return Err(as_it_is(&format!("[{i}] is ")));
             }
-            serde_json::from_value(item).map_err(|e| D::Error::custom(format!("[{i}]: {e}")))
+            serde_path_to_error::deserialize(item).map_err(|e| {
+                let path = e.path().to_string();
+                let at = if path == "." {
+                    String::new()
+                } else {
+                    format!(".{path}")
+                };
+                D::Error::custom(format!("[{i}]{at}: {}", e.into_inner()))
+            })
         })
         .collect()
 }
@@ -2691,11 +2706,16 @@ mod tests {
     #[test]
     fn tokens_written_as_themselves_are_refused_unquoted_and_limits_are_bounded() {
         for list in ["tokens", "admin_tokens", "metrics_tokens"] {
-            let e =
-                GatewayConfig::from_value(Some(json!({ list: ["tok-sekrit"] }))).expect_err(list);
-            assert!(!e.to_string().contains("sekrit"), "{e}");
-            assert!(e.to_string().contains("sha256"), "{e}");
+            for written in [json!(["tok-sekrit"]), json!("tok-sekrit")] {
+                let e = GatewayConfig::from_value(Some(json!({ list: written }))).expect_err(list);
+                assert!(!e.to_string().contains("sekrit"), "{e}");
+                assert!(e.to_string().contains("sha256"), "{e}");
+            }
         }
+        // A wrong field in an entry is named by its path.
+        let e = GatewayConfig::from_value(Some(json!({"tokens": [{"sha256": "ab", "agent": 5}]})))
+            .expect_err("agent");
+        assert!(e.to_string().contains("[0].agent"), "{e}");
         let huge = json!({"max_in_flight_per_principal": usize::MAX});
         let e = GatewayConfig::from_value(Some(huge)).expect_err("too many");
         assert!(e.to_string().contains("at most"), "{e}");

@@ -191,8 +191,8 @@ fn main() -> ExitCode {
         cli.command,
         Command::DemoServer(_) | Command::DemoAuthServer(_)
     );
-    let (provider, telemetry) = if serves_tests {
-        (None, None)
+    let (provider, telemetry, substituted) = if serves_tests {
+        (None, None, Default::default())
     } else {
         // The `[telemetry]` table, read before the command runs (its errors are the
         // command's to report).
@@ -219,7 +219,7 @@ fn main() -> ExitCode {
         if let Err(e) = telemetry::meter(&config) {
             errln!("mcp-harness: metrics are not exported: {}", shown(&e));
         }
-        (provider, Some(()))
+        (provider, Some(()), substituted)
     };
     {
         use tracing_subscriber::Layer;
@@ -264,10 +264,11 @@ fn main() -> ExitCode {
         }
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            // A config file's names and values are in it: printed without escapes.
+            // A config file's names and values are in it: printed without escapes, and
+            // without what a `${VAR}` put in (a key in a setting the harness refused).
             errln!(
                 "mcp-harness: {}",
-                terminal::sanitize(&format!("{e:#}"), true)
+                terminal::sanitize(&substituted.redact(&format!("{e:#}")), true)
             );
             let usage = e.downcast_ref::<UsageError>().is_some();
             ExitCode::from(if usage { USAGE } else { 1 })
