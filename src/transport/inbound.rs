@@ -93,19 +93,7 @@ impl InboundSink {
             .try_send(Queued { message, charge })
             .map_err(|e| e.into_inner().message)
     }
-}
 
-/// The answer to a server's request that found no room in the inbound channel: sent at
-/// once, so that the server does not wait for one that would never come (and the call
-/// it asked during with it).
-pub(crate) fn busy() -> crate::protocol::RpcError {
-    crate::protocol::RpcError::new(
-        crate::protocol::error::INTERNAL_ERROR,
-        "the client is too busy to handle this request now; try later",
-    )
-}
-
-impl InboundSink {
     /// Queues the end of the transport, waiting for room.
     pub(crate) async fn send(
         &self,
@@ -117,6 +105,16 @@ impl InboundSink {
         };
         self.tx.send(Queued { message, charge }).await
     }
+}
+
+/// The answer to a server's request that found no room in the inbound channel: sent at
+/// once, so that the server does not wait for one that would never come (and the call
+/// it asked during with it).
+pub(crate) fn busy() -> crate::protocol::RpcError {
+    crate::protocol::RpcError::new(
+        crate::protocol::error::INTERNAL_ERROR,
+        "the client is too busy to handle this request now; try later",
+    )
 }
 
 /// Traffic from the server on its own: requests (legacy era), notifications, the end.
