@@ -60,6 +60,22 @@ pub enum AuditFailure {
     KeepServing,
 }
 
+/// Parts of argument names whose values are always redacted, whatever
+/// [`AuditConfig::redact_keys`] adds.
+pub const BUILTIN_REDACT_KEYS: [&str; 11] = [
+    "token",
+    "secret",
+    "password",
+    "key",
+    "authorization",
+    "cookie",
+    "passwd",
+    "credential",
+    "bearer",
+    "session",
+    "jwt",
+];
+
 /// Audit settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -69,8 +85,9 @@ pub struct AuditConfig {
     /// How arguments are recorded.
     pub redaction: Redaction,
     /// Parts of argument names whose values are always replaced by `"[redacted]"`, at
-    /// any depth. Matching ignores case, `_`, `-` and camelCase: `apiKey`, `API_KEY`
-    /// and `x-api-key` all contain `key`.
+    /// any depth, besides [`BUILTIN_REDACT_KEYS`] (which always apply: a list written
+    /// for one more name must not unhide every token). Matching ignores case, `_`, `-`
+    /// and camelCase: `apiKey`, `API_KEY` and `x-api-key` all contain `key`.
     pub redact_keys: Vec<String>,
     /// Records per write.
     pub batch: usize,
@@ -86,21 +103,7 @@ impl Default for AuditConfig {
         AuditConfig {
             path: None,
             redaction: Redaction::Keys,
-            redact_keys: [
-                "token",
-                "secret",
-                "password",
-                "key",
-                "authorization",
-                "cookie",
-                "passwd",
-                "credential",
-                "bearer",
-                "session",
-                "jwt",
-            ]
-            .map(String::from)
-            .to_vec(),
+            redact_keys: Vec::new(),
             batch: 256,
             flush_every: Duration::from_millis(200),
             on_failure: AuditFailure::FailClosed,
@@ -243,5 +246,18 @@ mod tests {
         }
         assert_eq!(out["path"], "/ok");
         assert_eq!(out["count"], 11);
+    }
+
+    #[test]
+    fn configured_keys_add_to_the_builtin_ones() {
+        let c = AuditConfig {
+            redaction: Redaction::Full,
+            redact_keys: vec!["SSN".into()],
+            ..AuditConfig::default()
+        };
+        let out = c.redact(&json!({"patient_ssn": "1", "api_token": "t", "name": "n"}));
+        assert_eq!(out["patient_ssn"], "[redacted]");
+        assert_eq!(out["api_token"], "[redacted]", "the built-in list went");
+        assert_eq!(out["name"], "n");
     }
 }

@@ -242,10 +242,13 @@ impl Serialize for Redacted<'_> {
 /// Whether a key name is one whose value is always hidden.
 pub(crate) fn is_secret(config: &AuditConfig, key: &str) -> bool {
     let folded = fold(key);
-    config
-        .redact_keys
+    super::BUILTIN_REDACT_KEYS
         .iter()
-        .any(|s| !s.is_empty() && folded.contains(&fold(s)))
+        .any(|s| folded.contains(s))
+        || config
+            .redact_keys
+            .iter()
+            .any(|s| !s.is_empty() && folded.contains(&fold(s)))
 }
 
 #[cfg(test)]
