@@ -499,6 +499,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         )
         .in_file(path));
     }
+    anchor_paths(&mut value, path)?;
     let agent = match value.as_object_mut().and_then(|m| m.remove("agent")) {
         None => None,
         Some(Value::String(agent)) => Some(agent),
@@ -526,6 +527,110 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         telemetry,
         substituted,
     })
+}
+
+/// The settings of this crate's own format that are paths (`*` for each item of an
+/// array or table).
+const PATH_SETTINGS: [&[&str]; 10] = [
+    &["audit", "path"],
+    &["cache", "dir"],
+    &["cache", "shared", "key_file"],
+    &["servers", "*", "transport", "cwd"],
+    &["servers", "*", "transport", "ca_file"],
+    &["sampling", "ca_file"],
+    &["gateway", "keys_file"],
+    &["gateway", "jwt", "jwks_file"],
+    &["gateway", "jwt", "ca_file"],
+    &["telemetry", "ca_file"],
+];
+
+/// Makes each path setting absolute: `~/` is the home directory, and a relative path
+/// is taken from the directory of the config file, as written in it, not from
+/// wherever the harness happens to be started (a service's working directory is `/`).
+/// A file that is no regular file (`--config <(…)`, a FIFO) has no directory of its
+/// own: its relative paths are the working directory's.
+fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
+    let regular = std::fs::metadata(file).is_ok_and(|m| m.is_file());
+    let base = if regular {
+        let dir = file.parent().unwrap_or(Path::new(""));
+        if dir.is_absolute() {
+            Some(dir.to_path_buf())
+        } else {
+            std::env::current_dir().ok().map(|cwd| cwd.join(dir))
+        }
+    } else {
+        None
+    };
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute());
+    for setting in PATH_SETTINGS {
+        let mut found = Vec::new();
+        paths_at(value, setting, String::new(), &mut found);
+        for (at, slot) in found {
+            let Value::String(written) = slot else {
+                continue;
+            };
+            let anchored = if let Some(rest) = written.strip_prefix("~/") {
+                let Some(home) = &home else {
+                    return Err(ConfigError::new(
+                        at,
+                        "starts with ~/ but HOME is not set to an absolute path",
+                    )
+                    .in_file(file));
+                };
+                home.join(rest)
+            } else if Path::new(written.as_str()).is_relative() && !written.is_empty() {
+                match &base {
+                    Some(base) => base.join(written.as_str()),
+                    None => continue,
+                }
+            } else {
+                continue;
+            };
+            *written = anchored.to_string_lossy().into_owned();
+        }
+    }
+    Ok(())
+}
+
+/// The values at `setting` under `value`, each with its key path.
+fn paths_at<'v>(
+    value: &'v mut Value,
+    setting: &[&str],
+    at: String,
+    found: &mut Vec<(String, &'v mut Value)>,
+) {
+    let Some((first, rest)) = setting.split_first() else {
+        found.push((at, value));
+        return;
+    };
+    let join = |key: &str| {
+        if at.is_empty() {
+            key.to_string()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    match (*first, value) {
+        ("*", Value::Array(items)) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                paths_at(item, rest, format!("{at}[{i}]"), found);
+            }
+        }
+        ("*", Value::Object(map)) => {
+            for (key, item) in map.iter_mut() {
+                let key = join(key);
+                paths_at(item, rest, key, found);
+            }
+        }
+        (key, Value::Object(map)) => {
+            if let Some(item) = map.get_mut(key) {
+                paths_at(item, rest, join(key), found);
+            }
+        }
+        _ => {}
+    }
 }
 
 const MCP_SERVERS_KEYS: &[&str] = &[
@@ -785,6 +890,55 @@ mod tests {
             let e = parse(text, Path::new("h.toml")).expect_err(text);
             assert!(e.to_string().contains("not a finite number"), "{e}");
         }
+    }
+
+    #[test]
+    fn relative_paths_are_the_config_files_and_home_is_expanded() {
+        let dir = crate::util::scratch::Scratch::new("config-paths");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let path = dir.join("h.toml");
+        let text = "[audit]\npath = \"logs/audit.jsonl\"\n[cache]\ndir = \"~/cache\"\n\
+            [[servers]]\nid = \"s\"\ntransport = { type = \"stdio\", command = \"srv\", cwd = \"/abs\" }\n\
+            [[servers]]\nid = \"h\"\ntransport = { type = \"http\", url = \"https://h.example/mcp\", ca_file = \"ca.pem\" }\n\
+            [gateway]\nkeys_file = \"keys\"\njwt = { issuer = \"https://i\", audience = \"a\", jwks_file = \"../jwks.json\" }\n";
+        std::fs::write(&path, text).expect("write");
+        let loaded = load(&path).expect("loads");
+        let c = &loaded.config;
+        assert_eq!(
+            c.audit.path.as_deref(),
+            Some(&*dir.join("logs/audit.jsonl"))
+        );
+        if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_absolute()) {
+            assert_eq!(c.cache.dir, Some(Path::new(&home).join("cache")));
+        }
+        let TransportSpec::Stdio(stdio) = &c.servers[0].transport else {
+            panic!("stdio");
+        };
+        assert_eq!(
+            stdio.cwd.as_deref(),
+            Some(Path::new("/abs")),
+            "absolute: as written"
+        );
+        let TransportSpec::Http(http) = &c.servers[1].transport else {
+            panic!("http");
+        };
+        assert_eq!(http.ca_file.as_deref(), Some(&*dir.join("ca.pem")));
+        let gateway = loaded.gateway.expect("gateway table");
+        assert_eq!(
+            gateway["keys_file"],
+            dir.join("keys").to_string_lossy().as_ref()
+        );
+        assert_eq!(
+            gateway["jwt"]["jwks_file"],
+            dir.join("../jwks.json").to_string_lossy().as_ref()
+        );
+        // Text that is no file of its own (a FIFO, `<(…)`): the working directory's.
+        let loaded =
+            parse(r#"{"audit": {"path": "a.jsonl"}}"#, Path::new("/dev/fd/63")).expect("parses");
+        assert_eq!(
+            loaded.config.audit.path.as_deref(),
+            Some(Path::new("a.jsonl"))
+        );
     }
 
     #[test]

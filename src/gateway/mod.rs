@@ -265,11 +265,19 @@ impl GatewayConfig {
                 "gateway.write_timeout must be more than zero".into(),
             ));
         }
-        if config.state_ttl.is_zero() {
-            // Every state would be expired when it comes back: no round could finish.
-            return Err(GatewayError::Config(
-                "gateway.state_ttl must be more than zero".into(),
-            ));
+        // A zero state_ttl expires every state before it comes back (no round could
+        // finish), a zero session_idle forgets every legacy session before its second
+        // request, a zero input_timeout fails every question to a client at once.
+        for (field, d) in [
+            ("state_ttl", config.state_ttl),
+            ("session_idle", config.session_idle),
+            ("input_timeout", config.input_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(GatewayError::Config(format!(
+                    "gateway.{field} must be more than zero"
+                )));
+            }
         }
         Ok(config)
     }
@@ -3004,7 +3012,12 @@ mod tests {
 
     #[test]
     fn zero_durations_that_would_fail_every_round_or_write_are_refused() {
-        for key in ["state_ttl", "write_timeout"] {
+        for key in [
+            "state_ttl",
+            "write_timeout",
+            "session_idle",
+            "input_timeout",
+        ] {
             let e = GatewayConfig::from_value(Some(json!({key: "0s"}))).expect_err(key);
             assert!(e.to_string().contains(&format!("gateway.{key}")), "{e}");
         }

@@ -285,6 +285,10 @@ impl SamplingConfig {
         if self.call_budget_tokens == 0 {
             return Err(Invalid::new("call_budget_tokens", "must be at least 1"));
         }
+        if self.timeout.is_zero() {
+            // Every provider request would time out before it is sent.
+            return Err(Invalid::new("timeout", "must be more than zero"));
+        }
         // A variable's name, not its value: `"${OPENAI_API_KEY}"` here would put the key
         // itself in the name, and a "not set" error would print it.
         if let Some(var) = &self.api_key_env
@@ -1199,6 +1203,17 @@ mod tests {
         .expect_err("a value");
         assert!(!e.to_string().contains("sk-live"), "{e}");
         assert!(keyed("https://api.openai.com/v1").validate().is_ok());
+    }
+
+    #[test]
+    fn a_zero_timeout_is_refused() {
+        let e = SamplingConfig {
+            timeout: Duration::ZERO,
+            ..local("m", 10, 100, BTreeMap::new())
+        }
+        .validate()
+        .expect_err("zero");
+        assert_eq!(e.field, "timeout", "{e}");
     }
 
     #[test]
