@@ -316,7 +316,8 @@ const HARNESS_KEYS: [&str; 11] = [
 const OTHER_CLIENTS_KEYS: [&str; 4] = ["agent", "cache", "limits", "telemetry"];
 
 /// Whether `key` is `harness_key` misspelled: the same but for case, `-` for `_`, or
-/// one letter added, left out or changed (and not another client's key).
+/// one letter added, left out or changed, or two neighbours swapped (and not another
+/// client's key).
 fn near_miss(key: &str, harness_key: &str) -> bool {
     if key == harness_key || OTHER_CLIENTS_KEYS.contains(&key) || key.len() > 64 {
         return false;
@@ -342,7 +343,15 @@ fn near_miss(key: &str, harness_key: &str) -> bool {
         (&b, &a)
     };
     match long.len() - short.len() {
-        0 => a.iter().zip(&b).filter(|(x, y)| x != y).count() == 1,
+        0 => {
+            let differ: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+            // One letter changed, or two neighbours swapped (`permsisions`).
+            match differ[..] {
+                [_] => true,
+                [i, j] => j == i + 1 && a[i] == b[j] && a[j] == b[i],
+                _ => false,
+            }
+        }
         1 => {
             let cut = short
                 .iter()
@@ -1080,6 +1089,10 @@ mod tests {
             (
                 "permissons",
                 "[mcpServers.s]\ncommand = \"cat\"\n[permissons.a]\ns = [\"x\"]\n",
+            ),
+            (
+                "permsisions",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "permsisions": {}}"#,
             ),
         ] {
             let name = if text.starts_with('{') {
