@@ -889,35 +889,38 @@ async fn a_modern_list_without_hints_is_cached_only_when_its_changes_are_announc
     }
 }
 
-// Many callers listing a server at once do not each fetch its list: at most eight walks
-// of one server fetch at a time (each may hold `max_list_bytes`), and the others wait
-// and read what the first ones cached.
+// Many callers listing a server at once do not each fetch its list: the first fetches,
+// and the others, wanting the same list, wait for it and share what it read, a list or
+// an error (a server whose list fails is not asked once per caller).
 #[tokio::test]
-async fn many_callers_listing_at_once_fetch_at_most_eight_times() {
-    let record = temp_file("stampede");
-    let h = start_ready(config(vec![with_record(
-        "s",
-        &record,
-        &["--list-delay-ms", "300"],
-    )]))
-    .await;
-    let listings: Vec<_> = (0..24)
-        .map(|_| {
-            let h = h.clone();
-            tokio::spawn(async move { h.list_tools(&a()).await })
-        })
-        .collect();
-    for listing in listings {
-        let tools = listing.await.expect("task").expect("list");
-        assert!(!tools.is_empty());
+async fn many_callers_listing_at_once_share_one_fetch_and_its_outcome() {
+    for (name, extra, lists) in [
+        ("stampede", &[][..], true),
+        (
+            "stampede-malformed",
+            &["--malformed-list", "tools-object"][..],
+            false,
+        ),
+    ] {
+        let record = temp_file(name);
+        let mut args = vec!["--list-delay-ms", "300"];
+        args.extend_from_slice(extra);
+        let h = start_ready(config(vec![with_record("s", &record, &args)])).await;
+        let listings: Vec<_> = (0..24)
+            .map(|_| {
+                let h = h.clone();
+                tokio::spawn(async move { h.list_tools(&a()).await })
+            })
+            .collect();
+        for listing in listings {
+            let tools = listing.await.expect("task").expect("list");
+            assert_eq!(!tools.is_empty(), lists, "{name}");
+        }
+        let fetched = count(&record, "tools/list");
+        assert_eq!(fetched, 1, "{name}: {fetched} fetches for 24 listings");
+        h.shutdown().await;
+        let _ = std::fs::remove_file(record);
     }
-    let fetched = count(&record, "tools/list");
-    assert!(
-        (1..=8).contains(&fetched),
-        "{fetched} fetches for 24 listings"
-    );
-    h.shutdown().await;
-    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

@@ -31,6 +31,8 @@ pub struct CallContext {
     pub(crate) progress: Arc<super::ProgressRouter>,
     /// Lists being refreshed ahead of their expiry (server, method, scope).
     pub(crate) refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// First pages of lists being fetched, which walks that want the same list join.
+    pub(crate) list_flights: super::listing::ListFlights,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
     /// The calls on each server now (call id, agent): whose a legacy server's request
@@ -124,6 +126,7 @@ impl CallContext {
             metrics: Arc::default(),
             progress: Arc::default(),
             refreshing: parking_lot::Mutex::default(),
+            list_flights: Default::default(),
             // Two harnesses writing one audit file (a restart, a gateway and a CLI
             // call) do not number their calls alike: a `started` left without its
             // `finished` by a crash is not closed by another run's call of the same id.

@@ -27,6 +27,7 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
+use super::flights::{Flights, Follower, Joined, Leader};
 use super::input::HandlerSet;
 use crate::protocol::{CacheScope, Cutoff, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
@@ -49,6 +50,7 @@ pub struct Listing {
 }
 
 /// One server's list, as read for a call or a listing.
+#[derive(Clone)]
 pub(crate) struct Listed {
     pub(crate) server: ServerRef,
     pub(crate) pages: Vec<Arc<Value>>,
@@ -89,7 +91,28 @@ enum Walk {
     /// A continuation page was asked for with a cursor from the cache, and refused.
     RejectedCursor(ServerError),
     Failed(CallError),
+    /// Another walk is fetching the same list: its outcome is this one's.
+    Join(Follower<Result<Listed, CallError>>),
 }
+
+/// What a walk that fetches its first page reads: walks that agree on it read the
+/// same list, and share one fetch ([`ListFlights`]).
+#[derive(Clone, Hash, PartialEq, Eq)]
+pub(crate) struct ListFlight {
+    /// The server's place in memory: unique while a walk of it holds it, and a server
+    /// added again under its id is another.
+    server: usize,
+    method: &'static str,
+    client: String,
+    auth: Option<String>,
+}
+
+/// The walks of lists fetching their first page now, which those that want the same
+/// list join.
+pub(crate) type ListFlights = Flights<ListFlight, Result<Listed, CallError>>;
+
+/// A walk's flight, when it leads one: given the walk's outcome when it ends.
+type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;
 
 /// Every page of one server's list (see the module docs).
 pub(crate) async fn list_server(
@@ -99,29 +122,41 @@ pub(crate) async fn list_server(
     auth_context: Option<&str>,
     timeout: Duration,
 ) -> Result<Listed, CallError> {
-    match walk(ctx, server, kind, auth_context, timeout, true).await {
-        Walk::Done(listed) => {
-            refresh_if_due(ctx, &listed, kind, auth_context);
-            Ok(listed)
-        }
-        Walk::Failed(e) => Err(e),
-        Walk::RejectedCursor(e) => {
-            tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
-            // Dropped (and the shared generation moved) before the list is read again,
-            // so what is read now is stored in the new generation. Only the spec's
-            // -32602 moves it for every process: an internal error, which may be the
-            // server's passing trouble, drops this process's copy alone (and is read
-            // again past the caches, which then get the new pages).
-            let everywhere = matches!(&e, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams);
-            ctx.registry_ref
-                .invalidate_list(server.id(), kind.list_method(), everywhere)
-                .await;
-            match walk(ctx, server, kind, auth_context, timeout, false).await {
-                Walk::Done(listed) => Ok(listed),
-                Walk::Failed(e) => Err(e),
-                Walk::RejectedCursor(e) => Err(e.into()),
+    let mut use_cache = true;
+    loop {
+        let (walked, lead) = walk(ctx, server, kind, auth_context, timeout, use_cache).await;
+        let outcome = match walked {
+            Walk::Join(follower) => match follower.outcome().await {
+                Some(outcome) => return outcome,
+                // Its caller gave up (a deadline, a disconnect) before it ended.
+                None => continue,
+            },
+            Walk::Done(listed) => {
+                refresh_if_due(ctx, &listed, kind, auth_context);
+                Ok(listed)
             }
+            Walk::Failed(e) => Err(e),
+            Walk::RejectedCursor(e) if use_cache => {
+                tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
+                // Dropped (and the shared generation moved) before the list is read
+                // again, so what is read now is stored in the new generation. Only the
+                // spec's -32602 moves it for every process: an internal error, which
+                // may be the server's passing trouble, drops this process's copy alone
+                // (and is read again past the caches, which then get the new pages).
+                let everywhere = matches!(&e, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams);
+                ctx.registry_ref
+                    .invalidate_list(server.id(), kind.list_method(), everywhere)
+                    .await;
+                use_cache = false;
+                continue;
+            }
+            Walk::RejectedCursor(e) => Err(e.into()),
+        };
+        // After the walk cached what it fetched: who comes next reads the cache.
+        if let Some(lead) = lead {
+            lead.publish(outcome.clone());
         }
+        return outcome;
     }
 }
 
@@ -185,7 +220,7 @@ fn refresh_if_due(
         // Bounded as a call is: a server paging for ever does not hold the mark.
         let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false);
         match within_call_timeout(&ctx, walked).await {
-            Some(Walk::Failed(e)) => {
+            Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
             }
             None => {
@@ -241,7 +276,7 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     loop {
         let walked = walk(ctx, &server, CallKind::Tool, None, timeout, false);
         match within_call_timeout(ctx, walked).await {
-            Some(Walk::Failed(e)) => {
+            Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
             }
             None => {
@@ -286,6 +321,8 @@ struct Walker<'a> {
     walk: u64,
     /// Its place among the server's walks that fetch, once it fetches.
     fetching: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The flight it leads, when it fetches a first page that others may want too.
+    lead: Lead,
     pages: Vec<Arc<Value>>,
     /// Pages to keep in memory and on disk: fetched, or read from the shared layer.
     fetched: Vec<Page>,
@@ -353,6 +390,18 @@ impl<'a> Walker<'a> {
         {
             self.saw_cached(&hit);
             return Ok((hit.value, hit.bytes, true));
+        }
+        if self.use_cache && cursor.is_none() && self.lead.is_none() {
+            let flight = ListFlight {
+                server: Arc::as_ptr(&self.server.0) as usize,
+                method: self.kind.list_method(),
+                client: self.handlers.client_tag().to_string(),
+                auth: self.auth_context.map(String::from),
+            };
+            match self.ctx.list_flights.join(flight) {
+                Joined::Follow(follower) => return Err(Walk::Join(follower)),
+                Joined::Lead(lead) => self.lead = Some(lead),
+            }
         }
         if self.use_cache
             && let Some((key, hit)) = self.shared_get(cursor).await
@@ -586,6 +635,8 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// One walk of a list, and the flight it led, if it fetched a first page that others
+/// may want too (see [`list_server`]).
 async fn walk(
     ctx: &Arc<CallContext>,
     server: &ServerRef,
@@ -593,7 +644,7 @@ async fn walk(
     auth_context: Option<&str>,
     timeout: Duration,
     use_cache: bool,
-) -> Walk {
+) -> (Walk, Lead) {
     let mut walker = Walker {
         ctx,
         server,
@@ -605,6 +656,7 @@ async fn walk(
         epoch: ctx.registry.cache.walk_epoch(server.id()),
         walk: ctx.registry.walk_begins(),
         fetching: None,
+        lead: None,
         pages: Vec::new(),
         fetched: Vec::new(),
         to_share: Vec::new(),
@@ -627,10 +679,10 @@ async fn walk(
     loop {
         let (page, size, cached) = match walker.page(cursor.as_deref(), cursor_cached).await {
             Ok(p) => p,
-            Err(end) => return end,
+            Err(end) => return (end, walker.lead.take()),
         };
         if let Err(end) = walker.account(&page, size) {
-            return end;
+            return (end, walker.lead.take());
         }
         let next = pager.next(&page);
         walker.pages.push(page);
@@ -647,7 +699,8 @@ async fn walk(
             walker.cacheable = false;
         }
     }
-    Walk::Done(walker.finish())
+    let lead = walker.lead.take();
+    (Walk::Done(walker.finish()), lead)
 }
 
 /// Whether a server's error for a cached cursor may be the cursor's: the spec's

@@ -22,6 +22,7 @@ mod catalog;
 mod client_side;
 mod context;
 mod error;
+mod flights;
 pub mod input;
 mod listing;
 mod metrics;

@@ -91,8 +91,8 @@ pub(crate) struct ServerShared {
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
-/// `max_list_bytes` of pages while it walks: without a bound, many bare-name calls at
-/// once on a server whose lists are not cached (`ttlMs: 0`) held that many times it.
+/// `max_list_bytes` of pages while it walks; walks of one list for one identity share
+/// one fetch (`call::listing`), so this bounds the walks of many identities' lists.
 /// The others wait (within their deadlines), and find the cache filled when they may.
 pub(crate) const MAX_FETCHING_WALKS: usize = 8;
 
