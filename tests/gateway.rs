@@ -1516,6 +1516,57 @@ async fn a_stdio_sessions_parked_rounds_end_with_it() {
     );
 }
 
+// Stdin a pipe and stdout a file (`… | serve --stdio > out.jsonl`): a pause in the input
+// is no end of it. (Stdin made a reactor pipe alone is non-blocking for the blocking
+// reader, which took the pause for an error and ended the session.)
+#[tokio::test]
+async fn a_stdio_session_piped_in_and_written_to_a_file_waits_out_a_pause() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let out = temp_file(&format!("{}-out.jsonl", setup.tag));
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--agent", "a", "--config"])
+        .arg(&setup.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&out).expect("out file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let answered = |n: usize| {
+        let out = out.clone();
+        async move {
+            for _ in 0..400 {
+                let text = std::fs::read_to_string(&out).unwrap_or_default();
+                if text.lines().count() >= n {
+                    return text;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("fewer than {n} answers in 20 s");
+        }
+    };
+    send_line(&mut stdin, &request("tools/list", json!({}))).await;
+    answered(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "ended at the pause"
+    );
+    send_line(&mut stdin, &request("tools/list", json!({}))).await;
+    let text = answered(2).await;
+    for line in text.lines() {
+        let answer: Value = serde_json::from_str(line).expect("JSON");
+        assert!(!names(&answer).is_empty(), "{answer}");
+    }
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("ends with its input")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_file(out);
+}
+
 // A config edited while the gateway's servers start is applied once it serves: the
 // baseline a reload compares with is the text it runs, not the file as it was when the
 // watch began (an operator revoking a token then would have seen it keep working).

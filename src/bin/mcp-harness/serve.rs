@@ -249,11 +249,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             // terminal) through tokio's blocking stdin/stdout. The session runs on a worker
             // thread, not on the thread that blocks on the runtime: the tasks it spawns per
             // request then start on its own worker instead of waking another one.
-            let session = match (pipe_in(), pipe_out()) {
-                (Some(input), Some(output)) => tokio::spawn(gateway::stdio::serve(
+            // Both or neither: making one a reactor pipe sets O_NONBLOCK on it, and
+            // tokio's blocking stdin or stdout on it then reads a pause as an error.
+            let pipes = match is_fifo(0) && is_fifo(1) {
+                true => pipe_in().zip(pipe_out()),
+                false => None,
+            };
+            let session = match pipes {
+                Some((input, output)) => tokio::spawn(gateway::stdio::serve(
                     gateway, principal, input, output, stopping,
                 )),
-                _ => tokio::spawn(gateway::stdio::serve(
+                None => tokio::spawn(gateway::stdio::serve(
                     gateway,
                     principal,
                     tokio::io::stdin(),
@@ -525,6 +531,19 @@ fn is_stdout(path: Option<&std::path::Path>) -> bool {
         .ok()
         .zip(std::fs::metadata("/proc/self/fd/1").ok())
         .is_some_and(|(a, b)| same(&a, &b))
+}
+
+/// Whether descriptor `fd` (0 or 1) is a pipe or FIFO.
+fn is_fifo(fd: i32) -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    let owned = match fd {
+        0 => std::io::stdin().as_fd().try_clone_to_owned(),
+        _ => std::io::stdout().as_fd().try_clone_to_owned(),
+    };
+    owned
+        .and_then(|fd| std::fs::File::from(fd).metadata())
+        .is_ok_and(|m| m.file_type().is_fifo())
 }
 
 /// Stdin as a non-blocking pipe, if it is one.
