@@ -1112,3 +1112,66 @@ async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeo
     assert!(took < Duration::from_secs(9), "exited after {took:?}");
     let _ = std::fs::remove_file(record);
 }
+
+// The flush at exit gives way to a signal: with a collector that never answers and a
+// long export timeout, SIGTERM while the last spans wait ends the command (the SDK's
+// shutdown held the exit, every signal ignored, for each batch's timeout).
+#[tokio::test]
+async fn a_signal_ends_the_flush_at_exit() {
+    use tokio::io::AsyncBufReadExt;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept() {
+            held.push(socket);
+        }
+    });
+    let record = temp_file("otel-silent-signal");
+    let config = config("otel-silent-signal", &record);
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["call", "--config"])
+        .arg(&config)
+        .args(["s__echo", r#"{"text": "traced"}"#])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "60000")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_TRACES_SAMPLER")
+        .env_remove("OTEL_TRACES_SAMPLER_ARG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run mcp-harness call");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut printed = String::new();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await
+    {
+        printed.push_str(&line);
+        if printed.contains("traced") {
+            break;
+        }
+    }
+    assert!(printed.contains("traced"), "{printed}");
+    // The result is out: the metrics go out, then the servers stop, then the last spans
+    // go out. A signal a second, as a person pressing Ctrl-C again would: the first
+    // ends the metrics' flush, the next the flush at exit, each long before 60 s.
+    let pid = child.id().expect("running") as i32;
+    let started = std::time::Instant::now();
+    let status = loop {
+        // SAFETY: kill has no preconditions; pid is this test's own child, not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        if let Ok(status) = tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+            break status.expect("wait");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the flushes did not give way to signals"
+        );
+    };
+    assert_eq!(status.code(), Some(143), "stopped by SIGTERM: {status}");
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}

@@ -241,17 +241,8 @@ fn main() -> ExitCode {
     }
     drop(entered);
     let outcome = runtime.block_on(run(cli.command));
-    if telemetry.is_some() {
-        telemetry::shutdown_metrics();
-    }
-    if let Some(provider) = provider {
-        // Every span ended so far goes out before the process does.
-        if let Err(e) = provider.shutdown() {
-            errln!(
-                "mcp-harness: exporting traces: {}",
-                terminal::sanitize(&e.to_string(), true)
-            );
-        }
+    if telemetry.is_some() || provider.is_some() {
+        runtime.block_on(flush_at_exit(telemetry.is_some(), provider));
     }
     // A blocking thread still stuck (an audit write to a pipe no one reads) is left
     // behind, not waited for: the harness has reported what it could not write, and the
@@ -273,6 +264,44 @@ fn main() -> ExitCode {
             let usage = e.downcast_ref::<UsageError>().is_some();
             ExitCode::from(if usage { USAGE } else { 1 })
         }
+    }
+}
+
+/// Sends the last metrics and every span ended so far, for at most
+/// [`telemetry::exit_flush_limit`], and not past a signal: the exit (and the end of
+/// servers left to the runtime's drop) waits no longer for a slow collector.
+async fn flush_at_exit(
+    metrics: bool,
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+) {
+    // The SDK's shutdown blocks its thread until its exports end.
+    let flushed = tokio::task::spawn_blocking(move || {
+        if metrics {
+            telemetry::shutdown_metrics();
+        }
+        if let Some(provider) = provider
+            && let Err(e) = provider.shutdown()
+        {
+            errln!(
+                "mcp-harness: exporting traces: {}",
+                terminal::sanitize(&e.to_string(), true)
+            );
+        }
+    });
+    let limit = telemetry::exit_flush_limit();
+    if limit.is_zero() {
+        // No exporter was made: nothing to wait for.
+        let _ = flushed.await;
+        return;
+    }
+    let mut stop = signals::Stop::install();
+    tokio::select! {
+        biased;
+        _ = flushed => {}
+        () = tokio::time::sleep(limit) => {
+            errln!("mcp-harness: telemetry not all exported: the collector took longer than the export timeout");
+        }
+        _ = stop.recv() => {}
     }
 }
 

@@ -177,6 +177,10 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         var(&format!("OTEL_EXPORTER_OTLP_{upper}_TIMEOUT"))
             .or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT")),
     );
+    EXIT_FLUSH_MS.fetch_max(
+        u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     Some(Signal {
         endpoint,
         protocol,
@@ -382,6 +386,18 @@ pub async fn flush_metrics() {
             errln!("mcp-harness: exporting metrics: {e}");
         }
     }
+}
+
+/// The longest export time of the signals exported (ms): what the flush at exit may
+/// take, all batches together.
+static EXIT_FLUSH_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long the exit waits for the last spans and metrics to go out: one export's time
+/// limit, whatever number of batches remains (the SDK's shutdown sends them one after
+/// another, each within the limit, and a collector that takes them slowly would hold
+/// the exit, and the servers' end, for minutes).
+pub fn exit_flush_limit() -> Duration {
+    Duration::from_millis(EXIT_FLUSH_MS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// Sends the last metrics and stops the meter provider.
