@@ -1506,7 +1506,23 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
             "no consent was sent: {}",
             stdout(&o)
         );
+        // The hint names what consents, and what it names does.
+        assert!(err.contains(r#""!url": "accept""#), "{err}");
     }
+    let o = run_env(
+        &[
+            "call",
+            "--stdio",
+            &server,
+            "many_inputs",
+            url_args,
+            "--answers",
+            r#"{"!url": "accept"}"#,
+        ],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("got 1 answers"), "{}", stdout(&o));
     // A URL that is no web page a person can judge (another scheme, credentials in it,
     // plain HTTP to another host) is declined before anyone is asked.
     for bad in [
@@ -1621,6 +1637,30 @@ fn terminal_command(cmd: &str, env: &[(&str, &str)]) -> Command {
         c.env(k, v);
     }
     c
+}
+
+// A background job of the terminal is not asked: reading the terminal (or flushing its
+// input) would have it stopped by SIGTTIN or SIGTTOU until `fg`, its deadline with it.
+// It declines, and ends.
+#[test]
+fn a_background_job_declines_rather_than_being_stopped_by_the_terminal() {
+    let cmd = format!(
+        "set -m; {} call --stdio '{}' many_inputs '{{\"n\":1,\"mode\":\"empty\"}}' & job=$!; \
+         for i in $(seq 100); do kill -0 $job 2>/dev/null || break; sleep 0.1; done; \
+         state=$(ps -o stat= -p $job); echo \"state:[$state]\"; kill -9 $job 2>/dev/null; \
+         wait $job; echo \"exit:$?\"",
+        harness_exe(),
+        demo_cmd("s")
+    );
+    let (status, o) = on_a_terminal_left_open(&format!("sh -c '{}'", cmd.replace('\'', "'\\''")));
+    let screen = stdout(&o);
+    assert!(status.is_some(), "{screen}");
+    assert!(
+        screen.contains("state:[]"),
+        "the job is still there: {screen}"
+    );
+    assert!(screen.contains("exit:1"), "declined: {screen}");
+    assert!(!screen.contains("Delete everything?"), "asked: {screen}");
 }
 
 // A form with no fields (how a server asks for a confirmation) is accepted on a

@@ -581,7 +581,7 @@ fn report(harness: &HarnessHandle, e: &CallError) -> u8 {
             NO_SERVER,
         ),
         CallError::InputDeclined { .. } => (
-            "pass --answers '{...}' to answer without a terminal: fields by name ('{}' accepts a form's defaults), or a URL request's key with \"accept\" to consent",
+            "pass --answers '{...}' to answer without a terminal: fields by name ('{}' accepts a form's defaults), and \"!url\": \"accept\" to consent to a URL request",
             TOOL_ERROR,
         ),
         _ => ("", TOOL_ERROR),

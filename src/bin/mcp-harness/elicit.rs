@@ -572,9 +572,18 @@ fn check(def: &Value, value: &Value) -> Result<(), String> {
 
 /// Whether a person can be asked: the answer comes from stdin and the question goes to
 /// stderr, so both must be the terminal (`call … 2>log` shows no question, and would
-/// wait out the input timeout for an answer nobody knows is asked).
+/// wait out the input timeout for an answer nobody knows is asked), and this process
+/// must be in its foreground: a background job (`call … &`) that read it, or flushed
+/// its input, would be stopped by the terminal (SIGTTIN, SIGTTOU), its deadline with it.
 fn on_a_terminal() -> bool {
-    std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
+    std::io::stdin().is_terminal() && std::io::stderr().is_terminal() && in_the_foreground()
+}
+
+/// Whether this process's group is the foreground one of the terminal on stdin.
+fn in_the_foreground() -> bool {
+    // SAFETY: tcgetpgrp and getpgrp take no pointers; a descriptor that is no terminal
+    // makes tcgetpgrp fail (-1), which is no group.
+    unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
 #[cfg(test)]
