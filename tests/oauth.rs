@@ -868,6 +868,35 @@ async fn a_client_the_authorization_server_forgot_registers_and_signs_in_again()
     h.shutdown().await;
 }
 
+// A refresh refused with a code of the server's own, in a 200 (GitHub's
+// `bad_refresh_token`), is a refusal too: the token is forgotten and a sign-in comes
+// next. Before, only four codes were, and every request failed once the token expired.
+#[tokio::test]
+async fn a_refresh_refused_with_a_code_of_the_servers_own_signs_in_again() {
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "31",
+            "--refuse-refresh",
+            "nonstandard",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // into the refresh window (deliberate)
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    assert_eq!(w.refreshes(), 1);
+    assert_eq!(w.at("authorize").len(), 2, "signed in again");
+    h.shutdown().await;
+}
+
 // A refresh ahead of expiry that fails (the authorization server down) leaves a token
 // that still works in use; before, the request failed with the refresh's error.
 #[tokio::test]

@@ -54,6 +54,8 @@ pub enum RefuseRefresh {
     ForgetClient,
     /// 503: the authorization server is down for a while.
     Unavailable,
+    /// 200 with an error code of the server's own (`bad_refresh_token`, as GitHub).
+    Nonstandard,
 }
 
 /// What `iss` the redirect back carries, and whether the metadata promises it.
@@ -712,6 +714,9 @@ fn token(
                     "temporarily_unavailable",
                     "down",
                 );
+            }
+            Some(RefuseRefresh::Nonstandard) => {
+                return oauth_error(StatusCode::OK, "bad_refresh_token", "expired");
             }
             None => {}
         }

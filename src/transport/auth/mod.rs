@@ -622,6 +622,15 @@ const OAUTH_REFUSALS: &[&str] = &[
     "invalid_target",
 ];
 
+/// OAuth error codes that say "not now" rather than "no": a refresh refused with one
+/// is tried again, the token kept.
+const PASSING_ERRORS: &[&str] = &[
+    "temporarily_unavailable",
+    "server_error",
+    "slow_down",
+    "authorization_pending",
+];
+
 /// The OAuth error of a failed token or registration reply, else the HTTP status.
 fn oauth_error(status: u16, body: &[u8]) -> AuthFailure {
     let unavailable = status >= 500 || status == 408 || status == 429;
@@ -1210,30 +1219,28 @@ impl SignIn {
         {
             Ok(t) => Ok(Some(t)),
             Err(e) => match &e.failure {
-                // The refresh token is dead, or no longer good for this resource: forget
-                // it; a full sign-in comes next.
-                // unauthorized_client: this client may not refresh (RFC 6749 5.2); a
-                // sign-in, with the same client, is what is left.
-                AuthFailure::Refused { error, .. }
-                    if error == "invalid_grant"
-                        || error == "invalid_target"
-                        || error == "unauthorized_client" =>
-                {
-                    tracing::info!(server = %self.server, "refresh token refused; signing in again");
-                    self.forget_if_still(identity, &token);
-                    Ok(None)
-                }
+                // Signed out meanwhile: nothing to renew without a person.
+                AuthFailure::SignedOut => Ok(None),
                 // The client itself is unknown now (a registration deleted or expired, a
                 // client revoked): its tokens and its registration are of no more use, and
                 // a sign-in registers anew (RFC 6749 5.2).
-                // Signed out meanwhile: nothing to renew without a person.
-                AuthFailure::SignedOut => Ok(None),
                 AuthFailure::Refused { error, .. } if error == "invalid_client" => {
                     tracing::warn!(server = %self.server, "the authorization server no longer knows this client; signing in again");
                     self.forget_if_still(identity, &token);
                     self.ctx
                         .registrations
                         .forget(&token.issuer, &token.client.client_id);
+                    Ok(None)
+                }
+                // Any other refusal of the grant (`invalid_grant`: the refresh token is
+                // dead; `invalid_target`, `unauthorized_client`, `invalid_scope`, or a
+                // code of the server's own, GitHub's 200 `bad_refresh_token`): the same
+                // refresh would be refused again, so the token is forgotten and a full
+                // sign-in comes next. Kept, it failed every request once expired, and on
+                // disk across restarts. Only a passing state is not a refusal.
+                AuthFailure::Refused { error, .. } if !PASSING_ERRORS.contains(&error.as_str()) => {
+                    tracing::info!(server = %self.server, error = %error, "refresh refused; signing in again");
+                    self.forget_if_still(identity, &token);
                     Ok(None)
                 }
                 _ => Err(e),
