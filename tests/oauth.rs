@@ -868,6 +868,31 @@ async fn a_client_the_authorization_server_forgot_registers_and_signs_in_again()
     h.shutdown().await;
 }
 
+// A code exchange refused with `invalid_client` (the authorization server restarted and
+// lost its registrations): the next sign-in registers anew. Before, the registration
+// was kept, and every sign-in until a restart of the harness failed with it.
+#[tokio::test]
+async fn a_client_unknown_at_the_code_exchange_registers_anew_at_the_next_sign_in() {
+    let w = World::new(&["--registration", "--forget-client-at-exchange"], &[]).await;
+    let h = w.harness(OAuthConfig::default()).await;
+    // The refusal is no outage: the server is given up until someone acts.
+    assert!(wait_state(&h, "web", ServerState::Failed).await);
+    let why = h.server_status("web").and_then(|s| s.last_error);
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("invalid_client")),
+        "{why:?}"
+    );
+    h.restart_server("web").await.expect("restart");
+    ready(&h).await;
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    assert_eq!(w.at("register").len(), 2, "registered anew");
+    assert_eq!(w.at("authorize").len(), 2, "signed in again");
+    h.shutdown().await;
+}
+
 // A refresh refused with a code of the server's own, in a 200 (GitHub's
 // `bad_refresh_token`), is a refusal too: the token is forgotten and a sign-in comes
 // next. Before, only four codes were, and every request failed once the token expired.

@@ -141,6 +141,10 @@ pub struct DemoAuthArgs {
     /// Refuse every refresh, as this says.
     #[arg(long, value_enum)]
     pub refuse_refresh: Option<RefuseRefresh>,
+    /// The first code exchange finds its client forgotten (the server restarted and
+    /// lost its registrations): `invalid_client`.
+    #[arg(long)]
+    pub forget_client_at_exchange: bool,
     /// Answer refreshes 503 while this file exists (down for as long as a test says).
     #[arg(long)]
     pub refresh_unavailable_while: Option<PathBuf>,
@@ -196,6 +200,8 @@ struct State {
     codes: Mutex<HashMap<String, Grant>>,
     refresh: Mutex<HashMap<String, Grant>>,
     next: AtomicU64,
+    /// `--forget-client-at-exchange` has been done.
+    forgot_at_exchange: std::sync::atomic::AtomicBool,
     record: Option<Mutex<std::fs::File>>,
     fetch: reqwest::Client,
 }
@@ -290,6 +296,7 @@ pub async fn run(args: DemoAuthArgs) -> anyhow::Result<()> {
         codes: Mutex::default(),
         refresh: Mutex::default(),
         next: AtomicU64::new(1),
+        forgot_at_exchange: std::sync::atomic::AtomicBool::new(false),
         record,
         fetch,
     });
@@ -727,6 +734,13 @@ fn token(
     };
     let bad_grant = |why: &str| oauth_error(StatusCode::BAD_REQUEST, "invalid_grant", why);
     match grant_type.as_str() {
+        "authorization_code"
+            if state.args.forget_client_at_exchange
+                && !state.forgot_at_exchange.swap(true, Ordering::SeqCst) =>
+        {
+            state.clients.lock().remove(&client_id);
+            oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "unknown client")
+        }
         "authorization_code" => {
             let Some(grant) = state.codes.lock().remove(&get("code")) else {
                 return bad_grant("unknown or used code");

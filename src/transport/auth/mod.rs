@@ -2133,9 +2133,11 @@ impl SignIn {
             .finish(url.to_string())
             .await
             .map_err(|e| self.err(step, AuthFailure::Authorizer(e)))?;
-        let code = self
-            .check_redirect(&back, &state, &d)
-            .map_err(|f| self.err(step, f))?;
+        let client_id = client.client_id.clone();
+        let code = self.check_redirect(&back, &state, &d).map_err(|f| {
+            self.forget_if_unknown(&d, &client_id, &f);
+            self.err(step, f)
+        })?;
         let params = vec![
             ("grant_type", "authorization_code".to_string()),
             ("code", code),
@@ -2144,9 +2146,23 @@ impl SignIn {
             ("resource", d.resource.resource.clone()),
         ];
         let ex = Exchange::grant(AuthStep::Token, &d, client, params, scopes);
-        let token = self.exchange(identity, ex, renewing, None).await?;
+        let token = self
+            .exchange(identity, ex, renewing, None)
+            .await
+            .inspect_err(|e| self.forget_if_unknown(&d, &client_id, &e.failure))?;
         tracing::info!(server = %self.server, identity = ?identity, "signed in");
         Ok(token)
+    }
+
+    /// After a sign-in refused with `invalid_client` (the authorization server lost
+    /// its registrations in a restart, or let the client expire): its registration is
+    /// forgotten, so that the next sign-in registers anew instead of failing with it
+    /// until the harness restarts. (A configured client is no registration: untouched.)
+    fn forget_if_unknown(&self, d: &Discovered, client_id: &str, failure: &AuthFailure) {
+        if matches!(failure, AuthFailure::Refused { error, .. } if error == "invalid_client") {
+            tracing::warn!(server = %self.server, "the authorization server does not know this client; the next sign-in registers anew");
+            self.ctx.registrations.forget(&d.server.issuer, client_id);
+        }
     }
 
     /// The redirect back: its `state` must be ours and its `iss` (RFC 9207) right
