@@ -692,6 +692,23 @@ async fn scopes_come_from_the_challenge_else_the_metadata_and_a_step_up_asks_for
         1 + 2,
         "the first sign-in and two step-ups"
     );
+    // The next request's step-up would ask the same of it: the server's refusal stands,
+    // no sign-in (before, two more each request).
+    let e = h
+        .call_tool(&Caller::agent("a"), "web__echo", json!({"text": "x"}))
+        .await
+        .expect_err("denied");
+    assert!(
+        matches!(
+            &e,
+            CallError::Server(ServerError::Transport {
+                source: TransportError::Unauthorized { status: 403, .. },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(w.at("authorize").len(), 3, "no sign-in for a repeat");
     h.shutdown().await;
 }
 

@@ -437,6 +437,9 @@ fn newer_than(stored: &Token, stale: Option<&str>, held: Option<&Token>) -> bool
 /// sign-in) per auth context this often, not per request.
 const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 
+/// Scopes an authorization server did not grant a step-up, and when.
+type Denied = (Vec<String>, Instant);
+
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
     server: String,
@@ -461,6 +464,10 @@ pub(crate) struct SignIn {
     /// and when (see [`Renewal::Refused`]); forgotten once the server takes it
     /// ([`SignIn::accepted`]).
     renewed_on_refusal: Mutex<HashMap<Option<String>, (String, Instant)>>,
+    /// The scopes a step-up asked for that the authorization server did not grant, by
+    /// auth context, and when: a step-up for no more than those is not asked again for
+    /// [`REFUSED_AGAIN_WINDOW`] (each would be a sign-in, perhaps a person's).
+    step_up_denied: Mutex<HashMap<Option<String>, Denied>>,
     /// Whether `renewed_on_refusal` holds any (a request's success looks at it only
     /// then: no lock per request).
     noted_on_refusal: std::sync::atomic::AtomicBool,
@@ -802,6 +809,7 @@ impl SignIn {
             discovered: tokio::sync::Mutex::new(None),
             renewed: Mutex::default(),
             renewed_on_refusal: Mutex::default(),
+            step_up_denied: Mutex::default(),
             noted_on_refusal: std::sync::atomic::AtomicBool::new(false),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
@@ -1414,6 +1422,18 @@ impl SignIn {
             self.authorize(identity, challenge, &mut renewing).await?;
         }
         if let Some(t) = self.held(identity) {
+            let asked = challenge.scopes();
+            let lacking: Vec<String> = asked
+                .into_iter()
+                .filter(|s| !t.scopes.contains(s))
+                .collect();
+            if step_up && !lacking.is_empty() {
+                let mut denied = self.step_up_denied.lock();
+                if denied.len() >= MISSING_MEMO {
+                    denied.clear();
+                }
+                denied.insert(identity.map(String::from), (lacking, Instant::now()));
+            }
             let mut noted = self.renewed_on_refusal.lock();
             if noted.len() >= MISSING_MEMO {
                 noted.clear();
@@ -1423,6 +1443,31 @@ impl SignIn {
                 .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(Renewal::Renewed)
+    }
+
+    /// Whether a step-up for `challenge`'s scopes would ask only for scopes the
+    /// authorization server did not grant `identity` moments ago (within
+    /// [`REFUSED_AGAIN_WINDOW`]): the same answer again, at the cost of a sign-in
+    /// (perhaps a person's), so a request's step-up is not tried then.
+    pub(crate) fn step_up_denied(&self, identity: Option<&str>, challenge: &Challenge) -> bool {
+        let asked = challenge.scopes();
+        if asked.is_empty() {
+            return false;
+        }
+        let held = self.held(identity);
+        let denied = self.step_up_denied.lock();
+        let Some((scopes, at)) = denied.get(&identity.map(String::from)) else {
+            return false;
+        };
+        let repeat = at.elapsed() < REFUSED_AGAIN_WINDOW
+            && asked
+                .iter()
+                .filter(|s| held.as_ref().is_none_or(|t| !t.scopes.contains(s)))
+                .all(|s| scopes.contains(s));
+        if repeat && let Some(refused) = self.refused_fresh.log() {
+            tracing::warn!(server = %self.server, refused, scopes = ?asked, "the authorization server did not grant these scopes moments ago; not asking again for a minute");
+        }
+        repeat
     }
 
     /// The server took `sent` (a request carrying it was answered): a token renewed
@@ -1466,6 +1511,7 @@ impl SignIn {
         self.ctx.held.remove_server(&self.server);
         self.renewed.lock().clear();
         self.renewed_on_refusal.lock().clear();
+        self.step_up_denied.lock().clear();
         self.missing.lock().clear();
         self.ctx
             .store

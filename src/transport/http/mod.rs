@@ -366,6 +366,14 @@ impl HttpTransport {
                     if step_ups >= MAX_STEP_UPS {
                         return Err(TransportError::Auth(self.sign_in.scope_exhausted(step_ups)));
                     }
+                    // Asked of the authorization server moments ago, and not granted:
+                    // the server's refusal stands (a sign-in each request, else).
+                    if step_ups == 0 && self.sign_in.step_up_denied(identity, &challenge) {
+                        return Err(TransportError::Unauthorized {
+                            status: 403,
+                            challenge: Some(challenge),
+                        });
+                    }
                     step_ups += 1;
                     let renewal =
                         self.sign_in
