@@ -12,12 +12,16 @@
 //!
 //! The index is built from the caller's own listing, so it follows every change the
 //! listing follows (`ToolsChanged`, grants) and never holds a tool the caller may not
-//! use. Built indexes are kept for the few most recent distinct listings; searches of a
-//! listing whose index is being built wait for that build rather than start their own.
+//! use. Built indexes are kept for the few most recent distinct listings, known by
+//! their definitions' addresses (the same listing read from the cache again) and else
+//! by their content (the same tools fetched anew, from a server whose list is never
+//! cached); searches of a listing whose index is being built wait for that build rather
+//! than start their own. An index holds no definition: its results are the caller's own
+//! tools, by place.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bm25::{
     Embedder, EmbedderBuilder, Embedding, Scorer, TokenEmbedder, TokenEmbedding, Tokenizer,
@@ -270,15 +274,19 @@ fn tool_terms(counts: &[usize]) -> usize {
 
 /// One listing, indexed.
 struct Built {
-    /// Held, so that no definition's address is reused while fingerprints are compared.
-    tools: Vec<ToolInfo>,
+    /// Its tools' qualified names, by place: ties are broken by them, and a result is
+    /// given only if the caller's tool at its place has its name.
+    names: Vec<Arc<str>>,
     terms: Terms,
     scorer: Scorer<u32>,
 }
 
 impl Built {
     fn new(tools: Vec<ToolInfo>) -> Built {
+        let names = tools.iter().map(|t| t.qualified.clone()).collect();
         let texts: Vec<String> = tools.iter().map(document).collect();
+        // The definitions are not kept: an index must not hold a listing the cache let go.
+        drop(tools);
         let corpus: Vec<&str> = texts.iter().map(String::as_str).collect();
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &corpus).build();
@@ -294,13 +302,14 @@ impl Built {
             scorer.upsert(&i, unique(embedder.embed(text), most));
         }
         Built {
-            tools,
+            names,
             terms: Terms::new(),
             scorer,
         }
     }
 
-    fn search(&self, query: &str, k: usize) -> Vec<ToolMatch> {
+    /// The places of the `k` tools most relevant to `query`, best first, with scores.
+    fn search(&self, query: &str, k: usize) -> Vec<(usize, f32)> {
         fn embedding(terms: &[String]) -> Embedding<u32> {
             Embedding(
                 terms
@@ -322,34 +331,86 @@ impl Built {
         }
         let mut ranked: Vec<(u32, f32)> = scores.into_iter().collect();
         // Ties go by qualified name, so the same question gets the same answer.
-        ranked.sort_by(|a, b| {
-            b.1.total_cmp(&a.1).then_with(|| {
-                self.tools[a.0 as usize]
-                    .qualified
-                    .cmp(&self.tools[b.0 as usize].qualified)
-            })
-        });
+        let name = |i: u32| self.names.get(i as usize);
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| name(a.0).cmp(&name(b.0))));
         ranked
             .into_iter()
             .take(k)
-            .filter_map(|(i, score)| {
-                self.tools.get(i as usize).map(|tool| ToolMatch {
-                    tool: tool.clone(),
-                    score,
-                })
-            })
+            .map(|(i, score)| (i as usize, score))
             .collect()
     }
 }
 
-/// Which listing this is: its names and the very definitions it holds.
-fn fingerprint(tools: &[ToolInfo]) -> u64 {
+/// Which listing this is: its names and the very definitions it holds (their
+/// addresses, which the entry's weak references keep from being reused).
+fn by_address(tools: &[ToolInfo]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for t in tools {
         t.qualified.hash(&mut h);
         (Arc::as_ptr(&t.definition) as usize).hash(&mut h);
     }
     h.finish()
+}
+
+/// Which listing this is: its names and what its definitions say. Read when its
+/// addresses are new: a list that is never cached is fetched anew for every search,
+/// the same tools at new addresses.
+fn by_content(tools: &[ToolInfo]) -> u64 {
+    /// Feeds what is written to it to the hasher.
+    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed<'_> {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for t in tools {
+        t.qualified.hash(&mut h);
+        // Writing a Value to a sink that takes everything cannot fail.
+        let _ = serde_json::to_writer(Feed(&mut h), &*t.definition);
+        h.write_u8(0xff);
+    }
+    h.finish()
+}
+
+/// One listing searched lately, and its index.
+struct Listed {
+    by_address: u64,
+    /// The definitions it was last seen with, held weakly: their addresses are not
+    /// reused while this stands (a new listing at an old address would pass for this
+    /// one), and the listing itself is freed when the cache lets it go.
+    seen: Vec<Weak<Value>>,
+    by_content: u64,
+    slot: Slot,
+}
+
+impl Listed {
+    fn new(tools: &[ToolInfo], by_address: u64, by_content: u64) -> Listed {
+        Listed {
+            by_address,
+            seen: tools
+                .iter()
+                .map(|t| Arc::downgrade(&t.definition))
+                .collect(),
+            by_content,
+            slot: Slot::default(),
+        }
+    }
+
+    /// Whether `tools` hold the very definitions this listing was last seen with.
+    fn holds(&self, tools: &[ToolInfo], address: u64) -> bool {
+        self.by_address == address
+            && self.seen.len() == tools.len()
+            && self
+                .seen
+                .iter()
+                .zip(tools)
+                .all(|(seen, t)| std::ptr::eq(seen.as_ptr(), Arc::as_ptr(&t.definition)))
+    }
 }
 
 /// One listing's index, built once however many search it at once.
@@ -363,9 +424,9 @@ const ABANDONED: &str = "abandoned";
 /// blocking thread and a core.
 const BUILDS_AT_ONCE: usize = 2;
 
-/// The indexes of the listings searched last, by fingerprint, the newest first.
+/// The indexes of the listings searched last, the newest first.
 pub(crate) struct SearchIndex {
-    built: Arc<parking_lot::Mutex<Vec<(u64, Slot)>>>,
+    built: Arc<parking_lot::Mutex<Vec<Listed>>>,
     building: Arc<tokio::sync::Semaphore>,
     /// Indexes built, for tests.
     #[cfg(test)]
@@ -394,17 +455,41 @@ impl SearchIndex {
         if k == 0 || tools.is_empty() {
             return Vec::new();
         }
-        let fingerprint = fingerprint(&tools);
-        let slot = {
+        let address = by_address(&tools);
+        let seen = {
             let mut built = self.built.lock();
-            let entry = match built.iter().position(|(f, _)| *f == fingerprint) {
-                Some(i) => built.remove(i),
-                None => (fingerprint, Slot::default()),
-            };
-            let slot = entry.1.clone();
-            built.insert(0, entry);
-            built.truncate(KEPT);
-            slot
+            built
+                .iter()
+                .position(|l| l.holds(&tools, address))
+                .map(|i| {
+                    let entry = built.remove(i);
+                    let slot = entry.slot.clone();
+                    built.insert(0, entry);
+                    slot
+                })
+        };
+        let slot = match seen {
+            Some(slot) => slot,
+            None => {
+                let content = by_content(&tools);
+                let mut built = self.built.lock();
+                let entry = match built.iter().position(|l| l.by_content == content) {
+                    // The same tools at new addresses: its index serves, and it is
+                    // known by these from now on.
+                    Some(i) => {
+                        let old = built.remove(i);
+                        Listed {
+                            slot: old.slot,
+                            ..Listed::new(&tools, address, content)
+                        }
+                    }
+                    None => Listed::new(&tools, address, content),
+                };
+                let slot = entry.slot.clone();
+                built.insert(0, entry);
+                built.truncate(KEPT);
+                slot
+            }
         };
         let built = match slot.get() {
             Some(index) => Ok(index.clone()),
@@ -412,6 +497,7 @@ impl SearchIndex {
                 #[cfg(test)]
                 let builds = self.builds.clone();
                 let (turns, listed) = (self.building.clone(), self.built.clone());
+                let to_index = tools.clone();
                 let interest = Arc::new(());
                 let wanted = Arc::downgrade(&interest);
                 // On a task of its own, which holds the slot until the index is in it: a
@@ -422,14 +508,14 @@ impl SearchIndex {
                 let building = tokio::spawn(async move {
                     let init = || async {
                         let _turn = turns.acquire_owned().await.map_err(|e| e.to_string())?;
-                        let kept = listed.lock().iter().any(|(_, s)| Arc::ptr_eq(s, &slot));
+                        let kept = listed.lock().iter().any(|l| Arc::ptr_eq(&l.slot, &slot));
                         if !kept && wanted.strong_count() == 0 {
                             return Err(ABANDONED.to_string());
                         }
                         #[cfg(test)]
                         builds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         // Stemming a few thousand definitions is CPU work for milliseconds.
-                        tokio::task::spawn_blocking(move || Built::new(tools))
+                        tokio::task::spawn_blocking(move || Built::new(to_index))
                             .await
                             .map(Arc::new)
                             .map_err(|e| e.to_string())
@@ -451,12 +537,26 @@ impl SearchIndex {
         };
         // Ranking is CPU work in proportion to the listing: off the async threads.
         let query: String = query.chars().take(QUERY_CHARS).collect();
-        tokio::task::spawn_blocking(move || index.search(&query, k))
+        let ranking = index.clone();
+        let ranked = tokio::task::spawn_blocking(move || ranking.search(&query, k))
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "tool search failed");
                 Vec::new()
+            });
+        // The caller's own tools, by place (the index's listing is this one, in this
+        // order); one whose name is not the index's at its place is not given, should
+        // a hash have matched another listing.
+        ranked
+            .into_iter()
+            .filter_map(|(i, score)| {
+                let tool = tools.get(i)?;
+                (index.names.get(i) == Some(&tool.qualified)).then(|| ToolMatch {
+                    tool: tool.clone(),
+                    score,
+                })
             })
+            .collect()
     }
 }
 
@@ -607,6 +707,57 @@ mod tests {
         assert_eq!(index.builds.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
+    // A listing fetched anew for each search (a server whose list is never cached): the
+    // same tools at new addresses are the same listing, whose index serves; it does not
+    // push the others' indexes out. And an index holds no definition: a listing the
+    // cache let go is freed.
+    #[tokio::test]
+    async fn the_same_tools_fetched_anew_reuse_their_index_and_the_index_holds_none() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let index = SearchIndex::default();
+        let kept: Vec<ToolInfo> = vec![tool("a", "read_file", "Read a file")];
+        index.search(kept.clone(), "read", 1).await;
+        let fetched = || -> Vec<ToolInfo> {
+            (0..50)
+                .map(|i| tool("b", &format!("tool_{i}"), "Write files on disk"))
+                .collect()
+        };
+        for _ in 0..KEPT + 2 {
+            let found = index.search(fetched(), "write", 3).await;
+            assert_eq!(found.len(), 3);
+        }
+        assert_eq!(
+            index.builds.load(Relaxed),
+            2,
+            "one build per distinct listing"
+        );
+        index.search(kept, "read", 1).await;
+        assert_eq!(
+            index.builds.load(Relaxed),
+            2,
+            "the first listing's index was kept"
+        );
+        // Different content at the same names is another listing.
+        let changed: Vec<ToolInfo> = (0..50)
+            .map(|i| tool("b", &format!("tool_{i}"), "Delete files on disk"))
+            .collect();
+        let found = index.search(changed.clone(), "delete", 1).await;
+        assert_eq!(found.len(), 1);
+        assert_eq!(index.builds.load(Relaxed), 3);
+        // The results are the caller's own tools.
+        assert!(
+            changed
+                .iter()
+                .any(|t| Arc::ptr_eq(&t.definition, &found[0].tool.definition))
+        );
+        let weak = Arc::downgrade(&changed[0].definition);
+        drop((changed, found));
+        assert!(
+            weak.upgrade().is_none(),
+            "the index kept a definition alive"
+        );
+    }
+
     // A search given up while its index is being built (its client gone) leaves the
     // build to finish: the next search finds it. Before, the build was thrown away and
     // each search that came and went started one more.
@@ -641,7 +792,7 @@ mod tests {
             .built
             .lock()
             .iter()
-            .any(|(_, s)| Arc::strong_count(s) < 2)
+            .any(|l| Arc::strong_count(&l.slot) < 2)
             || listed() < KEPT
         {
             tokio::task::yield_now().await;
