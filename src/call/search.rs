@@ -254,14 +254,14 @@ fn unique(mut embedding: Embedding<u32>, most: usize) -> Embedding<u32> {
     embedding
 }
 
-/// The distinct terms indexed of each tool of a listing whose tools have `counts`
-/// (each at most [`TOOL_TERMS`]): the largest share such that the listing's total stays
-/// within [`LISTING_TERMS`] (a tool with fewer leaves the rest to the others), and never
+/// The distinct terms indexed of each tool of one server whose tools have `counts`
+/// (each at most [`TOOL_TERMS`]) and share `budget`: the largest share such that their
+/// total stays within it (a tool with fewer leaves the rest to the others), and never
 /// less than [`MIN_TOOL_TERMS`].
-fn tool_terms(counts: &[usize]) -> usize {
+fn tool_terms(counts: &[usize], budget: usize) -> usize {
     let mut sorted = counts.to_vec();
     sorted.sort_unstable();
-    let mut left = LISTING_TERMS;
+    let mut left = budget;
     for (i, count) in sorted.iter().enumerate() {
         let share = left / (sorted.len() - i);
         if *count > share {
@@ -284,6 +284,7 @@ struct Built {
 impl Built {
     fn new(tools: Vec<ToolInfo>) -> Built {
         let names = tools.iter().map(|t| t.qualified.clone()).collect();
+        let tools_servers: Vec<Arc<str>> = tools.iter().map(|t| t.server.clone()).collect();
         let texts: Vec<String> = tools.iter().map(document).collect();
         // The definitions are not kept: an index must not hold a listing the cache let go.
         drop(tools);
@@ -297,8 +298,22 @@ impl Built {
             .iter()
             .map(|t| unique(embedder.embed(t), TOOL_TERMS).0.len())
             .collect();
-        let most = tool_terms(&counts);
-        for (i, text) in (0u32..).zip(&texts) {
+        // [`LISTING_TERMS`] is shared out among servers first: a server with thousands
+        // of wordy tools cuts its own tools' share, not every other server's.
+        let mut of_server: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, t) in tools_servers.iter().enumerate() {
+            of_server.entry(t).or_default().push(i);
+        }
+        let budget = LISTING_TERMS / of_server.len().max(1);
+        let mut most = vec![TOOL_TERMS; texts.len()];
+        for places in of_server.values() {
+            let counts: Vec<usize> = places.iter().map(|&i| counts[i]).collect();
+            let cap = tool_terms(&counts, budget);
+            for &i in places {
+                most[i] = cap;
+            }
+        }
+        for ((i, text), most) in (0u32..).zip(&texts).zip(most) {
             scorer.upsert(&i, unique(embedder.embed(text), most));
         }
         Built {
@@ -618,14 +633,21 @@ mod tests {
         assert!(embedded.0.capacity() <= TOOL_TERMS);
         // A listing's tools share its budget by what they have: small tools leave the
         // rest to large ones, and each keeps a few.
-        assert_eq!(tool_terms(&[TOOL_TERMS]), TOOL_TERMS);
-        assert_eq!(tool_terms(&[40; 1000]), TOOL_TERMS, "all fit");
+        assert_eq!(tool_terms(&[TOOL_TERMS], LISTING_TERMS), TOOL_TERMS);
+        assert_eq!(
+            tool_terms(&[40; 1000], LISTING_TERMS),
+            TOOL_TERMS,
+            "all fit"
+        );
         let mixed: Vec<usize> = [vec![40; 1000], vec![TOOL_TERMS; 200]].concat();
-        let cap = tool_terms(&mixed);
+        let cap = tool_terms(&mixed, LISTING_TERMS);
         assert_eq!(cap, (LISTING_TERMS - 40 * 1000) / 200);
         let total: usize = mixed.iter().map(|c| (*c).min(cap)).sum();
         assert!(total <= LISTING_TERMS);
-        assert_eq!(tool_terms(&[TOOL_TERMS; 20_000]), MIN_TOOL_TERMS);
+        assert_eq!(
+            tool_terms(&[TOOL_TERMS; 20_000], LISTING_TERMS),
+            MIN_TOOL_TERMS
+        );
     }
 
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {
@@ -705,6 +727,34 @@ mod tests {
         // A listing seen before is not built again.
         index.search(tools, "disk", 1).await;
         assert_eq!(index.builds.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    // A server with thousands of wordy tools cuts its own tools' share of the listing's
+    // terms, not another server's: a tool found only by a word late in its text is
+    // still found beside them.
+    #[tokio::test]
+    async fn a_wordy_server_does_not_cut_another_servers_tools_short() {
+        let mut n = 0u32;
+        let mut wordy = || {
+            (0..100)
+                .map(|_| {
+                    n += 1;
+                    format!("pad{n:x}q")
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut tools: Vec<ToolInfo> = (0..2100)
+            .map(|i| tool("flood", &format!("t{i}"), &wordy()))
+            .collect();
+        // Past its 64th distinct term: the word it is found by.
+        let honest = format!("{} zeppelin", wordy());
+        tools.push(tool("honest", "fly", &honest));
+        let found = SearchIndex::default().search(tools, "zeppelin", 1).await;
+        assert_eq!(
+            found.first().map(|m| &*m.tool.qualified),
+            Some("honest__fly")
+        );
     }
 
     // A listing fetched anew for each search (a server whose list is never cached): the
