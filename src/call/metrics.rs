@@ -179,9 +179,20 @@ impl CallMetrics {
 
     /// Forgets a removed server's series, also those a call ending late would make.
     pub(crate) fn forget(&self, server: &str) {
+        self.forget_unless(server, || false);
+    }
+
+    /// [`Self::forget`], unless `back()` (asked under the lock that [`Self::track`]
+    /// takes): a server of that id added again meanwhile keeps its series. An add
+    /// tracks once its server is in the directory, so a removal that checks the
+    /// directory here either sees it or forgets before that track.
+    pub(crate) fn forget_unless(&self, server: &str, back: impl FnOnce() -> bool) {
         let mut by_server = self.series.lock();
-        by_server.remove(server);
         let mut removed = self.removed.lock();
+        if back() {
+            return;
+        }
+        by_server.remove(server);
         if removed.iter().any(|r| &**r == server) {
             return;
         }
@@ -284,6 +295,18 @@ mod tests {
             .map(|s| s.server.to_string())
             .collect();
         assert_eq!(servers, ["", "s"]);
+        // A removal that finds the server added again meanwhile forgets nothing.
+        m.forget_unless("s", || true);
+        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
+        let ok = |m: &CallMetrics| {
+            m.snapshot()
+                .0
+                .iter()
+                .filter(|s| &*s.server == "s")
+                .map(|s| s.count)
+                .sum::<u64>()
+        };
+        assert_eq!(ok(&m), 2, "the call before and the one after");
     }
 
     // A series whose first call ended as its connection went (no version known) takes

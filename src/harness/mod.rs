@@ -698,6 +698,9 @@ impl HarnessHandle {
             }
             return Err(e.into());
         }
+        // Again, now that it is in the directory: a removal of the old server of this
+        // id that forgot its series meanwhile must not leave this one uncounted.
+        self.ctx().metrics.track(&id);
         self.inner
             .services
             .registry
@@ -710,7 +713,10 @@ impl HarnessHandle {
         self.inner.services.servers.remove(id).await?;
         self.inner.services.registry_ref.remove(id).await;
         self.ctx().catalog.forget(id);
-        self.ctx().metrics.forget(id);
+        let directory = &self.inner.directory;
+        self.ctx()
+            .metrics
+            .forget_unless(id, || directory.contains(id));
         self.inner
             .services
             .registry
