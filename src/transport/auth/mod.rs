@@ -1571,6 +1571,8 @@ impl SignIn {
         match serde_json::from_slice::<Value>(&body) {
             Ok(v) if v.is_object() => Ok(Some(v)),
             _ => {
+                // Shown without credentials or query: the server's URL may carry a key.
+                let url = crate::util::text::url_shown(url);
                 tracing::debug!(server = %self.server, %url, "no metadata there (the reply is no JSON object)");
                 Ok(None)
             }
