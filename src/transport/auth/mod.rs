@@ -689,6 +689,38 @@ fn sendable_token(token: &str) -> Result<(), AuthFailure> {
     Ok(())
 }
 
+/// The longest access or refresh token kept. A JWT with many claims runs to a few
+/// kilobytes; one of a megabyte (the reply's bound) would be held per auth context,
+/// copied into every request, and make its stored file too large to read back.
+const MAX_TOKEN_BYTES: usize = 64 * 1024;
+
+/// The longest `client_id` or `client_secret` a registration may give.
+const MAX_CLIENT_BYTES: usize = 4 * 1024;
+
+/// Refuses a registration whose client is past [`MAX_CLIENT_BYTES`].
+fn client_sizes(id: &str, secret: Option<&str>) -> Result<(), AuthFailure> {
+    if id.len() > MAX_CLIENT_BYTES || secret.is_some_and(|s| s.len() > MAX_CLIENT_BYTES) {
+        return Err(AuthFailure::Invalid(format!(
+            "client_id or client_secret is longer than {} KiB",
+            MAX_CLIENT_BYTES / 1024
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a token reply whose tokens are past [`MAX_TOKEN_BYTES`].
+fn token_sizes(access: &str, refresh: Option<&str>) -> Result<(), AuthFailure> {
+    for (name, token) in [("access_token", Some(access)), ("refresh_token", refresh)] {
+        if token.is_some_and(|t| t.len() > MAX_TOKEN_BYTES) {
+            return Err(AuthFailure::Invalid(format!(
+                "{name} is longer than {} KiB",
+                MAX_TOKEN_BYTES / 1024
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// One token request: what is sent, and what the new token records about its issue
 /// besides the reply.
 struct Exchange {
@@ -1854,6 +1886,9 @@ impl SignIn {
         let Some(client_id) = v.get("client_id").and_then(Value::as_str) else {
             return Err(self.err(step, AuthFailure::Invalid("no client_id".into())));
         };
+        // Kept with every token, and sent with every token request.
+        client_sizes(client_id, v.get("client_secret").and_then(Value::as_str))
+            .map_err(|f| self.err(step, f))?;
         let secret = v
             .get("client_secret")
             .and_then(Value::as_str)
@@ -2008,6 +2043,8 @@ impl SignIn {
             ));
         }
         sendable_token(&reply.access_token).map_err(|f| self.err(step, f))?;
+        token_sizes(&reply.access_token, reply.refresh_token.as_deref())
+            .map_err(|f| self.err(step, f))?;
         let now = now_ms();
         Ok(Token {
             access_token: reply.access_token,
@@ -2356,6 +2393,21 @@ mod tests {
         let tls = client_tls(None).expect("tls");
         let sign_in = SignIn::new("s", &url, OAuthConfig::default(), ctx, tls).expect("sign-in");
         (sign_in, store)
+    }
+
+    #[test]
+    fn tokens_and_clients_past_their_bounds_are_refused() {
+        let long = "a".repeat(MAX_TOKEN_BYTES + 1);
+        assert!(token_sizes("at", None).is_ok());
+        assert!(token_sizes(&"a".repeat(MAX_TOKEN_BYTES), Some("rt")).is_ok());
+        for (access, refresh) in [(long.as_str(), None), ("at", Some(long.as_str()))] {
+            let e = token_sizes(access, refresh).expect_err("too long");
+            assert!(e.to_string().contains("KiB"), "{e}");
+        }
+        let long = "c".repeat(MAX_CLIENT_BYTES + 1);
+        assert!(client_sizes("id", Some("secret")).is_ok());
+        assert!(client_sizes(&long, None).is_err());
+        assert!(client_sizes("id", Some(&long)).is_err());
     }
 
     #[test]
