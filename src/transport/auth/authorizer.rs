@@ -321,10 +321,20 @@ impl AuthorizationSession for HeadlessSession {
                 .get(reqwest::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .map(String::from);
+            // Back means to the redirect URI itself, not to any URL that begins with
+            // its text (`…/callback.evil.example`, `…/callbackx`).
+            let back = |l: &str| {
+                let (Ok(to), Ok(ours)) = (url::Url::parse(l), url::Url::parse(&self.redirect_uri))
+                else {
+                    return false;
+                };
+                to.origin() == ours.origin() && to.path() == ours.path()
+            };
             match location {
-                Some(l) if status.is_redirection() && l.starts_with(&self.redirect_uri) => Ok(l),
+                Some(l) if status.is_redirection() && back(&l) => Ok(l),
                 Some(l) if status.is_redirection() => Err(format!(
-                    "the authorization server redirected elsewhere ({l:?}), not back"
+                    "the authorization server redirected elsewhere ({}), not back",
+                    crate::util::text::one_line(&l, 200)
                 )),
                 _ => Err(format!(
                     "the authorization server answered {status} instead of redirecting back: it wants a person"
@@ -370,6 +380,53 @@ mod tests {
                 "{page}"
             );
             let _ = finished.await;
+        }
+    }
+
+    // The headless authorizer takes a redirect to its redirect URI only, not to one
+    // that merely begins with its text; another is named cut short and escaped.
+    #[tokio::test]
+    async fn a_headless_sign_in_takes_only_a_redirect_back_to_its_own_uri() {
+        let long = format!("http://127.0.0.1:1/elsewhere?{}", "\u{1b}x".repeat(10_000));
+        for (location, back) in [
+            (
+                "http://127.0.0.1:1/callback?code=c&state=s".to_string(),
+                true,
+            ),
+            ("http://127.0.0.1:1/callbackx?code=c".to_string(), false),
+            ("http://127.0.0.1:12/callback?code=c".to_string(), false),
+            (long, false),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let answer = format!(
+                "HTTP/1.1 302 Found\r\nLocation: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                location.replace('\u{1b}', "%1B")
+            );
+            let server = tokio::spawn(async move {
+                let (mut socket, _) = listener.accept().await.expect("accept");
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                socket.write_all(answer.as_bytes()).await.expect("answer");
+            });
+            let authorizer = HeadlessAuthorizer::new(None).expect("authorizer");
+            let request = SignInRequest {
+                server: "s".into(),
+                identity: None,
+                issuer: "http://127.0.0.1".into(),
+                scopes: Vec::new(),
+            };
+            let session = authorizer.start(&request).await.expect("start");
+            let finished = session
+                .finish(format!("http://127.0.0.1:{port}/authorize"))
+                .await;
+            assert_eq!(finished.is_ok(), back, "{location:.80}: {finished:?}");
+            if let Err(e) = finished {
+                assert!(e.len() < 400, "{} bytes", e.len());
+            }
+            let _ = server.await;
         }
     }
 
