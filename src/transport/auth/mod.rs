@@ -2271,8 +2271,9 @@ impl SignIn {
         ) {
             (Some(iss), _) if iss != &d.server.issuer => {
                 return Err(AuthFailure::BadRedirect(format!(
-                    "iss {iss:?} is not the issuer {:?}",
-                    d.server.issuer
+                    "iss {} is not the issuer {}",
+                    crate::util::text::one_line(iss, 200),
+                    crate::util::text::one_line(&d.server.issuer, 200)
                 )));
             }
             (None, true) => {
