@@ -283,3 +283,28 @@ fn classify(error: &rustls::Error) -> TransportError {
         detail: crate::util::text::one_line(&error.to_string(), 300),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A TLS error names what the server's certificate holds: on one line, escaped and
+    // cut short, whatever the certificate put there.
+    #[test]
+    fn a_tls_errors_detail_is_one_escaped_bounded_line() {
+        let hostile = format!("bad\n\u{1b}[2J\u{202e}{}", "n".repeat(10_000));
+        let TransportError::Tls { kind, detail } = classify(&rustls::Error::General(hostile))
+        else {
+            panic!("a TLS error");
+        };
+        assert_eq!(kind, TlsFailure::Handshake);
+        assert!(
+            !detail.contains('\n') && !detail.contains('\u{1b}'),
+            "{detail:.100}"
+        );
+        assert!(!detail.contains('\u{202e}'), "{detail:.100}");
+        // 300 characters of the text, each escape at most ten.
+        assert!(detail.len() < 3_100, "{} bytes", detail.len());
+        assert!(detail.ends_with('…'), "cut short");
+    }
+}
