@@ -1639,6 +1639,23 @@ fn terminal_command(cmd: &str, env: &[(&str, &str)]) -> Command {
     c
 }
 
+// The terminal is read only for a question: a line typed beyond the answers (for the
+// shell, while the tool runs) is left to whoever reads next. Before, a reader ahead of
+// the questions took one more line and dropped it at exit.
+#[test]
+fn a_line_typed_beyond_the_answers_is_left_for_the_shell() {
+    let cmd = format!(
+        "{} call --stdio '{}' many_inputs '{{\"n\":1}}'; read x; echo \"shell:[$x]\"",
+        harness_exe(),
+        demo_cmd("s")
+    );
+    let cmd = format!("sh -c '{}'", cmd.replace('\'', "'\\''"));
+    let o = on_a_terminal(&cmd, "x (string):", "abc\nSEEN\n", &[]);
+    let screen = stdout(&o);
+    assert!(screen.contains("got 1 answers"), "{screen}");
+    assert!(screen.contains("shell:[SEEN]"), "{screen}");
+}
+
 // A background job of the terminal is not asked: reading the terminal (or flushing its
 // input) would have it stopped by SIGTTIN or SIGTTOU until `fg`, its deadline with it.
 // It declines, and ends.

@@ -53,22 +53,49 @@ type Typed = (std::time::Instant, Option<String>);
 /// A read on the blocking pool could not be given up: a question withdrawn (its call
 /// cancelled, past its deadline, or the program interrupted) would hold its thread, the
 /// prompt, and the runtime's shutdown until the next Enter.
-fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Typed>> {
-    static LINES: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<Typed>>> =
-        std::sync::OnceLock::new();
+struct TypedLines {
+    /// Asks the reader for one line: it reads only when a question wants one, so a
+    /// line typed for the shell once the questions are over stays the shell's.
+    want: std::sync::mpsc::SyncSender<()>,
+    /// A line is asked for and not yet given (one read at a time, and none more: a
+    /// question withdrawn during a read leaves that read to the next question).
+    reading: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lines: std::sync::mpsc::Receiver<Typed>,
+}
+
+impl TypedLines {
+    /// Asks for a line, unless a read is under way already.
+    fn want(&self) {
+        if !self.reading.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let _ = self.want.try_send(());
+        }
+    }
+}
+
+fn typed_lines() -> &'static std::sync::Mutex<TypedLines> {
+    static LINES: std::sync::OnceLock<std::sync::Mutex<TypedLines>> = std::sync::OnceLock::new();
     LINES.get_or_init(|| {
-        // A rendezvous: a line is read ahead only as far as one held for the next
-        // question.
-        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        let (want, wanted) = std::sync::mpsc::sync_channel::<()>(1);
+        // One line held at most: a question withdrawn while its line was read leaves
+        // it for the next, which decides whether it answers it.
+        let (tx, lines) = std::sync::mpsc::sync_channel(1);
+        let reading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = reading.clone();
         let reader = std::thread::Builder::new()
             .name("stdin-lines".into())
             .spawn(move || {
-                loop {
+                while wanted.recv().is_ok() {
                     let mut line = String::new();
                     let read = std::io::stdin().lock().read_line(&mut line);
-                    let end = matches!(read, Ok(0) | Err(_));
-                    let typed = (std::time::Instant::now(), (!end).then_some(line));
-                    if tx.send(typed).is_err() || end {
+                    // Ctrl-D (a read of nothing) ends the question it answers, not the
+                    // terminal: the next question reads again. An error ends it.
+                    let failed = read.is_err();
+                    let typed = (
+                        std::time::Instant::now(),
+                        matches!(read, Ok(n) if n > 0).then_some(line),
+                    );
+                    done.store(false, std::sync::atomic::Ordering::SeqCst);
+                    if tx.send(typed).is_err() || failed {
                         return;
                     }
                 }
@@ -76,7 +103,11 @@ fn typed_lines() -> &'static std::sync::Mutex<std::sync::mpsc::Receiver<Typed>> 
         if let Err(e) = reader {
             errln!("mcp-harness: cannot read the terminal: {e}");
         }
-        std::sync::Mutex::new(rx)
+        std::sync::Mutex::new(TypedLines {
+            want,
+            reading,
+            lines,
+        })
     })
 }
 
@@ -140,9 +171,15 @@ impl Asker {
         let lines = typed_lines()
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lines.want();
         loop {
-            match lines.recv_timeout(std::time::Duration::from_millis(100)) {
-                Ok((at, Some(_))) if !answers_it(at, shown, last_withdrawn, consent) => {}
+            match lines
+                .lines
+                .recv_timeout(std::time::Duration::from_millis(100))
+            {
+                Ok((at, Some(_))) if !answers_it(at, shown, last_withdrawn, consent) => {
+                    lines.want();
+                }
                 Ok((_, line)) => return line,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
                     *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()) =
