@@ -923,6 +923,51 @@ async fn many_callers_listing_at_once_share_one_fetch_and_its_outcome() {
     }
 }
 
+// A listing begun after a change notice does not share a fetch begun before it: that
+// fetch may read the list as it was, and whoever lists again on hearing the notice
+// must read the new one.
+#[tokio::test]
+async fn a_listing_after_a_change_notice_does_not_take_a_fetch_begun_before_it() {
+    let record = temp_file("flight-epoch");
+    let h = start_ready(config(vec![with_record(
+        "s",
+        &record,
+        &["--era", "legacy", "--list-delay-ms", "1500"],
+    )]))
+    .await;
+    let mut events = h.subscribe();
+    let before = {
+        let h = h.clone();
+        tokio::spawn(async move { h.list_tools(&a()).await })
+    };
+    while count(&record, "tools/list") < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The server's list changes while that fetch waits, and it says so.
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(mcp_harness::registry::HarnessEvent::ListsChanged { tools: true, .. }) =
+                events.recv().await
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the notice was heard");
+    let after = h.list_tools(&a()).await.expect("list");
+    assert!(
+        after.iter().any(|t| &*t.qualified == "s__grown_0"),
+        "listed after the notice: {:?}",
+        after.iter().map(|t| &*t.qualified).collect::<Vec<_>>()
+    );
+    let before = before.await.expect("task").expect("list");
+    assert!(!before.is_empty());
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn remove_server_purges_its_cache_in_memory_and_on_disk() {
     let record = temp_file("purge");

@@ -102,6 +102,9 @@ pub(crate) struct ListFlight {
     /// The server's place in memory: unique while a walk of it holds it, and a server
     /// added again under its id is another.
     server: usize,
+    /// The server's cache epoch when the walk began: a walk begun after a change
+    /// notice must not take a list fetched before it.
+    epoch: u64,
     method: &'static str,
     client: String,
     auth: Option<String>,
@@ -123,8 +126,11 @@ pub(crate) async fn list_server(
     timeout: Duration,
 ) -> Result<Listed, CallError> {
     let mut use_cache = true;
+    // A lead kept across a rejected cursor: its followers wait for the walk again.
+    let mut carried: Lead = None;
     loop {
         let (walked, lead) = walk(ctx, server, kind, auth_context, timeout, use_cache).await;
+        let lead = lead.or(carried.take());
         let outcome = match walked {
             Walk::Join(follower) => match follower.outcome().await {
                 Some(outcome) => return outcome,
@@ -148,6 +154,7 @@ pub(crate) async fn list_server(
                     .invalidate_list(server.id(), kind.list_method(), everywhere)
                     .await;
                 use_cache = false;
+                carried = lead;
                 continue;
             }
             Walk::RejectedCursor(e) => Err(e.into()),
@@ -394,6 +401,7 @@ impl<'a> Walker<'a> {
         if self.use_cache && cursor.is_none() && self.lead.is_none() {
             let flight = ListFlight {
                 server: Arc::as_ptr(&self.server.0) as usize,
+                epoch: self.epoch,
                 method: self.kind.list_method(),
                 client: self.handlers.client_tag().to_string(),
                 auth: self.auth_context.map(String::from),
