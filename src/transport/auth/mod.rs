@@ -1491,11 +1491,15 @@ impl SignIn {
         let Some((scopes, at)) = denied.get(&identity.map(String::from)) else {
             return false;
         };
+        // What the held token lacks of the challenge: none lacking, the held token (a
+        // newer one than the request sent, perhaps) answers it, and is retried.
+        let lacking: Vec<&String> = asked
+            .iter()
+            .filter(|s| held.as_ref().is_none_or(|t| !t.scopes.contains(s)))
+            .collect();
         let repeat = at.elapsed() < REFUSED_AGAIN_WINDOW
-            && asked
-                .iter()
-                .filter(|s| held.as_ref().is_none_or(|t| !t.scopes.contains(s)))
-                .all(|s| scopes.contains(s));
+            && !lacking.is_empty()
+            && lacking.iter().all(|s| scopes.contains(s));
         if repeat && let Some(refused) = self.refused_fresh.log() {
             tracing::warn!(server = %self.server, refused, scopes = ?asked, "the authorization server did not grant these scopes moments ago; not asking again for a minute");
         }
@@ -2800,6 +2804,34 @@ mod tests {
             .await
             .expect_err("nothing listens");
         assert_eq!(e.step, AuthStep::Refresh, "{e}");
+    }
+
+    // Scopes a step-up was not granted are not asked for again for a minute; a
+    // challenge the held token answers is no repeat, whatever the memo holds.
+    #[test]
+    fn a_step_up_is_a_repeat_only_for_scopes_denied_and_still_lacking() {
+        let (sign_in, _) = counted();
+        let mut held = token("https://idp.example", "https://idp.example/t");
+        held.scopes = vec!["read".into()];
+        sign_in.keep(None, held);
+        sign_in
+            .step_up_denied
+            .lock()
+            .insert(None, (vec!["admin".into()], Instant::now()));
+        let asking = |scope: &str| Challenge {
+            params: [("scope".to_string(), scope.to_string())].into(),
+        };
+        assert!(sign_in.step_up_denied(None, &asking("admin")));
+        assert!(sign_in.step_up_denied(None, &asking("read admin")));
+        assert!(
+            !sign_in.step_up_denied(None, &asking("read")),
+            "held answers it"
+        );
+        assert!(
+            !sign_in.step_up_denied(None, &asking("write")),
+            "not asked yet"
+        );
+        assert!(!sign_in.step_up_denied(Some("other"), &asking("admin")));
     }
 
     #[tokio::test]
