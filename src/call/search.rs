@@ -254,22 +254,28 @@ fn unique(mut embedding: Embedding<u32>, most: usize) -> Embedding<u32> {
     embedding
 }
 
+/// The most each of several takes of `budget` when each needs `needs`: an equal share,
+/// what one needs less of handed on to the others (`usize::MAX`: all fit).
+fn fair_share(needs: &[usize], budget: usize) -> usize {
+    let mut sorted = needs.to_vec();
+    sorted.sort_unstable();
+    let mut left = budget;
+    for (i, need) in sorted.iter().enumerate() {
+        let share = left / (sorted.len() - i);
+        if *need > share {
+            return share;
+        }
+        left -= need;
+    }
+    usize::MAX
+}
+
 /// The distinct terms indexed of each tool of one server whose tools have `counts`
 /// (each at most [`TOOL_TERMS`]) and share `budget`: the largest share such that their
 /// total stays within it (a tool with fewer leaves the rest to the others), and never
 /// less than [`MIN_TOOL_TERMS`].
 fn tool_terms(counts: &[usize], budget: usize) -> usize {
-    let mut sorted = counts.to_vec();
-    sorted.sort_unstable();
-    let mut left = budget;
-    for (i, count) in sorted.iter().enumerate() {
-        let share = left / (sorted.len() - i);
-        if *count > share {
-            return share.clamp(MIN_TOOL_TERMS, TOOL_TERMS);
-        }
-        left -= count;
-    }
-    TOOL_TERMS
+    fair_share(counts, budget).clamp(MIN_TOOL_TERMS, TOOL_TERMS)
 }
 
 /// One listing, indexed.
@@ -298,17 +304,23 @@ impl Built {
             .iter()
             .map(|t| unique(embedder.embed(t), TOOL_TERMS).0.len())
             .collect();
-        // [`LISTING_TERMS`] is shared out among servers first: a server with thousands
-        // of wordy tools cuts its own tools' share, not every other server's.
+        // [`LISTING_TERMS`] is shared out among servers first, as a server's among its
+        // tools: a server with thousands of wordy tools cuts its own tools' share, not
+        // every other server's, and one that needs less leaves the rest to the others.
         let mut of_server: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, t) in tools_servers.iter().enumerate() {
             of_server.entry(t).or_default().push(i);
         }
-        let budget = LISTING_TERMS / of_server.len().max(1);
+        let servers: Vec<Vec<usize>> = of_server.into_values().collect();
+        let needs: Vec<usize> = servers
+            .iter()
+            .map(|places| places.iter().map(|&i| counts[i]).sum())
+            .collect();
+        let share = fair_share(&needs, LISTING_TERMS);
         let mut most = vec![TOOL_TERMS; texts.len()];
-        for places in of_server.values() {
+        for (places, need) in servers.iter().zip(&needs) {
             let counts: Vec<usize> = places.iter().map(|&i| counts[i]).collect();
-            let cap = tool_terms(&counts, budget);
+            let cap = tool_terms(&counts, share.min(*need));
             for &i in places {
                 most[i] = cap;
             }
@@ -486,7 +498,11 @@ impl SearchIndex {
         let slot = match seen {
             Some(slot) => slot,
             None => {
-                let content = by_content(&tools);
+                // Reading every definition is CPU work in proportion to the listing.
+                let hashed = tools.clone();
+                let content = tokio::task::spawn_blocking(move || by_content(&hashed))
+                    .await
+                    .unwrap_or(address);
                 let mut built = self.built.lock();
                 let entry = match built.iter().position(|l| l.by_content == content) {
                     // The same tools at new addresses: its index serves, and it is
@@ -754,6 +770,34 @@ mod tests {
         assert_eq!(
             found.first().map(|m| &*m.tool.qualified),
             Some("honest__fly")
+        );
+    }
+
+    // Servers that need less than an equal share leave the rest to the others: a
+    // listing within its budget is not cut, however many servers share it.
+    #[tokio::test]
+    async fn a_listing_within_its_budget_is_not_cut_however_many_servers_share_it() {
+        let mut n = 0u32;
+        let mut wordy = |count: usize| {
+            (0..count)
+                .map(|_| {
+                    n += 1;
+                    format!("pad{n:x}q")
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut tools: Vec<ToolInfo> = (0..39)
+            .map(|i| tool(&format!("tiny{i}"), "t", "Read a file"))
+            .collect();
+        for i in 0..89 {
+            tools.push(tool("medium", &format!("t{i}"), &wordy(200)));
+        }
+        tools.push(tool("medium", "fly", &format!("{} zeppelin", wordy(150))));
+        let found = SearchIndex::default().search(tools, "zeppelin", 1).await;
+        assert_eq!(
+            found.first().map(|m| &*m.tool.qualified),
+            Some("medium__fly")
         );
     }
 
