@@ -556,10 +556,12 @@ const PATH_SETTINGS: [&[&str]; 10] = [
 /// Makes each path setting absolute: `~/` is the home directory, and a relative path
 /// is taken from the directory of the config file, as written in it, not from
 /// wherever the harness happens to be started (a service's working directory is `/`).
-/// A file that is no regular file (`--config <(…)`, a FIFO) has no directory of its
-/// own: its relative paths are the working directory's.
+/// A file that is no regular file (`--config <(…)`, a FIFO), or one named through
+/// `/dev` or `/proc` (`--config /dev/stdin < h.toml`, a regular file there), has no
+/// directory of its own: its relative paths are the working directory's.
 fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
-    let regular = std::fs::metadata(file).is_ok_and(|m| m.is_file());
+    let descriptor = file.starts_with("/dev") || file.starts_with("/proc");
+    let regular = !descriptor && std::fs::metadata(file).is_ok_and(|m| m.is_file());
     let base = if regular {
         let dir = file.parent().unwrap_or(Path::new(""));
         if dir.is_absolute() {
@@ -941,7 +943,8 @@ mod tests {
             gateway["jwt"]["jwks_file"],
             dir.join("../jwks.json").to_string_lossy().as_ref()
         );
-        // Text that is no file of its own (a FIFO, `<(…)`): the working directory's.
+        // Text that is no file of its own (a FIFO, `<(…)`, `/dev/stdin` even when it is
+        // a regular file): the working directory's.
         let loaded =
             parse(r#"{"audit": {"path": "a.jsonl"}}"#, Path::new("/dev/fd/63")).expect("parses");
         assert_eq!(
