@@ -294,7 +294,7 @@ async fn flush_at_exit(
         let _ = flushed.await;
         return;
     }
-    let mut stop = signals::Stop::install();
+    let mut stop = signals::Stop::install_for_exit();
     tokio::select! {
         biased;
         _ = flushed => {}

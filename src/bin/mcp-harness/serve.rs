@@ -255,6 +255,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                 true => pipe_in().zip(pipe_out()),
                 false => None,
             };
+            if pipes.is_none() {
+                // One made a reactor pipe before the other failed is blocking again.
+                blocking(0);
+                blocking(1);
+            }
             let session = match pipes {
                 Some((input, output)) => tokio::spawn(gateway::stdio::serve(
                     gateway, principal, input, output, stopping,
@@ -544,6 +549,18 @@ fn is_fifo(fd: i32) -> bool {
     owned
         .and_then(|fd| std::fs::File::from(fd).metadata())
         .is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// Clears O_NONBLOCK on descriptor `fd`.
+fn blocking(fd: i32) {
+    // SAFETY: fcntl on a descriptor this process holds open for its life (0 or 1), with
+    // no pointers; a failure leaves it as it was.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
 }
 
 /// Stdin as a non-blocking pipe, if it is one.

@@ -56,6 +56,13 @@ impl Stop {
         stop
     }
 
+    /// SIGINT, SIGTERM and SIGQUIT, for the last moments of a command that has ended:
+    /// a SIGHUP then is the echo of a terminal's closing that already ended it, not a
+    /// person asking for an end at once.
+    pub fn install_for_exit() -> Stop {
+        Self::catching()
+    }
+
     /// `serve`'s SIGHUPs since it started, for its config reload.
     pub fn take_hangup(&mut self) -> Option<Signal> {
         self.hangup.take()
