@@ -32,7 +32,7 @@ pub struct CallContext {
     /// Lists being refreshed ahead of their expiry (server, method, scope).
     pub(crate) refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// First pages of lists being fetched, which walks that want the same list join.
-    pub(crate) list_flights: super::listing::ListFlights,
+    pub(crate) list_flights: super::listed::ListFlights,
     next_call: AtomicU64,
     in_flight: AtomicUsize,
     /// The calls on each server now (call id, agent): whose a legacy server's request

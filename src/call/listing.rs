@@ -27,8 +27,9 @@ use super::caller::{CallKind, Caller};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
-use super::flights::{Flights, Follower, Joined, Leader};
+use super::flights::{Follower, Joined, Leader};
 use super::input::HandlerSet;
+use super::listed::{ListFlight, Listed};
 use crate::protocol::{CacheScope, Cutoff, Pager, ProtocolError, ResultType, RpcErrorKind};
 use crate::registry::cache::{CacheKey, Hit, ListOf, Page, json_size};
 use crate::server::{ServerError, ServerRef, ServerState};
@@ -47,20 +48,6 @@ pub struct Listing {
     /// Every page it was built from was `public`, and no item was filtered out for the
     /// caller: anyone may be served the same list.
     pub public: bool,
-}
-
-/// One server's list, as read for a call or a listing.
-#[derive(Clone)]
-pub(crate) struct Listed {
-    pub(crate) server: ServerRef,
-    pub(crate) pages: Vec<Arc<Value>>,
-    pub(crate) from_cache: bool,
-    /// The least freshness left of its pages.
-    pub(crate) fresh_for: Duration,
-    /// Every page was `public`.
-    pub(crate) public: bool,
-    /// Due for a refresh ahead once `fresh_for` is this short or shorter.
-    pub(crate) refresh_window: Duration,
 }
 
 fn page_items(kind: CallKind, page: &Value) -> usize {
@@ -94,25 +81,6 @@ enum Walk {
     /// Another walk is fetching the same list: its outcome is this one's.
     Join(Follower<Result<Listed, CallError>>),
 }
-
-/// What a walk that fetches its first page reads: walks that agree on it read the
-/// same list, and share one fetch ([`ListFlights`]).
-#[derive(Clone, Hash, PartialEq, Eq)]
-pub(crate) struct ListFlight {
-    /// The server's place in memory: unique while a walk of it holds it, and a server
-    /// added again under its id is another.
-    server: usize,
-    /// The server's cache epoch when the walk began: a walk begun after a change
-    /// notice must not take a list fetched before it.
-    epoch: u64,
-    method: &'static str,
-    client: String,
-    auth: Option<String>,
-}
-
-/// The walks of lists fetching their first page now, which those that want the same
-/// list join.
-pub(crate) type ListFlights = Flights<ListFlight, Result<Listed, CallError>>;
 
 /// A walk's flight, when it leads one: given the walk's outcome when it ends.
 type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;

@@ -24,6 +24,7 @@ mod context;
 mod error;
 mod flights;
 pub mod input;
+mod listed;
 mod listing;
 mod metrics;
 mod pool;
