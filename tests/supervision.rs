@@ -806,6 +806,80 @@ async fn a_harness_under_an_embedders_supervisor_stops_with_it() {
     drop(h);
 }
 
+// The root stopped from outside takes the audit actor with it: records of the calls
+// made since (each refused) are written without it, in batches, rather than piling up,
+// and `shutdown()` writes what is left before it returns.
+#[tokio::test]
+async fn audit_records_are_written_after_an_embedders_supervisor_stopped_the_harness() {
+    // Batches of 8: written as they fill. One batch never full: left to `shutdown()`.
+    for (batch, calls) in [(8, 100), (65_536, 10)] {
+        let (h, audit) = orphaned_with_audit(batch).await;
+        let caller = Caller::agent("a");
+        for _ in 0..calls {
+            let e = h
+                .call_tool(&caller, "alpha__echo", json!({"text": "x"}))
+                .await
+                .expect_err("no worker is left");
+            assert!(
+                matches!(e, CallError::WorkerDied | CallError::ShutDown),
+                "{e:?}"
+            );
+        }
+        if batch == 8 {
+            assert!(
+                eventually(Duration::from_secs(10), || h.audit_health().backlog < 16).await,
+                "records piled up: {:?}",
+                h.audit_health()
+            );
+        }
+        let health = h.shutdown().await;
+        assert_eq!((health.backlog, health.unwritten), (0, 0), "{health:?}");
+        let written = std::fs::read_to_string(&audit).expect("audit file");
+        let finished = written
+            .lines()
+            .filter(|l| l.contains("\"finished\""))
+            .count();
+        assert!(finished >= calls, "{finished} calls recorded as finished");
+        let _ = std::fs::remove_file(&audit);
+        let _ = std::fs::remove_file(audit.with_extension("jsonl.key"));
+    }
+}
+
+/// A harness with an audit trail writing `batch` records at a time, whose embedder's
+/// supervisor has stopped (and its root with it); and the trail's path.
+async fn orphaned_with_audit(batch: usize) -> (HarnessHandle, std::path::PathBuf) {
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+    struct Embedder;
+    impl Actor for Embedder {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+    let audit = temp_file(&format!("audit-orphan-{batch}"));
+    let (embedder, join) = Actor::spawn(None, Embedder, ()).await.expect("embedder");
+    let config = HarnessConfig {
+        servers: vec![demo("alpha", &[])],
+        permissions: grant_everything(&["a"]),
+        audit: mcp_harness::audit::AuditConfig {
+            path: Some(audit.clone()),
+            batch,
+            flush_every: Duration::from_secs(3600),
+            ..Default::default()
+        },
+        ..HarnessConfig::default()
+    };
+    let h = Harness::spawn_linked(config, embedder.get_cell())
+        .await
+        .expect("linked");
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    embedder.stop(None);
+    join.await.expect("embedder stopped");
+    (h, audit)
+}
+
 #[test]
 fn the_embedding_example_recovers_both_servers_and_leaves_nothing_behind() {
     let mut exe = std::env::current_exe().expect("test path");

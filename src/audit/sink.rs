@@ -136,6 +136,8 @@ pub(super) struct Shared {
     /// When the write under way began, in milliseconds after `epoch` (0: none).
     writing_since: AtomicU64,
     epoch: std::time::Instant,
+    /// A write without the actor is under way (see [`AuditSink::record`]).
+    orphan_write: AtomicBool,
 }
 
 impl Shared {
@@ -351,6 +353,7 @@ impl AuditSink {
                 retrying: std::sync::atomic::AtomicUsize::new(0),
                 writing_since: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
+                orphan_write: AtomicBool::new(false),
             }),
             actor,
         }
@@ -447,9 +450,22 @@ impl AuditSink {
                 Err(_) => append(&mut Vec::new()),
             })
             .unwrap_or_else(|_| append(&mut Vec::new()));
-        // No actor took the wake-up (it is being rebuilt): the next record tries again.
+        // No actor took the wake-up: it is being rebuilt (the next record tries again),
+        // or gone for good (the harness's root was stopped from outside, by an
+        // embedder's supervisor): the batch is written here, on a blocking thread, one
+        // write at a time, so that records neither pile up nor wait for a shutdown that
+        // cannot reach the actor.
         if wake && !self.actor.send(AuditMsg::Tick) {
             self.shared.pending.lock().woken = false;
+            if let Ok(runtime) = tokio::runtime::Handle::try_current()
+                && !self.shared.orphan_write.swap(true, Ordering::SeqCst)
+            {
+                let shared = self.shared.clone();
+                runtime.spawn_blocking(move || {
+                    shared.write_pending();
+                    shared.orphan_write.store(false, Ordering::SeqCst);
+                });
+            }
         }
     }
 

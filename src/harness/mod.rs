@@ -928,11 +928,23 @@ impl HarnessHandle {
             .settings
             .shutdown_grace
             .saturating_add(Duration::from_secs(180));
-        let _ = self
+        let reached = self
             .inner
             .supervisor
             .call(HarnessMsg::Shutdown, Some(limit))
             .await;
+        if reached.is_err() {
+            // The root is gone (an embedder's supervisor stopped it, and every actor
+            // below with it): no call is admitted, and what the audit actor would have
+            // flushed is written here, within a few seconds.
+            let services = &self.inner.services;
+            services.calls.close();
+            tokio::select! {
+                biased;
+                _ = tokio::time::timeout(Duration::from_secs(5), services.audit_sink.write_now()) => {}
+                () = services.audit_sink.stalled() => {}
+            }
+        }
         let health = self.audit_health();
         if health.backlog > 0 || health.unwritten > 0 {
             tracing::error!(
