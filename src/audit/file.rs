@@ -507,7 +507,10 @@ impl AuditFile {
             }
             Err((written, error)) => {
                 // A torn batch must not stay; if the cut fails too, the next open cuts.
-                if output.truncate(good).is_ok() {
+                // A file shrunk meanwhile (cut by another hand) is not cut past its end,
+                // which would pad it with zeros.
+                let shrunk = output.len().is_ok_and(|len| len < good);
+                if !shrunk && output.truncate(good).is_ok() {
                     self.close_output();
                     return Err(WriteFailed { error, kept: 0 });
                 }
@@ -610,6 +613,8 @@ mod tests {
         fail_after: Arc<Mutex<Option<usize>>>,
         fail_opens: Arc<Mutex<usize>>,
         fail_truncate: Arc<Mutex<bool>>,
+        /// The next failing append finds the file cut to nothing by another hand first.
+        shrink_first: Arc<Mutex<bool>>,
     }
 
     impl Output for Flaky {
@@ -617,6 +622,9 @@ mod tests {
             match self.fail_after.lock().take() {
                 Some(n) => {
                     let n = n.min(bytes.len());
+                    if std::mem::take(&mut *self.shrink_first.lock()) {
+                        self.data.lock().clear();
+                    }
                     self.data.lock().extend_from_slice(&bytes[..n]);
                     Err((n, std::io::Error::other("disk full")))
                 }
@@ -630,7 +638,8 @@ mod tests {
             if std::mem::take(&mut *self.fail_truncate.lock()) {
                 return Err(std::io::Error::other("cannot cut"));
             }
-            self.data.lock().truncate(len as usize);
+            // As `set_len` does: longer pads with zeros.
+            self.data.lock().resize(len as usize, 0);
             Ok(())
         }
         fn len(&mut self) -> std::io::Result<u64> {
@@ -654,6 +663,28 @@ mod tests {
             }
             Ok(Box::new(f.clone()) as Box<dyn Output>)
         })
+    }
+
+    // The file cut to nothing by another hand (logrotate's copytruncate) while a batch
+    // failed: it is not cut back to where the batch began, past its end, which would
+    // pad it with zeros.
+    #[test]
+    fn a_failed_batch_in_a_file_cut_meanwhile_pads_nothing() {
+        let flaky = Flaky::default();
+        let mut file = AuditFile::new(opener(&flaky));
+        file.write(b"{\"a\":1}\n{\"b\":2}\n").expect("first batch");
+        *flaky.fail_after.lock() = Some(3);
+        *flaky.shrink_first.lock() = true;
+        assert!(file.write(b"{\"c\":3}\n").is_err());
+        assert!(!flaky.data.lock().contains(&0), "{:?}", flaky.data.lock());
+        file.write(b"{\"c\":3}\n").expect("retried");
+        let data = flaky.data.lock().clone();
+        assert!(!data.contains(&0), "{data:?}");
+        assert!(
+            data.ends_with(b"{\"c\":3}\n"),
+            "{:?}",
+            String::from_utf8_lossy(&data)
+        );
     }
 
     #[test]

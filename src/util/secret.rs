@@ -170,11 +170,10 @@ pub fn local_key(path: &Path, what: &str) -> Vec<u8> {
     // all of it.
     let mut nonce = [0u8; 8];
     let _ = getrandom::fill(&mut nonce);
-    let tmp = PathBuf::from(format!(
-        "{}.{}.tmp",
-        path.display(),
-        u64::from_le_bytes(nonce)
-    ));
+    // Its bytes, not as displayed: a directory whose name is not UTF-8 is the same one.
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(format!(".{}.tmp", u64::from_le_bytes(nonce)));
+    let tmp = PathBuf::from(tmp);
     let written = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -212,6 +211,20 @@ pub fn local_key(path: &Path, what: &str) -> Vec<u8> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    // A key under a directory whose name is not UTF-8 is kept there like any other:
+    // the second reading finds the first's.
+    #[test]
+    fn a_key_under_a_directory_named_in_other_bytes_is_kept() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = crate::util::scratch::Scratch::new("key-bytes");
+        let path = dir
+            .join(std::ffi::OsStr::from_bytes(b"d\xff"))
+            .join("audit.jsonl.key");
+        let first = local_key(&path, "test");
+        assert!(path.exists(), "kept");
+        assert_eq!(local_key(&path, "test"), first);
+    }
 
     #[test]
     fn a_secret_file_is_trimmed_and_refused_when_others_could_read_or_change_it() {
