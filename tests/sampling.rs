@@ -363,6 +363,53 @@ async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider()
     h.shutdown().await;
 }
 
+// The agent's grant revoked while a person decides: the question is withdrawn and no
+// provider is paid for, whatever the person answers after.
+#[tokio::test]
+async fn a_grant_revoked_while_an_approval_waits_withdraws_it_and_pays_no_provider() {
+    let (url, seen) = provider().await;
+    set_key("MCP_HARNESS_TEST_REVOKED_GRANT_KEY", "sk-test-revoked");
+    let h = harness(
+        Some(sampling(
+            "openai",
+            &url,
+            "MCP_HARNESS_TEST_REVOKED_GRANT_KEY",
+        )),
+        &[],
+    )
+    .await;
+    let queue = h.approvals();
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move {
+            h.call_tool(
+                &Caller::agent("c"),
+                "m__summarize",
+                json!({"text": "x", "max_tokens": 10}),
+            )
+            .await
+        }
+    });
+    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+        .await
+        .expect("a request waits");
+    h.revoke("c", None).await.expect("revoke");
+    let r = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends without waiting for the person")
+        .expect("join");
+    assert!(matches!(&r, Err(CallError::Denied { .. })), "{r:?}");
+    assert!(
+        !queue.answer(pending[0].id, json!({"action": "accept"})),
+        "the question was withdrawn"
+    );
+    assert!(
+        seen.lock().expect("lock").is_empty(),
+        "the provider was not asked"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn roots_are_served_per_agent_and_legacy_servers_hear_when_they_change() {
     let record = temp_file("roots-legacy");

@@ -473,6 +473,9 @@ fn ran_out(e: &CallError) -> bool {
 }
 
 /// A grant revoked while the call waited (on input, or before a hop) stops it here.
+/// How often a call waiting for its round's answers checks that its grant still holds.
+const GRANT_RECHECK: Duration = Duration::from_millis(250);
+
 fn still_allowed(
     ctx: &CallContext,
     request: &CallRequest,
@@ -700,15 +703,30 @@ impl Round<'_> {
                 .min(self.deadline.remaining());
             // A handler cut off where the call's deadline is ends the call as past it.
             let deadline = (limit < self.ctx.settings.input_timeout).then_some(self.deadline.total);
-            let answers = rounds::gather(
+            let gathered = rounds::gather(
                 &self.ctx.inputs,
                 self.handlers,
                 &self.request.caller,
                 id,
                 input.input_requests,
                 (limit, deadline, record.call_id(), record.traced),
-            )
-            .await?;
+            );
+            // And while they are: a grant revoked while a person decides (minutes,
+            // perhaps) withdraws the questions, and no model is paid for after.
+            let (ctx, request, candidate) = (self.ctx, self.request, self.candidate);
+            let revoked = async move {
+                loop {
+                    tokio::time::sleep(GRANT_RECHECK).await;
+                    if let Err(e) = still_allowed(ctx, request, candidate) {
+                        return e;
+                    }
+                }
+            };
+            let answers = tokio::select! {
+                biased;
+                answers = gathered => answers?,
+                denied = revoked => return Err(denied.into()),
+            };
             params.insert(INPUT_RESPONSES.into(), Value::Object(answers));
         }
         still_allowed(self.ctx, self.request, self.candidate)?;
