@@ -75,6 +75,12 @@ pub struct SamplingConfig {
     /// How long one provider request may take.
     #[serde(default = "default_timeout", with = "duration")]
     pub timeout: Duration,
+    /// What one image in a request is reserved at before the provider says what it
+    /// cost: the most the models used charge for one. 1,600 fits Claude and GPT-4o;
+    /// some bill far more (GPT-4o mini counts a large image at up to 48,169 tokens), and
+    /// a request whose images cost more than reserved passes its budgets by that much.
+    #[serde(default = "default_image_tokens")]
+    pub image_tokens: u64,
     /// CAs trusted for the provider besides the platform's roots (PEM).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
@@ -90,6 +96,9 @@ fn default_call_budget() -> u64 {
 const DEFAULT_SERVER_BUDGET: u64 = 65_536;
 fn default_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_image_tokens() -> u64 {
+    1_600
 }
 
 /// Whether an agent's servers may sample.
@@ -288,6 +297,10 @@ impl SamplingConfig {
         if self.timeout.is_zero() {
             // Every provider request would time out before it is sent.
             return Err(Invalid::new("timeout", "must be more than zero"));
+        }
+        if self.image_tokens == 0 {
+            // Images would be free to the budgets until the provider says.
+            return Err(Invalid::new("image_tokens", "must be at least 1"));
         }
         // A variable's name, not its value: `"${OPENAI_API_KEY}"` here would put the key
         // itself in the name, and a "not set" error would print it.
@@ -572,7 +585,7 @@ impl Sampler {
             .clamp(1, self.config.max_tokens);
         // The prompt counts too, estimated on the high side before the provider says:
         // several requests of one round are reserved before any is settled.
-        let prompt = prompt_tokens(&messages).saturating_add(
+        let prompt = prompt_tokens(&messages, self.config.image_tokens).saturating_add(
             params
                 .get("systemPrompt")
                 .and_then(Value::as_str)
@@ -617,7 +630,7 @@ impl Sampler {
         };
         match outcome {
             Ok((result, used)) => {
-                reservation.settle(used.unwrap_or(asked));
+                reservation.settle(charge(used, asked, &result));
                 Ok(result)
             }
             Err(e) => {
@@ -865,13 +878,21 @@ enum Part {
     Image { data: String, mime: String },
 }
 
-/// What one image is reserved at: providers charge by its pixels, not its bytes, and
-/// about this much for a large image (some models more).
-const IMAGE_TOKENS: u64 = 1_600;
-
 /// A high estimate of `text`'s tokens, not a bound: four ASCII bytes a token (English
 /// runs about that; code and digits run denser), any other character a token of its
 /// own (scripts and symbols that tokenizers split finely).
+/// What a served request costs its budgets: what the provider says it used (all that
+/// was reserved when it does not say), but never less than the text it sent back: a
+/// compatible server that reports 0, as some do for a cached prompt, would leave every
+/// budget unbound.
+fn charge(used: Option<u64>, asked: u64, result: &Value) -> u64 {
+    let received = result
+        .pointer("/content/text")
+        .and_then(Value::as_str)
+        .map_or(0, text_tokens);
+    used.unwrap_or(asked).max(received)
+}
+
 fn text_tokens(text: &str) -> u64 {
     let ascii = text.bytes().filter(u8::is_ascii).count() as u64;
     let other = text.chars().filter(|c| !c.is_ascii()).count() as u64;
@@ -879,14 +900,15 @@ fn text_tokens(text: &str) -> u64 {
 }
 
 /// The prompt's reservation: its text as [`text_tokens`] counts it, each image at
-/// [`IMAGE_TOKENS`], and a few tokens a message for its framing.
-fn prompt_tokens(messages: &[Message]) -> u64 {
+/// `image_tokens` (providers charge by an image's pixels, not its bytes), and a few
+/// tokens a message for its framing.
+fn prompt_tokens(messages: &[Message], image_tokens: u64) -> u64 {
     messages
         .iter()
         .flat_map(|m| m.content.iter())
         .map(|part| match part {
             Part::Text(t) => text_tokens(t),
-            Part::Image { .. } => IMAGE_TOKENS,
+            Part::Image { .. } => image_tokens,
         })
         .fold(4 * messages.len() as u64, u64::saturating_add)
 }
@@ -994,6 +1016,7 @@ mod tests {
             models,
             timeout: Duration::from_secs(1),
             ca_file: None,
+            image_tokens: default_image_tokens(),
         }
     }
 
@@ -1109,6 +1132,19 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_costs_at_least_its_own_text_whatever_usage_says() {
+        let reply =
+            json!({"role": "assistant", "content": {"type": "text", "text": "word ".repeat(400)}});
+        assert_eq!(
+            charge(Some(0), 900, &reply),
+            text_tokens(&"word ".repeat(400))
+        );
+        assert_eq!(charge(Some(5_000), 900, &reply), 5_000);
+        assert_eq!(charge(None, 900, &reply), 900);
+        assert_eq!(charge(Some(0), 900, &json!({})), 0);
+    }
+
+    #[test]
     fn an_empty_hint_picks_no_model() {
         let config = local(
             "default",
@@ -1206,7 +1242,7 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_timeout_is_refused() {
+    fn a_zero_timeout_or_free_images_are_refused() {
         let e = SamplingConfig {
             timeout: Duration::ZERO,
             ..local("m", 10, 100, BTreeMap::new())
@@ -1214,6 +1250,13 @@ mod tests {
         .validate()
         .expect_err("zero");
         assert_eq!(e.field, "timeout", "{e}");
+        let e = SamplingConfig {
+            image_tokens: 0,
+            ..local("m", 10, 100, BTreeMap::new())
+        }
+        .validate()
+        .expect_err("zero");
+        assert_eq!(e.field, "image_tokens", "{e}");
     }
 
     #[test]
@@ -1436,9 +1479,9 @@ mod tests {
     }
 
     #[test]
-    fn a_prompt_is_reserved_at_the_most_it_can_cost() {
-        // A tiny image file of large pixel size costs what its pixels do: reserved as
-        // the largest image, whatever its bytes.
+    fn a_prompt_is_reserved_at_its_text_and_each_image_at_image_tokens() {
+        // A tiny image file of large pixel size costs what its pixels do: reserved at
+        // what the configuration says an image costs, whatever its bytes.
         let images = Message {
             role: "user",
             content: (0..100)
@@ -1448,7 +1491,9 @@ mod tests {
                 })
                 .collect(),
         };
-        assert!(prompt_tokens(&[images]) >= 100 * IMAGE_TOKENS);
+        let images = [images];
+        assert!(prompt_tokens(&images, 1_600) >= 100 * 1_600);
+        assert!(prompt_tokens(&images, 48_169) >= 100 * 48_169);
         // English at about four bytes a token; other scripts a token a character.
         let english = "word ".repeat(400);
         assert!((500..=510).contains(&text_tokens(&english)));
@@ -1457,6 +1502,6 @@ mod tests {
             role: "user",
             content: vec![Part::Text(english)],
         };
-        assert!(prompt_tokens(&[text]) > 500);
+        assert!(prompt_tokens(&[text], 1_600) > 500);
     }
 }
