@@ -2600,6 +2600,22 @@ pub fn to_rpc(error: &CallError) -> RpcError {
                 data: error.data.clone(),
             }
         }
+        // Other agents' spending is no client's to see.
+        CallError::InputDenied {
+            server,
+            method,
+            reason,
+        } => RpcError::new(
+            INTERNAL_ERROR,
+            one_line(
+                &format!(
+                    "{method} from server {server} was refused: {}",
+                    reason.as_told_to_the_agent()
+                ),
+                400,
+            ),
+        )
+        .with_data(json!({"code": error.code()})),
         other => RpcError::new(INTERNAL_ERROR, one_line(&other.to_string(), 400))
             .with_data(json!({"code": other.code()})),
     }
@@ -2607,6 +2623,47 @@ pub fn to_rpc(error: &CallError) -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    // A client is told its own call's and agent's spending, not the others' that a
+    // server's budget or the total counts.
+    #[test]
+    fn a_budget_refusal_shows_a_client_no_one_elses_spending() {
+        use crate::call::input::Denial;
+        let refused = |reason| {
+            super::to_rpc(&crate::CallError::InputDenied {
+                server: "s".into(),
+                method: "sampling/createMessage".into(),
+                reason,
+            })
+            .message
+        };
+        for reason in [
+            Denial::ServerBudgetExceeded {
+                server: "s".into(),
+                budget: 1000,
+                spent: 987_654,
+                asked: 10,
+            },
+            Denial::TotalBudgetExceeded {
+                budget: 1000,
+                spent: 987_654,
+                asked: 10,
+            },
+        ] {
+            let message = refused(reason);
+            assert!(
+                !message.contains("987654") && !message.contains("987,654"),
+                "{message}"
+            );
+            assert!(message.contains("budget"), "{message}");
+        }
+        let own = refused(Denial::BudgetExceeded {
+            budget: 1000,
+            spent: 987_654,
+            asked: 10,
+        });
+        assert!(own.contains("987654"), "its own call's: {own}");
+    }
+
     #[test]
     fn a_keys_file_others_can_read_or_that_is_no_file_is_refused() {
         use std::os::unix::fs::PermissionsExt;

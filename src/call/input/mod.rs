@@ -129,6 +129,18 @@ pub enum Denial {
 }
 
 impl Denial {
+    /// Why, as the agent whose call it ended is told when it is no operator (a gateway's
+    /// client): its own call's and agent's spending, but no one else's (a server's
+    /// budget and the total count other agents' sampling).
+    pub fn as_told_to_the_agent(&self) -> String {
+        match self {
+            Denial::ServerBudgetExceeded { .. } | Denial::TotalBudgetExceeded { .. } => {
+                self.as_told_to_the_server()
+            }
+            _ => self.to_string(),
+        }
+    }
+
     /// Why, as the server that asked is told: no agent's name and no spending but its
     /// own call's (the other budgets count other servers' and agents' sampling).
     pub fn as_told_to_the_server(&self) -> String {
