@@ -777,17 +777,7 @@ async fn dropping_the_last_handle_kills_every_server_process() {
 
 #[tokio::test]
 async fn a_harness_under_an_embedders_supervisor_stops_with_it() {
-    use ractor::{Actor, ActorProcessingErr, ActorRef};
-    struct Embedder;
-    impl Actor for Embedder {
-        type Msg = ();
-        type State = ();
-        type Arguments = ();
-        async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-    }
-    let (embedder, join) = Actor::spawn(None, Embedder, ()).await.expect("embedder");
+    let (embedder, join) = embedder().await;
     let config = HarnessConfig {
         servers: vec![demo("alpha", &[])],
         ..HarnessConfig::default()
@@ -845,9 +835,8 @@ async fn audit_records_are_written_after_an_embedders_supervisor_stopped_the_har
     }
 }
 
-/// A harness with an audit trail writing `batch` records at a time, whose embedder's
-/// supervisor has stopped (and its root with it); and the trail's path.
-async fn orphaned_with_audit(batch: usize) -> (HarnessHandle, std::path::PathBuf) {
+/// An embedder's own actor, doing nothing, for a harness to live under; and its end.
+async fn embedder() -> (ractor::ActorRef<()>, tokio::task::JoinHandle<()>) {
     use ractor::{Actor, ActorProcessingErr, ActorRef};
     struct Embedder;
     impl Actor for Embedder {
@@ -858,8 +847,14 @@ async fn orphaned_with_audit(batch: usize) -> (HarnessHandle, std::path::PathBuf
             Ok(())
         }
     }
+    Actor::spawn(None, Embedder, ()).await.expect("embedder")
+}
+
+/// A harness with an audit trail writing `batch` records at a time, whose embedder's
+/// supervisor has stopped (and its root with it); and the trail's path.
+async fn orphaned_with_audit(batch: usize) -> (HarnessHandle, std::path::PathBuf) {
     let audit = temp_file(&format!("audit-orphan-{batch}"));
-    let (embedder, join) = Actor::spawn(None, Embedder, ()).await.expect("embedder");
+    let (embedder, join) = embedder().await;
     let config = HarnessConfig {
         servers: vec![demo("alpha", &[])],
         permissions: grant_everything(&["a"]),

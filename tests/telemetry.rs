@@ -1068,11 +1068,8 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
     let _ = std::fs::remove_file(config);
 }
 
-// A collector that takes connections and never answers holds the command's exit up to
-// `OTEL_EXPORTER_OTLP_TIMEOUT` per export, not without end (the exporter's own HTTP
-// client is built with that timeout).
-#[tokio::test]
-async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeout() {
+/// A collector that takes connections and never answers: its endpoint.
+fn silent_collector() -> String {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
     std::thread::spawn(move || {
@@ -1081,6 +1078,15 @@ async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeo
             held.push(socket);
         }
     });
+    endpoint
+}
+
+// A collector that takes connections and never answers holds the command's exit up to
+// `OTEL_EXPORTER_OTLP_TIMEOUT` per export, not without end (the exporter's own HTTP
+// client is built with that timeout).
+#[tokio::test]
+async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeout() {
+    let endpoint = silent_collector();
     let record = temp_file("otel-silent");
     let config = config("otel-silent", &record);
     let started = std::time::Instant::now();
@@ -1119,14 +1125,7 @@ async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeo
 #[tokio::test]
 async fn a_signal_ends_the_flush_at_exit() {
     use tokio::io::AsyncBufReadExt;
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = silent.accept() {
-            held.push(socket);
-        }
-    });
+    let endpoint = silent_collector();
     let record = temp_file("otel-silent-signal");
     let config = config("otel-silent-signal", &record);
     let mut child = tokio::process::Command::new(harness_exe())

@@ -666,6 +666,22 @@ mod tests {
         );
     }
 
+    /// Distinct words, never the same twice.
+    #[derive(Default)]
+    struct Words(u32);
+
+    impl Words {
+        fn take(&mut self, count: usize) -> String {
+            (0..count)
+                .map(|_| {
+                    self.0 += 1;
+                    format!("pad{:x}q", self.0)
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    }
+
     fn tool(server: &str, name: &str, description: &str) -> ToolInfo {
         ToolInfo {
             qualified: format!("{server}__{name}").into(),
@@ -750,21 +766,12 @@ mod tests {
     // still found beside them.
     #[tokio::test]
     async fn a_wordy_server_does_not_cut_another_servers_tools_short() {
-        let mut n = 0u32;
-        let mut wordy = || {
-            (0..100)
-                .map(|_| {
-                    n += 1;
-                    format!("pad{n:x}q")
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let mut words = Words::default();
         let mut tools: Vec<ToolInfo> = (0..2100)
-            .map(|i| tool("flood", &format!("t{i}"), &wordy()))
+            .map(|i| tool("flood", &format!("t{i}"), &words.take(100)))
             .collect();
         // Past its 64th distinct term: the word it is found by.
-        let honest = format!("{} zeppelin", wordy());
+        let honest = format!("{} zeppelin", words.take(100));
         tools.push(tool("honest", "fly", &honest));
         let found = SearchIndex::default().search(tools, "zeppelin", 1).await;
         assert_eq!(
@@ -777,23 +784,18 @@ mod tests {
     // listing within its budget is not cut, however many servers share it.
     #[tokio::test]
     async fn a_listing_within_its_budget_is_not_cut_however_many_servers_share_it() {
-        let mut n = 0u32;
-        let mut wordy = |count: usize| {
-            (0..count)
-                .map(|_| {
-                    n += 1;
-                    format!("pad{n:x}q")
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let mut words = Words::default();
         let mut tools: Vec<ToolInfo> = (0..39)
             .map(|i| tool(&format!("tiny{i}"), "t", "Read a file"))
             .collect();
         for i in 0..89 {
-            tools.push(tool("medium", &format!("t{i}"), &wordy(200)));
+            tools.push(tool("medium", &format!("t{i}"), &words.take(200)));
         }
-        tools.push(tool("medium", "fly", &format!("{} zeppelin", wordy(150))));
+        tools.push(tool(
+            "medium",
+            "fly",
+            &format!("{} zeppelin", words.take(150)),
+        ));
         let found = SearchIndex::default().search(tools, "zeppelin", 1).await;
         assert_eq!(
             found.first().map(|m| &*m.tool.qualified),
