@@ -880,16 +880,16 @@ mod tests {
         while listed() < 1 {
             tokio::task::yield_now().await;
         }
+        let first_slot = Arc::downgrade(&index.built.lock()[0].slot);
         // Its search is given up, and eight other listings are searched since.
         first.abort();
         assert!(first.await.is_err_and(|e| e.is_cancelled()));
         let others: Vec<_> = (1..=KEPT).map(search).collect();
-        while index
-            .built
-            .lock()
-            .iter()
-            .any(|l| Arc::strong_count(&l.slot) < 2)
-            || listed() < KEPT
+        // Until every other one waits for its turn and the first is no longer kept.
+        while index.built.lock().iter().any(|l| {
+            Arc::strong_count(&l.slot) < 2
+                || std::ptr::eq(Arc::as_ptr(&l.slot), first_slot.as_ptr())
+        }) || listed() < KEPT
         {
             tokio::task::yield_now().await;
         }
