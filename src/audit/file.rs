@@ -514,7 +514,13 @@ impl AuditFile {
                     self.close_output();
                     return Err(WriteFailed { error, kept: 0 });
                 }
-                tracing::warn!("could not cut the audit file back after a failed write");
+                if shrunk {
+                    tracing::warn!(
+                        "the audit file was cut by another hand during a failed write; its torn end is cut at the next open"
+                    );
+                } else {
+                    tracing::warn!("could not cut the audit file back after a failed write");
+                }
                 // The batch's whole records before the torn one stay in a regular file
                 // (append-only): they are not written again, and a cut at the next open
                 // takes the torn one only (written twice, they broke "exactly one"). A

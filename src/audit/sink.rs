@@ -460,10 +460,31 @@ impl AuditSink {
             if let Ok(runtime) = tokio::runtime::Handle::try_current()
                 && !self.shared.orphan_write.swap(true, Ordering::SeqCst)
             {
-                let shared = self.shared.clone();
+                /// Lets the next orphan write go, however this one ends while it holds
+                /// the claim (a task that a runtime shutting down never runs is dropped,
+                /// and drops this; a write that panics unwinds through it).
+                struct Claim(Arc<Shared>, bool);
+                impl Drop for Claim {
+                    fn drop(&mut self) {
+                        if self.1 {
+                            self.0.orphan_write.store(false, Ordering::SeqCst);
+                        }
+                    }
+                }
+                let mut claim = Claim(self.shared.clone(), true);
                 runtime.spawn_blocking(move || {
-                    shared.write_pending();
-                    shared.orphan_write.store(false, Ordering::SeqCst);
+                    loop {
+                        claim.0.write_pending();
+                        claim.0.orphan_write.store(false, Ordering::SeqCst);
+                        claim.1 = false;
+                        // Records that came during the write found it under way: a
+                        // batch of them is written now, as no record after may come.
+                        let full = claim.0.pending.lock().records >= claim.0.config.batch.max(1);
+                        if !full || claim.0.orphan_write.swap(true, Ordering::SeqCst) {
+                            break;
+                        }
+                        claim.1 = true;
+                    }
                 });
             }
         }

@@ -933,7 +933,11 @@ impl HarnessHandle {
             .supervisor
             .call(HarnessMsg::Shutdown, Some(limit))
             .await;
-        if reached.is_err() {
+        // Not sent (the root is gone), or taken and dropped unanswered (the root died
+        // with it in its mailbox): nobody else flushes. (A timeout is the flush still
+        // under way.)
+        let gone = matches!(reached, Err(_) | Ok(ractor::rpc::CallResult::SenderError));
+        if gone {
             // The root is gone (an embedder's supervisor stopped it, and every actor
             // below with it): no call is admitted, and what the audit actor would have
             // flushed is written here, within a few seconds.
