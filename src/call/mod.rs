@@ -472,10 +472,10 @@ fn ran_out(e: &CallError) -> bool {
     }
 }
 
-/// A grant revoked while the call waited (on input, or before a hop) stops it here.
 /// How often a call waiting for its round's answers checks that its grant still holds.
 const GRANT_RECHECK: Duration = Duration::from_millis(250);
 
+/// A grant revoked while the call waited (on input, or before a hop) stops it here.
 fn still_allowed(
     ctx: &CallContext,
     request: &CallRequest,

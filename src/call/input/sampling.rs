@@ -878,21 +878,25 @@ enum Part {
     Image { data: String, mime: String },
 }
 
-/// A high estimate of `text`'s tokens, not a bound: four ASCII bytes a token (English
-/// runs about that; code and digits run denser), any other character a token of its
-/// own (scripts and symbols that tokenizers split finely).
-/// What a served request costs its budgets: what the provider says it used (all that
-/// was reserved when it does not say), but never less than the text it sent back: a
-/// compatible server that reports 0, as some do for a cached prompt, would leave every
-/// budget unbound.
+/// What a served request costs its budgets: what the provider says it used, unless it
+/// says nothing or less than any request costs (a prompt of a token at least, and the
+/// text sent back at eight bytes a token, fewer than any tokenizer makes of it): then
+/// all that was reserved. A compatible server that reports 0, as some do for a cached
+/// prompt, would otherwise leave every budget unbound.
 fn charge(used: Option<u64>, asked: u64, result: &Value) -> u64 {
     let received = result
         .pointer("/content/text")
         .and_then(Value::as_str)
-        .map_or(0, text_tokens);
-    used.unwrap_or(asked).max(received)
+        .map_or(0, |t| t.len() as u64 / 8);
+    match used {
+        Some(used) if used > received => used,
+        _ => asked,
+    }
 }
 
+/// A high estimate of `text`'s tokens, not a bound: four ASCII bytes a token (English
+/// runs about that; code and digits run denser), any other character a token of its
+/// own (scripts and symbols that tokenizers split finely).
 fn text_tokens(text: &str) -> u64 {
     let ascii = text.bytes().filter(u8::is_ascii).count() as u64;
     let other = text.chars().filter(|c| !c.is_ascii()).count() as u64;
@@ -1132,16 +1136,24 @@ mod tests {
     }
 
     #[test]
-    fn a_reply_costs_at_least_its_own_text_whatever_usage_says() {
+    fn a_count_below_what_any_request_costs_is_charged_as_reserved() {
         let reply =
             json!({"role": "assistant", "content": {"type": "text", "text": "word ".repeat(400)}});
-        assert_eq!(
-            charge(Some(0), 900, &reply),
-            text_tokens(&"word ".repeat(400))
-        );
+        // 2,000 bytes: no honest count is 250 tokens or fewer.
+        assert_eq!(charge(Some(0), 900, &reply), 900, "0 is no count");
+        assert_eq!(charge(Some(250), 900, &reply), 900);
+        assert_eq!(charge(Some(520), 900, &reply), 520, "an honest count");
         assert_eq!(charge(Some(5_000), 900, &reply), 5_000);
         assert_eq!(charge(None, 900, &reply), 900);
-        assert_eq!(charge(Some(0), 900, &json!({})), 0);
+        assert_eq!(
+            charge(Some(0), 900, &json!({})),
+            900,
+            "a request costs a token"
+        );
+        assert_eq!(charge(Some(12), 900, &json!({})), 12);
+        // Text of other scripts is charged as counted, not as the high estimate has it.
+        let russian = json!({"content": {"type": "text", "text": "слово ".repeat(300)}});
+        assert_eq!(charge(Some(700), 900, &russian), 700);
     }
 
     #[test]
