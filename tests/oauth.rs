@@ -910,6 +910,25 @@ async fn a_client_unknown_at_the_code_exchange_registers_anew_at_the_next_sign_i
     h.shutdown().await;
 }
 
+// A token issued with `expires_in: 0` (which some servers send for "does not expire")
+// is used until refused. Before, it read as expired at once: never sent, and renewed at
+// every request.
+#[tokio::test]
+async fn a_token_issued_with_expires_in_zero_is_used_not_renewed_at_every_request() {
+    let w = World::new(&["--client", "pre", "--expires-in-zero"], &[]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let before = w.at("token").len();
+    for _ in 0..5 {
+        assert_eq!(
+            subject(&h, &Caller::agent("a")).await.expect("call"),
+            "demo-user"
+        );
+    }
+    assert_eq!(w.at("token").len(), before, "no token request for 5 calls");
+    h.shutdown().await;
+}
+
 // A refresh refused with a code of the server's own, in a 200 (GitHub's
 // `bad_refresh_token`), is a refusal too: the token is forgotten and a sign-in comes
 // next. Before, only four codes were, and every request failed once the token expired.

@@ -134,6 +134,10 @@ pub struct DemoAuthArgs {
     /// Access tokens live this many seconds.
     #[arg(long, default_value_t = 3600)]
     pub token_ttl: u64,
+    /// Say `expires_in: 0` in token replies, as some servers do for tokens that do not
+    /// expire (the tokens live `token_ttl` all the same).
+    #[arg(long)]
+    pub expires_in_zero: bool,
     /// Answer a refresh this many milliseconds late, its refresh token already
     /// rotated (a slow authorization server, or a reply still on its way).
     #[arg(long, default_value_t = 0)]
@@ -653,7 +657,7 @@ fn mint(state: &State, grant: &Grant, with_refresh: bool) -> HttpResponse {
     let mut reply = json!({
         "access_token": demo_token::issue(&state.args.secret, &claims),
         "token_type": "Bearer",
-        "expires_in": state.args.token_ttl,
+        "expires_in": if state.args.expires_in_zero { 0 } else { state.args.token_ttl },
         "scope": grant.scope,
     });
     if with_refresh {

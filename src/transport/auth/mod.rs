@@ -2053,8 +2053,13 @@ impl SignIn {
         Ok(Token {
             access_token: reply.access_token,
             refresh_token: reply.refresh_token.or_else(|| previous_refresh.clone()),
+            // `expires_in: 0` says nothing a token can be used by (some servers send it
+            // for "does not expire"): read as no lifetime given, the token is used until
+            // refused, and renewed at most once a minute after. Read as expired at once,
+            // it was never sent, and every request renewed it.
             expires_at_ms: reply
                 .expires_in
+                .filter(|s| *s > 0)
                 .map(|s| now.saturating_add(s.saturating_mul(1000))),
             issued_at_ms: Some(now),
             scopes: granted(reply.scope.as_deref(), asked),
