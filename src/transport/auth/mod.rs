@@ -485,6 +485,10 @@ pub(crate) struct SignIn {
     /// Refusals of tokens renewed moments ago: each is logged at first, then at each
     /// power of two (they come once per request).
     refused_fresh: crate::util::log_budget::LogBudget,
+    /// When the server was last reached to learn whether it is on an internal network
+    /// before a token request: behind a proxy it is never learnt, and each token
+    /// request would reach the server first (waiting out its timeout if it is down).
+    probed_at: Mutex<Option<Instant>>,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
     asked: Mutex<HashMap<Option<String>, Vec<String>>>,
     /// The server is on plain HTTP beyond loopback: no token is signed in for, nor
@@ -847,6 +851,7 @@ impl SignIn {
             store_warned: std::sync::atomic::AtomicBool::new(false),
             store_write_warned: std::sync::atomic::AtomicBool::new(false),
             refused_fresh: Default::default(),
+            probed_at: Mutex::default(),
             asked: Mutex::default(),
             in_clear: url.scheme() != "https" && !discovery::is_loopback(url),
         }))
@@ -1477,6 +1482,17 @@ impl SignIn {
         Ok(Renewal::Renewed)
     }
 
+    /// Whether the server may be reached again to learn where it is (at most once a
+    /// minute: through a proxy the answer never comes), noting that it is.
+    fn probe_due(&self) -> bool {
+        let mut at = self.probed_at.lock();
+        if at.is_some_and(|at| at.elapsed() < REFUSED_AGAIN_WINDOW) {
+            return false;
+        }
+        *at = Some(Instant::now());
+        true
+    }
+
     /// Whether a step-up for `challenge`'s scopes would ask only for scopes the
     /// authorization server did not grant `identity` moments ago (within
     /// [`REFUSED_AGAIN_WINDOW`]): the same answer again, at the cost of a sign-in
@@ -1996,7 +2012,7 @@ impl SignIn {
             ref previous_refresh,
         } = *ex;
         let mut params: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        if self.resolver.as_ref().is_some_and(|r| r.server_unknown()) {
+        if self.resolver.as_ref().is_some_and(|r| r.server_unknown()) && self.probe_due() {
             // A kept token refreshed before sign-in has reached the server: reach it
             // first, so that whether it is on an internal network is known.
             self.probe_challenge().await;
@@ -2809,6 +2825,22 @@ mod tests {
             .await
             .expect_err("nothing listens");
         assert_eq!(e.step, AuthStep::Refresh, "{e}");
+    }
+
+    // The server is reached to learn where it is at most once a minute: through a
+    // proxy the answer never comes, and each token request reached it first.
+    #[test]
+    fn the_server_is_probed_for_where_it_is_at_most_once_a_minute() {
+        let (sign_in, _) = counted();
+        assert!(sign_in.probe_due());
+        assert!(!sign_in.probe_due());
+        let Some(long_ago) =
+            Instant::now().checked_sub(REFUSED_AGAIN_WINDOW + Duration::from_secs(1))
+        else {
+            return;
+        };
+        *sign_in.probed_at.lock() = Some(long_ago);
+        assert!(sign_in.probe_due());
     }
 
     // Scopes a step-up was not granted are not asked for again for a minute; a
