@@ -312,17 +312,21 @@ async fn policy_budget_and_approval_end_the_call_with_typed_errors() {
     h.shutdown().await;
 }
 
-// A person approves a request minutes later, after a reload took the agent's
-// sampling away: the provider is not paid for it.
-#[tokio::test]
-async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider() {
+/// A harness whose agent `c` (sampling `approve`) has called `m__summarize`, its
+/// sampling request waiting for a person: the harness, what the provider saw, the
+/// queue, the call, and what waits.
+async fn awaiting_approval(
+    key_env: &str,
+) -> (
+    HarnessHandle,
+    Seen,
+    mcp_harness::ApprovalQueue,
+    tokio::task::JoinHandle<Result<Value, CallError>>,
+    Vec<mcp_harness::call::input::PendingInput>,
+) {
     let (url, seen) = provider().await;
-    set_key("MCP_HARNESS_TEST_REVOKED_KEY", "sk-test-revoked");
-    let h = harness(
-        Some(sampling("openai", &url, "MCP_HARNESS_TEST_REVOKED_KEY")),
-        &[],
-    )
-    .await;
+    set_key(key_env, "sk-test-revoked");
+    let h = harness(Some(sampling("openai", &url, key_env)), &[]).await;
     let queue = h.approvals();
     let call = tokio::spawn({
         let h = h.clone();
@@ -338,6 +342,14 @@ async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider()
     let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
         .await
         .expect("a request waits");
+    (h, seen, queue, call, pending)
+}
+
+// A person approves a request minutes later, after a reload took the agent's
+// sampling away: the provider is not paid for it.
+#[tokio::test]
+async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider() {
+    let (h, seen, queue, call, pending) = awaiting_approval("MCP_HARNESS_TEST_REVOKED_KEY").await;
     let mut revoked = agents();
     revoked.insert(
         "c".into(),
@@ -367,32 +379,8 @@ async fn an_approval_after_the_agents_sampling_was_taken_away_pays_no_provider()
 // provider is paid for, whatever the person answers after.
 #[tokio::test]
 async fn a_grant_revoked_while_an_approval_waits_withdraws_it_and_pays_no_provider() {
-    let (url, seen) = provider().await;
-    set_key("MCP_HARNESS_TEST_REVOKED_GRANT_KEY", "sk-test-revoked");
-    let h = harness(
-        Some(sampling(
-            "openai",
-            &url,
-            "MCP_HARNESS_TEST_REVOKED_GRANT_KEY",
-        )),
-        &[],
-    )
-    .await;
-    let queue = h.approvals();
-    let call = tokio::spawn({
-        let h = h.clone();
-        async move {
-            h.call_tool(
-                &Caller::agent("c"),
-                "m__summarize",
-                json!({"text": "x", "max_tokens": 10}),
-            )
-            .await
-        }
-    });
-    let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
-        .await
-        .expect("a request waits");
+    let (h, seen, queue, call, pending) =
+        awaiting_approval("MCP_HARNESS_TEST_REVOKED_GRANT_KEY").await;
     h.revoke("c", None).await.expect("revoke");
     let r = tokio::time::timeout(Duration::from_secs(10), call)
         .await
