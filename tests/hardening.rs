@@ -1004,6 +1004,62 @@ async fn item_05_a_legacy_server_asking_past_round_cap_during_a_call_is_refused(
     h.shutdown().await;
 }
 
+// A call that fails over from one legacy server to another is held to one round_cap
+// on both: the second server's questions count on from the first's. Before, each
+// server it tried could ask round_cap more.
+#[tokio::test]
+async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions_in_all() {
+    let server = |id: &str| {
+        let mut s = demo_server(id, &["--era", "legacy", "--idempotent", "rounds"]);
+        s.trust_annotations = true;
+        s
+    };
+    let mut first = server("first");
+    first.priority = 10;
+    let mut cfg = config(vec![first, server("second")]);
+    cfg.round_cap = 3;
+    let queue = ApprovalQueue::new(Duration::from_secs(60));
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "rounds", json!({"n": 3})).await })
+    };
+    let answer = json!({"action": "accept", "content": {"answer": "yes"}});
+    let next = || async {
+        let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
+            .await
+            .expect("a question");
+        assert_eq!(pending.len(), 1, "one question at a time");
+        pending.into_iter().next().expect("one")
+    };
+    // The first server's first question is answered; it dies during its second.
+    let q = next().await;
+    assert_eq!(q.request.server, "first");
+    queue.answer(q.id, answer.clone());
+    let q = next().await;
+    assert_eq!(q.request.server, "first");
+    let pid = h.server_status("first").and_then(|s| s.pid).expect("pid");
+    sigkill(pid);
+    // Two asked: the second server may ask one more, and its next is refused.
+    let from_second = || {
+        let pending = queue.pending();
+        pending.iter().all(|p| p.request.server == "second") && pending.len() == 1
+    };
+    assert!(
+        eventually(Duration::from_secs(10), from_second).await,
+        "{:?}",
+        queue.pending()
+    );
+    queue.answer(queue.pending()[0].id, answer.clone());
+    let e = call.await.expect("join").expect_err("past the cap");
+    assert!(e.to_string().contains("round_cap"), "{e}");
+    assert!(queue.pending().is_empty(), "{:?}", queue.pending());
+    h.shutdown().await;
+}
+
 /// Log output, kept to be searched.
 #[derive(Clone, Default)]
 struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);

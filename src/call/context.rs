@@ -50,8 +50,9 @@ struct CallOn {
     /// during it is not answered for nobody. Made when a question is taken for this
     /// call's (most calls are asked nothing).
     ended: Option<tokio_util::sync::CancellationToken>,
-    /// Questions (elicitation, sampling) the server asked during it.
-    asked: usize,
+    /// Questions (elicitation, sampling) servers asked during it: shared by its
+    /// attempts, so that a call failing over is not asked `round_cap` more.
+    asked: Arc<AtomicUsize>,
 }
 
 /// Whose a request from a server is; see [`CallContext::on`].
@@ -143,13 +144,14 @@ impl CallContext {
         call: u64,
         agent: Option<Arc<str>>,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+        asked: Arc<AtomicUsize>,
     ) -> OnServer<'a> {
         let on_server = CallOn {
             call,
             agent,
             questions,
             ended: None,
-            asked: 0,
+            asked,
         };
         let mut on = self.on_servers.lock();
         // The key is allocated only when the server has no call on it yet.
@@ -233,19 +235,20 @@ impl CallContext {
     }
 
     /// Counts a question (elicitation, sampling) that `server` asks during the calls on
-    /// it now, against each of them; false once every one of them was asked more than
-    /// `round_cap`: a legacy server that keeps asking is refused, as a modern one is
-    /// past its rounds, instead of asking a person again until the deadline. True
-    /// outside calls (the policy for those applies).
+    /// it now, against each of them (with what servers they tried before asked); false
+    /// once every one of them was asked more than `round_cap`: a legacy server that
+    /// keeps asking is refused, as a modern one is past its rounds, instead of asking a
+    /// person again until the deadline. True outside calls (the policy for those
+    /// applies).
     pub(crate) fn count_question(&self, server: &str) -> bool {
-        let mut on = self.on_servers.lock();
-        let Some(calls) = on.get_mut(server) else {
+        let on = self.on_servers.lock();
+        let Some(calls) = on.get(server) else {
             return true;
         };
         let mut least = usize::MAX;
-        for call in calls.iter_mut() {
-            call.asked = call.asked.saturating_add(1);
-            least = least.min(call.asked);
+        for call in calls.iter() {
+            let asked = call.asked.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+            least = least.min(asked);
         }
         least <= self.settings.round_cap
     }

@@ -36,7 +36,8 @@ mod search;
 mod settings;
 mod telemetry;
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -328,6 +329,17 @@ pub(crate) fn run<'a>(
     }
 }
 
+/// What a call has asked its caller (or its handlers) for so far, on every server it
+/// tried: each counts against `round_cap`, so that failing over does not start the
+/// count again.
+struct Asked {
+    /// `input_required` rounds (a delegation's count comes from its caller).
+    rounds: usize,
+    /// Questions legacy servers asked during the call (made when the call is first on
+    /// one: modern servers ask none).
+    questions: OnceLock<Arc<AtomicUsize>>,
+}
+
 /// How one attempt on one server ended, short of a result.
 enum Attempt {
     /// The call ends with this error.
@@ -352,7 +364,10 @@ async fn drive(
     deadline: Deadline,
     record: &mut CallRecord,
 ) -> Result<Answer, CallError> {
-    let mut rounds = request.delegated.as_ref().map_or(0, |d| d.rounds);
+    let mut asked = Asked {
+        rounds: request.delegated.as_ref().map_or(0, |d| d.rounds),
+        questions: OnceLock::new(),
+    };
     let mut last_error = None;
     let mut params = request.kind.params(args);
     for (i, candidate) in candidates.iter().enumerate() {
@@ -376,7 +391,7 @@ async fn drive(
                 candidate,
                 &mut params,
                 deadline,
-                &mut rounds,
+                &mut asked,
                 record,
             ),
             span.clone(),
@@ -398,7 +413,7 @@ async fn drive(
                     result,
                     server: candidate.server.shared_id(),
                     input_required,
-                    rounds,
+                    rounds: asked.rounds,
                 });
             }
             Err(Attempt::Final(e)) => return Err(e),
@@ -503,7 +518,7 @@ async fn attempt(
     candidate: &Candidate<'_>,
     params: &mut Map<String, Value>,
     deadline: Deadline,
-    rounds: &mut usize,
+    asked: &mut Asked,
     record: &mut CallRecord,
 ) -> Result<(Value, bool), Attempt> {
     let server = &candidate.server;
@@ -511,12 +526,15 @@ async fn attempt(
     // A legacy server's own requests while this call's request is on it are this
     // call's; the server notes the call only then (a modern connection refuses them).
     let call_id = record.call_id();
+    let Asked { rounds, questions } = asked;
+    let questions = &*questions;
     let note = || {
         ctx.on_server(
             server.id(),
             call_id,
             request.caller.agent_id.clone(),
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
+            questions.get_or_init(Arc::default).clone(),
         )
     };
     request.kind.set_item(params, candidate.item);

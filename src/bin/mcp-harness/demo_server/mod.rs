@@ -204,6 +204,10 @@ pub struct DemoServerArgs {
     /// `query` argument is bound to `Mcp-Param-Query`).
     #[arg(long)]
     pub tool_alias: Vec<String>,
+    /// Annotate the tool of this name `idempotentHint: true` (a client that trusts
+    /// annotations may then send its call to another server after a failure).
+    #[arg(long)]
+    pub idempotent: Vec<String>,
     /// HTTP only: answer every POST with this status.
     #[arg(long)]
     pub status_all: Option<u16>,

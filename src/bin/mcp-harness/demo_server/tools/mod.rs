@@ -67,6 +67,16 @@ pub fn catalog(args: &DemoServerArgs, elicitation: bool) -> Vec<Value> {
             &[],
         ));
     }
+    // Marked for a client that may send them to another server after a failure.
+    for t in &mut tools {
+        if args
+            .idempotent
+            .iter()
+            .any(|n| Some(n.as_str()) == t["name"].as_str())
+        {
+            t["annotations"] = json!({"idempotentHint": true});
+        }
+    }
     tools
 }
 
