@@ -27,7 +27,9 @@ pub struct Policy {
 /// Refuses grants that would silently match nothing: a tool name with `*` in it (only
 /// `*` alone takes in many: `read_*` is not a pattern), an empty tool name, and a
 /// selector that is no server id (`files*`, `files `, `tags:web`, `TAG:web`), no
-/// `tag:NAME` (`tag:`) and not `*`.
+/// `tag:NAME` (`tag:`) and not `*`. Refuses too a qualified name (`files__read`) under
+/// `*` or a tag: it would not grant `files`' `read` but any server's tool of that very
+/// name, which a hostile server may list.
 pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
     use crate::util::invalid::Invalid;
     for (agent, selectors) in grants {
@@ -48,6 +50,20 @@ pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
             for tool in tools {
                 if tool.is_empty() {
                     return Err(Invalid::new(field(), "an empty tool name"));
+                }
+                let many = selector == "*" || selector.starts_with("tag:");
+                if many
+                    && let Some((server, _)) = tool.split_once(crate::server::SEPARATOR)
+                    && crate::server::check_id(server).is_ok()
+                {
+                    return Err(Invalid::new(
+                        field(),
+                        format!(
+                            "{tool:?} is a qualified name: grant it under its server \
+                             ({server} = [\"…\"]); under {selector} it names any server's \
+                             tool of that very name"
+                        ),
+                    ));
                 }
                 if tool != "*" && tool.contains('*') {
                     return Err(Invalid::new(
@@ -327,6 +343,10 @@ mod tests {
         assert!(validate(&grant("files", "read")).is_ok());
         assert!(validate(&grant("tag:fs", "*")).is_ok());
         assert!(validate(&grant("*", "*")).is_ok());
+        // A server's own tool named so (a gateway's, say) is granted under its server;
+        // a name no server id begins may go under any selector.
+        assert!(validate(&grant("gw", "files__read")).is_ok());
+        assert!(validate(&grant("*", "__read")).is_ok());
         for (selector, tool) in [
             ("files", "read_*"),
             ("files", ""),
@@ -338,6 +358,9 @@ mod tests {
             ("tags:web", "read"),
             ("TAG:web", "read"),
             ("a__b", "read"),
+            // A qualified name under many servers: any server may list a tool so named.
+            ("*", "files__read"),
+            ("tag:fs", "files__read"),
         ] {
             let e = validate(&grant(selector, tool)).expect_err(tool);
             assert_eq!(e.field, format!("permissions.a.{selector}"));
