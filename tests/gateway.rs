@@ -1785,6 +1785,59 @@ async fn a_stdio_line_longer_than_max_body_bytes_is_refused_and_the_session_goes
     let _ = child.wait().await;
 }
 
+/// Resident memory of process `pid`, in KiB.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+// A client that sends only subscriptions the gateway refuses, reading every answer,
+// holds the session's memory flat: each refused subscription's task is let go. Before,
+// finished subscription tasks were collected only after a line of another kind, and
+// each held its whole future.
+#[tokio::test]
+async fn refused_subscriptions_alone_do_not_grow_a_stdio_sessions_memory() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let (mut child, stdin, mut lines) = stdio_gateway(&setup);
+    let pid = child.id().expect("pid");
+    // No client capabilities in the envelope: refused at once.
+    let line = |id: u64| {
+        format!(
+            "{}\n",
+            json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+                   "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}})
+        )
+    };
+    // In batches, each answered before the next: no queue holds any of them when the
+    // memory is read.
+    let mut stdin = stdin;
+    let mut rss = Vec::new();
+    for batch in 0..60u64 {
+        let lines_out: String = (batch * 1000..(batch + 1) * 1000).map(line).collect();
+        stdin.write_all(lines_out.as_bytes()).await.expect("write");
+        for _ in 0..1000 {
+            let answer = next_message(&mut lines).await;
+            assert!(answer["error"].is_object(), "{answer}");
+        }
+        if (batch + 1) % 20 == 0 {
+            rss.push(rss_of(pid));
+        }
+    }
+    // Past the first third (the allocator's and the runtime's own growth), flat.
+    let grew = rss[2].saturating_sub(rss[0]);
+    assert!(
+        grew < 16 << 10,
+        "grew {grew} KiB over 40,000 refused subscriptions: {rss:?}"
+    );
+    drop(stdin);
+    let _ = child.wait().await;
+}
+
 // An answer to the gateway's question that is longer than max_body_bytes fails that
 // question at once: the call ends with an error now, not when input_timeout (a minute
 // here) runs out, and nothing is sent back under the question's id.

@@ -321,6 +321,8 @@ pub async fn serve(
     let large_calls = LargeLines::default();
     loop {
         line.clear();
+        // At the top, so that no way round the loop skips it (a refused listen's does).
+        while tasks.try_join_next().is_some() {}
         tokio::select! {
             () = pipe.room() => {}
             () = &mut shutdown => {
@@ -550,7 +552,6 @@ pub async fn serve(
                 }));
             }
         }
-        while tasks.try_join_next().is_some() {}
     }
     // Input ended: questions to the client fail at once (nobody can answer them),
     // subscriptions end, and the calls in flight finish and answer (their client may

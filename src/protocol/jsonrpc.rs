@@ -393,6 +393,10 @@ impl Message {
     /// reply (a result or an error, no method), read without building anything else: to
     /// answer a message refused before it is parsed (too costly to parse now).
     pub fn peek_head(bytes: &[u8]) -> Option<(Option<RequestId>, bool)> {
+        // A struct's fields may come as an array to serde: `[7, null, {}]` is no reply.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return None;
+        }
         let head = serde_json::from_slice::<HeadOnly>(bytes).ok()?;
         let reply = head.method.is_none() && (head.result.is_some() || head.error.is_some());
         Some((head.id.0, reply))
@@ -648,6 +652,8 @@ mod tests {
         assert_eq!(id(&long), Some((None, false)), "a long id is not kept");
         assert_eq!(id(r#"{"id":1.5,"method":"m"}"#), Some((None, false)));
         assert_eq!(id("not json"), None);
+        assert_eq!(id("[7, null, {}]"), None, "a batch is no reply to 7");
+        assert_eq!(id(r#" [{"jsonrpc":"2.0","id":7,"result":1}]"#), None);
     }
     use serde_json::json;
 
