@@ -40,6 +40,9 @@ pub enum Call {
     Inline(std::pin::Pin<Box<dyn Future<Output = Result<Answer, RpcError>> + Send>>),
     /// Running on its own, while no request waits on it.
     Spawned(JoinHandle<Result<Answer, RpcError>>),
+    /// Finished while its round was parked: its outcome, for the answer that takes the
+    /// round up (the tool ran; its result is not thrown away).
+    Finished(Option<Result<Answer, RpcError>>),
 }
 
 impl Call {
@@ -56,12 +59,10 @@ impl Call {
     /// Lets the call go on with nobody awaiting it; a call already on its own (parked
     /// before, in an earlier round) stays as it is.
     fn detach(&mut self) {
-        let placeholder = Call::Inline(Box::pin(std::future::pending()));
-        let task = match std::mem::replace(self, placeholder) {
-            Call::Inline(call) => tokio::spawn(call),
-            Call::Spawned(task) => task,
-        };
-        *self = Call::Spawned(task);
+        if let Call::Inline(call) = self {
+            let call = std::mem::replace(call, Box::pin(std::future::pending()));
+            *self = Call::Spawned(tokio::spawn(call));
+        }
     }
 }
 
@@ -77,13 +78,20 @@ impl Future for Call {
             Call::Spawned(task) => std::pin::Pin::new(task)
                 .poll(cx)
                 .map(|done| done.unwrap_or_else(|_| Err(ended()))),
+            Call::Finished(done) => {
+                std::task::Poll::Ready(done.take().unwrap_or_else(|| Err(ended())))
+            }
         }
     }
 }
 
-/// What the answer to a round whose call ended while it waited is told.
-const CALL_ENDED: &str =
-    "the input round's call ended before the answer came (its server stopped waiting)";
+/// What the answer to a round whose call ended while it waited is told, when the
+/// call's outcome was too large to keep for it.
+const CALL_ENDED: &str = "the input round's call ended before the answer came (its server stopped waiting), with an outcome too large to keep";
+
+/// The largest outcome (as JSON) of a call that finished while its round was parked
+/// that is kept for the answer: its round holds it until its state expires.
+const KEPT_OUTCOME_BYTES: usize = 1 << 20;
 
 /// What a second answer to a legacy server's question is told: its call went on with
 /// the first, and is answered to the request that took it up (a round held in this
@@ -182,10 +190,36 @@ struct Parked {
 }
 
 impl Parked {
-    /// Whether its call has ended while it waited (a legacy server's request timed
-    /// out, its server went away): no answer can take it up any more.
+    /// Whether its call has ended while it waited (its server stopped waiting for the
+    /// answer and answered the call, or went away) and its outcome was not kept.
     fn call_ended(&self) -> bool {
         matches!(&self.held.call, Call::Spawned(task) if task.is_finished())
+    }
+
+    /// Keeps the outcome of a call that finished while it waited, for the answer that
+    /// takes the round up, counted in the round's bytes; false when it is too large to
+    /// keep ([`KEPT_OUTCOME_BYTES`]), and the round goes.
+    fn keep_outcome(&mut self) -> bool {
+        use futures_util::FutureExt;
+        if !self.call_ended() {
+            return true;
+        }
+        let Some(done) = (&mut self.held.call).now_or_never() else {
+            return true;
+        };
+        let size = match &done {
+            Ok(answer) => crate::registry::cache::json_size(&answer.result),
+            Err(e) => e
+                .message
+                .len()
+                .saturating_add(e.data.as_ref().map_or(0, crate::registry::cache::json_size)),
+        };
+        if size > KEPT_OUTCOME_BYTES {
+            return false;
+        }
+        self.bytes = self.bytes.saturating_add(size);
+        self.held.call = Call::Finished(Some(done));
+        true
     }
 }
 
@@ -243,8 +277,8 @@ impl ParkedRounds {
         let ServerQuestion { server, reply, .. } = pending;
         let mut rounds = self.rounds.lock();
         let now = Instant::now();
-        // Expired rounds go, and those whose calls ended: they hold no place (their
-        // calls are cancelled as they drop).
+        // Expired rounds go (their calls are cancelled as they drop), and those whose
+        // calls ended with an outcome too large to keep.
         self.drop_finished(&mut rounds, now, |_, _, _| true);
         // A principal at its share gives up its own rounds that expire first: a client
         // that stops retrying (its person declined) leaves rounds behind, and is not
@@ -365,8 +399,9 @@ impl ParkedRounds {
 
     /// Takes up parked round `id` of `principal`, on the channel that parked it (the
     /// local `session`, or `None`: HTTP): answers its question with `answer` and hands
-    /// back the call. No such round (expired, another process's, another principal's or
-    /// channel's) is an invalid state; one whose call ended while it waited says so.
+    /// back the call (or its outcome, if it ended while it waited). No such round
+    /// (expired, another process's, another principal's or channel's) is an invalid
+    /// state; one whose call ended with an outcome too large to keep says so.
     pub fn resume(
         &self,
         id: &str,
@@ -419,8 +454,10 @@ impl ParkedRounds {
         drop(dropped);
     }
 
-    /// Takes out of `rounds` those past their expiry, those whose call ended (noted in
-    /// `ended`) and those `keep` refuses; returns them, to drop outside the lock.
+    /// Takes out of `rounds` those past their expiry, those whose call ended with an
+    /// outcome too large to keep (noted in `ended`) and those `keep` refuses; returns
+    /// them, to drop outside the lock. A call that ended with an outcome it can keep
+    /// stays, holding it.
     fn drop_finished(
         &self,
         rounds: &mut HashMap<String, Parked>,
@@ -429,7 +466,7 @@ impl ParkedRounds {
     ) -> Vec<Parked> {
         let mut dropped = Vec::new();
         for (id, p) in rounds.extract_if(|_, p| {
-            p.expires <= now || p.call_ended() || !keep(&p.principal, &p.server, &p.item)
+            p.expires <= now || !p.keep_outcome() || !keep(&p.principal, &p.server, &p.item)
         }) {
             if p.expires > now && p.call_ended() {
                 self.note_ended(id, &p, now, CALL_ENDED);
@@ -516,15 +553,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_round_whose_call_ended_holds_no_place_and_its_answer_is_told_so() {
-        let rounds = ParkedRounds::with_caps(64, 1);
+    async fn a_call_that_ends_while_parked_hands_its_outcome_to_the_answer() {
+        let rounds = ParkedRounds::with_caps(64, 4);
         let a = agent("a");
         let later = Instant::now() + std::time::Duration::from_secs(600);
-        // Its server stopped waiting (a legacy request's timeout): the call ends.
-        let (mut held, question, _answer) = round();
-        held.call = Call::inline(async { Err(RpcError::new(INTERNAL_ERROR, "timed out")) });
-        let first = rounds
-            .park(
+        let park = |held: Held, question| {
+            rounds.park(
                 (&a, None),
                 "t".into(),
                 (0, usize::MAX, usize::MAX),
@@ -532,27 +566,53 @@ mod tests {
                 question,
                 later,
             )
-            .expect("parked");
+        };
+        // Its server stopped waiting for the answer and answered the call: the tool
+        // ran, and the answer that comes later gets its result.
+        let (mut held, question, _answer) = round();
+        held.call = Call::inline(async {
+            Ok(Answer {
+                result: serde_json::json!({"content": [{"type": "text", "text": "done"}]}),
+                server: "s".into(),
+                input_required: false,
+                rounds: 1,
+            })
+        });
+        let small = park(held, question).expect("parked");
+        // One too large to keep (over 1 MiB) is let go, and its place with it.
+        let (mut held, question, _answer) = round();
+        held.call = Call::inline(async {
+            Err(RpcError::new(
+                INTERNAL_ERROR,
+                "x".repeat(KEPT_OUTCOME_BYTES + 1),
+            ))
+        });
+        let large = park(held, question).expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        // The principal's one place is free again.
-        let (held, question, _answer2) = round();
-        let second = rounds.park(
-            (&a, None),
-            "t".into(),
-            (0, usize::MAX, usize::MAX),
+        rounds.sweep(|_, _, _| true);
+        let held: Vec<String> = rounds.rounds.lock().keys().cloned().collect();
+        assert_eq!(
             held,
-            question,
-            later,
+            std::slice::from_ref(&small),
+            "the kept outcome's round only"
         );
-        assert!(second.is_some(), "the ended round held no place");
+        let Ok(held) = rounds.resume(&small, (&a, None), Value::Null) else {
+            panic!("the round is there");
+        };
+        match wait(held).await {
+            Waited::Done(Ok(answer), _) => {
+                assert_eq!(answer.result["content"][0]["text"], "done");
+            }
+            _ => panic!("the call's own result"),
+        }
         let e = rounds
-            .resume(&first, (&a, None), Value::Null)
+            .resume(&large, (&a, None), Value::Null)
             .err()
             .expect("no call to take up");
-        assert!(e.message.contains("ended"), "{}", e.message);
+        assert!(e.message.contains("too large to keep"), "{}", e.message);
         // Another principal's, or an unknown id, is an invalid state as ever.
         let e = rounds
-            .resume(&first, (&agent("b"), None), Value::Null)
+            .resume(&large, (&agent("b"), None), Value::Null)
             .err()
             .expect("not b's");
         assert_eq!(e.message, "invalid requestState");
