@@ -437,7 +437,14 @@ fn backoff() -> ExponentialBackoff {
 struct Changed {
     origin: String,
     server: String,
+    /// The generation the server was moved to (absent from earlier versions' messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
 }
+
+/// How far past the highest generation seen a heard one is taken: a message is not
+/// authenticated, so one naming a generation further on is taken as one step.
+const HEARD_STEP: u64 = 1 << 20;
 
 /// What is stored under a key: the page and what it was stored for, checked on read.
 #[derive(Serialize, Deserialize)]
@@ -983,13 +990,25 @@ impl SharedCache {
         None
     }
 
-    /// A peer moved `server` to a new generation (its INCR comes before its message):
-    /// nothing at or below the highest seen before is accepted any more.
-    fn heard_invalidation(&self, server: &str) {
-        if let Some(top) = self.highest.lock().get_mut(server) {
-            *top = top.saturating_add(1).min(i64::MAX as u64);
-        } else {
-            return;
+    /// A peer moved `server` to `generation` (its INCR comes before its message):
+    /// nothing below it is accepted any more. A message of an earlier version names
+    /// none: nothing at or below the highest seen before is accepted then. A message is
+    /// not authenticated: one step at most ([`HEARD_STEP`]) is taken past the highest
+    /// seen, and none for a server not read yet (its reads after the message see the
+    /// INCR).
+    fn heard_invalidation(&self, server: &str, generation: Option<u64>) {
+        {
+            let mut highest = self.highest.lock();
+            let Some(top) = highest.get_mut(server) else {
+                return;
+            };
+            let next = match generation {
+                Some(g) if g > *top && g - *top <= HEARD_STEP => g,
+                // Read already (the read came between the INCR and its message).
+                Some(g) if g <= *top => return,
+                _ => top.saturating_add(1),
+            };
+            *top = next.min(i64::MAX as u64);
         }
         self.floors_rose();
     }
@@ -1322,36 +1341,23 @@ impl SharedCache {
     }
 
     async fn send_invalidation(&self, server: &str) -> bool {
-        let message = serde_json::to_string(&Changed {
-            origin: self.origin.clone(),
-            server: server.to_string(),
-        })
-        .unwrap_or_default();
         let (channel, gen_key) = (self.config.channel(), self.generation_key(server));
         // Not skipped while the layer backs off: a lost invalidation leaves other
         // processes stale, so it is always tried, within the bound.
-        let sent: Result<(i64,), _> = self
+        let sent: Result<i64, _> = self
             .try_run(self.config.timeout, "invalidate", async |mut conn| {
-                redis::pipe()
-                    .cmd("INCR")
+                redis::cmd("INCR")
                     .arg(&gen_key)
-                    .cmd("PUBLISH")
-                    .arg(&channel)
-                    .arg(&message)
-                    .ignore()
                     .query_async(&mut conn)
                     .await
             })
             .await;
         let generation = match sent {
-            Ok((generation,)) if u64::try_from(generation).is_ok_and(|g| g <= CEILING) => {
-                generation
-            }
+            Ok(generation) if u64::try_from(generation).is_ok_and(|g| g <= CEILING) => generation,
             // No integer there, or one INCR cannot add to (or past the ceiling): a new
             // random generation takes its place (no page was stored under it), else the
             // invalidation would be retried for ever and the server's pages never shared
-            // again. The PUBLISH behind the INCR went out already (a pipeline runs every
-            // command).
+            // again.
             Ok(_) | Err(RunFailure::BadValue) => {
                 let fresh = random_generation();
                 let set: Option<()> = self
@@ -1370,6 +1376,28 @@ impl SharedCache {
             }
             Err(RunFailure::Unavailable) => return false,
         };
+        // The message names the generation: a peer that read it already (a read between
+        // the INCR and the message) does not take the message for one step more, and
+        // refuse that very generation as a rollback when it reads it next.
+        let message = serde_json::to_string(&Changed {
+            origin: self.origin.clone(),
+            server: server.to_string(),
+            generation: u64::try_from(generation).ok(),
+        })
+        .unwrap_or_default();
+        let published: Option<i64> = self
+            .run("invalidate", async |mut conn| {
+                redis::cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(&message)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        if published.is_none() {
+            // Tried again: one more INCR costs nothing, a lost message leaves peers stale.
+            return false;
+        }
         self.counts.published.fetch_add(1, Ordering::Relaxed);
         // What this process moved it to is the least it accepts from now on.
         if let Ok(generation) = u64::try_from(generation) {
@@ -1480,7 +1508,7 @@ impl SharedCache {
                                 Some(c) if c.origin == origin => {}
                                 Some(c) if this.shares(&c.server) => {
                                     this.counts.received.fetch_add(1, Ordering::Relaxed);
-                                    this.heard_invalidation(&c.server);
+                                    this.heard_invalidation(&c.server, c.generation);
                                     tracing::debug!(server = %c.server, "a peer dropped a shared server's lists");
                                     changed(&c.server);
                                 }
@@ -1665,7 +1693,7 @@ mod tests {
         let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
         layer.highest.lock().insert("s".into(), 40);
         let seen = layer.highest_seen("s");
-        layer.heard_invalidation("s");
+        layer.heard_invalidation("s", Some(41));
         let read = redis::Value::Int(40);
         let checked = layer.checked_generation("s", "k", &read, seen).await;
         assert_eq!(checked, None);
@@ -1674,6 +1702,40 @@ mod tests {
         let checked = layer.checked_generation("s", "k", &older, seen).await;
         assert_eq!(checked, None);
         assert_eq!(layer.stats().rejected, 1, "a rollback");
+    }
+
+    // A peer's message naming a generation this process read already (its read came
+    // between the peer's INCR and the message) moves nothing: the next read of that
+    // generation is a hit, not a rollback. Before, each message was one step more, and
+    // that read was refused and Redis moved past the pages just written.
+    #[tokio::test]
+    async fn a_heard_generation_read_already_is_not_taken_for_one_more() {
+        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
+        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        layer.highest.lock().insert("s".into(), 10);
+        let seen = layer.highest_seen("s");
+        let read = redis::Value::Int(11);
+        assert_eq!(
+            layer.checked_generation("s", "k", &read, seen).await,
+            Some(11)
+        );
+        layer.heard_invalidation("s", Some(11));
+        let seen = layer.highest_seen("s");
+        assert_eq!(
+            layer.checked_generation("s", "k", &read, seen).await,
+            Some(11)
+        );
+        assert_eq!(layer.stats().rejected, 0, "no rollback");
+        // One further on is taken; one past the step, or none named (an earlier
+        // version's message), is one step; a server not read yet takes none.
+        layer.heard_invalidation("s", Some(15));
+        assert_eq!(layer.highest_seen("s"), Some(15));
+        layer.heard_invalidation("s", Some(15 + HEARD_STEP + 1));
+        assert_eq!(layer.highest_seen("s"), Some(16));
+        layer.heard_invalidation("s", None);
+        assert_eq!(layer.highest_seen("s"), Some(17));
+        layer.heard_invalidation("t", Some(5));
+        assert_eq!(layer.highest_seen("t"), None);
     }
 
     // A change held (taken before this process drops its copies) keeps the server's
