@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use mcp_harness::audit::{AuditConfig, AuditFailure};
 use mcp_harness::call::input::{InputFuture, InputRequestContext};
 use mcp_harness::registry::cache::CacheConfig;
-use mcp_harness::transport::{Connection, Era, RequestError, TransportError};
+use mcp_harness::transport::{
+    ConnectOptions, Connection, Era, RequestError, TransportError, TransportSpec,
+};
 use mcp_harness::{
     ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
     InputHandler, ServerConfig, ServerError, ServerState,
@@ -2030,6 +2032,41 @@ async fn item_02_a_reply_of_an_unexpected_content_type_is_named_cut_short() {
     let said = err.to_string();
     assert!(said.contains("text/x-aaaa"), "{said}");
     assert!(said.len() < 1000, "{} bytes", said.len());
+}
+
+// A modern server slower to start than the probe waits is taken for a legacy one, and
+// refuses `initialize` as a modern server does: the failure heals (a restart probes
+// afresh), as does a configured-modern server's silent probe. Before, both marked the
+// server failed for good after one slow start.
+#[tokio::test]
+async fn a_modern_server_slower_than_the_probe_fails_its_start_healably() {
+    use mcp_harness::transport::EraPreference;
+    let slow = || {
+        TransportSpec::stdio(
+            "sh",
+            [
+                "-c".to_string(),
+                format!("sleep 1; exec {} demo-server slow", harness_exe()),
+            ],
+        )
+    };
+    for era in [EraPreference::Auto, EraPreference::Modern] {
+        let quick_probe = ConnectOptions {
+            probe_timeout: Duration::from_millis(200),
+            era,
+            ..options()
+        };
+        let Err(err) = Connection::connect("slow", slow(), quick_probe).await else {
+            panic!("{era:?}: the probe cannot have been answered in time");
+        };
+        assert!(!err.cannot_heal(), "{era:?}: {err}");
+    }
+    // Given the time, it is modern.
+    let (conn, _events) = Connection::connect("slow", slow(), options())
+        .await
+        .expect("connects");
+    assert_eq!(conn.era(), Era::Modern);
+    conn.shutdown().await;
 }
 
 // 16. Renegotiation quirks.

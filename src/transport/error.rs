@@ -236,7 +236,12 @@ impl ConnectError {
             ConnectError::NoCommonVersion { .. }
             | ConnectError::NotModern(_)
             | ConnectError::UnsupportedLegacyVersion(_) => true,
-            ConnectError::Refused { error, .. } => error.is_modern(),
+            // A modern server refusing `initialize` was taken for a legacy one: its
+            // probe went unanswered in time (a slow start) or failed (a blip), and a
+            // restart probes afresh. Refusing `server/discover` so is for good.
+            ConnectError::Refused { method, error } => {
+                *method == "server/discover" && error.is_modern()
+            }
             ConnectError::Protocol(_) => false,
         }
     }

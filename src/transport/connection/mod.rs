@@ -175,11 +175,25 @@ impl Connection {
                     &reason, 300,
                 )));
             }
+            (Probe::Silent(waited), EraPreference::Modern) => {
+                transport.shutdown(options.shutdown_grace).await;
+                // Slow, not shown to be legacy: tried again (with backoff) on restart.
+                return Err(ConnectError::Transport(TransportError::Timeout(waited)));
+            }
             (Probe::Exited, EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
                 return Err(ConnectError::NotModern(
                     "the server exited on server/discover".into(),
                 ));
+            }
+            (Probe::Silent(_), _) => {
+                tracing::debug!(
+                    server,
+                    "no answer to server/discover; using the legacy handshake"
+                );
+                let handshake =
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
             }
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");

@@ -13,6 +13,8 @@
 //! stdio server that dies on the probe is reported as [`Probe::Exited`]: it is
 //! respawned for the handshake.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use super::handshake::{envelope, pick_version};
@@ -30,6 +32,9 @@ pub(super) enum Probe {
         discover: DiscoverResult,
     },
     Legacy(String),
+    /// No answer to the probe in time: legacy (many legacy servers ignore what they do
+    /// not know), or a modern server slow to start.
+    Silent(Duration),
     /// Legacy: the probe was answered with an error. A server that takes nothing
     /// before `initialize` may exit after it: a handshake that finds it gone respawns it.
     Refused(String),
@@ -165,7 +170,7 @@ fn quoted_versions(list: &[String]) -> Vec<String> {
 /// A transport failure on the probe: legacy, an exit (stdio), or an error.
 fn failed(error: TransportError, is_http: bool) -> Result<Probe, ConnectError> {
     match error {
-        TransportError::Timeout(_) => Ok(Probe::Legacy("no answer to server/discover".into())),
+        TransportError::Timeout(waited) => Ok(Probe::Silent(waited)),
         TransportError::Closed { .. } | TransportError::NotSent(_) if !is_http => Ok(Probe::Exited),
         TransportError::HttpStatus { status, .. } if (400..500).contains(&status) => {
             Ok(Probe::Legacy(format!("discover answered HTTP {status}")))
