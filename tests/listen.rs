@@ -122,6 +122,40 @@ async fn a_tool_added_to_a_modern_http_demo_server_appears_over_the_long_lived_p
     let _ = std::fs::remove_file(record);
 }
 
+// A subscription the server ends is opened again; a server that cannot take it then
+// (503: restarting behind its proxy) is asked again, with backoff. Before, one failed
+// re-open ended the listening for the connection's life.
+#[tokio::test]
+async fn a_subscription_that_cannot_be_opened_again_at_once_is_tried_again() {
+    let record = temp_file("listen-503");
+    let rec = record.to_string_lossy().into_owned();
+    let server = HttpServer::demo(&[
+        "web",
+        "--record",
+        &rec,
+        "--cancel-listens",
+        "--unavailable-listens",
+        "1",
+    ])
+    .await;
+    let h = start_ready(config(ServerConfig::new("web", server.spec()))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await, "the harness subscribed");
+    let names = grow_and_hear(&h, "web", true).await;
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    // Ended by the server, refused once (503), then open again.
+    assert!(listens(&record, 3).await, "listened again after the 503");
+    let refused = recorded(&record)
+        .iter()
+        .filter(|r| r["method"] == "subscriptions/listen" && r["status"] == 503)
+        .count();
+    assert_eq!(refused, 1);
+    let names = grow_and_hear(&h, "web", true).await;
+    assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
     let mut server = ServerConfig::stdio("rm", rmcp_exe(), ["stdio"]);

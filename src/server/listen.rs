@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use super::client::ListsChanged;
 use super::msg::{OnTheWay, ServerMsg};
 use crate::protocol::Notification;
-use crate::transport::{Connection, Era, ServerEvent};
+use crate::transport::{Connection, Era, RequestError, ServerEvent};
 
 /// How long the server has to acknowledge a subscription.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -139,6 +139,16 @@ async fn run(
             n = notes.recv() => n,
             ended = &mut listen => {
                 let outcome = crate::util::text::one_line(&format!("{ended:?}"), 300);
+                // A server that listened before and cannot be reached now (restarting,
+                // behind a proxy answering 503) is asked again, with backoff: only its
+                // refusal, or a first listen that fails, leaves the lists to their TTL.
+                let refused = matches!(ended, Err(RequestError::Rpc(_)));
+                if reopened && !refused && !conn.is_closed() {
+                    tracing::debug!(server, %outcome, "subscriptions/listen could not be opened again; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(REOPEN_AT_MOST);
+                    continue;
+                }
                 tracing::warn!(server, %outcome, "subscriptions/listen ended before its acknowledgment; lists stay fresh by TTL");
                 return;
             }

@@ -228,6 +228,8 @@ pub struct DemoServer {
     handled: AtomicU64,
     /// Calls of `region_echo` (for `--rename-param-header-after`).
     pub region_calls: AtomicU64,
+    /// `subscriptions/listen` requests so far (for `--unavailable-listens`).
+    pub listens_begun: AtomicU64,
 }
 
 impl DemoServer {
@@ -276,6 +278,7 @@ impl DemoServer {
             lists: AtomicU64::new(0),
             handled: AtomicU64::new(0),
             region_calls: AtomicU64::new(0),
+            listens_begun: AtomicU64::new(0),
         }))
     }
 

@@ -448,6 +448,15 @@ async fn post(
         }
         return refusal;
     }
+    if request.method == "subscriptions/listen" && state.server.args.unavailable_listens > 0 {
+        let n = state.server.listens_begun.fetch_add(1, Ordering::SeqCst);
+        if (1..=state.server.args.unavailable_listens).contains(&n) {
+            state
+                .server
+                .record(json!({"method": request.method, "id": request.id, "status": 503}));
+            return full(StatusCode::SERVICE_UNAVAILABLE, "", "");
+        }
+    }
     let era = state.server.args.era;
     if request.method == "server/discover" {
         let args = &state.server.args;

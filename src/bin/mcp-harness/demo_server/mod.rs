@@ -196,6 +196,10 @@ pub struct DemoServerArgs {
     /// spec page has a server end a subscription).
     #[arg(long)]
     pub cancel_listens: bool,
+    /// HTTP only: answer this many `subscriptions/listen` requests after the first with
+    /// 503 (a server restarting behind a proxy while its client listens again).
+    #[arg(long, default_value_t = 0)]
+    pub unavailable_listens: u64,
     /// List `confirm` and `rounds` only to clients that declared elicitation (legacy:
     /// at `initialize`), as many legacy servers do.
     #[arg(long)]
