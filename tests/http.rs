@@ -277,6 +277,62 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
     let _ = std::fs::remove_file(record);
 }
 
+// A legacy session's request its caller stops waiting for (its deadline passed) is
+// cancelled with `notifications/cancelled`, as the released revisions ask: there a
+// closed stream is no cancellation. A modern server is sent none (the closed stream
+// is its cancellation).
+#[tokio::test]
+async fn a_legacy_http_request_given_up_is_cancelled_on_the_server() {
+    let record = temp_file("http-cancel");
+    let (_server, conn, _events) = legacy_delta(&[], Some(&record), options()).await;
+    let short = Duration::from_millis(300);
+    let cut = conn
+        .request_with_timeout("tools/call", call("slow", json!({"ms": 5000})), short)
+        .await;
+    assert!(
+        matches!(
+            &cut,
+            Err(RequestError::Transport(TransportError::Timeout(_)))
+        ),
+        "{cut:?}"
+    );
+    let cancelled = |lines: &[Value]| {
+        let call = lines.iter().find(|r| r["method"] == "tools/call")?;
+        lines
+            .iter()
+            .find(|c| {
+                c["notification"] == "notifications/cancelled"
+                    && c["params"]["requestId"] == call["id"]
+            })
+            .cloned()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || cancelled(&recorded(&record))
+            .is_some())
+        .await,
+        "no notifications/cancelled for the call"
+    );
+    conn.shutdown().await;
+    // Modern: none.
+    let modern = temp_file("http-cancel-modern");
+    let server = HttpServer::demo(&["gamma", "--record", &modern.to_string_lossy()]).await;
+    let (conn, _events) = Connection::connect("gamma", server.spec(), options())
+        .await
+        .expect("connect");
+    let cut = conn
+        .request_with_timeout("tools/call", call("slow", json!({"ms": 2000})), short)
+        .await;
+    assert!(cut.is_err(), "{cut:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !recorded(&modern)
+            .iter()
+            .any(|r| r["notification"] == "notifications/cancelled"),
+        "a modern server got notifications/cancelled"
+    );
+    conn.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_session_renewal_cut_off_by_its_request_finishes_and_the_session_serves() {
     // Renewing the session (every initialize after the first) takes 1.5 s.

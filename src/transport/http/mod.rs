@@ -15,7 +15,8 @@
 //! wherever the server points. HTTPS uses rustls ([`tls`]); its failures are typed.
 //!
 //! Cancellation and timeout drop the response stream, which closes the request's
-//! HTTP connection: that is how 2026-07-28 cancels on HTTP. One deadline covers a
+//! HTTP connection: that is how 2026-07-28 cancels on HTTP. A legacy session's request
+//! also gets `notifications/cancelled` ([`CancelUnanswered`]). One deadline covers a
 //! request with everything it takes (learning headers, renewing a session, retrying).
 //!
 //! Legacy servers (2025-06-18, 2025-11-25) also get ([`session`]): the
@@ -259,7 +260,8 @@ impl HttpTransport {
     /// it out.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the reply stream, which cancels the request.
+    /// Dropping the future drops the reply stream, which cancels the request (in a
+    /// legacy session, with `notifications/cancelled` too).
     pub(crate) async fn request(
         &self,
         request: RequestRef<'_>,
@@ -436,11 +438,20 @@ impl HttpTransport {
             }
             let (mut renewed, mut relearned) = (false, false);
             let mut id = request.id.clone();
+            let mut unanswered = CancelUnanswered {
+                transport: self,
+                id: None,
+                identity,
+            };
             loop {
                 let request = RequestRef { id: &id, ..request };
                 let extra = self.params.headers(request);
                 let seen = self.session.renewals();
-                match self.exchange(request, stamp, &extra, identity).await {
+                // Answered or refused, it needs no cancellation: only one left waiting.
+                unanswered.id = (request.method != "initialize").then(|| id.clone());
+                let exchanged = self.exchange(request, stamp, &extra, identity).await;
+                unanswered.id = None;
+                match exchanged {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
                             self.params.absorb(&self.server, &mut result);
@@ -469,6 +480,30 @@ impl HttpTransport {
             Ok(result) => result,
             Err(_) => Err(TransportError::Timeout(timeout)),
         }
+    }
+
+    /// POSTs `notifications/cancelled` for request `id` of a legacy session, as
+    /// `identity`, on a task of its own (bounded by [`CANCEL_TIMEOUT`]).
+    fn cancel_later(&self, id: RequestId, identity: Option<&str>) {
+        let (Some(this), Ok(runtime)) =
+            (self.this.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let identity = identity.map(str::to_string);
+        runtime.spawn(async move {
+            let cancelled = Message::Notification(Notification {
+                method: "notifications/cancelled".into(),
+                params: Some(serde_json::json!({
+                    "requestId": id,
+                    "reason": "the client stopped waiting",
+                })),
+            });
+            let sent = this.post_no_reply(cancelled, &[], identity.as_deref());
+            if let Ok(Err(e)) = tokio::time::timeout(CANCEL_TIMEOUT, sent).await {
+                tracing::debug!(server = %this.server, error = %e, "notifications/cancelled not sent");
+            }
+        });
     }
 
     /// One POST and its reply. A legacy session starts with an `initialize` reply that
@@ -1239,6 +1274,30 @@ impl Drop for Begun {
 
 /// How long ending a session a renewal began after shutdown may take.
 const SESSION_END_LIMIT: Duration = Duration::from_secs(2);
+
+/// The longest a legacy request's `notifications/cancelled` is tried for.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A request sent in a legacy session and not answered yet (`id`), whose caller may stop
+/// waiting (a deadline, a cancellation): dropped then, it POSTs `notifications/cancelled`
+/// for it. The released revisions ask for one: a closed stream is no cancellation there
+/// (a resumable server goes on with the call). 2026-07-28 cancels by the closed stream
+/// alone, and is sent none.
+struct CancelUnanswered<'a> {
+    transport: &'a HttpTransport,
+    id: Option<RequestId>,
+    identity: Option<&'a str>,
+}
+
+impl Drop for CancelUnanswered<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let t = self.transport;
+        if t.session.version().is_some() && !t.is_closed() {
+            t.cancel_later(id, self.identity);
+        }
+    }
+}
 
 /// A renewal of an expired session that failed: the request reached the server (it
 /// answered 404), so never "not sent".

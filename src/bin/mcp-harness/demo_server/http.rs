@@ -411,7 +411,7 @@ async fn post(
         Message::Notification(n) => {
             state
                 .server
-                .record(json!({"notification": n.method, "headers": headers}));
+                .record(json!({"notification": n.method, "params": n.params, "headers": headers}));
             let delay = state.server.args.initialized_delay_ms;
             if n.method == "notifications/initialized"
                 && delay > 0
