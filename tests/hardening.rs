@@ -2069,6 +2069,33 @@ async fn a_modern_server_slower_than_the_probe_fails_its_start_healably() {
     conn.shutdown().await;
 }
 
+// A legacy server slower to start than the probe waits, which then reads the probe and
+// exits (it takes nothing before `initialize`), is respawned for the handshake, as one
+// that exits on the probe at once is. Before, the `initialize` behind the probe found
+// it gone and the start failed, every time while its start stayed slow.
+#[tokio::test]
+async fn a_slow_legacy_server_that_exits_on_the_probe_is_respawned_for_the_handshake() {
+    let slow = TransportSpec::stdio(
+        "sh",
+        [
+            "-c".to_string(),
+            format!(
+                "sleep 1; exec {} demo-server slow --era legacy --on-discover exit",
+                harness_exe()
+            ),
+        ],
+    );
+    let quick_probe = ConnectOptions {
+        probe_timeout: Duration::from_millis(200),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("slow", slow, quick_probe)
+        .await
+        .expect("connects, respawned");
+    assert_eq!(conn.era(), Era::Legacy);
+    conn.shutdown().await;
+}
+
 // 16. Renegotiation quirks.
 #[tokio::test]
 async fn item_16_a_first_request_refused_with_its_own_version_is_retried_once() {

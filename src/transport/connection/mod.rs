@@ -186,34 +186,31 @@ impl Connection {
                     "the server exited on server/discover".into(),
                 ));
             }
-            (Probe::Silent(_), _) => {
-                tracing::debug!(
-                    server,
-                    "no answer to server/discover; using the legacy handshake"
-                );
-                let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
-                ServerProfile::Legacy(handshake.await?)
-            }
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
                     legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
                 ServerProfile::Legacy(handshake.await?)
             }
-            (Probe::Refused(reason), _) => {
+            // Refused, or unanswered in time (a slow start, perhaps).
+            (probe @ (Probe::Refused(_) | Probe::Silent(_)), _) => {
+                let reason = match probe {
+                    Probe::Refused(reason) => reason,
+                    _ => "no answer to server/discover".into(),
+                };
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
                     legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
                 match handshake {
-                    // It refused server/discover and exited (a server that takes nothing
+                    // It read server/discover and exited (a server that takes nothing
                     // before `initialize`): as one that exited on it, respawned once.
                     Err(ConnectError::Transport(
                         TransportError::Closed { .. } | TransportError::NotSent(_),
                     )) if !transport.is_http() => {
                         tracing::info!(
                             server,
-                            "server exited after refusing server/discover; respawning for the legacy handshake"
+                            %reason,
+                            "server exited after server/discover; respawning for the legacy handshake"
                         );
                         transport.shutdown(options.shutdown_grace).await;
                         held.clear();
