@@ -48,7 +48,12 @@ use framing::{read_line_bounded, skip_line};
 use process::{GroupHandle, ProcessGroup};
 
 type Reply = Result<Value, RpcError>;
-type Waiter = oneshot::Sender<Result<Delivery, TransportError>>;
+/// A request waiting for its answer, and where its line is: an answer while the line
+/// is still queued (the server cannot have read it) is to no request sent.
+struct Waiter {
+    tx: oneshot::Sender<Result<Delivery, TransportError>>,
+    ticket: Ticket,
+}
 
 /// A response as the reader hands it to its request.
 enum Delivery {
@@ -127,7 +132,7 @@ impl Shared {
         drop(closed);
         let waiters: Vec<Waiter> = self.pending.lock().drain().map(|(_, w)| w).collect();
         for w in waiters {
-            let _ = w.send(Err(error.clone()));
+            let _ = w.tx.send(Err(error.clone()));
         }
         true
     }
@@ -277,15 +282,19 @@ impl StdioTransport {
     ) -> Result<Reply, TransportError> {
         let (tx, rx) = oneshot::channel();
         let id = request.id.clone();
+        let ticket = Ticket::default();
         {
             // Checked under the closed lock, so `close` cannot miss this waiter.
             let closed = self.shared.closed.lock();
             if let Some(e) = closed.as_ref() {
                 return Err(TransportError::NotSent(e.to_string()));
             }
-            self.shared.pending.lock().insert(id.clone(), tx);
+            let waiter = Waiter {
+                tx,
+                ticket: ticket.clone(),
+            };
+            self.shared.pending.lock().insert(id.clone(), waiter);
         }
-        let ticket = Ticket::default();
         let mut in_flight = PendingRequest {
             transport: self,
             id: Some(id),
@@ -690,13 +699,22 @@ fn route_response(shared: &Shared, response: Response) {
 }
 
 fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
-    let waiter = shared.pending.lock().remove(&id);
+    let waiter = {
+        let mut pending = shared.pending.lock();
+        // Still queued: the server has not read it (its id guessed, or another's
+        // answer under a wrong id), and it may yet be withdrawn or sent.
+        match pending.get(&id) {
+            Some(w) if w.ticket.load(Ordering::Acquire) == QUEUED => None,
+            _ => pending.remove(&id),
+        }
+    };
     match waiter {
         Some(w) => {
             shared.answered.fetch_add(1, Ordering::Relaxed);
-            let _ = w.send(Ok(delivery));
+            let _ = w.tx.send(Ok(delivery));
         }
-        // A late answer to a cancelled request, a duplicate, or an id never sent.
+        // A late answer to a cancelled request, a duplicate, an id never sent, or one
+        // whose line the server has not been given yet.
         None => {
             if let Some(ignored) = shared.ignored.log() {
                 let id = crate::util::text::one_line(&id.to_string(), 100);
@@ -786,5 +804,58 @@ async fn watch_leader(shared: Arc<Shared>, mut exit: watch::Receiver<Option<Exit
             exit: status,
             detail: Some("stdout held open by a descendant".into()),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A server that stops reading, then answers an id whose line is still queued (the
+    // writer blocked on the full pipe): the answer is to no request it was sent, and
+    // is ignored; the request is withdrawn at its deadline, never sent. Before, the
+    // caller got that answer, and the line was written after it.
+    #[tokio::test]
+    async fn an_answer_to_a_request_whose_line_is_still_queued_is_ignored() {
+        let answer = r#"{"jsonrpc":"2.0","id":40,"result":{"stolen":true}}"#;
+        let spec = StdioSpec {
+            command: "sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("sleep 1; printf '%s\\n' '{answer}'; sleep 30"),
+            ],
+            env: Default::default(),
+            cwd: None,
+            inherit_env: false,
+        };
+        let (tx, _rx) = mpsc::channel(16);
+        let transport =
+            StdioTransport::spawn("t", &spec, 1 << 20, InboundSink::new(tx, None)).expect("spawn");
+        let params = serde_json::json!({"pad": "x".repeat(32 << 10)});
+        let requests = (1..=40).map(|n| {
+            let (transport, params) = (&transport, &params);
+            async move {
+                let id = RequestId::Number(n);
+                let request = RequestRef {
+                    id: &id,
+                    method: "ping",
+                    params: Some(params),
+                };
+                (
+                    n,
+                    transport
+                        .request(request, None, Duration::from_secs(3))
+                        .await,
+                )
+            }
+        });
+        let outcomes = futures_util::future::join_all(requests).await;
+        for (n, outcome) in outcomes {
+            assert!(
+                outcome.is_err(),
+                "request {n} took an answer it was never sent: {outcome:?}"
+            );
+        }
+        transport.shutdown(Duration::from_millis(100)).await;
     }
 }
