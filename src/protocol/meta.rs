@@ -27,9 +27,20 @@ pub const KEY_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 /// Result `_meta` key: the server's self-reported identity.
 pub const KEY_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
-/// True when `version` is a modern revision (2026-07-28 or later; dates compare as text).
+/// True when `version` is a modern revision: a date `YYYY-MM-DD` of 2026-07-28 or later
+/// (such dates compare as text). Anything else a server names (`latest`, `3`,
+/// `2026-07-28-draft`) is none.
 pub fn is_modern_version(version: &str) -> bool {
-    version >= MODERN
+    let b = version.as_bytes();
+    let dated = b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    dated && version >= MODERN
 }
 
 /// An MCP `Implementation`: a name and a version, plus optional display fields.
@@ -510,5 +521,16 @@ mod tests {
         assert!(is_modern_version(MODERN));
         assert!(is_modern_version("2027-01-01"));
         assert!(!is_modern_version(LEGACY_2025_11_25));
+        for junk in [
+            "latest",
+            "3",
+            "9",
+            "2026-07-28-draft",
+            "2027-1-01",
+            "20270-01-01",
+            "",
+        ] {
+            assert!(!is_modern_version(junk), "{junk}");
+        }
     }
 }

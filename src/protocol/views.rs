@@ -32,9 +32,16 @@ impl ResultType {
             Some(Value::String(s)) if s == "complete" => Ok(ResultType::Complete),
             Some(Value::String(s)) if s == "input_required" => Ok(ResultType::InputRequired),
             Some(Value::String(s)) => Err(ProtocolError::UnknownResultType(one_line(s, 100))),
+            // Named, not copied: the value is the server's, of any size.
             Some(other) => Err(ProtocolError::UnknownResultType(format!(
-                "not a string: {}",
-                one_line(&other.to_string(), 100)
+                "not a string but {}",
+                match other {
+                    Value::Null => "null",
+                    Value::Bool(_) => "a boolean",
+                    Value::Number(_) => "a number",
+                    Value::Array(_) => "an array",
+                    _ => "an object",
+                }
             ))),
         }
     }
@@ -242,6 +249,10 @@ mod tests {
         );
         assert!(ResultType::of(&json!({"resultType":"task"})).is_err());
         assert!(ResultType::of(&json!({"resultType":3})).is_err());
+        // A value of another type is named, not copied into the error.
+        let huge = json!({"resultType": vec!["x".repeat(1000); 1000]});
+        let said = ResultType::of(&huge).expect_err("not a string").to_string();
+        assert!(said.contains("an array") && said.len() < 200, "{said}");
     }
 
     #[test]

@@ -139,16 +139,19 @@ pub struct SharedConfig {
 /// `url` without its password, for logs, errors and the floors file's name: the user
 /// part, and the `pass` or `password` query parameter (a `redis+unix` URL's).
 fn redacted(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let mut out = match (base.find("://"), base.rfind('@')) {
+    // The user part first, up to its last `@`: a password may hold a `?` or `/` that
+    // no URL may (the refusal of such a URL quotes it).
+    let (mut out, rest) = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://[redacted]@{}", &base[..scheme], &base[at + 1..])
+            (format!("{}://[redacted]@", &url[..scheme]), &url[at + 1..])
         }
-        _ => base.to_string(),
+        _ => (String::new(), url),
     };
+    let (base, query) = match rest.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (rest, None),
+    };
+    out.push_str(base);
     if let Some(query) = query {
         let pairs: Vec<String> = query
             .split('&')
@@ -567,13 +570,16 @@ impl Floors {
                 )));
             }
             Err(e) => {
-                let to = format!("{}.corrupt-{}", self.path.display(), super::now_ms());
+                // Not through `display()`, which would change a name that is no UTF-8.
+                let mut to = self.path.clone().into_os_string();
+                to.push(format!(".corrupt-{}", super::now_ms()));
+                let to = std::path::PathBuf::from(to);
                 std::fs::rename(&self.path, &to).map_err(|moving| {
                     std::io::Error::other(format!(
                         "not a map of generations ({e}), and not moved aside: {moving}"
                     ))
                 })?;
-                tracing::error!(path = %self.path.display(), aside = %to, error = %e, "the shared cache's generation floors file holds no map of generations; moved aside, the floors start afresh (pages from before a lost rise may be taken once)");
+                tracing::error!(path = %self.path.display(), aside = %to.display(), error = %e, "the shared cache's generation floors file holds no map of generations; moved aside, the floors start afresh (pages from before a lost rise may be taken once)");
                 Default::default()
             }
         };
@@ -1682,6 +1688,12 @@ mod tests {
             "redis+unix:///run/redis.sock?password=[redacted]"
         );
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        // A password no URL may hold is hidden too (the URL's refusal quotes it).
+        for url in ["redis://:pa?ss@h:6379", "redis://:p/a#s@h:6379/0"] {
+            let shown = redacted(url);
+            assert!(!shown.contains("pa") && !shown.contains("s@"), "{shown}");
+            assert!(shown.starts_with("redis://[redacted]@h:6379"), "{shown}");
+        }
     }
 
     // A generation overtaken while its read was on its way (this process heard of an
@@ -1753,6 +1765,33 @@ mod tests {
         assert!(!layer.in_use("s"), "one hold is left");
         drop(second);
         assert!(layer.in_use("s"));
+    }
+
+    // A floors file that holds no map is moved aside in a directory whose name is no
+    // UTF-8 too (a name made through `display()` named no directory there).
+    #[tokio::test]
+    async fn a_corrupt_floors_file_is_moved_aside_under_a_name_that_is_no_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let scratch = crate::util::scratch::Scratch::new("shared-floors-bytes");
+        let dir = scratch.join(std::ffi::OsStr::from_bytes(b"d\xff"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = SharedConfig::new("redis://127.0.0.1:1".to_string(), vec!["s".to_string()]);
+        let layer = SharedCache::new(config.clone(), Some(&dir)).expect("layer");
+        let path = layer.floors.as_ref().expect("floors").path.clone();
+        std::fs::write(&path, "not json").expect("write");
+        let layer = SharedCache::new(config, Some(&dir)).expect("layer");
+        layer.highest.lock().insert("s".into(), 15);
+        layer.floors_rose();
+        layer.write_floors().await;
+        let kept: std::collections::HashMap<String, u64> =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        assert_eq!(kept.get("s"), Some(&15));
+        let aside = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .count();
+        assert_eq!(aside, 1);
     }
 
     #[tokio::test]
