@@ -5039,6 +5039,64 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
 }
 
+// A tool list change that comes while a stdio client is not reading (past 4 MiB
+// queued for it) is owed, not dropped like progress: once the client reads, its
+// subscription hears of it. Before, its list stayed stale until the next change.
+#[tokio::test]
+async fn a_list_change_while_a_stdio_client_is_not_reading_reaches_it_once_it_reads() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, mut lines) = stdio_gateway(&setup);
+    let mut listen = request(
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+    );
+    listen["id"] = json!("sub");
+    send_line(&mut stdin, &listen).await;
+    let ack = next_message(&mut lines).await;
+    assert!(ack.to_string().contains("acknowledged"), "{ack}");
+    // 12 MiB of progress, not read: past 4 MiB queued, notifications are dropped.
+    let mut flood = request(
+        "tools/call",
+        json!({"name": "alpha__progress", "arguments": {"steps": 3000, "message_bytes": 4096, "pause_every": 8}}),
+    );
+    flood["id"] = json!(2);
+    flood["params"]["_meta"]["progressToken"] = json!("flood");
+    send_line(&mut stdin, &flood).await;
+    assert!(
+        eventually(Duration::from_secs(120), || setup.audit_counts().1 >= 1).await,
+        "the flood ends while its client is not reading"
+    );
+    // The list changes now.
+    let mut grow = request(
+        "tools/call",
+        json!({"name": "alpha__grow", "arguments": {}}),
+    );
+    grow["id"] = json!(3);
+    send_line(&mut stdin, &grow).await;
+    assert!(
+        eventually(Duration::from_secs(30), || setup.audit_counts().1 >= 2).await,
+        "grow ran"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Read on: the change comes, after the answers.
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let message = next_message(&mut lines).await;
+            if message["method"] == "notifications/tools/list_changed" {
+                return message;
+            }
+        }
+    })
+    .await
+    .expect("the change reaches the client once it reads");
+    assert_eq!(
+        heard["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub",
+        "{heard}"
+    );
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+}
+
 // A stdio client's cancellation of a request that has not reached an upstream call yet
 // (a listing that waits on a slow server) ends it at once: its principal's place is
 // free for the next request, not held until the listing finishes.

@@ -110,6 +110,11 @@ struct Pipe {
 /// are dropped.
 const MAX_QUEUED_NOTICES: usize = 4 << 20;
 
+/// How often a list change dropped for a client that was not reading is tried again:
+/// unlike progress, it is owed (the client's list stays stale without it), and one is
+/// sent however many changes came meanwhile.
+const OWED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How many bytes may wait for a client that is not reading before its input is no
 /// longer read (the calls in flight still answer, into the queue).
 const MAX_QUEUED_ANSWERS: usize = 16 << 20;
@@ -173,13 +178,15 @@ impl Pipe {
         self.notify_message(&Message::Notification(notification));
     }
 
-    /// [`Pipe::notify`] for a notification already made.
-    fn notify_message(&self, message: &Message) {
+    /// [`Pipe::notify`] for a notification already made; false when it was dropped
+    /// (a list change is then owed: [`OWED_RETRY`]).
+    fn notify_message(&self, message: &Message) -> bool {
         if self.queued.load(Ordering::Relaxed) > MAX_QUEUED_NOTICES {
             tracing::debug!("stdio client not reading; notification dropped");
-            return;
+            return false;
         }
         self.send(message);
+        true
     }
 }
 
@@ -622,6 +629,7 @@ async fn listen(
     let tools = accepted.get("toolsListChanged").is_some();
     let mut events = gateway.harness().subscribe();
     pipe.send(&Gateway::listen_ack(&request.id, accepted));
+    let mut owed = false;
     loop {
         tokio::select! {
             event = events.recv() => {
@@ -631,8 +639,11 @@ async fn listen(
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 };
                 if tools && concerns {
-                    pipe.notify_message(&Gateway::listen_changed(&request.id));
+                    owed = !pipe.notify_message(&Gateway::listen_changed(&request.id));
                 }
+            }
+            () = tokio::time::sleep(OWED_RETRY), if owed => {
+                owed = !pipe.notify_message(&Gateway::listen_changed(&request.id));
             }
             // The client ended it: nothing more is sent for it.
             () = cancelled.cancelled() => return,
@@ -651,18 +662,23 @@ async fn notify_changes(
     session: Arc<Mutex<Option<LegacyClient>>>,
 ) {
     let mut events = gateway.harness().subscribe();
+    let mut owed = false;
     loop {
-        let concerns = match events.recv().await {
-            Ok(e) => gateway.concerns(&principal, &e),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        let concerns = tokio::select! {
+            event = events.recv() => match event {
+                Ok(e) => gateway.concerns(&principal, &e),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            // The pipe is not held meanwhile: the session's end is not held up by it.
+            () = tokio::time::sleep(OWED_RETRY), if owed => true,
         };
         let Some(pipe) = pipe.upgrade() else { return };
         if concerns && session.lock().is_some() {
-            pipe.notify(Notification {
+            owed = !pipe.notify_message(&Message::Notification(Notification {
                 method: "notifications/tools/list_changed".into(),
                 params: None,
-            });
+            }));
         }
     }
 }
