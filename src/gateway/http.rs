@@ -492,6 +492,16 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
     }
 }
 
+/// Queues a keep-alive comment on a stream, only when nothing else waits on it: a
+/// client that does not read keeps its queue's room for a list change, which comments
+/// would otherwise fill. False when the stream is gone.
+fn keep_alive_sent(tx: &mpsc::Sender<Bytes>) -> bool {
+    if tx.capacity() == tx.max_capacity() {
+        let _ = tx.try_send(Bytes::from_static(b": keep-alive\n\n"));
+    }
+    !tx.is_closed()
+}
+
 /// Sends `notifications/tools/list_changed` to every legacy session's GET stream when
 /// the harness reports a change.
 async fn notify_changes(state: std::sync::Weak<State>) {
@@ -870,11 +880,7 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         loop {
             keep_alive.tick().await;
             let Some(tx) = weak.upgrade() else { return };
-            if tx
-                .try_send(Bytes::from_static(b": keep-alive\n\n"))
-                .is_err()
-                && tx.is_closed()
-            {
+            if !keep_alive_sent(&tx) {
                 return;
             }
         }
@@ -1643,7 +1649,7 @@ fn listen_stream(
                 // A comment now and then: a client that vanished without a word is
                 // noticed, and its slot freed.
                 _ = keep_alive.tick() => {
-                    if tx.try_send(Bytes::from_static(b": keep-alive\n\n")).is_err() && tx.is_closed() {
+                    if !keep_alive_sent(&tx) {
                         return;
                     }
                 }
@@ -2013,6 +2019,21 @@ fn new_session_id() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Keep-alives on a stream nobody reads take one place at most: a list change
+    // still finds room. Before, they filled the queue and the change was dropped.
+    #[tokio::test]
+    async fn keep_alives_leave_room_for_a_change() {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(STREAM_QUEUE);
+        for _ in 0..3 * STREAM_QUEUE {
+            assert!(keep_alive_sent(&tx));
+        }
+        assert!(tx.try_send(Bytes::from_static(b"change")).is_ok());
+        assert_eq!(rx.recv().await.as_deref(), Some(&b": keep-alive\n\n"[..]));
+        assert_eq!(rx.recv().await.as_deref(), Some(&b"change"[..]));
+        drop(rx);
+        assert!(!keep_alive_sent(&tx), "the stream is gone");
+    }
     use serde_json::json;
 
     #[test]
