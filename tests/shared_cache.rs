@@ -575,6 +575,60 @@ async fn a_page_stored_before_its_servers_generation_moved_is_never_served() {
     let _ = std::fs::remove_file(record);
 }
 
+// A Redis that refuses writes (full, under its default `noeviction`) still serves the
+// pages it holds: a lookup writes nothing unless the server has no generation yet.
+// Before, each lookup's `SET NX` failed with OOM, and the layer was taken for down.
+#[tokio::test]
+async fn a_full_redis_that_refuses_writes_still_serves_its_pages() {
+    let redis = Redis::start().await;
+    let record = temp_file("l3-full");
+    let rec = record.to_string_lossy().into_owned();
+    let server = || demo_server("s", &["--record", &rec]);
+    let shared = shared(redis.url(), &["s"]);
+    let first = start_ready(config(vec![server()], shared.clone())).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+    let mut c = redis.connection().await.expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut c)
+        .await
+        .expect("policy");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut c)
+        .await
+        .expect("maxmemory");
+    let refused: redis::RedisResult<()> = redis::cmd("SET")
+        .arg("probe")
+        .arg("x")
+        .query_async(&mut c)
+        .await;
+    assert!(refused.is_err(), "Redis refuses writes now");
+    let second = start_ready(config(vec![server()], shared)).await;
+    second.list_tools(&a()).await.expect("list");
+    let stats = second.cache_stats();
+    assert_eq!(stats.l3.hits, 1, "{stats:?}");
+    assert_eq!(
+        count(&record, "tools/list"),
+        1,
+        "the server was not asked again"
+    );
+    second.shutdown().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut c)
+        .await
+        .expect("maxmemory");
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_shared_servers_lists_on_disk_are_not_served_after_a_restart_it_may_have_missed_an_invalidation_in()
  {

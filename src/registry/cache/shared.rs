@@ -919,16 +919,10 @@ impl SharedCache {
             return None;
         }
         let key = self.generation_key(server);
-        let seed = random_generation();
         let seen = self.highest_seen(server);
-        let (_, generation): (redis::Value, redis::Value) = self
+        let generation: redis::Value = self
             .run("read", async |mut conn| {
-                redis::pipe()
-                    .cmd("SET")
-                    .arg(&key)
-                    .arg(seed)
-                    .arg("NX")
-                    .cmd("GETRANGE")
+                redis::cmd("GETRANGE")
                     .arg(&key)
                     .arg(0)
                     .arg(GENERATION_READ - 1)
@@ -936,8 +930,42 @@ impl SharedCache {
                     .await
             })
             .await?;
+        let generation = self.seeded(&key, generation).await?;
         self.checked_generation(server, &key, &generation, seen)
             .await
+    }
+
+    /// A generation as read, or, when the server has none yet, a random one set for it
+    /// (not 0: should Redis lose the key, by eviction or an old snapshot, pages of
+    /// before are not matched by chance) and read again. Only then is anything written:
+    /// a Redis that refuses writes (full under `noeviction`, a replica) still serves
+    /// every read.
+    async fn seeded(&self, key: &str, read: redis::Value) -> Option<redis::Value> {
+        let missing = match &read {
+            redis::Value::Nil => true,
+            redis::Value::BulkString(b) => b.is_empty(),
+            _ => false,
+        };
+        if !missing {
+            return Some(read);
+        }
+        let seed = random_generation();
+        let (_, generation): (redis::Value, redis::Value) = self
+            .run("read", async |mut conn| {
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(key)
+                    .arg(seed)
+                    .arg("NX")
+                    .cmd("GETRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(GENERATION_READ - 1)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Some(generation)
     }
 
     /// The highest generation of `server` seen so far, taken before a read of it.
@@ -1053,17 +1081,10 @@ impl SharedCache {
         // Read no more than an entry may hold: a longer value is cut, and refused.
         let limit = self.entry_limit();
         let gen_key = self.generation_key(&key.server);
-        // A server without a generation gets a random one (not 0): should Redis lose the
-        // key (eviction, an old snapshot), pages of before are not matched by chance.
-        let seed = random_generation();
         let seen = self.highest_seen(&key.server);
-        let Some((_, generation, bytes, pttl)) = self
+        let Some((generation, bytes, pttl)) = self
             .run("read", async |mut conn| {
                 redis::pipe()
-                    .cmd("SET")
-                    .arg(&gen_key)
-                    .arg(seed)
-                    .arg("NX")
                     .cmd("GETRANGE")
                     .arg(&gen_key)
                     .arg(0)
@@ -1074,11 +1095,14 @@ impl SharedCache {
                     .arg(limit)
                     .cmd("PTTL")
                     .arg(&redis_key)
-                    .query_async::<(redis::Value, redis::Value, Vec<u8>, i64)>(&mut conn)
+                    .query_async::<(redis::Value, Vec<u8>, i64)>(&mut conn)
                     .await
             })
             .await
         else {
+            return SharedRead::default();
+        };
+        let Some(generation) = self.seeded(&gen_key, generation).await else {
             return SharedRead::default();
         };
         let Some(generation) = self
