@@ -445,6 +445,13 @@ struct Changed {
     generation: Option<u64>,
 }
 
+/// What a process knew of a server before a read of its generation.
+#[derive(Clone, Copy)]
+struct Seen {
+    highest: Option<u64>,
+    heard: u64,
+}
+
 /// How far past the highest generation seen a heard one is taken: a message is not
 /// authenticated, so one naming a generation further on is taken as one step.
 const HEARD_STEP: u64 = 1 << 20;
@@ -501,6 +508,10 @@ pub struct SharedCache {
     /// signed pages under their old generation) is moved past it, so no page of before
     /// is used.
     highest: Mutex<std::collections::HashMap<String, u64>>,
+    /// Invalidations heard of each shared server: a read under way when one is heard
+    /// is a plain miss (it may hold the generation of before), whether or not the
+    /// message said which generation came.
+    heard: Mutex<std::collections::HashMap<String, u64>>,
     /// Where `highest` is kept across restarts, if there is a disk layer.
     floors: Option<Floors>,
 }
@@ -721,6 +732,7 @@ impl SharedCache {
             unsent: Mutex::default(),
             changing: Mutex::default(),
             highest: Mutex::new(highest),
+            heard: Mutex::default(),
             floors,
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
@@ -919,7 +931,7 @@ impl SharedCache {
             return None;
         }
         let key = self.generation_key(server);
-        let seen = self.highest_seen(server);
+        let seen = self.before_read(server);
         let generation: redis::Value = self
             .run("read", async |mut conn| {
                 redis::cmd("GETRANGE")
@@ -973,19 +985,33 @@ impl SharedCache {
         self.highest.lock().get(server).copied()
     }
 
+    /// What this process knows of `server` before a read of it: the highest generation
+    /// seen, and how many invalidations of it it has heard.
+    fn before_read(&self, server: &str) -> Seen {
+        Seen {
+            highest: self.highest_seen(server),
+            heard: self.heard.lock().get(server).copied().unwrap_or(0),
+        }
+    }
+
     /// A server's generation as Redis holds it, if usable: not below the highest this
     /// process has seen, which Redis is moved past instead (and this lookup misses).
-    /// `seen` is the highest seen before the read was sent: a generation at or past it
-    /// that is below the highest now was overtaken while the read was on its way (an
-    /// invalidation of this process's, or one heard), and is a plain miss.
+    /// `seen` is what was known before the read was sent: a generation at or past the
+    /// highest then that is below the highest now was overtaken while the read was on
+    /// its way (an invalidation of this process's, or one heard), and is a plain miss;
+    /// so is any read under way when an invalidation was heard.
     async fn checked_generation(
         &self,
         server: &str,
         key: &str,
         value: &redis::Value,
-        seen: Option<u64>,
+        seen: Seen,
     ) -> Option<u64> {
         let generation = self.decode_generation(key, value)?;
+        if self.heard.lock().get(server).copied().unwrap_or(0) != seen.heard {
+            return None;
+        }
+        let seen = seen.highest;
         let step = {
             let mut highest = self.highest.lock();
             let (top, rose) = match highest.entry(server.to_string()) {
@@ -1031,6 +1057,11 @@ impl SharedCache {
     /// seen, and none for a server not read yet (its reads after the message see the
     /// INCR).
     fn heard_invalidation(&self, server: &str, generation: Option<u64>) {
+        {
+            let mut heard = self.heard.lock();
+            let count = heard.entry(server.to_string()).or_insert(0);
+            *count = count.wrapping_add(1);
+        }
         {
             let mut highest = self.highest.lock();
             let Some(top) = highest.get_mut(server) else {
@@ -1081,7 +1112,7 @@ impl SharedCache {
         // Read no more than an entry may hold: a longer value is cut, and refused.
         let limit = self.entry_limit();
         let gen_key = self.generation_key(&key.server);
-        let seen = self.highest_seen(&key.server);
+        let seen = self.before_read(&key.server);
         let Some((generation, bytes, pttl)) = self
             .run("read", async |mut conn| {
                 redis::pipe()
@@ -1728,13 +1759,17 @@ mod tests {
         let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
         let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
         layer.highest.lock().insert("s".into(), 40);
-        let seen = layer.highest_seen("s");
+        let seen = layer.before_read("s");
         layer.heard_invalidation("s", Some(41));
         let read = redis::Value::Int(40);
         let checked = layer.checked_generation("s", "k", &read, seen).await;
         assert_eq!(checked, None);
         assert_eq!(layer.stats().rejected, 0, "no rollback");
         let older = redis::Value::Int(39);
+        let seen = Seen {
+            highest: seen.highest,
+            heard: 1,
+        };
         let checked = layer.checked_generation("s", "k", &older, seen).await;
         assert_eq!(checked, None);
         assert_eq!(layer.stats().rejected, 1, "a rollback");
@@ -1749,14 +1784,14 @@ mod tests {
         let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
         let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
         layer.highest.lock().insert("s".into(), 10);
-        let seen = layer.highest_seen("s");
+        let seen = layer.before_read("s");
         let read = redis::Value::Int(11);
         assert_eq!(
             layer.checked_generation("s", "k", &read, seen).await,
             Some(11)
         );
         layer.heard_invalidation("s", Some(11));
-        let seen = layer.highest_seen("s");
+        let seen = layer.before_read("s");
         assert_eq!(
             layer.checked_generation("s", "k", &read, seen).await,
             Some(11)
@@ -1772,6 +1807,20 @@ mod tests {
         assert_eq!(layer.highest_seen("s"), Some(17));
         layer.heard_invalidation("t", Some(5));
         assert_eq!(layer.highest_seen("t"), None);
+        // A read under way when an invalidation of a server not read yet was heard may
+        // hold the generation of before: a plain miss, and nothing is taken from it.
+        let seen = layer.before_read("u");
+        layer.heard_invalidation("u", Some(7));
+        let read = redis::Value::Int(6);
+        assert_eq!(layer.checked_generation("u", "k", &read, seen).await, None);
+        assert_eq!(layer.highest_seen("u"), None);
+        let seen = layer.before_read("u");
+        let read = redis::Value::Int(7);
+        assert_eq!(
+            layer.checked_generation("u", "k", &read, seen).await,
+            Some(7)
+        );
+        assert_eq!(layer.stats().rejected, 0);
     }
 
     // A change held (taken before this process drops its copies) keeps the server's
