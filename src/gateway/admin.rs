@@ -301,6 +301,23 @@ fn for_review(params: &Value) -> Value {
             "reservedTokens": count("reservedTokens"),
         }});
     }
+    // What a person needs to judge it, cut short, when it is where it belongs: the
+    // system prompt and the first message's text (a server's padding elsewhere would
+    // otherwise leave a request that looks empty, to be accepted blind).
+    if let Some(system) = params.get("systemPrompt").and_then(Value::as_str) {
+        omitted["systemPrompt"] = cut(system, REVIEW_TEXT_SHORT);
+    }
+    let first = params
+        .pointer("/messages/0/content/text")
+        .or_else(|| params.pointer("/messages/0/content/0/text"))
+        .and_then(Value::as_str);
+    if let Some(text) = first {
+        let role = params.pointer("/messages/0/role").and_then(Value::as_str);
+        omitted["messages"] = json!([{
+            "role": role.map(|r| cut(r, 32)),
+            "content": {"type": "text", "text": cut(text, REVIEW_TEXT_SHORT)},
+        }]);
+    }
     omitted
 }
 
@@ -416,6 +433,8 @@ mod tests {
         let shown = padded_under("content");
         assert!(shown["omitted"].is_string(), "{shown}");
         assert_eq!(note(&shown), "m", "{shown}");
+        // What is to be judged stays, cut short.
+        assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
         let shown = padded_under("zzz");
         assert_eq!(shown["messages"][0]["content"]["text"], "hi", "{shown}");
         assert_eq!(note(&shown), "m", "{shown}");

@@ -50,6 +50,12 @@ fn summary(params: &Value) -> String {
         one
     };
     s.push_str(&crate::terminal::unseen_note(unseen));
+    // Too large to show whole even cut short: said, never a line that looks like the
+    // whole request (it may be accepted blind otherwise).
+    if let Some(omitted) = params.get("omitted").and_then(Value::as_str) {
+        let (said, _) = crate::terminal::sanitize_counted(omitted, false);
+        s.push_str(&format!(" [the rest not shown: {said}]"));
+    }
     s
 }
 
@@ -153,5 +159,34 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                 other => bail!("{}: HTTP {other}", line(base)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A request whose params the gateway could not show, even cut short, is said to be
+    // hidden, not listed as a blank line.
+    #[test]
+    fn a_request_too_large_to_show_says_so() {
+        let shown = summary(&serde_json::json!({
+            "omitted": "params of more than 70000 bytes, even cut short",
+            "_meta": {},
+        }));
+        assert!(
+            shown.contains("not shown") && shown.contains("70000"),
+            "{shown}"
+        );
+        let first = summary(&serde_json::json!({
+            "omitted": "params of more than 70000 bytes, even cut short",
+            "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize"}}],
+        }));
+        assert!(
+            first.starts_with("Summarize [the rest not shown"),
+            "{first}"
+        );
+        let plain = summary(&serde_json::json!({"message": "Delete?"}));
+        assert_eq!(plain, "Delete?");
     }
 }
