@@ -53,6 +53,10 @@ async fn answer(
     let path = req.uri().path().to_string();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/approvals") => {
+            // One listing at a time: each copies what waits (up to 64 MiB of params),
+            // and 64 connections at once would hold 64 copies.
+            static LISTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+            let _one = LISTING.acquire().await;
             let pending: Vec<Value> = queue
                 .pending()
                 .into_iter()
