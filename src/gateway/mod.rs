@@ -577,6 +577,8 @@ impl LocalSession {
 
 impl Drop for LocalSession {
     fn drop(&mut self) {
+        // Nobody can resume its parked rounds once it is over, however it ended.
+        self.inner.parked.drop_session(self.id);
         let mut local = self.inner.local.lock();
         if let Some(n) = local.get_mut(&self.principal) {
             *n -= 1;

@@ -318,6 +318,12 @@ pub async fn serve(
         Arc::downgrade(&pipe),
         session.clone(),
     ));
+    // An embedder may drop this future before it ends (a `select!`, a timeout): the
+    // writer (perhaps stuck writing to a client that does not read) and the notifier
+    // (which holds the gateway) go with it, as do the session's parked rounds (with
+    // `open`) and the calls in `tasks` (a `JoinSet` aborts its tasks when dropped).
+    let _writer_ends = crate::util::AbortOnDrop(writer.abort_handle());
+    let _notifier_ends = crate::util::AbortOnDrop(notifier.abort_handle());
     let calls: Arc<Mutex<InFlight<RequestId>>> = Arc::default();
     let listens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Cancelled when input ends: subscriptions send their final result.
@@ -754,6 +760,60 @@ mod tests {
             std::future::pending(),
         ));
         (client_in, client_out, served, harness)
+    }
+
+    // A session whose future an embedder drops (a timeout) leaves nothing behind: not
+    // its writer, stuck writing to a client that does not read, nor its notifier, which
+    // held the gateway. Before, both lived on.
+    #[tokio::test]
+    async fn a_session_whose_future_is_dropped_leaves_no_task_holding_the_gateway() {
+        let config = crate::HarnessConfig::default();
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let sealer =
+            super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let gateway = Gateway::new(harness.clone(), &config, Default::default(), sealer)
+            .await
+            .expect("gateway");
+        let weak = Arc::downgrade(&gateway.inner);
+        let principal = Principal {
+            agent: "a".into(),
+            context: None,
+        };
+        let (mut client_in, gateway_in) = tokio::io::duplex(64);
+        let (gateway_out, _client_out) = tokio::io::duplex(64);
+        // Answers the client never reads: the writer blocks on the full pipe.
+        let feeding = tokio::spawn(async move {
+            let _ = client_in.write_all(&bad_lines()[..20_000]).await;
+            client_in
+        });
+        let served = serve(
+            gateway,
+            principal,
+            gateway_in,
+            gateway_out,
+            std::future::pending(),
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), served)
+                .await
+                .is_err(),
+            "the session is still on"
+        );
+        let gone = async {
+            while weak.upgrade().is_some() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), gone)
+                .await
+                .is_ok(),
+            "a task of the dropped session still holds the gateway"
+        );
+        feeding.abort();
+        harness.shutdown().await;
     }
 
     /// Each line is a parse error, answered with about 100 bytes: 600k lines would

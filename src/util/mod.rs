@@ -25,6 +25,16 @@ pub fn random_start() -> u64 {
     (u64::from_le_bytes(bytes) >> 12).max(1)
 }
 
+/// Aborts a task when dropped: for a task whose outcome nobody awaits any more, or
+/// that must not outlive the future that started it (an embedder may drop that one).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A pipe writer's pause between waking and draining its queue. It yields once, so
 /// that it runs again after the tasks its worker has ready (the callers woken by one
 /// read of responses, each queueing a line), or at the scheduler's next maintenance

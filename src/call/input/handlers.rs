@@ -82,15 +82,6 @@ pub struct InputHandlers {
     timeout: Duration,
 }
 
-/// Aborts a handler's task when its answer is no longer awaited.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 fn check_method(method: &str) -> Result<(), Invalid> {
     match capability_name(method) {
         Some(_) => Ok(()),
@@ -171,7 +162,8 @@ impl InputHandlers {
         };
         let limit = limit.min(self.timeout);
         let task = tokio::spawn(async move { handler.answer(request).await });
-        let _abort = AbortOnDrop(task.abort_handle());
+        // Its answer is no longer awaited once this is dropped.
+        let _abort = crate::util::AbortOnDrop(task.abort_handle());
         match tokio::time::timeout(limit, task).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) if e.is_panic() => Err(InputError::Failed("the handler panicked".into())),
