@@ -31,7 +31,7 @@ use super::client::{ClientSide, ListsChanged};
 use super::connection_actor::{ConnArgs, ConnMsg, ConnectionActor, ConnectionFailure};
 use super::error::ServerError;
 use super::msg::ServerMsg;
-use super::queue::{ExpiryTimer, Outgoing, RequestQueue, RequestReply};
+use super::queue::{Outgoing, RequestQueue, RequestReply};
 use super::restart::{Decision, ExitKind};
 use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
@@ -532,7 +532,7 @@ impl ServerActorState {
                 let left = outgoing.left();
                 let arm = |key| {
                     let timer = myself.send_after(left, move || ServerMsg::ExpireQueued(key));
-                    Some(ExpiryTimer(timer.abort_handle()))
+                    Some(crate::util::AbortOnDrop(timer.abort_handle()))
                 };
                 match self.queue.push(outgoing, reply, arm) {
                     Ok(_) => {}

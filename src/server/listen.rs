@@ -33,13 +33,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 const REOPEN_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Ends the listener when dropped (its connection attempt ended or was replaced).
-pub(super) struct Listener(tokio::task::AbortHandle);
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+pub(super) type Listener = crate::util::AbortOnDrop;
 
 /// The lists `capabilities` says change and are announced.
 fn announced(capabilities: &Value) -> ListsChanged {
@@ -101,7 +95,7 @@ pub(super) fn start(
         return None;
     }
     let task = tokio::spawn(run(actor, attempt, conn, asked, reopened));
-    Some(Listener(task.abort_handle()))
+    Some(crate::util::AbortOnDrop(task.abort_handle()))
 }
 
 async fn run(

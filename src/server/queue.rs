@@ -53,13 +53,7 @@ pub(super) struct Queued {
 }
 
 /// A request's expiry timer: aborted when dropped.
-pub(super) struct ExpiryTimer(pub(super) tokio::task::AbortHandle);
-
-impl Drop for ExpiryTimer {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+pub(super) type ExpiryTimer = crate::util::AbortOnDrop;
 
 /// The queue of one server.
 pub(super) struct RequestQueue {
@@ -179,7 +173,9 @@ mod tests {
         let (reply, _waiting) = port();
         let timer = tokio::spawn(std::future::pending::<()>());
         let handle = timer.abort_handle();
-        let Ok(_) = q.push(outgoing(10), reply, |_| Some(ExpiryTimer(handle))) else {
+        let Ok(_) = q.push(outgoing(10), reply, |_| {
+            Some(crate::util::AbortOnDrop(handle))
+        }) else {
             panic!("room")
         };
         drop(q.drain());
