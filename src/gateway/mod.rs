@@ -1917,6 +1917,9 @@ impl Gateway {
             Some(_) => return Err(invalid("requestState must be a string")),
         }
         let rounds_before = delegation.rounds;
+        // The round this request takes up, if it does: should the request go before
+        // its call answers, a later answer to that round is told the call was cancelled.
+        let taken_up = parked_id.clone();
         let mut held = match parked_id {
             // A legacy server's elicitation answered: its call goes on.
             Some(id) => {
@@ -1996,7 +1999,12 @@ impl Gateway {
             let waited = tokio::select! {
                 w = parked::wait(held) => w,
                 // Dropping the wait drops the call's hold: the call is cancelled.
-                _ = cancel.cancelled() => return Err(to_rpc(&CallError::Cancelled)),
+                _ = cancel.cancelled() => {
+                    if let Some(id) = &taken_up {
+                        self.inner.parked.note_cancelled(id);
+                    }
+                    return Err(to_rpc(&CallError::Cancelled));
+                }
             };
             let (h, question) = match waited {
                 parked::Waited::Done(answer, h) => {

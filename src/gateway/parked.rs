@@ -102,6 +102,13 @@ const ANSWERED: &str =
 /// What the answer to a round dropped for a newer one of its principal is told.
 const REPLACED: &str = "the input round was dropped for a newer one of the same agent";
 
+/// What the answer to a round dropped to make room for another agent's is told.
+const FREED: &str = "the input round was dropped to make room for another agent's";
+
+/// What a second answer to a round is told when the request that took it up went
+/// before its call answered (the call was cancelled with it).
+const CANCELLED: &str = "the input round was answered, and its call then cancelled: the request that took it up went before the call answered";
+
 /// A call that panicked or whose task was lost.
 fn ended() -> RpcError {
     RpcError::new(INTERNAL_ERROR, "the call ended unexpectedly")
@@ -353,7 +360,10 @@ impl ParkedRounds {
                     .iter()
                     .filter_map(|id| rounds.remove(id).map(|p| (id.clone(), p)))
                     .collect();
-                freed = going.iter().filter_map(|id| rounds.remove(id)).collect();
+                freed = going
+                    .iter()
+                    .filter_map(|id| rounds.remove(id).map(|p| (id.clone(), p)))
+                    .collect();
                 None
             }
         };
@@ -386,13 +396,11 @@ impl ParkedRounds {
                 .reply
                 .send(Err(RpcError::new(INTERNAL_ERROR, REPLACED)));
         }
-        for gone in freed {
+        for (id, gone) in freed {
             tracing::info!(agent = %gone.principal.agent, "a parked input round was dropped to make room for another agent's");
+            self.note_ended(id, &gone, now, FREED);
             // Its call is cancelled as it drops, and the question it waited on fails.
-            let _ = gone.reply.send(Err(RpcError::new(
-                INTERNAL_ERROR,
-                "the input round was dropped to make room for another agent's",
-            )));
+            let _ = gone.reply.send(Err(RpcError::new(INTERNAL_ERROR, FREED)));
         }
         Some(id)
     }
@@ -474,6 +482,17 @@ impl ParkedRounds {
             dropped.push(p);
         }
         dropped
+    }
+
+    /// Round `id`, taken up, had its call cancelled with the request that took it up
+    /// (before the call answered): a later answer to it is told so, not that the call
+    /// went on.
+    pub fn note_cancelled(&self, id: &str) {
+        if let Some((_, _, why)) = self.ended.lock().get_mut(id)
+            && *why == ANSWERED
+        {
+            *why = CANCELLED;
+        }
     }
 
     /// Notes round `id`, dropped before its state expired, so that its answer is told
@@ -616,6 +635,30 @@ mod tests {
             .err()
             .expect("not b's");
         assert_eq!(e.message, "invalid requestState");
+    }
+
+    // A round taken up whose request went before its call answered (its call cancelled
+    // with it): a second answer is told so, not that its call went on.
+    #[tokio::test]
+    async fn a_round_whose_taking_request_went_is_told_as_cancelled() {
+        let rounds = ParkedRounds::with_caps(64, 4);
+        let a = agent("a");
+        let (id, _, _answer) = park_as(&rounds, &a, None, (0, usize::MAX), 600);
+        let id = id.expect("parked");
+        let held = rounds.resume(&id, (&a, None), Value::Null).ok();
+        assert!(held.is_some());
+        let e = rounds
+            .resume(&id, (&a, None), Value::Null)
+            .err()
+            .expect("used");
+        assert_eq!(e.message, ANSWERED);
+        rounds.note_cancelled(&id);
+        drop(held);
+        let e = rounds
+            .resume(&id, (&a, None), Value::Null)
+            .err()
+            .expect("used");
+        assert_eq!(e.message, CANCELLED);
     }
 
     /// Parks a round of `who` from `session`; its id, its call's token, its answer.
@@ -819,7 +862,12 @@ mod tests {
             matches!(answer.try_recv(), Ok(Err(_))),
             "its question fails"
         );
-        assert!(rounds.resume(&first, (&a, None), Value::Null).is_err());
+        // Its answer is told why, not that the state is invalid.
+        let e = rounds
+            .resume(&first, (&a, None), Value::Null)
+            .err()
+            .expect("dropped");
+        assert_eq!(e.message, FREED);
         for (_, cancel, _) in &a_rounds {
             assert!(!cancel.is_cancelled());
         }
