@@ -1183,6 +1183,12 @@ struct Relay {
 
 impl Relay {
     async fn start(target: u16) -> Relay {
+        Relay::start_paced(target, Duration::ZERO).await
+    }
+
+    /// A relay that pauses `pause` after each piece (up to 16 KiB) it forwards to
+    /// Redis: a slow link, on which a large write takes its time.
+    async fn start_paced(target: u16, pause: Duration) -> Relay {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -1198,8 +1204,8 @@ impl Relay {
                 let born = era.load(Ordering::SeqCst);
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(relay(cr, sw, era.clone(), born));
-                tokio::spawn(relay(sr, cw, era.clone(), born));
+                tokio::spawn(relay(cr, sw, era.clone(), born, pause));
+                tokio::spawn(relay(sr, cw, era.clone(), born, Duration::ZERO));
             }
         });
         Relay {
@@ -1222,6 +1228,7 @@ async fn relay(
     mut to: impl tokio::io::AsyncWrite + Unpin,
     era: Arc<std::sync::atomic::AtomicU64>,
     born: u64,
+    pause: Duration,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 << 10];
@@ -1237,7 +1244,69 @@ async fn relay(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
     }
+}
+
+// A large list written to Redis over a slow link does not hold up the lookups of other
+// servers (each bounded), nor take the layer for down: writes have a connection of
+// their own. Before, the lookups queued behind the write on one socket and timed out,
+// and the layer backed off every read.
+#[tokio::test]
+async fn a_large_write_over_a_slow_link_holds_up_no_lookup() {
+    use mcp_harness::registry::cache::shared::SharedCache;
+    use mcp_harness::registry::cache::{CacheKey, Page};
+    let redis = Redis::start().await;
+    // About 8 MB/s towards Redis.
+    let relay = Relay::start_paced(redis.port, Duration::from_millis(2)).await;
+    // Lookups bounded at 100 ms; writes get a second.
+    let config = SharedConfig {
+        timeout: Duration::from_millis(100),
+        ..shared(format!("redis://127.0.0.1:{}", relay.port), &["s", "t"])
+    };
+    let layer = SharedCache::new(config, None).expect("layer");
+    let generation = layer.generation("s").await.expect("a generation");
+    assert!(layer.generation("t").await.is_some());
+    // Two pages of 900 KiB: some 1.8 MiB, about a quarter second on this link.
+    let pages: Vec<Page> = (0..2)
+        .map(|n| {
+            let value =
+                json!({"tools": [], "nextCursor": format!("c{n}"), "pad": "x".repeat(900 << 10)});
+            Page {
+                key: CacheKey {
+                    server: "s".into(),
+                    fingerprint: "f".into(),
+                    client: String::new(),
+                    method: "tools/list".into(),
+                    param: (n > 0).then(|| format!("c{}", n - 1)),
+                    scope: "public".into(),
+                },
+                ttl: Duration::from_secs(60),
+                received_unix_ms: unix_ms(),
+                bytes: value.to_string().len(),
+                value: Arc::new(value),
+            }
+        })
+        .collect();
+    layer.put(&pages, "2026-07-28", generation);
+    // Meanwhile t's lookups go through, each within its bound.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..5 {
+        assert!(
+            layer.generation("t").await.is_some(),
+            "a lookup was held up: {:?}",
+            layer.stats()
+        );
+    }
+    let stats = layer.stats();
+    assert!(stats.available && stats.errors == 0, "{stats:?}");
+    assert!(
+        eventually(Duration::from_secs(30), || layer.stats().writes == 2).await,
+        "{:?}",
+        layer.stats()
+    );
 }
 
 impl Drop for Relay {

@@ -481,6 +481,10 @@ pub struct SharedCache {
     key_id: String,
     client: redis::Client,
     conn: Mutex<ConnectionManager>,
+    /// The background writes' own connection: a large write does not hold up the
+    /// lookups queued behind it on one socket (each bounded at 50 ms), nor does its
+    /// time count against the layer's health.
+    write_conn: Mutex<ConnectionManager>,
     /// Commands timed out in a row ([`RECONNECT_AFTER_TIMEOUTS`]).
     timeouts: std::sync::atomic::AtomicU32,
     /// This process, so that it ignores its own invalidations.
@@ -698,6 +702,8 @@ impl SharedCache {
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
         let conn = connection_manager(&client)
             .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
+        let write_conn = connection_manager(&client)
+            .map_err(|e| SharedError(Invalid::new("url", e.to_string())))?;
         let (writes, queue) = mpsc::channel(MAX_QUEUED_WRITES);
         let mut origin = [0u8; 16];
         getrandom::fill(&mut origin).map_err(|e| {
@@ -718,6 +724,7 @@ impl SharedCache {
             key_id,
             client,
             conn: Mutex::new(conn),
+            write_conn: Mutex::new(write_conn),
             timeouts: std::sync::atomic::AtomicU32::new(0),
             health: Mutex::new(Health {
                 skip_until: None,
@@ -908,6 +915,33 @@ impl SharedCache {
                     }
                 }
                 Err(RunFailure::Unavailable)
+            }
+        }
+    }
+
+    /// Runs a background write on its own connection within `bound`. Its failure is
+    /// counted, not taken for the layer's (a lookup that fails says so itself); a
+    /// write that times out opens a new connection, as the reads' does after a few.
+    async fn run_write(
+        &self,
+        bound: Duration,
+        work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<()>,
+    ) -> Option<()> {
+        let conn = self.write_conn.lock().clone();
+        match tokio::time::timeout(bound, work(conn)).await {
+            Ok(Ok(())) => Some(()),
+            Ok(Err(e)) => {
+                self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(url = %redacted(&self.config.url), error = %e, "shared cache write failed");
+                None
+            }
+            Err(_) => {
+                self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(url = %redacted(&self.config.url), "shared cache write timed out; opening a new connection for writes");
+                if let Ok(fresh) = connection_manager(&self.client) {
+                    *self.write_conn.lock() = fresh;
+                }
+                None
             }
         }
     }
@@ -1321,7 +1355,7 @@ impl SharedCache {
         // Writes are off every caller's path: a slower bound than reads.
         let bound = self.config.timeout.max(Duration::from_secs(1));
         let done: Option<()> = self
-            .run_within(bound, "write", async |mut conn| {
+            .run_write(bound, async |mut conn| {
                 let mut pipe = redis::pipe();
                 pipe.atomic();
                 for (key, body, ms) in lists.iter().flatten() {
