@@ -1272,6 +1272,12 @@ impl SharedCache {
         {
             return;
         }
+        // Refused before it is serialized and signed (up to `max_list_bytes`) when its
+        // pages alone would not fit what waits.
+        let estimate: u64 = pages.iter().map(|p| p.bytes as u64).sum();
+        if self.pending_bytes.load(Ordering::Relaxed) + estimate > MAX_QUEUED_BYTES {
+            return refuse("the write queue is full");
+        }
         let now = unix_ms();
         let mut writes = Vec::with_capacity(pages.len());
         for page in pages {
@@ -1316,13 +1322,15 @@ impl SharedCache {
         // Queued, the whole list counts against the queue's bounds.
         let size: u64 = writes.iter().map(|(_, body, _)| body.len() as u64).sum();
         let pages = writes.len() as u64;
-        if self.pending_bytes.load(Ordering::Relaxed) + size > MAX_QUEUED_BYTES
-            || self.pending.load(Ordering::Relaxed) + pages > MAX_QUEUED_WRITES as u64
+        // Taken, then checked: puts at once cannot each see room for one and all go.
+        let bytes_before = self.pending_bytes.fetch_add(size, Ordering::SeqCst);
+        let pages_before = self.pending.fetch_add(pages, Ordering::SeqCst);
+        if bytes_before + size > MAX_QUEUED_BYTES || pages_before + pages > MAX_QUEUED_WRITES as u64
         {
+            self.pending.fetch_sub(pages, Ordering::SeqCst);
+            self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
             return refuse("the write queue is full");
         }
-        self.pending.fetch_add(pages, Ordering::SeqCst);
-        self.pending_bytes.fetch_add(size, Ordering::SeqCst);
         if self.writes.try_send(writes).is_err() {
             self.pending.fetch_sub(pages, Ordering::SeqCst);
             self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
