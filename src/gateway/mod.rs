@@ -1918,8 +1918,9 @@ impl Gateway {
         }
         let rounds_before = delegation.rounds;
         // The round this request takes up, if it does: should the request go before
-        // its call answers, a later answer to that round is told the call was cancelled.
-        let taken_up = parked_id.clone();
+        // its call answers or asks again (cancelled, its client gone, its future
+        // dropped), a later answer to that round is told the call was cancelled.
+        let mut taken_up = parked_id.clone().map(|id| self.inner.parked.taken_up(id));
         let mut held = match parked_id {
             // A legacy server's elicitation answered: its call goes on.
             Some(id) => {
@@ -1999,13 +2000,11 @@ impl Gateway {
             let waited = tokio::select! {
                 w = parked::wait(held) => w,
                 // Dropping the wait drops the call's hold: the call is cancelled.
-                _ = cancel.cancelled() => {
-                    if let Some(id) = &taken_up {
-                        self.inner.parked.note_cancelled(id);
-                    }
-                    return Err(to_rpc(&CallError::Cancelled));
-                }
+                _ = cancel.cancelled() => return Err(to_rpc(&CallError::Cancelled)),
             };
+            if let Some(t) = taken_up.as_mut() {
+                t.settled();
+            }
             let (h, question) = match waited {
                 parked::Waited::Done(answer, h) => {
                     h.drain().await;

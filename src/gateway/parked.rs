@@ -230,6 +230,30 @@ impl Parked {
     }
 }
 
+/// Held by the request that took a parked round up, until its call answers or asks
+/// again. Dropped before that (the request cancelled, its client gone, its future
+/// dropped: the call is cancelled with it), a later answer to the round is told the
+/// call was cancelled, not that it went on.
+pub struct TakenUp<'a> {
+    rounds: &'a ParkedRounds,
+    id: Option<String>,
+}
+
+impl TakenUp<'_> {
+    /// The call answered or asked again: it went on with the answer.
+    pub fn settled(&mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for TakenUp<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.rounds.note_cancelled(&id);
+        }
+    }
+}
+
 /// The rounds parked in this process.
 pub struct ParkedRounds {
     rounds: Mutex<HashMap<String, Parked>>,
@@ -484,10 +508,19 @@ impl ParkedRounds {
         dropped
     }
 
+    /// Marks round `id` as taken up by the request that holds the guard, until its call
+    /// answers or asks again ([`TakenUp::settled`]).
+    pub fn taken_up(&self, id: String) -> TakenUp<'_> {
+        TakenUp {
+            rounds: self,
+            id: Some(id),
+        }
+    }
+
     /// Round `id`, taken up, had its call cancelled with the request that took it up
     /// (before the call answered): a later answer to it is told so, not that the call
     /// went on.
-    pub fn note_cancelled(&self, id: &str) {
+    fn note_cancelled(&self, id: &str) {
         if let Some((_, _, why)) = self.ended.lock().get_mut(id)
             && *why == ANSWERED
         {
@@ -638,7 +671,8 @@ mod tests {
     }
 
     // A round taken up whose request went before its call answered (its call cancelled
-    // with it): a second answer is told so, not that its call went on.
+    // with it): a second answer is told so, not that its call went on. One whose call
+    // went on stays told so.
     #[tokio::test]
     async fn a_round_whose_taking_request_went_is_told_as_cancelled() {
         let rounds = ParkedRounds::with_caps(64, 4);
@@ -652,7 +686,15 @@ mod tests {
             .err()
             .expect("used");
         assert_eq!(e.message, ANSWERED);
-        rounds.note_cancelled(&id);
+        // One whose call answered (or asked again): its call went on.
+        rounds.taken_up(id.clone()).settled();
+        let e = rounds
+            .resume(&id, (&a, None), Value::Null)
+            .err()
+            .expect("used");
+        assert_eq!(e.message, ANSWERED);
+        // A request that took it up and went before its call answered.
+        drop(rounds.taken_up(id.clone()));
         drop(held);
         let e = rounds
             .resume(&id, (&a, None), Value::Null)
