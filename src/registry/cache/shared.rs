@@ -247,6 +247,17 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
     }
 }
 
+/// Whether `e` is Redis refusing to write (full under `noeviction`, a read-only
+/// replica): it is up, and reads go on; a write's failure (an invalidation, a refresh
+/// claim) is its own.
+fn refuses_writes(e: &redis::RedisError) -> bool {
+    let refusal = |code: &str| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF");
+    if let Some(errors) = e.clone().into_server_errors() {
+        return !errors.is_empty() && errors.iter().all(|(_, s)| refusal(s.code()));
+    }
+    e.code().is_some_and(refusal)
+}
+
 /// A connection to Redis, opened at its first use. The manager reconnects by itself
 /// after an error; our own bound (`timeout`) and backoff sit above it, so its own
 /// retries are few and quick.
@@ -452,6 +463,12 @@ struct Seen {
     heard: u64,
 }
 
+/// Background writes failed in a row after which writes are off for [`WRITES_OFF`]: a
+/// Redis that keeps refusing them (full, read-only) is not sent every list fetched,
+/// each serialized and signed first.
+const WRITES_FAILED: u32 = 3;
+const WRITES_OFF: Duration = Duration::from_secs(30);
+
 /// How far past the highest generation seen a heard one is taken: a message is not
 /// authenticated, so one naming a generation further on is taken as one step.
 const HEARD_STEP: u64 = 1 << 20;
@@ -485,6 +502,10 @@ pub struct SharedCache {
     /// lookups queued behind it on one socket (each bounded at 50 ms), nor does its
     /// time count against the layer's health.
     write_conn: Mutex<ConnectionManager>,
+    /// Background writes failed in a row; past [`WRITES_FAILED`], no list is made into
+    /// writes (serialized, signed, queued) until [`WRITES_OFF`] has passed.
+    write_failures: std::sync::atomic::AtomicU32,
+    writes_off_until: Mutex<Option<Instant>>,
     /// Commands timed out in a row ([`RECONNECT_AFTER_TIMEOUTS`]).
     timeouts: std::sync::atomic::AtomicU32,
     /// This process, so that it ignores its own invalidations.
@@ -725,6 +746,8 @@ impl SharedCache {
             client,
             conn: Mutex::new(conn),
             write_conn: Mutex::new(write_conn),
+            write_failures: std::sync::atomic::AtomicU32::new(0),
+            writes_off_until: Mutex::new(None),
             timeouts: std::sync::atomic::AtomicU32::new(0),
             health: Mutex::new(Health {
                 skip_until: None,
@@ -899,6 +922,12 @@ impl SharedCache {
                 self.reject(what, &e.to_string());
                 Err(RunFailure::BadValue)
             }
+            // Up, but not writing: counted, and the reads go on.
+            Ok(Err(e)) if refuses_writes(&e) => {
+                self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(url = %redacted(&self.config.url), what, error = %e, "shared cache refused a write");
+                Err(RunFailure::Unavailable)
+            }
             Ok(Err(e)) => {
                 self.failed(what, &e.to_string());
                 Err(RunFailure::Unavailable)
@@ -928,21 +957,41 @@ impl SharedCache {
         work: impl AsyncFnOnce(ConnectionManager) -> redis::RedisResult<()>,
     ) -> Option<()> {
         let conn = self.write_conn.lock().clone();
-        match tokio::time::timeout(bound, work(conn)).await {
-            Ok(Ok(())) => Some(()),
+        let outcome = tokio::time::timeout(bound, work(conn)).await;
+        if let Ok(Ok(())) = outcome {
+            self.write_failures.store(0, Ordering::Relaxed);
+            return Some(());
+        }
+        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        match outcome {
             Ok(Err(e)) => {
-                self.counts.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(url = %redacted(&self.config.url), error = %e, "shared cache write failed");
-                None
             }
-            Err(_) => {
-                self.counts.errors.fetch_add(1, Ordering::Relaxed);
+            _ => {
                 tracing::debug!(url = %redacted(&self.config.url), "shared cache write timed out; opening a new connection for writes");
                 if let Ok(fresh) = connection_manager(&self.client) {
                     *self.write_conn.lock() = fresh;
                 }
-                None
             }
+        }
+        if self.write_failures.fetch_add(1, Ordering::Relaxed) + 1 >= WRITES_FAILED {
+            self.write_failures.store(0, Ordering::Relaxed);
+            *self.writes_off_until.lock() = Some(Instant::now() + WRITES_OFF);
+            tracing::info!(url = %redacted(&self.config.url), "shared cache writes failing; none made for {WRITES_OFF:?}");
+        }
+        None
+    }
+
+    /// Whether writes are off for now (they kept failing).
+    fn writes_off(&self) -> bool {
+        let mut off = self.writes_off_until.lock();
+        match *off {
+            Some(until) if Instant::now() < until => true,
+            Some(_) => {
+                *off = None;
+                false
+            }
+            None => false,
         }
     }
 
@@ -1258,6 +1307,12 @@ impl SharedCache {
     /// cursor; and a private page is never shared.
     pub fn put(&self, pages: &[Page], protocol: &str, generation: u64) {
         if !self.usable() || pages.is_empty() {
+            return;
+        }
+        if self.writes_off() {
+            self.counts
+                .dropped_writes
+                .fetch_add(pages.len() as u64, Ordering::Relaxed);
             return;
         }
         let refuse = |why: &str| {
