@@ -87,7 +87,7 @@ impl Future for Call {
 
 /// What the answer to a round whose call ended while it waited is told, when the
 /// call's outcome was too large to keep for it.
-const CALL_ENDED: &str = "the input round's call ended before the answer came (its server stopped waiting), with an outcome too large to keep";
+const CALL_ENDED: &str = "the input round's call ended before the answer came (its server stopped waiting), with an outcome too large to keep for it";
 
 /// The largest outcome (as JSON) of a call that finished while its round was parked
 /// that is kept for the answer: its round holds it until its state expires.
@@ -189,6 +189,8 @@ struct Parked {
     /// The size of the call's params (as JSON), which the parked call holds parsed.
     bytes: usize,
     held: Held,
+    /// Its call ended with an outcome it could not keep: the answer is told so.
+    outcome_let_go: bool,
     /// The server that asked, and where its question's answer goes (the question's
     /// params went to the client and are not held here).
     server: String,
@@ -205,8 +207,11 @@ impl Parked {
 
     /// Keeps the outcome of a call that finished while it waited, for the answer that
     /// takes the round up, counted in the round's bytes; false when it is too large to
-    /// keep ([`KEPT_OUTCOME_BYTES`]), and the round goes.
-    fn keep_outcome(&mut self) -> bool {
+    /// keep ([`KEPT_OUTCOME_BYTES`]) or `room` (given the principal and the size) says
+    /// it does not fit the parked rounds' budgets, and the round goes (its outcome
+    /// dropped with it, outside the lock).
+    fn keep_outcome(&mut self, room: &mut impl FnMut(&Principal, usize) -> bool) -> bool {
+        use crate::registry::cache::json_size_within;
         use futures_util::FutureExt;
         if !self.call_ended() {
             return true;
@@ -215,18 +220,24 @@ impl Parked {
             return true;
         };
         let size = match &done {
-            Ok(answer) => crate::registry::cache::json_size(&answer.result),
+            Ok(answer) => json_size_within(&answer.result, KEPT_OUTCOME_BYTES),
             Err(e) => e
-                .message
-                .len()
-                .saturating_add(e.data.as_ref().map_or(0, crate::registry::cache::json_size)),
+                .data
+                .as_ref()
+                .map_or(Some(0), |d| json_size_within(d, KEPT_OUTCOME_BYTES))
+                .map(|n| n.saturating_add(e.message.len())),
         };
-        if size > KEPT_OUTCOME_BYTES {
-            return false;
-        }
-        self.bytes = self.bytes.saturating_add(size);
         self.held.call = Call::Finished(Some(done));
-        true
+        match size {
+            Some(size) if size <= KEPT_OUTCOME_BYTES && room(&self.principal, size) => {
+                self.bytes = self.bytes.saturating_add(size);
+                true
+            }
+            _ => {
+                self.outcome_let_go = true;
+                false
+            }
+        }
     }
 }
 
@@ -265,6 +276,9 @@ pub struct ParkedRounds {
     max: usize,
     /// Rounds one principal may hold ([`MAX_PARKED_PER_PRINCIPAL`]).
     per_principal: usize,
+    /// The byte budgets of one principal's parked calls and of all principals', as
+    /// the last round parked was given them (the settings in force then).
+    budgets: Mutex<(usize, usize)>,
 }
 
 impl Default for ParkedRounds {
@@ -280,6 +294,7 @@ impl ParkedRounds {
             ended: Mutex::default(),
             max,
             per_principal,
+            budgets: Mutex::new((usize::MAX, usize::MAX)),
         }
     }
 
@@ -306,6 +321,7 @@ impl ParkedRounds {
         expires: Instant,
     ) -> Option<String> {
         let ServerQuestion { server, reply, .. } = pending;
+        *self.budgets.lock() = (budget, budget_all);
         let mut rounds = self.rounds.lock();
         let now = Instant::now();
         // Expired rounds go (their calls are cancelled as they drop), and those whose
@@ -407,6 +423,7 @@ impl ParkedRounds {
                 item,
                 bytes: params_bytes,
                 held,
+                outcome_let_go: false,
                 server,
                 reply,
                 expires,
@@ -497,10 +514,32 @@ impl ParkedRounds {
         keep: impl Fn(&Principal, &str, &str) -> bool,
     ) -> Vec<Parked> {
         let mut dropped = Vec::new();
+        // An outcome kept counts against its principal's budget and all principals',
+        // as the parked calls' params do when they park.
+        let (budget, budget_all) = *self.budgets.lock();
+        let mut all = 0usize;
+        let mut by_principal: HashMap<Principal, usize> = HashMap::new();
+        for p in rounds.values() {
+            all = all.saturating_add(p.bytes);
+            let theirs = by_principal.entry(p.principal.clone()).or_default();
+            *theirs = theirs.saturating_add(p.bytes);
+        }
+        let mut room = |who: &Principal, size: usize| {
+            let theirs = by_principal.entry(who.clone()).or_default();
+            let fits =
+                theirs.saturating_add(size) <= budget && all.saturating_add(size) <= budget_all;
+            if fits {
+                *theirs = theirs.saturating_add(size);
+                all = all.saturating_add(size);
+            }
+            fits
+        };
         for (id, p) in rounds.extract_if(|_, p| {
-            p.expires <= now || !p.keep_outcome() || !keep(&p.principal, &p.server, &p.item)
+            p.expires <= now
+                || !p.keep_outcome(&mut room)
+                || !keep(&p.principal, &p.server, &p.item)
         }) {
-            if p.expires > now && p.call_ended() {
+            if p.expires > now && (p.call_ended() || p.outcome_let_go) {
                 self.note_ended(id, &p, now, CALL_ENDED);
             }
             dropped.push(p);
@@ -668,6 +707,34 @@ mod tests {
             .err()
             .expect("not b's");
         assert_eq!(e.message, "invalid requestState");
+        // An outcome is held to the byte budgets too: past its principal's, let go.
+        let budgeted = ParkedRounds::with_caps(64, 4);
+        let (mut held, question, _answer) = round();
+        held.call = Call::inline(async {
+            Ok(Answer {
+                result: serde_json::json!({"text": "x".repeat(1000)}),
+                server: "s".into(),
+                input_required: false,
+                rounds: 1,
+            })
+        });
+        let id = budgeted
+            .park(
+                (&a, None),
+                "t".into(),
+                (100, 500, usize::MAX),
+                held,
+                question,
+                later,
+            )
+            .expect("parked");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        budgeted.sweep(|_, _, _| true);
+        let e = budgeted
+            .resume(&id, (&a, None), Value::Null)
+            .err()
+            .expect("let go");
+        assert!(e.message.contains("too large to keep"), "{}", e.message);
     }
 
     // A round taken up whose request went before its call answered (its call cancelled

@@ -1017,19 +1017,31 @@ pub(crate) fn held_size(value: &Value) -> usize {
 
 /// The size of `value` as compact JSON, counted without building the string.
 pub fn json_size(value: &Value) -> usize {
-    struct Count(usize);
+    json_size_within(value, usize::MAX).unwrap_or(usize::MAX)
+}
+
+/// [`json_size`], if it is at most `max`: the count stops past it (a value of any
+/// size is not walked whole to learn it is too large).
+pub fn json_size_within(value: &Value, max: usize) -> Option<usize> {
+    struct Count {
+        n: usize,
+        max: usize,
+    }
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
+            self.n = self.n.saturating_add(buf.len());
+            if self.n > self.max {
+                return Err(std::io::Error::other("past the most counted"));
+            }
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
+    let mut count = Count { n: 0, max };
+    serde_json::to_writer(&mut count, value).ok()?;
+    Some(count.n)
 }
 
 #[cfg(test)]

@@ -973,3 +973,12 @@ fn a_page_is_counted_at_what_it_holds_in_memory() {
     let words = json!({"tools": ["x".repeat(4000)], "ttlMs": 60000, "cacheScope": "public"});
     assert!(held_size(&words) >= json_size(&words) - 10);
 }
+
+#[test]
+fn a_size_is_counted_up_to_a_most_and_no_further() {
+    let value = json!({"a": [1, 2, 3]});
+    let size = value.to_string().len();
+    assert_eq!(json_size(&value), size);
+    assert_eq!(json_size_within(&value, size), Some(size));
+    assert_eq!(json_size_within(&value, size - 1), None);
+}
