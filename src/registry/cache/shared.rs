@@ -139,31 +139,31 @@ pub struct SharedConfig {
 /// `url` without its password, for logs, errors and the floors file's name: the user
 /// part, and the `pass` or `password` query parameter (a `redis+unix` URL's).
 fn redacted(url: &str) -> String {
-    // The user part first, up to its last `@`: a password may hold a `?` or `/` that
-    // no URL may (the refusal of such a URL quotes it).
-    let (mut out, rest) = match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            (format!("{}://[redacted]@", &url[..scheme]), &url[at + 1..])
+    // The query's passwords first (`pass`, `password`: a `redis+unix` URL's), wherever
+    // they are: a value may hold an `@`, which would pass for the user part's.
+    let mut hidden = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(at) = rest.find(['?', '&']) {
+        hidden.push_str(&rest[..=at]);
+        rest = &rest[at + 1..];
+        let key = ["password=", "pass="]
+            .into_iter()
+            .find(|k| rest.starts_with(k));
+        if let Some(key) = key {
+            hidden.push_str(key);
+            hidden.push_str("[redacted]");
+            rest = &rest[rest.find('&').unwrap_or(rest.len())..];
         }
-        _ => (String::new(), url),
-    };
-    let (base, query) = match rest.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (rest, None),
-    };
-    out.push_str(base);
-    if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if k == "pass" || k == "password" => format!("{k}=[redacted]"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&pairs.join("&"));
     }
-    out
+    hidden.push_str(rest);
+    // Then the user part, up to its last `@`: a password may hold a `?` or `/` that no
+    // URL may (the refusal of such a URL quotes it).
+    match (hidden.find("://"), hidden.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://[redacted]@{}", &hidden[..scheme], &hidden[at + 1..])
+        }
+        _ => hidden,
+    }
 }
 
 /// An entry as written under `redis_key`: the body, behind its tag when pages are
@@ -1841,6 +1841,15 @@ mod tests {
         );
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         // A password no URL may hold is hidden too (the URL's refusal quotes it).
+        // Nor does an `@` in a query's password pass for the user part's.
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?pass=se@cret"),
+            "redis+unix:///run/redis.sock?pass=[redacted]"
+        );
+        assert_eq!(
+            redacted("redis://:p@ss@h:6379/0?db=1&password=a@b"),
+            "redis://[redacted]@h:6379/0?db=1&password=[redacted]"
+        );
         for url in ["redis://:pa?ss@h:6379", "redis://:p/a#s@h:6379/0"] {
             let shown = redacted(url);
             assert!(!shown.contains("pa") && !shown.contains("s@"), "{shown}");
