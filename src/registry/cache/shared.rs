@@ -1063,17 +1063,21 @@ impl SharedCache {
         Some(generation)
     }
 
-    /// The highest generation of `server` seen so far, taken before a read of it.
+    /// The highest generation of `server` seen so far.
+    #[cfg(test)]
     fn highest_seen(&self, server: &str) -> Option<u64> {
         self.highest.lock().get(server).copied()
     }
 
     /// What this process knows of `server` before a read of it: the highest generation
-    /// seen, and how many invalidations of it it has heard.
+    /// seen, and how many invalidations of it it has heard (lock order: `highest`,
+    /// then `heard`).
     fn before_read(&self, server: &str) -> Seen {
+        let highest = self.highest.lock();
+        let heard = self.heard.lock().get(server).copied().unwrap_or(0);
         Seen {
-            highest: self.highest_seen(server),
-            heard: self.heard.lock().get(server).copied().unwrap_or(0),
+            highest: highest.get(server).copied(),
+            heard,
         }
     }
 
@@ -1091,12 +1095,13 @@ impl SharedCache {
         seen: Seen,
     ) -> Option<u64> {
         let generation = self.decode_generation(key, value)?;
-        if self.heard.lock().get(server).copied().unwrap_or(0) != seen.heard {
-            return None;
-        }
-        let seen = seen.highest;
         let step = {
             let mut highest = self.highest.lock();
+            // Checked under `highest`'s lock, which an invalidation heard takes to count.
+            if self.heard.lock().get(server).copied().unwrap_or(0) != seen.heard {
+                return None;
+            }
+            let seen = seen.highest;
             let (top, rose) = match highest.entry(server.to_string()) {
                 std::collections::hash_map::Entry::Occupied(e) => (e.into_mut(), false),
                 std::collections::hash_map::Entry::Vacant(e) => (e.insert(generation), true),
@@ -1141,12 +1146,14 @@ impl SharedCache {
     /// INCR).
     fn heard_invalidation(&self, server: &str, generation: Option<u64>) {
         {
-            let mut heard = self.heard.lock();
-            let count = heard.entry(server.to_string()).or_insert(0);
-            *count = count.wrapping_add(1);
-        }
-        {
+            // Under `highest`'s lock, as a read's check of the count is: a read cannot
+            // find the count unchanged and then take the generation of before.
             let mut highest = self.highest.lock();
+            {
+                let mut heard = self.heard.lock();
+                let count = heard.entry(server.to_string()).or_insert(0);
+                *count = count.wrapping_add(1);
+            }
             let Some(top) = highest.get_mut(server) else {
                 return;
             };
