@@ -156,6 +156,43 @@ async fn a_subscription_that_cannot_be_opened_again_at_once_is_tried_again() {
     let _ = std::fs::remove_file(record);
 }
 
+// A subscription opened again that the server holds unacknowledged past the 10 s the
+// acknowledgment has is asked again too. Before, list changes went unheard for the
+// connection's life.
+#[tokio::test]
+async fn a_subscription_opened_again_and_never_acknowledged_is_tried_again() {
+    let record = temp_file("listen-held");
+    let rec = record.to_string_lossy().into_owned();
+    let server = HttpServer::demo(&[
+        "web",
+        "--record",
+        &rec,
+        "--cancel-listens",
+        "--silent-listens",
+        "1",
+    ])
+    .await;
+    let h = start_ready(config(ServerConfig::new("web", server.spec()))).await;
+    h.list_tools(&a()).await.expect("list");
+    assert!(listens(&record, 1).await, "the harness subscribed");
+    let names = grow_and_hear(&h, "web", true).await;
+    assert!(names.iter().any(|n| n == "grown_0"), "{names:?}");
+    // Ended by the server, held unanswered, then (past 10 s) open again.
+    let again = eventually(Duration::from_secs(30), || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "subscriptions/listen")
+            .count()
+            >= 3
+    })
+    .await;
+    assert!(again, "listened again after the silent one");
+    let names = grow_and_hear(&h, "web", true).await;
+    assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 #[tokio::test]
 async fn a_tool_added_to_an_rmcp_server_appears_without_waiting_for_the_ttl() {
     let mut server = ServerConfig::stdio("rm", rmcp_exe(), ["stdio"]);

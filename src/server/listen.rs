@@ -154,6 +154,17 @@ async fn run(
                 tracing::warn!(server, %why, "subscriptions/listen refused; lists stay fresh by TTL");
                 return;
             }
+            // Opened again and held unanswered (a server restarting behind a proxy):
+            // asked again, with backoff, as one that could not be opened.
+            None if reopened && !conn.is_closed() => {
+                tracing::debug!(
+                    server,
+                    "subscriptions/listen opened again was not acknowledged in time; trying again"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(REOPEN_AT_MOST);
+                continue;
+            }
             None => {
                 tracing::warn!(
                     server,

@@ -448,12 +448,24 @@ async fn post(
         }
         return refusal;
     }
-    if request.method == "subscriptions/listen" && state.server.args.unavailable_listens > 0 {
+    let (unavailable, silent) = (
+        state.server.args.unavailable_listens,
+        state.server.args.silent_listens,
+    );
+    if request.method == "subscriptions/listen" && unavailable + silent > 0 {
         let n = state.server.listens_begun.fetch_add(1, Ordering::SeqCst);
-        if (1..=state.server.args.unavailable_listens).contains(&n) {
+        if (1..=unavailable).contains(&n) {
             state
                 .server
                 .record(json!({"method": request.method, "id": request.id, "status": 503}));
+            return full(StatusCode::SERVICE_UNAVAILABLE, "", "");
+        }
+        if (unavailable + 1..=unavailable + silent).contains(&n) {
+            state
+                .server
+                .record(json!({"method": request.method, "id": request.id, "status": "held"}));
+            // Until the client gives up on it (and the connection with it).
+            tokio::time::sleep(Duration::from_secs(3600)).await;
             return full(StatusCode::SERVICE_UNAVAILABLE, "", "");
         }
     }

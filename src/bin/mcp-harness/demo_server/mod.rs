@@ -200,6 +200,10 @@ pub struct DemoServerArgs {
     /// 503 (a server restarting behind a proxy while its client listens again).
     #[arg(long, default_value_t = 0)]
     pub unavailable_listens: u64,
+    /// HTTP only: hold this many `subscriptions/listen` requests after those (and the
+    /// first) unanswered (a server that takes a subscription and never acknowledges it).
+    #[arg(long, default_value_t = 0)]
+    pub silent_listens: u64,
     /// List `confirm` and `rounds` only to clients that declared elicitation (legacy:
     /// at `initialize`), as many legacy servers do.
     #[arg(long)]
