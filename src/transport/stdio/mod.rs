@@ -701,11 +701,15 @@ fn route_response(shared: &Shared, response: Response) {
 fn deliver(shared: &Shared, id: RequestId, delivery: Delivery) {
     let waiter = {
         let mut pending = shared.pending.lock();
-        // Still queued: the server has not read it (its id guessed, or another's
-        // answer under a wrong id), and it may yet be withdrawn or sent.
-        match pending.get(&id) {
-            Some(w) if w.ticket.load(Ordering::Acquire) == QUEUED => None,
-            _ => pending.remove(&id),
+        match pending.remove(&id) {
+            // Still queued: the server has not read it (its id guessed, or another's
+            // answer under a wrong id), and it may yet be withdrawn or sent. Put back
+            // (rare: one lookup for the answers that are theirs).
+            Some(w) if w.ticket.load(Ordering::Acquire) == QUEUED => {
+                pending.insert(id.clone(), w);
+                None
+            }
+            w => w,
         }
     };
     match waiter {
