@@ -115,6 +115,27 @@ const MAX_QUEUED_NOTICES: usize = 4 << 20;
 /// sent however many changes came meanwhile.
 const OWED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A list change dropped for a client that was not reading, owed until it is queued:
+/// tried again at a time fixed when it was dropped, which other events (of other
+/// servers, say) do not put off.
+#[derive(Default)]
+struct Owed(Option<tokio::time::Instant>);
+
+impl Owed {
+    /// Whether the notice went out (`queued`), or is owed from now.
+    fn sent(&mut self, queued: bool) {
+        self.0 = (!queued).then(|| tokio::time::Instant::now() + OWED_RETRY);
+    }
+
+    /// Returns when an owed notice is to be tried again; never when none is owed.
+    async fn due(&self) {
+        match self.0 {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// How many bytes may wait for a client that is not reading before its input is no
 /// longer read (the calls in flight still answer, into the queue).
 const MAX_QUEUED_ANSWERS: usize = 16 << 20;
@@ -635,7 +656,7 @@ async fn listen(
     let tools = accepted.get("toolsListChanged").is_some();
     let mut events = gateway.harness().subscribe();
     pipe.send(&Gateway::listen_ack(&request.id, accepted));
-    let mut owed = false;
+    let mut owed = Owed::default();
     loop {
         tokio::select! {
             event = events.recv() => {
@@ -645,11 +666,11 @@ async fn listen(
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 };
                 if tools && concerns {
-                    owed = !pipe.notify_message(&Gateway::listen_changed(&request.id));
+                    owed.sent(pipe.notify_message(&Gateway::listen_changed(&request.id)));
                 }
             }
-            () = tokio::time::sleep(OWED_RETRY), if owed => {
-                owed = !pipe.notify_message(&Gateway::listen_changed(&request.id));
+            () = owed.due() => {
+                owed.sent(pipe.notify_message(&Gateway::listen_changed(&request.id)));
             }
             // The client ended it: nothing more is sent for it.
             () = cancelled.cancelled() => return,
@@ -668,7 +689,7 @@ async fn notify_changes(
     session: Arc<Mutex<Option<LegacyClient>>>,
 ) {
     let mut events = gateway.harness().subscribe();
-    let mut owed = false;
+    let mut owed = Owed::default();
     loop {
         let concerns = tokio::select! {
             event = events.recv() => match event {
@@ -677,14 +698,14 @@ async fn notify_changes(
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
             // The pipe is not held meanwhile: the session's end is not held up by it.
-            () = tokio::time::sleep(OWED_RETRY), if owed => true,
+            () = owed.due() => true,
         };
         let Some(pipe) = pipe.upgrade() else { return };
         if concerns && session.lock().is_some() {
-            owed = !pipe.notify_message(&Message::Notification(Notification {
+            owed.sent(pipe.notify_message(&Message::Notification(Notification {
                 method: "notifications/tools/list_changed".into(),
                 params: None,
-            }));
+            })));
         }
     }
 }

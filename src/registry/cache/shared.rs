@@ -34,7 +34,8 @@
 //! Invalidation: each shared server has a generation in Redis (`PREFIX:gen:SERVER`),
 //! read with every lookup and stored with every page; a page of another generation is
 //! not used. A process that drops a shared server's entries increments it and publishes
-//! `{origin, server}` on the channel, in one round trip, before it drops its own; every
+//! `{origin, server, generation}` on the channel (two round trips: the message names the
+//! generation the increment made), before it drops its own; every
 //! other process drops that server's entries in memory and on disk. A page fetched
 //! before an invalidation carries the old generation, so it is never served after it,
 //! whenever it is written. An invalidation that fails is retried with backoff, and until
@@ -1453,8 +1454,8 @@ impl SharedCache {
     }
 
     /// Moves `server` to a new generation in Redis (every page stored so far is no
-    /// longer used, by any process) and tells the other processes to drop their copies,
-    /// in one round trip. Does nothing for a server that is not shared. If Redis cannot
+    /// longer used, by any process) and tells the other processes to drop their copies
+    /// (`INCR`, then `PUBLISH` naming the new generation). Does nothing for a server that is not shared. If Redis cannot
     /// be reached, the server's shared entries are left alone here and the invalidation
     /// is retried in the background until it goes through.
     pub async fn invalidate(self: &Arc<Self>, server: &str) {
