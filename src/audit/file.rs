@@ -195,9 +195,9 @@ fn open_by_name(path: &Path, warned: &mut bool) -> std::io::Result<std::fs::File
         }
         None => Path::new("."),
     };
-    if !*warned && let Some(why) = shared_dir(parent) {
+    if !*warned && let Some((dir, why)) = shared_dir(parent) {
         *warned = true;
-        tracing::warn!(dir = %parent.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
+        tracing::warn!(dir = %dir.display(), "{why}: anyone who can could remove or rename the audit trail there (give it a directory of this user's)");
     }
     // Non-blocking while it opens: a pipe with no reader fails at once (ENXIO)
     // instead of holding the writer, and every record behind it, until one comes.
@@ -283,23 +283,31 @@ fn own_stream(path: &Path) -> std::io::Result<Option<Own>> {
     Ok(Some(Own::Shared(file)))
 }
 
-/// Why the directory the trail is kept in lets others remove it, if it does: it is
-/// neither this user's nor root's, or every user may write to it and it is not sticky
-/// (as `/tmp` is). Warned of, not refused: a volume mounted that way (a Kubernetes
-/// `emptyDir` is 0777; a host directory bind-mounted into a container keeps the host's
-/// owner) is how many deployments keep their logs.
-fn shared_dir(dir: &Path) -> Option<&'static str> {
+/// Which directory on the way to the trail lets others remove or replace it, and why,
+/// if one does: the trail's own, or one above it (which could rename the trail's
+/// directory away), is neither this user's nor root's, or every user may write to it
+/// and it is not sticky (as `/tmp` is). Warned of, not refused: a volume mounted that
+/// way (a Kubernetes `emptyDir` is 0777; a host directory bind-mounted into a container
+/// keeps the host's owner) is how many deployments keep their logs.
+fn shared_dir(dir: &Path) -> Option<(std::path::PathBuf, &'static str)> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir).ok()?;
     // SAFETY: geteuid has no arguments and cannot fail.
     let me = unsafe { libc::geteuid() };
-    if m.uid() != me && m.uid() != 0 {
-        return Some("the audit file's directory belongs to another user");
-    }
-    if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
-        return Some("the audit file's directory may be written by every user and is not sticky");
-    }
-    None
+    let why = |d: &Path| {
+        let m = std::fs::metadata(d).ok()?;
+        if m.uid() != me && m.uid() != 0 {
+            return Some("a directory on the way to the audit file belongs to another user");
+        }
+        if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
+            return Some(
+                "a directory on the way to the audit file may be written by every user and is not sticky",
+            );
+        }
+        None
+    };
+    let dir = std::fs::canonicalize(dir).ok()?;
+    dir.ancestors()
+        .find_map(|d| why(d).map(|why| (d.to_path_buf(), why)))
 }
 
 fn refused(why: &str) -> std::io::Error {
@@ -579,6 +587,26 @@ mod tests {
     use std::sync::Arc;
 
     use parking_lot::Mutex;
+
+    // A directory above the trail's that every user may write to (and is not sticky)
+    // could rename the trail's own away: warned of too, by its name. Before, only the
+    // trail's own directory was looked at.
+    #[test]
+    fn a_shared_directory_above_the_trails_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = crate::util::scratch::Scratch::new("audit-ancestors");
+        let open = scratch.join("open");
+        let mine = open.join("mine");
+        std::fs::create_dir_all(&mine).expect("dirs");
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(shared_dir(&mine), None, "all this user's");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let (dir, why) = shared_dir(&mine).expect("the one above is shared");
+        assert_eq!(dir, std::fs::canonicalize(&open).expect("canonical"));
+        assert!(why.contains("not sticky"), "{why}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        assert_eq!(shared_dir(&mine), None, "sticky, as /tmp");
+    }
 
     // A copy of a descriptor set non-blocking (a socket a parent handed down so) takes
     // a batch larger than its buffer whole, waiting for the reader, not failing part-way
