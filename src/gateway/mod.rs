@@ -1765,7 +1765,19 @@ impl Gateway {
                 now.names.expose(&listing.items, |s| {
                     order.get(s).copied().unwrap_or(usize::MAX)
                 });
-                Ok(now.names.resolve(served))
+                // Still unknown, it is a tool's own name, called as its server names it,
+                // unless a server the caller may use could not be listed: the name may
+                // be that one's shortened name, and a server whose tool took this very
+                // name (to pass for it) would answer in its place.
+                match now.names.resolve(served) {
+                    same if same == served && !listing.unreachable.is_empty() => {
+                        Err(to_rpc(&CallError::NoRoute {
+                            tool: served.to_string(),
+                            unreachable: listing.unreachable.into_iter().map(|(u, _)| u).collect(),
+                        }))
+                    }
+                    resolved => Ok(resolved),
+                }
             }
             resolved => Ok(resolved),
         }
