@@ -1132,7 +1132,10 @@ fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 // Hardening item 12: stdio servers get a minimal environment unless told otherwise.
 #[test]
 fn item_12_stdio_servers_get_a_minimal_environment_unless_inherit_env() {
-    let secret = [("MCP_TEST_SECRET", "hunter2")];
+    let secret = [
+        ("MCP_TEST_SECRET", "hunter2"),
+        ("MCP_HARNESS_GATEWAY_KEYS", "k1:c2VjcmV0"),
+    ];
     let o = run_env(
         &["call", "--stdio", &demo_cmd("s"), "env", "--json"],
         &secret,
@@ -1164,6 +1167,13 @@ fn item_12_stdio_servers_get_a_minimal_environment_unless_inherit_env() {
     let env: Value = serde_json::from_str(&stdout(&o)).expect("json");
     assert_eq!(env["structuredContent"]["MCP_TEST_SECRET"], "hunter2");
     assert_eq!(env["structuredContent"]["EXTRA"], "yes");
+    // The gateway's sealing keys are the harness's own, whatever is inherited.
+    assert!(
+        env["structuredContent"]
+            .get("MCP_HARNESS_GATEWAY_KEYS")
+            .is_none(),
+        "{env}"
+    );
     let _ = std::fs::remove_file(path);
 }
 

@@ -36,6 +36,16 @@ use crate::transport::spec::StdioSpec;
 /// Variables a server gets from the harness's environment by default.
 const PASSED_ENV: &[&str] = &["PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "SHELL"];
 
+/// The harness's own secrets, kept from a server that inherits its whole environment
+/// (`inherit_env`): the gateway's sealing keys (whoever holds them can seal any round)
+/// and the tokens of its admin and metrics endpoints. A server's own `env` may still
+/// name one.
+const WITHHELD_ENV: &[&str] = &[
+    "MCP_HARNESS_GATEWAY_KEYS",
+    "MCP_HARNESS_ADMIN_TOKEN",
+    "MCP_HARNESS_METRICS_TOKEN",
+];
+
 /// The right to signal one process group, shared by everyone who may kill it. Disarmed
 /// once the group has been swept: its id may belong to someone else after that.
 #[derive(Clone, Debug)]
@@ -129,6 +139,10 @@ impl ProcessGroup {
                 if PASSED_ENV.contains(&name.as_ref()) || name.starts_with("LC_") {
                     cmd.env(&key, value);
                 }
+            }
+        } else {
+            for name in WITHHELD_ENV {
+                cmd.env_remove(name);
             }
         }
         cmd.envs(&spec.env)
