@@ -241,6 +241,44 @@ async fn an_actor_killed_during_a_backoff_charges_no_second_restart() {
     h.shutdown().await;
 }
 
+// The servers' supervisor killed while a server waits out a restart's backoff: the
+// rebuilt server actor waits out the rest of it too. Before, it started the server at
+// once, so a supervisor that kept dying restarted a crash-looping server each time.
+#[tokio::test]
+async fn a_supervisor_rebuilt_during_a_backoff_waits_it_out() {
+    let mut alpha = limited("alpha", 5);
+    alpha.restart.min_delay = Duration::from_secs(3);
+    alpha.restart.max_delay = Duration::from_secs(3);
+    let h = harness(vec![alpha]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    let _ = h
+        .request("alpha", "tools/call", call("crash", json!({"code": 3})))
+        .await;
+    assert!(wait_state(&h, "alpha", ServerState::Restarting).await);
+    let old_actor = h.server_actor("alpha").expect("actor");
+    let killed = std::time::Instant::now();
+    h.service_actor(Service::Servers)
+        .await
+        .expect("running")
+        .kill();
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_actor("alpha")
+            .is_some_and(|a| a.get_id() != old_actor.get_id()))
+        .await,
+        "a new actor replaces the one that went with its supervisor"
+    );
+    // Still waiting out the backoff a moment after the rebuild.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if killed.elapsed() < Duration::from_secs(2) {
+        let status = h.server_status("alpha").expect("status");
+        assert_eq!(status.state, ServerState::Restarting, "{status:?}");
+    }
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    assert_eq!(h.server_status("alpha").expect("status").restarts, 1);
+    h.shutdown().await;
+}
+
 // An actor killed while its server's next connection is being made (still
 // `restarting`, the backoff over) took that connection's process with it: that is a
 // restart, charged (else an actor that kept dying there would respawn its server for

@@ -190,11 +190,14 @@ impl Actor for ServerActor {
                 return Ok(state);
             }
             // It died waiting out a restart's backoff, with no connection to lose (one
-            // being made afterwards, still `restarting`, died with it: charged below):
-            // the new actor waits out the rest of it, and the restart is charged once.
-            (Start::ActorDied, Some((ServerState::Restarting, _, last_error)))
-                if state.args.server.0.restarts.lock().due().is_some() =>
-            {
+            // being made afterwards, still `restarting`, died with it: charged below),
+            // or its supervisor did: the new actor waits out the rest of it, and the
+            // restart is charged once (a supervisor that kept dying would otherwise
+            // start a crash-looping server again at once, each time).
+            (
+                Start::ActorDied | Start::SupervisorRebuilt,
+                Some((ServerState::Restarting, _, last_error)),
+            ) if state.args.server.0.restarts.lock().due().is_some() => {
                 let due = state.args.server.0.restarts.lock().due();
                 let now = Instant::now();
                 let left = due.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
