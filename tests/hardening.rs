@@ -2034,6 +2034,12 @@ async fn item_02_a_reply_of_an_unexpected_content_type_is_named_cut_short() {
     assert!(said.len() < 1000, "{} bytes", said.len());
 }
 
+/// The demo server `slow` (with `args`), a second slow to start.
+fn slow_demo(args: &str) -> TransportSpec {
+    let line = format!("sleep 1; exec {} demo-server slow {args}", harness_exe());
+    TransportSpec::stdio("sh", ["-c".to_string(), line])
+}
+
 // A modern server slower to start than the probe waits is taken for a legacy one, and
 // refuses `initialize` as a modern server does: the failure heals (a restart probes
 // afresh), as does a configured-modern server's silent probe. Before, both marked the
@@ -2041,15 +2047,7 @@ async fn item_02_a_reply_of_an_unexpected_content_type_is_named_cut_short() {
 #[tokio::test]
 async fn a_modern_server_slower_than_the_probe_fails_its_start_healably() {
     use mcp_harness::transport::EraPreference;
-    let slow = || {
-        TransportSpec::stdio(
-            "sh",
-            [
-                "-c".to_string(),
-                format!("sleep 1; exec {} demo-server slow", harness_exe()),
-            ],
-        )
-    };
+    let slow = || slow_demo("");
     for era in [EraPreference::Auto, EraPreference::Modern] {
         let quick_probe = ConnectOptions {
             probe_timeout: Duration::from_millis(200),
@@ -2075,16 +2073,7 @@ async fn a_modern_server_slower_than_the_probe_fails_its_start_healably() {
 // it gone and the start failed, every time while its start stayed slow.
 #[tokio::test]
 async fn a_slow_legacy_server_that_exits_on_the_probe_is_respawned_for_the_handshake() {
-    let slow = TransportSpec::stdio(
-        "sh",
-        [
-            "-c".to_string(),
-            format!(
-                "sleep 1; exec {} demo-server slow --era legacy --on-discover exit",
-                harness_exe()
-            ),
-        ],
-    );
+    let slow = slow_demo("--era legacy --on-discover exit");
     let quick_probe = ConnectOptions {
         probe_timeout: Duration::from_millis(200),
         ..options()

@@ -748,16 +748,10 @@ mod tests {
         session_with(pipe, gateway_config).await
     }
 
-    /// [`session`] with these gateway settings.
-    async fn session_with(
-        pipe: usize,
+    /// A gateway with these settings on a harness with no servers, and agent `a`.
+    async fn gateway_with(
         gateway_config: super::super::GatewayConfig,
-    ) -> (
-        tokio::io::DuplexStream,
-        tokio::io::DuplexStream,
-        tokio::task::JoinHandle<()>,
-        crate::HarnessHandle,
-    ) {
+    ) -> (Gateway, Principal, crate::HarnessHandle) {
         let config = crate::HarnessConfig::default();
         let harness = crate::Harness::spawn(config.clone())
             .await
@@ -771,6 +765,20 @@ mod tests {
             agent: "a".into(),
             context: None,
         };
+        (gateway, principal, harness)
+    }
+
+    /// [`session`] with these gateway settings.
+    async fn session_with(
+        pipe: usize,
+        gateway_config: super::super::GatewayConfig,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<()>,
+        crate::HarnessHandle,
+    ) {
+        let (gateway, principal, harness) = gateway_with(gateway_config).await;
         let (client_in, gateway_in) = tokio::io::duplex(pipe);
         let (gateway_out, client_out) = tokio::io::duplex(pipe);
         let served = tokio::spawn(serve(
@@ -788,20 +796,8 @@ mod tests {
     // held the gateway. Before, both lived on.
     #[tokio::test]
     async fn a_session_whose_future_is_dropped_leaves_no_task_holding_the_gateway() {
-        let config = crate::HarnessConfig::default();
-        let harness = crate::Harness::spawn(config.clone())
-            .await
-            .expect("harness");
-        let sealer =
-            super::super::seal::Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
-        let gateway = Gateway::new(harness.clone(), &config, Default::default(), sealer)
-            .await
-            .expect("gateway");
+        let (gateway, principal, harness) = gateway_with(Default::default()).await;
         let weak = Arc::downgrade(&gateway.inner);
-        let principal = Principal {
-            agent: "a".into(),
-            context: None,
-        };
         let (mut client_in, gateway_in) = tokio::io::duplex(64);
         let (gateway_out, _client_out) = tokio::io::duplex(64);
         // Answers the client never reads: the writer blocks on the full pipe.

@@ -1865,13 +1865,18 @@ mod tests {
         }
     }
 
+    /// A layer for `s` on an address nothing listens on (it connects lazily).
+    fn unconnected() -> Arc<SharedCache> {
+        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
+        SharedCache::new(config, None).expect("layer (connects lazily)")
+    }
+
     // A generation overtaken while its read was on its way (this process heard of an
     // invalidation meanwhile) is a plain miss; one below what was seen before the read
     // is a rollback, refused and moved past.
     #[tokio::test]
     async fn a_generation_overtaken_in_flight_is_a_miss_not_a_rollback() {
-        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
-        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        let layer = unconnected();
         layer.highest.lock().insert("s".into(), 40);
         let seen = layer.before_read("s");
         layer.heard_invalidation("s", Some(41));
@@ -1895,8 +1900,7 @@ mod tests {
     // that read was refused and Redis moved past the pages just written.
     #[tokio::test]
     async fn a_heard_generation_read_already_is_not_taken_for_one_more() {
-        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
-        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        let layer = unconnected();
         layer.highest.lock().insert("s".into(), 10);
         let seen = layer.before_read("s");
         let read = redis::Value::Int(11);
@@ -1941,8 +1945,7 @@ mod tests {
     // entries from being read or written until every hold is gone.
     #[tokio::test]
     async fn a_server_whose_change_is_held_is_not_read_or_written() {
-        let config = SharedConfig::new("redis://127.0.0.1:9", vec!["s".to_string()]);
-        let layer = SharedCache::new(config, None).expect("layer (connects lazily)");
+        let layer = unconnected();
         assert!(layer.hold("other").is_none(), "not shared");
         assert!(layer.in_use("s"));
         let first = layer.hold("s").expect("shared");
