@@ -334,6 +334,29 @@ async fn a_server_that_ignores_sigterm_is_killed_at_shutdown() {
     );
 }
 
+// A shutdown while a server is being removed (and takes its grace to stop) returns
+// when that one has stopped too. Before, it counted only the servers still listed,
+// returned at once, and the removed one was killed as its actor went, without its grace.
+#[tokio::test]
+async fn a_shutdown_during_a_removal_waits_for_the_removed_server() {
+    let mut stubborn = demo("s", &["--ignore-sigterm"]);
+    stubborn.timeout = Duration::from_secs(5);
+    let h = harness(vec![stubborn, demo("t", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let removal = tokio::spawn({
+        let h = h.clone();
+        async move { h.remove_server("s").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!group_members(pid).is_empty(), "still stopping");
+    h.shutdown().await;
+    assert!(
+        group_members(pid).is_empty(),
+        "shutdown returned while the removed server was still stopping"
+    );
+    let _ = removal.await;
+}
+
 // A second shutdown (another task's) returns when the first is done, no server process
 // left; and a server added meanwhile is refused, not started after the servers to stop
 // were counted. Before, the second returned at once, and the added server outlived the

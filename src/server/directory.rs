@@ -11,6 +11,8 @@ use super::server_ref::ServerRef;
 struct Table {
     by_id: foldhash::HashMap<String, ServerRef>,
     order: Vec<String>,
+    /// Removed and still stopping: no longer routed to, and a shutdown waits for them.
+    stopping: Vec<ServerRef>,
 }
 
 /// The servers; cheap to clone (every clone sees the same table).
@@ -48,9 +50,25 @@ impl Directory {
         true
     }
 
+    /// Takes a server out; it is counted as stopping until [`Directory::stopped`].
     pub(super) fn remove(&self, id: &str) -> Option<ServerRef> {
         let mut t = self.0.write();
         t.order.retain(|o| o != id);
-        t.by_id.remove(id)
+        let server = t.by_id.remove(id)?;
+        t.stopping.push(server.clone());
+        Some(server)
+    }
+
+    /// A removed server has stopped.
+    pub(super) fn stopped(&self, server: &ServerRef) {
+        self.0
+            .write()
+            .stopping
+            .retain(|s| !Arc::ptr_eq(&s.0, &server.0));
+    }
+
+    /// The servers removed and still stopping.
+    pub(super) fn stopping(&self) -> Vec<ServerRef> {
+        self.0.read().stopping.clone()
     }
 }

@@ -161,8 +161,10 @@ impl Actor for ServersSupervisor {
                     if let Some(actor) = server.actor() {
                         state.by_actor.remove(&actor.get_id());
                     }
+                    let directory = state.args.directory.clone();
                     tokio::spawn(async move {
                         stop(&server).await;
+                        directory.stopped(&server);
                         let _ = reply.send(Ok(()));
                     });
                 }
@@ -214,7 +216,9 @@ impl Actor for ServersSupervisor {
             }
             ServersMsg::Shutdown(reply) => {
                 state.shutting_down = true;
-                let servers = state.args.directory.all();
+                // Those being removed too: a shutdown returns when no process is left.
+                let mut servers = state.args.directory.all();
+                servers.extend(state.args.directory.stopping());
                 tokio::spawn(async move {
                     // Concurrently: one server slow to die must not hold the others up.
                     let mut stops = tokio::task::JoinSet::new();
