@@ -294,8 +294,8 @@ pub(crate) enum RegistryMsg {
         /// Answered once they are dropped.
         reply: RpcReplyPort<()>,
     },
-    /// Forget a removed server entirely (entries and hashes).
-    Remove(String),
+    /// Forget a removed server entirely (entries and hashes); answered once it is.
+    Remove(String, RpcReplyPort<()>),
     /// Answers when every earlier message is handled (and so written to disk).
     Flush(RpcReplyPort<()>),
 }
@@ -372,13 +372,14 @@ impl Actor for RegistryActor {
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
                 let _ = reply.send(());
             }
-            RegistryMsg::Remove(server) => {
+            RegistryMsg::Remove(server, reply) => {
                 blocking(registry, move |r| {
                     r.cache.invalidate(&server);
                     r.cache.retire(&server);
                     r.forget(&server);
                 })
                 .await;
+                let _ = reply.send(());
             }
             RegistryMsg::Flush(reply) => {
                 let _ = reply.send(());
@@ -500,10 +501,16 @@ impl RegistryRef {
             .is_some()
     }
 
-    /// Forgets a removed server; returns when its entries are gone.
+    /// Forgets a removed server; returns when its entries are gone. Asked, not sent: a
+    /// message sent while the actor is rebuilt is lost, and the removed server's
+    /// entries would stay (an ask is put to the rebuilt actor).
     pub async fn remove(&self, server: &str) {
-        self.0.send(RegistryMsg::Remove(server.to_string()));
-        self.flush().await;
+        self.0
+            .ask(
+                |reply| RegistryMsg::Remove(server.to_string(), reply),
+                Duration::from_secs(30),
+            )
+            .await;
     }
 
     /// Returns when every earlier message is handled.
