@@ -634,13 +634,22 @@ impl Current {
             .map(|(rank, (_, s))| (s.id.clone(), rank))
             .collect();
         Ok(Current {
-            names: Names::new(config.prefix),
+            names: Names::carried(config.prefix, before.map(|b| &b.names)),
             identity: Arc::new(identity),
             sealer,
             order,
             config: Arc::new(config),
         })
     }
+}
+
+/// What a served name stands for ([`Gateway::resolve`]).
+enum Resolved {
+    /// The harness's name for it.
+    Name(String),
+    /// A shortened-shape name not served to this caller now, while these servers it may
+    /// use could not be listed: it may be one of theirs.
+    NotServed(Vec<crate::call::Unreachable>),
 }
 
 /// What a reload changed.
@@ -1317,9 +1326,14 @@ impl Gateway {
         }
         // Resolved as the call will be: a header check cannot be passed by a name this
         // process has not listed yet.
-        let name = self
+        let name = match self
             .resolve(principal, CallKind::Tool, served, false)
-            .await?;
+            .await?
+        {
+            Resolved::Name(name) => name,
+            // The call's error, not the headers'.
+            Resolved::NotServed(_) => return Ok(()),
+        };
         let tool = match self
             .inner
             .harness
@@ -1593,18 +1607,23 @@ impl Gateway {
         let name = search::name_arg(search::DESCRIBE_TOOL, &params["arguments"])?;
         // A shortened name this process has not served (another gateway did, or a
         // reload forgot it) is learned, as a call's is; the request holds its place.
-        let resolved = self
-            .resolve(principal, CallKind::Tool, name, true)
-            .await
-            .unwrap_or_else(|_| now.names.resolve(name));
+        let resolved = match self.resolve(principal, CallKind::Tool, name, true).await {
+            Ok(Resolved::Name(name)) => Some(name),
+            // Not a look-alike's definition under the name of another's tool.
+            Ok(Resolved::NotServed(_)) => None,
+            Err(_) => Some(now.names.resolve(name)),
+        };
         // Boxed, as listings are: every request's future would carry its size.
-        let tool = Box::pin(
-            self.inner
-                .harness
-                .get_tool_schema(&Self::caller(principal), &resolved),
-        )
-        .await
-        .ok();
+        let tool = match resolved {
+            Some(resolved) => Box::pin(
+                self.inner
+                    .harness
+                    .get_tool_schema(&Self::caller(principal), &resolved),
+            )
+            .await
+            .ok(),
+            None => None,
+        };
         Ok(search::describe_result(
             name,
             tool.as_ref().map(|t| &*t.definition),
@@ -1729,7 +1748,15 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            self.resolve(principal, kind, name, true).await?
+            match self.resolve(principal, kind, name, true).await? {
+                Resolved::Name(name) => name,
+                Resolved::NotServed(unreachable) => {
+                    return Err(to_rpc(&CallError::NoRoute {
+                        tool: name.to_string(),
+                        unreachable,
+                    }));
+                }
+            }
         };
         Ok((name, args))
     }
@@ -1746,7 +1773,7 @@ impl Gateway {
         kind: CallKind,
         served: &str,
         held: bool,
-    ) -> Result<String, RpcError> {
+    ) -> Result<Resolved, RpcError> {
         let now = self.now();
         match now.names.resolve(served) {
             same if same == served && names::looks_shortened(served) => {
@@ -1758,7 +1785,7 @@ impl Gateway {
                 // Another request may have learned it meanwhile.
                 let resolved = now.names.resolve(served);
                 if resolved != served {
-                    return Ok(resolved);
+                    return Ok(Resolved::Name(resolved));
                 }
                 let listing = self.listing(principal, kind).await?;
                 let order = &now.order;
@@ -1769,17 +1796,22 @@ impl Gateway {
                 // unless a server the caller may use could not be listed: the name may
                 // be that one's shortened name, and a server whose tool took this very
                 // name (to pass for it) would answer in its place.
+                // Only servers that could hold the name count: enabled ones (a server
+                // disabled in the config serves nothing), that may offer `kind`.
+                let unreachable: Vec<_> = listing
+                    .unreachable
+                    .into_iter()
+                    .map(|(u, _)| u)
+                    .filter(|u| self.inner.harness.may_offer(&u.server, kind))
+                    .collect();
                 match now.names.resolve(served) {
-                    same if same == served && !listing.unreachable.is_empty() => {
-                        Err(to_rpc(&CallError::NoRoute {
-                            tool: served.to_string(),
-                            unreachable: listing.unreachable.into_iter().map(|(u, _)| u).collect(),
-                        }))
+                    same if same == served && !unreachable.is_empty() => {
+                        Ok(Resolved::NotServed(unreachable))
                     }
-                    resolved => Ok(resolved),
+                    resolved => Ok(Resolved::Name(resolved)),
                 }
             }
-            resolved => Ok(resolved),
+            resolved => Ok(Resolved::Name(resolved)),
         }
     }
 

@@ -107,6 +107,22 @@ impl Names {
         }
     }
 
+    /// Names served with `prefix`, knowing what `before` served when it is the same
+    /// (shortening is a function of the name: what it learned still holds). A reload
+    /// then does not forget a shortened name while its server is restarted or gone,
+    /// when no listing could learn it again: a call by it would otherwise be routed as
+    /// a bare name, to a server whose tool took that very name.
+    pub fn carried(prefix: Prefix, before: Option<&Names>) -> Names {
+        let renamed = before
+            .filter(|b| b.prefix == prefix)
+            .map(|b| b.renamed.lock().clone())
+            .unwrap_or_default();
+        Names {
+            prefix,
+            renamed: Mutex::new(renamed),
+        }
+    }
+
     /// The items to serve and the name of each, from a caller's listing. `priority`
     /// orders the servers offering a bare name (first serves it), for `Prefix::Never`.
     pub fn expose<'a>(
