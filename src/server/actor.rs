@@ -65,8 +65,9 @@ pub(crate) enum Start {
     /// The server's actor died: a restart of the server, under its restart policy.
     ActorDied,
     /// The servers' supervisor died and every server actor with it: each is started
-    /// again at once, charged to no server's restart limit (the fault was the
-    /// harness's own, and would otherwise count against every server at once).
+    /// again at once (one waiting out a restart's backoff waits out the rest of it),
+    /// charged to no server's restart limit (the fault was the harness's own, and would
+    /// otherwise count against every server at once).
     SupervisorRebuilt,
 }
 

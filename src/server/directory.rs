@@ -59,6 +59,14 @@ impl Directory {
         Some(server)
     }
 
+    /// Takes out a server that never started (its actor could not be spawned): there
+    /// is nothing of it to stop.
+    pub(super) fn discard(&self, id: &str) {
+        let mut t = self.0.write();
+        t.order.retain(|o| o != id);
+        t.by_id.remove(id);
+    }
+
     /// A removed server has stopped.
     pub(super) fn stopped(&self, server: &ServerRef) {
         self.0

@@ -313,7 +313,7 @@ impl ServersState {
             return Ok(());
         }
         if let Err(e) = self.spawn(myself, server.clone(), Start::New).await {
-            self.args.directory.remove(server.id());
+            self.args.directory.discard(server.id());
             return Err(e);
         }
         Ok(())
