@@ -1135,6 +1135,8 @@ fn item_12_stdio_servers_get_a_minimal_environment_unless_inherit_env() {
     let secret = [
         ("MCP_TEST_SECRET", "hunter2"),
         ("MCP_HARNESS_GATEWAY_KEYS", "k1:c2VjcmV0"),
+        ("MCP_HARNESS_ADMIN_TOKEN", "admin"),
+        ("MCP_HARNESS_METRICS_TOKEN", "metrics"),
     ];
     let o = run_env(
         &["call", "--stdio", &demo_cmd("s"), "env", "--json"],
@@ -1167,13 +1169,14 @@ fn item_12_stdio_servers_get_a_minimal_environment_unless_inherit_env() {
     let env: Value = serde_json::from_str(&stdout(&o)).expect("json");
     assert_eq!(env["structuredContent"]["MCP_TEST_SECRET"], "hunter2");
     assert_eq!(env["structuredContent"]["EXTRA"], "yes");
-    // The gateway's sealing keys are the harness's own, whatever is inherited.
-    assert!(
-        env["structuredContent"]
-            .get("MCP_HARNESS_GATEWAY_KEYS")
-            .is_none(),
-        "{env}"
-    );
+    // The gateway's sealing keys and tokens are the harness's own, whatever is inherited.
+    for withheld in [
+        "MCP_HARNESS_GATEWAY_KEYS",
+        "MCP_HARNESS_ADMIN_TOKEN",
+        "MCP_HARNESS_METRICS_TOKEN",
+    ] {
+        assert!(env["structuredContent"].get(withheld).is_none(), "{env}");
+    }
     let _ = std::fs::remove_file(path);
 }
 

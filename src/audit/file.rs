@@ -305,8 +305,13 @@ fn shared_dir(dir: &Path) -> Option<(std::path::PathBuf, &'static str)> {
         }
         None
     };
-    let dir = std::fs::canonicalize(dir).ok()?;
-    dir.ancestors()
+    // The path as written (a link on it another user could replace counts) and where
+    // it leads.
+    let written = std::path::absolute(dir).ok()?;
+    let real = std::fs::canonicalize(dir).ok()?;
+    written
+        .ancestors()
+        .chain(real.ancestors())
         .find_map(|d| why(d).map(|why| (d.to_path_buf(), why)))
 }
 
@@ -598,6 +603,9 @@ mod tests {
         let open = scratch.join("open");
         let mine = open.join("mine");
         std::fs::create_dir_all(&mine).expect("dirs");
+        for d in [&*scratch, &*open] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
         std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         assert_eq!(shared_dir(&mine), None, "all this user's");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
@@ -606,6 +614,14 @@ mod tests {
         assert!(why.contains("not sticky"), "{why}");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
         assert_eq!(shared_dir(&mine), None, "sticky, as /tmp");
+        // A link on the way, in a directory every user may write: the link could be
+        // replaced, wherever it leads now.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let real = scratch.join("real");
+        std::fs::create_dir_all(&real).expect("dir");
+        std::os::unix::fs::symlink(&real, open.join("link")).expect("link");
+        let (dir, _) = shared_dir(&open.join("link")).expect("the link's directory is shared");
+        assert_eq!(dir, std::path::absolute(&open).expect("absolute"));
     }
 
     // A copy of a descriptor set non-blocking (a socket a parent handed down so) takes
