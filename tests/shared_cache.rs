@@ -80,6 +80,24 @@ fn page(server: &str, n: usize, pad: usize) -> mcp_harness::registry::cache::Pag
     }
 }
 
+/// A first process: lists once under `config` (its pages go to Redis), and ends.
+async fn lists_once(config: HarnessConfig) {
+    let first = start_ready(config).await;
+    first.list_tools(&a()).await.expect("list");
+    first.shutdown().await;
+}
+
+/// `CONFIG SET key value` on the test's Redis.
+async fn config_set(c: &mut redis::aio::MultiplexedConnection, key: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(key)
+        .arg(value)
+        .query_async(c)
+        .await
+        .unwrap_or_else(|e| panic!("CONFIG SET {key}: {e}"));
+}
+
 /// The keys of the pages Redis holds.
 async fn page_keys(redis: &Redis) -> Vec<String> {
     let keys = redis.keys().await;
@@ -571,9 +589,7 @@ async fn a_page_stored_before_its_servers_generation_moved_is_never_served() {
     let rec = record.to_string_lossy().into_owned();
     let server = || demo_server("s", &["--record", &rec]);
     let shared = shared(redis.url(), &["s"]);
-    let first = start_ready(config(vec![server()], shared.clone())).await;
-    first.list_tools(&a()).await.expect("list");
-    first.shutdown().await;
+    lists_once(config(vec![server()], shared.clone())).await;
     // Another process saw the list change: the generation moves on, the page stays.
     move_generation(&redis, "s").await;
     let second = start_ready(config(vec![server()], shared.clone())).await;
@@ -604,24 +620,10 @@ async fn a_full_redis_that_refuses_writes_still_serves_its_pages() {
     let rec = record.to_string_lossy().into_owned();
     let server = || demo_server("s", &["--record", &rec]);
     let shared = shared(redis.url(), &["s"]);
-    let first = start_ready(config(vec![server()], shared.clone())).await;
-    first.list_tools(&a()).await.expect("list");
-    first.shutdown().await;
+    lists_once(config(vec![server()], shared.clone())).await;
     let mut c = redis.connection().await.expect("connect");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(&mut c)
-        .await
-        .expect("policy");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1")
-        .query_async(&mut c)
-        .await
-        .expect("maxmemory");
+    config_set(&mut c, "maxmemory-policy", "noeviction").await;
+    config_set(&mut c, "maxmemory", "1").await;
     let refused: redis::RedisResult<()> = redis::cmd("SET")
         .arg("probe")
         .arg("x")
@@ -668,13 +670,7 @@ async fn a_full_redis_that_refuses_writes_still_serves_its_pages() {
     let stats = layer.stats();
     assert!(stats.available && stats.errors >= 5, "{stats:?}");
     assert!(layer.generation("s").await.is_some(), "{:?}", layer.stats());
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut c)
-        .await
-        .expect("maxmemory");
+    config_set(&mut c, "maxmemory", "0").await;
     let _ = std::fs::remove_file(record);
 }
 
