@@ -1020,6 +1020,103 @@ while :; do sleep 0.1; done"#;
     let _ = std::fs::remove_file(termed);
 }
 
+// A server restarted with a new config (a reload that changes it) keeps its id and its
+// place: a call made while its old process, slow to go, is being stopped waits for the
+// new one, which starts only once the old one has gone. The lists are the new one's,
+// though it says nothing of a change (no subscription reads them again).
+#[tokio::test]
+async fn a_server_replaced_keeps_its_place_and_calls_wait_for_the_new_one() {
+    let script = "trap '' TERM; \"$0\" demo-server slow --no-list-changed; sleep 30";
+    let slow = under_sh(demo("slow", &[]), script, &[]);
+    let h = Harness::spawn(HarnessConfig {
+        servers: vec![slow, demo("after", &[])],
+        permissions: grant_everything(&["a"]),
+        shutdown_grace: Duration::from_secs(2),
+        ..HarnessConfig::default()
+    })
+    .await
+    .expect("spawn");
+    assert!(wait_state(&h, "slow", ServerState::Ready).await);
+    assert!(wait_state(&h, "after", ServerState::Ready).await);
+    let tools = |h: HarnessHandle| async move {
+        let listed = h.list_tools(&Caller::agent("a")).await.expect("listed");
+        let names: Vec<String> = listed.iter().map(|t| t.qualified.to_string()).collect();
+        names
+    };
+    assert!(!tools(h.clone()).await.contains(&"slow__gen_0".to_string()));
+    // A crash first: the restart it counts is still counted after the replacement.
+    sigkill(pid(&h, "slow"));
+    assert!(
+        eventually(Duration::from_secs(20), || h
+            .server_status("slow")
+            .is_some_and(|s| s.restarts == 1 && s.state == ServerState::Ready))
+        .await
+    );
+    let old = pid(&h, "slow");
+
+    let mut events = h.subscribe();
+    let mut new = demo("slow", &["--extra-tools", "1", "--no-list-changed"]);
+    new.timeout = Duration::from_secs(60);
+    let replacing = {
+        let h = h.clone();
+        tokio::spawn(async move { h.replace_server(new).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("slow")
+            .is_some_and(|s| s.pid != Some(old)))
+        .await,
+        "the new server is in the directory"
+    );
+    let order: Vec<String> = h.status().into_iter().map(|s| s.id).collect();
+    assert_eq!(order, ["slow", "after"], "in its place");
+    let answer = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&Caller::agent("a"), "slow__echo", json!({"text": "waited"}))
+                .await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("slow")
+            .is_some_and(|s| s.queued == 1))
+        .await,
+        "the call waits for the new process: {:?}",
+        h.server_status("slow")
+    );
+    assert!(!replacing.is_finished(), "the old process is still going");
+    assert!(!group_members(old).is_empty());
+    replacing.await.expect("join").expect("replaced");
+    assert!(group_members(old).is_empty(), "the old process is gone");
+    let answer = answer.await.expect("join").expect("answered");
+    assert!(answer.to_string().contains("waited"), "{answer}");
+    let new_pid = pid(&h, "slow");
+    assert_ne!(new_pid, old);
+    assert_eq!(h.server_status("slow").map(|s| s.restarts), Some(1));
+    // Told, as a server's own list change is: a gateway passes it on to its clients.
+    let told = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(mcp_harness::registry::HarnessEvent::ListsChanged { server, tools, .. })
+                    if server == "slow" && tools =>
+                {
+                    break true;
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => break false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(told, Ok(true), "the lists are announced as changed");
+    assert!(
+        tools(h.clone()).await.contains(&"slow__gen_0".to_string()),
+        "the new server's tools"
+    );
+    h.shutdown().await;
+}
+
 // A server given up on while calls wait for it answers them, and its status says its
 // queue is empty again.
 #[tokio::test]

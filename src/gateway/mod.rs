@@ -846,12 +846,10 @@ impl Change {
                 Ok(_) => Applied::Removed,
                 Err(e) => failed(false, e),
             },
-            Change::Restart(new) => match harness.remove_server(&id).await {
-                Err(e) => failed(false, e),
-                Ok(_) => match harness.add_server((*new).clone()).await {
-                    Ok(_) => Applied::Restarted(*new),
-                    Err(e) => failed(true, e),
-                },
+            Change::Restart(new) => match harness.replace_server((*new).clone()).await {
+                Ok(_) => Applied::Restarted(*new),
+                // Its own id: not there any more (removed meanwhile), or not started.
+                Err(e) => failed(harness.server_status(&id).is_none(), e),
             },
         };
         (id, applied)
@@ -1086,8 +1084,11 @@ impl Gateway {
                     report.added.push(id);
                 }
                 Applied::Restarted(config) => {
-                    running.retain(|s| s.id != id);
-                    running.push(config);
+                    // In its place, as in the harness's directory.
+                    match running.iter_mut().find(|s| s.id == id) {
+                        Some(s) => *s = config,
+                        None => running.push(config),
+                    }
                     report.restarted.push(id);
                 }
                 Applied::Failed { gone, error } => {

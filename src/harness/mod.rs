@@ -680,14 +680,7 @@ impl HarnessHandle {
 
     /// Starts a new server.
     pub async fn add_server(&self, config: ServerConfig) -> Result<(), HarnessError> {
-        config.validate().map_err(|e| {
-            HarnessError::Config(crate::config::ConfigError {
-                file: None,
-                server: Some(config.id.clone()),
-                field: e.field,
-                reason: e.reason,
-            })
-        })?;
+        validated(&config)?;
         let id = config.id.clone();
         // Counted from before it can answer; not if it was not added after all (a late
         // call of a removed server of that id brings no series back).
@@ -724,6 +717,15 @@ impl HarnessHandle {
                 server: id.to_string(),
             });
         Ok(())
+    }
+
+    /// Restarts a server with a new config (its id the same), in its place: calls
+    /// meanwhile wait for the new one, as during a restart; those in flight on the old
+    /// one end. The new one starts once the old one has stopped, its lists read afresh
+    /// (announced as changed). Returns when the old one has stopped.
+    pub async fn replace_server(&self, config: ServerConfig) -> Result<(), HarnessError> {
+        validated(&config)?;
+        Ok(self.inner.services.servers.replace(config).await?)
     }
 
     /// Restarts a server now, forgetting its restart history; brings a `failed` (or
@@ -977,6 +979,18 @@ impl HarnessHandle {
 }
 
 /// Refuses grants that would match nothing, as a config that held them is refused.
+/// `config`, unless it is wrong.
+fn validated(config: &ServerConfig) -> Result<(), HarnessError> {
+    config.validate().map_err(|e| {
+        HarnessError::Config(crate::config::ConfigError {
+            file: None,
+            server: Some(config.id.clone()),
+            field: e.field,
+            reason: e.reason,
+        })
+    })
+}
+
 fn checked_grants(grants: &crate::permission::Grants) -> Result<(), HarnessError> {
     crate::permission::validate(grants)
         .map_err(|e| HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason)))

@@ -282,6 +282,17 @@ impl Actor for ServerActor {
                     state.start_connection(&myself).await;
                 }
             }
+            ServerMsg::PredecessorStopped => {
+                // Unless a connection was started meanwhile (a restart asked for, an
+                // earlier wait's message), or a backoff's timer starts it.
+                let waiting = state.current.is_none()
+                    && state.restart_at.is_none()
+                    && !state.stopping
+                    && matches!(state.state, ServerState::Starting | ServerState::Restarting);
+                if waiting {
+                    state.start_connection(&myself).await;
+                }
+            }
             ServerMsg::ExpireQueued(key) => {
                 if let Some(q) = state.queue.expire(key) {
                     let _ = q.reply.send(Err(state.restarting_error()));
@@ -475,7 +486,17 @@ impl ServerActorState {
     }
 
     async fn start_connection(&mut self, myself: &ActorRef<ServerMsg>) {
+        // Due now (a restart's backoff waited out): `PredecessorStopped` starts it.
         self.restart_at = None;
+        if let Some(stopping) = self.args.server.predecessor_stopping() {
+            // Requests wait in the queue meanwhile, as during a restart.
+            let myself = myself.clone();
+            tokio::spawn(async move {
+                stopping.cancelled().await;
+                let _ = myself.send_message(ServerMsg::PredecessorStopped);
+            });
+            return;
+        }
         self.args.server.0.restarts.lock().connecting();
         match self.spawn_attempt(myself).await {
             Ok(attempt) => self.current = Some(attempt),
@@ -668,12 +689,7 @@ impl ServerActorState {
             }
             // What it lists may depend on what we declared (many legacy servers list
             // elicitation tools only to clients that can answer them).
-            let all = ListsChanged {
-                tools: true,
-                prompts: true,
-                resources: true,
-            };
-            self.args.client.lists_changed(self.id(), all);
+            self.args.client.lists_changed(self.id(), ListsChanged::ALL);
             // Requests that found the old connection closed before its failure reached
             // this actor were queued; that failure is now stale and restarts nothing.
             self.send_queued(LiveConnection { conn, attempt }).await;
@@ -695,12 +711,7 @@ impl ServerActorState {
         self.publish(ServerState::Ready);
         // A modern server's new subscription reads them again (`listen`).
         if std::mem::replace(&mut self.connected_before, true) && conn.era() == Era::Legacy {
-            let all = ListsChanged {
-                tools: true,
-                prompts: true,
-                resources: true,
-            };
-            self.args.client.lists_changed(self.id(), all);
+            self.args.client.lists_changed(self.id(), ListsChanged::ALL);
         }
         self.send_queued(LiveConnection { conn, attempt }).await;
     }
@@ -736,11 +747,7 @@ impl ServerActorState {
     /// The client's capabilities changed (`told`: a handler was registered), or may
     /// have while a connection was made.
     async fn on_capabilities_changed(&mut self, myself: &ActorRef<ServerMsg>, told: bool) {
-        let all = ListsChanged {
-            tools: true,
-            prompts: true,
-            resources: true,
-        };
+        let all = ListsChanged::ALL;
         let era = self.current_conn().map(|c| c.era());
         if self.state != ServerState::Ready || era.is_none() {
             // Not connected (starting, restarting, failed, stopped): the next connection

@@ -20,6 +20,13 @@ pub struct ListsChanged {
 }
 
 impl ListsChanged {
+    /// Every list.
+    pub const ALL: ListsChanged = ListsChanged {
+        tools: true,
+        prompts: true,
+        resources: true,
+    };
+
     /// Marks the list a `notifications/*/list_changed` method names; false for any
     /// other method.
     pub fn mark(&mut self, method: &str) -> bool {

@@ -59,6 +59,23 @@ impl Directory {
         Some(server)
     }
 
+    /// Puts `server` in the place of the one of its id, which is counted as stopping
+    /// until [`Directory::stopped`]; `None` (and nothing changed) when there is none.
+    pub(super) fn replace(&self, server: ServerRef) -> Option<ServerRef> {
+        let mut t = self.0.write();
+        let old = t.by_id.insert(server.id().to_string(), server.clone());
+        match old {
+            Some(old) => {
+                t.stopping.push(old.clone());
+                Some(old)
+            }
+            None => {
+                t.by_id.remove(server.id());
+                None
+            }
+        }
+    }
+
     /// Takes out a server that never started (its actor could not be spawned): there
     /// is nothing of it to stop.
     pub(super) fn discard(&self, id: &str) {

@@ -58,6 +58,8 @@ pub enum ServerMsg {
         /// The attempt the timer was set in; stale timers are ignored.
         attempt: u64,
     },
+    /// The server this one replaces has stopped: the first connection may start.
+    PredecessorStopped,
     /// From a timer: a queued request reached its deadline.
     ExpireQueued(u64),
     /// From a timer: pass on the `list_changed` notifications gathered since the last.

@@ -88,6 +88,10 @@ pub(crate) struct ServerShared {
     unowned: parking_lot::Mutex<Unowned>,
     /// Walks of its lists fetching pages now (see [`MAX_FETCHING_WALKS`]).
     fetching: Arc<tokio::sync::Semaphore>,
+    /// Cancelled once the server this one replaces (same id, a reloaded config) has
+    /// stopped: this one connects only then, since both may need one resource (a port,
+    /// a lock file, a database opened for writing).
+    predecessor: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
@@ -169,6 +173,24 @@ impl Drop for Slot<'_> {
 impl ServerRef {
     /// A server not started yet, added by request `added_by`.
     pub(crate) fn added(config: ServerConfig, added_by: u64) -> ServerRef {
+        ServerRef::new(config, added_by, None)
+    }
+
+    /// A server not started yet that replaces another of its id (by request
+    /// `added_by`): it connects once `predecessor` is cancelled.
+    pub(crate) fn replacing(
+        config: ServerConfig,
+        added_by: u64,
+        predecessor: tokio_util::sync::CancellationToken,
+    ) -> ServerRef {
+        ServerRef::new(config, added_by, Some(predecessor))
+    }
+
+    fn new(
+        config: ServerConfig,
+        added_by: u64,
+        predecessor: Option<tokio_util::sync::CancellationToken>,
+    ) -> ServerRef {
         let status = ServerStatus::starting(&config.id);
         let fingerprint = config.transport.fingerprint();
         let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
@@ -186,7 +208,18 @@ impl ServerRef {
             added_by,
             unowned: parking_lot::Mutex::new(Unowned::default()),
             fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING_WALKS)),
+            predecessor,
         }))
+    }
+
+    /// While the server this one replaces is still stopping, what is cancelled once
+    /// it has.
+    pub(super) fn predecessor_stopping(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.0
+            .predecessor
+            .as_ref()
+            .filter(|t| !t.is_cancelled())
+            .cloned()
     }
 
     /// The add request that put it in the directory.

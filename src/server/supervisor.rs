@@ -12,7 +12,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::actor::{ServerActor, ServerArgs, Start};
-use super::client::ClientSide;
+use super::client::{ClientSide, ListsChanged};
 use super::config::ServerConfig;
 use super::directory::Directory;
 use super::error::ServerError;
@@ -84,6 +84,13 @@ pub enum ServersMsg {
     ),
     /// Stop a server gracefully and forget it; answers when it is stopped.
     Remove(String, RpcReplyPort<Result<(), ServersError>>),
+    /// Put a server of a new config (validated by the caller) in the place of the one
+    /// of its id, for the request of this number; answers when the old one is stopped.
+    Replace(
+        Box<ServerConfig>,
+        u64,
+        RpcReplyPort<Result<(), ServersError>>,
+    ),
     /// Restart a server now, forgetting its restart history.
     Restart(String, RpcReplyPort<Result<(), ServersError>>),
     /// The client's capabilities changed: tell every server.
@@ -135,6 +142,7 @@ impl Actor for ServersSupervisor {
             };
             if let Err(e) = state.spawn(&myself, server.clone(), start).await {
                 tracing::error!(server = %server.id(), error = %e, "could not start the server's actor");
+                unspawned(&server, &e);
             }
         }
         Ok(state)
@@ -171,6 +179,12 @@ impl Actor for ServersSupervisor {
                 None => {
                     let _ = reply.send(Err(ServersError::Unknown(id)));
                 }
+            },
+            ServersMsg::Replace(config, request, reply) => match state.shutting_down {
+                true => {
+                    let _ = reply.send(Err(ServersError::Gone));
+                }
+                false => state.replace(&myself, *config, request, reply).await,
             },
             ServersMsg::Restart(id, reply) => {
                 if state.shutting_down {
@@ -264,12 +278,7 @@ impl Actor for ServersSupervisor {
         tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
         if let Err(e) = state.spawn(&myself, server.clone(), Start::ActorDied).await {
             tracing::error!(server = %id, error = %e, "could not rebuild the server actor");
-            // No actor to write it: the server is failed until `restart_server` spawns
-            // one again.
-            *server.0.actor.write() = None;
-            let mut s = server.0.status.write();
-            s.state = ServerState::Failed;
-            s.last_error = Some(e.to_string());
+            unspawned(&server, &e);
         }
         Ok(())
     }
@@ -318,6 +327,72 @@ impl ServersState {
         }
         Ok(())
     }
+
+    /// See [`ServersMsg::Replace`]. The new server keeps the old one's place (config
+    /// order) and id: requests meanwhile wait in its queue, as during a restart. It
+    /// connects once the old one has stopped, after the cache has dropped the old
+    /// one's lists (read again from the new one, and announced as changed).
+    async fn replace(
+        &mut self,
+        myself: &ActorRef<ServersMsg>,
+        config: ServerConfig,
+        request: u64,
+        reply: RpcReplyPort<Result<(), ServersError>>,
+    ) {
+        let id = config.id.clone();
+        match self.args.directory.get(&id) {
+            None => {
+                let _ = reply.send(Err(ServersError::Unknown(id)));
+                return;
+            }
+            // Asked again: its supervisor died before answering; the rebuilt one
+            // started it.
+            Some(there) if there.added_by() == request => {
+                let _ = reply.send(Ok(()));
+                return;
+            }
+            Some(_) => {}
+        }
+        let predecessor = tokio_util::sync::CancellationToken::new();
+        let server = ServerRef::replacing(config, request, predecessor.clone());
+        let Some(old) = self.args.directory.replace(server.clone()) else {
+            let _ = reply.send(Err(ServersError::Unknown(id)));
+            return;
+        };
+        if let Some(actor) = old.actor() {
+            self.by_actor.remove(&actor.get_id());
+        }
+        {
+            // One server to whoever counts (metrics): its counts go on.
+            let was = old.status();
+            let mut now = server.0.status.write();
+            now.restarts = was.restarts;
+            now.actor_rebuilds = was.actor_rebuilds;
+        }
+        let spawned = self.spawn(myself, server, Start::New).await;
+        if spawned.is_err() {
+            self.args.directory.discard(&id);
+        }
+        let (directory, client) = (self.args.directory.clone(), self.args.client.clone());
+        tokio::spawn(async move {
+            // Cancelled however this task ends: the new server never waits for ever.
+            let _stopped = predecessor.drop_guard();
+            stop(&old).await;
+            directory.stopped(&old);
+            client.lists_changed(&id, ListsChanged::ALL);
+            drop(_stopped);
+            let _ = reply.send(spawned);
+        });
+    }
+}
+
+/// A server whose actor could not be spawned again: no actor is left to write its
+/// status, so it is failed until `restart_server` spawns one (it finds no actor).
+fn unspawned(server: &ServerRef, e: &ServersError) {
+    *server.0.actor.write() = None;
+    let mut s = server.0.status.write();
+    s.state = ServerState::Failed;
+    s.last_error = Some(e.to_string());
 }
 
 /// Puts a server added at run time in the directory: true if it is new, false if the
@@ -343,6 +418,13 @@ async fn stop(server: &ServerRef) {
     actor.kill();
 }
 
+/// Numbers an add (or replace) request, so that asking it again after a lost answer
+/// finds the server it put in the directory rather than a duplicate.
+fn add_request() -> u64 {
+    static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A typed handle on the servers' supervisor (its address changes when it is rebuilt).
 #[derive(Clone, Default)]
 pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>);
@@ -350,15 +432,26 @@ pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>);
 impl ServersRef {
     /// Starts a server.
     pub async fn add(&self, config: ServerConfig) -> Result<(), ServersError> {
-        // Numbers this request, so that asking it again after a lost answer finds the
-        // server it added rather than a duplicate.
-        static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let request = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request = add_request();
         let config = Box::new(config);
         self.0
             .ask(
                 |r| ServersMsg::Add(config.clone(), request, r),
                 Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or(Err(ServersError::Gone))
+    }
+
+    /// Puts a server of a new config in the place of the one of its id; returns when
+    /// the old one is stopped.
+    pub async fn replace(&self, config: ServerConfig) -> Result<(), ServersError> {
+        let request = add_request();
+        let config = Box::new(config);
+        self.0
+            .ask(
+                |r| ServersMsg::Replace(config.clone(), request, r),
+                Duration::from_secs(120),
             )
             .await
             .unwrap_or(Err(ServersError::Gone))
