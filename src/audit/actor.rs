@@ -13,13 +13,17 @@ use crate::util::slot::ActorSlot;
 /// Writes the audit trail; see the module docs.
 pub struct AuditActor;
 
-/// Drains the sink once, on a blocking thread.
-async fn drain(sink: &AuditSink) {
+/// Drains the sink once, on a blocking thread; then syncs the file if `sync` and that
+/// is due.
+async fn drain(sink: &AuditSink, sync: bool) {
     let shared = sink.shared.clone();
-    if tokio::task::spawn_blocking(move || shared.write_pending())
-        .await
-        .is_err()
-    {
+    let written = tokio::task::spawn_blocking(move || {
+        shared.write_pending();
+        if sync {
+            shared.sync_due();
+        }
+    });
+    if written.await.is_err() {
         tracing::error!("the audit writer task failed");
     }
 }
@@ -65,9 +69,11 @@ impl Actor for AuditActor {
                 sink.write_now().await;
                 let _ = reply.send(());
             }
-            AuditMsg::Tick => drain(sink).await,
+            // A full batch: written at once, synced at the next timer (a flood of
+            // batches does not each wait for the disk).
+            AuditMsg::Tick => drain(sink, false).await,
             AuditMsg::Timer => {
-                drain(sink).await;
+                drain(sink, true).await;
                 myself.send_after(next_drain(sink), || AuditMsg::Timer);
             }
         }
@@ -79,7 +85,7 @@ impl Actor for AuditActor {
         _: ActorRef<AuditMsg>,
         sink: &mut AuditSink,
     ) -> Result<(), ActorProcessingErr> {
-        drain(sink).await;
+        drain(sink, false).await;
         Ok(())
     }
 }
@@ -110,5 +116,44 @@ impl AuditRef {
             .ask(AuditMsg::Flush, Duration::from_secs(30))
             .await
             .is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::audit::AuditConfig;
+
+    // What the timer writes is synced to the disk while the trail runs, not only at
+    // shutdown: a disk that refuses it says so then.
+    #[tokio::test]
+    async fn what_was_written_is_synced_while_the_trail_runs() {
+        let dir = crate::util::scratch::Scratch::new("synced");
+        let path = dir.join("audit.jsonl");
+        let config = AuditConfig {
+            path: Some(path.clone()),
+            flush_every: Duration::from_millis(20),
+            ..AuditConfig::default()
+        };
+        let slot = ActorSlot::default();
+        let sink = AuditSink::new(config, slot.clone());
+        let (actor, handle) = Actor::spawn(None, AuditActor, sink.clone())
+            .await
+            .expect("spawn");
+        slot.set(actor.clone());
+        sink.record(&serde_json::json!({"i": 1}));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let synced = || {
+            std::fs::read_to_string(&path).is_ok_and(|t| t.contains("\"i\":1"))
+                && sink.shared.unsynced.load(Ordering::SeqCst) == 0
+        };
+        while !synced() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(synced(), "written and synced");
+        actor.stop(None);
+        let _ = handle.await;
     }
 }

@@ -190,7 +190,7 @@ fn open_by_name(path: &Path, warned: &mut bool) -> std::io::Result<std::fs::File
     use std::os::unix::fs::OpenOptionsExt;
     let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(parent) => {
-            std::fs::create_dir_all(parent)?;
+            crate::util::private_dirs(parent)?;
             parent
         }
         None => Path::new("."),
@@ -285,8 +285,9 @@ fn own_stream(path: &Path) -> std::io::Result<Option<Own>> {
 
 /// Which directory on the way to the trail lets others remove or replace it, and why,
 /// if one does: the trail's own, or one above it (which could rename the trail's
-/// directory away), is neither this user's nor root's, or every user may write to it
-/// and it is not sticky (as `/tmp` is). Warned of, not refused: a volume mounted that
+/// directory away), is neither this user's nor root's, or every user (or, for one not
+/// root's, its group) may write to it and it is not sticky (as `/tmp` is). The
+/// directories the harness creates are this user's alone. Warned of, not refused: a volume mounted that
 /// way (a Kubernetes `emptyDir` is 0777; a host directory bind-mounted into a container
 /// keeps the host's owner) is how many deployments keep their logs.
 fn shared_dir(dir: &Path) -> Option<(std::path::PathBuf, &'static str)> {
@@ -295,15 +296,7 @@ fn shared_dir(dir: &Path) -> Option<(std::path::PathBuf, &'static str)> {
     let me = unsafe { libc::geteuid() };
     let why = |d: &Path| {
         let m = std::fs::metadata(d).ok()?;
-        if m.uid() != me && m.uid() != 0 {
-            return Some("a directory on the way to the audit file belongs to another user");
-        }
-        if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
-            return Some(
-                "a directory on the way to the audit file may be written by every user and is not sticky",
-            );
-        }
-        None
+        dir_risk(m.mode(), m.uid(), me)
     };
     // The path as written (a link on it another user could replace counts) and where
     // it leads.
@@ -313,6 +306,30 @@ fn shared_dir(dir: &Path) -> Option<(std::path::PathBuf, &'static str)> {
         .ancestors()
         .chain(real.ancestors())
         .find_map(|d| why(d).map(|why| (d.to_path_buf(), why)))
+}
+
+/// Why a directory of `mode` owned by `uid` lets others remove or replace what is in
+/// it, for a process of user `me` (see [`shared_dir`]).
+fn dir_risk(mode: u32, uid: u32, me: u32) -> Option<&'static str> {
+    if uid != me && uid != 0 {
+        return Some("a directory on the way to the audit file belongs to another user");
+    }
+    if mode & 0o1000 != 0 {
+        return None;
+    }
+    if mode & 0o002 != 0 {
+        return Some(
+            "a directory on the way to the audit file may be written by every user and is not sticky",
+        );
+    }
+    // Root's own group-writable directories are the system's layout (`/var/log` of
+    // group `syslog`), not warned of.
+    if mode & 0o020 != 0 && uid != 0 {
+        return Some(
+            "a directory on the way to the audit file may be written by its group and is not sticky",
+        );
+    }
+    None
 }
 
 fn refused(why: &str) -> std::io::Error {
@@ -614,6 +631,20 @@ mod tests {
         assert!(why.contains("not sticky"), "{why}");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
         assert_eq!(shared_dir(&mine), None, "sticky, as /tmp");
+        // Its group may write to it (made under a umask of 002): named too, but for
+        // root's own (the system's layout).
+        assert!(dir_risk(0o40775, 1000, 1000).is_some_and(|w| w.contains("its group")));
+        assert_eq!(dir_risk(0o41775, 1000, 1000), None, "sticky");
+        assert_eq!(dir_risk(0o40775, 0, 1000), None, "root's");
+        assert_eq!(dir_risk(0o40755, 1000, 1000), None, "this user's alone");
+        assert!(dir_risk(0o40700, 1001, 1000).is_some_and(|w| w.contains("another user")));
+        // What the harness creates is this user's alone, whatever the umask.
+        let made = mine.join("a").join("b");
+        crate::util::private_dirs(&made).expect("made");
+        for d in [mine.join("a"), made] {
+            let mode = std::fs::metadata(&d).expect("dir").permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+        }
         // A link on the way, in a directory every user may write: the link could be
         // replaced, wherever it leads now.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");

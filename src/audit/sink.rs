@@ -130,7 +130,9 @@ pub(super) struct Shared {
     unwritten: AtomicU64,
     /// Records written since the last sync to the disk: lost, for all anyone can tell,
     /// if that sync fails.
-    unsynced: AtomicU64,
+    pub(super) unsynced: AtomicU64,
+    /// When the last timed sync ran, in milliseconds after `epoch`.
+    synced_at: AtomicU64,
     /// Records in `retry`, readable while a write holds it (health never waits on I/O).
     retrying: std::sync::atomic::AtomicUsize,
     /// When the write under way began, in milliseconds after `epoch` (0: none).
@@ -139,6 +141,13 @@ pub(super) struct Shared {
     /// A write without the actor is under way (see [`AuditSink::record`]).
     orphan_write: AtomicBool,
 }
+
+/// How often what was written is synced to the disk while the harness runs. A write
+/// reaches only the page cache; a disk that refuses it (a quota reached on a network
+/// mount, EIO) says so only at the sync, and a host that crashes loses what was not
+/// synced. Without a timed sync both waited for shutdown: the trail counted as
+/// writable, and `fail_closed` admitted calls, all along.
+pub(super) const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Shared {
     /// Writes everything accepted so far; blocking I/O (run it off the async threads).
@@ -280,6 +289,21 @@ impl Shared {
             .then(|| std::time::Duration::from_millis(stalled))
     }
 
+    /// [`Shared::sync`], when records were written since the last one and that was
+    /// [`SYNC_EVERY`] ago or more. Blocking I/O.
+    pub(super) fn sync_due(&self) {
+        if self.unsynced.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let now = self.since_epoch();
+        let every = SYNC_EVERY.as_millis() as u64;
+        if now.saturating_sub(self.synced_at.load(Ordering::SeqCst)) < every {
+            return;
+        }
+        self.synced_at.store(now, Ordering::SeqCst);
+        self.sync();
+    }
+
     /// Flushes what the file holds to the disk (a failure is logged).
     pub(super) fn sync(&self) {
         if let Some(file) = self.file.lock().as_mut() {
@@ -350,6 +374,7 @@ impl AuditSink {
                 last_error: Mutex::new(None),
                 unwritten: AtomicU64::new(0),
                 unsynced: AtomicU64::new(0),
+                synced_at: AtomicU64::new(0),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
                 writing_since: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),

@@ -25,6 +25,18 @@ pub fn random_start() -> u64 {
     (u64::from_le_bytes(bytes) >> 12).max(1)
 }
 
+/// Creates `path` and the directories missing above it, each this user's alone (0700,
+/// whatever the umask lets others have): what the harness keeps there (an audit
+/// trail, tokens, cached lists, keys) must not be removed or replaced by another user
+/// or a member of the group.
+pub fn private_dirs(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+}
+
 /// Aborts a task when dropped: for a task whose outcome nobody awaits any more, or
 /// that must not outlive the future that started it (an embedder may drop that one).
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::AbortHandle);

@@ -177,7 +177,7 @@ pub fn local_key(path: &Path, what: &str) -> Vec<u8> {
     let written = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
-        .map_or(Ok(()), std::fs::create_dir_all)
+        .map_or(Ok(()), super::private_dirs)
         .and_then(|()| {
             // Never through a link, never over another file.
             std::fs::OpenOptions::new()

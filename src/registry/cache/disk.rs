@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -47,7 +47,7 @@ fn usable(path: &Path, configured: bool) -> bool {
 /// Makes the configured directory if it is not there; whether the disk layer may use
 /// it (a refusal is logged here, once).
 pub(super) fn prepare(dir: &Path) -> bool {
-    if let Err(e) = make_dir(dir) {
+    if let Err(e) = crate::util::private_dirs(dir) {
         tracing::warn!(path = %dir.display(), error = %e, "cache directory cannot be made; the disk layer is off");
         return false;
     }
@@ -84,17 +84,10 @@ pub(super) fn ours(name: &str) -> bool {
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
 }
 
-fn make_dir(path: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-}
-
 /// Writes one entry.
 pub(super) fn write(dir: &Path, entry: &Entry) -> std::io::Result<()> {
     let server_dir = dir.join(&entry.key.server);
-    make_dir(&server_dir)?;
+    crate::util::private_dirs(&server_dir)?;
     if !usable(&server_dir, false) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,

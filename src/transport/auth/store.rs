@@ -222,13 +222,9 @@ impl FileTokenStore {
     /// is set through the opened directory, so a link swapped in for it never has its
     /// target's mode changed), and private.
     fn ensure_dir(&self) -> Result<(), String> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
         let failed = |e: std::io::Error| format!("{}: {e}", self.dir.display());
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(failed)?;
+        crate::util::private_dirs(&self.dir).map_err(failed)?;
         let dir = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
