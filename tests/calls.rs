@@ -1128,6 +1128,25 @@ async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
     h.shutdown().await;
 }
 
+// A name no server offers is "no route", with no server named as one that could not be
+// asked when the only ones not asked are disabled, or have said they offer no tools.
+// Before, they were named, as if the name might be served once they were back.
+#[tokio::test]
+async fn a_disabled_server_is_not_named_among_those_a_bare_name_could_not_ask() {
+    let mut off = demo("off", &[]);
+    off.enabled = false;
+    let h = harness(config(vec![demo("alpha", &[])], &["a"])).await;
+    h.add_server(off).await.expect("added");
+    let e = h
+        .call_tool(&Caller::agent("a"), "no_such_tool", json!({}))
+        .await;
+    assert!(
+        matches!(&e, Err(CallError::NoRoute { unreachable, .. }) if unreachable.is_empty()),
+        "{e:?}"
+    );
+    h.shutdown().await;
+}
+
 // A change that comes while a changed list is being read has the list read once more,
 // so that the change is heard of (ToolsChanged) with no caller listing: the read under
 // way may have been answered before it.

@@ -700,17 +700,24 @@ fn rejects_cursor(error: &ServerError) -> bool {
 /// Whether a server is worth listing for `kind`: routable, and (once connected) says it
 /// has such items.
 pub(crate) fn offers(server: &ServerRef, kind: CallKind) -> bool {
-    if !server.state().routable() {
-        return false;
-    }
-    match server.offers() {
-        None => true,
-        Some(o) => match kind {
-            CallKind::Tool => o.tools,
-            CallKind::Prompt => o.prompts,
-            CallKind::Resource => o.resources,
-        },
-    }
+    server.state().routable() && has(server, kind)
+}
+
+/// Whether `server` offers items of `kind`, as far as is known: it has not said it
+/// offers none.
+fn has(server: &ServerRef, kind: CallKind) -> bool {
+    server.offers().is_none_or(|o| match kind {
+        CallKind::Tool => o.tools,
+        CallKind::Prompt => o.prompts,
+        CallKind::Resource => o.resources,
+    })
+}
+
+/// Whether `server` may offer items of `kind` (running or not): enabled in the config,
+/// and, if it has said what it offers, offering them. One that may not is not named
+/// among the servers a listing could not ask.
+pub(crate) fn may_offer(server: &ServerRef, kind: CallKind) -> bool {
+    server.config().enabled && has(server, kind)
 }
 
 /// [`list_server`], given up at `until` (its requests cancelled) as a timeout of `total`.
@@ -760,6 +767,9 @@ pub(crate) async fn list_all(
     let handlers = ctx.inputs.snapshot();
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
+            if !may_offer(&server, kind) {
+                continue;
+            }
             let status = server.status();
             unreachable.push((
                 Unreachable {

@@ -58,7 +58,7 @@ pub use settings::{CallConfig, Limits};
 pub(crate) use client_side::HarnessClient;
 pub(crate) use context::CallContext;
 use context::InFlight;
-pub(crate) use listing::list;
+pub(crate) use listing::{list, may_offer};
 pub(crate) use route::route;
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};

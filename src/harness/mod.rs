@@ -793,15 +793,7 @@ impl HarnessHandle {
     /// Whether server `id` may offer items of `kind`: enabled in the config, and, if it
     /// has said what it offers, offering them.
     pub(crate) fn may_offer(&self, id: &str, kind: crate::call::CallKind) -> bool {
-        use crate::call::CallKind;
-        self.inner.directory.get(id).is_some_and(|s| {
-            s.config().enabled
-                && s.offers().is_none_or(|o| match kind {
-                    CallKind::Tool => o.tools,
-                    CallKind::Prompt => o.prompts,
-                    CallKind::Resource => o.resources,
-                })
-        })
+        (self.inner.directory.get(id)).is_some_and(|s| crate::call::may_offer(&s, kind))
     }
 
     /// The server's current actor (for fault injection and direct messages). After the
