@@ -1099,6 +1099,25 @@ fn a_from_that_is_no_url_is_a_usage_error() {
     }
 }
 
+// `--client-id`, `--issuer`, `--ca-file` apply to the command line's `--http` servers:
+// given without one, they are a usage error, not dropped in silence (the config's
+// server signing in some other way).
+#[test]
+fn flags_for_http_servers_without_one_are_a_usage_error() {
+    let stdio = demo_cmd("s");
+    for flag in [
+        &["--client-id", "svc"][..],
+        &["--issuer", "https://idp.example"][..],
+        &["--ca-file", "/nonexistent.pem"][..],
+    ] {
+        let mut args = vec!["tools", "--stdio", &stdio];
+        args.extend(flag);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{flag:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag[0]), "{}", stderr(&o));
+    }
+}
+
 // A question goes to stderr: with stderr away from the terminal (`2>log`) nobody
 // would see it, so none is asked and the input is declined at once rather than at
 // the end of the time for input.

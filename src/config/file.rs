@@ -1231,6 +1231,13 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_cache_dir_is_an_error_not_the_working_directory() {
+        let e = parse("[cache]\ndir = \"\"\n", Path::new("h.toml")).expect_err("empty");
+        assert!(e.field.contains("dir"), "{e}");
+        assert!(e.reason.contains("empty"), "{e}");
+    }
+
+    #[test]
     fn a_key_written_twice_is_an_error_in_a_harness_config_and_the_last_in_mcp_servers() {
         let e = parse(
             r#"{"call_timeout": "5s", "servers": [], "call_timeout": "6s"}"#,

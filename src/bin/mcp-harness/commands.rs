@@ -248,6 +248,20 @@ fn load_checked(
             "a client secret needs --client-id, the client it is the secret of"
         )));
     }
+    // Likewise: they apply to the `--http` servers of the command line only.
+    let for_http = [
+        ("--client-id", args.client_id.is_some()),
+        ("--client-secret(-file)", client_secret.is_some()),
+        ("--issuer", args.issuer.is_some()),
+        ("--ca-file", args.ca_file.is_some()),
+    ];
+    if args.http.is_empty()
+        && let Some((flag, _)) = for_http.iter().find(|(_, given)| *given)
+    {
+        return Err(UsageError(anyhow::anyhow!(
+            "{flag} applies to the --http servers of the command line, and none is given (a config file's servers take it in the file)"
+        )));
+    }
     let ad_hoc = file::add_ad_hoc(&mut loaded.config, &args.stdio, &args.http).map_err(usage)?;
     for server in &mut loaded.config.servers {
         if ad_hoc.contains(&server.id)
