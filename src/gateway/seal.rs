@@ -123,12 +123,13 @@ impl Sealer {
     pub fn from_text(text: &str, ttl: Duration) -> Result<Sealer, GatewayError> {
         let bad = |why: String| GatewayError::Keys(why);
         let mut keys = Vec::new();
-        for item in text
+        for (n, item) in text
             .lines()
             .map(|l| l.split('#').next().unwrap_or(""))
             .flat_map(|l| l.split(','))
             .map(str::trim)
             .filter(|l| !l.is_empty())
+            .enumerate()
         {
             let Some((id, key)) = item.split_once(':') else {
                 return Err(bad("each key is KID:BASE64URL".into()));
@@ -140,8 +141,10 @@ impl Sealer {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             {
+                // Not shown: with the fields swapped (`KEY:KID`) it is the key.
                 return Err(bad(format!(
-                    "key id {id:?}: 1 to 32 letters, digits, - or _"
+                    "the key id of key {} (before its ':') is not 1 to 32 letters, digits, - or _",
+                    n + 1
                 )));
             }
             let bytes = URL_SAFE_NO_PAD
@@ -425,5 +428,11 @@ mod tests {
             let e = Sealer::from_text(text, Duration::from_secs(1)).expect_err(text);
             assert!(e.to_string().contains(want), "{text}: {e}");
         }
+        // The fields swapped: the key, where the id goes, is not printed.
+        let key = new_key().expect("key");
+        let e = Sealer::from_text(&format!("k0:{key}\n{key}:k1"), Duration::from_secs(1))
+            .expect_err("swapped");
+        assert!(!e.to_string().contains(&key), "{e}");
+        assert!(e.to_string().contains("key 2"), "{e}");
     }
 }

@@ -80,7 +80,10 @@ impl CacheConfig {
         // (`dir = "${MCP_CACHE_DIR:-}"` with the variable unset: the working directory,
         // `/` for a service, would hold the tokens.)
         if self.dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
-            return Err(Invalid::new("dir", "is empty (leave it out for no disk cache)"));
+            return Err(Invalid::new(
+                "dir",
+                "is empty (leave it out for no disk cache)",
+            ));
         }
         if self.max_ttl.is_zero() {
             return Err(Invalid::new("max_ttl", "must be more than zero"));
