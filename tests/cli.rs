@@ -1099,6 +1099,20 @@ fn a_from_that_is_no_url_is_a_usage_error() {
     }
 }
 
+// A config file others may write is read with a warning, once: said before the
+// command's logging began, it was said to no one.
+#[test]
+fn a_config_file_anyone_may_write_is_warned_of() {
+    use std::os::unix::fs::PermissionsExt;
+    let text = format!("{}[permissions.local]\ns = [\"*\"]\n", toml_demo("s", ""));
+    let path = config_file("anyone", "h.toml", &text);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let o = run_default_log(&["tools", "-c", &path.display().to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = stderr(&o).matches("may be written by others").count();
+    assert_eq!(said, 1, "{}", stderr(&o));
+}
+
 // `--client-id`, `--issuer`, `--ca-file` apply to the command line's `--http` servers:
 // given without one, they are a usage error, not dropped in silence (the config's
 // server signing in some other way).

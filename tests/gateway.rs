@@ -1657,11 +1657,68 @@ async fn a_config_half_written_in_place_is_not_applied() {
     let _ = std::fs::remove_file(record);
 }
 
+/// What `err` says until `done` holds of it, or `limit` has passed.
+async fn said_until(
+    err: &mut tokio::process::ChildStderr,
+    limit: Duration,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut said = String::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = std::time::Instant::now() + limit;
+    while !done(&said) && std::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(200), err.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => said.push_str(&String::from_utf8_lossy(&chunk[..n])),
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    said
+}
+
+// A config file anyone may write is served with a warning, once, and not reloaded; it
+// is not taken for a change to refuse when nothing changed (it was, after a second).
+#[tokio::test]
+async fn a_config_anyone_may_write_is_warned_of_once_and_no_reload_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    std::fs::set_permissions(&setup.config, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let mut child = tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--config"])
+        .arg(&setup.config)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut err = child.stderr.take().expect("stderr");
+    let mut lines = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines()
+    };
+    send_line(&mut stdin, &request("tools/list", json!({}))).await;
+    let listed = next_message(&mut lines).await;
+    assert!(listed["result"].is_object(), "served: {listed}");
+    // Three of the watcher's ticks, past the second a change is held still for.
+    let said = said_until(&mut err, Duration::from_secs(3), |_| false).await;
+    assert_eq!(
+        said.matches("may be written by others").count(),
+        1,
+        "{said}"
+    );
+    assert!(!said.contains("not reloaded"), "{said}");
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+}
+
 // The agent a `serve --stdio` session acts as is taken at start: a reload that changes
 // the config's `agent` names it in the warning of settings kept until a restart.
 #[tokio::test]
 async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
-    use tokio::io::AsyncReadExt;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     std::fs::write(&setup.config, format!("agent = \"a\"\n{text}")).expect("config");
@@ -1696,16 +1753,10 @@ async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
     let _ = std::process::Command::new("kill")
         .args(["-HUP", &pid.to_string()])
         .status();
-    let mut said = String::new();
-    let mut chunk = [0u8; 4096];
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !said.contains("read at start only") && std::time::Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_millis(500), err.read(&mut chunk)).await {
-            Ok(Ok(n)) if n > 0 => said.push_str(&String::from_utf8_lossy(&chunk[..n])),
-            Ok(_) => break,
-            Err(_) => {}
-        }
-    }
+    let said = said_until(&mut err, Duration::from_secs(20), |s| {
+        s.contains("read at start only")
+    })
+    .await;
     let warning = said
         .lines()
         .find(|l| l.contains("read at start only"))

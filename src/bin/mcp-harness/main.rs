@@ -196,7 +196,19 @@ fn main() -> ExitCode {
     } else {
         // The `[telemetry]` table, read before the command runs (its errors are the
         // command's to report).
-        let loaded = config_path(&cli.command).and_then(|p| commands::read_first(p).ok());
+        // Logged to stderr as the command's would be: what it warns of (a file others
+        // may write) is said once per path, and would be said to no one otherwise.
+        let early = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| default_filter.into()),
+            )
+            .finish();
+        let loaded = config_path(&cli.command).and_then(|p| {
+            tracing::subscriber::with_default(early, || commands::read_first(p).ok())
+        });
         // Its errors may quote what a `${VAR}` put in (an endpoint with a key in it).
         let substituted = loaded
             .as_ref()

@@ -366,9 +366,12 @@ async fn reload_on_change(
     };
     // The text running, not the file as it is now: an edit made while the servers
     // started is a change to apply.
-    let mut seen = match crate::commands::loaded_text() {
-        Some(text) if reloadable && path.is_some() => Some(Ok(text)),
-        _ => read(),
+    // But a file that reads as an error now (one anyone may write, which is read at
+    // start and never reloaded) is an error from the start, not a change to refuse.
+    let mut seen = match (crate::commands::loaded_text(), read()) {
+        (_, now @ Some(Err(_))) => now,
+        (Some(text), _) if reloadable && path.is_some() => Some(Ok(text)),
+        (_, now) => now,
     };
     // Caught since `serve` began (one that came while its servers started is applied
     // now, once).
