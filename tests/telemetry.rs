@@ -1119,18 +1119,14 @@ async fn a_collector_that_never_answers_holds_the_exit_only_as_long_as_the_timeo
     let _ = std::fs::remove_file(record);
 }
 
-// The flush at exit gives way to a signal: with a collector that never answers and a
-// long export timeout, SIGTERM while the last spans wait ends the command (the SDK's
-// shutdown held the exit, every signal ignored, for each batch's timeout).
-#[tokio::test]
-async fn a_signal_ends_the_flush_at_exit() {
+/// `mcp-harness call` of `config`'s `s__echo`, exporting to a collector that never
+/// answers with a minute's export timeout, run until its result is printed.
+async fn called_with_a_silent_collector(config: &Path) -> tokio::process::Child {
     use tokio::io::AsyncBufReadExt;
     let endpoint = silent_collector();
-    let record = temp_file("otel-silent-signal");
-    let config = config("otel-silent-signal", &record);
     let mut child = tokio::process::Command::new(harness_exe())
         .args(["call", "--config"])
-        .arg(&config)
+        .arg(config)
         .args(["s__echo", r#"{"text": "traced"}"#])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
@@ -1154,6 +1150,43 @@ async fn a_signal_ends_the_flush_at_exit() {
         }
     }
     assert!(printed.contains("traced"), "{printed}");
+    child
+}
+
+// A second signal ends the command at once, also with an exporter to flush: the flush
+// at exit is not waited for (it held the exit for the export timeout, or a third
+// signal, with the servers still running).
+#[tokio::test]
+async fn a_second_signal_while_the_servers_stop_waits_for_no_export() {
+    let record = temp_file("otel-silent-twice");
+    let config = config("otel-silent-twice", &record);
+    // A server that stops only at SIGKILL, after the stop's grace: the second signal
+    // comes while it is being stopped.
+    let text = std::fs::read_to_string(&config).expect("config");
+    let text = text.replacen("\"--record\"", "\"--ignore-sigterm\", \"--record\"", 1);
+    std::fs::write(&config, format!("shutdown_grace = \"30s\"\n{text}")).expect("config");
+    let mut child = called_with_a_silent_collector(&config).await;
+    let pid = child.id().expect("running") as i32;
+    for _ in 0..2 {
+        // SAFETY: kill has no preconditions; pid is this test's own child, not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+    let status = status.expect("ended by the second signal").expect("wait");
+    assert_eq!(status.code(), Some(143), "stopped by SIGTERM: {status}");
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+// The flush at exit gives way to a signal: with a collector that never answers and a
+// long export timeout, SIGTERM while the last spans wait ends the command (the SDK's
+// shutdown held the exit, every signal ignored, for each batch's timeout).
+#[tokio::test]
+async fn a_signal_ends_the_flush_at_exit() {
+    let record = temp_file("otel-silent-signal");
+    let config = config("otel-silent-signal", &record);
+    let mut child = called_with_a_silent_collector(&config).await;
     // The result is out: the metrics go out, then the servers stop, then the last spans
     // go out. A signal a second, as a person pressing Ctrl-C again would: the first
     // ends the metrics' flush, the next the flush at exit, each long before 60 s.

@@ -253,7 +253,7 @@ fn main() -> ExitCode {
     }
     drop(entered);
     let outcome = runtime.block_on(run(cli.command));
-    if telemetry.is_some() || provider.is_some() {
+    if (telemetry.is_some() || provider.is_some()) && !signals::stopped_at_once() {
         runtime.block_on(flush_at_exit(telemetry.is_some(), provider));
     }
     // A blocking thread still stuck (an audit write to a pipe no one reads) is left
@@ -495,7 +495,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         () = telemetry::flush_metrics() => outcome,
         code = stop.recv() => {
             if signalled {
-                errln!("mcp-harness: stopping at once");
+                signals::stopping_at_once();
                 return Ok(code);
             }
             Ok(stopped_with(code))
@@ -517,7 +517,7 @@ async fn shut_down(
     tokio::select! {
         health = harness.shutdown() => Ok(health),
         again = stop.recv() => {
-            errln!("mcp-harness: stopping at once");
+            signals::stopping_at_once();
             Err(again)
         }
     }

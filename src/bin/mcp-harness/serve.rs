@@ -117,7 +117,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             return Ok(tokio::select! {
                 health = harness.shutdown() => commands::audited(commands::OK, &health),
                 code = stop.recv() => {
-                    errln!("mcp-harness: stopping at once");
+                    crate::signals::stopping_at_once();
                     code
                 }
             });
@@ -317,7 +317,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
                 let health = tokio::select! {
                     health = on_error.shutdown() => health,
                     Ok(code) = &mut again_rx => {
-                        errln!("mcp-harness: stopping at once");
+                        crate::signals::stopping_at_once();
                         return Ok(code);
                     }
                 };
@@ -330,7 +330,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             }
         },
         Ok(code) = &mut again_rx => {
-            errln!("mcp-harness: stopping at once");
+            crate::signals::stopping_at_once();
             Ok(code)
         }
     }

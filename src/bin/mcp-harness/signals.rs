@@ -27,6 +27,21 @@ pub struct Stop {
     hangup: Option<Signal>,
 }
 
+/// Whether a second signal ended the command at once: the exit then waits for no
+/// telemetry export (the servers are killed as the runtime goes).
+static AT_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that the command stops at once (a second signal), and marks it so.
+pub fn stopping_at_once() {
+    AT_ONCE.store(true, std::sync::atomic::Ordering::SeqCst);
+    errln!("mcp-harness: stopping at once");
+}
+
+/// Whether [`stopping_at_once`] was said.
+pub fn stopped_at_once() -> bool {
+    AT_ONCE.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// A SIGHUP repeated within this is one: a terminal closing often sends it twice
 /// (the kernel's hangup, then the shell's to its jobs), and a second signal would end
 /// the program at once, its servers killed rather than stopped.
