@@ -432,6 +432,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
             .filter(|s| s.is_object())
             .map(|_| "servers")
     };
+    if let Some(servers_key) = servers_key.filter(|_| is_toml) {
+        // No other client writes `mcpServers` in TOML: here it is a harness config
+        // written wrong (`[servers.x]` for `[[servers]]`), whose other settings the
+        // import would drop.
+        return Err(ConfigError::new(
+            servers_key,
+            "a TOML config is read strictly: write each server as [[servers]] (mcpServers, or a servers table, is imported from another client's JSON file)",
+        )
+        .in_file(path));
+    }
     if let Some(servers_key) = servers_key {
         // Another client's file holds servers only (and settings of its own); one that
         // also holds the harness's settings is not imported, which would drop them
@@ -1060,11 +1070,11 @@ mod tests {
     #[test]
     fn a_file_with_mcp_servers_and_harness_settings_is_refused_not_imported() {
         for text in [
-            "[mcpServers.s]\ncommand = \"cat\"\n[permissions.a]\ns = [\"echo\"]\n",
-            "[servers.s]\ncommand = \"cat\"\n[audit]\npath = \"/tmp/a.jsonl\"\n",
-            "[mcpServers.s]\ncommand = \"cat\"\n[gateway]\nprefix = \"never\"\n",
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "permissions": {"a": {"s": ["echo"]}}}"#,
+            r#"{"servers": {"s": {"command": "cat"}}, "audit": {"path": "/tmp/a.jsonl"}}"#,
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "gateway": {"prefix": "never"}}"#,
         ] {
-            let e = parse(text, Path::new("h.toml")).expect_err("mixed");
+            let e = parse(text, Path::new("h.json")).expect_err("mixed");
             assert!(e.reason.contains("imported"), "{e}");
             assert!(
                 ["permissions", "audit", "gateway"].contains(&e.field.as_str()),
@@ -1091,19 +1101,14 @@ mod tests {
             ),
             (
                 "permissons",
-                "[mcpServers.s]\ncommand = \"cat\"\n[permissons.a]\ns = [\"x\"]\n",
+                r#"{"mcpServers": {"s": {"command": "cat"}}, "permissons": {"a": {"s": ["x"]}}}"#,
             ),
             (
                 "permsisions",
                 r#"{"mcpServers": {"s": {"command": "cat"}}, "permsisions": {}}"#,
             ),
         ] {
-            let name = if text.starts_with('{') {
-                "m.json"
-            } else {
-                "m.toml"
-            };
-            let e = parse(text, Path::new(name)).expect_err(key);
+            let e = parse(text, Path::new("m.json")).expect_err(key);
             assert_eq!(e.field, key, "{e}");
             assert!(e.reason.contains("misspelled"), "{e}");
         }
@@ -1228,6 +1233,24 @@ mod tests {
             s.redact(text),
             r#"invalid type: string "${SHORT}", expected u32; unknown variant `${SHORT}`; cabc; "${env:LONG}"; ${env:LONG}; "Bearer ${env:LONG}"; '${PADDED}'"#
         );
+    }
+
+    #[test]
+    fn a_toml_file_with_mcp_servers_or_a_servers_table_is_refused_not_imported() {
+        for (text, key) in [
+            (
+                "agent = \"planner\"\n[mcpServers.files]\ncommand = \"srv\"\n",
+                "mcpServers",
+            ),
+            ("[servers.files]\ncommand = \"srv\"\n", "servers"),
+        ] {
+            let e = parse(text, Path::new("h.toml")).expect_err(text);
+            assert_eq!(e.field, key, "{e}");
+            assert!(e.reason.contains("[[servers]]"), "{e}");
+        }
+        // In JSON, another client's file: imported.
+        let json = r#"{"mcpServers": {"files": {"command": "srv"}}}"#;
+        assert!(parse(json, Path::new("mcp.json")).is_ok_and(|l| l.imported));
     }
 
     #[test]
