@@ -1097,6 +1097,28 @@ fn a_from_that_is_no_url_is_a_usage_error() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("--from"), "{}", stderr(&o));
     }
+    // A token goes in the clear to no other machine (refused before anything is sent).
+    let token = [("MCP_HARNESS_METRICS_TOKEN", "t")];
+    for (args, env) in [
+        (
+            &[
+                "approvals",
+                "--from",
+                "http://gw.example:9/",
+                "--token",
+                "t",
+            ][..],
+            &[][..],
+        ),
+        (
+            &["status", "--watch", "--from", "http://gw.example:9/metrics"][..],
+            &token[..],
+        ),
+    ] {
+        let o = run_env(args, env);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("https"), "{}", stderr(&o));
+    }
 }
 
 // A config file others may write is read with a warning, once: said before the

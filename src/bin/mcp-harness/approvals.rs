@@ -89,6 +89,7 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
             .into());
         }
     };
+    crate::commands::token_may_go_to(&from, "the admin token")?;
     let auth = format!("Bearer {}", token.trim());
     match args.action {
         None => {

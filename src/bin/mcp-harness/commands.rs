@@ -111,6 +111,18 @@ pub fn from_url(url: &str) -> Result<url::Url, UsageError> {
     }
 }
 
+/// Refuses `--from` `url` for a command that sends a bearer token (`what`) over plain
+/// http to another machine: whoever is on the way would read it.
+pub fn token_may_go_to(url: &url::Url, what: &str) -> Result<(), UsageError> {
+    if url.scheme() == "http" && !mcp_harness::transport::auth::is_loopback(url) {
+        return Err(UsageError(anyhow::anyhow!(
+            "{what} goes over https, or over http to this machine only; --from is {:?}",
+            line(url.as_str())
+        )));
+    }
+    Ok(())
+}
+
 /// A config ready to run, with the caller the commands act as.
 pub struct Setup {
     pub loaded: Loaded,

@@ -378,7 +378,10 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         Command::Status {
             from: Some(url), ..
         } => {
-            commands::from_url(&url)?;
+            let from = commands::from_url(&url)?;
+            if std::env::var_os("MCP_HARNESS_METRICS_TOKEN").is_some() {
+                commands::token_may_go_to(&from, "MCP_HARNESS_METRICS_TOKEN")?;
+            }
             // Ctrl-C (or SIGTERM) is how a watch ends.
             let mut stop = signals::Stop::install();
             let stopped = async move {

@@ -50,7 +50,9 @@ pub(crate) struct Discovered {
     pub(crate) from: Url,
 }
 
-pub(crate) fn is_loopback(url: &Url) -> bool {
+/// Whether `url` names this machine (`localhost`, a loopback address): where a secret
+/// may go over plain http.
+pub fn is_loopback(url: &Url) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
         Some(url::Host::Ipv6(ip)) => ip.is_loopback(),

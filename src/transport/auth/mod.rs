@@ -41,7 +41,7 @@ pub use authorizer::{
     ShowUrl, SignInRequest,
 };
 pub use challenge::Challenge;
-pub(crate) use discovery::is_loopback;
+pub use discovery::is_loopback;
 pub use error::{AuthError, AuthFailure, AuthStep};
 pub use store::{
     ClientAuth, ClientIdentity, FileTokenStore, MemoryTokenStore, RenewalLock, Token, TokenKey,
