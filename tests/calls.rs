@@ -9,8 +9,8 @@ use std::time::Duration;
 use mcp_harness::audit::{AuditConfig, Redaction};
 use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::{
-    ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
-    RestartConfig, ServerConfig, ServerError, ServerState,
+    ApprovalQueue, CallError, CallKind, Caller, FixedAnswers, Harness, HarnessConfig,
+    HarnessHandle, RestartConfig, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -1125,6 +1125,47 @@ async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
         .call_tool(&Caller::agent("all"), "gamma__echo", json!({"text": "x"}))
         .await;
     assert!(matches!(e, Err(CallError::NoRoute { .. })), "{e:?}");
+    h.shutdown().await;
+}
+
+// A list fetched for a caller whose deadline is near is shared with callers who join
+// it, but its running out of that caller's time is not: they fetch it again within
+// their own deadline. Before, a listing with minutes left left the server out, told
+// it had not answered within the first caller's half second.
+#[tokio::test]
+async fn a_listing_joined_is_not_failed_by_the_first_callers_deadline() {
+    let h = harness(config(
+        vec![demo("slow", &["--list-delay-ms", "1500"])],
+        &["a"],
+    ))
+    .await;
+    let hurried = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let options = mcp_harness::CallOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            };
+            h.call(
+                &Caller::agent("a"),
+                CallKind::Tool,
+                "echo",
+                json!({"text": "x"}),
+                options,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let listing = h
+        .listing(&Caller::agent("a"), CallKind::Tool, None)
+        .await
+        .expect("listed");
+    assert!(listing.unreachable.is_empty(), "{:?}", listing.unreachable);
+    let names: Vec<&str> = listing.items.iter().map(|t| &*t.qualified).collect();
+    assert!(names.contains(&"slow__echo"), "{names:?}");
+    let hurried = hurried.await.expect("join");
+    assert!(hurried.is_err(), "its half second ran out: {hurried:?}");
     h.shutdown().await;
 }
 

@@ -96,6 +96,11 @@ pub(crate) async fn list_server(
     let mut use_cache = true;
     // A lead kept across a rejected cursor: its followers wait for the walk again.
     let mut carried: Lead = None;
+    let began = Instant::now();
+    // The caller's deadline is sooner than the server's own: a failure once it has
+    // passed (a page's timeout, a request expired in a restarting server's queue) is
+    // no news of the server for those waiting on this walk, who may have more time.
+    let cut_short = timeout < server.config().timeout;
     loop {
         let (walked, lead) = walk(ctx, server, kind, auth_context, timeout, use_cache).await;
         let lead = lead.or(carried.take());
@@ -128,7 +133,9 @@ pub(crate) async fn list_server(
             Walk::RejectedCursor(e) => Err(e.into()),
         };
         // After the walk cached what it fetched: who comes next reads the cache.
-        if let Some(lead) = lead {
+        // Dropped unpublished, it has its followers walk again.
+        let out_of_time = outcome.is_err() && cut_short && began.elapsed() >= timeout;
+        if let Some(lead) = lead.filter(|_| !out_of_time) {
             lead.publish(outcome.clone());
         }
         return outcome;
