@@ -618,6 +618,78 @@ async fn a_declined_elicitation_ends_the_call_and_an_approval_queue_can_answer()
     h.shutdown().await;
 }
 
+// A legacy server's own questions during a call are in the call's `finished` record,
+// each with how it ended; one asked while the call's grant is revoked is withdrawn
+// (the person no longer asked) and refused, as a round's is. Before, the record said
+// nothing of them and the question stayed asked.
+#[tokio::test]
+async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goes() {
+    let audit = temp_file("legacy-questions.jsonl");
+    let mut cfg = config(vec![demo("leg", &["--era", "legacy"])], &["a"]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        ..AuditConfig::default()
+    };
+    let h = harness(cfg).await;
+    let queue = ApprovalQueue::new(Duration::from_secs(120));
+    h.register_input_handler("elicitation/create", Arc::new(queue.clone()))
+        .await
+        .expect("register");
+    let a = Caller::agent("a");
+    let confirm = |h: &HarnessHandle| {
+        let (h, a) = (h.clone(), a.clone());
+        tokio::spawn(async move { h.call_tool(&a, "confirm", json!({"message": "Pay?"})).await })
+    };
+    let asked = || async {
+        tokio::time::timeout(Duration::from_secs(30), queue.next_pending())
+            .await
+            .expect("asked")
+    };
+    let call = confirm(&h);
+    let pending = asked().await;
+    assert!(queue.answer(
+        pending[0].id,
+        json!({"action": "accept", "content": {"approved": true}})
+    ));
+    let r = call.await.expect("join").expect("answered");
+    assert_eq!(text(&r), "approved: true");
+
+    let call = confirm(&h);
+    asked().await;
+    h.revoke("a", None).await.expect("revoke");
+    assert!(
+        eventually(Duration::from_secs(10), || queue.pending().is_empty()).await,
+        "the question is withdrawn"
+    );
+    // The demo server passes the refusal on as its call's error.
+    let ended = call.await.expect("join");
+    assert!(
+        matches!(&ended, Err(CallError::Server(ServerError::Rpc { error, .. })) if error.code == -1),
+        "{ended:?}"
+    );
+    h.shutdown().await;
+    let finished: Vec<Value> = audit_records(&audit)
+        .into_iter()
+        .filter(|r| r["event"] == "finished")
+        .collect();
+    assert_eq!(finished.len(), 2, "{finished:?}");
+    let question = |r: &Value| {
+        (
+            r["questions"][0]["method"].clone(),
+            r["questions"][0]["outcome"].clone(),
+        )
+    };
+    assert_eq!(
+        question(&finished[0]),
+        (json!("elicitation/create"), json!("answered"))
+    );
+    assert_eq!(
+        question(&finished[1]),
+        (json!("elicitation/create"), json!("refused"))
+    );
+    assert_eq!(finished[0]["questions"][0]["server"], "leg");
+}
+
 #[tokio::test]
 async fn legacy_server_requests_go_to_the_same_handlers() {
     let h = Harness::spawn(config(vec![], &["a"])).await.expect("spawn");

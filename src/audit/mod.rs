@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 use crate::util::duration;
 
 pub(crate) use actor::{AuditActor, AuditRef};
-pub(crate) use record::{Finished, Hop, Redacted, Round, Started};
+pub(crate) use record::{Finished, Hop, Question, Redacted, Round, Started};
 pub(crate) use sink::AuditSink;
 pub use sink::{AuditHealth, AuditUnavailable};
 

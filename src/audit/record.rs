@@ -46,6 +46,8 @@ pub(crate) struct Finished<'a> {
     pub(crate) hops: &'a [Hop],
     /// `input_required` rounds, with their input methods.
     pub(crate) rounds: &'a [Round],
+    /// Legacy servers' own questions during the call (elicitation, sampling).
+    pub(crate) questions: &'a [Question],
     /// `ok`, `tool_error`, `error` or `cancelled`.
     pub(crate) outcome: &'static str,
     /// The stable error code, if any.
@@ -163,6 +165,11 @@ impl Record for Finished<'_> {
         } else {
             field(out, key!("rounds"), &self.rounds);
         }
+        if self.questions.is_empty() {
+            out.extend_from_slice(b",\"questions\":[]");
+        } else {
+            field(out, key!("questions"), &self.questions);
+        }
         out.extend_from_slice(key!("outcome"));
         quoted(out, self.outcome);
         str_field(out, key!("error"), self.error);
@@ -196,6 +203,21 @@ pub(crate) struct Round {
     pub(crate) server: String,
     /// The input methods it asked for.
     pub(crate) methods: Vec<String>,
+}
+
+/// A question a legacy server asked during a call (its own `elicitation/create` or
+/// `sampling/createMessage`), and how it ended: `answered`, `denied` (a policy or a
+/// person refused it), `refused` (a grant revoked, the call ended, not declared),
+/// `failed` (no handler, a handler's error), `withdrawn` (the server or the call gave
+/// up waiting) or `past_round_cap`.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Question {
+    /// The server that asked.
+    pub(crate) server: String,
+    /// What it asked.
+    pub(crate) method: String,
+    /// How it ended.
+    pub(crate) outcome: &'static str,
 }
 
 /// A call's arguments as the redaction setting records them, written without a copy.
@@ -308,12 +330,18 @@ mod tests {
             server: "s".into(),
             methods: vec!["elicitation/create".into()],
         }];
-        for (server, hops, rounds, error, message) in [
-            (Some("s"), &hops[..0], &rounds[..0], None, None),
+        let questions = [Question {
+            server: "s".into(),
+            method: "sampling/createMessage".into(),
+            outcome: "answered",
+        }];
+        for (server, hops, rounds, questions, error, message) in [
+            (Some("s"), &hops[..0], &rounds[..0], &questions[..0], None, None),
             (
                 None,
                 &hops[..],
                 &rounds[..],
+                &questions[..],
                 Some("timeout"),
                 Some("line\nbreak \"q\""),
             ),
@@ -326,6 +354,7 @@ mod tests {
                 candidates: 3,
                 hops,
                 rounds,
+                questions,
                 outcome: "error",
                 error,
                 message,

@@ -47,15 +47,99 @@ impl HarnessClient {
     }
 }
 
+/// Where how a server's question ends is noted: the calls on the server when it came
+/// (their audit records).
+struct Noted {
+    asked: Vec<std::sync::Arc<super::context::Questions>>,
+    cap: usize,
+    server: String,
+    method: String,
+}
+
+impl Noted {
+    fn end(&self, outcome: &'static str) {
+        for questions in &self.asked {
+            questions.note(self.cap, &self.server, &self.method, outcome);
+        }
+    }
+}
+
+/// The refusal of a question asked during calls whose grants are all revoked.
+fn revoked(
+    ctx: &super::CallContext,
+    server: &str,
+    grants: &[(Option<std::sync::Arc<str>>, std::sync::Arc<str>)],
+) -> Option<RpcError> {
+    if ctx.still_granted(server, grants) {
+        return None;
+    }
+    tracing::info!(
+        server,
+        "a server asked for input during a call whose grant was revoked; refused"
+    );
+    Some(RpcError::new(
+        -1,
+        "refused: the call it was asked during is no longer allowed",
+    ))
+}
+
+/// Ends, with the refusal, once the grants of the calls a question came during are
+/// all revoked (checked as a round's are); never for a question of no call.
+fn while_granted(
+    ctx: std::sync::Weak<super::CallContext>,
+    server: &str,
+    grants: Vec<(Option<std::sync::Arc<str>>, std::sync::Arc<str>)>,
+) -> impl std::future::Future<Output = RpcError> + Send + 'static {
+    let server = server.to_string();
+    async move {
+        if grants.is_empty() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(super::GRANT_RECHECK).await;
+            let Some(ctx) = ctx.upgrade() else {
+                return std::future::pending().await;
+            };
+            if let Some(refused) = revoked(&ctx, &server, &grants) {
+                return refused;
+            }
+        }
+    }
+}
+
 impl ClientSide for HarnessClient {
     fn capabilities(&self) -> Value {
         self.inputs.snapshot().capabilities().clone()
     }
 
     fn answer(&self, server: &str, request: ServerRequest) {
+        let Some(ctx) = self.ctx.upgrade() else {
+            request.respond(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "the client is shutting down",
+            )));
+            return;
+        };
+        // Whose the request is: the calls on that server now (stdio and a legacy
+        // session name no call), each told how it ends.
+        let whose = ctx.on(server);
+        let asks = matches!(
+            request.method.as_str(),
+            "elicitation/create" | "sampling/createMessage"
+        );
+        let noted = Noted {
+            asked: if asks {
+                whose.asked.clone()
+            } else {
+                Vec::new()
+            },
+            cap: ctx.settings.round_cap,
+            server: server.to_string(),
+            method: request.method.clone(),
+        };
         // An elicitation during a delegated call is its caller's to answer.
         let asker = match request.method.as_str() {
-            "elicitation/create" => self.ctx.upgrade().and_then(|ctx| ctx.questions_for(server)),
+            "elicitation/create" => ctx.questions_for(server),
             _ => None,
         };
         if let Some(asker) = asker {
@@ -67,11 +151,18 @@ impl ClientSide for HarnessClient {
                     INVALID_PARAMS,
                     "the request is a url-mode elicitation whose url is not an https URL of at most 2048 bytes without credentials",
                 )));
+                noted.end("refused");
                 return;
             }
             // A question the caller's client answers counts as one a handler would.
             if let Some(refused) = self.past_round_cap(server) {
                 request.respond(Err(refused));
+                noted.end("past_round_cap");
+                return;
+            }
+            if let Some(refused) = revoked(&ctx, server, &whose.grants) {
+                request.respond(Err(refused));
+                noted.end("refused");
                 return;
             }
             let (reply, answer) = tokio::sync::oneshot::channel();
@@ -82,6 +173,7 @@ impl ClientSide for HarnessClient {
                 reply,
             };
             let mut request = request;
+            let revoking = while_granted(self.ctx.clone(), server, whose.grants);
             tokio::spawn(async move {
                 let asked = async {
                     match asker.send(question).await {
@@ -96,8 +188,15 @@ impl ClientSide for HarnessClient {
                 };
                 // Once the server was told the client did not answer, nobody waits.
                 tokio::select! {
-                    outcome = asked => request.respond(outcome),
-                    () = request.abandoned() => {}
+                    outcome = asked => {
+                        noted.end(if outcome.is_ok() { "answered" } else { "failed" });
+                        request.respond(outcome);
+                    }
+                    () = request.abandoned() => noted.end("withdrawn"),
+                    refused = revoking => {
+                        request.respond(Err(refused));
+                        noted.end("refused");
+                    }
                 }
             });
             return;
@@ -114,21 +213,13 @@ impl ClientSide for HarnessClient {
                 INVALID_PARAMS,
                 format!("the request {why}"),
             )));
+            noted.end("refused");
             return;
         }
-        let inputs = self.inputs.clone();
-        // Whose the request is: the call on that server now, when it is one agent's
-        // (stdio and a legacy session name no call).
-        let whose = self.ctx.upgrade().map(|ctx| ctx.on(server));
         // The connection let it through during a call, which may have ended since (its
         // result came right behind it): with no call on the server now it would be no
         // one's, and answered as if outside calls were allowed.
-        let asks = matches!(
-            request.method.as_str(),
-            "elicitation/create" | "sampling/createMessage"
-        );
-        if asks && !request.outside_calls_allowed && !whose.as_ref().is_some_and(|w| w.during_call)
-        {
+        if asks && !request.outside_calls_allowed && !whose.during_call {
             tracing::warn!(server, method = %crate::util::text::one_line(&request.method, 100), "server asked for input after its call ended; refused");
             let error = RpcError::new(
                 INVALID_REQUEST,
@@ -139,21 +230,32 @@ impl ClientSide for HarnessClient {
         }
         if asks && let Some(refused) = self.past_round_cap(server) {
             request.respond(Err(refused));
+            noted.end("past_round_cap");
             return;
         }
-        let (agent_id, call_id, shared, ended) = match whose {
-            Some(w) => (w.agent, w.call, w.shared, w.ended),
-            None => (None, None, false, Vec::new()),
-        };
+        // No person is shown, nor model paid for, the question of a call whose grant
+        // is gone.
+        if asks && let Some(refused) = revoked(&ctx, server, &whose.grants) {
+            request.respond(Err(refused));
+            noted.end("refused");
+            return;
+        }
         let context = InputRequestContext {
             server: server.to_string(),
             method: request.method.clone(),
             params: request.params.clone(),
-            agent_id,
+            agent_id: whose.agent,
             key: String::new(),
-            call_id,
-            shared,
+            call_id: whose.call,
+            shared: whose.shared,
         };
+        let ended = whose.ended;
+        let inputs = self.inputs.clone();
+        let revoking = while_granted(
+            self.ctx.clone(),
+            server,
+            if asks { whose.grants } else { Vec::new() },
+        );
         let mut request = request;
         let server = server.to_string();
         tokio::spawn(async move {
@@ -166,35 +268,55 @@ impl ClientSide for HarnessClient {
                 }
             };
             // Once the server was told the client did not answer, or the calls the
-            // question came during all ended (cancelled, past their deadline), the handler stops
-            // (an approval leaves the queue, a provider request is not made).
+            // question came during all ended (cancelled, past their deadline), or
+            // their grants were revoked, the handler stops (an approval leaves the
+            // queue, a provider request is not made).
             let answered = tokio::select! {
                 a = inputs.answer(&set, context, inputs.timeout()) => a,
-                () = request.abandoned() => return,
+                () = request.abandoned() => {
+                    noted.end("withdrawn");
+                    return;
+                }
                 () = call_ended => {
                     request.respond(Err(RpcError::new(
                         INTERNAL_ERROR,
                         "the call or request this was asked during has ended",
                     )));
+                    noted.end("withdrawn");
+                    return;
+                }
+                refused = revoking => {
+                    request.respond(Err(refused));
+                    noted.end("refused");
                     return;
                 }
             };
             let outcome = match answered {
-                Ok(value) => Ok(value),
-                Err(InputError::NoHandler(method)) => Err(RpcError::new(
-                    METHOD_NOT_FOUND,
-                    format!("no handler for {method} in this client"),
-                )),
+                Ok(value) => {
+                    noted.end("answered");
+                    Ok(value)
+                }
+                Err(InputError::NoHandler(method)) => {
+                    noted.end("failed");
+                    Err(RpcError::new(
+                        METHOD_NOT_FOUND,
+                        format!("no handler for {method} in this client"),
+                    ))
+                }
                 // As clients answer a request the user rejected (-1). The server hears
                 // no agent's name nor others' spending; the log has the whole reason.
                 Err(InputError::Denied(d)) => {
                     tracing::info!(server = %server, reason = %d, "a server's request was refused");
+                    noted.end("denied");
                     Err(RpcError::new(
                         -1,
                         format!("refused: {}", d.as_told_to_the_server()),
                     ))
                 }
-                Err(e) => Err(RpcError::new(INTERNAL_ERROR, e.to_string())),
+                Err(e) => {
+                    noted.end("failed");
+                    Err(RpcError::new(INTERNAL_ERROR, e.to_string()))
+                }
             };
             request.respond(outcome);
         });

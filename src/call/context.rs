@@ -40,19 +40,49 @@ pub struct CallContext {
     on_servers: parking_lot::Mutex<foldhash::HashMap<String, Vec<CallOn>>>,
 }
 
+/// The questions (elicitation, sampling) legacy servers asked during one call, shared
+/// by its attempts: counted against `round_cap` (failing over does not start the count
+/// again), and noted for its `finished` audit record, up to one past the cap.
+#[derive(Default)]
+pub(crate) struct Questions {
+    count: AtomicUsize,
+    noted: parking_lot::Mutex<Vec<crate::audit::Question>>,
+}
+
+impl Questions {
+    /// Notes how a question ended, within what the record keeps (`cap` + 1).
+    pub(crate) fn note(&self, cap: usize, server: &str, method: &str, outcome: &'static str) {
+        let mut noted = self.noted.lock();
+        if noted.len() <= cap {
+            noted.push(crate::audit::Question {
+                server: server.to_string(),
+                method: crate::util::text::one_line(method, 100),
+                outcome,
+            });
+        }
+    }
+
+    /// What was noted, taken.
+    pub(crate) fn take(&self) -> Vec<crate::audit::Question> {
+        std::mem::take(&mut self.noted.lock())
+    }
+}
+
 /// A call on a server.
 struct CallOn {
     call: u64,
     agent: Option<Arc<str>>,
+    /// What it calls there (a tool's or prompt's name, a resource's URI): a question
+    /// asked during it is refused once its grant is revoked.
+    item: Arc<str>,
     /// Where its caller answers the server's questions (delegated calls).
     questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
     /// Cancelled when the call's attempt there ends: a question the server asked
     /// during it is not answered for nobody. Made when a question is taken for this
     /// call's (most calls are asked nothing).
     ended: Option<tokio_util::sync::CancellationToken>,
-    /// Questions (elicitation, sampling) servers asked during it: shared by its
-    /// attempts, so that a call failing over is not asked `round_cap` more.
-    asked: Arc<AtomicUsize>,
+    /// Questions servers asked during it.
+    asked: Arc<Questions>,
 }
 
 /// Whose a request from a server is; see [`CallContext::on`].
@@ -69,6 +99,12 @@ pub(crate) struct Whose {
     pub(crate) ended: Vec<tokio_util::sync::CancellationToken>,
     /// Whether any call (or request of the harness's own) is on the server now.
     pub(crate) during_call: bool,
+    /// Each call's agent and what it calls there: the question is no longer asked
+    /// for anyone once none of them may (a grant revoked meanwhile). Empty for
+    /// requests of no call.
+    pub(crate) grants: Vec<(Option<Arc<str>>, Arc<str>)>,
+    /// Each call's questions, where how this one ends is noted.
+    pub(crate) asked: Vec<Arc<Questions>>,
 }
 
 /// A call's attempt on a server, counted there until dropped.
@@ -143,12 +179,14 @@ impl CallContext {
         server: &'a str,
         call: u64,
         agent: Option<Arc<str>>,
+        item: &str,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
-        asked: Arc<AtomicUsize>,
+        asked: Arc<Questions>,
     ) -> OnServer<'a> {
         let on_server = CallOn {
             call,
             agent,
+            item: item.into(),
             questions,
             ended: None,
             asked,
@@ -191,8 +229,15 @@ impl CallContext {
                 shared: unowned,
                 ended: unowned_end.into_iter().collect(),
                 during_call: unowned,
+                grants: Vec::new(),
+                asked: Vec::new(),
             };
         };
+        let grants = calls
+            .iter()
+            .map(|c| (c.agent.clone(), c.item.clone()))
+            .collect();
+        let asked = calls.iter().map(|c| c.asked.clone()).collect();
         // Withdrawn once every call on the server now (and the requests of no call)
         // has ended: it was one of theirs.
         let mut ended: Vec<_> = calls
@@ -205,12 +250,16 @@ impl CallContext {
             .collect();
         if unowned {
             ended.extend(unowned_end);
+            // The requests of no call may be whose it is: not refused for the calls'
+            // grants.
             return Whose {
                 agent: None,
                 call: None,
                 shared: true,
                 ended,
                 during_call: true,
+                grants: Vec::new(),
+                asked,
             };
         }
         let (agent, shared) = match calls.first() {
@@ -231,7 +280,27 @@ impl CallContext {
             shared,
             ended,
             during_call: !calls.is_empty(),
+            grants,
+            asked,
         }
+    }
+
+    /// Whether one of `grants` (see [`Whose::grants`]) is still in force on `server`;
+    /// true for none (a request of no call).
+    pub(crate) fn still_granted(
+        &self,
+        server: &str,
+        grants: &[(Option<Arc<str>>, Arc<str>)],
+    ) -> bool {
+        if grants.is_empty() {
+            return true;
+        }
+        let Some(server) = self.servers.get(server) else {
+            return false;
+        };
+        grants
+            .iter()
+            .any(|(agent, item)| self.allows(agent.as_deref(), &server, item))
     }
 
     /// Counts a question (elicitation, sampling) that `server` asks during the calls on
@@ -247,7 +316,11 @@ impl CallContext {
         };
         let mut least = usize::MAX;
         for call in calls.iter() {
-            let asked = call.asked.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+            let asked = call
+                .asked
+                .count
+                .fetch_add(1, Ordering::SeqCst)
+                .saturating_add(1);
             least = least.min(asked);
         }
         least <= self.settings.round_cap

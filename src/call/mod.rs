@@ -36,7 +36,6 @@ mod search;
 mod settings;
 mod telemetry;
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -337,7 +336,7 @@ struct Asked {
     rounds: usize,
     /// Questions legacy servers asked during the call (made when the call is first on
     /// one: modern servers ask none).
-    questions: OnceLock<Arc<AtomicUsize>>,
+    questions: OnceLock<Arc<context::Questions>>,
 }
 
 /// How one attempt on one server ended, short of a result.
@@ -355,7 +354,8 @@ impl From<CallError> for Attempt {
 }
 
 /// Sends the call to each candidate in turn, driving its rounds, failing over when
-/// the request provably never reached the server or the tool is retry-safe.
+/// the request provably never reached the server or the tool is retry-safe; then
+/// records the questions servers asked during it.
 async fn drive(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
@@ -368,6 +368,22 @@ async fn drive(
         rounds: request.delegated.as_ref().map_or(0, |d| d.rounds),
         questions: OnceLock::new(),
     };
+    let driven = try_candidates(ctx, request, args, candidates, deadline, &mut asked, record).await;
+    if let Some(questions) = asked.questions.get() {
+        record.questions(questions.take());
+    }
+    driven
+}
+
+async fn try_candidates(
+    ctx: &Arc<CallContext>,
+    request: &CallRequest,
+    args: Value,
+    candidates: &[Candidate<'_>],
+    deadline: Deadline,
+    asked: &mut Asked,
+    record: &mut CallRecord,
+) -> Result<Answer, CallError> {
     let mut last_error = None;
     let mut params = request.kind.params(args);
     for (i, candidate) in candidates.iter().enumerate() {
@@ -391,7 +407,7 @@ async fn drive(
                 candidate,
                 &mut params,
                 deadline,
-                &mut asked,
+                asked,
                 record,
             ),
             span.clone(),
@@ -488,7 +504,7 @@ fn ran_out(e: &CallError) -> bool {
 }
 
 /// How often a call waiting for its round's answers checks that its grant still holds.
-const GRANT_RECHECK: Duration = Duration::from_millis(250);
+pub(crate) const GRANT_RECHECK: Duration = Duration::from_millis(250);
 
 /// A grant revoked while the call waited (on input, or before a hop) stops it here.
 fn still_allowed(
@@ -533,6 +549,7 @@ async fn attempt(
             server.id(),
             call_id,
             request.caller.agent_id.clone(),
+            candidate.item,
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
             questions.get_or_init(Arc::default).clone(),
         )

@@ -41,6 +41,8 @@ pub(crate) struct CallRecord {
     pub(crate) candidates: usize,
     hops: Vec<Hop>,
     rounds: Vec<Round>,
+    /// Legacy servers' questions during the call (see [`CallRecord::questions`]).
+    questions: Vec<crate::audit::Question>,
     /// The server tried last.
     pub(crate) server: Option<ServerRef>,
     /// Whether the call's spans are exported (its head-sampling decision), told to its
@@ -90,6 +92,7 @@ impl CallRecord {
             candidates: 0,
             hops: Vec::new(),
             rounds: Vec::new(),
+            questions: Vec::new(),
             server: None,
             traced: true,
             finished: false,
@@ -127,6 +130,13 @@ impl CallRecord {
                 server: server.to_string(),
                 methods,
             });
+        }
+    }
+
+    /// Records the questions legacy servers asked during the call, and how each ended.
+    pub(crate) fn questions(&mut self, questions: Vec<crate::audit::Question>) {
+        if self.sink.is_some() {
+            self.questions = questions;
         }
     }
 
@@ -189,6 +199,7 @@ impl CallRecord {
             candidates: self.candidates,
             hops: &self.hops,
             rounds: &self.rounds,
+            questions: &self.questions,
             outcome,
             error: code,
             message,
