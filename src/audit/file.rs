@@ -34,6 +34,11 @@ pub(super) trait Output: Send {
     fn moved(&mut self) -> bool {
         false
     }
+    /// Whether the file is gone from every directory (removed, not renamed): what was
+    /// written to it goes when it is closed.
+    fn removed(&mut self) -> bool {
+        false
+    }
     /// Flushes what it holds to the disk.
     fn sync(&mut self) -> std::io::Result<()> {
         Ok(())
@@ -95,6 +100,11 @@ impl Output for FileOutput {
             return true;
         };
         (now.dev(), now.ino()) != (open.dev(), open.ino())
+    }
+
+    fn removed(&mut self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        !self.own && self.file.metadata().is_ok_and(|m| m.nlink() == 0)
     }
 
     fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
@@ -469,7 +479,13 @@ impl AuditFile {
             // Removed or rotated away: the batches before stay where they are (synced
             // there first: the sync after this batch reaches only the new file), and the
             // next one starts the file now at the path.
-            tracing::info!("audit file moved or removed; writing to a new one at its path");
+            // Rotated away is routine; removed, the trail up to now is gone with it.
+            match self.output.as_mut().is_some_and(|o| o.removed()) {
+                true => tracing::warn!(
+                    "audit file removed (its records with it); writing to a new one at its path"
+                ),
+                false => tracing::info!("audit file moved; writing to a new one at its path"),
+            }
             self.close_output();
             self.good = None;
         }
@@ -613,6 +629,26 @@ mod tests {
     // A directory above the trail's that every user may write to (and is not sticky)
     // could rename the trail's own away: warned of too, by its name. Before, only the
     // trail's own directory was looked at.
+    // A trail rotated away is told from one removed (its records gone with it, warned of).
+    #[test]
+    fn a_trail_moved_is_told_from_one_removed() {
+        let scratch = crate::util::scratch::Scratch::new("audit-removed");
+        std::fs::create_dir_all(&*scratch).expect("dir");
+        let path = scratch.join("audit.jsonl");
+        let open = || FileOutput {
+            file: std::fs::File::create(&path).expect("file"),
+            path: path.clone(),
+            own: false,
+        };
+        let mut output = open();
+        assert!(!output.moved() && !output.removed());
+        std::fs::rename(&path, scratch.join("audit.jsonl.1")).expect("rotate");
+        assert!(output.moved() && !output.removed(), "rotated");
+        let mut output = open();
+        std::fs::remove_file(&path).expect("remove");
+        assert!(output.moved() && output.removed(), "removed");
+    }
+
     #[test]
     fn a_shared_directory_above_the_trails_is_named() {
         use std::os::unix::fs::PermissionsExt;

@@ -336,7 +336,14 @@ mod tests {
             outcome: "answered",
         }];
         for (server, hops, rounds, questions, error, message) in [
-            (Some("s"), &hops[..0], &rounds[..0], &questions[..0], None, None),
+            (
+                Some("s"),
+                &hops[..0],
+                &rounds[..0],
+                &questions[..0],
+                None,
+                None,
+            ),
             (
                 None,
                 &hops[..],
