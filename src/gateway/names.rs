@@ -16,8 +16,9 @@ use crate::util::hash::sha256_hex;
 
 /// Longest name served.
 pub const MAX_NAME: usize = 64;
-/// Shortened names remembered (past it they are all forgotten before a listing's go in,
-/// and learned again on each caller's next list; one listing may hold more).
+/// Shortened names remembered per server (past it that server's are forgotten before a
+/// listing's go in, and learned again on each caller's next list; one listing may hold
+/// more). Per server: one that lists ever new long names forgets only its own.
 const MAX_RENAMED: usize = 65_536;
 
 /// Whether served names carry their server.
@@ -38,7 +39,47 @@ pub enum Prefix {
 #[derive(Debug, Default)]
 pub struct Names {
     prefix: Prefix,
-    renamed: Mutex<HashMap<String, String>>,
+    renamed: Mutex<Renamed>,
+}
+
+/// Shortened names and what they stand for, with the server each came from, and how
+/// many each server has.
+#[derive(Clone, Debug, Default)]
+struct Renamed {
+    by_short: HashMap<String, (std::sync::Arc<str>, String)>,
+    per_server: HashMap<std::sync::Arc<str>, usize>,
+}
+
+impl Renamed {
+    fn insert(
+        &mut self,
+        short: String,
+        server: &std::sync::Arc<str>,
+        name: &str,
+    ) -> Option<String> {
+        let old = self
+            .by_short
+            .insert(short, (server.clone(), name.to_string()));
+        if let Some((was, _)) = &old {
+            self.count(was, -1);
+        }
+        self.count(server, 1);
+        old.map(|(_, name)| name)
+    }
+
+    fn count(&mut self, server: &std::sync::Arc<str>, by: isize) {
+        let n = self.per_server.entry(server.clone()).or_default();
+        *n = n.saturating_add_signed(by);
+        if *n == 0 {
+            self.per_server.remove(server);
+        }
+    }
+
+    /// Forgets `server`'s names.
+    fn forget(&mut self, server: &str) {
+        self.by_short.retain(|_, (s, _)| &**s != server);
+        self.per_server.remove(server);
+    }
 }
 
 /// Whether `name` is served as it is: short, of safe characters, and not of a
@@ -175,17 +216,23 @@ impl Names {
             .map(|(name, _)| Some(shorten(name)).filter(|short| short != name))
             .collect();
         let mut renamed = self.renamed.lock();
-        let adding = shorts
-            .iter()
-            .flatten()
-            .filter(|short| !renamed.contains_key(short.as_str()))
-            .count();
-        if renamed.len().saturating_add(adding) > MAX_RENAMED {
-            renamed.clear();
+        let mut adding: HashMap<&str, usize> = HashMap::new();
+        for ((_, item), short) in out.iter().zip(&shorts) {
+            if let Some(short) = short
+                && !renamed.by_short.contains_key(short.as_str())
+            {
+                *adding.entry(&item.server).or_default() += 1;
+            }
+        }
+        for (server, adding) in adding {
+            let has = renamed.per_server.get(server).copied().unwrap_or(0);
+            if has.saturating_add(adding) > MAX_RENAMED {
+                renamed.forget(server);
+            }
         }
         for ((name, item), short) in out.iter_mut().zip(shorts) {
             if let Some(short) = short {
-                if let Some(other) = renamed.insert(short.clone(), name.clone())
+                if let Some(other) = renamed.insert(short.clone(), &item.server, name)
                     && other != *name
                 {
                     tracing::warn!(served = %short, first = %other.escape_debug(), now = %name.escape_debug(), "two names shorten alike; the latest wins");
@@ -201,8 +248,9 @@ impl Names {
     pub fn resolve(&self, served: &str) -> String {
         self.renamed
             .lock()
+            .by_short
             .get(served)
-            .cloned()
+            .map(|(_, name)| name.clone())
             .unwrap_or_else(|| served.to_string())
     }
 }
@@ -327,5 +375,32 @@ mod tests {
         assert!(served.len() <= MAX_NAME);
         assert_eq!(names.resolve(&served), format!("srv__{long}"));
         assert_eq!(names.resolve("srv__other"), "srv__other");
+    }
+
+    // A server that lists ever new long names past the table's bound forgets its own
+    // shortened names, not another server's (a call by one of those found its way back
+    // no more, until its caller listed again).
+    #[test]
+    fn a_server_flooding_long_names_forgets_only_its_own() {
+        let names = Names::new(Prefix::Always);
+        let long = "x".repeat(80);
+        let (kept, _) = names.expose(&[tool("quiet", &long)], |_| 0).remove(0);
+        let flood: Vec<ToolInfo> = (0..=MAX_RENAMED)
+            .map(|i| tool("loud", &format!("{long}{i}")))
+            .collect();
+        names.expose(&flood[..MAX_RENAMED], |_| 0);
+        // Past the bound: the flooding server's table is emptied, then filled again.
+        let served = names.expose(&flood[MAX_RENAMED..], |_| 0).remove(0).0;
+        assert_eq!(names.resolve(&kept), format!("quiet__{long}"));
+        assert_eq!(names.resolve(&served), format!("loud__{long}{MAX_RENAMED}"));
+        let first = shorten(&flood[0].qualified);
+        assert_eq!(
+            names.resolve(&first),
+            first,
+            "the flooding server's own forgotten"
+        );
+        let renamed = names.renamed.lock();
+        assert_eq!(renamed.per_server.get("quiet"), Some(&1));
+        assert_eq!(renamed.per_server.get("loud"), Some(&1));
     }
 }
