@@ -69,9 +69,9 @@ impl Actor for AuditActor {
                 sink.write_now().await;
                 let _ = reply.send(());
             }
-            // A full batch: written at once, synced at the next timer (a flood of
-            // batches does not each wait for the disk).
-            AuditMsg::Tick => drain(sink, false).await,
+            // A full batch: written at once, and synced when a sync is due (at most
+            // one a second: a flood of batches does not each wait for the disk).
+            AuditMsg::Tick => drain(sink, true).await,
             AuditMsg::Timer => {
                 drain(sink, true).await;
                 myself.send_after(next_drain(sink), || AuditMsg::Timer);

@@ -732,6 +732,8 @@ mod tests {
         fail_truncate: Arc<Mutex<bool>>,
         /// The next failing append finds the file cut to nothing by another hand first.
         shrink_first: Arc<Mutex<bool>>,
+        /// Syncs that fail from now.
+        fail_syncs: Arc<Mutex<usize>>,
     }
 
     impl Output for Flaky {
@@ -768,6 +770,45 @@ mod tests {
         fn is_file(&mut self) -> bool {
             true
         }
+        fn sync(&mut self) -> std::io::Result<()> {
+            let mut failing = self.fail_syncs.lock();
+            if *failing > 0 {
+                *failing -= 1;
+                return Err(std::io::Error::other("EIO"));
+            }
+            Ok(())
+        }
+    }
+
+    // A sync that failed fails the trail until a sync succeeds: tried again at the
+    // next timer with nothing new written (`fail_closed` refuses the calls that would
+    // write), and not healed by a write that reaches only the page cache.
+    #[test]
+    fn a_failed_sync_is_tried_again_and_only_a_sync_heals_it() {
+        use crate::audit::{AuditConfig, AuditSink};
+        let dir = crate::util::scratch::Scratch::new("failed-sync");
+        let config = AuditConfig {
+            path: Some(dir.join("audit.jsonl")),
+            ..AuditConfig::default()
+        };
+        let flaky = Flaky::default();
+        let slot = crate::util::slot::ActorSlot::default();
+        let sink = AuditSink::with_opener(config, Some(opener(&flaky)), slot);
+        sink.record(&serde_json::json!({"i": 1}));
+        sink.shared.write_pending();
+        *flaky.fail_syncs.lock() = 2;
+        sink.shared.sync();
+        assert!(!sink.health().writable, "the first sync failed");
+        sink.record(&serde_json::json!({"i": 2}));
+        sink.shared.write_pending();
+        assert!(!sink.health().writable, "a write does not heal it");
+        // Tried again at once (not a second after the last): it fails again.
+        sink.shared.sync_due();
+        assert!(!sink.health().writable, "the second sync failed");
+        // Nothing written since: the next timer's sync heals it.
+        sink.shared.sync_due();
+        assert!(sink.health().writable, "{:?}", sink.health());
+        assert_eq!(sink.health().unwritten, 2, "both records counted lost");
     }
 
     fn opener(f: &Flaky) -> Opener {

@@ -133,6 +133,9 @@ pub(super) struct Shared {
     pub(super) unsynced: AtomicU64,
     /// When the last timed sync ran, in milliseconds after `epoch`.
     synced_at: AtomicU64,
+    /// The last sync failed: the trail fails until a sync succeeds (a write that
+    /// reaches only the page cache does not heal it), tried again at each timer.
+    sync_failed: AtomicBool,
     /// Records in `retry`, readable while a write holds it (health never waits on I/O).
     retrying: std::sync::atomic::AtomicUsize,
     /// When the write under way began, in milliseconds after `epoch` (0: none).
@@ -187,10 +190,9 @@ impl Shared {
                     .fetch_add(retry.records as u64, Ordering::SeqCst);
                 *retry = Batch::default();
                 self.retrying.store(0, Ordering::SeqCst);
-                if !self.writable.swap(true, Ordering::SeqCst) {
-                    tracing::info!("audit trail writable again");
+                if !self.sync_failed.load(Ordering::SeqCst) {
+                    self.writable_again();
                 }
-                *self.last_error.lock() = None;
             }
             Err(failed) => {
                 // Whole records the file kept (a torn batch it could not cut) are
@@ -292,6 +294,12 @@ impl Shared {
     /// [`Shared::sync`], when records were written since the last one and that was
     /// [`SYNC_EVERY`] ago or more. Blocking I/O.
     pub(super) fn sync_due(&self) {
+        // A sync that failed is tried again, written records or not: no record may
+        // come to start one (`fail_closed` refuses calls meanwhile).
+        if self.sync_failed.load(Ordering::SeqCst) {
+            self.sync();
+            return;
+        }
         if self.unsynced.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -318,12 +326,26 @@ impl Shared {
                 // The kernel may have dropped the pages it could not write (EIO): the
                 // records since the last sync count as unwritten, and the trail as
                 // failing until a write succeeds, so that shutdown reports it.
-                tracing::error!(error = %e, records = unsynced, "audit file not synced to disk; the records written since the last sync may be lost");
+                if !self.sync_failed.swap(true, Ordering::SeqCst) || unsynced > 0 {
+                    tracing::error!(error = %e, records = unsynced, "audit file not synced to disk; the records written since the last sync may be lost");
+                }
                 self.unwritten.fetch_add(unsynced, Ordering::Relaxed);
                 self.writable.store(false, Ordering::SeqCst);
                 *self.last_error.lock() = Some(format!("sync to disk failed: {e}"));
+            } else if self.sync_failed.swap(false, Ordering::SeqCst)
+                && self.retrying.load(Ordering::SeqCst) == 0
+            {
+                self.writable_again();
             }
         }
+    }
+
+    /// The trail works again (a write, or a sync after one failed, succeeded).
+    fn writable_again(&self) {
+        if !self.writable.swap(true, Ordering::SeqCst) {
+            tracing::info!("audit trail writable again");
+        }
+        *self.last_error.lock() = None;
     }
 }
 
@@ -375,6 +397,7 @@ impl AuditSink {
                 unwritten: AtomicU64::new(0),
                 unsynced: AtomicU64::new(0),
                 synced_at: AtomicU64::new(0),
+                sync_failed: AtomicBool::new(false),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
                 writing_since: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
