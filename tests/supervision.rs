@@ -1087,6 +1087,17 @@ async fn a_server_replaced_keeps_its_place_and_calls_wait_for_the_new_one() {
     );
     assert!(!replacing.is_finished(), "the old process is still going");
     assert!(!group_members(old).is_empty());
+    // One replacement at a time: what waits for this one is not stopped by another.
+    let again = h.replace_server(demo("slow", &[])).await;
+    assert!(
+        matches!(
+            again,
+            Err(HarnessError::Call(CallError::Server(
+                ServerError::Restarting { .. }
+            )))
+        ),
+        "{again:?}"
+    );
     replacing.await.expect("join").expect("replaced");
     assert!(group_members(old).is_empty(), "the old process is gone");
     let answer = answer.await.expect("join").expect("answered");
@@ -1114,6 +1125,32 @@ async fn a_server_replaced_keeps_its_place_and_calls_wait_for_the_new_one() {
         tools(h.clone()).await.contains(&"slow__gen_0".to_string()),
         "the new server's tools"
     );
+    h.shutdown().await;
+}
+
+// A server removed while it replaces another is removed once both have stopped: one
+// added under its id right after does not start beside the old process.
+#[tokio::test]
+async fn a_removal_during_a_replacement_waits_for_the_old_process() {
+    let h = with_a_slow_stop().await;
+    let old = pid(&h, "slow");
+    let replacing = {
+        let h = h.clone();
+        tokio::spawn(async move { h.replace_server(demo("slow", &[])).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("slow")
+            .is_some_and(|s| s.pid != Some(old)))
+        .await
+    );
+    h.remove_server("slow").await.expect("removed");
+    assert!(group_members(old).is_empty(), "the old process is gone too");
+    replacing
+        .await
+        .expect("join")
+        .expect("replaced, then removed");
+    assert!(h.server_status("slow").is_none());
     h.shutdown().await;
 }
 

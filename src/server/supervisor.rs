@@ -172,6 +172,11 @@ impl Actor for ServersSupervisor {
                     let directory = state.args.directory.clone();
                     tokio::spawn(async move {
                         stop(&server).await;
+                        // And the one it replaces, if that is still stopping: a server
+                        // of this id added next must not start beside it.
+                        if let Some(old) = server.predecessor_stopping() {
+                            old.cancelled().await;
+                        }
                         directory.stopped(&server);
                         let _ = reply.send(Ok(()));
                     });
@@ -351,10 +356,22 @@ impl ServersState {
                 let _ = reply.send(Ok(()));
                 return;
             }
+            // One at a time: the server being replaced has not stopped yet, and what
+            // waits for its replacement would be stopped with it.
+            Some(there) if there.predecessor_stopping().is_some() => {
+                let _ = reply.send(Err(ServersError::Server(ServerError::Restarting {
+                    server: id,
+                    reason: "a replacement of it is under way (its old process is stopping)".into(),
+                })));
+                return;
+            }
             Some(_) => {}
         }
         let predecessor = tokio_util::sync::CancellationToken::new();
-        let server = ServerRef::replacing(config, request, predecessor.clone());
+        // Cancelled however this ends, from here: the new server never waits for ever
+        // (a supervisor killed at the await below drops it with the handler).
+        let stopped = predecessor.clone().drop_guard();
+        let server = ServerRef::replacing(config, request, predecessor);
         let Some(old) = self.args.directory.replace(server.clone()) else {
             let _ = reply.send(Err(ServersError::Unknown(id)));
             return;
@@ -369,18 +386,22 @@ impl ServersState {
             now.restarts = was.restarts;
             now.actor_rebuilds = was.actor_rebuilds;
         }
-        let spawned = self.spawn(myself, server, Start::New).await;
+        let spawned = self.spawn(myself, server.clone(), Start::New).await;
         if spawned.is_err() {
             self.args.directory.discard(&id);
         }
         let (directory, client) = (self.args.directory.clone(), self.args.client.clone());
         tokio::spawn(async move {
-            // Cancelled however this task ends: the new server never waits for ever.
-            let _stopped = predecessor.drop_guard();
             stop(&old).await;
             directory.stopped(&old);
-            client.lists_changed(&id, ListsChanged::ALL);
-            drop(_stopped);
+            // Unless it was removed meanwhile.
+            if directory
+                .get(&id)
+                .is_some_and(|s| std::sync::Arc::ptr_eq(&s.0, &server.0))
+            {
+                client.lists_changed(&id, ListsChanged::ALL);
+            }
+            drop(stopped);
             let _ = reply.send(spawned);
         });
     }
