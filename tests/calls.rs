@@ -667,12 +667,28 @@ async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goe
         matches!(&ended, Err(CallError::Server(ServerError::Rpc { error, .. })) if error.code == -1),
         "{ended:?}"
     );
+    // A question still waiting when its call ends (past its deadline) is recorded too.
+    h.grant("a", "*", &["*"]).await.expect("grant");
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_millis(800)),
+        ..Default::default()
+    };
+    let late = h
+        .call(
+            &a,
+            CallKind::Tool,
+            "confirm",
+            json!({"message": "Late?"}),
+            options,
+        )
+        .await;
+    assert!(late.is_err(), "{late:?}");
     h.shutdown().await;
     let finished: Vec<Value> = audit_records(&audit)
         .into_iter()
         .filter(|r| r["event"] == "finished")
         .collect();
-    assert_eq!(finished.len(), 2, "{finished:?}");
+    assert_eq!(finished.len(), 3, "{finished:?}");
     let question = |r: &Value| {
         (
             r["questions"][0]["method"].clone(),
@@ -686,6 +702,10 @@ async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goe
     assert_eq!(
         question(&finished[1]),
         (json!("elicitation/create"), json!("refused"))
+    );
+    assert_eq!(
+        question(&finished[2]),
+        (json!("elicitation/create"), json!("withdrawn"))
     );
     assert_eq!(finished[0]["questions"][0]["server"], "leg");
 }

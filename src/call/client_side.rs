@@ -49,17 +49,27 @@ impl HarnessClient {
 
 /// Where how a server's question ends is noted: the calls on the server when it came
 /// (their audit records).
-struct Noted {
-    asked: Vec<std::sync::Arc<super::context::Questions>>,
-    cap: usize,
-    server: String,
-    method: String,
-}
+struct Noted(Vec<(std::sync::Arc<super::context::Questions>, usize)>);
 
 impl Noted {
+    /// Notes the question asked in each call's record.
+    fn asked(
+        calls: Vec<std::sync::Arc<super::context::Questions>>,
+        cap: usize,
+        server: &str,
+        method: &str,
+    ) -> Noted {
+        Noted(
+            calls
+                .into_iter()
+                .filter_map(|q| q.asked(cap, server, method).map(|place| (q, place)))
+                .collect(),
+        )
+    }
+
     fn end(&self, outcome: &'static str) {
-        for questions in &self.asked {
-            questions.note(self.cap, &self.server, &self.method, outcome);
+        for (questions, place) in &self.0 {
+            questions.ended(*place, outcome);
         }
     }
 }
@@ -127,15 +137,14 @@ impl ClientSide for HarnessClient {
             request.method.as_str(),
             "elicitation/create" | "sampling/createMessage"
         );
-        let noted = Noted {
-            asked: if asks {
-                whose.asked.clone()
-            } else {
-                Vec::new()
-            },
-            cap: ctx.settings.round_cap,
-            server: server.to_string(),
-            method: request.method.clone(),
+        let noted = match asks {
+            true => Noted::asked(
+                whose.asked.clone(),
+                ctx.settings.round_cap,
+                server,
+                &request.method,
+            ),
+            false => Noted(Vec::new()),
         };
         // An elicitation during a delegated call is its caller's to answer.
         let asker = match request.method.as_str() {

@@ -46,25 +46,56 @@ pub struct CallContext {
 #[derive(Default)]
 pub(crate) struct Questions {
     count: AtomicUsize,
-    noted: parking_lot::Mutex<Vec<crate::audit::Question>>,
+    noted: parking_lot::Mutex<Noted>,
 }
 
+#[derive(Default)]
+struct Noted {
+    questions: Vec<crate::audit::Question>,
+    /// Taken for the record: what ends after goes nowhere.
+    taken: bool,
+}
+
+/// How a question noted as asked and not yet ended is recorded.
+const ASKED: &str = "asked";
+
 impl Questions {
-    /// Notes how a question ended, within what the record keeps (`cap` + 1).
-    pub(crate) fn note(&self, cap: usize, server: &str, method: &str, outcome: &'static str) {
+    /// Notes a question asked, within what the record keeps (`cap` + 1): its place,
+    /// where how it ends is noted ([`Questions::ended`]).
+    pub(crate) fn asked(&self, cap: usize, server: &str, method: &str) -> Option<usize> {
         let mut noted = self.noted.lock();
-        if noted.len() <= cap {
-            noted.push(crate::audit::Question {
-                server: server.to_string(),
-                method: crate::util::text::one_line(method, 100),
-                outcome,
-            });
+        if noted.taken || noted.questions.len() > cap {
+            return None;
+        }
+        noted.questions.push(crate::audit::Question {
+            server: server.to_string(),
+            method: crate::util::text::one_line(method, 100),
+            outcome: ASKED,
+        });
+        Some(noted.questions.len() - 1)
+    }
+
+    /// Notes how the question at `place` ended.
+    pub(crate) fn ended(&self, place: usize, outcome: &'static str) {
+        let mut noted = self.noted.lock();
+        if !noted.taken
+            && let Some(q) = noted.questions.get_mut(place)
+        {
+            q.outcome = outcome;
         }
     }
 
-    /// What was noted, taken.
+    /// What was noted, taken: a question still open is `withdrawn` (its call ended).
     pub(crate) fn take(&self) -> Vec<crate::audit::Question> {
-        std::mem::take(&mut self.noted.lock())
+        let mut noted = self.noted.lock();
+        noted.taken = true;
+        let mut questions = std::mem::take(&mut noted.questions);
+        for q in &mut questions {
+            if q.outcome == ASKED {
+                q.outcome = "withdrawn";
+            }
+        }
+        questions
     }
 }
 

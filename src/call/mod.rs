@@ -36,7 +36,7 @@ mod search;
 mod settings;
 mod telemetry;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -336,7 +336,7 @@ struct Asked {
     rounds: usize,
     /// Questions legacy servers asked during the call (made when the call is first on
     /// one: modern servers ask none).
-    questions: OnceLock<Arc<context::Questions>>,
+    questions: Arc<context::Questions>,
 }
 
 /// How one attempt on one server ended, short of a result.
@@ -354,8 +354,8 @@ impl From<CallError> for Attempt {
 }
 
 /// Sends the call to each candidate in turn, driving its rounds, failing over when
-/// the request provably never reached the server or the tool is retry-safe; then
-/// records the questions servers asked during it.
+/// the request provably never reached the server or the tool is retry-safe; the
+/// questions servers ask during it go in its record.
 async fn drive(
     ctx: &Arc<CallContext>,
     request: &CallRequest,
@@ -366,13 +366,11 @@ async fn drive(
 ) -> Result<Answer, CallError> {
     let mut asked = Asked {
         rounds: request.delegated.as_ref().map_or(0, |d| d.rounds),
-        questions: OnceLock::new(),
+        questions: Arc::default(),
     };
-    let driven = try_candidates(ctx, request, args, candidates, deadline, &mut asked, record).await;
-    if let Some(questions) = asked.questions.get() {
-        record.questions(questions.take());
-    }
-    driven
+    // Read when the record is written, however the call ends (dropped half-way too).
+    record.questions(asked.questions.clone());
+    try_candidates(ctx, request, args, candidates, deadline, &mut asked, record).await
 }
 
 async fn try_candidates(
@@ -543,7 +541,6 @@ async fn attempt(
     // call's; the server notes the call only then (a modern connection refuses them).
     let call_id = record.call_id();
     let Asked { rounds, questions } = asked;
-    let questions = &*questions;
     let note = || {
         ctx.on_server(
             server.id(),
@@ -551,7 +548,7 @@ async fn attempt(
             request.caller.agent_id.clone(),
             candidate.item,
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
-            questions.get_or_init(Arc::default).clone(),
+            questions.clone(),
         )
     };
     request.kind.set_item(params, candidate.item);

@@ -42,7 +42,7 @@ pub(crate) struct CallRecord {
     hops: Vec<Hop>,
     rounds: Vec<Round>,
     /// Legacy servers' questions during the call (see [`CallRecord::questions`]).
-    questions: Vec<crate::audit::Question>,
+    questions: Option<std::sync::Arc<super::context::Questions>>,
     /// The server tried last.
     pub(crate) server: Option<ServerRef>,
     /// Whether the call's spans are exported (its head-sampling decision), told to its
@@ -92,7 +92,7 @@ impl CallRecord {
             candidates: 0,
             hops: Vec::new(),
             rounds: Vec::new(),
-            questions: Vec::new(),
+            questions: None,
             server: None,
             traced: true,
             finished: false,
@@ -133,10 +133,11 @@ impl CallRecord {
         }
     }
 
-    /// Records the questions legacy servers asked during the call, and how each ended.
-    pub(crate) fn questions(&mut self, questions: Vec<crate::audit::Question>) {
+    /// Where the questions legacy servers ask during the call are noted, with how each
+    /// ended: written with `finished`.
+    pub(crate) fn questions(&mut self, questions: std::sync::Arc<super::context::Questions>) {
         if self.sink.is_some() {
-            self.questions = questions;
+            self.questions = Some(questions);
         }
     }
 
@@ -189,6 +190,11 @@ impl CallRecord {
         let Some(sink) = &self.sink else {
             return;
         };
+        let questions = self
+            .questions
+            .as_ref()
+            .map(|q| q.take())
+            .unwrap_or_default();
         sink.record(&Finished {
             event: "finished",
             call_id: self.call_id,
@@ -199,7 +205,7 @@ impl CallRecord {
             candidates: self.candidates,
             hops: &self.hops,
             rounds: &self.rounds,
-            questions: &self.questions,
+            questions: &questions,
             outcome,
             error: code,
             message,
