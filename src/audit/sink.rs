@@ -168,7 +168,8 @@ impl Shared {
         if retry.records == 0 {
             // Nothing to write: a trail failing for a file that could not be opened
             // (calls refused, so no records come) tries to open it again. (One failing
-            // for a failed sync or write stays so until a write succeeds.)
+            // for a failed write stays so until a write succeeds, for a failed sync
+            // until a sync does: `sync_due`.)
             if !self.writable.load(Ordering::SeqCst) && file.as_ref().is_some_and(|f| !f.is_open())
             {
                 self.open_now(&mut file);
@@ -325,7 +326,7 @@ impl Shared {
             if let Err(e) = synced {
                 // The kernel may have dropped the pages it could not write (EIO): the
                 // records since the last sync count as unwritten, and the trail as
-                // failing until a write succeeds, so that shutdown reports it.
+                // failing until a sync succeeds, so that shutdown reports it.
                 if !self.sync_failed.swap(true, Ordering::SeqCst) || unsynced > 0 {
                     tracing::error!(error = %e, records = unsynced, "audit file not synced to disk; the records written since the last sync may be lost");
                 }
@@ -967,7 +968,8 @@ mod tests {
             "{health:?}"
         );
         // Refused while it fails, in fail_closed mode (the default); neither a rebuilt
-        // actor's probe nor an idle tick (the file is open) heals it: only a write.
+        // actor's probe, an idle tick (the file is open), nor a write (to the page
+        // cache) heals it: only a sync that succeeds.
         assert!(sink.admit().is_err());
         sink.shared.probe();
         sink.shared.write_pending();
@@ -975,7 +977,7 @@ mod tests {
         // A later sync counts only what was written since.
         sink.record(&serde_json::json!({"i": 3}));
         sink.shared.write_pending();
-        assert!(sink.health().writable, "a write that succeeds heals it");
+        assert!(!sink.health().writable, "a write does not heal it");
         sink.shared.sync();
         assert_eq!(sink.health().unwritten, 4);
     }
