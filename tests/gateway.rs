@@ -1657,6 +1657,20 @@ async fn a_config_half_written_in_place_is_not_applied() {
     let _ = std::fs::remove_file(record);
 }
 
+/// `serve --stdio` of `config`, its pipes taken, logging warnings to its stderr.
+fn serve_stdio_logging(config: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(harness_exe())
+        .args(["serve", "--stdio", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve --stdio")
+}
+
 /// What `err` says until `done` holds of it, or `limit` has passed.
 async fn said_until(
     err: &mut tokio::process::ChildStderr,
@@ -1684,16 +1698,7 @@ async fn a_config_anyone_may_write_is_warned_of_once_and_no_reload_is_refused() 
     use std::os::unix::fs::PermissionsExt;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     std::fs::set_permissions(&setup.config, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--config"])
-        .arg(&setup.config)
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
+    let mut child = serve_stdio_logging(&setup.config);
     let mut stdin = child.stdin.take().expect("stdin");
     let mut err = child.stderr.take().expect("stderr");
     let mut lines = {
@@ -1722,16 +1727,7 @@ async fn a_reload_that_changes_a_stdio_sessions_agent_says_it_is_kept() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let text = std::fs::read_to_string(&setup.config).expect("config");
     std::fs::write(&setup.config, format!("agent = \"a\"\n{text}")).expect("config");
-    let mut child = tokio::process::Command::new(harness_exe())
-        .args(["serve", "--stdio", "--config"])
-        .arg(&setup.config)
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve --stdio");
+    let mut child = serve_stdio_logging(&setup.config);
     let stdin = child.stdin.take().expect("stdin");
     let mut err = child.stderr.take().expect("stderr");
     // Served: it answers a listing.
