@@ -802,10 +802,20 @@ mod tests {
         sink.record(&serde_json::json!({"i": 2}));
         sink.shared.write_pending();
         assert!(!sink.health().writable, "a write does not heal it");
-        // Tried again at once (not a second after the last): it fails again.
+        // Tried at most once a second (a failing disk is not asked at every batch).
+        let a_second = || {
+            std::thread::sleep(
+                crate::audit::sink::SYNC_EVERY + std::time::Duration::from_millis(50),
+            )
+        };
+        a_second();
         sink.shared.sync_due();
         assert!(!sink.health().writable, "the second sync failed");
-        // Nothing written since: the next timer's sync heals it.
+        sink.shared.sync_due();
+        assert_eq!(*flaky.fail_syncs.lock(), 0, "tried once this second");
+        assert!(!sink.health().writable, "not tried again within the second");
+        // Nothing written since: the next one heals it.
+        a_second();
         sink.shared.sync_due();
         assert!(sink.health().writable, "{:?}", sink.health());
         assert_eq!(sink.health().unwritten, 2, "both records counted lost");

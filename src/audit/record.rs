@@ -208,8 +208,9 @@ pub(crate) struct Round {
 /// A question a legacy server asked during a call (its own `elicitation/create` or
 /// `sampling/createMessage`), and how it ended: `answered`, `denied` (a policy or a
 /// person refused it), `refused` (a grant revoked, the call ended, not declared),
-/// `failed` (no handler, a handler's error), `withdrawn` (the server or the call gave
-/// up waiting) or `past_round_cap`.
+/// `failed` (no handler, a handler's error), `withdrawn` (the server or the calls it
+/// came during gave up waiting), `unanswered` (still open when the call ended) or
+/// `past_round_cap`.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Question {
     /// The server that asked.

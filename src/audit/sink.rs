@@ -297,11 +297,8 @@ impl Shared {
     pub(super) fn sync_due(&self) {
         // A sync that failed is tried again, written records or not: no record may
         // come to start one (`fail_closed` refuses calls meanwhile).
-        if self.sync_failed.load(Ordering::SeqCst) {
-            self.sync();
-            return;
-        }
-        if self.unsynced.load(Ordering::SeqCst) == 0 {
+        let failed = self.sync_failed.load(Ordering::SeqCst);
+        if !failed && self.unsynced.load(Ordering::SeqCst) == 0 {
             return;
         }
         let now = self.since_epoch();
@@ -310,6 +307,13 @@ impl Shared {
             return;
         }
         self.synced_at.store(now, Ordering::SeqCst);
+        if failed && let Some(file) = self.file.lock().as_mut() {
+            // Moved meanwhile (the path put on a disk that works): the retry syncs the
+            // file at the path, not the one that keeps failing.
+            if let Err(e) = file.ensure_open() {
+                tracing::debug!(error = %e, "the audit file could not be opened again");
+            }
+        }
         self.sync();
     }
 

@@ -85,14 +85,15 @@ impl Questions {
         }
     }
 
-    /// What was noted, taken: a question still open is `withdrawn` (its call ended).
+    /// What was noted, taken: a question still open is `unanswered` (its call ended
+    /// first; another call on the server may still see it answered).
     pub(crate) fn take(&self) -> Vec<crate::audit::Question> {
         let mut noted = self.noted.lock();
         noted.taken = true;
         let mut questions = std::mem::take(&mut noted.questions);
         for q in &mut questions {
             if q.outcome == ASKED {
-                q.outcome = "withdrawn";
+                q.outcome = "unanswered";
             }
         }
         questions

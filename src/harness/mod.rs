@@ -704,6 +704,13 @@ impl HarnessHandle {
     /// Stops a server gracefully and forgets it (and its cache entries, memory and disk).
     pub async fn remove_server(&self, id: &str) -> Result<(), HarnessError> {
         self.inner.services.servers.remove(id).await?;
+        self.forget_server(id).await;
+        Ok(())
+    }
+
+    /// Forgets a server gone from the directory: its cache entries, lists and series,
+    /// announced as removed.
+    async fn forget_server(&self, id: &str) {
         self.inner.services.registry_ref.remove(id).await;
         self.ctx().catalog.forget(id);
         let directory = &self.inner.directory;
@@ -716,7 +723,6 @@ impl HarnessHandle {
             .announce(HarnessEvent::ServerRemoved {
                 server: id.to_string(),
             });
-        Ok(())
     }
 
     /// Restarts a server with a new config (its id the same), in its place: calls
@@ -725,7 +731,15 @@ impl HarnessHandle {
     /// (announced as changed). Returns when the old one has stopped.
     pub async fn replace_server(&self, config: ServerConfig) -> Result<(), HarnessError> {
         validated(&config)?;
-        Ok(self.inner.services.servers.replace(config).await?)
+        let id = config.id.clone();
+        let replaced = self.inner.services.servers.replace(config).await;
+        // The new one could not be started: the server is gone, as if removed.
+        if matches!(replaced, Err(crate::server::ServersError::Spawn { .. }))
+            && !self.inner.directory.contains(&id)
+        {
+            self.forget_server(&id).await;
+        }
+        Ok(replaced?)
     }
 
     /// Restarts a server now, forgetting its restart history; brings a `failed` (or
