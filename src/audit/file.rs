@@ -803,11 +803,8 @@ mod tests {
         sink.shared.write_pending();
         assert!(!sink.health().writable, "a write does not heal it");
         // Tried at most once a second (a failing disk is not asked at every batch).
-        let a_second = || {
-            std::thread::sleep(
-                crate::audit::sink::SYNC_EVERY + std::time::Duration::from_millis(50),
-            )
-        };
+        // Past `SYNC_EVERY` (a second).
+        let a_second = || std::thread::sleep(std::time::Duration::from_millis(1050));
         a_second();
         sink.shared.sync_due();
         assert!(!sink.health().writable, "the second sync failed");
