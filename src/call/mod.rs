@@ -370,18 +370,6 @@ async fn drive(
     };
     // Read when the record is written, however the call ends (dropped half-way too).
     record.questions(asked.questions.clone());
-    try_candidates(ctx, request, args, candidates, deadline, &mut asked, record).await
-}
-
-async fn try_candidates(
-    ctx: &Arc<CallContext>,
-    request: &CallRequest,
-    args: Value,
-    candidates: &[Candidate<'_>],
-    deadline: Deadline,
-    asked: &mut Asked,
-    record: &mut CallRecord,
-) -> Result<Answer, CallError> {
     let mut last_error = None;
     let mut params = request.kind.params(args);
     for (i, candidate) in candidates.iter().enumerate() {
@@ -405,7 +393,7 @@ async fn try_candidates(
                 candidate,
                 &mut params,
                 deadline,
-                asked,
+                &mut asked,
                 record,
             ),
             span.clone(),
