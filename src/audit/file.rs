@@ -734,6 +734,8 @@ mod tests {
         shrink_first: Arc<Mutex<bool>>,
         /// Syncs that fail from now.
         fail_syncs: Arc<Mutex<usize>>,
+        /// The next look at the path finds another file there (once).
+        moved: Arc<Mutex<bool>>,
     }
 
     impl Output for Flaky {
@@ -769,6 +771,9 @@ mod tests {
         }
         fn is_file(&mut self) -> bool {
             true
+        }
+        fn moved(&mut self) -> bool {
+            std::mem::take(&mut *self.moved.lock())
         }
         fn sync(&mut self) -> std::io::Result<()> {
             let mut failing = self.fail_syncs.lock();
@@ -816,6 +821,26 @@ mod tests {
         sink.shared.sync_due();
         assert!(sink.health().writable, "{:?}", sink.health());
         assert_eq!(sink.health().unwritten, 2, "both records counted lost");
+        // Failing again, the file moved and none can be opened at the path: not healed
+        // by a sync of nothing; the file at the path, once it opens, is.
+        *flaky.fail_syncs.lock() = 1;
+        sink.shared.sync();
+        *flaky.moved.lock() = true;
+        *flaky.fail_opens.lock() = 1;
+        a_second();
+        sink.shared.sync_due();
+        let health = sink.health();
+        assert!(!health.writable, "{health:?}");
+        assert!(
+            health
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("cannot be opened")),
+            "{health:?}"
+        );
+        a_second();
+        sink.shared.sync_due();
+        assert!(sink.health().writable, "{:?}", sink.health());
     }
 
     fn opener(f: &Flaky) -> Opener {

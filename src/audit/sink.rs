@@ -307,11 +307,25 @@ impl Shared {
             return;
         }
         self.synced_at.store(now, Ordering::SeqCst);
-        if failed && let Some(file) = self.file.lock().as_mut() {
+        if failed {
             // Moved meanwhile (the path put on a disk that works): the retry syncs the
-            // file at the path, not the one that keeps failing.
-            if let Err(e) = file.ensure_open() {
-                tracing::debug!(error = %e, "the audit file could not be opened again");
+            // file at the path, not the one that keeps failing. Timed as a write: an
+            // open stuck in a mount is a stalled write.
+            let reopened = match self.file.lock().as_mut() {
+                Some(file) => {
+                    self.writing_since
+                        .store(self.since_epoch().max(1), Ordering::SeqCst);
+                    let opened = file.ensure_open();
+                    self.writing_since.store(0, Ordering::SeqCst);
+                    opened
+                }
+                None => Ok(()),
+            };
+            if let Err(e) = reopened {
+                // Nothing open to sync, which would pass for a sync that worked.
+                *self.last_error.lock() = Some(format!("the audit file cannot be opened: {e}"));
+                self.writable.store(false, Ordering::SeqCst);
+                return;
             }
         }
         self.sync();

@@ -334,8 +334,8 @@ pub(crate) fn run<'a>(
 struct Asked {
     /// `input_required` rounds (a delegation's count comes from its caller).
     rounds: usize,
-    /// Questions legacy servers asked during the call (made when the call is first on
-    /// one: modern servers ask none).
+    /// Questions legacy servers asked during the call (modern servers ask none; made
+    /// for every call, so that its record holds them however the call ends).
     questions: Arc<context::Questions>,
 }
 
