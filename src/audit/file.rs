@@ -830,14 +830,7 @@ mod tests {
         a_second();
         sink.shared.sync_due();
         let health = sink.health();
-        assert!(!health.writable, "{health:?}");
-        assert!(
-            health
-                .last_error
-                .as_deref()
-                .is_some_and(|e| e.contains("cannot be opened")),
-            "{health:?}"
-        );
+        crate::audit::assert_failing(&health, "cannot be opened");
         a_second();
         sink.shared.sync_due();
         assert!(sink.health().writable, "{:?}", sink.health());

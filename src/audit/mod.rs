@@ -189,6 +189,19 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
     }
 }
 
+/// Asserts that `health` is of a failing trail whose error says `says`.
+#[cfg(test)]
+pub(crate) fn assert_failing(health: &AuditHealth, says: &str) {
+    assert!(!health.writable, "{health:?}");
+    assert!(
+        health
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains(says)),
+        "{health:?}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
