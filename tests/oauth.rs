@@ -1146,6 +1146,50 @@ async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_
 }
 
 #[tokio::test]
+async fn a_slow_refresh_ahead_of_expiry_does_not_hold_back_a_token_that_still_works() {
+    // Tokens live 20 s, so one is due for refresh a second after it is issued and
+    // good for 19 s more; refreshes are answered 3 s late.
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--token-ttl",
+            "20",
+            "--refresh-delay-ms",
+            "3000",
+        ],
+        &[],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
+    tokio::time::sleep(Duration::from_millis(1500)).await; // due, not expired (deliberate)
+    let before = w.refreshes();
+    // The call starts the refresh, and goes with the token it has once half its time
+    // is spent: answered, not a timeout at the refresh's 3 s.
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(2000)),
+        ..CallOptions::default()
+    };
+    let answered = h
+        .call(&alice, CallKind::Tool, "web__whoami", json!({}), options)
+        .await;
+    assert!(answered.is_ok(), "{answered:?}");
+    assert!(
+        eventually(Duration::from_secs(10), || w.refreshes() > before).await,
+        "the refresh was sent"
+    );
+    // It lands and is kept: later calls need no sign-in.
+    let signed_in = w.at("authorize").len();
+    tokio::time::sleep(Duration::from_millis(3500)).await; // the refresh lands (deliberate)
+    assert_eq!(subject(&h, &alice).await.expect("call"), "alice");
+    assert_eq!(w.at("authorize").len(), signed_in, "no new sign-in");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_logout_during_a_refresh_is_not_undone_by_its_reply() {
     // Tokens live 5 s; refreshes are answered 3 s late. Alice signs in, her token
     // expires, a call refreshes it, and she is logged out (another process's `logout`)

@@ -1095,7 +1095,8 @@ impl SignIn {
     /// another request renews it (a refresh, or a person signing in), a token not yet
     /// expired is sent as it is, and an expired one waits for the renewal until `until`
     /// (then [`AuthFailure::Timeout`]). A refresh this request starts is cut off
-    /// neither by its deadline nor by its caller going away ([`Self::exchange`]).
+    /// neither by its deadline nor by its caller going away ([`Self::exchange`]); a
+    /// token not yet expired waits for it at most half the time left to `until`.
     pub(crate) async fn bearer(
         &self,
         identity: Option<&str>,
@@ -1136,10 +1137,26 @@ impl SignIn {
                 None => return Ok(None),
             },
         };
-        match self
-            .renew_quietly(identity, &token, Some(until), &mut renewing)
-            .await
-        {
+        let renewal = self.renew_quietly(identity, &token, Some(until), &mut renewing);
+        let renewed = match token.expires_at_ms {
+            // A token that still works is not held back for its refresh past half of
+            // the request's time, nor past its expiry: it goes, and the refresh (on its
+            // own task once sent, with the lock) lands for the next request.
+            Some(at) if !token.expires_within(Duration::ZERO) => {
+                let now = tokio::time::Instant::now();
+                let valid = Duration::from_millis(at.saturating_sub(now_ms()));
+                let wait = (until.saturating_duration_since(now) / 2).min(valid);
+                match tokio::time::timeout(wait, renewal).await {
+                    Ok(renewed) => renewed,
+                    Err(_) => {
+                        tracing::debug!(server = %self.server, "a refresh ahead of expiry is slow; the token is sent as it is meanwhile");
+                        return Ok(Some(token.access_token));
+                    }
+                }
+            }
+            _ => renewal.await,
+        };
+        match renewed {
             Ok(Some(t)) => Ok(Some(t.access_token)),
             // Not renewable without a person: a token still valid goes as it is (what
             // the request sends is what this returns, for a refusal to name), an
