@@ -712,6 +712,58 @@ async fn scopes_come_from_the_challenge_else_the_metadata_and_a_step_up_asks_for
     h.shutdown().await;
 }
 
+// A step-up the person declines is not asked again at the next call, and the scope
+// it asked for is not asked for again either by a later sign-in: before, that sign-in
+// asked for it, was refused, and the user could not sign in at all until a restart.
+#[tokio::test]
+async fn a_declined_step_up_is_not_asked_again_nor_carried_into_the_next_sign_in() {
+    // Tokens live 3 s and are never refreshed (a full sign-in each time); `echo` needs
+    // `mcp:write`, and an authorization that asks for it is declined.
+    let w = World::new(
+        &[
+            "--client",
+            "pre",
+            "--deny-asking",
+            "mcp:write",
+            "--token-ttl",
+            "3",
+            "--refuse-refresh",
+            "nonstandard",
+        ],
+        &["--oauth-tool-scope", "echo=mcp:write"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    let alice = as_user("alice");
+    assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
+    let signed_in = w.at("authorize").len();
+    let echo = || h.call_tool(&alice, "web__echo", json!({"text": "x"}));
+    let e = echo().await.expect_err("declined");
+    let a = auth_error(&e).unwrap_or_else(|| panic!("{e:?}"));
+    assert!(
+        matches!(&a.failure, AuthFailure::Refused { error, .. } if error == "access_denied"),
+        "{a}"
+    );
+    assert_eq!(w.at("authorize").len(), signed_in + 1, "the step-up asked");
+    // The next call's refusal stands: no second prompt.
+    echo().await.expect_err("still lacking the scope");
+    assert_eq!(w.at("authorize").len(), signed_in + 1, "not asked again");
+    // Once the token expires, alice signs in again for what she had.
+    tokio::time::sleep(Duration::from_millis(3500)).await; // past its expiry (deliberate)
+    assert_eq!(subject(&h, &alice).await.expect("signed in again"), "alice");
+    let asked = w.at("authorize");
+    assert_eq!(asked.len(), signed_in + 2, "signed in again");
+    let last = asked.last().expect("a sign-in");
+    assert!(
+        last["scope"]
+            .as_str()
+            .is_some_and(|s| !s.split(' ').any(|s| s == "mcp:write")),
+        "{last}"
+    );
+    h.shutdown().await;
+}
+
 // A server that holds each try for most of the request's deadline and refuses it: the
 // tries share the one deadline (they had one each: two step-ups made three deadlines).
 #[tokio::test]

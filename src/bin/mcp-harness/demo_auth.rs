@@ -161,6 +161,10 @@ pub struct DemoAuthArgs {
     /// Refuse every authorization (`access_denied`).
     #[arg(long)]
     pub deny: bool,
+    /// Refuse an authorization that asks for this scope (`access_denied`: a person
+    /// declining a step-up), repeatable.
+    #[arg(long)]
+    pub deny_asking: Vec<String>,
     /// Append every request to this file, one JSON line each.
     #[arg(long)]
     pub record: Option<PathBuf>,
@@ -562,7 +566,10 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
     };
     {
         let mut pairs = back.query_pairs_mut();
-        if state.args.deny {
+        let declined = get("scope")
+            .split_whitespace()
+            .any(|s| state.args.deny_asking.iter().any(|d| d == s));
+        if state.args.deny || declined {
             pairs.append_pair("error", "access_denied");
         } else {
             let code = state.fresh();

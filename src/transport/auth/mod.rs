@@ -440,6 +440,18 @@ const REFUSED_AGAIN_WINDOW: Duration = Duration::from_secs(60);
 /// Scopes an authorization server did not grant a step-up, and when.
 type Denied = (Vec<String>, Instant);
 
+/// A refusal [`SignIn::on_refused`] renews on a task of its own.
+struct Refusal {
+    challenge: Challenge,
+    /// The token refused, if one was sent.
+    refused: Option<String>,
+    step_up: bool,
+    /// Whether refreshing may help (it was not tried on this token moments ago).
+    refresh: bool,
+    /// The scopes asked for before this refusal added the challenge's.
+    asked_before: Vec<String>,
+}
+
 /// One server's sign-in state: discovery, client identity, tokens per auth context.
 pub(crate) struct SignIn {
     server: String,
@@ -491,6 +503,10 @@ pub(crate) struct SignIn {
     probed_at: Mutex<Option<Instant>>,
     /// Scopes asked for so far per auth context (a step-up asks for their union).
     asked: Mutex<HashMap<Option<String>, Vec<String>>>,
+    /// When the authorization server (or the person) last refused a sign-in, by auth
+    /// context: another is not begun for [`REFUSED_AGAIN_WINDOW`] (each request would
+    /// open a new prompt).
+    sign_in_refused: Mutex<HashMap<Option<String>, Instant>>,
     /// The server is on plain HTTP beyond loopback: no token is signed in for, nor
     /// one kept (by an earlier version) sent or refreshed, as it would go in clear.
     in_clear: bool,
@@ -846,6 +862,7 @@ impl SignIn {
             renewed: Mutex::default(),
             renewed_on_refusal: Mutex::default(),
             step_up_denied: Mutex::default(),
+            sign_in_refused: Mutex::default(),
             noted_on_refusal: std::sync::atomic::AtomicBool::new(false),
             missing: Mutex::default(),
             store_warned: std::sync::atomic::AtomicBool::new(false),
@@ -1398,64 +1415,67 @@ impl SignIn {
         if !refresh {
             *self.discovered.lock().await = None;
         }
-        {
+        // What was asked before this refusal: a step-up refused puts it back.
+        let before = {
             let mut asked = self.asked.lock();
             if asked.len() >= MISSING_MEMO && !asked.contains_key(&identity.map(String::from)) {
                 // Forgotten, scopes come from the next challenge and the metadata again.
                 asked.clear();
             }
             let entry = asked.entry(identity.map(String::from)).or_default();
+            let before = entry.clone();
             let mut newest = challenge.scopes();
             if step_up && let Some(t) = &current {
                 union(&mut newest, t.scopes.clone());
             }
             remember(entry, newest);
-        }
+            before
+        };
+        let renewal = Refusal {
+            challenge: challenge.clone(),
+            refused: refused.map(String::from),
+            step_up,
+            refresh,
+            asked_before: before,
+        };
         // The renewal holds the lock on its own task: a request that stops waiting for
         // it (its deadline, a cancelled call) must not cut off a person's sign-in half
         // way, which the next request would have to begin again.
         let Some(this) = self.this.upgrade() else {
             // Not reached: `&self` is borrowed from a live `Arc`.
             return self
-                .renew_refused(
-                    identity, challenge, refused, step_up, refresh, current, renewing,
-                )
+                .renew_refused(identity, renewal, current, renewing)
                 .await;
         };
-        let (who, challenge, refused) = (
-            identity.map(String::from),
-            challenge.clone(),
-            refused.map(String::from),
-        );
+        let who = identity.map(String::from);
         let work = async move {
-            this.renew_refused(
-                who.as_deref(),
-                &challenge,
-                refused.as_deref(),
-                step_up,
-                refresh,
-                current,
-                renewing,
-            )
-            .await
+            this.renew_refused(who.as_deref(), renewal, current, renewing)
+                .await
         };
         self.detached(AuthStep::Authorization, work).await?
     }
 
     /// [`Self::on_refused`]'s renewal, `renewing` held: the token `current` refreshed
     /// (unless this is a step-up, or `refresh` is false), else new client credentials
-    /// or a sign-in. The token it yields is noted (see [`Renewal::Refused`]).
-    #[allow(clippy::too_many_arguments)]
+    /// or a sign-in. The token it yields is noted (see [`Renewal::Refused`]). A sign-in
+    /// the authorization server or the person refuses is not begun again for
+    /// [`REFUSED_AGAIN_WINDOW`], and a step-up refused leaves the scopes asked for as
+    /// they were (a later sign-in would ask for what was refused, and be refused).
     async fn renew_refused(
         &self,
         identity: Option<&str>,
-        challenge: &Challenge,
-        refused: Option<&str>,
-        step_up: bool,
-        refresh: bool,
+        renewal: Refusal,
         current: Option<Token>,
         mut renewing: Renewing,
     ) -> Result<Renewal, AuthError> {
+        let Refusal {
+            ref challenge,
+            ref refused,
+            step_up,
+            refresh,
+            asked_before,
+        } = renewal;
+        let refused = refused.as_deref();
         if !step_up
             && refresh
             && let Some(t) = &current
@@ -1469,11 +1489,24 @@ impl SignIn {
             } else {
                 AuthStep::ClientCredentials
             };
-            self.client_credentials(identity, Some(challenge), &mut renewing)
+            let granted = self
+                .client_credentials(identity, Some(challenge), &mut renewing)
                 .await
-                .map_err(|e| AuthError { step, ..e })?;
+                .map_err(|e| AuthError { step, ..e });
+            self.note_sign_in(identity, challenge, step_up, asked_before, granted)?;
         } else {
-            self.authorize(identity, challenge, &mut renewing).await?;
+            let who = identity.map(String::from);
+            if !step_up
+                && let Some(at) = self.sign_in_refused.lock().get(&who)
+                && at.elapsed() < REFUSED_AGAIN_WINDOW
+            {
+                if let Some(refused) = self.refused_fresh.log() {
+                    tracing::warn!(server = %self.server, refused, "a sign-in was refused moments ago; not asking again for a minute");
+                }
+                return Ok(Renewal::Refused);
+            }
+            let granted = self.authorize(identity, challenge, &mut renewing).await;
+            self.note_sign_in(identity, challenge, step_up, asked_before, granted)?;
         }
         if let Some(t) = self.held(identity) {
             let asked = challenge.scopes();
@@ -1497,6 +1530,54 @@ impl SignIn {
                 .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(Renewal::Renewed)
+    }
+
+    /// Notes how a sign-in or a step-up for `challenge` ended: refused, it is not begun
+    /// again for a while (a step-up for the same scopes, or any sign-in), and a step-up
+    /// puts back the scopes asked for before it (`asked_before`).
+    fn note_sign_in<T>(
+        &self,
+        identity: Option<&str>,
+        challenge: &Challenge,
+        step_up: bool,
+        asked_before: Vec<String>,
+        outcome: Result<T, AuthError>,
+    ) -> Result<T, AuthError> {
+        let who = identity.map(String::from);
+        // A "no", not a "not now" (`temporarily_unavailable`).
+        let refused =
+            |e: &AuthError| matches!(e.failure, AuthFailure::Refused { .. }) && !e.transient();
+        match &outcome {
+            Err(e) if refused(e) && step_up => {
+                let held = self.held(identity);
+                let lacking: Vec<String> = challenge
+                    .scopes()
+                    .into_iter()
+                    .filter(|s| held.as_ref().is_none_or(|t| !t.scopes.contains(s)))
+                    .collect();
+                let mut denied = self.step_up_denied.lock();
+                if denied.len() >= MISSING_MEMO {
+                    denied.clear();
+                }
+                denied.insert(who.clone(), (lacking, Instant::now()));
+                drop(denied);
+                if let Some(entry) = self.asked.lock().get_mut(&who) {
+                    *entry = asked_before;
+                }
+            }
+            Err(e) if refused(e) => {
+                let mut refused = self.sign_in_refused.lock();
+                if refused.len() >= MISSING_MEMO {
+                    refused.clear();
+                }
+                refused.insert(who, Instant::now());
+            }
+            Err(_) => {}
+            Ok(_) => {
+                self.sign_in_refused.lock().remove(&who);
+            }
+        }
+        outcome
     }
 
     /// Whether the server may be reached again to learn where it is (at most once a
@@ -1581,6 +1662,8 @@ impl SignIn {
         self.renewed.lock().clear();
         self.renewed_on_refusal.lock().clear();
         self.step_up_denied.lock().clear();
+        self.sign_in_refused.lock().clear();
+        self.asked.lock().clear();
         self.missing.lock().clear();
         self.ctx
             .store
@@ -2858,6 +2941,67 @@ mod tests {
         };
         *sign_in.probed_at.lock() = Some(long_ago);
         assert!(sign_in.probe_due());
+    }
+
+    // A sign-in refused (the person declined) is not begun again for a minute: the next
+    // refusal stands without a prompt. A step-up refused is noted as one, and leaves
+    // the scopes asked for as they were.
+    #[tokio::test]
+    async fn a_refused_sign_in_is_not_begun_again_at_once_and_a_refused_step_up_asks_no_more() {
+        let (sign_in, _) = counted();
+        let asking = |scope: &str| Challenge {
+            params: [("scope".to_string(), scope.to_string())].into(),
+        };
+        let declined = || -> Result<(), AuthError> {
+            Err(sign_in.err(
+                AuthStep::Authorization,
+                AuthFailure::Refused {
+                    error: "access_denied".into(),
+                    description: None,
+                },
+            ))
+        };
+        let challenge = asking("read");
+        assert!(
+            sign_in
+                .note_sign_in(None, &challenge, false, Vec::new(), declined())
+                .is_err()
+        );
+        let renewal = sign_in
+            .on_refused(None, &challenge, None, false, false)
+            .await;
+        assert_eq!(renewal.map_err(|e| e.failure), Ok(Renewal::Refused));
+        // Another auth context's sign-in is its own.
+        let other = sign_in
+            .on_refused(Some("bob"), &challenge, None, false, false)
+            .await;
+        assert!(other.is_err(), "{other:?}");
+
+        let mut held = token("https://idp.example", "https://idp.example/t");
+        held.scopes = vec!["read".into()];
+        sign_in.keep(None, held);
+        sign_in
+            .asked
+            .lock()
+            .insert(None, vec!["read".into(), "admin".into()]);
+        let step_up = asking("admin");
+        assert!(
+            sign_in
+                .note_sign_in(None, &step_up, true, vec!["read".into()], declined())
+                .is_err()
+        );
+        assert!(sign_in.step_up_denied(None, &step_up));
+        assert_eq!(
+            sign_in.asked.lock().get(&None),
+            Some(&vec!["read".to_string()])
+        );
+        // A sign-in granted clears the refusal.
+        assert!(
+            sign_in
+                .note_sign_in(None, &challenge, false, Vec::new(), Ok(()))
+                .is_ok()
+        );
+        assert!(sign_in.sign_in_refused.lock().is_empty());
     }
 
     // Scopes a step-up was not granted are not asked for again for a minute; a
