@@ -1872,8 +1872,11 @@ impl SignIn {
             ClientAuth::ClientSecretPost => "client_secret_post",
             ClientAuth::None => "none",
         };
+        // What a registration says its client uses, unless the metadata lists others
+        // (with no list, RFC 8414's default is only a default: the registration knows).
         if let Some(p) = preferred
-            && listed.is_some_and(|l| l.iter().any(|x| x == name(p)))
+            && (has_secret || p == ClientAuth::None)
+            && allows(name(p))
         {
             return p;
         }
@@ -2941,6 +2944,44 @@ mod tests {
         };
         *sign_in.probed_at.lock() = Some(long_ago);
         assert!(sign_in.probe_due());
+    }
+
+    // A registration's method is what its client uses when the metadata lists none
+    // (RFC 8414's `client_secret_basic` is only the default); a listed one must be in
+    // the list, and a secret method needs a secret.
+    #[test]
+    fn a_registered_method_is_used_unless_the_metadata_lists_others() {
+        let with = |methods: Option<&[&str]>| Discovered {
+            resource: serde_json::from_value(json!({"resource": "https://mcp.example/mcp"}))
+                .expect("resource"),
+            server: serde_json::from_value(json!({
+                "issuer": "https://idp.example",
+                "token_endpoint": "https://idp.example/token",
+                "token_endpoint_auth_methods_supported": methods,
+            }))
+            .expect("metadata"),
+            from: Url::parse("https://mcp.example/.well-known/oauth-protected-resource")
+                .expect("url"),
+        };
+        let (post, basic) = (ClientAuth::ClientSecretPost, ClientAuth::ClientSecretBasic);
+        assert_eq!(SignIn::auth_method(&with(None), true, Some(post)), post);
+        assert_eq!(SignIn::auth_method(&with(None), true, None), basic);
+        assert_eq!(
+            SignIn::auth_method(&with(Some(&["client_secret_basic"])), true, Some(post)),
+            basic
+        );
+        assert_eq!(
+            SignIn::auth_method(
+                &with(Some(&["client_secret_post", "none"])),
+                true,
+                Some(post)
+            ),
+            post
+        );
+        assert_eq!(
+            SignIn::auth_method(&with(None), false, Some(post)),
+            ClientAuth::None
+        );
     }
 
     // A sign-in refused (the person declined) is not begun again for a minute: the next
