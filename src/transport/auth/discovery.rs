@@ -260,8 +260,31 @@ pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure
     Ok(())
 }
 
+/// The longest string metadata may hold. URLs from it are kept with every token (the
+/// issuer, the token endpoint, the resource), whose file is read back only up to its
+/// bound: a longer one would be written and then read as no token.
+const MAX_METADATA_STRING: usize = 8 * 1024;
+
+/// Whether any string in `value` (a key too) is longer than `max` bytes.
+fn holds_longer(value: &Value, max: usize) -> bool {
+    match value {
+        Value::String(s) => s.len() > max,
+        Value::Array(items) => items.iter().any(|v| holds_longer(v, max)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, v)| k.len() > max || holds_longer(v, max)),
+        _ => false,
+    }
+}
+
 /// Parses metadata JSON into `T`.
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, AuthFailure> {
+    if holds_longer(&value, MAX_METADATA_STRING) {
+        return Err(AuthFailure::Invalid(format!(
+            "a value longer than {} KiB",
+            MAX_METADATA_STRING / 1024
+        )));
+    }
     // serde's message quotes the value it could not take: a server's, of any size.
     serde_json::from_value(value)
         .map_err(|e| AuthFailure::Invalid(crate::util::text::one_line(&e.to_string(), 200)))
@@ -292,6 +315,20 @@ mod tests {
             panic!("a list where a string belongs");
         };
         assert!(why.len() < 300, "{} bytes", why.len());
+    }
+
+    // A URL kept with every token is bounded: one of 900 KB would make a token file
+    // too large to read back (read as no token: a sign-in per request).
+    #[test]
+    fn metadata_with_a_very_long_value_is_refused() {
+        let long = format!("https://mcp.example.com/mcp?{}", "q".repeat(900_000));
+        let huge = serde_json::json!({"resource": long, "authorization_servers": []});
+        let Err(AuthFailure::Invalid(why)) = parse::<ResourceMetadata>(huge) else {
+            panic!("a 900 KB resource taken");
+        };
+        assert!(why.contains("KiB"), "{why}");
+        let fine = serde_json::json!({"resource": "https://mcp.example.com/mcp"});
+        assert!(parse::<ResourceMetadata>(fine).is_ok());
     }
 
     fn url(s: &str) -> Url {

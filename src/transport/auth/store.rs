@@ -273,6 +273,14 @@ impl TokenStore for FileTokenStore {
             token: token.clone(),
         })
         .map_err(|e| e.to_string())?;
+        // Not written if it could not be read back: it would read as no token.
+        if bytes.len() as u64 > MAX_TOKEN_FILE {
+            return Err(format!(
+                "a token file of {} bytes, over the {} KiB one is read up to",
+                bytes.len(),
+                MAX_TOKEN_FILE / 1024
+            ));
+        }
         // Written whole to a private temporary file, then renamed over the old one. The
         // file is new (`create_new`: no link followed) and its name this write's own:
         // two writes of one key at once, in one process or two, never share one.
@@ -356,9 +364,17 @@ fn read_checked(path: &std::path::Path) -> Result<Option<Stored>, String> {
         return Ok(None);
     };
     let mut bytes = Vec::new();
-    file.take(MAX_TOKEN_FILE)
+    file.take(MAX_TOKEN_FILE + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // Cut short, it would parse as nothing: not "no token" (which drops the one held).
+    if bytes.len() as u64 > MAX_TOKEN_FILE {
+        return Err(format!(
+            "{}: over {} KiB, not read",
+            path.display(),
+            MAX_TOKEN_FILE / 1024
+        ));
+    }
     Ok(serde_json::from_slice::<Stored>(&bytes).ok())
 }
 
@@ -485,6 +501,39 @@ mod tests {
         assert_eq!(store.remove_server("s").expect("remove"), 2);
         assert_eq!(store.get(&key("s", Some("alice"))).expect("get"), None);
         assert!(store.get(&key("t", None)).expect("get").is_some());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    // A token file is never written larger than it is read back, and one larger (an
+    // older version's, or grown by hand) is an error, not "no token".
+    #[test]
+    fn a_token_file_past_its_bound_is_neither_written_nor_read_as_none() {
+        use std::io::Write;
+        let dir = crate::util::scratch::Scratch::new("tokens-large");
+        let store = FileTokenStore::new(&*dir);
+        let key = TokenKey {
+            server: "s".into(),
+            resource: "https://s/mcp".into(),
+            identity: None,
+        };
+        let mut large = token("a");
+        large.issuer = format!(
+            "https://idp.example/{}",
+            "x".repeat(MAX_TOKEN_FILE as usize)
+        );
+        let e = store.put(&key, &large).expect_err("too large to read back");
+        assert!(e.contains("KiB"), "{e}");
+        assert_eq!(store.get(&key).expect("get"), None, "nothing written");
+        store.put(&key, &token("a")).expect("put");
+        let path = store.path(&key).expect("path");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        file.write_all(&vec![b' '; MAX_TOKEN_FILE as usize])
+            .expect("grow");
+        let e = store.get(&key).expect_err("over its bound");
+        assert!(e.contains("not read"), "{e}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
