@@ -4885,9 +4885,15 @@ async fn a_legacy_servers_elicitation_is_a_modern_clients_input_round() {
         json!({"elicitation": {"action": "accept", "content": {"approved": true}}});
     let (_, done) = gw.modern("tok-a", "tools/call", again.clone()).await;
     assert_eq!(result_text(&done), "approved: true", "{done}");
-    // The round is over: its state cannot be used again, nor by another principal.
-    let (_, replay) = gw.modern("tok-a", "tools/call", again).await;
-    assert_eq!(replay["error"]["code"], -32602, "{replay}");
+    // The round is over: its state cannot be used again. Each retry (an answer lost on
+    // the way) is told the call went on with the answer, never that it was cancelled
+    // (which invites running the tool again): a refused retry took nothing up.
+    for _ in 0..2 {
+        let (_, replay) = gw.modern("tok-a", "tools/call", again.clone()).await;
+        assert_eq!(replay["error"]["code"], -32602, "{replay}");
+        let message = replay["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("already answered"), "{replay}");
+    }
     assert!(gw.stop().await.success());
 }
 

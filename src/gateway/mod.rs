@@ -1962,10 +1962,11 @@ impl Gateway {
             Some(_) => return Err(invalid("requestState must be a string")),
         }
         let rounds_before = delegation.rounds;
-        // The round this request takes up, if it does: should the request go before
+        // The round this request takes up, once it has: should the request go before
         // its call answers or asks again (cancelled, its client gone, its future
-        // dropped), a later answer to that round is told the call was cancelled.
-        let mut taken_up = parked_id.clone().map(|id| self.inner.parked.taken_up(id));
+        // dropped), a later answer to that round is told the call was cancelled. A
+        // request refused the round (sent again after it was answered) took nothing up.
+        let mut taken_up = None;
         let mut held = match parked_id {
             // A legacy server's elicitation answered: its call goes on.
             Some(id) => {
@@ -1979,6 +1980,7 @@ impl Gateway {
                     .inner
                     .parked
                     .resume(&id, (principal, session), answer)?;
+                taken_up = Some(self.inner.parked.taken_up(id));
                 // The call's progress goes to this request now.
                 *held.progress.lock() = wants_progress;
                 held
