@@ -1125,6 +1125,41 @@ async fn a_config_change_is_applied_without_a_restart_and_a_bad_one_is_refused()
     gw.stop().await;
 }
 
+// A reload that changes only an agent's grants (no server added or removed) tells that
+// agent's clients their list changed: before, nobody was told, and the list they held
+// (private, kept up to its ttl) hid a tool granted, or listed one taken away.
+#[tokio::test]
+async fn a_reload_that_changes_an_agents_grants_tells_its_clients() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let changed = original.replace(
+        "[permissions.b]\nalpha = [\"echo\"]",
+        "[permissions.b]\nalpha = [\"echo\"]\nbeta = [\"echo\"]",
+    );
+    assert_ne!(changed, original);
+    let (mut sub, mut heard) = subscribed(&gw, "tok-b", "b-sub").await;
+    gw.reload_with(&setup, &changed);
+    assert!(
+        read_until(&mut sub, &mut heard, "notifications/tools/list_changed").await,
+        "a grant added by a reload is announced: {heard}"
+    );
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo", "beta__echo"]);
+    // Taken away again: told again.
+    let mut heard = String::new();
+    gw.reload_with(&setup, &original);
+    assert!(
+        read_until(&mut sub, &mut heard, "notifications/tools/list_changed").await,
+        "a grant taken away by a reload is announced: {heard}"
+    );
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+    gw.stop().await;
+}
+
 /// Sends `request` on a connection of its own and reads until the gateway closes it;
 /// the response, or `None` if it kept the connection open for `limit`.
 async fn until_closed(url: &str, request: &str, limit: Duration) -> Option<String> {

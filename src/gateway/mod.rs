@@ -1213,6 +1213,7 @@ impl Gateway {
             E::ListsChanged { server, tools, .. } => *tools && may_use(server),
             // Gone, so its grants cannot be asked; the notice names no server.
             E::ServerRemoved { .. } => true,
+            E::GrantsChanged { agents } => agents.iter().any(|a| **a == *principal.agent),
         }
     }
 

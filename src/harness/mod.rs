@@ -573,23 +573,40 @@ impl HarnessHandle {
             .or_default()
             .insert(selector.into(), tools.clone());
         checked_grants(&one)?;
-        self.inner
+        let changed = self
+            .inner
             .services
             .permission
             .grant(agent, selector, tools)
             .await
-            .map_err(|_| HarnessError::ShutDown)
+            .map_err(|_| HarnessError::ShutDown)?;
+        self.grants_changed(changed.then(|| agent.to_string()).into_iter().collect());
+        Ok(())
+    }
+
+    /// Announces that `agents`' grants changed (when any did): clients told of lists
+    /// (a gateway's) list again.
+    fn grants_changed(&self, agents: Vec<String>) {
+        if !agents.is_empty() {
+            self.inner
+                .services
+                .registry
+                .announce(HarnessEvent::GrantsChanged { agents });
+        }
     }
 
     /// Revokes `agent`'s grant on `selector` (all of them when `None`). Calls in flight
     /// stop at their next round or failover hop.
     pub async fn revoke(&self, agent: &str, selector: Option<&str>) -> Result<(), HarnessError> {
-        self.inner
+        let changed = self
+            .inner
             .services
             .permission
             .revoke(agent, selector)
             .await
-            .map_err(|_| HarnessError::ShutDown)
+            .map_err(|_| HarnessError::ShutDown)?;
+        self.grants_changed(changed.then(|| agent.to_string()).into_iter().collect());
+        Ok(())
     }
 
     /// Replaces every grant at once (a reloaded config). Calls in flight stop at their
@@ -600,12 +617,15 @@ impl HarnessHandle {
         grants: crate::permission::Grants,
     ) -> Result<(), HarnessError> {
         checked_grants(&grants)?;
-        self.inner
+        let changed = self
+            .inner
             .services
             .permission
             .replace(grants)
             .await
-            .map_err(|_| HarnessError::ShutDown)
+            .map_err(|_| HarnessError::ShutDown)?;
+        self.grants_changed(changed);
+        Ok(())
     }
 
     /// The most `input_required` rounds one call may have (`round_cap`).

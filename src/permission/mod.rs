@@ -172,8 +172,8 @@ pub(crate) enum PermissionMsg {
         selector: String,
         /// Tool names or `*`.
         tools: Vec<String>,
-        /// Acknowledgement.
-        reply: RpcReplyPort<()>,
+        /// Whether the agent's grants changed.
+        reply: RpcReplyPort<bool>,
     },
     /// Removes `agent`'s grant on `selector` (every grant of the agent when `None`).
     Revoke {
@@ -181,11 +181,24 @@ pub(crate) enum PermissionMsg {
         agent: String,
         /// The selector, or all.
         selector: Option<String>,
-        /// Acknowledgement.
-        reply: RpcReplyPort<()>,
+        /// Whether the agent's grants changed.
+        reply: RpcReplyPort<bool>,
     },
-    /// Replaces every grant (a reloaded config).
-    Replace(Grants, RpcReplyPort<()>),
+    /// Replaces every grant (a reloaded config); answers the agents whose grants changed.
+    Replace(Grants, RpcReplyPort<Vec<String>>),
+}
+
+/// The agents whose grants differ between `old` and `new` (an agent with no grants
+/// and one absent are alike).
+fn changed_agents(old: &Grants, new: &Grants) -> Vec<String> {
+    fn of<'g>(g: &'g Grants, a: &str) -> Option<&'g BTreeMap<String, Vec<String>>> {
+        g.get(a).filter(|s| !s.is_empty())
+    }
+    old.keys()
+        .chain(new.keys().filter(|a| !old.contains_key(*a)))
+        .filter(|a| of(old, a) != of(new, a))
+        .cloned()
+        .collect()
 }
 
 /// The shared snapshot every check reads.
@@ -221,19 +234,17 @@ impl Actor for PermissionActor {
                 reply,
             } => {
                 let mut p = policy.write();
-                let entry = p
-                    .grants
-                    .entry(agent)
-                    .or_default()
-                    .entry(selector)
-                    .or_default();
+                let grants = p.grants.entry(agent).or_default();
+                let mut changed = !grants.contains_key(&selector);
+                let entry = grants.entry(selector).or_default();
                 for t in tools {
                     if !entry.contains(&t) {
                         entry.push(t);
+                        changed = true;
                     }
                 }
                 drop(p);
-                let _ = reply.send(());
+                let _ = reply.send(changed);
             }
             PermissionMsg::Revoke {
                 agent,
@@ -241,22 +252,22 @@ impl Actor for PermissionActor {
                 reply,
             } => {
                 let mut p = policy.write();
-                match selector {
-                    Some(s) => {
-                        if let Some(g) = p.grants.get_mut(&agent) {
-                            g.remove(&s);
-                        }
-                    }
-                    None => {
-                        p.grants.remove(&agent);
-                    }
-                }
+                let changed = match selector {
+                    Some(s) => p
+                        .grants
+                        .get_mut(&agent)
+                        .is_some_and(|g| g.remove(&s).is_some()),
+                    None => p.grants.remove(&agent).is_some_and(|g| !g.is_empty()),
+                };
                 drop(p);
-                let _ = reply.send(());
+                let _ = reply.send(changed);
             }
             PermissionMsg::Replace(grants, reply) => {
-                policy.write().grants = grants;
-                let _ = reply.send(());
+                let mut p = policy.write();
+                let changed = changed_agents(&p.grants, &grants);
+                p.grants = grants;
+                drop(p);
+                let _ = reply.send(changed);
             }
         }
         Ok(())
@@ -275,13 +286,13 @@ pub(crate) struct PermissionUnavailable;
 const ASK_LIMIT: Duration = Duration::from_secs(10);
 
 impl PermissionRef {
-    /// Adds `tools` to `agent`'s grant on `selector`.
+    /// Adds `tools` to `agent`'s grant on `selector`; whether that changed its grants.
     pub async fn grant(
         &self,
         agent: &str,
         selector: &str,
         tools: Vec<String>,
-    ) -> Result<(), PermissionUnavailable> {
+    ) -> Result<bool, PermissionUnavailable> {
         self.0
             .ask(
                 |reply| PermissionMsg::Grant {
@@ -296,12 +307,13 @@ impl PermissionRef {
             .ok_or(PermissionUnavailable)
     }
 
-    /// Removes `agent`'s grant on `selector` (all of them when `None`).
+    /// Removes `agent`'s grant on `selector` (all of them when `None`); whether that
+    /// changed its grants.
     pub async fn revoke(
         &self,
         agent: &str,
         selector: Option<&str>,
-    ) -> Result<(), PermissionUnavailable> {
+    ) -> Result<bool, PermissionUnavailable> {
         self.0
             .ask(
                 |reply| PermissionMsg::Revoke {
@@ -315,8 +327,8 @@ impl PermissionRef {
             .ok_or(PermissionUnavailable)
     }
 
-    /// Replaces every grant.
-    pub async fn replace(&self, grants: Grants) -> Result<(), PermissionUnavailable> {
+    /// Replaces every grant; the agents whose grants changed.
+    pub async fn replace(&self, grants: Grants) -> Result<Vec<String>, PermissionUnavailable> {
         self.0
             .ask(
                 |reply| PermissionMsg::Replace(grants.clone(), reply),
@@ -330,6 +342,35 @@ impl PermissionRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agents_whose_grants_a_replacement_changes_are_named() {
+        let grants = |entries: &[(&str, &str, &[&str])]| {
+            let mut g = Grants::new();
+            for (agent, selector, tools) in entries {
+                g.entry(agent.to_string()).or_default().insert(
+                    selector.to_string(),
+                    tools.iter().map(|t| t.to_string()).collect(),
+                );
+            }
+            g
+        };
+        let old = grants(&[
+            ("a", "*", &["*"]),
+            ("b", "alpha", &["echo"]),
+            ("c", "x", &["y"]),
+        ]);
+        let mut new = grants(&[
+            ("a", "*", &["*"]),
+            ("b", "alpha", &["echo", "add"]),
+            ("d", "x", &["y"]),
+        ]);
+        assert_eq!(changed_agents(&old, &new), ["b", "c", "d"]);
+        // An agent left with no grants is as one absent.
+        new.insert("e".into(), BTreeMap::new());
+        assert_eq!(changed_agents(&old, &new), ["b", "c", "d"]);
+        assert!(changed_agents(&old, &old).is_empty());
+    }
 
     #[test]
     fn grants_that_would_match_nothing_are_refused() {

@@ -71,6 +71,12 @@ pub enum HarnessEvent {
         /// Server id.
         server: String,
     },
+    /// Grants changed (`grant`, `revoke`, `replace_grants`): what these agents may
+    /// list and call is not what it was.
+    GrantsChanged {
+        /// The agents whose grants changed.
+        agents: Vec<String>,
+    },
 }
 
 /// What the registry holds, shared by its actor (the writer) and every reader.
