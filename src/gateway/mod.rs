@@ -1110,9 +1110,10 @@ impl Gateway {
         Ok(report)
     }
 
-    /// Drops the parked rounds (shutdown): their upstream calls are cancelled.
+    /// Drops the parked rounds and parks no more (shutdown): their upstream calls are
+    /// cancelled, and a question asked later fails at once.
     pub(crate) fn drop_parked(&self) {
-        self.inner.parked.clear();
+        self.inner.parked.close();
     }
 
     /// Counts a `serve --stdio` session of `principal` open until the guard drops: its
@@ -2115,7 +2116,7 @@ impl Gateway {
             else {
                 return Err(RpcError::new(
                     -32000,
-                    "too many input rounds are held; try again",
+                    "no input round can be held now (too many, or shutting down); try again",
                 ));
             };
             // `upstream` keeps the mark earlier gateway versions read (they then refuse

@@ -279,6 +279,9 @@ pub struct ParkedRounds {
     /// The byte budgets of one principal's parked calls and of all principals', as
     /// the last round parked was given them (the settings in force then).
     budgets: Mutex<(usize, usize)>,
+    /// Set at shutdown ([`ParkedRounds::close`]): no round is parked after it, as
+    /// nobody could take it up and its call would hold the shutdown for its grace.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Default for ParkedRounds {
@@ -295,6 +298,7 @@ impl ParkedRounds {
             max,
             per_principal,
             budgets: Mutex::new((usize::MAX, usize::MAX)),
+            closed: Default::default(),
         }
     }
 
@@ -323,6 +327,16 @@ impl ParkedRounds {
         let ServerQuestion { server, reply, .. } = pending;
         *self.budgets.lock() = (budget, budget_all);
         let mut rounds = self.rounds.lock();
+        // Under the lock `close` empties: a round is parked before it (and dropped by
+        // it) or refused.
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            drop(rounds);
+            let _ = reply.send(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "the gateway is shutting down",
+            )));
+            return None;
+        }
         let now = Instant::now();
         // Expired rounds go (their calls are cancelled as they drop), and those whose
         // calls ended with an outcome too large to keep.
@@ -604,9 +618,16 @@ impl ParkedRounds {
         drop(gone);
     }
 
-    /// Drops every parked round (shutdown): their calls are cancelled.
-    pub fn clear(&self) {
-        self.rounds.lock().clear();
+    /// Drops every parked round (shutdown): their calls are cancelled, and rounds
+    /// that come later are refused (their questions fail, and their calls end).
+    pub fn close(&self) {
+        let mut rounds = self.rounds.lock();
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        // Dropped outside the lock: each cancels its call.
+        let dropped = std::mem::take(&mut *rounds);
+        drop(rounds);
+        drop(dropped);
         self.ended.lock().clear();
     }
 }
@@ -641,6 +662,41 @@ mod tests {
             reply,
         };
         (held, question, answer)
+    }
+
+    // At shutdown the rounds go, and a call that asks later is not parked (nobody could
+    // take the round up, and its call would hold the shutdown for its grace): its
+    // question fails at once, and its call is dropped.
+    #[tokio::test]
+    async fn no_round_is_parked_once_closed() {
+        let rounds = ParkedRounds::with_caps(64, 4);
+        let a = agent("a");
+        let later = Instant::now() + std::time::Duration::from_secs(600);
+        let park = |held: Held, question| {
+            rounds.park(
+                (&a, None),
+                "t".into(),
+                (0, usize::MAX, usize::MAX),
+                held,
+                question,
+                later,
+            )
+        };
+        let (held, question, _answer) = round();
+        let cancel = held.cancel.clone();
+        park(held, question).expect("parked");
+        rounds.close();
+        assert!(cancel.is_cancelled(), "a parked round's call is cancelled");
+        let (held, question, answer) = round();
+        let cancel = held.cancel.clone();
+        assert!(park(held, question).is_none());
+        let refused = answer.await.expect("answered");
+        assert!(
+            refused.is_err_and(|e| e.message.contains("shutting down")),
+            "the question fails"
+        );
+        assert!(cancel.is_cancelled(), "its call is dropped");
+        assert!(rounds.rounds.lock().is_empty());
     }
 
     #[tokio::test]
