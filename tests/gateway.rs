@@ -3938,13 +3938,28 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
         let (_, r) = finish_confirm(&gw, "tok-a", "twice?", &round["requestState"]).await;
         assert_eq!(result_text(&r), "approved: true", "{r}");
     }
-    // 64 legacy sessions per principal; the next initialize gets 503.
+    // 64 legacy sessions per principal. At the cap, a new one takes the place of the
+    // principal's least recently used quiet one (clients that exit without a DELETE
+    // do not lock it out until theirs expire); when all of them are busy (a stream
+    // open), the next initialize gets 503.
+    let mut sids = Vec::new();
     for _ in 0..64 {
-        legacy_session(&gw).await;
+        sids.push(legacy_session(&gw).await);
+    }
+    let newest = legacy_session(&gw).await;
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (gone, _, _) = legacy_post(&gw, Some(&sids[0]), ping.clone()).await;
+    assert_eq!(gone, 404, "the oldest quiet session made room");
+    let (kept, _, _) = legacy_post(&gw, Some(&sids[1]), ping).await;
+    assert_eq!(kept, 200, "only one went");
+    let mut gets = Vec::new();
+    for sid in sids[1..].iter().chain([&newest]) {
+        gets.push(get_stream(&gw, sid).await);
     }
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
     assert_eq!(legacy_post(&gw, None, init).await.0, 503);
+    drop(gets);
     // 16 subscriptions per principal; the next is refused, and one closed frees a slot.
     let mut streams = Vec::new();
     for i in 0..16 {

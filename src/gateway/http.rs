@@ -889,10 +889,13 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
 }
 
 /// Whether `principal` may start one more session among `sessions` (at most `max`,
-/// `per_principal` of its own). When all places are taken, the principal holding the
-/// most loses its least recently used session, if it holds at least two more than
-/// this one (see [`super::fair`]): enough agents each at their own cap cannot keep
-/// another out.
+/// `per_principal` of its own). At its own cap, the principal gives up its least
+/// recently used session that is quiet (no call in flight, no stream open): clients
+/// that exit without a DELETE (a crash, a CI step) leave sessions behind, which would
+/// lock the principal out until they expire. When all places are taken, the
+/// principal holding the most loses its least recently used session, if it holds at
+/// least two more than this one (see [`super::fair`]): enough agents each at their
+/// own cap cannot keep another out.
 fn room_for_session(
     sessions: &mut HashMap<String, Session>,
     principal: &Principal,
@@ -904,7 +907,18 @@ fn room_for_session(
         .filter(|s| s.principal == *principal)
         .count();
     if own >= per_principal {
-        return false;
+        let quiet = sessions
+            .iter_mut()
+            .filter(|(_, s)| s.principal == *principal)
+            .filter_map(|(id, s)| s.idle(Duration::ZERO).then(|| (s.last_seen, id.clone())))
+            .min();
+        let Some((_, id)) = quiet else {
+            return false;
+        };
+        if let Some(mut gone) = sessions.remove(&id) {
+            tracing::info!(agent = %gone.principal.agent, "a quiet legacy session was ended to make room for another of its principal's");
+            gone.end();
+        }
     }
     if sessions.len() >= max {
         let held = sessions
