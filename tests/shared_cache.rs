@@ -1160,9 +1160,17 @@ async fn a_list_read_on_hearing_lists_changed_is_the_new_one_while_redis_is_slow
     };
     let before = names(&h.list_tools(&caller).await.expect("list"));
     assert!(!before.iter().any(|n| n == "s__grown_0"), "{before:?}");
-    // Served from memory from now on.
-    h.list_tools(&caller).await.expect("list");
-    assert!(h.cache_stats().l1.hits >= 1, "{:?}", h.cache_stats());
+    // Served from memory from now on, once the first subscription (which this Redis
+    // never answers) has timed out: before, nothing is kept.
+    let kept = async {
+        while h.cache_stats().l1.hits == 0 {
+            h.list_tools(&caller).await.expect("list");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), kept)
+        .await
+        .unwrap_or_else(|_| panic!("never kept: {:?}", h.cache_stats()));
     let mut events = h.subscribe();
     h.call_tool(&caller, "s__grow", json!({}))
         .await
@@ -1217,6 +1225,37 @@ async fn lists_cached_before_a_late_first_subscription_are_read_again() {
     let _ = std::fs::remove_file(record);
 }
 
+// Until its first subscription is made (or could not be), a process keeps no shared
+// server's list: a change a peer publishes meanwhile would go unheard, and a
+// subscription made late but on its first try drops nothing. Before, a list read then
+// was served from memory up to its ttl after the change.
+#[tokio::test]
+async fn no_shared_list_is_kept_before_the_first_subscription_is_settled() {
+    let redis = Redis::start().await;
+    // Every command to Redis, the subscription too, goes 1.5 s late.
+    let relay = Relay::start_delayed(redis.port, Duration::from_millis(1500)).await;
+    let record = temp_file("l3-unsettled");
+    let rec = record.to_string_lossy().into_owned();
+    let mut layer = shared(format!("redis://127.0.0.1:{}", relay.port), &["s"]);
+    layer.timeout = Duration::from_millis(50);
+    let h = start_ready(config(vec![demo_server("s", &["--record", &rec])], layer)).await;
+    h.list_tools(&a()).await.expect("list");
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(
+        count(&record, "tools/list"),
+        2,
+        "read from the server each time while the subscription is on its way"
+    );
+    // Settled (made, or timed out at 2 s): lists are kept again.
+    tokio::time::sleep(Duration::from_millis(2500)).await; // the first subscription's end (deliberate)
+    h.list_tools(&a()).await.expect("list");
+    h.list_tools(&a()).await.expect("list");
+    assert_eq!(count(&record, "tools/list"), 3, "the last from memory");
+    h.shutdown().await;
+    drop(relay);
+    let _ = std::fs::remove_file(record);
+}
+
 /// A TCP relay to `port` on loopback whose connections can be made silent: after
 /// [`Relay::silence`], the connections open then neither forward nor close (as packets
 /// dropped by a failover's old address); new ones relay.
@@ -1234,6 +1273,16 @@ impl Relay {
     /// A relay that pauses `pause` after each piece (up to 16 KiB) it forwards to
     /// Redis: a slow link, on which a large write takes its time.
     async fn start_paced(target: u16, pause: Duration) -> Relay {
+        Relay::start_with(target, Duration::ZERO, pause).await
+    }
+
+    /// A relay that holds each piece `delay` before forwarding it to Redis: a link
+    /// on which every command, a subscription too, is answered late.
+    async fn start_delayed(target: u16, delay: Duration) -> Relay {
+        Relay::start_with(target, delay, Duration::ZERO).await
+    }
+
+    async fn start_with(target: u16, delay: Duration, pause: Duration) -> Relay {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -1249,8 +1298,8 @@ impl Relay {
                 let born = era.load(Ordering::SeqCst);
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(relay(cr, sw, era.clone(), born, pause));
-                tokio::spawn(relay(sr, cw, era.clone(), born, Duration::ZERO));
+                tokio::spawn(relay(cr, sw, era.clone(), born, (delay, pause)));
+                tokio::spawn(relay(sr, cw, era.clone(), born, Default::default()));
             }
         });
         Relay {
@@ -1267,13 +1316,13 @@ impl Relay {
 }
 
 /// Copies `from` to `to` until either ends, or holds both open forwarding nothing once
-/// `era` moved past `born`.
+/// `era` moved past `born`; each piece held `delay` before it goes and `pause` after.
 async fn relay(
     mut from: impl tokio::io::AsyncRead + Unpin,
     mut to: impl tokio::io::AsyncWrite + Unpin,
     era: Arc<std::sync::atomic::AtomicU64>,
     born: u64,
-    pause: Duration,
+    (delay, pause): (Duration, Duration),
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 << 10];
@@ -1285,6 +1334,9 @@ async fn relay(
         if era.load(std::sync::atomic::Ordering::SeqCst) != born {
             let _held = (from, to);
             return std::future::pending().await;
+        }
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -322,6 +322,10 @@ struct Walker<'a> {
     from_fetch_only: bool,
     from_cache: bool,
     cacheable: bool,
+    /// Whether this process may keep the list in its own layers: not a shared server's
+    /// before it can hear its peers' changes (`SharedCache::keeps`); Redis may have
+    /// it all the same (its pages carry their generation).
+    keep_here: bool,
     bytes: usize,
     items: usize,
     fresh_for: Duration,
@@ -577,7 +581,9 @@ impl<'a> Walker<'a> {
     fn finish(self) -> Listed {
         let registry = &self.ctx.registry;
         if self.cacheable && !self.fetched.is_empty() {
-            registry.cache.put_memory(&self.fetched, self.epoch);
+            if self.keep_here {
+                registry.cache.put_memory(&self.fetched, self.epoch);
+            }
             if let Some(shared) = &registry.shared
                 && !self.to_share.is_empty()
                 // All of it fetched now: with a page from a cache among them, the rest
@@ -589,7 +595,7 @@ impl<'a> Walker<'a> {
             {
                 shared.put(&self.to_share, &protocol, generation);
             }
-            if registry.cache.config().dir.is_some() {
+            if self.keep_here && registry.cache.config().dir.is_some() {
                 self.ctx.registry_ref.put(self.fetched, self.epoch);
             }
         }
@@ -650,6 +656,11 @@ async fn walk(
         from_fetch_only: true,
         from_cache: true,
         cacheable: true,
+        keep_here: ctx
+            .registry
+            .shared
+            .as_ref()
+            .is_none_or(|s| s.keeps(server.id())),
         bytes: 0,
         items: 0,
         fresh_for: Duration::MAX,

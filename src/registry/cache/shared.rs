@@ -540,6 +540,12 @@ pub struct SharedCache {
     heard: Mutex<std::collections::HashMap<String, u64>>,
     /// Where `highest` is kept across restarts, if there is a disk layer.
     floors: Option<Floors>,
+    /// The first subscription was made, or could not be. Before, a peer's change may
+    /// go unheard with nothing to make up for it (a subscription made late but on its
+    /// first try drops nothing), so no shared server's list is kept here meanwhile
+    /// ([`SharedCache::keeps`]); one that could not be made drops what was kept once a
+    /// later one is.
+    settled: AtomicBool,
 }
 
 /// The file that keeps [`SharedCache::highest`] across restarts (see the module docs).
@@ -765,6 +771,7 @@ impl SharedCache {
             highest: Mutex::new(highest),
             heard: Mutex::default(),
             floors,
+            settled: AtomicBool::new(false),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
         if let Some(wake) = wake {
@@ -782,6 +789,12 @@ impl SharedCache {
     /// Whether `server`'s public lists are shared.
     pub fn shares(&self, server: &str) -> bool {
         self.config.servers.iter().any(|s| s == server)
+    }
+
+    /// Whether this process may keep `server`'s lists in its own layers now: a server
+    /// not shared always, a shared one once the first subscription is settled.
+    pub fn keeps(&self, server: &str) -> bool {
+        self.settled.load(Ordering::Acquire) || !self.shares(server)
     }
 
     /// Whether `server`'s entries may be read or written now (no invalidation of it is
@@ -1635,6 +1648,9 @@ impl SharedCache {
                     Ok::<_, redis::RedisError>(pubsub)
                 })
                 .await;
+                if let Some(this) = this.upgrade() {
+                    this.settled.store(true, Ordering::Release);
+                }
                 match connected {
                     Ok(Ok(pubsub)) => {
                         waits = backoff();
