@@ -250,11 +250,14 @@ fn key_cost(key: &CacheKey) -> usize {
 }
 
 /// One layer's entries and what they cost together, kept as they change so that a
-/// write that fits needs no walk over the layer.
+/// write that fits needs no walk over the layer; and how many each server has, so that
+/// dropping a server's entries when it has none costs no walk either (a flood of
+/// invalidations from Redis would hold the layer's lock walking it for each).
 #[derive(Default)]
 struct Layer {
     entries: HashMap<CacheKey, Entry>,
     cost: usize,
+    per_server: HashMap<String, usize>,
 }
 
 impl Layer {
@@ -263,32 +266,62 @@ impl Layer {
             .values()
             .map(Entry::cost)
             .fold(0usize, usize::saturating_add);
-        Layer { entries, cost }
+        let mut per_server = HashMap::new();
+        for key in entries.keys() {
+            *per_server.entry(key.server.clone()).or_insert(0) += 1;
+        }
+        Layer {
+            entries,
+            cost,
+            per_server,
+        }
     }
 
     fn insert(&mut self, key: CacheKey, entry: Entry) {
         self.cost = self.cost.saturating_add(entry.cost());
-        if let Some(old) = self.entries.insert(key, entry) {
-            self.cost = self.cost.saturating_sub(old.cost());
+        let server = key.server.clone();
+        match self.entries.insert(key, entry) {
+            Some(old) => self.cost = self.cost.saturating_sub(old.cost()),
+            None => *self.per_server.entry(server).or_insert(0) += 1,
         }
     }
 
     fn remove(&mut self, key: &CacheKey) -> Option<Entry> {
         let old = self.entries.remove(key)?;
         self.cost = self.cost.saturating_sub(old.cost());
+        self.gone(&key.server, 1);
         Some(old)
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&CacheKey, &Entry) -> bool) {
         let mut cost = self.cost;
+        let mut gone: HashMap<String, usize> = HashMap::new();
         self.entries.retain(|k, e| {
             let kept = keep(k, e);
             if !kept {
                 cost = cost.saturating_sub(e.cost());
+                *gone.entry(k.server.clone()).or_insert(0) += 1;
             }
             kept
         });
         self.cost = cost;
+        for (server, n) in gone {
+            self.gone(&server, n);
+        }
+    }
+
+    /// Whether `server` has any entry here.
+    fn holds(&self, server: &str) -> bool {
+        self.per_server.contains_key(server)
+    }
+
+    fn gone(&mut self, server: &str, n: usize) {
+        if let Some(count) = self.per_server.get_mut(server) {
+            *count = count.saturating_sub(n);
+            if *count == 0 {
+                self.per_server.remove(server);
+            }
+        }
     }
 }
 
@@ -950,9 +983,15 @@ impl ListCache {
         // that read the first new epoch and found the disk index not yet emptied
         // promotes under that lock, so before memory is emptied (and is emptied with
         // it) or after this bump (and finds the epoch moved on).
-        self.l2.write().retain(|k, _| k.server != server);
+        let mut l2 = self.l2.write();
+        if l2.holds(server) {
+            l2.retain(|k, _| k.server != server);
+        }
+        drop(l2);
         let mut l1 = self.l1.write();
-        l1.retain(|k, _| k.server != server);
+        if l1.holds(server) {
+            l1.retain(|k, _| k.server != server);
+        }
         self.bump(server);
         drop(l1);
     }

@@ -982,3 +982,47 @@ fn a_size_is_counted_up_to_a_most_and_no_further() {
     assert_eq!(json_size_within(&value, size), Some(size));
     assert_eq!(json_size_within(&value, size - 1), None);
 }
+
+// A layer knows how many entries each server has as they come and go, so that dropping
+// a server that has none walks nothing (a flood of invalidations from Redis walked the
+// whole layer under its write lock for each one).
+#[test]
+fn a_layer_counts_each_servers_entries_as_they_come_and_go() {
+    let cache = ListCache::new(config(None)).expect("valid");
+    let of = |server: &'static str| ListOf { server, ..LIST };
+    let entry = |server: &'static str, cursor: &str| {
+        let public = json!({"tools": [], "ttlMs": 60000, "cacheScope": "public"});
+        let p = page_at(&cache, of(server), Some(cursor), None, public).expect("cacheable");
+        (p.key.clone(), ListCache::entry(&p, Duration::from_secs(60)))
+    };
+    let mut layer = Layer::default();
+    for (server, cursor) in [("s", "1"), ("s", "2"), ("t", "1")] {
+        let (k, e) = entry(server, cursor);
+        layer.insert(k, e);
+    }
+    // Stored again under a key it has: no new entry.
+    let (k, e) = entry("s", "1");
+    layer.insert(k.clone(), e);
+    assert_eq!(layer.per_server.get("s"), Some(&2));
+    assert!(layer.remove(&k).is_some());
+    assert!(layer.remove(&k).is_none());
+    assert_eq!(layer.per_server.get("s"), Some(&1));
+    layer.retain(|k, _| k.server != "s");
+    assert!(!layer.holds("s") && layer.holds("t"));
+    assert_eq!(
+        Layer::new(layer.entries.clone()).per_server,
+        layer.per_server
+    );
+
+    // Forgetting a server with nothing kept leaves the others' entries, as before.
+    assert!(put(
+        &cache,
+        None,
+        json!({"tools": [], "ttlMs": 60000, "cacheScope": "public"})
+    ));
+    cache.forget_in_memory("other");
+    assert_eq!(cache.stats().l1.entries, 1);
+    cache.forget_in_memory("s");
+    assert_eq!(cache.stats().l1.entries, 0);
+    assert!(!cache.l1.read().holds("s"));
+}
