@@ -653,6 +653,12 @@ async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goe
     ));
     let r = call.await.expect("join").expect("answered");
     assert_eq!(text(&r), "approved: true");
+    // Declined by the person: the server's call goes on, and the record says
+    // declined (the only trace of the "no"), not answered.
+    let call = confirm(&h);
+    let pending = asked().await;
+    assert!(queue.answer(pending[0].id, json!({"action": "decline"})));
+    call.await.expect("join").expect("the call goes on");
 
     let call = confirm(&h);
     asked().await;
@@ -689,7 +695,7 @@ async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goe
         .into_iter()
         .filter(|r| r["event"] == "finished")
         .collect();
-    assert_eq!(finished.len(), 3, "{finished:?}");
+    assert_eq!(finished.len(), 4, "{finished:?}");
     let question = |r: &Value| {
         (
             r["questions"][0]["method"].clone(),
@@ -702,10 +708,14 @@ async fn a_legacy_servers_questions_are_audited_and_withdrawn_when_the_grant_goe
     );
     assert_eq!(
         question(&finished[1]),
+        (json!("elicitation/create"), json!("declined"))
+    );
+    assert_eq!(
+        question(&finished[2]),
         (json!("elicitation/create"), json!("refused"))
     );
     // Withdrawn as its call ended, or still open when the record was written.
-    let (method, outcome) = question(&finished[2]);
+    let (method, outcome) = question(&finished[3]);
     assert_eq!(method, "elicitation/create");
     assert!(
         outcome == "withdrawn" || outcome == "unanswered",

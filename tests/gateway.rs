@@ -927,6 +927,64 @@ async fn a_legacy_servers_questions_to_a_legacy_client_stop_at_the_round_cap() {
     gw.stop().await;
 }
 
+/// A legacy client whose user rejects every elicitation (MCP's -1).
+struct Rejecter;
+
+impl rmcp::ClientHandler for Rejecter {
+    async fn create_elicitation(
+        &self,
+        _request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        Err(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode(-1),
+            "the user rejected it",
+            None,
+        ))
+    }
+
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        Approver {
+            asked: Arc::default(),
+        }
+        .get_info()
+    }
+}
+
+// A legacy server's question that the client's user rejected is audited as denied,
+// not as a failure of the client.
+#[tokio::test]
+async fn a_question_the_clients_user_rejected_is_audited_as_denied() {
+    use rmcp::ClientHandler;
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+        http_client(),
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            gw.url().to_string(),
+        )
+        .auth_header("tok-a"),
+    );
+    let client = Rejecter
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .expect("rmcp over HTTP");
+    let confirm = rmcp::model::CallToolRequestParams::new("beta__confirm")
+        .with_arguments(json!({"message": "ok?"}).as_object().cloned().expect("obj"));
+    let _ = client.call_tool(confirm).await;
+    client.cancel().await.expect("close");
+    assert!(gw.stop().await.success());
+    let finished: Vec<Value> = audit_records(&setup.audit)
+        .into_iter()
+        .filter(|r| r["event"] == "finished" && r["server"] == "beta")
+        .collect();
+    assert_eq!(finished.len(), 1, "{:?}", audit_records(&setup.audit));
+    assert_eq!(
+        finished[0]["questions"][0]["outcome"], "denied",
+        "{finished:?}"
+    );
+}
+
 #[tokio::test]
 async fn rmcp_clients_of_both_eras_over_http_and_stdio() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

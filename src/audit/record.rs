@@ -206,8 +206,9 @@ pub(crate) struct Round {
 }
 
 /// A question a legacy server asked during a call (its own `elicitation/create` or
-/// `sampling/createMessage`), and how it ended: `answered`, `denied` (a policy or a
-/// person refused it), `refused` (a grant revoked, the call ended, not declared),
+/// `sampling/createMessage`), and how it ended: `answered`, `declined` or `cancelled`
+/// (an elicitation the person declined or cancelled), `denied` (a policy, a person or
+/// the client's user refused it), `refused` (a grant revoked, the call ended, not declared),
 /// `failed` (no handler, a handler's error), `withdrawn` (the server or the calls it
 /// came during gave up waiting), `unanswered` (still open when the call ended) or
 /// `past_round_cap`.

@@ -198,7 +198,12 @@ impl ClientSide for HarnessClient {
                 // Once the server was told the client did not answer, nobody waits.
                 tokio::select! {
                     outcome = asked => {
-                        noted.end(if outcome.is_ok() { "answered" } else { "failed" });
+                        noted.end(match &outcome {
+                            Ok(value) => answered_as(value),
+                            // The client's "the user rejected it" (MCP's -1).
+                            Err(e) if e.code == USER_REJECTED => "denied",
+                            Err(_) => "failed",
+                        });
                         request.respond(outcome);
                     }
                     () = request.abandoned() => noted.end("withdrawn"),
@@ -302,7 +307,7 @@ impl ClientSide for HarnessClient {
             };
             let outcome = match answered {
                 Ok(value) => {
-                    noted.end("answered");
+                    noted.end(answered_as(&value));
                     Ok(value)
                 }
                 Err(InputError::NoHandler(method)) => {
@@ -367,5 +372,20 @@ impl ClientSide for HarnessClient {
                 super::listing::refetch_tools(&ctx, &server).await;
             }
         });
+    }
+}
+
+/// The error code clients answer a request the user rejected with (MCP's sampling
+/// and elicitation pages).
+const USER_REJECTED: i64 = -1;
+
+/// How an answered question ended, for the audit: an elicitation declined or cancelled
+/// by the person is not one answered (the call goes on, and the record is the only
+/// trace of the "no").
+fn answered_as(value: &Value) -> &'static str {
+    match value.get("action").and_then(Value::as_str) {
+        Some("decline") => "declined",
+        Some("cancel") => "cancelled",
+        _ => "answered",
     }
 }
