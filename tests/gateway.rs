@@ -955,7 +955,6 @@ impl rmcp::ClientHandler for Rejecter {
 // not as a failure of the client.
 #[tokio::test]
 async fn a_question_the_clients_user_rejected_is_audited_as_denied() {
-    use rmcp::ClientHandler;
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
