@@ -565,6 +565,46 @@ async fn a_refused_initialize_that_named_a_session_ends_it() {
     let _ = std::fs::remove_file(record);
 }
 
+// A server that answers the probe 429 (rate-limited) or 408 is not shown to be legacy:
+// configured as modern, its start fails and is tried again; before, it was refused for
+// good as not modern.
+#[tokio::test]
+async fn a_probe_answered_429_fails_the_start_healably() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let busy = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let opts = ConnectOptions {
+        era: mcp_harness::transport::EraPreference::Modern,
+        ..options()
+    };
+    let spec = TransportSpec::http(format!("http://127.0.0.1:{port}/mcp"));
+    let failed = Connection::connect("busy", spec, opts)
+        .await
+        .expect_err("rate-limited");
+    assert!(!failed.cannot_heal(), "{failed}");
+    assert!(
+        matches!(
+            failed,
+            ConnectError::Transport(TransportError::HttpStatus { status: 429, .. })
+        ),
+        "{failed}"
+    );
+    busy.abort();
+}
+
 #[tokio::test]
 async fn a_failed_connection_says_why_without_the_key_in_its_url() {
     // A port nothing listens on (bound, then let go).

@@ -204,6 +204,45 @@ async fn a_modern_only_preference_refuses_a_legacy_server() {
     assert!(matches!(err, ConnectError::NotModern(_)), "{err}");
 }
 
+// A server configured as modern that crashes on the probe, or answers it with an error
+// that says nothing of the era (a backend not ready), failed its start for good (not a
+// modern server): a crash is a crash, and it is started again with backoff.
+#[tokio::test]
+async fn a_modern_servers_crash_or_passing_error_on_the_probe_heals() {
+    let opts = || ConnectOptions {
+        era: EraPreference::Modern,
+        ..options()
+    };
+    let sh = |script: &str| TransportSpec::stdio("sh", ["-c", script]);
+    let crashed = Connection::connect("m", sh("read line; exit 3"), opts())
+        .await
+        .expect_err("crashed");
+    assert!(!crashed.cannot_heal(), "{crashed}");
+    assert!(
+        matches!(
+            crashed,
+            ConnectError::Transport(TransportError::Closed { .. })
+        ),
+        "{crashed}"
+    );
+    // Answers the probe's id with an internal error, then stays.
+    let not_ready = r#"read line; id=$(printf %s "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"backend not ready"}}\n' "$id"; sleep 5"#;
+    let erred = Connection::connect("m", sh(not_ready), opts())
+        .await
+        .expect_err("not ready");
+    assert!(!erred.cannot_heal(), "{erred}");
+    assert!(
+        matches!(&erred, ConnectError::Refused { error, .. } if error.code == -32603),
+        "{erred}"
+    );
+    // A method it does not know is what a legacy server says: refused for good.
+    let unknown = not_ready.replace("-32603", "-32601");
+    let legacy = Connection::connect("m", sh(&unknown), opts())
+        .await
+        .expect_err("legacy");
+    assert!(matches!(legacy, ConnectError::NotModern(_)), "{legacy}");
+}
+
 #[tokio::test]
 async fn every_modern_request_carries_the_full_meta_envelope() {
     let record = temp_file("meta");

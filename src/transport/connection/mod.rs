@@ -168,7 +168,16 @@ impl Connection {
         };
         let profile = match (probe, options.era) {
             (Probe::Modern { version, discover }, _) => ServerProfile::Modern { version, discover },
-            (Probe::Legacy(reason) | Probe::Refused(reason), EraPreference::Modern) => {
+            (Probe::Refused(_, Some(error)), EraPreference::Modern) => {
+                transport.shutdown(options.shutdown_grace).await;
+                // Not shown to be legacy (an internal error, a backend not ready):
+                // started again with backoff, as any failed start.
+                return Err(ConnectError::Refused {
+                    method: "server/discover",
+                    error,
+                });
+            }
+            (Probe::Legacy(reason) | Probe::Refused(reason, None), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
                 // It may quote the server (an error, a content type): kept short.
                 return Err(ConnectError::NotModern(crate::util::text::one_line(
@@ -180,11 +189,10 @@ impl Connection {
                 // Slow, not shown to be legacy: tried again (with backoff) on restart.
                 return Err(ConnectError::Transport(TransportError::Timeout(waited)));
             }
-            (Probe::Exited, EraPreference::Modern) => {
+            (Probe::Exited(e), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
-                return Err(ConnectError::NotModern(
-                    "the server exited on server/discover".into(),
-                ));
+                // A crash says nothing of the era: started again with backoff.
+                return Err(ConnectError::Transport(e));
             }
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
@@ -193,9 +201,9 @@ impl Connection {
                 ServerProfile::Legacy(handshake.await?)
             }
             // Refused, or unanswered in time (a slow start, perhaps).
-            (probe @ (Probe::Refused(_) | Probe::Silent(_)), _) => {
+            (probe @ (Probe::Refused(..) | Probe::Silent(_)), _) => {
                 let reason = match probe {
-                    Probe::Refused(reason) => reason,
+                    Probe::Refused(reason, _) => reason,
                     _ => "no answer to server/discover".into(),
                 };
                 tracing::debug!(server, %reason, "using the legacy handshake");
@@ -222,7 +230,7 @@ impl Connection {
                     handshake => ServerProfile::Legacy(handshake?),
                 }
             }
-            (Probe::Exited, _) => {
+            (Probe::Exited(_), _) => {
                 tracing::info!(
                     server,
                     "server exited on server/discover; respawning for the legacy handshake"

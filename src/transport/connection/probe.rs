@@ -11,7 +11,9 @@
 //! reply that is not JSON-RPC) means legacy; one that answered with an error is
 //! [`Probe::Refused`], since it may exit after it (the handshake then respawns it). A
 //! stdio server that dies on the probe is reported as [`Probe::Exited`]: it is
-//! respawned for the handshake.
+//! respawned for the handshake. For a server configured as modern, only what a legacy
+//! server says (a method or request it does not know, a legacy version) fails for
+//! good; a crash, another error or a 408 / 429 fails the start, which is tried again.
 
 use std::time::Duration;
 
@@ -37,9 +39,13 @@ pub(super) enum Probe {
     Silent(Duration),
     /// Legacy: the probe was answered with an error. A server that takes nothing
     /// before `initialize` may exit after it: a handshake that finds it gone respawns it.
-    Refused(String),
-    /// The stdio process died on the probe: respawn, then `initialize`.
-    Exited,
+    /// The error, when it says nothing of the era (not a method or request refused as
+    /// unknown: an internal error, a server's own code), for a server configured as
+    /// modern, which is then started again rather than given up.
+    Refused(String, Option<RpcError>),
+    /// The stdio process died on the probe: respawn, then `initialize` (or, for a
+    /// server configured as modern, a crash like any other: started again).
+    Exited(TransportError),
 }
 
 /// Where one probe round leads.
@@ -140,6 +146,7 @@ fn rejected(
                 }
                 None => Ok(Next::Done(Probe::Refused(
                     "server supports only legacy versions".into(),
+                    None,
                 ))),
             }
         }
@@ -147,9 +154,18 @@ fn rejected(
             method: "server/discover",
             error,
         }),
-        _ => Ok(Next::Done(Probe::Refused(format!(
-            "discover answered with {error}"
-        )))),
+        _ => {
+            let reason = format!("discover answered with {error}");
+            // A method or request it does not know: what a legacy server says.
+            let legacy = matches!(
+                error.kind(),
+                RpcErrorKind::MethodNotFound | RpcErrorKind::InvalidParams
+            ) || error.code == crate::protocol::error::INVALID_REQUEST;
+            Ok(Next::Done(Probe::Refused(
+                reason,
+                (!legacy).then_some(error),
+            )))
+        }
     }
 }
 
@@ -171,8 +187,13 @@ fn quoted_versions(list: &[String]) -> Vec<String> {
 fn failed(error: TransportError, is_http: bool) -> Result<Probe, ConnectError> {
     match error {
         TransportError::Timeout(waited) => Ok(Probe::Silent(waited)),
-        TransportError::Closed { .. } | TransportError::NotSent(_) if !is_http => Ok(Probe::Exited),
-        TransportError::HttpStatus { status, .. } if (400..500).contains(&status) => {
+        e @ (TransportError::Closed { .. } | TransportError::NotSent(_)) if !is_http => {
+            Ok(Probe::Exited(e))
+        }
+        // 408 and 429 are "not now", not "not here": the start fails, and is tried again.
+        TransportError::HttpStatus { status, .. }
+            if (400..500).contains(&status) && status != 408 && status != 429 =>
+        {
             Ok(Probe::Legacy(format!("discover answered HTTP {status}")))
         }
         TransportError::Protocol(e) => Ok(Probe::Legacy(format!("discover reply unreadable: {e}"))),
