@@ -111,6 +111,32 @@ async fn a_probe_given_up_is_not_followed_by_a_cancellation_before_initialize() 
     assert_eq!(&seen[..initialize], ["server/discover"], "{seen:?}");
 }
 
+// A legacy `initialize` that times out is not followed by `notifications/cancelled`:
+// clients must not cancel it (the legacy revisions' cancellation page).
+#[tokio::test]
+async fn an_initialize_that_times_out_is_not_cancelled() {
+    let heard = temp_file("initialize-heard");
+    // Takes every line and answers none.
+    let script = format!("cat > '{}'", heard.display());
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        probe_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(500),
+        ..options()
+    };
+    let failed = Connection::connect("mute", spec, opts)
+        .await
+        .expect_err("never answered");
+    assert!(
+        matches!(failed, ConnectError::Transport(TransportError::Timeout(_))),
+        "{failed}"
+    );
+    let lines = std::fs::read_to_string(&heard).expect("heard");
+    assert!(lines.contains("\"initialize\""), "{lines}");
+    assert!(!lines.contains("notifications/cancelled"), "{lines}");
+    let _ = std::fs::remove_file(heard);
+}
+
 #[tokio::test]
 async fn unsupported_version_is_renegotiated_from_the_servers_list() {
     let opts = ConnectOptions {

@@ -300,8 +300,10 @@ impl StdioTransport {
             id: Some(id),
             written: false,
             ticket: Some(ticket.clone()),
-            // The probe: a legacy server must hear nothing but `initialize` next.
-            quiet: request.method == "server/discover",
+            // The probe: a legacy server must hear nothing but `initialize` next; and
+            // `initialize` itself, which clients must not cancel (the legacy
+            // revisions' cancellation page).
+            quiet: matches!(request.method, "server/discover" | "initialize"),
         };
         // A tool call with its envelope is about 300 bytes: one allocation, no regrowth.
         let mut line = Vec::with_capacity(512);
