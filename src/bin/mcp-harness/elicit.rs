@@ -8,7 +8,7 @@ use mcp_harness::call::input::{InputError, InputFuture};
 use mcp_harness::{InputHandler, InputRequestContext};
 use serde_json::{Map, Value, json};
 
-use crate::terminal::line;
+use crate::terminal::{line, line_cut};
 
 /// The command line's elicitation handler.
 pub struct CliElicitation {
@@ -214,6 +214,10 @@ const SHOWN_CHARS: usize = 500;
 
 /// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut,
 /// and how much was never shown (hidden characters), said after the cut.
+/// The most characters of a field's name an error names (the name is the server's, of
+/// any length; its title and options are cut by [`shown`]).
+const FIELD_NAME_SHOWN: usize = 100;
+
 fn shown(text: &str) -> String {
     let (one, unseen) = crate::terminal::sanitize_counted(text, false);
     let total = one.chars().count();
@@ -420,7 +424,7 @@ impl Form<'_> {
             {
                 return decline(&format!(
                     "--answers has no valid value for field {:?}: {}",
-                    line(field),
+                    line_cut(field, FIELD_NAME_SHOWN),
                     shown(&why)
                 ));
             }
@@ -431,7 +435,7 @@ impl Form<'_> {
                 None if self.required.contains(&field.as_str()) => {
                     return decline(&format!(
                         "--answers has no value for required field {:?}",
-                        line(field)
+                        line_cut(field, FIELD_NAME_SHOWN)
                     ));
                 }
                 None => {}
@@ -500,7 +504,7 @@ impl Form<'_> {
                 "!decline" => return Err(json!({"action": "decline"})),
                 "!cancel" => return Err(json!({"action": "cancel"})),
                 "" if def.get("default").is_some() => return Ok(def.get("default").cloned()),
-                "" if required => errln!("  {} is required", line(field)),
+                "" if required => errln!("  {} is required", line_cut(field, FIELD_NAME_SHOWN)),
                 "" => return Ok(None),
                 typed => match parse(kind, def, typed) {
                     Ok(v) => return Ok(Some(v)),
@@ -578,7 +582,12 @@ fn check(def: &Value, value: &Value) -> Result<(), String> {
         return Err(format!("a value of type {kind} is asked for"));
     }
     if let Some(options) = choices(def) {
-        let listed = |v: &Value| options.contains(v);
+        // Numbers by value: a typed `2` (read as 2.0) is the schema's `2`.
+        let same = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) if a.is_number() && b.is_number() => x == y,
+            _ => a == b,
+        };
+        let listed = |v: &Value| options.iter().any(|o| same(o, v));
         let all_listed = match value.as_array() {
             Some(items) if kind == "array" => items.iter().all(listed),
             _ => listed(value),
@@ -718,6 +727,10 @@ mod tests {
         assert!(parse("array", &several, "x,y,x").is_err(), "maxItems");
         let short = json!({"type": "string", "maxLength": 3});
         assert!(parse("string", &short, "abcd").is_err());
+        // Listed numbers are compared by value: a typed 2 is read as 2.0.
+        let listed = json!({"type": "number", "enum": [1, 2, 3]});
+        assert_eq!(parse("number", &listed, "2"), Ok(json!(2.0)));
+        assert!(parse("number", &listed, "4").is_err());
         // --answers: a value of another type, or unlisted, is declined.
         let schema = json!({"properties": {"n": number, "s": titled}});
         for answers in [

@@ -66,7 +66,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if std::process::id() == 1 {
         // Descendants of a server killed with its group are reparented to PID 1, and
         // only an init reaps what it did not start: each would stay a zombie.
-        tracing::warn!("running as PID 1: the orphaned descendants of servers are not reaped; run under an init (`docker run --init`, tini)");
+        tracing::warn!(
+            "running as PID 1: the orphaned descendants of servers are not reaped; run under an init (`docker run --init`, tini)"
+        );
     }
     let usage = |e: gateway::GatewayError| UsageError(e.into());
     // `--stdio` without a command: serve one client on stdin/stdout, as the `--agent`.
