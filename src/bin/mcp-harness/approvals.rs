@@ -53,7 +53,7 @@ fn summary(params: &Value) -> String {
     // Too large to show whole even cut short: said, never a line that looks like the
     // whole request (it may be accepted blind otherwise).
     if let Some(omitted) = params.get("omitted").and_then(Value::as_str) {
-        let (said, _) = crate::terminal::sanitize_counted(omitted, false);
+        let said = crate::terminal::line_cut(omitted, 200);
         s.push_str(&format!(" [the rest not shown: {said}]"));
     }
     s
