@@ -260,21 +260,32 @@ pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure
     Ok(())
 }
 
-/// The longest string metadata may hold. URLs from it are kept with every token (the
+/// The longest URL metadata may give. URLs from it are kept with every token (the
 /// issuer, the token endpoint, the resource), whose file is read back only up to its
 /// bound: a longer one would be written and then read as no token.
 const MAX_METADATA_STRING: usize = 8 * 1024;
 
-/// Whether any string in `value` (a key too) is longer than `max` bytes.
+/// The fields whose values are kept or used as URLs (the others are not read, and may
+/// be as long as they are: a signed metadata JWT, a certificate chain).
+const BOUNDED_FIELDS: &[&str] = &[
+    "resource",
+    "authorization_servers",
+    "issuer",
+    "authorization_endpoint",
+    "token_endpoint",
+    "registration_endpoint",
+];
+
+/// Whether one of [`BOUNDED_FIELDS`] of `value` holds a string longer than `max` bytes.
 fn holds_longer(value: &Value, max: usize) -> bool {
-    match value {
-        Value::String(s) => s.len() > max,
-        Value::Array(items) => items.iter().any(|v| holds_longer(v, max)),
-        Value::Object(map) => map
-            .iter()
-            .any(|(k, v)| k.len() > max || holds_longer(v, max)),
-        _ => false,
-    }
+    let Value::Object(map) = value else {
+        return false;
+    };
+    let long = |v: &Value| v.as_str().is_some_and(|s| s.len() > max);
+    BOUNDED_FIELDS
+        .iter()
+        .filter_map(|k| map.get(*k))
+        .any(|v| long(v) || v.as_array().is_some_and(|items| items.iter().any(long)))
 }
 
 /// Parses metadata JSON into `T`.
@@ -329,6 +340,12 @@ mod tests {
         assert!(why.contains("KiB"), "{why}");
         let fine = serde_json::json!({"resource": "https://mcp.example.com/mcp"});
         assert!(parse::<ResourceMetadata>(fine).is_ok());
+        // A long value the harness neither keeps nor reads is no reason to refuse.
+        let signed = serde_json::json!({
+            "resource": "https://mcp.example.com/mcp",
+            "signed_metadata": "j".repeat(64 * 1024),
+        });
+        assert!(parse::<ResourceMetadata>(signed).is_ok());
     }
 
     fn url(s: &str) -> Url {

@@ -1544,9 +1544,16 @@ impl SignIn {
         outcome: Result<T, AuthError>,
     ) -> Result<T, AuthError> {
         let who = identity.map(String::from);
-        // A "no", not a "not now" (`temporarily_unavailable`).
-        let refused =
-            |e: &AuthError| matches!(e.failure, AuthFailure::Refused { .. }) && !e.transient();
+        // The person's or the authorization server's "no" on the way back from the
+        // authorization page (`access_denied`, `invalid_scope`): not a "not now"
+        // (`temporarily_unavailable`), nor a refusal at the token endpoint or of the
+        // registration (an expired code, a client forgotten), after which signing in
+        // again at once is what helps.
+        let refused = |e: &AuthError| {
+            e.step == AuthStep::Authorization
+                && matches!(e.failure, AuthFailure::Refused { .. })
+                && !e.transient()
+        };
         match &outcome {
             Err(e) if refused(e) && step_up => {
                 let held = self.held(identity);
@@ -1561,9 +1568,7 @@ impl SignIn {
                 }
                 denied.insert(who.clone(), (lacking, Instant::now()));
                 drop(denied);
-                if let Some(entry) = self.asked.lock().get_mut(&who) {
-                    *entry = asked_before;
-                }
+                self.put_back_asked(&who, asked_before);
             }
             Err(e) if refused(e) => {
                 let mut refused = self.sign_in_refused.lock();
@@ -1572,12 +1577,22 @@ impl SignIn {
                 }
                 refused.insert(who, Instant::now());
             }
+            // A step-up that ended otherwise (timed out, no person, the network) did
+            // not get its scopes either: a later sign-in does not ask for them.
+            Err(_) if step_up => self.put_back_asked(&who, asked_before),
             Err(_) => {}
             Ok(_) => {
                 self.sign_in_refused.lock().remove(&who);
             }
         }
         outcome
+    }
+
+    /// The scopes asked for by `who` as they were before a step-up that failed.
+    fn put_back_asked(&self, who: &Option<String>, before: Vec<String>) {
+        if let Some(entry) = self.asked.lock().get_mut(who) {
+            *entry = before;
+        }
     }
 
     /// Whether the server may be reached again to learn where it is (at most once a
@@ -3043,6 +3058,36 @@ mod tests {
                 .is_ok()
         );
         assert!(sign_in.sign_in_refused.lock().is_empty());
+        // A refusal at the token endpoint (an expired code, a client forgotten) is not
+        // the person's: the next sign-in is begun at once.
+        let at_token = || -> Result<(), AuthError> {
+            Err(sign_in.err(
+                AuthStep::Token,
+                AuthFailure::Refused {
+                    error: "invalid_client".into(),
+                    description: None,
+                },
+            ))
+        };
+        let _ = sign_in.note_sign_in(None, &challenge, false, Vec::new(), at_token());
+        assert!(sign_in.sign_in_refused.lock().is_empty());
+        // A step-up that failed otherwise (a person who never came) puts back its
+        // scopes too, and is no refusal.
+        sign_in.step_up_denied.lock().clear();
+        sign_in
+            .asked
+            .lock()
+            .insert(None, vec!["read".into(), "admin".into()]);
+        let timed_out = Err::<(), _>(sign_in.err(
+            AuthStep::Authorization,
+            AuthFailure::Timeout(Duration::from_secs(300)),
+        ));
+        let _ = sign_in.note_sign_in(None, &step_up, true, vec!["read".into()], timed_out);
+        assert_eq!(
+            sign_in.asked.lock().get(&None),
+            Some(&vec!["read".to_string()])
+        );
+        assert!(!sign_in.step_up_denied(None, &step_up));
     }
 
     // Scopes a step-up was not granted are not asked for again for a minute; a
