@@ -3987,7 +3987,8 @@ async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() 
 
 #[tokio::test]
 async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptions_are_capped() {
-    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    // A session quiet for a tenth of session_idle (a second) may make room.
+    let setup = Setup::new("session_idle = \"10s\"", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     // The same state twice (a client retry after a lost answer) is served twice.
     let round = start_confirm(&gw, "tok-a", "twice?").await;
@@ -3996,13 +3997,14 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
         assert_eq!(result_text(&r), "approved: true", "{r}");
     }
     // 64 legacy sessions per principal. At the cap, a new one takes the place of the
-    // principal's least recently used quiet one (clients that exit without a DELETE
-    // do not lock it out until theirs expire); when all of them are busy (a stream
-    // open), the next initialize gets 503.
+    // principal's least recently used one quiet for a while (clients that exit
+    // without a DELETE do not lock it out until theirs expire); when all of them are
+    // busy (a stream open), the next initialize gets 503.
     let mut sids = Vec::new();
     for _ in 0..64 {
         sids.push(legacy_session(&gw).await);
     }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // quiet for a second (deliberate)
     let newest = legacy_session(&gw).await;
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     let (gone, _, _) = legacy_post(&gw, Some(&sids[0]), ping.clone()).await;

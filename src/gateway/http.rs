@@ -890,9 +890,10 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
 
 /// Whether `principal` may start one more session among `sessions` (at most `max`,
 /// `per_principal` of its own). At its own cap, the principal gives up its least
-/// recently used session that is quiet (no call in flight, no stream open): clients
-/// that exit without a DELETE (a crash, a CI step) leave sessions behind, which would
-/// lock the principal out until they expire. When all places are taken, the
+/// recently used session that has been quiet for `quiet_for` (no request, no call in
+/// flight, no stream open): clients that exit without a DELETE (a crash, a CI step)
+/// leave sessions behind, which would lock the principal out until they expire; live
+/// clients between two requests are not taken for them. When all places are taken, the
 /// principal holding the most loses its least recently used session, if it holds at
 /// least two more than this one (see [`super::fair`]): enough agents each at their
 /// own cap cannot keep another out.
@@ -901,6 +902,7 @@ fn room_for_session(
     principal: &Principal,
     max: usize,
     per_principal: usize,
+    quiet_for: Duration,
 ) -> bool {
     let own = sessions
         .values()
@@ -910,7 +912,7 @@ fn room_for_session(
         let quiet = sessions
             .iter_mut()
             .filter(|(_, s)| s.principal == *principal)
-            .filter_map(|(id, s)| s.idle(Duration::ZERO).then(|| (s.last_seen, id.clone())))
+            .filter_map(|(id, s)| s.idle(quiet_for).then(|| (s.last_seen, id.clone())))
             .min();
         let Some((_, id)) = quiet else {
             return false;
@@ -1822,6 +1824,7 @@ async fn legacy_request(
             &principal,
             MAX_SESSIONS,
             MAX_SESSIONS_PER_PRINCIPAL,
+            idle / 10,
         ) {
             return full(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -2084,7 +2087,7 @@ mod tests {
         .map(|(id, s)| (id.to_string(), s))
         .collect();
         // Full (four): c takes the place of a's least recently used session, which ends.
-        assert!(room_for_session(&mut sessions, &c, 4, 3));
+        assert!(room_for_session(&mut sessions, &c, 4, 3, Duration::ZERO));
         let mut ids: Vec<&str> = sessions.keys().map(String::as_str).collect();
         ids.sort_unstable();
         assert_eq!(ids, ["a1", "a3", "b1"]);
@@ -2101,13 +2104,13 @@ mod tests {
         );
         sessions.insert("c1".into(), session(&c, 5));
         // a holds two, b and c one: nobody gives a place to b, nor to a.
-        assert!(!room_for_session(&mut sessions, &b, 4, 3));
-        assert!(!room_for_session(&mut sessions, &a, 4, 3));
+        assert!(!room_for_session(&mut sessions, &b, 4, 3, Duration::ZERO));
+        assert!(!room_for_session(&mut sessions, &a, 4, 3, Duration::ZERO));
         assert_eq!(sessions.len(), 4);
         // Under the cap, only an agent's own cap counts.
         sessions.remove("b1");
-        assert!(room_for_session(&mut sessions, &a, 4, 3));
-        assert!(!room_for_session(&mut sessions, &a, 4, 2));
+        assert!(room_for_session(&mut sessions, &a, 4, 3, Duration::ZERO));
+        assert!(!room_for_session(&mut sessions, &a, 4, 2, Duration::ZERO));
     }
 
     #[tokio::test]
