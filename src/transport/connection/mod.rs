@@ -170,6 +170,7 @@ impl Connection {
             (Probe::Modern { version, discover }, _) => ServerProfile::Modern { version, discover },
             (Probe::Refused(_, Some(error)), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
+                tracing::warn!(server, error = %crate::util::text::one_line(&error.to_string(), 200), "a server configured as modern answered server/discover with an error; its start is tried again (a legacy server needs era auto or legacy)");
                 // Not shown to be legacy (an internal error, a backend not ready):
                 // started again with backoff, as any failed start.
                 return Err(ConnectError::Refused {
@@ -191,6 +192,7 @@ impl Connection {
             }
             (Probe::Exited(e), EraPreference::Modern) => {
                 transport.shutdown(options.shutdown_grace).await;
+                tracing::warn!(server, error = %e, "a server configured as modern exited on server/discover; its start is tried again (a legacy server needs era auto or legacy)");
                 // A crash says nothing of the era: started again with backoff.
                 return Err(ConnectError::Transport(e));
             }
