@@ -212,12 +212,12 @@ const SHOWN_MESSAGES: usize = 8;
 /// Characters of one message or system prompt shown.
 const SHOWN_CHARS: usize = 500;
 
-/// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut,
-/// and how much was never shown (hidden characters), said after the cut.
 /// The most characters of a field's name an error names (the name is the server's, of
 /// any length; its title and options are cut by [`shown`]).
 const FIELD_NAME_SHOWN: usize = 100;
 
+/// Text for the terminal on one line, cut at [`SHOWN_CHARS`] with how much was cut,
+/// and how much was never shown (hidden characters), said after the cut.
 fn shown(text: &str) -> String {
     let (one, unseen) = crate::terminal::sanitize_counted(text, false);
     let total = one.chars().count();
@@ -562,7 +562,28 @@ fn parse(kind: &str, def: &Value, text: &str) -> Result<Value, String> {
         _ => json!(text),
     };
     check(def, &value)?;
+    // A listed number goes back as the schema lists it (a typed 2 is read as 2.0).
+    if let Some(listed) =
+        choices(def).and_then(|options| options.into_iter().find(|o| same_value(o, &value)))
+    {
+        return Ok(listed);
+    }
     Ok(value)
+}
+
+/// Whether two values are the same, numbers by value: whole numbers exactly, others
+/// as floats (a typed `2` is read as 2.0).
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => match (x.as_u64(), y.as_u64()) {
+                (Some(x), Some(y)) => x == y,
+                _ => x.as_f64() == y.as_f64(),
+            },
+        },
+        _ => a == b,
+    }
 }
 
 /// Whether `value` is what the field's schema asks for (its type, listed values,
@@ -582,12 +603,7 @@ fn check(def: &Value, value: &Value) -> Result<(), String> {
         return Err(format!("a value of type {kind} is asked for"));
     }
     if let Some(options) = choices(def) {
-        // Numbers by value: a typed `2` (read as 2.0) is the schema's `2`.
-        let same = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
-            (Some(x), Some(y)) if a.is_number() && b.is_number() => x == y,
-            _ => a == b,
-        };
-        let listed = |v: &Value| options.iter().any(|o| same(o, v));
+        let listed = |v: &Value| options.iter().any(|o| same_value(o, v));
         let all_listed = match value.as_array() {
             Some(items) if kind == "array" => items.iter().all(listed),
             _ => listed(value),
@@ -729,7 +745,7 @@ mod tests {
         assert!(parse("string", &short, "abcd").is_err());
         // Listed numbers are compared by value: a typed 2 is read as 2.0.
         let listed = json!({"type": "number", "enum": [1, 2, 3]});
-        assert_eq!(parse("number", &listed, "2"), Ok(json!(2.0)));
+        assert_eq!(parse("number", &listed, "2"), Ok(json!(2)));
         assert!(parse("number", &listed, "4").is_err());
         // --answers: a value of another type, or unlisted, is declined.
         let schema = json!({"properties": {"n": number, "s": titled}});
