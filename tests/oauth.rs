@@ -34,6 +34,24 @@ struct World {
 }
 
 impl World {
+    /// A world whose pre-registered client's tokens live `ttl_s` seconds, and whose
+    /// refreshes are answered `delay_ms` late (their refresh token rotated at once).
+    async fn refreshing(ttl_s: u64, delay_ms: u64) -> World {
+        let (ttl, delay) = (ttl_s.to_string(), delay_ms.to_string());
+        World::new(
+            &[
+                "--client",
+                "pre",
+                "--token-ttl",
+                &ttl,
+                "--refresh-delay-ms",
+                &delay,
+            ],
+            &[],
+        )
+        .await
+    }
+
     async fn new(auth_args: &[&str], mcp_args: &[&str]) -> World {
         // Tests run in parallel in one process: a CA directory of its own each.
         static WORLDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -1070,18 +1088,7 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
     // Tokens live 34 s (refreshed 30 s before expiry); a refresh rotates the refresh
     // token at once and is answered 1.5 s later (its token is then due 5.5 s after it
     // was asked for: the calls below are done well before).
-    let w = World::new(
-        &[
-            "--client",
-            "pre",
-            "--token-ttl",
-            "34",
-            "--refresh-delay-ms",
-            "1500",
-        ],
-        &[],
-    )
-    .await;
+    let w = World::refreshing(34, 1500).await;
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
     tokio::time::sleep(Duration::from_millis(4200)).await; // into the refresh window (deliberate)
@@ -1120,18 +1127,7 @@ async fn a_refresh_under_way_is_finished_and_kept_when_its_call_is_cancelled() {
 /// after it lands, also on a loaded machine).
 async fn alice_token_expired(refresh_delay_ms: u64) -> (World, HarnessHandle, Caller) {
     let ttl = refresh_delay_ms.div_ceil(1000) + 2;
-    let w = World::new(
-        &[
-            "--client",
-            "pre",
-            "--token-ttl",
-            &ttl.to_string(),
-            "--refresh-delay-ms",
-            &refresh_delay_ms.to_string(),
-        ],
-        &[],
-    )
-    .await;
+    let w = World::refreshing(ttl, refresh_delay_ms).await;
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
     let alice = as_user("alice");
@@ -1214,18 +1210,7 @@ async fn a_refresh_slower_than_the_request_ends_the_request_at_its_deadline_and_
 async fn a_slow_refresh_ahead_of_expiry_does_not_hold_back_a_token_that_still_works() {
     // Tokens live 20 s, so one is due for refresh a second after it is issued and
     // good for 19 s more; refreshes are answered 3 s late.
-    let w = World::new(
-        &[
-            "--client",
-            "pre",
-            "--token-ttl",
-            "20",
-            "--refresh-delay-ms",
-            "3000",
-        ],
-        &[],
-    )
-    .await;
+    let w = World::refreshing(20, 3000).await;
     let h = w.harness(registered("pre")).await;
     ready(&h).await;
     let alice = as_user("alice");
@@ -1260,18 +1245,7 @@ async fn a_logout_during_a_refresh_is_not_undone_by_its_reply() {
     // expires, a call refreshes it, and she is logged out (another process's `logout`)
     // while that refresh is under way.
     use mcp_harness::transport::auth::{MemoryTokenStore, TokenStore};
-    let w = World::new(
-        &[
-            "--client",
-            "pre",
-            "--token-ttl",
-            "5",
-            "--refresh-delay-ms",
-            "3000",
-        ],
-        &[],
-    )
-    .await;
+    let w = World::refreshing(5, 3000).await;
     let store = Arc::new(MemoryTokenStore::default());
     let h = w
         .builder(vec![w.server(registered("pre"))])

@@ -646,6 +646,24 @@ mod tests {
         oneshot::Receiver<Result<Value, RpcError>>,
     );
 
+    /// Parks a round of `a`'s, over HTTP, small, expiring in ten minutes.
+    fn park_for(
+        rounds: &ParkedRounds,
+        a: &Principal,
+        held: Held,
+        question: ServerQuestion,
+    ) -> Option<String> {
+        let later = Instant::now() + std::time::Duration::from_secs(600);
+        rounds.park(
+            (a, None),
+            "t".into(),
+            (0, usize::MAX, usize::MAX),
+            held,
+            question,
+            later,
+        )
+    }
+
     fn round() -> Round {
         let (reply, answer) = oneshot::channel();
         let held = Held {
@@ -671,17 +689,7 @@ mod tests {
     async fn no_round_is_parked_once_closed() {
         let rounds = ParkedRounds::with_caps(64, 4);
         let a = agent("a");
-        let later = Instant::now() + std::time::Duration::from_secs(600);
-        let park = |held: Held, question| {
-            rounds.park(
-                (&a, None),
-                "t".into(),
-                (0, usize::MAX, usize::MAX),
-                held,
-                question,
-                later,
-            )
-        };
+        let park = |held: Held, question| park_for(&rounds, &a, held, question);
         let (held, question, _answer) = round();
         let cancel = held.cancel.clone();
         park(held, question).expect("parked");
@@ -703,17 +711,7 @@ mod tests {
     async fn a_call_that_ends_while_parked_hands_its_outcome_to_the_answer() {
         let rounds = ParkedRounds::with_caps(64, 4);
         let a = agent("a");
-        let later = Instant::now() + std::time::Duration::from_secs(600);
-        let park = |held: Held, question| {
-            rounds.park(
-                (&a, None),
-                "t".into(),
-                (0, usize::MAX, usize::MAX),
-                held,
-                question,
-                later,
-            )
-        };
+        let park = |held: Held, question| park_for(&rounds, &a, held, question);
         // Its server stopped waiting for the answer and answered the call: the tool
         // ran, and the answer that comes later gets its result.
         let (mut held, question, _answer) = round();
@@ -781,7 +779,7 @@ mod tests {
                 (100, 500, usize::MAX),
                 held,
                 question,
-                later,
+                Instant::now() + std::time::Duration::from_secs(600),
             )
             .expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
