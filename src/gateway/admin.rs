@@ -61,13 +61,18 @@ async fn answer(
                 .pending()
                 .into_iter()
                 .map(|p| {
-                    json!({
+                    let mut entry = json!({
                         "id": p.id,
                         "server": p.request.server,
                         "method": p.request.method,
                         "agent": p.request.agent_id,
                         "params": for_review(&p.request.params),
-                    })
+                    });
+                    // What is cut, said from the request as sent.
+                    if p.request.method == "sampling/createMessage" {
+                        entry["review"] = json!(crate::call::input::review(&p.request.params));
+                    }
+                    entry
                 })
                 .collect();
             reply(StatusCode::OK, json!({ "pending": pending }))

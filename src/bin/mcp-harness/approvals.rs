@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use mcp_harness::call::input::SamplingReview;
 use serde_json::{Value, json};
 
 use crate::commands::UsageError;
@@ -128,8 +129,12 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                     );
                     // What accepting it lets the model read, as the terminal approver
                     // shows it: not only the first message's first words.
+                    // The gateway's review of the request as sent (its params above are
+                    // cut for the listing, and would miscount what was cut).
                     if p["method"] == "sampling/createMessage" {
-                        for shown in crate::elicit::sampling_shown(&p["params"]) {
+                        let review: SamplingReview =
+                            serde_json::from_value(p["review"].clone()).unwrap_or_default();
+                        for shown in crate::elicit::sampling_shown(&review) {
                             outln!("       {shown}");
                         }
                     }

@@ -4,7 +4,9 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use mcp_harness::call::input::{InputError, InputFuture};
+use mcp_harness::call::input::{
+    InputError, InputFuture, REVIEW_CHARS, REVIEW_MESSAGES, ReviewText, SamplingReview, review,
+};
 use mcp_harness::{InputHandler, InputRequestContext};
 use serde_json::{Map, Value, json};
 
@@ -207,8 +209,6 @@ fn answers_it(
     !(ahead && (consent || last_withdrawn.is_some_and(|w| at > w)))
 }
 
-/// Messages of a sampling request shown in full (up to [`SHOWN_CHARS`] each).
-const SHOWN_MESSAGES: usize = 8;
 /// Characters of one message or system prompt shown.
 const SHOWN_CHARS: usize = 500;
 
@@ -229,52 +229,49 @@ fn shown(text: &str) -> String {
     out
 }
 
-/// What a person approves of a sampling request, a line each: the instructions the
-/// model would follow, that is the system prompt and every message (up to
-/// [`SHOWN_MESSAGES`]), each cut visibly.
-pub fn sampling_shown(params: &Value) -> Vec<String> {
+/// What a person approves of a sampling request, a line each: the plan the harness
+/// noted, the instructions the model would follow (the system prompt and the first
+/// messages), each cut visibly, and how many messages are not shown.
+pub fn sampling_shown(review: &SamplingReview) -> Vec<String> {
     let mut out = Vec::new();
     // What the harness will send (the model, the capped tokens), when it says.
-    let plan = &params["_meta"][mcp_harness::call::input::APPROVAL_META];
-    if let Some(model) = plan["model"].as_str() {
+    if let Some(model) = &review.model {
         out.push(format!(
             "model: {}, up to {} tokens ({} reserved from the budgets)",
             line(model),
-            plan["maxTokens"].as_u64().unwrap_or(0),
-            plan["reservedTokens"].as_u64().unwrap_or(0)
+            review.max_tokens.unwrap_or(0),
+            review.reserved_tokens.unwrap_or(0)
         ));
     }
-    if let Some(system) = params["systemPrompt"].as_str().filter(|s| !s.is_empty()) {
-        out.push(format!("system: {}", shown(system)));
+    if let Some(system) = &review.system {
+        out.push(format!("system: {}", reviewed(system)));
     }
-    let messages = params["messages"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    // Every block of a message: text in full (cut visibly), other kinds by their type,
-    // so that no block hides behind the first.
-    let block = |b: &Value| match b["type"].as_str() {
-        Some("text") => b["text"].as_str().unwrap_or("").to_string(),
-        Some(kind) => format!("[{kind} {}]", b["mimeType"].as_str().unwrap_or("")),
-        None => "[?]".to_string(),
-    };
-    for m in messages.iter().take(SHOWN_MESSAGES) {
-        let text = match &m["content"] {
-            Value::Array(blocks) => blocks.iter().map(block).collect::<Vec<_>>().join(" "),
-            one => block(one),
-        };
+    let shown = review.messages.iter().take(REVIEW_MESSAGES);
+    for m in shown.clone() {
         out.push(format!(
             "{}: {}",
-            line(m["role"].as_str().unwrap_or("?")),
-            shown(&text)
+            line(m.role.as_deref().unwrap_or("?")),
+            reviewed(m)
         ));
     }
-    if messages.len() > SHOWN_MESSAGES {
-        out.push(format!(
-            "(+{} more messages)",
-            messages.len() - SHOWN_MESSAGES
-        ));
+    let more = review.message_count.saturating_sub(shown.count());
+    if more > 0 {
+        out.push(format!("(+{more} more messages)"));
     }
+    out
+}
+
+/// A reviewed text for the terminal, with how many of its characters are not shown,
+/// and how many it hid (controls, escapes).
+fn reviewed(t: &ReviewText) -> String {
+    let (one, unseen) = crate::terminal::sanitize_counted(&t.text, false);
+    let taken: String = t.text.chars().take(REVIEW_CHARS).collect();
+    let mut out: String = one.chars().take(REVIEW_CHARS).collect();
+    let cut = t.chars.saturating_sub(taken.chars().count());
+    if cut > 0 {
+        out.push_str(&format!(" …(+{cut} more characters)"));
+    }
+    out.push_str(&crate::terminal::unseen_note(unseen));
     out
 }
 
@@ -311,7 +308,7 @@ impl InputHandler for CliApprover {
                     "server {} asks the model for {tokens}, {messages} message(s):",
                     line(&request.server),
                 );
-                for shown in sampling_shown(p) {
+                for shown in sampling_shown(&review(p)) {
                     errln!("  {shown}");
                 }
                 match asker.consent("allow? [y/N] ") {
@@ -651,6 +648,32 @@ fn in_the_foreground() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The lines a person reads say how much is not shown, the same from the request
+    // (the terminal) as from its review sent as JSON (the approvals command).
+    #[test]
+    fn a_sampling_request_is_shown_with_what_is_cut_counted() {
+        let mut messages =
+            vec![json!({"role": "user", "content": {"type": "text", "text": "x".repeat(40_000)}})];
+        messages.extend((0..99).map(
+            |i| json!({"role": "assistant", "content": {"type": "text", "text": format!("m{i}")}}),
+        ));
+        let params = json!({"messages": messages, "systemPrompt": "Be brief."});
+        let lines = sampling_shown(&review(&params));
+        assert_eq!(lines[0], "system: Be brief.");
+        assert!(
+            lines[1].ends_with(" …(+39500 more characters)"),
+            "{}",
+            lines[1]
+        );
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("(+92 more messages)")
+        );
+        let sent = serde_json::to_value(review(&params)).expect("json");
+        let received: SamplingReview = serde_json::from_value(sent).expect("review");
+        assert_eq!(sampling_shown(&received), lines);
+    }
 
     #[test]
     fn a_yes_or_no_is_answered_only_by_a_line_typed_once_it_is_shown() {

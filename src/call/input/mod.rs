@@ -28,8 +28,9 @@ pub use fixed::FixedAnswers;
 pub(crate) use handlers::{HandlerSet, InputHandlers, InputHandlersActor, InputHandlersArgs};
 pub use roots::{RootsHandler, validate_roots};
 pub use sampling::{
-    APPROVAL_META, AgentConfig, Provider, SamplingConfig, SamplingHandler, SamplingPolicy,
-    SharedAgents, roots_of, sampling_policy,
+    APPROVAL_META, AgentConfig, Provider, REVIEW_CHARS, REVIEW_MESSAGES, ReviewText,
+    SamplingConfig, SamplingHandler, SamplingPolicy, SamplingReview, SharedAgents, review,
+    roots_of, sampling_policy,
 };
 
 /// The boxed future an [`InputHandler`] returns.

@@ -833,6 +833,93 @@ fn base_url(config: &SamplingConfig) -> String {
 /// reserved from the budgets. Set by the harness whatever the server put there.
 pub const APPROVAL_META: &str = "mcp-harness/sampling";
 
+/// Messages of a sampling request a [`SamplingReview`] holds.
+pub const REVIEW_MESSAGES: usize = 8;
+/// Characters of each text a [`SamplingReview`] holds.
+pub const REVIEW_CHARS: usize = 500;
+
+/// What a person approves of a sampling request, as every approver shows it (the
+/// terminal's, `mcp-harness approvals` through the admin endpoint): the plan the
+/// harness noted, the instructions the model would follow (the system prompt and the
+/// first [`REVIEW_MESSAGES`] messages, each text cut at [`REVIEW_CHARS`] with its
+/// whole length), and how many messages there are. Worked out from the request as
+/// sent, so that what is cut is said truly, whatever a listing cut after it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingReview {
+    /// The model the harness will ask, if it said.
+    pub model: Option<String>,
+    /// The `maxTokens` it will send (capped).
+    pub max_tokens: Option<u64>,
+    /// The tokens reserved from the budgets.
+    pub reserved_tokens: Option<u64>,
+    /// The system prompt, if any.
+    pub system: Option<ReviewText>,
+    /// The first messages.
+    pub messages: Vec<ReviewText>,
+    /// How many messages the request has.
+    pub message_count: usize,
+}
+
+/// A text of a request under review: its start, and how long it is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReviewText {
+    /// Whose it is (a message's role), if anyone's.
+    pub role: Option<String>,
+    /// Its first [`REVIEW_CHARS`] characters.
+    pub text: String,
+    /// Its length in characters.
+    pub chars: usize,
+}
+
+impl ReviewText {
+    fn of(role: Option<&str>, text: &str) -> ReviewText {
+        ReviewText {
+            role: role.map(|r| r.chars().take(32).collect()),
+            text: text.chars().take(REVIEW_CHARS).collect(),
+            chars: text.chars().count(),
+        }
+    }
+}
+
+/// The review of a sampling request's params (see [`SamplingReview`]). Every block
+/// of a message counts: text in full, other kinds by their type, so that no block
+/// hides behind the first.
+pub fn review(params: &Value) -> SamplingReview {
+    let plan = &params["_meta"][APPROVAL_META];
+    let block = |b: &Value| match b["type"].as_str() {
+        Some("text") => b["text"].as_str().unwrap_or("").to_string(),
+        Some(kind) => format!("[{kind} {}]", b["mimeType"].as_str().unwrap_or("")),
+        None => "[?]".to_string(),
+    };
+    let messages = params["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    SamplingReview {
+        model: plan["model"]
+            .as_str()
+            .map(|m| m.chars().take(256).collect()),
+        max_tokens: plan["maxTokens"].as_u64(),
+        reserved_tokens: plan["reservedTokens"].as_u64(),
+        system: params["systemPrompt"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(|s| ReviewText::of(None, s)),
+        messages: messages
+            .iter()
+            .take(REVIEW_MESSAGES)
+            .map(|m| {
+                let text = match &m["content"] {
+                    Value::Array(blocks) => blocks.iter().map(block).collect::<Vec<_>>().join(" "),
+                    one => block(one),
+                };
+                ReviewText::of(Some(m["role"].as_str().unwrap_or("?")), &text)
+            })
+            .collect(),
+        message_count: messages.len(),
+    }
+}
+
 /// The request as an approver sees it: the server's params, with [`APPROVAL_META`]
 /// in their `_meta`.
 fn for_approval(
@@ -986,6 +1073,45 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request of 100 messages, the first of 40,000 characters, the second with an
+    /// image after its text.
+    fn long_request() -> Value {
+        let mut messages =
+            vec![json!({"role": "user", "content": {"type": "text", "text": "x".repeat(40_000)}})];
+        messages.push(json!({"role": "user", "content": [
+            {"type": "text", "text": "see"},
+            {"type": "image", "mimeType": "image/png", "data": "AA"},
+        ]}));
+        messages.extend((0..98).map(
+            |i| json!({"role": "assistant", "content": {"type": "text", "text": format!("m{i}")}}),
+        ));
+        json!({
+            "messages": messages,
+            "systemPrompt": "Be brief.",
+            "_meta": {APPROVAL_META: {"model": "m", "maxTokens": 9, "reservedTokens": 12}},
+        })
+    }
+
+    // A review says truly how much it leaves out, whatever a listing cuts after it.
+    #[test]
+    fn a_review_says_how_long_each_text_is_and_how_many_messages_there_are() {
+        let r = review(&long_request());
+        assert_eq!(r.message_count, 100);
+        assert_eq!(r.messages.len(), REVIEW_MESSAGES);
+        assert_eq!(r.messages[0].chars, 40_000);
+        assert_eq!(r.messages[0].text.chars().count(), REVIEW_CHARS);
+        assert_eq!(r.messages[1].text, "see [image image/png]");
+        assert_eq!(r.messages[1].role.as_deref(), Some("user"));
+        assert_eq!(
+            r.system.as_ref().map(|s| s.text.as_str()),
+            Some("Be brief.")
+        );
+        assert_eq!(
+            (r.model.as_deref(), r.max_tokens, r.reserved_tokens),
+            (Some("m"), Some(9), Some(12))
+        );
+    }
 
     #[test]
     fn a_servers_role_and_content_type_are_quoted_cut_and_escaped() {
