@@ -338,9 +338,10 @@ impl ParkedRounds {
             return None;
         }
         let now = Instant::now();
-        // Expired rounds go (their calls are cancelled as they drop), and those whose
-        // calls ended with an outcome too large to keep.
-        self.drop_finished(&mut rounds, now, |_, _, _| true);
+        // Expired rounds go (their calls are cancelled as they drop, after the lock:
+        // an outcome kept may be a MiB), and those whose calls ended with an outcome
+        // too large to keep.
+        let finished = self.drop_finished(&mut rounds, now, |_, _, _| true);
         // A principal at its share gives up its own rounds that expire first: a client
         // that stops retrying (its person declined) leaves rounds behind, and is not
         // locked out until they expire.
@@ -423,6 +424,7 @@ impl ParkedRounds {
         };
         if let Some(why) = refused {
             drop(rounds);
+            drop(finished);
             let _ = reply.send(Err(RpcError::new(INTERNAL_ERROR, why)));
             return None;
         }
@@ -444,6 +446,7 @@ impl ParkedRounds {
             },
         );
         drop(rounds);
+        drop(finished);
         for (id, gone) in own_freed {
             tracing::debug!(agent = %gone.principal.agent, "a parked input round was dropped for a newer one of the same agent");
             self.note_ended(id, &gone, now, REPLACED);
@@ -471,11 +474,12 @@ impl ParkedRounds {
         (principal, session): (&Principal, Option<u64>),
         answer: Value,
     ) -> Result<Held, RpcError> {
-        let parked = {
+        let (parked, finished) = {
             let mut rounds = self.rounds.lock();
             let now = Instant::now();
-            self.drop_finished(&mut rounds, now, |_, _, _| true);
-            match rounds.get(id) {
+            // Dropped after the lock, as in `park`.
+            let finished = self.drop_finished(&mut rounds, now, |_, _, _| true);
+            let parked = match rounds.get(id) {
                 Some(p) if &p.principal == principal && p.session == session && p.expires > now => {
                     let taken = rounds.remove(id);
                     if let Some(p) = &taken {
@@ -484,8 +488,10 @@ impl ParkedRounds {
                     taken
                 }
                 _ => None,
-            }
+            };
+            (parked, finished)
         };
+        drop(finished);
         let Some(parked) = parked else {
             let ended = self.ended.lock();
             return Err(match ended.get(id) {
