@@ -534,6 +534,12 @@ async fn serve(
 /// Calls `s__echo` with `text` through the gateway at `url`, with `traceparent` in its
 /// `_meta` if given.
 async fn call_with_trace_context(url: &str, text: &str, traceparent: Option<String>) {
+    let echo = serde_json::json!({"text": text});
+    call_tool_traced(url, "s__echo", echo, traceparent).await;
+}
+
+/// Calls `name` with `arguments` through the gateway at `url`, with `traceparent`.
+async fn call_tool_traced(url: &str, name: &str, arguments: Value, traceparent: Option<String>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut meta = serde_json::json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -544,14 +550,14 @@ async fn call_with_trace_context(url: &str, text: &str, traceparent: Option<Stri
         meta["traceparent"] = tp.into();
     }
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "s__echo", "arguments": {"text": text}, "_meta": meta}});
+        "name": name, "arguments": arguments, "_meta": meta}});
     let response = reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", "tools/call")
-        .header("mcp-name", "s__echo")
+        .header("mcp-name", name)
         .body(body.to_string())
         .send()
         .await
@@ -744,7 +750,29 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     ] {
         call_with_trace_context(&gateway.url, text, traceparent).await;
     }
+    // A tool's own error, in a trace of its own: the server span says so.
+    let failing = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let bad_add = serde_json::json!({"a": "x", "b": 1});
+    let sampled = Some(format!("00-{failing}-{parent}-01"));
+    call_tool_traced(&gateway.url, "s__add", bad_add, sampled).await;
     stop_gateway(&mut gateway).await;
+    let failed_server = || {
+        received
+            .spans()
+            .into_iter()
+            .find(|s| hex(&s.trace_id) == failing && s.kind == 2)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || failed_server().is_some()).await,
+        "the failing call's server span"
+    );
+    let failed = failed_server().expect("exported");
+    assert_eq!(attr(&failed, "error.type").as_deref(), Some("tool_error"));
+    assert_eq!(
+        failed.status.as_ref().map(|s| s.code),
+        Some(2),
+        "status ERROR"
+    );
     let ours = |s: &&Span| hex(&s.trace_id) == trace;
     assert!(
         eventually(Duration::from_secs(10), || received
@@ -789,19 +817,19 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
             .spans()
             .iter()
             .filter(|s| s.name == "tools/call s__echo" || s.name.starts_with("route"))
-            .all(|s| ours(&s)),
+            .all(|s| ours(&s) || hex(&s.trace_id) == failing),
         "no gateway, call or route span of the calls not kept"
     );
     let sent: Vec<Value> = recorded(&record)
         .into_iter()
         .filter(|r| r["method"] == "tools/call")
         .collect();
-    assert_eq!(sent.len(), 3);
+    assert_eq!(sent.len(), 4);
     assert_eq!(
         sent[0]["params"]["_meta"]["traceparent"].as_str(),
         Some(format!("00-{trace}-{}-01", hex(&attempt.span_id)).as_str())
     );
-    for untraced in &sent[1..] {
+    for untraced in &sent[1..3] {
         assert!(
             untraced["params"]["_meta"].get("traceparent").is_none(),
             "{untraced}"

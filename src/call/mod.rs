@@ -53,6 +53,7 @@ pub use progress::ProgressSender;
 pub(crate) use search::SearchIndex;
 pub use search::ToolMatch;
 pub use settings::{CallConfig, Limits};
+pub(crate) use telemetry::failed as mark_failed;
 
 pub(crate) use client_side::HarnessClient;
 pub(crate) use context::CallContext;

@@ -129,7 +129,7 @@ pub(super) fn tool_error(span: &tracing::Span, result: &Value) -> bool {
 }
 
 /// Marks `span` as failed with `error.type`.
-pub(super) fn failed(span: &tracing::Span, error_type: &str) {
+pub(crate) fn failed(span: &tracing::Span, error_type: &str) {
     span.record("error.type", error_type);
     if error_type.parse::<i64>().is_ok() {
         span.record("rpc.response.status_code", error_type);

@@ -2032,9 +2032,12 @@ impl Gateway {
                     traced: Some(traced),
                 };
                 let call = parked::Call::inline(async move {
-                    gw.delegated(&who, kind, &target, args, delegation, options)
-                        .instrument(span)
-                        .await
+                    let outcome = gw
+                        .delegated(&who, kind, &target, args, delegation, options)
+                        .instrument(span.clone())
+                        .await;
+                    mark_outcome(&span, outcome.as_ref().map(|a| &a.result));
+                    outcome
                 });
                 parked::Held {
                     call,
@@ -2207,101 +2210,107 @@ impl Gateway {
             let at = crate::util::duration::after(tokio::time::Instant::now(), limit).min(until);
             (at, limit)
         };
-        loop {
-            let answer = {
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return Err(past_deadline());
-                }
-                let options = CallOptions {
-                    timeout: Some(left),
-                    cancel: Some(cancel.clone()),
-                    traced: Some(traced),
-                };
-                let call = self
-                    .delegated(
-                        principal,
-                        kind,
-                        &name,
-                        args.clone(),
-                        delegation.clone(),
-                        options,
-                    )
-                    .instrument(span.clone());
-                tokio::pin!(call);
-                loop {
-                    tokio::select! {
-                        answer = &mut call => break answer,
-                        Some(q) = asked.recv() => {
-                            let crate::call::ServerQuestion { method, params, reply: mut reply_to, .. } = q;
-                            let mode = crate::call::input::elicitation_mode(&params);
-                            let reply = match peer {
-                                Some(peer) if mode.is_some_and(|mode| elicits(&client.capabilities, mode)) => {
-                                    let (at, _) = answer_by();
-                                    let asked = tokio::time::timeout_at(at, peer.request(&method, params));
-                                    tokio::select! {
-                                        reply = asked => reply.unwrap_or_else(|_| {
-                                            Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
-                                        }),
-                                        _ = cancel.cancelled() => Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
-                                        // The server gave its question up: the client's
-                                        // answer is no one's now, and the call goes on
-                                        // without waiting for it.
-                                        () = reply_to.closed() => continue,
-                                        // The call ended with the question open (its
-                                        // result came right behind it, or the server
-                                        // went away): the question is withdrawn from the
-                                        // client as it drops, and the answer goes now.
-                                        answer = &mut call => break answer,
+        // The server span says how the request ended (the calls inside say theirs).
+        let outcome: Result<Value, RpcError> = async {
+            loop {
+                let answer = {
+                    let left = until.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(past_deadline());
+                    }
+                    let options = CallOptions {
+                        timeout: Some(left),
+                        cancel: Some(cancel.clone()),
+                        traced: Some(traced),
+                    };
+                    let call = self
+                        .delegated(
+                            principal,
+                            kind,
+                            &name,
+                            args.clone(),
+                            delegation.clone(),
+                            options,
+                        )
+                        .instrument(span.clone());
+                    tokio::pin!(call);
+                    loop {
+                        tokio::select! {
+                            answer = &mut call => break answer,
+                            Some(q) = asked.recv() => {
+                                let crate::call::ServerQuestion { method, params, reply: mut reply_to, .. } = q;
+                                let mode = crate::call::input::elicitation_mode(&params);
+                                let reply = match peer {
+                                    Some(peer) if mode.is_some_and(|mode| elicits(&client.capabilities, mode)) => {
+                                        let (at, _) = answer_by();
+                                        let asked = tokio::time::timeout_at(at, peer.request(&method, params));
+                                        tokio::select! {
+                                            reply = asked => reply.unwrap_or_else(|_| {
+                                                Err(RpcError::new(INTERNAL_ERROR, "the client did not answer in time"))
+                                            }),
+                                            _ = cancel.cancelled() => Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
+                                            // The server gave its question up: the client's
+                                            // answer is no one's now, and the call goes on
+                                            // without waiting for it.
+                                            () = reply_to.closed() => continue,
+                                            // The call ended with the question open (its
+                                            // result came right behind it, or the server
+                                            // went away): the question is withdrawn from the
+                                            // client as it drops, and the answer goes now.
+                                            answer = &mut call => break answer,
+                                        }
                                     }
-                                }
-                                _ => Err(RpcError::new(
-                                    crate::protocol::error::INVALID_PARAMS,
-                                    format!("the client does not support {}-mode elicitation", mode.unwrap_or("this")),
-                                )),
-                            };
-                            let _ = reply_to.send(reply);
+                                    _ => Err(RpcError::new(
+                                        crate::protocol::error::INVALID_PARAMS,
+                                        format!("the client does not support {}-mode elicitation", mode.unwrap_or("this")),
+                                    )),
+                                };
+                                let _ = reply_to.send(reply);
+                            }
                         }
                     }
+                };
+                let answer = answer?;
+                if !answer.input_required {
+                    return Ok(answer.result);
                 }
-            };
-            let answer = answer?;
-            if !answer.input_required {
-                return Ok(answer.result);
-            }
-            let Some(peer) = peer else {
-                return Err(RpcError::new(
-                    INTERNAL_ERROR,
-                    "the tool asked for input, and this session cannot be asked",
-                ));
-            };
-            let input = InputRequired::from_value(&answer.result)
-                .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
-            // Asked all at once, as the library asks its handlers: a client may show
-            // them together, and each waits only for its own answer.
-            let asks = input.input_requests.into_iter().map(|(key, ask)| {
-                let (at, limit) = answer_by();
-                async move {
-                    match tokio::time::timeout_at(at, peer.request(&ask.method, ask.params)).await {
-                        Ok(reply) => reply.map(|reply| (key, reply)),
-                        Err(_) if at >= until => Err(past_deadline()),
-                        Err(_) => Err(RpcError::new(
-                            INTERNAL_ERROR,
-                            format!("the client did not answer {} within {limit:?}", ask.method),
-                        )),
+                let Some(peer) = peer else {
+                    return Err(RpcError::new(
+                        INTERNAL_ERROR,
+                        "the tool asked for input, and this session cannot be asked",
+                    ));
+                };
+                let input = InputRequired::from_value(&answer.result)
+                    .map_err(|e| RpcError::new(INTERNAL_ERROR, e.to_string()))?;
+                // Asked all at once, as the library asks its handlers: a client may show
+                // them together, and each waits only for its own answer.
+                let asks = input.input_requests.into_iter().map(|(key, ask)| {
+                    let (at, limit) = answer_by();
+                    async move {
+                        match tokio::time::timeout_at(at, peer.request(&ask.method, ask.params)).await {
+                            Ok(reply) => reply.map(|reply| (key, reply)),
+                            Err(_) if at >= until => Err(past_deadline()),
+                            Err(_) => Err(RpcError::new(
+                                INTERNAL_ERROR,
+                                format!("the client did not answer {} within {limit:?}", ask.method),
+                            )),
+                        }
                     }
-                }
-            });
-            let answers: Map<String, Value> = tokio::select! {
-                replies = futures_util::future::try_join_all(asks) => replies?.into_iter().collect(),
-                _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
-            };
-            name = on_server(kind, &name, &answer.server);
-            delegation.input_responses = Some(answers);
-            delegation.request_state = input.request_state;
-            delegation.rounds = answer.rounds;
-            delegation.server = Some(answer.server.to_string());
+                });
+                let answers: Map<String, Value> = tokio::select! {
+                    replies = futures_util::future::try_join_all(asks) => replies?.into_iter().collect(),
+                    _ = cancel.cancelled() => return Err(RpcError::new(INTERNAL_ERROR, "cancelled")),
+                };
+                name = on_server(kind, &name, &answer.server);
+                delegation.input_responses = Some(answers);
+                delegation.request_state = input.request_state;
+                delegation.rounds = answer.rounds;
+                delegation.server = Some(answer.server.to_string());
+            }
         }
+        .await;
+        mark_outcome(&span, outcome.as_ref());
+        outcome
     }
 }
 
@@ -2426,6 +2435,9 @@ fn downstream_span(
         otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource, name),
         otel.kind = "server",
         mcp.method.name = kind.method(),
+        error.type = tracing::field::Empty,
+        rpc.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if let (Some(mut remote), true, false) = (remote, traced, span.is_disabled()) {
         use opentelemetry::trace::TraceContextExt;
@@ -2444,6 +2456,21 @@ fn downstream_span(
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
     (span, traced)
+}
+
+/// Marks the gateway's server span with how its request ended, as the conventions
+/// ask of a server span: an error by its JSON-RPC code, a tool's own error as
+/// `tool_error`.
+fn mark_outcome(span: &tracing::Span, outcome: Result<&Value, &RpcError>) {
+    if span.is_disabled() {
+        return;
+    }
+    let error_type = match outcome {
+        Err(e) => e.code.to_string(),
+        Ok(result) if result.get("isError") == Some(&Value::Bool(true)) => "tool_error".into(),
+        Ok(_) => return,
+    };
+    crate::call::mark_failed(span, &error_type);
 }
 
 /// Longest string `progressToken` a client gets progress for: the token goes out on
