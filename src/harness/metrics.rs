@@ -432,13 +432,60 @@ impl HarnessHandle {
                 })
                 .build();
         }
-        let observe = snapshot;
+        let observe = snapshot.clone();
         meter
             .u64_observable_gauge("mcp_harness.audit.backlog")
             .with_description("Audit records accepted and not yet written")
             .with_callback(move |o| {
                 if let Some(m) = observe() {
                     o.observe(m.audit.backlog as u64, &[]);
+                }
+            })
+            .build();
+        // As `/metrics` serves them: a deployment that exports only over OTLP alerts
+        // on lost audit records and on requests piling up too.
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_counter("mcp_harness.audit.unwritten")
+            .with_description("Audit records that could not be kept")
+            .with_callback(move |o| {
+                if let Some(m) = observe() {
+                    o.observe(m.audit.unwritten, &[]);
+                }
+            })
+            .build();
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_gauge("mcp_harness.calls.in_flight")
+            .with_description("Calls in flight")
+            .with_callback(move |o| {
+                if let Some(m) = observe() {
+                    o.observe(m.in_flight as u64, &[]);
+                }
+            })
+            .build();
+        let observe = snapshot.clone();
+        meter
+            .u64_observable_gauge("mcp_harness.server.queued")
+            .with_description("Requests waiting for a server to be ready")
+            .with_callback(move |o| {
+                for s in observe().map(|m| m.servers).unwrap_or_default() {
+                    let id = KeyValue::new("mcp_harness.server.id", s.id);
+                    o.observe(s.queued as u64, &[id]);
+                }
+            })
+            .build();
+        let observe = snapshot;
+        meter
+            .u64_observable_gauge("mcp_harness.server.info")
+            .with_description("1 per server, with the era of its connection")
+            .with_callback(move |o| {
+                for s in observe().map(|m| m.servers).unwrap_or_default() {
+                    let attributes = [
+                        KeyValue::new("mcp_harness.server.id", s.id),
+                        KeyValue::new("mcp_harness.server.era", s.era.unwrap_or("none")),
+                    ];
+                    o.observe(1, &attributes);
                 }
             })
             .build();
