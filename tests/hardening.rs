@@ -88,6 +88,74 @@ async fn item_01_a_server_paging_huge_pages_forever_is_cut_off_and_memory_stays_
     h.shutdown().await;
 }
 
+// 1. Bounded lists: a list cut off at the page cap is served this once, and says it
+// is fresh for no one (a gateway's client would keep it for the pages' ttl). Before,
+// it carried the pages' freshness.
+#[tokio::test]
+async fn item_01_a_list_cut_off_at_the_page_cap_is_fresh_for_no_one() {
+    let args = [
+        "--extra-tools",
+        "60",
+        "--page-size",
+        "20",
+        "--page-ttls",
+        "600000",
+    ];
+    let mut cfg = config(vec![demo_server("paged", &args)]);
+    cfg.limits.max_list_pages = 1;
+    let h = start_ready(cfg).await;
+    let listing = h
+        .listing(&a(), mcp_harness::CallKind::Tool, None)
+        .await
+        .expect("listing");
+    assert!(listing.items.len() >= 20, "{}", listing.items.len());
+    assert_eq!(listing.fresh_for, Duration::ZERO);
+    h.shutdown().await;
+    // Whole, it is fresh for its pages' ttl.
+    let h = start_ready(config(vec![demo_server("paged", &args)])).await;
+    let listing = h
+        .listing(&a(), mcp_harness::CallKind::Tool, None)
+        .await
+        .expect("listing");
+    assert!(
+        listing.fresh_for > Duration::from_secs(60),
+        "{:?}",
+        listing.fresh_for
+    );
+    h.shutdown().await;
+}
+
+// A listing is public (anyone may be served it) only when nothing was left out for the
+// caller's grants: a server it may not use counts, as a tool does. Before, an agent
+// granted one of two public servers got a list said to be anyone's.
+#[tokio::test]
+async fn a_listing_without_a_server_the_caller_may_not_use_is_not_public() {
+    let public = ["--page-ttls", "600000"];
+    let mut cfg = config(vec![
+        demo_server("one", &public),
+        demo_server("two", &public),
+    ]);
+    cfg.permissions
+        .entry("x".into())
+        .or_default()
+        .insert("one".into(), vec!["*".into()]);
+    let h = start_ready(cfg).await;
+    let listing = |who: &'static str| {
+        let h = h.clone();
+        async move {
+            h.listing(&Caller::agent(who), mcp_harness::CallKind::Tool, None)
+                .await
+                .expect("listing")
+        }
+    };
+    let everything = listing("a").await;
+    assert!(everything.public, "every page public, nothing left out");
+    let only_one = listing("x").await;
+    assert!(!only_one.items.is_empty());
+    assert!(!only_one.public, "server two was left out for x");
+    h.shutdown().await;
+}
+
 // 1. Bounded lists: the item bound too.
 #[tokio::test]
 async fn item_01_a_list_past_max_list_items_ends_with_a_typed_error() {

@@ -45,8 +45,8 @@ pub struct Listing {
     /// The least freshness left of the pages it was built from (zero: fetched and not
     /// cacheable).
     pub fresh_for: Duration,
-    /// Every page it was built from was `public`, and no item was filtered out for the
-    /// caller: anyone may be served the same list.
+    /// Every page it was built from was `public`, and no item nor server was left out
+    /// for the caller's grants: anyone may be served the same list.
     pub public: bool,
 }
 
@@ -617,7 +617,13 @@ impl<'a> Walker<'a> {
             server: self.server.clone(),
             pages: self.pages,
             from_cache: self.from_cache,
-            fresh_for: self.fresh_for,
+            // A list not kept (cut off at the page cap, its pages of mixed scopes) is
+            // not fresh for anyone else either: a gateway's client would keep it.
+            fresh_for: if self.cacheable {
+                self.fresh_for
+            } else {
+                Duration::ZERO
+            },
             public: self.public,
             refresh_window: self.refresh_window,
         }
@@ -915,16 +921,23 @@ pub(crate) async fn list(
             tool: "*".into(),
         });
     }
-    let servers: Vec<ServerRef> = ctx
+    let tagged: Vec<ServerRef> = ctx
         .servers
         .all()
         .into_iter()
         .filter(|s| tag.is_none_or(|t| s.config().tags.iter().any(|x| x == t)))
+        .collect();
+    let offered = tagged.len();
+    let servers: Vec<ServerRef> = tagged
+        .into_iter()
         .filter(|s| ctx.allows_any(agent, s))
         .collect();
+    // A server left out for the caller's grants makes the list the caller's own, as an
+    // item left out does.
+    let whole = servers.len() == offered;
     let (lists, unreachable) = list_all(ctx, caller, kind, servers, None).await;
     let mut out = Vec::new();
-    let (mut fresh_for, mut public) = (Duration::MAX, true);
+    let (mut fresh_for, mut public) = (Duration::MAX, whole);
     for listed in lists {
         let items = ctx.catalog.items(kind, listed.server.id(), &listed.pages);
         let config = listed.server.config();
