@@ -363,6 +363,24 @@ impl<'a> Walker<'a> {
         }
     }
 
+    /// Waits for one of the server's places for walks that read beyond memory; a page
+    /// another walk cached meanwhile is that page instead (and the place is let go).
+    async fn take_walk_place(&mut self, cursor: Option<&str>) -> Option<(Arc<Value>, usize, bool)> {
+        self.fetching = self.server.fetching_walk().await;
+        let hit = self
+            .use_cache
+            .then(|| {
+                self.ctx
+                    .registry
+                    .cache
+                    .get(self.list(), cursor, self.auth_context)
+            })
+            .flatten()?;
+        self.fetching = None;
+        self.saw_cached(&hit);
+        Some((hit.value, hit.bytes, true))
+    }
+
     /// The page at `cursor`: from the cache when fresh, else fetched. `cursor_cached`
     /// says the cursor came from a cached page (a refusal then drops the list).
     async fn page(
@@ -390,6 +408,22 @@ impl<'a> Walker<'a> {
                 Joined::Lead(lead) => self.lead = Some(lead),
             }
         }
+        // Reading the shared layer builds a copy of the page too: it takes one of the
+        // server's places for walks, as a fetch does (many identities' walks of a large
+        // public list would each hold one, all at once).
+        let shared_here = self
+            .ctx
+            .registry
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.shares(self.server.id()));
+        if self.use_cache
+            && shared_here
+            && self.fetching.is_none()
+            && let Some(hit) = self.take_walk_place(cursor).await
+        {
+            return Ok(hit);
+        }
         if self.use_cache
             && let Some((key, hit)) = self.shared_get(cursor).await
         {
@@ -403,16 +437,10 @@ impl<'a> Walker<'a> {
             });
             return Ok((hit.value, hit.bytes, true));
         }
-        if self.fetching.is_none() {
-            self.fetching = self.server.fetching_walk().await;
-            // Another walk may have filled the cache while this one waited.
-            if self.use_cache
-                && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
-            {
-                self.fetching = None;
-                self.saw_cached(&hit);
-                return Ok((hit.value, hit.bytes, true));
-            }
+        if self.fetching.is_none()
+            && let Some(hit) = self.take_walk_place(cursor).await
+        {
+            return Ok(hit);
         }
         self.from_cache = false;
         // From here on the walk reads the server alone: a later page cached by another
