@@ -215,15 +215,16 @@ async fn route_bare<'a>(
         .filter(|(s, _)| ctx.allows(agent, s, name))
         .collect();
     if allowed.is_empty() {
-        // Offered only where the agent may not call it is as not offered: a refusal
-        // would tell the agent which of the tools it cannot see exist (a qualified
-        // name is refused whether or not its tool exists).
-        return Err(CallError::NoRoute {
-            tool: name.to_string(),
-            unreachable: unreachable
-                .into_iter()
-                .map(|(u, _)| u)
-                .collect::<Vec<Unreachable>>(),
+        return Err(if offering.is_empty() {
+            CallError::NoRoute {
+                tool: name.to_string(),
+                unreachable: unreachable
+                    .into_iter()
+                    .map(|(u, _)| u)
+                    .collect::<Vec<Unreachable>>(),
+            }
+        } else {
+            denied(agent, None, name)
         });
     }
     Ok(in_order(&granted, &allowed, name, guessed))
