@@ -1544,15 +1544,18 @@ impl SignIn {
         outcome: Result<T, AuthError>,
     ) -> Result<T, AuthError> {
         let who = identity.map(String::from);
-        // The person's or the authorization server's "no" on the way back from the
-        // authorization page (`access_denied`, `invalid_scope`): not a "not now"
-        // (`temporarily_unavailable`), nor a refusal at the token endpoint or of the
-        // registration (an expired code, a client forgotten), after which signing in
-        // again at once is what helps.
-        let refused = |e: &AuthError| {
-            e.step == AuthStep::Authorization
-                && matches!(e.failure, AuthFailure::Refused { .. })
-                && !e.transient()
+        // A "no" that the same sign-in would meet again (the person's `access_denied`,
+        // an `invalid_scope`, a registration or a grant the server will not make): not
+        // a "not now" (`temporarily_unavailable`), nor one after which signing in again
+        // at once is what helps (a code that expired while the person took their time,
+        // a registered client the server forgot, registered anew next time).
+        let refused = |e: &AuthError| match &e.failure {
+            AuthFailure::Refused { error, .. } => {
+                !e.transient()
+                    && error != "invalid_grant"
+                    && !(error == "invalid_client" && self.config.client_id.is_none())
+            }
+            _ => false,
         };
         match &outcome {
             Err(e) if refused(e) && step_up => {
@@ -3058,19 +3061,31 @@ mod tests {
                 .is_ok()
         );
         assert!(sign_in.sign_in_refused.lock().is_empty());
-        // A refusal at the token endpoint (an expired code, a client forgotten) is not
-        // the person's: the next sign-in is begun at once.
-        let at_token = || -> Result<(), AuthError> {
+        // A refusal after which signing in again helps (an expired code, a registered
+        // client the server forgot) is not held: the next sign-in is begun at once.
+        let at_token = |error: &str| -> Result<(), AuthError> {
             Err(sign_in.err(
                 AuthStep::Token,
                 AuthFailure::Refused {
-                    error: "invalid_client".into(),
+                    error: error.into(),
                     description: None,
                 },
             ))
         };
-        let _ = sign_in.note_sign_in(None, &challenge, false, Vec::new(), at_token());
-        assert!(sign_in.sign_in_refused.lock().is_empty());
+        for passing in ["invalid_client", "invalid_grant", "temporarily_unavailable"] {
+            let _ = sign_in.note_sign_in(None, &challenge, false, Vec::new(), at_token(passing));
+            assert!(sign_in.sign_in_refused.lock().is_empty(), "{passing}");
+        }
+        // One the same sign-in would meet again is, wherever it came.
+        let _ = sign_in.note_sign_in(
+            None,
+            &challenge,
+            false,
+            Vec::new(),
+            at_token("unauthorized_client"),
+        );
+        assert!(!sign_in.sign_in_refused.lock().is_empty());
+        sign_in.sign_in_refused.lock().clear();
         // A step-up that failed otherwise (a person who never came) puts back its
         // scopes too, and is no refusal.
         sign_in.step_up_denied.lock().clear();
