@@ -3987,8 +3987,8 @@ async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() 
 
 #[tokio::test]
 async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptions_are_capped() {
-    // A session quiet for a tenth of session_idle (a second) may make room.
-    let setup = Setup::new("session_idle = \"10s\"", &[("k1", &key("k1"))]);
+    // A session quiet for a tenth of session_idle (3 s) may make room.
+    let setup = Setup::new("session_idle = \"30s\"", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     // The same state twice (a client retry after a lost answer) is served twice.
     let round = start_confirm(&gw, "tok-a", "twice?").await;
@@ -4004,7 +4004,7 @@ async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptio
     for _ in 0..64 {
         sids.push(legacy_session(&gw).await);
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await; // quiet for a second (deliberate)
+    tokio::time::sleep(Duration::from_millis(3200)).await; // quiet for 3 s (deliberate)
     let newest = legacy_session(&gw).await;
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     let (gone, _, _) = legacy_post(&gw, Some(&sids[0]), ping.clone()).await;

@@ -2111,6 +2111,38 @@ mod tests {
         sessions.remove("b1");
         assert!(room_for_session(&mut sessions, &a, 4, 3, Duration::ZERO));
         assert!(!room_for_session(&mut sessions, &a, 4, 2, Duration::ZERO));
+
+        // At its own cap, a principal gives up its session quiet for long enough (no
+        // call, no stream, no request for `quiet_for`), never one seen since.
+        let d = agent("d");
+        let quiet = |ago: u64| Session {
+            principal: d.clone(),
+            client: LegacyClient {
+                version: "2025-06-18".into(),
+                capabilities: json!({}),
+            },
+            last_seen: Instant::now()
+                .checked_sub(Duration::from_secs(ago))
+                .unwrap_or_else(Instant::now),
+            pending: Pending::default(),
+            streams: Vec::new(),
+            calls: InFlight::default(),
+        };
+        let mut own: HashMap<String, Session> = [("d1", quiet(1)), ("d2", quiet(2))]
+            .into_iter()
+            .map(|(id, s)| (id.to_string(), s))
+            .collect();
+        let minute = Duration::from_secs(60);
+        assert!(
+            !room_for_session(&mut own, &d, 16, 2, minute),
+            "both seen within it"
+        );
+        own.insert("d3".into(), quiet(120));
+        assert!(room_for_session(&mut own, &d, 16, 3, minute));
+        assert!(
+            !own.contains_key("d3") && own.len() == 2,
+            "the quiet one went"
+        );
     }
 
     #[tokio::test]

@@ -132,10 +132,14 @@ pub async fn run(args: ApprovalsArgs) -> anyhow::Result<u8> {
                     // The gateway's review of the request as sent (its params above are
                     // cut for the listing, and would miscount what was cut).
                     if p["method"] == "sampling/createMessage" {
-                        let review: SamplingReview =
-                            serde_json::from_value(p["review"].clone()).unwrap_or_default();
-                        for shown in crate::elicit::sampling_shown(&review) {
-                            outln!("       {shown}");
+                        match serde_json::from_value::<SamplingReview>(p["review"].clone()) {
+                            Ok(review) => {
+                                for shown in crate::elicit::sampling_shown(&review) {
+                                    outln!("       {shown}");
+                                }
+                            }
+                            // A gateway of an earlier version sends none.
+                            Err(_) => outln!("       (no review of the request came with it)"),
                         }
                     }
                 }
