@@ -261,6 +261,7 @@ impl ClientSide for HarnessClient {
             agent_id: whose.agent,
             key: String::new(),
             call_id: whose.call,
+            call_deadline: whose.call_deadline,
             shared: whose.shared,
         };
         let ended = whose.ended;

@@ -103,6 +103,8 @@ impl Questions {
 /// A call on a server.
 struct CallOn {
     call: u64,
+    /// When the call ends at the latest (its deadline).
+    deadline: std::time::Instant,
     agent: Option<Arc<str>>,
     /// What it calls there (a tool's or prompt's name, a resource's URI): a question
     /// asked during it is refused once its grant is revoked.
@@ -123,6 +125,8 @@ pub(crate) struct Whose {
     pub(crate) agent: Option<String>,
     /// The call, if there is one only.
     pub(crate) call: Option<u64>,
+    /// When that call ends at the latest.
+    pub(crate) call_deadline: Option<std::time::Instant>,
     /// Whether it is no one agent's (calls of several, or a request of none).
     pub(crate) shared: bool,
     /// One token for each call (and for the requests of no call) on the server when
@@ -209,7 +213,7 @@ impl CallContext {
     pub(crate) fn on_server<'a>(
         &'a self,
         server: &'a str,
-        call: u64,
+        (call, deadline): (u64, std::time::Instant),
         agent: Option<Arc<str>>,
         item: &str,
         questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
@@ -217,6 +221,7 @@ impl CallContext {
     ) -> OnServer<'a> {
         let on_server = CallOn {
             call,
+            deadline,
             agent,
             item: item.into(),
             questions,
@@ -258,6 +263,7 @@ impl CallContext {
             return Whose {
                 agent: None,
                 call: None,
+                call_deadline: None,
                 shared: unowned,
                 ended: unowned_end.into_iter().collect(),
                 during_call: unowned,
@@ -287,6 +293,7 @@ impl CallContext {
             return Whose {
                 agent: None,
                 call: None,
+                call_deadline: None,
                 shared: true,
                 ended,
                 during_call: true,
@@ -302,13 +309,14 @@ impl CallContext {
         };
         // A guess, as stdio and legacy sessions name no call: the one call on the
         // server now.
-        let call = match calls.as_slice() {
-            [one] => Some(one.call),
-            _ => None,
+        let (call, call_deadline) = match calls.as_slice() {
+            [one] => (Some(one.call), Some(one.deadline)),
+            _ => (None, None),
         };
         Whose {
             agent,
             call,
+            call_deadline,
             shared,
             ended,
             during_call: !calls.is_empty(),

@@ -533,7 +533,7 @@ async fn attempt(
     let note = || {
         ctx.on_server(
             server.id(),
-            call_id,
+            (call_id, deadline.at),
             request.caller.agent_id.clone(),
             candidate.item,
             request.delegated.as_ref().and_then(|d| d.questions.clone()),
@@ -731,6 +731,7 @@ impl Round<'_> {
                 id,
                 input.input_requests,
                 (limit, deadline, record.call_id(), record.traced),
+                self.deadline.at,
             );
             // And while they are: a grant revoked while a person decides (minutes,
             // perhaps) withdraws the questions, and no model is paid for after.

@@ -148,6 +148,7 @@ pub(crate) async fn gather(
     server: &str,
     requests: BTreeMap<String, InputRequest>,
     (limit, deadline, call_id, traced): (Duration, Option<Duration>, u64, bool),
+    call_deadline: std::time::Instant,
 ) -> Result<Map<String, Value>, CallError> {
     let mut pending = Vec::with_capacity(requests.len());
     for (key, request) in requests {
@@ -158,6 +159,7 @@ pub(crate) async fn gather(
             agent_id: caller.agent_id.as_deref().map(String::from),
             key,
             call_id: Some(call_id),
+            call_deadline: Some(call_deadline),
             shared: false,
         };
         pending.push(context);

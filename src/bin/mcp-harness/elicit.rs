@@ -699,6 +699,7 @@ mod tests {
             params: json!({"mode": "url", "message": "sign in", "url": "https://a.example/x", "elicitationId": "e"}),
             agent_id: None,
             call_id: None,
+            call_deadline: None,
             shared: false,
             key: key.into(),
         };
@@ -718,6 +719,7 @@ mod tests {
             params: json!({"message": "?", "requestedSchema": schema}),
             agent_id: None,
             call_id: None,
+            call_deadline: None,
             shared: false,
             key: "k".into(),
         }

@@ -192,6 +192,7 @@ mod tests {
             agent_id: Some(agent.into()),
             key: "k".into(),
             call_id: Some(1),
+            call_deadline: None,
             shared: false,
         }
     }

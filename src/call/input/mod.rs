@@ -54,6 +54,9 @@ pub struct InputRequestContext {
     /// The harness's id of the call it came in (for a legacy server's request, the one
     /// call on that server when it came, if there was one only).
     pub call_id: Option<u64>,
+    /// When that call ends at the latest (its deadline): what it spends (its sampling
+    /// budget) is kept until then.
+    pub call_deadline: Option<std::time::Instant>,
     /// A legacy server's request that came while calls of several agents were on it, or
     /// during a request of no call (an embedder's own `HarnessHandle::request`): no one
     /// agent's settings apply (sampling is refused, roots are `"*"`'s).

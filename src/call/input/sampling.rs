@@ -189,6 +189,9 @@ struct Budget {
     /// Which entry this is: a reservation settles only with the entry it was taken
     /// from, not with one begun anew after it was forgotten.
     id: u64,
+    /// A call's budget is kept until its call's deadline: let go while the call runs,
+    /// the call would start afresh and could spend its budget again.
+    keep_until: Option<Instant>,
 }
 
 /// Ids of [`Budget`] entries.
@@ -468,6 +471,16 @@ impl Sampler {
         Ok(ids)
     }
 
+    /// Keeps the call budget `key` at least until `until` (its call's deadline).
+    fn keep_for_call(&self, key: &str, until: Instant) {
+        if !key.starts_with("call:") {
+            return;
+        }
+        if let Some(b) = self.spent.lock().get_mut(key) {
+            b.keep_until = Some(b.keep_until.map_or(until, |t| t.max(until)));
+        }
+    }
+
     /// Reserves `asked` tokens of the budget `key`, or says why not; the id of the
     /// budget it was taken from.
     fn reserve(&self, key: &str, asked: u64) -> Result<u64, Denial> {
@@ -481,8 +494,10 @@ impl Sampler {
             // if that is not enough, the least recently used go too, down to half, so
             // that the next clean-up is as far away (never a scan on every request).
             // A budget with tokens still reserved is kept: they settle with it.
-            spent
-                .retain(|_, b| b.open > 0 || now.duration_since(b.used) < Duration::from_secs(600));
+            let running = |b: &Budget| b.keep_until.is_some_and(|t| t > now);
+            spent.retain(|_, b| {
+                b.open > 0 || running(b) || now.duration_since(b.used) < Duration::from_secs(600)
+            });
             if spent.len() > MAX_BUDGETS / 2 {
                 let mut last_used: Vec<Instant> = spent.values().map(|b| b.used).collect();
                 let cut = spent.len() - MAX_BUDGETS / 2;
@@ -494,6 +509,7 @@ impl Sampler {
                 spent.retain(|k, b| {
                     k == key
                         || b.open > 0
+                        || running(b)
                         || b.used >= oldest_kept
                         || ((k.starts_with("minute") || k.starts_with("server:"))
                             && now.duration_since(b.start) < LEGACY_WINDOW)
@@ -506,6 +522,7 @@ impl Sampler {
             used: now,
             open: 0,
             id: BUDGET_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            keep_until: None,
         });
         if windowed && now.duration_since(entry.start) >= LEGACY_WINDOW {
             // A new window: what is still reserved draws on it, else a server could
@@ -594,6 +611,9 @@ impl Sampler {
         let asked = max_tokens.saturating_add(prompt);
         let keys = self.budgets_of(&request);
         let ids = self.reserve_all(&keys, asked).map_err(InputError::Denied)?;
+        if let Some(until) = request.call_deadline {
+            self.keep_for_call(&Self::budget_key(&request), until);
+        }
         // A person is asked last: a request the checks above refuse waits for nobody.
         // What they do not approve is given back to the budget, also when nobody answers
         // in time or the request is withdrawn (this future is then dropped).
@@ -1179,6 +1199,8 @@ mod tests {
         let agents = approving("a");
         let person = Arc::new(Declining(Default::default()));
         let handler = SamplingHandler::new(config, agents, Some(person.clone())).expect("handler");
+        // The call's deadline: its budget is kept until then.
+        let ends = Instant::now() + Duration::from_secs(3600);
         let request = |params: Value| InputRequestContext {
             server: "s".into(),
             method: "sampling/createMessage".into(),
@@ -1186,6 +1208,7 @@ mod tests {
             agent_id: Some("a".into()),
             key: "k".into(),
             call_id: Some(7),
+            call_deadline: Some(ends),
             shared: false,
         };
         let asked = || person.0.load(std::sync::atomic::Ordering::SeqCst);
@@ -1222,6 +1245,16 @@ mod tests {
         assert_eq!(
             handler.0.spent.lock().get("call:7").map(|e| e.spent),
             Some(0)
+        );
+        assert_eq!(
+            handler
+                .0
+                .spent
+                .lock()
+                .get("call:7")
+                .and_then(|e| e.keep_until),
+            Some(ends),
+            "kept until its call's deadline"
         );
         let minute = handler
             .0
@@ -1407,8 +1440,13 @@ mod tests {
         sampler
             .reserve("minute:s", 50)
             .expect("the server's minute");
+        // A call still running (its deadline ahead), whose last sampling settled long
+        // before the cut.
+        let running = sampler.reserve("call:running", 30).expect("reserved");
+        sampler.settle("call:running", running, 30, 30);
+        sampler.keep_for_call("call:running", Instant::now() + Duration::from_secs(3600));
         // Calls that were served: nothing of theirs is still reserved.
-        for id in 1..MAX_BUDGETS - 1 {
+        for id in 1..MAX_BUDGETS - 2 {
             let key = format!("call:{id}");
             let budget = sampler.reserve(&key, 1).expect("within budget");
             sampler.settle(&key, budget, 1, 1);
@@ -1422,7 +1460,7 @@ mod tests {
             "{refused:?}"
         );
         let spent = sampler.spent.lock();
-        assert!(spent.len() <= MAX_BUDGETS / 2 + 2, "{}", spent.len());
+        assert!(spent.len() <= MAX_BUDGETS / 2 + 3, "{}", spent.len());
         assert!(spent.contains_key("call:0"), "the budget asked of is kept");
         assert_eq!(
             spent.get("minute:s").map(|e| e.spent),
@@ -1430,8 +1468,13 @@ mod tests {
             "a server's open window is kept"
         );
         assert!(!spent.contains_key("call:1"), "the least recently used go");
+        assert_eq!(
+            spent.get("call:running").map(|e| e.spent),
+            Some(30),
+            "a running call keeps what it spent"
+        );
 
-        let newest = format!("call:{}", MAX_BUDGETS - 2);
+        let newest = format!("call:{}", MAX_BUDGETS - 3);
         assert_eq!(
             spent.get(&newest).map(|e| e.spent),
             Some(1),
@@ -1461,6 +1504,7 @@ mod tests {
             agent_id: None,
             key: String::new(),
             call_id: None,
+            call_deadline: None,
             shared: false,
         };
         let plan = json!({"model": "m1", "maxTokens": 40, "reservedTokens": 90});
@@ -1494,6 +1538,7 @@ mod tests {
             agent_id: agent.map(String::from),
             key: String::new(),
             call_id: Some(call),
+            call_deadline: None,
             shared: false,
         };
         let reserve = |call, server, agent| {
