@@ -498,7 +498,14 @@ impl Sampler {
             spent.retain(|_, b| {
                 b.open > 0 || running(b) || now.duration_since(b.used) < Duration::from_secs(600)
             });
-            if spent.len() > MAX_BUDGETS / 2 {
+            // Running calls' budgets are kept by the first cut; if too many run for
+            // it to bring the map under three quarters, a second cut takes them too,
+            // least recently used first (a deadline may be hours away): the map stays
+            // bounded, and the next clean-up a quarter of it away.
+            for (keep_running, above) in [(true, MAX_BUDGETS / 2), (false, MAX_BUDGETS * 3 / 4)] {
+                if spent.len() <= above {
+                    break;
+                }
                 let mut last_used: Vec<Instant> = spent.values().map(|b| b.used).collect();
                 let cut = spent.len() - MAX_BUDGETS / 2;
                 let (_, oldest_kept, _) = last_used.select_nth_unstable(cut);
@@ -509,7 +516,7 @@ impl Sampler {
                 spent.retain(|k, b| {
                     k == key
                         || b.open > 0
-                        || running(b)
+                        || (keep_running && running(b))
                         || b.used >= oldest_kept
                         || ((k.starts_with("minute") || k.starts_with("server:"))
                             && now.duration_since(b.start) < LEGACY_WINDOW)
@@ -1428,6 +1435,26 @@ mod tests {
         .validate()
         .expect_err("zero");
         assert_eq!(e.field, "image_tokens", "{e}");
+    }
+
+    // Running calls' budgets are kept when the map is cut, but not past a bound: with
+    // every budget a running call's (deadlines hours away), the map is cut all the
+    // same, and the next clean-up is a quarter of it away.
+    #[test]
+    fn a_map_of_running_calls_budgets_stays_bounded() {
+        let config = local("m", 10, 100, BTreeMap::new());
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let sampler = &handler.0;
+        let later = Instant::now() + Duration::from_secs(3600);
+        for id in 0..MAX_BUDGETS {
+            let key = format!("call:{id}");
+            let budget = sampler.reserve(&key, 1).expect("within budget");
+            sampler.settle(&key, budget, 1, 1);
+            sampler.keep_for_call(&key, later);
+        }
+        sampler.reserve("call:next", 1).expect("within budget");
+        let kept = sampler.spent.lock().len();
+        assert!(kept <= MAX_BUDGETS / 2 + 1, "{kept}");
     }
 
     #[test]
