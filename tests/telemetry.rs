@@ -1044,6 +1044,7 @@ async fn the_telemetry_table_alone_exports_spans_and_metrics_by_the_conventions(
         "mcp_harness.cache.hits",
         "mcp_harness.audit.backlog",
         "mcp_harness.audit.unwritten",
+        "mcp_harness.input_rounds",
         "mcp_harness.calls.in_flight",
         "mcp_harness.server.queued",
         "mcp_harness.server.info",

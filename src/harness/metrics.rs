@@ -368,16 +368,6 @@ impl HarnessHandle {
             })
             .build();
         let observe = snapshot.clone();
-        meter
-            .u64_observable_counter("mcp_harness.input_rounds")
-            .with_description("input_required rounds driven")
-            .with_callback(move |o| {
-                if let Some(m) = observe() {
-                    o.observe(m.input_rounds, &[]);
-                }
-            })
-            .build();
-        let observe = snapshot.clone();
         let restarts = Monotonic::default();
         meter
             .u64_observable_counter("mcp_harness.server.restarts")
@@ -432,38 +422,56 @@ impl HarnessHandle {
                 })
                 .build();
         }
-        let observe = snapshot.clone();
-        meter
-            .u64_observable_gauge("mcp_harness.audit.backlog")
-            .with_description("Audit records accepted and not yet written")
-            .with_callback(move |o| {
-                if let Some(m) = observe() {
-                    o.observe(m.audit.backlog as u64, &[]);
-                }
-            })
-            .build();
-        // As `/metrics` serves them: a deployment that exports only over OTLP alerts
-        // on lost audit records and on requests piling up too.
-        let observe = snapshot.clone();
-        meter
-            .u64_observable_counter("mcp_harness.audit.unwritten")
-            .with_description("Audit records that could not be kept")
-            .with_callback(move |o| {
-                if let Some(m) = observe() {
-                    o.observe(m.audit.unwritten, &[]);
-                }
-            })
-            .build();
-        let observe = snapshot.clone();
-        meter
-            .u64_observable_gauge("mcp_harness.calls.in_flight")
-            .with_description("Calls in flight")
-            .with_callback(move |o| {
-                if let Some(m) = observe() {
-                    o.observe(m.in_flight as u64, &[]);
-                }
-            })
-            .build();
+        // One value each, of no attributes: counters, then gauges. Each `/metrics`
+        // family is here too: a deployment that exports only over OTLP alerts on lost
+        // audit records and on requests piling up as well.
+        type Read = fn(&Metrics) -> u64;
+        let counters: [(&'static str, &'static str, Read); 2] = [
+            (
+                "mcp_harness.input_rounds",
+                "input_required rounds driven",
+                |m| m.input_rounds,
+            ),
+            (
+                "mcp_harness.audit.unwritten",
+                "Audit records that could not be kept",
+                |m| m.audit.unwritten,
+            ),
+        ];
+        for (name, description, read) in counters {
+            let observe = snapshot.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    if let Some(m) = observe() {
+                        o.observe(read(&m), &[]);
+                    }
+                })
+                .build();
+        }
+        let gauges: [(&'static str, &'static str, Read); 2] = [
+            (
+                "mcp_harness.audit.backlog",
+                "Audit records accepted and not yet written",
+                |m| m.audit.backlog as u64,
+            ),
+            ("mcp_harness.calls.in_flight", "Calls in flight", |m| {
+                m.in_flight as u64
+            }),
+        ];
+        for (name, description, read) in gauges {
+            let observe = snapshot.clone();
+            meter
+                .u64_observable_gauge(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    if let Some(m) = observe() {
+                        o.observe(read(&m), &[]);
+                    }
+                })
+                .build();
+        }
         let observe = snapshot.clone();
         meter
             .u64_observable_gauge("mcp_harness.server.queued")
