@@ -53,8 +53,8 @@ pub mod util;
 
 pub use call::input::{ApprovalQueue, FixedAnswers, InputHandler, InputRequestContext};
 pub use call::{
-    Answer, CallError, CallKind, Caller, CancelToken, Delegation, ServerQuestion, ToolInfo,
-    ToolMatch,
+    Answer, CallError, CallKind, Caller, CancelToken, Delegation, ListKind, ServerQuestion,
+    ToolInfo, ToolMatch,
 };
 pub use config::{ConfigError, HarnessConfig};
 pub use harness::{

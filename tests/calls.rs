@@ -10,7 +10,7 @@ use mcp_harness::audit::{AuditConfig, Redaction};
 use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::{
     ApprovalQueue, CallError, CallKind, Caller, FixedAnswers, Harness, HarnessConfig,
-    HarnessHandle, RestartConfig, ServerConfig, ServerError, ServerState,
+    HarnessHandle, ListKind, RestartConfig, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -1208,6 +1208,60 @@ async fn an_unlisted_resource_is_asked_of_each_server_but_not_while_one_is_unlis
     assert!(eventually(Duration::from_secs(30), ready).await);
     let r = h.read_resource(&a, "demo://echo/hi").await.expect("served");
     assert_eq!(r["contents"][0]["text"], "hi");
+    h.shutdown().await;
+}
+
+// Resource templates are listed (by their own uriTemplate) to those who may read
+// anything of their server, and a URI no list names is read from the servers whose
+// templates make it, alone: before, it was asked of every server with resources in
+// turn, the first in rank seeing a URI (a secret in it, maybe) that was never its.
+// A URI no template makes is still asked of each in turn.
+#[tokio::test]
+async fn a_uri_a_template_makes_is_read_only_where_the_template_is() {
+    let record = temp_file("templates-first");
+    let mut first = demo("first", &["--record", &record.to_string_lossy()]);
+    first.priority = 10;
+    let second = demo("second", &["--resource-template"]);
+    let third = demo("third", &["--no-templates-method"]);
+    let mut cfg = config(vec![first, second, third], &["a"]);
+    cfg.permissions
+        .entry("some".into())
+        .or_default()
+        .insert("second".into(), vec!["demo://readme".into()]);
+    let h = harness(cfg).await;
+    let a = Caller::agent("a");
+    let templates = h.list_resource_templates(&a).await.expect("templates");
+    let listed: Vec<(&str, &str)> = templates.iter().map(|t| (&*t.server, &*t.name)).collect();
+    assert_eq!(listed, [("second", "demo://echo/{text}")]);
+    assert_eq!(templates[0].definition["name"], "echo");
+    // A server without the method has no templates; it is not one that failed.
+    let listing = h
+        .listing(&a, ListKind::ResourceTemplates, None)
+        .await
+        .expect("listing");
+    assert!(listing.unreachable.is_empty(), "{:?}", listing.unreachable);
+    let reads = || tool_calls(&record, "resources/read");
+    let r = h
+        .read_resource(&a, "demo://echo/hello")
+        .await
+        .expect("read where the template is");
+    assert_eq!(r["contents"][0]["text"], "hello");
+    assert_eq!(reads(), 0, "the first server never saw the URI");
+    let e = h.read_resource(&a, "demo://nowhere/x").await;
+    assert!(e.is_err(), "no server has it: {e:?}");
+    assert_eq!(reads(), 1, "a URI no template makes is asked of each");
+    // Listed resources are the caller's; templates only with the whole server.
+    let resources = h.list_resources(&a).await.expect("resources");
+    assert!(resources.iter().any(|r| &*r.name == "demo://readme"));
+    let some = Caller::agent("some");
+    assert!(
+        h.list_resource_templates(&some)
+            .await
+            .expect("none")
+            .is_empty()
+    );
+    let resources = h.list_resources(&some).await.expect("resources");
+    assert_eq!(resources.len(), 1, "{resources:?}");
     h.shutdown().await;
 }
 

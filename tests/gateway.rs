@@ -3985,6 +3985,44 @@ async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() 
     gw.stop().await;
 }
 
+// The servers' resource templates are served (each by its own uriTemplate, with
+// hints) to a principal that may read anything of the server, and a URI one makes is
+// read through; a server that has no templates lists none.
+#[tokio::test]
+async fn resource_templates_are_served_and_read_through() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config)
+        .expect("config")
+        .replacen(
+            &format!("\"alpha{}\"]", setup.tag),
+            &format!("\"alpha{}\", \"--resource-template\"]", setup.tag),
+            1,
+        );
+    std::fs::write(&setup.config, text).expect("config");
+    let gw = setup.start().await;
+    let (status, list) = gw
+        .modern("tok-a", "resources/templates/list", json!({}))
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let templates = list["result"]["resourceTemplates"]
+        .as_array()
+        .expect("templates");
+    let uris: Vec<&Value> = templates.iter().map(|t| &t["uriTemplate"]).collect();
+    assert_eq!(uris, [&json!("demo://echo/{text}")], "{list}");
+    assert_eq!(templates[0]["name"], "echo", "as the server lists it");
+    assert!(list["result"]["ttlMs"].is_u64(), "{list}");
+    let (_, read) = gw
+        .modern("tok-a", "resources/read", json!({"uri": "demo://echo/hi"}))
+        .await;
+    assert_eq!(read["result"]["contents"][0]["text"], "hi", "{read}");
+    // b may use only alpha's echo: no template.
+    let (_, none) = gw
+        .modern("tok-b", "resources/templates/list", json!({}))
+        .await;
+    assert_eq!(none["result"]["resourceTemplates"], json!([]), "{none}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_round_may_be_sent_again_by_its_principal_and_sessions_and_subscriptions_are_capped() {
     // A session quiet for a tenth of session_idle (3 s) may make room.

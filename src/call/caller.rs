@@ -52,21 +52,12 @@ impl CallKind {
         }
     }
 
-    /// The list method that says who offers what.
-    pub fn list_method(self) -> &'static str {
+    /// The list that says who offers what.
+    pub fn list(self) -> ListKind {
         match self {
-            CallKind::Tool => "tools/list",
-            CallKind::Prompt => "prompts/list",
-            CallKind::Resource => "resources/list",
-        }
-    }
-
-    /// The array in that list's result.
-    pub fn list_key(self) -> &'static str {
-        match self {
-            CallKind::Tool => "tools",
-            CallKind::Prompt => "prompts",
-            CallKind::Resource => "resources",
+            CallKind::Tool => ListKind::Tools,
+            CallKind::Prompt => ListKind::Prompts,
+            CallKind::Resource => ListKind::Resources,
         }
     }
 
@@ -103,5 +94,56 @@ impl CallKind {
     /// Writes `item` (a tool or prompt name, or a uri) into a call's `params`.
     pub(crate) fn set_item(self, params: &mut Map<String, Value>, item: &str) {
         params.insert(self.item_key().into(), json!(item));
+    }
+}
+
+/// A list the servers keep of what they offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListKind {
+    /// `tools/list`.
+    Tools,
+    /// `prompts/list`.
+    Prompts,
+    /// `resources/list`.
+    Resources,
+    /// `resources/templates/list`: RFC 6570 templates of the URIs a server reads
+    /// without listing each one (`file:///{path}`).
+    ResourceTemplates,
+}
+
+impl ListKind {
+    /// The list's method.
+    pub fn method(self) -> &'static str {
+        match self {
+            ListKind::Tools => "tools/list",
+            ListKind::Prompts => "prompts/list",
+            ListKind::Resources => "resources/list",
+            ListKind::ResourceTemplates => "resources/templates/list",
+        }
+    }
+
+    /// The array in its result.
+    pub fn key(self) -> &'static str {
+        match self {
+            ListKind::Tools => "tools",
+            ListKind::Prompts => "prompts",
+            ListKind::Resources => "resources",
+            ListKind::ResourceTemplates => "resourceTemplates",
+        }
+    }
+
+    /// The field that names an item.
+    pub fn item_key(self) -> &'static str {
+        match self {
+            ListKind::Tools | ListKind::Prompts => "name",
+            ListKind::Resources => "uri",
+            ListKind::ResourceTemplates => "uriTemplate",
+        }
+    }
+}
+
+impl From<CallKind> for ListKind {
+    fn from(kind: CallKind) -> ListKind {
+        kind.list()
     }
 }

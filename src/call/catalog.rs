@@ -5,30 +5,30 @@ use std::sync::{Arc, Weak};
 
 use serde_json::Value;
 
-use super::caller::CallKind;
+use super::caller::ListKind;
 use crate::registry::names::qualify;
 
 /// The items of a list's pages.
-pub(crate) fn items(kind: CallKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
+pub(crate) fn items(kind: ListKind, pages: &[Arc<Value>]) -> impl Iterator<Item = &Value> {
     pages.iter().flat_map(move |p| {
-        p.get(kind.list_key())
+        p.get(kind.key())
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
     })
 }
 
-pub(crate) fn item_name(kind: CallKind, item: &Value) -> Option<&str> {
+pub(crate) fn item_name(kind: ListKind, item: &Value) -> Option<&str> {
     item.get(kind.item_key()).and_then(Value::as_str)
 }
 
-/// One tool (or prompt, or resource) as a caller sees it. Shared, not copied: a
+/// One tool (or prompt, resource or resource template) as a caller sees it. Shared, not copied: a
 /// listing from the cache hands out the same definitions every time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolInfo {
     /// `server__name`: unique across servers.
     pub qualified: Arc<str>,
-    /// The name on its server (the uri for resources).
+    /// The name on its server (the uri for resources, the uri template for templates).
     pub name: Arc<str>,
     /// Server id.
     pub server: Arc<str>,
@@ -46,7 +46,7 @@ pub struct ToolInfo {
 /// here follows the cache's budget instead of keeping evicted lists alive.
 #[derive(Default)]
 pub(crate) struct Catalog {
-    lists: parking_lot::Mutex<std::collections::HashMap<(String, CallKind), Vec<Built>>>,
+    lists: parking_lot::Mutex<std::collections::HashMap<(String, ListKind), Vec<Built>>>,
 }
 
 /// One list's items, and the pages they were built from. Weak: they do not keep a
@@ -79,7 +79,7 @@ const CATALOG_VARIANTS: usize = 4;
 impl Catalog {
     /// The items of server `id`'s list `pages`, from the memo when those pages are the
     /// ones built last.
-    pub(crate) fn items(&self, kind: CallKind, id: &str, pages: &[Arc<Value>]) -> Arc<[ToolInfo]> {
+    pub(crate) fn items(&self, kind: ListKind, id: &str, pages: &[Arc<Value>]) -> Arc<[ToolInfo]> {
         let key = (id.to_string(), kind);
         if let Some(built) = self
             .lists
@@ -166,7 +166,7 @@ mod tests {
             ]})),
             Arc::new(serde_json::json!({"tools": [{"name": "a", "description": "second"}]})),
         ];
-        let items = catalog.items(CallKind::Tool, "s", &pages);
+        let items = catalog.items(ListKind::Tools, "s", &pages);
         let names: Vec<&str> = items.iter().map(|t| &*t.qualified).collect();
         assert_eq!(names, ["s__a", "s__b"]);
         assert_eq!(items[0].definition["description"], "first");
@@ -177,15 +177,15 @@ mod tests {
     fn a_list_the_cache_let_go_is_not_kept_alive_here() {
         let catalog = Catalog::default();
         let pages = vec![page(&["a", "b"])];
-        let first = catalog.items(CallKind::Tool, "s", &pages);
+        let first = catalog.items(ListKind::Tools, "s", &pages);
         assert_eq!(first.len(), 2);
-        let again = catalog.items(CallKind::Tool, "s", &pages);
+        let again = catalog.items(ListKind::Tools, "s", &pages);
         assert!(Arc::ptr_eq(&first, &again), "the same pages: built once");
         let weak = Arc::downgrade(&pages[0]);
         drop(pages);
         assert_eq!(weak.strong_count(), 0, "the catalog does not hold the page");
         let other = vec![page(&["c"])];
-        catalog.items(CallKind::Tool, "t", &other);
+        catalog.items(ListKind::Tools, "t", &other);
         assert_eq!(
             kept(&catalog),
             1,
@@ -193,7 +193,7 @@ mod tests {
         );
         // A page made in its place is built anew, never taken for the old one.
         let fresh = vec![page(&["x"])];
-        let built = catalog.items(CallKind::Tool, "s", &fresh);
+        let built = catalog.items(ListKind::Tools, "s", &fresh);
         assert_eq!(&*built[0].name, "x");
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::caller::{CallKind, Caller};
+use super::caller::{Caller, ListKind};
 use super::catalog::ToolInfo;
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
@@ -50,8 +50,8 @@ pub struct Listing {
     pub public: bool,
 }
 
-fn page_items(kind: CallKind, page: &Value) -> usize {
-    page.get(kind.list_key())
+fn page_items(kind: ListKind, page: &Value) -> usize {
+    page.get(kind.key())
         .and_then(Value::as_array)
         .map_or(0, Vec::len)
 }
@@ -89,7 +89,7 @@ type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;
 pub(crate) async fn list_server(
     ctx: &Arc<CallContext>,
     server: &ServerRef,
-    kind: CallKind,
+    kind: ListKind,
     auth_context: Option<&str>,
     timeout: Duration,
 ) -> Result<Listed, CallError> {
@@ -124,7 +124,7 @@ pub(crate) async fn list_server(
                 // (and is read again past the caches, which then get the new pages).
                 let everywhere = matches!(&e, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams);
                 ctx.registry_ref
-                    .invalidate_list(server.id(), kind.list_method(), everywhere)
+                    .invalidate_list(server.id(), kind.method(), everywhere)
                     .await;
                 use_cache = false;
                 carried = lead;
@@ -148,7 +148,7 @@ pub(crate) async fn list_server(
 fn refresh_if_due(
     ctx: &Arc<CallContext>,
     listed: &Listed,
-    kind: CallKind,
+    kind: ListKind,
     auth_context: Option<&str>,
 ) {
     if !listed.from_cache
@@ -166,7 +166,7 @@ fn refresh_if_due(
             .map(|s| s.to_string())
             .unwrap_or_default()
     };
-    let key = format!("{}\n{}\n{scope}", listed.server.id(), kind.list_method());
+    let key = format!("{}\n{}\n{scope}", listed.server.id(), kind.method());
     let Some(guard) = Refreshing::begin(ctx, key) else {
         return; // already under way
     };
@@ -184,7 +184,7 @@ fn refresh_if_due(
                 server.id(),
                 server.fingerprint(),
                 ctx.inputs.snapshot().client_tag(),
-                kind.list_method()
+                kind.method()
             );
             (what, listed.refresh_window)
         });
@@ -198,7 +198,7 @@ fn refresh_if_due(
             tokio::time::sleep(hold).await;
             return;
         }
-        tracing::debug!(server = %server.id(), method = kind.list_method(), "refreshing a list ahead of its expiry");
+        tracing::debug!(server = %server.id(), method = kind.method(), "refreshing a list ahead of its expiry");
         // Bounded as a call is: a server paging for ever does not hold the mark.
         let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false);
         match within_call_timeout(&ctx, walked).await {
@@ -239,7 +239,7 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     let Some(server) = ctx.servers.get(server) else {
         return;
     };
-    if !offers(&server, CallKind::Tool) {
+    if !offers(&server, ListKind::Tools) {
         return;
     }
     let key = format!("changed\n{}", server.id());
@@ -256,7 +256,7 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     };
     let timeout = server.config().timeout;
     loop {
-        let walked = walk(ctx, &server, CallKind::Tool, None, timeout, false);
+        let walked = walk(ctx, &server, ListKind::Tools, None, timeout, false);
         match within_call_timeout(ctx, walked).await {
             Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
@@ -290,7 +290,7 @@ async fn within_call_timeout<T>(ctx: &CallContext, walk: impl Future<Output = T>
 struct Walker<'a> {
     ctx: &'a CallContext,
     server: &'a ServerRef,
-    kind: CallKind,
+    kind: ListKind,
     auth_context: Option<&'a str>,
     timeout: Duration,
     use_cache: bool,
@@ -359,7 +359,7 @@ impl<'a> Walker<'a> {
             server: self.server.id(),
             fingerprint: self.server.fingerprint(),
             client: self.handlers.client_tag(),
-            method: self.kind.list_method(),
+            method: self.kind.method(),
         }
     }
 
@@ -399,7 +399,7 @@ impl<'a> Walker<'a> {
             let flight = ListFlight {
                 server: Arc::as_ptr(&self.server.0) as usize,
                 epoch: self.epoch,
-                method: self.kind.list_method(),
+                method: self.kind.method(),
                 client: self.handlers.client_tag().to_string(),
                 auth: self.auth_context.map(String::from),
             };
@@ -459,7 +459,7 @@ impl<'a> Walker<'a> {
         let sent = self
             .server
             .request(
-                self.kind.list_method(),
+                self.kind.method(),
                 params.as_ref(),
                 Some(self.timeout),
                 Some(self.handlers.capabilities()),
@@ -471,6 +471,18 @@ impl<'a> Walker<'a> {
             Err(e @ ServerError::Rpc { .. }) if cursor_cached && rejects_cursor(&e) => {
                 return Err(Walk::RejectedCursor(e));
             }
+            Err(ServerError::Rpc { error, .. })
+                if self.kind == ListKind::ResourceTemplates
+                    && cursor.is_none()
+                    && error.kind() == RpcErrorKind::MethodNotFound =>
+            {
+                // Resources and no templates (servers of SDKs without the method): an
+                // empty list, asked again next time (nothing says for how long).
+                self.saw(Duration::ZERO, CacheScope::Public);
+                self.cacheable = false;
+                let page = json!({ ListKind::ResourceTemplates.key(): [] });
+                return Ok((Arc::new(page), 0, false));
+            }
             Err(e) => return Err(Walk::Failed(e.into())),
         };
         // Only prompts/get, resources/read and tools/call may ask for input: a list
@@ -480,15 +492,15 @@ impl<'a> Walker<'a> {
             Ok(ResultType::InputRequired) => {
                 return Err(self.protocol(ProtocolError::InvalidResult(format!(
                     "{} answered input_required, which only calls may",
-                    self.kind.list_method()
+                    self.kind.method()
                 ))));
             }
             Err(e) => return Err(self.protocol(e)),
         }
-        if let Some(why) = malformed_page(self.kind.list_key(), &page) {
+        if let Some(why) = malformed_page(self.kind.key(), &page) {
             return Err(self.protocol(ProtocolError::InvalidResult(format!(
                 "{} {why}",
-                self.kind.list_method()
+                self.kind.method()
             ))));
         }
         let received_unix_ms = crate::registry::cache::now_ms();
@@ -504,7 +516,7 @@ impl<'a> Walker<'a> {
                 c.era() == crate::transport::Era::Legacy
                     || c.profile()
                         .capabilities()
-                        .get(self.kind.list_key())
+                        .get(self.kind.key())
                         .and_then(|k| k.get("listChanged"))
                         == Some(&Value::Bool(true))
             })
@@ -552,7 +564,7 @@ impl<'a> Walker<'a> {
             server: self.server.id().into(),
             fingerprint: self.server.fingerprint().into(),
             client: self.handlers.client_tag().into(),
-            method: self.kind.list_method().into(),
+            method: self.kind.method().into(),
             param: cursor.map(String::from),
             scope: "public".into(),
         };
@@ -627,7 +639,7 @@ impl<'a> Walker<'a> {
                 self.ctx.registry_ref.put(self.fetched, self.epoch);
             }
         }
-        if (!self.from_cache || self.from_shared) && self.kind == CallKind::Tool {
+        if (!self.from_cache || self.from_shared) && self.kind == ListKind::Tools {
             let scope = self
                 .pages
                 .first()
@@ -663,7 +675,7 @@ impl<'a> Walker<'a> {
 async fn walk(
     ctx: &Arc<CallContext>,
     server: &ServerRef,
-    kind: CallKind,
+    kind: ListKind,
     auth_context: Option<&str>,
     timeout: Duration,
     use_cache: bool,
@@ -751,24 +763,24 @@ fn rejects_cursor(error: &ServerError) -> bool {
 
 /// Whether a server is worth listing for `kind`: routable, and (once connected) says it
 /// has such items.
-pub(crate) fn offers(server: &ServerRef, kind: CallKind) -> bool {
+pub(crate) fn offers(server: &ServerRef, kind: ListKind) -> bool {
     server.state().routable() && has(server, kind)
 }
 
 /// Whether `server` offers items of `kind`, as far as is known: it has not said it
 /// offers none.
-fn has(server: &ServerRef, kind: CallKind) -> bool {
+fn has(server: &ServerRef, kind: ListKind) -> bool {
     server.offers().is_none_or(|o| match kind {
-        CallKind::Tool => o.tools,
-        CallKind::Prompt => o.prompts,
-        CallKind::Resource => o.resources,
+        ListKind::Tools => o.tools,
+        ListKind::Prompts => o.prompts,
+        ListKind::Resources | ListKind::ResourceTemplates => o.resources,
     })
 }
 
 /// Whether `server` may offer items of `kind` (running or not): enabled in the config,
 /// and, if it has said what it offers, offering them. One that may not is not named
 /// among the servers a listing could not ask.
-pub(crate) fn may_offer(server: &ServerRef, kind: CallKind) -> bool {
+pub(crate) fn may_offer(server: &ServerRef, kind: ListKind) -> bool {
     server.config().enabled && has(server, kind)
 }
 
@@ -776,7 +788,7 @@ pub(crate) fn may_offer(server: &ServerRef, kind: CallKind) -> bool {
 async fn list_within(
     ctx: &Arc<CallContext>,
     server: &ServerRef,
-    kind: CallKind,
+    kind: ListKind,
     auth_context: Option<&str>,
     timeout: Duration,
     until: tokio::time::Instant,
@@ -798,7 +810,7 @@ async fn list_within(
 pub(crate) async fn list_all(
     ctx: &Arc<CallContext>,
     caller: &Caller,
-    kind: CallKind,
+    kind: ListKind,
     servers: Vec<ServerRef>,
     deadline: Option<Instant>,
 ) -> (Vec<Listed>, Vec<(Unreachable, Option<CallError>)>) {
@@ -850,7 +862,7 @@ pub(crate) async fn list_all(
                 server: server.id(),
                 fingerprint: server.fingerprint(),
                 client: handlers.client_tag(),
-                method: kind.list_method(),
+                method: kind.method(),
             },
             None,
             auth.as_deref(),
@@ -938,7 +950,7 @@ pub(crate) async fn list_all(
 pub(crate) async fn list(
     ctx: &Arc<CallContext>,
     caller: &Caller,
-    kind: CallKind,
+    kind: ListKind,
     tag: Option<&str>,
 ) -> Result<Listing, CallError> {
     let agent = caller.agent_id.as_deref();
@@ -972,10 +984,19 @@ pub(crate) async fn list(
         let policy = ctx.policy.read();
         let grant = policy.on_server(agent, &config.id, &config.tags);
         let before = out.len();
+        // A template stands for URIs no grant can name in advance: it is listed to
+        // those who may read anything of its server.
+        let templates = kind == ListKind::ResourceTemplates;
         out.extend(
             items
                 .iter()
-                .filter(|t| grant.allows(&t.name))
+                .filter(|t| {
+                    if templates {
+                        grant.every()
+                    } else {
+                        grant.allows(&t.name)
+                    }
+                })
                 .map(|t| ToolInfo {
                     from_cache: listed.from_cache,
                     ..t.clone()

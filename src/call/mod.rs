@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-pub use caller::{CallKind, Caller};
+pub use caller::{CallKind, Caller, ListKind};
 pub use catalog::ToolInfo;
 pub use error::{CallError, Unreachable};
 pub use listing::Listing;

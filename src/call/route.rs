@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::caller::{CallKind, Caller};
+use super::caller::{CallKind, Caller, ListKind};
 use super::catalog::{item_name, items};
 use super::context::CallContext;
 use super::error::{CallError, Unreachable};
@@ -181,17 +181,19 @@ async fn route_bare<'a>(
         // Nothing is asked of any server for an agent that may use none.
         return Err(denied(agent, None, name));
     }
-    let (lists, unreachable) = list_all(ctx, caller, kind, granted.clone(), Some(deadline)).await;
+    let list = kind.list();
+    let (lists, unreachable) = list_all(ctx, caller, list, granted.clone(), Some(deadline)).await;
     let mut offering: Vec<(ServerRef, Option<Value>)> = lists
         .iter()
         .filter_map(|l| {
-            items(kind, &l.pages)
-                .find(|i| item_name(kind, i) == Some(name))
+            items(list, &l.pages)
+                .find(|i| item_name(list, i) == Some(name))
                 .map(|i| (l.server.clone(), Some(i.clone())))
         })
         .collect();
     // A uri no list names (a template's, say): the servers with resources are asked in
-    // order, each "no such resource" moving on to the next. Not while one that may have
+    // order, each "no such resource" moving on to the next; only those whose templates
+    // make it, when any does. Not while one that may have
     // resources could not be listed: the uri may be its (a secret in it), and another's
     // answer would pass for its own. (A server disabled in the config is out of it; one
     // stopped after a crash is not.)
@@ -206,9 +208,13 @@ async fn route_bare<'a>(
     if guessed {
         offering = granted
             .iter()
-            .filter(|s| super::listing::offers(s, kind))
+            .filter(|s| super::listing::offers(s, list))
             .map(|s| (s.clone(), None))
             .collect();
+        let templated = of_templates(ctx, caller, name, &offering, deadline).await;
+        if !templated.is_empty() {
+            offering.retain(|(s, _)| templated.iter().any(|t| t == s.id()));
+        }
     }
     let allowed: Vec<&(ServerRef, Option<Value>)> = offering
         .iter()
@@ -228,6 +234,48 @@ async fn route_bare<'a>(
         });
     }
     Ok(in_order(&granted, &allowed, name, guessed))
+}
+
+/// Work spent at most matching a URI against the servers' templates, in steps (one
+/// per template part per character of the URI): a hostile list of long templates
+/// costs this much and no more, and the read is then asked of every server in order.
+const TEMPLATE_BUDGET: usize = 1 << 20;
+
+/// The ids of the servers among `offering` that list a resource template `uri` could
+/// be an expansion of (none: no such template, or not decided within the budget).
+async fn of_templates(
+    ctx: &Arc<CallContext>,
+    caller: &Caller,
+    uri: &str,
+    offering: &[(ServerRef, Option<Value>)],
+    deadline: Instant,
+) -> Vec<String> {
+    let servers = offering.iter().map(|(s, _)| s.clone()).collect();
+    let (lists, _) = list_all(
+        ctx,
+        caller,
+        ListKind::ResourceTemplates,
+        servers,
+        Some(deadline),
+    )
+    .await;
+    let mut budget = TEMPLATE_BUDGET;
+    let mut matched = Vec::new();
+    for l in &lists {
+        for template in items(ListKind::ResourceTemplates, &l.pages)
+            .filter_map(|i| item_name(ListKind::ResourceTemplates, i))
+        {
+            match crate::protocol::uri_template::matches(template, uri, &mut budget) {
+                Some(true) => {
+                    matched.push(l.server.id().to_string());
+                    break;
+                }
+                Some(false) => {}
+                None => return Vec::new(),
+            }
+        }
+    }
+    matched
 }
 
 /// The allowed servers as candidates: ready first, then priority, then config order.

@@ -41,7 +41,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::call::{CallError, CallKind, Caller, CancelToken, Delegation, ProgressSender, ToolInfo};
+use crate::call::{
+    CallError, CallKind, Caller, CancelToken, Delegation, ListKind, ProgressSender, ToolInfo,
+};
 use crate::config::HarnessConfig;
 use crate::harness::{CallOptions, HarnessHandle};
 use crate::protocol::error::{
@@ -867,6 +869,7 @@ pub const METHODS: &[&str] = &[
     "prompts/get",
     "resources/list",
     "resources/read",
+    "resources/templates/list",
     "subscriptions/listen",
 ];
 
@@ -1540,9 +1543,13 @@ impl Gateway {
             // 2026-07-28 removed ping; legacy sessions still have it.
             "ping" if matches!(client, Client::Legacy { .. }) => Ok(json!({})),
             "server/discover" => Ok(self.discover()),
-            "tools/list" => self.list(principal, CallKind::Tool, params).await,
-            "prompts/list" => self.list(principal, CallKind::Prompt, params).await,
-            "resources/list" => self.list(principal, CallKind::Resource, params).await,
+            "tools/list" => self.list(principal, ListKind::Tools, params).await,
+            "prompts/list" => self.list(principal, ListKind::Prompts, params).await,
+            "resources/list" => self.list(principal, ListKind::Resources, params).await,
+            "resources/templates/list" => {
+                self.list(principal, ListKind::ResourceTemplates, params)
+                    .await
+            }
             "tools/call" | "prompts/get" | "resources/read" => {
                 let kind = match method {
                     "tools/call" => CallKind::Tool,
@@ -1575,7 +1582,7 @@ impl Gateway {
     async fn search(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
         let (query, k) = search::search_args(&params["arguments"])?;
-        let listing = self.listing(principal, CallKind::Tool).await?;
+        let listing = self.listing(principal, ListKind::Tools).await?;
         let served: HashMap<Arc<str>, String> = {
             let order = &now.order;
             now.names
@@ -1661,7 +1668,7 @@ impl Gateway {
     async fn list(
         &self,
         principal: &Principal,
-        kind: CallKind,
+        kind: ListKind,
         params: &Value,
     ) -> Result<Value, RpcError> {
         let now = self.now();
@@ -1673,8 +1680,9 @@ impl Gateway {
             Some(_) => return Err(invalid("invalid cursor")),
         };
         let listing = self.listing(principal, kind).await?;
-        let items: Vec<(String, &ToolInfo)> = if kind == CallKind::Resource {
-            // Resources are served by uri, which is never renamed.
+        let by_uri = matches!(kind, ListKind::Resources | ListKind::ResourceTemplates);
+        let items: Vec<(String, &ToolInfo)> = if by_uri {
+            // Resources are served by uri (templates by theirs), which is never renamed.
             listing
                 .items
                 .iter()
@@ -1702,9 +1710,7 @@ impl Gateway {
             .iter()
             .map(|(name, item)| {
                 let mut def = (*item.definition).clone();
-                if kind != CallKind::Resource
-                    && let Some(map) = def.as_object_mut()
-                {
+                if !by_uri && let Some(map) = def.as_object_mut() {
                     map.insert(key.into(), json!(name));
                 }
                 def
@@ -1714,7 +1720,7 @@ impl Gateway {
         let complete = listing.unreachable.is_empty();
         let public = complete && listing.public && now.identity.agents() <= 1;
         let mut result = json!({
-            kind.list_key(): served,
+            kind.key(): served,
             "ttlMs": if complete {
                 u64::try_from(listing.fresh_for.as_millis()).unwrap_or(u64::MAX)
             } else {
@@ -1790,7 +1796,7 @@ impl Gateway {
                 if resolved != served {
                     return Ok(Resolved::Name(resolved));
                 }
-                let listing = self.listing(principal, kind).await?;
+                let listing = self.listing(principal, kind.list()).await?;
                 let order = &now.order;
                 now.names.expose(&listing.items, |s| {
                     order.get(s).copied().unwrap_or(usize::MAX)
@@ -1805,7 +1811,7 @@ impl Gateway {
                     .unreachable
                     .into_iter()
                     .map(|(u, _)| u)
-                    .filter(|u| self.inner.harness.may_offer(&u.server, kind))
+                    .filter(|u| self.inner.harness.may_offer(&u.server, kind.list()))
                     .collect();
                 match now.names.resolve(served) {
                     same if same == served && !unreachable.is_empty() => {
@@ -1822,7 +1828,7 @@ impl Gateway {
     async fn listing(
         &self,
         principal: &Principal,
-        kind: CallKind,
+        kind: ListKind,
     ) -> Result<crate::call::Listing, RpcError> {
         // Boxed: a call awaits a listing only to learn a shortened name, and would
         // otherwise carry the listing's future in its own.
@@ -2610,7 +2616,7 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
 
 /// A version of a listing as served (the method and the names in order): a cursor
 /// names the one it was cut from.
-fn listing_version(kind: CallKind, items: &[(String, &ToolInfo)]) -> String {
+fn listing_version(kind: ListKind, items: &[(String, &ToolInfo)]) -> String {
     let mut text = String::from(kind.method());
     for (name, _) in items {
         text.push('\n');

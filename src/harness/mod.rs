@@ -35,7 +35,7 @@ use crate::call::input::{
 };
 use crate::call::{
     Answer, CallContext, CallError, CallKind, CallPool, CallRequest, Caller, CancelToken,
-    Delegation, HarnessClient, Listing, SearchIndex, ToolInfo, ToolMatch,
+    Delegation, HarnessClient, ListKind, Listing, SearchIndex, ToolInfo, ToolMatch,
 };
 use crate::config::HarnessConfig;
 use crate::permission::{PermissionRef, Policy};
@@ -475,15 +475,34 @@ impl HarnessHandle {
         Ok(self.listing(caller, CallKind::Prompt, None).await?.items)
     }
 
+    /// The resources `caller` may read (by uri, which is their name).
+    pub async fn list_resources(&self, caller: &Caller) -> Result<Vec<ToolInfo>, CallError> {
+        Ok(self.listing(caller, ListKind::Resources, None).await?.items)
+    }
+
+    /// The resource templates (RFC 6570, by `uriTemplate`, which is their name) of the
+    /// servers where `caller` may read any resource: a template stands for URIs no grant
+    /// names in advance. A read of a URI no list names goes to the servers whose
+    /// templates make it (when none does, to every server with resources, in order).
+    pub async fn list_resource_templates(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<ToolInfo>, CallError> {
+        Ok(self
+            .listing(caller, ListKind::ResourceTemplates, None)
+            .await?
+            .items)
+    }
+
     /// What `caller` may use of `kind` (optionally on servers tagged `tag`), and the
     /// servers it may use that could not be listed, with why.
     pub async fn listing(
         &self,
         caller: &Caller,
-        kind: CallKind,
+        kind: impl Into<ListKind>,
         tag: Option<&str>,
     ) -> Result<Listing, CallError> {
-        crate::call::list(self.ctx(), caller, kind, tag).await
+        crate::call::list(self.ctx(), caller, kind.into(), tag).await
     }
 
     /// The `k` tools `caller` may call that are most relevant to `query` (plain words),
@@ -826,7 +845,7 @@ impl HarnessHandle {
 
     /// Whether server `id` may offer items of `kind`: enabled in the config, and, if it
     /// has said what it offers, offering them.
-    pub(crate) fn may_offer(&self, id: &str, kind: crate::call::CallKind) -> bool {
+    pub(crate) fn may_offer(&self, id: &str, kind: ListKind) -> bool {
         (self.inner.directory.get(id)).is_some_and(|s| crate::call::may_offer(&s, kind))
     }
 

@@ -160,6 +160,11 @@ impl ServerGrant<'_> {
     pub fn allows(&self, tool: &str) -> bool {
         self.every || self.lists.iter().any(|tools| names(tools, tool))
     }
+
+    /// Whether the grant takes in everything on the server (`*`).
+    pub fn every(&self) -> bool {
+        self.every
+    }
 }
 
 /// Messages of the permission actor: changes at run time.

@@ -3,7 +3,8 @@
 //! JSON-RPC 2.0 framing ([`jsonrpc`]), the per-request `_meta` envelope and protocol
 //! versions ([`meta`]), the error codes of revision 2026-07-28 ([`error`]), and typed
 //! views of the few result fields the harness itself acts on ([`views`]): `resultType`,
-//! `server/discover`, cache hints and `input_required` results.
+//! `server/discover`, cache hints and `input_required` results; and whether a URI is
+//! of a resource template (`uri_template`).
 //!
 //! Payloads the harness only passes along (tool arguments, results, schemas) stay
 //! [`serde_json::Value`]: a gateway must not drop fields it does not know.
@@ -14,6 +15,7 @@ pub mod error;
 pub mod jsonrpc;
 pub mod meta;
 pub mod pagination;
+pub(crate) mod uri_template;
 pub mod views;
 
 pub use error::{ProtocolError, RpcError, RpcErrorKind};

@@ -479,6 +479,9 @@ impl DemoServer {
                     json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
                 ))
             }
+            "resources/templates/list" if !self.args.no_templates_method => {
+                Action::Reply(Ok(tools::resource_templates(self.args.resource_template)))
+            }
             "resources/read" => {
                 Action::Reply(tools::read_resource(request, self.args.resource_template))
             }
@@ -553,6 +556,7 @@ impl DemoServer {
                 "tools/list"
                     | "prompts/list"
                     | "resources/list"
+                    | "resources/templates/list"
                     | "resources/read"
                     | "server/discover"
             );

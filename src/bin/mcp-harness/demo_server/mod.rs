@@ -161,9 +161,14 @@ pub struct DemoServerArgs {
     /// refusal's headers all the same (a server that begins a session it then refuses).
     #[arg(long)]
     pub refuse_initialize_with_session: bool,
-    /// Serve `demo://echo/TEXT` (its text), a resource no list names, as a template's.
+    /// Serve `demo://echo/TEXT` (its text), a resource no list names, from the template
+    /// `demo://echo/{text}` it lists.
     #[arg(long)]
     pub resource_template: bool,
+    /// Answer `resources/templates/list` with "method not found", as servers of SDKs
+    /// without the method do.
+    #[arg(long)]
+    pub no_templates_method: bool,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
     /// (the protocol lets a server ping before `initialized`). Over HTTP the reply is an
     /// event stream, and the answer must come in the session its headers name.

@@ -124,7 +124,17 @@ pub fn get_prompt(request: &Request) -> Result<Value, RpcError> {
     }
 }
 
-/// `demo://readme`, and with `template` any `demo://echo/TEXT` (served, not listed).
+/// The resource templates: `demo://echo/{text}` with `template`, else none.
+pub fn resource_templates(template: bool) -> Value {
+    let templates = match template {
+        true => json!([{"uriTemplate": "demo://echo/{text}", "name": "echo",
+            "description": "Its own text", "mimeType": "text/plain"}]),
+        false => json!([]),
+    };
+    json!({ "resourceTemplates": templates })
+}
+
+/// `demo://readme`, and with `template` any `demo://echo/TEXT` (a template's, not listed).
 pub fn read_resource(request: &Request, template: bool) -> Result<Value, RpcError> {
     match params_field(request, "uri").and_then(Value::as_str) {
         Some("demo://readme") => Ok(json!({"contents": [
