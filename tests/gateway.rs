@@ -795,6 +795,54 @@ async fn a_round_started_on_one_gateway_finishes_on_another_and_keys_rotate() {
     dropped.stop().await;
 }
 
+// A round is sealed with the keys in force when it is sealed, not those of when its
+// request came: a reload that dropped a (leaked) key while the call ran leaves no
+// state sealed with it, which this gateway would refuse once answered. Before, the
+// call's upstream round was sealed with the dropped key.
+#[tokio::test]
+async fn a_round_is_sealed_with_the_keys_in_force_when_it_is_sealed() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let params = json!({"name": "alpha__confirm",
+        "arguments": {"message": "later?", "ask_after_ms": 3000}});
+    let slow = gw.modern("tok-a", "tools/call", params);
+    let reload = async {
+        // The slow call has come in before the reload (a later one would seal with
+        // k2 anyway).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = std::fs::read_to_string(setup.with_keys(&[("k2", &key("k2"))])).expect("config");
+        gw.reload_with(&setup, &text);
+        for _ in 0..100 {
+            let round = start_confirm(&gw, "tok-a", "now?").await;
+            if round["requestState"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("v1.k2."))
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    };
+    let ((status, round), reloaded) = tokio::join!(slow, reload);
+    assert!(reloaded, "k2 seals");
+    assert_eq!(status, 200, "{round}");
+    let state = &round["result"]["requestState"];
+    assert!(
+        state.as_str().is_some_and(|s| s.starts_with("v1.k2.")),
+        "{round}"
+    );
+    let params = json!({
+        "name": "alpha__confirm",
+        "arguments": {"message": "later?", "ask_after_ms": 3000},
+        "inputResponses": {"confirm": {"action": "accept", "content": {"approved": true}}},
+        "requestState": state,
+    });
+    let (_, r) = gw.modern("tok-a", "tools/call", params).await;
+    assert_eq!(result_text(&r), "approved: true", "{r}");
+    gw.stop().await;
+}
+
 /// An rmcp client that accepts every elicitation, approving.
 #[derive(Clone)]
 struct Approver {

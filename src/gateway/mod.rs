@@ -2100,7 +2100,10 @@ impl Gateway {
             ask.insert("params".into(), std::mem::take(&mut question.params));
             let ask = Value::Object(ask);
             let server = question.server.clone();
-            let expires = duration::after(std::time::Instant::now(), now.sealer.ttl());
+            // The keys and ttl in force now, not when the request came: a reload that
+            // dropped a leaked key or cut the ttl meanwhile holds for this round too.
+            let sealer = &self.now().sealer;
+            let expires = duration::after(std::time::Instant::now(), sealer.ttl());
             *h.progress.lock() = None;
             let item = item_of(kind, &name).to_string();
             // What the parked call holds: its arguments and its name or URI (the same
@@ -2138,7 +2141,7 @@ impl Gateway {
                 parked: Some(id.clone()),
                 rounds,
             };
-            let sealed = match seal_round(&now, principal, (method, digest()), round) {
+            let sealed = match seal_round(sealer, principal, (method, digest()), round) {
                 Ok(sealed) => sealed,
                 Err(e) => {
                     // Nobody could take it up: its place is given back at once.
@@ -2167,7 +2170,7 @@ impl Gateway {
             rounds: answer.rounds,
             target: self.inner.harness.server_identity(&answer.server),
         };
-        let sealed = seal_round(&now, principal, (method, digest()), round)?;
+        let sealed = seal_round(&self.now().sealer, principal, (method, digest()), round)?;
         if let Some(map) = result.as_object_mut() {
             map.insert("requestState".into(), json!(sealed));
         }
@@ -2332,15 +2335,16 @@ struct Round {
 }
 
 /// A round's state sealed for the downstream client: bound to the principal, the
-/// method and a digest of its params, valid for the sealer's ttl.
+/// method and a digest of its params, valid for the sealer's ttl. The sealer is the one
+/// in force when the round is sealed (see its callers).
 fn seal_round(
-    now: &Current,
+    sealer: &Sealer,
     principal: &Principal,
     (method, digest): (&str, String),
     round: Round,
 ) -> Result<String, RpcError> {
     let issued = seal::now_ms();
-    let ttl = u64::try_from(now.sealer.ttl().as_millis()).unwrap_or(u64::MAX);
+    let ttl = u64::try_from(sealer.ttl().as_millis()).unwrap_or(u64::MAX);
     let Round {
         server,
         upstream,
@@ -2362,7 +2366,7 @@ fn seal_round(
         version: seal::STATE_VERSION,
         target,
     };
-    let sealed = now.sealer.seal(&state).map_err(|e| {
+    let sealed = sealer.seal(&state).map_err(|e| {
         tracing::error!(error = %e, "could not seal requestState");
         RpcError::new(INTERNAL_ERROR, "internal error")
     })?;

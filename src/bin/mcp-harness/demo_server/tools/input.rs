@@ -64,7 +64,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
             tool(
                 "confirm",
                 "Asks the user to approve (elicitation)",
-                json!({"message": s("what to approve"), "give_up_ms": i("legacy: give the question up (notifications/cancelled) after this long"), "then_ms": i("and answer the call this much later")}),
+                json!({"message": s("what to approve"), "give_up_ms": i("legacy: give the question up (notifications/cancelled) after this long"), "then_ms": i("and answer the call this much later"), "ask_after_ms": i("modern: ask only this much later")}),
                 &[],
             ),
         );
@@ -363,6 +363,9 @@ async fn confirm(request: &Request, ctx: &Ctx) -> Action {
     } else {
         let responses = params_field(request, "inputResponses");
         let Some(answer) = responses.and_then(|r| r.get("confirm")) else {
+            if let Some(ms) = arg(request, "ask_after_ms").and_then(Value::as_u64) {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             return Action::Reply(Ok(json!({"resultType": "input_required",
                 "inputRequests": {"confirm": form(&message, schema, &["approved"])},
                 "requestState": confirm_state(&message)})));
