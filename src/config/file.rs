@@ -258,7 +258,9 @@ fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
 /// or its owner when that is another user than this one or root. Such a file is read
 /// at start (WSL's Windows drives and some shared folders show every file as 0777, and
 /// a file bind-mounted from the host keeps the host's owner), but one anyone may write
-/// is not reloaded (`reload`: `serve` would apply another's edit within seconds).
+/// or replace (in a directory anyone may write, not sticky) is not reloaded (`reload`:
+/// `serve` would apply another's edit within seconds). A file its group may write is
+/// the group's to edit, as its owner made it.
 fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, ConfigError> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
@@ -272,6 +274,23 @@ fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, C
             let why = format!(
                 "is writable by anyone (mode {:o}): not reloaded, as whoever wrote it would decide what runs; chmod o-w it, or restart to apply it",
                 meta.mode() & 0o777
+            );
+            return Err(ConfigError::new("(file)", why).in_file(path));
+        }
+        // So may anyone who may replace it: in a directory every user may write and
+        // that is not sticky, anyone may rename a file of theirs over it.
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if reload
+            && let Ok(d) = std::fs::metadata(dir)
+            && d.mode() & 0o002 != 0
+            && d.mode() & 0o1000 == 0
+        {
+            let why = format!(
+                "is in a directory anyone may write that is not sticky (mode {:o}): not reloaded, as anyone could put another file in its place; chmod o-w or +t the directory, or restart to apply it",
+                d.mode() & 0o7777
             );
             return Err(ConfigError::new("(file)", why).in_file(path));
         }
@@ -898,6 +917,15 @@ mod tests {
         assert_eq!(load(&path).expect("read at start").config.round_cap, 3);
         let e = read_regular(&path).expect_err("anyone may write it");
         assert!(e.to_string().contains("writable by anyone"), "{e}");
+        // Nor one anyone may put another file in the place of.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(load(&path).expect("read at start").config.round_cap, 3);
+        let e = read_regular(&path).expect_err("anyone may replace it");
+        assert!(e.to_string().contains("not sticky"), "{e}");
+        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        assert!(read_regular(&path).is_ok(), "sticky: only its owner may replace it");
+        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         // A syntax error says where, not what the line holds (a key may be on it).
         let e = parse(
             "[servers.x]\nheaders = { Authorization = \"Bearer sekrit",
