@@ -62,7 +62,7 @@ pub enum AuditFailure {
 
 /// Parts of argument names whose values are always redacted, whatever
 /// [`AuditConfig::redact_keys`] adds.
-pub const BUILTIN_REDACT_KEYS: [&str; 11] = [
+pub const BUILTIN_REDACT_KEYS: [&str; 16] = [
     "token",
     "secret",
     "password",
@@ -74,6 +74,12 @@ pub const BUILTIN_REDACT_KEYS: [&str; 11] = [
     "bearer",
     "session",
     "jwt",
+    // `auth`, `X-Auth`, `basicAuth` (and `author`, hidden too: better one name too many).
+    "auth",
+    "passphrase",
+    "pwd",
+    "private",
+    "signature",
 ];
 
 /// Audit settings.
@@ -185,8 +191,30 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
             Value::Object(out)
         }
         Value::Array(items) => Value::Array(items.iter().map(|i| scrub(config, i)).collect()),
+        Value::String(text) => Value::String(without_userinfo(text)),
         other => other.clone(),
     }
+}
+
+/// `text` with the credentials of any URL in it (`https://user:pass@host`) hidden: a
+/// value under no secret name may still carry them.
+fn without_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let authority = tail.find(['/', '?', '#', ' ']).unwrap_or(tail.len());
+        match tail[..authority].rfind('@') {
+            Some(user) => {
+                out.push_str("[redacted]");
+                rest = &tail[user..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Asserts that `health` is of a failing trail whose error says `says`.
@@ -259,6 +287,26 @@ mod tests {
         }
         assert_eq!(out["path"], "/ok");
         assert_eq!(out["count"], 11);
+        let more = json!({"auth": 1, "X-Auth": 2, "passphrase": 3, "pwd": 4,
+            "private_pem": 5, "signature": 6, "url": "https://u:p@host/x?y=1",
+            "note": "see ftp://anon@files and http://plain/x@y", "n": "a@b"});
+        let out = c.redact(&more);
+        for k in [
+            "auth",
+            "X-Auth",
+            "passphrase",
+            "pwd",
+            "private_pem",
+            "signature",
+        ] {
+            assert_eq!(out[k], "[redacted]", "{k}");
+        }
+        assert_eq!(out["url"], "https://[redacted]@host/x?y=1");
+        assert_eq!(
+            out["note"],
+            "see ftp://[redacted]@files and http://plain/x@y"
+        );
+        assert_eq!(out["n"], "a@b");
     }
 
     #[test]

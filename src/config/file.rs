@@ -924,7 +924,10 @@ mod tests {
         let e = read_regular(&path).expect_err("anyone may replace it");
         assert!(e.to_string().contains("not sticky"), "{e}");
         std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-        assert!(read_regular(&path).is_ok(), "sticky: only its owner may replace it");
+        assert!(
+            read_regular(&path).is_ok(),
+            "sticky: only its owner may replace it"
+        );
         std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         // A syntax error says where, not what the line holds (a key may be on it).
         let e = parse(

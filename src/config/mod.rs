@@ -29,7 +29,9 @@ use crate::util::invalid::Invalid;
 
 /// A configuration that cannot work: where, and what is wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{}{}{}: {reason}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default(), server.as_ref().map(|s| format!("server {s:?}: ")).unwrap_or_default(), field)]
+// The field may hold a name from the file (an `mcpServers` key, a header's name): shown
+// on one line, so that a name with a newline in it cannot forge a log line.
+#[error("{}{}{}: {reason}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default(), server.as_ref().map(|s| format!("server {s:?}: ")).unwrap_or_default(), crate::util::text::one_line(field, 300))]
 pub struct ConfigError {
     /// The file it was read from, if any.
     pub file: Option<PathBuf>,
@@ -212,6 +214,13 @@ impl HarnessConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A name from the file with a newline in it stays on the error's one line.
+    #[test]
+    fn a_field_is_shown_on_one_line() {
+        let e = ConfigError::new("mcpServers.a\nERROR forged", "is wrong");
+        assert_eq!(e.to_string(), "mcpServers.a\\nERROR forged: is wrong");
+    }
 
     // Found when the file is read, naming it, not when the harness spawns.
     #[test]
