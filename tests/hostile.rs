@@ -357,6 +357,39 @@ async fn a_shutdown_during_a_removal_waits_for_the_removed_server() {
     let _ = removal.await;
 }
 
+// A server added while one of its id is still stopping (its removal given up on, or
+// another task's) connects once the old one has stopped, as a replacement does: both
+// may need one resource (a port, a lock file). Before, the new one started beside it.
+#[tokio::test]
+async fn a_server_added_while_one_of_its_id_stops_starts_once_it_has() {
+    let mut stubborn = demo("s", &["--ignore-sigterm"]);
+    stubborn.timeout = Duration::from_secs(5);
+    let h = harness(vec![stubborn]).await;
+    let old = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let removal = tokio::spawn({
+        let h = h.clone();
+        async move { h.remove_server("s").await }
+    });
+    // The removal is under way (the stubborn server takes its grace), and given up on.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!group_members(old).is_empty(), "still stopping");
+    removal.abort();
+    h.add_server(demo("s", &[])).await.expect("added");
+    let ready = || {
+        h.server_status("s")
+            .is_some_and(|s| s.state == ServerState::Ready && s.pid.is_some_and(|p| p != old))
+    };
+    assert!(
+        eventually(Duration::from_secs(30), ready).await,
+        "the new one started"
+    );
+    assert!(
+        group_members(old).is_empty(),
+        "the new server started beside the old one"
+    );
+    h.shutdown().await;
+}
+
 // A second shutdown (another task's) returns when the first is done, no server process
 // left; and a server added meanwhile is refused, not started after the servers to stop
 // were counted. Before, the second returned at once, and the added server outlived the

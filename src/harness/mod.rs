@@ -258,7 +258,7 @@ impl Harness {
             config.permissions.clone(),
         )));
         let directory = Directory::default();
-        let servers = ServersRef::default();
+        let servers = ServersRef::new(config.shutdown_grace);
         let ctx = Arc::new(CallContext::new(
             directory.clone(),
             policy.clone(),
@@ -982,13 +982,14 @@ impl HarnessHandle {
     /// could not be written (logged as an error too). Called again (or from another
     /// task) while one is under way, it returns when that one is done.
     pub async fn shutdown(&self) -> AuditHealth {
-        // Calls in flight get `shutdown_grace`, and then servers, cache and audit
-        // trail their own bounded times.
+        // Calls in flight get `shutdown_grace`, and then servers (up to twice their
+        // grace each, at once), cache and audit trail their own bounded times.
         let limit = self
             .ctx()
             .settings
             .shutdown_grace
-            .saturating_add(Duration::from_secs(180));
+            .saturating_mul(3)
+            .saturating_add(Duration::from_secs(240));
         let reached = self
             .inner
             .supervisor

@@ -792,14 +792,8 @@ impl ServerActorState {
         }
     }
 
-    /// How long a connection's graceful stop may take: a live one may take its grace
-    /// twice (stdin EOF, then SIGTERM), and its reap a while.
     fn stop_limit(&self) -> Duration {
-        self.args
-            .options
-            .shutdown_grace
-            .saturating_mul(2)
-            .saturating_add(Duration::from_secs(10))
+        stop_limit(self.args.options.shutdown_grace)
     }
 
     /// Stops a connection given up for another at once, kept among the draining ones:
@@ -984,6 +978,14 @@ impl ServerActorState {
         futures_util::future::join_all(stops).await;
         drop(attempts);
     }
+}
+
+/// How long a connection's graceful stop may take: a live one may take its grace
+/// twice (stdin EOF, then SIGTERM), and its reap a while.
+pub(super) fn stop_limit(grace: Duration) -> Duration {
+    grace
+        .saturating_mul(2)
+        .saturating_add(Duration::from_secs(10))
 }
 
 /// How long a replaced connection is kept before its drain first looks for requests

@@ -90,6 +90,7 @@ impl Directory {
             .write()
             .stopping
             .retain(|s| !Arc::ptr_eq(&s.0, &server.0));
+        server.gone().cancel();
     }
 
     /// The servers removed and still stopping.

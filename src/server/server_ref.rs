@@ -92,6 +92,9 @@ pub(crate) struct ServerShared {
     /// stopped: this one connects only then, since both may need one resource (a port,
     /// a lock file, a database opened for writing).
     predecessor: Option<tokio_util::sync::CancellationToken>,
+    /// Cancelled once it has stopped for good, removed or replaced
+    /// ([`super::directory::Directory::stopped`]).
+    gone: tokio_util::sync::CancellationToken,
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
@@ -209,7 +212,13 @@ impl ServerRef {
             unowned: parking_lot::Mutex::new(Unowned::default()),
             fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING_WALKS)),
             predecessor,
+            gone: tokio_util::sync::CancellationToken::new(),
         }))
+    }
+
+    /// Cancelled once it has stopped for good, removed or replaced.
+    pub(super) fn gone(&self) -> &tokio_util::sync::CancellationToken {
+        &self.0.gone
     }
 
     /// While the server this one replaces is still stopping, what is cancelled once

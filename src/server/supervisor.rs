@@ -170,8 +170,9 @@ impl Actor for ServersSupervisor {
                         state.by_actor.remove(&actor.get_id());
                     }
                     let directory = state.args.directory.clone();
+                    let grace = state.args.options.shutdown_grace;
                     tokio::spawn(async move {
-                        stop(&server).await;
+                        stop(&server, grace).await;
                         // And the one it replaces, if that is still stopping: a server
                         // of this id added next must not start beside it.
                         if let Some(old) = server.predecessor_stopping() {
@@ -238,11 +239,12 @@ impl Actor for ServersSupervisor {
                 // Those being removed too: a shutdown returns when no process is left.
                 let mut servers = state.args.directory.all();
                 servers.extend(state.args.directory.stopping());
+                let grace = state.args.options.shutdown_grace;
                 tokio::spawn(async move {
                     // Concurrently: one server slow to die must not hold the others up.
                     let mut stops = tokio::task::JoinSet::new();
                     for server in servers.into_iter().rev() {
-                        stops.spawn(async move { stop(&server).await });
+                        stops.spawn(async move { stop(&server, grace).await });
                     }
                     while stops.join_next().await.is_some() {}
                     let _ = reply.send(());
@@ -322,7 +324,26 @@ impl ServersState {
         config: ServerConfig,
         request: u64,
     ) -> Result<(), ServersError> {
-        let server = ServerRef::added(config, request);
+        // One of this id removed and still stopping (its remove given up on, or another
+        // task's): the new one connects once it has, as a replacement does, since both
+        // may need one resource (a port, a lock file).
+        let stopping: Vec<ServerRef> = (self.args.directory.stopping().into_iter())
+            .filter(|s| s.id() == config.id)
+            .collect();
+        let server = match stopping.is_empty() {
+            true => ServerRef::added(config, request),
+            false => {
+                let predecessor = tokio_util::sync::CancellationToken::new();
+                let stopped = predecessor.clone().drop_guard();
+                tokio::spawn(async move {
+                    for old in stopping {
+                        old.gone().cancelled().await;
+                    }
+                    drop(stopped);
+                });
+                ServerRef::replacing(config, request, predecessor)
+            }
+        };
         if !insert_added(&self.args.directory, &server)? {
             return Ok(());
         }
@@ -391,8 +412,9 @@ impl ServersState {
             self.args.directory.discard(&id);
         }
         let (directory, client) = (self.args.directory.clone(), self.args.client.clone());
+        let grace = self.args.options.shutdown_grace;
         tokio::spawn(async move {
-            stop(&old).await;
+            stop(&old, grace).await;
             directory.stopped(&old);
             // Unless it was removed meanwhile.
             if directory
@@ -429,12 +451,14 @@ fn insert_added(directory: &Directory, server: &ServerRef) -> Result<bool, Serve
     }
 }
 
-/// Stops one server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), then its actor.
-async fn stop(server: &ServerRef) {
+/// Stops one server gracefully (stdin EOF, SIGTERM, SIGKILL, reap), then its actor,
+/// given the time its actor gives its connections (and a little more): killed sooner,
+/// a server with a long `shutdown_grace` would lose its grace.
+async fn stop(server: &ServerRef, grace: Duration) {
     let Some(actor) = server.actor() else {
         return;
     };
-    let limit = Duration::from_secs(30);
+    let limit = super::actor::stop_limit(grace).saturating_add(Duration::from_secs(5));
     let _ = actor.call(ServerMsg::Shutdown, Some(limit)).await;
     actor.kill();
 }
@@ -446,11 +470,26 @@ fn add_request() -> u64 {
     REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// A typed handle on the servers' supervisor (its address changes when it is rebuilt).
-#[derive(Clone, Default)]
-pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>);
+/// A typed handle on the servers' supervisor (its address changes when it is rebuilt),
+/// and the servers' `shutdown_grace`.
+#[derive(Clone)]
+pub struct ServersRef(pub(crate) ActorSlot<ServersMsg>, Duration);
 
 impl ServersRef {
+    /// A handle on no supervisor yet, for servers given `grace` to stop.
+    pub(crate) fn new(grace: Duration) -> ServersRef {
+        ServersRef(ActorSlot::default(), grace)
+    }
+
+    /// How long a removal, replacement or shutdown is waited for: its servers' stops
+    /// (each bounded by their grace) and then some. Given up on sooner, it would be
+    /// taken for a harness gone while it still ran.
+    fn stopping_limit(&self) -> Duration {
+        super::actor::stop_limit(self.1)
+            .saturating_add(Duration::from_secs(60))
+            .max(Duration::from_secs(120))
+    }
+
     /// Starts a server.
     pub async fn add(&self, config: ServerConfig) -> Result<(), ServersError> {
         let request = add_request();
@@ -472,7 +511,7 @@ impl ServersRef {
         self.0
             .ask(
                 |r| ServersMsg::Replace(config.clone(), request, r),
-                Duration::from_secs(120),
+                self.stopping_limit(),
             )
             .await
             .unwrap_or(Err(ServersError::Gone))
@@ -483,7 +522,7 @@ impl ServersRef {
         self.0
             .ask(
                 |r| ServersMsg::Remove(id.to_string(), r),
-                Duration::from_secs(120),
+                self.stopping_limit(),
             )
             .await
             .unwrap_or(Err(ServersError::Gone))
@@ -508,7 +547,7 @@ impl ServersRef {
     /// Stops every server; returns when all are stopped.
     pub async fn shutdown(&self) {
         self.0
-            .ask(ServersMsg::Shutdown, Duration::from_secs(120))
+            .ask(ServersMsg::Shutdown, self.stopping_limit())
             .await;
     }
 }
