@@ -366,6 +366,7 @@ async fn a_server_added_while_one_of_its_id_stops_starts_once_it_has() {
     stubborn.timeout = Duration::from_secs(5);
     let h = harness(vec![stubborn]).await;
     let old = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let mut events = h.subscribe();
     let removal = tokio::spawn({
         let h = h.clone();
         async move { h.remove_server("s").await }
@@ -386,6 +387,34 @@ async fn a_server_added_while_one_of_its_id_stops_starts_once_it_has() {
     assert!(
         group_members(old).is_empty(),
         "the new server started beside the old one"
+    );
+    // The removal given up on still ends: the old one's lists dropped, which the new
+    // one's are announced changed for, not as a server removed.
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match events.recv().await {
+                Ok(mcp_harness::registry::HarnessEvent::ListsChanged { server, tools, .. })
+                    if server == "s" =>
+                {
+                    return Ok(tools);
+                }
+                Ok(mcp_harness::registry::HarnessEvent::ServerRemoved { server }) => {
+                    return Err(server);
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("events: {e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        ended,
+        Ok(Ok(true)),
+        "the removal ended, the lists announced changed"
+    );
+    assert!(
+        h.server_status("s")
+            .is_some_and(|s| s.state == ServerState::Ready)
     );
     h.shutdown().await;
 }

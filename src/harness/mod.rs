@@ -742,13 +742,20 @@ impl HarnessHandle {
 
     /// Stops a server gracefully and forgets it (and its cache entries, memory and disk).
     pub async fn remove_server(&self, id: &str) -> Result<(), HarnessError> {
-        self.inner.services.servers.remove(id).await?;
-        self.forget_server(id).await;
-        Ok(())
+        // On a task of its own: a caller that gives up waiting (a dropped future) does
+        // not leave the server stopped and its lists, series and removal unannounced.
+        let (this, id) = (self.clone(), id.to_string());
+        let removal = tokio::spawn(async move {
+            this.inner.services.servers.remove(&id).await?;
+            this.forget_server(&id).await;
+            Ok(())
+        });
+        removal.await.unwrap_or(Err(HarnessError::ShutDown))
     }
 
     /// Forgets a server gone from the directory: its cache entries, lists and series,
-    /// announced as removed.
+    /// announced as removed. One of its id added meanwhile (by another task) is not
+    /// announced removed: its lists, dropped with the old one's, are announced changed.
     async fn forget_server(&self, id: &str) {
         self.inner.services.registry_ref.remove(id).await;
         self.ctx().catalog.forget(id);
@@ -756,12 +763,18 @@ impl HarnessHandle {
         self.ctx()
             .metrics
             .forget_unless(id, || directory.contains(id));
-        self.inner
-            .services
-            .registry
-            .announce(HarnessEvent::ServerRemoved {
+        let event = match directory.contains(id) {
+            true => HarnessEvent::ListsChanged {
                 server: id.to_string(),
-            });
+                tools: true,
+                prompts: true,
+                resources: true,
+            },
+            false => HarnessEvent::ServerRemoved {
+                server: id.to_string(),
+            },
+        };
+        self.inner.services.registry.announce(event);
     }
 
     /// Restarts a server with a new config (its id the same), in its place: calls
