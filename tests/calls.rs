@@ -392,6 +392,39 @@ async fn a_raw_request_of_a_handshake_method_is_refused() {
     let _ = std::fs::remove_file(record);
 }
 
+// A legacy server's reconnection with new capabilities that fails (its new process
+// exits at once, twice) is tried again, and the server comes to declare them. Before, one
+// failure left it declared the old ones until some later change or crash: here it
+// never listed the tools that ask.
+#[tokio::test]
+async fn a_failed_handover_to_new_capabilities_is_tried_again() {
+    let starts = temp_file("handover-starts");
+    let script = format!(
+        "n=$(cat {f} 2>/dev/null || echo 0); echo $((n+1)) > {f}; case $n in 1|2) exit 3;; esac; \
+         exec {exe} demo-server alpha --era legacy --tools-need-elicitation",
+        f = starts.display(),
+        exe = harness_exe(),
+    );
+    let mut alpha = demo("alpha", &[]);
+    alpha.transport = ServerConfig::stdio("alpha", "sh", vec!["-c".to_string(), script]).transport;
+    let h = harness(config(vec![alpha], &["a"])).await;
+    let a = Caller::agent("a");
+    assert!(!lists_confirm(&h, &a).await);
+    h.register_input_handler("elicitation/create", accept_all())
+        .await
+        .expect("register");
+    until_confirm_is_listed(&h, &a).await;
+    let started = std::fs::read_to_string(&starts).expect("starts");
+    // The first try starts it twice (a process that exits at once is started again
+    // to be asked the legacy way), the second once.
+    assert_eq!(
+        started.trim(),
+        "4",
+        "a handover that failed, then one that worked"
+    );
+    h.shutdown().await;
+}
+
 // The same while the server is down: it declares them at its next connection, and is
 // not listed again then (it announces no list changes), so its cached list is dropped
 // when the handler comes.

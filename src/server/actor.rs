@@ -102,6 +102,8 @@ pub struct ServerActorState {
     current: Option<Attempt>,
     /// A new connection replacing the current one (capabilities changed).
     handover: Option<Attempt>,
+    /// Handovers failed in a row: the next is tried after a backoff of its own.
+    handovers_failed: u32,
     /// Replaced connections finishing what they have in flight, and their drains.
     draining: Vec<(ActorRef<ConnMsg>, tokio::task::AbortHandle)>,
     ready_at: Option<Instant>,
@@ -165,6 +167,7 @@ impl Actor for ServerActor {
             attempt: 0,
             current: None,
             handover: None,
+            handovers_failed: 0,
             draining: Vec::new(),
             ready_at: None,
             restart_at: None,
@@ -257,6 +260,7 @@ impl Actor for ServerActor {
                 myself.stop(None);
             }
             ServerMsg::CapabilitiesChanged => state.on_capabilities_changed(&myself, true).await,
+            ServerMsg::RetryHandover => state.on_capabilities_changed(&myself, false).await,
             ServerMsg::ConnectionUp { attempt, conn } => {
                 state.on_connection_up(&myself, attempt, conn).await;
                 // Capabilities that changed while it connected (a handler registered
@@ -341,9 +345,11 @@ impl Actor for ServerActor {
             _ => return Ok(()),
         };
         if is_attempt(&state.handover, cell) {
-            // The replacement failed: keep serving on the current connection.
+            // The replacement failed: keep serving on the current connection, and try
+            // again later.
             state.handover = None;
             state.span.in_scope(|| tracing::warn!(server = %state.id(), error = %failure, "reconnecting with new capabilities failed; keeping the current connection"));
+            state.retry_handover(&myself);
         } else if is_attempt(&state.current, cell) {
             state.current = None;
             state.on_connection_lost(&myself, &failure);
@@ -673,9 +679,12 @@ impl ServerActorState {
             handover.conn = Some(conn.clone());
             let old = self.current.replace(handover);
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
-            // A new process: its uptime (and whether it has been healthy long enough to
-            // forgive earlier restarts) counts from now.
-            self.ready_at = Some(Instant::now());
+            self.handovers_failed = 0;
+            // A new process: its uptime counts from now. The old one's, if it was long
+            // enough, forgives earlier restarts as its healthy exit would have.
+            let now = Instant::now();
+            (self.args.server.0.restarts.lock()).forgive_if_healthy(now, self.ready_at);
+            self.ready_at = Some(now);
             self.record_connection(&conn);
             // Published before the old one drains: a request that reads the old one
             // after its drain found it idle would meet it shut.
@@ -781,8 +790,19 @@ impl ServerActorState {
             Ok(attempt) => self.handover = Some(attempt),
             Err(reason) => {
                 self.span.in_scope(|| tracing::warn!(server = %self.id(), %reason, "could not reconnect with new capabilities"));
+                self.retry_handover(myself);
             }
         }
+    }
+
+    /// A handover failed: tried again after a backoff (1 s, doubling to a minute), so
+    /// that a legacy server is not left declared what the client no longer is (asking
+    /// what no handler answers, or hiding what it lists only to clients that answer).
+    fn retry_handover(&mut self, myself: &ActorRef<ServerMsg>) {
+        let failed = self.handovers_failed.min(6);
+        self.handovers_failed = self.handovers_failed.saturating_add(1);
+        let delay = Duration::from_secs(1 << failed).min(Duration::from_secs(60));
+        myself.send_after(delay, || ServerMsg::RetryHandover);
     }
 
     fn restarting_error(&self) -> ServerError {

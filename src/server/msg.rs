@@ -25,6 +25,8 @@ pub enum ServerMsg {
     Shutdown(RpcReplyPort<()>),
     /// The client's capabilities changed: a legacy server gets a new connection.
     CapabilitiesChanged,
+    /// From a timer: try again the new connection a failed handover was to make.
+    RetryHandover,
     /// Panics in the handler: a test's stand-in for a bug in the actor.
     #[cfg(test)]
     Panic,

@@ -161,9 +161,7 @@ impl RestartTracker {
             }
             _ => {}
         }
-        if up_since.is_some_and(|t| now.saturating_duration_since(t) >= self.config.healthy_after) {
-            self.backoff = Self::backoff(&self.config);
-        }
+        self.forgive_if_healthy(now, up_since);
         while self
             .recent
             .front()
@@ -181,6 +179,14 @@ impl RestartTracker {
         let delay = self.backoff.next().unwrap_or(self.config.max_delay);
         self.due = Some(crate::util::duration::after(now, delay));
         Decision::Restart(delay)
+    }
+
+    /// A connection up since `up_since` that ends now (by an exit, or handed over to
+    /// a new one) was healthy long enough: the backoff starts over.
+    pub fn forgive_if_healthy(&mut self, now: Instant, up_since: Option<Instant>) {
+        if up_since.is_some_and(|t| now.saturating_duration_since(t) >= self.config.healthy_after) {
+            self.backoff = Self::backoff(&self.config);
+        }
     }
 
     /// When the restart decided last is due: `None` before any, and once its
