@@ -711,9 +711,24 @@ fn import_mcp_servers(
                     .map_err(|_| bad(at(key), "must map names to strings")),
             }
         };
-        let kind = entry.get("type").and_then(Value::as_str).unwrap_or("");
+        let kind = match entry.get("type") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(kind)) => kind.as_str(),
+            Some(_) => return Err(bad(at("type"), "must be a string")),
+        };
+        let remote = ["http", "streamable-http", "streamableHttp", "sse"].contains(&kind);
+        if !(kind.is_empty() || kind == "stdio" || remote) {
+            // Clients name their kinds their own ways: the keys decide, as for none.
+            tracing::warn!(file = %path.display(), server = ?name, kind = ?kind, "an unknown `type`; going by `command` or `url`");
+        }
+        if kind == "stdio" && entry.get("command").is_none() {
+            return Err(bad(at("type"), "is stdio, and there is no `command`"));
+        }
+        if remote && entry.get("url").is_none() {
+            return Err(bad(at("type"), "is a remote kind, and there is no `url`"));
+        }
         let transport = match (entry.get("command"), entry.get("url")) {
-            (Some(command), _) if kind.is_empty() || kind == "stdio" => {
+            (Some(command), _) if !remote => {
                 TransportSpec::Stdio(StdioSpec {
                     command: command
                         .as_str()
@@ -761,10 +776,18 @@ fn import_mcp_servers(
                 ));
             }
         };
+        // Keys of the other transport are dropped: said, as a header or variable one
+        // counts on would be missing.
+        let other: &[&str] = match &transport {
+            TransportSpec::Stdio(_) => &["headers", "url"],
+            TransportSpec::Http(_) => &["env", "cwd", "command", "args"],
+        };
         for key in entry.keys() {
             if !MCP_SERVERS_KEYS.contains(&key.as_str()) {
                 // The file's own text, quoted and escaped (it reaches a terminal).
                 tracing::warn!(file = %path.display(), server = ?name, key = ?key, "ignoring a key this program does not use");
+            } else if other.contains(&key.as_str()) {
+                tracing::warn!(file = %path.display(), server = ?name, key = ?key, "ignoring a key of the other transport");
             }
         }
         let base = id_from_name(name);
@@ -1006,6 +1029,42 @@ mod tests {
             .collect();
         assert_eq!(ids, ["bank", "my_files"]);
         assert_eq!(loaded.renamed.len(), 2);
+    }
+
+    // A `type` the other keys contradict is refused, not read as the other transport;
+    // one this program does not know goes by the keys.
+    #[test]
+    fn a_type_the_keys_contradict_is_refused() {
+        for (entry, field) in [
+            (
+                r#"{"type": "stdio", "url": "http://x/"}"#,
+                "mcpServers.s.type",
+            ),
+            (r#"{"type": "http", "command": "x"}"#, "mcpServers.s.type"),
+            (
+                r#"{"type": "streamable-http", "command": "x"}"#,
+                "mcpServers.s.type",
+            ),
+            (r#"{"type": 7, "command": "x"}"#, "mcpServers.s.type"),
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"s": {entry}}}}}"#);
+            let e = parse(&text, Path::new("mcp.json")).expect_err(entry);
+            assert_eq!(e.field, field, "{entry}: {e}");
+        }
+        for (entry, http) in [
+            (r#"{"type": "local", "command": "x"}"#, false),
+            (r#"{"type": "remote", "url": "http://x/"}"#, true),
+            (
+                r#"{"type": "http", "url": "http://x/", "command": "x"}"#,
+                true,
+            ),
+            (r#"{"url": "http://x/", "env": {"A": "b"}}"#, true),
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"s": {entry}}}}}"#);
+            let loaded = parse(&text, Path::new("mcp.json")).expect(entry);
+            let is_http = matches!(loaded.config.servers[0].transport, TransportSpec::Http(_));
+            assert_eq!(is_http, http, "{entry}");
+        }
     }
 
     #[test]
