@@ -147,6 +147,13 @@ pub fn check_id(id: &str) -> Result<(), Invalid> {
     if id.is_empty() || id == "." || id == ".." {
         return bad("is not a server id");
     }
+    if id.len() > MAX_ID_LEN {
+        let shown = crate::util::text::one_line(id, 40);
+        return Err(Invalid::new(
+            "id",
+            format!("{shown:?} is longer than {MAX_ID_LEN} characters"),
+        ));
+    }
     if !id
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
@@ -162,8 +169,13 @@ pub fn check_id(id: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The longest server id: it names a directory of the disk cache (file names stop at
+/// 255 bytes) and begins every qualified name.
+pub const MAX_ID_LEN: usize = 128;
+
 /// A valid server id made from any name (an `mcpServers` key): characters outside
-/// the allowed set become `_`, runs of `_` shrink to one, `_` at either end goes.
+/// the allowed set become `_`, runs of `_` shrink to one, `_` at either end goes, and
+/// a long one is cut to leave room for a `-N` suffix under [`MAX_ID_LEN`].
 pub fn id_from_name(name: &str) -> String {
     let mapped: String = name
         .chars()
@@ -182,6 +194,8 @@ pub fn id_from_name(name: &str) -> String {
         }
         id.push(c);
     }
+    // All ASCII by now: cut anywhere.
+    id.truncate(MAX_ID_LEN - 8);
     let id = id.trim_matches('_').to_string();
     if check_id(&id).is_ok() {
         id
@@ -193,6 +207,15 @@ pub fn id_from_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_id_is_refused_and_a_long_name_cut() {
+        assert!(check_id(&"a".repeat(MAX_ID_LEN)).is_ok());
+        assert!(check_id(&"a".repeat(MAX_ID_LEN + 1)).is_err());
+        let id = id_from_name(&"long name ".repeat(100));
+        assert!(id.len() <= MAX_ID_LEN - 8 && check_id(&id).is_ok(), "{id}");
+        assert!(!id.ends_with('_'), "{id}");
+    }
 
     #[test]
     fn ids_that_would_blur_the_separator_are_refused() {
