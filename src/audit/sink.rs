@@ -499,7 +499,15 @@ impl AuditSink {
                     .unwritten
                     .fetch_add(dropped as u64, Ordering::Relaxed);
             }
-            let wake = !pending.woken && pending.records >= self.shared.config.batch.max(1);
+            let batch = self.shared.config.batch.max(1);
+            // A wake-up that never led to a drain (the actor killed with it in its
+            // mailbox, and gone for good: its timer gone too) is given again once the
+            // backlog is a batch more, at each batch, if no actor runs now.
+            let lost = pending.woken
+                && pending.records >= 2 * batch
+                && pending.records.is_multiple_of(batch)
+                && !self.writer_runs();
+            let wake = (!pending.woken && pending.records >= batch) || lost;
             pending.woken |= wake;
             wake
         };
@@ -555,6 +563,11 @@ impl AuditSink {
                 });
             }
         }
+    }
+
+    /// Whether the writer's actor runs (is not being rebuilt, nor gone).
+    fn writer_runs(&self) -> bool {
+        (self.actor.get()).is_some_and(|a| ractor::ACTIVE_STATES.contains(&a.get_status()))
     }
 
     /// Whether a write is under way now (perhaps stuck in it).
@@ -739,6 +752,50 @@ mod tests {
         );
         actor.stop(None);
         let _ = handle.await;
+    }
+
+    // A wake-up lost with its actor (killed with it in its mailbox, and not rebuilt)
+    // does not leave the records to pile up: once a batch more has come, they are
+    // written by the orphan writer. Before, nothing woke anyone again.
+    #[tokio::test]
+    async fn a_wake_up_lost_with_the_writer_is_given_again() {
+        let dir = crate::util::scratch::Scratch::new("lost-wake");
+        let path = dir.join("audit.jsonl");
+        let config = AuditConfig {
+            path: Some(path.clone()),
+            batch: 4,
+            ..AuditConfig::default()
+        };
+        let count = Arc::new(AtomicU64::new(0));
+        let (actor, handle) = ractor::Actor::spawn(None, Wakes, count.clone())
+            .await
+            .expect("spawn");
+        let slot = ActorSlot::default();
+        slot.set(actor.clone());
+        let sink = AuditSink::new(config, slot);
+        for i in 0..4u32 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        // Woken, and the wake-up taken by an actor that never drains, then killed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while count.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        actor.kill();
+        let _ = handle.await;
+        for i in 4..8u32 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        let lines = || {
+            std::fs::read_to_string(&path)
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while lines() < 8 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(lines(), 8, "every record written");
     }
 
     #[test]
