@@ -664,8 +664,9 @@ async fn a_servers_call_count_goes_on_across_a_reload_that_changes_it() {
     let _ = std::fs::remove_file(config);
 }
 
-// A resource no list names is asked of each server in turn; the first says it has no
-// such resource, quoting the URI in its message, and the read fails over. No span,
+// A resource no list names is asked of each server whose template makes it in turn;
+// the first (its list says more than it has) says it has no such resource, quoting the
+// URI in its message, and the read fails over. No span,
 // attribute or event carries the URI (it may hold a secret), the failover's included:
 // before, that event carried the server's message.
 #[tokio::test]
@@ -673,8 +674,14 @@ async fn a_failover_on_a_resource_read_puts_its_uri_in_no_span() {
     let (endpoint, received) = http_collector().await;
     let record = temp_file("otel-uri");
     let config = config("otel-uri", &record);
-    // A second server that serves the template, after the first in config order.
-    let mut toml = std::fs::read_to_string(&config).expect("config");
+    // A second server that serves the template, after the first in config order, which
+    // lists it too.
+    let mut toml = std::fs::read_to_string(&config).expect("config").replacen(
+        r#""s", "--record""#,
+        r#""s", "--list-template", "demo://echo/{text}", "--record""#,
+        1,
+    );
+    assert!(toml.contains("--list-template"), "{toml}");
     let second = format!(
         "[[servers]]\nid = \"t\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"t\", \"--resource-template\"] }}\n",
         harness_exe()

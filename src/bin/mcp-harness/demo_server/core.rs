@@ -479,9 +479,9 @@ impl DemoServer {
                     json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
                 ))
             }
-            "resources/templates/list" if !self.args.no_templates_method => {
-                Action::Reply(Ok(tools::resource_templates(self.args.resource_template)))
-            }
+            "resources/templates/list" if !self.args.no_templates_method => Action::Reply(Ok(
+                tools::resource_templates(self.args.resource_template, &self.args.list_template),
+            )),
             "resources/read" => {
                 Action::Reply(tools::read_resource(request, self.args.resource_template))
             }

@@ -169,6 +169,10 @@ pub struct DemoServerArgs {
     /// without the method do.
     #[arg(long)]
     pub no_templates_method: bool,
+    /// List this resource template too, without serving what it makes (a server whose
+    /// list says more than it has).
+    #[arg(long)]
+    pub list_template: Vec<String>,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
     /// (the protocol lets a server ping before `initialized`). Over HTTP the reply is an
     /// event stream, and the answer must come in the session its headers name.

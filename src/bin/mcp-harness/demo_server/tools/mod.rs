@@ -124,13 +124,17 @@ pub fn get_prompt(request: &Request) -> Result<Value, RpcError> {
     }
 }
 
-/// The resource templates: `demo://echo/{text}` with `template`, else none.
-pub fn resource_templates(template: bool) -> Value {
-    let templates = match template {
-        true => json!([{"uriTemplate": "demo://echo/{text}", "name": "echo",
-            "description": "Its own text", "mimeType": "text/plain"}]),
-        false => json!([]),
-    };
+/// The resource templates: `demo://echo/{text}` with `template`, and `listed` (served
+/// or not).
+pub fn resource_templates(template: bool, listed: &[String]) -> Value {
+    let mut templates = Vec::new();
+    if template {
+        templates.push(json!({"uriTemplate": "demo://echo/{text}", "name": "echo",
+            "description": "Its own text", "mimeType": "text/plain"}));
+    }
+    for (i, t) in listed.iter().enumerate() {
+        templates.push(json!({"uriTemplate": t, "name": format!("listed-{i}")}));
+    }
     json!({ "resourceTemplates": templates })
 }
 
