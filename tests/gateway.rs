@@ -3655,6 +3655,60 @@ async fn read_until(resp: &mut reqwest::Response, seen: &mut String, want: &str)
     true
 }
 
+// Prompt and resource list changes reach the subscriptions that asked for them, each
+// under its own method; one that asked for tool changes alone hears neither. Before,
+// only tool changes were honoured.
+#[tokio::test]
+async fn prompt_and_resource_list_changes_reach_the_subscriptions_that_asked() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let asked = json!({"toolsListChanged": true, "promptsListChanged": true,
+        "resourcesListChanged": true, "elsewhere": true});
+    let mut all = open_listen(&gw, "tok-a", json!("all"), asked).await;
+    let mut heard = String::new();
+    assert!(
+        read_until(&mut all, &mut heard, "acknowledged").await,
+        "{heard}"
+    );
+    assert!(
+        heard.contains(r#""notifications":{"promptsListChanged":true,"resourcesListChanged":true,"toolsListChanged":true}"#),
+        "every list honoured, nothing else: {heard}"
+    );
+    let (mut tools, mut tools_heard) = subscribed(&gw, "tok-a", "tools").await;
+    let notify = |list: &str| json!({"name": "beta__notify_changed", "arguments": {"list": list}});
+    for list in ["prompts", "resources"] {
+        let (status, r) = gw.modern("tok-a", "tools/call", notify(list)).await;
+        assert_eq!(status, 200, "{r}");
+        let method = format!("notifications/{list}/list_changed");
+        assert!(
+            read_until(&mut all, &mut heard, &method).await,
+            "{list}: {heard}"
+        );
+    }
+    // The tools-only subscription hears the next tool change, and nothing before it.
+    gw.modern("tok-a", "tools/call", notify("tools")).await;
+    assert!(
+        read_until(
+            &mut tools,
+            &mut tools_heard,
+            "notifications/tools/list_changed"
+        )
+        .await,
+        "{tools_heard}"
+    );
+    assert!(
+        !tools_heard.contains("prompts/list_changed")
+            && !tools_heard.contains("resources/list_changed"),
+        "{tools_heard}"
+    );
+    // Declared so, to both eras.
+    let (_, discover) = gw.modern("tok-a", "server/discover", json!({})).await;
+    let caps = &discover["result"]["capabilities"];
+    assert_eq!(caps["prompts"]["listChanged"], true, "{discover}");
+    assert_eq!(caps["resources"]["listChanged"], true, "{discover}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at_shutdown() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
@@ -3692,8 +3746,8 @@ async fn a_subscription_is_acknowledged_tagged_told_of_tool_changes_and_ended_at
     assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
     assert_eq!(
         ack["params"]["notifications"],
-        json!({"toolsListChanged": true}),
-        "only what is honoured"
+        json!({"toolsListChanged": true, "promptsListChanged": true}),
+        "what is honoured"
     );
     assert_eq!(
         ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],

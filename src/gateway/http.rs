@@ -38,6 +38,7 @@ use crate::call::CancelToken;
 use crate::protocol::error::{HEADER_MISMATCH, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
+use crate::server::ListsChanged;
 use crate::transport::http::headers::mcp_name;
 
 type HttpBody = BoxBody<Bytes, Infallible>;
@@ -502,12 +503,19 @@ fn keep_alive_sent(tx: &mpsc::Sender<Bytes>) -> bool {
     !tx.is_closed()
 }
 
-/// Sends `notifications/tools/list_changed` to every legacy session's GET stream when
-/// the harness reports a change.
+/// Sends `notifications/*/list_changed` to every legacy session's GET stream when the
+/// harness reports a change of its lists.
 async fn notify_changes(state: std::sync::Weak<State>) {
     let Some(mut events) = state.upgrade().map(|s| s.gateway.harness().subscribe()) else {
         return;
     };
+    let frame = |method: &str| {
+        sse_frame(&Message::Notification(Notification {
+            method: method.into(),
+            params: None,
+        }))
+    };
+    let frames: Vec<(&str, Bytes)> = ListsChanged::ALL.methods().map(|m| (m, frame(m))).collect();
     loop {
         // A lagged receiver lost events: everyone is told, to be safe.
         let event = match events.recv().await {
@@ -516,23 +524,22 @@ async fn notify_changes(state: std::sync::Weak<State>) {
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
         let Some(state) = state.upgrade() else { return };
-        let frame = sse_frame(&Message::Notification(Notification {
-            method: "notifications/tools/list_changed".into(),
-            params: None,
-        }));
         for session in state.sessions.lock().values_mut() {
-            if event
-                .as_ref()
-                .is_some_and(|e| !state.gateway.concerns(&session.principal, e))
-            {
-                continue;
+            let changed = match &event {
+                Some(e) => state.gateway.changes(&session.principal, e),
+                None => ListsChanged::ALL,
+            };
+            for method in changed.methods() {
+                let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) else {
+                    continue;
+                };
+                session
+                    .streams
+                    .retain(|(tx, _)| match tx.try_send(frame.clone()) {
+                        Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
+                        Err(mpsc::error::TrySendError::Closed(_)) => false,
+                    });
             }
-            session
-                .streams
-                .retain(|(tx, _)| match tx.try_send(frame.clone()) {
-                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                });
         }
     }
 }
@@ -1625,7 +1632,7 @@ fn listen_stream(
     };
     let taken = place.taken.clone();
     let accepted = Gateway::listen_accepts(request.params.as_ref());
-    let tools = accepted.get("toolsListChanged").is_some();
+    let lists = Gateway::listen_lists(&accepted);
     let id = request.id;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let _ = tx.try_send(sse_frame(&Gateway::listen_ack(&id, accepted)));
@@ -1635,7 +1642,9 @@ fn listen_stream(
     let mut reloads = state.gateway.reloads();
     reloads.mark_changed();
     tokio::spawn(async move {
-        let changed = sse_frame(&Gateway::listen_changed(&id));
+        let frames: Vec<(&str, Bytes)> = (lists.methods())
+            .map(|m| (m, sse_frame(&Gateway::listen_changed(&id, m))))
+            .collect();
         let expired = async {
             match until {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -1648,14 +1657,16 @@ fn listen_stream(
         loop {
             tokio::select! {
                 event = events.recv() => {
-                    let concerns = match &event {
-                        Ok(e) => slot.state.gateway.concerns(&slot.principal, e),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                    let changed = match &event {
+                        Ok(e) => slot.state.gateway.changes(&slot.principal, e),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => ListsChanged::ALL,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     };
-                    if tools && concerns {
+                    for method in changed.intersect(lists).methods() {
                         // A full queue already holds a change to report.
-                        let _ = tx.try_send(changed.clone());
+                        if let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) {
+                            let _ = tx.try_send(frame.clone());
+                        }
                     }
                 }
                 () = tx.closed() => return,

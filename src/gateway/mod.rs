@@ -53,7 +53,7 @@ use crate::protocol::meta::{
     KEY_CLIENT_CAPABILITIES, KEY_PROTOCOL_VERSION, KEY_SERVER_INFO, LEGACY_VERSIONS, MODERN,
 };
 use crate::protocol::{InputRequired, Request, RpcError};
-use crate::server::ServerError;
+use crate::server::{ListsChanged, ServerError};
 use crate::util::duration;
 use crate::util::text::one_line;
 use crate::util::trace_context::{HeadSampler, call_span};
@@ -858,6 +858,13 @@ impl Change {
     }
 }
 
+/// What a `subscriptions/listen` may ask for, as [`ListsChanged`] orders them.
+const LISTEN_KEYS: [&str; 3] = [
+    "toolsListChanged",
+    "promptsListChanged",
+    "resourcesListChanged",
+];
+
 /// The methods the gateway serves to 2026-07-28 clients (others are -32601 / 404;
 /// legacy sessions also get `ping`).
 pub const METHODS: &[&str] = &[
@@ -1153,26 +1160,38 @@ impl Gateway {
         json!({"name": "mcp-harness-gateway", "version": env!("CARGO_PKG_VERSION")})
     }
 
-    /// What the gateway serves (the same in `server/discover` and `initialize`): tools
-    /// with change notifications, prompts, resources.
+    /// What the gateway serves (the same in `server/discover` and `initialize`): tools,
+    /// prompts and resources, each with change notifications.
     fn capabilities() -> Value {
-        // Tool list changes reach legacy sessions (their GET stream, or the pipe) and
+        // List changes reach legacy sessions (their GET stream, or the pipe) and
         // 2026-07-28 clients holding subscriptions/listen.
-        json!({"tools": {"listChanged": true}, "prompts": {}, "resources": {}})
+        json!({
+            "tools": {"listChanged": true},
+            "prompts": {"listChanged": true},
+            "resources": {"listChanged": true},
+        })
     }
 
-    /// What a `subscriptions/listen` asked for that the gateway honours (tool list
-    /// changes), as its acknowledgement echoes it.
+    /// What a `subscriptions/listen` asked for that the gateway honours (list changes:
+    /// tools, prompts, resources), as its acknowledgement echoes it.
     pub fn listen_accepts(params: Option<&Value>) -> Value {
-        let tools = params
-            .and_then(|p| p.get("notifications"))
-            .and_then(|n| n.get("toolsListChanged"))
-            .and_then(Value::as_bool)
-            == Some(true);
-        if tools {
-            json!({"toolsListChanged": true})
-        } else {
-            json!({})
+        let asked = params.and_then(|p| p.get("notifications"));
+        let mut accepted = Map::new();
+        for key in LISTEN_KEYS {
+            if asked.and_then(|n| n.get(key)).and_then(Value::as_bool) == Some(true) {
+                accepted.insert(key.into(), Value::Bool(true));
+            }
+        }
+        Value::Object(accepted)
+    }
+
+    /// The lists an acknowledgement ([`Gateway::listen_accepts`]) took.
+    pub fn listen_lists(accepted: &Value) -> ListsChanged {
+        let has = |key: &str| accepted.get(key).is_some();
+        ListsChanged {
+            tools: has(LISTEN_KEYS[0]),
+            prompts: has(LISTEN_KEYS[1]),
+            resources: has(LISTEN_KEYS[2]),
         }
     }
 
@@ -1192,10 +1211,14 @@ impl Gateway {
         })
     }
 
-    /// A tool list change, on subscription `id`.
-    pub fn listen_changed(id: &crate::protocol::RequestId) -> crate::protocol::Message {
+    /// A list change (`method`: `notifications/tools/list_changed`, …), on
+    /// subscription `id`.
+    pub fn listen_changed(
+        id: &crate::protocol::RequestId,
+        method: &str,
+    ) -> crate::protocol::Message {
         crate::protocol::Message::Notification(crate::protocol::Notification {
-            method: "notifications/tools/list_changed".into(),
+            method: method.into(),
             params: Some(json!({"_meta": Self::subscription_meta(id)})),
         })
     }
@@ -1208,16 +1231,37 @@ impl Gateway {
         })
     }
 
-    /// Whether a change of `event` concerns `principal` (it may use that server).
-    pub fn concerns(&self, principal: &Principal, event: &crate::registry::HarnessEvent) -> bool {
+    /// Which of `principal`'s lists `event` changes (none when it may not use that
+    /// server).
+    pub fn changes(
+        &self,
+        principal: &Principal,
+        event: &crate::registry::HarnessEvent,
+    ) -> ListsChanged {
         use crate::registry::HarnessEvent as E;
         let may_use = |server: &str| self.inner.harness.may_use(&principal.agent, server);
         match event {
-            E::ToolsChanged { server, .. } | E::ServerAdded { server } => may_use(server),
-            E::ListsChanged { server, tools, .. } => *tools && may_use(server),
+            E::ToolsChanged { server, .. } if may_use(server) => ListsChanged {
+                tools: true,
+                ..ListsChanged::default()
+            },
+            E::ServerAdded { server } if may_use(server) => ListsChanged::ALL,
+            E::ListsChanged {
+                server,
+                tools,
+                prompts,
+                resources,
+            } if may_use(server) => ListsChanged {
+                tools: *tools,
+                prompts: *prompts,
+                resources: *resources,
+            },
             // Gone, so its grants cannot be asked; the notice names no server.
-            E::ServerRemoved { .. } => true,
-            E::GrantsChanged { agents } => agents.iter().any(|a| **a == *principal.agent),
+            E::ServerRemoved { .. } => ListsChanged::ALL,
+            E::GrantsChanged { agents } if agents.iter().any(|a| **a == *principal.agent) => {
+                ListsChanged::ALL
+            }
+            _ => ListsChanged::default(),
         }
     }
 

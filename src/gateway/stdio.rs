@@ -20,6 +20,7 @@ use super::{
 use crate::call::CancelToken;
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
 use crate::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
+use crate::server::ListsChanged;
 
 /// Longest line read, whatever `max_body_bytes` says; a longer one is skipped unread.
 const MAX_LINE: usize = 16 << 20;
@@ -115,22 +116,41 @@ const MAX_QUEUED_NOTICES: usize = 4 << 20;
 /// sent however many changes came meanwhile.
 const OWED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// A list change dropped for a client that was not reading, owed until it is queued:
-/// tried again at a time fixed when it was dropped, which other events (of other
-/// servers, say) do not put off.
+/// List changes dropped for a client that was not reading, owed until they are
+/// queued: tried again at a time fixed when the first was dropped, which other events
+/// (of other servers, say) do not put off.
 #[derive(Default)]
-struct Owed(Option<tokio::time::Instant>);
+struct Owed(Option<tokio::time::Instant>, ListsChanged);
 
 impl Owed {
-    /// Whether the notice went out (`queued`), or is owed from now.
-    fn sent(&mut self, queued: bool) {
-        self.0 = (!queued).then(|| tokio::time::Instant::now() + OWED_RETRY);
+    /// Sends a notice of each list in `changed` and of those owed (`send` says whether
+    /// it was queued); those not sent are owed from now, if none was before.
+    fn send(&mut self, changed: ListsChanged, mut send: impl FnMut(&'static str) -> bool) {
+        let lists = self.1.union(changed);
+        let mut unsent = ListsChanged::default();
+        for method in lists.methods() {
+            if !send(method) {
+                unsent.mark(method);
+            }
+        }
+        self.1 = unsent;
+        self.0 = match unsent.any() {
+            true => self
+                .0
+                .or_else(|| Some(tokio::time::Instant::now() + OWED_RETRY)),
+            false => None,
+        };
     }
 
-    /// Returns when an owed notice is to be tried again; never when none is owed.
-    async fn due(&self) {
+    /// Takes what is owed once it is due to be tried again (the time is cleared, so
+    /// that [`Owed::send`] sets the next); never returns when nothing is owed.
+    async fn due(&mut self) -> ListsChanged {
         match self.0 {
-            Some(at) => tokio::time::sleep_until(at).await,
+            Some(at) => {
+                tokio::time::sleep_until(at).await;
+                self.0 = None;
+                std::mem::take(&mut self.1)
+            }
             None => std::future::pending().await,
         }
     }
@@ -653,35 +673,30 @@ async fn listen(
     closing: CancelToken,
 ) {
     let accepted = Gateway::listen_accepts(request.params.as_ref());
-    let tools = accepted.get("toolsListChanged").is_some();
+    let lists = Gateway::listen_lists(&accepted);
     let mut events = gateway.harness().subscribe();
     pipe.send(&Gateway::listen_ack(&request.id, accepted));
     let mut owed = Owed::default();
+    let notify = |method: &str| pipe.notify_message(&Gateway::listen_changed(&request.id, method));
     loop {
-        tokio::select! {
-            event = events.recv() => {
-                let concerns = match &event {
-                    Ok(e) => gateway.concerns(principal, e),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                };
-                if tools && concerns {
-                    owed.sent(pipe.notify_message(&Gateway::listen_changed(&request.id)));
-                }
-            }
-            () = owed.due() => {
-                owed.sent(pipe.notify_message(&Gateway::listen_changed(&request.id)));
-            }
+        let changed = tokio::select! {
+            event = events.recv() => match &event {
+                Ok(e) => gateway.changes(principal, e).intersect(lists),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => lists,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            },
+            owed_now = owed.due() => owed_now,
             // The client ended it: nothing more is sent for it.
             () = cancelled.cancelled() => return,
             () = closing.cancelled() => break,
-        }
+        };
+        owed.send(changed, notify);
     }
     pipe.send(&Gateway::listen_end(&request.id));
 }
 
-/// `notifications/tools/list_changed` to a legacy client when the harness reports a
-/// change (2026-07-28 clients hold no session to notify).
+/// `notifications/*/list_changed` to a legacy client when the harness reports a change
+/// of its lists (2026-07-28 clients hold no session to notify).
 async fn notify_changes(
     gateway: Gateway,
     principal: Principal,
@@ -691,21 +706,23 @@ async fn notify_changes(
     let mut events = gateway.harness().subscribe();
     let mut owed = Owed::default();
     loop {
-        let concerns = tokio::select! {
+        let changed = tokio::select! {
             event = events.recv() => match event {
-                Ok(e) => gateway.concerns(&principal, &e),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                Ok(e) => gateway.changes(&principal, &e),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => ListsChanged::ALL,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
             // The pipe is not held meanwhile: the session's end is not held up by it.
-            () = owed.due() => true,
+            owed_now = owed.due() => owed_now,
         };
         let Some(pipe) = pipe.upgrade() else { return };
-        if concerns && session.lock().is_some() {
-            owed.sent(pipe.notify_message(&Message::Notification(Notification {
-                method: "notifications/tools/list_changed".into(),
-                params: None,
-            })));
+        if changed.any() && session.lock().is_some() {
+            owed.send(changed, |method| {
+                pipe.notify_message(&Message::Notification(Notification {
+                    method: method.into(),
+                    params: None,
+                }))
+            });
         }
     }
 }

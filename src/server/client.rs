@@ -58,6 +58,26 @@ impl ListsChanged {
         }
     }
 
+    /// The lists marked in both.
+    pub fn intersect(self, other: ListsChanged) -> ListsChanged {
+        ListsChanged {
+            tools: self.tools && other.tools,
+            prompts: self.prompts && other.prompts,
+            resources: self.resources && other.resources,
+        }
+    }
+
+    /// The `notifications/*/list_changed` methods of the lists marked, tools first.
+    pub fn methods(self) -> impl Iterator<Item = &'static str> {
+        [
+            (self.tools, "notifications/tools/list_changed"),
+            (self.prompts, "notifications/prompts/list_changed"),
+            (self.resources, "notifications/resources/list_changed"),
+        ]
+        .into_iter()
+        .filter_map(|(marked, method)| marked.then_some(method))
+    }
+
     /// The lists marked in `self` and not in `other`.
     pub fn without(self, other: ListsChanged) -> ListsChanged {
         ListsChanged {

@@ -52,8 +52,8 @@ pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
         ),
         tool(
             "notify_changed",
-            "Sends tools/list_changed (legacy)",
-            json!({}),
+            "Sends tools/list_changed (legacy), or another list's",
+            json!({"list": s("tools (the default), prompts or resources")}),
             &[],
         ),
         tool(
@@ -135,11 +135,16 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             reply(text(format!("{n} tools added")))
         }
         "notify_changed" => {
+            let list = match arg(request, "list").and_then(Value::as_str) {
+                Some("prompts") => "prompts",
+                Some("resources") => "resources",
+                _ => "tools",
+            };
             ctx.broadcast
                 .as_ref()
                 .unwrap_or(&ctx.peer)
-                .notify("notifications/tools/list_changed", json!({}));
-            reply(text("sent tools/list_changed"))
+                .notify(&format!("notifications/{list}/list_changed"), json!({}));
+            reply(text(format!("sent {list}/list_changed")))
         }
         "notify_flood" => {
             let n = arg(request, "n")
