@@ -327,6 +327,31 @@ async fn each_discovery_variant_leads_to_a_token_and_the_server_checks_pkce_stat
     }
 }
 
+// The challenge may name resource metadata on another origin (RFC 9728 lets it): it is
+// read there, and its `resource`, this server's URL, is what counts. Before, any other
+// origin was refused and the sign-in never began.
+#[tokio::test]
+async fn resource_metadata_on_another_origin_is_read_and_its_resource_checked() {
+    let w = World::new(
+        &["--client", "pre"],
+        &["--oauth-prm", "header", "--oauth-prm-host", "localhost"],
+    )
+    .await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    assert_eq!(subject(&h, &as_user("alice")).await.expect("call"), "alice");
+    let asked = recorded(&w.mcp_record)
+        .into_iter()
+        .filter(|r| r["method"] == "GET" && r["path"].is_string())
+        .any(|r| {
+            r["headers"]["host"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("localhost:"))
+        });
+    assert!(asked, "the metadata was read on the other origin");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_pre_registered_client_a_metadata_document_and_registration_each_sign_in() {
     // Pre-registered, confidential.

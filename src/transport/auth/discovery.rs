@@ -178,14 +178,9 @@ pub(crate) fn resource_metadata_urls(
         });
     }
     if let Some(raw) = from_challenge {
-        let url = checked_url(raw, server)?;
-        if url.origin() != server.origin() {
-            return Err(AuthFailure::BadUrl {
-                url: crate::util::text::one_line(raw, 200),
-                why: "the resource metadata is not on the server's own origin".into(),
-            });
-        }
-        return Ok(vec![url]);
+        // Anywhere HTTPS and public (RFC 9728 puts it where the server says): what it
+        // says counts only if its `resource` is this server, as checked once read.
+        return Ok(vec![checked_url(raw, server)?]);
     }
     let mut urls = Vec::new();
     let with_path = inserted(server, "oauth-protected-resource");
@@ -462,13 +457,23 @@ mod tests {
         // A server on a private network may name its neighbours.
         let private = url("https://10.0.0.5/mcp");
         assert!(checked_url("https://10.0.0.6/", &private).is_ok());
+        // Another origin may hold it (its `resource` must still be this server's), but
+        // not this machine's nor a private network's.
         assert!(
             resource_metadata_urls(
                 &s,
-                Some("https://evil.example/.well-known/oauth-protected-resource")
+                Some("https://meta.example/.well-known/oauth-protected-resource")
             )
-            .is_err(),
+            .is_ok(),
             "another origin"
+        );
+        assert!(
+            resource_metadata_urls(&s, Some("https://127.0.0.1/.well-known/x")).is_err(),
+            "this machine"
+        );
+        assert!(
+            resource_metadata_urls(&s, Some("http://meta.example/.well-known/x")).is_err(),
+            "plain HTTP"
         );
     }
 

@@ -243,7 +243,14 @@ fn oauth_gate(
     use super::PrmAt;
     let args = &state.server.args;
     let issuer = args.oauth_issuer.as_ref()?;
-    let base = origin(state, headers);
+    let base = match &args.oauth_prm_host {
+        Some(_) => state.base.clone(),
+        None => origin(state, headers),
+    };
+    let prm_base = match &args.oauth_prm_host {
+        Some(host) => state.base.replacen("127.0.0.1", host, 1),
+        None => base.clone(),
+    };
     let resource = match (&args.oauth_resource, args.oauth_resource_root) {
         (Some(r), _) => r.clone(),
         (None, true) => format!("{base}/"),
@@ -278,7 +285,7 @@ fn oauth_gate(
             params.push(format!("error=\"{e}\""));
         }
         if args.oauth_prm == PrmAt::Header {
-            params.push(format!("resource_metadata=\"{base}{path_prm}\""));
+            params.push(format!("resource_metadata=\"{prm_base}{path_prm}\""));
         }
         if !args.oauth_no_scope_hint || error.is_some() {
             params.push(format!("scope=\"{scope}\""));

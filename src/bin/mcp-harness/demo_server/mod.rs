@@ -301,6 +301,11 @@ pub struct DemoServerArgs {
     /// a prefix of its URL.
     #[arg(long)]
     pub oauth_resource_root: bool,
+    /// The challenge names the metadata under this host name instead of the server's
+    /// own (`localhost` for `127.0.0.1`: another origin), and the metadata names the
+    /// server's own URL as its `resource` whatever host it was asked by.
+    #[arg(long)]
+    pub oauth_prm_host: Option<String>,
     /// Leave `scope` out of the challenge.
     #[arg(long)]
     pub oauth_no_scope_hint: bool,
