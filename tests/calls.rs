@@ -1245,12 +1245,12 @@ async fn an_unlisted_resource_is_asked_of_each_server_but_not_while_one_is_unlis
 }
 
 // Resource templates are listed (by their own uriTemplate) to those who may read
-// anything of their server, and a URI no list names is read from the servers whose
-// templates make it, alone: before, it was asked of every server with resources in
-// turn, the first in rank seeing a URI (a secret in it, maybe) that was never its.
-// A URI no template makes is still asked of each in turn.
+// anything of their server, and a URI no list names is asked first of the servers
+// whose templates make it: before, it was asked of every server with resources in
+// rank order, the first seeing a URI (a secret in it, maybe) that was never its. A URI
+// no template makes is still asked of each in turn.
 #[tokio::test]
-async fn a_uri_a_template_makes_is_read_only_where_the_template_is() {
+async fn a_uri_a_template_makes_is_read_first_where_the_template_is() {
     let record = temp_file("templates-first");
     let mut first = demo("first", &["--record", &record.to_string_lossy()]);
     first.priority = 10;
@@ -1277,7 +1277,7 @@ async fn a_uri_a_template_makes_is_read_only_where_the_template_is() {
     let r = h
         .read_resource(&a, "demo://echo/hello")
         .await
-        .expect("read where the template is");
+        .expect("read where the template is, first");
     assert_eq!(r["contents"][0]["text"], "hello");
     assert_eq!(reads(), 0, "the first server never saw the URI");
     let e = h.read_resource(&a, "demo://nowhere/x").await;

@@ -197,14 +197,18 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
 }
 
 /// `text` with the credentials of any URL in it (`https://user:pass@host`) hidden: a
-/// value under no secret name may still carry them.
-fn without_userinfo(text: &str) -> String {
+/// value under no secret name (or a resource's URI) may still carry them. The part
+/// taken for the authority ends only at a `/` or a space: a password written with a
+/// `#` or `?` in it is hidden too (and, rarely, a query's text before an `@`).
+pub(crate) fn without_userinfo(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
         let (head, tail) = rest.split_at(at + 3);
         out.push_str(head);
-        let authority = tail.find(['/', '?', '#', ' ']).unwrap_or(tail.len());
+        let authority = tail
+            .find(|c: char| c == '/' || c.is_whitespace())
+            .unwrap_or(tail.len());
         match tail[..authority].rfind('@') {
             Some(user) => {
                 out.push_str("[redacted]");
@@ -307,6 +311,10 @@ mod tests {
             "see ftp://[redacted]@files and http://plain/x@y"
         );
         assert_eq!(out["n"], "a@b");
+        assert_eq!(
+            without_userinfo("https://u:pa#ss@h/x and s3://k:s?x@b"),
+            "https://[redacted]@h/x and s3://[redacted]@b"
+        );
     }
 
     #[test]

@@ -132,6 +132,16 @@ impl ListKind {
         }
     }
 
+    /// The server capability that says it has such items (templates are a part of
+    /// `resources`).
+    pub fn capability(self) -> &'static str {
+        match self {
+            ListKind::Tools => "tools",
+            ListKind::Prompts => "prompts",
+            ListKind::Resources | ListKind::ResourceTemplates => "resources",
+        }
+    }
+
     /// The field that names an item.
     pub fn item_key(self) -> &'static str {
         match self {

@@ -516,7 +516,7 @@ impl<'a> Walker<'a> {
                 c.era() == crate::transport::Era::Legacy
                     || c.profile()
                         .capabilities()
-                        .get(self.kind.key())
+                        .get(self.kind.capability())
                         .and_then(|k| k.get("listChanged"))
                         == Some(&Value::Bool(true))
             })

@@ -69,6 +69,10 @@ impl CallRecord {
         let recording = sink.is_recording();
         let started_ms = if recording { unix_ms() } else { 0 };
         if recording {
+            // A resource's URI may carry credentials (`https://user:token@host/…`).
+            let scrubbed = (kind == CallKind::Resource && name.contains('@'))
+                .then(|| crate::audit::without_userinfo(name));
+            let name = scrubbed.as_deref().unwrap_or(name);
             let auth = sink.hash_context(caller.auth_context.as_deref());
             sink.record(&Started {
                 event: "started",

@@ -192,8 +192,8 @@ async fn route_bare<'a>(
         })
         .collect();
     // A uri no list names (a template's, say): the servers with resources are asked in
-    // order, each "no such resource" moving on to the next; only those whose templates
-    // make it, when any does. Not while one that may have
+    // order, those whose templates make it first, each "no such resource" moving on to
+    // the next. Not while one that may have
     // resources could not be listed: the uri may be its (a secret in it), and another's
     // answer would pass for its own. (A server disabled in the config is out of it; one
     // stopped after a crash is not.)
@@ -211,10 +211,6 @@ async fn route_bare<'a>(
             .filter(|s| super::listing::offers(s, list))
             .map(|s| (s.clone(), None))
             .collect();
-        let templated = of_templates(ctx, caller, name, &offering, deadline).await;
-        if !templated.is_empty() {
-            offering.retain(|(s, _)| templated.iter().any(|t| t == s.id()));
-        }
     }
     let allowed: Vec<&(ServerRef, Option<Value>)> = offering
         .iter()
@@ -233,30 +229,41 @@ async fn route_bare<'a>(
             denied(agent, None, name)
         });
     }
-    Ok(in_order(&granted, &allowed, name, guessed))
+    let mut ordered = in_order(&granted, &allowed, name, guessed);
+    if guessed && ordered.len() > 1 {
+        // Only put first, not the others left out: a server may serve URIs it lists no
+        // template of (a file server, any path), and one whose templates could not be
+        // listed may be the URI's.
+        let templated = of_templates(ctx, caller, name, &ordered, deadline).await;
+        ordered.sort_by_key(|c| !templated.iter().any(|t| t == c.server.id()));
+    }
+    Ok(ordered)
 }
 
-/// Work spent at most matching a URI against the servers' templates, in steps (one
-/// per template part per character of the URI): a hostile list of long templates
-/// costs this much and no more, and the read is then asked of every server in order.
-const TEMPLATE_BUDGET: usize = 1 << 20;
+/// Work spent at most matching a URI against the servers' templates, in byte steps
+/// (see [`crate::protocol::uri_template::matches`]): a hostile list of long templates
+/// costs this much and no more, and the read is then asked of the servers in order.
+const TEMPLATE_BUDGET: usize = 1 << 22;
 
-/// The ids of the servers among `offering` that list a resource template `uri` could
-/// be an expansion of (none: no such template, or not decided within the budget).
+/// The ids of the servers among `candidates` that list a resource template `uri` could
+/// be an expansion of (none: no such template, or not decided within the budget). The
+/// lists are read within a quarter of the time left: the read itself keeps the rest.
 async fn of_templates(
     ctx: &Arc<CallContext>,
     caller: &Caller,
     uri: &str,
-    offering: &[(ServerRef, Option<Value>)],
+    candidates: &[Candidate<'_>],
     deadline: Instant,
 ) -> Vec<String> {
-    let servers = offering.iter().map(|(s, _)| s.clone()).collect();
+    let servers = candidates.iter().map(|c| c.server.clone()).collect();
+    let now = Instant::now();
+    let until = now + deadline.saturating_duration_since(now) / 4;
     let (lists, _) = list_all(
         ctx,
         caller,
         ListKind::ResourceTemplates,
         servers,
-        Some(deadline),
+        Some(until),
     )
     .await;
     let mut budget = TEMPLATE_BUDGET;

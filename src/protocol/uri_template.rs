@@ -89,15 +89,16 @@ fn parse(template: &str) -> Option<Vec<Part<'_>>> {
 }
 
 /// Whether `uri` could be an expansion of `template`: `Some(true)` or `Some(false)`,
-/// or `None` when deciding would take more than what is left of `budget` (steps, one
-/// per part per character of `uri`; taken from it either way).
+/// or `None` when deciding could take more than what is left of `budget` (byte steps:
+/// the template's length times the URI's, which bounds the parse and every part's
+/// scan, a literal's compares included; taken from it either way).
 pub(crate) fn matches(template: &str, uri: &str, budget: &mut usize) -> Option<bool> {
+    let cost = template.len().max(1).saturating_mul(uri.len() + 1);
+    *budget = budget.checked_sub(cost)?;
     let Some(parts) = parse(template) else {
         return Some(false);
     };
     let uri = uri.as_bytes();
-    let cost = parts.len().saturating_mul(uri.len() + 1);
-    *budget = budget.checked_sub(cost)?;
     // reach[i]: the first i bytes of `uri` are an expansion of the parts so far.
     let mut reach = vec![false; uri.len() + 1];
     reach[0] = true;
@@ -200,11 +201,15 @@ mod tests {
     #[test]
     fn the_budget_bounds_the_work() {
         let uri = "a".repeat(1000);
-        let mut budget = 3 * 1001;
+        let mut budget = 9 * 1001;
         assert_eq!(matches("{a}{b}{c}", &uri, &mut budget), Some(true));
         assert_eq!(budget, 0);
         assert_eq!(matches("{a}", &uri, &mut budget), None, "spent");
         let mut budget = 10;
         assert_eq!(matches("x{a}", &uri, &mut budget), None);
+        // One that is no template costs its length all the same.
+        let mut budget = 5 * 1001;
+        assert_eq!(matches("a{b c", &uri, &mut budget), Some(false));
+        assert_eq!(budget, 0);
     }
 }

@@ -776,6 +776,8 @@ impl ServerActorState {
             return;
         };
         if current.capabilities == now {
+            // Caught up (a retry not needed any more): the next change starts afresh.
+            self.handovers_failed = 0;
             return;
         }
         if era == Some(Era::Modern) {

@@ -330,22 +330,22 @@ impl ServersState {
         let stopping: Vec<ServerRef> = (self.args.directory.stopping().into_iter())
             .filter(|s| s.id() == config.id)
             .collect();
-        let server = match stopping.is_empty() {
-            true => ServerRef::added(config, request),
-            false => {
-                let predecessor = tokio_util::sync::CancellationToken::new();
-                let stopped = predecessor.clone().drop_guard();
-                tokio::spawn(async move {
-                    for old in stopping {
-                        old.gone().cancelled().await;
-                    }
-                    drop(stopped);
-                });
-                ServerRef::replacing(config, request, predecessor)
-            }
+        let predecessor = (!stopping.is_empty()).then(tokio_util::sync::CancellationToken::new);
+        let server = match &predecessor {
+            None => ServerRef::added(config, request),
+            Some(token) => ServerRef::replacing(config, request, token.clone()),
         };
         if !insert_added(&self.args.directory, &server)? {
             return Ok(());
+        }
+        if let Some(token) = predecessor {
+            let stopped = token.drop_guard();
+            tokio::spawn(async move {
+                for old in stopping {
+                    old.gone().cancelled().await;
+                }
+                drop(stopped);
+            });
         }
         if let Err(e) = self.spawn(myself, server.clone(), Start::New).await {
             self.args.directory.discard(server.id());
