@@ -1074,6 +1074,61 @@ async fn item_05_a_legacy_server_asking_past_round_cap_during_a_call_is_refused(
     h.shutdown().await;
 }
 
+// A legacy server asking during a long call is held to round_cap even while the same
+// agent's short calls come and go on it. Before, each new one had been asked nothing,
+// and the least count among the calls on the server stayed under the cap for ever:
+// the server could ask until the long call's deadline. When all the calls on the
+// server are one agent's, the most asked of them now counts.
+#[tokio::test]
+async fn short_calls_beside_a_long_one_do_not_lift_a_legacy_servers_round_cap() {
+    struct Slow(Arc<AtomicUsize>);
+    impl InputHandler for Slow {
+        fn capability(&self) -> Value {
+            json!({"form": {}})
+        }
+        fn answer(&self, _: InputRequestContext) -> InputFuture {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(json!({"action": "accept", "content": {"x": "y"}}))
+            })
+        }
+    }
+    let seen = Arc::new(AtomicUsize::new(0));
+    let mut cfg = config(vec![demo_server("leg", &["--era", "legacy"])]);
+    cfg.round_cap = 3;
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(Slow(seen.clone()))),
+    )
+    .await;
+    // Short calls, one after another on two lanes: one is on the server at each
+    // question, asked at most once.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lanes: Vec<_> = (0..2)
+        .map(|_| {
+            let (h, done) = (h.clone(), done.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::SeqCst) {
+                    let _ = h
+                        .call_tool(&a(), "leg__slow", json!({"ms": 100, "text": "x"}))
+                        .await;
+                }
+            })
+        })
+        .collect();
+    let e = h
+        .call_tool(&a(), "leg__rounds", json!({"n": 6}))
+        .await
+        .expect_err("refused past the cap");
+    assert!(e.to_string().contains("round_cap"), "{e}");
+    assert_eq!(seen.load(Ordering::SeqCst), 3, "three answered, no more");
+    done.store(true, Ordering::SeqCst);
+    for lane in lanes {
+        let _ = lane.await;
+    }
+    h.shutdown().await;
+}
+
 // A call that fails over from one legacy server to another is held to one round_cap
 // on both: the second server's questions count on from the first's. Before, each
 // server it tried could ask round_cap more.

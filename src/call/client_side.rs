@@ -148,7 +148,7 @@ impl ClientSide for HarnessClient {
         };
         // An elicitation during a delegated call is its caller's to answer.
         let asker = match request.method.as_str() {
-            "elicitation/create" => ctx.questions_for(server),
+            "elicitation/create" => whose.questions.clone(),
             _ => None,
         };
         if let Some(asker) = asker {

@@ -141,6 +141,9 @@ pub(crate) struct Whose {
     pub(crate) grants: Vec<(Option<Arc<str>>, Arc<str>)>,
     /// Each call's questions, where how this one ends is noted.
     pub(crate) asked: Vec<Arc<Questions>>,
+    /// Where the caller of the one call answers its questions, if that call is
+    /// delegated: taken with the rest, so that it is the call the rest describe.
+    pub(crate) questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
 }
 
 /// A call's attempt on a server, counted there until dropped.
@@ -269,6 +272,7 @@ impl CallContext {
                 during_call: unowned,
                 grants: Vec::new(),
                 asked: Vec::new(),
+                questions: None,
             };
         };
         let grants = calls
@@ -299,6 +303,7 @@ impl CallContext {
                 during_call: true,
                 grants: Vec::new(),
                 asked,
+                questions: None,
             };
         }
         let (agent, shared) = match calls.first() {
@@ -309,9 +314,9 @@ impl CallContext {
         };
         // A guess, as stdio and legacy sessions name no call: the one call on the
         // server now.
-        let (call, call_deadline) = match calls.as_slice() {
-            [one] => (Some(one.call), Some(one.deadline)),
-            _ => (None, None),
+        let (call, call_deadline, questions) = match calls.as_slice() {
+            [one] => (Some(one.call), Some(one.deadline), one.questions.clone()),
+            _ => (None, None, None),
         };
         Whose {
             agent,
@@ -322,6 +327,7 @@ impl CallContext {
             during_call: !calls.is_empty(),
             grants,
             asked,
+            questions,
         }
     }
 
@@ -354,7 +360,7 @@ impl CallContext {
         let Some(calls) = on.get(server) else {
             return true;
         };
-        let mut least = usize::MAX;
+        let (mut least, mut most) = (usize::MAX, 0);
         for call in calls.iter() {
             let asked = call
                 .asked
@@ -362,30 +368,18 @@ impl CallContext {
                 .fetch_add(1, Ordering::SeqCst)
                 .saturating_add(1);
             least = least.min(asked);
+            most = most.max(asked);
         }
-        least <= self.settings.round_cap
-    }
-
-    /// Where the caller of the one call on `server` answers its questions, if that
-    /// call is delegated (with several calls on it, or a request of no call, whose
-    /// question it is is unknown).
-    pub(crate) fn questions_for(
-        &self,
-        server: &str,
-    ) -> Option<tokio::sync::mpsc::Sender<super::ServerQuestion>> {
-        if self.has_unowned_requests(server) {
-            return None;
+        // All one agent's: past the cap once any of them is, or a stream of short
+        // calls beside a long one would keep the least under it for ever. Several
+        // agents' (whose question it is is unknown): once every one is.
+        let one_agent = calls
+            .first()
+            .is_some_and(|first| calls.iter().all(|c| c.agent == first.agent));
+        match one_agent {
+            true => most <= self.settings.round_cap,
+            false => least <= self.settings.round_cap,
         }
-        match self.on_servers.lock().get(server)?.as_slice() {
-            [one] => one.questions.clone(),
-            _ => None,
-        }
-    }
-
-    fn has_unowned_requests(&self, server: &str) -> bool {
-        self.servers
-            .get(server)
-            .is_some_and(|s| s.has_unowned_requests())
     }
 
     /// Counts one call in flight until the guard drops.

@@ -25,9 +25,10 @@ use super::status::{ServerState, ServerStatus};
 use crate::transport::{Connection, Era, RequestError, TransportError};
 
 /// How long past a request's deadline its caller waits for the server actor's answer,
-/// which comes by the deadline unless a token refresh the request started runs over
-/// (it is let finish: a rotated refresh token would be lost) or the actor is wedged.
-const ACTOR_MARGIN: Duration = Duration::from_secs(5);
+/// which comes by the deadline (the queue's expiry, the transport's own bound; a token
+/// refresh the request began goes on without it): enough for that answer to win the
+/// race at the deadline, and no more for an actor that is busy or wedged.
+const ACTOR_MARGIN: Duration = Duration::from_millis(250);
 
 /// A ready connection, and the connection attempt it belongs to.
 #[derive(Clone)]
@@ -339,13 +340,6 @@ impl ServerRef {
             (!listing).then(|| UnownedSlot::count(&self.0.unowned))
         })
         .await
-    }
-
-    /// Whether requests of no call are on a legacy connection of this server (or
-    /// waiting for one) now: a question the server sends meanwhile may be theirs, and
-    /// is then given to no call's agent.
-    pub(crate) fn has_unowned_requests(&self) -> bool {
-        self.0.unowned.lock().count > 0
     }
 
     /// While requests of no call are on this server, a token cancelled when the last
