@@ -482,8 +482,8 @@ impl HarnessHandle {
 
     /// The resource templates (RFC 6570, by `uriTemplate`, which is their name) of the
     /// servers where `caller` may read any resource: a template stands for URIs no grant
-    /// names in advance. A read of a URI no list names goes to the servers whose
-    /// templates make it (when none does, to every server with resources, in order).
+    /// names in advance. A read of a URI no list names is asked first of the servers
+    /// whose templates make it, then of the other servers with resources, in order.
     pub async fn list_resource_templates(
         &self,
         caller: &Caller,
