@@ -601,9 +601,6 @@ fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
     } else {
         None
     };
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .filter(|h| h.is_absolute());
     for setting in PATH_SETTINGS {
         let mut found = Vec::new();
         paths_at(value, setting, String::new(), &mut found);
@@ -611,27 +608,30 @@ fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
             let Value::String(written) = slot else {
                 continue;
             };
-            let anchored = if let Some(rest) = written.strip_prefix("~/") {
-                let Some(home) = &home else {
-                    return Err(ConfigError::new(
-                        at,
-                        "starts with ~/ but HOME is not set to an absolute path",
-                    )
-                    .in_file(file));
-                };
-                home.join(rest)
-            } else if Path::new(written.as_str()).is_relative() && !written.is_empty() {
-                match &base {
-                    Some(base) => base.join(written.as_str()),
-                    None => continue,
-                }
-            } else {
-                continue;
-            };
-            *written = anchored.to_string_lossy().into_owned();
+            match anchored(written, base.as_deref()) {
+                Ok(Some(path)) => *written = path.to_string_lossy().into_owned(),
+                Ok(None) => {}
+                Err(why) => return Err(ConfigError::new(at, why).in_file(file)),
+            }
         }
     }
     Ok(())
+}
+
+/// A path as written in a config file, anchored: `~/…` under HOME, a relative one
+/// under `base` (none: left as it is); `None` when it is anchored already.
+fn anchored(written: &str, base: Option<&Path>) -> Result<Option<PathBuf>, &'static str> {
+    if let Some(rest) = written.strip_prefix("~/") {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
+            .ok_or("starts with ~/ but HOME is not set to an absolute path")?;
+        return Ok(Some(home.join(rest)));
+    }
+    if Path::new(written).is_relative() && !written.is_empty() {
+        return Ok(base.map(|b| b.join(written)));
+    }
+    Ok(None)
 }
 
 /// The values at `setting` under `value`, each with its key path.
@@ -744,11 +744,17 @@ fn import_mcp_servers(
                         // Some clients write an empty one for "no working directory".
                         None | Some(Value::Null) => None,
                         Some(Value::String(cwd)) if cwd.is_empty() => None,
-                        Some(cwd) => Some(
-                            cwd.as_str()
-                                .ok_or_else(|| bad(at("cwd"), "must be a string"))?
-                                .into(),
-                        ),
+                        // `~/…` under HOME, a relative one under the file's project (a
+                        // service's working directory is no one's project).
+                        Some(Value::String(cwd)) => {
+                            let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+                            let base = regular.then(|| workspace(path));
+                            match anchored(cwd, base.as_deref()) {
+                                Ok(anchored) => Some(anchored.unwrap_or_else(|| cwd.into())),
+                                Err(why) => return Err(bad(at("cwd"), why)),
+                            }
+                        }
+                        Some(_) => return Err(bad(at("cwd"), "must be a string")),
                     },
                     inherit_env: false,
                 })
@@ -1029,6 +1035,41 @@ mod tests {
             .collect();
         assert_eq!(ids, ["bank", "my_files"]);
         assert_eq!(loaded.renamed.len(), 2);
+    }
+
+    // An imported relative `cwd` is the file's project's (the folder that holds it, or
+    // the one above `.cursor/`), and `~/` is HOME: not the harness's own working
+    // directory, which under a service manager is `/`.
+    #[test]
+    fn an_imported_cwd_is_anchored_to_the_files_project() {
+        let dir = crate::util::scratch::Scratch::new("import-cwd");
+        let cursor = dir.join(".cursor");
+        std::fs::create_dir_all(&cursor).expect("mkdir");
+        let text = r#"{"mcpServers": {"a": {"command": "x", "cwd": "srv"},
+            "b": {"command": "x", "cwd": "/abs"}, "c": {"command": "x", "cwd": "~/h"}}}"#;
+        for (file, project) in [
+            (dir.join(".mcp.json"), dir.to_path_buf()),
+            (cursor.join("mcp.json"), dir.to_path_buf()),
+        ] {
+            std::fs::write(&file, text).expect("write");
+            let loaded = load(&file).expect("loads");
+            let cwd = |id: &str| {
+                loaded
+                    .config
+                    .servers
+                    .iter()
+                    .find(|s| s.id == id)
+                    .and_then(|s| match &s.transport {
+                        TransportSpec::Stdio(st) => st.cwd.clone(),
+                        TransportSpec::Http(_) => None,
+                    })
+            };
+            assert_eq!(cwd("a"), Some(project.join("srv")), "{}", file.display());
+            assert_eq!(cwd("b"), Some(PathBuf::from("/abs")));
+            if let Some(home) = std::env::var_os("HOME").filter(|h| Path::new(h).is_absolute()) {
+                assert_eq!(cwd("c"), Some(PathBuf::from(home).join("h")));
+            }
+        }
     }
 
     // A `type` the other keys contradict is refused, not read as the other transport;
