@@ -269,13 +269,7 @@ mod tests {
             redaction: Redaction::Full,
             ..AuditConfig::default()
         };
-        let args = json!({
-            "apiKey": 1, "API_KEY": 2, "x-api-key": 3, "accessToken": 4, "ACCESS-TOKEN": 5,
-            "clientSecret": 6, "db_password": 7, "Authorization": 8, "set-cookie": 9,
-            "SessionCookie": 10, "path": "/ok", "count": 11
-        });
-        let out = c.redact(&args);
-        for k in [
+        let secret = [
             "apiKey",
             "API_KEY",
             "x-api-key",
@@ -286,25 +280,24 @@ mod tests {
             "Authorization",
             "set-cookie",
             "SessionCookie",
-        ] {
-            assert_eq!(out[k], "[redacted]", "{k}");
-        }
-        assert_eq!(out["path"], "/ok");
-        assert_eq!(out["count"], 11);
-        let more = json!({"auth": 1, "X-Auth": 2, "passphrase": 3, "pwd": 4,
-            "private_pem": 5, "signature": 6, "url": "https://u:p@host/x?y=1",
-            "note": "see ftp://anon@files and http://plain/x@y", "n": "a@b"});
-        let out = c.redact(&more);
-        for k in [
             "auth",
             "X-Auth",
             "passphrase",
             "pwd",
             "private_pem",
             "signature",
-        ] {
+        ];
+        let mut args = json!({"path": "/ok", "count": 11, "url": "https://u:p@host/x?y=1",
+            "note": "see ftp://anon@files and http://plain/x@y", "n": "a@b"});
+        for (i, k) in secret.iter().enumerate() {
+            args[*k] = json!(i);
+        }
+        let out = c.redact(&args);
+        for k in secret {
             assert_eq!(out[k], "[redacted]", "{k}");
         }
+        assert_eq!(out["path"], "/ok");
+        assert_eq!(out["count"], 11);
         assert_eq!(out["url"], "https://[redacted]@host/x?y=1");
         assert_eq!(
             out["note"],

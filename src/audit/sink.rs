@@ -701,11 +701,20 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_full_batch_wakes_the_writer_once_until_it_is_drained() {
-        let dir = crate::util::scratch::Scratch::new("wakes");
+    /// A sink writing to a file in `dir`, in batches of 4, whose writer only counts its
+    /// wake-ups (in `count`).
+    struct Woken {
+        sink: AuditSink,
+        path: std::path::PathBuf,
+        actor: ractor::ActorRef<AuditMsg>,
+        handle: tokio::task::JoinHandle<()>,
+        count: Arc<AtomicU64>,
+    }
+
+    async fn woken(dir: &std::path::Path) -> Woken {
+        let path = dir.join("audit.jsonl");
         let config = AuditConfig {
-            path: Some(dir.join("audit.jsonl")),
+            path: Some(path.clone()),
             batch: 4,
             ..AuditConfig::default()
         };
@@ -715,7 +724,25 @@ mod tests {
             .expect("spawn");
         let slot = ActorSlot::default();
         slot.set(actor.clone());
-        let sink = AuditSink::with_opener(config, None, slot);
+        Woken {
+            sink: AuditSink::new(config, slot),
+            path,
+            actor,
+            handle,
+            count,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_batch_wakes_the_writer_once_until_it_is_drained() {
+        let dir = crate::util::scratch::Scratch::new("wakes");
+        let Woken {
+            sink,
+            actor,
+            handle,
+            count,
+            ..
+        } = woken(&dir).await;
         // Waits until at least `at_least` wake-ups arrived (or 10 s passed), then a
         // moment more, so that a spare one would be seen too.
         let settle = |at_least: u64| {
@@ -760,19 +787,13 @@ mod tests {
     #[tokio::test]
     async fn a_wake_up_lost_with_the_writer_is_given_again() {
         let dir = crate::util::scratch::Scratch::new("lost-wake");
-        let path = dir.join("audit.jsonl");
-        let config = AuditConfig {
-            path: Some(path.clone()),
-            batch: 4,
-            ..AuditConfig::default()
-        };
-        let count = Arc::new(AtomicU64::new(0));
-        let (actor, handle) = ractor::Actor::spawn(None, Wakes, count.clone())
-            .await
-            .expect("spawn");
-        let slot = ActorSlot::default();
-        slot.set(actor.clone());
-        let sink = AuditSink::new(config, slot);
+        let Woken {
+            sink,
+            path,
+            actor,
+            handle,
+            count,
+        } = woken(&dir).await;
         for i in 0..4u32 {
             sink.record(&serde_json::json!({"i": i}));
         }
