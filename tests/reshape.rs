@@ -390,6 +390,70 @@ async fn a_continued_round_names_its_server_and_its_count_saturates() {
     h.shutdown().await;
 }
 
+// A round's continuation names what its server was (`Answer::server_identity`): once a
+// reload has put another server under the id, the continuation goes nowhere instead of
+// taking the first server's state and answers to the second. Before, only the id was
+// checked.
+#[tokio::test]
+async fn a_continued_round_goes_only_to_the_server_that_asked() {
+    let audit = temp_file("identity-audit");
+    let h = start_ready(config(&audit)).await;
+    let caps = json!({"elicitation": {"form": {}}});
+    let first = h
+        .call_delegated(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__confirm",
+            json!({"message": "ok?"}),
+            Some(mcp_harness::Delegation {
+                capabilities: caps.clone(),
+                ..Default::default()
+            }),
+            CallOptions::default(),
+        )
+        .await
+        .expect("a round");
+    assert!(first.input_required, "{:?}", first.result);
+    let identity = first
+        .server_identity
+        .clone()
+        .expect("named when input_required");
+    let continuation = |identity: &str| mcp_harness::Delegation {
+        capabilities: caps.clone(),
+        input_responses: Some(
+            json!({"confirm": {"action": "accept", "content": {"approved": true}}})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+        request_state: first.result["requestState"].as_str().map(String::from),
+        rounds: first.rounds,
+        server: Some("s".into()),
+        server_identity: Some(identity.to_string()),
+        ..Default::default()
+    };
+    let answer = |identity: &str| {
+        h.call_delegated(
+            &Caller::agent("a"),
+            CallKind::Tool,
+            "s__confirm",
+            json!({"message": "ok?"}),
+            Some(continuation(identity)),
+            CallOptions::default(),
+        )
+    };
+    // The same server: answered.
+    let done = answer(&identity).await.expect("answered");
+    assert!(!done.input_required, "{:?}", done.result);
+    // Another under its id: no route.
+    h.replace_server(demo_server("s", &["--ttl-ms", "1000"]))
+        .await
+        .expect("replaced");
+    let moved = answer(&identity).await;
+    assert!(matches!(moved, Err(CallError::NoRoute { .. })), "{moved:?}");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn dropping_a_calls_future_cancels_it_on_the_server_and_records_it_as_cancelled() {
     let audit = temp_file("drop-cancel-audit");

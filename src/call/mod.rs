@@ -107,6 +107,10 @@ pub struct Delegation {
     /// `requestState` belongs to the server that issued it). Required when the call
     /// continues a round ([`CallError::RoundWithoutServer`] otherwise).
     pub server: Option<String>,
+    /// What that server must still be ([`Answer::server_identity`]): one of its id that
+    /// is now another (a reload pointed the id elsewhere) is no route, as the round's
+    /// state and answers are the first one's.
+    pub server_identity: Option<String>,
     /// Where the servers' progress of this call goes, and the caller's token for it.
     pub progress: Option<(ProgressSender, Value)>,
     /// Where a legacy server's own `elicitation/create` requests during this call go,
@@ -147,6 +151,11 @@ pub struct Answer {
     pub input_required: bool,
     /// Rounds the logical call has had, this one included.
     pub rounds: usize,
+    /// What the server that answered is ([`crate::ServerConfig::identity`]), when the
+    /// answer is `input_required`: a continuation that names it
+    /// ([`Delegation::server_identity`]) goes to that very server, not to another a
+    /// reload put under its id meanwhile.
+    pub server_identity: Option<Arc<str>>,
 }
 
 /// The call's one deadline.
@@ -292,7 +301,13 @@ pub(crate) fn run<'a>(
             };
             let mut candidates = candidates;
             if let Some(pinned) = request.delegated.as_ref().and_then(|d| d.server.as_deref()) {
-                candidates.retain(|c| c.server.id() == pinned);
+                let identity = request
+                    .delegated
+                    .as_ref()
+                    .and_then(|d| d.server_identity.as_deref());
+                candidates.retain(|c| {
+                    c.server.id() == pinned && identity.is_none_or(|i| **c.server.identity() == *i)
+                });
                 if candidates.is_empty() {
                     return Err(CallError::NoRoute {
                         tool: request.name.clone(),
@@ -415,6 +430,7 @@ async fn drive(
                 return Ok(Answer {
                     result,
                     server: candidate.server.shared_id(),
+                    server_identity: input_required.then(|| candidate.server.identity().clone()),
                     input_required,
                     rounds: asked.rounds,
                 });

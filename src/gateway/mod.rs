@@ -2009,6 +2009,7 @@ impl Gateway {
                 delegation.request_state = state.upstream.filter(|_| state.parked.is_none());
                 delegation.rounds = state.rounds;
                 delegation.server = Some(state.server);
+                delegation.server_identity = state.target;
                 parked_id = state.parked;
             }
             Some(_) => return Err(invalid("requestState must be a string")),
@@ -2212,7 +2213,8 @@ impl Gateway {
             upstream,
             parked: None,
             rounds: answer.rounds,
-            target: self.inner.harness.server_identity(&answer.server),
+            // The server that answered, not whichever has its id by now.
+            target: answer.server_identity.as_deref().map(String::from),
         };
         let sealed = seal_round(&self.now().sealer, principal, (method, digest()), round)?;
         if let Some(map) = result.as_object_mut() {

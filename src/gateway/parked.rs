@@ -727,6 +727,7 @@ mod tests {
                 server: "s".into(),
                 input_required: false,
                 rounds: 1,
+                server_identity: None,
             })
         });
         let small = park(held, question).expect("parked");
@@ -776,6 +777,7 @@ mod tests {
                 server: "s".into(),
                 input_required: false,
                 rounds: 1,
+                server_identity: None,
             })
         });
         let id = budgeted

@@ -811,44 +811,9 @@ impl HarnessHandle {
             .collect()
     }
 
-    /// What server `id` is now (a digest of its command, working directory and
-    /// arguments, or its URL),
-    /// for state bound to the server that issued it: a reload that points the id at
-    /// another server changes it; one that changes only how it is reached (headers,
-    /// environment, a CA file: a key rotated) does not, nor do two gateway processes
-    /// that reach one server each their own way.
+    /// What server `id` is now ([`ServerConfig::identity`]).
     pub(crate) fn server_identity(&self, id: &str) -> Option<String> {
-        let server = self.inner.directory.get(id)?;
-        // Each part with its length, so that none can move into another.
-        let mut text = String::new();
-        let mut part = |p: &str| {
-            text.push_str(&p.len().to_string());
-            text.push(':');
-            text.push_str(p);
-        };
-        match &server.config().transport {
-            crate::TransportSpec::Stdio(s) => {
-                part("stdio");
-                part(&s.command);
-                // Where it runs decides what runs (`node dist/index.js`).
-                part(
-                    &s.cwd
-                        .as_ref()
-                        .map(|c| c.to_string_lossy())
-                        .unwrap_or_default(),
-                );
-                for a in &s.args {
-                    part(a);
-                }
-            }
-            crate::TransportSpec::Http(h) => {
-                part("http");
-                part(h.url.as_str());
-            }
-        }
-        let mut digest = crate::util::hash::sha256_hex(text.as_bytes());
-        digest.truncate(32);
-        Some(digest)
+        (self.inner.directory.get(id)).map(|s| s.identity().to_string())
     }
 
     /// One server's status.

@@ -118,6 +118,44 @@ impl ServerConfig {
         self.legacy_max_retries.unwrap_or(self.restart.max_restarts)
     }
 
+    /// What the server is: a digest of its command, working directory and arguments,
+    /// or of its URL. State bound to the server that issued it is bound to this: a
+    /// reload that points the id at another server changes it; one that changes only
+    /// how it is reached (headers, environment, a CA file: a key rotated) does not, nor
+    /// do two gateway processes that reach one server each their own way.
+    pub fn identity(&self) -> String {
+        // Each part with its length, so that none can move into another.
+        let mut text = String::new();
+        let mut part = |p: &str| {
+            text.push_str(&p.len().to_string());
+            text.push(':');
+            text.push_str(p);
+        };
+        match &self.transport {
+            TransportSpec::Stdio(s) => {
+                part("stdio");
+                part(&s.command);
+                // Where it runs decides what runs (`node dist/index.js`).
+                part(
+                    &s.cwd
+                        .as_ref()
+                        .map(|c| c.to_string_lossy())
+                        .unwrap_or_default(),
+                );
+                for a in &s.args {
+                    part(a);
+                }
+            }
+            TransportSpec::Http(h) => {
+                part("http");
+                part(h.url.as_str());
+            }
+        }
+        let mut digest = crate::util::hash::sha256_hex(text.as_bytes());
+        digest.truncate(32);
+        digest
+    }
+
     /// Checks everything that can be checked before the server starts.
     pub fn validate(&self) -> Result<(), Invalid> {
         check_id(&self.id)?;

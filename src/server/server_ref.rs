@@ -96,6 +96,8 @@ pub(crate) struct ServerShared {
     /// Cancelled once it has stopped for good, removed or replaced
     /// ([`super::directory::Directory::stopped`]).
     gone: tokio_util::sync::CancellationToken,
+    /// [`ServerConfig::identity`], made once.
+    identity: Arc<str>,
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
@@ -197,6 +199,7 @@ impl ServerRef {
     ) -> ServerRef {
         let status = ServerStatus::starting(&config.id);
         let fingerprint = config.transport.fingerprint();
+        let config_identity = config.identity();
         let restarts = RestartTracker::new(config.restart.clone(), config.max_restarts());
         ServerRef(Arc::new(ServerShared {
             id: config.id.as_str().into(),
@@ -214,7 +217,13 @@ impl ServerRef {
             fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING_WALKS)),
             predecessor,
             gone: tokio_util::sync::CancellationToken::new(),
+            identity: config_identity.into(),
         }))
+    }
+
+    /// What the server is ([`ServerConfig::identity`]).
+    pub(crate) fn identity(&self) -> &Arc<str> {
+        &self.0.identity
     }
 
     /// Cancelled once it has stopped for good, removed or replaced.
