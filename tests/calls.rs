@@ -1298,6 +1298,32 @@ async fn a_uri_a_template_makes_is_read_first_where_the_template_is() {
     h.shutdown().await;
 }
 
+// A resource URI's credentials reach no audit record, whether its read fails or not:
+// not the started record's name, nor the failover hops' errors (a server's "not found"
+// quotes the URI), nor the finished record's message.
+#[tokio::test]
+async fn a_resource_uris_credentials_reach_no_audit_record() {
+    let audit = temp_file("uri-credentials-audit");
+    let mut cfg = config(vec![demo("first", &[]), demo("second", &[])], &["a"]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        flush_every: Duration::from_millis(20),
+        ..AuditConfig::default()
+    };
+    let h = harness(cfg).await;
+    let uri = "https://user:sekrit-tok@example.invalid/x";
+    let e = h.read_resource(&Caller::agent("a"), uri).await;
+    assert!(e.is_err(), "no server has it: {e:?}");
+    h.shutdown().await;
+    let text = std::fs::read_to_string(&audit).expect("audit");
+    assert!(text.contains("\"hops\":[{"), "both servers asked: {text}");
+    assert!(
+        text.contains("https://[redacted]@example.invalid/x"),
+        "{text}"
+    );
+    assert!(!text.contains("sekrit-tok"), "{text}");
+}
+
 // An agent learns nothing of which server ids exist from what it cannot use: a server
 // it holds no grant on is denied alike, there or not. Before, a missing one was "no
 // route" and an existing one "denied".

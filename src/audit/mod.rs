@@ -198,8 +198,10 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
 
 /// `text` with the credentials of any URL in it (`https://user:pass@host`) hidden: a
 /// value under no secret name (or a resource's URI) may still carry them. The part
-/// taken for the authority ends only at a `/` or a space: a password written with a
-/// `#` or `?` in it is hidden too (and, rarely, a query's text before an `@`).
+/// taken for the authority ends only at a `/` or a space, so that a password written
+/// with a `#` or `?` in it is hidden too; when such a character comes before the `@`
+/// (a query's `?email=a@b` as well), everything up to that end is hidden, not only the
+/// part before the `@`, which would show a host that is none.
 pub(crate) fn without_userinfo(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -210,6 +212,10 @@ pub(crate) fn without_userinfo(text: &str) -> String {
             .find(|c: char| c == '/' || c.is_whitespace())
             .unwrap_or(tail.len());
         match tail[..authority].rfind('@') {
+            Some(user) if tail[..user].contains(['?', '#']) => {
+                out.push_str("[redacted]");
+                rest = &tail[authority..];
+            }
             Some(user) => {
                 out.push_str("[redacted]");
                 rest = &tail[user..];
@@ -305,8 +311,13 @@ mod tests {
         );
         assert_eq!(out["n"], "a@b");
         assert_eq!(
-            without_userinfo("https://u:pa#ss@h/x and s3://k:s?x@b"),
-            "https://[redacted]@h/x and s3://[redacted]@b"
+            without_userinfo("https://u:pa#ss@h/x and s3://k:s@b"),
+            "https://[redacted]/x and s3://[redacted]@b"
+        );
+        assert_eq!(
+            without_userinfo("https://api.example.com?email=bob@evil.com/x"),
+            "https://[redacted]/x",
+            "no host that is none"
         );
     }
 

@@ -40,7 +40,7 @@ impl HarnessClient {
         Some(RpcError::new(
             INVALID_REQUEST,
             format!(
-                "more than {} questions during this call (round_cap)",
+                "more than {} questions during this call, or during another of this agent's on this server (round_cap)",
                 ctx.settings.round_cap
             ),
         ))

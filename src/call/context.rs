@@ -356,6 +356,8 @@ impl CallContext {
     /// person again until the deadline. True outside calls (the policy for those
     /// applies).
     pub(crate) fn count_question(&self, server: &str) -> bool {
+        // Requests of no call on it count as another agent's, as in `on`.
+        let unowned = (self.servers.get(server)).is_some_and(|s| s.has_unowned_requests());
         let on = self.on_servers.lock();
         let Some(calls) = on.get(server) else {
             return true;
@@ -373,9 +375,10 @@ impl CallContext {
         // All one agent's: past the cap once any of them is, or a stream of short
         // calls beside a long one would keep the least under it for ever. Several
         // agents' (whose question it is is unknown): once every one is.
-        let one_agent = calls
-            .first()
-            .is_some_and(|first| calls.iter().all(|c| c.agent == first.agent));
+        let one_agent = !unowned
+            && calls
+                .first()
+                .is_some_and(|first| calls.iter().all(|c| c.agent == first.agent));
         match one_agent {
             true => most <= self.settings.round_cap,
             false => least <= self.settings.round_cap,

@@ -118,10 +118,20 @@ impl CallRecord {
     /// Notes a failover hop.
     pub(crate) fn hop(&mut self, server: &str, error: String) {
         if self.sink.is_some() {
+            let error = self.scrubbed(&error);
             self.hops.push(Hop {
                 server: server.to_string(),
                 error: one_line(&error, MAX_AUDIT_TEXT),
             });
+        }
+    }
+
+    /// `text` (an error, which may quote the call's URI) without the credentials of a
+    /// URL in it, for a resource read; as it is otherwise.
+    fn scrubbed<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        match self.method == CallKind::Resource.method() && text.contains('@') {
+            true => std::borrow::Cow::Owned(crate::audit::without_userinfo(text)),
+            false => std::borrow::Cow::Borrowed(text),
         }
     }
 
@@ -164,7 +174,7 @@ impl CallRecord {
             Err(e) => Some(super::telemetry::metric_error_type(e)),
         };
         let message = match (&self.sink, outcome) {
-            (Some(_), Err(e)) => Some(one_line(&e.to_string(), MAX_AUDIT_TEXT)),
+            (Some(_), Err(e)) => Some(one_line(&self.scrubbed(&e.to_string()), MAX_AUDIT_TEXT)),
             _ => None,
         };
         self.write(result, (code, error_type), message.as_deref());

@@ -278,7 +278,8 @@ async fn of_templates(
                     break;
                 }
                 Some(false) => {}
-                None => return Vec::new(),
+                // Spent: what matched so far still goes first.
+                None => return matched,
             }
         }
     }

@@ -589,9 +589,7 @@ const PATH_SETTINGS: [&[&str]; 10] = [
 /// `/dev` or `/proc` (`--config /dev/stdin < h.toml`, a regular file there), has no
 /// directory of its own: its relative paths are the working directory's.
 fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
-    let descriptor = file.starts_with("/dev") || file.starts_with("/proc");
-    let regular = !descriptor && std::fs::metadata(file).is_ok_and(|m| m.is_file());
-    let base = if regular {
+    let base = if is_own_file(file) {
         let dir = file.parent().unwrap_or(Path::new(""));
         if dir.is_absolute() {
             Some(dir.to_path_buf())
@@ -616,6 +614,14 @@ fn anchor_paths(value: &mut Value, file: &Path) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Whether `file` is a file of its own, whose directory its relative paths are taken
+/// from: not a descriptor (`/dev/stdin`, `<(…)`), which resolves to wherever its data
+/// came from.
+fn is_own_file(file: &Path) -> bool {
+    let descriptor = file.starts_with("/dev") || file.starts_with("/proc");
+    !descriptor && std::fs::metadata(file).is_ok_and(|m| m.is_file())
 }
 
 /// A path as written in a config file, anchored: `~/…` under HOME, a relative one
@@ -747,11 +753,15 @@ fn import_mcp_servers(
                         // `~/…` under HOME, a relative one under the file's project (a
                         // service's working directory is no one's project).
                         Some(Value::String(cwd)) => {
-                            let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-                            let base = regular.then(|| workspace(path));
+                            let base = is_own_file(path).then(|| workspace(path));
                             match anchored(cwd, base.as_deref()) {
                                 Ok(anchored) => Some(anchored.unwrap_or_else(|| cwd.into())),
-                                Err(why) => return Err(bad(at("cwd"), why)),
+                                // As written: that server alone fails to start, as it
+                                // would in the client the file is for.
+                                Err(why) => {
+                                    tracing::warn!(file = %path.display(), server = ?name, why, "cwd left as written");
+                                    Some(cwd.into())
+                                }
                             }
                         }
                         Some(_) => return Err(bad(at("cwd"), "must be a string")),

@@ -1,6 +1,6 @@
 //! Whether a URI could be an expansion of an RFC 6570 URI template, as servers list
 //! them in `resources/templates/list`: what routes a read of a URI no list names to the
-//! servers whose templates make it, instead of to every server with resources.
+//! servers whose templates make it first, before the other servers with resources.
 //!
 //! The match is by shape, not by value: each expression may expand to nothing (an
 //! undefined variable) or to its operator's prefix and a run of the characters its
@@ -93,7 +93,8 @@ fn parse(template: &str) -> Option<Vec<Part<'_>>> {
 /// the template's length times the URI's, which bounds the parse and every part's
 /// scan, a literal's compares included; taken from it either way).
 pub(crate) fn matches(template: &str, uri: &str, budget: &mut usize) -> Option<bool> {
-    let cost = template.len().max(1).saturating_mul(uri.len() + 1);
+    // One too long is refused by its length alone.
+    let cost = (template.len().clamp(1, MAX_TEMPLATE + 1)).saturating_mul(uri.len() + 1);
     *budget = budget.checked_sub(cost)?;
     let Some(parts) = parse(template) else {
         return Some(false);

@@ -321,7 +321,7 @@ impl ServerRef {
     /// in the actor's queue (with a copy of them) for the (re)start, up to its deadline.
     ///
     /// A request of no call: while it is on a legacy connection, that server's own
-    /// requests are no known call's (see [`ServerRef::has_unowned_requests`]), unless it
+    /// requests are no known call's (see [`ServerRef::unowned_requests_end`]), unless it
     /// is a listing or a ping (a server does not ask its questions during those, and the
     /// harness re-lists on its own whenever a server says its lists changed).
     ///
@@ -349,6 +349,12 @@ impl ServerRef {
             (!listing).then(|| UnownedSlot::count(&self.0.unowned))
         })
         .await
+    }
+
+    /// Whether requests of no call are on a legacy connection of this server (or
+    /// waiting for one) now: a question the server sends meanwhile may be theirs.
+    pub(crate) fn has_unowned_requests(&self) -> bool {
+        self.0.unowned.lock().count > 0
     }
 
     /// While requests of no call are on this server, a token cancelled when the last
