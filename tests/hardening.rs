@@ -1185,6 +1185,64 @@ async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions
     h.shutdown().await;
 }
 
+// The same when the call fails over from a legacy server to a modern one: the legacy
+// server's questions and the modern one's rounds count against one round_cap. Before,
+// they were counted apart, and the call could have twice the cap.
+#[tokio::test]
+async fn a_call_failing_over_from_a_legacy_to_a_modern_server_has_one_round_cap() {
+    let server = |id: &str, era: &str| {
+        let mut s = demo_server(id, &["--era", era, "--idempotent", "rounds"]);
+        s.trust_annotations = true;
+        s
+    };
+    let mut first = server("first", "legacy");
+    first.priority = 10;
+    let mut cfg = config(vec![first, server("second", "modern")]);
+    cfg.round_cap = 3;
+    let queue = ApprovalQueue::new(Duration::from_secs(60));
+    let h = start_ready_with(
+        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
+    )
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move { h.call_tool(&a(), "rounds", json!({"n": 3})).await })
+    };
+    let answer = json!({"action": "accept", "content": {"answer": "yes"}});
+    let next = |from: &'static str| {
+        let queue = queue.clone();
+        async move {
+            let at = |p: &Vec<mcp_harness::call::input::PendingInput>| {
+                p.iter().any(|q| q.request.server == from)
+            };
+            let found = eventually(Duration::from_secs(10), || at(&queue.pending())).await;
+            assert!(found, "a question from {from}: {:?}", queue.pending());
+            let pending = queue.pending();
+            pending
+                .into_iter()
+                .find(|q| q.request.server == from)
+                .expect("one")
+        }
+    };
+    // The legacy server's first question is answered; it dies during its second.
+    let q = next("first").await;
+    queue.answer(q.id, answer.clone());
+    let q = next("first").await;
+    let pid = h.server_status("first").and_then(|s| s.pid).expect("pid");
+    sigkill(pid);
+    drop(q);
+    // Two asked: the modern server has one round more, and its next is past the cap.
+    let q = next("second").await;
+    queue.answer(q.id, answer.clone());
+    let ended = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends at the cap")
+        .expect("join");
+    let e = ended.expect_err("past the cap");
+    assert!(matches!(e, CallError::RoundCap { .. }), "{e}");
+    h.shutdown().await;
+}
+
 /// Log output, kept to be searched.
 #[derive(Clone, Default)]
 struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);

@@ -42,10 +42,14 @@ pub struct CallContext {
 
 /// The questions (elicitation, sampling) legacy servers asked during one call, shared
 /// by its attempts: counted against `round_cap` (failing over does not start the count
-/// again), and noted for its `finished` audit record, up to one past the cap.
+/// again) with the call's `input_required` rounds, and noted for its `finished` audit
+/// record, up to one past the cap.
 #[derive(Default)]
 pub(crate) struct Questions {
     count: AtomicUsize,
+    /// The call's `input_required` rounds so far (a delegation's from its caller): one
+    /// cap for both, whichever era the servers it tries are of.
+    rounds: AtomicUsize,
     noted: parking_lot::Mutex<Noted>,
 }
 
@@ -60,6 +64,24 @@ struct Noted {
 const ASKED: &str = "asked";
 
 impl Questions {
+    /// A call's questions, after `rounds` rounds.
+    pub(crate) fn after(rounds: usize) -> Questions {
+        Questions {
+            rounds: AtomicUsize::new(rounds),
+            ..Questions::default()
+        }
+    }
+
+    /// The questions asked so far.
+    pub(crate) fn asked_so_far(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// The call has had `rounds` rounds.
+    pub(crate) fn set_rounds(&self, rounds: usize) {
+        self.rounds.store(rounds, Ordering::SeqCst);
+    }
+
     /// Notes a question asked, within what the record keeps (`cap` + 1): its place,
     /// where how it ends is noted ([`Questions::ended`]).
     pub(crate) fn asked(&self, cap: usize, server: &str, method: &str) -> Option<usize> {
@@ -368,7 +390,8 @@ impl CallContext {
                 .asked
                 .count
                 .fetch_add(1, Ordering::SeqCst)
-                .saturating_add(1);
+                .saturating_add(1)
+                .saturating_add(call.asked.rounds.load(Ordering::SeqCst));
             least = least.min(asked);
             most = most.max(asked);
         }

@@ -380,9 +380,10 @@ async fn drive(
     deadline: Deadline,
     record: &mut CallRecord,
 ) -> Result<Answer, CallError> {
+    let rounds = request.delegated.as_ref().map_or(0, |d| d.rounds);
     let mut asked = Asked {
-        rounds: request.delegated.as_ref().map_or(0, |d| d.rounds),
-        questions: Arc::default(),
+        rounds,
+        questions: Arc::new(context::Questions::after(rounds)),
     };
     // Read when the record is written, however the call ends (dropped half-way too).
     record.questions(asked.questions.clone());
@@ -618,9 +619,11 @@ async fn attempt(
             ResultType::Complete => return Ok((result, false)),
             ResultType::InputRequired => {}
         }
-        // Saturating: a delegation's count comes from the caller.
+        // Saturating: a delegation's count comes from the caller. With the questions
+        // legacy servers asked before it failed over here: one cap for the call.
         *rounds = rounds.saturating_add(1);
-        if *rounds > ctx.settings.round_cap {
+        questions.set_rounds(*rounds);
+        if rounds.saturating_add(questions.asked_so_far()) > ctx.settings.round_cap {
             return Err(CallError::RoundCap {
                 cap: ctx.settings.round_cap,
                 server: server.id().to_string(),
