@@ -278,19 +278,26 @@ fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, C
             return Err(ConfigError::new("(file)", why).in_file(path));
         }
         // So may anyone who may replace it: in a directory every user may write and
-        // that is not sticky, anyone may rename a file of theirs over it.
+        // that is not sticky, anyone may rename a file of theirs over it, or, higher
+        // up, a directory of theirs over the one that holds it.
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        if reload
-            && let Ok(d) = std::fs::metadata(dir)
-            && d.mode() & 0o002 != 0
-            && d.mode() & 0o1000 == 0
-        {
+        let open_dir = reload
+            .then(|| std::fs::canonicalize(dir).ok())
+            .flatten()
+            .and_then(|dir| {
+                dir.ancestors().find_map(|d| {
+                    let mode = std::fs::metadata(d).ok()?.mode();
+                    (mode & 0o002 != 0 && mode & 0o1000 == 0).then(|| (d.to_path_buf(), mode))
+                })
+            });
+        if let Some((d, mode)) = open_dir {
             let why = format!(
-                "is in a directory anyone may write that is not sticky (mode {:o}): not reloaded, as anyone could put another file in its place; chmod o-w or +t the directory, or restart to apply it",
-                d.mode() & 0o7777
+                "is under a directory anyone may write that is not sticky ({}, mode {:o}): not reloaded, as anyone could put another file in its place; chmod o-w or +t that directory, or restart to apply it",
+                d.display(),
+                mode & 0o7777
             );
             return Err(ConfigError::new("(file)", why).in_file(path));
         }
@@ -967,7 +974,16 @@ mod tests {
             read_regular(&path).is_ok(),
             "sticky: only its owner may replace it"
         );
+        // Nor one under a directory anyone may replace.
+        let below = dir.join("below");
+        std::fs::create_dir_all(&below).expect("mkdir");
+        let deeper = below.join("h.toml");
+        std::fs::write(&deeper, "round_cap = 3\n").expect("write");
+        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = read_regular(&deeper).expect_err("a directory above may be replaced");
+        assert!(e.to_string().contains("not sticky"), "{e}");
         std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert!(read_regular(&deeper).is_ok(), "{}", below.display());
         // A syntax error says where, not what the line holds (a key may be on it).
         let e = parse(
             "[servers.x]\nheaders = { Authorization = \"Bearer sekrit",
