@@ -1129,19 +1129,24 @@ async fn short_calls_beside_a_long_one_do_not_lift_a_legacy_servers_round_cap() 
     h.shutdown().await;
 }
 
-// A call that fails over from one legacy server to another is held to one round_cap
-// on both: the second server's questions count on from the first's. Before, each
-// server it tried could ask round_cap more.
-#[tokio::test]
-async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions_in_all() {
-    let server = |id: &str| {
-        let mut s = demo_server(id, &["--era", "legacy", "--idempotent", "rounds"]);
+/// A harness with round_cap 3, questions to an approval queue, and a call of `rounds`
+/// (3 of them) under way on a legacy server `first`, which may fail over (the tool is
+/// marked idempotent by trusted servers) to `second` of `era`.
+async fn failing_over_to(
+    era: &str,
+) -> (
+    HarnessHandle,
+    ApprovalQueue,
+    tokio::task::JoinHandle<Result<Value, CallError>>,
+) {
+    let server = |id: &str, era: &str| {
+        let mut s = demo_server(id, &["--era", era, "--idempotent", "rounds"]);
         s.trust_annotations = true;
         s
     };
-    let mut first = server("first");
+    let mut first = server("first", "legacy");
     first.priority = 10;
-    let mut cfg = config(vec![first, server("second")]);
+    let mut cfg = config(vec![first, server("second", era)]);
     cfg.round_cap = 3;
     let queue = ApprovalQueue::new(Duration::from_secs(60));
     let h = start_ready_with(
@@ -1152,6 +1157,15 @@ async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions
         let h = h.clone();
         tokio::spawn(async move { h.call_tool(&a(), "rounds", json!({"n": 3})).await })
     };
+    (h, queue, call)
+}
+
+// A call that fails over from one legacy server to another is held to one round_cap
+// on both: the second server's questions count on from the first's. Before, each
+// server it tried could ask round_cap more.
+#[tokio::test]
+async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions_in_all() {
+    let (h, queue, call) = failing_over_to("legacy").await;
     let answer = json!({"action": "accept", "content": {"answer": "yes"}});
     let next = || async {
         let pending = tokio::time::timeout(Duration::from_secs(10), queue.next_pending())
@@ -1190,24 +1204,7 @@ async fn a_call_failing_over_between_legacy_servers_is_asked_round_cap_questions
 // they were counted apart, and the call could have twice the cap.
 #[tokio::test]
 async fn a_call_failing_over_from_a_legacy_to_a_modern_server_has_one_round_cap() {
-    let server = |id: &str, era: &str| {
-        let mut s = demo_server(id, &["--era", era, "--idempotent", "rounds"]);
-        s.trust_annotations = true;
-        s
-    };
-    let mut first = server("first", "legacy");
-    first.priority = 10;
-    let mut cfg = config(vec![first, server("second", "modern")]);
-    cfg.round_cap = 3;
-    let queue = ApprovalQueue::new(Duration::from_secs(60));
-    let h = start_ready_with(
-        Harness::builder(cfg).input_handler("elicitation/create", Arc::new(queue.clone())),
-    )
-    .await;
-    let call = {
-        let h = h.clone();
-        tokio::spawn(async move { h.call_tool(&a(), "rounds", json!({"n": 3})).await })
-    };
+    let (h, queue, call) = failing_over_to("modern").await;
     let answer = json!({"action": "accept", "content": {"answer": "yes"}});
     let next = |from: &'static str| {
         let queue = queue.clone();
