@@ -80,16 +80,15 @@ pub type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<Result<Value, Rp
 pub struct Peer {
     tx: mpsc::UnboundedSender<Out>,
     pending: Pending,
-    next_id: Arc<AtomicI64>,
 }
+
+/// The ids of the requests this server sends: one count for the process, as the
+/// concurrent requests of one legacy HTTP session await their answers in one map.
+static NEXT_ID: AtomicI64 = AtomicI64::new(1);
 
 impl Peer {
     pub fn new(tx: mpsc::UnboundedSender<Out>, pending: Pending) -> Peer {
-        Peer {
-            tx,
-            pending,
-            next_id: Arc::new(AtomicI64::new(1)),
-        }
+        Peer { tx, pending }
     }
 
     /// Whether the client is gone (an HTTP stream closed).
@@ -150,10 +149,7 @@ impl Peer {
         RequestId,
         impl Future<Output = Result<Value, RpcError>> + Send + 'static,
     ) {
-        let id = RequestId::String(format!(
-            "srv-{}",
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        ));
+        let id = RequestId::String(format!("srv-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)));
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id.clone(), tx);
         let request = Request {

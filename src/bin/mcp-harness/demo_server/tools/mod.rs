@@ -23,6 +23,9 @@ pub const STREAMING_TOOLS: &[&str] = &[
     "endless_stream",
     "broken_stream",
     "ask_many",
+    "ask_then_return",
+    "summarize",
+    "list_roots",
 ];
 
 /// A tool definition.
