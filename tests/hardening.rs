@@ -1433,6 +1433,125 @@ async fn item_05_a_question_right_before_its_calls_result_is_never_answered_as_n
     let _ = std::fs::remove_file(record);
 }
 
+/// A question's message, and the agent, call and `shared` it was taken for.
+type Taken = (String, Option<String>, Option<u64>, bool);
+
+/// Answers once `together` requests have come (or after ten seconds), keeping what each
+/// asked and whose it was taken for.
+struct Gathering {
+    seen: Arc<parking_lot::Mutex<Vec<Taken>>>,
+    together: usize,
+}
+
+impl InputHandler for Gathering {
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        let message = request.params["message"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        let seen = self.seen.clone();
+        seen.lock()
+            .push((message, request.agent_id, request.call_id, request.shared));
+        let together = self.together;
+        Box::pin(async move {
+            eventually(Duration::from_secs(10), || seen.lock().len() >= together).await;
+            Ok(json!({"action": "accept", "content": {"approved": true}}))
+        })
+    }
+}
+
+/// A legacy demo server over HTTP, and a harness of agents `a` and `b` using it with
+/// `handler` for its elicitations.
+async fn legacy_http(args: &[&str], handler: Arc<dyn InputHandler>) -> (HttpServer, HarnessHandle) {
+    let mut all = vec!["leg", "--era", "legacy"];
+    all.extend_from_slice(args);
+    let server = HttpServer::demo(&all).await;
+    let config = HarnessConfig {
+        servers: vec![ServerConfig::new("leg", server.spec())],
+        permissions: grant_everything(&["a", "b"]),
+        ..HarnessConfig::default()
+    };
+    let h = start_ready_with(Harness::builder(config).input_handler("elicitation/create", handler))
+        .await;
+    (server, h)
+}
+
+// Over legacy HTTP a server's question comes on the event stream of the request it is
+// asked during: it is that call's, and its agent's, even while another agent's call is
+// on the server (where a question that names no call is no one agent's).
+#[tokio::test]
+async fn a_legacy_http_question_is_the_call_whose_stream_carried_it() {
+    let seen = Arc::default();
+    let handler = Arc::new(Gathering {
+        seen: Arc::clone(&seen),
+        together: 2,
+    });
+    let (_server, h) = legacy_http(&[], handler).await;
+    let ask = |agent: &'static str| {
+        let h = h.clone();
+        async move {
+            let args = json!({"message": agent});
+            h.call_tool(&Caller::agent(agent), "leg__confirm", args)
+                .await
+        }
+    };
+    let (from_a, from_b) = tokio::join!(ask("a"), ask("b"));
+    assert_eq!(text(&from_a.expect("a's call")), "approved: true");
+    assert_eq!(text(&from_b.expect("b's call")), "approved: true");
+    let seen = seen.lock().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (message, agent, call, shared) in &seen {
+        assert_eq!(agent.as_deref(), Some(message.as_str()), "{seen:?}");
+        assert!(call.is_some() && !shared, "{seen:?}");
+    }
+    assert_ne!(seen[0].2, seen[1].2, "two calls");
+    h.shutdown().await;
+}
+
+// A question a legacy HTTP server sends right before its call's result is that call's
+// or refused: never taken for another agent's call still on the server.
+#[tokio::test]
+async fn a_legacy_http_question_right_before_its_result_is_never_another_calls() {
+    let record = temp_file("http-ask-then-return");
+    let r = record.to_string_lossy().into_owned();
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let handler = Arc::new(Attributing(seen.clone()));
+    let (_server, h) = legacy_http(&["--record", &r], handler).await;
+    let slow = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let args = json!({"ms": 60_000});
+            h.call_tool(&Caller::agent("b"), "leg__slow", args).await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || calls_recorded(&record, "slow")
+            == 1)
+        .await
+    );
+    const CALLS: usize = 20;
+    for _ in 0..CALLS {
+        h.call_tool(&a(), "leg__ask_then_return", json!({}))
+            .await
+            .expect("call");
+    }
+    let answered = || {
+        recorded(&record)
+            .iter()
+            .filter(|l| l["event"] == "ask_then_return answered")
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(10), || answered() == CALLS).await);
+    let agents = seen.lock().clone();
+    assert!(
+        agents.iter().all(|agent| agent.as_deref() == Some("a")),
+        "{agents:?}"
+    );
+    slow.abort();
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
 // A legacy server's question during a request of the embedder's own (no agent's call)
 // is answered: it comes during a request, not outside one.
 #[tokio::test]

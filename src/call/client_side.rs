@@ -10,7 +10,7 @@ use crate::protocol::RpcError;
 use crate::protocol::error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::registry::RegistryRef;
 use crate::server::{ClientSide, ListsChanged};
-use crate::transport::ServerRequest;
+use crate::transport::{AskedDuring, ServerRequest};
 
 /// See the module docs.
 pub(crate) struct HarnessClient {
@@ -27,9 +27,9 @@ pub(crate) struct HarnessClient {
 impl HarnessClient {
     /// Counts a server's question against its call's `round_cap`; past it, the
     /// refusal to answer it with.
-    fn past_round_cap(&self, server: &str) -> Option<RpcError> {
+    fn past_round_cap(&self, server: &str, during: AskedDuring) -> Option<RpcError> {
         let ctx = self.ctx.upgrade()?;
-        if ctx.count_question(server) {
+        if ctx.count_question(server, during) {
             return None;
         }
         tracing::warn!(
@@ -130,9 +130,11 @@ impl ClientSide for HarnessClient {
             )));
             return;
         };
-        // Whose the request is: the calls on that server now (stdio and a legacy
-        // session name no call), each told how it ends.
-        let whose = ctx.on(server);
+        // Whose the request is: the call it came during, or (stdio and a legacy
+        // session's own stream name none) the calls on that server now, each told how
+        // it ends.
+        let during = request.during;
+        let whose = ctx.on(server, during);
         let asks = matches!(
             request.method.as_str(),
             "elicitation/create" | "sampling/createMessage"
@@ -164,7 +166,7 @@ impl ClientSide for HarnessClient {
                 return;
             }
             // A question the caller's client answers counts as one a handler would.
-            if let Some(refused) = self.past_round_cap(server) {
+            if let Some(refused) = self.past_round_cap(server, during) {
                 request.respond(Err(refused));
                 noted.end("past_round_cap");
                 return;
@@ -242,7 +244,7 @@ impl ClientSide for HarnessClient {
             request.respond(Err(error));
             return;
         }
-        if asks && let Some(refused) = self.past_round_cap(server) {
+        if asks && let Some(refused) = self.past_round_cap(server, during) {
             request.respond(Err(refused));
             noted.end("past_round_cap");
             return;

@@ -9,6 +9,7 @@ use crate::audit::AuditSink;
 use crate::permission::SharedPolicy;
 use crate::registry::{Registry, RegistryRef};
 use crate::server::{Directory, ServerRef};
+use crate::transport::AskedDuring;
 
 use super::catalog::Catalog;
 use super::input::InputHandlers;
@@ -168,6 +169,36 @@ pub(crate) struct Whose {
     pub(crate) questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
 }
 
+/// Whose a server's request is when it is no call's: a request of the harness's own
+/// while one is on the server (`unowned_end`: cancelled when the last ends), else no
+/// one's, outside calls.
+fn no_call(unowned_end: Option<tokio_util::sync::CancellationToken>) -> Whose {
+    let unowned = unowned_end.is_some();
+    Whose {
+        agent: None,
+        call: None,
+        call_deadline: None,
+        shared: unowned,
+        ended: unowned_end.into_iter().collect(),
+        during_call: unowned,
+        grants: Vec::new(),
+        asked: Vec::new(),
+        questions: None,
+    }
+}
+
+/// The calls on a server that a request of its may be whose: all of them, or only the
+/// one it `named` (none once that one has ended).
+fn whose_calls(calls: &mut [CallOn], named: Option<u64>) -> &mut [CallOn] {
+    let Some(call) = named else {
+        return calls;
+    };
+    match calls.iter().position(|c| c.call == call) {
+        Some(at) => std::slice::from_mut(&mut calls[at]),
+        None => &mut [],
+    }
+}
+
 /// A call's attempt on a server, counted there until dropped.
 pub(crate) struct OnServer<'a> {
     ctx: &'a CallContext,
@@ -268,35 +299,47 @@ impl CallContext {
         }
     }
 
-    /// Whose a request from `server` is: the agent of every call on it now (if they
-    /// are all one agent's), the call (if there is one only), and whether calls of
-    /// several agents are on it (then it is no one agent's). A request of no call on
-    /// it (an embedder's own; not a listing) counts as another agent's.
-    pub(crate) fn on(&self, server: &str) -> Whose {
+    /// Whose a request from `server` is, asked `during` one of ours as far as the
+    /// transport shows. One named (legacy HTTP): that call's alone, or no call's. None
+    /// named (stdio, a legacy session's own stream): the agent of every call on it now
+    /// (if they are all one agent's), the call (if there is one only), and whether
+    /// calls of several agents are on it (then it is no one agent's); a request of no
+    /// call on it (an embedder's own; not a listing) counts as another agent's.
+    pub(crate) fn on(&self, server: &str, during: AskedDuring) -> Whose {
+        let named = match during {
+            AskedDuring::Unknown => None,
+            AskedDuring::Request { owner: Some(call) } => Some(call),
+            AskedDuring::Request { owner: None } => {
+                return no_call(
+                    self.servers
+                        .get(server)
+                        .and_then(|s| s.unowned_requests_end()),
+                );
+            }
+            AskedDuring::Ended => return no_call(None),
+        };
         // Taken before the count is read: a request of no call that ends between the
         // two leaves a token already cancelled, not a question held for nobody.
-        let unowned_end = self
-            .servers
-            .get(server)
-            .and_then(|s| s.unowned_requests_end());
+        let unowned_end = match named {
+            None => self
+                .servers
+                .get(server)
+                .and_then(|s| s.unowned_requests_end()),
+            Some(_) => None,
+        };
         let unowned = unowned_end.is_some();
         let mut on = self.on_servers.lock();
-        let Some(calls) = on.get_mut(server) else {
-            // No call on it; a request of the harness's own may be: its server's
-            // questions during it are no one agent's (no agent's sampling pays for
-            // them), and are withdrawn when the last such request ends.
-            return Whose {
-                agent: None,
-                call: None,
-                call_deadline: None,
-                shared: unowned,
-                ended: unowned_end.into_iter().collect(),
-                during_call: unowned,
-                grants: Vec::new(),
-                asked: Vec::new(),
-                questions: None,
-            };
+        let calls = match on.get_mut(server) {
+            Some(calls) => whose_calls(calls, named),
+            None => &mut [],
         };
+        if calls.is_empty() {
+            // No call on it (or the one named has ended); a request of the harness's
+            // own may be: its server's questions during it are no one agent's (no
+            // agent's sampling pays for them), and are withdrawn when the last such
+            // request ends.
+            return no_call(unowned_end);
+        }
         let grants = calls
             .iter()
             .map(|c| (c.agent.clone(), c.item.clone()))
@@ -334,9 +377,8 @@ impl CallContext {
             }
             _ => (None, true),
         };
-        // A guess, as stdio and legacy sessions name no call: the one call on the
-        // server now.
-        let (call, call_deadline, questions) = match calls.as_slice() {
+        // The call named, or a guess: the one call on the server now.
+        let (call, call_deadline, questions) = match &*calls {
             [one] => (Some(one.call), Some(one.deadline), one.questions.clone()),
             _ => (None, None, None),
         };
@@ -377,13 +419,23 @@ impl CallContext {
     /// keeps asking is refused, as a modern one is past its rounds, instead of asking a
     /// person again until the deadline. True outside calls (the policy for those
     /// applies).
-    pub(crate) fn count_question(&self, server: &str) -> bool {
+    pub(crate) fn count_question(&self, server: &str, during: AskedDuring) -> bool {
+        let named = match during {
+            AskedDuring::Unknown => None,
+            AskedDuring::Request { owner: Some(call) } => Some(call),
+            AskedDuring::Request { owner: None } | AskedDuring::Ended => return true,
+        };
         // Requests of no call on it count as another agent's, as in `on`.
-        let unowned = (self.servers.get(server)).is_some_and(|s| s.has_unowned_requests());
-        let on = self.on_servers.lock();
-        let Some(calls) = on.get(server) else {
+        let unowned =
+            named.is_none() && (self.servers.get(server)).is_some_and(|s| s.has_unowned_requests());
+        let mut on = self.on_servers.lock();
+        let Some(calls) = on.get_mut(server) else {
             return true;
         };
+        let calls = whose_calls(calls, named);
+        if calls.is_empty() {
+            return true;
+        }
         let (mut least, mut most) = (usize::MAX, 0);
         for call in calls.iter() {
             let asked = call

@@ -608,6 +608,7 @@ async fn attempt(
             timeout: Some(timeout),
             capabilities: Some(capabilities),
             identity: request.caller.auth_context.as_deref(),
+            owner: Some(call_id),
             still_wanted: Some(&still_wanted),
         };
         let result = Box::pin(server.request_noting(outgoing, note)).await;

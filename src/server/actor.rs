@@ -35,7 +35,9 @@ use super::queue::{Outgoing, RequestQueue, RequestReply};
 use super::restart::{Decision, ExitKind};
 use super::server_ref::{LiveConnection, Offers, ServerRef};
 use super::status::ServerState;
-use crate::transport::{ConnectOptions, Connection, Era, ServerEvent, TransportError};
+use crate::transport::{
+    ConnectOptions, Connection, Era, RequestOptions, ServerEvent, TransportError,
+};
 
 /// How long a server's `list_changed` notifications are gathered before they are passed
 /// on, at first.
@@ -618,18 +620,17 @@ impl ServerActorState {
                 params,
                 capabilities,
                 identity,
+                owner,
                 deadline: _,
                 still_wanted: _,
             } = outgoing;
+            let options = RequestOptions {
+                capabilities: capabilities.as_ref(),
+                identity: identity.as_deref(),
+                owner,
+            };
             server
-                .on_connection(
-                    &live,
-                    &method,
-                    params.as_ref(),
-                    timeout,
-                    capabilities.as_ref(),
-                    identity.as_deref(),
-                )
+                .on_connection(&live, &method, params.as_ref(), timeout, options)
                 .await
         });
         let first = std::future::poll_fn(|cx| {

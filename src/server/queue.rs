@@ -24,6 +24,8 @@ pub struct Outgoing {
     pub capabilities: Option<Value>,
     /// The caller's auth context, for servers that need sign-in.
     pub identity: Option<String>,
+    /// The call it is made for ([`crate::transport::RequestOptions::owner`]).
+    pub owner: Option<u64>,
     /// When it must be answered by: set where it was made, so that time spent in the
     /// actor's mailbox counts against it.
     pub deadline: Instant,
@@ -136,6 +138,7 @@ mod tests {
             params: None,
             capabilities: None,
             identity: None,
+            owner: None,
             deadline: Instant::now() + Duration::from_millis(ms),
             still_wanted: None,
         }

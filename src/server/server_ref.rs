@@ -22,7 +22,7 @@ use super::msg::ServerMsg;
 use super::queue::{Outgoing, StillWanted};
 use super::restart::RestartTracker;
 use super::status::{ServerState, ServerStatus};
-use crate::transport::{Connection, Era, RequestError, TransportError};
+use crate::transport::{Connection, Era, RequestError, RequestOptions, TransportError};
 
 /// How long past a request's deadline its caller waits for the server actor's answer,
 /// which comes by the deadline (the queue's expiry, the transport's own bound; a token
@@ -165,6 +165,8 @@ pub(crate) struct OutgoingRef<'a> {
     pub capabilities: Option<&'a Value>,
     /// Whose credentials it goes with (servers that sign in per identity).
     pub identity: Option<&'a str>,
+    /// The call it is made for: a legacy HTTP server's questions during it say so.
+    pub owner: Option<u64>,
     /// Made when the request must wait for the server (not ready): asked before the
     /// request goes out, false withdraws it.
     pub still_wanted: Option<&'a (dyn Fn() -> StillWanted + Sync)>,
@@ -341,6 +343,7 @@ impl ServerRef {
             timeout,
             capabilities,
             identity,
+            owner: None,
             still_wanted: None,
         };
         // A listing is not what a server asks its questions during.
@@ -390,8 +393,14 @@ impl ServerRef {
             timeout,
             capabilities,
             identity,
+            owner,
             still_wanted,
         } = outgoing;
+        let options = RequestOptions {
+            capabilities,
+            identity,
+            owner,
+        };
         let timeout = timeout.unwrap_or(self.0.config.timeout);
         let _slot = self.admit()?;
         // Taken here, on the caller's task, whichever way the request goes next.
@@ -403,7 +412,7 @@ impl ServerRef {
             let _noted = (live.conn.era() != Era::Modern).then(note);
             let params = traced.as_ref().or(params);
             return self
-                .on_connection(&live, method, params, timeout, capabilities, identity)
+                .on_connection(&live, method, params, timeout, options)
                 .await;
         }
         // Stopped or failed: answered here as the actor would, and at once. A server
@@ -433,6 +442,7 @@ impl ServerRef {
                 params: traced.or_else(|| params.cloned()),
                 capabilities: capabilities.cloned(),
                 identity: identity.map(String::from),
+                owner,
                 deadline: crate::util::duration::after(std::time::Instant::now(), timeout),
                 still_wanted: still_wanted.map(|make| make()),
             },
@@ -461,13 +471,10 @@ impl ServerRef {
         method: &str,
         params: Option<&Value>,
         timeout: Duration,
-        capabilities: Option<&Value>,
-        identity: Option<&str>,
+        options: RequestOptions<'_>,
     ) -> Result<Value, ServerError> {
         let conn = &live.conn;
-        let result = conn
-            .request_as(method, params, timeout, capabilities, identity)
-            .await;
+        let result = conn.request_as(method, params, timeout, options).await;
         if conn.is_http()
             && let Err(RequestError::Transport(error @ TransportError::NotSent(_))) = &result
             && let Some(actor) = self.actor()

@@ -120,11 +120,20 @@ pub(crate) fn busy() -> crate::protocol::RpcError {
 /// Traffic from the server on its own: requests (legacy era), notifications, the end.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    /// A request, and whose (an auth context) the HTTP request was whose event stream
-    /// carried it: it is answered as that one, with that one's token.
-    Request(Request, Option<Arc<str>>),
+    /// A request, and the HTTP request whose event stream carried it.
+    Request(Request, Via),
     Notification(Notification),
     Closed(TransportError),
+}
+
+/// Which of our HTTP requests' event streams carried a server's request. Stdio, and a
+/// session's own stream, carry it on no request of ours (the default).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Via {
+    /// Its auth context: the server's request is answered as that one, with its token.
+    pub(crate) identity: Option<Arc<str>>,
+    /// Its id: the server's request came during that one.
+    pub(crate) during: Option<RequestId>,
 }
 
 /// The ids of one connection's requests: every request, retries included, gets a new one.
@@ -154,12 +163,20 @@ mod tests {
             method: "roots/list".into(),
             params: None,
         };
-        assert!(sink.offer(Inbound::Request(request(1), None), 10).is_ok());
+        assert!(
+            sink.offer(Inbound::Request(request(1), Via::default()), 10)
+                .is_ok()
+        );
         // The transport answers it itself: it needs the id and whose it was.
-        match sink.offer(Inbound::Request(request(2), Some("alice".into())), 10) {
-            Err(Inbound::Request(r, who)) => {
+        let via = Via {
+            identity: Some("alice".into()),
+            during: Some(RequestId::Number(7)),
+        };
+        match sink.offer(Inbound::Request(request(2), via), 10) {
+            Err(Inbound::Request(r, via)) => {
                 assert_eq!(r.id, RequestId::Number(2));
-                assert_eq!(who.as_deref(), Some("alice"));
+                assert_eq!(via.identity.as_deref(), Some("alice"));
+                assert_eq!(via.during, Some(RequestId::Number(7)));
             }
             _ => panic!("the second has no room"),
         }

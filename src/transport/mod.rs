@@ -40,7 +40,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use connection::{
-    ConnectOptions, Connection, Era, EraPreference, ServerEvent, ServerProfile, ServerRequest,
+    AskedDuring, ConnectOptions, Connection, Era, EraPreference, RequestOptions, ServerEvent,
+    ServerProfile, ServerRequest,
 };
 pub use error::{ConnectError, RequestError, SpawnFailure, TlsFailure, TransportError};
 pub use exit::ExitStatus;

@@ -23,11 +23,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::options::{Era, ServerEvent, ServerRequest};
+use super::options::{AskedDuring, Era, ServerEvent, ServerRequest};
 use crate::protocol::error::{INTERNAL_ERROR, INVALID_REQUEST};
 use crate::protocol::{Request, RpcError};
 use crate::transport::Transport;
-use crate::transport::inbound::{Inbound, Queued};
+use crate::transport::inbound::{Inbound, Queued, Via};
 
 /// Answers to pings and refusals being sent at once.
 pub(super) const MAX_REPLIES: usize = 16;
@@ -44,6 +44,11 @@ pub(super) type BeingAnswered = Arc<
         >,
     >,
 >;
+
+/// Our requests in flight on a legacy HTTP connection, by id, with whom each is for
+/// ([`super::RequestOptions::owner`]).
+pub(super) type Owners =
+    Arc<parking_lot::Mutex<std::collections::HashMap<crate::protocol::RequestId, Option<u64>>>>;
 
 /// Tickets of [`BeingAnswered`] entries.
 static TICKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -69,6 +74,7 @@ pub(super) struct Dispatch {
     pub(super) congested: std::sync::atomic::AtomicBool,
     pub(super) allow_unsolicited_input: bool,
     pub(super) subscriptions: super::listen::Subscriptions,
+    pub(super) owners: Owners,
     /// Server requests refused: each is logged at first, then at each power of two.
     pub(super) refused: crate::util::log_budget::LogBudget,
 }
@@ -107,7 +113,7 @@ impl Dispatch {
             charge: _charge,
         } = queued;
         match message {
-            Inbound::Request(request, identity) => self.on_request(request, identity).await,
+            Inbound::Request(request, via) => self.on_request(request, via).await,
             Inbound::Notification(n) => {
                 if n.method == "notifications/cancelled"
                     && (self.cancelled(n.params.as_ref())
@@ -203,9 +209,23 @@ impl Dispatch {
         });
     }
 
-    /// Handles a server's request, answered as `as_` (whose request's stream carried it).
-    async fn on_request(&self, request: Request, as_: Option<Arc<str>>) {
+    /// Which of our requests the server's request came during: the one whose stream
+    /// carried it, if that one is still in flight.
+    fn during(&self, via: Option<&crate::protocol::RequestId>) -> AskedDuring {
+        let Some(id) = via else {
+            return AskedDuring::Unknown;
+        };
+        match self.owners.lock().get(id) {
+            Some(&owner) => AskedDuring::Request { owner },
+            None => AskedDuring::Ended,
+        }
+    }
+
+    /// Handles a server's request, answered as the one whose stream carried it.
+    async fn on_request(&self, request: Request, via: Via) {
         let Request { id, method, params } = request;
+        let during = self.during(via.during.as_ref());
+        let as_ = via.identity;
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
         if self.era == Era::Modern {
@@ -251,6 +271,7 @@ impl Dispatch {
             method: method.clone(),
             params: params.unwrap_or(Value::Null),
             outside_calls_allowed: self.allow_unsolicited_input,
+            during,
             reply,
         });
         if self.events.try_send(event).is_err() {

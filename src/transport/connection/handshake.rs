@@ -102,17 +102,17 @@ pub(super) async fn answering_pings<T>(
             done = &mut handshake => return done,
             Some(queued) = inbound.recv() => {
                 let (id, answer, identity, places) = match queued.message {
-                    Inbound::Request(ping, identity) if ping.method == "ping" => {
-                        (ping.id, Ok(json!({})), identity, &answers)
+                    Inbound::Request(ping, via) if ping.method == "ping" => {
+                        (ping.id, Ok(json!({})), via.identity, &answers)
                     }
                     _ if held.len() < limit => {
                         held.push(queued);
                         continue;
                     }
-                    Inbound::Request(request, identity) => (
+                    Inbound::Request(request, via) => (
                         request.id,
                         Err(crate::transport::inbound::busy()),
-                        identity,
+                        via.identity,
                         &refusals,
                     ),
                     _ => continue,

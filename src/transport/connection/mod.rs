@@ -35,13 +35,18 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
-pub use options::{ConnectOptions, Era, EraPreference, ServerEvent, ServerProfile, ServerRequest};
+pub use options::{
+    AskedDuring, ConnectOptions, Era, EraPreference, RequestOptions, ServerEvent, ServerProfile,
+    ServerRequest,
+};
 
 use super::Transport;
 use super::error::{ConnectError, RequestError, TransportError};
 use super::inbound::{Ids, Queued};
 use super::spec::TransportSpec;
-use crate::protocol::{MetaEnvelope, Notification, RequestRef, RpcError, RpcErrorKind, Stamp};
+use crate::protocol::{
+    MetaEnvelope, Notification, RequestId, RequestRef, RpcError, RpcErrorKind, Stamp,
+};
 use dispatch::Dispatch;
 use handshake::{answering_pings, envelope, initialize, pick_version};
 use probe::{Probe, probe};
@@ -67,6 +72,9 @@ pub struct Connection {
     calls_in_flight: Arc<AtomicUsize>,
     /// Open `subscriptions/listen` requests, whose notifications the dispatcher routes.
     subscriptions: listen::Subscriptions,
+    /// Whom each request in flight on a legacy HTTP connection is for: the server's
+    /// requests on its event stream are theirs.
+    owners: dispatch::Owners,
     dispatcher: JoinHandle<()>,
 }
 
@@ -93,6 +101,18 @@ impl Drop for Counted<'_> {
         if let Some(c) = self.calls {
             c.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// A request's entry in [`Connection::owners`], removed when dropped.
+struct Owned<'a> {
+    owners: &'a dispatch::Owners,
+    id: RequestId,
+}
+
+impl Drop for Owned<'_> {
+    fn drop(&mut self) {
+        self.owners.lock().remove(&self.id);
     }
 }
 
@@ -248,8 +268,10 @@ impl Connection {
         let (events_tx, events_rx) = mpsc::channel(options.event_capacity.max(1));
         let calls_in_flight = Arc::new(AtomicUsize::new(0));
         let subscriptions = listen::Subscriptions::default();
+        let owners = dispatch::Owners::default();
         let dispatch = Dispatch {
             subscriptions: subscriptions.clone(),
+            owners: owners.clone(),
             server: server.to_string(),
             transport: Arc::downgrade(&transport),
             events: events_tx,
@@ -280,6 +302,7 @@ impl Connection {
             in_flight: AtomicUsize::new(0),
             calls_in_flight,
             subscriptions,
+            owners,
             dispatcher,
         };
         Ok((connection, events_rx))
@@ -362,14 +385,9 @@ impl Connection {
         method: &str,
         params: Option<Value>,
     ) -> Result<Value, RequestError> {
-        self.request_as(
-            method,
-            params.as_ref(),
-            self.options.request_timeout,
-            None,
-            None,
-        )
-        .await
+        let timeout = self.options.request_timeout;
+        self.request_as(method, params.as_ref(), timeout, RequestOptions::default())
+            .await
     }
 
     /// Sends one request and returns its result within `timeout`.
@@ -382,7 +400,7 @@ impl Connection {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, RequestError> {
-        self.request_as(method, params.as_ref(), timeout, None, None)
+        self.request_as(method, params.as_ref(), timeout, RequestOptions::default())
             .await
     }
 
@@ -399,13 +417,18 @@ impl Connection {
         timeout: Duration,
         capabilities: Option<&Value>,
     ) -> Result<Value, RequestError> {
-        self.request_as(method, params.as_ref(), timeout, capabilities, None)
+        let options = RequestOptions {
+            capabilities,
+            ..RequestOptions::default()
+        };
+        self.request_as(method, params.as_ref(), timeout, options)
             .await
     }
 
-    /// [`Connection::request_with`] as `identity`: an HTTP server that needs sign-in
-    /// gets that auth context's token (`None`: the connection's own). The params are
-    /// borrowed: they are written as they are, never copied.
+    /// [`Connection::request_with`], as the options say: an HTTP server that needs
+    /// sign-in gets the token of their `identity`, and a legacy HTTP server's requests
+    /// during this one are said to be their `owner`'s. The params are borrowed: they
+    /// are written as they are, never copied.
     ///
     /// # Cancel safety
     /// Dropping the future cancels the request on the server.
@@ -414,9 +437,13 @@ impl Connection {
         method: &str,
         params: Option<&Value>,
         timeout: Duration,
-        capabilities: Option<&Value>,
-        identity: Option<&str>,
+        options: RequestOptions<'_>,
     ) -> Result<Value, RequestError> {
+        let RequestOptions {
+            capabilities,
+            identity,
+            owner,
+        } = options;
         // The clock is read again only for a second try (a renegotiation): the first
         // gets the whole timeout, as good as read at once.
         let started = Instant::now();
@@ -441,6 +468,14 @@ impl Connection {
         let envelope = |c: &Connection| (c.era() == Era::Modern).then(|| c.envelope.read().clone());
         let mut current = envelope(self);
         let mut id = self.ids.next();
+        // Only a legacy HTTP server's requests come on a request's own stream.
+        let _owned = (self.era() == Era::Legacy && self.is_http()).then(|| {
+            self.owners.lock().insert(id.clone(), owner);
+            Owned {
+                owners: &self.owners,
+                id: id.clone(),
+            }
+        });
         let mut renegotiated = false;
         loop {
             // The attempt's span says which request it sent (`jsonrpc.request.id`, a

@@ -169,7 +169,38 @@ pub struct ServerRequest {
     /// else an `elicitation/create` or `sampling/createMessage` that no call on the
     /// server is running for by the time it is handled is refused.
     pub outside_calls_allowed: bool,
+    /// Which of our requests it came during, as far as the transport shows.
+    pub during: AskedDuring,
     pub(super) reply: oneshot::Sender<Result<Value, RpcError>>,
+}
+
+/// Which of our requests a legacy server's request came during. Over legacy HTTP it
+/// comes on the event stream of the request it is asked for; stdio, and a session's
+/// own stream, name none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AskedDuring {
+    /// It names none: it may be any request's in flight.
+    Unknown,
+    /// One in flight, made for `owner` (what the request was sent with; `None`: no one).
+    Request {
+        /// See [`RequestOptions::owner`].
+        owner: Option<u64>,
+    },
+    /// One that has ended since: no one waits for the answer.
+    Ended,
+}
+
+/// How one request goes, beside its method, params and deadline.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestOptions<'a> {
+    /// The client capabilities it declares (modern servers), when not the
+    /// connection's own.
+    pub capabilities: Option<&'a Value>,
+    /// Whose credentials it goes with (an auth context; `None`: the connection's own).
+    pub identity: Option<&'a str>,
+    /// Whom it is made for, a number of the caller's choosing: a legacy server's
+    /// request that comes during it says so ([`AskedDuring::Request`]).
+    pub owner: Option<u64>,
 }
 
 impl ServerRequest {

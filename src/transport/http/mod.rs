@@ -56,7 +56,7 @@ use super::auth::{
     AuthError, AuthFailure, AuthStep, Challenge, MAX_STEP_UPS, Renewal, SignIn, SignInContext,
 };
 use super::error::TransportError;
-use super::inbound::{Ids, Inbound, InboundSink};
+use super::inbound::{Ids, Inbound, InboundSink, Via};
 use super::spec::HttpSpec;
 use super::tls;
 use crate::protocol::error::HEADER_MISMATCH;
@@ -930,11 +930,15 @@ impl HttpTransport {
                         }
                     }
                     Ok(Message::Request(r)) => {
-                        if let Err(Inbound::Request(r, identity)) = self
+                        let via = Via {
+                            identity: identity.clone(),
+                            during: want.cloned(),
+                        };
+                        if let Err(Inbound::Request(r, via)) = self
                             .inbound
-                            .offer(Inbound::Request(r, identity.clone()), event.data.len())
+                            .offer(Inbound::Request(r, via), event.data.len())
                         {
-                            self.refuse_busy(r.id, identity);
+                            self.refuse_busy(r.id, via.identity);
                         }
                     }
                     Ok(Message::Notification(n)) => {

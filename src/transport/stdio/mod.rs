@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::error::TransportError;
 use super::exit::ExitStatus;
-use super::inbound::{Inbound, InboundSink};
+use super::inbound::{Inbound, InboundSink, Via};
 use super::spec::StdioSpec;
 use crate::protocol::{
     Message, Notification, Peeked, ProtocolError, RequestId, RequestRef, Response, RpcError, Stamp,
@@ -652,7 +652,7 @@ fn on_message(
             // Never wait on a full channel: replies behind it would stall. The server is
             // told at once instead (if the writer has room).
             if let Err(Inbound::Request(request, _)) =
-                inbound.offer(Inbound::Request(request, None), line.len())
+                inbound.offer(Inbound::Request(request, Via::default()), line.len())
             {
                 if let Some(ignored) = shared.ignored.log() {
                     tracing::warn!(server = %shared.server, ignored, "server request refused: channel full");
