@@ -709,8 +709,16 @@ fn import_mcp_servers(
         .map(String::as_str)
         .filter(|name| id_from_name(name) == *name)
         .collect();
+    // How many names map to each id: a name that is not an id takes that id only when
+    // it is the one name that maps to it, else one from its own name's hash. An id
+    // then never passes from one such name to another as names are added or removed
+    // (grants, tokens and tool names follow ids); at most it stops naming any.
+    let mut sharing: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for name in servers.keys() {
+        *sharing.entry(id_from_name(name)).or_default() += 1;
+    }
     let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
-    // The next suffix to try per id, so that many names of one id take linear time.
+    // The next suffix to try per id, should a hash's be taken: linear time for many.
     let mut next: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for (name, entry) in servers {
         let at = |key: &str| format!("mcpServers.{name}.{key}");
@@ -816,6 +824,11 @@ fn import_mcp_servers(
         let base = id_from_name(name);
         let mut id = base.clone();
         if id != *name {
+            if sharing.get(&base).copied().unwrap_or(0) > 1 {
+                // Seven hex digits: within the room `id_from_name` leaves.
+                let hash = crate::util::hash::sha256_hex(name.as_bytes());
+                id = format!("{base}-{}", &hash[..7]);
+            }
             let n = next.entry(base.clone()).or_insert(2);
             while kept.contains(id.as_str()) || taken.contains(&id) {
                 id = format!("{base}-{n}");
@@ -1149,8 +1162,24 @@ mod tests {
                 .expect("imported")
         };
         assert_eq!(id_of("a_b"), "a_b");
-        assert_eq!(id_of("a b"), "a_b-2");
-        assert_eq!(id_of("a b!"), "a_b-3");
+        // Of its own name's hash, whatever other names map to `a_b`.
+        let hashed = |name: &str| {
+            let hash = crate::util::hash::sha256_hex(name.as_bytes());
+            format!("a_b-{}", &hash[..7])
+        };
+        assert_eq!(id_of("a b"), hashed("a b"));
+        assert_eq!(id_of("a b!"), hashed("a b!"));
+        // Without the server `a_b`, neither takes its id (the one that sorts first did).
+        let fewer = r#"{"mcpServers": {"a b!": {"command": "w"}, "a b": {"command": "x"}}}"#;
+        let fewer = parse(fewer, Path::new("mcp.json")).expect("valid");
+        let ids: Vec<&str> = fewer.config.servers.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, [hashed("a b"), hashed("a b!")]);
+        // The one name that maps to an id takes it.
+        let alone = parse(
+            r#"{"mcpServers": {"a b": {"command": "x"}}}"#,
+            Path::new("m.json"),
+        );
+        assert_eq!(alone.expect("valid").config.servers[0].id, "a_b");
         // Many names that map to one id load at once, not in quadratic time.
         let many: serde_json::Map<String, Value> = (0..5000u32)
             .filter_map(|i| char::from_u32(0x4e00 + i))
