@@ -1552,6 +1552,22 @@ async fn a_legacy_http_question_right_before_its_result_is_never_another_calls()
     let _ = std::fs::remove_file(record);
 }
 
+// A request sent again in a new session (its old one expired) goes under a new id: a
+// question on its stream is still the call's.
+#[tokio::test]
+async fn a_legacy_http_question_during_a_request_sent_again_is_still_the_calls() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let (_server, h) = legacy_http(&[], Arc::new(Attributing(seen.clone()))).await;
+    h.call_tool(&a(), "leg__expire_session", json!({}))
+        .await
+        .expect("the session ends after this call");
+    let args = json!({"message": "Again?"});
+    let answer = h.call_tool(&a(), "leg__confirm", args).await;
+    assert_eq!(text(&answer.expect("confirm")), "approved: false");
+    assert_eq!(seen.lock().clone(), [Some("a".to_string())]);
+    h.shutdown().await;
+}
+
 // A legacy server's question during a request of the embedder's own (no agent's call)
 // is answered: it comes during a request, not outside one.
 #[tokio::test]

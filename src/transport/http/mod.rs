@@ -104,12 +104,48 @@ pub(crate) struct HttpTransport {
     this: Weak<HttpTransport>,
     /// Answers being sent to requests that found the inbound channel full.
     busy_answers: Arc<tokio::sync::Semaphore>,
+    /// Ids requests in flight were sent again under (after a sign-in, a renewed
+    /// session, annotations read again), each with the id the request was made with:
+    /// the server's requests on a retry's stream came during the request as made.
+    resent: parking_lot::Mutex<std::collections::HashMap<RequestId, RequestId>>,
+}
+
+/// An id a request was sent again under, in [`HttpTransport::resent`] until dropped.
+struct Resent<'a> {
+    transport: &'a HttpTransport,
+    id: RequestId,
+}
+
+impl Drop for Resent<'_> {
+    fn drop(&mut self) {
+        self.transport.resent.lock().remove(&self.id);
+    }
 }
 
 /// Answers to requests that found no room sent at once, at most.
 const BUSY_ANSWERS: usize = 4;
 
 impl HttpTransport {
+    /// The id the request sent as `id` was made with.
+    fn made_as(&self, id: &RequestId) -> RequestId {
+        self.resent
+            .lock()
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.clone())
+    }
+
+    /// A new id for the request made as `made`, noted as its until dropped.
+    fn resend(&self, made: &RequestId) -> (RequestId, Resent<'_>) {
+        let id = self.ids.next();
+        self.resent.lock().insert(id.clone(), made.clone());
+        let noted = Resent {
+            transport: self,
+            id: id.clone(),
+        };
+        (id, noted)
+    }
+
     /// Prepares a transport for `spec`; nothing is sent until the first request.
     pub(crate) fn new(
         server: &str,
@@ -173,6 +209,7 @@ impl HttpTransport {
             renewal_limit,
             this: this.clone(),
             busy_answers: Arc::new(tokio::sync::Semaphore::new(BUSY_ANSWERS)),
+            resent: Default::default(),
         }))
     }
 
@@ -279,6 +316,7 @@ impl HttpTransport {
         let mut took_held = false;
         // A retry is the same request under a new id.
         let mut id = request.id.clone();
+        let mut resent = Vec::new();
         let mut left = timeout;
         loop {
             if left.is_zero() {
@@ -399,7 +437,9 @@ impl HttpTransport {
                 }
                 other => return other,
             }
-            id = self.ids.next();
+            let (again, noted) = self.resend(request.id);
+            resent.push(noted);
+            id = again;
         }
     }
 
@@ -438,6 +478,8 @@ impl HttpTransport {
             }
             let (mut renewed, mut relearned) = (false, false);
             let mut id = request.id.clone();
+            let made = self.made_as(request.id);
+            let mut resent = Vec::new();
             let mut unanswered = CancelUnanswered {
                 transport: self,
                 id: None,
@@ -473,7 +515,9 @@ impl HttpTransport {
                     }
                     other => return other,
                 }
-                id = self.ids.next();
+                let (again, noted) = self.resend(&made);
+                resent.push(noted);
+                id = again;
             }
         };
         match tokio::time::timeout_at(deadline, work).await {
@@ -932,7 +976,7 @@ impl HttpTransport {
                     Ok(Message::Request(r)) => {
                         let via = Via {
                             identity: identity.clone(),
-                            during: want.cloned(),
+                            during: want.map(|id| self.made_as(id)),
                         };
                         if let Err(Inbound::Request(r, via)) = self
                             .inbound
