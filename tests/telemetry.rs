@@ -836,19 +836,25 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
         sent[0]["params"]["_meta"]["traceparent"].as_str(),
         Some(format!("00-{trace}-{}-01", hex(&attempt.span_id)).as_str())
     );
-    for untraced in &sent[1..3] {
-        assert!(
-            untraced["params"]["_meta"].get("traceparent").is_none(),
-            "{untraced}"
-        );
-    }
+    // The client's unsampled trace is passed on as it came, from the client's span: the
+    // server keeps none of it either. A request that came with none goes with none.
+    assert_eq!(
+        sent[1]["params"]["_meta"]["traceparent"].as_str(),
+        Some(format!("00-{unsampled}-{parent}-00").as_str())
+    );
+    assert!(
+        sent[2]["params"]["_meta"].get("traceparent").is_none(),
+        "{}",
+        sent[2]
+    );
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }
 
 // With `follow_client_sampling = false`, the ratio decides whatever the client's flag
-// says: at 0 a client that marks its request sampled is not traced (no span, no trace
-// context to the server); at 1 one that marks it unsampled is, in its own trace.
+// says: at 0 a client that marks its request sampled is not traced (no span; the server
+// is passed the client's context marked not sampled); at 1 one that marks it unsampled
+// is, in its own trace.
 #[tokio::test]
 async fn a_gateway_that_does_not_follow_clients_sampling_keeps_their_calls_at_its_ratio() {
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
@@ -879,7 +885,8 @@ async fn a_gateway_that_does_not_follow_clients_sampling_keeps_their_calls_at_it
                 .collect::<Vec<_>>()
         };
         if ratio == "0" {
-            assert!(sent.is_none(), "{sent:?}");
+            let unsampled = format!("00-{trace}-{parent}-00");
+            assert_eq!(sent, Some(unsampled.as_str()));
             assert!(spans().is_empty());
         } else {
             let sent = sent.expect("a trace context for the server");
@@ -916,10 +923,15 @@ async fn a_client_trace_not_followed_is_kept_whole_or_not_at_all() {
         call_with_trace_context(&gateway.url, "text", Some(traceparent)).await;
     }
     stop_gateway(&mut gateway).await;
+    // Sampled as passed on: the request's own span's context, or the client's marked
+    // not sampled.
     let sent: Vec<bool> = recorded(&record)
         .into_iter()
         .filter(|r| r["method"] == "tools/call")
-        .map(|r| r["params"]["_meta"]["traceparent"].is_string())
+        .map(|r| {
+            let sent = r["params"]["_meta"]["traceparent"].as_str();
+            sent.expect("a trace context").ends_with("-01")
+        })
         .collect();
     assert_eq!(sent.len(), 20);
     let traced = sent.iter().filter(|t| **t).count();

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use opentelemetry::context::FutureExt as _;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -2076,7 +2077,7 @@ impl Gateway {
                     self.inner.harness.sampler(),
                     now.config.follow_client_sampling,
                 );
-                let (span, traced) = downstream_span(sampling, kind, &name, params);
+                let (span, traced, passed_on) = downstream_span(sampling, kind, &name, params);
                 let options = CallOptions {
                     timeout: None,
                     cancel: Some(ended),
@@ -2086,6 +2087,7 @@ impl Gateway {
                     let outcome = gw
                         .delegated(&who, kind, &target, args, delegation, options)
                         .instrument(span.clone())
+                        .with_context(passed_on)
                         .await;
                     mark_outcome(&span, outcome.as_ref().map(|a| &a.result));
                     outcome
@@ -2253,7 +2255,7 @@ impl Gateway {
         delegation.questions = Some(questions);
         // One server span, and one sampling decision, for the request, however many
         // upstream rounds it takes.
-        let (span, traced) = downstream_span(self.sampling(), kind, &name, params);
+        let (span, traced, passed_on) = downstream_span(self.sampling(), kind, &name, params);
         // One deadline for the request, its rounds and the client's answers together,
         // as a call made in the library has: each round began a call_timeout of its own.
         let call_timeout = self.inner.harness.call_timeout();
@@ -2287,7 +2289,8 @@ impl Gateway {
                             delegation.clone(),
                             options,
                         )
-                        .instrument(span.clone());
+                        .instrument(span.clone())
+                        .with_context(passed_on.clone());
                     tokio::pin!(call);
                     loop {
                         tokio::select! {
@@ -2472,13 +2475,14 @@ fn progress_token(params: &Value) -> Option<&Value> {
 /// through the gateway into the harness's call and on to the upstream server.
 /// Whether it is traced is decided here, at the root (and handed to the call): the
 /// client's sampled flag when it sent a trace context and `follow_client` holds, else
-/// the harness's ratio.
+/// the harness's ratio. Untraced, the call passes the client's context on, not sampled
+/// (the third part, to attach to the call's future).
 fn downstream_span(
     (sampler, follow_client): (&HeadSampler, bool),
     kind: CallKind,
     name: &str,
     params: &Value,
-) -> (tracing::Span, bool) {
+) -> (tracing::Span, bool, opentelemetry::Context) {
     let remote = crate::util::trace_context::extract(Some(params));
     let traced = match &remote {
         Some(remote) if follow_client => remote.is_sampled(),
@@ -2495,6 +2499,7 @@ fn downstream_span(
         rpc.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
+    let passed_on = crate::util::trace_context::passed_on(remote.as_ref(), traced);
     if let (Some(mut remote), true, false) = (remote, traced, span.is_disabled()) {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -2511,7 +2516,7 @@ fn downstream_span(
         }
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
-    (span, traced)
+    (span, traced, passed_on)
 }
 
 /// Marks the gateway's server span with how its request ended, as the conventions

@@ -182,12 +182,41 @@ pub fn span_name(method: &str, named: bool, target: &str) -> String {
     }
 }
 
-/// The current span's context, if it is a valid (sampled or not) OpenTelemetry span.
+/// The current span's context, if it is a valid (sampled or not) OpenTelemetry span;
+/// else the OpenTelemetry context attached to the work being polled (an untraced call
+/// passing its client's on, see [`passed_on`]; an embedder's own).
 fn current() -> Option<SpanContext> {
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let sc = span.span_context();
-    sc.is_valid().then(|| sc.clone())
+    if sc.is_valid() {
+        return Some(sc.clone());
+    }
+    opentelemetry::Context::map_current(|cx| {
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then_some(sc)
+    })
+}
+
+/// What the requests of a call that is not traced pass on of its client's trace
+/// context (attach it to the call's future with `opentelemetry::context::FutureExt`):
+/// the client's own span as their parent, marked not sampled, so that a server that
+/// traces neither starts a trace of its own for them nor keeps a trace this process
+/// decided not to keep. Empty when there is nothing to pass on.
+pub fn passed_on(remote: Option<&SpanContext>, traced: bool) -> opentelemetry::Context {
+    match remote {
+        Some(remote) if !traced => {
+            let unsampled = SpanContext::new(
+                remote.trace_id(),
+                remote.span_id(),
+                remote.trace_flags().with_sampled(false),
+                true,
+                remote.trace_state().clone(),
+            );
+            opentelemetry::Context::new().with_remote_span_context(unsampled)
+        }
+        _ => opentelemetry::Context::new(),
+    }
 }
 
 /// `00-TRACEID-SPANID-FLAGS`.
@@ -335,6 +364,29 @@ mod tests {
     #[test]
     fn without_a_trace_context_nothing_is_written() {
         assert_eq!(with_context(Some(&json!({"name": "echo"}))), None);
+        assert_eq!(with_context(None), None);
+    }
+
+    // An untraced call passes its client's context on, not sampled, with its state.
+    #[test]
+    fn an_untraced_call_passes_its_clients_context_on_unsampled() {
+        let client = json!({"_meta": {
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "a=1",
+        }});
+        let remote = extract(Some(&client)).expect("valid");
+        let sent = {
+            let _attached = passed_on(Some(&remote), false).attach();
+            with_context(Some(&json!({"name": "echo"}))).expect("passed on")
+        };
+        assert_eq!(
+            sent["_meta"]["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+        );
+        assert_eq!(sent["_meta"]["tracestate"], "a=1");
+        assert_eq!(sent["name"], "echo");
+        // Traced, its own spans carry it; nothing comes of the client's alone.
+        let _attached = passed_on(Some(&remote), true).attach();
         assert_eq!(with_context(None), None);
     }
 }
