@@ -1552,15 +1552,13 @@ async fn a_legacy_http_question_right_before_its_result_is_never_another_calls()
     let _ = std::fs::remove_file(record);
 }
 
-// A request sent again in a new session (its old one expired) goes under a new id: a
-// question on its stream is still the call's.
+// A request sent again in a new session (its first POST found the session ended) goes
+// under a new id: a question on its stream is still the call's.
 #[tokio::test]
 async fn a_legacy_http_question_during_a_request_sent_again_is_still_the_calls() {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let (_server, h) = legacy_http(&[], Arc::new(Attributing(seen.clone()))).await;
-    h.call_tool(&a(), "leg__expire_session", json!({}))
-        .await
-        .expect("the session ends after this call");
+    let handler = Arc::new(Attributing(seen.clone()));
+    let (_server, h) = legacy_http(&["--expire-on-first-call"], handler).await;
     let args = json!({"message": "Again?"});
     let answer = h.call_tool(&a(), "leg__confirm", args).await;
     assert_eq!(text(&answer.expect("confirm")), "approved: false");

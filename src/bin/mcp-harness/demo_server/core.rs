@@ -226,6 +226,8 @@ pub struct DemoServer {
     pub region_calls: AtomicU64,
     /// `subscriptions/listen` requests so far (for `--unavailable-listens`).
     pub listens_begun: AtomicU64,
+    /// Whether a session was ended on a call (for `--expire-on-first-call`).
+    pub expired_on_call: AtomicBool,
 }
 
 impl DemoServer {
@@ -275,6 +277,7 @@ impl DemoServer {
             handled: AtomicU64::new(0),
             region_calls: AtomicU64::new(0),
             listens_begun: AtomicU64::new(0),
+            expired_on_call: AtomicBool::new(false),
         }))
     }
 

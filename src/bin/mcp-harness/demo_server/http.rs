@@ -504,6 +504,17 @@ async fn post(
         return initialize(&state, request, headers).await;
     }
     let legacy = known_session == Some(true);
+    if legacy
+        && request.method == "tools/call"
+        && state.server.args.expire_on_first_call
+        && !state.server.expired_on_call.swap(true, Ordering::SeqCst)
+        && let Some(session) = &session_id
+    {
+        state.sessions.lock().remove(session);
+        let record = json!({"method": request.method, "id": request.id, "status": 404});
+        state.server.record(record);
+        return full(StatusCode::NOT_FOUND, "", "unknown session");
+    }
     if era == ServeEra::Legacy && !legacy && request.method != "server/discover" {
         let error = RpcError::new(-32600, "Bad Request: no valid session ID");
         return json_message(

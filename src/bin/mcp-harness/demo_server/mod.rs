@@ -178,6 +178,10 @@ pub struct DemoServerArgs {
     /// event stream, and the answer must come in the session its headers name.
     #[arg(long)]
     pub ping_before_initialize: bool,
+    /// HTTP legacy only: end the session on the first `tools/call` it gets, answered 404
+    /// as an expired session's (the client begins another and sends the call again).
+    #[arg(long)]
+    pub expire_on_first_call: bool,
     /// End each legacy GET event stream as soon as it opens (an empty 200 stream).
     #[arg(long)]
     pub close_get_streams: bool,
