@@ -135,10 +135,12 @@ impl HttpTransport {
             .unwrap_or_else(|| id.clone())
     }
 
-    /// A new id for the request made as `made`, noted as its until dropped.
-    fn resend(&self, made: &RequestId) -> (RequestId, Resent<'_>) {
+    /// A new id for the request sent as `last` (or made as it), noted as the made
+    /// one's until dropped.
+    fn resend(&self, last: &RequestId) -> (RequestId, Resent<'_>) {
+        let made = self.made_as(last);
         let id = self.ids.next();
-        self.resent.lock().insert(id.clone(), made.clone());
+        self.resent.lock().insert(id.clone(), made);
         let noted = Resent {
             transport: self,
             id: id.clone(),
@@ -1443,5 +1445,34 @@ fn left_after_sign_in(left: Duration, deadline: Option<Instant>) -> Duration {
     match deadline {
         Some(at) => left.min(at.saturating_duration_since(Instant::now())),
         None => left,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Sent again twice (a sign-in, then a renewed session): the server's requests on the
+    // last stream are still the request's as it was made.
+    #[tokio::test]
+    async fn a_request_sent_again_twice_is_still_the_one_it_was_made_as() {
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let spec = HttpSpec {
+            url: "http://127.0.0.1:1/mcp".into(),
+            ..HttpSpec::default()
+        };
+        let sign_in = crate::transport::auth::SignInContext::default();
+        let inbound = InboundSink::new(tx, None);
+        let limit = Duration::from_secs(1);
+        let t = HttpTransport::new("s", &spec, 1 << 20, Ids::new(), inbound, &sign_in, limit)
+            .expect("a transport");
+        let made = RequestId::Number(100);
+        let (first, noted_first) = t.resend(&made);
+        let (second, noted_second) = t.resend(&first);
+        assert_eq!(t.made_as(&second), made);
+        assert_eq!(t.made_as(&first), made);
+        assert_eq!(t.made_as(&made), made);
+        drop((noted_first, noted_second));
+        assert!(t.resent.lock().is_empty(), "forgotten once answered");
     }
 }
