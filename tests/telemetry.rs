@@ -851,6 +851,27 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     let _ = std::fs::remove_file(config);
 }
 
+// With export off a gateway makes no trace context of its own, and passes its client's
+// on as it came: the server continues the client's trace.
+#[tokio::test]
+async fn without_export_a_gateway_passes_its_clients_trace_context_on_as_it_came() {
+    let record = temp_file("otel-gw-off");
+    let config = config("otel-gw-off", &record);
+    let mut gateway = serve(&config, "", &[], None).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    call_with_trace_context(&gateway.url, "sampled", Some(traceparent.into())).await;
+    call_with_trace_context(&gateway.url, "none", None).await;
+    stop_gateway(&mut gateway).await;
+    let sent: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .map(|r| r["params"]["_meta"]["traceparent"].clone())
+        .collect();
+    assert_eq!(sent, [Value::from(traceparent), Value::Null]);
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 // With `follow_client_sampling = false`, the ratio decides whatever the client's flag
 // says: at 0 a client that marks its request sampled is not traced (no span; the server
 // is passed the client's context marked not sampled); at 1 one that marks it unsampled

@@ -47,8 +47,8 @@ impl HarnessClient {
     }
 }
 
-/// Where how a server's question ends is noted: the calls on the server when it came
-/// (their audit records).
+/// Where how a server's question ends is noted: the calls it came during (the one its
+/// stream names, or those on the server when it came), in their audit records.
 struct Noted(Vec<(std::sync::Arc<super::context::Questions>, usize)>);
 
 impl Noted {

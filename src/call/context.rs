@@ -142,9 +142,10 @@ struct CallOn {
     asked: Arc<Questions>,
 }
 
-/// Whose a request from a server is; see [`CallContext::on`].
+/// Whose a request from a server is; see [`CallContext::on`]. "The calls" below are
+/// the one it named, or every call on the server when it named none.
 pub(crate) struct Whose {
-    /// The agent of every call on the server, if they are all one agent's.
+    /// The agent of the calls, if they are all one agent's.
     pub(crate) agent: Option<String>,
     /// The call, if there is one only.
     pub(crate) call: Option<u64>,
@@ -152,9 +153,9 @@ pub(crate) struct Whose {
     pub(crate) call_deadline: Option<std::time::Instant>,
     /// Whether it is no one agent's (calls of several, or a request of none).
     pub(crate) shared: bool,
-    /// One token for each call (and for the requests of no call) on the server when
-    /// it came, each cancelled when that one ends: when all are, whoever it was asked
-    /// for is gone. Empty outside calls (never withdrawn so).
+    /// One token for each of the calls (and for the requests of no call on the server
+    /// when it came), each cancelled when that one ends: when all are, whoever it was
+    /// asked for is gone. Empty outside calls (never withdrawn so).
     pub(crate) ended: Vec<tokio_util::sync::CancellationToken>,
     /// Whether any call (or request of the harness's own) is on the server now.
     pub(crate) during_call: bool,

@@ -2084,11 +2084,13 @@ impl Gateway {
                     traced: Some(traced),
                 };
                 let call = parked::Call::inline(async move {
-                    let outcome = gw
+                    let call = gw
                         .delegated(&who, kind, &target, args, delegation, options)
-                        .instrument(span.clone())
-                        .with_context(passed_on)
-                        .await;
+                        .instrument(span.clone());
+                    let outcome = match passed_on {
+                        Some(cx) => call.with_context(cx).await,
+                        None => call.await,
+                    };
                     mark_outcome(&span, outcome.as_ref().map(|a| &a.result));
                     outcome
                 });
@@ -2290,7 +2292,7 @@ impl Gateway {
                             options,
                         )
                         .instrument(span.clone())
-                        .with_context(passed_on.clone());
+                        .with_context(passed_on.clone().unwrap_or_default());
                     tokio::pin!(call);
                     loop {
                         tokio::select! {
@@ -2475,14 +2477,15 @@ fn progress_token(params: &Value) -> Option<&Value> {
 /// through the gateway into the harness's call and on to the upstream server.
 /// Whether it is traced is decided here, at the root (and handed to the call): the
 /// client's sampled flag when it sent a trace context and `follow_client` holds, else
-/// the harness's ratio. Untraced, the call passes the client's context on, not sampled
-/// (the third part, to attach to the call's future).
+/// the harness's ratio. The third part, when the client sent a trace context, is what
+/// the call passes on where no span of its own carries one (see
+/// [`crate::util::trace_context::passed_on`]), to attach to the call's future.
 fn downstream_span(
     (sampler, follow_client): (&HeadSampler, bool),
     kind: CallKind,
     name: &str,
     params: &Value,
-) -> (tracing::Span, bool, opentelemetry::Context) {
+) -> (tracing::Span, bool, Option<opentelemetry::Context>) {
     let remote = crate::util::trace_context::extract(Some(params));
     let traced = match &remote {
         Some(remote) if follow_client => remote.is_sampled(),
@@ -2499,7 +2502,7 @@ fn downstream_span(
         rpc.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let passed_on = crate::util::trace_context::passed_on(remote.as_ref(), traced);
+    let passed_on = (remote.as_ref()).map(|r| crate::util::trace_context::passed_on(r, traced));
     if let (Some(mut remote), true, false) = (remote, traced, span.is_disabled()) {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;

@@ -2,8 +2,10 @@
 //! the current `tracing` span, as OpenTelemetry sees it through `tracing-opentelemetry`,
 //! written into a request's `params._meta` (which the 2026-07-28 revision allows and
 //! legacy servers ignore), so that a server that traces continues the caller's trace.
-//! Without an OpenTelemetry layer installed there is no trace context and nothing is
-//! written: the cost is a lookup on the current span and one on the call's parent.
+//! Without an OpenTelemetry layer installed the harness makes no trace context of its
+//! own, and writes only what a gateway's client sent ([`passed_on`]): the cost is a
+//! lookup on the current span, one on the attached OpenTelemetry context and one on
+//! the call's parent.
 //!
 //! Head sampling is decided here too, once per call ([`HeadSampler`]): a call that is
 //! not traced makes its spans on the [`UNTRACED`] target, which [`export_filter`] keeps
@@ -193,30 +195,33 @@ fn current() -> Option<SpanContext> {
         return Some(sc.clone());
     }
     opentelemetry::Context::map_current(|cx| {
-        let sc = cx.span().span_context().clone();
-        sc.is_valid().then_some(sc)
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_valid().then(|| sc.clone())
     })
 }
 
-/// What the requests of a call that is not traced pass on of its client's trace
-/// context (attach it to the call's future with `opentelemetry::context::FutureExt`):
-/// the client's own span as their parent, marked not sampled, so that a server that
-/// traces neither starts a trace of its own for them nor keeps a trace this process
-/// decided not to keep. Empty when there is nothing to pass on.
-pub fn passed_on(remote: Option<&SpanContext>, traced: bool) -> opentelemetry::Context {
-    match remote {
-        Some(remote) if !traced => {
-            let unsampled = SpanContext::new(
-                remote.trace_id(),
-                remote.span_id(),
-                remote.trace_flags().with_sampled(false),
-                true,
-                remote.trace_state().clone(),
-            );
-            opentelemetry::Context::new().with_remote_span_context(unsampled)
-        }
-        _ => opentelemetry::Context::new(),
-    }
+/// What the requests of a call pass on of its client's trace context where no span of
+/// the harness's carries one (the call not traced, or no OpenTelemetry layer at all):
+/// the client's own span as their parent, marked not sampled when the call is not
+/// traced, so that a server that traces neither starts a trace of its own for them nor
+/// keeps one this process decided not to keep. Attach it to the call's future with
+/// `opentelemetry::context::FutureExt`; a traced call's own spans come first.
+pub fn passed_on(remote: &SpanContext, traced: bool) -> opentelemetry::Context {
+    let flags = remote.trace_flags();
+    let flags = if traced {
+        flags
+    } else {
+        flags.with_sampled(false)
+    };
+    let passed = SpanContext::new(
+        remote.trace_id(),
+        remote.span_id(),
+        flags,
+        true,
+        remote.trace_state().clone(),
+    );
+    opentelemetry::Context::new().with_remote_span_context(passed)
 }
 
 /// `00-TRACEID-SPANID-FLAGS`.
@@ -231,8 +236,8 @@ fn traceparent(sc: &SpanContext) -> String {
 
 /// `params` with the current trace context in `_meta` (replacing what the caller put
 /// there: this request is a child of the current span), as a copy; `None` when there is
-/// no trace context, and the params go as they are (the call path's, untraced, are
-/// never copied).
+/// no trace context, and the params go as they are (the call path's, untraced and with
+/// no client's context to pass on, are never copied).
 pub fn with_context(params: Option<&Value>) -> Option<Value> {
     let sc = current()?;
     let mut params = params.cloned();
@@ -376,7 +381,7 @@ mod tests {
         }});
         let remote = extract(Some(&client)).expect("valid");
         let sent = {
-            let _attached = passed_on(Some(&remote), false).attach();
+            let _attached = passed_on(&remote, false).attach();
             with_context(Some(&json!({"name": "echo"}))).expect("passed on")
         };
         assert_eq!(
@@ -385,8 +390,13 @@ mod tests {
         );
         assert_eq!(sent["_meta"]["tracestate"], "a=1");
         assert_eq!(sent["name"], "echo");
-        // Traced, its own spans carry it; nothing comes of the client's alone.
-        let _attached = passed_on(Some(&remote), true).attach();
-        assert_eq!(with_context(None), None);
+        // Traced, with no span of its own to carry it (no OpenTelemetry layer here):
+        // the client's, as it came.
+        let _attached = passed_on(&remote, true).attach();
+        let sent = with_context(None).expect("passed on");
+        assert_eq!(
+            sent["_meta"]["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
     }
 }

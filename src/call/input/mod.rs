@@ -46,18 +46,21 @@ pub struct InputRequestContext {
     /// The request's params, as sent.
     pub params: Value,
     /// The agent whose call caused it: the caller of an MRTR round; for a legacy
-    /// server's request, the agent of the calls on that server when it came, if they
-    /// are all one agent's (none outside calls).
+    /// server's request, the caller of the call whose request's event stream carried
+    /// it (legacy HTTP), else the agent of the calls on that server when it came, if
+    /// they are all one agent's (none outside calls).
     pub agent_id: Option<String>,
     /// The MRTR key (empty for legacy requests).
     pub key: String,
-    /// The harness's id of the call it came in (for a legacy server's request, the one
-    /// call on that server when it came, if there was one only).
+    /// The harness's id of the call it came in (for a legacy server's request, the
+    /// call whose request's stream carried it, else the one call on that server when
+    /// it came, if there was one only).
     pub call_id: Option<u64>,
     /// When that call ends at the latest (its deadline): what it spends (its sampling
     /// budget) is kept until then.
     pub call_deadline: Option<std::time::Instant>,
-    /// A legacy server's request that came while calls of several agents were on it, or
+    /// A legacy server's request that names no call (stdio, a legacy session's own
+    /// stream) and came while calls of several agents were on it, or one that came
     /// during a request of no call (an embedder's own `HarnessHandle::request`): no one
     /// agent's settings apply (sampling is refused, roots are `"*"`'s).
     pub shared: bool,

@@ -1,7 +1,8 @@
 //! [`RootsHandler`]: `roots/list` answered from config, per agent (`[agents.NAME]
 //! roots`; `"*"`'s for agents not named, and for a legacy server's request that is no
 //! one agent's: asked outside calls, as servers do at start and after
-//! `notifications/roots/list_changed`, or while several agents' calls are on it).
+//! `notifications/roots/list_changed`, or naming no call while several agents' calls
+//! are on it).
 
 use serde_json::{Value, json};
 

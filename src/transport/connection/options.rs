@@ -178,6 +178,7 @@ pub struct ServerRequest {
 /// comes on the event stream of the request it is asked for; stdio, and a session's
 /// own stream, name none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AskedDuring {
     /// It names none: it may be any request's in flight.
     Unknown,
