@@ -1377,6 +1377,25 @@ async fn a_question_outside_calls_leaves_the_approval_queue_when_its_server_exit
     h.shutdown().await;
 }
 
+/// Calls `leg__ask_then_return` `times` times as agent `a`: each asks a question right
+/// before its result.
+async fn ask_then_return(h: &HarnessHandle, times: usize) {
+    for _ in 0..times {
+        h.call_tool(&a(), "leg__ask_then_return", json!({}))
+            .await
+            .expect("call");
+    }
+}
+
+/// How the demo server recorded those questions to end, in order.
+fn ask_then_return_outcomes(record: &std::path::PathBuf) -> Vec<String> {
+    recorded(record)
+        .into_iter()
+        .filter(|l| l["event"] == "ask_then_return answered")
+        .map(|l| l["outcome"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
 /// Answers every request, keeping the agent each was asked for.
 struct Attributing(Arc<parking_lot::Mutex<Vec<Option<String>>>>);
 
@@ -1404,18 +1423,8 @@ async fn item_05_a_question_right_before_its_calls_result_is_never_answered_as_n
     )
     .await;
     const CALLS: usize = 20;
-    for _ in 0..CALLS {
-        h.call_tool(&a(), "leg__ask_then_return", json!({}))
-            .await
-            .expect("call");
-    }
-    let outcomes = || {
-        recorded(&record)
-            .into_iter()
-            .filter(|l| l["event"] == "ask_then_return answered")
-            .map(|l| l["outcome"].as_str().unwrap_or_default().to_string())
-            .collect::<Vec<_>>()
-    };
+    ask_then_return(&h, CALLS).await;
+    let outcomes = || ask_then_return_outcomes(&record);
     assert!(eventually(Duration::from_secs(10), || outcomes().len() == CALLS).await);
     let agents = seen.lock().clone();
     assert!(
@@ -1534,17 +1543,8 @@ async fn a_legacy_http_question_right_before_its_result_is_never_another_calls()
         .await
         .expect("call");
     const CALLS: usize = 21;
-    for _ in 1..CALLS {
-        h.call_tool(&a(), "leg__ask_then_return", json!({}))
-            .await
-            .expect("call");
-    }
-    let answered = || {
-        recorded(&record)
-            .iter()
-            .filter(|l| l["event"] == "ask_then_return answered")
-            .count()
-    };
+    ask_then_return(&h, CALLS - 1).await;
+    let answered = || ask_then_return_outcomes(&record).len();
     assert!(eventually(Duration::from_secs(10), || answered() == CALLS).await);
     let agents = seen.lock().clone();
     assert!(
