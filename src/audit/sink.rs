@@ -6,9 +6,9 @@
 //! last holder to drop the sink writes what is left.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -18,6 +18,24 @@ use super::record::Record;
 use super::{AuditConfig, AuditFailure};
 use crate::util::hash::hmac_sha256_hex;
 use crate::util::slot::ActorSlot;
+
+/// How long [`AuditSink::open`] waits for the key file.
+const KEY_WAIT: Duration = Duration::from_secs(5);
+
+/// The key `load` reads on a blocking thread, or, past `wait`, a key for this process
+/// only (`load` goes on alone, its answer dropped).
+async fn key_within(load: impl FnOnce() -> Vec<u8> + Send + 'static, wait: Duration) -> Vec<u8> {
+    match tokio::time::timeout(wait, tokio::task::spawn_blocking(load)).await {
+        Ok(Ok(key)) => key,
+        _ => {
+            tracing::error!(
+                ?wait,
+                "the audit trail's key file was not read in time; a key for this process only (auth contexts hash apart from other runs')"
+            );
+            crate::util::secret::random_key()
+        }
+    }
+}
 
 /// The keyed hash of an auth context (128 bits of HMAC-SHA256, hex).
 fn keyed(key: &[u8], context: &str) -> String {
@@ -32,7 +50,7 @@ const KEEP_SERVING_BOUND: usize = 64 * 1024 * 1024;
 
 /// A write that has not returned for this long counts as failing (a pipe no one reads,
 /// a stalled network mount): `fail_closed` refuses calls, `keep_serving` holds its bound.
-pub(super) const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const STALLED_WRITE: Duration = Duration::from_secs(5);
 
 /// Auth contexts whose hashes are remembered (a call's context is hashed once, not
 /// once per record; a flood of distinct contexts only empties the memo).
@@ -392,17 +410,40 @@ pub struct AuditSink {
 
 impl AuditSink {
     /// A sink for `config`, whose actor (woken when a batch is full) will sit in `actor`.
+    #[cfg(test)]
     pub fn new(config: AuditConfig, actor: ActorSlot<AuditMsg>) -> AuditSink {
         let opener = config.path.clone().map(file_opener);
         Self::with_opener(config, opener, actor)
     }
 
+    /// [`AuditSink::new`], with the key file read (or made) on a blocking thread for
+    /// at most [`KEY_WAIT`]: a trail on a mount that hangs does not hold the start of
+    /// the harness, which goes on with a key of this process's own (its calls then
+    /// wait on the trail's writes as on any stalled trail).
+    pub async fn open(config: AuditConfig, actor: ActorSlot<AuditMsg>) -> AuditSink {
+        let path = config.path.clone();
+        let load = move || load_or_create_key(path.as_deref());
+        let key = key_within(load, KEY_WAIT).await;
+        let opener = config.path.clone().map(file_opener);
+        Self::with_key(config, opener, actor, key)
+    }
+
+    #[cfg(test)]
     pub(super) fn with_opener(
         config: AuditConfig,
         opener: Option<Opener>,
         actor: ActorSlot<AuditMsg>,
     ) -> AuditSink {
-        let key = load_or_create_key(config.path.as_deref().map(Path::new));
+        let key = load_or_create_key(config.path.as_deref());
+        Self::with_key(config, opener, actor, key)
+    }
+
+    fn with_key(
+        config: AuditConfig,
+        opener: Option<Opener>,
+        actor: ActorSlot<AuditMsg>,
+        key: Vec<u8>,
+    ) -> AuditSink {
         AuditSink {
             shared: Arc::new(Shared {
                 config,
@@ -619,6 +660,23 @@ impl AuditSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A key file on a mount that hangs does not hold the harness's start: past the
+    // wait, a key of this process's own.
+    #[tokio::test]
+    async fn a_key_file_that_hangs_is_waited_for_a_while_only() {
+        let hung = || {
+            std::thread::sleep(Duration::from_secs(3));
+            vec![7u8; 32]
+        };
+        let started = std::time::Instant::now();
+        let key = key_within(hung, Duration::from_millis(100)).await;
+        assert!(started.elapsed() < Duration::from_secs(2), "not waited out");
+        assert_eq!(key.len(), 32);
+        assert_ne!(key, vec![7u8; 32]);
+        let read = key_within(|| vec![9u8; 32], Duration::from_secs(5)).await;
+        assert_eq!(read, vec![9u8; 32], "read in time, used");
+    }
 
     #[test]
     fn trimming_drops_only_the_oldest_whole_lines_it_must() {

@@ -253,7 +253,7 @@ impl Harness {
             });
         }
         let audit = AuditRef::default();
-        let audit_sink = AuditSink::new(config.audit.clone(), audit.0.clone());
+        let audit_sink = AuditSink::open(config.audit.clone(), audit.0.clone()).await;
         let policy = Arc::new(parking_lot::RwLock::new(Policy::new(
             config.permissions.clone(),
         )));
