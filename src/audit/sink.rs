@@ -27,7 +27,11 @@ const KEY_WAIT: Duration = Duration::from_secs(5);
 async fn key_within(load: impl FnOnce() -> Vec<u8> + Send + 'static, wait: Duration) -> Vec<u8> {
     match tokio::time::timeout(wait, tokio::task::spawn_blocking(load)).await {
         Ok(Ok(key)) => key,
-        _ => {
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "reading the audit trail's key file failed; a key for this process only (auth contexts hash apart from other runs')");
+            crate::util::secret::random_key()
+        }
+        Err(_) => {
             tracing::error!(
                 ?wait,
                 "the audit trail's key file was not read in time; a key for this process only (auth contexts hash apart from other runs')"
@@ -416,9 +420,10 @@ impl AuditSink {
         Self::with_opener(config, opener, actor)
     }
 
-    /// [`AuditSink::new`], with the key file read (or made) on a blocking thread for
-    /// at most [`KEY_WAIT`]: a trail on a mount that hangs does not hold the start of
-    /// the harness, which goes on with a key of this process's own (its calls then
+    /// A sink for `config`, whose actor (woken when a batch is full) will sit in
+    /// `actor`, with the key file read (or made) on a blocking thread for at most
+    /// [`KEY_WAIT`]: a trail on a mount that hangs holds the start of the harness that
+    /// long at most, which goes on with a key of this process's own (its calls then
     /// wait on the trail's writes as on any stalled trail).
     pub async fn open(config: AuditConfig, actor: ActorSlot<AuditMsg>) -> AuditSink {
         let path = config.path.clone();
@@ -665,13 +670,16 @@ mod tests {
     // wait, a key of this process's own.
     #[tokio::test]
     async fn a_key_file_that_hangs_is_waited_for_a_while_only() {
-        let hung = || {
-            std::thread::sleep(Duration::from_secs(3));
+        // Held until the test ends, as a read stuck in a mount is.
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let hung = move || {
+            let _ = stuck.recv();
             vec![7u8; 32]
         };
         let started = std::time::Instant::now();
         let key = key_within(hung, Duration::from_millis(100)).await;
-        assert!(started.elapsed() < Duration::from_secs(2), "not waited out");
+        assert!(started.elapsed() < Duration::from_secs(5), "not waited out");
+        drop(release);
         assert_eq!(key.len(), 32);
         assert_ne!(key, vec![7u8; 32]);
         let read = key_within(|| vec![9u8; 32], Duration::from_secs(5)).await;

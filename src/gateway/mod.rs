@@ -2291,8 +2291,13 @@ impl Gateway {
                             delegation.clone(),
                             options,
                         )
-                        .instrument(span.clone())
-                        .with_context(passed_on.clone().unwrap_or_default());
+                        .instrument(span.clone());
+                    // As at the other call site: a context attached only when the client
+                    // sent one (an empty one would hide an embedder's).
+                    let call = match passed_on.clone() {
+                        Some(cx) => tokio_util::either::Either::Left(call.with_context(cx)),
+                        None => tokio_util::either::Either::Right(call),
+                    };
                     tokio::pin!(call);
                     loop {
                         tokio::select! {

@@ -122,7 +122,9 @@ impl HeadSampler {
         ((z >> 11) as f64 / (1u64 << 53) as f64) < self.ratio
     }
 
-    /// Whether work that is a child of `parent` is traced.
+    /// Whether work that is a child of `parent` is traced: as `parent`'s trace, else as
+    /// that of an OpenTelemetry context attached to the work (what its requests would
+    /// pass on, see [`passed_on`]), else at the ratio.
     pub fn under(&self, parent: &tracing::Span) -> bool {
         if parent.metadata().is_some_and(|m| m.target() == UNTRACED) {
             return false;
@@ -133,7 +135,12 @@ impl HeadSampler {
         if sc.is_valid() {
             return sc.is_sampled();
         }
-        self.root()
+        let attached = opentelemetry::Context::map_current(|cx| {
+            let span = cx.span();
+            let sc = span.span_context();
+            sc.is_valid().then(|| sc.is_sampled())
+        });
+        attached.unwrap_or_else(|| self.root())
     }
 }
 
@@ -397,6 +404,30 @@ mod tests {
         assert_eq!(
             sent["_meta"]["traceparent"],
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+    }
+
+    // A call under an attached context (no span of its own) is sampled as that context
+    // says, whatever the ratio: what it decides and what it passes on agree.
+    #[test]
+    fn a_call_under_an_attached_context_follows_its_flag() {
+        let sampled = extract(Some(&json!({"_meta": {
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        }})))
+        .expect("valid");
+        let none = HeadSampler::new(0.0);
+        let all = HeadSampler::new(1.0);
+        {
+            let _attached = passed_on(&sampled, true).attach();
+            assert!(none.under(&tracing::Span::none()));
+        }
+        {
+            let _attached = passed_on(&sampled, false).attach();
+            assert!(!all.under(&tracing::Span::none()));
+        }
+        assert!(
+            !none.under(&tracing::Span::none()),
+            "nothing attached: the ratio"
         );
     }
 }
