@@ -169,18 +169,26 @@ impl Harness {
         let has = |handlers: &[(String, Arc<dyn InputHandler>)], m: &str| {
             handlers.iter().any(|(k, _)| k == m)
         };
-        if let Some(sampling) = &config.sampling
-            && !has(&handlers, "sampling/createMessage")
-        {
-            let handler = SamplingHandler::new(sampling.clone(), agents.clone(), Some(approver))
-                .map_err(|e| {
-                    HarnessError::Config(crate::config::ConfigError::new(
-                        format!("sampling.{}", e.field),
-                        e.reason,
-                    ))
-                })?;
+        let sampling = config
+            .sampling
+            .clone()
+            .filter(|_| !has(&handlers, "sampling/createMessage"))
+            .map(|sampling| (sampling, agents.clone(), approver));
+        let cache_config = config.cache.clone();
+        let warm_tls = config
+            .servers
+            .iter()
+            .any(|s| matches!(s.transport, crate::transport::TransportSpec::Http(_)));
+        // Files, a key from the environment, the platform's CA roots: blocking I/O, kept
+        // off the async threads and bounded, so a hung mount fails the start, not hangs it.
+        let read = within(START_READS_WAIT, move || {
+            read_at_start(cache_config, sampling, warm_tls)
+        })
+        .await??;
+        if let Some(handler) = read.sampling {
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }
+        let (cache, shared) = (read.cache, read.shared);
         if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
             crate::call::input::validate_roots(&config.agents).map_err(|e| {
                 HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
@@ -212,28 +220,6 @@ impl Harness {
         let inputs = InputHandlers::new(handlers, config.input_timeout).map_err(|e| {
             HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
         })?;
-        let cache_config = config.cache.clone();
-        // Reading the disk layer is blocking I/O.
-        let cache = tokio::task::spawn_blocking(move || ListCache::new(cache_config))
-            .await
-            .map_err(|e| HarnessError::Spawn(format!("reading the disk cache: {e}")))?
-            .map_err(|e| {
-                HarnessError::Config(crate::config::ConfigError::new(
-                    format!("cache.{}", e.0.field),
-                    e.0.reason,
-                ))
-            })?;
-        let shared = match config.cache.shared.clone() {
-            Some(shared) => Some(
-                SharedCache::new(shared, cache.config().dir.as_deref()).map_err(|e| {
-                    HarnessError::Config(crate::config::ConfigError::new(
-                        format!("cache.shared.{}", e.0.field),
-                        e.0.reason,
-                    ))
-                })?,
-            ),
-            None => None,
-        };
         let (events, _) = broadcast::channel(256);
         let registry = Arc::new(Registry::new(Arc::new(cache), shared.clone(), events));
         let registry_ref = RegistryRef::default();
@@ -316,6 +302,79 @@ impl Harness {
             handle.add_server(server).await?;
         }
         Ok(handle)
+    }
+}
+
+/// How long a start waits for what it reads from disk and the environment.
+const START_READS_WAIT: Duration = Duration::from_secs(30);
+
+/// What a start reads before anything runs.
+struct ReadAtStart {
+    cache: ListCache,
+    shared: Option<Arc<SharedCache>>,
+    sampling: Option<SamplingHandler>,
+}
+
+/// The sampling settings and what the built-in handler answers with.
+type SamplingParts = (
+    crate::call::input::SamplingConfig,
+    SharedAgents,
+    Arc<dyn InputHandler>,
+);
+
+/// Reads the disk cache, the shared cache's key and floors, and the sampling provider's
+/// key and CA bundle; with `warm_tls`, the platform's CA roots, which the first HTTPS
+/// server would otherwise read on an async thread. Blocking; run on the runtime's
+/// blocking pool (the shared layer spawns its tasks).
+fn read_at_start(
+    cache: crate::registry::cache::CacheConfig,
+    sampling: Option<SamplingParts>,
+    warm_tls: bool,
+) -> Result<ReadAtStart, HarnessError> {
+    let invalid = |field: String, reason: String| {
+        HarnessError::Config(crate::config::ConfigError::new(field, reason))
+    };
+    let sampling = match sampling {
+        Some((config, agents, approver)) => Some(
+            SamplingHandler::new(config, agents, Some(approver))
+                .map_err(|e| invalid(format!("sampling.{}", e.field), e.reason))?,
+        ),
+        None => None,
+    };
+    let shared_config = cache.shared.clone();
+    let cache =
+        ListCache::new(cache).map_err(|e| invalid(format!("cache.{}", e.0.field), e.0.reason))?;
+    let shared = match shared_config {
+        Some(shared) => Some(
+            SharedCache::new(shared, cache.config().dir.as_deref())
+                .map_err(|e| invalid(format!("cache.shared.{}", e.0.field), e.0.reason))?,
+        ),
+        None => None,
+    };
+    if warm_tls {
+        crate::transport::tls::warm_platform_roots();
+    }
+    Ok(ReadAtStart {
+        cache,
+        shared,
+        sampling,
+    })
+}
+
+/// `read` on the blocking pool, for at most `wait` (past it, `read` goes on alone and
+/// what it returns is dropped).
+async fn within<T: Send + 'static>(
+    wait: Duration,
+    read: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, HarnessError> {
+    match tokio::time::timeout(wait, tokio::task::spawn_blocking(read)).await {
+        Ok(Ok(read)) => Ok(read),
+        Ok(Err(e)) => Err(HarnessError::Spawn(format!(
+            "reading the files a start needs: {e}"
+        ))),
+        Err(_) => Err(HarnessError::Spawn(format!(
+            "the files a start needs (the disk and shared caches' files, the sampling provider's CA bundle, the platform's CA roots) were not read within {wait:?}: is a mount hung?"
+        ))),
     }
 }
 
@@ -1024,6 +1083,28 @@ fn checked_grants(grants: &crate::permission::Grants) -> Result<(), HarnessError
 mod tests {
     use super::*;
     use crate::server::ServerMsg;
+
+    /// A start whose reading hangs (a hung mount) fails with a clear error once its
+    /// bound is past, while the read is still held.
+    #[tokio::test]
+    async fn a_start_read_that_hangs_fails_the_start_in_its_bound() {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let read = within(Duration::from_millis(100), move || {
+            let _ = held.recv();
+            let _ = done_tx.send(());
+        })
+        .await;
+        assert!(
+            matches!(&read, Err(HarnessError::Spawn(e)) if e.contains("were not read within")),
+            "{read:?}"
+        );
+        assert!(done.try_recv().is_err(), "the read was not still held");
+        let _ = release.send(());
+        // A read in its bound is returned as it is.
+        let ok = within(Duration::from_secs(30), || 7).await;
+        assert_eq!(ok, Ok(7));
+    }
 
     /// A panic in a server actor (a bug, not a kill) reaches its supervisor as a failure,
     /// and the actor is rebuilt in place. Only a unit test can make the actor panic.

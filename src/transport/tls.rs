@@ -25,6 +25,12 @@ fn platform_roots() -> &'static [CertificateDer<'static>] {
     })
 }
 
+/// Reads the platform's roots now, if not yet (blocking: a directory of files), so the
+/// first HTTPS connection does not on an async thread.
+pub(crate) fn warm_platform_roots() {
+    let _ = platform_roots();
+}
+
 /// A CA bundle that cannot be used: what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
