@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_harness::registry::HarnessEvent;
 use mcp_harness::transport::TransportError;
 use mcp_harness::transport::auth::{
     AuthError, AuthFailure, AuthStep, HeadlessAuthorizer, OAuthConfig,
@@ -882,6 +883,53 @@ async fn a_standalone_stream_refused_with_a_401_renews_the_token_and_opens_again
     assert!(gets[1].get("refused").is_none(), "{gets:?}");
     assert!(w.refreshes() >= 1, "renewed by a refresh");
     assert_eq!(w.at("authorize").len(), 1, "no new sign-in");
+    h.shutdown().await;
+}
+
+// A subscription refused with a 401 (the server dropped its tokens) is sent again
+// under a new id once the token is renewed, and the server tags its notifications with
+// that id: they still reach the subscription. Before, they were dropped as naming no
+// open subscription, and a tool added upstream went unseen until the list's TTL.
+#[tokio::test]
+async fn a_subscription_sent_again_after_a_401_still_hears_its_notifications() {
+    let w = World::new(&["--client", "pre"], &["--oauth-refuse-listens", "1"]).await;
+    let h = w.harness(registered("pre")).await;
+    ready(&h).await;
+    h.list_tools(&Caller::agent("a")).await.expect("list");
+    let listens = || {
+        recorded(&w.mcp_record)
+            .into_iter()
+            .filter(|r| {
+                r["method"] == "subscriptions/listen"
+                    || r["headers"]["mcp-method"] == "subscriptions/listen"
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || listens().len() >= 2).await,
+        "sent again: {:?}",
+        listens()
+    );
+    let listens = listens();
+    assert_eq!(listens[0]["refused"], 401, "{listens:?}");
+    assert_eq!(listens[1]["method"], "subscriptions/listen", "{listens:?}");
+    let mut events = h.subscribe();
+    h.call_tool(&Caller::agent("a"), "web__grow", json!({}))
+        .await
+        .expect("grow");
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(HarnessEvent::ToolsChanged { server, .. }) if &*server == "web" => return true,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(heard, Ok(true), "the change reached the subscription");
+    let names = h.list_tools(&Caller::agent("a")).await.expect("list");
+    assert!(names.iter().any(|t| &*t.name == "grown_0"), "{names:?}");
     h.shutdown().await;
 }
 

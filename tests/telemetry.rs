@@ -324,6 +324,60 @@ async fn a_call_is_one_span_with_route_and_attempt_children_and_its_context_reac
     let _ = std::fs::remove_file(config);
 }
 
+// A call sent again under a new id (its legacy session expired at the call: 404, a new
+// session, the call again) names once the id the server answered. Before, the attempt
+// named the first id only, which the server never answered.
+#[tokio::test]
+async fn a_call_sent_again_under_a_new_id_names_the_id_it_was_answered_under() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-resent");
+    let rec = record.to_string_lossy().into_owned();
+    let server = HttpServer::demo(&[
+        "s",
+        "--era",
+        "legacy",
+        "--expire-on-first-call",
+        "--record",
+        &rec,
+    ])
+    .await;
+    let config = temp_file("otel-resent").with_extension("toml");
+    let toml = format!(
+        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"http\", url = {:?} }}\n[permissions.local]\n\"*\" = [\"*\"]\n",
+        server.url,
+    );
+    std::fs::write(&config, toml).expect("write config");
+    assert!(traced_call(&config, "s__echo", &endpoint, "http/protobuf").await);
+    assert!(
+        received.arrives("tools/call s__echo").await,
+        "the call's span arrived"
+    );
+    let spans = received.spans();
+    let attempts = named(&spans, "tools/call echo");
+    assert_eq!(attempts.len(), 1, "one attempt");
+    let ids: Vec<_> = attempts[0]
+        .attributes
+        .iter()
+        .filter(|kv| kv.key == "jsonrpc.request.id")
+        .filter_map(|kv| kv.value.as_ref()?.value.clone())
+        .collect();
+    let calls: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 2, "refused once, then answered: {calls:?}");
+    assert_eq!(calls[0]["status"], 404, "{calls:?}");
+    assert_ne!(calls[0]["id"], calls[1]["id"], "sent again under a new id");
+    let answered = calls[1]["id"].as_i64().expect("a number id");
+    assert_eq!(
+        ids,
+        vec![any_value::Value::StringValue(answered.to_string())],
+        "the id answered, once"
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 #[tokio::test]
 async fn a_long_tool_name_is_cut_short_in_every_attribute_of_the_calls_span() {
     let (endpoint, received) = http_collector().await;

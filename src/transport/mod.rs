@@ -90,25 +90,38 @@ impl Transport {
         })
     }
 
+    /// The id the request in flight as `id` was made with: HTTP sends a request again
+    /// under a new id (after a sign-in, a renewed session), which the server then names.
+    fn made_as(&self, id: &RequestId) -> RequestId {
+        match self {
+            Transport::Stdio(_) => id.clone(),
+            Transport::Http(t) => t.made_as(id),
+        }
+    }
+
     /// Whether this is an HTTP transport.
     fn is_http(&self) -> bool {
         matches!(self, Transport::Http(_))
     }
 
     /// Sends `request` (with `stamp`'s envelope in its `_meta`, if any) as `identity`
-    /// (HTTP sign-in; stdio has none) and waits up to `timeout` for its answer.
+    /// (HTTP sign-in; stdio has none) and waits up to `timeout` for its answer; `sent`
+    /// is set to each new id it goes out under when sent again (HTTP only).
     async fn request(
         &self,
         request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,
+        sent: &mut RequestId,
     ) -> Result<Result<Value, RpcError>, TransportError> {
         match self {
             Transport::Stdio(t) => t.request(request, stamp, timeout).await,
             // Boxed: the HTTP exchange's future is ten times a pipe's, and every future
             // above this one (the call's, as an embedder spawns it) would carry its size.
-            Transport::Http(t) => Box::pin(t.request(request, stamp, timeout, identity)).await,
+            Transport::Http(t) => {
+                Box::pin(t.request(request, stamp, timeout, identity, sent)).await
+            }
         }
     }
 

@@ -115,13 +115,18 @@ impl Dispatch {
         match message {
             Inbound::Request(request, via) => self.on_request(request, via).await,
             Inbound::Notification(n) => {
+                let made_as = |id: &crate::protocol::RequestId| {
+                    self.transport
+                        .upgrade()
+                        .map_or_else(|| id.clone(), |t| t.made_as(id))
+                };
                 if n.method == "notifications/cancelled"
                     && (self.cancelled(n.params.as_ref())
-                        || self.subscriptions.end(n.params.as_ref()))
+                        || self.subscriptions.end(n.params.as_ref(), made_as))
                 {
                     return ControlFlow::Continue(());
                 }
-                let Err(n) = self.subscriptions.route(n) else {
+                let Err(n) = self.subscriptions.route(n, made_as) else {
                     return ControlFlow::Continue(());
                 };
                 if self.events.try_send(ServerEvent::Notification(n)).is_err() {

@@ -46,7 +46,13 @@ pub(super) async fn initialize(
         params: Some(params.clone()),
     };
     let result = match transport
-        .request((&request).into(), None, options.request_timeout, None)
+        .request(
+            (&request).into(),
+            None,
+            options.request_timeout,
+            None,
+            &mut request.id.clone(),
+        )
         .await?
     {
         Ok(result) => InitializeResult::from_value(&result)?,

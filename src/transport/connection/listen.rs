@@ -37,10 +37,39 @@ fn key(id: &Value) -> String {
     id.to_string()
 }
 
+/// The key of the subscription `id` names: its own, or, when no subscription is open
+/// under it, the one of the request it is a new id of (`made_as`: an HTTP listen sent
+/// again after a sign-in, whose notifications name the id it went out under last).
+fn find(
+    open: &HashMap<String, Listener>,
+    id: &Value,
+    made_as: impl Fn(&RequestId) -> RequestId,
+) -> Option<String> {
+    let own = key(id);
+    if open.contains_key(&own) {
+        return Some(own);
+    }
+    let sent = match id {
+        Value::Number(n) => RequestId::Number(n.as_i64()?),
+        Value::String(s) => RequestId::String(s.clone()),
+        _ => return None,
+    };
+    let made = match made_as(&sent) {
+        RequestId::Number(n) => key(&Value::from(n)),
+        RequestId::String(s) => key(&Value::from(s)),
+    };
+    open.contains_key(&made).then_some(made)
+}
+
 impl Subscriptions {
-    /// Hands `n` to its subscription if it carries a subscription id; `Err(n)` when it
-    /// carries none (the connection's event channel takes it).
-    pub(super) fn route(&self, n: Notification) -> Result<(), Notification> {
+    /// Hands `n` to its subscription if it carries a subscription id (`made_as` tells
+    /// which request a new id was sent again for); `Err(n)` when it carries none (the
+    /// connection's event channel takes it).
+    pub(super) fn route(
+        &self,
+        n: Notification,
+        made_as: impl Fn(&RequestId) -> RequestId,
+    ) -> Result<(), Notification> {
         let Some(id) = n
             .params
             .as_ref()
@@ -49,7 +78,10 @@ impl Subscriptions {
         else {
             return Err(n);
         };
-        let sink = self.0.lock().get(&key(id)).map(|l| l.sink.clone());
+        let sink = {
+            let open = self.0.lock();
+            find(&open, id, made_as).and_then(|k| open.get(&k).map(|l| l.sink.clone()))
+        };
         match sink {
             // Full: the listener has changes pending already, and one more says nothing new.
             Some(sink) => {
@@ -64,13 +96,18 @@ impl Subscriptions {
 
     /// The server ended a subscription with `notifications/cancelled` naming its listen
     /// request (one spec page has it so, another has a final result: both end it).
-    /// False when `params` names no open subscription.
-    pub(super) fn end(&self, params: Option<&Value>) -> bool {
+    /// False when `params` names no open subscription (`made_as` as for
+    /// [`Subscriptions::route`]).
+    pub(super) fn end(
+        &self,
+        params: Option<&Value>,
+        made_as: impl Fn(&RequestId) -> RequestId,
+    ) -> bool {
         let Some(id) = params.and_then(|p| p.get("requestId")) else {
             return false;
         };
         let mut open = self.0.lock();
-        let Some(listener) = open.get_mut(&key(id)) else {
+        let Some(listener) = find(&open, id, made_as).and_then(|k| open.get_mut(&k)) else {
             return false;
         };
         if let Some(ended) = listener.ended.take() {
@@ -131,8 +168,11 @@ impl Connection {
             envelope: &envelope,
             capabilities: None,
         };
+        // Sent again under a new id (HTTP, after a sign-in), it is still found by the
+        // id it was made with: the dispatcher asks the transport.
+        let mut sent = request.id.clone();
         let answer = tokio::select! {
-            answer = self.transport.request((&request).into(), Some(stamp), HELD_OPEN, None) => answer,
+            answer = self.transport.request((&request).into(), Some(stamp), HELD_OPEN, None, &mut sent) => answer,
             Ok(cancelled) = ended_by_server => return Ok(cancelled),
         };
         match answer {

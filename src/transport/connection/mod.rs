@@ -104,6 +104,25 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// Which id a request went out under last, recorded on the span current when it began
+/// (`jsonrpc.request.id`, a string by the conventions) once, when it ends or is dropped:
+/// a request sent again under a new id (a renegotiated version, a sign-in, a renewed
+/// session) is the id the server answered, not one attribute per try. A span without
+/// the field ignores it.
+struct SentId {
+    span: tracing::Span,
+    id: RequestId,
+}
+
+impl Drop for SentId {
+    fn drop(&mut self) {
+        if let RequestId::Number(n) = self.id {
+            let mut digits = itoa::Buffer::new();
+            self.span.record("jsonrpc.request.id", digits.format(n));
+        }
+    }
+}
+
 /// A request's entry in [`Connection::owners`], removed when dropped.
 struct Owned<'a> {
     owners: &'a dispatch::Owners,
@@ -477,13 +496,12 @@ impl Connection {
             }
         });
         let mut renegotiated = false;
+        let mut sent = SentId {
+            span: tracing::Span::current(),
+            id: id.clone(),
+        };
         loop {
-            // The attempt's span says which request it sent (`jsonrpc.request.id`, a
-            // string by the conventions); a span without the field ignores it.
-            if let crate::protocol::RequestId::Number(n) = id {
-                let mut digits = itoa::Buffer::new();
-                tracing::Span::current().record("jsonrpc.request.id", digits.format(n));
-            }
+            sent.id = id.clone();
             let request = RequestRef {
                 id: &id,
                 method,
@@ -495,7 +513,7 @@ impl Connection {
             });
             match self
                 .transport
-                .request(request, stamp, remaining(), identity)
+                .request(request, stamp, remaining(), identity, &mut sent.id)
                 .await
             {
                 Ok(Ok(result)) => return Ok(result),

@@ -71,7 +71,13 @@ pub(super) async fn probe(
             params: Some(params),
         };
         let answer = transport
-            .request((&request).into(), None, options.probe_timeout, None)
+            .request(
+                (&request).into(),
+                None,
+                options.probe_timeout,
+                None,
+                &mut request.id.clone(),
+            )
             .await;
         let next = match answer {
             Ok(Ok(result)) => Next::Done(discovered(&result, options)?),

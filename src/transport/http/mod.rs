@@ -127,7 +127,7 @@ const BUSY_ANSWERS: usize = 4;
 
 impl HttpTransport {
     /// The id the request sent as `id` was made with.
-    fn made_as(&self, id: &RequestId) -> RequestId {
+    pub(super) fn made_as(&self, id: &RequestId) -> RequestId {
         self.resent
             .lock()
             .get(id)
@@ -307,6 +307,7 @@ impl HttpTransport {
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,
+        sent_as: &mut RequestId,
     ) -> Result<Reply, TransportError> {
         let (mut signed_in, mut step_ups) = (false, 0);
         // A sign-in is waited for until the deadline, and goes on without the request
@@ -353,7 +354,9 @@ impl HttpTransport {
             if budget.is_zero() {
                 return Err(TransportError::Timeout(timeout));
             }
-            let tried = self.try_request(request, stamp, budget, identity).await;
+            let tried = self
+                .try_request(request, stamp, budget, identity, sent_as)
+                .await;
             left = left.saturating_sub(started.elapsed());
             if tried.is_ok() {
                 self.sign_in.accepted(identity, sent.as_deref());
@@ -441,6 +444,7 @@ impl HttpTransport {
             }
             let (again, noted) = self.resend(request.id);
             resent.push(noted);
+            sent_as.clone_from(&again);
             id = again;
         }
     }
@@ -465,13 +469,14 @@ impl HttpTransport {
 
     /// One try of a request, within `timeout` for everything it takes: reading the
     /// `Mcp-Param` annotations first, renewing an expired legacy session, re-reading the
-    /// annotations after a -32020 (each retried once, with a new id).
+    /// annotations after a -32020 (each retried once, with a new id, put in `sent_as`).
     async fn try_request(
         &self,
         request: RequestRef<'_>,
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
         identity: Option<&str>,
+        sent_as: &mut RequestId,
     ) -> Result<Reply, TransportError> {
         let deadline = crate::util::duration::after(Instant::now(), timeout);
         let work = async {
@@ -519,6 +524,7 @@ impl HttpTransport {
                 }
                 let (again, noted) = self.resend(&made);
                 resent.push(noted);
+                sent_as.clone_from(&again);
                 id = again;
             }
         };

@@ -54,6 +54,8 @@ struct State {
     gets: AtomicU64,
     /// GET streams refused so far (`--oauth-refuse-gets`).
     refused_gets: AtomicU64,
+    /// Listen requests refused so far (`--oauth-refuse-listens`).
+    refused_listens: AtomicU64,
 }
 
 /// A response body fed by a channel: one SSE frame per message.
@@ -86,6 +88,7 @@ pub async fn serve(server: Arc<DemoServer>, addr: &str) -> anyhow::Result<()> {
         next_session: AtomicU64::new(0),
         gets: AtomicU64::new(0),
         refused_gets: AtomicU64::new(0),
+        refused_listens: AtomicU64::new(0),
     });
     loopback::serve(listener, tls, move |req| handle(state.clone(), req)).await
 }
@@ -316,7 +319,12 @@ fn oauth_gate(
     let refuse_get = valid.is_some()
         && req.method() == Method::GET
         && state.refused_gets.fetch_add(1, Ordering::Relaxed) < args.oauth_refuse_gets;
-    let Some(claims) = valid.filter(|_| !refuse_get) else {
+    // `--oauth-refuse-listens`: the same for `subscriptions/listen` (the client signs
+    // in again and sends it under a new id).
+    let refuse_listen = valid.is_some()
+        && headers.get("mcp-method").map(String::as_str) == Some("subscriptions/listen")
+        && state.refused_listens.fetch_add(1, Ordering::Relaxed) < args.oauth_refuse_listens;
+    let Some(claims) = valid.filter(|_| !refuse_get && !refuse_listen) else {
         state
             .server
             .record(json!({"method": req.method().as_str(), "refused": 401, "headers": headers}));

@@ -320,6 +320,10 @@ pub struct DemoServerArgs {
     /// Refuse (401) the first this many GET event streams that carry a valid token.
     #[arg(long, default_value_t = 0)]
     pub oauth_refuse_gets: u64,
+    /// Refuse (401) the first this many `subscriptions/listen` requests that carry a
+    /// valid token.
+    #[arg(long, default_value_t = 0)]
+    pub oauth_refuse_listens: u64,
     /// After this many calls of `region_echo`, its argument goes in `Mcp-Param-Zone`
     /// instead of `Mcp-Param-Region` (a server whose annotations changed).
     #[arg(long)]
