@@ -205,6 +205,20 @@ async fn a_subscription_the_server_ends_with_a_cancellation_is_opened_again() {
         listens(&record, 2).await,
         "the harness listened again after the server's cancellation"
     );
+    // The subscription the server ended is not cancelled back (the new one is opened
+    // a second later, so a cancellation would have been written by now).
+    let first = recorded(&record)
+        .into_iter()
+        .find(|r| r["method"] == "subscriptions/listen")
+        .map(|r| r["id"].clone())
+        .expect("the first listen");
+    let back: Vec<_> = recorded(&record)
+        .into_iter()
+        .filter(|r| {
+            r["notification"] == "notifications/cancelled" && r["params"]["requestId"] == first
+        })
+        .collect();
+    assert!(back.is_empty(), "cancelled back: {back:?}");
     // And the new subscription hears the next change.
     let names = grow_and_hear(&h, "s", true).await;
     assert!(names.iter().any(|n| n == "grown_1"), "{names:?}");

@@ -99,6 +99,14 @@ impl Transport {
         }
     }
 
+    /// The server ended the request in flight as `id` itself: dropping it sends no
+    /// cancellation (stdio; over HTTP dropping only closes its stream).
+    fn ended_by_server(&self, id: &RequestId) {
+        if let Transport::Stdio(t) = self {
+            t.ended_by_server(id);
+        }
+    }
+
     /// Whether this is an HTTP transport.
     fn is_http(&self) -> bool {
         matches!(self, Transport::Http(_))

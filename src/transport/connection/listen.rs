@@ -171,9 +171,19 @@ impl Connection {
         // Sent again under a new id (HTTP, after a sign-in), it is still found by the
         // id it was made with: the dispatcher asks the transport.
         let mut sent = request.id.clone();
+        let answer =
+            self.transport
+                .request((&request).into(), Some(stamp), HELD_OPEN, None, &mut sent);
+        tokio::pin!(answer);
         let answer = tokio::select! {
-            answer = self.transport.request((&request).into(), Some(stamp), HELD_OPEN, None, &mut sent) => answer,
-            Ok(cancelled) = ended_by_server => return Ok(cancelled),
+            // First: once the server ended it, whatever else is ready.
+            biased;
+            Ok(cancelled) = ended_by_server => {
+                // Forgotten before `answer` drops, so it is not cancelled back.
+                self.transport.ended_by_server(&request.id);
+                return Ok(cancelled);
+            }
+            answer = &mut answer => answer,
         };
         match answer {
             Ok(Ok(result)) => Ok(result),
