@@ -265,6 +265,7 @@ impl ClientSide for HarnessClient {
             call_id: whose.call,
             call_deadline: whose.call_deadline,
             shared: whose.shared,
+            answer_by: None,
         };
         let ended = whose.ended;
         let inputs = self.inputs.clone();

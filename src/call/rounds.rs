@@ -161,6 +161,7 @@ pub(crate) async fn gather(
             call_id: Some(call_id),
             call_deadline: Some(call_deadline),
             shared: false,
+            answer_by: None,
         };
         pending.push(context);
     }

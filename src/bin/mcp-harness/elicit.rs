@@ -701,6 +701,7 @@ mod tests {
             call_id: None,
             call_deadline: None,
             shared: false,
+            answer_by: None,
             key: key.into(),
         };
         let action =
@@ -721,6 +722,7 @@ mod tests {
             call_id: None,
             call_deadline: None,
             shared: false,
+            answer_by: None,
             key: "k".into(),
         }
     }

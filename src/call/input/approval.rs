@@ -194,6 +194,7 @@ mod tests {
             call_id: Some(1),
             call_deadline: None,
             shared: false,
+            answer_by: None,
         }
     }
 

@@ -154,13 +154,14 @@ impl InputHandlers {
     pub async fn answer(
         &self,
         set: &HandlerSet,
-        request: InputRequestContext,
+        mut request: InputRequestContext,
         limit: Duration,
     ) -> Result<Value, InputError> {
         let Some(handler) = set.get(&request.method).cloned() else {
             return Err(InputError::NoHandler(request.method));
         };
         let limit = limit.min(self.timeout);
+        request.answer_by = std::time::Instant::now().checked_add(limit);
         let task = tokio::spawn(async move { handler.answer(request).await });
         // Its answer is no longer awaited once this is dropped.
         let _abort = crate::util::AbortOnDrop(task.abort_handle());

@@ -64,6 +64,9 @@ pub struct InputRequestContext {
     /// during a request of no call (an embedder's own `HarnessHandle::request`): no one
     /// agent's settings apply (sampling is refused, roots are `"*"`'s).
     pub shared: bool,
+    /// When the harness stops waiting for this answer (`input_timeout`, or sooner the
+    /// call's deadline or round's limit); set as the handler is asked.
+    pub answer_by: Option<std::time::Instant>,
 }
 
 /// Why a handler refused to answer.

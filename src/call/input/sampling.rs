@@ -395,6 +395,16 @@ impl SamplingHandler {
     }
 }
 
+/// When a person's approval stops being waited for, for an answer due by `answer_by`:
+/// early enough that the provider then has its `timeout`, or half the time there is if
+/// that is less (else an approval in the last second would leave the provider a second,
+/// and its request, cut off, would be charged in full).
+fn approve_by(answer_by: Option<Instant>, timeout: Duration) -> Option<Instant> {
+    let answer_by = answer_by?;
+    let left = answer_by.saturating_duration_since(Instant::now());
+    answer_by.checked_sub(timeout.min(left / 2))
+}
+
 /// A reservation, settled when dropped: given back (`charged` 0) until the provider
 /// is asked, charged in full from then on (the provider may bill a request whose
 /// answer is lost: failed, cut short, or dropped with its handler). Either way it is
@@ -633,10 +643,18 @@ impl Sampler {
         let model = self.model(params);
         if policy == SamplingPolicy::Approve {
             let approved = match &self.approver {
-                Some(approver) => approver
-                    .answer(for_approval(&request, &model, max_tokens, asked))
-                    .await
-                    .map(|a| a.get("action").and_then(Value::as_str) == Some("accept")),
+                Some(approver) => {
+                    let asking = approver.answer(for_approval(&request, &model, max_tokens, asked));
+                    let asked_at = Instant::now();
+                    let answer = match approve_by(request.answer_by, self.config.timeout) {
+                        Some(by) => tokio::time::timeout_at(by.into(), asking)
+                            .await
+                            .map_err(|_| InputError::Timeout(asked_at.elapsed()))
+                            .and_then(|a| a),
+                        None => asking.await,
+                    };
+                    answer.map(|a| a.get("action").and_then(Value::as_str) == Some("accept"))
+                }
                 None => Ok(false),
             };
             if !matches!(approved, Ok(true)) {
@@ -1217,6 +1235,7 @@ mod tests {
             call_id: Some(7),
             call_deadline: Some(ends),
             shared: false,
+            answer_by: None,
         };
         let asked = || person.0.load(std::sync::atomic::Ordering::SeqCst);
         let hello =
@@ -1289,6 +1308,47 @@ mod tests {
         assert_eq!(
             handler.0.spent.lock().get("call:7").map(|e| e.spent),
             Some(0)
+        );
+    }
+
+    /// A person who does not answer is waited for only as long as leaves the provider
+    /// its time before the answer is due (here half of it: the provider's timeout is
+    /// longer), and the reservation is given back.
+    #[tokio::test]
+    async fn a_person_is_waited_for_only_while_the_provider_still_has_its_time() {
+        let config = local("m", 100, 200, BTreeMap::new());
+        let handler =
+            SamplingHandler::new(config, approving("a"), Some(Arc::new(Silent))).expect("handler");
+        let hello =
+            serde_json::json!([{"role": "user", "content": {"type": "text", "text": "hi"}}]);
+        let request = InputRequestContext {
+            server: "s".into(),
+            method: "sampling/createMessage".into(),
+            params: serde_json::json!({"messages": hello}),
+            agent_id: Some("a".into()),
+            key: "k".into(),
+            call_id: Some(9),
+            call_deadline: None,
+            shared: false,
+            answer_by: Some(Instant::now() + Duration::from_millis(600)),
+        };
+        let served = tokio::time::timeout(Duration::from_secs(10), handler.0.serve(request)).await;
+        assert!(
+            matches!(served, Ok(Err(InputError::Timeout(_)))),
+            "the wait for a person ended before the answer was due: {served:?}"
+        );
+        assert_eq!(
+            handler.0.spent.lock().get("call:9").map(|e| e.spent),
+            Some(0),
+            "given back"
+        );
+        assert!(approve_by(None, Duration::from_secs(1)).is_none());
+        let due = Instant::now() + Duration::from_secs(100);
+        let by = approve_by(Some(due), Duration::from_secs(10)).expect("a time");
+        assert_eq!(
+            due - by,
+            Duration::from_secs(10),
+            "the provider's full timeout"
         );
     }
 
@@ -1533,6 +1593,7 @@ mod tests {
             call_id: None,
             call_deadline: None,
             shared: false,
+            answer_by: None,
         };
         let plan = json!({"model": "m1", "maxTokens": 40, "reservedTokens": 90});
         for params in [
@@ -1567,6 +1628,7 @@ mod tests {
             call_id: Some(call),
             call_deadline: None,
             shared: false,
+            answer_by: None,
         };
         let reserve = |call, server, agent| {
             let keys = sampler.budgets_of(&ask(call, server, agent));
