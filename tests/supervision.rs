@@ -407,6 +407,48 @@ async fn a_rebuilt_servers_supervisor_charges_no_server_and_leaves_a_failed_one_
     h.shutdown().await;
 }
 
+// A shutdown while the servers' supervisor waits out the pause before its rebuild does
+// not rebuild it (which would start every server only to stop it): its servers, whose
+// processes died with it, are marked stopped, and the shutdown waits for no rebuild.
+#[tokio::test]
+async fn a_shutdown_while_the_servers_supervisor_is_dead_starts_no_server() {
+    let h = harness(vec![demo("alpha", &[])]).await;
+    assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+    // Each death soon after the rebuild before waits longer: the eighth, a second.
+    for death in 1..=8 {
+        let old = h.service_actor(Service::Servers).await.expect("running");
+        old.kill();
+        if death == 8 {
+            break;
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || h
+                .server_status("alpha")
+                .is_some_and(
+                    |s| s.actor_rebuilds == death && s.state == ServerState::Ready
+                ))
+            .await,
+            "rebuilt after death {death}"
+        );
+    }
+    let last_pid = h.server_status("alpha").and_then(|s| s.pid);
+    let rebuilds = h.server_status("alpha").map(|s| s.actor_rebuilds);
+    h.shutdown().await;
+    let alpha = h.server_status("alpha").expect("status");
+    assert_eq!(
+        Some(alpha.actor_rebuilds),
+        rebuilds,
+        "not rebuilt to be stopped"
+    );
+    assert_eq!((alpha.state, alpha.pid), (ServerState::Stopped, None));
+    if let Some(pid) = last_pid {
+        assert!(
+            eventually(Duration::from_secs(5), || group_members(pid).is_empty()).await,
+            "the last process died with its supervisor"
+        );
+    }
+}
+
 // A raw request to a server being added waits for its actor, as for a start: it is not
 // refused as unavailable while the actor is spawned (on another worker, meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

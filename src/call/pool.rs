@@ -194,6 +194,11 @@ impl CallPool {
         }
     }
 
+    /// Whether the harness is closing: no new call is admitted.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
     /// Admits no new call (each ends with [`CallError::ShutDown`]); calls in flight go on.
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);

@@ -843,7 +843,8 @@ impl Change {
         let applied = match self {
             Change::Add => match harness.add_server(server.clone()).await {
                 Ok(_) => Applied::Added(server),
-                Err(e) => failed(true, e),
+                // Not there, unless an add not answered in time took effect after all.
+                Err(e) => failed(harness.server_status(&id).is_none(), e),
             },
             Change::Remove => match harness.remove_server(&id).await {
                 Ok(_) => Applied::Removed,

@@ -24,6 +24,12 @@ pub enum HarnessError {
     /// The harness has been shut down.
     #[error("the harness is shut down")]
     ShutDown,
+    /// A part of the running harness did not answer in time (busy, or being rebuilt
+    /// after it died): what was asked may still take effect. Worth asking again.
+    #[error(
+        "the harness did not answer {0} in time (busy, or a part of it being rebuilt); it may still take effect: try again"
+    )]
+    Busy(String),
     /// A raw request of a method the connection itself sends (its handshake): the
     /// harness does it for every connection, and `status()` holds what it answered.
     #[error("{0} is sent by the connection itself; its answer is in the server's status")]

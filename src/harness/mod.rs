@@ -657,7 +657,7 @@ impl HarnessHandle {
             .permission
             .grant(agent, selector, tools)
             .await
-            .map_err(|_| HarnessError::ShutDown)?;
+            .map_err(|_| self.unanswered("the grant"))?;
         self.grants_changed(changed.then(|| agent.to_string()).into_iter().collect());
         Ok(())
     }
@@ -682,7 +682,7 @@ impl HarnessHandle {
             .permission
             .revoke(agent, selector)
             .await
-            .map_err(|_| HarnessError::ShutDown)?;
+            .map_err(|_| self.unanswered("the revocation"))?;
         self.grants_changed(changed.then(|| agent.to_string()).into_iter().collect());
         Ok(())
     }
@@ -701,7 +701,7 @@ impl HarnessHandle {
             .permission
             .replace(grants)
             .await
-            .map_err(|_| HarnessError::ShutDown)?;
+            .map_err(|_| self.unanswered("the new grants"))?;
         self.grants_changed(changed);
         Ok(())
     }
@@ -787,7 +787,7 @@ impl HarnessHandle {
             if !self.inner.directory.contains(&id) {
                 self.ctx().metrics.forget(&id);
             }
-            return Err(e.into());
+            return Err(self.servers_error(e, "the new server"));
         }
         // Again, now that it is in the directory: a removal of the old server of this
         // id that forgot its series meanwhile must not leave this one uncounted.
@@ -805,7 +805,8 @@ impl HarnessHandle {
         // not leave the server stopped and its lists, series and removal unannounced.
         let (this, id) = (self.clone(), id.to_string());
         let removal = tokio::spawn(async move {
-            this.inner.services.servers.remove(&id).await?;
+            (this.inner.services.servers.remove(&id).await)
+                .map_err(|e| this.servers_error(e, "the removal"))?;
             this.forget_server(&id).await;
             Ok(())
         });
@@ -850,13 +851,33 @@ impl HarnessHandle {
         {
             self.forget_server(&id).await;
         }
-        Ok(replaced?)
+        replaced.map_err(|e| self.servers_error(e, "the replacement"))
     }
 
     /// Restarts a server now, forgetting its restart history; brings a `failed` (or
     /// disabled) server back.
     pub async fn restart_server(&self, id: &str) -> Result<(), HarnessError> {
-        Ok(self.inner.services.servers.restart(id).await?)
+        (self.inner.services.servers.restart(id).await)
+            .map_err(|e| self.servers_error(e, "the restart"))
+    }
+
+    /// What an ask nobody answered means: the harness is shut down (or shutting down),
+    /// or, while it runs, a part of it is busy or being rebuilt ([`HarnessError::Busy`]).
+    fn unanswered(&self, what: &str) -> HarnessError {
+        let running = ractor::ACTIVE_STATES.contains(&self.inner.supervisor.get_status());
+        if running && !self.inner.services.calls.is_closing() {
+            HarnessError::Busy(what.to_string())
+        } else {
+            HarnessError::ShutDown
+        }
+    }
+
+    /// `e` as the handle's error, an unanswered ask told apart by [`Self::unanswered`].
+    fn servers_error(&self, e: crate::server::ServersError, what: &str) -> HarnessError {
+        match e {
+            crate::server::ServersError::Gone => self.unanswered(what),
+            e => e.into(),
+        }
     }
 
     /// A snapshot of every server's status (with its discover or `initialize` profile),
@@ -1104,6 +1125,34 @@ mod tests {
         // A read in its bound is returned as it is.
         let ok = within(Duration::from_secs(30), || 7).await;
         assert_eq!(ok, Ok(7));
+    }
+
+    /// An ask nobody answered while the harness runs is `Busy` (worth asking again),
+    /// not `ShutDown`; once it is shut down, `ShutDown`.
+    #[tokio::test]
+    async fn an_unanswered_ask_is_busy_while_the_harness_runs() {
+        let h = Harness::spawn(HarnessConfig::default())
+            .await
+            .expect("spawn");
+        assert!(
+            matches!(h.unanswered("the grant"), HarnessError::Busy(w) if w == "the grant"),
+            "running"
+        );
+        assert!(matches!(
+            h.servers_error(crate::server::ServersError::Gone, "the restart"),
+            HarnessError::Busy(_)
+        ));
+        assert!(matches!(
+            h.servers_error(
+                crate::server::ServersError::Unknown("x".into()),
+                "the restart"
+            ),
+            HarnessError::UnknownServer(_)
+        ));
+        h.shutdown().await;
+        assert_eq!(h.unanswered("the grant"), HarnessError::ShutDown);
+        assert_eq!(h.grant("a", "*", &["*"]).await, Err(HarnessError::ShutDown));
+        assert_eq!(h.restart_server("x").await, Err(HarnessError::ShutDown));
     }
 
     /// A panic in a server actor (a bug, not a kill) reaches its supervisor as a failure,

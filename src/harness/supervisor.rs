@@ -243,17 +243,21 @@ impl Actor for HarnessSupervisor {
                     return Ok(());
                 }
                 // A service waiting out its pause is rebuilt now: every step of the
-                // shutdown asks one, and would wait for it in vain.
+                // shutdown asks one, and would wait for it in vain. Not the servers'
+                // supervisor: rebuilt, it would start every server only to stop it.
                 for service in Service::ALL {
-                    state.rebuild(&myself, service).await;
+                    if service != Service::Servers {
+                        state.rebuild(&myself, service).await;
+                    }
                 }
+                let servers_running = state.children.values().any(|s| *s == Service::Servers);
                 let later = Arc::new(parking_lot::Mutex::new(Vec::new()));
                 state.shutting_down = Some(later.clone());
                 let services = state.services.clone();
                 tokio::spawn(async move {
                     // Done even if the shutdown panics.
                     let _later = AnswerLater(later, myself);
-                    shut_down(&services).await;
+                    shut_down(&services, servers_running).await;
                     let _ = reply.send(());
                 });
             }
@@ -320,7 +324,7 @@ impl Drop for AnswerLater {
 /// The graceful stop: no new calls; the ones in flight get `shutdown_grace` to finish
 /// on live servers, then the rest are cancelled; only then do the servers stop, and
 /// every record and cache entry is written.
-async fn shut_down(services: &Services) {
+async fn shut_down(services: &Services, servers_running: bool) {
     services.calls.close();
     let deadline =
         crate::util::duration::after(Instant::now(), services.ctx.settings.shutdown_grace);
@@ -328,7 +332,9 @@ async fn shut_down(services: &Services) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     services.calls.shutdown().await;
-    services.servers.shutdown().await;
+    (services.servers)
+        .shutdown(&services.servers_args.directory, servers_running)
+        .await;
     // Every call has ended: its records are written before the caches, whose writes
     // may wait on another process's lock or on Redis.
     flush_audit(services).await;

@@ -275,11 +275,7 @@ impl Actor for ServersSupervisor {
         if state.shutting_down {
             // Not rebuilt; and no actor is left to say it stopped (its connection went
             // with it): requests are answered `Stopped`, not sent to a dead connection.
-            *server.0.actor.write() = None;
-            *server.0.live.write() = None;
-            let mut s = server.0.status.write();
-            s.state = ServerState::Stopped;
-            s.pid = None;
+            mark_stopped(&server);
             return Ok(());
         }
         tracing::warn!(server = %id, "server actor died; rebuilding it from its config");
@@ -431,6 +427,15 @@ impl ServersState {
 
 /// A server whose actor could not be spawned again: no actor is left to write its
 /// status, so it is failed until `restart_server` spawns one (it finds no actor).
+/// A server whose actor died while the harness stops: no actor is left to say so.
+fn mark_stopped(server: &ServerRef) {
+    *server.0.actor.write() = None;
+    *server.0.live.write() = None;
+    let mut s = server.0.status.write();
+    s.state = ServerState::Stopped;
+    s.pid = None;
+}
+
 fn unspawned(server: &ServerRef, e: &ServersError) {
     *server.0.actor.write() = None;
     let mut s = server.0.status.write();
@@ -544,11 +549,22 @@ impl ServersRef {
         self.0.send(ServersMsg::CapabilitiesChanged);
     }
 
-    /// Stops every server; returns when all are stopped.
-    pub async fn shutdown(&self) {
-        self.0
-            .ask(ServersMsg::Shutdown, self.stopping_limit())
-            .await;
+    /// Stops every server of `directory`; returns when all are stopped. Without a
+    /// `running` supervisor (it died, and is not rebuilt while the harness stops: it
+    /// would start every server only to stop it), or one that does not answer, the
+    /// servers' actors and processes went with it: they are marked stopped.
+    pub async fn shutdown(&self, directory: &Directory, running: bool) {
+        if running
+            && (self.0)
+                .ask(ServersMsg::Shutdown, self.stopping_limit())
+                .await
+                .is_some()
+        {
+            return;
+        }
+        for server in directory.all() {
+            mark_stopped(&server);
+        }
     }
 }
 
