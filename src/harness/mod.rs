@@ -1155,6 +1155,54 @@ mod tests {
         assert_eq!(h.restart_server("x").await, Err(HarnessError::ShutDown));
     }
 
+    /// A rebuilt servers supervisor starts no connection beside the process of the one
+    /// before it until that process is gone.
+    #[tokio::test]
+    async fn a_rebuilt_server_waits_for_the_dead_actors_process_to_be_gone() {
+        // Takes connections and never answers: the connection stays in its handshake.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/mcp", silent.local_addr().expect("addr"));
+        let h = Harness::spawn(HarnessConfig {
+            servers: vec![ServerConfig::http("s", &url)],
+            ..HarnessConfig::default()
+        })
+        .await
+        .expect("spawn");
+        let server = h.inner.directory.get("s").expect("listed");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.attempts() == 0 {
+            assert!(std::time::Instant::now() < deadline, "never connected");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // As if a stdio process of its had connected, and is not gone yet.
+        let (exit, ends) = tokio::sync::watch::channel(None);
+        server.set_last_process(Some(crate::transport::ProcessExit::new(ends)));
+        let old = h.server_actor("s").expect("actor");
+        h.service_actor(Service::Servers)
+            .await
+            .expect("running")
+            .kill();
+        while h
+            .server_actor("s")
+            .is_none_or(|a| a.get_id() == old.get_id())
+        {
+            assert!(std::time::Instant::now() < deadline, "not rebuilt");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(server.attempts(), 1, "started beside the old process");
+        let _ = exit.send(Some(crate::transport::ExitStatus::Signal(9)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.attempts() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not started once it was gone"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        h.shutdown().await;
+    }
+
     /// A panic in a server actor (a bug, not a kill) reaches its supervisor as a failure,
     /// and the actor is rebuilt in place. Only a unit test can make the actor panic.
     #[tokio::test]

@@ -42,6 +42,10 @@ use crate::transport::{
 /// How long a server's `list_changed` notifications are gathered before they are passed
 /// on, at first.
 const LISTS_CHANGED_TICK: Duration = Duration::from_millis(100);
+
+/// How long a rebuilt actor waits for its predecessor's process to be gone (killed
+/// with that actor, it is reaped at once) before starting the next one beside it.
+const OLD_PROCESS_WAIT: Duration = Duration::from_secs(5);
 /// The longest they are gathered: a server that keeps announcing changes (a storm, or
 /// one after every listing it answers) doubles the gap up to this, so that it cannot
 /// keep every process re-listing and every client notified ten times a second.
@@ -132,6 +136,9 @@ pub struct ServerActorState {
     /// server's state to the actor rebuilt in its place, which restarts it as after a
     /// crash, as when it is killed.
     stopping: bool,
+    /// A rebuilt actor (its predecessor, or their supervisor, died): the process of the
+    /// actor before is waited for, once, before one is started beside it.
+    after_dead_actor: bool,
 }
 
 /// One supervised MCP server; see the module docs.
@@ -181,6 +188,7 @@ impl Actor for ServerActor {
             lists_gap: LISTS_CHANGED_TICK,
             lists_flushed: None,
             stopping: false,
+            after_dead_actor: start != Start::New,
         };
         match (start, before) {
             (Start::New, _) if !enabled => {
@@ -438,6 +446,7 @@ impl ServerActorState {
                 s.era = Some(conn.era());
                 s.protocol_version = Some(conn.protocol_version());
                 s.pid = conn.pid();
+                self.args.server.set_last_process(conn.process_exit());
                 s.profile = Some(Arc::new(conn.profile().clone()));
                 s.ready_at = self.ready_at;
             }
@@ -501,6 +510,26 @@ impl ServerActorState {
             let myself = myself.clone();
             tokio::spawn(async move {
                 stopping.cancelled().await;
+                let _ = myself.send_message(ServerMsg::PredecessorStopped);
+            });
+            return;
+        }
+        // The dead actor's process is killed with it, but the kill is a message each
+        // actor handles in its own time: two of one server (a port, a lock file) could
+        // otherwise run at once.
+        let old = std::mem::take(&mut self.after_dead_actor)
+            .then(|| self.args.server.last_process())
+            .flatten()
+            .filter(|p| !p.is_gone());
+        if let Some(old) = old {
+            let (myself, server) = (myself.clone(), self.id().to_string());
+            tokio::spawn(async move {
+                if tokio::time::timeout(OLD_PROCESS_WAIT, old.gone())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(server, wait = ?OLD_PROCESS_WAIT, "the dead actor's server process is still there; starting the next one beside it");
+                }
                 let _ = myself.send_message(ServerMsg::PredecessorStopped);
             });
             return;

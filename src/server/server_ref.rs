@@ -98,6 +98,8 @@ pub(crate) struct ServerShared {
     gone: tokio_util::sync::CancellationToken,
     /// [`ServerConfig::identity`], made once.
     identity: Arc<str>,
+    /// The end of the last connected process (stdio), which a rebuilt actor waits for.
+    last_process: parking_lot::Mutex<Option<crate::transport::ProcessExit>>,
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
@@ -220,7 +222,24 @@ impl ServerRef {
             predecessor,
             gone: tokio_util::sync::CancellationToken::new(),
             identity: config_identity.into(),
+            last_process: parking_lot::Mutex::new(None),
         }))
+    }
+
+    /// The end of the last process that connected ([`Self::set_last_process`]).
+    pub(crate) fn last_process(&self) -> Option<crate::transport::ProcessExit> {
+        self.0.last_process.lock().clone()
+    }
+
+    /// How many connections were begun (for tests).
+    #[cfg(test)]
+    pub(crate) fn attempts(&self) -> u64 {
+        self.0.attempts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes the process of a connection now up.
+    pub(crate) fn set_last_process(&self, process: Option<crate::transport::ProcessExit>) {
+        *self.0.last_process.lock() = process;
     }
 
     /// What the server is ([`ServerConfig::identity`]).

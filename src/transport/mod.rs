@@ -53,6 +53,29 @@ use http::HttpTransport;
 use inbound::{Ids, InboundSink};
 use stdio::StdioTransport;
 
+/// The end of a stdio server's process, for whoever must not start another beside it.
+#[derive(Clone, Debug)]
+pub struct ProcessExit(tokio::sync::watch::Receiver<Option<ExitStatus>>);
+
+impl ProcessExit {
+    /// One that ends when `exit` is set (or its sender dropped), for tests.
+    #[cfg(test)]
+    pub(crate) fn new(exit: tokio::sync::watch::Receiver<Option<ExitStatus>>) -> ProcessExit {
+        ProcessExit(exit)
+    }
+
+    /// Whether the process is gone: its leader reaped, and what was left of its group
+    /// killed.
+    pub fn is_gone(&self) -> bool {
+        self.0.borrow().is_some() || self.0.has_changed().is_err()
+    }
+
+    /// Returns once the process is gone.
+    pub async fn gone(mut self) {
+        let _ = self.0.wait_for(Option::is_some).await;
+    }
+}
+
 /// One live transport.
 pub(crate) enum Transport {
     Stdio(StdioTransport),
@@ -200,6 +223,13 @@ impl Transport {
     fn pid(&self) -> Option<u32> {
         match self {
             Transport::Stdio(t) => Some(t.pid()),
+            Transport::Http(_) => None,
+        }
+    }
+
+    fn process_exit(&self) -> Option<ProcessExit> {
+        match self {
+            Transport::Stdio(t) => Some(ProcessExit(t.exit_watch())),
             Transport::Http(_) => None,
         }
     }

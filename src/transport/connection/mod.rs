@@ -383,6 +383,11 @@ impl Connection {
         self.transport.pid()
     }
 
+    /// The end of a stdio server's process (none over HTTP).
+    pub fn process_exit(&self) -> Option<crate::transport::ProcessExit> {
+        self.transport.process_exit()
+    }
+
     /// Whether a stdio connection's transport has ended (HTTP has no standing link).
     pub fn is_closed(&self) -> bool {
         self.transport.is_closed()

@@ -165,6 +165,8 @@ pub(crate) struct StdioTransport {
     shared: Arc<Shared>,
     writer: mpsc::Sender<WriterCmd>,
     group: tokio::sync::Mutex<ProcessGroup>,
+    /// The group's end ([`ProcessGroup::exit_watch`]), without its lock.
+    exit: watch::Receiver<Option<ExitStatus>>,
     pid: u32,
     /// Ends the writer and the stderr reader when the transport is dropped.
     _gone: tokio_util::sync::DropGuard,
@@ -254,6 +256,7 @@ impl StdioTransport {
         Ok(StdioTransport {
             shared,
             writer,
+            exit: spawned.group.exit_watch(),
             group: tokio::sync::Mutex::new(spawned.group),
             pid,
             _gone: gone.drop_guard(),
@@ -263,6 +266,12 @@ impl StdioTransport {
     /// The server process's pid (and process group id).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Set once the process is gone: its leader reaped, what was left of its group
+    /// killed.
+    pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<ExitStatus>> {
+        self.exit.clone()
     }
 
     /// Whether the transport has ended.
