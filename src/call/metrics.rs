@@ -78,6 +78,8 @@ struct Series {
     /// that ended as its connection went).
     attributes: Option<Arc<[KeyValue]>>,
     settled: bool,
+    /// The `mcp.protocol.version` in `attributes`.
+    version: Option<Arc<str>>,
 }
 
 /// The most removed servers [`CallMetrics`] remembers.
@@ -101,12 +103,16 @@ pub(crate) struct CallMetrics {
 impl CallMetrics {
     /// Counts one finished call. `peer`: the server's `network.transport` and
     /// `mcp.protocol.version`, asked only when a series' exported attributes are made
-    /// (at its first call once exported: a version read is an allocation).
+    /// (at its first call once exported: a version read is an allocation);
+    /// `version_is`: whether the server still speaks the version they name (asked at
+    /// each exported call, without allocating: a server restarted or renegotiated to
+    /// another version gets its series' attributes made again).
     pub(crate) fn finished(
         &self,
         server: Option<&str>,
         (method, outcome, error_type): (&'static str, &'static str, Option<&'static str>),
         took: Duration,
+        version_is: impl FnOnce(&str) -> bool,
         peer: impl FnOnce() -> (Option<&'static str>, Option<String>),
     ) {
         let seconds = took.as_secs_f64();
@@ -133,6 +139,12 @@ impl CallMetrics {
         let Some(h) = self.exported.get() else {
             return;
         };
+        if s.settled
+            && let Some(v) = &s.version
+            && !version_is(v)
+        {
+            s.settled = false;
+        }
         if !s.settled {
             s.attributes = None;
         }
@@ -155,6 +167,7 @@ impl CallMetrics {
                 }
                 // No server (nothing reached one): nothing more to learn.
                 s.settled = version.is_some() || server.is_empty();
+                s.version = version.as_deref().map(Arc::from);
                 if let Some(v) = version {
                     a.push(KeyValue::new("mcp.protocol.version", v));
                 }
@@ -253,6 +266,7 @@ mod tests {
                 Some("s"),
                 ("tools/call", "ok", None),
                 Duration::from_secs_f64(ms / 1000.0),
+                |_| true,
                 || (None, None),
             );
         }
@@ -273,21 +287,38 @@ mod tests {
     fn a_removed_servers_late_call_brings_no_series_back_until_it_is_added_again() {
         let m = CallMetrics::default();
         let took = Duration::from_millis(1);
-        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
+        m.finished(
+            Some("s"),
+            ("tools/call", "ok", None),
+            took,
+            |_| true,
+            || (None, None),
+        );
         m.forget("s");
         m.finished(
             Some("s"),
             ("tools/call", "error", Some("-32603")),
             took,
+            |_| true,
             || (None, None),
         );
         assert!(m.snapshot().0.is_empty());
         m.track("s");
-        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
+        m.finished(
+            Some("s"),
+            ("tools/call", "ok", None),
+            took,
+            |_| true,
+            || (None, None),
+        );
         // A call that reached no server is under no server's id.
-        m.finished(None, ("tools/call", "error", Some("-32602")), took, || {
-            (None, None)
-        });
+        m.finished(
+            None,
+            ("tools/call", "error", Some("-32602")),
+            took,
+            |_| true,
+            || (None, None),
+        );
         let servers: Vec<String> = m
             .snapshot()
             .0
@@ -297,7 +328,13 @@ mod tests {
         assert_eq!(servers, ["", "s"]);
         // A removal that finds the server added again meanwhile forgets nothing.
         m.forget_unless("s", || true);
-        m.finished(Some("s"), ("tools/call", "ok", None), took, || (None, None));
+        m.finished(
+            Some("s"),
+            ("tools/call", "ok", None),
+            took,
+            |_| true,
+            || (None, None),
+        );
         let ok = |m: &CallMetrics| {
             m.snapshot()
                 .0
@@ -312,7 +349,7 @@ mod tests {
     // A series whose first call ended as its connection went (no version known) takes
     // the version at a later call, and once known is not asked again.
     #[test]
-    fn a_series_begun_without_its_servers_version_learns_it_later() {
+    fn a_series_learns_its_servers_version_later_and_again_when_it_changes() {
         let m = CallMetrics::default();
         m.export(
             opentelemetry::global::meter("test")
@@ -332,13 +369,34 @@ mod tests {
                 })
                 .map(|kv| kv.value.to_string())
         };
-        m.finished(Some("s"), series, took, || (Some("pipe"), None));
+        m.finished(Some("s"), series, took, |_| true, || (Some("pipe"), None));
         assert_eq!(version(&m), None);
-        m.finished(Some("s"), series, took, || {
-            (Some("pipe"), Some("2026-07-28".into()))
-        });
+        m.finished(
+            Some("s"),
+            series,
+            took,
+            |_| true,
+            || (Some("pipe"), Some("2026-07-28".into())),
+        );
         assert_eq!(version(&m).as_deref(), Some("2026-07-28"));
-        m.finished(Some("s"), series, took, || panic!("asked again"));
+        m.finished(Some("s"), series, took, |_| true, || panic!("asked again"));
+        // The server now speaks another version (restarted, or renegotiated): made
+        // again with it, and then settled again.
+        m.finished(
+            Some("s"),
+            series,
+            took,
+            |v| v == "2025-11-25",
+            || (Some("pipe"), Some("2025-11-25".into())),
+        );
+        assert_eq!(version(&m).as_deref(), Some("2025-11-25"));
+        m.finished(
+            Some("s"),
+            series,
+            took,
+            |v| v == "2025-11-25",
+            || panic!("asked again"),
+        );
     }
 
     #[test]
@@ -354,6 +412,7 @@ mod tests {
             Some(&format!("task-{}", REMOVED_KEPT * 3 - 1)),
             ("tools/call", "ok", None),
             took,
+            |_| true,
             || (None, None),
         );
         assert!(m.snapshot().0.is_empty());

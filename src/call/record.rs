@@ -196,6 +196,7 @@ impl CallRecord {
             server.map(|s| s.id()),
             (self.method, outcome, error_type),
             latency,
+            |v| server.is_none_or(|s| s.protocol_version_is(v)),
             || {
                 let transport = server.map(super::telemetry::transport);
                 (transport, server.and_then(|s| s.protocol_version()))

@@ -326,6 +326,16 @@ impl ServerRef {
         self.0.actor.read().clone()
     }
 
+    /// Whether its ready connection speaks `version` (true when none is ready: nothing
+    /// says otherwise yet); allocates nothing.
+    pub fn protocol_version_is(&self, version: &str) -> bool {
+        self.0
+            .live
+            .read()
+            .as_ref()
+            .is_none_or(|l| l.conn.protocol_version_is(version))
+    }
+
     /// The protocol version of its ready connection.
     pub fn protocol_version(&self) -> Option<String> {
         self.0

@@ -348,6 +348,14 @@ impl Connection {
         self.profile.era()
     }
 
+    /// Whether [`Connection::protocol_version`] is `version`, without allocating.
+    pub fn protocol_version_is(&self, version: &str) -> bool {
+        match self.profile.era() {
+            Era::Modern => self.envelope.read().protocol_version() == version,
+            Era::Legacy => self.profile.protocol_version() == version,
+        }
+    }
+
     /// The protocol version every request names now (it changes after a -32022).
     pub fn protocol_version(&self) -> String {
         match self.profile.era() {
