@@ -174,21 +174,21 @@ impl Harness {
             .clone()
             .filter(|_| !has(&handlers, "sampling/createMessage"))
             .map(|sampling| (sampling, agents.clone(), approver));
-        let cache_config = config.cache.clone();
         let warm_tls = config
             .servers
             .iter()
             .any(|s| matches!(s.transport, crate::transport::TransportSpec::Http(_)));
-        // Files, a key from the environment, the platform's CA roots: blocking I/O, kept
-        // off the async threads and bounded, so a hung mount fails the start, not hangs it.
-        let read = within(START_READS_WAIT, move || {
-            read_at_start(cache_config, sampling, warm_tls)
-        })
-        .await??;
-        if let Some(handler) = read.sampling {
+        // Blocking I/O (files, a key from the environment, the platform's CA roots),
+        // kept off the async threads and bounded: a hung mount fails the start.
+        let sampling = within(START_READS_WAIT, move || read_inputs(sampling, warm_tls))
+            .await?
+            .ok_or_else(|| {
+                not_read("the sampling provider's CA bundle, the platform's CA roots")
+            })??;
+        if let Some(handler) = sampling {
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }
-        let (cache, shared) = (read.cache, read.shared);
+        let (cache, shared) = start_caches(config.cache.clone()).await?;
         if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
             crate::call::input::validate_roots(&config.agents).map_err(|e| {
                 HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
@@ -305,16 +305,6 @@ impl Harness {
     }
 }
 
-/// How long a start waits for what it reads from disk and the environment.
-const START_READS_WAIT: Duration = Duration::from_secs(30);
-
-/// What a start reads before anything runs.
-struct ReadAtStart {
-    cache: ListCache,
-    shared: Option<Arc<SharedCache>>,
-    sampling: Option<SamplingHandler>,
-}
-
 /// The sampling settings and what the built-in handler answers with.
 type SamplingParts = (
     crate::call::input::SamplingConfig,
@@ -322,24 +312,38 @@ type SamplingParts = (
     Arc<dyn InputHandler>,
 );
 
-/// Reads the disk cache, the shared cache's key and floors, and the sampling provider's
-/// key and CA bundle; with `warm_tls`, the platform's CA roots, which the first HTTPS
-/// server would otherwise read on an async thread. Blocking; run on the runtime's
-/// blocking pool (the shared layer spawns its tasks).
-fn read_at_start(
-    cache: crate::registry::cache::CacheConfig,
+/// The built-in sampling handler (the provider's key and CA bundle are read); with
+/// `warm_tls`, the platform's CA roots too, which the first HTTPS server would
+/// otherwise read on an async thread. Blocking.
+fn read_inputs(
     sampling: Option<SamplingParts>,
     warm_tls: bool,
-) -> Result<ReadAtStart, HarnessError> {
-    let invalid = |field: String, reason: String| {
-        HarnessError::Config(crate::config::ConfigError::new(field, reason))
-    };
+) -> Result<Option<SamplingHandler>, HarnessError> {
     let sampling = match sampling {
         Some((config, agents, approver)) => Some(
-            SamplingHandler::new(config, agents, Some(approver))
-                .map_err(|e| invalid(format!("sampling.{}", e.field), e.reason))?,
+            SamplingHandler::new(config, agents, Some(approver)).map_err(|e| {
+                HarnessError::Config(crate::config::ConfigError::new(
+                    format!("sampling.{}", e.field),
+                    e.reason,
+                ))
+            })?,
         ),
         None => None,
+    };
+    if warm_tls {
+        crate::transport::tls::warm_platform_roots();
+    }
+    Ok(sampling)
+}
+
+/// The list cache and its shared layer: the disk layer's files, the shared layer's key
+/// and generation floors. Blocking; run on the runtime's blocking pool (the shared
+/// layer spawns its tasks).
+fn read_caches(
+    cache: crate::registry::cache::CacheConfig,
+) -> Result<(ListCache, Option<Arc<SharedCache>>), HarnessError> {
+    let invalid = |field: String, reason: String| {
+        HarnessError::Config(crate::config::ConfigError::new(field, reason))
     };
     let shared_config = cache.shared.clone();
     let cache =
@@ -351,30 +355,50 @@ fn read_at_start(
         ),
         None => None,
     };
-    if warm_tls {
-        crate::transport::tls::warm_platform_roots();
-    }
-    Ok(ReadAtStart {
-        cache,
-        shared,
-        sampling,
-    })
+    Ok((cache, shared))
 }
 
-/// `read` on the blocking pool, for at most `wait` (past it, `read` goes on alone and
-/// what it returns is dropped).
+/// [`read_caches`] within the bound; a cache directory not read in time (a hung or
+/// very slow mount) leaves the disk layer off, logged, rather than failing the start:
+/// lists are then read from the servers. What is read without it (the shared layer's
+/// key) must be read in time.
+async fn start_caches(
+    cache: crate::registry::cache::CacheConfig,
+) -> Result<(ListCache, Option<Arc<SharedCache>>), HarnessError> {
+    let with_disk = cache.clone();
+    if let Some(read) = within(START_READS_WAIT, move || read_caches(with_disk)).await? {
+        return read;
+    }
+    tracing::error!(dir = ?cache.dir, wait = ?START_READS_WAIT, "the cache directory was not read in time (a hung or slow mount?); starting without the disk layer, and without the shared layer's generation floors");
+    let without = crate::registry::cache::CacheConfig { dir: None, ..cache };
+    within(START_READS_WAIT, move || read_caches(without))
+        .await?
+        .ok_or_else(|| not_read("the shared cache's key file"))?
+}
+
+/// How long a start waits for each thing it reads from disk and the environment.
+const START_READS_WAIT: Duration = Duration::from_secs(30);
+
+/// The error of a start whose reading of `what` did not end within [`START_READS_WAIT`].
+fn not_read(what: &str) -> HarnessError {
+    HarnessError::Spawn(format!(
+        "reading {what} did not end within {START_READS_WAIT:?}: is a mount hung?"
+    ))
+}
+
+/// `read` on the blocking pool, for at most `wait`: `None` past it (`read` goes on
+/// alone, its thread held, and what it returns is dropped; a runtime dropped meanwhile
+/// waits for that thread unless shut down with a timeout).
 async fn within<T: Send + 'static>(
     wait: Duration,
     read: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, HarnessError> {
+) -> Result<Option<T>, HarnessError> {
     match tokio::time::timeout(wait, tokio::task::spawn_blocking(read)).await {
-        Ok(Ok(read)) => Ok(read),
+        Ok(Ok(read)) => Ok(Some(read)),
         Ok(Err(e)) => Err(HarnessError::Spawn(format!(
             "reading the files a start needs: {e}"
         ))),
-        Err(_) => Err(HarnessError::Spawn(format!(
-            "the files a start needs (the disk and shared caches' files, the sampling provider's CA bundle, the platform's CA roots) were not read within {wait:?}: is a mount hung?"
-        ))),
+        Err(_) => Ok(None),
     }
 }
 
@@ -784,10 +808,12 @@ impl HarnessHandle {
         // call of a removed server of that id brings no series back).
         self.ctx().metrics.track(&id);
         if let Err(e) = self.inner.services.servers.add(config).await {
-            if !self.inner.directory.contains(&id) {
+            let e = self.servers_error(e, "the new server");
+            // Not answered in time, it may still be added: its series stay.
+            if !self.inner.directory.contains(&id) && !matches!(e, HarnessError::Busy(_)) {
                 self.ctx().metrics.forget(&id);
             }
-            return Err(self.servers_error(e, "the new server"));
+            return Err(e);
         }
         // Again, now that it is in the directory: a removal of the old server of this
         // id that forgot its series meanwhile must not leave this one uncounted.
@@ -889,6 +915,11 @@ impl HarnessHandle {
             .iter()
             .map(|s| s.status())
             .collect()
+    }
+
+    /// The config server `id` runs with now.
+    pub(crate) fn server_config(&self, id: &str) -> Option<ServerConfig> {
+        (self.inner.directory.get(id)).map(|s| s.config().clone())
     }
 
     /// What server `id` is now ([`ServerConfig::identity`]).
@@ -1105,10 +1136,10 @@ mod tests {
     use super::*;
     use crate::server::ServerMsg;
 
-    /// A start whose reading hangs (a hung mount) fails with a clear error once its
-    /// bound is past, while the read is still held.
+    /// A start's read that hangs (a hung mount) is given up once its bound is past,
+    /// while the read is still held.
     #[tokio::test]
-    async fn a_start_read_that_hangs_fails_the_start_in_its_bound() {
+    async fn a_start_read_that_hangs_is_given_up_in_its_bound() {
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (done_tx, done) = std::sync::mpsc::channel::<()>();
         let read = within(Duration::from_millis(100), move || {
@@ -1116,15 +1147,17 @@ mod tests {
             let _ = done_tx.send(());
         })
         .await;
-        assert!(
-            matches!(&read, Err(HarnessError::Spawn(e)) if e.contains("were not read within")),
-            "{read:?}"
-        );
+        assert_eq!(read, Ok(None));
         assert!(done.try_recv().is_err(), "the read was not still held");
         let _ = release.send(());
         // A read in its bound is returned as it is.
         let ok = within(Duration::from_secs(30), || 7).await;
-        assert_eq!(ok, Ok(7));
+        assert_eq!(ok, Ok(Some(7)));
+        assert!(
+            not_read("the key")
+                .to_string()
+                .contains("reading the key did not end within 30s")
+        );
     }
 
     /// An ask nobody answered while the harness runs is `Busy` (worth asking again),
@@ -1151,8 +1184,6 @@ mod tests {
         ));
         h.shutdown().await;
         assert_eq!(h.unanswered("the grant"), HarnessError::ShutDown);
-        assert_eq!(h.grant("a", "*", &["*"]).await, Err(HarnessError::ShutDown));
-        assert_eq!(h.restart_server("x").await, Err(HarnessError::ShutDown));
     }
 
     /// A rebuilt servers supervisor starts no connection beside the process of the one
@@ -1200,6 +1231,43 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        h.shutdown().await;
+    }
+
+    /// A process is known from its spawn, before its handshake: one whose supervisor
+    /// dies while it starts is waited for too, and it is killed with its actor.
+    #[tokio::test]
+    async fn a_process_still_starting_is_known_to_the_actor_rebuilt_after_it() {
+        // Never answers its handshake.
+        let h = Harness::spawn(HarnessConfig {
+            servers: vec![ServerConfig::stdio("s", "sh", ["-c", "sleep 30"])],
+            ..HarnessConfig::default()
+        })
+        .await
+        .expect("spawn");
+        let server = h.inner.directory.get("s").expect("listed");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let first = loop {
+            if let Some(p) = server.last_process() {
+                break p;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not known while it starts"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert!(!first.is_gone());
+        assert_eq!(
+            h.server_status("s").map(|s| s.state),
+            Some(crate::server::ServerState::Starting)
+        );
+        h.service_actor(Service::Servers)
+            .await
+            .expect("running")
+            .kill();
+        let gone = tokio::time::timeout(Duration::from_secs(10), first.gone()).await;
+        assert!(gone.is_ok(), "killed with its actor");
         h.shutdown().await;
     }
 

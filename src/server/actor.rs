@@ -45,7 +45,7 @@ const LISTS_CHANGED_TICK: Duration = Duration::from_millis(100);
 
 /// How long a rebuilt actor waits for its predecessor's process to be gone (killed
 /// with that actor, it is reaped at once) before starting the next one beside it.
-const OLD_PROCESS_WAIT: Duration = Duration::from_secs(5);
+pub(super) const OLD_PROCESS_WAIT: Duration = Duration::from_secs(5);
 /// The longest they are gathered: a server that keeps announcing changes (a storm, or
 /// one after every listing it answers) doubles the gap up to this, so that it cannot
 /// keep every process re-listing and every client notified ten times a second.
@@ -446,7 +446,6 @@ impl ServerActorState {
                 s.era = Some(conn.era());
                 s.protocol_version = Some(conn.protocol_version());
                 s.pid = conn.pid();
-                self.args.server.set_last_process(conn.process_exit());
                 s.profile = Some(Arc::new(conn.profile().clone()));
                 s.ready_at = self.ready_at;
             }
@@ -482,6 +481,7 @@ impl ServerActorState {
                 era: config.era,
                 request_timeout: config.timeout,
                 progress: Some(progress),
+                spawned: Some(self.args.server.spawn_hook()),
                 ..self.args.options.clone()
             },
             allow_unsolicited_input: config.allow_unsolicited_input,

@@ -98,7 +98,7 @@ pub(crate) struct ServerShared {
     gone: tokio_util::sync::CancellationToken,
     /// [`ServerConfig::identity`], made once.
     identity: Arc<str>,
-    /// The end of the last connected process (stdio), which a rebuilt actor waits for.
+    /// The end of the last process spawned (stdio), which a rebuilt actor waits for.
     last_process: parking_lot::Mutex<Option<crate::transport::ProcessExit>>,
 }
 
@@ -237,9 +237,22 @@ impl ServerRef {
         self.0.attempts.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Notes the process of a connection now up.
+    /// Notes the process a connection spawned (for tests; connections say it through
+    /// [`Self::spawn_hook`]).
+    #[cfg(test)]
     pub(crate) fn set_last_process(&self, process: Option<crate::transport::ProcessExit>) {
         *self.0.last_process.lock() = process;
+    }
+
+    /// What a connection tells of the processes it spawns ([`Self::last_process`]);
+    /// holds the server weakly (the connection is held by the server).
+    pub(crate) fn spawn_hook(&self) -> crate::transport::SpawnHook {
+        let server = Arc::downgrade(&self.0);
+        crate::transport::SpawnHook(Arc::new(move |process| {
+            if let Some(server) = server.upgrade() {
+                *server.last_process.lock() = Some(process);
+            }
+        }))
     }
 
     /// What the server is ([`ServerConfig::identity`]).

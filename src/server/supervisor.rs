@@ -425,8 +425,6 @@ impl ServersState {
     }
 }
 
-/// A server whose actor could not be spawned again: no actor is left to write its
-/// status, so it is failed until `restart_server` spawns one (it finds no actor).
 /// A server whose actor died while the harness stops: no actor is left to say so.
 fn mark_stopped(server: &ServerRef) {
     *server.0.actor.write() = None;
@@ -436,6 +434,8 @@ fn mark_stopped(server: &ServerRef) {
     s.pid = None;
 }
 
+/// A server whose actor could not be spawned again: no actor is left to write its
+/// status, so it is failed until `restart_server` spawns one (it finds no actor).
 fn unspawned(server: &ServerRef, e: &ServersError) {
     *server.0.actor.write() = None;
     let mut s = server.0.status.write();
@@ -552,7 +552,9 @@ impl ServersRef {
     /// Stops every server of `directory`; returns when all are stopped. Without a
     /// `running` supervisor (it died, and is not rebuilt while the harness stops: it
     /// would start every server only to stop it), or one that does not answer, the
-    /// servers' actors and processes went with it: they are marked stopped.
+    /// servers' actors and processes went with it: they are marked stopped, and their
+    /// processes, killed as each dying actor gets to it, are waited for (at most
+    /// [`super::actor::OLD_PROCESS_WAIT`] in all).
     pub async fn shutdown(&self, directory: &Directory, running: bool) {
         if running
             && (self.0)
@@ -562,8 +564,16 @@ impl ServersRef {
         {
             return;
         }
+        let until = tokio::time::Instant::now() + super::actor::OLD_PROCESS_WAIT;
         for server in directory.all() {
             mark_stopped(&server);
+            if let Some(process) = server.last_process()
+                && tokio::time::timeout_at(until, process.gone())
+                    .await
+                    .is_err()
+            {
+                tracing::warn!(server = %server.id(), "the server's process was not gone in time after its supervisor died");
+            }
         }
     }
 }

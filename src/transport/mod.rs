@@ -76,6 +76,16 @@ impl ProcessExit {
     }
 }
 
+/// Called with each stdio server process a connection spawns, before its handshake.
+#[derive(Clone)]
+pub struct SpawnHook(pub Arc<dyn Fn(ProcessExit) + Send + Sync>);
+
+impl std::fmt::Debug for SpawnHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnHook")
+    }
+}
+
 /// One live transport.
 pub(crate) enum Transport {
     Stdio(StdioTransport),

@@ -161,7 +161,11 @@ impl InputHandlers {
             return Err(InputError::NoHandler(request.method));
         };
         let limit = limit.min(self.timeout);
-        request.answer_by = std::time::Instant::now().checked_add(limit);
+        // The call's deadline too: a legacy server's question is given the handlers'
+        // whole timeout, and its call may end sooner.
+        request.answer_by = std::time::Instant::now()
+            .checked_add(limit)
+            .map(|by| request.call_deadline.map_or(by, |d| by.min(d)));
         let task = tokio::spawn(async move { handler.answer(request).await });
         // Its answer is no longer awaited once this is dropped.
         let _abort = crate::util::AbortOnDrop(task.abort_handle());

@@ -644,9 +644,15 @@ impl Sampler {
         if policy == SamplingPolicy::Approve {
             let approved = match &self.approver {
                 Some(approver) => {
-                    let asking = approver.answer(for_approval(&request, &model, max_tokens, asked));
+                    let by = approve_by(request.answer_by, self.config.timeout);
+                    let mut ask = for_approval(&request, &model, max_tokens, asked);
+                    // What the approver shows as due is when the wait for it ends.
+                    ask.answer_by = by.or(ask.answer_by);
+                    let asking = approver.answer(ask);
                     let asked_at = Instant::now();
-                    let answer = match approve_by(request.answer_by, self.config.timeout) {
+                    let answer = match by {
+                        // Not answered in time: a timeout of the approval (`InputFailed`
+                        // for the call, which had time left, kept for the provider).
                         Some(by) => tokio::time::timeout_at(by.into(), asking)
                             .await
                             .map_err(|_| InputError::Timeout(asked_at.elapsed()))
@@ -1330,12 +1336,19 @@ mod tests {
             call_id: Some(9),
             call_deadline: None,
             shared: false,
-            answer_by: Some(Instant::now() + Duration::from_millis(600)),
+            answer_by: Some(Instant::now() + Duration::from_secs(4)),
         };
+        let asked = Instant::now();
         let served = tokio::time::timeout(Duration::from_secs(10), handler.0.serve(request)).await;
+        let waited = asked.elapsed();
         assert!(
             matches!(served, Ok(Err(InputError::Timeout(_)))),
-            "the wait for a person ended before the answer was due: {served:?}"
+            "the wait for a person ended: {served:?}"
+        );
+        // Until the provider's 1 s is all that is left, not till it was due.
+        assert!(
+            waited >= Duration::from_millis(2900) && waited < Duration::from_secs(4),
+            "{waited:?}"
         );
         assert_eq!(
             handler.0.spent.lock().get("call:9").map(|e| e.spent),
@@ -1349,6 +1362,13 @@ mod tests {
             due - by,
             Duration::from_secs(10),
             "the provider's full timeout"
+        );
+        let due = Instant::now() + Duration::from_secs(2);
+        let by = approve_by(Some(due), Duration::from_secs(10)).expect("a time");
+        assert!(
+            due - by <= Duration::from_secs(1) && due - by > Duration::from_millis(900),
+            "half the time left: {:?}",
+            due - by
         );
     }
 

@@ -151,6 +151,9 @@ fn open(
         &options.sign_in,
         options.request_timeout,
     )?;
+    if let (Some(hook), Some(process)) = (&options.spawned, transport.process_exit()) {
+        (hook.0)(process);
+    }
     Ok((Arc::new(transport), rx))
 }
 

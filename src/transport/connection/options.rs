@@ -127,6 +127,9 @@ pub struct ConnectOptions {
     /// Where `notifications/progress` go, in order with the replies (without it they
     /// are [`ServerEvent::Notification`]s like the rest).
     pub progress: Option<crate::transport::inbound::ProgressHook>,
+    /// Told of each stdio server process spawned, before its handshake (whoever must
+    /// not start another beside it waits for its end).
+    pub spawned: Option<crate::transport::SpawnHook>,
 }
 
 impl Default for ConnectOptions {
@@ -143,6 +146,7 @@ impl Default for ConnectOptions {
             event_capacity: 256,
             sign_in: crate::transport::auth::SignInContext::default(),
             progress: None,
+            spawned: None,
         }
     }
 }

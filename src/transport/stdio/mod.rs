@@ -365,14 +365,14 @@ impl StdioTransport {
         }
     }
 
-    /// Sends a notification. Never waits: when the writer's queue is full the
-    /// notification is dropped with a warning (notifications carry no answer).
     /// Forgets the request in flight as `id` without a cancellation: the server ended it
     /// itself (its `notifications/cancelled` of a subscription), so telling it back is noise.
     pub(crate) fn ended_by_server(&self, id: &RequestId) {
         self.shared.pending.lock().remove(id);
     }
 
+    /// Sends a notification. Never waits: when the writer's queue is full the
+    /// notification is dropped with a warning (notifications carry no answer).
     pub(crate) fn notify(&self, notification: Notification) -> Result<(), TransportError> {
         self.send_message(Message::Notification(notification))
     }
