@@ -188,7 +188,7 @@ impl Harness {
         if let Some(handler) = sampling {
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }
-        let (cache, shared) = start_caches(config.cache.clone()).await?;
+        let (cache, shared, token_dir) = start_caches(config.cache.clone()).await?;
         if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
             crate::call::input::validate_roots(&config.agents).map_err(|e| {
                 HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
@@ -198,11 +198,9 @@ impl Harness {
                 Arc::new(RootsHandler::new(agents.clone())),
             ));
         }
-        let store: Arc<dyn TokenStore> = match (tokens, &config.cache.dir) {
+        let store: Arc<dyn TokenStore> = match (tokens, token_dir) {
             (Some(store), _) => store,
-            (None, Some(dir)) => {
-                Arc::new(FileTokenStore::new(crate::registry::cache::token_dir(dir)))
-            }
+            (None, Some(dir)) => Arc::new(FileTokenStore::new(dir)),
             (None, None) => Arc::new(MemoryTokenStore::default()),
         };
         let options = ConnectOptions {
@@ -336,15 +334,26 @@ fn read_inputs(
     Ok(sampling)
 }
 
+/// What a start reads of its caches: the list cache, its shared layer, and the folder
+/// of the sign-in tokens kept beside them (none without a cache directory).
+type Caches = (
+    ListCache,
+    Option<Arc<SharedCache>>,
+    Option<std::path::PathBuf>,
+);
+
 /// The list cache and its shared layer: the disk layer's files, the shared layer's key
-/// and generation floors. Blocking; run on the runtime's blocking pool (the shared
-/// layer spawns its tasks).
-fn read_caches(
-    cache: crate::registry::cache::CacheConfig,
-) -> Result<(ListCache, Option<Arc<SharedCache>>), HarnessError> {
+/// and generation floors, the tokens' folder (moved to its new name if need be).
+/// Blocking; run on the runtime's blocking pool (the shared layer spawns its tasks).
+fn read_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, HarnessError> {
+    #[cfg(test)]
+    if let Some(hang) = tests::hung(&cache) {
+        std::thread::sleep(hang);
+    }
     let invalid = |field: String, reason: String| {
         HarnessError::Config(crate::config::ConfigError::new(field, reason))
     };
+    let tokens = cache.dir.as_deref().map(crate::registry::cache::token_dir);
     let shared_config = cache.shared.clone();
     let cache =
         ListCache::new(cache).map_err(|e| invalid(format!("cache.{}", e.0.field), e.0.reason))?;
@@ -355,25 +364,37 @@ fn read_caches(
         ),
         None => None,
     };
-    Ok((cache, shared))
+    Ok((cache, shared, tokens))
 }
 
 /// [`read_caches`] within the bound; a cache directory not read in time (a hung or
-/// very slow mount) leaves the disk layer off, logged, rather than failing the start:
-/// lists are then read from the servers. What is read without it (the shared layer's
-/// key) must be read in time.
-async fn start_caches(
-    cache: crate::registry::cache::CacheConfig,
-) -> Result<(ListCache, Option<Arc<SharedCache>>), HarnessError> {
+/// very slow mount) leaves everything kept there off, logged, rather than failing the
+/// start: lists are then read from the servers, and sign-in tokens kept in memory.
+/// What is read without it (the shared layer's key) must be read in time.
+async fn start_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, HarnessError> {
+    let wait = cache_wait(&cache);
     let with_disk = cache.clone();
-    if let Some(read) = within(START_READS_WAIT, move || read_caches(with_disk)).await? {
+    if let Some(read) = within(wait, move || read_caches(with_disk)).await? {
         return read;
     }
-    tracing::error!(dir = ?cache.dir, wait = ?START_READS_WAIT, "the cache directory was not read in time (a hung or slow mount?); starting without the disk layer, and without the shared layer's generation floors");
+    let Some(dir) = &cache.dir else {
+        return Err(not_read("the shared cache's key file"));
+    };
+    tracing::error!(dir = %dir.display(), ?wait, "the cache directory was not read in time (a hung or slow mount?); starting without the disk layer, the shared layer's generation floors and the sign-in tokens kept there (they are kept in memory)");
     let without = crate::registry::cache::CacheConfig { dir: None, ..cache };
-    within(START_READS_WAIT, move || read_caches(without))
+    within(wait, move || read_caches(without))
         .await?
         .ok_or_else(|| not_read("the shared cache's key file"))?
+}
+
+/// How long a start waits for its caches' files ([`START_READS_WAIT`]; tests set their own).
+fn cache_wait(cache: &crate::registry::cache::CacheConfig) -> Duration {
+    #[cfg(test)]
+    if let Some(wait) = tests::hung_wait(cache) {
+        return wait;
+    }
+    let _ = cache;
+    START_READS_WAIT
 }
 
 /// How long a start waits for each thing it reads from disk and the environment.
@@ -1136,6 +1157,45 @@ mod tests {
     use super::*;
     use crate::server::ServerMsg;
 
+    /// A cache directory whose start read hangs (for how long), and the bound its
+    /// start gives it.
+    static HUNG: parking_lot::Mutex<Option<(std::path::PathBuf, Duration, Duration)>> =
+        parking_lot::Mutex::new(None);
+
+    pub(super) fn hung(cache: &crate::registry::cache::CacheConfig) -> Option<Duration> {
+        let hung = HUNG.lock();
+        let (dir, hang, _) = hung.as_ref()?;
+        (cache.dir.as_ref() == Some(dir)).then_some(*hang)
+    }
+
+    pub(super) fn hung_wait(cache: &crate::registry::cache::CacheConfig) -> Option<Duration> {
+        let hung = HUNG.lock();
+        let (dir, _, wait) = hung.as_ref()?;
+        (cache.dir.as_ref() == Some(dir)).then_some(*wait)
+    }
+
+    /// A cache directory whose reading hangs past its bound: the harness starts all the
+    /// same, its disk layer off, and its sign-in tokens in memory.
+    #[tokio::test]
+    async fn a_cache_directory_that_hangs_leaves_the_disk_layer_off() {
+        let dir = std::env::temp_dir().join(format!("mcp-harness-hung-{}", std::process::id()));
+        *HUNG.lock() = Some((
+            dir.clone(),
+            Duration::from_secs(3),
+            Duration::from_millis(200),
+        ));
+        let mut config = HarnessConfig::default();
+        config.cache.dir = Some(dir.clone());
+        let started = tokio::time::timeout(Duration::from_secs(2), Harness::spawn(config)).await;
+        *HUNG.lock() = None;
+        let h = started
+            .expect("not held by the hung read")
+            .expect("started");
+        assert_eq!(h.inner.services.registry.cache.config().dir, None);
+        h.shutdown().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// A start's read that hangs (a hung mount) is given up once its bound is past,
     /// while the read is still held.
     #[tokio::test]
@@ -1184,6 +1244,9 @@ mod tests {
         ));
         h.shutdown().await;
         assert_eq!(h.unanswered("the grant"), HarnessError::ShutDown);
+        // End to end (each after the slot's wait for a rebuild that does not come).
+        assert_eq!(h.grant("a", "*", &["*"]).await, Err(HarnessError::ShutDown));
+        assert_eq!(h.restart_server("x").await, Err(HarnessError::ShutDown));
     }
 
     /// A rebuilt servers supervisor starts no connection beside the process of the one
@@ -1207,7 +1270,7 @@ mod tests {
         }
         // As if a stdio process of its had connected, and is not gone yet.
         let (exit, ends) = tokio::sync::watch::channel(None);
-        server.set_last_process(Some(crate::transport::ProcessExit::new(ends)));
+        server.spawned(crate::transport::ProcessExit::new(ends));
         let old = h.server_actor("s").expect("actor");
         h.service_actor(Service::Servers)
             .await
@@ -1248,7 +1311,7 @@ mod tests {
         let server = h.inner.directory.get("s").expect("listed");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let first = loop {
-            if let Some(p) = server.last_process() {
+            if let Some(p) = server.live_processes().pop() {
                 break p;
             }
             assert!(

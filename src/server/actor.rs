@@ -46,6 +46,13 @@ const LISTS_CHANGED_TICK: Duration = Duration::from_millis(100);
 /// How long a rebuilt actor waits for its predecessor's process to be gone (killed
 /// with that actor, it is reaped at once) before starting the next one beside it.
 pub(super) const OLD_PROCESS_WAIT: Duration = Duration::from_secs(5);
+
+/// Returns once every one of `processes` is gone.
+pub(super) async fn all_gone(processes: Vec<crate::transport::ProcessExit>) {
+    for process in processes {
+        process.gone().await;
+    }
+}
 /// The longest they are gathered: a server that keeps announcing changes (a storm, or
 /// one after every listing it answers) doubles the gap up to this, so that it cannot
 /// keep every process re-listing and every client notified ten times a second.
@@ -517,14 +524,14 @@ impl ServerActorState {
         // The dead actor's process is killed with it, but the kill is a message each
         // actor handles in its own time: two of one server (a port, a lock file) could
         // otherwise run at once.
-        let old = std::mem::take(&mut self.after_dead_actor)
-            .then(|| self.args.server.last_process())
-            .flatten()
-            .filter(|p| !p.is_gone());
-        if let Some(old) = old {
+        let old = match std::mem::take(&mut self.after_dead_actor) {
+            true => self.args.server.live_processes(),
+            false => Vec::new(),
+        };
+        if !old.is_empty() {
             let (myself, server) = (myself.clone(), self.id().to_string());
             tokio::spawn(async move {
-                if tokio::time::timeout(OLD_PROCESS_WAIT, old.gone())
+                if tokio::time::timeout(OLD_PROCESS_WAIT, all_gone(old))
                     .await
                     .is_err()
                 {

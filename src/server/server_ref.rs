@@ -98,8 +98,10 @@ pub(crate) struct ServerShared {
     gone: tokio_util::sync::CancellationToken,
     /// [`ServerConfig::identity`], made once.
     identity: Arc<str>,
-    /// The end of the last process spawned (stdio), which a rebuilt actor waits for.
-    last_process: parking_lot::Mutex<Option<crate::transport::ProcessExit>>,
+    /// The ends of the processes its connections spawned (stdio) that may still be
+    /// there: a rebuilt actor waits for them (a handover's or a replaced connection's
+    /// may outlive a newer one). Those gone are dropped at each spawn.
+    processes: parking_lot::Mutex<Vec<crate::transport::ProcessExit>>,
 }
 
 /// Walks of one server's lists that may fetch pages at once. Each holds up to
@@ -222,13 +224,15 @@ impl ServerRef {
             predecessor,
             gone: tokio_util::sync::CancellationToken::new(),
             identity: config_identity.into(),
-            last_process: parking_lot::Mutex::new(None),
+            processes: parking_lot::Mutex::default(),
         }))
     }
 
-    /// The end of the last process that connected ([`Self::set_last_process`]).
-    pub(crate) fn last_process(&self) -> Option<crate::transport::ProcessExit> {
-        self.0.last_process.lock().clone()
+    /// Its processes that are still there.
+    pub(crate) fn live_processes(&self) -> Vec<crate::transport::ProcessExit> {
+        let mut all = self.0.processes.lock();
+        all.retain(|p| !p.is_gone());
+        all.clone()
     }
 
     /// How many connections were begun (for tests).
@@ -237,20 +241,22 @@ impl ServerRef {
         self.0.attempts.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Notes the process a connection spawned (for tests; connections say it through
+    /// Notes a process a connection spawned (for tests; connections say it through
     /// [`Self::spawn_hook`]).
     #[cfg(test)]
-    pub(crate) fn set_last_process(&self, process: Option<crate::transport::ProcessExit>) {
-        *self.0.last_process.lock() = process;
+    pub(crate) fn spawned(&self, process: crate::transport::ProcessExit) {
+        self.0.processes.lock().push(process);
     }
 
-    /// What a connection tells of the processes it spawns ([`Self::last_process`]);
+    /// What a connection tells of the processes it spawns ([`Self::live_processes`]);
     /// holds the server weakly (the connection is held by the server).
     pub(crate) fn spawn_hook(&self) -> crate::transport::SpawnHook {
         let server = Arc::downgrade(&self.0);
         crate::transport::SpawnHook(Arc::new(move |process| {
             if let Some(server) = server.upgrade() {
-                *server.last_process.lock() = Some(process);
+                let mut all = server.processes.lock();
+                all.retain(|p| !p.is_gone());
+                all.push(process);
             }
         }))
     }

@@ -567,10 +567,10 @@ impl ServersRef {
         let until = tokio::time::Instant::now() + super::actor::OLD_PROCESS_WAIT;
         for server in directory.all() {
             mark_stopped(&server);
-            if let Some(process) = server.last_process()
-                && tokio::time::timeout_at(until, process.gone())
-                    .await
-                    .is_err()
+            let processes = server.live_processes();
+            if tokio::time::timeout_at(until, super::actor::all_gone(processes))
+                .await
+                .is_err()
             {
                 tracing::warn!(server = %server.id(), "the server's process was not gone in time after its supervisor died");
             }

@@ -163,9 +163,10 @@ impl InputHandlers {
         let limit = limit.min(self.timeout);
         // The call's deadline too: a legacy server's question is given the handlers'
         // whole timeout, and its call may end sooner.
-        request.answer_by = std::time::Instant::now()
-            .checked_add(limit)
-            .map(|by| request.call_deadline.map_or(by, |d| by.min(d)));
+        request.answer_by = match std::time::Instant::now().checked_add(limit) {
+            Some(by) => Some(request.call_deadline.map_or(by, |d| by.min(d))),
+            None => request.call_deadline,
+        };
         let task = tokio::spawn(async move { handler.answer(request).await });
         // Its answer is no longer awaited once this is dropped.
         let _abort = crate::util::AbortOnDrop(task.abort_handle());
@@ -222,5 +223,74 @@ impl Actor for InputHandlersActor {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Tells when it was told its answer is due.
+    struct Due(parking_lot::Mutex<Vec<Option<Instant>>>);
+
+    impl InputHandler for Due {
+        fn answer(&self, request: InputRequestContext) -> super::super::InputFuture {
+            self.0.lock().push(request.answer_by);
+            Box::pin(async { Ok(serde_json::json!({})) })
+        }
+    }
+
+    fn asked(call_deadline: Option<Instant>) -> InputRequestContext {
+        InputRequestContext {
+            server: "s".into(),
+            method: "elicitation/create".into(),
+            params: serde_json::json!({}),
+            agent_id: Some("a".into()),
+            key: String::new(),
+            call_id: Some(1),
+            call_deadline,
+            shared: false,
+            answer_by: None,
+        }
+    }
+
+    /// A handler is told its answer is due at its limit, or at its call's deadline if
+    /// that comes first (a legacy server's question is given the whole timeout).
+    #[tokio::test]
+    async fn an_answer_is_due_by_the_handlers_limit_or_the_calls_deadline() {
+        let due = Arc::new(Due(parking_lot::Mutex::default()));
+        let inputs = InputHandlers::new(
+            vec![(
+                "elicitation/create".into(),
+                due.clone() as Arc<dyn InputHandler>,
+            )],
+            Duration::from_secs(300),
+        )
+        .expect("handlers");
+        let set = inputs.snapshot();
+        let ends = Instant::now() + Duration::from_secs(5);
+        let limit = Duration::from_secs(300);
+        inputs
+            .answer(&set, asked(Some(ends)), limit)
+            .await
+            .expect("answered");
+        let before = Instant::now();
+        inputs
+            .answer(&set, asked(None), Duration::from_secs(7))
+            .await
+            .expect("answered");
+        let after = Instant::now();
+        let told = due.0.lock().clone();
+        assert_eq!(
+            told[0],
+            Some(ends),
+            "the call's deadline, sooner than the limit"
+        );
+        let by = told[1].expect("a due time");
+        assert!(
+            by >= before + Duration::from_secs(7) && by <= after + Duration::from_secs(7),
+            "the limit from when it was asked"
+        );
     }
 }

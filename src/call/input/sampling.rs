@@ -1318,13 +1318,14 @@ mod tests {
     }
 
     /// A person who does not answer is waited for only as long as leaves the provider
-    /// its time before the answer is due (here half of it: the provider's timeout is
-    /// longer), and the reservation is given back.
+    /// its time (here its whole 1 s timeout) before the answer is due, the approver is
+    /// told that earlier time, and the reservation is given back.
     #[tokio::test]
     async fn a_person_is_waited_for_only_while_the_provider_still_has_its_time() {
         let config = local("m", 100, 200, BTreeMap::new());
+        let person = Arc::new(SilentTold(parking_lot::Mutex::default()));
         let handler =
-            SamplingHandler::new(config, approving("a"), Some(Arc::new(Silent))).expect("handler");
+            SamplingHandler::new(config, approving("a"), Some(person.clone())).expect("handler");
         let hello =
             serde_json::json!([{"role": "user", "content": {"type": "text", "text": "hi"}}]);
         let request = InputRequestContext {
@@ -1338,6 +1339,7 @@ mod tests {
             shared: false,
             answer_by: Some(Instant::now() + Duration::from_secs(4)),
         };
+        let due = request.answer_by;
         let asked = Instant::now();
         let served = tokio::time::timeout(Duration::from_secs(10), handler.0.serve(request)).await;
         let waited = asked.elapsed();
@@ -1349,6 +1351,12 @@ mod tests {
         assert!(
             waited >= Duration::from_millis(2900) && waited < Duration::from_secs(4),
             "{waited:?}"
+        );
+        let told = *person.0.lock();
+        assert_eq!(
+            told,
+            due.map(|d| d - Duration::from_secs(1)),
+            "the approver is told when its wait ends"
         );
         assert_eq!(
             handler.0.spent.lock().get("call:9").map(|e| e.spent),
@@ -1373,6 +1381,16 @@ mod tests {
     }
 
     /// Never answers.
+    /// Never answers; keeps when it was told its answer is due.
+    struct SilentTold(parking_lot::Mutex<Option<Instant>>);
+
+    impl InputHandler for SilentTold {
+        fn answer(&self, request: InputRequestContext) -> crate::call::input::InputFuture {
+            *self.0.lock() = request.answer_by;
+            Box::pin(std::future::pending())
+        }
+    }
+
     struct Silent;
 
     impl InputHandler for Silent {
