@@ -188,7 +188,8 @@ impl Harness {
         if let Some(handler) = sampling {
             handlers.push(("sampling/createMessage".into(), Arc::new(handler)));
         }
-        let (cache, shared, token_dir) = start_caches(config.cache.clone()).await?;
+        let (cache, shared, token_dir) =
+            start_caches(config.cache.clone(), tokens.is_none()).await?;
         if config.agents.values().any(|a| a.roots.is_some()) && !has(&handlers, "roots/list") {
             crate::call::input::validate_roots(&config.agents).map_err(|e| {
                 HarnessError::Config(crate::config::ConfigError::new(e.field, e.reason))
@@ -345,7 +346,10 @@ type Caches = (
 /// The list cache and its shared layer: the disk layer's files, the shared layer's key
 /// and generation floors, the tokens' folder (moved to its new name if need be).
 /// Blocking; run on the runtime's blocking pool (the shared layer spawns its tasks).
-fn read_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, HarnessError> {
+fn read_caches(
+    cache: crate::registry::cache::CacheConfig,
+    tokens: bool,
+) -> Result<Caches, HarnessError> {
     #[cfg(test)]
     if let Some(hang) = tests::hung(&cache) {
         std::thread::sleep(hang);
@@ -353,7 +357,10 @@ fn read_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, Har
     let invalid = |field: String, reason: String| {
         HarnessError::Config(crate::config::ConfigError::new(field, reason))
     };
-    let tokens = cache.dir.as_deref().map(crate::registry::cache::token_dir);
+    // Only when the tokens are kept there (finding it may move an older folder).
+    let tokens = (cache.dir.as_deref())
+        .filter(|_| tokens)
+        .map(crate::registry::cache::token_dir);
     let shared_config = cache.shared.clone();
     let cache =
         ListCache::new(cache).map_err(|e| invalid(format!("cache.{}", e.0.field), e.0.reason))?;
@@ -371,10 +378,13 @@ fn read_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, Har
 /// very slow mount) leaves everything kept there off, logged, rather than failing the
 /// start: lists are then read from the servers, and sign-in tokens kept in memory.
 /// What is read without it (the shared layer's key) must be read in time.
-async fn start_caches(cache: crate::registry::cache::CacheConfig) -> Result<Caches, HarnessError> {
+async fn start_caches(
+    cache: crate::registry::cache::CacheConfig,
+    tokens: bool,
+) -> Result<Caches, HarnessError> {
     let wait = cache_wait(&cache);
     let with_disk = cache.clone();
-    if let Some(read) = within(wait, move || read_caches(with_disk)).await? {
+    if let Some(read) = within(wait, move || read_caches(with_disk, tokens)).await? {
         return read;
     }
     let Some(dir) = &cache.dir else {
@@ -382,7 +392,7 @@ async fn start_caches(cache: crate::registry::cache::CacheConfig) -> Result<Cach
     };
     tracing::error!(dir = %dir.display(), ?wait, "the cache directory was not read in time (a hung or slow mount?); starting without the disk layer, the shared layer's generation floors and the sign-in tokens kept there (they are kept in memory)");
     let without = crate::registry::cache::CacheConfig { dir: None, ..cache };
-    within(wait, move || read_caches(without))
+    within(wait, move || read_caches(without, tokens))
         .await?
         .ok_or_else(|| not_read("the shared cache's key file"))?
 }
@@ -1178,7 +1188,11 @@ mod tests {
     /// same, its disk layer off, and its sign-in tokens in memory.
     #[tokio::test]
     async fn a_cache_directory_that_hangs_leaves_the_disk_layer_off() {
-        let dir = std::env::temp_dir().join(format!("mcp-harness-hung-{}", std::process::id()));
+        // Under /proc: the read that goes on after the test cannot create it.
+        let dir = std::path::PathBuf::from(format!(
+            "/proc/self/mcp-harness-hung-{}",
+            std::process::id()
+        ));
         *HUNG.lock() = Some((
             dir.clone(),
             Duration::from_secs(3),
@@ -1193,7 +1207,6 @@ mod tests {
             .expect("started");
         assert_eq!(h.inner.services.registry.cache.config().dir, None);
         h.shutdown().await;
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A start's read that hangs (a hung mount) is given up once its bound is past,
@@ -1285,6 +1298,14 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(server.attempts(), 1, "started beside the old process");
+        // Nor does a restart asked meanwhile start one.
+        h.restart_server("s").await.expect("restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            server.attempts(),
+            1,
+            "a restart started one beside the old process"
+        );
         let _ = exit.send(Some(crate::transport::ExitStatus::Signal(9)));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while server.attempts() < 2 {

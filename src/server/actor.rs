@@ -146,6 +146,9 @@ pub struct ServerActorState {
     /// A rebuilt actor (its predecessor, or their supervisor, died): the process of the
     /// actor before is waited for, once, before one is started beside it.
     after_dead_actor: bool,
+    /// Waiting for them: no connection is started (a restart asked meanwhile starts
+    /// once they are gone, with the wait's `PredecessorStopped`).
+    waiting_for_old: bool,
 }
 
 /// One supervised MCP server; see the module docs.
@@ -196,6 +199,7 @@ impl Actor for ServerActor {
             lists_flushed: None,
             stopping: false,
             after_dead_actor: start != Start::New,
+            waiting_for_old: false,
         };
         match (start, before) {
             (Start::New, _) if !enabled => {
@@ -304,6 +308,7 @@ impl Actor for ServerActor {
                 }
             }
             ServerMsg::PredecessorStopped => {
+                state.waiting_for_old = false;
                 // Unless a connection was started meanwhile (a restart asked for, an
                 // earlier wait's message), or a backoff's timer starts it.
                 let waiting = state.current.is_none()
@@ -524,11 +529,15 @@ impl ServerActorState {
         // The dead actor's process is killed with it, but the kill is a message each
         // actor handles in its own time: two of one server (a port, a lock file) could
         // otherwise run at once.
+        if self.waiting_for_old {
+            return;
+        }
         let old = match std::mem::take(&mut self.after_dead_actor) {
             true => self.args.server.live_processes(),
             false => Vec::new(),
         };
         if !old.is_empty() {
+            self.waiting_for_old = true;
             let (myself, server) = (myself.clone(), self.id().to_string());
             tokio::spawn(async move {
                 if tokio::time::timeout(OLD_PROCESS_WAIT, all_gone(old))

@@ -309,15 +309,18 @@ pub async fn start(
     answers: Option<Value>,
     login: bool,
 ) -> anyhow::Result<HarnessHandle> {
+    let store = match login {
+        true => Some(crate::sign_in::file_store(setup, args.tokens.as_ref())?),
+        false => crate::sign_in::store(setup, args.tokens.as_ref()),
+    };
     let mut builder = Harness::builder(setup.loaded.config.clone())
         .input_handler("elicitation/create", Arc::new(CliElicitation { answers }))
         // Sampling (when `[sampling]` is configured) asks on the terminal for the
         // agents whose policy is `approve`.
-        .approver(Arc::new(crate::elicit::CliApprover))
-        .token_store(match login {
-            true => crate::sign_in::file_store(setup, args.tokens.as_ref())?,
-            false => crate::sign_in::store(setup, args.tokens.as_ref()),
-        });
+        .approver(Arc::new(crate::elicit::CliApprover));
+    if let Some(store) = store {
+        builder = builder.token_store(store);
+    }
     if let Some(authorizer) = crate::sign_in::authorizer(args.sign_in, setup, login)? {
         builder = builder.authorizer(authorizer);
     }

@@ -105,12 +105,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     // The downstream clients answer their calls' input: a legacy server's elicitation
     // during a call goes to the caller's client; outside calls it is declined.
-    let mut builder = Harness::builder(setup.loaded.config.clone())
-        .input_handler(
-            "elicitation/create",
-            std::sync::Arc::new(DeclineOutsideCalls),
-        )
-        .token_store(crate::sign_in::store(&setup, servers.tokens.as_ref()));
+    let mut builder = Harness::builder(setup.loaded.config.clone()).input_handler(
+        "elicitation/create",
+        std::sync::Arc::new(DeclineOutsideCalls),
+    );
+    if let Some(store) = crate::sign_in::store(&setup, servers.tokens.as_ref()) {
+        builder = builder.token_store(store);
+    }
     if let Some(authorizer) = crate::sign_in::authorizer(servers.sign_in, &setup, false)? {
         builder = builder.authorizer(authorizer);
     }

@@ -50,9 +50,14 @@ fn user_cache(xdg: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> 
 }
 
 /// The token store the commands use: files in [`token_dir`], or, with none, memory (the
-/// next process signs in again).
-pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
-    match token_dir(setup, given) {
+/// next process signs in again). `None` for the cache directory's (no `--tokens`): the
+/// harness finds it as it reads that directory, within its bound, and keeps tokens in
+/// memory when a hung mount keeps it from it.
+pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Option<Arc<dyn TokenStore>> {
+    if given.is_none() && setup.loaded.config.cache.dir.is_some() {
+        return None;
+    }
+    Some(match token_dir(setup, given) {
         Some(dir) => Arc::new(FileTokenStore::new(dir)),
         None => {
             // Only HTTP servers sign in.
@@ -69,7 +74,7 @@ pub fn store(setup: &Setup, given: Option<&PathBuf>) -> Arc<dyn TokenStore> {
             }
             Arc::new(MemoryTokenStore::default())
         }
-    }
+    })
 }
 
 /// The token files, for `login` and `logout`, whose work they are.

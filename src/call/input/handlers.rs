@@ -292,5 +292,17 @@ mod tests {
             by >= before + Duration::from_secs(7) && by <= after + Duration::from_secs(7),
             "the limit from when it was asked"
         );
+        // A limit past what an instant can hold: the call's deadline all the same.
+        let endless = InputHandlers::new(
+            vec![(
+                "elicitation/create".into(),
+                due.clone() as Arc<dyn InputHandler>,
+            )],
+            Duration::MAX,
+        )
+        .expect("handlers");
+        let set = endless.snapshot();
+        (endless.answer(&set, asked(Some(ends)), Duration::MAX).await).expect("answered");
+        assert_eq!(due.0.lock().last().copied().flatten(), Some(ends));
     }
 }

@@ -1380,7 +1380,6 @@ mod tests {
         );
     }
 
-    /// Never answers.
     /// Never answers; keeps when it was told its answer is due.
     struct SilentTold(parking_lot::Mutex<Option<Instant>>);
 
@@ -1391,6 +1390,7 @@ mod tests {
         }
     }
 
+    /// Never answers.
     struct Silent;
 
     impl InputHandler for Silent {
