@@ -287,38 +287,16 @@ mod tests {
     fn a_removed_servers_late_call_brings_no_series_back_until_it_is_added_again() {
         let m = CallMetrics::default();
         let took = Duration::from_millis(1);
-        m.finished(
-            Some("s"),
-            ("tools/call", "ok", None),
-            took,
-            |_| true,
-            || (None, None),
-        );
+        let call =
+            |server: Option<&str>, key| m.finished(server, key, took, |_| true, || (None, None));
+        call(Some("s"), ("tools/call", "ok", None));
         m.forget("s");
-        m.finished(
-            Some("s"),
-            ("tools/call", "error", Some("-32603")),
-            took,
-            |_| true,
-            || (None, None),
-        );
+        call(Some("s"), ("tools/call", "error", Some("-32603")));
         assert!(m.snapshot().0.is_empty());
         m.track("s");
-        m.finished(
-            Some("s"),
-            ("tools/call", "ok", None),
-            took,
-            |_| true,
-            || (None, None),
-        );
+        call(Some("s"), ("tools/call", "ok", None));
         // A call that reached no server is under no server's id.
-        m.finished(
-            None,
-            ("tools/call", "error", Some("-32602")),
-            took,
-            |_| true,
-            || (None, None),
-        );
+        call(None, ("tools/call", "error", Some("-32602")));
         let servers: Vec<String> = m
             .snapshot()
             .0
@@ -328,13 +306,7 @@ mod tests {
         assert_eq!(servers, ["", "s"]);
         // A removal that finds the server added again meanwhile forgets nothing.
         m.forget_unless("s", || true);
-        m.finished(
-            Some("s"),
-            ("tools/call", "ok", None),
-            took,
-            |_| true,
-            || (None, None),
-        );
+        call(Some("s"), ("tools/call", "ok", None));
         let ok = |m: &CallMetrics| {
             m.snapshot()
                 .0
