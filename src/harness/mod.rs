@@ -1125,6 +1125,7 @@ impl HarnessHandle {
             // flushed is written here, within a few seconds.
             let services = &self.inner.services;
             services.calls.close();
+            services.close_slots();
             tokio::select! {
                 biased;
                 _ = tokio::time::timeout(Duration::from_secs(5), services.audit_sink.write_now()) => {}
@@ -1257,9 +1258,12 @@ mod tests {
         ));
         h.shutdown().await;
         assert_eq!(h.unanswered("the grant"), HarnessError::ShutDown);
-        // End to end (each after the slot's wait for a rebuild that does not come).
-        assert_eq!(h.grant("a", "*", &["*"]).await, Err(HarnessError::ShutDown));
-        assert_eq!(h.restart_server("x").await, Err(HarnessError::ShutDown));
+        // End to end, at once: no rebuild is waited for (the slots wait 5 s for one).
+        let within = Duration::from_secs(4);
+        let grant = tokio::time::timeout(within, h.grant("a", "*", &["*"])).await;
+        assert_eq!(grant, Ok(Err(HarnessError::ShutDown)));
+        let restart = tokio::time::timeout(within, h.restart_server("x")).await;
+        assert_eq!(restart, Ok(Err(HarnessError::ShutDown)));
     }
 
     /// A rebuilt servers supervisor starts no connection beside the process of the one

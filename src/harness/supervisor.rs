@@ -66,6 +66,19 @@ pub(crate) struct Services {
     pub(crate) ctx: Arc<CallContext>,
 }
 
+impl Services {
+    /// Says that no service is rebuilt again (the root is stopping): an ask of one
+    /// that is gone then ends at once instead of waiting out a rebuild.
+    pub(crate) fn close_slots(&self) {
+        self.audit.0.close();
+        self.permission.0.close();
+        self.registry_ref.0.close();
+        self.inputs.handlers.actor.close();
+        self.servers.0.close();
+        self.calls.supervisor.close();
+    }
+}
+
 /// Messages of the root.
 pub(crate) enum HarnessMsg {
     /// Stop every server gracefully, end the calls still running, write every record
@@ -227,6 +240,17 @@ impl Actor for HarnessSupervisor {
         Ok(state)
     }
 
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<HarnessMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Stopped by an embedder's supervisor, not by `shutdown()`: nothing rebuilds.
+        // (Killed, it does not get here: `shutdown()` closes them then.)
+        state.services.close_slots();
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<HarnessMsg>,
@@ -345,6 +369,8 @@ async fn shut_down(services: &Services, servers_running: bool) {
         shared.write_floors().await;
         shared.close();
     }
+    // The services stop with the root, right after: not to be rebuilt.
+    services.close_slots();
 }
 
 /// Writes every accepted audit record before `shutdown()` returns, or reports what

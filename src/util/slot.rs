@@ -3,6 +3,7 @@
 //! the new one instead of failing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
@@ -14,7 +15,14 @@ use ractor::{ActorRef, RpcReplyPort};
 const REBUILD_WAIT: Duration = Duration::from_secs(5);
 
 /// The current actor of one service; cheap to clone.
-pub struct ActorSlot<M>(Arc<RwLock<Option<ActorRef<M>>>>);
+pub struct ActorSlot<M>(Arc<Slot<M>>);
+
+struct Slot<M> {
+    actor: RwLock<Option<ActorRef<M>>>,
+    /// Set when no actor will be built again (its supervisor stopped): an ask of a
+    /// dead actor then fails at once instead of waiting for a rebuild.
+    closed: AtomicBool,
+}
 
 impl<M> Clone for ActorSlot<M> {
     fn clone(&self) -> Self {
@@ -24,19 +32,31 @@ impl<M> Clone for ActorSlot<M> {
 
 impl<M> Default for ActorSlot<M> {
     fn default() -> Self {
-        ActorSlot(Arc::new(RwLock::new(None)))
+        ActorSlot(Arc::new(Slot {
+            actor: RwLock::new(None),
+            closed: AtomicBool::new(false),
+        }))
     }
 }
 
 impl<M: Send + 'static> ActorSlot<M> {
     /// Publishes a (re)built actor.
     pub fn set(&self, actor: ActorRef<M>) {
-        *self.0.write() = Some(actor);
+        *self.0.actor.write() = Some(actor);
     }
 
     /// The current actor.
     pub fn get(&self) -> Option<ActorRef<M>> {
-        self.0.read().clone()
+        self.0.actor.read().clone()
+    }
+
+    /// Says that no actor will be built again: asks of a dead one end at once.
+    pub fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+
+    fn closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
     }
 
     /// Sends a message without waiting; false when no actor takes it.
@@ -55,7 +75,8 @@ impl<M: Send + 'static> ActorSlot<M> {
     /// first failure). So a message may be handled twice (when its actor died after
     /// handling it and before answering): what is asked through a slot is safe to
     /// repeat (grants, flushes, registrations, a server's add, numbered by its request).
-    /// A live actor that drops a request unanswered has answered.
+    /// A live actor that drops a request unanswered has answered. Once the slot is
+    /// [closed](Self::close), a dead actor is not waited for.
     pub async fn ask<T: Send + 'static>(
         &self,
         build: impl Fn(RpcReplyPort<T>) -> M,
@@ -70,7 +91,7 @@ impl<M: Send + 'static> ActorSlot<M> {
                     Ok(ractor::rpc::CallResult::Timeout) => return None,
                     Ok(ractor::rpc::CallResult::SenderError) => {
                         retries += 1;
-                        if retries > RETRIES || !stopping(&actor).await {
+                        if retries > RETRIES || self.closed() || !stopping(&actor).await {
                             return None;
                         }
                     }
@@ -79,7 +100,7 @@ impl<M: Send + 'static> ActorSlot<M> {
                 }
             }
             let since = *failed.get_or_insert_with(Instant::now);
-            if since.elapsed() > REBUILD_WAIT {
+            if self.closed() || since.elapsed() > REBUILD_WAIT {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
