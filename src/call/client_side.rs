@@ -344,6 +344,18 @@ impl ClientSide for HarnessClient {
         self.progress.deliver(server, params);
     }
 
+    fn added(&self, server: &str) {
+        // Counted again (it may have been removed before): it is in the directory now,
+        // so a removal of the one before it that forgets its series after this sees it.
+        if let Some(ctx) = self.ctx.upgrade() {
+            ctx.metrics.track(server);
+        }
+        self.events
+            .announce(crate::registry::HarnessEvent::ServerAdded {
+                server: server.to_string(),
+            });
+    }
+
     fn lists_changed(&self, server: &str, changed: ListsChanged) {
         tracing::debug!(server, ?changed, "server lists changed");
         let (server, registry, events) = (

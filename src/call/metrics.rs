@@ -190,15 +190,11 @@ impl CallMetrics {
         self.rounds.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Forgets a removed server's series, also those a call ending late would make.
-    pub(crate) fn forget(&self, server: &str) {
-        self.forget_unless(server, || false);
-    }
-
-    /// [`Self::forget`], unless `back()` (asked under the lock that [`Self::track`]
-    /// takes): a server of that id added again meanwhile keeps its series. An add
-    /// tracks once its server is in the directory, so a removal that checks the
-    /// directory here either sees it or forgets before that track.
+    /// Forgets a removed (or not added) server's series, also those a call ending late
+    /// would make, unless `back()` (asked under the lock that [`Self::track`] takes):
+    /// a server of that id added again meanwhile keeps its series. An add tracks once
+    /// its server is in the directory, so a removal that checks the directory here
+    /// either sees it or forgets before that track.
     pub(crate) fn forget_unless(&self, server: &str, back: impl FnOnce() -> bool) {
         let mut by_server = self.series.lock();
         let mut removed = self.removed.lock();
@@ -279,7 +275,7 @@ mod tests {
         assert_eq!(s.buckets[0], 1, "50 µs is in the first bucket");
         assert_eq!(s.buckets[BUCKETS.len()], 1, "400 s is above the last");
         assert_eq!(s.p50(), Some(Duration::from_secs_f64(0.00025)));
-        m.forget("s");
+        m.forget_unless("s", || false);
         assert!(m.snapshot().0.is_empty());
     }
 
@@ -290,7 +286,7 @@ mod tests {
         let call =
             |server: Option<&str>, key| m.finished(server, key, took, |_| true, || (None, None));
         call(Some("s"), ("tools/call", "ok", None));
-        m.forget("s");
+        m.forget_unless("s", || false);
         call(Some("s"), ("tools/call", "error", Some("-32603")));
         assert!(m.snapshot().0.is_empty());
         m.track("s");
@@ -375,7 +371,7 @@ mod tests {
     fn servers_removed_by_the_thousand_are_remembered_within_a_bound() {
         let m = CallMetrics::default();
         for i in 0..(REMOVED_KEPT * 3) {
-            m.forget(&format!("task-{i}"));
+            m.forget_unless(&format!("task-{i}"), || false);
         }
         assert_eq!(m.removed.lock().len(), REMOVED_KEPT);
         // The latest are remembered.

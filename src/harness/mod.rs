@@ -838,22 +838,17 @@ impl HarnessHandle {
         // Counted from before it can answer; not if it was not added after all (a late
         // call of a removed server of that id brings no series back).
         self.ctx().metrics.track(&id);
-        if let Err(e) = self.inner.services.servers.add(config).await {
-            let e = self.servers_error(e, "the new server");
-            // Not answered in time, it may still be added: its series stay.
-            if !self.inner.directory.contains(&id) && !matches!(e, HarnessError::Busy(_)) {
-                self.ctx().metrics.forget(&id);
-            }
-            return Err(e);
-        }
-        // Again, now that it is in the directory: a removal of the old server of this
-        // id that forgot its series meanwhile must not leave this one uncounted.
-        self.ctx().metrics.track(&id);
-        self.inner
-            .services
-            .registry
-            .announce(HarnessEvent::ServerAdded { server: id });
-        Ok(())
+        // Announced (`ServerAdded`), and counted again, by the servers' supervisor when
+        // the add takes effect: also one answered `Busy` that takes effect later.
+        let added = self.inner.services.servers.add(config).await;
+        added.map_err(|e| {
+            // Not added (yet): if it is later, it is counted again then.
+            let directory = &self.inner.directory;
+            self.ctx()
+                .metrics
+                .forget_unless(&id, || directory.contains(&id));
+            self.servers_error(e, "the new server")
+        })
     }
 
     /// Stops a server gracefully and forgets it (and its cache entries, memory and disk).
@@ -1264,6 +1259,46 @@ mod tests {
         assert_eq!(grant, Ok(Err(HarnessError::ShutDown)));
         let restart = tokio::time::timeout(within, h.restart_server("x")).await;
         assert_eq!(restart, Ok(Err(HarnessError::ShutDown)));
+    }
+
+    /// An add that takes effect after its asker gave up waiting (answered `Busy`) is
+    /// announced then, and the calls of its server, removed before, counted again.
+    #[tokio::test]
+    async fn an_add_taking_effect_after_its_asker_gave_up_is_announced_and_counted() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/mcp", silent.local_addr().expect("addr"));
+        let h = Harness::spawn(HarnessConfig::default())
+            .await
+            .expect("spawn");
+        let mut events = h.subscribe();
+        // A server of this id was removed: its calls are no longer counted.
+        h.ctx().metrics.forget_unless("late", || false);
+        let (port, asker) = ractor::concurrency::oneshot();
+        drop(asker);
+        let add = crate::server::ServersMsg::Add(
+            Box::new(ServerConfig::http("late", &url)),
+            u64::MAX,
+            port.into(),
+        );
+        assert!(h.inner.services.servers.0.send(add));
+        let announced = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match events.recv().await {
+                    Ok(HarnessEvent::ServerAdded { server }) => return server,
+                    Ok(_) => {}
+                    Err(e) => panic!("events: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("announced");
+        assert_eq!(announced, "late");
+        let call = ("tools/call", "ok", None);
+        let took = Duration::from_millis(1);
+        (h.ctx().metrics).finished(Some("late"), call, took, |_| true, || (None, None));
+        let (series, _) = h.ctx().metrics.snapshot();
+        assert!(series.iter().any(|s| &*s.server == "late"), "{series:?}");
+        h.shutdown().await;
     }
 
     /// A rebuilt servers supervisor starts no connection beside the process of the one

@@ -103,4 +103,9 @@ pub trait ClientSide: Send + Sync + 'static {
 
     /// A server's `notifications/progress` (its params), for the call that asked.
     fn progress(&self, server: &str, params: Option<&Value>);
+
+    /// A server was added (by an add, not a restart or a replacement): it is in the
+    /// directory and its actor started, not yet connected. Told when the add takes
+    /// effect, also when whoever asked for it gave up waiting.
+    fn added(&self, server: &str);
 }

@@ -35,4 +35,6 @@ pub(crate) use server_ref::OutgoingRef;
 pub use server_ref::{Offers, ServerRef};
 pub use status::{ServerState, ServerStatus};
 pub use supervisor::ServersError;
+#[cfg(test)]
+pub(crate) use supervisor::ServersMsg;
 pub(crate) use supervisor::{ServersArgs, ServersRef, ServersSupervisor};

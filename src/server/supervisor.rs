@@ -347,6 +347,7 @@ impl ServersState {
             self.args.directory.discard(server.id());
             return Err(e);
         }
+        self.args.client.added(server.id());
         Ok(())
     }
 
