@@ -266,6 +266,56 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A server that speaks another protocol version after an upgrade between two runs (here
+// a legacy server answering `initialize` with the version a file names, its config the
+// same) has its list read again, not served from the disk the run before wrote; one
+// that speaks the same version still has it served from there.
+#[tokio::test]
+async fn a_disk_list_is_not_served_to_a_server_that_speaks_another_version_since() {
+    let dir = scratch_dir().join("version-disk");
+    let _ = std::fs::remove_dir_all(&dir);
+    let record = temp_file("version-disk");
+    let version = temp_file("version-disk-speaks");
+    let script = format!(
+        "exec \"$0\" demo-server alpha --era legacy --record '{}' --legacy-version \"$(cat '{}')\"",
+        record.display(),
+        version.display()
+    );
+    let mut server = demo("alpha", &[]);
+    server.transport =
+        mcp_harness::TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    let mut cfg = config(vec![server], &["a"]);
+    cfg.cache = CacheConfig {
+        dir: Some(dir.clone()),
+        default_ttl: Duration::from_secs(600),
+        ..CacheConfig::default()
+    };
+    // A legacy server's lists are private: kept for one auth context.
+    let a = Caller::agent("a").with_auth_context("ctx");
+    let run = |speaks: &'static str| {
+        std::fs::write(&version, speaks).expect("version file");
+        let cfg = cfg.clone();
+        let a = a.clone();
+        async move {
+            let h = harness(cfg).await;
+            let tools = h.list_tools(&a).await.expect("list");
+            assert!(!tools.is_empty());
+            h.shutdown().await;
+        }
+    };
+    run("2025-06-18").await;
+    assert_eq!(tool_calls(&record, "tools/list"), 1);
+    run("2025-11-25").await;
+    assert_eq!(
+        tool_calls(&record, "tools/list"),
+        2,
+        "read again in the new version"
+    );
+    run("2025-11-25").await;
+    assert_eq!(tool_calls(&record, "tools/list"), 2, "served from the disk");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Whether `a`'s listing holds `confirm` (the demo's `--tools-need-elicitation` lists it
 /// only to a client that can answer it).
 async fn lists_confirm(h: &HarnessHandle, a: &Caller) -> bool {

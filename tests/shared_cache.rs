@@ -77,6 +77,7 @@ fn page(server: &str, n: usize, pad: usize) -> mcp_harness::registry::cache::Pag
         received_unix_ms: unix_ms(),
         bytes: value.to_string().len(),
         value: Arc::new(value),
+        version: None,
     }
 }
 
@@ -1102,6 +1103,7 @@ async fn a_page_keyed_by_a_long_cursor_is_not_written_where_it_cannot_be_read() 
         received_unix_ms: unix_ms(),
         bytes: json_size(&value),
         value: value.clone(),
+        version: None,
     };
     // 6 KiB of control characters escape to six times that.
     let long = "\u{1}".repeat(6 << 10);

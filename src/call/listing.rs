@@ -360,6 +360,7 @@ impl<'a> Walker<'a> {
             fingerprint: self.server.fingerprint(),
             client: self.handlers.client_tag(),
             method: self.kind.method(),
+            server_ref: Some(self.server),
         }
     }
 
@@ -425,7 +426,7 @@ impl<'a> Walker<'a> {
             return Ok(hit);
         }
         if self.use_cache
-            && let Some((key, hit)) = self.shared_get(cursor).await
+            && let Some((key, hit, version)) = self.shared_get(cursor).await
         {
             self.saw_cached(&hit);
             self.fetched.push(Page {
@@ -434,6 +435,7 @@ impl<'a> Walker<'a> {
                 received_unix_ms: crate::registry::cache::now_ms(),
                 value: hit.value.clone(),
                 bytes: hit.bytes,
+                version: Some(version),
             });
             return Ok((hit.value, hit.bytes, true));
         }
@@ -534,6 +536,7 @@ impl<'a> Walker<'a> {
                     received_unix_ms,
                     value: page.clone(),
                     bytes: size,
+                    version: self.server.protocol_version(),
                 };
                 if self.ctx.registry.shared.is_some() {
                     self.to_share.push(page.clone());
@@ -551,7 +554,8 @@ impl<'a> Walker<'a> {
     /// The page at `cursor` from the shared layer, if it shares this server. Its Redis
     /// key names the protocol version negotiated besides the key's fields (only the
     /// shared layer: memory and disk may be read before the server has connected).
-    async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit)> {
+    /// Also the version it was read in.
+    async fn shared_get(&mut self, cursor: Option<&str>) -> Option<(CacheKey, Hit, String)> {
         let shared = self.ctx.registry.shared.as_ref()?;
         if !shared.shares(self.server.id()) {
             return None;
@@ -585,7 +589,7 @@ impl<'a> Walker<'a> {
         let max = self.ctx.registry.cache.config().max_ttl;
         hit.remaining = hit.remaining.min(max);
         hit.ttl = hit.ttl.min(max);
-        Some((key, hit))
+        Some((key, hit, protocol))
     }
 
     fn protocol(&self, source: ProtocolError) -> Walk {
@@ -863,6 +867,7 @@ pub(crate) async fn list_all(
                 fingerprint: server.fingerprint(),
                 client: handlers.client_tag(),
                 method: kind.method(),
+                server_ref: Some(&server),
             },
             None,
             auth.as_deref(),

@@ -636,6 +636,7 @@ mod tests {
                 received_unix_ms: cache::now_ms(),
                 value: Arc::new(serde_json::json!({"tools": []})),
                 bytes: 12,
+                version: None,
             }]
         };
         for _ in 0..1000 {

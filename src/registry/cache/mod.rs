@@ -214,6 +214,9 @@ struct Entry {
     /// The freshness it was stored with (0 in files written before it was kept).
     #[serde(default)]
     ttl_ms: u64,
+    /// The protocol version the server spoke when it sent it ([`Page::version`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
     bytes: usize,
     /// What its value holds in memory ([`held_size`]); worked out when it is made or
     /// loaded, never read from a file.
@@ -340,6 +343,10 @@ pub struct Page {
     pub value: Arc<Value>,
     /// Its size as JSON.
     pub bytes: usize,
+    /// The protocol version the server spoke when it sent it (`None`: not known): a
+    /// later run serves it from the disk only to a server that speaks it still (or has
+    /// not connected yet), since a list's shape follows the version.
+    pub version: Option<String>,
 }
 
 /// A fresh cached page.
@@ -448,8 +455,20 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// What a lookup asks of the server it is for.
+pub trait Speaks: Sync {
+    /// The protocol version its ready connection speaks; `None` when none is ready.
+    fn protocol_version(&self) -> Option<String>;
+}
+
+impl Speaks for crate::server::ServerRef {
+    fn protocol_version(&self) -> Option<String> {
+        crate::server::ServerRef::protocol_version(self)
+    }
+}
+
 /// What one server's list request is keyed by, before the cursor and scope.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct ListOf<'a> {
     /// Server id.
     pub server: &'a str,
@@ -459,6 +478,10 @@ pub struct ListOf<'a> {
     pub client: &'a str,
     /// The list method.
     pub method: &'a str,
+    /// The server, when known: a page from the disk (another run's, perhaps) is served
+    /// only if it was read in the version the server speaks now, and is kept in memory
+    /// only once that is known (the server connected).
+    pub server_ref: Option<&'a dyn Speaks>,
 }
 
 /// Invalidation epochs: each server's last (0 for one never invalidated).
@@ -674,20 +697,30 @@ impl ListCache {
         // Without a disk layer there is nothing more to ask.
         self.config.dir.as_ref()?;
         let epoch = self.epoch(list.server);
+        // Memory holds only pages of this run's connections (a restart drops them);
+        // the disk's may be of a server since upgraded.
+        let speaks = list.server_ref.and_then(|s| s.protocol_version());
+        let same_version = |e: &Entry| match (&e.version, &speaks) {
+            (Some(then), Some(now)) => then == now,
+            _ => true,
+        };
         let found = {
             let l2 = self.l2.read();
             keys.filter_map(|k| l2.entries.get(k))
-                .find(|e| fresh(e))
+                .find(|e| fresh(e) && same_version(e))
                 .cloned()
         };
         match found {
             Some(e) => {
                 self.l2_counts.hits.fetch_add(1, Ordering::Relaxed);
                 let found = hit(&e);
-                // Promoted only if no invalidation came between the read and now: the
-                // L1 write lock is held while the epoch is checked.
+                // Promoted only if no invalidation came between the read and now (the
+                // L1 write lock is held while the epoch is checked), and once its
+                // version is known to be the server's.
+                let known = speaks.is_some() || e.version.is_none();
                 let mut l1 = self.l1.write();
-                if self.epoch(list.server) == epoch
+                if known
+                    && self.epoch(list.server) == epoch
                     && Self::make_room(
                         &mut l1,
                         now,
@@ -770,6 +803,7 @@ impl ListCache {
             value: page.value.clone(),
             expires_unix_ms: page.received_unix_ms.saturating_add(ttl.as_millis() as u64),
             ttl_ms: ttl.as_millis() as u64,
+            version: page.version.clone(),
             bytes: page.bytes,
             held: held_size(&page.value),
         }

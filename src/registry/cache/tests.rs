@@ -6,6 +6,7 @@ const LIST: ListOf<'static> = ListOf {
     fingerprint: "fp1",
     client: "c1",
     method: "tools/list",
+    server_ref: None,
 };
 
 fn config(dir: Option<PathBuf>) -> CacheConfig {
@@ -35,6 +36,7 @@ fn page_at(
         received_unix_ms: now_ms(),
         bytes: json_size(&result),
         value: Arc::new(result),
+        version: None,
     })
 }
 
@@ -331,6 +333,58 @@ fn the_disk_layer_survives_a_new_cache() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server speaking `0` (or not connected: `None`).
+struct Speaking(Option<&'static str>);
+
+impl Speaks for Speaking {
+    fn protocol_version(&self) -> Option<String> {
+        self.0.map(String::from)
+    }
+}
+
+// Another run's page read in one protocol version is not served once the server speaks
+// another (an upgrade between runs): before it has connected it is, from the disk, and
+// kept in memory only once the version is known to be the same.
+#[test]
+fn a_disk_page_of_another_protocol_version_is_not_served_once_the_server_speaks_another() {
+    static BEFORE: Speaking = Speaking(None);
+    static OLDER: Speaking = Speaking(Some("2025-06-18"));
+    static NEWER: Speaking = Speaking(Some("2025-11-25"));
+    let speaking = |s: &'static Speaking| ListOf {
+        server_ref: Some(s),
+        ..LIST
+    };
+    let dir = temp_dir("version");
+    {
+        let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+        let result = json!({"tools": ["x"], "ttlMs": 60000, "cacheScope": "public"});
+        let mut p = page(&cache, LIST, None, result).expect("cacheable");
+        p.version = Some("2025-06-18".into());
+        cache.put(vec![p], cache.epoch("s"));
+    }
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    assert!(
+        cache.get(speaking(&NEWER), None, None).is_none(),
+        "another version"
+    );
+    assert!(
+        cache.get(speaking(&BEFORE), None, None).is_some(),
+        "not connected yet"
+    );
+    assert_eq!(
+        cache.stats().l1.entries,
+        0,
+        "not kept in memory while unknown"
+    );
+    assert!(cache.get(speaking(&NEWER), None, None).is_none());
+    assert!(
+        cache.get(speaking(&OLDER), None, None).is_some(),
+        "the same version"
+    );
+    assert_eq!(cache.stats().l1.entries, 1, "kept in memory once known");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_rejected_cursor_drops_only_that_list_of_that_server_from_disk() {
     let dir = temp_dir("reject");
@@ -579,6 +633,7 @@ fn each_layer_stays_within_its_byte_budget_dropping_what_expires_first() {
             received_unix_ms: now_ms(),
             bytes: json_size(&again),
             value: Arc::new(again),
+            version: None,
         }],
         cache.epoch("s"),
     );
@@ -796,7 +851,7 @@ mod properties {
                         let stale = epoch != cache.epoch("s");
                         if let Some((key, ttl)) = cache.key_for(LIST, None, context.as_deref(), &result) {
                             let bytes = json_size(&result);
-                            cache.put_at(now, vec![Page { key, ttl, received_unix_ms: now, bytes, value: Arc::new(result) }], epoch);
+                            cache.put_at(now, vec![Page { key, ttl, received_unix_ms: now, bytes, value: Arc::new(result), version: None }], epoch);
                             if !stale {
                                 let stored = Stored { id, owner: if is_public { None } else { ctx }, expires: now + u64::from(ttl_s) * 1000 };
                                 match stored.owner {
