@@ -693,16 +693,11 @@ mod tests {
 
     #[test]
     fn answers_consent_to_a_url_only_by_their_own_name() {
-        let url = |key: &str| InputRequestContext {
-            server: "s".into(),
-            method: "elicitation/create".into(),
-            params: json!({"mode": "url", "message": "sign in", "url": "https://a.example/x", "elicitationId": "e"}),
-            agent_id: None,
-            call_id: None,
-            call_deadline: None,
-            shared: false,
-            answer_by: None,
-            key: key.into(),
+        let url = |key: &str| {
+            let params = json!({"mode": "url", "message": "sign in", "url": "https://a.example/x", "elicitationId": "e"});
+            let mut asked = InputRequestContext::new("s", "elicitation/create", params);
+            asked.key = key.into();
+            asked
         };
         let action =
             |key: &str, answers: Value| url_mode(&url(key), Some(&answers), None)["action"].clone();
@@ -714,17 +709,10 @@ mod tests {
     }
 
     fn request(schema: Value) -> InputRequestContext {
-        InputRequestContext {
-            server: "s".into(),
-            method: "elicitation/create".into(),
-            params: json!({"message": "?", "requestedSchema": schema}),
-            agent_id: None,
-            call_id: None,
-            call_deadline: None,
-            shared: false,
-            answer_by: None,
-            key: "k".into(),
-        }
+        let params = json!({"message": "?", "requestedSchema": schema});
+        let mut asked = InputRequestContext::new("s", "elicitation/create", params);
+        asked.key = "k".into();
+        asked
     }
 
     #[test]

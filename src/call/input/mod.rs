@@ -36,8 +36,10 @@ pub use sampling::{
 /// The boxed future an [`InputHandler`] returns.
 pub type InputFuture = Pin<Box<dyn Future<Output = Result<Value, InputError>> + Send>>;
 
-/// One question from a server.
+/// One question from a server. Not to be built field by field outside the crate (it
+/// gains fields): an embedder testing a handler starts from [`InputRequestContext::new`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct InputRequestContext {
     /// The server asking.
     pub server: String,
@@ -67,6 +69,28 @@ pub struct InputRequestContext {
     /// When the harness stops waiting for this answer (`input_timeout`, or sooner the
     /// call's deadline or round's limit); set as the handler is asked.
     pub answer_by: Option<std::time::Instant>,
+}
+
+impl InputRequestContext {
+    /// A question of `method` from `server` outside any call, with no deadline; the
+    /// other fields are public to set.
+    pub fn new(
+        server: impl Into<String>,
+        method: impl Into<String>,
+        params: Value,
+    ) -> InputRequestContext {
+        InputRequestContext {
+            server: server.into(),
+            method: method.into(),
+            params,
+            agent_id: None,
+            key: String::new(),
+            call_id: None,
+            call_deadline: None,
+            shared: false,
+            answer_by: None,
+        }
+    }
 }
 
 /// Why a handler refused to answer.
