@@ -905,6 +905,133 @@ async fn the_gateway_continues_a_downstream_clients_trace_through_the_call_to_th
     let _ = std::fs::remove_file(config);
 }
 
+/// A modern client's `tools/call` of `name` with `extra` params (a round's state and
+/// answers) through the gateway at `url`, in the client's trace `traceparent`: the
+/// JSON-RPC response.
+async fn modern_call(url: &str, name: &str, extra: Value, traceparent: String) -> Value {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "traceparent": traceparent,
+    });
+    let mut params = serde_json::json!({"name": name, "arguments": {"n": 2}, "_meta": meta});
+    if let (Some(p), Value::Object(extra)) = (params.as_object_mut(), extra) {
+        p.extend(extra);
+    }
+    let body =
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let text = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("body");
+    // A JSON body, or an event stream whose last message is the response.
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .next_back()
+        .unwrap_or(&text);
+    serde_json::from_str(json.trim()).expect("a JSON-RPC response")
+}
+
+// Each request of a parked call (a legacy server's question, held by the gateway) is a
+// server span of its own, in its client's trace: the first, answered `input_required`,
+// ends with that answer, and the call's span under it does not hold it open; the one
+// that resumes the call says how it ended, here the gateway's own refusal past the
+// round cap, after the call went on.
+#[tokio::test]
+async fn each_request_of_a_parked_call_is_a_server_span_that_ends_with_it() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-gw-park");
+    let config = temp_file("otel-gw-park").with_extension("toml");
+    let toml = format!(
+        "round_cap = 1\n[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\", \"--era\", \"legacy\", \"--record\", {:?}] }}\n[permissions.local]\n\"*\" = [\"*\"]\n",
+        harness_exe(),
+        record.to_string_lossy(),
+    );
+    std::fs::write(&config, toml).expect("write config");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let mut gateway = serve(&config, "", &env, None).await;
+    let parent = "00f067aa0ba902b7";
+    let (first, second) = (
+        "7bf92f3577b34da6a3ce929d0e0e4739",
+        "8bf92f3577b34da6a3ce929d0e0e4730",
+    );
+    let asked = modern_call(
+        &gateway.url,
+        "s__rounds",
+        serde_json::json!({}),
+        format!("00-{first}-{parent}-01"),
+    )
+    .await;
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let server_span_of = |trace: &str| {
+        received
+            .spans()
+            .into_iter()
+            .find(|s| hex(&s.trace_id) == trace && s.kind == 2)
+    };
+    // Exported while the call waits for its answer: the span ended with its request.
+    assert!(
+        eventually(Duration::from_secs(10), || server_span_of(first).is_some()).await,
+        "the first request's span, before the call ends"
+    );
+    let resume = serde_json::json!({
+        "requestState": result["requestState"],
+        "inputResponses": {"elicitation": {"action": "accept", "content": {"answer": "one"}}},
+    });
+    let refused = modern_call(
+        &gateway.url,
+        "s__rounds",
+        resume,
+        format!("00-{second}-{parent}-01"),
+    )
+    .await;
+    let code = refused["error"]["code"]
+        .as_i64()
+        .expect("refused past the cap");
+    stop_gateway(&mut gateway).await;
+    let asking = server_span_of(first).expect("exported");
+    assert_eq!(
+        attr(&asking, "error.type"),
+        None,
+        "input_required is no error"
+    );
+    assert_eq!(hex(&asking.parent_span_id), parent);
+    let resuming = server_span_of(second).expect("the resuming request's own span");
+    assert_eq!(hex(&resuming.parent_span_id), parent);
+    assert_eq!(attr(&resuming, "error.type"), Some(code.to_string()));
+    assert_eq!(resuming.status.as_ref().map(|s| s.code), Some(2));
+    assert!(asking.end_time_unix_nano <= resuming.start_time_unix_nano);
+    // The call went on under the first request's span.
+    let call = received
+        .spans()
+        .into_iter()
+        .find(|s| hex(&s.trace_id) == first && s.name == "tools/call s__rounds" && s.kind == 1)
+        .expect("the call's span, in the first request's trace");
+    assert_eq!(call.parent_span_id, asking.span_id);
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 // With export off a gateway makes no trace context of its own, and passes its client's
 // on as it came: the server continues the client's trace.
 #[tokio::test]

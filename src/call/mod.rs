@@ -86,6 +86,8 @@ pub(crate) struct CallRequest {
     /// The caller's span when it asked: the call's span is its child wherever the call's
     /// future is polled (so an embedder's or a gateway's trace goes on through it).
     pub parent: tracing::Span,
+    /// The trace context to go on under instead of `parent`'s (`CallOptions::trace_parent`).
+    pub trace_parent: Option<opentelemetry::Context>,
     /// Whether the call's spans are exported, when the caller decided it.
     pub traced: Option<bool>,
 }
@@ -261,6 +263,12 @@ pub(crate) fn run<'a>(
             mcp.method.name = method,
             error.type = tracing::field::Empty,
         );
+        if let Some(cx) = request.trace_parent.take()
+            && !span.is_disabled()
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt;
+            let _ = span.set_parent(cx);
+        }
         // No timer of its own: every wait below is bounded by what is left of the deadline.
         let work = async {
             let routing = call_span!(

@@ -1920,6 +1920,9 @@ impl Gateway {
     }
 
     /// A 2026-07-28 client's call: one upstream round at a time, the state sealed.
+    /// Each request is a server span of its own, marked with what it answers (the
+    /// gateway's own refusals after a call too); a call that outlives it (a parked
+    /// round) goes on under it without holding it open.
     async fn call_modern(
         &self,
         principal: &Principal,
@@ -1929,13 +1932,60 @@ impl Gateway {
         capabilities: Value,
         io: CallIo,
     ) -> Result<Value, RpcError> {
+        let now = self.now();
+        let target = self.target(principal, kind, params).await?;
+        // The settings this request already holds: no second read of them.
+        let sampling = (
+            self.inner.harness.sampler(),
+            now.config.follow_client_sampling,
+        );
+        let (span, traced, passed_on) = downstream_span(sampling, kind, &target.0, params);
+        // The span's context where it is exported (an OpenTelemetry layer, traced).
+        let own = (traced && !span.is_disabled())
+            .then(|| {
+                use opentelemetry::trace::TraceContextExt;
+                use tracing_opentelemetry::OpenTelemetrySpanExt;
+                Some(span.context()).filter(|cx| cx.span().span_context().is_valid())
+            })
+            .flatten();
+        let request = Modern {
+            principal,
+            kind,
+            method,
+            params,
+            capabilities,
+            traced,
+            own,
+            passed_on,
+        };
+        let outcome = self.modern_request(request, target, io, &now).await;
+        mark_outcome(&span, outcome.as_ref());
+        outcome
+    }
+
+    /// [`Self::call_modern`]'s request, in its span.
+    async fn modern_request(
+        &self,
+        request: Modern<'_>,
+        (mut name, args): (String, Value),
+        io: CallIo,
+        now: &Current,
+    ) -> Result<Value, RpcError> {
+        let Modern {
+            principal,
+            kind,
+            method,
+            params,
+            capabilities,
+            traced,
+            own,
+            passed_on,
+        } = request;
         let CallIo {
             cancel,
             progress,
             session,
         } = io;
-        let now = self.now();
-        let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
         let digest_cell = std::sync::OnceLock::new();
         let digest = || {
@@ -2081,27 +2131,20 @@ impl Gateway {
                 let token = CancelToken::new();
                 let (gw, who, target, ended) =
                     (self.clone(), principal.clone(), name.clone(), token.clone());
-                // The settings this request already holds: no second read of them.
-                let sampling = (
-                    self.inner.harness.sampler(),
-                    now.config.follow_client_sampling,
-                );
-                let (span, traced, passed_on) = downstream_span(sampling, kind, &name, params);
+                // Under this request's span by its context, not a handle on it: the
+                // span ends with the request, also when the call goes on (parked).
                 let options = CallOptions {
                     timeout: None,
                     cancel: Some(ended),
                     traced: Some(traced),
+                    trace_parent: own,
                 };
                 let call = parked::Call::inline(async move {
-                    let call = gw
-                        .delegated(&who, kind, &target, args, delegation, options)
-                        .instrument(span.clone());
-                    let outcome = match passed_on {
+                    let call = gw.delegated(&who, kind, &target, args, delegation, options);
+                    match passed_on {
                         Some(cx) => call.with_context(cx).await,
                         None => call.await,
-                    };
-                    mark_outcome(&span, outcome.as_ref().map(|a| &a.result));
-                    outcome
+                    }
                 });
                 parked::Held {
                     call,
@@ -2286,10 +2329,12 @@ impl Gateway {
                     if left.is_zero() {
                         return Err(past_deadline());
                     }
+                    // Under the request's span, which lasts as long as its calls.
                     let options = CallOptions {
                         timeout: Some(left),
                         cancel: Some(cancel.clone()),
                         traced: Some(traced),
+                        trace_parent: None,
                     };
                     let call = self
                         .delegated(
@@ -2467,6 +2512,22 @@ struct CallIo {
     progress: Option<ProgressSender>,
     /// The local session the request came in on ([`Client::Modern`]).
     session: Option<u64>,
+}
+
+/// One modern client's call request, as [`Gateway::modern_request`] takes it.
+struct Modern<'a> {
+    principal: &'a Principal,
+    kind: CallKind,
+    method: &'a str,
+    params: &'a Value,
+    capabilities: Value,
+    /// Whether the call is traced (decided at the request's span).
+    traced: bool,
+    /// The request's span's context, when it is exported: the call's span's parent.
+    own: Option<opentelemetry::Context>,
+    /// The client's trace context, for the call to pass on where no span of its own
+    /// carries one ([`crate::util::trace_context::passed_on`]).
+    passed_on: Option<opentelemetry::Context>,
 }
 
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
