@@ -248,7 +248,10 @@ pub(crate) fn run<'a>(
         // OpenTelemetry layer is installed; plain fields otherwise).
         let traced = request
             .traced
-            .unwrap_or_else(|| ctx.sampler.under(&request.parent));
+            .unwrap_or_else(|| match &request.trace_parent {
+                Some(cx) => ctx.sampler.in_context(cx),
+                None => ctx.sampler.under(&request.parent),
+            });
         record.traced = traced;
         let span = call_span!(
             traced: traced,

@@ -1610,20 +1610,28 @@ impl Gateway {
                     "prompts/get" => CallKind::Prompt,
                     _ => CallKind::Resource,
                 };
-                match (client, capabilities) {
+                // The request's server span, made before anything can refuse it, and
+                // marked with what it answers.
+                let (span, trace) = self.request_span(kind, params);
+                let answered = match (client, capabilities) {
                     (Client::Modern { .. }, Some(caps)) => self
-                        .call_modern(principal, kind, method, params, caps, io)
+                        .call_modern(principal, kind, method, params, caps, io, trace)
+                        .instrument(span.clone())
                         .await
                         .map_err(|e| codes_of_the_era(e, crate::protocol::meta::MODERN)),
                     // Boxed: its future is several times a modern call's, and every
                     // request's future (spawned, and copied when it is) would carry its size.
                     (Client::Legacy { client, peer }, _) => {
-                        Box::pin(self.call_legacy(principal, kind, params, client, *peer, io))
+                        let call =
+                            self.call_legacy(principal, kind, params, client, *peer, io, trace);
+                        Box::pin(call.instrument(span.clone()))
                             .await
                             .map_err(|e| codes_of_the_era(e, &client.version))
                     }
                     (Client::Modern { .. }, None) => Err(invalid("params._meta is required")),
-                }
+                };
+                mark_outcome(&span, answered.as_ref());
+                answered
             }
             other => Err(RpcError::new(
                 METHOD_NOT_FOUND,
@@ -1919,10 +1927,10 @@ impl Gateway {
             .map_err(|e| to_rpc(&e))
     }
 
-    /// A 2026-07-28 client's call: one upstream round at a time, the state sealed.
-    /// Each request is a server span of its own, marked with what it answers (the
-    /// gateway's own refusals after a call too); a call that outlives it (a parked
-    /// round) goes on under it without holding it open.
+    /// A 2026-07-28 client's call: one upstream round at a time, the state sealed. A
+    /// call that outlives its request (a parked round) goes on under the request's span
+    /// by its context, not holding it open.
+    #[allow(clippy::too_many_arguments)]
     async fn call_modern(
         &self,
         principal: &Principal,
@@ -1931,61 +1939,20 @@ impl Gateway {
         params: &Value,
         capabilities: Value,
         io: CallIo,
+        trace: RequestTrace,
     ) -> Result<Value, RpcError> {
-        let now = self.now();
-        let target = self.target(principal, kind, params).await?;
-        // The settings this request already holds: no second read of them.
-        let sampling = (
-            self.inner.harness.sampler(),
-            now.config.follow_client_sampling,
-        );
-        let (span, traced, passed_on) = downstream_span(sampling, kind, &target.0, params);
-        // The span's context where it is exported (an OpenTelemetry layer, traced).
-        let own = (traced && !span.is_disabled())
-            .then(|| {
-                use opentelemetry::trace::TraceContextExt;
-                use tracing_opentelemetry::OpenTelemetrySpanExt;
-                Some(span.context()).filter(|cx| cx.span().span_context().is_valid())
-            })
-            .flatten();
-        let request = Modern {
-            principal,
-            kind,
-            method,
-            params,
-            capabilities,
-            traced,
-            own,
-            passed_on,
-        };
-        let outcome = self.modern_request(request, target, io, &now).await;
-        mark_outcome(&span, outcome.as_ref());
-        outcome
-    }
-
-    /// [`Self::call_modern`]'s request, in its span.
-    async fn modern_request(
-        &self,
-        request: Modern<'_>,
-        (mut name, args): (String, Value),
-        io: CallIo,
-        now: &Current,
-    ) -> Result<Value, RpcError> {
-        let Modern {
-            principal,
-            kind,
-            method,
-            params,
-            capabilities,
-            traced,
-            own,
-            passed_on,
-        } = request;
         let CallIo {
             cancel,
             progress,
             session,
         } = io;
+        let RequestTrace {
+            traced,
+            own,
+            passed_on,
+        } = trace;
+        let now = self.now();
+        let (mut name, args) = self.target(principal, kind, params).await?;
         // Only a state opened or sealed needs the digest, not every call.
         let digest_cell = std::sync::OnceLock::new();
         let digest = || {
@@ -2281,6 +2248,7 @@ impl Gateway {
 
     /// A legacy client's call: upstream rounds become requests on its session, answered
     /// within the call.
+    #[allow(clippy::too_many_arguments)]
     async fn call_legacy(
         &self,
         principal: &Principal,
@@ -2289,10 +2257,16 @@ impl Gateway {
         client: &LegacyClient,
         peer: Option<&dyn ClientPeer>,
         io: CallIo,
+        trace: RequestTrace,
     ) -> Result<Value, RpcError> {
         let CallIo {
             cancel, progress, ..
         } = io;
+        // One sampling decision for the request, however many upstream rounds it takes;
+        // its calls are under its span, which lasts as long as they do.
+        let RequestTrace {
+            traced, passed_on, ..
+        } = trace;
         let (mut name, args) = self.target(principal, kind, params).await?;
         let mut delegation = Delegation {
             progress: progress_of(params, progress),
@@ -2307,9 +2281,6 @@ impl Gateway {
         let (questions, mut asked) = tokio::sync::mpsc::channel::<crate::call::ServerQuestion>(4);
         // Taken whatever the client declared (see the modern path).
         delegation.questions = Some(questions);
-        // One server span, and one sampling decision, for the request, however many
-        // upstream rounds it takes.
-        let (span, traced, passed_on) = downstream_span(self.sampling(), kind, &name, params);
         // One deadline for the request, its rounds and the client's answers together,
         // as a call made in the library has: each round began a call_timeout of its own.
         let call_timeout = self.inner.harness.call_timeout();
@@ -2321,7 +2292,6 @@ impl Gateway {
             let at = crate::util::duration::after(tokio::time::Instant::now(), limit).min(until);
             (at, limit)
         };
-        // The server span says how the request ended (the calls inside say theirs).
         let outcome: Result<Value, RpcError> = async {
             loop {
                 let answer = {
@@ -2344,8 +2314,7 @@ impl Gateway {
                             args.clone(),
                             delegation.clone(),
                             options,
-                        )
-                        .instrument(span.clone());
+                        );
                     // As at the other call site: a context attached only when the client
                     // sent one (an empty one would hide an embedder's).
                     let call = match passed_on.clone() {
@@ -2428,7 +2397,6 @@ impl Gateway {
             }
         }
         .await;
-        mark_outcome(&span, outcome.as_ref());
         outcome
     }
 }
@@ -2514,16 +2482,12 @@ struct CallIo {
     session: Option<u64>,
 }
 
-/// One modern client's call request, as [`Gateway::modern_request`] takes it.
-struct Modern<'a> {
-    principal: &'a Principal,
-    kind: CallKind,
-    method: &'a str,
-    params: &'a Value,
-    capabilities: Value,
-    /// Whether the call is traced (decided at the request's span).
+/// How one downstream call request is traced: decided at its server span.
+struct RequestTrace {
+    /// Whether the call is traced.
     traced: bool,
-    /// The request's span's context, when it is exported: the call's span's parent.
+    /// The request's span's context, when it is exported: the parent of a call that
+    /// may outlive the request.
     own: Option<opentelemetry::Context>,
     /// The client's trace context, for the call to pass on where no span of its own
     /// carries one ([`crate::util::trace_context::passed_on`]).
@@ -2595,6 +2559,33 @@ fn downstream_span(
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
     (span, traced, passed_on)
+}
+
+impl Gateway {
+    /// The server span of one call request (named by what it asks for, as the client
+    /// named it), and how its call is traced.
+    fn request_span(&self, kind: CallKind, params: &Value) -> (tracing::Span, RequestTrace) {
+        let field = match kind {
+            CallKind::Resource => "uri",
+            _ => "name",
+        };
+        let asked = params.get(field).and_then(Value::as_str).unwrap_or("");
+        let (span, traced, passed_on) = downstream_span(self.sampling(), kind, asked, params);
+        // The span's context where it is exported (an OpenTelemetry layer, traced).
+        let own = (traced && !span.is_disabled())
+            .then(|| {
+                use opentelemetry::trace::TraceContextExt;
+                use tracing_opentelemetry::OpenTelemetrySpanExt;
+                Some(span.context()).filter(|cx| cx.span().span_context().is_valid())
+            })
+            .flatten();
+        let trace = RequestTrace {
+            traced,
+            own,
+            passed_on,
+        };
+        (span, trace)
+    }
 }
 
 /// Marks the gateway's server span with how its request ended, as the conventions

@@ -122,9 +122,10 @@ pub struct CallOptions {
     /// `Some(false)` under a span that is exported, the server may still be sent that
     /// span's trace context (the call's own spans are not there to replace it).
     pub traced: Option<bool>,
-    /// The trace context the call's span goes on under, in place of the calling span's:
-    /// for a call that outlives the span it was asked in (a gateway's request whose call
-    /// is held for the client's answer), which it would otherwise hold open.
+    /// The trace context the call's span goes on under, in place of the calling span
+    /// (which it then neither holds open nor takes its sampling from): for a call that
+    /// outlives the span it was asked in (a gateway's request whose call is held for the
+    /// client's answer).
     pub trace_parent: Option<opentelemetry::Context>,
 }
 
@@ -566,7 +567,10 @@ impl HarnessHandle {
             args,
             timeout: options.timeout,
             delegated,
-            parent: tracing::Span::current(),
+            parent: match options.trace_parent {
+                Some(_) => tracing::Span::none(),
+                None => tracing::Span::current(),
+            },
             trace_parent: options.trace_parent.clone(),
             traced: options.traced,
         };

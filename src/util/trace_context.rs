@@ -122,6 +122,17 @@ impl HeadSampler {
         ((z >> 11) as f64 / (1u64 << 53) as f64) < self.ratio
     }
 
+    /// Whether work under the trace context `cx` is traced: as its trace, else (no
+    /// valid span in it) at the ratio.
+    pub fn in_context(&self, cx: &opentelemetry::Context) -> bool {
+        let span = cx.span();
+        let sc = span.span_context();
+        match sc.is_valid() {
+            true => sc.is_sampled(),
+            false => self.root(),
+        }
+    }
+
     /// Whether work that is a child of `parent` is traced: as `parent`'s trace, else as
     /// that of an OpenTelemetry context attached to the work (what its requests would
     /// pass on, see [`passed_on`]), else at the ratio.
