@@ -105,7 +105,8 @@ pub trait ClientSide: Send + Sync + 'static {
     fn progress(&self, server: &str, params: Option<&Value>);
 
     /// A server was added (by an add, not a restart or a replacement): it is in the
-    /// directory and its actor started, not yet connected. Told when the add takes
-    /// effect, also when whoever asked for it gave up waiting.
+    /// directory and its actor started, not yet connected. Told once, when the add
+    /// takes effect: also when whoever asked for it gave up waiting, and by the
+    /// supervisor rebuilt after one that died in the add.
     fn added(&self, server: &str);
 }

@@ -83,6 +83,10 @@ pub(crate) struct ServerShared {
     /// The add request that put it in the directory: an add asked again after its
     /// supervisor died before answering finds its own server, not a duplicate.
     added_by: u64,
+    /// Put in the directory by an add whose client has not been told yet
+    /// ([`super::ClientSide::added`]): told once its actor is started, by whichever
+    /// supervisor starts it.
+    pub(super) unannounced: std::sync::atomic::AtomicBool,
     /// Requests of no call (an embedder's own request; not listings) now on a legacy
     /// connection or in the actor's queue: a legacy server's questions meanwhile may
     /// be theirs, so they are no known call's.
@@ -219,6 +223,7 @@ impl ServerRef {
             in_flight: AtomicUsize::new(0),
             attempts: std::sync::atomic::AtomicU64::new(0),
             added_by,
+            unannounced: std::sync::atomic::AtomicBool::new(false),
             unowned: parking_lot::Mutex::new(Unowned::default()),
             fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING_WALKS)),
             predecessor,

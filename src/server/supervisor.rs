@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -140,9 +141,13 @@ impl Actor for ServersSupervisor {
             } else {
                 Start::New
             };
-            if let Err(e) = state.spawn(&myself, server.clone(), start).await {
-                tracing::error!(server = %server.id(), error = %e, "could not start the server's actor");
-                unspawned(&server, &e);
+            match state.spawn(&myself, server.clone(), start).await {
+                // An add this supervisor's predecessor died in, before it told the client.
+                Ok(()) => state.announce(&server),
+                Err(e) => {
+                    tracing::error!(server = %server.id(), error = %e, "could not start the server's actor");
+                    unspawned(&server, &e);
+                }
             }
         }
         Ok(state)
@@ -331,7 +336,15 @@ impl ServersState {
             None => ServerRef::added(config, request),
             Some(token) => ServerRef::replacing(config, request, token.clone()),
         };
+        server.0.unannounced.store(true, Ordering::Release);
         if !insert_added(&self.args.directory, &server)? {
+            // Asked again: the supervisor before this one took it in (and started it,
+            // or this one did at its start); told of it if that one died first.
+            if let Some(there) = self.args.directory.get(server.id())
+                && there.actor().is_some()
+            {
+                self.announce(&there);
+            }
             return Ok(());
         }
         if let Some(token) = predecessor {
@@ -347,8 +360,15 @@ impl ServersState {
             self.args.directory.discard(server.id());
             return Err(e);
         }
-        self.args.client.added(server.id());
+        self.announce(&server);
         Ok(())
+    }
+
+    /// Tells the client of an added server, once, now that its actor is started.
+    fn announce(&self, server: &ServerRef) {
+        if server.0.unannounced.swap(false, Ordering::AcqRel) {
+            self.args.client.added(server.id());
+        }
     }
 
     /// See [`ServersMsg::Replace`]. The new server keeps the old one's place (config
@@ -626,6 +646,64 @@ mod tests {
             restarted(Ok(CallResult::Timeout), "s", &directory),
             Err(ServersError::Server(ServerError::Restarting { .. }))
         ));
+    }
+
+    /// A client that notes the servers it is told were added.
+    #[derive(Default)]
+    struct Told(parking_lot::Mutex<Vec<String>>);
+
+    impl ClientSide for Told {
+        fn capabilities(&self) -> serde_json::Value {
+            serde_json::json!({})
+        }
+        fn answer(&self, _: &str, request: crate::transport::ServerRequest) {
+            drop(request);
+        }
+        fn lists_changed(&self, _: &str, _: crate::server::ListsChanged) {}
+        fn progress(&self, _: &str, _: Option<&serde_json::Value>) {}
+        fn added(&self, server: &str) {
+            self.0.lock().push(server.to_string());
+        }
+    }
+
+    /// An add whose supervisor died after it put the server in the directory, before
+    /// it told the client, is told by the supervisor rebuilt after it, and only once
+    /// when the add is asked again.
+    #[tokio::test]
+    async fn an_add_whose_supervisor_died_before_telling_is_told_by_the_next_one() {
+        let config = |id: &str| {
+            let mut c = ServerConfig::stdio(id, "true", [""; 0]);
+            c.enabled = false;
+            c
+        };
+        let (directory, told) = (Directory::default(), Arc::new(Told::default()));
+        let left = ServerRef::added(config("s"), 7);
+        left.0.unannounced.store(true, Ordering::Release);
+        directory.insert(left);
+        let args = ServersArgs {
+            directory: directory.clone(),
+            client: told.clone(),
+            options: ConnectOptions::default(),
+        };
+        let (supervisor, handle) = Actor::spawn(None, ServersSupervisor, args)
+            .await
+            .expect("spawn");
+        assert_eq!(
+            *told.0.lock(),
+            ["s"],
+            "told at the rebuilt supervisor's start"
+        );
+        let add = |id: &str, request| {
+            let config = Box::new(config(id));
+            supervisor.call(move |r| ServersMsg::Add(config, request, r), None)
+        };
+        let again = add("s", 7).await.expect("asked");
+        assert!(matches!(again, CallResult::Success(Ok(()))));
+        let fresh = add("t", 8).await.expect("asked");
+        assert!(matches!(fresh, CallResult::Success(Ok(()))));
+        assert_eq!(*told.0.lock(), ["s", "t"], "each once");
+        supervisor.stop(None);
+        let _ = handle.await;
     }
 
     #[test]
