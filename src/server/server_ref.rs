@@ -360,6 +360,13 @@ impl ServerRef {
             .is_none_or(|l| l.conn.protocol_version_is(version))
     }
 
+    /// The protocol version of its ready connection, else of the last one it had (while
+    /// it restarts); `None` before it first connected.
+    pub(crate) fn last_protocol_version(&self) -> Option<String> {
+        self.protocol_version()
+            .or_else(|| self.0.status.read().protocol_version.clone())
+    }
+
     /// The protocol version of its ready connection.
     pub fn protocol_version(&self) -> Option<String> {
         self.0

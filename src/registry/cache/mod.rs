@@ -457,13 +457,14 @@ pub(crate) fn now_ms() -> u64 {
 
 /// What a lookup asks of the server it is for.
 pub trait Speaks: Sync {
-    /// The protocol version its ready connection speaks; `None` when none is ready.
+    /// The protocol version it speaks: its ready connection's, else its last one's (a
+    /// server restarting); `None` before it first connected.
     fn protocol_version(&self) -> Option<String>;
 }
 
 impl Speaks for crate::server::ServerRef {
     fn protocol_version(&self) -> Option<String> {
-        crate::server::ServerRef::protocol_version(self)
+        self.last_protocol_version()
     }
 }
 
@@ -482,6 +483,18 @@ pub struct ListOf<'a> {
     /// only if it was read in the version the server speaks now, and is kept in memory
     /// only once that is known (the server connected).
     pub server_ref: Option<&'a dyn Speaks>,
+}
+
+impl std::fmt::Debug for ListOf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListOf")
+            .field("server", &self.server)
+            .field("fingerprint", &self.fingerprint)
+            .field("client", &self.client)
+            .field("method", &self.method)
+            .field("server_ref", &self.server_ref.is_some())
+            .finish()
+    }
 }
 
 /// Invalidation epochs: each server's last (0 for one never invalidated).
