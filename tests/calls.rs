@@ -316,6 +316,57 @@ async fn a_disk_list_is_not_served_to_a_server_that_speaks_another_version_since
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A server that comes back from a restart speaking another version (here a legacy
+// server upgraded to a modern one that does not announce list changes, so that no
+// subscription reads its lists again) has its lists read again: those of the old
+// version are of another shape.
+#[tokio::test]
+async fn a_server_back_in_another_version_has_its_lists_read_again() {
+    let record = temp_file("era-change");
+    let era = temp_file("era-change-era");
+    std::fs::write(&era, "legacy").expect("era file");
+    let script = format!(
+        "exec \"$0\" demo-server alpha --no-list-changed --record '{}' --era \"$(cat '{}')\"",
+        record.display(),
+        era.display()
+    );
+    let mut server = demo("alpha", &[]);
+    server.transport =
+        mcp_harness::TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    let mut cfg = config(vec![server], &["a"]);
+    cfg.cache = CacheConfig {
+        default_ttl: Duration::from_secs(600),
+        ..CacheConfig::default()
+    };
+    // A legacy server's lists are private: kept for one auth context.
+    let a = Caller::agent("a").with_auth_context("ctx");
+    let h = harness(cfg).await;
+    assert!(!h.list_tools(&a).await.expect("list").is_empty());
+    assert!(!h.list_tools(&a).await.expect("list").is_empty());
+    assert_eq!(tool_calls(&record, "tools/list"), 1, "cached");
+    std::fs::write(&era, "modern").expect("era file");
+    h.restart_server("alpha").await.expect("restart");
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("alpha")
+            .is_some_and(|s| s.state == ServerState::Ready
+                && s.era == Some(mcp_harness::transport::Era::Modern)))
+        .await,
+        "back, modern"
+    );
+    // The old lists are dropped in the background once it is back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tool_calls(&record, "tools/list") < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old version's list is still served"
+        );
+        let _ = h.list_tools(&a).await.expect("list");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.shutdown().await;
+}
+
 /// Whether `a`'s listing holds `confirm` (the demo's `--tools-need-elicitation` lists it
 /// only to a client that can answer it).
 async fn lists_confirm(h: &HarnessHandle, a: &Caller) -> bool {

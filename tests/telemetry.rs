@@ -949,7 +949,7 @@ async fn modern_call(url: &str, name: &str, extra: Value, traceparent: String) -
 // server span of its own, in its client's trace: the first, answered `input_required`,
 // ends with that answer, and the call's span under it does not hold it open; the one
 // that resumes the call says how it ended, here the gateway's own refusal past the
-// round cap, after the call went on. A request refused before any call has its span.
+// round cap, after the call went on. A request refused before it is routed has its span.
 #[tokio::test]
 async fn each_request_of_a_parked_call_is_a_server_span_that_ends_with_it() {
     let (endpoint, received) = http_collector().await;
@@ -1008,14 +1008,15 @@ async fn each_request_of_a_parked_call_is_a_server_span_that_ends_with_it() {
     let code = refused["error"]["code"]
         .as_i64()
         .expect("refused past the cap");
-    // A request refused before any call (a tool there is none of) has its span too.
+    // A request refused before its call is routed (it names no tool) has its span too.
     let unknown = "9bf92f3577b34da6a3ce929d0e0e4731";
     let traceparent = format!("00-{unknown}-{parent}-01");
-    let none = modern_call(&gateway.url, "s__nope", serde_json::json!({}), traceparent).await;
-    let unknown_code = none["error"]["code"].as_i64().expect("no such tool");
+    let nameless = serde_json::json!({"name": null});
+    let none = modern_call(&gateway.url, "s__rounds", nameless, traceparent).await;
+    let unknown_code = none["error"]["code"].as_i64().expect("refused: no name");
     stop_gateway(&mut gateway).await;
     let refused_span = server_span_of(unknown).expect("the refused request's span");
-    assert_eq!(refused_span.name, "tools/call s__nope");
+    assert_eq!(refused_span.name, "tools/call");
     let error_type = attr(&refused_span, "error.type");
     assert_eq!(error_type, Some(unknown_code.to_string()));
     let asking = server_span_of(first).expect("exported");

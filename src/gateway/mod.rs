@@ -2104,7 +2104,9 @@ impl Gateway {
                     timeout: None,
                     cancel: Some(ended),
                     traced: Some(traced),
-                    trace_parent: own,
+                    // Always its own: even untraced, a handle on the request's span
+                    // would keep it open for as long as the call is held.
+                    trace_parent: Some(own.unwrap_or_default()),
                 };
                 let call = parked::Call::inline(async move {
                     let call = gw.delegated(&who, kind, &target, args, delegation, options);
@@ -2534,7 +2536,7 @@ fn downstream_span(
     let span = call_span!(
         traced: traced,
         "gateway",
-        otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource, name),
+        otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource && !name.is_empty(), name),
         otel.kind = "server",
         mcp.method.name = kind.method(),
         error.type = tracing::field::Empty,
