@@ -266,6 +266,25 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A demo server `id` recording to `record`, started with `flags` and then what `file`
+/// holds at each start (its config the same, as a server upgraded in place).
+fn demo_reading_flag(
+    id: &str,
+    record: &std::path::Path,
+    flags: &str,
+    file: &std::path::Path,
+) -> ServerConfig {
+    let script = format!(
+        "exec \"$0\" demo-server {id} --record '{}' {flags} \"$(cat '{}')\"",
+        record.display(),
+        file.display()
+    );
+    let mut server = demo(id, &[]);
+    server.transport =
+        mcp_harness::TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    server
+}
+
 // A server that speaks another protocol version after an upgrade between two runs (here
 // a legacy server answering `initialize` with the version a file names, its config the
 // same) has its list read again, not served from the disk the run before wrote; one
@@ -276,14 +295,8 @@ async fn a_disk_list_is_not_served_to_a_server_that_speaks_another_version_since
     let _ = std::fs::remove_dir_all(&dir);
     let record = temp_file("version-disk");
     let version = temp_file("version-disk-speaks");
-    let script = format!(
-        "exec \"$0\" demo-server alpha --era legacy --record '{}' --legacy-version \"$(cat '{}')\"",
-        record.display(),
-        version.display()
-    );
-    let mut server = demo("alpha", &[]);
-    server.transport =
-        mcp_harness::TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    let flags = "--era legacy --legacy-version";
+    let server = demo_reading_flag("alpha", &record, flags, &version);
     let mut cfg = config(vec![server], &["a"]);
     cfg.cache = CacheConfig {
         dir: Some(dir.clone()),
@@ -325,14 +338,7 @@ async fn a_server_back_in_another_version_has_its_lists_read_again() {
     let record = temp_file("era-change");
     let era = temp_file("era-change-era");
     std::fs::write(&era, "legacy").expect("era file");
-    let script = format!(
-        "exec \"$0\" demo-server alpha --no-list-changed --record '{}' --era \"$(cat '{}')\"",
-        record.display(),
-        era.display()
-    );
-    let mut server = demo("alpha", &[]);
-    server.transport =
-        mcp_harness::TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    let server = demo_reading_flag("alpha", &record, "--no-list-changed --era", &era);
     let mut cfg = config(vec![server], &["a"]);
     cfg.cache = CacheConfig {
         default_ttl: Duration::from_secs(600),

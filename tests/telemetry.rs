@@ -603,9 +603,16 @@ async fn call_tool_traced(url: &str, name: &str, arguments: Value, traceparent: 
     if let Some(tp) = traceparent {
         meta["traceparent"] = tp.into();
     }
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": name, "arguments": arguments, "_meta": meta}});
-    let response = reqwest::Client::new()
+    let params = serde_json::json!({"name": name, "arguments": arguments, "_meta": meta});
+    let response = post_tools_call(url, name, params).await;
+    assert_eq!(response.status().as_u16(), 200);
+}
+
+/// POSTs a modern `tools/call` of `name` with `params` to the gateway at `url`.
+async fn post_tools_call(url: &str, name: &str, params: Value) -> reqwest::Response {
+    let body =
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
@@ -615,8 +622,7 @@ async fn call_tool_traced(url: &str, name: &str, arguments: Value, traceparent: 
         .body(body.to_string())
         .send()
         .await
-        .expect("send");
-    assert_eq!(response.status().as_u16(), 200);
+        .expect("send")
 }
 
 /// Ends `gateway` as an operator would (SIGTERM), waiting for it to flush and exit.
@@ -920,22 +926,8 @@ async fn modern_call(url: &str, name: &str, extra: Value, traceparent: String) -
     if let (Some(p), Value::Object(extra)) = (params.as_object_mut(), extra) {
         p.extend(extra);
     }
-    let body =
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
-    let text = reqwest::Client::new()
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", name)
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("body");
+    let response = post_tools_call(url, name, params).await;
+    let text = response.text().await.expect("body");
     // A JSON body, or an event stream whose last message is the response.
     let json = text
         .lines()

@@ -1622,17 +1622,7 @@ mod tests {
 
     #[test]
     fn an_approver_is_told_the_harness_s_plan_whatever_the_server_wrote_there() {
-        let ask = |params: Value| InputRequestContext {
-            server: "s".into(),
-            method: "sampling/createMessage".into(),
-            params,
-            agent_id: None,
-            key: String::new(),
-            call_id: None,
-            call_deadline: None,
-            shared: false,
-            answer_by: None,
-        };
+        let ask = |params: Value| InputRequestContext::new("s", "sampling/createMessage", params);
         let plan = json!({"model": "m1", "maxTokens": 40, "reservedTokens": 90});
         for params in [
             json!({"maxTokens": 9999, "_meta": {APPROVAL_META: {"model": "cheap"}, "other": 1}}),
