@@ -2106,7 +2106,9 @@ impl Gateway {
                     traced: Some(traced),
                     // Always its own: even untraced, a handle on the request's span
                     // would keep it open for as long as the call is held.
-                    trace_parent: Some(own.unwrap_or_default()),
+                    // (Not exported: the client's context, for a filter that exports the
+                    // call's spans and not the gateway's.)
+                    trace_parent: Some(own.or_else(|| passed_on.clone()).unwrap_or_default()),
                 };
                 let call = parked::Call::inline(async move {
                     let call = gw.delegated(&who, kind, &target, args, delegation, options);
@@ -2536,7 +2538,7 @@ fn downstream_span(
     let span = call_span!(
         traced: traced,
         "gateway",
-        otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource && !name.is_empty(), name),
+        otel.name = %crate::util::trace_context::span_name(kind.method(), kind != CallKind::Resource, name),
         otel.kind = "server",
         mcp.method.name = kind.method(),
         error.type = tracing::field::Empty,

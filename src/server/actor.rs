@@ -884,6 +884,12 @@ impl ServerActorState {
         let (exit, cannot_heal) = failure.classify();
         let reason = failure.to_string();
         let up_since = self.ready_at.take();
+        // The version it spoke last (renegotiated since it was published, perhaps): what
+        // the next connection is compared with, and a restarting server's disk lookups.
+        if let Some(conn) = self.current_conn() {
+            let version = conn.protocol_version();
+            self.args.server.0.status.write().protocol_version = Some(version);
+        }
         self.current = None;
         // A handover under way was to replace the connection now lost: the restart
         // below starts afresh, with the capabilities of the moment (the handover, up,

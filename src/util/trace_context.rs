@@ -190,10 +190,10 @@ pub fn export_filter() -> tracing_subscriber::filter::Targets {
 const NAME_TARGET_MAX: usize = 96;
 
 /// A span name by the conventions, `{method} {target}`, or `{method}` alone when the
-/// target is not to be named (a resource's uri may hold secrets); the target is cut to
-/// [`NAME_TARGET_MAX`] characters.
+/// target is not to be named (a resource's uri may hold secrets) or there is none; the
+/// target is cut to [`NAME_TARGET_MAX`] characters.
 pub fn span_name(method: &str, named: bool, target: &str) -> String {
-    if !named {
+    if !named || target.is_empty() {
         return method.to_string();
     }
     match target.char_indices().nth(NAME_TARGET_MAX) {
@@ -322,6 +322,23 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // `{method} {target}`, cut; the method alone for a target not named, or none.
+    #[test]
+    fn a_span_is_named_by_its_method_and_target_cut_to_a_length() {
+        assert_eq!(
+            span_name("tools/call", true, "s__echo"),
+            "tools/call s__echo"
+        );
+        assert_eq!(
+            span_name("resources/read", false, "file:///x"),
+            "resources/read"
+        );
+        assert_eq!(span_name("tools/call", true, ""), "tools/call");
+        let long = "x".repeat(NAME_TARGET_MAX + 5);
+        let cut = format!("tools/call {}…", "x".repeat(NAME_TARGET_MAX));
+        assert_eq!(span_name("tools/call", true, &long), cut);
+    }
 
     // A client's trace is kept whole or not at all, at about the ratio over traces.
     #[test]
