@@ -25,16 +25,22 @@ pub(super) fn name(kind: CallKind, name: &str) -> String {
 /// The longest tool, prompt or input key recorded on a span (characters).
 const ATTRIBUTE_MAX: usize = 128;
 
-/// A name as a span attribute, cut short: a caller or a server may send megabytes of
-/// one, and every exported span would carry it. Written only if the span records it.
+/// A name as a span attribute, cut short (a caller or a server may send megabytes of
+/// one, and every exported span would carry it), its control characters shown as
+/// U+FFFD (a log line may reach a terminal). Written only if the span records it.
 pub(super) struct Cut<'a>(pub(super) &'a str);
 
 impl std::fmt::Display for Cut<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.char_indices().nth(ATTRIBUTE_MAX) {
-            Some((at, _)) => write!(f, "{}…", &self.0[..at]),
-            None => f.write_str(self.0),
+        use std::fmt::Write;
+        let mut chars = self.0.chars();
+        for c in chars.by_ref().take(ATTRIBUTE_MAX) {
+            f.write_char(if c.is_control() { '\u{FFFD}' } else { c })?;
         }
+        if chars.next().is_some() {
+            f.write_char('…')?;
+        }
+        Ok(())
     }
 }
 
@@ -135,4 +141,19 @@ pub(crate) fn failed(span: &tracing::Span, error_type: &str) {
         span.record("rpc.response.status_code", error_type);
     }
     span.record("otel.status_code", "ERROR");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Cut at its most, control characters shown as U+FFFD.
+    #[test]
+    fn an_attribute_is_cut_and_shows_no_control_character() {
+        assert_eq!(Cut("echo").to_string(), "echo");
+        assert_eq!(Cut("a\u{1b}[31mb\r").to_string(), "a\u{FFFD}[31mb\u{FFFD}");
+        let long = "é".repeat(ATTRIBUTE_MAX + 1);
+        let cut = format!("{}…", "é".repeat(ATTRIBUTE_MAX));
+        assert_eq!(Cut(&long).to_string(), cut);
+    }
 }

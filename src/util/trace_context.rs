@@ -191,15 +191,23 @@ const NAME_TARGET_MAX: usize = 96;
 
 /// A span name by the conventions, `{method} {target}`, or `{method}` alone when the
 /// target is not to be named (a resource's uri may hold secrets) or there is none; the
-/// target is cut to [`NAME_TARGET_MAX`] characters.
+/// target is cut to [`NAME_TARGET_MAX`] characters, its control characters shown as
+/// U+FFFD (it comes from a client or a server, and a span name may reach a terminal).
 pub fn span_name(method: &str, named: bool, target: &str) -> String {
     if !named || target.is_empty() {
         return method.to_string();
     }
-    match target.char_indices().nth(NAME_TARGET_MAX) {
-        Some((at, _)) => format!("{method} {}…", &target[..at]),
-        None => format!("{method} {target}"),
+    let mut name = String::with_capacity(method.len() + 1 + target.len().min(4 * NAME_TARGET_MAX));
+    name.push_str(method);
+    name.push(' ');
+    let mut chars = target.chars();
+    for c in chars.by_ref().take(NAME_TARGET_MAX) {
+        name.push(if c.is_control() { '\u{FFFD}' } else { c });
     }
+    if chars.next().is_some() {
+        name.push('…');
+    }
+    name
 }
 
 /// The current span's context, if it is a valid (sampled or not) OpenTelemetry span;
@@ -335,6 +343,8 @@ mod tests {
             "resources/read"
         );
         assert_eq!(span_name("tools/call", true, ""), "tools/call");
+        let escaped = span_name("tools/call", true, "a\u{1b}[2Jb\nc");
+        assert_eq!(escaped, "tools/call a\u{FFFD}[2Jb\u{FFFD}c");
         let long = "x".repeat(NAME_TARGET_MAX + 5);
         let cut = format!("tools/call {}…", "x".repeat(NAME_TARGET_MAX));
         assert_eq!(span_name("tools/call", true, &long), cut);
