@@ -266,6 +266,43 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[tokio::test]
+async fn each_page_a_listing_wants_is_one_lookup_counted() {
+    let dir = scratch_dir().join("counted");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Three pages, so that the walk's later pages are counted as the first is.
+    let server = demo("s", &["--page-size", "20"]);
+    let mut cfg = config(vec![server], &["a"]);
+    cfg.cache = CacheConfig {
+        dir: Some(dir.clone()),
+        ..CacheConfig::default()
+    };
+    let a = Caller::agent("a");
+    let h = harness(cfg.clone()).await;
+    h.list_tools(&a).await.expect("cold");
+    let pages = h.cache_stats().l1.entries as u64;
+    assert!(pages >= 2, "{:?}", h.cache_stats());
+    // Missed once: a walk that fetched a page reads the rest from the server (its
+    // pages must be of one version of the list).
+    let cold = h.cache_stats();
+    assert_eq!((cold.l1.hits, cold.l1.misses), (0, 1), "{cold:?}");
+    assert_eq!((cold.l2.hits, cold.l2.misses), (0, 1), "{cold:?}");
+    h.list_tools(&a).await.expect("warm");
+    let warm = h.cache_stats();
+    assert_eq!((warm.l1.hits, warm.l1.misses), (pages, 1), "{warm:?}");
+    assert_eq!(warm.l2.misses, 1, "memory served them: {warm:?}");
+    h.shutdown().await;
+
+    // Another run: each page found on disk once, and then in memory.
+    let h = harness(cfg).await;
+    h.list_tools(&a).await.expect("from disk");
+    let st = h.cache_stats();
+    assert_eq!((st.l1.hits, st.l1.misses), (0, pages), "{st:?}");
+    assert_eq!((st.l2.hits, st.l2.misses), (pages, 0), "{st:?}");
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A demo server `id` recording to `record`, started with `flags` and then what `file`
 /// holds at each start (its config the same, as a server upgraded in place).
 fn demo_reading_flag(

@@ -85,6 +85,14 @@ enum Walk {
 /// A walk's flight, when it leads one: given the walk's outcome when it ends.
 type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;
 
+/// What a listing saw of a list's first page before it walked the list (to walk a
+/// fresh one-page list without a task), and under which handlers: the walk starts from
+/// it rather than looking again, so that one page wanted is one lookup counted.
+pub(crate) struct FirstLook {
+    handlers: Arc<HandlerSet>,
+    page: Option<Hit>,
+}
+
 /// Every page of one server's list (see the module docs).
 pub(crate) async fn list_server(
     ctx: &Arc<CallContext>,
@@ -92,6 +100,7 @@ pub(crate) async fn list_server(
     kind: ListKind,
     auth_context: Option<&str>,
     timeout: Duration,
+    mut first: Option<FirstLook>,
 ) -> Result<Listed, CallError> {
     let mut use_cache = true;
     // A lead kept across a rejected cursor: its followers wait for the walk again.
@@ -102,7 +111,16 @@ pub(crate) async fn list_server(
     // no news of the server for those waiting on this walk, who may have more time.
     let cut_short = timeout < server.config().timeout;
     loop {
-        let (walked, lead) = walk(ctx, server, kind, auth_context, timeout, use_cache).await;
+        let (walked, lead) = walk(
+            ctx,
+            server,
+            kind,
+            auth_context,
+            timeout,
+            use_cache,
+            first.take(),
+        )
+        .await;
         let lead = lead.or(carried.take());
         let outcome = match walked {
             Walk::Join(follower) => match follower.outcome().await {
@@ -200,7 +218,7 @@ fn refresh_if_due(
         }
         tracing::debug!(server = %server.id(), method = kind.method(), "refreshing a list ahead of its expiry");
         // Bounded as a call is: a server paging for ever does not hold the mark.
-        let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false);
+        let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false, None);
         match within_call_timeout(&ctx, walked).await {
             Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
@@ -256,7 +274,7 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     };
     let timeout = server.config().timeout;
     loop {
-        let walked = walk(ctx, &server, ListKind::Tools, None, timeout, false);
+        let walked = walk(ctx, &server, ListKind::Tools, None, timeout, false, None);
         match within_call_timeout(ctx, walked).await {
             Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
@@ -297,6 +315,8 @@ struct Walker<'a> {
     /// The handlers when the walk started: every page is asked, and keyed, with their
     /// capabilities.
     handlers: Arc<HandlerSet>,
+    /// What was seen of the first page before the walk, which it starts from.
+    first: Option<Option<Hit>>,
     /// The server's cache epoch when the walk started.
     epoch: u64,
     /// The walk's number ([`crate::registry::Registry::walk_begins`]).
@@ -374,7 +394,7 @@ impl<'a> Walker<'a> {
                 self.ctx
                     .registry
                     .cache
-                    .get(self.list(), cursor, self.auth_context)
+                    .get_again(self.list(), cursor, self.auth_context)
             })
             .flatten()?;
         self.fetching = None;
@@ -390,8 +410,15 @@ impl<'a> Walker<'a> {
         cursor_cached: bool,
     ) -> Result<(Arc<Value>, usize, bool), Walk> {
         let cache = &self.ctx.registry.cache;
+        let seen = match (cursor, self.first.take()) {
+            (None, Some(seen)) => seen,
+            _ => self
+                .use_cache
+                .then(|| cache.get(self.list(), cursor, self.auth_context))
+                .flatten(),
+        };
         if self.use_cache
-            && let Some(hit) = cache.get(self.list(), cursor, self.auth_context)
+            && let Some(hit) = seen
         {
             self.saw_cached(&hit);
             return Ok((hit.value, hit.bytes, true));
@@ -683,7 +710,12 @@ async fn walk(
     auth_context: Option<&str>,
     timeout: Duration,
     use_cache: bool,
+    first: Option<FirstLook>,
 ) -> (Walk, Lead) {
+    let (handlers, first) = match first {
+        Some(look) => (look.handlers, Some(look.page)),
+        None => (ctx.inputs.snapshot(), None),
+    };
     let mut walker = Walker {
         ctx,
         server,
@@ -691,7 +723,8 @@ async fn walk(
         auth_context,
         timeout,
         use_cache,
-        handlers: ctx.inputs.snapshot(),
+        handlers,
+        first,
         epoch: ctx.registry.cache.walk_epoch(server.id()),
         walk: ctx.registry.walk_begins(),
         fetching: None,
@@ -788,22 +821,30 @@ pub(crate) fn may_offer(server: &ServerRef, kind: ListKind) -> bool {
     server.config().enabled && has(server, kind)
 }
 
-/// [`list_server`], given up at `until` (its requests cancelled) as a timeout of `total`.
+/// When a listing of several servers gives up on all of them: at `until`, reported as
+/// a timeout of `total`.
+#[derive(Clone, Copy)]
+struct GiveUp {
+    until: tokio::time::Instant,
+    total: Duration,
+}
+
+/// [`list_server`], given up (its requests cancelled) as `give_up` says.
 async fn list_within(
     ctx: &Arc<CallContext>,
     server: &ServerRef,
     kind: ListKind,
     auth_context: Option<&str>,
     timeout: Duration,
-    until: tokio::time::Instant,
-    total: Duration,
+    give_up: GiveUp,
+    first: FirstLook,
 ) -> Result<Listed, CallError> {
-    let walked = list_server(ctx, server, kind, auth_context, timeout);
-    match tokio::time::timeout_at(until, walked).await {
+    let walked = list_server(ctx, server, kind, auth_context, timeout, Some(first));
+    match tokio::time::timeout_at(give_up.until, walked).await {
         Ok(listed) => listed,
         Err(_) => Err(CallError::Server(ServerError::Transport {
             server: server.id().to_string(),
-            source: TransportError::Timeout(total),
+            source: TransportError::Timeout(give_up.total),
         })),
     }
 }
@@ -831,7 +872,10 @@ pub(crate) async fn list_all(
         Some(d) => d.saturating_duration_since(Instant::now()),
         None => ctx.settings.call_timeout,
     };
-    let until = crate::util::duration::after(tokio::time::Instant::now(), total);
+    let give_up = GiveUp {
+        until: crate::util::duration::after(tokio::time::Instant::now(), total),
+        total,
+    };
     let handlers = ctx.inputs.snapshot();
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
@@ -876,7 +920,13 @@ pub(crate) async fn list_all(
         // A list of one page, fresh: the whole walk is a cache read. One with more
         // pages may find a later one expired (each page has its ttl) and ask the server:
         // in a task, so that the servers after it are not held up.
-        let whole_cached = first.is_some_and(|hit| hit.value.get("nextCursor").is_none());
+        let whole_cached = first
+            .as_ref()
+            .is_some_and(|hit| hit.value.get("nextCursor").is_none());
+        let first = FirstLook {
+            handlers: handlers.clone(),
+            page: first,
+        };
         if !first_cached && server.state() == ServerState::Restarting {
             // Its list would wait in the restart queue, perhaps for good (a server that
             // crashes on start): left out until it is back. Qualified calls still queue.
@@ -896,15 +946,23 @@ pub(crate) async fn list_all(
         if whole_cached {
             // Fresh in the cache: walked here, without a task or a round trip.
             let listed =
-                list_within(ctx, &server, kind, auth.as_deref(), timeout, until, total).await;
+                list_within(ctx, &server, kind, auth.as_deref(), timeout, give_up, first).await;
             done.push((i, server, listed));
             continue;
         }
         let ctx2 = ctx.clone();
         let listing = server.clone();
         let task = set.spawn(async move {
-            let listed =
-                list_within(&ctx2, &server, kind, auth.as_deref(), timeout, until, total).await;
+            let listed = list_within(
+                &ctx2,
+                &server,
+                kind,
+                auth.as_deref(),
+                timeout,
+                give_up,
+                first,
+            )
+            .await;
             (i, server, listed)
         });
         spawned.push((task.id(), listing));

@@ -647,7 +647,8 @@ impl ListCache {
     }
 
     /// A fresh cached page for this request as `auth_context` may see it: a `public`
-    /// entry, or a `private` one of the same context.
+    /// entry, or a `private` one of the same context. Counted in the layers' hits and
+    /// misses: look a page up this way once per page a listing wants.
     pub fn get(
         &self,
         list: ListOf<'_>,
@@ -655,6 +656,17 @@ impl ListCache {
         auth_context: Option<&str>,
     ) -> Option<Hit> {
         self.get_at(now_ms(), list, cursor, auth_context)
+    }
+
+    /// [`ListCache::get`] for a page already looked up and missed, looked at again
+    /// after a wait (another walk may have stored it meanwhile): not counted again.
+    pub fn get_again(
+        &self,
+        list: ListOf<'_>,
+        cursor: Option<&str>,
+        auth_context: Option<&str>,
+    ) -> Option<Hit> {
+        self.lookup(now_ms(), list, cursor, auth_context, false)
     }
 
     /// [`ListCache::get`] at a given time (unix milliseconds).
@@ -665,6 +677,22 @@ impl ListCache {
         cursor: Option<&str>,
         auth_context: Option<&str>,
     ) -> Option<Hit> {
+        self.lookup(now, list, cursor, auth_context, true)
+    }
+
+    fn lookup(
+        &self,
+        now: u64,
+        list: ListOf<'_>,
+        cursor: Option<&str>,
+        auth_context: Option<&str>,
+        counted: bool,
+    ) -> Option<Hit> {
+        let count = |counter: &AtomicU64| {
+            if counted {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        };
         let private = auth_context.map(|c| self.private_scope(c));
         let key = |scope| KeyRef {
             server: list.server,
@@ -702,11 +730,11 @@ impl ListCache {
                 .filter_map(|k| l1.entries.get(k))
                 .find(|e| fresh(e))
             {
-                self.l1_counts.hits.fetch_add(1, Ordering::Relaxed);
+                count(&self.l1_counts.hits);
                 return Some(hit(e));
             }
         }
-        self.l1_counts.misses.fetch_add(1, Ordering::Relaxed);
+        count(&self.l1_counts.misses);
         // Without a disk layer there is nothing more to ask.
         self.config.dir.as_ref()?;
         let epoch = self.epoch(list.server);
@@ -725,7 +753,7 @@ impl ListCache {
         };
         match found {
             Some(e) => {
-                self.l2_counts.hits.fetch_add(1, Ordering::Relaxed);
+                count(&self.l2_counts.hits);
                 let found = hit(&e);
                 // Promoted only if no invalidation came between the read and now (the
                 // L1 write lock is held while the epoch is checked), and once its
@@ -747,7 +775,7 @@ impl ListCache {
                 Some(found)
             }
             None => {
-                self.l2_counts.misses.fetch_add(1, Ordering::Relaxed);
+                count(&self.l2_counts.misses);
                 None
             }
         }
