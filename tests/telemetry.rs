@@ -1034,6 +1034,111 @@ async fn each_request_of_a_parked_call_is_a_server_span_that_ends_with_it() {
     let _ = std::fs::remove_file(config);
 }
 
+// Every call request has its server span, refused or not: one the listener refuses (a
+// bad envelope, a header that disagrees with the body), one past its principal's
+// requests in flight, and search mode's meta-tools, `call_tool`'s named by the tool it
+// calls.
+#[tokio::test]
+async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_tools() {
+    let (endpoint, received) = http_collector().await;
+    let record = temp_file("otel-gw-refused");
+    let config = temp_file("otel-gw-refused").with_extension("toml");
+    let toml = format!(
+        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\", \"--record\", {:?}] }}\n[permissions.local]\n\"*\" = [\"*\"]\n",
+        harness_exe(),
+        record.to_string_lossy(),
+    );
+    std::fs::write(&config, toml).expect("write config");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let extra = "tool_exposure = \"search\"\nmax_in_flight_per_principal = 1";
+    let mut gateway = serve(&config, extra, &env, None).await;
+    let parent = "00f067aa0ba902b7";
+    let trace = |n: u8| format!("7bf92f3577b34da6a3ce929d0e0e47{n:02x}");
+    let context = |n: u8| format!("00-{}-{parent}-01", trace(n));
+    let search = serde_json::json!({"arguments": {"query": "echo text back"}});
+    let found = modern_call(&gateway.url, "search_tools", search, context(1)).await;
+    assert!(found["result"].is_object(), "{found}");
+    // The envelope without the client's capabilities.
+    let bare = serde_json::json!({"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "traceparent": context(2),
+    }});
+    let no_envelope = modern_call(&gateway.url, "search_tools", bare, context(2)).await;
+    let envelope_code = no_envelope["error"]["code"].as_i64().expect("refused");
+    // A header naming another tool than the body does.
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "describe_tool", "arguments": {"name": "s__echo"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "traceparent": context(3),
+        },
+    }});
+    let mismatch: Value = reqwest::Client::new()
+        .post(&gateway.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "search_tools")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("a JSON-RPC response");
+    let mismatch_code = mismatch["error"]["code"].as_i64().expect("refused");
+    // The principal's one place held by a call that never ends; the next is refused.
+    let url = gateway.url.clone();
+    let hang = serde_json::json!({"arguments": {"name": "s__hang"}});
+    let hung = context(4);
+    let held = tokio::spawn(async move { modern_call(&url, "call_tool", hang, hung).await });
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["params"]["name"] == "hang"))
+        .await,
+        "the hanging call reached the server"
+    );
+    let echo = serde_json::json!({"arguments": {"name": "s__echo", "arguments": {"text": "x"}}});
+    let busy = modern_call(&gateway.url, "call_tool", echo, context(5)).await;
+    let busy_code = busy["error"]["code"].as_i64().expect("past the cap");
+    stop_gateway(&mut gateway).await;
+    held.abort();
+    let span = |n: u8| {
+        received
+            .spans()
+            .into_iter()
+            .find(|s| hex(&s.trace_id) == trace(n) && s.kind == 2)
+            .unwrap_or_else(|| panic!("request {n}'s server span"))
+    };
+    let searched = span(1);
+    assert_eq!(searched.name, "tools/call search_tools");
+    assert_eq!(attr(&searched, "error.type"), None);
+    assert_eq!(hex(&searched.parent_span_id), parent);
+    for (n, name, code) in [
+        (2, "tools/call search_tools", envelope_code),
+        (3, "tools/call describe_tool", mismatch_code),
+        (5, "tools/call s__echo", busy_code),
+    ] {
+        let refused = span(n);
+        assert_eq!(refused.name, name);
+        assert_eq!(
+            attr(&refused, "error.type"),
+            Some(code.to_string()),
+            "{name}"
+        );
+        assert_eq!(refused.status.as_ref().map(|s| s.code), Some(2), "{name}");
+    }
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
 // With export off a gateway makes no trace context of its own, and passes its client's
 // on as it came: the server continues the client's trace.
 #[tokio::test]

@@ -29,6 +29,7 @@ use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::{
     Admitted, Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal,
@@ -1070,7 +1071,7 @@ async fn params_checked(
     principal: &Principal,
     request: &Request,
     headers: &hyper::HeaderMap,
-) -> Result<(), HttpResponse> {
+) -> Result<(), (StatusCode, RpcError)> {
     let param = |name: &str| {
         headers
             .get(name)
@@ -1081,11 +1082,10 @@ async fn params_checked(
     let check = state
         .gateway
         .check_param_headers(principal, request, param, sent);
-    let id = Some(request.id.clone());
     match tokio::time::timeout(PARAM_CHECK_TIMEOUT, check).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if e.code == HEADER_MISMATCH => Err(error_reply(StatusCode::BAD_REQUEST, id, e)),
-        Ok(Err(e)) => Err(error_reply(StatusCode::SERVICE_UNAVAILABLE, id, e)),
+        Ok(Err(e)) if e.code == HEADER_MISMATCH => Err((StatusCode::BAD_REQUEST, e)),
+        Ok(Err(e)) => Err((StatusCode::SERVICE_UNAVAILABLE, e)),
         // Headers unchecked are not let through: something in front of the gateway may
         // have acted on them. Without any, the call goes on (a server slow to start
         // still gets its first calls).
@@ -1095,7 +1095,7 @@ async fn params_checked(
                 INTERNAL_ERROR,
                 "the tool's schema could not be read in time to check its Mcp-Param headers",
             );
-            Err(error_reply(StatusCode::GATEWAY_TIMEOUT, id, e))
+            Err((StatusCode::GATEWAY_TIMEOUT, e))
         }
     }
 }
@@ -1258,6 +1258,14 @@ async fn post(
             error_reply(StatusCode::BAD_REQUEST, None, e)
         }
         Message::Request(request) if legacy => {
+            // A call request's span, from its arrival: the checks below run in it.
+            let spanned = state.gateway.request_span(&request);
+            let refused = |(status, e): (StatusCode, RpcError), id| {
+                if let Some(s) = &spanned {
+                    s.refuse(&e);
+                }
+                error_reply(status, Some(id), e)
+            };
             // A legacy client has no mirror headers to send; any it sends must be true.
             let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
             if let Err(e) =
@@ -1266,27 +1274,42 @@ async fn post(
                         check_sent_headers(&headers, &request.method, request.params.as_ref())
                     })
             {
-                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+                return refused((StatusCode::BAD_REQUEST, e), request.id);
             }
-            if sent
-                && let Err(refused) = params_checked(&state, &principal, &request, &headers).await
-            {
-                return refused;
+            if sent {
+                let span = spanned
+                    .as_ref()
+                    .map_or_else(tracing::Span::none, |s| s.span().clone());
+                let checked = params_checked(&state, &principal, &request, &headers);
+                if let Err(e) = checked.instrument(span).await {
+                    return refused(e, request.id);
+                }
             }
-            legacy_request(state, request, principal, session_id, large).await
+            legacy_request(state, request, principal, session_id, large, spanned).await
         }
         Message::Request(request) => {
+            let spanned = state.gateway.request_span(&request);
+            let refused = |(status, e): (StatusCode, RpcError), id| {
+                if let Some(s) = &spanned {
+                    s.refuse(&e);
+                }
+                error_reply(status, Some(id), e)
+            };
             // The envelope first (its error is -32602 / 400), then the headers.
             if let Err(e) = super::Gateway::check_envelope(&request)
                 .and_then(|_| check_headers(&headers, &request))
             {
-                return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
+                return refused((StatusCode::BAD_REQUEST, e), request.id);
             }
             if request.method == "subscriptions/listen" {
                 return listen_stream(state, principal, until, request);
             }
-            if let Err(refused) = params_checked(&state, &principal, &request, &headers).await {
-                return refused;
+            let span = spanned
+                .as_ref()
+                .map_or_else(tracing::Span::none, |s| s.span().clone());
+            let checked = params_checked(&state, &principal, &request, &headers);
+            if let Err(e) = checked.instrument(span).await {
+                return refused(e, request.id);
             }
             // A modern client cancels by going away: this handler is dropped.
             let cancel = CancelToken::new();
@@ -1304,12 +1327,12 @@ async fn post(
                     let _large = large;
                     state
                         .gateway
-                        .handle(
+                        .handle_spanned(
                             &principal,
                             request,
                             Client::Modern { session: None },
-                            cancel,
-                            progress,
+                            (cancel, progress),
+                            spanned,
                         )
                         .await
                 }
@@ -1811,6 +1834,7 @@ async fn legacy_request(
     principal: Principal,
     session_id: Option<String>,
     large: Option<PrincipalSlot>,
+    spanned: Option<super::RequestSpan>,
 ) -> HttpResponse {
     let idle = state.gateway.config().session_idle;
     if request.method == "initialize" {
@@ -1926,7 +1950,7 @@ async fn legacy_request(
             };
             state
                 .gateway
-                .handle(&principal, request, client, cancel, progress)
+                .handle_spanned(&principal, request, client, (cancel, progress), spanned)
                 .await
         }
     };

@@ -1480,6 +1480,44 @@ impl Gateway {
         cancel: CancelToken,
         progress: Option<ProgressSender>,
     ) -> Result<Value, RpcError> {
+        let spanned = self.request_span(&request);
+        self.handle_spanned(principal, request, client, (cancel, progress), spanned)
+            .await
+    }
+
+    /// [`Gateway::handle`] of a request whose span (a call request's,
+    /// [`Gateway::request_span`]) was made when it arrived: the listener's own checks
+    /// ran in it. The span is entered while the request runs and marked with what it
+    /// answers.
+    pub(crate) async fn handle_spanned(
+        &self,
+        principal: &Principal,
+        request: Request,
+        client: Client<'_>,
+        io: (CancelToken, Option<ProgressSender>),
+        spanned: Option<RequestSpan>,
+    ) -> Result<Value, RpcError> {
+        let (span, trace) = match spanned {
+            Some(RequestSpan { span, trace }) => (span, Some(trace)),
+            None => (tracing::Span::none(), None),
+        };
+        let answered = self
+            .handle_in_span(principal, request, client, io, trace)
+            .instrument(span.clone())
+            .await;
+        mark_outcome(&span, answered.as_ref());
+        answered
+    }
+
+    /// [`Gateway::handle`] within the request's span, if it has one.
+    async fn handle_in_span(
+        &self,
+        principal: &Principal,
+        request: Request,
+        client: Client<'_>,
+        (cancel, progress): (CancelToken, Option<ProgressSender>),
+        trace: Option<RequestTrace>,
+    ) -> Result<Value, RpcError> {
         let now = self.now();
         let capabilities = match &client {
             Client::Modern { .. } => Some(Self::check_envelope(&request)?),
@@ -1528,6 +1566,7 @@ impl Gateway {
                             &params,
                             (&client, capabilities),
                             io,
+                            trace,
                         )
                         .await
                     }
@@ -1539,8 +1578,15 @@ impl Gateway {
                         progress,
                         session,
                     };
-                    self.answer(principal, method, &params, (&client, capabilities), io)
-                        .await
+                    self.answer(
+                        principal,
+                        method,
+                        &params,
+                        (&client, capabilities),
+                        io,
+                        trace,
+                    )
+                    .await
                 }
             }
         };
@@ -1585,6 +1631,7 @@ impl Gateway {
     }
 
     /// One request's answer, as `handle` dispatches it (the search meta-tools aside).
+    /// `trace` is how a call request is traced (decided at its span).
     async fn answer(
         &self,
         principal: &Principal,
@@ -1592,6 +1639,7 @@ impl Gateway {
         params: &Value,
         (client, capabilities): (&Client<'_>, Option<Value>),
         io: CallIo,
+        trace: Option<RequestTrace>,
     ) -> Result<Value, RpcError> {
         match method {
             // 2026-07-28 removed ping; legacy sessions still have it.
@@ -1610,13 +1658,10 @@ impl Gateway {
                     "prompts/get" => CallKind::Prompt,
                     _ => CallKind::Resource,
                 };
-                // The request's server span, made before anything can refuse it, and
-                // marked with what it answers.
-                let (span, trace) = self.request_span(kind, params);
-                let answered = match (client, capabilities) {
+                let trace = trace.unwrap_or(RequestTrace::UNTRACED);
+                match (client, capabilities) {
                     (Client::Modern { .. }, Some(caps)) => self
                         .call_modern(principal, kind, method, params, caps, io, trace)
-                        .instrument(span.clone())
                         .await
                         .map_err(|e| codes_of_the_era(e, crate::protocol::meta::MODERN)),
                     // Boxed: its future is several times a modern call's, and every
@@ -1624,14 +1669,12 @@ impl Gateway {
                     (Client::Legacy { client, peer }, _) => {
                         let call =
                             self.call_legacy(principal, kind, params, client, *peer, io, trace);
-                        Box::pin(call.instrument(span.clone()))
+                        Box::pin(call)
                             .await
                             .map_err(|e| codes_of_the_era(e, &client.version))
                     }
                     (Client::Modern { .. }, None) => Err(invalid("params._meta is required")),
-                };
-                mark_outcome(&span, answered.as_ref());
-                answered
+                }
             }
             other => Err(RpcError::new(
                 METHOD_NOT_FOUND,
@@ -2498,6 +2541,35 @@ struct RequestTrace {
     passed_on: Option<opentelemetry::Context>,
 }
 
+/// A call request's server span and how its call is traced, made when the request
+/// arrives ([`Gateway::request_span`]).
+pub(crate) struct RequestSpan {
+    span: tracing::Span,
+    trace: RequestTrace,
+}
+
+impl RequestSpan {
+    /// The span, for the listener's checks to run in.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Marks the span with the listener's refusal of its request (the span ends when
+    /// this is dropped).
+    pub(crate) fn refuse(&self, e: &RpcError) {
+        mark_outcome(&self.span, Err(e));
+    }
+}
+
+impl RequestTrace {
+    /// Not traced, and nothing to pass on.
+    const UNTRACED: RequestTrace = RequestTrace {
+        traced: false,
+        own: None,
+        passed_on: None,
+    };
+}
+
 /// Whether a downstream request asks for progress (`_meta.progressToken`).
 pub(crate) fn wants_progress(request: &Request) -> bool {
     request.params.as_ref().and_then(progress_token).is_some()
@@ -2566,14 +2638,30 @@ fn downstream_span(
 }
 
 impl Gateway {
-    /// The server span of one call request (named by what it asks for, as the client
-    /// named it), and how its call is traced.
-    fn request_span(&self, kind: CallKind, params: &Value) -> (tracing::Span, RequestTrace) {
-        let field = match kind {
-            CallKind::Resource => "uri",
-            _ => "name",
+    /// The server span of a call request (named by what it asks for, as the client
+    /// named it: in search mode, `call_tool`'s by the tool it calls), and how its call
+    /// is traced; `None` for other requests.
+    pub(crate) fn request_span(&self, request: &Request) -> Option<RequestSpan> {
+        let kind = match request.method.as_str() {
+            "tools/call" => CallKind::Tool,
+            "prompts/get" => CallKind::Prompt,
+            "resources/read" => CallKind::Resource,
+            _ => return None,
         };
-        let asked = params.get(field).and_then(Value::as_str).unwrap_or("");
+        let params = request.params.as_ref().unwrap_or(&Value::Null);
+        let asked = match kind {
+            CallKind::Resource => params.get("uri"),
+            _ => match params.get("name") {
+                Some(n)
+                    if n == search::CALL_TOOL
+                        && self.now().config.tool_exposure == ToolExposure::Search =>
+                {
+                    params.get("arguments").and_then(|a| a.get("name"))
+                }
+                name => name,
+            },
+        };
+        let asked = asked.and_then(Value::as_str).unwrap_or("");
         let (span, traced, passed_on) = downstream_span(self.sampling(), kind, asked, params);
         // The span's context where it is exported (an OpenTelemetry layer, traced).
         let own = (traced && !span.is_disabled())
@@ -2588,7 +2676,7 @@ impl Gateway {
             own,
             passed_on,
         };
-        (span, trace)
+        Some(RequestSpan { span, trace })
     }
 }
 
