@@ -1093,6 +1093,21 @@ async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_t
         .await
         .expect("a JSON-RPC response");
     let mismatch_code = mismatch["error"]["code"].as_i64().expect("refused");
+    // A legacy request on a session the gateway does not know.
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "search_tools", "arguments": {"query": "echo"},
+        "_meta": {"traceparent": context(6)},
+    }});
+    let unknown = reqwest::Client::new()
+        .post(&gateway.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", "no-such-session")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(unknown.status(), reqwest::StatusCode::NOT_FOUND);
     // The principal's one place held by a call that never ends; the next is refused.
     let url = gateway.url.clone();
     let hang = serde_json::json!({"arguments": {"name": "s__hang"}});
@@ -1125,6 +1140,7 @@ async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_t
         (2, "tools/call search_tools", envelope_code),
         (3, "tools/call describe_tool", mismatch_code),
         (5, "tools/call s__echo", busy_code),
+        (6, "tools/call search_tools", -32600),
     ] {
         let refused = span(n);
         assert_eq!(refused.name, name);

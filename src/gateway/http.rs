@@ -1890,12 +1890,17 @@ async fn legacy_request(
         }
         return r;
     }
+    // A call refused for its session is marked so in its span (404 has no JSON-RPC
+    // code: it is marked as the invalid request it is).
+    let refuse = |e: &RpcError| {
+        if let Some(s) = &spanned {
+            s.refuse(e);
+        }
+    };
     let Some(sid) = session_id else {
-        return error_reply(
-            StatusCode::BAD_REQUEST,
-            Some(request.id),
-            RpcError::new(INVALID_REQUEST, "no session: initialize first"),
-        );
+        let e = RpcError::new(INVALID_REQUEST, "no session: initialize first");
+        refuse(&e);
+        return error_reply(StatusCode::BAD_REQUEST, Some(request.id), e);
     };
     let found = {
         let mut sessions = state.sessions.lock();
@@ -1913,6 +1918,7 @@ async fn legacy_request(
         })
     };
     let Some((client, pending, (by_client, cancel), ticket)) = found else {
+        refuse(&RpcError::new(INVALID_REQUEST, "unknown session"));
         return full(StatusCode::NOT_FOUND, "text/plain", "unknown session");
     };
     let entry = SessionTicket {
