@@ -1093,6 +1093,26 @@ async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_t
         .await
         .expect("a JSON-RPC response");
     let mismatch_code = mismatch["error"]["code"].as_i64().expect("refused");
+    // A mirror header sent twice.
+    let mut twice = body.clone();
+    twice["params"]["name"] = "search_tools".into();
+    twice["params"]["_meta"]["traceparent"] = context(7).into();
+    let repeated: Value = reqwest::Client::new()
+        .post(&gateway.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "search_tools")
+        .header("mcp-name", "search_tools")
+        .body(twice.to_string())
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("a JSON-RPC response");
+    let repeated_code = repeated["error"]["code"].as_i64().expect("refused");
     // A legacy request on a session the gateway does not know.
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
         "name": "search_tools", "arguments": {"query": "echo"},
@@ -1141,6 +1161,7 @@ async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_t
         (3, "tools/call describe_tool", mismatch_code),
         (5, "tools/call s__echo", busy_code),
         (6, "tools/call search_tools", -32600),
+        (7, "tools/call search_tools", repeated_code),
     ] {
         let refused = span(n);
         assert_eq!(refused.name, name);

@@ -85,12 +85,27 @@ enum Walk {
 /// A walk's flight, when it leads one: given the walk's outcome when it ends.
 type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;
 
-/// What a listing saw of a list's first page before it walked the list (to walk a
-/// fresh one-page list without a task), and under which handlers: the walk starts from
-/// it rather than looking again, so that one page wanted is one lookup counted.
+/// A walk begun by a listing's look at the list's first page (`list_all` looks, to
+/// walk a fresh one-page list without a task): the walk goes on from what it saw, so
+/// that one page wanted is one lookup counted. Its epoch, number and handlers are
+/// taken before the look, as a walk's own are before its first page: an invalidation
+/// after the look is one the walk is dropped for.
 pub(crate) struct FirstLook {
     handlers: Arc<HandlerSet>,
+    epoch: u64,
+    walk: u64,
     page: Option<Hit>,
+}
+
+/// Where a walk starts.
+enum Start {
+    /// Nothing looked up yet.
+    Anew,
+    /// From a listing's look at the first page.
+    Looked(FirstLook),
+    /// Again, after a walk whose look at the first page was counted (its leader gave
+    /// up): that page is looked up again uncounted.
+    Again,
 }
 
 /// Every page of one server's list (see the module docs).
@@ -103,6 +118,7 @@ pub(crate) async fn list_server(
     mut first: Option<FirstLook>,
 ) -> Result<Listed, CallError> {
     let mut use_cache = true;
+    let mut again = false;
     // A lead kept across a rejected cursor: its followers wait for the walk again.
     let mut carried: Lead = None;
     let began = Instant::now();
@@ -111,16 +127,13 @@ pub(crate) async fn list_server(
     // no news of the server for those waiting on this walk, who may have more time.
     let cut_short = timeout < server.config().timeout;
     loop {
-        let (walked, lead) = walk(
-            ctx,
-            server,
-            kind,
-            auth_context,
-            timeout,
-            use_cache,
-            first.take(),
-        )
-        .await;
+        let start = match first.take() {
+            Some(look) => Start::Looked(look),
+            None if again => Start::Again,
+            None => Start::Anew,
+        };
+        again = true;
+        let (walked, lead) = walk(ctx, server, kind, auth_context, timeout, use_cache, start).await;
         let lead = lead.or(carried.take());
         let outcome = match walked {
             Walk::Join(follower) => match follower.outcome().await {
@@ -218,7 +231,15 @@ fn refresh_if_due(
         }
         tracing::debug!(server = %server.id(), method = kind.method(), "refreshing a list ahead of its expiry");
         // Bounded as a call is: a server paging for ever does not hold the mark.
-        let walked = walk(&ctx, &server, kind, auth.as_deref(), timeout, false, None);
+        let walked = walk(
+            &ctx,
+            &server,
+            kind,
+            auth.as_deref(),
+            timeout,
+            false,
+            Start::Anew,
+        );
         match within_call_timeout(&ctx, walked).await {
             Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "refresh ahead failed; the list expires as usual");
@@ -274,7 +295,15 @@ pub(crate) async fn refetch_tools(ctx: &Arc<CallContext>, server: &str) {
     };
     let timeout = server.config().timeout;
     loop {
-        let walked = walk(ctx, &server, ListKind::Tools, None, timeout, false, None);
+        let walked = walk(
+            ctx,
+            &server,
+            ListKind::Tools,
+            None,
+            timeout,
+            false,
+            Start::Anew,
+        );
         match within_call_timeout(ctx, walked).await {
             Some((Walk::Failed(e), _)) => {
                 tracing::debug!(server = %server.id(), error = %e, "could not read a changed tool list");
@@ -315,8 +344,10 @@ struct Walker<'a> {
     /// The handlers when the walk started: every page is asked, and keyed, with their
     /// capabilities.
     handlers: Arc<HandlerSet>,
-    /// What was seen of the first page before the walk, which it starts from.
+    /// What a listing's look saw of the first page, which the walk starts from.
     first: Option<Option<Hit>>,
+    /// The first page's lookup was counted by an earlier walk ([`Start::Again`]).
+    first_counted: bool,
     /// The server's cache epoch when the walk started.
     epoch: u64,
     /// The walk's number ([`crate::registry::Registry::walk_begins`]).
@@ -412,10 +443,11 @@ impl<'a> Walker<'a> {
         let cache = &self.ctx.registry.cache;
         let seen = match (cursor, self.first.take()) {
             (None, Some(seen)) => seen,
-            _ => self
-                .use_cache
-                .then(|| cache.get(self.list(), cursor, self.auth_context))
-                .flatten(),
+            _ if !self.use_cache => None,
+            (None, None) if self.first_counted => {
+                cache.get_again(self.list(), cursor, self.auth_context)
+            }
+            _ => cache.get(self.list(), cursor, self.auth_context),
         };
         if self.use_cache
             && let Some(hit) = seen
@@ -710,11 +742,18 @@ async fn walk(
     auth_context: Option<&str>,
     timeout: Duration,
     use_cache: bool,
-    first: Option<FirstLook>,
+    start: Start,
 ) -> (Walk, Lead) {
-    let (handlers, first) = match first {
-        Some(look) => (look.handlers, Some(look.page)),
-        None => (ctx.inputs.snapshot(), None),
+    let first_counted = matches!(start, Start::Again);
+    let (handlers, epoch, walk, first) = match start {
+        Start::Looked(look) => (look.handlers, look.epoch, look.walk, Some(look.page)),
+        Start::Anew | Start::Again => {
+            // The epoch before the handlers, which a registration changes before it
+            // moves the epoch.
+            let epoch = ctx.registry.cache.walk_epoch(server.id());
+            let walk = ctx.registry.walk_begins();
+            (ctx.inputs.snapshot(), epoch, walk, None)
+        }
     };
     let mut walker = Walker {
         ctx,
@@ -725,8 +764,9 @@ async fn walk(
         use_cache,
         handlers,
         first,
-        epoch: ctx.registry.cache.walk_epoch(server.id()),
-        walk: ctx.registry.walk_begins(),
+        first_counted,
+        epoch,
+        walk,
         fetching: None,
         lead: None,
         pages: Vec::new(),
@@ -876,7 +916,6 @@ pub(crate) async fn list_all(
         until: crate::util::duration::after(tokio::time::Instant::now(), total),
         total,
     };
-    let handlers = ctx.inputs.snapshot();
     for (i, server) in servers.into_iter().enumerate() {
         if !server.state().routable() {
             if !may_offer(&server, kind) {
@@ -905,6 +944,11 @@ pub(crate) async fn list_all(
             None => server.config().timeout,
         };
         let auth = caller.auth_context.clone();
+        // As a walk begins (see `FirstLook`): the epoch before the handlers, which a
+        // registration changes before it moves the epoch.
+        let epoch = ctx.registry.cache.walk_epoch(server.id());
+        let walk = ctx.registry.walk_begins();
+        let handlers = ctx.inputs.snapshot();
         let first = ctx.registry.cache.get(
             ListOf {
                 server: server.id(),
@@ -924,7 +968,9 @@ pub(crate) async fn list_all(
             .as_ref()
             .is_some_and(|hit| hit.value.get("nextCursor").is_none());
         let first = FirstLook {
-            handlers: handlers.clone(),
+            handlers,
+            epoch,
+            walk,
             page: first,
         };
         if !first_cached && server.state() == ServerState::Restarting {

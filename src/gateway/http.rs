@@ -1200,6 +1200,11 @@ async fn post(
             _ => None,
         };
         let e = RpcError::new(HEADER_MISMATCH, format!("header mismatch: {name} repeated"));
+        if let Message::Request(r) = &message
+            && let Some(spanned) = state.gateway.request_span(r)
+        {
+            spanned.refuse(&e);
+        }
         return error_reply(StatusCode::BAD_REQUEST, id, e);
     }
     match message {
