@@ -15,7 +15,7 @@ use mcp_harness::transport::{
 };
 use mcp_harness::{
     ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
-    InputHandler, ServerConfig, ServerError, ServerState,
+    InputHandler, RestartConfig, ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -1554,6 +1554,50 @@ async fn a_legacy_http_question_right_before_its_result_is_never_another_calls()
     slow.abort();
     h.shutdown().await;
     let _ = std::fs::remove_file(record);
+}
+
+// A legacy HTTP server upgraded behind its address: its session expires, and the
+// renewal's `initialize` chooses another version, so the session cannot go on as it
+// was. The connection is over: the server is connected anew (and speaks the new
+// version), not left ready on a connection whose every request fails.
+#[tokio::test]
+async fn a_session_the_server_will_not_renew_as_it_was_is_connected_anew() {
+    let server = HttpServer::demo(&[
+        "leg",
+        "--era",
+        "legacy",
+        "--expire-on-first-call",
+        "--renewal-version",
+        "2025-06-18",
+    ])
+    .await;
+    let mut leg = ServerConfig::new("leg", server.spec());
+    leg.restart = RestartConfig {
+        min_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(50),
+        ..RestartConfig::default()
+    };
+    let h = start_ready(config(vec![leg])).await;
+    let first = h.server_status("leg").expect("leg");
+    assert_eq!(first.protocol_version.as_deref(), Some("2025-11-25"));
+    let echo = || h.call_tool(&a(), "leg__echo", json!({"text": "hi"}));
+    let refused = echo().await.expect_err("its session could not be renewed");
+    assert!(
+        refused.to_string().contains("would not begin it again"),
+        "{refused}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("leg")
+            .is_some_and(|s| s.state == ServerState::Ready
+                && s.protocol_version.as_deref() == Some("2025-06-18")))
+        .await,
+        "connected anew: {:?}",
+        h.server_status("leg")
+    );
+    let answer = echo().await.expect("served on the new connection");
+    assert_eq!(text(&answer), "hi");
+    h.shutdown().await;
 }
 
 // A request sent again in a new session (its first POST found the session ended) goes

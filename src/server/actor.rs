@@ -290,7 +290,8 @@ impl Actor for ServerActor {
             }
             ServerMsg::ConnectionLost { attempt, error } => {
                 if state.current_attempt() == Some(attempt) && state.state == ServerState::Ready {
-                    if let Some(old) = state.current.take() {
+                    // Left in place for `on_connection_lost` to read its version.
+                    if let Some(old) = &state.current {
                         old.actor.kill();
                     }
                     let failure = ConnectionFailure::Transport(error);
@@ -373,7 +374,6 @@ impl Actor for ServerActor {
             state.span.in_scope(|| tracing::warn!(server = %state.id(), error = %failure, "reconnecting with new capabilities failed; keeping the current connection"));
             state.retry_handover(&myself);
         } else if is_attempt(&state.current, cell) {
-            state.current = None;
             state.on_connection_lost(&myself, &failure);
         }
         // Giving up on the server answers its queue.

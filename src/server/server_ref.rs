@@ -524,7 +524,8 @@ impl ServerRef {
     }
 
     /// One request on a ready connection, with the server's id on its error. An HTTP
-    /// server that refuses the connection is reported to the actor as down.
+    /// connection that can serve no more ([`TransportError::ends_connection`]) is
+    /// reported to the actor as lost.
     pub(super) async fn on_connection(
         &self,
         live: &LiveConnection,
@@ -536,7 +537,8 @@ impl ServerRef {
         let conn = &live.conn;
         let result = conn.request_as(method, params, timeout, options).await;
         if conn.is_http()
-            && let Err(RequestError::Transport(error @ TransportError::NotSent(_))) = &result
+            && let Err(RequestError::Transport(error)) = &result
+            && error.ends_connection()
             && let Some(actor) = self.actor()
         {
             let lost = ServerMsg::ConnectionLost {

@@ -131,6 +131,11 @@ pub enum TransportError {
     /// A legacy HTTP session the server no longer knows (404 with a session id).
     #[error("the server ended the HTTP session")]
     SessionExpired,
+    /// A legacy HTTP session expired and the server would not begin it again as it was
+    /// (it chose another version, refused the harness's sign-in, or began no session):
+    /// the connection is over, and the server is connected anew.
+    #[error("the HTTP session expired and the server would not begin it again: {0}")]
+    SessionRefused(String),
     /// A network failure after the request may have been sent.
     #[error("network error: {0}")]
     Network(String),
@@ -150,11 +155,24 @@ pub enum TransportError {
 }
 
 impl TransportError {
+    /// True when the connection this came from can serve no more requests although
+    /// its server may be there: refused (an HTTP server that is down), or a legacy
+    /// session that could not be begun again. Reported to the server's actor, which
+    /// connects anew. (A stdio connection's end is seen by its reader.)
+    pub fn ends_connection(&self) -> bool {
+        matches!(
+            self,
+            TransportError::NotSent(_) | TransportError::SessionRefused(_)
+        )
+    }
+
     /// True when the request provably never reached the server.
     pub fn never_sent(&self) -> bool {
         matches!(
             self,
             TransportError::NotSent(_)
+                // Its request was answered 404 on the old session, unread.
+                | TransportError::SessionRefused(_)
                 | TransportError::Spawn { .. }
                 | TransportError::Tls { .. }
                 | TransportError::InvalidConfig(_)

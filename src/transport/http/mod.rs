@@ -732,10 +732,12 @@ impl HttpTransport {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let refused = |e: TransportError| match e {
-            TransportError::Unauthorized { status, .. } => failed(format!(
+            TransportError::Unauthorized { status, .. } => TransportError::SessionRefused(format!(
                 "the server refused the session's own sign-in ({status})"
             )),
-            TransportError::SessionExpired => failed("the new session was gone at once".into()),
+            TransportError::SessionExpired => {
+                TransportError::SessionRefused("the new session was gone at once".into())
+            }
             other => other,
         };
         tracing::info!(server = %self.server, "HTTP session expired; initializing again");
@@ -750,12 +752,14 @@ impl HttpTransport {
             .map_err(refused)?;
         let checked = self.same_session(reply);
         let Some(sid) = sid else {
-            return Err(checked
-                .err()
-                .unwrap_or_else(|| failed("the reply began no session".into())));
+            return Err(checked.err().unwrap_or_else(|| {
+                TransportError::SessionRefused("the reply began no session".into())
+            }));
         };
         let Ok(header) = HeaderValue::from_str(&sid) else {
-            return Err(failed("the session id is not a header value".into()));
+            return Err(TransportError::SessionRefused(
+                "the session id is not a header value".into(),
+            ));
         };
         // From here on, a session the server began is ended, not left to expire, if
         // this renewal fails or is cut off (its time ran out) before it is in use.
@@ -798,13 +802,13 @@ impl HttpTransport {
     }
 
     /// Whether a renewal's `initialize` reply begins the session as it was (the version
-    /// it chose then), or why not.
+    /// it chose then), or why not: the server's refusal, which no renewal will change.
     fn same_session(&self, reply: Reply) -> Result<(), TransportError> {
-        let result = reply.map_err(|e| renewal_failed(e.to_string()))?;
-        let result =
-            InitializeResult::from_value(&result).map_err(|e| renewal_failed(e.to_string()))?;
+        let refused = |why: String| TransportError::SessionRefused(why);
+        let result = reply.map_err(|e| refused(e.to_string()))?;
+        let result = InitializeResult::from_value(&result).map_err(|e| refused(e.to_string()))?;
         if Some(&result.protocol_version) != self.session.version().as_ref() {
-            return Err(renewal_failed(format!(
+            return Err(refused(format!(
                 "the server now chose version {:?}",
                 crate::util::text::one_line(&result.protocol_version, 40)
             )));

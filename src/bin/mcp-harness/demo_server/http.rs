@@ -809,9 +809,14 @@ async fn initialize(
             "initialize refused (--refuse-initialize-with-session)",
         ))
     } else {
-        let Action::Reply(outcome) = state.server.handle(request, ctx).await else {
+        let Action::Reply(mut outcome) = state.server.handle(request, ctx).await else {
             return full(StatusCode::INTERNAL_SERVER_ERROR, "", "");
         };
+        if let (true, Some(version), Ok(result)) =
+            (n > 0, &state.server.args.renewal_version, &mut outcome)
+        {
+            result["protocolVersion"] = version.as_str().into();
+        }
         outcome
     };
     let ok = outcome.is_ok() || refuse;

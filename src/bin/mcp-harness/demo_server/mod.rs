@@ -157,6 +157,11 @@ pub struct DemoServerArgs {
     /// the client may not speak).
     #[arg(long)]
     pub legacy_version: Option<String>,
+    /// HTTP legacy only: answer every `initialize` after the first with this protocol
+    /// version (a server upgraded behind its address: a session renewed there is not
+    /// the session it was).
+    #[arg(long)]
+    pub renewal_version: Option<String>,
     /// Refuse every legacy HTTP `initialize` with an error, and name a session in the
     /// refusal's headers all the same (a server that begins a session it then refuses).
     #[arg(long)]
