@@ -26,8 +26,9 @@ pub(super) fn name(kind: CallKind, name: &str) -> String {
 const ATTRIBUTE_MAX: usize = 128;
 
 /// A name as a span attribute, cut short (a caller or a server may send megabytes of
-/// one, and every exported span would carry it), its control characters shown as
-/// U+FFFD (a log line may reach a terminal). Written only if the span records it.
+/// one, and every exported span would carry it), its control and invisible format
+/// characters shown as U+FFFD (a log line may reach a terminal). Written only if the
+/// span records it.
 pub(super) struct Cut<'a>(pub(super) &'a str);
 
 impl std::fmt::Display for Cut<'_> {
@@ -35,7 +36,8 @@ impl std::fmt::Display for Cut<'_> {
         use std::fmt::Write;
         let mut chars = self.0.chars();
         for c in chars.by_ref().take(ATTRIBUTE_MAX) {
-            f.write_char(if c.is_control() { '\u{FFFD}' } else { c })?;
+            let shown = crate::util::trace_context::shown_as_is(c);
+            f.write_char(if shown { c } else { '\u{FFFD}' })?;
         }
         if chars.next().is_some() {
             f.write_char('…')?;
@@ -152,6 +154,7 @@ mod tests {
     fn an_attribute_is_cut_and_shows_no_control_character() {
         assert_eq!(Cut("echo").to_string(), "echo");
         assert_eq!(Cut("a\u{1b}[31mb\r").to_string(), "a\u{FFFD}[31mb\u{FFFD}");
+        assert_eq!(Cut("a\u{202e}b").to_string(), "a\u{FFFD}b");
         let long = "é".repeat(ATTRIBUTE_MAX + 1);
         let cut = format!("{}…", "é".repeat(ATTRIBUTE_MAX));
         assert_eq!(Cut(&long).to_string(), cut);

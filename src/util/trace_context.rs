@@ -191,8 +191,10 @@ const NAME_TARGET_MAX: usize = 96;
 
 /// A span name by the conventions, `{method} {target}`, or `{method}` alone when the
 /// target is not to be named (a resource's uri may hold secrets) or there is none; the
-/// target is cut to [`NAME_TARGET_MAX`] characters, its control characters shown as
-/// U+FFFD (it comes from a client or a server, and a span name may reach a terminal).
+/// target is cut to [`NAME_TARGET_MAX`] characters, its control and invisible format
+/// characters ([`crate::util::text::hidden`]) shown as U+FFFD (it comes from a client
+/// or a server, and a span name may reach a terminal, where a right-to-left override
+/// would reorder the line).
 pub fn span_name(method: &str, named: bool, target: &str) -> String {
     if !named || target.is_empty() {
         return method.to_string();
@@ -202,12 +204,18 @@ pub fn span_name(method: &str, named: bool, target: &str) -> String {
     name.push(' ');
     let mut chars = target.chars();
     for c in chars.by_ref().take(NAME_TARGET_MAX) {
-        name.push(if c.is_control() { '\u{FFFD}' } else { c });
+        name.push(if shown_as_is(c) { c } else { '\u{FFFD}' });
     }
     if chars.next().is_some() {
         name.push('…');
     }
     name
+}
+
+/// Whether a character of a name from outside is shown as it is in a span name or
+/// attribute: not a control character, nor one that changes how a line reads.
+pub(crate) fn shown_as_is(c: char) -> bool {
+    !c.is_control() && !crate::util::text::hidden(c)
 }
 
 /// The current span's context, if it is a valid (sampled or not) OpenTelemetry span;
@@ -344,6 +352,10 @@ mod tests {
         );
         assert_eq!(span_name("tools/call", true, ""), "tools/call");
         let escaped = span_name("tools/call", true, "a\u{1b}[2Jb\nc");
+        assert_eq!(
+            span_name("tools/call", true, "x\u{202e}y\u{2028}z"),
+            "tools/call x\u{FFFD}y\u{FFFD}z"
+        );
         assert_eq!(escaped, "tools/call a\u{FFFD}[2Jb\u{FFFD}c");
         let long = "x".repeat(NAME_TARGET_MAX + 5);
         let cut = format!("tools/call {}…", "x".repeat(NAME_TARGET_MAX));
