@@ -3655,6 +3655,25 @@ async fn read_until(resp: &mut reqwest::Response, seen: &mut String, want: &str)
     true
 }
 
+// A subscription's id is kept and written on every frame for as long as its stream is
+// open, past the request's body budget: one longer than 256 bytes is refused at once,
+// one of 256 is taken.
+#[tokio::test]
+async fn a_subscription_with_a_huge_id_is_refused() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let huge = "i".repeat(1 << 20);
+    let refused = open_listen(&gw, "tok-a", json!(huge), json!({"toolsListChanged": true})).await;
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.expect("a JSON-RPC error");
+    assert_eq!(body["error"]["code"], -32600, "{}", body["error"]);
+    let longest = "i".repeat(256);
+    let (sub, heard) = subscribed(&gw, "tok-a", &longest).await;
+    assert!(heard.contains(&longest));
+    drop(sub);
+    gw.stop().await;
+}
+
 // Prompt and resource list changes reach the subscriptions that asked for them, each
 // under its own method; one that asked for tool changes alone hears neither. Before,
 // only tool changes were honoured.

@@ -365,6 +365,10 @@ const MAX_GETS_PER_PRINCIPAL: usize = MAX_SESSIONS_PER_PRINCIPAL;
 /// The longest the `Mcp-Param-*` check may take; past it a call that carries such
 /// headers is refused (504), one that carries none goes on.
 const PARAM_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest a request is read and checked before its call is in flight: its body,
+/// then its `Mcp-Param` headers (a cancellation that overtook it is kept this long).
+pub(super) const REQUEST_LAG_MAX: Duration = BODY_TIMEOUT.saturating_add(PARAM_CHECK_TIMEOUT);
 /// How often an idle subscription stream is written to.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -1639,6 +1643,18 @@ fn listen_stream(
     until: Option<Instant>,
     request: Request,
 ) -> HttpResponse {
+    // Its id is kept, and written on every frame, for as long as the stream is open:
+    // not a body's worth of it (the body's budget ends with this request).
+    if matches!(&request.id, RequestId::String(s) if s.len() > MAX_KEPT_ID) {
+        return error_reply(
+            StatusCode::BAD_REQUEST,
+            Some(request.id),
+            RpcError::new(
+                INVALID_REQUEST,
+                format!("a subscription's id is at most {MAX_KEPT_ID} bytes"),
+            ),
+        );
+    }
     let Some(slot) = PrincipalSlot::take(
         &state,
         &principal,
@@ -1782,7 +1798,8 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
     }
 }
 
-/// Longest string id whose cancellation is kept for a request still on its way.
+/// Longest string id whose cancellation is kept for a request still on its way, and
+/// of a subscription (its id is on every frame of its stream).
 const MAX_KEPT_ID: usize = 256;
 
 /// The gateway's requests to a legacy client during one call: frames on the call's

@@ -2756,9 +2756,9 @@ impl<K> Default for InFlight<K> {
 
 /// How many cancellations of requests not yet in flight a session keeps, and for how
 /// long: enough for one that overtook its request on another HTTP connection, where
-/// the request is at most a body's read behind.
+/// the request is at most a body's read and its `Mcp-Param` check behind.
 const EARLY_CANCELS: usize = 64;
-const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(5);
+const EARLY_CANCEL_KEPT: Duration = http::REQUEST_LAG_MAX;
 
 impl<K: std::hash::Hash + Eq> InFlight<K> {
     /// Adds a request; the ticket removes it. One whose cancellation came first (kept
@@ -3283,7 +3283,13 @@ mod tests {
         calls.insert(100 + EARLY_CANCELS as u64, newest.clone(), newest.clone());
         assert!(newest.is_cancelled());
         assert!(calls.early.len() < EARLY_CANCELS);
-        // Only for a moment.
+        // As long as its request may lag behind (a slow body), and no longer.
+        calls.early.clear();
+        let lagging = Instant::now() - (EARLY_CANCEL_KEPT - Duration::from_secs(1));
+        calls.early.push_back((6, lagging));
+        let slow = CancelToken::new();
+        calls.insert(6, slow.clone(), slow.clone());
+        assert!(slow.is_cancelled(), "its body took long to come");
         calls.early.clear();
         calls
             .early
