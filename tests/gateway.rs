@@ -1081,6 +1081,76 @@ async fn rmcp_clients_of_both_eras_over_http_and_stdio() {
     );
 }
 
+// With bare names, a round goes on on the server that issued its state, whatever the
+// name routes to now, and its `Mcp-Param-*` headers are checked against that server's
+// tool: here a server of higher priority, added by a reload between the rounds, binds
+// the argument to another header than the round's server does.
+#[tokio::test]
+async fn a_rounds_param_headers_are_checked_against_the_server_it_goes_on_on() {
+    let setup = Setup::new("prefix = \"never\"", &[("k1", &key("k1"))]);
+    let exe = harness_exe();
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let (_, rest) = original
+        .split_once("[permissions.a]")
+        .expect("the permissions");
+    let server = |id: &str, priority: u32, args: &str| {
+        format!(
+            "[[servers]]\nid = \"{id}\"\npriority = {priority}\ntransport = {{ type = \"stdio\", command = \"{exe}\", args = [\"demo-server\", \"{id}{tag}\"{args}] }}\n\n",
+            tag = setup.tag
+        )
+    };
+    // `zone` binds `region` to Mcp-Param-Zone, `region` to Mcp-Param-Region.
+    let zone = server("zone", 1, ", \"--rename-param-header-after\", \"0\"");
+    std::fs::write(&setup.config, format!("{zone}[permissions.a]{rest}")).expect("config");
+    let gw = setup.start().await;
+    let args = json!({"region": "eu", "ask": true});
+    let call = |extra: Value| {
+        let mut params = json!({"name": "region_echo", "arguments": args.clone()});
+        if let (Some(p), Value::Object(extra)) = (params.as_object_mut(), extra) {
+            p.extend(extra);
+        }
+        request("tools/call", params)
+    };
+    let zone_header = [("mcp-param-zone", "eu")];
+    let (status, asked, _) = gw.post(Some("tok-a"), &call(json!({})), &zone_header).await;
+    assert_eq!(status, 200, "{asked}");
+    assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+    let state = asked["result"]["requestState"].clone();
+    // `region`, of higher priority, now serves the bare name.
+    let region = server("region", 5, "");
+    gw.reload_with(&setup, &format!("{zone}{region}[permissions.a]{rest}"));
+    let name_call = request(
+        "tools/call",
+        json!({"name": "server_name", "arguments": {}}),
+    );
+    let mut routed = String::new();
+    for _ in 0..100 {
+        let (_, r, _) = gw.post(Some("tok-a"), &name_call, &[]).await;
+        routed = r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .into();
+        if routed.starts_with("region") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        routed.starts_with("region"),
+        "the reload took effect: {routed}"
+    );
+    let resume = call(json!({
+        "requestState": state,
+        "inputResponses": {"go": {"action": "accept", "content": {}}},
+    }));
+    let (status, done, _) = gw.post(Some("tok-a"), &resume, &zone_header).await;
+    // Checked against `zone`'s tool (`region`'s would want Mcp-Param-Region: -32020).
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn bare_names_route_by_priority_and_serve_each_name_once() {
     let setup = Setup::new("prefix = \"never\"", &[("k1", &key("k1"))]);

@@ -1340,7 +1340,8 @@ impl Gateway {
     /// schema cannot be read (its server is restarting, say), a request that carries
     /// `Mcp-Param-*` headers (`sent`) is refused: something in front of the gateway may
     /// have acted on them; one that carries none goes on (nothing acted on it). A
-    /// `call_tool` (tool search) that carries some is held to the tool it names.
+    /// `call_tool` (tool search) that carries some is held to the tool it names, and a
+    /// round's continuation to the tool of the server its state names.
     pub async fn check_param_headers(
         &self,
         principal: &Principal,
@@ -1393,6 +1394,25 @@ impl Gateway {
             Resolved::Name(name) => name,
             // The call's error, not the headers'.
             Resolved::NotServed(_) => return Ok(()),
+        };
+        // A round goes on on the server that issued its state, whatever a bare name
+        // routes to now (`call_modern`): held to that server's tool.
+        let name = match params.get("requestState").and_then(Value::as_str) {
+            Some(sealed) => {
+                let opened = self.now().sealer.open(
+                    sealed,
+                    &principal.agent,
+                    principal.context.as_deref(),
+                    &request.method,
+                    &seal::params_digest(params),
+                );
+                match opened {
+                    Ok(state) => on_server(CallKind::Tool, &name, &state.server),
+                    // The call's error, not the headers'.
+                    Err(_) => return Ok(()),
+                }
+            }
+            None => name,
         };
         let tool = match self
             .inner

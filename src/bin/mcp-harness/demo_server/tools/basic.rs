@@ -88,7 +88,7 @@ pub fn tools(args: &DemoServerArgs) -> Vec<Value> {
         ),
         tool(
             "region_echo",
-            "Echoes the Mcp-Param-Region header it received",
+            "Echoes the Mcp-Param-Region header it received (asking first, with \"ask\": true)",
             json!({"region": {"type": "string", "x-mcp-header": "Region"}}),
             &["region"],
         ),
@@ -205,6 +205,15 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                 .unwrap_or_default(),
         )),
         "region_echo" => {
+            // With `"ask": true` a 2026-07-28 call asks once (`input_required`) first: a
+            // round that goes on on this server.
+            let asks = arg(request, "ask").and_then(Value::as_bool) == Some(true);
+            if asks && !ctx.legacy && params_field(request, "requestState").is_none() {
+                let question = json!({"method": "elicitation/create", "params": {"mode": "form",
+                    "message": "Go on?", "requestedSchema": {"type": "object", "properties": {}}}});
+                return reply(json!({"resultType": "input_required",
+                    "inputRequests": {"go": question}, "requestState": "region"}));
+            }
             // Which header carried it depends on the annotation in force when the call
             // was checked; report whichever came.
             server
