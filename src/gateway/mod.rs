@@ -1395,10 +1395,14 @@ impl Gateway {
             // The call's error, not the headers'.
             Resolved::NotServed(_) => return Ok(()),
         };
-        // A round goes on on the server that issued its state, whatever a bare name
-        // routes to now (`call_modern`): held to that server's tool.
+        // A modern round goes on on the server that issued its state, whatever a bare
+        // name routes to now (`call_modern`): held to that server's tool. (A legacy
+        // call takes no state: it goes where its name routes.)
+        let modern = params
+            .get("_meta")
+            .is_some_and(|m| m.get(KEY_PROTOCOL_VERSION).is_some());
         let name = match params.get("requestState").and_then(Value::as_str) {
-            Some(sealed) => {
+            Some(sealed) if modern => {
                 let opened = self.now().sealer.open(
                     sealed,
                     &principal.agent,
@@ -1407,12 +1411,21 @@ impl Gateway {
                     &seal::params_digest(params),
                 );
                 match opened {
+                    // Not a state of the server now under its id (a reload replaced
+                    // it): the call refuses it, and that is the call's error.
+                    Ok(state)
+                        if state.target.is_some()
+                            && state.target
+                                != self.inner.harness.server_identity(&state.server) =>
+                    {
+                        return Ok(());
+                    }
                     Ok(state) => on_server(CallKind::Tool, &name, &state.server),
                     // The call's error, not the headers'.
                     Err(_) => return Ok(()),
                 }
             }
-            None => name,
+            _ => name,
         };
         let tool = match self
             .inner

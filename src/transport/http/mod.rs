@@ -722,8 +722,11 @@ impl HttpTransport {
     /// initialized.
     async fn renew_now(&self, init: Value) -> Result<(), TransportError> {
         let failed = renewal_failed;
+        // Its request was answered 404 unread, and nothing will send it now: safe to
+        // send elsewhere.
+        let shut_down = || TransportError::NotSent("the connection was shut down".into());
         if self.is_closed() {
-            return Err(failed("the connection was shut down".into()));
+            return Err(shut_down());
         }
         // The session's token, refreshed first if it is due (as a request's is).
         let until = crate::util::duration::after(Instant::now(), self.renewal_limit);
@@ -774,7 +777,7 @@ impl HttpTransport {
         }
         if self.is_closed() {
             self.end_session(begun.take(), SESSION_END_LIMIT).await;
-            return Err(failed("the connection was shut down".into()));
+            return Err(shut_down());
         }
         let initialized = Notification {
             method: "notifications/initialized".into(),
@@ -794,7 +797,7 @@ impl HttpTransport {
             if let Some(sid) = self.session.take_id() {
                 self.end_session(sid, SESSION_END_LIMIT).await;
             }
-            return Err(failed("the connection was shut down".into()));
+            return Err(shut_down());
         }
         self.session.renewed();
         self.open_get_stream();
@@ -802,10 +805,12 @@ impl HttpTransport {
     }
 
     /// Whether a renewal's `initialize` reply begins the session as it was (the version
-    /// it chose then), or why not: the server's refusal, which no renewal will change.
+    /// it chose then), or why not: an error reply may be passing (a busy server), and
+    /// is tried again at the next 404; a result that is no session as it was is the
+    /// server's refusal, which no renewal will change.
     fn same_session(&self, reply: Reply) -> Result<(), TransportError> {
         let refused = |why: String| TransportError::SessionRefused(why);
-        let result = reply.map_err(|e| refused(e.to_string()))?;
+        let result = reply.map_err(|e| renewal_failed(e.to_string()))?;
         let result = InitializeResult::from_value(&result).map_err(|e| refused(e.to_string()))?;
         if Some(&result.protocol_version) != self.session.version().as_ref() {
             return Err(refused(format!(
