@@ -62,6 +62,15 @@ fn config(servers: Vec<ServerConfig>, agents: &[&str]) -> HarnessConfig {
     }
 }
 
+/// `config` with its list cache kept on disk in `dir` too.
+fn on_disk(mut config: HarnessConfig, dir: &std::path::Path) -> HarnessConfig {
+    config.cache = CacheConfig {
+        dir: Some(dir.to_path_buf()),
+        ..CacheConfig::default()
+    };
+    config
+}
+
 fn tool_calls(record: &std::path::PathBuf, method: &str) -> usize {
     recorded(record)
         .iter()
@@ -239,11 +248,7 @@ async fn a_warm_start_from_the_disk_cache_sends_no_tools_list() {
     let _ = std::fs::remove_dir_all(&dir);
     let record = temp_file("warm");
     let server = demo("alpha", &["--record", &record.to_string_lossy()]);
-    let mut cfg = config(vec![server], &["a"]);
-    cfg.cache = CacheConfig {
-        dir: Some(dir.clone()),
-        ..CacheConfig::default()
-    };
+    let cfg = on_disk(config(vec![server], &["a"]), &dir);
     let a = Caller::agent("a");
 
     let h = harness(cfg.clone()).await;
@@ -272,11 +277,7 @@ async fn each_page_a_listing_wants_is_one_lookup_counted() {
     let _ = std::fs::remove_dir_all(&dir);
     // Three pages, so that the walk's later pages are counted as the first is.
     let server = demo("s", &["--page-size", "20"]);
-    let mut cfg = config(vec![server], &["a"]);
-    cfg.cache = CacheConfig {
-        dir: Some(dir.clone()),
-        ..CacheConfig::default()
-    };
+    let cfg = on_disk(config(vec![server], &["a"]), &dir);
     let a = Caller::agent("a");
     let h = harness(cfg.clone()).await;
     h.list_tools(&a).await.expect("cold");

@@ -1042,13 +1042,7 @@ async fn each_request_of_a_parked_call_is_a_server_span_that_ends_with_it() {
 async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_tools() {
     let (endpoint, received) = http_collector().await;
     let record = temp_file("otel-gw-refused");
-    let config = temp_file("otel-gw-refused").with_extension("toml");
-    let toml = format!(
-        "[[servers]]\nid = \"s\"\ntransport = {{ type = \"stdio\", command = {:?}, args = [\"demo-server\", \"s\", \"--record\", {:?}] }}\n[permissions.local]\n\"*\" = [\"*\"]\n",
-        harness_exe(),
-        record.to_string_lossy(),
-    );
-    std::fs::write(&config, toml).expect("write config");
+    let config = config("otel-gw-refused", &record);
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),

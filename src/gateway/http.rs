@@ -1070,6 +1070,24 @@ fn check_sent_headers(
 /// The `Mcp-Param-*` headers of a `tools/call` checked against its arguments and the
 /// tool's schema (bounded: the schema is cached, or one listing away); the reply to
 /// send instead of serving it when they are not right.
+/// The listener's refusal of a request, marked on the request's span if it has one.
+fn refused(
+    spanned: Option<&super::RequestSpan>,
+    (status, e): (StatusCode, RpcError),
+    id: RequestId,
+) -> HttpResponse {
+    if let Some(s) = spanned {
+        s.refuse(&e);
+    }
+    error_reply(status, Some(id), e)
+}
+
+/// `work` in the request's span, if it has one.
+async fn in_span<T>(spanned: Option<&super::RequestSpan>, work: impl Future<Output = T>) -> T {
+    let span = spanned.map_or_else(tracing::Span::none, |s| s.span().clone());
+    work.instrument(span).await
+}
+
 async fn params_checked(
     state: &State,
     principal: &Principal,
@@ -1269,12 +1287,7 @@ async fn post(
         Message::Request(request) if legacy => {
             // A call request's span, from its arrival: the checks below run in it.
             let spanned = state.gateway.request_span(&request);
-            let refused = |(status, e): (StatusCode, RpcError), id| {
-                if let Some(s) = &spanned {
-                    s.refuse(&e);
-                }
-                error_reply(status, Some(id), e)
-            };
+            let refused = |refusal, id| refused(spanned.as_ref(), refusal, id);
             // A legacy client has no mirror headers to send; any it sends must be true.
             let sent = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
             if let Err(e) =
@@ -1286,11 +1299,8 @@ async fn post(
                 return refused((StatusCode::BAD_REQUEST, e), request.id);
             }
             if sent {
-                let span = spanned
-                    .as_ref()
-                    .map_or_else(tracing::Span::none, |s| s.span().clone());
                 let checked = params_checked(&state, &principal, &request, &headers);
-                if let Err(e) = checked.instrument(span).await {
+                if let Err(e) = in_span(spanned.as_ref(), checked).await {
                     return refused(e, request.id);
                 }
             }
@@ -1298,12 +1308,7 @@ async fn post(
         }
         Message::Request(request) => {
             let spanned = state.gateway.request_span(&request);
-            let refused = |(status, e): (StatusCode, RpcError), id| {
-                if let Some(s) = &spanned {
-                    s.refuse(&e);
-                }
-                error_reply(status, Some(id), e)
-            };
+            let refused = |refusal, id| refused(spanned.as_ref(), refusal, id);
             // The envelope first (its error is -32602 / 400), then the headers.
             if let Err(e) = super::Gateway::check_envelope(&request)
                 .and_then(|_| check_headers(&headers, &request))
@@ -1313,11 +1318,8 @@ async fn post(
             if request.method == "subscriptions/listen" {
                 return listen_stream(state, principal, until, request);
             }
-            let span = spanned
-                .as_ref()
-                .map_or_else(tracing::Span::none, |s| s.span().clone());
             let checked = params_checked(&state, &principal, &request, &headers);
-            if let Err(e) = checked.instrument(span).await {
+            if let Err(e) = in_span(spanned.as_ref(), checked).await {
                 return refused(e, request.id);
             }
             // A modern client cancels by going away: this handler is dropped.
