@@ -1600,6 +1600,52 @@ async fn a_session_the_server_will_not_renew_as_it_was_is_connected_anew() {
     h.shutdown().await;
 }
 
+// A renewal whose `initialize` is answered with an error: one that refuses the version
+// ends the connection at once; one that may pass (an internal error) is tried again at
+// the next 404, and ends it only at the third in a row. Either way the server is not
+// left ready on a connection whose every request fails.
+#[tokio::test]
+async fn a_renewal_refused_or_failing_in_a_row_ends_the_connection() {
+    for (code, tries) in [("-32602", 1), ("-32603", 3)] {
+        let server = HttpServer::demo(&[
+            "leg",
+            "--era",
+            "legacy",
+            "--expire-on-first-call",
+            "--refuse-renewal-code",
+            code,
+        ])
+        .await;
+        let mut leg = ServerConfig::new("leg", server.spec());
+        leg.restart = RestartConfig {
+            min_delay: Duration::from_secs(30),
+            max_delay: Duration::from_secs(30),
+            ..RestartConfig::default()
+        };
+        let h = start_ready(config(vec![leg])).await;
+        let mut refused_at = None;
+        for n in 1..=3 {
+            let failed = h
+                .call_tool(&a(), "leg__echo", json!({"text": "hi"}))
+                .await
+                .expect_err("its session is gone");
+            if failed.to_string().contains("would not begin it again") {
+                refused_at = Some(n);
+                break;
+            }
+        }
+        assert_eq!(refused_at, Some(tries), "{code}");
+        assert!(
+            eventually(Duration::from_secs(5), || h
+                .server_status("leg")
+                .is_some_and(|s| s.state != ServerState::Ready))
+            .await,
+            "{code}: not left ready"
+        );
+        h.shutdown().await;
+    }
+}
+
 // A request sent again in a new session (its first POST found the session ended) goes
 // under a new id: a question on its stream is still the call's.
 #[tokio::test]

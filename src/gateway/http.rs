@@ -1067,9 +1067,6 @@ fn check_sent_headers(
     Ok(())
 }
 
-/// The `Mcp-Param-*` headers of a `tools/call` checked against its arguments and the
-/// tool's schema (bounded: the schema is cached, or one listing away); the reply to
-/// send instead of serving it when they are not right.
 /// The listener's refusal of a request, marked on the request's span if it has one.
 fn refused(
     spanned: Option<&super::RequestSpan>,
@@ -1088,6 +1085,9 @@ async fn in_span<T>(spanned: Option<&super::RequestSpan>, work: impl Future<Outp
     work.instrument(span).await
 }
 
+/// The `Mcp-Param-*` headers of a `tools/call` checked against its arguments and the
+/// tool's schema (bounded: the schema is cached, or one listing away); the status and
+/// error to answer instead of serving it when they are not right.
 async fn params_checked(
     state: &State,
     principal: &Principal,

@@ -132,8 +132,10 @@ pub enum TransportError {
     #[error("the server ended the HTTP session")]
     SessionExpired,
     /// A legacy HTTP session expired and the server would not begin it again as it was
-    /// (it chose another version, refused the harness's sign-in, or began no session):
-    /// the connection is over, and the server is connected anew.
+    /// (it chose another version or refused the one asked for, refused the harness's
+    /// sign-in, or began no session), or failed three renewals in a row: the
+    /// connection is over, and the server's restart
+    /// policy decides what follows (most often, connected anew).
     #[error("the HTTP session expired and the server would not begin it again: {0}")]
     SessionRefused(String),
     /// A network failure after the request may have been sent.
@@ -157,8 +159,8 @@ pub enum TransportError {
 impl TransportError {
     /// True when the connection this came from can serve no more requests although
     /// its server may be there: refused (an HTTP server that is down), or a legacy
-    /// session that could not be begun again. Reported to the server's actor, which
-    /// connects anew. (A stdio connection's end is seen by its reader.)
+    /// session that could not be begun again. Reported to the server's actor, whose
+    /// restart policy then decides. (A stdio connection's end is seen by its reader.)
     pub fn ends_connection(&self) -> bool {
         matches!(
             self,

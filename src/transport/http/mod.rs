@@ -703,6 +703,17 @@ impl HttpTransport {
                 Ok(renewed) => renewed,
                 Err(_) => Err(renewal_failed(format!("no answer within {limit:?}"))),
             };
+            // A failure that may pass is tried again at the next 404, but not forever: a
+            // server that fails every renewal is one the connection cannot go on with.
+            let renewed = match renewed {
+                Err(e) if !e.ends_connection() => match this.session.renewal_failed() {
+                    n if n >= RENEWALS_FAILED_MAX => Err(TransportError::SessionRefused(format!(
+                        "{n} renewals in a row failed, the last: {e}"
+                    ))),
+                    _ => Err(e),
+                },
+                other => other,
+            };
             drop(renewing);
             renewed
         };
@@ -805,12 +816,22 @@ impl HttpTransport {
     }
 
     /// Whether a renewal's `initialize` reply begins the session as it was (the version
-    /// it chose then), or why not: an error reply may be passing (a busy server), and
-    /// is tried again at the next 404; a result that is no session as it was is the
-    /// server's refusal, which no renewal will change.
+    /// it chose then), or why not. An error reply that refuses the request itself (the
+    /// version, the params, the method: a server upgraded behind its address) is the
+    /// server's refusal, which no renewal will change, as is a result that is no
+    /// session as it was; any other error may be passing (a busy server), and is tried
+    /// again at the next 404.
     fn same_session(&self, reply: Reply) -> Result<(), TransportError> {
+        use crate::protocol::error::{
+            INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, UNSUPPORTED_PROTOCOL_VERSION,
+        };
         let refused = |why: String| TransportError::SessionRefused(why);
-        let result = reply.map_err(|e| renewal_failed(e.to_string()))?;
+        let result = reply.map_err(|e| match e.code {
+            UNSUPPORTED_PROTOCOL_VERSION | INVALID_PARAMS | INVALID_REQUEST | METHOD_NOT_FOUND => {
+                refused(e.to_string())
+            }
+            _ => renewal_failed(e.to_string()),
+        })?;
         let result = InitializeResult::from_value(&result).map_err(|e| refused(e.to_string()))?;
         if Some(&result.protocol_version) != self.session.version().as_ref() {
             return Err(refused(format!(
@@ -1366,6 +1387,10 @@ impl Drop for CancelUnanswered<'_> {
 
 /// A renewal of an expired session that failed: the request reached the server (it
 /// answered 404), so never "not sent".
+/// Renewals of a legacy session that may fail in a row before the connection is given
+/// up ([`TransportError::SessionRefused`]).
+const RENEWALS_FAILED_MAX: u64 = 3;
+
 fn renewal_failed(why: String) -> TransportError {
     TransportError::HttpStatus {
         status: 404,

@@ -55,6 +55,8 @@ pub(super) struct Session {
     renewing: Arc<tokio::sync::Mutex<()>>,
     /// Bumped by every renewal.
     renewals: AtomicU64,
+    /// Renewals failed since the last one that succeeded.
+    failed_in_a_row: AtomicU64,
 }
 
 impl Session {
@@ -130,6 +132,12 @@ impl Session {
     }
 
     pub(super) fn renewed(&self) {
+        self.failed_in_a_row.store(0, Ordering::SeqCst);
         self.renewals.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Notes a failed renewal; how many failed in a row, this one included.
+    pub(super) fn renewal_failed(&self) -> u64 {
+        self.failed_in_a_row.fetch_add(1, Ordering::SeqCst) + 1
     }
 }

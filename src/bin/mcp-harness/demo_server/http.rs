@@ -803,10 +803,16 @@ async fn initialize(
     state.server.log(&request, &ctx);
     let id = request.id.clone();
     let refuse = state.server.args.refuse_initialize_with_session;
+    let refused_renewal = state.server.args.refuse_renewal_code.filter(|_| n > 0);
     let outcome = if refuse {
         Err(RpcError::new(
             INTERNAL_ERROR,
             "initialize refused (--refuse-initialize-with-session)",
+        ))
+    } else if let Some(code) = refused_renewal {
+        Err(RpcError::new(
+            code,
+            "initialize refused (--refuse-renewal-code)",
         ))
     } else {
         let Action::Reply(mut outcome) = state.server.handle(request, ctx).await else {

@@ -162,6 +162,11 @@ pub struct DemoServerArgs {
     /// the session it was).
     #[arg(long)]
     pub renewal_version: Option<String>,
+    /// HTTP legacy only: answer every `initialize` after the first with a JSON-RPC
+    /// error of this code (-32602: a server that no longer speaks the version; -32603:
+    /// one that keeps failing).
+    #[arg(long, allow_hyphen_values = true)]
+    pub refuse_renewal_code: Option<i64>,
     /// Refuse every legacy HTTP `initialize` with an error, and name a session in the
     /// refusal's headers all the same (a server that begins a session it then refuses).
     #[arg(long)]
