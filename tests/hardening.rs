@@ -1556,28 +1556,36 @@ async fn a_legacy_http_question_right_before_its_result_is_never_another_calls()
     let _ = std::fs::remove_file(record);
 }
 
+/// A legacy HTTP demo server (`flags` added) that ends its session at the first call,
+/// and a harness ready on it that restarts it after `restart_delay`.
+async fn expiring_legacy_http(
+    flags: &[&str],
+    restart_delay: Duration,
+) -> (HttpServer, HarnessHandle) {
+    let mut args = vec!["leg", "--era", "legacy", "--expire-on-first-call"];
+    args.extend_from_slice(flags);
+    let server = HttpServer::demo(&args).await;
+    let mut leg = ServerConfig::new("leg", server.spec());
+    leg.restart = RestartConfig {
+        min_delay: restart_delay,
+        max_delay: restart_delay,
+        ..RestartConfig::default()
+    };
+    let h = start_ready(config(vec![leg])).await;
+    (server, h)
+}
+
 // A legacy HTTP server upgraded behind its address: its session expires, and the
 // renewal's `initialize` chooses another version, so the session cannot go on as it
 // was. The connection is over: the server is connected anew (and speaks the new
 // version), not left ready on a connection whose every request fails.
 #[tokio::test]
 async fn a_session_the_server_will_not_renew_as_it_was_is_connected_anew() {
-    let server = HttpServer::demo(&[
-        "leg",
-        "--era",
-        "legacy",
-        "--expire-on-first-call",
-        "--renewal-version",
-        "2025-06-18",
-    ])
+    let (_server, h) = expiring_legacy_http(
+        &["--renewal-version", "2025-06-18"],
+        Duration::from_millis(50),
+    )
     .await;
-    let mut leg = ServerConfig::new("leg", server.spec());
-    leg.restart = RestartConfig {
-        min_delay: Duration::from_millis(50),
-        max_delay: Duration::from_millis(50),
-        ..RestartConfig::default()
-    };
-    let h = start_ready(config(vec![leg])).await;
     let first = h.server_status("leg").expect("leg");
     assert_eq!(first.protocol_version.as_deref(), Some("2025-11-25"));
     let echo = || h.call_tool(&a(), "leg__echo", json!({"text": "hi"}));
@@ -1607,22 +1615,8 @@ async fn a_session_the_server_will_not_renew_as_it_was_is_connected_anew() {
 #[tokio::test]
 async fn a_renewal_refused_or_failing_in_a_row_ends_the_connection() {
     for (code, tries) in [("-32602", 1), ("-32603", 3)] {
-        let server = HttpServer::demo(&[
-            "leg",
-            "--era",
-            "legacy",
-            "--expire-on-first-call",
-            "--refuse-renewal-code",
-            code,
-        ])
-        .await;
-        let mut leg = ServerConfig::new("leg", server.spec());
-        leg.restart = RestartConfig {
-            min_delay: Duration::from_secs(30),
-            max_delay: Duration::from_secs(30),
-            ..RestartConfig::default()
-        };
-        let h = start_ready(config(vec![leg])).await;
+        let (_server, h) =
+            expiring_legacy_http(&["--refuse-renewal-code", code], Duration::from_secs(30)).await;
         let mut refused_at = None;
         for n in 1..=3 {
             let failed = h

@@ -1072,41 +1072,35 @@ async fn a_call_request_refused_before_it_runs_has_its_span_and_so_do_the_meta_t
             "traceparent": context(3),
         },
     }});
-    let mismatch: Value = reqwest::Client::new()
-        .post(&gateway.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "search_tools")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("a JSON-RPC response");
-    let mismatch_code = mismatch["error"]["code"].as_i64().expect("refused");
+    // Its code, for a modern tools/call POSTed with these Mcp-Name headers.
+    let refusal = |body: Value, names: &'static [&'static str]| {
+        let mut post = reqwest::Client::new()
+            .post(&gateway.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call");
+        for name in names {
+            post = post.header("mcp-name", *name);
+        }
+        async move {
+            let answer: Value = post
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("send")
+                .json()
+                .await
+                .expect("a JSON-RPC response");
+            answer["error"]["code"].as_i64().expect("refused")
+        }
+    };
+    let mismatch_code = refusal(body.clone(), &["search_tools"]).await;
     // A mirror header sent twice.
-    let mut twice = body.clone();
+    let mut twice = body;
     twice["params"]["name"] = "search_tools".into();
     twice["params"]["_meta"]["traceparent"] = context(7).into();
-    let repeated: Value = reqwest::Client::new()
-        .post(&gateway.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "search_tools")
-        .header("mcp-name", "search_tools")
-        .body(twice.to_string())
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("a JSON-RPC response");
-    let repeated_code = repeated["error"]["code"].as_i64().expect("refused");
+    let repeated_code = refusal(twice, &["search_tools", "search_tools"]).await;
     // A legacy request on a session the gateway does not know.
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
         "name": "search_tools", "arguments": {"query": "echo"},
