@@ -66,7 +66,7 @@ use crate::protocol::{
     Message, Notification, Pager, Request, RequestId, RequestRef, Response, RpcError, Stamp,
 };
 use params::ParamTable;
-use session::{PendingSession, Session};
+use session::{PendingSession, Seen, Session};
 use sse::{MAX_RETRY, MIN_RETRY, SseParser};
 
 type Reply = Result<Value, RpcError>;
@@ -495,11 +495,15 @@ impl HttpTransport {
             loop {
                 let request = RequestRef { id: &id, ..request };
                 let extra = self.params.headers(request);
-                let seen = self.session.renewals();
+                let seen = self.session.seen();
                 // Answered or refused, it needs no cancellation: only one left waiting.
                 unanswered.id = (request.method != "initialize").then(|| id.clone());
                 let exchanged = self.exchange(request, stamp, &extra, identity).await;
                 unanswered.id = None;
+                if exchanged.is_ok() {
+                    // The session serves: renewals that failed before are not in a row.
+                    self.session.served();
+                }
                 match exchanged {
                     Ok(Ok(mut result)) => {
                         if request.method == "tools/list" {
@@ -685,11 +689,11 @@ impl HttpTransport {
     /// runs to its end (within `renewal_limit`, whatever is left of the
     /// request that began it) on a task of its own: cut off between its `initialize` and
     /// `initialized`, it would leave a session half begun.
-    async fn renew_session(&self, seen: u64) -> Result<(), TransportError> {
+    async fn renew_session(&self, seen: Seen) -> Result<(), TransportError> {
         let Some(init) = self.session.init_params() else {
             return Err(TransportError::SessionExpired);
         };
-        let Some(renewing) = self.session.start_renewal(seen).await else {
+        let Some((renewing, first)) = self.session.start_renewal(seen).await else {
             return Ok(());
         };
         let Some(this) = self.this.upgrade() else {
@@ -705,7 +709,10 @@ impl HttpTransport {
             };
             // A failure that may pass is tried again at the next 404, but not forever: a
             // server that fails every renewal is one the connection cannot go on with.
+            // Counted once for the requests that saw one expiry together: those that
+            // waited for this renewal's turn try again, uncounted.
             let renewed = match renewed {
+                Err(e) if !e.ends_connection() && !first => Err(e),
                 Err(e) if !e.ends_connection() => match this.session.renewal_failed() {
                     n if n >= RENEWALS_FAILED_MAX => Err(TransportError::SessionRefused(format!(
                         "{n} renewals in a row failed, the last: {e}"
@@ -1385,12 +1392,12 @@ impl Drop for CancelUnanswered<'_> {
     }
 }
 
-/// A renewal of an expired session that failed: the request reached the server (it
-/// answered 404), so never "not sent".
 /// Renewals of a legacy session that may fail in a row before the connection is given
 /// up ([`TransportError::SessionRefused`]).
 const RENEWALS_FAILED_MAX: u64 = 3;
 
+/// A renewal of an expired session that failed: the request reached the server (it
+/// answered 404), so never "not sent".
 fn renewal_failed(why: String) -> TransportError {
     TransportError::HttpStatus {
         status: 404,

@@ -47,6 +47,13 @@ impl Drop for PendingSession<'_> {
     }
 }
 
+/// Where a session's renewals stood when a request went out.
+#[derive(Clone, Copy)]
+pub(super) struct Seen {
+    renewals: u64,
+    attempts: u64,
+}
+
 /// One connection's legacy session, if it has one.
 #[derive(Default)]
 pub(super) struct Session {
@@ -55,6 +62,8 @@ pub(super) struct Session {
     renewing: Arc<tokio::sync::Mutex<()>>,
     /// Bumped by every renewal.
     renewals: AtomicU64,
+    /// Bumped by every renewal begun, whatever its outcome.
+    attempts: AtomicU64,
     /// Renewals failed since the last one that succeeded.
     failed_in_a_row: AtomicU64,
 }
@@ -122,13 +131,27 @@ impl Session {
         self.renewals.load(Ordering::SeqCst)
     }
 
-    /// Takes the renewal lock; `None` when another request renewed since `seen`.
+    /// Where the session's renewals stood, as a request goes out.
+    pub(super) fn seen(&self) -> Seen {
+        Seen {
+            renewals: self.renewals(),
+            attempts: self.attempts.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Takes the renewal lock; `None` when another request renewed since `seen`. With
+    /// it, whether this renewal is the first begun since `seen` (not one that waited
+    /// for its turn behind another that failed).
     pub(super) async fn start_renewal(
         &self,
-        seen: u64,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        seen: Seen,
+    ) -> Option<(tokio::sync::OwnedMutexGuard<()>, bool)> {
         let guard = self.renewing.clone().lock_owned().await;
-        (self.renewals() == seen).then_some(guard)
+        if self.renewals() != seen.renewals {
+            return None;
+        }
+        let first = self.attempts.fetch_add(1, Ordering::SeqCst) == seen.attempts;
+        Some((guard, first))
     }
 
     pub(super) fn renewed(&self) {
@@ -136,8 +159,53 @@ impl Session {
         self.renewals.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Notes an answer in the session: failed renewals before it are not in a row with
+    /// any after it.
+    pub(super) fn served(&self) {
+        if self.failed_in_a_row.load(Ordering::Relaxed) != 0 {
+            self.failed_in_a_row.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Notes a failed renewal; how many failed in a row, this one included.
     pub(super) fn renewal_failed(&self) -> u64 {
         self.failed_in_a_row.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Requests that saw one expiry together renew one after another (each waits for
+    // the lock): only the first renewal begun since what they saw is counted.
+    #[tokio::test]
+    async fn only_the_first_renewal_since_a_request_saw_the_session_counts() {
+        let session = Session::default();
+        let together = [session.seen(), session.seen(), session.seen()];
+        let firsts: Vec<bool> = {
+            let mut firsts = Vec::new();
+            for seen in together {
+                let (_guard, first) = session.start_renewal(seen).await.expect("not renewed");
+                firsts.push(first);
+            }
+            firsts
+        };
+        assert_eq!(firsts, [true, false, false]);
+        // One that went out after those attempts begins a wave of its own.
+        let later = session.seen();
+        let (guard, first) = session.start_renewal(later).await.expect("not renewed");
+        assert!(first);
+        drop(guard);
+        // A renewal that succeeded ends the waits of those that saw the session before.
+        let stale = session.seen();
+        session.renewed();
+        assert!(session.start_renewal(stale).await.is_none());
+        // Failures in a row, until the session serves or is renewed.
+        assert_eq!((session.renewal_failed(), session.renewal_failed()), (1, 2));
+        session.served();
+        assert_eq!(session.renewal_failed(), 1);
+        session.renewed();
+        assert_eq!(session.renewal_failed(), 1);
     }
 }
