@@ -1675,6 +1675,49 @@ async fn item_05_a_question_during_the_embedders_own_request_is_answered() {
     h.shutdown().await;
 }
 
+// A legacy server's question during a delegated call goes to the call's caller; when
+// the call is dropped while the question is open, the question is withdrawn with it
+// (the caller's reply port closes at once), not left open until the server's own
+// timeout with an answer that would reach a call already gone.
+#[tokio::test]
+async fn a_delegated_callers_question_is_withdrawn_when_its_call_is_dropped() {
+    let leg = demo_server("leg", &["--era", "legacy"]);
+    // Declared, so that the legacy server asks; the caller answers, not this handler.
+    let declared = Arc::new(FixedAnswers::new(json!({"action": "decline"})));
+    let h = start_ready_with(
+        Harness::builder(config(vec![leg])).input_handler("elicitation/create", declared),
+    )
+    .await;
+    let (questions, mut asked) = tokio::sync::mpsc::channel(4);
+    let delegation = mcp_harness::Delegation {
+        capabilities: json!({"elicitation": {}}),
+        questions: Some(questions),
+        ..Default::default()
+    };
+    let call = h.call_delegated(
+        &a(),
+        mcp_harness::CallKind::Tool,
+        "leg__confirm",
+        json!({"message": "Go?"}),
+        Some(delegation),
+        mcp_harness::CallOptions::default(),
+    );
+    let call = tokio::spawn(call);
+    let mut question = tokio::time::timeout(Duration::from_secs(10), asked.recv())
+        .await
+        .expect("asked in time")
+        .expect("a question for the caller");
+    assert_eq!(question.method, "elicitation/create");
+    call.abort();
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), question.reply.closed())
+            .await
+            .is_ok(),
+        "the question is withdrawn with its call"
+    );
+    h.shutdown().await;
+}
+
 // A question during the embedder's own request is withdrawn when that request ends
 // (here dropped), as a call's is: it is not left queued for a person to approve.
 #[tokio::test]

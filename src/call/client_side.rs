@@ -185,6 +185,7 @@ impl ClientSide for HarnessClient {
             };
             let mut request = request;
             let revoking = while_granted(self.ctx.clone(), server, whose.grants);
+            let ended = whose.ended;
             tokio::spawn(async move {
                 let asked = async {
                     match asker.send(question).await {
@@ -209,6 +210,12 @@ impl ClientSide for HarnessClient {
                         request.respond(outcome);
                     }
                     () = request.abandoned() => noted.end("withdrawn"),
+                    // The caller's question is dropped with this task: its reply port
+                    // closes, which tells the caller it is gone.
+                    () = all_ended(&ended) => {
+                        request.respond(Err(call_gone()));
+                        noted.end("withdrawn");
+                    }
                     refused = revoking => {
                         request.respond(Err(refused));
                         noted.end("refused");
@@ -277,14 +284,6 @@ impl ClientSide for HarnessClient {
         let mut request = request;
         let server = server.to_string();
         tokio::spawn(async move {
-            let call_ended = async {
-                if ended.is_empty() {
-                    return std::future::pending().await;
-                }
-                for one in &ended {
-                    one.cancelled().await;
-                }
-            };
             // Once the server was told the client did not answer, or the calls the
             // question came during all ended (cancelled, past their deadline), or
             // their grants were revoked, the handler stops (an approval leaves the
@@ -295,11 +294,8 @@ impl ClientSide for HarnessClient {
                     noted.end("withdrawn");
                     return;
                 }
-                () = call_ended => {
-                    request.respond(Err(RpcError::new(
-                        INTERNAL_ERROR,
-                        "the call or request this was asked during has ended",
-                    )));
+                () = all_ended(&ended) => {
+                    request.respond(Err(call_gone()));
                     noted.end("withdrawn");
                     return;
                 }
@@ -394,6 +390,25 @@ impl ClientSide for HarnessClient {
 /// The error code clients answer a request the user rejected with (MCP's sampling
 /// and elicitation pages).
 const USER_REJECTED: i64 = -1;
+
+/// Ends once every call a question came during has ended (cancelled, past its
+/// deadline); never for a question that came during none.
+async fn all_ended(ended: &[tokio_util::sync::CancellationToken]) {
+    if ended.is_empty() {
+        return std::future::pending().await;
+    }
+    for one in ended {
+        one.cancelled().await;
+    }
+}
+
+/// The answer to a question whose calls all ended before it was answered.
+fn call_gone() -> RpcError {
+    RpcError::new(
+        INTERNAL_ERROR,
+        "the call or request this was asked during has ended",
+    )
+}
 
 /// How an answered question ended, for the audit: an elicitation declined or cancelled
 /// by the person is not one answered (the call goes on, and the record is the only

@@ -362,13 +362,14 @@ fn read_caches(
     let invalid = |field: String, reason: String| {
         HarnessError::Config(crate::config::ConfigError::new(field, reason))
     };
-    // Only when the tokens are kept there (finding it may move an older folder).
-    let tokens = (cache.dir.as_deref())
-        .filter(|_| tokens)
-        .map(crate::registry::cache::token_dir);
     let shared_config = cache.shared.clone();
     let cache =
         ListCache::new(cache).map_err(|e| invalid(format!("cache.{}", e.0.field), e.0.reason))?;
+    // Only when the tokens are kept there (finding it may move an older folder), and
+    // only in a directory the disk layer took (its `dir` is gone when it refused it).
+    let tokens = (cache.config().dir.as_deref())
+        .filter(|_| tokens)
+        .and_then(crate::registry::cache::token_dir);
     let shared = match shared_config {
         Some(shared) => Some(
             SharedCache::new(shared, cache.config().dir.as_deref())

@@ -28,14 +28,15 @@ pub enum SignInMode {
 }
 
 /// The token directory: `--tokens`, else `cache.dir/__tokens`, else the user's cache;
-/// `None` when there is no user's cache to use (a shared one, such as the temporary
-/// directory, would let another local user block or redirect the files).
+/// `None` when there is no user's cache to use, or a `cache.dir` the disk layer refuses
+/// (a shared one, such as the temporary directory, would let another local user block
+/// or redirect the files).
 pub fn token_dir(setup: &Setup, given: Option<&PathBuf>) -> Option<PathBuf> {
     if let Some(dir) = given {
         return Some(dir.clone());
     }
     if let Some(cache) = &setup.loaded.config.cache.dir {
-        return Some(mcp_harness::registry::cache::token_dir(cache));
+        return mcp_harness::registry::cache::token_dir(cache);
     }
     user_cache(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
         .map(|base| base.join("mcp-harness").join("tokens"))
@@ -82,7 +83,7 @@ pub fn file_store(setup: &Setup, given: Option<&PathBuf>) -> anyhow::Result<Arc<
     match token_dir(setup, given) {
         Some(dir) => Ok(Arc::new(FileTokenStore::new(dir))),
         None => Err(UsageError(anyhow::anyhow!(
-            "no directory to keep tokens in: set HOME or XDG_CACHE_HOME to an absolute path, or pass --tokens DIR"
+            "no directory to keep tokens in: cache.dir is not this user's or others may write it, or HOME and XDG_CACHE_HOME are not absolute paths; pass --tokens DIR"
         ))
         .into()),
     }

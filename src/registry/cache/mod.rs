@@ -405,11 +405,16 @@ const SCOPE_KEY_FILE: &str = "__scope.key";
 /// line's default store); see [`SCOPE_KEY_FILE`] for the name.
 pub const TOKENS_DIR: &str = "__tokens";
 
-/// The token directory under `cache_dir` ([`TOKENS_DIR`]). Tokens an earlier release
-/// kept in `tokens` there are moved to it first, if that folder holds token files and
-/// nothing else: not cache entries (a server named `tokens`), not another program's
-/// folder of that name (a `cache.dir` of `~/.cache`).
-pub fn token_dir(cache_dir: &Path) -> PathBuf {
+/// The token directory under `cache_dir` ([`TOKENS_DIR`]); `None` when the disk layer
+/// would refuse that directory (not this user's, or writable by users outside its
+/// group: another user could move or replace the token folder in it). Tokens an
+/// earlier release kept in `tokens` there are moved to it first, if that folder holds
+/// token files and nothing else: not cache entries (a server named `tokens`), not
+/// another program's folder of that name (a `cache.dir` of `~/.cache`).
+pub fn token_dir(cache_dir: &Path) -> Option<PathBuf> {
+    if !disk::prepare(cache_dir) {
+        return None;
+    }
     let dir = cache_dir.join(TOKENS_DIR);
     let old = cache_dir.join("tokens");
     let a_real_dir = std::fs::symlink_metadata(&old).is_ok_and(|m| m.is_dir());
@@ -444,7 +449,7 @@ pub fn token_dir(cache_dir: &Path) -> PathBuf {
             }
         }
     }
-    dir
+    Some(dir)
 }
 
 /// Now, in unix milliseconds (0 before 1970).

@@ -383,6 +383,10 @@ impl SharedConfig {
                 "must be more than zero and at most 64 MiB",
             ));
         }
+        // Each is a server id, and names a folder of the disk layer.
+        for id in &self.servers {
+            crate::server::check_id(id).map_err(|e| Invalid::new("servers", e.reason))?;
+        }
         if self.prefix.is_empty() || self.prefix.contains(['*', '?', '[', ']', '\\']) {
             return Err(Invalid::new(
                 "prefix",
@@ -1819,6 +1823,18 @@ mod tests {
                 config(timeout, max).validate().is_err(),
                 "{timeout:?} {max}"
             );
+        }
+    }
+
+    // Each names a server, and a folder of the disk layer that a change heard on the
+    // channel empties: not a path out of the cache directory.
+    #[test]
+    fn a_shared_server_that_is_no_server_id_is_refused() {
+        let config = |id: &str| SharedConfig::new("redis://127.0.0.1:9", vec![id.to_string()]);
+        assert!(config("files").validate().is_ok());
+        for bad in ["../elsewhere", "", "..", "a/b", "a__b"] {
+            let refused = config(bad).validate().expect_err(bad);
+            assert_eq!(refused.field, "servers", "{bad}");
         }
     }
 

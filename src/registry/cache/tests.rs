@@ -947,6 +947,20 @@ fn private_scopes_are_keyed_hashes_whose_key_is_kept_with_the_directory() {
     assert_eq!(memory.scope_key(CacheScope::Private, None), None);
 }
 
+// Tokens are not kept in a cache directory others may write (another user could move
+// or replace the token folder in it), as the disk layer is not.
+#[test]
+fn no_token_folder_in_a_cache_directory_others_may_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("open-to-all");
+    std::fs::create_dir_all(&*dir).expect("dir");
+    std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    assert_eq!(token_dir(&dir), None);
+    assert!(!dir.join(TOKENS_DIR).exists());
+    std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    assert_eq!(token_dir(&dir), Some(dir.join(TOKENS_DIR)));
+}
+
 #[test]
 fn what_else_the_cache_directory_holds_is_left_alone() {
     let dir = temp_dir("neighbours");
@@ -954,7 +968,7 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
     let theirs = temp_dir("neighbours-theirs");
     std::fs::create_dir_all(theirs.join("tokens")).expect("dir");
     std::fs::write(theirs.join("tokens").join("vocab.json"), "{}").expect("write");
-    token_dir(&theirs);
+    token_dir(&theirs).expect("a private directory");
     assert!(
         theirs.join("tokens").join("vocab.json").exists(),
         "left where it is"
@@ -966,11 +980,11 @@ fn what_else_the_cache_directory_holds_is_left_alone() {
     let name = format!("{}.json", "0123abcd".repeat(4));
     std::fs::write(old.join(&name), r#"{"key":{"server":"web"},"token":{}}"#).expect("write");
     std::fs::write(old.join(format!("{}.lock", "0123abcd".repeat(4))), "").expect("write");
-    let tokens = token_dir(&dir);
+    let tokens = token_dir(&dir).expect("a private directory");
     assert_eq!(tokens, dir.join(TOKENS_DIR));
     let token = tokens.join(&name);
     assert!(token.exists() && !old.exists(), "moved");
-    assert_eq!(token_dir(&dir), tokens, "and only once");
+    assert_eq!(token_dir(&dir), Some(tokens), "and only once");
     let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     assert!(put(
         &cache,
