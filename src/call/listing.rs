@@ -91,10 +91,30 @@ type Lead = Option<Leader<ListFlight, Result<Listed, CallError>>>;
 /// taken before the look, as a walk's own are before its first page: an invalidation
 /// after the look is one the walk is dropped for.
 pub(crate) struct FirstLook {
+    begun: Begun,
+    page: Option<Hit>,
+}
+
+/// What a walk holds from its start: the server's cache epoch, the walk's number and
+/// the handlers it asks and keys pages with.
+struct Begun {
     handlers: Arc<HandlerSet>,
     epoch: u64,
     walk: u64,
-    page: Option<Hit>,
+}
+
+impl Begun {
+    /// Taken now: the epoch before the handlers, which a registration changes before
+    /// it moves the epoch.
+    fn now(ctx: &CallContext, server: &str) -> Begun {
+        let epoch = ctx.registry.cache.walk_epoch(server);
+        let walk = ctx.registry.walk_begins();
+        Begun {
+            handlers: ctx.inputs.snapshot(),
+            epoch,
+            walk,
+        }
+    }
 }
 
 /// Where a walk starts.
@@ -745,15 +765,16 @@ async fn walk(
     start: Start,
 ) -> (Walk, Lead) {
     let first_counted = matches!(start, Start::Again);
-    let (handlers, epoch, walk, first) = match start {
-        Start::Looked(look) => (look.handlers, look.epoch, look.walk, Some(look.page)),
-        Start::Anew | Start::Again => {
-            // The epoch before the handlers, which a registration changes before it
-            // moves the epoch.
-            let epoch = ctx.registry.cache.walk_epoch(server.id());
-            let walk = ctx.registry.walk_begins();
-            (ctx.inputs.snapshot(), epoch, walk, None)
-        }
+    let (
+        Begun {
+            handlers,
+            epoch,
+            walk,
+        },
+        first,
+    ) = match start {
+        Start::Looked(look) => (look.begun, Some(look.page)),
+        Start::Anew | Start::Again => (Begun::now(ctx, server.id()), None),
     };
     let mut walker = Walker {
         ctx,
@@ -944,16 +965,13 @@ pub(crate) async fn list_all(
             None => server.config().timeout,
         };
         let auth = caller.auth_context.clone();
-        // As a walk begins (see `FirstLook`): the epoch before the handlers, which a
-        // registration changes before it moves the epoch.
-        let epoch = ctx.registry.cache.walk_epoch(server.id());
-        let walk = ctx.registry.walk_begins();
-        let handlers = ctx.inputs.snapshot();
+        // The walk begins here (see `FirstLook`).
+        let begun = Begun::now(ctx, server.id());
         let first = ctx.registry.cache.get(
             ListOf {
                 server: server.id(),
                 fingerprint: server.fingerprint(),
-                client: handlers.client_tag(),
+                client: begun.handlers.client_tag(),
                 method: kind.method(),
                 server_ref: Some(&server),
             },
@@ -967,12 +985,7 @@ pub(crate) async fn list_all(
         let whole_cached = first
             .as_ref()
             .is_some_and(|hit| hit.value.get("nextCursor").is_none());
-        let first = FirstLook {
-            handlers,
-            epoch,
-            walk,
-            page: first,
-        };
+        let first = FirstLook { begun, page: first };
         if !first_cached && server.state() == ServerState::Restarting {
             // Its list would wait in the restart queue, perhaps for good (a server that
             // crashes on start): left out until it is back. Qualified calls still queue.
