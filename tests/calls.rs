@@ -1533,6 +1533,43 @@ async fn a_listing_joined_is_not_failed_by_the_first_callers_deadline() {
     h.shutdown().await;
 }
 
+// A listing that joined a walk whose caller ran out of time walks again, and looks its
+// first page up again uncounted: its own look, before it joined, was the one counted.
+#[tokio::test]
+async fn a_listing_walked_again_after_its_leader_gave_up_counts_its_look_once() {
+    let h = harness(config(
+        vec![demo("slow", &["--list-delay-ms", "1500"])],
+        &["a"],
+    ))
+    .await;
+    let hurried = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let options = mcp_harness::CallOptions {
+                timeout: Some(Duration::from_millis(500)),
+                ..Default::default()
+            };
+            let a = Caller::agent("a");
+            h.call(&a, CallKind::Tool, "echo", json!({}), options).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let listing = h
+        .listing(&Caller::agent("a"), CallKind::Tool, None)
+        .await
+        .expect("listed");
+    assert!(!listing.items.is_empty());
+    assert!(hurried.await.expect("join").is_err(), "its time ran out");
+    // Two looks, one each: the hurried call's, and the listing's before it joined.
+    let st = h.cache_stats();
+    assert_eq!((st.l1.hits, st.l1.misses), (0, 2), "{st:?}");
+    h.listing(&Caller::agent("a"), CallKind::Tool, None)
+        .await
+        .expect("listed again");
+    assert_eq!(h.cache_stats().l1.hits, 1, "the walk again cached it");
+    h.shutdown().await;
+}
+
 // A name no server offers is "no route", with no server named as one that could not be
 // asked when the only ones not asked are disabled, or have said they offer no tools.
 // Before, they were named, as if the name might be served once they were back.
