@@ -1193,6 +1193,40 @@ async fn a_list_read_on_hearing_lists_changed_is_the_new_one_while_redis_is_slow
     held.abort();
 }
 
+// A Redis that ends each subscription as soon as it is made (`CLIENT KILL TYPE pubsub`
+// every 20 ms here) has it made again after ever longer waits: 100 ms doubling. Before,
+// each subscription made started the waits afresh: one every 100-200 ms, each dropping
+// every shared server's local entries.
+#[tokio::test]
+async fn a_subscription_ended_as_soon_as_it_is_made_is_made_again_ever_more_rarely() {
+    let redis = Redis::start().await;
+    let h = start_ready(config(
+        vec![demo_server("s", &[])],
+        shared(redis.url(), &["s"]),
+    ))
+    .await;
+    let mut c = redis.connection().await.expect("redis");
+    let mut killed = 0u64;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let n: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut c)
+            .await
+            .expect("client kill");
+        killed += n;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Waits of 100, 200, 400, 800 and 1600 ms at least: six subscriptions in 3 s at
+    // most (jitter only lengthens them).
+    assert!(killed >= 1, "it subscribed");
+    assert!(killed <= 7, "subscribed {killed} times in 3 s");
+    h.list_tools(&a()).await.expect("lists served meanwhile");
+    h.shutdown().await;
+}
+
 // A process whose first subscription comes late (Redis down at its start) may have
 // missed invalidations while it cached lists from the servers: once subscribed, it reads
 // them again.

@@ -1657,7 +1657,6 @@ impl SharedCache {
                 }
                 match connected {
                     Ok(Ok(pubsub)) => {
-                        waits = backoff();
                         if may_have_missed {
                             tracing::info!(
                                 "shared cache subscription (re-)established; shared lists are read again"
@@ -1683,6 +1682,13 @@ impl SharedCache {
                                     if !matches!(pong, Ok(Ok(_))) {
                                         break; // half open: subscribe again
                                     }
+                                    // Only a subscription that lived to answer a ping
+                                    // starts the waits afresh: one Redis ends as soon
+                                    // as it is made (its pub/sub output limit, a
+                                    // `CLIENT KILL` in a loop) would otherwise be made
+                                    // again every 100 ms, each time dropping every
+                                    // shared server's local entries.
+                                    waits = backoff();
                                     continue;
                                 }
                             };
