@@ -113,7 +113,8 @@ pub struct Delegation {
     /// is now another (a reload pointed the id elsewhere) is no route, as the round's
     /// state and answers are the first one's.
     pub server_identity: Option<String>,
-    /// Where the servers' progress of this call goes, and the caller's token for it.
+    /// Where the servers' progress of this call goes, and the caller's token for it:
+    /// each update's params with the spec's fields only, its `progress` increasing.
     pub progress: Option<(ProgressSender, Value)>,
     /// Where a legacy server's own `elicitation/create` requests during this call go,
     /// for the caller to answer (a gateway asks its downstream client); without it

@@ -14,8 +14,20 @@ use tokio::sync::mpsc;
 /// in place of the harness's.
 pub type ProgressSender = mpsc::Sender<Value>;
 
-/// One live token: the server it was given to, where its updates go, the caller's token.
-type Route = (String, ProgressSender, Value);
+/// The longest `message` an update carries on, in bytes (cut on a character).
+pub(crate) const MESSAGE_BYTES: usize = 4096;
+
+/// One live token.
+struct Route {
+    /// The server it was given to.
+    server: String,
+    /// Where its updates go.
+    to: ProgressSender,
+    /// The caller's token, put in place of the harness's.
+    caller_token: Value,
+    /// The last `progress` the server gave (each must be greater).
+    last: Option<f64>,
+}
 
 /// Live progress tokens, by token.
 #[derive(Default)]
@@ -52,7 +64,13 @@ impl ProgressRouter {
         while routes.contains_key(&token) {
             token.push('x');
         }
-        routes.insert(token.clone(), (server.to_string(), to, caller_token));
+        let route = Route {
+            server: server.to_string(),
+            to,
+            caller_token,
+            last: None,
+        };
+        routes.insert(token.clone(), route);
         drop(routes);
         ProgressToken {
             router: self.clone(),
@@ -62,24 +80,49 @@ impl ProgressRouter {
 
     /// `server`'s `notifications/progress`: to its call's caller, with the caller's
     /// token; dropped when the token is not one this server was given, or the caller
-    /// is slow (progress is advisory).
+    /// is slow (progress is advisory). Only the spec's fields go on (`progress`,
+    /// `total`, `message` cut to [`MESSAGE_BYTES`]), built anew: what a server adds
+    /// beside them, however large, is neither copied nor queued. An update whose
+    /// `progress` is no number, or not greater than the last one, is dropped: the spec
+    /// says it increases, and a client downstream may rely on it.
     pub(crate) fn deliver(&self, server: &str, params: Option<&Value>) {
         let Some(params) = params else { return };
         let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
             return;
         };
-        let Some((to, caller_token)) = self
-            .routes
-            .lock()
-            .get(token)
-            .filter(|(owner, _, _)| owner == server)
-            .map(|(_, to, t)| (to.clone(), t.clone()))
-        else {
+        let (Some(progress), Some(value)) = (
+            params.get("progress").and_then(Value::as_f64),
+            params.get("progress"),
+        ) else {
             return;
         };
-        let mut params = params.clone();
-        params["progressToken"] = caller_token;
-        let _ = to.try_send(params);
+        let mut routes = self.routes.lock();
+        let Some(route) = routes.get_mut(token).filter(|r| r.server == server) else {
+            return;
+        };
+        if route.last.is_some_and(|last| progress <= last) {
+            return;
+        }
+        route.last = Some(progress);
+        if route.to.capacity() == 0 {
+            return;
+        }
+        let mut update = serde_json::Map::new();
+        update.insert("progressToken".into(), route.caller_token.clone());
+        update.insert("progress".into(), value.clone());
+        if let Some(total) = params.get("total").filter(|t| t.is_number()) {
+            update.insert("total".into(), total.clone());
+        }
+        if let Some(message) = params.get("message").and_then(Value::as_str) {
+            let mut end = message.len().min(MESSAGE_BYTES);
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            update.insert("message".into(), Value::from(&message[..end]));
+        }
+        let to = route.to.clone();
+        drop(routes);
+        let _ = to.try_send(Value::Object(update));
     }
 }
 
@@ -112,6 +155,26 @@ mod tests {
             (json!("mine"), json!(3))
         );
         assert!(rx.try_recv().is_err(), "nothing else got through");
+        // Not greater, or no number: dropped. Fields beside the spec's are not copied,
+        // and a long message is cut on a character.
+        for progress in [json!(3), json!(2.5), json!("lots"), Value::Null] {
+            let update = json!({"progressToken": token.token, "progress": progress});
+            router.deliver("s", Some(&update));
+        }
+        assert!(rx.try_recv().is_err(), "none of them got through");
+        let long = format!("a{}", "é".repeat(MESSAGE_BYTES));
+        let update = json!({"progressToken": token.token, "progress": 3.5, "total": 9,
+            "message": long, "_meta": {"x": "y"}, "junk": vec![0; 1000]});
+        router.deliver("s", Some(&update));
+        let got = rx.try_recv().expect("a greater one");
+        let message = got["message"].as_str().unwrap_or_default();
+        assert_eq!(message.len(), MESSAGE_BYTES - 1, "cut on a character");
+        let mut got = got;
+        got["message"] = json!("cut");
+        assert_eq!(
+            got,
+            json!({"progressToken": "mine", "progress": 3.5, "total": 9, "message": "cut"})
+        );
         drop(token);
         assert!(
             router.routes.lock().is_empty(),
