@@ -26,11 +26,22 @@ impl Challenge {
         self.params.get(name).map(String::as_str)
     }
 
-    /// The scopes it asks for, in order.
+    /// The scopes it asks for, in order: well-formed ones, each once, at most
+    /// [`MAX_SCOPES`](super::MAX_SCOPES) (a step-up asks for no more). A server's header
+    /// of 100,000 scopes is not copied into the memos, nor compared scope by scope with
+    /// what was denied before.
     pub fn scopes(&self) -> Vec<String> {
-        self.get("scope")
-            .map(|s| s.split_whitespace().map(String::from).collect())
-            .unwrap_or_default()
+        let mut scopes: Vec<String> = Vec::new();
+        let named = self.get("scope").unwrap_or_default().split_whitespace();
+        for s in named.filter(|s| super::scope_token(s)) {
+            if scopes.len() == super::MAX_SCOPES {
+                break;
+            }
+            if !scopes.iter().any(|have| have == s) {
+                scopes.push(s.to_string());
+            }
+        }
+        scopes
     }
 
     /// Whether it says the token lacks scope (a 403 worth a step-up).
@@ -185,6 +196,20 @@ mod tests {
         assert_eq!(
             c.get("error_description"),
             Some(r#"need scope="evil" here"#)
+        );
+    }
+
+    #[test]
+    fn scopes_are_well_formed_each_once_and_capped() {
+        let many: Vec<String> = (0..100_000).map(|i| format!("s{i}")).collect();
+        let header = format!(r#"Bearer scope="bad\\one a a {}""#, many.join(" "));
+        let c = Challenge::bearer([header.as_str()]).expect("bearer");
+        let scopes = c.scopes();
+        assert_eq!(scopes.len(), crate::transport::auth::MAX_SCOPES);
+        assert_eq!(
+            scopes[..3],
+            ["a", "s0", "s1"],
+            "the bad one left out, `a` once"
         );
     }
 
