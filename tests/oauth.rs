@@ -650,6 +650,11 @@ async fn metadata_that_lies_is_refused_before_any_authorization() {
         ),
         (&["--client", "pre", "--no-pkce"][..], &[][..], "PKCE"),
         (
+            &["--client", "pre", "--authorize-query", "state=known"][..],
+            &[][..],
+            "names `state`",
+        ),
+        (
             &["--client", "pre"][..],
             &["--oauth-resource", "https://127.0.0.1:1/elsewhere"][..],
             "not this server",

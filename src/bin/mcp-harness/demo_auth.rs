@@ -98,6 +98,10 @@ pub struct DemoAuthArgs {
     /// Leave `code_challenge_methods_supported` out (a client must refuse).
     #[arg(long)]
     pub no_pkce: bool,
+    /// A query the metadata's `authorization_endpoint` carries (`state=x`: a client
+    /// must refuse it, as it sends its own).
+    #[arg(long)]
+    pub authorize_query: Option<String>,
     /// The `iss` of the redirect back.
     #[arg(long, value_enum, default_value = "sent")]
     pub iss: Iss,
@@ -423,7 +427,10 @@ fn metadata(state: &State) -> HttpResponse {
     };
     let mut m = json!({
         "issuer": issuer,
-        "authorization_endpoint": format!("{}/authorize", state.issuer),
+        "authorization_endpoint": match &a.authorize_query {
+            Some(q) => format!("{}/authorize?{q}", state.issuer),
+            None => format!("{}/authorize", state.issuer),
+        },
         "token_endpoint": format!("{}/token", state.issuer),
         "response_types_supported": ["code"],
         "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],

@@ -167,8 +167,11 @@ const MAX_READING: usize = 16;
 async fn callback(mut stream: tokio::net::TcpStream, state: Arc<str>) -> Option<String> {
     let target = read_request_target(&mut stream).await?;
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    // Its one `state` (a second, whichever came first, is not this sign-in's redirect).
+    let mut states = url::form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == "state");
     let ours = path == CALLBACK
-        && url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "state" && *v == *state);
+        && states.next().is_some_and(|(_, v)| *v == *state)
+        && states.next().is_none();
     if !ours {
         let reply = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
         let _ = stream.write_all(reply.as_bytes()).await;
@@ -222,15 +225,21 @@ async fn read_request_target(stream: &mut tokio::net::TcpStream) -> Option<Strin
 
 /// Opens `url` with the desktop's opener, without a shell (the URL is an argument).
 fn open_in_browser(url: &str) {
-    if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return;
-    }
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else {
         "xdg-open"
     };
-    if let Err(e) = std::process::Command::new(opener)
+    open_with(opener, url);
+}
+
+/// Runs `opener url` and lets it go: tokio reaps it once it exits (a `std` child
+/// dropped unwaited stays a zombie for the process's life, one per sign-in).
+fn open_with(opener: &str, url: &str) {
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return;
+    }
+    if let Err(e) = tokio::process::Command::new(opener)
         .arg(url)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -464,6 +473,9 @@ mod tests {
             "GET /callbackX?code=x&state=s-1 HTTP/1.1\r\n\r\n",
             "GET /callback?code=x&state=s-2 HTTP/1.1\r\n\r\n",
             "GET /callback?code=x HTTP/1.1\r\n\r\n",
+            // Its state beside another: not this sign-in's redirect, whichever is first.
+            "GET /callback?code=x&state=s-2&state=s-1 HTTP/1.1\r\n\r\n",
+            "GET /callback?code=x&state=s-1&state=s-2 HTTP/1.1\r\n\r\n",
         ] {
             assert!(ask(port, other).await.contains("404"), "{other}");
         }
@@ -493,5 +505,45 @@ mod tests {
             back,
             format!("http://127.0.0.1:{port}/callback?code=c-1&state=s-1")
         );
+    }
+
+    /// Children of this process in state `Z` whose name is `name`.
+    fn zombies(name: &str) -> usize {
+        let me = std::process::id().to_string();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // `pid (comm) state ppid …`; comm may hold spaces, so split after it.
+                let Some((comm, rest)) =
+                    stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+                else {
+                    return false;
+                };
+                let mut fields = rest.split(' ');
+                comm == name && fields.next() == Some("Z") && fields.next() == Some(me.as_str())
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn the_browser_opener_is_reaped_once_it_exits() {
+        let name = format!("opener{}", std::process::id() % 100_000);
+        let opener = std::env::temp_dir().join(&name);
+        std::fs::write(&opener, "#!/bin/sh\nexit 0\n").expect("opener");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&opener, std::fs::Permissions::from_mode(0o700)).expect("mode");
+        for _ in 0..3 {
+            open_with(&opener.to_string_lossy(), "https://as.example/authorize");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Each exits at once; none is left a zombie for long.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while zombies(&name) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(zombies(&name), 0, "reaped");
+        let _ = std::fs::remove_file(opener);
     }
 }

@@ -233,8 +233,24 @@ pub(crate) fn resource_matches(resource: &str, server: &Url) -> bool {
 /// Checks what the authorization code grant needs: `code`, and PKCE with S256 (a server
 /// that does not say it supports S256 is refused, as the spec requires).
 pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure> {
-    if m.authorization_endpoint.is_none() {
+    let Some(endpoint) = m.authorization_endpoint.as_deref() else {
         return Err(AuthFailure::Unsupported("no authorization_endpoint".into()));
+    };
+    // Its own query stays (RFC 6749 3.1), but may not name a parameter the sign-in
+    // adds: each may be sent once, and one of the metadata's before the sign-in's own
+    // (a `state` known to anyone) is what a reader taking the first would take.
+    if let Ok(url) = Url::parse(endpoint)
+        && let Some((name, _)) = url
+            .query_pairs()
+            .find(|(k, _)| AUTHORIZATION_PARAMS.contains(&k.as_ref()))
+    {
+        return Err(AuthFailure::BadUrl {
+            url: crate::util::text::one_line(endpoint, 200),
+            why: format!(
+                "the authorization endpoint's query names `{}`, which the sign-in sends itself",
+                crate::util::text::one_line(&name, 40)
+            ),
+        });
     }
     if !m.response_types_supported.is_empty()
         && !m.response_types_supported.iter().any(|t| t == "code")
@@ -254,6 +270,18 @@ pub(crate) fn check_for_code_grant(m: &ServerMetadata) -> Result<(), AuthFailure
     }
     Ok(())
 }
+
+/// The parameters a sign-in adds to the authorization endpoint's URL.
+const AUTHORIZATION_PARAMS: &[&str] = &[
+    "response_type",
+    "client_id",
+    "redirect_uri",
+    "code_challenge",
+    "code_challenge_method",
+    "state",
+    "resource",
+    "scope",
+];
 
 /// The longest URL metadata may give. URLs from it are kept with every token (the
 /// issuer, the token endpoint, the resource), whose file is read back only up to its

@@ -2406,7 +2406,8 @@ impl SignIn {
     ) -> Result<String, AuthFailure> {
         let url = Url::parse(back).map_err(|e| AuthFailure::BadRedirect(e.to_string()))?;
         let q: HashMap<String, String> = url.query_pairs().into_owned().collect();
-        if q.get("state").map(String::as_str) != Some(state) {
+        let states = url.query_pairs().filter(|(k, _)| k == "state").count();
+        if states != 1 || q.get("state").map(String::as_str) != Some(state) {
             return Err(AuthFailure::BadRedirect(
                 "its state is not this sign-in's".into(),
             ));
