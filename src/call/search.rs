@@ -58,8 +58,11 @@ const TOOL_TERMS: usize = 1024;
 /// has (each keeps at least [`MIN_TOOL_TERMS`]): many tools within their own bounds
 /// must not add up.
 const LISTING_TERMS: usize = 128 * 1024;
-/// The fewest terms of a tool indexed, however many tools a listing has.
-const MIN_TOOL_TERMS: usize = 64;
+/// The fewest terms of a tool indexed, however many tools a listing has: its server's,
+/// name's and title's first words (a document begins with them). Past
+/// `LISTING_TERMS / MIN_TOOL_TERMS` tools (16,384) a listing holds more than
+/// [`LISTING_TERMS`], 8 a tool: a server's 20,000 tools of distinct words, 160,000.
+const MIN_TOOL_TERMS: usize = 8;
 /// Characters read of a query.
 const QUERY_CHARS: usize = 1024;
 /// Terms of a query searched for, and sibling terms: each costs a scan of every
@@ -285,6 +288,9 @@ struct Built {
     names: Vec<Arc<str>>,
     terms: Terms,
     scorer: Scorer<u32>,
+    /// Terms indexed, its tools' together: what its size follows.
+    #[cfg(test)]
+    indexed: usize,
 }
 
 impl Built {
@@ -325,13 +331,23 @@ impl Built {
                 most[i] = cap;
             }
         }
+        let mut indexed = 0;
         for ((i, text), most) in (0u32..).zip(&texts).zip(most) {
-            scorer.upsert(&i, unique(embedder.embed(text), most));
+            let embedding = unique(embedder.embed(text), most);
+            indexed += embedding.0.len();
+            scorer.upsert(&i, embedding);
         }
+        tracing::debug!(
+            tools = texts.len(),
+            terms = indexed,
+            "tool search index built"
+        );
         Built {
             names,
             terms: Terms::new(),
             scorer,
+            #[cfg(test)]
+            indexed,
         }
     }
 
@@ -472,6 +488,21 @@ impl Default for SearchIndex {
 }
 
 impl SearchIndex {
+    /// [`SearchIndex::search`], given up at `until` (`None` then): a search may wait
+    /// for its index's build behind others'. The build goes on (the next search finds
+    /// it).
+    pub(crate) async fn search_until(
+        &self,
+        tools: Vec<ToolInfo>,
+        query: &str,
+        k: usize,
+        until: tokio::time::Instant,
+    ) -> Option<Vec<ToolMatch>> {
+        tokio::time::timeout_at(until, self.search(tools, query, k))
+            .await
+            .ok()
+    }
+
     /// The `k` tools of `tools` (a caller's listing) most relevant to `query`, best first.
     pub(crate) async fn search(
         &self,
@@ -696,6 +727,22 @@ mod tests {
         }
     }
 
+    // A server's 17,000 tools (past 16,384), each of 16 words no other has: 8 terms
+    // each are indexed. Before, up to 64 each: all 16 and more (of 64 words, 64 each:
+    // ten times the listing's budget for 20,000 tools).
+    #[test]
+    fn a_listing_of_many_wordy_tools_holds_a_few_terms_a_tool() {
+        let mut words = Words::default();
+        let tools: Vec<ToolInfo> = (0..17_000)
+            .map(|i| tool("s", &format!("t{i}"), &words.take(16)))
+            .collect();
+        let built = Built::new(tools);
+        assert!(built.indexed <= 17_000 * 8, "{}", built.indexed);
+        // Its name is among them: found by it.
+        let found = built.search("t123", 1);
+        assert_eq!(built.names[found[0].0].as_ref(), "s__t123");
+    }
+
     #[test]
     fn identifiers_split_into_words() {
         let w: Vec<String> = words("list_allowedDirectories get-file.v2 HTTPServer").collect();
@@ -852,6 +899,34 @@ mod tests {
             weak.upgrade().is_none(),
             "the index kept a definition alive"
         );
+    }
+
+    // A search that waits for its index's build past its deadline (every build's turn
+    // taken by others) is given up then. Before, it waited for the builds before it.
+    #[tokio::test]
+    async fn a_search_waiting_for_its_build_is_given_up_at_its_deadline() {
+        use std::time::Duration;
+        let index = SearchIndex::default();
+        let turns = index
+            .building
+            .clone()
+            .acquire_many_owned(BUILDS_AT_ONCE as u32)
+            .await
+            .expect("turns");
+        let tools = vec![tool("s", "read_file", "Read files")];
+        let until = tokio::time::Instant::now() + Duration::from_millis(200);
+        let found = tokio::time::timeout(
+            Duration::from_secs(20),
+            index.search_until(tools.clone(), "read", 1, until),
+        )
+        .await
+        .expect("given up at its deadline");
+        assert!(found.is_none());
+        drop(turns);
+        // The build went on: the next search is served.
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        let found = index.search_until(tools, "read", 1, until).await;
+        assert_eq!(found.map(|f| f.len()), Some(1));
     }
 
     // A search given up while its index is being built (its client gone) leaves the

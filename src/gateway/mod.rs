@@ -1735,7 +1735,8 @@ impl Gateway {
         // offer is served once (the other is reached by failover), and is found once.
         let mut items = listing.items;
         items.retain(|item| served.contains_key(&item.qualified));
-        let found = self.inner.harness.search_listed(items, &query, k).await;
+        let found =
+            (self.inner.harness.search_listed(items, &query, k).await).map_err(|e| to_rpc(&e))?;
         let found: Vec<(String, &Value)> = found
             .iter()
             .map(|m| {

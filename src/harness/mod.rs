@@ -633,25 +633,47 @@ impl HarnessHandle {
     /// best first: BM25 over each tool's server, name, title, description and
     /// parameters. Searches the caller's own listing, so a tool its grants do not allow
     /// is never found, and a server's changed list is searched as changed.
+    /// Listing and search together take at most `call_timeout`
+    /// ([`CallError::DeadlineExceeded`] past it).
     pub async fn search_tools(
         &self,
         caller: &Caller,
         query: &str,
         k: usize,
     ) -> Result<Vec<ToolMatch>, CallError> {
-        let tools = self.list_tools(caller).await?;
-        Ok(self.search_listed(tools, query, k).await)
+        let timeout = self.ctx().settings.call_timeout;
+        let until = crate::util::duration::after(tokio::time::Instant::now(), timeout);
+        let tools = tokio::time::timeout_at(until, self.list_tools(caller))
+            .await
+            .map_err(|_| CallError::DeadlineExceeded(timeout))??;
+        self.search_until(tools, query, k, until, timeout).await
     }
 
     /// [`HarnessHandle::search_tools`] over tools the caller has listed already (a
-    /// [`HarnessHandle::listing`]'s items, which also say what could not be listed).
+    /// [`HarnessHandle::listing`]'s items, which also say what could not be listed),
+    /// within `call_timeout`: a search may wait for its index to be built behind
+    /// others' ([`CallError::DeadlineExceeded`]; the build goes on, for the next).
     pub async fn search_listed(
         &self,
         tools: Vec<ToolInfo>,
         query: &str,
         k: usize,
-    ) -> Vec<ToolMatch> {
-        self.inner.search.search(tools, query, k).await
+    ) -> Result<Vec<ToolMatch>, CallError> {
+        let timeout = self.ctx().settings.call_timeout;
+        let until = crate::util::duration::after(tokio::time::Instant::now(), timeout);
+        self.search_until(tools, query, k, until, timeout).await
+    }
+
+    async fn search_until(
+        &self,
+        tools: Vec<ToolInfo>,
+        query: &str,
+        k: usize,
+        until: tokio::time::Instant,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<ToolMatch>, CallError> {
+        let search = self.inner.search.search_until(tools, query, k, until);
+        search.await.ok_or(CallError::DeadlineExceeded(timeout))
     }
 
     /// One tool's definition (`inputSchema` and all), by qualified or bare name; a bare

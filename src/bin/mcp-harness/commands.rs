@@ -489,7 +489,10 @@ pub async fn search(
         Err(e) => return Ok(report(harness, &e)),
     };
     let unlisted = report_unlisted(&listing);
-    let found = harness.search_listed(listing.items, query, limit).await;
+    let found = match harness.search_listed(listing.items, query, limit).await {
+        Ok(found) => found,
+        Err(e) => return Ok(report(harness, &e)),
+    };
     if json_out {
         let out: Vec<Value> = found
             .iter()
