@@ -1433,6 +1433,36 @@ async fn a_large_write_over_a_slow_link_holds_up_no_lookup() {
     );
 }
 
+// `shutdown()` waits for a list's write to Redis under way within the write's own
+// bound (a second at least), not only four lookups' (400 ms here): a process that
+// lists and exits at once leaves the list to the others over a slow link too.
+#[tokio::test]
+async fn shutdown_waits_for_a_write_to_redis_under_way() {
+    let redis = Redis::start().await;
+    // A 40 ms pause per 16 KiB towards Redis: the list of 2,000 tools takes about
+    // 0.7 s to write.
+    let relay = Relay::start_paced(redis.port, Duration::from_millis(40)).await;
+    let layer = SharedConfig {
+        timeout: Duration::from_millis(100),
+        ..shared(format!("redis://127.0.0.1:{}", relay.port), &["s"])
+    };
+    // Over HTTP: nothing to stop before the caches are written (a process takes its
+    // time).
+    let server = HttpServer::demo(&["s", "--extra-tools", "2000"]).await;
+    let spec = ServerConfig::new("s", server.spec());
+    let h = start_ready(config(vec![spec], layer)).await;
+    let started = Instant::now();
+    h.list_tools(&a()).await.expect("list");
+    h.shutdown().await;
+    let took = started.elapsed();
+    assert_eq!(
+        page_keys(&redis).await.len(),
+        1,
+        "written before shutdown returned ({took:?}): {:?}",
+        h.cache_stats()
+    );
+}
+
 impl Drop for Relay {
     fn drop(&mut self) {
         self.task.abort();

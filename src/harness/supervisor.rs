@@ -364,7 +364,9 @@ async fn shut_down(services: &Services, servers_running: bool) {
     flush_audit(services).await;
     services.registry_ref.flush().await;
     if let Some(shared) = &services.registry.shared {
-        shared.drain(shared.config().timeout * 4).await;
+        // One write under way and the next, each within its own bound (before: four
+        // lookups' bound, 200 ms, shorter than one write's second).
+        shared.drain(shared.write_bound() * 2).await;
         // Bounded by itself: a lock another process holds is waited for a few seconds.
         shared.write_floors().await;
         shared.close();

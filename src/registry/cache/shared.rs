@@ -1437,11 +1437,16 @@ impl SharedCache {
         }
     }
 
+    /// The bound on one background write: they are off every caller's path, so a
+    /// slower bound than reads'.
+    pub(crate) fn write_bound(&self) -> Duration {
+        self.config.timeout.max(Duration::from_secs(1))
+    }
+
     /// Writes whole lists in one transaction: should it time out or fail, none of them
     /// is in Redis, rather than some of a list's pages.
     async fn write_lists(&self, lists: &[Write]) {
-        // Writes are off every caller's path: a slower bound than reads.
-        let bound = self.config.timeout.max(Duration::from_secs(1));
+        let bound = self.write_bound();
         let done: Option<()> = self
             .run_write(bound, async |mut conn| {
                 let mut pipe = redis::pipe();
