@@ -222,10 +222,27 @@ fn config(tag: &str, record: &Path) -> PathBuf {
 
 /// `mcp-harness call --config CONFIG TOOL {}` exporting to `endpoint` over `protocol`.
 async fn traced_call(config: &Path, tool: &str, endpoint: &str, protocol: &str) -> bool {
+    traced_call_with(config, tool, endpoint, protocol, None).await
+}
+
+/// [`traced_call`] with `OTEL_EXPORTER_OTLP_TIMEOUT` set to `timeout_ms`.
+async fn traced_call_with(
+    config: &Path,
+    tool: &str,
+    endpoint: &str,
+    protocol: &str,
+    timeout_ms: Option<&str>,
+) -> bool {
     let config = config.to_path_buf();
     let (tool, endpoint, protocol) = (tool.to_string(), endpoint.to_string(), protocol.to_string());
+    let timeout_ms = timeout_ms.map(String::from);
     tokio::task::spawn_blocking(move || {
-        std::process::Command::new(harness_exe())
+        let mut command = std::process::Command::new(harness_exe());
+        match timeout_ms {
+            Some(ms) => command.env("OTEL_EXPORTER_OTLP_TIMEOUT", ms),
+            None => command.env_remove("OTEL_EXPORTER_OTLP_TIMEOUT"),
+        };
+        command
             .args(["call", "--config"])
             .arg(&config)
             .args([tool.as_str(), r#"{"text": "traced"}"#])
@@ -452,6 +469,66 @@ async fn over_grpc_a_failed_call_carries_its_error_type_on_the_call_and_the_atte
     let restart = named(&spans, "restart s")[0];
     assert_eq!(attr(restart, "mcp_harness.server.id").as_deref(), Some("s"));
     assert!(!restart.events.is_empty(), "the restart's reason");
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+// `OTEL_EXPORTER_OTLP_TIMEOUT=0` is read as the harness reads it (not a number of ms
+// above zero: the default 10 s), and the exporter is given that reading rather than
+// reading the variable again itself (as no time at all): the spans still arrive.
+#[tokio::test]
+async fn a_zero_export_timeout_still_exports_over_grpc() {
+    let (endpoint, received) = grpc_collector().await;
+    let record = temp_file("otel-zero");
+    let config = config("otel-zero", &record);
+    assert!(traced_call_with(&config, "s__echo", &endpoint, "grpc", Some("0")).await);
+    assert!(
+        received.arrives("tools/call s__echo").await,
+        "{:?}",
+        received.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(config);
+}
+
+/// A collector's address that answers every request `307` to `to`'s, counting them.
+async fn redirecting_to(to: &str) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (count, to) = (hits.clone(), to.to_string());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut head = vec![0u8; 64 << 10];
+            let _ = stream.read(&mut head).await;
+            let reply = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: {to}/v1/traces\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            let _ = stream.write_all(reply.as_bytes()).await;
+        }
+    });
+    (url, hits)
+}
+
+// A collector's redirect is a failed export, not followed: it would carry the batch and
+// the exporter's headers (an API key, under a name reqwest does not know to strip) to
+// another host.
+#[tokio::test]
+async fn a_collectors_redirect_is_not_followed() {
+    let (elsewhere, received) = http_collector().await;
+    let (endpoint, hits) = redirecting_to(&elsewhere).await;
+    let record = temp_file("otel-redirect");
+    let config = config("otel-redirect", &record);
+    assert!(traced_call(&config, "s__echo", &endpoint, "http/protobuf").await);
+    assert!(
+        hits.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "exported"
+    );
+    assert!(received.spans().is_empty(), "followed to another host");
     let _ = std::fs::remove_file(record);
     let _ = std::fs::remove_file(config);
 }

@@ -119,6 +119,10 @@ impl Signal {
             )
             .tls_backend_preconfigured(tls)
             .timeout(self.timeout)
+            // A 3xx is a failed export: followed, it would carry the batch and the
+            // `OTEL_EXPORTER_OTLP_HEADERS` (an API key, which reqwest strips only under
+            // the names it knows) to another host, perhaps in clear.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .context("OTLP HTTP client")
     }
@@ -275,7 +279,11 @@ pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvid
     let exporter = match s.protocol.as_str() {
         "grpc" => {
             use opentelemetry_otlp::WithTonicConfig;
-            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                // The harness's reading of the timeout variables, not the SDK's own
+                // (which takes `0` for no time at all: every export failed at once).
+                .with_timeout(s.timeout);
             if s.https {
                 b = b.with_tls_config(s.grpc_tls()?);
             }
@@ -289,7 +297,8 @@ pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvid
             let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(s.http_client()?)
-                .with_protocol(Protocol::HttpBinary);
+                .with_protocol(Protocol::HttpBinary)
+                .with_timeout(s.timeout);
             if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
@@ -320,7 +329,11 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
     let exporter = match s.protocol.as_str() {
         "grpc" => {
             use opentelemetry_otlp::WithTonicConfig;
-            let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
+            let mut b = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                // The harness's reading of the timeout variables, not the SDK's own
+                // (which takes `0` for no time at all: every export failed at once).
+                .with_timeout(s.timeout);
             if s.https {
                 b = b.with_tls_config(s.grpc_tls()?);
             }
@@ -334,7 +347,8 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
             let mut b = opentelemetry_otlp::MetricExporter::builder()
                 .with_http()
                 .with_http_client(s.http_client()?)
-                .with_protocol(Protocol::HttpBinary);
+                .with_protocol(Protocol::HttpBinary)
+                .with_timeout(s.timeout);
             if let Some(e) = s.endpoint.clone() {
                 b = b.with_endpoint(e);
             }
@@ -443,6 +457,11 @@ pub fn sdk_log_budget(metadata: &tracing::Metadata<'_>) -> bool {
     if !metadata.is_event() || !metadata.target().starts_with("opentelemetry") {
         return true;
     }
+    // Its debug events name the endpoint's whole URL (an `api_key` in its query) and
+    // quote the collector's answers, which may echo the exporter's headers.
+    if *metadata.level() > tracing::Level::INFO {
+        return false;
+    }
     let now = Instant::now();
     // One entry per place in the SDK that logs: a few dozen at most.
     let mut last = LAST.lock();
@@ -469,6 +488,52 @@ mod tests {
         );
         assert_eq!(export_timeout(Some("0".into())), Duration::from_secs(10));
         assert_eq!(export_timeout(Some("soon".into())), Duration::from_secs(10));
+    }
+
+    // The SDK's own events are logged once a second each at most, and never below
+    // `info`: its debug events name the endpoint's URL and quote the collector.
+    #[test]
+    fn the_sdks_own_events_below_info_are_never_logged() {
+        use std::sync::Arc;
+        use tracing_subscriber::Layer;
+        use tracing_subscriber::layer::SubscriberExt;
+        let out = Arc::new(parking_lot::Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let out = out.clone();
+            move || Shared(out.clone())
+        };
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(writer)
+            .with_ansi(false)
+            .with_filter(super::sdk_log_filter());
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!(target: "opentelemetry_otlp", url = "http://c/?api_key=SECRET", "HttpClient.NetworkError");
+            tracing::trace!(target: "opentelemetry_sdk", body = "SECRET", "trace");
+            for _ in 0..2 {
+                tracing::warn!(target: "opentelemetry_sdk", "export failed");
+            }
+        });
+        let text = String::from_utf8_lossy(&out.lock()).into_owned();
+        assert!(!text.contains("SECRET"), "{text}");
+        assert_eq!(
+            text.matches("export failed").count(),
+            1,
+            "once a second: {text}"
+        );
+    }
+
+    /// A log writer into a shared buffer.
+    struct Shared(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     // Zero, from the variable or the config, is no interval: the SDK would export
