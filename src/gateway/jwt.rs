@@ -151,6 +151,30 @@ fn parse_jwks(bytes: &[u8]) -> Result<JwkSet, GatewayError> {
     Ok(JwkSet { keys })
 }
 
+/// How long reading the JWKS file may take (a hung mount).
+const JWKS_READ_LIMIT: Duration = Duration::from_secs(30);
+
+/// The JWKS file's text, read as a reloaded config file is, off the async threads: a
+/// regular file only (a FIFO put in its place is refused at once, never waited on by a
+/// reload that holds the others back), up to 16 MiB, and not when anyone may write or
+/// replace it (they would choose whose tokens are taken).
+async fn read_jwks_file(path: &std::path::Path) -> Result<String, GatewayError> {
+    let owned = path.to_path_buf();
+    let read = tokio::task::spawn_blocking(move || crate::config::file::read_regular(&owned));
+    match tokio::time::timeout(JWKS_READ_LIMIT, read).await {
+        Ok(Ok(Ok(text))) => Ok(text),
+        Ok(Ok(Err(e))) => Err(GatewayError::Config(format!("jwt: {e}"))),
+        Ok(Err(e)) => Err(GatewayError::Config(format!(
+            "jwt: {}: {e}",
+            path.display()
+        ))),
+        Err(_) => Err(GatewayError::Config(format!(
+            "jwt: {}: not read within {JWKS_READ_LIMIT:?}",
+            path.display()
+        ))),
+    }
+}
+
 impl JwtVerifier {
     /// Reads the keys (the file, or the URL once) and checks the settings.
     pub async fn load(config: JwtConfig) -> Result<Arc<JwtVerifier>, GatewayError> {
@@ -164,11 +188,7 @@ impl JwtVerifier {
             )));
         }
         let keys = match (&config.jwks_file, &config.jwks_url) {
-            (Some(path), None) => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| GatewayError::Config(format!("jwt: {}: {e}", path.display())))?;
-                parse_jwks(&bytes)?
-            }
+            (Some(path), None) => parse_jwks(read_jwks_file(path).await?.as_bytes())?,
             (None, Some(url)) => fetch(url, config.ca_file.as_deref()).await?,
             _ => {
                 return Err(GatewayError::Config(
@@ -387,4 +407,53 @@ async fn fetch(url: &str, ca_file: Option<&std::path::Path>) -> Result<JwkSet, G
         }
     }
     parse_jwks(&body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn with_file(path: &std::path::Path) -> JwtConfig {
+        JwtConfig {
+            issuer: "https://issuer.example".into(),
+            audience: "https://gateway.example/mcp".into(),
+            jwks_file: Some(path.to_path_buf()),
+            jwks_url: None,
+            ca_file: None,
+            agent_claim: default_agent_claim(),
+            context_claim: default_context_claim(),
+            scopes: Vec::new(),
+        }
+    }
+
+    // A FIFO put in the JWKS file's place is refused at once (before, the reload that
+    // read it waited for a writer, holding every later reload back), and so is a file
+    // anyone may write (whoever wrote a key there would choose whose tokens are taken).
+    #[tokio::test]
+    async fn a_jwks_file_that_is_a_fifo_or_that_anyone_may_write_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("jwks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("fifo.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let load = JwtVerifier::load(with_file(&fifo));
+        let e = tokio::time::timeout(Duration::from_secs(10), load)
+            .await
+            .expect("at once")
+            .expect_err("a FIFO");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, r#"{"keys": []}"#).expect("write");
+        let mode = |m| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m));
+        mode(0o666).expect("chmod");
+        let e = JwtVerifier::load(with_file(&file))
+            .await
+            .expect_err("anyone may write it");
+        assert!(e.to_string().contains("writable by anyone"), "{e}");
+        mode(0o644).expect("chmod");
+        JwtVerifier::load(with_file(&file)).await.expect("read");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -31,6 +31,33 @@ pub(crate) fn warm_platform_roots() {
     let _ = platform_roots();
 }
 
+/// The largest CA bundle read (the platform's own is under a megabyte).
+const MAX_CA_FILE: u64 = 16 << 20;
+
+/// A CA bundle's bytes: a regular file only, opened without waiting (a FIFO put in its
+/// place would hold the async thread that connects a server, at every restart), and
+/// up to [`MAX_CA_FILE`].
+fn read_ca_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CA_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CA_FILE {
+        return Err(format!("larger than {} MiB", MAX_CA_FILE >> 20));
+    }
+    Ok(bytes)
+}
+
 /// A CA bundle that cannot be used: what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -49,8 +76,8 @@ pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConf
     let (_added, _ignored) = roots.add_parsable_certificates(platform_roots().iter().cloned());
     if let Some(path) = ca_file {
         let bad = |e: String| format!("ca_file {}: {e}", path.display());
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| bad(e.to_string()))?
+        let pem = read_ca_file(path).map_err(bad)?;
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<_, _>>()
             .map_err(|e| bad(e.to_string()))?;
         if certs.is_empty() {
@@ -67,4 +94,33 @@ pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConf
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    // A FIFO put in a CA bundle's place is refused at once. Before, connecting the
+    // server (at each restart, on an async thread) waited for a writer.
+    #[test]
+    fn a_ca_file_that_is_a_fifo_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("ca-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("ca.pem");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(super::client_config(Some(&path)).map(|_| ()));
+        });
+        let read = rx.recv_timeout(Duration::from_secs(10)).expect("at once");
+        assert!(
+            read.as_ref()
+                .is_err_and(|e| e.contains("not a regular file")),
+            "{read:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
