@@ -8,8 +8,8 @@ use std::time::Duration;
 use mcp_harness::protocol::ProtocolError;
 use mcp_harness::transport::TransportError;
 use mcp_harness::{
-    CallError, Caller, Harness, HarnessConfig, HarnessHandle, RestartConfig, ServerConfig,
-    ServerError, ServerState,
+    CallError, CallKind, Caller, Harness, HarnessConfig, HarnessHandle, RestartConfig,
+    ServerConfig, ServerError, ServerState,
 };
 use serde_json::{Value, json};
 use support::*;
@@ -209,6 +209,41 @@ async fn a_modern_server_sending_a_request_is_refused() {
     assert_eq!(text(&r), "client refused: -32600");
     still_serving(&h, "s").await;
     h.shutdown().await;
+}
+
+// Over HTTP, a 2026-07-28 server's request is dropped, never answered: a client of that
+// version POSTs no response. Before, the harness POSTed its refusal (with its token, as
+// a message the server could not take for a request).
+#[tokio::test]
+async fn a_modern_http_servers_request_is_dropped_not_answered() {
+    let record = temp_file("modern-http-request");
+    let r = record.to_string_lossy().into_owned();
+    // Every answer an event stream, on which the tool's request goes.
+    let server = HttpServer::demo(&["s", "--sse", "--record", &r]).await;
+    let h = harness(vec![ServerConfig::new("s", server.spec())]).await;
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let caller = Caller::agent("a");
+    let called = h.call(
+        &caller,
+        CallKind::Tool,
+        "s__rogue_request",
+        json!({}),
+        options,
+    );
+    let e = called.await.expect_err("unanswered, its tool waits");
+    assert!(
+        matches!(e, CallError::DeadlineExceeded(_)) || closed_or_timed_out(&e),
+        "{e}"
+    );
+    let seen = recorded(&record);
+    assert!(seen.iter().any(|r| r["method"] == "tools/call"), "{seen:?}");
+    assert!(!seen.iter().any(|r| r.get("answer").is_some()), "{seen:?}");
+    still_serving(&h, "s").await;
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 #[tokio::test]

@@ -234,6 +234,14 @@ impl Dispatch {
         // The server's own words, for logs and for the refusals sent back to it.
         let named = crate::util::text::one_line(&method, 100);
         if self.era == Era::Modern {
+            // Over HTTP a 2026-07-28 client never POSTs a response (the spec's
+            // requests all carry a method): the request is dropped, unanswered.
+            if self.transport.upgrade().is_some_and(|t| t.is_http()) {
+                return self.refused_warn(
+                    &named,
+                    "modern server sent a request; dropped (2026-07-28 servers must not)",
+                );
+            }
             self.refused_warn(
                 &named,
                 "modern server sent a request; refused (2026-07-28 servers must not)",

@@ -1128,6 +1128,11 @@ impl HttpTransport {
         if let Some(ignored) = self.ignored.log() {
             tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
         }
+        // No legacy version agreed: a 2026-07-28 server, to which a client never POSTs
+        // a response (its request is a violation, dropped as the dispatcher drops it).
+        if self.session.version().is_none() {
+            return;
+        }
         let (Some(this), Ok(permit)) = (
             self.this.upgrade(),
             self.busy_answers.clone().try_acquire_owned(),
