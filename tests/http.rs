@@ -463,6 +463,52 @@ async fn a_legacy_handshake_that_fails_after_its_initialize_ends_the_session() {
     let _ = std::fs::remove_file(record);
 }
 
+// A connect given up between `initialize` and `initialized` (its caller's deadline)
+// ends the session its `initialize` began. Before, the transport was dropped holding
+// it, and the server kept it until its own expiry: one per restart for a server that
+// stalls `initialized`.
+#[tokio::test]
+async fn a_legacy_connect_given_up_after_its_initialize_ends_the_session() {
+    let record = temp_file("http-connect-given-up");
+    // `initialized` is held 10 s, from the second session on.
+    let server = HttpServer::demo(&[
+        "delta",
+        "--era",
+        "legacy",
+        "--initialized-delay-ms",
+        "10000",
+        "--record",
+        &record.to_string_lossy(),
+    ])
+    .await;
+    let (first, _events) = Connection::connect("delta", server.spec(), options())
+        .await
+        .expect("the first session");
+    first.shutdown().await;
+    let connect = Connection::connect("delta", server.spec(), options());
+    let given_up = tokio::time::timeout(Duration::from_secs(2), connect).await;
+    assert!(given_up.is_err(), "held at `initialized`");
+    let session_of = |r: &Value| r["headers"]["mcp-session-id"].as_str().map(String::from);
+    let second = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["notification"] == "notifications/initialized")
+            .filter_map(session_of)
+            .nth(1)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || second().is_some_and(|sid| {
+            recorded(&record)
+                .iter()
+                .any(|r| r["method"] == "DELETE" && session_of(r).as_deref() == Some(&sid))
+        }))
+        .await,
+        "the second session is ended: {:?}",
+        recorded(&record)
+    );
+    let _ = std::fs::remove_file(record);
+}
+
 // A legacy server may ping before it replies to `initialize`, on that reply's event
 // stream; the answer goes in the session the reply's headers named (a server that checks
 // the id refused an answer without it, and the handshake waited to its timeout).

@@ -1339,6 +1339,29 @@ impl HttpTransport {
 impl Drop for HttpTransport {
     fn drop(&mut self) {
         self.stop_get_stream();
+        // Dropped with a session held, never shut down (a connect given up between
+        // `initialize` and `initialized`): the session is ended on a task of its own,
+        // not left to the server's expiry (a server that stalls `initialized` would
+        // hold one per restart).
+        if self.is_closed() {
+            return;
+        }
+        let (Some(sid), Ok(runtime)) = (
+            self.session.take_id(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let mut headers = self.fixed.clone();
+        self.authorize(&mut headers, None);
+        let delete = self
+            .client
+            .delete(self.url.clone())
+            .headers(headers)
+            .header(SESSION_HEADER, sid);
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(SESSION_END_LIMIT, delete.send()).await;
+        });
     }
 }
 
