@@ -4344,6 +4344,57 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     gw.stop().await;
 }
 
+// A reload that takes the key a JWT was signed with out of the JWKS ends what was
+// opened with that JWT (a subscription, a legacy session and its event stream), as it
+// refuses a request with it. Before, they ran on to the token's expiry: a leaked key's
+// forged token may name one ten years away.
+#[tokio::test]
+async fn a_reload_that_removes_a_jwts_key_ends_what_the_jwt_opened() {
+    let (setup, signing, jwks) = jwt_issuer("");
+    let gw = setup.start().await;
+    let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
+    let token = jwt(&signing, "k1", claims);
+    let (mut sub, mut heard) = subscribed(&gw, &token, "c-sub").await;
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(init.to_string())
+        .send()
+        .await
+        .expect("initialize");
+    assert_eq!(resp.status().as_u16(), 200);
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+        .expect("a session");
+    let mut get = gw.get_stream(&token, &sid).await;
+    assert_eq!(get.status().as_u16(), 200);
+    // The issuer's keys now: another one only.
+    let (_, other) = es256_key("k2");
+    std::fs::write(&jwks, json!({"keys": [other]}).to_string()).expect("jwks");
+    let config = std::fs::read_to_string(&setup.config).expect("config");
+    gw.reload_with(&setup, &config);
+    assert!(
+        read_until(&mut sub, &mut heard, "\"complete\"").await,
+        "the subscription ends: {heard}"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = get.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the session opened with the JWT stayed");
+    let (status, _) = gw.modern(&token, "tools/list", json!({})).await;
+    assert_eq!(status, 401, "as a request with it is refused");
+    gw.stop().await;
+}
+
 // A principal's parked calls hold their params parsed for minutes: they come to at
 // most 2 × max_body_bytes (as JSON), apart from the calls-in-flight budget, so that
 // answering a parked round (which sends the same arguments again) is never kept out.

@@ -201,6 +201,9 @@ type Pending = Arc<Questions>;
 
 struct Session {
     principal: Principal,
+    /// The bearer JWT of its last request that opened a stream or made a call, if it
+    /// was admitted with one: a reload checks it again (the sweep).
+    jwt: Option<super::Credential>,
     client: LegacyClient,
     last_seen: Instant,
     pending: Pending,
@@ -487,10 +490,24 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
         let idle = state.gateway.config().session_idle;
+        // Sessions of JWTs that no longer verify (a key removed, the issuer's settings
+        // changed), checked outside the lock: a signature each.
+        let opened_with_jwt: Vec<(String, Principal, super::Credential)> = (state.sessions)
+            .lock()
+            .iter()
+            .filter_map(|(id, s)| Some((id.clone(), s.principal.clone(), s.jwt.clone()?)))
+            .collect();
+        let unverified: std::collections::HashSet<String> = opened_with_jwt
+            .into_iter()
+            .filter(|(_, p, jwt)| !identity.admits_with(p, Some(jwt)))
+            .map(|(id, _, _)| id)
+            .collect();
         let ended: Vec<(String, Session)> = state
             .sessions
             .lock()
-            .extract_if(|_, s| s.idle(idle) || !identity.admits(&s.principal))
+            .extract_if(|id, s| {
+                s.idle(idle) || !identity.admits(&s.principal) || unverified.contains(id)
+            })
             .collect();
         for (_, mut session) in ended {
             session.end();
@@ -858,6 +875,9 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         ) else {
             return full(StatusCode::NOT_FOUND, "", "unknown session");
         };
+        if admitted.jwt.is_some() {
+            session.jwt.clone_from(&admitted.jwt);
+        }
         // At most a few streams per session: a client reconnecting replaces them (the
         // replaced one ends, and its place is this one's).
         session.streams.retain(|(tx, _)| !tx.is_closed());
@@ -1128,7 +1148,11 @@ async fn post(
     admitted: Admitted,
     session_id: Option<String>,
 ) -> HttpResponse {
-    let Admitted { principal, until } = admitted;
+    let Admitted {
+        principal,
+        until,
+        jwt,
+    } = admitted;
     let accept = header(&req, "accept").unwrap_or("");
     if !(accepts(accept, "application/json") && accepts(accept, "text/event-stream")) {
         return full(
@@ -1304,7 +1328,8 @@ async fn post(
                     return refused(e, request.id);
                 }
             }
-            legacy_request(state, request, principal, session_id, large, spanned).await
+            let admitted = (principal, jwt);
+            legacy_request(state, request, admitted, session_id, large, spanned).await
         }
         Message::Request(request) => {
             let spanned = state.gateway.request_span(&request);
@@ -1316,7 +1341,7 @@ async fn post(
                 return refused((StatusCode::BAD_REQUEST, e), request.id);
             }
             if request.method == "subscriptions/listen" {
-                return listen_stream(state, principal, until, request);
+                return listen_stream(state, principal, (until, jwt), request);
             }
             let checked = params_checked(&state, &principal, &request, &headers);
             if let Err(e) = in_span(spanned.as_ref(), checked).await {
@@ -1642,7 +1667,7 @@ impl Drop for PrincipalSlot {
 fn listen_stream(
     state: Arc<State>,
     principal: Principal,
-    until: Option<Instant>,
+    (until, jwt): (Option<Instant>, Option<super::Credential>),
     request: Request,
 ) -> HttpResponse {
     // Its id is kept, and written on every frame, for as long as the stream is open:
@@ -1729,7 +1754,8 @@ fn listen_stream(
                 // A reload that revoked its principal ends it, as its next request
                 // would be refused.
                 Ok(()) = reloads.changed() => {
-                    if !slot.state.gateway.identity().admits(&slot.principal) {
+                    let identity = slot.state.gateway.identity();
+                    if !identity.admits_with(&slot.principal, jwt.as_ref()) {
                         break;
                     }
                 }
@@ -1855,7 +1881,7 @@ impl Drop for SessionTicket {
 async fn legacy_request(
     state: Arc<State>,
     request: Request,
-    principal: Principal,
+    (principal, jwt): (Principal, Option<super::Credential>),
     session_id: Option<String>,
     large: Option<PrincipalSlot>,
     spanned: Option<super::RequestSpan>,
@@ -1895,6 +1921,7 @@ async fn legacy_request(
             id.clone(),
             Session {
                 principal,
+                jwt: jwt.clone(),
                 client,
                 last_seen: Instant::now(),
                 pending: Pending::default(),
@@ -1929,6 +1956,9 @@ async fn legacy_request(
     let found = {
         let mut sessions = state.sessions.lock();
         live_session(&mut sessions, &sid, &principal, idle).map(|s| {
+            if jwt.is_some() {
+                s.jwt.clone_from(&jwt);
+            }
             let (by_client, cancel) = (CancelToken::new(), CancelToken::new());
             let ticket = s
                 .calls
@@ -2132,6 +2162,7 @@ mod tests {
             calls.borrow_mut().insert(seen, token);
             Session {
                 principal: principal.clone(),
+                jwt: None,
                 client: LegacyClient {
                     version: "2025-06-18".into(),
                     capabilities: json!({}),
@@ -2182,6 +2213,7 @@ mod tests {
         let d = agent("d");
         let quiet = |ago: u64| Session {
             principal: d.clone(),
+            jwt: None,
             client: LegacyClient {
                 version: "2025-06-18".into(),
                 capabilities: json!({}),

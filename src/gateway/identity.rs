@@ -43,6 +43,20 @@ pub struct Admitted {
     /// token or the anonymous agent, which last until a reload revokes them. A stream
     /// the request opens ends then, as a request after it would be refused.
     pub until: Option<std::time::Instant>,
+    /// The bearer JWT it was admitted with, if that is how: what it opens (a stream, a
+    /// legacy session) keeps it, and a reload checks it again ([`Identity::admits_with`]).
+    pub jwt: Option<Credential>,
+}
+
+/// A bearer JWT, kept by what a request opened with it. Never shown: its `Debug` says
+/// only that it is one.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(Arc<str>);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(..)")
+    }
 }
 
 /// Why a request has no principal.
@@ -155,6 +169,25 @@ impl Identity {
         }
     }
 
+    /// [`Identity::admits`], and for what was opened with a JWT, that the JWT still
+    /// verifies under the issuer's keys and settings in force, for the same principal:
+    /// a reload that removed the key it was signed with (leaked), or changed the issuer
+    /// or audience, ends it, as it refuses a request with it. (Its expiry ends it
+    /// anyway.)
+    pub fn admits_with(&self, principal: &Principal, jwt: Option<&Credential>) -> bool {
+        if !self.admits(principal) {
+            return false;
+        }
+        let Some(Credential(token)) = jwt else {
+            return true;
+        };
+        self.jwt.as_ref().is_some_and(|verifier| {
+            verifier.verify(token).is_ok_and(|v| {
+                *v.agent == *principal.agent && principal.context.as_deref() == Some(&*v.context)
+            })
+        })
+    }
+
     /// The principal of a request with `authorization` (the header's value, if any).
     pub fn resolve(&self, authorization: Option<&str>) -> Result<Admitted, IdentityError> {
         let token = match authorization {
@@ -176,6 +209,7 @@ impl Identity {
                 Some(p) => Ok(Admitted {
                     principal: p.clone(),
                     until: None,
+                    jwt: None,
                 }),
                 None => match &self.jwt {
                     Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
@@ -206,6 +240,7 @@ impl Identity {
                                 std::time::Instant::now(),
                                 left,
                             )),
+                            jwt: Some(Credential(token.into())),
                         })
                     }
                     _ => Err(IdentityError::Unknown),
@@ -220,6 +255,7 @@ impl Identity {
                         context: None,
                     },
                     until: None,
+                    jwt: None,
                 })
                 .ok_or(IdentityError::Missing),
         }

@@ -59,7 +59,7 @@ use crate::util::duration;
 use crate::util::text::one_line;
 use crate::util::trace_context::{HeadSampler, call_span};
 
-pub use identity::{Admitted, Identity, IdentityError, Principal, TokenEntry};
+pub use identity::{Admitted, Credential, Identity, IdentityError, Principal, TokenEntry};
 pub use names::{Names, Prefix};
 pub use seal::{RoundState, SealError, Sealer};
 pub use search::ToolExposure;
