@@ -90,6 +90,8 @@ pub(crate) struct CallRequest {
     pub trace_parent: Option<opentelemetry::Context>,
     /// Whether the call's spans are exported, when the caller decided it.
     pub traced: Option<bool>,
+    /// The last progress its servers gave, across its attempts.
+    pub progress_last: progress::ProgressLast,
 }
 
 /// A call whose `input_required` rounds go back to the caller instead of the input
@@ -575,7 +577,10 @@ async fn attempt(
         .delegated
         .as_ref()
         .and_then(|d| d.progress.clone())
-        .map(|(to, token)| ctx.progress.register(server.id(), to, token));
+        .map(|(to, token)| {
+            let last = request.progress_last.clone();
+            ctx.progress.register(server.id(), to, token, last)
+        });
     let with_token = |params: &mut Map<String, Value>| {
         if let Some(p) = &progress {
             let meta = params

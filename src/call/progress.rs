@@ -17,6 +17,11 @@ pub type ProgressSender = mpsc::Sender<Value>;
 /// The longest `message` an update carries on, in bytes (cut on a character).
 pub(crate) const MESSAGE_BYTES: usize = 4096;
 
+/// The last `progress` a call's servers gave: one for all its attempts (a request
+/// sent again, another server after a failover), as its caller sees one stream of
+/// updates under one token.
+pub(crate) type ProgressLast = Arc<Mutex<Option<f64>>>;
+
 /// One live token.
 struct Route {
     /// The server it was given to.
@@ -25,8 +30,8 @@ struct Route {
     to: ProgressSender,
     /// The caller's token, put in place of the harness's.
     caller_token: Value,
-    /// The last `progress` the server gave (each must be greater).
-    last: Option<f64>,
+    /// The last `progress` its call's servers gave (each must be greater).
+    last: ProgressLast,
 }
 
 /// Live progress tokens, by token.
@@ -48,12 +53,14 @@ impl Drop for ProgressToken {
 }
 
 impl ProgressRouter {
-    /// A token for one call on `server`, routed to `to` as `caller_token`.
+    /// A token for one call on `server`, routed to `to` as `caller_token`, its updates
+    /// greater than `last` (the call's, shared by its attempts).
     pub(crate) fn register(
         self: &Arc<Self>,
         server: &str,
         to: ProgressSender,
         caller_token: Value,
+        last: ProgressLast,
     ) -> ProgressToken {
         let mut raw = [0u8; 16];
         // Should the OS fail us the token is still unique (a repeat is extended below);
@@ -68,7 +75,7 @@ impl ProgressRouter {
             server: server.to_string(),
             to,
             caller_token,
-            last: None,
+            last,
         };
         routes.insert(token.clone(), route);
         drop(routes);
@@ -100,10 +107,13 @@ impl ProgressRouter {
         let Some(route) = routes.get_mut(token).filter(|r| r.server == server) else {
             return;
         };
-        if route.last.is_some_and(|last| progress <= last) {
-            return;
+        {
+            let mut last = route.last.lock();
+            if last.is_some_and(|last| progress <= last) {
+                return;
+            }
+            *last = Some(progress);
         }
-        route.last = Some(progress);
         if route.to.capacity() == 0 {
             return;
         }
@@ -135,7 +145,8 @@ mod tests {
     fn updates_reach_only_their_call_from_the_server_given_the_token() {
         let router = Arc::new(ProgressRouter::default());
         let (tx, mut rx) = mpsc::channel(8);
-        let token = router.register("s", tx, json!("mine"));
+        let last = ProgressLast::default();
+        let token = router.register("s", tx.clone(), json!("mine"), last.clone());
         assert_eq!(token.token.len(), 32, "128 random bits");
         router.deliver(
             "other",
@@ -175,6 +186,17 @@ mod tests {
             got,
             json!({"progressToken": "mine", "progress": 3.5, "total": 9, "message": "cut"})
         );
+        // Another attempt of the same call (a failover): its updates go on from the
+        // last one the caller saw, not from the start.
+        let again = router.register("t", tx, json!("mine"), last);
+        for progress in [1.0, 3.5, 4.0] {
+            let update = json!({"progressToken": again.token, "progress": progress});
+            router.deliver("t", Some(&update));
+        }
+        let got = rx.try_recv().expect("a greater one");
+        assert_eq!(got["progress"], json!(4.0));
+        assert!(rx.try_recv().is_err(), "none before it");
+        drop(again);
         drop(token);
         assert!(
             router.routes.lock().is_empty(),

@@ -574,6 +574,7 @@ impl HarnessHandle {
             },
             trace_parent: options.trace_parent.clone(),
             traced: options.traced,
+            progress_last: Default::default(),
         };
         (self.inner.services.calls.clone(), request)
     }
@@ -633,20 +634,16 @@ impl HarnessHandle {
     /// best first: BM25 over each tool's server, name, title, description and
     /// parameters. Searches the caller's own listing, so a tool its grants do not allow
     /// is never found, and a server's changed list is searched as changed.
-    /// Listing and search together take at most `call_timeout`
-    /// ([`CallError::DeadlineExceeded`] past it).
+    /// The listing is bounded as [`HarnessHandle::list_tools`] is (a server that does
+    /// not answer in time is left out), the search as [`HarnessHandle::search_listed`].
     pub async fn search_tools(
         &self,
         caller: &Caller,
         query: &str,
         k: usize,
     ) -> Result<Vec<ToolMatch>, CallError> {
-        let timeout = self.ctx().settings.call_timeout;
-        let until = crate::util::duration::after(tokio::time::Instant::now(), timeout);
-        let tools = tokio::time::timeout_at(until, self.list_tools(caller))
-            .await
-            .map_err(|_| CallError::DeadlineExceeded(timeout))??;
-        self.search_until(tools, query, k, until, timeout).await
+        let tools = self.list_tools(caller).await?;
+        self.search_listed(tools, query, k).await
     }
 
     /// [`HarnessHandle::search_tools`] over tools the caller has listed already (a
@@ -661,17 +658,6 @@ impl HarnessHandle {
     ) -> Result<Vec<ToolMatch>, CallError> {
         let timeout = self.ctx().settings.call_timeout;
         let until = crate::util::duration::after(tokio::time::Instant::now(), timeout);
-        self.search_until(tools, query, k, until, timeout).await
-    }
-
-    async fn search_until(
-        &self,
-        tools: Vec<ToolInfo>,
-        query: &str,
-        k: usize,
-        until: tokio::time::Instant,
-        timeout: std::time::Duration,
-    ) -> Result<Vec<ToolMatch>, CallError> {
         let search = self.inner.search.search_until(tools, query, k, until);
         search.await.ok_or(CallError::DeadlineExceeded(timeout))
     }
