@@ -1439,8 +1439,8 @@ async fn a_large_write_over_a_slow_link_holds_up_no_lookup() {
 #[tokio::test]
 async fn shutdown_waits_for_a_write_to_redis_under_way() {
     let redis = Redis::start().await;
-    // A 40 ms pause per 16 KiB towards Redis: the list of 2,000 tools takes about
-    // 0.7 s to write.
+    // A 40 ms pause per 16 KiB towards Redis: the list of 1,200 tools (some 210 KB)
+    // takes about half a second to write, half its bound.
     let relay = Relay::start_paced(redis.port, Duration::from_millis(40)).await;
     let layer = SharedConfig {
         timeout: Duration::from_millis(100),
@@ -1448,7 +1448,7 @@ async fn shutdown_waits_for_a_write_to_redis_under_way() {
     };
     // Over HTTP: nothing to stop before the caches are written (a process takes its
     // time).
-    let server = HttpServer::demo(&["s", "--extra-tools", "2000"]).await;
+    let server = HttpServer::demo(&["s", "--extra-tools", "1200"]).await;
     let spec = ServerConfig::new("s", server.spec());
     let h = start_ready(config(vec![spec], layer)).await;
     let started = Instant::now();

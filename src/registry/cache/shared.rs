@@ -100,6 +100,9 @@ const WRITE_BATCH: usize = 256;
 /// Bytes sent in one transaction at most (a list longer than that goes alone).
 const PIPELINE_BYTES: usize = 256 << 10;
 
+/// How long a subscription must last for the next to be made after the shortest wait.
+const SUBSCRIPTION_STEADY: Duration = Duration::from_secs(2);
+
 /// How often the invalidation subscription is pinged.
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(15);
 
@@ -1669,6 +1672,7 @@ impl SharedCache {
                             servers.iter().for_each(|s| changed(s));
                         }
                         may_have_missed = true;
+                        let up = Instant::now();
                         let (mut sink, mut messages) = pubsub.split();
                         let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
                         ping.tick().await;
@@ -1687,13 +1691,6 @@ impl SharedCache {
                                     if !matches!(pong, Ok(Ok(_))) {
                                         break; // half open: subscribe again
                                     }
-                                    // Only a subscription that lived to answer a ping
-                                    // starts the waits afresh: one Redis ends as soon
-                                    // as it is made (its pub/sub output limit, a
-                                    // `CLIENT KILL` in a loop) would otherwise be made
-                                    // again every 100 ms, each time dropping every
-                                    // shared server's local entries.
-                                    waits = backoff();
                                     continue;
                                 }
                             };
@@ -1716,6 +1713,13 @@ impl SharedCache {
                             }
                         }
                         tracing::debug!("shared cache subscription ended");
+                        // Only a subscription that lasted starts the waits afresh: one
+                        // Redis ends as soon as it is made (its pub/sub output limit, a
+                        // `CLIENT KILL` in a loop) would otherwise be made again every
+                        // 100 ms, each time dropping every shared server's entries.
+                        if up.elapsed() >= SUBSCRIPTION_STEADY {
+                            waits = backoff();
+                        }
                     }
                     Ok(Err(e)) => {
                         may_have_missed = true;
