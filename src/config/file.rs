@@ -218,13 +218,60 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
 /// caller that parses it more than once (a FIFO can be read only once).
 pub fn read(path: &Path) -> Result<String, ConfigError> {
     let file = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
-    read_open(path, file, false)
+    read_open(path, file, Reading::Start)
+}
+
+/// Why a file is read, for the checks [`read_open`] makes and the words it says them in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// A config file at start.
+    Start,
+    /// A config file reloaded.
+    Reload,
+    /// A file of keys (a JWKS).
+    Keys,
+}
+
+impl Reading {
+    /// What whoever else may write it decides.
+    fn stake(self) -> &'static str {
+        match self {
+            Reading::Start | Reading::Reload => "whoever wrote it would decide what runs",
+            Reading::Keys => "whoever wrote a key there would choose whose tokens are taken",
+        }
+    }
+
+    /// What is not done with it.
+    fn refused(self) -> &'static str {
+        match self {
+            Reading::Start | Reading::Reload => "not reloaded",
+            Reading::Keys => "not read",
+        }
+    }
+
+    /// What else the operator may do.
+    fn or_else(self) -> &'static str {
+        match self {
+            Reading::Start | Reading::Reload => ", or restart to apply it",
+            Reading::Keys => "",
+        }
+    }
 }
 
 /// [`read`], of a regular file only: anything else (a FIFO put in the file's place,
 /// a device) is an error at once, never waited on. For a reload, which must not hold
 /// a thread waiting for a writer.
 pub fn read_regular(path: &Path) -> Result<String, ConfigError> {
+    read_checked(path, Reading::Reload)
+}
+
+/// A file of keys that decide whose bearer tokens are taken (a JWKS): read as
+/// [`read_regular`] reads a reloaded config, at start too, with its own words.
+pub fn read_keys(path: &Path) -> Result<String, ConfigError> {
+    read_checked(path, Reading::Keys)
+}
+
+fn read_checked(path: &Path, reading: Reading) -> Result<String, ConfigError> {
     use std::os::unix::fs::OpenOptionsExt;
     // Non-blocking: opening a FIFO for reading would wait for a writer.
     let file = std::fs::OpenOptions::new()
@@ -233,7 +280,7 @@ pub fn read_regular(path: &Path) -> Result<String, ConfigError> {
         .open(path)
         .map_err(|e| unreadable(path, e))?;
     match file.metadata() {
-        Ok(m) if m.is_file() => read_open(path, file, true),
+        Ok(m) if m.is_file() => read_open(path, file, reading),
         Ok(_) => Err(ConfigError::new("(file)", "is not a regular file").in_file(path)),
         Err(e) => Err(unreadable(path, e)),
     }
@@ -261,8 +308,10 @@ fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
 /// or replace (in a directory anyone may write, not sticky) is not reloaded (`reload`:
 /// `serve` would apply another's edit within seconds). A file its group may write is
 /// the group's to edit, as its owner made it.
-fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, ConfigError> {
+fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<String, ConfigError> {
     use std::io::Read;
+    let reload = reading != Reading::Start;
+    let (stake, or_else, refused) = (reading.stake(), reading.or_else(), reading.refused());
     use std::os::unix::fs::MetadataExt;
     if let Ok(meta) = file.metadata()
         && meta.is_file()
@@ -272,7 +321,7 @@ fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, C
         let anyone = meta.mode() & 0o002 != 0;
         if anyone && reload {
             let why = format!(
-                "is writable by anyone (mode {:o}): not reloaded, as whoever wrote it would decide what runs; chmod o-w it, or restart to apply it",
+                "is writable by anyone (mode {:o}): {refused}, as {stake}; chmod o-w it{or_else}",
                 meta.mode() & 0o777
             );
             return Err(ConfigError::new("(file)", why).in_file(path));
@@ -295,7 +344,7 @@ fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, C
             });
         if let Some((d, mode)) = open_dir {
             let why = format!(
-                "is under a directory anyone may write that is not sticky ({}, mode {:o}): not reloaded, as anyone could put another file in its place; chmod o-w or +t that directory, or restart to apply it",
+                "is under a directory anyone may write that is not sticky ({}, mode {:o}): {refused}, as anyone could put another file in its place; chmod o-w or +t that directory{or_else}",
                 d.display(),
                 mode & 0o7777
             );
@@ -303,7 +352,7 @@ fn read_open(path: &Path, file: std::fs::File, reload: bool) -> Result<String, C
         }
         let other = meta.uid() != me && meta.uid() != 0;
         if (anyone || other) && warned_once(path) {
-            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "the config file may be written by others, who would decide what it runs");
+            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "the file may be written by others: {stake}");
         }
     }
     let mut text = String::new();

@@ -160,7 +160,7 @@ const JWKS_READ_LIMIT: Duration = Duration::from_secs(30);
 /// replace it (they would choose whose tokens are taken).
 async fn read_jwks_file(path: &std::path::Path) -> Result<String, GatewayError> {
     let owned = path.to_path_buf();
-    let read = tokio::task::spawn_blocking(move || crate::config::file::read_regular(&owned));
+    let read = tokio::task::spawn_blocking(move || crate::config::file::read_keys(&owned));
     match tokio::time::timeout(JWKS_READ_LIMIT, read).await {
         Ok(Ok(Ok(text))) => Ok(text),
         Ok(Ok(Err(e))) => Err(GatewayError::Config(format!("jwt: {e}"))),
@@ -432,8 +432,7 @@ mod tests {
     // anyone may write (whoever wrote a key there would choose whose tokens are taken).
     #[tokio::test]
     async fn a_jwks_file_that_is_a_fifo_or_that_anyone_may_write_is_refused_at_once() {
-        let dir = std::env::temp_dir().join(format!("jwks-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::util::scratch::Scratch::new("jwks-file");
         std::fs::create_dir_all(&dir).expect("dir");
         let fifo = dir.join("fifo.json");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
@@ -452,8 +451,8 @@ mod tests {
             .await
             .expect_err("anyone may write it");
         assert!(e.to_string().contains("writable by anyone"), "{e}");
+        assert!(e.to_string().contains("whose tokens are taken"), "{e}");
         mode(0o644).expect("chmod");
         JwtVerifier::load(with_file(&file)).await.expect("read");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

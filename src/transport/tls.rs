@@ -104,8 +104,7 @@ mod tests {
     // server (at each restart, on an async thread) waited for a writer.
     #[test]
     fn a_ca_file_that_is_a_fifo_is_refused_at_once() {
-        let dir = std::env::temp_dir().join(format!("ca-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::util::scratch::Scratch::new("ca-fifo");
         std::fs::create_dir_all(&dir).expect("dir");
         let fifo = dir.join("ca.pem");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
@@ -121,6 +120,5 @@ mod tests {
                 .is_err_and(|e| e.contains("not a regular file")),
             "{read:?}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
