@@ -1537,11 +1537,10 @@ async fn a_listing_joined_is_not_failed_by_the_first_callers_deadline() {
 // first page up again uncounted: its own look, before it joined, was the one counted.
 #[tokio::test]
 async fn a_listing_walked_again_after_its_leader_gave_up_counts_its_look_once() {
-    let h = harness(config(
-        vec![demo("slow", &["--list-delay-ms", "1500"])],
-        &["a"],
-    ))
-    .await;
+    let record = temp_file("walked-again");
+    let r = record.to_string_lossy().into_owned();
+    let slow = demo("slow", &["--list-delay-ms", "1500", "--record", &r]);
+    let h = harness(config(vec![slow], &["a"])).await;
     let hurried = {
         let h = h.clone();
         tokio::spawn(async move {
@@ -1553,7 +1552,14 @@ async fn a_listing_walked_again_after_its_leader_gave_up_counts_its_look_once() 
             h.call(&a, CallKind::Tool, "echo", json!({}), options).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Once the hurried call's walk asks the server: the listing joins it.
+    assert!(
+        eventually(Duration::from_secs(10), || tool_calls(
+            &record,
+            "tools/list"
+        ) >= 1)
+        .await
+    );
     let listing = h
         .listing(&Caller::agent("a"), CallKind::Tool, None)
         .await
@@ -1567,7 +1573,13 @@ async fn a_listing_walked_again_after_its_leader_gave_up_counts_its_look_once() 
         .await
         .expect("listed again");
     assert_eq!(h.cache_stats().l1.hits, 1, "the walk again cached it");
+    assert_eq!(
+        tool_calls(&record, "tools/list"),
+        2,
+        "the walk, then the walk again"
+    );
     h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 // A name no server offers is "no route", with no server named as one that could not be

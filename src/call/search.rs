@@ -927,6 +927,8 @@ mod tests {
         let until = tokio::time::Instant::now() + Duration::from_secs(20);
         let found = index.search_until(tools, "read", 1, until).await;
         assert_eq!(found.map(|f| f.len()), Some(1));
+        let builds = index.builds.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(builds, 1, "the first search's build, not one of its own");
     }
 
     // A search given up while its index is being built (its client gone) leaves the

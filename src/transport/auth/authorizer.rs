@@ -230,23 +230,28 @@ fn open_in_browser(url: &str) {
     } else {
         "xdg-open"
     };
-    open_with(opener, url);
+    let _ = open_with(opener, url);
 }
 
 /// Runs `opener url` and lets it go: tokio reaps it once it exits (a `std` child
-/// dropped unwaited stays a zombie for the process's life, one per sign-in).
-fn open_with(opener: &str, url: &str) {
+/// dropped unwaited stays a zombie for the process's life, one per sign-in). Whether
+/// it started.
+fn open_with(opener: &str, url: &str) -> bool {
     if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return;
+        return false;
     }
-    if let Err(e) = tokio::process::Command::new(opener)
+    match tokio::process::Command::new(opener)
         .arg(url)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
     {
-        tracing::warn!(error = %e, "could not open a browser; open the URL yourself");
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not open a browser; open the URL yourself");
+            false
+        }
     }
 }
 
@@ -529,13 +534,15 @@ mod tests {
 
     #[tokio::test]
     async fn the_browser_opener_is_reaped_once_it_exits() {
+        // A name of its own for `true`, so its zombies are told from any other child's.
+        let dir = crate::util::scratch::Scratch::new("opener");
+        std::fs::create_dir_all(&dir).expect("dir");
         let name = format!("opener{}", std::process::id() % 100_000);
-        let opener = std::env::temp_dir().join(&name);
-        std::fs::write(&opener, "#!/bin/sh\nexit 0\n").expect("opener");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&opener, std::fs::Permissions::from_mode(0o700)).expect("mode");
+        let opener = dir.join(&name);
+        std::os::unix::fs::symlink("/bin/true", &opener).expect("link");
         for _ in 0..3 {
-            open_with(&opener.to_string_lossy(), "https://as.example/authorize");
+            let started = open_with(&opener.to_string_lossy(), "https://as.example/authorize");
+            assert!(started, "the opener started");
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         // Each exits at once; none is left a zombie for long.
@@ -544,6 +551,5 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(zombies(&name), 0, "reaped");
-        let _ = std::fs::remove_file(opener);
     }
 }

@@ -95,6 +95,9 @@ pub(crate) struct HttpTransport {
     get_stream: Mutex<Option<JoinHandle<()>>>,
     /// Shut down: a session renewal still under way gives up its new session.
     closed: std::sync::atomic::AtomicBool,
+    /// An `initialize` was sent: the server speaks a legacy version (its requests are
+    /// answered; a 2026-07-28 server's are not).
+    legacy: std::sync::atomic::AtomicBool,
     /// Events not acted on (not JSON-RPC, replies to no request, requests dropped).
     ignored: crate::util::log_budget::LogBudget,
     sign_in: Arc<SignIn>,
@@ -206,6 +209,7 @@ impl HttpTransport {
             inbound,
             get_stream: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            legacy: std::sync::atomic::AtomicBool::new(false),
             ignored: Default::default(),
             sign_in,
             renewal_limit,
@@ -571,6 +575,9 @@ impl HttpTransport {
         extra: &[(HeaderName, HeaderValue)],
         identity: Option<&str>,
     ) -> Result<Reply, TransportError> {
+        if request.method == "initialize" {
+            self.legacy.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         // Refused or not: a session the server began is held, so that the handshake's
         // failure, shutting the transport down, ends it.
         let adopt = request.method == "initialize" && !self.session.has_id();
@@ -1128,9 +1135,9 @@ impl HttpTransport {
         if let Some(ignored) = self.ignored.log() {
             tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
         }
-        // No legacy version agreed: a 2026-07-28 server, to which a client never POSTs
-        // a response (its request is a violation, dropped as the dispatcher drops it).
-        if self.session.version().is_none() {
+        // No `initialize` sent: a 2026-07-28 server, to which a client never POSTs a
+        // response (its request is a violation, dropped as the dispatcher drops it).
+        if !self.legacy.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let (Some(this), Ok(permit)) = (
@@ -1323,16 +1330,19 @@ impl HttpTransport {
     /// DELETEs a legacy session (405 is allowed: the server does not let clients end
     /// sessions), within `timeout`.
     async fn end_session(&self, sid: String, timeout: Duration) {
-        // The token as it is, not renewed: a refresh begun here (often at shutdown)
-        // could be cut off after its server rotated the refresh token.
+        let _ = tokio::time::timeout(timeout, self.delete_session(sid).send()).await;
+    }
+
+    /// The DELETE of session `sid`, with the token as it is, not renewed: a refresh
+    /// begun here (often at shutdown) could be cut off after its server rotated the
+    /// refresh token.
+    fn delete_session(&self, sid: String) -> reqwest::RequestBuilder {
         let mut headers = self.fixed.clone();
         self.authorize(&mut headers, None);
-        let delete = self
-            .client
+        self.client
             .delete(self.url.clone())
             .headers(headers)
-            .header(SESSION_HEADER, sid);
-        let _ = tokio::time::timeout(timeout, delete.send()).await;
+            .header(SESSION_HEADER, sid)
     }
 }
 
@@ -1352,13 +1362,7 @@ impl Drop for HttpTransport {
         ) else {
             return;
         };
-        let mut headers = self.fixed.clone();
-        self.authorize(&mut headers, None);
-        let delete = self
-            .client
-            .delete(self.url.clone())
-            .headers(headers)
-            .header(SESSION_HEADER, sid);
+        let delete = self.delete_session(sid);
         runtime.spawn(async move {
             let _ = tokio::time::timeout(SESSION_END_LIMIT, delete.send()).await;
         });
