@@ -241,6 +241,18 @@ impl Reading {
         }
     }
 
+    /// The warning that others may write it.
+    fn written_by_others(self) -> &'static str {
+        match self {
+            Reading::Start | Reading::Reload => {
+                "the config file may be written by others, who would decide what it runs"
+            }
+            Reading::Keys => {
+                "the JWKS file may be written by others, who would choose whose tokens are taken"
+            }
+        }
+    }
+
     /// What is not done with it.
     fn refused(self) -> &'static str {
         match self {
@@ -352,7 +364,7 @@ fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<Strin
         }
         let other = meta.uid() != me && meta.uid() != 0;
         if (anyone || other) && warned_once(path) {
-            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "the file may be written by others: {stake}");
+            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "{}", reading.written_by_others());
         }
     }
     let mut text = String::new();

@@ -483,32 +483,46 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
             return;
         };
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            Ok(()) = reloads.changed() => {}
-        }
+        let reloaded = tokio::select! {
+            () = tokio::time::sleep(every) => false,
+            Ok(()) = reloads.changed() => true,
+        };
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
         let idle = state.gateway.config().session_idle;
-        // Sessions of JWTs that no longer verify (a key removed, the issuer's settings
-        // changed), checked outside the lock: a signature each.
-        let opened_with_jwt: Vec<(String, Principal, super::Credential)> = (state.sessions)
-            .lock()
-            .iter()
-            .filter_map(|(id, s)| Some((id.clone(), s.principal.clone(), s.jwt.clone()?)))
-            .collect();
-        let unverified: std::collections::HashSet<String> = opened_with_jwt
-            .into_iter()
-            .filter(|(_, p, jwt)| !identity.admits_with(p, Some(jwt)))
-            .map(|(id, _, _)| id)
-            .collect();
+        // At a reload, sessions whose JWT no longer verifies (a key removed, the
+        // issuer's settings changed), checked outside the lock: a signature each.
+        let unverified: HashMap<String, super::Credential> = match reloaded {
+            true => (state.sessions.lock().iter())
+                .filter_map(|(id, s)| Some((id.clone(), s.principal.clone(), s.jwt.clone()?)))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .filter(|(_, p, jwt)| !identity.admits_with(p, Some(jwt)))
+                .map(|(id, _, jwt)| (id, jwt))
+                .collect(),
+            false => HashMap::new(),
+        };
+        // Only if its JWT is still the one checked (a call may have brought a new one).
+        let stale = |id: &String, s: &Session| {
+            unverified
+                .get(id)
+                .is_some_and(|j| s.jwt.as_ref() == Some(j))
+        };
         let ended: Vec<(String, Session)> = state
             .sessions
             .lock()
-            .extract_if(|id, s| {
-                s.idle(idle) || !identity.admits(&s.principal) || unverified.contains(id)
-            })
+            .extract_if(|id, s| s.idle(idle) || !identity.admits(&s.principal) || stale(id, s))
             .collect();
+        if !unverified.is_empty() {
+            let ended = ended
+                .iter()
+                .filter(|(id, _)| unverified.contains_key(id))
+                .count();
+            tracing::info!(
+                ended,
+                "legacy sessions whose JWT no longer verifies were ended"
+            );
+        }
         for (_, mut session) in ended {
             session.end();
         }
@@ -1756,6 +1770,9 @@ fn listen_stream(
                 Ok(()) = reloads.changed() => {
                     let identity = slot.state.gateway.identity();
                     if !identity.admits_with(&slot.principal, jwt.as_ref()) {
+                        if jwt.is_some() {
+                            tracing::info!(agent = %slot.principal.agent, "a subscription whose JWT no longer verifies was ended");
+                        }
                         break;
                     }
                 }

@@ -172,8 +172,8 @@ impl Identity {
     /// [`Identity::admits`], and for what was opened with a JWT, that the JWT still
     /// verifies under the issuer's keys and settings in force, for the same principal:
     /// a reload that removed the key it was signed with (leaked), or changed the issuer
-    /// or audience, ends it, as it refuses a request with it. (Its expiry ends it
-    /// anyway.)
+    /// or audience, ends it, as it refuses a request with it. Its expiry is not checked
+    /// here: a stream ends at it on its own, and a legacy session outlives one token.
     pub fn admits_with(&self, principal: &Principal, jwt: Option<&Credential>) -> bool {
         if !self.admits(principal) {
             return false;
@@ -182,7 +182,7 @@ impl Identity {
             return true;
         };
         self.jwt.as_ref().is_some_and(|verifier| {
-            verifier.verify(token).is_ok_and(|v| {
+            verifier.verify_past_expiry(token).is_ok_and(|v| {
                 *v.agent == *principal.agent && principal.context.as_deref() == Some(&*v.context)
             })
         })
@@ -373,5 +373,79 @@ mod tests {
             let e = JwtVerifier::load(config).await.expect_err(audience);
             assert!(e.to_string().contains("jwt.audience"), "{e}");
         }
+    }
+
+    /// An ES256 key: its PKCS#8 document and its public JWK named `kid`.
+    fn es256(kid: &str) -> (Vec<u8>, serde_json::Value) {
+        use base64::Engine;
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &ECDSA_P256_SHA256_FIXED_SIGNING;
+        let doc = EcdsaKeyPair::generate_pkcs8(alg, &rng).expect("key");
+        let pair = EcdsaKeyPair::from_pkcs8(alg, doc.as_ref(), &rng).expect("pair");
+        let point = pair.public_key().as_ref();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256",
+            "x": b64(&point[1..33]), "y": b64(&point[33..65])});
+        (doc.as_ref().to_vec(), jwk)
+    }
+
+    // What a JWT opened is checked again against the keys in force, not against its
+    // expiry (a stream ends at it on its own; a session outlives one token).
+    #[tokio::test]
+    async fn what_a_jwt_opened_holds_while_its_key_does_whatever_its_expiry() {
+        let dir = crate::util::scratch::Scratch::new("identity-recheck");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let (signing, jwk) = es256("k1");
+        let (_, other) = es256("k2");
+        let identity = |keys: &serde_json::Value| {
+            let jwks = dir.join("jwks.json");
+            std::fs::write(&jwks, serde_json::json!({"keys": [keys]}).to_string()).expect("jwks");
+            async move {
+                let jwt = JwtVerifier::load(super::super::jwt::JwtConfig {
+                    issuer: "https://idp".into(),
+                    audience: "https://gw/mcp".into(),
+                    jwks_file: Some(jwks),
+                    jwks_url: None,
+                    ca_file: None,
+                    agent_claim: "sub".into(),
+                    context_claim: "sub".into(),
+                    scopes: vec![],
+                })
+                .await
+                .expect("verifier");
+                Identity::new(&[], None, Some(jwt)).expect("identity")
+            }
+        };
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let expired = serde_json::json!({"iss": "https://idp", "aud": "https://gw/mcp",
+            "sub": "c", "exp": 1_000_000_000u64});
+        let key = jsonwebtoken::EncodingKey::from_ec_der(&signing);
+        let token = jsonwebtoken::encode(&header, &expired, &key).expect("sign");
+        let credential = Credential(token.as_str().into());
+        let c = Principal {
+            agent: "c".into(),
+            context: Some("https://idp#c".into()),
+        };
+        let now = identity(&jwk).await;
+        assert!(
+            now.admits_with(&c, Some(&credential)),
+            "expired, its key in force"
+        );
+        let d = Principal {
+            agent: "d".into(),
+            ..c.clone()
+        };
+        assert!(
+            !now.admits_with(&d, Some(&credential)),
+            "another principal's"
+        );
+        let rotated = identity(&other).await;
+        assert!(!rotated.admits_with(&c, Some(&credential)), "its key gone");
+        assert!(
+            format!("{credential:?}").find(&token).is_none(),
+            "never shown"
+        );
     }
 }

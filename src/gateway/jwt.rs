@@ -251,6 +251,18 @@ impl JwtVerifier {
 
     /// The agent, auth context and end of a verified token.
     pub fn verify(self: &Arc<Self>, token: &str) -> Result<Verified, JwtError> {
+        self.verify_as(token, true)
+    }
+
+    /// [`JwtVerifier::verify`] but for its expiry: what a token opened is checked again
+    /// at a reload for the keys and settings in force, its expiry being its own to
+    /// keep (a stream's end; a legacy session outlives one token, the next requests
+    /// bringing fresh ones).
+    pub fn verify_past_expiry(self: &Arc<Self>, token: &str) -> Result<Verified, JwtError> {
+        self.verify_as(token, false)
+    }
+
+    fn verify_as(self: &Arc<Self>, token: &str, expiry: bool) -> Result<Verified, JwtError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
         let keys = self.keys.read().clone();
@@ -275,6 +287,7 @@ impl JwtVerifier {
         validation.set_audience(&[&self.config.audience]);
         validation.leeway = LEEWAY_SECS;
         validation.validate_nbf = true;
+        validation.validate_exp = expiry;
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|e| JwtError::Invalid(e.to_string()))?;
