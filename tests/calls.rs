@@ -1492,6 +1492,21 @@ async fn a_server_an_agent_cannot_use_is_denied_whether_it_exists_or_not() {
     h.shutdown().await;
 }
 
+/// Agent a's call of the bare name `echo` with half a second to run, on a task: its
+/// listing leads the walk of a slow server's list and runs out of time.
+fn hurried_echo(h: &HarnessHandle) -> tokio::task::JoinHandle<Result<Value, CallError>> {
+    let h = h.clone();
+    tokio::spawn(async move {
+        let options = mcp_harness::CallOptions {
+            timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        let a = Caller::agent("a");
+        h.call(&a, CallKind::Tool, "echo", json!({"text": "x"}), options)
+            .await
+    })
+}
+
 // A list fetched for a caller whose deadline is near is shared with callers who join
 // it, but its running out of that caller's time is not: they fetch it again within
 // their own deadline. Before, a listing with minutes left left the server out, told
@@ -1503,23 +1518,7 @@ async fn a_listing_joined_is_not_failed_by_the_first_callers_deadline() {
         &["a"],
     ))
     .await;
-    let hurried = {
-        let h = h.clone();
-        tokio::spawn(async move {
-            let options = mcp_harness::CallOptions {
-                timeout: Some(Duration::from_millis(500)),
-                ..Default::default()
-            };
-            h.call(
-                &Caller::agent("a"),
-                CallKind::Tool,
-                "echo",
-                json!({"text": "x"}),
-                options,
-            )
-            .await
-        })
-    };
+    let hurried = hurried_echo(&h);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let listing = h
         .listing(&Caller::agent("a"), CallKind::Tool, None)
@@ -1541,17 +1540,7 @@ async fn a_listing_walked_again_after_its_leader_gave_up_counts_its_look_once() 
     let r = record.to_string_lossy().into_owned();
     let slow = demo("slow", &["--list-delay-ms", "1500", "--record", &r]);
     let h = harness(config(vec![slow], &["a"])).await;
-    let hurried = {
-        let h = h.clone();
-        tokio::spawn(async move {
-            let options = mcp_harness::CallOptions {
-                timeout: Some(Duration::from_millis(500)),
-                ..Default::default()
-            };
-            let a = Caller::agent("a");
-            h.call(&a, CallKind::Tool, "echo", json!({}), options).await
-        })
-    };
+    let hurried = hurried_echo(&h);
     // Once the hurried call's walk asks the server: the listing joins it.
     assert!(
         eventually(Duration::from_secs(10), || tool_calls(

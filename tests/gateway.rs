@@ -2928,6 +2928,29 @@ async fn legacy_session(gw: &Gateway) -> String {
     sid.expect("a session id")
 }
 
+/// A legacy session begun with `token`: its id.
+async fn legacy_session_as(gw: &Gateway, token: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    let resp = gw
+        .http
+        .post(gw.url())
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(init.to_string())
+        .send()
+        .await
+        .expect("initialize");
+    assert_eq!(resp.status(), 200);
+    resp.headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+        .expect("a session id")
+}
+
 /// DELETE of a legacy session as `token`: the status.
 async fn delete_session(gw: &Gateway, token: &str, sid: &str) -> u16 {
     gw.http
@@ -3623,26 +3646,7 @@ async fn streams_opened_with_a_jwt_end_when_it_expires() {
     let (mut short, mut heard) = subscribed(&gw, &expiring, "short").await;
     let (mut long, mut long_heard) = subscribed(&gw, &lasting, "long").await;
     // A legacy session's GET stream, opened with the expiring token.
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
-    let resp = gw
-        .http
-        .post(gw.url())
-        .bearer_auth(&expiring)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(init.to_string())
-        .send()
-        .await
-        .expect("initialize");
-    assert_eq!(resp.status(), 200);
-    let sid = resp
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(String::from)
-        .expect("a session id");
+    let sid = legacy_session_as(&gw, &expiring).await;
     let mut get = gw.get_stream(&expiring, &sid).await;
     assert_eq!(get.status(), 200);
 
@@ -4355,25 +4359,7 @@ async fn a_reload_that_removes_a_jwts_key_ends_what_the_jwt_opened() {
     let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
     let token = jwt(&signing, "k1", claims);
     let (mut sub, mut heard) = subscribed(&gw, &token, "c-sub").await;
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
-    let resp = gw
-        .http
-        .post(gw.url())
-        .bearer_auth(&token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .body(init.to_string())
-        .send()
-        .await
-        .expect("initialize");
-    assert_eq!(resp.status().as_u16(), 200);
-    let sid = resp
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(String::from)
-        .expect("a session");
+    let sid = legacy_session_as(&gw, &token).await;
     let mut get = gw.get_stream(&token, &sid).await;
     assert_eq!(get.status().as_u16(), 200);
     // The issuer's keys now: another one only.

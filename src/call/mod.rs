@@ -90,8 +90,9 @@ pub(crate) struct CallRequest {
     pub trace_parent: Option<opentelemetry::Context>,
     /// Whether the call's spans are exported, when the caller decided it.
     pub traced: Option<bool>,
-    /// The last progress its servers gave, across its attempts.
-    pub progress_last: progress::ProgressLast,
+    /// The last progress its servers gave, across its attempts (when its caller asked
+    /// for progress).
+    pub progress_last: Option<progress::ProgressLast>,
 }
 
 /// A call whose `input_required` rounds go back to the caller instead of the input
@@ -578,7 +579,7 @@ async fn attempt(
         .as_ref()
         .and_then(|d| d.progress.clone())
         .map(|(to, token)| {
-            let last = request.progress_last.clone();
+            let last = request.progress_last.clone().unwrap_or_default();
             ctx.progress.register(server.id(), to, token, last)
         });
     let with_token = |params: &mut Map<String, Value>| {

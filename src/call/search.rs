@@ -901,18 +901,20 @@ mod tests {
         );
     }
 
+    /// Every turn to build taken, until the permit is dropped: builds wait.
+    async fn every_turn(index: &SearchIndex) -> tokio::sync::OwnedSemaphorePermit {
+        let turns = index.building.clone();
+        let all = turns.acquire_many_owned(BUILDS_AT_ONCE as u32).await;
+        all.expect("turns")
+    }
+
     // A search that waits for its index's build past its deadline (every build's turn
     // taken by others) is given up then. Before, it waited for the builds before it.
     #[tokio::test]
     async fn a_search_waiting_for_its_build_is_given_up_at_its_deadline() {
         use std::time::Duration;
         let index = SearchIndex::default();
-        let turns = index
-            .building
-            .clone()
-            .acquire_many_owned(BUILDS_AT_ONCE as u32)
-            .await
-            .expect("turns");
+        let turns = every_turn(&index).await;
         let tools = vec![tool("s", "read_file", "Read files")];
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
         let found = tokio::time::timeout(
@@ -939,12 +941,7 @@ mod tests {
         use std::sync::atomic::Ordering::Relaxed;
         let index = Arc::new(SearchIndex::default());
         // Every turn taken: builds wait.
-        let turns = index
-            .building
-            .clone()
-            .acquire_many_owned(BUILDS_AT_ONCE as u32)
-            .await
-            .expect("turns");
+        let turns = every_turn(&index).await;
         let search = |n: usize| {
             let (index, tools) = (
                 index.clone(),

@@ -561,6 +561,10 @@ impl HarnessHandle {
         delegated: Option<Delegation>,
         options: &CallOptions,
     ) -> (CallPool, CallRequest) {
+        // Only a call whose caller asked for progress pays for it.
+        let progress_last = (delegated.as_ref())
+            .and_then(|d| d.progress.as_ref())
+            .map(|_| Default::default());
         let request = CallRequest {
             caller: caller.clone(),
             kind,
@@ -574,7 +578,7 @@ impl HarnessHandle {
             },
             trace_parent: options.trace_parent.clone(),
             traced: options.traced,
-            progress_last: Default::default(),
+            progress_last,
         };
         (self.inner.services.calls.clone(), request)
     }

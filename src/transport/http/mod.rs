@@ -1132,13 +1132,16 @@ impl HttpTransport {
     /// channel full), rather than leave it waiting for an answer that would never come:
     /// on a task of its own, at most [`BUSY_ANSWERS`] at once (past them it is dropped).
     fn refuse_busy(&self, id: RequestId, identity: Option<Arc<str>>) {
-        if let Some(ignored) = self.ignored.log() {
-            tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
-        }
         // No `initialize` sent: a 2026-07-28 server, to which a client never POSTs a
         // response (its request is a violation, dropped as the dispatcher drops it).
         if !self.legacy.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(ignored) = self.ignored.log() {
+                tracing::warn!(server = %self.server, ignored, "modern server's request dropped: channel full");
+            }
             return;
+        }
+        if let Some(ignored) = self.ignored.log() {
+            tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
         }
         let (Some(this), Ok(permit)) = (
             self.this.upgrade(),
