@@ -340,13 +340,10 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_static_token_may_not_take_a_context_of_the_jwt_issuers() {
-        let dir = crate::util::scratch::Scratch::new("identity-jwks");
-        std::fs::create_dir_all(&*dir).expect("mkdir");
-        let jwks = dir.join("jwks.json");
-        std::fs::write(&jwks, r#"{"keys": []}"#).expect("jwks");
-        let jwt = JwtVerifier::load(super::super::jwt::JwtConfig {
+    /// JWTs of `https://idp` for `https://gw/mcp`, their keys in `jwks`, `sub` naming
+    /// both the agent and the context.
+    fn issued_by_idp(jwks: std::path::PathBuf) -> super::super::jwt::JwtConfig {
+        super::super::jwt::JwtConfig {
             issuer: "https://idp".into(),
             audience: "https://gw/mcp".into(),
             jwks_file: Some(jwks),
@@ -355,9 +352,18 @@ mod tests {
             agent_claim: "sub".into(),
             context_claim: "sub".into(),
             scopes: vec![],
-        })
-        .await
-        .expect("verifier");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_static_token_may_not_take_a_context_of_the_jwt_issuers() {
+        let dir = crate::util::scratch::Scratch::new("identity-jwks");
+        std::fs::create_dir_all(&*dir).expect("mkdir");
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).expect("jwks");
+        let jwt = JwtVerifier::load(issued_by_idp(jwks))
+            .await
+            .expect("verifier");
         let token = |context: &str| TokenEntry {
             sha256: sha256_hex(b"t"),
             agent: "a".into(),
@@ -402,18 +408,9 @@ mod tests {
             let jwks = dir.join("jwks.json");
             std::fs::write(&jwks, serde_json::json!({"keys": [keys]}).to_string()).expect("jwks");
             async move {
-                let jwt = JwtVerifier::load(super::super::jwt::JwtConfig {
-                    issuer: "https://idp".into(),
-                    audience: "https://gw/mcp".into(),
-                    jwks_file: Some(jwks),
-                    jwks_url: None,
-                    ca_file: None,
-                    agent_claim: "sub".into(),
-                    context_claim: "sub".into(),
-                    scopes: vec![],
-                })
-                .await
-                .expect("verifier");
+                let jwt = JwtVerifier::load(issued_by_idp(jwks))
+                    .await
+                    .expect("verifier");
                 Identity::new(&[], None, Some(jwt)).expect("identity")
             }
         };
