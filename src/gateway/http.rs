@@ -479,6 +479,9 @@ fn sweep_every(state: &State) -> Duration {
 /// force admits any more (a reload revoked them), their calls and streams with them.
 /// Subscriptions check their own principal; parked rounds are the gateway's to sweep.
 async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::Receiver<u64>) {
+    // The sweep after a reload checks JWTs again too: a request let in under the keys
+    // of before may have stored its JWT on its session after the reload's check.
+    let mut recheck_next = false;
     loop {
         let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
             return;
@@ -487,20 +490,25 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
             () = tokio::time::sleep(every) => false,
             Ok(()) = reloads.changed() => true,
         };
+        let recheck = reloaded || std::mem::take(&mut recheck_next);
+        recheck_next = reloaded;
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
         let idle = state.gateway.config().session_idle;
-        // At a reload, sessions whose JWT no longer verifies (a key removed, the
-        // issuer's settings changed), checked outside the lock: a signature each.
-        let unverified: HashMap<String, super::Credential> = match reloaded {
-            true => (state.sessions.lock().iter())
+        // Sessions whose JWT no longer verifies (a key removed, the issuer's settings
+        // changed): copied, then checked outside the lock (a signature each).
+        let unverified: HashMap<String, super::Credential> = if recheck {
+            let opened: Vec<(String, Principal, super::Credential)> = (state.sessions.lock())
+                .iter()
                 .filter_map(|(id, s)| Some((id.clone(), s.principal.clone(), s.jwt.clone()?)))
-                .collect::<Vec<_>>()
+                .collect();
+            opened
                 .into_iter()
                 .filter(|(_, p, jwt)| !identity.admits_with(p, Some(jwt)))
                 .map(|(id, _, jwt)| (id, jwt))
-                .collect(),
-            false => HashMap::new(),
+                .collect()
+        } else {
+            HashMap::new()
         };
         // Only if its JWT is still the one checked (a call may have brought a new one).
         let stale = |id: &String, s: &Session| {
@@ -508,18 +516,19 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
                 .get(id)
                 .is_some_and(|j| s.jwt.as_ref() == Some(j))
         };
+        let mut unverified_ended = 0;
         let ended: Vec<(String, Session)> = state
             .sessions
             .lock()
-            .extract_if(|id, s| s.idle(idle) || !identity.admits(&s.principal) || stale(id, s))
+            .extract_if(|id, s| {
+                let stale = stale(id, s);
+                unverified_ended += usize::from(stale);
+                s.idle(idle) || !identity.admits(&s.principal) || stale
+            })
             .collect();
-        if !unverified.is_empty() {
-            let ended = ended
-                .iter()
-                .filter(|(id, _)| unverified.contains_key(id))
-                .count();
+        if unverified_ended > 0 {
             tracing::info!(
-                ended,
+                ended = unverified_ended,
                 "legacy sessions whose JWT no longer verifies were ended"
             );
         }
