@@ -232,40 +232,33 @@ enum Reading {
     Keys,
 }
 
-impl Reading {
+/// What a refusal or a warning of [`read_open`] says of a file.
+struct Words {
     /// What whoever else may write it decides.
-    fn stake(self) -> &'static str {
-        match self {
-            Reading::Start | Reading::Reload => "whoever wrote it would decide what runs",
-            Reading::Keys => "whoever wrote a key there would choose whose tokens are taken",
-        }
-    }
-
+    stake: &'static str,
     /// The warning that others may write it.
-    fn written_by_others(self) -> &'static str {
-        match self {
-            Reading::Start | Reading::Reload => {
-                "the config file may be written by others, who would decide what it runs"
-            }
-            Reading::Keys => {
-                "the JWKS file may be written by others, who would choose whose tokens are taken"
-            }
-        }
-    }
-
+    warning: &'static str,
     /// What is not done with it.
-    fn refused(self) -> &'static str {
-        match self {
-            Reading::Start | Reading::Reload => "not reloaded",
-            Reading::Keys => "not read",
-        }
-    }
-
+    refused: &'static str,
     /// What else the operator may do.
-    fn or_else(self) -> &'static str {
+    or_else: &'static str,
+}
+
+impl Reading {
+    fn words(self) -> Words {
         match self {
-            Reading::Start | Reading::Reload => ", or restart to apply it",
-            Reading::Keys => "",
+            Reading::Start | Reading::Reload => Words {
+                stake: "whoever wrote it would decide what runs",
+                warning: "the config file may be written by others, who would decide what it runs",
+                refused: "not reloaded",
+                or_else: ", or restart to apply it",
+            },
+            Reading::Keys => Words {
+                stake: "whoever wrote a key there would choose whose tokens are taken",
+                warning: "the JWKS file may be written by others, who would choose whose tokens are taken",
+                refused: "not read",
+                or_else: "",
+            },
         }
     }
 }
@@ -323,7 +316,12 @@ fn unreadable(path: &Path, e: std::io::Error) -> ConfigError {
 fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<String, ConfigError> {
     use std::io::Read;
     let reload = reading != Reading::Start;
-    let (stake, or_else, refused) = (reading.stake(), reading.or_else(), reading.refused());
+    let Words {
+        stake,
+        warning,
+        refused,
+        or_else,
+    } = reading.words();
     use std::os::unix::fs::MetadataExt;
     if let Ok(meta) = file.metadata()
         && meta.is_file()
@@ -364,7 +362,7 @@ fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<Strin
         }
         let other = meta.uid() != me && meta.uid() != 0;
         if (anyone || other) && warned_once(path) {
-            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "{}", reading.written_by_others());
+            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "{warning}");
         }
     }
     let mut text = String::new();
