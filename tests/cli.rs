@@ -872,6 +872,56 @@ fn ctrl_c_stops_every_server_and_exits() {
     let _ = std::fs::remove_file(pidfile);
 }
 
+// The harness killed outright runs none of its own stops; the kernel kills each
+// server it forked (its parent-death signal), even one that ignores end of file on
+// stdin and SIGTERM. Before, such a server ran on, reparented, for ever.
+#[test]
+fn a_server_that_ignores_stdin_dies_with_a_harness_killed_outright() {
+    use std::os::unix::fs::PermissionsExt;
+    let script = scratch_dir().join(format!("linger-{}.sh", std::process::id()));
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ntrap '' TERM HUP INT\nexec 0</dev/null\nwhile :; do sleep 1; done\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let marker = script.display().to_string();
+    let mut harness = Command::new(harness_exe())
+        .args(["tools", "--stdio", &marker])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    // The harness's own command line names the script too.
+    let harness_pid = harness.id();
+    let servers = || -> Vec<u32> {
+        processes_with(&marker)
+            .into_iter()
+            .filter(|p| *p != harness_pid)
+            .collect()
+    };
+    let start = std::time::Instant::now();
+    while servers().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    harness.kill().expect("SIGKILL");
+    harness.wait().expect("wait");
+    let start = std::time::Instant::now();
+    while !processes_with(&marker).is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = processes_with(&marker);
+    for pid in &left {
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "server processes left: {left:?}");
+}
+
 // A signal while the servers are still starting stops them too, and the program ends
 // with the signal's code: a stdio server is in a process group of its own, which the
 // terminal's Ctrl-C never reaches. Before, the signal's default action ended the

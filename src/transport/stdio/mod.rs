@@ -25,6 +25,7 @@
 
 mod framing;
 mod process;
+mod spawner;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};

@@ -11,6 +11,9 @@
 //! [`GroupHandle`] is the one place that signals the group; the [`ProcessGroup`]'s
 //! `Drop` sends SIGKILL through it synchronously: it covers an actor killed mid-flight
 //! or a transport dropped without `terminate`, and needs no runtime.
+//! The harness killed outright runs no `Drop`: the leader then gets SIGKILL from the
+//! kernel, as its parent-death signal (see the spawner); the rest of its group sees
+//! the harness's ends of its pipes close.
 //!
 //! The environment is minimal unless asked otherwise: a server gets `PATH`, `HOME`,
 //! `USER`, `LANG`, `LC_*`, `TERM`, `TMPDIR` and `SHELL` from the harness, plus what its
@@ -160,7 +163,7 @@ impl ProcessGroup {
             kind,
             reason,
         };
-        let mut child = cmd.spawn().map_err(|e| {
+        let mut child = super::spawner::spawn(cmd).map_err(|e| {
             let (kind, reason) = spawn_failure(&e, spec);
             spawn_err(kind, reason)
         })?;
@@ -246,5 +249,57 @@ impl ProcessGroup {
         // Grandchildren may outlive the leader; they still hold the group id.
         self.handle.sweep();
         *self.exit.borrow()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    // The parent-death signal follows the thread that forked: a server asked for on a
+    // thread that then exits (a blocking-pool thread, idle) must live on. Before the
+    // spawner thread, setting the signal on tokio's threads would have killed it here.
+    #[test]
+    fn a_server_outlives_the_thread_that_asked_for_it() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let handle = runtime.handle().clone();
+        let spec = StdioSpec {
+            command: "sleep".into(),
+            args: vec!["30".into()],
+            env: Default::default(),
+            cwd: None,
+            inherit_env: false,
+        };
+        let spawned = std::thread::spawn(move || {
+            let _entered = handle.enter();
+            ProcessGroup::spawn(&spec).map_err(|e| e.to_string())
+        })
+        .join()
+        .expect("thread")
+        .expect("spawn");
+        let pid = spawned.group.pid();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(state(pid).filter(|s| *s != 'Z'), Some('S'), "pid {pid}");
+        drop(spawned);
+        runtime.block_on(async {
+            let start = std::time::Instant::now();
+            while state(pid).is_some_and(|s| s != 'Z') && start.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        assert!(
+            state(pid).is_none_or(|s| s == 'Z'),
+            "dropped, and still running"
+        );
     }
 }
