@@ -95,7 +95,7 @@ pub(crate) enum Transport {
 impl Transport {
     /// Opens the transport `spec` names; what the server sends on its own goes to
     /// `inbound`.
-    fn open(
+    async fn open(
         server: &str,
         spec: &TransportSpec,
         max_message_bytes: usize,
@@ -111,15 +111,18 @@ impl Transport {
                 max_message_bytes,
                 inbound,
             )?),
-            TransportSpec::Http(h) => Transport::Http(HttpTransport::new(
-                server,
-                h,
-                max_message_bytes,
-                ids,
-                inbound,
-                sign_in,
-                request_timeout,
-            )?),
+            TransportSpec::Http(h) => Transport::Http(
+                HttpTransport::new(
+                    server,
+                    h,
+                    max_message_bytes,
+                    ids,
+                    inbound,
+                    sign_in,
+                    request_timeout,
+                )
+                .await?,
+            ),
         })
     }
 

@@ -6,12 +6,16 @@
 //! The client config is built here and handed to reqwest preconfigured, so no
 //! process-wide crypto provider is installed behind an embedder's back.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+
+use crate::transport::error::TransportError;
 
 /// The platform's roots, read once per process.
 fn platform_roots() -> &'static [CertificateDer<'static>] {
@@ -96,9 +100,104 @@ pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConf
     Ok(config)
 }
 
+/// [`client_config`] for a server's connection, which is made again at each restart on
+/// an async thread: a `ca_file` is read on a blocking thread, for at most `bound`. A
+/// read still under way (a hung network mount) holds its path, so later connections
+/// wait for it rather than start one more stuck thread each, and give up at their own
+/// bound with [`TransportError::Timeout`], which a restart may heal.
+pub(crate) async fn connection_config(
+    ca_file: Option<&Path>,
+    bound: Duration,
+) -> Result<rustls::ClientConfig, TransportError> {
+    match ca_file {
+        None => client_config(None).map_err(TransportError::InvalidConfig),
+        Some(path) => read_within(path, bound, |p| client_config(Some(p))).await,
+    }
+}
+
+/// Runs `read` of `path` on a blocking thread, one at a time per path, for at most
+/// `bound`.
+async fn read_within<T: Send + 'static>(
+    path: &Path,
+    bound: Duration,
+    read: fn(&Path) -> Result<T, String>,
+) -> Result<T, TransportError> {
+    // One lock per distinct `ca_file` of the config: a few entries, never removed.
+    static READING: OnceLock<parking_lot::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> =
+        OnceLock::new();
+    let lock = READING
+        .get_or_init(Default::default)
+        .lock()
+        .entry(path.to_path_buf())
+        .or_default()
+        .clone();
+    let owned = path.to_path_buf();
+    let reading = async move {
+        let held = lock.lock_owned().await;
+        tokio::task::spawn_blocking(move || {
+            let _held = held;
+            read(&owned)
+        })
+        .await
+    };
+    match tokio::time::timeout(bound, reading).await {
+        Ok(Ok(read)) => read.map_err(TransportError::InvalidConfig),
+        Ok(Err(e)) => Err(TransportError::InvalidConfig(format!(
+            "ca_file {}: {e}",
+            path.display()
+        ))),
+        Err(_) => {
+            tracing::warn!(ca_file = %path.display(), ?bound, "the ca_file was not read in time (a hung mount?); the server's start is tried again");
+            Err(TransportError::Timeout(bound))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    // A CA bundle whose read hangs (a network mount gone) holds no async thread: each
+    // connection gives up at its bound with a timeout, which a restart may heal, and
+    // those that come while it hangs wait for that read rather than start their own.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_ca_file_whose_read_hangs_is_given_up_at_the_bound_one_read_at_a_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        fn hang(_: &std::path::Path) -> Result<(), String> {
+            STARTED.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(1));
+            Ok(())
+        }
+        let path = std::path::Path::new("/nonexistent/hung-mount/ca.pem");
+        let bound = Duration::from_millis(200);
+        // The current-thread runtime would not run these timers if a read held it.
+        let (first, second) = tokio::join!(
+            super::read_within(path, bound, hang),
+            super::read_within(path, bound, hang),
+        );
+        for read in [first, second] {
+            assert!(
+                matches!(read, Err(super::TransportError::Timeout(b)) if b == bound),
+                "{read:?}"
+            );
+        }
+        let third = super::read_within(path, bound, hang).await;
+        assert!(
+            matches!(third, Err(super::TransportError::Timeout(_))),
+            "{third:?}"
+        );
+        assert_eq!(
+            STARTED.load(Ordering::SeqCst),
+            1,
+            "one stuck thread, not one each"
+        );
+        // Once that read ends, the next one runs.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let fourth = super::read_within(path, Duration::from_secs(5), hang).await;
+        assert!(fourth.is_ok(), "{fourth:?}");
+        assert_eq!(STARTED.load(Ordering::SeqCst), 2);
+    }
 
     // A FIFO put in a CA bundle's place is refused at once. Before, connecting the
     // server (at each restart, on an async thread) waited for a writer.

@@ -135,7 +135,7 @@ impl Drop for Owned<'_> {
     }
 }
 
-fn open(
+async fn open(
     server: &str,
     spec: &TransportSpec,
     options: &ConnectOptions,
@@ -150,7 +150,8 @@ fn open(
         crate::transport::inbound::InboundSink::new(tx, options.progress.clone()),
         &options.sign_in,
         options.request_timeout,
-    )?;
+    )
+    .await?;
     if let (Some(hook), Some(process)) = (&options.spawned, transport.process_exit()) {
         (hook.0)(process);
     }
@@ -199,7 +200,7 @@ impl Connection {
         allow_unsolicited_input: bool,
     ) -> Result<(Connection, mpsc::Receiver<ServerEvent>), ConnectError> {
         let ids = Ids::new();
-        let (mut transport, mut inbound) = open(server, &spec, &options, &ids)?;
+        let (mut transport, mut inbound) = open(server, &spec, &options, &ids).await?;
         // What the server sent during a legacy handshake besides pings and replies.
         let mut held = Vec::new();
         let probe = match options.era {
@@ -266,7 +267,7 @@ impl Connection {
                         );
                         transport.shutdown(options.shutdown_grace).await;
                         held.clear();
-                        (transport, inbound) = open(server, &spec, &options, &ids)?;
+                        (transport, inbound) = open(server, &spec, &options, &ids).await?;
                         let handshake =
                             legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
                         ServerProfile::Legacy(handshake.await?)
@@ -280,7 +281,7 @@ impl Connection {
                     "server exited on server/discover; respawning for the legacy handshake"
                 );
                 transport.shutdown(options.shutdown_grace).await;
-                (transport, inbound) = open(server, &spec, &options, &ids)?;
+                (transport, inbound) = open(server, &spec, &options, &ids).await?;
                 let handshake =
                     legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
                 ServerProfile::Legacy(handshake.await?)

@@ -58,7 +58,6 @@ use super::auth::{
 use super::error::TransportError;
 use super::inbound::{Ids, Inbound, InboundSink, Via};
 use super::spec::HttpSpec;
-use super::tls;
 use crate::protocol::error::HEADER_MISMATCH;
 use crate::protocol::meta::requested_version;
 use crate::protocol::views::InitializeResult;
@@ -152,7 +151,7 @@ impl HttpTransport {
     }
 
     /// Prepares a transport for `spec`; nothing is sent until the first request.
-    pub(crate) fn new(
+    pub(crate) async fn new(
         server: &str,
         spec: &HttpSpec,
         max_body: usize,
@@ -181,8 +180,9 @@ impl HttpTransport {
             fixed.insert(name, value);
         }
         // reqwest builds a TLS config for every client, plain HTTP included: always hand
-        // it ours, so it never looks for a process-wide provider.
-        let tls = tls::client_config(spec.ca_file.as_deref()).map_err(bad)?;
+        // it ours, so it never looks for a process-wide provider. A `ca_file` is read
+        // off the async thread, within the bound of a request.
+        let tls = super::tls::connection_config(spec.ca_file.as_deref(), renewal_limit).await?;
         let sign_in = SignIn::new(
             server,
             &url,
@@ -1547,6 +1547,7 @@ mod tests {
         let inbound = InboundSink::new(tx, None);
         let limit = Duration::from_secs(1);
         let t = HttpTransport::new("s", &spec, 1 << 20, Ids::new(), inbound, &sign_in, limit)
+            .await
             .expect("a transport");
         let made = RequestId::Number(100);
         let (first, noted_first) = t.resend(&made);
