@@ -28,6 +28,17 @@ async fn provider() -> (String, Seen) {
         let model = body["model"].clone();
         got.lock().expect("lock").push((path.clone(), headers, body));
         let (status, answer) = match path.as_str() {
+            // A refusal comes in place of the content; a filter stops the text.
+            "/chat/completions" if model == "refuser" => (200, json!({
+                "id": "c2", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": "not that"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+            })),
+            "/chat/completions" if model == "filtered" => (200, json!({
+                "id": "c3", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "part"}, "finish_reason": "content_filter"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+            })),
             "/chat/completions" => (200, json!({
                 "id": "c1", "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "short"}, "finish_reason": "stop"}],
@@ -56,7 +67,7 @@ fn sampling(provider: &str, base_url: &str, key_env: &str) -> SamplingConfig {
         "max_tokens": 40,
         // Room for an image (reserved at 1,600 tokens) and some text.
         "call_budget_tokens": 4000,
-        "models": {"gpt-4o": "gpt-4o-mini", "claude": "claude-small"},
+        "models": {"gpt-4o": "gpt-4o-mini", "claude": "claude-small", "refuse": "refuser", "filter": "filtered"},
     }))
     .expect("sampling config")
 }
@@ -129,6 +140,23 @@ async fn openai_shape_serves_a_modern_round_and_anthropic_shape_a_legacy_request
         messages[3]["content"][1],
         json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}})
     );
+    // A refusal, or a filter, is told as it is, not as a turn that ended.
+    for (hint, told) in [
+        (
+            "refuse",
+            "summary: not that (role assistant, model refuser, stop refusal)",
+        ),
+        (
+            "filter",
+            "summary: part (role assistant, model filtered, stop content_filter)",
+        ),
+    ] {
+        let r = h
+            .call_tool(&a, "m__summarize", json!({"text": "t", "hint": hint}))
+            .await
+            .expect("summarize");
+        assert_eq!(text(&r), told);
+    }
     h.shutdown().await;
 
     let (url, seen) = provider().await;

@@ -320,15 +320,27 @@ impl SamplingConfig {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(Invalid::new("base_url", "must be http or https"));
         }
+        // The endpoint's path is appended to the base's: a fragment would hide it, and
+        // credentials in the URL would go out unlike the key (put them in api_key_env).
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(Invalid::new(
+                "base_url",
+                "must not hold credentials (name the key's variable in api_key_env)",
+            ));
+        }
+        if parsed.fragment().is_some() {
+            return Err(Invalid::new("base_url", "must not have a fragment (#…)"));
+        }
         // The key goes with the first request, before any answer could say to use
         // HTTPS: in clear only to this machine.
+        // A query may hold a key too (`?api_key=${KEY}`).
         if parsed.scheme() == "http"
-            && self.api_key_env.is_some()
+            && (self.api_key_env.is_some() || parsed.query().is_some())
             && !crate::transport::auth::is_loopback(&parsed)
         {
             return Err(Invalid::new(
                 "base_url",
-                "must be https to send an API key beyond this machine (http is for a local model server)",
+                "must be https to send an API key (or a query) beyond this machine (http is for a local model server)",
             ));
         }
         Ok(())
@@ -505,8 +517,11 @@ impl Sampler {
             // that the next clean-up is as far away (never a scan on every request).
             // A budget with tokens still reserved is kept: they settle with it.
             let running = |b: &Budget| b.keep_until.is_some_and(|t| t > now);
-            spent.retain(|_, b| {
-                b.open > 0 || running(b) || now.duration_since(b.used) < Duration::from_secs(600)
+            spent.retain(|k, b| {
+                k == key
+                    || b.open > 0
+                    || running(b)
+                    || now.duration_since(b.used) < Duration::from_secs(600)
             });
             // Running calls' budgets are kept by the first cut; if too many run for
             // it to bring the map under three quarters, a second cut takes them too,
@@ -576,14 +591,41 @@ impl Sampler {
             .into_iter()
             .flatten()
             .filter_map(|h| h.get("name").and_then(Value::as_str));
-        // An empty hint names nothing (it is contained in every key).
+        // An empty hint names nothing (it is contained in every key). Of the keys a hint
+        // matches, the closest: the key itself, else the longest key in the hint
+        // ("claude-3-5-haiku" is "haiku" before "claude"), else the shortest key that
+        // holds the hint.
         for hint in hints.filter(|h| !h.trim().is_empty()) {
             let hint = hint.to_lowercase();
-            for (key, model) in &self.config.models {
-                let key = key.to_lowercase();
-                if !key.is_empty() && (hint.contains(&key) || key.contains(&hint)) {
-                    return model.clone();
-                }
+            let best = self
+                .config
+                .models
+                .iter()
+                .filter_map(|(key, model)| {
+                    let key = key.to_lowercase();
+                    let rank = if key.is_empty() {
+                        return None;
+                    } else if key == hint {
+                        (2, 0)
+                    } else if hint.contains(&key) {
+                        (1, key.len())
+                    } else if key.contains(&hint) {
+                        (0, usize::MAX - key.len())
+                    } else {
+                        return None;
+                    };
+                    Some((rank, model))
+                })
+                // The first of equals, in the table's order.
+                .fold(
+                    None,
+                    |best: Option<((u8, usize), &String)>, (rank, model)| match best {
+                        Some((r, _)) if r >= rank => best,
+                        _ => Some((rank, model)),
+                    },
+                );
+            if let Some((_, model)) = best {
+                return model.clone();
             }
         }
         self.config.model.clone()
@@ -612,6 +654,7 @@ impl Sampler {
         // What cannot be sent is said plainly (it is the server's request, not the
         // provider's failure).
         let messages = messages_of(params).map_err(InputError::Failed)?;
+        check_extras(params, self.config.provider).map_err(InputError::Failed)?;
         let max_tokens = params
             .get("maxTokens")
             .and_then(Value::as_u64)
@@ -698,7 +741,7 @@ impl Sampler {
 
     async fn post(
         &self,
-        url: &str,
+        url: url::Url,
         body: Value,
         headers: &[(&str, &str)],
     ) -> Result<Value, String> {
@@ -708,7 +751,12 @@ impl Sampler {
             .header("content-type", "application/json")
             .body(body.to_string());
         for (k, v) in headers {
-            req = req.header(*k, *v);
+            // Checked to fit in a header when read; a key is never indexed by HTTP/2's
+            // header compression, nor shown by a `Debug`.
+            let mut value = reqwest::header::HeaderValue::from_str(v)
+                .map_err(|_| format!("provider: header {k} is not one"))?;
+            value.set_sensitive(true);
+            req = req.header(*k, value);
         }
         let mut resp = req
             .send()
@@ -735,10 +783,15 @@ impl Sampler {
                 .pointer("/error/message")
                 .and_then(Value::as_str)
                 .unwrap_or("");
+            // A compatible server may quote the key it refused: the log never has it.
+            let message = match &self.key {
+                Some(key) if !key.is_empty() => message.replace(key.as_str(), "[key]"),
+                _ => message.to_string(),
+            };
             return Err(format!(
                 "provider: HTTP {}: {}",
                 status.as_u16(),
-                crate::util::text::one_line(message, 200)
+                crate::util::text::one_line(&message, 200)
             ));
         }
         Ok(value)
@@ -760,25 +813,25 @@ impl Sampler {
         }));
         let mut body = json!({"model": model, "messages": messages, "max_tokens": max_tokens});
         extras(params, &mut body, "stop");
-        let url = format!(
-            "{}/chat/completions",
-            base_url(&self.config).trim_end_matches('/')
-        );
+        let url = endpoint(&self.config, &["chat", "completions"])?;
         let auth = self.key.as_ref().map(|k| format!("Bearer {k}"));
         let headers: Vec<(&str, &str)> =
             auth.iter().map(|a| ("authorization", a.as_str())).collect();
-        let answer = self.post(&url, body, &headers).await?;
+        let answer = self.post(url, body, &headers).await?;
         let choice = answer
             .pointer("/choices/0")
             .ok_or("provider: no choices in the answer")?;
-        let text = choice
-            .pointer("/message/content")
-            .and_then(Value::as_str)
-            .ok_or("provider: the answer has no text")?;
-        let stop = match choice.get("finish_reason").and_then(Value::as_str) {
-            Some("length") => "maxTokens",
-            _ => "endTurn",
+        // A refusal comes as its own text, in place of the content.
+        let refusal = choice.pointer("/message/refusal").and_then(Value::as_str);
+        let (text, reason) = match (
+            choice.pointer("/message/content").and_then(Value::as_str),
+            refusal,
+        ) {
+            (Some(text), _) => (text, choice.get("finish_reason").and_then(Value::as_str)),
+            (None, Some(refusal)) => (refusal, Some("refusal")),
+            (None, None) => return Err("provider: the answer has no text".into()),
         };
+        let stop = stop_reason(reason, &[("stop", "endTurn"), ("length", "maxTokens")]);
         let used = answer
             .pointer("/usage/total_tokens")
             .and_then(Value::as_u64);
@@ -786,7 +839,7 @@ impl Sampler {
             result(
                 text,
                 answer.get("model").and_then(Value::as_str).unwrap_or(model),
-                stop,
+                &stop,
             ),
             used,
         ))
@@ -808,15 +861,12 @@ impl Sampler {
             body["system"] = json!(system);
         }
         extras(params, &mut body, "stop_sequences");
-        let url = format!(
-            "{}/v1/messages",
-            base_url(&self.config).trim_end_matches('/')
-        );
+        let url = endpoint(&self.config, &["v1", "messages"])?;
         let mut headers = vec![("anthropic-version", "2023-06-01")];
         if let Some(k) = &self.key {
             headers.push(("x-api-key", k.as_str()));
         }
-        let answer = self.post(&url, body, &headers).await?;
+        let answer = self.post(url, body, &headers).await?;
         let text: String = answer
             .get("content")
             .and_then(Value::as_array)
@@ -825,11 +875,14 @@ impl Sampler {
             .filter(|c| c.get("type").and_then(Value::as_str) == Some("text"))
             .filter_map(|c| c.get("text").and_then(Value::as_str))
             .collect();
-        let stop = match answer.get("stop_reason").and_then(Value::as_str) {
-            Some("max_tokens") => "maxTokens",
-            Some("stop_sequence") => "stopSequence",
-            _ => "endTurn",
-        };
+        let stop = stop_reason(
+            answer.get("stop_reason").and_then(Value::as_str),
+            &[
+                ("end_turn", "endTurn"),
+                ("max_tokens", "maxTokens"),
+                ("stop_sequence", "stopSequence"),
+            ],
+        );
         let used = match (
             answer
                 .pointer("/usage/input_tokens")
@@ -845,7 +898,7 @@ impl Sampler {
             result(
                 &text,
                 answer.get("model").and_then(Value::as_str).unwrap_or(model),
-                stop,
+                &stop,
             ),
             used,
         ))
@@ -859,6 +912,19 @@ impl InputHandler for SamplingHandler {
     }
 }
 
+/// The provider's stop reason in MCP's words: those it has (`known`, the provider's
+/// name and MCP's), else the provider's own, cut short (MCP's `stopReason` is open: a
+/// refusal or a content filter is not told as a turn that ended), else `endTurn`.
+fn stop_reason(reason: Option<&str>, known: &[(&str, &'static str)]) -> String {
+    let Some(reason) = reason.filter(|r| !r.is_empty()) else {
+        return "endTurn".into();
+    };
+    match known.iter().find(|(theirs, _)| *theirs == reason) {
+        Some((_, ours)) => (*ours).into(),
+        None => crate::util::text::one_line(reason, 64),
+    }
+}
+
 /// What the provider answered, as `CreateMessageResult`.
 fn result(text: &str, model: &str, stop: &str) -> Value {
     json!({
@@ -867,6 +933,17 @@ fn result(text: &str, model: &str, stop: &str) -> Value {
         "model": model,
         "stopReason": stop,
     })
+}
+
+/// The provider's endpoint: `path` after the base URL's own path, its query kept.
+fn endpoint(config: &SamplingConfig, path: &[&str]) -> Result<url::Url, String> {
+    // Checked to parse by `validate`, and to be http(s), which can have a path.
+    let mut url = url::Url::parse(&base_url(config)).map_err(|e| format!("base_url: {e}"))?;
+    url.path_segments_mut()
+        .map_err(|()| "base_url cannot have a path".to_string())?
+        .pop_if_empty()
+        .extend(path);
+    Ok(url)
 }
 
 fn base_url(config: &SamplingConfig) -> String {
@@ -997,7 +1074,39 @@ fn for_approval(
     request
 }
 
-/// `temperature` and `stopSequences` (under the provider's name), when given.
+/// `temperature` and `stopSequences`, checked against what `provider` takes: a
+/// request it would refuse is the server's to hear of, not a provider failure that
+/// costs its budgets.
+fn check_extras(params: &Value, provider: Provider) -> Result<(), String> {
+    let (hottest, most_stops) = match provider {
+        Provider::Openai => (2.0, 4),
+        Provider::Anthropic => (1.0, 16),
+    };
+    match params.get("temperature") {
+        None | Some(Value::Null) => {}
+        Some(t) => match t.as_f64() {
+            Some(t) if (0.0..=hottest).contains(&t) => {}
+            _ => return Err(format!("temperature must be a number from 0 to {hottest}")),
+        },
+    }
+    match params.get("stopSequences") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(stop))
+            if stop.len() <= most_stops
+                && stop
+                    .iter()
+                    .all(|s| s.as_str().is_some_and(|s| !s.is_empty())) => {}
+        Some(_) => {
+            return Err(format!(
+                "stopSequences must be at most {most_stops} non-empty strings"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `temperature` and `stopSequences` (under the provider's name), when given; checked
+/// by [`check_extras`].
 fn extras(params: &Value, body: &mut Value, stop_key: &str) {
     if let Some(t) = params.get("temperature").and_then(Value::as_f64) {
         body["temperature"] = json!(t);
@@ -1005,10 +1114,13 @@ fn extras(params: &Value, body: &mut Value, stop_key: &str) {
     if let Some(stop) = params.get("stopSequences").and_then(Value::as_array)
         && !stop.is_empty()
     {
-        let stop: Vec<&str> = stop.iter().filter_map(Value::as_str).take(16).collect();
+        let stop: Vec<&str> = stop.iter().filter_map(Value::as_str).collect();
         body[stop_key] = json!(stop);
     }
 }
+
+/// The image types both providers take.
+const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// One content part of a sampling message.
 enum Part {
@@ -1095,7 +1207,7 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
             }
         };
         let blocks: Vec<&Value> = match m.get("content") {
-            Some(Value::Array(list)) => list.iter().collect(),
+            Some(Value::Array(list)) if !list.is_empty() => list.iter().collect(),
             Some(v @ Value::Object(_)) => vec![v],
             _ => return Err("sampling message without content".into()),
         };
@@ -1103,11 +1215,29 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
         for b in blocks {
             let field = |k: &str| b.get(k).and_then(Value::as_str).map(String::from);
             match b.get("type").and_then(Value::as_str) {
-                Some("text") => content.push(Part::Text(field("text").unwrap_or_default())),
-                Some("image") => content.push(Part::Image {
-                    data: field("data").ok_or("image content without data")?,
-                    mime: field("mimeType").ok_or("image content without mimeType")?,
-                }),
+                // Providers refuse an empty text block: said here, as the server's.
+                Some("text") => match field("text").filter(|t| !t.is_empty()) {
+                    Some(text) => content.push(Part::Text(text)),
+                    None => return Err("text content without text".into()),
+                },
+                // Both providers take images from the user only, in these types.
+                Some("image") if role == "assistant" => {
+                    return Err("image content in an assistant message is not supported".into());
+                }
+                Some("image") => {
+                    let mime = field("mimeType").ok_or("image content without mimeType")?;
+                    if !IMAGE_TYPES.contains(&mime.as_str()) {
+                        let mime = crate::util::text::one_line(&mime, 40);
+                        return Err(format!(
+                            "image content of type \"{mime}\" is not supported ({} are)",
+                            IMAGE_TYPES.join(", ")
+                        ));
+                    }
+                    content.push(Part::Image {
+                        data: field("data").ok_or("image content without data")?,
+                        mime,
+                    });
+                }
                 other => {
                     let kind = crate::util::text::one_line(other.unwrap_or("(none)"), 40);
                     return Err(format!(
@@ -1432,6 +1562,137 @@ mod tests {
         let hints = |names: &[&str]| serde_json::json!({"modelPreferences": {"hints": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}});
         assert_eq!(handler.0.model(&hints(&["", " "])), "default");
         assert_eq!(handler.0.model(&hints(&["", "claude-opus-4"])), "costly");
+    }
+
+    // Of the keys a hint matches, the closest, whatever the table's order.
+    #[test]
+    fn a_hint_picks_the_closest_key_not_the_first() {
+        let config = local(
+            "default",
+            10,
+            100,
+            BTreeMap::from([
+                ("claude".into(), "sonnet".into()),
+                ("claude-3".into(), "three".into()),
+                ("haiku".into(), "small".into()),
+                ("claude-3-5-haiku".into(), "exact".into()),
+                ("gpt-4o-mini".into(), "mini".into()),
+                ("gpt-4o-mini-long".into(), "long".into()),
+            ]),
+        );
+        let handler = SamplingHandler::new(config, SharedAgents::default(), None).expect("handler");
+        let hints = |names: &[&str]| serde_json::json!({"modelPreferences": {"hints": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()}});
+        let model = |names: &[&str]| handler.0.model(&hints(names));
+        assert_eq!(model(&["claude-3-5-haiku"]), "exact");
+        assert_eq!(
+            model(&["claude-3-opus"]),
+            "three",
+            "the longest key in the hint"
+        );
+        assert_eq!(model(&["haiku-4"]), "small");
+        assert_eq!(model(&["Claude-Sonnet"]), "sonnet");
+        // A hint inside keys: the shortest key holding it.
+        assert_eq!(model(&["4o-mi"]), "mini");
+        assert_eq!(
+            model(&["mistral", "claude"]),
+            "sonnet",
+            "the first hint that matches"
+        );
+    }
+
+    // What a provider would refuse is said to the server before anything is reserved
+    // or sent: a schema mistake is not a provider failure that costs budgets.
+    #[test]
+    fn what_a_provider_would_refuse_is_the_servers_error() {
+        let one = |content: Value| json!({"messages": [{"role": "user", "content": content}]});
+        for (params, says) in [
+            (one(json!({"type": "text"})), "without text"),
+            (one(json!({"type": "text", "text": ""})), "without text"),
+            (one(json!([])), "without content"),
+            (
+                one(json!({"type": "image", "mimeType": "image/tiff", "data": "AA"})),
+                "image/tiff",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": {"type": "image", "mimeType": "image/png", "data": "AA"}}]}),
+                "assistant",
+            ),
+        ] {
+            let Err(e) = messages_of(&params) else {
+                panic!("taken: {params}");
+            };
+            assert!(e.contains(says), "{e}");
+        }
+        assert!(
+            messages_of(&one(
+                json!({"type": "image", "mimeType": "image/webp", "data": "AA"})
+            ))
+            .is_ok()
+        );
+        let extras = |v: Value, p: Provider| check_extras(&v, p);
+        assert!(extras(json!({"temperature": 1.5}), Provider::Openai).is_ok());
+        assert!(extras(json!({"temperature": 1.5}), Provider::Anthropic).is_err());
+        assert!(extras(json!({"temperature": -0.1}), Provider::Openai).is_err());
+        assert!(extras(json!({"temperature": "hot"}), Provider::Openai).is_err());
+        let stops = |n: usize| json!({"stopSequences": vec!["END"; n]});
+        assert!(extras(stops(4), Provider::Openai).is_ok());
+        assert!(extras(stops(5), Provider::Openai).is_err());
+        assert!(extras(stops(16), Provider::Anthropic).is_ok());
+        assert!(extras(stops(17), Provider::Anthropic).is_err());
+        assert!(extras(json!({"stopSequences": ["END", 7]}), Provider::Anthropic).is_err());
+        assert!(extras(json!({"stopSequences": [""]}), Provider::Anthropic).is_err());
+    }
+
+    // A provider's own stop reason is passed on, cut short and on one line, unless MCP
+    // has a word for it.
+    #[test]
+    fn a_stop_reason_without_mcps_word_for_it_is_the_providers() {
+        let known = [("end_turn", "endTurn"), ("max_tokens", "maxTokens")];
+        assert_eq!(stop_reason(Some("max_tokens"), &known), "maxTokens");
+        assert_eq!(stop_reason(None, &known), "endTurn");
+        assert_eq!(stop_reason(Some(""), &known), "endTurn");
+        assert_eq!(stop_reason(Some("refusal"), &known), "refusal");
+        let long = format!("\u{1b}[2J{}", "r".repeat(500));
+        let told = stop_reason(Some(&long), &known);
+        assert!(
+            told.chars().count() < 80 && !told.contains('\u{1b}'),
+            "{told}"
+        );
+    }
+
+    // The endpoint follows the base URL's path and keeps its query (a deployment's API
+    // version); credentials and fragments in it are refused, and a query goes in
+    // clear only to this machine.
+    #[test]
+    fn the_endpoint_is_built_on_the_base_urls_path_and_query() {
+        let at = |url: &str| SamplingConfig {
+            base_url: Some(url.into()),
+            ..local("m", 10, 100, BTreeMap::new())
+        };
+        let url = endpoint(
+            &at("https://h.example/v1/?api-version=2"),
+            &["chat", "completions"],
+        )
+        .expect("endpoint");
+        assert_eq!(
+            url.as_str(),
+            "https://h.example/v1/chat/completions?api-version=2"
+        );
+        let url = endpoint(&at("https://h.example"), &["v1", "messages"]).expect("endpoint");
+        assert_eq!(url.as_str(), "https://h.example/v1/messages");
+        for bad in [
+            "https://user:secret@h.example/v1",
+            "https://token@h.example/v1",
+            "https://h.example/v1#frag",
+            "http://gpu-box.lan:8000/v1?key=abc",
+        ] {
+            let e = at(bad).validate().expect_err(bad);
+            assert!(
+                !e.to_string().contains("secret") && !e.to_string().contains("abc"),
+                "{e}"
+            );
+        }
+        assert!(at("http://127.0.0.1:8000/v1?key=abc").validate().is_ok());
     }
 
     #[test]
