@@ -5543,6 +5543,82 @@ async fn a_stdio_client_that_stops_reading_loses_progress_past_4_mib_not_its_ans
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
 }
 
+// A stdio client that stops reading past 16 MiB of answers, then closes its input
+// and waits for the gateway to exit: the gateway sees the input end while it waits for
+// the client to read, and exits after its write timeout. Before, it waited for room
+// alone, and ran until a signal.
+#[tokio::test]
+async fn a_stdio_client_that_closes_its_input_while_its_answers_wait_unread_is_let_go() {
+    const CALLS: u64 = 17;
+    let setup = Setup::new("write_timeout = \"1s\"", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, _lines) = stdio_gateway(&setup);
+    // 17 answers of 1 MiB: the 17th line is read with 16 unread answers (under 16 MiB,
+    // less what the pipe holds), and the answers then wait past it; one more line is
+    // read after them, and the gateway waits for room before the next.
+    let text = "x".repeat(1 << 20);
+    for id in 1..=CALLS {
+        let mut call = request(
+            "tools/call",
+            json!({"name": "alpha__echo", "arguments": {"text": text}}),
+        );
+        call["id"] = json!(id);
+        send_line(&mut stdin, &call).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(120), || setup.audit_counts().1
+            >= CALLS as usize)
+        .await,
+        "the calls finish while their client is not reading"
+    );
+    // Their answers queued after their records.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut list = request("tools/list", json!({}));
+    list["id"] = json!("last");
+    send_line(&mut stdin, &list).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stdin);
+    let exited = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    assert!(
+        exited.is_ok(),
+        "the gateway still runs, its client's input closed"
+    );
+}
+
+// A stdio client that closes its output (its reader gone) while its calls run: the
+// first answer the gateway cannot write ends the session, and the calls still in
+// flight are cancelled (audited so), as a closed HTTP connection's are; the process
+// exits, its input still open. Before, the gateway read on and ran what came.
+#[tokio::test]
+async fn a_stdio_client_that_closes_its_output_has_its_calls_cancelled() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let (mut child, mut stdin, lines) = stdio_gateway(&setup);
+    for (id, ms) in [(1, 300), (2, 60_000)] {
+        let mut call = request(
+            "tools/call",
+            json!({"name": "alpha__slow", "arguments": {"text": "t", "ms": ms}}),
+        );
+        call["id"] = json!(id);
+        send_line(&mut stdin, &call).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || setup.audit_counts().0 >= 2).await,
+        "both calls run"
+    );
+    drop(lines);
+    let exited = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    assert!(
+        exited.is_ok(),
+        "the gateway still runs, its client's output closed"
+    );
+    let text = std::fs::read_to_string(&setup.audit).unwrap_or_default();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("\"finished\"") && l.contains("cancelled")),
+        "the call in flight is audited as cancelled: {text}"
+    );
+    drop(stdin);
+}
+
 // A tool list change that comes while a stdio client is not reading (past 4 MiB
 // queued for it) is owed, not dropped like progress: once the client reads, its
 // subscription hears of it. Before, its list stayed stale until the next change.

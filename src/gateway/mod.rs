@@ -394,15 +394,17 @@ impl Questions {
         };
         Box::pin(async move {
             let _forget = forget;
+            // Not the asker's request that was wrong: a failure of this side, which the
+            // call it came in (or the server that asked) hears as such.
             if !sent {
                 return Err(RpcError::new(
-                    crate::protocol::error::INVALID_REQUEST,
+                    crate::protocol::error::INTERNAL_ERROR,
                     "the client cannot take more requests",
                 ));
             }
             rx.await.unwrap_or_else(|_| {
                 Err(RpcError::new(
-                    crate::protocol::error::INVALID_REQUEST,
+                    crate::protocol::error::INTERNAL_ERROR,
                     "the client went away",
                 ))
             })
@@ -582,6 +584,7 @@ impl Drop for LocalSession {
     fn drop(&mut self) {
         // Nobody can resume its parked rounds once it is over, however it ended.
         self.inner.parked.drop_session(self.id);
+        self.inner.parked.forget_session(self.id);
         let mut local = self.inner.local.lock();
         if let Some(n) = local.get_mut(&self.principal) {
             *n -= 1;

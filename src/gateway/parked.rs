@@ -282,6 +282,10 @@ pub struct ParkedRounds {
     /// Set at shutdown ([`ParkedRounds::close`]): no round is parked after it, as
     /// nobody could take it up and its call would hold the shutdown for its grace.
     closed: std::sync::atomic::AtomicBool,
+    /// `serve --stdio` sessions whose input has ended ([`ParkedRounds::drop_session`]),
+    /// until they are over ([`ParkedRounds::forget_session`]): a round of theirs is
+    /// refused, as nobody could take it up.
+    sessions_over: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Default for ParkedRounds {
@@ -299,6 +303,7 @@ impl ParkedRounds {
             per_principal,
             budgets: Mutex::new((usize::MAX, usize::MAX)),
             closed: Default::default(),
+            sessions_over: Default::default(),
         }
     }
 
@@ -334,6 +339,14 @@ impl ParkedRounds {
             let _ = reply.send(Err(RpcError::new(
                 INTERNAL_ERROR,
                 "the gateway is shutting down",
+            )));
+            return None;
+        }
+        if session.is_some_and(|s| self.sessions_over.lock().contains(&s)) {
+            drop(rounds);
+            let _ = reply.send(Err(RpcError::new(
+                INTERNAL_ERROR,
+                "the client's input has ended",
             )));
             return None;
         }
@@ -608,13 +621,20 @@ impl ParkedRounds {
     /// Drops the rounds local session `session` parked (it ended): their calls are
     /// cancelled.
     pub fn drop_session(&self, session: u64) {
-        let dropped: Vec<Parked> = self
-            .rounds
-            .lock()
+        let mut rounds = self.rounds.lock();
+        // Under the lock `park` checks it with: a round is dropped here or refused.
+        self.sessions_over.lock().insert(session);
+        let dropped: Vec<Parked> = rounds
             .extract_if(|_, p| p.session == Some(session))
             .map(|(_, p)| p)
             .collect();
+        drop(rounds);
         drop(dropped);
+    }
+
+    /// Forgets `session`, over (none of its requests runs any more).
+    pub fn forget_session(&self, session: u64) {
+        self.sessions_over.lock().remove(&session);
     }
 
     /// Drops round `id`, parked moments ago, whose state could not be sealed: its call
@@ -711,6 +731,53 @@ mod tests {
         );
         assert!(cancel.is_cancelled(), "its call is dropped");
         assert!(rounds.rounds.lock().is_empty());
+    }
+
+    // A `serve --stdio` session whose input has ended parks no more rounds (nobody
+    // could take them up, and its client would be told of a round it cannot answer);
+    // other sessions still do, and so does a new session once the ended one is over.
+    #[tokio::test]
+    async fn no_round_is_parked_for_a_session_whose_input_ended() {
+        let rounds = ParkedRounds::with_caps(64, 4);
+        let a = agent("a");
+        let later = Instant::now() + std::time::Duration::from_secs(600);
+        let park = |session: u64, held: Held, question| {
+            rounds.park(
+                (&a, Some(session)),
+                "t".into(),
+                (0, usize::MAX, usize::MAX),
+                held,
+                question,
+                later,
+            )
+        };
+        let (held, question, _answer) = round();
+        let cancel = held.cancel.clone();
+        park(1, held, question).expect("parked");
+        rounds.drop_session(1);
+        assert!(
+            cancel.is_cancelled(),
+            "its parked round's call is cancelled"
+        );
+        let (held, question, answer) = round();
+        let cancel = held.cancel.clone();
+        assert!(
+            park(1, held, question).is_none(),
+            "parked after its input ended"
+        );
+        let refused = answer.await.expect("answered");
+        assert!(
+            refused.is_err_and(|e| e.message.contains("input has ended")),
+            "the question fails"
+        );
+        assert!(cancel.is_cancelled(), "its call is dropped");
+        let (held, question, _other) = round();
+        park(2, held, question).expect("another session parks");
+        rounds.forget_session(1);
+        assert!(
+            rounds.sessions_over.lock().is_empty(),
+            "forgotten once over"
+        );
     }
 
     #[tokio::test]

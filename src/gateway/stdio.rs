@@ -373,22 +373,47 @@ pub async fn serve(
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
     let large_calls = LargeLines::default();
+    // The client closed its end of the output (a write failed): nobody hears an answer.
+    let mut output_gone = false;
     loop {
         line.clear();
         // At the top, so that no way round the loop skips it (a refused listen's does).
         while tasks.try_join_next().is_some() {}
-        tokio::select! {
-            () = pipe.room() => {}
-            () = &mut shutdown => {
-                stopping = true;
-                break;
+        // While the client does not read, its input may still end: a client that closes
+        // its stdin and waits for the gateway to exit is let go (after the session's
+        // write timeout), not held until a signal. Input that is there stays unread.
+        let room = pipe.room();
+        tokio::pin!(room);
+        let mut input_ends = true;
+        let ended = loop {
+            tokio::select! {
+                () = &mut room => break false,
+                () = &mut shutdown => {
+                    stopping = true;
+                    break true;
+                }
+                begun = reader.fill_buf(), if input_ends => match begun {
+                    Ok(b) if !b.is_empty() => input_ends = false,
+                    _ => break true,
+                },
             }
+        };
+        if ended {
+            break;
+        }
+        if pipe.out.is_closed() {
+            output_gone = true;
+            break;
         }
         // Until the next line begins: a reload meanwhile applies to it.
         let begun = tokio::select! {
             begun = reader.fill_buf() => begun.map(|b| !b.is_empty()),
             () = &mut shutdown => {
                 stopping = true;
+                break;
+            }
+            () = pipe.out.closed() => {
+                output_gone = true;
                 break;
             }
         };
@@ -473,10 +498,19 @@ pub async fn serve(
         let message = match Message::parse(&line) {
             Ok(m) => m,
             Err(e) => {
-                pipe.send(&Message::Response(Response {
-                    id: None,
-                    outcome: Err(RpcError::new(e.code(), e.to_string())),
-                }));
+                let refused = RpcError::new(e.code(), e.to_string());
+                match Message::peek_head(&line) {
+                    // A malformed answer to one of the gateway's questions fails it now,
+                    // rather than leave it to wait out its time; a reply is not answered.
+                    Some((Some(id), true)) => pipe.pending.answer(&id, Err(refused)),
+                    // A request whose id can be read hears under it.
+                    head => {
+                        pipe.send(&Message::Response(Response {
+                            id: head.and_then(|(id, _)| id),
+                            outcome: Err(refused),
+                        }));
+                    }
+                }
                 continue;
             }
         };
@@ -609,7 +643,14 @@ pub async fn serve(
     }
     // Input ended: questions to the client fail at once (nobody can answer them),
     // subscriptions end, and the calls in flight finish and answer (their client may
-    // still read).
+    // still read). With the output gone they are cancelled, as a closed HTTP
+    // connection's are: their effects would reach nobody.
+    if output_gone {
+        tracing::warn!(
+            "the client closed its output; the session ends and its calls are cancelled"
+        );
+        calls.lock().cancel_all();
+    }
     pipe.pending.clear();
     closing.cancel();
     // Its parked rounds were this session's alone, and nobody can resume them now:
@@ -1073,24 +1114,66 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_client_that_closes_its_output_while_answers_wait_is_read_to_its_end() {
+    async fn a_client_that_closes_its_output_while_answers_wait_ends_its_session() {
         let (mut client_in, client_out, served, harness) =
             session(64 << 10, Duration::from_secs(30)).await;
         let lines = bad_lines();
         let (_, stalled) = write_until_stalled(&mut client_in, &lines).await;
         assert!(stalled, "waiting for the client to read");
         // The client closes its end of the output: the writer fails, and what waits
-        // for room hears it (answers are dropped from then on, input read).
+        // for room hears it. Nobody can hear an answer: the session ends, its input
+        // open and unread. Before, the rest of its input was read and run.
         drop(client_out);
-        tokio::time::timeout(Duration::from_secs(120), client_in.write_all(&lines))
-            .await
-            .expect("input is read again once the output is gone")
-            .expect("write");
-        drop(client_in);
         tokio::time::timeout(Duration::from_secs(60), served)
             .await
-            .expect("the session ends with its input")
+            .expect("the session ends with its output")
             .expect("serve");
+        drop(client_in);
+        harness.shutdown().await;
+    }
+
+    // A message that does not parse is answered under its id when the id can be read
+    // (JSON-RPC's null only when it cannot): its client is not left waiting.
+    #[tokio::test]
+    async fn a_malformed_request_is_answered_under_its_id() {
+        use tokio::io::AsyncBufReadExt;
+        let (mut client_in, client_out, served, harness) =
+            session(64 << 10, Duration::from_secs(30)).await;
+        client_in
+            .write_all(b"{\"id\":7,\"method\":\"tools/call\"}\n{\"jsonrpc\":\"2.0\",\"id\":\n")
+            .await
+            .expect("write");
+        let mut lines = tokio::io::BufReader::new(client_out).lines();
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("answered")
+                .expect("read")
+                .expect("a line");
+            let answer: Value = serde_json::from_str(&line).expect("JSON");
+            assert!(answer.get("error").is_some(), "{answer}");
+            ids.push(answer["id"].clone());
+        }
+        assert_eq!(ids, [serde_json::json!(7), Value::Null]);
+        drop(client_in);
+        let _ = tokio::time::timeout(Duration::from_secs(30), served).await;
+        harness.shutdown().await;
+    }
+
+    // The output closed while the gateway waits for the next line: the session ends
+    // then, not at the next line, and a call in flight is cancelled.
+    #[tokio::test]
+    async fn a_client_that_closes_its_output_between_lines_ends_its_session() {
+        let (mut client_in, client_out, served, harness) =
+            session(64 << 10, Duration::from_secs(30)).await;
+        client_in.write_all(b"[\n").await.expect("write");
+        drop(client_out);
+        tokio::time::timeout(Duration::from_secs(60), served)
+            .await
+            .expect("the session ends once an answer cannot be written")
+            .expect("serve");
+        drop(client_in);
         harness.shutdown().await;
     }
 
