@@ -2739,3 +2739,33 @@ async fn a_list_whose_pages_disagree_on_their_scope_is_not_cached() {
     assert!(lists() > fetched, "read from the server again");
     h.shutdown().await;
 }
+
+// A call in flight has no final record yet: the audit health says so, and the command
+// line counts such calls, left running by a shutdown that gave up on them, with the
+// records not written.
+#[tokio::test]
+async fn a_call_in_flight_is_unfinished_in_the_audit_health() {
+    let h = start_ready(HarnessConfig {
+        servers: vec![demo_server("s", &[])],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    })
+    .await;
+    assert_eq!(h.audit_health().unfinished, 0);
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&a(), "s__slow", json!({"text": "t", "ms": 1500}))
+                .await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || h.audit_health().unfinished == 1).await,
+        "{:?}",
+        h.audit_health()
+    );
+    call.await.expect("task").expect("call");
+    assert_eq!(h.audit_health().unfinished, 0);
+    let health = h.shutdown().await;
+    assert_eq!(health.unfinished, 0, "{health:?}");
+}

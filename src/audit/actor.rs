@@ -50,6 +50,11 @@ impl Actor for AuditActor {
             Ok(Err(_)) => tracing::error!("the audit writer task failed"),
             Err(_) => tracing::warn!("opening the audit file has not returned; going on"),
         }
+        // A full batch's wake-up may have died in the mailbox of the actor this one
+        // replaces: drained now, not at the timer.
+        if sink.woken() {
+            let _ = myself.send_message(AuditMsg::Tick);
+        }
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
         myself.send_after(next_drain(&sink), || AuditMsg::Timer);

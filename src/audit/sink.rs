@@ -90,6 +90,10 @@ pub struct AuditHealth {
     /// Records lost: dropped under `keep_serving` past the buffer's bound, or written
     /// and then not synced to the disk (the sync failed).
     pub unwritten: u64,
+    /// Calls begun whose `finished` record has not come: the calls in flight now, and
+    /// from `shutdown()`, those still running past its bounded waits, whose trail it
+    /// leaves without their final record.
+    pub unfinished: usize,
 }
 
 /// Serialized records, one JSON line each.
@@ -612,6 +616,12 @@ impl AuditSink {
     }
 
     /// Whether the writer's actor runs (is not being rebuilt, nor gone).
+    /// Whether a full batch woke a writer that has not drained it yet: a writer that
+    /// starts (rebuilt) drains it, as the wake-up may have died with the one before.
+    pub(super) fn woken(&self) -> bool {
+        self.shared.pending.lock().woken
+    }
+
     fn writer_runs(&self) -> bool {
         (self.actor.get()).is_some_and(|a| ractor::ACTIVE_STATES.contains(&a.get_status()))
     }
@@ -658,6 +668,7 @@ impl AuditSink {
             last_error: failing,
             backlog: pending + retried,
             unwritten: s.unwritten.load(Ordering::Relaxed),
+            unfinished: 0,
         }
     }
 }
@@ -844,6 +855,54 @@ mod tests {
             "the next full batch wakes the writer again"
         );
         actor.stop(None);
+        let _ = handle.await;
+    }
+
+    // A wake-up lost with its actor (killed with it in its mailbox) and a rebuilt actor:
+    // the rebuilt one drains the batch as it starts. Before, the batch waited for its
+    // timer (`flush_every`, up to an hour), and the records after it too, as no record
+    // woke a writer again while one ran.
+    #[tokio::test]
+    async fn a_wake_up_lost_with_a_killed_writer_is_taken_by_the_one_rebuilt() {
+        let dir = crate::util::scratch::Scratch::new("rebuilt-wake");
+        let path = dir.join("audit.jsonl");
+        let config = AuditConfig {
+            path: Some(path.clone()),
+            batch: 4,
+            flush_every: std::time::Duration::from_secs(3600),
+            ..AuditConfig::default()
+        };
+        let count = Arc::new(AtomicU64::new(0));
+        let (lost, handle) = ractor::Actor::spawn(None, Wakes, count.clone())
+            .await
+            .expect("spawn");
+        let slot = ActorSlot::default();
+        slot.set(lost.clone());
+        let sink = AuditSink::new(config, slot.clone());
+        for i in 0..4u32 {
+            sink.record(&serde_json::json!({"i": i}));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while count.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        lost.kill();
+        let _ = handle.await;
+        let (rebuilt, handle) = ractor::Actor::spawn(None, super::super::AuditActor, sink.clone())
+            .await
+            .expect("spawn");
+        slot.set(rebuilt.clone());
+        let lines = || {
+            std::fs::read_to_string(&path)
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while lines() < 4 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(lines(), 4, "the batch is written by the rebuilt writer");
+        rebuilt.stop(None);
         let _ = handle.await;
     }
 

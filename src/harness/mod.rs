@@ -843,9 +843,13 @@ impl HarnessHandle {
         self.inner.services.registry.stats()
     }
 
-    /// The audit trail's state: writable, backlog, records it could not keep.
+    /// The audit trail's state: writable, backlog, records it could not keep, calls
+    /// whose final record is still to come.
     pub fn audit_health(&self) -> AuditHealth {
-        self.inner.services.audit_sink.health()
+        AuditHealth {
+            unfinished: self.ctx().in_flight(),
+            ..self.inner.services.audit_sink.health()
+        }
     }
 
     /// Events such as [`HarnessEvent::ToolsChanged`].
@@ -1143,6 +1147,12 @@ impl HarnessHandle {
             let services = &self.inner.services;
             services.calls.close();
             services.close_slots();
+            // The calls' tasks end as their actors went: their final records come
+            // within moments, and are written with the rest.
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while self.ctx().in_flight() > 0 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             tokio::select! {
                 biased;
                 _ = tokio::time::timeout(Duration::from_secs(5), services.audit_sink.write_now()) => {}
@@ -1150,10 +1160,11 @@ impl HarnessHandle {
             }
         }
         let health = self.audit_health();
-        if health.backlog > 0 || health.unwritten > 0 {
+        if health.backlog > 0 || health.unwritten > 0 || health.unfinished > 0 {
             tracing::error!(
                 backlog = health.backlog,
                 unwritten = health.unwritten,
+                unfinished = health.unfinished,
                 error = health.last_error.as_deref().unwrap_or("-"),
                 "audit records not written at shutdown"
             );

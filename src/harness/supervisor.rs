@@ -391,11 +391,27 @@ async fn flush_audit(services: &Services) {
             return;
         }
     };
-    if !flushed && !services.audit_sink.writing() {
+    if !flushed {
         // Its actor died meanwhile, and is not rebuilt while the harness stops: what
-        // it would have written is written here, before `shutdown()` returns. (A write
-        // under way, stuck, would hold this one too: what waits behind it is reported
-        // unwritten; and a sync that hangs is given up after a while, its thread left.)
+        // it would have written is written here, before `shutdown()` returns, and
+        // synced. A write under way (the dead actor's, on its blocking thread) is waited
+        // for first; one stuck holds this one too, so what waits behind it is reported
+        // unwritten. A sync that hangs is given up after a while, its thread left.
+        let ended = async {
+            while services.audit_sink.writing() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = ended => {}
+            () = services.audit_sink.stalled() => {
+                tracing::error!(
+                    "an audit write has not returned; the records behind it are reported unwritten"
+                );
+                return;
+            }
+        }
         let limit = Duration::from_secs(5);
         let _ = tokio::time::timeout(limit, services.audit_sink.write_now()).await;
     }

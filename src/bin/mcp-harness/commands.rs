@@ -83,7 +83,8 @@ pub const AUDIT_LOST: u8 = 4;
 /// The exit code once the harness has stopped: `outcome`, unless audit records were
 /// lost, which is said and exits [`AUDIT_LOST`].
 pub fn audited(outcome: u8, health: &mcp_harness::audit::AuditHealth) -> u8 {
-    let lost = health.backlog as u64 + health.unwritten;
+    // A call still running when the shutdown gave up has no final record.
+    let lost = health.backlog as u64 + health.unwritten + health.unfinished as u64;
     if lost == 0 {
         return outcome;
     }
