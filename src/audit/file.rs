@@ -108,6 +108,11 @@ impl Output for FileOutput {
     }
 
     fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
+        // This process's other writers of the same stream wait for the whole batch.
+        let _alone = self.own.then(|| match self.path.to_str() {
+            Some(p) if STDERR_PATHS.contains(&p) => own_output(OwnStream::Stderr),
+            _ => own_output(OwnStream::Stdout),
+        });
         // `write_all`, counting: a failure says how much went out before it.
         let mut written = 0;
         while written < bytes.len() {
@@ -262,16 +267,39 @@ enum Own {
 /// terminal is opened again by name where it can be: it has no offset, and a
 /// description of its own keeps the writer blocking whatever the one inherited is set
 /// to (a copy set non-blocking is waited on in [`FileOutput::append`]).
+/// This process's own output streams, which an audit trail may be written to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnStream {
+    /// `/dev/stdout`.
+    Stdout,
+    /// `/dev/stderr`.
+    Stderr,
+}
+
+const STDOUT_PATHS: &[&str] = &["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"];
+const STDERR_PATHS: &[&str] = &["/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"];
+
+/// Held by this process's writers of its own `stream` while they write: an audit trail
+/// written there, and a program's log and output writers that take it too (the
+/// `mcp-harness` binary's do). A write of more than `PIPE_BUF` bytes to a pipe is not
+/// atomic: a log line written meanwhile could land inside a record. One lock per
+/// stream, so that a trail stuck on an unread stdout holds no log line on stderr.
+/// Reentrant, so that what logs while holding it does not wait on itself.
+pub fn own_output(stream: OwnStream) -> parking_lot::ReentrantMutexGuard<'static, ()> {
+    static STDOUT: parking_lot::ReentrantMutex<()> = parking_lot::const_reentrant_mutex(());
+    static STDERR: parking_lot::ReentrantMutex<()> = parking_lot::const_reentrant_mutex(());
+    match stream {
+        OwnStream::Stdout => STDOUT.lock(),
+        OwnStream::Stderr => STDERR.lock(),
+    }
+}
+
 fn own_stream(path: &Path) -> std::io::Result<Option<Own>> {
     use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::fs::FileTypeExt;
     let fd = match path.to_str() {
-        Some("/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1") => {
-            std::io::stdout().as_fd().try_clone_to_owned()?
-        }
-        Some("/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2") => {
-            std::io::stderr().as_fd().try_clone_to_owned()?
-        }
+        Some(p) if STDOUT_PATHS.contains(&p) => std::io::stdout().as_fd().try_clone_to_owned()?,
+        Some(p) if STDERR_PATHS.contains(&p) => std::io::stderr().as_fd().try_clone_to_owned()?,
         _ => return Ok(None),
     };
     let file = std::fs::File::from(fd);
@@ -720,6 +748,52 @@ mod tests {
         assert!(appended.is_ok(), "{:?}", appended.err());
         drop(output);
         assert_eq!(read.join().expect("reader"), batch.len());
+    }
+
+    // A trail on this process's own stderr, a pipe, and a log line written to it while
+    // a batch larger than the pipe goes out: the line comes between records, not
+    // inside one (the batch's writer holds the stream's lock, which the binary's log
+    // writer takes too). Before, the kernel let the line in when the pipe filled.
+    #[test]
+    fn a_log_line_on_the_same_stderr_waits_for_the_batch() {
+        use std::io::{Read, Write};
+        let (mut reader, writer) = std::io::pipe().expect("pipe");
+        let mut logs = writer.try_clone().expect("clone");
+        let mut output = FileOutput {
+            file: std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
+            path: PathBuf::from("/dev/stderr"),
+            own: true,
+        };
+        let record = format!("{{\"r\":\"{}\"}}\n", "x".repeat(1000));
+        let batch = record.repeat(1024);
+        let (started, begun) = std::sync::mpsc::channel();
+        let writing = std::thread::spawn(move || {
+            let _ = started.send(());
+            output
+                .append(batch.as_bytes())
+                .map_err(|(_, e)| e.to_string())
+        });
+        let logging = std::thread::spawn(move || {
+            let _ = begun.recv();
+            // The batch has begun and fills the pipe, which nobody reads yet.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let _alone = own_output(OwnStream::Stderr);
+            logs.write_all(b"LOG LINE\n").expect("log");
+        });
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let mut read = String::new();
+        let reading = std::thread::spawn(move || reader.read_to_string(&mut read).map(|_| read));
+        writing.join().expect("writer").expect("appended");
+        logging.join().expect("logger");
+        let read = reading.join().expect("reader").expect("read");
+        let lines: Vec<&str> = read.lines().collect();
+        assert_eq!(lines.len(), 1025, "every record and the log line, whole");
+        assert!(
+            lines
+                .iter()
+                .all(|l| *l == "LOG LINE" || *l == record.trim_end()),
+            "a line was torn"
+        );
     }
 
     /// An output that writes into a shared buffer and fails as told: `fail_after`

@@ -31,6 +31,7 @@ use serde_json::{Map, Value, json};
 use crate::util::duration;
 
 pub(crate) use actor::{AuditActor, AuditRef};
+pub use file::{OwnStream, own_output};
 pub(crate) use record::{Finished, Hop, Question, Redacted, Round, Started};
 pub(crate) use sink::AuditSink;
 pub use sink::{AuditHealth, AuditUnavailable};

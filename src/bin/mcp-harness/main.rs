@@ -14,6 +14,8 @@
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        // An audit trail on stdout is written whole between two of these.
+        let _alone = mcp_harness::audit::own_output(mcp_harness::audit::OwnStream::Stdout);
         $crate::wrote(writeln!(std::io::stdout(), $($arg)*));
     }};
 }
@@ -22,8 +24,32 @@ macro_rules! outln {
 macro_rules! errln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        let _alone = mcp_harness::audit::own_output(mcp_harness::audit::OwnStream::Stderr);
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
+}
+
+/// Stderr for one log event, written whole between an audit trail's batches there
+/// ([`mcp_harness::audit::own_output`]).
+struct LogWriter {
+    _alone: parking_lot::ReentrantMutexGuard<'static, ()>,
+    stderr: std::io::Stderr,
+}
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stderr.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stderr.flush()
+    }
+}
+
+fn log_writer() -> LogWriter {
+    LogWriter {
+        _alone: mcp_harness::audit::own_output(mcp_harness::audit::OwnStream::Stderr),
+        stderr: std::io::stderr(),
+    }
 }
 
 /// Whether writing the command's output failed other than by its reader going away.
@@ -199,7 +225,7 @@ fn main() -> ExitCode {
         // Logged to stderr as the command's would be: what it warns of (a file others
         // may write) is said once per path, and would be said to no one otherwise.
         let early = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
+            .with_writer(log_writer)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -239,7 +265,7 @@ fn main() -> ExitCode {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::util::SubscriberInitExt;
         let logs = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(log_writer)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
