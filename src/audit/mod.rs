@@ -192,7 +192,7 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
             Value::Object(out)
         }
         Value::Array(items) => Value::Array(items.iter().map(|i| scrub(config, i)).collect()),
-        Value::String(text) => Value::String(without_userinfo(text)),
+        Value::String(text) => Value::String(without_url_secrets(config, text)),
         other => other.clone(),
     }
 }
@@ -223,6 +223,56 @@ pub(crate) fn without_userinfo(text: &str) -> String {
             }
             None => rest = tail,
         }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` with the credentials of any URL in it hidden: its userinfo
+/// ([`without_userinfo`]) and the values of the query parameters whose names are
+/// secret, as an argument's would be (`?access_token=…`, `X-Amz-Signature=…`).
+pub(crate) fn without_url_secrets(config: &AuditConfig, text: &str) -> String {
+    let text = without_userinfo(text);
+    if !text.contains('?') {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
+            .unwrap_or(tail.len());
+        let (url, after) = tail.split_at(end);
+        match url.split_once('?') {
+            Some((before, query)) => {
+                let (query, fragment) = query.split_at(query.find('#').unwrap_or(query.len()));
+                out.push_str(before);
+                out.push('?');
+                for (i, param) in query.split('&').enumerate() {
+                    if i > 0 {
+                        out.push('&');
+                    }
+                    let name = param.split_once('=').map(|(name, _)| name);
+                    let secret = name.is_some_and(|name| {
+                        url::form_urlencoded::parse(name.as_bytes())
+                            .next()
+                            .is_some_and(|(name, _)| record::is_secret(config, &name))
+                    });
+                    match name {
+                        Some(name) if secret => {
+                            out.push_str(name);
+                            out.push_str("=[redacted]");
+                        }
+                        _ => out.push_str(param),
+                    }
+                }
+                out.push_str(fragment);
+            }
+            None => out.push_str(url),
+        }
+        rest = after;
     }
     out.push_str(rest);
     out
@@ -320,6 +370,34 @@ mod tests {
             "https://[redacted]/x",
             "no host that is none"
         );
+    }
+
+    // A query's secret parameters are hidden as an argument of that name would be:
+    // a presigned URL's signature, a token in the query.
+    #[test]
+    fn a_urls_secret_query_values_are_hidden() {
+        let c = AuditConfig::default();
+        assert_eq!(
+            without_url_secrets(
+                &c,
+                "read https://b.s3.example/x?X-Amz-Credential=AK%2F1&X-Amz-Expires=60&X-Amz-Signature=abc#top failed"
+            ),
+            "read https://b.s3.example/x?X-Amz-Credential=[redacted]&X-Amz-Expires=60&X-Amz-Signature=[redacted]#top failed"
+        );
+        assert_eq!(
+            without_url_secrets(&c, "\"https://u:p@h/?access%5Ftoken=t&page=2\""),
+            "\"https://[redacted]@h/?access%5Ftoken=[redacted]&page=2\""
+        );
+        assert_eq!(
+            without_url_secrets(&c, "https://h/x?q=1 and ?token=not-a-url"),
+            "https://h/x?q=1 and ?token=not-a-url"
+        );
+        let full = AuditConfig {
+            redaction: Redaction::Full,
+            ..AuditConfig::default()
+        };
+        let out = full.redact(&json!({"u": "https://h/x?api_key=k1"}));
+        assert_eq!(out["u"], "https://h/x?api_key=[redacted]");
     }
 
     #[test]

@@ -69,9 +69,10 @@ impl CallRecord {
         let recording = sink.is_recording();
         let started_ms = if recording { unix_ms() } else { 0 };
         if recording {
-            // A resource's URI may carry credentials (`https://user:token@host/…`).
-            let scrubbed = (kind == CallKind::Resource && name.contains('@'))
-                .then(|| crate::audit::without_userinfo(name));
+            // A resource's URI may carry credentials (`https://user:token@host/…`,
+            // `?X-Amz-Signature=…`).
+            let scrubbed = (kind == CallKind::Resource && name.contains(['@', '?']))
+                .then(|| crate::audit::without_url_secrets(sink.config(), name));
             let name = scrubbed.as_deref().unwrap_or(name);
             let auth = sink.hash_context(caller.auth_context.as_deref());
             sink.record(&Started {
@@ -129,9 +130,11 @@ impl CallRecord {
     /// `text` (an error, which may quote the call's URI) without the credentials of a
     /// URL in it, for a resource read; as it is otherwise.
     fn scrubbed<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
-        match self.method == CallKind::Resource.method() && text.contains('@') {
-            true => std::borrow::Cow::Owned(crate::audit::without_userinfo(text)),
-            false => std::borrow::Cow::Borrowed(text),
+        match (&self.sink, self.method == CallKind::Resource.method()) {
+            (Some(sink), true) if text.contains(['@', '?']) => {
+                std::borrow::Cow::Owned(crate::audit::without_url_secrets(sink.config(), text))
+            }
+            _ => std::borrow::Cow::Borrowed(text),
         }
     }
 
