@@ -349,6 +349,39 @@ fn call_answers_elicitation_from_answers_and_declines_without_them() {
     assert!(stderr(&o).contains("declined"), "{}", stderr(&o));
 }
 
+// A form without fields (a confirmation: "Delete everything?") is not accepted on
+// answers meant for fields: only `"!confirm": "accept"` consents, and the question is
+// shown on stderr either way. Before, any `--answers` accepted it unseen.
+#[test]
+fn a_confirmation_is_accepted_from_answers_only_with_its_own_consent() {
+    let s = demo_cmd("alpha");
+    let empty = r#"{"n":1,"mode":"empty"}"#;
+    let o = run(&[
+        "call",
+        "--stdio",
+        &s,
+        "many_inputs",
+        empty,
+        "--answers",
+        r#"{"branch":"main"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("asks you to confirm"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("!confirm"), "{}", stderr(&o));
+    let o = run(&[
+        "call",
+        "--stdio",
+        &s,
+        "many_inputs",
+        empty,
+        "--answers",
+        r#"{"!confirm":"accept"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("got 1 answers"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("asks you to confirm"), "{}", stderr(&o));
+}
+
 // The demo servers' tools show the environment and start processes: they listen on
 // loopback only, and refuse any other address rather than serve it.
 #[test]

@@ -359,6 +359,20 @@ fn decide(request: &InputRequestContext, answers: Option<&Value>, asker: Option<
 /// top (every such request of the call) or in the object of one request's key.
 const URL_CONSENT: &str = "!url";
 
+/// The `--answers` name that consents to a form without fields (a confirmation, such
+/// as "Delete everything?"): `"!confirm": "accept"`, at the top or in the object of one
+/// request's key. Answers for fields say nothing of a question that has none.
+const CONFIRM_CONSENT: &str = "!confirm";
+
+/// Whether `answers` say `"accept"` under `name`, for `request`: at the top, or in the
+/// object of its key (a name no form field has: the key is the server's to choose).
+fn consents(answers: &Value, request: &InputRequestContext, name: &str) -> bool {
+    [answers.get(&request.key), Some(answers)]
+        .into_iter()
+        .flatten()
+        .any(|scope| scope.get(name).and_then(Value::as_str) == Some("accept"))
+}
+
 /// A URL-mode request: shown in full (without anything that could disguise it), never
 /// opened, accepted only with consent.
 fn url_mode(
@@ -386,10 +400,7 @@ fn url_mode(
     let consent = match answers {
         // Under a name no form field has: `{"KEY": "accept"}` would also be the answer
         // to a field KEY, and the key is the server's to choose.
-        Some(a) => [a.get(&request.key), Some(a)]
-            .into_iter()
-            .flatten()
-            .any(|scope| scope.get(URL_CONSENT).and_then(Value::as_str) == Some("accept")),
+        Some(a) => consents(a, request, URL_CONSENT),
         None => asker
             .and_then(|asker| asker.consent("Done, and do you consent? [y/N] "))
             .unwrap_or(false),
@@ -410,6 +421,20 @@ struct Form<'a> {
 impl Form<'_> {
     /// `--answers`: keyed by input-request key or by field name; defaults fill the rest.
     fn answer_from(&self, request: &InputRequestContext, answers: &Value) -> Value {
+        if self.props.is_empty() {
+            // Said on stderr, as the terminal would show it: what was confirmed, or not.
+            let message = line_cut(request.params["message"].as_str().unwrap_or(""), 500);
+            errln!(
+                "Server {} asks you to confirm: {message}",
+                line(&request.server)
+            );
+            return match consents(answers, request, CONFIRM_CONSENT) {
+                true => json!({"action": "accept", "content": {}}),
+                false => decline(
+                    "a confirmation is accepted only with \"!confirm\": \"accept\" in --answers",
+                ),
+            };
+        }
         let source = answers
             .get(&request.key)
             .filter(|v| v.is_object())
