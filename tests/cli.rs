@@ -141,6 +141,46 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
     let err = stderr(&o);
     assert!(err.contains("not exported"), "{err}");
     assert!(!err.contains(secret), "{err}");
+    // A server id a variable put in, named by the error as the server: redacted too.
+    let path = write(
+        "secret-id.toml",
+        &format!(
+            "[[servers]]\nid = \"${{MCP_HARNESS_SECRET}}\"\ntransport = {{ type = \"stdio\", command = {:?} }}\n",
+            harness_exe()
+        ),
+    );
+    let o = Command::new(harness_exe())
+        .args(["tools", "--config", &path.to_string_lossy()])
+        .env("MCP_HARNESS_SECRET", format!("sk-live/{secret}"))
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains(secret), "{err}");
+    assert!(err.contains("MCP_HARNESS_SECRET}"), "{err}");
+}
+
+// A key the file names is quoted on the error's one line: a newline in it cannot
+// forge a line of the program's own.
+#[test]
+fn a_config_error_quoting_a_key_stays_on_one_line() {
+    let path = write(
+        "newline-key.toml",
+        "\"x\\nmcp-harness: all servers ready\" = 1\n",
+    );
+    let o = run(&["tools", "--config", &path.to_string_lossy()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("all servers ready"),
+        "the key is quoted: {err}"
+    );
+    assert!(
+        !err.lines()
+            .any(|l| l.starts_with("mcp-harness: all servers ready")),
+        "{err}"
+    );
 }
 
 /// A FIFO in a fresh directory `name` that one thread writes an `mcpServers` config
@@ -1201,6 +1241,19 @@ fn a_from_that_is_no_url_is_a_usage_error() {
         let o = run_env(args, env);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("https"), "{}", stderr(&o));
+    }
+    // Flags for starting servers mean nothing with --from: refused, not ignored (a CA
+    // the user expected trusted would not be).
+    for flag in [
+        &["--ca-file", "/tmp/ca.pem"][..],
+        &["--tokens", "/tmp/t"],
+        &["--wait", "5s"],
+    ] {
+        let mut args = vec!["status", "--watch", "--from", "http://127.0.0.1:9/metrics"];
+        args.extend(flag);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(flag[0]), "{}", stderr(&o));
     }
 }
 

@@ -87,9 +87,12 @@ impl Substituted {
         text
     }
 
-    /// `error` with its reason redacted.
+    /// `error` with what a variable put in redacted: its reason, and the server and
+    /// field it names (an id written as `${VAR}`).
     fn error(&self, mut error: ConfigError) -> ConfigError {
         error.reason = self.redact(&error.reason);
+        error.field = self.redact(&error.field);
+        error.server = error.server.map(|s| self.redact(&s));
         error
     }
 
@@ -613,6 +616,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     // The gateway reads its own table (it is the layer above this one).
     let gateway = value.as_object_mut().and_then(|m| m.remove("gateway"));
     let telemetry = value.as_object_mut().and_then(|m| m.remove("telemetry"));
+    // Both names given, the old one would win silently whenever the new one holds its
+    // default (which `validate` cannot tell from one not written).
+    if let Some(Value::Array(servers)) = value.get("servers")
+        && let Some(i) = servers.iter().position(|s| {
+            s.get("max_retries").is_some() && s.pointer("/restart/max_restarts").is_some()
+        })
+    {
+        return Err(ConfigError::new(
+            format!("servers[{i}].max_retries"),
+            "is the old name of restart.max_restarts; set only one of them",
+        )
+        .in_file(path));
+    }
     let config: HarnessConfig = serde_path_to_error::deserialize(value).map_err(|e| {
         let at = e.path().to_string();
         let field = if at == "." { "(value)".into() } else { at };
@@ -1020,6 +1036,24 @@ pub fn add_ad_hoc(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Both the old and the new name of the restart limit: refused, whatever value the
+    // new one holds. Before, `max_retries` won silently over a `max_restarts` at its
+    // default.
+    #[test]
+    fn max_retries_beside_max_restarts_is_refused_even_at_the_default() {
+        let server = "[[servers]]\nid = \"s\"\ntransport = { type = \"stdio\", command = \"x\" }\nmax_retries = 3\n";
+        let path = Path::new("h.toml");
+        for restart in [
+            "restart = { max_restarts = 10 }\n",
+            "restart = { max_restarts = 4 }\n",
+        ] {
+            let e = parse(&format!("{server}{restart}"), path).expect_err("both names");
+            assert!(e.to_string().contains("set only one"), "{e}");
+        }
+        let loaded = parse(server, path).expect("the old name alone");
+        assert_eq!(loaded.config.servers[0].max_restarts(), 3);
+    }
 
     #[test]
     fn a_config_anyone_may_write_is_refused_and_errors_quote_no_line() {

@@ -29,9 +29,10 @@ use crate::util::invalid::Invalid;
 
 /// A configuration that cannot work: where, and what is wrong.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-// The field may hold a name from the file (an `mcpServers` key, a header's name): shown
-// on one line, so that a name with a newline in it cannot forge a log line.
-#[error("{}{}{}: {reason}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default(), server.as_ref().map(|s| format!("server {s:?}: ")).unwrap_or_default(), crate::util::text::one_line(field, 300))]
+// The field and the reason may hold a name from the file (an `mcpServers` key, a
+// header's name, an unknown key serde quotes): shown on one line, so that a name with
+// a newline in it cannot forge a log line.
+#[error("{}{}{}: {}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default(), server.as_ref().map(|s| format!("server {s:?}: ")).unwrap_or_default(), crate::util::text::one_line(field, 300), crate::util::text::one_line(reason, 2000))]
 pub struct ConfigError {
     /// The file it was read from, if any.
     pub file: Option<PathBuf>,

@@ -161,7 +161,7 @@ enum Command {
         /// With --watch: read a running gateway's metrics (`serve --metrics`) at this
         /// URL instead of starting the servers (http://ADDR/metrics), with the bearer
         /// token in MCP_HARNESS_METRICS_TOKEN if there is one.
-        #[arg(long, value_name = "URL", requires = "watch", conflicts_with_all = ["config", "stdio", "http", "agent"])]
+        #[arg(long, value_name = "URL", requires = "watch", conflicts_with_all = ["config", "stdio", "http", "agent", "ca_file", "wait", "client_id", "client_secret", "client_secret_file", "issuer", "sign_in", "tokens"])]
         from: Option<String>,
     },
     /// The requests waiting for a person in a running gateway (`serve --admin`): list
