@@ -202,6 +202,30 @@ impl TransportSpec {
                         "must be set with a client_secret: the secret goes to no authorization server but this one",
                     ));
                 }
+                // Found out now, not at a sign-in hours later (or never, for a metadata
+                // document an authorization server does not take).
+                if let Some(issuer) = &h.auth.issuer {
+                    let bad = |why: &str| Invalid::new("transport.auth.issuer", why);
+                    let url = url::Url::parse(issuer)
+                        .map_err(|_| bad("is not a URL (an authorization server's issuer)"))?;
+                    let loopback_http =
+                        url.scheme() == "http" && crate::transport::auth::is_loopback(&url);
+                    if !(url.scheme() == "https" || loopback_http)
+                        || url.query().is_some()
+                        || url.fragment().is_some()
+                    {
+                        return Err(bad(
+                            "must be an https URL (http to this machine only) without a query or fragment (RFC 8414)",
+                        ));
+                    }
+                }
+                if let Some(doc) = &h.auth.client_metadata_url {
+                    let bad = |why: &str| Invalid::new("transport.auth.client_metadata_url", why);
+                    let url = url::Url::parse(doc).map_err(|_| bad("is not a URL"))?;
+                    if url.scheme() != "https" || url.path() == "/" || url.fragment().is_some() {
+                        return Err(bad("must be an https URL with a path and no fragment"));
+                    }
+                }
                 let mut seen = std::collections::HashSet::new();
                 for (name, value) in &h.headers {
                     let field = || format!("transport.headers.{name}");
@@ -329,6 +353,61 @@ mod tests {
         assert!(
             serde_json::from_str::<TransportSpec>(r#"{"type":"stdio","comand":"srv"}"#).is_err()
         );
+    }
+
+    // The sign-in settings are checked when the config is read: before, an empty
+    // issuer passed, and a metadata document's URL was looked at only at a sign-in
+    // whose authorization server took such documents.
+    #[test]
+    fn sign_in_urls_are_checked_when_the_config_is_read() {
+        let with = |issuer: Option<&str>, doc: Option<&str>| {
+            let mut spec = HttpSpec {
+                url: "https://example.test/mcp".into(),
+                ..HttpSpec::default()
+            };
+            spec.auth.issuer = issuer.map(String::from);
+            spec.auth.client_metadata_url = doc.map(String::from);
+            TransportSpec::Http(spec).validate()
+        };
+        assert!(
+            with(
+                Some("https://as.example.test"),
+                Some("https://me.example/client.json")
+            )
+            .is_ok()
+        );
+        assert!(with(Some("http://127.0.0.1:9000/realm"), None).is_ok());
+        for (issuer, doc, field) in [
+            (Some(""), None, "transport.auth.issuer"),
+            (
+                Some("http://as.example.test"),
+                None,
+                "transport.auth.issuer",
+            ),
+            (
+                Some("https://as.example.test?x=1"),
+                None,
+                "transport.auth.issuer",
+            ),
+            (
+                None,
+                Some("http://me.example/client.json"),
+                "transport.auth.client_metadata_url",
+            ),
+            (
+                None,
+                Some("https://me.example/"),
+                "transport.auth.client_metadata_url",
+            ),
+            (
+                None,
+                Some("https://me.example/c#f"),
+                "transport.auth.client_metadata_url",
+            ),
+        ] {
+            let e = with(issuer, doc).expect_err("refused");
+            assert_eq!(e.field, field, "{issuer:?} {doc:?}");
+        }
     }
 
     #[test]
