@@ -1209,6 +1209,65 @@ async fn a_removal_during_a_replacement_waits_for_the_old_process() {
     h.shutdown().await;
 }
 
+// A server removed while it starts (its handshake never answered) is removed once its
+// process is gone: its connection was given up, its process group SIGKILLed and reaped
+// after. Before, the removal answered at the kill, the process still there.
+#[tokio::test]
+async fn a_server_removed_while_it_starts_is_removed_once_its_process_is_gone() {
+    let h = Harness::spawn(HarnessConfig::default())
+        .await
+        .expect("spawn");
+    for round in 0..5 {
+        let id = format!("mute{round}");
+        // A status has no pid before the handshake: the process is found by its
+        // arguments, unique to this round.
+        let seconds = format!("29.{}{round}", std::process::id());
+        let script = format!("trap '' TERM; exec sleep {seconds}");
+        h.add_server(under_sh(demo(&id, &[]), &script, &[]))
+            .await
+            .expect("added");
+        assert!(
+            eventually(Duration::from_secs(10), || !processes_with(&seconds)
+                .is_empty())
+            .await,
+            "started"
+        );
+        let pids = processes_with(&seconds);
+        h.remove_server(&id).await.expect("removed");
+        for pid in pids {
+            assert!(
+                group_members(pid).is_empty(),
+                "round {round}: its process is left"
+            );
+        }
+    }
+    h.shutdown().await;
+}
+
+// A restart asked of a server whose process is slow to stop (it ignores stdin's end
+// and SIGTERM) starts the new process once the old one is gone, not beside it (a
+// port, a lock file). Before, the new one started at once.
+#[tokio::test]
+async fn a_restart_starts_the_new_process_once_the_old_one_is_gone() {
+    let h = with_a_slow_stop().await;
+    let old = pid(&h, "slow");
+    h.restart_server("slow").await.expect("restart");
+    assert!(
+        eventually(Duration::from_secs(60), || h
+            .server_status("slow")
+            .is_some_and(
+                |s| s.state == ServerState::Ready && s.pid.is_some_and(|p| p != old)
+            ))
+        .await,
+        "the new process runs"
+    );
+    assert!(
+        group_members(old).is_empty(),
+        "the old process is gone before the new one started"
+    );
+    h.shutdown().await;
+}
+
 // A server given up on while calls wait for it answers them, and its status says its
 // queue is empty again.
 #[tokio::test]

@@ -143,9 +143,10 @@ pub struct ServerActorState {
     /// server's state to the actor rebuilt in its place, which restarts it as after a
     /// crash, as when it is killed.
     stopping: bool,
-    /// A rebuilt actor (its predecessor, or their supervisor, died): the process of the
-    /// actor before is waited for, once, before one is started beside it.
-    after_dead_actor: bool,
+    /// The server's processes still there are waited for, once, at most this long,
+    /// before one is started beside them: those of the actor before (rebuilt: its
+    /// predecessor, or their supervisor, died), or of the connection a restart stops.
+    wait_for_old: Option<Duration>,
     /// Waiting for them: no connection is started (a restart asked meanwhile starts
     /// once they are gone, with the wait's `PredecessorStopped`).
     waiting_for_old: bool,
@@ -198,7 +199,7 @@ impl Actor for ServerActor {
             lists_gap: LISTS_CHANGED_TICK,
             lists_flushed: None,
             stopping: false,
-            after_dead_actor: start != Start::New,
+            wait_for_old: (start != Start::New).then_some(OLD_PROCESS_WAIT),
             waiting_for_old: false,
         };
         match (start, before) {
@@ -532,19 +533,20 @@ impl ServerActorState {
         if self.waiting_for_old {
             return;
         }
-        let old = match std::mem::take(&mut self.after_dead_actor) {
-            true => self.args.server.live_processes(),
-            false => Vec::new(),
+        let (old, wait) = match self.wait_for_old.take() {
+            Some(wait) => (self.args.server.live_processes(), wait),
+            None => (Vec::new(), Duration::ZERO),
         };
         if !old.is_empty() {
             self.waiting_for_old = true;
             let (myself, server) = (myself.clone(), self.id().to_string());
             tokio::spawn(async move {
-                if tokio::time::timeout(OLD_PROCESS_WAIT, all_gone(old))
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(server, wait = ?OLD_PROCESS_WAIT, "the dead actor's server process is still there; starting the next one beside it");
+                if tokio::time::timeout(wait, all_gone(old)).await.is_err() {
+                    tracing::warn!(
+                        server,
+                        ?wait,
+                        "the server's earlier process is still there; starting the next one beside it"
+                    );
                 }
                 let _ = myself.send_message(ServerMsg::PredecessorStopped);
             });
@@ -571,6 +573,10 @@ impl ServerActorState {
         self.last_error = None;
         self.ready_at = None;
         self.publish(ServerState::Starting);
+        // The old connection stops gracefully (its requests drained, stdin EOF, SIGTERM,
+        // SIGKILL): the new process starts once it is gone, not beside it (a port, a
+        // lock file).
+        self.wait_for_old = Some(self.stop_limit());
         self.start_connection(myself).await;
     }
 

@@ -487,6 +487,21 @@ async fn stop(server: &ServerRef, grace: Duration) {
     let limit = super::actor::stop_limit(grace).saturating_add(Duration::from_secs(5));
     let _ = actor.call(ServerMsg::Shutdown, Some(limit)).await;
     actor.kill();
+    // A connection killed rather than stopped (a start given up half-way, a stop past
+    // its limit) had its process group SIGKILLed, and reaped later: waited for, so that
+    // a removal or a shutdown answers when no process is left, and the next server of
+    // this id does not start beside it (a port, a lock file).
+    let processes = server.live_processes();
+    if !processes.is_empty()
+        && tokio::time::timeout(
+            super::actor::OLD_PROCESS_WAIT,
+            super::actor::all_gone(processes),
+        )
+        .await
+        .is_err()
+    {
+        tracing::warn!(server = %server.id(), wait = ?super::actor::OLD_PROCESS_WAIT, "the server's process is still there after its stop");
+    }
 }
 
 /// Numbers an add (or replace) request, so that asking it again after a lost answer
