@@ -45,10 +45,15 @@ impl Actor for AuditActor {
         // write, and the probe never waits for a write under way).
         let shared = sink.shared.clone();
         let probe = tokio::task::spawn_blocking(move || shared.probe());
-        match tokio::time::timeout(super::sink::STALLED_WRITE, probe).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => tracing::error!("the audit writer task failed"),
-            Err(_) => tracing::warn!("opening the audit file has not returned; going on"),
+        // A rebuilt actor's probe is not waited for: the root, which rebuilds it, would
+        // wait with it (every other rebuild and its shutdown behind), and the trail's
+        // state outlives the actor.
+        if sink.first_start() {
+            match tokio::time::timeout(super::sink::STALLED_WRITE, probe).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => tracing::error!("the audit writer task failed"),
+                Err(_) => tracing::warn!("opening the audit file has not returned; going on"),
+            }
         }
         // A full batch's wake-up may have died in the mailbox of the actor this one
         // replaces: drained now, not at the timer.

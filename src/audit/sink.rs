@@ -169,6 +169,8 @@ pub(super) struct Shared {
     epoch: std::time::Instant,
     /// A write without the actor is under way (see [`AuditSink::record`]).
     orphan_write: AtomicBool,
+    /// Set by the first actor's start: a rebuilt one does not hold its supervisor up.
+    started: AtomicBool,
 }
 
 /// How often what was written is synced to the disk while the harness runs. A write
@@ -471,6 +473,7 @@ impl AuditSink {
                 writing_since: AtomicU64::new(0),
                 epoch: std::time::Instant::now(),
                 orphan_write: AtomicBool::new(false),
+                started: AtomicBool::new(false),
             }),
             actor,
         }
@@ -616,6 +619,11 @@ impl AuditSink {
     }
 
     /// Whether the writer's actor runs (is not being rebuilt, nor gone).
+    /// Whether this is the first actor's start (the harness's), not a rebuild.
+    pub(super) fn first_start(&self) -> bool {
+        !self.shared.started.swap(true, Ordering::SeqCst)
+    }
+
     /// Whether a full batch woke a writer that has not drained it yet: a writer that
     /// starts (rebuilt) drains it, as the wake-up may have died with the one before.
     pub(super) fn woken(&self) -> bool {
