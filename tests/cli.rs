@@ -1271,6 +1271,23 @@ fn a_config_file_anyone_may_write_is_warned_of() {
     assert_eq!(said, 1, "{}", stderr(&o));
 }
 
+// A warning about what a config file holds is said once, though the file is read
+// twice (once early, for its telemetry). Before, each came twice.
+#[test]
+fn a_config_files_warnings_are_said_once() {
+    let text = format!(
+        "{{\"mcpServers\": {{\"s\": {{\"command\": {:?}, \"args\": [\"demo-server\", \"s\"], \"foo\": 1}}}}}}",
+        harness_exe()
+    );
+    let path = config_file("warned-once", "servers.json", &text);
+    let o = run_default_log(&["tools", "-c", &path.display().to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = stderr(&o)
+        .matches("ignoring a key this program does not use")
+        .count();
+    assert_eq!(said, 1, "{}", stderr(&o));
+}
+
 // `--client-id`, `--issuer`, `--ca-file` apply to the command line's `--http` servers:
 // given without one, they are a usage error, not dropped in silence (the config's
 // server signing in some other way).

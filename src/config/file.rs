@@ -294,6 +294,11 @@ fn read_checked(path: &Path, reading: Reading) -> Result<String, ConfigError> {
     }
 }
 
+/// The target of the warning that a config file others may write was read: said once
+/// per path in a process (a program that reads its config twice, once early, shows this
+/// one from its first read, and the others from its second).
+pub const ACCESS_WARNINGS: &str = "mcp_harness::config::access";
+
 /// True the first time `path` is asked about in this process.
 fn warned_once(path: &Path) -> bool {
     static WARNED: std::sync::OnceLock<parking_lot::Mutex<std::collections::HashSet<PathBuf>>> =
@@ -365,7 +370,7 @@ fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<Strin
         }
         let other = meta.uid() != me && meta.uid() != 0;
         if (anyone || other) && warned_once(path) {
-            tracing::warn!(path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "{warning}");
+            tracing::warn!(target: ACCESS_WARNINGS, path = %path.display(), uid = meta.uid(), mode = %format!("{:o}", meta.mode() & 0o777), "{warning}");
         }
     }
     let mut text = String::new();

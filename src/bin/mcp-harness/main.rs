@@ -223,15 +223,28 @@ fn main() -> ExitCode {
         // The `[telemetry]` table, read before the command runs (its errors are the
         // command's to report).
         // Logged to stderr as the command's would be: what it warns of (a file others
-        // may write) is said once per path, and would be said to no one otherwise.
-        let early = tracing_subscriber::fmt()
-            .with_writer(log_writer)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| default_filter.into()),
+        // may write) is said once per path, and would be said to no one otherwise. Its
+        // other warnings are the command's own read's to say (said here too, each came
+        // twice).
+        let early = {
+            use tracing_subscriber::Layer;
+            use tracing_subscriber::filter::FilterExt;
+            use tracing_subscriber::layer::SubscriberExt;
+            let only_access = tracing_subscriber::filter::Targets::new().with_target(
+                mcp_harness::config::file::ACCESS_WARNINGS,
+                tracing::Level::TRACE,
+            );
+            tracing_subscriber::registry().with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(log_writer)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_filter(
+                        tracing_subscriber::EnvFilter::try_from_default_env()
+                            .unwrap_or_else(|_| default_filter.into())
+                            .and(only_access),
+                    ),
             )
-            .finish();
+        };
         let loaded = config_path(&cli.command).and_then(|p| {
             tracing::subscriber::with_default(early, || commands::read_first(p).ok())
         });
