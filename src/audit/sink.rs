@@ -398,8 +398,18 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // The last holder: what was accepted is still written.
-        self.write_pending();
+        // The last holder: what was accepted is still written, and synced. Often on a
+        // runtime's worker (a harness dropped without `shutdown()`, its actors killed):
+        // on a multi-threaded one the worker's other tasks move to another while the
+        // write blocks (a pipe read slowly, a mount); a current-thread one has no other.
+        let finish = || {
+            self.write_pending();
+            self.sync();
+        };
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(finish),
+            _ => finish(),
+        }
         let left = self.retrying.load(Ordering::SeqCst);
         if left > 0 {
             tracing::error!(
