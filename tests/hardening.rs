@@ -2745,9 +2745,14 @@ async fn a_list_whose_pages_disagree_on_their_scope_is_not_cached() {
 // records not written.
 #[tokio::test]
 async fn a_call_in_flight_is_unfinished_in_the_audit_health() {
+    let audit = temp_file("unfinished-audit");
     let h = start_ready(HarnessConfig {
         servers: vec![demo_server("s", &[])],
         permissions: grant_everything(&["a"]),
+        audit: AuditConfig {
+            path: Some(audit.clone()),
+            ..AuditConfig::default()
+        },
         ..HarnessConfig::default()
     })
     .await;
@@ -2768,4 +2773,23 @@ async fn a_call_in_flight_is_unfinished_in_the_audit_health() {
     assert_eq!(h.audit_health().unfinished, 0);
     let health = h.shutdown().await;
     assert_eq!(health.unfinished, 0, "{health:?}");
+    let _ = std::fs::remove_file(&audit);
+    // Without a trail there is no record to miss: a call in flight is not counted.
+    let h = start_ready(HarnessConfig {
+        servers: vec![demo_server("s", &[])],
+        permissions: grant_everything(&["a"]),
+        ..HarnessConfig::default()
+    })
+    .await;
+    let call = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            h.call_tool(&a(), "s__slow", json!({"text": "t", "ms": 1500}))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(h.audit_health().unfinished, 0);
+    call.await.expect("task").expect("call");
+    h.shutdown().await;
 }

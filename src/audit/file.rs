@@ -61,6 +61,29 @@ struct FileOutput {
     /// A copy of this process's own stdout or stderr ([`own_stream`]): never moved
     /// away (its path names the descriptor, through `/proc`, which may be absent).
     own: bool,
+    /// The process's own stream its path names, however it was opened (a pipe opened
+    /// again by name too): its writes hold that stream's [`own_output`] lock.
+    stream: Option<OwnStream>,
+}
+
+impl FileOutput {
+    fn new(file: std::fs::File, path: PathBuf, own: bool) -> FileOutput {
+        let stream = path.to_str().and_then(|p| {
+            if STDOUT_PATHS.contains(&p) {
+                Some(OwnStream::Stdout)
+            } else if STDERR_PATHS.contains(&p) {
+                Some(OwnStream::Stderr)
+            } else {
+                None
+            }
+        });
+        FileOutput {
+            file,
+            path,
+            own,
+            stream,
+        }
+    }
 }
 
 impl Output for FileOutput {
@@ -109,10 +132,7 @@ impl Output for FileOutput {
 
     fn append(&mut self, bytes: &[u8]) -> Result<(), (usize, std::io::Error)> {
         // This process's other writers of the same stream wait for the whole batch.
-        let _alone = self.own.then(|| match self.path.to_str() {
-            Some(p) if STDERR_PATHS.contains(&p) => own_output(OwnStream::Stderr),
-            _ => own_output(OwnStream::Stdout),
-        });
+        let _alone = self.stream.map(own_output);
         // `write_all`, counting: a failure says how much went out before it.
         let mut written = 0;
         while written < bytes.len() {
@@ -171,13 +191,8 @@ pub(super) type Opener = Box<dyn FnMut() -> std::io::Result<Box<dyn Output>> + S
 pub(super) fn file_opener(path: PathBuf) -> Opener {
     let mut warned = false;
     Box::new(move || {
-        let output = |file, own| {
-            Box::new(FileOutput {
-                file,
-                path: path.clone(),
-                own,
-            }) as Box<dyn Output>
-        };
+        let output =
+            |file, own| Box::new(FileOutput::new(file, path.clone(), own)) as Box<dyn Output>;
         let file = match own_stream(&path)? {
             Some(Own::Shared(file)) => return Ok(output(file, true)),
             Some(Own::Named(copy)) => match open_by_name(&path, &mut warned) {
@@ -258,15 +273,6 @@ enum Own {
     Named(std::fs::File),
 }
 
-/// This process's own stdout or stderr, when `path` names it. A regular file or a
-/// socket is written through a copy of the descriptor, not opened again by name: opened
-/// again, a redirected file (`> out.log`) would have an offset of its own, and what the
-/// process prints there would overwrite the records written before; and a socket
-/// (systemd's journal) cannot be opened by name at all. A regular file is then appended
-/// to by both (O_APPEND is set on the description the process was given). A pipe or a
-/// terminal is opened again by name where it can be: it has no offset, and a
-/// description of its own keeps the writer blocking whatever the one inherited is set
-/// to (a copy set non-blocking is waited on in [`FileOutput::append`]).
 /// This process's own output streams, which an audit trail may be written to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OwnStream {
@@ -294,6 +300,15 @@ pub fn own_output(stream: OwnStream) -> parking_lot::ReentrantMutexGuard<'static
     }
 }
 
+/// This process's own stdout or stderr, when `path` names it. A regular file or a
+/// socket is written through a copy of the descriptor, not opened again by name: opened
+/// again, a redirected file (`> out.log`) would have an offset of its own, and what the
+/// process prints there would overwrite the records written before; and a socket
+/// (systemd's journal) cannot be opened by name at all. A regular file is then appended
+/// to by both (O_APPEND is set on the description the process was given). A pipe or a
+/// terminal is opened again by name where it can be: it has no offset, and a
+/// description of its own keeps the writer blocking whatever the one inherited is set
+/// to (a copy set non-blocking is waited on in [`FileOutput::append`]).
 fn own_stream(path: &Path) -> std::io::Result<Option<Own>> {
     use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::fs::FileTypeExt;
@@ -663,10 +678,12 @@ mod tests {
         let scratch = crate::util::scratch::Scratch::new("audit-removed");
         std::fs::create_dir_all(&*scratch).expect("dir");
         let path = scratch.join("audit.jsonl");
-        let open = || FileOutput {
-            file: std::fs::File::create(&path).expect("file"),
-            path: path.clone(),
-            own: false,
+        let open = || {
+            FileOutput::new(
+                std::fs::File::create(&path).expect("file"),
+                path.clone(),
+                false,
+            )
         };
         let mut output = open();
         assert!(!output.moved() && !output.removed());
@@ -727,11 +744,11 @@ mod tests {
         use std::io::Read;
         let (writer, mut reader) = std::os::unix::net::UnixStream::pair().expect("pair");
         writer.set_nonblocking(true).expect("non-blocking");
-        let mut output = FileOutput {
-            file: std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
-            path: PathBuf::from("/dev/stdout"),
-            own: true,
-        };
+        let mut output = FileOutput::new(
+            std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
+            PathBuf::from("/dev/stdout"),
+            true,
+        );
         let batch = vec![b'x'; 4 << 20];
         let read = std::thread::spawn(move || {
             let mut got = Vec::new();
@@ -759,11 +776,13 @@ mod tests {
         use std::io::{Read, Write};
         let (mut reader, writer) = std::io::pipe().expect("pipe");
         let mut logs = writer.try_clone().expect("clone");
-        let mut output = FileOutput {
-            file: std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
-            path: PathBuf::from("/dev/stderr"),
-            own: true,
-        };
+        // A pipe is opened again by name (not the process's own descriptor): still
+        // the process's stderr, and locked as it.
+        let mut output = FileOutput::new(
+            std::fs::File::from(std::os::fd::OwnedFd::from(writer)),
+            PathBuf::from("/dev/stderr"),
+            false,
+        );
         let record = format!("{{\"r\":\"{}\"}}\n", "x".repeat(1000));
         let batch = record.repeat(1024);
         let (started, begun) = std::sync::mpsc::channel();

@@ -228,6 +228,10 @@ pub(crate) fn without_userinfo(text: &str) -> String {
     out
 }
 
+/// Query parameters that carry a credential under a name no part of
+/// [`BUILTIN_REDACT_KEYS`] is in: Azure's shared access signature (`sig`).
+const URL_SECRET_NAMES: &[&str] = &["sig"];
+
 /// `text` with the credentials of any URL in it hidden: its userinfo
 /// ([`without_userinfo`]) and the values of the query parameters whose names are
 /// secret, as an argument's would be (`?access_token=…`, `X-Amz-Signature=…`).
@@ -244,6 +248,10 @@ pub(crate) fn without_url_secrets(config: &AuditConfig, text: &str) -> String {
         let end = tail
             .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
             .unwrap_or(tail.len());
+        // Prose around a URL: a comma or a bracket after it is not its value's.
+        let end = tail[..end]
+            .trim_end_matches(['.', ',', ';', ':', '!', ')', ']', '}'])
+            .len();
         let (url, after) = tail.split_at(end);
         match url.split_once('?') {
             Some((before, query)) => {
@@ -258,7 +266,12 @@ pub(crate) fn without_url_secrets(config: &AuditConfig, text: &str) -> String {
                     let secret = name.is_some_and(|name| {
                         url::form_urlencoded::parse(name.as_bytes())
                             .next()
-                            .is_some_and(|(name, _)| record::is_secret(config, &name))
+                            .is_some_and(|(name, _)| {
+                                URL_SECRET_NAMES
+                                    .iter()
+                                    .any(|n| name.eq_ignore_ascii_case(n))
+                                    || record::is_secret(config, &name)
+                            })
                     });
                     match name {
                         Some(name) if secret => {
@@ -391,6 +404,10 @@ mod tests {
         assert_eq!(
             without_url_secrets(&c, "https://h/x?q=1 and ?token=not-a-url"),
             "https://h/x?q=1 and ?token=not-a-url"
+        );
+        assert_eq!(
+            without_url_secrets(&c, "(see https://a.blob.example/c?sv=1&sig=AbC%3D), then"),
+            "(see https://a.blob.example/c?sv=1&sig=[redacted]), then"
         );
         let full = AuditConfig {
             redaction: Redaction::Full,

@@ -77,8 +77,10 @@ pub struct AuditUnavailable {
     pub reason: String,
 }
 
-/// The audit trail's state, for status and metrics.
+/// The audit trail's state, for status and metrics. Read, not built: it may gain
+/// fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AuditHealth {
     /// Whether the trail is not failing: the last open, write and sync succeeded, and
     /// none has been under way for 5 s.
@@ -628,7 +630,6 @@ impl AuditSink {
         }
     }
 
-    /// Whether the writer's actor runs (is not being rebuilt, nor gone).
     /// Whether this is the first actor's start (the harness's), not a rebuild.
     pub(super) fn first_start(&self) -> bool {
         !self.shared.started.swap(true, Ordering::SeqCst)
@@ -640,6 +641,7 @@ impl AuditSink {
         self.shared.pending.lock().woken
     }
 
+    /// Whether the writer's actor runs (is not being rebuilt, nor gone).
     fn writer_runs(&self) -> bool {
         (self.actor.get()).is_some_and(|a| ractor::ACTIVE_STATES.contains(&a.get_status()))
     }

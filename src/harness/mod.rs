@@ -846,9 +846,14 @@ impl HarnessHandle {
     /// The audit trail's state: writable, backlog, records it could not keep, calls
     /// whose final record is still to come.
     pub fn audit_health(&self) -> AuditHealth {
+        let sink = &self.inner.services.audit_sink;
         AuditHealth {
-            unfinished: self.ctx().in_flight(),
-            ..self.inner.services.audit_sink.health()
+            // No trail, no record to miss.
+            unfinished: match sink.is_recording() {
+                true => self.ctx().in_flight(),
+                false => 0,
+            },
+            ..sink.health()
         }
     }
 
