@@ -1233,6 +1233,8 @@ async fn a_server_removed_while_it_starts_is_removed_once_its_process_is_gone() 
             "started"
         );
         let pids = processes_with(&seconds);
+        // Its handshake under way (the spawn has handed the process over).
+        tokio::time::sleep(Duration::from_millis(200)).await;
         h.remove_server(&id).await.expect("removed");
         for pid in pids {
             assert!(

@@ -98,28 +98,30 @@ impl Transport {
     async fn open(
         server: &str,
         spec: &TransportSpec,
-        max_message_bytes: usize,
         ids: Ids,
         inbound: InboundSink,
-        sign_in: &auth::SignInContext,
-        request_timeout: std::time::Duration,
+        options: &ConnectOptions,
     ) -> Result<Transport, TransportError> {
         Ok(match spec {
-            TransportSpec::Stdio(s) => Transport::Stdio(StdioTransport::spawn(
-                server,
-                s,
-                max_message_bytes,
-                inbound,
-            )?),
+            TransportSpec::Stdio(s) => Transport::Stdio(
+                StdioTransport::spawn(
+                    server,
+                    s,
+                    options.max_message_bytes,
+                    inbound,
+                    options.spawned.clone(),
+                )
+                .await?,
+            ),
             TransportSpec::Http(h) => Transport::Http(
                 HttpTransport::new(
                     server,
                     h,
-                    max_message_bytes,
+                    options.max_message_bytes,
                     ids,
                     inbound,
-                    sign_in,
-                    request_timeout,
+                    &options.sign_in,
+                    options.request_timeout,
                 )
                 .await?,
             ),

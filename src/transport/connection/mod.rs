@@ -145,16 +145,11 @@ async fn open(
     let transport = Transport::open(
         server,
         spec,
-        options.max_message_bytes,
         ids.clone(),
         crate::transport::inbound::InboundSink::new(tx, options.progress.clone()),
-        &options.sign_in,
-        options.request_timeout,
+        options,
     )
     .await?;
-    if let (Some(hook), Some(process)) = (&options.spawned, transport.process_exit()) {
-        (hook.0)(process);
-    }
     Ok((Arc::new(transport), rx))
 }
 

@@ -195,13 +195,14 @@ async fn until_gone(
 impl StdioTransport {
     /// Spawns the server and starts its reader, writer and stderr tasks. Incoming
     /// requests and notifications, and the transport's end, go to `inbound`.
-    pub(crate) fn spawn(
+    pub(crate) async fn spawn(
         server: &str,
         spec: &StdioSpec,
         max_line: usize,
         inbound: InboundSink,
+        spawned_hook: Option<crate::transport::SpawnHook>,
     ) -> Result<StdioTransport, TransportError> {
-        let spawned = ProcessGroup::spawn(spec)?;
+        let spawned = ProcessGroup::spawn(spec, spawned_hook).await?;
         let pid = spawned.group.pid();
         let (stop_reader, reader_stopped) = oneshot::channel();
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
@@ -852,7 +853,9 @@ mod tests {
         };
         let (tx, _rx) = mpsc::channel(16);
         let transport =
-            StdioTransport::spawn("t", &spec, 1 << 20, InboundSink::new(tx, None)).expect("spawn");
+            StdioTransport::spawn("t", &spec, 1 << 20, InboundSink::new(tx, None), None)
+                .await
+                .expect("spawn");
         let params = serde_json::json!({"pad": "x".repeat(32 << 10)});
         let requests = (1..=40).map(|n| {
             let (transport, params) = (&transport, &params);

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::watch;
 
 use crate::transport::error::{SpawnFailure, TransportError};
@@ -132,7 +132,10 @@ fn spawn_kind(e: &std::io::Error) -> SpawnFailure {
 
 impl ProcessGroup {
     /// Spawns the server as the leader of a new process group with piped stdio.
-    pub(crate) fn spawn(spec: &StdioSpec) -> Result<Spawned, TransportError> {
+    pub(crate) async fn spawn(
+        spec: &StdioSpec,
+        spawned_hook: Option<crate::transport::SpawnHook>,
+    ) -> Result<Spawned, TransportError> {
         let mut cmd = Command::new(&spec.command);
         cmd.args(&spec.args);
         if !spec.inherit_env {
@@ -158,15 +161,46 @@ impl ProcessGroup {
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
-        let spawn_err = |kind: SpawnFailure, reason: String| TransportError::Spawn {
-            command: spec.command.clone(),
-            kind,
-            reason,
+        let spawn_err = {
+            let command = spec.command.clone();
+            move |kind: SpawnFailure, reason: String| TransportError::Spawn {
+                command: command.clone(),
+                kind,
+                reason,
+            }
         };
-        let mut child = super::spawner::spawn(cmd).map_err(|e| {
-            let (kind, reason) = spawn_failure(&e, spec);
-            spawn_err(kind, reason)
-        })?;
+        // Owned where it is spawned: a caller that stopped waiting (cancelled, or past
+        // the spawn's bound) drops the group, which kills it, and `spawned` has already
+        // been told of it (a removal waits for its end).
+        let owned = {
+            let (spec, spawn_err) = (spec.clone(), spawn_err.clone());
+            move |child: std::io::Result<Child>| {
+                let child = child.map_err(|e| {
+                    let (kind, reason) = spawn_failure(&e, &spec);
+                    spawn_err(kind, reason)
+                })?;
+                let spawned = Self::own(child, &spawn_err)?;
+                if let Some(hook) = &spawned_hook {
+                    (hook.0)(crate::transport::ProcessExit(spawned.group.exit_watch()));
+                }
+                Ok(spawned)
+            }
+        };
+        match super::spawner::spawn(cmd, owned).await {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                let (kind, reason) = spawn_failure(&e, spec);
+                Err(spawn_err(kind, reason))
+            }
+        }
+    }
+
+    /// Takes `child` (spawned as the leader of its group) and its pipes, and starts
+    /// the task that reaps it.
+    fn own(
+        mut child: Child,
+        spawn_err: &impl Fn(SpawnFailure, String) -> TransportError,
+    ) -> Result<Spawned, TransportError> {
         let pid = child.id().ok_or_else(|| {
             spawn_err(SpawnFailure::Other, "exited before its pid was read".into())
         })?;
@@ -280,8 +314,11 @@ mod tests {
             inherit_env: false,
         };
         let spawned = std::thread::spawn(move || {
-            let _entered = handle.enter();
-            ProcessGroup::spawn(&spec).map_err(|e| e.to_string())
+            handle.block_on(async {
+                ProcessGroup::spawn(&spec, None)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
         })
         .join()
         .expect("thread")

@@ -1,53 +1,116 @@
-//! One thread that forks every stdio server, so that a server dies with the harness.
+//! Threads that fork every stdio server, so that a server dies with the harness.
 //!
 //! Linux sends a child its parent-death signal (`PR_SET_PDEATHSIG`) when the *thread*
 //! that forked it exits, not the process. tokio's threads come and go (its blocking
 //! pool's after 10 s idle; a worker after `block_in_place`), so a server forked on one
-//! of them would be killed at random. This thread lives as long as the process: it
-//! never returns, and a panic in a job is caught. So the signal comes only when the
+//! of them would be killed at random. These threads live as long as the process: they
+//! never return, and a panic in a job is caught. So the signal comes only when the
 //! harness process is gone, SIGKILLed included, when no `Drop` runs.
+//!
+//! A fork waits for its child's `exec`, which a command on a dead network mount never
+//! ends: each such spawn holds one thread, a caller waits for it at most
+//! [`SPAWN_BOUND`], and the next spawn finds another thread (one is started when none
+//! is idle, up to [`MOST_THREADS`]).
 
 use std::io;
 use std::panic::AssertUnwindSafe;
-use std::sync::OnceLock;
-use std::sync::mpsc::{Sender, channel, sync_channel};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::process::{Child, Command};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The spawner's queue, or `None` when its thread could not be started.
-fn queue() -> Option<&'static Sender<Job>> {
-    static QUEUE: OnceLock<Option<Sender<Job>>> = OnceLock::new();
-    QUEUE
-        .get_or_init(|| {
-            let (tx, rx) = channel::<Job>();
-            let started = std::thread::Builder::new()
-                .name("mcp-harness-spawner".into())
-                .spawn(move || {
-                    // The sender is a static: `recv` fails only if it is gone, which
-                    // it never is while the process runs.
-                    while let Ok(job) = rx.recv() {
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
-                    }
-                });
-            match started {
-                Ok(_) => Some(tx),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no spawner thread: servers will not die with the harness if it is killed");
-                    None
-                }
-            }
-        })
-        .as_ref()
+/// Spawner threads at most: each one stuck in an `exec` that never returns holds one.
+const MOST_THREADS: usize = 16;
+
+/// How long a caller waits for its server's fork and exec.
+const SPAWN_BOUND: Duration = Duration::from_secs(30);
+
+struct Pool {
+    queue: Sender<Job>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    threads: AtomicUsize,
+    idle: Arc<AtomicUsize>,
 }
 
-/// Spawns `cmd`, from the spawner thread when there is one, with the parent-death
-/// signal set to SIGKILL. Blocks the calling thread for the fork and exec, as a spawn
-/// in place would.
-pub(super) fn spawn(mut cmd: Command) -> io::Result<Child> {
-    let (Some(queue), Ok(runtime)) = (queue(), tokio::runtime::Handle::try_current()) else {
-        return cmd.spawn();
+impl Pool {
+    /// Starts one more thread; false when it cannot be.
+    fn grow(&self) -> bool {
+        let (jobs, idle) = (self.jobs.clone(), self.idle.clone());
+        idle.fetch_add(1, Ordering::SeqCst);
+        let started = std::thread::Builder::new()
+            .name("mcp-harness-spawner".into())
+            .spawn(move || {
+                loop {
+                    // The queue's sender is in a static: `recv` fails only once it is
+                    // gone, which it never is while the process runs.
+                    let Ok(job) = jobs.lock().recv() else {
+                        return;
+                    };
+                    idle.fetch_sub(1, Ordering::SeqCst);
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                    idle.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        match started {
+            Ok(_) => {
+                self.threads.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+            Err(e) => {
+                self.idle.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!(error = %e, "no spawner thread could be started");
+                false
+            }
+        }
+    }
+
+    /// Queues `job`, with a thread for it if none is idle and there is room for one.
+    fn submit(&self, job: Job) -> bool {
+        if self.idle.load(Ordering::SeqCst) == 0
+            && self.threads.load(Ordering::SeqCst) < MOST_THREADS
+        {
+            self.grow();
+        }
+        self.threads.load(Ordering::SeqCst) > 0 && self.queue.send(job).is_ok()
+    }
+}
+
+/// The pool, or `None` when not even its first thread could be started.
+fn pool() -> Option<&'static Pool> {
+    static POOL: OnceLock<Option<Pool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let (queue, jobs) = channel::<Job>();
+        let pool = Pool {
+            queue,
+            jobs: Arc::new(Mutex::new(jobs)),
+            threads: AtomicUsize::new(0),
+            idle: Arc::new(AtomicUsize::new(0)),
+        };
+        if pool.grow() {
+            Some(pool)
+        } else {
+            tracing::warn!("servers will not die with the harness if it is killed");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Spawns `cmd` from a spawner thread when there is one, with the parent-death signal
+/// set to SIGKILL, and hands the outcome to `owned` there: what it makes (the process's
+/// owner, which kills it when dropped) is what a caller that stopped waiting drops,
+/// after [`SPAWN_BOUND`] or cancelled, so no process is left unowned.
+pub(super) async fn spawn<T: Send + 'static>(
+    mut cmd: Command,
+    owned: impl FnOnce(io::Result<Child>) -> T + Send + 'static,
+) -> io::Result<T> {
+    let (Some(pool), Ok(runtime)) = (pool(), tokio::runtime::Handle::try_current()) else {
+        return Ok(owned(cmd.spawn()));
     };
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
@@ -64,16 +127,55 @@ pub(super) fn spawn(mut cmd: Command) -> io::Result<Child> {
             Ok(())
         });
     }
-    let (reply, answer) = sync_channel(1);
+    let (reply, answer) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
         // tokio registers the child and its pipes with the caller's runtime.
         let _entered = runtime.enter();
-        let _ = reply.send(cmd.spawn());
+        // Sent back, or dropped here if the caller is gone.
+        let _ = reply.send(owned(cmd.spawn()));
     });
-    queue
-        .send(job)
-        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| io::Error::other("the spawner thread dropped the spawn"))?
+    if !pool.submit(job) {
+        return Err(io::Error::other("no spawner thread takes the spawn"));
+    }
+    match tokio::time::timeout(SPAWN_BOUND, answer).await {
+        Ok(Ok(made)) => Ok(made),
+        Ok(Err(_)) => Err(io::Error::other("the spawner thread dropped the spawn")),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the process did not start within {} s (its command or working directory on a mount that hangs?)",
+                SPAWN_BOUND.as_secs()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A spawn stuck in its exec (a command on a mount that hangs) holds its own
+    // thread: the next spawn finds another. Before, one thread forked every server, and
+    // one stuck exec held every start behind it.
+    #[test]
+    fn a_stuck_spawn_holds_one_thread_not_the_next_spawn() {
+        let pool = pool().expect("a spawner thread");
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        assert!(pool.submit(Box::new(move || {
+            let _ = started_tx.send(());
+            let _ = stuck.recv();
+        })));
+        started
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first job runs");
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        assert!(pool.submit(Box::new(move || {
+            let _ = done_tx.send(());
+        })));
+        let ran = done.recv_timeout(Duration::from_secs(10));
+        let _ = release.send(());
+        assert!(ran.is_ok(), "the next spawn waited behind the stuck one");
+        assert!(pool.threads.load(Ordering::SeqCst) <= MOST_THREADS);
+    }
 }
