@@ -540,6 +540,21 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         let r = with(content_type, accept).await.expect("post");
         assert_eq!(r.status().as_u16(), want, "{content_type} / {accept}");
     }
+    // An Accept list on two lines is one list (RFC 9110 5.3).
+    let two_lines = gw
+        .http
+        .post(gw.url())
+        .bearer_auth("tok-a")
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .header("accept", "text/event-stream")
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", "tools/list")
+        .body(list.to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(two_lines.status().as_u16(), 200);
     // Two Authorization headers: which is the caller's is not known.
     let twice = gw
         .http
@@ -1332,6 +1347,28 @@ async fn a_reload_that_changes_an_agents_grants_tells_its_clients() {
     );
     let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
     assert_eq!(names(&list), ["alpha__echo"]);
+    gw.stop().await;
+}
+
+// A reload that changes how tools are served (their names: `prefix`) tells every
+// client to list again, though no server's list changed. Before, nobody was told, and
+// a client calling a name of the old list got "unknown tool".
+#[tokio::test]
+async fn a_reload_that_changes_how_tools_are_named_tells_the_clients() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["alpha__echo"]);
+    let original = std::fs::read_to_string(&setup.config).expect("config");
+    let changed = format!("{original}prefix = \"never\"\n");
+    let (mut sub, mut heard) = subscribed(&gw, "tok-b", "b-sub").await;
+    gw.reload_with(&setup, &changed);
+    assert!(
+        read_until(&mut sub, &mut heard, "notifications/tools/list_changed").await,
+        "a change of names is announced: {heard}"
+    );
+    let (_, list) = gw.modern("tok-b", "tools/list", json!({})).await;
+    assert_eq!(names(&list), ["echo"]);
     gw.stop().await;
 }
 

@@ -211,9 +211,39 @@ struct Session {
     streams: Vec<(mpsc::Sender<Bytes>, u64)>,
     /// Requests in flight, for `notifications/cancelled`.
     calls: InFlight<RequestId>,
+    /// List changes a stream's full queue could not take, sent again (see
+    /// `notify_changes`).
+    owed: ListsChanged,
 }
 
 impl Session {
+    /// Sends each of `changed` and of the changes it owes to its GET streams; true when
+    /// it still owes some. A change that finds a stream's queue full (of other lists'
+    /// changes, perhaps) is owed, not dropped: sent to its streams again later (a
+    /// notice twice is harmless; one missing leaves a list stale).
+    fn tell(&mut self, changed: ListsChanged, frames: &[(&str, Bytes)]) -> bool {
+        let lists = std::mem::take(&mut self.owed).union(changed);
+        for method in lists.methods() {
+            let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) else {
+                continue;
+            };
+            let mut full = false;
+            self.streams
+                .retain(|(tx, _)| match tx.try_send(frame.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        full = true;
+                        true
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
+            if full {
+                self.owed.mark(method);
+            }
+        }
+        self.owed.any()
+    }
+
     /// Whether it has been idle past `idle`: no request started or ended for that long,
     /// none in flight, and no GET stream open (a client listening for notifications is
     /// still there; one that vanished is noticed by the stream's keep-alive).
@@ -551,7 +581,10 @@ fn keep_alive_sent(tx: &mpsc::Sender<Bytes>) -> bool {
 /// Sends `notifications/*/list_changed` to every legacy session's GET stream when the
 /// harness reports a change of its lists.
 async fn notify_changes(state: std::sync::Weak<State>) {
-    let Some(mut events) = state.upgrade().map(|s| s.gateway.harness().subscribe()) else {
+    let Some((mut events, mut views)) = state
+        .upgrade()
+        .map(|s| (s.gateway.harness().subscribe(), s.gateway.views()))
+    else {
         return;
     };
     let frame = |method: &str| {
@@ -561,31 +594,42 @@ async fn notify_changes(state: std::sync::Weak<State>) {
         }))
     };
     let frames: Vec<(&str, Bytes)> = ListsChanged::ALL.methods().map(|m| (m, frame(m))).collect();
+    // When a session's changes owed (a stream's queue was full) are tried again.
+    let mut retry: Option<tokio::time::Instant> = None;
     loop {
-        // A lagged receiver lost events: everyone is told, to be safe.
-        let event = match events.recv().await {
-            Ok(e) => Some(e),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        let owed_due = async {
+            match retry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        // `None`: the retry of what is owed. A lagged receiver lost events: everyone is
+        // told, to be safe. How tools are served changed: every tool list.
+        let event = tokio::select! {
+            event = events.recv() => match event {
+                Ok(e) => Some(Some(e)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(None),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            Ok(()) = views.changed() => Some(None),
+            () = owed_due => None,
         };
         let Some(state) = state.upgrade() else { return };
+        let mut owes = false;
         for session in state.sessions.lock().values_mut() {
             let changed = match &event {
-                Some(e) => state.gateway.changes(&session.principal, e),
-                None => ListsChanged::ALL,
+                Some(Some(e)) => state.gateway.changes(&session.principal, e),
+                Some(None) => ListsChanged::ALL,
+                None => ListsChanged::default(),
             };
-            for method in changed.methods() {
-                let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) else {
-                    continue;
-                };
-                session
-                    .streams
-                    .retain(|(tx, _)| match tx.try_send(frame.clone()) {
-                        Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
-                        Err(mpsc::error::TrySendError::Closed(_)) => false,
-                    });
-            }
+            owes |= session.tell(changed, &frames);
         }
+        retry = match (owes, retry, &event) {
+            (false, ..) => None,
+            // Fixed when the first was owed: other events do not put it off.
+            (true, Some(at), Some(_)) => Some(at),
+            (true, ..) => Some(tokio::time::Instant::now() + super::OWED_RETRY),
+        };
     }
 }
 
@@ -1176,7 +1220,16 @@ async fn post(
         until,
         jwt,
     } = admitted;
-    let accept = header(&req, "accept").unwrap_or("");
+    // A list may come on several lines (RFC 9110 5.3): one, joined.
+    let accept = req
+        .headers()
+        .get_all("accept")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .take(16)
+        .collect::<Vec<_>>()
+        .join(",");
+    let accept = accept.as_str();
     if !(accepts(accept, "application/json") && accepts(accept, "text/event-stream")) {
         return full(
             StatusCode::NOT_ACCEPTABLE,
@@ -1731,6 +1784,7 @@ fn listen_stream(
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let _ = tx.try_send(sse_frame(&Gateway::listen_ack(&id, accepted)));
     let mut events = state.gateway.harness().subscribe();
+    let mut views = state.gateway.views();
     // Taken now, and checked at once: a reload between the principal's check and the
     // task's first poll is not missed.
     let mut reloads = state.gateway.reloads();
@@ -1748,6 +1802,16 @@ fn listen_stream(
         tokio::pin!(expired);
         let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
         keep_alive.tick().await;
+        // A change that finds the queue full (of other lists' changes, perhaps) is owed
+        // until there is room, not dropped: the client's list would stay stale.
+        let mut owed = super::Owed::default();
+        let send = |method: &str| match frames.iter().find(|(m, _)| *m == method) {
+            Some((_, frame)) => !matches!(
+                tx.try_send(frame.clone()),
+                Err(mpsc::error::TrySendError::Full(_))
+            ),
+            None => true,
+        };
         loop {
             tokio::select! {
                 event = events.recv() => {
@@ -1756,13 +1820,10 @@ fn listen_stream(
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => ListsChanged::ALL,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     };
-                    for method in changed.intersect(lists).methods() {
-                        // A full queue already holds a change to report.
-                        if let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) {
-                            let _ = tx.try_send(frame.clone());
-                        }
-                    }
+                    owed.send(changed.intersect(lists), send);
                 }
+                Ok(()) = views.changed() => owed.send(Gateway::VIEW_CHANGED.intersect(lists), send),
+                owed_now = owed.due() => owed.send(owed_now, send),
                 () = tx.closed() => return,
                 () = slot.state.closing.cancelled() => break,
                 // Its place went to another principal's stream.
@@ -1953,6 +2014,7 @@ async fn legacy_request(
                 pending: Pending::default(),
                 streams: Vec::new(),
                 calls: InFlight::default(),
+                owed: ListsChanged::default(),
             },
         );
         let mut r = json_message(
@@ -2174,6 +2236,49 @@ mod tests {
     }
     use serde_json::json;
 
+    // A change that finds a GET stream's queue full (of another list's changes) is owed
+    // and sent once there is room, not dropped. Before, a session whose queue held only
+    // tools changes never heard that its prompts changed.
+    #[test]
+    fn a_change_a_full_stream_cannot_take_is_sent_once_there_is_room() {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(1);
+        let mut session = Session {
+            principal: super::super::fair::agent("a"),
+            jwt: None,
+            client: LegacyClient {
+                version: "2025-06-18".into(),
+                capabilities: json!({}),
+            },
+            last_seen: Instant::now(),
+            pending: Pending::default(),
+            streams: vec![(tx, 1)],
+            calls: InFlight::default(),
+            owed: ListsChanged::default(),
+        };
+        let frames: Vec<(&str, Bytes)> = ListsChanged::ALL
+            .methods()
+            .map(|m| (m, Bytes::from(m)))
+            .collect();
+        let only = |method: &str| {
+            let mut lists = ListsChanged::default();
+            lists.mark(method);
+            lists
+        };
+        let tools = "notifications/tools/list_changed";
+        let prompts = "notifications/prompts/list_changed";
+        assert!(!session.tell(only(tools), &frames), "room for one");
+        assert!(
+            session.tell(only(prompts), &frames),
+            "the prompts change is owed"
+        );
+        assert_eq!(rx.try_recv().ok().as_deref(), Some(tools.as_bytes()));
+        assert!(
+            !session.tell(ListsChanged::default(), &frames),
+            "sent on the retry"
+        );
+        assert_eq!(rx.try_recv().ok().as_deref(), Some(prompts.as_bytes()));
+    }
+
     #[test]
     fn when_all_sessions_are_taken_the_agent_holding_most_loses_its_least_used_one() {
         use super::super::fair::agent;
@@ -2197,6 +2302,7 @@ mod tests {
                 pending: Pending::default(),
                 streams: Vec::new(),
                 calls: in_flight,
+                owed: ListsChanged::default(),
             }
         };
         let mut sessions: HashMap<String, Session> = [
@@ -2250,6 +2356,7 @@ mod tests {
             pending: Pending::default(),
             streams: Vec::new(),
             calls: InFlight::default(),
+            owed: ListsChanged::default(),
         };
         let mut own: HashMap<String, Session> = [("d1", quiet(1)), ("d2", quiet(2))]
             .into_iter()

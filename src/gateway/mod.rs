@@ -564,6 +564,10 @@ struct Inner {
     sessions: std::sync::atomic::AtomicU64,
     /// Moves on at each reload applied (who is admitted may have changed).
     reloads: tokio::sync::watch::Sender<u64>,
+    /// Moves on at a reload that changed how tools are served (`prefix`,
+    /// `tool_exposure`): every client's tool list is another now, though no server's
+    /// changed.
+    views: tokio::sync::watch::Sender<u64>,
 }
 
 /// A `serve --stdio` session counted open ([`Gateway::local_session`]).
@@ -980,6 +984,7 @@ impl Gateway {
                 local: Mutex::new(HashMap::new()),
                 sessions: std::sync::atomic::AtomicU64::new(0),
                 reloads: tokio::sync::watch::Sender::new(0),
+                views: tokio::sync::watch::Sender::new(0),
             }),
         };
         tokio::spawn(sweep_parked(
@@ -1015,6 +1020,19 @@ impl Gateway {
         self.inner.reloads.subscribe()
     }
 
+    /// Changes when a reload changes how tools are served (their names, or the search
+    /// tools in their place): a client holding a tool list is to list again.
+    pub(crate) fn views(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.views.subscribe()
+    }
+
+    /// What a change of [`Gateway::views`] tells a client.
+    pub(crate) const VIEW_CHANGED: ListsChanged = ListsChanged {
+        tools: true,
+        prompts: false,
+        resources: false,
+    };
+
     /// Applies a new configuration without a restart. Everything is checked before
     /// anything changes, so a config that is wrong leaves the running one as it was.
     /// Then who may do what changes first: tokens, keys and gateway settings, then
@@ -1047,10 +1065,15 @@ impl Gateway {
         };
         let before = self.now();
         let next = Current::new(harness_config, config, sealer, Some(&before)).await?;
+        let served_otherwise = (next.config.prefix, next.config.tool_exposure)
+            != (before.config.prefix, before.config.tool_exposure);
         let harness = &self.inner.harness;
         *self.inner.current.write() = Arc::new(next);
         // Streams and sessions of principals no longer admitted end now.
         self.inner.reloads.send_modify(|n| *n += 1);
+        if served_otherwise {
+            self.inner.views.send_modify(|n| *n += 1);
+        }
         // Limiters of principals with nothing in flight are dropped (new ones start from
         // the new limit).
         self.inner
@@ -2864,6 +2887,56 @@ impl<K: std::hash::Hash + Eq> InFlight<K> {
             self.early.pop_front();
         }
         self.early.push_back((key, Instant::now()));
+    }
+}
+
+/// How often a list change dropped for a client that was not reading (a stream's queue
+/// full) is tried again:
+/// unlike progress, it is owed (the client's list stays stale without it), and one is
+/// sent however many changes came meanwhile.
+pub(crate) const OWED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// List changes dropped for a client that was not reading, owed until they are
+/// queued: tried again at a time fixed when the first was dropped, which other events
+/// (of other servers, say) do not put off.
+#[derive(Default)]
+pub(crate) struct Owed(Option<tokio::time::Instant>, ListsChanged);
+
+impl Owed {
+    /// Sends a notice of each list in `changed` and of those owed (`send` says whether
+    /// it was queued); those not sent are owed from now, if none was before.
+    pub(crate) fn send(
+        &mut self,
+        changed: ListsChanged,
+        mut send: impl FnMut(&'static str) -> bool,
+    ) {
+        let lists = self.1.union(changed);
+        let mut unsent = ListsChanged::default();
+        for method in lists.methods() {
+            if !send(method) {
+                unsent.mark(method);
+            }
+        }
+        self.1 = unsent;
+        self.0 = match unsent.any() {
+            true => self
+                .0
+                .or_else(|| Some(tokio::time::Instant::now() + OWED_RETRY)),
+            false => None,
+        };
+    }
+
+    /// Takes what is owed once it is due to be tried again (the time is cleared, so
+    /// that [`Owed::send`] sets the next); never returns when nothing is owed.
+    pub(crate) async fn due(&mut self) -> ListsChanged {
+        match self.0 {
+            Some(at) => {
+                tokio::time::sleep_until(at).await;
+                self.0 = None;
+                std::mem::take(&mut self.1)
+            }
+            None => std::future::pending().await,
+        }
     }
 }
 

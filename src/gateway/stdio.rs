@@ -15,7 +15,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::sync::mpsc;
 
 use super::{
-    Client, ClientPeer, Gateway, InFlight, LegacyClient, PeerFuture, Principal, Questions, id_key,
+    Client, ClientPeer, Gateway, InFlight, LegacyClient, Owed, PeerFuture, Principal, Questions,
+    id_key,
 };
 use crate::call::CancelToken;
 use crate::protocol::meta::KEY_PROTOCOL_VERSION;
@@ -111,51 +112,6 @@ struct Pipe {
 /// are dropped.
 const MAX_QUEUED_NOTICES: usize = 4 << 20;
 
-/// How often a list change dropped for a client that was not reading is tried again:
-/// unlike progress, it is owed (the client's list stays stale without it), and one is
-/// sent however many changes came meanwhile.
-const OWED_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// List changes dropped for a client that was not reading, owed until they are
-/// queued: tried again at a time fixed when the first was dropped, which other events
-/// (of other servers, say) do not put off.
-#[derive(Default)]
-struct Owed(Option<tokio::time::Instant>, ListsChanged);
-
-impl Owed {
-    /// Sends a notice of each list in `changed` and of those owed (`send` says whether
-    /// it was queued); those not sent are owed from now, if none was before.
-    fn send(&mut self, changed: ListsChanged, mut send: impl FnMut(&'static str) -> bool) {
-        let lists = self.1.union(changed);
-        let mut unsent = ListsChanged::default();
-        for method in lists.methods() {
-            if !send(method) {
-                unsent.mark(method);
-            }
-        }
-        self.1 = unsent;
-        self.0 = match unsent.any() {
-            true => self
-                .0
-                .or_else(|| Some(tokio::time::Instant::now() + OWED_RETRY)),
-            false => None,
-        };
-    }
-
-    /// Takes what is owed once it is due to be tried again (the time is cleared, so
-    /// that [`Owed::send`] sets the next); never returns when nothing is owed.
-    async fn due(&mut self) -> ListsChanged {
-        match self.0 {
-            Some(at) => {
-                tokio::time::sleep_until(at).await;
-                self.0 = None;
-                std::mem::take(&mut self.1)
-            }
-            None => std::future::pending().await,
-        }
-    }
-}
-
 /// How many bytes may wait for a client that is not reading before its input is no
 /// longer read (the calls in flight still answer, into the queue).
 const MAX_QUEUED_ANSWERS: usize = 16 << 20;
@@ -220,7 +176,7 @@ impl Pipe {
     }
 
     /// [`Pipe::notify`] for a notification already made; false when it was dropped
-    /// (a list change is then owed: [`OWED_RETRY`]).
+    /// (a list change is then owed: [`super::OWED_RETRY`]).
     fn notify_message(&self, message: &Message) -> bool {
         if self.queued.load(Ordering::Relaxed) > MAX_QUEUED_NOTICES {
             tracing::debug!("stdio client not reading; notification dropped");
@@ -716,6 +672,7 @@ async fn listen(
     let accepted = Gateway::listen_accepts(request.params.as_ref());
     let lists = Gateway::listen_lists(&accepted);
     let mut events = gateway.harness().subscribe();
+    let mut views = gateway.views();
     pipe.send(&Gateway::listen_ack(&request.id, accepted));
     let mut owed = Owed::default();
     let notify = |method: &str| pipe.notify_message(&Gateway::listen_changed(&request.id, method));
@@ -726,6 +683,7 @@ async fn listen(
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => lists,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             },
+            Ok(()) = views.changed() => Gateway::VIEW_CHANGED.intersect(lists),
             owed_now = owed.due() => owed_now,
             // The client ended it: nothing more is sent for it.
             () = cancelled.cancelled() => return,
@@ -745,6 +703,7 @@ async fn notify_changes(
     session: Arc<Mutex<Option<LegacyClient>>>,
 ) {
     let mut events = gateway.harness().subscribe();
+    let mut views = gateway.views();
     let mut owed = Owed::default();
     loop {
         let changed = tokio::select! {
@@ -753,6 +712,7 @@ async fn notify_changes(
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => ListsChanged::ALL,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
+            Ok(()) = views.changed() => Gateway::VIEW_CHANGED,
             // The pipe is not held meanwhile: the session's end is not held up by it.
             owed_now = owed.due() => owed_now,
         };
