@@ -399,7 +399,12 @@ impl Actor for RegistryActor {
 /// Writes are sent without waiting (one lost while the actor is rebuilt only costs a
 /// cache miss); invalidations are asked, and waited for.
 #[derive(Clone, Default)]
-pub(crate) struct RegistryRef(pub(crate) ActorSlot<RegistryMsg>, Arc<AtomicUsize>);
+pub(crate) struct RegistryRef(
+    pub(crate) ActorSlot<RegistryMsg>,
+    Arc<AtomicUsize>,
+    /// The bytes of the pages queued.
+    Arc<AtomicUsize>,
+);
 
 /// How long an invalidation is waited for: behind the queued disk writes and the shared
 /// layer's bounded tries.
@@ -409,29 +414,46 @@ const INVALIDATE_LIMIT: Duration = Duration::from_secs(30);
 /// hung mount) costs the disk layer those lists, not memory without bound.
 const MAX_QUEUED_PUTS: usize = 256;
 
-/// One disk write counted as queued until it is dropped.
-pub(crate) struct QueuedPut(Arc<AtomicUsize>);
+/// The most bytes of pages those writes hold: a list may be as large as
+/// `max_list_bytes`, and 256 such lists far more than a disk layer's budget.
+const MAX_QUEUED_PUT_BYTES: usize = 64 << 20;
+
+/// One disk write counted as queued (it, and its bytes) until it is dropped.
+pub(crate) struct QueuedPut(Arc<AtomicUsize>, Arc<AtomicUsize>, usize);
 
 impl Drop for QueuedPut {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.1
+            .fetch_sub(self.2, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 impl RegistryRef {
     /// Stores the pages of one list fetched at `epoch` on disk (memory is written by
     /// the listing itself, [`cache::ListCache::put_memory`]).
-    /// Past [`MAX_QUEUED_PUTS`] waiting, the write is left out.
+    /// Past [`MAX_QUEUED_PUTS`] waiting, or [`MAX_QUEUED_PUT_BYTES`] (a list alone
+    /// larger than that is written when nothing else waits), the write is left out.
     pub fn put(&self, pages: Vec<Page>, epoch: u64) {
         use std::sync::atomic::Ordering;
-        if self.1.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PUTS {
-            self.1.fetch_sub(1, Ordering::SeqCst);
+        let bytes = pages
+            .iter()
+            .map(|p| p.bytes)
+            .fold(0usize, usize::saturating_add);
+        let queued_before = self.2.fetch_add(bytes, Ordering::SeqCst);
+        let over_bytes =
+            queued_before > 0 && queued_before.saturating_add(bytes) > MAX_QUEUED_PUT_BYTES;
+        if over_bytes || self.1.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PUTS {
+            if !over_bytes {
+                self.1.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.2.fetch_sub(bytes, Ordering::SeqCst);
             tracing::debug!(
                 "disk cache writes queued at their bound; this list is kept in memory only"
             );
             return;
         }
-        let queued = QueuedPut(self.1.clone());
+        let queued = QueuedPut(self.1.clone(), self.2.clone(), bytes);
         self.0.send(RegistryMsg::Put {
             pages,
             epoch,
@@ -609,6 +631,56 @@ mod tests {
             self.1.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    // The queue is bounded by its pages' bytes too: lists as large as
+    // `max_list_bytes` (32 MiB) would otherwise pin 256 of them. One list larger than
+    // the bound is still written when nothing else waits.
+    #[tokio::test]
+    async fn disk_writes_queued_are_bounded_by_their_bytes() {
+        let (gate, count) = (
+            Arc::new(tokio::sync::Semaphore::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (actor, handle) = ractor::Actor::spawn(None, Gate(gate.clone(), count.clone()), ())
+            .await
+            .expect("spawn");
+        let registry = RegistryRef::default();
+        registry.0.set(actor.clone());
+        let page = |bytes: usize| {
+            vec![Page {
+                key: cache::CacheKey {
+                    server: "s".into(),
+                    fingerprint: "f".into(),
+                    client: "c".into(),
+                    method: "tools/list".into(),
+                    param: None,
+                    scope: "public".into(),
+                },
+                ttl: Duration::from_secs(60),
+                received_unix_ms: cache::now_ms(),
+                value: Arc::new(serde_json::json!({"tools": []})),
+                bytes,
+                version: None,
+            }]
+        };
+        registry.put(page(MAX_QUEUED_PUT_BYTES + 1), 0);
+        registry.put(page(40 << 20), 0);
+        registry.put(page(12), 0);
+        assert_eq!(
+            registry.1.load(Ordering::SeqCst),
+            1,
+            "one alone past the bound"
+        );
+        gate.add_permits(usize::MAX >> 4);
+        registry.flush().await;
+        assert_eq!(
+            registry.2.load(Ordering::SeqCst),
+            0,
+            "the bytes go with the writes"
+        );
+        actor.stop(None);
+        let _ = handle.await;
     }
 
     #[tokio::test]

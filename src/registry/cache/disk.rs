@@ -234,9 +234,27 @@ pub(super) fn read_plain_within(path: &Path, max: u64) -> Option<Vec<u8>> {
 
 /// Removes the entries of `server` whose keys `drop` picks, reading one file at a time
 /// (a server's files together may be as large as the layer's budget).
-pub(super) fn remove_where(dir: &Path, server: &str, drop: impl Fn(&CacheKey) -> bool) {
+pub(super) fn remove_where(
+    dir: &Path,
+    server: &str,
+    known: &[(CacheKey, bool)],
+    drop: impl Fn(&CacheKey) -> bool,
+) {
+    // The files of the keys the index holds are named by them: removed unread. Only a
+    // file the index does not know (another process's, or one past the budget at load)
+    // is read to find its key; a full read of a server's files (each up to 64 MiB) at
+    // every cursor a server refuses would hold the registry's one actor.
+    let known: std::collections::HashMap<String, bool> = known
+        .iter()
+        .map(|(key, dropped)| (file_name(key), *dropped))
+        .collect();
     for file in list_server(&dir.join(server)) {
-        if read_entry(&file.path, server).is_some_and(|e| drop(&e.key)) {
+        let name = file.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let doomed = match known.get(name) {
+            Some(dropped) => *dropped,
+            None => read_entry(&file.path, server).is_some_and(|e| drop(&e.key)),
+        };
+        if doomed {
             let _ = std::fs::remove_file(file.path);
         }
     }

@@ -906,24 +906,36 @@ impl ListCache {
         if after(layer) <= goal {
             return true;
         }
-        let mut by_expiry: Vec<(u64, CacheKey)> = layer
+        // Borrowed, not copied: only the keys dropped are (a layer's keys may hold
+        // as many bytes as its budget, under the lock every lookup takes).
+        let mut left = after(layer);
+        let mut by_expiry: Vec<(u64, &CacheKey, usize)> = layer
             .entries
             .iter()
             .filter(|(k, _)| !own.contains(k))
-            .map(|(k, e)| (e.expires_unix_ms, k.clone()))
+            .map(|(k, e)| (e.expires_unix_ms, k, e.cost()))
             .collect();
-        by_expiry.sort_unstable_by_key(|(expires, _)| *expires);
-        let mut left = after(layer);
-        for (_, key) in by_expiry {
+        by_expiry.sort_unstable_by_key(|(expires, ..)| *expires);
+        let mut doomed = Vec::new();
+        for (_, key, cost) in by_expiry {
             if left <= goal {
                 break;
             }
-            if let Some(e) = layer.remove(&key) {
-                left = left.saturating_sub(e.cost());
+            left = left.saturating_sub(cost);
+            doomed.push(key.clone());
+        }
+        for key in doomed {
+            if layer.remove(&key).is_some() {
                 dropped.push(key);
             }
         }
         true
+    }
+
+    /// Whether a list holds a page expired already (a `ttlMs` shorter than its walk):
+    /// it could not be served whole, and is not stored, lest it push out live entries.
+    fn any_expired(entries: &[Entry], now: u64) -> bool {
+        entries.iter().any(|e| e.expires_unix_ms <= now)
     }
 
     fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
@@ -932,6 +944,9 @@ impl ListCache {
             .iter()
             .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
+        if Self::any_expired(&entries, now) {
+            return;
+        }
         // The epoch is read under the layer's lock: an invalidation bumps the epoch and
         // then takes this lock to drop entries, so a stale list either sees the new
         // epoch here or is dropped right after.
@@ -970,6 +985,9 @@ impl ListCache {
             .iter()
             .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
+        if Self::any_expired(&entries, now) {
+            return;
+        }
         let (dropped, written) = {
             let mut l2 = self.l2.write();
             if pages.iter().any(|p| self.epoch(&p.key.server) != epoch) {
@@ -1080,13 +1098,21 @@ impl ListCache {
     pub(crate) fn invalidate_list(&self, server: &str, method: &str) {
         self.bump(server);
         let dropped = |k: &CacheKey| k.server == server && k.method == method;
-        self.l2.write().retain(|k, _| !dropped(k));
+        let known: Vec<(CacheKey, bool)> = {
+            let mut l2 = self.l2.write();
+            let known = (l2.entries.keys())
+                .filter(|k| k.server == server)
+                .map(|k| (k.clone(), dropped(k)))
+                .collect();
+            l2.retain(|k, _| !dropped(k));
+            known
+        };
         let mut l1 = self.l1.write();
         l1.retain(|k, _| !dropped(k));
         self.bump(server); // as in `invalidate`
         drop(l1);
         if let Some(dir) = &self.config.dir {
-            disk::remove_where(dir, server, dropped);
+            disk::remove_where(dir, server, &known, dropped);
         }
         self.invalidations.fetch_add(1, Ordering::Relaxed);
     }

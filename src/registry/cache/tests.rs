@@ -300,6 +300,45 @@ fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
     );
 }
 
+// A list with a page expired before it is stored (a `ttlMs` shorter than its walk)
+// is stored in neither layer, and pushes out no live entry to make room. Before, it
+// was stored dead, after dropping the entries that expired soonest.
+#[test]
+fn a_list_expired_before_it_is_stored_pushes_out_nothing() {
+    let dir = temp_dir("expired-before");
+    let live = json!({"tools": ["live"], "ttlMs": 60_000, "cacheScope": "public"});
+    let cache = ListCache::new(CacheConfig {
+        max_bytes: 2 * (json_size(&live) + 1024),
+        ..config(Some(dir.to_path_buf()))
+    })
+    .expect("valid");
+    let other = ListOf {
+        server: "o",
+        ..LIST
+    };
+    let kept = page(&cache, other, None, live).expect("cacheable");
+    let t = now_ms();
+    cache.put_memory_at(t, std::slice::from_ref(&kept), cache.epoch("o"));
+    cache.put_disk_at(t, vec![kept], cache.epoch("o"));
+    let mut dead = page(
+        &cache,
+        LIST,
+        None,
+        json!({"tools": ["x".repeat(1024)], "ttlMs": 1, "cacheScope": "public"}),
+    )
+    .expect("cacheable");
+    dead.received_unix_ms = t;
+    let epoch = cache.epoch("s");
+    cache.put_memory_at(t + 5, std::slice::from_ref(&dead), epoch);
+    cache.put_disk_at(t + 5, vec![dead], epoch);
+    assert!(
+        cache.get_at(t + 5, other, None, None).is_some(),
+        "the live list stays"
+    );
+    assert_eq!(cache.stats().l1.entries, 1, "{:?}", cache.stats());
+    assert_eq!(cache.stats().l2.entries, 1, "{:?}", cache.stats());
+}
+
 // A clock stepped back after a page was stored does not keep it past its ttl by the
 // step: a page with more left than its ttl is read again.
 #[test]
@@ -406,11 +445,26 @@ fn a_rejected_cursor_drops_only_that_list_of_that_server_from_disk() {
             let p = page(&cache, list, None, result).expect("cacheable");
             cache.put(vec![p], cache.epoch(list.server));
         }
+        // A file another process wrote (this one's index does not know it): read to
+        // find its key.
+        let other = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+        let result = json!({"items": ["other"], "ttlMs": 60000, "cacheScope": "public"});
+        let p = page_at(&other, LIST, Some("c2"), None, result).expect("cacheable");
+        other.put(vec![p], other.epoch("s"));
         disk::FILES_READ.with(|n| n.set(0));
         cache.invalidate_list("s", "tools/list");
-        // Each of the server's files read once, its other servers' not at all.
-        assert_eq!(disk::FILES_READ.with(|n| n.get()), 2);
+        // The files the index knows are removed unread (before, each of the server's
+        // files was read at every refused cursor), the unknown one read once, other
+        // servers' not at all.
+        assert_eq!(disk::FILES_READ.with(|n| n.get()), 1);
     }
+    assert_eq!(
+        std::fs::read_dir(dir.join("s"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        1,
+        "only the prompts list's file is left of s"
+    );
     let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
     let held: Vec<bool> = lists
         .iter()
