@@ -408,9 +408,24 @@ impl Drop for Shared {
             self.write_pending();
             self.sync();
         };
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(finish),
-            _ => finish(),
+        let multi_threaded = matches!(
+            tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+        );
+        // `block_in_place` refuses some threads of such a runtime (one inside a
+        // `LocalSet`, say) by panicking, before it runs anything: the write is then
+        // made here. Never while unwinding, when a second panic would abort.
+        let ran = std::cell::Cell::new(false);
+        if multi_threaded && !std::thread::panicking() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tokio::task::block_in_place(|| {
+                    ran.set(true);
+                    finish();
+                })
+            }));
+        }
+        if !ran.get() {
+            finish();
         }
         let left = self.retrying.load(Ordering::SeqCst);
         if left > 0 {

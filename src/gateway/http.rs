@@ -207,41 +207,38 @@ struct Session {
     client: LegacyClient,
     last_seen: Instant,
     pending: Pending,
-    /// The GET streams, for notifications, with their places among [`State::streams`].
-    streams: Vec<(mpsc::Sender<Bytes>, u64)>,
+    /// The GET streams, for notifications, with their places among [`State::streams`]
+    /// and the list changes each owes (its queue was full: see [`Session::tell`]).
+    streams: Vec<(mpsc::Sender<Bytes>, u64, ListsChanged)>,
     /// Requests in flight, for `notifications/cancelled`.
     calls: InFlight<RequestId>,
-    /// List changes a stream's full queue could not take, sent again (see
-    /// `notify_changes`).
-    owed: ListsChanged,
 }
 
 impl Session {
-    /// Sends each of `changed` and of the changes it owes to its GET streams; true when
-    /// it still owes some. A change that finds a stream's queue full (of other lists'
-    /// changes, perhaps) is owed, not dropped: sent to its streams again later (a
-    /// notice twice is harmless; one missing leaves a list stale).
+    /// Sends each of `changed` to its GET streams, and to each stream the changes it
+    /// owes; true when one still owes some. A change that finds a stream's queue full
+    /// (of other lists' changes, perhaps) is owed by that stream, not dropped: sent to
+    /// it again later, and to it alone (one missing leaves a list stale).
     fn tell(&mut self, changed: ListsChanged, frames: &[(&str, Bytes)]) -> bool {
-        let lists = std::mem::take(&mut self.owed).union(changed);
-        for method in lists.methods() {
-            let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) else {
-                continue;
-            };
-            let mut full = false;
-            self.streams
-                .retain(|(tx, _)| match tx.try_send(frame.clone()) {
-                    Ok(()) => true,
+        let mut owes = false;
+        self.streams.retain_mut(|(tx, _, owed)| {
+            let lists = std::mem::take(owed).union(changed);
+            for method in lists.methods() {
+                let Some((_, frame)) = frames.iter().find(|(m, _)| *m == method) else {
+                    continue;
+                };
+                match tx.try_send(frame.clone()) {
+                    Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        full = true;
-                        true
+                        owed.mark(method);
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                });
-            if full {
-                self.owed.mark(method);
+                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                }
             }
-        }
-        self.owed.any()
+            owes |= owed.any();
+            true
+        });
+        owes
     }
 
     /// Whether it has been idle past `idle`: no request started or ended for that long,
@@ -251,7 +248,7 @@ impl Session {
         if self.last_seen.elapsed() <= idle {
             return false;
         }
-        self.streams.retain(|(tx, _)| !tx.is_closed());
+        self.streams.retain(|(tx, ..)| !tx.is_closed());
         self.calls.is_empty() && self.streams.is_empty()
     }
 
@@ -603,23 +600,24 @@ async fn notify_changes(state: std::sync::Weak<State>) {
                 None => std::future::pending().await,
             }
         };
-        // `None`: the retry of what is owed. A lagged receiver lost events: everyone is
-        // told, to be safe. How tools are served changed: every tool list.
-        let event = tokio::select! {
+        // `None`: the retry of what is owed. `Err`: a change for every session (a
+        // lagged receiver lost events: everyone is told every list, to be safe; how
+        // tools are served changed: every tool list).
+        let event: Option<Result<_, ListsChanged>> = tokio::select! {
             event = events.recv() => match event {
-                Ok(e) => Some(Some(e)),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(None),
+                Ok(e) => Some(Ok(e)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some(Err(ListsChanged::ALL)),
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
-            Ok(()) = views.changed() => Some(None),
+            Ok(()) = views.changed() => Some(Err(Gateway::VIEW_CHANGED)),
             () = owed_due => None,
         };
         let Some(state) = state.upgrade() else { return };
         let mut owes = false;
         for session in state.sessions.lock().values_mut() {
             let changed = match &event {
-                Some(Some(e)) => state.gateway.changes(&session.principal, e),
-                Some(None) => ListsChanged::ALL,
+                Some(Ok(e)) => state.gateway.changes(&session.principal, e),
+                Some(Err(all)) => *all,
                 None => ListsChanged::default(),
             };
             owes |= session.tell(changed, &frames);
@@ -947,7 +945,7 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         }
         // At most a few streams per session: a client reconnecting replaces them (the
         // replaced one ends, and its place is this one's).
-        session.streams.retain(|(tx, _)| !tx.is_closed());
+        session.streams.retain(|(tx, ..)| !tx.is_closed());
         let replacing = session.streams.len() >= 4;
         let max = MAX_GETS_PER_PRINCIPAL + usize::from(replacing);
         let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, max) else {
@@ -965,7 +963,9 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         if replacing {
             session.streams.remove(0);
         }
-        session.streams.push((tx.clone(), place.id));
+        session
+            .streams
+            .push((tx.clone(), place.id, ListsChanged::default()));
         (slot, place)
     };
     // The stream (and its slot) lasts until the session lets go of it (replaced,
@@ -2014,7 +2014,6 @@ async fn legacy_request(
                 pending: Pending::default(),
                 streams: Vec::new(),
                 calls: InFlight::default(),
-                owed: ListsChanged::default(),
             },
         );
         let mut r = json_message(
@@ -2251,9 +2250,8 @@ mod tests {
             },
             last_seen: Instant::now(),
             pending: Pending::default(),
-            streams: vec![(tx, 1)],
+            streams: vec![(tx, 1, ListsChanged::default())],
             calls: InFlight::default(),
-            owed: ListsChanged::default(),
         };
         let frames: Vec<(&str, Bytes)> = ListsChanged::ALL
             .methods()
@@ -2302,7 +2300,6 @@ mod tests {
                 pending: Pending::default(),
                 streams: Vec::new(),
                 calls: in_flight,
-                owed: ListsChanged::default(),
             }
         };
         let mut sessions: HashMap<String, Session> = [
@@ -2356,7 +2353,6 @@ mod tests {
             pending: Pending::default(),
             streams: Vec::new(),
             calls: InFlight::default(),
-            owed: ListsChanged::default(),
         };
         let mut own: HashMap<String, Session> = [("d1", quiet(1)), ("d2", quiet(2))]
             .into_iter()

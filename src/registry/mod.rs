@@ -633,6 +633,25 @@ mod tests {
         }
     }
 
+    /// A list of one page said to be `bytes` long.
+    fn one_page(bytes: usize) -> Vec<Page> {
+        vec![Page {
+            key: cache::CacheKey {
+                server: "s".into(),
+                fingerprint: "f".into(),
+                client: "c".into(),
+                method: "tools/list".into(),
+                param: None,
+                scope: "public".into(),
+            },
+            ttl: Duration::from_secs(60),
+            received_unix_ms: cache::now_ms(),
+            value: Arc::new(serde_json::json!({"tools": []})),
+            bytes,
+            version: None,
+        }]
+    }
+
     // The queue is bounded by its pages' bytes too: lists as large as
     // `max_list_bytes` (32 MiB) would otherwise pin 256 of them. One list larger than
     // the bound is still written when nothing else waits.
@@ -647,26 +666,9 @@ mod tests {
             .expect("spawn");
         let registry = RegistryRef::default();
         registry.0.set(actor.clone());
-        let page = |bytes: usize| {
-            vec![Page {
-                key: cache::CacheKey {
-                    server: "s".into(),
-                    fingerprint: "f".into(),
-                    client: "c".into(),
-                    method: "tools/list".into(),
-                    param: None,
-                    scope: "public".into(),
-                },
-                ttl: Duration::from_secs(60),
-                received_unix_ms: cache::now_ms(),
-                value: Arc::new(serde_json::json!({"tools": []})),
-                bytes,
-                version: None,
-            }]
-        };
-        registry.put(page(MAX_QUEUED_PUT_BYTES + 1), 0);
-        registry.put(page(40 << 20), 0);
-        registry.put(page(12), 0);
+        registry.put(one_page(MAX_QUEUED_PUT_BYTES + 1), 0);
+        registry.put(one_page(40 << 20), 0);
+        registry.put(one_page(12), 0);
         assert_eq!(
             registry.1.load(Ordering::SeqCst),
             1,
@@ -694,23 +696,7 @@ mod tests {
             .expect("spawn");
         let registry = RegistryRef::default();
         registry.0.set(actor.clone());
-        let page = || {
-            vec![Page {
-                key: cache::CacheKey {
-                    server: "s".into(),
-                    fingerprint: "f".into(),
-                    client: "c".into(),
-                    method: "tools/list".into(),
-                    param: None,
-                    scope: "public".into(),
-                },
-                ttl: Duration::from_secs(60),
-                received_unix_ms: cache::now_ms(),
-                value: Arc::new(serde_json::json!({"tools": []})),
-                bytes: 12,
-                version: None,
-            }]
-        };
+        let page = || one_page(12);
         for _ in 0..1000 {
             registry.put(page(), 0);
         }

@@ -15,8 +15,6 @@ use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::transport::error::TransportError;
-
 /// The platform's roots, read once per process.
 fn platform_roots() -> &'static [CertificateDer<'static>] {
     static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
@@ -100,17 +98,26 @@ pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConf
     Ok(config)
 }
 
+/// Why a connection's TLS config could not be made.
+#[derive(Debug)]
+pub(crate) enum CaRead {
+    /// The CA bundle cannot be used: what is wrong with it.
+    Invalid(String),
+    /// Its read did not end within this bound (a restart may heal it).
+    Late(Duration),
+}
+
 /// [`client_config`] for a server's connection, which is made again at each restart on
 /// an async thread: a `ca_file` is read on a blocking thread, for at most `bound`. A
 /// read still under way (a hung network mount) holds its path, so later connections
 /// wait for it rather than start one more stuck thread each, and give up at their own
-/// bound with [`TransportError::Timeout`], which a restart may heal.
+/// bound with [`CaRead::Late`].
 pub(crate) async fn connection_config(
     ca_file: Option<&Path>,
     bound: Duration,
-) -> Result<rustls::ClientConfig, TransportError> {
+) -> Result<rustls::ClientConfig, CaRead> {
     match ca_file {
-        None => client_config(None).map_err(TransportError::InvalidConfig),
+        None => client_config(None).map_err(CaRead::Invalid),
         Some(path) => read_within(path, bound, |p| client_config(Some(p))).await,
     }
 }
@@ -121,7 +128,7 @@ async fn read_within<T: Send + 'static>(
     path: &Path,
     bound: Duration,
     read: fn(&Path) -> Result<T, String>,
-) -> Result<T, TransportError> {
+) -> Result<T, CaRead> {
     // One lock per distinct `ca_file` of the config: a few entries, never removed.
     static READING: OnceLock<parking_lot::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> =
         OnceLock::new();
@@ -141,14 +148,11 @@ async fn read_within<T: Send + 'static>(
         .await
     };
     match tokio::time::timeout(bound, reading).await {
-        Ok(Ok(read)) => read.map_err(TransportError::InvalidConfig),
-        Ok(Err(e)) => Err(TransportError::InvalidConfig(format!(
-            "ca_file {}: {e}",
-            path.display()
-        ))),
+        Ok(Ok(read)) => read.map_err(CaRead::Invalid),
+        Ok(Err(e)) => Err(CaRead::Invalid(format!("ca_file {}: {e}", path.display()))),
         Err(_) => {
             tracing::warn!(ca_file = %path.display(), ?bound, "the ca_file was not read in time (a hung mount?); the server's start is tried again");
-            Err(TransportError::Timeout(bound))
+            Err(CaRead::Late(bound))
         }
     }
 }
@@ -178,15 +182,12 @@ mod tests {
         );
         for read in [first, second] {
             assert!(
-                matches!(read, Err(super::TransportError::Timeout(b)) if b == bound),
+                matches!(read, Err(super::CaRead::Late(b)) if b == bound),
                 "{read:?}"
             );
         }
         let third = super::read_within(path, bound, hang).await;
-        assert!(
-            matches!(third, Err(super::TransportError::Timeout(_))),
-            "{third:?}"
-        );
+        assert!(matches!(third, Err(super::CaRead::Late(_))), "{third:?}");
         assert_eq!(
             STARTED.load(Ordering::SeqCst),
             1,

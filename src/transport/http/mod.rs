@@ -182,7 +182,12 @@ impl HttpTransport {
         // reqwest builds a TLS config for every client, plain HTTP included: always hand
         // it ours, so it never looks for a process-wide provider. A `ca_file` is read
         // off the async thread, within the bound of a request.
-        let tls = super::tls::connection_config(spec.ca_file.as_deref(), renewal_limit).await?;
+        let tls = super::tls::connection_config(spec.ca_file.as_deref(), renewal_limit)
+            .await
+            .map_err(|e| match e {
+                super::tls::CaRead::Invalid(why) => bad(why),
+                super::tls::CaRead::Late(bound) => TransportError::Timeout(bound),
+            })?;
         let sign_in = SignIn::new(
             server,
             &url,

@@ -188,10 +188,10 @@ impl ProcessGroup {
         };
         match super::spawner::spawn(cmd, owned).await {
             Ok(spawned) => spawned,
-            Err(e) => {
-                let (kind, reason) = spawn_failure(&e, spec);
-                Err(spawn_err(kind, reason))
-            }
+            // No spawn's own error (that one was read on the spawner thread): a bound
+            // passed, or no thread took it. Not looked into on this async thread: a
+            // stat of the working directory on a mount that hangs would hang it too.
+            Err(e) => Err(spawn_err(SpawnFailure::Other, e.to_string())),
         }
     }
 

@@ -22,7 +22,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::process::{Child, Command};
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A spawn to run, and whether a thread was reserved for it when it was queued (an
+/// idle one, or one started for it); one that was not takes a thread from the idle
+/// count when it is picked up.
+struct Job {
+    run: Box<dyn FnOnce() + Send>,
+    reserved: bool,
+}
 
 /// Spawner threads at most: each one stuck in an `exec` that never returns holds one.
 const MOST_THREADS: usize = 16;
@@ -34,14 +40,34 @@ struct Pool {
     queue: Sender<Job>,
     jobs: Arc<Mutex<Receiver<Job>>>,
     threads: AtomicUsize,
+    /// Threads waiting for a job and not reserved for one queued.
     idle: Arc<AtomicUsize>,
 }
 
+/// Takes one from `count` if it is not zero.
+fn take_one(count: &AtomicUsize) -> bool {
+    count
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
 impl Pool {
-    /// Starts one more thread; false when it cannot be.
-    fn grow(&self) -> bool {
+    /// Starts one more thread, up to [`MOST_THREADS`]: reserved for the job about to
+    /// be queued, or idle; false when it cannot be.
+    fn grow(&self, reserved: bool) -> bool {
+        let room = self
+            .threads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MOST_THREADS).then_some(n + 1)
+            })
+            .is_ok();
+        if !room {
+            return false;
+        }
+        if !reserved {
+            self.idle.fetch_add(1, Ordering::SeqCst);
+        }
         let (jobs, idle) = (self.jobs.clone(), self.idle.clone());
-        idle.fetch_add(1, Ordering::SeqCst);
         let started = std::thread::Builder::new()
             .name("mcp-harness-spawner".into())
             .spawn(move || {
@@ -51,32 +77,31 @@ impl Pool {
                     let Ok(job) = jobs.lock().recv() else {
                         return;
                     };
-                    idle.fetch_sub(1, Ordering::SeqCst);
-                    let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                    if !job.reserved {
+                        take_one(&idle);
+                    }
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(job.run));
                     idle.fetch_add(1, Ordering::SeqCst);
                 }
             });
         match started {
-            Ok(_) => {
-                self.threads.fetch_add(1, Ordering::SeqCst);
-                true
-            }
+            Ok(_) => true,
             Err(e) => {
-                self.idle.fetch_sub(1, Ordering::SeqCst);
+                self.threads.fetch_sub(1, Ordering::SeqCst);
+                if !reserved {
+                    take_one(&self.idle);
+                }
                 tracing::warn!(error = %e, "no spawner thread could be started");
                 false
             }
         }
     }
 
-    /// Queues `job`, with a thread for it if none is idle and there is room for one.
-    fn submit(&self, job: Job) -> bool {
-        if self.idle.load(Ordering::SeqCst) == 0
-            && self.threads.load(Ordering::SeqCst) < MOST_THREADS
-        {
-            self.grow();
-        }
-        self.threads.load(Ordering::SeqCst) > 0 && self.queue.send(job).is_ok()
+    /// Queues `run` with a thread reserved for it: an idle one, else one started for
+    /// it; at [`MOST_THREADS`], it waits for the first thread to finish its spawn.
+    fn submit(&self, run: Box<dyn FnOnce() + Send>) -> bool {
+        let reserved = take_one(&self.idle) || self.grow(true);
+        self.threads.load(Ordering::SeqCst) > 0 && self.queue.send(Job { run, reserved }).is_ok()
     }
 }
 
@@ -91,7 +116,7 @@ fn pool() -> Option<&'static Pool> {
             threads: AtomicUsize::new(0),
             idle: Arc::new(AtomicUsize::new(0)),
         };
-        if pool.grow() {
+        if pool.grow(false) {
             Some(pool)
         } else {
             tracing::warn!("servers will not die with the harness if it is killed");
@@ -128,7 +153,12 @@ pub(super) async fn spawn<T: Send + 'static>(
         });
     }
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let job: Job = Box::new(move || {
+    let job = Box::new(move || {
+        // A caller gone (past its bound, cancelled, its runtime shut down) before its
+        // turn: nothing is forked for nobody.
+        if reply.is_closed() {
+            return;
+        }
         // tokio registers the child and its pipes with the caller's runtime.
         let _entered = runtime.enter();
         // Sent back, or dropped here if the caller is gone.
@@ -160,22 +190,25 @@ mod tests {
     #[test]
     fn a_stuck_spawn_holds_one_thread_not_the_next_spawn() {
         let pool = pool().expect("a spawner thread");
-        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        // Two stuck, queued at once with the next (as servers start together): each
+        // is given a thread of its own when it is queued, not when a thread is free.
         let (release, stuck) = std::sync::mpsc::channel::<()>();
-        assert!(pool.submit(Box::new(move || {
-            let _ = started_tx.send(());
-            let _ = stuck.recv();
-        })));
-        started
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the first job runs");
+        let stuck = Arc::new(Mutex::new(stuck));
+        for _ in 0..2 {
+            let stuck = stuck.clone();
+            assert!(pool.submit(Box::new(move || {
+                let _ = stuck.lock().recv_timeout(Duration::from_secs(30));
+            })));
+        }
         let (done_tx, done) = std::sync::mpsc::channel::<()>();
         assert!(pool.submit(Box::new(move || {
             let _ = done_tx.send(());
         })));
         let ran = done.recv_timeout(Duration::from_secs(10));
-        let _ = release.send(());
-        assert!(ran.is_ok(), "the next spawn waited behind the stuck one");
+        for _ in 0..2 {
+            let _ = release.send(());
+        }
+        assert!(ran.is_ok(), "the next spawn waited behind the stuck ones");
         assert!(pool.threads.load(Ordering::SeqCst) <= MOST_THREADS);
     }
 }
