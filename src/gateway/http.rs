@@ -210,6 +210,9 @@ struct Session {
     /// The GET streams, for notifications, with their places among [`State::streams`]
     /// and the list changes each owes (its queue was full: see [`Session::tell`]).
     streams: Vec<(mpsc::Sender<Bytes>, u64, ListsChanged)>,
+    /// What streams gone (closed, replaced) still owed: the session's next stream is
+    /// told (a client that stopped reading reconnects).
+    orphaned: ListsChanged,
     /// Requests in flight, for `notifications/cancelled`.
     calls: InFlight<RequestId>,
 }
@@ -221,6 +224,7 @@ impl Session {
     /// it again later, and to it alone (one missing leaves a list stale).
     fn tell(&mut self, changed: ListsChanged, frames: &[(&str, Bytes)]) -> bool {
         let mut owes = false;
+        let mut lost = ListsChanged::default();
         self.streams.retain_mut(|(tx, _, owed)| {
             let lists = std::mem::take(owed).union(changed);
             for method in lists.methods() {
@@ -232,13 +236,30 @@ impl Session {
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         owed.mark(method);
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        lost = lost.union(lists);
+                        return false;
+                    }
                 }
             }
             owes |= owed.any();
             true
         });
+        self.orphaned = self.orphaned.union(lost);
         owes
+    }
+
+    /// Drops the streams that are closed, keeping what they owed for the next one.
+    fn drop_closed_streams(&mut self) {
+        let mut lost = ListsChanged::default();
+        self.streams.retain(|(tx, _, owed)| {
+            let open = !tx.is_closed();
+            if !open {
+                lost = lost.union(*owed);
+            }
+            open
+        });
+        self.orphaned = self.orphaned.union(lost);
     }
 
     /// Whether it has been idle past `idle`: no request started or ended for that long,
@@ -248,7 +269,7 @@ impl Session {
         if self.last_seen.elapsed() <= idle {
             return false;
         }
-        self.streams.retain(|(tx, ..)| !tx.is_closed());
+        self.drop_closed_streams();
         self.calls.is_empty() && self.streams.is_empty()
     }
 
@@ -945,7 +966,7 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         }
         // At most a few streams per session: a client reconnecting replaces them (the
         // replaced one ends, and its place is this one's).
-        session.streams.retain(|(tx, ..)| !tx.is_closed());
+        session.drop_closed_streams();
         let replacing = session.streams.len() >= 4;
         let max = MAX_GETS_PER_PRINCIPAL + usize::from(replacing);
         let Some(slot) = PrincipalSlot::take(state, principal, |s| &s.gets, max) else {
@@ -961,7 +982,16 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
             return full(StatusCode::SERVICE_UNAVAILABLE, "", "too many streams open");
         };
         if replacing {
-            session.streams.remove(0);
+            let (_, _, owed) = session.streams.remove(0);
+            session.orphaned = session.orphaned.union(owed);
+        }
+        // What streams gone still owed, on this fresh queue first: a client that
+        // stopped reading and came back hears of what changed meanwhile.
+        for method in std::mem::take(&mut session.orphaned).methods() {
+            let _ = tx.try_send(sse_frame(&Message::Notification(Notification {
+                method: method.into(),
+                params: None,
+            })));
         }
         session
             .streams
@@ -2013,6 +2043,7 @@ async fn legacy_request(
                 last_seen: Instant::now(),
                 pending: Pending::default(),
                 streams: Vec::new(),
+                orphaned: ListsChanged::default(),
                 calls: InFlight::default(),
             },
         );
@@ -2251,6 +2282,7 @@ mod tests {
             last_seen: Instant::now(),
             pending: Pending::default(),
             streams: vec![(tx, 1, ListsChanged::default())],
+            orphaned: ListsChanged::default(),
             calls: InFlight::default(),
         };
         let frames: Vec<(&str, Bytes)> = ListsChanged::ALL
@@ -2275,6 +2307,15 @@ mod tests {
             "sent on the retry"
         );
         assert_eq!(rx.try_recv().ok().as_deref(), Some(prompts.as_bytes()));
+        // A stream that goes away owing a change leaves it to the session's next one.
+        assert!(!session.tell(only(tools), &frames));
+        assert!(session.tell(only(prompts), &frames));
+        drop(rx);
+        assert!(!session.tell(ListsChanged::default(), &frames));
+        assert!(session.streams.is_empty());
+        let mut lost = ListsChanged::default();
+        lost.mark(prompts);
+        assert_eq!(session.orphaned, lost, "kept for the next stream");
     }
 
     #[test]
@@ -2299,6 +2340,7 @@ mod tests {
                 last_seen: start + Duration::from_secs(seen),
                 pending: Pending::default(),
                 streams: Vec::new(),
+                orphaned: ListsChanged::default(),
                 calls: in_flight,
             }
         };
@@ -2352,6 +2394,7 @@ mod tests {
                 .unwrap_or_else(Instant::now),
             pending: Pending::default(),
             streams: Vec::new(),
+            orphaned: ListsChanged::default(),
             calls: InFlight::default(),
         };
         let mut own: HashMap<String, Session> = [("d1", quiet(1)), ("d2", quiet(2))]

@@ -932,10 +932,14 @@ impl ListCache {
         true
     }
 
-    /// Whether a list holds a page expired already (a `ttlMs` shorter than its walk):
-    /// it could not be served whole, and is not stored, lest it push out live entries.
-    fn any_expired(entries: &[Entry], now: u64) -> bool {
-        entries.iter().any(|e| e.expires_unix_ms <= now)
+    /// A list's entries without the pages expired already (a `ttlMs` shorter than the
+    /// walk): stored, they would be served to nobody, and push out live entries to
+    /// make room. The others are stored as ever: a later page's shorter life is its own.
+    fn live(entries: Vec<Entry>, now: u64) -> Vec<Entry> {
+        entries
+            .into_iter()
+            .filter(|e| e.expires_unix_ms > now)
+            .collect()
     }
 
     fn put_memory_at(&self, now: u64, pages: &[Page], epoch: u64) {
@@ -944,7 +948,8 @@ impl ListCache {
             .iter()
             .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
-        if Self::any_expired(&entries, now) {
+        let entries = Self::live(entries, now);
+        if entries.is_empty() {
             return;
         }
         // The epoch is read under the layer's lock: an invalidation bumps the epoch and
@@ -985,7 +990,8 @@ impl ListCache {
             .iter()
             .map(|p| Self::entry(p, self.config.max_ttl))
             .collect();
-        if Self::any_expired(&entries, now) {
+        let entries = Self::live(entries, now);
+        if entries.is_empty() {
             return;
         }
         let (dropped, written) = {

@@ -300,9 +300,9 @@ fn a_page_is_fresh_for_its_ttl_from_when_it_arrived_in_every_layer() {
     );
 }
 
-// A list with a page expired before it is stored (a `ttlMs` shorter than its walk)
-// is stored in neither layer, and pushes out no live entry to make room. Before, it
-// was stored dead, after dropping the entries that expired soonest.
+// A page expired before it is stored (a `ttlMs` shorter than its walk) is stored in
+// neither layer, and pushes out no live entry to make room. Before, it was stored
+// dead, after dropping the entries that expired soonest.
 #[test]
 fn a_list_expired_before_it_is_stored_pushes_out_nothing() {
     let dir = temp_dir("expired-before");
@@ -337,6 +337,24 @@ fn a_list_expired_before_it_is_stored_pushes_out_nothing() {
     );
     assert_eq!(cache.stats().l1.entries, 1, "{:?}", cache.stats());
     assert_eq!(cache.stats().l2.entries, 1, "{:?}", cache.stats());
+    // A list whose later page lives shorter than its walk keeps its first page, as
+    // pages carry their own ttls: the later one is read again with the cached cursor.
+    let first =
+        json!({"tools": ["a"], "nextCursor": "c2", "ttlMs": 60_000, "cacheScope": "public"});
+    let second = json!({"tools": ["b"], "ttlMs": 1, "cacheScope": "public"});
+    let mut pages = vec![
+        page(&cache, LIST, None, first).expect("cacheable"),
+        page_at(&cache, LIST, Some("c2"), None, second).expect("cacheable"),
+    ];
+    for p in &mut pages {
+        p.received_unix_ms = t;
+    }
+    cache.put_memory_at(t + 5, &pages, epoch);
+    assert!(
+        cache.get_at(t + 5, LIST, None, None).is_some(),
+        "the first page is kept"
+    );
+    assert!(cache.get_at(t + 5, LIST, Some("c2"), None).is_none());
 }
 
 // A clock stepped back after a page was stored does not keep it past its ttl by the

@@ -77,11 +77,14 @@ impl Pool {
                     let Ok(job) = jobs.lock().recv() else {
                         return;
                     };
-                    if !job.reserved {
-                        take_one(&idle);
-                    }
+                    // An unreserved job takes its thread from the idle count; if a
+                    // reservation took that count first, this thread serves it next,
+                    // and is not counted idle again.
+                    let counted = job.reserved || take_one(&idle);
                     let _ = std::panic::catch_unwind(AssertUnwindSafe(job.run));
-                    idle.fetch_add(1, Ordering::SeqCst);
+                    if counted {
+                        idle.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
             });
         match started {
