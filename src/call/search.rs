@@ -44,6 +44,10 @@ pub struct ToolMatch {
 /// Indexes kept, one per distinct listing (agents with different grants see different
 /// lists).
 const KEPT: usize = 8;
+/// Indexes kept of listings of the same tools (by name) that say different things:
+/// one whose server writes something new at every listing (a `ttlMs: 0` list with a
+/// counter in it) takes the place of its own oldest, not the other listings'.
+const KEPT_OF_ONE_SHAPE: usize = 2;
 /// Text read of one field of a definition: a server's description is not a book.
 const FIELD_CHARS: usize = 4096;
 /// Parameters read of one tool.
@@ -210,36 +214,44 @@ fn document(tool: &ToolInfo) -> String {
     fn field(value: Option<&Value>) -> &str {
         cut(value.and_then(Value::as_str).unwrap_or(""))
     }
+    /// Adds ` part`, cut where the document would pass [`DOCUMENT_BYTES`]: the text is
+    /// never larger than the budget, however large what a server wrote.
+    fn push(text: &mut String, part: &str) {
+        let room = DOCUMENT_BYTES.saturating_sub(text.len() + 1);
+        if room == 0 {
+            return;
+        }
+        let mut end = part.len().min(room);
+        while !part.is_char_boundary(end) {
+            end -= 1;
+        }
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&part[..end]);
+    }
     let def = &*tool.definition;
     let head = [
         cut(&tool.server),
         cut(&tool.name),
         field(def.get("title")),
         field(def.get("annotations").and_then(|a| a.get("title"))),
-    ]
-    .join(" ");
-    let mut text = format!("{head} {head} {}", field(def.get("description")));
+    ];
+    let mut text = String::new();
+    // The names and titles count twice.
+    for part in head.iter().chain(head.iter()) {
+        push(&mut text, part);
+    }
+    push(&mut text, field(def.get("description")));
     if let Some(props) = def
         .get("inputSchema")
         .and_then(|s| s.get("properties"))
         .and_then(Value::as_object)
     {
         for (name, schema) in props.iter().take(PARAMS) {
-            if text.len() >= DOCUMENT_BYTES {
-                break;
-            }
-            text.push(' ');
-            text.push_str(cut(name));
-            text.push(' ');
-            text.push_str(field(schema.get("description")));
+            push(&mut text, cut(name));
+            push(&mut text, field(schema.get("description")));
         }
-    }
-    if text.len() > DOCUMENT_BYTES {
-        let mut end = DOCUMENT_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
     }
     text
 }
@@ -395,6 +407,15 @@ fn by_address(tools: &[ToolInfo]) -> u64 {
     h.finish()
 }
 
+/// Which tools a listing has, by name, whatever they say.
+fn by_names(tools: &[ToolInfo]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for t in tools {
+        t.qualified.hash(&mut h);
+    }
+    h.finish()
+}
+
 /// Which listing this is: its names and what its definitions say. Read when its
 /// addresses are new: a list that is never cached is fetched anew for every search,
 /// the same tools at new addresses.
@@ -428,11 +449,12 @@ struct Listed {
     /// one), and the listing itself is freed when the cache lets it go.
     seen: Vec<Weak<Value>>,
     by_content: u64,
+    by_names: u64,
     slot: Slot,
 }
 
 impl Listed {
-    fn new(tools: &[ToolInfo], by_address: u64, by_content: u64) -> Listed {
+    fn new(tools: &[ToolInfo], by_address: u64, by_content: u64, by_names: u64) -> Listed {
         Listed {
             by_address,
             seen: tools
@@ -440,6 +462,7 @@ impl Listed {
                 .map(|t| Arc::downgrade(&t.definition))
                 .collect(),
             by_content,
+            by_names,
             slot: Slot::default(),
         }
     }
@@ -534,6 +557,7 @@ impl SearchIndex {
                 let content = tokio::task::spawn_blocking(move || by_content(&hashed))
                     .await
                     .unwrap_or(address);
+                let names = by_names(&tools);
                 let mut built = self.built.lock();
                 let entry = match built.iter().position(|l| l.by_content == content) {
                     // The same tools at new addresses: its index serves, and it is
@@ -542,13 +566,18 @@ impl SearchIndex {
                         let old = built.remove(i);
                         Listed {
                             slot: old.slot,
-                            ..Listed::new(&tools, address, content)
+                            ..Listed::new(&tools, address, content, names)
                         }
                     }
-                    None => Listed::new(&tools, address, content),
+                    None => Listed::new(&tools, address, content, names),
                 };
                 let slot = entry.slot.clone();
                 built.insert(0, entry);
+                let mut shape = 0;
+                built.retain(|l| {
+                    shape += usize::from(l.by_names == names);
+                    l.by_names != names || shape <= KEPT_OF_ONE_SHAPE
+                });
                 built.truncate(KEPT);
                 slot
             }
@@ -672,6 +701,23 @@ mod tests {
         };
         let text = document(&hostile);
         assert!(text.len() <= DOCUMENT_BYTES, "{} bytes", text.len());
+        // Titles of four-byte letters at the field's limit: the text is never built
+        // larger than the budget and then cut (it would keep the room).
+        let wide = "\u{1D538}".repeat(FIELD_CHARS);
+        let titled = ToolInfo {
+            definition: Arc::new(json!({
+                "name": wide, "title": wide, "annotations": {"title": wide},
+                "description": wide,
+            })),
+            ..tool("s", &wide, "")
+        };
+        let titled = document(&titled);
+        assert!(titled.len() <= DOCUMENT_BYTES, "{} bytes", titled.len());
+        assert!(
+            titled.capacity() <= 2 * DOCUMENT_BYTES,
+            "{}",
+            titled.capacity()
+        );
         let embedder: Embedder<u32, Terms> =
             EmbedderBuilder::with_tokenizer_and_fit_to_corpus(Terms::new(), &[text.as_str()])
                 .build();
@@ -898,6 +944,35 @@ mod tests {
         assert!(
             weak.upgrade().is_none(),
             "the index kept a definition alive"
+        );
+    }
+
+    // A server that writes something new in its list at every listing (never cached,
+    // a counter in a description): its listings hold two of the kept indexes, not all
+    // of them, and the other listings' indexes serve on without a build.
+    #[tokio::test]
+    async fn a_listing_that_changes_at_every_search_does_not_push_the_others_out() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let index = SearchIndex::default();
+        let honest: Vec<Vec<ToolInfo>> = (0..KEPT - KEPT_OF_ONE_SHAPE)
+            .map(|i| vec![tool(&format!("h{i}"), "read_file", "Read a file")])
+            .collect();
+        for listing in &honest {
+            index.search(listing.clone(), "read", 1).await;
+        }
+        for n in 0..3 * KEPT {
+            let churning = vec![tool("c", "count", &format!("Counted {n} times"))];
+            assert_eq!(index.search(churning, "counted", 1).await.len(), 1);
+        }
+        let built = index.builds.load(Relaxed);
+        assert_eq!(built, honest.len() + 3 * KEPT, "each new text is built");
+        for listing in &honest {
+            assert_eq!(index.search(listing.clone(), "read", 1).await.len(), 1);
+        }
+        assert_eq!(
+            index.builds.load(Relaxed),
+            built,
+            "the honest listings' indexes were pushed out"
         );
     }
 
