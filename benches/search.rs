@@ -139,7 +139,7 @@ fn main() {
             let top = found.first().map_or("", |m| &*m.tool.qualified);
             per_task.push(
                 (tokens(&json!({"tools": meta_tools()}))
-                    + tokens(&search_result(&named))
+                    + tokens(&search_result(&named, 0))
                     + tokens(&describe_result(top, described))) as f64,
             );
         }

@@ -1403,6 +1403,30 @@ fn item_12_server_text_reaches_the_terminal_without_escape_sequences() {
     assert!(!stdout(&o).contains('\u{1b}'), "descriptions too");
 }
 
+// A server's description of any length is shown cut on its line (`--json` has it
+// whole): a megabyte description printed once per match was a megabyte line.
+#[test]
+fn a_long_description_is_cut_on_its_line() {
+    let server = format!("{} --huge-schema 1", demo_cmd("s"));
+    for args in [
+        vec!["tools", "--stdio", &server],
+        vec!["search", "--stdio", &server, "huge xxx"],
+    ] {
+        let o = run(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let out = stdout(&o);
+        let line = out
+            .lines()
+            .find(|l| l.contains("__huge "))
+            .unwrap_or_else(|| panic!("{args:?}: no line for the tool: {out:.500}"));
+        assert!(
+            line.chars().count() < 500 && line.ends_with('…'),
+            "{args:?}: {} characters",
+            line.chars().count()
+        );
+    }
+}
+
 // Hardening item 13: the command line never widens a config file's grants.
 #[test]
 fn item_13_ad_hoc_servers_are_granted_and_the_files_own_grants_stay_as_written() {

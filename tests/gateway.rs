@@ -4818,7 +4818,9 @@ async fn search_exposure_serves_three_meta_tools_that_find_describe_and_call_wit
             json!({"name": "search_tools", "arguments": {"limit": 3}}),
         )
         .await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // A model's mistake in a meta-tool's arguments is the tool's error, for it to read.
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(result_text(&r).contains("arguments.query"), "{r}");
 
     let describe = |name: &str| json!({"name": "describe_tool", "arguments": {"name": name}});
     let (_, r) = gw

@@ -1629,7 +1629,7 @@ impl Gateway {
                         )
                         .await
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Ok(e.result()),
                 },
                 (method, _) => {
                     let io = CallIo {
@@ -1745,7 +1745,10 @@ impl Gateway {
     /// `search_tools`: the caller's tools most relevant to the query, by served name.
     async fn search(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
-        let (query, k) = search::search_args(&params["arguments"])?;
+        let (query, k) = match search::search_args(&params["arguments"]) {
+            Ok(args) => args,
+            Err(e) => return Ok(e.result()),
+        };
         let listing = self.listing(principal, ListKind::Tools).await?;
         let served: HashMap<Arc<str>, String> = {
             let order = &now.order;
@@ -1759,6 +1762,7 @@ impl Gateway {
         };
         // What the listing serves, and only that: with bare names a tool two servers
         // offer is served once (the other is reached by failover), and is found once.
+        let unsearched = listing.unreachable.len();
         let mut items = listing.items;
         items.retain(|item| served.contains_key(&item.qualified));
         let found =
@@ -1773,13 +1777,16 @@ impl Gateway {
                 (name, &*m.tool.definition)
             })
             .collect();
-        Ok(search::search_result(&found))
+        Ok(search::search_result(&found, unsearched))
     }
 
     /// `describe_tool`: one tool's definition, by the name a search gave.
     async fn describe(&self, principal: &Principal, params: &Value) -> Result<Value, RpcError> {
         let now = self.now();
-        let name = search::name_arg(search::DESCRIBE_TOOL, &params["arguments"])?;
+        let name = match search::name_arg(search::DESCRIBE_TOOL, &params["arguments"]) {
+            Ok(name) => name,
+            Err(e) => return Ok(e.result()),
+        };
         // A shortened name this process has not served (another gateway did, or a
         // reload forgot it) is learned, as a call's is; the request holds its place.
         let resolved = match self.resolve(principal, CallKind::Tool, name, true).await {

@@ -10,7 +10,6 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::protocol::RpcError;
 use crate::util::text::one_line;
 
 /// What `tools/list` serves.
@@ -84,12 +83,29 @@ pub fn meta_tools() -> Vec<Value> {
     ]
 }
 
-fn invalid(message: &str) -> RpcError {
-    RpcError::new(crate::protocol::error::INVALID_PARAMS, message.to_string())
+/// A meta-tool's arguments that will not do: the tool's error, in its result, which a
+/// model reads and corrects (as the 2025-11-25 revision asks of input errors), not the
+/// protocol's.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadArguments(String);
+
+impl BadArguments {
+    /// The tool's result that says so.
+    pub fn result(&self) -> Value {
+        json!({
+            "content": [{"type": "text", "text": self.0}],
+            "isError": true,
+        })
+    }
+}
+
+fn invalid(message: &str) -> BadArguments {
+    BadArguments(message.to_string())
 }
 
 /// A search's query and how many results, from `search_tools`' arguments.
-pub fn search_args(arguments: &Value) -> Result<(String, usize), RpcError> {
+pub fn search_args(arguments: &Value) -> Result<(String, usize), BadArguments> {
     let query = arguments
         .get("query")
         .and_then(Value::as_str)
@@ -105,21 +121,16 @@ pub fn search_args(arguments: &Value) -> Result<(String, usize), RpcError> {
 }
 
 /// The name argument of `describe_tool` and `call_tool`.
-pub fn name_arg<'a>(tool: &str, arguments: &'a Value) -> Result<&'a str, RpcError> {
+pub fn name_arg<'a>(tool: &str, arguments: &'a Value) -> Result<&'a str, BadArguments> {
     arguments
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| {
-            RpcError::new(
-                crate::protocol::error::INVALID_PARAMS,
-                format!("{tool}: arguments.name (a string) is required"),
-            )
-        })
+        .ok_or_else(|| BadArguments(format!("{tool}: arguments.name (a string) is required")))
 }
 
 /// `call_tool`'s params as the `tools/call` of the tool it names: the round fields
 /// (`requestState`, `inputResponses`, `_meta`) kept as they came.
-pub fn unwrap_call(params: &Value) -> Result<Value, RpcError> {
+pub fn unwrap_call(params: &Value) -> Result<Value, BadArguments> {
     let arguments = params
         .get("arguments")
         .cloned()
@@ -139,8 +150,9 @@ pub fn unwrap_call(params: &Value) -> Result<Value, RpcError> {
 }
 
 /// One search's result: a line per tool for a model to read, and the same as
-/// `structuredContent`.
-pub fn search_result(found: &[(String, &Value)]) -> Value {
+/// `structuredContent`; `unsearched` servers (not answering, or their list refused) are
+/// counted in both, so that a model does not take "no match" for "no such tool".
+pub fn search_result(found: &[(String, &Value)], unsearched: usize) -> Value {
     let tools: Vec<Value> = found
         .iter()
         .map(|(name, def)| {
@@ -155,7 +167,7 @@ pub fn search_result(found: &[(String, &Value)]) -> Value {
             entry
         })
         .collect();
-    let text = if tools.is_empty() {
+    let mut text = if tools.is_empty() {
         "No tool matches. Try other words.".to_string()
     } else {
         tools
@@ -170,9 +182,17 @@ pub fn search_result(found: &[(String, &Value)]) -> Value {
             .collect::<Vec<_>>()
             .join("\n")
     };
+    let mut structured = json!({"tools": tools});
+    if unsearched > 0 {
+        // Servers are not named: with `prefix = "never"` a client is not told them.
+        text.push_str(&format!(
+            "\n({unsearched} of your servers could not be searched now: a tool of theirs may match. Search again later.)"
+        ));
+        structured["unsearchedServers"] = json!(unsearched);
+    }
     json!({
         "content": [{"type": "text", "text": text}],
-        "structuredContent": {"tools": tools},
+        "structuredContent": structured,
         "isError": false,
     })
 }
@@ -229,6 +249,31 @@ mod tests {
         );
         assert!(search_args(&json!({"query": "q", "limit": 0})).is_err());
         assert!(search_args(&json!({"query": "q", "limit": 26})).is_err());
-        assert!(search_args(&json!({"limit": 2})).is_err());
+        let missing = search_args(&json!({"limit": 2})).unwrap_err().result();
+        assert_eq!(missing["isError"], true);
+        assert!(
+            missing["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("arguments.query"))
+        );
+    }
+
+    #[test]
+    fn a_search_that_missed_servers_says_how_many() {
+        let def = json!({"description": "Reads a file"});
+        let found = [("fs__read".to_string(), &def)];
+        let whole = search_result(&found, 0);
+        assert!(
+            whole["structuredContent"]
+                .get("unsearchedServers")
+                .is_none()
+        );
+        let part = search_result(&found, 2);
+        assert_eq!(part["structuredContent"]["unsearchedServers"], 2);
+        let text = part["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(
+            text.starts_with("fs__read: Reads a file\n(2 of your servers"),
+            "{text}"
+        );
     }
 }

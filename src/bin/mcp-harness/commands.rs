@@ -456,7 +456,7 @@ pub async fn tools(
         for t in tools {
             let era = eras.get(&*t.server).copied().unwrap_or("-");
             let cached = if t.from_cache { ", cached" } else { "" };
-            let description = line(t.definition["description"].as_str().unwrap_or(""));
+            let description = described(&t.definition);
             outln!(
                 "{:<32} ({}, {era}{cached})  {description}",
                 line(&t.qualified),
@@ -505,7 +505,7 @@ pub async fn search(
         );
     } else {
         for m in &found {
-            let description = line(m.tool.definition["description"].as_str().unwrap_or(""));
+            let description = described(&m.tool.definition);
             outln!(
                 "{:<40} {:>6.2}  {description}",
                 line(&m.tool.qualified),
@@ -671,4 +671,16 @@ pub fn status(harness: &HarnessHandle, json_out: bool) -> anyhow::Result<u8> {
     } else {
         NO_SERVER
     })
+}
+
+/// Characters of a tool's description `tools` and `search` show on its line: a server
+/// writes descriptions of any length (`--json` gives them whole).
+const DESCRIPTION_SHOWN: usize = 300;
+
+/// A tool's description on its line, cut at [`DESCRIPTION_SHOWN`].
+fn described(definition: &Value) -> String {
+    terminal::line_cut(
+        definition["description"].as_str().unwrap_or(""),
+        DESCRIPTION_SHOWN,
+    )
 }
