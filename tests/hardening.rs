@@ -1718,6 +1718,46 @@ async fn a_delegated_callers_question_is_withdrawn_when_its_call_is_dropped() {
     h.shutdown().await;
 }
 
+// A legacy server's question during a delegated call is held to what the caller
+// declared, as its rounds are: a caller that declared no elicitation is not handed one
+// (before, any elicitation went to it, a URL of any mode but "url" unchecked).
+#[tokio::test]
+async fn a_delegated_callers_question_is_held_to_what_it_declared() {
+    let leg = demo_server("leg", &["--era", "legacy"]);
+    let declared = Arc::new(FixedAnswers::new(json!({"action": "decline"})));
+    let h = start_ready_with(
+        Harness::builder(config(vec![leg])).input_handler("elicitation/create", declared),
+    )
+    .await;
+    let (questions, mut asked) = tokio::sync::mpsc::channel(4);
+    let delegation = mcp_harness::Delegation {
+        capabilities: json!({}),
+        questions: Some(questions),
+        ..Default::default()
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        h.call_delegated(
+            &a(),
+            mcp_harness::CallKind::Tool,
+            "leg__confirm",
+            json!({"message": "Go?"}),
+            Some(delegation),
+            mcp_harness::CallOptions::default(),
+        ),
+    )
+    .await
+    .expect("the call ends");
+    assert!(
+        asked.try_recv().is_err(),
+        "a question the caller cannot answer reached it"
+    );
+    // The server heard why: its tool fails with the refusal.
+    let shown = format!("{outcome:?}");
+    assert!(shown.contains("does not support"), "{shown}");
+    h.shutdown().await;
+}
+
 // A question during the embedder's own request is withdrawn when that request ends
 // (here dropped), as a call's is: it is not left queued for a person to approve.
 #[tokio::test]

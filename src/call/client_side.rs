@@ -153,18 +153,20 @@ impl ClientSide for HarnessClient {
             "elicitation/create" => whose.questions.clone(),
             _ => None,
         };
-        if let Some(asker) = asker {
-            // The caller's client is never handed a URL no one should open.
-            if super::input::elicitation_mode(&request.params) == Some("url")
-                && super::input::usable_elicitation_url(&request.params).is_none()
+        if let Some(asks) = asker {
+            // Held to what the caller declared, as its rounds are: no mode it does not
+            // know, and never a URL no one should open.
+            if let Err(why) =
+                super::rounds::declares(&request.method, &request.params, &asks.declared)
             {
                 request.respond(Err(RpcError::new(
                     INVALID_PARAMS,
-                    "the request is a url-mode elicitation whose url is not an https URL of at most 2048 bytes without credentials",
+                    format!("the client does not support the request, which {why}"),
                 )));
                 noted.end("refused");
                 return;
             }
+            let asker = asks.to;
             // A question the caller's client answers counts as one a handler would.
             if let Some(refused) = self.past_round_cap(server, during) {
                 request.respond(Err(refused));

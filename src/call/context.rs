@@ -123,6 +123,14 @@ impl Questions {
     }
 }
 
+/// Where a delegated call's caller answers its server's questions, and what it
+/// declared it can answer: a legacy server's question is held to that, as a round's is.
+#[derive(Clone)]
+pub(crate) struct CallerAsks {
+    pub(crate) to: tokio::sync::mpsc::Sender<super::ServerQuestion>,
+    pub(crate) declared: Arc<serde_json::Value>,
+}
+
 /// A call on a server.
 struct CallOn {
     call: u64,
@@ -133,7 +141,7 @@ struct CallOn {
     /// asked during it is refused once its grant is revoked.
     item: Arc<str>,
     /// Where its caller answers the server's questions (delegated calls).
-    questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+    questions: Option<CallerAsks>,
     /// Cancelled when the call's attempt there ends: a question the server asked
     /// during it is not answered for nobody. Made when a question is taken for this
     /// call's (most calls are asked nothing).
@@ -167,7 +175,7 @@ pub(crate) struct Whose {
     pub(crate) asked: Vec<Arc<Questions>>,
     /// Where the caller of the one call answers its questions, if that call is
     /// delegated: taken with the rest, so that it is the call the rest describe.
-    pub(crate) questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+    pub(crate) questions: Option<CallerAsks>,
 }
 
 /// Whose a server's request is when it is no call's: a request of the harness's own
@@ -273,7 +281,7 @@ impl CallContext {
         (call, deadline): (u64, std::time::Instant),
         agent: Option<Arc<str>>,
         item: &str,
-        questions: Option<tokio::sync::mpsc::Sender<super::ServerQuestion>>,
+        questions: Option<CallerAsks>,
         asked: Arc<Questions>,
     ) -> OnServer<'a> {
         let on_server = CallOn {

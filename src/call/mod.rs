@@ -562,13 +562,19 @@ async fn attempt(
     // call's; the server notes the call only then (a modern connection refuses them).
     let call_id = record.call_id();
     let Asked { rounds, questions } = asked;
+    let asks = request.delegated.as_ref().and_then(|d| {
+        Some(context::CallerAsks {
+            to: d.questions.clone()?,
+            declared: Arc::new(d.capabilities.clone()),
+        })
+    });
     let note = || {
         ctx.on_server(
             server.id(),
             (call_id, deadline.at),
             request.caller.agent_id.clone(),
             candidate.item,
-            request.delegated.as_ref().and_then(|d| d.questions.clone()),
+            asks.clone(),
             questions.clone(),
         )
     };
