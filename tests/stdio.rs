@@ -74,6 +74,30 @@ async fn legacy_servers_that_error_ignore_or_exit_on_discover_fall_back_to_initi
     }
 }
 
+// A modern server slower to start than the probe waits (heavy imports, a JVM) reads
+// `server/discover` late, and refuses the `initialize` after it naming its versions:
+// probed again, it connects as modern. Before, the start failed, and every restart
+// (a new process, as slow) failed the same way.
+#[tokio::test]
+async fn a_modern_server_slower_to_start_than_the_probe_connects_as_modern() {
+    let script = format!("sleep 1; exec '{}' demo-server alpha", harness_exe());
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        probe_timeout: Duration::from_millis(300),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("alpha", spec, opts)
+        .await
+        .expect("connects once it runs");
+    assert_eq!(conn.era(), Era::Modern);
+    let r = conn
+        .request("tools/call", call("add", json!({"a": 2, "b": 40})))
+        .await
+        .expect("call");
+    assert_eq!(text(&r), "42");
+    conn.shutdown().await;
+}
+
 // A legacy server that never answers `server/discover` hears nothing else before
 // `initialize` (its handshake allows only that): the probe's timeout sends no
 // `notifications/cancelled`.

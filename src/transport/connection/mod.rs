@@ -163,16 +163,28 @@ async fn legacy_handshake(
     ids: &Ids,
     options: &ConnectOptions,
 ) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
-    let handshake = initialize(transport, ids, options);
-    let limit = options.event_capacity.max(1);
-    let timeout = options.request_timeout;
-    match answering_pings(transport, inbound, held, limit, timeout, handshake).await {
+    match initialize_answering_pings(transport, inbound, held, ids, options).await {
         Ok(result) => Ok(result),
         Err(e) => {
             transport.shutdown(options.shutdown_grace).await;
             Err(e)
         }
     }
+}
+
+/// `initialize` and `initialized`, the server's pings answered meanwhile; the transport
+/// is left as it is whatever comes of it.
+async fn initialize_answering_pings(
+    transport: &Arc<Transport>,
+    inbound: &mut mpsc::Receiver<Queued>,
+    held: &mut Vec<Queued>,
+    ids: &Ids,
+    options: &ConnectOptions,
+) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
+    let handshake = initialize(transport, ids, options);
+    let limit = options.event_capacity.max(1);
+    let timeout = options.request_timeout;
+    answering_pings(transport, inbound, held, limit, timeout, handshake).await
 }
 
 impl Connection {
@@ -241,14 +253,45 @@ impl Connection {
                 ServerProfile::Legacy(handshake.await?)
             }
             // Refused, or unanswered in time (a slow start, perhaps).
-            (probe @ (Probe::Refused(..) | Probe::Silent(_)), _) => {
-                let reason = match probe {
+            (found @ (Probe::Refused(..) | Probe::Silent(_)), _) => {
+                let silent = matches!(found, Probe::Silent(_));
+                let reason = match found {
                     Probe::Refused(reason, _) => reason,
                     _ => "no answer to server/discover".into(),
                 };
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
+                    initialize_answering_pings(&transport, &mut inbound, &mut held, &ids, &options)
+                        .await;
+                let handshake = match handshake {
+                    // A modern server slow to start: it read the probe once up (its
+                    // answer came after the wait) and refuses `initialize` naming its
+                    // versions. Probed again now that it runs; each restart would be
+                    // as slow (spec section H: a -32022 names a modern server).
+                    Err(ConnectError::Refused {
+                        method: "initialize",
+                        error,
+                    }) if silent && error.is_modern() => {
+                        tracing::info!(
+                            server,
+                            "a server slow to answer server/discover refused initialize as a modern server does; probing it again"
+                        );
+                        match self::probe::probe(&transport, &ids, &options).await {
+                            Ok(Probe::Modern { version, discover }) => {
+                                Ok(ServerProfile::Modern { version, discover })
+                            }
+                            Ok(_) => Err(ConnectError::Refused {
+                                method: "initialize",
+                                error,
+                            }),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    other => other.map(ServerProfile::Legacy),
+                };
+                if handshake.is_err() {
+                    transport.shutdown(options.shutdown_grace).await;
+                }
                 match handshake {
                     // It read server/discover and exited (a server that takes nothing
                     // before `initialize`): as one that exited on it, respawned once.
@@ -267,7 +310,7 @@ impl Connection {
                             legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
                         ServerProfile::Legacy(handshake.await?)
                     }
-                    handshake => ServerProfile::Legacy(handshake?),
+                    handshake => handshake?,
                 }
             }
             (Probe::Exited(_), _) => {
