@@ -77,6 +77,10 @@ enum Walk {
     Done(Listed),
     /// A continuation page was asked for with a cursor from the cache, and refused.
     RejectedCursor(ServerError),
+    /// A continuation page of a shared server's list missed the caches after a page
+    /// from them: its cursor may be another process's server's, never to be sent to
+    /// this one's. The list is read again from its first page, past the caches.
+    Restart,
     Failed(CallError),
     /// Another walk is fetching the same list: its outcome is this one's.
     Join(Follower<Result<Listed, CallError>>),
@@ -166,22 +170,26 @@ pub(crate) async fn list_server(
                 Ok(listed)
             }
             Walk::Failed(e) => Err(e),
-            Walk::RejectedCursor(e) if use_cache => {
+            Walk::RejectedCursor(_) if use_cache => {
                 tracing::warn!(server = %server.id(), "server rejected a cached cursor; listing again from the first page");
-                // Dropped (and the shared generation moved) before the list is read
-                // again, so what is read now is stored in the new generation. Only the
-                // spec's -32602 moves it for every process: an internal error, which
-                // may be the server's passing trouble, drops this process's copy alone
-                // (and is read again past the caches, which then get the new pages).
-                let everywhere = matches!(&e, ServerError::Rpc { error, .. } if error.kind() == RpcErrorKind::InvalidParams);
+                // Dropped before the list is read again (past the caches, which then
+                // get the new pages). Only this process's: a shared server's cached
+                // cursor is never sent (see `Walk::Restart`), so the others' lists are
+                // not the one refused.
                 ctx.registry_ref
-                    .invalidate_list(server.id(), kind.method(), everywhere)
+                    .invalidate_list(server.id(), kind.method())
                     .await;
                 use_cache = false;
                 carried = lead;
                 continue;
             }
             Walk::RejectedCursor(e) => Err(e.into()),
+            Walk::Restart => {
+                tracing::debug!(server = %server.id(), "a page of a shared list missed the caches after a cached one; listing again from the first page");
+                use_cache = false;
+                carried = lead;
+                continue;
+            }
         };
         // After the walk cached what it fetched: who comes next reads the cache.
         // Dropped unpublished, it has its followers walk again.
@@ -522,6 +530,11 @@ impl<'a> Walker<'a> {
             && let Some(hit) = self.take_walk_place(cursor).await
         {
             return Ok(hit);
+        }
+        // A cursor read from the shared layer (or from memory, which keeps what it
+        // read) is another process's server's: the list is read anew instead.
+        if cursor_cached && shared_here {
+            return Err(Walk::Restart);
         }
         self.from_cache = false;
         // From here on the walk reads the server alone: a later page cached by another

@@ -289,14 +289,13 @@ pub(crate) enum RegistryMsg {
     /// a flood of invalidations heard from Redis queues one message per server (and
     /// one a second, should a queued one be lost with a dying actor).
     PeerChanged(String, Arc<std::sync::atomic::AtomicU64>),
-    /// Drop one list of a server (its cursor was rejected).
+    /// Drop one list of a server in this process (its cursor was rejected: a shared
+    /// server's cached cursor is never sent, so the others' lists are theirs).
     InvalidateList {
         /// Server id.
         server: String,
         /// The list method.
         method: String,
-        /// Whether the other processes drop theirs too (the shared generation moves).
-        everywhere: bool,
         /// Answered once they are dropped.
         reply: RpcReplyPort<()>,
     },
@@ -369,12 +368,8 @@ impl Actor for RegistryActor {
             RegistryMsg::InvalidateList {
                 server,
                 method,
-                everywhere,
                 reply,
             } => {
-                if everywhere {
-                    registry.tell_peers(&server).await;
-                }
                 blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
                 let _ = reply.send(());
             }
@@ -511,16 +506,14 @@ impl RegistryRef {
         false
     }
 
-    /// Drops one list of a server (`everywhere`: in every process sharing it, by moving
-    /// its shared generation); returns when it is gone, as [`RegistryRef::invalidate`]
-    /// does.
-    pub async fn invalidate_list(&self, server: &str, method: &str, everywhere: bool) -> bool {
+    /// Drops one list of a server in this process; returns when it is gone, as
+    /// [`RegistryRef::invalidate`] does.
+    pub async fn invalidate_list(&self, server: &str, method: &str) -> bool {
         self.0
             .ask(
                 |reply| RegistryMsg::InvalidateList {
                     server: server.to_string(),
                     method: method.to_string(),
-                    everywhere,
                     reply,
                 },
                 INVALIDATE_LIMIT,
