@@ -1513,6 +1513,47 @@ fn paged(ttls: &str, extra: &[&str]) -> ServerConfig {
     demo_server("s", &args)
 }
 
+// A process whose Redis user may read and write keys but not subscribe (Redis 7's
+// default for new ACL users is no channels) never hears its peers' changes: it reads
+// shared lists from Redis each time, where the generation is checked, instead of
+// keeping them in memory until their ttl. Before, a failed subscription counted as
+// settled, and a peer's change went unseen for the list's whole ttl.
+#[tokio::test]
+async fn a_process_that_cannot_subscribe_reads_shared_lists_from_redis_each_time() {
+    let redis = Redis::start().await;
+    let mut c = redis.connection().await.expect("connect");
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "keysonly",
+                "on",
+                ">pw",
+                "~*",
+                "+@all",
+                "resetchannels",
+            ][..],
+        )
+        .query_async(&mut c)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://keysonly:pw@127.0.0.1:{}", redis.port);
+    let server = demo_server("s", &["--ttl-ms", "600000", "--no-list-changed"]);
+    let h = start_ready(config(vec![server], shared(url, &["s"]))).await;
+    let grown = |tools: &[mcp_harness::ToolInfo]| tools.iter().any(|t| t.name.ends_with("grown_0"));
+    assert!(!grown(&h.list_tools(&a()).await.expect("list")));
+    // The server's list changes without a word to this process; a peer's invalidation
+    // moves the shared generation.
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    move_generation(&redis, "s").await;
+    assert!(
+        grown(&h.list_tools(&a()).await.expect("list")),
+        "a list kept in memory past a peer's change: {:?}",
+        h.cache_stats()
+    );
+    h.shutdown().await;
+}
+
 // A shared list whose first page is still fresh in memory and whose later pages
 // expired is read again from its first page, not continued with the cached cursor
 // (another process's server's, when the page came from Redis), and shared again

@@ -255,7 +255,14 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
 /// replica): it is up, and reads go on; a write's failure (an invalidation, a refresh
 /// claim) is its own.
 fn refuses_writes(e: &redis::RedisError) -> bool {
-    let refusal = |code: &str| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF");
+    // NOPERM: an ACL user without the right (a `PUBLISH` without channels) is a
+    // Redis that answers, refusing that command; the reads go on.
+    let refusal = |code: &str| {
+        matches!(
+            code,
+            "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF" | "NOPERM"
+        )
+    };
     if let Some(errors) = e.clone().into_server_errors() {
         return !errors.is_empty() && errors.iter().all(|(_, s)| refusal(s.code()));
     }
@@ -553,6 +560,12 @@ pub struct SharedCache {
     /// ([`SharedCache::keeps`]); one that could not be made drops what was kept once a
     /// later one is.
     settled: AtomicBool,
+    /// Redis refused the last subscription (a user allowed keys but no channels): peers'
+    /// changes go unheard for as long as it does, and no subscription made later
+    /// would drop what was kept meanwhile, so shared lists are read from Redis, which
+    /// checks the generation, not kept here. (A Redis down or slow refuses nothing: what
+    /// is kept then is dropped once a subscription is made.)
+    subscription_refused: AtomicBool,
 }
 
 /// The file that keeps [`SharedCache::highest`] across restarts (see the module docs).
@@ -779,6 +792,7 @@ impl SharedCache {
             heard: Mutex::default(),
             floors,
             settled: AtomicBool::new(false),
+            subscription_refused: AtomicBool::new(false),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
         if let Some(wake) = wake {
@@ -799,9 +813,12 @@ impl SharedCache {
     }
 
     /// Whether this process may keep `server`'s lists in its own layers now: a server
-    /// not shared always, a shared one once the first subscription is settled.
+    /// not shared always; a shared one once the first subscription is settled, unless
+    /// Redis refused it.
     pub fn keeps(&self, server: &str) -> bool {
-        self.settled.load(Ordering::Acquire) || !self.shares(server)
+        !self.shares(server)
+            || (self.settled.load(Ordering::Acquire)
+                && !self.subscription_refused.load(Ordering::Acquire))
     }
 
     /// Whether `server`'s entries may be read or written now (no invalidation of it is
@@ -1653,6 +1670,9 @@ impl SharedCache {
             // once one was made (it can only end) or could not be made (lists were
             // cached meanwhile, from the servers themselves).
             let mut may_have_missed = false;
+            // A subscription refused or unanswered is said once until one is made (a
+            // user without channel rights is refused every time).
+            let mut said = false;
             loop {
                 let connected = tokio::time::timeout(Duration::from_secs(2), async {
                     let mut pubsub = client.get_async_pubsub().await?;
@@ -1661,10 +1681,14 @@ impl SharedCache {
                 })
                 .await;
                 if let Some(this) = this.upgrade() {
+                    // Refused: Redis answered the subscription with an error.
+                    let refused = matches!(&connected, Ok(Err(e)) if e.code().is_some());
+                    this.subscription_refused.store(refused, Ordering::Release);
                     this.settled.store(true, Ordering::Release);
                 }
                 match connected {
                     Ok(Ok(pubsub)) => {
+                        said = false;
                         if may_have_missed {
                             tracing::info!(
                                 "shared cache subscription (re-)established; shared lists are read again"
@@ -1723,11 +1747,21 @@ impl SharedCache {
                     }
                     Ok(Err(e)) => {
                         may_have_missed = true;
-                        tracing::debug!(error = %e, "shared cache subscription failed");
+                        if !std::mem::replace(&mut said, true) {
+                            tracing::warn!(error = %e, "shared cache subscription failed: peers' changes go unheard, and shared lists are read from Redis each time until one is made");
+                        } else {
+                            tracing::debug!(error = %e, "shared cache subscription failed");
+                        }
                     }
                     Err(_) => {
                         may_have_missed = true;
-                        tracing::debug!("shared cache subscription timed out");
+                        if !std::mem::replace(&mut said, true) {
+                            tracing::warn!(
+                                "shared cache subscription timed out: peers' changes go unheard, and shared lists are read from Redis each time until one is made"
+                            );
+                        } else {
+                            tracing::debug!("shared cache subscription timed out");
+                        }
                     }
                 }
                 if this.strong_count() == 0 {
