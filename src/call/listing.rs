@@ -727,6 +727,12 @@ impl<'a> Walker<'a> {
                 && self.from_fetch_only
                 && registry.cache.epoch(self.server.id()) == self.epoch
                 && let Some(protocol) = self.server.protocol_version()
+                // Every page sent under that version: a server that restarted during
+                // the walk and spoke another has pages of two shapes.
+                && self
+                    .to_share
+                    .iter()
+                    .all(|p| p.version.as_deref() == Some(protocol.as_str()))
                 && let Some(generation) = self.l3_generation
             {
                 shared.put(&self.to_share, &protocol, generation);

@@ -334,6 +334,9 @@ fn random_generation() -> u64 {
 /// INCR no room, and a Redis writer who set it there would stop invalidation for good.
 const CEILING: u64 = i64::MAX as u64 - (1 << 32);
 
+/// The least time between two warnings of an entry refused (each is counted).
+const GARBAGE_WARNING_GAP: Duration = Duration::from_secs(60);
+
 fn default_timeout() -> Duration {
     Duration::from_millis(50)
 }
@@ -527,8 +530,9 @@ pub struct SharedCache {
     origin: String,
     health: Mutex<Health>,
     counts: Counters,
-    /// Logged once per warning kind until the layer works again.
-    warned_garbage: AtomicBool,
+    /// When an entry refused was last logged: at most one a minute, so that a later
+    /// refusal (a bad MAC, a forged message) is logged too, not only the first.
+    warned_garbage: Mutex<Option<Instant>>,
     writes: mpsc::Sender<Write>,
     /// Pages queued or being written (for [`SharedCache::drain`]), and their bytes.
     pending: AtomicU64,
@@ -738,7 +742,7 @@ impl SharedCache {
                     .map_err(|e| SharedError(Invalid::new("key_file", e)))?,
             ),
             None => {
-                tracing::warn!(url = %redacted(&config.url), "cache.shared.key_file is not set: pages in Redis are not authenticated, and whoever can write to this Redis can put tool definitions in front of this process");
+                tracing::warn!(url = %redacted(&config.url), "cache.shared.key_file is not set: pages in Redis are not authenticated, and whoever can write to this Redis can put tool definitions in front of this process, and whoever can read it can test guesses of the secrets in a server's config against its fingerprint");
                 None
             }
         };
@@ -781,7 +785,7 @@ impl SharedCache {
                 backoff: backoff(),
             }),
             counts: Counters::default(),
-            warned_garbage: AtomicBool::new(false),
+            warned_garbage: Mutex::new(None),
             writes,
             pending: AtomicU64::new(0),
             pending_bytes: AtomicU64::new(0),
@@ -895,23 +899,43 @@ impl SharedCache {
         if health.skip_until.take().is_some() {
             tracing::info!(url = %redacted(&self.config.url), "shared cache reachable again");
             health.backoff = backoff();
-            self.warned_garbage.store(false, Ordering::Relaxed);
         }
     }
 
     fn failed(&self, what: &str, error: &str) {
         self.counts.errors.fetch_add(1, Ordering::Relaxed);
         let mut health = self.health.lock();
-        let wait = health.backoff.next().unwrap_or(MAX_BACKOFF);
+        let now = Instant::now();
+        // The commands in flight when Redis went fail together: one step of the
+        // backoff for them all, not one each (eight would make 100 ms 25 s).
+        if health.skip_until.is_some_and(|t| now < t) {
+            return;
+        }
+        // Jitter is added past the cap: the wait is held to it.
+        let wait = health
+            .backoff
+            .next()
+            .unwrap_or(MAX_BACKOFF)
+            .min(MAX_BACKOFF);
         if health.skip_until.is_none() {
             tracing::warn!(url = %redacted(&self.config.url), what, error, "shared cache unavailable; serving from memory and disk");
         }
-        health.skip_until = Some(Instant::now() + wait);
+        health.skip_until = Some(now + wait);
     }
 
     fn reject(&self, key: &str, why: &str) {
         self.counts.rejected.fetch_add(1, Ordering::Relaxed);
-        if !self.warned_garbage.swap(true, Ordering::Relaxed) {
+        let now = Instant::now();
+        let due = {
+            let mut last = self.warned_garbage.lock();
+            let due =
+                last.is_none_or(|at| now.saturating_duration_since(at) >= GARBAGE_WARNING_GAP);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        if due {
             tracing::warn!(key, why, "refused an entry read from the shared cache");
         }
     }
@@ -1955,6 +1979,26 @@ mod tests {
     // A generation overtaken while its read was on its way (this process heard of an
     // invalidation meanwhile) is a plain miss; one below what was seen before the read
     // is a rollback, refused and moved past.
+    // Commands in flight when Redis goes fail together: the layer is skipped for one
+    // step of the backoff, not one step per command (eight made 100 ms 25 s).
+    #[tokio::test]
+    async fn commands_failing_together_take_one_step_of_the_backoff() {
+        let layer = unconnected();
+        for _ in 0..8 {
+            layer.failed("read", "refused");
+        }
+        let skipped = layer
+            .health
+            .lock()
+            .skip_until
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        // The first step: 100 ms and its jitter (at most as much again).
+        assert!(
+            skipped.is_some_and(|d| d <= Duration::from_millis(200)),
+            "{skipped:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_generation_overtaken_in_flight_is_a_miss_not_a_rollback() {
         let layer = unconnected();
