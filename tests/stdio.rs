@@ -928,3 +928,38 @@ async fn a_descendant_holding_stdin_does_not_keep_the_transports_tasks_alive() {
         metrics.num_alive_tasks()
     );
 }
+
+// A legacy server's request that is not valid JSON-RPC (no `jsonrpc` here) but whose id
+// can be read is answered under that id with an error, as JSON-RPC asks: a server
+// waiting on it (here before it answers our call) is not left waiting until our
+// deadline. Before, the line was only logged.
+#[tokio::test]
+async fn a_servers_malformed_request_is_answered_under_its_id() {
+    let heard = temp_file("malformed-request");
+    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
+    let script = format!(
+        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '{{"id":77,"method":"roots/list"}}\n'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"content":[]}}}}\n' "$id"; sleep 5"#,
+        heard = heard.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        era: EraPreference::Legacy,
+        request_timeout: Duration::from_secs(10),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("odd", spec, opts)
+        .await
+        .expect("connect");
+    let r = conn
+        .request("tools/call", call("x", json!({})))
+        .await
+        .expect("answered once its own request was");
+    assert_eq!(r["content"], json!([]));
+    let reply: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
+            .expect("a JSON-RPC reply");
+    assert_eq!(reply["id"], 77, "{reply}");
+    assert_eq!(reply["error"]["code"], -32600, "{reply}");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(heard);
+}

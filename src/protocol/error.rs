@@ -121,6 +121,11 @@ fn capabilities_shown(required: &Value) -> Value {
     Value::Object(shown.collect())
 }
 
+/// The most versions [`RpcError::kind`] reads of a -32022's `data.supported`.
+const SUPPORTED_SHOWN: usize = 64;
+/// The longest string taken for a version there (versions are dates).
+const VERSION_BYTES: usize = 32;
+
 impl RpcError {
     /// An error with no `data`.
     pub fn new(code: i64, message: impl Into<String>) -> Self {
@@ -153,14 +158,20 @@ impl RpcError {
                     .and_then(|d| d.get("supported"))
                     .and_then(Value::as_array)
                     .map(|a| {
+                        // A version is a date: a peer's list of millions, or of long
+                        // strings, is not copied at each look.
                         a.iter()
-                            .filter_map(|v| v.as_str().map(String::from))
+                            .filter_map(Value::as_str)
+                            .filter(|v| v.len() <= VERSION_BYTES)
+                            .take(SUPPORTED_SHOWN)
+                            .map(String::from)
                             .collect()
                     })
                     .unwrap_or_default(),
                 requested: data
                     .and_then(|d| d.get("requested"))
                     .and_then(Value::as_str)
+                    .filter(|v| v.len() <= VERSION_BYTES)
                     .unwrap_or_default()
                     .to_string(),
             },
@@ -237,6 +248,22 @@ mod tests {
                 .starts_with("unsupported protocol version (-32022)")
         );
         assert!(e.is_modern());
+        // Its kind, looked at on every error, reads a few: the first of them, as sent.
+        let RpcErrorKind::UnsupportedProtocolVersion { supported, .. } = e.kind() else {
+            panic!("kind");
+        };
+        assert_eq!(supported.len(), SUPPORTED_SHOWN);
+        assert_eq!(supported[0], "v0");
+        let long = RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "no").with_data(
+            json!({"supported": ["x".repeat(1 << 20), "2026-07-28"], "requested": "y".repeat(1 << 20)}),
+        );
+        assert_eq!(
+            long.kind(),
+            RpcErrorKind::UnsupportedProtocolVersion {
+                supported: vec!["2026-07-28".into()],
+                requested: String::new(),
+            }
+        );
         let big = serde_json::json!({"x": "y".repeat(10_000)});
         assert!(!serializes_within(&big, 512));
         assert!(serializes_within(&serde_json::json!({"x": 1}), 512));

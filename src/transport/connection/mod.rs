@@ -573,6 +573,11 @@ impl Connection {
             {
                 Ok(Ok(result)) => return Ok(result),
                 Ok(Err(error)) if !renegotiated && self.renegotiate(&error) => {
+                    // No time left for the second try: the deadline's error, not a
+                    // request given up at once for a wait of nothing.
+                    if timeout.saturating_sub(started.elapsed()).is_zero() {
+                        return Err(RequestError::Transport(TransportError::Timeout(timeout)));
+                    }
                     renegotiated = true;
                     current = envelope(self);
                     id = self.ids.next();

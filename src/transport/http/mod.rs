@@ -1054,10 +1054,16 @@ impl HttpTransport {
                     Err(e) => {
                         // The reply awaited, but broken (an error of the wrong shape,
                         // say): the request fails now instead of at its deadline.
-                        if let Some((Some(id), true)) = Message::peek_head(event.data.as_bytes())
-                            && want == Some(&id)
-                        {
-                            return Err(e.into());
+                        match Message::peek_head(event.data.as_bytes()) {
+                            Some((Some(id), true)) if want == Some(&id) => return Err(e.into()),
+                            // A request whose id can be read hears an error under it
+                            // (JSON-RPC asks for one), as a stdio server's does.
+                            Some((Some(id), false)) => self.refuse(
+                                id,
+                                crate::protocol::RpcError::new(e.code(), e.to_string()),
+                                identity.clone(),
+                            ),
+                            _ => {}
                         }
                         if let Some(ignored) = self.ignored.log() {
                             tracing::warn!(server = %self.server, error = %e, ignored, "skipping an event that is not JSON-RPC");
@@ -1137,16 +1143,19 @@ impl HttpTransport {
     /// channel full), rather than leave it waiting for an answer that would never come:
     /// on a task of its own, at most [`BUSY_ANSWERS`] at once (past them it is dropped).
     fn refuse_busy(&self, id: RequestId, identity: Option<Arc<str>>) {
+        if let Some(ignored) = self.ignored.log() {
+            tracing::warn!(server = %self.server, ignored, "server request refused or dropped: channel full");
+        }
+        self.refuse(id, crate::transport::inbound::busy(), identity);
+    }
+
+    /// Answers a legacy server's request `id` with `error`, in the background, a few at
+    /// a time (past them, not answered).
+    fn refuse(&self, id: RequestId, error: crate::protocol::RpcError, identity: Option<Arc<str>>) {
         // No `initialize` sent: a 2026-07-28 server, to which a client never POSTs a
         // response (its request is a violation, dropped as the dispatcher drops it).
         if !self.legacy.load(std::sync::atomic::Ordering::SeqCst) {
-            if let Some(ignored) = self.ignored.log() {
-                tracing::warn!(server = %self.server, ignored, "modern server's request dropped: channel full");
-            }
             return;
-        }
-        if let Some(ignored) = self.ignored.log() {
-            tracing::warn!(server = %self.server, ignored, "server request refused: channel full");
         }
         let (Some(this), Ok(permit)) = (
             self.this.upgrade(),
@@ -1157,12 +1166,7 @@ impl HttpTransport {
         tokio::spawn(async move {
             let timeout = this.renewal_limit;
             let _ = this
-                .respond(
-                    id,
-                    Err(crate::transport::inbound::busy()),
-                    timeout,
-                    identity.as_deref(),
-                )
+                .respond(id, Err(error), timeout, identity.as_deref())
                 .await;
             drop(permit);
         });
