@@ -963,3 +963,40 @@ async fn a_servers_malformed_request_is_answered_under_its_id() {
     conn.shutdown().await;
     let _ = std::fs::remove_file(heard);
 }
+
+// A server's request under an id still being answered is refused at once (JSON-RPC ids
+// are unique among requests in progress): taken, it replaced the first, which could no
+// longer be cancelled nor withdrawn when the connection ended.
+#[tokio::test]
+async fn a_servers_request_under_an_id_in_progress_is_refused() {
+    let heard = temp_file("duplicate-request");
+    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
+    let ask = r#"{"jsonrpc":"2.0","id":1,"method":"elicitation/create","params":{"message":"m","requestedSchema":{"type":"object","properties":{}}}}"#;
+    let script = format!(
+        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '%s\n%s\n' '{ask}' '{ask}'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"content":[]}}}}\n' "$id"; sleep 5"#,
+        heard = heard.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        era: EraPreference::Legacy,
+        request_timeout: Duration::from_secs(3),
+        ..options()
+    };
+    // The questions are taken and never answered.
+    let (conn, _events) = Connection::connect("dup", spec, opts)
+        .await
+        .expect("connect");
+    conn.request("tools/call", call("x", json!({})))
+        .await
+        .expect("answered");
+    let reply: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
+            .expect("a JSON-RPC reply");
+    assert_eq!(reply["id"], 1, "{reply}");
+    assert_eq!(
+        reply["error"]["code"], -32600,
+        "the second refused at once: {reply}"
+    );
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(heard);
+}

@@ -270,6 +270,20 @@ impl Dispatch {
             );
             return self.refuse(id, error, as_).await;
         }
+        // An id used again while its first is being answered: refused (JSON-RPC ids
+        // are unique among a sender's requests in progress). Taken, the first could no
+        // longer be cancelled, nor withdrawn when the connection ends.
+        if self.being_answered.lock().contains_key(&id) {
+            self.refused_warn(
+                &named,
+                "a request under an id still being answered; refused",
+            );
+            let error = RpcError::new(
+                INVALID_REQUEST,
+                "a request with this id is already in progress",
+            );
+            return self.refuse(id, error, as_).await;
+        }
         let Ok(permit) = self.answering.clone().try_acquire_owned() else {
             self.refused_warn(
                 &named,
@@ -296,8 +310,8 @@ impl Dispatch {
         }
         let weak = self.transport.clone();
         let timeout = self.timeout;
-        // An id used again while its first is being answered: the later one is what a
-        // cancellation names.
+        // The entry is this request's alone: a later one under its id (once this one
+        // is answered) takes the place, and this one's end does not remove it.
         let ticket = TICKETS.fetch_add(1, Ordering::Relaxed);
         self.being_answered
             .lock()
