@@ -1000,3 +1000,35 @@ async fn a_servers_request_under_an_id_in_progress_is_refused() {
     conn.shutdown().await;
     let _ = std::fs::remove_file(heard);
 }
+
+// A legacy server that says more than the channel holds (8 MiB) before its handshake's
+// reply, then pings and waits: the ping is answered `{}`, not refused as busy (a server
+// may take a failed ping for a dead client).
+#[tokio::test]
+async fn a_ping_after_much_said_before_the_handshake_is_answered() {
+    let heard = temp_file("ping-after-flood");
+    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
+    // One notification of 12 MiB: taken whole (none waits before it), and past what is
+    // held for the dispatcher (awk's own: no sprintf of that size in mawk).
+    let flood = r#"awk 'BEGIN{s="xxx"; while(length(s)<9000000) s=s s; for(i=0;i<1;i++) print "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"" s "\"}}"}'"#;
+    let script = format!(
+        r#"read l; {id}; {flood}; printf '{{"jsonrpc":"2.0","id":99,"method":"ping"}}\n'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; sleep 5"#,
+        heard = heard.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        era: EraPreference::Legacy,
+        request_timeout: Duration::from_secs(10),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("talkative", spec, opts)
+        .await
+        .expect("connect");
+    let reply: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
+            .expect("a JSON-RPC reply");
+    assert_eq!(reply["id"], 99, "{reply}");
+    assert_eq!(reply["result"], json!({}), "{reply}");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(heard);
+}
