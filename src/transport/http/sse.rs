@@ -32,10 +32,11 @@ pub struct SseParser {
     has_data: bool,
     event: Option<String>,
     /// The id of the last event dispatched, sent back as `Last-Event-ID` when resuming.
-    pub last_event_id: Option<String>,
+    pub last_event_id: Option<std::sync::Arc<str>>,
     /// The last `id:` seen; it becomes `last_event_id` when its event is dispatched
-    /// (WHATWG), so that an event broken off is asked for again, not skipped.
-    id_buffer: Option<String>,
+    /// (WHATWG), so that an event broken off is asked for again, not skipped. Shared,
+    /// not copied, at each blank line.
+    id_buffer: Option<std::sync::Arc<str>>,
     /// The last `retry:` seen, kept within [`MIN_RETRY`]..[`MAX_RETRY`].
     pub retry: Option<Duration>,
     /// The last line ended with a `\r` at the end of a chunk: a `\n` that starts the
@@ -44,6 +45,10 @@ pub struct SseParser {
     /// Nothing of this stream read yet: a byte order mark may lead it.
     started: bool,
 }
+
+/// The longest event id kept (longer ones are ignored): it is sent back as a header,
+/// and a server's id of megabytes would be sent with every resume.
+const MAX_ID_BYTES: usize = 1024;
 
 /// The room a parser keeps between events; a larger event's is given back.
 const KEPT_BUFFER: usize = 64 << 10;
@@ -134,9 +139,7 @@ impl SseParser {
 
     fn line(&mut self, line: &str) -> Option<Event> {
         if line.is_empty() {
-            if self.last_event_id != self.id_buffer {
-                self.last_event_id = self.id_buffer.clone();
-            }
+            self.last_event_id.clone_from(&self.id_buffer);
             if !self.has_data {
                 self.event = None;
                 return None;
@@ -166,11 +169,12 @@ impl SseParser {
             // An empty id resets it (nothing to resume from); one a header cannot carry
             // is not kept (a resume would fail to be sent).
             "id" if value.is_empty() => self.id_buffer = None,
-            "id" if value
-                .bytes()
-                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) =>
+            "id" if value.len() <= MAX_ID_BYTES
+                && value
+                    .bytes()
+                    .all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) =>
             {
-                self.id_buffer = Some(value.to_string());
+                self.id_buffer = Some(value.into());
             }
             "retry" => {
                 if let Ok(ms) = value.parse::<u64>() {
@@ -305,6 +309,19 @@ mod tests {
         assert_eq!(p.last_event_id.as_deref(), Some("3"));
         fits(p.feed("id: \u{e9}vt-1\n\n".as_bytes(), 1024));
         assert_eq!(p.last_event_id.as_deref(), Some("3"));
+        // Nor one longer than a header should carry at each resume.
+        let long = format!("id: {}\n\n", "a".repeat(MAX_ID_BYTES + 1));
+        fits(p.feed(long.as_bytes(), 1 << 20));
+        assert_eq!(p.last_event_id.as_deref(), Some("3"));
+        let kept = format!("id: {}\n\n", "a".repeat(MAX_ID_BYTES));
+        fits(p.feed(kept.as_bytes(), 1 << 20));
+        assert_eq!(p.last_event_id.as_deref().map(str::len), Some(MAX_ID_BYTES));
+        // Each blank line after it shares the id, not a copy of it.
+        fits(p.feed(b"\n\n\n", 1024));
+        assert!(matches!(
+            (&p.last_event_id, &p.id_buffer),
+            (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b)
+        ));
         fits(p.feed(b"id:\n\n", 1024));
         assert_eq!(p.last_event_id, None);
     }
