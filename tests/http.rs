@@ -238,6 +238,15 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
         .expect("resumed");
     assert_eq!(text(&r), "resumed");
 
+    // A server that closes its stream at will once it sent an event (2025-11-25): the
+    // call polls with Last-Event-ID as long as each stream brings something. Before,
+    // the fourth close in a call failed it, however much of its deadline was left.
+    let r = conn
+        .request("tools/call", call("broken_stream", json!({"polls": 3})))
+        .await
+        .expect("polled to its answer");
+    assert_eq!(text(&r), "resumed");
+
     // The server forgets the session: the next request gets 404, and the connection
     // initializes again and retries.
     conn.request("tools/call", call("expire_session", json!({})))

@@ -72,7 +72,8 @@ type Reply = Result<Value, RpcError>;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
-/// How often a broken legacy stream is resumed before the request fails.
+/// How often in a row a broken legacy stream is resumed without an event before the
+/// request fails (one that brought events counts none: a server may close at will).
 const MAX_RESUMES: usize = 3;
 /// A standalone event stream that stayed open this long is reopened after the
 /// server's own `retry`; one that ended sooner, after twice the last wait.
@@ -946,11 +947,18 @@ impl HttpTransport {
         let mut parser = SseParser::default();
         let mut resumes = 0;
         loop {
+            let before = parser.dispatched;
             if let Some(reply) = self
                 .pump(&mut response, &mut parser, Some(id), identity)
                 .await?
             {
                 return Ok(reply);
+            }
+            // A stream that gave events before it ended was not a failed resume: a
+            // server may close its stream at will once it sent an id, and the client
+            // polls with it (2025-11-25), however long the call runs.
+            if parser.dispatched > before {
+                resumes = 0;
             }
             // The stream ended without our response. Only a legacy session may resume it.
             let can_resume = session.is_some() && parser.last_event_id.is_some();

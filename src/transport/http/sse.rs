@@ -37,6 +37,8 @@ pub struct SseParser {
     /// (WHATWG), so that an event broken off is asked for again, not skipped. Shared,
     /// not copied, at each blank line.
     id_buffer: Option<std::sync::Arc<str>>,
+    /// Events with data given out, over every stream fed.
+    pub dispatched: u64,
     /// The last `retry:` seen, kept within [`MIN_RETRY`]..[`MAX_RETRY`].
     pub retry: Option<Duration>,
     /// The last line ended with a `\r` at the end of a chunk: a `\n` that starts the
@@ -145,6 +147,7 @@ impl SseParser {
                 return None;
             }
             self.has_data = false;
+            self.dispatched += 1;
             return Some(Event {
                 data: std::mem::take(&mut self.data),
                 event: self.event.take(),

@@ -55,7 +55,9 @@ pub enum Action {
     EndlessStream,
     /// HTTP legacy only: end the event stream before the response, which a resuming GET
     /// (`Last-Event-ID`) then delivers; or, `then_exit`, exit before the client resumes.
-    BrokenStream { then_exit: bool },
+    /// With `polls`, that many resumptions first get an event and the stream's end (a
+    /// server that closes its stream at will, the client polling: 2025-11-25).
+    BrokenStream { then_exit: bool, polls: u32 },
     /// Answer `{}`-like success, then forget the legacy HTTP session (stdio: just answer).
     ExpireSession,
     /// Write this text instead of an answer (`{id}` becomes the request's id); may hold

@@ -20,7 +20,7 @@ use hyper::{Method, StatusCode};
 use mcp_harness::protocol::error::{
     HEADER_MISMATCH, INTERNAL_ERROR, METHOD_NOT_FOUND, PARSE_ERROR,
 };
-use mcp_harness::protocol::{Message, Request, RequestId, Response, RpcError};
+use mcp_harness::protocol::{Message, Notification, Request, RequestId, Response, RpcError};
 use mcp_harness::transport::http::headers::{mcp_name, param_headers, param_value};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -42,6 +42,9 @@ struct Session {
     streams: Vec<mpsc::UnboundedSender<Out>>,
     /// The response a broken stream did not deliver; a GET with `Last-Event-ID` gets it.
     resume: Option<Message>,
+    /// GETs with `Last-Event-ID` that get an event and the stream's end before one
+    /// gets `resume`.
+    polls: u32,
 }
 
 struct State {
@@ -190,6 +193,14 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
                 && let Some(session) = state.sessions.lock().get_mut(id)
             {
                 match (headers.contains_key("last-event-id"), session.resume.take()) {
+                    (true, Some(message)) if session.polls > 0 => {
+                        session.polls -= 1;
+                        session.resume = Some(message);
+                        let _ = tx.send(Out::Message(Message::Notification(Notification {
+                            method: "notifications/message".into(),
+                            params: Some(json!({"level": "info", "data": "still working"})),
+                        })));
+                    }
                     (true, Some(message)) => {
                         let _ = tx.send(Out::Message(message));
                     }
@@ -625,7 +636,7 @@ fn stream_reply(
                     let id = serde_json::to_string(&id).unwrap_or_default();
                     let _ = out_tx.send(Out::Raw(text.replace("{id}", &id).into_bytes()));
                 }
-                Action::BrokenStream { then_exit } => {
+                Action::BrokenStream { then_exit, polls } => {
                     if then_exit {
                         // Gone before the client resumes (it waits the stream's retry,
                         // a second): its GET finds nothing listening.
@@ -646,6 +657,7 @@ fn stream_reply(
                         && let Some(session) = state2.sessions.lock().get_mut(sid)
                     {
                         session.resume = Some(message);
+                        session.polls = polls;
                     }
                 }
                 other => {

@@ -108,8 +108,8 @@ pub fn tools() -> Vec<Value> {
         ),
         tool(
             "broken_stream",
-            "HTTP legacy only: ends its event stream before the answer, which a GET with Last-Event-ID then gets (with exit: the process exits first)",
-            json!({"exit": {"type": "boolean"}}),
+            "HTTP legacy only: ends its event stream before the answer, which a GET with Last-Event-ID then gets (with exit: the process exits first; with polls: that many GETs first get an event and the stream's end)",
+            json!({"exit": {"type": "boolean"}, "polls": {"type": "integer"}}),
             &[],
         ),
     ]
@@ -148,6 +148,10 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
         "endless_stream" => Action::EndlessStream,
         "broken_stream" => Action::BrokenStream {
             then_exit: arg(request, "exit").and_then(Value::as_bool) == Some(true),
+            polls: arg(request, "polls")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(100) as u32,
         },
         "expire_session" => Action::ExpireSession,
         "orphan_stdout" => {
