@@ -833,6 +833,15 @@ impl SignIn {
         ctx: SignInContext,
         tls: rustls::ClientConfig,
     ) -> Result<Arc<SignIn>, String> {
+        // As a config's check says, held here too for a spec built in code (a
+        // `Connection::connect` checks no config): else the secret would go to whichever
+        // authorization server the server names.
+        if config.client_secret.as_ref().is_some_and(|s| !s.is_empty()) && config.issuer.is_none() {
+            return Err(
+                "a client_secret needs an issuer: the secret goes to no authorization server but that one"
+                    .into(),
+            );
+        }
         // Names the server's sign-in reaches are checked as resolved (literal addresses
         // are checked before any request, by `checked_url`).
         let resolver = resolve::SignInResolver::for_server(url).map(Arc::new);
@@ -2789,6 +2798,30 @@ mod tests {
             .on_refused(None, &Challenge::default(), Some("c"), false, false)
             .await;
         assert!(renewed.is_err(), "{renewed:?}");
+    }
+
+    // A spec built in code is held to what a config's check holds it to: a secret with
+    // no issuer would go to whichever authorization server the server names.
+    #[test]
+    fn a_client_secret_without_an_issuer_is_refused_however_the_spec_was_made() {
+        let url = Url::parse("https://mcp.example.com/mcp").expect("url");
+        let config = |issuer: Option<&str>| OAuthConfig {
+            client_id: Some("id".into()),
+            client_secret: Some("secret".into()),
+            issuer: issuer.map(String::from),
+            ..OAuthConfig::default()
+        };
+        let tls = client_tls(None).expect("tls");
+        let refused = SignIn::new(
+            "s",
+            &url,
+            config(None),
+            SignInContext::default(),
+            tls.clone(),
+        );
+        assert!(refused.is_err_and(|e| e.contains("issuer")));
+        let pinned = config(Some("https://idp.example"));
+        assert!(SignIn::new("s", &url, pinned, SignInContext::default(), tls).is_ok());
     }
 
     #[test]
