@@ -4352,6 +4352,21 @@ async fn a_legacy_session_outlives_its_idle_time_while_a_call_runs_or_its_stream
 
 #[tokio::test]
 async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tokens() {
+    ended_by_a_reload(false).await;
+}
+
+// The same when each token is replaced by another for the same agent (rotated after a
+// leak): the principal is still admitted, by the new token, and what the old one opened
+// ends. Before, it stayed open for as long as its client read it.
+#[tokio::test]
+async fn a_subscription_and_a_legacy_session_end_when_a_reload_replaces_their_tokens() {
+    ended_by_a_reload(true).await;
+}
+
+/// Opens a legacy session with its event stream (tok-a) and a subscription (tok-b), then
+/// reloads with both tokens removed, or (`rotate`) replaced by new ones for the same
+/// agents: both end.
+async fn ended_by_a_reload(rotate: bool) {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
     let sid = legacy_session(&gw).await; // tok-a's
@@ -4367,9 +4382,13 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
     };
     let (a_token, b_token) = (line(b"tok-a", "a"), line(b"tok-b", "b"));
     assert!(original.contains(&a_token) && original.contains(&b_token));
+    let (a_new, b_new) = match rotate {
+        true => (line(b"tok-a-new", "a"), line(b"tok-b-new", "b")),
+        false => (String::new(), String::new()),
+    };
     gw.reload_with(
         &setup,
-        &original.replace(&a_token, "").replace(&b_token, ""),
+        &original.replace(&a_token, &a_new).replace(&b_token, &b_new),
     );
     // Its final result comes, and the stream ends, with no change to announce.
     assert!(
@@ -4381,7 +4400,11 @@ async fn a_subscription_and_a_legacy_session_end_when_a_reload_revokes_their_tok
         while let Ok(Some(_)) = get.chunk().await {}
     })
     .await;
-    assert!(ended.is_ok(), "the revoked principal's session stayed");
+    assert!(ended.is_ok(), "the revoked token's session stayed");
+    if rotate {
+        let (status, _) = gw.modern("tok-a-new", "tools/list", json!({})).await;
+        assert_eq!(status, 200, "the new token is taken");
+    }
     gw.stop().await;
 }
 

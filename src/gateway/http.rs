@@ -201,9 +201,9 @@ type Pending = Arc<Questions>;
 
 struct Session {
     principal: Principal,
-    /// The bearer JWT of its last request that opened a stream or made a call, if it
+    /// The bearer token of its last request that opened a stream or made a call, if it
     /// was admitted with one: a reload checks it again (the sweep).
-    jwt: Option<super::Credential>,
+    credential: Option<super::Credential>,
     client: LegacyClient,
     last_seen: Instant,
     pending: Pending,
@@ -543,17 +543,20 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
         let idle = state.gateway.config().session_idle;
-        // Sessions whose JWT no longer verifies (a key removed, the issuer's settings
-        // changed): copied, then checked outside the lock (a signature each).
+        // Sessions whose token no longer admits them (a configured token replaced, a
+        // JWT's key removed or the issuer's settings changed): copied, then checked
+        // outside the lock (a signature each, for JWTs).
         let unverified: HashMap<String, super::Credential> = if recheck {
             let opened: Vec<(String, Principal, super::Credential)> = (state.sessions.lock())
                 .iter()
-                .filter_map(|(id, s)| Some((id.clone(), s.principal.clone(), s.jwt.clone()?)))
+                .filter_map(|(id, s)| {
+                    Some((id.clone(), s.principal.clone(), s.credential.clone()?))
+                })
                 .collect();
             opened
                 .into_iter()
-                .filter(|(_, p, jwt)| !identity.admits_with(p, Some(jwt)))
-                .map(|(id, _, jwt)| (id, jwt))
+                .filter(|(_, p, credential)| !identity.admits_with(p, Some(credential)))
+                .map(|(id, _, credential)| (id, credential))
                 .collect()
         } else {
             HashMap::new()
@@ -562,7 +565,7 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         let stale = |id: &String, s: &Session| {
             unverified
                 .get(id)
-                .is_some_and(|j| s.jwt.as_ref() == Some(j))
+                .is_some_and(|j| s.credential.as_ref() == Some(j))
         };
         let mut unverified_ended = 0;
         let ended: Vec<(String, Session)> = state
@@ -577,7 +580,7 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
         if unverified_ended > 0 {
             tracing::info!(
                 ended = unverified_ended,
-                "legacy sessions whose JWT no longer verifies were ended"
+                "legacy sessions whose bearer token no longer admits them were ended"
             );
         }
         for (_, mut session) in ended {
@@ -961,8 +964,8 @@ fn open_stream(state: &Arc<State>, id: &str, admitted: &Admitted) -> HttpRespons
         ) else {
             return full(StatusCode::NOT_FOUND, "", "unknown session");
         };
-        if admitted.jwt.is_some() {
-            session.jwt.clone_from(&admitted.jwt);
+        if admitted.credential.is_some() {
+            session.credential.clone_from(&admitted.credential);
         }
         // At most a few streams per session: a client reconnecting replaces them (the
         // replaced one ends, and its place is this one's).
@@ -1248,7 +1251,7 @@ async fn post(
     let Admitted {
         principal,
         until,
-        jwt,
+        credential,
     } = admitted;
     // A list may come on several lines (RFC 9110 5.3): one, joined.
     let accept = req
@@ -1434,7 +1437,7 @@ async fn post(
                     return refused(e, request.id);
                 }
             }
-            let admitted = (principal, jwt);
+            let admitted = (principal, credential);
             legacy_request(state, request, admitted, session_id, large, spanned).await
         }
         Message::Request(request) => {
@@ -1447,7 +1450,7 @@ async fn post(
                 return refused((StatusCode::BAD_REQUEST, e), request.id);
             }
             if request.method == "subscriptions/listen" {
-                return listen_stream(state, principal, (until, jwt), request);
+                return listen_stream(state, principal, (until, credential), request);
             }
             let checked = params_checked(&state, &principal, &request, &headers);
             if let Err(e) = in_span(spanned.as_ref(), checked).await {
@@ -1773,7 +1776,7 @@ impl Drop for PrincipalSlot {
 fn listen_stream(
     state: Arc<State>,
     principal: Principal,
-    (until, jwt): (Option<Instant>, Option<super::Credential>),
+    (until, credential): (Option<Instant>, Option<super::Credential>),
     request: Request,
 ) -> HttpResponse {
     // Its id is kept, and written on every frame, for as long as the stream is open:
@@ -1869,9 +1872,9 @@ fn listen_stream(
                 // would be refused.
                 Ok(()) = reloads.changed() => {
                     let identity = slot.state.gateway.identity();
-                    if !identity.admits_with(&slot.principal, jwt.as_ref()) {
-                        if jwt.is_some() {
-                            tracing::info!(agent = %slot.principal.agent, "a subscription whose JWT no longer verifies was ended");
+                    if !identity.admits_with(&slot.principal, credential.as_ref()) {
+                        if credential.is_some() {
+                            tracing::info!(agent = %slot.principal.agent, "a subscription whose bearer token no longer admits it was ended");
                         }
                         break;
                     }
@@ -1998,7 +2001,7 @@ impl Drop for SessionTicket {
 async fn legacy_request(
     state: Arc<State>,
     request: Request,
-    (principal, jwt): (Principal, Option<super::Credential>),
+    (principal, credential): (Principal, Option<super::Credential>),
     session_id: Option<String>,
     large: Option<PrincipalSlot>,
     spanned: Option<super::RequestSpan>,
@@ -2038,7 +2041,7 @@ async fn legacy_request(
             id.clone(),
             Session {
                 principal,
-                jwt: jwt.clone(),
+                credential: credential.clone(),
                 client,
                 last_seen: Instant::now(),
                 pending: Pending::default(),
@@ -2074,8 +2077,8 @@ async fn legacy_request(
     let found = {
         let mut sessions = state.sessions.lock();
         live_session(&mut sessions, &sid, &principal, idle).map(|s| {
-            if jwt.is_some() {
-                s.jwt.clone_from(&jwt);
+            if credential.is_some() {
+                s.credential.clone_from(&credential);
             }
             let (by_client, cancel) = (CancelToken::new(), CancelToken::new());
             let ticket = s
@@ -2274,7 +2277,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel::<Bytes>(1);
         let mut session = Session {
             principal: super::super::fair::agent("a"),
-            jwt: None,
+            credential: None,
             client: LegacyClient {
                 version: "2025-06-18".into(),
                 capabilities: json!({}),
@@ -2332,7 +2335,7 @@ mod tests {
             calls.borrow_mut().insert(seen, token);
             Session {
                 principal: principal.clone(),
-                jwt: None,
+                credential: None,
                 client: LegacyClient {
                     version: "2025-06-18".into(),
                     capabilities: json!({}),
@@ -2384,7 +2387,7 @@ mod tests {
         let d = agent("d");
         let quiet = |ago: u64| Session {
             principal: d.clone(),
-            jwt: None,
+            credential: None,
             client: LegacyClient {
                 version: "2025-06-18".into(),
                 capabilities: json!({}),

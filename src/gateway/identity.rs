@@ -43,19 +43,32 @@ pub struct Admitted {
     /// token or the anonymous agent, which last until a reload revokes them. A stream
     /// the request opens ends then, as a request after it would be refused.
     pub until: Option<std::time::Instant>,
-    /// The bearer JWT it was admitted with, if that is how: what it opens (a stream, a
-    /// legacy session) keeps it, and a reload checks it again ([`Identity::admits_with`]).
-    pub jwt: Option<Credential>,
+    /// The bearer token it was admitted with (a configured token, by its hash, or a
+    /// JWT): what it opens (a stream, a legacy session) keeps it, and a reload checks
+    /// it again ([`Identity::admits_with`]). `None` for the anonymous agent.
+    pub credential: Option<Credential>,
 }
 
-/// A bearer JWT, kept by what a request opened with it. Never shown: its `Debug` says
-/// only that it is one.
+/// A bearer token, kept by what a request opened with it. Never shown: its `Debug`
+/// says only which kind it is.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credential(Arc<str>);
+pub struct Credential(Bearer);
+
+#[derive(Clone, PartialEq, Eq)]
+enum Bearer {
+    /// A configured token, by its SHA-256: one replaced in the config (leaked, rotated
+    /// under the same agent) ends what it opened.
+    Configured(Arc<str>),
+    /// A JWT, whole: checked again under the issuer's keys in force.
+    Jwt(Arc<str>),
+}
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Credential(..)")
+        f.write_str(match self.0 {
+            Bearer::Configured(_) => "Credential(configured token)",
+            Bearer::Jwt(_) => "Credential(JWT)",
+        })
     }
 }
 
@@ -169,23 +182,27 @@ impl Identity {
         }
     }
 
-    /// [`Identity::admits`], and for what was opened with a JWT, that the JWT still
-    /// verifies under the issuer's keys and settings in force, for the same principal:
-    /// a reload that removed the key it was signed with (leaked), or changed the issuer
-    /// or audience, ends it, as it refuses a request with it. Its expiry is not checked
-    /// here: a stream ends at it on its own, and a legacy session outlives one token.
-    pub fn admits_with(&self, principal: &Principal, jwt: Option<&Credential>) -> bool {
+    /// [`Identity::admits`], and that the token it was opened with still admits the
+    /// same principal: a configured token still listed for it (one replaced, leaked or
+    /// rotated under the same agent, ends what it opened), a JWT that still verifies
+    /// under the issuer's keys and settings in force (a reload that removed the key it
+    /// was signed with, or changed the issuer or audience, ends it), as a request with
+    /// it is refused. A JWT's expiry is not checked here: a stream ends at it on its
+    /// own, and a legacy session outlives one token.
+    pub fn admits_with(&self, principal: &Principal, credential: Option<&Credential>) -> bool {
         if !self.admits(principal) {
             return false;
         }
-        let Some(Credential(token)) = jwt else {
-            return true;
-        };
-        self.jwt.as_ref().is_some_and(|verifier| {
-            verifier.verify_past_expiry(token).is_ok_and(|v| {
-                *v.agent == *principal.agent && principal.context.as_deref() == Some(&*v.context)
-            })
-        })
+        match credential.map(|c| &c.0) {
+            None => true,
+            Some(Bearer::Configured(hash)) => self.tokens.get(&**hash) == Some(principal),
+            Some(Bearer::Jwt(token)) => self.jwt.as_ref().is_some_and(|verifier| {
+                verifier.verify_past_expiry(token).is_ok_and(|v| {
+                    *v.agent == *principal.agent
+                        && principal.context.as_deref() == Some(&*v.context)
+                })
+            }),
+        }
     }
 
     /// The principal of a request with `authorization` (the header's value, if any).
@@ -205,11 +222,11 @@ impl Identity {
         };
         match token {
             // Looked up by its hash: the map never holds a token, and a guess costs a hash.
-            Some(token) => match self.tokens.get(&sha256_hex(token.as_bytes())) {
-                Some(p) => Ok(Admitted {
+            Some(token) => match self.tokens.get_key_value(&sha256_hex(token.as_bytes())) {
+                Some((hash, p)) => Ok(Admitted {
                     principal: p.clone(),
                     until: None,
-                    jwt: None,
+                    credential: Some(Credential(Bearer::Configured(hash.as_str().into()))),
                 }),
                 None => match &self.jwt {
                     Some(jwt) if token.bytes().filter(|b| *b == b'.').count() == 2 => {
@@ -240,7 +257,7 @@ impl Identity {
                                 std::time::Instant::now(),
                                 left,
                             )),
-                            jwt: Some(Credential(token.into())),
+                            credential: Some(Credential(Bearer::Jwt(token.into()))),
                         })
                     }
                     _ => Err(IdentityError::Unknown),
@@ -255,7 +272,7 @@ impl Identity {
                         context: None,
                     },
                     until: None,
-                    jwt: None,
+                    credential: None,
                 })
                 .ok_or(IdentityError::Missing),
         }
@@ -381,6 +398,35 @@ mod tests {
         }
     }
 
+    // What a configured token opened holds while that token is listed for its
+    // principal: one replaced under the same agent and context (rotated, leaked) ends
+    // it, though the principal is still admitted by the new one.
+    #[test]
+    fn what_a_configured_token_opened_holds_while_that_token_is_listed() {
+        let entry = |token: &[u8]| TokenEntry {
+            sha256: sha256_hex(token),
+            agent: "planner".into(),
+            auth_context: Some("alice".into()),
+        };
+        let before = Identity::new(&[entry(b"leaked")], None, None).expect("identity");
+        let admitted = before.resolve(Some("Bearer leaked")).expect("admitted");
+        let credential = admitted.credential.clone();
+        assert!(before.admits_with(&admitted.principal, credential.as_ref()));
+        let rotated = Identity::new(&[entry(b"fresh")], None, None).expect("identity");
+        assert!(
+            rotated.admits(&admitted.principal),
+            "the principal is still admitted"
+        );
+        assert!(
+            !rotated.admits_with(&admitted.principal, credential.as_ref()),
+            "by another token"
+        );
+        let both =
+            Identity::new(&[entry(b"leaked"), entry(b"fresh")], None, None).expect("identity");
+        assert!(both.admits_with(&admitted.principal, credential.as_ref()));
+        assert!(!format!("{credential:?}").contains(&sha256_hex(b"leaked")));
+    }
+
     /// An ES256 key: its PKCS#8 document and its public JWK named `kid`.
     fn es256(kid: &str) -> (Vec<u8>, serde_json::Value) {
         use base64::Engine;
@@ -420,7 +466,7 @@ mod tests {
             "sub": "c", "exp": 1_000_000_000u64});
         let key = jsonwebtoken::EncodingKey::from_ec_der(&signing);
         let token = jsonwebtoken::encode(&header, &expired, &key).expect("sign");
-        let credential = Credential(token.as_str().into());
+        let credential = Credential(Bearer::Jwt(token.as_str().into()));
         let c = Principal {
             agent: "c".into(),
             context: Some("https://idp#c".into()),
