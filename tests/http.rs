@@ -280,8 +280,10 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
             .all(|r| r["headers"]["mcp-protocol-version"] == "2025-11-25")
     );
     assert!(
-        requests.iter().any(|r| r["method"] == "DELETE"),
-        "the session is deleted on shutdown"
+        requests.iter().any(
+            |r| r["method"] == "DELETE" && r["headers"]["mcp-protocol-version"] == "2025-11-25"
+        ),
+        "the session is deleted on shutdown, with the version every later request carries"
     );
     let _ = std::fs::remove_file(record);
 }
@@ -699,6 +701,32 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
     tokio::time::sleep(Duration::from_secs(4)).await;
     let n = gets();
     assert!(n <= 7, "{n} GETs in about 4 s");
+    conn.shutdown().await;
+    let _ = std::fs::remove_file(record);
+}
+
+// A standalone stream whose answer never comes (a server that takes the connection and
+// says nothing) is given up at the request timeout and tried again; before, its task
+// waited for good, and the session's notifications were lost without a word.
+#[tokio::test]
+async fn a_standalone_stream_never_answered_is_tried_again() {
+    let record = temp_file("http-get-hangs");
+    let opts = ConnectOptions {
+        request_timeout: Duration::from_millis(500),
+        ..options()
+    };
+    let (_server, conn, _events) = legacy_delta(&["--hang-gets"], Some(&record), opts).await;
+    let gets = || {
+        recorded(&record)
+            .iter()
+            .filter(|r| r["method"] == "GET")
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || gets() >= 2).await,
+        "asked again: {} GETs",
+        gets()
+    );
     conn.shutdown().await;
     let _ = std::fs::remove_file(record);
 }

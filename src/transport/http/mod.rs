@@ -629,7 +629,7 @@ impl HttpTransport {
         let sid = response
             .headers()
             .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
+            .and_then(|v| usable_session_id(v.as_bytes()))
             .map(String::from);
         // A session an `initialize` began is ended if its reply then fails, or is cut
         // off (its time ran out), rather than left to the server.
@@ -1239,48 +1239,56 @@ impl HttpTransport {
                 // A server or proxy restarting (refused connections, 502, 503, 429) is
                 // tried again, later and later; a server that has no stream, or refuses
                 // this one, is not.
-                let opened_stream = match request.send().await {
-                    Ok(r)
-                        if r.status().is_success()
-                            && content_type(&r).starts_with("text/event-stream") =>
-                    {
+                let sent_get = tokio::time::timeout(this.renewal_limit, request.send()).await;
+                let opened_stream = match sent_get {
+                    // A server that takes the connection and never answers: a failure,
+                    // tried again with the backoff, not a task parked for good.
+                    Err(_) => Err(format!("no answer within {:?}", this.renewal_limit)),
+                    Ok(sent_get) => match sent_get {
                         Ok(r)
-                    }
-                    Ok(r) if matches!(r.status().as_u16(), 408 | 429 | 500 | 502 | 503 | 504) => {
-                        Err(format!("HTTP {}", r.status().as_u16()))
-                    }
-                    // Refused: renewed (or signed in again) as a request's refusal is,
-                    // and tried again; given up only when that cannot help.
-                    Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
-                        let challenge = match unauthorized(&r) {
-                            TransportError::Unauthorized { challenge, .. } => challenge,
-                            _ => None,
-                        };
-                        let renewed = this
-                            .sign_in
-                            .on_refused(
-                                None,
-                                &challenge.unwrap_or_default(),
-                                sent.as_deref(),
-                                false,
-                                true,
-                            )
-                            .await;
-                        match renewed {
-                            Ok(Renewal::Held | Renewal::Renewed) => {
-                                Err("HTTP 401; the token was renewed".into())
-                            }
-                            Ok(Renewal::Refused) | Err(_) => {
-                                tracing::warn!(server = %this.server, "the standalone event stream was refused and the token could not be renewed; server notifications are not received until the next session");
-                                return;
+                            if r.status().is_success()
+                                && content_type(&r).starts_with("text/event-stream") =>
+                        {
+                            Ok(r)
+                        }
+                        Ok(r)
+                            if matches!(r.status().as_u16(), 408 | 429 | 500 | 502 | 503 | 504) =>
+                        {
+                            Err(format!("HTTP {}", r.status().as_u16()))
+                        }
+                        // Refused: renewed (or signed in again) as a request's refusal is,
+                        // and tried again; given up only when that cannot help.
+                        Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
+                            let challenge = match unauthorized(&r) {
+                                TransportError::Unauthorized { challenge, .. } => challenge,
+                                _ => None,
+                            };
+                            let renewed = this
+                                .sign_in
+                                .on_refused(
+                                    None,
+                                    &challenge.unwrap_or_default(),
+                                    sent.as_deref(),
+                                    false,
+                                    true,
+                                )
+                                .await;
+                            match renewed {
+                                Ok(Renewal::Held | Renewal::Renewed) => {
+                                    Err("HTTP 401; the token was renewed".into())
+                                }
+                                Ok(Renewal::Refused) | Err(_) => {
+                                    tracing::warn!(server = %this.server, "the standalone event stream was refused and the token could not be renewed; server notifications are not received until the next session");
+                                    return;
+                                }
                             }
                         }
-                    }
-                    Ok(r) => {
-                        tracing::debug!(server = %this.server, status = %r.status(), "no standalone event stream");
-                        return;
-                    }
-                    Err(e) => Err(crate::util::text::http_failure(e)),
+                        Ok(r) => {
+                            tracing::debug!(server = %this.server, status = %r.status(), "no standalone event stream");
+                            return;
+                        }
+                        Err(e) => Err(crate::util::text::http_failure(e)),
+                    },
                 };
                 let pumped = match opened_stream {
                     Ok(mut response) => this.pump(&mut response, &mut parser, None, None).await,
@@ -1359,12 +1367,39 @@ impl HttpTransport {
     fn delete_session(&self, sid: String) -> reqwest::RequestBuilder {
         let mut headers = self.fixed.clone();
         self.authorize(&mut headers, None);
-        self.client
+        let req = self
+            .client
             .delete(self.url.clone())
             .headers(headers)
-            .header(SESSION_HEADER, sid)
+            .header(SESSION_HEADER, sid);
+        // Every request after `initialize` carries it (2025-06-18 on): a strict server
+        // refuses a DELETE without it, and the session is left to expire.
+        match self.session.version() {
+            Some(v) => req.header(VERSION_HEADER, v),
+            None => req,
+        }
     }
 }
+
+/// A session id as the spec has them, visible ASCII (0x21 to 0x7E), and at most
+/// [`SESSION_ID_BYTES`]: it goes back on every request. One that is not (empty, spaces,
+/// megabytes) is taken for none.
+fn usable_session_id(id: &[u8]) -> Option<&str> {
+    let usable = !id.is_empty()
+        && id.len() <= SESSION_ID_BYTES
+        && id.iter().all(|b| (0x21..=0x7e).contains(b));
+    if !usable {
+        tracing::warn!(
+            bytes = id.len(),
+            "a session id that is not 1 to 1024 visible ASCII characters; taken for none"
+        );
+        return None;
+    }
+    std::str::from_utf8(id).ok()
+}
+
+/// The longest session id taken.
+const SESSION_ID_BYTES: usize = 1024;
 
 impl Drop for HttpTransport {
     fn drop(&mut self) {
@@ -1550,6 +1585,22 @@ fn left_after_sign_in(left: Duration, deadline: Option<Instant>) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_id_is_taken_only_as_the_spec_has_them() {
+        assert_eq!(usable_session_id(b"a1-B2_c3"), Some("a1-B2_c3"));
+        let longest = vec![b'x'; SESSION_ID_BYTES];
+        assert!(usable_session_id(&longest).is_some());
+        for bad in [
+            &b""[..],
+            b"a b",
+            b"a\tb",
+            "é".as_bytes(),
+            &[b'x'; SESSION_ID_BYTES + 1],
+        ] {
+            assert_eq!(usable_session_id(bad), None, "{bad:?}");
+        }
+    }
 
     // Sent again twice (a sign-in, then a renewed session): the server's requests on the
     // last stream are still the request's as it was made.

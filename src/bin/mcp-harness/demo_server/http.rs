@@ -185,6 +185,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
             if state.server.args.close_get_streams {
                 return full(StatusCode::OK, "text/event-stream", "");
             }
+            if state.server.args.hang_gets {
+                std::future::pending::<()>().await;
+            }
             if state.gets.fetch_add(1, Ordering::Relaxed) < state.server.args.fail_gets {
                 return full(StatusCode::SERVICE_UNAVAILABLE, "", "restarting");
             }

@@ -199,6 +199,9 @@ pub struct DemoServerArgs {
     /// restarting).
     #[arg(long, default_value_t = 0)]
     pub fail_gets: u64,
+    /// Never answer a legacy GET for an event stream (its headers never come).
+    #[arg(long)]
+    pub hang_gets: bool,
     /// Hold each POSTed answer to this server's own requests this long before taking it
     /// (legacy HTTP: a server slow to read what a client sends back).
     #[arg(long, default_value_t = 0)]
