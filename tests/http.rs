@@ -705,6 +705,23 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
     let _ = std::fs::remove_file(record);
 }
 
+// A connection dropped without a shutdown (an embedder's `Connection` let go) ends its
+// legacy session: before, it was left to the server's expiry, one per connection.
+#[tokio::test]
+async fn a_connection_dropped_without_a_shutdown_ends_its_session() {
+    let record = temp_file("http-dropped");
+    let (_server, conn, _events) = legacy_delta(&[], Some(&record), options()).await;
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(10), || recorded(&record)
+            .iter()
+            .any(|r| r["method"] == "DELETE"))
+        .await,
+        "the session is ended"
+    );
+    let _ = std::fs::remove_file(record);
+}
+
 // A standalone stream whose answer never comes (a server that takes the connection and
 // says nothing) is given up at the request timeout and tried again; before, its task
 // waited for good, and the session's notifications were lost without a word.

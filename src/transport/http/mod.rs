@@ -1325,10 +1325,28 @@ impl HttpTransport {
     }
 
     /// Marks the transport closed and stops the GET stream, its connection gone
-    /// without a shutdown.
+    /// without a shutdown; the session held is ended in the background, not left to
+    /// the server's expiry (an embedder that drops a `Connection` would leave one per
+    /// connection).
     pub(crate) fn detach(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop_get_stream();
+        self.end_held_session_later();
+    }
+
+    /// DELETEs the session held, if any, on a task of its own within
+    /// [`SESSION_END_LIMIT`] (nothing without a runtime).
+    fn end_held_session_later(&self) {
+        let (Some(sid), Ok(runtime)) = (
+            self.session.take_id(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let delete = self.delete_session(sid);
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(SESSION_END_LIMIT, delete.send()).await;
+        });
     }
 
     /// Ends the session: stops the GET stream and DELETEs a legacy session.
@@ -1408,19 +1426,11 @@ impl Drop for HttpTransport {
         // `initialize` and `initialized`): the session is ended on a task of its own,
         // not left to the server's expiry (a server that stalls `initialized` would
         // hold one per restart).
+        // (Closed: a shutdown or a detach ended it already.)
         if self.is_closed() {
             return;
         }
-        let (Some(sid), Ok(runtime)) = (
-            self.session.take_id(),
-            tokio::runtime::Handle::try_current(),
-        ) else {
-            return;
-        };
-        let delete = self.delete_session(sid);
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(SESSION_END_LIMIT, delete.send()).await;
-        });
+        self.end_held_session_later();
     }
 }
 
