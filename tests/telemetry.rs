@@ -1531,6 +1531,67 @@ async fn grpc_over_tls_trusts_the_ca_named_by_otel_exporter_otlp_certificate() {
     let _ = std::fs::remove_file(config);
 }
 
+// A gRPC exporter's CA file is read as an HTTPS server's is: one without a PEM
+// certificate (a DER file, say) is reported at start, where before it was taken
+// without a word and every export failed; the call goes on without export.
+#[tokio::test]
+async fn a_grpc_ca_file_without_a_certificate_is_reported() {
+    let record = temp_file("otel-bad-ca");
+    let config = config("otel-bad-ca", &record);
+    let ca = temp_file("otel-bad-ca-pem");
+    std::fs::write(&ca, "not a certificate\n").expect("write");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(harness_exe())
+            .args(["call", "--config"])
+            .arg(&config)
+            .args(["s__echo", r#"{"text": "x"}"#])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:9")
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .env("OTEL_METRICS_EXPORTER", "none")
+            .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca)
+            .output()
+            .expect("run")
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+    assert!(out.status.success(), "{stderr}");
+    let _ = std::fs::remove_file(record);
+}
+
+// OTLP headers (an API key) that would go in clear to another machine are said on
+// stderr; over https, or http to this machine, nothing is said.
+#[tokio::test]
+async fn otlp_headers_in_clear_to_another_machine_are_said() {
+    let record = temp_file("otel-clear");
+    let config = config("otel-clear", &record);
+    let run = |endpoint: &'static str| {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(harness_exe())
+                .args(["call", "--config"])
+                .arg(&config)
+                .args(["s__echo", r#"{"text": "x"}"#])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret")
+                .env("OTEL_EXPORTER_OTLP_TIMEOUT", "200")
+                .env("OTEL_METRICS_EXPORTER", "none")
+                .output()
+                .expect("run")
+        })
+    };
+    // TEST-NET-1: another machine, which never answers.
+    let out = run("http://192.0.2.1:4318").await.expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("in clear"), "{stderr}");
+    assert!(!stderr.contains("secret"), "{stderr}");
+    let out = run("http://127.0.0.1:9").await.expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("in clear"), "{stderr}");
+    let _ = std::fs::remove_file(record);
+}
+
 /// A collector that takes connections and never answers: its endpoint.
 fn silent_collector() -> String {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

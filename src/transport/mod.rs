@@ -19,7 +19,7 @@ mod inbound;
 mod spec;
 pub mod stdio;
 pub(crate) mod tls;
-pub use tls::{TlsConfigError, tls_client_config};
+pub use tls::{TlsConfigError, ca_file_pem, tls_client_config};
 
 /// A reqwest client builder for requests to `url`. One on this machine is reached
 /// directly, never through `HTTP_PROXY`, `HTTPS_PROXY` or `ALL_PROXY` (as Go's client

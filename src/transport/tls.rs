@@ -60,6 +60,29 @@ fn read_ca_file(path: &Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// A CA bundle's bytes and the certificates in them, read as [`read_ca_file`] does;
+/// one that holds none is refused.
+fn ca_certificates(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), String> {
+    let bad = |e: String| format!("ca_file {}: {e}", path.display());
+    let pem = read_ca_file(path).map_err(bad)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("holds no PEM certificate".into()));
+    }
+    Ok((pem, certs))
+}
+
+/// A CA bundle's PEM, read and checked as a server's `ca_file` is (a regular file, at
+/// most 16 MiB, holding PEM certificates): for an embedder's own TLS stack (a gRPC
+/// exporter's) to trust what the harness's clients trust.
+pub fn ca_file_pem(path: &Path) -> Result<Vec<u8>, TlsConfigError> {
+    ca_certificates(path)
+        .map(|(pem, _)| pem)
+        .map_err(TlsConfigError)
+}
+
 /// A CA bundle that cannot be used: what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -77,16 +100,11 @@ pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConf
     let mut roots = RootCertStore::empty();
     let (_added, _ignored) = roots.add_parsable_certificates(platform_roots().iter().cloned());
     if let Some(path) = ca_file {
-        let bad = |e: String| format!("ca_file {}: {e}", path.display());
-        let pem = read_ca_file(path).map_err(bad)?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<_, _>>()
-            .map_err(|e| bad(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(bad("holds no PEM certificate".into()));
-        }
+        let (_, certs) = ca_certificates(path)?;
         for cert in certs {
-            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -301,23 +301,32 @@ fn inject(params: &mut Option<Value>, sc: &SpanContext) {
 }
 
 /// The remote span context a request's `params._meta` names, if its `traceparent` is
-/// well formed (version 00, non-zero ids, lower-case hex); a malformed one is ignored.
+/// well formed (non-zero ids, lower-case hex; version 00 exactly 55 characters, a later
+/// version read by its first 55, as W3C Trace Context asks, `ff` never); a malformed
+/// one is ignored.
 pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     let meta = params?.get("_meta")?;
     let text = meta.get(TRACEPARENT)?.as_str()?;
-    if text.len() != 55 {
-        return None;
-    }
-    let parts: Vec<&str> = text.split('-').collect();
-    let [version, trace, span, flags] = parts[..] else {
-        return None;
-    };
     let hex = |s: &str, n: usize| {
         s.len() == n
             && s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
-    if version != "00" || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+    let version = text.get(..2)?;
+    let known = match version {
+        "00" => text.len() == 55,
+        "ff" => false,
+        // What a later version adds follows a dash after the fields of version 00.
+        _ => hex(version, 2) && (text.len() == 55 || text.as_bytes().get(55) == Some(&b'-')),
+    };
+    if !known {
+        return None;
+    }
+    let parts: Vec<&str> = text.get(..55)?.split('-').collect();
+    let [_, trace, span, flags] = parts[..] else {
+        return None;
+    };
+    if !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
         return None;
     }
     let trace_id = TraceId::from_hex(trace).ok()?;
@@ -327,7 +336,8 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     let state = meta
         .get(TRACESTATE)
         .and_then(Value::as_str)
-        .filter(|s| s.len() <= 512 && s.bytes().all(|b| (0x20..=0x7e).contains(&b)))
+        // Tabs are whitespace the header may hold around its members.
+        .filter(|s| s.len() <= 512 && s.bytes().all(|b| b == b'\t' || (0x20..=0x7e).contains(&b)))
         .and_then(|s| s.parse::<TraceState>().ok())
         .unwrap_or_default();
     let sc = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);
@@ -394,9 +404,19 @@ mod tests {
         );
         assert!(sc.is_remote() && sc.is_sampled());
         assert_eq!(sc.trace_state().header(), "a=1");
+        // A later version is read by the fields of version 00, whatever follows them.
+        for later in [
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next",
+        ] {
+            let sc = extract(Some(&p(later))).expect(later);
+            assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7", "{later}");
+        }
         for bad in [
             "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",

@@ -134,7 +134,11 @@ impl Signal {
         use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
         let mut tls = ClientTlsConfig::new().with_native_roots();
         if let Some(path) = &self.ca_file {
-            let pem = std::fs::read(path).with_context(|| format!("ca_file {}", path.display()))?;
+            // Read as an HTTPS server's ca_file is (a regular file, at most 16 MiB, PEM
+            // certificates in it), as the HTTP exporter's is: a FIFO or /dev/zero would
+            // hang or fill memory at start, and a DER file fail every export unsaid.
+            let pem =
+                mcp_harness::transport::ca_file_pem(path).map_err(|e| anyhow::anyhow!("{e}"))?;
             tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
         Ok(tls)
@@ -173,6 +177,21 @@ fn signal(config: &TelemetryConfig, name: &str, enabled: Option<bool>) -> Option
         .as_deref()
         .is_some_and(|e| e.trim_start().to_ascii_lowercase().starts_with("https://"));
     let url = named.and_then(|e| url::Url::parse(e.trim()).ok());
+    // Headers (an API key, as collectors take) in clear to another machine: said, not
+    // refused (collectors inside a cluster are often plain http).
+    let headers = var(&format!("OTEL_EXPORTER_OTLP_{upper}_HEADERS"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
+        .is_some_and(|h| !h.trim().is_empty());
+    if headers
+        && let Some(url) = &url
+        && url.scheme() == "http"
+        && !mcp_harness::transport::auth::is_loopback(url)
+    {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            errln!("mcp-harness: the OTLP headers (an API key?) go in clear over http to another machine; an https endpoint keeps them private");
+        });
+    }
     let ca_file = var(&format!("OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE"))
         .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
         .map(std::path::PathBuf::from)
