@@ -690,7 +690,7 @@ async fn attempt(
         );
         // Boxed: the rounds are the rare path, and their future would double this one.
         Box::pin(tracing::Instrument::instrument(
-            round.answer(&result, params, &mut state_only_rounds, record),
+            round.answer(result, params, &mut state_only_rounds, record),
             span,
         ))
         .await?;
@@ -727,18 +727,21 @@ struct Round<'a> {
 impl Round<'_> {
     /// Checks the round's input requests, answers them (or paces a state-only round),
     /// and makes `params` the retry's: the original ones, this round's answers, the
-    /// state as received.
+    /// state as received. `result` is taken: what the round needs is read out of it, and
+    /// the rest (a server's padding of megabytes) is freed before anyone is asked, not
+    /// held while a person decides.
     async fn answer(
         &self,
-        result: &Value,
+        result: Value,
         params: &mut Map<String, Value>,
         state_only_rounds: &mut u32,
         record: &mut CallRecord,
     ) -> Result<(), Attempt> {
         let id = self.candidate.server.id();
         let limits = &self.ctx.settings.limits;
-        rounds::counted(id, result, limits.max_input_requests)?;
-        let input = InputRequired::from_value(result).map_err(|e| protocol(id, e))?;
+        rounds::counted(id, &result, limits.max_input_requests)?;
+        let input = InputRequired::from_value(&result).map_err(|e| protocol(id, e))?;
+        drop(result);
         rounds::check(
             id,
             &input.input_requests,

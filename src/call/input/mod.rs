@@ -257,7 +257,10 @@ pub fn elicitation_mode(params: &Value) -> Option<&'static str> {
 /// `https://bank.example@evil.example/` is none.
 pub fn usable_elicitation_url(params: &Value) -> Option<url::Url> {
     let raw = params.get("url")?.as_str()?;
-    if raw.len() > 2048 {
+    // The text is what reaches the client, which may read it otherwise than the parser
+    // here does: controls, spaces and tabs (which a parser strips or drops) and
+    // backslashes (which it takes for slashes) are refused, not normalized away.
+    if raw.len() > 2048 || raw.bytes().any(|b| b <= b' ' || b == b'\\' || b == 0x7f) {
         return None;
     }
     url::Url::parse(raw).ok().filter(|u| {
@@ -283,6 +286,17 @@ mod tests {
             assert!(
                 usable_elicitation_url(&json!({"url": good})).is_some(),
                 "{good}"
+            );
+        }
+        for odd in [
+            "\u{1}https://a.example/",
+            " https://a.example/",
+            "https://a.exa\tmple/",
+            "https://a.example\\@b.example/",
+        ] {
+            assert!(
+                usable_elicitation_url(&json!({"url": odd})).is_none(),
+                "{odd:?}"
             );
         }
         let long = format!("https://a.example/{}", "x".repeat(2048));
