@@ -1841,14 +1841,15 @@ async fn item_06_more_than_sixteen_input_requests_in_a_round_never_reach_a_handl
     h.shutdown().await;
 }
 
+// The round that ends the call is in its audit record, with the method it asked for.
 #[tokio::test]
 async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() {
     let (handler, seen) = counting(json!({"form": {}}));
-    let h = start_ready_with(
-        Harness::builder(config(vec![demo_server("m", &[])]))
-            .input_handler("elicitation/create", handler),
-    )
-    .await;
+    let audit = temp_file("refused-rounds-audit");
+    let mut c = config(vec![demo_server("m", &[])]);
+    c.audit.path = Some(audit.clone());
+    let h =
+        start_ready_with(Harness::builder(c).input_handler("elicitation/create", handler)).await;
     for args in [
         json!({"n": 1, "mode": "url"}),
         json!({"n": 1, "method": "sampling/createMessage"}),
@@ -1865,6 +1866,21 @@ async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() 
     }
     assert_eq!(seen.load(Ordering::SeqCst), 0);
     h.shutdown().await;
+    let methods: Vec<Value> = audit_records(&audit)
+        .iter()
+        .filter(|r| r["event"] == "finished")
+        .map(|r| r["rounds"][0]["methods"].clone())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            json!(["elicitation/create"]),
+            json!(["sampling/createMessage"]),
+            json!(["roots/list"])
+        ],
+        "each refused round is recorded"
+    );
+    let _ = std::fs::remove_file(audit);
 }
 
 // A URL-mode elicitation whose URL no one should open (another scheme, credentials,

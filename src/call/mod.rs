@@ -659,12 +659,7 @@ async fn attempt(
             let max = ctx.settings.limits.max_input_requests;
             rounds::counted(server.id(), &result, max)?;
             let input = InputRequired::from_value(&result).map_err(|e| protocol(server.id(), e))?;
-            rounds::check(
-                server.id(),
-                &input.input_requests,
-                capabilities,
-                ctx.settings.limits.max_input_requests,
-            )?;
+            // Recorded before it is checked: a round refused is in the audit trail too.
             record.round(
                 server.id(),
                 input
@@ -673,6 +668,12 @@ async fn attempt(
                     .map(|r| r.method.clone())
                     .collect(),
             );
+            rounds::check(
+                server.id(),
+                &input.input_requests,
+                capabilities,
+                ctx.settings.limits.max_input_requests,
+            )?;
             return Ok((result, true));
         }
         let round = Round {
@@ -742,18 +743,19 @@ impl Round<'_> {
         rounds::counted(id, &result, limits.max_input_requests)?;
         let input = InputRequired::from_value(&result).map_err(|e| protocol(id, e))?;
         drop(result);
-        rounds::check(
-            id,
-            &input.input_requests,
-            self.handlers.capabilities(),
-            limits.max_input_requests,
-        )?;
+        // Recorded before it is checked: a round refused is in the audit trail too.
         let methods = input
             .input_requests
             .values()
             .map(|r| r.method.clone())
             .collect();
         record.round(id, methods);
+        rounds::check(
+            id,
+            &input.input_requests,
+            self.handlers.capabilities(),
+            limits.max_input_requests,
+        )?;
         clear_round(params);
         if input.input_requests.is_empty() {
             let pause = Duration::from_millis((50u64 << (*state_only_rounds).min(3)).min(250));
