@@ -621,6 +621,8 @@ async fn iss_on_the_redirect_back_is_checked_as_rfc_9207_says() {
         ("none", true),
         ("missing", false),
         ("wrong", false),
+        // Another's, then the issuer's: which one a parser reads is not to be guessed.
+        ("twice", false),
     ] {
         let w = World::new(&["--client", "pre", "--iss", iss], &[]).await;
         let h = w.harness(registered("pre")).await;

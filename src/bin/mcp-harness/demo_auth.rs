@@ -69,6 +69,8 @@ pub enum Iss {
     Wrong,
     /// Not promised, not sent.
     None,
+    /// Promised, and sent twice: another's, then the issuer's.
+    Twice,
 }
 
 /// Command-line options of `mcp-harness demo-auth-server`.
@@ -437,7 +439,7 @@ fn metadata(state: &State) -> HttpResponse {
         "scopes_supported": a.scopes,
         "token_endpoint_auth_methods_supported": a.auth_methods,
         "client_id_metadata_document_supported": a.cimd,
-        "authorization_response_iss_parameter_supported": matches!(a.iss, Iss::Sent | Iss::Missing | Iss::Wrong),
+        "authorization_response_iss_parameter_supported": matches!(a.iss, Iss::Sent | Iss::Missing | Iss::Wrong | Iss::Twice),
     });
     if !a.no_pkce {
         m["code_challenge_methods_supported"] = json!(["S256"]);
@@ -557,7 +559,7 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
         );
     }
     let iss = match state.args.iss {
-        Iss::Sent => Some(state.issuer.clone()),
+        Iss::Sent | Iss::Twice => Some(state.issuer.clone()),
         Iss::Wrong => Some(format!("{}/", state.issuer)),
         Iss::Missing | Iss::None => None,
     };
@@ -602,6 +604,9 @@ async fn authorize(state: &State, q: &HashMap<String, String>, user: Option<&str
             pairs.append_pair("code", &code);
         }
         pairs.append_pair("state", &get("state"));
+        if matches!(state.args.iss, Iss::Twice) {
+            pairs.append_pair("iss", &format!("{}/", state.issuer));
+        }
         if let Some(iss) = &iss {
             pairs.append_pair("iss", iss);
         }

@@ -2421,6 +2421,13 @@ impl SignIn {
                 "its state is not this sign-in's".into(),
             ));
         }
+        // Each read once: of two, the map keeps the last, which the checks below
+        // would not have been made on in a parser that took the first.
+        for key in ["code", "iss", "error"] {
+            if url.query_pairs().filter(|(k, _)| k == key).count() > 1 {
+                return Err(AuthFailure::BadRedirect(format!("it names {key} twice")));
+            }
+        }
         match (
             q.get("iss"),
             d.server.authorization_response_iss_parameter_supported,
