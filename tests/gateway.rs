@@ -3582,6 +3582,17 @@ async fn json_served(
     Arc<std::sync::atomic::AtomicUsize>,
     tokio::task::JoinHandle<()>,
 ) {
+    json_served_from(Arc::new(std::sync::Mutex::new(body))).await
+}
+
+/// [`json_served`], the body what `body` holds at each request.
+async fn json_served_from(
+    body: Arc<std::sync::Mutex<String>>,
+) -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -3600,6 +3611,7 @@ async fn json_served(
                 }
             }
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = body.lock().map(|b| b.clone()).unwrap_or_default();
             let reply = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
@@ -3659,6 +3671,43 @@ async fn a_jwks_url_is_read_and_a_reload_does_not_need_it_again() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    gw.stop().await;
+}
+
+// The issuer takes a (leaked) key out of its JWKS: once the gateway reads the URL again
+// (here for a token of a key it does not know), a subscription opened with a JWT that
+// key signed ends at its next keep-alive, without waiting for a reload. Before, it ran
+// on to the token's expiry.
+#[tokio::test]
+async fn a_subscription_ends_when_the_issuer_takes_its_key_out_of_the_jwks() {
+    let (old, old_jwk) = es256_key("k1");
+    let (new, new_jwk) = es256_key("k2");
+    let body = Arc::new(std::sync::Mutex::new(
+        json!({"keys": [old_jwk]}).to_string(),
+    ));
+    let (port, hits, _jwks_server) = json_served_from(body.clone()).await;
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
+    let (mut sub, mut heard) = subscribed(&gw, &jwt(&old, "k1", claims.clone()), "leaked").await;
+    *body.lock().expect("body") = json!({"keys": [new_jwk]}).to_string();
+    // A token of the new key: unknown, so the JWKS is read again.
+    let fresh = jwt(&new, "k2", claims);
+    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+    let taken = eventually(Duration::from_secs(10), || {
+        hits.load(std::sync::atomic::Ordering::SeqCst) > before
+    });
+    let _ = gw.modern(&fresh, "tools/list", json!({})).await;
+    assert!(taken.await, "the JWKS was read again");
+    assert!(
+        read_until(&mut sub, &mut heard, "\"resultType\":\"complete\"").await,
+        "the subscription of the key taken out ended: {heard}"
+    );
     gw.stop().await;
 }
 

@@ -530,6 +530,8 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
     // The sweep after a reload checks JWTs again too: a request let in under the keys
     // of before may have stored its JWT on its session after the reload's check.
     let mut recheck_next = false;
+    // And after the issuer's keys changed between reloads (read again from its URL).
+    let mut keys_seen = None;
     loop {
         let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
             return;
@@ -538,10 +540,13 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
             () = tokio::time::sleep(every) => false,
             Ok(()) = reloads.changed() => true,
         };
-        let recheck = reloaded || std::mem::take(&mut recheck_next);
-        recheck_next = reloaded;
         let Some(state) = state.upgrade() else { return };
         let identity = state.gateway.identity();
+        let keys = identity.keys_changed();
+        let rekeyed = keys_seen.is_some_and(|seen| seen != keys);
+        keys_seen = Some(keys);
+        let recheck = reloaded || rekeyed || std::mem::take(&mut recheck_next);
+        recheck_next = reloaded || rekeyed;
         let idle = state.gateway.config().session_idle;
         // Sessions whose token no longer admits them (a configured token replaced, a
         // JWT's key removed or the issuer's settings changed): copied, then checked
@@ -1835,6 +1840,9 @@ fn listen_stream(
         tokio::pin!(expired);
         let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
         keep_alive.tick().await;
+        // The issuer's keys as they were when the stream was let in: a change read
+        // from its URL between reloads has the JWT checked again, at the next tick.
+        let mut keys_seen = slot.state.gateway.identity().keys_changed();
         // A change that finds the queue full (of other lists' changes, perhaps) is owed
         // until there is room, not dropped: the client's list would stay stale.
         let mut owed = super::Owed::default();
@@ -1866,6 +1874,15 @@ fn listen_stream(
                 _ = keep_alive.tick() => {
                     if !keep_alive_sent(&tx) {
                         return;
+                    }
+                    let identity = slot.state.gateway.identity();
+                    let keys = identity.keys_changed();
+                    if credential.is_some() && keys != keys_seen {
+                        keys_seen = keys;
+                        if !identity.admits_with(&slot.principal, credential.as_ref()) {
+                            tracing::info!(agent = %slot.principal.agent, "a subscription whose JWT no longer verifies under the issuer's keys was ended");
+                            break;
+                        }
                     }
                 }
                 // A reload that revoked its principal ends it, as its next request

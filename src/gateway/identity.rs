@@ -182,6 +182,12 @@ impl Identity {
         }
     }
 
+    /// Changes to the JWT issuer's keys read since the start ([`JwtVerifier::keys_changed`];
+    /// 0 without one): when it moves, what JWTs opened is checked again.
+    pub fn keys_changed(&self) -> u64 {
+        self.jwt.as_ref().map_or(0, |v| v.keys_changed())
+    }
+
     /// [`Identity::admits`], and that the token it was opened with still admits the
     /// same principal: a configured token still listed for it (one replaced, leaked or
     /// rotated under the same agent, ends what it opened), a JWT that still verifies

@@ -104,6 +104,10 @@ pub struct JwtVerifier {
     /// When the JWKS URL was last read again for an unknown `kid` (at most once a
     /// minute: a rotated key works soon, a flood of bogus kids costs one fetch).
     refetched: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Bumped when a read of the JWKS URL brings other keys: what was opened with a
+    /// JWT is checked again then, not only at a reload (a key the issuer took out, a
+    /// leaked one, ends what it signed).
+    keys_changed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -200,7 +204,24 @@ impl JwtVerifier {
             config,
             keys: RwLock::new(Arc::new(keys)),
             refetched: parking_lot::Mutex::new(None),
+            keys_changed: std::sync::atomic::AtomicU64::new(0),
         }))
+    }
+
+    /// How many times a read of the JWKS URL brought other keys: a change of it calls
+    /// for what JWTs opened to be checked again ([`super::Identity::admits_with`]).
+    pub fn keys_changed(&self) -> u64 {
+        self.keys_changed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Puts the keys read in place of those held, and says so when they differ.
+    fn replace_keys(&self, keys: JwkSet) {
+        let mut held = self.keys.write();
+        if **held != keys {
+            *held = Arc::new(keys);
+            self.keys_changed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Reads a JWKS URL again every ten minutes while the verifier lives.
@@ -214,7 +235,7 @@ impl JwtVerifier {
                 tokio::time::sleep(REFRESH).await;
                 let Some(me) = weak.upgrade() else { return };
                 match fetch(&url, me.config.ca_file.as_deref()).await {
-                    Ok(keys) => *me.keys.write() = Arc::new(keys),
+                    Ok(keys) => me.replace_keys(keys),
                     Err(e) => {
                         tracing::warn!(error = %e, "could not refresh the JWKS; keeping the keys held")
                     }
@@ -243,7 +264,7 @@ impl JwtVerifier {
         let me = self.clone();
         tokio::spawn(async move {
             match fetch(&url, me.config.ca_file.as_deref()).await {
-                Ok(keys) => *me.keys.write() = Arc::new(keys),
+                Ok(keys) => me.replace_keys(keys),
                 Err(e) => tracing::warn!(error = %e, "could not read the JWKS again"),
             }
         });
