@@ -3326,10 +3326,34 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     let (setup, signing, jwks) = jwt_issuer(", scopes = [\"mcp\"], context_claim = \"email\"");
     let gw = setup.start().await;
     let now = unix_now();
-    let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp, "email": format!("{sub}@idp.test")});
+    let claims = |iss: &str, aud: &str, sub: &str, exp: u64| json!({"iss": iss, "aud": aud, "sub": sub, "exp": exp, "email": format!("{sub}@idp.test"), "scope": "openid mcp"});
     let good = jwt(&signing, "k1", claims(ISS, AUD, "c", now + 300));
     let (status, list) = gw.modern(&good, "tools/list", json!({})).await;
     assert_eq!(status, 200, "{list}");
+    // The scope asked for, as `scp` too; a token without it is forbidden (403, the
+    // challenge naming the scope to ask for), however valid otherwise.
+    let mut scp = claims(ISS, AUD, "c", now + 300);
+    scp.as_object_mut().map(|c| c.remove("scope"));
+    scp["scp"] = json!(["mcp"]);
+    let (status, _) = gw
+        .modern(&jwt(&signing, "k1", scp.clone()), "tools/list", json!({}))
+        .await;
+    assert_eq!(status, 200, "scp");
+    scp["scp"] = json!(["openid"]);
+    let narrow = jwt(&signing, "k1", scp);
+    let (status, _, headers) = gw
+        .post(Some(&narrow), &request("tools/list", json!({})), &[])
+        .await;
+    assert_eq!(status, 403);
+    let challenge = headers
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        challenge.contains("error=\"insufficient_scope\"") && challenge.contains("scope=\"mcp\""),
+        "{challenge}"
+    );
     assert_eq!(
         names(&list),
         ["alpha__echo"],
@@ -3515,7 +3539,7 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             .unwrap_or("");
         assert_eq!(
             challenge,
-            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", error=\"invalid_token\"",
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", scope=\"mcp\", error=\"invalid_token\"",
             "{what}"
         );
     }
@@ -3527,13 +3551,12 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
             .get("www-authenticate")
             .and_then(|v| v.to_str().ok()),
         Some(
-            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\""
+            "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", scope=\"mcp\""
         )
     );
     // A Bearer header without a token is a bad request; another scheme's credentials
     // are no bearer token at all.
-    let challenge =
-        "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\"";
+    let challenge = "Bearer resource_metadata=\"https://gw.test/.well-known/oauth-protected-resource/mcp\", scope=\"mcp\"";
     for (sent, error) in [
         ("Bearer ", ", error=\"invalid_request\""),
         ("Basic dG9rLWE=", ""),

@@ -845,7 +845,13 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
     let admitted = match identity.resolve(authorization) {
         Ok(a) => a,
         Err(e) => {
-            let mut r = full(StatusCode::UNAUTHORIZED, "text/plain", e.to_string());
+            // A valid token without the scope asked for is forbidden, not unknown: a
+            // client asks for that scope, not for another token of the same kind.
+            let status = match e {
+                super::identity::IdentityError::InsufficientScope => StatusCode::FORBIDDEN,
+                _ => StatusCode::UNAUTHORIZED,
+            };
+            let mut r = full(status, "text/plain", e.to_string());
             let challenge = match identity.jwt() {
                 Some(jwt) => {
                     let audience = &jwt.config().audience;
@@ -866,10 +872,19 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                         super::identity::IdentityError::Malformed if bearer => {
                             ", error=\"invalid_request\""
                         }
+                        super::identity::IdentityError::InsufficientScope => {
+                            ", error=\"insufficient_scope\""
+                        }
                         _ => "",
                     };
+                    // The scopes a token needs, for the client to ask for (the config's,
+                    // checked as scope tokens when read).
+                    let scope = jwt
+                        .scopes()
+                        .map(|s| format!(", scope=\"{s}\""))
+                        .unwrap_or_default();
                     format!(
-                        "Bearer resource_metadata=\"{origin}{}\"{invalid}",
+                        "Bearer resource_metadata=\"{origin}{}\"{scope}{invalid}",
                         metadata_path(audience)
                     )
                 }

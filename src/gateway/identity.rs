@@ -85,6 +85,9 @@ pub enum IdentityError {
     /// An `Authorization` header that is not `Bearer TOKEN` (never anonymous).
     #[error("the Authorization header must be `Bearer TOKEN`")]
     Malformed,
+    /// A JWT of the issuer without a scope this gateway asks for (403).
+    #[error("the bearer token lacks a scope this gateway asks for")]
+    InsufficientScope,
 }
 
 /// The gateway's identities.
@@ -243,7 +246,13 @@ impl Identity {
                             tracing::debug!(error = %reason, "bearer JWT refused");
                             IdentityError::Unknown
                         };
-                        let verified = jwt.verify(token).map_err(|e| refused(&e.to_string()))?;
+                        let verified = jwt.verify(token).map_err(|e| match e {
+                            super::jwt::JwtError::Scope(_) => {
+                                tracing::debug!(error = %e, "bearer JWT refused");
+                                IdentityError::InsufficientScope
+                            }
+                            e => refused(&e.to_string()),
+                        })?;
                         if self.reserved.contains(verified.agent.as_str()) {
                             return Err(refused(&format!(
                                 "its agent {:?} is a configured token's or the anonymous agent",

@@ -52,7 +52,9 @@ pub struct JwtConfig {
     /// refused.
     #[serde(default = "default_context_claim")]
     pub context_claim: String,
-    /// Scopes named in the protected resource metadata.
+    /// Scopes a token must carry, every one (in its `scope` claim, space-separated, or
+    /// `scp`, a list or a string); named in the protected resource metadata and the
+    /// challenges. None by default: any token of the issuer for the audience.
     #[serde(default)]
     pub scopes: Vec<String>,
 }
@@ -84,6 +86,9 @@ pub enum JwtError {
     /// longer than 256 bytes, or with control or invisible characters).
     #[error("claim {0:?} is missing or not a name")]
     Claim(String),
+    /// Valid, but without a scope the gateway asks for (the client gets 403).
+    #[error("the token lacks scope {0:?}")]
+    Scope(String),
 }
 
 /// What a verified JWT says.
@@ -189,6 +194,20 @@ impl JwtVerifier {
             return Err(GatewayError::Config(format!(
                 "jwt.audience: {:?} is not the gateway's URL (https://HOST/mcp)",
                 crate::util::text::one_line(&config.audience, 200)
+            )));
+        }
+        // Scope tokens as RFC 6749 §3.3 has them: each goes into a challenge's quoted
+        // `scope`, which a quote or a backslash would break.
+        if let Some(bad) = config.scopes.iter().find(|s| {
+            s.is_empty()
+                || s.len() > 256
+                || !s
+                    .bytes()
+                    .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+        }) {
+            return Err(GatewayError::Config(format!(
+                "jwt.scopes: {:?} is not a scope (1 to 256 printable characters, no space, quote or backslash)",
+                crate::util::text::one_line(bad, 100)
             )));
         }
         let keys = match (&config.jwks_file, &config.jwks_url) {
@@ -345,6 +364,9 @@ impl JwtVerifier {
         // sign-in, and a static token's principal, would be taken for its.
         let context = claim(&self.config.context_claim)
             .ok_or_else(|| JwtError::Claim(self.config.context_claim.clone()))?;
+        if let Some(missing) = self.missing_scope(&data.claims) {
+            return Err(JwtError::Scope(missing.to_string()));
+        }
         // Present and numeric, or `decode` would have refused it.
         let exp = data
             .claims
@@ -357,6 +379,31 @@ impl JwtVerifier {
             until: std::time::UNIX_EPOCH
                 + Duration::from_secs(exp.saturating_add(LEEWAY_SECS).min(1 << 40)),
         })
+    }
+
+    /// The first scope the gateway asks for that `claims` lack (`scope`, space-separated
+    /// as RFC 8693 and RFC 9068 have it, or `scp`, a list or a string, as some issuers
+    /// write it).
+    fn missing_scope<'a>(&'a self, claims: &Value) -> Option<&'a str> {
+        let granted: std::collections::HashSet<&str> = ["scope", "scp"]
+            .iter()
+            .filter_map(|name| claims.get(*name))
+            .flat_map(|v| match v {
+                Value::String(s) => s.split_whitespace().collect::<Vec<_>>(),
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        self.config
+            .scopes
+            .iter()
+            .find(|s| !granted.contains(s.as_str()))
+            .map(String::as_str)
+    }
+
+    /// The scopes a token must carry, for a challenge's `scope` (RFC 6750 §3), if any.
+    pub fn scopes(&self) -> Option<String> {
+        (!self.config.scopes.is_empty()).then(|| self.config.scopes.join(" "))
     }
 
     /// The protected resource metadata (RFC 9728) the gateway serves.
