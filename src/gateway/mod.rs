@@ -1434,7 +1434,7 @@ impl Gateway {
                     &principal.agent,
                     principal.context.as_deref(),
                     &request.method,
-                    &seal::params_digest(params),
+                    || seal::params_digest(params),
                 );
                 match opened {
                     // Not a state of the server now under its id (a reload replaced
@@ -2091,7 +2091,7 @@ impl Gateway {
                         &principal.agent,
                         principal.context.as_deref(),
                         method,
-                        &digest(),
+                        digest,
                     )
                     .map_err(|e| {
                         tracing::info!(agent = %principal.agent, error = %e, "requestState refused");

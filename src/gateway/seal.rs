@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::GatewayError;
-use crate::util::hash::sha256_hex;
 
 /// Milliseconds since the epoch (0 for a clock before it, so that nothing opens).
 pub(crate) fn now_ms() -> u64 {
@@ -208,7 +207,7 @@ impl Sealer {
         agent: &str,
         context: Option<&str>,
         method: &str,
-        digest: &str,
+        digest: impl FnOnce() -> String,
     ) -> Result<RoundState, SealError> {
         if sealed.len() > MAX_SEALED {
             return Err(SealError::Malformed);
@@ -246,7 +245,9 @@ impl Sealer {
         if state.agent != agent || state.context.as_deref() != context {
             return Err(SealError::OtherPrincipal);
         }
-        if state.method != method || state.digest != digest {
+        // The digest last: it reads the whole params, worth doing for a state that
+        // opened, under a key held, for this principal.
+        if state.method != method || state.digest != digest() {
             return Err(SealError::OtherRequest);
         }
         Ok(state)
@@ -262,51 +263,67 @@ pub fn new_key() -> Result<String, GatewayError> {
 
 /// The digest a sealed state is bound to: the params without what changes between
 /// rounds (`_meta`, `inputResponses`, `requestState`), keys sorted at every level.
+/// Hashed as it is written: neither the params (of megabytes, perhaps) nor their text is
+/// copied.
 pub fn params_digest(params: &Value) -> String {
-    fn canonical(v: &Value, out: &mut Vec<u8>) {
+    fn canonical(v: &Value, skip: &[&str], out: &mut dyn FnMut(&[u8])) {
         match v {
             Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
+                let mut keys: Vec<&String> =
+                    map.keys().filter(|k| !skip.contains(&k.as_str())).collect();
                 keys.sort();
-                out.push(b'{');
+                out(b"{");
                 for (i, k) in keys.into_iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out(b",");
                     }
-                    out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
-                    out.push(b':');
-                    canonical(&map[k], out);
+                    out(Value::String(k.clone()).to_string().as_bytes());
+                    out(b":");
+                    canonical(&map[k], &[], out);
                 }
-                out.push(b'}');
+                out(b"}");
             }
             Value::Array(items) => {
-                out.push(b'[');
+                out(b"[");
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out(b",");
                     }
-                    canonical(item, out);
+                    canonical(item, &[], out);
                 }
-                out.push(b']');
+                out(b"]");
             }
-            other => out.extend_from_slice(other.to_string().as_bytes()),
+            other => out(other.to_string().as_bytes()),
         }
     }
-    let mut params = params.clone();
-    if let Some(map) = params.as_object_mut() {
-        for k in ["_meta", "inputResponses", "requestState"] {
-            map.remove(k);
-        }
-    }
-    let mut bytes = Vec::new();
-    canonical(&params, &mut bytes);
-    sha256_hex(&bytes)
+    crate::util::hash::sha256_hex_fed(|out| {
+        canonical(params, &["_meta", "inputResponses", "requestState"], out)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // The digest of the params as their canonical text (keys sorted, the round's own
+    // fields left out), hashed as it is written: the same as that text's.
+    #[test]
+    fn the_digest_is_the_canonical_texts() {
+        let params = json!({"name": "t", "arguments": {"z": [1, {"b": "\"", "a": null}], "x": 1.5},
+            "_meta": {"k": 1}, "inputResponses": {"q": 2}, "requestState": "s"});
+        let text = r#"{"arguments":{"x":1.5,"z":[1,{"a":null,"b":"\""}]},"name":"t"}"#;
+        assert_eq!(
+            params_digest(&params),
+            crate::util::hash::sha256_hex(text.as_bytes())
+        );
+        // Only at the top: a tool's own argument of that name counts.
+        let nested = json!({"name": "t", "arguments": {"_meta": 1}});
+        assert_ne!(
+            params_digest(&nested),
+            params_digest(&json!({"name": "t", "arguments": {}}))
+        );
+    }
 
     fn state(sealer: &Sealer) -> RoundState {
         let now = now_ms();
@@ -332,18 +349,21 @@ mod tests {
         let s = state(&sealer);
         let sealed = sealer.seal(&s).expect("seal");
         let d = s.digest.clone();
-        assert_eq!(sealer.open(&sealed, "a", None, "tools/call", &d), Ok(s));
         assert_eq!(
-            sealer.open(&sealed, "b", None, "tools/call", &d),
+            sealer.open(&sealed, "a", None, "tools/call", || d.clone()),
+            Ok(s)
+        );
+        assert_eq!(
+            sealer.open(&sealed, "b", None, "tools/call", || d.clone()),
             Err(SealError::OtherPrincipal)
         );
         assert_eq!(
-            sealer.open(&sealed, "a", Some("x"), "tools/call", &d),
+            sealer.open(&sealed, "a", Some("x"), "tools/call", || d.clone()),
             Err(SealError::OtherPrincipal)
         );
         let other = params_digest(&json!({"name": "t", "arguments": {"x": 2}}));
         assert_eq!(
-            sealer.open(&sealed, "a", None, "tools/call", &other),
+            sealer.open(&sealed, "a", None, "tools/call", || other.clone()),
             Err(SealError::OtherRequest)
         );
         // Flip one character of the body.
@@ -352,11 +372,11 @@ mod tests {
         bytes[last] = if bytes[last] == b'A' { b'B' } else { b'A' };
         let tampered = String::from_utf8(bytes).expect("ascii");
         assert_eq!(
-            sealer.open(&tampered, "a", None, "tools/call", &d),
+            sealer.open(&tampered, "a", None, "tools/call", || d.clone()),
             Err(SealError::Tampered)
         );
         assert_eq!(
-            sealer.open("garbage", "a", None, "tools/call", &d),
+            sealer.open("garbage", "a", None, "tools/call", || d.clone()),
             Err(SealError::Malformed)
         );
     }
@@ -370,19 +390,19 @@ mod tests {
         let s = state(&old);
         let sealed = old.seal(&s).expect("seal");
         assert!(
-            new.open(&sealed, "a", None, "tools/call", &s.digest)
+            new.open(&sealed, "a", None, "tools/call", || s.digest.clone())
                 .is_ok()
         );
         let only_new = Sealer::from_text(&format!("k2:{k2}"), Duration::from_secs(60)).expect("k2");
         assert_eq!(
-            only_new.open(&sealed, "a", None, "tools/call", &s.digest),
+            only_new.open(&sealed, "a", None, "tools/call", || s.digest.clone()),
             Err(SealError::UnknownKey("k1".into()))
         );
         let mut expired = state(&old);
         expired.expires_ms = now_ms() - 1;
         let sealed = old.seal(&expired).expect("seal");
         assert_eq!(
-            old.open(&sealed, "a", None, "tools/call", &expired.digest),
+            old.open(&sealed, "a", None, "tools/call", || expired.digest.clone()),
             Err(SealError::Expired)
         );
         // Sealed for an hour, opened by a gateway whose ttl is a minute: issued two
@@ -392,7 +412,7 @@ mod tests {
         long.expires_ms = now_ms() + 3_600_000;
         let sealed = old.seal(&long).expect("seal");
         assert_eq!(
-            old.open(&sealed, "a", None, "tools/call", &long.digest),
+            old.open(&sealed, "a", None, "tools/call", || long.digest.clone()),
             Err(SealError::Expired)
         );
         // Issued by a clock ten minutes ahead: refused, not valid ten minutes longer.
@@ -401,7 +421,7 @@ mod tests {
         ahead.expires_ms = ahead.issued_ms + 60_000;
         let sealed = old.seal(&ahead).expect("seal");
         assert_eq!(
-            old.open(&sealed, "a", None, "tools/call", &ahead.digest),
+            old.open(&sealed, "a", None, "tools/call", || ahead.digest.clone()),
             Err(SealError::Expired)
         );
     }

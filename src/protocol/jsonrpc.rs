@@ -154,6 +154,16 @@ struct HeadOnly {
     error: Option<IgnoredAny>,
 }
 
+impl HeadOnly {
+    fn read(bytes: &[u8]) -> Option<HeadOnly> {
+        // A struct's fields may come as an array to serde: `[7, null, {}]` is no reply.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return None;
+        }
+        serde_json::from_slice::<HeadOnly>(bytes).ok()
+    }
+}
+
 /// An id that is an integer or a short string; anything else (an array of millions of
 /// numbers, a megabyte of text) is skipped, not built.
 #[derive(Default)]
@@ -393,13 +403,18 @@ impl Message {
     /// reply (a result or an error, no method), read without building anything else: to
     /// answer a message refused before it is parsed (too costly to parse now).
     pub fn peek_head(bytes: &[u8]) -> Option<(Option<RequestId>, bool)> {
-        // A struct's fields may come as an array to serde: `[7, null, {}]` is no reply.
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-            return None;
-        }
-        let head = serde_json::from_slice::<HeadOnly>(bytes).ok()?;
+        let head = HeadOnly::read(bytes)?;
         let reply = head.method.is_none() && (head.result.is_some() || head.error.is_some());
         Some((head.id.0, reply))
+    }
+
+    /// The id of a message that names a method (a request), read as
+    /// [`Message::peek_head`] reads: one that does not parse is answered under it, and
+    /// nothing that is not a request is (a broken reply shares its id space with
+    /// the other side's requests).
+    pub fn peek_request(bytes: &[u8]) -> Option<RequestId> {
+        let head = HeadOnly::read(bytes)?;
+        head.method.is_some().then_some(head.id.0).flatten()
     }
 
     /// The id of a message of which only the start is at hand (the rest was too long to
@@ -621,6 +636,21 @@ mod tests {
         assert_eq!(start(r#"{"params":{"text":"xxxx"#), (None, None));
         assert_eq!(start(r#"{"id":[1,2,3"#), (None, None));
         assert_eq!(start("not json"), (None, None));
+    }
+
+    // Only what names a method is a request to answer: a broken reply (no method, a
+    // misspelled result) shares its id with nothing of ours to answer.
+    #[test]
+    fn only_a_message_that_names_a_method_is_a_request_to_answer() {
+        let request = |s: &str| Message::peek_request(s.as_bytes());
+        assert_eq!(
+            request(r#"{"id":5,"method":"roots/list"}"#),
+            Some(RequestId::Number(5))
+        );
+        assert_eq!(request(r#"{"jsonrpc":"2.0","id":3}"#), None);
+        assert_eq!(request(r#"{"jsonrpc":"2.0","id":3,"reslt":{}}"#), None);
+        assert_eq!(request(r#"{"id":3,"method":null}"#), None);
+        assert_eq!(request(r#"[{"id":3,"method":"x"}]"#), None);
     }
 
     #[test]

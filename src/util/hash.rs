@@ -16,6 +16,14 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// Hex SHA-256 of what `write` feeds it, piece by piece: the text hashed need not be
+/// built whole.
+pub fn sha256_hex_fed(write: impl FnOnce(&mut dyn FnMut(&[u8]))) -> String {
+    let mut hasher = Sha256::new();
+    write(&mut |bytes: &[u8]| hasher.update(bytes));
+    hex(&hasher.finalize())
+}
+
 /// Hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
