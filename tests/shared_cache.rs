@@ -1552,6 +1552,31 @@ async fn a_process_that_cannot_subscribe_reads_shared_lists_from_redis_each_time
         h.cache_stats()
     );
     h.shutdown().await;
+    // Its own change (the server says its list changed) moves the generation, and its
+    // message, which this user may not publish, is not retried for ever: the server's
+    // lists are shared again. Before, the invalidation stayed unsent, and this process
+    // neither read nor wrote them in Redis again.
+    let server = demo_server("s", &["--ttl-ms", "600000"]);
+    let url = format!("redis://keysonly:pw@127.0.0.1:{}", redis.port);
+    let h = start_ready(config(vec![server], shared(url, &["s"]))).await;
+    h.list_tools(&a()).await.expect("list");
+    let written = |h: &HarnessHandle| h.cache_stats().l3.writes;
+    assert!(eventually(Duration::from_secs(10), || written(&h) >= 1).await);
+    let before = written(&h);
+    h.call_tool(&a(), "s__grow", json!({})).await.expect("grow");
+    let shared_again = async {
+        loop {
+            let tools = h.list_tools(&a()).await.expect("list");
+            if grown(&tools) && written(&h) > before {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), shared_again)
+        .await
+        .unwrap_or_else(|_| panic!("not shared again: {:?}", h.cache_stats()));
+    h.shutdown().await;
 }
 
 // A shared list whose first page is still fresh in memory and whose later pages

@@ -391,6 +391,9 @@ struct Walker<'a> {
     to_share: Vec<Page>,
     /// The shared layer missed once in this walk (it is not asked again).
     l3_missed: bool,
+    /// The last page read from a cache was public: it may have come from Redis (a
+    /// private one never does), its cursor another process's server's.
+    last_hit_public: bool,
     /// The server's generation in the shared layer, asked once per walk before the
     /// first fetch (pages are stored with it), and whether it was asked.
     l3_generation: Option<u64>,
@@ -428,6 +431,7 @@ impl<'a> Walker<'a> {
     /// A page from the cache: its freshness, and when its list is due for a refresh.
     fn saw_cached(&mut self, hit: &Hit) {
         self.from_fetch_only = false;
+        self.last_hit_public = matches!(hit.scope, CacheScope::Public);
         self.saw(hit.remaining, hit.scope);
         let ahead = self.ctx.registry.cache.config().refresh_ahead;
         self.refresh_window = self.refresh_window.min(ahead.min(hit.ttl / 10));
@@ -533,7 +537,7 @@ impl<'a> Walker<'a> {
         }
         // A cursor read from the shared layer (or from memory, which keeps what it
         // read) is another process's server's: the list is read anew instead.
-        if cursor_cached && shared_here {
+        if cursor_cached && shared_here && self.last_hit_public {
             return Err(Walk::Restart);
         }
         self.from_cache = false;
@@ -653,7 +657,9 @@ impl<'a> Walker<'a> {
             return None;
         }
         if self.l3_missed {
-            return None; // one miss and the rest of the walk asks the server
+            // One miss (a first page: a later one's miss restarts the walk, see
+            // `Walk::Restart`) and the rest of the walk asks the server.
+            return None;
         }
         let protocol = self.server.protocol_version()?;
         let key = CacheKey {
@@ -813,6 +819,7 @@ async fn walk(
         fetched: Vec::new(),
         to_share: Vec::new(),
         l3_missed: false,
+        last_hit_public: false,
         l3_generation: None,
         l3_asked: false,
         from_shared: false,

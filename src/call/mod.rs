@@ -100,7 +100,9 @@ pub(crate) struct CallRequest {
 /// and the caller continues it with another call carrying the answers.
 #[derive(Clone, Debug, Default)]
 pub struct Delegation {
-    /// What the caller can answer, declared to the server in place of the handlers'.
+    /// What the caller can answer: declared to a modern server in place of the
+    /// handlers', and what a legacy server's own questions during the call are held to
+    /// before they reach [`Delegation::questions`].
     pub capabilities: Value,
     /// The answers to the previous round, keyed as the server asked.
     pub input_responses: Option<Map<String, Value>>,
@@ -120,8 +122,10 @@ pub struct Delegation {
     /// each update's params with the spec's fields only, its `progress` increasing.
     pub progress: Option<(ProgressSender, Value)>,
     /// Where a legacy server's own `elicitation/create` requests during this call go,
-    /// for the caller to answer (a gateway asks its downstream client); without it
-    /// they go to the input handlers.
+    /// for the caller to answer (a gateway asks its downstream client), each held to
+    /// [`Delegation::capabilities`] first (one it does not declare, a mode it does not
+    /// name, is answered -32602 and never sent here); without it they go to the input
+    /// handlers.
     pub questions: Option<tokio::sync::mpsc::Sender<ServerQuestion>>,
 }
 

@@ -123,8 +123,8 @@ fn capabilities_shown(required: &Value) -> Value {
 
 /// The most versions [`RpcError::kind`] reads of a -32022's `data.supported`.
 const SUPPORTED_SHOWN: usize = 64;
-/// The longest string taken for a version there (versions are dates).
-const VERSION_BYTES: usize = 32;
+/// The characters of each version read there (versions are dates).
+const VERSION_CHARS: usize = 32;
 
 impl RpcError {
     /// An error with no `data`.
@@ -159,21 +159,22 @@ impl RpcError {
                     .and_then(Value::as_array)
                     .map(|a| {
                         // A version is a date: a peer's list of millions, or of long
-                        // strings, is not copied at each look.
+                        // strings, is not copied whole at each look (a long one is cut:
+                        // it is no version of ours either way).
                         a.iter()
                             .filter_map(Value::as_str)
-                            .filter(|v| v.len() <= VERSION_BYTES)
                             .take(SUPPORTED_SHOWN)
-                            .map(String::from)
+                            .map(|v| v.chars().take(VERSION_CHARS).collect())
                             .collect()
                     })
                     .unwrap_or_default(),
                 requested: data
                     .and_then(|d| d.get("requested"))
                     .and_then(Value::as_str)
-                    .filter(|v| v.len() <= VERSION_BYTES)
                     .unwrap_or_default()
-                    .to_string(),
+                    .chars()
+                    .take(VERSION_CHARS)
+                    .collect(),
             },
             INVALID_PARAMS => RpcErrorKind::InvalidParams,
             METHOD_NOT_FOUND => RpcErrorKind::MethodNotFound,
@@ -260,8 +261,8 @@ mod tests {
         assert_eq!(
             long.kind(),
             RpcErrorKind::UnsupportedProtocolVersion {
-                supported: vec!["2026-07-28".into()],
-                requested: String::new(),
+                supported: vec!["x".repeat(VERSION_CHARS), "2026-07-28".into()],
+                requested: "y".repeat(VERSION_CHARS),
             }
         );
         let big = serde_json::json!({"x": "y".repeat(10_000)});

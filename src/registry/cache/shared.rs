@@ -255,14 +255,7 @@ fn about_a_keys_value(e: &redis::RedisError) -> bool {
 /// replica): it is up, and reads go on; a write's failure (an invalidation, a refresh
 /// claim) is its own.
 fn refuses_writes(e: &redis::RedisError) -> bool {
-    // NOPERM: an ACL user without the right (a `PUBLISH` without channels) is a
-    // Redis that answers, refusing that command; the reads go on.
-    let refusal = |code: &str| {
-        matches!(
-            code,
-            "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF" | "NOPERM"
-        )
-    };
+    let refusal = |code: &str| matches!(code, "OOM" | "READONLY" | "NOREPLICAS" | "MISCONF");
     if let Some(errors) = e.clone().into_server_errors() {
         return !errors.is_empty() && errors.iter().all(|(_, s)| refusal(s.code()));
     }
@@ -1617,20 +1610,37 @@ impl SharedCache {
             generation: u64::try_from(generation).ok(),
         })
         .unwrap_or_default();
-        let published: Option<i64> = self
+        // `Some(None)`: refused for want of rights (a user allowed keys but no channels).
+        let published: Option<Option<i64>> = self
             .run("invalidate", async |mut conn| {
-                redis::cmd("PUBLISH")
+                match redis::cmd("PUBLISH")
                     .arg(&channel)
                     .arg(&message)
-                    .query_async(&mut conn)
+                    .query_async::<i64>(&mut conn)
                     .await
+                {
+                    Ok(heard) => Ok(Some(heard)),
+                    Err(e) if e.code() == Some("NOPERM") => Ok(None),
+                    Err(e) => Err(e),
+                }
             })
             .await;
-        if published.is_none() {
+        match published {
             // Tried again: one more INCR costs nothing, a lost message leaves peers stale.
-            return false;
+            None => return false,
+            // The generation moved, which every lookup reads: as sent as it can be (a
+            // peer under this user can subscribe no more than this process can publish,
+            // and one retry after another would move the generation every 30 s).
+            Some(None) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(url = %redacted(&self.config.url), "the shared cache's invalidations cannot be published (NOPERM): peers learn of changes from the generation at their next lookup, and lists kept in their memory are not dropped");
+                });
+            }
+            Some(Some(_)) => {
+                self.counts.published.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        self.counts.published.fetch_add(1, Ordering::Relaxed);
         // What this process moved it to is the least it accepts from now on.
         if let Ok(generation) = u64::try_from(generation) {
             let mut highest = self.highest.lock();
@@ -1705,10 +1715,20 @@ impl SharedCache {
                 })
                 .await;
                 if let Some(this) = this.upgrade() {
-                    // Refused: Redis answered the subscription with an error.
-                    let refused = matches!(&connected, Ok(Err(e)) if e.code().is_some());
-                    this.subscription_refused.store(refused, Ordering::Release);
+                    // Refused: Redis answered the subscription with an error. A timeout
+                    // or a connection lost says nothing of that: as it was.
+                    let refused = match &connected {
+                        Ok(Ok(_)) => false,
+                        Ok(Err(e)) if e.code().is_some() => true,
+                        _ => this.subscription_refused.load(Ordering::Acquire),
+                    };
+                    let was = this.subscription_refused.swap(refused, Ordering::AcqRel);
                     this.settled.store(true, Ordering::Release);
+                    // Refused now: what was kept while a subscription was up (or while
+                    // Redis could not be reached) is read from Redis from now on.
+                    if refused && !was {
+                        servers.iter().for_each(|s| changed(s));
+                    }
                 }
                 match connected {
                     Ok(Ok(pubsub)) => {
@@ -1772,7 +1792,14 @@ impl SharedCache {
                     Ok(Err(e)) => {
                         may_have_missed = true;
                         if !std::mem::replace(&mut said, true) {
-                            tracing::warn!(error = %e, "shared cache subscription failed: peers' changes go unheard, and shared lists are read from Redis each time until one is made");
+                            match e.code() {
+                                Some(_) => {
+                                    tracing::warn!(error = %e, "shared cache subscription refused: peers' changes go unheard, and shared lists are read from Redis each time until one is made")
+                                }
+                                None => {
+                                    tracing::warn!(error = %e, "shared cache subscription failed: peers' changes go unheard until one is made, which drops what is kept meanwhile")
+                                }
+                            }
                         } else {
                             tracing::debug!(error = %e, "shared cache subscription failed");
                         }
@@ -1781,7 +1808,7 @@ impl SharedCache {
                         may_have_missed = true;
                         if !std::mem::replace(&mut said, true) {
                             tracing::warn!(
-                                "shared cache subscription timed out: peers' changes go unheard, and shared lists are read from Redis each time until one is made"
+                                "shared cache subscription timed out: peers' changes go unheard until one is made, which drops what is kept meanwhile"
                             );
                         } else {
                             tracing::debug!("shared cache subscription timed out");

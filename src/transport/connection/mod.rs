@@ -263,6 +263,9 @@ impl Connection {
                 let handshake =
                     initialize_answering_pings(&transport, &mut inbound, &mut held, &ids, &options)
                         .await;
+                // Shown to be modern: a failure of the probe again is not one to meet
+                // with a legacy handshake.
+                let mut modern = false;
                 let handshake = match handshake {
                     // A modern server slow to start: it read the probe once up (its
                     // answer came after the wait) and refuses `initialize` naming its
@@ -276,6 +279,7 @@ impl Connection {
                             server,
                             "a server slow to answer server/discover refused initialize as a modern server does; probing it again"
                         );
+                        modern = true;
                         match self::probe::probe(&transport, &ids, &options).await {
                             Ok(Probe::Modern { version, discover }) => {
                                 Ok(ServerProfile::Modern { version, discover })
@@ -297,7 +301,7 @@ impl Connection {
                     // before `initialize`): as one that exited on it, respawned once.
                     Err(ConnectError::Transport(
                         TransportError::Closed { .. } | TransportError::NotSent(_),
-                    )) if !transport.is_http() => {
+                    )) if !transport.is_http() && !modern => {
                         tracing::info!(
                             server,
                             %reason,

@@ -626,11 +626,18 @@ impl HttpTransport {
             .send()
             .await
             .map_err(send_error)?;
-        let sid = response
-            .headers()
-            .get(SESSION_HEADER)
-            .and_then(|v| usable_session_id(v.as_bytes()))
-            .map(String::from);
+        let sid = match response.headers().get(SESSION_HEADER) {
+            None => None,
+            Some(v) => {
+                let usable = usable_session_id(v.as_bytes()).map(String::from);
+                if usable.is_none()
+                    && let Some(ignored) = self.ignored.log()
+                {
+                    tracing::warn!(server = %self.server, bytes = v.len(), ignored, "a session id that is not 1 to 1024 visible ASCII characters; taken for none");
+                }
+                usable
+            }
+        };
         // A session an `initialize` began is ended if its reply then fails, or is cut
         // off (its time ran out), rather than left to the server.
         let adopted = adopt && sid.is_some();
@@ -1409,14 +1416,7 @@ fn usable_session_id(id: &[u8]) -> Option<&str> {
     let usable = !id.is_empty()
         && id.len() <= SESSION_ID_BYTES
         && id.iter().all(|b| (0x21..=0x7e).contains(b));
-    if !usable {
-        tracing::warn!(
-            bytes = id.len(),
-            "a session id that is not 1 to 1024 visible ASCII characters; taken for none"
-        );
-        return None;
-    }
-    std::str::from_utf8(id).ok()
+    usable.then(|| std::str::from_utf8(id).ok()).flatten()
 }
 
 /// The longest session id taken.
