@@ -9,7 +9,7 @@
 //! when configured by one, else what its own name resolved to when sign-in connected to
 //! it: only internal addresses, and never a public one before. An attacker's name that
 //! adds one internal address to public ones does not make its server internal (and is
-//! refused like any other), and one that resolves only internally is connected to
+//! connected to on its public addresses only), and one that resolves only internally is connected to
 //! there, where TLS for its name fails. The verdict is taken when the name resolves,
 //! not when the connection succeeds: while a connection to such an answer is tried,
 //! other requests of the same sign-in see the server as internal.
@@ -164,13 +164,21 @@ impl SignInResolver {
             }
         }
         let server_internal = *self.server_at.lock() == ServerAt::Internal(true);
-        if !server_internal
-            && let Some(address) = addrs.iter().copied().find(|a| is_internal_ip(*a))
-        {
-            // One internal address among public ones is enough: the connector may try it.
-            return Err(Box::new(InternalAddress { host, address }));
+        if server_internal {
+            return Ok(addrs);
         }
-        Ok(addrs)
+        // Only the public addresses are given to the connector (a name with a public A
+        // record and a private AAAA one, common with IPv6 ULAs, is reached on the
+        // first); one with none is refused.
+        let public: Vec<IpAddr> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !is_internal_ip(*a))
+            .collect();
+        match addrs.iter().copied().find(|a| is_internal_ip(*a)) {
+            Some(address) if public.is_empty() => Err(Box::new(InternalAddress { host, address })),
+            _ => Ok(public),
+        }
     }
 }
 
@@ -265,8 +273,19 @@ mod tests {
             1
         );
         refused(r.checked("metadata.example".into()).await);
-        // One internal address among public ones.
-        refused(r.checked("mixed.example".into()).await);
+        // One internal address among public ones: reached on the public ones only (a
+        // ULA beside a public address is common), the internal one never given out.
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert_eq!(
+            r.checked("mixed.example".into())
+                .await
+                .expect("public ones"),
+            [ip("203.0.113.7")]
+        );
+        assert_eq!(
+            r.checked("half.example".into()).await.expect("public ones"),
+            [ip("203.0.113.8")]
+        );
         assert!(r.checked("auth.example".into()).await.is_ok());
     }
 
@@ -379,10 +398,17 @@ mod tests {
         let r = resolver("https://half.example/mcp", table(NAMES));
         // Public and internal addresses: the server is public, and its internal
         // address is not connected to.
-        refused(r.checked("half.example".into()).await);
+        let public = ["203.0.113.8".parse::<IpAddr>().expect("ip")];
+        assert_eq!(
+            r.checked("half.example".into()).await.expect("public"),
+            public
+        );
         assert!(!r.server_unknown());
         refused(r.checked("mcp.corp".into()).await);
         // Another port of the server's name is the same name.
-        refused(r.checked("HALF.example.".into()).await);
+        assert_eq!(
+            r.checked("HALF.example.".into()).await.expect("public"),
+            public
+        );
     }
 }
