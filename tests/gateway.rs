@@ -5686,10 +5686,11 @@ async fn a_stdio_client_that_closes_its_input_while_its_answers_wait_unread_is_l
     const CALLS: u64 = 17;
     let setup = Setup::new("write_timeout = \"1s\"", &[("k1", &key("k1"))]);
     let (mut child, mut stdin, _lines) = stdio_gateway(&setup);
-    // 17 answers of 1 MiB: the 17th line is read with 16 unread answers (under 16 MiB,
-    // less what the pipe holds), and the answers then wait past it; one more line is
-    // read after them, and the gateway waits for room before the next.
-    let text = "x".repeat(1 << 20);
+    // 17 answers of a KiB less than 1 MiB: the 17th line is read with 16 unread
+    // answers (under 16 MiB even with nothing taken by the pipe yet, as on a loaded
+    // machine), and the answers then wait past it; one more line is read after them,
+    // and the gateway waits for room before the next.
+    let text = "x".repeat((1 << 20) - 1024);
     for id in 1..=CALLS {
         let mut call = request(
             "tools/call",

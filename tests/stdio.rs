@@ -194,10 +194,10 @@ async fn a_modern_server_with_no_common_version_is_an_error_not_a_fallback() {
         other => panic!("expected NoCommonVersion, got {other}"),
     }
     // A server's list is quoted in part: it is the server's, of any length (here 50
-    // long names, which are no versions, and one modern version we do not speak).
-    let mut many: Vec<String> = (0..50)
-        .map(|i| format!("2099-01-{i:02}{}", "x".repeat(2_000)))
-        .collect();
+    // names, which are no versions of ours, and one modern version we do not speak;
+    // strings too long to be versions are not read at all).
+    let mut many: Vec<String> = (0..50).map(|i| format!("2099-01-{i:02}-odd")).collect();
+    many.push("x".repeat(2_000));
     many.push("2099-12-31".into());
     let err = Connection::connect(
         "future",
@@ -1030,5 +1030,42 @@ async fn a_ping_after_much_said_before_the_handshake_is_answered() {
     assert_eq!(reply["id"], 99, "{reply}");
     assert_eq!(reply["result"], json!({}), "{reply}");
     conn.shutdown().await;
+    let _ = std::fs::remove_file(heard);
+}
+
+// A broken reply (no method, a misspelled result) names our request: that request fails
+// at once on it, not at its deadline, and the server hears nothing under that id (its
+// own requests have ids of their own). Before, it was answered as a request.
+#[tokio::test]
+async fn a_broken_reply_fails_its_request_at_once_and_is_not_answered() {
+    let heard = temp_file("broken-reply");
+    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
+    let script = format!(
+        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"reslt":{{}}}}\n' "$id"; cat > '{heard}'"#,
+        heard = heard.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        era: EraPreference::Legacy,
+        request_timeout: Duration::from_secs(60),
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("broken", spec, opts)
+        .await
+        .expect("connect");
+    let failed = tokio::time::timeout(
+        Duration::from_secs(20),
+        conn.request("tools/call", call("x", json!({}))),
+    )
+    .await
+    .expect("failed on the broken reply, not at the deadline")
+    .expect_err("a broken reply");
+    assert!(
+        matches!(failed, RequestError::Transport(TransportError::Protocol(_))),
+        "{failed}"
+    );
+    conn.shutdown().await;
+    let said = std::fs::read_to_string(&heard).unwrap_or_default();
+    assert!(!said.contains("\"error\""), "answered: {said}");
     let _ = std::fs::remove_file(heard);
 }

@@ -246,8 +246,12 @@ impl Identity {
                             tracing::debug!(error = %reason, "bearer JWT refused");
                             IdentityError::Unknown
                         };
-                        let verified = jwt.verify(token).map_err(|e| match e {
-                            super::jwt::JwtError::Scope(_) => {
+                        let verified = jwt.verify(token).map_err(|e| match &e {
+                            // Its agent refused anyway: no scope would let it in, and a
+                            // client told of a scope would sign in again for nothing.
+                            super::jwt::JwtError::Scope { agent, .. }
+                                if !self.reserved.contains(agent.as_str()) =>
+                            {
                                 tracing::debug!(error = %e, "bearer JWT refused");
                                 IdentityError::InsufficientScope
                             }

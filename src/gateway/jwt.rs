@@ -66,7 +66,7 @@ fn default_context_claim() -> String {
     "sub".into()
 }
 
-/// Why a JWT was refused (logged; the client gets 401).
+/// Why a JWT was refused (logged; the client gets 401, or 403 for a scope it lacks).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum JwtError {
@@ -86,9 +86,15 @@ pub enum JwtError {
     /// longer than 256 bytes, or with control or invisible characters).
     #[error("claim {0:?} is missing or not a name")]
     Claim(String),
-    /// Valid, but without a scope the gateway asks for (the client gets 403).
-    #[error("the token lacks scope {0:?}")]
-    Scope(String),
+    /// Valid, but without a scope the gateway asks for (the client gets 403, unless
+    /// the agent it names is refused anyway).
+    #[error("the token lacks scope {missing:?}")]
+    Scope {
+        /// The first scope it lacks.
+        missing: String,
+        /// The agent it names, checked before the scope is said to be what is wrong.
+        agent: String,
+    },
 }
 
 /// What a verified JWT says.
@@ -365,7 +371,10 @@ impl JwtVerifier {
         let context = claim(&self.config.context_claim)
             .ok_or_else(|| JwtError::Claim(self.config.context_claim.clone()))?;
         if let Some(missing) = self.missing_scope(&data.claims) {
-            return Err(JwtError::Scope(missing.to_string()));
+            return Err(JwtError::Scope {
+                missing: missing.to_string(),
+                agent,
+            });
         }
         // Present and numeric, or `decode` would have refused it.
         let exp = data
@@ -385,19 +394,21 @@ impl JwtVerifier {
     /// as RFC 8693 and RFC 9068 have it, or `scp`, a list or a string, as some issuers
     /// write it).
     fn missing_scope<'a>(&'a self, claims: &Value) -> Option<&'a str> {
-        let granted: std::collections::HashSet<&str> = ["scope", "scp"]
-            .iter()
-            .filter_map(|name| claims.get(*name))
-            .flat_map(|v| match v {
-                Value::String(s) => s.split_whitespace().collect::<Vec<_>>(),
-                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let granted = |scope: &str| {
+            ["scope", "scp"]
+                .iter()
+                .filter_map(|name| claims.get(*name))
+                .any(|v| match v {
+                    Value::String(s) => s.split_whitespace().any(|s| s == scope),
+                    Value::Array(a) => a.iter().any(|s| s.as_str() == Some(scope)),
+                    _ => false,
+                })
+        };
+        // Nothing read when nothing is asked (the default).
         self.config
             .scopes
             .iter()
-            .find(|s| !granted.contains(s.as_str()))
+            .find(|s| !granted(s))
             .map(String::as_str)
     }
 

@@ -455,14 +455,22 @@ pub async fn serve(
             Ok(m) => m,
             Err(e) => {
                 let refused = RpcError::new(e.code(), e.to_string());
-                match Message::peek_head(&line) {
-                    // A malformed answer to one of the gateway's questions fails it now,
-                    // rather than leave it to wait out its time; a reply is not answered.
-                    Some((Some(id), true)) => pipe.pending.answer(&id, Err(refused)),
+                match Message::peek_id(&line) {
                     // A request whose id can be read hears under it.
-                    head => {
+                    Some((id, true)) => {
                         pipe.send(&Message::Response(Response {
-                            id: head.and_then(|(id, _)| id),
+                            id: Some(id),
+                            outcome: Err(refused),
+                        }));
+                    }
+                    // A malformed answer (no method: a misspelled result, say) to one
+                    // of the gateway's questions fails it now, rather than leave it to
+                    // wait out its time; a reply is not answered.
+                    Some((id, false)) => pipe.pending.answer(&id, Err(refused)),
+                    // No id to answer under: JSON-RPC's null.
+                    None => {
+                        pipe.send(&Message::Response(Response {
+                            id: None,
                             outcome: Err(refused),
                         }));
                     }

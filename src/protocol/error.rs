@@ -123,8 +123,8 @@ fn capabilities_shown(required: &Value) -> Value {
 
 /// The most versions [`RpcError::kind`] reads of a -32022's `data.supported`.
 const SUPPORTED_SHOWN: usize = 64;
-/// The characters of each version read there (versions are dates).
-const VERSION_CHARS: usize = 32;
+/// The longest string read there for a version (versions are dates).
+const VERSION_BYTES: usize = 32;
 
 impl RpcError {
     /// An error with no `data`.
@@ -158,23 +158,24 @@ impl RpcError {
                     .and_then(|d| d.get("supported"))
                     .and_then(Value::as_array)
                     .map(|a| {
-                        // A version is a date: a peer's list of millions, or of long
-                        // strings, is not copied whole at each look (a long one is cut:
-                        // it is no version of ours either way).
+                        // A version is a date: a peer's list of millions is not copied
+                        // at each look, nor a long string, which is no version (left
+                        // out before the first few are taken, as the full list's
+                        // versions would be read).
                         a.iter()
                             .filter_map(Value::as_str)
+                            .filter(|v| v.len() <= VERSION_BYTES)
                             .take(SUPPORTED_SHOWN)
-                            .map(|v| v.chars().take(VERSION_CHARS).collect())
+                            .map(String::from)
                             .collect()
                     })
                     .unwrap_or_default(),
                 requested: data
                     .and_then(|d| d.get("requested"))
                     .and_then(Value::as_str)
+                    .filter(|v| v.len() <= VERSION_BYTES)
                     .unwrap_or_default()
-                    .chars()
-                    .take(VERSION_CHARS)
-                    .collect(),
+                    .to_string(),
             },
             INVALID_PARAMS => RpcErrorKind::InvalidParams,
             METHOD_NOT_FOUND => RpcErrorKind::MethodNotFound,
@@ -261,10 +262,19 @@ mod tests {
         assert_eq!(
             long.kind(),
             RpcErrorKind::UnsupportedProtocolVersion {
-                supported: vec!["x".repeat(VERSION_CHARS), "2026-07-28".into()],
-                requested: "y".repeat(VERSION_CHARS),
+                supported: vec!["2026-07-28".into()],
+                requested: String::new(),
             }
         );
+        // Long strings do not take the places of the versions after them.
+        let mut padded: Vec<Value> = (0..100).map(|_| json!("z".repeat(100))).collect();
+        padded.push(json!("2026-07-28"));
+        let padded = RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "no")
+            .with_data(json!({"supported": padded}));
+        let RpcErrorKind::UnsupportedProtocolVersion { supported, .. } = padded.kind() else {
+            panic!("kind");
+        };
+        assert_eq!(supported, ["2026-07-28"]);
         let big = serde_json::json!({"x": "y".repeat(10_000)});
         assert!(!serializes_within(&big, 512));
         assert!(serializes_within(&serde_json::json!({"x": 1}), 512));

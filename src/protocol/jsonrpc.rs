@@ -408,13 +408,14 @@ impl Message {
         Some((head.id.0, reply))
     }
 
-    /// The id of a message that names a method (a request), read as
-    /// [`Message::peek_head`] reads: one that does not parse is answered under it, and
-    /// nothing that is not a request is (a broken reply shares its id space with
-    /// the other side's requests).
-    pub fn peek_request(bytes: &[u8]) -> Option<RequestId> {
+    /// The id of a message that does not parse, read as [`Message::peek_head`] reads,
+    /// and whether it names a method: a request is answered under its id, anything
+    /// else with one is taken for a broken reply to the request of that id (the two
+    /// sides' requests have ids of their own: a broken reply is never answered).
+    pub fn peek_id(bytes: &[u8]) -> Option<(RequestId, bool)> {
         let head = HeadOnly::read(bytes)?;
-        head.method.is_some().then_some(head.id.0).flatten()
+        let request = head.method.is_some();
+        head.id.0.map(|id| (id, request))
     }
 
     /// The id of a message of which only the start is at hand (the rest was too long to
@@ -642,15 +643,17 @@ mod tests {
     // misspelled result) shares its id with nothing of ours to answer.
     #[test]
     fn only_a_message_that_names_a_method_is_a_request_to_answer() {
-        let request = |s: &str| Message::peek_request(s.as_bytes());
+        let id = |s: &str| Message::peek_id(s.as_bytes());
+        let n = RequestId::Number;
+        assert_eq!(id(r#"{"id":5,"method":"roots/list"}"#), Some((n(5), true)));
+        assert_eq!(id(r#"{"jsonrpc":"2.0","id":3}"#), Some((n(3), false)));
         assert_eq!(
-            request(r#"{"id":5,"method":"roots/list"}"#),
-            Some(RequestId::Number(5))
+            id(r#"{"jsonrpc":"2.0","id":3,"reslt":{}}"#),
+            Some((n(3), false))
         );
-        assert_eq!(request(r#"{"jsonrpc":"2.0","id":3}"#), None);
-        assert_eq!(request(r#"{"jsonrpc":"2.0","id":3,"reslt":{}}"#), None);
-        assert_eq!(request(r#"{"id":3,"method":null}"#), None);
-        assert_eq!(request(r#"[{"id":3,"method":"x"}]"#), None);
+        assert_eq!(id(r#"{"id":3,"method":null}"#), Some((n(3), false)));
+        assert_eq!(id(r#"{"method":"x"}"#), None);
+        assert_eq!(id(r#"[{"id":3,"method":"x"}]"#), None);
     }
 
     #[test]

@@ -563,6 +563,8 @@ pub struct SharedCache {
     /// checks the generation, not kept here. (A Redis down or slow refuses nothing: what
     /// is kept then is dropped once a subscription is made.)
     subscription_refused: AtomicBool,
+    /// Said that invalidations cannot be published (`NOPERM`): said once.
+    publish_refused_said: AtomicBool,
 }
 
 /// The file that keeps [`SharedCache::highest`] across restarts (see the module docs).
@@ -790,6 +792,7 @@ impl SharedCache {
             floors,
             settled: AtomicBool::new(false),
             subscription_refused: AtomicBool::new(false),
+            publish_refused_said: AtomicBool::new(false),
         });
         tokio::spawn(write_queue(Arc::downgrade(&shared), queue));
         if let Some(wake) = wake {
@@ -1632,10 +1635,9 @@ impl SharedCache {
             // peer under this user can subscribe no more than this process can publish,
             // and one retry after another would move the generation every 30 s).
             Some(None) => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
+                if !self.publish_refused_said.swap(true, Ordering::Relaxed) {
                     tracing::warn!(url = %redacted(&self.config.url), "the shared cache's invalidations cannot be published (NOPERM): peers learn of changes from the generation at their next lookup, and lists kept in their memory are not dropped");
-                });
+                }
             }
             Some(Some(_)) => {
                 self.counts.published.fetch_add(1, Ordering::Relaxed);

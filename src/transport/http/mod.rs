@@ -1069,19 +1069,17 @@ impl HttpTransport {
                     Err(e) => {
                         // The reply awaited, but broken (an error of the wrong shape,
                         // say): the request fails now instead of at its deadline.
-                        if let Some((Some(id), true)) = Message::peek_head(event.data.as_bytes())
-                            && want == Some(&id)
-                        {
-                            return Err(e.into());
-                        }
-                        // A request whose id can be read hears an error under it
-                        // (JSON-RPC asks for one), as a stdio server's does.
-                        if let Some(id) = Message::peek_request(event.data.as_bytes()) {
-                            self.refuse(
+                        match Message::peek_id(event.data.as_bytes()) {
+                            // A request whose id can be read hears an error under it
+                            // (JSON-RPC asks for one), as a stdio server's does.
+                            Some((id, true)) => self.refuse(
                                 id,
                                 crate::protocol::RpcError::new(e.code(), e.to_string()),
                                 identity.clone(),
-                            );
+                            ),
+                            // The reply awaited, but broken.
+                            Some((id, false)) if want == Some(&id) => return Err(e.into()),
+                            _ => {}
                         }
                         if let Some(ignored) = self.ignored.log() {
                             tracing::warn!(server = %self.server, error = %e, ignored, "skipping an event that is not JSON-RPC");

@@ -695,24 +695,26 @@ fn on_message(
                 let sample = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
                 tracing::warn!(server = %shared.server, error = %e, line = %sample.escape_debug(), ignored, "skipping a line that is not JSON-RPC");
             }
-            // A reply that names its request (an error of the wrong shape, say): that
-            // request fails now, on its own parse, instead of at its deadline.
-            if let Some((Some(id), true)) = Message::peek_head(line) {
-                deliver(shared, id, Delivery::Line(line.to_vec()));
-            }
-            // A request whose id can be read is answered under it (JSON-RPC asks for an
-            // error): a server waiting on it does not hold the call it came during until
-            // the deadline.
-            if let Some(id) = Message::peek_request(line) {
-                let mut answer = Vec::with_capacity(128);
-                Message::Response(Response {
-                    id: Some(id),
-                    outcome: Err(crate::protocol::RpcError::new(e.code(), e.to_string())),
-                })
-                .write_line(&mut answer);
-                if let Some(writer) = shared.writer.upgrade() {
-                    let _ = writer.try_send(WriterCmd::Line(answer, None));
+            match Message::peek_id(line) {
+                // A request whose id can be read is answered under it (JSON-RPC asks
+                // for an error): a server waiting on it does not hold the call it came
+                // during until the deadline.
+                Some((id, true)) => {
+                    let mut answer = Vec::with_capacity(128);
+                    Message::Response(Response {
+                        id: Some(id),
+                        outcome: Err(crate::protocol::RpcError::new(e.code(), e.to_string())),
+                    })
+                    .write_line(&mut answer);
+                    if let Some(writer) = shared.writer.upgrade() {
+                        let _ = writer.try_send(WriterCmd::Line(answer, None));
+                    }
                 }
+                // Anything else with an id is a broken reply (an error of the wrong
+                // shape, a misspelled result): the request of that id fails now, on its
+                // own parse, instead of at its deadline.
+                Some((id, false)) => deliver(shared, id, Delivery::Line(line.to_vec())),
+                None => {}
             }
         }
     }
