@@ -1675,34 +1675,46 @@ async fn item_05_a_question_during_the_embedders_own_request_is_answered() {
     h.shutdown().await;
 }
 
-// A legacy server's question during a delegated call goes to the call's caller; when
-// the call is dropped while the question is open, the question is withdrawn with it
-// (the caller's reply port closes at once), not left open until the server's own
-// timeout with an answer that would reach a call already gone.
-#[tokio::test]
-async fn a_delegated_callers_question_is_withdrawn_when_its_call_is_dropped() {
+/// A harness whose legacy server `leg` asks for elicitation in its `confirm` (the
+/// handler is declared so that it asks), and a delegated call of it, spawned, whose
+/// caller declares `capabilities` and takes its questions from the receiver.
+async fn delegated_confirm(
+    capabilities: Value,
+) -> (
+    HarnessHandle,
+    tokio::task::JoinHandle<Result<mcp_harness::Answer, CallError>>,
+    tokio::sync::mpsc::Receiver<mcp_harness::ServerQuestion>,
+) {
     let leg = demo_server("leg", &["--era", "legacy"]);
-    // Declared, so that the legacy server asks; the caller answers, not this handler.
     let declared = Arc::new(FixedAnswers::new(json!({"action": "decline"})));
     let h = start_ready_with(
         Harness::builder(config(vec![leg])).input_handler("elicitation/create", declared),
     )
     .await;
-    let (questions, mut asked) = tokio::sync::mpsc::channel(4);
+    let (questions, asked) = tokio::sync::mpsc::channel(4);
     let delegation = mcp_harness::Delegation {
-        capabilities: json!({"elicitation": {}}),
+        capabilities,
         questions: Some(questions),
         ..Default::default()
     };
-    let call = h.call_delegated(
+    let call = tokio::spawn(h.call_delegated(
         &a(),
         mcp_harness::CallKind::Tool,
         "leg__confirm",
         json!({"message": "Go?"}),
         Some(delegation),
         mcp_harness::CallOptions::default(),
-    );
-    let call = tokio::spawn(call);
+    ));
+    (h, call, asked)
+}
+
+// A legacy server's question during a delegated call goes to the call's caller; when
+// the call is dropped while the question is open, the question is withdrawn with it
+// (the caller's reply port closes at once), not left open until the server's own
+// timeout with an answer that would reach a call already gone.
+#[tokio::test]
+async fn a_delegated_callers_question_is_withdrawn_when_its_call_is_dropped() {
+    let (h, call, mut asked) = delegated_confirm(json!({"elicitation": {}})).await;
     let mut question = tokio::time::timeout(Duration::from_secs(10), asked.recv())
         .await
         .expect("asked in time")
@@ -1723,31 +1735,11 @@ async fn a_delegated_callers_question_is_withdrawn_when_its_call_is_dropped() {
 // (before, any elicitation went to it, a URL of any mode but "url" unchecked).
 #[tokio::test]
 async fn a_delegated_callers_question_is_held_to_what_it_declared() {
-    let leg = demo_server("leg", &["--era", "legacy"]);
-    let declared = Arc::new(FixedAnswers::new(json!({"action": "decline"})));
-    let h = start_ready_with(
-        Harness::builder(config(vec![leg])).input_handler("elicitation/create", declared),
-    )
-    .await;
-    let (questions, mut asked) = tokio::sync::mpsc::channel(4);
-    let delegation = mcp_harness::Delegation {
-        capabilities: json!({}),
-        questions: Some(questions),
-        ..Default::default()
-    };
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(20),
-        h.call_delegated(
-            &a(),
-            mcp_harness::CallKind::Tool,
-            "leg__confirm",
-            json!({"message": "Go?"}),
-            Some(delegation),
-            mcp_harness::CallOptions::default(),
-        ),
-    )
-    .await
-    .expect("the call ends");
+    let (h, call, mut asked) = delegated_confirm(json!({})).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the call ends")
+        .expect("joined");
     assert!(
         asked.try_recv().is_err(),
         "a question the caller cannot answer reached it"
@@ -2539,24 +2531,29 @@ fn slow_demo(args: &str) -> TransportSpec {
 }
 
 // A modern server slower to start than the probe waits is taken for a legacy one, and
-// refuses `initialize` as a modern server does: the failure heals (a restart probes
-// afresh), as does a configured-modern server's silent probe. Before, both marked the
-// server failed for good after one slow start.
+// refuses `initialize` as a modern server does: probed again, it connects as modern
+// (`auto`); a configured-modern server's silent probe fails its start, which heals (a
+// restart probes afresh). Before, both marked the server failed for good after one
+// slow start.
 #[tokio::test]
 async fn a_modern_server_slower_than_the_probe_fails_its_start_healably() {
     use mcp_harness::transport::EraPreference;
     let slow = || slow_demo("");
-    for era in [EraPreference::Auto, EraPreference::Modern] {
-        let quick_probe = ConnectOptions {
-            probe_timeout: Duration::from_millis(200),
-            era,
-            ..options()
-        };
-        let Err(err) = Connection::connect("slow", slow(), quick_probe).await else {
-            panic!("{era:?}: the probe cannot have been answered in time");
-        };
-        assert!(!err.cannot_heal(), "{era:?}: {err}");
-    }
+    let quick_probe = |era| ConnectOptions {
+        probe_timeout: Duration::from_millis(200),
+        era,
+        ..options()
+    };
+    let (conn, _events) = Connection::connect("slow", slow(), quick_probe(EraPreference::Auto))
+        .await
+        .expect("probed again once it refused initialize");
+    assert_eq!(conn.era(), Era::Modern);
+    conn.shutdown().await;
+    let Err(err) = Connection::connect("slow", slow(), quick_probe(EraPreference::Modern)).await
+    else {
+        panic!("the probe cannot have been answered in time");
+    };
+    assert!(!err.cannot_heal(), "{err}");
     // Given the time, it is modern.
     let (conn, _events) = Connection::connect("slow", slow(), options())
         .await

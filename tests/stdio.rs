@@ -929,6 +929,40 @@ async fn a_descendant_holding_stdin_does_not_keep_the_transports_tasks_alive() {
     );
 }
 
+/// The shell's words that read a line into `$l` and its numeric id into `$id`.
+const READ_ID: &str = r#"read -r l; id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
+
+/// What a legacy server in `sh` writes to answer `initialize` (its id in `$id`).
+const INITIALIZE_ANSWER: &str = r#"printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"x","version":"1"}}}\n' "$id""#;
+
+/// What it writes to answer the request of `$id` with an empty tool result.
+const EMPTY_RESULT: &str = r#"printf '{"jsonrpc":"2.0","id":%s,"result":{"content":[]}}\n' "$id""#;
+
+/// A legacy server in `sh`: it answers `initialize`, takes `initialized`, reads the
+/// next request (`$l`, its id `$id`), then runs `then`; connected, its requests given
+/// `request_timeout`.
+async fn scripted_legacy(
+    then: &str,
+    request_timeout: Duration,
+) -> (Connection, tokio::sync::mpsc::Receiver<ServerEvent>) {
+    let script = format!("{READ_ID}; {INITIALIZE_ANSWER}; read -r l; {READ_ID}; {then}");
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        era: EraPreference::Legacy,
+        request_timeout,
+        ..options()
+    };
+    Connection::connect("scripted", spec, opts)
+        .await
+        .expect("connect")
+}
+
+/// The one line a scripted server wrote to `heard`, as JSON.
+fn heard_reply(heard: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(heard).expect("heard");
+    serde_json::from_str(text.trim()).expect("a JSON-RPC reply")
+}
+
 // A legacy server's request that is not valid JSON-RPC (no `jsonrpc` here) but whose id
 // can be read is answered under that id with an error, as JSON-RPC asks: a server
 // waiting on it (here before it answers our call) is not left waiting until our
@@ -936,28 +970,17 @@ async fn a_descendant_holding_stdin_does_not_keep_the_transports_tasks_alive() {
 #[tokio::test]
 async fn a_servers_malformed_request_is_answered_under_its_id() {
     let heard = temp_file("malformed-request");
-    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
-    let script = format!(
-        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '{{"id":77,"method":"roots/list"}}\n'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"content":[]}}}}\n' "$id"; sleep 5"#,
-        heard = heard.display()
+    let then = format!(
+        r#"printf '{{"id":77,"method":"roots/list"}}\n'; read -r r; printf '%s\n' "$r" > '{}'; {EMPTY_RESULT}; sleep 5"#,
+        heard.display()
     );
-    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
-    let opts = ConnectOptions {
-        era: EraPreference::Legacy,
-        request_timeout: Duration::from_secs(10),
-        ..options()
-    };
-    let (conn, _events) = Connection::connect("odd", spec, opts)
-        .await
-        .expect("connect");
+    let (conn, _events) = scripted_legacy(&then, Duration::from_secs(10)).await;
     let r = conn
         .request("tools/call", call("x", json!({})))
         .await
         .expect("answered once its own request was");
     assert_eq!(r["content"], json!([]));
-    let reply: serde_json::Value =
-        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
-            .expect("a JSON-RPC reply");
+    let reply = heard_reply(&heard);
     assert_eq!(reply["id"], 77, "{reply}");
     assert_eq!(reply["error"]["code"], -32600, "{reply}");
     conn.shutdown().await;
@@ -970,28 +993,17 @@ async fn a_servers_malformed_request_is_answered_under_its_id() {
 #[tokio::test]
 async fn a_servers_request_under_an_id_in_progress_is_refused() {
     let heard = temp_file("duplicate-request");
-    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
     let ask = r#"{"jsonrpc":"2.0","id":1,"method":"elicitation/create","params":{"message":"m","requestedSchema":{"type":"object","properties":{}}}}"#;
-    let script = format!(
-        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '%s\n%s\n' '{ask}' '{ask}'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"content":[]}}}}\n' "$id"; sleep 5"#,
-        heard = heard.display()
+    let then = format!(
+        r#"printf '%s\n%s\n' '{ask}' '{ask}'; read -r r; printf '%s\n' "$r" > '{}'; {EMPTY_RESULT}; sleep 5"#,
+        heard.display()
     );
-    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
-    let opts = ConnectOptions {
-        era: EraPreference::Legacy,
-        request_timeout: Duration::from_secs(3),
-        ..options()
-    };
     // The questions are taken and never answered.
-    let (conn, _events) = Connection::connect("dup", spec, opts)
-        .await
-        .expect("connect");
+    let (conn, _events) = scripted_legacy(&then, Duration::from_secs(3)).await;
     conn.request("tools/call", call("x", json!({})))
         .await
         .expect("answered");
-    let reply: serde_json::Value =
-        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
-            .expect("a JSON-RPC reply");
+    let reply = heard_reply(&heard);
     assert_eq!(reply["id"], 1, "{reply}");
     assert_eq!(
         reply["error"]["code"], -32600,
@@ -1007,13 +1019,12 @@ async fn a_servers_request_under_an_id_in_progress_is_refused() {
 #[tokio::test]
 async fn a_ping_after_much_said_before_the_handshake_is_answered() {
     let heard = temp_file("ping-after-flood");
-    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
     // One notification of 12 MiB: taken whole (none waits before it), and past what is
     // held for the dispatcher (awk's own: no sprintf of that size in mawk).
-    let flood = r#"awk 'BEGIN{s="xxx"; while(length(s)<9000000) s=s s; for(i=0;i<1;i++) print "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"" s "\"}}"}'"#;
+    let flood = r#"awk 'BEGIN{s="xxx"; while(length(s)<9000000) s=s s; print "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"" s "\"}}"}'"#;
     let script = format!(
-        r#"read l; {id}; {flood}; printf '{{"jsonrpc":"2.0","id":99,"method":"ping"}}\n'; read -r r; printf '%s\n' "$r" > '{heard}'; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; sleep 5"#,
-        heard = heard.display()
+        r#"{READ_ID}; {flood}; printf '{{"jsonrpc":"2.0","id":99,"method":"ping"}}\n'; read -r r; printf '%s\n' "$r" > '{}'; {INITIALIZE_ANSWER}; sleep 5"#,
+        heard.display()
     );
     let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
     let opts = ConnectOptions {
@@ -1024,9 +1035,7 @@ async fn a_ping_after_much_said_before_the_handshake_is_answered() {
     let (conn, _events) = Connection::connect("talkative", spec, opts)
         .await
         .expect("connect");
-    let reply: serde_json::Value =
-        serde_json::from_str(std::fs::read_to_string(&heard).expect("heard").trim())
-            .expect("a JSON-RPC reply");
+    let reply = heard_reply(&heard);
     assert_eq!(reply["id"], 99, "{reply}");
     assert_eq!(reply["result"], json!({}), "{reply}");
     conn.shutdown().await;
@@ -1039,20 +1048,11 @@ async fn a_ping_after_much_said_before_the_handshake_is_answered() {
 #[tokio::test]
 async fn a_broken_reply_fails_its_request_at_once_and_is_not_answered() {
     let heard = temp_file("broken-reply");
-    let id = r#"id=$(printf %s "$l" | sed 's/.*"id":\([0-9]*\).*/\1/')"#;
-    let script = format!(
-        r#"read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}}}\n' "$id"; read l; read l; {id}; printf '{{"jsonrpc":"2.0","id":%s,"reslt":{{}}}}\n' "$id"; cat > '{heard}'"#,
-        heard = heard.display()
+    let then = format!(
+        r#"printf '{{"jsonrpc":"2.0","id":%s,"reslt":{{}}}}\n' "$id"; cat > '{}'"#,
+        heard.display()
     );
-    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
-    let opts = ConnectOptions {
-        era: EraPreference::Legacy,
-        request_timeout: Duration::from_secs(60),
-        ..options()
-    };
-    let (conn, _events) = Connection::connect("broken", spec, opts)
-        .await
-        .expect("connect");
+    let (conn, _events) = scripted_legacy(&then, Duration::from_secs(60)).await;
     let failed = tokio::time::timeout(
         Duration::from_secs(20),
         conn.request("tools/call", call("x", json!({}))),
