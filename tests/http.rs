@@ -154,6 +154,15 @@ async fn an_error_without_an_id_on_a_requests_own_stream_fails_it_at_once() {
     conn.shutdown().await;
 }
 
+/// How many requests of `method` (an HTTP method or a JSON-RPC one) the demo server
+/// recorded in `record`.
+fn requests_of(record: &std::path::Path, method: &str) -> usize {
+    recorded(&record.to_path_buf())
+        .iter()
+        .filter(|r| r["method"] == method)
+        .count()
+}
+
 /// A legacy `delta` demo server over HTTP with `extra` flags (and `--record RECORD`
 /// when given), and a connection to it with `opts`.
 async fn legacy_delta(
@@ -687,12 +696,7 @@ async fn a_standalone_stream_that_ends_at_once_is_reopened_less_and_less_often()
     let record = temp_file("http-get-closes");
     let (_server, conn, _events) =
         legacy_delta(&["--close-get-streams"], Some(&record), options()).await;
-    let gets = || {
-        recorded(&record)
-            .iter()
-            .filter(|r| r["method"] == "GET")
-            .count()
-    };
+    let gets = || requests_of(&record, "GET");
     assert!(
         eventually(Duration::from_secs(10), || gets() >= 2).await,
         "the stream is reopened"
@@ -733,12 +737,7 @@ async fn a_standalone_stream_never_answered_is_tried_again() {
         ..options()
     };
     let (_server, conn, _events) = legacy_delta(&["--hang-gets"], Some(&record), opts).await;
-    let gets = || {
-        recorded(&record)
-            .iter()
-            .filter(|r| r["method"] == "GET")
-            .count()
-    };
+    let gets = || requests_of(&record, "GET");
     assert!(
         eventually(Duration::from_secs(10), || gets() >= 2).await,
         "asked again: {} GETs",
@@ -756,12 +755,7 @@ async fn a_standalone_stream_refused_for_a_while_is_opened_again() {
     let record = temp_file("http-get-503");
     let (_server, conn, _events) =
         legacy_delta(&["--sse", "--fail-gets", "2"], Some(&record), options()).await;
-    let gets = || {
-        recorded(&record)
-            .iter()
-            .filter(|r| r["method"] == "GET")
-            .count()
-    };
+    let gets = || requests_of(&record, "GET");
     assert!(
         eventually(Duration::from_secs(15), || gets() >= 3).await,
         "{} GETs",
