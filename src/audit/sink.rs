@@ -401,32 +401,13 @@ impl Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         // The last holder: what was accepted is still written, and synced. Often on a
-        // runtime's worker (a harness dropped without `shutdown()`, its actors killed):
-        // on a multi-threaded one the worker's other tasks move to another while the
-        // write blocks (a pipe read slowly, a mount); a current-thread one has no other.
-        let finish = || {
+        // runtime's worker (a harness dropped without `shutdown()`, its actors killed),
+        // whose other tasks move to another while the write blocks (a pipe read slowly,
+        // a mount).
+        crate::util::blocking(|| {
             self.write_pending();
             self.sync();
-        };
-        let multi_threaded = matches!(
-            tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread)
-        );
-        // `block_in_place` refuses some threads of such a runtime (one inside a
-        // `LocalSet`, say) by panicking, before it runs anything: the write is then
-        // made here. Never while unwinding, when a second panic would abort.
-        let ran = std::cell::Cell::new(false);
-        if multi_threaded && !std::thread::panicking() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                tokio::task::block_in_place(|| {
-                    ran.set(true);
-                    finish();
-                })
-            }));
-        }
-        if !ran.get() {
-            finish();
-        }
+        });
         let left = self.retrying.load(Ordering::SeqCst);
         if left > 0 {
             tracing::error!(

@@ -258,12 +258,37 @@ impl TokenStore for FileTokenStore {
     fn get(&self, key: &TokenKey) -> Result<Option<Token>, String> {
         let path = self.path(key)?;
         // A file that is for another key is not ours to use.
-        Ok(read_checked(&path)?
+        Ok(crate::util::blocking(|| read_checked(&path))?
             .filter(|s| &s.key == key)
             .map(|s| s.token))
     }
 
     fn put(&self, key: &TokenKey, token: &Token) -> Result<(), String> {
+        // Synced before it is renamed: the disk may take a while.
+        crate::util::blocking(|| self.write(key, token))
+    }
+
+    fn remove(&self, key: &TokenKey) -> Result<(), String> {
+        let path = self.path(key)?;
+        match crate::util::blocking(|| std::fs::remove_file(path)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// An advisory lock (`flock`) on a `.lock` file beside the token's, made `0600`
+    /// and held to the same checks as a token file.
+    fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
+        crate::util::blocking(|| self.lock_renewal(key))
+    }
+
+    fn remove_server(&self, server: &str) -> Result<usize, String> {
+        crate::util::blocking(|| self.remove_files_of(server))
+    }
+}
+
+impl FileTokenStore {
+    fn write(&self, key: &TokenKey, token: &Token) -> Result<(), String> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         self.ensure_dir()?;
@@ -308,16 +333,7 @@ impl TokenStore for FileTokenStore {
         written
     }
 
-    fn remove(&self, key: &TokenKey) -> Result<(), String> {
-        match std::fs::remove_file(self.path(key)?) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
-            _ => Ok(()),
-        }
-    }
-
-    /// An advisory lock (`flock`) on a `.lock` file beside the token's, made `0600`
-    /// and held to the same checks as a token file.
-    fn try_lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
+    fn lock_renewal(&self, key: &TokenKey) -> Result<RenewalLock, String> {
         self.ensure_dir()?;
         let path = self.path(key)?.with_extension("lock");
         let failed = |e: std::io::Error| format!("{}: {e}", path.display());
@@ -331,7 +347,7 @@ impl TokenStore for FileTokenStore {
         }
     }
 
-    fn remove_server(&self, server: &str) -> Result<usize, String> {
+    fn remove_files_of(&self, server: &str) -> Result<usize, String> {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return Ok(0);
         };
