@@ -1,7 +1,9 @@
 //! Small helpers that any layer may use: duration parsing, hashing, invalid settings,
-//! advisory file locks, file work a runtime worker hands off while it blocks, a log budget against floods, a secret read from an operator's file, the slot of a rebuilt actor, outside text made fit for a message, the W3C trace
-//! context of the current span, a pipe writer's pause before a burst. Leaves: they
-//! import nothing else from the crate.
+//! advisory file locks, file work handed off by a runtime worker while it blocks, a log
+//! budget against floods, a secret read from an operator's file, the slot of a rebuilt
+//! actor, outside text made fit for a message, the W3C trace context of the current
+//! span, a pipe writer's pause before a burst. Leaves: they import nothing else from
+//! the crate.
 
 pub mod duration;
 pub mod hash;
