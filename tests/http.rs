@@ -301,6 +301,21 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
 // cancelled with `notifications/cancelled`, as the released revisions ask: there a
 // closed stream is no cancellation. A modern server is sent none (the closed stream
 // is its cancellation).
+/// A server's request that does not parse (here: no `jsonrpc`) but names a method and
+/// an id, on a legacy call's event stream, is answered under that id at once: left
+/// unanswered, the server would wait for it, and the call with it, until our deadline.
+#[tokio::test]
+async fn a_servers_malformed_request_on_an_event_stream_is_answered_under_its_id() {
+    let (_server, conn, _events) = legacy_delta(&[], None, options()).await;
+    let asked = call("ask_many", json!({"n": 2, "malformed": true}));
+    let r = tokio::time::timeout(Duration::from_secs(10), conn.request("tools/call", asked))
+        .await
+        .expect("answered before the deadline")
+        .expect("call");
+    assert_eq!(text(&r), "answered 0 refused 2 codes [-32600, -32600]");
+    conn.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_legacy_http_request_given_up_is_cancelled_on_the_server() {
     let record = temp_file("http-cancel");

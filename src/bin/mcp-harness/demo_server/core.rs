@@ -143,6 +143,12 @@ impl Peer {
         }
     }
 
+    /// Sends a request without its `"jsonrpc": "2.0"` (a malformed one a client should
+    /// refuse under its id) and waits for the answer.
+    pub async fn request_malformed(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.send_request_as(method, params, true).1.await
+    }
+
     fn send_request_named(
         &self,
         method: &str,
@@ -151,15 +157,32 @@ impl Peer {
         RequestId,
         impl Future<Output = Result<Value, RpcError>> + Send + 'static,
     ) {
+        self.send_request_as(method, params, false)
+    }
+
+    fn send_request_as(
+        &self,
+        method: &str,
+        params: Value,
+        malformed: bool,
+    ) -> (
+        RequestId,
+        impl Future<Output = Result<Value, RpcError>> + Send + 'static,
+    ) {
         let id = RequestId::String(format!("srv-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)));
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id.clone(), tx);
-        let request = Request {
-            id: id.clone(),
-            method: method.into(),
-            params: Some(params),
+        let out = if malformed {
+            let line = json!({"id": id, "method": method, "params": params});
+            Out::Raw(format!("{line}\n").into_bytes())
+        } else {
+            Out::Message(Message::Request(Request {
+                id: id.clone(),
+                method: method.into(),
+                params: Some(params),
+            }))
         };
-        let _ = self.tx.send(Out::Message(Message::Request(request)));
+        let _ = self.tx.send(out);
         (id, async move {
             rx.await
                 .unwrap_or_else(|_| Err(RpcError::new(-32603, "client went away")))

@@ -24,7 +24,7 @@ pub fn tools(elicitation: bool) -> Vec<Value> {
         tool(
             "ask_many",
             "Legacy: asks n elicitation requests at once during the call",
-            json!({"n": i("how many"), "mode": s("elicitation mode (default form)")}),
+            json!({"n": i("how many"), "mode": s("elicitation mode (default form)"), "malformed": {"type": "boolean", "description": "each question without its jsonrpc member; the reply names the error codes"}}),
             &["n"],
         ),
         tool(
@@ -220,6 +220,9 @@ async fn ask_many(request: &Request, ctx: &Ctx) -> Action {
     let mode = arg(request, "mode")
         .and_then(Value::as_str)
         .unwrap_or("form");
+    let malformed = arg(request, "malformed")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let mut asks = tokio::task::JoinSet::new();
     for k in 0..n {
         let peer = ctx.peer.clone();
@@ -230,16 +233,29 @@ async fn ask_many(request: &Request, ctx: &Ctx) -> Action {
         )["params"]
             .clone();
         params["mode"] = json!(mode);
-        asks.spawn(async move { peer.request("elicitation/create", params).await.is_ok() });
+        asks.spawn(async move {
+            match malformed {
+                true => peer.request_malformed("elicitation/create", params).await,
+                false => peer.request("elicitation/create", params).await,
+            }
+        });
     }
-    let (mut answered, mut refused) = (0, 0);
+    let (mut answered, mut refused, mut codes) = (0, 0, Vec::new());
     while let Some(r) = asks.join_next().await {
         match r {
-            Ok(true) => answered += 1,
-            _ => refused += 1,
+            Ok(Ok(_)) => answered += 1,
+            Ok(Err(e)) => {
+                refused += 1;
+                codes.push(e.code);
+            }
+            Err(_) => refused += 1,
         }
     }
-    Action::Reply(Ok(text(format!("answered {answered} refused {refused}"))))
+    let mut said = format!("answered {answered} refused {refused}");
+    if malformed {
+        said.push_str(&format!(" codes {codes:?}"));
+    }
+    Action::Reply(Ok(text(said)))
 }
 
 /// One input request of `method` with `params`: asked on the session (legacy), or as
