@@ -63,6 +63,9 @@ impl Actor for AuditActor {
         // One timer at a time, armed again after each drain: a writer stuck in a write
         // does not collect a tick per interval in its mailbox.
         myself.send_after(next_drain(&sink), || AuditMsg::Timer);
+        // A sync armed by the actor this one replaces died with its mailbox.
+        sink.sync_fired();
+        arm_sync(&myself, &sink);
         Ok(sink)
     }
 
@@ -81,10 +84,19 @@ impl Actor for AuditActor {
             }
             // A full batch: written at once, and synced when a sync is due (at most
             // one a second: a flood of batches does not each wait for the disk).
-            AuditMsg::Tick => drain(sink, true).await,
+            AuditMsg::Tick => {
+                drain(sink, true).await;
+                arm_sync(&myself, sink);
+            }
             AuditMsg::Timer => {
                 drain(sink, true).await;
+                arm_sync(&myself, sink);
                 myself.send_after(next_drain(sink), || AuditMsg::Timer);
+            }
+            AuditMsg::Sync => {
+                sink.sync_fired();
+                drain(sink, true).await;
+                arm_sync(&myself, sink);
             }
         }
         Ok(())
@@ -114,6 +126,16 @@ fn next_drain(sink: &AuditSink) -> std::time::Duration {
     }
 }
 
+/// Arms one [`AuditMsg::Sync`] a second from now when written records wait for a sync
+/// (a batch written a moment after the last sync is not synced with it) and none is
+/// armed: the timer may be `flush_every` away, up to an hour, and a host that crashes
+/// meanwhile loses what the README says is at most a second's records.
+fn arm_sync(myself: &ActorRef<AuditMsg>, sink: &AuditSink) {
+    if sink.unsynced() && sink.arm_sync() {
+        myself.send_after(super::sink::SYNC_EVERY, || AuditMsg::Sync);
+    }
+}
+
 /// A typed handle on the audit actor (its address changes when it is rebuilt).
 #[derive(Clone, Default)]
 pub struct AuditRef(pub(crate) ActorSlot<AuditMsg>);
@@ -136,33 +158,77 @@ mod tests {
     use super::*;
     use crate::audit::AuditConfig;
 
-    // What the timer writes is synced to the disk while the trail runs, not only at
-    // shutdown: a disk that refuses it says so then.
-    #[tokio::test]
-    async fn what_was_written_is_synced_while_the_trail_runs() {
-        let dir = crate::util::scratch::Scratch::new("synced");
-        let path = dir.join("audit.jsonl");
-        let config = AuditConfig {
-            path: Some(path.clone()),
-            flush_every: Duration::from_millis(20),
-            ..AuditConfig::default()
-        };
+    /// An audit actor over a sink of `config`, as the harness starts it.
+    async fn started(
+        config: AuditConfig,
+    ) -> (AuditSink, ActorRef<AuditMsg>, tokio::task::JoinHandle<()>) {
         let slot = ActorSlot::default();
         let sink = AuditSink::new(config, slot.clone());
         let (actor, handle) = Actor::spawn(None, AuditActor, sink.clone())
             .await
             .expect("spawn");
         slot.set(actor.clone());
-        sink.record(&serde_json::json!({"i": 1}));
+        (sink, actor, handle)
+    }
+
+    /// Waits up to ten seconds for `done`.
+    async fn within_ten_seconds(done: impl Fn() -> bool) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        done()
+    }
+
+    // What the timer writes is synced to the disk while the trail runs, not only at
+    // shutdown: a disk that refuses it says so then.
+    #[tokio::test]
+    async fn what_was_written_is_synced_while_the_trail_runs() {
+        let dir = crate::util::scratch::Scratch::new("synced");
+        let path = dir.join("audit.jsonl");
+        let (sink, actor, handle) = started(AuditConfig {
+            path: Some(path.clone()),
+            flush_every: Duration::from_millis(20),
+            ..AuditConfig::default()
+        })
+        .await;
+        sink.record(&serde_json::json!({"i": 1}));
         let synced = || {
             std::fs::read_to_string(&path).is_ok_and(|t| t.contains("\"i\":1"))
                 && sink.shared.unsynced.load(Ordering::SeqCst) == 0
         };
-        while !synced() && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(synced(), "written and synced");
+        assert!(within_ten_seconds(synced).await, "written and synced");
+        actor.stop(None);
+        let _ = handle.await;
+    }
+
+    // A full batch written a moment after the last sync is synced a second later, not
+    // at the timer an hour away.
+    #[tokio::test]
+    async fn a_batch_written_just_after_a_sync_is_synced_within_a_second_or_so() {
+        let dir = crate::util::scratch::Scratch::new("batch-synced");
+        let path = dir.join("audit.jsonl");
+        let (sink, actor, handle) = started(AuditConfig {
+            path: Some(path.clone()),
+            flush_every: Duration::from_secs(3600),
+            batch: 2,
+            ..AuditConfig::default()
+        })
+        .await;
+        let lines = || std::fs::read_to_string(&path).map_or(0, |t| t.lines().count());
+        sink.record(&serde_json::json!({"i": 1}));
+        sink.record(&serde_json::json!({"i": 2}));
+        assert!(within_ten_seconds(|| lines() == 2).await, "the first batch");
+        sink.record(&serde_json::json!({"i": 3}));
+        sink.record(&serde_json::json!({"i": 4}));
+        assert!(
+            within_ten_seconds(|| lines() == 4).await,
+            "the second batch"
+        );
+        assert!(
+            within_ten_seconds(|| sink.shared.unsynced.load(Ordering::SeqCst) == 0).await,
+            "the second batch synced"
+        );
         actor.stop(None);
         let _ = handle.await;
     }

@@ -10,4 +10,6 @@ pub enum AuditMsg {
     Tick,
     /// The flush timer fired: write what is buffered, and arm it again.
     Timer,
+    /// A second after a batch was written but not synced (one had just been): sync it.
+    Sync,
 }

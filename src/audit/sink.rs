@@ -173,6 +173,8 @@ pub(super) struct Shared {
     orphan_write: AtomicBool,
     /// Set by the first actor's start: a rebuilt one does not hold its supervisor up.
     started: AtomicBool,
+    /// A sync of written records is armed on the actor's clock (see `arm_sync`).
+    sync_armed: AtomicBool,
 }
 
 /// How often what was written is synced to the disk while the harness runs. A write
@@ -475,6 +477,7 @@ impl AuditSink {
                 last_error: Mutex::new(None),
                 unwritten: AtomicU64::new(0),
                 unsynced: AtomicU64::new(0),
+                sync_armed: AtomicBool::new(false),
                 synced_at: AtomicU64::new(0),
                 sync_failed: AtomicBool::new(false),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
@@ -629,6 +632,21 @@ impl AuditSink {
     /// Whether this is the first actor's start (the harness's), not a rebuild.
     pub(super) fn first_start(&self) -> bool {
         !self.shared.started.swap(true, Ordering::SeqCst)
+    }
+
+    /// Whether records were written since the last sync.
+    pub(super) fn unsynced(&self) -> bool {
+        self.shared.unsynced.load(Ordering::SeqCst) > 0
+    }
+
+    /// Takes the one armed sync; false when one is armed already.
+    pub(super) fn arm_sync(&self) -> bool {
+        !self.shared.sync_armed.swap(true, Ordering::SeqCst)
+    }
+
+    /// The armed sync came (or died with the actor that armed it).
+    pub(super) fn sync_fired(&self) {
+        self.shared.sync_armed.store(false, Ordering::SeqCst);
     }
 
     /// Whether a full batch woke a writer that has not drained it yet: a writer that
