@@ -2797,6 +2797,12 @@ async fn a_client_refused_before_it_is_identified_does_not_keep_its_connection()
             "GET /mcp HTTP/1.1\r\nHost: HOST\r\nOrigin: http://evil.example\r\n\r\n",
             "403",
         ),
+        // A preflight from the host's own origin needs no credentials: repeated, it
+        // held a connection slot for good.
+        (
+            "OPTIONS /mcp HTTP/1.1\r\nHost: HOST\r\nOrigin: http://HOST\r\nAccess-Control-Request-Method: POST\r\n\r\n",
+            "204",
+        ),
     ] {
         // Kept alive, the connection would stay until the 10 s header timeout.
         let got = until_closed(&url, request, Duration::from_secs(5))
@@ -3592,6 +3598,12 @@ async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_r
     assert_eq!(prm["resource"], AUD);
     assert_eq!(prm["authorization_servers"], json!([ISS]));
     assert_eq!(prm["scopes_supported"], json!(["mcp"]));
+    // Public: the connection that asked is closed after it, as a refused one is.
+    let asked = "GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: HOST\r\n\r\n";
+    let got = until_closed(gw.url(), asked, Duration::from_secs(5))
+        .await
+        .expect("closed after the metadata");
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     gw.stop().await;
     let _ = std::fs::remove_file(jwks);
 }

@@ -488,6 +488,7 @@ pub async fn serve(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(super::side::MAX_HEADER_BUFFER)
             .serve_connection(hyper_util::rt::TokioIo::new(Box::pin(stream)), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -707,8 +708,9 @@ fn metadata_path(resource: &str) -> String {
     format!("/.well-known/oauth-protected-resource{path}")
 }
 
-/// A refusal before anyone was identified, with the connection closed after it: an
-/// unidentified client must not keep a connection slot with cheap refused requests.
+/// An answer before anyone was identified (a refusal, a preflight, public metadata),
+/// with the connection closed after it: an unidentified client must not keep a
+/// connection slot with cheap requests.
 fn refused_before_identity(mut r: HttpResponse) -> HttpResponse {
     r.headers_mut().insert(
         hyper::header::CONNECTION,
@@ -754,7 +756,9 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> HttpRespons
         return r;
     };
     if req.method() == Method::OPTIONS {
-        return preflight(&req, origin);
+        // Closed after it, as every answer to a client not identified yet: a preflight
+        // every few seconds would otherwise hold a connection slot without credentials.
+        return refused_before_identity(preflight(&req, origin));
     }
     let mut r = handle_allowed(state, req).await;
     let headers = r.headers_mut();
@@ -810,11 +814,12 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
                     && (req.uri().path() == metadata_path(&jwt.config().audience)
                         || req.uri().path() == "/.well-known/oauth-protected-resource") =>
             {
-                full(
+                // Public, and asked once per sign-in: closed after, as a refusal is.
+                refused_before_identity(full(
                     StatusCode::OK,
                     "application/json",
                     jwt.resource_metadata().to_string(),
-                )
+                ))
             }
             _ => refused_before_identity(full(StatusCode::NOT_FOUND, "", "")),
         };

@@ -39,6 +39,10 @@ pub(crate) const MAX_PER_PEER: usize = 8;
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// How long a request's headers may take.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a connection's headers may take while they are read (a body streams past it):
+/// hyper's default, about 400 KiB, times every connection open is memory anyone may
+/// take before they are identified.
+pub(super) const MAX_HEADER_BUFFER: usize = 128 << 10;
 
 /// Connections open per peer address, each address held to `limit`.
 pub(crate) struct Peers {
@@ -199,6 +203,7 @@ pub(crate) async fn serve<F, Fut>(
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(MAX_HEADER_BUFFER)
             .keep_alive(false)
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         tokio::spawn(async move {
