@@ -1397,8 +1397,8 @@ async fn an_unlisted_resource_is_asked_of_each_server_but_not_while_one_is_unlis
 #[tokio::test]
 async fn a_uri_a_template_makes_is_read_first_where_the_template_is() {
     let record = temp_file("templates-first");
-    let mut first = demo("first", &["--record", &record.to_string_lossy()]);
-    first.priority = 10;
+    // Of one priority: a template orders servers within their rank alone.
+    let first = demo("first", &["--record", &record.to_string_lossy()]);
     let second = demo("second", &["--resource-template"]);
     let third = demo("third", &["--no-templates-method"]);
     let mut cfg = config(vec![first, second, third], &["a"]);
@@ -1441,6 +1441,58 @@ async fn a_uri_a_template_makes_is_read_first_where_the_template_is() {
     let resources = h.list_resources(&some).await.expect("resources");
     assert_eq!(resources.len(), 1, "{resources:?}");
     h.shutdown().await;
+}
+
+// A template is a server's own claim: it does not put the server before one the
+// operator ranked higher, and one that names no scheme (`{+u}`, every URI) orders
+// nothing. A listing's `server__uri` is read on that server alone, not taken for a URI
+// no list names and asked of every server in turn.
+#[tokio::test]
+async fn a_template_claiming_every_uri_goes_before_no_one_and_a_qualified_uri_is_read_where_it_names()
+ {
+    let a = Caller::agent("a");
+    let record = temp_file("claims-every-uri");
+    let claims = |templates: &[&str]| {
+        let mut args = vec!["--record".to_string(), record.to_string_lossy().to_string()];
+        for t in templates {
+            args.extend(["--list-template".to_string(), t.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        demo("evil", &args)
+    };
+    let reads = || tool_calls(&record, "resources/read");
+    // Served by `docs`, which lists no template of it.
+    let uri = "demo://echo/secret";
+
+    let mut docs = demo("docs", &["--resource-template", "--no-templates-method"]);
+    docs.priority = 10;
+    let h = harness(config(vec![claims(&["demo://{+u}"]), docs], &["a"])).await;
+    let r = h.read_resource(&a, uri).await.expect("read");
+    assert_eq!(r["contents"][0]["text"], "secret");
+    assert_eq!(reads(), 0, "the higher priority asked first");
+    h.shutdown().await;
+
+    let docs = demo("docs", &["--resource-template", "--no-templates-method"]);
+    let h = harness(config(vec![docs, claims(&["{+u}"])], &["a"])).await;
+    let r = h.read_resource(&a, uri).await.expect("read");
+    assert_eq!(r["contents"][0]["text"], "secret");
+    assert_eq!(reads(), 0, "a template of no scheme orders nothing");
+    let listed = h.list_resources(&a).await.expect("resources");
+    let readme = listed
+        .iter()
+        .find(|r| &*r.server == "docs" && &*r.name == "demo://readme")
+        .expect("listed");
+    assert_eq!(&*readme.qualified, "docs__demo://readme");
+    let r = h
+        .read_resource(&a, &readme.qualified)
+        .await
+        .expect("read where it names");
+    assert_eq!(r["contents"][0]["uri"], "demo://readme");
+    let e = h.read_resource(&a, "nowhere__demo://readme").await;
+    assert!(matches!(e, Err(CallError::NoRoute { .. })), "{e:?}");
+    assert_eq!(reads(), 0, "neither asked of the other server");
+    h.shutdown().await;
+    let _ = std::fs::remove_file(record);
 }
 
 // A resource URI's credentials (its userinfo, a query's signature) reach no audit

@@ -94,8 +94,13 @@ pub(crate) async fn route<'a>(
     if agent.is_none() {
         return Err(denied(None, None, name));
     }
-    // Resource uris may contain anything; they are never qualified.
-    match split_qualified(name).filter(|_| kind != CallKind::Resource) {
+    // A resource's URI is qualified (`server__uri`, as a listing names it) only when
+    // its first `__` comes before any `:`: a URI's scheme holds no `_`, so no URI reads
+    // so. Taken for a URI, a qualified name was asked of every server with resources
+    // in turn (a secret in it too), and found on none.
+    let qualified = split_qualified(name)
+        .filter(|(server, _)| kind != CallKind::Resource || !server.contains(':'));
+    match qualified {
         Some((server, item)) => route_qualified(ctx, agent, server, item),
         // Boxed: listing every server is a large future, and a qualified name (the
         // common call) should not carry its size.
@@ -233,9 +238,32 @@ async fn route_bare<'a>(
     if guessed && ordered.len() > 1 {
         // Only put first, not the others left out: a server may serve URIs it lists no
         // template of (a file server, any path), and one whose templates could not be
-        // listed may be the URI's.
+        // listed may be the URI's. First among those of its rank (readiness and
+        // priority) alone: a template is the server's own claim, which any server may
+        // make of every URI of a scheme (`https://{+rest}`); the operator's priority
+        // says whom a URI (a secret in it) goes to first.
+        let ranks: Vec<(bool, i32)> = ordered
+            .iter()
+            .map(|c| {
+                (
+                    c.server.state() == ServerState::Ready,
+                    c.server.config().priority,
+                )
+            })
+            .collect();
         let templated = of_templates(ctx, caller, name, &ordered, deadline).await;
-        ordered.sort_by_key(|c| !templated.iter().any(|t| t == c.server.id()));
+        let mut run = 0;
+        let mut keyed = Vec::with_capacity(ordered.len());
+        for (k, c) in ordered.into_iter().enumerate() {
+            if k > 0 && ranks[k] != ranks[k - 1] {
+                run += 1;
+            }
+            let unlisted = !templated.iter().any(|t| t == c.server.id());
+            keyed.push((run, unlisted, c));
+        }
+        // Stable: in config order within each.
+        keyed.sort_by_key(|(run, unlisted, _)| (*run, *unlisted));
+        ordered = keyed.into_iter().map(|(_, _, c)| c).collect();
     }
     Ok(ordered)
 }
@@ -271,6 +299,7 @@ async fn of_templates(
     for l in &lists {
         for template in items(ListKind::ResourceTemplates, &l.pages)
             .filter_map(|i| item_name(ListKind::ResourceTemplates, i))
+            .filter(|t| crate::protocol::uri_template::names_its_scheme(t))
         {
             match crate::protocol::uri_template::matches(template, uri, &mut budget) {
                 Some(true) => {

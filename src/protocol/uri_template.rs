@@ -136,6 +136,19 @@ pub(crate) fn matches(template: &str, uri: &str, budget: &mut usize) -> Option<b
     Some(reach[uri.len()])
 }
 
+/// Whether `template` names its scheme in literal text (`repo://{owner}/…`, not
+/// `{+uri}` nor `{scheme}:…`): a template that could make a URI of any scheme claims
+/// every URI, and says nothing of where one is.
+pub(crate) fn names_its_scheme(template: &str) -> bool {
+    let literal = template.split('{').next().unwrap_or("");
+    let Some((scheme, _)) = literal.split_once(':') else {
+        return false;
+    };
+    let mut chars = scheme.bytes();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +156,30 @@ mod tests {
     fn m(template: &str, uri: &str) -> bool {
         let mut budget = usize::MAX;
         matches(template, uri, &mut budget).unwrap_or(false)
+    }
+
+    #[test]
+    fn a_template_names_its_scheme_only_in_literal_text() {
+        for named in [
+            "repo://{owner}/{repo}/contents{/path*}",
+            "demo://echo/{text}",
+            "file:///{+path}",
+            "urn:isbn:{id}",
+            "demo://readme",
+        ] {
+            assert!(names_its_scheme(named), "{named}");
+        }
+        for unnamed in [
+            "{+uri}",
+            "{scheme}://x/{y}",
+            "users/{id}",
+            "x{a}:b",
+            "1ab:{x}",
+            ":{x}",
+            "",
+        ] {
+            assert!(!names_its_scheme(unnamed), "{unnamed}");
+        }
     }
 
     #[test]
