@@ -2266,7 +2266,14 @@ async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
     first.trust_annotations = true;
     first.timeout = Duration::from_secs(1);
     let second = demo_server("second", &[]);
-    let h = start_ready(config(vec![first, second])).await;
+    let audit = temp_file("hop-audit");
+    let mut cfg = config(vec![first, second]);
+    cfg.audit = AuditConfig {
+        path: Some(audit.clone()),
+        flush_every: Duration::from_millis(20),
+        ..AuditConfig::default()
+    };
+    let h = start_ready(cfg).await;
     h.grant("b", "*", &["slow"]).await.expect("grant");
     // Both lists cached: routing needs nothing of the frozen server.
     h.list_tools(&Caller::agent("b")).await.expect("list");
@@ -2298,7 +2305,23 @@ async fn item_08_a_grant_revoked_before_a_failover_hop_stops_the_hop() {
         "{r:?}"
     );
     h.shutdown().await;
+    // Recorded where it was denied, the first server's failure among its hops.
+    let records = audit_records(&audit);
+    let of_b = records
+        .iter()
+        .find(|r| r["event"] == "started" && r["agent"] == "b")
+        .map(|r| r["call_id"].clone())
+        .expect("b's call started");
+    let finished: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "finished" && r["call_id"] == of_b)
+        .collect();
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0]["server"], "second", "{}", finished[0]);
+    assert_eq!(finished[0]["error"], "denied", "{}", finished[0]);
+    assert_eq!(finished[0]["hops"][0]["server"], "first", "{}", finished[0]);
     let _ = std::fs::remove_file(record);
+    let _ = std::fs::remove_file(audit);
 }
 
 // 9. Unambiguous names (ids: unit tests in server/config.rs).

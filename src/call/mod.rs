@@ -409,13 +409,15 @@ async fn drive(
     let mut last_error = None;
     let mut params = request.kind.params(args);
     for (i, candidate) in candidates.iter().enumerate() {
+        // Before the grant's check: a denial at this hop is recorded against this
+        // server, not the one before.
+        record.server = Some(candidate.server.clone());
         if i > 0 {
             still_allowed(ctx, request, candidate)?;
             // A server's rounds start afresh: state and answers belong to the server
             // before (the first server's params have none yet).
             clear_round(&mut params);
         }
-        record.server = Some(candidate.server.clone());
         let span = telemetry::attempt_span(
             request.kind,
             candidate.item,

@@ -234,10 +234,66 @@ impl CallRecord {
 
 impl Drop for CallRecord {
     fn drop(&mut self) {
+        // Dropped by a panic in the call's path: its worker died, as the caller hears
+        // (`WorkerDied`), which a person reading the trail must not take for a cancel.
+        if std::thread::panicking() {
+            return self.write(
+                "error",
+                (Some("worker_died"), Some("worker_died")),
+                Some("the call's worker panicked"),
+            );
+        }
         self.write(
             "cancelled",
             (Some("cancelled"), Some("cancelled")),
             Some("the call ended before it finished (cancelled or shut down)"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A record dropped by a panic says the worker died, not that the call was cancelled.
+    #[tokio::test]
+    async fn a_call_ended_by_a_panic_is_recorded_as_its_worker_dying() {
+        let dir = crate::util::scratch::Scratch::new("panicked-call");
+        let path = dir.join("audit.jsonl");
+        let config = crate::audit::AuditConfig {
+            path: Some(path.clone()),
+            ..crate::audit::AuditConfig::default()
+        };
+        let sink = AuditSink::new(config, crate::util::slot::ActorSlot::default());
+        let metrics = std::sync::Arc::new(CallMetrics::default());
+        let start = |id| {
+            let args = serde_json::json!({});
+            CallRecord::start(
+                &sink,
+                &metrics,
+                id,
+                &Caller::agent("a"),
+                CallKind::Tool,
+                "t",
+                &args,
+            )
+        };
+        let panicked = start(1);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = panicked;
+            panic!("in the call's path");
+        }));
+        drop(start(2));
+        sink.write_now().await;
+        let text = std::fs::read_to_string(&path).expect("audit");
+        let finished: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["event"] == "finished")
+            .collect();
+        assert_eq!(finished.len(), 2, "{text}");
+        assert_eq!(finished[0]["outcome"], "error", "{text}");
+        assert_eq!(finished[0]["error"], "worker_died", "{text}");
+        assert_eq!(finished[1]["outcome"], "cancelled", "{text}");
     }
 }

@@ -33,6 +33,16 @@ pub struct Policy {
 pub fn validate(grants: &Grants) -> Result<(), crate::util::invalid::Invalid> {
     use crate::util::invalid::Invalid;
     for (agent, selectors) in grants {
+        // `*` reads as "every agent" (as `[agents."*"]` does), but would grant only an
+        // agent of that very name, which a gateway's principal may be; an empty or
+        // padded id names no agent a caller is.
+        if agent == "*" || agent.is_empty() || agent.trim() != agent {
+            return Err(Invalid::new(
+                format!("permissions.{agent:?}"),
+                "an agent id: each agent is granted by its own id (no * for every agent, \
+                 nor an empty or padded one)",
+            ));
+        }
         for (selector, tools) in selectors {
             let field = || format!("permissions.{agent}.{selector}");
             // A tag may hold anything (tags are not checked); only an empty one names none.
@@ -410,6 +420,15 @@ mod tests {
         ] {
             let e = validate(&grant(selector, tool)).expect_err(tool);
             assert_eq!(e.field, format!("permissions.a.{selector}"));
+        }
+        // `*` for "every agent" would grant only an agent named so.
+        for agent in ["*", "", " a", "a\n"] {
+            let mut g = Grants::new();
+            g.entry(agent.into())
+                .or_default()
+                .insert("files".into(), vec!["read".into()]);
+            let e = validate(&g).expect_err(agent);
+            assert_eq!(e.field, format!("permissions.{agent:?}"));
         }
     }
 
