@@ -572,11 +572,28 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         let mut prompted = std::collections::HashMap::new();
         let mut met = Met::default();
         if let Some(Value::Object(servers)) = value.get_mut(servers_key) {
+            // A disabled server's values are not needed to run the others: one whose
+            // variable is not set (a token only it uses) is left out, as its client
+            // would not look at it either, not the whole file refused.
+            let mut unset = Vec::new();
             for (name, entry) in servers.iter_mut() {
-                substitute(entry, path, &mut met)?;
+                match substitute(entry, path, &mut met) {
+                    Ok(()) => {}
+                    Err(e) if is_disabled(entry) => {
+                        tracing::warn!(file = %path.display(), server = ?name, variable = %e.field, "a disabled server whose variable is not set is left out");
+                        unset.push(name.clone());
+                    }
+                    Err(mut e) => {
+                        e.server = Some(name.clone());
+                        return Err(e);
+                    }
+                }
                 if !met.prompts.is_empty() {
                     prompted.insert(name.clone(), std::mem::take(&mut met.prompts));
                 }
+            }
+            for name in unset {
+                servers.remove(&name);
             }
         }
         let substituted = met.substituted;
@@ -770,8 +787,15 @@ const MCP_SERVERS_KEYS: &[&str] = &[
     "command", "args", "env", "cwd", "url", "type", "headers", "disabled",
 ];
 
+/// Whether an `mcpServers` entry says `"disabled": true`.
+fn is_disabled(entry: &Value) -> bool {
+    entry.get("disabled") == Some(&Value::Bool(true))
+}
+
 /// `servers` as the harness's servers; those in `prompted` (by name, with the ids of the
-/// prompts they need) are disabled.
+/// prompts they need) are disabled. A disabled server whose settings this program
+/// cannot take (an `sse` one, a value of the wrong type, one that is not valid) is
+/// left out with a warning: the others run as they do in the file's own client.
 fn import_mcp_servers(
     servers: &Value,
     path: &Path,
@@ -801,92 +825,18 @@ fn import_mcp_servers(
     // The next suffix to try per id, should a hash's be taken: linear time for many.
     let mut next: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for (name, entry) in servers {
-        let at = |key: &str| format!("mcpServers.{name}.{key}");
+        let transport = match transport_of(name, entry, path) {
+            Ok(transport) => transport,
+            Err(e) if is_disabled(entry) => {
+                tracing::warn!(file = %path.display(), server = ?name, field = %e.field, reason = %e.reason, "a disabled server this program cannot take is left out");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let Some(entry) = entry.as_object() else {
             return Err(bad(format!("mcpServers.{name}"), "must be an object"));
         };
-        let strings = |key: &str| -> Result<BTreeMap<String, String>, ConfigError> {
-            match entry.get(key) {
-                None => Ok(BTreeMap::new()),
-                Some(v) => serde_json::from_value(v.clone())
-                    .map_err(|_| bad(at(key), "must map names to strings")),
-            }
-        };
-        let kind = match entry.get("type") {
-            None | Some(Value::Null) => "",
-            Some(Value::String(kind)) => kind.as_str(),
-            Some(_) => return Err(bad(at("type"), "must be a string")),
-        };
-        let remote = ["http", "streamable-http", "streamableHttp", "sse"].contains(&kind);
-        if !(kind.is_empty() || kind == "stdio" || remote) {
-            // Clients name their kinds their own ways: the keys decide, as for none.
-            tracing::warn!(file = %path.display(), server = ?name, kind = ?kind, "an unknown `type`; going by `command` or `url`");
-        }
-        if kind == "stdio" && entry.get("command").is_none() {
-            return Err(bad(at("type"), "is stdio, and there is no `command`"));
-        }
-        if remote && entry.get("url").is_none() {
-            return Err(bad(at("type"), "is a remote kind, and there is no `url`"));
-        }
-        let transport = match (entry.get("command"), entry.get("url")) {
-            (Some(command), _) if !remote => {
-                TransportSpec::Stdio(StdioSpec {
-                    command: command
-                        .as_str()
-                        .ok_or_else(|| bad(at("command"), "must be a string"))?
-                        .to_string(),
-                    args: match entry.get("args") {
-                        None => Vec::new(),
-                        Some(a) => serde_json::from_value(a.clone())
-                            .map_err(|_| bad(at("args"), "must be a list of strings"))?,
-                    },
-                    env: strings("env")?,
-                    cwd: match entry.get("cwd") {
-                        // Some clients write an empty one for "no working directory".
-                        None | Some(Value::Null) => None,
-                        Some(Value::String(cwd)) if cwd.is_empty() => None,
-                        // `~/…` under HOME, a relative one under the file's project (a
-                        // service's working directory is no one's project).
-                        Some(Value::String(cwd)) => {
-                            let base = is_own_file(path).then(|| workspace(path));
-                            match anchored(cwd, base.as_deref()) {
-                                Ok(anchored) => Some(anchored.unwrap_or_else(|| cwd.into())),
-                                // As written: that server alone fails to start, as it
-                                // would in the client the file is for.
-                                Err(why) => {
-                                    tracing::warn!(file = %path.display(), server = ?name, why, "cwd left as written");
-                                    Some(cwd.into())
-                                }
-                            }
-                        }
-                        Some(_) => return Err(bad(at("cwd"), "must be a string")),
-                    },
-                    inherit_env: false,
-                })
-            }
-            (_, Some(url)) => {
-                if kind == "sse" {
-                    return Err(bad(
-                        at("type"),
-                        "the HTTP+SSE transport (2024-11-05) is not supported; use a Streamable HTTP endpoint",
-                    ));
-                }
-                TransportSpec::Http(HttpSpec {
-                    url: url
-                        .as_str()
-                        .ok_or_else(|| bad(at("url"), "must be a string"))?
-                        .to_string(),
-                    headers: strings("headers")?,
-                    ..HttpSpec::default()
-                })
-            }
-            _ => {
-                return Err(bad(
-                    format!("mcpServers.{name}"),
-                    "needs `command` (stdio) or `url` (HTTP)",
-                ));
-            }
-        };
+        let at = |key: &str| format!("mcpServers.{name}.{key}");
         // Keys of the other transport are dropped: said, as a header or variable one
         // counts on would be missing.
         let other: &[&str] = match &transport {
@@ -927,23 +877,121 @@ fn import_mcp_servers(
         let mut server = ServerConfig::new(id.clone(), transport);
         server.name = Some(name.clone());
         server.enabled = !disabled && !prompted.contains_key(name);
-        if let Some(inputs) = prompted.get(name) {
+        let invalid = || server.validate().err();
+        let kept = if let Some(inputs) = prompted.get(name) {
             // Its values as written may not even be valid (a URL that is all prompt):
             // such a server is left out rather than failing the file.
-            let kept = server.validate().is_ok();
+            let kept = invalid().is_none();
             tracing::warn!(file = %path.display(), server = ?name, ?inputs, kept, "this server needs input a client prompts for (${{input:…}}), which this program cannot ask for; it is left disabled, or out when its values are not valid as written (give the value through an environment variable: ${{env:NAME}})");
-            if !kept {
-                // Not imported: no id taken, no rename to report.
-                taken.remove(&id);
-                if renamed.last().is_some_and(|(n, _)| n == name) {
-                    renamed.pop();
-                }
-                continue;
+            kept
+        } else if disabled && let Some(e) = invalid() {
+            tracing::warn!(file = %path.display(), server = ?name, field = %e.field, reason = %e.reason, "a disabled server whose settings are not valid is left out");
+            false
+        } else {
+            true
+        };
+        if !kept {
+            // Not imported: no id taken, no rename to report.
+            taken.remove(&id);
+            if renamed.last().is_some_and(|(n, _)| n == name) {
+                renamed.pop();
             }
+            continue;
         }
         config.servers.push(server);
     }
     Ok((config, renamed))
+}
+
+/// The transport an `mcpServers` entry names, its fields checked.
+fn transport_of(name: &str, entry: &Value, path: &Path) -> Result<TransportSpec, ConfigError> {
+    let bad = |field: String, reason: &str| ConfigError::new(field, reason).in_file(path);
+    let at = |key: &str| format!("mcpServers.{name}.{key}");
+    let Some(entry) = entry.as_object() else {
+        return Err(bad(format!("mcpServers.{name}"), "must be an object"));
+    };
+    let strings = |key: &str| -> Result<BTreeMap<String, String>, ConfigError> {
+        match entry.get(key) {
+            None => Ok(BTreeMap::new()),
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|_| bad(at(key), "must map names to strings")),
+        }
+    };
+    let kind = match entry.get("type") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(_) => return Err(bad(at("type"), "must be a string")),
+    };
+    let remote = ["http", "streamable-http", "streamableHttp", "sse"].contains(&kind);
+    if !(kind.is_empty() || kind == "stdio" || remote) {
+        // Clients name their kinds their own ways: the keys decide, as for none.
+        tracing::warn!(file = %path.display(), server = ?name, kind = ?kind, "an unknown `type`; going by `command` or `url`");
+    }
+    if kind == "stdio" && entry.get("command").is_none() {
+        return Err(bad(at("type"), "is stdio, and there is no `command`"));
+    }
+    if remote && entry.get("url").is_none() {
+        return Err(bad(at("type"), "is a remote kind, and there is no `url`"));
+    }
+    Ok(match (entry.get("command"), entry.get("url")) {
+        (Some(command), _) if !remote => {
+            TransportSpec::Stdio(StdioSpec {
+                command: command
+                    .as_str()
+                    .ok_or_else(|| bad(at("command"), "must be a string"))?
+                    .to_string(),
+                args: match entry.get("args") {
+                    None => Vec::new(),
+                    Some(a) => serde_json::from_value(a.clone())
+                        .map_err(|_| bad(at("args"), "must be a list of strings"))?,
+                },
+                env: strings("env")?,
+                cwd: match entry.get("cwd") {
+                    // Some clients write an empty one for "no working directory".
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(cwd)) if cwd.is_empty() => None,
+                    // `~/…` under HOME, a relative one under the file's project (a
+                    // service's working directory is no one's project).
+                    Some(Value::String(cwd)) => {
+                        let base = is_own_file(path).then(|| workspace(path));
+                        match anchored(cwd, base.as_deref()) {
+                            Ok(anchored) => Some(anchored.unwrap_or_else(|| cwd.into())),
+                            // As written: that server alone fails to start, as it
+                            // would in the client the file is for.
+                            Err(why) => {
+                                tracing::warn!(file = %path.display(), server = ?name, why, "cwd left as written");
+                                Some(cwd.into())
+                            }
+                        }
+                    }
+                    Some(_) => return Err(bad(at("cwd"), "must be a string")),
+                },
+                inherit_env: false,
+            })
+        }
+        (_, Some(url)) => {
+            if kind == "sse" {
+                return Err(bad(
+                    at("type"),
+                    "the HTTP+SSE transport (2024-11-05) is not supported; use a Streamable HTTP endpoint",
+                ));
+            }
+            TransportSpec::Http(HttpSpec {
+                url: url
+                    .as_str()
+                    .ok_or_else(|| bad(at("url"), "must be a string"))?
+                    .to_string(),
+                headers: strings("headers")?,
+                ..HttpSpec::default()
+            })
+        }
+        _ => {
+            return Err(bad(
+                format!("mcpServers.{name}"),
+                "needs `command` (stdio) or `url` (HTTP)",
+            ));
+        }
+    })
 }
 
 /// Grants `agent` every tool of the servers `ids` names, without replacing a grant the
@@ -1493,10 +1541,42 @@ mod tests {
         )
         .expect_err("unset");
         assert_eq!(e.field, "${env:MCP_HARNESS_SURELY_UNSET}");
+        assert_eq!(e.server.as_deref(), Some("s"), "the server that needs it");
         assert!(
             e.reason.contains("MCP_HARNESS_SURELY_UNSET is not set"),
             "{e}"
         );
+        // A disabled server is not needed to run the others: one whose variable is not
+        // set, one of a transport not supported, or one not valid is left out, not the
+        // whole file refused; one that is valid is imported, off.
+        let loaded = parse(
+            r#"{"mcpServers": {
+                "on": {"command": "cat"},
+                "unset": {"command": "${MCP_HARNESS_SURELY_UNSET}", "disabled": true},
+                "old": {"type": "sse", "url": "https://x.example/sse", "disabled": true},
+                "bad": {"url": "https://x.example/mcp", "headers": {"X-Key": "a\nb"}, "disabled": true},
+                "typed": {"command": 7, "disabled": true},
+                "off": {"command": "cat", "disabled": true}
+            }}"#,
+            Path::new("m.json"),
+        )
+        .expect("imported");
+        let ids: Vec<(&str, bool)> = loaded
+            .config
+            .servers
+            .iter()
+            .map(|s| (s.id.as_str(), s.enabled))
+            .collect();
+        assert_eq!(ids, [("off", false), ("on", true)]);
+        // Enabled, each is still an error.
+        for entry in [
+            r#"{"command": "${MCP_HARNESS_SURELY_UNSET}", "disabled": false}"#,
+            r#"{"type": "sse", "url": "https://x.example/sse"}"#,
+            r#"{"url": "https://x.example/mcp", "headers": {"X-Key": "a\nb"}}"#,
+        ] {
+            let file = format!(r#"{{"mcpServers": {{"s": {entry}}}}}"#);
+            parse(&file, Path::new("m.json")).expect_err(entry);
+        }
         let e = parse(
             "[[servers]]\nid = \"x\"\ntransport = { type = \"stdio\", command = \"${input:cmd}\" }\n",
             Path::new("h.toml"),
