@@ -1804,6 +1804,11 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
             "the full URL is shown: {screen}"
         );
         assert!(screen.contains("consent? [y/N]"), "asks: {screen}");
+        // The harness's own line last, naming the server and host, under the message.
+        assert!(
+            screen.contains(", host example.com: done, and do you consent? [y/N]"),
+            "{screen}"
+        );
         assert_eq!(screen.contains("got 1 answers"), answered, "{screen}");
     }
     assert!(
@@ -1940,6 +1945,12 @@ fn a_confirmation_with_no_fields_is_accepted_only_by_a_yes() {
         assert_eq!(o.status.code(), Some(code), "{typed:?}: {screen}");
         assert!(screen.contains("Delete everything?"), "{screen}");
         assert!(screen.contains("accept? [y/N]"), "asks: {screen}");
+        assert!(
+            screen
+                .lines()
+                .any(|l| l.trim_start().starts_with("server ") && l.contains(": accept? [y/N]")),
+            "the prompt names the server: {screen}"
+        );
         assert_eq!(screen.contains("got 1 answers"), code == 0, "{screen}");
     }
     // A y typed before the question was asked (pasted ahead) does not accept it.

@@ -311,7 +311,10 @@ impl InputHandler for CliApprover {
                 for shown in sampling_shown(&review(p)) {
                     errln!("  {shown}");
                 }
-                match asker.consent("allow? [y/N] ") {
+                // The last line before the answer is the harness's own: what the server
+                // wrote above it may be made to look like anything.
+                let prompt = format!("server {}, {tokens}: allow? [y/N] ", line(&request.server));
+                match asker.consent(&prompt) {
                     Some(true) => json!({"action": "accept"}),
                     _ => json!({"action": "decline"}),
                 }
@@ -402,7 +405,14 @@ fn url_mode(
         // to a field KEY, and the key is the server's to choose.
         Some(a) => consents(a, request, URL_CONSENT),
         None => asker
-            .and_then(|asker| asker.consent("Done, and do you consent? [y/N] "))
+            .and_then(|asker| {
+                // The harness's own line last: the server's message is above it.
+                let host = line(parsed.host_str().unwrap_or(""));
+                let server = line(&request.server);
+                asker.consent(&format!(
+                    "server {server}, host {host}: done, and do you consent? [y/N] "
+                ))
+            })
             .unwrap_or(false),
     };
     if consent {
@@ -472,7 +482,8 @@ impl Form<'_> {
         let message = shown(request.params["message"].as_str().unwrap_or(""));
         errln!("\nServer {} asks: {message}", line(&request.server));
         if self.props.is_empty() {
-            return match asker.consent("accept? [y/N] ") {
+            let prompt = format!("server {}: accept? [y/N] ", line(&request.server));
+            return match asker.consent(&prompt) {
                 Some(true) => json!({"action": "accept", "content": {}}),
                 Some(false) => json!({"action": "decline"}),
                 None => json!({"action": "cancel"}),

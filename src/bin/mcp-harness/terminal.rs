@@ -22,7 +22,17 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
     let mut out = String::with_capacity(text.len());
     let mut unseen = 0usize;
     let mut chars = text.chars().peekable();
+    // On one line, a run of blanks is said, not printed: padded to the terminal's
+    // width, a server's text would seem to end and another line begin (the harness's
+    // own, right above a [y/N]).
+    let mut blanks = 0usize;
     while let Some(c) = chars.next() {
+        let blank = !multiline && c.is_whitespace() && !c.is_control();
+        if blank {
+            blanks += 1;
+            continue;
+        }
+        said_blanks(&mut out, std::mem::take(&mut blanks));
         match c {
             '\u{1b}' => unseen += skip_escape(&mut chars),
             // C1 CSI / OSC introducers.
@@ -34,7 +44,19 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
             c => out.push(c),
         }
     }
+    said_blanks(&mut out, blanks);
     (out, unseen)
+}
+
+/// The most blanks in a row printed as they are on one line; more are said.
+const BLANKS_SHOWN: usize = 3;
+
+fn said_blanks(out: &mut String, blanks: usize) {
+    match blanks {
+        0 => {}
+        n if n <= BLANKS_SHOWN => out.extend(std::iter::repeat_n(' ', n)),
+        n => out.push_str(&format!(" [{n} blanks] ")),
+    }
 }
 
 /// The note [`sanitize`] ends with when `unseen` characters were left out; empty when
@@ -170,6 +192,14 @@ mod tests {
             "https://elpmaxe.live [1 hidden characters not shown]"
         );
         assert_eq!(line("one\ntwo"), "onetwo");
+        // Padding that would push text onto a line of its own is said, not printed.
+        assert_eq!(line("a   b"), "a   b");
+        assert_eq!(
+            line(&format!("ok{}user: hi", " ".repeat(70))),
+            "ok [70 blanks] user: hi"
+        );
+        assert_eq!(line("x\u{3000}\u{2003}  \u{a0}y "), "x [5 blanks] y ");
+        assert_eq!(sanitize("a     b", true), "a     b");
         assert_eq!(
             sanitize("one\ntwo\tthree\u{1b}[31m", true),
             "one\ntwo\tthree"
