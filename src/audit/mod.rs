@@ -32,7 +32,9 @@ use crate::util::duration;
 
 pub(crate) use actor::{AuditActor, AuditRef};
 pub use file::{OwnStream, own_output};
-pub(crate) use record::{Finished, Hop, Question, Redacted, Round, Started};
+pub(crate) use record::{
+    Finished, Hop, MAX_RECORDED_TEXT, Question, Redacted, Round, Started, cut,
+};
 pub(crate) use sink::AuditSink;
 pub use sink::{AuditHealth, AuditUnavailable};
 
@@ -192,7 +194,13 @@ fn scrub(config: &AuditConfig, v: &Value) -> Value {
             Value::Object(out)
         }
         Value::Array(items) => Value::Array(items.iter().map(|i| scrub(config, i)).collect()),
-        Value::String(text) => Value::String(without_url_secrets(config, text)),
+        Value::String(text) => Value::String(
+            record::cut(
+                &without_url_secrets(config, text),
+                record::MAX_RECORDED_TEXT,
+            )
+            .into_owned(),
+        ),
         other => other.clone(),
     }
 }

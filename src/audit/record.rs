@@ -228,17 +228,42 @@ pub(crate) struct Redacted<'a> {
     pub(crate) args: &'a Value,
 }
 
+/// The most bytes of one text a record keeps (a name, an argument's string value);
+/// the rest is said (`…(+N bytes)`). A record is as large as what a caller sends: an
+/// embedder's call has no size bound, and each record is also copied to the logs.
+pub(crate) const MAX_RECORDED_TEXT: usize = 4096;
+/// The most argument names a record lists (`redaction = "keys"`), each cut at
+/// [`MAX_RECORDED_KEY`] bytes; past it a last entry says how many more.
+const MAX_RECORDED_KEYS: usize = 256;
+const MAX_RECORDED_KEY: usize = 256;
+/// The most bytes of arguments a record keeps whole (`redaction = "full"`); larger
+/// ones are recorded as `{"truncated": true, "bytes": N}`.
+const MAX_RECORDED_ARGUMENTS: usize = 256 << 10;
+
+/// `text`, or its first `max` bytes or fewer (on a character's boundary) and how many
+/// more there were.
+pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…(+{} bytes)", &text[..end], text.len() - end))
+}
+
 impl Redacted<'_> {
     /// Appends the arguments as recorded; the default (their keys) without `serde_json`.
     fn write_json(&self, out: &mut Vec<u8>) {
         match (self.config.redaction, self.args) {
             (Redaction::Keys, Value::Object(map)) => {
                 out.push(b'[');
-                for (i, k) in map.keys().enumerate() {
+                for (i, k) in listed_keys(map).enumerate() {
                     if i > 0 {
                         out.push(b',');
                     }
-                    string(out, k);
+                    string(out, &k);
                 }
                 out.push(b']');
             }
@@ -247,17 +272,41 @@ impl Redacted<'_> {
     }
 }
 
+/// The argument names a record lists: at most [`MAX_RECORDED_KEYS`], each cut, then
+/// how many more there were.
+fn listed_keys(
+    map: &serde_json::Map<String, Value>,
+) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
+    let more = map.len().saturating_sub(MAX_RECORDED_KEYS);
+    map.keys()
+        .take(MAX_RECORDED_KEYS)
+        .map(|k| cut(k, MAX_RECORDED_KEY))
+        .chain((more > 0).then(|| format!("…(+{more} more)").into()))
+}
+
+/// The arguments as `redaction = "full"` records them: redacted, its texts cut, and
+/// no larger than [`MAX_RECORDED_ARGUMENTS`] whole.
+fn full_arguments(config: &AuditConfig, args: &Value) -> Value {
+    let redacted = config.redact(args);
+    let bytes = serde_json::to_vec(&redacted).map_or(0, |b| b.len());
+    if bytes > MAX_RECORDED_ARGUMENTS {
+        return serde_json::json!({"truncated": true, "bytes": bytes});
+    }
+    redacted
+}
+
 impl Serialize for Redacted<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match (self.config.redaction, self.args) {
             (Redaction::Keys, Value::Object(map)) => {
-                let mut seq = s.serialize_seq(Some(map.len()))?;
-                for k in map.keys() {
-                    seq.serialize_element(k)?;
+                let keys: Vec<_> = listed_keys(map).collect();
+                let mut seq = s.serialize_seq(Some(keys.len()))?;
+                for k in keys {
+                    seq.serialize_element(&k)?;
                 }
                 seq.end()
             }
-            (Redaction::Full, _) => self.config.redact(self.args).serialize(s),
+            (Redaction::Full, _) => full_arguments(self.config, self.args).serialize(s),
             _ => s.serialize_none(),
         }
     }
@@ -290,6 +339,56 @@ mod tests {
         let mut out = Vec::new();
         record.write_json(&mut out);
         out
+    }
+
+    impl Record for Redacted<'_> {
+        fn write_json(&self, out: &mut Vec<u8>) {
+            Redacted::write_json(self, out);
+        }
+    }
+
+    // A record is bounded whatever a caller sends: texts cut, names counted past a
+    // number, whole arguments past a size replaced, the same bytes either way.
+    #[test]
+    fn a_records_arguments_are_bounded() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("aé", 2), "a…(+2 bytes)");
+        let keys = AuditConfig::default();
+        let full = AuditConfig {
+            redaction: Redaction::Full,
+            ..AuditConfig::default()
+        };
+        let mut many = serde_json::Map::new();
+        for k in 0..300 {
+            many.insert(format!("k{k:03}"), json!(1));
+        }
+        many.insert("z".repeat(1000), json!("x".repeat(10_000)));
+        let many = Value::Object(many);
+        let listed: Value = serde_json::from_slice(&written(&Redacted {
+            config: &keys,
+            args: &many,
+        }))
+        .expect("json");
+        let listed = listed.as_array().expect("names");
+        assert_eq!(listed.len(), MAX_RECORDED_KEYS + 1);
+        assert_eq!(listed[MAX_RECORDED_KEYS], "…(+45 more)");
+        let long = json!({"note": "x".repeat(10_000), "long": "z".repeat(1000)});
+        let recorded: Value =
+            serde_json::from_slice(&written(&Redacted { config: &full, args: &long }))
+                .expect("json");
+        let note = recorded["note"].as_str().expect("cut");
+        assert!(note.starts_with(&"x".repeat(MAX_RECORDED_TEXT)), "{note}");
+        assert!(note.ends_with("…(+5904 bytes)"), "{note}");
+        let huge = Value::Array((0..100).map(|_| json!("y".repeat(4000))).collect());
+        let recorded: Value =
+            serde_json::from_slice(&written(&Redacted { config: &full, args: &huge }))
+                .expect("json");
+        assert_eq!(recorded["truncated"], true, "{recorded}");
+        assert!(recorded["bytes"].as_u64().is_some_and(|b| b > 400_000));
+        for (config, args) in [(&keys, &many), (&full, &long), (&full, &huge)] {
+            let r = Redacted { config, args };
+            assert_eq!(written(&r), derived(&r));
+        }
     }
 
     #[test]

@@ -74,15 +74,21 @@ impl CallRecord {
             let scrubbed = (kind == CallKind::Resource && name.contains(['@', '?']))
                 .then(|| crate::audit::without_url_secrets(sink.config(), name));
             let name = scrubbed.as_deref().unwrap_or(name);
+            // A caller's text, of any length: the record keeps what identifies it.
+            let name = crate::audit::cut(name, crate::audit::MAX_RECORDED_TEXT);
+            let agent = caller
+                .agent_id
+                .as_deref()
+                .map(|a| crate::audit::cut(a, crate::audit::MAX_RECORDED_TEXT));
             let auth = sink.hash_context(caller.auth_context.as_deref());
             sink.record(&Started {
                 event: "started",
                 call_id,
                 time_ms: started_ms,
-                agent: caller.agent_id.as_deref(),
+                agent: agent.as_deref(),
                 auth: auth.as_deref(),
                 kind: kind.as_str(),
-                name,
+                name: &name,
                 arguments: Redacted {
                     config: sink.config(),
                     args,
