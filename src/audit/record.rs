@@ -373,16 +373,20 @@ mod tests {
         assert_eq!(listed.len(), MAX_RECORDED_KEYS + 1);
         assert_eq!(listed[MAX_RECORDED_KEYS], "…(+45 more)");
         let long = json!({"note": "x".repeat(10_000), "long": "z".repeat(1000)});
-        let recorded: Value =
-            serde_json::from_slice(&written(&Redacted { config: &full, args: &long }))
-                .expect("json");
+        let recorded: Value = serde_json::from_slice(&written(&Redacted {
+            config: &full,
+            args: &long,
+        }))
+        .expect("json");
         let note = recorded["note"].as_str().expect("cut");
         assert!(note.starts_with(&"x".repeat(MAX_RECORDED_TEXT)), "{note}");
         assert!(note.ends_with("…(+5904 bytes)"), "{note}");
         let huge = Value::Array((0..100).map(|_| json!("y".repeat(4000))).collect());
-        let recorded: Value =
-            serde_json::from_slice(&written(&Redacted { config: &full, args: &huge }))
-                .expect("json");
+        let recorded: Value = serde_json::from_slice(&written(&Redacted {
+            config: &full,
+            args: &huge,
+        }))
+        .expect("json");
         assert_eq!(recorded["truncated"], true, "{recorded}");
         assert!(recorded["bytes"].as_u64().is_some_and(|b| b > 400_000));
         for (config, args) in [(&keys, &many), (&full, &long), (&full, &huge)] {
