@@ -514,8 +514,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         })?;
         (value, Vec::new())
     } else {
-        super::json::read(text)
-            .map_err(|e| ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path))?
+        // As other clients read it: VS Code's `mcp.json` is JSON with comments and
+        // trailing commas, and an editor on Windows may save a byte order mark. Both
+        // become spaces in place, so that errors name the line and column as written.
+        let mut text = text.strip_prefix('\u{feff}').unwrap_or(text).to_string();
+        let invalid = |e: &dyn std::fmt::Display| {
+            ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path)
+        };
+        json_strip_comments::strip(&mut text).map_err(|e| invalid(&e))?;
+        super::json::read(&text).map_err(|e| invalid(&e))?
     };
     let servers_key = if value.get("mcpServers").is_some() {
         Some("mcpServers")
@@ -784,7 +791,16 @@ fn paths_at<'v>(
 }
 
 const MCP_SERVERS_KEYS: &[&str] = &[
-    "command", "args", "env", "cwd", "url", "type", "headers", "disabled",
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "httpUrl",
+    "serverUrl",
+    "type",
+    "headers",
+    "disabled",
 ];
 
 /// Whether an `mcpServers` entry says `"disabled": true`.
@@ -840,7 +856,7 @@ fn import_mcp_servers(
         // Keys of the other transport are dropped: said, as a header or variable one
         // counts on would be missing.
         let other: &[&str] = match &transport {
-            TransportSpec::Stdio(_) => &["headers", "url"],
+            TransportSpec::Stdio(_) => &["headers", "url", "httpUrl", "serverUrl"],
             TransportSpec::Http(_) => &["env", "cwd", "command", "args"],
         };
         for key in entry.keys() {
@@ -930,10 +946,15 @@ fn transport_of(name: &str, entry: &Value, path: &Path) -> Result<TransportSpec,
     if kind == "stdio" && entry.get("command").is_none() {
         return Err(bad(at("type"), "is stdio, and there is no `command`"));
     }
-    if remote && entry.get("url").is_none() {
+    // Gemini CLI names a Streamable HTTP endpoint `httpUrl`, Windsurf `serverUrl`.
+    let url_key = ["httpUrl", "url", "serverUrl"]
+        .into_iter()
+        .find(|k| entry.get(*k).is_some())
+        .unwrap_or("url");
+    if remote && entry.get(url_key).is_none() {
         return Err(bad(at("type"), "is a remote kind, and there is no `url`"));
     }
-    Ok(match (entry.get("command"), entry.get("url")) {
+    Ok(match (entry.get("command"), entry.get(url_key)) {
         (Some(command), _) if !remote => {
             TransportSpec::Stdio(StdioSpec {
                 command: command
@@ -979,7 +1000,7 @@ fn transport_of(name: &str, entry: &Value, path: &Path) -> Result<TransportSpec,
             TransportSpec::Http(HttpSpec {
                 url: url
                     .as_str()
-                    .ok_or_else(|| bad(at("url"), "must be a string"))?
+                    .ok_or_else(|| bad(at(url_key), "must be a string"))?
                     .to_string(),
                 headers: strings("headers")?,
                 ..HttpSpec::default()
@@ -1291,6 +1312,26 @@ mod tests {
             let is_http = matches!(loaded.config.servers[0].transport, TransportSpec::Http(_));
             assert_eq!(is_http, http, "{entry}");
         }
+        // Gemini CLI's `httpUrl` (its `url` is its HTTP+SSE one) and Windsurf's
+        // `serverUrl` name a Streamable HTTP endpoint.
+        for entry in [
+            r#"{"httpUrl": "http://x/mcp"}"#,
+            r#"{"serverUrl": "http://x/mcp"}"#,
+            r#"{"httpUrl": "http://x/mcp", "url": "http://x/sse"}"#,
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"s": {entry}}}}}"#);
+            let loaded = parse(&text, Path::new("mcp.json")).expect(entry);
+            let TransportSpec::Http(h) = &loaded.config.servers[0].transport else {
+                panic!("{entry}: http")
+            };
+            assert_eq!(h.url, "http://x/mcp", "{entry}");
+        }
+        let e = parse(
+            r#"{"mcpServers": {"s": {"httpUrl": 7}}}"#,
+            Path::new("mcp.json"),
+        )
+        .expect_err("not a string");
+        assert_eq!(e.field, "mcpServers.s.httpUrl");
     }
 
     #[test]
@@ -1583,6 +1624,24 @@ mod tests {
         )
         .expect_err("a prompt");
         assert_eq!(e.field, "${input:cmd}");
+    }
+
+    // VS Code's mcp.json is JSONC, and an editor may save a byte order mark: read as
+    // their clients read them; a syntax error still names its line.
+    #[test]
+    fn comments_trailing_commas_and_a_byte_order_mark_are_read_as_other_clients_read_them() {
+        let text = "\u{feff}{\n  // the servers\n  \"servers\": {\n    \"a\": {\"command\": \"cat\", \"args\": [\"# not a comment\", \"// nor this\",],}, /* off */\n  },\n}\n";
+        let loaded = parse(text, Path::new("/p/.vscode/mcp.json")).expect("imported");
+        let TransportSpec::Stdio(a) = &loaded.config.servers[0].transport else {
+            panic!("stdio")
+        };
+        assert_eq!(a.args, ["# not a comment", "// nor this"]);
+        let e = parse(
+            "{\n  // fine\n  \"mcpServers\": {\n  \"a\": nope\n}}",
+            Path::new("m.json"),
+        )
+        .expect_err("syntax");
+        assert!(e.reason.contains("line 4"), "{e}");
     }
 
     #[test]

@@ -116,7 +116,8 @@ type Write = Vec<PageWrite>;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Settings of the shared layer: `cache.shared = { url = "redis://…", servers = […] }`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Its `Debug` hides the URL's password (an embedder may log `?config`).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SharedConfig {
     /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path`.
@@ -138,6 +139,19 @@ pub struct SharedConfig {
     /// verifies (see the module docs). Without it, pages are not authenticated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SharedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedConfig")
+            .field("url", &redacted(&self.url))
+            .field("servers", &self.servers)
+            .field("timeout", &self.timeout)
+            .field("max_entry_bytes", &self.max_entry_bytes)
+            .field("prefix", &self.prefix)
+            .field("key_file", &self.key_file)
+            .finish()
+    }
 }
 
 /// `url` without its password, for logs, errors and the floors file's name: the user
@@ -1982,6 +1996,20 @@ mod tests {
             "redis+unix:///run/redis.sock?password=[redacted]"
         );
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        // Nor in the settings' `Debug`, which an embedder may log.
+        let config = SharedConfig {
+            url: "redis://user:s3cret@10.0.0.1:6379/0".into(),
+            servers: vec!["a".into()],
+            timeout: default_timeout(),
+            max_entry_bytes: default_max_entry_bytes(),
+            prefix: default_prefix(),
+            key_file: None,
+        };
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("10.0.0.1"),
+            "{shown}"
+        );
         // A password no URL may hold is hidden too (the URL's refusal quotes it).
         // Nor does an `@` in a query's password pass for the user part's.
         assert_eq!(
