@@ -77,6 +77,9 @@ fn strip(text: &str) -> String {
                 i += 1;
             }
             i += 2;
+        } else if let Some(end) = raw_string_end(b, i) {
+            i = end;
+            out.push_str("\"\"");
         } else if b[i] == b'"' {
             i += 1;
             while i < b.len() && b[i] != b'"' {
@@ -95,6 +98,37 @@ fn strip(text: &str) -> String {
         }
     }
     out
+}
+
+/// Where the raw string literal (`r"…"`, `r#"…"#`, `br"…"`) that begins at `i` ends,
+/// if one does: its quotes and slashes are text, not code.
+fn raw_string_end(b: &[u8], i: usize) -> Option<usize> {
+    let word_before = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+    if b[i] != b'r'
+        || (word_before && !(b[i - 1] == b'b' && (i < 2 || !b[i - 2].is_ascii_alphanumeric())))
+    {
+        return None;
+    }
+    let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+    let open = i + 1 + hashes;
+    if b.get(open) != Some(&b'"') {
+        return None;
+    }
+    let mut j = open + 1;
+    while j < b.len() {
+        if b[j] == b'"'
+            && b[j + 1..]
+                .iter()
+                .take(hashes)
+                .filter(|c| **c == b'#')
+                .count()
+                == hashes
+        {
+            return Some(j + 1 + hashes);
+        }
+        j += 1;
+    }
+    Some(b.len())
 }
 
 /// Expands a `use` tree (`a::{b, c::{d, e}}`) into its paths.

@@ -696,8 +696,10 @@ async fn audit_to_an_unread_pipe(
 const EVERY_20MS: Duration = Duration::from_millis(20);
 
 /// 16 KiB of arguments a record: a pipe (64 KiB) fills within a few calls.
+/// 16 KiB of arguments a record keeps whole (each string within the 4 KiB kept).
 fn big_arguments() -> Value {
-    json!({"text": "x".repeat(16 * 1024)})
+    let part = "x".repeat(4000);
+    json!({"text": part, "b": part, "c": part, "d": part})
 }
 
 // A pipe that is read no more holds the audit writer inside a write that never

@@ -491,6 +491,42 @@ async fn a_frozen_server_times_out_calls_and_then_recovers() {
     let e = call(&h, "s__echo").await.expect_err("frozen");
     assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
     tokio::time::sleep(Duration::from_millis(1600)).await;
+    let pid = h.server_status("s").and_then(|s| s.pid);
+    still_serving(&h, "s").await;
+    assert_eq!(
+        h.server_status("s").and_then(|s| s.pid),
+        pid,
+        "not restarted"
+    );
+    h.shutdown().await;
+}
+
+// A server that writes nothing while a request waits out its timeout, nor answers
+// the probe after it, is killed and restarted: before, it stayed `ready` for good,
+// every call to it waiting out its timeout. The frozen one above answers the probe in
+// time and keeps its process; so does one slow at a tool (`hang`), which still answers.
+#[tokio::test]
+async fn a_server_that_answers_nothing_not_even_a_probe_is_restarted() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    let e = call(&h, "s__hang").await.expect_err("never answered");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    h.call_tool(&Caller::agent("a"), "s__freeze", json!({"ms": 600_000}))
+        .await
+        .expect("freeze");
+    let e = call(&h, "s__echo").await.expect_err("frozen");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    // The probe's 10 s, then the restart.
+    assert!(
+        eventually(Duration::from_secs(30), || h
+            .server_status("s")
+            .and_then(|s| s.pid)
+            .is_some_and(|p| p != pid))
+        .await,
+        "restarted: {:?}",
+        h.server_status("s")
+    );
+    assert!(group_members(pid).is_empty(), "the frozen process is gone");
     still_serving(&h, "s").await;
     h.shutdown().await;
 }

@@ -91,6 +91,8 @@ struct Attempt {
     conn: Option<Arc<Connection>>,
     /// `subscriptions/listen` on this connection; ends with the attempt.
     listen: Option<super::listen::Listener>,
+    /// A stdio server silent through a request's timeout and a probe is restarted.
+    liveness: Option<super::liveness::Watch>,
     /// Ends a connect still under way (see [`ConnArgs::given_up`]).
     given_up: tokio_util::sync::CancellationToken,
     /// The client capabilities it declared (a legacy server holds them for the
@@ -508,6 +510,7 @@ impl ServerActorState {
                 actor,
                 conn: None,
                 listen: None,
+                liveness: None,
                 given_up,
                 capabilities,
             }),
@@ -728,6 +731,8 @@ impl ServerActorState {
         if let Some(mut handover) = self.handover.take_if(|h| h.attempt == attempt) {
             // The replacement is up: switch, and let the old connection drain.
             handover.listen = self.listen(myself, attempt, &conn);
+            handover.liveness =
+                super::liveness::watch(self.id(), &conn, self.args.server.config().timeout);
             handover.conn = Some(conn.clone());
             let old = self.current.replace(handover);
             self.span.in_scope(|| tracing::info!(server = %self.id(), "reconnected with the new client capabilities"));
@@ -761,8 +766,10 @@ impl ServerActorState {
         };
         current.conn = Some(conn.clone());
         let listen = self.listen(myself, attempt, &conn);
+        let liveness = super::liveness::watch(self.id(), &conn, self.args.server.config().timeout);
         if let Some(current) = self.current.as_mut() {
             current.listen = listen;
+            current.liveness = liveness;
         }
         self.record_connection(&conn);
         self.span.in_scope(|| {

@@ -16,6 +16,7 @@ pub(crate) mod connection_actor;
 mod directory;
 pub mod error;
 mod listen;
+mod liveness;
 mod msg;
 mod queue;
 pub mod restart;

@@ -263,6 +263,14 @@ impl Transport {
         }
     }
 
+    /// Lines a stdio server has written (none kept for HTTP).
+    fn heard(&self) -> Option<u64> {
+        match self {
+            Transport::Stdio(t) => Some(t.heard()),
+            Transport::Http(_) => None,
+        }
+    }
+
     /// Stops the background work that holds the transport (the legacy GET stream), and
     /// marks it closed, so that a session renewal still under way ends the session it
     /// began instead of installing it for nobody.

@@ -76,6 +76,9 @@ pub struct Connection {
     /// requests on its event stream are theirs.
     owners: dispatch::Owners,
     dispatcher: JoinHandle<()>,
+    /// A request timed out while a stdio server said nothing at all
+    /// ([`Connection::timed_out_silently`]).
+    silent: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Connection {
@@ -369,6 +372,7 @@ impl Connection {
             subscriptions,
             owners,
             dispatcher,
+            silent: tokio::sync::Notify::new(),
         };
         Ok((connection, events_rx))
     }
@@ -457,6 +461,18 @@ impl Connection {
         self.transport.kill();
     }
 
+    /// How many lines a stdio server has written so far (`None` over HTTP).
+    pub fn heard(&self) -> Option<u64> {
+        self.transport.heard()
+    }
+
+    /// Returns once a request on this stdio connection has timed out with not a line
+    /// heard from the server while it waited: a server wedged (deadlocked, stopped),
+    /// not one slow at a tool, which still answers others. The owner may probe it.
+    pub async fn timed_out_silently(&self) {
+        self.silent.notified().await;
+    }
+
     /// Sends one request with the default deadline.
     pub async fn request(
         &self,
@@ -542,6 +558,7 @@ impl Connection {
             all: &self.in_flight,
             calls: is_call.then_some(&*self.calls_in_flight),
         };
+        let heard = self.transport.heard();
         // Modern requests carry the envelope, merged into `_meta` as they are written.
         let envelope = |c: &Connection| (c.era() == Era::Modern).then(|| c.envelope.read().clone());
         let mut current = envelope(self);
@@ -589,6 +606,9 @@ impl Connection {
                 Ok(Err(error)) => return Err(RequestError::Rpc(error)),
                 // The deadline the caller set, not what was left of it at the last step.
                 Err(TransportError::Timeout(_)) => {
+                    if heard.is_some() && self.transport.heard() == heard {
+                        self.silent.notify_one();
+                    }
                     return Err(RequestError::Transport(TransportError::Timeout(timeout)));
                 }
                 Err(e) => return Err(RequestError::Transport(e)),

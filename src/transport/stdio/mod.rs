@@ -107,6 +107,9 @@ struct Shared {
     stop_reader: Mutex<Option<oneshot::Sender<TransportError>>>,
     /// The writer, for the reader's own answers (weak: the transport's end closes it).
     writer: mpsc::WeakSender<WriterCmd>,
+    /// Lines read from the server: whether it said anything at all while a request
+    /// waited (see [`StdioTransport::heard`]).
+    heard: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -217,6 +220,7 @@ impl StdioTransport {
             overflow: Mutex::default(),
             stop_reader: Mutex::new(Some(stop_reader)),
             writer: writer.downgrade(),
+            heard: std::sync::atomic::AtomicU64::new(0),
         });
         let span = tracing::info_span!(target: crate::util::trace_context::CONNECTION_SPANS, "stdio", server = %server, pid);
         // A descendant that left the process group (`setsid`) can hold stdin and stderr
@@ -268,6 +272,12 @@ impl StdioTransport {
     /// The server process's pid (and process group id).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// How many lines the server has written: unchanged over a request's whole
+    /// timeout, it said nothing at all meanwhile (a server wedged, not a slow tool).
+    pub(crate) fn heard(&self) -> u64 {
+        self.shared.heard.load(Ordering::Relaxed)
     }
 
     /// Set once the process is gone: its leader reaped, what was left of its group
@@ -628,6 +638,7 @@ async fn read_loop(
                 }
                 Err(e) => break e,
             }
+            shared.heard.fetch_add(1, Ordering::Relaxed);
             if line.iter().all(u8::is_ascii_whitespace) {
                 // A long blank line's room is not kept either.
                 line.clear();
