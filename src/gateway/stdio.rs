@@ -333,6 +333,8 @@ pub async fn serve(
     let mut output_gone = false;
     loop {
         line.clear();
+        // One long line's room is not kept for the session's life.
+        line.shrink_to(64 << 10);
         // At the top, so that no way round the loop skips it (a refused listen's does).
         while tasks.try_join_next().is_some() {}
         // While the client does not read, its input may still end: a client that closes
