@@ -542,6 +542,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         )
         .in_file(path));
     }
+    if servers_key == Some("mcpServers") && value.get("servers").is_some() {
+        // Both: which list the writer meant is not known, and the other would be
+        // dropped without a word.
+        return Err(ConfigError::new(
+            "servers",
+            "beside mcpServers: a file is either another client's (mcpServers, or VS Code's servers) or the harness's own ([[servers]]); keep one list",
+        )
+        .in_file(path));
+    }
     if let Some(servers_key) = servers_key {
         // Another client's file holds servers only (and settings of its own); one that
         // also holds the harness's settings is not imported, which would drop them
@@ -1453,6 +1462,14 @@ mod tests {
                 ["permissions", "audit", "gateway"].contains(&e.field.as_str()),
                 "{e}"
             );
+        }
+        // Two lists of servers: one would be dropped without a word.
+        for text in [
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "servers": {"t": {"command": "cat"}}}"#,
+            r#"{"mcpServers": {"s": {"command": "cat"}}, "servers": [{"id": "t"}]}"#,
+        ] {
+            let e = parse(text, Path::new("h.json")).expect_err("two lists");
+            assert_eq!(e.field, "servers", "{e}");
         }
         // A harness setting misspelled would be ignored, and every server granted.
         for (key, text) in [
