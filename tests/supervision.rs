@@ -1407,3 +1407,47 @@ async fn requests_to_a_server_being_stopped_are_answered_at_once() {
     );
     stopping.await.expect("join");
 }
+
+// A replacement under way when the servers' supervisor dies does not leave the server
+// it replaces among those stopping for good: before, a death at the spawn of the new
+// server's actor left the old one unstopped there, and every later replacement of the
+// id was refused as "under way", a removal never finished.
+#[tokio::test]
+async fn a_replacement_cut_short_by_the_supervisors_death_leaves_the_id_usable() {
+    let h = harness(vec![demo("s", &[])]).await;
+    assert!(wait_state(&h, "s", ServerState::Ready).await);
+    for round in 0..8 {
+        let supervisor = h.service_actor(Service::Servers).await.expect("running");
+        let replacing = {
+            let h = h.clone();
+            tokio::spawn(async move { h.replace_server(demo("s", &[])).await })
+        };
+        // At once, or a moment later: the replacement's steps are short.
+        if round % 2 == 1 {
+            tokio::task::yield_now().await;
+        }
+        supervisor.kill();
+        let _ = tokio::time::timeout(Duration::from_secs(60), replacing)
+            .await
+            .expect("the replacement answers");
+        // Another replacement goes through once the old process has stopped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match h.replace_server(demo("s", &[])).await {
+                Ok(()) => break,
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "round {round}: still refused: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    let removed = tokio::time::timeout(Duration::from_secs(30), h.remove_server("s")).await;
+    assert!(matches!(removed, Ok(Ok(()))), "{removed:?}");
+    h.add_server(demo("s", &[])).await.expect("added");
+    assert!(wait_state(&h, "s", ServerState::Ready).await);
+    h.shutdown().await;
+}

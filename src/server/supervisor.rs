@@ -424,15 +424,24 @@ impl ServersState {
             now.restarts = was.restarts;
             now.actor_rebuilds = was.actor_rebuilds;
         }
+        let (directory, client) = (self.args.directory.clone(), self.args.client.clone());
+        let grace = self.args.options.shutdown_grace;
+        // Stopped from now, in a task of its own: a supervisor killed at the await
+        // below would otherwise leave it among the servers stopping for good (and its
+        // id waiting on it: no add, remove or replacement of the id would finish).
+        let old_stopped = {
+            let directory = directory.clone();
+            tokio::spawn(async move {
+                stop(&old, grace).await;
+                directory.stopped(&old);
+            })
+        };
         let spawned = self.spawn(myself, server.clone(), Start::New).await;
         if spawned.is_err() {
             self.args.directory.discard(&id);
         }
-        let (directory, client) = (self.args.directory.clone(), self.args.client.clone());
-        let grace = self.args.options.shutdown_grace;
         tokio::spawn(async move {
-            stop(&old, grace).await;
-            directory.stopped(&old);
+            let _ = old_stopped.await;
             // Unless it was removed meanwhile.
             if directory
                 .get(&id)
