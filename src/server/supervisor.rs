@@ -490,12 +490,13 @@ fn insert_added(directory: &Directory, server: &ServerRef) -> Result<bool, Serve
 /// given the time its actor gives its connections (and a little more): killed sooner,
 /// a server with a long `shutdown_grace` would lose its grace.
 async fn stop(server: &ServerRef, grace: Duration) {
-    let Some(actor) = server.actor() else {
-        return;
-    };
-    let limit = super::actor::stop_limit(grace).saturating_add(Duration::from_secs(5));
-    let _ = actor.call(ServerMsg::Shutdown, Some(limit)).await;
-    actor.kill();
+    // No actor (it died, was not spawned again, or was marked stopped): its processes,
+    // killed with it, may not be reaped yet, and are waited for all the same.
+    if let Some(actor) = server.actor() {
+        let limit = super::actor::stop_limit(grace).saturating_add(Duration::from_secs(5));
+        let _ = actor.call(ServerMsg::Shutdown, Some(limit)).await;
+        actor.kill();
+    }
     // A connection killed rather than stopped (a start given up half-way, a stop past
     // its limit) had its process group SIGKILLed, and reaped later: waited for, so that
     // a removal or a shutdown answers when no process is left, and the next server of
@@ -610,7 +611,9 @@ impl ServersRef {
             return;
         }
         let until = tokio::time::Instant::now() + super::actor::OLD_PROCESS_WAIT;
-        for server in directory.all() {
+        // Those removed or replaced whose stop was under way too: their processes are
+        // as much the harness's to leave none of.
+        for server in directory.all().into_iter().chain(directory.stopping()) {
             mark_stopped(&server);
             let processes = server.live_processes();
             if tokio::time::timeout_at(until, super::actor::all_gone(processes))
