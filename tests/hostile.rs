@@ -80,6 +80,16 @@ async fn still_serving(h: &HarnessHandle, server: &str) {
     assert_eq!(text(&r.expect("echo after the fault")), "alive");
 }
 
+/// Whether `server` runs another process than `pid` within `limit`.
+async fn restarted_within(h: &HarnessHandle, server: &str, pid: u32, limit: Duration) -> bool {
+    eventually(limit, || {
+        h.server_status(server)
+            .and_then(|s| s.pid)
+            .is_some_and(|p| p != pid)
+    })
+    .await
+}
+
 fn transport(e: &CallError) -> &TransportError {
     match e {
         CallError::Server(
@@ -518,11 +528,7 @@ async fn a_server_that_answers_nothing_not_even_a_probe_is_restarted() {
     assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
     // The probe's 10 s, then the restart.
     assert!(
-        eventually(Duration::from_secs(30), || h
-            .server_status("s")
-            .and_then(|s| s.pid)
-            .is_some_and(|p| p != pid))
-        .await,
+        restarted_within(&h, "s", pid, Duration::from_secs(30)).await,
         "restarted: {:?}",
         h.server_status("s")
     );
@@ -547,11 +553,7 @@ async fn a_server_that_exits_while_a_child_out_of_its_group_holds_its_stdout_is_
     assert!(closed_or_timed_out(&e), "{e}");
     // No EOF will come while the child lives: the server is restarted all the same.
     assert!(
-        eventually(Duration::from_secs(10), || h
-            .server_status("s")
-            .and_then(|s| s.pid)
-            .is_some_and(|p| p != pid))
-        .await,
+        restarted_within(&h, "s", pid, Duration::from_secs(10)).await,
         "restarted: {:?}",
         h.server_status("s")
     );
