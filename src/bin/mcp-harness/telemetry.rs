@@ -289,42 +289,51 @@ fn unsupported(protocol: &str) -> anyhow::Error {
     anyhow::anyhow!("OTLP protocol {protocol:?} is not supported (grpc or http/protobuf)")
 }
 
+/// The OTLP exporter of `$kind` (`SpanExporter`, `MetricExporter`) signal `$s` asks
+/// for: one macro, as the two builders share their methods but not a type.
+macro_rules! otlp_exporter {
+    ($kind:ident, $s:expr, $what:literal) => {{
+        let s = &$s;
+        match s.protocol.as_str() {
+            "grpc" => {
+                use opentelemetry_otlp::WithTonicConfig;
+                let mut b = opentelemetry_otlp::$kind::builder()
+                    .with_tonic()
+                    // The harness's reading of the timeout variables, not the SDK's own
+                    // (which takes `0` for no time at all: every export failed at once).
+                    .with_timeout(s.timeout);
+                if s.https {
+                    b = b.with_tls_config(s.grpc_tls()?);
+                }
+                if let Some(e) = s.endpoint.clone() {
+                    b = b.with_endpoint(e);
+                }
+                b.build().context(concat!("OTLP/gRPC ", $what, " exporter"))?
+            }
+            "http/protobuf" => {
+                use opentelemetry_otlp::WithHttpConfig;
+                let mut b = opentelemetry_otlp::$kind::builder()
+                    .with_http()
+                    .with_http_client(s.http_client()?)
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_timeout(s.timeout);
+                if let Some(e) = s.endpoint.clone() {
+                    b = b.with_endpoint(e);
+                }
+                b.build().context(concat!("OTLP/HTTP ", $what, " exporter"))?
+            }
+            other => return Err(unsupported(other)),
+        }
+    }};
+}
+
 /// The tracer provider the settings ask for, if any. Call within the runtime: the
 /// batch processor runs on it.
 pub fn tracer(config: &TelemetryConfig) -> anyhow::Result<Option<SdkTracerProvider>> {
     let Some(s) = signal(config, "traces", config.traces) else {
         return Ok(None);
     };
-    let exporter = match s.protocol.as_str() {
-        "grpc" => {
-            use opentelemetry_otlp::WithTonicConfig;
-            let mut b = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                // The harness's reading of the timeout variables, not the SDK's own
-                // (which takes `0` for no time at all: every export failed at once).
-                .with_timeout(s.timeout);
-            if s.https {
-                b = b.with_tls_config(s.grpc_tls()?);
-            }
-            if let Some(e) = s.endpoint.clone() {
-                b = b.with_endpoint(e);
-            }
-            b.build().context("OTLP/gRPC span exporter")?
-        }
-        "http/protobuf" => {
-            use opentelemetry_otlp::WithHttpConfig;
-            let mut b = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_http_client(s.http_client()?)
-                .with_protocol(Protocol::HttpBinary)
-                .with_timeout(s.timeout);
-            if let Some(e) = s.endpoint.clone() {
-                b = b.with_endpoint(e);
-            }
-            b.build().context("OTLP/HTTP span exporter")?
-        }
-        other => return Err(unsupported(other)),
-    };
+    let exporter = otlp_exporter!(SpanExporter, s, "span");
     let processor =
         BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
     Ok(Some(
@@ -345,36 +354,7 @@ pub fn meter(config: &TelemetryConfig) -> anyhow::Result<()> {
     let Some(s) = signal(config, "metrics", config.metrics) else {
         return Ok(());
     };
-    let exporter = match s.protocol.as_str() {
-        "grpc" => {
-            use opentelemetry_otlp::WithTonicConfig;
-            let mut b = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                // The harness's reading of the timeout variables, not the SDK's own
-                // (which takes `0` for no time at all: every export failed at once).
-                .with_timeout(s.timeout);
-            if s.https {
-                b = b.with_tls_config(s.grpc_tls()?);
-            }
-            if let Some(e) = s.endpoint.clone() {
-                b = b.with_endpoint(e);
-            }
-            b.build().context("OTLP/gRPC metric exporter")?
-        }
-        "http/protobuf" => {
-            use opentelemetry_otlp::WithHttpConfig;
-            let mut b = opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_http_client(s.http_client()?)
-                .with_protocol(Protocol::HttpBinary)
-                .with_timeout(s.timeout);
-            if let Some(e) = s.endpoint.clone() {
-                b = b.with_endpoint(e);
-            }
-            b.build().context("OTLP/HTTP metric exporter")?
-        }
-        other => return Err(unsupported(other)),
-    };
+    let exporter = otlp_exporter!(MetricExporter, s, "metric");
     let interval = export_interval(var("OTEL_METRIC_EXPORT_INTERVAL"), config.metrics_interval);
     let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
         .with_interval(interval)
