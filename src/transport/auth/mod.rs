@@ -891,6 +891,28 @@ impl SignIn {
         }
     }
 
+    /// Sends `request` (a registration, a token request) and reads its answer's body,
+    /// at most as much as [`read_bounded`] reads; a status other than 2xx is the
+    /// server's OAuth error (RFC 6749 says 200 for a token; some send 201).
+    async fn posted(
+        &self,
+        step: AuthStep,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Vec<u8>, AuthError> {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| self.err(step, send_failure(e)))?;
+        let status = response.status().as_u16();
+        let body = read_bounded(response)
+            .await
+            .map_err(|f| self.err(step, f))?;
+        if !(200..300).contains(&status) {
+            return Err(self.err(step, oauth_error(status, &body)));
+        }
+        Ok(body)
+    }
+
     fn err(&self, step: AuthStep, failure: AuthFailure) -> AuthError {
         AuthError {
             server: self.server.clone(),
@@ -2015,22 +2037,13 @@ impl SignIn {
             request["scope"] = json!(scopes.join(" "));
         }
         let step = AuthStep::Registration;
-        let response = self
+        let request = self
             .client(endpoint)
             .post(endpoint)
             .header("content-type", "application/json")
             .header("accept", "application/json")
-            .body(request.to_string())
-            .send()
-            .await
-            .map_err(|e| self.err(step, send_failure(e)))?;
-        let status = response.status().as_u16();
-        let body = read_bounded(response)
-            .await
-            .map_err(|f| self.err(step, f))?;
-        if !(200..300).contains(&status) {
-            return Err(self.err(step, oauth_error(status, &body)));
-        }
+            .body(request.to_string());
+        let body = self.posted(step, request).await?;
         let v: Value = serde_json::from_slice(&body)
             .map_err(|e| self.err(step, AuthFailure::Invalid(e.to_string())))?;
         let Some(client_id) = v.get("client_id").and_then(Value::as_str) else {
@@ -2167,19 +2180,7 @@ impl SignIn {
             }
             _ => params.push(("client_id", &client.client_id)),
         }
-        let response = request
-            .body(form(&params))
-            .send()
-            .await
-            .map_err(|e| self.err(step, send_failure(e)))?;
-        let status = response.status().as_u16();
-        let body = read_bounded(response)
-            .await
-            .map_err(|f| self.err(step, f))?;
-        // Any 2xx is read as the reply it should be (RFC 6749 says 200; some send 201).
-        if !(200..300).contains(&status) {
-            return Err(self.err(step, oauth_error(status, &body)));
-        }
+        let body = self.posted(step, request.body(form(&params))).await?;
         let reply: TokenReply = serde_json::from_slice(&body)
             .map_err(|e| self.err(step, not_a_token_reply(&body, &e)))?;
         if reply
