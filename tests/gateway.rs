@@ -555,21 +555,30 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         .await
         .expect("post");
     assert_eq!(two_lines.status().as_u16(), 200);
-    // Two Authorization headers: which is the caller's is not known.
-    let twice = gw
-        .http
-        .post(gw.url())
-        .header("authorization", "Bearer tok-a")
-        .header("authorization", "Bearer tok-b")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", "tools/list")
-        .body(list.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(twice.status().as_u16(), 400);
+    // Two Authorization headers: which is the caller's is not known; nor which of two
+    // sessions a proxy in front routes on.
+    for (name, first, second) in [
+        ("authorization", "Bearer tok-a", "Bearer tok-b"),
+        ("mcp-session-id", "one", "two"),
+    ] {
+        let twice = gw
+            .http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header(name, first)
+            .header(name, second)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/list")
+            .body(list.to_string())
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(twice.status().as_u16(), 400, "{name}");
+        let said = twice.text().await.expect("text");
+        assert!(said.to_lowercase().contains(name), "{name}: {said}");
+    }
     gw.stop().await;
 }
 

@@ -827,20 +827,15 @@ async fn handle_allowed(state: Arc<State>, req: hyper::Request<Incoming>) -> Htt
     if req.uri().path() != "/mcp" {
         return refused_before_identity(full(StatusCode::NOT_FOUND, "", ""));
     }
-    // Two credentials: which one a proxy in front added is not known. Refused, not
-    // the first taken.
-    if req
-        .headers()
-        .get_all("authorization")
-        .iter()
-        .nth(1)
-        .is_some()
-    {
-        return refused_before_identity(full(
-            StatusCode::BAD_REQUEST,
-            "text/plain",
-            "one Authorization header only",
-        ));
+    // Two credentials, or two sessions: which one a proxy in front added (or routes
+    // on) is not known. Refused, not the first taken.
+    for (name, said) in [
+        ("authorization", "one Authorization header only"),
+        ("mcp-session-id", "one Mcp-Session-Id header only"),
+    ] {
+        if req.headers().get_all(name).iter().nth(1).is_some() {
+            return refused_before_identity(full(StatusCode::BAD_REQUEST, "text/plain", said));
+        }
     }
     // A header that is not text is still a header: it is refused, not ignored.
     let authorization = req

@@ -308,7 +308,8 @@ macro_rules! otlp_exporter {
                 if let Some(e) = s.endpoint.clone() {
                     b = b.with_endpoint(e);
                 }
-                b.build().context(concat!("OTLP/gRPC ", $what, " exporter"))?
+                b.build()
+                    .context(concat!("OTLP/gRPC ", $what, " exporter"))?
             }
             "http/protobuf" => {
                 use opentelemetry_otlp::WithHttpConfig;
@@ -320,7 +321,8 @@ macro_rules! otlp_exporter {
                 if let Some(e) = s.endpoint.clone() {
                     b = b.with_endpoint(e);
                 }
-                b.build().context(concat!("OTLP/HTTP ", $what, " exporter"))?
+                b.build()
+                    .context(concat!("OTLP/HTTP ", $what, " exporter"))?
             }
             other => return Err(unsupported(other)),
         }
