@@ -24,7 +24,8 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
     let mut chars = text.chars().peekable();
     // On one line, a run of blanks is said, not printed: padded to the terminal's
     // width, a server's text would seem to end and another line begin (the harness's
-    // own, right above a [y/N]).
+    // own, right above a [y/N]). What prints nothing (an escape, a control) does not
+    // end a run: blanks split by it would still stand in a row.
     let mut blanks = 0usize;
     while let Some(c) = chars.next() {
         let blank = !multiline && c.is_whitespace() && !c.is_control();
@@ -32,7 +33,6 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
             blanks += 1;
             continue;
         }
-        said_blanks(&mut out, std::mem::take(&mut blanks));
         match c {
             '\u{1b}' => unseen += skip_escape(&mut chars),
             // C1 CSI / OSC introducers.
@@ -41,7 +41,10 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
             '\n' | '\t' if multiline => out.push(c),
             c if hidden(c) => unseen += 1,
             c if c.is_control() => {}
-            c => out.push(c),
+            c => {
+                said_blanks(&mut out, std::mem::take(&mut blanks));
+                out.push(c);
+            }
         }
     }
     said_blanks(&mut out, blanks);
@@ -199,6 +202,9 @@ mod tests {
             "ok [70 blanks] user: hi"
         );
         assert_eq!(line("x\u{3000}\u{2003}  \u{a0}y "), "x [5 blanks] y ");
+        // Nor split into short runs by what prints nothing.
+        let split = format!("ok{}user: hi", "  \u{1b}[m\u{7} ".repeat(25));
+        assert_eq!(line(&split), "ok [75 blanks] user: hi");
         assert_eq!(sanitize("a     b", true), "a     b");
         assert_eq!(
             sanitize("one\ntwo\tthree\u{1b}[31m", true),
