@@ -537,6 +537,38 @@ async fn a_server_that_answers_nothing_not_even_a_probe_is_restarted() {
     h.shutdown().await;
 }
 
+// Not while a request given a longer deadline than the server's timeout (an
+// embedder's own) may still wait on it: the server may be at work on that one.
+#[tokio::test]
+async fn a_silent_server_is_not_restarted_while_a_longer_request_waits_on_it() {
+    let h = harness(vec![demo("s", &[])]).await;
+    let pid = h.server_status("s").and_then(|s| s.pid).expect("pid");
+    h.call_tool(&Caller::agent("a"), "s__freeze", json!({"ms": 600_000}))
+        .await
+        .expect("freeze");
+    let long = {
+        let h = h.clone();
+        let params = json!({"name": "echo", "arguments": {"text": "long"}});
+        tokio::spawn(async move {
+            h.request_with_timeout(
+                "s",
+                "tools/call",
+                Some(params),
+                Some(Duration::from_secs(60)),
+            )
+            .await
+        })
+    };
+    let e = call(&h, "s__echo").await.expect_err("frozen");
+    assert!(matches!(transport(&e), TransportError::Timeout(_)), "{e}");
+    // Past the probe's 10 s: still the same process.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(h.server_status("s").and_then(|s| s.pid), Some(pid));
+    assert!(!long.is_finished(), "the long request still waits");
+    long.abort();
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_server_that_exits_while_a_child_out_of_its_group_holds_its_stdout_is_restarted() {
     let h = harness(vec![demo("s", &[])]).await;

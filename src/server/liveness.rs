@@ -4,8 +4,9 @@
 //! silent through that too is killed, so that its supervisor restarts it with its
 //! backoff. A server slow at one tool still answers the probe, and is left alone; one
 //! that reads one request at a time has its timeout again (ten seconds at least) to
-//! finish the call its caller gave up on. (An HTTP server has no process to restart:
-//! its calls time out.)
+//! finish the call its caller gave up on, and is not killed while a request given a
+//! longer deadline than its timeout (an embedder's own) may still wait on it. (An HTTP
+//! server has no process to restart: its calls time out.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +42,9 @@ pub(super) fn watch(id: &str, conn: &Arc<Connection>, timeout: Duration) -> Opti
                 answered,
                 Err(RequestError::Transport(TransportError::Timeout(_)))
             ) && conn.heard() == before;
-            if silent && !conn.is_closed() {
+            // Not while a request given longer than the server's timeout may still
+            // wait (an embedder's own deadline): the server may be at work on it.
+            if silent && !conn.is_closed() && !conn.waits_long() {
                 tracing::warn!(server = %id, probe, "the server wrote nothing while a request waited out its timeout, nor answered a probe within {wait:?}: killing it to restart it");
                 conn.kill();
                 return;
