@@ -516,12 +516,28 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
     } else {
         // As other clients read it: VS Code's `mcp.json` is JSON with comments and
         // trailing commas, and an editor on Windows may save a byte order mark. Both
-        // become spaces in place, so that errors name the line and column as written.
-        let mut text = text.strip_prefix('\u{feff}').unwrap_or(text).to_string();
+        // become spaces in place (a comment's line breaks kept), so that errors name
+        // the line and column as written.
+        let written = text.strip_prefix('\u{feff}').unwrap_or(text);
         let invalid = |e: &dyn std::fmt::Display| {
             ConfigError::new("(syntax)", format!("invalid JSON: {e}")).in_file(path)
         };
-        json_strip_comments::strip(&mut text).map_err(|e| invalid(&e))?;
+        let mut text = written.to_string();
+        if json_strip_comments::strip(&mut text).is_err() {
+            // A stray `/`: the error that names where is the JSON reader's.
+            return Err(match super::json::read(written) {
+                Err(e) => invalid(&e),
+                Ok(_) => invalid(&"a `/` that begins no comment"),
+            });
+        }
+        let mut bytes = text.into_bytes();
+        for (kept, was) in bytes.iter_mut().zip(written.bytes()) {
+            // A literal line break stands in no valid JSON string: only a comment's.
+            if matches!(was, b'\n' | b'\r') {
+                *kept = was;
+            }
+        }
+        let text = String::from_utf8(bytes).map_err(|e| invalid(&e))?;
         super::json::read(&text).map_err(|e| invalid(&e))?
     };
     let servers_key = if value.get("mcpServers").is_some() {
@@ -1659,6 +1675,15 @@ mod tests {
         )
         .expect_err("syntax");
         assert!(e.reason.contains("line 4"), "{e}");
+        // After a comment of several lines too; and a stray `/` is placed.
+        let e = parse(
+            "{\n/* one\ntwo\nthree */\n\"mcpServers\": nope}",
+            Path::new("m.json"),
+        )
+        .expect_err("syntax");
+        assert!(e.reason.contains("line 5"), "{e}");
+        let e = parse("{\n\n  / \"mcpServers\": {}}", Path::new("m.json")).expect_err("stray");
+        assert!(e.reason.contains("line 3"), "{e}");
     }
 
     #[test]
