@@ -297,10 +297,6 @@ async fn a_legacy_http_session_is_kept_elicited_notified_renewed_and_deleted() {
     let _ = std::fs::remove_file(record);
 }
 
-// A legacy session's request its caller stops waiting for (its deadline passed) is
-// cancelled with `notifications/cancelled`, as the released revisions ask: there a
-// closed stream is no cancellation. A modern server is sent none (the closed stream
-// is its cancellation).
 /// A server's request that does not parse (here: no `jsonrpc`) but names a method and
 /// an id, on a legacy call's event stream, is answered under that id at once: left
 /// unanswered, the server would wait for it, and the call with it, until our deadline.
@@ -316,6 +312,10 @@ async fn a_servers_malformed_request_on_an_event_stream_is_answered_under_its_id
     conn.shutdown().await;
 }
 
+// A legacy session's request its caller stops waiting for (its deadline passed) is
+// cancelled with `notifications/cancelled`, as the released revisions ask: there a
+// closed stream is no cancellation. A modern server is sent none (the closed stream
+// is its cancellation).
 #[tokio::test]
 async fn a_legacy_http_request_given_up_is_cancelled_on_the_server() {
     let record = temp_file("http-cancel");

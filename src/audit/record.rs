@@ -287,8 +287,21 @@ fn listed_keys(
 /// The arguments as `redaction = "full"` records them: redacted, its texts cut, and
 /// no larger than [`MAX_RECORDED_ARGUMENTS`] whole.
 fn full_arguments(config: &AuditConfig, args: &Value) -> Value {
+    /// Counts what is written to it: the size, without the copy.
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
     let redacted = config.redact(args);
-    let bytes = serde_json::to_vec(&redacted).map_or(0, |b| b.len());
+    let mut counted = Counted(0);
+    let _ = serde_json::to_writer(&mut counted, &redacted);
+    let bytes = counted.0;
     if bytes > MAX_RECORDED_ARGUMENTS {
         return serde_json::json!({"truncated": true, "bytes": bytes});
     }

@@ -612,7 +612,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
                 match substitute(entry, path, &mut met) {
                     Ok(()) => {}
                     Err(e) if is_disabled(entry) => {
-                        tracing::warn!(file = %path.display(), server = ?name, variable = %e.field, "a disabled server whose variable is not set is left out");
+                        tracing::warn!(file = %path.display(), server = ?name, variable = %e.field, "a disabled server whose values could not be read (a variable not set, a prompt) is left out");
                         unset.push(name.clone());
                     }
                     Err(mut e) => {

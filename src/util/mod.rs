@@ -53,7 +53,8 @@ impl Drop for AbortOnDrop {
 /// a multi-threaded runtime's worker that calls it hands its other tasks to another
 /// worker meanwhile (`block_in_place`). Elsewhere (no runtime, a current-thread one, a
 /// thread `block_in_place` refuses, one already unwinding) `f` simply runs here. A
-/// panic in `f` goes on as it was.
+/// panic in `f` goes on as it was. A refusal is tokio's panic, caught: the panic hook
+/// still sees it (and prints it), and under `panic = "abort"` it aborts.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     let multi_threaded = matches!(
         tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
