@@ -214,6 +214,8 @@ struct Observed {
     tag: String,
     took: Duration,
     outcome: String,
+    /// The error, as it said itself (for one no fault explains).
+    said: Option<String>,
 }
 
 #[test]
@@ -360,15 +362,16 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
                 let outcome =
                     tokio::time::timeout(Duration::from_secs(60), h.call_tool(&caller, tool, args))
                         .await;
-                let outcome = match outcome {
-                    Err(_) => "HANG".to_string(),
-                    Ok(Ok(_)) => "ok".to_string(),
-                    Ok(Err(e)) => e.code().to_string(),
+                let (outcome, said) = match outcome {
+                    Err(_) => ("HANG".to_string(), None),
+                    Ok(Ok(_)) => ("ok".to_string(), None),
+                    Ok(Err(e)) => (e.code().to_string(), Some(format!("{tool}: {e}"))),
                 };
                 observed.lock().push(Observed {
                     tag,
                     took: t.elapsed(),
                     outcome,
+                    said,
                 });
             }
         }));
@@ -605,9 +608,15 @@ async fn soak(seed: u64, agents: u64, calls_per_agent: u64, fault_gap_ms: u64, l
     assert_eq!(observed.len() as u64, calls_made, "every call was observed");
     assert_eq!(hangs, 0, "no call may hang");
     assert!(overruns.is_empty(), "calls past their bound: {overruns:?}");
+    let unexplained: Vec<&str> = observed
+        .iter()
+        .filter(|o| unexpected.contains_key(&o.outcome))
+        .filter_map(|o| o.said.as_deref())
+        .take(5)
+        .collect();
     assert!(
         unexpected.is_empty(),
-        "error codes no fault explains: {unexpected:?}"
+        "error codes no fault explains: {unexpected:?}: {unexplained:?}"
     );
     assert!(ok_rate >= OK_FLOOR, "ok rate {ok_rate:.3} below {OK_FLOOR}");
     assert_eq!(audit.lost, 0, "audit: {:?}", audit.problems);
