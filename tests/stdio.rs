@@ -98,6 +98,33 @@ async fn a_modern_server_slower_to_start_than_the_probe_connects_as_modern() {
     conn.shutdown().await;
 }
 
+// One that named only modern versions, then exits while it is probed again (after
+// asking for the version again), is not started anew to be sent `initialize`: it said
+// it is no legacy server.
+#[tokio::test]
+async fn a_modern_server_that_exits_while_probed_again_is_not_started_anew() {
+    let starts = temp_file("reprobe-starts");
+    let refuse = r#"printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32022,"message":"unsupported","data":{"supported":["2026-07-28"],"requested":"2025-11-25"}}}\n' "$id""#;
+    let script = format!(
+        "echo start >> '{}'; sleep 0.6; read -r l; {READ_ID}; {refuse}; {READ_ID}; {refuse}; exit 0",
+        starts.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c", script.as_str()]);
+    let opts = ConnectOptions {
+        probe_timeout: Duration::from_millis(300),
+        ..options()
+    };
+    let e = Connection::connect("gone", spec, opts)
+        .await
+        .expect_err("it exited");
+    let started = std::fs::read_to_string(&starts)
+        .expect("started")
+        .lines()
+        .count();
+    assert_eq!(started, 1, "started once: {e}");
+    let _ = std::fs::remove_file(starts);
+}
+
 // A legacy server that never answers `server/discover` hears nothing else before
 // `initialize` (its handshake allows only that): the probe's timeout sends no
 // `notifications/cancelled`.
