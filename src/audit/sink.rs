@@ -175,6 +175,8 @@ pub(super) struct Shared {
     started: AtomicBool,
     /// A sync of written records is armed on the actor's clock (see `arm_sync`).
     sync_armed: AtomicBool,
+    /// An orphan write waits to sync what it wrote (no actor arms a sync for it).
+    orphan_sync_waits: AtomicBool,
 }
 
 /// How often what was written is synced to the disk while the harness runs. A write
@@ -478,6 +480,7 @@ impl AuditSink {
                 unwritten: AtomicU64::new(0),
                 unsynced: AtomicU64::new(0),
                 sync_armed: AtomicBool::new(false),
+                orphan_sync_waits: AtomicBool::new(false),
                 synced_at: AtomicU64::new(0),
                 sync_failed: AtomicBool::new(false),
                 retrying: std::sync::atomic::AtomicUsize::new(0),
@@ -627,15 +630,17 @@ impl AuditSink {
                         }
                         claim.1 = true;
                     }
-                    // Written less than a second after the last sync: synced when that
-                    // second is up, as no actor arms a sync now; one such wait at a time.
+                    // Written less than a second after the last sync: synced once that
+                    // second is up, as no actor arms a sync now; one such wait at a time,
+                    // which goes on while records wait (another write may have come, or
+                    // a sync meanwhile have made this one not due yet).
                     let shared = &claim.0;
-                    if shared.unsynced.load(Ordering::SeqCst) > 0
-                        && !shared.sync_armed.swap(true, Ordering::SeqCst)
+                    while shared.unsynced.load(Ordering::SeqCst) > 0
+                        && !shared.orphan_sync_waits.swap(true, Ordering::SeqCst)
                     {
                         std::thread::sleep(SYNC_EVERY);
-                        shared.sync_armed.store(false, Ordering::SeqCst);
                         shared.sync_due();
+                        shared.orphan_sync_waits.store(false, Ordering::SeqCst);
                     }
                 });
             }

@@ -524,11 +524,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         };
         let mut text = written.to_string();
         if json_strip_comments::strip(&mut text).is_err() {
-            // A stray `/`: the error that names where is the JSON reader's.
-            return Err(match super::json::read(written) {
-                Err(e) => invalid(&e),
-                Ok(_) => invalid(&"a `/` that begins no comment"),
-            });
+            return Err(invalid(&stray_slash(written)));
         }
         let mut bytes = text.into_bytes();
         for (kept, was) in bytes.iter_mut().zip(written.bytes()) {
@@ -827,6 +823,30 @@ const MCP_SERVERS_KEYS: &[&str] = &[
     "headers",
     "disabled",
 ];
+
+/// Where the `/` that begins no comment is in `text`, which the comment stripper
+/// refused: the shortest prefix it refuses ends just after it (whether a prefix is
+/// refused grows with its length), found by halving.
+fn stray_slash(text: &str) -> String {
+    let refused = |len: usize| {
+        let mut prefix = text.as_bytes()[..len].to_vec();
+        json_strip_comments::strip_slice(&mut prefix).is_err()
+    };
+    let (mut fits, mut fails) = (0, text.len());
+    while fails - fits > 1 {
+        let mid = fits + (fails - fits) / 2;
+        if refused(mid) {
+            fails = mid;
+        } else {
+            fits = mid;
+        }
+    }
+    // The stripper refuses at the byte after the `/`.
+    let before = &text.as_bytes()[..fails.saturating_sub(2)];
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|b| **b != b'\n').count() + 1;
+    format!("a `/` that begins no comment at line {line} column {column}")
+}
 
 /// Whether an `mcpServers` entry says `"disabled": true`.
 fn is_disabled(entry: &Value) -> bool {
@@ -1682,8 +1702,9 @@ mod tests {
         )
         .expect_err("syntax");
         assert!(e.reason.contains("line 5"), "{e}");
-        let e = parse("{\n\n  / \"mcpServers\": {}}", Path::new("m.json")).expect_err("stray");
-        assert!(e.reason.contains("line 3"), "{e}");
+        let e =
+            parse("// mine\n{\n  / \"mcpServers\": {}}", Path::new("m.json")).expect_err("stray");
+        assert!(e.reason.contains("line 3 column 3"), "{e}");
     }
 
     #[test]

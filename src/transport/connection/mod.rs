@@ -79,10 +79,9 @@ pub struct Connection {
     /// A request timed out while a stdio server said nothing at all
     /// ([`Connection::timed_out_silently`]).
     silent: tokio::sync::Notify,
-    /// The latest deadline of the requests given longer than the connection's own
-    /// timeout, in milliseconds after `opened` ([`Connection::waits_long`]).
-    long_until: std::sync::atomic::AtomicU64,
-    opened: Instant,
+    /// Requests in flight given longer than the connection's own timeout
+    /// ([`Connection::waits_long`]).
+    long_in_flight: AtomicUsize,
 }
 
 impl std::fmt::Debug for Connection {
@@ -377,8 +376,7 @@ impl Connection {
             owners,
             dispatcher,
             silent: tokio::sync::Notify::new(),
-            long_until: std::sync::atomic::AtomicU64::new(0),
-            opened: Instant::now(),
+            long_in_flight: AtomicUsize::new(0),
         };
         Ok((connection, events_rx))
     }
@@ -483,8 +481,7 @@ impl Connection {
     /// own deadline) may still be waiting: a server silent meanwhile may be at work on
     /// it, not wedged.
     pub fn waits_long(&self) -> bool {
-        let now = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.long_until.load(Ordering::Relaxed) > now
+        self.long_in_flight.load(Ordering::SeqCst) > 0
     }
 
     /// Sends one request with the default deadline.
@@ -573,11 +570,14 @@ impl Connection {
             calls: is_call.then_some(&*self.calls_in_flight),
         };
         let heard = self.transport.heard();
-        if timeout > self.options.request_timeout {
-            let until = (self.opened.elapsed().saturating_add(timeout)).as_millis();
-            let until = u64::try_from(until).unwrap_or(u64::MAX);
-            self.long_until.fetch_max(until, Ordering::Relaxed);
-        }
+        // Given longer than the connection's own timeout: counted while it waits.
+        let _long = (timeout > self.options.request_timeout).then(|| {
+            self.long_in_flight.fetch_add(1, Ordering::SeqCst);
+            Counted {
+                all: &self.long_in_flight,
+                calls: None,
+            }
+        });
         // Modern requests carry the envelope, merged into `_meta` as they are written.
         let envelope = |c: &Connection| (c.era() == Era::Modern).then(|| c.envelope.read().clone());
         let mut current = envelope(self);
