@@ -1768,6 +1768,20 @@ fn promise_11_url_mode_elicitation_prints_the_full_url_never_opens_it_and_declin
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("got 1 answers"), "{}", stdout(&o));
+    // A page on this machine or a private network is said to be one: a remote server
+    // may name it to have a browser act on a local service.
+    for (url, said) in [
+        ("http://127.0.0.1:9/reset", "host 127.0.0.1, this machine"),
+        ("https://10.1.2.3/admin", "host 10.1.2.3, a private network"),
+        ("https://example.com/x", "host example.com)"),
+    ] {
+        let args_json = serde_json::json!({"n": 1, "mode": "url", "url": url}).to_string();
+        let o = run_env(
+            &["call", "--stdio", &server, "many_inputs", &args_json],
+            &env,
+        );
+        assert!(stderr(&o).contains(said), "{url}: {}", stderr(&o));
+    }
     // A URL that is no web page a person can judge (another scheme, credentials in it,
     // plain HTTP to another host) is declined before anyone is asked.
     for bad in [

@@ -325,6 +325,31 @@ impl InputHandler for CliApprover {
     }
 }
 
+/// What a URL's host is when it is not out on the internet: a page on this machine or
+/// on a private network, which a remote server may name to have a person's browser
+/// act on a service there (a local admin page) on its behalf.
+fn where_it_is(url: &url::Url) -> &'static str {
+    use std::net::IpAddr;
+    let ip = match url.host() {
+        Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost") => {
+            return ", this machine";
+        }
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+        _ => return "",
+    };
+    match ip {
+        ip if ip.is_loopback() => ", this machine",
+        IpAddr::V4(v4) if v4.is_private() || v4.is_link_local() => ", a private network",
+        IpAddr::V6(v6)
+            if (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80 =>
+        {
+            ", a private network"
+        }
+        _ => "",
+    }
+}
+
 fn decline(why: &str) -> Value {
     errln!("mcp-harness: elicitation declined: {why}");
     json!({"action": "decline"})
@@ -394,10 +419,14 @@ fn url_mode(
             "the URL is not an https URL of at most 2048 characters without credentials",
         );
     };
-    errln!(
-        "Server {} asks you to open this URL yourself (host {}):\n  {}\n  ({message})",
-        line(&request.server),
+    let host = format!(
+        "{}{}",
         line(parsed.host_str().unwrap_or("")),
+        where_it_is(&parsed)
+    );
+    errln!(
+        "Server {} asks you to open this URL yourself (host {host}):\n  {}\n  ({message})",
+        line(&request.server),
         line(parsed.as_str()),
     );
     let consent = match answers {
@@ -407,7 +436,6 @@ fn url_mode(
         None => asker
             .and_then(|asker| {
                 // The harness's own line last: the server's message is above it.
-                let host = line(parsed.host_str().unwrap_or(""));
                 let server = line(&request.server);
                 asker.consent(&format!(
                     "server {server}, host {host}: done, and do you consent? [y/N] "

@@ -28,7 +28,9 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
     // end a run: blanks split by it would still stand in a row.
     let mut blanks = 0usize;
     while let Some(c) = chars.next() {
-        let blank = !multiline && c.is_whitespace() && !c.is_control();
+        // Line breaks and tabs too: on one line they are blanks, not nothing (`a\tb` is
+        // not `ab`), and a carriage return cannot move the cursor back.
+        let blank = !multiline && c.is_whitespace();
         if blank {
             blanks += 1;
             continue;
@@ -189,12 +191,12 @@ mod tests {
             line("https://good.example\u{1b}[8m.evil.example"),
             "https://good.example.evil.example"
         );
-        assert_eq!(line("x\ry\u{8}z\u{7f}"), "xyz");
+        assert_eq!(line("x\ry\u{8}z\u{7f}"), "x yz");
         assert_eq!(
             line("https://\u{202e}elpmaxe.live"),
             "https://elpmaxe.live [1 hidden characters not shown]"
         );
-        assert_eq!(line("one\ntwo"), "onetwo");
+        assert_eq!(line("one\ntwo\tthree"), "one two three");
         // Padding that would push text onto a line of its own is said, not printed.
         assert_eq!(line("a   b"), "a   b");
         assert_eq!(
