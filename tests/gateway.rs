@@ -5990,3 +5990,78 @@ async fn a_legacy_sessions_call_finishes_within_the_grace_at_shutdown() {
     assert!(answer.contains("\"text\":\"done\""), "{answer}");
     assert!(stopping.await.expect("stop").success());
 }
+
+// A large result is charged to its principal until its client has taken it: a client
+// that does not read (or reads a few bytes at a time, which the write timeout never
+// ends) held a result per connection, outside every budget, and made more. Past its
+// budget (4 × max_body_bytes) the principal's new requests are 503 until it reads;
+// another principal is not held back.
+#[tokio::test]
+async fn large_results_not_read_hold_back_their_principal_alone() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let addr = gw
+        .url()
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    // An 8 MiB result, more than loopback's buffers take, asked for and never read.
+    let body = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(1024), "times": 8192}}),
+    )
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: alpha__echo\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut unread = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    unread
+        .write_all(format!("{head}{body}").as_bytes())
+        .await
+        .expect("write");
+    let list = request("tools/list", json!({}));
+    let status_of = |token: &'static str| {
+        let (gw, list) = (&gw, &list);
+        async move { gw.post(Some(token), list, &[]).await.0 }
+    };
+    let mut refused = false;
+    for _ in 0..200 {
+        if status_of("tok-a").await == 503 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused, "the principal with a result unread is held back");
+    let (status, said, headers) = gw.post(Some("tok-a"), &list, &[]).await;
+    assert_eq!(status, 503);
+    assert!(
+        said["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not yet read")),
+        "{said}"
+    );
+    assert_eq!(
+        headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert_eq!(status_of("tok-b").await, 200, "another principal is not");
+    // Gone unread: the charge goes with it.
+    drop(unread);
+    let mut served = false;
+    for _ in 0..200 {
+        if status_of("tok-a").await == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "served again once the result was dropped");
+    gw.stop().await;
+}

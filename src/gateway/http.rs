@@ -73,6 +73,8 @@ type Budget = (fn(&State) -> &Mutex<HashMap<Principal, usize>>, AllOf);
 const CALLS: Budget = (|s| &s.large_bodies, |s| &s.large_bodies_all);
 /// The answers' budgets ([`Budget`]).
 const ANSWERS: Budget = (|s| &s.large_answers, |s| &s.large_answers_all);
+/// The budgets of large results not yet written ([`Budget`], [`HeldBody`]).
+const RESULTS: Budget = (|s| &s.large_results, |s| &s.large_results_all);
 /// A request's headers must arrive within this, and its body within `BODY_TIMEOUT`
 /// (a client that trickles bytes holds nothing for long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -152,6 +154,108 @@ impl Body for ChannelBody {
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
     }
+}
+
+/// A large result's body, charged to its principal's results until its client has
+/// taken it: handed to hyper a piece at a time, as its connection has room (hyper asks
+/// for the next piece once its own buffer, at most `MAX_HEADER_BUFFER`, has room). A
+/// client that reads slowly, a few bytes at a time (which the write timeout never
+/// ends), holds the result here, counted, and its principal's new requests are
+/// refused past the budget ([`results_refusal`]); before, every connection could hold one.
+struct HeldBody {
+    rest: Bytes,
+    _slot: PrincipalSlot,
+}
+
+/// The most of a held result handed to hyper at once.
+const HELD_PIECE: usize = 64 << 10;
+
+impl Body for HeldBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.rest.is_empty() {
+            return Poll::Ready(None);
+        }
+        let piece = self.rest.len().min(HELD_PIECE);
+        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(piece)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
+/// `message` as a JSON answer to `principal`, held to its results' budget while its
+/// client has not taken it, when large.
+fn held_json(
+    state: &Arc<State>,
+    principal: &Principal,
+    status: StatusCode,
+    message: &Message,
+) -> HttpResponse {
+    let mut body = Vec::new();
+    message.write_json(&mut body);
+    if body.len() <= LARGE_BODY {
+        return full(status, "application/json", body);
+    }
+    let slot = PrincipalSlot::charged(state, principal, RESULTS, body.len());
+    let held = HeldBody {
+        rest: Bytes::from(body),
+        _slot: slot,
+    };
+    let mut r = hyper::Response::new(held.boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The refusal of `principal`'s next request, if it may make none: not while its large results not
+/// yet taken come to `LARGE_BODY_BUDGET` × `max_body_bytes`, nor while it holds any
+/// and every principal's come to `LARGE_BODY_ALL` × that (the 503 that says so
+/// otherwise). A principal that holds none is never held back by the others'.
+fn results_refusal(
+    state: &State,
+    principal: &Principal,
+    id: Option<RequestId>,
+) -> Option<HttpResponse> {
+    let limit = state.gateway.config().max_body_bytes;
+    let (budget, all) = (
+        limit.saturating_mul(LARGE_BODY_BUDGET),
+        limit.saturating_mul(LARGE_BODY_ALL),
+    );
+    let held = (RESULTS.0)(state)
+        .lock()
+        .get(principal)
+        .copied()
+        .unwrap_or(0);
+    if held < budget && (held == 0 || (RESULTS.1)(state).load(Ordering::Acquire) < all) {
+        return None;
+    }
+    let mut r = error_reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        id,
+        RpcError::new(
+            -32000,
+            format!(
+                "too many large results not yet read (agent {}'s at most {budget} bytes together, and every agent's {all}): read them first",
+                principal.agent
+            ),
+        ),
+    );
+    r.headers_mut()
+        .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    Some(r)
 }
 
 fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
@@ -318,6 +422,10 @@ struct State {
     /// Bytes of large bodies in flight, every principal's together: calls', answers'.
     large_bodies_all: AtomicUsize,
     large_answers_all: AtomicUsize,
+    /// Bytes of large results not yet taken by their clients, per principal and in
+    /// all ([`HeldBody`]).
+    large_results: Mutex<HashMap<Principal, usize>>,
+    large_results_all: AtomicUsize,
     /// Cancelled at shutdown: subscriptions end with their final result.
     closing: CancelToken,
     /// Long-lived streams (legacy GET streams, `subscriptions/listen`): at most
@@ -450,6 +558,8 @@ pub async fn serve(
         large_answers: Mutex::default(),
         large_bodies_all: AtomicUsize::new(0),
         large_answers_all: AtomicUsize::new(0),
+        large_results: Mutex::default(),
+        large_results_all: AtomicUsize::new(0),
         closing: CancelToken::new(),
         streams: Arc::new(Streams::new(max_streams)),
     });
@@ -1382,6 +1492,12 @@ async fn post(
         }
         return error_reply(StatusCode::BAD_REQUEST, id, e);
     }
+    // A principal whose large results wait to be read gets no more (see `HeldBody`).
+    if let Message::Request(r) = &message
+        && let Some(refused) = results_refusal(&state, &principal, Some(r.id.clone()))
+    {
+        return refused;
+    }
     match message {
         Message::Notification(n) => {
             let params = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
@@ -1486,7 +1602,7 @@ async fn post(
             };
             let (id, method) = (request.id.clone(), request.method.clone());
             let work = {
-                let state = state.clone();
+                let (state, principal) = (state.clone(), principal.clone());
                 async move {
                     // Held while the call's params are.
                     let _large = large;
@@ -1507,7 +1623,9 @@ async fn post(
                     Ok(_) => StatusCode::OK,
                     Err(e) => status_of(e, &method),
                 };
-                json_message(
+                held_json(
+                    &state,
+                    &principal,
                     status,
                     &Message::Response(Response {
                         id: Some(id.clone()),
@@ -1743,6 +1861,31 @@ impl PrincipalSlot {
             weight,
             all,
         })
+    }
+}
+
+impl PrincipalSlot {
+    /// `weight` more of `principal`'s in `budget`, whatever it comes to: for what is
+    /// made already (a result), which the budget's check refuses the next of.
+    fn charged(
+        state: &Arc<State>,
+        principal: &Principal,
+        (count, all_of): Budget,
+        weight: usize,
+    ) -> PrincipalSlot {
+        {
+            let mut open = count(state).lock();
+            let n = open.entry(principal.clone()).or_default();
+            *n = n.saturating_add(weight);
+        }
+        all_of(state).fetch_add(weight, Ordering::AcqRel);
+        PrincipalSlot {
+            state: state.clone(),
+            principal: principal.clone(),
+            count,
+            weight,
+            all: Some((usize::MAX, all_of)),
+        }
     }
 }
 
@@ -2150,6 +2293,7 @@ async fn legacy_request(
     } else {
         (None, None)
     };
+    let answered_to = principal.clone();
     let work = {
         let state = state.clone();
         let cancel = cancel.clone();
@@ -2183,7 +2327,8 @@ async fn legacy_request(
             // session's end cancelled is: its client asked nothing.)
             _ if by_client.is_cancelled() => return sse_response(mpsc::channel(1).1),
             _ => {
-                return json_message(StatusCode::OK, &Message::Response(Response { id: Some(id), outcome }));
+                let answer = Message::Response(Response { id: Some(id), outcome });
+                return held_json(&state, &answered_to, StatusCode::OK, &answer);
             }
         },
     };

@@ -108,9 +108,15 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             if let Some(ms) = arg(request, "ms").and_then(Value::as_u64) {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
-            reply(text(
-                arg(request, "text").and_then(Value::as_str).unwrap_or(""),
-            ))
+            let said = arg(request, "text").and_then(Value::as_str).unwrap_or("");
+            // Not in the schema: a large result from a small request, for tests.
+            match arg(request, "times").and_then(Value::as_u64) {
+                Some(n) if !said.is_empty() => {
+                    let n = n.min((16 << 20) / said.len() as u64) as usize;
+                    reply(text(said.repeat(n)))
+                }
+                _ => reply(text(said)),
+            }
         }
         "add" => match (
             arg(request, "a").and_then(Value::as_i64),
