@@ -6026,6 +6026,11 @@ async fn large_results_not_read_hold_back_their_principal_alone() {
         .await
         .expect("write");
     let list = request("tools/list", json!({}));
+    // An id of any length would make a large answer of every refusal.
+    let mut long_id = list.clone();
+    long_id["id"] = json!("i".repeat(2000));
+    let (status, said, _) = gw.post(Some("tok-a"), &long_id, &[]).await;
+    assert_eq!((status, &said["id"]), (400, &Value::Null), "{said}");
     let status_of = |token: &'static str| {
         let (gw, list) = (&gw, &list);
         async move { gw.post(Some(token), list, &[]).await.0 }

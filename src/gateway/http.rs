@@ -163,7 +163,11 @@ impl Body for ChannelBody {
 /// ends), holds the result here, counted, and its principal's new requests are
 /// refused past the budget ([`results_refusal`]); before, every connection could hold one.
 struct HeldBody {
-    rest: Bytes,
+    /// The result, and how much of it hyper has taken: pieces are copies, so that
+    /// the whole result goes when this does (a piece of a shared `Bytes` would keep
+    /// all of it alive, uncharged, in hyper's queue).
+    result: Vec<u8>,
+    taken: usize,
     _slot: PrincipalSlot,
 }
 
@@ -177,19 +181,21 @@ impl Body for HeldBody {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.rest.is_empty() {
+        let from = self.taken;
+        let Some(rest) = self.result.get(from..).filter(|r| !r.is_empty()) else {
             return Poll::Ready(None);
-        }
-        let piece = self.rest.len().min(HELD_PIECE);
-        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(piece)))))
+        };
+        let piece = Bytes::copy_from_slice(&rest[..rest.len().min(HELD_PIECE)]);
+        self.taken += piece.len();
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
+        self.taken >= self.result.len()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+        hyper::body::SizeHint::with_exact(self.result.len().saturating_sub(self.taken) as u64)
     }
 }
 
@@ -206,9 +212,12 @@ fn held_json(
     if body.len() <= LARGE_BODY {
         return full(status, "application/json", body);
     }
-    let slot = PrincipalSlot::charged(state, principal, RESULTS, body.len());
+    // Charged what it takes: the buffer as allocated.
+    body.shrink_to_fit();
+    let slot = PrincipalSlot::charged(state, principal, RESULTS, body.capacity());
     let held = HeldBody {
-        rest: Bytes::from(body),
+        result: body,
+        taken: 0,
         _slot: slot,
     };
     let mut r = hyper::Response::new(held.boxed());
@@ -239,7 +248,10 @@ fn results_refusal(
         .get(principal)
         .copied()
         .unwrap_or(0);
-    if held < budget && (held == 0 || (RESULTS.1)(state).load(Ordering::Acquire) < all) {
+    // Up to the budget itself: one result of the largest a server may send (as large
+    // as the default budget) does not hold back its principal's other requests while
+    // its client reads it.
+    if held <= budget && (held == 0 || (RESULTS.1)(state).load(Ordering::Acquire) <= all) {
         return None;
     }
     let mut r = error_reply(
@@ -1492,6 +1504,20 @@ async fn post(
         }
         return error_reply(StatusCode::BAD_REQUEST, id, e);
     }
+    // An id is written back on the answer, refused or not: one of any length would
+    // make a large answer of every refusal, outside the results' budget.
+    if let Message::Request(Request {
+        id: RequestId::String(id),
+        ..
+    }) = &message
+        && id.len() > MAX_REQUEST_ID
+    {
+        let e = RpcError::new(
+            INVALID_REQUEST,
+            format!("a request id of more than {MAX_REQUEST_ID} bytes"),
+        );
+        return error_reply(StatusCode::BAD_REQUEST, None, e);
+    }
     // A principal whose large results wait to be read gets no more (see `HeldBody`).
     if let Message::Request(r) = &message
         && let Some(refused) = results_refusal(&state, &principal, Some(r.id.clone()))
@@ -2124,6 +2150,8 @@ fn cancel_from(state: &State, n: &Notification, principal: &Principal, session: 
 /// Longest string id whose cancellation is kept for a request still on its way, and
 /// of a subscription (its id is on every frame of its stream).
 const MAX_KEPT_ID: usize = 256;
+/// Longest string id of a request taken at all (its answer carries it back).
+const MAX_REQUEST_ID: usize = 1024;
 
 /// The gateway's requests to a legacy client during one call: frames on the call's
 /// event stream, answers matched by id through the session.

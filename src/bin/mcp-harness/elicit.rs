@@ -329,18 +329,28 @@ impl InputHandler for CliApprover {
 /// on a private network, which a remote server may name to have a person's browser
 /// act on a service there (a local admin page) on its behalf.
 fn where_it_is(url: &url::Url) -> &'static str {
-    use std::net::IpAddr;
+    use std::net::{IpAddr, Ipv4Addr};
     let ip = match url.host() {
-        Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost") => {
-            return ", this machine";
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            return match d == "localhost" || d.ends_with(".localhost") {
+                true => ", this machine",
+                false => "",
+            };
         }
         Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
-        _ => return "",
+        // An IPv4 address written as IPv6 (`[::ffff:127.0.0.1]`) is that address.
+        Some(url::Host::Ipv6(ip)) => ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4),
+        None => return "",
     };
+    // 100.64.0.0/10: carrier-grade NAT, and overlay networks (Tailscale) in it.
+    let shared = |v4: &Ipv4Addr| v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64;
     match ip {
-        ip if ip.is_loopback() => ", this machine",
-        IpAddr::V4(v4) if v4.is_private() || v4.is_link_local() => ", a private network",
+        // `0.0.0.0` and `::` reach this machine in browsers that route them.
+        ip if ip.is_loopback() || ip.is_unspecified() => ", this machine",
+        IpAddr::V4(v4) if v4.is_private() || v4.is_link_local() || shared(&v4) => {
+            ", a private network"
+        }
         IpAddr::V6(v6)
             if (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80 =>
         {
@@ -712,6 +722,27 @@ fn in_the_foreground() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_on_this_machine_or_a_private_network_is_said_to_be_one() {
+        for (url, said) in [
+            ("http://localhost./x", ", this machine"),
+            ("http://app.localhost/x", ", this machine"),
+            ("http://0.0.0.0:8080/", ", this machine"),
+            ("http://[::ffff:127.0.0.1]/", ", this machine"),
+            ("http://[::1]/", ", this machine"),
+            ("https://[::ffff:192.168.1.1]/", ", a private network"),
+            ("https://100.100.1.1/", ", a private network"),
+            ("https://[fd00::1]/", ", a private network"),
+            ("https://169.254.1.1/", ", a private network"),
+            ("https://100.128.0.1/", ""),
+            ("https://example.com/", ""),
+            ("https://8.8.8.8/", ""),
+        ] {
+            let parsed = url::Url::parse(url).expect("url");
+            assert_eq!(where_it_is(&parsed), said, "{url}");
+        }
+    }
 
     // The lines a person reads say how much is not shown, the same from the request
     // (the terminal) as from its review sent as JSON (the approvals command).

@@ -112,7 +112,9 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
             // Not in the schema: a large result from a small request, for tests.
             match arg(request, "times").and_then(Value::as_u64) {
                 Some(n) if !said.is_empty() => {
-                    let n = n.min((16 << 20) / said.len() as u64) as usize;
+                    // At most 8 MiB: within a message's 16 MiB once written as JSON
+                    // (for text that needs no escapes).
+                    let n = n.min((8 << 20) / said.len() as u64) as usize;
                     reply(text(said.repeat(n)))
                 }
                 _ => reply(text(said)),
