@@ -540,18 +540,25 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         let r = with(content_type, accept).await.expect("post");
         assert_eq!(r.status().as_u16(), want, "{content_type} / {accept}");
     }
+    // A tools/list whose header `name` comes twice, `first` then `second`.
+    let sent_twice = |name: &'static str, first: &'static str, second: &'static str| {
+        let mut req = gw
+            .http
+            .post(gw.url())
+            .bearer_auth("tok-a")
+            .header("content-type", "application/json");
+        if name != "accept" {
+            req = req.header("accept", "application/json, text/event-stream");
+        }
+        req.header(name, first)
+            .header(name, second)
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/list")
+            .body(list.to_string())
+            .send()
+    };
     // An Accept list on two lines is one list (RFC 9110 5.3).
-    let two_lines = gw
-        .http
-        .post(gw.url())
-        .bearer_auth("tok-a")
-        .header("content-type", "application/json")
-        .header("accept", "application/json")
-        .header("accept", "text/event-stream")
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", "tools/list")
-        .body(list.to_string())
-        .send()
+    let two_lines = sent_twice("accept", "application/json", "text/event-stream")
         .await
         .expect("post");
     assert_eq!(two_lines.status().as_u16(), 200);
@@ -561,20 +568,7 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         ("authorization", "Bearer tok-a", "Bearer tok-b"),
         ("mcp-session-id", "one", "two"),
     ] {
-        let twice = gw
-            .http
-            .post(gw.url())
-            .bearer_auth("tok-a")
-            .header(name, first)
-            .header(name, second)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", MODERN)
-            .header("mcp-method", "tools/list")
-            .body(list.to_string())
-            .send()
-            .await
-            .expect("post");
+        let twice = sent_twice(name, first, second).await.expect("post");
         assert_eq!(twice.status().as_u16(), 400, "{name}");
         let said = twice.text().await.expect("text");
         assert!(said.to_lowercase().contains(name), "{name}: {said}");
