@@ -5992,9 +5992,34 @@ async fn a_legacy_sessions_call_finishes_within_the_grace_at_shutdown() {
 // another principal is not held back.
 #[tokio::test]
 async fn large_results_not_read_hold_back_their_principal_alone() {
+    // An 8 MiB result, more than loopback's buffers take.
+    let call = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(1024), "times": 8192}}),
+    );
+    large_result_not_read_holds_back(call, "alpha__echo", "application/json").await;
+}
+
+// The same of a result that ends an event stream (progress came before it).
+#[tokio::test]
+async fn large_results_at_the_end_of_an_event_stream_are_held_to_the_budget_too() {
+    let mut call = request(
+        "tools/call",
+        json!({"name": "alpha__progress", "arguments": {"steps": 1, "answer_bytes": 8 << 20}}),
+    );
+    call["params"]["_meta"]["progressToken"] = json!("p");
+    large_result_not_read_holds_back(call, "alpha__progress", "text/event-stream").await;
+}
+
+async fn large_result_not_read_holds_back(call: Value, tool: &str, answered_as: &str) {
     use tokio::io::AsyncWriteExt;
     let setup = Setup::new("max_body_bytes = 65536", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
+    // Read, it comes as `answered_as`, whole.
+    let (status, said, headers) = gw.post(Some("tok-a"), &call, &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], answered_as);
+    assert!(said.to_string().len() > 8 << 20);
     let addr = gw
         .url()
         .trim_start_matches("http://")
@@ -6002,14 +6027,10 @@ async fn large_results_not_read_hold_back_their_principal_alone() {
         .next()
         .expect("host:port")
         .to_string();
-    // An 8 MiB result, more than loopback's buffers take, asked for and never read.
-    let body = request(
-        "tools/call",
-        json!({"name": "alpha__echo", "arguments": {"text": "x".repeat(1024), "times": 8192}}),
-    )
-    .to_string();
+    // Asked for and never read.
+    let body = call.to_string();
     let head = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: alpha__echo\r\nContent-Length: {}\r\n\r\n",
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer tok-a\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     let mut unread = tokio::net::TcpStream::connect(&addr)

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,7 +28,7 @@ use hyper::header::HeaderValue;
 use hyper::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::{
@@ -113,10 +113,34 @@ fn error_reply(status: StatusCode, id: Option<RequestId>, error: RpcError) -> Ht
 }
 
 fn sse_frame(message: &Message) -> Bytes {
+    Bytes::from(sse_event(message))
+}
+
+fn sse_event(message: &Message) -> Vec<u8> {
     let mut frame = b"data: ".to_vec();
     message.write_json(&mut frame);
     frame.extend_from_slice(b"\n\n");
-    Bytes::from(frame)
+    frame
+}
+
+/// Sends a call's answer last on its event stream ([`call_stream`]): a large one goes
+/// by `last`, held to `principal`'s results' budget until its client has taken it.
+async fn send_answer(
+    state: &Arc<State>,
+    principal: &Principal,
+    (tx, last): (mpsc::Sender<Bytes>, oneshot::Sender<HeldBody>),
+    answer: &Message,
+) {
+    match HeldBody::of(state, principal, sse_event(answer)) {
+        Ok(held) => {
+            // The channel's frames are written first: its sender goes before the answer is taken.
+            drop(tx);
+            let _ = last.send(held);
+        }
+        Err(small) => {
+            let _ = tx.send(Bytes::from(small)).await;
+        }
+    }
 }
 
 /// A response body fed by a channel: one SSE frame per message; a long-lived stream
@@ -131,6 +155,10 @@ struct ChannelBody {
     _slot: Option<PrincipalSlot>,
     /// When its credentials expire: the stream ends then.
     until: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A call's large result, written after the channel's frames (its sender goes
+    /// first), charged to its principal until taken ([`HeldBody`]).
+    last: Option<oneshot::Receiver<HeldBody>>,
+    held: Option<HeldBody>,
 }
 
 impl Body for ChannelBody {
@@ -150,9 +178,26 @@ impl Body for ChannelBody {
         {
             return Poll::Ready(None);
         }
-        self.rx
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+        if let Some(held) = self.held.as_mut() {
+            return Poll::Ready(held.next_piece().map(|p| Ok(Frame::data(p))));
+        }
+        match ready!(self.rx.poll_recv(cx)) {
+            Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            None => {
+                let Some(last) = self.last.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let held = ready!(Pin::new(last).poll(cx)).ok();
+                self.last = None;
+                self.held = held;
+                Poll::Ready(
+                    self.held
+                        .as_mut()
+                        .and_then(HeldBody::next_piece)
+                        .map(|p| Ok(Frame::data(p))),
+                )
+            }
+        }
     }
 }
 
@@ -174,6 +219,31 @@ struct HeldBody {
 /// The most of a held result handed to hyper at once.
 const HELD_PIECE: usize = 64 << 10;
 
+impl HeldBody {
+    /// `body` charged to `principal`'s results when it is large; back as it is if not.
+    fn of(state: &Arc<State>, principal: &Principal, body: Vec<u8>) -> Result<Self, Vec<u8>> {
+        if body.len() <= LARGE_BODY {
+            return Err(body);
+        }
+        let mut body = body;
+        // Charged what it takes: the buffer as allocated.
+        body.shrink_to_fit();
+        let slot = PrincipalSlot::charged(state, principal, RESULTS, body.capacity());
+        Ok(HeldBody {
+            result: body,
+            taken: 0,
+            _slot: slot,
+        })
+    }
+
+    fn next_piece(&mut self) -> Option<Bytes> {
+        let rest = self.result.get(self.taken..).filter(|r| !r.is_empty())?;
+        let piece = Bytes::copy_from_slice(&rest[..rest.len().min(HELD_PIECE)]);
+        self.taken += piece.len();
+        Some(piece)
+    }
+}
+
 impl Body for HeldBody {
     type Data = Bytes;
     type Error = Infallible;
@@ -181,13 +251,7 @@ impl Body for HeldBody {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let from = self.taken;
-        let Some(rest) = self.result.get(from..).filter(|r| !r.is_empty()) else {
-            return Poll::Ready(None);
-        };
-        let piece = Bytes::copy_from_slice(&rest[..rest.len().min(HELD_PIECE)]);
-        self.taken += piece.len();
-        Poll::Ready(Some(Ok(Frame::data(piece))))
+        Poll::Ready(self.next_piece().map(|p| Ok(Frame::data(p))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -209,16 +273,9 @@ fn held_json(
 ) -> HttpResponse {
     let mut body = Vec::new();
     message.write_json(&mut body);
-    if body.len() <= LARGE_BODY {
-        return full(status, "application/json", body);
-    }
-    // Charged what it takes: the buffer as allocated.
-    body.shrink_to_fit();
-    let slot = PrincipalSlot::charged(state, principal, RESULTS, body.capacity());
-    let held = HeldBody {
-        result: body,
-        taken: 0,
-        _slot: slot,
+    let held = match HeldBody::of(state, principal, body) {
+        Ok(held) => held,
+        Err(small) => return full(status, "application/json", small),
     };
     let mut r = hyper::Response::new(held.boxed());
     *r.status_mut() = status;
@@ -274,6 +331,20 @@ fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
     sse_stream(rx, None, false, None, None)
 }
 
+/// A call's event stream: its frames from `rx`, then its result from `last` when
+/// that is large (see [`CallAnswer`]).
+fn call_stream(rx: mpsc::Receiver<Bytes>, last: oneshot::Receiver<HeldBody>) -> HttpResponse {
+    event_stream(ChannelBody {
+        rx,
+        _place: None,
+        ended: None,
+        _slot: None,
+        until: None,
+        last: Some(last),
+        held: None,
+    })
+}
+
 /// [`sse_response`] for a stream that may stay open for as long as its client likes,
 /// in `place`; with `ends_when_taken`, the body ends when its place is taken.
 fn sse_stream(
@@ -287,13 +358,18 @@ fn sse_stream(
         .as_ref()
         .filter(|_| ends_when_taken)
         .map(|p| Box::pin(p.taken.clone().cancelled_owned()));
-    let body = ChannelBody {
+    event_stream(ChannelBody {
         rx,
         _place: place,
         ended,
         _slot: slot,
         until: until.map(|t| Box::pin(tokio::time::sleep_until(t.into()))),
-    };
+        last: None,
+        held: None,
+    })
+}
+
+fn event_stream(body: ChannelBody) -> HttpResponse {
     let mut r = hyper::Response::new(body.boxed());
     let headers = r.headers_mut();
     headers.insert(
@@ -1669,9 +1745,11 @@ async fn post(
                 Err(outcome) => return reply(outcome),
             };
             let (tx, rx) = mpsc::channel(64);
+            let (last_tx, last) = oneshot::channel();
             if let Some(p) = first {
                 let _ = tx.try_send(progress_frame(p));
             }
+            let (state, principal) = (state.clone(), principal.clone());
             tokio::spawn(async move {
                 let mut open = true;
                 let outcome = match done {
@@ -1695,15 +1773,14 @@ async fn post(
                     while let Ok(p) = progress_rx.try_recv() {
                         let _ = tx.send(progress_frame(p)).await;
                     }
-                    let _ = tx
-                        .send(sse_frame(&Message::Response(Response {
-                            id: Some(id),
-                            outcome,
-                        })))
-                        .await;
+                    let answer = Message::Response(Response {
+                        id: Some(id),
+                        outcome,
+                    });
+                    send_answer(&state, &principal, (tx, last_tx), &answer).await;
                 }
             });
-            sse_response(rx)
+            call_stream(rx, last)
         }
     }
 }
@@ -2364,6 +2441,7 @@ async fn legacy_request(
     // dropped when the stream is full), so a small bound only makes a stalled client
     // wait.
     let (tx, rx) = mpsc::channel(super::MAX_QUESTIONS + 34);
+    let (last_tx, last) = oneshot::channel();
     if let Some(frame) = first {
         let _ = tx.try_send(frame);
     }
@@ -2404,17 +2482,16 @@ async fn legacy_request(
             }
             // Cancelled by its client: not answered.
             if !by_client.is_cancelled() {
-                let _ = tx
-                    .send(sse_frame(&Message::Response(Response {
-                        id: Some(id),
-                        outcome,
-                    })))
-                    .await;
+                let answer = Message::Response(Response {
+                    id: Some(id),
+                    outcome,
+                });
+                send_answer(&state, &answered_to, (tx, last_tx), &answer).await;
             }
         }
     });
     drop(out_tx);
-    sse_response(rx)
+    call_stream(rx, last)
 }
 
 /// How a call that wants progress answers: `Err(outcome)`, as plain JSON, when it

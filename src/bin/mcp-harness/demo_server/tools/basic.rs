@@ -192,7 +192,11 @@ pub async fn call(server: &DemoServer, name: &str, request: &Request, ctx: &Ctx)
                     }
                 }
             }
-            reply(text(format!("{steps} steps done")))
+            // Not in the schema: a large answer after the updates, for tests.
+            match arg(request, "answer_bytes").and_then(Value::as_u64) {
+                Some(n) => reply(text("a".repeat(n.min(8 << 20) as usize))),
+                None => reply(text(format!("{steps} steps done"))),
+            }
         }
         "whoami" => {
             let info = json!({"meta": params_field(request, "_meta"), "headers": ctx.headers});
