@@ -467,6 +467,18 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         .await;
     assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
     assert_eq!(r["error"]["data"]["requested"], "2099-01-01");
+    // A long one is not sent back whole: a refusal is outside every budget.
+    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] =
+        json!("9".repeat(50_000));
+    let (status, r, _) = gw
+        .post(
+            Some("tok-a"),
+            &future,
+            &[("mcp-protocol-version", "2099-01-01")],
+        )
+        .await;
+    assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
+    assert!(r.to_string().len() < 1024, "{r}");
     let (status, r) = gw.modern("tok-a", "no/such", json!({})).await;
     assert_eq!((status, code(&r)), (404, Some(-32601)), "{r}");
     let (status, r) = gw

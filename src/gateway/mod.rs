@@ -222,6 +222,14 @@ impl GatewayConfig {
                 )
             })?,
         };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the settings as [`GatewayConfig::from_value`] does: a gateway built from
+    /// a config made in code is held to them too ([`Gateway::new`], [`Gateway::reload`]).
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        let config = self;
         // Not quoted back: a token itself put there by mistake would be printed.
         for (list, tokens) in [
             ("admin_tokens", &config.admin_tokens),
@@ -282,7 +290,7 @@ impl GatewayConfig {
                 )));
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     /// The sealing keys: `keys_file`, else `MCP_HARNESS_GATEWAY_KEYS`; neither is an
@@ -617,6 +625,7 @@ impl Current {
         sealer: Sealer,
         before: Option<&Current>,
     ) -> Result<Current, GatewayError> {
+        config.validate()?;
         // A JWKS URL's keys, kept across a reload that leaves its settings as they
         // were: they are read again on their own, and a reload (of a server, say) does
         // not fail while the issuer is down. A file is read again: a reload is how its
@@ -1348,11 +1357,13 @@ impl Gateway {
             .filter(|c| c.is_object())
             .ok_or_else(|| invalid(format!("_meta needs {KEY_CLIENT_CAPABILITIES}")))?;
         if version != MODERN {
+            // Cut as the message's is: a refusal is written whole, outside every budget.
+            let requested = one_line(version, 40);
             return Err(RpcError::new(
                 UNSUPPORTED_PROTOCOL_VERSION,
-                format!("unsupported protocol version {}", one_line(version, 40)),
+                format!("unsupported protocol version {requested}"),
             )
-            .with_data(json!({"supported": [MODERN], "requested": version})));
+            .with_data(json!({"supported": [MODERN], "requested": requested})));
         }
         // Only what the gateway itself answers for goes on to the servers: an extension
         // it does not serve (tasks: a result it cannot poll) must not be offered in the
@@ -3304,6 +3315,48 @@ mod tests {
             .await
             .expect("gateway");
         (harness, gateway)
+    }
+
+    // A config built in code is held to what a file's is: an "unlimited" in-flight
+    // count failed every principal's first request in tokio's semaphore; a page size of
+    // zero paged forever; a zero state_ttl issued states that could never come back.
+    #[tokio::test]
+    async fn a_gateway_config_built_in_code_is_checked_as_a_files_is() {
+        let config = HarnessConfig::default();
+        let harness = crate::Harness::spawn(config.clone())
+            .await
+            .expect("harness");
+        let sealer = || Sealer::ephemeral(Duration::from_secs(60)).expect("sealer");
+        let bad = [
+            GatewayConfig {
+                max_in_flight_per_principal: usize::MAX,
+                ..GatewayConfig::default()
+            },
+            GatewayConfig {
+                page_size: 0,
+                ..GatewayConfig::default()
+            },
+            GatewayConfig {
+                state_ttl: Duration::ZERO,
+                ..GatewayConfig::default()
+            },
+        ];
+        for settings in bad.clone() {
+            let made = Gateway::new(harness.clone(), &config, settings, sealer()).await;
+            assert!(matches!(made, Err(GatewayError::Config(_))));
+        }
+        let gateway = Gateway::new(harness.clone(), &config, GatewayConfig::default(), sealer())
+            .await
+            .expect("gateway");
+        for settings in bad {
+            let reloaded = gateway.reload(&config, settings, sealer()).await;
+            assert!(matches!(reloaded, Err(GatewayError::Config(_))));
+        }
+        assert_eq!(
+            gateway.config().page_size,
+            GatewayConfig::default().page_size
+        );
+        harness.shutdown().await;
     }
 
     #[tokio::test]
