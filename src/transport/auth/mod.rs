@@ -899,8 +899,8 @@ impl SignIn {
         step: AuthStep,
         request: reqwest::RequestBuilder,
     ) -> Result<Vec<u8>, AuthError> {
-        let response = request
-            .send()
+        let response = self
+            .send(request)
             .await
             .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();
@@ -911,6 +911,23 @@ impl SignIn {
             return Err(self.err(step, oauth_error(status, &body)));
         }
         Ok(body)
+    }
+
+    /// Sends a sign-in request; whether it was answered tells the resolver where the
+    /// server is (see [`resolve`]).
+    async fn send(&self, request: reqwest::RequestBuilder) -> reqwest::Result<reqwest::Response> {
+        let sent = request.send().await;
+        if let Some(r) = &self.resolver {
+            match &sent {
+                Ok(response) => r.sent(response.url(), true),
+                Err(e) => {
+                    if let Some(url) = e.url() {
+                        r.sent(url, false);
+                    }
+                }
+            }
+        }
+        sent
     }
 
     fn err(&self, step: AuthStep, failure: AuthFailure) -> AuthError {
@@ -1724,12 +1741,13 @@ impl SignIn {
     /// request was refused); empty when it has none.
     async fn probe_challenge(&self) -> Challenge {
         let probe = self
-            .client(self.url.as_str())
-            .post(self.url.clone())
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .body(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
-            .send()
+            .send(
+                self.client(self.url.as_str())
+                    .post(self.url.clone())
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .body(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#),
+            )
             .await;
         match probe {
             Ok(r) => Challenge::bearer(
@@ -1748,10 +1766,11 @@ impl SignIn {
     /// catch-all), an error else.
     async fn get_json(&self, url: &Url, step: AuthStep) -> Result<Option<Value>, AuthError> {
         let response = self
-            .client(url.as_str())
-            .get(url.clone())
-            .header("accept", "application/json")
-            .send()
+            .send(
+                self.client(url.as_str())
+                    .get(url.clone())
+                    .header("accept", "application/json"),
+            )
             .await
             .map_err(|e| self.err(step, send_failure(e)))?;
         let status = response.status().as_u16();

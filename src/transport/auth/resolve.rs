@@ -10,9 +10,10 @@
 //! it: only internal addresses, and never a public one before. An attacker's name that
 //! adds one internal address to public ones does not make its server internal (and is
 //! connected to on its public addresses only), and one that resolves only internally is connected to
-//! there, where TLS for its name fails. The verdict is taken when the name resolves,
-//! not when the connection succeeds: while a connection to such an answer is tried,
-//! other requests of the same sign-in see the server as internal.
+//! there, where TLS for its name fails. The verdict is taken once a request to such an
+//! answer is answered (TLS for the server's name held there), not when the name
+//! resolves: one answer that did not connect left the server internal for good before,
+//! and every name sign-in was later pointed at was let through to internal addresses.
 //!
 //! Behind a proxy, names are resolved by the proxy: only the proxies' own names (the
 //! operator's) reach this resolver unchecked; every name it does see is connected to
@@ -65,6 +66,9 @@ enum ServerAt {
     Internal(bool),
     /// Its name has not been resolved for sign-in yet: treated as public.
     Unknown,
+    /// Its name resolved to internal addresses only, and no request there has been
+    /// answered yet: treated as public, but for its own name.
+    Trying,
 }
 
 /// The resolver of one server's sign-in requests.
@@ -137,7 +141,24 @@ impl SignInResolver {
     /// Whether sign-in has yet to learn where the server is (its name has not been
     /// resolved for a sign-in request).
     pub(crate) fn server_unknown(&self) -> bool {
-        *self.server_at.lock() == ServerAt::Unknown
+        matches!(*self.server_at.lock(), ServerAt::Unknown | ServerAt::Trying)
+    }
+
+    /// A sign-in request to `url` was answered (`true`) or failed before any answer:
+    /// the server is internal once one to its own name, resolved internally only, is
+    /// answered.
+    pub(crate) fn sent(&self, url: &Url, answered: bool) {
+        let ours = url.host_str().map(normalized);
+        if ours.is_none() || ours != self.server_host {
+            return;
+        }
+        let mut at = self.server_at.lock();
+        if *at == ServerAt::Trying {
+            *at = match answered {
+                true => ServerAt::Internal(true),
+                false => ServerAt::Unknown,
+            };
+        }
     }
 
     /// The addresses of `host` that sign-in may connect to.
@@ -156,7 +177,9 @@ impl SignInResolver {
             // always public (a name that turns internal later gains nothing).
             let mut at = self.server_at.lock();
             if all_internal && *at != ServerAt::Internal(false) {
-                *at = ServerAt::Internal(true);
+                if *at == ServerAt::Unknown {
+                    *at = ServerAt::Trying;
+                }
                 return Ok(addrs);
             }
             if !all_internal {
@@ -302,10 +325,46 @@ mod tests {
         // Until its name was resolved for sign-in, it counts as public.
         refused(r.checked("auth.corp".into()).await);
         r.checked("mcp.corp.".into()).await.expect("server");
+        // Resolved, but not yet answered there: still public.
+        refused(r.checked("auth.corp".into()).await);
+        let server = Url::parse("https://MCP.corp/.well-known/x").expect("url");
+        r.sent(&server, true);
         assert_eq!(
             r.checked("auth.corp".into()).await.expect("allowed"),
             ["10.1.2.4".parse::<IpAddr>().expect("ip")]
         );
+    }
+
+    // A server whose DNS answers internally once, for a request that then fails (TLS
+    // for its name does not hold there), is not taken for internal: before, that one
+    // answer let every later name through to internal addresses, the cloud's metadata
+    // among them.
+    #[tokio::test]
+    async fn an_internal_answer_for_the_servers_name_that_is_never_answered_proves_nothing() {
+        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let fallback = table(NAMES);
+        let lookup: Lookup = Arc::new(move |host: String| {
+            if host == "flip.example" {
+                let turn = turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let ip: IpAddr = if turn == 0 { "10.9.9.9" } else { "203.0.113.9" }
+                    .parse()
+                    .expect("ip");
+                return Box::pin(async move { Ok(vec![ip]) });
+            }
+            fallback(host)
+        });
+        let r = resolver("https://flip.example/mcp", lookup);
+        r.checked("flip.example".into()).await.expect("tried");
+        refused(r.checked("metadata.example".into()).await);
+        // Another host's answer says nothing of the server.
+        r.sent(&Url::parse("https://auth.example/t").expect("url"), true);
+        refused(r.checked("metadata.example".into()).await);
+        r.sent(&Url::parse("https://flip.example/mcp").expect("url"), false);
+        refused(r.checked("metadata.example".into()).await);
+        assert!(r.server_unknown());
+        // A late answer of a request made then does not count either.
+        r.sent(&Url::parse("https://flip.example/mcp").expect("url"), true);
+        refused(r.checked("metadata.example".into()).await);
     }
 
     #[tokio::test]
