@@ -1798,6 +1798,50 @@ async fn a_slow_server_with_a_stale_later_page_does_not_hold_up_the_others_listi
     h.shutdown().await;
 }
 
+// A restarting server whose first page is still fresh in the cache but a later one is
+// not is left out of a listing too: its later page waited in the restart queue (here
+// the 30 s until it was back) and held up every listing, and the bare-name calls of the
+// agents granted it for part of their time, the tool on another server.
+#[tokio::test]
+async fn a_restarting_server_with_a_stale_later_page_does_not_hold_up_bare_calls() {
+    let flaky = demo("flaky", &["--page-size", "40", "--page-ttls", "600000,1"]);
+    let quick = demo("quick", &["--tool-alias", "only_quick"]);
+    let h = start_ready(config(vec![flaky, quick], &["a"])).await;
+    let a = Caller::agent("a");
+    let listed = h.list_tools(&a).await.expect("list");
+    assert!(listed.iter().filter(|t| &*t.server == "flaky").count() > 40);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Down, and back only in 30 s.
+    let pid = h.server_status("flaky").and_then(|s| s.pid).expect("pid");
+    sigkill(pid);
+    assert!(
+        eventually(Duration::from_secs(10), || h
+            .server_status("flaky")
+            .is_some_and(|s| s.state == ServerState::Restarting))
+        .await
+    );
+    let options = mcp_harness::CallOptions {
+        timeout: Some(Duration::from_secs(3)),
+        ..Default::default()
+    };
+    let r = h
+        .call(&a, CallKind::Tool, "only_quick", json!({}), options)
+        .await
+        .expect("routed to quick within the deadline");
+    assert_eq!(text(&r), "quick");
+    // And a listing names the server it could not ask at once.
+    let listing = h.listing(&a, ListKind::Tools, None).await.expect("listing");
+    assert!(
+        listing
+            .unreachable
+            .iter()
+            .any(|(u, _)| u.server == "flaky" && u.state == ServerState::Restarting),
+        "{:?}",
+        listing.unreachable
+    );
+    h.shutdown().await;
+}
+
 // A delegated resource read that continues on its server (a round's answers going back
 // to it) is routed there alone: another granted server that cannot be listed now does
 // not leave a URI no list names unrouted, as it does a fresh read's.

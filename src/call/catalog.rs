@@ -29,6 +29,8 @@ pub struct ToolInfo {
     /// `server__name`: unique across servers.
     pub qualified: Arc<str>,
     /// The name on its server (the uri for resources, the uri template for templates).
+    /// Call a tool by `qualified`: a name that holds `__`, passed bare, is read as
+    /// `server__tool` and names another server's tool.
     pub name: Arc<str>,
     /// Server id.
     pub server: Arc<str>,

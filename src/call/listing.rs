@@ -553,6 +553,22 @@ impl<'a> Walker<'a> {
             self.l3_generation = shared.generation(self.server.id()).await;
             self.l3_asked = true;
         }
+        if self.server.state() == ServerState::Restarting {
+            // Its request would wait in the restart queue, perhaps for good (a server
+            // that crashes on start), and hold up every listing and bare-name call
+            // with it: one whose first page was cached but a later one was not, too.
+            return Err(Walk::Failed(
+                ServerError::Restarting {
+                    server: self.server.id().to_string(),
+                    reason: self
+                        .server
+                        .status()
+                        .last_error
+                        .unwrap_or_else(|| "restarting".into()),
+                }
+                .into(),
+            ));
+        }
         let params = cursor.map(|c| json!({"cursor": c}));
         let sent = self
             .server
