@@ -172,11 +172,12 @@ impl Registry {
             }
             if hashes.len() >= MAX_SCHEMA_HASHES
                 && !hashes.contains_key(&key)
-                && let Some(any) = hashes.keys().next().cloned()
+                && let Some(oldest) = oldest_private(&hashes)
             {
-                // One per server and private scope: a flood of auth contexts lets one
-                // go per new one (its next listing has nothing to differ from).
-                hashes.remove(&any);
+                // One per server and private scope: a flood of auth contexts lets the
+                // oldest private one go per new one (its next listing has nothing to
+                // differ from), never a server's public list's, which all share.
+                hashes.remove(&oldest);
             }
             hashes.insert(key, (walk, hash.clone())).map(|(_, h)| h)
         };
@@ -427,13 +428,15 @@ impl Drop for QueuedPut {
 impl RegistryRef {
     /// Stores the pages of one list fetched at `epoch` on disk (memory is written by
     /// the listing itself, [`cache::ListCache::put_memory`]).
-    /// Past [`MAX_QUEUED_PUTS`] waiting, or [`MAX_QUEUED_PUT_BYTES`] (a list alone
+    /// Past [`MAX_QUEUED_PUTS`] waiting, or [`MAX_QUEUED_PUT_BYTES`] held in memory (a list alone
     /// larger than that is written when nothing else waits), the write is left out.
     pub fn put(&self, pages: Vec<Page>, epoch: u64) {
         use std::sync::atomic::Ordering;
+        // Counted at what they hold in memory (an array of small numbers is many times
+        // its text), as the memory layer counts them: a stalled disk holds them all.
         let bytes = pages
             .iter()
-            .map(|p| p.bytes)
+            .map(|p| p.bytes.max(cache::held_size(&p.value)))
             .fold(0usize, usize::saturating_add);
         let queued_before = self.2.fetch_add(bytes, Ordering::SeqCst);
         let over_bytes =
@@ -545,6 +548,16 @@ impl RegistryRef {
 /// The hash of a tool list: SHA-256 of each tool's canonical JSON, in sorted order and
 /// each once. The order a server lists its tools in is not a change (a server listing
 /// from a hash map, or from replicas, lists them in any order).
+/// The entry to let go of a full table of tool-list hashes: the oldest of a private
+/// scope (an auth context's), else the oldest.
+fn oldest_private(hashes: &HashMap<(String, String), (u64, String)>) -> Option<(String, String)> {
+    let shared = |scope: &str| scope == "public" || scope == "uncached";
+    hashes
+        .iter()
+        .min_by_key(|((_, scope), (walk, _))| (shared(scope), *walk))
+        .map(|(key, _)| key.clone())
+}
+
 fn tools_hash(pages: &[Arc<Value>]) -> String {
     let mut tools: Vec<String> = pages
         .iter()
@@ -674,6 +687,16 @@ mod tests {
             0,
             "the bytes go with the writes"
         );
+        // Counted at what a page holds in memory: 3 M small numbers are 6 MiB of text
+        // and some 96 MiB parsed.
+        gate.forget_permits(usize::MAX);
+        registry.put(one_page(12), 0);
+        let mut numbers = one_page(6 << 20);
+        numbers[0].value = Arc::new(serde_json::json!({"tools": vec![0u8; 3 << 20]}));
+        registry.put(numbers, 0);
+        assert_eq!(registry.1.load(Ordering::SeqCst), 1, "held past the bound");
+        gate.add_permits(usize::MAX >> 4);
+        registry.flush().await;
         actor.stop(None);
         let _ = handle.await;
     }
@@ -727,6 +750,29 @@ mod tests {
         std::iter::from_fn(|| events.try_recv().ok())
             .filter(|e| matches!(e, HarnessEvent::ToolsChanged { .. }))
             .count()
+    }
+
+    // A flood of private scopes (one per auth context) does not push a server's public
+    // list's hash out: its next change would have had nothing to differ from, and gone
+    // unannounced.
+    #[tokio::test]
+    async fn private_scopes_past_the_bound_leave_the_public_lists_hashes() {
+        let cache = Arc::new(ListCache::new(cache::CacheConfig::default()).expect("cache"));
+        let (tx, mut events) = broadcast::channel(64);
+        let registry = Arc::new(Registry::new(cache.clone(), None, tx));
+        let at = |server| (cache.walk_epoch(server), registry.walk_begins());
+        registry.tools_listed("s", "public".into(), &tools(&["a"]), at("s"));
+        for i in 0..MAX_SCHEMA_HASHES + 100 {
+            registry.tools_listed("p", format!("ctx-{i}"), &tools(&["a"]), at("p"));
+        }
+        assert!(registry.hashes.lock().len() <= MAX_SCHEMA_HASHES);
+        registry.tools_listed("s", "public".into(), &tools(&["b"]), at("s"));
+        assert_eq!(heard(&mut events), 1);
+        // The newest private ones stay: the oldest went first.
+        let hashes = registry.hashes.lock();
+        let newest = format!("ctx-{}", MAX_SCHEMA_HASHES + 99);
+        assert!(hashes.contains_key(&("p".to_string(), newest)));
+        assert!(!hashes.contains_key(&("p".to_string(), "ctx-0".to_string())));
     }
 
     #[tokio::test]
