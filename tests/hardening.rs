@@ -1858,7 +1858,22 @@ async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() 
             "{args}: {err}"
         );
     }
+    // So are rounds refused before they are read: too many requests, or malformed.
+    let many = h
+        .call_tool(&a(), "m__many_inputs", json!({"n": 17}))
+        .await
+        .expect_err("too many");
+    assert!(matches!(many, CallError::InputRejected { .. }), "{many}");
+    let malformed = h
+        .call_tool(&a(), "m__empty_input_required", json!({}))
+        .await
+        .expect_err("malformed");
+    assert!(
+        matches!(malformed, CallError::Server(ServerError::Protocol { .. })),
+        "{malformed}"
+    );
     assert_eq!(seen.load(Ordering::SeqCst), 0);
+    let rounds_counted = h.metrics().input_rounds;
     h.shutdown().await;
     let methods: Vec<Value> = audit_records(&audit)
         .iter()
@@ -1870,10 +1885,13 @@ async fn item_06_undeclared_methods_and_modes_end_the_call_before_any_handler() 
         [
             json!(["elicitation/create"]),
             json!(["sampling/createMessage"]),
-            json!(["roots/list"])
+            json!(["roots/list"]),
+            json!(["(17 input requests, unread)"]),
+            json!(["(malformed round)"]),
         ],
         "each refused round is recorded"
     );
+    assert_eq!(rounds_counted, 5);
     let _ = std::fs::remove_file(audit);
 }
 

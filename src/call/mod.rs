@@ -663,17 +663,7 @@ async fn attempt(
         }
         if request.delegated.is_some() {
             let max = ctx.settings.limits.max_input_requests;
-            rounds::counted(server.id(), &result, max)?;
-            let input = InputRequired::from_value(&result).map_err(|e| protocol(server.id(), e))?;
-            // Recorded before it is checked: a round refused is in the audit trail too.
-            record.round(
-                server.id(),
-                input
-                    .input_requests
-                    .values()
-                    .map(|r| r.method.clone())
-                    .collect(),
-            );
+            let input = recorded_round(record, server.id(), &result, max)?;
             rounds::check(
                 server.id(),
                 &input.input_requests,
@@ -715,6 +705,40 @@ fn clear_round(params: &mut Map<String, Value>) {
     params.remove(REQUEST_STATE);
 }
 
+/// The round `result` asks for, recorded before it is checked (a round refused is in
+/// the audit trail and the rounds counted too): one with too many requests, or not
+/// readable, by what it is.
+fn recorded_round(
+    record: &mut CallRecord,
+    server: &str,
+    result: &Value,
+    max: usize,
+) -> Result<InputRequired, Attempt> {
+    if let Err(e) = rounds::counted(server, result, max) {
+        let many = result
+            .get("inputRequests")
+            .and_then(Value::as_object)
+            .map_or(0, |r| r.len());
+        record.round(server, vec![format!("({many} input requests, unread)")]);
+        return Err(e.into());
+    }
+    match InputRequired::from_value(result) {
+        Ok(input) => {
+            let methods = input
+                .input_requests
+                .values()
+                .map(|r| r.method.clone())
+                .collect();
+            record.round(server, methods);
+            Ok(input)
+        }
+        Err(e) => {
+            record.round(server, vec!["(malformed round)".into()]);
+            Err(protocol(server, e))
+        }
+    }
+}
+
 fn protocol(server: &str, e: ProtocolError) -> Attempt {
     Attempt::Final(CallError::Server(ServerError::Protocol {
         server: server.to_string(),
@@ -746,16 +770,8 @@ impl Round<'_> {
     ) -> Result<(), Attempt> {
         let id = self.candidate.server.id();
         let limits = &self.ctx.settings.limits;
-        rounds::counted(id, &result, limits.max_input_requests)?;
-        let input = InputRequired::from_value(&result).map_err(|e| protocol(id, e))?;
+        let input = recorded_round(record, id, &result, limits.max_input_requests)?;
         drop(result);
-        // Recorded before it is checked: a round refused is in the audit trail too.
-        let methods = input
-            .input_requests
-            .values()
-            .map(|r| r.method.clone())
-            .collect();
-        record.round(id, methods);
         rounds::check(
             id,
             &input.input_requests,
