@@ -126,6 +126,10 @@ impl SseParser {
             if let Some(e) = self.line(&line) {
                 events.push(e);
             }
+            // An event past the limit is one whether it came in one chunk or many.
+            if self.data.len() > max {
+                return (events, Err(max));
+            }
         }
         self.buf.drain(..start);
         // One large event's room is not kept for the stream's life.
@@ -342,6 +346,12 @@ mod tests {
     fn an_event_past_the_limit_is_an_error() {
         let mut p = SseParser::default();
         assert!(p.feed(&[b'x'; 100], 50).1.is_err());
+        // Whole within one chunk, too: not dispatched, and those before it are.
+        let mut p = SseParser::default();
+        let whole = format!("data: a\n\ndata: {}\n\n", "x".repeat(100));
+        let (events, fit) = p.feed(whole.as_bytes(), 50);
+        assert_eq!((events.len(), fit), (1, Err(50)));
+        assert_eq!(events[0].data, "a");
         let mut p = SseParser::default();
         assert!(
             p.feed(b"data: 0123456789\ndata: 0123456789\n", 15)
