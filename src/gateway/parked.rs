@@ -605,15 +605,26 @@ impl ParkedRounds {
     fn note_ended(&self, id: String, p: &Parked, now: Instant, why: &'static str) {
         let mut ended = self.ended.lock();
         ended.retain(|_, (_, until, _)| *until > now);
-        // Full: the note that would go first makes room (rounds answered are noted
-        // too, and would otherwise keep out the rarer notes of rounds dropped).
-        if ended.len() >= self.max
-            && let Some(first) = ended
-                .iter()
-                .min_by_key(|(_, (_, until, _))| *until)
-                .map(|(id, _)| id.clone())
-        {
-            ended.remove(&first);
+        // Full: a note of the principal that holds the most makes room, the one that
+        // would go first (one principal's rounds must not push out another's notes,
+        // whose retries would be told "invalid requestState" and run the call again);
+        // about even, the newcomer's own, else the first to go of all.
+        if ended.len() >= self.max {
+            let held = ended.iter().map(|(id, (who, until, _))| (id, who, *until));
+            let first_of = |whose: Option<&Principal>| {
+                ended
+                    .iter()
+                    .filter(|(_, (who, _, _))| whose.is_none_or(|w| w == who))
+                    .min_by_key(|(_, (_, until, _))| *until)
+                    .map(|(id, _)| id)
+            };
+            let gone = super::fair::place_to_free(held, &p.principal)
+                .or_else(|| first_of(Some(&p.principal)))
+                .or_else(|| first_of(None))
+                .cloned();
+            if let Some(gone) = gone {
+                ended.remove(&gone);
+            }
         }
         ended.insert(id, (p.principal.clone(), p.expires, why));
     }
@@ -897,6 +908,30 @@ mod tests {
             .err()
             .expect("used");
         assert_eq!(e.message, CANCELLED);
+    }
+
+    // Notes are shared fairly: one principal parking and answering many rounds does not
+    // push out another's note, whose retry of an answer whose reply was lost is told
+    // it was answered, not "invalid requestState" (which invites running the call again).
+    #[tokio::test]
+    async fn one_principals_rounds_do_not_push_out_anothers_notes() {
+        let rounds = ParkedRounds::with_caps(4, 16);
+        let (a, b) = (agent("a"), agent("b"));
+        let (id, _, _answer) = park_as(&rounds, &b, None, (0, usize::MAX), 60);
+        let id = id.expect("parked");
+        let _held = rounds.resume(&id, (&b, None), Value::Null).ok();
+        for _ in 0..8 {
+            // Later to expire than b's note: by expiry alone, b's would go first.
+            let (mine, _, _answer) = park_as(&rounds, &a, None, (0, usize::MAX), 600);
+            let mine = mine.expect("parked");
+            let _ = rounds.resume(&mine, (&a, None), Value::Null);
+        }
+        let e = rounds
+            .resume(&id, (&b, None), Value::Null)
+            .err()
+            .expect("used");
+        assert_eq!(e.message, ANSWERED);
+        assert!(rounds.ended.lock().len() <= 4);
     }
 
     /// Parks a round of `who` from `session`; its id, its call's token, its answer.
