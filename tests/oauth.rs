@@ -1357,6 +1357,55 @@ async fn a_logout_during_a_refresh_is_not_undone_by_its_reply() {
     h.shutdown().await;
 }
 
+// A token kept from another authorization server than the pinned `issuer` is not sent
+// (kept before the pin, or by another config sharing the store): the pin was checked
+// only at a refresh, and a token that needs none went on being sent.
+#[tokio::test]
+async fn a_kept_token_of_another_issuer_than_the_pinned_one_is_not_sent() {
+    use mcp_harness::transport::auth::MemoryTokenStore;
+    let w = World::new(&["--client", "pre"], &[]).await;
+    let store = Arc::new(MemoryTokenStore::default());
+    let h = w
+        .builder(vec![w.server(registered("pre"))])
+        .token_store(store.clone())
+        .spawn()
+        .await
+        .expect("spawn");
+    ready(&h).await;
+    assert_eq!(
+        subject(&h, &Caller::agent("a")).await.expect("call"),
+        "demo-user"
+    );
+    h.shutdown().await;
+    let sent = || -> Vec<String> {
+        recorded(&w.mcp_record)
+            .iter()
+            .filter_map(|r| r["headers"]["authorization"].as_str().map(String::from))
+            .collect()
+    };
+    let kept = sent();
+    assert!(!kept.is_empty());
+    let pinned = OAuthConfig {
+        issuer: Some("https://pinned.example".into()),
+        ..registered("pre")
+    };
+    let h = w
+        .builder(vec![w.server(pinned)])
+        .token_store(store)
+        .spawn()
+        .await
+        .expect("spawn");
+    // Its sign-in with the pinned issuer fails (the server names another).
+    let refused = subject(&h, &Caller::agent("a")).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let after = sent();
+    assert!(
+        after[kept.len()..].iter().all(|a| !kept.contains(a)),
+        "the kept token went to the server"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_server_that_refuses_every_fresh_token_costs_one_renewal_not_one_per_request() {
     // Alice's tokens are refused by the server, however fresh; the harness's own are not.

@@ -957,6 +957,19 @@ impl SignIn {
     /// the store took is read there again at most once per [`STORE_RECHECK`]
     /// ([`HeldTokens`]).
     fn held(&self, identity: Option<&str>) -> Option<Token> {
+        // A token of another authorization server than the pinned one is not sent
+        // (kept from before the pin, or by another config sharing the store): the
+        // server's refusal then signs in with the pinned one. It was checked only at
+        // a refresh, and a token without an expiry is never refreshed.
+        self.held_any(identity).filter(|t| {
+            self.config
+                .issuer
+                .as_ref()
+                .is_none_or(|wanted| *wanted == t.issuer)
+        })
+    }
+
+    fn held_any(&self, identity: Option<&str>) -> Option<Token> {
         if self.in_clear {
             return None;
         }
