@@ -368,9 +368,18 @@ impl ClientSide for HarnessClient {
         let hold = events.shared.as_ref().and_then(|s| s.hold(&server));
         events.cache.forget_in_memory(&server);
         tokio::spawn(async move {
+            // The other processes first, held back by nothing of this one's (a disk
+            // write that hangs held the generation back for good); the hold goes once
+            // the generation has moved (or its retries hold the server in turn).
+            if let Some(shared) = &events.shared
+                && hold.is_some()
+            {
+                shared.invalidate(&server).await;
+            }
+            drop(hold);
             // Announced once the old lists are gone: whoever lists again on hearing it
             // reads the new ones, not the cache's.
-            if !registry.invalidate(&server, hold).await {
+            if !registry.invalidate(&server).await {
                 tracing::warn!(server = %server, "the cache did not drop a changed server's lists in time");
             }
             events.announce(crate::registry::HarnessEvent::ListsChanged {

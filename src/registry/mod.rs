@@ -130,12 +130,6 @@ impl Registry {
     /// processes (nothing for a server that is not shared). Done before this process
     /// drops its own entries, so that no walk starting after that reads an old page
     /// back from Redis. Bounded by the shared layer's timeout; retried there if it fails.
-    async fn tell_peers(&self, server: &str) {
-        if let Some(shared) = &self.shared {
-            shared.invalidate(server).await;
-        }
-    }
-
     /// Tells subscribers of `event` (nobody listening is fine).
     pub fn announce(&self, event: HarnessEvent) {
         let _ = self.events.send(event);
@@ -278,13 +272,8 @@ pub(crate) enum RegistryMsg {
         /// Counts it among the writes queued until it is dropped, handled or not.
         queued: QueuedPut,
     },
-    /// Drop a server's entries (`list_changed`), then answer. The hold keeps the
-    /// server's shared entries out of use until this is handled (or dropped unhandled).
-    Invalidate(
-        String,
-        Option<Arc<cache::shared::ChangeHold>>,
-        RpcReplyPort<()>,
-    ),
+    /// Drop a server's entries (`list_changed`), then answer.
+    Invalidate(String, RpcReplyPort<()>),
     /// Another process sharing L3 dropped a server's entries: drop ours, tell no one.
     /// The mark is when one was queued for the server (0: none), cleared when handled:
     /// a flood of invalidations heard from Redis queues one message per server (and
@@ -348,9 +337,8 @@ impl Actor for RegistryActor {
                 blocking(registry, move |r| r.cache.put_disk(pages, epoch)).await;
                 drop(queued);
             }
-            RegistryMsg::Invalidate(server, _hold, reply) => {
+            RegistryMsg::Invalidate(server, reply) => {
                 tracing::info!(server = %server, "server lists changed; cache entries dropped");
-                registry.tell_peers(&server).await;
                 blocking(registry, move |r| r.cache.invalidate(&server)).await;
                 let _ = reply.send(());
             }
@@ -459,17 +447,16 @@ impl RegistryRef {
         });
     }
 
-    /// Drops a server's entries (here, on disk, and in the shared layer's generation);
-    /// returns when they are gone. Asked, not sent: one lost with a dying actor is asked
-    /// again of the rebuilt one, as an invalidation lost would leave a changed list
-    /// served until it expires. False when no actor answered in time. `hold` (see
-    /// [`cache::shared::SharedCache::hold`]) lasts until the message is handled, also
-    /// past this wait.
-    pub async fn invalidate(&self, server: &str, hold: Option<cache::shared::ChangeHold>) -> bool {
-        let hold = hold.map(Arc::new);
+    /// Drops a server's entries here and on disk (the shared layer's generation is
+    /// moved before, by the caller: not behind the disk writes queued here, which a
+    /// stalled disk holds for good); returns when they are gone. Asked, not sent: one
+    /// lost with a dying actor is asked again of the rebuilt one, as an invalidation
+    /// lost would leave a changed list served until it expires. False when no actor
+    /// answered in time.
+    pub async fn invalidate(&self, server: &str) -> bool {
         self.0
             .ask(
-                |reply| RegistryMsg::Invalidate(server.to_string(), hold.clone(), reply),
+                |reply| RegistryMsg::Invalidate(server.to_string(), reply),
                 INVALIDATE_LIMIT,
             )
             .await
