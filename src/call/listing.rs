@@ -177,8 +177,7 @@ pub(crate) async fn list_server(
                 // cursor is never sent (see `Walk::Restart`), so the others' lists are
                 // not the one refused.
                 ctx.registry_ref
-                    .invalidate_list(server.id(), kind.method())
-                    .await;
+                    .invalidate_list(&ctx.registry.cache, server.id(), kind.method());
                 use_cache = false;
                 carried = lead;
                 continue;

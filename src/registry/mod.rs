@@ -279,15 +279,16 @@ pub(crate) enum RegistryMsg {
     /// a flood of invalidations heard from Redis queues one message per server (and
     /// one a second, should a queued one be lost with a dying actor).
     PeerChanged(String, Arc<std::sync::atomic::AtomicU64>),
-    /// Drop one list of a server in this process (its cursor was rejected: a shared
-    /// server's cached cursor is never sent, so the others' lists are theirs).
+    /// Remove the files of one list of a server in this process, dropped from memory
+    /// already (its cursor was rejected: a shared server's cached cursor is never sent,
+    /// so the others' lists are theirs).
     InvalidateList {
         /// Server id.
         server: String,
         /// The list method.
         method: String,
-        /// Answered once they are dropped.
-        reply: RpcReplyPort<()>,
+        /// The keys the disk index knew, each with whether it was dropped.
+        known: Vec<(cache::CacheKey, bool)>,
     },
     /// Forget a removed server entirely (entries and hashes); answered once it is.
     Remove(String, RpcReplyPort<()>),
@@ -357,10 +358,12 @@ impl Actor for RegistryActor {
             RegistryMsg::InvalidateList {
                 server,
                 method,
-                reply,
+                known,
             } => {
-                blocking(registry, move |r| r.cache.invalidate_list(&server, &method)).await;
-                let _ = reply.send(());
+                blocking(registry, move |r| {
+                    r.cache.remove_list_files(&server, &method, &known)
+                })
+                .await;
             }
             RegistryMsg::Remove(server, reply) => {
                 blocking(registry, move |r| {
@@ -496,20 +499,20 @@ impl RegistryRef {
         false
     }
 
-    /// Drops one list of a server in this process; returns when it is gone, as
-    /// [`RegistryRef::invalidate`] does.
-    pub async fn invalidate_list(&self, server: &str, method: &str) -> bool {
-        self.0
-            .ask(
-                |reply| RegistryMsg::InvalidateList {
-                    server: server.to_string(),
-                    method: method.to_string(),
-                    reply,
-                },
-                INVALIDATE_LIMIT,
-            )
-            .await
-            .is_some()
+    /// Drops one list of a server in this process: from memory now, its files in the
+    /// writer's turn, before any written after (a listing that found its cursor
+    /// rejected does not wait behind the queued disk writes, which a stalled disk holds
+    /// for good). A message lost with a dying actor leaves the files, whose cursor a
+    /// later run may find rejected in turn.
+    pub fn invalidate_list(&self, cache: &cache::ListCache, server: &str, method: &str) {
+        let known = cache.forget_list_in_memory(server, method);
+        if cache.config().dir.is_some() {
+            self.0.send(RegistryMsg::InvalidateList {
+                server: server.to_string(),
+                method: method.to_string(),
+                known,
+            });
+        }
     }
 
     /// Forgets a removed server; returns when its entries are gone. Asked, not sent: a

@@ -1101,7 +1101,20 @@ impl ListCache {
     }
 
     /// Drops the pages of one list of `server` (every scope): its cursor was rejected.
+    #[cfg(test)]
     pub(crate) fn invalidate_list(&self, server: &str, method: &str) {
+        let known = self.forget_list_in_memory(server, method);
+        self.remove_list_files(server, method, &known);
+    }
+
+    /// Drops the pages of one list of `server` (every scope) from memory and the disk
+    /// index, now; returns the keys the index knew of the server, each with whether it
+    /// was dropped, for [`ListCache::remove_list_files`].
+    pub(crate) fn forget_list_in_memory(
+        &self,
+        server: &str,
+        method: &str,
+    ) -> Vec<(CacheKey, bool)> {
         self.bump(server);
         let dropped = |k: &CacheKey| k.server == server && k.method == method;
         let known: Vec<(CacheKey, bool)> = {
@@ -1117,10 +1130,18 @@ impl ListCache {
         l1.retain(|k, _| !dropped(k));
         self.bump(server); // as in `invalidate`
         drop(l1);
-        if let Some(dir) = &self.config.dir {
-            disk::remove_where(dir, server, &known, dropped);
-        }
         self.invalidations.fetch_add(1, Ordering::Relaxed);
+        known
+    }
+
+    /// Removes the files of one list of `server` that [`ListCache::forget_list_in_memory`]
+    /// dropped (`known`), and those of it the index did not know.
+    pub(crate) fn remove_list_files(&self, server: &str, method: &str, known: &[(CacheKey, bool)]) {
+        if let Some(dir) = &self.config.dir {
+            disk::remove_where(dir, server, known, |k| {
+                k.server == server && k.method == method
+            });
+        }
     }
 
     /// Entry counts, sizes, hits and misses per layer.
