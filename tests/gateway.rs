@@ -6097,3 +6097,75 @@ async fn large_result_not_read_holds_back(call: Value, tool: &str, answered_as: 
     );
     gw.stop().await;
 }
+
+// A bare name served `conditional`ly (one server offered it in the caller's listing) is
+// called on that server: when another the caller may use offers it too (a grant added
+// by a reload, a server that could not be listed then), the call is refused, to be
+// listed again, not routed by priority to the other one.
+#[tokio::test]
+async fn a_conditional_bare_name_goes_to_the_server_it_was_served_for_or_nowhere() {
+    let setup = Setup::new("prefix = \"conditional\"", &[("k1", &key("k1"))]);
+    let text = std::fs::read_to_string(&setup.config).expect("config");
+    let beta_only = text.replacen(
+        "[permissions.b]\nalpha = [\"echo\"]",
+        "[permissions.b]\nbeta = [\"server_name\"]",
+        1,
+    );
+    assert_ne!(beta_only, text);
+    std::fs::write(&setup.config, &beta_only).expect("config");
+    let gw = setup.start().await;
+    let (_, listed) = gw.modern("tok-b", "tools/list", json!({})).await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["server_name"], "{listed}");
+    let call = || {
+        gw.modern(
+            "tok-b",
+            "tools/call",
+            json!({"name": "server_name", "arguments": {}}),
+        )
+    };
+    let (_, r) = call().await;
+    assert_eq!(
+        r["result"]["content"][0]["text"],
+        format!("beta{}", setup.tag),
+        "{r}"
+    );
+    // Alpha (of higher priority) now offers it to b too.
+    let both = beta_only.replacen(
+        "beta = [\"server_name\"]",
+        "beta = [\"server_name\"]\nalpha = [\"server_name\"]",
+        1,
+    );
+    gw.reload_with(&setup, &both);
+    let mut refused = Value::Null;
+    for _ in 0..200 {
+        let (_, r) = call().await;
+        let text = r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!text.starts_with("alpha"), "routed to another server: {r}");
+        if r.get("error").is_some() {
+            refused = r;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("list again")),
+        "{refused}"
+    );
+    // Listed again, each is named by its server.
+    let (_, listed) = gw.modern("tok-b", "tools/list", json!({})).await;
+    let mut names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+        .unwrap_or_default();
+    names.sort();
+    assert_eq!(names, ["alpha__server_name", "beta__server_name"]);
+    gw.stop().await;
+}

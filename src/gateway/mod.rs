@@ -1966,6 +1966,64 @@ impl Gateway {
         served: &str,
         held: bool,
     ) -> Result<Resolved, RpcError> {
+        let resolved = self.resolve_served(principal, kind, served, held).await?;
+        match resolved {
+            Resolved::Name(name)
+                if self.now().config.prefix == Prefix::Conditional
+                    && !name.contains(crate::server::SEPARATOR) =>
+            {
+                self.only_server_of(principal, kind, name, held).await
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// A bare name served `conditional`ly stands for the tool of the one server that
+    /// offered it in the caller's listing: called by that server's qualified name, so
+    /// that it is not routed by priority to another that offers it now (one that could
+    /// not be listed then, or that added it since). Two offering it now, or one while
+    /// another the caller may use cannot be listed, is refused: the client lists again.
+    async fn only_server_of(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        name: String,
+        held: bool,
+    ) -> Result<Resolved, RpcError> {
+        let now = self.now();
+        let _slot = if held {
+            None
+        } else {
+            Some(self.in_flight_slot(principal, now.config.max_in_flight_per_principal)?)
+        };
+        let listing = self.listing(principal, kind.list()).await?;
+        let unreachable: Vec<_> = listing
+            .unreachable
+            .into_iter()
+            .map(|(u, _)| u)
+            .filter(|u| self.inner.harness.may_offer(&u.server, kind.list()))
+            .collect();
+        let mut offering = listing.items.iter().filter(|i| *i.name == *name);
+        match (offering.next(), offering.next()) {
+            (Some(one), None) if unreachable.is_empty() => {
+                Ok(Resolved::Name(one.qualified.to_string()))
+            }
+            (None, _) if unreachable.is_empty() => Ok(Resolved::Name(name)),
+            (Some(_), Some(_)) => Err(invalid(format!(
+                "{} is offered by more than one server now: list again for the names to call",
+                one_line(&name, 100)
+            ))),
+            _ => Ok(Resolved::NotServed(unreachable)),
+        }
+    }
+
+    async fn resolve_served(
+        &self,
+        principal: &Principal,
+        kind: CallKind,
+        served: &str,
+        held: bool,
+    ) -> Result<Resolved, RpcError> {
         let now = self.now();
         match now.names.resolve(served) {
             same if same == served && names::looks_shortened(served) => {
