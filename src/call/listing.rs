@@ -539,19 +539,6 @@ impl<'a> Walker<'a> {
         if cursor_cached && shared_here && self.last_hit_public {
             return Err(Walk::Restart);
         }
-        self.from_cache = false;
-        // From here on the walk reads the server alone: a later page cached by another
-        // walk may be of another version of the list than this page begins (a server
-        // that changed it without a word), and its cursor would stitch the two.
-        self.use_cache = false;
-        if !self.l3_asked
-            && let Some(shared) = &self.ctx.registry.shared
-            && shared.shares(self.server.id())
-        {
-            // Before the fetch: a change after it must make these pages stale.
-            self.l3_generation = shared.generation(self.server.id()).await;
-            self.l3_asked = true;
-        }
         if self.server.state() == ServerState::Restarting {
             // Its request would wait in the restart queue, perhaps for good (a server
             // that crashes on start), and hold up every listing and bare-name call
@@ -567,6 +554,19 @@ impl<'a> Walker<'a> {
                 }
                 .into(),
             ));
+        }
+        self.from_cache = false;
+        // From here on the walk reads the server alone: a later page cached by another
+        // walk may be of another version of the list than this page begins (a server
+        // that changed it without a word), and its cursor would stitch the two.
+        self.use_cache = false;
+        if !self.l3_asked
+            && let Some(shared) = &self.ctx.registry.shared
+            && shared.shares(self.server.id())
+        {
+            // Before the fetch: a change after it must make these pages stale.
+            self.l3_generation = shared.generation(self.server.id()).await;
+            self.l3_asked = true;
         }
         let params = cursor.map(|c| json!({"cursor": c}));
         let sent = self

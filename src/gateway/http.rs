@@ -332,7 +332,7 @@ fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
 }
 
 /// A call's event stream: its frames from `rx`, then its result from `last` when
-/// that is large (see [`CallAnswer`]).
+/// that is large (see [`send_answer`]).
 fn call_stream(rx: mpsc::Receiver<Bytes>, last: oneshot::Receiver<HeldBody>) -> HttpResponse {
     event_stream(ChannelBody {
         rx,

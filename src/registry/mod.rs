@@ -126,10 +126,6 @@ impl Registry {
         }
     }
 
-    /// Moves `server` to a new generation in the shared layer and tells the other
-    /// processes (nothing for a server that is not shared). Done before this process
-    /// drops its own entries, so that no walk starting after that reads an old page
-    /// back from Redis. Bounded by the shared layer's timeout; retried there if it fails.
     /// Tells subscribers of `event` (nobody listening is fine).
     pub fn announce(&self, event: HarnessEvent) {
         let _ = self.events.send(event);
@@ -384,7 +380,8 @@ impl Actor for RegistryActor {
 
 /// A typed handle on the registry actor (its address changes when it is rebuilt).
 /// Writes are sent without waiting (one lost while the actor is rebuilt only costs a
-/// cache miss); invalidations are asked, and waited for.
+/// cache miss), and so are the removals of a refused list's files (dropped from memory
+/// already); a server's invalidation is asked, and waited for.
 #[derive(Clone, Default)]
 pub(crate) struct RegistryRef(
     pub(crate) ActorSlot<RegistryMsg>,
@@ -535,9 +532,6 @@ impl RegistryRef {
     }
 }
 
-/// The hash of a tool list: SHA-256 of each tool's canonical JSON, in sorted order and
-/// each once. The order a server lists its tools in is not a change (a server listing
-/// from a hash map, or from replicas, lists them in any order).
 /// The entry to let go of a full table of tool-list hashes: the oldest of a private
 /// scope (an auth context's), else the oldest.
 fn oldest_private(hashes: &HashMap<(String, String), (u64, String)>) -> Option<(String, String)> {
@@ -548,6 +542,9 @@ fn oldest_private(hashes: &HashMap<(String, String), (u64, String)>) -> Option<(
         .map(|(key, _)| key.clone())
 }
 
+/// The hash of a tool list: SHA-256 of each tool's canonical JSON, in sorted order and
+/// each once. The order a server lists its tools in is not a change (a server listing
+/// from a hash map, or from replicas, lists them in any order).
 fn tools_hash(pages: &[Arc<Value>]) -> String {
     let mut tools: Vec<String> = pages
         .iter()

@@ -442,6 +442,30 @@ fn a_disk_page_of_another_protocol_version_is_not_served_once_the_server_speaks_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// A refused list goes from memory at once, and its files when the registry's writer
+// gets to them (a listing does not wait behind its queued disk writes); until then the
+// files are not read back.
+#[test]
+fn a_refused_list_is_gone_from_memory_before_its_files_are_removed() {
+    let dir = temp_dir("refused-now");
+    let cache = ListCache::new(config(Some(dir.to_path_buf()))).expect("valid");
+    let result = json!({"items": ["a"], "ttlMs": 60000, "cacheScope": "public"});
+    let p = page(&cache, LIST, None, result).expect("cacheable");
+    cache.put(vec![p], cache.epoch(LIST.server));
+    let files = || {
+        std::fs::read_dir(dir.join("s"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    assert_eq!(files(), 1);
+    let known = cache.forget_list_in_memory("s", "tools/list");
+    assert!(cache.get(LIST, None, None).is_none(), "gone at once");
+    assert_eq!(files(), 1, "its file waits for the writer");
+    cache.remove_list_files("s", "tools/list", &known);
+    assert_eq!(files(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_rejected_cursor_drops_only_that_list_of_that_server_from_disk() {
     let dir = temp_dir("reject");

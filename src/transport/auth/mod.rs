@@ -961,12 +961,15 @@ impl SignIn {
         // (kept from before the pin, or by another config sharing the store): the
         // server's refusal then signs in with the pinned one. It was checked only at
         // a refresh, and a token without an expiry is never refreshed.
-        self.held_any(identity).filter(|t| {
-            self.config
-                .issuer
-                .as_ref()
-                .is_none_or(|wanted| *wanted == t.issuer)
-        })
+        self.held_any(identity).filter(|t| self.pinned(t))
+    }
+
+    /// Whether `token` was issued by the pinned issuer, if one is set.
+    fn pinned(&self, token: &Token) -> bool {
+        self.config
+            .issuer
+            .as_ref()
+            .is_none_or(|wanted| *wanted == token.issuer)
     }
 
     fn held_any(&self, identity: Option<&str>) -> Option<Token> {
@@ -1000,8 +1003,13 @@ impl SignIn {
     /// or refreshed and rotated it), held from then on. A store without one is believed
     /// for [`STORE_RECHECK`], and a token held here that the store took is let go with
     /// it (signed out, or forgotten by another process after a refusal). A store that
-    /// cannot be read leaves what is held as it is, and is asked again next time.
+    /// cannot be read leaves what is held as it is, and is asked again next time. A
+    /// token of another issuer than the pinned one is none (see [`Self::held`]).
     fn read_store(&self, identity: Option<&str>) -> Option<Token> {
+        self.read_store_any(identity).filter(|t| self.pinned(t))
+    }
+
+    fn read_store_any(&self, identity: Option<&str>) -> Option<Token> {
         if self.in_clear {
             return None;
         }
