@@ -259,8 +259,14 @@ pub fn usable_elicitation_url(params: &Value) -> Option<url::Url> {
     let raw = params.get("url")?.as_str()?;
     // The text is what reaches the client, which may read it otherwise than the parser
     // here does: controls, spaces and tabs (which a parser strips or drops) and
-    // backslashes (which it takes for slashes) are refused, not normalized away.
-    if raw.len() > 2048 || raw.bytes().any(|b| b <= b' ' || b == b'\\' || b == 0x7f) {
+    // backslashes (which it takes for slashes) are refused, not normalized away; and
+    // so is any character beyond ASCII, which the parser encodes but a client shows as
+    // written (a host of look-alike letters, a bidi override that turns a path around).
+    if raw.len() > 2048
+        || raw
+            .bytes()
+            .any(|b| b <= b' ' || b == b'\\' || b == 0x7f || !b.is_ascii())
+    {
         return None;
     }
     url::Url::parse(raw).ok().filter(|u| {
@@ -293,6 +299,9 @@ mod tests {
             " https://a.example/",
             "https://a.exa\tmple/",
             "https://a.example\\@b.example/",
+            // Look-alike letters, and a bidi override (both encoded by the parser).
+            "https://\u{430}pple.com/login",
+            "https://evil.example/\u{202e}moc.knab",
         ] {
             assert!(
                 usable_elicitation_url(&json!({"url": odd})).is_none(),
