@@ -126,7 +126,10 @@ impl Shared {
     }
 
     /// Fails every request in flight and every later one with `error`; `false` when
-    /// the transport had ended already.
+    /// the transport had ended already. A request whose line the writer has not taken
+    /// yet is withdrawn, and fails as never sent: the writer, which goes on while the
+    /// server reads, would have written it after its caller was told it failed (and
+    /// it could not fail over).
     fn close(&self, error: TransportError) -> bool {
         let mut closed = self.closed.lock();
         if closed.is_some() {
@@ -136,7 +139,14 @@ impl Shared {
         drop(closed);
         let waiters: Vec<Waiter> = self.pending.lock().drain().map(|(_, w)| w).collect();
         for w in waiters {
-            let _ = w.tx.send(Err(error.clone()));
+            let withdrawn = w
+                .ticket
+                .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            let _ = w.tx.send(Err(match withdrawn {
+                true => TransportError::NotSent(error.to_string()),
+                false => error.clone(),
+            }));
         }
         true
     }
@@ -301,7 +311,7 @@ impl StdioTransport {
         stamp: Option<Stamp<'_>>,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         let id = request.id.clone();
         let ticket = Ticket::default();
         {
@@ -337,16 +347,24 @@ impl StdioTransport {
             // Boxed: the wait for room (a timer and the channel's own wait) would
             // otherwise more than double this future, and every call's above it.
             Err(mpsc::error::TrySendError::Full(cmd)) => {
-                Box::pin(tokio::time::timeout_at(deadline, self.writer.send(cmd)))
-                    .await
-                    .map(|sent| sent.map_err(|_| ()))
+                let room = Box::pin(tokio::time::timeout_at(deadline, self.writer.send(cmd)));
+                tokio::select! {
+                    sent = room => sent.map(|sent| sent.map_err(|_| ())),
+                    // The transport ended (`close` fails this waiter) while the line
+                    // waited for room: it was never queued.
+                    _ = &mut rx => Ok(Err(())),
+                }
             }
         };
         match queued {
             Ok(Ok(())) => in_flight.written = true,
             Ok(Err(())) => {
                 in_flight.forget();
-                return Err(TransportError::NotSent("stdin is closed".into()));
+                let why = match self.shared.closed.lock().as_ref() {
+                    Some(e) => e.to_string(),
+                    None => "stdin is closed".into(),
+                };
+                return Err(TransportError::NotSent(why));
             }
             Err(_) => {
                 in_flight.forget();
@@ -908,6 +926,98 @@ mod tests {
                 "request {n} took an answer it was never sent: {outcome:?}"
             );
         }
+        transport.shutdown(Duration::from_millis(100)).await;
+    }
+
+    fn sh(script: String) -> StdioSpec {
+        StdioSpec {
+            command: "sh".into(),
+            args: vec!["-c".into(), script],
+            env: Default::default(),
+            cwd: None,
+            inherit_env: false,
+        }
+    }
+
+    /// `n` pings with 32 KiB params each on `transport`, at once; each one's id and
+    /// outcome.
+    async fn pings(
+        transport: &StdioTransport,
+        n: i64,
+        timeout: Duration,
+    ) -> Vec<(i64, Result<Reply, TransportError>)> {
+        let params = serde_json::json!({"pad": "x".repeat(32 << 10)});
+        let requests = (1..=n).map(|n| {
+            let (transport, params) = (transport, &params);
+            async move {
+                let id = RequestId::Number(n);
+                let request = RequestRef {
+                    id: &id,
+                    method: "ping",
+                    params: Some(params),
+                };
+                (n, transport.request(request, None, timeout).await)
+            }
+        });
+        futures_util::future::join_all(requests).await
+    }
+
+    // The transport ends (a line too long) while lines wait in the writer's queue for a
+    // server that is not reading: those fail as never sent, and are never written when
+    // it reads again. Before, every caller was told the line-too-long error (no
+    // failover), and all of them were written and run.
+    #[tokio::test]
+    async fn requests_still_queued_when_the_transport_ends_are_never_sent() {
+        let scratch = crate::util::scratch::Scratch::new("queued-at-end");
+        std::fs::create_dir_all(&*scratch).expect("scratch");
+        let record = scratch.join("stdin");
+        let spec = sh(format!(
+            "sleep 1; printf '%02048d\\n' 0; exec cat > '{}'",
+            record.display()
+        ));
+        let (tx, _rx) = mpsc::channel(16);
+        let transport = StdioTransport::spawn("t", &spec, 1024, InboundSink::new(tx, None), None)
+            .await
+            .expect("spawn");
+        let outcomes = pings(&transport, 40, Duration::from_secs(10)).await;
+        let never_sent: Vec<i64> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, Err(TransportError::NotSent(_))))
+            .map(|(n, _)| *n)
+            .collect();
+        assert!(!never_sent.is_empty(), "{outcomes:?}");
+        transport.shutdown(Duration::from_secs(2)).await;
+        let written = std::fs::read_to_string(&record).unwrap_or_default();
+        let ids: Vec<i64> = written
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|m| m["id"].as_i64())
+            .collect();
+        assert!(
+            ids.iter().all(|id| !never_sent.contains(id)),
+            "written though said never sent: {ids:?} / {never_sent:?}"
+        );
+    }
+
+    // A request waiting for room in the full queue hears the transport end (the server
+    // closed its stdout and stopped reading), and does not wait out its deadline.
+    #[tokio::test]
+    async fn a_request_waiting_for_room_hears_the_transport_end() {
+        let spec = sh("sleep 1; exec 1>&-; exec sleep 300".into());
+        let (tx, _rx) = mpsc::channel(16);
+        let transport =
+            StdioTransport::spawn("t", &spec, 1 << 20, InboundSink::new(tx, None), None)
+                .await
+                .expect("spawn");
+        let all = pings(
+            &transport,
+            WRITER_QUEUE as i64 + 200,
+            Duration::from_secs(120),
+        );
+        let outcomes = tokio::time::timeout(Duration::from_secs(60), all)
+            .await
+            .expect("every request ends with the transport, not at its deadline");
+        assert!(outcomes.iter().all(|(_, o)| o.is_err()));
         transport.shutdown(Duration::from_millis(100)).await;
     }
 }
