@@ -1444,6 +1444,41 @@ async fn item_05_a_question_right_before_its_calls_result_is_never_answered_as_n
     let _ = std::fs::remove_file(record);
 }
 
+/// Answers every request, keeping when each was due.
+struct Due(Arc<parking_lot::Mutex<Vec<Option<std::time::Instant>>>>);
+
+impl InputHandler for Due {
+    fn answer(&self, request: InputRequestContext) -> InputFuture {
+        self.0.lock().push(request.answer_by);
+        Box::pin(async { Ok(json!({"action": "accept", "content": {"approved": true}})) })
+    }
+}
+
+// A legacy server's question is due when the connection stops waiting for its answer
+// (the server's timeout), not at the handlers' timeout: an approval given, or a model
+// paid for, after that reached no one, and a person was shown a due time minutes away.
+#[tokio::test]
+async fn a_legacy_servers_question_is_due_when_its_connection_stops_waiting() {
+    let due = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut leg = demo_server("leg", &["--era", "legacy"]);
+    leg.timeout = Duration::from_secs(2);
+    let h = start_ready_with(
+        Harness::builder(config(vec![leg]))
+            .input_handler("elicitation/create", Arc::new(Due(due.clone()))),
+    )
+    .await;
+    h.call_tool(&a(), "leg__confirm", json!({}))
+        .await
+        .expect("answered");
+    let due = due.lock().clone();
+    assert_eq!(due.len(), 1);
+    assert!(
+        due[0].is_some_and(|at| at <= std::time::Instant::now() + Duration::from_secs(2)),
+        "due at the server's timeout at the latest"
+    );
+    h.shutdown().await;
+}
+
 /// A question's message, and the agent, call and `shared` it was taken for.
 type Taken = (String, Option<String>, Option<u64>, bool);
 

@@ -278,6 +278,7 @@ impl ClientSide for HarnessClient {
         };
         let ended = whose.ended;
         let inputs = self.inputs.clone();
+        let answer_by = request.answer_by;
         let revoking = while_granted(
             self.ctx.clone(),
             server,
@@ -290,8 +291,14 @@ impl ClientSide for HarnessClient {
             // question came during all ended (cancelled, past their deadline), or
             // their grants were revoked, the handler stops (an approval leaves the
             // queue, a provider request is not made).
+            // Due when the connection stops waiting for it, if sooner than the
+            // handlers' timeout: an approval given or a model paid for after that
+            // reaches no one.
+            let limit = inputs
+                .timeout()
+                .min(answer_by.saturating_duration_since(std::time::Instant::now()));
             let answered = tokio::select! {
-                a = inputs.answer(&set, context, inputs.timeout()) => a,
+                a = inputs.answer(&set, context, limit) => a,
                 () = request.abandoned() => {
                     noted.end("withdrawn");
                     return;

@@ -299,6 +299,7 @@ impl Dispatch {
             params: params.unwrap_or(Value::Null),
             outside_calls_allowed: self.allow_unsolicited_input,
             during,
+            answer_by: crate::util::duration::after(std::time::Instant::now(), self.timeout),
             reply,
         });
         if self.events.try_send(event).is_err() {

@@ -175,6 +175,9 @@ pub struct ServerRequest {
     pub outside_calls_allowed: bool,
     /// Which of our requests it came during, as far as the transport shows.
     pub during: AskedDuring,
+    /// When the connection stops waiting for the answer (the server's `timeout` after
+    /// the request came) and tells the server the client did not answer.
+    pub answer_by: std::time::Instant,
     pub(super) reply: oneshot::Sender<Result<Value, RpcError>>,
 }
 
