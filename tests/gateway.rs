@@ -3339,6 +3339,48 @@ fn jwt(pkcs8: &[u8], kid: &str, claims: Value) -> String {
     .expect("sign")
 }
 
+// A kid an issuer gives to both its signing key and an encryption key names the key of
+// the token's algorithm, and a token without a kid takes the one key of its algorithm:
+// before, the first key of the kid was taken (the encryption key: every token refused),
+// and a kid-less token was taken only when the set held one key of any kind.
+#[tokio::test]
+async fn a_jwt_names_the_key_of_its_algorithm_beside_an_encryption_key() {
+    let (signing, jwk) = es256_key("k1");
+    let jwks = temp_file("jwks-enc");
+    let enc = json!({"kty": "RSA", "kid": "k1", "use": "enc", "alg": "RSA-OAEP",
+        "n": "sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw",
+        "e": "AQAB"});
+    // The encryption key first: taken by its kid alone, it refused every token.
+    std::fs::write(&jwks, json!({"keys": [enc, jwk]}).to_string()).expect("jwks");
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_file = \"{}\" }}\n\n[permissions.c]\nalpha = [\"echo\"]",
+            jwks.display()
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 300});
+    let (status, r) = gw
+        .modern(
+            &jwt(&signing, "k1", claims.clone()),
+            "tools/list",
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let kidless = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_ec_der(&signing),
+    )
+    .expect("sign");
+    let (status, r) = gw.modern(&kidless, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{r}");
+    gw.stop().await;
+    let _ = std::fs::remove_file(jwks);
+}
+
 #[tokio::test]
 async fn jwts_of_the_configured_issuer_name_the_agent_and_every_other_token_is_refused() {
     const ISS: &str = JWT_ISS;
@@ -3757,6 +3799,55 @@ async fn a_subscription_ends_when_the_issuer_takes_its_key_out_of_the_jwks() {
     assert!(
         read_until(&mut sub, &mut heard, "\"resultType\":\"complete\"").await,
         "the subscription of the key taken out ended: {heard}"
+    );
+    gw.stop().await;
+}
+
+// A JWKS read again that holds no keys (an issuer's error served as `{"keys":[]}`) is
+// kept as a failed read is: before, it refused every token and ended every stream
+// opened with one.
+#[tokio::test]
+async fn an_empty_jwks_read_again_keeps_the_keys_held() {
+    let (signing, jwk) = es256_key("k1");
+    let body = Arc::new(std::sync::Mutex::new(json!({"keys": [jwk]}).to_string()));
+    let (port, hits, _jwks_server) = json_served_from(body.clone()).await;
+    let setup = Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
+        ),
+        &[("k1", &key("k1"))],
+    );
+    let gw = setup.start().await;
+    let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
+    let token = jwt(&signing, "k1", claims.clone());
+    let (mut sub, mut heard) = subscribed(&gw, &token, "kept").await;
+    *body.lock().expect("body") = json!({"keys": []}).to_string();
+    // A token of an unknown key has the JWKS read again.
+    let (other, _) = es256_key("k9");
+    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+    let _ = gw
+        .modern(&jwt(&other, "k9", claims), "tools/list", json!({}))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            hits.load(std::sync::atomic::Ordering::SeqCst) > before
+        })
+        .await,
+        "the JWKS was read again"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await; // its keys put in place, if at all
+    let (status, _) = gw.modern(&token, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "the key held is kept");
+    assert!(
+        !read_until(&mut sub, &mut heard, "\"resultType\":\"complete\"").await,
+        "the subscription goes on: {heard}"
+    );
+    // Open still: an ended stream gives its end at once.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), sub.chunk())
+            .await
+            .is_err(),
+        "the subscription goes on: {heard}"
     );
     gw.stop().await;
 }

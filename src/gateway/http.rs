@@ -729,8 +729,9 @@ async fn sweep(state: std::sync::Weak<State>, mut reloads: tokio::sync::watch::R
     // The sweep after a reload checks JWTs again too: a request let in under the keys
     // of before may have stored its JWT on its session after the reload's check.
     let mut recheck_next = false;
-    // And after the issuer's keys changed between reloads (read again from its URL).
-    let mut keys_seen = None;
+    // And after the issuer's keys changed between reloads (read again from its URL):
+    // from the start, not from the first sweep (a key dropped before it went unseen).
+    let mut keys_seen = state.upgrade().map(|s| s.gateway.identity().keys_changed());
     loop {
         let Some(every) = state.upgrade().map(|s| sweep_every(&s)) else {
             return;

@@ -119,6 +119,10 @@ pub struct JwtVerifier {
     /// JWT is checked again then, not only at a reload (a key the issuer took out, a
     /// leaked one, ends what it signed).
     keys_changed: std::sync::atomic::AtomicU64,
+    /// Reads of the JWKS URL begun, and the last one whose keys were put in place: a
+    /// slow read that ends after a later one does not put back the keys of before.
+    reads: std::sync::atomic::AtomicU64,
+    applied: parking_lot::Mutex<u64>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -230,6 +234,8 @@ impl JwtVerifier {
             keys: RwLock::new(Arc::new(keys)),
             refetched: parking_lot::Mutex::new(None),
             keys_changed: std::sync::atomic::AtomicU64::new(0),
+            reads: std::sync::atomic::AtomicU64::new(0),
+            applied: parking_lot::Mutex::new(0),
         }))
     }
 
@@ -259,12 +265,7 @@ impl JwtVerifier {
             loop {
                 tokio::time::sleep(REFRESH).await;
                 let Some(me) = weak.upgrade() else { return };
-                match fetch(&url, me.config.ca_file.as_deref()).await {
-                    Ok(keys) => me.replace_keys(keys),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not refresh the JWKS; keeping the keys held")
-                    }
-                }
+                me.read_again(&url).await;
             }
         });
     }
@@ -287,12 +288,31 @@ impl JwtVerifier {
             *last = Some(std::time::Instant::now());
         }
         let me = self.clone();
-        tokio::spawn(async move {
-            match fetch(&url, me.config.ca_file.as_deref()).await {
-                Ok(keys) => me.replace_keys(keys),
-                Err(e) => tracing::warn!(error = %e, "could not read the JWKS again"),
+        tokio::spawn(async move { me.read_again(&url).await });
+    }
+
+    /// Reads the JWKS URL again and puts its keys in place, unless a read begun later
+    /// has already, or it holds none (an issuer's error page served as `{"keys":[]}`
+    /// would refuse every token and end every session opened with one: kept as a
+    /// failed read is).
+    async fn read_again(&self, url: &str) {
+        use std::sync::atomic::Ordering;
+        let read = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        match fetch(url, self.config.ca_file.as_deref()).await {
+            Ok(keys) if keys.keys.is_empty() => {
+                tracing::warn!("the JWKS read again holds no keys; keeping the keys held")
             }
-        });
+            Ok(keys) => {
+                let mut applied = self.applied.lock();
+                if read > *applied {
+                    *applied = read;
+                    self.replace_keys(keys);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the JWKS again; keeping the keys held")
+            }
+        }
     }
 
     /// The agent, auth context and end of a verified token.
@@ -312,21 +332,39 @@ impl JwtVerifier {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| JwtError::Malformed(e.to_string()))?;
         let keys = self.keys.read().clone();
+        // The key the token names by its `kid` (an issuer may give one kid to a signing
+        // key and an encryption key alike: the one of the token's algorithm), or,
+        // without one, the one key of its algorithm (an encryption key beside it does
+        // not make it ambiguous).
+        let expected = header.alg;
+        let of_its_algorithm = |k: &&jsonwebtoken::jwk::Jwk| key_algorithm(k) == Some(expected);
         let jwk = match &header.kid {
-            Some(kid) => keys.find(kid),
-            None if keys.keys.len() == 1 => keys.keys.first(),
-            None => None,
-        }
-        .ok_or_else(|| {
+            Some(kid) => {
+                let mut named = (keys.keys.iter())
+                    .filter(|k| k.common.key_id.as_deref() == Some(kid.as_str()))
+                    .peekable();
+                match named.peek() {
+                    None => None,
+                    Some(_) => Some(
+                        named
+                            .find(of_its_algorithm)
+                            .ok_or_else(|| JwtError::Algorithm(format!("{expected:?}")))?,
+                    ),
+                }
+            }
+            None => {
+                let mut usable = keys.keys.iter().filter(of_its_algorithm);
+                match (usable.next(), usable.next()) {
+                    (Some(one), None) => Some(one),
+                    _ => None,
+                }
+            }
+        };
+        let Some(jwk) = jwk else {
             // Perhaps the issuer rotated its keys: read them again, soon.
             self.refetch_soon();
-            JwtError::UnknownKey(header.kid.clone())
-        })?;
-        let expected =
-            key_algorithm(jwk).ok_or_else(|| JwtError::Algorithm(format!("{:?}", header.alg)))?;
-        if header.alg != expected {
-            return Err(JwtError::Algorithm(format!("{:?}", header.alg)));
-        }
+            return Err(JwtError::UnknownKey(header.kid.clone()));
+        };
         let key = DecodingKey::from_jwk(jwk).map_err(|e| JwtError::Invalid(e.to_string()))?;
         let mut validation = Validation::new(expected);
         validation.set_issuer(&[&self.config.issuer]);
@@ -335,8 +373,13 @@ impl JwtVerifier {
         validation.validate_nbf = true;
         validation.validate_exp = expiry;
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        let data = jsonwebtoken::decode::<Value>(token, &key, &validation)
-            .map_err(|e| JwtError::Invalid(e.to_string()))?;
+        let data = jsonwebtoken::decode::<Value>(token, &key, &validation).map_err(|e| {
+            // A key the issuer replaced under the same kid: read them again, soon.
+            if matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature) {
+                self.refetch_soon();
+            }
+            JwtError::Invalid(e.to_string())
+        })?;
         // `decode` checks an `nbf` only when it reads as a u64, and passes any other
         // (a string, a negative number, one past 2^64) unchecked: checked here.
         if let Some(nbf) = data.claims.get("nbf") {
