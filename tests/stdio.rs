@@ -245,6 +245,29 @@ async fn a_modern_server_with_no_common_version_is_an_error_not_a_fallback() {
     );
 }
 
+// A start that fails on the probe (no common version) stops the server as any stop
+// does, its stdin closed first: killed outright, a wrapper (`docker run`, here a shell)
+// never got to clean up after it.
+#[tokio::test]
+async fn a_server_refused_at_the_probe_is_stopped_not_killed() {
+    let mark = temp_file("probe-refused-mark");
+    let _ = std::fs::remove_file(&mark);
+    let script = format!(
+        "\"$0\" demo-server future --versions 2099-01-01; touch '{}'",
+        mark.display()
+    );
+    let spec = TransportSpec::stdio("sh", ["-c".to_string(), script, harness_exe()]);
+    let err = Connection::connect("future", spec, options())
+        .await
+        .expect_err("no common version");
+    assert!(matches!(err, ConnectError::NoCommonVersion { .. }), "{err}");
+    assert!(
+        eventually(Duration::from_secs(5), || mark.exists()).await,
+        "the wrapper cleaned up after its server"
+    );
+    let _ = std::fs::remove_file(&mark);
+}
+
 #[tokio::test]
 async fn a_server_shown_modern_that_then_goes_silent_is_an_error_not_a_fallback() {
     // Its -32022 names our version (modern); it reads nothing after it.

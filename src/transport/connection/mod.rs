@@ -141,6 +141,20 @@ impl Drop for Owned<'_> {
     }
 }
 
+/// `result`, the transport stopped first when it is an error: a failed start is stopped
+/// as any server is (stdin closed, then SIGTERM), not killed outright when the transport
+/// is dropped (a wrapper such as `docker run` killed outright leaves its container).
+async fn stopped_if_failed<T>(
+    transport: &Transport,
+    options: &ConnectOptions,
+    result: Result<T, ConnectError>,
+) -> Result<T, ConnectError> {
+    if result.is_err() {
+        transport.shutdown(options.shutdown_grace).await;
+    }
+    result
+}
+
 async fn open(
     server: &str,
     spec: &TransportSpec,
@@ -219,7 +233,12 @@ impl Connection {
         let probe = match options.era {
             EraPreference::Legacy => Probe::Legacy("configured as legacy".into()),
             EraPreference::Auto | EraPreference::Modern => {
-                probe(&transport, &ids, &options).await?
+                stopped_if_failed(
+                    &transport,
+                    &options,
+                    probe(&transport, &ids, &options).await,
+                )
+                .await?
             }
         };
         let profile = match (probe, options.era) {
@@ -255,8 +274,8 @@ impl Connection {
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
-                ServerProfile::Legacy(handshake.await?)
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
+                ServerProfile::Legacy(stopped_if_failed(&transport, &options, handshake).await?)
             }
             // Refused, or unanswered in time (a slow start, perhaps).
             (found @ (Probe::Refused(..) | Probe::Silent(_)), _) => {
@@ -317,8 +336,11 @@ impl Connection {
                         held.clear();
                         (transport, inbound) = open(server, &spec, &options, &ids).await?;
                         let handshake =
-                            legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
-                        ServerProfile::Legacy(handshake.await?)
+                            legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options)
+                                .await;
+                        ServerProfile::Legacy(
+                            stopped_if_failed(&transport, &options, handshake).await?,
+                        )
                     }
                     handshake => handshake?,
                 }
@@ -331,8 +353,8 @@ impl Connection {
                 transport.shutdown(options.shutdown_grace).await;
                 (transport, inbound) = open(server, &spec, &options, &ids).await?;
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
-                ServerProfile::Legacy(handshake.await?)
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
+                ServerProfile::Legacy(stopped_if_failed(&transport, &options, handshake).await?)
             }
         };
         let envelope = envelope(&options, profile.protocol_version());
