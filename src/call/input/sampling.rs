@@ -1122,6 +1122,34 @@ fn extras(params: &Value, body: &mut Value, stop_key: &str) {
 /// The image types both providers take.
 const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
+/// The largest image taken, decoded: Anthropic's limit (OpenAI's is larger). One past
+/// it, or not base64, the provider refuses, and that refusal would be charged.
+const MAX_IMAGE_BYTES: usize = 5 << 20;
+
+/// An image's `data`, if a provider would take it: standard base64 (padded or not), of
+/// at most [`MAX_IMAGE_BYTES`] decoded.
+fn image_data(data: String) -> Result<String, String> {
+    if data.len() / 4 * 3 > MAX_IMAGE_BYTES {
+        return Err(format!(
+            "image content over {} MiB is not supported",
+            MAX_IMAGE_BYTES >> 20
+        ));
+    }
+    let body = data.trim_end_matches('=');
+    let padding = data.len() - body.len();
+    let base64 = !body.is_empty()
+        && body.len() % 4 != 1
+        && padding <= 2
+        && (padding == 0 || data.len().is_multiple_of(4))
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
+    if !base64 {
+        return Err("image content whose data is not base64".into());
+    }
+    Ok(data)
+}
+
 /// One content part of a sampling message.
 enum Part {
     Text(String),
@@ -1195,6 +1223,7 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
     let messages = params
         .get("messages")
         .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
         .ok_or("sampling request without messages")?;
     let mut out = Vec::new();
     for m in messages {
@@ -1234,7 +1263,7 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
                         ));
                     }
                     content.push(Part::Image {
-                        data: field("data").ok_or("image content without data")?,
+                        data: image_data(field("data").ok_or("image content without data")?)?,
                         mime,
                     });
                 }
@@ -1617,18 +1646,36 @@ mod tests {
                 json!({"messages": [{"role": "assistant", "content": {"type": "image", "mimeType": "image/png", "data": "AA"}}]}),
                 "assistant",
             ),
+            // What a provider refuses, and would be charged for: no messages, an image
+            // that is no base64, or one past its limit.
+            (json!({"messages": []}), "without messages"),
+            (
+                one(json!({"type": "image", "mimeType": "image/png", "data": "not base64!"})),
+                "not base64",
+            ),
+            (
+                one(json!({"type": "image", "mimeType": "image/png", "data": "A"})),
+                "not base64",
+            ),
+            (
+                one(json!({"type": "image", "mimeType": "image/png", "data": "A".repeat(8 << 20)})),
+                "over 5 MiB",
+            ),
         ] {
             let Err(e) = messages_of(&params) else {
                 panic!("taken: {params}");
             };
             assert!(e.contains(says), "{e}");
         }
-        assert!(
-            messages_of(&one(
-                json!({"type": "image", "mimeType": "image/webp", "data": "AA"})
-            ))
-            .is_ok()
-        );
+        for data in ["AA", "AAA=", "aGk+/w=="] {
+            assert!(
+                messages_of(&one(
+                    json!({"type": "image", "mimeType": "image/webp", "data": data})
+                ))
+                .is_ok(),
+                "{data}"
+            );
+        }
         let extras = |v: Value, p: Provider| check_extras(&v, p);
         assert!(extras(json!({"temperature": 1.5}), Provider::Openai).is_ok());
         assert!(extras(json!({"temperature": 1.5}), Provider::Anthropic).is_err());
