@@ -49,7 +49,12 @@ impl HarnessClient {
 
 /// Where how a server's question ends is noted: the calls it came during (the one its
 /// stream names, or those on the server when it came), in their audit records.
-struct Noted(Vec<(std::sync::Arc<super::context::Questions>, usize)>);
+struct Noted(
+    Vec<(std::sync::Arc<super::context::Questions>, usize)>,
+    /// The server and method of a question noted in no call's record (asked outside
+    /// calls, `allow_unsolicited_input`): its end is logged instead.
+    Option<(String, String)>,
+);
 
 impl Noted {
     /// Notes the question asked in each call's record.
@@ -59,15 +64,22 @@ impl Noted {
         server: &str,
         method: &str,
     ) -> Noted {
-        Noted(
-            calls
-                .into_iter()
-                .filter_map(|q| q.asked(cap, server, method).map(|place| (q, place)))
-                .collect(),
-        )
+        let noted: Vec<_> = calls
+            .into_iter()
+            .filter_map(|q| q.asked(cap, server, method).map(|place| (q, place)))
+            .collect();
+        let outside = noted
+            .is_empty()
+            .then(|| (server.to_string(), method.to_string()));
+        Noted(noted, outside)
     }
 
     fn end(&self, outcome: &'static str) {
+        if let Some((server, method)) = &self.1 {
+            // No call's audit record has it: a person or a model may have been asked,
+            // and paid for, all the same.
+            tracing::info!(server = %server, method = %method, outcome, "a server's request outside any call ended");
+        }
         for (questions, place) in &self.0 {
             questions.ended(*place, outcome);
         }
@@ -146,7 +158,7 @@ impl ClientSide for HarnessClient {
                 server,
                 &request.method,
             ),
-            false => Noted(Vec::new()),
+            false => Noted(Vec::new(), None),
         };
         // An elicitation during a delegated call is its caller's to answer.
         let asker = match request.method.as_str() {
