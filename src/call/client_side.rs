@@ -64,13 +64,13 @@ impl Noted {
         server: &str,
         method: &str,
     ) -> Noted {
-        let noted: Vec<_> = calls
+        let outside = calls
+            .is_empty()
+            .then(|| (server.to_string(), method.to_string()));
+        let noted = calls
             .into_iter()
             .filter_map(|q| q.asked(cap, server, method).map(|place| (q, place)))
             .collect();
-        let outside = noted
-            .is_empty()
-            .then(|| (server.to_string(), method.to_string()));
         Noted(noted, outside)
     }
 

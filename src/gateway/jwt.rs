@@ -292,15 +292,17 @@ impl JwtVerifier {
     }
 
     /// Reads the JWKS URL again and puts its keys in place, unless a read begun later
-    /// has already, or it holds none (an issuer's error page served as `{"keys":[]}`
-    /// would refuse every token and end every session opened with one: kept as a
-    /// failed read is).
+    /// has already, or it holds no key that verifies signatures (an issuer's error
+    /// served as `{"keys":[]}` would refuse every token and end every session opened
+    /// with one: kept as a failed read is).
     async fn read_again(&self, url: &str) {
         use std::sync::atomic::Ordering;
         let read = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
         match fetch(url, self.config.ca_file.as_deref()).await {
-            Ok(keys) if keys.keys.is_empty() => {
-                tracing::warn!("the JWKS read again holds no keys; keeping the keys held")
+            Ok(keys) if !keys.keys.iter().any(|k| key_algorithm(k).is_some()) => {
+                tracing::warn!(
+                    "the JWKS read again holds no key that verifies signatures; keeping the keys held"
+                )
             }
             Ok(keys) => {
                 let mut applied = self.applied.lock();

@@ -1425,7 +1425,7 @@ impl Gateway {
         // Resolved as the call will be: a header check cannot be passed by a name this
         // process has not listed yet.
         let name = match self
-            .resolve(principal, CallKind::Tool, served, false)
+            .resolve(principal, CallKind::Tool, served, false, params)
             .await?
         {
             Resolved::Name(name) => name,
@@ -1800,7 +1800,10 @@ impl Gateway {
         };
         // A shortened name this process has not served (another gateway did, or a
         // reload forgot it) is learned, as a call's is; the request holds its place.
-        let resolved = match self.resolve(principal, CallKind::Tool, name, true).await {
+        let resolved = match self
+            .resolve(principal, CallKind::Tool, name, true, &Value::Null)
+            .await
+        {
             Ok(Resolved::Name(name)) => Some(name),
             // Not a look-alike's definition under the name of another's tool.
             Ok(Resolved::NotServed(_)) => None,
@@ -1940,7 +1943,7 @@ impl Gateway {
         let name = if kind == CallKind::Resource {
             name.to_string()
         } else {
-            match self.resolve(principal, kind, name, true).await? {
+            match self.resolve(principal, kind, name, true, params).await? {
                 Resolved::Name(name) => name,
                 Resolved::NotServed(unreachable) => {
                     return Err(to_rpc(&CallError::NoRoute {
@@ -1965,11 +1968,16 @@ impl Gateway {
         kind: CallKind,
         served: &str,
         held: bool,
+        params: &Value,
     ) -> Result<Resolved, RpcError> {
         let resolved = self.resolve_served(principal, kind, served, held).await?;
+        // A round that goes on is held to the server that issued its state (which the
+        // state names), whoever offers the name now.
+        let continues = params.get("requestState").is_some_and(|s| !s.is_null());
         match resolved {
             Resolved::Name(name)
                 if self.now().config.prefix == Prefix::Conditional
+                    && !continues
                     && !name.contains(crate::server::SEPARATOR) =>
             {
                 self.only_server_of(principal, kind, name, held).await
@@ -1981,8 +1989,9 @@ impl Gateway {
     /// A bare name served `conditional`ly stands for the tool of the one server that
     /// offered it in the caller's listing: called by that server's qualified name, so
     /// that it is not routed by priority to another that offers it now (one that could
-    /// not be listed then, or that added it since). Two offering it now, or one while
-    /// another the caller may use cannot be listed, is refused: the client lists again.
+    /// not be listed then, or that added it since). Two offering it now is refused: the
+    /// client lists again, and is served both qualified. (One that cannot be listed now
+    /// is not asked, as the listing did not show it.)
     async fn only_server_of(
         &self,
         principal: &Principal,
@@ -2005,15 +2014,13 @@ impl Gateway {
             .collect();
         let mut offering = listing.items.iter().filter(|i| *i.name == *name);
         match (offering.next(), offering.next()) {
-            (Some(one), None) if unreachable.is_empty() => {
-                Ok(Resolved::Name(one.qualified.to_string()))
-            }
-            (None, _) if unreachable.is_empty() => Ok(Resolved::Name(name)),
+            (Some(one), None) => Ok(Resolved::Name(one.qualified.to_string())),
             (Some(_), Some(_)) => Err(invalid(format!(
                 "{} is offered by more than one server now: list again for the names to call",
                 one_line(&name, 100)
             ))),
-            _ => Ok(Resolved::NotServed(unreachable)),
+            (None, _) if unreachable.is_empty() => Ok(Resolved::Name(name)),
+            (None, _) => Ok(Resolved::NotServed(unreachable)),
         }
     }
 

@@ -259,13 +259,19 @@ pub fn usable_elicitation_url(params: &Value) -> Option<url::Url> {
     let raw = params.get("url")?.as_str()?;
     // The text is what reaches the client, which may read it otherwise than the parser
     // here does: controls, spaces and tabs (which a parser strips or drops) and
-    // backslashes (which it takes for slashes) are refused, not normalized away; and
-    // so is any character beyond ASCII, which the parser encodes but a client shows as
-    // written (a host of look-alike letters, a bidi override that turns a path around).
+    // backslashes (which it takes for slashes) are refused, not normalized away; and so
+    // are invisible and bidi characters anywhere (an override that turns a path around),
+    // and a host beyond ASCII (look-alike letters, which the parser encodes but a
+    // client shows as written: an international host comes as `xn--`).
+    let host = raw.split_once("://").map_or("", |(_, rest)| {
+        rest.split(['/', '?', '#']).next().unwrap_or("")
+    });
     if raw.len() > 2048
+        || raw.bytes().any(|b| b <= b' ' || b == b'\\' || b == 0x7f)
         || raw
-            .bytes()
-            .any(|b| b <= b' ' || b == b'\\' || b == 0x7f || !b.is_ascii())
+            .chars()
+            .any(|c| c.is_control() || crate::util::text::hidden(c))
+        || !host.is_ascii()
     {
         return None;
     }
@@ -288,6 +294,8 @@ mod tests {
             "https://auth.example/authorize?x=1",
             "http://127.0.0.1:8080/cb",
             "http://localhost/x",
+            // A path beyond ASCII is shown as it is meant.
+            "https://de.wikipedia.org/wiki/Stra\u{df}e",
         ] {
             assert!(
                 usable_elicitation_url(&json!({"url": good})).is_some(),
@@ -302,6 +310,7 @@ mod tests {
             // Look-alike letters, and a bidi override (both encoded by the parser).
             "https://\u{430}pple.com/login",
             "https://evil.example/\u{202e}moc.knab",
+            "https://a.example/x\u{200b}y",
         ] {
             assert!(
                 usable_elicitation_url(&json!({"url": odd})).is_none(),

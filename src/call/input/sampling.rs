@@ -653,7 +653,7 @@ impl Sampler {
         }
         // What cannot be sent is said plainly (it is the server's request, not the
         // provider's failure).
-        let messages = messages_of(params).map_err(InputError::Failed)?;
+        let messages = messages_of(params, self.config.provider).map_err(InputError::Failed)?;
         check_extras(params, self.config.provider).map_err(InputError::Failed)?;
         let max_tokens = params
             .get("maxTokens")
@@ -1122,17 +1122,23 @@ fn extras(params: &Value, body: &mut Value, stop_key: &str) {
 /// The image types both providers take.
 const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
-/// The largest image taken, decoded: Anthropic's limit (OpenAI's is larger). One past
-/// it, or not base64, the provider refuses, and that refusal would be charged.
-const MAX_IMAGE_BYTES: usize = 5 << 20;
+/// The largest image data (its base64 text) `provider` takes: past it, or not base64,
+/// the provider refuses, and that refusal would be charged. Anthropic counts 5 MiB of
+/// the base64 text; OpenAI takes images of up to 20 MB.
+fn max_image_base64(provider: Provider) -> usize {
+    match provider {
+        Provider::Anthropic => 5 << 20,
+        Provider::Openai => 20 << 20,
+    }
+}
 
 /// An image's `data`, if a provider would take it: standard base64 (padded or not), of
-/// at most [`MAX_IMAGE_BYTES`] decoded.
-fn image_data(data: String) -> Result<String, String> {
-    if data.len() / 4 * 3 > MAX_IMAGE_BYTES {
+/// at most `max` bytes.
+fn image_data(data: String, max: usize) -> Result<String, String> {
+    if data.len() > max {
         return Err(format!(
-            "image content over {} MiB is not supported",
-            MAX_IMAGE_BYTES >> 20
+            "image content over {} MiB of base64 is not supported by this client's provider",
+            max >> 20
         ));
     }
     let body = data.trim_end_matches('=');
@@ -1219,7 +1225,7 @@ fn wire(messages: &[Message], image: impl Fn(&str, &str) -> Value) -> Vec<Value>
 }
 
 /// The request's messages; content may be one block or a list of them.
-fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
+fn messages_of(params: &Value, provider: Provider) -> Result<Vec<Message>, String> {
     let messages = params
         .get("messages")
         .and_then(Value::as_array)
@@ -1263,7 +1269,10 @@ fn messages_of(params: &Value) -> Result<Vec<Message>, String> {
                         ));
                     }
                     content.push(Part::Image {
-                        data: image_data(field("data").ok_or("image content without data")?)?,
+                        data: image_data(
+                            field("data").ok_or("image content without data")?,
+                            max_image_base64(provider),
+                        )?,
                         mime,
                     });
                 }
@@ -1329,7 +1338,7 @@ mod tests {
         let role = json!({"messages": [{"role": long, "content": {"type": "text", "text": "x"}}]});
         let kind = json!({"messages": [{"role": "user", "content": {"type": long}}]});
         for params in [role, kind] {
-            let Err(e) = messages_of(&params) else {
+            let Err(e) = messages_of(&params, Provider::Anthropic) else {
                 panic!("taken");
             };
             assert!(e.len() < 200 && !e.contains('\u{1b}'), "{e}");
@@ -1658,24 +1667,28 @@ mod tests {
                 "not base64",
             ),
             (
-                one(json!({"type": "image", "mimeType": "image/png", "data": "A".repeat(8 << 20)})),
+                one(
+                    json!({"type": "image", "mimeType": "image/png", "data": "A".repeat((5 << 20) + 4)}),
+                ),
                 "over 5 MiB",
             ),
         ] {
-            let Err(e) = messages_of(&params) else {
+            let Err(e) = messages_of(&params, Provider::Anthropic) else {
                 panic!("taken: {params}");
             };
             assert!(e.contains(says), "{e}");
         }
         for data in ["AA", "AAA=", "aGk+/w=="] {
-            assert!(
-                messages_of(&one(
-                    json!({"type": "image", "mimeType": "image/webp", "data": data})
-                ))
-                .is_ok(),
-                "{data}"
-            );
+            let image = one(json!({"type": "image", "mimeType": "image/webp", "data": data}));
+            assert!(messages_of(&image, Provider::Anthropic).is_ok(), "{data}");
         }
+        // Each provider's own limit: 5 MiB of base64 for Anthropic, 20 MiB for OpenAI.
+        let image = |n: usize| {
+            one(json!({"type": "image", "mimeType": "image/png", "data": "A".repeat(n)}))
+        };
+        assert!(messages_of(&image(5 << 20), Provider::Anthropic).is_ok());
+        assert!(messages_of(&image((5 << 20) + 4), Provider::Openai).is_ok());
+        assert!(messages_of(&image((20 << 20) + 4), Provider::Openai).is_err());
         let extras = |v: Value, p: Provider| check_extras(&v, p);
         assert!(extras(json!({"temperature": 1.5}), Provider::Openai).is_ok());
         assert!(extras(json!({"temperature": 1.5}), Provider::Anthropic).is_err());

@@ -183,13 +183,8 @@ async fn legacy_handshake(
     ids: &Ids,
     options: &ConnectOptions,
 ) -> Result<crate::protocol::views::InitializeResult, ConnectError> {
-    match initialize_answering_pings(transport, inbound, held, ids, options).await {
-        Ok(result) => Ok(result),
-        Err(e) => {
-            transport.shutdown(options.shutdown_grace).await;
-            Err(e)
-        }
-    }
+    let result = initialize_answering_pings(transport, inbound, held, ids, options).await;
+    stopped_if_failed(transport, options, result).await
 }
 
 /// `initialize` and `initialized`, the server's pings answered meanwhile; the transport
@@ -274,8 +269,8 @@ impl Connection {
             (Probe::Legacy(reason), _) => {
                 tracing::debug!(server, %reason, "using the legacy handshake");
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
-                ServerProfile::Legacy(stopped_if_failed(&transport, &options, handshake).await?)
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
             }
             // Refused, or unanswered in time (a slow start, perhaps).
             (found @ (Probe::Refused(..) | Probe::Silent(_)), _) => {
@@ -336,11 +331,8 @@ impl Connection {
                         held.clear();
                         (transport, inbound) = open(server, &spec, &options, &ids).await?;
                         let handshake =
-                            legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options)
-                                .await;
-                        ServerProfile::Legacy(
-                            stopped_if_failed(&transport, &options, handshake).await?,
-                        )
+                            legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                        ServerProfile::Legacy(handshake.await?)
                     }
                     handshake => handshake?,
                 }
@@ -353,8 +345,8 @@ impl Connection {
                 transport.shutdown(options.shutdown_grace).await;
                 (transport, inbound) = open(server, &spec, &options, &ids).await?;
                 let handshake =
-                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options).await;
-                ServerProfile::Legacy(stopped_if_failed(&transport, &options, handshake).await?)
+                    legacy_handshake(&transport, &mut inbound, &mut held, &ids, &options);
+                ServerProfile::Legacy(handshake.await?)
             }
         };
         let envelope = envelope(&options, profile.protocol_version());

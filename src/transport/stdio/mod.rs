@@ -12,7 +12,8 @@
 //! Lifecycle and failure: the reader ends the transport on EOF, on a read error, or on a
 //! line longer than the limit (the only way to keep memory bounded without losing track
 //! of which request the line belonged to). Ending fails every pending request at once
-//! with that [`TransportError`] and reports it on the inbound channel. A line that is
+//! with that [`TransportError`] (one whose line the writer has not taken yet, as never
+//! sent) and reports it on the inbound channel. A line that is
 //! not JSON-RPC is logged and skipped: servers that print stray text to stdout are
 //! common, and the request it might have answered still ends at its deadline. A line
 //! whose routing fields answer a request with a result is handed to that request,
@@ -458,7 +459,8 @@ impl StdioTransport {
     }
 
     /// Stops the server: close stdin, wait `grace`, SIGTERM the group, wait `grace`,
-    /// SIGKILL, reap. Pending requests fail with [`TransportError::Closed`].
+    /// SIGKILL, reap. Pending requests fail with [`TransportError::Closed`] (those whose
+    /// line was not written yet, as never sent).
     pub(crate) async fn shutdown(&self, grace: Duration) {
         // A full queue (a server slow to read) still gets its EOF once there is room,
         // while the group is given its grace.
