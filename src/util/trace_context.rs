@@ -336,18 +336,89 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     let state = meta
         .get(TRACESTATE)
         .and_then(Value::as_str)
-        // Tabs are whitespace the header may hold around its members.
-        .filter(|s| s.len() <= 512 && s.bytes().all(|b| b == b'\t' || (0x20..=0x7e).contains(&b)))
+        .filter(|s| s.len() <= 512 && w3c_tracestate(s))
         .and_then(|s| s.parse::<TraceState>().ok())
         .unwrap_or_default();
     let sc = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);
     sc.is_valid().then_some(sc)
 }
 
+/// Whether `text` is a `tracestate` as W3C Trace Context writes it: at most 32 members,
+/// each `key=value` around optional spaces and tabs, keys unique and of the grammar's
+/// characters, values of 1 to 256 printable characters other than `,` and `=`, not
+/// ending in a space. OpenTelemetry's parser takes more (a tab inside a value, a key
+/// twice, an empty value), which a stricter vendor downstream would drop the header
+/// for: one that is not is dropped here, whole.
+fn w3c_tracestate(text: &str) -> bool {
+    let key_char = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-*/".contains(&c);
+    let key_ok = |key: &str| {
+        let simple = |k: &str, max: usize, digit_first: bool| {
+            let b = k.as_bytes();
+            !b.is_empty()
+                && b.len() <= max
+                && (b[0].is_ascii_lowercase() || (digit_first && b[0].is_ascii_digit()))
+                && b.iter().all(|c| key_char(*c))
+        };
+        match key.split_once('@') {
+            None => simple(key, 256, false),
+            Some((tenant, system)) => simple(tenant, 241, true) && simple(system, 14, false),
+        }
+    };
+    let value_ok = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 256
+            && !v.ends_with(' ')
+            && v.bytes().all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+    };
+    let mut keys = std::collections::HashSet::new();
+    for member in text.split(',') {
+        let member = member.trim_matches([' ', '\t']);
+        if member.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = member.split_once('=') else {
+            return false;
+        };
+        if !key_ok(key) || !value_ok(value) || !keys.insert(key) || keys.len() > 32 {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    // A tracestate W3C would not write is dropped whole (OpenTelemetry's parser took a
+    // tab inside a value, a key twice, an empty value); one it would is passed on.
+    #[test]
+    fn a_tracestate_is_held_to_the_w3c_grammar() {
+        for good in [
+            "vendor=abc",
+            "a=1, b=2 ,\tc=x y",
+            "tenant1@sys=v",
+            "k=a/b+c",
+            "",
+        ] {
+            assert!(w3c_tracestate(good), "{good:?}");
+        }
+        for bad in [
+            "a=x\ty",
+            "a=1,a=2",
+            "b=",
+            "k==v",
+            "A=1",
+            "1k=v",
+            "novalue",
+            "k@=v",
+        ] {
+            assert!(!w3c_tracestate(bad), "{bad:?}");
+        }
+        let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+        assert!(!w3c_tracestate(&many.join(",")));
+    }
 
     // `{method} {target}`, cut; the method alone for a target not named, or none.
     #[test]
