@@ -1876,7 +1876,8 @@ impl Gateway {
                 .collect()
         } else {
             let order = &now.order;
-            now.names.expose(&listing.items, |s| {
+            let whole = self.unlisted(&listing, kind).is_empty();
+            now.names.expose_of(&listing.items, whole, |s| {
                 order.get(s).copied().unwrap_or(usize::MAX)
             })
         };
@@ -1973,7 +1974,10 @@ impl Gateway {
         let resolved = self.resolve_served(principal, kind, served, held).await?;
         // A round that goes on is held to the server that issued its state (which the
         // state names), whoever offers the name now.
-        let continues = params.get("requestState").is_some_and(|s| !s.is_null());
+        let continues = params.get("requestState").is_some_and(Value::is_string)
+            && params
+                .get("_meta")
+                .is_some_and(|m| m.get(KEY_PROTOCOL_VERSION).is_some());
         match resolved {
             Resolved::Name(name)
                 if self.now().config.prefix == Prefix::Conditional
@@ -1989,9 +1993,9 @@ impl Gateway {
     /// A bare name served `conditional`ly stands for the tool of the one server that
     /// offered it in the caller's listing: called by that server's qualified name, so
     /// that it is not routed by priority to another that offers it now (one that could
-    /// not be listed then, or that added it since). Two offering it now is refused: the
-    /// client lists again, and is served both qualified. (One that cannot be listed now
-    /// is not asked, as the listing did not show it.)
+    /// not be listed then, or that added it since). Two offering it now is refused, and
+    /// so is any while a server the caller may use cannot be listed (it may be the one
+    /// the client saw): the client lists again, and is served qualified names.
     async fn only_server_of(
         &self,
         principal: &Principal,
@@ -2006,22 +2010,33 @@ impl Gateway {
             Some(self.in_flight_slot(principal, now.config.max_in_flight_per_principal)?)
         };
         let listing = self.listing(principal, kind.list()).await?;
-        let unreachable: Vec<_> = listing
-            .unreachable
-            .into_iter()
-            .map(|(u, _)| u)
-            .filter(|u| self.inner.harness.may_offer(&u.server, kind.list()))
-            .collect();
+        let unreachable = self.unlisted(&listing, kind.list());
         let mut offering = listing.items.iter().filter(|i| *i.name == *name);
         match (offering.next(), offering.next()) {
-            (Some(one), None) => Ok(Resolved::Name(one.qualified.to_string())),
+            (Some(one), None) if unreachable.is_empty() => {
+                Ok(Resolved::Name(one.qualified.to_string()))
+            }
             (Some(_), Some(_)) => Err(invalid(format!(
                 "{} is offered by more than one server now: list again for the names to call",
                 one_line(&name, 100)
             ))),
             (None, _) if unreachable.is_empty() => Ok(Resolved::Name(name)),
-            (None, _) => Ok(Resolved::NotServed(unreachable)),
+            _ => Ok(Resolved::NotServed(unreachable)),
         }
+    }
+
+    /// The servers the caller may use that `listing` could not list and that could
+    /// offer `kind`: enabled ones (a server disabled in the config serves nothing).
+    fn unlisted(
+        &self,
+        listing: &crate::call::Listing,
+        kind: ListKind,
+    ) -> Vec<crate::call::Unreachable> {
+        (listing.unreachable.iter())
+            .map(|(u, _)| u)
+            .filter(|u| self.inner.harness.may_offer(&u.server, kind))
+            .cloned()
+            .collect()
     }
 
     async fn resolve_served(
@@ -2046,21 +2061,15 @@ impl Gateway {
                 }
                 let listing = self.listing(principal, kind.list()).await?;
                 let order = &now.order;
-                now.names.expose(&listing.items, |s| {
-                    order.get(s).copied().unwrap_or(usize::MAX)
-                });
+                let unreachable = self.unlisted(&listing, kind.list());
+                now.names
+                    .expose_of(&listing.items, unreachable.is_empty(), |s| {
+                        order.get(s).copied().unwrap_or(usize::MAX)
+                    });
                 // Still unknown, it is a tool's own name, called as its server names it,
                 // unless a server the caller may use could not be listed: the name may
                 // be that one's shortened name, and a server whose tool took this very
                 // name (to pass for it) would answer in its place.
-                // Only servers that could hold the name count: enabled ones (a server
-                // disabled in the config serves nothing), that may offer `kind`.
-                let unreachable: Vec<_> = listing
-                    .unreachable
-                    .into_iter()
-                    .map(|(u, _)| u)
-                    .filter(|u| self.inner.harness.may_offer(&u.server, kind.list()))
-                    .collect();
                 match now.names.resolve(served) {
                     same if same == served && !unreachable.is_empty() => {
                         Ok(Resolved::NotServed(unreachable))

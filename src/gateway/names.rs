@@ -164,11 +164,24 @@ impl Names {
         }
     }
 
-    /// The items to serve and the name of each, from a caller's listing. `priority`
-    /// orders the servers offering a bare name (first serves it), for `Prefix::Never`.
+    /// The items to serve and the name of each, from a caller's listing of every server
+    /// it may use. `priority` orders the servers offering a bare name (first serves
+    /// it), for `Prefix::Never`.
     pub fn expose<'a>(
         &self,
         items: &'a [ToolInfo],
+        priority: impl Fn(&str) -> usize,
+    ) -> Vec<(String, &'a ToolInfo)> {
+        self.expose_of(items, true, priority)
+    }
+
+    /// [`Names::expose`] of a listing that is `whole` or not: one that left out a
+    /// server the caller may use (it could not be listed) serves no `conditional` name
+    /// bare, as the server left out may offer it too.
+    pub fn expose_of<'a>(
+        &self,
+        items: &'a [ToolInfo],
+        whole: bool,
         priority: impl Fn(&str) -> usize,
     ) -> Vec<(String, &'a ToolInfo)> {
         let mut count: HashMap<&str, usize> = HashMap::new();
@@ -180,7 +193,7 @@ impl Names {
             Prefix::Conditional => items
                 .iter()
                 .map(|i| {
-                    let name = if count[&*i.name] == 1 && bare_ok(&i.name) {
+                    let name = if whole && count[&*i.name] == 1 && bare_ok(&i.name) {
                         i.name.to_string()
                     } else {
                         i.qualified.to_string()

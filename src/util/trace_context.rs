@@ -343,33 +343,33 @@ pub fn extract(params: Option<&Value>) -> Option<SpanContext> {
     sc.is_valid().then_some(sc)
 }
 
-/// Whether `text` is a `tracestate` as W3C Trace Context writes it: at most 32 members,
-/// each `key=value` around optional spaces and tabs, keys unique and of the grammar's
-/// characters, values of 1 to 256 printable characters other than `,` and `=`, not
-/// ending in a space. OpenTelemetry's parser takes more (a tab inside a value, a key
-/// twice, an empty value), which a stricter vendor downstream would drop the header
-/// for: one that is not is dropped here, whole.
+/// Whether `text` is a `tracestate` as W3C Trace Context (Level 2) writes it: at most
+/// 32 list members (empty ones counted), each `key=value` around optional spaces and
+/// tabs, keys unique, of 1 to 256 of `a-z 0-9 _ - * / @` beginning with a letter or
+/// digit, values of 1 to 256 printable characters other than `,` and `=`, not ending in
+/// a space. OpenTelemetry's parser takes more (a tab inside a value, a key twice, an
+/// empty value) and cuts past 32 members silently, which a stricter vendor downstream
+/// would drop the header for: one that is not is dropped here, whole.
 fn w3c_tracestate(text: &str) -> bool {
-    let key_char = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-*/".contains(&c);
     let key_ok = |key: &str| {
-        let simple = |k: &str, max: usize, digit_first: bool| {
-            let b = k.as_bytes();
-            !b.is_empty()
-                && b.len() <= max
-                && (b[0].is_ascii_lowercase() || (digit_first && b[0].is_ascii_digit()))
-                && b.iter().all(|c| key_char(*c))
-        };
-        match key.split_once('@') {
-            None => simple(key, 256, false),
-            Some((tenant, system)) => simple(tenant, 241, true) && simple(system, 14, false),
-        }
+        let b = key.as_bytes();
+        let key_char =
+            |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-*/@".contains(c);
+        b.first()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && b.len() <= 256
+            && b.iter().all(key_char)
     };
     let value_ok = |v: &str| {
         !v.is_empty()
             && v.len() <= 256
             && !v.ends_with(' ')
-            && v.bytes().all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+            && v.bytes()
+                .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
     };
+    if text.split(',').count() > 32 {
+        return false;
+    }
     let mut keys = std::collections::HashSet::new();
     for member in text.split(',') {
         let member = member.trim_matches([' ', '\t']);
@@ -379,7 +379,7 @@ fn w3c_tracestate(text: &str) -> bool {
         let Some((key, value)) = member.split_once('=') else {
             return false;
         };
-        if !key_ok(key) || !value_ok(value) || !keys.insert(key) || keys.len() > 32 {
+        if !key_ok(key) || !value_ok(value) || !keys.insert(key) {
             return false;
         }
     }
@@ -400,24 +400,23 @@ mod tests {
             "a=1, b=2 ,\tc=x y",
             "tenant1@sys=v",
             "k=a/b+c",
+            // Level 2's keys: a digit first, `@` anywhere.
+            "1k=v",
+            "foo@bar@baz=1",
+            "33@nr=x",
             "",
         ] {
             assert!(w3c_tracestate(good), "{good:?}");
         }
         for bad in [
-            "a=x\ty",
-            "a=1,a=2",
-            "b=",
-            "k==v",
-            "A=1",
-            "1k=v",
-            "novalue",
-            "k@=v",
+            "a=x\ty", "a=1,a=2", "b=", "k==v", "A=1", "_k=v", "novalue", "=v",
         ] {
             assert!(!w3c_tracestate(bad), "{bad:?}");
         }
         let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
         assert!(!w3c_tracestate(&many.join(",")));
+        // Empty members count: OpenTelemetry would cut the last one silently.
+        assert!(!w3c_tracestate(&format!("a=1{}b=2", ",".repeat(32))));
     }
 
     // `{method} {target}`, cut; the method alone for a target not named, or none.

@@ -263,15 +263,22 @@ pub fn usable_elicitation_url(params: &Value) -> Option<url::Url> {
     // are invisible and bidi characters anywhere (an override that turns a path around),
     // and a host beyond ASCII (look-alike letters, which the parser encodes but a
     // client shows as written: an international host comes as `xn--`).
-    let host = raw.split_once("://").map_or("", |(_, rest)| {
-        rest.split(['/', '?', '#']).next().unwrap_or("")
-    });
+    // Written `scheme://authority` to the letter: the parser also reads a host after
+    // `https:` with one slash, none or three, which a check of the text after `://`
+    // would not see.
+    let authority = raw
+        .split_once("://")
+        .filter(|(scheme, rest)| {
+            (scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http"))
+                && !rest.starts_with('/')
+        })
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))?;
     if raw.len() > 2048
         || raw.bytes().any(|b| b <= b' ' || b == b'\\' || b == 0x7f)
         || raw
             .chars()
             .any(|c| c.is_control() || crate::util::text::hidden(c))
-        || !host.is_ascii()
+        || !authority.is_ascii()
     {
         return None;
     }
@@ -311,6 +318,10 @@ mod tests {
             "https://\u{430}pple.com/login",
             "https://evil.example/\u{202e}moc.knab",
             "https://a.example/x\u{200b}y",
+            // A host the parser reads however many slashes come after the scheme.
+            "https:\u{430}pple.com/login",
+            "https:/\u{430}pple.com/login",
+            "https:///\u{430}pple.com/login",
         ] {
             assert!(
                 usable_elicitation_url(&json!({"url": odd})).is_none(),

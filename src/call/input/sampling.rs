@@ -1124,11 +1124,12 @@ const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/we
 
 /// The largest image data (its base64 text) `provider` takes: past it, or not base64,
 /// the provider refuses, and that refusal would be charged. Anthropic counts 5 MiB of
-/// the base64 text; OpenAI takes images of up to 20 MB.
+/// the base64 text; OpenAI takes images of up to 20 MB (counted here on the text too,
+/// to be safe either way).
 fn max_image_base64(provider: Provider) -> usize {
     match provider {
         Provider::Anthropic => 5 << 20,
-        Provider::Openai => 20 << 20,
+        Provider::Openai => 20_000_000,
     }
 }
 
@@ -1137,8 +1138,7 @@ fn max_image_base64(provider: Provider) -> usize {
 fn image_data(data: String, max: usize) -> Result<String, String> {
     if data.len() > max {
         return Err(format!(
-            "image content over {} MiB of base64 is not supported by this client's provider",
-            max >> 20
+            "image content over {max} bytes of base64 is not supported by this client's provider"
         ));
     }
     let body = data.trim_end_matches('=');
@@ -1670,7 +1670,7 @@ mod tests {
                 one(
                     json!({"type": "image", "mimeType": "image/png", "data": "A".repeat((5 << 20) + 4)}),
                 ),
-                "over 5 MiB",
+                "over 5242880 bytes",
             ),
         ] {
             let Err(e) = messages_of(&params, Provider::Anthropic) else {
@@ -1682,13 +1682,13 @@ mod tests {
             let image = one(json!({"type": "image", "mimeType": "image/webp", "data": data}));
             assert!(messages_of(&image, Provider::Anthropic).is_ok(), "{data}");
         }
-        // Each provider's own limit: 5 MiB of base64 for Anthropic, 20 MiB for OpenAI.
+        // Each provider's own limit: 5 MiB of base64 for Anthropic, 20 MB for OpenAI.
         let image = |n: usize| {
             one(json!({"type": "image", "mimeType": "image/png", "data": "A".repeat(n)}))
         };
         assert!(messages_of(&image(5 << 20), Provider::Anthropic).is_ok());
         assert!(messages_of(&image((5 << 20) + 4), Provider::Openai).is_ok());
-        assert!(messages_of(&image((20 << 20) + 4), Provider::Openai).is_err());
+        assert!(messages_of(&image(20_000_004), Provider::Openai).is_err());
         let extras = |v: Value, p: Provider| check_extras(&v, p);
         assert!(extras(json!({"temperature": 1.5}), Provider::Openai).is_ok());
         assert!(extras(json!({"temperature": 1.5}), Provider::Anthropic).is_err());
