@@ -456,29 +456,24 @@ async fn identity_envelope_and_headers_are_checked_with_the_spec_codes() {
         .post(Some("tok-a"), &call, &[("mcp-name", "alpha__add")])
         .await;
     assert_eq!((status, code(&r)), (400, Some(-32020)), "{r}");
-    let mut future = list.clone();
-    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
-    let (status, r, _) = gw
-        .post(
-            Some("tok-a"),
-            &future,
-            &[("mcp-protocol-version", "2099-01-01")],
-        )
-        .await;
-    assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
-    assert_eq!(r["error"]["data"]["requested"], "2099-01-01");
-    // A long one is not sent back whole: a refusal is outside every budget.
-    future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] =
-        json!("9".repeat(50_000));
-    let (status, r, _) = gw
-        .post(
-            Some("tok-a"),
-            &future,
-            &[("mcp-protocol-version", "2099-01-01")],
-        )
-        .await;
-    assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
-    assert!(r.to_string().len() < 1024, "{r}");
+    // A version quoted back, and a long one not sent back whole (a refusal is outside
+    // every budget).
+    for version in ["2099-01-01".to_string(), "9".repeat(50_000)] {
+        let mut future = list.clone();
+        future["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!(version);
+        let (status, r, _) = gw
+            .post(
+                Some("tok-a"),
+                &future,
+                &[("mcp-protocol-version", "2099-01-01")],
+            )
+            .await;
+        assert_eq!((status, code(&r)), (400, Some(-32022)), "{r}");
+        assert!(r.to_string().len() < 1024, "{r}");
+        if version.len() < 40 {
+            assert_eq!(r["error"]["data"]["requested"], version);
+        }
+    }
     let (status, r) = gw.modern("tok-a", "no/such", json!({})).await;
     assert_eq!((status, code(&r)), (404, Some(-32601)), "{r}");
     let (status, r) = gw
@@ -3678,6 +3673,31 @@ async fn json_served(
 }
 
 /// [`json_served`], the body what `body` holds at each request.
+/// A gateway setup that takes JWTs of [`JWT_ISS`] for [`JWT_AUD`] with the keys of the
+/// JWKS served on `port` (agent c granted alpha's echo).
+fn jwks_url_setup(port: u16) -> Setup {
+    Setup::new(
+        &format!(
+            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
+        ),
+        &[("k1", &key("k1"))],
+    )
+}
+
+/// Sends `token` (of a key the gateway does not hold) and waits until the JWKS has
+/// been read again because of it.
+async fn jwks_read_again(gw: &Gateway, hits: &std::sync::atomic::AtomicUsize, token: &str) {
+    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+    let _ = gw.modern(token, "tools/list", json!({})).await;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            hits.load(std::sync::atomic::Ordering::SeqCst) > before
+        })
+        .await,
+        "the JWKS was read again"
+    );
+}
+
 async fn json_served_from(
     body: Arc<std::sync::Mutex<String>>,
 ) -> (
@@ -3720,12 +3740,7 @@ async fn json_served_from(
 async fn a_jwks_url_is_read_and_a_reload_does_not_need_it_again() {
     let (signing, jwk) = es256_key("k1");
     let (port, hits, jwks_server) = json_served(json!({"keys": [jwk]}).to_string()).await;
-    let setup = Setup::new(
-        &format!(
-            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
-        ),
-        &[("k1", &key("k1"))],
-    );
+    let setup = jwks_url_setup(port);
     let gw = setup.start().await;
     assert_eq!(
         hits.load(std::sync::atomic::Ordering::SeqCst),
@@ -3778,24 +3793,13 @@ async fn a_subscription_ends_when_the_issuer_takes_its_key_out_of_the_jwks() {
         json!({"keys": [old_jwk]}).to_string(),
     ));
     let (port, hits, _jwks_server) = json_served_from(body.clone()).await;
-    let setup = Setup::new(
-        &format!(
-            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
-        ),
-        &[("k1", &key("k1"))],
-    );
+    let setup = jwks_url_setup(port);
     let gw = setup.start().await;
     let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
     let (mut sub, mut heard) = subscribed(&gw, &jwt(&old, "k1", claims.clone()), "leaked").await;
     *body.lock().expect("body") = json!({"keys": [new_jwk]}).to_string();
     // A token of the new key: unknown, so the JWKS is read again.
-    let fresh = jwt(&new, "k2", claims);
-    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
-    let taken = eventually(Duration::from_secs(10), || {
-        hits.load(std::sync::atomic::Ordering::SeqCst) > before
-    });
-    let _ = gw.modern(&fresh, "tools/list", json!({})).await;
-    assert!(taken.await, "the JWKS was read again");
+    jwks_read_again(&gw, &hits, &jwt(&new, "k2", claims)).await;
     assert!(
         read_until(&mut sub, &mut heard, "\"resultType\":\"complete\"").await,
         "the subscription of the key taken out ended: {heard}"
@@ -3811,12 +3815,7 @@ async fn an_empty_jwks_read_again_keeps_the_keys_held() {
     let (signing, jwk) = es256_key("k1");
     let body = Arc::new(std::sync::Mutex::new(json!({"keys": [jwk]}).to_string()));
     let (port, hits, _jwks_server) = json_served_from(body.clone()).await;
-    let setup = Setup::new(
-        &format!(
-            "jwt = {{ issuer = \"{JWT_ISS}\", audience = \"{JWT_AUD}\", jwks_url = \"http://127.0.0.1:{port}/jwks\" }}\n\n[permissions.c]\nalpha = [\"echo\"]"
-        ),
-        &[("k1", &key("k1"))],
-    );
+    let setup = jwks_url_setup(port);
     let gw = setup.start().await;
     let claims = json!({"iss": JWT_ISS, "aud": JWT_AUD, "sub": "c", "exp": unix_now() + 3600});
     let token = jwt(&signing, "k1", claims.clone());
@@ -3824,17 +3823,7 @@ async fn an_empty_jwks_read_again_keeps_the_keys_held() {
     *body.lock().expect("body") = json!({"keys": []}).to_string();
     // A token of an unknown key has the JWKS read again.
     let (other, _) = es256_key("k9");
-    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
-    let _ = gw
-        .modern(&jwt(&other, "k9", claims), "tools/list", json!({}))
-        .await;
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            hits.load(std::sync::atomic::Ordering::SeqCst) > before
-        })
-        .await,
-        "the JWKS was read again"
-    );
+    jwks_read_again(&gw, &hits, &jwt(&other, "k9", claims)).await;
     tokio::time::sleep(Duration::from_millis(200)).await; // its keys put in place, if at all
     let (status, _) = gw.modern(&token, "tools/list", json!({})).await;
     assert_eq!(status, 200, "the key held is kept");

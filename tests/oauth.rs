@@ -137,6 +137,20 @@ impl World {
         self.harness_with(vec![self.server(auth)]).await
     }
 
+    /// A harness of the protected server signing in with `auth`, keeping its tokens in
+    /// `store`.
+    async fn storing(
+        &self,
+        auth: OAuthConfig,
+        store: Arc<dyn mcp_harness::transport::auth::TokenStore>,
+    ) -> HarnessHandle {
+        self.builder(vec![self.server(auth)])
+            .token_store(store)
+            .spawn()
+            .await
+            .expect("spawn")
+    }
+
     async fn harness_with(&self, servers: Vec<ServerConfig>) -> HarnessHandle {
         self.builder(servers).spawn().await.expect("spawn")
     }
@@ -1327,12 +1341,7 @@ async fn a_logout_during_a_refresh_is_not_undone_by_its_reply() {
     use mcp_harness::transport::auth::{MemoryTokenStore, TokenStore};
     let w = World::refreshing(5, 3000).await;
     let store = Arc::new(MemoryTokenStore::default());
-    let h = w
-        .builder(vec![w.server(registered("pre"))])
-        .token_store(store.clone())
-        .spawn()
-        .await
-        .expect("spawn");
+    let h = w.storing(registered("pre"), store.clone()).await;
     ready(&h).await;
     let alice = as_user("alice");
     assert_eq!(subject(&h, &alice).await.expect("signed in"), "alice");
@@ -1365,12 +1374,7 @@ async fn a_kept_token_of_another_issuer_than_the_pinned_one_is_not_sent() {
     use mcp_harness::transport::auth::MemoryTokenStore;
     let w = World::new(&["--client", "pre"], &[]).await;
     let store = Arc::new(MemoryTokenStore::default());
-    let h = w
-        .builder(vec![w.server(registered("pre"))])
-        .token_store(store.clone())
-        .spawn()
-        .await
-        .expect("spawn");
+    let h = w.storing(registered("pre"), store.clone()).await;
     ready(&h).await;
     assert_eq!(
         subject(&h, &Caller::agent("a")).await.expect("call"),
@@ -1389,12 +1393,7 @@ async fn a_kept_token_of_another_issuer_than_the_pinned_one_is_not_sent() {
         issuer: Some("https://pinned.example".into()),
         ..registered("pre")
     };
-    let h = w
-        .builder(vec![w.server(pinned)])
-        .token_store(store)
-        .spawn()
-        .await
-        .expect("spawn");
+    let h = w.storing(pinned, store).await;
     // Its sign-in with the pinned issuer fails (the server names another).
     let refused = subject(&h, &Caller::agent("a")).await;
     assert!(refused.is_err(), "{refused:?}");
@@ -2085,11 +2084,8 @@ async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_old
         resource: None,
     };
     let h = w
-        .builder(vec![w.server(registered("pre"))])
-        .token_store(Arc::new(StaleAndUnwritable { stale }))
-        .spawn()
-        .await
-        .expect("spawn");
+        .storing(registered("pre"), Arc::new(StaleAndUnwritable { stale }))
+        .await;
     ready(&h).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // its first second (deliberate)
     let before = w.refreshes();
@@ -2115,12 +2111,7 @@ async fn a_token_held_in_memory_is_refreshed_from_itself_not_from_the_stores_old
 #[tokio::test]
 async fn a_token_the_store_cannot_keep_is_held_in_memory() {
     let w = World::new(&["--client", "pre"], &[]).await;
-    let h = w
-        .builder(vec![w.server(registered("pre"))])
-        .token_store(Arc::new(Unwritable))
-        .spawn()
-        .await
-        .expect("spawn");
+    let h = w.storing(registered("pre"), Arc::new(Unwritable)).await;
     ready(&h).await;
     for _ in 0..2 {
         assert_eq!(

@@ -257,6 +257,20 @@ mod tests {
         })
     }
 
+    /// [`NAMES`], and `flip.example`, which resolves to `first` once and to `then` after.
+    fn flipping(first: &'static str, then: &'static str) -> Lookup {
+        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let fallback = table(NAMES);
+        Arc::new(move |host: String| {
+            if host == "flip.example" {
+                let turn = turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let ip: IpAddr = if turn == 0 { first } else { then }.parse().expect("ip");
+                return Box::pin(async move { Ok(vec![ip]) });
+            }
+            fallback(host)
+        })
+    }
+
     fn resolver(server: &str, lookup: Lookup) -> SignInResolver {
         let url = Url::parse(server).expect("url");
         SignInResolver::with_lookup(&url, Vec::new(), lookup).expect("a resolver")
@@ -341,19 +355,10 @@ mod tests {
     // among them.
     #[tokio::test]
     async fn an_internal_answer_for_the_servers_name_that_is_never_answered_proves_nothing() {
-        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let fallback = table(NAMES);
-        let lookup: Lookup = Arc::new(move |host: String| {
-            if host == "flip.example" {
-                let turn = turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let ip: IpAddr = if turn == 0 { "10.9.9.9" } else { "203.0.113.9" }
-                    .parse()
-                    .expect("ip");
-                return Box::pin(async move { Ok(vec![ip]) });
-            }
-            fallback(host)
-        });
-        let r = resolver("https://flip.example/mcp", lookup);
+        let r = resolver(
+            "https://flip.example/mcp",
+            flipping("10.9.9.9", "203.0.113.9"),
+        );
         r.checked("flip.example".into()).await.expect("tried");
         refused(r.checked("metadata.example".into()).await);
         // Another host's answer says nothing of the server.
@@ -369,19 +374,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_name_that_resolved_public_once_stays_public() {
-        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let fallback = table(NAMES);
-        let lookup: Lookup = Arc::new(move |host: String| {
-            if host == "flip.example" {
-                let turn = turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let ip: IpAddr = if turn == 0 { "203.0.113.9" } else { "10.9.9.9" }
-                    .parse()
-                    .expect("ip");
-                return Box::pin(async move { Ok(vec![ip]) });
-            }
-            fallback(host)
-        });
-        let r = resolver("https://flip.example/mcp", lookup);
+        let r = resolver(
+            "https://flip.example/mcp",
+            flipping("203.0.113.9", "10.9.9.9"),
+        );
         r.checked("flip.example".into()).await.expect("public");
         // Now internal: refused, and the server stays public.
         refused(r.checked("flip.example".into()).await);

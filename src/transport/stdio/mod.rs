@@ -888,40 +888,13 @@ mod tests {
     #[tokio::test]
     async fn an_answer_to_a_request_whose_line_is_still_queued_is_ignored() {
         let answer = r#"{"jsonrpc":"2.0","id":40,"result":{"stolen":true}}"#;
-        let spec = StdioSpec {
-            command: "sh".into(),
-            args: vec![
-                "-c".into(),
-                format!("sleep 1; printf '%s\\n' '{answer}'; sleep 30"),
-            ],
-            env: Default::default(),
-            cwd: None,
-            inherit_env: false,
-        };
+        let spec = sh(format!("sleep 1; printf '%s\\n' '{answer}'; sleep 30"));
         let (tx, _rx) = mpsc::channel(16);
         let transport =
             StdioTransport::spawn("t", &spec, 1 << 20, InboundSink::new(tx, None), None)
                 .await
                 .expect("spawn");
-        let params = serde_json::json!({"pad": "x".repeat(32 << 10)});
-        let requests = (1..=40).map(|n| {
-            let (transport, params) = (&transport, &params);
-            async move {
-                let id = RequestId::Number(n);
-                let request = RequestRef {
-                    id: &id,
-                    method: "ping",
-                    params: Some(params),
-                };
-                (
-                    n,
-                    transport
-                        .request(request, None, Duration::from_secs(3))
-                        .await,
-                )
-            }
-        });
-        let outcomes = futures_util::future::join_all(requests).await;
+        let outcomes = pings(&transport, 40, Duration::from_secs(3)).await;
         for (n, outcome) in outcomes {
             assert!(
                 outcome.is_err(),
