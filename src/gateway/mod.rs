@@ -517,7 +517,8 @@ async fn sweep_parked(
         // A principal no longer admitted (a stdio session's is while it lasts), or a
         // grant taken away, ends its rounds.
         let local = inner.local.lock().clone();
-        inner.parked.sweep(|p, server, item| {
+        let ttl = inner.current.read().sealer.ttl();
+        inner.parked.sweep(ttl, |p, server, item| {
             (identity.admits(p) || local.contains_key(p))
                 && inner.harness.may_call(&p.agent, server, item)
         });

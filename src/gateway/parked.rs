@@ -196,6 +196,9 @@ struct Parked {
     server: String,
     reply: tokio::sync::oneshot::Sender<Result<Value, RpcError>>,
     expires: Instant,
+    /// When it was parked (its state issued): a reload that shortens `state_ttl`
+    /// shortens its life too ([`ParkedRounds::sweep`]).
+    issued: Instant,
 }
 
 impl Parked {
@@ -456,6 +459,7 @@ impl ParkedRounds {
                 server,
                 reply,
                 expires,
+                issued: now,
             },
         );
         drop(rounds);
@@ -530,9 +534,19 @@ impl ParkedRounds {
     /// Drops the rounds past their expiry, those whose call ended, and those `keep`
     /// refuses (given the principal, the server and the item the call is of): their
     /// calls are cancelled (outside the lock, as cancelling does work).
-    pub fn sweep(&self, keep: impl Fn(&Principal, &str, &str) -> bool) {
+    ///
+    /// A round is held to `ttl`, the states' lifetime in force, from when it was parked:
+    /// a reload that shortened it made its state one the gateway refuses, and the
+    /// round, which no one could take up, kept its place and its call until its old
+    /// expiry.
+    pub fn sweep(&self, ttl: std::time::Duration, keep: impl Fn(&Principal, &str, &str) -> bool) {
         let now = Instant::now();
-        let dropped = self.drop_finished(&mut self.rounds.lock(), now, keep);
+        let mut rounds = self.rounds.lock();
+        for p in rounds.values_mut() {
+            p.expires = p.expires.min(crate::util::duration::after(p.issued, ttl));
+        }
+        let dropped = self.drop_finished(&mut rounds, now, keep);
+        drop(rounds);
         drop(dropped);
     }
 
@@ -819,7 +833,7 @@ mod tests {
         });
         let large = park(held, question).expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        rounds.sweep(|_, _, _| true);
+        rounds.sweep(std::time::Duration::MAX, |_, _, _| true);
         let held: Vec<String> = rounds.rounds.lock().keys().cloned().collect();
         assert_eq!(
             held,
@@ -869,7 +883,7 @@ mod tests {
             )
             .expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        budgeted.sweep(|_, _, _| true);
+        budgeted.sweep(std::time::Duration::MAX, |_, _, _| true);
         let e = budgeted
             .resume(&id, (&a, None), Value::Null)
             .err()
@@ -932,6 +946,23 @@ mod tests {
             .expect("used");
         assert_eq!(e.message, ANSWERED);
         assert!(rounds.ended.lock().len() <= 4);
+    }
+
+    // A reload that shortens `state_ttl` shortens the rounds parked before it: their
+    // states are refused from then on, and the rounds kept their places and calls
+    // until their old expiry.
+    #[tokio::test]
+    async fn a_shorter_state_ttl_ends_the_rounds_parked_before_it() {
+        let rounds = ParkedRounds::with_caps(64, 4);
+        let a = agent("a");
+        let (id, cancel, _answer) = park_as(&rounds, &a, None, (0, usize::MAX), 600);
+        assert!(id.is_some());
+        rounds.sweep(std::time::Duration::from_secs(600), |_, _, _| true);
+        assert!(!cancel.is_cancelled(), "within the ttl");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        rounds.sweep(std::time::Duration::from_millis(10), |_, _, _| true);
+        assert!(cancel.is_cancelled(), "its call ends with it");
+        assert!(rounds.rounds.lock().is_empty());
     }
 
     /// Parks a round of `who` from `session`; its id, its call's token, its answer.
