@@ -1,7 +1,7 @@
 //! The harness's logs: a span per server (id, era, pid) around its events, restart and
 //! failure events with their delay and reason, a server's stderr under its own target,
-//! a span per call, and an event per audit record. One test: a process has one global
-//! subscriber.
+//! a span per call, and an event per audit record. One test sets the global subscriber
+//! (a process has one); the other sets its thread's own, on a single-threaded runtime.
 
 mod support;
 
@@ -148,4 +148,95 @@ async fn server_events_carry_a_span_with_id_era_and_pid() {
     );
     let in_call = line("could not list");
     assert!(in_call.contains("call{call_id="), "{in_call}");
+}
+
+// An untraced call passes on the context it was made under, marked not sampled: not
+// the span its future happens to be polled in (an embedder's other work, of another
+// trace), which its own disabled spans do not hide. A traced call's requests carry its
+// own attempt's context, in the trace it was made under.
+#[cfg(feature = "otlp")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_untraced_call_passes_on_the_context_it_was_made_under() {
+    use mcp_harness::{CallKind, CallOptions};
+    use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+    use tracing::Instrument;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("test"))
+        .with_filter(
+            mcp_harness::util::trace_context::export_filter()
+                .with_target("tracing_spans", tracing::Level::INFO),
+        );
+    let _default = tracing::subscriber::set_default(tracing_subscriber::registry().with(otel));
+
+    let record = temp_file("traced-untraced");
+    let mut config = HarnessConfig {
+        servers: vec![ServerConfig::stdio(
+            "s",
+            harness_exe(),
+            ["demo-server", "s", "--record", &record.to_string_lossy()],
+        )],
+        ..HarnessConfig::default()
+    };
+    config
+        .permissions
+        .entry("a".into())
+        .or_default()
+        .insert("*".into(), vec!["*".into()]);
+    let h = Harness::spawn(config).await.expect("spawn");
+    let caller = Caller::agent("a");
+    let made_under = tracing::info_span!(target: "tracing_spans", "made under");
+    let poller = tracing::info_span!(target: "tracing_spans", "poller");
+    let (under, polled) = (
+        made_under.context().span().span_context().clone(),
+        poller.context().span().span_context().clone(),
+    );
+    assert!(under.is_sampled() && polled.is_sampled());
+    assert_ne!(under.trace_id(), polled.trace_id());
+    let sent = |text: &str| {
+        recorded(&record)
+            .into_iter()
+            .find(|r| r["method"] == "tools/call" && r["params"]["arguments"]["text"] == text)
+            .map(|r| r["params"]["_meta"]["traceparent"].clone())
+            .unwrap_or_else(|| panic!("the call {text} was recorded"))
+    };
+
+    for (text, traced) in [("untraced", Some(false)), ("traced", None)] {
+        let options = CallOptions {
+            traced,
+            ..CallOptions::default()
+        };
+        let call = made_under.in_scope(|| {
+            h.call(
+                &caller,
+                CallKind::Tool,
+                "s__echo",
+                json!({"text": text}),
+                options,
+            )
+        });
+        call.instrument(poller.clone()).await.expect("call");
+    }
+    h.shutdown().await;
+
+    assert_eq!(
+        sent("untraced"),
+        format!("00-{}-{}-00", under.trace_id(), under.span_id()),
+        "the span it was made under, marked not sampled"
+    );
+    let traced = sent("traced");
+    let traced = traced.as_str().expect("a traceparent");
+    assert!(
+        traced.starts_with(&format!("00-{}-", under.trace_id())) && traced.ends_with("-01"),
+        "{traced}"
+    );
+    assert!(
+        !traced.contains(&under.span_id().to_string()),
+        "its own attempt's: {traced}"
+    );
+    let _ = std::fs::remove_file(record);
 }

@@ -261,6 +261,13 @@ pub(crate) fn run<'a>(
                 None => ctx.sampler.under(&request.parent),
             });
         record.traced = traced;
+        // Fixed now: an untraced call's spans carry no context, and the span current
+        // when its requests are sent is its poller's.
+        let passes = crate::util::trace_context::call_context(
+            traced,
+            &request.parent,
+            request.trace_parent.as_ref(),
+        );
         let span = call_span!(
             traced: traced,
             parent: &request.parent,
@@ -345,7 +352,12 @@ pub(crate) fn run<'a>(
             ))
             .await
         };
-        let outcome = match tracing::Instrument::instrument(work, span.clone()).await {
+        let work = tracing::Instrument::instrument(work, span.clone());
+        let outcome = match passes {
+            Some(cx) => opentelemetry::context::FutureExt::with_context(work, cx).await,
+            None => work.await,
+        };
+        let outcome = match outcome {
             Err(e) if deadline.remaining().is_zero() && ran_out(&e) => {
                 Err(CallError::DeadlineExceeded(deadline.total))
             }

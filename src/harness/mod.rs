@@ -119,8 +119,8 @@ pub struct CallOptions {
     /// Whether the call's spans are exported (a decision made above the call, as a
     /// gateway makes it for its request). `None`: the calling span's trace decides (its
     /// sampled flag), or `trace_sample_ratio` when the call starts a trace. With
-    /// `Some(false)` under a span that is exported, the server may still be sent that
-    /// span's trace context (the call's own spans are not there to replace it).
+    /// `Some(false)` under a span that is exported, the server is sent that span's trace
+    /// context marked not sampled (the call's own spans are not there to replace it).
     pub traced: Option<bool>,
     /// The trace context the call's span goes on under, in place of the calling span
     /// (which it then neither holds open nor takes its sampling from): for a call that

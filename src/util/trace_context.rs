@@ -140,6 +140,12 @@ impl HeadSampler {
         if parent.metadata().is_some_and(|m| m.target() == UNTRACED) {
             return false;
         }
+        // Inside an untraced call's future (its spans disabled, so not `parent`).
+        if opentelemetry::Context::map_current(|cx| {
+            matches!(cx.get::<Passes>(), Some(Passes::Fixed(_)))
+        }) {
+            return false;
+        }
         let cx = parent.context();
         let span = cx.span();
         let sc = span.span_context();
@@ -218,10 +224,18 @@ pub(crate) fn shown_as_is(c: char) -> bool {
     !c.is_control() && !crate::util::text::hidden(c)
 }
 
-/// The current span's context, if it is a valid (sampled or not) OpenTelemetry span;
-/// else the OpenTelemetry context attached to the work being polled (an untraced call
-/// passing its client's on, see [`passed_on`]; an embedder's own).
+/// What an untraced call fixed at its start ([`call_context`]); else the current
+/// span's context, if it is a valid (sampled or not) OpenTelemetry span; else the
+/// OpenTelemetry context attached to the work being polled (a traced call passing its
+/// client's on with no span of its own, see [`passed_on`]; an embedder's own).
 fn current() -> Option<SpanContext> {
+    let fixed = opentelemetry::Context::map_current(|cx| match cx.get::<Passes>() {
+        Some(Passes::Fixed(sc)) => Some(sc.clone()),
+        _ => None,
+    });
+    if let Some(fixed) = fixed {
+        return fixed;
+    }
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let sc = span.span_context();
@@ -256,6 +270,65 @@ pub fn passed_on(remote: &SpanContext, traced: bool) -> opentelemetry::Context {
         remote.trace_state().clone(),
     );
     opentelemetry::Context::new().with_remote_span_context(passed)
+}
+
+/// What the requests made inside a call's future pass on, set on the OpenTelemetry
+/// context attached to it ([`call_context`]).
+#[derive(Clone, Debug)]
+enum Passes {
+    /// The call is traced: the span current when a request is sent (its own spans).
+    Spans,
+    /// The call is not traced: the context it came under, marked not sampled, fixed at
+    /// its start. Its own spans carry none, and the span current when a request is
+    /// sent is whatever its poller entered, which may belong to another trace.
+    Fixed(Option<SpanContext>),
+}
+
+/// The valid span context of `cx`, if any.
+fn valid(cx: &opentelemetry::Context) -> Option<SpanContext> {
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| sc.clone())
+}
+
+/// The OpenTelemetry context to attach to a call's future (with
+/// `opentelemetry::context::FutureExt`), made when the call starts, once `traced` is
+/// decided; `None` when the call's requests need nothing of it.
+///
+/// An untraced call's requests pass on the context it came under, marked not sampled:
+/// `trace_parent` when it was given one (a gateway's client's, or none at all), else
+/// `parent`'s, else that of the untraced call it runs inside, else the attached one.
+/// A traced call inside an untraced one (an embedder that says so) gets its own spans
+/// back. A traced call elsewhere needs nothing: its spans, or the attached context.
+pub(crate) fn call_context(
+    traced: bool,
+    parent: &tracing::Span,
+    trace_parent: Option<&opentelemetry::Context>,
+) -> Option<opentelemetry::Context> {
+    let current = opentelemetry::Context::current();
+    let within = current.get::<Passes>();
+    if traced {
+        return within.map(|_| current.with_value(Passes::Spans));
+    }
+    let came_under = match trace_parent {
+        Some(cx) => valid(cx),
+        None => valid(&parent.context())
+            .or_else(|| match within {
+                Some(Passes::Fixed(sc)) => sc.clone(),
+                _ => None,
+            })
+            .or_else(|| valid(&current)),
+    };
+    let fixed = came_under.map(|sc| {
+        SpanContext::new(
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().with_sampled(false),
+            true,
+            sc.trace_state().clone(),
+        )
+    });
+    Some(current.with_value(Passes::Fixed(fixed)))
 }
 
 /// `00-TRACEID-SPANID-FLAGS`.
