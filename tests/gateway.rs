@@ -790,6 +790,47 @@ async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_fur
     gw.stop().await;
 }
 
+// A reload that drops a (leaked) key ends, at the next sweep, the rounds parked under
+// states it sealed: the gateway refuses those states now, and the rounds kept their
+// places and their calls upstream until their expiry (ten minutes by default).
+#[tokio::test]
+async fn a_reload_that_drops_a_key_ends_the_rounds_it_sealed() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (status, r) = gw
+        .modern(
+            "tok-a",
+            "tools/call",
+            json!({"name": "beta__confirm", "arguments": {"message": "leaked?"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let finished = || {
+        audit_records(&setup.audit)
+            .into_iter()
+            .find(|r| r["event"] == "finished")
+    };
+    // Both made before the first reload rewrites the config `with_keys` reads.
+    let read =
+        |keys: &[(&str, &str)]| std::fs::read_to_string(setup.with_keys(keys)).expect("config");
+    let (both, dropped) = (
+        read(&[("k2", &key("k2")), ("k1", &key("k1"))]),
+        read(&[("k2", &key("k2"))]),
+    );
+    // Rotated in: k1 still opens, and the round stays.
+    gw.reload_with(&setup, &both);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(finished().is_none(), "a key still held keeps its rounds");
+    gw.reload_with(&setup, &dropped);
+    assert!(
+        eventually(Duration::from_secs(10), || finished().is_some()).await,
+        "the round sealed with the dropped key was never ended"
+    );
+    assert_ne!(finished().expect("record")["outcome"], "ok");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_round_started_on_one_gateway_finishes_on_another_and_keys_rotate() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);

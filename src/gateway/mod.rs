@@ -500,7 +500,8 @@ pub struct Gateway {
 const PARKED_SWEEP: Duration = Duration::from_secs(1);
 
 /// Drops, while the gateway lives, the parked rounds past their expiry and those of
-/// principals the identity in force no longer admits (a reload revoked them): their
+/// principals the identity in force no longer admits (a reload revoked them, or
+/// dropped the key that sealed their states): their
 /// upstream calls are cancelled, and the servers' questions withdrawn, without waiting
 /// for the next round to be parked or taken up.
 async fn sweep_parked(
@@ -517,10 +518,13 @@ async fn sweep_parked(
         // A principal no longer admitted (a stdio session's is while it lasts), or a
         // grant taken away, ends its rounds.
         let local = inner.local.lock().clone();
-        let ttl = inner.current.read().sealer.ttl();
-        inner.parked.sweep(ttl, |p, server, item| {
+        let sealer = inner.current.read().sealer.clone();
+        // A key dropped (leaked) ends the rounds whose states it sealed: the gateway
+        // refuses those states now.
+        inner.parked.sweep(sealer.ttl(), |p, server, item, key| {
             (identity.admits(p) || local.contains_key(p))
                 && inner.harness.may_call(&p.agent, server, item)
+                && key.is_none_or(|k| sealer.holds(k))
         });
     }
 }
@@ -2410,7 +2414,10 @@ impl Gateway {
                 rounds,
             };
             let sealed = match seal_round(sealer, principal, (method, digest()), round) {
-                Ok(sealed) => sealed,
+                Ok(sealed) => {
+                    self.inner.parked.sealed_under(&id, sealer.sealing_key());
+                    sealed
+                }
                 Err(e) => {
                     // Nobody could take it up: its place is given back at once.
                     self.inner.parked.discard(&id);

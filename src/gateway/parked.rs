@@ -199,6 +199,9 @@ struct Parked {
     /// When it was parked (its state issued): a reload that shortens `state_ttl`
     /// shortens its life too ([`ParkedRounds::sweep`]).
     issued: Instant,
+    /// The id of the key its state was sealed under, once sealed
+    /// ([`ParkedRounds::sealed_under`]): a reload that drops the key ends the round.
+    key: Option<String>,
 }
 
 impl Parked {
@@ -357,7 +360,7 @@ impl ParkedRounds {
         // Expired rounds go (their calls are cancelled as they drop, after the lock:
         // an outcome kept may be a MiB), and those whose calls ended with an outcome
         // too large to keep.
-        let finished = self.drop_finished(&mut rounds, now, |_, _, _| true);
+        let finished = self.drop_finished(&mut rounds, now, |_, _, _, _| true);
         // A principal at its share gives up its own rounds that expire first: a client
         // that stops retrying (its person declined) leaves rounds behind, and is not
         // locked out until they expire.
@@ -460,6 +463,7 @@ impl ParkedRounds {
                 reply,
                 expires,
                 issued: now,
+                key: None,
             },
         );
         drop(rounds);
@@ -495,7 +499,7 @@ impl ParkedRounds {
             let mut rounds = self.rounds.lock();
             let now = Instant::now();
             // Dropped after the lock, as in `park`.
-            let finished = self.drop_finished(&mut rounds, now, |_, _, _| true);
+            let finished = self.drop_finished(&mut rounds, now, |_, _, _, _| true);
             let parked = match rounds.get(id) {
                 Some(p) if &p.principal == principal && p.session == session && p.expires > now => {
                     let taken = rounds.remove(id);
@@ -532,14 +536,19 @@ impl ParkedRounds {
     }
 
     /// Drops the rounds past their expiry, those whose call ended, and those `keep`
-    /// refuses (given the principal, the server and the item the call is of): their
-    /// calls are cancelled (outside the lock, as cancelling does work).
+    /// refuses (given the principal, the server and the item the call is of, and the
+    /// key its state was sealed under): their calls are cancelled (outside the lock, as
+    /// cancelling does work).
     ///
     /// A round is held to `ttl`, the states' lifetime in force, from when it was parked:
     /// a reload that shortened it made its state one the gateway refuses, and the
     /// round, which no one could take up, kept its place and its call until its old
     /// expiry.
-    pub fn sweep(&self, ttl: std::time::Duration, keep: impl Fn(&Principal, &str, &str) -> bool) {
+    pub fn sweep(
+        &self,
+        ttl: std::time::Duration,
+        keep: impl Fn(&Principal, &str, &str, Option<&str>) -> bool,
+    ) {
         let now = Instant::now();
         let mut rounds = self.rounds.lock();
         for p in rounds.values_mut() {
@@ -558,7 +567,7 @@ impl ParkedRounds {
         &self,
         rounds: &mut HashMap<String, Parked>,
         now: Instant,
-        keep: impl Fn(&Principal, &str, &str) -> bool,
+        keep: impl Fn(&Principal, &str, &str, Option<&str>) -> bool,
     ) -> Vec<Parked> {
         let mut dropped = Vec::new();
         // An outcome kept counts against its principal's budget and all principals',
@@ -584,7 +593,7 @@ impl ParkedRounds {
         for (id, p) in rounds.extract_if(|_, p| {
             p.expires <= now
                 || !p.keep_outcome(&mut room)
-                || !keep(&p.principal, &p.server, &p.item)
+                || !keep(&p.principal, &p.server, &p.item, p.key.as_deref())
         }) {
             if p.expires > now && (p.call_ended() || p.outcome_let_go) {
                 self.note_ended(id, &p, now, CALL_ENDED);
@@ -660,6 +669,13 @@ impl ParkedRounds {
     /// Forgets `session`, over (none of its requests runs any more).
     pub fn forget_session(&self, session: u64) {
         self.sessions_over.lock().remove(&session);
+    }
+
+    /// Notes the key the state of round `id` was sealed under.
+    pub fn sealed_under(&self, id: &str, key: &str) {
+        if let Some(p) = self.rounds.lock().get_mut(id) {
+            p.key = Some(key.to_string());
+        }
     }
 
     /// Drops round `id`, parked moments ago, whose state could not be sealed: its call
@@ -833,7 +849,7 @@ mod tests {
         });
         let large = park(held, question).expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        rounds.sweep(std::time::Duration::MAX, |_, _, _| true);
+        rounds.sweep(std::time::Duration::MAX, |_, _, _, _| true);
         let held: Vec<String> = rounds.rounds.lock().keys().cloned().collect();
         assert_eq!(
             held,
@@ -883,7 +899,7 @@ mod tests {
             )
             .expect("parked");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        budgeted.sweep(std::time::Duration::MAX, |_, _, _| true);
+        budgeted.sweep(std::time::Duration::MAX, |_, _, _, _| true);
         let e = budgeted
             .resume(&id, (&a, None), Value::Null)
             .err()
@@ -957,10 +973,10 @@ mod tests {
         let a = agent("a");
         let (id, cancel, _answer) = park_as(&rounds, &a, None, (0, usize::MAX), 600);
         assert!(id.is_some());
-        rounds.sweep(std::time::Duration::from_secs(600), |_, _, _| true);
+        rounds.sweep(std::time::Duration::from_secs(600), |_, _, _, _| true);
         assert!(!cancel.is_cancelled(), "within the ttl");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        rounds.sweep(std::time::Duration::from_millis(10), |_, _, _| true);
+        rounds.sweep(std::time::Duration::from_millis(10), |_, _, _, _| true);
         assert!(cancel.is_cancelled(), "its call ends with it");
         assert!(rounds.rounds.lock().is_empty());
     }

@@ -182,6 +182,16 @@ impl Sealer {
         self.ttl
     }
 
+    /// The id of the key that seals.
+    pub fn sealing_key(&self) -> &str {
+        &self.keys[0].0
+    }
+
+    /// Whether the key `id` opens states here.
+    pub fn holds(&self, id: &str) -> bool {
+        self.keys.iter().any(|(k, _)| k == id)
+    }
+
     /// Seals `state`.
     pub fn seal(&self, state: &RoundState) -> Result<String, GatewayError> {
         let (id, key) = &self.keys[0];
