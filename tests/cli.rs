@@ -945,6 +945,41 @@ fn ctrl_c_stops_every_server_and_exits() {
     let _ = std::fs::remove_file(pidfile);
 }
 
+// A start held up (here by its CA bundle, a FIFO no one writes, as a mount that hangs
+// would) hears Ctrl-C: the program ends, its servers stopped. Before, every signal was
+// swallowed until the start gave up, 30 s later, with another error.
+#[test]
+fn ctrl_c_during_a_start_held_up_ends_it() {
+    let fifo = scratch_dir().join(format!("ca-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let marker = format!("held-up-{}", std::process::id());
+    let child = Command::new(harness_exe())
+        .args(["tools", "--stdio", &demo_cmd(&marker)])
+        .args(["--http", "https://127.0.0.1:9/mcp"])
+        .env("SSL_CERT_FILE", &fifo)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(1500));
+    send_signal("-INT", &child.id().to_string());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    // Killed as the program went (their parent-death signal, or their group's kill).
+    let gone = std::time::Instant::now();
+    while !processes_with(&marker).is_empty() && gone.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "server processes left: {left:?}");
+    let _ = std::fs::remove_file(fifo);
+}
+
 // The harness killed outright runs none of its own stops; the kernel kills each
 // server it forked (its parent-death signal), even one that ignores end of file on
 // stdin and SIGTERM. Before, such a server ran on, reparented, for ever.
@@ -2452,6 +2487,10 @@ fn search_prints_the_most_relevant_tools_first_as_text_and_json() {
         stderr(&o)
     );
     assert!(stdout(&o).contains("stdio1__add"), "{}", stdout(&o));
+    // No tool asked for is a usage error, not "no tool matches".
+    let o = run(&["search", "--stdio", &modern, "adds", "-k", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--limit"), "{}", stderr(&o));
 }
 
 #[test]

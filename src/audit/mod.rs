@@ -241,11 +241,13 @@ pub(crate) fn without_userinfo(text: &str) -> String {
 const URL_SECRET_NAMES: &[&str] = &["sig"];
 
 /// `text` with the credentials of any URL in it hidden: its userinfo
-/// ([`without_userinfo`]) and the values of the query parameters whose names are
-/// secret, as an argument's would be (`?access_token=…`, `X-Amz-Signature=…`).
+/// ([`without_userinfo`]) and the values of the parameters whose names are secret, as
+/// an argument's would be, in its query (`?access_token=…`, `X-Amz-Signature=…`, split
+/// at `&` or `;`) and in its fragment, where OAuth's implicit flow puts a token
+/// (`#access_token=…`, or `#/route?token=…`).
 pub(crate) fn without_url_secrets(config: &AuditConfig, text: &str) -> String {
     let text = without_userinfo(text);
-    if !text.contains('?') {
+    if !text.contains(['?', '#']) {
         return text;
     }
     let mut out = String::with_capacity(text.len());
@@ -261,42 +263,66 @@ pub(crate) fn without_url_secrets(config: &AuditConfig, text: &str) -> String {
             .trim_end_matches(['.', ',', ';', ':', '!', ')', ']', '}'])
             .len();
         let (url, after) = tail.split_at(end);
+        let (url, fragment) = url.split_at(url.find('#').unwrap_or(url.len()));
         match url.split_once('?') {
             Some((before, query)) => {
-                let (query, fragment) = query.split_at(query.find('#').unwrap_or(query.len()));
                 out.push_str(before);
                 out.push('?');
-                for (i, param) in query.split('&').enumerate() {
-                    if i > 0 {
-                        out.push('&');
-                    }
-                    let name = param.split_once('=').map(|(name, _)| name);
-                    let secret = name.is_some_and(|name| {
-                        url::form_urlencoded::parse(name.as_bytes())
-                            .next()
-                            .is_some_and(|(name, _)| {
-                                URL_SECRET_NAMES
-                                    .iter()
-                                    .any(|n| name.eq_ignore_ascii_case(n))
-                                    || record::is_secret(config, &name)
-                            })
-                    });
-                    match name {
-                        Some(name) if secret => {
-                            out.push_str(name);
-                            out.push_str("=[redacted]");
-                        }
-                        _ => out.push_str(param),
-                    }
-                }
-                out.push_str(fragment);
+                push_params(config, query, &mut out);
             }
             None => out.push_str(url),
+        }
+        if let Some(fragment) = fragment.strip_prefix('#') {
+            out.push('#');
+            match fragment.split_once('?') {
+                Some((route, query)) => {
+                    out.push_str(route);
+                    out.push('?');
+                    push_params(config, query, &mut out);
+                }
+                None => push_params(config, fragment, &mut out),
+            }
         }
         rest = after;
     }
     out.push_str(rest);
     out
+}
+
+/// `params` (`name=value`, split at `&` or `;`) onto `out`, the values of those whose
+/// names are secret as `[redacted]`.
+fn push_params(config: &AuditConfig, params: &str, out: &mut String) {
+    let mut rest = params;
+    loop {
+        let end = rest.find(['&', ';']).unwrap_or(rest.len());
+        let (param, after) = rest.split_at(end);
+        let name = param.split_once('=').map(|(name, _)| name);
+        let secret = name.is_some_and(|name| {
+            url::form_urlencoded::parse(name.as_bytes())
+                .next()
+                .is_some_and(|(name, _)| {
+                    URL_SECRET_NAMES
+                        .iter()
+                        .any(|n| name.eq_ignore_ascii_case(n))
+                        || record::is_secret(config, &name)
+                })
+        });
+        match name {
+            Some(name) if secret => {
+                out.push_str(name);
+                out.push_str("=[redacted]");
+            }
+            _ => out.push_str(param),
+        }
+        let mut after = after.chars();
+        match after.next() {
+            Some(separator) => {
+                out.push(separator);
+                rest = after.as_str();
+            }
+            None => return,
+        }
+    }
 }
 
 /// Asserts that `health` is of a failing trail whose error says `says`.
@@ -416,6 +442,19 @@ mod tests {
         assert_eq!(
             without_url_secrets(&c, "(see https://a.blob.example/c?sv=1&sig=AbC%3D), then"),
             "(see https://a.blob.example/c?sv=1&sig=[redacted]), then"
+        );
+        // In the fragment too (OAuth's implicit flow), and after a `;`.
+        assert_eq!(
+            without_url_secrets(&c, "https://app/cb#access_token=eyJ&expires_in=3600"),
+            "https://app/cb#access_token=[redacted]&expires_in=3600"
+        );
+        assert_eq!(
+            without_url_secrets(&c, "https://app/#/cb?x=1&id_token=eyJ; https://h/d#part-2"),
+            "https://app/#/cb?x=1&id_token=[redacted]; https://h/d#part-2"
+        );
+        assert_eq!(
+            without_url_secrets(&c, "https://h/x?a=1;token=t&b=2#s"),
+            "https://h/x?a=1;token=[redacted]&b=2#s"
         );
         let full = AuditConfig {
             redaction: Redaction::Full,

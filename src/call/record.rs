@@ -70,8 +70,8 @@ impl CallRecord {
         let started_ms = if recording { unix_ms() } else { 0 };
         if recording {
             // A resource's URI may carry credentials (`https://user:token@host/…`,
-            // `?X-Amz-Signature=…`).
-            let scrubbed = (kind == CallKind::Resource && name.contains(['@', '?']))
+            // `?X-Amz-Signature=…`, `#access_token=…`).
+            let scrubbed = (kind == CallKind::Resource && name.contains(['@', '?', '#']))
                 .then(|| crate::audit::without_url_secrets(sink.config(), name));
             let name = scrubbed.as_deref().unwrap_or(name);
             // A caller's text, of any length: the record keeps what identifies it.
@@ -137,7 +137,7 @@ impl CallRecord {
     /// URL in it, for a resource read; as it is otherwise.
     fn scrubbed<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
         match (&self.sink, self.method == CallKind::Resource.method()) {
-            (Some(sink), true) if text.contains(['@', '?']) => {
+            (Some(sink), true) if text.contains(['@', '?', '#']) => {
                 std::borrow::Cow::Owned(crate::audit::without_url_secrets(sink.config(), text))
             }
             _ => std::borrow::Cow::Borrowed(text),

@@ -123,8 +123,8 @@ enum Command {
         servers: ServerArgs,
         /// What the tool should do.
         query: String,
-        /// How many tools to show.
-        #[arg(short = 'k', long, default_value_t = 5)]
+        /// How many tools to show (1 or more).
+        #[arg(short = 'k', long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         limit: usize,
         /// Print each match's qualified name, server, score and definition as JSON.
         #[arg(long)]
@@ -484,7 +484,12 @@ async fn run(command: Command) -> anyhow::Result<u8> {
         code
     };
     let mut stop = signals::Stop::install();
-    let harness = commands::start(&setup, &servers, answers, login).await?;
+    // A start held up (a CA bundle or cache on a mount that hangs) hears a signal too:
+    // what it started is killed as the runtime goes.
+    let harness = tokio::select! {
+        started = commands::start(&setup, &servers, answers, login) => started?,
+        code = stop.recv() => return Ok(stopped_with(code)),
+    };
     let leaves_out = !matches!(action, Action::Status { .. } | Action::Login { .. });
     // Startup, and the stop of servers still starting after --wait (each may take its
     // grace), both hear a signal.

@@ -118,7 +118,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     // Caught from before any server starts, so that a signal while they start stops
     // them too (a stdio server is in a process group of its own).
     let mut stop = crate::signals::Stop::install_serving();
-    let harness = builder.spawn().await.map_err(commands::not_started)?;
+    // A start held up (a CA bundle or cache on a mount that hangs) hears a signal too:
+    // what it started is killed as the runtime goes.
+    let harness = tokio::select! {
+        spawned = builder.spawn() => spawned.map_err(commands::not_started)?,
+        code = stop.recv() => return Ok(code),
+    };
     tokio::select! {
         () = settle(&harness, servers.wait) => {}
         _ = stop.recv() => {

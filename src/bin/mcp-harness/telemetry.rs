@@ -398,7 +398,10 @@ pub async fn flush_metrics() {
         // The flush waits for the export; off the async threads.
         let flushed = tokio::task::spawn_blocking(|| p.force_flush()).await;
         if let Ok(Err(e)) = flushed {
-            errln!("mcp-harness: exporting metrics: {e}");
+            errln!(
+                "mcp-harness: exporting metrics: {}",
+                crate::terminal::sanitize(&e.to_string(), true)
+            );
         }
     }
 }
@@ -420,7 +423,10 @@ pub fn shutdown_metrics() {
     if let Some(p) = METERS.get()
         && let Err(e) = p.shutdown()
     {
-        errln!("mcp-harness: exporting metrics: {e}");
+        errln!(
+            "mcp-harness: exporting metrics: {}",
+            crate::terminal::sanitize(&e.to_string(), true)
+        );
     }
 }
 

@@ -30,7 +30,8 @@ pub fn sanitize_counted(text: &str, multiline: bool) -> (String, usize) {
     while let Some(c) = chars.next() {
         // Line breaks and tabs too: on one line they are blanks, not nothing (`a\tb` is
         // not `ab`), and a carriage return cannot move the cursor back.
-        let blank = !multiline && c.is_whitespace();
+        // The Braille blank is no whitespace, but prints as one.
+        let blank = !multiline && (c.is_whitespace() || c == '\u{2800}');
         if blank {
             blanks += 1;
             continue;
@@ -204,6 +205,10 @@ mod tests {
             "ok [70 blanks] user: hi"
         );
         assert_eq!(line("x\u{3000}\u{2003}  \u{a0}y "), "x [5 blanks] y ");
+        assert_eq!(
+            line(&format!("ok{}user: hi", "\u{2800}".repeat(70))),
+            "ok [70 blanks] user: hi"
+        );
         // Nor split into short runs by what prints nothing.
         let split = format!("ok{}user: hi", "  \u{1b}[m\u{7} ".repeat(25));
         assert_eq!(line(&split), "ok [75 blanks] user: hi");

@@ -215,13 +215,24 @@ fn cell(text: &str, width: usize) -> String {
     out
 }
 
-/// The table, a header and one line per server.
+/// The most servers the table shows: a `/metrics` endpoint (`--from`) may name any
+/// number, and the table is drawn again every second.
+const MOST_ROWS: usize = 500;
+
+/// The table, a header and one line per server ([`MOST_ROWS`] at most, then a line
+/// that says how many more there are).
 pub fn render(rows: &BTreeMap<String, Row>) -> String {
     let mut out = format!(
         "{:<24} {:<10} {:<7} {:>8} {:>8} {:>7} {:>10}\n",
         "SERVER", "STATE", "ERA", "RESTARTS", "CALLS", "ERRORS", "P50"
     );
-    for (id, r) in rows {
+    if rows.len() > MOST_ROWS {
+        out.push_str(&format!(
+            "(the first {MOST_ROWS} of {} servers)\n",
+            rows.len()
+        ));
+    }
+    for (id, r) in rows.iter().take(MOST_ROWS) {
         out.push_str(&format!(
             "{} {} {} {:>8} {:>8} {:>7} {:>10}\n",
             cell(id, 24),
@@ -432,5 +443,14 @@ mcp_client_operation_duration_seconds_bucket{mcp_harness_server_id="a\"b",outcom
             );
             assert!(table.len() < 2_000, "{} bytes", table.len());
         }
+        // An endpoint naming many servers gets a table of the first few hundred.
+        let many: String = (0..20_000)
+            .map(|n| {
+                format!("mcp_harness_server_info{{mcp_harness_server_id=\"s{n}\",era=\"x\"}} 1\n")
+            })
+            .collect();
+        let table = render(&rows_from_prometheus(&many));
+        assert_eq!(table.lines().count(), MOST_ROWS + 2, "{table}");
+        assert!(table.contains("(the first 500 of 20000 servers)"));
     }
 }
