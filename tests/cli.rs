@@ -159,6 +159,44 @@ fn a_config_error_quotes_the_variable_not_the_secret_it_holds() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(!err.contains(secret), "{err}");
     assert!(err.contains("MCP_HARNESS_SECRET}"), "{err}");
+    // Credentials a variable put where a URL's scheme would be (`user:password@host`
+    // parses with the user as its scheme): the scheme is not quoted.
+    let path = write(
+        "secret-url.toml",
+        "[[servers]]\nid = \"r\"\ntransport = { type = \"http\", url = \"${MCP_HARNESS_SECRET}\" }\n",
+    );
+    let o = Command::new(harness_exe())
+        .args(["tools", "--config", &path.to_string_lossy()])
+        .env("MCP_HARNESS_SECRET", format!("svc-{secret}:pw@h"))
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("http or https"), "{err}");
+    assert!(!err.contains(secret), "{err}");
+    // A variable set, but not to UTF-8 text, is said so: not read as unset, its
+    // default taken in silence.
+    use std::os::unix::ffi::OsStringExt;
+    let path = write(
+        "not-text.toml",
+        "[[servers]]\nid = \"s\"\ntransport = { type = \"stdio\", command = \"${MCP_HARNESS_NOT_TEXT:-cat}\" }\n",
+    );
+    let o = Command::new(harness_exe())
+        .args(["tools", "--config", &path.to_string_lossy()])
+        .env(
+            "MCP_HARNESS_NOT_TEXT",
+            std::ffi::OsString::from_vec(vec![0xff, b'x']),
+        )
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("MCP_HARNESS_NOT_TEXT is set but is not UTF-8"),
+        "{err}"
+    );
 }
 
 // A key the file names is quoted on the error's one line: a newline in it cannot

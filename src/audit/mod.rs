@@ -141,6 +141,18 @@ impl AuditConfig {
         {
             return Err(Invalid::new("path", "must not be empty"));
         }
+        // Matched folded (no `_` or `-`): one that folds to nothing is in every name,
+        // and would hide every value with no word of why.
+        if let Some(i) = self
+            .redact_keys
+            .iter()
+            .position(|k| k.chars().all(|c| c == '_' || c == '-'))
+        {
+            return Err(Invalid::new(
+                format!("redact_keys[{i}]"),
+                "must hold a letter or digit (`_` and `-` are ignored in matching)",
+            ));
+        }
         Ok(())
     }
 }
@@ -475,5 +487,15 @@ mod tests {
         assert_eq!(out["patient_ssn"], "[redacted]");
         assert_eq!(out["api_token"], "[redacted]", "the built-in list went");
         assert_eq!(out["name"], "n");
+        assert!(c.validate().is_ok());
+        // One that folds to nothing would hide every value: refused, by its place.
+        for nothing in ["_", "--", ""] {
+            let c = AuditConfig {
+                redact_keys: vec!["SSN".into(), nothing.into()],
+                ..AuditConfig::default()
+            };
+            let e = c.validate().expect_err(nothing);
+            assert_eq!(e.field, "redact_keys[1]", "{nothing:?}");
+        }
     }
 }

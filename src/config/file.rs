@@ -126,13 +126,21 @@ fn variable(inner: &str, file: &Path) -> Result<Option<(String, bool)>, ConfigEr
     if inner.starts_with("input:") {
         return Ok(None);
     }
+    // Set but not UTF-8: said, not read as unset (its default taken in silence).
+    let not_text = |name: &str| {
+        ConfigError::new(
+            format!("${{{inner}}}"),
+            format!("environment variable {name} is set but is not UTF-8 text"),
+        )
+        .in_file(file)
+    };
     if let Some((name, default)) = inner.split_once(":-") {
         let name = name.strip_prefix("env:").unwrap_or(name);
-        let value = std::env::var(name).ok().filter(|v| !v.is_empty());
-        return Ok(Some(match value {
-            Some(value) => (value, true),
-            None => (default.to_string(), false),
-        }));
+        return match std::env::var(name) {
+            Ok(value) if !value.is_empty() => Ok(Some((value, true))),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Some((default.to_string(), false))),
+            Err(std::env::VarError::NotUnicode(_)) => Err(not_text(name)),
+        };
     }
     match inner {
         "userHome" => std::env::var("HOME")
@@ -147,9 +155,11 @@ fn variable(inner: &str, file: &Path) -> Result<Option<(String, bool)>, ConfigEr
         "pathSeparator" | "/" => Ok(Some(("/".into(), false))),
         _ => {
             let name = inner.strip_prefix("env:").unwrap_or(inner);
-            std::env::var(name)
-                .map(|v| Some((v, true)))
-                .map_err(|_| unset(name))
+            match std::env::var(name) {
+                Ok(v) => Ok(Some((v, true))),
+                Err(std::env::VarError::NotPresent) => Err(unset(name)),
+                Err(std::env::VarError::NotUnicode(_)) => Err(not_text(name)),
+            }
         }
     }
 }
@@ -385,8 +395,10 @@ fn read_open(path: &Path, file: std::fs::File, reading: Reading) -> Result<Strin
 }
 
 /// The largest config file read: a path to `/dev/zero` or a runaway generator would
-/// grow memory without end.
-const MAX_FILE_BYTES: u64 = 16 << 20;
+/// grow memory without end, and one of millions of small values takes some 50 times
+/// its size as parsed trees (TOML's and JSON's). A config of a thousand servers is
+/// well under 1 MiB.
+const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// Top-level keys that only a harness config holds. Keys another client may keep
 /// for itself beside `mcpServers` (Gemini CLI's `telemetry`, a generic `cache`,
@@ -679,10 +691,25 @@ pub fn parse(text: &str, path: &Path) -> Result<Loaded, ConfigError> {
         )
         .in_file(path));
     }
+    // A value of the wrong type inside `[[servers]]` names its server, as a check's
+    // error does, not only its place in the list.
+    let ids: Vec<Option<String>> = match value.get("servers") {
+        Some(Value::Array(servers)) => servers
+            .iter()
+            .map(|s| s.get("id").and_then(Value::as_str).map(String::from))
+            .collect(),
+        _ => Vec::new(),
+    };
     let config: HarnessConfig = serde_path_to_error::deserialize(value).map_err(|e| {
         let at = e.path().to_string();
+        let server = (at.strip_prefix("servers["))
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(i, _)| i.parse::<usize>().ok())
+            .and_then(|i| ids.get(i).cloned().flatten());
         let field = if at == "." { "(value)".into() } else { at };
-        substituted.error(ConfigError::new(field, e.inner().to_string()).in_file(path))
+        let mut e = ConfigError::new(field, e.inner().to_string()).in_file(path);
+        e.server = server;
+        substituted.error(e)
     })?;
     config
         .validate()
@@ -1807,6 +1834,14 @@ mod tests {
         )
         .expect_err("a duration of the wrong type");
         assert_eq!(e.field, "call_timeout", "{e}");
+        // Inside `[[servers]]`, the server is named too, as a check's error names it.
+        let e = parse(
+            "[[servers]]\nid = \"a\"\ntransport = { type = \"stdio\", command = \"cat\" }\n[[servers]]\nid = \"b\"\ntimeout = true\ntransport = { type = \"stdio\", command = \"cat\" }\n",
+            Path::new("h.toml"),
+        )
+        .expect_err("a duration of the wrong type");
+        assert_eq!(e.field, "servers[1].timeout", "{e}");
+        assert_eq!(e.server.as_deref(), Some("b"), "{e}");
         let e = parse(
             r#"{"mcpServers": {"s": {"url": "http://x/", "type": "sse"}}}"#,
             Path::new("m.json"),

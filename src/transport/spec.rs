@@ -184,12 +184,11 @@ impl TransportSpec {
                 let url = reqwest::Url::parse(&h.url)
                     .map_err(|e| Invalid::new("transport.url", format!("is not a URL: {e}")))?;
                 if !matches!(url.scheme(), "http" | "https") {
+                    // Not quoted either: `${CREDS}` holding `user:password@host` parses
+                    // with the user as its scheme.
                     return Err(Invalid::new(
                         "transport.url",
-                        format!(
-                            "the scheme must be http or https, not {:?}",
-                            crate::util::text::one_line(url.scheme(), 16)
-                        ),
+                        "the scheme must be http or https",
                     ));
                 }
                 if h.auth.client_secret.as_ref().is_some_and(|s| !s.is_empty())
