@@ -10,14 +10,20 @@
 //! A fork waits for its child's `exec`, which a command on a dead network mount never
 //! ends: each such spawn holds one thread, a caller waits for it at most
 //! [`SPAWN_BOUND`], and the next spawn finds another thread (one is started when none
-//! is idle, up to [`MOST_THREADS`]).
+//! is idle, up to [`MOST_THREADS`]). A command (with its working directory) whose
+//! spawn is stuck past that bound is not forked again until that spawn ends: each
+//! restart of its server would hold one more thread, until none was left for any
+//! other server ([`InFlight`]).
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io;
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::process::{Child, Command};
@@ -108,6 +114,53 @@ impl Pool {
     }
 }
 
+/// What a spawn runs: its program and working directory (where a mount that hangs
+/// would hold its exec).
+type Runs = (OsString, Option<PathBuf>);
+
+/// The spawns queued or running, each by what it runs and when it was queued.
+#[derive(Default)]
+struct InFlight {
+    next: u64,
+    spawns: HashMap<u64, (Runs, Instant)>,
+}
+
+impl InFlight {
+    /// A place for a spawn of `runs` queued `now`; refused, with how long it has been
+    /// stuck, while another spawn of it has been in flight for `bound` or more.
+    fn enter(&mut self, runs: Runs, now: Instant, bound: Duration) -> Result<u64, Duration> {
+        let oldest = (self.spawns.values())
+            .filter(|(r, _)| *r == runs)
+            .map(|(_, at)| *at)
+            .min();
+        if let Some(since) = oldest
+            && now.saturating_duration_since(since) >= bound
+        {
+            return Err(now.saturating_duration_since(since));
+        }
+        let id = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.spawns.insert(id, (runs, now));
+        Ok(id)
+    }
+}
+
+/// The spawns in flight in this process.
+fn in_flight() -> &'static Mutex<InFlight> {
+    static IN_FLIGHT: OnceLock<Mutex<InFlight>> = OnceLock::new();
+    IN_FLIGHT.get_or_init(Default::default)
+}
+
+/// A spawn's place in [`in_flight`], given up when dropped: its job done, skipped (its
+/// caller gone), or never queued.
+struct Place(u64);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        in_flight().lock().spawns.remove(&self.0);
+    }
+}
+
 /// The pool, or `None` when not even its first thread could be started.
 fn pool() -> Option<&'static Pool> {
     static POOL: OnceLock<Option<Pool>> = OnceLock::new();
@@ -155,8 +208,25 @@ pub(super) async fn spawn<T: Send + 'static>(
             Ok(())
         });
     }
+    let runs = (
+        cmd.as_std().get_program().to_owned(),
+        cmd.as_std().get_current_dir().map(PathBuf::from),
+    );
+    let place = match in_flight().lock().enter(runs, Instant::now(), SPAWN_BOUND) {
+        Ok(id) => Place(id),
+        Err(stuck) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "an earlier start of this command has been stuck for {} s (its command or working directory on a mount that hangs?); it is not started again until that one ends",
+                    stuck.as_secs()
+                ),
+            ));
+        }
+    };
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Box::new(move || {
+        let _place = place;
         // A caller gone (past its bound, cancelled, its runtime shut down) before its
         // turn: nothing is forked for nobody.
         if reply.is_closed() {
@@ -213,5 +283,35 @@ mod tests {
         }
         assert!(ran.is_ok(), "the next spawn waited behind the stuck ones");
         assert!(pool.threads.load(Ordering::SeqCst) <= MOST_THREADS);
+    }
+
+    // A command whose spawn is stuck past the bound is not queued again (each restart
+    // of its server would hold one more thread, until no server could start); others,
+    // and spawns of it within the bound (servers starting together), are.
+    #[test]
+    fn a_command_stuck_past_the_bound_is_not_spawned_again() {
+        let mut in_flight = InFlight::default();
+        let bound = Duration::from_secs(30);
+        let runs = |p: &str| (OsString::from(p), None);
+        let t0 = Instant::now();
+        let stuck = in_flight
+            .enter(runs("/nfs/server"), t0, bound)
+            .expect("the first");
+        let within = t0 + Duration::from_secs(5);
+        assert!(in_flight.enter(runs("/nfs/server"), within, bound).is_ok());
+        let past = t0 + Duration::from_secs(31);
+        assert_eq!(
+            in_flight.enter(runs("/nfs/server"), past, bound),
+            Err(Duration::from_secs(31))
+        );
+        let elsewhere = (OsString::from("/nfs/server"), Some(PathBuf::from("/tmp")));
+        assert!(
+            in_flight.enter(elsewhere, past, bound).is_ok(),
+            "another directory"
+        );
+        assert!(in_flight.enter(runs("cat"), past, bound).is_ok());
+        // Once the stuck one ends, and the one within the bound is recent enough.
+        in_flight.spawns.remove(&stuck);
+        assert!(in_flight.enter(runs("/nfs/server"), past, bound).is_ok());
     }
 }
