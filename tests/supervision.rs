@@ -890,6 +890,35 @@ async fn a_harness_under_an_embedders_supervisor_stops_with_it() {
     drop(h);
 }
 
+// `shutdown()` after an embedder's supervisor stopped the harness returns, as it says,
+// when no server process is left: each is killed as its actor's state drops, in its
+// own time. Before, it returned at once, and an embedder that then exited could leave
+// a server's children behind (the parent-death signal reaches the server alone).
+#[tokio::test]
+async fn shutdown_after_an_embedders_supervisor_stopped_the_harness_leaves_no_process() {
+    for _ in 0..3 {
+        let (embedder, join) = embedder().await;
+        let config = HarnessConfig {
+            servers: vec![demo("alpha", &["--spawn-child"])],
+            ..HarnessConfig::default()
+        };
+        let h = Harness::spawn_linked(config, embedder.get_cell())
+            .await
+            .expect("linked");
+        assert!(wait_state(&h, "alpha", ServerState::Ready).await);
+        let p = pid(&h, "alpha");
+        assert!(
+            eventually(Duration::from_secs(10), || group_members(p).len() >= 2).await,
+            "the server's child started"
+        );
+        embedder.stop(None);
+        join.await.expect("embedder stopped");
+        h.shutdown().await;
+        let left = group_members(p);
+        assert!(left.is_empty(), "left after shutdown: {left:?}");
+    }
+}
+
 // The root stopped from outside takes the audit actor with it: records of the calls
 // made since (each refused) are written without it, in batches, rather than piling up,
 // and `shutdown()` writes what is left before it returns.

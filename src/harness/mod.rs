@@ -1158,6 +1158,12 @@ impl HarnessHandle {
             while self.ctx().in_flight() > 0 && std::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
+            // Their actors killed, each server's process is killed as its actor's state
+            // drops, in its own time: waited for (a few seconds at most), so that this
+            // returns, as it says, when no server process is left.
+            (services.servers)
+                .shutdown(&services.servers_args.directory, false)
+                .await;
             tokio::select! {
                 biased;
                 _ = tokio::time::timeout(Duration::from_secs(5), services.audit_sink.write_now()) => {}
