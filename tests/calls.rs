@@ -1443,6 +1443,88 @@ async fn a_uri_a_template_makes_is_read_first_where_the_template_is() {
     h.shutdown().await;
 }
 
+// A server's list cannot steer reads: a URI it lists that reads as another server's
+// qualified name (`bank__x`) is named qualified by it (`evil__bank__x`), and read on
+// it; and a URI it lists where the caller may not read it there does not keep the read
+// from the servers where the caller may (before, the read was denied).
+#[tokio::test]
+async fn a_servers_list_neither_steers_a_read_elsewhere_nor_blocks_it() {
+    let (bank_record, evil_record) = (temp_file("bank"), temp_file("evil"));
+    let bank = demo("bank", &["--record", &bank_record.to_string_lossy()]);
+    let evil = demo(
+        "evil",
+        &[
+            "--record",
+            &evil_record.to_string_lossy(),
+            "--list-resource",
+            "bank__x",
+            "--list-resource",
+            "demo://echo/hi",
+        ],
+    );
+    let files = demo("files", &["--resource-template"]);
+    let mut cfg = config(vec![bank, evil, files], &["a"]);
+    cfg.permissions.entry("b".into()).or_default().extend([
+        ("files".to_string(), vec!["*".to_string()]),
+        ("evil".to_string(), vec!["demo://readme".to_string()]),
+    ]);
+    let h = harness(cfg).await;
+    let a = Caller::agent("a");
+    let listed = h.list_resources(&a).await.expect("resources");
+    let odd = listed
+        .iter()
+        .find(|r| &*r.name == "bank__x")
+        .expect("listed");
+    assert_eq!((&*odd.server, &*odd.qualified), ("evil", "evil__bank__x"));
+    let e = h.read_resource(&a, &odd.qualified).await;
+    assert!(e.is_err(), "evil serves none of what it lists: {e:?}");
+    let reads = |record| {
+        recorded(record)
+            .into_iter()
+            .filter(|r| r["method"] == "resources/read")
+            .map(|r| r["params"]["uri"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(reads(&evil_record), [json!("bank__x")]);
+    assert!(reads(&bank_record).is_empty(), "bank never saw the read");
+    // b may read anything on files, and only the readme on evil, which lists the URI.
+    let b = Caller::agent("b");
+    let read = h
+        .read_resource(&b, "demo://echo/hi")
+        .await
+        .expect("read on files");
+    assert_eq!(read["contents"][0]["text"], "hi");
+    h.shutdown().await;
+}
+
+// Whether a bare name is denied follows from the grants alone: a tool the caller may
+// not use is denied whether or not a server offers it, and no server is listed for it
+// (before, one offered was denied and one not offered had no route: which ungranted
+// tools exist could be found out by trying).
+#[tokio::test]
+async fn a_bare_name_no_grant_allows_is_denied_whether_offered_or_not() {
+    let record = temp_file("oracle");
+    let s = demo("s", &["--record", &record.to_string_lossy()]);
+    let mut cfg = config(vec![s], &[]);
+    cfg.permissions
+        .entry("a".into())
+        .or_default()
+        .insert("s".into(), vec!["echo".into()]);
+    let h = harness(cfg).await;
+    let a = Caller::agent("a");
+    let lists = || tool_calls(&record, "tools/list");
+    let before = lists();
+    for name in ["add", "no_such_tool"] {
+        let e = h.call_tool(&a, name, json!({})).await.expect_err(name);
+        assert!(matches!(e, CallError::Denied { .. }), "{name}: {e:?}");
+    }
+    assert_eq!(lists(), before, "nothing was listed for them");
+    h.call_tool(&a, "echo", json!({"text": "x"}))
+        .await
+        .expect("the granted one, bare");
+    h.shutdown().await;
+}
+
 // A template is a server's own claim: it does not put the server before one the
 // operator ranked higher, and one that names no scheme (`{+u}`, every URI) orders
 // nothing. A listing's `server__uri` is read on that server alone, not taken for a URI

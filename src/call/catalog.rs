@@ -30,7 +30,8 @@ pub struct ToolInfo {
     pub qualified: Arc<str>,
     /// The name on its server (the uri for resources, the uri template for templates).
     /// Call a tool by `qualified`: a name that holds `__`, passed bare, is read as
-    /// `server__tool` and names another server's tool.
+    /// `server__tool` and names another server's tool. So is a URI whose first `__`
+    /// comes before any `:` (one with no scheme): read such a resource by `qualified`.
     pub name: Arc<str>,
     /// Server id.
     pub server: Arc<str>,

@@ -59,7 +59,7 @@ pub(crate) use client_side::HarnessClient;
 pub(crate) use context::CallContext;
 use context::InFlight;
 pub(crate) use listing::{list, may_offer};
-pub(crate) use route::route;
+pub(crate) use route::{resource_name, route, split_for};
 
 use crate::protocol::{InputRequired, ProtocolError, ResultType};
 use crate::server::{OutgoingRef, ServerError, StillWanted};

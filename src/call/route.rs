@@ -82,6 +82,26 @@ fn denied(agent: Option<&str>, server: Option<&str>, tool: &str) -> CallError {
     }
 }
 
+/// A name of `kind` split as `server__item` when routing reads it so: any name with a
+/// separator, but a resource's only when its first separator comes before any `:` (a
+/// URI's scheme holds no `_`, so a URI with a scheme never reads so; one a server lists
+/// that would is named qualified by its server, see [`resource_name`]). Taken for a
+/// URI, a qualified name was asked of every server with resources in turn (a secret in
+/// it too), and found on none.
+pub(crate) fn split_for(kind: CallKind, name: &str) -> Option<(&str, &str)> {
+    split_qualified(name).filter(|(server, _)| kind != CallKind::Resource || !server.contains(':'))
+}
+
+/// What a listing names resource (or template) `uri` of `server` by: the URI itself,
+/// or, when routing would read it as another server's qualified name (`bank__x`, with
+/// no scheme), `server__uri`, so that a read of it goes to the server that listed it.
+pub(crate) fn resource_name<'a>(server: &str, uri: &'a str) -> std::borrow::Cow<'a, str> {
+    match split_for(CallKind::Resource, uri) {
+        Some(_) => std::borrow::Cow::Owned(format!("{server}__{uri}")),
+        None => std::borrow::Cow::Borrowed(uri),
+    }
+}
+
 /// The servers a call to `name` may go to, in order; a denial or no route is an error.
 pub(crate) async fn route<'a>(
     ctx: &Arc<CallContext>,
@@ -94,13 +114,7 @@ pub(crate) async fn route<'a>(
     if agent.is_none() {
         return Err(denied(None, None, name));
     }
-    // A resource's URI is qualified (`server__uri`, as a listing names it) only when
-    // its first `__` comes before any `:`: a URI's scheme holds no `_`, so no URI reads
-    // so. Taken for a URI, a qualified name was asked of every server with resources
-    // in turn (a secret in it too), and found on none.
-    let qualified = split_qualified(name)
-        .filter(|(server, _)| kind != CallKind::Resource || !server.contains(':'));
-    match qualified {
+    match split_for(kind, name) {
         Some((server, item)) => route_qualified(ctx, agent, server, item),
         // Boxed: listing every server is a large future, and a qualified name (the
         // common call) should not carry its size.
@@ -123,6 +137,12 @@ pub(crate) fn resource_on<'a>(
     if agent.is_none() {
         return Err(denied(None, None, uri));
     }
+    // Named qualified by its server (as a listing names it, or as the caller named the
+    // first round): the URI is what follows.
+    let uri = match split_for(CallKind::Resource, uri) {
+        Some((on, rest)) if on == server => rest,
+        _ => uri,
+    };
     match ctx.servers.get(server) {
         Some(server) if ctx.allows(agent, &server, uri) => Ok(Candidates::One(Candidate {
             server,
@@ -176,14 +196,18 @@ async fn route_bare<'a>(
     deadline: Instant,
 ) -> Result<Vec<Candidate<'a>>, CallError> {
     let agent = caller.agent_id.as_deref();
+    // Only the servers where the caller may use this very name: whether it is denied
+    // then follows from the grants alone, not from which servers offer it (a name no
+    // grant allows, offered or not, is denied alike: what ungranted tools exist is not
+    // for the caller to find out by trying), and no other server is listed for it.
     let granted: Vec<ServerRef> = ctx
         .servers
         .all()
         .into_iter()
-        .filter(|s| ctx.allows_any(agent, s))
+        .filter(|s| ctx.allows(agent, s, name))
         .collect();
     if granted.is_empty() {
-        // Nothing is asked of any server for an agent that may use none.
+        // Nothing is asked of any server for a name the agent may use on none.
         return Err(denied(agent, None, name));
     }
     let list = kind.list();
@@ -217,21 +241,16 @@ async fn route_bare<'a>(
             .map(|s| (s.clone(), None))
             .collect();
     }
-    let allowed: Vec<&(ServerRef, Option<Value>)> = offering
-        .iter()
-        .filter(|(s, _)| ctx.allows(agent, s, name))
-        .collect();
+    // Every server here allows the name (a grant taken away while they were listed is
+    // checked again before each is asked).
+    let allowed: Vec<&(ServerRef, Option<Value>)> = offering.iter().collect();
     if allowed.is_empty() {
-        return Err(if offering.is_empty() {
-            CallError::NoRoute {
-                tool: name.to_string(),
-                unreachable: unreachable
-                    .into_iter()
-                    .map(|(u, _)| u)
-                    .collect::<Vec<Unreachable>>(),
-            }
-        } else {
-            denied(agent, None, name)
+        return Err(CallError::NoRoute {
+            tool: name.to_string(),
+            unreachable: unreachable
+                .into_iter()
+                .map(|(u, _)| u)
+                .collect::<Vec<Unreachable>>(),
         });
     }
     let mut ordered = in_order(&granted, &allowed, name, guessed);
@@ -264,6 +283,12 @@ async fn route_bare<'a>(
         // Stable: in config order within each.
         keyed.sort_by_key(|(run, unlisted, _)| (*run, *unlisted));
         ordered = keyed.into_iter().map(|(_, _, c)| c).collect();
+    }
+    // Listing took time (a quarter of the deadline for templates): a grant taken away
+    // meanwhile holds for the first server too (the others are checked before each).
+    ordered.retain(|c| ctx.allows(agent, &c.server, name));
+    if ordered.is_empty() {
+        return Err(denied(agent, None, name));
     }
     Ok(ordered)
 }

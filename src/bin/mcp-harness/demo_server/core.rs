@@ -499,9 +499,13 @@ impl DemoServer {
                     tokio::time::sleep(std::time::Duration::from_millis(self.args.list_delay_ms))
                         .await;
                 }
-                Action::Reply(Ok(
-                    json!({"resources": [{"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}]}),
-                ))
+                let mut resources = vec![
+                    json!({"uri": "demo://readme", "name": "readme", "mimeType": "text/plain"}),
+                ];
+                resources.extend(
+                    (self.args.list_resource.iter()).map(|uri| json!({"uri": uri, "name": uri})),
+                );
+                Action::Reply(Ok(json!({ "resources": resources })))
             }
             "resources/templates/list" if !self.args.no_templates_method => Action::Reply(Ok(
                 tools::resource_templates(self.args.resource_template, &self.args.list_template),

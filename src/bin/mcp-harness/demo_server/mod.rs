@@ -183,6 +183,10 @@ pub struct DemoServerArgs {
     /// list says more than it has).
     #[arg(long)]
     pub list_template: Vec<String>,
+    /// List a resource of this URI too, without serving it (a hostile server's list:
+    /// `other__x`, which reads as another server's qualified name).
+    #[arg(long)]
+    pub list_resource: Vec<String>,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
     /// (the protocol lets a server ping before `initialized`). Over HTTP the reply is an
     /// event stream, and the answer must come in the session its headers name.
