@@ -2864,6 +2864,47 @@ async fn a_client_refused_before_it_is_identified_does_not_keep_its_connection()
     gw.stop().await;
 }
 
+// A reload's new `max_in_flight_per_principal` holds for a principal that never stops
+// being busy: before, its limiter kept the old size for as long as it held any call.
+#[tokio::test]
+async fn a_lower_limit_reloaded_holds_for_a_principal_that_stays_busy() {
+    let setup = Setup::new("max_in_flight_per_principal = 8", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let slow = request(
+        "tools/call",
+        json!({"name": "alpha__slow", "arguments": {"ms": 60_000, "text": "late"}}),
+    );
+    let mut quick = request(
+        "tools/call",
+        json!({"name": "alpha__echo", "arguments": {"text": "now"}}),
+    );
+    quick["id"] = json!(2);
+    let rest = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = std::fs::read_to_string(&setup.config)
+            .expect("config")
+            .replace(
+                "max_in_flight_per_principal = 8",
+                "max_in_flight_per_principal = 1",
+            );
+        gw.reload_with(&setup, &text);
+        for _ in 0..400 {
+            let (_, r, _) = gw.post(Some("tok-a"), &quick, &[]).await;
+            if r["error"]["code"] == -32000 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        false
+    };
+    let refused = tokio::select! {
+        r = gw.post(Some("tok-a"), &slow, &[]) => panic!("the slow call ended: {:?}", r.1),
+        refused = rest => refused,
+    };
+    assert!(refused, "the call past the new limit was admitted");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn a_principal_past_its_limit_is_refused_at_once_and_a_cancel_reaches_the_upstream_call() {
     let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
@@ -4434,6 +4475,46 @@ async fn prompts_resources_and_paged_lists_are_served_with_the_callers_grants() 
     // b may use only alpha's echo: nothing of the prompts or resources.
     let (_, none) = gw.modern("tok-b", "prompts/list", json!({})).await;
     assert_eq!(none["result"]["prompts"], json!([]), "{none}");
+    gw.stop().await;
+}
+
+// A resource URI that reads as another server's qualified name (`beta__x`, listed by
+// alpha) is served qualified by the server that listed it, and read there: served as
+// it was, its read went to beta.
+#[tokio::test]
+async fn a_uri_that_reads_as_another_servers_name_is_served_qualified() {
+    let setup = Setup::new("", &[("k1", &key("k1"))]);
+    let record = temp_file("uri-as-name");
+    let text = std::fs::read_to_string(&setup.config)
+        .expect("config")
+        .replacen(
+            &format!("\"alpha{}\"]", setup.tag),
+            &format!(
+                "\"alpha{}\", \"--list-resource\", \"beta__x\", \"--record\", {:?}]",
+                setup.tag,
+                record.display().to_string()
+            ),
+            1,
+        );
+    std::fs::write(&setup.config, text).expect("config");
+    let gw = setup.start().await;
+    let (_, list) = gw.modern("tok-a", "resources/list", json!({})).await;
+    let uris: Vec<&Value> = (list["result"]["resources"].as_array())
+        .expect("resources")
+        .iter()
+        .map(|r| &r["uri"])
+        .collect();
+    assert!(uris.contains(&&json!("alpha__beta__x")), "{list}");
+    assert!(!uris.contains(&&json!("beta__x")), "{list}");
+    let _ = gw
+        .modern("tok-a", "resources/read", json!({"uri": "alpha__beta__x"}))
+        .await;
+    let reads: Vec<Value> = recorded(&record)
+        .into_iter()
+        .filter(|r| r["method"] == "resources/read")
+        .map(|r| r["params"]["uri"].clone())
+        .collect();
+    assert_eq!(reads, [json!("beta__x")], "read on alpha, by its URI");
     gw.stop().await;
 }
 

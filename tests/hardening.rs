@@ -11,7 +11,7 @@ use mcp_harness::audit::{AuditConfig, AuditFailure};
 use mcp_harness::call::input::{InputFuture, InputRequestContext};
 use mcp_harness::registry::cache::CacheConfig;
 use mcp_harness::transport::{
-    ConnectOptions, Connection, Era, RequestError, TransportError, TransportSpec,
+    ConnectOptions, Connection, Era, RequestError, ServerEvent, TransportError, TransportSpec,
 };
 use mcp_harness::{
     ApprovalQueue, CallError, Caller, FixedAnswers, Harness, HarnessConfig, HarnessHandle,
@@ -419,6 +419,38 @@ async fn item_05_a_server_that_stops_reading_stdin_fails_requests_as_not_sent_wi
         "past the writer's bound requests wait, then fail as never sent ({not_sent} not sent, {timed_out} timed out)"
     );
     assert!(started.elapsed() < Duration::from_secs(10));
+    conn.shutdown().await;
+}
+
+// 5. Bounded queues: a `Connection`'s events. A notification over 16 KiB goes there
+// only when no event waits unread: an embedder slow to read its events holds one such
+// at most, not 256 of up to 16 MiB each (their charge against the inbound channel's
+// 8 MiB ends when they are handed on).
+#[tokio::test]
+async fn item_05_large_notifications_do_not_pile_up_in_unread_events() {
+    let (conn, mut events) = Connection::connect("loud", demo_stdio(&["loud"]), options())
+        .await
+        .expect("connect");
+    let params = json!({
+        "name": "progress",
+        "arguments": {"steps": 40, "message_bytes": 100_000},
+        "_meta": {"progressToken": "t"},
+    });
+    conn.request_with_timeout("tools/call", Some(params), Duration::from_secs(30))
+        .await
+        .expect("the call");
+    let mut large = 0;
+    while let Ok(event) = events.try_recv() {
+        if let ServerEvent::Notification(n) = event
+            && n.method == "notifications/progress"
+        {
+            large += 1;
+        }
+    }
+    assert_eq!(
+        large, 1,
+        "the first, alone in the channel; the rest dropped"
+    );
     conn.shutdown().await;
 }
 

@@ -34,6 +34,10 @@ struct Route {
     last: ProgressLast,
 }
 
+/// The longest token routed: ours are 32 hex digits, lengthened by one `x` per
+/// collision.
+const MAX_TOKEN: usize = 64;
+
 /// Live progress tokens, by token.
 #[derive(Default)]
 pub(crate) struct ProgressRouter {
@@ -94,7 +98,11 @@ impl ProgressRouter {
     /// says it increases, and a client downstream may rely on it.
     pub(crate) fn deliver(&self, server: &str, params: Option<&Value>) {
         let Some(params) = params else { return };
-        let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
+        // Ours are 32 hex digits (and an `x` per collision): a longer one is no route,
+        // and is not hashed under the lock every server's reader takes.
+        let Some(token) =
+            (params.get("progressToken").and_then(Value::as_str)).filter(|t| t.len() <= MAX_TOKEN)
+        else {
             return;
         };
         let (Some(progress), Some(value)) = (

@@ -573,7 +573,12 @@ impl Streams {
             let held = open.iter().map(|(id, s)| (*id, &s.principal, *id));
             let id = super::fair::place_to_free(held, principal)?;
             if let Some(gone) = open.remove(&id) {
-                tracing::info!(agent = %gone.principal.agent, "a stream was ended to make room for another agent's");
+                // Clients make these as fast as they open sessions or streams: budgeted.
+                static BUDGET: crate::util::log_budget::LogBudget =
+                    crate::util::log_budget::LogBudget::new();
+                if let Some(count) = BUDGET.log() {
+                    tracing::info!(agent = %gone.principal.agent, count, "a stream was ended to make room for another agent's");
+                }
                 gone.taken.cancel();
             }
         }
@@ -1269,7 +1274,12 @@ fn room_for_session(
             return false;
         };
         if let Some(mut gone) = sessions.remove(&id) {
-            tracing::info!(agent = %gone.principal.agent, "a quiet legacy session was ended to make room for another of its principal's");
+            // Clients make these as fast as they open sessions or streams: budgeted.
+            static BUDGET: crate::util::log_budget::LogBudget =
+                crate::util::log_budget::LogBudget::new();
+            if let Some(count) = BUDGET.log() {
+                tracing::info!(agent = %gone.principal.agent, count, "a quiet legacy session was ended to make room for another of its principal's");
+            }
             gone.end();
         }
     }
@@ -1281,7 +1291,12 @@ fn room_for_session(
             return false;
         };
         if let Some(mut gone) = sessions.remove(&id) {
-            tracing::info!(agent = %gone.principal.agent, "a legacy session was ended to make room for another agent's");
+            // Clients make these as fast as they open sessions or streams: budgeted.
+            static BUDGET: crate::util::log_budget::LogBudget =
+                crate::util::log_budget::LogBudget::new();
+            if let Some(count) = BUDGET.log() {
+                tracing::info!(agent = %gone.principal.agent, count, "a legacy session was ended to make room for another agent's");
+            }
             gone.end();
         }
     }

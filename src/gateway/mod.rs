@@ -39,7 +39,6 @@ use opentelemetry::context::FutureExt as _;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::call::{
@@ -531,24 +530,20 @@ async fn sweep_parked(
 
 /// One request's place among its principal's in flight. Released on drop, also when
 /// the request's future is dropped half-way (its client went away): a principal with
-/// nothing in flight keeps no limiter (JWTs name many).
+/// nothing in flight keeps no count (JWTs name many).
 struct InFlightSlot<'a> {
     inner: &'a Inner,
     principal: &'a Principal,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for InFlightSlot<'_> {
     fn drop(&mut self) {
-        // The permit holds the limiter too: released first, so that the count below
-        // says whether anyone else does. A refused request held none.
-        drop(self.permit.take());
         let mut in_flight = self.inner.in_flight.lock();
-        if in_flight
-            .get(self.principal)
-            .is_some_and(|s| Arc::strong_count(s) == 1)
-        {
-            in_flight.remove(self.principal);
+        if let Some(count) = in_flight.get_mut(self.principal) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                in_flight.remove(self.principal);
+            }
         }
     }
 }
@@ -557,7 +552,10 @@ struct Inner {
     harness: HarnessHandle,
     /// What a reload replaces, swapped whole: a request sees one version of it.
     current: parking_lot::RwLock<Arc<Current>>,
-    in_flight: Mutex<HashMap<Principal, Arc<Semaphore>>>,
+    /// Each principal's requests in flight (none: not there), held to the limit in
+    /// force when each comes: a reload's new limit holds for a principal that never
+    /// stops being busy too.
+    in_flight: Mutex<HashMap<Principal, usize>>,
     /// One reload at a time, and the config as the last one left it running (its
     /// servers as they run): what the next one compares with.
     reloading: tokio::sync::Mutex<HarnessConfig>,
@@ -1088,12 +1086,6 @@ impl Gateway {
         if served_otherwise {
             self.inner.views.send_modify(|n| *n += 1);
         }
-        // Limiters of principals with nothing in flight are dropped (new ones start from
-        // the new limit).
-        self.inner
-            .in_flight
-            .lock()
-            .retain(|_, sem| Arc::strong_count(sem) > 1);
         // Grants before additions too: who is told of a new server is decided by them.
         harness
             .replace_grants(harness_config.permissions.clone())
@@ -1519,30 +1511,26 @@ impl Gateway {
     ) -> Result<InFlightSlot<'a>, RpcError> {
         let mut in_flight = self.inner.in_flight.lock();
         // Looked up before it is inserted: the principal is copied only the first time.
-        let sem = match in_flight.get(principal) {
-            Some(sem) => sem.clone(),
-            None => in_flight
-                .entry(principal.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(limit)))
-                .clone(),
-        };
-        drop(in_flight);
-        // Made first: a refused request leaves the map as a finished one does.
-        let mut slot = InFlightSlot {
-            inner: &self.inner,
-            principal,
-            permit: None,
-        };
-        slot.permit = Some(sem.try_acquire_owned().map_err(|_| {
-            RpcError::new(
+        let held = in_flight.get(principal).copied().unwrap_or(0);
+        if held >= limit {
+            return Err(RpcError::new(
                 -32000,
                 format!(
                     "too many requests in flight for agent {} (at most {limit})",
                     principal.agent
                 ),
-            )
-        })?);
-        Ok(slot)
+            ));
+        }
+        match in_flight.get_mut(principal) {
+            Some(count) => *count += 1,
+            None => {
+                in_flight.insert(principal.clone(), 1);
+            }
+        }
+        Ok(InFlightSlot {
+            inner: &self.inner,
+            principal,
+        })
     }
 
     /// Answers one request from `principal`. `cancel` cancels the upstream call (a
@@ -1873,11 +1861,18 @@ impl Gateway {
         let listing = self.listing(principal, kind).await?;
         let by_uri = matches!(kind, ListKind::Resources | ListKind::ResourceTemplates);
         let items: Vec<(String, &ToolInfo)> = if by_uri {
-            // Resources are served by uri (templates by theirs), which is never renamed.
+            // Resources are served by uri (templates by theirs), which is never renamed
+            // but for one routing would read as another server's qualified name
+            // (`bank__x`): named `server__uri` by the server that listed it.
             listing
                 .items
                 .iter()
-                .map(|i| (i.name.to_string(), i))
+                .map(|i| {
+                    (
+                        crate::call::resource_name(&i.server, &i.name).into_owned(),
+                        i,
+                    )
+                })
                 .collect()
         } else {
             let order = &now.order;
@@ -1902,7 +1897,10 @@ impl Gateway {
             .iter()
             .map(|(name, item)| {
                 let mut def = (*item.definition).clone();
-                if !by_uri && let Some(map) = def.as_object_mut() {
+                // A URI as the server sent it is left as it is.
+                if (!by_uri || *name != *item.name)
+                    && let Some(map) = def.as_object_mut()
+                {
                     map.insert(key.into(), json!(name));
                 }
                 def
@@ -2184,7 +2182,12 @@ impl Gateway {
                         digest,
                     )
                     .map_err(|e| {
-                        tracing::info!(agent = %principal.agent, error = %e, "requestState refused");
+                        // A client sends these as fast as it likes: budgeted.
+                        static REFUSED: crate::util::log_budget::LogBudget =
+                            crate::util::log_budget::LogBudget::new();
+                        if let Some(count) = REFUSED.log() {
+                            tracing::info!(agent = %principal.agent, error = %e, count, "requestState refused");
+                        }
                         // One message whatever the reason: a stolen state teaches nothing.
                         invalid("invalid requestState")
                     })?;
@@ -2194,7 +2197,11 @@ impl Gateway {
                 if state.target.is_some()
                     && state.target != self.inner.harness.server_identity(&state.server)
                 {
-                    tracing::info!(agent = %principal.agent, server = %state.server, "requestState refused: its server is not the one that issued it");
+                    static OTHER_SERVER: crate::util::log_budget::LogBudget =
+                        crate::util::log_budget::LogBudget::new();
+                    if let Some(count) = OTHER_SERVER.log() {
+                        tracing::info!(agent = %principal.agent, server = %state.server, count, "requestState refused: its server is not the one that issued it");
+                    }
                     if let Some(id) = &state.parked {
                         self.inner.parked.discard(id);
                     }
@@ -2877,18 +2884,20 @@ const PARKED_BODIES_ALL: usize = 32;
 
 /// What a call of `name` (as routed: `server__item`, or a resource's URI) is of on its
 /// server, as grants name it.
+/// What a call of `name` is of on its server: a tool's or prompt's name, a resource's
+/// URI, without the server that qualifies it.
 fn item_of(kind: CallKind, name: &str) -> &str {
-    if kind == CallKind::Resource {
-        return name;
-    }
-    crate::registry::names::split_qualified(name).map_or(name, |(_, item)| item)
+    crate::call::split_for(kind, name).map_or(name, |(_, item)| item)
 }
 
+/// `name` as a call pinned to `server` names it: qualified by that server (a resource
+/// by its URI, unless routing would read that as another server's qualified name).
 fn on_server(kind: CallKind, name: &str, server: &str) -> String {
+    let item = item_of(kind, name);
     if kind == CallKind::Resource {
-        return name.to_string();
+        return crate::call::resource_name(server, item).into_owned();
     }
-    format!("{server}__{}", item_of(kind, name))
+    format!("{server}__{item}")
 }
 
 /// Requests in flight by key, for `notifications/cancelled`. Several may share a key

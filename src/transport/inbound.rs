@@ -56,6 +56,13 @@ pub(crate) struct Charge {
     queued: Arc<AtomicUsize>,
 }
 
+impl Charge {
+    /// The message's bytes, as the server sent them.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl Drop for Charge {
     fn drop(&mut self) {
         self.queued.fetch_sub(self.bytes, Ordering::SeqCst);

@@ -9,6 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct LogBudget(AtomicU64);
 
 impl LogBudget {
+    /// A budget with nothing counted, for a `static` at a log site.
+    pub const fn new() -> LogBudget {
+        LogBudget(AtomicU64::new(0))
+    }
+
     /// Counts one; the count when this one is to be logged (the first 10, then each
     /// power of two).
     pub fn log(&self) -> Option<u64> {

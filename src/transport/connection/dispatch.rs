@@ -34,6 +34,10 @@ pub(super) const MAX_REPLIES: usize = 16;
 /// How long an answer waits for room among them before it is dropped.
 const REPLY_WAIT: Duration = Duration::from_millis(100);
 
+/// A notification larger than this (as text) goes on to the events only when none
+/// waits there unread (see `Dispatch::on_inbound`).
+const EVENT_LARGE: usize = 16 << 10;
+
 /// The server's requests being answered, by id: a ticket (which of them, should an id
 /// come twice) and what cancels it.
 pub(super) type BeingAnswered = Arc<
@@ -108,10 +112,7 @@ impl Dispatch {
 
     async fn on_inbound(&self, queued: Queued) -> ControlFlow<()> {
         // Its bytes count against the channel's until it is handled.
-        let Queued {
-            message,
-            charge: _charge,
-        } = queued;
+        let Queued { message, charge } = queued;
         match message {
             Inbound::Request(request, via) => self.on_request(request, via).await,
             Inbound::Notification(n) => {
@@ -129,6 +130,20 @@ impl Dispatch {
                 let Err(n) = self.subscriptions.route(n, made_as) else {
                     return ControlFlow::Continue(());
                 };
+                // Its charge ends here, and the event channel holds 256 whatever their
+                // size: a large one waits there only alone, so that an embedder slow to
+                // read its events holds [`EVENT_LARGE`] bytes of text at most per event
+                // but one (the harness reads them at once).
+                if charge.bytes() > EVENT_LARGE
+                    && self.events.capacity() < self.events.max_capacity()
+                {
+                    tracing::debug!(
+                        server = %self.server,
+                        bytes = charge.bytes(),
+                        "large server notification dropped: events wait unread"
+                    );
+                    return ControlFlow::Continue(());
+                }
                 if self.events.try_send(ServerEvent::Notification(n)).is_err() {
                     tracing::debug!(
                         server = %self.server,
@@ -340,7 +355,13 @@ impl Dispatch {
                 && let Some(t) = weak.upgrade()
                 && let Err(e) = t.respond(id, outcome, timeout, as_.as_deref()).await
             {
-                tracing::warn!(server = %server, error = %e, "an answer to the server's request could not be sent");
+                // A server that stops reading (or whose answers' POSTs fail) and keeps
+                // asking would have one line per request.
+                static UNSENT: crate::util::log_budget::LogBudget =
+                    crate::util::log_budget::LogBudget::new();
+                if let Some(unsent) = UNSENT.log() {
+                    tracing::warn!(server = %server, error = %e, unsent, "an answer to the server's request could not be sent");
+                }
             }
             drop(permit);
         });

@@ -168,7 +168,12 @@ impl ParamTable {
                     }
                 }
                 Some(Err(reason)) => {
-                    tracing::warn!(server, tool = %name.escape_debug(), %reason, "dropping tool with invalid x-mcp-header");
+                    // One per tool of every page listed: budgeted, the name cut.
+                    static DROPPED: crate::util::log_budget::LogBudget =
+                        crate::util::log_budget::LogBudget::new();
+                    if let Some(dropped) = DROPPED.log() {
+                        tracing::warn!(server, tool = %crate::util::text::one_line(&name, 100), %reason, dropped, "dropping tool with invalid x-mcp-header");
+                    }
                     table.remove(&name);
                     return false;
                 }
