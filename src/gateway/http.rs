@@ -848,9 +848,14 @@ async fn notify_changes(state: std::sync::Weak<State>) {
         };
         let Some(state) = state.upgrade() else { return };
         let mut owes = false;
+        // Once per principal, not per session (each looks up grants), under the lock
+        // every legacy request takes.
+        let mut of_principal: HashMap<Principal, ListsChanged> = HashMap::new();
         for session in state.sessions.lock().values_mut() {
             let changed = match &event {
-                Some(Ok(e)) => state.gateway.changes(&session.principal, e),
+                Some(Ok(e)) => *of_principal
+                    .entry(session.principal.clone())
+                    .or_insert_with(|| state.gateway.changes(&session.principal, e)),
                 Some(Err(all)) => *all,
                 None => ListsChanged::default(),
             };
