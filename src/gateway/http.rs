@@ -1519,15 +1519,14 @@ async fn post(
     let headers = req.headers().clone();
     let limit = state.gateway.config().max_body_bytes;
     // A legacy client with questions waiting may be sending an answer: its body is
-    // charged to the answers' budget as it arrives, and moved to the calls' once it
-    // parses as anything else.
-    let answering = session_id.as_deref().is_some_and(|sid| {
-        state
-            .sessions
-            .lock()
-            .get(sid)
-            .is_some_and(|s| s.principal == principal && s.pending.waiting())
+    // charged to the answers' budget as it arrives (one body per question waiting), and
+    // moved to the calls' once it parses as anything else.
+    let reading_answer = session_id.as_deref().and_then(|sid| {
+        let sessions = state.sessions.lock();
+        let s = sessions.get(sid).filter(|s| s.principal == principal)?;
+        s.pending.reading_answer()
     });
+    let answering = reading_answer.is_some();
     let budget = match answering {
         true => ANSWERS,
         false => CALLS,
@@ -1561,6 +1560,8 @@ async fn post(
         },
         large => large,
     };
+    // Read, and charged where it belongs.
+    drop(reading_answer);
     let message = match Message::parse(&body) {
         Ok(m) => m,
         Err(e) => {

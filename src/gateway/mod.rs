@@ -352,6 +352,18 @@ struct Asked {
         HashMap<crate::protocol::RequestId, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>,
     /// Nobody will answer any more (the client went away): new questions fail at once.
     over: bool,
+    /// Bodies being read as answers ([`Questions::reading_answer`]).
+    reading: usize,
+}
+
+/// A body read as an answer to one of a client's questions, counted until dropped.
+pub(crate) struct ReadingAnswer(Arc<Questions>);
+
+impl Drop for ReadingAnswer {
+    fn drop(&mut self) {
+        let mut asked = self.0.0.lock();
+        asked.reading = asked.reading.saturating_sub(1);
+    }
 }
 
 impl Questions {
@@ -425,9 +437,16 @@ impl Questions {
         }
     }
 
-    /// Whether a question waits for its answer.
-    pub(crate) fn waiting(&self) -> bool {
-        !self.0.lock().waiting.is_empty()
+    /// A body about to be read may be an answer: one per question waiting, so that a
+    /// client with one question open cannot have its every body counted as an answer
+    /// (the answers' budget is apart from the calls', and shared by all principals).
+    pub(crate) fn reading_answer(self: &Arc<Self>) -> Option<ReadingAnswer> {
+        let mut asked = self.0.lock();
+        if asked.reading >= asked.waiting.len() {
+            return None;
+        }
+        asked.reading += 1;
+        Some(ReadingAnswer(self.clone()))
     }
 
     /// Nobody will answer: every wait ends at once, and so does every question asked
@@ -3375,6 +3394,29 @@ mod tests {
             assert!(answer.is_err(), "{which}");
         }
         assert!(!sent, "nothing is put to a client that is gone");
+    }
+
+    // Bodies are read as answers (charged to the answers' budget) one per question
+    // waiting: a client with one question open does not have its every body counted so.
+    #[tokio::test]
+    async fn bodies_are_read_as_answers_one_per_question_waiting() {
+        let questions = Arc::new(Questions::default());
+        assert!(questions.reading_answer().is_none(), "no question");
+        let _asked = questions.ask(
+            crate::protocol::RequestId::Number(1),
+            "elicitation/create",
+            json!({}),
+            |_| true,
+            |_| {},
+        );
+        let first = questions.reading_answer();
+        assert!(first.is_some());
+        assert!(
+            questions.reading_answer().is_none(),
+            "one question, one answer"
+        );
+        drop(first);
+        assert!(questions.reading_answer().is_some(), "read: room again");
     }
 
     /// A harness of `servers` where `agents` may use everything, and a gateway before it
