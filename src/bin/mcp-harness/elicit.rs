@@ -184,6 +184,10 @@ impl Asker {
                 }
                 Ok((_, line)) => return line,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) if self.withdrawn() => {
+                    // A line half typed for it is not finished as the next one's
+                    // answer (another server's, maybe).
+                    // SAFETY: tcflush on stdin, a terminal here (as in `consent`).
+                    unsafe { libc::tcflush(libc::STDIN_FILENO, libc::TCIFLUSH) };
                     *WITHDRAWN.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(std::time::Instant::now());
                     errln!("\n(the question was withdrawn)");
@@ -370,6 +374,16 @@ fn decline(why: &str) -> Value {
 fn decide(request: &InputRequestContext, answers: Option<&Value>, asker: Option<&Asker>) -> Value {
     if asker.is_some_and(Asker::withdrawn) {
         return json!({"action": "cancel"});
+    }
+    // `--answers` are the call's: not for a server that asks outside it (one allowed
+    // unsolicited input), which could name a field as the call's server does and
+    // be handed what was meant for that one (a token, say).
+    if answers.is_some() && request.call_id.is_none() {
+        errln!(
+            "Server {} asks outside the call; declined (--answers are the call's)",
+            line(&request.server)
+        );
+        return decline("--answers answer the call's own questions, and this one came outside it");
     }
     let p = &request.params;
     if p["mode"] == "url" {
@@ -792,10 +806,11 @@ mod tests {
             let params = json!({"mode": "url", "message": "sign in", "url": "https://a.example/x", "elicitationId": "e"});
             let mut asked = InputRequestContext::new("s", "elicitation/create", params);
             asked.key = key.into();
+            asked.call_id = Some(1);
             asked
         };
         let action =
-            |key: &str, answers: Value| url_mode(&url(key), Some(&answers), None)["action"].clone();
+            |key: &str, answers: Value| decide(&url(key), Some(&answers), None)["action"].clone();
         // A field's answer under the same name as the server's key is no consent.
         assert_eq!(action("decision", json!({"decision": "accept"})), "decline");
         assert_eq!(action("k", json!({"!url": "accept"})), "accept");
@@ -803,16 +818,24 @@ mod tests {
         assert_eq!(action("k", json!({"other": {"!url": "accept"}})), "decline");
     }
 
+    /// A form asked during the call (call 1).
     fn request(schema: Value) -> InputRequestContext {
         let params = json!({"message": "?", "requestedSchema": schema});
         let mut asked = InputRequestContext::new("s", "elicitation/create", params);
         asked.key = "k".into();
+        asked.call_id = Some(1);
         asked
     }
 
     #[test]
     fn answers_fill_by_field_or_key_and_defaults_fill_the_rest() {
         let schema = json!({"properties": {"a": {"type": "boolean", "default": false}, "b": {"type": "string"}}, "required": ["b"]});
+        // Not for a server asking outside the call: it could name the call's fields.
+        let mut outside = request(schema.clone());
+        outside.call_id = None;
+        let declined = decide(&outside, Some(&json!({"b": "secret"})), None);
+        assert_eq!(declined["action"], "decline", "{declined}");
+        assert!(!declined.to_string().contains("secret"));
         let by_field = decide(&request(schema.clone()), Some(&json!({"b": "x"})), None);
         assert_eq!(
             by_field,

@@ -26,6 +26,32 @@ pub struct SignInRequest {
     pub issuer: String,
     /// The scopes asked for.
     pub scopes: Vec<String>,
+    /// The server's sign-in clients (through a proxy, and direct for this machine):
+    /// its TLS roots, and its resolver, which refuses a name that resolves only to
+    /// internal addresses for a public server. An authorizer that fetches the
+    /// authorization URL itself ([`HeadlessAuthorizer`]) goes through them, not its own
+    /// (the URL is the authorization server's to choose, and that server the MCP
+    /// server's).
+    pub(crate) clients: Option<(reqwest::Client, reqwest::Client)>,
+}
+
+impl SignInRequest {
+    /// A request of `server`'s sign-in with `issuer`, for `identity`, asking `scopes`
+    /// (for an embedder's own tests of its authorizer).
+    pub fn new(
+        server: &str,
+        identity: Option<&str>,
+        issuer: &str,
+        scopes: Vec<String>,
+    ) -> SignInRequest {
+        SignInRequest {
+            server: server.to_string(),
+            identity: identity.map(String::from),
+            issuer: issuer.to_string(),
+            scopes,
+            clients: None,
+        }
+    }
 }
 
 /// Gets a person's authorization. Implement it to show the URL where your users are
@@ -304,9 +330,12 @@ struct HeadlessSession {
 impl Authorizer for HeadlessAuthorizer {
     fn start(&self, request: &SignInRequest) -> AuthorizeFuture<Box<dyn AuthorizationSession>> {
         let identity = self.identity_header.clone().zip(request.identity.clone());
+        // The server's own clients when the harness hands them (its roots and resolver).
+        let (client, direct) =
+            (request.clients.clone()).unwrap_or_else(|| (self.client.clone(), self.direct.clone()));
         let session = HeadlessSession {
-            client: self.client.clone(),
-            direct: self.direct.clone(),
+            client,
+            direct,
             redirect_uri: self.redirect_uri.clone(),
             identity,
         };
@@ -426,12 +455,7 @@ mod tests {
                 socket.write_all(answer.as_bytes()).await.expect("answer");
             });
             let authorizer = HeadlessAuthorizer::new(None).expect("authorizer");
-            let request = SignInRequest {
-                server: "s".into(),
-                identity: None,
-                issuer: "http://127.0.0.1".into(),
-                scopes: Vec::new(),
-            };
+            let request = SignInRequest::new("s", None, "http://127.0.0.1", Vec::new());
             let session = authorizer.start(&request).await.expect("start");
             let finished = session
                 .finish(format!("http://127.0.0.1:{port}/authorize"))
@@ -448,12 +472,7 @@ mod tests {
     /// the task that ends with the redirect's target.
     async fn listening() -> (u16, tokio::task::JoinHandle<Result<String, String>>) {
         let authorizer = LoopbackAuthorizer::new(Arc::new(|_: &SignInRequest, _: &str| {}), false);
-        let request = SignInRequest {
-            server: "s".into(),
-            identity: None,
-            issuer: "https://as.example".into(),
-            scopes: Vec::new(),
-        };
+        let request = SignInRequest::new("s", None, "https://as.example", Vec::new());
         let session = authorizer.start(&request).await.expect("listen");
         let port: u16 = session
             .redirect_uri()

@@ -1334,7 +1334,8 @@ impl SignIn {
         };
         if !self.still_trusted(token) {
             tracing::info!(server = %self.server, "a kept token's authorization server is not one sign-in would use now; signing in again");
-            self.forget(identity);
+            // That token alone: a newer one another process stored is its own to judge.
+            self.forget_if_still(identity, token);
             return Ok(None);
         }
         // One refresh at a time across the processes that share the store (a refresh
@@ -2371,6 +2372,7 @@ impl SignIn {
             identity: identity.map(String::from),
             issuer: d.server.issuer.clone(),
             scopes: scopes.clone(),
+            clients: Some((self.http.clone(), self.direct.clone())),
         };
         let session = authorizer
             .start(&request)

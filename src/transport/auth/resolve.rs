@@ -420,6 +420,33 @@ mod tests {
         }
     }
 
+    // The headless authorizer fetches the authorization URL (the authorization
+    // server's to choose) through the server's clients, with their resolver: not its
+    // own, which would reach a name that resolves to an internal address.
+    #[tokio::test]
+    async fn a_headless_sign_in_fetches_through_the_servers_resolver() {
+        use crate::transport::auth::{Authorizer, HeadlessAuthorizer, SignInRequest};
+        let r = resolver("https://mcp.example/mcp", table(NAMES));
+        let tls = crate::transport::tls::client_config(None).expect("tls");
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .tls_backend_preconfigured(tls)
+            .dns_resolver(Arc::new(SharedResolver(Arc::new(r))))
+            .build()
+            .expect("client");
+        let mut request = SignInRequest::new("s", None, "https://as.example", Vec::new());
+        request.clients = Some((client.clone(), client));
+        let session = (HeadlessAuthorizer::new(None).expect("authorizer"))
+            .start(&request)
+            .await
+            .expect("start");
+        let e = session
+            .finish("http://metadata.example:9/authorize".into())
+            .await
+            .expect_err("refused");
+        assert!(e.contains("internal address"), "{e}");
+    }
+
     #[test]
     fn nothing_is_checked_for_a_server_on_an_internal_address() {
         let any = table(NAMES);

@@ -325,6 +325,14 @@ impl FileTokenStore {
             .map_err(|e| format!("{}: {e}", tmp.display()))
             .and_then(|()| {
                 std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+            })
+            .and_then(|()| {
+                // The rename made durable too: lost in a power cut, the old file (a spent
+                // refresh token, whose reuse an authorization server may answer by
+                // revoking them all) would come back.
+                std::fs::File::open(&self.dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| format!("{}: {e}", self.dir.display()))
             });
         if written.is_err() {
             // A half-written secret is not left behind (a full disk would add one per try).
