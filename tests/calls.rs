@@ -1497,6 +1497,38 @@ async fn a_servers_list_neither_steers_a_read_elsewhere_nor_blocks_it() {
     h.shutdown().await;
 }
 
+// A list read while its server said its lists changed is handed out as fresh for no
+// time (its caller asked before the change), not for its ttl: a gateway's client told
+// of the change before the list came would keep the old one.
+#[tokio::test]
+async fn a_list_overtaken_by_a_change_while_read_is_fresh_for_no_time() {
+    let s = demo("s", &["--era", "legacy", "--list-delay-ms", "800"]);
+    let h = harness(config(vec![s], &["a"])).await;
+    // A legacy server's list is private: kept for a caller with a context.
+    let a = Caller::agent("a").with_auth_context("ctx");
+    let listing = {
+        let h = h.clone();
+        let a = a.clone();
+        tokio::spawn(async move { h.listing(&a, ListKind::Tools, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.call_tool(&a, "s__grow", json!({})).await.expect("grow");
+    let listing = listing.await.expect("task").expect("listing");
+    assert!(!listing.items.is_empty());
+    assert_eq!(listing.fresh_for, Duration::ZERO, "overtaken");
+    // Read again once the change is taken in (changes are coalesced): fresh for its
+    // time.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = h.listing(&a, ListKind::Tools, None).await.expect("listing");
+    assert!(again.fresh_for > Duration::ZERO);
+    assert!(
+        again.items.iter().any(|t| t.name.starts_with("grown")),
+        "{:?}",
+        again.items.iter().map(|t| &*t.name).collect::<Vec<_>>()
+    );
+    h.shutdown().await;
+}
+
 // Whether a bare name is denied follows from the grants alone: a tool the caller may
 // not use is denied whether or not a server offers it, and no server is listed for it
 // (before, one offered was denied and one not offered had no route: which ungranted

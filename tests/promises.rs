@@ -864,15 +864,32 @@ async fn a_list_that_is_no_list_is_refused_and_never_cached() {
     }
 }
 
+// Announced means a subscription acknowledged that announces its changes: a server
+// that says its list changes (`listChanged`) but refuses the subscription has nothing
+// that would drop a kept list (before, it was kept for `default_ttl` all the same).
 #[tokio::test]
 async fn a_modern_list_without_hints_is_cached_only_when_its_changes_are_announced() {
-    for (announced, reads) in [(false, 2), (true, 1)] {
+    for (announced, refused, reads) in [(false, false, 2), (true, true, 2), (true, false, 1)] {
         let record = temp_file("no-hints");
         let mut args = vec!["--no-hints"];
         if !announced {
             args.push("--no-list-changed");
         }
+        if refused {
+            args.push("--refuse-listen");
+        }
         let h = start_ready(config(vec![with_record("s", &record, &args)])).await;
+        if announced {
+            // Until the subscription was asked for, and a moment for its answer.
+            assert!(
+                eventually(Duration::from_secs(10), || count(
+                    &record,
+                    "subscriptions/listen"
+                ) > 0)
+                .await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         // A private list (no scope said) is kept for a caller with a context.
         let caller = a().with_auth_context("ctx");
         for _ in 0..2 {
@@ -882,7 +899,7 @@ async fn a_modern_list_without_hints_is_cached_only_when_its_changes_are_announc
         assert_eq!(
             count(&record, "tools/list"),
             reads,
-            "announced: {announced}"
+            "announced: {announced}, refused: {refused}"
         );
         h.shutdown().await;
         let _ = std::fs::remove_file(record);

@@ -622,16 +622,13 @@ impl<'a> Walker<'a> {
         let scope = crate::protocol::CacheHints::of(&page).scope;
         // `cache.default_ttl` is for legacy servers, which cannot send hints. A modern
         // one must send them; one that does not is held to ttl 0, as the spec says,
-        // unless it announces this list's changes (its listen drops the list then).
-        // Not known which (no connection now): not kept.
+        // unless a subscription on its connection announces this list's changes now
+        // (acknowledged: a capability that says so, with no subscription that works,
+        // would keep the list with nothing to drop it). Not known which (no connection
+        // now): not kept.
         let default_ttl_fits = || {
             self.server.connection().is_some_and(|c| {
-                c.era() == crate::transport::Era::Legacy
-                    || c.profile()
-                        .capabilities()
-                        .get(self.kind.capability())
-                        .and_then(|k| k.get("listChanged"))
-                        == Some(&Value::Bool(true))
+                c.era() == crate::transport::Era::Legacy || c.announces(self.kind.capability())
             })
         };
         let key = match page.get("ttlMs").is_some() || default_ttl_fits() {
@@ -776,18 +773,22 @@ impl<'a> Walker<'a> {
                 (self.epoch, self.walk),
             );
         }
+        // The server said its lists changed while this one was read: it is handed out
+        // (its caller asked before the change), but as fresh for no time, or a gateway's
+        // client told of the change before this answer came would keep it.
+        let overtaken = registry.cache.epoch(self.server.id()) != self.epoch;
         Listed {
             server: self.server.clone(),
             pages: self.pages,
             from_cache: self.from_cache,
             // A list not kept (cut off at the page cap, its pages of mixed scopes) is
             // not fresh for anyone else either: a gateway's client would keep it.
-            fresh_for: if self.cacheable {
+            fresh_for: if self.cacheable && !overtaken {
                 self.fresh_for
             } else {
                 Duration::ZERO
             },
-            public: self.public,
+            public: self.public && !overtaken,
             refresh_window: self.refresh_window,
         }
     }

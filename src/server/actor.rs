@@ -777,15 +777,17 @@ impl ServerActorState {
         });
         self.ready_at = Some(Instant::now());
         let version_before = self.args.server.0.status.read().protocol_version.clone();
-        self.publish(ServerState::Ready);
         // A modern server's new subscription reads them again (`listen`), unless it came
         // back speaking another version: what it listed before is of another shape.
+        // Dropped before the server is published ready: a listing in between would be
+        // served the old shape.
         let other_version = version_before.is_some_and(|v| !conn.protocol_version_is(&v));
         if std::mem::replace(&mut self.connected_before, true)
             && (conn.era() == Era::Legacy || other_version)
         {
             self.args.client.lists_changed(self.id(), ListsChanged::ALL);
         }
+        self.publish(ServerState::Ready);
         self.send_queued(LiveConnection { conn, attempt }).await;
     }
 

@@ -181,6 +181,10 @@ async fn run(
             return;
         }
         tracing::debug!(server, ?got, "listening for list changes");
+        // Lists without hints are kept while this subscription announces their changes:
+        // said until it ends (or this task is dropped with its connection).
+        conn.set_announced([got.tools, got.prompts, got.resources]);
+        let announcing = Announcing(&conn);
         let opened = tokio::time::Instant::now();
         if reopened {
             // Nothing is replayed: what changed while nobody listened is read again.
@@ -216,6 +220,7 @@ async fn run(
                 }
             }
         }
+        drop(announcing);
         if conn.is_closed() {
             return; // the actor listens again on the next connection
         }
@@ -224,6 +229,15 @@ async fn run(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(REOPEN_AT_MOST);
+    }
+}
+
+/// A connection's acknowledged subscription, said to announce nothing once dropped.
+struct Announcing<'a>(&'a Connection);
+
+impl Drop for Announcing<'_> {
+    fn drop(&mut self) {
+        self.0.set_announced([false; 3]);
     }
 }
 

@@ -82,7 +82,14 @@ pub struct Connection {
     /// Requests in flight given longer than the connection's own timeout
     /// ([`Connection::waits_long`]).
     long_in_flight: AtomicUsize,
+    /// The lists (by capability, [`LISTED_CAPABILITIES`]) whose changes a subscription
+    /// on this connection says it announces now ([`Connection::set_announced`]).
+    announced: std::sync::atomic::AtomicU8,
 }
+
+/// The capabilities whose lists a subscription announces, by their bit in
+/// [`Connection::set_announced`].
+pub(crate) const LISTED_CAPABILITIES: [&str; 3] = ["tools", "prompts", "resources"];
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -391,6 +398,7 @@ impl Connection {
             dispatcher,
             silent: tokio::sync::Notify::new(),
             long_in_flight: AtomicUsize::new(0),
+            announced: std::sync::atomic::AtomicU8::new(0),
         };
         Ok((connection, events_rx))
     }
@@ -496,6 +504,26 @@ impl Connection {
     /// it, not wedged.
     pub fn waits_long(&self) -> bool {
         self.long_in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    /// Says which lists' changes an acknowledged subscription on this connection
+    /// announces now (`lists[i]` for [`LISTED_CAPABILITIES`]`[i]`; all false once it
+    /// ends): a list without freshness hints may be kept only while its changes are.
+    pub(crate) fn set_announced(&self, lists: [bool; 3]) {
+        let bits = lists
+            .iter()
+            .enumerate()
+            .fold(0u8, |bits, (i, on)| bits | (u8::from(*on) << i));
+        self.announced.store(bits, Ordering::SeqCst);
+    }
+
+    /// Whether an acknowledged subscription on this connection announces changes of
+    /// the list of `capability` (`tools`, `prompts`, `resources`) now.
+    pub(crate) fn announces(&self, capability: &str) -> bool {
+        LISTED_CAPABILITIES
+            .iter()
+            .position(|c| *c == capability)
+            .is_some_and(|i| self.announced.load(Ordering::SeqCst) & (1 << i) != 0)
     }
 
     /// Sends one request with the default deadline.

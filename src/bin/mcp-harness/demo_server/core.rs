@@ -523,6 +523,12 @@ impl DemoServer {
     /// Opens a subscription: acknowledges what of the filter it serves (tool list
     /// changes only), then holds the request open.
     fn listen(&self, request: &Request, ctx: &Ctx) -> Action {
+        if self.args.refuse_listen {
+            return Action::Reply(Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                "Method not found: subscriptions/listen",
+            )));
+        }
         let asked = request
             .params
             .as_ref()

@@ -226,6 +226,10 @@ pub struct DemoServerArgs {
     /// spec page has a server end a subscription).
     #[arg(long)]
     pub cancel_listens: bool,
+    /// Refuse `subscriptions/listen` (method not found) while saying that the tool list
+    /// changes (`listChanged`): a server whose changes no subscription announces.
+    #[arg(long)]
+    pub refuse_listen: bool,
     /// HTTP only: answer this many `subscriptions/listen` requests after the first with
     /// 503 (a server restarting behind a proxy while its client listens again).
     #[arg(long, default_value_t = 0)]
