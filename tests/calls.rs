@@ -1502,16 +1502,35 @@ async fn a_servers_list_neither_steers_a_read_elsewhere_nor_blocks_it() {
 // of the change before the list came would keep the old one.
 #[tokio::test]
 async fn a_list_overtaken_by_a_change_while_read_is_fresh_for_no_time() {
-    let s = demo("s", &["--era", "legacy", "--list-delay-ms", "800"]);
+    let record = temp_file("overtaken");
+    let s = demo(
+        "s",
+        &[
+            "--era",
+            "legacy",
+            "--list-delay-ms",
+            "1500",
+            "--record",
+            &record.to_string_lossy(),
+        ],
+    );
     let h = harness(config(vec![s], &["a"])).await;
     // A legacy server's list is private: kept for a caller with a context.
     let a = Caller::agent("a").with_auth_context("ctx");
+    let lists = tool_calls(&record, "tools/list");
     let listing = {
         let h = h.clone();
         let a = a.clone();
         tokio::spawn(async move { h.listing(&a, ListKind::Tools, None).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Changed once the server has the list's request (it answers 1.5 s later).
+    assert!(
+        eventually(Duration::from_secs(10), || tool_calls(
+            &record,
+            "tools/list"
+        ) > lists)
+        .await
+    );
     h.call_tool(&a, "s__grow", json!({})).await.expect("grow");
     let listing = listing.await.expect("task").expect("listing");
     assert!(!listing.items.is_empty());

@@ -2901,9 +2901,8 @@ const PARKED_BODIES: usize = 2;
 /// this is reached).
 const PARKED_BODIES_ALL: usize = 32;
 
-/// What a call of `name` (as routed: `server__item`, or a resource's URI) is of on its
-/// server, as grants name it.
-/// What a call of `name` is of on its server: a tool's or prompt's name, a resource's
+/// What a call of `name` (as routed: `server__item`, or a resource's URI, qualified or
+/// not) is of on its server, as grants name it: a tool's or prompt's name, a resource's
 /// URI, without the server that qualifies it.
 fn item_of(kind: CallKind, name: &str) -> &str {
     crate::call::split_for(kind, name).map_or(name, |(_, item)| item)

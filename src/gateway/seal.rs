@@ -103,6 +103,9 @@ pub const STATE_VERSION: u8 = 1;
 #[derive(Clone)]
 pub struct Sealer {
     keys: std::sync::Arc<Vec<(String, LessSafeKey)>>,
+    /// Each key's id and a digest of its bytes ([`Sealer::sealing_key`]): a key
+    /// replaced under the same id is another key.
+    named: std::sync::Arc<Vec<String>>,
     ttl: Duration,
 }
 
@@ -122,6 +125,7 @@ impl Sealer {
     pub fn from_text(text: &str, ttl: Duration) -> Result<Sealer, GatewayError> {
         let bad = |why: String| GatewayError::Keys(why);
         let mut keys = Vec::new();
+        let mut named = Vec::new();
         for (n, item) in text
             .lines()
             .map(|l| l.split('#').next().unwrap_or(""))
@@ -160,6 +164,11 @@ impl Sealer {
             }
             let key = UnboundKey::new(&CHACHA20_POLY1305, &bytes)
                 .map_err(|_| bad(format!("key {id:?} is unusable")))?;
+            let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+            let short: String = (digest.as_ref().iter().take(8))
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            named.push(format!("{id}#{short}"));
             keys.push((id.to_string(), LessSafeKey::new(key)));
         }
         if keys.is_empty() {
@@ -167,6 +176,7 @@ impl Sealer {
         }
         Ok(Sealer {
             keys: std::sync::Arc::new(keys),
+            named: std::sync::Arc::new(named),
             ttl,
         })
     }
@@ -182,14 +192,16 @@ impl Sealer {
         self.ttl
     }
 
-    /// The id of the key that seals.
+    /// The key that seals, named by its id and a digest of its bytes (not secret: a
+    /// truncated SHA-256 of a random 32-byte key), for [`Sealer::holds`].
     pub fn sealing_key(&self) -> &str {
-        &self.keys[0].0
+        &self.named[0]
     }
 
-    /// Whether the key `id` opens states here.
-    pub fn holds(&self, id: &str) -> bool {
-        self.keys.iter().any(|(k, _)| k == id)
+    /// Whether the key [`Sealer::sealing_key`] named `named` opens states here: held
+    /// under its id, with the same bytes.
+    pub fn holds(&self, named: &str) -> bool {
+        self.named.iter().any(|k| k == named)
     }
 
     /// Seals `state`.
@@ -403,6 +415,12 @@ mod tests {
             new.open(&sealed, "a", None, "tools/call", || s.digest.clone())
                 .is_ok()
         );
+        // Held: named by id and bytes, so a key replaced under its id is not.
+        assert!(new.holds(old.sealing_key()));
+        let replaced =
+            Sealer::from_text(&format!("k1:{k2}"), Duration::from_secs(60)).expect("replaced");
+        assert!(!replaced.holds(old.sealing_key()));
+        assert!(!old.sealing_key().contains(&k1[..8]), "no part of the key");
         let only_new = Sealer::from_text(&format!("k2:{k2}"), Duration::from_secs(60)).expect("k2");
         assert_eq!(
             only_new.open(&sealed, "a", None, "tools/call", || s.digest.clone()),

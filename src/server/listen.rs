@@ -221,6 +221,18 @@ async fn run(
             }
         }
         drop(announcing);
+        // What was kept while it announced changes (lists without hints, for
+        // `default_ttl`) is read again: nothing would drop it now, and a subscription
+        // opened again may be refused.
+        for (on, method) in [
+            (got.tools, "notifications/tools/list_changed"),
+            (got.prompts, "notifications/prompts/list_changed"),
+            (got.resources, "notifications/resources/list_changed"),
+        ] {
+            if on {
+                tell(method);
+            }
+        }
         if conn.is_closed() {
             return; // the actor listens again on the next connection
         }

@@ -4,8 +4,9 @@
 //! legacy servers ignore), so that a server that traces continues the caller's trace.
 //! Without an OpenTelemetry layer installed the harness makes no trace context of its
 //! own, and writes only what a gateway's client sent ([`passed_on`]): the cost is a
-//! lookup on the current span, one on the attached OpenTelemetry context and one on
-//! the call's parent.
+//! lookup on the current span, a few on the attached OpenTelemetry context and one on
+//! the call's parent; an untraced call also attaches, to its future, the context its
+//! requests pass on ([`call_context`]).
 //!
 //! Head sampling is decided here too, once per call ([`HeadSampler`]): a call that is
 //! not traced makes its spans on the [`UNTRACED`] target, which [`export_filter`] keeps
@@ -140,17 +141,18 @@ impl HeadSampler {
         if parent.metadata().is_some_and(|m| m.target() == UNTRACED) {
             return false;
         }
-        // Inside an untraced call's future (its spans disabled, so not `parent`).
-        if opentelemetry::Context::map_current(|cx| {
-            matches!(cx.get::<Passes>(), Some(Passes::Fixed(_)))
-        }) {
-            return false;
-        }
         let cx = parent.context();
         let span = cx.span();
         let sc = span.span_context();
         if sc.is_valid() {
             return sc.is_sampled();
+        }
+        // Inside an untraced call's future (its spans disabled, so not `parent`), and
+        // under no span of a trace of its own (an input handler's, say).
+        if opentelemetry::Context::map_current(|cx| {
+            matches!(cx.get::<Passes>(), Some(Passes::Fixed(_)))
+        }) {
+            return false;
         }
         let attached = opentelemetry::Context::map_current(|cx| {
             let span = cx.span();

@@ -325,15 +325,20 @@ impl FileTokenStore {
             .map_err(|e| format!("{}: {e}", tmp.display()))
             .and_then(|()| {
                 std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
-            })
-            .and_then(|()| {
-                // The rename made durable too: lost in a power cut, the old file (a spent
-                // refresh token, whose reuse an authorization server may answer by
-                // revoking them all) would come back.
-                std::fs::File::open(&self.dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| format!("{}: {e}", self.dir.display()))
             });
+        if written.is_ok() {
+            // The rename made durable too: lost in a power cut, the old file (a spent
+            // refresh token, whose reuse an authorization server may answer by revoking
+            // them all) would come back. The token is written either way: a filesystem
+            // that cannot sync a directory is said once, not taken for a failed write.
+            if let Err(e) = std::fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
+                static UNSYNCED: crate::util::log_budget::LogBudget =
+                    crate::util::log_budget::LogBudget::new();
+                if UNSYNCED.log().is_some_and(|n| n == 1) {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "the token store's directory could not be synced; a token written may not survive a power cut");
+                }
+            }
+        }
         if written.is_err() {
             // A half-written secret is not left behind (a full disk would add one per try).
             let _ = std::fs::remove_file(&tmp);
