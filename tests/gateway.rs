@@ -2864,12 +2864,8 @@ async fn a_client_refused_before_it_is_identified_does_not_keep_its_connection()
     gw.stop().await;
 }
 
-// A reload's new `max_in_flight_per_principal` holds for a principal that never stops
-// being busy: before, its limiter kept the old size for as long as it held any call.
-#[tokio::test]
-async fn a_lower_limit_reloaded_holds_for_a_principal_that_stays_busy() {
-    let setup = Setup::new("max_in_flight_per_principal = 8", &[("k1", &key("k1"))]);
-    let gw = setup.start().await;
+/// A minute-long call of alpha's (id 1), and a quick one (id 2).
+fn slow_and_quick() -> (Value, Value) {
     let slow = request(
         "tools/call",
         json!({"name": "alpha__slow", "arguments": {"ms": 60_000, "text": "late"}}),
@@ -2879,6 +2875,16 @@ async fn a_lower_limit_reloaded_holds_for_a_principal_that_stays_busy() {
         json!({"name": "alpha__echo", "arguments": {"text": "now"}}),
     );
     quick["id"] = json!(2);
+    (slow, quick)
+}
+
+// A reload's new `max_in_flight_per_principal` holds for a principal that never stops
+// being busy: before, its limiter kept the old size for as long as it held any call.
+#[tokio::test]
+async fn a_lower_limit_reloaded_holds_for_a_principal_that_stays_busy() {
+    let setup = Setup::new("max_in_flight_per_principal = 8", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    let (slow, quick) = slow_and_quick();
     let rest = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let text = std::fs::read_to_string(&setup.config)
@@ -2909,15 +2915,7 @@ async fn a_lower_limit_reloaded_holds_for_a_principal_that_stays_busy() {
 async fn a_principal_past_its_limit_is_refused_at_once_and_a_cancel_reaches_the_upstream_call() {
     let setup = Setup::new("max_in_flight_per_principal = 1", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let slow = request(
-        "tools/call",
-        json!({"name": "alpha__slow", "arguments": {"ms": 60_000, "text": "late"}}),
-    );
-    let mut quick = request(
-        "tools/call",
-        json!({"name": "alpha__echo", "arguments": {"text": "now"}}),
-    );
-    quick["id"] = json!(2);
+    let (slow, quick) = slow_and_quick();
     let started = std::time::Instant::now();
     let first = async {
         // Until it holds the slot (a quick call may hold it for a moment).

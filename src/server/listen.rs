@@ -125,6 +125,18 @@ async fn run(
             queued: Some(queued),
         });
     };
+    // Every list of `lists` is read again.
+    let tell_all = |lists: ListsChanged| {
+        for (on, method) in [
+            (lists.tools, "notifications/tools/list_changed"),
+            (lists.prompts, "notifications/prompts/list_changed"),
+            (lists.resources, "notifications/resources/list_changed"),
+        ] {
+            if on {
+                tell(method);
+            }
+        }
+    };
     loop {
         let (sink, mut notes) = mpsc::channel(16);
         let listen = conn.listen(filter(asked), sink);
@@ -188,15 +200,7 @@ async fn run(
         let opened = tokio::time::Instant::now();
         if reopened {
             // Nothing is replayed: what changed while nobody listened is read again.
-            for (on, method) in [
-                (got.tools, "notifications/tools/list_changed"),
-                (got.prompts, "notifications/prompts/list_changed"),
-                (got.resources, "notifications/resources/list_changed"),
-            ] {
-                if on {
-                    tell(method);
-                }
-            }
+            tell_all(got);
         }
         reopened = true;
         loop {
@@ -224,15 +228,7 @@ async fn run(
         // What was kept while it announced changes (lists without hints, for
         // `default_ttl`) is read again: nothing would drop it now, and a subscription
         // opened again may be refused.
-        for (on, method) in [
-            (got.tools, "notifications/tools/list_changed"),
-            (got.prompts, "notifications/prompts/list_changed"),
-            (got.resources, "notifications/resources/list_changed"),
-        ] {
-            if on {
-                tell(method);
-            }
-        }
+        tell_all(got);
         if conn.is_closed() {
             return; // the actor listens again on the next connection
         }

@@ -394,16 +394,22 @@ mod tests {
         assert!(refusal(e.as_ref()).is_none(), "{e}");
     }
 
-    #[tokio::test]
-    async fn a_client_with_the_resolver_fails_with_the_refusal_among_its_causes() {
-        let r = resolver("https://mcp.example/mcp", table(NAMES));
+    /// A client that resolves through the resolver of server `url` (the names of
+    /// [`NAMES`]).
+    fn client_of(url: &str) -> reqwest::Client {
+        let r = resolver(url, table(NAMES));
         let tls = crate::transport::tls::client_config(None).expect("tls");
-        let client = reqwest::Client::builder()
+        reqwest::Client::builder()
             .no_proxy()
             .tls_backend_preconfigured(tls)
             .dns_resolver(Arc::new(SharedResolver(Arc::new(r))))
             .build()
-            .expect("client");
+            .expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_client_with_the_resolver_fails_with_the_refusal_among_its_causes() {
+        let client = client_of("https://mcp.example/mcp");
         let e = client
             .get("http://metadata.example:9/latest")
             .send()
@@ -426,14 +432,7 @@ mod tests {
     #[tokio::test]
     async fn a_headless_sign_in_fetches_through_the_servers_resolver() {
         use crate::transport::auth::{Authorizer, HeadlessAuthorizer, SignInRequest};
-        let r = resolver("https://mcp.example/mcp", table(NAMES));
-        let tls = crate::transport::tls::client_config(None).expect("tls");
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .tls_backend_preconfigured(tls)
-            .dns_resolver(Arc::new(SharedResolver(Arc::new(r))))
-            .build()
-            .expect("client");
+        let client = client_of("https://mcp.example/mcp");
         let mut request = SignInRequest::new("s", None, "https://as.example", Vec::new());
         request.clients = Some((client.clone(), client));
         let session = (HeadlessAuthorizer::new(None).expect("authorizer"))
