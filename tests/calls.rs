@@ -1476,8 +1476,11 @@ async fn a_servers_list_neither_steers_a_read_elsewhere_nor_blocks_it() {
         .find(|r| &*r.name == "bank__x")
         .expect("listed");
     assert_eq!((&*odd.server, &*odd.qualified), ("evil", "evil__bank__x"));
-    let e = h.read_resource(&a, &odd.qualified).await;
-    assert!(e.is_err(), "evil serves none of what it lists: {e:?}");
+    let read = h
+        .read_resource(&a, &odd.qualified)
+        .await
+        .expect("read on evil");
+    assert_eq!(read["contents"][0]["text"], "listed bank__x");
     let reads = |record| {
         recorded(record)
             .into_iter()

@@ -4504,9 +4504,18 @@ async fn a_uri_that_reads_as_another_servers_name_is_served_qualified() {
         .collect();
     assert!(uris.contains(&&json!("alpha__beta__x")), "{list}");
     assert!(!uris.contains(&&json!("beta__x")), "{list}");
-    let _ = gw
+    // Read on alpha, and named in the result as its listing names it.
+    let (_, read) = gw
         .modern("tok-a", "resources/read", json!({"uri": "alpha__beta__x"}))
         .await;
+    assert_eq!(
+        read["result"]["contents"][0]["uri"], "alpha__beta__x",
+        "{read}"
+    );
+    assert_eq!(
+        read["result"]["contents"][0]["text"], "listed beta__x",
+        "{read}"
+    );
     let reads: Vec<Value> = recorded(&record)
         .into_iter()
         .filter(|r| r["method"] == "resources/read")

@@ -2457,7 +2457,7 @@ impl Gateway {
             }));
         };
         if !answer.input_required {
-            return Ok(answer.result);
+            return Ok(served_result(answer.result, &answer.server));
         }
         let mut result = answer.result;
         let upstream = result
@@ -2593,7 +2593,7 @@ impl Gateway {
                 };
                 let answer = answer?;
                 if !answer.input_required {
-                    return Ok(answer.result);
+                    return Ok(served_result(answer.result, &answer.server));
                 }
                 let Some(peer) = peer else {
                     return Err(RpcError::new(
@@ -2900,6 +2900,40 @@ const PARKED_BODIES: usize = 2;
 /// together (each principal's first is held whatever its size, unless
 /// this is reached).
 const PARKED_BODIES_ALL: usize = 32;
+
+/// A call's result as served: the resource URIs in it (a read's `contents`, a tool's
+/// or a prompt's `resource_link` and embedded `resource` items) that routing would read
+/// as another server's qualified name are named by the server that answered, as its
+/// listing names them, so that a read of one goes back there.
+fn served_result(mut result: Value, server: &str) -> Value {
+    let fix = |uri: Option<&mut Value>| {
+        if let Some(uri) = uri
+            && let Some(text) = uri.as_str()
+            && crate::call::split_for(CallKind::Resource, text).is_some()
+        {
+            *uri = Value::String(crate::call::resource_name(server, text).into_owned());
+        }
+    };
+    let fix_item = |item: &mut Value| match item.get("type").and_then(Value::as_str) {
+        Some("resource_link") => fix(item.get_mut("uri")),
+        Some("resource") => fix(item.get_mut("resource").and_then(|r| r.get_mut("uri"))),
+        _ => {}
+    };
+    if let Some(contents) = result.get_mut("contents").and_then(Value::as_array_mut) {
+        contents.iter_mut().for_each(|c| fix(c.get_mut("uri")));
+    }
+    if let Some(content) = result.get_mut("content").and_then(Value::as_array_mut) {
+        content.iter_mut().for_each(fix_item);
+    }
+    if let Some(messages) = result.get_mut("messages").and_then(Value::as_array_mut) {
+        for m in messages {
+            if let Some(content) = m.get_mut("content") {
+                fix_item(content);
+            }
+        }
+    }
+    result
+}
 
 /// What a call of `name` (as routed: `server__item`, or a resource's URI, qualified or
 /// not) is of on its server, as grants name it: a tool's or prompt's name, a resource's
@@ -3393,6 +3427,29 @@ mod tests {
             assert!(answer.is_err(), "{which}");
         }
         assert!(!sent, "nothing is put to a client that is gone");
+    }
+
+    // Resource URIs in a result that would route to another server are named by the
+    // server that answered; others, and what is no resource, are left as they are.
+    #[test]
+    fn a_results_uris_that_read_as_another_servers_name_are_qualified() {
+        let tool = json!({"content": [
+            {"type": "resource_link", "uri": "bank__x", "name": "x"},
+            {"type": "resource", "resource": {"uri": "bank__y", "text": "y"}},
+            {"type": "resource_link", "uri": "file:///a__b"},
+            {"type": "text", "text": "bank__z", "uri": "bank__z"},
+        ]});
+        let served = served_result(tool, "evil");
+        assert_eq!(served["content"][0]["uri"], "evil__bank__x");
+        assert_eq!(served["content"][1]["resource"]["uri"], "evil__bank__y");
+        assert_eq!(served["content"][2]["uri"], "file:///a__b");
+        assert_eq!(served["content"][3]["uri"], "bank__z", "no resource item");
+        let prompt = json!({"messages": [{"role": "user", "content": {"type": "resource", "resource": {"uri": "bank__p"}}}]});
+        let served = served_result(prompt, "evil");
+        assert_eq!(
+            served["messages"][0]["content"]["resource"]["uri"],
+            "evil__bank__p"
+        );
     }
 
     // Bodies are read as answers (charged to the answers' budget) one per question

@@ -511,7 +511,18 @@ impl DemoServer {
                 tools::resource_templates(self.args.resource_template, &self.args.list_template),
             )),
             "resources/read" => {
-                Action::Reply(tools::read_resource(request, self.args.resource_template))
+                let uri = (request.params.as_ref())
+                    .and_then(|p| p.get("uri"))
+                    .and_then(Value::as_str);
+                match uri.filter(|u| self.args.list_resource.iter().any(|l| l == u)) {
+                    // What `--list-resource` lists is read as a line naming it.
+                    Some(uri) => Action::Reply(Ok(
+                        json!({"contents": [{"uri": uri, "mimeType": "text/plain", "text": format!("listed {uri}")}]}),
+                    )),
+                    None => {
+                        Action::Reply(tools::read_resource(request, self.args.resource_template))
+                    }
+                }
             }
             other => Action::Reply(Err(RpcError::new(
                 METHOD_NOT_FOUND,

@@ -183,8 +183,8 @@ pub struct DemoServerArgs {
     /// list says more than it has).
     #[arg(long)]
     pub list_template: Vec<String>,
-    /// List a resource of this URI too, without serving it (a hostile server's list:
-    /// `other__x`, which reads as another server's qualified name).
+    /// List a resource of this URI too, read as a line naming it (a hostile server's
+    /// list: `other__x`, which reads as another server's qualified name).
     #[arg(long)]
     pub list_resource: Vec<String>,
     /// Before answering a legacy `initialize`, ping the client and wait for its answer
