@@ -762,26 +762,35 @@ async fn a_servers_state_too_large_to_carry_is_an_error_not_a_round() {
     gw.stop().await;
 }
 
-#[tokio::test]
-async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_further_request() {
-    let setup = Setup::new("state_ttl = \"300ms\"", &[("k1", &key("k1"))]);
-    let gw = setup.start().await;
+/// A call to beta's `confirm` asking `message`: a legacy server's question, parked as
+/// an input round for tok-a.
+async fn park_a_legacy_question(gw: &Gateway, message: &str) {
     let (status, r) = gw
         .modern(
             "tok-a",
             "tools/call",
-            json!({"name": "beta__confirm", "arguments": {"message": "later?"}}),
+            json!({"name": "beta__confirm", "arguments": {"message": message}}),
         )
         .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+}
+
+/// The first `finished` record of `setup`'s audit trail.
+fn finished_record(setup: &Setup) -> Option<Value> {
+    audit_records(&setup.audit)
+        .into_iter()
+        .find(|r| r["event"] == "finished")
+}
+
+#[tokio::test]
+async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_further_request() {
+    let setup = Setup::new("state_ttl = \"300ms\"", &[("k1", &key("k1"))]);
+    let gw = setup.start().await;
+    park_a_legacy_question(&gw, "later?").await;
     // Nothing else is asked of the gateway: the round's expiry alone ends its call
     // upstream, and the call's record is written.
-    let finished = || {
-        audit_records(&setup.audit)
-            .into_iter()
-            .find(|r| r["event"] == "finished")
-    };
+    let finished = || finished_record(&setup);
     assert!(
         eventually(Duration::from_secs(10), || finished().is_some()).await,
         "the parked call was never ended"
@@ -797,20 +806,8 @@ async fn a_legacy_servers_question_parked_past_its_time_is_withdrawn_with_no_fur
 async fn a_reload_that_drops_a_key_ends_the_rounds_it_sealed() {
     let setup = Setup::new("", &[("k1", &key("k1"))]);
     let gw = setup.start().await;
-    let (status, r) = gw
-        .modern(
-            "tok-a",
-            "tools/call",
-            json!({"name": "beta__confirm", "arguments": {"message": "leaked?"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{r}");
-    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
-    let finished = || {
-        audit_records(&setup.audit)
-            .into_iter()
-            .find(|r| r["event"] == "finished")
-    };
+    park_a_legacy_question(&gw, "leaked?").await;
+    let finished = || finished_record(&setup);
     // Both made before the first reload rewrites the config `with_keys` reads.
     let read =
         |keys: &[(&str, &str)]| std::fs::read_to_string(setup.with_keys(keys)).expect("config");
